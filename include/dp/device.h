@@ -1,0 +1,163 @@
+/*
+ * dp/device.h - devices: memory with accounting, copies, GEMM.
+ *
+ * A device is "cpu:i" (a virtual device: host memory, one host thread,
+ * single-threaded OpenBLAS) or "cuda:i". All pointers passed to the
+ * functions below that are called "device pointers" must come from
+ * dp_device_alloc on that same device. Tensors are row-major float32
+ * unless said otherwise; dp_gemm alone uses cuBLAS's column-major
+ * convention so the same call works on both backends.
+ *
+ * Thread-safety: a device may be used by one thread at a time for compute
+ * and copies; allocation, free and the memory queries are thread-safe.
+ */
+#ifndef DP_DEVICE_H
+#define DP_DEVICE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dp/export.h"
+#include "dp/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum dp_device_kind {
+    DP_DEVICE_CPU = 0,
+    DP_DEVICE_CUDA,
+    DP_DEVICE_KIND_COUNT
+} dp_device_kind;
+
+/* One entry of a parsed device list. */
+typedef struct dp_device_spec {
+    dp_device_kind kind;
+    int index; /* cpu: virtual index; cuda: physical ordinal after CUDA_VISIBLE_DEVICES */
+} dp_device_spec;
+
+/* Largest device list dp accepts. */
+#define DP_MAX_DEVICES 64
+
+/*
+ * Parses a device list into specs[0..*n).
+ *   "cpu"          one CPU device (cpu:0)
+ *   "cpu:N"        N virtual CPU devices cpu:0..N-1 (N >= 1; "cpu:0" is cpu:0)
+ *   "cpu:0,1,3"    the listed virtual CPU devices (duplicates are an error)
+ *   "cuda"         every visible CUDA device
+ *   "cuda:0,1"     the listed CUDA devices; "cuda:0,cuda:0" and "cuda:0,0"
+ *                  map two logical devices onto one GPU (allowed)
+ *   "auto"         every visible CUDA device, else one CPU device per core
+ * Entries may repeat the kind ("cpu:0,cpu:1"). Mixing cpu and cuda is an
+ * error. CUDA indices are checked against the visible device count.
+ * Errors: DP_ERR_INVALID_ARGUMENT (NULL, empty, malformed, negative,
+ * duplicate, mixed, more than cap entries), DP_ERR_NO_DEVICE (cuda index
+ * not present, or cuda requested in a build or on a machine without GPUs).
+ */
+DP_API dp_status dp_device_list_parse(const char *text, dp_device_spec *specs, size_t cap,
+                                      size_t *n);
+
+/* Number of visible CUDA devices: 0 without a GPU, without a driver, or in
+ * a build without CUDA. Never fails. */
+DP_API int dp_cuda_device_count(void);
+
+/* Number of online CPU cores (>= 1). */
+DP_API int dp_cpu_core_count(void);
+
+typedef struct dp_device dp_device;
+
+/* Opens a device. The handle owns its memory accounting; close it with
+ * dp_device_close after freeing everything allocated on it.
+ * Errors: DP_ERR_INVALID_ARGUMENT, DP_ERR_NO_DEVICE, DP_ERR_DEVICE,
+ * DP_ERR_OUT_OF_MEMORY. */
+DP_API dp_status dp_device_open(const dp_device_spec *spec, dp_device **out);
+
+/* Closes the device. Memory still allocated on it is freed (and counted
+ * back) so nothing leaks. NULL is a no-op. */
+DP_API void dp_device_close(dp_device *dev);
+
+/* "cpu:0", "cuda:1", ... Owned by the device. */
+DP_API const char *dp_device_name(const dp_device *dev);
+DP_API dp_device_kind dp_device_kind_of(const dp_device *dev);
+
+/* Makes dev current for the calling thread (cudaSetDevice on CUDA; no-op
+ * on CPU). Each worker thread calls it once before using dev. */
+DP_API dp_status dp_device_bind_thread(dp_device *dev);
+
+/* ---- memory and accounting ---------------------------------------- */
+
+typedef struct dp_memory_stats {
+    size_t in_use;           /* bytes currently allocated through dp_device_alloc */
+    size_t peak;             /* high-water mark of in_use since open */
+    size_t peak_since_reset; /* high-water mark since dp_device_reset_peak */
+    size_t limit;            /* allocation limit in bytes, 0 = none */
+    size_t n_allocs;         /* live allocations */
+    size_t device_free;      /* free bytes reported by the driver (CUDA), 0 on CPU */
+    size_t device_total;     /* total bytes reported by the driver (CUDA), 0 on CPU */
+} dp_memory_stats;
+
+/* Allocates bytes (> 0) of device memory, 256-byte aligned, not zeroed.
+ * Errors: DP_ERR_INVALID_ARGUMENT (bytes == 0 or out NULL),
+ * DP_ERR_OUT_OF_MEMORY (the limit would be passed, or the allocator
+ * failed; the message names device, bytes asked, in use and limit). */
+DP_API dp_status dp_device_alloc(dp_device *dev, size_t bytes, void **out);
+
+/* Frees a pointer from dp_device_alloc on dev. NULL is a no-op. Freeing a
+ * pointer dev does not own is ignored (and reported by the next stats
+ * query as unchanged in_use). */
+DP_API void dp_device_free(dp_device *dev, void *ptr);
+
+/* Bytes of the live allocation ptr (0 if ptr is not one). */
+DP_API size_t dp_device_alloc_size(dp_device *dev, const void *ptr);
+
+DP_API void dp_device_memory(dp_device *dev, dp_memory_stats *out);
+
+/* Starts a new window for peak_since_reset (it becomes in_use). */
+DP_API void dp_device_reset_peak(dp_device *dev);
+
+/* Sets the allocation limit in bytes (0 removes it). Allocations already
+ * made are kept even when they exceed a new, lower limit. */
+DP_API void dp_device_set_limit(dp_device *dev, size_t bytes);
+
+/* ---- copies ---------------------------------------------------------- */
+
+DP_API dp_status dp_copy_h2d(dp_device *dev, void *dst, const void *src, size_t bytes);
+DP_API dp_status dp_copy_d2h(dp_device *dev, void *dst, const void *src, size_t bytes);
+DP_API dp_status dp_copy_d2d(dp_device *dev, void *dst, const void *src, size_t bytes);
+/* Copies between two devices of the same kind (peer access when the
+ * backend has it, staged through the host otherwise). */
+DP_API dp_status dp_copy_peer(dp_device *dst_dev, void *dst, dp_device *src_dev,
+                              const void *src, size_t bytes);
+DP_API dp_status dp_memset(dp_device *dev, void *dst, int value, size_t bytes);
+/* Waits for all work queued on dev. */
+DP_API dp_status dp_device_synchronize(dp_device *dev);
+
+/* ---- GEMM (cuBLAS semantics on every backend) ------------------------- */
+
+typedef enum dp_op { DP_OP_N = 0, DP_OP_T = 1 } dp_op;
+
+/*
+ * C = alpha * op(A) * op(B) + beta * C, column-major like cublasSgemm:
+ * op(A) is m x k, op(B) is k x n, C is m x n with leading dimension ldc.
+ * lda >= (transa == N ? m : k), ldb >= (transb == N ? k : n), ldc >= m.
+ * When beta == 0, C need not be initialised (NaNs in C are not propagated).
+ * Errors: DP_ERR_INVALID_ARGUMENT (negative sizes, leading dimensions too
+ * small, NULL pointers), DP_ERR_DEVICE.
+ */
+DP_API dp_status dp_gemm(dp_device *dev, dp_op transa, dp_op transb, int m, int n, int k,
+                         float alpha, const float *A, int lda, const float *B, int ldb,
+                         float beta, float *C, int ldc);
+
+/* batch independent dp_gemm calls; matrix i of A starts at A + i*strideA
+ * (in floats), likewise B and C. Same errors as dp_gemm. */
+DP_API dp_status dp_gemm_strided_batched(dp_device *dev, dp_op transa, dp_op transb, int m,
+                                         int n, int k, float alpha, const float *A, int lda,
+                                         long long strideA, const float *B, int ldb,
+                                         long long strideB, float beta, float *C, int ldc,
+                                         long long strideC, int batch);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DP_DEVICE_H */

@@ -1,0 +1,13 @@
+/*
+ * dp/dp.h - everything public in dp: include this one header.
+ */
+#ifndef DP_DP_H
+#define DP_DP_H
+
+#include "dp/status.h"
+#include "dp/rng.h"
+#include "dp/device.h"
+#include "dp/nn.h"
+#include "dp/optim.h"
+
+#endif /* DP_DP_H */

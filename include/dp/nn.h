@@ -1,0 +1,126 @@
+/*
+ * dp/nn.h - layer kernels: forward/backward pairs on a device.
+ *
+ * Conventions (as llm.c): arguments are ordered outputs, inputs,
+ * parameters, cached values, dimensions. Every pointer is a device pointer
+ * of dev; shapes are given as (dims) in row-major order. Gradient pointers
+ * carry a d prefix. Parameter gradients ACCUMULATE (+=); activation
+ * gradients OVERWRITE unless the docstring says they accumulate (residual
+ * paths). Sizes are element counts, not bytes.
+ *
+ * Every function returns DP_ERR_INVALID_ARGUMENT for NULL required
+ * pointers or zero/inconsistent dimensions, DP_ERR_DEVICE for a backend
+ * failure, and DP_OK otherwise.
+ */
+#ifndef DP_NN_H
+#define DP_NN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dp/device.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- token + position embedding ----------------------------------------
+ * out(B,T,C)[b,t,:] = wte(V,C)[inp[b,t],:] + wpe(maxT,C)[t,:], T <= maxT.
+ * Token ids must lie in [0,V): the caller validates them on the host. */
+DP_API dp_status dp_encoder_forward(dp_device *dev, float *out, const int32_t *inp,
+                                    const float *wte, const float *wpe, size_t B, size_t T,
+                                    size_t C);
+/* dwte(V,C) += scatter of dout by token id; dwpe(maxT,C)[t] += sum_b dout[b,t].
+ * Additions happen in a fixed order (deterministic). */
+DP_API dp_status dp_encoder_backward(dp_device *dev, float *dwte, float *dwpe,
+                                     const float *dout, const int32_t *inp, size_t B,
+                                     size_t T, size_t C);
+
+/* ---- linear -------------------------------------------------------------
+ * out(N,OC) = inp(N,C) @ weight(OC,C)^T + bias(OC); bias may be NULL.
+ * weight is stored [out, in] as PyTorch's nn.Linear. */
+DP_API dp_status dp_linear_forward(dp_device *dev, float *out, const float *inp,
+                                   const float *weight, const float *bias, size_t N, size_t C,
+                                   size_t OC);
+/* dinp(N,C) = dout @ weight (overwritten; NULL skips it),
+ * dweight(OC,C) += dout^T @ inp, dbias(OC) += column sums of dout (NULL skips). */
+DP_API dp_status dp_linear_backward(dp_device *dev, float *dinp, float *dweight, float *dbias,
+                                    const float *dout, const float *inp, const float *weight,
+                                    size_t N, size_t C, size_t OC);
+
+/* ---- LayerNorm (eps = 1e-5, as torch.nn.LayerNorm) ----------------------
+ * out(N,C) = (inp - mean) * rstd * weight + bias; caches mean(N), rstd(N)
+ * with rstd = 1/sqrt(var + eps), var the biased variance. */
+#define DP_LAYERNORM_EPS 1e-5f
+DP_API dp_status dp_layernorm_forward(dp_device *dev, float *out, float *mean, float *rstd,
+                                      const float *inp, const float *weight, const float *bias,
+                                      size_t N, size_t C);
+/* dinp(N,C) += (ACCUMULATES: LayerNorm sits on the residual stream),
+ * dweight(C) +=, dbias(C) +=. */
+DP_API dp_status dp_layernorm_backward(dp_device *dev, float *dinp, float *dweight,
+                                       float *dbias, const float *dout, const float *inp,
+                                       const float *weight, const float *mean,
+                                       const float *rstd, size_t N, size_t C);
+
+/* ---- GELU, tanh approximation (Hendrycks & Gimpel 2016; GPT-2) -----------
+ * out = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), n elements. */
+DP_API dp_status dp_gelu_forward(dp_device *dev, float *out, const float *inp, size_t n);
+/* dinp = dout * gelu'(inp) (overwritten; dinp may alias dout). */
+DP_API dp_status dp_gelu_backward(dp_device *dev, float *dinp, const float *inp,
+                                  const float *dout, size_t n);
+
+/* ---- residual add ---------------------------------------------------------
+ * out = a + b (n elements; out may alias a or b). */
+DP_API dp_status dp_residual_forward(dp_device *dev, float *out, const float *a,
+                                     const float *b, size_t n);
+/* da += dout, db += dout (ACCUMULATE; either may be NULL). */
+DP_API dp_status dp_residual_backward(dp_device *dev, float *da, float *db, const float *dout,
+                                      size_t n);
+
+/* ---- element-wise helpers ------------------------------------------------ */
+/* dst += src (n elements). */
+DP_API dp_status dp_accumulate(dp_device *dev, float *dst, const float *src, size_t n);
+/* x *= s (n elements). */
+DP_API dp_status dp_scale(dp_device *dev, float *x, float s, size_t n);
+/* *out_host = sum of x[i]^2 accumulated in double (host pointer). */
+DP_API dp_status dp_sum_squares(dp_device *dev, double *out_host, const float *x, size_t n);
+
+/* ---- causal multi-head self-attention --------------------------------------
+ * qkv(B,T,3C) holds q, k, v side by side along the last axis (nanoGPT's
+ * fused c_attn output); NH heads of size hs = C/NH (C % NH == 0).
+ * att = softmax(q k^T / sqrt(hs)) with the causal mask (key t2 > query t
+ * gets zero weight); out(B,T,C) = att v with heads concatenated.
+ * Cached for backward: qkvr(3,B,NH,T,hs) (q, k, v permuted per head) and
+ * att(B,NH,T,T) (the softmax). scratch(B,T,C) is clobbered. */
+DP_API dp_status dp_attention_forward(dp_device *dev, float *out, float *qkvr, float *att,
+                                      float *scratch, const float *qkv, size_t B, size_t T,
+                                      size_t C, size_t NH);
+/* dqkv(B,T,3C) overwritten. dqkvr(3,B,NH,T,hs), datt(B,NH,T,T) and
+ * scratch(B,T,C) are clobbered scratch. */
+DP_API dp_status dp_attention_backward(dp_device *dev, float *dqkv, float *dqkvr, float *datt,
+                                       float *scratch, const float *dout, const float *qkvr,
+                                       const float *att, size_t B, size_t T, size_t C,
+                                       size_t NH);
+
+/* ---- fused softmax cross-entropy ------------------------------------------
+ * For each row i of logits(N,V) with targets[i] in [0,V):
+ *   loss_i = logsumexp(logits[i,:]) - logits[i,targets[i]]
+ *   dlogits[i,:] = dscale * (softmax(logits[i,:]) - onehot(targets[i]))
+ * Rows with targets[i] == -1 are ignored: no loss, dlogits row zero.
+ * *loss_sum_host = sum of loss_i over valid rows, added in row order in
+ * double. dscale is usually 1/N_global (N_global = valid targets in the
+ * whole global batch), which makes the sum of per-device losses times
+ * dscale the exact global mean. dlogits may alias logits (in place) or be
+ * NULL (loss only). losses(N) is device scratch. Stable for |logits| ~ 1e4
+ * (max subtraction). Targets outside [-1,V) are the caller's bug: the
+ * caller validates them on the host. */
+DP_API dp_status dp_crossentropy_forward_backward(dp_device *dev, double *loss_sum_host,
+                                                  float *dlogits, float *losses,
+                                                  const float *logits, const int32_t *targets,
+                                                  size_t N, size_t V, float dscale);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DP_NN_H */

@@ -1,0 +1,148 @@
+/*
+ * backend/cpu/cpu_backend.c - virtual CPU devices: host memory, memcpy
+ * copies and GEMM through OpenBLAS.
+ *
+ * A virtual device is host memory plus the thread that drives it; the
+ * engine gives each device its own thread, so OpenBLAS is made
+ * single-threaded once (openblas_set_num_threads(1)) and the devices run
+ * their GEMMs concurrently instead of fighting over BLAS threads.
+ */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cblas.h>
+
+#include "backend/cpu/cpu_kernels.h"
+#include "core/error.h"
+
+/* Declared by OpenBLAS's cblas.h; repeated so a different cblas.h still builds. */
+void openblas_set_num_threads(int num_threads);
+
+#define DP_CPU_ALIGN 256
+
+static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
+
+static void blas_single_thread(void) { openblas_set_num_threads(1); }
+
+static dp_status cpu_open(dp_device *dev)
+{
+    pthread_once(&blas_once, blas_single_thread);
+    dev->ctx = NULL;
+    return DP_OK;
+}
+
+static void cpu_close(dp_device *dev) { (void)dev; }
+
+static dp_status cpu_alloc(dp_device *dev, size_t bytes, void **out)
+{
+    /* aligned_alloc wants a multiple of the alignment. */
+    size_t rounded = (bytes + DP_CPU_ALIGN - 1) / DP_CPU_ALIGN * DP_CPU_ALIGN;
+    if (rounded < bytes) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "%s: %zu bytes overflow", dev->name, bytes);
+    void *p = aligned_alloc(DP_CPU_ALIGN, rounded);
+    if (!p)
+        return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "%s: host allocation of %zu bytes failed",
+                       dev->name, bytes);
+    *out = p;
+    return DP_OK;
+}
+
+static void cpu_free(dp_device *dev, void *ptr)
+{
+    (void)dev;
+    free(ptr);
+}
+
+static dp_status cpu_copy(dp_device *dev, void *dst, const void *src, size_t bytes)
+{
+    (void)dev;
+    memmove(dst, src, bytes);
+    return DP_OK;
+}
+
+static dp_status cpu_copy_peer(dp_device *dst_dev, void *dst, dp_device *src_dev,
+                               const void *src, size_t bytes)
+{
+    (void)dst_dev;
+    (void)src_dev;
+    memmove(dst, src, bytes);
+    return DP_OK;
+}
+
+static dp_status cpu_memset(dp_device *dev, void *dst, int value, size_t bytes)
+{
+    (void)dev;
+    memset(dst, value, bytes);
+    return DP_OK;
+}
+
+static dp_status cpu_synchronize(dp_device *dev)
+{
+    (void)dev;
+    return DP_OK;
+}
+
+static dp_status cpu_gemm_strided_batched(dp_device *dev, dp_op transa, dp_op transb, int m,
+                                          int n, int k, float alpha, const float *A, int lda,
+                                          long long strideA, const float *B, int ldb,
+                                          long long strideB, float beta, float *C, int ldc,
+                                          long long strideC, int batch)
+{
+    (void)dev;
+    for (int i = 0; i < batch; i++) {
+        float *Ci = C + (size_t)i * (size_t)strideC;
+        if (k == 0) {
+            /* C = beta C; beta == 0 overwrites (NaNs in C are not kept). */
+            for (int col = 0; col < n; col++) {
+                float *c = Ci + (size_t)col * (size_t)ldc;
+                for (int row = 0; row < m; row++) c[row] = beta == 0.0f ? 0.0f : beta * c[row];
+            }
+            continue;
+        }
+        cblas_sgemm(CblasColMajor, transa == DP_OP_T ? CblasTrans : CblasNoTrans,
+                    transb == DP_OP_T ? CblasTrans : CblasNoTrans, m, n, k, alpha,
+                    A + (size_t)i * (size_t)strideA, lda, B + (size_t)i * (size_t)strideB, ldb,
+                    beta, Ci, ldc);
+    }
+    return DP_OK;
+}
+
+static const dp_backend_ops cpu_ops = {
+    .name = "cpu",
+    .open = cpu_open,
+    .close = cpu_close,
+    .bind_thread = NULL,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .mem_info = NULL,
+    .copy_h2d = cpu_copy,
+    .copy_d2h = cpu_copy,
+    .copy_d2d = cpu_copy,
+    .copy_peer = cpu_copy_peer,
+    .memset = cpu_memset,
+    .synchronize = cpu_synchronize,
+    .gemm_strided_batched = cpu_gemm_strided_batched,
+    .encoder_forward = dp_cpu_encoder_forward,
+    .encoder_backward = dp_cpu_encoder_backward,
+    .bias_broadcast = dp_cpu_bias_broadcast,
+    .bias_backward = dp_cpu_bias_backward,
+    .layernorm_forward = dp_cpu_layernorm_forward,
+    .layernorm_backward = dp_cpu_layernorm_backward,
+    .gelu_forward = dp_cpu_gelu_forward,
+    .gelu_backward = dp_cpu_gelu_backward,
+    .add = dp_cpu_add,
+    .accumulate = dp_cpu_accumulate,
+    .scale = dp_cpu_scale,
+    .sum_squares = dp_cpu_sum_squares,
+    .attention_permute = dp_cpu_attention_permute,
+    .attention_permute_backward = dp_cpu_attention_permute_backward,
+    .attention_unpermute = dp_cpu_attention_unpermute,
+    .attention_unpermute_backward = dp_cpu_attention_unpermute_backward,
+    .softmax_causal_forward = dp_cpu_softmax_causal_forward,
+    .softmax_causal_backward = dp_cpu_softmax_causal_backward,
+    .crossentropy = dp_cpu_crossentropy,
+    .adamw = dp_cpu_adamw,
+    .sgd = dp_cpu_sgd,
+};
+
+const dp_backend_ops *dp_backend_cpu(void) { return &cpu_ops; }

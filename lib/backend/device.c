@@ -1,0 +1,351 @@
+/*
+ * backend/device.c - device handles, memory accounting, copies and GEMM.
+ *
+ * The accounting lives here, not in the backends, so every backend counts
+ * the same way: each live allocation is kept in a small open-addressing map
+ * (pointer -> bytes) under the device's mutex; in_use, peak,
+ * peak_since_reset and the optional limit follow from it.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "core/error.h"
+
+// --- allocation map ---------------------------------------------------------
+
+#define DP_ALLOC_TOMB ((void *)(uintptr_t)1)
+
+static size_t ptr_hash(const void *p, size_t cap)
+{
+    uint64_t x = (uint64_t)(uintptr_t)p;
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    return (size_t)x & (cap - 1);
+}
+
+static int map_grow(dp_alloc_map *m)
+{
+    size_t ncap = m->cap ? m->cap * 2 : 64;
+    /* Rehash into a table at most half full; drop tombstones. */
+    while (ncap < 2 * (m->count + 1)) ncap *= 2;
+    void **keys = calloc(ncap, sizeof *keys);
+    size_t *sizes = calloc(ncap, sizeof *sizes);
+    if (!keys || !sizes) {
+        free(keys);
+        free(sizes);
+        return -1;
+    }
+    for (size_t i = 0; i < m->cap; i++) {
+        void *k = m->keys[i];
+        if (!k || k == DP_ALLOC_TOMB) continue;
+        size_t j = ptr_hash(k, ncap);
+        while (keys[j]) j = (j + 1) & (ncap - 1);
+        keys[j] = k;
+        sizes[j] = m->sizes[i];
+    }
+    free(m->keys);
+    free(m->sizes);
+    m->keys = keys;
+    m->sizes = sizes;
+    m->cap = ncap;
+    m->used = m->count;
+    return 0;
+}
+
+static int map_insert(dp_alloc_map *m, void *p, size_t bytes)
+{
+    if ((m->used + 1) * 2 > m->cap && map_grow(m) != 0) return -1;
+    size_t j = ptr_hash(p, m->cap);
+    while (m->keys[j] && m->keys[j] != DP_ALLOC_TOMB) j = (j + 1) & (m->cap - 1);
+    if (!m->keys[j]) m->used++;
+    m->keys[j] = p;
+    m->sizes[j] = bytes;
+    m->count++;
+    return 0;
+}
+
+/* Index of p in the map, or (size_t)-1. */
+static size_t map_find(const dp_alloc_map *m, const void *p)
+{
+    if (!m->cap) return (size_t)-1;
+    size_t j = ptr_hash(p, m->cap);
+    while (m->keys[j]) {
+        if (m->keys[j] == p) return j;
+        j = (j + 1) & (m->cap - 1);
+    }
+    return (size_t)-1;
+}
+
+// --- open / close -------------------------------------------------------------
+
+static const dp_backend_ops *backend_for(dp_device_kind kind)
+{
+    switch (kind) {
+    case DP_DEVICE_CPU: return dp_backend_cpu();
+    case DP_DEVICE_CUDA: return dp_backend_cuda();
+    default: return NULL;
+    }
+}
+
+dp_status dp_device_open(const dp_device_spec *spec, dp_device **out)
+{
+    if (!spec || !out) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "spec and out must not be NULL");
+    *out = NULL;
+    if (spec->index < 0)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "device index %d is negative", spec->index);
+    const dp_backend_ops *ops = backend_for(spec->kind);
+    if (!ops) {
+        if (spec->kind == DP_DEVICE_CUDA)
+            return DP_FAIL(DP_ERR_NO_DEVICE,
+                           "cuda:%d requested but this build has no CUDA backend; "
+                           "rebuild with -DDP_CUDA=ON or use cpu devices",
+                           spec->index);
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "unknown device kind %d", (int)spec->kind);
+    }
+    dp_device *dev = calloc(1, sizeof *dev);
+    if (!dev) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "cannot allocate a device handle");
+    dev->ops = ops;
+    dev->kind = spec->kind;
+    dev->index = spec->index;
+    snprintf(dev->name, sizeof dev->name, "%s:%d", spec->kind == DP_DEVICE_CPU ? "cpu" : "cuda",
+             spec->index);
+    if (pthread_mutex_init(&dev->mu, NULL) != 0) {
+        free(dev);
+        return DP_FAIL(DP_ERR_INTERNAL, "pthread_mutex_init failed");
+    }
+    dp_status s = ops->open(dev);
+    if (s != DP_OK) {
+        pthread_mutex_destroy(&dev->mu);
+        free(dev);
+        return s;
+    }
+    *out = dev;
+    return DP_OK;
+}
+
+void dp_device_close(dp_device *dev)
+{
+    if (!dev) return;
+    /* Free whatever is still live so closing never leaks. */
+    for (size_t i = 0; i < dev->allocs.cap; i++) {
+        void *k = dev->allocs.keys[i];
+        if (k && k != DP_ALLOC_TOMB) dev->ops->free(dev, k);
+    }
+    free(dev->allocs.keys);
+    free(dev->allocs.sizes);
+    dev->ops->close(dev);
+    pthread_mutex_destroy(&dev->mu);
+    free(dev);
+}
+
+const char *dp_device_name(const dp_device *dev) { return dev ? dev->name : "(null)"; }
+
+dp_device_kind dp_device_kind_of(const dp_device *dev) { return dev->kind; }
+
+dp_status dp_device_bind_thread(dp_device *dev)
+{
+    if (!dev) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "dev must not be NULL");
+    return dev->ops->bind_thread ? dev->ops->bind_thread(dev) : DP_OK;
+}
+
+// --- memory -------------------------------------------------------------------
+
+dp_status dp_device_alloc(dp_device *dev, size_t bytes, void **out)
+{
+    if (!dev || !out) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "dev and out must not be NULL");
+    *out = NULL;
+    if (bytes == 0)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: cannot allocate 0 bytes", dev->name);
+    pthread_mutex_lock(&dev->mu);
+    if (dev->limit && (bytes > dev->limit || dev->in_use > dev->limit - bytes)) {
+        size_t in_use = dev->in_use, limit = dev->limit;
+        pthread_mutex_unlock(&dev->mu);
+        return DP_FAIL(DP_ERR_OUT_OF_MEMORY,
+                       "%s: allocating %zu bytes would pass the memory limit "
+                       "(%zu bytes in use, limit %zu bytes); use a smaller batch, more "
+                       "devices or a higher --memory-limit",
+                       dev->name, bytes, in_use, limit);
+    }
+    /* Reserve the bytes before the (possibly slow) backend call so that
+     * concurrent allocations cannot overshoot the limit together. */
+    dev->in_use += bytes;
+    pthread_mutex_unlock(&dev->mu);
+
+    void *p = NULL;
+    dp_status s = dev->ops->alloc(dev, bytes, &p);
+
+    pthread_mutex_lock(&dev->mu);
+    if (s == DP_OK && map_insert(&dev->allocs, p, bytes) != 0) {
+        dev->ops->free(dev, p);
+        s = DP_FAIL(DP_ERR_OUT_OF_MEMORY, "%s: cannot grow the allocation table", dev->name);
+    }
+    if (s != DP_OK) {
+        dev->in_use -= bytes;
+        pthread_mutex_unlock(&dev->mu);
+        return s;
+    }
+    if (dev->in_use > dev->peak) dev->peak = dev->in_use;
+    if (dev->in_use > dev->peak_since_reset) dev->peak_since_reset = dev->in_use;
+    pthread_mutex_unlock(&dev->mu);
+    *out = p;
+    return DP_OK;
+}
+
+void dp_device_free(dp_device *dev, void *ptr)
+{
+    if (!dev || !ptr) return;
+    pthread_mutex_lock(&dev->mu);
+    size_t j = map_find(&dev->allocs, ptr);
+    if (j == (size_t)-1) {
+        pthread_mutex_unlock(&dev->mu);
+        return;
+    }
+    dev->in_use -= dev->allocs.sizes[j];
+    dev->allocs.keys[j] = DP_ALLOC_TOMB;
+    dev->allocs.count--;
+    pthread_mutex_unlock(&dev->mu);
+    dev->ops->free(dev, ptr);
+}
+
+size_t dp_device_alloc_size(dp_device *dev, const void *ptr)
+{
+    if (!dev || !ptr) return 0;
+    pthread_mutex_lock(&dev->mu);
+    size_t j = map_find(&dev->allocs, ptr);
+    size_t bytes = j == (size_t)-1 ? 0 : dev->allocs.sizes[j];
+    pthread_mutex_unlock(&dev->mu);
+    return bytes;
+}
+
+void dp_device_memory(dp_device *dev, dp_memory_stats *out)
+{
+    if (!dev || !out) return;
+    memset(out, 0, sizeof *out);
+    pthread_mutex_lock(&dev->mu);
+    out->in_use = dev->in_use;
+    out->peak = dev->peak;
+    out->peak_since_reset = dev->peak_since_reset;
+    out->limit = dev->limit;
+    out->n_allocs = dev->allocs.count;
+    pthread_mutex_unlock(&dev->mu);
+    if (dev->ops->mem_info) dev->ops->mem_info(dev, &out->device_free, &out->device_total);
+}
+
+void dp_device_reset_peak(dp_device *dev)
+{
+    if (!dev) return;
+    pthread_mutex_lock(&dev->mu);
+    dev->peak_since_reset = dev->in_use;
+    pthread_mutex_unlock(&dev->mu);
+}
+
+void dp_device_set_limit(dp_device *dev, size_t bytes)
+{
+    if (!dev) return;
+    pthread_mutex_lock(&dev->mu);
+    dev->limit = bytes;
+    pthread_mutex_unlock(&dev->mu);
+}
+
+// --- copies -------------------------------------------------------------------
+
+#define CHECK_COPY(dev, dst, src)                                                      \
+    do {                                                                               \
+        if (!(dev)) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "dev must not be NULL");   \
+        if (bytes && (!(dst) || !(src)))                                               \
+            return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: NULL pointer in a copy of %zu " \
+                           "bytes", (dev)->name, bytes);                               \
+        if (!bytes) return DP_OK;                                                      \
+    } while (0)
+
+dp_status dp_copy_h2d(dp_device *dev, void *dst, const void *src, size_t bytes)
+{
+    CHECK_COPY(dev, dst, src);
+    return dev->ops->copy_h2d(dev, dst, src, bytes);
+}
+
+dp_status dp_copy_d2h(dp_device *dev, void *dst, const void *src, size_t bytes)
+{
+    CHECK_COPY(dev, dst, src);
+    return dev->ops->copy_d2h(dev, dst, src, bytes);
+}
+
+dp_status dp_copy_d2d(dp_device *dev, void *dst, const void *src, size_t bytes)
+{
+    CHECK_COPY(dev, dst, src);
+    return dev->ops->copy_d2d(dev, dst, src, bytes);
+}
+
+dp_status dp_copy_peer(dp_device *dst_dev, void *dst, dp_device *src_dev, const void *src,
+                       size_t bytes)
+{
+    CHECK_COPY(dst_dev, dst, src);
+    if (!src_dev) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "src_dev must not be NULL");
+    if (dst_dev->kind != src_dev->kind)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "peer copy from %s to %s: devices must be of "
+                       "one kind", src_dev->name, dst_dev->name);
+    return dst_dev->ops->copy_peer(dst_dev, dst, src_dev, src, bytes);
+}
+
+dp_status dp_memset(dp_device *dev, void *dst, int value, size_t bytes)
+{
+    if (!dev) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "dev must not be NULL");
+    if (!bytes) return DP_OK;
+    if (!dst) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: memset of NULL", dev->name);
+    return dev->ops->memset(dev, dst, value, bytes);
+}
+
+dp_status dp_device_synchronize(dp_device *dev)
+{
+    if (!dev) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "dev must not be NULL");
+    return dev->ops->synchronize(dev);
+}
+
+// --- GEMM -----------------------------------------------------------------------
+
+static dp_status check_gemm(dp_device *dev, dp_op ta, dp_op tb, int m, int n, int k,
+                            const float *A, int lda, const float *B, int ldb, const float *C,
+                            int ldc, int batch)
+{
+    if (!dev) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "dev must not be NULL");
+    if (m < 0 || n < 0 || k < 0 || batch < 0)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: gemm sizes must be >= 0 (m=%d n=%d k=%d "
+                       "batch=%d)", dev->name, m, n, k, batch);
+    if ((ta != DP_OP_N && ta != DP_OP_T) || (tb != DP_OP_N && tb != DP_OP_T))
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: transpose flags must be DP_OP_N or "
+                       "DP_OP_T", dev->name);
+    int rows_a = ta == DP_OP_N ? m : k, rows_b = tb == DP_OP_N ? k : n;
+    if (lda < (rows_a > 1 ? rows_a : 1) || ldb < (rows_b > 1 ? rows_b : 1) ||
+        ldc < (m > 1 ? m : 1))
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: leading dimensions too small (lda=%d "
+                       "needs >= %d, ldb=%d needs >= %d, ldc=%d needs >= %d)", dev->name, lda,
+                       rows_a, ldb, rows_b, ldc, m);
+    if (m && n && batch && (!C || (k && (!A || !B))))
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: gemm with a NULL matrix", dev->name);
+    return DP_OK;
+}
+
+dp_status dp_gemm(dp_device *dev, dp_op transa, dp_op transb, int m, int n, int k, float alpha,
+                  const float *A, int lda, const float *B, int ldb, float beta, float *C,
+                  int ldc)
+{
+    DP_TRY(check_gemm(dev, transa, transb, m, n, k, A, lda, B, ldb, C, ldc, 1));
+    if (!m || !n) return DP_OK;
+    return dev->ops->gemm_strided_batched(dev, transa, transb, m, n, k, alpha, A, lda, 0, B, ldb,
+                                          0, beta, C, ldc, 0, 1);
+}
+
+dp_status dp_gemm_strided_batched(dp_device *dev, dp_op transa, dp_op transb, int m, int n,
+                                  int k, float alpha, const float *A, int lda, long long strideA,
+                                  const float *B, int ldb, long long strideB, float beta,
+                                  float *C, int ldc, long long strideC, int batch)
+{
+    DP_TRY(check_gemm(dev, transa, transb, m, n, k, A, lda, B, ldb, C, ldc, batch));
+    if (!m || !n || !batch) return DP_OK;
+    return dev->ops->gemm_strided_batched(dev, transa, transb, m, n, k, alpha, A, lda, strideA,
+                                          B, ldb, strideB, beta, C, ldc, strideC, batch);
+}

@@ -1,0 +1,2 @@
+/* PLACEHOLDER: replaced by the real layer */
+typedef int dp_placeholder_;
