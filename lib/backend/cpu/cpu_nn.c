@@ -72,17 +72,7 @@ dp_status dp_cpu_accumulate(dp_device *dev, float *dst, const float *src, size_t
     return DP_FAIL(DP_ERR_UNSUPPORTED, "%s: not implemented yet", __func__);
 }
 
-dp_status dp_cpu_scale(dp_device *dev, float *x, float s, size_t n)
-{
-    (void)dev;
-    return DP_FAIL(DP_ERR_UNSUPPORTED, "%s: not implemented yet", __func__);
-}
 
-dp_status dp_cpu_sum_squares(dp_device *dev, double *out_host, const float *x, size_t n)
-{
-    (void)dev;
-    return DP_FAIL(DP_ERR_UNSUPPORTED, "%s: not implemented yet", __func__);
-}
 
 dp_status dp_cpu_crossentropy(dp_device *dev, float *losses, float *dlogits,
                               const float *logits, const int32_t *targets, size_t N, size_t V,

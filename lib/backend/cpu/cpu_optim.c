@@ -16,3 +16,15 @@ dp_status dp_cpu_sgd(dp_device *dev, float *params, const float *grads, float *m
     (void)dev;
     return DP_FAIL(DP_ERR_UNSUPPORTED, "%s: not implemented yet", __func__);
 }
+
+dp_status dp_cpu_scale(dp_device *dev, float *x, float s, size_t n)
+{
+    (void)dev;
+    return DP_FAIL(DP_ERR_UNSUPPORTED, "%s: not implemented yet", __func__);
+}
+
+dp_status dp_cpu_sum_squares(dp_device *dev, double *out_host, const float *x, size_t n)
+{
+    (void)dev;
+    return DP_FAIL(DP_ERR_UNSUPPORTED, "%s: not implemented yet", __func__);
+}

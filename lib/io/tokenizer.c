@@ -1,0 +1,2 @@
+/* PLACEHOLDER: replaced by the real code */
+typedef int dp_placeholder_;
