@@ -1,2 +1,182 @@
-/* PLACEHOLDER: replaced by the real layer */
-typedef int dp_placeholder_;
+/*
+ * nn/attention.c - causal multi-head self-attention (dp_attention_forward,
+ * dp_attention_backward): argument checks, then the composition of the
+ * backend's permutes, causal softmax and batched GEMMs.
+ *
+ * Per (batch, head) pair, with q, k, v, y row-major (T,hs) blocks of qkvr
+ * and the scratch, and att a row-major (T,T) block:
+ *   forward   att = causal_softmax(q k^T / sqrt(hs)),  y = att v
+ *   backward  datt = dy v^T,  dv = att^T dy,  ds = softmax'(datt),
+ *             dq = ds k,  dk = ds^T q
+ * The GEMMs run on all B*NH pairs in one strided-batched call.
+ *
+ * GEMM mapping: the backend's gemm is column-major (cuBLAS). A row-major
+ * (r,c) matrix X is the column-major (c,r) matrix X^T with leading
+ * dimension c, so a row-major product X = P Q is computed as the
+ * column-major X^T = Q^T P^T: swap the operands and read each transpose
+ * flag as seen from the column-major side.
+ *
+ * The GEMMs fill the whole (T,T) block including the masked upper triangle;
+ * the softmax rows (kernels/attention.h) overwrite it with exact zeros in
+ * att and in ds, so masked entries have zero weight and zero gradient.
+ */
+#include <limits.h>
+#include <stdint.h>
+
+#include "backend/backend.h"
+#include "core/error.h"
+#include "dp/nn.h"
+
+// --- argument checks -------------------------------------------------------------------
+
+/* *out = a * b; 0 on size_t overflow. */
+static int mul_ok(size_t a, size_t b, size_t *out)
+{
+    if (a && b > SIZE_MAX / a) return 0;
+    *out = a * b;
+    return 1;
+}
+
+/* Dimensions shared by forward and backward; fn names the public call. */
+static dp_status check_dims(const char *fn, dp_device *dev, size_t B, size_t T, size_t C,
+                            size_t NH)
+{
+    if (!B || !T || !C || !NH)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
+                       "%s on %s: B=%zu, T=%zu, C=%zu and NH=%zu must all be > 0", fn,
+                       dev->name, B, T, C, NH);
+    if (C % NH)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
+                       "%s on %s: C=%zu is not a multiple of NH=%zu (C %% NH != 0); the head "
+                       "size is C/NH, so choose C divisible by the number of heads",
+                       fn, dev->name, C, NH);
+    size_t hs = C / NH, n;
+    /* Every buffer's float count and byte size must fit in size_t:
+     * qkv(B,T,3C) and qkvr are the largest besides att(B,NH,T,T). */
+    int ok = mul_ok(B, T, &n) && mul_ok(n, C, &n) && mul_ok(n, 3, &n) &&
+             mul_ok(n, sizeof(float), &n);
+    ok = ok && mul_ok(B, NH, &n) && mul_ok(n, T, &n) && mul_ok(n, T, &n) &&
+         mul_ok(n, sizeof(float), &n);
+    if (!ok)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
+                       "%s on %s: B=%zu, T=%zu, C=%zu, NH=%zu overflow the buffer sizes "
+                       "(B*T*3C and B*NH*T*T floats must fit in size_t bytes)",
+                       fn, dev->name, B, T, C, NH);
+    /* The batched GEMM takes int sizes and long long strides. */
+    if (T > INT_MAX || hs > INT_MAX || B * NH > INT_MAX || T * T > (size_t)LLONG_MAX)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
+                       "%s on %s: T=%zu, head size %zu and B*NH=%zu must each be <= %d "
+                       "(GEMM int sizes); split the batch into smaller micro-batches",
+                       fn, dev->name, T, hs, B * NH, INT_MAX);
+    const dp_backend_ops *o = dev->ops;
+    if (!o->gemm_strided_batched || !o->attention_permute || !o->attention_permute_backward ||
+        !o->attention_unpermute || !o->attention_unpermute_backward ||
+        !o->softmax_causal_forward || !o->softmax_causal_backward)
+        return DP_FAIL(DP_ERR_UNSUPPORTED, "%s on %s: the %s backend has no attention kernels",
+                       fn, dev->name, o->name);
+    return DP_OK;
+}
+
+/* Buffers a call writes (or reads while another is written) must be
+ * separate: the permutes and GEMMs are not in place. Only identical start
+ * pointers are detected. */
+static dp_status check_distinct(const char *fn, dp_device *dev, const void *const *p,
+                                const char *const *names, int n)
+{
+    for (int i = 0; i < n; i++)
+        for (int j = i + 1; j < n; j++)
+            if (p[i] == p[j])
+                return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
+                               "%s on %s: %s and %s are the same buffer; pass separate "
+                               "buffers",
+                               fn, dev->name, names[i], names[j]);
+    return DP_OK;
+}
+
+// --- forward ---------------------------------------------------------------------------
+
+dp_status dp_attention_forward(dp_device *dev, float *out, float *qkvr, float *att,
+                               float *scratch, const float *qkv, size_t B, size_t T, size_t C,
+                               size_t NH)
+{
+    static const char fn[] = "dp_attention_forward";
+    if (!dev) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: dev must not be NULL", fn);
+    if (!out || !qkvr || !att || !scratch || !qkv)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
+                       "%s on %s: out, qkvr, att, scratch and qkv must not be NULL "
+                       "(out=%p qkvr=%p att=%p scratch=%p qkv=%p)",
+                       fn, dev->name, (void *)out, (void *)qkvr, (void *)att, (void *)scratch,
+                       (const void *)qkv);
+    DP_TRY(check_dims(fn, dev, B, T, C, NH));
+    const void *bufs[] = {out, qkvr, att, scratch, qkv};
+    const char *names[] = {"out", "qkvr", "att", "scratch", "qkv"};
+    DP_TRY(check_distinct(fn, dev, bufs, names, 5));
+
+    const dp_backend_ops *o = dev->ops;
+    size_t hs = C / NH, BNH = B * NH;
+    int iT = (int)T, ihs = (int)hs, batch = (int)BNH;
+    long long sTh = (long long)(T * hs), sTT = (long long)(T * T);
+    const float *q = qkvr, *k = qkvr + BNH * T * hs, *v = qkvr + 2 * BNH * T * hs;
+    float *y = scratch; // (B,NH,T,hs)
+
+    DP_TRY(o->attention_permute(dev, qkvr, qkv, B, T, NH, hs));
+    /* att = q k^T (row-major T x T) is column-major att^T = k q^T: k read
+     * column-major is (hs,T), so op(A) = k^T with lda = hs. */
+    DP_TRY(o->gemm_strided_batched(dev, DP_OP_T, DP_OP_N, iT, iT, ihs, 1.0f, k, ihs, sTh, q,
+                                   ihs, sTh, 0.0f, att, iT, sTT, batch));
+    DP_TRY(o->softmax_causal_forward(dev, att, 1.0f / sqrtf((float)hs), BNH, T));
+    /* y = att v is column-major y^T(hs,T) = v^T(hs,T) att^T(T,T). */
+    DP_TRY(o->gemm_strided_batched(dev, DP_OP_N, DP_OP_N, ihs, iT, iT, 1.0f, v, ihs, sTh, att,
+                                   iT, sTT, 0.0f, y, ihs, sTh, batch));
+    DP_TRY(o->attention_unpermute(dev, out, y, B, T, NH, hs));
+    return DP_OK;
+}
+
+// --- backward --------------------------------------------------------------------------
+
+dp_status dp_attention_backward(dp_device *dev, float *dqkv, float *dqkvr, float *datt,
+                                float *scratch, const float *dout, const float *qkvr,
+                                const float *att, size_t B, size_t T, size_t C, size_t NH)
+{
+    static const char fn[] = "dp_attention_backward";
+    if (!dev) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: dev must not be NULL", fn);
+    if (!dqkv || !dqkvr || !datt || !scratch || !dout || !qkvr || !att)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
+                       "%s on %s: dqkv, dqkvr, datt, scratch, dout, qkvr and att must not be "
+                       "NULL (dqkv=%p dqkvr=%p datt=%p scratch=%p dout=%p qkvr=%p att=%p)",
+                       fn, dev->name, (void *)dqkv, (void *)dqkvr, (void *)datt,
+                       (void *)scratch, (const void *)dout, (const void *)qkvr,
+                       (const void *)att);
+    DP_TRY(check_dims(fn, dev, B, T, C, NH));
+    const void *bufs[] = {dqkv, dqkvr, datt, scratch, dout, qkvr, att};
+    const char *names[] = {"dqkv", "dqkvr", "datt", "scratch", "dout", "qkvr", "att"};
+    DP_TRY(check_distinct(fn, dev, bufs, names, 7));
+
+    const dp_backend_ops *o = dev->ops;
+    size_t hs = C / NH, BNH = B * NH;
+    int iT = (int)T, ihs = (int)hs, batch = (int)BNH;
+    long long sTh = (long long)(T * hs), sTT = (long long)(T * T);
+    size_t part = BNH * T * hs;
+    const float *q = qkvr, *k = qkvr + part, *v = qkvr + 2 * part;
+    float *dq = dqkvr, *dk = dqkvr + part, *dv = dqkvr + 2 * part;
+    float *dy = scratch; // (B,NH,T,hs)
+
+    DP_TRY(o->attention_unpermute_backward(dev, dy, dout, B, T, NH, hs));
+    /* datt = dy v^T: the same shape of product as the forward's scores. */
+    DP_TRY(o->gemm_strided_batched(dev, DP_OP_T, DP_OP_N, iT, iT, ihs, 1.0f, v, ihs, sTh, dy,
+                                   ihs, sTh, 0.0f, datt, iT, sTT, batch));
+    /* dv = att^T dy is column-major dv^T(hs,T) = dy^T(hs,T) att(T,T), and
+     * the column-major view of row-major att is att^T, hence op(B) = T. */
+    DP_TRY(o->gemm_strided_batched(dev, DP_OP_N, DP_OP_T, ihs, iT, iT, 1.0f, dy, ihs, sTh, att,
+                                   iT, sTT, 0.0f, dv, ihs, sTh, batch));
+    /* datt becomes d(scores), 1/sqrt(hs) included, zero above the diagonal. */
+    DP_TRY(o->softmax_causal_backward(dev, datt, att, 1.0f / sqrtf((float)hs), BNH, T));
+    /* dq = ds k, as the forward's y = att v. */
+    DP_TRY(o->gemm_strided_batched(dev, DP_OP_N, DP_OP_N, ihs, iT, iT, 1.0f, k, ihs, sTh, datt,
+                                   iT, sTT, 0.0f, dq, ihs, sTh, batch));
+    /* dk = ds^T q, as dv = att^T dy. */
+    DP_TRY(o->gemm_strided_batched(dev, DP_OP_N, DP_OP_T, ihs, iT, iT, 1.0f, q, ihs, sTh, datt,
+                                   iT, sTT, 0.0f, dk, ihs, sTh, batch));
+    DP_TRY(o->attention_permute_backward(dev, dqkv, dqkvr, B, T, NH, hs));
+    return DP_OK;
+}

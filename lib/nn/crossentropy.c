@@ -1,2 +1,50 @@
-/* PLACEHOLDER: replaced by the real layer */
-typedef int dp_placeholder_;
+/*
+ * nn/crossentropy.c - fused softmax cross-entropy (dp/nn.h).
+ *
+ * The backend writes one loss per row (and dlogits) on the device; only
+ * those N floats come to the host, where they are summed in row order in
+ * double so the loss sum does not depend on the backend's reduction order.
+ */
+#include <math.h>
+
+#include "nn/nn_check.h"
+
+#include "dp/nn.h"
+
+/* Losses are copied to the host in chunks of this many floats, so no host
+ * allocation (which could fail) is needed. */
+#define LOSS_CHUNK 1024
+
+dp_status dp_crossentropy_forward_backward(dp_device *dev, double *loss_sum_host,
+                                           float *dlogits, float *losses, const float *logits,
+                                           const int32_t *targets, size_t N, size_t V,
+                                           float dscale)
+{
+    size_t n;
+    DP_NN_REQUIRE_DEV(dev);
+    if (!loss_sum_host)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: loss_sum_host must not be NULL; pass the "
+                       "address of a host double", dev->name);
+    DP_NN_REQUIRE_PTR(dev, losses);
+    DP_NN_REQUIRE_PTR(dev, logits);
+    DP_NN_REQUIRE_PTR(dev, targets);
+    DP_NN_CHECK_DIMS2(dev, N, V, &n);
+    if (V > (size_t)INT32_MAX)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: V=%zu does not fit the int32 targets",
+                       dev->name, V);
+    if (!isfinite(dscale))
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: dscale must be finite (got %g); it is "
+                       "usually 1/N_global with N_global > 0", dev->name, (double)dscale);
+    *loss_sum_host = 0.0;
+    DP_TRY(dev->ops->crossentropy(dev, losses, dlogits, logits, targets, N, V, dscale));
+
+    float chunk[LOSS_CHUNK];
+    double sum = 0.0;
+    for (size_t i0 = 0; i0 < N; i0 += LOSS_CHUNK) {
+        size_t len = N - i0 < LOSS_CHUNK ? N - i0 : LOSS_CHUNK;
+        DP_TRY(dev->ops->copy_d2h(dev, chunk, losses + i0, len * sizeof(float)));
+        for (size_t i = 0; i < len; i++) sum += (double)chunk[i];
+    }
+    *loss_sum_host = sum;
+    return DP_OK;
+}

@@ -1,2 +1,72 @@
-/* PLACEHOLDER: replaced by the real layer */
-typedef int dp_placeholder_;
+/*
+ * nn/linear.c - fully connected layer (dp/nn.h), weight stored [out, in]
+ * as torch.nn.Linear.
+ *
+ * The products go through the backend's column-major GEMM (cuBLAS
+ * convention). A row-major (R,K) matrix read column-major is its transpose
+ * (K,R) with leading dimension K, so each row-major product is written as
+ * the column-major product of the transposes:
+ *   forward  out(N,OC)  = inp @ W^T    <=>  out^T = op_T(W^T) inp^T
+ *            gemm(T, N, m=OC, n=N, k=C, A=W lda=C, B=inp ldb=C, C=out ldc=OC)
+ *   dinp(N,C)           = dout @ W     <=>  dinp^T = W^T dout^T
+ *            gemm(N, N, m=C, n=N, k=OC, A=W lda=C, B=dout ldb=OC, C=dinp ldc=C)
+ *   dweight(OC,C)      += dout^T @ inp <=>  dweight^T += inp^T op_T(dout^T)
+ *            gemm(N, T, m=C, n=OC, k=N, A=inp lda=C, B=dout ldb=OC, C=dW ldc=C)
+ */
+#include <limits.h>
+
+#include "nn/nn_check.h"
+
+#include "dp/nn.h"
+
+/* N, C, OC > 0, their products fit, and each fits the GEMM's int sizes. */
+#define CHECK_LINEAR_DIMS(dev, N, C, OC)                                                  \
+    do {                                                                                  \
+        size_t n_;                                                                        \
+        DP_NN_CHECK_DIMS2(dev, N, C, &n_);                                                \
+        DP_NN_CHECK_DIMS2(dev, N, OC, &n_);                                               \
+        DP_NN_CHECK_DIMS2(dev, OC, C, &n_);                                               \
+        if ((N) > (size_t)INT_MAX || (C) > (size_t)INT_MAX || (OC) > (size_t)INT_MAX)                            \
+            return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: N=%zu, C=%zu and OC=%zu must "   \
+                           "each be <= INT_MAX (the GEMM takes int sizes); split the "    \
+                           "batch", (dev)->name, (size_t)(N), (size_t)(C), (size_t)(OC));  \
+    } while (0)
+
+static dp_status gemm(dp_device *dev, dp_op ta, dp_op tb, size_t m, size_t n, size_t k,
+                      const float *A, size_t lda, const float *B, size_t ldb, float beta,
+                      float *C, size_t ldc)
+{
+    return dev->ops->gemm_strided_batched(dev, ta, tb, (int)m, (int)n, (int)k, 1.0f, A,
+                                          (int)lda, 0, B, (int)ldb, 0, beta, C, (int)ldc, 0, 1);
+}
+
+dp_status dp_linear_forward(dp_device *dev, float *out, const float *inp, const float *weight,
+                            const float *bias, size_t N, size_t C, size_t OC)
+{
+    DP_NN_REQUIRE_DEV(dev);
+    DP_NN_REQUIRE_PTR(dev, out);
+    DP_NN_REQUIRE_PTR(dev, inp);
+    DP_NN_REQUIRE_PTR(dev, weight);
+    CHECK_LINEAR_DIMS(dev, N, C, OC);
+    /* With a bias, out starts as the broadcast bias and the GEMM adds to it
+     * (beta = 1); without, the GEMM overwrites out (beta = 0). */
+    if (bias) DP_TRY(dev->ops->bias_broadcast(dev, out, bias, N, OC));
+    return gemm(dev, DP_OP_T, DP_OP_N, OC, N, C, weight, C, inp, C, bias ? 1.0f : 0.0f, out,
+                OC);
+}
+
+dp_status dp_linear_backward(dp_device *dev, float *dinp, float *dweight, float *dbias,
+                             const float *dout, const float *inp, const float *weight, size_t N,
+                             size_t C, size_t OC)
+{
+    DP_NN_REQUIRE_DEV(dev);
+    DP_NN_REQUIRE_PTR(dev, dweight);
+    DP_NN_REQUIRE_PTR(dev, dout);
+    DP_NN_REQUIRE_PTR(dev, inp);
+    DP_NN_REQUIRE_PTR(dev, weight);
+    CHECK_LINEAR_DIMS(dev, N, C, OC);
+    if (dinp) DP_TRY(gemm(dev, DP_OP_N, DP_OP_N, C, N, OC, weight, C, dout, OC, 0.0f, dinp, C));
+    DP_TRY(gemm(dev, DP_OP_N, DP_OP_T, C, OC, N, inp, C, dout, OC, 1.0f, dweight, C));
+    if (dbias) DP_TRY(dev->ops->bias_backward(dev, dbias, dout, N, OC));
+    return DP_OK;
+}

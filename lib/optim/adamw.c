@@ -1,2 +1,88 @@
-/* PLACEHOLDER: replaced by the real layer */
-typedef int dp_placeholder_;
+/*
+ * optim/adamw.c - dp_adamw_update and dp_sgd_update: argument checks, the
+ * host-side bias corrections, then the backend's update loop.
+ *
+ * Hyper-parameters are checked as torch.optim does (lr, eps, weight decay
+ * and momentum >= 0, betas in [0, 1)); a NaN learning rate, e.g. from
+ * dp_lr_schedule given bad arguments, is refused here before it can turn
+ * every parameter into NaN.
+ */
+#include <math.h>
+#include <stdint.h>
+
+#include "backend/backend.h"
+#include "core/error.h"
+#include "dp/optim.h"
+
+// --- shared checks --------------------------------------------------------------
+
+/* NaN fails every comparison, so "!(x >= 0)" also rejects NaN. */
+static dp_status check_nonneg(const dp_device *dev, const char *what, float x)
+{
+    if (!(x >= 0.0f) || isinf(x))
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: %s = %g must be finite and >= 0",
+                       dev->name, what, (double)x);
+    return DP_OK;
+}
+
+static dp_status check_range(const dp_device *dev, const float *params, const float *grads,
+                             size_t n, int t)
+{
+    if (!params || !grads)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: params and grads must not be NULL",
+                       dev->name);
+    if (n == 0)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: n must be > 0 (number of parameters to "
+                       "update)", dev->name);
+    if (n > SIZE_MAX / sizeof(float))
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: n = %zu floats overflows a byte count",
+                       dev->name, n);
+    if (t < 1)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: step t = %d must be >= 1 (the first "
+                       "update is t = 1)", dev->name, t);
+    return DP_OK;
+}
+
+// --- AdamW ------------------------------------------------------------------------
+
+dp_status dp_adamw_update(dp_device *dev, float *params, const float *grads, float *m,
+                          float *v, size_t n, float lr, float beta1, float beta2, float eps,
+                          float weight_decay, int t)
+{
+    if (!dev) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "dev must not be NULL");
+    DP_TRY(check_range(dev, params, grads, n, t));
+    if (!m || !v)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: AdamW moments m and v must not be NULL "
+                       "(allocate them zeroed before step 1)", dev->name);
+    DP_TRY(check_nonneg(dev, "lr", lr));
+    DP_TRY(check_nonneg(dev, "eps", eps));
+    DP_TRY(check_nonneg(dev, "weight_decay", weight_decay));
+    if (!(beta1 >= 0.0f && beta1 < 1.0f) || !(beta2 >= 0.0f && beta2 < 1.0f))
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: AdamW betas (%g, %g) must lie in [0, 1)",
+                       dev->name, (double)beta1, (double)beta2);
+    /* In double: beta2^t for t ~ 1e5 underflows nothing, and 1 - beta^t
+     * loses no digits before the one rounding to float. */
+    double bias_corr1 = 1.0 - pow((double)beta1, (double)t);
+    double bias_corr2 = 1.0 - pow((double)beta2, (double)t);
+    return dev->ops->adamw(dev, params, grads, m, v, n, lr, beta1, beta2, eps, weight_decay,
+                           (float)bias_corr1, (float)bias_corr2);
+}
+
+// --- SGD --------------------------------------------------------------------------
+
+dp_status dp_sgd_update(dp_device *dev, float *params, const float *grads, float *momentum_buf,
+                        size_t n, float lr, float momentum, float weight_decay, int t)
+{
+    if (!dev) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "dev must not be NULL");
+    DP_TRY(check_range(dev, params, grads, n, t));
+    DP_TRY(check_nonneg(dev, "lr", lr));
+    DP_TRY(check_nonneg(dev, "momentum", momentum));
+    DP_TRY(check_nonneg(dev, "weight_decay", weight_decay));
+    if (momentum != 0.0f && !momentum_buf)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: momentum = %g needs a momentum buffer of "
+                       "n floats; pass momentum_buf or momentum = 0", dev->name,
+                       (double)momentum);
+    /* With momentum 0 the buffer would only ever hold g: plain SGD, as torch. */
+    return dev->ops->sgd(dev, params, grads, momentum != 0.0f ? momentum_buf : NULL, n, lr,
+                         momentum, weight_decay, t == 1);
+}

@@ -1,2 +1,61 @@
-/* PLACEHOLDER: replaced by the real layer */
-typedef int dp_placeholder_;
+/*
+ * optim/clip.c - global-norm gradient clipping (as
+ * torch.nn.utils.clip_grad_norm_) and the two element-wise helpers it is
+ * built from, dp_scale and dp_sum_squares (public in dp/nn.h).
+ *
+ * The norm is summed in double so that a few large gradients do not hide
+ * millions of small ones (in float, 1e8 + 1 == 1e8).
+ */
+#include <math.h>
+
+#include "backend/backend.h"
+#include "core/error.h"
+#include "dp/nn.h"
+#include "dp/optim.h"
+
+/* torch's clip_grad_norm_ adds this to the norm so the factor stays finite. */
+#define DP_CLIP_EPS 1e-6
+
+dp_status dp_scale(dp_device *dev, float *x, float s, size_t n)
+{
+    if (!dev) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "dev must not be NULL");
+    if (!x) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: x must not be NULL", dev->name);
+    if (n == 0) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: n must be > 0", dev->name);
+    return dev->ops->scale(dev, x, s, n);
+}
+
+dp_status dp_sum_squares(dp_device *dev, double *out_host, const float *x, size_t n)
+{
+    if (!dev) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "dev must not be NULL");
+    if (!out_host || !x)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: out_host and x must not be NULL",
+                       dev->name);
+    if (n == 0) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: n must be > 0", dev->name);
+    return dev->ops->sum_squares(dev, out_host, x, n);
+}
+
+dp_status dp_clip_grad_norm(dp_device *dev, float *grads, size_t n, float max_norm,
+                            double *norm_out)
+{
+    if (!dev) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "dev must not be NULL");
+    if (!grads) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: grads must not be NULL", dev->name);
+    if (n == 0) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: n must be > 0", dev->name);
+    if (isnan(max_norm))
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: max_norm is NaN; pass a positive value, "
+                       "or 0 to only measure the norm", dev->name);
+    double sumsq = 0.0;
+    DP_TRY(dev->ops->sum_squares(dev, &sumsq, grads, n));
+    double norm = sqrt(sumsq);
+    if (norm_out) *norm_out = norm;
+    /* Squares of finite floats cannot overflow a double sum, so a
+     * non-finite norm means a NaN or Inf gradient. */
+    if (!isfinite(norm))
+        return DP_FAIL(DP_ERR_NON_FINITE, "%s: gradient norm is %g: the gradients hold NaN or "
+                       "Inf (diverged training: lower the learning rate or check the data); "
+                       "gradients left unscaled", dev->name, norm);
+    if (max_norm > 0.0f && norm > (double)max_norm) {
+        double factor = (double)max_norm / (norm + DP_CLIP_EPS);
+        DP_TRY(dev->ops->scale(dev, grads, (float)factor, n));
+    }
+    return DP_OK;
+}

@@ -1,0 +1,79 @@
+/*
+ * nn/nn_check.h - argument checks shared by the lib/nn public wrappers.
+ *
+ * Macros, so that the recorded message names the public function that
+ * was called (DP_FAIL takes __func__ where it expands).
+ */
+#ifndef DP_NN_CHECK_H
+#define DP_NN_CHECK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend/backend.h"
+#include "core/error.h"
+
+/* *out = a * b * c; returns 0 when the product, or the product times
+ * sizeof(float) (the buffer's bytes), does not fit in size_t. */
+static inline int dp_nn_count3(size_t a, size_t b, size_t c, size_t *out)
+{
+    size_t ab = a * b;
+    if (a && ab / a != b) return 0;
+    size_t abc = ab * c;
+    if (ab && abc / ab != c) return 0;
+    if (abc > SIZE_MAX / sizeof(float)) return 0;
+    *out = abc;
+    return 1;
+}
+
+#define DP_NN_REQUIRE_DEV(dev)                                                            \
+    do {                                                                                  \
+        if (!(dev)) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "dev must not be NULL");     \
+    } while (0)
+
+/* A required device pointer. */
+#define DP_NN_REQUIRE_PTR(dev, p)                                                         \
+    do {                                                                                  \
+        if (!(p))                                                                         \
+            return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: %s must not be NULL; pass a "   \
+                           "buffer allocated on this device", (dev)->name, #p);           \
+    } while (0)
+
+/* Dimensions a, b, c must be > 0 and a*b*c floats must fit in size_t;
+ * *count receives a*b*c. */
+#define DP_NN_CHECK_DIMS3(dev, a, b, c, count)                                            \
+    do {                                                                                  \
+        if (!(a) || !(b) || !(c))                                                         \
+            return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: %s, %s and %s must all be > 0 "  \
+                           "(got %s=%zu %s=%zu %s=%zu)", (dev)->name, #a, #b, #c, #a,     \
+                           (size_t)(a), #b, (size_t)(b), #c, (size_t)(c));                \
+        if (!dp_nn_count3((a), (b), (c), (count)))                                        \
+            return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: %s*%s*%s floats overflow size_t " \
+                           "(%s=%zu %s=%zu %s=%zu)", (dev)->name, #a, #b, #c, #a,         \
+                           (size_t)(a), #b, (size_t)(b), #c, (size_t)(c));                \
+    } while (0)
+
+#define DP_NN_CHECK_DIMS2(dev, a, b, count)                                               \
+    do {                                                                                  \
+        if (!(a) || !(b))                                                                 \
+            return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: %s and %s must both be > 0 (got " \
+                           "%s=%zu %s=%zu)", (dev)->name, #a, #b, #a, (size_t)(a), #b,    \
+                           (size_t)(b));                                                  \
+        if (!dp_nn_count3((a), (b), 1, (count)))                                          \
+            return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: %s*%s floats overflow size_t "   \
+                           "(%s=%zu %s=%zu)", (dev)->name, #a, #b, #a, (size_t)(a), #b,   \
+                           (size_t)(b));                                                  \
+    } while (0)
+
+#define DP_NN_CHECK_DIMS1(dev, a)                                                         \
+    do {                                                                                  \
+        size_t dp_nn_count_;                                                              \
+        if (!(a))                                                                         \
+            return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: %s must be > 0", (dev)->name,   \
+                           #a);                                                           \
+        if (!dp_nn_count3((a), 1, 1, &dp_nn_count_))                                      \
+            return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: %s=%zu floats overflow size_t",  \
+                           (dev)->name, #a, (size_t)(a));                                 \
+    } while (0)
+
+#endif /* DP_NN_CHECK_H */
