@@ -107,6 +107,11 @@ DP_API dp_status dp_device_alloc(dp_device *dev, size_t bytes, void **out);
  * query as unchanged in_use). */
 DP_API void dp_device_free(dp_device *dev, void *ptr);
 
+/* Process-wide count of bytes that were still allocated on a device when
+ * it was closed (dp_device_close frees them). A leak check: it must not
+ * grow across a create/destroy of anything that frees what it allocates. */
+DP_API size_t dp_device_bytes_freed_at_close(void);
+
 /* Bytes of the live allocation ptr (0 if ptr is not one). */
 DP_API size_t dp_device_alloc_size(dp_device *dev, const void *ptr);
 

@@ -9,5 +9,7 @@
 #include "dp/device.h"
 #include "dp/nn.h"
 #include "dp/optim.h"
+#include "dp/model.h"
+#include "dp/engine.h"
 
 #endif /* DP_DP_H */

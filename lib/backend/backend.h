@@ -43,6 +43,9 @@ struct dp_device {
 
 struct dp_backend_ops {
     const char *name;
+    /* 1: device pointers are host addresses any thread may read (CPU), so a
+     * collective can read a peer's buffer directly instead of staging it. */
+    int host_memory;
 
     /* lifecycle: open sets dev->ctx; close frees it */
     dp_status (*open)(dp_device *dev);

@@ -6,6 +6,7 @@
  * (pointer -> bytes) under the device's mutex; in_use, peak,
  * peak_since_reset and the optional limit follow from it.
  */
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -127,9 +128,14 @@ dp_status dp_device_open(const dp_device_spec *spec, dp_device **out)
     return DP_OK;
 }
 
+static atomic_size_t freed_at_close;
+
+size_t dp_device_bytes_freed_at_close(void) { return atomic_load(&freed_at_close); }
+
 void dp_device_close(dp_device *dev)
 {
     if (!dev) return;
+    atomic_fetch_add(&freed_at_close, dev->in_use);
     /* Free whatever is still live so closing never leaks. */
     for (size_t i = 0; i < dev->allocs.cap; i++) {
         void *k = dev->allocs.keys[i];

@@ -26,6 +26,9 @@ extern "C" {
 dp_status dp_error_set(dp_status status, const char *func, const char *file, int line,
                        const char *fmt, ...) DP_PRINTF(5, 6);
 
+/* Records msg verbatim (e.g. a message carried from another thread). */
+dp_status dp_error_raw(dp_status status, const char *msg);
+
 /* Prefixes the current message with "prefix: " (e.g. a device and phase). */
 void dp_error_prefix(const char *fmt, ...) DP_PRINTF(1, 2);
 

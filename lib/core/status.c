@@ -52,6 +52,12 @@ dp_status dp_error_set(dp_status status, const char *func, const char *file, int
     return status;
 }
 
+dp_status dp_error_raw(dp_status status, const char *msg)
+{
+    snprintf(dp_errmsg, sizeof dp_errmsg, "%s", msg);
+    return status;
+}
+
 void dp_error_prefix(const char *fmt, ...)
 {
     char prefix[256];

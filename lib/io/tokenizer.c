@@ -1,2 +1,570 @@
-/* PLACEHOLDER: replaced by the real code */
-typedef int dp_placeholder_;
+/*
+ * io/tokenizer.c - char- and word-level tokenizers: building from a corpus,
+ * encode/decode, and a JSON form (jansson) for checkpoint metadata.
+ *
+ * Both kinds share one representation: a table of token byte strings by
+ * id, a byte -> id map for single-byte tokens, and (word) a hash from word
+ * bytes to id.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "core/error.h"
+#include "dp/tokenizer.h"
+
+#define UNK_TEXT "<unk>"
+#define TOKENIZER_VERSION 1
+
+struct dp_tokenizer {
+    dp_tokenizer_kind kind;
+    size_t vocab;          // V
+    size_t n_bytes;        // single-byte tokens (char: all; word: separators after <unk>)
+    int32_t byte_id[256];  // single-byte token id per byte, -1 if none
+    size_t *tok_off;       // (V) offset of each token's bytes in pool
+    size_t *tok_len;       // (V)
+    char *pool;
+    int32_t *word_slot;    // word -> id open-addressing table (word kind), -1 empty
+    size_t word_cap;       // power of two
+};
+
+// ----------------------------------------------------------------------------
+// helpers
+
+static int is_word_byte(unsigned char c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+           c == '\'';
+}
+
+// FNV-1a (Fowler, Noll, Vo), 64-bit.
+static uint64_t hash_bytes(const char *p, size_t n)
+{
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (size_t i = 0; i < n; i++) {
+        h ^= (unsigned char)p[i];
+        h *= 0x100000001b3ULL;
+    }
+    return h;
+}
+
+static size_t pow2_at_least(size_t n)
+{
+    size_t c = 16;
+    while (c < n) c *= 2;
+    return c;
+}
+
+dp_status dp_tokenizer_kind_parse(const char *text, dp_tokenizer_kind *out)
+{
+    if (!text || !out) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "text or out is NULL");
+    if (strcmp(text, "char") == 0) *out = DP_TOKENIZER_CHAR;
+    else if (strcmp(text, "word") == 0) *out = DP_TOKENIZER_WORD;
+    else
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "unknown tokenizer '%s': use 'char' or 'word'",
+                       text);
+    return DP_OK;
+}
+
+const char *dp_tokenizer_kind_name(dp_tokenizer_kind kind)
+{
+    switch (kind) {
+    case DP_TOKENIZER_CHAR: return "char";
+    case DP_TOKENIZER_WORD: return "word";
+    default: return "?";
+    }
+}
+
+void dp_tokenizer_free(dp_tokenizer *tok)
+{
+    if (!tok) return;
+    free(tok->tok_off);
+    free(tok->tok_len);
+    free(tok->pool);
+    free(tok->word_slot);
+    free(tok);
+}
+
+/*
+ * The common constructor. For char: bytes[0..nbytes) ascending are the
+ * whole vocabulary. For word: id 0 is <unk>, then bytes (separators), then
+ * words[i] = (wp[i], wl[i]) in id order. Inputs are already validated.
+ */
+static dp_status tok_create(dp_tokenizer_kind kind, const unsigned char *bytes, size_t nbytes,
+                            const char *const *wp, const size_t *wl, size_t nwords,
+                            dp_tokenizer **out)
+{
+    *out = NULL;
+    dp_tokenizer *t = calloc(1, sizeof *t);
+    if (!t) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "cannot allocate a tokenizer");
+    t->kind = kind;
+    size_t unk = kind == DP_TOKENIZER_WORD ? 1 : 0;
+    t->vocab = unk + nbytes + nwords;
+    t->n_bytes = nbytes;
+    size_t pool = unk ? strlen(UNK_TEXT) : 0;
+    pool += nbytes;
+    for (size_t i = 0; i < nwords; i++) pool += wl[i];
+    t->tok_off = malloc(t->vocab * sizeof *t->tok_off);
+    t->tok_len = malloc(t->vocab * sizeof *t->tok_len);
+    t->pool = malloc(pool ? pool : 1);
+    if (!t->tok_off || !t->tok_len || !t->pool) goto oom;
+    for (int b = 0; b < 256; b++) t->byte_id[b] = -1;
+    size_t k = 0, id = 0;
+    if (unk) {
+        memcpy(t->pool, UNK_TEXT, strlen(UNK_TEXT));
+        t->tok_off[0] = 0;
+        t->tok_len[0] = strlen(UNK_TEXT);
+        k = strlen(UNK_TEXT);
+        id = 1;
+    }
+    for (size_t i = 0; i < nbytes; i++, id++) {
+        t->pool[k] = (char)bytes[i];
+        t->tok_off[id] = k++;
+        t->tok_len[id] = 1;
+        t->byte_id[bytes[i]] = (int32_t)id;
+    }
+    if (kind == DP_TOKENIZER_WORD) {
+        t->word_cap = pow2_at_least(2 * nwords + 1);
+        t->word_slot = malloc(t->word_cap * sizeof *t->word_slot);
+        if (!t->word_slot) goto oom;
+        for (size_t i = 0; i < t->word_cap; i++) t->word_slot[i] = -1;
+        for (size_t i = 0; i < nwords; i++, id++) {
+            memcpy(t->pool + k, wp[i], wl[i]);
+            t->tok_off[id] = k;
+            t->tok_len[id] = wl[i];
+            k += wl[i];
+            size_t s = (size_t)hash_bytes(wp[i], wl[i]) & (t->word_cap - 1);
+            while (t->word_slot[s] >= 0) s = (s + 1) & (t->word_cap - 1);
+            t->word_slot[s] = (int32_t)id;
+        }
+    }
+    *out = t;
+    return DP_OK;
+oom:
+    dp_tokenizer_free(t);
+    return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "cannot allocate the tokenizer tables");
+}
+
+// Id of word p[0..n), or -1.
+static int32_t word_lookup(const dp_tokenizer *t, const char *p, size_t n)
+{
+    size_t s = (size_t)hash_bytes(p, n) & (t->word_cap - 1);
+    for (;;) {
+        int32_t id = t->word_slot[s];
+        if (id < 0) return -1;
+        if (t->tok_len[id] == n && memcmp(t->pool + t->tok_off[id], p, n) == 0) return id;
+        s = (s + 1) & (t->word_cap - 1);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// building
+
+dp_status dp_tokenizer_build_char(const char *text, size_t len, dp_tokenizer **out)
+{
+    if (!out) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "out is NULL");
+    *out = NULL;
+    if (!text && len) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "text is NULL");
+    if (len == 0)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
+                       "the corpus is empty: a char tokenizer needs at least one byte of text");
+    unsigned char seen[256] = {0};
+    for (size_t i = 0; i < len; i++) seen[(unsigned char)text[i]] = 1;
+    unsigned char bytes[256];
+    size_t n = 0;
+    for (int b = 0; b < 256; b++)
+        if (seen[b]) bytes[n++] = (unsigned char)b;
+    return tok_create(DP_TOKENIZER_CHAR, bytes, n, NULL, NULL, 0, out);
+}
+
+typedef struct word_count {
+    const char *p;
+    size_t len;
+    size_t count;
+} word_count;
+
+static int cmp_word_count(const void *a, const void *b)
+{
+    const word_count *x = a, *y = b;
+    if (x->count != y->count) return x->count > y->count ? -1 : 1;
+    size_t m = x->len < y->len ? x->len : y->len;
+    int c = memcmp(x->p, y->p, m);
+    if (c) return c;
+    return x->len < y->len ? -1 : x->len > y->len ? 1 : 0;
+}
+
+dp_status dp_tokenizer_build_word(const char *text, size_t len, size_t vocab_size,
+                                  dp_tokenizer **out)
+{
+    if (!out) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "out is NULL");
+    *out = NULL;
+    if (!text && len) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "text is NULL");
+    if (len == 0)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
+                       "the corpus is empty: a word tokenizer needs at least one byte of text");
+
+    // Count words in an open-addressing table of (word, count), doubling at half load.
+    size_t cap = 1024, used = 0;
+    word_count *tab = calloc(cap, sizeof *tab);
+    if (!tab) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "cannot allocate the word counts");
+    unsigned char seen[256] = {0};
+    size_t i = 0;
+    while (i < len) {
+        unsigned char c = (unsigned char)text[i];
+        if (!is_word_byte(c)) {
+            seen[c] = 1;
+            i++;
+            continue;
+        }
+        size_t j = i;
+        while (j < len && is_word_byte((unsigned char)text[j])) j++;
+        const char *p = text + i;
+        size_t n = j - i;
+        i = j;
+        size_t s = (size_t)hash_bytes(p, n) & (cap - 1);
+        while (tab[s].p && !(tab[s].len == n && memcmp(tab[s].p, p, n) == 0))
+            s = (s + 1) & (cap - 1);
+        if (tab[s].p) {
+            tab[s].count++;
+            continue;
+        }
+        tab[s].p = p;
+        tab[s].len = n;
+        tab[s].count = 1;
+        if (++used * 2 > cap) {
+            size_t ncap = cap * 2;
+            word_count *nt = calloc(ncap, sizeof *nt);
+            if (!nt) {
+                free(tab);
+                return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "cannot grow the word counts");
+            }
+            for (size_t k = 0; k < cap; k++) {
+                if (!tab[k].p) continue;
+                size_t q = (size_t)hash_bytes(tab[k].p, tab[k].len) & (ncap - 1);
+                while (nt[q].p) q = (q + 1) & (ncap - 1);
+                nt[q] = tab[k];
+            }
+            free(tab);
+            tab = nt;
+            cap = ncap;
+        }
+    }
+    unsigned char bytes[256];
+    size_t nsep = 0;
+    for (int b = 0; b < 256; b++)
+        if (seen[b]) bytes[nsep++] = (unsigned char)b;
+    size_t need = 1 + nsep + (used ? 1 : 0);
+    if (vocab_size < need) {
+        free(tab);
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
+                       "vocab_size %zu is too small: the corpus has %zu distinct separator "
+                       "bytes, which with <unk>%s need at least %zu entries",
+                       vocab_size, nsep, used ? " and one word" : "", need);
+    }
+    // Compact the table, sort by count desc then bytes asc, keep the top.
+    size_t nw = 0;
+    for (size_t k = 0; k < cap; k++)
+        if (tab[k].p) tab[nw++] = tab[k];
+    qsort(tab, nw, sizeof *tab, cmp_word_count);
+    size_t keep = vocab_size - 1 - nsep;
+    if (keep > nw) keep = nw;
+    const char **wp = malloc((keep ? keep : 1) * sizeof *wp);
+    size_t *wl = malloc((keep ? keep : 1) * sizeof *wl);
+    dp_status st;
+    if (!wp || !wl) {
+        st = DP_FAIL(DP_ERR_OUT_OF_MEMORY, "cannot allocate the word list");
+    } else {
+        for (size_t k = 0; k < keep; k++) {
+            wp[k] = tab[k].p;
+            wl[k] = tab[k].len;
+        }
+        st = tok_create(DP_TOKENIZER_WORD, bytes, nsep, wp, wl, keep, out);
+    }
+    free(wp);
+    free(wl);
+    free(tab);
+    return st;
+}
+
+// ----------------------------------------------------------------------------
+// queries, encode, decode
+
+dp_tokenizer_kind dp_tokenizer_kind_of(const dp_tokenizer *tok)
+{
+    return tok ? tok->kind : DP_TOKENIZER_KIND_COUNT;
+}
+
+size_t dp_tokenizer_vocab_size(const dp_tokenizer *tok) { return tok ? tok->vocab : 0; }
+
+int32_t dp_tokenizer_unk_id(const dp_tokenizer *tok)
+{
+    return tok && tok->kind == DP_TOKENIZER_WORD ? 0 : -1;
+}
+
+dp_status dp_tokenizer_token(const dp_tokenizer *tok, int32_t id, const char **bytes,
+                             size_t *len)
+{
+    if (!tok || !bytes || !len) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "NULL argument");
+    if (id < 0 || (size_t)id >= tok->vocab)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "token id %d is outside the vocabulary [0, %zu)",
+                       (int)id, tok->vocab);
+    *bytes = tok->pool + tok->tok_off[id];
+    *len = tok->tok_len[id];
+    return DP_OK;
+}
+
+dp_status dp_tokenizer_encode(const dp_tokenizer *tok, const char *text, size_t len,
+                              int32_t *ids, size_t cap, size_t *n, size_t *n_unknown)
+{
+    if (!tok || !n || (len && (!text || (!ids && cap))))
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "NULL argument");
+    *n = 0;
+    if (n_unknown) *n_unknown = 0;
+    size_t k = 0, unknown = 0;
+    size_t i = 0;
+    if (tok->kind == DP_TOKENIZER_CHAR) {
+        if (cap < len) {
+            *n = len;
+            return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "ids holds %zu ids but the text needs %zu",
+                           cap, len);
+        }
+        for (; i < len; i++) {
+            int32_t id = tok->byte_id[(unsigned char)text[i]];
+            if (id < 0)
+                return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
+                               "byte 0x%02x at offset %zu is not in the char vocabulary (%zu "
+                               "bytes seen in the training corpus)",
+                               (unsigned)(unsigned char)text[i], i, tok->vocab);
+            ids[k++] = id;
+        }
+        *n = k;
+        return DP_OK;
+    }
+    while (i < len) {
+        unsigned char c = (unsigned char)text[i];
+        int32_t id;
+        if (is_word_byte(c)) {
+            size_t j = i;
+            while (j < len && is_word_byte((unsigned char)text[j])) j++;
+            id = word_lookup(tok, text + i, j - i);
+            i = j;
+        } else {
+            id = tok->byte_id[c];
+            i++;
+        }
+        if (id < 0) {
+            id = 0;
+            unknown++;
+        }
+        if (k < cap) ids[k] = id;
+        k++;
+    }
+    *n = k;
+    if (n_unknown) *n_unknown = unknown;
+    if (k > cap)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "ids holds %zu ids but the text needs %zu", cap, k);
+    return DP_OK;
+}
+
+dp_status dp_tokenizer_decode(const dp_tokenizer *tok, const int32_t *ids, size_t n, char **text,
+                              size_t *len)
+{
+    if (!tok || !text || !len || (n && !ids))
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "NULL argument");
+    *text = NULL;
+    *len = 0;
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (ids[i] < 0 || (size_t)ids[i] >= tok->vocab)
+            return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
+                           "id %d at position %zu is outside the vocabulary [0, %zu)", (int)ids[i],
+                           i, tok->vocab);
+        total += tok->tok_len[ids[i]]; // <= n * 5 + longest word: no overflow in practice
+    }
+    char *out = malloc(total + 1);
+    if (!out) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes of text", total + 1);
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        memcpy(out + k, tok->pool + tok->tok_off[ids[i]], tok->tok_len[ids[i]]);
+        k += tok->tok_len[ids[i]];
+    }
+    out[k] = '\0';
+    *text = out;
+    *len = k;
+    return DP_OK;
+}
+
+// ----------------------------------------------------------------------------
+// JSON form
+
+dp_status dp_tokenizer_serialize(const dp_tokenizer *tok, char **json)
+{
+    if (!tok || !json) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "tok or json is NULL");
+    *json = NULL;
+    size_t first = tok->kind == DP_TOKENIZER_WORD ? 1 : 0;
+    json_t *root = json_object();
+    json_t *bytes = json_array();
+    json_t *words = tok->kind == DP_TOKENIZER_WORD ? json_array() : NULL;
+    int bad = !root || !bytes || (tok->kind == DP_TOKENIZER_WORD && !words);
+    size_t id = first;
+    for (; !bad && id < first + tok->n_bytes; id++) {
+        json_int_t b = (unsigned char)tok->pool[tok->tok_off[id]];
+        bad |= json_array_append_new(bytes, json_integer(b)) != 0;
+    }
+    for (; !bad && words && id < tok->vocab; id++) {
+        json_t *w = json_stringn(tok->pool + tok->tok_off[id], tok->tok_len[id]);
+        bad |= json_array_append_new(words, w) != 0;
+    }
+    if (!bad) {
+        const char *kind = dp_tokenizer_kind_name(tok->kind);
+        bad |= json_object_set_new(root, "type", json_string(kind)) != 0;
+        bad |= json_object_set_new(root, "version", json_integer(TOKENIZER_VERSION)) != 0;
+        bad |= json_object_set(root, "bytes", bytes) != 0;
+        if (words) bad |= json_object_set(root, "words", words) != 0;
+    }
+    size_t flags = JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_ENSURE_ASCII;
+    char *text = bad ? NULL : json_dumps(root, flags);
+    json_decref(bytes);
+    json_decref(words);
+    json_decref(root);
+    if (!text) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "cannot serialize the tokenizer");
+    *json = text;
+    return DP_OK;
+}
+
+static int cmp_word_ptr(const void *a, const void *b)
+{
+    const char *x = *(const char *const *)a, *y = *(const char *const *)b;
+    return strcmp(x, y);
+}
+
+dp_status dp_tokenizer_parse(const char *json, dp_tokenizer **out)
+{
+    if (!json || !out) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "json or out is NULL");
+    *out = NULL;
+    json_error_t jerr;
+    json_t *root = json_loads(json, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root)
+        return DP_FAIL(DP_ERR_FORMAT, "tokenizer JSON is malformed: %s (line %d, column %d)",
+                       jerr.text, jerr.line, jerr.column);
+    dp_status st = DP_OK;
+    const char **wp = NULL;
+    const char **sorted = NULL;
+    size_t *wl = NULL;
+    if (!json_is_object(root)) {
+        st = DP_FAIL(DP_ERR_FORMAT, "tokenizer JSON is not an object");
+        goto out;
+    }
+    const char *key;
+    json_t *val;
+    json_object_foreach(root, key, val)
+    {
+        if (strcmp(key, "type") && strcmp(key, "version") && strcmp(key, "bytes") &&
+            strcmp(key, "words")) {
+            st = DP_FAIL(DP_ERR_FORMAT, "tokenizer JSON has an unknown key '%s'", key);
+            goto out;
+        }
+    }
+    json_t *jt = json_object_get(root, "type"), *jv = json_object_get(root, "version");
+    json_t *jb = json_object_get(root, "bytes"), *jw = json_object_get(root, "words");
+    dp_tokenizer_kind kind;
+    if (!json_is_string(jt) || dp_tokenizer_kind_parse(json_string_value(jt), &kind) != DP_OK) {
+        st = DP_FAIL(DP_ERR_FORMAT, "tokenizer JSON: \"type\" must be \"char\" or \"word\"");
+        goto out;
+    }
+    if (!json_is_integer(jv) || json_integer_value(jv) != TOKENIZER_VERSION) {
+        st = DP_FAIL(DP_ERR_FORMAT, "tokenizer JSON: \"version\" must be %d (this build of dp)",
+                     TOKENIZER_VERSION);
+        goto out;
+    }
+    if (!json_is_array(jb) || json_array_size(jb) > 256) {
+        st = DP_FAIL(DP_ERR_FORMAT, "tokenizer JSON: \"bytes\" must be an array of at most 256 "
+                     "integers");
+        goto out;
+    }
+    unsigned char bytes[256];
+    size_t nb = json_array_size(jb);
+    for (size_t i = 0; i < nb; i++) {
+        json_t *e = json_array_get(jb, i);
+        json_int_t v = json_is_integer(e) ? json_integer_value(e) : -1;
+        if (v < 0 || v > 255 || (i > 0 && v <= bytes[i - 1])) {
+            st = DP_FAIL(DP_ERR_FORMAT,
+                         "tokenizer JSON: bytes[%zu] is not an integer in 0..255 greater than "
+                         "the previous one",
+                         i);
+            goto out;
+        }
+        if (kind == DP_TOKENIZER_WORD && is_word_byte((unsigned char)v)) {
+            st = DP_FAIL(DP_ERR_FORMAT,
+                         "tokenizer JSON: bytes[%zu] = %d is a word character, not a separator",
+                         i, (int)v);
+            goto out;
+        }
+        bytes[i] = (unsigned char)v;
+    }
+    size_t nw = 0;
+    if (kind == DP_TOKENIZER_CHAR) {
+        if (jw) {
+            st = DP_FAIL(DP_ERR_FORMAT, "tokenizer JSON: a char tokenizer has no \"words\"");
+            goto out;
+        }
+        if (nb == 0) {
+            st = DP_FAIL(DP_ERR_FORMAT, "tokenizer JSON: a char tokenizer needs at least one byte");
+            goto out;
+        }
+    } else {
+        if (!json_is_array(jw)) {
+            st = DP_FAIL(DP_ERR_FORMAT, "tokenizer JSON: \"words\" must be an array of strings");
+            goto out;
+        }
+        nw = json_array_size(jw);
+        if (nw > (size_t)INT32_MAX - 257) {
+            st = DP_FAIL(DP_ERR_FORMAT, "tokenizer JSON: too many words (%zu)", nw);
+            goto out;
+        }
+        wp = malloc((nw ? nw : 1) * sizeof *wp);
+        sorted = malloc((nw ? nw : 1) * sizeof *sorted);
+        wl = malloc((nw ? nw : 1) * sizeof *wl);
+        if (!wp || !wl || !sorted) {
+            st = DP_FAIL(DP_ERR_OUT_OF_MEMORY, "cannot allocate the word list");
+            goto out;
+        }
+        for (size_t i = 0; i < nw; i++) {
+            json_t *e = json_array_get(jw, i);
+            const char *s = json_is_string(e) ? json_string_value(e) : NULL;
+            size_t l = s ? json_string_length(e) : 0;
+            int ok = s && l > 0;
+            for (size_t c = 0; ok && c < l; c++) ok = is_word_byte((unsigned char)s[c]);
+            if (!ok) {
+                st = DP_FAIL(DP_ERR_FORMAT,
+                             "tokenizer JSON: words[%zu] is not a non-empty string of letters, "
+                             "digits and apostrophes",
+                             i);
+                goto out;
+            }
+            wp[i] = sorted[i] = s;
+            wl[i] = l;
+        }
+        // Word strings have no NULs (checked above), so strcmp finds duplicates.
+        qsort(sorted, nw, sizeof *sorted, cmp_word_ptr);
+        for (size_t i = 1; i < nw; i++) {
+            if (strcmp(sorted[i], sorted[i - 1]) == 0) {
+                st = DP_FAIL(DP_ERR_FORMAT, "tokenizer JSON: word '%s' appears twice", sorted[i]);
+                goto out;
+            }
+        }
+        if (nb + nw == 0) {
+            st = DP_FAIL(DP_ERR_FORMAT, "tokenizer JSON: a word tokenizer has no bytes and no "
+                         "words");
+            goto out;
+        }
+    }
+    st = tok_create(kind, bytes, nb, wp, wl, nw, out);
+out:
+    free(wp);
+    free(wl);
+    free(sorted);
+    json_decref(root);
+    return st;
+}

@@ -17,15 +17,26 @@ static inline DP_HD void dp_bias_broadcast_elem(float *out, const float *bias, s
     out[i] = bias[i % OC];
 }
 
-/* dbias(OC)[o] += sum over rows n = 0..N-1 (in order) of dout(N,OC)[n,o].
- * The column sum is formed first and then added (as a gradient accumulated
- * over micro-batches would be), one call per column o. */
-static inline DP_HD void dp_bias_backward_col(float *dbias, const float *dout, size_t N,
-                                              size_t OC, size_t o)
+/* Widest column range one dp_bias_backward_cols call may take. */
+#define DP_BIAS_BACKWARD_TILE 64
+
+/* dbias(OC)[o] += sum over rows n = 0..N-1 (in order) of dout(N,OC)[n,o],
+ * for the columns o in [o0, o1), o1 - o0 <= DP_BIAS_BACKWARD_TILE. Each
+ * column's sum is formed from 0 and then added (as a gradient accumulated
+ * over micro-batches would be). The result does not depend on the range
+ * width: a GPU thread may take one column, while the CPU takes a tile so
+ * that it reads dout row by row instead of with a stride of OC. */
+static inline DP_HD void dp_bias_backward_cols(float *dbias, const float *dout, size_t N,
+                                               size_t OC, size_t o0, size_t o1)
 {
-    float acc = 0.0f;
-    for (size_t n = 0; n < N; n++) acc += dout[n * OC + o];
-    dbias[o] += acc;
+    float acc[DP_BIAS_BACKWARD_TILE];
+    size_t w = o1 - o0;
+    for (size_t j = 0; j < w; j++) acc[j] = 0.0f;
+    for (size_t n = 0; n < N; n++) {
+        const float *row = dout + n * OC + o0;
+        for (size_t j = 0; j < w; j++) acc[j] += row[j];
+    }
+    for (size_t j = 0; j < w; j++) dbias[o0 + j] += acc[j];
 }
 
 #endif /* DP_KERNELS_LINEAR_H */

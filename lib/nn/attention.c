@@ -21,6 +21,7 @@
  * att and in ds, so masked entries have zero weight and zero gradient.
  */
 #include <limits.h>
+#include <math.h>
 #include <stdint.h>
 
 #include "backend/backend.h"

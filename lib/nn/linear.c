@@ -26,7 +26,7 @@
         DP_NN_CHECK_DIMS2(dev, N, C, &n_);                                                \
         DP_NN_CHECK_DIMS2(dev, N, OC, &n_);                                               \
         DP_NN_CHECK_DIMS2(dev, OC, C, &n_);                                               \
-        if ((N) > (size_t)INT_MAX || (C) > (size_t)INT_MAX || (OC) > (size_t)INT_MAX)                            \
+        if ((N) > (size_t)INT_MAX || (C) > (size_t)INT_MAX || (OC) > (size_t)INT_MAX)     \
             return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: N=%zu, C=%zu and OC=%zu must "   \
                            "each be <= INT_MAX (the GEMM takes int sizes); split the "    \
                            "batch", (dev)->name, (size_t)(N), (size_t)(C), (size_t)(OC));  \

@@ -109,6 +109,7 @@ static dp_status cpu_gemm_strided_batched(dp_device *dev, dp_op transa, dp_op tr
 
 static const dp_backend_ops cpu_ops = {
     .name = "cpu",
+    .host_memory = 1,
     .open = cpu_open,
     .close = cpu_close,
     .bind_thread = NULL,

@@ -49,7 +49,10 @@ dp_status dp_cpu_bias_broadcast(dp_device *dev, float *out, const float *bias, s
 dp_status dp_cpu_bias_backward(dp_device *dev, float *dbias, const float *dout, size_t N,
                                size_t OC)
 {
-    for (size_t o = 0; o < OC; o++) dp_bias_backward_col(dbias, dout, N, OC, o);
+    for (size_t o0 = 0; o0 < OC; o0 += DP_BIAS_BACKWARD_TILE) {
+        size_t o1 = OC - o0 < DP_BIAS_BACKWARD_TILE ? OC : o0 + DP_BIAS_BACKWARD_TILE;
+        dp_bias_backward_cols(dbias, dout, N, OC, o0, o1);
+    }
     return DP_OK;
 }
 

@@ -1,0 +1,26 @@
+/*
+ * examples/mlp/mlp.h - a 2-layer MLP classifier implementing dp_model.
+ *
+ * logits(rows, K) = fc2(gelu(fc1(x))), x(rows, D) float inputs, one
+ * integer class target per row. Also used by the engine tests.
+ */
+#ifndef DP_EXAMPLE_MLP_H
+#define DP_EXAMPLE_MLP_H
+
+#include <dp/dp.h>
+
+typedef struct mlp_config {
+    size_t in_dim;  /* D */
+    size_t hidden;  /* H */
+    size_t classes; /* K */
+} mlp_config;
+
+typedef struct mlp {
+    mlp_config cfg;
+    dp_param_tensor tensors[4]; /* fc1.weight (H,D), fc1.bias (H), fc2.weight (K,H), fc2.bias (K) */
+} mlp;
+
+/* Fills *model for the network in *net (which must outlive the model). */
+void mlp_init_model(mlp *net, const mlp_config *cfg, dp_model *model);
+
+#endif /* DP_EXAMPLE_MLP_H */

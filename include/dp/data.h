@@ -1,0 +1,183 @@
+/*
+ * dp/data.h - text corpora, token datasets with a train/validation split,
+ * a seeded random batch sampler and fixed validation windows.
+ *
+ * All arrays here are host memory; token ids are int32_t. The trainer
+ * copies a batch to each device with dp_copy_h2d.
+ */
+#ifndef DP_DATA_H
+#define DP_DATA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dp/export.h"
+#include "dp/status.h"
+#include "dp/tokenizer.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The trainer's default corpus: the text of Debian's `fortunes` package. */
+#define DP_DEFAULT_CORPUS "/usr/share/games/fortunes"
+
+/*
+ * Loads a corpus from path (NULL means DP_DEFAULT_CORPUS):
+ *  - a regular file (or a symlink to one): its bytes;
+ *  - a directory: its regular files, not recursing, sorted by name (byte
+ *    order, so the corpus is the same on every machine), joined with one
+ *    '\n' between files. Skipped: dot-files, names ending in ".dat" or
+ *    ".u8" (the fortunes package's index files and UTF-8 duplicates),
+ *    symlinks whose target's name is one of those, subdirectories and
+ *    other non-regular entries, and empty files.
+ * *text gets a malloc'd NUL-terminated buffer of *len bytes (the NUL not
+ * counted) that the caller frees with free(); *n_files (may be NULL) the
+ * number of files read.
+ * Errors: DP_ERR_INVALID_ARGUMENT (NULL text or len), DP_ERR_IO (path does
+ * not exist, or a file or directory cannot be read: the message has the
+ * path and the reason), DP_ERR_FORMAT (an empty file, a directory with no
+ * usable file, a file holding a NUL byte, i.e. binary: the message names
+ * the file and the offset), DP_ERR_OUT_OF_MEMORY.
+ */
+DP_API dp_status dp_text_load(const char *path, char **text, size_t *len, size_t *n_files);
+
+typedef enum dp_split {
+    DP_SPLIT_TRAIN = 0, /* the first 90% of the tokens */
+    DP_SPLIT_VAL,       /* the last 10% */
+    DP_SPLIT_COUNT
+} dp_split;
+
+/* "train" or "validation"; "?" outside the enum. */
+DP_API const char *dp_split_name(dp_split split);
+
+typedef struct dp_token_data dp_token_data;
+
+/*
+ * Encodes text[0..len) with tok into a token dataset (ids in [0, V)).
+ * Split: train = floor(0.9 n) tokens (computed exactly in integers), val =
+ * the remaining n - train (so validation gets the rounding remainder, at
+ * least 10%). tok is not kept.
+ * Errors: DP_ERR_INVALID_ARGUMENT (NULL, empty text, a byte missing from a
+ * char vocabulary), DP_ERR_OUT_OF_MEMORY.
+ */
+DP_API dp_status dp_token_data_from_text(const dp_tokenizer *tok, const char *text, size_t len,
+                                         dp_token_data **out);
+
+/* Same from tokens[0..n) (copied); every id must be in [0, vocab_size).
+ * Errors: DP_ERR_INVALID_ARGUMENT (NULL, n == 0, vocab_size == 0 or >
+ * INT32_MAX, an id out of range, named with its position),
+ * DP_ERR_OUT_OF_MEMORY. */
+DP_API dp_status dp_token_data_from_tokens(const int32_t *tokens, size_t n, size_t vocab_size,
+                                           dp_token_data **out);
+
+/* NULL is a no-op. */
+DP_API void dp_token_data_free(dp_token_data *data);
+
+/* Total number of tokens (both splits). */
+DP_API size_t dp_token_data_total(const dp_token_data *data);
+
+/* Vocabulary size the ids were checked against. */
+DP_API size_t dp_token_data_vocab_size(const dp_token_data *data);
+
+/* Number of <unk> ids in the data (0 for char, or from tokens). */
+DP_API size_t dp_token_data_unknown_count(const dp_token_data *data);
+
+/* Number of tokens in split (0 for a bad split). */
+DP_API size_t dp_token_data_size(const dp_token_data *data, dp_split split);
+
+/* The split's tokens (owned by data), or NULL for a bad split. */
+DP_API const int32_t *dp_token_data_tokens(const dp_token_data *data, dp_split split);
+
+// --- random batches ---------------------------------------------------------
+
+typedef struct dp_sampler dp_sampler;
+
+/*
+ * A sampler of random windows of context+1 consecutive tokens from one
+ * split of data (borrowed: it must outlive the sampler). Each window start
+ * is drawn uniformly from [0, n - context - 1] with dp_rng_below on an rng
+ * seeded with dp_rng_seed(seed), one draw per row, so the sequence of
+ * windows depends only on the seed (and not on how rows are grouped into
+ * batches). Use different seeds for different splits.
+ * Errors: DP_ERR_INVALID_ARGUMENT (NULL, bad split, context == 0, or the
+ * split shorter than context + 1 tokens: "context 256 is longer than the
+ * validation split (120 tokens); use a smaller --context or more data"),
+ * DP_ERR_OUT_OF_MEMORY.
+ */
+DP_API dp_status dp_sampler_create(const dp_token_data *data, dp_split split, size_t context,
+                                   uint64_t seed, dp_sampler **out);
+
+/* NULL is a no-op. */
+DP_API void dp_sampler_free(dp_sampler *s);
+
+/*
+ * Draws the next batch of B windows: inputs (B,T) gets tokens [p, p+T) and
+ * targets (B,T) tokens [p+1, p+T+1) of each window (T = context), i.e.
+ * targets are the inputs shifted left by one. Both host int32 arrays.
+ * Errors: DP_ERR_INVALID_ARGUMENT (NULL, B == 0, B * T overflowing).
+ */
+DP_API dp_status dp_sampler_next(dp_sampler *s, int32_t *inputs, int32_t *targets, size_t B);
+
+/* Batches drawn since creation (or restored with the state). */
+DP_API uint64_t dp_sampler_batches(const dp_sampler *s);
+
+/* The state: a version tag, the rng state (4 words), batches drawn,
+ * windows drawn, the context and the split length. */
+#define DP_SAMPLER_STATE_WORDS 9
+
+/* Copies the state out, e.g. to store it in a checkpoint. */
+DP_API dp_status dp_sampler_get_state(const dp_sampler *s,
+                                      uint64_t state[DP_SAMPLER_STATE_WORDS]);
+
+/*
+ * Restores a state from dp_sampler_get_state, so the sampler continues with
+ * exactly the batches the saved one would have drawn next. The sampler must
+ * have been created with the same context over a split of the same length.
+ * Errors: DP_ERR_INVALID_ARGUMENT (NULL; context or split length differ,
+ * both named in the message), DP_ERR_FORMAT (unknown version tag, an
+ * all-zero rng state). The sampler is unchanged on error.
+ */
+DP_API dp_status dp_sampler_set_state(dp_sampler *s,
+                                      const uint64_t state[DP_SAMPLER_STATE_WORDS]);
+
+/* Characters (with the NUL) of the text form of a state. */
+#define DP_SAMPLER_STATE_CHARS (DP_SAMPLER_STATE_WORDS * 17)
+
+/* The state as text for checkpoint metadata: the words in lowercase hex,
+ * 16 digits each, separated by ','. Writes DP_SAMPLER_STATE_CHARS bytes
+ * with the NUL. Errors: DP_ERR_INVALID_ARGUMENT (NULL, cap too small). */
+DP_API dp_status dp_sampler_state_format(const uint64_t state[DP_SAMPLER_STATE_WORDS], char *buf,
+                                         size_t cap);
+
+/* Parses the text form back. Errors: DP_ERR_INVALID_ARGUMENT (NULL),
+ * DP_ERR_FORMAT (not exactly DP_SAMPLER_STATE_WORDS comma-separated
+ * 16-digit hex words). */
+DP_API dp_status dp_sampler_state_parse(const char *text,
+                                        uint64_t state[DP_SAMPLER_STATE_WORDS]);
+
+// --- fixed validation windows (--eval-only) -----------------------------------
+
+/* Number of windows of context+1 tokens starting at 0, T, 2T, ... (T =
+ * context) that fit in the split: (n - 1) / T when n >= T + 1, else 0. The
+ * last incomplete window is dropped. Consecutive windows share one token
+ * (the target of the last position of window i is the first input of i+1),
+ * so every token but the first is a target exactly once. 0 for NULL, a bad
+ * split or context 0. */
+DP_API size_t dp_eval_window_count(const dp_token_data *data, dp_split split, size_t context);
+
+/*
+ * Fills rows r = 0..count-1 of inputs (count,T) and targets (count,T) with
+ * windows first + r: inputs = tokens [i T, i T + T), targets = tokens
+ * [i T + 1, i T + T + 1) for i = first + r.
+ * Errors: DP_ERR_INVALID_ARGUMENT (NULL, bad split, context 0, count 0, or
+ * first + count past dp_eval_window_count).
+ */
+DP_API dp_status dp_eval_windows(const dp_token_data *data, dp_split split, size_t context,
+                                 size_t first, size_t count, int32_t *inputs, int32_t *targets);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DP_DATA_H */

@@ -1,0 +1,208 @@
+/*
+ * dp/engine.h - the DataParallel engine: one persistent thread per device.
+ *
+ * A step over a global batch (DESIGN.md section 5):
+ *   plan      split rows over the k devices (contiguous, in order; see
+ *             dp_engine_plan) and count N, the valid targets of the batch
+ *   scatter   each worker copies its rows to its device
+ *   forward   every replica runs the model on its chunk (micro-batches)
+ *   criterion balanced: each device computes its loss sum and
+ *             dlogits = (softmax - onehot) / N locally; gather: logits are
+ *             copied to the root, which computes loss and dlogits for the
+ *             whole batch and sends each device its slice (nn.DataParallel)
+ *   backward  gradients accumulate into each replica's gradient buffer
+ *   reduce    gradients are summed into the root's buffer, each worker
+ *             summing one slice in device order 0..k-1 (fixed order)
+ *   optimizer global-norm clipping and AdamW (or SGD) on the root's
+ *             parameters, each worker updating one slice
+ *   broadcast each replica copies the root's new parameters
+ * Device 0 of the list is the root. Workers meet between phases at an
+ * abortable barrier; a failing worker aborts it, every worker returns and
+ * dp_engine_step reports the first failure by device index, naming device
+ * and phase. The engine stays usable after a failed step.
+ *
+ * The loss is the exact global mean over valid targets for any split.
+ * For a given device count the whole run is bitwise reproducible.
+ */
+#ifndef DP_ENGINE_H
+#define DP_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dp/device.h"
+#include "dp/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum dp_mode {
+    DP_MODE_BALANCED = 0, /* parallel criterion: logits and loss stay on their devices */
+    DP_MODE_GATHER,       /* classic DataParallel: logits gathered on the root */
+    DP_MODE_COUNT
+} dp_mode;
+
+typedef enum dp_optimizer {
+    DP_OPTIMIZER_ADAMW = 0,
+    DP_OPTIMIZER_SGD, /* with momentum (torch.optim.SGD semantics) */
+    DP_OPTIMIZER_COUNT
+} dp_optimizer;
+
+typedef enum dp_phase {
+    DP_PHASE_SCATTER = 0,
+    DP_PHASE_FORWARD,
+    DP_PHASE_CRITERION,
+    DP_PHASE_BACKWARD,
+    DP_PHASE_REDUCE,
+    DP_PHASE_OPTIMIZER,
+    DP_PHASE_BROADCAST,
+    DP_PHASE_COUNT
+} dp_phase;
+
+/* "scatter", "forward", ... */
+DP_API const char *dp_phase_name(dp_phase phase);
+DP_API const char *dp_mode_name(dp_mode mode);
+
+typedef struct dp_optim_config {
+    dp_optimizer kind;
+    float lr;           /* learning rate (dp_engine_set_lr changes it per step) */
+    float beta1, beta2; /* AdamW moments (0.9, 0.95 in nanoGPT) */
+    float eps;          /* AdamW epsilon (1e-8) */
+    float weight_decay; /* applied to tensors with weight_decay = 1 */
+    float momentum;     /* SGD momentum */
+    float grad_clip;    /* max global L2 norm, 0 = no clipping */
+} dp_optim_config;
+
+typedef struct dp_engine_config {
+    dp_mode mode;
+    dp_optim_config optim;
+    /* Relative share of rows per device (k floats >= 0, at least one > 0), or
+     * NULL for equal shares. E.g. {0.5, 1, 1} gives the root half a chunk,
+     * as Transformer-XL's gpu0_bsz. */
+    const float *device_weights;
+    /* 1: choose row boundaries so each device gets (by weight) about the same
+     * number of VALID targets, for batches with ignored (-1) targets. */
+    int token_balanced;
+    /* Micro-batching inside a device's chunk (0 = no limit): at most this many
+     * rows, or rows * outputs_per_row tokens, per forward/backward. */
+    size_t max_rows_per_micro;
+    size_t max_tokens_per_micro;
+    /* Gradient accumulation: each device processes its chunk in at least this
+     * many micro-batches before the reduce (>= 1; 0 means 1). */
+    int grad_accum;
+    /* Per-device allocation limit in bytes (0 = none); see dp_device_set_limit. */
+    size_t memory_limit;
+    /* Seed for the model's initialisation. */
+    uint64_t seed;
+} dp_engine_config;
+
+/* Sensible defaults: balanced, AdamW lr 1e-3 betas (0.9, 0.95) eps 1e-8,
+ * weight decay 0.1, no clipping, equal shares, grad_accum 1, seed 1337. */
+DP_API dp_engine_config dp_engine_config_default(void);
+
+/* A global batch in host memory. */
+typedef struct dp_batch {
+    size_t rows;            /* >= 1 */
+    const void *inputs;     /* rows * model->input_row_bytes */
+    const int32_t *targets; /* rows * model->outputs_per_row, each in [-1, n_classes) */
+} dp_batch;
+
+typedef struct dp_device_step_stats {
+    size_t rows;              /* rows of the global batch this device processed */
+    size_t valid_targets;     /* valid targets in those rows */
+    size_t micro_batches;     /* forward/backward passes this step */
+    size_t in_use;            /* bytes allocated after the step */
+    size_t peak;              /* bytes, high-water mark since the engine was created */
+    size_t step_peak;         /* bytes, high-water mark during this step */
+    size_t phase_peak[DP_PHASE_COUNT]; /* bytes, high-water mark within each phase */
+    size_t logits_bytes;      /* bytes held for logits and their gradient */
+    size_t optimizer_bytes;   /* bytes of optimizer state (root only) */
+    size_t param_bytes;       /* bytes of parameters + gradients */
+} dp_device_step_stats;
+
+typedef struct dp_step_stats {
+    double loss;           /* global mean over valid targets */
+    size_t valid_targets;  /* N */
+    double grad_norm;      /* global L2 norm before clipping (0 for evaluate) */
+    int skipped;           /* 1: the update was skipped (non-finite loss or gradient) */
+    int skipped_device;    /* first device whose chunk gave a non-finite value, or -1 */
+    long step;             /* optimizer steps taken after this one */
+    double seconds;        /* wall time of the step */
+    double phase_seconds[DP_PHASE_COUNT]; /* wall time of each phase (root's clock) */
+    size_t n_devices;
+    dp_device_step_stats devices[DP_MAX_DEVICES];
+} dp_step_stats;
+
+typedef struct dp_engine dp_engine;
+
+/*
+ * Creates the engine: opens the k devices, starts one worker thread per
+ * device, allocates every replica's parameters and gradients (and the
+ * optimizer state on the root), initialises the parameters from cfg->seed
+ * and broadcasts them. The model and criterion structs are copied; their
+ * ctx must outlive the engine.
+ * Errors: DP_ERR_INVALID_ARGUMENT (bad config or model), DP_ERR_NO_DEVICE,
+ * DP_ERR_OUT_OF_MEMORY (the message names the device), DP_ERR_DEVICE.
+ */
+DP_API dp_status dp_engine_create(const dp_device_spec *devices, size_t k, const dp_model *model,
+                                  const dp_criterion *criterion, const dp_engine_config *cfg,
+                                  dp_engine **out);
+
+/* Stops the workers, frees every buffer and closes the devices. NULL ok. */
+DP_API void dp_engine_destroy(dp_engine *engine);
+
+/*
+ * One training step over a global batch. stats may be NULL.
+ * Errors: DP_ERR_INVALID_ARGUMENT (empty batch, targets out of range, no
+ * valid target, inputs the model rejects), DP_ERR_OUT_OF_MEMORY (a device's
+ * limit; try a smaller batch or more micro-batches), DP_ERR_DEVICE, or a
+ * worker's error; the message starts with "<device> <phase>:". After an
+ * error nothing has been updated unless the failure was in the optimizer
+ * or broadcast phase, in which case the replicas are re-synchronised from
+ * the root before the next step.
+ */
+DP_API dp_status dp_engine_step(dp_engine *engine, const dp_batch *batch, dp_step_stats *stats);
+
+/* Loss of a batch without gradients or update (forward + criterion on every
+ * device in parallel). stats->loss and stats->valid_targets are set. */
+DP_API dp_status dp_engine_evaluate(dp_engine *engine, const dp_batch *batch,
+                                    dp_step_stats *stats);
+
+/* Learning rate for the following steps. */
+DP_API void dp_engine_set_lr(dp_engine *engine, float lr);
+
+/* Root parameters to/from host memory (n_params floats). set broadcasts to
+ * every replica. */
+DP_API dp_status dp_engine_get_params(dp_engine *engine, float *host);
+DP_API dp_status dp_engine_set_params(dp_engine *engine, const float *host);
+
+/* Optimizer state: AdamW first/second moments (SGD: momentum in m, v
+ * unused and may be NULL), n_params floats each, and the step count t. */
+DP_API dp_status dp_engine_get_optimizer_state(dp_engine *engine, float *m, float *v, long *t);
+DP_API dp_status dp_engine_set_optimizer_state(dp_engine *engine, const float *m,
+                                               const float *v, long t);
+
+DP_API size_t dp_engine_num_devices(const dp_engine *engine);
+DP_API dp_device *dp_engine_device(dp_engine *engine, size_t i);
+DP_API const dp_model *dp_engine_model(const dp_engine *engine);
+
+/*
+ * The split of `rows` rows (targets as in dp_batch, may be NULL unless
+ * token_balanced) over the engine's devices: rows_out[i] rows go to device
+ * i, contiguous and in order. Equal shares: 7 rows on 3 devices are 3/2/2
+ * (floor of the share, the remainder one row each to the first devices).
+ */
+DP_API dp_status dp_engine_plan(const dp_engine *engine, size_t rows, const int32_t *targets,
+                                size_t *rows_out);
+
+/* Test hook: the next step fails with `status` on device `device` at the
+ * start of `phase` (once). phase == DP_PHASE_COUNT clears it. */
+DP_API void dp_engine_inject_fault(dp_engine *engine, int device, dp_phase phase,
+                                   dp_status status);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DP_ENGINE_H */

@@ -1,0 +1,63 @@
+/*
+ * parallel/barrier.c - the abortable barrier.
+ */
+#include "parallel/barrier.h"
+
+int dp_barrier_init(dp_barrier *b, int parties)
+{
+    if (pthread_mutex_init(&b->mu, NULL) != 0) return -1;
+    if (pthread_cond_init(&b->cv, NULL) != 0) {
+        pthread_mutex_destroy(&b->mu);
+        return -1;
+    }
+    b->parties = parties;
+    b->waiting = 0;
+    b->generation = 0;
+    b->aborted = 0;
+    return 0;
+}
+
+void dp_barrier_destroy(dp_barrier *b)
+{
+    pthread_cond_destroy(&b->cv);
+    pthread_mutex_destroy(&b->mu);
+}
+
+int dp_barrier_wait(dp_barrier *b)
+{
+    pthread_mutex_lock(&b->mu);
+    if (b->aborted) {
+        pthread_mutex_unlock(&b->mu);
+        return -1;
+    }
+    unsigned long gen = b->generation;
+    if (++b->waiting == b->parties) {
+        /* Last to arrive: open the barrier for this generation. */
+        b->waiting = 0;
+        b->generation++;
+        pthread_cond_broadcast(&b->cv);
+        pthread_mutex_unlock(&b->mu);
+        return 0;
+    }
+    while (gen == b->generation && !b->aborted) pthread_cond_wait(&b->cv, &b->mu);
+    int rc = gen == b->generation ? -1 : 0; /* woken by abort, not by the last arrival */
+    if (rc) b->waiting--;
+    pthread_mutex_unlock(&b->mu);
+    return rc;
+}
+
+void dp_barrier_abort(dp_barrier *b)
+{
+    pthread_mutex_lock(&b->mu);
+    b->aborted = 1;
+    pthread_cond_broadcast(&b->cv);
+    pthread_mutex_unlock(&b->mu);
+}
+
+void dp_barrier_reset(dp_barrier *b)
+{
+    pthread_mutex_lock(&b->mu);
+    b->aborted = 0;
+    b->waiting = 0;
+    pthread_mutex_unlock(&b->mu);
+}

@@ -1,0 +1,32 @@
+/*
+ * parallel/barrier.h - an abortable barrier (mutex + condition variable +
+ * generation + abort flag).
+ *
+ * pthread_barrier_t cannot be abandoned: a worker that fails would leave
+ * the others waiting forever. Here a failing worker calls
+ * dp_barrier_abort and every waiter, present or future, returns -1 until
+ * dp_barrier_reset, so a failed step unwinds without a hang.
+ */
+#ifndef DP_PARALLEL_BARRIER_H
+#define DP_PARALLEL_BARRIER_H
+
+#include <pthread.h>
+
+typedef struct dp_barrier {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int parties;
+    int waiting;
+    unsigned long generation;
+    int aborted;
+} dp_barrier;
+
+int dp_barrier_init(dp_barrier *b, int parties);
+void dp_barrier_destroy(dp_barrier *b);
+/* 0 when all parties arrived; -1 when the barrier is (or becomes) aborted. */
+int dp_barrier_wait(dp_barrier *b);
+void dp_barrier_abort(dp_barrier *b);
+/* Clears the abort flag; only when no thread is waiting. */
+void dp_barrier_reset(dp_barrier *b);
+
+#endif /* DP_PARALLEL_BARRIER_H */

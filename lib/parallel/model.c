@@ -1,0 +1,75 @@
+/*
+ * parallel/model.c - model description checks and the bundled
+ * cross-entropy criterion.
+ */
+#include <string.h>
+
+#include "core/error.h"
+#include "dp/model.h"
+#include "dp/nn.h"
+
+static size_t ce_scratch_bytes(void *ctx, size_t n, size_t V)
+{
+    (void)ctx;
+    (void)V;
+    return n * sizeof(float); /* per-row losses */
+}
+
+static dp_status ce_forward_backward(void *ctx, dp_device *dev, double *loss_sum_host,
+                                     float *dlogits, const float *logits, const int32_t *targets,
+                                     size_t n, size_t V, float dscale, void *scratch)
+{
+    (void)ctx;
+    return dp_crossentropy_forward_backward(dev, loss_sum_host, dlogits, scratch, logits, targets,
+                                            n, V, dscale);
+}
+
+dp_criterion dp_criterion_cross_entropy(void)
+{
+    dp_criterion c;
+    memset(&c, 0, sizeof c);
+    c.scratch_bytes = ce_scratch_bytes;
+    c.forward_backward = ce_forward_backward;
+    return c;
+}
+
+dp_status dp_model_validate(const dp_model *m)
+{
+    if (!m) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "model must not be NULL");
+    if (!m->init || !m->workspace_bytes || !m->forward || !m->backward)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "model callbacks init, workspace_bytes, forward "
+                       "and backward must all be set");
+    if (!m->input_row_bytes || !m->outputs_per_row || !m->n_classes || !m->n_params)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "model sizes must be > 0 (input_row_bytes %zu, "
+                       "outputs_per_row %zu, n_classes %zu, n_params %zu)", m->input_row_bytes,
+                       m->outputs_per_row, m->n_classes, m->n_params);
+    if (m->n_classes > (size_t)INT32_MAX)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "n_classes %zu does not fit int32 targets",
+                       m->n_classes);
+    if (m->n_tensors && !m->tensors)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "model has %zu tensors but no table", m->n_tensors);
+    size_t prev_end = 0;
+    for (size_t i = 0; i < m->n_tensors; i++) {
+        const dp_param_tensor *t = &m->tensors[i];
+        const char *name = t->name ? t->name : "(unnamed)";
+        if (t->offset % DP_PARAM_ALIGN)
+            return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "tensor %s: offset %zu is not a multiple of "
+                           "%d floats", name, t->offset, DP_PARAM_ALIGN);
+        if (t->numel == 0 || t->offset > m->n_params || t->numel > m->n_params - t->offset)
+            return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "tensor %s: [%zu, +%zu) is empty or outside "
+                           "the %zu-float buffer", name, t->offset, t->numel, m->n_params);
+        if (t->offset < prev_end)
+            return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "tensor %s overlaps the previous tensor or "
+                           "is out of order (offset %zu < %zu)", name, t->offset, prev_end);
+        prev_end = t->offset + t->numel;
+        if (t->ndim < 1 || t->ndim > 4)
+            return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "tensor %s: ndim %d is not in 1..4", name,
+                           t->ndim);
+        size_t prod = 1;
+        for (int d = 0; d < t->ndim; d++) prod *= t->shape[d];
+        if (prod != t->numel)
+            return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "tensor %s: shape has %zu elements but numel "
+                           "is %zu", name, prod, t->numel);
+    }
+    return DP_OK;
+}

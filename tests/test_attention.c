@@ -1,0 +1,643 @@
+/*
+ * Causal multi-head self-attention (dp_attention_forward/backward) on the
+ * CPU backend: the forward against a float64 naive reference, the cached
+ * att against the causal softmax's invariants, dqkv against float64
+ * central finite differences of L = sum(out * w), causality in both
+ * directions, the backend's permute and softmax kernels on their own, and
+ * argument errors.
+ *
+ * Every device buffer the layer writes starts filled with NaN (bytes 0xFF),
+ * so a value the layer forgets to write, or a read of an unwritten scratch
+ * entry, shows up as a NaN failure.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "dp_test.h"
+
+typedef struct shape {
+    size_t B, T, C, NH;
+} shape;
+
+#define MAX_T 64
+
+// --- helpers ----------------------------------------------------------------------------
+
+static float *dev_nan(dp_device *dev, size_t n)
+{
+    void *p = NULL;
+    dp_assert_ok(dp_device_alloc(dev, n * sizeof(float), &p));
+    dp_assert_ok(dp_memset(dev, p, 0xFF, n * sizeof(float)));
+    return p;
+}
+
+static float *host_normal(dp_rng *rng, size_t n, float std)
+{
+    float *x = malloc(n * sizeof *x);
+    cr_assert_not_null(x);
+    dp_rng_fill_normal(rng, x, n, 0.0f, std);
+    return x;
+}
+
+static void download(dp_device *dev, float *host, const float *d, size_t n)
+{
+    dp_assert_ok(dp_copy_d2h(dev, host, d, n * sizeof(float)));
+}
+
+static void close_checked(dp_device *dev)
+{
+    dp_memory_stats st;
+    dp_device_memory(dev, &st);
+    cr_assert_eq(st.in_use, 0, "%zu bytes still allocated on %s", st.in_use,
+                 dp_device_name(dev));
+    cr_assert_eq(st.n_allocs, 0);
+    dp_device_close(dev);
+}
+
+/* Index in qkv(B,T,3C) of q (part 0), k (1) or v (2) at (b, t, head h, d). */
+static size_t qkv_at(shape s, size_t part, size_t b, size_t t, size_t h, size_t d)
+{
+    size_t hs = s.C / s.NH;
+    return (b * s.T + t) * 3 * s.C + part * s.C + h * hs + d;
+}
+
+/* float64 naive forward: out(B,T,C) and, when att is not NULL, att(B,NH,T,T). */
+static void ref_forward(double *out, double *att, const double *qkv, shape s)
+{
+    size_t hs = s.C / s.NH;
+    double scale = 1.0 / sqrt((double)hs);
+    double p[MAX_T];
+    cr_assert(s.T <= MAX_T);
+    for (size_t b = 0; b < s.B; b++)
+        for (size_t h = 0; h < s.NH; h++)
+            for (size_t t = 0; t < s.T; t++) {
+                double m = -INFINITY;
+                for (size_t t2 = 0; t2 <= t; t2++) {
+                    double dot = 0.0;
+                    for (size_t d = 0; d < hs; d++)
+                        dot += qkv[qkv_at(s, 0, b, t, h, d)] * qkv[qkv_at(s, 1, b, t2, h, d)];
+                    p[t2] = dot * scale;
+                    if (p[t2] > m) m = p[t2];
+                }
+                double sum = 0.0;
+                for (size_t t2 = 0; t2 <= t; t2++) {
+                    p[t2] = exp(p[t2] - m);
+                    sum += p[t2];
+                }
+                for (size_t t2 = 0; t2 <= t; t2++) p[t2] /= sum;
+                for (size_t d = 0; d < hs; d++) {
+                    double acc = 0.0;
+                    for (size_t t2 = 0; t2 <= t; t2++)
+                        acc += p[t2] * qkv[qkv_at(s, 2, b, t2, h, d)];
+                    out[(b * s.T + t) * s.C + h * hs + d] = acc;
+                }
+                if (att)
+                    for (size_t t2 = 0; t2 < s.T; t2++)
+                        att[((b * s.NH + h) * s.T + t) * s.T + t2] = t2 <= t ? p[t2] : 0.0;
+            }
+}
+
+/* L = sum(out * w) with the float64 forward. */
+static double ref_loss(const double *qkv, const double *w, double *out_tmp, shape s)
+{
+    ref_forward(out_tmp, NULL, qkv, s);
+    double L = 0.0;
+    for (size_t i = 0; i < s.B * s.T * s.C; i++) L += out_tmp[i] * w[i];
+    return L;
+}
+
+/* Device buffers of one attention layer; everything the layer writes starts as NaN. */
+typedef struct layer {
+    dp_device *dev;
+    shape s;
+    size_t n_qkv, n_out, n_att;
+    float *qkv, *out, *qkvr, *att, *scratch;
+    float *dout, *dqkv, *dqkvr, *datt, *dscratch;
+} layer;
+
+static void layer_init(layer *L, dp_device *dev, shape s, const float *qkv_host)
+{
+    L->dev = dev;
+    L->s = s;
+    L->n_qkv = s.B * s.T * 3 * s.C;
+    L->n_out = s.B * s.T * s.C;
+    L->n_att = s.B * s.NH * s.T * s.T;
+    L->qkv = dp_test_upload(dev, qkv_host, L->n_qkv);
+    L->out = dev_nan(dev, L->n_out);
+    L->qkvr = dev_nan(dev, L->n_qkv);
+    L->att = dev_nan(dev, L->n_att);
+    L->scratch = dev_nan(dev, L->n_out);
+    L->dout = dev_nan(dev, L->n_out);
+    L->dqkv = dev_nan(dev, L->n_qkv);
+    L->dqkvr = dev_nan(dev, L->n_qkv);
+    L->datt = dev_nan(dev, L->n_att);
+    L->dscratch = dev_nan(dev, L->n_out);
+}
+
+static void layer_forward(layer *L)
+{
+    shape s = L->s;
+    dp_assert_ok(dp_attention_forward(L->dev, L->out, L->qkvr, L->att, L->scratch, L->qkv, s.B,
+                                      s.T, s.C, s.NH));
+}
+
+static void layer_backward(layer *L, const float *dout_host)
+{
+    shape s = L->s;
+    dp_assert_ok(dp_copy_h2d(L->dev, L->dout, dout_host, L->n_out * sizeof(float)));
+    dp_assert_ok(dp_attention_backward(L->dev, L->dqkv, L->dqkvr, L->datt, L->dscratch, L->dout,
+                                       L->qkvr, L->att, s.B, s.T, s.C, s.NH));
+}
+
+static void layer_free(layer *L)
+{
+    float *bufs[] = {L->qkv,  L->out,  L->qkvr,  L->att,  L->scratch,
+                     L->dout, L->dqkv, L->dqkvr, L->datt, L->dscratch};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dp_device_free(L->dev, bufs[i]);
+}
+
+static double *to_double(const float *x, size_t n)
+{
+    double *d = malloc(n * sizeof *d);
+    cr_assert_not_null(d);
+    for (size_t i = 0; i < n; i++) d[i] = x[i];
+    return d;
+}
+
+// --- forward ------------------------------------------------------------------------------
+
+/* T=1 (the softmax is exactly 1), NH=1, non-square heads (B=2,T=5,C=12,NH=3),
+ * odd T, and a longer T with wider heads. */
+static const shape fwd_shapes[] = {
+    {1, 1, 4, 1}, {2, 5, 12, 3}, {1, 7, 8, 1}, {3, 16, 32, 4}, {2, 33, 48, 2},
+};
+
+Test(attention, forward_matches_float64_reference)
+{
+    dp_device *dev = dp_test_cpu(0);
+    for (size_t si = 0; si < sizeof fwd_shapes / sizeof fwd_shapes[0]; si++) {
+        shape s = fwd_shapes[si];
+        size_t hs = s.C / s.NH;
+        dp_rng rng;
+        dp_rng_seed(&rng, 1000 + si);
+        layer L;
+        size_t n_qkv = s.B * s.T * 3 * s.C;
+        /* std 2 makes some rows peaked (scores of several units), so the
+         * max subtraction and small probabilities are exercised too. */
+        float *qkv = host_normal(&rng, n_qkv, 2.0f);
+        layer_init(&L, dev, s, qkv);
+        layer_forward(&L);
+
+        float *out = malloc(L.n_out * sizeof *out), *att = malloc(L.n_att * sizeof *att);
+        float *qkvr = malloc(n_qkv * sizeof *qkvr);
+        download(dev, out, L.out, L.n_out);
+        download(dev, att, L.att, L.n_att);
+        download(dev, qkvr, L.qkvr, n_qkv);
+
+        double *qkv_d = to_double(qkv, n_qkv);
+        double *out_ref = malloc(L.n_out * sizeof *out_ref);
+        double *att_ref = malloc(L.n_att * sizeof *att_ref);
+        ref_forward(out_ref, att_ref, qkv_d, s);
+        double *out_d = to_double(out, L.n_out), *att_d = to_double(att, L.n_att);
+
+        cr_log_info("shape B=%zu T=%zu C=%zu NH=%zu", s.B, s.T, s.C, s.NH);
+        /* att: float32 dot products over hs <= 24 terms of std-2 inputs
+         * (scores up to ~10 after the scale), then expf and a <= 33-term
+         * float sum: each step rounds at ~6e-8 relative, and an error e in
+         * a score moves a probability p by ~p*e. Measured max |diff|:
+         * 4e-7 (T=33); atol 4e-6 is a 10x margin. A wrong scale or mask is
+         * off by > 1e-2. */
+        dp_assert_allclose(att_d, att_ref, L.n_att, 4e-6, 1e-5);
+        /* out: a convex combination of T <= 33 v values (|v| <~ 8) carrying
+         * the att errors, plus the float32 GEMM's own rounding. Measured
+         * max |diff|: 2.9e-6; atol 3e-5 is a 10x margin. */
+        dp_assert_allclose(out_d, out_ref, L.n_out, 3e-5, 1e-5);
+
+        /* qkvr is a pure copy: exact. */
+        for (size_t part = 0; part < 3; part++)
+            for (size_t b = 0; b < s.B; b++)
+                for (size_t h = 0; h < s.NH; h++)
+                    for (size_t t = 0; t < s.T; t++)
+                        for (size_t d = 0; d < hs; d++) {
+                            size_t r = (((part * s.B + b) * s.NH + h) * s.T + t) * hs + d;
+                            cr_assert_eq(qkvr[r], qkv[qkv_at(s, part, b, t, h, d)],
+                                         "qkvr[%zu] (part %zu b %zu h %zu t %zu d %zu)", r,
+                                         part, b, h, t, d);
+                        }
+
+        free(out);
+        free(att);
+        free(qkvr);
+        free(qkv);
+        free(qkv_d);
+        free(out_ref);
+        free(att_ref);
+        free(out_d);
+        free(att_d);
+        layer_free(&L);
+    }
+    close_checked(dev);
+}
+
+Test(attention, cached_att_is_causal_and_rows_sum_to_one)
+{
+    dp_device *dev = dp_test_cpu(0);
+    const shape shapes[] = {{2, 9, 12, 3}, {1, 1, 4, 2}};
+    for (size_t si = 0; si < 2; si++) {
+        shape s = shapes[si];
+        dp_rng rng;
+        dp_rng_seed(&rng, 77 + si);
+        float *qkv = host_normal(&rng, s.B * s.T * 3 * s.C, 3.0f);
+        layer L;
+        layer_init(&L, dev, s, qkv);
+        layer_forward(&L);
+        float *att = malloc(L.n_att * sizeof *att);
+        download(dev, att, L.att, L.n_att);
+        for (size_t bh = 0; bh < s.B * s.NH; bh++)
+            for (size_t t = 0; t < s.T; t++) {
+                const float *row = att + (bh * s.T + t) * s.T;
+                double sum = 0.0;
+                for (size_t t2 = 0; t2 < s.T; t2++) {
+                    if (t2 > t)
+                        /* Masked: exactly zero (the buffer started as NaN and the
+                         * score GEMM wrote q.k there). */
+                        cr_assert(row[t2] == 0.0f && !signbit(row[t2]),
+                                  "att[bh %zu, t %zu, t2 %zu] = %g above the diagonal", bh, t,
+                                  t2, row[t2]);
+                    else
+                        cr_assert(row[t2] >= 0.0f && row[t2] <= 1.0f, "att %g out of [0,1]",
+                                  row[t2]);
+                    sum += row[t2];
+                }
+                /* float32 normalisation of <= 9 terms: a few ulps of 1. */
+                cr_assert(fabs(sum - 1.0) <= 1e-6, "row bh %zu t %zu sums to %.9g", bh, t, sum);
+            }
+        /* T = 1: the only key gets weight 1 exactly (exp(0)/exp(0)). */
+        if (s.T == 1)
+            for (size_t bh = 0; bh < s.B * s.NH; bh++) cr_assert_eq(att[bh], 1.0f);
+        free(att);
+        free(qkv);
+        layer_free(&L);
+    }
+    close_checked(dev);
+}
+
+// --- backward -----------------------------------------------------------------------------
+
+static const shape bwd_shapes[] = {
+    {1, 1, 4, 1}, {2, 5, 12, 3}, {1, 6, 8, 1}, {2, 8, 16, 2},
+};
+
+Test(attention, backward_matches_finite_differences)
+{
+    dp_device *dev = dp_test_cpu(0);
+    for (size_t si = 0; si < sizeof bwd_shapes / sizeof bwd_shapes[0]; si++) {
+        shape s = bwd_shapes[si];
+        dp_rng rng;
+        dp_rng_seed(&rng, 2000 + si);
+        size_t n_qkv = s.B * s.T * 3 * s.C, n_out = s.B * s.T * s.C;
+        float *qkv = host_normal(&rng, n_qkv, 1.0f);
+        float *w = host_normal(&rng, n_out, 1.0f);
+        layer L;
+        layer_init(&L, dev, s, qkv);
+        layer_forward(&L);
+        /* dL/dout = w for L = sum(out * w). */
+        layer_backward(&L, w);
+        float *dqkv = malloc(n_qkv * sizeof *dqkv);
+        download(dev, dqkv, L.dqkv, n_qkv);
+
+        double *x = to_double(qkv, n_qkv), *wd = to_double(w, n_out);
+        double *tmp = malloc(n_out * sizeof *tmp), *fd = malloc(n_qkv * sizeof *fd);
+        /* Central differences of the float64 forward: truncation error
+         * ~h^2 |L'''| ~ 1e-8, rounding ~1e-16 |L| / h ~ 1e-12, so the
+         * reference is good to ~1e-7. */
+        const double h = 1e-4;
+        for (size_t i = 0; i < n_qkv; i++) {
+            double x0 = x[i];
+            x[i] = x0 + h;
+            double lp = ref_loss(x, wd, tmp, s);
+            x[i] = x0 - h;
+            double lm = ref_loss(x, wd, tmp, s);
+            x[i] = x0;
+            fd[i] = (lp - lm) / (2.0 * h);
+        }
+        double *dqkv_d = to_double(dqkv, n_qkv);
+        cr_log_info("shape B=%zu T=%zu C=%zu NH=%zu", s.B, s.T, s.C, s.NH);
+        /* float32 backward: five GEMMs over <= 8 terms and a softmax
+         * backward on gradients of order 1, so float32 rounding gives a few
+         * 1e-7 (measured max |diff| 3.4e-7, FD error included). atol 4e-6
+         * is a 10x margin; a missing scale (factor 2 or 2.8 here) or a
+         * wrong transpose is off by > 1e-1. */
+        dp_assert_allclose(dqkv_d, fd, n_qkv, 4e-6, 1e-5);
+
+        if (s.T == 1) {
+            /* One key: the softmax is constant 1, so q and k get no gradient
+             * at all, exactly. */
+            for (size_t i = 0; i < n_qkv; i++)
+                if (i % (3 * s.C) < 2 * s.C)
+                    cr_assert(dqkv[i] == 0.0f, "T=1: dq/dk[%zu] = %g, expected 0", i, dqkv[i]);
+        }
+
+        free(qkv);
+        free(w);
+        free(dqkv);
+        free(x);
+        free(wd);
+        free(tmp);
+        free(fd);
+        free(dqkv_d);
+        layer_free(&L);
+    }
+    close_checked(dev);
+}
+
+// --- causality ----------------------------------------------------------------------------
+
+Test(attention, future_tokens_do_not_change_past_outputs)
+{
+    dp_device *dev = dp_test_cpu(0);
+    shape s = {2, 8, 16, 2};
+    size_t n_qkv = s.B * s.T * 3 * s.C, n_out = s.B * s.T * s.C;
+    dp_rng rng;
+    dp_rng_seed(&rng, 31);
+    float *qkv = host_normal(&rng, n_qkv, 1.0f);
+    layer L;
+    layer_init(&L, dev, s, qkv);
+    layer_forward(&L);
+    float *out0 = malloc(n_out * sizeof *out0), *out1 = malloc(n_out * sizeof *out1);
+    download(dev, out0, L.out, n_out);
+
+    for (size_t t0 = 1; t0 < s.T; t0++) {
+        /* Replace q, k and v at position t0 (every batch row) with new values. */
+        float *changed = malloc(n_qkv * sizeof *changed);
+        memcpy(changed, qkv, n_qkv * sizeof *changed);
+        for (size_t b = 0; b < s.B; b++)
+            dp_rng_fill_normal(&rng, changed + (b * s.T + t0) * 3 * s.C, 3 * s.C, 0.0f, 5.0f);
+        dp_assert_ok(dp_copy_h2d(dev, L.qkv, changed, n_qkv * sizeof(float)));
+        layer_forward(&L);
+        download(dev, out1, L.out, n_out);
+        size_t n_diff_at_t0 = 0;
+        for (size_t b = 0; b < s.B; b++)
+            for (size_t t = 0; t < s.T; t++)
+                for (size_t c = 0; c < s.C; c++) {
+                    size_t i = (b * s.T + t) * s.C + c;
+                    /* Masked keys contribute 0 * v exactly, so earlier rows are
+                     * bitwise identical, not just close. */
+                    if (t < t0)
+                        cr_assert(out1[i] == out0[i],
+                                  "changing token %zu changed out[b %zu, t %zu, c %zu]: %.9g "
+                                  "-> %.9g",
+                                  t0, b, t, c, out0[i], out1[i]);
+                    else if (t == t0 && out1[i] != out0[i])
+                        n_diff_at_t0++;
+                }
+        /* The change is visible where it should be (the test is not vacuous). */
+        cr_assert_eq(n_diff_at_t0, s.B * s.C, "position %zu itself: only %zu of %zu changed",
+                     t0, n_diff_at_t0, s.B * s.C);
+        free(changed);
+    }
+    free(qkv);
+    free(out0);
+    free(out1);
+    layer_free(&L);
+    close_checked(dev);
+}
+
+Test(attention, masked_entries_pass_no_gradient)
+{
+    dp_device *dev = dp_test_cpu(0);
+    shape s = {2, 7, 12, 3};
+    size_t n_qkv = s.B * s.T * 3 * s.C, n_out = s.B * s.T * s.C;
+    dp_rng rng;
+    dp_rng_seed(&rng, 47);
+    float *qkv = host_normal(&rng, n_qkv, 1.0f);
+    layer L;
+    layer_init(&L, dev, s, qkv);
+    layer_forward(&L);
+    float *dout = calloc(n_out, sizeof *dout), *dqkv = malloc(n_qkv * sizeof *dqkv);
+    for (size_t t0 = 0; t0 < s.T; t0++) {
+        /* A gradient on output position t0 only. Its datt row holds
+         * dy[t0].v[t2] != 0 for future keys t2 > t0 too: only the mask
+         * keeps it from reaching k and v there. */
+        memset(dout, 0, n_out * sizeof *dout);
+        for (size_t b = 0; b < s.B; b++)
+            dp_rng_fill_normal(&rng, dout + (b * s.T + t0) * s.C, s.C, 0.0f, 1.0f);
+        layer_backward(&L, dout);
+        download(dev, dqkv, L.dqkv, n_qkv);
+        for (size_t b = 0; b < s.B; b++)
+            for (size_t t = 0; t < s.T; t++)
+                for (size_t part = 0; part < 3; part++) {
+                    const float *g = dqkv + (b * s.T + t) * 3 * s.C + part * s.C;
+                    /* q at t only feeds out[t]; k and v at t only feed out[t' >= t]. */
+                    int must_be_zero = part == 0 ? t != t0 : t > t0;
+                    size_t nz = 0;
+                    for (size_t c = 0; c < s.C; c++) nz += g[c] != 0.0f;
+                    if (must_be_zero)
+                        cr_assert_eq(nz, 0,
+                                     "dout at t0=%zu gave %zu non-zero d%c entries at t=%zu "
+                                     "(b %zu)",
+                                     t0, nz, "qkv"[part], t, b);
+                    else if (part == 2)
+                        /* v at t <= t0 has weight att[t0,t] > 0: gradient non-zero. */
+                        cr_assert_eq(nz, s.C, "dv at t=%zu <= t0=%zu has zeros", t, t0);
+                }
+    }
+    free(qkv);
+    free(dout);
+    free(dqkv);
+    layer_free(&L);
+    close_checked(dev);
+}
+
+// --- the backend kernels on their own --------------------------------------------------------
+
+Test(attention, kernel_softmax_rows_match_float64)
+{
+    dp_device *dev = dp_test_cpu(0);
+    const dp_backend_ops *ops = dev->ops;
+    const size_t BNH = 3, T = 6, n = BNH * T * T;
+    const float scale = 0.5f;
+    dp_rng rng;
+    dp_rng_seed(&rng, 5);
+    float *s = host_normal(&rng, n, 2.0f), *g = host_normal(&rng, n, 1.0f);
+    /* NaN above the diagonal: the kernels must neither read nor keep it. */
+    for (size_t r = 0; r < BNH * T; r++)
+        for (size_t j = r % T + 1; j < T; j++) s[r * T + j] = g[r * T + j] = NAN;
+    float *d_att = dp_test_upload(dev, s, n), *d_g = dp_test_upload(dev, g, n);
+    dp_assert_ok(ops->softmax_causal_forward(dev, d_att, scale, BNH, T));
+    dp_assert_ok(ops->softmax_causal_backward(dev, d_g, d_att, scale, BNH, T));
+    float *att = malloc(n * sizeof *att), *ds = malloc(n * sizeof *ds);
+    download(dev, att, d_att, n);
+    download(dev, ds, d_g, n);
+
+    double *p = malloc(n * sizeof *p), *dref = malloc(n * sizeof *dref);
+    for (size_t r = 0; r < BNH * T; r++) {
+        size_t t = r % T;
+        double m = -INFINITY, sum = 0.0, dot = 0.0;
+        for (size_t j = 0; j <= t; j++) m = fmax(m, scale * (double)s[r * T + j]);
+        for (size_t j = 0; j <= t; j++) sum += exp(scale * (double)s[r * T + j] - m);
+        for (size_t j = 0; j < T; j++)
+            p[r * T + j] = j <= t ? exp(scale * (double)s[r * T + j] - m) / sum : 0.0;
+        /* Softmax Jacobian: dz_j = p_j (g_j - sum_i p_i g_i), times the scale. */
+        for (size_t j = 0; j <= t; j++) dot += p[r * T + j] * g[r * T + j];
+        for (size_t j = 0; j < T; j++)
+            dref[r * T + j] = j <= t ? scale * p[r * T + j] * (g[r * T + j] - dot) : 0.0;
+    }
+    double *att_d = to_double(att, n), *ds_d = to_double(ds, n);
+    /* float32 expf and <= 6-term sums on values of order 1: a few ulps
+     * (measured max |diff| 4.4e-8 for att, 2e-8 for ds); atol 5e-7 is a
+     * 10x margin. */
+    dp_assert_allclose(att_d, p, n, 5e-7, 1e-6);
+    dp_assert_allclose(ds_d, dref, n, 5e-7, 1e-6);
+    for (size_t r = 0; r < BNH * T; r++)
+        for (size_t j = r % T + 1; j < T; j++) {
+            cr_assert(att[r * T + j] == 0.0f, "att row %zu col %zu = %g", r, j, att[r * T + j]);
+            cr_assert(ds[r * T + j] == 0.0f, "ds row %zu col %zu = %g", r, j, ds[r * T + j]);
+        }
+    free(s);
+    free(g);
+    free(att);
+    free(ds);
+    free(p);
+    free(dref);
+    free(att_d);
+    free(ds_d);
+    dp_device_free(dev, d_att);
+    dp_device_free(dev, d_g);
+    close_checked(dev);
+}
+
+Test(attention, kernel_permutes_are_exact_inverse_pairs)
+{
+    dp_device *dev = dp_test_cpu(0);
+    const dp_backend_ops *ops = dev->ops;
+    shape s = {2, 3, 8, 2};
+    size_t hs = s.C / s.NH, n3 = s.B * s.T * 3 * s.C, n1 = s.B * s.T * s.C;
+    /* Distinct values (the index) so any misplaced element is caught. */
+    float *x3 = malloc(n3 * sizeof *x3), *x1 = malloc(n1 * sizeof *x1);
+    for (size_t i = 0; i < n3; i++) x3[i] = (float)i;
+    for (size_t i = 0; i < n1; i++) x1[i] = (float)i;
+    float *d3 = dp_test_upload(dev, x3, n3), *d1 = dp_test_upload(dev, x1, n1);
+    float *r3 = dev_nan(dev, n3), *b3 = dev_nan(dev, n3);
+    float *r1 = dev_nan(dev, n1), *b1 = dev_nan(dev, n1);
+    float *h3 = malloc(n3 * sizeof *h3), *h1 = malloc(n1 * sizeof *h1);
+
+    /* qkv -> qkvr, then back: identity. */
+    dp_assert_ok(ops->attention_permute(dev, r3, d3, s.B, s.T, s.NH, hs));
+    dp_assert_ok(ops->attention_permute_backward(dev, b3, r3, s.B, s.T, s.NH, hs));
+    download(dev, h3, b3, n3);
+    for (size_t i = 0; i < n3; i++) cr_assert_eq(h3[i], x3[i], "permute round trip at %zu", i);
+
+    /* y(B,NH,T,hs) -> out(B,T,C): out[b,t,h*hs+d] = y[b,h,t,d]; and back. */
+    dp_assert_ok(ops->attention_unpermute(dev, r1, d1, s.B, s.T, s.NH, hs));
+    download(dev, h1, r1, n1);
+    for (size_t b = 0; b < s.B; b++)
+        for (size_t h = 0; h < s.NH; h++)
+            for (size_t t = 0; t < s.T; t++)
+                for (size_t d = 0; d < hs; d++)
+                    cr_assert_eq(h1[(b * s.T + t) * s.C + h * hs + d],
+                                 x1[((b * s.NH + h) * s.T + t) * hs + d],
+                                 "unpermute b %zu h %zu t %zu d %zu", b, h, t, d);
+    dp_assert_ok(ops->attention_unpermute_backward(dev, b1, r1, s.B, s.T, s.NH, hs));
+    download(dev, h1, b1, n1);
+    for (size_t i = 0; i < n1; i++) cr_assert_eq(h1[i], x1[i], "unpermute round trip at %zu", i);
+
+    free(x3);
+    free(x1);
+    free(h3);
+    free(h1);
+    float *bufs[] = {d3, d1, r3, b3, r1, b1};
+    for (size_t i = 0; i < 6; i++) dp_device_free(dev, bufs[i]);
+    close_checked(dev);
+}
+
+// --- bad arguments ------------------------------------------------------------------------
+
+static void expect_invalid(dp_status st, const char *needle)
+{
+    cr_assert_eq(st, DP_ERR_INVALID_ARGUMENT, "expected invalid argument, got %s (%s)",
+                 dp_strerror(st), dp_last_error());
+    const char *msg = dp_last_error();
+    cr_assert(strstr(msg, needle) != NULL, "message lacks \"%s\": %s", needle, msg);
+}
+
+Test(attention, bad_arguments)
+{
+    dp_device *dev = dp_test_cpu(0);
+    shape s = {2, 5, 12, 3};
+    dp_rng rng;
+    dp_rng_seed(&rng, 9);
+    float *qkv = host_normal(&rng, s.B * s.T * 3 * s.C, 1.0f);
+    layer L;
+    layer_init(&L, dev, s, qkv);
+    const size_t B = s.B, T = s.T, C = s.C, NH = s.NH;
+
+#define FWD(dev_, out_, qkvr_, att_, scr_, qkv_, B_, T_, C_, NH_)                               \
+    dp_attention_forward(dev_, out_, qkvr_, att_, scr_, qkv_, B_, T_, C_, NH_)
+#define BWD(dev_, dqkv_, dqkvr_, datt_, scr_, dout_, qkvr_, att_, B_, T_, C_, NH_)             \
+    dp_attention_backward(dev_, dqkv_, dqkvr_, datt_, scr_, dout_, qkvr_, att_, B_, T_, C_, NH_)
+
+    /* NULL device and pointers. */
+    expect_invalid(FWD(NULL, L.out, L.qkvr, L.att, L.scratch, L.qkv, B, T, C, NH), "dev");
+    expect_invalid(FWD(dev, NULL, L.qkvr, L.att, L.scratch, L.qkv, B, T, C, NH), "cpu:0");
+    expect_invalid(FWD(dev, L.out, NULL, L.att, L.scratch, L.qkv, B, T, C, NH), "NULL");
+    expect_invalid(FWD(dev, L.out, L.qkvr, NULL, L.scratch, L.qkv, B, T, C, NH), "NULL");
+    expect_invalid(FWD(dev, L.out, L.qkvr, L.att, NULL, L.qkv, B, T, C, NH), "NULL");
+    expect_invalid(FWD(dev, L.out, L.qkvr, L.att, L.scratch, NULL, B, T, C, NH), "NULL");
+    expect_invalid(BWD(NULL, L.dqkv, L.dqkvr, L.datt, L.dscratch, L.dout, L.qkvr, L.att, B, T,
+                       C, NH), "dev");
+    float *bp[7] = {L.dqkv, L.dqkvr, L.datt, L.dscratch, L.dout, L.qkvr, L.att};
+    for (int i = 0; i < 7; i++) {
+        float *p[7];
+        memcpy(p, bp, sizeof p);
+        p[i] = NULL;
+        expect_invalid(BWD(dev, p[0], p[1], p[2], p[3], p[4], p[5], p[6], B, T, C, NH), "NULL");
+    }
+
+    /* Zero dimensions. */
+    expect_invalid(FWD(dev, L.out, L.qkvr, L.att, L.scratch, L.qkv, 0, T, C, NH), "B=0");
+    expect_invalid(FWD(dev, L.out, L.qkvr, L.att, L.scratch, L.qkv, B, 0, C, NH), "T=0");
+    expect_invalid(FWD(dev, L.out, L.qkvr, L.att, L.scratch, L.qkv, B, T, 0, NH), "C=0");
+    expect_invalid(FWD(dev, L.out, L.qkvr, L.att, L.scratch, L.qkv, B, T, C, 0), "NH=0");
+    expect_invalid(BWD(dev, L.dqkv, L.dqkvr, L.datt, L.dscratch, L.dout, L.qkvr, L.att, B, 0, C,
+                       NH), "T=0");
+
+    /* C not a multiple of NH (12 % 5). */
+    expect_invalid(FWD(dev, L.out, L.qkvr, L.att, L.scratch, L.qkv, B, T, C, 5), "multiple");
+    expect_invalid(BWD(dev, L.dqkv, L.dqkvr, L.datt, L.dscratch, L.dout, L.qkvr, L.att, B, T, C,
+                       5), "multiple");
+
+    /* Size products that overflow size_t: checked before any memory is touched. */
+    expect_invalid(FWD(dev, L.out, L.qkvr, L.att, L.scratch, L.qkv, SIZE_MAX / 2, T, C, NH),
+                   "overflow");
+    expect_invalid(FWD(dev, L.out, L.qkvr, L.att, L.scratch, L.qkv, 1, (size_t)1 << 32, 1, 1),
+                   "overflow");
+    expect_invalid(BWD(dev, L.dqkv, L.dqkvr, L.datt, L.dscratch, L.dout, L.qkvr, L.att, 1,
+                       (size_t)1 << 32, 1, 1), "overflow");
+    /* Sizes that fit in size_t but not the GEMM's int batch count. */
+    expect_invalid(FWD(dev, L.out, L.qkvr, L.att, L.scratch, L.qkv, (size_t)1 << 31, 1, 1, 1),
+                   "2147483647");
+
+    /* The same buffer passed twice. */
+    expect_invalid(FWD(dev, L.out, L.qkvr, L.att, L.out, L.qkv, B, T, C, NH), "same buffer");
+    expect_invalid(BWD(dev, L.dqkv, L.dqkvr, L.dqkvr, L.dscratch, L.dout, L.qkvr, L.att, B, T, C,
+                       NH), "same buffer");
+
+    /* None of the failed calls wrote anything: out is still the NaN fill. */
+    float *out = malloc(L.n_out * sizeof *out);
+    download(dev, out, L.out, L.n_out);
+    for (size_t i = 0; i < L.n_out; i++) cr_assert(isnan(out[i]), "out[%zu] was written", i);
+
+    /* And the valid call still works afterwards. */
+    layer_forward(&L);
+    download(dev, out, L.out, L.n_out);
+    for (size_t i = 0; i < L.n_out; i++) cr_assert(isfinite(out[i]));
+#undef FWD
+#undef BWD
+    free(out);
+    free(qkv);
+    layer_free(&L);
+    close_checked(dev);
+}

@@ -1,0 +1,314 @@
+/* Fused softmax cross-entropy: per-row losses, the row-ordered double loss
+ * sum and dlogits against float64, finite differences of the float64 loss,
+ * ignored targets, an all-ignored batch, logits of magnitude 1e4, dscale,
+ * in-place and loss-only modes, more rows than the host copy's chunk, bad
+ * arguments. */
+#include "nn_test_util.h"
+
+/* float64 reference for one row: loss and, if dl, dscale*(softmax - onehot). */
+static double ce_row_ref(double *dl, const float *x, int32_t y, size_t V, double dscale)
+{
+    if (y < 0) {
+        if (dl)
+            for (size_t v = 0; v < V; v++) dl[v] = 0.0;
+        return 0.0;
+    }
+    double m = x[0];
+    for (size_t v = 1; v < V; v++) m = x[v] > m ? x[v] : m;
+    double s = 0.0;
+    for (size_t v = 0; v < V; v++) s += exp((double)x[v] - m);
+    if (dl)
+        for (size_t v = 0; v < V; v++)
+            dl[v] = dscale * (exp((double)x[v] - m) / s - ((size_t)y == v ? 1.0 : 0.0));
+    return m + log(s) - (double)x[y];
+}
+
+/* float64 loss of a float64 row (for finite differences). */
+static double ce_loss64(const double *x, int32_t y, size_t V)
+{
+    if (y < 0) return 0.0;
+    double m = x[0], s = 0.0;
+    for (size_t v = 1; v < V; v++) m = x[v] > m ? x[v] : m;
+    for (size_t v = 0; v < V; v++) s += exp(x[v] - m);
+    return m + log(s) - x[y];
+}
+
+typedef struct ce_result {
+    double loss_sum;
+    float *losses;  /* (N) host */
+    float *dlogits; /* (N,V) host, NULL in loss-only mode */
+} ce_result;
+
+/* Runs the kernel: mode 0 separate dlogits buffer, 1 in place (dlogits ==
+ * logits), 2 loss only (dlogits NULL; then also checks logits unchanged). */
+static ce_result run_ce(const float *logits, const int32_t *targets, size_t N, size_t V,
+                        float dscale, int mode)
+{
+    dp_device *dev = dp_test_cpu(0);
+    float *d_logits = dp_test_upload(dev, logits, N * V);
+    int32_t *d_t = nn_upload_i32(dev, targets, N);
+    float *d_losses = nn_filled(dev, N, NAN);
+    /* NaN garbage in dlogits: every element, ignored rows included, must be
+     * written. */
+    float *d_dl = mode == 0 ? nn_filled(dev, N * V, NAN) : NULL;
+    float *dl_arg = mode == 0 ? d_dl : mode == 1 ? d_logits : NULL;
+    ce_result r = {-1.0, NULL, NULL};
+    dp_assert_ok(dp_crossentropy_forward_backward(dev, &r.loss_sum, dl_arg, d_losses, d_logits,
+                                                  d_t, N, V, dscale));
+    r.losses = nn_download(dev, d_losses, N);
+    if (mode == 0) r.dlogits = nn_download(dev, d_dl, N * V);
+    if (mode == 1) r.dlogits = nn_download(dev, d_logits, N * V);
+    if (mode == 2) {
+        float *after = nn_download(dev, d_logits, N * V);
+        cr_assert(memcmp(after, logits, N * V * sizeof(float)) == 0,
+                  "loss-only mode modified logits");
+        free(after);
+    }
+    /* The loss sum is the per-row losses added in row order in double. */
+    double sum = 0.0;
+    for (size_t i = 0; i < N; i++) sum += (double)r.losses[i];
+    cr_assert(r.loss_sum == sum, "loss_sum %.17g is not the row-ordered double sum %.17g",
+              r.loss_sum, sum);
+    dp_device_free(dev, d_logits);
+    dp_device_free(dev, d_t);
+    dp_device_free(dev, d_losses);
+    dp_device_free(dev, d_dl);
+    nn_assert_all_freed(dev);
+    dp_device_close(dev);
+    return r;
+}
+
+/* Compares a run with the float64 reference. loss_atol/rtol as stated by
+ * each caller; dlogits: float softmax values have relative error ~1e-7
+ * (expf, one division, one subtraction), so atol 1e-7 * |dscale|, rtol 1e-5. */
+static void check_against_ref(const ce_result *r, const float *logits, const int32_t *targets,
+                              size_t N, size_t V, float dscale, double loss_atol,
+                              double loss_rtol)
+{
+    double *ref_dl = malloc(N * V * sizeof *ref_dl), *got_dl = malloc(N * V * sizeof *got_dl);
+    double *ref_l = malloc(N * sizeof *ref_l), *got_l = malloc(N * sizeof *got_l);
+    cr_assert(ref_dl && got_dl && ref_l && got_l);
+    double ref_sum = 0.0;
+    for (size_t i = 0; i < N; i++) {
+        ref_l[i] = ce_row_ref(ref_dl + i * V, logits + i * V, targets[i], V, dscale);
+        ref_sum += ref_l[i];
+        got_l[i] = r->losses[i];
+    }
+    dp_assert_allclose(got_l, ref_l, N, loss_atol, loss_rtol);
+    double s[1] = {r->loss_sum}, rs[1] = {ref_sum};
+    dp_assert_allclose(s, rs, 1, loss_atol * (double)N, loss_rtol);
+    if (r->dlogits) {
+        for (size_t i = 0; i < N * V; i++) got_dl[i] = r->dlogits[i];
+        dp_assert_allclose(got_dl, ref_dl, N * V, 1e-7 * fabs((double)dscale), 1e-5);
+    }
+    free(ref_dl);
+    free(got_dl);
+    free(ref_l);
+    free(got_l);
+}
+
+static void free_result(ce_result *r)
+{
+    free(r->losses);
+    free(r->dlogits);
+}
+
+#define N1 9
+#define V1 13
+
+static void make_case1(float *logits, int32_t *targets)
+{
+    dp_rng rng;
+    dp_rng_seed(&rng, 71);
+    dp_rng_fill_normal(&rng, logits, N1 * V1, 0.0f, 3.0f);
+    for (size_t i = 0; i < N1; i++) targets[i] = (int32_t)dp_rng_below(&rng, V1);
+    targets[2] = -1; /* ignored rows */
+    targets[7] = -1;
+    targets[0] = V1 - 1; /* the last class */
+}
+
+Test(crossentropy, matches_float64_with_ignored_targets)
+{
+    float logits[N1 * V1];
+    int32_t targets[N1];
+    make_case1(logits, targets);
+    const float dscale = 1.0f / 7.0f; /* 7 valid targets */
+    ce_result r = run_ce(logits, targets, N1, V1, dscale, 0);
+    /* Loss rows are O(1-10): the float cast of an accurate double, rtol 1e-6. */
+    check_against_ref(&r, logits, targets, N1, V1, dscale, 1e-6, 1e-6);
+    for (size_t v = 0; v < V1; v++)
+        cr_assert(r.dlogits[2 * V1 + v] == 0.0f && r.dlogits[7 * V1 + v] == 0.0f,
+                  "an ignored row's dlogits is not zero");
+    cr_assert(r.losses[2] == 0.0f && r.losses[7] == 0.0f, "an ignored row has a loss");
+    free_result(&r);
+}
+
+Test(crossentropy, dscale_is_applied)
+{
+    float logits[N1 * V1];
+    int32_t targets[N1];
+    make_case1(logits, targets);
+    ce_result one = run_ce(logits, targets, N1, V1, 1.0f, 0);
+    ce_result scaled = run_ce(logits, targets, N1, V1, -0.37f, 0);
+    check_against_ref(&scaled, logits, targets, N1, V1, -0.37f, 1e-6, 1e-6);
+    /* dscale scales dlogits only, never the loss. */
+    cr_assert(memcmp(one.losses, scaled.losses, N1 * sizeof(float)) == 0,
+              "dscale changed the losses");
+    /* The float product dscale * g is one rounding of the exact product. */
+    for (size_t i = 0; i < N1 * V1; i++)
+        cr_assert(scaled.dlogits[i] == -0.37f * one.dlogits[i], "dlogits[%zu] not scaled", i);
+    free_result(&one);
+    free_result(&scaled);
+}
+
+Test(crossentropy, gradient_matches_finite_differences)
+{
+    /* dlogits / dscale must be the derivative of the summed loss; central
+     * differences of the float64 loss with h = 1e-6 (truncation ~1e-13,
+     * rounding ~1e-16 * 10 / 1e-6 = 1e-9). */
+    float logits[N1 * V1];
+    int32_t targets[N1];
+    make_case1(logits, targets);
+    ce_result r = run_ce(logits, targets, N1, V1, 1.0f, 0);
+    double got[N1 * V1], fd[N1 * V1], x[V1];
+    const double h = 1e-6;
+    for (size_t i = 0; i < N1; i++)
+        for (size_t v = 0; v < V1; v++) {
+            /* A float64 copy of the row so the step is not rounded to float. */
+            for (size_t u = 0; u < V1; u++) x[u] = logits[i * V1 + u];
+            double keep = x[v];
+            x[v] = keep + h;
+            double lp = ce_loss64(x, targets[i], V1);
+            x[v] = keep - h;
+            double lm = ce_loss64(x, targets[i], V1);
+            fd[i * V1 + v] = (lp - lm) / (2 * h);
+            got[i * V1 + v] = r.dlogits[i * V1 + v];
+        }
+    dp_assert_allclose(got, fd, N1 * V1, 1e-6, 1e-5);
+    free_result(&r);
+}
+
+Test(crossentropy, in_place_and_loss_only)
+{
+    float logits[N1 * V1];
+    int32_t targets[N1];
+    make_case1(logits, targets);
+    ce_result sep = run_ce(logits, targets, N1, V1, 0.25f, 0);
+    ce_result inplace = run_ce(logits, targets, N1, V1, 0.25f, 1);
+    ce_result lossonly = run_ce(logits, targets, N1, V1, 0.25f, 2);
+    cr_assert(memcmp(sep.dlogits, inplace.dlogits, N1 * V1 * sizeof(float)) == 0,
+              "in-place dlogits differ from a separate buffer's");
+    cr_assert(memcmp(sep.losses, inplace.losses, N1 * sizeof(float)) == 0,
+              "in-place losses differ");
+    cr_assert(memcmp(sep.losses, lossonly.losses, N1 * sizeof(float)) == 0,
+              "loss-only losses differ");
+    cr_assert(sep.loss_sum == inplace.loss_sum && sep.loss_sum == lossonly.loss_sum);
+    free_result(&sep);
+    free_result(&inplace);
+    free_result(&lossonly);
+}
+
+Test(crossentropy, all_ignored_batch)
+{
+    float logits[N1 * V1];
+    int32_t targets[N1];
+    make_case1(logits, targets);
+    for (size_t i = 0; i < N1; i++) targets[i] = -1;
+    for (int mode = 0; mode < 3; mode++) {
+        ce_result r = run_ce(logits, targets, N1, V1, 1.0f, mode);
+        cr_assert(r.loss_sum == 0.0, "all-ignored loss sum is %g", r.loss_sum);
+        for (size_t i = 0; i < N1; i++) cr_assert(r.losses[i] == 0.0f);
+        if (r.dlogits)
+            for (size_t i = 0; i < N1 * V1; i++)
+                cr_assert(r.dlogits[i] == 0.0f, "dlogits[%zu] = %g, want 0 (mode %d)", i,
+                          r.dlogits[i], mode);
+        free_result(&r);
+    }
+}
+
+Test(crossentropy, large_logits_are_stable)
+{
+    /* Rows of magnitude 1e4: (a) spread over [-1e4, 1e4] (loss up to ~2e4,
+     * softmax one-hot-like), (b) 1e4 + noise (a real softmax on top of a
+     * huge offset), (c) -1e4 + noise, (d) all equal 1e4 (loss = log V).
+     * exp(1e4) overflows float and double, and logsumexp computed in float
+     * at 1e4 has an error of ~1e-3, so both naive forms fail these checks. */
+    enum { N = 8, V = 50 };
+    float logits[N * V];
+    int32_t targets[N];
+    dp_rng rng;
+    dp_rng_seed(&rng, 72);
+    dp_rng_fill_uniform(&rng, logits, 2 * V, -1e4f, 1e4f);
+    for (size_t i = 2; i < 4; i++)
+        for (size_t v = 0; v < V; v++) logits[i * V + v] = 1e4f + 3.0f * dp_rng_uniform(&rng);
+    for (size_t i = 4; i < 6; i++)
+        for (size_t v = 0; v < V; v++) logits[i * V + v] = -1e4f + 3.0f * dp_rng_uniform(&rng);
+    for (size_t i = 6; i < 8; i++)
+        for (size_t v = 0; v < V; v++) logits[i * V + v] = 1e4f;
+    for (size_t i = 0; i < N; i++) targets[i] = (int32_t)dp_rng_below(&rng, V);
+    /* Row 1's target is its largest logit (loss ~0). */
+    size_t best = 0;
+    for (size_t v = 1; v < V; v++) best = logits[V + v] > logits[V + best] ? v : best;
+    targets[1] = (int32_t)best;
+
+    ce_result r = run_ce(logits, targets, N, V, 1.0f / N, 0);
+    for (size_t i = 0; i < N; i++) cr_assert(isfinite(r.losses[i]), "loss %zu not finite", i);
+    for (size_t i = 0; i < N * V; i++)
+        cr_assert(isfinite(r.dlogits[i]), "dlogits[%zu] not finite", i);
+    /* The float cast of an accurate double: rtol 1e-6 of losses up to 2e4,
+     * atol 1e-6 for the ~0 and ~log(50) rows. */
+    check_against_ref(&r, logits, targets, N, V, 1.0f / N, 1e-6, 1e-6);
+    free_result(&r);
+}
+
+Test(crossentropy, more_rows_than_one_host_chunk)
+{
+    /* 2500 rows: the losses come to the host in several chunks. */
+    enum { N = 2500, V = 3 };
+    float *logits = malloc(N * V * sizeof(float));
+    int32_t *targets = malloc(N * sizeof(int32_t));
+    cr_assert(logits && targets);
+    dp_rng rng;
+    dp_rng_seed(&rng, 73);
+    dp_rng_fill_normal(&rng, logits, N * V, 0.0f, 2.0f);
+    for (size_t i = 0; i < N; i++) targets[i] = (int32_t)dp_rng_below(&rng, V + 1) - 1;
+    ce_result r = run_ce(logits, targets, N, V, 1.0f, 2);
+    check_against_ref(&r, logits, targets, N, V, 1.0f, 1e-6, 1e-6);
+    free_result(&r);
+    free(logits);
+    free(targets);
+}
+
+Test(crossentropy, bad_arguments)
+{
+    dp_device *dev = dp_test_cpu(0);
+    float *f = nn_filled(dev, 16, 0.0f);
+    int32_t zeros[4] = {0};
+    int32_t *t = nn_upload_i32(dev, zeros, 4);
+    double sum = 0.0;
+    nn_assert_invalid(dp_crossentropy_forward_backward(NULL, &sum, f, f, f, t, 4, 4, 1.0f),
+                      "dev", NULL);
+    nn_assert_invalid(dp_crossentropy_forward_backward(dev, NULL, f, f, f, t, 4, 4, 1.0f),
+                      "loss_sum_host", "cpu:0");
+    nn_assert_invalid(dp_crossentropy_forward_backward(dev, &sum, f, NULL, f, t, 4, 4, 1.0f),
+                      "losses", NULL);
+    nn_assert_invalid(dp_crossentropy_forward_backward(dev, &sum, f, f, NULL, t, 4, 4, 1.0f),
+                      "logits", NULL);
+    nn_assert_invalid(dp_crossentropy_forward_backward(dev, &sum, f, f, f, NULL, 4, 4, 1.0f),
+                      "targets", NULL);
+    nn_assert_invalid(dp_crossentropy_forward_backward(dev, &sum, f, f, f, t, 0, 4, 1.0f),
+                      "N=0", "dp_crossentropy_forward_backward");
+    nn_assert_invalid(dp_crossentropy_forward_backward(dev, &sum, f, f, f, t, 4, 0, 1.0f),
+                      "V=0", NULL);
+    nn_assert_invalid(dp_crossentropy_forward_backward(dev, &sum, f, f, f, t, SIZE_MAX, 4,
+                                                       1.0f),
+                      "overflow", NULL);
+    nn_assert_invalid(dp_crossentropy_forward_backward(dev, &sum, f, f, f, t, 4, 4, NAN),
+                      "dscale", NULL);
+    nn_assert_invalid(dp_crossentropy_forward_backward(dev, &sum, f, f, f, t, 4, 4, INFINITY),
+                      "dscale", NULL);
+    dp_device_free(dev, f);
+    dp_device_free(dev, t);
+    nn_assert_all_freed(dev);
+    dp_device_close(dev);
+}

@@ -1,0 +1,169 @@
+/* Token + position embedding: forward and backward against float64
+ * references, += semantics, repeated token ids, determinism, bad arguments. */
+#include "nn_test_util.h"
+
+#define B 3
+#define T 5
+#define C 7
+#define V 11
+#define MAXT 8
+
+/* Token ids drawn from [0, hi): hi < V leaves rows of wte unused, and a
+ * small hi makes every id repeat many times within the batch. */
+static void random_ids(dp_rng *rng, int32_t *ids, size_t n, uint64_t hi)
+{
+    for (size_t i = 0; i < n; i++) ids[i] = (int32_t)dp_rng_below(rng, hi);
+}
+
+Test(encoder, forward_matches_float64)
+{
+    dp_device *dev = dp_test_cpu(0);
+    dp_rng rng;
+    dp_rng_seed(&rng, 101);
+    float wte[V * C], wpe[MAXT * C];
+    int32_t ids[B * T];
+    dp_rng_fill_normal(&rng, wte, V * C, 0.0f, 1.0f);
+    dp_rng_fill_normal(&rng, wpe, MAXT * C, 0.0f, 1.0f);
+    random_ids(&rng, ids, B * T, V);
+
+    float *d_wte = dp_test_upload(dev, wte, V * C), *d_wpe = dp_test_upload(dev, wpe, MAXT * C);
+    int32_t *d_ids = nn_upload_i32(dev, ids, B * T);
+    float *d_out = nn_filled(dev, B * T * C, NAN);
+    /* T < MAXT: only the first T rows of wpe are read. */
+    dp_assert_ok(dp_encoder_forward(dev, d_out, d_ids, d_wte, d_wpe, B, T, C));
+
+    double ref[B * T * C];
+    for (size_t b = 0; b < B; b++)
+        for (size_t t = 0; t < T; t++)
+            for (size_t c = 0; c < C; c++)
+                ref[(b * T + t) * C + c] =
+                    (double)wte[ids[b * T + t] * C + c] + (double)wpe[t * C + c];
+    float *out = nn_download(dev, d_out, B * T * C);
+    double outd[B * T * C];
+    for (size_t i = 0; i < B * T * C; i++) outd[i] = out[i];
+    /* One float addition per element: within half an ulp (2^-24 relative). */
+    dp_assert_allclose(outd, ref, B * T * C, 0.0, 6e-8);
+
+    free(out);
+    dp_device_free(dev, d_wte);
+    dp_device_free(dev, d_wpe);
+    dp_device_free(dev, d_ids);
+    dp_device_free(dev, d_out);
+    nn_assert_all_freed(dev);
+    dp_device_close(dev);
+}
+
+/* Runs the backward on fresh copies of the given initial gradients. */
+static void run_backward(dp_device *dev, float *dwte, float *dwpe, const float *dwte0,
+                         const float *dwpe0, const float *dout, const int32_t *ids)
+{
+    float *d_dwte = dp_test_upload(dev, dwte0, V * C);
+    float *d_dwpe = dp_test_upload(dev, dwpe0, MAXT * C);
+    float *d_dout = dp_test_upload(dev, dout, B * T * C);
+    int32_t *d_ids = nn_upload_i32(dev, ids, B * T);
+    dp_assert_ok(dp_encoder_backward(dev, d_dwte, d_dwpe, d_dout, d_ids, B, T, C));
+    dp_assert_ok(dp_copy_d2h(dev, dwte, d_dwte, V * C * sizeof(float)));
+    dp_assert_ok(dp_copy_d2h(dev, dwpe, d_dwpe, MAXT * C * sizeof(float)));
+    dp_device_free(dev, d_dwte);
+    dp_device_free(dev, d_dwpe);
+    dp_device_free(dev, d_dout);
+    dp_device_free(dev, d_ids);
+}
+
+Test(encoder, backward_accumulates_with_repeated_ids)
+{
+    dp_device *dev = dp_test_cpu(0);
+    dp_rng rng;
+    dp_rng_seed(&rng, 202);
+    float dwte0[V * C], dwpe0[MAXT * C], dout[B * T * C];
+    int32_t ids[B * T];
+    /* Nonzero initial gradients: the backward must add to them. */
+    dp_rng_fill_uniform(&rng, dwte0, V * C, -2.0f, 2.0f);
+    dp_rng_fill_uniform(&rng, dwpe0, MAXT * C, -2.0f, 2.0f);
+    dp_rng_fill_normal(&rng, dout, B * T * C, 0.0f, 1.0f);
+    random_ids(&rng, ids, B * T, 3); /* ids 0..2 only: each repeats ~5 times */
+    ids[0] = ids[1] = ids[B * T - 1] = 2; /* adjacent and cross-batch repeats */
+
+    float dwte[V * C], dwpe[MAXT * C];
+    run_backward(dev, dwte, dwpe, dwte0, dwpe0, dout, ids);
+
+    double ref_wte[V * C], ref_wpe[MAXT * C], got_wte[V * C], got_wpe[MAXT * C];
+    for (size_t i = 0; i < V * C; i++) ref_wte[i] = dwte0[i];
+    for (size_t i = 0; i < MAXT * C; i++) ref_wpe[i] = dwpe0[i];
+    for (size_t b = 0; b < B; b++)
+        for (size_t t = 0; t < T; t++)
+            for (size_t c = 0; c < C; c++) {
+                double g = dout[(b * T + t) * C + c];
+                ref_wte[ids[b * T + t] * C + c] += g;
+                ref_wpe[t * C + c] += g;
+            }
+    for (size_t i = 0; i < V * C; i++) got_wte[i] = dwte[i];
+    for (size_t i = 0; i < MAXT * C; i++) got_wpe[i] = dwpe[i];
+    /* Float sums of at most B*T = 15 terms of size ~1-2: a few ulps of ~10. */
+    dp_assert_allclose(got_wte, ref_wte, V * C, 1e-5, 1e-5);
+    dp_assert_allclose(got_wpe, ref_wpe, MAXT * C, 1e-5, 1e-5);
+    /* Rows of tokens that never occur, and positions t >= T, are untouched. */
+    cr_assert(memcmp(dwte + 3 * C, dwte0 + 3 * C, (V - 3) * C * sizeof(float)) == 0,
+              "dwte rows of unused token ids changed");
+    cr_assert(memcmp(dwpe + T * C, dwpe0 + T * C, (MAXT - T) * C * sizeof(float)) == 0,
+              "dwpe rows past T changed");
+
+    nn_assert_all_freed(dev);
+    dp_device_close(dev);
+}
+
+Test(encoder, backward_is_deterministic)
+{
+    /* Two runs, with the buffers at different addresses (a decoy allocation
+     * shifts the second run), give bitwise identical gradients. */
+    dp_device *dev = dp_test_cpu(0);
+    dp_rng rng;
+    dp_rng_seed(&rng, 303);
+    float dwte0[V * C], dwpe0[MAXT * C], dout[B * T * C];
+    int32_t ids[B * T];
+    dp_rng_fill_uniform(&rng, dwte0, V * C, -1.0f, 1.0f);
+    dp_rng_fill_uniform(&rng, dwpe0, MAXT * C, -1.0f, 1.0f);
+    dp_rng_fill_normal(&rng, dout, B * T * C, 0.0f, 1e3f);
+    random_ids(&rng, ids, B * T, 2);
+    float a_wte[V * C], a_wpe[MAXT * C], b_wte[V * C], b_wpe[MAXT * C];
+    run_backward(dev, a_wte, a_wpe, dwte0, dwpe0, dout, ids);
+    void *decoy = NULL;
+    dp_assert_ok(dp_device_alloc(dev, 4096, &decoy));
+    run_backward(dev, b_wte, b_wpe, dwte0, dwpe0, dout, ids);
+    cr_assert(memcmp(a_wte, b_wte, sizeof a_wte) == 0, "dwte differs between two runs");
+    cr_assert(memcmp(a_wpe, b_wpe, sizeof a_wpe) == 0, "dwpe differs between two runs");
+    dp_device_free(dev, decoy);
+    nn_assert_all_freed(dev);
+    dp_device_close(dev);
+}
+
+Test(encoder, bad_arguments)
+{
+    dp_device *dev = dp_test_cpu(0);
+    float *buf = nn_filled(dev, V * C, 0.0f);
+    int32_t zeros[B * T] = {0};
+    int32_t *ids = nn_upload_i32(dev, zeros, B * T);
+
+    nn_assert_invalid(dp_encoder_forward(NULL, buf, ids, buf, buf, B, T, C), "dev", NULL);
+    nn_assert_invalid(dp_encoder_forward(dev, NULL, ids, buf, buf, B, T, C), "out", "cpu:0");
+    nn_assert_invalid(dp_encoder_forward(dev, buf, NULL, buf, buf, B, T, C), "inp", "cpu:0");
+    nn_assert_invalid(dp_encoder_forward(dev, buf, ids, NULL, buf, B, T, C), "wte", "cpu:0");
+    nn_assert_invalid(dp_encoder_forward(dev, buf, ids, buf, NULL, B, T, C), "wpe", "cpu:0");
+    nn_assert_invalid(dp_encoder_forward(dev, buf, ids, buf, buf, 0, T, C), "B=0",
+                      "dp_encoder_forward");
+    nn_assert_invalid(dp_encoder_forward(dev, buf, ids, buf, buf, B, T, 0), "C=0", NULL);
+    nn_assert_invalid(dp_encoder_forward(dev, buf, ids, buf, buf, SIZE_MAX / 2, 4, C),
+                      "overflow", NULL);
+    nn_assert_invalid(dp_encoder_backward(NULL, buf, buf, buf, ids, B, T, C), "dev", NULL);
+    nn_assert_invalid(dp_encoder_backward(dev, NULL, buf, buf, ids, B, T, C), "dwte", NULL);
+    nn_assert_invalid(dp_encoder_backward(dev, buf, NULL, buf, ids, B, T, C), "dwpe", NULL);
+    nn_assert_invalid(dp_encoder_backward(dev, buf, buf, NULL, ids, B, T, C), "dout", NULL);
+    nn_assert_invalid(dp_encoder_backward(dev, buf, buf, buf, NULL, B, T, C), "inp", NULL);
+    nn_assert_invalid(dp_encoder_backward(dev, buf, buf, buf, ids, B, 0, C), "T=0",
+                      "dp_encoder_backward");
+
+    dp_device_free(dev, buf);
+    dp_device_free(dev, ids);
+    nn_assert_all_freed(dev);
+    dp_device_close(dev);
+}

@@ -1,0 +1,441 @@
+/*
+ * The DataParallel engine on CPU virtual devices, with the example MLP.
+ *
+ * The central invariant: k devices == 1 device. For any device count,
+ * batch size and mode, three optimizer steps give the same losses and
+ * parameters as the single-device run, within float tolerance.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "dp_test.h"
+
+#include <criterion/parameterized.h>
+#include "mlp.h"
+
+// --- fixtures ---------------------------------------------------------------------------
+
+enum { D = 6, H = 12, K = 5, MAXROWS = 32, STEPS = 3 };
+
+typedef struct run {
+    mlp net;
+    dp_model model;
+    dp_criterion crit;
+    dp_engine *e;
+    size_t leaked_before;
+} run;
+
+static void run_open(run *r, int k, dp_engine_config cfg, const mlp_config *mc)
+{
+    mlp_config def = {D, H, K};
+    r->leaked_before = dp_device_bytes_freed_at_close();
+    mlp_init_model(&r->net, mc ? mc : &def, &r->model);
+    r->crit = dp_criterion_cross_entropy();
+    dp_device_spec specs[DP_MAX_DEVICES];
+    for (int i = 0; i < k; i++) specs[i] = (dp_device_spec){DP_DEVICE_CPU, i};
+    dp_assert_ok(dp_engine_create(specs, (size_t)k, &r->model, &r->crit, &cfg, &r->e));
+}
+
+static void run_close(run *r)
+{
+    dp_engine_destroy(r->e);
+    cr_assert_eq(dp_device_bytes_freed_at_close(), r->leaked_before,
+                 "engine destroy left %zu bytes allocated on its devices",
+                 dp_device_bytes_freed_at_close() - r->leaked_before);
+}
+
+/* Deterministic batch for step s: D features, targets in [0,K), with an
+ * ignored (-1) target every `ignore_every` rows when > 0. */
+static void make_batch(int s, int rows, int ignore_every, float *x, int32_t *y)
+{
+    dp_rng rng;
+    dp_rng_seed(&rng, 1000 + (uint64_t)s);
+    dp_rng_fill_normal(&rng, x, (size_t)rows * D, 0.0f, 1.0f);
+    for (int i = 0; i < rows; i++) {
+        y[i] = (int32_t)dp_rng_below(&rng, K);
+        if (ignore_every > 0 && i % ignore_every == ignore_every - 1) y[i] = -1;
+    }
+}
+
+static dp_engine_config base_cfg(dp_mode mode)
+{
+    dp_engine_config c = dp_engine_config_default();
+    c.mode = mode;
+    c.optim.lr = 1e-2f;
+    c.optim.weight_decay = 0.1f;
+    c.optim.grad_clip = 1.0f;
+    c.seed = 7;
+    return c;
+}
+
+/* Trains STEPS steps; writes the losses and the final parameters. */
+static void train(int k, dp_engine_config cfg, int rows, int ignore_every, double *losses,
+                  float *params, size_t *n_params)
+{
+    run r;
+    run_open(&r, k, cfg, NULL);
+    float x[MAXROWS * D];
+    int32_t y[MAXROWS];
+    for (int s = 0; s < STEPS; s++) {
+        make_batch(s, rows, ignore_every, x, y);
+        dp_batch b = {(size_t)rows, x, y};
+        dp_step_stats st;
+        dp_assert_ok(dp_engine_step(r.e, &b, &st));
+        cr_assert_eq(st.step, s + 1);
+        cr_assert(!st.skipped);
+        losses[s] = st.loss;
+    }
+    *n_params = r.model.n_params;
+    dp_assert_ok(dp_engine_get_params(r.e, params));
+    run_close(&r);
+}
+
+#define NP_MAX 4096
+
+// --- k devices == 1 device -----------------------------------------------------------------
+
+typedef struct equiv_case {
+    int k, rows;
+    dp_mode mode;
+} equiv_case;
+
+ParameterizedTestParameters(engine, k_devices_equal_one_device)
+{
+    static equiv_case cases[4 * 5 * 2];
+    static const int ks[] = {1, 2, 3, 4}, rows[] = {1, 2, 5, 7, 16};
+    size_t n = 0;
+    for (int m = 0; m < 2; m++)
+        for (int a = 0; a < 4; a++)
+            for (int b = 0; b < 5; b++) cases[n++] = (equiv_case){ks[a], rows[b], (dp_mode)m};
+    return cr_make_param_array(equiv_case, cases, n);
+}
+
+/*
+ * Tolerance: the k-device run sums the same per-row gradients in another
+ * order (per device, then across devices), so gradients differ by float32
+ * rounding (~1e-7 relative). AdamW divides by sqrt(v), which amplifies that
+ * only where |g| ~ eps; three steps of lr 1e-2 keep the parameter
+ * differences near 1e-7 absolute. 1e-5 relative + 1e-6 absolute bounds them.
+ */
+ParameterizedTest(equiv_case *c, engine, k_devices_equal_one_device, .timeout = 60)
+{
+    /* AdamW and clipping are nearly invariant to the gradient's scale, so
+     * SGD without clipping runs too: it catches a wrong 1/N. */
+    for (int o = 0; o < DP_OPTIMIZER_COUNT; o++) {
+        double l1[STEPS], lk[STEPS];
+        static float p1[NP_MAX], pk[NP_MAX];
+        size_t n1, nk;
+        dp_engine_config c1 = base_cfg(DP_MODE_BALANCED), ck = base_cfg(c->mode);
+        c1.optim.kind = ck.optim.kind = (dp_optimizer)o;
+        c1.optim.momentum = ck.optim.momentum = 0.9f;
+        if (o == DP_OPTIMIZER_SGD) c1.optim.grad_clip = ck.optim.grad_clip = 0.0f;
+        train(1, c1, c->rows, 3, l1, p1, &n1);
+        train(c->k, ck, c->rows, 3, lk, pk, &nk);
+        cr_assert_eq(n1, nk);
+        dp_assert_allclose(lk, l1, STEPS, 1e-7, 1e-5);
+        dp_assert_allclose(pk, p1, n1, 1e-6, 1e-5);
+    }
+}
+
+Test(engine, gather_equals_balanced_and_loss_falls)
+{
+    double lb[STEPS], lg[STEPS];
+    static float pb[NP_MAX], pg[NP_MAX];
+    size_t nb, ng;
+    train(3, base_cfg(DP_MODE_BALANCED), 16, 0, lb, pb, &nb);
+    train(3, base_cfg(DP_MODE_GATHER), 16, 0, lg, pg, &ng);
+    dp_assert_allclose(lg, lb, STEPS, 1e-7, 1e-5);
+    dp_assert_allclose(pg, pb, nb, 1e-6, 1e-5);
+    /* The same fixed batch, trained on: its loss must fall. */
+    run r;
+    run_open(&r, 2, base_cfg(DP_MODE_BALANCED), NULL);
+    float x[16 * D];
+    int32_t y[16];
+    make_batch(0, 16, 0, x, y);
+    dp_batch b = {16, x, y};
+    dp_step_stats first, st;
+    dp_assert_ok(dp_engine_step(r.e, &b, &first));
+    for (int i = 0; i < 30; i++) dp_assert_ok(dp_engine_step(r.e, &b, &st));
+    cr_assert_lt(st.loss, 0.5 * first.loss, "loss %g did not fall from %g", st.loss, first.loss);
+    run_close(&r);
+}
+
+Test(engine, micro_batches_equal_whole_batch)
+{
+    double l0[STEPS], l1[STEPS];
+    static float p0[NP_MAX], p1[NP_MAX];
+    size_t n;
+    train(2, base_cfg(DP_MODE_BALANCED), 16, 4, l0, p0, &n);
+    dp_engine_config c = base_cfg(DP_MODE_BALANCED);
+    c.grad_accum = 3;
+    train(2, c, 16, 4, l1, p1, &n);
+    dp_assert_allclose(l1, l0, STEPS, 1e-7, 1e-5);
+    dp_assert_allclose(p1, p0, n, 1e-6, 1e-5);
+    c = base_cfg(DP_MODE_GATHER);
+    c.max_rows_per_micro = 3;
+    train(2, c, 16, 4, l1, p1, &n);
+    dp_assert_allclose(l1, l0, STEPS, 1e-7, 1e-5);
+    dp_assert_allclose(p1, p0, n, 1e-6, 1e-5);
+    c = base_cfg(DP_MODE_BALANCED);
+    c.max_tokens_per_micro = 2;
+    train(2, c, 16, 4, l1, p1, &n);
+    dp_assert_allclose(l1, l0, STEPS, 1e-7, 1e-5);
+    dp_assert_allclose(p1, p0, n, 1e-6, 1e-5);
+}
+
+Test(engine, weighted_and_token_balanced_splits_equal_plain_split)
+{
+    double l0[STEPS], l1[STEPS];
+    static float p0[NP_MAX], p1[NP_MAX];
+    size_t n;
+    train(3, base_cfg(DP_MODE_BALANCED), 16, 2, l0, p0, &n);
+    static const float w[3] = {0.5f, 1.0f, 1.0f};
+    for (int m = 0; m < 2; m++) {
+        dp_engine_config c = base_cfg((dp_mode)m);
+        c.device_weights = w;
+        train(3, c, 16, 2, l1, p1, &n);
+        dp_assert_allclose(l1, l0, STEPS, 1e-7, 1e-5);
+        dp_assert_allclose(p1, p0, n, 1e-6, 1e-5);
+        c = base_cfg((dp_mode)m);
+        c.token_balanced = 1;
+        train(3, c, 16, 2, l1, p1, &n);
+        dp_assert_allclose(l1, l0, STEPS, 1e-7, 1e-5);
+        dp_assert_allclose(p1, p0, n, 1e-6, 1e-5);
+    }
+}
+
+Test(engine, same_seed_is_bitwise_identical)
+{
+    for (int m = 0; m < 2; m++) {
+        double la[STEPS], lb[STEPS];
+        static float pa[NP_MAX], pb[NP_MAX];
+        size_t n;
+        train(3, base_cfg((dp_mode)m), 7, 3, la, pa, &n);
+        train(3, base_cfg((dp_mode)m), 7, 3, lb, pb, &n);
+        cr_assert(memcmp(la, lb, sizeof la) == 0, "losses differ between identical runs");
+        cr_assert(memcmp(pa, pb, n * sizeof(float)) == 0, "parameters differ between identical runs");
+    }
+}
+
+// --- the split -----------------------------------------------------------------------------
+
+Test(engine, plan_splits_rows_as_documented)
+{
+    run r;
+    run_open(&r, 3, base_cfg(DP_MODE_BALANCED), NULL);
+    size_t rows[3];
+    dp_assert_ok(dp_engine_plan(r.e, 7, NULL, rows));
+    cr_assert(rows[0] == 3 && rows[1] == 2 && rows[2] == 2, "7 rows: %zu/%zu/%zu", rows[0], rows[1], rows[2]);
+    dp_assert_ok(dp_engine_plan(r.e, 2, NULL, rows));
+    cr_assert(rows[0] == 1 && rows[1] == 1 && rows[2] == 0, "2 rows: %zu/%zu/%zu", rows[0], rows[1], rows[2]);
+
+    /* A batch smaller than the device count leaves a device idle. */
+    float x[2 * D];
+    int32_t y[2];
+    make_batch(0, 2, 0, x, y);
+    dp_batch b = {2, x, y};
+    dp_step_stats st;
+    dp_assert_ok(dp_engine_step(r.e, &b, &st));
+    cr_assert_eq(st.devices[2].rows, 0);
+    cr_assert_eq(st.devices[2].micro_batches, 0);
+    run_close(&r);
+
+    static const float w[3] = {0.5f, 1.0f, 1.0f};
+    dp_engine_config c = base_cfg(DP_MODE_BALANCED);
+    c.device_weights = w;
+    run_open(&r, 3, c, NULL);
+    dp_assert_ok(dp_engine_plan(r.e, 10, NULL, rows));
+    cr_assert(rows[0] == 2 && rows[1] == 4 && rows[2] == 4, "weighted: %zu/%zu/%zu", rows[0], rows[1], rows[2]);
+    run_close(&r);
+
+    /* Token-balanced: the first 6 rows hold no valid target, the last 6 all
+     * of them; a plain split would give device 0 nothing to learn from. */
+    c = base_cfg(DP_MODE_BALANCED);
+    c.token_balanced = 1;
+    run_open(&r, 2, c, NULL);
+    int32_t t[12] = {-1, -1, -1, -1, -1, -1, 0, 1, 2, 3, 4, 0};
+    dp_assert_ok(dp_engine_plan(r.e, 12, t, rows));
+    cr_assert(rows[0] == 9 && rows[1] == 3, "token-balanced: %zu/%zu", rows[0], rows[1]);
+    run_close(&r);
+}
+
+// --- memory ----------------------------------------------------------------------------------
+
+/* The logits dominate: K = 4096 classes, 16 rows on 4 devices. */
+Test(engine, balanced_keeps_logits_local_gather_holds_them_on_root)
+{
+    enum { ROWS = 16, KK = 4096 };
+    mlp_config mc = {D, H, KK};
+    static float x[ROWS * D];
+    int32_t y[ROWS];
+    dp_rng rng;
+    dp_rng_seed(&rng, 3);
+    dp_rng_fill_normal(&rng, x, ROWS * D, 0, 1);
+    for (int i = 0; i < ROWS; i++) y[i] = (int32_t)dp_rng_below(&rng, KK);
+    size_t full = (size_t)ROWS * KK * sizeof(float); /* the whole batch's logits */
+    for (int m = 0; m < 2; m++) {
+        run r;
+        run_open(&r, 4, base_cfg((dp_mode)m), &mc);
+        dp_batch b = {ROWS, x, y};
+        dp_step_stats st;
+        dp_assert_ok(dp_engine_step(r.e, &b, &st));
+        for (int d = 0; d < 4; d++) {
+            const dp_device_step_stats *ds = &st.devices[d];
+            size_t fixed = ds->param_bytes + ds->optimizer_bytes;
+            size_t transient = ds->step_peak - fixed; /* activations, logits, scratch */
+            if (m == DP_MODE_BALANCED || d > 0)
+                cr_assert_lt(transient, full, "%s device %d: %zu transient bytes >= the full batch's "
+                             "logits (%zu)", dp_mode_name((dp_mode)m), d, transient, full);
+            else
+                cr_assert_geq(ds->phase_peak[DP_PHASE_CRITERION] - fixed, 2 * full,
+                              "gather root must hold the gathered logits and their gradient");
+        }
+        run_close(&r);
+    }
+}
+
+// --- failures --------------------------------------------------------------------------------
+
+ParameterizedTestParameters(engine, injected_fault_is_reported_and_recovered)
+{
+    static int cases[2 * 2 * DP_PHASE_COUNT]; /* mode * 100 + device * 10 + phase */
+    size_t n = 0;
+    for (int m = 0; m < 2; m++)
+        for (int d = 0; d <= 2; d += 2)
+            for (int p = 0; p < DP_PHASE_COUNT; p++) cases[n++] = m * 100 + d * 10 + p;
+    return cr_make_param_array(int, cases, n);
+}
+
+ParameterizedTest(int *c, engine, injected_fault_is_reported_and_recovered, .timeout = 30)
+{
+    dp_mode mode = (dp_mode)(*c / 100);
+    int dev = *c / 10 % 10;
+    dp_phase phase = (dp_phase)(*c % 10);
+    run r;
+    run_open(&r, 3, base_cfg(mode), NULL);
+    static float before[NP_MAX], after[NP_MAX];
+    float x[7 * D];
+    int32_t y[7];
+    make_batch(0, 7, 0, x, y);
+    dp_batch b = {7, x, y};
+    dp_step_stats st;
+    dp_assert_ok(dp_engine_get_params(r.e, before));
+    dp_engine_inject_fault(r.e, dev, phase, DP_ERR_DEVICE);
+    dp_status s = dp_engine_step(r.e, &b, &st);
+    cr_assert_eq(s, DP_ERR_DEVICE, "step returned %s", dp_strerror(s));
+    char want[64];
+    snprintf(want, sizeof want, "cpu:%d %s:", dev, dp_phase_name(phase));
+    cr_assert(strstr(dp_last_error(), want), "message \"%s\" does not name \"%s\"", dp_last_error(), want);
+    if (phase < DP_PHASE_OPTIMIZER) {
+        dp_assert_ok(dp_engine_get_params(r.e, after));
+        cr_assert(memcmp(before, after, r.model.n_params * sizeof(float)) == 0,
+                  "a step that failed before the optimizer changed the parameters");
+    }
+    /* The engine works again, and replicas agree with the root afterwards. */
+    for (int i = 0; i < 2; i++) dp_assert_ok(dp_engine_step(r.e, &b, &st));
+    cr_assert(isfinite(st.loss));
+    run_close(&r);
+}
+
+Test(engine, out_of_memory_on_one_device_is_recoverable)
+{
+    enum { KK = 1024 };
+    mlp_config mc = {D, H, KK};
+    run r;
+    run_open(&r, 2, base_cfg(DP_MODE_BALANCED), &mc);
+    dp_device *d1 = dp_engine_device(r.e, 1);
+    dp_memory_stats ms;
+    dp_device_memory(d1, &ms);
+    /* Room for about 6 rows of logits on device 1, beyond what it holds now. */
+    dp_device_set_limit(d1, ms.in_use + 6 * KK * sizeof(float) + 64 * 1024);
+    static float x[64 * D];
+    int32_t y[64];
+    dp_rng rng;
+    dp_rng_seed(&rng, 5);
+    dp_rng_fill_normal(&rng, x, 64 * D, 0, 1);
+    for (int i = 0; i < 64; i++) y[i] = (int32_t)dp_rng_below(&rng, KK);
+    dp_batch big = {64, x, y}, small = {8, x, y};
+    dp_step_stats st;
+    dp_status s = dp_engine_step(r.e, &big, &st);
+    cr_assert_eq(s, DP_ERR_OUT_OF_MEMORY, "got %s", dp_strerror(s));
+    cr_assert(strstr(dp_last_error(), "cpu:1") && strstr(dp_last_error(), "limit"),
+              "message: %s", dp_last_error());
+    dp_assert_ok(dp_engine_step(r.e, &small, &st));
+    dp_assert_ok(dp_engine_step(r.e, &small, &st));
+    cr_assert_eq(st.step, 2);
+    run_close(&r);
+}
+
+Test(engine, bad_input_is_rejected_with_a_message)
+{
+    run r;
+    run_open(&r, 2, base_cfg(DP_MODE_BALANCED), NULL);
+    float x[4 * D] = {0};
+    int32_t y[4] = {0, 1, 2, 3};
+    dp_batch empty = {0, x, y};
+    dp_assert_ok(dp_engine_get_params(r.e, (float[NP_MAX]){0}));
+    cr_assert_eq(dp_engine_step(r.e, &empty, NULL), DP_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(dp_last_error(), "empty batch"), "%s", dp_last_error());
+    int32_t bad[4] = {0, 1, K, 2};
+    dp_batch b = {4, x, bad};
+    cr_assert_eq(dp_engine_step(r.e, &b, NULL), DP_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(dp_last_error(), "outside"), "%s", dp_last_error());
+    int32_t none[4] = {-1, -1, -1, -1};
+    b.targets = none;
+    cr_assert_eq(dp_engine_step(r.e, &b, NULL), DP_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(dp_last_error(), "no valid target"), "%s", dp_last_error());
+    b.targets = y;
+    dp_assert_ok(dp_engine_step(r.e, &b, NULL));
+    run_close(&r);
+
+    /* Bad configurations never start workers. */
+    mlp net;
+    dp_model model;
+    mlp_config mc = {D, H, K};
+    mlp_init_model(&net, &mc, &model);
+    dp_criterion crit = dp_criterion_cross_entropy();
+    dp_device_spec spec = {DP_DEVICE_CPU, 0};
+    dp_engine *e = NULL;
+    dp_engine_config c = base_cfg(DP_MODE_BALANCED);
+    c.optim.beta1 = 1.0f;
+    cr_assert_eq(dp_engine_create(&spec, 1, &model, &crit, &c, &e), DP_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(dp_last_error(), "beta1"), "%s", dp_last_error());
+    cr_assert_null(e);
+    c = base_cfg(DP_MODE_BALANCED);
+    net.tensors[1].offset = 3; /* misaligned */
+    cr_assert_eq(dp_engine_create(&spec, 1, &model, &crit, &c, &e), DP_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(dp_last_error(), "fc1.bias"), "%s", dp_last_error());
+    cr_assert_eq(dp_engine_create(&spec, 0, &model, &crit, &c, &e), DP_ERR_INVALID_ARGUMENT);
+}
+
+Test(engine, params_and_optimizer_state_round_trip)
+{
+    run r;
+    run_open(&r, 2, base_cfg(DP_MODE_BALANCED), NULL);
+    float x[8 * D];
+    int32_t y[8];
+    make_batch(0, 8, 0, x, y);
+    dp_batch b = {8, x, y};
+    dp_assert_ok(dp_engine_step(r.e, &b, NULL));
+    size_t n = r.model.n_params;
+    static float p[NP_MAX], m[NP_MAX], v[NP_MAX], p2[NP_MAX];
+    long t = 0;
+    dp_assert_ok(dp_engine_get_params(r.e, p));
+    dp_assert_ok(dp_engine_get_optimizer_state(r.e, m, v, &t));
+    cr_assert_eq(t, 1);
+    dp_assert_ok(dp_engine_step(r.e, &b, NULL));
+    dp_assert_ok(dp_engine_get_params(r.e, p2)); /* the reference second step */
+
+    /* A second engine restored from the state takes the identical step. */
+    run r2;
+    run_open(&r2, 3, base_cfg(DP_MODE_BALANCED), NULL);
+    dp_assert_ok(dp_engine_set_params(r2.e, p));
+    dp_assert_ok(dp_engine_set_optimizer_state(r2.e, m, v, t));
+    dp_assert_ok(dp_engine_step(r2.e, &b, NULL));
+    static float q[NP_MAX];
+    dp_assert_ok(dp_engine_get_params(r2.e, q));
+    dp_assert_allclose(q, p2, n, 1e-6, 1e-5);
+    run_close(&r2);
+    run_close(&r);
+}

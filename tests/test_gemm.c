@@ -1,0 +1,276 @@
+/*
+ * dp_gemm and dp_gemm_strided_batched: cuBLAS (column-major) semantics on
+ * the CPU backend, against a naive float64 loop, for every transpose
+ * combination with leading dimensions and batch strides larger than the
+ * minimum, plus the argument checks.
+ *
+ * Padding (rows between the matrix and its leading dimension, gaps between
+ * batch entries) holds NaN in A and B, so reading it poisons the result,
+ * and a sentinel in C, which must come back unchanged.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "dp_test.h"
+
+#define C_SENTINEL 12345.0f
+
+typedef struct gemm_case {
+    dp_op ta, tb;
+    int m, n, k;
+    int lda, ldb, ldc;
+    long long sa, sb, sc; /* batch strides in floats */
+    int batch;
+    float alpha, beta;
+    int nan_c; /* fill C with NaN (only meaningful with beta == 0) */
+} gemm_case;
+
+static int rows_a(const gemm_case *g) { return g->ta == DP_OP_N ? g->m : g->k; }
+static int cols_a(const gemm_case *g) { return g->ta == DP_OP_N ? g->k : g->m; }
+static int rows_b(const gemm_case *g) { return g->tb == DP_OP_N ? g->k : g->n; }
+static int cols_b(const gemm_case *g) { return g->tb == DP_OP_N ? g->n : g->k; }
+
+/* Floats spanned by `batch` matrices of ld x cols at stride s (s may be 0). */
+static size_t span(int ld, int cols, long long s, int batch)
+{
+    size_t one = (size_t)ld * (size_t)cols;
+    size_t total = (size_t)s * (size_t)(batch - 1) + one;
+    return total ? total : 1;
+}
+
+/* Column-major element (i, j) of op(X). */
+static double op_at(const float *X, int ld, dp_op t, int i, int j)
+{
+    return t == DP_OP_N ? X[i + (size_t)j * ld] : X[j + (size_t)i * ld];
+}
+
+/* Fills the live entries of each matrix with uniform [-1, 1) values and
+ * everything else with pad. */
+static void fill(dp_rng *rng, float *x, size_t total, int rows, int ld, int cols, long long s,
+                 int batch, float pad)
+{
+    for (size_t i = 0; i < total; i++) x[i] = pad;
+    for (int b = 0; b < batch; b++)
+        for (int j = 0; j < cols; j++)
+            for (int i = 0; i < rows; i++)
+                x[(size_t)b * s + (size_t)j * ld + i] = 2.0f * dp_rng_uniform(rng) - 1.0f;
+}
+
+static void run_case(const gemm_case *g, int use_batched)
+{
+    dp_rng rng;
+    dp_rng_seed(&rng, 42 + (uint64_t)g->m * 131 + (uint64_t)g->n * 17 + (uint64_t)g->k);
+    size_t na = span(g->lda, cols_a(g), g->sa, g->batch);
+    size_t nb = span(g->ldb, cols_b(g), g->sb, g->batch);
+    size_t nc = span(g->ldc, g->n, g->sc, g->batch);
+    float *A = malloc(na * sizeof *A), *B = malloc(nb * sizeof *B), *C = malloc(nc * sizeof *C);
+    cr_assert(A && B && C);
+    fill(&rng, A, na, rows_a(g), g->lda, cols_a(g), g->sa, g->batch, NAN);
+    fill(&rng, B, nb, rows_b(g), g->ldb, cols_b(g), g->sb, g->batch, NAN);
+    fill(&rng, C, nc, g->m, g->ldc, g->n, g->sc, g->batch, C_SENTINEL);
+    if (g->nan_c)
+        for (int b = 0; b < g->batch; b++)
+            for (int j = 0; j < g->n; j++)
+                for (int i = 0; i < g->m; i++) C[(size_t)b * g->sc + (size_t)j * g->ldc + i] = NAN;
+
+    /* Expected: every float of C's span, padding included. */
+    double *want = malloc(nc * sizeof *want), *got = malloc(nc * sizeof *got);
+    cr_assert(want && got);
+    for (size_t i = 0; i < nc; i++) want[i] = C[i];
+    for (int b = 0; b < g->batch; b++) {
+        const float *Ab = A + (size_t)b * g->sa, *Bb = B + (size_t)b * g->sb;
+        for (int j = 0; j < g->n; j++)
+            for (int i = 0; i < g->m; i++) {
+                double acc = 0.0;
+                for (int l = 0; l < g->k; l++)
+                    acc += op_at(Ab, g->lda, g->ta, i, l) * op_at(Bb, g->ldb, g->tb, l, j);
+                size_t ci = (size_t)b * g->sc + (size_t)j * g->ldc + i;
+                /* beta == 0 means C is not read at all (cuBLAS). */
+                double c0 = g->beta == 0.0f ? 0.0 : (double)C[ci];
+                want[ci] = (double)g->alpha * acc + (double)g->beta * c0;
+            }
+    }
+
+    dp_device *dev = dp_test_cpu(0);
+    float *dA = dp_test_upload(dev, A, na), *dB = dp_test_upload(dev, B, nb);
+    float *dC = dp_test_upload(dev, C, nc);
+    if (use_batched)
+        dp_assert_ok(dp_gemm_strided_batched(dev, g->ta, g->tb, g->m, g->n, g->k, g->alpha, dA,
+                                             g->lda, g->sa, dB, g->ldb, g->sb, g->beta, dC,
+                                             g->ldc, g->sc, g->batch));
+    else
+        dp_assert_ok(dp_gemm(dev, g->ta, g->tb, g->m, g->n, g->k, g->alpha, dA, g->lda, dB,
+                             g->ldb, g->beta, dC, g->ldc));
+    dp_assert_ok(dp_copy_d2h(dev, C, dC, nc * sizeof *C));
+    for (size_t i = 0; i < nc; i++) got[i] = C[i];
+    /* Inputs are uniform in [-1, 1) and k <= 100: a float32 dot product of
+     * k such terms is off by ~sqrt(k) * 6e-8 * O(1) ~ 1e-6 in practice, so
+     * atol = rtol = 1e-5 has headroom, while a wrong transpose, leading
+     * dimension or stride gives O(0.1) errors or NaN. The sentinel padding
+     * of C must match exactly (it is far larger than the tolerance). */
+    cr_assert(nc > 0);
+    cr_log_info("case ta=%d tb=%d m=%d n=%d k=%d batch=%d", g->ta, g->tb, g->m, g->n, g->k, g->batch);
+    dp_assert_allclose(got, (const double *)want, nc, 1e-5, 1e-5);
+
+    free(A), free(B), free(C), free(want), free(got);
+    dp_device_free(dev, dA), dp_device_free(dev, dB), dp_device_free(dev, dC);
+    dp_memory_stats st;
+    dp_device_memory(dev, &st);
+    cr_assert_eq(st.in_use, 0);
+    dp_device_close(dev);
+}
+
+/* One case per transpose combination and shape, single (batch 1, dp_gemm). */
+static gemm_case single(dp_op ta, dp_op tb, int m, int n, int k, float alpha, float beta)
+{
+    gemm_case g;
+    memset(&g, 0, sizeof g);
+    g.ta = ta, g.tb = tb, g.m = m, g.n = n, g.k = k;
+    g.alpha = alpha, g.beta = beta, g.batch = 1;
+    /* Leading dimensions 3 more than the minimum. */
+    g.lda = (ta == DP_OP_N ? m : k) + 3;
+    g.ldb = (tb == DP_OP_N ? k : n) + 3;
+    g.ldc = m + 3;
+    return g;
+}
+
+static const int shapes[][3] = {{5, 7, 4}, {1, 9, 3}, {33, 17, 65}, {64, 48, 100}, {7, 1, 1}};
+
+Test(gemm, all_transposes_with_padded_leading_dimensions)
+{
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int ta = 0; ta < 2; ta++)
+            for (int tb = 0; tb < 2; tb++) {
+                gemm_case g = single((dp_op)ta, (dp_op)tb, shapes[s][0], shapes[s][1],
+                                     shapes[s][2], 0.7f, 0.3f);
+                run_case(&g, 0);
+            }
+}
+
+Test(gemm, alpha_one_beta_one_accumulates)
+{
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++) {
+            gemm_case g = single((dp_op)ta, (dp_op)tb, 6, 5, 8, 1.0f, 1.0f);
+            run_case(&g, 0);
+        }
+}
+
+/* beta == 0: C may hold garbage (NaN) and it must not reach the result. */
+Test(gemm, beta_zero_ignores_nan_in_c)
+{
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++) {
+            gemm_case g = single((dp_op)ta, (dp_op)tb, 9, 6, 11, -1.3f, 0.0f);
+            g.nan_c = 1;
+            run_case(&g, 0);
+            g.batch = 2, g.sa = 200, g.sb = 150, g.sc = 100;
+            run_case(&g, 1);
+        }
+}
+
+/* k == 0: op(A) op(B) is an empty sum, so C = beta C (and 0 for beta 0
+ * even over NaN). A and B may be NULL. */
+Test(gemm, k_zero_scales_c)
+{
+    for (int nan_c = 0; nan_c < 2; nan_c++) {
+        const int m = 4, n = 3, ldc = 6;
+        float C[18];
+        for (int i = 0; i < 18; i++) C[i] = (i % ldc) < m ? (nan_c ? NAN : (float)i) : C_SENTINEL;
+        float beta = nan_c ? 0.0f : 0.5f;
+        dp_device *dev = dp_test_cpu(0);
+        float *dC = dp_test_upload(dev, C, 18);
+        dp_assert_ok(dp_gemm(dev, DP_OP_N, DP_OP_T, m, n, 0, 2.0f, NULL, m, NULL, n, beta, dC, ldc));
+        float h[18];
+        dp_assert_ok(dp_copy_d2h(dev, h, dC, sizeof h));
+        for (int i = 0; i < 18; i++) {
+            float want = (i % ldc) < m ? (nan_c ? 0.0f : 0.5f * (float)i) : C_SENTINEL;
+            cr_assert_eq(h[i], want, "C[%d] = %g, want %g (beta %g)", i, h[i], want, beta);
+        }
+        /* Transposed A with k == 0 needs only lda >= 1. */
+        dp_assert_ok(dp_gemm(dev, DP_OP_T, DP_OP_N, m, n, 0, 1.0f, NULL, 1, NULL, 1, 1.0f, dC, ldc));
+        dp_device_close(dev);
+    }
+}
+
+/* m == 0, n == 0 or batch == 0: nothing to do, C untouched, not an error. */
+Test(gemm, empty_output_is_a_no_op)
+{
+    dp_device *dev = dp_test_cpu(0);
+    float *dC = dp_test_upload(dev, (float[]){C_SENTINEL}, 1);
+    dp_assert_ok(dp_gemm(dev, DP_OP_N, DP_OP_N, 0, 3, 2, 1.0f, NULL, 1, NULL, 2, 0.0f, dC, 1));
+    dp_assert_ok(dp_gemm(dev, DP_OP_N, DP_OP_N, 1, 0, 2, 1.0f, NULL, 1, NULL, 2, 0.0f, dC, 1));
+    dp_assert_ok(dp_gemm_strided_batched(dev, DP_OP_N, DP_OP_N, 1, 1, 1, 1.0f, NULL, 1, 0, NULL,
+                                         1, 0, 0.0f, dC, 1, 0, 0));
+    float h;
+    dp_assert_ok(dp_copy_d2h(dev, &h, dC, sizeof h));
+    cr_assert_eq(h, C_SENTINEL);
+    dp_device_close(dev);
+}
+
+Test(gemm_batched, strides_larger_than_the_matrices)
+{
+    for (size_t s = 0; s < 3; s++)
+        for (int ta = 0; ta < 2; ta++)
+            for (int tb = 0; tb < 2; tb++) {
+                gemm_case g = single((dp_op)ta, (dp_op)tb, shapes[s][0], shapes[s][1],
+                                     shapes[s][2], 0.9f, -0.4f);
+                g.batch = 3;
+                /* Each stride leaves a gap of 11 floats after its matrix. */
+                g.sa = (long long)g.lda * cols_a(&g) + 11;
+                g.sb = (long long)g.ldb * cols_b(&g) + 11;
+                g.sc = (long long)g.ldc * g.n + 11;
+                run_case(&g, 1);
+            }
+}
+
+/* Stride 0 reuses one matrix for every batch entry (e.g. shared weights). */
+Test(gemm_batched, stride_zero_broadcasts_an_input)
+{
+    gemm_case g = single(DP_OP_T, DP_OP_N, 8, 5, 6, 1.0f, 0.0f);
+    g.batch = 4;
+    g.sa = (long long)g.lda * cols_a(&g) + 2;
+    g.sb = 0;
+    g.sc = (long long)g.ldc * g.n;
+    run_case(&g, 1);
+}
+
+// --- argument errors ---------------------------------------------------------------
+
+static void assert_invalid(dp_status s, const char *what)
+{
+    cr_assert_eq(s, DP_ERR_INVALID_ARGUMENT, "expected invalid argument, got %s (%s)",
+                 dp_strerror(s), dp_last_error());
+    cr_assert(strstr(dp_last_error(), what), "message \"%s\" does not mention \"%s\"",
+              dp_last_error(), what);
+}
+
+Test(gemm, argument_errors)
+{
+    dp_device *dev = dp_test_cpu(6);
+    float *A = dp_test_upload(dev, (float[64]){0}, 64), *B = dp_test_upload(dev, (float[64]){0}, 64);
+    float *C = dp_test_upload(dev, (float[64]){0}, 64);
+    /* m=4 n=3 k=2 fit: lda >= 4 (N) or 2 (T), ldb >= 2 (N) or 3 (T), ldc >= 4 */
+    dp_assert_ok(dp_gemm(dev, DP_OP_N, DP_OP_N, 4, 3, 2, 1, A, 4, B, 2, 0, C, 4));
+    dp_assert_ok(dp_gemm(dev, DP_OP_T, DP_OP_T, 4, 3, 2, 1, A, 2, B, 3, 0, C, 4));
+
+    assert_invalid(dp_gemm(dev, DP_OP_N, DP_OP_N, -1, 3, 2, 1, A, 4, B, 2, 0, C, 4), "m=-1");
+    assert_invalid(dp_gemm(dev, DP_OP_N, DP_OP_N, 4, -3, 2, 1, A, 4, B, 2, 0, C, 4), "n=-3");
+    assert_invalid(dp_gemm(dev, DP_OP_N, DP_OP_N, 4, 3, -2, 1, A, 4, B, 2, 0, C, 4), "k=-2");
+    assert_invalid(dp_gemm(dev, DP_OP_N, DP_OP_N, 4, 3, 2, 1, A, 3, B, 2, 0, C, 4), "lda=3");
+    assert_invalid(dp_gemm(dev, DP_OP_T, DP_OP_N, 4, 3, 2, 1, A, 1, B, 2, 0, C, 4), "lda=1");
+    assert_invalid(dp_gemm(dev, DP_OP_N, DP_OP_N, 4, 3, 2, 1, A, 4, B, 1, 0, C, 4), "ldb=1");
+    assert_invalid(dp_gemm(dev, DP_OP_N, DP_OP_T, 4, 3, 2, 1, A, 4, B, 2, 0, C, 4), "ldb=2");
+    assert_invalid(dp_gemm(dev, DP_OP_N, DP_OP_N, 4, 3, 2, 1, A, 4, B, 2, 0, C, 3), "ldc=3");
+    assert_invalid(dp_gemm(dev, DP_OP_N, DP_OP_N, 4, 3, 2, 1, A, 0, B, 2, 0, C, 4), "cpu:6");
+    assert_invalid(dp_gemm(dev, DP_OP_N, DP_OP_N, 4, 3, 2, 1, NULL, 4, B, 2, 0, C, 4), "NULL");
+    assert_invalid(dp_gemm(dev, DP_OP_N, DP_OP_N, 4, 3, 2, 1, A, 4, NULL, 2, 0, C, 4), "NULL");
+    assert_invalid(dp_gemm(dev, DP_OP_N, DP_OP_N, 4, 3, 2, 1, A, 4, B, 2, 0, NULL, 4), "NULL");
+    assert_invalid(dp_gemm(dev, (dp_op)2, DP_OP_N, 4, 3, 2, 1, A, 4, B, 2, 0, C, 4), "DP_OP_T");
+    assert_invalid(dp_gemm(NULL, DP_OP_N, DP_OP_N, 4, 3, 2, 1, A, 4, B, 2, 0, C, 4), "dev");
+    assert_invalid(dp_gemm_strided_batched(dev, DP_OP_N, DP_OP_N, 4, 3, 2, 1, A, 4, 8, B, 2, 6,
+                                           0, C, 4, 12, -1), "batch=-1");
+    assert_invalid(dp_gemm_strided_batched(dev, DP_OP_N, DP_OP_N, 4, 3, 2, 1, A, 2, 8, B, 2, 6,
+                                           0, C, 4, 12, 2), "lda=2");
+    dp_device_close(dev);
+}

@@ -1,0 +1,210 @@
+/* LayerNorm: forward (out, cached mean and rstd) against float64, backward
+ * against central finite differences of a float64 forward, with the
+ * accumulate semantics of dinp, dweight and dbias; bad arguments. */
+#include "nn_test_util.h"
+
+#define N 6
+#define C 32
+
+/* float64 LayerNorm of one row (eps as the library's). */
+static void ln_row_ref(double *out, double *mean, double *rstd, const double *x,
+                       const double *w, const double *b)
+{
+    double m = 0.0, v = 0.0;
+    for (size_t c = 0; c < C; c++) m += x[c];
+    m /= C;
+    for (size_t c = 0; c < C; c++) v += (x[c] - m) * (x[c] - m);
+    v /= C; /* biased variance, as torch.nn.LayerNorm */
+    double s = 1.0 / sqrt(v + (double)DP_LAYERNORM_EPS);
+    for (size_t c = 0; c < C; c++) out[c] = (x[c] - m) * s * w[c] + b[c];
+    if (mean) *mean = m;
+    if (rstd) *rstd = s;
+}
+
+/* L = sum_{n,c} dout[n,c] * layernorm(x)[n,c] in float64. */
+static double ln_loss(const double *x, const double *w, const double *b, const double *dout)
+{
+    double L = 0.0, out[C];
+    for (size_t n = 0; n < N; n++) {
+        ln_row_ref(out, NULL, NULL, x + n * C, w, b);
+        for (size_t c = 0; c < C; c++) L += dout[n * C + c] * out[c];
+    }
+    return L;
+}
+
+typedef struct ln_data {
+    float x[N * C], w[C], b[C], dout[N * C];
+} ln_data;
+
+static void make_data(ln_data *d, uint64_t seed)
+{
+    dp_rng rng;
+    dp_rng_seed(&rng, seed);
+    /* Rows with an offset and different spreads, so the mean matters and
+     * rstd varies by row. */
+    for (size_t n = 0; n < N; n++)
+        dp_rng_fill_normal(&rng, d->x + n * C, C, (float)n - 2.5f, 0.5f + 0.5f * (float)n);
+    dp_rng_fill_normal(&rng, d->w, C, 1.0f, 0.3f);
+    dp_rng_fill_normal(&rng, d->b, C, 0.0f, 0.3f);
+    dp_rng_fill_normal(&rng, d->dout, N * C, 0.0f, 1.0f);
+}
+
+Test(layernorm, forward_matches_float64)
+{
+    dp_device *dev = dp_test_cpu(0);
+    ln_data d;
+    make_data(&d, 41);
+    float *d_x = dp_test_upload(dev, d.x, N * C), *d_w = dp_test_upload(dev, d.w, C);
+    float *d_b = dp_test_upload(dev, d.b, C);
+    float *d_out = nn_filled(dev, N * C, NAN), *d_mean = nn_filled(dev, N, NAN);
+    float *d_rstd = nn_filled(dev, N, NAN);
+    dp_assert_ok(dp_layernorm_forward(dev, d_out, d_mean, d_rstd, d_x, d_w, d_b, N, C));
+
+    double x[N * C], w[C], b[C], ref[N * C], ref_mean[N], ref_rstd[N];
+    for (size_t i = 0; i < N * C; i++) x[i] = d.x[i];
+    for (size_t i = 0; i < C; i++) w[i] = d.w[i], b[i] = d.b[i];
+    for (size_t n = 0; n < N; n++)
+        ln_row_ref(ref + n * C, ref_mean + n, ref_rstd + n, x + n * C, w, b);
+    float *out = nn_download(dev, d_out, N * C), *mean = nn_download(dev, d_mean, N);
+    float *rstd = nn_download(dev, d_rstd, N);
+    double outd[N * C], meand[N], rstdd[N];
+    for (size_t i = 0; i < N * C; i++) outd[i] = out[i];
+    for (size_t i = 0; i < N; i++) meand[i] = mean[i], rstdd[i] = rstd[i];
+    /* Float sums over C = 32 terms: relative error ~C * 2^-24 = 2e-6 on the
+     * mean and variance; out is O(1-3), so 1e-5 absolute and relative. */
+    dp_assert_allclose(meand, ref_mean, N, 1e-5, 1e-5);
+    dp_assert_allclose(rstdd, ref_rstd, N, 1e-6, 1e-5);
+    dp_assert_allclose(outd, ref, N * C, 1e-5, 1e-5);
+
+    free(out);
+    free(mean);
+    free(rstd);
+    dp_device_free(dev, d_x);
+    dp_device_free(dev, d_w);
+    dp_device_free(dev, d_b);
+    dp_device_free(dev, d_out);
+    dp_device_free(dev, d_mean);
+    dp_device_free(dev, d_rstd);
+    nn_assert_all_freed(dev);
+    dp_device_close(dev);
+}
+
+Test(layernorm, forward_constant_row_is_finite)
+{
+    /* Zero variance: rstd = 1/sqrt(eps), out = bias exactly. */
+    dp_device *dev = dp_test_cpu(0);
+    float x[C], w[C], b[C];
+    for (size_t c = 0; c < C; c++) x[c] = 7.25f, w[c] = 2.0f, b[c] = (float)c * 0.125f;
+    float *d_x = dp_test_upload(dev, x, C), *d_w = dp_test_upload(dev, w, C);
+    float *d_b = dp_test_upload(dev, b, C), *d_out = nn_filled(dev, C, NAN);
+    float *d_mean = nn_filled(dev, 1, NAN), *d_rstd = nn_filled(dev, 1, NAN);
+    dp_assert_ok(dp_layernorm_forward(dev, d_out, d_mean, d_rstd, d_x, d_w, d_b, 1, C));
+    float *out = nn_download(dev, d_out, C), *rstd = nn_download(dev, d_rstd, 1);
+    dp_assert_allclose(out, b, C, 0.0, 0.0);
+    float want = 1.0f / sqrtf(DP_LAYERNORM_EPS);
+    dp_assert_allclose(rstd, &want, 1, 0.0, 1e-6);
+    free(out);
+    free(rstd);
+    dp_device_close(dev);
+}
+
+Test(layernorm, backward_matches_finite_differences_and_accumulates)
+{
+    dp_device *dev = dp_test_cpu(0);
+    ln_data d;
+    make_data(&d, 42);
+    dp_rng rng;
+    dp_rng_seed(&rng, 43);
+    /* Nonzero initial gradients: the backward must add to every one. */
+    float dinp0[N * C], dw0[C], db0[C];
+    dp_rng_fill_uniform(&rng, dinp0, N * C, -1.0f, 1.0f);
+    dp_rng_fill_uniform(&rng, dw0, C, -1.0f, 1.0f);
+    dp_rng_fill_uniform(&rng, db0, C, -1.0f, 1.0f);
+
+    float *d_x = dp_test_upload(dev, d.x, N * C), *d_w = dp_test_upload(dev, d.w, C);
+    float *d_b = dp_test_upload(dev, d.b, C), *d_dout = dp_test_upload(dev, d.dout, N * C);
+    float *d_out = nn_filled(dev, N * C, 0.0f), *d_mean = nn_filled(dev, N, 0.0f);
+    float *d_rstd = nn_filled(dev, N, 0.0f);
+    float *d_dinp = dp_test_upload(dev, dinp0, N * C), *d_dw = dp_test_upload(dev, dw0, C);
+    float *d_db = dp_test_upload(dev, db0, C);
+    /* The backward uses the mean and rstd cached by the forward. */
+    dp_assert_ok(dp_layernorm_forward(dev, d_out, d_mean, d_rstd, d_x, d_w, d_b, N, C));
+    dp_assert_ok(dp_layernorm_backward(dev, d_dinp, d_dw, d_db, d_dout, d_x, d_w, d_mean,
+                                       d_rstd, N, C));
+    float *dinp = nn_download(dev, d_dinp, N * C), *dw = nn_download(dev, d_dw, C);
+    float *db = nn_download(dev, d_db, C);
+
+    /* Central differences of the float64 loss. Truncation error h^2 f'''/6
+     * with f''' = O(rstd^3) <= O(10) is ~1e-11 for h = 1e-6; rounding is
+     * ~1e-16 * |L| / h ~ 1e-9. */
+    double x[N * C], w[C], b[C], dout[N * C];
+    for (size_t i = 0; i < N * C; i++) x[i] = d.x[i], dout[i] = d.dout[i];
+    for (size_t i = 0; i < C; i++) w[i] = d.w[i], b[i] = d.b[i];
+    const double h = 1e-6;
+    double fd_x[N * C], fd_w[C], fd_b[C], got_x[N * C], got_w[C], got_b[C];
+    double *ps[3] = {x, w, b}, *fds[3] = {fd_x, fd_w, fd_b};
+    size_t sizes[3] = {N * C, C, C};
+    for (int p = 0; p < 3; p++)
+        for (size_t i = 0; i < sizes[p]; i++) {
+            double keep = ps[p][i];
+            ps[p][i] = keep + h;
+            double lp = ln_loss(x, w, b, dout);
+            ps[p][i] = keep - h;
+            double lm = ln_loss(x, w, b, dout);
+            ps[p][i] = keep;
+            fds[p][i] = (lp - lm) / (2 * h);
+        }
+    /* Expected = initial value + gradient. */
+    for (size_t i = 0; i < N * C; i++) fd_x[i] += dinp0[i], got_x[i] = dinp[i];
+    for (size_t i = 0; i < C; i++) {
+        fd_w[i] += dw0[i], got_w[i] = dw[i];
+        fd_b[i] += db0[i], got_b[i] = db[i];
+    }
+    /* dinp: float row sums over C = 32 terms, scaled by rstd (up to ~2 here)
+     * and partly cancelling: ~1e-5 absolute. dweight, dbias: float sums of
+     * N = 6 terms of size ~1-3. */
+    dp_assert_allclose(got_x, fd_x, N * C, 2e-5, 1e-4);
+    dp_assert_allclose(got_w, fd_w, C, 2e-5, 1e-4);
+    dp_assert_allclose(got_b, fd_b, C, 2e-5, 1e-4);
+
+    free(dinp);
+    free(dw);
+    free(db);
+    float *bufs[] = {d_x, d_w, d_b, d_dout, d_out, d_mean, d_rstd, d_dinp, d_dw, d_db};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dp_device_free(dev, bufs[i]);
+    nn_assert_all_freed(dev);
+    dp_device_close(dev);
+}
+
+Test(layernorm, bad_arguments)
+{
+    dp_device *dev = dp_test_cpu(0);
+    float *f = nn_filled(dev, 16, 0.0f);
+    nn_assert_invalid(dp_layernorm_forward(NULL, f, f, f, f, f, f, 2, 4), "dev", NULL);
+    nn_assert_invalid(dp_layernorm_forward(dev, NULL, f, f, f, f, f, 2, 4), "out", "cpu:0");
+    nn_assert_invalid(dp_layernorm_forward(dev, f, NULL, f, f, f, f, 2, 4), "mean", NULL);
+    nn_assert_invalid(dp_layernorm_forward(dev, f, f, NULL, f, f, f, 2, 4), "rstd", NULL);
+    nn_assert_invalid(dp_layernorm_forward(dev, f, f, f, NULL, f, f, 2, 4), "inp", NULL);
+    nn_assert_invalid(dp_layernorm_forward(dev, f, f, f, f, NULL, f, 2, 4), "weight", NULL);
+    nn_assert_invalid(dp_layernorm_forward(dev, f, f, f, f, f, NULL, 2, 4), "bias", NULL);
+    nn_assert_invalid(dp_layernorm_forward(dev, f, f, f, f, f, f, 0, 4), "N=0",
+                      "dp_layernorm_forward");
+    nn_assert_invalid(dp_layernorm_forward(dev, f, f, f, f, f, f, 2, 0), "C=0", NULL);
+    nn_assert_invalid(dp_layernorm_forward(dev, f, f, f, f, f, f, SIZE_MAX, 2), "overflow",
+                      NULL);
+    nn_assert_invalid(dp_layernorm_backward(NULL, f, f, f, f, f, f, f, f, 2, 4), "dev", NULL);
+    nn_assert_invalid(dp_layernorm_backward(dev, NULL, f, f, f, f, f, f, f, 2, 4), "dinp",
+                      "dp_layernorm_backward");
+    nn_assert_invalid(dp_layernorm_backward(dev, f, NULL, f, f, f, f, f, f, 2, 4), "dweight",
+                      NULL);
+    nn_assert_invalid(dp_layernorm_backward(dev, f, f, NULL, f, f, f, f, f, 2, 4), "dbias",
+                      NULL);
+    nn_assert_invalid(dp_layernorm_backward(dev, f, f, f, NULL, f, f, f, f, 2, 4), "dout",
+                      NULL);
+    nn_assert_invalid(dp_layernorm_backward(dev, f, f, f, f, f, f, f, NULL, 2, 4), "rstd",
+                      NULL);
+    nn_assert_invalid(dp_layernorm_backward(dev, f, f, f, f, f, f, f, f, 2, 0), "C=0", NULL);
+    dp_device_free(dev, f);
+    nn_assert_all_freed(dev);
+    dp_device_close(dev);
+}

@@ -1,0 +1,269 @@
+/* Linear layer: forward with and without bias, backward (dinp overwritten,
+ * dweight and dbias accumulated, NULL dinp / dbias skipped) against float64
+ * references, plus bad arguments. Shapes are non-square so a transposed
+ * GEMM argument cannot pass. */
+#include "nn_test_util.h"
+
+typedef struct lin_case {
+    size_t N, C, OC;
+    float *inp, *weight, *bias, *dout, *dweight0, *dbias0; /* host */
+} lin_case;
+
+static lin_case make_case(uint64_t seed, size_t N, size_t C, size_t OC)
+{
+    lin_case k = {N, C, OC, NULL, NULL, NULL, NULL, NULL, NULL};
+    dp_rng rng;
+    dp_rng_seed(&rng, seed);
+    k.inp = malloc(N * C * sizeof(float));
+    k.weight = malloc(OC * C * sizeof(float));
+    k.bias = malloc(OC * sizeof(float));
+    k.dout = malloc(N * OC * sizeof(float));
+    k.dweight0 = malloc(OC * C * sizeof(float));
+    k.dbias0 = malloc(OC * sizeof(float));
+    cr_assert(k.inp && k.weight && k.bias && k.dout && k.dweight0 && k.dbias0);
+    dp_rng_fill_normal(&rng, k.inp, N * C, 0.0f, 1.0f);
+    dp_rng_fill_normal(&rng, k.weight, OC * C, 0.0f, 1.0f);
+    dp_rng_fill_normal(&rng, k.bias, OC, 0.0f, 1.0f);
+    dp_rng_fill_normal(&rng, k.dout, N * OC, 0.0f, 1.0f);
+    /* Nonzero initial gradients: the backward must add to them. */
+    dp_rng_fill_uniform(&rng, k.dweight0, OC * C, -3.0f, 3.0f);
+    dp_rng_fill_uniform(&rng, k.dbias0, OC, -3.0f, 3.0f);
+    return k;
+}
+
+static void free_case(lin_case *k)
+{
+    free(k->inp);
+    free(k->weight);
+    free(k->bias);
+    free(k->dout);
+    free(k->dweight0);
+    free(k->dbias0);
+}
+
+static double *to_double(const float *x, size_t n)
+{
+    double *d = malloc(n * sizeof *d);
+    cr_assert_not_null(d);
+    for (size_t i = 0; i < n; i++) d[i] = x[i];
+    return d;
+}
+
+static void check_forward(uint64_t seed, size_t N, size_t C, size_t OC, int with_bias)
+{
+    dp_device *dev = dp_test_cpu(0);
+    lin_case k = make_case(seed, N, C, OC);
+    float *d_inp = dp_test_upload(dev, k.inp, N * C);
+    float *d_w = dp_test_upload(dev, k.weight, OC * C);
+    float *d_b = dp_test_upload(dev, k.bias, OC);
+    /* NaN garbage in out: without a bias the GEMM runs with beta = 0 and
+     * must overwrite it rather than propagate it. */
+    float *d_out = nn_filled(dev, N * OC, NAN);
+    dp_assert_ok(dp_linear_forward(dev, d_out, d_inp, d_w, with_bias ? d_b : NULL, N, C, OC));
+
+    double *ref = malloc(N * OC * sizeof *ref);
+    for (size_t n = 0; n < N; n++)
+        for (size_t o = 0; o < OC; o++) {
+            double s = with_bias ? (double)k.bias[o] : 0.0;
+            for (size_t c = 0; c < C; c++) s += (double)k.inp[n * C + c] * k.weight[o * C + c];
+            ref[n * OC + o] = s;
+        }
+    float *out = nn_download(dev, d_out, N * OC);
+    double *outd = to_double(out, N * OC);
+    /* A float dot product of C terms of size ~1 (sum ~sqrt(C)): error about
+     * C * 2^-24 * sqrt(C); 1e-5 * sqrt(C) covers C <= 100 with margin. */
+    double tol = 1e-5 * sqrt((double)C);
+    dp_assert_allclose(outd, ref, N * OC, tol, 1e-5);
+
+    free(ref);
+    free(out);
+    free(outd);
+    dp_device_free(dev, d_inp);
+    dp_device_free(dev, d_w);
+    dp_device_free(dev, d_b);
+    dp_device_free(dev, d_out);
+    nn_assert_all_freed(dev);
+    free_case(&k);
+    dp_device_close(dev);
+}
+
+Test(linear, forward_with_bias) { check_forward(11, 6, 9, 5, 1); }
+Test(linear, forward_without_bias) { check_forward(12, 6, 9, 5, 0); }
+Test(linear, forward_larger_shapes) { check_forward(13, 37, 64, 96, 1); }
+Test(linear, forward_single_row_and_column) { check_forward(14, 1, 1, 3, 1); }
+
+/* Runs the backward with the given optional outputs and compares dinp,
+ * dweight and dbias with their float64 definitions:
+ *   dinp = dout @ W,  dweight = dweight0 + dout^T @ inp,  dbias = dbias0 + sum_n dout. */
+static void check_backward(uint64_t seed, size_t N, size_t C, size_t OC, int want_dinp,
+                           int want_dbias)
+{
+    dp_device *dev = dp_test_cpu(0);
+    lin_case k = make_case(seed, N, C, OC);
+    float *d_inp = dp_test_upload(dev, k.inp, N * C);
+    float *d_w = dp_test_upload(dev, k.weight, OC * C);
+    float *d_dout = dp_test_upload(dev, k.dout, N * OC);
+    float *d_dw = dp_test_upload(dev, k.dweight0, OC * C);
+    float *d_db = dp_test_upload(dev, k.dbias0, OC);
+    /* dinp is overwritten (beta = 0): NaN garbage must not survive. */
+    float *d_dinp = nn_filled(dev, N * C, NAN);
+    dp_assert_ok(dp_linear_backward(dev, want_dinp ? d_dinp : NULL, d_dw,
+                                    want_dbias ? d_db : NULL, d_dout, d_inp, d_w, N, C, OC));
+
+    double *ref_dinp = calloc(N * C, sizeof(double));
+    double *ref_dw = to_double(k.dweight0, OC * C);
+    double *ref_db = to_double(k.dbias0, OC);
+    for (size_t n = 0; n < N; n++)
+        for (size_t o = 0; o < OC; o++) {
+            double g = k.dout[n * OC + o];
+            for (size_t c = 0; c < C; c++) {
+                ref_dinp[n * C + c] += g * k.weight[o * C + c];
+                ref_dw[o * C + c] += g * k.inp[n * C + c];
+            }
+            if (want_dbias) ref_db[o] += g;
+        }
+    /* Float sums of OC (dinp) or N (dweight, dbias) products of size ~1,
+     * on top of an initial value up to 3: bounded as in check_forward. */
+    size_t K = N > OC ? N : OC;
+    double tol = 1e-5 * sqrt((double)K) + 1e-6;
+    float *dw = nn_download(dev, d_dw, OC * C), *db = nn_download(dev, d_db, OC);
+    double *dwd = to_double(dw, OC * C), *dbd = to_double(db, OC);
+    dp_assert_allclose(dwd, ref_dw, OC * C, tol, 1e-5);
+    dp_assert_allclose(dbd, ref_db, OC, tol, 1e-5);
+    float *dinp = nn_download(dev, d_dinp, N * C);
+    if (want_dinp) {
+        double *dinpd = to_double(dinp, N * C);
+        dp_assert_allclose(dinpd, ref_dinp, N * C, tol, 1e-5);
+        free(dinpd);
+    } else {
+        for (size_t i = 0; i < N * C; i++)
+            cr_assert(isnan(dinp[i]), "dinp was written although NULL was passed for it");
+    }
+    if (!want_dbias)
+        cr_assert(memcmp(db, k.dbias0, OC * sizeof(float)) == 0,
+                  "the bias buffer changed although NULL was passed for dbias");
+
+    free(ref_dinp);
+    free(ref_dw);
+    free(ref_db);
+    free(dw);
+    free(db);
+    free(dwd);
+    free(dbd);
+    free(dinp);
+    dp_device_free(dev, d_inp);
+    dp_device_free(dev, d_w);
+    dp_device_free(dev, d_dout);
+    dp_device_free(dev, d_dw);
+    dp_device_free(dev, d_db);
+    dp_device_free(dev, d_dinp);
+    nn_assert_all_freed(dev);
+    free_case(&k);
+    dp_device_close(dev);
+}
+
+Test(linear, backward_all_gradients) { check_backward(21, 6, 9, 5, 1, 1); }
+Test(linear, backward_null_dinp) { check_backward(22, 6, 9, 5, 0, 1); }
+Test(linear, backward_null_dbias) { check_backward(23, 6, 9, 5, 1, 0); }
+Test(linear, backward_larger_shapes) { check_backward(24, 37, 64, 96, 1, 1); }
+
+/* L(x, w, b) = sum_{n,o} dout[n,o] * (b[o] + sum_c x[n,c] w[o,c]), float64. */
+static double lin_loss(const double *x, const double *w, const double *b, const float *dout,
+                       size_t N, size_t C, size_t OC)
+{
+    double L = 0.0;
+    for (size_t n = 0; n < N; n++)
+        for (size_t o = 0; o < OC; o++) {
+            double s = b[o];
+            for (size_t c = 0; c < C; c++) s += x[n * C + c] * w[o * C + c];
+            L += dout[n * OC + o] * s;
+        }
+    return L;
+}
+
+/* The analytic gradient above is checked once against central finite
+ * differences of L = sum(out * dout), the forward in float64, so that the
+ * reference itself (not only the kernel) is tied to the forward. */
+Test(linear, backward_matches_finite_differences)
+{
+    const size_t N = 4, C = 5, OC = 3;
+    dp_device *dev = dp_test_cpu(0);
+    lin_case k = make_case(31, N, C, OC);
+    float *d_inp = dp_test_upload(dev, k.inp, N * C), *d_w = dp_test_upload(dev, k.weight, OC * C);
+    float *d_dout = dp_test_upload(dev, k.dout, N * OC);
+    float *d_dw = nn_filled(dev, OC * C, 0.0f), *d_db = nn_filled(dev, OC, 0.0f);
+    float *d_dinp = nn_filled(dev, N * C, 0.0f);
+    dp_assert_ok(dp_linear_backward(dev, d_dinp, d_dw, d_db, d_dout, d_inp, d_w, N, C, OC));
+    float *dinp = nn_download(dev, d_dinp, N * C), *dw = nn_download(dev, d_dw, OC * C);
+    float *db = nn_download(dev, d_db, OC);
+
+    double x[4 * 5], w[3 * 5], b[3];
+    for (size_t i = 0; i < N * C; i++) x[i] = k.inp[i];
+    for (size_t i = 0; i < OC * C; i++) w[i] = k.weight[i];
+    for (size_t i = 0; i < OC; i++) b[i] = k.bias[i];
+    const double h = 1e-4;
+    double *ps[3] = {x, w, b};
+    const float *got[3] = {dinp, dw, db};
+    size_t sizes[3] = {N * C, OC * C, OC};
+    for (int p = 0; p < 3; p++) {
+        double fd[20], g[20];
+        for (size_t i = 0; i < sizes[p]; i++) {
+            double keep = ps[p][i];
+            ps[p][i] = keep + h;
+            double lp = lin_loss(x, w, b, k.dout, N, C, OC);
+            ps[p][i] = keep - h;
+            double lm = lin_loss(x, w, b, k.dout, N, C, OC);
+            ps[p][i] = keep;
+            fd[i] = (lp - lm) / (2 * h);
+            g[i] = got[p][i];
+        }
+        /* L is linear in each parameter, so the central difference is exact
+         * up to float64 rounding (~1e-12); the kernel's float error is ~1e-6. */
+        dp_assert_allclose(g, fd, sizes[p], 1e-5, 1e-5);
+    }
+    free(dinp);
+    free(dw);
+    free(db);
+    dp_device_free(dev, d_inp);
+    dp_device_free(dev, d_w);
+    dp_device_free(dev, d_dout);
+    dp_device_free(dev, d_dw);
+    dp_device_free(dev, d_db);
+    dp_device_free(dev, d_dinp);
+    free_case(&k);
+    dp_device_close(dev);
+}
+
+Test(linear, bad_arguments)
+{
+    dp_device *dev = dp_test_cpu(0);
+    float *buf = nn_filled(dev, 64, 0.0f);
+    nn_assert_invalid(dp_linear_forward(NULL, buf, buf, buf, buf, 2, 3, 4), "dev", NULL);
+    nn_assert_invalid(dp_linear_forward(dev, NULL, buf, buf, buf, 2, 3, 4), "out", "cpu:0");
+    nn_assert_invalid(dp_linear_forward(dev, buf, NULL, buf, buf, 2, 3, 4), "inp", NULL);
+    nn_assert_invalid(dp_linear_forward(dev, buf, buf, NULL, buf, 2, 3, 4), "weight", NULL);
+    nn_assert_invalid(dp_linear_forward(dev, buf, buf, buf, buf, 0, 3, 4), "N=0",
+                      "dp_linear_forward");
+    nn_assert_invalid(dp_linear_forward(dev, buf, buf, buf, buf, 2, 0, 4), "C=0", NULL);
+    nn_assert_invalid(dp_linear_forward(dev, buf, buf, buf, buf, 2, 3, 0), "OC=0", NULL);
+    nn_assert_invalid(dp_linear_forward(dev, buf, buf, buf, buf, SIZE_MAX / 2, 3, 4),
+                      "overflow", NULL);
+    /* Fits size_t but not the GEMM's int sizes. */
+    nn_assert_invalid(dp_linear_forward(dev, buf, buf, buf, buf, 1, (size_t)1 << 31, 1),
+                      "INT_MAX", NULL);
+    nn_assert_invalid(dp_linear_backward(NULL, buf, buf, buf, buf, buf, buf, 2, 3, 4), "dev",
+                      NULL);
+    nn_assert_invalid(dp_linear_backward(dev, buf, NULL, buf, buf, buf, buf, 2, 3, 4),
+                      "dweight", "dp_linear_backward");
+    nn_assert_invalid(dp_linear_backward(dev, buf, buf, buf, NULL, buf, buf, 2, 3, 4), "dout",
+                      NULL);
+    nn_assert_invalid(dp_linear_backward(dev, buf, buf, buf, buf, NULL, buf, 2, 3, 4), "inp",
+                      NULL);
+    nn_assert_invalid(dp_linear_backward(dev, buf, buf, buf, buf, buf, NULL, 2, 3, 4),
+                      "weight", NULL);
+    nn_assert_invalid(dp_linear_backward(dev, buf, buf, buf, buf, buf, buf, 2, 3, 0), "OC=0",
+                      NULL);
+    dp_device_free(dev, buf);
+    nn_assert_all_freed(dev);
+    dp_device_close(dev);
+}
