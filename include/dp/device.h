@@ -78,6 +78,7 @@ DP_API void dp_device_close(dp_device *dev);
 
 /* "cpu:0", "cuda:1", ... Owned by the device. */
 DP_API const char *dp_device_name(const dp_device *dev);
+/* DP_DEVICE_KIND_COUNT for NULL. */
 DP_API dp_device_kind dp_device_kind_of(const dp_device *dev);
 
 /* Makes dev current for the calling thread (cudaSetDevice on CUDA; no-op
@@ -123,6 +124,12 @@ DP_API void dp_device_reset_peak(dp_device *dev);
 /* Sets the allocation limit in bytes (0 removes it). Allocations already
  * made are kept even when they exceed a new, lower limit. */
 DP_API void dp_device_set_limit(dp_device *dev, size_t bytes);
+
+/* Parses a byte size: a non-negative number with an optional unit, B, K,
+ * KB/MB/GB/TB (powers of 1000), KiB/MiB/GiB/TiB (powers of 1024), M and G
+ * (1024-based, as --memory-limit 12G is usually meant); case-insensitive.
+ * Errors: DP_ERR_INVALID_ARGUMENT with the text and the accepted units. */
+DP_API dp_status dp_parse_bytes(const char *text, size_t *out);
 
 /* ---- copies ---------------------------------------------------------- */
 

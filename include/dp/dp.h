@@ -11,5 +11,10 @@
 #include "dp/optim.h"
 #include "dp/model.h"
 #include "dp/engine.h"
+#include "dp/gpt.h"
+#include "dp/safetensors.h"
+#include "dp/tokenizer.h"
+#include "dp/data.h"
+#include "dp/checkpoint.h"
 
 #endif /* DP_DP_H */

@@ -76,8 +76,8 @@ DP_API void dp_st_writer_free(dp_st_writer *w);
  * a flat parameter buffer costs no extra memory). data may be NULL only
  * when the tensor has 0 bytes. Tensors are laid out in the file in the
  * order they are added, without padding between them.
- * Errors: DP_ERR_INVALID_ARGUMENT (NULL or empty name, the name
- * "__metadata__", a name already added, unknown dtype, bad ndim, NULL
+ * Errors: DP_ERR_INVALID_ARGUMENT (NULL, empty or non-UTF-8 name, the
+ * name "__metadata__", a name already added, unknown dtype, bad ndim, NULL
  * shape with ndim > 0, byte size overflowing size_t, NULL data),
  * DP_ERR_OUT_OF_MEMORY.
  */

@@ -30,9 +30,10 @@ static size_t ptr_hash(const void *p, size_t cap)
 
 static int map_grow(dp_alloc_map *m)
 {
-    size_t ncap = m->cap ? m->cap * 2 : 64;
-    /* Rehash into a table at most half full; drop tombstones. */
-    while (ncap < 2 * (m->count + 1)) ncap *= 2;
+    /* Size from the live count (tombstones are dropped), at most a quarter
+     * full, so allocators that never reuse addresses do not grow it forever. */
+    size_t ncap = 64;
+    while (ncap < 4 * (m->count + 1)) ncap *= 2;
     void **keys = calloc(ncap, sizeof *keys);
     size_t *sizes = calloc(ncap, sizeof *sizes);
     if (!keys || !sizes) {
@@ -150,7 +151,7 @@ void dp_device_close(dp_device *dev)
 
 const char *dp_device_name(const dp_device *dev) { return dev ? dev->name : "(null)"; }
 
-dp_device_kind dp_device_kind_of(const dp_device *dev) { return dev->kind; }
+dp_device_kind dp_device_kind_of(const dp_device *dev) { return dev ? dev->kind : DP_DEVICE_KIND_COUNT; }
 
 dp_status dp_device_bind_thread(dp_device *dev)
 {
@@ -191,7 +192,10 @@ dp_status dp_device_alloc(dp_device *dev, size_t bytes, void **out)
     }
     if (s != DP_OK) {
         dev->in_use -= bytes;
+        size_t in_use = dev->in_use, limit = dev->limit;
         pthread_mutex_unlock(&dev->mu);
+        dp_error_prefix("%s: allocating %zu bytes failed (%zu bytes in use, limit %zu bytes%s)",
+                        dev->name, bytes, in_use, limit, limit ? "" : " = none");
         return s;
     }
     if (dev->in_use > dev->peak) dev->peak = dev->in_use;

@@ -75,7 +75,16 @@ static dp_status push_all_cuda(dp_device_spec *specs, size_t cap, size_t *n, con
     return DP_OK;
 }
 
+static dp_status parse_list(const char *text, dp_device_spec *specs, size_t cap, size_t *n);
+
 dp_status dp_device_list_parse(const char *text, dp_device_spec *specs, size_t cap, size_t *n)
+{
+    dp_status s = parse_list(text, specs, cap, n);
+    if (s != DP_OK && n) *n = 0; /* no partial list on error */
+    return s;
+}
+
+static dp_status parse_list(const char *text, dp_device_spec *specs, size_t cap, size_t *n)
 {
     if (!text || !specs || !n)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "text, specs and n must not be NULL");
@@ -106,6 +115,21 @@ dp_status dp_device_list_parse(const char *text, dp_device_spec *specs, size_t c
         for (long i = 0; i < count; i++) DP_TRY(push(specs, cap, n, DP_DEVICE_CPU, (int)i, text));
         return DP_OK;
     }
+
+    /* Kinds first: a mixed list is a usage error wherever it runs, before any
+     * CUDA index is checked against this machine's devices. */
+    int named_cpu = 0, named_cuda = 0;
+    for (const char *p = s; p < end; p++) {
+        if ((p == s || p[-1] == ',' || isspace((unsigned char)p[-1])) && end - p >= 3 &&
+            strncmp(p, "cpu", 3) == 0)
+            named_cpu = 1;
+        if ((p == s || p[-1] == ',' || isspace((unsigned char)p[-1])) && end - p >= 4 &&
+            strncmp(p, "cuda", 4) == 0)
+            named_cuda = 1;
+    }
+    if (named_cpu && named_cuda)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
+                       "device list \"%s\" mixes cpu and cuda devices; use one kind", text);
 
     int have_kind = 0;
     dp_device_kind kind = DP_DEVICE_CPU;

@@ -104,6 +104,14 @@ struct dp_st_writer {
     size_t n_meta, cap_meta;
 };
 
+static int utf8_valid(const char *s)
+{
+    json_t *j = json_string(s); // jansson rejects invalid UTF-8
+    if (!j) return 0;
+    json_decref(j);
+    return 1;
+}
+
 dp_status dp_st_writer_create(dp_st_writer **out)
 {
     if (!out) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "out is NULL");
@@ -134,6 +142,9 @@ dp_status dp_st_writer_add(dp_st_writer *w, const char *name, dp_dtype dtype,
     if (strcmp(name, "__metadata__") == 0)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
                        "'__metadata__' is reserved by the format and cannot name a tensor");
+    if (!utf8_valid(name))
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "a tensor name is not valid UTF-8 (JSON strings "
+                       "must be)");
     if (dp_dtype_size(dtype) == 0)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "tensor '%s': unknown dtype %d", name, (int)dtype);
     if (ndim < 0 || ndim > DP_ST_MAX_DIMS)
@@ -175,14 +186,6 @@ dp_status dp_st_writer_add(dp_st_writer *w, const char *name, dp_dtype dtype,
     e->data = data;
     w->n++;
     return DP_OK;
-}
-
-static int utf8_valid(const char *s)
-{
-    json_t *j = json_string(s); // jansson rejects invalid UTF-8
-    if (!j) return 0;
-    json_decref(j);
-    return 1;
 }
 
 dp_status dp_st_writer_set_metadata(dp_st_writer *w, const char *key, const char *value)

@@ -156,7 +156,7 @@ static dp_status load_dir(const char *path, char **buf, size_t *len, size_t *cap
         n++;
     }
     closedir(d);
-    if (st == DP_OK) qsort(names, n, sizeof *names, cmp_str);
+    if (st == DP_OK && n > 0) qsort(names, n, sizeof *names, cmp_str);
     size_t files = 0;
     for (size_t i = 0; st == DP_OK && i < n; i++) {
         char *full = join_path(path, names[i]);

@@ -1,0 +1,76 @@
+/*
+ * dp/gpt.h - a GPT-2 language model (nanoGPT's architecture) as a dp_model.
+ *
+ * Token + learned position embeddings; n_layer pre-LayerNorm blocks of
+ * causal multi-head self-attention (fused qkv projection c_attn, output
+ * projection c_proj) and an MLP (C -> 4C -> C, GELU tanh); a final
+ * LayerNorm; the LM head tied to the token embedding; biases on; no
+ * dropout. Parameters live in one flat buffer; each tensor carries
+ * nanoGPT's state-dict name and layout (transformer.wte.weight [V,C],
+ * transformer.h.{i}.attn.c_attn.weight [3C,C], ...), so a checkpoint is
+ * the tensor table written as safetensors.
+ *
+ * Initialisation as nanoGPT: normal(0, 0.02) for weights and embeddings,
+ * zeros for biases, ones for LayerNorm weights, and std 0.02/sqrt(2L) for
+ * the residual output projections (attn.c_proj, mlp.c_proj). Weight decay
+ * applies to the 2-D tensors only (nanoGPT's configure_optimizers).
+ */
+#ifndef DP_GPT_H
+#define DP_GPT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dp/device.h"
+#include "dp/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dp_gpt_config {
+    size_t vocab_size; /* V */
+    size_t block_size; /* maximum context T (rows of wpe) */
+    size_t n_layer;    /* L */
+    size_t n_head;     /* NH, must divide n_embd */
+    size_t n_embd;     /* C */
+} dp_gpt_config;
+
+typedef struct dp_gpt dp_gpt;
+
+/* Validates the configuration and builds the parameter table.
+ * Errors: DP_ERR_INVALID_ARGUMENT naming the bad field (zero sizes,
+ * n_head not dividing n_embd, sizes that overflow). */
+DP_API dp_status dp_gpt_create(const dp_gpt_config *cfg, dp_gpt **out);
+DP_API void dp_gpt_destroy(dp_gpt *gpt);
+
+/* The model description for dp_engine_create: inputs are block_size int32
+ * token ids per row, outputs_per_row = block_size, n_classes = vocab_size.
+ * Owned by gpt. */
+DP_API const dp_model *dp_gpt_model(const dp_gpt *gpt);
+DP_API const dp_gpt_config *dp_gpt_config_of(const dp_gpt *gpt);
+
+/* Index of the tensor called name in dp_gpt_model(gpt)->tensors, or -1. */
+DP_API long dp_gpt_find_tensor(const dp_gpt *gpt, const char *name);
+
+/* Bytes of activation workspace for B sequences of length T <= block_size. */
+DP_API size_t dp_gpt_workspace_bytes(const dp_gpt *gpt, size_t B, size_t T);
+
+/* logits(B,T,V) for tokens(B,T) (device pointers; ids in [0,V)), any
+ * 1 <= T <= block_size (sampling uses short prefixes). workspace holds
+ * dp_gpt_workspace_bytes(gpt, B, T) bytes and keeps the activations. */
+DP_API dp_status dp_gpt_forward(const dp_gpt *gpt, dp_device *dev, const float *params,
+                                const int32_t *tokens, size_t B, size_t T, void *workspace,
+                                float *logits);
+
+/* grads += d loss / d params, from dlogits(B,T,V) (clobbered), after
+ * dp_gpt_forward with the same tokens, B, T and workspace. */
+DP_API dp_status dp_gpt_backward(const dp_gpt *gpt, dp_device *dev, const float *params,
+                                 float *grads, const int32_t *tokens, size_t B, size_t T,
+                                 void *workspace, float *dlogits);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DP_GPT_H */

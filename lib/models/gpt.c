@@ -1,0 +1,606 @@
+/*
+ * models/gpt.c - GPT-2 (nanoGPT's architecture) as a dp_model (dp/gpt.h).
+ *
+ *   x = wte[tokens] + wpe[0..T)                              encoder
+ *   for each block:  x = x + c_proj(attn(c_attn(ln_1(x))))   attention
+ *                    x = x + c_proj(gelu(c_fc(ln_2(x))))      MLP
+ *   logits = ln_f(x) @ wte^T                                 tied LM head
+ *
+ * Built from the layer functions of dp/nn.h, so every product goes through
+ * the backend's GEMM. Parameters live in one flat buffer (the tensor table
+ * below, nanoGPT's state-dict names); activations live in a caller-given
+ * workspace, laid out as llm.c does: every activation the backward needs,
+ * per layer, followed by the backward's gradient scratch.
+ *
+ * The backward runs llm.c's scheme: one buffer dresidual carries the
+ * gradient of the residual stream from the top down; each block's two
+ * LayerNorm backwards accumulate into it, so after the block's ln_1 it
+ * holds the gradient with respect to the block's input, without copies.
+ */
+#include <limits.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "dp/gpt.h"
+#include "dp/nn.h"
+#include "dp/rng.h"
+
+// --- the tensor table ------------------------------------------------------------------
+
+/* Per-block tensors, in table order. */
+enum {
+    BLK_LN1_W = 0,
+    BLK_LN1_B,
+    BLK_ATTN_W, /* c_attn.weight (3C, C) */
+    BLK_ATTN_B,
+    BLK_APROJ_W, /* attn.c_proj.weight (C, C) */
+    BLK_APROJ_B,
+    BLK_LN2_W,
+    BLK_LN2_B,
+    BLK_FC_W, /* mlp.c_fc.weight (4C, C) */
+    BLK_FC_B,
+    BLK_MPROJ_W, /* mlp.c_proj.weight (C, 4C) */
+    BLK_MPROJ_B,
+    BLK_COUNT
+};
+
+static const char *const blk_suffix[BLK_COUNT] = {
+    "ln_1.weight",      "ln_1.bias",      "attn.c_attn.weight", "attn.c_attn.bias",
+    "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight",     "ln_2.bias",
+    "mlp.c_fc.weight",  "mlp.c_fc.bias",  "mlp.c_proj.weight",  "mlp.c_proj.bias"};
+
+/* Longest name: "transformer.h." + 20 digits + "." + the longest suffix. */
+#define NAME_CAP 64
+
+struct dp_gpt {
+    dp_gpt_config cfg;
+    dp_model model;
+    dp_param_tensor *tensors; /* 2 + 12 L + 2 entries */
+    char *names;              /* NAME_CAP bytes per tensor */
+};
+
+/* Table index: wte 0, wpe 1, block l's tensor j at 2 + 12 l + j, then ln_f. */
+static size_t idx_block(size_t l, int j) { return 2 + l * BLK_COUNT + (size_t)j; }
+static size_t idx_lnf_w(const dp_gpt *g) { return 2 + g->cfg.n_layer * BLK_COUNT; }
+
+static const float *pw(const dp_gpt *g, const float *base, size_t i)
+{
+    return base + g->tensors[i].offset;
+}
+static float *gw(const dp_gpt *g, float *base, size_t i) { return base + g->tensors[i].offset; }
+
+// --- size arithmetic -------------------------------------------------------------------
+
+/* *acc = *acc + a * b, setting *of on size_t overflow. */
+static void mad(size_t *acc, size_t a, size_t b, int *of)
+{
+    if (a && b > SIZE_MAX / a) {
+        *of = 1;
+        return;
+    }
+    if (a * b > SIZE_MAX - *acc) {
+        *of = 1;
+        return;
+    }
+    *acc += a * b;
+}
+
+/* n rounded up to DP_PARAM_ALIGN floats (256 bytes). */
+static size_t align_up(size_t n, int *of)
+{
+    if (n > SIZE_MAX - DP_PARAM_ALIGN) {
+        *of = 1;
+        return n;
+    }
+    return (n + DP_PARAM_ALIGN - 1) / DP_PARAM_ALIGN * DP_PARAM_ALIGN;
+}
+
+// --- workspace layout ------------------------------------------------------------------
+
+/* One block's cached activations (pointers into the workspace). */
+typedef struct layer_acts {
+    float *ln1, *ln1_mean, *ln1_rstd; /* (B,T,C), (B,T), (B,T) */
+    float *qkv;                       /* (B,T,3C) */
+    float *qkvr;                      /* (3,B,NH,T,hs) */
+    float *att;                       /* (B,NH,T,T) softmax */
+    float *atty;                      /* (B,T,C) attention output, heads concatenated */
+    float *residual2;                 /* (B,T,C) x + attn */
+    float *ln2, *ln2_mean, *ln2_rstd; /* (B,T,C), (B,T), (B,T) */
+    float *fch, *fch_gelu;            /* (B,T,4C) */
+    float *residual3;                 /* (B,T,C) residual2 + mlp: the block's output */
+} layer_acts;
+
+/*
+ * The workspace carve for B sequences of T tokens. Every buffer starts on a
+ * 256-byte boundary. The layout depends on (B,T) and its size grows with
+ * both, so a workspace sized for (B, block_size) serves any B' <= B and
+ * T <= block_size (sampling with short prefixes); forward and backward
+ * must use the same (B,T).
+ *
+ * Forward-only trick: the attention forward's (B,T,C) scratch is the
+ * block's residual2, which is written only afterwards; the projections
+ * write straight into residual2/residual3 and add the residual in place,
+ * so no separate attproj/fcproj buffers exist (the backward never reads
+ * them: their gradient is dresidual itself).
+ *
+ * Backward scratch, shared by all blocks:
+ *   dresidual (B,T,C)  gradient of the residual stream
+ *   dbtc      (B,T,C)  dln_f, dln_2, datty and dln_1 in turn
+ *   big               MLP half: dfch (B,T,4C); attention half: dqkv
+ *                     (B,T,3C), dqkvr (3,B,NH,T,hs), attention scratch
+ *                     (B,T,C), datt (B,NH,T,T)
+ */
+typedef struct carve {
+    size_t floats; /* total, in floats */
+    /* offsets in floats */
+    size_t encoded, lnf, lnf_mean, lnf_rstd;
+    size_t layer0, layer_stride; /* first block, floats per block */
+    size_t l_ln1, l_ln1_mean, l_ln1_rstd, l_qkv, l_qkvr, l_att, l_atty, l_res2, l_ln2,
+        l_ln2_mean, l_ln2_rstd, l_fch, l_fch_gelu, l_res3;
+    size_t dresidual, dbtc, big;
+    size_t big_dqkvr, big_scratch, big_datt; /* inside big */
+} carve;
+
+/* Places a buffer of n floats at *at (aligned) and advances *at. */
+static size_t place(size_t *at, size_t n, int *of)
+{
+    size_t here = *at;
+    size_t end = here;
+    mad(&end, n, 1, of);
+    *at = align_up(end, of);
+    return here;
+}
+
+/* Fills c for (B,T); returns 0 on size_t overflow (of bytes, too). */
+static int make_carve(const dp_gpt_config *cfg, size_t B, size_t T, carve *c)
+{
+    int of = 0;
+    size_t C = cfg->n_embd, NH = cfg->n_head, L = cfg->n_layer;
+    size_t BT = 0, BTC = 0, BNH = 0, BNHT = 0, BNHTT = 0;
+    mad(&BT, B, T, &of);
+    mad(&BTC, BT, C, &of);
+    mad(&BNH, B, NH, &of);
+    mad(&BNHT, BNH, T, &of);
+    mad(&BNHTT, BNHT, T, &of);
+    if (of) return 0;
+    memset(c, 0, sizeof *c);
+
+    /* One block, relative to its start. */
+    size_t at = 0;
+    c->l_ln1 = place(&at, BTC, &of);
+    c->l_ln1_mean = place(&at, BT, &of);
+    c->l_ln1_rstd = place(&at, BT, &of);
+    size_t x3 = 0;
+    mad(&x3, BTC, 3, &of);
+    size_t x4 = 0;
+    mad(&x4, BTC, 4, &of);
+    c->l_qkv = place(&at, x3, &of);
+    c->l_qkvr = place(&at, x3, &of);
+    c->l_att = place(&at, BNHTT, &of);
+    c->l_atty = place(&at, BTC, &of);
+    c->l_res2 = place(&at, BTC, &of);
+    c->l_ln2 = place(&at, BTC, &of);
+    c->l_ln2_mean = place(&at, BT, &of);
+    c->l_ln2_rstd = place(&at, BT, &of);
+    c->l_fch = place(&at, x4, &of);
+    c->l_fch_gelu = place(&at, x4, &of);
+    c->l_res3 = place(&at, BTC, &of);
+    c->layer_stride = at;
+
+    at = 0;
+    c->encoded = place(&at, BTC, &of);
+    c->lnf = place(&at, BTC, &of);
+    c->lnf_mean = place(&at, BT, &of);
+    c->lnf_rstd = place(&at, BT, &of);
+    c->layer0 = at;
+    mad(&at, c->layer_stride, L, &of);
+    c->dresidual = place(&at, BTC, &of);
+    c->dbtc = place(&at, BTC, &of);
+
+    /* big: the larger of the MLP half and the attention half. */
+    size_t bat = 0;
+    place(&bat, x3, &of); /* dqkv at 0 */
+    c->big_dqkvr = place(&bat, x3, &of);
+    c->big_scratch = place(&bat, BTC, &of);
+    c->big_datt = place(&bat, BNHTT, &of);
+    size_t big = bat > x4 ? bat : x4;
+    c->big = place(&at, big, &of);
+    c->floats = at;
+    if (c->floats > SIZE_MAX / sizeof(float)) of = 1;
+    return !of;
+}
+
+static layer_acts layer_of(const carve *c, float *ws, size_t l)
+{
+    float *b = ws + c->layer0 + l * c->layer_stride;
+    layer_acts a;
+    a.ln1 = b + c->l_ln1;
+    a.ln1_mean = b + c->l_ln1_mean;
+    a.ln1_rstd = b + c->l_ln1_rstd;
+    a.qkv = b + c->l_qkv;
+    a.qkvr = b + c->l_qkvr;
+    a.att = b + c->l_att;
+    a.atty = b + c->l_atty;
+    a.residual2 = b + c->l_res2;
+    a.ln2 = b + c->l_ln2;
+    a.ln2_mean = b + c->l_ln2_mean;
+    a.ln2_rstd = b + c->l_ln2_rstd;
+    a.fch = b + c->l_fch;
+    a.fch_gelu = b + c->l_fch_gelu;
+    a.residual3 = b + c->l_res3;
+    return a;
+}
+
+size_t dp_gpt_workspace_bytes(const dp_gpt *gpt, size_t B, size_t T)
+{
+    carve c;
+    if (!gpt || !B || !T) return 0;
+    /* SIZE_MAX makes the allocation fail with a message instead of wrapping. */
+    if (!make_carve(&gpt->cfg, B, T, &c)) return SIZE_MAX;
+    return c.floats * sizeof(float);
+}
+
+// --- forward / backward ----------------------------------------------------------------
+
+/* Shared argument checks of forward and backward; fills the carve. */
+static dp_status check_call(const char *fn, const dp_gpt *gpt, dp_device *dev, size_t B,
+                            size_t T, carve *c)
+{
+    if (!gpt || !dev) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: gpt and dev must not be NULL", fn);
+    const dp_gpt_config *g = &gpt->cfg;
+    if (!B || !T || T > g->block_size)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
+                       "%s on %s: B=%zu and T=%zu must satisfy B >= 1 and 1 <= T <= block_size "
+                       "(%zu); crop the context to the last block_size tokens",
+                       fn, dp_device_name(dev), B, T, g->block_size);
+    int of = 0;
+    size_t bt = 0, btv = 0;
+    mad(&bt, B, T, &of);
+    mad(&btv, bt, g->vocab_size, &of);
+    if (of || btv > SIZE_MAX / sizeof(float) || !make_carve(g, B, T, c))
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
+                       "%s on %s: B=%zu sequences of T=%zu tokens overflow the activation sizes; "
+                       "use smaller micro-batches",
+                       fn, dp_device_name(dev), B, T);
+    if (B * T > (size_t)INT_MAX)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
+                       "%s on %s: B*T=%zu tokens exceed the GEMM's int sizes; use smaller "
+                       "micro-batches", fn, dp_device_name(dev), B * T);
+    return DP_OK;
+}
+
+dp_status dp_gpt_forward(const dp_gpt *gpt, dp_device *dev, const float *params,
+                         const int32_t *tokens, size_t B, size_t T, void *workspace,
+                         float *logits)
+{
+    static const char fn[] = "dp_gpt_forward";
+    carve c;
+    DP_TRY(check_call(fn, gpt, dev, B, T, &c));
+    if (!params || !tokens || !workspace || !logits)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
+                       "%s on %s: params, tokens, workspace and logits must not be NULL", fn,
+                       dp_device_name(dev));
+    const dp_gpt_config *g = &gpt->cfg;
+    size_t C = g->n_embd, NH = g->n_head, V = g->vocab_size, L = g->n_layer, BT = B * T;
+    float *ws = workspace;
+    float *encoded = ws + c.encoded; // (B,T,C)
+
+    DP_TRY(dp_encoder_forward(dev, encoded, tokens, pw(gpt, params, 0), pw(gpt, params, 1), B, T,
+                              C));
+    const float *residual = encoded;
+    for (size_t l = 0; l < L; l++) {
+        layer_acts a = layer_of(&c, ws, l);
+        const float *p_ln1w = pw(gpt, params, idx_block(l, BLK_LN1_W));
+        const float *p_ln1b = pw(gpt, params, idx_block(l, BLK_LN1_B));
+        const float *p_attw = pw(gpt, params, idx_block(l, BLK_ATTN_W));
+        const float *p_attb = pw(gpt, params, idx_block(l, BLK_ATTN_B));
+        const float *p_aprojw = pw(gpt, params, idx_block(l, BLK_APROJ_W));
+        const float *p_aprojb = pw(gpt, params, idx_block(l, BLK_APROJ_B));
+        const float *p_ln2w = pw(gpt, params, idx_block(l, BLK_LN2_W));
+        const float *p_ln2b = pw(gpt, params, idx_block(l, BLK_LN2_B));
+        const float *p_fcw = pw(gpt, params, idx_block(l, BLK_FC_W));
+        const float *p_fcb = pw(gpt, params, idx_block(l, BLK_FC_B));
+        const float *p_mprojw = pw(gpt, params, idx_block(l, BLK_MPROJ_W));
+        const float *p_mprojb = pw(gpt, params, idx_block(l, BLK_MPROJ_B));
+
+        DP_TRY(dp_layernorm_forward(dev, a.ln1, a.ln1_mean, a.ln1_rstd, residual, p_ln1w, p_ln1b,
+                                    BT, C));
+        DP_TRY(dp_linear_forward(dev, a.qkv, a.ln1, p_attw, p_attb, BT, C, 3 * C));
+        /* residual2 is free until the projection below: it is the scratch. */
+        DP_TRY(dp_attention_forward(dev, a.atty, a.qkvr, a.att, a.residual2, a.qkv, B, T, C, NH));
+        DP_TRY(dp_linear_forward(dev, a.residual2, a.atty, p_aprojw, p_aprojb, BT, C, C));
+        DP_TRY(dp_accumulate(dev, a.residual2, residual, BT * C));
+        DP_TRY(dp_layernorm_forward(dev, a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p_ln2w,
+                                    p_ln2b, BT, C));
+        DP_TRY(dp_linear_forward(dev, a.fch, a.ln2, p_fcw, p_fcb, BT, C, 4 * C));
+        DP_TRY(dp_gelu_forward(dev, a.fch_gelu, a.fch, BT * 4 * C));
+        DP_TRY(dp_linear_forward(dev, a.residual3, a.fch_gelu, p_mprojw, p_mprojb, BT, 4 * C, C));
+        DP_TRY(dp_accumulate(dev, a.residual3, a.residual2, BT * C));
+        residual = a.residual3;
+    }
+    size_t lf = idx_lnf_w(gpt);
+    DP_TRY(dp_layernorm_forward(dev, ws + c.lnf, ws + c.lnf_mean, ws + c.lnf_rstd, residual,
+                                pw(gpt, params, lf), pw(gpt, params, lf + 1), BT, C));
+    /* Tied LM head: logits(B,T,V) = lnf @ wte^T. */
+    DP_TRY(dp_linear_forward(dev, logits, ws + c.lnf, pw(gpt, params, 0), NULL, BT, C, V));
+    return DP_OK;
+}
+
+dp_status dp_gpt_backward(const dp_gpt *gpt, dp_device *dev, const float *params, float *grads,
+                          const int32_t *tokens, size_t B, size_t T, void *workspace,
+                          float *dlogits)
+{
+    static const char fn[] = "dp_gpt_backward";
+    carve c;
+    DP_TRY(check_call(fn, gpt, dev, B, T, &c));
+    if (!params || !grads || !tokens || !workspace || !dlogits)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
+                       "%s on %s: params, grads, tokens, workspace and dlogits must not be NULL",
+                       fn, dp_device_name(dev));
+    const dp_gpt_config *g = &gpt->cfg;
+    size_t C = g->n_embd, NH = g->n_head, V = g->vocab_size, L = g->n_layer, BT = B * T;
+    float *ws = workspace;
+    float *dresidual = ws + c.dresidual; // (B,T,C)
+    float *dbtc = ws + c.dbtc;           // (B,T,C)
+    float *big = ws + c.big;
+    const float *final = L ? layer_of(&c, ws, L - 1).residual3 : ws + c.encoded;
+
+    /* LM head: d(lnf) and the head's share of d(wte). */
+    DP_TRY(dp_linear_backward(dev, dbtc, gw(gpt, grads, 0), NULL, dlogits, ws + c.lnf,
+                              pw(gpt, params, 0), BT, C, V));
+    /* LayerNorm backward accumulates: the residual gradient starts at zero. */
+    DP_TRY(dp_memset(dev, dresidual, 0, BT * C * sizeof(float)));
+    size_t lf = idx_lnf_w(gpt);
+    DP_TRY(dp_layernorm_backward(dev, dresidual, gw(gpt, grads, lf), gw(gpt, grads, lf + 1), dbtc,
+                                 final, pw(gpt, params, lf), ws + c.lnf_mean, ws + c.lnf_rstd, BT,
+                                 C));
+
+    for (size_t l = L; l-- > 0;) {
+        layer_acts a = layer_of(&c, ws, l);
+        const float *residual = l ? layer_of(&c, ws, l - 1).residual3 : ws + c.encoded;
+#define P(j) pw(gpt, params, idx_block(l, (j)))
+#define G(j) gw(gpt, grads, idx_block(l, (j)))
+        /* MLP. dresidual is d(residual3) = d(mlp.c_proj output) = d(residual2) so far. */
+        float *dfch = big; // (B,T,4C): d(fch_gelu), then d(fch) in place
+        DP_TRY(dp_linear_backward(dev, dfch, G(BLK_MPROJ_W), G(BLK_MPROJ_B), dresidual,
+                                  a.fch_gelu, P(BLK_MPROJ_W), BT, 4 * C, C));
+        DP_TRY(dp_gelu_backward(dev, dfch, a.fch, dfch, BT * 4 * C));
+        DP_TRY(dp_linear_backward(dev, dbtc, G(BLK_FC_W), G(BLK_FC_B), dfch, a.ln2, P(BLK_FC_W),
+                                  BT, C, 4 * C));
+        DP_TRY(dp_layernorm_backward(dev, dresidual, G(BLK_LN2_W), G(BLK_LN2_B), dbtc,
+                                     a.residual2, P(BLK_LN2_W), a.ln2_mean, a.ln2_rstd, BT, C));
+        /* Attention. dresidual is now the full d(residual2). */
+        float *dqkv = big, *dqkvr = big + c.big_dqkvr, *ascratch = big + c.big_scratch,
+              *datt = big + c.big_datt;
+        DP_TRY(dp_linear_backward(dev, dbtc, G(BLK_APROJ_W), G(BLK_APROJ_B), dresidual, a.atty,
+                                  P(BLK_APROJ_W), BT, C, C));
+        DP_TRY(dp_attention_backward(dev, dqkv, dqkvr, datt, ascratch, dbtc, a.qkvr, a.att, B, T,
+                                     C, NH));
+        DP_TRY(dp_linear_backward(dev, dbtc, G(BLK_ATTN_W), G(BLK_ATTN_B), dqkv, a.ln1,
+                                  P(BLK_ATTN_W), BT, C, 3 * C));
+        DP_TRY(dp_layernorm_backward(dev, dresidual, G(BLK_LN1_W), G(BLK_LN1_B), dbtc, residual,
+                                     P(BLK_LN1_W), a.ln1_mean, a.ln1_rstd, BT, C));
+        /* dresidual is now d(block input) = d(previous block's residual3). */
+#undef P
+#undef G
+    }
+    /* Encoder: the embedding's share of d(wte), and d(wpe). */
+    DP_TRY(dp_encoder_backward(dev, gw(gpt, grads, 0), gw(gpt, grads, 1), dresidual, tokens, B, T,
+                               C));
+    return DP_OK;
+}
+
+// --- dp_model callbacks ----------------------------------------------------------------
+
+static int ends_with(const char *s, const char *suffix)
+{
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+static dp_status gpt_init(void *ctx, float *params, uint64_t seed)
+{
+    const dp_gpt *g = ctx;
+    if (!params) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "gpt init: params must not be NULL");
+    /* Padding between tensors must be zero. */
+    memset(params, 0, g->model.n_params * sizeof(float));
+    dp_rng rng;
+    dp_rng_seed(&rng, seed);
+    /* nanoGPT: residual projections get std 0.02/sqrt(2L) (GPT-2 paper, section 2.3). */
+    float proj_std = 0.02f / sqrtf(2.0f * (float)g->cfg.n_layer);
+    for (size_t i = 0; i < g->model.n_tensors; i++) {
+        const dp_param_tensor *t = &g->tensors[i];
+        float *x = params + t->offset;
+        if (t->ndim == 2) {
+            dp_rng_fill_normal(&rng, x, t->numel, 0.0f,
+                               ends_with(t->name, ".c_proj.weight") ? proj_std : 0.02f);
+        } else if (ends_with(t->name, ".weight")) {
+            for (size_t k = 0; k < t->numel; k++) x[k] = 1.0f; /* LayerNorm gain */
+        } /* biases stay zero */
+    }
+    return DP_OK;
+}
+
+static dp_status gpt_validate_inputs(void *ctx, const void *inputs, size_t rows)
+{
+    const dp_gpt *g = ctx;
+    const int32_t *tok = inputs;
+    size_t T = g->cfg.block_size, V = g->cfg.vocab_size;
+    if (!tok && rows) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "gpt inputs must not be NULL");
+    for (size_t r = 0; r < rows; r++)
+        for (size_t t = 0; t < T; t++) {
+            int32_t id = tok[r * T + t];
+            if (id < 0 || (size_t)id >= V)
+                return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
+                               "token id %d at row %zu, position %zu is outside the vocabulary "
+                               "[0, %zu); encode the text with a tokenizer whose vocabulary "
+                               "fits the model's vocab_size (or build the model with a larger "
+                               "vocab_size)",
+                               (int)id, r, t, V);
+        }
+    return DP_OK;
+}
+
+static size_t gpt_workspace(void *ctx, size_t rows)
+{
+    const dp_gpt *g = ctx;
+    return dp_gpt_workspace_bytes(g, rows, g->cfg.block_size);
+}
+
+static dp_status gpt_model_forward(void *ctx, dp_device *dev, const float *params,
+                                   const dp_chunk *chunk, void *workspace, float *logits)
+{
+    const dp_gpt *g = ctx;
+    return dp_gpt_forward(g, dev, params, chunk->inputs, chunk->rows, g->cfg.block_size,
+                          workspace, logits);
+}
+
+static dp_status gpt_model_backward(void *ctx, dp_device *dev, const float *params, float *grads,
+                                    const dp_chunk *chunk, void *workspace, float *dlogits)
+{
+    const dp_gpt *g = ctx;
+    return dp_gpt_backward(g, dev, params, grads, chunk->inputs, chunk->rows, g->cfg.block_size,
+                           workspace, dlogits);
+}
+
+// --- create / destroy ------------------------------------------------------------------
+
+static dp_status check_config(const dp_gpt_config *c)
+{
+    if (!c) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "gpt config must not be NULL");
+    const char *zero = !c->vocab_size ? "vocab_size"
+                       : !c->block_size ? "block_size"
+                       : !c->n_layer    ? "n_layer"
+                       : !c->n_head     ? "n_head"
+                       : !c->n_embd     ? "n_embd"
+                                        : NULL;
+    if (zero)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
+                       "gpt config: %s is 0; every size (vocab_size %zu, block_size %zu, n_layer "
+                       "%zu, n_head %zu, n_embd %zu) must be >= 1",
+                       zero, c->vocab_size, c->block_size, c->n_layer, c->n_head, c->n_embd);
+    if (c->n_embd % c->n_head)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
+                       "gpt config: n_head %zu does not divide n_embd %zu; each head gets n_embd "
+                       "/ n_head channels, so pick n_embd a multiple of n_head",
+                       c->n_head, c->n_embd);
+    if (c->vocab_size > (size_t)INT32_MAX)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
+                       "gpt config: vocab_size %zu does not fit int32 token ids", c->vocab_size);
+    /* The GEMMs take int sizes: 4C, V and block_size must fit. */
+    if (c->n_embd > (size_t)INT_MAX / 4 || c->block_size > (size_t)INT_MAX)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
+                       "gpt config: n_embd %zu (4*n_embd must be <= %d) or block_size %zu is too "
+                       "large", c->n_embd, INT_MAX, c->block_size);
+    return DP_OK;
+}
+
+dp_status dp_gpt_create(const dp_gpt_config *cfg, dp_gpt **out)
+{
+    if (!out) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "dp_gpt_create: out must not be NULL");
+    *out = NULL;
+    DP_TRY(check_config(cfg));
+    size_t V = cfg->vocab_size, C = cfg->n_embd, L = cfg->n_layer, BS = cfg->block_size;
+
+    /* Shapes, and the total size with padding, checked for overflow. */
+    int of = 0;
+    size_t n_tensors = 0;
+    mad(&n_tensors, L, BLK_COUNT, &of);
+    mad(&n_tensors, 4, 1, &of);
+    size_t per_block = 0; /* aligned floats of one block */
+    size_t blk_shape[BLK_COUNT][2] = {{C, 0},     {C, 0},     {3 * C, C}, {3 * C, 0},
+                                      {C, C},     {C, 0},     {C, 0},     {C, 0},
+                                      {4 * C, C}, {4 * C, 0}, {C, 4 * C}, {C, 0}};
+    for (int j = 0; j < BLK_COUNT; j++) {
+        mad(&per_block, blk_shape[j][0], blk_shape[j][1] ? blk_shape[j][1] : 1, &of);
+        per_block = align_up(per_block, &of);
+    }
+    size_t total = 0;
+    mad(&total, V, C, &of);
+    total = align_up(total, &of);
+    mad(&total, BS, C, &of);
+    total = align_up(total, &of);
+    mad(&total, per_block, L, &of);
+    mad(&total, 2 * DP_PARAM_ALIGN, (C + DP_PARAM_ALIGN - 1) / DP_PARAM_ALIGN, &of);
+    if (of || total > SIZE_MAX / sizeof(float) || n_tensors > SIZE_MAX / NAME_CAP)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
+                       "gpt config: vocab_size %zu, block_size %zu, n_layer %zu, n_embd %zu "
+                       "overflow the parameter count; use smaller sizes",
+                       V, BS, L, C);
+
+    dp_gpt *g = calloc(1, sizeof *g);
+    if (!g) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "dp_gpt_create: host allocation failed");
+    g->cfg = *cfg;
+    g->tensors = calloc(n_tensors, sizeof *g->tensors);
+    g->names = calloc(n_tensors, NAME_CAP);
+    if (!g->tensors || !g->names) {
+        dp_gpt_destroy(g);
+        return DP_FAIL(DP_ERR_OUT_OF_MEMORY,
+                       "dp_gpt_create: host allocation of the %zu-tensor table failed", n_tensors);
+    }
+
+    size_t off = 0, i = 0;
+#define ADD_TENSOR(d0, d1, ...)                                                     \
+    do {                                                                            \
+        dp_param_tensor *t_ = &g->tensors[i];                                       \
+        char *nm_ = g->names + i * NAME_CAP;                                        \
+        snprintf(nm_, NAME_CAP, __VA_ARGS__);                                       \
+        t_->name = nm_;                                                             \
+        t_->offset = off;                                                           \
+        t_->ndim = (d1) ? 2 : 1;                                                    \
+        t_->shape[0] = (d0);                                                        \
+        t_->shape[1] = (d1);                                                        \
+        t_->numel = (d0) * ((d1) ? (d1) : 1);                                       \
+        t_->weight_decay = t_->ndim == 2; /* nanoGPT: decay 2-D tensors only */    \
+        off = align_up(off + t_->numel, &of);                                       \
+        i++;                                                                        \
+    } while (0)
+    ADD_TENSOR(V, C, "transformer.wte.weight");
+    ADD_TENSOR(BS, C, "transformer.wpe.weight");
+    for (size_t l = 0; l < L; l++)
+        for (int j = 0; j < BLK_COUNT; j++)
+            ADD_TENSOR(blk_shape[j][0], blk_shape[j][1], "transformer.h.%zu.%s", l, blk_suffix[j]);
+    ADD_TENSOR(C, (size_t)0, "transformer.ln_f.weight");
+    ADD_TENSOR(C, (size_t)0, "transformer.ln_f.bias");
+#undef ADD_TENSOR
+
+    dp_model *m = &g->model;
+    m->ctx = g;
+    m->input_row_bytes = BS * sizeof(int32_t);
+    m->outputs_per_row = BS;
+    m->n_classes = V;
+    m->n_params = off;
+    m->n_tensors = n_tensors;
+    m->tensors = g->tensors;
+    m->init = gpt_init;
+    m->validate_inputs = gpt_validate_inputs;
+    m->workspace_bytes = gpt_workspace;
+    m->forward = gpt_model_forward;
+    m->backward = gpt_model_backward;
+    *out = g;
+    return DP_OK;
+}
+
+void dp_gpt_destroy(dp_gpt *gpt)
+{
+    if (!gpt) return;
+    free(gpt->tensors);
+    free(gpt->names);
+    free(gpt);
+}
+
+const dp_model *dp_gpt_model(const dp_gpt *gpt) { return gpt ? &gpt->model : NULL; }
+
+const dp_gpt_config *dp_gpt_config_of(const dp_gpt *gpt) { return gpt ? &gpt->cfg : NULL; }
+
+long dp_gpt_find_tensor(const dp_gpt *gpt, const char *name)
+{
+    if (!gpt || !name) return -1;
+    for (size_t i = 0; i < gpt->model.n_tensors; i++)
+        if (strcmp(gpt->tensors[i].name, name) == 0) return (long)i;
+    return -1;
+}

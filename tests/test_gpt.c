@@ -1,0 +1,813 @@
+/*
+ * The GPT model (dp/gpt.h) on CPU devices.
+ *
+ *   reference    logits, loss and every parameter gradient against PyTorch
+ *                (tests/data/gpt_reference.bin, made in float64 by
+ *                tests/gen_gpt_reference.py; no Python at test time)
+ *   table        tensor names, shapes, order, alignment, weight decay
+ *   forward      causality, and a short T equal to a prefix of the full T
+ *   init         nanoGPT's initialisation statistics, determinism in the seed
+ *   engine       k devices == 1 device (balanced and gather), a tiny overfit
+ *   errors       bad configurations and out-of-vocabulary tokens
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "dp_test.h"
+
+#include <criterion/parameterized.h>
+
+// --- helpers ----------------------------------------------------------------------------
+
+static void *dev_alloc(dp_device *dev, size_t bytes)
+{
+    void *p = NULL;
+    dp_assert_ok(dp_device_alloc(dev, bytes ? bytes : 1, &p));
+    return p;
+}
+
+static void *xmalloc(size_t bytes)
+{
+    void *p = malloc(bytes ? bytes : 1);
+    cr_assert_not_null(p, "out of host memory");
+    return p;
+}
+
+static void close_checked(dp_device *dev)
+{
+    dp_memory_stats st;
+    dp_device_memory(dev, &st);
+    cr_assert_eq(st.in_use, 0, "%zu bytes still allocated on %s", st.in_use,
+                 dp_device_name(dev));
+    dp_device_close(dev);
+}
+
+static dp_gpt *make_gpt(size_t V, size_t BS, size_t L, size_t NH, size_t C)
+{
+    dp_gpt_config cfg = {V, BS, L, NH, C};
+    dp_gpt *g = NULL;
+    dp_assert_ok(dp_gpt_create(&cfg, &g));
+    dp_assert_ok(dp_model_validate(dp_gpt_model(g)));
+    return g;
+}
+
+/* Host parameters from the model's init. */
+static float *init_params(const dp_gpt *g, uint64_t seed)
+{
+    const dp_model *m = dp_gpt_model(g);
+    float *p = xmalloc(m->n_params * sizeof *p);
+    dp_assert_ok(m->init(m->ctx, p, seed));
+    return p;
+}
+
+/* IEEE binary16 -> float (exact). */
+static float half_to_float(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1F, man = h & 0x3FF;
+    float f;
+    if (exp == 0) {
+        f = ldexpf((float)man, -24); /* zero or subnormal */
+    } else if (exp == 31) {
+        f = man ? NAN : INFINITY;
+    } else {
+        f = ldexpf((float)(man | 0x400), (int)exp - 25);
+    }
+    return sign ? -f : f;
+}
+
+// --- the PyTorch reference file -----------------------------------------------------------
+
+typedef struct ref_tensor {
+    char name[96];
+    size_t numel;
+    float *param, *grad;
+} ref_tensor;
+
+typedef struct reference {
+    uint32_t V, BS, L, NH, C, B;
+    int32_t *tokens, *targets; /* (B,T) */
+    double loss;
+    float *logits; /* (B,T,V) */
+    size_t n_tensors;
+    ref_tensor *t;
+} reference;
+
+/* The data file sits next to this source file (CMake passes absolute paths). */
+static FILE *open_reference(void)
+{
+    char path[4096];
+    const char *src = __FILE__, *slash = strrchr(src, '/');
+    size_t dir = slash ? (size_t)(slash - src + 1) : 0;
+    snprintf(path, sizeof path, "%.*sdata/gpt_reference.bin", (int)dir, src);
+    FILE *f = fopen(path, "rb");
+    cr_assert_not_null(f, "cannot open %s; regenerate it with /usr/bin/python3 "
+                          "tests/gen_gpt_reference.py", path);
+    return f;
+}
+
+static void rd(FILE *f, void *dst, size_t bytes)
+{
+    cr_assert_eq(fread(dst, 1, bytes, f), bytes, "gpt_reference.bin is truncated");
+}
+
+static uint32_t rd_u32(FILE *f)
+{
+    unsigned char b[4];
+    rd(f, b, 4);
+    return (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+}
+
+/* The file is little-endian; so are the machines dp targets (x86-64, arm64). */
+static void load_reference(reference *r)
+{
+    FILE *f = open_reference();
+    char magic[8];
+    rd(f, magic, 8);
+    cr_assert(memcmp(magic, "DPGPTREF", 8) == 0, "bad magic in gpt_reference.bin");
+    cr_assert_eq(rd_u32(f), 1, "unknown gpt_reference.bin version");
+    r->V = rd_u32(f);
+    r->BS = rd_u32(f);
+    r->L = rd_u32(f);
+    r->NH = rd_u32(f);
+    r->C = rd_u32(f);
+    r->B = rd_u32(f);
+    size_t BT = (size_t)r->B * r->BS;
+    r->tokens = xmalloc(BT * sizeof(int32_t));
+    r->targets = xmalloc(BT * sizeof(int32_t));
+    rd(f, r->tokens, BT * sizeof(int32_t));
+    rd(f, r->targets, BT * sizeof(int32_t));
+    rd(f, &r->loss, sizeof r->loss);
+    r->logits = xmalloc(BT * r->V * sizeof(float));
+    rd(f, r->logits, BT * r->V * sizeof(float));
+    r->n_tensors = rd_u32(f);
+    r->t = xmalloc(r->n_tensors * sizeof *r->t);
+    for (size_t i = 0; i < r->n_tensors; i++) {
+        ref_tensor *t = &r->t[i];
+        uint32_t len = rd_u32(f);
+        cr_assert_lt(len, sizeof t->name);
+        rd(f, t->name, len);
+        t->name[len] = '\0';
+        uint64_t numel;
+        rd(f, &numel, 8);
+        t->numel = (size_t)numel;
+        uint16_t *h = xmalloc(t->numel * sizeof *h);
+        rd(f, h, t->numel * sizeof *h);
+        t->param = xmalloc(t->numel * sizeof(float));
+        for (size_t k = 0; k < t->numel; k++) t->param[k] = half_to_float(h[k]);
+        free(h);
+        t->grad = xmalloc(t->numel * sizeof(float));
+        rd(f, t->grad, t->numel * sizeof(float));
+    }
+    char extra;
+    cr_assert_eq(fread(&extra, 1, 1, f), 0, "trailing bytes in gpt_reference.bin");
+    fclose(f);
+}
+
+static void free_reference(reference *r)
+{
+    for (size_t i = 0; i < r->n_tensors; i++) {
+        free(r->t[i].param);
+        free(r->t[i].grad);
+    }
+    free(r->t);
+    free(r->tokens);
+    free(r->targets);
+    free(r->logits);
+}
+
+/* One forward + cross-entropy + backward on cpu:0, as the engine's balanced
+ * path does it, with the reference's parameters and batch. */
+typedef struct ref_run {
+    reference r;
+    dp_gpt *g;
+    dp_device *dev;
+    float *params_h;
+    float *params, *grads, *logits, *losses, *ws;
+    int32_t *tokens, *targets;
+    size_t ws_bytes, n_valid;
+} ref_run;
+
+#define GUARD_BYTES 4096
+
+static void ref_open(ref_run *x)
+{
+    memset(x, 0, sizeof *x);
+    load_reference(&x->r);
+    reference *r = &x->r;
+    x->g = make_gpt(r->V, r->BS, r->L, r->NH, r->C);
+    const dp_model *m = dp_gpt_model(x->g);
+    cr_assert_eq(m->n_tensors, r->n_tensors);
+    x->params_h = xmalloc(m->n_params * sizeof(float));
+    memset(x->params_h, 0, m->n_params * sizeof(float));
+    for (size_t i = 0; i < r->n_tensors; i++) {
+        long j = dp_gpt_find_tensor(x->g, r->t[i].name);
+        cr_assert_eq(j, (long)i, "tensor %s is at index %ld of the table, PyTorch's order has %zu",
+                     r->t[i].name, j, i);
+        cr_assert_eq(m->tensors[j].numel, r->t[i].numel, "%s: numel", r->t[i].name);
+        memcpy(x->params_h + m->tensors[j].offset, r->t[i].param, r->t[i].numel * sizeof(float));
+    }
+    size_t BT = (size_t)r->B * r->BS;
+    x->dev = dp_test_cpu(0);
+    x->params = dp_test_upload(x->dev, x->params_h, m->n_params);
+    x->grads = dev_alloc(x->dev, m->n_params * sizeof(float));
+    dp_assert_ok(dp_memset(x->dev, x->grads, 0, m->n_params * sizeof(float)));
+    x->logits = dev_alloc(x->dev, BT * r->V * sizeof(float));
+    x->losses = dev_alloc(x->dev, BT * sizeof(float));
+    x->tokens = dev_alloc(x->dev, BT * sizeof(int32_t));
+    x->targets = dev_alloc(x->dev, BT * sizeof(int32_t));
+    dp_assert_ok(dp_copy_h2d(x->dev, x->tokens, r->tokens, BT * sizeof(int32_t)));
+    dp_assert_ok(dp_copy_h2d(x->dev, x->targets, r->targets, BT * sizeof(int32_t)));
+    /* The workspace starts as NaN (bytes 0xFF): a read of an unwritten
+     * activation poisons the results. A guard zone after it catches writes
+     * past dp_gpt_workspace_bytes. */
+    x->ws_bytes = dp_gpt_workspace_bytes(x->g, r->B, r->BS);
+    cr_assert_eq(x->ws_bytes, m->workspace_bytes(m->ctx, r->B));
+    x->ws = dev_alloc(x->dev, x->ws_bytes + GUARD_BYTES);
+    dp_assert_ok(dp_memset(x->dev, x->ws, 0xFF, x->ws_bytes));
+    dp_assert_ok(dp_memset(x->dev, (char *)x->ws + x->ws_bytes, 0x5A, GUARD_BYTES));
+    x->n_valid = 0;
+    for (size_t i = 0; i < BT; i++) x->n_valid += r->targets[i] >= 0;
+    cr_assert(x->n_valid > 0 && x->n_valid < BT, "the reference should ignore a few targets");
+}
+
+/* forward + criterion + backward; returns the mean loss. If logits_out is
+ * not NULL it receives the logits before the criterion overwrites them. */
+static double ref_step(ref_run *x, float *logits_out)
+{
+    reference *r = &x->r;
+    size_t BT = (size_t)r->B * r->BS;
+    dp_assert_ok(dp_gpt_forward(x->g, x->dev, x->params, x->tokens, r->B, r->BS, x->ws,
+                                x->logits));
+    if (logits_out)
+        dp_assert_ok(dp_copy_d2h(x->dev, logits_out, x->logits, BT * r->V * sizeof(float)));
+    double loss_sum = 0.0;
+    dp_assert_ok(dp_crossentropy_forward_backward(x->dev, &loss_sum, x->logits, x->losses,
+                                                  x->logits, x->targets, BT, r->V,
+                                                  (float)(1.0 / (double)x->n_valid)));
+    dp_assert_ok(dp_gpt_backward(x->g, x->dev, x->params, x->grads, x->tokens, r->B, r->BS,
+                                 x->ws, x->logits));
+    return loss_sum / (double)x->n_valid;
+}
+
+static void ref_close(ref_run *x)
+{
+    unsigned char guard[GUARD_BYTES];
+    dp_assert_ok(dp_copy_d2h(x->dev, guard, (char *)x->ws + x->ws_bytes, GUARD_BYTES));
+    for (size_t i = 0; i < GUARD_BYTES; i++)
+        cr_assert_eq(guard[i], 0x5A, "byte %zu past the workspace was written", i);
+    void *bufs[] = {x->params, x->grads, x->logits, x->losses, x->tokens, x->targets, x->ws};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) dp_device_free(x->dev, bufs[i]);
+    close_checked(x->dev);
+    dp_gpt_destroy(x->g);
+    free(x->params_h);
+    free_reference(&x->r);
+}
+
+// --- against PyTorch ----------------------------------------------------------------------
+
+/*
+ * Tolerances. The reference is float64; dp computes in float32.
+ * - logits: each is a sum of C=32 products after two blocks of float32
+ *   work; |logit| <= ~3, errors ~1e-6. rtol 1e-5, atol 1e-5 (for logits
+ *   near zero).
+ * - loss: a float32 log-sum-exp per row summed in double: rtol 1e-6.
+ * - gradients: rtol 1e-4 as asked, plus an absolute floor of 1e-5 times
+ *   the tensor's largest |gradient|. Each gradient element is a float32
+ *   sum of many terms (B*T=48 rows for a weight, up to 4C=128 channels
+ *   through a layer); rounding error is relative to the size of those
+ *   terms, i.e. to the tensor's scale, not to the element, so elements
+ *   that cancel to near zero would otherwise fail rtol alone. Measured:
+ *   the largest error is below 1e-6 of the tensor's scale.
+ */
+Test(gpt, matches_pytorch_reference, .timeout = 30)
+{
+    ref_run x;
+    ref_open(&x);
+    reference *r = &x.r;
+    const dp_model *m = dp_gpt_model(x.g);
+    size_t BT = (size_t)r->B * r->BS;
+    float *logits = xmalloc(BT * r->V * sizeof(float));
+    double loss = ref_step(&x, logits);
+    dp_assert_allclose(logits, (const float *)r->logits, BT * r->V, 1e-5, 1e-5);
+    cr_assert(fabs(loss - r->loss) <= 1e-6 * fabs(r->loss), "loss %.10f, PyTorch %.10f", loss,
+              r->loss);
+
+    float *grads = xmalloc(m->n_params * sizeof(float));
+    dp_assert_ok(dp_copy_d2h(x.dev, grads, x.grads, m->n_params * sizeof(float)));
+    double worst_rel = 0.0, worst_scaled = 0.0;
+    const char *worst_name = "";
+    for (size_t i = 0; i < r->n_tensors; i++) {
+        const ref_tensor *t = &r->t[i];
+        const float *g = grads + m->tensors[i].offset;
+        double scale = 0.0;
+        for (size_t k = 0; k < t->numel; k++)
+            if (fabs(t->grad[k]) > scale) scale = fabs(t->grad[k]);
+        cr_assert(scale > 0.0, "%s: the reference gradient is all zero", t->name);
+        for (size_t k = 0; k < t->numel; k++) {
+            double d = fabs((double)g[k] - (double)t->grad[k]);
+            if (d / scale > worst_scaled) worst_scaled = d / scale;
+            /* relative error where the element is not a near-cancellation */
+            if (fabs(t->grad[k]) > 1e-2 * scale && d / fabs(t->grad[k]) > worst_rel) {
+                worst_rel = d / fabs(t->grad[k]);
+                worst_name = t->name;
+            }
+        }
+        dp_test_allclose_f(t->name, g, t->grad, t->numel, 1e-5 * scale, 1e-4, __FILE__,
+                           __LINE__);
+    }
+    /* Padding between tensors receives no gradient. */
+    size_t end = 0;
+    for (size_t i = 0; i < m->n_tensors; i++) {
+        for (size_t k = end; k < m->tensors[i].offset; k++)
+            cr_assert_eq(grads[k], 0.0f, "padding float %zu has a gradient", k);
+        end = m->tensors[i].offset + m->tensors[i].numel;
+    }
+    cr_log_info("gpt vs PyTorch: loss %.10f (ref %.10f, rel %.2e); largest gradient error: "
+                "%.2e relative (elements >= 1%% of their tensor's max, in %s), %.2e of the "
+                "tensor's max |grad|",
+                loss, r->loss, fabs(loss - r->loss) / r->loss, worst_rel, worst_name,
+                worst_scaled);
+    free(grads);
+    free(logits);
+    ref_close(&x);
+}
+
+/* Parameter gradients accumulate: a second backward without zeroing doubles them. */
+Test(gpt, parameter_gradients_accumulate, .timeout = 30)
+{
+    ref_run x;
+    ref_open(&x);
+    const dp_model *m = dp_gpt_model(x.g);
+    size_t n = m->n_params;
+    float *g1 = xmalloc(n * sizeof(float)), *g2 = xmalloc(n * sizeof(float));
+    double l1 = ref_step(&x, NULL);
+    dp_assert_ok(dp_copy_d2h(x.dev, g1, x.grads, n * sizeof(float)));
+    double l2 = ref_step(&x, NULL);
+    dp_assert_ok(dp_copy_d2h(x.dev, g2, x.grads, n * sizeof(float)));
+    cr_assert_eq(l1, l2, "the same forward must give the same loss");
+    /* Not bitwise: the GEMMs add into the old gradient block by block (beta
+     * = 1), which rounds differently from 2 * g. Differences are ~1 ulp of
+     * the tensor's scale (largest |g| ~ 0.3): atol 1e-7, rtol 1e-5. An
+     * overwrite instead of += would be off by 100%. */
+    for (size_t i = 0; i < n; i++) g1[i] *= 2.0f;
+    dp_assert_allclose(g2, g1, n, 1e-7, 1e-5);
+    free(g1);
+    free(g2);
+    ref_close(&x);
+}
+
+// --- the tensor table ---------------------------------------------------------------------
+
+Test(gpt, tensor_table_follows_nanogpt)
+{
+    size_t V = 50, BS = 24, L = 3, NH = 2, C = 20;
+    dp_gpt *g = make_gpt(V, BS, L, NH, C);
+    const dp_model *m = dp_gpt_model(g);
+    cr_assert_eq(m->input_row_bytes, BS * sizeof(int32_t));
+    cr_assert_eq(m->outputs_per_row, BS);
+    cr_assert_eq(m->n_classes, V);
+    cr_assert_not_null(m->validate_inputs);
+    cr_assert_eq(m->n_tensors, 2 + 12 * L + 2);
+    const dp_gpt_config *cf = dp_gpt_config_of(g);
+    cr_assert(cf->vocab_size == V && cf->block_size == BS && cf->n_layer == L &&
+              cf->n_head == NH && cf->n_embd == C);
+
+    const char *sfx[12] = {"ln_1.weight",        "ln_1.bias",        "attn.c_attn.weight",
+                           "attn.c_attn.bias",   "attn.c_proj.weight", "attn.c_proj.bias",
+                           "ln_2.weight",        "ln_2.bias",        "mlp.c_fc.weight",
+                           "mlp.c_fc.bias",      "mlp.c_proj.weight", "mlp.c_proj.bias"};
+    size_t shp[12][2] = {{C, 0},     {C, 0},     {3 * C, C}, {3 * C, 0}, {C, C},     {C, 0},
+                         {C, 0},     {C, 0},     {4 * C, C}, {4 * C, 0}, {C, 4 * C}, {C, 0}};
+    char name[96];
+    size_t end = 0;
+    for (size_t i = 0; i < m->n_tensors; i++) {
+        size_t s0, s1;
+        if (i == 0) {
+            snprintf(name, sizeof name, "transformer.wte.weight");
+            s0 = V, s1 = C;
+        } else if (i == 1) {
+            snprintf(name, sizeof name, "transformer.wpe.weight");
+            s0 = BS, s1 = C;
+        } else if (i < 2 + 12 * L) {
+            size_t l = (i - 2) / 12, j = (i - 2) % 12;
+            snprintf(name, sizeof name, "transformer.h.%zu.%s", l, sfx[j]);
+            s0 = shp[j][0], s1 = shp[j][1];
+        } else {
+            snprintf(name, sizeof name, "transformer.ln_f.%s", i == 2 + 12 * L ? "weight" : "bias");
+            s0 = C, s1 = 0;
+        }
+        const dp_param_tensor *t = &m->tensors[i];
+        cr_assert_str_eq(t->name, name);
+        cr_assert_eq(dp_gpt_find_tensor(g, name), (long)i);
+        cr_assert_eq(t->ndim, s1 ? 2 : 1, "%s ndim", name);
+        cr_assert_eq(t->shape[0], s0, "%s shape[0]", name);
+        if (s1) cr_assert_eq(t->shape[1], s1, "%s shape[1]", name);
+        cr_assert_eq(t->numel, s0 * (s1 ? s1 : 1), "%s numel", name);
+        cr_assert_eq(t->weight_decay, s1 ? 1 : 0, "%s weight_decay", name);
+        cr_assert_eq(t->offset % DP_PARAM_ALIGN, 0, "%s offset", name);
+        cr_assert_geq(t->offset, end, "%s overlaps", name);
+        /* Padding is less than one alignment unit: the buffer is packed. */
+        cr_assert_lt(t->offset - end, DP_PARAM_ALIGN, "%s: gap", name);
+        end = t->offset + t->numel;
+    }
+    cr_assert_geq(m->n_params, end);
+    cr_assert_lt(m->n_params - end, DP_PARAM_ALIGN);
+    cr_assert_eq(dp_gpt_find_tensor(g, "lm_head.weight"), -1, "the LM head is tied to wte");
+    cr_assert_eq(dp_gpt_find_tensor(g, NULL), -1);
+    cr_assert_eq(dp_gpt_find_tensor(NULL, "transformer.wte.weight"), -1);
+    /* The workspace grows with B and T (so one sized for block_size serves shorter T). */
+    cr_assert_lt(dp_gpt_workspace_bytes(g, 2, 5), dp_gpt_workspace_bytes(g, 2, BS));
+    cr_assert_lt(dp_gpt_workspace_bytes(g, 1, BS), dp_gpt_workspace_bytes(g, 2, BS));
+    cr_assert_eq(dp_gpt_workspace_bytes(g, 0, BS), 0);
+    dp_gpt_destroy(g);
+    dp_gpt_destroy(NULL);
+}
+
+// --- forward consistency ------------------------------------------------------------------
+
+/* Forward of tokens(B,T) on dev; returns host logits (B,T,V). */
+static float *forward_host(const dp_gpt *g, dp_device *dev, const float *params,
+                           const int32_t *tok, size_t B, size_t T, void *ws)
+{
+    size_t V = dp_gpt_config_of(g)->vocab_size;
+    int32_t *dtok = dev_alloc(dev, B * T * sizeof(int32_t));
+    float *dlog = dev_alloc(dev, B * T * V * sizeof(float));
+    dp_assert_ok(dp_copy_h2d(dev, dtok, tok, B * T * sizeof(int32_t)));
+    dp_assert_ok(dp_gpt_forward(g, dev, params, dtok, B, T, ws, dlog));
+    float *h = xmalloc(B * T * V * sizeof(float));
+    dp_assert_ok(dp_copy_d2h(dev, h, dlog, B * T * V * sizeof(float)));
+    dp_device_free(dev, dtok);
+    dp_device_free(dev, dlog);
+    return h;
+}
+
+/*
+ * Causality: changing the tokens after position t0 leaves the logits at
+ * positions <= t0 unchanged. The computation of those rows is the same
+ * sequence of float operations on the same values (masked attention
+ * weights are exact zeros), so they agree to rounding of at most a few
+ * ulps; atol 1e-6 on logits of size ~0.1. Short T: dp_gpt_forward with
+ * T < block_size, on a workspace sized for block_size, equals the first T
+ * positions of the full forward (GEMM blocking may differ with the size:
+ * atol 1e-6, rtol 1e-5).
+ */
+Test(gpt, forward_is_causal_and_short_T_is_a_prefix, .timeout = 30)
+{
+    size_t V = 40, BS = 12, L = 2, NH = 2, C = 16, B = 2;
+    dp_gpt *g = make_gpt(V, BS, L, NH, C);
+    const dp_model *m = dp_gpt_model(g);
+    float *ph = init_params(g, 5);
+    /* Bigger weights than the init so attention is far from uniform. */
+    dp_rng rng;
+    dp_rng_seed(&rng, 77);
+    for (size_t i = 0; i < m->n_tensors; i++)
+        if (m->tensors[i].ndim == 2)
+            dp_rng_fill_normal(&rng, ph + m->tensors[i].offset, m->tensors[i].numel, 0.0f, 0.3f);
+    dp_device *dev = dp_test_cpu(0);
+    float *params = dp_test_upload(dev, ph, m->n_params);
+    void *ws = dev_alloc(dev, dp_gpt_workspace_bytes(g, B, BS));
+
+    int32_t tok[2 * 12], tok2[2 * 12];
+    for (size_t i = 0; i < B * BS; i++) tok[i] = (int32_t)dp_rng_below(&rng, V);
+    float *full = forward_host(g, dev, params, tok, B, BS, ws);
+
+    size_t t0 = 6;
+    memcpy(tok2, tok, sizeof tok);
+    for (size_t b = 0; b < B; b++)
+        for (size_t t = t0 + 1; t < BS; t++) tok2[b * BS + t] = (int32_t)((tok[b * BS + t] + 7) % V);
+    float *changed = forward_host(g, dev, params, tok2, B, BS, ws);
+    for (size_t b = 0; b < B; b++) {
+        const float *a = full + b * BS * V, *c = changed + b * BS * V;
+        dp_assert_allclose(c, a, (t0 + 1) * V, 1e-6, 0.0);
+        /* ... and the later positions did change (the test can see a difference). */
+        double diff = 0.0;
+        for (size_t i = (t0 + 1) * V; i < BS * V; i++) diff += fabs(a[i] - c[i]);
+        cr_assert_gt(diff, 1e-2, "changing tokens after t0 changed nothing after t0");
+    }
+
+    /* Short contexts T = 1, 5, BS-1 on the same (block_size-sized) workspace. */
+    size_t Ts[] = {1, 5, BS - 1};
+    for (size_t k = 0; k < 3; k++) {
+        size_t T = Ts[k];
+        int32_t shortt[2 * 12];
+        for (size_t b = 0; b < B; b++) memcpy(shortt + b * T, tok + b * BS, T * sizeof(int32_t));
+        float *s = forward_host(g, dev, params, shortt, B, T, ws);
+        for (size_t b = 0; b < B; b++)
+            dp_assert_allclose((const float *)(s + b * T * V), (const float *)(full + b * BS * V),
+                               T * V, 1e-6, 1e-5);
+        free(s);
+    }
+    free(changed);
+    free(full);
+    free(ph);
+    dp_device_free(dev, ws);
+    dp_device_free(dev, params);
+    close_checked(dev);
+    dp_gpt_destroy(g);
+}
+
+// --- initialisation -----------------------------------------------------------------------
+
+/*
+ * nanoGPT's init: normal(0, 0.02) for 2-D weights and embeddings,
+ * 0.02/sqrt(2L) for attn.c_proj and mlp.c_proj, zero biases, unit LayerNorm
+ * gains, zero padding. With n >= 4096 samples the sample std has relative
+ * standard error 1/sqrt(2n) <= 1.1%, so 5% is > 4 sigma; the sample mean's
+ * standard error is std/sqrt(n) <= std/64, so |mean| < std/10 is > 6 sigma.
+ */
+Test(gpt, init_follows_nanogpt_and_is_deterministic, .timeout = 30)
+{
+    size_t V = 256, BS = 64, L = 4, NH = 4, C = 64;
+    dp_gpt *g = make_gpt(V, BS, L, NH, C);
+    const dp_model *m = dp_gpt_model(g);
+    float *p = xmalloc(m->n_params * sizeof(float));
+    for (size_t i = 0; i < m->n_params; i++) p[i] = 7.0f; /* init must zero the padding */
+    dp_assert_ok(m->init(m->ctx, p, 1337));
+    double proj_std = 0.02 / sqrt(2.0 * (double)L);
+    size_t end = 0;
+    for (size_t i = 0; i < m->n_tensors; i++) {
+        const dp_param_tensor *t = &m->tensors[i];
+        const float *x = p + t->offset;
+        for (size_t k = end; k < t->offset; k++) cr_assert_eq(p[k], 0.0f, "padding %zu", k);
+        end = t->offset + t->numel;
+        size_t nl = strlen(t->name);
+        if (t->ndim == 2) {
+            double want = strstr(t->name, "c_proj.weight") ? proj_std : 0.02;
+            double s = 0.0, ss = 0.0;
+            for (size_t k = 0; k < t->numel; k++) {
+                s += x[k];
+                ss += (double)x[k] * x[k];
+            }
+            double mean = s / (double)t->numel;
+            double sd = sqrt(ss / (double)t->numel - mean * mean);
+            cr_assert_geq(t->numel, 4096);
+            cr_assert(fabs(sd - want) < 0.05 * want, "%s: std %g, want %g", t->name, sd, want);
+            cr_assert(fabs(mean) < 0.1 * want, "%s: mean %g", t->name, mean);
+        } else if (nl > 7 && strcmp(t->name + nl - 7, ".weight") == 0) {
+            for (size_t k = 0; k < t->numel; k++)
+                cr_assert_eq(x[k], 1.0f, "%s[%zu] = %g, want 1", t->name, k, x[k]);
+        } else {
+            for (size_t k = 0; k < t->numel; k++)
+                cr_assert_eq(x[k], 0.0f, "%s[%zu] = %g, want 0", t->name, k, x[k]);
+        }
+    }
+    for (size_t k = end; k < m->n_params; k++) cr_assert_eq(p[k], 0.0f, "padding %zu", k);
+
+    float *same = init_params(g, 1337), *other = init_params(g, 1338);
+    cr_assert(memcmp(p, same, m->n_params * sizeof(float)) == 0, "same seed, different params");
+    size_t differ = 0, n2 = 0;
+    for (size_t i = 0; i < m->n_tensors; i++)
+        if (m->tensors[i].ndim == 2)
+            for (size_t k = 0; k < m->tensors[i].numel; k++, n2++)
+                differ += p[m->tensors[i].offset + k] != other[m->tensors[i].offset + k];
+    cr_assert_gt(differ, n2 * 99 / 100, "seeds 1337 and 1338 agree on %zu of %zu weights",
+                 n2 - differ, n2);
+    free(same);
+    free(other);
+    free(p);
+    dp_gpt_destroy(g);
+}
+
+// --- through the engine -------------------------------------------------------------------
+
+enum { EV = 37, EBS = 8, EL = 2, ENH = 2, EC = 16, EROWS = 5, ESTEPS = 3 };
+
+/* Batch for step s: random tokens, targets the next token, some ignored. */
+static void gpt_batch(int s, size_t rows, int32_t *tok, int32_t *tgt)
+{
+    dp_rng rng;
+    dp_rng_seed(&rng, 500 + (uint64_t)s);
+    for (size_t r = 0; r < rows; r++) {
+        int32_t seq[EBS + 1];
+        for (size_t t = 0; t <= EBS; t++) seq[t] = (int32_t)dp_rng_below(&rng, EV);
+        for (size_t t = 0; t < EBS; t++) {
+            tok[r * EBS + t] = seq[t];
+            tgt[r * EBS + t] = (r * EBS + t) % 7 == 3 ? -1 : seq[t + 1];
+        }
+    }
+}
+
+static dp_engine_config gpt_cfg(dp_mode mode)
+{
+    dp_engine_config c = dp_engine_config_default();
+    c.mode = mode;
+    c.optim.lr = 3e-3f;
+    c.optim.weight_decay = 0.1f;
+    c.optim.grad_clip = 1.0f;
+    c.seed = 11;
+    return c;
+}
+
+static void gpt_train(const dp_gpt *g, size_t k, dp_mode mode, double *losses, float *params)
+{
+    size_t before = dp_device_bytes_freed_at_close();
+    dp_device_spec specs[DP_MAX_DEVICES];
+    for (size_t i = 0; i < k; i++) specs[i] = (dp_device_spec){DP_DEVICE_CPU, (int)i};
+    dp_criterion crit = dp_criterion_cross_entropy();
+    dp_engine_config cfg = gpt_cfg(mode);
+    dp_engine *e = NULL;
+    dp_assert_ok(dp_engine_create(specs, k, dp_gpt_model(g), &crit, &cfg, &e));
+    int32_t tok[EROWS * EBS], tgt[EROWS * EBS];
+    for (int s = 0; s < ESTEPS; s++) {
+        gpt_batch(s, EROWS, tok, tgt);
+        dp_batch b = {EROWS, tok, tgt};
+        dp_step_stats st;
+        dp_assert_ok(dp_engine_step(e, &b, &st));
+        cr_assert(!st.skipped);
+        losses[s] = st.loss;
+    }
+    dp_assert_ok(dp_engine_get_params(e, params));
+    dp_engine_destroy(e);
+    cr_assert_eq(dp_device_bytes_freed_at_close(), before, "the engine leaked device memory");
+}
+
+typedef struct gpt_equiv {
+    size_t k;
+    dp_mode mode;
+} gpt_equiv;
+
+ParameterizedTestParameters(gpt, k_devices_equal_one_device)
+{
+    static gpt_equiv cases[] = {{2, DP_MODE_BALANCED}, {3, DP_MODE_BALANCED},
+                                {2, DP_MODE_GATHER},   {3, DP_MODE_GATHER}};
+    return cr_make_param_array(gpt_equiv, cases, sizeof cases / sizeof *cases);
+}
+
+/*
+ * 5 rows on k devices (3/2 or 2/2/1) vs one device, three AdamW steps with
+ * clipping. The k-device run sums the same per-row gradients in another
+ * order, so gradients differ by float32 rounding (~1e-7 relative); AdamW's
+ * g/sqrt(v) is scale-free, so parameter differences stay ~lr * 1e-6.
+ * Losses: rtol 1e-5, atol 1e-7. Parameters (|p| ~ 0.02..1): rtol 1e-5,
+ * atol 1e-6 (lr 3e-3 times a 3e-4 relative wobble of g/sqrt(v) where |g|
+ * is small).
+ */
+ParameterizedTest(gpt_equiv *c, gpt, k_devices_equal_one_device, .timeout = 60)
+{
+    dp_gpt *g = make_gpt(EV, EBS, EL, ENH, EC);
+    size_t n = dp_gpt_model(g)->n_params;
+    float *p1 = xmalloc(n * sizeof(float)), *pk = xmalloc(n * sizeof(float));
+    double l1[ESTEPS], lk[ESTEPS];
+    gpt_train(g, 1, DP_MODE_BALANCED, l1, p1);
+    gpt_train(g, c->k, c->mode, lk, pk);
+    dp_assert_allclose(lk, l1, ESTEPS, 1e-7, 1e-5);
+    dp_assert_allclose(pk, p1, n, 1e-6, 1e-5);
+    double dmax = 0.0, lmax = 0.0;
+    size_t imax = 0;
+    for (size_t i = 0; i < n; i++) if (fabs(pk[i] - p1[i]) > dmax) { dmax = fabs(pk[i] - p1[i]); imax = i; }
+    { const dp_model *mm = dp_gpt_model(g); for (size_t t = 0; t < mm->n_tensors; t++) if (imax >= mm->tensors[t].offset && imax < mm->tensors[t].offset + mm->tensors[t].numel) cr_log_info("TMP at %s[%zu] p1 %g pk %g", mm->tensors[t].name, imax - mm->tensors[t].offset, p1[imax], pk[imax]); }
+    for (int s = 0; s < ESTEPS; s++) lmax = fmax(lmax, fabs(lk[s] - l1[s]) / l1[s]);
+    cr_log_info("k=%zu %s: largest |param diff| %.2e, loss rel diff %.2e", c->k,
+                dp_mode_name(c->mode), dmax, lmax);
+    /* The steps did change the parameters. */
+    float *p0 = init_params(g, gpt_cfg(DP_MODE_BALANCED).seed);
+    double moved = 0.0;
+    for (size_t i = 0; i < n; i++) moved += fabs(pk[i] - p0[i]);
+    cr_assert_gt(moved, 1e-3 * (double)n * 3e-3, "training did not move the parameters");
+    free(p0);
+    free(p1);
+    free(pk);
+    dp_gpt_destroy(g);
+}
+
+/* 30 AdamW steps on one fixed batch: the loss must fall far below its start. */
+Test(gpt, overfits_one_batch, .timeout = 60)
+{
+    dp_gpt *g = make_gpt(EV, 16, 2, 4, 32);
+    dp_device_spec specs[2] = {{DP_DEVICE_CPU, 0}, {DP_DEVICE_CPU, 1}};
+    dp_criterion crit = dp_criterion_cross_entropy();
+    dp_engine_config cfg = dp_engine_config_default();
+    cfg.optim.lr = 1e-2f;
+    cfg.optim.weight_decay = 0.0f;
+    dp_engine *e = NULL;
+    dp_assert_ok(dp_engine_create(specs, 2, dp_gpt_model(g), &crit, &cfg, &e));
+    enum { R = 4, T = 16 };
+    int32_t tok[R * T], tgt[R * T];
+    dp_rng rng;
+    dp_rng_seed(&rng, 99);
+    for (size_t i = 0; i < R * T; i++) {
+        tok[i] = (int32_t)dp_rng_below(&rng, EV);
+        tgt[i] = (int32_t)dp_rng_below(&rng, EV);
+    }
+    dp_batch b = {R, tok, tgt};
+    double first = 0.0, last = 0.0;
+    for (int s = 0; s < 30; s++) {
+        dp_step_stats st;
+        dp_assert_ok(dp_engine_step(e, &b, &st));
+        if (s == 0) first = st.loss;
+        last = st.loss;
+    }
+    /* Random targets: the start is near log(V) = 3.6; memorising 64 targets
+     * with 30 steps of lr 1e-2 brings it well under half of that. */
+    cr_assert(fabs(first - log((double)EV)) < 0.5, "initial loss %g, want ~log(V) = %g", first,
+              log((double)EV));
+    cr_assert_lt(last, 0.5 * first, "loss %g -> %g after 30 steps", first, last);
+    cr_log_info("overfit: loss %.4f -> %.4f in 30 steps", first, last);
+    dp_engine_destroy(e);
+    dp_gpt_destroy(g);
+}
+
+// --- errors -------------------------------------------------------------------------------
+
+static void expect_bad_config(dp_gpt_config cfg, const char *want)
+{
+    dp_gpt *g = (dp_gpt *)&cfg; /* must be reset to NULL on failure */
+    dp_clear_error();
+    dp_status s = dp_gpt_create(&cfg, &g);
+    cr_assert_eq(s, DP_ERR_INVALID_ARGUMENT, "config {%zu,%zu,%zu,%zu,%zu}: %s", cfg.vocab_size,
+                 cfg.block_size, cfg.n_layer, cfg.n_head, cfg.n_embd, dp_strerror(s));
+    cr_assert_null(g);
+    cr_assert(strstr(dp_last_error(), want), "message lacks '%s': %s", want, dp_last_error());
+}
+
+Test(gpt, bad_config_is_rejected_with_a_message)
+{
+    dp_gpt_config ok = {65, 16, 2, 4, 32};
+    dp_gpt_config c = ok;
+    c.n_head = 5;
+    expect_bad_config(c, "n_head 5 does not divide n_embd 32");
+    c = ok, c.vocab_size = 0;
+    expect_bad_config(c, "vocab_size");
+    c = ok, c.block_size = 0;
+    expect_bad_config(c, "block_size");
+    c = ok, c.n_layer = 0;
+    expect_bad_config(c, "n_layer");
+    c = ok, c.n_head = 0;
+    expect_bad_config(c, "n_head");
+    c = ok, c.n_embd = 0;
+    expect_bad_config(c, "n_embd");
+    c = ok, c.vocab_size = (size_t)1 << 40;
+    expect_bad_config(c, "vocab_size");
+    c = ok, c.block_size = SIZE_MAX / 16, c.n_embd = 1 << 20, c.n_head = 1;
+    expect_bad_config(c, "block_size");
+    c = ok, c.n_layer = SIZE_MAX / 4;
+    expect_bad_config(c, "overflow");
+    cr_assert_eq(dp_gpt_create(NULL, &(dp_gpt *){NULL}), DP_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(dp_gpt_create(&ok, NULL), DP_ERR_INVALID_ARGUMENT);
+    cr_assert_null(dp_gpt_model(NULL));
+    cr_assert_null(dp_gpt_config_of(NULL));
+}
+
+Test(gpt, bad_tokens_and_calls_are_rejected, .timeout = 30)
+{
+    size_t V = 20, BS = 6;
+    dp_gpt *g = make_gpt(V, BS, 1, 2, 8);
+    const dp_model *m = dp_gpt_model(g);
+    int32_t tok[3 * 6];
+    for (size_t i = 0; i < 3 * BS; i++) tok[i] = (int32_t)(i % V);
+    dp_assert_ok(m->validate_inputs(m->ctx, tok, 3));
+    tok[1 * BS + 4] = (int32_t)V;
+    dp_clear_error();
+    cr_assert_eq(m->validate_inputs(m->ctx, tok, 3), DP_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(dp_last_error(), "token id 20 at row 1, position 4"), "%s", dp_last_error());
+    cr_assert(strstr(dp_last_error(), "vocab_size"), "%s", dp_last_error());
+    tok[1 * BS + 4] = -3;
+    cr_assert_eq(m->validate_inputs(m->ctx, tok, 3), DP_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(dp_last_error(), "token id -3"), "%s", dp_last_error());
+
+    /* The engine refuses the batch before any device work. */
+    dp_device_spec spec = {DP_DEVICE_CPU, 0};
+    dp_criterion crit = dp_criterion_cross_entropy();
+    dp_engine_config cfg = dp_engine_config_default();
+    dp_engine *e = NULL;
+    dp_assert_ok(dp_engine_create(&spec, 1, m, &crit, &cfg, &e));
+    int32_t tgt[3 * 6];
+    for (size_t i = 0; i < 3 * BS; i++) tgt[i] = 1;
+    dp_batch b = {3, tok, tgt};
+    cr_assert_eq(dp_engine_step(e, &b, NULL), DP_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(dp_last_error(), "token id -3"), "%s", dp_last_error());
+    tok[1 * BS + 4] = 2;
+    dp_assert_ok(dp_engine_step(e, &b, NULL));
+    dp_engine_destroy(e);
+
+    /* Direct calls: T out of range, NULL buffers. */
+    dp_device *dev = dp_test_cpu(0);
+    float *params = dev_alloc(dev, m->n_params * sizeof(float));
+    void *ws = dev_alloc(dev, dp_gpt_workspace_bytes(g, 1, BS));
+    float *logits = dev_alloc(dev, BS * V * sizeof(float));
+    int32_t *dtok = dev_alloc(dev, BS * sizeof(int32_t));
+    dp_clear_error();
+    cr_assert_eq(dp_gpt_forward(g, dev, params, dtok, 1, BS + 1, ws, logits),
+                 DP_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(dp_last_error(), "block_size"), "%s", dp_last_error());
+    cr_assert_eq(dp_gpt_forward(g, dev, params, dtok, 1, 0, ws, logits), DP_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(dp_gpt_forward(g, dev, params, dtok, 0, BS, ws, logits), DP_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(dp_gpt_forward(g, dev, params, dtok, 1, BS, NULL, logits),
+                 DP_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(dp_last_error(), "workspace"), "%s", dp_last_error());
+    cr_assert_eq(dp_gpt_forward(NULL, dev, params, dtok, 1, BS, ws, logits),
+                 DP_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(dp_gpt_backward(g, dev, params, NULL, dtok, 1, BS, ws, logits),
+                 DP_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(dp_gpt_backward(g, dev, params, params, dtok, SIZE_MAX / 2, BS, ws, logits),
+                 DP_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(dp_last_error(), "overflow"), "%s", dp_last_error());
+    dp_device_free(dev, params);
+    dp_device_free(dev, ws);
+    dp_device_free(dev, logits);
+    dp_device_free(dev, dtok);
+    close_checked(dev);
+    dp_gpt_destroy(g);
+}
