@@ -639,11 +639,31 @@ ParameterizedTestParameters(gpt, k_devices_equal_one_device)
  * 5 rows on k devices (3/2 or 2/2/1) vs one device, three AdamW steps with
  * clipping. The k-device run sums the same per-row gradients in another
  * order, so gradients differ by float32 rounding (~1e-7 relative); AdamW's
- * g/sqrt(v) is scale-free, so parameter differences stay ~lr * 1e-6.
- * Losses: rtol 1e-5, atol 1e-7. Parameters (|p| ~ 0.02..1): rtol 1e-5,
- * atol 1e-6 (lr 3e-3 times a 3e-4 relative wobble of g/sqrt(v) where |g|
- * is small).
+ * g/sqrt(v) is scale-free, so parameter differences stay at an ulp or so
+ * (measured <= 6e-8). Losses: rtol 1e-5, atol 1e-7. Parameters (|p| ~
+ * 0.02..1): rtol 1e-5, atol 5e-7.
+ *
+ * Except the key part of each c_attn.bias: its exact gradient is zero (a
+ * bias shared by all keys shifts every score of a query equally, and the
+ * softmax ignores shifts), so its float gradient is rounding noise that
+ * AdamW's normalisation turns into steps of arbitrary sign. Those entries
+ * are only held to AdamW's bound: a parameter moves by at most ~lr per
+ * step, so atol 2 * ESTEPS * lr.
  */
+static int is_key_bias(const dp_gpt *g, size_t i)
+{
+    const dp_model *m = dp_gpt_model(g);
+    size_t C = dp_gpt_config_of(g)->n_embd;
+    for (size_t t = 0; t < m->n_tensors; t++) {
+        const dp_param_tensor *pt = &m->tensors[t];
+        size_t nl = strlen(pt->name);
+        if (nl >= 16 && strcmp(pt->name + nl - 16, "attn.c_attn.bias") == 0 &&
+            i >= pt->offset + C && i < pt->offset + 2 * C)
+            return 1;
+    }
+    return 0;
+}
+
 ParameterizedTest(gpt_equiv *c, gpt, k_devices_equal_one_device, .timeout = 60)
 {
     dp_gpt *g = make_gpt(EV, EBS, EL, ENH, EC);
@@ -653,14 +673,28 @@ ParameterizedTest(gpt_equiv *c, gpt, k_devices_equal_one_device, .timeout = 60)
     gpt_train(g, 1, DP_MODE_BALANCED, l1, p1);
     gpt_train(g, c->k, c->mode, lk, pk);
     dp_assert_allclose(lk, l1, ESTEPS, 1e-7, 1e-5);
-    dp_assert_allclose(pk, p1, n, 1e-6, 1e-5);
-    double dmax = 0.0, lmax = 0.0;
-    size_t imax = 0;
-    for (size_t i = 0; i < n; i++) if (fabs(pk[i] - p1[i]) > dmax) { dmax = fabs(pk[i] - p1[i]); imax = i; }
-    { const dp_model *mm = dp_gpt_model(g); for (size_t t = 0; t < mm->n_tensors; t++) if (imax >= mm->tensors[t].offset && imax < mm->tensors[t].offset + mm->tensors[t].numel) cr_log_info("TMP at %s[%zu] p1 %g pk %g", mm->tensors[t].name, imax - mm->tensors[t].offset, p1[imax], pk[imax]); }
+    /* Key-bias entries: compare them loosely, then copy them so the strict
+     * check below covers every other parameter. */
+    float *pk_strict = xmalloc(n * sizeof(float));
+    memcpy(pk_strict, pk, n * sizeof(float));
+    double lr = gpt_cfg(DP_MODE_BALANCED).optim.lr, dmax = 0.0, lmax = 0.0;
+    size_t n_key = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (is_key_bias(g, i)) {
+            cr_assert(fabs(pk[i] - p1[i]) <= 2.0 * ESTEPS * lr, "key bias %zu: %g vs %g", i,
+                      pk[i], p1[i]);
+            pk_strict[i] = p1[i];
+            n_key++;
+        } else {
+            dmax = fmax(dmax, fabs(pk[i] - p1[i]));
+        }
+    }
+    cr_assert_eq(n_key, EL * EC);
+    dp_assert_allclose(pk_strict, p1, n, 5e-7, 1e-5);
     for (int s = 0; s < ESTEPS; s++) lmax = fmax(lmax, fabs(lk[s] - l1[s]) / l1[s]);
-    cr_log_info("k=%zu %s: largest |param diff| %.2e, loss rel diff %.2e", c->k,
-                dp_mode_name(c->mode), dmax, lmax);
+    cr_log_info("k=%zu %s: largest |param diff| %.2e (key biases excluded), loss rel diff %.2e",
+                c->k, dp_mode_name(c->mode), dmax, lmax);
+    free(pk_strict);
     /* The steps did change the parameters. */
     float *p0 = init_params(g, gpt_cfg(DP_MODE_BALANCED).seed);
     double moved = 0.0;

@@ -104,7 +104,6 @@ static size_t align_up(size_t n, int *of)
 /* One block's cached activations (pointers into the workspace). */
 typedef struct layer_acts {
     float *ln1, *ln1_mean, *ln1_rstd; /* (B,T,C), (B,T), (B,T) */
-    float *qkv;                       /* (B,T,3C) */
     float *qkvr;                      /* (3,B,NH,T,hs) */
     float *att;                       /* (B,NH,T,T) softmax */
     float *atty;                      /* (B,T,C) attention output, heads concatenated */
@@ -121,11 +120,16 @@ typedef struct layer_acts {
  * T <= block_size (sampling with short prefixes); forward and backward
  * must use the same (B,T).
  *
- * Forward-only trick: the attention forward's (B,T,C) scratch is the
- * block's residual2, which is written only afterwards; the projections
- * write straight into residual2/residual3 and add the residual in place,
- * so no separate attproj/fcproj buffers exist (the backward never reads
- * them: their gradient is dresidual itself).
+ Only what the backward reads is kept per block, which saves 5 of llm.c's
+ * 21 (B,T,C)-sized buffers per block:
+ * - qkv (B,T,3C) is dead once attention has permuted it into qkvr, so the
+ *   forward writes it into the backward's scratch region `big`, shared by
+ *   all blocks;
+ * - the projections write straight into residual2/residual3 and add the
+ *   residual in place, so no attproj/fcproj buffers exist (the backward
+ *   never reads them: their gradient is dresidual itself);
+ * - the attention forward's (B,T,C) scratch is the block's residual2,
+ *   which is written only afterwards.
  *
  * Backward scratch, shared by all blocks:
  *   dresidual (B,T,C)  gradient of the residual stream
@@ -139,7 +143,7 @@ typedef struct carve {
     /* offsets in floats */
     size_t encoded, lnf, lnf_mean, lnf_rstd;
     size_t layer0, layer_stride; /* first block, floats per block */
-    size_t l_ln1, l_ln1_mean, l_ln1_rstd, l_qkv, l_qkvr, l_att, l_atty, l_res2, l_ln2,
+    size_t l_ln1, l_ln1_mean, l_ln1_rstd, l_qkvr, l_att, l_atty, l_res2, l_ln2,
         l_ln2_mean, l_ln2_rstd, l_fch, l_fch_gelu, l_res3;
     size_t dresidual, dbtc, big;
     size_t big_dqkvr, big_scratch, big_datt; /* inside big */
@@ -178,7 +182,6 @@ static int make_carve(const dp_gpt_config *cfg, size_t B, size_t T, carve *c)
     mad(&x3, BTC, 3, &of);
     size_t x4 = 0;
     mad(&x4, BTC, 4, &of);
-    c->l_qkv = place(&at, x3, &of);
     c->l_qkvr = place(&at, x3, &of);
     c->l_att = place(&at, BNHTT, &of);
     c->l_atty = place(&at, BTC, &of);
@@ -221,7 +224,6 @@ static layer_acts layer_of(const carve *c, float *ws, size_t l)
     a.ln1 = b + c->l_ln1;
     a.ln1_mean = b + c->l_ln1_mean;
     a.ln1_rstd = b + c->l_ln1_rstd;
-    a.qkv = b + c->l_qkv;
     a.qkvr = b + c->l_qkvr;
     a.att = b + c->l_att;
     a.atty = b + c->l_atty;
@@ -288,6 +290,7 @@ dp_status dp_gpt_forward(const dp_gpt *gpt, dp_device *dev, const float *params,
     size_t C = g->n_embd, NH = g->n_head, V = g->vocab_size, L = g->n_layer, BT = B * T;
     float *ws = workspace;
     float *encoded = ws + c.encoded; // (B,T,C)
+    float *qkv = ws + c.big;         // (B,T,3C), in the backward's scratch
 
     DP_TRY(dp_encoder_forward(dev, encoded, tokens, pw(gpt, params, 0), pw(gpt, params, 1), B, T,
                               C));
@@ -309,9 +312,9 @@ dp_status dp_gpt_forward(const dp_gpt *gpt, dp_device *dev, const float *params,
 
         DP_TRY(dp_layernorm_forward(dev, a.ln1, a.ln1_mean, a.ln1_rstd, residual, p_ln1w, p_ln1b,
                                     BT, C));
-        DP_TRY(dp_linear_forward(dev, a.qkv, a.ln1, p_attw, p_attb, BT, C, 3 * C));
+        DP_TRY(dp_linear_forward(dev, qkv, a.ln1, p_attw, p_attb, BT, C, 3 * C));
         /* residual2 is free until the projection below: it is the scratch. */
-        DP_TRY(dp_attention_forward(dev, a.atty, a.qkvr, a.att, a.residual2, a.qkv, B, T, C, NH));
+        DP_TRY(dp_attention_forward(dev, a.atty, a.qkvr, a.att, a.residual2, qkv, B, T, C, NH));
         DP_TRY(dp_linear_forward(dev, a.residual2, a.atty, p_aprojw, p_aprojb, BT, C, C));
         DP_TRY(dp_accumulate(dev, a.residual2, residual, BT * C));
         DP_TRY(dp_layernorm_forward(dev, a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p_ln2w,
