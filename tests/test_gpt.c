@@ -291,6 +291,9 @@ Test(gpt, matches_pytorch_reference, .timeout = 30)
     float *logits = xmalloc(BT * r->V * sizeof(float));
     double loss = ref_step(&x, logits);
     dp_assert_allclose(logits, (const float *)r->logits, BT * r->V, 1e-5, 1e-5);
+    double logit_err = 0.0;
+    for (size_t i = 0; i < BT * r->V; i++)
+        logit_err = fmax(logit_err, fabs((double)logits[i] - (double)r->logits[i]));
     cr_assert(fabs(loss - r->loss) <= 1e-6 * fabs(r->loss), "loss %.10f, PyTorch %.10f", loss,
               r->loss);
 
@@ -324,10 +327,11 @@ Test(gpt, matches_pytorch_reference, .timeout = 30)
             cr_assert_eq(grads[k], 0.0f, "padding float %zu has a gradient", k);
         end = m->tensors[i].offset + m->tensors[i].numel;
     }
-    cr_log_info("gpt vs PyTorch: loss %.10f (ref %.10f, rel %.2e); largest gradient error: "
+    cr_log_info("gpt vs PyTorch: largest |logit error| %.2e; loss %.10f (ref %.10f, rel %.2e); "
+                "largest gradient error: "
                 "%.2e relative (elements >= 1%% of their tensor's max, in %s), %.2e of the "
                 "tensor's max |grad|",
-                loss, r->loss, fabs(loss - r->loss) / r->loss, worst_rel, worst_name,
+                logit_err, loss, r->loss, fabs(loss - r->loss) / r->loss, worst_rel, worst_name,
                 worst_scaled);
     free(grads);
     free(logits);
@@ -734,10 +738,11 @@ Test(gpt, overfits_one_batch, .timeout = 60)
         last = st.loss;
     }
     /* Random targets: the start is near log(V) = 3.6; memorising 64 targets
-     * with 30 steps of lr 1e-2 brings it well under half of that. */
+     * with 30 steps of lr 1e-2 brings it under a fifth of that (measured:
+     * 3.61 -> 0.06). */
     cr_assert(fabs(first - log((double)EV)) < 0.5, "initial loss %g, want ~log(V) = %g", first,
               log((double)EV));
-    cr_assert_lt(last, 0.5 * first, "loss %g -> %g after 30 steps", first, last);
+    cr_assert_lt(last, 0.2 * first, "loss %g -> %g after 30 steps", first, last);
     cr_log_info("overfit: loss %.4f -> %.4f in 30 steps", first, last);
     dp_engine_destroy(e);
     dp_gpt_destroy(g);
@@ -747,7 +752,8 @@ Test(gpt, overfits_one_batch, .timeout = 60)
 
 static void expect_bad_config(dp_gpt_config cfg, const char *want)
 {
-    dp_gpt *g = (dp_gpt *)&cfg; /* must be reset to NULL on failure */
+    static char sentinel;
+    dp_gpt *g = (dp_gpt *)&sentinel; /* must be reset to NULL on failure */
     dp_clear_error();
     dp_status s = dp_gpt_create(&cfg, &g);
     cr_assert_eq(s, DP_ERR_INVALID_ARGUMENT, "config {%zu,%zu,%zu,%zu,%zu}: %s", cfg.vocab_size,

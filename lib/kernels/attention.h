@@ -111,6 +111,45 @@ static inline DP_HD void dp_attention_unpermute_backward_elem(float *dy, const f
     dy[i] = dout[dp_attention_y_to_out(i, T, NH, hs)];
 }
 
+// --- permutes, one hs-long run each ------------------------------------------------
+/* The hs elements of one head's q, k, v or y vector are contiguous in both
+ * layouts, so a run of hs elements maps to a run: the index map is
+ * evaluated once per run instead of once per element (the CPU's loops). */
+
+/* Run r of qkvr (r < 3*B*NH*T), as dp_attention_permute_elem does per element. */
+static inline DP_HD void dp_attention_permute_run(float *qkvr, const float *qkv, size_t r,
+                                                  size_t B, size_t T, size_t NH, size_t hs)
+{
+    size_t dst = r * hs, src = dp_attention_qkvr_to_qkv(dst, B, T, NH, hs);
+    for (size_t d = 0; d < hs; d++) qkvr[dst + d] = qkv[src + d];
+}
+
+/* Run r of dqkv (r < B*T*3*NH), as dp_attention_permute_backward_elem. */
+static inline DP_HD void dp_attention_permute_backward_run(float *dqkv, const float *dqkvr,
+                                                           size_t r, size_t B, size_t T,
+                                                           size_t NH, size_t hs)
+{
+    size_t dst = r * hs, src = dp_attention_qkv_to_qkvr(dst, B, T, NH, hs);
+    for (size_t d = 0; d < hs; d++) dqkv[dst + d] = dqkvr[src + d];
+}
+
+/* Run r of out (r < B*T*NH), as dp_attention_unpermute_elem. */
+static inline DP_HD void dp_attention_unpermute_run(float *out, const float *y, size_t r,
+                                                    size_t T, size_t NH, size_t hs)
+{
+    size_t dst = r * hs, src = dp_attention_out_to_y(dst, T, NH, hs);
+    for (size_t d = 0; d < hs; d++) out[dst + d] = y[src + d];
+}
+
+/* Run r of dy (r < B*NH*T), as dp_attention_unpermute_backward_elem. */
+static inline DP_HD void dp_attention_unpermute_backward_run(float *dy, const float *dout,
+                                                             size_t r, size_t T, size_t NH,
+                                                             size_t hs)
+{
+    size_t dst = r * hs, src = dp_attention_y_to_out(dst, T, NH, hs);
+    for (size_t d = 0; d < hs; d++) dy[dst + d] = dout[src + d];
+}
+
 // --- causal softmax, one row each ---------------------------------------------------
 
 /* Row t of a (T,T) matrix, in place: row[0..t] = softmax(scale * row[0..t]),

@@ -17,6 +17,14 @@ static inline DP_HD void dp_bias_broadcast_elem(float *out, const float *bias, s
     out[i] = bias[i % OC];
 }
 
+/* Row r of out(N,OC) = bias: the CPU's loop (contiguous writes, no
+ * per-element division); same result as dp_bias_broadcast_elem. */
+static inline DP_HD void dp_bias_broadcast_row(float *out, const float *bias, size_t OC, size_t r)
+{
+    float *o = out + r * OC;
+    for (size_t c = 0; c < OC; c++) o[c] = bias[c];
+}
+
 /* Widest column range one dp_bias_backward_cols call may take. */
 #define DP_BIAS_BACKWARD_TILE 64
 

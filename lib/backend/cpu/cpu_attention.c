@@ -15,17 +15,17 @@
 dp_status dp_cpu_attention_permute(dp_device *dev, float *qkvr, const float *qkv, size_t B,
                                    size_t T, size_t NH, size_t hs)
 {
-    size_t n = 3 * B * NH * T * hs;
-    for (size_t i = 0; i < n; i++) dp_attention_permute_elem(qkvr, qkv, i, B, T, NH, hs);
+    size_t runs = 3 * B * NH * T;
+    for (size_t r = 0; r < runs; r++) dp_attention_permute_run(qkvr, qkv, r, B, T, NH, hs);
     return DP_OK;
 }
 
 dp_status dp_cpu_attention_permute_backward(dp_device *dev, float *dqkv, const float *dqkvr,
                                             size_t B, size_t T, size_t NH, size_t hs)
 {
-    size_t n = B * T * 3 * NH * hs;
-    for (size_t j = 0; j < n; j++)
-        dp_attention_permute_backward_elem(dqkv, dqkvr, j, B, T, NH, hs);
+    size_t runs = B * T * 3 * NH;
+    for (size_t r = 0; r < runs; r++)
+        dp_attention_permute_backward_run(dqkv, dqkvr, r, B, T, NH, hs);
     return DP_OK;
 }
 
@@ -33,7 +33,7 @@ dp_status dp_cpu_attention_unpermute(dp_device *dev, float *out, const float *y,
                                      size_t T, size_t NH, size_t hs)
 {
     size_t n = B * T * NH * hs;
-    for (size_t j = 0; j < n; j++) dp_attention_unpermute_elem(out, y, j, T, NH, hs);
+    for (size_t r = 0; r < n / hs; r++) dp_attention_unpermute_run(out, y, r, T, NH, hs);
     return DP_OK;
 }
 
@@ -41,7 +41,7 @@ dp_status dp_cpu_attention_unpermute_backward(dp_device *dev, float *dy, const f
                                               size_t B, size_t T, size_t NH, size_t hs)
 {
     size_t n = B * NH * T * hs;
-    for (size_t i = 0; i < n; i++) dp_attention_unpermute_backward_elem(dy, dout, i, T, NH, hs);
+    for (size_t r = 0; r < n / hs; r++) dp_attention_unpermute_backward_run(dy, dout, r, T, NH, hs);
     return DP_OK;
 }
 

@@ -41,8 +41,7 @@ dp_status dp_cpu_encoder_backward(dp_device *dev, float *dwte, float *dwpe, cons
 dp_status dp_cpu_bias_broadcast(dp_device *dev, float *out, const float *bias, size_t N,
                                 size_t OC)
 {
-    size_t n = N * OC;
-    for (size_t i = 0; i < n; i++) dp_bias_broadcast_elem(out, bias, OC, i);
+    for (size_t r = 0; r < N; r++) dp_bias_broadcast_row(out, bias, OC, r);
     return DP_OK;
 }
 
