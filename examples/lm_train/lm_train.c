@@ -12,11 +12,13 @@
 #include <errno.h>
 #include <getopt.h>
 #include <jansson.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -32,8 +34,10 @@ typedef struct opts {
     double lr, min_lr, weight_decay, beta1, beta2, grad_clip, temperature;
     unsigned long long seed;
     int eval_only;
-    int model_given; /* a model-shape option was on the command line */
+    int model_given; /* which model-shape options were on the command line (MG_* bits) */
 } opts;
+
+enum { MG_LAYERS = 1, MG_HEADS = 2, MG_DIM = 4, MG_CTX = 8 };
 
 static void defaults(opts *o)
 {
@@ -175,7 +179,8 @@ static int parse_args(int argc, char **argv, opts *o)
         {0, 0, 0, 0}};
     opterr = 0;
     int c;
-    while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+    /* The leading ':' makes a missing value return ':' rather than '?'. */
+    while ((c = getopt_long(argc, argv, ":", lo, NULL)) != -1) {
         const char *v = optarg;
         int bad = 0;
         long seed = 0;
@@ -185,10 +190,10 @@ static int parse_args(int argc, char **argv, opts *o)
         case O_VOCAB: bad = parse_long("--vocab-size", v, 2, &o->vocab_size); break;
         case O_DEV: o->devices = v; break;
         case O_MODE: o->mode = v; break;
-        case O_LAYERS: bad = parse_long("--layers", v, 1, &o->layers); o->model_given = 1; break;
-        case O_HEADS: bad = parse_long("--heads", v, 1, &o->heads); o->model_given = 1; break;
-        case O_DIM: bad = parse_long("--dim", v, 1, &o->dim); o->model_given = 1; break;
-        case O_CTX: bad = parse_long("--context", v, 1, &o->context); o->model_given = 1; break;
+        case O_LAYERS: bad = parse_long("--layers", v, 1, &o->layers); o->model_given |= MG_LAYERS; break;
+        case O_HEADS: bad = parse_long("--heads", v, 1, &o->heads); o->model_given |= MG_HEADS; break;
+        case O_DIM: bad = parse_long("--dim", v, 1, &o->dim); o->model_given |= MG_DIM; break;
+        case O_CTX: bad = parse_long("--context", v, 1, &o->context); o->model_given |= MG_CTX; break;
         case O_BATCH: bad = parse_long("--batch-size", v, 1, &o->batch_size); break;
         case O_ACCUM: bad = parse_long("--grad-accum", v, 1, &o->grad_accum); break;
         case O_MAXTOK: bad = parse_long("--max-tokens-per-device", v, 1, &o->max_tokens); break;
@@ -222,7 +227,10 @@ static int parse_args(int argc, char **argv, opts *o)
     if (optind < argc) return fail("unexpected argument \"%s\" (see --help)", argv[optind]);
     if (o->beta1 >= 1 || o->beta2 >= 1) return fail("--beta1 and --beta2 must be < 1");
     if (o->eval_only && !o->resume) return fail("--eval-only needs --resume CHECKPOINT");
-    if (o->dim % o->heads)
+    if (o->grad_accum > INT_MAX)
+        return fail("--grad-accum %ld is too large (at most %d)", o->grad_accum, INT_MAX);
+    /* With --resume the checkpoint's shape counts; setup reports a conflict. */
+    if (!o->resume && o->dim % o->heads)
         return fail("--heads %ld does not divide --dim %ld; pick heads that divide dim", o->heads,
                     o->dim);
     return 0;
@@ -468,15 +476,50 @@ static void log_row(run *r, const dp_step_stats *st, double lr)
     json_decref(row);
 }
 
+/* Fails unless a checkpoint can be written at path: its directory exists
+ * and is writable, and path is not a directory. Checked before training so
+ * a typo does not cost the whole run. */
+static int check_save_path(const char *path)
+{
+    struct stat sb;
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
+        return fail("--save %s is a directory; give a file name for the checkpoint", path);
+    char *dir = strdup(path);
+    if (!dir) return fail("out of host memory");
+    char *slash = strrchr(dir, '/');
+    const char *d = ".";
+    if (slash == dir) {
+        d = "/";
+    } else if (slash) {
+        *slash = '\0';
+        d = dir;
+    }
+    int rc = 0;
+    if (stat(d, &sb) != 0)
+        rc = fail("--save %s: directory '%s': %s; create it first", path, d, strerror(errno));
+    else if (!S_ISDIR(sb.st_mode))
+        rc = fail("--save %s: '%s' is not a directory", path, d);
+    else if (access(d, W_OK | X_OK) != 0)
+        rc = fail("--save %s: cannot write in directory '%s': %s", path, d, strerror(errno));
+    free(dir);
+    return rc;
+}
+
 static int setup(run *r, dp_checkpoint **ck_out)
 {
     opts *o = &r->o;
     dp_checkpoint *ck = NULL;
+    if (o->save && !o->eval_only && check_save_path(o->save)) return 1;
     if (o->resume) {
         if (dp_checkpoint_load(o->resume, &ck, NULL) != DP_OK) return dp_fail("--resume");
+        *ck_out = ck; /* freed by the caller on every path */
         const dp_gpt_config *c = &ck->config;
-        if (o->model_given && ((size_t)o->layers != c->n_layer || (size_t)o->heads != c->n_head ||
-                               (size_t)o->dim != c->n_embd || (size_t)o->context != c->block_size))
+        /* Only the options given count: the others are defaults, not requests. */
+        int g = o->model_given;
+        if (((g & MG_LAYERS) && (size_t)o->layers != c->n_layer) ||
+            ((g & MG_HEADS) && (size_t)o->heads != c->n_head) ||
+            ((g & MG_DIM) && (size_t)o->dim != c->n_embd) ||
+            ((g & MG_CTX) && (size_t)o->context != c->block_size))
             return fail("--resume %s holds a model with --layers %zu --heads %zu --dim %zu "
                         "--context %zu, which differs from the options given; drop them or "
                         "match them", o->resume, c->n_layer, c->n_head, c->n_embd, c->block_size);

@@ -49,14 +49,22 @@ dp_status dp_checkpoint_save(const char *path, const dp_gpt *gpt, const dp_check
     const dp_gpt_config *c = dp_gpt_config_of(gpt);
     if (memcmp(c, &ck->config, sizeof *c) != 0)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "checkpoint configuration differs from the model's");
+    /* One moment alone would silently drop the optimizer state. */
+    if (!ck->m != !ck->v)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "ck->m and ck->v must both be set (optimizer "
+                       "state) or both be NULL (none); %s is NULL", ck->m ? "v" : "m");
+    /* dp_checkpoint_load refuses negative counters: never write a file it cannot read. */
+    if (ck->step < 0 || ck->optimizer_step < 0)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "ck->step (%ld) and ck->optimizer_step (%ld) "
+                       "must be >= 0", ck->step, ck->optimizer_step);
     const dp_model *m = dp_gpt_model(gpt);
     dp_st_writer *w = NULL;
     char **names = calloc(2 * m->n_tensors, sizeof *names);
     if (!names) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation failed");
     dp_status s = dp_st_writer_create(&w);
     if (s == DP_OK) s = add_table(w, m, NULL, ck->params, NULL);
-    if (s == DP_OK && ck->m && ck->v) s = add_table(w, m, EXP_AVG, ck->m, names);
-    if (s == DP_OK && ck->m && ck->v) s = add_table(w, m, EXP_AVG_SQ, ck->v, names + m->n_tensors);
+    if (s == DP_OK && ck->m) s = add_table(w, m, EXP_AVG, ck->m, names);
+    if (s == DP_OK && ck->m) s = add_table(w, m, EXP_AVG_SQ, ck->v, names + m->n_tensors);
     if (s == DP_OK) s = dp_st_writer_set_metadata(w, "format", CK_FORMAT);
     if (s == DP_OK) s = set_num(w, "n_layer", (long long)c->n_layer);
     if (s == DP_OK) s = set_num(w, "n_head", (long long)c->n_head);
@@ -97,7 +105,8 @@ static dp_status get_num(const dp_st_file *f, const char *key, long long lo, lon
     return DP_OK;
 }
 
-/* Copies every tensor of the table (name prefixed) into buf, checking shapes. */
+/* Checks every tensor of the table (name prefixed) and, when buf is not
+ * NULL, copies it into buf. */
 static dp_status read_table(const dp_st_file *f, const dp_model *m, const char *prefix, float *buf)
 {
     char name[512];
@@ -106,7 +115,7 @@ static dp_status read_table(const dp_st_file *f, const dp_model *m, const char *
         snprintf(name, sizeof name, "%s%s", prefix ? prefix : "", t->name);
         const void *data = NULL;
         DP_TRY(dp_st_expect(f, name, DP_DTYPE_F32, t->shape, t->ndim, &data));
-        memcpy(buf + t->offset, data, t->numel * sizeof(float));
+        if (buf) memcpy(buf + t->offset, data, t->numel * sizeof(float));
     }
     return DP_OK;
 }
@@ -151,6 +160,11 @@ dp_status dp_checkpoint_load(const char *path, dp_checkpoint **out, dp_gpt **gpt
                                   "step", "optimizer_step"};
     for (int i = 0; s == DP_OK && i < 7; i++)
         s = get_num(f, keys[i], i < 5 ? 1 : 0, i < 5 ? (1LL << 31) : (1LL << 62), &v[i]);
+    /* Every layer has tensors in the file: a larger n_layer is corrupt, and
+     * must not make dp_gpt_create build a table of billions of entries. */
+    if (s == DP_OK && (size_t)v[0] > dp_st_count(f))
+        s = DP_FAIL(DP_ERR_FORMAT, "%s: metadata \"n_layer\" = %lld but the file holds only %zu "
+                    "tensors", path, v[0], dp_st_count(f));
     if (s == DP_OK) {
         ck->config.n_layer = (size_t)v[0];
         ck->config.n_head = (size_t)v[1];
@@ -160,32 +174,45 @@ dp_status dp_checkpoint_load(const char *path, dp_checkpoint **out, dp_gpt **gpt
         ck->step = (long)v[5];
         ck->optimizer_step = (long)v[6];
         s = dp_gpt_create(&ck->config, &gpt);
-        if (s != DP_OK) dp_error_prefix("%s: stored configuration", path);
+        if (s == DP_ERR_INVALID_ARGUMENT) {
+            /* An impossible configuration is a defect of the file, not of the call. */
+            char why[1024];
+            snprintf(why, sizeof why, "%s", dp_last_error());
+            s = DP_FAIL(DP_ERR_FORMAT, "%s: the stored configuration is not a valid GPT: %s",
+                        path, why);
+        } else if (s != DP_OK) {
+            dp_error_prefix("%s: stored configuration", path);
+        }
     }
     const dp_model *m = gpt ? dp_gpt_model(gpt) : NULL;
-    if (s == DP_OK) {
-        ck->params = calloc(m->n_params, sizeof(float));
-        if (!ck->params) s = DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation failed");
-    }
-    if (s == DP_OK) s = read_table(f, m, NULL, ck->params);
+    int has_opt = 0;
     if (s == DP_OK) {
         char first[512];
         snprintf(first, sizeof first, EXP_AVG "%s", m->tensors[0].name);
-        if (dp_st_find(f, first)) {
-            ck->m = calloc(m->n_params, sizeof(float));
-            ck->v = calloc(m->n_params, sizeof(float));
-            if (!ck->m || !ck->v) s = DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation failed");
-            if (s == DP_OK) s = read_table(f, m, EXP_AVG, ck->m);
-            if (s == DP_OK) s = read_table(f, m, EXP_AVG_SQ, ck->v);
-        }
+        has_opt = dp_st_find(f, first) != NULL;
+        /* Every tensor must be accounted for: no stray or partial state. */
+        size_t expected = m->n_tensors * (has_opt ? 3 : 1);
+        /* Shapes first, so sizes in the metadata that the tensors do not
+         * back are refused before anything of their size is allocated. */
+        s = read_table(f, m, NULL, NULL);
+        if (s == DP_OK && has_opt) s = read_table(f, m, EXP_AVG, NULL);
+        if (s == DP_OK && has_opt) s = read_table(f, m, EXP_AVG_SQ, NULL);
+        if (s == DP_OK && dp_st_count(f) != expected)
+            s = DP_FAIL(DP_ERR_FORMAT, "%s: %zu tensors, expected %zu for this configuration%s",
+                        path, dp_st_count(f), expected, has_opt ? " with optimizer state" : "");
     }
     if (s == DP_OK) {
-        /* Every tensor must be accounted for: no stray or partial state. */
-        size_t expected = m->n_tensors * (ck->m ? 3 : 1);
-        if (dp_st_count(f) != expected)
-            s = DP_FAIL(DP_ERR_FORMAT, "%s: %zu tensors, expected %zu for this configuration%s",
-                        path, dp_st_count(f), expected, ck->m ? " with optimizer state" : "");
+        ck->params = calloc(m->n_params, sizeof(float));
+        if (has_opt) {
+            ck->m = calloc(m->n_params, sizeof(float));
+            ck->v = calloc(m->n_params, sizeof(float));
+        }
+        if (!ck->params || (has_opt && (!ck->m || !ck->v)))
+            s = DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation failed");
     }
+    if (s == DP_OK) s = read_table(f, m, NULL, ck->params);
+    if (s == DP_OK && has_opt) s = read_table(f, m, EXP_AVG, ck->m);
+    if (s == DP_OK && has_opt) s = read_table(f, m, EXP_AVG_SQ, ck->v);
     const char *tok = s == DP_OK ? dp_st_metadata(f, "tokenizer") : NULL;
     const char *cfg = s == DP_OK ? dp_st_metadata(f, "config") : NULL;
     const char *smp = s == DP_OK ? dp_st_metadata(f, "sampler") : NULL;

@@ -1,0 +1,457 @@
+/*
+ * The lm_train trainer as a user runs it: the built binary (LM_TRAIN_PATH,
+ * a compile definition) is spawned on a small generated corpus with a tiny
+ * model on cpu:2, its stdout and stderr captured to files.
+ *
+ *  - resume is exact: 8 steps in one run give the same parameters and
+ *    AdamW moments, bit for bit, as 4 steps, save, resume, 4 more;
+ *  - a checkpoint from cpu:2 resumes on cpu:1;
+ *  - --eval-only prints the same validation loss as the end of training;
+ *  - bad command lines fail fast with one "lm_train: ..." line on stderr,
+ *    a non-zero exit status (not a signal) and no checkpoint file.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <dirent.h>
+#include <fcntl.h>
+#include <math.h>
+#include <spawn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "dp/checkpoint.h"
+#include "dp_test.h"
+
+#include <criterion/parameterized.h> /* after criterion.h (in dp_test.h) */
+
+#ifndef LM_TRAIN_PATH
+#error "LM_TRAIN_PATH (the lm_train binary) must be defined by the build"
+#endif
+
+extern char **environ;
+
+// --- temp dir and files -----------------------------------------------------------------
+
+static char tmpdir[64];
+
+static void path_in(char *buf, size_t cap, const char *name)
+{
+    snprintf(buf, cap, "%s/%s", tmpdir, name);
+}
+
+static void remove_tree(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
+        char p[512];
+        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+        struct stat sb;
+        if (lstat(p, &sb) == 0 && S_ISDIR(sb.st_mode)) remove_tree(p);
+        else unlink(p);
+    }
+    closedir(d);
+    rmdir(dir);
+}
+
+static void write_file(const char *name, const void *b, size_t n)
+{
+    char p[256];
+    path_in(p, sizeof p, name);
+    FILE *f = fopen(p, "wb");
+    cr_assert_not_null(f, "cannot create %s", p);
+    cr_assert_eq(fwrite(b, 1, n, f), n);
+    cr_assert_eq(fclose(f), 0);
+}
+
+static char *read_text(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    cr_assert_not_null(f, "cannot open %s", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)n + 1);
+    cr_assert_not_null(b);
+    cr_assert_eq(fread(b, 1, (size_t)n, f), (size_t)n);
+    b[n] = 0;
+    fclose(f);
+    return b;
+}
+
+/* About `bytes` of pseudo-English: sentences of 3..12 words from a fixed
+ * list, capitalised, ending in '.', '?' or '!', some with a comma, lines of
+ * a few sentences. Deterministic in seed. */
+static char *pseudo_english(uint64_t seed, size_t bytes, size_t *len)
+{
+    static const char *words[] = {
+        "the", "of", "and", "to", "a", "in", "is", "it", "that", "was", "he", "for", "on",
+        "are", "with", "as", "his", "they", "be", "at", "one", "have", "this", "from", "or",
+        "had", "by", "word", "but", "what", "some", "we", "can", "out", "other", "were",
+        "all", "there", "when", "up", "use", "your", "how", "said", "each", "she", "which",
+        "do", "their", "time", "if", "will", "way", "about", "many", "then", "them", "would",
+        "like", "so", "these", "her", "long", "make", "thing", "see", "him", "two", "has",
+        "look", "more", "day", "could", "go", "come", "did", "number", "sound", "no", "most",
+        "people", "my", "over", "know", "water", "than", "call", "first", "who", "may", "down",
+        "side", "been", "now", "find", "river", "stone", "quiet", "morning", "light"};
+    const size_t nw = sizeof words / sizeof words[0];
+    dp_rng rng;
+    dp_rng_seed(&rng, seed);
+    char *t = malloc(bytes + 128);
+    cr_assert_not_null(t);
+    size_t n = 0;
+    while (n < bytes) {
+        size_t k = 3 + (size_t)dp_rng_below(&rng, 10);
+        for (size_t i = 0; i < k; i++) {
+            const char *w = words[dp_rng_below(&rng, nw)];
+            size_t wl = strlen(w);
+            memcpy(t + n, w, wl);
+            if (i == 0) t[n] = (char)(t[n] - 'a' + 'A');
+            n += wl;
+            if (i + 1 < k) {
+                if (dp_rng_below(&rng, 8) == 0) t[n++] = ',';
+                t[n++] = ' ';
+            }
+        }
+        static const char ends[] = ".....?!";
+        t[n++] = ends[dp_rng_below(&rng, sizeof ends - 1)];
+        t[n++] = dp_rng_below(&rng, 4) == 0 ? '\n' : ' ';
+        if (n + 100 > bytes + 128) break;
+    }
+    t[n] = 0;
+    *len = n;
+    return t;
+}
+
+static void setup(void)
+{
+    strcpy(tmpdir, "/tmp/dp_test_lm_XXXXXX");
+    cr_assert_not_null(mkdtemp(tmpdir), "mkdtemp failed");
+    size_t len;
+    char *text = pseudo_english(2024, 20000, &len);
+    write_file("corpus.txt", text, len);
+    /* 300 bytes: a validation split of 30 tokens, shorter than --context 32. */
+    write_file("small.txt", text, 300);
+    free(text);
+}
+
+static void teardown(void) { remove_tree(tmpdir); }
+
+// --- running lm_train -------------------------------------------------------------------
+
+typedef struct result {
+    int status; /* from waitpid */
+    char *out, *err;
+} result;
+
+static void result_free(result *r)
+{
+    free(r->out);
+    free(r->err);
+}
+
+/* The options every run gets: a tiny, fast model on two CPU devices. Later
+ * options on the command line override these (getopt keeps the last). */
+static const char *const BASE[] = {"--data", "@corpus.txt", "--devices", "cpu:2", "--layers", "1",
+                                   "--heads", "2", "--dim", "16", "--context", "16",
+                                   "--batch-size", "4", "--sample", "0", "--eval-iters", "1"};
+#define N_BASE (sizeof BASE / sizeof BASE[0])
+
+/* Runs lm_train with BASE (when with_base) and then extra[0..n) (NULL
+ * entries skipped); an argument starting with '@' names a file in tmpdir. */
+static result run_args(int with_base, const char *const *extra, size_t n)
+{
+    char *argv[N_BASE + 32];
+    size_t argc = 0, nb = with_base ? N_BASE : 0;
+    argv[argc++] = (char *)LM_TRAIN_PATH;
+    for (size_t i = 0; i < nb + n; i++) {
+        const char *a = i < nb ? BASE[i] : extra[i - nb];
+        if (!a) continue;
+        cr_assert_lt(argc, sizeof argv / sizeof argv[0] - 1);
+        if (a[0] == '@') {
+            char p[256];
+            path_in(p, sizeof p, a + 1);
+            argv[argc++] = strdup(p);
+        } else {
+            argv[argc++] = strdup(a);
+        }
+    }
+    argv[argc] = NULL;
+    char out_path[256], err_path[256];
+    path_in(out_path, sizeof out_path, "stdout.txt");
+    path_in(err_path, sizeof err_path, "stderr.txt");
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_addopen(&fa, 1, out_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_addopen(&fa, 2, err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    pid_t pid;
+    int rc = posix_spawn(&pid, LM_TRAIN_PATH, &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    cr_assert_eq(rc, 0, "cannot run %s: %s", LM_TRAIN_PATH, strerror(rc));
+    result r;
+    cr_assert_eq(waitpid(pid, &r.status, 0), pid);
+    for (size_t i = 1; i < argc; i++) free(argv[i]);
+    r.out = read_text(out_path);
+    r.err = read_text(err_path);
+    return r;
+}
+
+static result run_lm(const char *const *extra, size_t n) { return run_args(1, extra, n); }
+
+#define ARGS_(...)                                                                         \
+    (const char *const[]){__VA_ARGS__},                                                    \
+        sizeof((const char *const[]){__VA_ARGS__}) / sizeof(const char *)
+/* RUN: BASE + the arguments; RUN_RAW: the arguments alone. */
+#define RUN(...) run_args(1, ARGS_(__VA_ARGS__))
+#define RUN_RAW(...) run_args(0, ARGS_(__VA_ARGS__))
+
+/* The run exited 0; otherwise fail showing its stderr. */
+static void assert_success(const result *r, const char *what)
+{
+    cr_assert(WIFEXITED(r->status) && WEXITSTATUS(r->status) == 0,
+              "%s: lm_train %s %d; stderr:\n%s", what,
+              WIFEXITED(r->status) ? "exited with" : "was killed by signal",
+              WIFEXITED(r->status) ? WEXITSTATUS(r->status) : WTERMSIG(r->status), r->err);
+}
+
+static dp_checkpoint *load_ck(const char *name)
+{
+    char p[256];
+    path_in(p, sizeof p, name);
+    dp_checkpoint *ck = NULL;
+    dp_assert_ok(dp_checkpoint_load(p, &ck, NULL));
+    return ck;
+}
+
+/* The number after `key` in text (the last occurrence), or NAN. */
+static double number_after(const char *text, const char *key)
+{
+    const char *p = NULL, *q = text;
+    while ((q = strstr(q, key))) p = q++;
+    if (!p) return NAN;
+    char *end = NULL;
+    double x = strtod(p + strlen(key), &end);
+    return end == p + strlen(key) ? NAN : x;
+}
+
+TestSuite(lm_train, .init = setup, .fini = teardown, .timeout = 60);
+
+// --- resume -------------------------------------------------------------------------
+
+/* The learning rate schedule depends on --steps once warmup is over, so
+ * the runs keep the default --warmup (100) above --steps (8): then every
+ * step's learning rate is the same whether the run was planned for 4 or 8
+ * steps, and exactness depends only on the checkpoint restoring the
+ * parameters, moments, AdamW's step count and the batch sampler. */
+Test(lm_train, resume_is_bitwise_exact)
+{
+    result a = RUN("--steps", "8", "--save", "@a.st");
+    assert_success(&a, "run A (8 steps)");
+    result b1 = RUN("--steps", "4", "--save", "@b.st");
+    assert_success(&b1, "run B (4 steps)");
+    dp_checkpoint *half = load_ck("b.st");
+    cr_assert_eq(half->step, 4);
+    result b2 = RUN("--resume", "@b.st", "--steps", "8", "--save", "@b.st");
+    assert_success(&b2, "run B resumed (to 8 steps)");
+
+    dp_checkpoint *ca = load_ck("a.st"), *cb = load_ck("b.st");
+    cr_assert_eq(memcmp(&ca->config, &cb->config, sizeof ca->config), 0);
+    size_t n = 0;
+    {
+        dp_gpt *gpt = NULL;
+        dp_assert_ok(dp_gpt_create(&ca->config, &gpt));
+        n = dp_gpt_model(gpt)->n_params;
+        dp_gpt_destroy(gpt);
+    }
+    cr_assert_eq(ca->step, 8);
+    cr_assert_eq(cb->step, 8);
+    cr_assert_eq(ca->optimizer_step, cb->optimizer_step);
+    cr_assert_not_null(ca->m);
+    cr_assert_not_null(cb->m);
+    cr_assert_eq(memcmp(ca->params, cb->params, n * sizeof(float)), 0,
+                 "parameters after 8 steps differ from 4 + resume + 4");
+    cr_assert_eq(memcmp(ca->m, cb->m, n * sizeof(float)), 0, "AdamW m differs after resume");
+    cr_assert_eq(memcmp(ca->v, cb->v, n * sizeof(float)), 0, "AdamW v differs after resume");
+    cr_assert(ca->has_sampler && cb->has_sampler);
+    cr_assert_eq(memcmp(ca->sampler, cb->sampler, sizeof ca->sampler), 0,
+                 "batch sampler state differs after resume");
+    /* The test has teeth: the resumed run really changed the parameters. */
+    cr_assert_neq(memcmp(half->params, cb->params, n * sizeof(float)), 0,
+                  "resuming trained nothing");
+    /* Both runs report the same final validation loss. */
+    cr_assert_eq(number_after(a.out, "final val_loss "), number_after(b2.out, "final val_loss "),
+                 "A:\n%s\nB:\n%s", a.out, b2.out);
+
+    dp_checkpoint_free(half);
+    dp_checkpoint_free(ca);
+    dp_checkpoint_free(cb);
+    result_free(&a);
+    result_free(&b1);
+    result_free(&b2);
+}
+
+Test(lm_train, checkpoint_from_two_devices_resumes_on_one)
+{
+    result a = RUN("--steps", "3", "--save", "@two.st");
+    assert_success(&a, "training on cpu:2");
+    /* Without BASE: the model's shape comes from the checkpoint; --dim 16
+     * agrees with it and the other shape options are not given. */
+    result b = RUN_RAW("--data", "@corpus.txt", "--devices", "cpu:1", "--resume", "@two.st",
+                       "--dim", "16", "--batch-size", "4", "--sample", "0", "--eval-iters", "1",
+                       "--steps", "5", "--save", "@one.st");
+    assert_success(&b, "resuming on cpu:1");
+    cr_assert(strstr(b.out, "1 device (cpu:0)") != NULL, "not on one device:\n%s", b.out);
+    dp_checkpoint *ck = load_ck("one.st");
+    cr_assert_eq(ck->step, 5);
+    cr_assert_eq(ck->optimizer_step, 5);
+    dp_checkpoint_free(ck);
+    result_free(&a);
+    result_free(&b);
+}
+
+// --- evaluation -----------------------------------------------------------------------
+
+Test(lm_train, eval_only_matches_final_val_loss)
+{
+    result a = RUN("--steps", "5", "--save", "@e.st");
+    assert_success(&a, "training");
+    double final = number_after(a.out, "final val_loss ");
+    cr_assert(isfinite(final), "no \"final val_loss X\" line:\n%s", a.out);
+
+    result e = RUN("--resume", "@e.st", "--eval-only");
+    assert_success(&e, "--eval-only");
+    const char *line = strstr(e.out, "val_loss ");
+    cr_assert_not_null(line, "no val_loss line:\n%s", e.out);
+    double v = NAN;
+    cr_assert_eq(sscanf(line, "val_loss %lf", &v), 1, "%s", line);
+    cr_assert(isfinite(v) && v > 0, "val_loss %g", v);
+    /* Same computation on the same devices: they differ only by printing,
+     * final with 4 decimals (error <= 5e-5), eval-only with 6 (<= 5e-7). */
+    cr_assert(fabs(final - v) <= 5e-5 + 5e-7, "final val_loss %.6f vs --eval-only %.6f", final, v);
+    cr_assert_null(strstr(e.out, "trained"), "--eval-only trained:\n%s", e.out);
+    result_free(&a);
+    result_free(&e);
+}
+
+// --- bad command lines ----------------------------------------------------------------
+
+typedef struct bad_case {
+    char name[48];
+    char args[10][48]; /* after BASE; "" ends the list; '@' = in tmpdir */
+    char needle[48];   /* the stderr line must hold this */
+    char save[48];     /* the --save path whose file must not appear; "" = "@out.st" */
+    int needs_ckpt;    /* first make @good.st with a 1-step run */
+    int no_gpu_only;   /* only meaningful where no CUDA device is visible */
+} bad_case;
+
+static bad_case bad_cases[] = {
+    {"missing data file", {"--data", "@missing.txt"}, "missing.txt", "", 0, 0},
+    {"empty data file", {"--data", "@empty.txt"}, "empty", "", 0, 0},
+    {"binary data file", {"--data", "@binary.bin"}, "NUL", "", 0, 0},
+    {"context longer than validation split", {"--data", "@small.txt", "--context", "32"},
+     "validation split", "", 0, 0},
+    {"batch-size 0", {"--batch-size", "0"}, "--batch-size", "", 0, 0},
+    {"batch-size -3", {"--batch-size", "-3"}, "--batch-size", "", 0, 0},
+    {"batch-size abc", {"--batch-size", "abc"}, "--batch-size", "", 0, 0},
+    {"heads 3 dim 16", {"--heads", "3", "--dim", "16"}, "--heads 3", "", 0, 0},
+    {"devices gpu:0", {"--devices", "gpu:0"}, "gpu", "", 0, 0},
+    {"devices cpu:0,0", {"--devices", "cpu:0,0"}, "cpu:0,0", "", 0, 0},
+    {"devices cuda:0 without a GPU", {"--devices", "cuda:0"}, "cuda", "", 0, 1},
+    {"unknown option", {"--frobnicate"}, "--frobnicate", "", 0, 0},
+    {"option without its value", {"--steps"}, "--steps needs a value", "", 0, 0},
+    {"steps x", {"--steps", "x"}, "--steps", "", 0, 0},
+    {"lr -1", {"--lr", "-1"}, "--lr", "", 0, 0},
+    {"grad-accum past int", {"--grad-accum", "4294967297"}, "--grad-accum", "", 0, 0},
+    {"memory-limit 12XB", {"--memory-limit", "12XB"}, "12XB", "", 0, 0},
+    {"memory-limit too small", {"--memory-limit", "1KiB"}, "memory limit", "", 0, 0},
+    {"resume missing file", {"--resume", "@missing.st"}, "missing.st", "", 0, 0},
+    {"resume corrupt file", {"--resume", "@corrupt.st"}, "corrupt.st", "", 0, 0},
+    {"resume with conflicting --dim", {"--resume", "@good.st", "--dim", "32"}, "differs", "", 1,
+     0},
+    {"resume with conflicting --heads", {"--resume", "@good.st", "--heads", "4"}, "differs", "",
+     1, 0},
+    {"resume with --heads 3 not dividing", {"--resume", "@good.st", "--heads", "3"}, "differs",
+     "", 1, 0},
+    {"eval-only without resume", {"--eval-only"}, "--eval-only", "", 0, 0},
+    {"save into a missing directory", {"--steps", "2", "--save", "@nodir/out.st"}, "nodir",
+     "@nodir/out.st", 0, 0},
+    {"save onto a directory", {"--steps", "2", "--save", "@sub"}, "directory", "@sub", 0, 0},
+};
+
+ParameterizedTestParameters(lm_train, bad_input_fails_cleanly)
+{
+    return cr_make_param_array(bad_case, bad_cases, sizeof bad_cases / sizeof bad_cases[0]);
+}
+
+ParameterizedTest(bad_case *bc, lm_train, bad_input_fails_cleanly, .timeout = 20)
+{
+    if (bc->no_gpu_only && dp_cuda_device_count() > 0)
+        cr_skip_test("%s: a CUDA device is visible here", bc->name);
+    write_file("empty.txt", "", 0);
+    static const char binary[] = "some text\0\x01\x02 more text\n";
+    write_file("binary.bin", binary, sizeof binary - 1);
+    /* A header length of 16 in a 13-byte file. */
+    static const char corrupt[] = "\x10\x00\x00\x00\x00\x00\x00\x00{\"a\":";
+    write_file("corrupt.st", corrupt, sizeof corrupt - 1);
+    char sub[256];
+    path_in(sub, sizeof sub, "sub");
+    cr_assert_eq(mkdir(sub, 0755), 0);
+    if (bc->needs_ckpt) {
+        result g = RUN("--steps", "1", "--save", "@good.st");
+        assert_success(&g, "making good.st");
+        result_free(&g);
+    }
+
+    /* --save first, so a case may end with an option lacking its value and
+     * a case's own --save (given later) wins. */
+    const char *save = bc->save[0] ? bc->save : "@out.st";
+    const char *extra[16] = {"--save", save};
+    size_t n = 2;
+    for (int i = 0; i < 10 && bc->args[i][0]; i++) extra[n++] = bc->args[i];
+    result r = run_lm(extra, n);
+
+    cr_assert(WIFEXITED(r.status), "%s: killed by signal %d; stderr:\n%s", bc->name,
+              WIFSIGNALED(r.status) ? WTERMSIG(r.status) : -1, r.err);
+    cr_assert_neq(WEXITSTATUS(r.status), 0, "%s: exit status 0; stdout:\n%s", bc->name, r.out);
+    size_t lines = 0;
+    for (const char *p = r.err; *p; p++) lines += *p == '\n';
+    size_t len = strlen(r.err);
+    cr_assert(lines == 1 && len > 0 && r.err[len - 1] == '\n',
+              "%s: want exactly one line on stderr, got %zu:\n%s", bc->name, lines, r.err);
+    cr_assert_eq(strncmp(r.err, "lm_train: ", 10), 0, "%s: stderr does not start with "
+                 "\"lm_train: \": %s", bc->name, r.err);
+    cr_assert(strstr(r.err, bc->needle) != NULL, "%s: stderr does not mention \"%s\": %s",
+              bc->name, bc->needle, r.err);
+    /* Every one of these is known before the first step: nothing trains. */
+    cr_assert_null(strstr(r.out, "trained "), "%s: trained before failing:\n%s", bc->name, r.out);
+
+    char save_path[256];
+    path_in(save_path, sizeof save_path, save + 1);
+    struct stat sb;
+    if (strcmp(save, "@sub") == 0) {
+        cr_assert(stat(save_path, &sb) == 0 && S_ISDIR(sb.st_mode), "%s: the directory is gone",
+                  bc->name);
+        DIR *d = opendir(save_path);
+        int entries = 0;
+        struct dirent *de;
+        while ((de = readdir(d))) entries += de->d_name[0] != '.';
+        closedir(d);
+        cr_assert_eq(entries, 0, "%s: files appeared in %s", bc->name, save_path);
+    } else {
+        cr_assert_neq(stat(save_path, &sb), 0, "%s: %s was created", bc->name, save_path);
+    }
+    /* No temporary checkpoint file beside it either. */
+    DIR *d = opendir(tmpdir);
+    struct dirent *de;
+    while ((de = readdir(d)))
+        cr_assert_null(strstr(de->d_name, ".tmp."), "%s: left %s", bc->name, de->d_name);
+    closedir(d);
+    result_free(&r);
+}
