@@ -13,6 +13,7 @@
 
 #include "dp/data.h"
 #include "dp_test.h"
+#include "dp_test_fs.h"
 
 // ----------------------------------------------------------------------------
 // temp-dir helpers
@@ -25,24 +26,8 @@ static void make_tmpdir(void)
     cr_assert_not_null(mkdtemp(tmpdir), "mkdtemp failed");
 }
 
-static void remove_tree(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *de;
-    while ((de = readdir(d))) {
-        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
-        char p[512];
-        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
-        struct stat sb;
-        if (lstat(p, &sb) == 0 && S_ISDIR(sb.st_mode)) remove_tree(p);
-        else unlink(p);
-    }
-    closedir(d);
-    rmdir(dir);
-}
 
-static void cleanup(void) { remove_tree(tmpdir); }
+static void cleanup(void) { dp_test_remove_tree(tmpdir); }
 
 static const char *in_tmp(const char *name)
 {

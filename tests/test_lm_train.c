@@ -25,6 +25,7 @@
 
 #include "dp/checkpoint.h"
 #include "dp_test.h"
+#include "dp_test_fs.h"
 
 #include <criterion/parameterized.h> /* after criterion.h (in dp_test.h) */
 
@@ -43,22 +44,6 @@ static void path_in(char *buf, size_t cap, const char *name)
     snprintf(buf, cap, "%s/%s", tmpdir, name);
 }
 
-static void remove_tree(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *de;
-    while ((de = readdir(d))) {
-        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
-        char p[512];
-        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
-        struct stat sb;
-        if (lstat(p, &sb) == 0 && S_ISDIR(sb.st_mode)) remove_tree(p);
-        else unlink(p);
-    }
-    closedir(d);
-    rmdir(dir);
-}
 
 static void write_file(const char *name, const void *b, size_t n)
 {
@@ -141,7 +126,7 @@ static void setup(void)
     free(text);
 }
 
-static void teardown(void) { remove_tree(tmpdir); }
+static void teardown(void) { dp_test_remove_tree(tmpdir); }
 
 // --- running lm_train -------------------------------------------------------------------
 

@@ -14,6 +14,7 @@
 
 #include "dp/safetensors.h"
 #include "dp_test.h"
+#include "dp_test_fs.h"
 
 // ----------------------------------------------------------------------------
 // temp-dir helpers
@@ -31,29 +32,8 @@ static void path_in(char *buf, size_t cap, const char *name)
     snprintf(buf, cap, "%s/%s", tmpdir, name);
 }
 
-// Removes tmpdir and what is in it (one level of subdirectories).
-static void remove_tree(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *de;
-    while ((de = readdir(d))) {
-        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
-        char p[512];
-        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
-        struct stat sb;
-        if (lstat(p, &sb) == 0 && S_ISDIR(sb.st_mode)) {
-            chmod(p, 0755);
-            remove_tree(p);
-        } else {
-            unlink(p);
-        }
-    }
-    closedir(d);
-    rmdir(dir);
-}
 
-static void cleanup(void) { remove_tree(tmpdir); }
+static void cleanup(void) { dp_test_remove_tree(tmpdir); }
 
 // Number of entries in dir (without . and ..); names containing ".tmp." counted in *tmp.
 static int count_entries(const char *dir, int *tmp)
