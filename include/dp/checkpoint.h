@@ -43,8 +43,9 @@ typedef struct dp_checkpoint {
 } dp_checkpoint;
 
 /*
- * Writes ck for the model gpt to path atomically. m, v, tokenizer and
- * config_json may be NULL (not written). ck->config must equal gpt's.
+ * Writes ck for the model gpt to path atomically. tokenizer and
+ * config_json may be NULL (not written); m and v are both set or both NULL.
+ * ck->config must equal gpt's; step and optimizer_step must be >= 0.
  * Errors: DP_ERR_INVALID_ARGUMENT, DP_ERR_IO (path and reason),
  * DP_ERR_OUT_OF_MEMORY.
  */
