@@ -7,6 +7,7 @@
 
 #include <dirent.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -32,6 +33,31 @@ static inline void dp_test_remove_tree(const char *dir)
     }
     closedir(d);
     rmdir(dir);
+}
+
+/* The whole file at path (malloc'd, one spare byte); *len its size. */
+static inline unsigned char *dp_test_read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    cr_assert_not_null(f, "cannot open %s", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *b = malloc((size_t)n + 1);
+    cr_assert_not_null(b);
+    cr_assert_eq(fread(b, 1, (size_t)n, f), (size_t)n);
+    fclose(f);
+    *len = (size_t)n;
+    return b;
+}
+
+/* Writes n bytes to path (created or truncated). */
+static inline void dp_test_write_file(const char *path, const void *b, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    cr_assert_not_null(f, "cannot create %s", path);
+    cr_assert_eq(fwrite(b, 1, n, f), n);
+    cr_assert_eq(fclose(f), 0);
 }
 
 #endif /* DP_TEST_FS_H */

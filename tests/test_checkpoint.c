@@ -56,29 +56,6 @@ static int count_entries(const char *dir)
     return n;
 }
 
-static unsigned char *read_all(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    cr_assert_not_null(f, "cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    unsigned char *b = malloc((size_t)n + 1);
-    cr_assert_not_null(b);
-    cr_assert_eq(fread(b, 1, (size_t)n, f), (size_t)n);
-    fclose(f);
-    *len = (size_t)n;
-    return b;
-}
-
-static void write_all(const char *path, const void *b, size_t n)
-{
-    FILE *f = fopen(path, "wb");
-    cr_assert_not_null(f, "cannot create %s", path);
-    cr_assert_eq(fwrite(b, 1, n, f), n);
-    cr_assert_eq(fclose(f), 0);
-}
-
 // --- the tiny GPT and a checkpoint of random numbers ------------------------------------
 
 static const dp_gpt_config TINY = {11, 8, 2, 2, 8}; /* V, block_size, L, NH, C */
@@ -222,7 +199,7 @@ Test(checkpoint, round_trip_is_exact)
     path_in(path2, sizeof path2, "ck2.safetensors");
     dp_assert_ok(dp_checkpoint_save(path2, g2, got));
     size_t la, lb;
-    unsigned char *a = read_all(path, &la), *b = read_all(path2, &lb);
+    unsigned char *a = dp_test_read_file(path, &la), *b = dp_test_read_file(path2, &lb);
     cr_assert_eq(la, lb);
     cr_assert_eq(memcmp(a, b, la), 0, "re-saved checkpoint has different bytes");
     free(a);
@@ -518,7 +495,7 @@ typedef struct parts {
 static parts split_file(const char *path)
 {
     parts p;
-    p.bytes = read_all(path, &p.len);
+    p.bytes = dp_test_read_file(path, &p.len);
     uint64_t n = 0;
     for (int i = 7; i >= 0; i--) n = (n << 8) | p.bytes[i];
     cr_assert_leq(n, p.len - 8);
@@ -546,7 +523,7 @@ static void rewrite_header(const parts *p, const char *dst, const char *from, co
     memcpy(out + 8 + pre, to, strlen(to));
     memcpy(out + 8 + pre + strlen(to), at + strlen(from), p->hlen - pre - strlen(from));
     memcpy(out + 8 + nh, p->bytes + 8 + p->hlen, data);
-    write_all(dst, out, 8 + nh + data + tail);
+    dp_test_write_file(dst, out, 8 + nh + data + tail);
     free(out);
     free(h);
 }
@@ -564,14 +541,14 @@ Test(checkpoint, rejects_truncated_files)
     for (size_t i = 0; i < sizeof cuts / sizeof cuts[0]; i++) {
         char label[64];
         snprintf(label, sizeof label, "cut at %zu of %zu bytes", cuts[i], p.len);
-        write_all(bad, p.bytes, cuts[i]);
+        dp_test_write_file(bad, p.bytes, cuts[i]);
         expect_load_fails(bad, DP_ERR_FORMAT, NULL, label);
     }
     /* One byte too many is as wrong as one too few. */
     unsigned char *longer = malloc(p.len + 1);
     memcpy(longer, p.bytes, p.len);
     longer[p.len] = 0;
-    write_all(bad, longer, p.len + 1);
+    dp_test_write_file(bad, longer, p.len + 1);
     expect_load_fails(bad, DP_ERR_FORMAT, "trailing", "one extra byte");
     free(longer);
     free(p.bytes);
@@ -586,7 +563,7 @@ Test(checkpoint, rejects_bad_header_length)
     uint64_t lens[] = {p.len - 7, p.len, (uint64_t)1 << 40, UINT64_MAX, 0};
     for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++) {
         for (int b = 0; b < 8; b++) p.bytes[b] = (unsigned char)(lens[i] >> (8 * b));
-        write_all(bad, p.bytes, p.len);
+        dp_test_write_file(bad, p.bytes, p.len);
         char label[64];
         snprintf(label, sizeof label, "header length %llu", (unsigned long long)lens[i]);
         expect_load_fails(bad, DP_ERR_FORMAT, "header length", label);
@@ -616,12 +593,12 @@ Test(checkpoint, rejects_bad_json)
     memset(b + 8, ' ', p.hlen);
     b[8] = '[';
     b[9] = ']';
-    write_all(bad, b, p.len);
+    dp_test_write_file(bad, b, p.len);
     expect_load_fails(bad, DP_ERR_FORMAT, "object", "array header");
     /* Garbage bytes in the header. */
     memcpy(b, p.bytes, p.len);
     memcpy(b + 8 + 20, "\x01\xff\x00garbage", 10);
-    write_all(bad, b, p.len);
+    dp_test_write_file(bad, b, p.len);
     expect_load_fails(bad, DP_ERR_FORMAT, NULL, "garbage in header");
     free(b);
     free(p.bytes);
@@ -688,7 +665,7 @@ Test(checkpoint, missing_file_and_not_a_file)
     expect_load_fails(path, DP_ERR_IO, NULL, "missing file");
     expect_load_fails(tmpdir, DP_ERR_IO, NULL, "a directory");
     path_in(path, sizeof path, "text.st");
-    write_all(path, "this is not a checkpoint at all\n", 32);
+    dp_test_write_file(path, "this is not a checkpoint at all\n", 32);
     expect_load_fails(path, DP_ERR_FORMAT, NULL, "a text file");
 }
 
@@ -744,7 +721,7 @@ Test(checkpoint, failed_overwrite_keeps_the_old_checkpoint)
     path_in(path, sizeof path, "ck.st");
     dp_assert_ok(dp_checkpoint_save(path, gpt, &a));
     size_t old_len;
-    free(read_all(path, &old_len));
+    free(dp_test_read_file(path, &old_len));
     /* Files may not grow past the old size: writing b (3x the tensors)
      * fails part way with EFBIG (SIGXFSZ ignored so write returns it). */
     signal(SIGXFSZ, SIG_IGN);

@@ -52,28 +52,6 @@ static int count_entries(const char *dir, int *tmp)
     return n;
 }
 
-static unsigned char *read_all(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    cr_assert_not_null(f, "cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    unsigned char *buf = malloc((size_t)n + 1);
-    cr_assert_eq(fread(buf, 1, (size_t)n, f), (size_t)n);
-    fclose(f);
-    *len = (size_t)n;
-    return buf;
-}
-
-static void write_bytes(const char *path, const void *p, size_t n)
-{
-    FILE *f = fopen(path, "wb");
-    cr_assert_not_null(f);
-    cr_assert_eq(fwrite(p, 1, n, f), n);
-    fclose(f);
-}
-
 // A raw safetensors file: u64 LE header length, the header text, data_len data bytes.
 static void write_raw(const char *path, const char *header, size_t data_len)
 {
@@ -83,7 +61,7 @@ static void write_raw(const char *path, const char *header, size_t data_len)
     for (int i = 0; i < 8; i++) buf[i] = (unsigned char)(((uint64_t)h >> (8 * i)) & 0xff);
     memcpy(buf + 8, header, h);
     for (size_t i = 0; i < data_len; i++) buf[8 + h + i] = (unsigned char)i;
-    write_bytes(path, buf, n);
+    dp_test_write_file(path, buf, n);
     free(buf);
 }
 
@@ -118,7 +96,7 @@ Test(safetensors, round_trip_preserves_everything)
 
     // The data section starts 8-byte aligned and the header is space-padded JSON.
     size_t len;
-    unsigned char *raw = read_all(path, &len);
+    unsigned char *raw = dp_test_read_file(path, &len);
     uint64_t hl = 0;
     for (int i = 7; i >= 0; i--) hl = (hl << 8) | raw[i];
     cr_assert_eq((8 + hl) % 8, 0, "data section starts at %llu", (unsigned long long)(8 + hl));
@@ -215,7 +193,7 @@ Test(safetensors, exact_bytes_and_deterministic)
                        "\"data_offsets\":[0,8]}}";
     size_t jl = strlen(json), padded = (jl + 7) / 8 * 8;
     size_t n1, n2;
-    unsigned char *b1 = read_all(p1, &n1), *b2 = read_all(p2, &n2);
+    unsigned char *b1 = dp_test_read_file(p1, &n1), *b2 = dp_test_read_file(p2, &n2);
     cr_assert_eq(n1, 8 + padded + 8);
     cr_assert_eq(b1[0], (unsigned char)padded);
     for (int i = 1; i < 8; i++) cr_assert_eq(b1[i], 0);
@@ -354,7 +332,7 @@ Test(safetensors, corrupted_headers_are_rejected)
             memset(buf, 0, sizeof buf);
             buf[0] = 11;
             memcpy(buf + 8, c->header, 11);
-            write_bytes(path, buf, sizeof buf);
+            dp_test_write_file(path, buf, sizeof buf);
         } else {
             write_raw(path, c->header, c->data_len);
         }
@@ -385,7 +363,7 @@ Test(safetensors, truncated_files_are_rejected)
     dp_assert_ok(dp_st_writer_write(w, path));
     dp_st_writer_free(w);
     size_t n;
-    unsigned char *raw = read_all(path, &n);
+    unsigned char *raw = dp_test_read_file(path, &n);
     dp_st_file *f;
 
     // Cut inside the data, inside the header, inside the length field, and empty.
@@ -393,7 +371,7 @@ Test(safetensors, truncated_files_are_rejected)
     const char *needles[4] = {"run past", "runs past the end", "shorter than the 8-byte",
                               "shorter than the 8-byte"};
     for (int i = 0; i < 4; i++) {
-        write_bytes(cut, raw, cuts[i]);
+        dp_test_write_file(cut, raw, cuts[i]);
         cr_assert_eq(dp_st_open(cut, &f), DP_ERR_FORMAT, "cut at %zu: %s", cuts[i],
                      dp_last_error());
         cr_assert(strstr(dp_last_error(), needles[i]), "cut at %zu: %s", cuts[i],
@@ -401,7 +379,7 @@ Test(safetensors, truncated_files_are_rejected)
     }
     // A header length far past the end (and far past the 100 MiB limit).
     unsigned char big[16] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f, '{', '}'};
-    write_bytes(cut, big, sizeof big);
+    dp_test_write_file(cut, big, sizeof big);
     cr_assert_eq(dp_st_open(cut, &f), DP_ERR_FORMAT);
     cr_assert(strstr(dp_last_error(), "runs past the end"), "%s", dp_last_error());
     free(raw);
@@ -446,7 +424,7 @@ Test(safetensors, missing_directory_gives_io_error_and_no_temp_file)
     // A path through a regular file.
     char file[256];
     path_in(file, sizeof file, "plain");
-    write_bytes(file, "x", 1);
+    dp_test_write_file(file, "x", 1);
     path_in(path, sizeof path, "plain/model.safetensors");
     write_one(path, "x", x, 2, DP_ERR_IO);
     int tmp, n = count_entries(tmpdir, &tmp);
@@ -498,7 +476,7 @@ Test(safetensors, failed_write_keeps_the_old_file)
     float a[4] = {1, 2, 3, 4};
     write_one(path, "a", a, 4, DP_OK);
     size_t n_old;
-    unsigned char *old = read_all(path, &n_old);
+    unsigned char *old = dp_test_read_file(path, &n_old);
 
     // Make the write fail half-way: a 64 KiB file size limit and a 1 MiB tensor.
     // The test runs in its own process, so the limit does not leak.
@@ -521,7 +499,7 @@ Test(safetensors, failed_write_keeps_the_old_file)
     cr_assert(strstr(dp_last_error(), "tensor 'big'"), "%s", dp_last_error());
 
     size_t n_now;
-    unsigned char *now = read_all(path, &n_now);
+    unsigned char *now = dp_test_read_file(path, &n_now);
     cr_assert_eq(n_now, n_old, "the old checkpoint changed size");
     cr_assert_eq(memcmp(now, old, n_old), 0, "the old checkpoint changed");
     int tmp;
@@ -538,7 +516,7 @@ Test(safetensors, failed_rename_removes_temp_file)
     path_in(path, sizeof path, "target");
     cr_assert_eq(mkdir(path, 0755), 0);
     snprintf(inner, sizeof inner, "%s/keep", path);
-    write_bytes(inner, "k", 1);
+    dp_test_write_file(inner, "k", 1);
     float a[2] = {1, 2};
     write_one(path, "a", a, 2, DP_ERR_IO);
     cr_assert(strstr(dp_last_error(), "rename"), "%s", dp_last_error());

@@ -748,7 +748,8 @@ static dp_status sync_replicas(dp_engine *e)
     return DP_OK;
 }
 
-dp_status dp_engine_step(dp_engine *e, const dp_batch *batch, dp_step_stats *stats)
+/* Plans batch, runs a step or evaluation job and fills stats. */
+static dp_status run_batch(dp_engine *e, const dp_batch *batch, job_kind job, dp_step_stats *stats)
 {
     if (!e) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "engine must not be NULL");
     double t0 = now_seconds();
@@ -756,24 +757,20 @@ dp_status dp_engine_step(dp_engine *e, const dp_batch *batch, dp_step_stats *sta
     DP_TRY(plan_batch(e, batch));
     e->skip = 0;
     e->grad_norm = 0.0;
-    dp_status s = run_job(e, JOB_STEP);
-    if (s != DP_OK) return s;
-    if (!e->skip) e->t++;
+    DP_TRY(run_job(e, job));
+    if (job == JOB_STEP && !e->skip) e->t++;
     fill_stats(e, stats, now_seconds() - t0);
     return DP_OK;
 }
 
+dp_status dp_engine_step(dp_engine *e, const dp_batch *batch, dp_step_stats *stats)
+{
+    return run_batch(e, batch, JOB_STEP, stats);
+}
+
 dp_status dp_engine_evaluate(dp_engine *e, const dp_batch *batch, dp_step_stats *stats)
 {
-    if (!e) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "engine must not be NULL");
-    double t0 = now_seconds();
-    DP_TRY(sync_replicas(e));
-    DP_TRY(plan_batch(e, batch));
-    e->skip = 0;
-    e->grad_norm = 0.0;
-    DP_TRY(run_job(e, JOB_EVAL));
-    fill_stats(e, stats, now_seconds() - t0);
-    return DP_OK;
+    return run_batch(e, batch, JOB_EVAL, stats);
 }
 
 // --- create / destroy ---------------------------------------------------------------
