@@ -10,13 +10,22 @@ prints the loss over the whole validation split computed exactly as
 `lm_train --eval-only` does (consecutive windows at multiples of the
 context, the last incomplete one dropped) and the wall time.
 
+With --load CKPT it trains nothing: it reads a checkpoint lm_train wrote
+(safetensors, nanoGPT's tensor names; parsed here with the standard
+library so no extra package is needed), loads it into this model with
+strict name and shape checks, and prints the same whole-split validation
+loss, to compare with `lm_train --resume CKPT --eval-only`.
+
 Usage (Debian's python3-torch):
   /usr/bin/python3 bench/torch_gpt.py --data ../shared/data/tinyshakespeare.txt \
       --threads 1 --steps 2000
+  /usr/bin/python3 bench/torch_gpt.py --data ../shared/data/tinyshakespeare.txt --load ck.st
 """
 import argparse
+import json
 import math
 import os
+import struct
 import time
 
 import torch
@@ -68,6 +77,38 @@ class GPT(nn.Module):
         return self.ln_f(x) @ self.wte.weight.t()
 
 
+def read_safetensors(path):
+    """(tensors by name, __metadata__) of a safetensors file: u64 LE header
+    length, JSON header, then the raw little-endian data."""
+    raw = open(path, "rb").read()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    meta = header.pop("__metadata__", {})
+    out = {}
+    for name, t in header.items():
+        if t["dtype"] != "F32":
+            raise SystemExit(f"{name}: dtype {t['dtype']}, expected F32")
+        b, e = t["data_offsets"]
+        buf = bytearray(raw[8 + n + b:8 + n + e])
+        out[name] = torch.frombuffer(buf, dtype=torch.float32).reshape(t["shape"])
+    return out, meta
+
+
+def load_dp_checkpoint(model, path, L):
+    """Loads lm_train's checkpoint (nanoGPT's names) into model, strictly."""
+    tensors, meta = read_safetensors(path)
+    ours = {"wte.weight": "transformer.wte.weight", "wpe.weight": "transformer.wpe.weight",
+            "ln_f.weight": "transformer.ln_f.weight", "ln_f.bias": "transformer.ln_f.bias"}
+    for i in range(L):
+        for mine, theirs in (("ln_1", "ln_1"), ("c_attn", "attn.c_attn"), ("c_proj", "attn.c_proj"),
+                             ("ln_2", "ln_2"), ("c_fc", "mlp.c_fc"), ("mlp_proj", "mlp.c_proj")):
+            for kind in ("weight", "bias"):
+                ours[f"h.{i}.{mine}.{kind}"] = f"transformer.h.{i}.{theirs}.{kind}"
+    state = {mine: tensors[theirs] for mine, theirs in ours.items()}
+    model.load_state_dict(state, strict=True)  # raises on any missing name or shape mismatch
+    return meta
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", required=True)
@@ -85,6 +126,7 @@ def main():
     ap.add_argument("--beta2", type=float, default=0.99)
     ap.add_argument("--grad-clip", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=1337)
+    ap.add_argument("--load", help="evaluate lm_train's checkpoint instead of training")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
@@ -97,7 +139,16 @@ def main():
     train, val = data[:n_train], data[n_train:]
     T, B = a.context, a.batch_size
 
+    if a.load:
+        _, meta = read_safetensors(a.load)
+        a.layers, a.heads, a.dim = int(meta["n_layer"]), int(meta["n_head"]), int(meta["n_embd"])
+        T = a.context = int(meta["block_size"])
+        a.steps = 0
+        if int(meta["vocab_size"]) != len(vocab):
+            raise SystemExit(f"{a.load}: vocabulary {meta['vocab_size']} != {len(vocab)} of {a.data}")
     model = GPT(len(vocab), T, a.layers, a.heads, a.dim)
+    if a.load:
+        load_dp_checkpoint(model, a.load, a.layers)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     other = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.weight_decay},
@@ -143,7 +194,7 @@ def main():
     wall = time.time() - t0
     print(f"torch threads {a.threads} OPENBLAS_NUM_THREADS {os.environ.get('OPENBLAS_NUM_THREADS', '-')}: "
           f"train {train_s:.1f} s ({a.steps * B * T / train_s:.0f} tokens/s), wall {wall:.1f} s")
-    print(f"final val_loss {total / count:.4f}")
+    print(f"final val_loss {total / count:.{6 if a.load else 4}f}")
 
 
 if __name__ == "__main__":

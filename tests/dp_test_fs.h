@@ -35,7 +35,7 @@ static inline void dp_test_remove_tree(const char *dir)
     rmdir(dir);
 }
 
-/* The whole file at path (malloc'd, one spare byte); *len its size. */
+/* The whole file at path (malloc'd, NUL-terminated); *len its size. */
 static inline unsigned char *dp_test_read_file(const char *path, size_t *len)
 {
     FILE *f = fopen(path, "rb");
@@ -46,6 +46,7 @@ static inline unsigned char *dp_test_read_file(const char *path, size_t *len)
     unsigned char *b = malloc((size_t)n + 1);
     cr_assert_not_null(b);
     cr_assert_eq(fread(b, 1, (size_t)n, f), (size_t)n);
+    b[n] = 0;
     fclose(f);
     *len = (size_t)n;
     return b;

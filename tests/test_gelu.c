@@ -1,6 +1,10 @@
 /* GELU (tanh approximation): forward against float64, backward against
  * central finite differences of the float64 forward, in-place backward,
- * saturated inputs, bad arguments. */
+ * saturated inputs, bad arguments; and dp_expf, the vectorisable exp the
+ * CPU kernels use, against exp in double. */
+#include <float.h>
+
+#include "kernels/expf.h"
 #include "nn_test_util.h"
 
 #define NX 400
@@ -118,4 +122,57 @@ Test(gelu, bad_arguments)
     dp_device_free(dev, f);
     nn_assert_all_freed(dev);
     dp_device_close(dev);
+}
+
+/* |dp_expf(x) - exp(x)| in units of the float spacing at exp(x). */
+static double expf_ulps(float x)
+{
+    double ref = exp((double)x);
+    float rf = (float)ref;
+    double ulp = (double)nextafterf(rf, INFINITY) - (double)rf;
+    return fabs((double)dp_expf(x) - ref) / ulp;
+}
+
+/* 2^21 evenly spaced points of the documented range, every float of its
+ * last 0.05 at both ends, and x = +-2^-k near 0: within 2 ulp
+ * (kernels/expf.h; Taylor truncation is < 6e-9 relative, the rest is float
+ * rounding in Horner and the reduction). */
+static void expf_check(float x, double *worst, float *at)
+{
+    double e = expf_ulps(x);
+    if (e > *worst) {
+        *worst = e;
+        *at = x;
+    }
+}
+
+Test(expf, within_two_ulp_over_the_range)
+{
+    double worst = 0.0;
+    float at = 0.0f;
+    const size_t n = (size_t)1 << 21;
+    for (size_t k = 0; k <= n; k++)
+        expf_check((float)(DP_EXPF_LO + (DP_EXPF_HI - DP_EXPF_LO) * ((double)k / (double)n)),
+                   &worst, &at);
+    for (float x = DP_EXPF_HI - 0.05f; x <= DP_EXPF_HI; x = nextafterf(x, INFINITY))
+        expf_check(x, &worst, &at);
+    for (float x = DP_EXPF_LO; x <= DP_EXPF_LO + 0.05f; x = nextafterf(x, INFINITY))
+        expf_check(x, &worst, &at);
+    for (int k = 1; k < 149; k++) {
+        expf_check(ldexpf(1.0f, -k), &worst, &at);
+        expf_check(-ldexpf(1.0f, -k), &worst, &at);
+    }
+    cr_assert(worst <= 2.0, "dp_expf is %.3f ulp off at x = %.9g", worst, (double)at);
+}
+
+Test(expf, edges)
+{
+    cr_assert(isinf(dp_expf(88.8f)) && dp_expf(88.8f) > 0, "overflow must give +inf");
+    cr_assert(isinf(dp_expf(INFINITY)));
+    cr_assert(dp_expf(-INFINITY) == 0.0f);
+    cr_assert(dp_expf(-87.0f) == 0.0f, "below 2^-125 flushes to +0 as documented");
+    cr_assert(isnan(dp_expf(NAN)));
+    cr_assert(dp_expf(0.0f) == 1.0f && dp_expf(-0.0f) == 1.0f);
+    cr_assert(dp_expf(DP_EXPF_HI) <= FLT_MAX && dp_expf(DP_EXPF_HI) > 3.4e38f);
+    cr_assert(dp_expf(DP_EXPF_LO) >= FLT_MIN);
 }

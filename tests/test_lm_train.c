@@ -12,9 +12,10 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include <dirent.h>
+#include <signal.h>
+#include <time.h>
 #include <fcntl.h>
 #include <math.h>
-#include <spawn.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,6 +27,7 @@
 #include "dp/checkpoint.h"
 #include "dp_test.h"
 #include "dp_test_fs.h"
+#include "dp_test_spawn.h"
 
 #include <criterion/parameterized.h> /* after criterion.h (in dp_test.h) */
 
@@ -33,7 +35,6 @@
 #error "LM_TRAIN_PATH (the lm_train binary) must be defined by the build"
 #endif
 
-extern char **environ;
 
 // --- temp dir and files -----------------------------------------------------------------
 
@@ -57,17 +58,8 @@ static void write_file(const char *name, const void *b, size_t n)
 
 static char *read_text(const char *path)
 {
-    FILE *f = fopen(path, "rb");
-    cr_assert_not_null(f, "cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    cr_assert_not_null(b);
-    cr_assert_eq(fread(b, 1, (size_t)n, f), (size_t)n);
-    b[n] = 0;
-    fclose(f);
-    return b;
+    size_t n;
+    return (char *)dp_test_read_file(path, &n);
 }
 
 /* About `bytes` of pseudo-English: sentences of 3..12 words from a fixed
@@ -130,16 +122,8 @@ static void teardown(void) { dp_test_remove_tree(tmpdir); }
 
 // --- running lm_train -------------------------------------------------------------------
 
-typedef struct result {
-    int status; /* from waitpid */
-    char *out, *err;
-} result;
-
-static void result_free(result *r)
-{
-    free(r->out);
-    free(r->err);
-}
+typedef dp_test_result result;
+#define result_free dp_test_result_free
 
 /* The options every run gets: a tiny, fast model on two CPU devices. Later
  * options on the command line override these (getopt keeps the last). */
@@ -148,9 +132,10 @@ static const char *const BASE[] = {"--data", "@corpus.txt", "--devices", "cpu:2"
                                    "--batch-size", "4", "--sample", "0", "--eval-iters", "1"};
 #define N_BASE (sizeof BASE / sizeof BASE[0])
 
-/* Runs lm_train with BASE (when with_base) and then extra[0..n) (NULL
- * entries skipped); an argument starting with '@' names a file in tmpdir. */
-static result run_args(int with_base, const char *const *extra, size_t n)
+/* Starts lm_train with BASE (when with_base) and then extra[0..n) (NULL
+ * entries skipped); an argument starting with '@' names a file in tmpdir.
+ * stdout and stderr go to stdout.txt and stderr.txt there. */
+static pid_t spawn_args(int with_base, const char *const *extra, size_t n)
 {
     char *argv[N_BASE + 32];
     size_t argc = 0, nb = with_base ? N_BASE : 0;
@@ -171,21 +156,23 @@ static result run_args(int with_base, const char *const *extra, size_t n)
     char out_path[256], err_path[256];
     path_in(out_path, sizeof out_path, "stdout.txt");
     path_in(err_path, sizeof err_path, "stderr.txt");
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-    posix_spawn_file_actions_addopen(&fa, 1, out_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_addopen(&fa, 2, err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    pid_t pid;
-    int rc = posix_spawn(&pid, LM_TRAIN_PATH, &fa, NULL, argv, environ);
-    posix_spawn_file_actions_destroy(&fa);
-    cr_assert_eq(rc, 0, "cannot run %s: %s", LM_TRAIN_PATH, strerror(rc));
-    result r;
-    cr_assert_eq(waitpid(pid, &r.status, 0), pid);
+    pid_t pid = dp_test_spawn(argv, out_path, err_path);
     for (size_t i = 1; i < argc; i++) free(argv[i]);
-    r.out = read_text(out_path);
-    r.err = read_text(err_path);
-    return r;
+    return pid;
+}
+
+/* Waits for pid and collects its exit status and output. */
+static result collect(pid_t pid)
+{
+    char out_path[256], err_path[256];
+    path_in(out_path, sizeof out_path, "stdout.txt");
+    path_in(err_path, sizeof err_path, "stderr.txt");
+    return dp_test_collect(pid, out_path, err_path);
+}
+
+static result run_args(int with_base, const char *const *extra, size_t n)
+{
+    return collect(spawn_args(with_base, extra, n));
 }
 
 static result run_lm(const char *const *extra, size_t n) { return run_args(1, extra, n); }
@@ -325,6 +312,111 @@ Test(lm_train, eval_only_matches_final_val_loss)
     result_free(&e);
 }
 
+// --- non-finite steps and crash safety -------------------------------------------------
+
+/* A learning rate of 1e30 blows the parameters up in one update (AdamW's
+ * step is about lr in size), so every later step has a non-finite loss:
+ * each is skipped, --max-skips of them in a row stop the run, and the
+ * checkpoint saved before is left as it was and still resumes. */
+Test(lm_train, non_finite_steps_stop_training_and_keep_the_last_checkpoint)
+{
+    result a = RUN("--steps", "4", "--save", "@g.st");
+    assert_success(&a, "4 good steps");
+    char g[256];
+    path_in(g, sizeof g, "g.st");
+    size_t n0, n1;
+    unsigned char *before = dp_test_read_file(g, &n0);
+
+    result b = RUN("--resume", "@g.st", "--steps", "40", "--lr", "1e30", "--warmup", "0",
+                   "--max-skips", "3", "--save", "@g.st", "--save-interval", "2", "--log",
+                   "@skip.jsonl");
+    cr_assert(WIFEXITED(b.status) && WEXITSTATUS(b.status) != 0,
+              "a run that only produces NaN did not fail; stdout:\n%s", b.out);
+    cr_assert(strstr(b.err, "3 consecutive steps") && strstr(b.err, "non-finite") &&
+                  strstr(b.err, "intact"),
+              "stderr: %s", b.err);
+    cr_assert(strstr(b.out, "step 6 skipped: non-finite loss or gradient on cpu:"),
+              "no skip line naming a device:\n%s", b.out);
+    /* The log counts the skipped steps; JSON has no NaN, so the loss is null. */
+    char lp[256];
+    path_in(lp, sizeof lp, "skip.jsonl");
+    char *log = read_text(lp);
+    cr_assert(strstr(log, "\"loss\":null") && strstr(log, "\"skipped\":true") &&
+                  strstr(log, "\"skipped_total\":3"),
+              "log:\n%s", log);
+    free(log);
+
+    /* Step 5 updated (the last good step) but was never saved: the file is
+     * the 4-step checkpoint, byte for byte, and it still resumes. */
+    unsigned char *after = dp_test_read_file(g, &n1);
+    cr_assert(n0 == n1 && memcmp(before, after, n0) == 0, "the checkpoint changed");
+    free(before);
+    free(after);
+    result c = RUN("--resume", "@g.st", "--steps", "6");
+    assert_success(&c, "resuming the intact checkpoint");
+    cr_assert(strstr(c.out, "trained 2 steps"), "%s", c.out);
+    result_free(&a);
+    result_free(&b);
+    result_free(&c);
+}
+
+/* Kill -9 at arbitrary moments of a run that saves every step (about 1 MB
+ * per save here, so many kills land inside a write): the checkpoint path
+ * always holds a complete checkpoint (or none yet), leftover temporary
+ * files do not get in the way, and --resume continues from it. */
+Test(lm_train, killed_while_saving_leaves_a_loadable_checkpoint, .timeout = 120)
+{
+    char ck_path[256];
+    path_in(ck_path, sizeof ck_path, "k.st");
+    const long delays_ms[] = {30, 90, 160, 240, 330, 420};
+    int loaded = 0;
+    for (size_t i = 0; i < sizeof delays_ms / sizeof delays_ms[0]; i++) {
+        const char *const extra[] = {"--dim", "64", "--heads", "4", "--layers", "2",
+                                     "--steps", "100000", "--save", "@k.st",
+                                     "--save-interval", "1", "--eval-interval", "100000"};
+        const char *const resume[] = {"--resume", "@k.st"};
+        const char *args[20];
+        size_t n = 0;
+        for (size_t j = 0; j < sizeof extra / sizeof extra[0]; j++) args[n++] = extra[j];
+        struct stat sb;
+        if (stat(ck_path, &sb) == 0)
+            for (size_t j = 0; j < 2; j++) args[n++] = resume[j];
+        pid_t pid = spawn_args(1, args, n);
+        struct timespec ts = {0, delays_ms[i] * 1000000L};
+        nanosleep(&ts, NULL);
+        kill(pid, SIGKILL);
+        result r = collect(pid);
+        result_free(&r);
+        if (stat(ck_path, &sb) == 0) {
+            dp_checkpoint *ck = NULL;
+            dp_status s = dp_checkpoint_load(ck_path, &ck, NULL);
+            cr_assert_eq(s, DP_OK, "after a kill at %ld ms the checkpoint does not load: %s",
+                         delays_ms[i], dp_last_error());
+            dp_checkpoint_free(ck);
+            loaded++;
+        }
+    }
+    cr_assert_gt(loaded, 0, "no checkpoint was ever written before a kill; raise the delays");
+
+    /* A truncated temp file such as a kill leaves, named as the writer names them. */
+    char junk[300];
+    snprintf(junk, sizeof junk, "%s.tmp.99999.0", ck_path);
+    dp_test_write_file(junk, "\x40\0\0\0\0\0\0\0{\"a\"", 12);
+    dp_checkpoint *ck = load_ck("k.st");
+    long step = ck->step;
+    dp_checkpoint_free(ck);
+    char until[32];
+    snprintf(until, sizeof until, "%ld", step + 2);
+    result r = RUN("--dim", "64", "--heads", "4", "--layers", "2", "--resume", "@k.st",
+                   "--steps", until, "--save", "@k.st");
+    assert_success(&r, "resuming after kills");
+    cr_assert(strstr(r.out, "trained 2 steps"), "%s", r.out);
+    ck = load_ck("k.st");
+    cr_assert_eq(ck->step, step + 2);
+    dp_checkpoint_free(ck);
+    result_free(&r);
+}
+
 // --- bad command lines ----------------------------------------------------------------
 
 typedef struct bad_case {
@@ -368,6 +460,9 @@ static bad_case bad_cases[] = {
     {"save into a missing directory", {"--steps", "2", "--save", "@nodir/out.st"}, "nodir",
      "@nodir/out.st", 0, 0},
     {"save onto a directory", {"--steps", "2", "--save", "@sub"}, "directory", "@sub", 0, 0},
+    {"max-skips 0", {"--max-skips", "0"}, "--max-skips", "", 0, 0},
+    {"watchdog -1", {"--watchdog", "-1"}, "--watchdog", "", 0, 0},
+    {"check-replicas x", {"--check-replicas", "x"}, "--check-replicas", "", 0, 0},
 };
 
 ParameterizedTestParameters(lm_train, bad_input_fails_cleanly)

@@ -31,9 +31,10 @@ typedef struct opts {
     const char *memory_limit;
     long vocab_size, layers, heads, dim, context, batch_size, grad_accum, max_tokens;
     long steps, warmup, eval_interval, eval_iters, save_interval, sample, top_k;
-    double lr, min_lr, weight_decay, beta1, beta2, grad_clip, temperature;
+    long max_skips, check_replicas;
+    double lr, min_lr, weight_decay, beta1, beta2, grad_clip, temperature, watchdog;
     unsigned long long seed;
-    int eval_only;
+    int eval_only, tf32;
     int model_given; /* which model-shape options were on the command line (MG_* bits) */
 } opts;
 
@@ -67,6 +68,7 @@ static void defaults(opts *o)
     o->sample = 300;
     o->temperature = 0.8;
     o->top_k = 40;
+    o->max_skips = 5;
 }
 
 static void usage(FILE *f)
@@ -85,6 +87,7 @@ static void usage(FILE *f)
             "                         else one CPU device per core)\n"
             "  --mode balanced|gather where the loss is computed (default %s)\n"
             "  --memory-limit SIZE    per-device allocation limit, e.g. 12GiB (default none)\n"
+            "  --tf32                 let cuBLAS use TF32 tensor cores on GPUs (default off)\n"
             "model\n"
             "  --layers N  --heads N  --dim N  --context N   (default %ld, %ld, %ld, %ld)\n"
             "training\n"
@@ -98,6 +101,12 @@ static void usage(FILE *f)
             "  --beta1 X  --beta2 X   AdamW betas (default %g, %g)\n"
             "  --grad-clip X          max global gradient norm, 0 = off (default %g)\n"
             "  --seed N               seed for initialisation and batches (default %llu)\n"
+            "  --max-skips K          stop after K consecutive steps skipped for a non-finite\n"
+            "                         loss or gradient (default %ld)\n"
+            "  --watchdog SECONDS     fail a step when no device makes progress for this long,\n"
+            "                         0 = off (default 0)\n"
+            "  --check-replicas N     every N steps, check that every replica equals the root's\n"
+            "                         parameters, 0 = off (default 0)\n"
             "evaluation and output\n"
             "  --eval-interval N      steps between evaluations (default %ld)\n"
             "  --eval-iters N         batches per split per evaluation (default %ld)\n"
@@ -111,7 +120,8 @@ static void usage(FILE *f)
             "  --help                 this text\n",
             DP_DEFAULT_CORPUS, d.tokenizer, d.vocab_size, d.devices, d.mode, d.layers, d.heads,
             d.dim, d.context, d.batch_size, d.grad_accum, d.steps, d.lr, d.min_lr, d.warmup,
-            d.weight_decay, d.beta1, d.beta2, d.grad_clip, d.seed, d.eval_interval, d.eval_iters,
+            d.weight_decay, d.beta1, d.beta2, d.grad_clip, d.seed, d.max_skips, d.eval_interval,
+            d.eval_iters,
             d.sample, d.temperature, d.top_k);
 }
 
@@ -156,7 +166,7 @@ static int parse_args(int argc, char **argv, opts *o)
         O_DATA = 256, O_TOK, O_VOCAB, O_DEV, O_MODE, O_LAYERS, O_HEADS, O_DIM, O_CTX, O_BATCH,
         O_ACCUM, O_MAXTOK, O_STEPS, O_LR, O_MINLR, O_WARMUP, O_WD, O_B1, O_B2, O_CLIP, O_EVI,
         O_EVN, O_SEED, O_SAVE, O_SAVEI, O_RESUME, O_EVONLY, O_SAMPLE, O_TEMP, O_TOPK, O_PROMPT,
-        O_LOG, O_MEM, O_HELP
+        O_LOG, O_MEM, O_SKIPS, O_WATCHDOG, O_CHECK, O_TF32, O_HELP
     };
     static const struct option lo[] = {
         {"data", 1, 0, O_DATA},          {"tokenizer", 1, 0, O_TOK},
@@ -175,7 +185,9 @@ static int parse_args(int argc, char **argv, opts *o)
         {"eval-only", 0, 0, O_EVONLY},   {"sample", 1, 0, O_SAMPLE},
         {"temperature", 1, 0, O_TEMP},   {"top-k", 1, 0, O_TOPK},
         {"prompt", 1, 0, O_PROMPT},      {"log", 1, 0, O_LOG},
-        {"memory-limit", 1, 0, O_MEM},   {"help", 0, 0, O_HELP},
+        {"memory-limit", 1, 0, O_MEM},   {"max-skips", 1, 0, O_SKIPS},
+        {"watchdog", 1, 0, O_WATCHDOG},  {"check-replicas", 1, 0, O_CHECK},
+        {"tf32", 0, 0, O_TF32},          {"help", 0, 0, O_HELP},
         {0, 0, 0, 0}};
     opterr = 0;
     int c;
@@ -212,12 +224,16 @@ static int parse_args(int argc, char **argv, opts *o)
         case O_SAVEI: bad = parse_long("--save-interval", v, 0, &o->save_interval); break;
         case O_RESUME: o->resume = v; break;
         case O_EVONLY: o->eval_only = 1; break;
+        case O_TF32: o->tf32 = 1; break;
         case O_SAMPLE: bad = parse_long("--sample", v, 0, &o->sample); break;
         case O_TEMP: bad = parse_double("--temperature", v, 1e-6, &o->temperature); break;
         case O_TOPK: bad = parse_long("--top-k", v, 0, &o->top_k); break;
         case O_PROMPT: o->prompt = v; break;
         case O_LOG: o->log = v; break;
         case O_MEM: o->memory_limit = v; break;
+        case O_SKIPS: bad = parse_long("--max-skips", v, 1, &o->max_skips); break;
+        case O_WATCHDOG: bad = parse_double("--watchdog", v, 0, &o->watchdog); break;
+        case O_CHECK: bad = parse_long("--check-replicas", v, 0, &o->check_replicas); break;
         case O_HELP: usage(stdout); exit(0);
         case ':': return fail("%s needs a value (see --help)", argv[optind - 1]);
         default: return fail("unknown option \"%s\" (see --help)", argv[optind - 1]);
@@ -248,6 +264,7 @@ typedef struct run {
     int32_t *inputs, *targets; /* (batch_size, context) host */
     size_t n_params;
     long step;
+    long skipped, consecutive_skips; /* steps skipped for non-finite values */
     FILE *log;
     int tty;
 } run;
@@ -464,10 +481,15 @@ static void log_row(run *r, const dp_step_stats *st, double lr)
     json_t *peaks = json_array();
     for (size_t d = 0; d < st->n_devices; d++)
         json_array_append_new(peaks, json_integer((json_int_t)st->devices[d].peak));
-    json_t *row = json_pack("{s:I, s:f, s:f, s:f, s:f, s:f, s:b, s:o}", "step", (json_int_t)r->step,
-                            "loss", st->loss, "lr", lr, "grad_norm", st->grad_norm, "tokens_per_s",
+    /* JSON has no NaN or Inf: a non-finite loss or norm is logged as null. */
+    json_t *loss = isfinite(st->loss) ? json_real(st->loss) : json_null();
+    json_t *norm = isfinite(st->grad_norm) ? json_real(st->grad_norm) : json_null();
+    json_t *row = json_pack("{s:I, s:o, s:f, s:o, s:f, s:f, s:b, s:I, s:o}", "step",
+                            (json_int_t)(st->skipped ? r->step + 1 : r->step), "loss", loss,
+                            "lr", lr, "grad_norm", norm, "tokens_per_s",
                             (double)(r->o.batch_size * r->o.context) / st->seconds, "ms",
-                            1e3 * st->seconds, "skipped", st->skipped, "peak_bytes", peaks);
+                            1e3 * st->seconds, "skipped", st->skipped, "skipped_total",
+                            (json_int_t)r->skipped, "peak_bytes", peaks);
     if (row) {
         json_dumpf(row, r->log, JSON_COMPACT);
         fputc('\n', r->log);
@@ -585,6 +607,9 @@ static int setup(run *r, dp_checkpoint **ck_out)
     ec.grad_accum = (int)o->grad_accum;
     ec.max_tokens_per_micro = (size_t)o->max_tokens;
     ec.seed = o->seed;
+    ec.watchdog_seconds = o->watchdog;
+    ec.check_replicas_every = o->check_replicas;
+    ec.allow_tf32 = o->tf32;
     if (o->memory_limit && dp_parse_bytes(o->memory_limit, &ec.memory_limit) != DP_OK)
         return dp_fail("--memory-limit");
     dp_criterion ce = dp_criterion_cross_entropy();
@@ -624,6 +649,27 @@ static int train(run *r)
         dp_batch b = {B, r->inputs, r->targets};
         dp_step_stats st;
         if (dp_engine_step(r->engine, &b, &st) != DP_OK) return dp_fail("step");
+        if (st.skipped) {
+            /* Nothing was updated: the step is retried on the next batch. */
+            r->skipped++;
+            r->consecutive_skips++;
+            char where[48] = "";
+            if (st.skipped_device >= 0)
+                snprintf(where, sizeof where, " on %s",
+                         dp_device_name(dp_engine_device(r->engine, (size_t)st.skipped_device)));
+            printf("%sstep %ld skipped: non-finite loss or gradient%s (%ld in a row, %ld in all)\n",
+                   r->tty ? "\n" : "", r->step + 1, where, r->consecutive_skips, r->skipped);
+            log_row(r, &st, lr);
+            if (r->consecutive_skips >= o->max_skips)
+                return fail("%ld consecutive steps had a non-finite loss or gradient (last%s); "
+                            "stopping at step %ld%s%s. Lower --lr, tighten --grad-clip or check "
+                            "the data",
+                            r->consecutive_skips, where[0] ? where : " on no single device",
+                            r->step, o->save ? "; the last checkpoint is intact: " : "",
+                            o->save ? o->save : "");
+            continue;
+        }
+        r->consecutive_skips = 0;
         r->step++;
         progress(r, &st, lr, now() - t0, first);
         log_row(r, &st, lr);

@@ -8,8 +8,11 @@
  * unless said otherwise; dp_gemm alone uses cuBLAS's column-major
  * convention so the same call works on both backends.
  *
- * Thread-safety: a device may be used by one thread at a time for compute
- * and copies; allocation, free and the memory queries are thread-safe.
+ * Thread-safety: allocation, free and the memory queries are thread-safe.
+ * Compute and copies on one device may come from several threads, as the
+ * engine's reduce and optimizer slices do on the root, provided they touch
+ * disjoint memory: the CPU backend runs each call on the calling thread,
+ * and the CUDA backend orders calls on the device's stream under a lock.
  */
 #ifndef DP_DEVICE_H
 #define DP_DEVICE_H
@@ -84,6 +87,17 @@ DP_API dp_device_kind dp_device_kind_of(const dp_device *dev);
 /* Makes dev current for the calling thread (cudaSetDevice on CUDA; no-op
  * on CPU). Each worker thread calls it once before using dev. */
 DP_API dp_status dp_device_bind_thread(dp_device *dev);
+
+/* Lets cuBLAS run dp_gemm on a CUDA device with TF32 tensor-op math
+ * (inputs rounded to a 10-bit mantissa, float32 accumulation): several
+ * times faster on Ampere and newer GPUs, but products carry ~1e-3 relative
+ * error instead of float32's ~1e-7, so results no longer match the CPU
+ * backend within float32 rounding. Off (allow = 0) by default. The
+ * element-wise and row-wise kernels are unaffected. A no-op on CPU
+ * devices, which always compute in float32. Call it while no other thread
+ * uses dev (e.g. after dp_engine_create, through dp_engine_device).
+ * Errors: DP_ERR_INVALID_ARGUMENT (dev NULL), DP_ERR_DEVICE. */
+DP_API dp_status dp_device_set_allow_tf32(dp_device *dev, int allow);
 
 /* ---- memory and accounting ---------------------------------------- */
 

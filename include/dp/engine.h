@@ -95,6 +95,24 @@ typedef struct dp_engine_config {
     size_t memory_limit;
     /* Seed for the model's initialisation. */
     uint64_t seed;
+    /* Watchdog (0 = off): when no device enters a new phase for this many
+     * seconds, the step fails with DP_ERR_TIMEOUT naming the device and
+     * phase that made no progress, and every worker is called back. A
+     * worker stuck inside a backend call that does not return within a
+     * second watchdog period leaves the engine unusable (every later call
+     * fails with DP_ERR_TIMEOUT; dp_engine_destroy then waits for it). */
+    double watchdog_seconds;
+    /* Replica consistency check (0 = off): every this many optimizer steps,
+     * each device hashes its parameter replica after the broadcast and the
+     * step fails with DP_ERR_INTERNAL naming the first device whose hash
+     * differs from the root's (the replicas are re-broadcast before the
+     * next step). Costs one pass over the parameters per device (plus a
+     * device-to-host copy on GPUs). */
+    long check_replicas_every;
+    /* 1: let cuBLAS use TF32 tensor cores for the GEMMs on CUDA devices
+     * (see dp_device_set_allow_tf32: faster, ~1e-3 relative error). No
+     * effect on CPU devices. */
+    int allow_tf32;
 } dp_engine_config;
 
 /* Sensible defaults: balanced, AdamW lr 1e-3 betas (0.9, 0.95) eps 1e-8,
@@ -129,7 +147,8 @@ typedef struct dp_step_stats {
     int skipped_device;    /* first device whose chunk gave a non-finite value, or -1 */
     long step;             /* optimizer steps taken after this one */
     double seconds;        /* wall time of the step */
-    double phase_seconds[DP_PHASE_COUNT]; /* wall time of each phase (root's clock) */
+    double phase_seconds[DP_PHASE_COUNT]; /* wall time of each phase: the longest
+                                             any device spent in it */
     size_t n_devices;
     dp_device_step_stats devices[DP_MAX_DEVICES];
 } dp_step_stats;
@@ -157,7 +176,12 @@ DP_API void dp_engine_destroy(dp_engine *engine);
  * Errors: DP_ERR_INVALID_ARGUMENT (empty batch, targets out of range, no
  * valid target, inputs the model rejects), DP_ERR_OUT_OF_MEMORY (a device's
  * limit; try a smaller batch or more micro-batches), DP_ERR_DEVICE, or a
- * worker's error; the message starts with "<device> <phase>:". After an
+ * worker's error; the message starts with "<device> <phase>:".
+ * DP_ERR_TIMEOUT: the watchdog fired (see watchdog_seconds). DP_ERR_INTERNAL
+ * from the replica check: the update was applied on the root, a replica
+ * differed and will be re-broadcast. A non-finite loss or gradient norm is
+ * not an error: the step returns DP_OK with stats->skipped = 1 and nothing
+ * updated (parameters, optimizer moments and the step count). After an
  * error nothing has been updated unless the failure was in the optimizer
  * or broadcast phase, in which case the replicas are re-synchronised from
  * the root before the next step.
@@ -200,6 +224,14 @@ DP_API dp_status dp_engine_plan(const dp_engine *engine, size_t rows, const int3
  * start of `phase` (once). phase == DP_PHASE_COUNT clears it. */
 DP_API void dp_engine_inject_fault(dp_engine *engine, int device, dp_phase phase,
                                    dp_status status);
+/* Test hook: in the next step, device `device` stalls for `seconds` at the
+ * start of `phase` (once), as a hung kernel would; a watchdog abort ends the
+ * stall early. phase == DP_PHASE_COUNT clears it. */
+DP_API void dp_engine_inject_stall(dp_engine *engine, int device, dp_phase phase,
+                                   double seconds);
+/* Test hook: at the next replica check, device `device` flips one bit of its
+ * parameter replica just before hashing it (once). */
+DP_API void dp_engine_inject_divergence(dp_engine *engine, int device);
 
 #ifdef __cplusplus
 }

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "backend/cuda/cuda_backend.h"
 #include "core/error.h"
 
 // --- allocation map ---------------------------------------------------------
@@ -157,6 +158,13 @@ dp_status dp_device_bind_thread(dp_device *dev)
 {
     if (!dev) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "dev must not be NULL");
     return dev->ops->bind_thread ? dev->ops->bind_thread(dev) : DP_OK;
+}
+
+dp_status dp_device_set_allow_tf32(dp_device *dev, int allow)
+{
+    if (!dev) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "dev must not be NULL");
+    if (dev->kind != DP_DEVICE_CUDA) return DP_OK; /* the CPU always computes in float32 */
+    return dp_cuda_set_allow_tf32(dev, allow);
 }
 
 // --- memory -------------------------------------------------------------------

@@ -25,6 +25,7 @@
 #include <stddef.h>
 
 #include "kernels/dp_hd.h"
+#include "kernels/expf.h"
 
 // --- index maps -----------------------------------------------------------------
 
@@ -159,13 +160,14 @@ static inline DP_HD void dp_softmax_causal_forward_row(float *row, float scale, 
                                                        size_t T)
 {
     float maxv = scale * row[0];
-    for (size_t j = 1; j <= t; j++) maxv = fmaxf(maxv, scale * row[j]);
-    float sum = 0.0f;
-    for (size_t j = 0; j <= t; j++) {
-        float e = expf(scale * row[j] - maxv);
-        row[j] = e;
-        sum += e;
+    for (size_t j = 1; j <= t; j++) {
+        float v = scale * row[j];
+        maxv = v > maxv ? v : maxv; /* inline, unlike a call to fmaxf */
     }
+    /* exp in its own loop so that it vectorises (the float sum would not) */
+    for (size_t j = 0; j <= t; j++) row[j] = dp_expf(scale * row[j] - maxv);
+    float sum = 0.0f;
+    for (size_t j = 0; j <= t; j++) sum += row[j];
     /* sum >= 1: the maximum's own term is exp(0). */
     float inv = 1.0f / sum;
     for (size_t j = 0; j <= t; j++) row[j] *= inv;

@@ -3,10 +3,18 @@
  */
 #include "parallel/barrier.h"
 
+#include <time.h>
+
 int dp_barrier_init(dp_barrier *b, int parties)
 {
     if (pthread_mutex_init(&b->mu, NULL) != 0) return -1;
-    if (pthread_cond_init(&b->cv, NULL) != 0) {
+    /* CLOCK_MONOTONIC: dp_barrier_sleep's deadline ignores wall-clock jumps. */
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    int rc = pthread_cond_init(&b->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    if (rc != 0) {
         pthread_mutex_destroy(&b->mu);
         return -1;
     }
@@ -60,4 +68,23 @@ void dp_barrier_reset(dp_barrier *b)
     b->aborted = 0;
     b->waiting = 0;
     pthread_mutex_unlock(&b->mu);
+}
+
+int dp_barrier_sleep(dp_barrier *b, double seconds)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    double whole = (double)(long)seconds;
+    ts.tv_sec += (time_t)whole;
+    ts.tv_nsec += (long)((seconds - whole) * 1e9);
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&b->mu);
+    int rc = 0;
+    while (!b->aborted && rc == 0) rc = pthread_cond_timedwait(&b->cv, &b->mu, &ts);
+    int aborted = b->aborted;
+    pthread_mutex_unlock(&b->mu);
+    return aborted ? -1 : 0;
 }

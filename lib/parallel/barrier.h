@@ -28,5 +28,8 @@ int dp_barrier_wait(dp_barrier *b);
 void dp_barrier_abort(dp_barrier *b);
 /* Clears the abort flag; only when no thread is waiting. */
 void dp_barrier_reset(dp_barrier *b);
+/* Sleeps up to `seconds` or until the barrier is aborted: 0 after the full
+ * time, -1 when aborted (the injected stall of the engine's test hook). */
+int dp_barrier_sleep(dp_barrier *b, double seconds);
 
 #endif /* DP_PARALLEL_BARRIER_H */

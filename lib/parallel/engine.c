@@ -8,7 +8,9 @@
  * message in its own slot and aborts the barrier, so every worker returns
  * and the caller reports the first failure by device index.
  */
+#include <errno.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,6 +67,11 @@ typedef struct worker {
     double phase_seconds[DP_PHASE_COUNT];
     size_t phase_peak[DP_PHASE_COUNT];
 
+    /* what the watchdog sees: the phase this worker is working in, or -1
+     * while it waits at the barrier or has finished the job */
+    atomic_int busy_phase;
+    uint64_t param_hash; /* replica check */
+
     /* failure slot */
     dp_status status;
     dp_phase fail_phase;
@@ -100,10 +107,19 @@ struct dp_engine {
     int skip;            /* decided identically by every worker after the reduce */
     double grad_norm;
 
-    /* test hook */
+    /* watchdog: the caller's thread waits at most watchdog_seconds after the
+     * last phase change of any worker (CLOCK_MONOTONIC, guarded by mu) */
+    double last_progress;
+    int broken; /* a worker never came back after a watchdog abort */
+
+    /* test hooks */
     int fault_dev;
     dp_phase fault_phase;
     dp_status fault_status;
+    int stall_dev;
+    dp_phase stall_phase;
+    double stall_seconds;
+    atomic_int diverge_dev; /* -1: none */
 };
 
 // --- small helpers -------------------------------------------------------------
@@ -186,6 +202,12 @@ static void fail(worker *w, dp_status s)
 static void close_phase(worker *w)
 {
     if ((unsigned)w->phase >= DP_PHASE_COUNT) return;
+    /* A GPU runs the phase's work asynchronously: wait for it, so the phase
+     * time is the time the work took, not the time to queue it. */
+    if (!w->dev->ops->host_memory && w->status == DP_OK) {
+        dp_status s = dp_device_synchronize(w->dev);
+        if (s != DP_OK) fail(w, s);
+    }
     dp_memory_stats ms;
     dp_device_memory(w->dev, &ms);
     w->phase_seconds[w->phase] += now_seconds() - w->phase_start;
@@ -200,6 +222,12 @@ static int enter_phase(worker *w, dp_phase p)
     w->phase_start = now_seconds();
     dp_device_reset_peak(w->dev);
     dp_engine *e = w->e;
+    atomic_store(&w->busy_phase, (int)p);
+    if (e->cfg.watchdog_seconds > 0) {
+        pthread_mutex_lock(&e->mu);
+        e->last_progress = w->phase_start;
+        pthread_mutex_unlock(&e->mu);
+    }
     if (e->fault_dev == w->id && e->fault_phase == p) {
         /* Only this worker reads and clears its own fault. */
         dp_status s = e->fault_status;
@@ -207,7 +235,22 @@ static int enter_phase(worker *w, dp_phase p)
         fail(w, DP_FAIL(s, "injected fault (test hook)"));
         return 1;
     }
+    if (e->stall_dev == w->id && e->stall_phase == p) {
+        e->stall_phase = DP_PHASE_COUNT;
+        /* An interruptible stand-in for a hung kernel or driver call: the
+         * watchdog's abort ends it, and the watchdog reports the error. */
+        if (dp_barrier_sleep(&e->barrier, e->stall_seconds) != 0) return 1;
+    }
     return 0;
+}
+
+/* Waits at the barrier; the watchdog does not count a waiting worker as stuck. */
+static int sync_workers(worker *w)
+{
+    int saved = atomic_exchange(&w->busy_phase, -1);
+    int rc = dp_barrier_wait(&w->e->barrier);
+    atomic_store(&w->busy_phase, saved);
+    return rc;
 }
 
 #define ENTER(w, p)                     \
@@ -216,7 +259,7 @@ static int enter_phase(worker *w, dp_phase p)
     } while (0)
 #define SYNC(w)                                              \
     do {                                                     \
-        if (dp_barrier_wait(&(w)->e->barrier) != 0) return; \
+        if (sync_workers(w) != 0) return;                   \
     } while (0)
 #define CHECK(w, expr)                   \
     do {                                 \
@@ -248,7 +291,8 @@ static void job_setup(worker *w)
     }
     SYNC(w); /* the root's buffers exist before anyone stages on it */
     worker *root = &e->w[0];
-    if (!root->dev->ops->host_memory && w->slice_end > w->slice_begin) {
+    /* Staging for the peers' gradient slices; a single device has none. */
+    if (!root->dev->ops->host_memory && e->k > 1 && w->slice_end > w->slice_begin) {
         size_t sb = (w->slice_end - w->slice_begin) * sizeof(float);
         dp_status s = dp_device_alloc(root->dev, sb, (void **)&w->stage);
         if (s != DP_OK) {
@@ -406,7 +450,24 @@ static void compute_gather(worker *w)
                 CHECK(w, e->crit.forward_backward(e->crit.ctx, w->dev, &loss, w->gathered_d.ptr,
                                                   w->gathered.ptr, tg, total, V, e->dscale,
                                                   w->scratch.ptr));
-                w->loss_sum += loss;
+                if (isfinite(loss)) {
+                    w->loss_sum += loss;
+                } else {
+                    /* Rare path: attribute the non-finite loss to the devices
+                     * whose rows produced it (the others wait at the barrier). */
+                    off = 0;
+                    for (size_t d = 0; d < e->k; d++) {
+                        size_t f, nd = micro_rows(&e->w[d], j, &f) * opr;
+                        double ld = 0.0;
+                        if (nd)
+                            CHECK(w, e->crit.forward_backward(
+                                         e->crit.ctx, w->dev, &ld, NULL,
+                                         (const float *)w->gathered.ptr + off * V, tg + off, nd,
+                                         V, e->dscale, w->scratch.ptr));
+                        e->w[d].loss_sum += ld;
+                        off += nd;
+                    }
+                }
             }
         }
         SYNC(w);
@@ -472,6 +533,55 @@ static void optimizer_slice(worker *w, double grad_norm)
     }
 }
 
+// --- replica consistency check -------------------------------------------------------
+
+/* Whether the step now running ends with a replica check (e->t counts the
+ * steps before it). */
+static int replica_check_due(const dp_engine *e)
+{
+    long n = e->cfg.check_replicas_every;
+    return n > 0 && (e->t + 1) % n == 0;
+}
+
+/* FNV-1a over 64-bit words (Fowler, Noll, Vo): not cryptographic, but any
+ * flipped bit changes the result, which is all a divergence check needs. */
+static uint64_t hash_words(const unsigned char *p, size_t bytes)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    size_t i = 0;
+    for (; i + 8 <= bytes; i += 8) {
+        uint64_t x;
+        memcpy(&x, p + i, 8);
+        h = (h ^ x) * 0x100000001b3ull;
+    }
+    for (; i < bytes; i++) h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+
+static dp_status hash_params(worker *w, uint64_t *out)
+{
+    size_t bytes = w->e->model.n_params * sizeof(float);
+    if (w->dev->ops->host_memory) {
+        *out = hash_words((const unsigned char *)w->params, bytes);
+        return DP_OK;
+    }
+    unsigned char *host = malloc(bytes);
+    if (!host) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host buffer for the replica check (%zu bytes)", bytes);
+    dp_status s = dp_copy_d2h(w->dev, host, w->params, bytes);
+    if (s == DP_OK) *out = hash_words(host, bytes);
+    free(host);
+    return s;
+}
+
+/* Test hook: flips the lowest bit of this replica's first parameter. */
+static dp_status flip_one_bit(worker *w)
+{
+    uint32_t x;
+    DP_TRY(dp_copy_d2h(w->dev, &x, w->params, sizeof x));
+    x ^= 1u;
+    return dp_copy_h2d(w->dev, w->params, &x, sizeof x);
+}
+
 static void job_step(worker *w, int train)
 {
     dp_engine *e = w->e;
@@ -512,6 +622,13 @@ static void job_step(worker *w, int train)
     ENTER(w, DP_PHASE_BROADCAST);
     if (w->id != 0 && !skip)
         CHECK(w, dp_copy_peer(w->dev, w->params, e->w[0].dev, e->w[0].params, pbytes));
+    if (!skip && replica_check_due(e)) {
+        if (atomic_load(&e->diverge_dev) == w->id) {
+            atomic_store(&e->diverge_dev, -1);
+            CHECK(w, flip_one_bit(w));
+        }
+        CHECK(w, hash_params(w, &w->param_hash));
+    }
 }
 
 static void *worker_main(void *arg)
@@ -537,12 +654,72 @@ static void *worker_main(void *arg)
         case JOB_BROADCAST: job_broadcast(w); break;
         }
         close_phase(w);
+        atomic_store(&w->busy_phase, -1);
 
         pthread_mutex_lock(&e->mu);
         if (--e->running == 0) pthread_cond_signal(&e->cv_done);
         pthread_mutex_unlock(&e->mu);
     }
     return NULL;
+}
+
+static struct timespec deadline_at(double t)
+{
+    struct timespec ts;
+    ts.tv_sec = (time_t)t;
+    ts.tv_nsec = (long)((t - (double)ts.tv_sec) * 1e9);
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    return ts;
+}
+
+/* The caller's wait with a watchdog, mu held on entry and exit: when no
+ * worker has entered a new phase for watchdog_seconds, the step is aborted
+ * and the worker still busy is named. The abort wakes workers waiting at
+ * the barrier (and the test hook's stall); a worker stuck inside a backend
+ * call gets another watchdog period to return, after which the engine is
+ * marked broken. */
+static dp_status watch(dp_engine *e)
+{
+    double wd = e->cfg.watchdog_seconds;
+    while (e->running > 0) {
+        struct timespec ts = deadline_at(e->last_progress + wd);
+        int rc = pthread_cond_timedwait(&e->cv_done, &e->mu, &ts);
+        if (rc != ETIMEDOUT || e->running == 0 || now_seconds() < e->last_progress + wd) continue;
+        int stuck = -1, phase = -1;
+        for (size_t i = 0; i < e->k && stuck < 0; i++) {
+            int p = atomic_load(&e->w[i].busy_phase);
+            if (p >= 0) stuck = (int)i, phase = p;
+        }
+        char who[96];
+        if (stuck >= 0)
+            snprintf(who, sizeof who, "%s %s", e->w[stuck].dev->name,
+                     dp_phase_name((dp_phase)phase));
+        else
+            snprintf(who, sizeof who, "engine");
+        pthread_mutex_unlock(&e->mu);
+        dp_barrier_abort(&e->barrier);
+        pthread_mutex_lock(&e->mu);
+        double grace = now_seconds() + wd;
+        while (e->running > 0) {
+            struct timespec g = deadline_at(grace);
+            if (pthread_cond_timedwait(&e->cv_done, &e->mu, &g) == ETIMEDOUT) break;
+        }
+        if (e->running > 0) {
+            e->broken = 1;
+            return DP_FAIL(DP_ERR_TIMEOUT, "%s: no progress for %.3g s (watchdog) and the worker "
+                           "has not returned since; this engine is unusable, destroy it", who, wd);
+        }
+        if (phase == DP_PHASE_OPTIMIZER || phase == DP_PHASE_BROADCAST) e->needs_sync = 1;
+        return DP_FAIL(DP_ERR_TIMEOUT, "%s: no progress for %.3g s (watchdog); the step was "
+                       "aborted and nothing was updated%s", who, wd,
+                       phase == DP_PHASE_OPTIMIZER || phase == DP_PHASE_BROADCAST
+                           ? " except possibly part of the optimizer step"
+                           : "");
+    }
+    return DP_OK;
 }
 
 /* Runs a job on every worker and waits. Returns the first failure by device
@@ -560,13 +737,20 @@ static dp_status run_job(dp_engine *e, job_kind job)
         memset(w->phase_seconds, 0, sizeof w->phase_seconds);
         memset(w->phase_peak, 0, sizeof w->phase_peak);
     }
+    for (size_t i = 0; i < e->k; i++) atomic_store(&e->w[i].busy_phase, -1);
     pthread_mutex_lock(&e->mu);
     e->job = job;
     e->running = (int)e->k;
     e->job_gen++;
+    e->last_progress = now_seconds();
     pthread_cond_broadcast(&e->cv_start);
-    while (e->running > 0) pthread_cond_wait(&e->cv_done, &e->mu);
+    dp_status timeout = DP_OK;
+    if (e->cfg.watchdog_seconds > 0)
+        timeout = watch(e); /* returns with mu held */
+    else
+        while (e->running > 0) pthread_cond_wait(&e->cv_done, &e->mu);
     pthread_mutex_unlock(&e->mu);
+    if (timeout != DP_OK) return timeout;
     for (size_t i = 0; i < e->k; i++) {
         worker *w = &e->w[i];
         if (w->status != DP_OK) {
@@ -717,7 +901,15 @@ static void fill_stats(dp_engine *e, dp_step_stats *st, double seconds)
             }
     st->step = e->t;
     st->seconds = seconds;
-    memcpy(st->phase_seconds, e->w[0].phase_seconds, sizeof st->phase_seconds);
+    /* A phase lasts as long as its slowest device: phases that end at a
+     * barrier read about the same on every device, and the broadcast, where
+     * the root only waits, is timed by the devices that copy. */
+    for (int p = 0; p < DP_PHASE_COUNT; p++) {
+        st->phase_seconds[p] = 0;
+        for (size_t i = 0; i < e->k; i++)
+            if (e->w[i].phase_seconds[p] > st->phase_seconds[p])
+                st->phase_seconds[p] = e->w[i].phase_seconds[p];
+    }
     st->n_devices = e->k;
     size_t pbytes = e->model.n_params * sizeof(float);
     for (size_t i = 0; i < e->k; i++) {
@@ -740,6 +932,14 @@ static void fill_stats(dp_engine *e, dp_step_stats *st, double seconds)
     }
 }
 
+static dp_status check_usable(const dp_engine *e)
+{
+    if (e->broken)
+        return DP_FAIL(DP_ERR_TIMEOUT, "a worker of this engine did not return after a watchdog "
+                       "timeout; destroy the engine and create a new one");
+    return DP_OK;
+}
+
 static dp_status sync_replicas(dp_engine *e)
 {
     if (!e->needs_sync) return DP_OK;
@@ -752,14 +952,27 @@ static dp_status sync_replicas(dp_engine *e)
 static dp_status run_batch(dp_engine *e, const dp_batch *batch, job_kind job, dp_step_stats *stats)
 {
     if (!e) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "engine must not be NULL");
+    DP_TRY(check_usable(e));
     double t0 = now_seconds();
     DP_TRY(sync_replicas(e));
     DP_TRY(plan_batch(e, batch));
     e->skip = 0;
     e->grad_norm = 0.0;
+    int check = job == JOB_STEP && replica_check_due(e);
     DP_TRY(run_job(e, job));
+    check = check && !e->skip;
     if (job == JOB_STEP && !e->skip) e->t++;
     fill_stats(e, stats, now_seconds() - t0);
+    for (size_t i = 1; check && i < e->k; i++)
+        if (e->w[i].param_hash != e->w[0].param_hash) {
+            e->needs_sync = 1;
+            return DP_FAIL(DP_ERR_INTERNAL, "replica on %s diverged from the root %s after step "
+                           "%ld (parameter hash %016llx, root %016llx); it will be re-broadcast "
+                           "from the root before the next step",
+                           e->w[i].dev->name, e->w[0].dev->name, e->t,
+                           (unsigned long long)e->w[i].param_hash,
+                           (unsigned long long)e->w[0].param_hash);
+        }
     return DP_OK;
 }
 
@@ -820,6 +1033,12 @@ static dp_status check_config(const dp_engine_config *c, size_t k)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "SGD momentum must be in [0, 1)");
     if (c->grad_accum < 0)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "grad_accum must be >= 1 (got %d)", c->grad_accum);
+    if (!(c->watchdog_seconds >= 0.0) || !isfinite(c->watchdog_seconds))
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "watchdog_seconds is %g; use 0 (off) or a "
+                       "positive number of seconds", c->watchdog_seconds);
+    if (c->check_replicas_every < 0)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "check_replicas_every is %ld; use 0 (off) or a "
+                       "step interval >= 1", c->check_replicas_every);
     if (c->device_weights) {
         double sum = 0.0;
         for (size_t i = 0; i < k; i++) {
@@ -864,9 +1083,18 @@ dp_status dp_engine_create(const dp_device_spec *devices, size_t k, const dp_mod
     for (size_t i = 0; i < k; i++) e->weights[i] = cfg->device_weights ? cfg->device_weights[i] : 1.0f;
     e->lr = cfg->optim.lr;
     e->fault_phase = DP_PHASE_COUNT;
+    e->stall_dev = -1;
+    e->stall_phase = DP_PHASE_COUNT;
+    atomic_init(&e->diverge_dev, -1);
+    for (size_t i = 0; i < k; i++) atomic_init(&e->w[i].busy_phase, -1);
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv_start, NULL);
-    pthread_cond_init(&e->cv_done, NULL);
+    /* CLOCK_MONOTONIC: the watchdog's deadlines ignore wall-clock jumps. */
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&e->cv_done, &ca);
+    pthread_condattr_destroy(&ca);
     dp_barrier_init(&e->barrier, (int)k);
 
     dp_status s = build_slices(e);
@@ -877,6 +1105,7 @@ dp_status dp_engine_create(const dp_device_spec *devices, size_t k, const dp_mod
         w->phase = DP_PHASE_COUNT;
         s = dp_device_open(&devices[i], &w->dev);
         if (s == DP_OK && cfg->memory_limit) dp_device_set_limit(w->dev, cfg->memory_limit);
+        if (s == DP_OK && cfg->allow_tf32) s = dp_device_set_allow_tf32(w->dev, 1);
     }
     for (size_t i = 0; s == DP_OK && i < k; i++) {
         if (pthread_create(&e->w[i].thread, NULL, worker_main, &e->w[i]) != 0)
@@ -997,4 +1226,17 @@ void dp_engine_inject_fault(dp_engine *e, int device, dp_phase phase, dp_status 
     e->fault_dev = device;
     e->fault_status = status;
     e->fault_phase = phase;
+}
+
+void dp_engine_inject_stall(dp_engine *e, int device, dp_phase phase, double seconds)
+{
+    if (!e) return;
+    e->stall_dev = device;
+    e->stall_seconds = seconds;
+    e->stall_phase = phase;
+}
+
+void dp_engine_inject_divergence(dp_engine *e, int device)
+{
+    if (e) atomic_store(&e->diverge_dev, device);
 }

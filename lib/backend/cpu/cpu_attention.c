@@ -12,7 +12,7 @@
 
 // --- permutes ------------------------------------------------------------------------
 
-dp_status dp_cpu_attention_permute(dp_device *dev, float *qkvr, const float *qkv, size_t B,
+DP_CPU_SIMD dp_status dp_cpu_attention_permute(dp_device *dev, float *qkvr, const float *qkv, size_t B,
                                    size_t T, size_t NH, size_t hs)
 {
     size_t runs = 3 * B * NH * T;
@@ -20,7 +20,7 @@ dp_status dp_cpu_attention_permute(dp_device *dev, float *qkvr, const float *qkv
     return DP_OK;
 }
 
-dp_status dp_cpu_attention_permute_backward(dp_device *dev, float *dqkv, const float *dqkvr,
+DP_CPU_SIMD dp_status dp_cpu_attention_permute_backward(dp_device *dev, float *dqkv, const float *dqkvr,
                                             size_t B, size_t T, size_t NH, size_t hs)
 {
     size_t runs = B * T * 3 * NH;
@@ -29,7 +29,7 @@ dp_status dp_cpu_attention_permute_backward(dp_device *dev, float *dqkv, const f
     return DP_OK;
 }
 
-dp_status dp_cpu_attention_unpermute(dp_device *dev, float *out, const float *y, size_t B,
+DP_CPU_SIMD dp_status dp_cpu_attention_unpermute(dp_device *dev, float *out, const float *y, size_t B,
                                      size_t T, size_t NH, size_t hs)
 {
     size_t n = B * T * NH * hs;
@@ -37,7 +37,7 @@ dp_status dp_cpu_attention_unpermute(dp_device *dev, float *out, const float *y,
     return DP_OK;
 }
 
-dp_status dp_cpu_attention_unpermute_backward(dp_device *dev, float *dy, const float *dout,
+DP_CPU_SIMD dp_status dp_cpu_attention_unpermute_backward(dp_device *dev, float *dy, const float *dout,
                                               size_t B, size_t T, size_t NH, size_t hs)
 {
     size_t n = B * NH * T * hs;
@@ -47,7 +47,7 @@ dp_status dp_cpu_attention_unpermute_backward(dp_device *dev, float *dy, const f
 
 // --- causal softmax ------------------------------------------------------------------
 
-dp_status dp_cpu_softmax_causal_forward(dp_device *dev, float *att, float scale, size_t BNH,
+DP_CPU_SIMD dp_status dp_cpu_softmax_causal_forward(dp_device *dev, float *att, float scale, size_t BNH,
                                         size_t T)
 {
     for (size_t r = 0; r < BNH * T; r++)
@@ -55,7 +55,7 @@ dp_status dp_cpu_softmax_causal_forward(dp_device *dev, float *att, float scale,
     return DP_OK;
 }
 
-dp_status dp_cpu_softmax_causal_backward(dp_device *dev, float *datt, const float *att,
+DP_CPU_SIMD dp_status dp_cpu_softmax_causal_backward(dp_device *dev, float *datt, const float *att,
                                          float scale, size_t BNH, size_t T)
 {
     for (size_t r = 0; r < BNH * T; r++)

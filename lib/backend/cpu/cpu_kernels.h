@@ -10,6 +10,19 @@
 
 #include "backend/backend.h"
 
+/* DP_CPU_SIMD: compile a kernel loop twice, for AVX2 and for baseline x86-64,
+ * and pick one at load time (GCC function multi-versioning). The loops are
+ * written to auto-vectorise; AVX2 doubles their width on machines that have
+ * it while the library still runs on any x86-64. Contraction to FMA stays off
+ * (-std=c11), so both clones give the same bits. Not under sanitizers, whose
+ * runtimes do not expect ifunc resolvers to run before them. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && \
+    !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+#define DP_CPU_SIMD __attribute__((target_clones("avx2", "default")))
+#else
+#define DP_CPU_SIMD
+#endif
+
 dp_status dp_cpu_encoder_forward(dp_device *dev, float *out, const int32_t *inp,
                                  const float *wte, const float *wpe, size_t B, size_t T,
                                  size_t C);

@@ -19,7 +19,7 @@
 
 // --- encoder ---------------------------------------------------------------------
 
-dp_status dp_cpu_encoder_forward(dp_device *dev, float *out, const int32_t *inp,
+DP_CPU_SIMD dp_status dp_cpu_encoder_forward(dp_device *dev, float *out, const int32_t *inp,
                                  const float *wte, const float *wpe, size_t B, size_t T,
                                  size_t C)
 {
@@ -28,7 +28,7 @@ dp_status dp_cpu_encoder_forward(dp_device *dev, float *out, const int32_t *inp,
     return DP_OK;
 }
 
-dp_status dp_cpu_encoder_backward(dp_device *dev, float *dwte, float *dwpe, const float *dout,
+DP_CPU_SIMD dp_status dp_cpu_encoder_backward(dp_device *dev, float *dwte, float *dwpe, const float *dout,
                                   const int32_t *inp, size_t B, size_t T, size_t C)
 {
     for (size_t i = 0; i < T * C; i++) dp_encoder_backward_wpe_elem(dwpe, dout, B, T, C, i);
@@ -38,14 +38,14 @@ dp_status dp_cpu_encoder_backward(dp_device *dev, float *dwte, float *dwpe, cons
 
 // --- linear (bias parts; the GEMM is the backend's) --------------------------------
 
-dp_status dp_cpu_bias_broadcast(dp_device *dev, float *out, const float *bias, size_t N,
+DP_CPU_SIMD dp_status dp_cpu_bias_broadcast(dp_device *dev, float *out, const float *bias, size_t N,
                                 size_t OC)
 {
     for (size_t r = 0; r < N; r++) dp_bias_broadcast_row(out, bias, OC, r);
     return DP_OK;
 }
 
-dp_status dp_cpu_bias_backward(dp_device *dev, float *dbias, const float *dout, size_t N,
+DP_CPU_SIMD dp_status dp_cpu_bias_backward(dp_device *dev, float *dbias, const float *dout, size_t N,
                                size_t OC)
 {
     for (size_t o0 = 0; o0 < OC; o0 += DP_BIAS_BACKWARD_TILE) {
@@ -57,7 +57,7 @@ dp_status dp_cpu_bias_backward(dp_device *dev, float *dbias, const float *dout, 
 
 // --- LayerNorm ---------------------------------------------------------------------
 
-dp_status dp_cpu_layernorm_forward(dp_device *dev, float *out, float *mean, float *rstd,
+DP_CPU_SIMD dp_status dp_cpu_layernorm_forward(dp_device *dev, float *out, float *mean, float *rstd,
                                    const float *inp, const float *weight, const float *bias,
                                    size_t N, size_t C)
 {
@@ -67,7 +67,7 @@ dp_status dp_cpu_layernorm_forward(dp_device *dev, float *out, float *mean, floa
     return DP_OK;
 }
 
-dp_status dp_cpu_layernorm_backward(dp_device *dev, float *dinp, float *dweight, float *dbias,
+DP_CPU_SIMD dp_status dp_cpu_layernorm_backward(dp_device *dev, float *dinp, float *dweight, float *dbias,
                                     const float *dout, const float *inp, const float *weight,
                                     const float *mean, const float *rstd, size_t N, size_t C)
 {
@@ -81,13 +81,13 @@ dp_status dp_cpu_layernorm_backward(dp_device *dev, float *dinp, float *dweight,
 
 // --- GELU --------------------------------------------------------------------------
 
-dp_status dp_cpu_gelu_forward(dp_device *dev, float *out, const float *inp, size_t n)
+DP_CPU_SIMD dp_status dp_cpu_gelu_forward(dp_device *dev, float *out, const float *inp, size_t n)
 {
     for (size_t i = 0; i < n; i++) dp_gelu_forward_elem(out, inp, i);
     return DP_OK;
 }
 
-dp_status dp_cpu_gelu_backward(dp_device *dev, float *dinp, const float *inp,
+DP_CPU_SIMD dp_status dp_cpu_gelu_backward(dp_device *dev, float *dinp, const float *inp,
                                const float *dout, size_t n)
 {
     for (size_t i = 0; i < n; i++) dp_gelu_backward_elem(dinp, inp, dout, i);
@@ -96,13 +96,13 @@ dp_status dp_cpu_gelu_backward(dp_device *dev, float *dinp, const float *inp,
 
 // --- element-wise ------------------------------------------------------------------
 
-dp_status dp_cpu_add(dp_device *dev, float *out, const float *a, const float *b, size_t n)
+DP_CPU_SIMD dp_status dp_cpu_add(dp_device *dev, float *out, const float *a, const float *b, size_t n)
 {
     for (size_t i = 0; i < n; i++) dp_add_elem(out, a, b, i);
     return DP_OK;
 }
 
-dp_status dp_cpu_accumulate(dp_device *dev, float *dst, const float *src, size_t n)
+DP_CPU_SIMD dp_status dp_cpu_accumulate(dp_device *dev, float *dst, const float *src, size_t n)
 {
     for (size_t i = 0; i < n; i++) dp_accumulate_elem(dst, src, i);
     return DP_OK;
@@ -110,7 +110,7 @@ dp_status dp_cpu_accumulate(dp_device *dev, float *dst, const float *src, size_t
 
 // --- cross-entropy -----------------------------------------------------------------
 
-dp_status dp_cpu_crossentropy(dp_device *dev, float *losses, float *dlogits,
+DP_CPU_SIMD dp_status dp_cpu_crossentropy(dp_device *dev, float *losses, float *dlogits,
                               const float *logits, const int32_t *targets, size_t N, size_t V,
                               float dscale)
 {

@@ -6,7 +6,7 @@
 #include "backend/cpu/cpu_kernels.h"
 #include "kernels/optim.h"
 
-dp_status dp_cpu_adamw(dp_device *dev, float *params, const float *grads, float *m, float *v,
+DP_CPU_SIMD dp_status dp_cpu_adamw(dp_device *dev, float *params, const float *grads, float *m, float *v,
                        size_t n, float lr, float beta1, float beta2, float eps,
                        float weight_decay, float bias_corr1, float bias_corr2)
 {
@@ -17,7 +17,7 @@ dp_status dp_cpu_adamw(dp_device *dev, float *params, const float *grads, float 
     return DP_OK;
 }
 
-dp_status dp_cpu_sgd(dp_device *dev, float *params, const float *grads, float *momentum_buf,
+DP_CPU_SIMD dp_status dp_cpu_sgd(dp_device *dev, float *params, const float *grads, float *momentum_buf,
                      size_t n, float lr, float momentum, float weight_decay, int first_step)
 {
     (void)dev;
@@ -27,14 +27,14 @@ dp_status dp_cpu_sgd(dp_device *dev, float *params, const float *grads, float *m
     return DP_OK;
 }
 
-dp_status dp_cpu_scale(dp_device *dev, float *x, float s, size_t n)
+DP_CPU_SIMD dp_status dp_cpu_scale(dp_device *dev, float *x, float s, size_t n)
 {
     (void)dev;
     for (size_t i = 0; i < n; i++) x[i] = dp_scale_element(x[i], s);
     return DP_OK;
 }
 
-dp_status dp_cpu_sum_squares(dp_device *dev, double *out_host, const float *x, size_t n)
+DP_CPU_SIMD dp_status dp_cpu_sum_squares(dp_device *dev, double *out_host, const float *x, size_t n)
 {
     (void)dev;
     /* Index order, one double accumulator: reproducible bit for bit. */

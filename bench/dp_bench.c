@@ -1,0 +1,749 @@
+/*
+ * bench/dp_bench.c - gathered vs balanced DataParallel, side by side.
+ *
+ * Trains the GPT of dp/gpt.h on random tokens with the same devices and the
+ * same global batch in gather mode (classic nn.DataParallel: every logit is
+ * copied to device 0, which computes the loss) and in balanced mode (the
+ * parallel criterion: logits and loss stay on their own devices). For each
+ * mode: warm-up steps, then --steps timed steps; per device the peak bytes
+ * (overall and within each phase), the bytes of logits and their gradient,
+ * the optimizer state; step time (median, min, max), tokens/s, the time in
+ * each phase, and the imbalance max/min of peak bytes over devices.
+ *
+ * --find-max-batch searches the largest global batch that completes a step
+ * under --memory-limit in each mode; --scaling times 1..k devices. Output:
+ * an aligned table on stdout, and on request JSON, CSV and gnuplot plots.
+ * Memory accounting is exact on CPU devices, so the memory figures of a
+ * cpu:k run are those k GPUs would show for dp's own allocations.
+ */
+#define _GNU_SOURCE /* getopt_long, clock_gettime, popen */
+#include <errno.h>
+#include <getopt.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "dp/dp.h"
+
+// --- options ------------------------------------------------------------------------
+
+typedef struct opts {
+    long vocab, context, batch, dim, layers, heads, steps, warmup;
+    const char *devices, *mode, *memory_limit, *json, *csv, *plot;
+    int find_max_batch, scaling, tf32;
+    unsigned long long seed;
+    size_t limit_bytes;
+} opts;
+
+static int fail(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("dp_bench: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    return 1;
+}
+
+static int dp_fail(const char *what) { return fail("%s: %s", what, dp_last_error()); }
+
+static void usage(FILE *f)
+{
+    fputs("usage: dp_bench [options]\n"
+          "Trains a GPT on random tokens in gather and balanced mode and compares\n"
+          "per-device peak memory and speed. Defaults: the seed article's case.\n"
+          "  --vocab N            vocabulary size (default 40000)\n"
+          "  --context N          tokens per sequence (default 250)\n"
+          "  --batch-size N       global sequences per step (default 32)\n"
+          "  --dim N              embedding width (default 256)\n"
+          "  --layers N           transformer blocks (default 2)\n"
+          "  --heads N            attention heads, must divide --dim (default 4)\n"
+          "  --devices LIST       e.g. cpu:4, cuda:0,1 (default: every GPU, else cpu:4)\n"
+          "  --steps N            timed steps per mode (default 3)\n"
+          "  --warmup N           untimed steps before them (default 1)\n"
+          "  --mode M             both, gather or balanced (default both)\n"
+          "  --memory-limit SIZE  per-device allocation limit, e.g. 2GiB (default none)\n"
+          "  --find-max-batch     largest global batch that fits --memory-limit, per mode\n"
+          "  --scaling            tokens/s on the first 1..k devices of the list\n"
+          "  --seed N             seed for the model and the tokens (default 1337)\n"
+          "  --tf32               let cuBLAS use TF32 tensor cores on GPUs (default off)\n"
+          "  --json PATH          write the results as JSON\n"
+          "  --csv PATH           write one row per mode and device as CSV\n"
+          "  --plot PATH          per-device peak memory plot (.png or .svg, gnuplot);\n"
+          "                       with --scaling also PATH-scaling.EXT\n"
+          "  --help               this text\n",
+          f);
+}
+
+static int parse_long(const char *name, const char *v, long lo, long hi, long *out)
+{
+    char *end = NULL;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || end == v || *end || x < lo || x > hi)
+        return fail("%s: \"%s\" is not an integer in [%ld, %ld]", name, v, lo, hi);
+    *out = x;
+    return 0;
+}
+
+static int parse_args(int argc, char **argv, opts *o)
+{
+    enum {
+        O_VOCAB = 256, O_CTX, O_BATCH, O_DIM, O_LAYERS, O_HEADS, O_DEV, O_STEPS, O_WARM, O_MODE,
+        O_MEM, O_FIND, O_SCALE, O_SEED, O_JSON, O_CSV, O_PLOT, O_TF32, O_HELP
+    };
+    static const struct option lo[] = {
+        {"vocab", 1, 0, O_VOCAB},        {"context", 1, 0, O_CTX},
+        {"batch-size", 1, 0, O_BATCH},   {"dim", 1, 0, O_DIM},
+        {"layers", 1, 0, O_LAYERS},      {"heads", 1, 0, O_HEADS},
+        {"devices", 1, 0, O_DEV},        {"steps", 1, 0, O_STEPS},
+        {"warmup", 1, 0, O_WARM},        {"mode", 1, 0, O_MODE},
+        {"memory-limit", 1, 0, O_MEM},   {"find-max-batch", 0, 0, O_FIND},
+        {"scaling", 0, 0, O_SCALE},      {"seed", 1, 0, O_SEED},
+        {"json", 1, 0, O_JSON},          {"csv", 1, 0, O_CSV},
+        {"plot", 1, 0, O_PLOT},          {"tf32", 0, 0, O_TF32},
+        {"help", 0, 0, O_HELP},
+        {0, 0, 0, 0}};
+    const long big = 1L << 30;
+    opterr = 0;
+    int c;
+    while ((c = getopt_long(argc, argv, ":", lo, NULL)) != -1) {
+        const char *v = optarg;
+        int bad = 0;
+        long seed = 0;
+        switch (c) {
+        case O_VOCAB: bad = parse_long("--vocab", v, 2, big, &o->vocab); break;
+        case O_CTX: bad = parse_long("--context", v, 1, big, &o->context); break;
+        case O_BATCH: bad = parse_long("--batch-size", v, 1, big, &o->batch); break;
+        case O_DIM: bad = parse_long("--dim", v, 1, big, &o->dim); break;
+        case O_LAYERS: bad = parse_long("--layers", v, 1, 4096, &o->layers); break;
+        case O_HEADS: bad = parse_long("--heads", v, 1, big, &o->heads); break;
+        case O_DEV: o->devices = v; break;
+        case O_STEPS: bad = parse_long("--steps", v, 1, big, &o->steps); break;
+        case O_WARM: bad = parse_long("--warmup", v, 0, big, &o->warmup); break;
+        case O_MODE: o->mode = v; break;
+        case O_MEM: o->memory_limit = v; break;
+        case O_FIND: o->find_max_batch = 1; break;
+        case O_SCALE: o->scaling = 1; break;
+        case O_SEED: bad = parse_long("--seed", v, 0, __LONG_MAX__, &seed); o->seed = (unsigned long long)seed; break;
+        case O_JSON: o->json = v; break;
+        case O_CSV: o->csv = v; break;
+        case O_PLOT: o->plot = v; break;
+        case O_TF32: o->tf32 = 1; break;
+        case O_HELP: usage(stdout); exit(0);
+        case ':': return fail("%s needs a value (see --help)", argv[optind - 1]);
+        default: return fail("unknown option \"%s\" (see --help)", argv[optind - 1]);
+        }
+        if (bad) return 1;
+    }
+    if (optind < argc) return fail("unexpected argument \"%s\" (see --help)", argv[optind]);
+    if (strcmp(o->mode, "both") && strcmp(o->mode, "gather") && strcmp(o->mode, "balanced"))
+        return fail("--mode: \"%s\" is not both, gather or balanced", o->mode);
+    if (o->dim % o->heads)
+        return fail("--heads %ld does not divide --dim %ld; pick heads that divide dim", o->heads,
+                    o->dim);
+    if (o->memory_limit && dp_parse_bytes(o->memory_limit, &o->limit_bytes) != DP_OK)
+        return dp_fail("--memory-limit");
+    if (o->find_max_batch && !o->memory_limit)
+        return fail("--find-max-batch needs --memory-limit (e.g. --memory-limit 2GiB)");
+    if (o->plot) {
+        const char *dot = strrchr(o->plot, '.');
+        if (!dot || (strcmp(dot, ".png") && strcmp(dot, ".svg")))
+            return fail("--plot: \"%s\" must end in .png or .svg", o->plot);
+    }
+    return 0;
+}
+
+// --- one mode ----------------------------------------------------------------------
+
+typedef struct dev_result {
+    char name[32];
+    size_t peak, optimizer, logits, params;
+    size_t phase_peak[DP_PHASE_COUNT];
+} dev_result;
+
+typedef struct mode_result {
+    dp_mode mode;
+    int ran;
+    size_t k;
+    double step_ms_median, step_ms_min, step_ms_max, tokens_per_s;
+    double phase_ms[DP_PHASE_COUNT]; /* mean over timed steps (slowest device) */
+    double loss;
+    dev_result dev[DP_MAX_DEVICES];
+    long max_batch; /* --find-max-batch; 0 = not searched */
+    double imbalance, imbalance_no_opt;
+} mode_result;
+
+typedef struct bench {
+    opts o;
+    dp_gpt *gpt;
+    dp_device_spec specs[DP_MAX_DEVICES];
+    size_t k;
+    int32_t *inputs, *targets; /* (rows_cap, T) */
+    size_t rows_cap;
+} bench;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Random tokens for `rows` sequences; row r's tokens depend on the seed and
+ * r only, so a batch of any size starts with the same sequences. */
+static int ensure_tokens(bench *b, size_t rows)
+{
+    if (rows <= b->rows_cap) return 0;
+    size_t T = (size_t)b->o.context, V = (size_t)b->o.vocab;
+    int32_t *in = realloc(b->inputs, rows * T * sizeof *in);
+    if (in) b->inputs = in;
+    int32_t *tg = in ? realloc(b->targets, rows * T * sizeof *tg) : NULL;
+    if (tg) b->targets = tg;
+    if (!in || !tg) return fail("out of host memory for a batch of %zu sequences", rows);
+    for (size_t r = b->rows_cap; r < rows; r++) {
+        dp_rng rng;
+        dp_rng_seed(&rng, b->o.seed * 1000003u + r);
+        int32_t prev = (int32_t)dp_rng_below(&rng, V);
+        for (size_t t = 0; t < T; t++) {
+            int32_t next = (int32_t)dp_rng_below(&rng, V);
+            b->inputs[r * T + t] = prev;
+            b->targets[r * T + t] = next;
+            prev = next;
+        }
+    }
+    b->rows_cap = rows;
+    return 0;
+}
+
+static dp_status make_engine(bench *b, dp_mode mode, size_t k, dp_engine **out)
+{
+    dp_engine_config ec = dp_engine_config_default();
+    ec.mode = mode;
+    ec.seed = b->o.seed;
+    ec.optim.grad_clip = 1.0f;
+    ec.memory_limit = b->o.limit_bytes;
+    ec.allow_tf32 = b->o.tf32;
+    dp_criterion ce = dp_criterion_cross_entropy();
+    return dp_engine_create(b->specs, k, dp_gpt_model(b->gpt), &ce, &ec, out);
+}
+
+/* Warm-up and timed steps of `rows` sequences on the first k devices. */
+static int run_mode(bench *b, dp_mode mode, size_t k, size_t rows, mode_result *res)
+{
+    memset(res, 0, sizeof *res);
+    res->mode = mode;
+    res->k = k;
+    if (ensure_tokens(b, rows)) return 1;
+    dp_engine *e = NULL;
+    if (make_engine(b, mode, k, &e) != DP_OK) return dp_fail(dp_mode_name(mode));
+    dp_batch batch = {rows, b->inputs, b->targets};
+    long n = b->o.warmup + b->o.steps;
+    double *ms = calloc((size_t)b->o.steps, sizeof *ms);
+    if (!ms) {
+        dp_engine_destroy(e);
+        return fail("out of host memory");
+    }
+    dp_step_stats st;
+    int rc = 0;
+    for (long s = 0; s < n && !rc; s++) {
+        double t0 = now_s();
+        if (dp_engine_step(e, &batch, &st) != DP_OK) {
+            rc = fail("%s step %ld of %zu sequences: %s", dp_mode_name(mode), s + 1, rows,
+                      dp_last_error());
+            break;
+        }
+        double dt = now_s() - t0;
+        for (size_t i = 0; i < k; i++) {
+            dev_result *d = &res->dev[i];
+            for (int p = 0; p < DP_PHASE_COUNT; p++)
+                if (st.devices[i].phase_peak[p] > d->phase_peak[p])
+                    d->phase_peak[p] = st.devices[i].phase_peak[p];
+        }
+        if (s < b->o.warmup) continue;
+        ms[s - b->o.warmup] = 1e3 * dt;
+        for (int p = 0; p < DP_PHASE_COUNT; p++)
+            res->phase_ms[p] += 1e3 * st.phase_seconds[p] / (double)b->o.steps;
+        res->loss = st.loss;
+    }
+    if (!rc) {
+        qsort(ms, (size_t)b->o.steps, sizeof *ms, cmp_double);
+        size_t m = (size_t)b->o.steps;
+        res->step_ms_median = m % 2 ? ms[m / 2] : 0.5 * (ms[m / 2 - 1] + ms[m / 2]);
+        res->step_ms_min = ms[0];
+        res->step_ms_max = ms[m - 1];
+        res->tokens_per_s = (double)rows * (double)b->o.context / (1e-3 * res->step_ms_median);
+        double hi = 0, lo = INFINITY, hi2 = 0, lo2 = INFINITY;
+        for (size_t i = 0; i < k; i++) {
+            dev_result *d = &res->dev[i];
+            snprintf(d->name, sizeof d->name, "%s", dp_device_name(dp_engine_device(e, i)));
+            d->peak = st.devices[i].peak;
+            d->optimizer = st.devices[i].optimizer_bytes;
+            d->logits = st.devices[i].logits_bytes;
+            d->params = st.devices[i].param_bytes;
+            double p = (double)d->peak, q = (double)(d->peak - d->optimizer);
+            hi = fmax(hi, p), lo = fmin(lo, p), hi2 = fmax(hi2, q), lo2 = fmin(lo2, q);
+        }
+        res->imbalance = hi / lo;
+        res->imbalance_no_opt = hi2 / lo2;
+        res->ran = 1;
+    }
+    free(ms);
+    dp_engine_destroy(e);
+    return rc;
+}
+
+/* 1: a fresh engine completes one step of `rows` sequences, 0: out of
+ * memory on some device, -1: another error (reported). */
+static int fits(bench *b, dp_mode mode, size_t rows)
+{
+    if (ensure_tokens(b, rows)) return -1;
+    dp_engine *e = NULL;
+    dp_status s = make_engine(b, mode, b->k, &e);
+    if (s == DP_OK) {
+        dp_batch batch = {rows, b->inputs, b->targets};
+        s = dp_engine_step(e, &batch, NULL);
+    }
+    dp_engine_destroy(e);
+    if (s == DP_OK) return 1;
+    if (s == DP_ERR_OUT_OF_MEMORY) return 0;
+    fail("%s with %zu sequences: %s", dp_mode_name(mode), rows, dp_last_error());
+    return -1;
+}
+
+/* Doubling, then bisection between the last batch that fit and the first
+ * that did not. *out = 0 when even one sequence per device does not fit. */
+static int find_max_batch(bench *b, dp_mode mode, long *out)
+{
+    size_t lo = 0, hi = b->k; /* lo fits (0 trivially), hi untested */
+    for (;;) {
+        int f = fits(b, mode, hi);
+        if (f < 0) return 1;
+        if (!f) break;
+        lo = hi;
+        if (hi > ((size_t)1 << 24)) return fail("--find-max-batch: no limit reached below %zu", hi);
+        hi *= 2;
+    }
+    while (hi - lo > 1) {
+        size_t mid = lo + (hi - lo) / 2;
+        int f = fits(b, mode, mid);
+        if (f < 0) return 1;
+        if (f) lo = mid;
+        else hi = mid;
+    }
+    *out = (long)lo;
+    return 0;
+}
+
+// --- output -------------------------------------------------------------------------
+
+static const char *human(size_t bytes, char *buf, size_t cap)
+{
+    double b = (double)bytes;
+    if (b >= 1e9) snprintf(buf, cap, "%.2f GB", b / 1e9);
+    else if (b >= 1e6) snprintf(buf, cap, "%.1f MB", b / 1e6);
+    else snprintf(buf, cap, "%.1f kB", b / 1e3);
+    return buf;
+}
+
+static void print_table(const bench *b, const mode_result *res, size_t nres)
+{
+    char h[5][24];
+    printf("\n%-8s %-8s %11s %11s %11s %11s %11s\n", "mode", "device", "peak", "w/o optim",
+           "params+grad", "optimizer", "logits");
+    for (size_t r = 0; r < nres; r++) {
+        const mode_result *m = &res[r];
+        for (size_t i = 0; i < m->k; i++) {
+            const dev_result *d = &m->dev[i];
+            printf("%-8s %-8s %11s %11s %11s %11s %11s\n", i ? "" : dp_mode_name(m->mode),
+                   d->name, human(d->peak, h[0], 24), human(d->peak - d->optimizer, h[1], 24),
+                   human(d->params, h[2], 24), human(d->optimizer, h[3], 24),
+                   human(d->logits, h[4], 24));
+        }
+    }
+    printf("(peak: high-water mark of bytes allocated since the engine was created; logits:\n"
+           " bytes held for logits and their gradient. Per-phase peaks: --json, --csv)\n\n");
+    printf("%-8s %10s %10s %10s %12s %10s %12s\n", "mode", "step ms", "min", "max", "tokens/s",
+           "imbalance", "w/o optim");
+    for (size_t r = 0; r < nres; r++) {
+        const mode_result *m = &res[r];
+        printf("%-8s %10.1f %10.1f %10.1f %12.0f %10.3f %12.3f\n", dp_mode_name(m->mode),
+               m->step_ms_median, m->step_ms_min, m->step_ms_max, m->tokens_per_s, m->imbalance,
+               m->imbalance_no_opt);
+    }
+    printf("(step ms: median of %ld timed steps; imbalance: max/min of peak bytes over devices,\n"
+           " w/o optim: the same with the root's optimizer state taken out)\n\n",
+           b->o.steps);
+    printf("%-8s", "phase ms");
+    for (int p = 0; p < DP_PHASE_COUNT; p++) printf(" %9.9s", dp_phase_name((dp_phase)p));
+    printf(" %9s\n", "outside");
+    for (size_t r = 0; r < nres; r++) {
+        const mode_result *m = &res[r];
+        double tot = 0, out = 0;
+        printf("%-8s", dp_mode_name(m->mode));
+        for (int p = 0; p < DP_PHASE_COUNT; p++) {
+            printf(" %9.2f", m->phase_ms[p]);
+            tot += m->phase_ms[p];
+            if (p != DP_PHASE_FORWARD && p != DP_PHASE_CRITERION && p != DP_PHASE_BACKWARD)
+                out += m->phase_ms[p];
+        }
+        printf(" %8.1f%%\n", tot > 0 ? 100.0 * out / tot : 0.0);
+    }
+    printf("(mean per timed step, each phase as long as its slowest device; outside: the\n"
+           " share of scatter, reduce,"
+           " optimizer and broadcast)\n");
+}
+
+static void print_arithmetic(const bench *b, const mode_result *res, size_t nres)
+{
+    const mode_result *g = NULL, *bal = NULL;
+    for (size_t r = 0; r < nres; r++) {
+        if (res[r].mode == DP_MODE_GATHER) g = &res[r];
+        if (res[r].mode == DP_MODE_BALANCED) bal = &res[r];
+    }
+    double lb = (double)b->o.batch * (double)b->o.context * (double)b->o.vocab * 4.0;
+    char h[4][24];
+    printf("\nlogits of the global batch: %ld x %ld x %ld x 4 bytes = %s (%s with their gradient)\n",
+           b->o.batch, b->o.context, b->o.vocab, human((size_t)lb, h[0], 24),
+           human((size_t)(2 * lb), h[1], 24));
+    if (g)
+        printf("gather:   root holds %s of logits buffers (the gathered batch and its gradient\n"
+               "          plus its own chunk's), root peak %s\n",
+               human(g->dev[0].logits, h[2], 24), human(g->dev[0].peak, h[3], 24));
+    if (bal)
+        printf("balanced: each device holds its chunk's logits (gradient in place): root %s,\n"
+               "          root peak %s\n",
+               human(bal->dev[0].logits, h[2], 24), human(bal->dev[0].peak, h[3], 24));
+    if (g && bal)
+        printf("root peak gather / balanced = %.2f\n",
+               (double)g->dev[0].peak / (double)bal->dev[0].peak);
+}
+
+typedef struct scale_point {
+    size_t k;
+    double tokens_per_s;
+} scale_point;
+
+static json_t *json_results(const bench *b, const mode_result *res, size_t nres,
+                            const scale_point *sc, size_t nsc, dp_mode scale_mode)
+{
+    const opts *o = &b->o;
+    json_t *devs = json_array();
+    for (size_t i = 0; i < b->k; i++)
+        json_array_append_new(devs, json_string(res[0].dev[i].name));
+    json_t *cfg = json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:o,s:I,s:I,s:I,s:b,s:I,s:s}", "vocab",
+                            (json_int_t)o->vocab, "context", (json_int_t)o->context,
+                            "batch_size", (json_int_t)o->batch, "dim", (json_int_t)o->dim,
+                            "layers", (json_int_t)o->layers, "heads", (json_int_t)o->heads,
+                            "devices", devs, "steps", (json_int_t)o->steps, "warmup",
+                            (json_int_t)o->warmup, "memory_limit", (json_int_t)o->limit_bytes, "tf32", o->tf32,
+                            "n_params", (json_int_t)dp_gpt_model(b->gpt)->n_params, "optimizer",
+                            "adamw");
+    json_t *results = json_array();
+    for (size_t r = 0; r < nres; r++) {
+        const mode_result *m = &res[r];
+        json_t *jd = json_array();
+        for (size_t i = 0; i < m->k; i++) {
+            const dev_result *d = &m->dev[i];
+            json_t *pp = json_object();
+            for (int p = 0; p < DP_PHASE_COUNT; p++)
+                json_object_set_new(pp, dp_phase_name((dp_phase)p),
+                                    json_integer((json_int_t)d->phase_peak[p]));
+            json_array_append_new(
+                jd, json_pack("{s:s,s:I,s:I,s:I,s:I,s:o}", "device", d->name, "peak_bytes",
+                              (json_int_t)d->peak, "optimizer_bytes", (json_int_t)d->optimizer,
+                              "logits_bytes", (json_int_t)d->logits, "param_bytes",
+                              (json_int_t)d->params, "phase_peak_bytes", pp));
+        }
+        json_t *ph = json_object();
+        for (int p = 0; p < DP_PHASE_COUNT; p++)
+            json_object_set_new(ph, dp_phase_name((dp_phase)p), json_real(m->phase_ms[p]));
+        json_t *jr = json_pack("{s:s,s:f,s:{s:f,s:f,s:f},s:o,s:f,s:f,s:f,s:o}", "mode",
+                               dp_mode_name(m->mode), "tokens_per_s", m->tokens_per_s, "step_ms",
+                               "median", m->step_ms_median, "min", m->step_ms_min, "max",
+                               m->step_ms_max, "phase_ms", ph, "loss", m->loss, "imbalance",
+                               m->imbalance, "imbalance_without_optimizer", m->imbalance_no_opt,
+                               "devices", jd);
+        if (m->max_batch) json_object_set_new(jr, "max_batch", json_integer(m->max_batch));
+        json_array_append_new(results, jr);
+    }
+    json_t *root = json_pack("{s:o,s:o}", "config", cfg, "results", results);
+    const mode_result *g = NULL, *bal = NULL;
+    for (size_t r = 0; r < nres; r++) {
+        if (res[r].mode == DP_MODE_GATHER) g = &res[r];
+        if (res[r].mode == DP_MODE_BALANCED) bal = &res[r];
+    }
+    if (g && bal)
+        json_object_set_new(root, "root_peak_ratio",
+                            json_real((double)g->dev[0].peak / (double)bal->dev[0].peak));
+    if (nsc) {
+        json_t *js = json_array();
+        for (size_t i = 0; i < nsc; i++)
+            json_array_append_new(
+                js, json_pack("{s:I,s:f,s:f}", "devices", (json_int_t)sc[i].k, "tokens_per_s",
+                              sc[i].tokens_per_s, "efficiency",
+                              sc[i].tokens_per_s / ((double)sc[i].k * sc[0].tokens_per_s)));
+        json_object_set_new(root, "scaling",
+                            json_pack("{s:s,s:o}", "mode", dp_mode_name(scale_mode), "points", js));
+    }
+    return root;
+}
+
+/* Writes through a temp file and rename, so a failed run leaves no partial file. */
+static int write_atomic(const char *path, const char *text)
+{
+    size_t n = strlen(path) + 16;
+    char *tmp = malloc(n);
+    if (!tmp) return fail("out of host memory");
+    snprintf(tmp, n, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    int ok = f && fputs(text, f) >= 0;
+    if (f && fclose(f)) ok = 0;
+    if (ok && rename(tmp, path)) ok = 0;
+    if (!ok) {
+        int err = errno;
+        remove(tmp);
+        free(tmp);
+        return fail("cannot write \"%s\": %s", path, strerror(err));
+    }
+    free(tmp);
+    return 0;
+}
+
+static int write_csv(const char *path, const mode_result *res, size_t nres)
+{
+    size_t cap = 4096 + nres * DP_MAX_DEVICES * 512, len = 0;
+    char *s = malloc(cap);
+    if (!s) return fail("out of host memory");
+    len += (size_t)snprintf(s + len, cap - len,
+                            "mode,device,peak_bytes,optimizer_bytes,logits_bytes,param_bytes");
+    for (int p = 0; p < DP_PHASE_COUNT; p++)
+        len += (size_t)snprintf(s + len, cap - len, ",%s_peak_bytes", dp_phase_name((dp_phase)p));
+    len += (size_t)snprintf(s + len, cap - len,
+                            ",step_ms_median,step_ms_min,step_ms_max,tokens_per_s,max_batch\n");
+    for (size_t r = 0; r < nres; r++) {
+        const mode_result *m = &res[r];
+        for (size_t i = 0; i < m->k; i++) {
+            const dev_result *d = &m->dev[i];
+            len += (size_t)snprintf(s + len, cap - len, "%s,%s,%zu,%zu,%zu,%zu",
+                                    dp_mode_name(m->mode), d->name, d->peak, d->optimizer,
+                                    d->logits, d->params);
+            for (int p = 0; p < DP_PHASE_COUNT; p++)
+                len += (size_t)snprintf(s + len, cap - len, ",%zu", d->phase_peak[p]);
+            len += (size_t)snprintf(s + len, cap - len, ",%.3f,%.3f,%.3f,%.1f,%ld\n",
+                                    m->step_ms_median, m->step_ms_min, m->step_ms_max,
+                                    m->tokens_per_s, m->max_batch);
+        }
+    }
+    int rc = write_atomic(path, s);
+    free(s);
+    return rc;
+}
+
+/* Runs gnuplot on `script`, whose "set output" names path.part, then
+ * renames that to path, so a failed plot leaves no partial file. */
+static int gnuplot(const char *script, const char *path)
+{
+    FILE *p = popen("gnuplot 2>&1", "w");
+    if (!p) return fail("--plot: cannot start gnuplot: %s", strerror(errno));
+    fputs(script, p);
+    int st = pclose(p);
+    size_t n = strlen(path) + 8;
+    char *part = malloc(n);
+    if (!part) return fail("out of host memory");
+    snprintf(part, n, "%s.part", path);
+    int rc = 0;
+    if (st != 0)
+        rc = fail("--plot: gnuplot failed writing \"%s\" (exit status %d); is gnuplot "
+                  "installed (Debian: gnuplot-nox)?",
+                  path, st);
+    else if (rename(part, path))
+        rc = fail("--plot: cannot write \"%s\": %s", path, strerror(errno));
+    if (rc) remove(part);
+    free(part);
+    return rc;
+}
+
+static const char *terminal_for(const char *path)
+{
+    return strcmp(strrchr(path, '.'), ".svg") == 0 ? "svg size 900,520 dynamic"
+                                                    : "pngcairo size 900,520";
+}
+
+static int plot_memory(const bench *b, const char *path, const mode_result *res, size_t nres)
+{
+    size_t cap = 8192 + (size_t)DP_MAX_DEVICES * 128, len = 0;
+    char *s = malloc(cap);
+    if (!s) return fail("out of host memory");
+    len += (size_t)snprintf(s + len, cap - len, "$d << EOD\ndevice");
+    for (size_t r = 0; r < nres; r++)
+        len += (size_t)snprintf(s + len, cap - len, " %s", dp_mode_name(res[r].mode));
+    len += (size_t)snprintf(s + len, cap - len, "\n");
+    for (size_t i = 0; i < res[0].k; i++) {
+        len += (size_t)snprintf(s + len, cap - len, "%s", res[0].dev[i].name);
+        for (size_t r = 0; r < nres; r++)
+            len += (size_t)snprintf(s + len, cap - len, " %.4f", (double)res[r].dev[i].peak / 1e9);
+        len += (size_t)snprintf(s + len, cap - len, "\n");
+    }
+    len += (size_t)snprintf(
+        s + len, cap - len,
+        "EOD\nset terminal %s\nset output '%s.part'\n"
+        "set title 'Peak memory per device: GPT V=%ld T=%ld B=%ld C=%ld L=%ld (device 0 is the root)'\n"
+        "set ylabel 'peak bytes (GB)'\nset style data histograms\n"
+        "set style histogram clustered gap 1\nset style fill solid 0.8 border -1\n"
+        "set key top right\nset grid ytics\nset yrange [0:*]\n"
+        "plot for [c=2:%zu] $d using c:xtic(1) title columnheader\n",
+        terminal_for(path), path, b->o.vocab, b->o.context, b->o.batch, b->o.dim, b->o.layers,
+        nres + 1);
+    int rc = gnuplot(s, path);
+    free(s);
+    return rc;
+}
+
+static int plot_scaling(const bench *b, const char *path, const scale_point *sc, size_t nsc,
+                        dp_mode mode)
+{
+    char s[8192];
+    size_t len = 0;
+    len += (size_t)snprintf(s + len, sizeof s - len, "$d << EOD\n");
+    for (size_t i = 0; i < nsc; i++)
+        len += (size_t)snprintf(s + len, sizeof s - len, "%zu %.1f %.1f\n", sc[i].k,
+                                sc[i].tokens_per_s, sc[0].tokens_per_s * (double)sc[i].k);
+    snprintf(s + len, sizeof s - len,
+             "EOD\nset terminal %s\nset output '%s.part'\n"
+             "set title 'Scaling (%s mode): GPT V=%ld T=%ld B=%ld C=%ld L=%ld'\n"
+             "set xlabel 'devices'\nset ylabel 'tokens/s'\nset key top left\nset grid\n"
+             "set xtics 1\nset yrange [0:*]\n"
+             "plot $d using 1:2 with linespoints lw 2 pt 7 title 'measured', "
+             "$d using 1:3 with lines dt 2 title 'linear'\n",
+             terminal_for(path), path, dp_mode_name(mode), b->o.vocab, b->o.context, b->o.batch,
+             b->o.dim, b->o.layers);
+    return gnuplot(s, path);
+}
+
+/* PATH.ext -> PATH-scaling.ext */
+static char *scaling_path(const char *path)
+{
+    const char *dot = strrchr(path, '.');
+    size_t stem = (size_t)(dot - path), n = strlen(path) + 16;
+    char *out = malloc(n);
+    if (out) snprintf(out, n, "%.*s-scaling%s", (int)stem, path, dot);
+    return out;
+}
+
+// --- main ---------------------------------------------------------------------------
+
+int main(int argc, char **argv)
+{
+    bench b;
+    memset(&b, 0, sizeof b);
+    opts *o = &b.o;
+    *o = (opts){.vocab = 40000, .context = 250, .batch = 32, .dim = 256, .layers = 2,
+                .heads = 4, .steps = 3, .warmup = 1, .mode = "both", .seed = 1337};
+    if (parse_args(argc, argv, o)) return 1;
+    if (!o->devices) o->devices = dp_cuda_device_count() > 0 ? "cuda" : "cpu:4";
+    if (dp_device_list_parse(o->devices, b.specs, DP_MAX_DEVICES, &b.k) != DP_OK)
+        return dp_fail("--devices");
+    if ((size_t)o->batch < b.k)
+        return fail("--batch-size %ld is smaller than the %zu devices; give every device a "
+                    "sequence",
+                    o->batch, b.k);
+    dp_gpt_config gc = {(size_t)o->vocab, (size_t)o->context, (size_t)o->layers,
+                        (size_t)o->heads, (size_t)o->dim};
+    if (dp_gpt_create(&gc, &b.gpt) != DP_OK) return dp_fail("model");
+
+    int both = strcmp(o->mode, "both") == 0;
+    dp_mode modes[2];
+    size_t nres = 0;
+    if (both || strcmp(o->mode, "gather") == 0) modes[nres++] = DP_MODE_GATHER;
+    if (both || strcmp(o->mode, "balanced") == 0) modes[nres++] = DP_MODE_BALANCED;
+
+    printf("dp_bench: GPT vocab %ld, context %ld, dim %ld, %ld layers, %ld heads: %.2fM "
+           "parameters\n",
+           o->vocab, o->context, o->dim, o->layers, o->heads,
+           (double)dp_gpt_model(b.gpt)->n_params / 1e6);
+    printf("          global batch %ld sequences (%ld tokens) on %s (%zu devices), %ld warm-up + "
+           "%ld timed steps",
+           o->batch, o->batch * o->context, o->devices, b.k, o->warmup, o->steps);
+    if (o->memory_limit) printf(", memory limit %s per device", o->memory_limit);
+    printf("\n");
+    fflush(stdout);
+
+    mode_result *res = calloc(2, sizeof *res);
+    scale_point sc[DP_MAX_DEVICES];
+    size_t nsc = 0;
+    int rc = res ? 0 : fail("out of host memory");
+    for (size_t r = 0; r < nres && !rc; r++) {
+        rc = run_mode(&b, modes[r], b.k, (size_t)o->batch, &res[r]);
+        if (!rc && o->find_max_batch) {
+            rc = find_max_batch(&b, modes[r], &res[r].max_batch);
+            if (!rc && res[r].max_batch == 0)
+                printf("%s: not even %zu sequences (one per device) fit in %s\n",
+                       dp_mode_name(modes[r]), b.k, o->memory_limit);
+        }
+    }
+    if (!rc) {
+        print_table(&b, res, nres);
+        print_arithmetic(&b, res, nres);
+        if (o->find_max_batch) {
+            printf("\nlargest global batch under %s per device:", o->memory_limit);
+            for (size_t r = 0; r < nres; r++)
+                printf("  %s %ld", dp_mode_name(res[r].mode), res[r].max_batch);
+            if (nres == 2 && res[0].max_batch > 0)
+                printf("  (balanced / gather = %.2f)",
+                       (double)res[1].max_batch / (double)res[0].max_batch);
+            printf("\n");
+        }
+    }
+    dp_mode scale_mode = nres == 2 ? DP_MODE_BALANCED : modes[0];
+    if (!rc && o->scaling) {
+        printf("\nscaling (%s mode, global batch %ld):\n%8s %12s %9s %11s\n",
+               dp_mode_name(scale_mode), o->batch, "devices", "tokens/s", "speedup", "efficiency");
+        for (size_t k = 1; k <= b.k && !rc; k++) {
+            mode_result m;
+            rc = run_mode(&b, scale_mode, k, (size_t)o->batch, &m);
+            if (rc) break;
+            sc[nsc].k = k;
+            sc[nsc].tokens_per_s = m.tokens_per_s;
+            double sp = m.tokens_per_s / sc[0].tokens_per_s;
+            printf("%8zu %12.0f %9.2f %10.1f%%\n", k, m.tokens_per_s, sp, 100.0 * sp / (double)k);
+            fflush(stdout);
+            nsc++;
+        }
+    }
+    if (!rc && o->json) {
+        json_t *j = json_results(&b, res, nres, sc, nsc, scale_mode);
+        char *text = j ? json_dumps(j, JSON_INDENT(2) | JSON_REAL_PRECISION(10)) : NULL;
+        rc = text ? write_atomic(o->json, text) : fail("--json: cannot encode the results");
+        free(text);
+        json_decref(j);
+    }
+    if (!rc && o->csv) rc = write_csv(o->csv, res, nres);
+    if (!rc && o->plot) {
+        rc = plot_memory(&b, o->plot, res, nres);
+        if (!rc && nsc) {
+            char *sp = scaling_path(o->plot);
+            rc = sp ? plot_scaling(&b, sp, sc, nsc, scale_mode) : fail("out of host memory");
+            if (!rc) printf("plots: %s, %s\n", o->plot, sp);
+            free(sp);
+        } else if (!rc) {
+            printf("plot: %s\n", o->plot);
+        }
+    }
+    free(res);
+    free(b.inputs);
+    free(b.targets);
+    dp_gpt_destroy(b.gpt);
+    return rc;
+}

@@ -1,0 +1,687 @@
+/*
+ * backend/cuda/cuda_backend.c - CUDA devices: device memory, copies, GEMM
+ * through cuBLAS, and the kernel entries (launchers in cuda_kernels.cu).
+ *
+ * A logical device "cuda:i" owns a non-blocking stream, a cuBLAS handle
+ * bound to that stream, two pinned host staging buffers and a small
+ * scratch area. Several logical devices may share one physical GPU
+ * (cuda:0,cuda:0): each has its own stream, handle and accounting.
+ *
+ * Ordering. All work of a device runs on its stream, so one device's ops
+ * are ordered among themselves and most entries return before the GPU is
+ * done. Host-visible results are synchronous: copy_d2h, sum_squares and
+ * synchronize wait. Between devices, copy_peer orders by events: the copy
+ * waits for everything already queued on the source, runs on the
+ * destination's stream, and later work on the source waits for the copy,
+ * so it neither reads unfinished data nor has its source overwritten
+ * while reading. The engine hands work between threads through host
+ * barriers, after which these events capture all earlier work.
+ *
+ * Threads. dp's engine calls the root device's entries from every worker
+ * thread during the reduce and the optimizer (on disjoint slices), so each
+ * entry first makes its device current on the calling thread (cheap when
+ * it already is), and the state shared by calls (staging buffers, scratch,
+ * the ordering event) is guarded by per-device mutexes. The CUDA runtime
+ * and cuBLAS are thread-safe for this use; one cuBLAS handle per stream
+ * keeps GEMM results bitwise reproducible.
+ *
+ * Only the runtime (libcudart) and cuBLAS are linked, never the driver
+ * library: on a machine without a driver cudaGetDeviceCount fails with
+ * cudaErrorInsufficientDriver (or cudaErrorNoDevice) and dp sees 0 GPUs.
+ */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_kernels.h"
+#include "core/error.h"
+
+/* Bytes of each of the two pinned staging buffers: host<->device copies
+ * move in chunks of this size, the host memcpy of one chunk overlapping
+ * the DMA of the other. */
+#define STAGE_BYTES ((size_t)4 << 20)
+
+typedef struct cuda_ctx {
+    int ordinal; /* physical device, after CUDA_VISIBLE_DEVICES */
+    cudaStream_t stream;
+    cublasHandle_t blas;
+
+    pthread_mutex_t mu;           /* guards stage, stage_done, sumsq and result_host */
+    unsigned char *stage[2];      /* pinned host, STAGE_BYTES each */
+    cudaEvent_t stage_done[2];    /* last GPU use of stage[b] */
+    double *sumsq;                /* device: DP_CUDA_SUMSQ_BLOCKS partials + 1 result */
+    double *result_host;          /* pinned: the result copied back */
+
+    pthread_mutex_t ev_mu;        /* guards order_ev between its record and wait */
+    cudaEvent_t order_ev;         /* marks this stream's work for another stream */
+    int mu_ok, ev_mu_ok;          /* mutexes initialised (for cleanup after a failed open) */
+} cuda_ctx;
+
+#define CTX(dev) ((cuda_ctx *)(dev)->ctx)
+
+// --- errors --------------------------------------------------------------------------
+
+/* Errors after which the CUDA context cannot be used again (a kernel fault). */
+static int is_sticky(cudaError_t e)
+{
+    switch (e) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchFailure:
+    case cudaErrorAssert:
+    case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorECCUncorrectable: return 1;
+    default: return 0;
+    }
+}
+
+/* Records "dev: call failed: reason (name)" with the caller's function,
+ * file and line; `call` is the source text of the call (only its name, up
+ * to the first '(', is printed). Clears the runtime's last error so a
+ * recoverable failure (out of memory) does not resurface later. */
+static dp_status cuda_fail(const dp_device *dev, cudaError_t e, const char *call, const char *func,
+                           const char *file, int line)
+{
+    (void)cudaGetLastError();
+    dp_status s = e == cudaErrorMemoryAllocation ? DP_ERR_OUT_OF_MEMORY : DP_ERR_DEVICE;
+    return dp_error_set(s, func, file, line, "%s: %.*s failed: %s (%s)%s", dev->name,
+                        (int)strcspn(call, "("), call, cudaGetErrorString(e),
+                        cudaGetErrorName(e),
+                        is_sticky(e) ? "; the GPU context is now unusable, restart the process "
+                                       "(CUDA_LAUNCH_BLOCKING=1 reports the failing kernel at "
+                                       "its launch)"
+                                     : "");
+}
+
+static dp_status blas_fail(const dp_device *dev, cublasStatus_t st, const char *call,
+                           const char *func, const char *file, int line)
+{
+    (void)cudaGetLastError();
+    dp_status s = st == CUBLAS_STATUS_ALLOC_FAILED ? DP_ERR_OUT_OF_MEMORY : DP_ERR_DEVICE;
+    return dp_error_set(s, func, file, line, "%s: %.*s failed: %s (%s)", dev->name,
+                        (int)strcspn(call, "("), call, cublasGetStatusString(st),
+                        cublasGetStatusName(st));
+}
+
+/* Runs a CUDA runtime call (or a kernel launcher); on failure returns the
+ * dp_status naming the call, the device, and this file and line. */
+#define CU_TRY(dev, call)                                                            \
+    do {                                                                             \
+        cudaError_t cu_e_ = (call);                                                  \
+        if (cu_e_ != cudaSuccess)                                                    \
+            return cuda_fail((dev), cu_e_, #call, __func__, __FILE__, __LINE__);     \
+    } while (0)
+
+#define BLAS_TRY(dev, call)                                                          \
+    do {                                                                             \
+        cublasStatus_t blas_s_ = (call);                                             \
+        if (blas_s_ != CUBLAS_STATUS_SUCCESS)                                        \
+            return blas_fail((dev), blas_s_, #call, __func__, __FILE__, __LINE__);   \
+    } while (0)
+
+// --- devices and threads -------------------------------------------------------------------
+
+/* Makes ordinal the calling thread's current device (kernels and cuBLAS
+ * calls need it; cudaGetDevice is a thread-local read). */
+static dp_status use_device(const dp_device *dev, int ordinal)
+{
+    int cur = -1;
+    if (cudaGetDevice(&cur) != cudaSuccess) {
+        (void)cudaGetLastError();
+        cur = -1;
+    }
+    if (cur != ordinal) CU_TRY(dev, cudaSetDevice(ordinal));
+    return DP_OK;
+}
+
+#define ENTER(dev) DP_TRY(use_device((dev), CTX(dev)->ordinal))
+
+static pthread_once_t count_once = PTHREAD_ONCE_INIT;
+static int visible_count;
+static cudaError_t count_error = cudaSuccess;
+
+static void count_devices(void)
+{
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        /* cudaErrorNoDevice, cudaErrorInsufficientDriver (no driver at
+         * all) and anything else: no usable GPU, which is not an error. */
+        (void)cudaGetLastError();
+        n = 0;
+    }
+    visible_count = n < 0 ? 0 : (n > DP_MAX_DEVICES ? DP_MAX_DEVICES : n);
+    count_error = e;
+}
+
+int dp_backend_cuda_count(void)
+{
+    pthread_once(&count_once, count_devices);
+    return visible_count;
+}
+
+/* Peer access between physical devices, enabled lazily for the pairs that
+ * copy: 0 not tried, 1 enabled, -1 unavailable (copies then go through
+ * host memory inside the runtime: cudaMemcpyPeerAsync stages them). */
+static pthread_mutex_t peer_mu = PTHREAD_MUTEX_INITIALIZER;
+static signed char peer_state[DP_MAX_DEVICES][DP_MAX_DEVICES];
+
+static void ensure_peer(int from, int to)
+{
+    pthread_mutex_lock(&peer_mu);
+    if (peer_state[from][to] == 0) {
+        signed char st = -1;
+        int can = 0;
+        if (cudaDeviceCanAccessPeer(&can, from, to) == cudaSuccess && can &&
+            cudaSetDevice(from) == cudaSuccess) {
+            cudaError_t e = cudaDeviceEnablePeerAccess(to, 0);
+            if (e == cudaSuccess || e == cudaErrorPeerAccessAlreadyEnabled) st = 1;
+        }
+        (void)cudaGetLastError(); /* a refused peer mapping is not an error */
+        peer_state[from][to] = st;
+    }
+    pthread_mutex_unlock(&peer_mu);
+}
+
+// --- open / close -----------------------------------------------------------------------------
+
+static void cuda_close(dp_device *dev)
+{
+    cuda_ctx *c = CTX(dev);
+    if (!c) return;
+    /* Best effort: close cannot fail, so errors are cleared, not reported. */
+    if (cudaSetDevice(c->ordinal) == cudaSuccess && c->stream) cudaStreamSynchronize(c->stream);
+    if (c->blas) cublasDestroy(c->blas);
+    for (int b = 0; b < 2; b++) {
+        if (c->stage_done[b]) cudaEventDestroy(c->stage_done[b]);
+        if (c->stage[b]) cudaFreeHost(c->stage[b]);
+    }
+    if (c->order_ev) cudaEventDestroy(c->order_ev);
+    if (c->sumsq) cudaFree(c->sumsq);
+    if (c->result_host) cudaFreeHost(c->result_host);
+    if (c->stream) cudaStreamDestroy(c->stream);
+    (void)cudaGetLastError();
+    if (c->mu_ok) pthread_mutex_destroy(&c->mu);
+    if (c->ev_mu_ok) pthread_mutex_destroy(&c->ev_mu);
+    free(c);
+    dev->ctx = NULL;
+}
+
+static dp_status open_resources(dp_device *dev, cuda_ctx *c)
+{
+    DP_TRY(use_device(dev, c->ordinal));
+    CU_TRY(dev, cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+    BLAS_TRY(dev, cublasCreate(&c->blas));
+    BLAS_TRY(dev, cublasSetStream(c->blas, c->stream));
+    /* Full float32 unless dp_device_set_allow_tf32 says otherwise. */
+    BLAS_TRY(dev, cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH));
+    for (int b = 0; b < 2; b++) {
+        CU_TRY(dev, cudaEventCreateWithFlags(&c->stage_done[b], cudaEventDisableTiming));
+        CU_TRY(dev, cudaHostAlloc((void **)&c->stage[b], STAGE_BYTES, cudaHostAllocPortable));
+    }
+    CU_TRY(dev, cudaEventCreateWithFlags(&c->order_ev, cudaEventDisableTiming));
+    CU_TRY(dev, cudaMalloc((void **)&c->sumsq, (DP_CUDA_SUMSQ_BLOCKS + 1) * sizeof(double)));
+    CU_TRY(dev, cudaHostAlloc((void **)&c->result_host, sizeof(double), cudaHostAllocPortable));
+    return DP_OK;
+}
+
+static dp_status cuda_open(dp_device *dev)
+{
+    dev->ctx = NULL;
+    int count = dp_backend_cuda_count();
+    if (dev->index >= count) {
+        const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
+        if (count == 0)
+            return DP_FAIL(DP_ERR_NO_DEVICE,
+                           "%s: no CUDA device is visible (cudaGetDeviceCount: %s; "
+                           "CUDA_VISIBLE_DEVICES=%s): no GPU, no NVIDIA driver, or all "
+                           "hidden; use cpu devices",
+                           dev->name,
+                           count_error == cudaSuccess ? "0 devices"
+                                                      : cudaGetErrorString(count_error),
+                           cvd ? cvd : "(unset)");
+        return DP_FAIL(DP_ERR_NO_DEVICE,
+                       "%s does not exist: %d CUDA device%s visible (CUDA_VISIBLE_DEVICES=%s); "
+                       "use an index below %d",
+                       dev->name, count, count == 1 ? "" : "s", cvd ? cvd : "(unset)", count);
+    }
+    cuda_ctx *c = calloc(1, sizeof *c);
+    if (!c) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "%s: cannot allocate the device context", dev->name);
+    c->ordinal = dev->index;
+    dev->ctx = c;
+    c->mu_ok = pthread_mutex_init(&c->mu, NULL) == 0;
+    c->ev_mu_ok = pthread_mutex_init(&c->ev_mu, NULL) == 0;
+    dp_status s = c->mu_ok && c->ev_mu_ok
+                      ? open_resources(dev, c)
+                      : DP_FAIL(DP_ERR_INTERNAL, "%s: pthread_mutex_init failed", dev->name);
+    if (s != DP_OK) cuda_close(dev);
+    return s;
+}
+
+static dp_status cuda_bind_thread(dp_device *dev)
+{
+    ENTER(dev);
+    return DP_OK;
+}
+
+dp_status dp_cuda_set_allow_tf32(dp_device *dev, int allow)
+{
+    ENTER(dev);
+    cuda_ctx *c = CTX(dev);
+    BLAS_TRY(dev, cublasSetMathMode(c->blas, allow ? CUBLAS_TF32_TENSOR_OP_MATH
+                                                   : CUBLAS_DEFAULT_MATH));
+    return DP_OK;
+}
+
+// --- memory --------------------------------------------------------------------------------------
+
+static dp_status cuda_alloc(dp_device *dev, size_t bytes, void **out)
+{
+    ENTER(dev);
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes); /* 256-byte aligned, as dp_device_alloc promises */
+    if (e == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError();
+        size_t free_b = 0, total_b = 0;
+        if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) (void)cudaGetLastError();
+        return DP_FAIL(DP_ERR_OUT_OF_MEMORY,
+                       "%s: cudaMalloc of %zu bytes failed: out of GPU memory (%zu of %zu "
+                       "bytes free on the GPU, which other logical devices and processes "
+                       "share); use a smaller batch, micro-batches or more devices",
+                       dev->name, bytes, free_b, total_b);
+    }
+    if (e != cudaSuccess) return cuda_fail(dev, e, "cudaMalloc", __func__, __FILE__, __LINE__);
+    *out = p;
+    return DP_OK;
+}
+
+static void cuda_free(dp_device *dev, void *ptr)
+{
+    cuda_ctx *c = CTX(dev);
+    /* Work queued on this stream may still use ptr, and peer copies that
+     * read it are ordered before this stream's later work (copy_peer), so
+     * waiting for the stream makes the free safe without relying on
+     * cudaFree's implicit synchronisation. free cannot fail: errors are
+     * cleared. */
+    if (cudaSetDevice(c->ordinal) == cudaSuccess) {
+        cudaStreamSynchronize(c->stream);
+        cudaFree(ptr);
+    }
+    (void)cudaGetLastError();
+}
+
+static dp_status cuda_mem_info(dp_device *dev, size_t *free_bytes, size_t *total_bytes)
+{
+    ENTER(dev);
+    CU_TRY(dev, cudaMemGetInfo(free_bytes, total_bytes));
+    return DP_OK;
+}
+
+// --- copies --------------------------------------------------------------------------------------
+
+/* Host -> device through the pinned buffers. Returns once src has been
+ * read (into pinned memory): the caller may reuse src; the DMA finishes
+ * on the stream, before any later work of this device. */
+static dp_status h2d_locked(dp_device *dev, cuda_ctx *c, void *dst, const void *src, size_t bytes)
+{
+    size_t i = 0;
+    for (size_t off = 0; off < bytes; off += STAGE_BYTES, i++) {
+        size_t len = bytes - off < STAGE_BYTES ? bytes - off : STAGE_BYTES;
+        int b = (int)(i & 1);
+        /* The previous copy out of this buffer must be done before refilling it. */
+        CU_TRY(dev, cudaEventSynchronize(c->stage_done[b]));
+        memcpy(c->stage[b], (const char *)src + off, len);
+        CU_TRY(dev, cudaMemcpyAsync((char *)dst + off, c->stage[b], len, cudaMemcpyHostToDevice,
+                                    c->stream));
+        CU_TRY(dev, cudaEventRecord(c->stage_done[b], c->stream));
+    }
+    return DP_OK;
+}
+
+/* Device -> host through the pinned buffers: chunk i+1 is in flight while
+ * chunk i is copied out. Returns when dst holds the data. */
+static dp_status d2h_locked(dp_device *dev, cuda_ctx *c, void *dst, const void *src, size_t bytes)
+{
+    size_t chunks = (bytes + STAGE_BYTES - 1) / STAGE_BYTES;
+    for (size_t i = 0; i <= chunks; i++) {
+        if (i < chunks) {
+            size_t off = i * STAGE_BYTES;
+            size_t len = bytes - off < STAGE_BYTES ? bytes - off : STAGE_BYTES;
+            int b = (int)(i & 1);
+            /* Stream order puts this after any earlier copy using stage[b]. */
+            CU_TRY(dev, cudaMemcpyAsync(c->stage[b], (const char *)src + off, len,
+                                        cudaMemcpyDeviceToHost, c->stream));
+            CU_TRY(dev, cudaEventRecord(c->stage_done[b], c->stream));
+        }
+        if (i > 0) {
+            size_t j = i - 1, off = j * STAGE_BYTES;
+            size_t len = bytes - off < STAGE_BYTES ? bytes - off : STAGE_BYTES;
+            int b = (int)(j & 1);
+            CU_TRY(dev, cudaEventSynchronize(c->stage_done[b]));
+            memcpy((char *)dst + off, c->stage[b], len);
+        }
+    }
+    return DP_OK;
+}
+
+static dp_status cuda_copy_h2d(dp_device *dev, void *dst, const void *src, size_t bytes)
+{
+    ENTER(dev);
+    cuda_ctx *c = CTX(dev);
+    pthread_mutex_lock(&c->mu);
+    dp_status s = h2d_locked(dev, c, dst, src, bytes);
+    pthread_mutex_unlock(&c->mu);
+    return s;
+}
+
+static dp_status cuda_copy_d2h(dp_device *dev, void *dst, const void *src, size_t bytes)
+{
+    ENTER(dev);
+    cuda_ctx *c = CTX(dev);
+    pthread_mutex_lock(&c->mu);
+    dp_status s = d2h_locked(dev, c, dst, src, bytes);
+    pthread_mutex_unlock(&c->mu);
+    return s;
+}
+
+static dp_status cuda_copy_d2d(dp_device *dev, void *dst, const void *src, size_t bytes)
+{
+    ENTER(dev);
+    CU_TRY(dev, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, CTX(dev)->stream));
+    return DP_OK;
+}
+
+/* Work queued on `then`'s stream from now on waits for all work queued so
+ * far on `first`'s stream. */
+static dp_status order_after(dp_device *first, dp_device *then)
+{
+    cuda_ctx *fc = CTX(first), *tc = CTX(then);
+    DP_TRY(use_device(first, fc->ordinal)); /* the event is recorded on first's device */
+    pthread_mutex_lock(&fc->ev_mu);
+    cudaError_t e = cudaEventRecord(fc->order_ev, fc->stream);
+    const char *call = "cudaEventRecord";
+    if (e == cudaSuccess) {
+        /* The wait takes the record just made, so the lock spans both. */
+        e = cudaStreamWaitEvent(tc->stream, fc->order_ev, 0);
+        call = "cudaStreamWaitEvent";
+    }
+    pthread_mutex_unlock(&fc->ev_mu);
+    if (e != cudaSuccess) return cuda_fail(first, e, call, __func__, __FILE__, __LINE__);
+    return DP_OK;
+}
+
+static dp_status cuda_copy_peer(dp_device *dst_dev, void *dst, dp_device *src_dev,
+                                const void *src, size_t bytes)
+{
+    if (dst_dev == src_dev) return cuda_copy_d2d(dst_dev, dst, src, bytes);
+    cuda_ctx *dc = CTX(dst_dev), *sc = CTX(src_dev);
+    int same_gpu = dc->ordinal == sc->ordinal;
+    if (!same_gpu) {
+        ensure_peer(dc->ordinal, sc->ordinal);
+        ensure_peer(sc->ordinal, dc->ordinal);
+    }
+    /* 1. The copy starts after the work that produced src. */
+    DP_TRY(order_after(src_dev, dst_dev));
+    /* 2. On the destination's stream: ordered with everything using dst. */
+    DP_TRY(use_device(dst_dev, dc->ordinal));
+    if (same_gpu)
+        CU_TRY(dst_dev, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, dc->stream));
+    else
+        CU_TRY(dst_dev, cudaMemcpyPeerAsync(dst, dc->ordinal, src, sc->ordinal, bytes, dc->stream));
+    /* 3. Later work on the source (which may overwrite src) waits for the copy. */
+    return order_after(dst_dev, src_dev);
+}
+
+static dp_status cuda_memset(dp_device *dev, void *dst, int value, size_t bytes)
+{
+    ENTER(dev);
+    CU_TRY(dev, cudaMemsetAsync(dst, value, bytes, CTX(dev)->stream));
+    return DP_OK;
+}
+
+static dp_status cuda_synchronize(dp_device *dev)
+{
+    ENTER(dev);
+    CU_TRY(dev, cudaStreamSynchronize(CTX(dev)->stream));
+    return DP_OK;
+}
+
+// --- GEMM --------------------------------------------------------------------------------------
+
+static dp_status cuda_gemm_strided_batched(dp_device *dev, dp_op transa, dp_op transb, int m,
+                                           int n, int k, float alpha, const float *A, int lda,
+                                           long long strideA, const float *B, int ldb,
+                                           long long strideB, float beta, float *C, int ldc,
+                                           long long strideC, int batch)
+{
+    ENTER(dev);
+    cuda_ctx *c = CTX(dev);
+    if (k == 0) {
+        /* C = beta C exactly as the CPU backend does (A and B may be NULL). */
+        CU_TRY(dev, dp_cuda_launch_gemm_scale_c(c->stream, C, m, n, ldc, strideC, batch, beta));
+        return DP_OK;
+    }
+    cublasOperation_t ta = transa == DP_OP_T ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasOperation_t tb = transb == DP_OP_T ? CUBLAS_OP_T : CUBLAS_OP_N;
+    /* Column-major with host-side alpha and beta: the convention of
+     * dp_gemm, so the arguments pass through unchanged. */
+    if (batch == 1)
+        BLAS_TRY(dev, cublasSgemm(c->blas, ta, tb, m, n, k, &alpha, A, lda, B, ldb, &beta, C, ldc));
+    else
+        BLAS_TRY(dev, cublasSgemmStridedBatched(c->blas, ta, tb, m, n, k, &alpha, A, lda, strideA,
+                                                B, ldb, strideB, &beta, C, ldc, strideC, batch));
+    return DP_OK;
+}
+
+// --- kernels -------------------------------------------------------------------------------------
+
+/* Enqueues a launcher from cuda_kernels.cu on dev's stream. */
+#define LAUNCH(dev, launcher, ...)                                 \
+    do {                                                           \
+        ENTER(dev);                                                \
+        CU_TRY(dev, launcher(CTX(dev)->stream, __VA_ARGS__));      \
+        return DP_OK;                                              \
+    } while (0)
+
+static dp_status cuda_encoder_forward(dp_device *dev, float *out, const int32_t *inp,
+                                      const float *wte, const float *wpe, size_t B, size_t T,
+                                      size_t C)
+{
+    LAUNCH(dev, dp_cuda_launch_encoder_forward, out, inp, wte, wpe, B, T, C);
+}
+
+static dp_status cuda_encoder_backward(dp_device *dev, float *dwte, float *dwpe,
+                                       const float *dout, const int32_t *inp, size_t B, size_t T,
+                                       size_t C)
+{
+    LAUNCH(dev, dp_cuda_launch_encoder_backward, dwte, dwpe, dout, inp, B, T, C);
+}
+
+static dp_status cuda_bias_broadcast(dp_device *dev, float *out, const float *bias, size_t N,
+                                     size_t OC)
+{
+    LAUNCH(dev, dp_cuda_launch_bias_broadcast, out, bias, N, OC);
+}
+
+static dp_status cuda_bias_backward(dp_device *dev, float *dbias, const float *dout, size_t N,
+                                    size_t OC)
+{
+    LAUNCH(dev, dp_cuda_launch_bias_backward, dbias, dout, N, OC);
+}
+
+static dp_status cuda_layernorm_forward(dp_device *dev, float *out, float *mean, float *rstd,
+                                        const float *inp, const float *weight,
+                                        const float *bias, size_t N, size_t C)
+{
+    LAUNCH(dev, dp_cuda_launch_layernorm_forward, out, mean, rstd, inp, weight, bias, N, C);
+}
+
+static dp_status cuda_layernorm_backward(dp_device *dev, float *dinp, float *dweight,
+                                         float *dbias, const float *dout, const float *inp,
+                                         const float *weight, const float *mean,
+                                         const float *rstd, size_t N, size_t C)
+{
+    LAUNCH(dev, dp_cuda_launch_layernorm_backward, dinp, dweight, dbias, dout, inp, weight, mean,
+           rstd, N, C);
+}
+
+static dp_status cuda_gelu_forward(dp_device *dev, float *out, const float *inp, size_t n)
+{
+    LAUNCH(dev, dp_cuda_launch_gelu_forward, out, inp, n);
+}
+
+static dp_status cuda_gelu_backward(dp_device *dev, float *dinp, const float *inp,
+                                    const float *dout, size_t n)
+{
+    LAUNCH(dev, dp_cuda_launch_gelu_backward, dinp, inp, dout, n);
+}
+
+static dp_status cuda_add(dp_device *dev, float *out, const float *a, const float *b, size_t n)
+{
+    LAUNCH(dev, dp_cuda_launch_add, out, a, b, n);
+}
+
+static dp_status cuda_accumulate(dp_device *dev, float *dst, const float *src, size_t n)
+{
+    LAUNCH(dev, dp_cuda_launch_accumulate, dst, src, n);
+}
+
+static dp_status cuda_scale(dp_device *dev, float *x, float s, size_t n)
+{
+    LAUNCH(dev, dp_cuda_launch_scale, x, s, n);
+}
+
+static dp_status sum_squares_locked(dp_device *dev, cuda_ctx *c, double *out_host,
+                                    const float *x, size_t n)
+{
+    double *result = c->sumsq + DP_CUDA_SUMSQ_BLOCKS;
+    CU_TRY(dev, dp_cuda_launch_sum_squares(c->stream, result, c->sumsq, x, n));
+    CU_TRY(dev, cudaMemcpyAsync(c->result_host, result, sizeof(double), cudaMemcpyDeviceToHost,
+                                c->stream));
+    CU_TRY(dev, cudaStreamSynchronize(c->stream));
+    *out_host = *c->result_host;
+    return DP_OK;
+}
+
+static dp_status cuda_sum_squares(dp_device *dev, double *out_host, const float *x, size_t n)
+{
+    ENTER(dev);
+    cuda_ctx *c = CTX(dev);
+    pthread_mutex_lock(&c->mu); /* the scratch is shared by concurrent callers */
+    dp_status s = sum_squares_locked(dev, c, out_host, x, n);
+    pthread_mutex_unlock(&c->mu);
+    return s;
+}
+
+static dp_status cuda_attention_permute(dp_device *dev, float *qkvr, const float *qkv,
+                                        size_t B, size_t T, size_t NH, size_t hs)
+{
+    LAUNCH(dev, dp_cuda_launch_attention_permute, qkvr, qkv, B, T, NH, hs);
+}
+
+static dp_status cuda_attention_permute_backward(dp_device *dev, float *dqkv,
+                                                 const float *dqkvr, size_t B, size_t T,
+                                                 size_t NH, size_t hs)
+{
+    LAUNCH(dev, dp_cuda_launch_attention_permute_backward, dqkv, dqkvr, B, T, NH, hs);
+}
+
+static dp_status cuda_attention_unpermute(dp_device *dev, float *out, const float *y, size_t B,
+                                          size_t T, size_t NH, size_t hs)
+{
+    LAUNCH(dev, dp_cuda_launch_attention_unpermute, out, y, B, T, NH, hs);
+}
+
+static dp_status cuda_attention_unpermute_backward(dp_device *dev, float *dy,
+                                                   const float *dout, size_t B, size_t T,
+                                                   size_t NH, size_t hs)
+{
+    LAUNCH(dev, dp_cuda_launch_attention_unpermute_backward, dy, dout, B, T, NH, hs);
+}
+
+static dp_status cuda_softmax_causal_forward(dp_device *dev, float *att, float scale,
+                                             size_t BNH, size_t T)
+{
+    LAUNCH(dev, dp_cuda_launch_softmax_causal_forward, att, scale, BNH, T);
+}
+
+static dp_status cuda_softmax_causal_backward(dp_device *dev, float *datt, const float *att,
+                                              float scale, size_t BNH, size_t T)
+{
+    LAUNCH(dev, dp_cuda_launch_softmax_causal_backward, datt, att, scale, BNH, T);
+}
+
+static dp_status cuda_crossentropy(dp_device *dev, float *losses, float *dlogits,
+                                   const float *logits, const int32_t *targets, size_t N,
+                                   size_t V, float dscale)
+{
+    LAUNCH(dev, dp_cuda_launch_crossentropy, losses, dlogits, logits, targets, N, V, dscale);
+}
+
+static dp_status cuda_adamw(dp_device *dev, float *params, const float *grads, float *m,
+                            float *v, size_t n, float lr, float beta1, float beta2, float eps,
+                            float weight_decay, float bias_corr1, float bias_corr2)
+{
+    LAUNCH(dev, dp_cuda_launch_adamw, params, grads, m, v, n, lr, beta1, beta2, eps,
+           weight_decay, bias_corr1, bias_corr2);
+}
+
+static dp_status cuda_sgd(dp_device *dev, float *params, const float *grads,
+                          float *momentum_buf, size_t n, float lr, float momentum,
+                          float weight_decay, int first_step)
+{
+    LAUNCH(dev, dp_cuda_launch_sgd, params, grads, momentum_buf, n, lr, momentum, weight_decay,
+           first_step);
+}
+
+// --- the table -------------------------------------------------------------------------------------
+
+static const dp_backend_ops cuda_ops = {
+    .name = "cuda",
+    .host_memory = 0,
+    .open = cuda_open,
+    .close = cuda_close,
+    .bind_thread = cuda_bind_thread,
+    .alloc = cuda_alloc,
+    .free = cuda_free,
+    .mem_info = cuda_mem_info,
+    .copy_h2d = cuda_copy_h2d,
+    .copy_d2h = cuda_copy_d2h,
+    .copy_d2d = cuda_copy_d2d,
+    .copy_peer = cuda_copy_peer,
+    .memset = cuda_memset,
+    .synchronize = cuda_synchronize,
+    .gemm_strided_batched = cuda_gemm_strided_batched,
+    .encoder_forward = cuda_encoder_forward,
+    .encoder_backward = cuda_encoder_backward,
+    .bias_broadcast = cuda_bias_broadcast,
+    .bias_backward = cuda_bias_backward,
+    .layernorm_forward = cuda_layernorm_forward,
+    .layernorm_backward = cuda_layernorm_backward,
+    .gelu_forward = cuda_gelu_forward,
+    .gelu_backward = cuda_gelu_backward,
+    .add = cuda_add,
+    .accumulate = cuda_accumulate,
+    .scale = cuda_scale,
+    .sum_squares = cuda_sum_squares,
+    .attention_permute = cuda_attention_permute,
+    .attention_permute_backward = cuda_attention_permute_backward,
+    .attention_unpermute = cuda_attention_unpermute,
+    .attention_unpermute_backward = cuda_attention_unpermute_backward,
+    .softmax_causal_forward = cuda_softmax_causal_forward,
+    .softmax_causal_backward = cuda_softmax_causal_backward,
+    .crossentropy = cuda_crossentropy,
+    .adamw = cuda_adamw,
+    .sgd = cuda_sgd,
+};
+
+const dp_backend_ops *dp_backend_cuda(void) { return &cuda_ops; }

@@ -1,0 +1,57 @@
+/*
+ * tests/dp_test_spawn.h - run one of the project's programs as a user
+ * would: posix_spawn with stdin from /dev/null and stdout/stderr into
+ * files, then collect the exit status and both outputs.
+ */
+#ifndef DP_TEST_SPAWN_H
+#define DP_TEST_SPAWN_H
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "dp_test.h"
+#include "dp_test_fs.h"
+
+extern char **environ;
+
+typedef struct dp_test_result {
+    int status; /* from waitpid */
+    char *out, *err;
+} dp_test_result;
+
+static inline void dp_test_result_free(dp_test_result *r)
+{
+    free(r->out);
+    free(r->err);
+}
+
+/* Starts argv[0] (a path) with argv; stdout and stderr go to the files. */
+static inline pid_t dp_test_spawn(char *const argv[], const char *out_path, const char *err_path)
+{
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_addopen(&fa, 1, out_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_addopen(&fa, 2, err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    pid_t pid;
+    int rc = posix_spawn(&pid, argv[0], &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    cr_assert_eq(rc, 0, "cannot run %s: %s", argv[0], strerror(rc));
+    return pid;
+}
+
+/* Waits for pid and reads back what it wrote (NUL-terminated). */
+static inline dp_test_result dp_test_collect(pid_t pid, const char *out_path, const char *err_path)
+{
+    dp_test_result r;
+    cr_assert_eq(waitpid(pid, &r.status, 0), pid);
+    size_t n;
+    r.out = (char *)dp_test_read_file(out_path, &n);
+    r.err = (char *)dp_test_read_file(err_path, &n);
+    return r;
+}
+
+#endif /* DP_TEST_SPAWN_H */

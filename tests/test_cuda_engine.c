@@ -1,0 +1,360 @@
+/*
+ * The DataParallel engine on CUDA devices.
+ *
+ *  - k logical devices on one GPU (cuda:0 x k) == cuda:0 alone, both modes,
+ *    AdamW with clipping and SGD, with the MLP example (the invariant of
+ *    tests/test_engine.c, now through peer copies, the root staging buffers
+ *    and several streams on one card); cuda:0,cuda:1 too when two GPUs exist;
+ *  - one GPU == one CPU device, and identical runs are bitwise identical;
+ *  - a GPT checkpoint written from GPU devices loads exactly and resumes on
+ *    CPU devices, taking the same next step as the GPU run.
+ *
+ * Without a GPU every test skips with "no CUDA device" (probed in the test
+ * body). DP_TEST_CUDA_AS_CPU=1 runs them on virtual CPU devices instead
+ * (cuda:0 x k becomes cpu:0..k-1), to check the tests where no GPU exists.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "dp/checkpoint.h"
+#include "dp_test.h"
+#include "dp_test_fs.h"
+#include "mlp.h"
+
+// --- targets ----------------------------------------------------------------------------
+
+static int as_cpu(void)
+{
+    const char *e = getenv("DP_TEST_CUDA_AS_CPU");
+    return e && strcmp(e, "1") == 0;
+}
+
+static int n_gpus(void) { return as_cpu() ? 2 : dp_cuda_device_count(); }
+
+#define REQUIRE_GPU()                                          \
+    do {                                                       \
+        if (n_gpus() == 0) cr_skip_test("no CUDA device");     \
+    } while (0)
+
+/* k logical devices: cuda:ord[0], ..., or distinct CPU stand-ins. */
+static void gpu_specs(dp_device_spec *specs, size_t k, const int *ord)
+{
+    for (size_t i = 0; i < k; i++) {
+        specs[i].kind = as_cpu() ? DP_DEVICE_CPU : DP_DEVICE_CUDA;
+        specs[i].index = as_cpu() ? (int)i : ord[i];
+    }
+}
+
+static void cpu_specs(dp_device_spec *specs, size_t k)
+{
+    for (size_t i = 0; i < k; i++) specs[i] = (dp_device_spec){DP_DEVICE_CPU, (int)i};
+}
+
+static const int ZEROS[DP_MAX_DEVICES] = {0};
+
+// --- the MLP runs (as tests/test_engine.c) -------------------------------------------------
+
+enum { D = 6, H = 12, K = 5, MAXROWS = 32, STEPS = 3, NP_MAX = 4096 };
+
+static void make_batch(int s, int rows, int ignore_every, float *x, int32_t *y)
+{
+    dp_rng rng;
+    dp_rng_seed(&rng, 1000 + (uint64_t)s);
+    dp_rng_fill_normal(&rng, x, (size_t)rows * D, 0.0f, 1.0f);
+    for (int i = 0; i < rows; i++) {
+        y[i] = (int32_t)dp_rng_below(&rng, K);
+        if (ignore_every > 0 && i % ignore_every == ignore_every - 1) y[i] = -1;
+    }
+}
+
+static dp_engine_config base_cfg(dp_mode mode, dp_optimizer opt)
+{
+    dp_engine_config c = dp_engine_config_default();
+    c.mode = mode;
+    c.optim.kind = opt;
+    c.optim.lr = 1e-2f;
+    c.optim.weight_decay = 0.1f;
+    c.optim.momentum = 0.9f;
+    /* AdamW and clipping are nearly scale-free; SGD without clipping
+     * catches a wrong 1/N. */
+    c.optim.grad_clip = opt == DP_OPTIMIZER_SGD ? 0.0f : 1.0f;
+    c.seed = 7;
+    return c;
+}
+
+/* STEPS steps of the MLP on specs[0..k); losses and final parameters. */
+static void train_mlp(const dp_device_spec *specs, size_t k, dp_engine_config cfg, int rows,
+                      double *losses, float *params)
+{
+    size_t before = dp_device_bytes_freed_at_close();
+    mlp net;
+    dp_model model;
+    mlp_config mc = {D, H, K};
+    mlp_init_model(&net, &mc, &model);
+    cr_assert_leq(model.n_params, NP_MAX);
+    dp_criterion crit = dp_criterion_cross_entropy();
+    dp_engine *e = NULL;
+    dp_assert_ok(dp_engine_create(specs, k, &model, &crit, &cfg, &e));
+    float x[MAXROWS * D];
+    int32_t y[MAXROWS];
+    for (int s = 0; s < STEPS; s++) {
+        make_batch(s, rows, 3, x, y);
+        dp_batch b = {(size_t)rows, x, y};
+        dp_step_stats st;
+        dp_assert_ok(dp_engine_step(e, &b, &st));
+        cr_assert(!st.skipped, "step %d skipped", s);
+        losses[s] = st.loss;
+    }
+    memset(params, 0, NP_MAX * sizeof *params);
+    dp_assert_ok(dp_engine_get_params(e, params));
+    dp_engine_destroy(e);
+    cr_assert_eq(dp_device_bytes_freed_at_close(), before, "the engine leaked device memory");
+}
+
+/*
+ * Tolerances as tests/test_engine.c: the k-device run sums the same
+ * per-row gradients in another order (and cuBLAS picks its tiles by shape,
+ * so rows split over devices are summed differently again): gradients
+ * differ by float32 rounding (~1e-7 relative), and three steps keep the
+ * parameters within 1e-6 absolute + 1e-5 relative, losses within 1e-5.
+ */
+static void assert_runs_agree(const double *l, const double *l_ref, const float *p,
+                              const float *p_ref, const char *what)
+{
+    cr_log_info("%s", what);
+    dp_assert_allclose(l, l_ref, STEPS, 1e-7, 1e-5);
+    dp_assert_allclose(p, p_ref, NP_MAX, 1e-6, 1e-5);
+}
+
+Test(cuda_engine, k_logical_devices_on_one_gpu_equal_one, .timeout = 120)
+{
+    REQUIRE_GPU();
+    static const int ks[] = {2, 3}, rows[] = {7, 16};
+    for (int o = 0; o < DP_OPTIMIZER_COUNT; o++) {
+        dp_device_spec one[1];
+        gpu_specs(one, 1, ZEROS);
+        for (int r = 0; r < 2; r++) {
+            double l1[STEPS];
+            static float p1[NP_MAX];
+            train_mlp(one, 1, base_cfg(DP_MODE_BALANCED, (dp_optimizer)o), rows[r], l1, p1);
+            for (int m = 0; m < DP_MODE_COUNT; m++)
+                for (int ki = 0; ki < 2; ki++) {
+                    dp_device_spec specs[3];
+                    gpu_specs(specs, (size_t)ks[ki], ZEROS);
+                    double lk[STEPS];
+                    static float pk[NP_MAX];
+                    train_mlp(specs, (size_t)ks[ki], base_cfg((dp_mode)m, (dp_optimizer)o), rows[r],
+                              lk, pk);
+                    char what[128];
+                    snprintf(what, sizeof what, "%d logical devices, %s, %d rows, optimizer %d",
+                             ks[ki], dp_mode_name((dp_mode)m), rows[r], o);
+                    assert_runs_agree(lk, l1, pk, p1, what);
+                }
+        }
+    }
+}
+
+Test(cuda_engine, two_gpus_equal_one, .timeout = 120)
+{
+    REQUIRE_GPU();
+    if (n_gpus() < 2) cr_skip_test("fewer than two CUDA devices");
+    static const int ord[2] = {0, 1};
+    dp_device_spec one[1], two[2];
+    gpu_specs(one, 1, ZEROS);
+    gpu_specs(two, 2, ord);
+    for (int m = 0; m < DP_MODE_COUNT; m++) {
+        double l1[STEPS], l2[STEPS];
+        static float p1[NP_MAX], p2[NP_MAX];
+        train_mlp(one, 1, base_cfg(DP_MODE_BALANCED, DP_OPTIMIZER_ADAMW), 16, l1, p1);
+        train_mlp(two, 2, base_cfg((dp_mode)m, DP_OPTIMIZER_ADAMW), 16, l2, p2);
+        assert_runs_agree(l2, l1, p2, p1, dp_mode_name((dp_mode)m));
+    }
+}
+
+/* One GPU against one CPU device: the GEMMs (cuBLAS vs OpenBLAS) and exp
+ * differ by float32 rounding only, so the same tolerance holds. Then the
+ * same for cuda:0 x 2 against cpu:2 in gather mode. */
+Test(cuda_engine, gpu_equals_cpu, .timeout = 120)
+{
+    REQUIRE_GPU();
+    for (int o = 0; o < DP_OPTIMIZER_COUNT; o++) {
+        dp_device_spec g1[2], c1[2];
+        gpu_specs(g1, 2, ZEROS);
+        cpu_specs(c1, 2);
+        double lg[STEPS], lc[STEPS];
+        static float pg[NP_MAX], pc[NP_MAX];
+        train_mlp(g1, 1, base_cfg(DP_MODE_BALANCED, (dp_optimizer)o), 16, lg, pg);
+        train_mlp(c1, 1, base_cfg(DP_MODE_BALANCED, (dp_optimizer)o), 16, lc, pc);
+        assert_runs_agree(lg, lc, pg, pc, "one GPU vs one CPU device");
+        train_mlp(g1, 2, base_cfg(DP_MODE_GATHER, (dp_optimizer)o), 16, lg, pg);
+        train_mlp(c1, 2, base_cfg(DP_MODE_GATHER, (dp_optimizer)o), 16, lc, pc);
+        assert_runs_agree(lg, lc, pg, pc, "cuda:0 x 2 vs cpu:2, gather");
+    }
+}
+
+/* Fixed-order kernels and one cuBLAS handle per stream: two identical runs
+ * give identical bits, in both modes. */
+Test(cuda_engine, same_seed_is_bitwise_identical, .timeout = 120)
+{
+    REQUIRE_GPU();
+    dp_device_spec specs[2];
+    gpu_specs(specs, 2, ZEROS);
+    for (int m = 0; m < DP_MODE_COUNT; m++) {
+        double la[STEPS], lb[STEPS];
+        static float pa[NP_MAX], pb[NP_MAX];
+        train_mlp(specs, 2, base_cfg((dp_mode)m, DP_OPTIMIZER_ADAMW), 7, la, pa);
+        train_mlp(specs, 2, base_cfg((dp_mode)m, DP_OPTIMIZER_ADAMW), 7, lb, pb);
+        cr_assert(memcmp(la, lb, sizeof la) == 0, "%s: losses differ between identical runs",
+                  dp_mode_name((dp_mode)m));
+        cr_assert(memcmp(pa, pb, sizeof pa) == 0, "%s: parameters differ between identical runs",
+                  dp_mode_name((dp_mode)m));
+    }
+}
+
+// --- GPT checkpoint: GPU -> file -> CPU --------------------------------------------------------
+
+enum { EV = 37, EBS = 8, EL = 2, ENH = 2, EC = 16, EROWS = 5 };
+
+static void gpt_batch(int s, size_t rows, int32_t *tok, int32_t *tgt)
+{
+    dp_rng rng;
+    dp_rng_seed(&rng, 500 + (uint64_t)s);
+    for (size_t r = 0; r < rows; r++) {
+        int32_t seq[EBS + 1];
+        for (size_t t = 0; t <= EBS; t++) seq[t] = (int32_t)dp_rng_below(&rng, EV);
+        for (size_t t = 0; t < EBS; t++) {
+            tok[r * EBS + t] = seq[t];
+            tgt[r * EBS + t] = (r * EBS + t) % 7 == 3 ? -1 : seq[t + 1];
+        }
+    }
+}
+
+static dp_engine *gpt_engine(const dp_gpt *g, const dp_device_spec *specs, size_t k)
+{
+    dp_criterion crit = dp_criterion_cross_entropy();
+    dp_engine_config cfg = dp_engine_config_default();
+    cfg.optim.lr = 3e-3f;
+    cfg.optim.grad_clip = 1.0f;
+    cfg.seed = 11;
+    dp_engine *e = NULL;
+    dp_assert_ok(dp_engine_create(specs, k, dp_gpt_model(g), &crit, &cfg, &e));
+    return e;
+}
+
+static double gpt_step(dp_engine *e, int s)
+{
+    int32_t tok[EROWS * EBS], tgt[EROWS * EBS];
+    gpt_batch(s, EROWS, tok, tgt);
+    dp_batch b = {EROWS, tok, tgt};
+    dp_step_stats st;
+    dp_assert_ok(dp_engine_step(e, &b, &st));
+    cr_assert(!st.skipped);
+    return st.loss;
+}
+
+/* Every stored tensor equal bit for bit (padding between tensors is not stored). */
+static void assert_tensors_equal(const dp_gpt *g, const float *a, const float *b, const char *what)
+{
+    const dp_model *m = dp_gpt_model(g);
+    for (size_t t = 0; t < m->n_tensors; t++) {
+        const dp_param_tensor *pt = &m->tensors[t];
+        cr_assert(memcmp(a + pt->offset, b + pt->offset, pt->numel * sizeof(float)) == 0,
+                  "%s: tensor %s differs after the checkpoint round trip", what, pt->name);
+    }
+}
+
+/* The key third of each c_attn.bias: its exact gradient is zero (softmax
+ * ignores a shift shared by all keys), so its float gradient is rounding
+ * noise and AdamW may step it by +-lr either way (tests/test_gpt.c). */
+static int is_key_bias(const dp_gpt *g, size_t i)
+{
+    const dp_model *m = dp_gpt_model(g);
+    for (size_t t = 0; t < m->n_tensors; t++) {
+        const dp_param_tensor *pt = &m->tensors[t];
+        size_t nl = strlen(pt->name);
+        if (nl >= 16 && strcmp(pt->name + nl - 16, "attn.c_attn.bias") == 0 &&
+            i >= pt->offset + EC && i < pt->offset + 2 * EC)
+            return 1;
+    }
+    return 0;
+}
+
+/*
+ * Three steps on cuda:0 x 2, checkpoint, load: parameters and moments come
+ * back bit for bit. Then one more step from that state on cpu:2 and on the
+ * GPUs: same loss (rtol 1e-5) and parameters within float32 rounding of
+ * one step's gradients (atol 1e-6, rtol 2e-5; key biases to 2 lr).
+ */
+Test(cuda_engine, gpt_checkpoint_from_gpu_resumes_on_cpu, .timeout = 120)
+{
+    REQUIRE_GPU();
+    char dir[] = "/tmp/dp_test_cuda_ck_XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    char path[256];
+    snprintf(path, sizeof path, "%s/gpu.safetensors", dir);
+
+    dp_gpt_config gc = {EV, EBS, EL, ENH, EC};
+    dp_gpt *g = NULL;
+    dp_assert_ok(dp_gpt_create(&gc, &g));
+    size_t n = dp_gpt_model(g)->n_params;
+    dp_device_spec gs[2], cs[2];
+    gpu_specs(gs, 2, ZEROS);
+    cpu_specs(cs, 2);
+
+    dp_engine *eg = gpt_engine(g, gs, 2);
+    for (int s = 0; s < 3; s++) gpt_step(eg, s);
+    float *p = calloc(n, sizeof *p), *m = calloc(n, sizeof *m), *v = calloc(n, sizeof *v);
+    cr_assert(p && m && v);
+    long t = 0;
+    dp_assert_ok(dp_engine_get_params(eg, p));
+    dp_assert_ok(dp_engine_get_optimizer_state(eg, m, v, &t));
+    cr_assert_eq(t, 3);
+
+    dp_checkpoint ck;
+    memset(&ck, 0, sizeof ck);
+    ck.config = gc;
+    ck.step = 3;
+    ck.optimizer_step = t;
+    ck.params = p;
+    ck.m = m;
+    ck.v = v;
+    dp_assert_ok(dp_checkpoint_save(path, g, &ck));
+    dp_checkpoint *ld = NULL;
+    dp_assert_ok(dp_checkpoint_load(path, &ld, NULL));
+    cr_assert_eq(ld->optimizer_step, 3);
+    assert_tensors_equal(g, ld->params, p, "params");
+    assert_tensors_equal(g, ld->m, m, "exp_avg");
+    assert_tensors_equal(g, ld->v, v, "exp_avg_sq");
+
+    dp_engine *ec = gpt_engine(g, cs, 2);
+    dp_assert_ok(dp_engine_set_params(ec, ld->params));
+    dp_assert_ok(dp_engine_set_optimizer_state(ec, ld->m, ld->v, ld->optimizer_step));
+    double loss_c = gpt_step(ec, 3), loss_g = gpt_step(eg, 3);
+    cr_assert(fabs(loss_c - loss_g) <= 1e-5 * fabs(loss_g), "step 4 loss: cpu %.9g, gpu %.9g",
+              loss_c, loss_g);
+    float *pc = calloc(n, sizeof *pc), *pg = calloc(n, sizeof *pg);
+    cr_assert(pc && pg);
+    dp_assert_ok(dp_engine_get_params(ec, pc));
+    dp_assert_ok(dp_engine_get_params(eg, pg));
+    double lr = 3e-3;
+    for (size_t i = 0; i < n; i++)
+        if (is_key_bias(g, i)) {
+            cr_assert(fabs(pc[i] - pg[i]) <= 2.0 * lr, "key bias %zu: %g vs %g", i, pc[i], pg[i]);
+            pc[i] = pg[i];
+        }
+    dp_assert_allclose(pc, pg, n, 1e-6, 2e-5);
+    cr_assert(memcmp(pg, p, n * sizeof *p) != 0, "the resumed step changed nothing");
+
+    dp_engine_destroy(ec);
+    dp_engine_destroy(eg);
+    dp_checkpoint_free(ld);
+    free(p);
+    free(m);
+    free(v);
+    free(pc);
+    free(pg);
+    dp_gpt_destroy(g);
+    dp_test_remove_tree(dir);
+}

@@ -1,0 +1,1220 @@
+/*
+ * The CUDA backend, op by op, against the CPU backend (the idea of ggml's
+ * test-backend-ops): every vtable entry runs on each visible CUDA device
+ * and on cpu:0 with the same random inputs (fixed seeds), and the outputs
+ * are compared with a bound stated per op. Also: GEMM against a float64
+ * reference with the float32 (and TF32) error bound, copies across the
+ * staging-chunk boundaries, peer copies and their ordering, two logical
+ * devices on one GPU driven from two threads, accounting and out of memory.
+ *
+ * Why some ops must match bit for bit: both backends call the same DP_HD
+ * functions, so an op made of copies or of float additions in a fixed
+ * order (permutes, encoder, bias sums, add, accumulate, scale) has exactly
+ * one correctly rounded answer. Ops with products may differ by nvcc's
+ * FMA contraction (one rounding instead of two) and those with exp by the
+ * two expf implementations (each within 2 ulp): a few ulp per element.
+ *
+ * Without a GPU, every GPU test skips with "no CUDA device" (probed in the
+ * test body). These run everywhere: the no-GPU behaviour (zero devices, a
+ * clear error for cuda:0), the ELF check that dp needs the CUDA runtime and
+ * never the driver library, and the TF32 option's argument checks.
+ * DP_TEST_CUDA_AS_CPU=1 runs the GPU tests against virtual CPU devices
+ * instead (cpu:1, cpu:2 stand in for the GPUs), to check the tests
+ * themselves where no GPU exists; the comparisons are then CPU vs CPU.
+ */
+#define _GNU_SOURCE /* dladdr */
+#include <dlfcn.h>
+#include <elf.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "dp/optim.h"
+#include "nn_test_util.h"
+
+// --- targets ----------------------------------------------------------------------------
+
+static int as_cpu(void)
+{
+    const char *e = getenv("DP_TEST_CUDA_AS_CPU");
+    return e && strcmp(e, "1") == 0;
+}
+
+/* Devices under test: the visible GPUs, or two CPU stand-ins. */
+static int n_targets(void) { return as_cpu() ? 2 : dp_cuda_device_count(); }
+
+#define REQUIRE_GPU()                                                   \
+    do {                                                                \
+        if (n_targets() == 0) cr_skip_test("no CUDA device");           \
+    } while (0)
+
+/* Target i: cuda:i (a new logical device each call), or cpu:i+1. */
+static dp_device *open_target(int i)
+{
+    dp_device_spec s = {as_cpu() ? DP_DEVICE_CPU : DP_DEVICE_CUDA, as_cpu() ? i + 1 : i};
+    dp_device *d = NULL;
+    dp_assert_ok(dp_device_open(&s, &d));
+    return d;
+}
+
+static void close_checked(dp_device *dev)
+{
+    dp_memory_stats st;
+    dp_device_memory(dev, &st);
+    cr_assert_eq(st.in_use, 0, "%zu bytes still allocated on %s", st.in_use, dp_device_name(dev));
+    dp_device_close(dev);
+}
+
+// --- host data and comparisons -------------------------------------------------------------
+
+static void *xmalloc(size_t bytes)
+{
+    void *p = malloc(bytes ? bytes : 1);
+    cr_assert_not_null(p, "out of host memory");
+    return p;
+}
+
+static float *rnd(uint64_t seed, size_t n, float lo, float hi)
+{
+    float *x = xmalloc(n * sizeof *x);
+    dp_rng rng;
+    dp_rng_seed(&rng, seed);
+    dp_rng_fill_uniform(&rng, x, n, lo, hi);
+    return x;
+}
+
+static float *rnd_normal(uint64_t seed, size_t n, float mean, float std)
+{
+    float *x = xmalloc(n * sizeof *x);
+    dp_rng rng;
+    dp_rng_seed(&rng, seed);
+    dp_rng_fill_normal(&rng, x, n, mean, std);
+    return x;
+}
+
+static void *dalloc(dp_device *d, size_t bytes)
+{
+    void *p = NULL;
+    dp_assert_ok(dp_device_alloc(d, bytes ? bytes : 1, &p));
+    return p;
+}
+
+/* Bitwise equality of n floats, naming the first difference. */
+static void assert_same_bits(const char *what, const float *a, const float *e, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(&a[i], &e[i], sizeof(float)) != 0)
+            cr_assert_fail("%s: element %zu of %zu differs: %a (%.9g) vs %a (%.9g)", what, i, n,
+                           (double)a[i], (double)a[i], (double)e[i], (double)e[i]);
+}
+
+/* The two devices of a comparison: [0] = cpu:0 (the reference backend), [1] = target g. */
+typedef struct pair {
+    dp_device *d[2];
+} pair;
+
+static pair pair_open(int g)
+{
+    pair p;
+    p.d[0] = dp_test_cpu(0);
+    p.d[1] = open_target(g);
+    return p;
+}
+
+static void pair_close(pair *p)
+{
+    close_checked(p->d[1]);
+    close_checked(p->d[0]);
+}
+
+#define FOR_TARGETS(g) for (int g = 0; g < n_targets(); g++)
+
+// --- runs without a GPU ------------------------------------------------------------------
+
+/* With no GPU: 0 devices, and cuda:0 is a clear error (not a crash, not a
+ * hang) from the device list and from dp_device_open. With GPUs: the first
+ * index past the last is the same clear error. */
+Test(cuda_probe, missing_device_is_a_clear_error)
+{
+    int n = dp_cuda_device_count();
+    cr_assert_geq(n, 0);
+    cr_assert_eq(dp_cuda_device_count(), n, "the count must be stable");
+    char name[32], list[32];
+    snprintf(name, sizeof name, "cuda:%d", n);
+    snprintf(list, sizeof list, "cuda:%d", n);
+    dp_device_spec specs[4];
+    size_t k = 99;
+    dp_clear_error();
+    cr_assert_eq(dp_device_list_parse(list, specs, 4, &k), DP_ERR_NO_DEVICE);
+    cr_assert_eq(k, 0);
+    cr_assert(strstr(dp_last_error(), name), "message: %s", dp_last_error());
+    dp_device_spec s = {DP_DEVICE_CUDA, n};
+    dp_device *dev = (dp_device *)1;
+    dp_clear_error();
+    cr_assert_eq(dp_device_open(&s, &dev), DP_ERR_NO_DEVICE);
+    cr_assert_null(dev);
+    cr_assert(strstr(dp_last_error(), name), "message: %s", dp_last_error());
+    if (n == 0) {
+        cr_assert_eq(dp_device_list_parse("cuda", specs, 4, &k), DP_ERR_NO_DEVICE);
+        cr_assert(strstr(dp_last_error(), "none is visible"), "message: %s", dp_last_error());
+        /* auto falls back to CPU devices */
+        dp_assert_ok(dp_device_list_parse("auto", specs, 4, &k));
+        cr_assert(k >= 1 && specs[0].kind == DP_DEVICE_CPU);
+    }
+}
+
+/* Names in DT_NEEDED of the ELF file at path, '\n'-separated, into buf. */
+static void elf_needed(const char *path, char *buf, size_t cap)
+{
+    FILE *f = fopen(path, "rb");
+    cr_assert_not_null(f, "cannot open %s", path);
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *img = xmalloc((size_t)size);
+    cr_assert_eq(fread(img, 1, (size_t)size, f), (size_t)size);
+    fclose(f);
+    Elf64_Ehdr eh;
+    memcpy(&eh, img, sizeof eh);
+    cr_assert(memcmp(eh.e_ident, ELFMAG, SELFMAG) == 0 && eh.e_ident[EI_CLASS] == ELFCLASS64,
+              "%s is not a 64-bit ELF file", path);
+    buf[0] = 0;
+    int found_dynamic = 0;
+    for (int i = 0; i < eh.e_shnum; i++) {
+        Elf64_Shdr sh;
+        memcpy(&sh, img + eh.e_shoff + (size_t)i * eh.e_shentsize, sizeof sh);
+        if (sh.sh_type != SHT_DYNAMIC) continue;
+        found_dynamic = 1;
+        Elf64_Shdr strsh;
+        memcpy(&strsh, img + eh.e_shoff + (size_t)sh.sh_link * eh.e_shentsize, sizeof strsh);
+        const char *strtab = (const char *)img + strsh.sh_offset;
+        for (size_t off = 0; off + sizeof(Elf64_Dyn) <= sh.sh_size; off += sizeof(Elf64_Dyn)) {
+            Elf64_Dyn dyn;
+            memcpy(&dyn, img + sh.sh_offset + off, sizeof dyn);
+            if (dyn.d_tag == DT_NULL) break;
+            if (dyn.d_tag != DT_NEEDED) continue;
+            size_t used = strlen(buf);
+            snprintf(buf + used, cap - used, "%s\n", strtab + dyn.d_un.d_val);
+        }
+    }
+    cr_assert(found_dynamic, "%s has no dynamic section", path);
+    free(img);
+}
+
+/* dp must start on a machine without a GPU driver: it may need the CUDA
+ * runtime (libcudart) and cuBLAS, never the driver library libcuda.so.
+ * The file checked is the one holding dp's code in this process (libdp.so,
+ * or this executable when dp is static). */
+Test(cuda_probe, dp_needs_the_runtime_never_the_driver)
+{
+    Dl_info info;
+    cr_assert(dladdr((void *)dp_device_open, &info) && info.dli_fname, "dladdr failed");
+    char path[4096];
+    if (strchr(info.dli_fname, '/'))
+        snprintf(path, sizeof path, "%s", info.dli_fname);
+    else
+        snprintf(path, sizeof path, "/proc/self/exe");
+    char needed[8192];
+    elf_needed(path, needed, sizeof needed);
+    cr_assert(strstr(needed, "libc.so") != NULL, "%s: no DT_NEEDED parsed:\n%s", path, needed);
+    for (const char *p = needed; *p; p = strchr(p, '\n') + 1)
+        cr_assert(strncmp(p, "libcuda.so", 10) != 0, "%s needs the driver library:\n%s", path,
+                  needed);
+#ifdef DP_HAVE_CUDA
+    cr_assert(strstr(needed, "libcudart.so") != NULL, "%s (a CUDA build) does not need "
+              "libcudart:\n%s", path, needed);
+    cr_assert(strstr(needed, "libcublas.so") != NULL, "%s does not need libcublas:\n%s", path,
+              needed);
+#else
+    cr_assert(strstr(needed, "libcudart") == NULL, "a build without CUDA needs libcudart:\n%s",
+              needed);
+#endif
+}
+
+Test(cuda_probe, tf32_option_checks_its_arguments)
+{
+    dp_clear_error();
+    cr_assert_eq(dp_device_set_allow_tf32(NULL, 1), DP_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(dp_last_error(), "dev"), "%s", dp_last_error());
+    dp_device *cpu = dp_test_cpu(0);
+    dp_assert_ok(dp_device_set_allow_tf32(cpu, 1)); /* no effect on a CPU device */
+    dp_assert_ok(dp_device_set_allow_tf32(cpu, 0));
+    dp_device_close(cpu);
+}
+
+// --- GEMM against float64 ------------------------------------------------------------------
+
+typedef struct gemm_case {
+    dp_op ta, tb;
+    int m, n, k, lda, ldb, ldc, batch;
+    long long sa, sb, sc; /* strides in floats (batch > 1) */
+    float alpha, beta;
+} gemm_case;
+
+/* Runs c on dev and checks every element of C against float64:
+ * |C - ref| <= bound_rel * (|alpha| sum_l |a||b| + |beta| |C0|) + 1e-30,
+ * and that the padding rows (ldc > m) and the gaps between batches are
+ * untouched. With beta == 0, C starts as NaN: it must not leak. */
+static void check_gemm(dp_device *dev, const gemm_case *c, double bound_rel, uint64_t seed)
+{
+    int rows_a = c->ta == DP_OP_N ? c->m : c->k, cols_a = c->ta == DP_OP_N ? c->k : c->m;
+    int rows_b = c->tb == DP_OP_N ? c->k : c->n, cols_b = c->tb == DP_OP_N ? c->n : c->k;
+    long long sa = c->batch > 1 ? c->sa : 0, sb = c->batch > 1 ? c->sb : 0,
+              sc = c->batch > 1 ? c->sc : 0;
+    size_t na = (size_t)(sa * (c->batch - 1)) + (size_t)c->lda * (size_t)(cols_a ? cols_a : 1);
+    size_t nb = (size_t)(sb * (c->batch - 1)) + (size_t)c->ldb * (size_t)(cols_b ? cols_b : 1);
+    size_t nc = (size_t)(sc * (c->batch - 1)) + (size_t)c->ldc * (size_t)c->n;
+    (void)rows_a;
+    (void)rows_b;
+    float *A = rnd(seed, na, -1, 1), *B = rnd(seed + 1, nb, -1, 1), *C0 = rnd(seed + 2, nc, -1, 1);
+    if (c->beta == 0.0f)
+        for (size_t i = 0; i < nc; i++) C0[i] = NAN;
+    /* Gaps (padding rows, between batches) hold a marker that must survive. */
+    char *is_out = calloc(nc, 1);
+    for (int b = 0; b < c->batch; b++)
+        for (int j = 0; j < c->n; j++)
+            for (int i = 0; i < c->m; i++) is_out[(size_t)(b * sc) + (size_t)j * c->ldc + i] = 1;
+    for (size_t i = 0; i < nc; i++)
+        if (!is_out[i]) C0[i] = 12345.0f;
+    float *dA = dp_test_upload(dev, A, na), *dB = dp_test_upload(dev, B, nb),
+          *dC = dp_test_upload(dev, C0, nc);
+    if (c->batch == 1 && !sa && !sb && !sc)
+        dp_assert_ok(dp_gemm(dev, c->ta, c->tb, c->m, c->n, c->k, c->alpha, c->k ? dA : NULL,
+                             c->lda, c->k ? dB : NULL, c->ldb, c->beta, dC, c->ldc));
+    else
+        dp_assert_ok(dp_gemm_strided_batched(dev, c->ta, c->tb, c->m, c->n, c->k, c->alpha, dA,
+                                             c->lda, sa, dB, c->ldb, sb, c->beta, dC, c->ldc, sc,
+                                             c->batch));
+    float *got = nn_download(dev, dC, nc);
+    double worst = 0.0;
+    for (int b = 0; b < c->batch; b++)
+        for (int j = 0; j < c->n; j++)
+            for (int i = 0; i < c->m; i++) {
+                double s = 0.0, mag = 0.0;
+                for (int l = 0; l < c->k; l++) {
+                    double a = c->ta == DP_OP_N ? A[(size_t)(b * sa) + (size_t)l * c->lda + i]
+                                                : A[(size_t)(b * sa) + (size_t)i * c->lda + l];
+                    double bb = c->tb == DP_OP_N ? B[(size_t)(b * sb) + (size_t)j * c->ldb + l]
+                                                 : B[(size_t)(b * sb) + (size_t)l * c->ldb + j];
+                    s += a * bb;
+                    mag += fabs(a * bb);
+                }
+                size_t ci = (size_t)(b * sc) + (size_t)j * c->ldc + i;
+                double ref = (double)c->alpha * s, scale = fabs((double)c->alpha) * mag;
+                if (c->beta != 0.0f) {
+                    ref += (double)c->beta * C0[ci];
+                    scale += fabs((double)c->beta * C0[ci]);
+                }
+                double err = fabs((double)got[ci] - ref);
+                cr_assert(err <= bound_rel * scale + 1e-30,
+                          "%s gemm(%c%c m=%d n=%d k=%d batch=%d) C[%d](%d,%d) = %.9g, float64 "
+                          "%.9g: error %.3g > bound %.3g", dp_device_name(dev),
+                          c->ta == DP_OP_N ? 'N' : 'T', c->tb == DP_OP_N ? 'N' : 'T', c->m, c->n,
+                          c->k, c->batch, b, i, j, (double)got[ci], ref, err,
+                          bound_rel * scale);
+                if (scale > 0 && err / scale > worst) worst = err / scale;
+            }
+    for (size_t i = 0; i < nc; i++)
+        if (!is_out[i])
+            cr_assert_eq(got[i], 12345.0f, "%s gemm wrote outside C (flat index %zu)",
+                         dp_device_name(dev), i);
+    cr_log_info("%s gemm %c%c %dx%dx%d batch %d: worst error / bound scale %.3g",
+                dp_device_name(dev), c->ta == DP_OP_N ? 'N' : 'T', c->tb == DP_OP_N ? 'N' : 'T',
+                c->m, c->n, c->k, c->batch, worst);
+    dp_device_free(dev, dA);
+    dp_device_free(dev, dB);
+    dp_device_free(dev, dC);
+    free(A);
+    free(B);
+    free(C0);
+    free(got);
+    free(is_out);
+}
+
+/* float32 bound for a k-term dot product plus the alpha/beta step:
+ * gamma_{k+2} = (k+2) u / (1 - (k+2) u), u = 2^-24 (any summation order,
+ * with or without FMA; Higham, Accuracy and Stability, ch. 3). */
+static double gamma_f32(int k)
+{
+    double u = ldexp(1.0, -24), nu = (k + 2) * u;
+    return nu / (1.0 - nu);
+}
+
+static gemm_case gc(dp_op ta, dp_op tb, int m, int n, int k, int pad, float alpha, float beta)
+{
+    gemm_case c;
+    memset(&c, 0, sizeof c);
+    c.ta = ta;
+    c.tb = tb;
+    c.m = m;
+    c.n = n;
+    c.k = k;
+    c.lda = (ta == DP_OP_N ? m : k) + pad;
+    c.ldb = (tb == DP_OP_N ? k : n) + pad;
+    c.ldc = m + pad;
+    if (c.lda < 1) c.lda = 1;
+    if (c.ldb < 1) c.ldb = 1;
+    c.batch = 1;
+    c.alpha = alpha;
+    c.beta = beta;
+    return c;
+}
+
+Test(cuda_gemm, matches_float64_within_the_float32_bound, .timeout = 60)
+{
+    REQUIRE_GPU();
+    FOR_TARGETS(g)
+    {
+        dp_device *dev = open_target(g);
+        uint64_t seed = 10;
+        for (int ta = 0; ta < 2; ta++)
+            for (int tb = 0; tb < 2; tb++) {
+                /* odd sizes, padded leading dimensions, beta 0 (C = NaN) and beta != 0 */
+                gemm_case c = gc((dp_op)ta, (dp_op)tb, 33, 17, 65, 3, 1.5f, 0.0f);
+                check_gemm(dev, &c, gamma_f32(c.k), seed++);
+                c = gc((dp_op)ta, (dp_op)tb, 7, 40, 9, 0, -1.0f, 0.5f);
+                check_gemm(dev, &c, gamma_f32(c.k), seed++);
+                /* batched with gaps between the matrices */
+                c = gc((dp_op)ta, (dp_op)tb, 12, 5, 8, 1, 1.0f, 1.0f);
+                c.batch = 3;
+                c.sa = (long long)c.lda * (ta == 0 ? c.k : c.m) + 7;
+                c.sb = (long long)c.ldb * (tb == 0 ? c.n : c.k) + 5;
+                c.sc = (long long)c.ldc * c.n + 11;
+                check_gemm(dev, &c, gamma_f32(c.k), seed++);
+            }
+        /* large enough for cuBLAS's tiled and split-K kernels */
+        gemm_case big = gc(DP_OP_T, DP_OP_N, 256, 192, 1024, 0, 1.0f, 0.0f);
+        check_gemm(dev, &big, gamma_f32(big.k), seed++);
+        big = gc(DP_OP_N, DP_OP_T, 320, 256, 2000, 0, 1.0f, 1.0f);
+        check_gemm(dev, &big, gamma_f32(big.k), seed++);
+        /* k == 0: C = beta C (beta 0 overwrites NaN with 0), A and B unused */
+        gemm_case z = gc(DP_OP_N, DP_OP_N, 5, 4, 0, 2, 1.0f, 0.0f);
+        check_gemm(dev, &z, 0.0, seed++);
+        z.beta = 2.0f;
+        check_gemm(dev, &z, 0.0, seed++);
+        z.batch = 2;
+        z.sc = (long long)z.ldc * z.n + 3;
+        z.sa = z.sb = 0;
+        check_gemm(dev, &z, 0.0, seed++);
+        close_checked(dev);
+    }
+}
+
+/* TF32 is opt-in: with it the products carry up to 2^-10 relative error
+ * per input (10 explicit mantissa bits, truncation or rounding), so the
+ * bound is 2^-9 per product plus float32 accumulation; turning it off
+ * again restores the float32 bound. */
+Test(cuda_gemm, tf32_is_opt_in_and_bounded, .timeout = 60)
+{
+    REQUIRE_GPU();
+    dp_device *dev = open_target(0);
+    gemm_case c = gc(DP_OP_T, DP_OP_N, 128, 96, 512, 0, 1.0f, 0.0f);
+    dp_assert_ok(dp_device_set_allow_tf32(dev, 1));
+    check_gemm(dev, &c, ldexp(1.0, -9) + gamma_f32(c.k), 70);
+    dp_assert_ok(dp_device_set_allow_tf32(dev, 0));
+    check_gemm(dev, &c, gamma_f32(c.k), 70);
+    close_checked(dev);
+}
+
+// --- kernels vs the CPU backend --------------------------------------------------------------
+
+Test(cuda_ops, encoder_is_bitwise_equal, .timeout = 60)
+{
+    REQUIRE_GPU();
+    enum { B = 3, T = 5, C = 7, V = 4, MAXT = 6 };
+    float *wte = rnd(1, V * C, -1, 1), *wpe = rnd(2, MAXT * C, -1, 1);
+    float *dout = rnd(3, B * T * C, -1, 1), *dwte0 = rnd(4, V * C, -1, 1),
+          *dwpe0 = rnd(5, MAXT * C, -1, 1);
+    int32_t tok[B * T];
+    dp_rng rng;
+    dp_rng_seed(&rng, 6);
+    for (int i = 0; i < B * T; i++) tok[i] = (int32_t)dp_rng_below(&rng, V); /* many repeats */
+    FOR_TARGETS(g)
+    {
+        pair p = pair_open(g);
+        float *out[2], *dwte[2], *dwpe[2];
+        for (int b = 0; b < 2; b++) {
+            dp_device *d = p.d[b];
+            float *dwte_d = dp_test_upload(d, wte, V * C), *dwpe_d = dp_test_upload(d, wpe, MAXT * C);
+            int32_t *dtok = nn_upload_i32(d, tok, B * T);
+            float *dout_d = dp_test_upload(d, dout, B * T * C), *o = dalloc(d, B * T * C * 4);
+            float *gw = dp_test_upload(d, dwte0, V * C), *gp = dp_test_upload(d, dwpe0, MAXT * C);
+            dp_assert_ok(dp_encoder_forward(d, o, dtok, dwte_d, dwpe_d, B, T, C));
+            dp_assert_ok(dp_encoder_backward(d, gw, gp, dout_d, dtok, B, T, C));
+            out[b] = nn_download(d, o, B * T * C);
+            dwte[b] = nn_download(d, gw, V * C);
+            dwpe[b] = nn_download(d, gp, MAXT * C);
+            void *bufs[] = {dwte_d, dwpe_d, dtok, dout_d, o, gw, gp};
+            for (size_t i = 0; i < 7; i++) dp_device_free(d, bufs[i]);
+        }
+        assert_same_bits("encoder out", out[1], out[0], B * T * C);
+        assert_same_bits("dwte", dwte[1], dwte[0], V * C);
+        assert_same_bits("dwpe", dwpe[1], dwpe[0], MAXT * C);
+        for (int b = 0; b < 2; b++) {
+            free(out[b]);
+            free(dwte[b]);
+            free(dwpe[b]);
+        }
+        pair_close(&p);
+    }
+    free(wte);
+    free(wpe);
+    free(dout);
+    free(dwte0);
+    free(dwpe0);
+}
+
+Test(cuda_ops, bias_broadcast_and_backward_are_bitwise_equal)
+{
+    REQUIRE_GPU();
+    enum { N = 33, OC = 70 };
+    float *bias = rnd(1, OC, -1, 1), *dout = rnd(2, N * OC, -1, 1), *db0 = rnd(3, OC, -1, 1);
+    FOR_TARGETS(g)
+    {
+        pair p = pair_open(g);
+        float *out[2], *db[2];
+        for (int b = 0; b < 2; b++) {
+            dp_device *d = p.d[b];
+            float *bd = dp_test_upload(d, bias, OC), *o = dalloc(d, N * OC * 4);
+            float *dd = dp_test_upload(d, dout, N * OC), *gd = dp_test_upload(d, db0, OC);
+            dp_assert_ok(d->ops->bias_broadcast(d, o, bd, N, OC));
+            dp_assert_ok(d->ops->bias_backward(d, gd, dd, N, OC));
+            out[b] = nn_download(d, o, N * OC);
+            db[b] = nn_download(d, gd, OC);
+            dp_device_free(d, bd);
+            dp_device_free(d, o);
+            dp_device_free(d, dd);
+            dp_device_free(d, gd);
+        }
+        assert_same_bits("bias_broadcast", out[1], out[0], N * OC);
+        assert_same_bits("bias_backward", db[1], db[0], OC);
+        for (int b = 0; b < 2; b++) {
+            free(out[b]);
+            free(db[b]);
+        }
+        pair_close(&p);
+    }
+    free(bias);
+    free(dout);
+    free(db0);
+}
+
+/*
+ * LayerNorm: inputs with a common offset of 3 (the two-pass variance must
+ * cope). Forward values are O(1); the sums run in the same order on both
+ * backends, so only FMA contraction differs: ~1 ulp per term, a few 1e-7
+ * absolute after C = 129 terms. atol 1e-5, rtol 1e-5. The backward gets
+ * the CPU's mean and rstd on both backends (identical inputs); its
+ * parameter sums over N = 37 rows of O(1) terms: atol 2e-5, rtol 1e-5.
+ */
+Test(cuda_ops, layernorm_matches_cpu, .timeout = 60)
+{
+    REQUIRE_GPU();
+    enum { N = 37, C = 129 };
+    float *x = rnd_normal(1, N * C, 3.0f, 1.0f), *w = rnd(2, C, 0.5f, 1.5f),
+          *bias = rnd(3, C, -1, 1), *dout = rnd(4, N * C, -1, 1), *dinp0 = rnd(5, N * C, -1, 1),
+          *dw0 = rnd(6, C, -1, 1), *db0 = rnd(7, C, -1, 1);
+    FOR_TARGETS(g)
+    {
+        pair p = pair_open(g);
+        float *out[2], *mean[2], *rstd[2], *dinp[2], *dw[2], *db[2];
+        for (int b = 0; b < 2; b++) {
+            dp_device *d = p.d[b];
+            float *xd = dp_test_upload(d, x, N * C), *wd = dp_test_upload(d, w, C),
+                  *bd = dp_test_upload(d, bias, C), *od = dalloc(d, N * C * 4),
+                  *md = dalloc(d, N * 4), *rd = dalloc(d, N * 4);
+            dp_assert_ok(d->ops->layernorm_forward(d, od, md, rd, xd, wd, bd, N, C));
+            out[b] = nn_download(d, od, N * C);
+            mean[b] = nn_download(d, md, N);
+            rstd[b] = nn_download(d, rd, N);
+            dp_device_free(d, md);
+            dp_device_free(d, rd);
+            /* backward from the CPU's statistics */
+            md = dp_test_upload(d, mean[0], N);
+            rd = dp_test_upload(d, rstd[0], N);
+            float *gd = dp_test_upload(d, dout, N * C), *di = dp_test_upload(d, dinp0, N * C),
+                  *dwd = dp_test_upload(d, dw0, C), *dbd = dp_test_upload(d, db0, C);
+            dp_assert_ok(d->ops->layernorm_backward(d, di, dwd, dbd, gd, xd, wd, md, rd, N, C));
+            dinp[b] = nn_download(d, di, N * C);
+            dw[b] = nn_download(d, dwd, C);
+            db[b] = nn_download(d, dbd, C);
+            void *bufs[] = {xd, wd, bd, od, md, rd, gd, di, dwd, dbd};
+            for (size_t i = 0; i < 10; i++) dp_device_free(d, bufs[i]);
+        }
+        dp_assert_allclose(out[1], out[0], N * C, 1e-5, 1e-5);
+        dp_assert_allclose(mean[1], mean[0], N, 1e-6, 1e-6);
+        dp_assert_allclose(rstd[1], rstd[0], N, 1e-6, 1e-5);
+        dp_assert_allclose(dinp[1], dinp[0], N * C, 1e-5, 1e-5);
+        dp_assert_allclose(dw[1], dw[0], C, 2e-5, 1e-5);
+        assert_same_bits("layernorm dbias (plain sums in row order)", db[1], db[0], C);
+        for (int b = 0; b < 2; b++) {
+            free(out[b]);
+            free(mean[b]);
+            free(rstd[b]);
+            free(dinp[b]);
+            free(dw[b]);
+            free(db[b]);
+        }
+        pair_close(&p);
+    }
+    free(x);
+    free(w);
+    free(bias);
+    free(dout);
+    free(dinp0);
+    free(dw0);
+    free(db0);
+}
+
+/* GELU: one exp per element on each side (dp_expf on the CPU, CUDA's
+ * expf on the GPU, each within 2 ulp), and FMA contraction may change the
+ * exponent 2u by an ulp, which moves exp(2u) by |2u| 2^-24 relative: for
+ * outputs above 1e-7 (|2u| < 17) that is < 1.3e-6 in all. rtol 4e-6,
+ * atol 1e-7. Saturated inputs (|x| up to 1e4) must give the same limits
+ * (x or -0, gradient 1 or 0) and never NaN. */
+Test(cuda_ops, gelu_matches_cpu_including_saturation, .timeout = 60)
+{
+    REQUIRE_GPU();
+    enum { N = 4099 };
+    float *x = rnd_normal(1, N, 0.0f, 3.0f), *dout = rnd(2, N, -1, 1);
+    static const float special[] = {0.0f, -0.0f, 1e-30f, -1e-30f, 5.0f, -5.0f, 20.0f, -20.0f,
+                                    100.0f, -100.0f, 1e4f, -1e4f};
+    memcpy(x, special, sizeof special);
+    FOR_TARGETS(g)
+    {
+        pair p = pair_open(g);
+        float *out[2], *dinp[2], *inplace[2];
+        for (int b = 0; b < 2; b++) {
+            dp_device *d = p.d[b];
+            float *xd = dp_test_upload(d, x, N), *od = dalloc(d, N * 4),
+                  *gd = dp_test_upload(d, dout, N), *di = dalloc(d, N * 4);
+            dp_assert_ok(dp_gelu_forward(d, od, xd, N));
+            dp_assert_ok(dp_gelu_backward(d, di, xd, gd, N));
+            out[b] = nn_download(d, od, N);
+            dinp[b] = nn_download(d, di, N);
+            dp_assert_ok(dp_gelu_backward(d, gd, xd, gd, N)); /* in place over dout */
+            inplace[b] = nn_download(d, gd, N);
+            dp_device_free(d, xd);
+            dp_device_free(d, od);
+            dp_device_free(d, gd);
+            dp_device_free(d, di);
+        }
+        for (int i = 0; i < N; i++) cr_assert(!isnan(out[1][i]) && !isnan(dinp[1][i]), "NaN at %d (x=%g)", i, x[i]);
+        dp_assert_allclose(out[1], out[0], N, 1e-7, 4e-6);
+        dp_assert_allclose(dinp[1], dinp[0], N, 1e-7, 4e-6);
+        for (size_t i = 0; i < sizeof special / sizeof *special; i++)
+            cr_assert(fabsf(x[i]) < 20.0f || (out[1][i] == out[0][i] && dinp[1][i] == dinp[0][i]),
+                      "saturated x = %g: %g/%g vs cpu %g/%g", x[i], out[1][i], dinp[1][i],
+                      out[0][i], dinp[0][i]);
+        assert_same_bits("gelu backward in place vs not", inplace[1], dinp[1], N);
+        for (int b = 0; b < 2; b++) {
+            free(out[b]);
+            free(dinp[b]);
+            free(inplace[b]);
+        }
+        pair_close(&p);
+    }
+    free(x);
+    free(dout);
+}
+
+/* add, accumulate and scale are one rounding each: bitwise equal. n is
+ * past what one grid covers at once (4096 blocks of 256 threads), so the
+ * grid-stride loops run more than one lap. */
+Test(cuda_ops, elementwise_ops_are_bitwise_equal, .timeout = 60)
+{
+    REQUIRE_GPU();
+    size_t n = (size_t)4096 * 256 * 2 + 77;
+    float *a = rnd(1, n, -10, 10), *bb = rnd(2, n, -10, 10);
+    FOR_TARGETS(g)
+    {
+        pair p = pair_open(g);
+        float *sum[2], *acc[2], *sc[2], *alias[2];
+        for (int b = 0; b < 2; b++) {
+            dp_device *d = p.d[b];
+            float *ad = dp_test_upload(d, a, n), *bd = dp_test_upload(d, bb, n),
+                  *od = dalloc(d, n * 4);
+            dp_assert_ok(d->ops->add(d, od, ad, bd, n));
+            sum[b] = nn_download(d, od, n);
+            dp_assert_ok(d->ops->accumulate(d, od, ad, n));
+            acc[b] = nn_download(d, od, n);
+            dp_assert_ok(d->ops->scale(d, od, -0.3f, n));
+            sc[b] = nn_download(d, od, n);
+            dp_assert_ok(d->ops->add(d, ad, ad, bd, n)); /* out aliases a */
+            alias[b] = nn_download(d, ad, n);
+            dp_device_free(d, ad);
+            dp_device_free(d, bd);
+            dp_device_free(d, od);
+        }
+        assert_same_bits("add", sum[1], sum[0], n);
+        assert_same_bits("accumulate", acc[1], acc[0], n);
+        assert_same_bits("scale", sc[1], sc[0], n);
+        assert_same_bits("add in place", alias[1], sum[0], n);
+        for (int b = 0; b < 2; b++) {
+            free(sum[b]);
+            free(acc[b]);
+            free(sc[b]);
+            free(alias[b]);
+        }
+        pair_close(&p);
+    }
+    free(a);
+    free(bb);
+}
+
+/* Sum of squares in double: squares are exact, each backend's sum is
+ * within (n-1) u_double of the exact sum (any order), so the two differ by
+ * at most 2 (n-1) 2^-53 relative. The GPU's tree is fixed by n alone:
+ * repeated calls, and two logical devices, give identical bits. */
+Test(cuda_ops, sum_squares_is_accurate_and_deterministic, .timeout = 60)
+{
+    REQUIRE_GPU();
+    static const size_t sizes[] = {1, 255, 256, 257, 1000003, (size_t)1024 * 256 * 3 + 1};
+    for (size_t si = 0; si < sizeof sizes / sizeof *sizes; si++) {
+        size_t n = sizes[si];
+        float *x = rnd_normal(si + 1, n, 0.0f, 2.0f);
+        FOR_TARGETS(g)
+        {
+            pair p = pair_open(g);
+            dp_device *other = open_target(g);
+            double r[2], again, r_other;
+            for (int b = 0; b < 2; b++) {
+                float *xd = dp_test_upload(p.d[b], x, n);
+                dp_assert_ok(dp_sum_squares(p.d[b], &r[b], xd, n));
+                if (b == 1) dp_assert_ok(dp_sum_squares(p.d[b], &again, xd, n));
+                dp_device_free(p.d[b], xd);
+            }
+            float *xo = dp_test_upload(other, x, n);
+            dp_assert_ok(dp_sum_squares(other, &r_other, xo, n));
+            dp_device_free(other, xo);
+            double tol = 2.0 * (double)(n - 1) * ldexp(1.0, -53) * r[0];
+            cr_assert(fabs(r[1] - r[0]) <= tol, "n=%zu: %.17g vs cpu %.17g (tol %.3g)", n, r[1],
+                      r[0], tol);
+            cr_assert(memcmp(&again, &r[1], sizeof again) == 0, "n=%zu: not deterministic", n);
+            cr_assert(memcmp(&r_other, &r[1], sizeof again) == 0,
+                      "n=%zu: two logical devices disagree", n);
+            close_checked(other);
+            pair_close(&p);
+        }
+        free(x);
+    }
+}
+
+Test(cuda_ops, attention_permutes_are_bitwise_equal)
+{
+    REQUIRE_GPU();
+    enum { B = 2, T = 5, NH = 3, HS = 4, C = NH * HS, NQ = B * T * 3 * C };
+    float *qkv = rnd(1, NQ, -1, 1), *y = rnd(2, B * T * C, -1, 1);
+    FOR_TARGETS(g)
+    {
+        pair p = pair_open(g);
+        float *res[2][4];
+        for (int b = 0; b < 2; b++) {
+            dp_device *d = p.d[b];
+            float *qd = dp_test_upload(d, qkv, NQ), *yd = dp_test_upload(d, y, B * T * C);
+            float *o1 = dalloc(d, NQ * 4), *o2 = dalloc(d, NQ * 4), *o3 = dalloc(d, B * T * C * 4),
+                  *o4 = dalloc(d, B * T * C * 4);
+            dp_assert_ok(d->ops->attention_permute(d, o1, qd, B, T, NH, HS));
+            dp_assert_ok(d->ops->attention_permute_backward(d, o2, o1, B, T, NH, HS));
+            dp_assert_ok(d->ops->attention_unpermute(d, o3, yd, B, T, NH, HS));
+            dp_assert_ok(d->ops->attention_unpermute_backward(d, o4, o3, B, T, NH, HS));
+            res[b][0] = nn_download(d, o1, NQ);
+            res[b][1] = nn_download(d, o2, NQ);
+            res[b][2] = nn_download(d, o3, B * T * C);
+            res[b][3] = nn_download(d, o4, B * T * C);
+            void *bufs[] = {qd, yd, o1, o2, o3, o4};
+            for (size_t i = 0; i < 6; i++) dp_device_free(d, bufs[i]);
+        }
+        assert_same_bits("permute", res[1][0], res[0][0], NQ);
+        assert_same_bits("permute_backward", res[1][1], res[0][1], NQ);
+        assert_same_bits("permute round trip", res[1][1], qkv, NQ);
+        assert_same_bits("unpermute", res[1][2], res[0][2], B * T * C);
+        assert_same_bits("unpermute_backward", res[1][3], res[0][3], B * T * C);
+        assert_same_bits("unpermute round trip", res[1][3], y, B * T * C);
+        for (int b = 0; b < 2; b++)
+            for (int k = 0; k < 4; k++) free(res[b][k]);
+        pair_close(&p);
+    }
+    free(qkv);
+    free(y);
+}
+
+/*
+ * Causal softmax rows. Masked entries (after t) hold NaN on entry: they
+ * must come out exactly 0 on both backends. Forward: one exp per entry
+ * (2 ulp each side) and a sum of <= T terms: rtol 1e-5, atol 1e-7 on
+ * probabilities <= 1. Backward from the CPU's att (identical inputs):
+ * a dot of <= T terms, FMA contraction only: atol 1e-6, rtol 1e-5.
+ * A second shape has more rows (BNH*T = 280000) than one grid covers.
+ */
+static void check_softmax(size_t BNH, size_t T, uint64_t seed)
+{
+    size_t rows = BNH * T, n = rows * T; /* att(BNH,T,T) */
+    float scale = 0.35f;
+    float *s = rnd_normal(seed, n, 0.0f, 2.0f), *gin = rnd(seed + 1, n, -1, 1);
+    for (size_t r = 0; r < rows; r++)
+        for (size_t j = r % T + 1; j < T; j++) s[r * T + j] = gin[r * T + j] = NAN;
+    FOR_TARGETS(g)
+    {
+        pair p = pair_open(g);
+        float *att[2], *ds[2];
+        for (int b = 0; b < 2; b++) {
+            dp_device *d = p.d[b];
+            float *ad = dp_test_upload(d, s, n);
+            dp_assert_ok(d->ops->softmax_causal_forward(d, ad, scale, BNH, T));
+            att[b] = nn_download(d, ad, n);
+            dp_device_free(d, ad);
+        }
+        for (int b = 0; b < 2; b++) {
+            dp_device *d = p.d[b];
+            float *ad = dp_test_upload(d, att[0], n), *gd = dp_test_upload(d, gin, n);
+            dp_assert_ok(d->ops->softmax_causal_backward(d, gd, ad, scale, BNH, T));
+            ds[b] = nn_download(d, gd, n);
+            dp_device_free(d, ad);
+            dp_device_free(d, gd);
+        }
+        for (size_t r = 0; r < rows; r++)
+            for (size_t j = r % T + 1; j < T; j++)
+                cr_assert(att[1][r * T + j] == 0.0f && ds[1][r * T + j] == 0.0f,
+                          "masked entry (%zu,%zu) not zero", r, j);
+        dp_assert_allclose(att[1], att[0], n, 1e-7, 1e-5);
+        dp_assert_allclose(ds[1], ds[0], n, 1e-6, 1e-5);
+        for (int b = 0; b < 2; b++) {
+            free(att[b]);
+            free(ds[b]);
+        }
+        pair_close(&p);
+    }
+    free(s);
+    free(gin);
+}
+
+Test(cuda_ops, softmax_causal_matches_cpu, .timeout = 60)
+{
+    REQUIRE_GPU();
+    check_softmax(6, 17, 1);
+    check_softmax(140000, 2, 3);
+}
+
+/*
+ * Fused cross-entropy: losses summed on the host in row order, dlogits
+ * separate, in place over the logits, and NULL (loss only). Per row: one
+ * max (exact), a double sum of V exps (2 ulp each), one log: losses rtol
+ * 1e-6. dlogits = dscale (p - onehot): p within a few ulp, so rtol 1e-5;
+ * p - 1 cancels for the target entry (4 ulp of 1 = 2.4e-7), hence atol
+ * 1e-6 * dscale. Ignored
+ * rows (-1) give exactly 0. Shapes: 37 rows of V = 1000, 3 rows of
+ * V = 50304, and 300000 rows of V = 2 (more rows than one grid covers).
+ */
+static void check_crossentropy(size_t N, size_t V, uint64_t seed)
+{
+    float *logits = rnd(seed, N * V, -4, 4);
+    int32_t *tg = xmalloc(N * sizeof *tg);
+    dp_rng rng;
+    dp_rng_seed(&rng, seed + 1);
+    for (size_t i = 0; i < N; i++) tg[i] = i % 5 == 2 ? -1 : (int32_t)dp_rng_below(&rng, V);
+    float dscale = 1.0f / (float)N;
+    FOR_TARGETS(g)
+    {
+        pair p = pair_open(g);
+        float *dl[2], *inpl[2];
+        double loss[2], loss_in[2], loss_only[2];
+        for (int b = 0; b < 2; b++) {
+            dp_device *d = p.d[b];
+            float *ld = dp_test_upload(d, logits, N * V), *gd = dalloc(d, N * V * 4),
+                  *losses = dalloc(d, N * 4);
+            int32_t *td = nn_upload_i32(d, tg, N);
+            dp_assert_ok(dp_crossentropy_forward_backward(d, &loss[b], gd, losses, ld, td, N, V, dscale));
+            dl[b] = nn_download(d, gd, N * V);
+            dp_assert_ok(dp_crossentropy_forward_backward(d, &loss_only[b], NULL, losses, ld, td, N, V, dscale));
+            dp_assert_ok(dp_crossentropy_forward_backward(d, &loss_in[b], ld, losses, ld, td, N, V, dscale));
+            inpl[b] = nn_download(d, ld, N * V);
+            dp_device_free(d, ld);
+            dp_device_free(d, gd);
+            dp_device_free(d, losses);
+            dp_device_free(d, td);
+        }
+        cr_assert(fabs(loss[1] - loss[0]) <= 1e-6 * fabs(loss[0]) + 1e-9, "loss %.9g vs cpu %.9g",
+                  loss[1], loss[0]);
+        cr_assert_eq(loss_only[1], loss[1], "loss-only pass differs");
+        cr_assert_eq(loss_in[1], loss[1], "in-place pass differs");
+        dp_assert_allclose(dl[1], dl[0], N * V, 1e-6 * dscale, 1e-5);
+        assert_same_bits("dlogits in place vs separate", inpl[1], dl[1], N * V);
+        for (size_t i = 0; i < N; i++)
+            if (tg[i] < 0)
+                for (size_t v = 0; v < V; v++)
+                    cr_assert(dl[1][i * V + v] == 0.0f, "ignored row %zu has dlogits", i);
+        for (int b = 0; b < 2; b++) {
+            free(dl[b]);
+            free(inpl[b]);
+        }
+        pair_close(&p);
+    }
+    free(logits);
+    free(tg);
+}
+
+Test(cuda_ops, crossentropy_matches_cpu, .timeout = 60)
+{
+    REQUIRE_GPU();
+    check_crossentropy(37, 1000, 1);
+    check_crossentropy(3, 50304, 2);
+    check_crossentropy(300000, 2, 3);
+}
+
+/* Optimizers: three AdamW steps (decay on) and two SGD steps with and
+ * without momentum, from the same state on both backends. A step is a
+ * handful of roundings per element (FMA may merge some): rtol 1e-5,
+ * atol 1e-7 on O(1) parameters and moments. */
+Test(cuda_ops, optimizers_match_cpu, .timeout = 60)
+{
+    REQUIRE_GPU();
+    enum { N = 10007 };
+    float *p0 = rnd(1, N, -1, 1), *g = rnd(2, N, -1, 1), *buf0 = rnd(3, N, -1, 1);
+    FOR_TARGETS(t)
+    {
+        pair p = pair_open(t);
+        float *pa[2], *ma[2], *va[2], *ps[2], *bs[2], *pp[2];
+        for (int b = 0; b < 2; b++) {
+            dp_device *d = p.d[b];
+            float *pd = dp_test_upload(d, p0, N), *gd = dp_test_upload(d, g, N),
+                  *md = nn_filled(d, N, 0.0f), *vd = nn_filled(d, N, 0.0f);
+            for (int s = 1; s <= 3; s++)
+                dp_assert_ok(dp_adamw_update(d, pd, gd, md, vd, N, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, s));
+            pa[b] = nn_download(d, pd, N);
+            ma[b] = nn_download(d, md, N);
+            va[b] = nn_download(d, vd, N);
+            dp_device_free(d, pd);
+            pd = dp_test_upload(d, p0, N);
+            float *bd = dp_test_upload(d, buf0, N);
+            for (int s = 1; s <= 2; s++)
+                dp_assert_ok(dp_sgd_update(d, pd, gd, bd, N, 0.1f, 0.9f, 0.01f, s));
+            ps[b] = nn_download(d, pd, N);
+            bs[b] = nn_download(d, bd, N);
+            dp_device_free(d, pd);
+            pd = dp_test_upload(d, p0, N);
+            dp_assert_ok(dp_sgd_update(d, pd, gd, NULL, N, 0.1f, 0.0f, 0.0f, 1));
+            pp[b] = nn_download(d, pd, N);
+            void *bufs[] = {pd, gd, md, vd, bd};
+            for (size_t i = 0; i < 5; i++) dp_device_free(d, bufs[i]);
+        }
+        dp_assert_allclose(pa[1], pa[0], N, 1e-7, 1e-5);
+        dp_assert_allclose(ma[1], ma[0], N, 1e-7, 1e-5);
+        dp_assert_allclose(va[1], va[0], N, 1e-7, 1e-5);
+        dp_assert_allclose(ps[1], ps[0], N, 1e-7, 1e-5);
+        dp_assert_allclose(bs[1], bs[0], N, 1e-7, 1e-5);
+        dp_assert_allclose(pp[1], pp[0], N, 1e-7, 1e-5);
+        for (int b = 0; b < 2; b++) {
+            free(pa[b]);
+            free(ma[b]);
+            free(va[b]);
+            free(ps[b]);
+            free(bs[b]);
+            free(pp[b]);
+        }
+        pair_close(&p);
+    }
+    free(p0);
+    free(g);
+    free(buf0);
+}
+
+/*
+ * Layers made of GEMMs and kernels (linear, attention) through the public
+ * API. The GEMMs sum in different orders (OpenBLAS vs cuBLAS tiles), so
+ * each output is within gamma_K of float64 on both sides: with K <= 64
+ * terms of O(1), differences stay below ~1e-5 absolute; attention chains
+ * three products and a softmax. atol 1e-5, rtol 1e-4.
+ */
+Test(cuda_ops, linear_and_attention_layers_match_cpu, .timeout = 60)
+{
+    REQUIRE_GPU();
+    enum { N = 24, C = 48, OC = 40, B = 2, T = 12, NH = 4, AC = 32 };
+    float *x = rnd(1, N * C, -1, 1), *w = rnd(2, OC * C, -0.3f, 0.3f), *bias = rnd(3, OC, -1, 1),
+          *dout = rnd(4, N * OC, -1, 1), *qkv = rnd(5, B * T * 3 * AC, -1, 1),
+          *adout = rnd(6, B * T * AC, -1, 1);
+    FOR_TARGETS(g)
+    {
+        pair p = pair_open(g);
+        float *lo[2], *ldx[2], *ldw[2], *ldb[2], *ao[2], *adq[2];
+        for (int b = 0; b < 2; b++) {
+            dp_device *d = p.d[b];
+            float *xd = dp_test_upload(d, x, N * C), *wd = dp_test_upload(d, w, OC * C),
+                  *bd = dp_test_upload(d, bias, OC), *od = dalloc(d, N * OC * 4),
+                  *gd = dp_test_upload(d, dout, N * OC), *dxd = dalloc(d, N * C * 4),
+                  *dwd = nn_filled(d, OC * C, 0.0f), *dbd = nn_filled(d, OC, 0.0f);
+            dp_assert_ok(dp_linear_forward(d, od, xd, wd, bd, N, C, OC));
+            dp_assert_ok(dp_linear_backward(d, dxd, dwd, dbd, gd, xd, wd, N, C, OC));
+            lo[b] = nn_download(d, od, N * OC);
+            ldx[b] = nn_download(d, dxd, N * C);
+            ldw[b] = nn_download(d, dwd, OC * C);
+            ldb[b] = nn_download(d, dbd, OC);
+            void *bufs[] = {xd, wd, bd, od, gd, dxd, dwd, dbd};
+            for (size_t i = 0; i < 8; i++) dp_device_free(d, bufs[i]);
+
+            size_t nq = B * T * 3 * AC, ny = B * T * AC, na = (size_t)B * NH * T * T;
+            float *qd = dp_test_upload(d, qkv, nq), *out = dalloc(d, ny * 4),
+                  *qkvr = dalloc(d, nq * 4), *att = dalloc(d, na * 4),
+                  *scratch = dalloc(d, ny * 4), *ad = dp_test_upload(d, adout, ny),
+                  *dq = dalloc(d, nq * 4), *dqr = dalloc(d, nq * 4), *datt = dalloc(d, na * 4);
+            dp_assert_ok(dp_attention_forward(d, out, qkvr, att, scratch, qd, B, T, AC, NH));
+            dp_assert_ok(dp_attention_backward(d, dq, dqr, datt, scratch, ad, qkvr, att, B, T, AC, NH));
+            ao[b] = nn_download(d, out, ny);
+            adq[b] = nn_download(d, dq, nq);
+            void *abufs[] = {qd, out, qkvr, att, scratch, ad, dq, dqr, datt};
+            for (size_t i = 0; i < 9; i++) dp_device_free(d, abufs[i]);
+        }
+        dp_assert_allclose(lo[1], lo[0], N * OC, 1e-5, 1e-4);
+        dp_assert_allclose(ldx[1], ldx[0], N * C, 1e-5, 1e-4);
+        dp_assert_allclose(ldw[1], ldw[0], OC * C, 1e-5, 1e-4);
+        assert_same_bits("linear dbias", ldb[1], ldb[0], OC);
+        dp_assert_allclose(ao[1], ao[0], B * T * AC, 1e-5, 1e-4);
+        dp_assert_allclose(adq[1], adq[0], B * T * 3 * AC, 1e-5, 1e-4);
+        for (int b = 0; b < 2; b++) {
+            free(lo[b]);
+            free(ldx[b]);
+            free(ldw[b]);
+            free(ldb[b]);
+            free(ao[b]);
+            free(adq[b]);
+        }
+        pair_close(&p);
+    }
+    free(x);
+    free(w);
+    free(bias);
+    free(dout);
+    free(qkv);
+    free(adout);
+}
+
+// --- memory and copies -------------------------------------------------------------------------
+
+Test(cuda_memory, accounting_limit_and_driver_figures)
+{
+    REQUIRE_GPU();
+    FOR_TARGETS(g)
+    {
+        dp_device *d = open_target(g);
+        void *a = dalloc(d, 1), *b = dalloc(d, 1000), *c = dalloc(d, 1 << 20);
+        cr_assert_eq(((uintptr_t)a | (uintptr_t)b | (uintptr_t)c) % 256, 0, "not 256-byte aligned");
+        dp_memory_stats st;
+        dp_device_memory(d, &st);
+        cr_assert_eq(st.in_use, 1 + 1000 + (1 << 20));
+        cr_assert_eq(st.n_allocs, 3);
+        if (!as_cpu()) {
+            cr_assert_gt(st.device_total, 0, "cudaMemGetInfo gave no total");
+            cr_assert(st.device_free > 0 && st.device_free <= st.device_total,
+                      "free %zu of %zu", st.device_free, st.device_total);
+        }
+        dp_device_free(d, a);
+        dp_device_free(d, b);
+        dp_device_free(d, c);
+        dp_device_memory(d, &st);
+        cr_assert_eq(st.in_use, 0);
+        cr_assert_eq(st.peak, 1 + 1000 + (1 << 20));
+        dp_device_set_limit(d, 1 << 20);
+        void *x = NULL;
+        dp_clear_error();
+        cr_assert_eq(dp_device_alloc(d, 2 << 20, &x), DP_ERR_OUT_OF_MEMORY);
+        cr_assert(strstr(dp_last_error(), dp_device_name(d)) && strstr(dp_last_error(), "limit"),
+                  "%s", dp_last_error());
+        cr_assert_null(x);
+        close_checked(d);
+    }
+}
+
+/* A real cudaMalloc failure is DP_ERR_OUT_OF_MEMORY naming the device, and
+ * the device keeps working (the runtime's error is cleared, not sticky). */
+Test(cuda_memory, out_of_gpu_memory_is_a_recoverable_error, .timeout = 60)
+{
+    REQUIRE_GPU();
+    if (as_cpu()) cr_skip_test("GPU memory only");
+    dp_device *d = open_target(0);
+    dp_memory_stats st;
+    dp_device_memory(d, &st);
+    void *x = NULL;
+    dp_clear_error();
+    dp_status s = dp_device_alloc(d, st.device_total + ((size_t)1 << 30), &x);
+    cr_assert_eq(s, DP_ERR_OUT_OF_MEMORY, "got %s: %s", dp_strerror(s), dp_last_error());
+    cr_assert(strstr(dp_last_error(), dp_device_name(d)) && strstr(dp_last_error(), "cudaMalloc"),
+              "%s", dp_last_error());
+    dp_device_memory(d, &st);
+    cr_assert_eq(st.in_use, 0, "a failed allocation was counted");
+    float h[1000];
+    for (int i = 0; i < 1000; i++) h[i] = (float)i;
+    float *y = dp_test_upload(d, h, 1000);
+    dp_assert_ok(dp_scale(d, y, 2.0f, 1000));
+    float *back = nn_download(d, y, 1000);
+    for (int i = 0; i < 1000; i++) cr_assert_eq(back[i], 2.0f * (float)i);
+    free(back);
+    dp_device_free(d, y);
+    close_checked(d);
+}
+
+/* Host <-> device copies of sizes around the 4 MiB staging chunks (two
+ * chunks in flight), at unaligned device offsets; d2d and memset too. */
+Test(cuda_memory, copies_round_trip_across_staging_chunks, .timeout = 60)
+{
+    REQUIRE_GPU();
+    const size_t S = (size_t)4 << 20;
+    const size_t sizes[] = {1, 3, 4096, S - 1, S, S + 1, 2 * S + 5, 9 * S / 2 + 3};
+    size_t maxn = 9 * S / 2 + 3 + 8;
+    unsigned char *src = xmalloc(maxn), *dst = xmalloc(maxn);
+    dp_rng rng;
+    dp_rng_seed(&rng, 9);
+    for (size_t i = 0; i < maxn; i++) src[i] = (unsigned char)dp_rng_below(&rng, 256);
+    FOR_TARGETS(g)
+    {
+        dp_device *d = open_target(g);
+        unsigned char *a = dalloc(d, maxn), *b = dalloc(d, maxn);
+        for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++) {
+            size_t n = sizes[k];
+            memset(dst, 0, maxn);
+            dp_assert_ok(dp_copy_h2d(d, a + 3, src + 1, n));
+            dp_assert_ok(dp_copy_d2h(d, dst, a + 3, n));
+            cr_assert(memcmp(dst, src + 1, n) == 0, "%s: h2d/d2h of %zu bytes", dp_device_name(d), n);
+            dp_assert_ok(dp_copy_d2d(d, b + 5, a + 3, n));
+            memset(dst, 0, maxn);
+            dp_assert_ok(dp_copy_d2h(d, dst, b + 5, n));
+            cr_assert(memcmp(dst, src + 1, n) == 0, "%s: d2d of %zu bytes", dp_device_name(d), n);
+        }
+        dp_assert_ok(dp_memset(d, a, 0x5A, maxn));
+        dp_assert_ok(dp_copy_d2h(d, dst, a, maxn));
+        for (size_t i = 0; i < maxn; i++) cr_assert_eq(dst[i], 0x5A, "memset byte %zu", i);
+        dp_assert_ok(dp_device_synchronize(d));
+        dp_device_free(d, a);
+        dp_device_free(d, b);
+        close_checked(d);
+    }
+    free(src);
+    free(dst);
+}
+
+/*
+ * Peer copies are ordered by construction: queue 40 doublings on the
+ * source (a few ms of GPU work), copy to the destination at once without
+ * any synchronize, then at once zero the source. The destination must
+ * hold 2^40 exactly: not a partial product (the copy ran too early) and
+ * not 0 (the source was overwritten before the copy read it). Pairs: two
+ * logical devices on one GPU, and the first two GPUs both ways if present.
+ */
+static void check_peer_order(dp_device *src, dp_device *dst)
+{
+    size_t n = (size_t)16 << 20; /* 64 MiB */
+    float *h = xmalloc(n * sizeof *h);
+    for (size_t i = 0; i < n; i++) h[i] = 1.0f;
+    float *x = dp_test_upload(src, h, n), *y = nn_filled(dst, n, -1.0f);
+    dp_assert_ok(dp_device_synchronize(dst));
+    for (int i = 0; i < 40; i++) dp_assert_ok(dp_scale(src, x, 2.0f, n));
+    dp_assert_ok(dp_copy_peer(dst, y, src, x, n * sizeof(float)));
+    dp_assert_ok(dp_scale(src, x, 0.0f, n));
+    dp_assert_ok(dp_copy_d2h(dst, h, y, n * sizeof(float)));
+    for (size_t i = 0; i < n; i++)
+        if (h[i] != 0x1p40f)
+            cr_assert_fail("%s -> %s: element %zu is %g, want 2^40", dp_device_name(src),
+                           dp_device_name(dst), i, (double)h[i]);
+    dp_assert_ok(dp_copy_d2h(src, h, x, n * sizeof(float)));
+    cr_assert_eq(h[0], 0.0f);
+    cr_assert_eq(h[n - 1], 0.0f);
+    dp_device_free(src, x);
+    dp_device_free(dst, y);
+    free(h);
+}
+
+Test(cuda_memory, peer_copies_are_ordered_with_both_devices, .timeout = 60)
+{
+    REQUIRE_GPU();
+    dp_device *a = open_target(0), *b = open_target(0); /* two logical devices, one GPU */
+    check_peer_order(a, b);
+    check_peer_order(b, a);
+    if (n_targets() >= 2) {
+        dp_device *c = open_target(1);
+        check_peer_order(a, c);
+        check_peer_order(c, a);
+        close_checked(c);
+    }
+    close_checked(a);
+    close_checked(b);
+}
+
+/* Two logical devices on one GPU, each driven by its own thread at the
+ * same time (own stream, handle, staging buffers): integer-valued data so
+ * every result is exact. */
+typedef struct thread_job {
+    dp_device *dev;
+    int id;
+    int ok;
+    char msg[512];
+} thread_job;
+
+static void *thread_main(void *arg)
+{
+    thread_job *j = arg;
+    enum { N = 1 << 20, ITERS = 20 };
+    float *h = malloc(N * sizeof *h), *back = malloc(N * sizeof *back);
+    float *v = NULL, *acc = NULL;
+    j->ok = 0;
+    if (!h || !back) {
+        snprintf(j->msg, sizeof j->msg, "host allocation failed");
+        goto out;
+    }
+    for (int i = 0; i < N; i++) h[i] = (float)((i + j->id) % 17);
+    if (dp_device_bind_thread(j->dev) || dp_device_alloc(j->dev, N * 4, (void **)&v) ||
+        dp_device_alloc(j->dev, N * 4, (void **)&acc) || dp_memset(j->dev, acc, 0, N * 4)) {
+        snprintf(j->msg, sizeof j->msg, "setup: %s", dp_last_error());
+        goto out;
+    }
+    for (int it = 0; it < ITERS; it++) {
+        double ss = 0.0;
+        if (dp_copy_h2d(j->dev, v, h, N * 4) || dp_scale(j->dev, v, 2.0f, N) ||
+            dp_accumulate(j->dev, acc, v, N) || dp_sum_squares(j->dev, &ss, acc, N)) {
+            snprintf(j->msg, sizeof j->msg, "iteration %d: %s", it, dp_last_error());
+            goto out;
+        }
+        double want = 0.0;
+        for (int i = 0; i < N; i++) want += (2.0 * (it + 1) * h[i]) * (2.0 * (it + 1) * h[i]);
+        if (ss != want) {
+            snprintf(j->msg, sizeof j->msg, "iteration %d: sum of squares %.17g, want %.17g", it, ss, want);
+            goto out;
+        }
+    }
+    if (dp_copy_d2h(j->dev, back, acc, N * 4)) {
+        snprintf(j->msg, sizeof j->msg, "d2h: %s", dp_last_error());
+        goto out;
+    }
+    for (int i = 0; i < N; i++)
+        if (back[i] != 2.0f * ITERS * h[i]) {
+            snprintf(j->msg, sizeof j->msg, "element %d is %g, want %g", i, back[i], 2.0 * ITERS * h[i]);
+            goto out;
+        }
+    j->ok = 1;
+out:
+    dp_device_free(j->dev, v);
+    dp_device_free(j->dev, acc);
+    free(h);
+    free(back);
+    return NULL;
+}
+
+Test(cuda_memory, two_logical_devices_on_one_gpu_from_two_threads, .timeout = 60)
+{
+    REQUIRE_GPU();
+    thread_job jobs[2];
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++) {
+        memset(&jobs[i], 0, sizeof jobs[i]);
+        jobs[i].dev = open_target(0);
+        jobs[i].id = i;
+        cr_assert_eq(pthread_create(&th[i], NULL, thread_main, &jobs[i]), 0);
+    }
+    for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < 2; i++) {
+        cr_assert(jobs[i].ok, "thread %d: %s", i, jobs[i].msg);
+        close_checked(jobs[i].dev);
+    }
+}

@@ -1,0 +1,244 @@
+/*
+ * The engine under faults: non-finite steps are skipped without touching
+ * parameters, optimizer moments or the step counter, and name the device;
+ * the watchdog turns a stalled worker in any phase into DP_ERR_TIMEOUT
+ * naming device and phase, every worker comes back and the engine keeps
+ * working; the replica check names a diverged replica. Every test ends
+ * with the devices' accounting back to zero (run_close).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "dp_test.h"
+
+#include <criterion/parameterized.h>
+#include "engine_fixture.h"
+
+#define NP 4096
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+typedef struct snapshot {
+    float params[NP], m[NP], v[NP];
+    long t;
+} snapshot;
+
+static void take(dp_engine *e, snapshot *s)
+{
+    dp_assert_ok(dp_engine_get_params(e, s->params));
+    dp_assert_ok(dp_engine_get_optimizer_state(e, s->m, s->v, &s->t));
+}
+
+static void assert_same(const snapshot *a, const snapshot *b, size_t n, const char *when)
+{
+    cr_assert(memcmp(a->params, b->params, n * sizeof(float)) == 0, "%s changed the parameters", when);
+    cr_assert(memcmp(a->m, b->m, n * sizeof(float)) == 0, "%s changed AdamW's first moment", when);
+    cr_assert(memcmp(a->v, b->v, n * sizeof(float)) == 0, "%s changed AdamW's second moment", when);
+    cr_assert_eq(a->t, b->t, "%s changed the step counter (%ld -> %ld)", when, a->t, b->t);
+}
+
+// --- non-finite steps ---------------------------------------------------------------------
+
+/* 6 rows on 3 devices are 2/2/2; an Inf feature in row `bad_row` makes only
+ * that device's chunk non-finite. */
+static void non_finite_case(dp_mode mode, int bad_row, int want_device)
+{
+    run r;
+    run_open(&r, 3, base_cfg(mode), NULL);
+    float x[6 * D];
+    int32_t y[6];
+    dp_step_stats st;
+    make_batch(0, 6, 0, x, y);
+    dp_batch b = {6, x, y};
+    dp_assert_ok(dp_engine_step(r.e, &b, &st)); /* non-zero moments to protect */
+    static snapshot before, after;
+    take(r.e, &before);
+
+    make_batch(1, 6, 0, x, y);
+    x[bad_row * D + 2] = INFINITY;
+    dp_assert_ok(dp_engine_step(r.e, &b, &st));
+    cr_assert(st.skipped, "a step with an Inf input was not skipped (loss %g)", st.loss);
+    cr_assert(!isfinite(st.loss));
+    cr_assert_eq(st.skipped_device, want_device, "skipped_device %d, want %d",
+                 st.skipped_device, want_device);
+    cr_assert_eq(st.step, 1);
+    take(r.e, &after);
+    assert_same(&before, &after, r.model.n_params, "a skipped step");
+
+    /* The next finite batch trains normally from the untouched state. */
+    make_batch(2, 6, 0, x, y);
+    dp_assert_ok(dp_engine_step(r.e, &b, &st));
+    cr_assert(!st.skipped && isfinite(st.loss));
+    cr_assert_eq(st.step, 2);
+    run_close(&r);
+}
+
+Test(engine_faults, non_finite_chunk_skips_the_update_balanced) { non_finite_case(DP_MODE_BALANCED, 3, 1); }
+Test(engine_faults, non_finite_chunk_skips_the_update_gather) { non_finite_case(DP_MODE_GATHER, 5, 2); }
+Test(engine_faults, non_finite_on_the_root) { non_finite_case(DP_MODE_BALANCED, 0, 0); }
+
+// --- watchdog -----------------------------------------------------------------------------
+
+ParameterizedTestParameters(engine_faults, watchdog_names_stalled_device_and_phase)
+{
+    static int cases[2 * 2 * DP_PHASE_COUNT]; /* mode * 100 + device * 10 + phase */
+    size_t n = 0;
+    for (int m = 0; m < 2; m++)
+        for (int d = 0; d <= 1; d++)
+            for (int p = 0; p < DP_PHASE_COUNT; p++) cases[n++] = m * 100 + d * 10 + p;
+    return cr_make_param_array(int, cases, n);
+}
+
+ParameterizedTest(int *c, engine_faults, watchdog_names_stalled_device_and_phase, .timeout = 30)
+{
+    dp_mode mode = (dp_mode)(*c / 100);
+    int dev = *c / 10 % 10;
+    dp_phase phase = (dp_phase)(*c % 10);
+    dp_engine_config cfg = base_cfg(mode);
+    cfg.watchdog_seconds = 0.2;
+    run r;
+    run_open(&r, 2, cfg, NULL);
+    float x[6 * D];
+    int32_t y[6];
+    make_batch(0, 6, 0, x, y);
+    dp_batch b = {6, x, y};
+    dp_step_stats st;
+    static snapshot before, after;
+    take(r.e, &before);
+
+    /* A 60 s stall: without the watchdog the test would time out. */
+    dp_engine_inject_stall(r.e, dev, phase, 60.0);
+    double t0 = now_s();
+    dp_status s = dp_engine_step(r.e, &b, &st);
+    double took = now_s() - t0;
+    cr_assert_eq(s, DP_ERR_TIMEOUT, "step returned %s: %s", dp_strerror(s), dp_last_error());
+    cr_assert(took < 5.0, "the watchdog took %.1f s to fire for a 0.2 s limit", took);
+    char want[64];
+    snprintf(want, sizeof want, "cpu:%d %s:", dev, dp_phase_name(phase));
+    cr_assert(strstr(dp_last_error(), want) && strstr(dp_last_error(), "watchdog"),
+              "message \"%s\" does not name \"%s\" and the watchdog", dp_last_error(), want);
+    if (phase < DP_PHASE_OPTIMIZER) {
+        take(r.e, &after);
+        assert_same(&before, &after, r.model.n_params, "a step stopped by the watchdog");
+    }
+
+    /* Every worker came back: the engine trains on, and its replicas agree. */
+    for (int i = 0; i < 2; i++) dp_assert_ok(dp_engine_step(r.e, &b, &st));
+    cr_assert(isfinite(st.loss));
+    run_close(&r);
+}
+
+Test(engine_faults, without_watchdog_a_stall_only_slows_the_step, .timeout = 30)
+{
+    run r;
+    run_open(&r, 2, base_cfg(DP_MODE_BALANCED), NULL);
+    float x[6 * D];
+    int32_t y[6];
+    make_batch(0, 6, 0, x, y);
+    dp_batch b = {6, x, y};
+    dp_step_stats st;
+    dp_engine_inject_stall(r.e, 1, DP_PHASE_BACKWARD, 0.3);
+    double t0 = now_s();
+    dp_assert_ok(dp_engine_step(r.e, &b, &st));
+    cr_assert(now_s() - t0 >= 0.29, "the injected stall did not happen");
+    cr_assert_eq(st.step, 1);
+    run_close(&r);
+}
+
+Test(engine_faults, a_slow_step_within_the_watchdog_succeeds, .timeout = 30)
+{
+    dp_engine_config cfg = base_cfg(DP_MODE_GATHER);
+    cfg.watchdog_seconds = 2.0;
+    run r;
+    run_open(&r, 2, cfg, NULL);
+    float x[6 * D];
+    int32_t y[6];
+    make_batch(0, 6, 0, x, y);
+    dp_batch b = {6, x, y};
+    dp_step_stats st;
+    dp_engine_inject_stall(r.e, 0, DP_PHASE_FORWARD, 0.2);
+    dp_assert_ok(dp_engine_step(r.e, &b, &st));
+    cr_assert_eq(st.step, 1);
+    run_close(&r);
+}
+
+// --- replica consistency -------------------------------------------------------------------
+
+static void replica_case(dp_mode mode, int k, int bad)
+{
+    dp_engine_config cfg = base_cfg(mode);
+    cfg.check_replicas_every = 2;
+    run r;
+    run_open(&r, k, cfg, NULL);
+    float x[7 * D];
+    int32_t y[7];
+    dp_batch b = {7, x, y};
+    dp_step_stats st;
+    dp_engine_inject_divergence(r.e, bad);
+    make_batch(0, 7, 0, x, y);
+    dp_assert_ok(dp_engine_step(r.e, &b, &st)); /* step 1: no check */
+    make_batch(1, 7, 0, x, y);
+    dp_status s = dp_engine_step(r.e, &b, &st); /* step 2: checked */
+    cr_assert_eq(s, DP_ERR_INTERNAL, "a diverged replica gave %s", dp_strerror(s));
+    char want[64];
+    snprintf(want, sizeof want, "replica on cpu:%d diverged", bad);
+    cr_assert(strstr(dp_last_error(), want), "message \"%s\" lacks \"%s\"", dp_last_error(), want);
+    /* Re-broadcast from the root: the next checked steps pass. */
+    for (int i = 2; i < 6; i++) {
+        make_batch(i, 7, 0, x, y);
+        dp_assert_ok(dp_engine_step(r.e, &b, &st));
+    }
+    cr_assert_eq(st.step, 6);
+    run_close(&r);
+}
+
+Test(engine_faults, diverged_replica_is_named_balanced) { replica_case(DP_MODE_BALANCED, 3, 2); }
+Test(engine_faults, diverged_replica_is_named_gather) { replica_case(DP_MODE_GATHER, 2, 1); }
+
+Test(engine_faults, replica_check_passes_every_step_when_replicas_agree)
+{
+    for (int mode = 0; mode < 2; mode++) {
+        dp_engine_config cfg = base_cfg((dp_mode)mode);
+        cfg.check_replicas_every = 1;
+        run r;
+        run_open(&r, 3, cfg, NULL);
+        float x[7 * D];
+        int32_t y[7];
+        dp_batch b = {7, x, y};
+        dp_step_stats st;
+        for (int i = 0; i < 5; i++) {
+            make_batch(i, 7, 0, x, y);
+            dp_assert_ok(dp_engine_step(r.e, &b, &st));
+        }
+        run_close(&r);
+    }
+}
+
+Test(engine_faults, bad_watchdog_and_check_settings_are_rejected)
+{
+    mlp net;
+    dp_model model;
+    mlp_config mc = {D, H, K};
+    mlp_init_model(&net, &mc, &model);
+    dp_criterion crit = dp_criterion_cross_entropy();
+    dp_device_spec spec = {DP_DEVICE_CPU, 0};
+    dp_engine *e = NULL;
+    const double bad_wd[] = {-1.0, NAN, INFINITY};
+    for (size_t i = 0; i < 3; i++) {
+        dp_engine_config cfg = base_cfg(DP_MODE_BALANCED);
+        cfg.watchdog_seconds = bad_wd[i];
+        cr_assert_eq(dp_engine_create(&spec, 1, &model, &crit, &cfg, &e), DP_ERR_INVALID_ARGUMENT);
+        cr_assert(strstr(dp_last_error(), "watchdog_seconds"), "%s", dp_last_error());
+    }
+    dp_engine_config cfg = base_cfg(DP_MODE_BALANCED);
+    cfg.check_replicas_every = -3;
+    cr_assert_eq(dp_engine_create(&spec, 1, &model, &crit, &cfg, &e), DP_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(dp_last_error(), "check_replicas_every"), "%s", dp_last_error());
+}
