@@ -29,6 +29,8 @@
 
 #include "dp/dp.h"
 
+#include "cli.h"
+
 // --- options ------------------------------------------------------------------------
 
 typedef struct opts {
@@ -38,19 +40,6 @@ typedef struct opts {
     unsigned long long seed;
     size_t limit_bytes;
 } opts;
-
-static int fail(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fputs("dp_bench: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-    return 1;
-}
-
-static int dp_fail(const char *what) { return fail("%s: %s", what, dp_last_error()); }
 
 static void usage(FILE *f)
 {
@@ -80,17 +69,6 @@ static void usage(FILE *f)
           f);
 }
 
-static int parse_long(const char *name, const char *v, long lo, long hi, long *out)
-{
-    char *end = NULL;
-    errno = 0;
-    long x = strtol(v, &end, 10);
-    if (errno || end == v || *end || x < lo || x > hi)
-        return fail("%s: \"%s\" is not an integer in [%ld, %ld]", name, v, lo, hi);
-    *out = x;
-    return 0;
-}
-
 static int parse_args(int argc, char **argv, opts *o)
 {
     enum {
@@ -117,44 +95,44 @@ static int parse_args(int argc, char **argv, opts *o)
         int bad = 0;
         long seed = 0;
         switch (c) {
-        case O_VOCAB: bad = parse_long("--vocab", v, 2, big, &o->vocab); break;
-        case O_CTX: bad = parse_long("--context", v, 1, big, &o->context); break;
-        case O_BATCH: bad = parse_long("--batch-size", v, 1, big, &o->batch); break;
-        case O_DIM: bad = parse_long("--dim", v, 1, big, &o->dim); break;
-        case O_LAYERS: bad = parse_long("--layers", v, 1, 4096, &o->layers); break;
-        case O_HEADS: bad = parse_long("--heads", v, 1, big, &o->heads); break;
+        case O_VOCAB: bad = cli_parse_long("--vocab", v, 2, big, &o->vocab); break;
+        case O_CTX: bad = cli_parse_long("--context", v, 1, big, &o->context); break;
+        case O_BATCH: bad = cli_parse_long("--batch-size", v, 1, big, &o->batch); break;
+        case O_DIM: bad = cli_parse_long("--dim", v, 1, big, &o->dim); break;
+        case O_LAYERS: bad = cli_parse_long("--layers", v, 1, 4096, &o->layers); break;
+        case O_HEADS: bad = cli_parse_long("--heads", v, 1, big, &o->heads); break;
         case O_DEV: o->devices = v; break;
-        case O_STEPS: bad = parse_long("--steps", v, 1, big, &o->steps); break;
-        case O_WARM: bad = parse_long("--warmup", v, 0, big, &o->warmup); break;
+        case O_STEPS: bad = cli_parse_long("--steps", v, 1, big, &o->steps); break;
+        case O_WARM: bad = cli_parse_long("--warmup", v, 0, big, &o->warmup); break;
         case O_MODE: o->mode = v; break;
         case O_MEM: o->memory_limit = v; break;
         case O_FIND: o->find_max_batch = 1; break;
         case O_SCALE: o->scaling = 1; break;
-        case O_SEED: bad = parse_long("--seed", v, 0, __LONG_MAX__, &seed); o->seed = (unsigned long long)seed; break;
+        case O_SEED: bad = cli_parse_long("--seed", v, 0, LONG_MAX, &seed); o->seed = (unsigned long long)seed; break;
         case O_JSON: o->json = v; break;
         case O_CSV: o->csv = v; break;
         case O_PLOT: o->plot = v; break;
         case O_TF32: o->tf32 = 1; break;
         case O_HELP: usage(stdout); exit(0);
-        case ':': return fail("%s needs a value (see --help)", argv[optind - 1]);
-        default: return fail("unknown option \"%s\" (see --help)", argv[optind - 1]);
+        case ':': return cli_fail("%s needs a value (see --help)", argv[optind - 1]);
+        default: return cli_fail("unknown option \"%s\" (see --help)", argv[optind - 1]);
         }
         if (bad) return 1;
     }
-    if (optind < argc) return fail("unexpected argument \"%s\" (see --help)", argv[optind]);
+    if (optind < argc) return cli_fail("unexpected argument \"%s\" (see --help)", argv[optind]);
     if (strcmp(o->mode, "both") && strcmp(o->mode, "gather") && strcmp(o->mode, "balanced"))
-        return fail("--mode: \"%s\" is not both, gather or balanced", o->mode);
+        return cli_fail("--mode: \"%s\" is not both, gather or balanced", o->mode);
     if (o->dim % o->heads)
-        return fail("--heads %ld does not divide --dim %ld; pick heads that divide dim", o->heads,
+        return cli_fail("--heads %ld does not divide --dim %ld; pick heads that divide dim", o->heads,
                     o->dim);
     if (o->memory_limit && dp_parse_bytes(o->memory_limit, &o->limit_bytes) != DP_OK)
-        return dp_fail("--memory-limit");
+        return cli_dp_fail("--memory-limit");
     if (o->find_max_batch && !o->memory_limit)
-        return fail("--find-max-batch needs --memory-limit (e.g. --memory-limit 2GiB)");
+        return cli_fail("--find-max-batch needs --memory-limit (e.g. --memory-limit 2GiB)");
     if (o->plot) {
         const char *dot = strrchr(o->plot, '.');
         if (!dot || (strcmp(dot, ".png") && strcmp(dot, ".svg")))
-            return fail("--plot: \"%s\" must end in .png or .svg", o->plot);
+            return cli_fail("--plot: \"%s\" must end in .png or .svg", o->plot);
     }
     return 0;
 }
@@ -188,13 +166,6 @@ typedef struct bench {
     size_t rows_cap;
 } bench;
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -211,7 +182,7 @@ static int ensure_tokens(bench *b, size_t rows)
     if (in) b->inputs = in;
     int32_t *tg = in ? realloc(b->targets, rows * T * sizeof *tg) : NULL;
     if (tg) b->targets = tg;
-    if (!in || !tg) return fail("out of host memory for a batch of %zu sequences", rows);
+    if (!in || !tg) return cli_fail("out of host memory for a batch of %zu sequences", rows);
     for (size_t r = b->rows_cap; r < rows; r++) {
         dp_rng rng;
         dp_rng_seed(&rng, b->o.seed * 1000003u + r);
@@ -247,24 +218,24 @@ static int run_mode(bench *b, dp_mode mode, size_t k, size_t rows, mode_result *
     res->k = k;
     if (ensure_tokens(b, rows)) return 1;
     dp_engine *e = NULL;
-    if (make_engine(b, mode, k, &e) != DP_OK) return dp_fail(dp_mode_name(mode));
+    if (make_engine(b, mode, k, &e) != DP_OK) return cli_dp_fail(dp_mode_name(mode));
     dp_batch batch = {rows, b->inputs, b->targets};
     long n = b->o.warmup + b->o.steps;
     double *ms = calloc((size_t)b->o.steps, sizeof *ms);
     if (!ms) {
         dp_engine_destroy(e);
-        return fail("out of host memory");
+        return cli_fail("out of host memory");
     }
     dp_step_stats st;
     int rc = 0;
     for (long s = 0; s < n && !rc; s++) {
-        double t0 = now_s();
+        double t0 = cli_now();
         if (dp_engine_step(e, &batch, &st) != DP_OK) {
-            rc = fail("%s step %ld of %zu sequences: %s", dp_mode_name(mode), s + 1, rows,
+            rc = cli_fail("%s step %ld of %zu sequences: %s", dp_mode_name(mode), s + 1, rows,
                       dp_last_error());
             break;
         }
-        double dt = now_s() - t0;
+        double dt = cli_now() - t0;
         for (size_t i = 0; i < k; i++) {
             dev_result *d = &res->dev[i];
             for (int p = 0; p < DP_PHASE_COUNT; p++)
@@ -318,7 +289,7 @@ static int fits(bench *b, dp_mode mode, size_t rows)
     dp_engine_destroy(e);
     if (s == DP_OK) return 1;
     if (s == DP_ERR_OUT_OF_MEMORY) return 0;
-    fail("%s with %zu sequences: %s", dp_mode_name(mode), rows, dp_last_error());
+    cli_fail("%s with %zu sequences: %s", dp_mode_name(mode), rows, dp_last_error());
     return -1;
 }
 
@@ -332,7 +303,7 @@ static int find_max_batch(bench *b, dp_mode mode, long *out)
         if (f < 0) return 1;
         if (!f) break;
         lo = hi;
-        if (hi > ((size_t)1 << 24)) return fail("--find-max-batch: no limit reached below %zu", hi);
+        if (hi > ((size_t)1 << 24)) return cli_fail("--find-max-batch: no limit reached below %zu", hi);
         hi *= 2;
     }
     while (hi - lo > 1) {
@@ -505,7 +476,7 @@ static int write_atomic(const char *path, const char *text)
 {
     size_t n = strlen(path) + 16;
     char *tmp = malloc(n);
-    if (!tmp) return fail("out of host memory");
+    if (!tmp) return cli_fail("out of host memory");
     snprintf(tmp, n, "%s.tmp", path);
     FILE *f = fopen(tmp, "w");
     int ok = f && fputs(text, f) >= 0;
@@ -515,7 +486,7 @@ static int write_atomic(const char *path, const char *text)
         int err = errno;
         remove(tmp);
         free(tmp);
-        return fail("cannot write \"%s\": %s", path, strerror(err));
+        return cli_fail("cannot write \"%s\": %s", path, strerror(err));
     }
     free(tmp);
     return 0;
@@ -525,7 +496,7 @@ static int write_csv(const char *path, const mode_result *res, size_t nres)
 {
     size_t cap = 4096 + nres * DP_MAX_DEVICES * 512, len = 0;
     char *s = malloc(cap);
-    if (!s) return fail("out of host memory");
+    if (!s) return cli_fail("out of host memory");
     len += (size_t)snprintf(s + len, cap - len,
                             "mode,device,peak_bytes,optimizer_bytes,logits_bytes,param_bytes");
     for (int p = 0; p < DP_PHASE_COUNT; p++)
@@ -556,20 +527,20 @@ static int write_csv(const char *path, const mode_result *res, size_t nres)
 static int gnuplot(const char *script, const char *path)
 {
     FILE *p = popen("gnuplot 2>&1", "w");
-    if (!p) return fail("--plot: cannot start gnuplot: %s", strerror(errno));
+    if (!p) return cli_fail("--plot: cannot start gnuplot: %s", strerror(errno));
     fputs(script, p);
     int st = pclose(p);
     size_t n = strlen(path) + 8;
     char *part = malloc(n);
-    if (!part) return fail("out of host memory");
+    if (!part) return cli_fail("out of host memory");
     snprintf(part, n, "%s.part", path);
     int rc = 0;
     if (st != 0)
-        rc = fail("--plot: gnuplot failed writing \"%s\" (exit status %d); is gnuplot "
+        rc = cli_fail("--plot: gnuplot failed writing \"%s\" (exit status %d); is gnuplot "
                   "installed (Debian: gnuplot-nox)?",
                   path, st);
     else if (rename(part, path))
-        rc = fail("--plot: cannot write \"%s\": %s", path, strerror(errno));
+        rc = cli_fail("--plot: cannot write \"%s\": %s", path, strerror(errno));
     if (rc) remove(part);
     free(part);
     return rc;
@@ -585,7 +556,7 @@ static int plot_memory(const bench *b, const char *path, const mode_result *res,
 {
     size_t cap = 8192 + (size_t)DP_MAX_DEVICES * 128, len = 0;
     char *s = malloc(cap);
-    if (!s) return fail("out of host memory");
+    if (!s) return cli_fail("out of host memory");
     len += (size_t)snprintf(s + len, cap - len, "$d << EOD\ndevice");
     for (size_t r = 0; r < nres; r++)
         len += (size_t)snprintf(s + len, cap - len, " %s", dp_mode_name(res[r].mode));
@@ -646,6 +617,7 @@ static char *scaling_path(const char *path)
 
 int main(int argc, char **argv)
 {
+    cli_prog = "dp_bench";
     bench b;
     memset(&b, 0, sizeof b);
     opts *o = &b.o;
@@ -654,14 +626,14 @@ int main(int argc, char **argv)
     if (parse_args(argc, argv, o)) return 1;
     if (!o->devices) o->devices = dp_cuda_device_count() > 0 ? "cuda" : "cpu:4";
     if (dp_device_list_parse(o->devices, b.specs, DP_MAX_DEVICES, &b.k) != DP_OK)
-        return dp_fail("--devices");
+        return cli_dp_fail("--devices");
     if ((size_t)o->batch < b.k)
-        return fail("--batch-size %ld is smaller than the %zu devices; give every device a "
+        return cli_fail("--batch-size %ld is smaller than the %zu devices; give every device a "
                     "sequence",
                     o->batch, b.k);
     dp_gpt_config gc = {(size_t)o->vocab, (size_t)o->context, (size_t)o->layers,
                         (size_t)o->heads, (size_t)o->dim};
-    if (dp_gpt_create(&gc, &b.gpt) != DP_OK) return dp_fail("model");
+    if (dp_gpt_create(&gc, &b.gpt) != DP_OK) return cli_dp_fail("model");
 
     int both = strcmp(o->mode, "both") == 0;
     dp_mode modes[2];
@@ -683,7 +655,7 @@ int main(int argc, char **argv)
     mode_result *res = calloc(2, sizeof *res);
     scale_point sc[DP_MAX_DEVICES];
     size_t nsc = 0;
-    int rc = res ? 0 : fail("out of host memory");
+    int rc = res ? 0 : cli_fail("out of host memory");
     for (size_t r = 0; r < nres && !rc; r++) {
         rc = run_mode(&b, modes[r], b.k, (size_t)o->batch, &res[r]);
         if (!rc && o->find_max_batch) {
@@ -725,7 +697,7 @@ int main(int argc, char **argv)
     if (!rc && o->json) {
         json_t *j = json_results(&b, res, nres, sc, nsc, scale_mode);
         char *text = j ? json_dumps(j, JSON_INDENT(2) | JSON_REAL_PRECISION(10)) : NULL;
-        rc = text ? write_atomic(o->json, text) : fail("--json: cannot encode the results");
+        rc = text ? write_atomic(o->json, text) : cli_fail("--json: cannot encode the results");
         free(text);
         json_decref(j);
     }
@@ -734,7 +706,7 @@ int main(int argc, char **argv)
         rc = plot_memory(&b, o->plot, res, nres);
         if (!rc && nsc) {
             char *sp = scaling_path(o->plot);
-            rc = sp ? plot_scaling(&b, sp, sc, nsc, scale_mode) : fail("out of host memory");
+            rc = sp ? plot_scaling(&b, sp, sc, nsc, scale_mode) : cli_fail("out of host memory");
             if (!rc) printf("plots: %s, %s\n", o->plot, sp);
             free(sp);
         } else if (!rc) {

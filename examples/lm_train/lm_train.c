@@ -24,6 +24,8 @@
 
 #include <dp/dp.h>
 
+#include "cli.h"
+
 // --- options ------------------------------------------------------------------------
 
 typedef struct opts {
@@ -125,41 +127,6 @@ static void usage(FILE *f)
             d.sample, d.temperature, d.top_k);
 }
 
-static int fail(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fputs("lm_train: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-    return 1;
-}
-
-static int dp_fail(const char *what) { return fail("%s: %s", what, dp_last_error()); }
-
-static int parse_long(const char *name, const char *v, long lo, long *out)
-{
-    char *end = NULL;
-    errno = 0;
-    long x = strtol(v, &end, 10);
-    if (errno || end == v || *end || x < lo)
-        return fail("%s: \"%s\" is not an integer >= %ld", name, v, lo);
-    *out = x;
-    return 0;
-}
-
-static int parse_double(const char *name, const char *v, double lo, double *out)
-{
-    char *end = NULL;
-    errno = 0;
-    double x = strtod(v, &end);
-    if (errno || end == v || *end || !isfinite(x) || x < lo)
-        return fail("%s: \"%s\" is not a number >= %g", name, v, lo);
-    *out = x;
-    return 0;
-}
-
 static int parse_args(int argc, char **argv, opts *o)
 {
     enum {
@@ -199,55 +166,55 @@ static int parse_args(int argc, char **argv, opts *o)
         switch (c) {
         case O_DATA: o->data = v; break;
         case O_TOK: o->tokenizer = v; break;
-        case O_VOCAB: bad = parse_long("--vocab-size", v, 2, &o->vocab_size); break;
+        case O_VOCAB: bad = cli_parse_long("--vocab-size", v, 2, LONG_MAX, &o->vocab_size); break;
         case O_DEV: o->devices = v; break;
         case O_MODE: o->mode = v; break;
-        case O_LAYERS: bad = parse_long("--layers", v, 1, &o->layers); o->model_given |= MG_LAYERS; break;
-        case O_HEADS: bad = parse_long("--heads", v, 1, &o->heads); o->model_given |= MG_HEADS; break;
-        case O_DIM: bad = parse_long("--dim", v, 1, &o->dim); o->model_given |= MG_DIM; break;
-        case O_CTX: bad = parse_long("--context", v, 1, &o->context); o->model_given |= MG_CTX; break;
-        case O_BATCH: bad = parse_long("--batch-size", v, 1, &o->batch_size); break;
-        case O_ACCUM: bad = parse_long("--grad-accum", v, 1, &o->grad_accum); break;
-        case O_MAXTOK: bad = parse_long("--max-tokens-per-device", v, 1, &o->max_tokens); break;
-        case O_STEPS: bad = parse_long("--steps", v, 0, &o->steps); break;
-        case O_LR: bad = parse_double("--lr", v, 0, &o->lr); break;
-        case O_MINLR: bad = parse_double("--min-lr", v, 0, &o->min_lr); break;
-        case O_WARMUP: bad = parse_long("--warmup", v, 0, &o->warmup); break;
-        case O_WD: bad = parse_double("--weight-decay", v, 0, &o->weight_decay); break;
-        case O_B1: bad = parse_double("--beta1", v, 0, &o->beta1); break;
-        case O_B2: bad = parse_double("--beta2", v, 0, &o->beta2); break;
-        case O_CLIP: bad = parse_double("--grad-clip", v, 0, &o->grad_clip); break;
-        case O_EVI: bad = parse_long("--eval-interval", v, 1, &o->eval_interval); break;
-        case O_EVN: bad = parse_long("--eval-iters", v, 1, &o->eval_iters); break;
-        case O_SEED: bad = parse_long("--seed", v, 0, &seed); o->seed = (unsigned long long)seed; break;
+        case O_LAYERS: bad = cli_parse_long("--layers", v, 1, LONG_MAX, &o->layers); o->model_given |= MG_LAYERS; break;
+        case O_HEADS: bad = cli_parse_long("--heads", v, 1, LONG_MAX, &o->heads); o->model_given |= MG_HEADS; break;
+        case O_DIM: bad = cli_parse_long("--dim", v, 1, LONG_MAX, &o->dim); o->model_given |= MG_DIM; break;
+        case O_CTX: bad = cli_parse_long("--context", v, 1, LONG_MAX, &o->context); o->model_given |= MG_CTX; break;
+        case O_BATCH: bad = cli_parse_long("--batch-size", v, 1, LONG_MAX, &o->batch_size); break;
+        case O_ACCUM: bad = cli_parse_long("--grad-accum", v, 1, LONG_MAX, &o->grad_accum); break;
+        case O_MAXTOK: bad = cli_parse_long("--max-tokens-per-device", v, 1, LONG_MAX, &o->max_tokens); break;
+        case O_STEPS: bad = cli_parse_long("--steps", v, 0, LONG_MAX, &o->steps); break;
+        case O_LR: bad = cli_parse_double("--lr", v, 0, &o->lr); break;
+        case O_MINLR: bad = cli_parse_double("--min-lr", v, 0, &o->min_lr); break;
+        case O_WARMUP: bad = cli_parse_long("--warmup", v, 0, LONG_MAX, &o->warmup); break;
+        case O_WD: bad = cli_parse_double("--weight-decay", v, 0, &o->weight_decay); break;
+        case O_B1: bad = cli_parse_double("--beta1", v, 0, &o->beta1); break;
+        case O_B2: bad = cli_parse_double("--beta2", v, 0, &o->beta2); break;
+        case O_CLIP: bad = cli_parse_double("--grad-clip", v, 0, &o->grad_clip); break;
+        case O_EVI: bad = cli_parse_long("--eval-interval", v, 1, LONG_MAX, &o->eval_interval); break;
+        case O_EVN: bad = cli_parse_long("--eval-iters", v, 1, LONG_MAX, &o->eval_iters); break;
+        case O_SEED: bad = cli_parse_long("--seed", v, 0, LONG_MAX, &seed); o->seed = (unsigned long long)seed; break;
         case O_SAVE: o->save = v; break;
-        case O_SAVEI: bad = parse_long("--save-interval", v, 0, &o->save_interval); break;
+        case O_SAVEI: bad = cli_parse_long("--save-interval", v, 0, LONG_MAX, &o->save_interval); break;
         case O_RESUME: o->resume = v; break;
         case O_EVONLY: o->eval_only = 1; break;
         case O_TF32: o->tf32 = 1; break;
-        case O_SAMPLE: bad = parse_long("--sample", v, 0, &o->sample); break;
-        case O_TEMP: bad = parse_double("--temperature", v, 1e-6, &o->temperature); break;
-        case O_TOPK: bad = parse_long("--top-k", v, 0, &o->top_k); break;
+        case O_SAMPLE: bad = cli_parse_long("--sample", v, 0, LONG_MAX, &o->sample); break;
+        case O_TEMP: bad = cli_parse_double("--temperature", v, 1e-6, &o->temperature); break;
+        case O_TOPK: bad = cli_parse_long("--top-k", v, 0, LONG_MAX, &o->top_k); break;
         case O_PROMPT: o->prompt = v; break;
         case O_LOG: o->log = v; break;
         case O_MEM: o->memory_limit = v; break;
-        case O_SKIPS: bad = parse_long("--max-skips", v, 1, &o->max_skips); break;
-        case O_WATCHDOG: bad = parse_double("--watchdog", v, 0, &o->watchdog); break;
-        case O_CHECK: bad = parse_long("--check-replicas", v, 0, &o->check_replicas); break;
+        case O_SKIPS: bad = cli_parse_long("--max-skips", v, 1, LONG_MAX, &o->max_skips); break;
+        case O_WATCHDOG: bad = cli_parse_double("--watchdog", v, 0, &o->watchdog); break;
+        case O_CHECK: bad = cli_parse_long("--check-replicas", v, 0, LONG_MAX, &o->check_replicas); break;
         case O_HELP: usage(stdout); exit(0);
-        case ':': return fail("%s needs a value (see --help)", argv[optind - 1]);
-        default: return fail("unknown option \"%s\" (see --help)", argv[optind - 1]);
+        case ':': return cli_fail("%s needs a value (see --help)", argv[optind - 1]);
+        default: return cli_fail("unknown option \"%s\" (see --help)", argv[optind - 1]);
         }
         if (bad) return 1;
     }
-    if (optind < argc) return fail("unexpected argument \"%s\" (see --help)", argv[optind]);
-    if (o->beta1 >= 1 || o->beta2 >= 1) return fail("--beta1 and --beta2 must be < 1");
-    if (o->eval_only && !o->resume) return fail("--eval-only needs --resume CHECKPOINT");
+    if (optind < argc) return cli_fail("unexpected argument \"%s\" (see --help)", argv[optind]);
+    if (o->beta1 >= 1 || o->beta2 >= 1) return cli_fail("--beta1 and --beta2 must be < 1");
+    if (o->eval_only && !o->resume) return cli_fail("--eval-only needs --resume CHECKPOINT");
     if (o->grad_accum > INT_MAX)
-        return fail("--grad-accum %ld is too large (at most %d)", o->grad_accum, INT_MAX);
+        return cli_fail("--grad-accum %ld is too large (at most %d)", o->grad_accum, INT_MAX);
     /* With --resume the checkpoint's shape counts; setup reports a conflict. */
     if (!o->resume && o->dim % o->heads)
-        return fail("--heads %ld does not divide --dim %ld; pick heads that divide dim", o->heads,
+        return cli_fail("--heads %ld does not divide --dim %ld; pick heads that divide dim", o->heads,
                     o->dim);
     return 0;
 }
@@ -269,13 +236,6 @@ typedef struct run {
     int tty;
 } run;
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static void human_bytes(size_t b, char *buf, size_t cap)
 {
     const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -292,10 +252,10 @@ static int estimate_loss(run *r, dp_sampler *s, double *out)
     double sum = 0.0;
     size_t n = 0;
     for (long i = 0; i < r->o.eval_iters; i++) {
-        if (dp_sampler_next(s, r->inputs, r->targets, B) != DP_OK) return dp_fail("eval batch");
+        if (dp_sampler_next(s, r->inputs, r->targets, B) != DP_OK) return cli_dp_fail("eval batch");
         dp_batch b = {B, r->inputs, r->targets};
         dp_step_stats st;
-        if (dp_engine_evaluate(r->engine, &b, &st) != DP_OK) return dp_fail("evaluate");
+        if (dp_engine_evaluate(r->engine, &b, &st) != DP_OK) return cli_dp_fail("evaluate");
         sum += st.loss * (double)st.valid_targets;
         n += st.valid_targets;
     }
@@ -310,16 +270,16 @@ static int full_val_loss(run *r, double *out)
 {
     size_t T = (size_t)r->o.context, B = (size_t)r->o.batch_size;
     size_t W = dp_eval_window_count(r->data, DP_SPLIT_VAL, T);
-    if (!W) return fail("the validation split has fewer than context+1 = %zu tokens", T + 1);
+    if (!W) return cli_fail("the validation split has fewer than context+1 = %zu tokens", T + 1);
     double sum = 0.0;
     size_t n = 0;
     for (size_t first = 0; first < W; first += B) {
         size_t rows = W - first < B ? W - first : B;
         if (dp_eval_windows(r->data, DP_SPLIT_VAL, T, first, rows, r->inputs, r->targets) != DP_OK)
-            return dp_fail("validation windows");
+            return cli_dp_fail("validation windows");
         dp_batch b = {rows, r->inputs, r->targets};
         dp_step_stats st;
-        if (dp_engine_evaluate(r->engine, &b, &st) != DP_OK) return dp_fail("evaluate");
+        if (dp_engine_evaluate(r->engine, &b, &st) != DP_OK) return cli_dp_fail("evaluate");
         sum += st.loss * (double)st.valid_targets;
         n += st.valid_targets;
     }
@@ -351,15 +311,15 @@ static int save_checkpoint(run *r)
     ck.m = malloc(r->n_params * sizeof(float));
     ck.v = malloc(r->n_params * sizeof(float));
     int rc = 0;
-    if (!ck.params || !ck.m || !ck.v) rc = fail("out of host memory saving a checkpoint");
+    if (!ck.params || !ck.m || !ck.v) rc = cli_fail("out of host memory saving a checkpoint");
     if (!rc && (dp_engine_get_params(r->engine, ck.params) != DP_OK ||
                 dp_engine_get_optimizer_state(r->engine, ck.m, ck.v, &ck.optimizer_step) != DP_OK))
-        rc = dp_fail("reading parameters");
-    if (!rc && dp_tokenizer_serialize(r->tok, &ck.tokenizer) != DP_OK) rc = dp_fail("tokenizer");
-    if (!rc && dp_sampler_get_state(r->train, ck.sampler) != DP_OK) rc = dp_fail("sampler state");
+        rc = cli_dp_fail("reading parameters");
+    if (!rc && dp_tokenizer_serialize(r->tok, &ck.tokenizer) != DP_OK) rc = cli_dp_fail("tokenizer");
+    if (!rc && dp_sampler_get_state(r->train, ck.sampler) != DP_OK) rc = cli_dp_fail("sampler state");
     ck.has_sampler = 1;
     if (!rc) ck.config_json = config_json(&r->o);
-    if (!rc && dp_checkpoint_save(r->o.save, r->gpt, &ck) != DP_OK) rc = dp_fail("save");
+    if (!rc && dp_checkpoint_save(r->o.save, r->gpt, &ck) != DP_OK) rc = cli_dp_fail("save");
     free(ck.params);
     free(ck.m);
     free(ck.v);
@@ -378,9 +338,9 @@ static int generate(run *r)
     float *params = malloc(r->n_params * sizeof(float));
     float *probs = malloc(V * sizeof(float));
     size_t len = 0, unk = 0;
-    if (!ctx || !params || !probs) return fail("out of host memory for sampling");
+    if (!ctx || !params || !probs) return cli_fail("out of host memory for sampling");
     if (dp_tokenizer_encode(r->tok, r->o.prompt, plen, ctx, plen + n + 1, &len, &unk) != DP_OK)
-        return dp_fail("--prompt");
+        return cli_dp_fail("--prompt");
     if (len == 0) ctx[len++] = 0;
     dp_device *dev = dp_engine_device(r->engine, 0);
     void *ws = NULL, *dtok = NULL, *dparams = NULL, *dlogits = NULL;
@@ -392,7 +352,7 @@ static int generate(run *r)
         dp_device_alloc(dev, r->n_params * sizeof(float), &dparams) != DP_OK ||
         dp_device_alloc(dev, T * V * sizeof(float), &dlogits) != DP_OK ||
         dp_copy_h2d(dev, dparams, params, r->n_params * sizeof(float)) != DP_OK)
-        rc = dp_fail("sampling setup");
+        rc = cli_dp_fail("sampling setup");
     dp_rng rng;
     dp_rng_seed(&rng, r->o.seed ^ 0x5eedULL);
     printf("--- sample (%zu tokens, temperature %g, top-k %ld) ---\n%s", n, r->o.temperature,
@@ -403,7 +363,7 @@ static int generate(run *r)
         if (dp_copy_h2d(dev, dtok, win, t * sizeof(int32_t)) != DP_OK ||
             dp_gpt_forward(r->gpt, dev, dparams, dtok, 1, t, ws, dlogits) != DP_OK ||
             dp_copy_d2h(dev, probs, (float *)dlogits + (t - 1) * V, V * sizeof(float)) != DP_OK) {
-            rc = dp_fail("sampling");
+            rc = cli_dp_fail("sampling");
             break;
         }
         /* top-k: keep logits >= the k-th largest; softmax with temperature. */
@@ -505,9 +465,9 @@ static int check_save_path(const char *path)
 {
     struct stat sb;
     if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
-        return fail("--save %s is a directory; give a file name for the checkpoint", path);
+        return cli_fail("--save %s is a directory; give a file name for the checkpoint", path);
     char *dir = strdup(path);
-    if (!dir) return fail("out of host memory");
+    if (!dir) return cli_fail("out of host memory");
     char *slash = strrchr(dir, '/');
     const char *d = ".";
     if (slash == dir) {
@@ -518,11 +478,11 @@ static int check_save_path(const char *path)
     }
     int rc = 0;
     if (stat(d, &sb) != 0)
-        rc = fail("--save %s: directory '%s': %s; create it first", path, d, strerror(errno));
+        rc = cli_fail("--save %s: directory '%s': %s; create it first", path, d, strerror(errno));
     else if (!S_ISDIR(sb.st_mode))
-        rc = fail("--save %s: '%s' is not a directory", path, d);
+        rc = cli_fail("--save %s: '%s' is not a directory", path, d);
     else if (access(d, W_OK | X_OK) != 0)
-        rc = fail("--save %s: cannot write in directory '%s': %s", path, d, strerror(errno));
+        rc = cli_fail("--save %s: cannot write in directory '%s': %s", path, d, strerror(errno));
     free(dir);
     return rc;
 }
@@ -533,7 +493,7 @@ static int setup(run *r, dp_checkpoint **ck_out)
     dp_checkpoint *ck = NULL;
     if (o->save && !o->eval_only && check_save_path(o->save)) return 1;
     if (o->resume) {
-        if (dp_checkpoint_load(o->resume, &ck, NULL) != DP_OK) return dp_fail("--resume");
+        if (dp_checkpoint_load(o->resume, &ck, NULL) != DP_OK) return cli_dp_fail("--resume");
         *ck_out = ck; /* freed by the caller on every path */
         const dp_gpt_config *c = &ck->config;
         /* Only the options given count: the others are defaults, not requests. */
@@ -542,38 +502,38 @@ static int setup(run *r, dp_checkpoint **ck_out)
             ((g & MG_HEADS) && (size_t)o->heads != c->n_head) ||
             ((g & MG_DIM) && (size_t)o->dim != c->n_embd) ||
             ((g & MG_CTX) && (size_t)o->context != c->block_size))
-            return fail("--resume %s holds a model with --layers %zu --heads %zu --dim %zu "
+            return cli_fail("--resume %s holds a model with --layers %zu --heads %zu --dim %zu "
                         "--context %zu, which differs from the options given; drop them or "
                         "match them", o->resume, c->n_layer, c->n_head, c->n_embd, c->block_size);
         o->layers = (long)c->n_layer;
         o->heads = (long)c->n_head;
         o->dim = (long)c->n_embd;
         o->context = (long)c->block_size;
-        if (!ck->tokenizer) return fail("--resume %s has no tokenizer", o->resume);
-        if (dp_tokenizer_parse(ck->tokenizer, &r->tok) != DP_OK) return dp_fail("checkpoint tokenizer");
+        if (!ck->tokenizer) return cli_fail("--resume %s has no tokenizer", o->resume);
+        if (dp_tokenizer_parse(ck->tokenizer, &r->tok) != DP_OK) return cli_dp_fail("checkpoint tokenizer");
     }
     *ck_out = ck;
 
     char *text = NULL;
     size_t len = 0, files = 0;
-    if (dp_text_load(o->data, &text, &len, &files) != DP_OK) return dp_fail("--data");
+    if (dp_text_load(o->data, &text, &len, &files) != DP_OK) return cli_dp_fail("--data");
     if (!r->tok) {
         dp_tokenizer_kind kind;
-        if (dp_tokenizer_kind_parse(o->tokenizer, &kind) != DP_OK) return dp_fail("--tokenizer");
+        if (dp_tokenizer_kind_parse(o->tokenizer, &kind) != DP_OK) return cli_dp_fail("--tokenizer");
         dp_status s = kind == DP_TOKENIZER_CHAR
                           ? dp_tokenizer_build_char(text, len, &r->tok)
                           : dp_tokenizer_build_word(text, len, (size_t)o->vocab_size, &r->tok);
         if (s != DP_OK) {
             free(text);
-            return dp_fail("tokenizer");
+            return cli_dp_fail("tokenizer");
         }
     }
     dp_status s = dp_token_data_from_text(r->tok, text, len, &r->data);
     free(text);
-    if (s != DP_OK) return dp_fail("--data");
+    if (s != DP_OK) return cli_dp_fail("--data");
     size_t V = dp_tokenizer_vocab_size(r->tok);
     if (ck && V != ck->config.vocab_size)
-        return fail("--resume: the checkpoint's vocabulary (%zu) does not match its tokenizer (%zu)",
+        return cli_fail("--resume: the checkpoint's vocabulary (%zu) does not match its tokenizer (%zu)",
                     ck->config.vocab_size, V);
     printf("data: %s (%zu file%s, %zu tokens: %zu train, %zu validation), %s tokenizer, vocab %zu\n",
            o->data ? o->data : DP_DEFAULT_CORPUS, files, files == 1 ? "" : "s",
@@ -584,21 +544,21 @@ static int setup(run *r, dp_checkpoint **ck_out)
     if (dp_sampler_create(r->data, DP_SPLIT_TRAIN, T, o->seed, &r->train) != DP_OK ||
         dp_sampler_create(r->data, DP_SPLIT_TRAIN, T, o->seed + 1, &r->eval_train) != DP_OK ||
         dp_sampler_create(r->data, DP_SPLIT_VAL, T, o->seed + 2, &r->eval_val) != DP_OK)
-        return dp_fail("--context");
+        return cli_dp_fail("--context");
     if (ck && ck->has_sampler && dp_sampler_set_state(r->train, ck->sampler) != DP_OK)
-        return dp_fail("--resume sampler state");
+        return cli_dp_fail("--resume sampler state");
 
     dp_gpt_config gc = {V, T, (size_t)o->layers, (size_t)o->heads, (size_t)o->dim};
-    if (dp_gpt_create(&gc, &r->gpt) != DP_OK) return dp_fail("model");
+    if (dp_gpt_create(&gc, &r->gpt) != DP_OK) return cli_dp_fail("model");
     r->n_params = dp_gpt_model(r->gpt)->n_params;
 
     dp_device_spec specs[DP_MAX_DEVICES];
     size_t k = 0;
-    if (dp_device_list_parse(o->devices, specs, DP_MAX_DEVICES, &k) != DP_OK) return dp_fail("--devices");
+    if (dp_device_list_parse(o->devices, specs, DP_MAX_DEVICES, &k) != DP_OK) return cli_dp_fail("--devices");
     dp_engine_config ec = dp_engine_config_default();
     if (strcmp(o->mode, "balanced") == 0) ec.mode = DP_MODE_BALANCED;
     else if (strcmp(o->mode, "gather") == 0) ec.mode = DP_MODE_GATHER;
-    else return fail("--mode: \"%s\" is not balanced or gather", o->mode);
+    else return cli_fail("--mode: \"%s\" is not balanced or gather", o->mode);
     ec.optim.lr = (float)o->lr;
     ec.optim.beta1 = (float)o->beta1;
     ec.optim.beta2 = (float)o->beta2;
@@ -611,14 +571,14 @@ static int setup(run *r, dp_checkpoint **ck_out)
     ec.check_replicas_every = o->check_replicas;
     ec.allow_tf32 = o->tf32;
     if (o->memory_limit && dp_parse_bytes(o->memory_limit, &ec.memory_limit) != DP_OK)
-        return dp_fail("--memory-limit");
+        return cli_dp_fail("--memory-limit");
     dp_criterion ce = dp_criterion_cross_entropy();
     if (dp_engine_create(specs, k, dp_gpt_model(r->gpt), &ce, &ec, &r->engine) != DP_OK)
-        return dp_fail("engine");
+        return cli_dp_fail("engine");
     if (ck) {
-        if (dp_engine_set_params(r->engine, ck->params) != DP_OK) return dp_fail("--resume params");
+        if (dp_engine_set_params(r->engine, ck->params) != DP_OK) return cli_dp_fail("--resume params");
         if (ck->m && dp_engine_set_optimizer_state(r->engine, ck->m, ck->v, ck->optimizer_step) != DP_OK)
-            return dp_fail("--resume optimizer state");
+            return cli_dp_fail("--resume optimizer state");
         r->step = ck->step;
     }
     printf("model: GPT %ld layers, %ld heads, dim %ld, context %ld: %.2fM parameters\n", o->layers,
@@ -629,9 +589,9 @@ static int setup(run *r, dp_checkpoint **ck_out)
     printf("), batch %ld x %ld tokens\n", o->batch_size, o->context);
     r->inputs = malloc((size_t)o->batch_size * T * sizeof(int32_t));
     r->targets = malloc((size_t)o->batch_size * T * sizeof(int32_t));
-    if (!r->inputs || !r->targets) return fail("out of host memory");
+    if (!r->inputs || !r->targets) return cli_fail("out of host memory");
     if (o->log && !(r->log = fopen(o->log, r->step ? "a" : "w")))
-        return fail("--log %s: %s", o->log, strerror(errno));
+        return cli_fail("--log %s: %s", o->log, strerror(errno));
     return 0;
 }
 
@@ -640,15 +600,15 @@ static int train(run *r)
     opts *o = &r->o;
     size_t B = (size_t)o->batch_size;
     long first = r->step;
-    double t0 = now();
+    double t0 = cli_now();
     r->tty = isatty(STDOUT_FILENO);
     while (r->step < o->steps) {
         float lr = dp_lr_schedule(r->step, o->warmup, o->steps, (float)o->lr, (float)o->min_lr);
         dp_engine_set_lr(r->engine, lr);
-        if (dp_sampler_next(r->train, r->inputs, r->targets, B) != DP_OK) return dp_fail("batch");
+        if (dp_sampler_next(r->train, r->inputs, r->targets, B) != DP_OK) return cli_dp_fail("batch");
         dp_batch b = {B, r->inputs, r->targets};
         dp_step_stats st;
-        if (dp_engine_step(r->engine, &b, &st) != DP_OK) return dp_fail("step");
+        if (dp_engine_step(r->engine, &b, &st) != DP_OK) return cli_dp_fail("step");
         if (st.skipped) {
             /* Nothing was updated: the step is retried on the next batch. */
             r->skipped++;
@@ -661,7 +621,7 @@ static int train(run *r)
                    r->tty ? "\n" : "", r->step + 1, where, r->consecutive_skips, r->skipped);
             log_row(r, &st, lr);
             if (r->consecutive_skips >= o->max_skips)
-                return fail("%ld consecutive steps had a non-finite loss or gradient (last%s); "
+                return cli_fail("%ld consecutive steps had a non-finite loss or gradient (last%s); "
                             "stopping at step %ld%s%s. Lower --lr, tighten --grad-clip or check "
                             "the data",
                             r->consecutive_skips, where[0] ? where : " on no single device",
@@ -671,7 +631,7 @@ static int train(run *r)
         }
         r->consecutive_skips = 0;
         r->step++;
-        progress(r, &st, lr, now() - t0, first);
+        progress(r, &st, lr, cli_now() - t0, first);
         log_row(r, &st, lr);
         if (r->step % o->eval_interval == 0 || r->step == o->steps) {
             double tl, vl;
@@ -681,7 +641,7 @@ static int train(run *r)
         if (o->save && o->save_interval > 0 && r->step % o->save_interval == 0 && save_checkpoint(r))
             return 1;
     }
-    double secs = now() - t0;
+    double secs = cli_now() - t0;
     if (r->step > first)
         printf("trained %ld steps in %.1f s (%.0f tokens/s)\n", r->step - first, secs,
                (double)(r->step - first) * (double)(B * (size_t)o->context) / secs);
@@ -691,6 +651,7 @@ static int train(run *r)
 
 int main(int argc, char **argv)
 {
+    cli_prog = "lm_train";
     run r;
     memset(&r, 0, sizeof r);
     defaults(&r.o);

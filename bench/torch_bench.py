@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""bench/torch_bench.py - PyTorch's tokens/s for dp_bench's GPT, for comparison.
+
+Times training steps (forward, cross-entropy, backward, global-norm
+clipping, AdamW) of the same GPT as dp_bench (bench/torch_gpt.py's model:
+nanoGPT's architecture) on random tokens with the same shapes, in one
+process. Prints the median step time and tokens/s of --steps timed steps
+after --warmup untimed ones. --grid runs every combination of torch
+threads 1, 2 and OPENBLAS_NUM_THREADS 1, 2 (each in a fresh process, since
+OpenBLAS reads its variable at load time) and names the best.
+
+Usage (Debian's python3-torch):
+  /usr/bin/python3 bench/torch_bench.py --grid
+  OPENBLAS_NUM_THREADS=1 /usr/bin/python3 bench/torch_bench.py --threads 1
+"""
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_gpt import GPT  # noqa: E402  (the same model as the trainer comparison)
+
+
+def run(a):
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(a.seed)
+    model = GPT(a.vocab, a.context, a.layers, a.heads, a.dim)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    other = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                             {"params": other, "weight_decay": 0.0}],
+                            lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
+    g = torch.Generator().manual_seed(a.seed)
+    times = []
+    for step in range(a.warmup + a.steps):
+        x = torch.randint(a.vocab, (a.batch_size, a.context), generator=g)
+        y = torch.randint(a.vocab, (a.batch_size, a.context), generator=g)
+        t0 = time.perf_counter()
+        loss = F.cross_entropy(model(x).view(-1, a.vocab), y.view(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if step >= a.warmup:
+            times.append(time.perf_counter() - t0)
+    med = statistics.median(times)
+    tps = a.batch_size * a.context / med
+    print(f"torch threads {a.threads} OPENBLAS_NUM_THREADS "
+          f"{os.environ.get('OPENBLAS_NUM_THREADS', '-')}: step {1e3 * med:.1f} ms median "
+          f"(min {1e3 * min(times):.1f}, max {1e3 * max(times):.1f}), {tps:.0f} tokens/s",
+          flush=True)
+    return tps
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--vocab", type=int, default=8192)
+    ap.add_argument("--context", type=int, default=128)
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--dim", type=int, default=256)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=1337)
+    ap.add_argument("--grid", action="store_true",
+                    help="torch threads {1,2} x OPENBLAS_NUM_THREADS {1,2}, best reported")
+    a = ap.parse_args()
+    if not a.grid:
+        run(a)
+        return
+    best = None
+    args = [x for x in sys.argv[1:] if x != "--grid"]
+    for th in (1, 2):
+        for ob in (1, 2):
+            env = dict(os.environ, OPENBLAS_NUM_THREADS=str(ob))
+            out = subprocess.run([sys.executable, __file__, *args, "--threads", str(th)], env=env,
+                                 check=True, capture_output=True, text=True).stdout
+            print(out.strip(), flush=True)
+            tps = float(out.rsplit(",", 1)[1].split()[0])
+            if best is None or tps > best[0]:
+                best = (tps, th, ob)
+    print(f"best: {best[0]:.0f} tokens/s with torch threads {best[1]}, "
+          f"OPENBLAS_NUM_THREADS {best[2]}")
+
+
+if __name__ == "__main__":
+    main()

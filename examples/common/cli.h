@@ -1,0 +1,72 @@
+/*
+ * examples/common/cli.h - command-line helpers shared by the programs in
+ * examples/ and bench/: a one-line error on stderr prefixed with the
+ * program's name, strict number parsing for getopt_long values, and a
+ * monotonic clock. Header-only; include it from one file per program and
+ * set cli_prog first thing in main.
+ */
+#ifndef DP_EXAMPLES_CLI_H
+#define DP_EXAMPLES_CLI_H
+
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include <dp/dp.h>
+
+static const char *cli_prog = "dp";
+
+/* Prints "<prog>: <message>" as one line on stderr; returns 1. */
+static inline int cli_fail(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "%s: ", cli_prog);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    return 1;
+}
+
+/* cli_fail with dp's last error message after `what`. */
+static inline int cli_dp_fail(const char *what) { return cli_fail("%s: %s", what, dp_last_error()); }
+
+/* A whole decimal integer in [lo, hi]; otherwise a message naming the option. */
+static inline int cli_parse_long(const char *name, const char *v, long lo, long hi, long *out)
+{
+    char *end = NULL;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || end == v || *end || x < lo || x > hi) {
+        if (hi == LONG_MAX) return cli_fail("%s: \"%s\" is not an integer >= %ld", name, v, lo);
+        return cli_fail("%s: \"%s\" is not an integer in [%ld, %ld]", name, v, lo, hi);
+    }
+    *out = x;
+    return 0;
+}
+
+/* A whole finite number >= lo; otherwise a message naming the option. */
+static inline int cli_parse_double(const char *name, const char *v, double lo, double *out)
+{
+    char *end = NULL;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (errno || end == v || *end || !isfinite(x) || x < lo)
+        return cli_fail("%s: \"%s\" is not a number >= %g", name, v, lo);
+    *out = x;
+    return 0;
+}
+
+/* Seconds on the monotonic clock. */
+static inline double cli_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+#endif /* DP_EXAMPLES_CLI_H */
