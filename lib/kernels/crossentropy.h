@@ -23,6 +23,25 @@
 /* sum_v (double)x[v] with 8 interleaved partial sums combined in a fixed
  * order: the same bits every run, and a chain the compiler can vectorise
  * (one sequential double sum costs an add latency per element). */
+/* max_v x[v] (n >= 1) with 8 interleaved running maxima, so it vectorises;
+ * the maximum does not depend on the order. NaN entries are skipped unless
+ * x[0] is NaN; either way a NaN row gives a NaN loss through its exp. */
+static inline DP_HD float dp_max8(const float *x, size_t n)
+{
+    float acc[8];
+    for (int j = 0; j < 8; j++) acc[j] = x[0];
+    size_t v = 0;
+    for (; v + 8 <= n; v += 8)
+        for (int j = 0; j < 8; j++) {
+            float y = x[v + (size_t)j];
+            acc[j] = y > acc[j] ? y : acc[j];
+        }
+    for (; v < n; v++) acc[0] = x[v] > acc[0] ? x[v] : acc[0];
+    float m = acc[0];
+    for (int j = 1; j < 8; j++) m = acc[j] > m ? acc[j] : m;
+    return m;
+}
+
 static inline DP_HD double dp_sum_double8(const float *x, size_t n)
 {
     double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -46,8 +65,7 @@ static inline DP_HD void dp_crossentropy_row(float *loss, float *dlogits, const 
             for (size_t v = 0; v < V; v++) dlogits[v] = 0.0f;
         return;
     }
-    float m = logits[0];
-    for (size_t v = 1; v < V; v++) m = logits[v] > m ? logits[v] : m;
+    float m = dp_max8(logits, V);
     float xy = logits[target]; /* before dlogits (maybe logits) is written */
     double s;
     if (dlogits) {
