@@ -1,0 +1,255 @@
+/*
+ * tests/fuzz/gen_corpus.c - writes the committed seed corpora of the
+ * harnesses (tests/fuzz/corpus/<harness>/), valid files made with dp
+ * itself and near-valid variants of them. Run by hand after a format
+ * change:  build/fuzz/gen_corpus tests/fuzz/corpus
+ * The output is deterministic.
+ */
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "dp/safetensors.h"
+#include "dp/tokenizer.h"
+
+static const char *root;
+
+static void die(const char *what)
+{
+    fprintf(stderr, "gen_corpus: %s: %s\n", what, dp_last_error());
+    exit(1);
+}
+
+static void put(const char *harness, const char *name, const void *data, size_t n)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", root, harness);
+    if (mkdir(path, 0755) != 0 && errno != EEXIST) die(path);
+    snprintf(path, sizeof path, "%s/%s/%s", root, harness, name);
+    FILE *f = fopen(path, "wb");
+    if (!f || fwrite(data, 1, n, f) != n || fclose(f) != 0) die(path);
+}
+
+static void put_str(const char *harness, const char *name, const char *s)
+{
+    put(harness, name, s, strlen(s));
+}
+
+// The bytes of the file at path (malloc'd).
+static unsigned char *slurp(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) die(path);
+    fseek(f, 0, SEEK_END);
+    *n = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *b = malloc(*n ? *n : 1);
+    if (!b || fread(b, 1, *n, f) != *n) die(path);
+    fclose(f);
+    return b;
+}
+
+// A file written by dp's writer, also returned (malloc'd) for variants.
+static unsigned char *st_file(dp_st_writer *w, const char *name, size_t *n)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/.gen.safetensors", root);
+    if (dp_st_writer_write(w, path) != DP_OK) die("write");
+    unsigned char *b = slurp(path, n);
+    remove(path);
+    put("safetensors", name, b, *n);
+    return b;
+}
+
+// A raw file: u64 LE header length, header, data_len bytes 0, 1, 2, ...
+static void st_raw(const char *name, const char *header, size_t data_len)
+{
+    size_t h = strlen(header), n = 8 + h + data_len;
+    unsigned char *b = malloc(n);
+    for (int i = 0; i < 8; i++) b[i] = (unsigned char)(((uint64_t)h >> (8 * i)) & 0xff);
+    memcpy(b + 8, header, h);
+    for (size_t i = 0; i < data_len; i++) b[8 + h + i] = (unsigned char)i;
+    put("safetensors", name, b, n);
+    free(b);
+}
+
+static void gen_safetensors(void)
+{
+    dp_st_writer *w;
+    size_t n;
+    if (dp_st_writer_create(&w) != DP_OK) die("writer");
+    free(st_file(w, "empty.safetensors", &n));
+
+    float a[6] = {1.5f, -2.0f, 3.25f, 0.0f, -0.0f, 1e-30f};
+    size_t sa[2] = {2, 3};
+    if (dp_st_writer_add(w, "transformer.wte.weight", DP_DTYPE_F32, sa, 2, a) != DP_OK) die("add");
+    if (dp_st_writer_set_metadata(w, "format", "pt") != DP_OK) die("meta");
+    size_t n1;
+    unsigned char *one = st_file(w, "one_f32.safetensors", &n1);
+
+    int64_t b[3] = {-1, 0, 7};
+    uint8_t c[4] = {0, 1, 254, 255};
+    int32_t s = 42;
+    uint16_t h[2] = {0x3c00, 0xbc00};
+    size_t sb[1] = {3}, sc[2] = {2, 2}, sz[2] = {0, 5}, sh[1] = {2};
+    if (dp_st_writer_add(w, "step", DP_DTYPE_I64, sb, 1, b) != DP_OK ||
+        dp_st_writer_add(w, "mask", DP_DTYPE_BOOL, sc, 2, c) != DP_OK ||
+        dp_st_writer_add(w, "scalar", DP_DTYPE_I32, NULL, 0, &s) != DP_OK ||
+        dp_st_writer_add(w, "empty", DP_DTYPE_F64, sz, 2, NULL) != DP_OK ||
+        dp_st_writer_add(w, "half", DP_DTYPE_F16, sh, 1, h) != DP_OK ||
+        dp_st_writer_set_metadata(w, "tokenizer", "{\"type\":\"char\",\"version\":1,\"bytes\":[10,97]}") != DP_OK ||
+        dp_st_writer_set_metadata(w, "sampler", "6470534d50000001,1,2,3,4,0,0,8,100") != DP_OK)
+        die("add");
+    free(st_file(w, "many_dtypes.safetensors", &n));
+    dp_st_writer_free(w);
+
+    // Near-valid variants of the one-tensor file.
+    put("safetensors", "truncated.safetensors", one, n1 - 4);
+    put("safetensors", "header_only.safetensors", one, 8);
+    one[0] += 1; // header length one past: the JSON loses a padding byte to data
+    put("safetensors", "header_len_off_by_one.safetensors", one, n1);
+    one[0] = 0xff;
+    one[5] = 0x01; // header length past the end of the file
+    put("safetensors", "header_len_huge.safetensors", one, n1);
+    free(one);
+
+    st_raw("gap.safetensors",
+           "{\"a\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[0,2]},"
+           "\"b\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[3,5]}}",
+           5);
+    st_raw("overlap.safetensors",
+           "{\"a\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]},"
+           "\"b\":{\"dtype\":\"I16\",\"shape\":[1],\"data_offsets\":[2,4]}}",
+           4);
+    st_raw("shape_overflow.safetensors",
+           "{\"a\":{\"dtype\":\"F64\",\"shape\":[4294967296,4294967296],\"data_offsets\":[0,8]}}",
+           8);
+    st_raw("bad_dtype.safetensors",
+           "{\"a\":{\"dtype\":\"F8\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1);
+    st_raw("metadata_not_string.safetensors",
+           "{\"__metadata__\":{\"k\":1},\"a\":{\"dtype\":\"U8\",\"shape\":[],\"data_offsets\":[0,1]}}",
+           1);
+    st_raw("duplicate.safetensors",
+           "{\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]},"
+           "\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[1,2]}}",
+           2);
+}
+
+static void gen_tokenizer(void)
+{
+    const char *text = "The quick brown fox's 2nd jump, over the lazy dog.\n"
+                       "the fox\tand the dog: caf\xc3\xa9!\n";
+    dp_tokenizer *t;
+    char *json;
+    if (dp_tokenizer_build_char(text, strlen(text), &t) != DP_OK) die("char");
+    if (dp_tokenizer_serialize(t, &json) != DP_OK) die("serialize");
+    put_str("tokenizer", "char.json", json);
+    free(json);
+    dp_tokenizer_free(t);
+    if (dp_tokenizer_build_word(text, strlen(text), 40, &t) != DP_OK) die("word");
+    if (dp_tokenizer_serialize(t, &json) != DP_OK) die("serialize");
+    put_str("tokenizer", "word.json", json);
+    free(json);
+    dp_tokenizer_free(t);
+    put_str("tokenizer", "word_no_words.json", "{\"type\":\"word\",\"version\":1,\"bytes\":[32],\"words\":[]}");
+    put_str("tokenizer", "unsorted_bytes.json", "{\"type\":\"char\",\"version\":1,\"bytes\":[97,10]}");
+    put_str("tokenizer", "word_byte_in_bytes.json",
+            "{\"type\":\"word\",\"version\":1,\"bytes\":[32,97],\"words\":[\"b\"]}");
+    put_str("tokenizer", "bad_word.json",
+            "{\"type\":\"word\",\"version\":1,\"bytes\":[32],\"words\":[\"a b\"]}");
+    put_str("tokenizer", "duplicate_word.json",
+            "{\"type\":\"word\",\"version\":1,\"bytes\":[],\"words\":[\"ab\",\"ab\"]}");
+    put_str("tokenizer", "version2.json", "{\"type\":\"char\",\"version\":2,\"bytes\":[10]}");
+    put_str("tokenizer", "unknown_key.json",
+            "{\"type\":\"char\",\"version\":1,\"bytes\":[10],\"merges\":[]}");
+}
+
+// A text-harness input: mode byte then the corpus.
+static void text_input(const char *name, unsigned char mode, const char *body, size_t n)
+{
+    unsigned char *b = malloc(n + 1);
+    b[0] = mode;
+    memcpy(b + 1, body, n);
+    put("text", name, b, n + 1);
+    free(b);
+}
+
+// A literal corpus, embedded NULs included.
+#define TEXT_LIT(name, mode, lit) text_input(name, mode, lit, sizeof(lit) - 1)
+
+static void gen_text(void)
+{
+    const char *fortune =
+        "A day for firm decisions!!!!!  Or is it?\n%\n"
+        "A few hours grace before the madness begins again.\n%\n"
+        "You will be successful in love, it's the 3rd time.\n";
+    text_input("file_small_vocab.bin", 0x05, fortune, strlen(fortune));
+    text_input("file_big_vocab.bin", 0x7f, fortune, strlen(fortune));
+    text_input("file_one_byte.bin", 0x00, "x", 1);
+    text_input("file_empty.bin", 0x10, "", 0);
+    TEXT_LIT("file_binary.bin", 0x21, "ab\0cd");
+    const char *dir = "first file\n%%\nskipped dot-file\n%%\nskipped .dat\n%%\nthird\n%%\n"
+                      "skipped .u8\n%%\n\n%%\nin a subdirectory\n%%\nlast file, z\n";
+    text_input("dir_all.bin", 0x83, dir, strlen(dir));
+    TEXT_LIT("dir_two.bin", 0xc4, "one\n%%\n.\n%%\n..\n%%\ntwo");
+    TEXT_LIT("dir_empty_files.bin", 0x80, "\n%%\n\n%%\n");
+    TEXT_LIT("dir_binary.bin", 0x81, "text\n%%\nmore\n%%\n\0");
+    TEXT_LIT("dir_links.bin", 0xc2, "dot\n%%\nread twice, through w\n%%\ndat, also behind y\n%%\nc");
+    // A sampler state text that fits the char-token training split of itself
+    // (152 bytes: 136 training tokens = 0x88; context 3 from mode 0x02).
+    TEXT_LIT("state_text.bin", 0x02,
+             "6470534d50000001,0123456789abcdef,00000000000000ff,0000000000000000,"
+             "FEDCBA9876543210,0000000000000002,0000000000000006,0000000000000003,"
+             "0000000000000088");
+    // More distinct words than the word counter's first table holds (512).
+    char *many = malloc(8192);
+    size_t k = 0;
+    for (int i = 0; i < 700; i++) k += (size_t)snprintf(many + k, 8192 - k, "w%d ", i * 7919 % 10007);
+    text_input("file_many_words.bin", 0x7e, many, k);
+    free(many);
+}
+
+static void dev_input(const char *name, unsigned char cap, const char *text)
+{
+    size_t n = strlen(text);
+    unsigned char *b = malloc(n + 1);
+    b[0] = cap;
+    memcpy(b + 1, text, n);
+    put("devlist", name, b, n + 1);
+    free(b);
+}
+
+static void gen_devlist(void)
+{
+    dev_input("count", 64, "cpu:4");
+    dev_input("list", 64, "cpu:0,1,3");
+    dev_input("kinds", 64, "cpu:0, cpu:1 ,2");
+    dev_input("auto", 64, "auto");
+    dev_input("cpu", 1, "cpu");
+    dev_input("cuda", 64, "cuda:0,0");
+    dev_input("mixed", 64, "cpu:0,cuda:1");
+    dev_input("too_many", 2, "cpu:3");
+    dev_input("empty_entry", 64, "cpu:0,,1");
+    dev_input("bare_index", 64, "0,1");
+    dev_input("bytes_gib", 64, "12GiB");
+    dev_input("bytes_mb", 64, " 512 mb ");
+    dev_input("bytes_plain", 64, "4096");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 2) {
+        fprintf(stderr, "usage: gen_corpus DIR (e.g. tests/fuzz/corpus)\n");
+        return 2;
+    }
+    root = argv[1];
+    if (mkdir(root, 0755) != 0 && errno != EEXIST) die(root);
+    gen_safetensors();
+    gen_tokenizer();
+    gen_text();
+    gen_devlist();
+    return 0;
+}
