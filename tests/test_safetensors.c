@@ -318,6 +318,9 @@ static const bad_case bad_cases[] = {
     {"missing dtype", "{\"a\":{\"shape\":[2],\"data_offsets\":[0,8]}}", 8, "missing \"dtype\""},
     {"unknown key", "{\"a\":{" T8 ",\"data_offsets\":[0,8],\"extra\":1}}", 8, "unknown key 'extra'"},
     {"entry not an object", "{\"a\":[1]}", 0, "not a JSON object"},
+    {"empty tensor name", "{\"\":{" T8 ",\"data_offsets\":[0,8]}}", 8, "empty name"},
+    {"empty metadata key", "{\"__metadata__\":{\"\":\"v\"},\"a\":{" T8 ",\"data_offsets\":[0,8]}}",
+     8, "empty key"},
 };
 
 Test(safetensors, corrupted_headers_are_rejected)

@@ -596,6 +596,9 @@ static dp_status parse_metadata(dp_st_file *f, json_t *meta)
     json_t *val;
     json_object_foreach(meta, key, val)
     {
+        if (!*key)
+            return DP_FAIL(DP_ERR_FORMAT, "'%s': __metadata__ has an empty key, which the "
+                           "writer never produces", f->path);
         if (!json_is_string(val))
             return DP_FAIL(DP_ERR_FORMAT, "'%s': __metadata__ value for key '%s' is not a string",
                            f->path, key);
@@ -667,6 +670,10 @@ static dp_status parse_header(dp_st_file *f)
     {
         if (strcmp(key, "__metadata__") == 0) {
             st = parse_metadata(f, val);
+        } else if (!*key) {
+            /* The writer refuses empty names, so the reader does too: every
+             * file it accepts can be written back. */
+            st = DP_FAIL(DP_ERR_FORMAT, "'%s': a tensor has an empty name", f->path);
         } else {
             st = parse_tensor(f, key, val, data_size, &f->t[f->n]);
             if (st == DP_OK) f->n++;
