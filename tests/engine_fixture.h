@@ -64,4 +64,15 @@ static inline dp_engine_config base_cfg(dp_mode mode)
     return c;
 }
 
+/* Parameter cases mode * 100 + device * 10 + phase: both modes, devices
+ * 0, step, 2 step, ... <= dev_hi, every phase. Returns the count. */
+static inline size_t phase_cases(int *cases, int dev_hi, int dev_step)
+{
+    size_t n = 0;
+    for (int m = 0; m < 2; m++)
+        for (int d = 0; d <= dev_hi; d += dev_step)
+            for (int p = 0; p < DP_PHASE_COUNT; p++) cases[n++] = m * 100 + d * 10 + p;
+    return n;
+}
+
 #endif /* DP_TEST_ENGINE_FIXTURE_H */

@@ -21,7 +21,8 @@
 #include "dp/checkpoint.h"
 #include "dp_test.h"
 #include "dp_test_fs.h"
-#include "mlp.h"
+#include "engine_fixture.h"
+#include "gpt_fixture.h"
 
 // --- targets ----------------------------------------------------------------------------
 
@@ -56,31 +57,17 @@ static const int ZEROS[DP_MAX_DEVICES] = {0};
 
 // --- the MLP runs (as tests/test_engine.c) -------------------------------------------------
 
-enum { D = 6, H = 12, K = 5, MAXROWS = 32, STEPS = 3, NP_MAX = 4096 };
+enum { NP_MAX = 4096 };
 
-static void make_batch(int s, int rows, int ignore_every, float *x, int32_t *y)
+/* The engine tests' configuration with the optimizer chosen: AdamW and
+ * clipping are nearly scale-free, so SGD runs without clipping to catch a
+ * wrong 1/N. */
+static dp_engine_config cuda_cfg(dp_mode mode, dp_optimizer opt)
 {
-    dp_rng rng;
-    dp_rng_seed(&rng, 1000 + (uint64_t)s);
-    dp_rng_fill_normal(&rng, x, (size_t)rows * D, 0.0f, 1.0f);
-    for (int i = 0; i < rows; i++) {
-        y[i] = (int32_t)dp_rng_below(&rng, K);
-        if (ignore_every > 0 && i % ignore_every == ignore_every - 1) y[i] = -1;
-    }
-}
-
-static dp_engine_config base_cfg(dp_mode mode, dp_optimizer opt)
-{
-    dp_engine_config c = dp_engine_config_default();
-    c.mode = mode;
+    dp_engine_config c = base_cfg(mode);
     c.optim.kind = opt;
-    c.optim.lr = 1e-2f;
-    c.optim.weight_decay = 0.1f;
     c.optim.momentum = 0.9f;
-    /* AdamW and clipping are nearly scale-free; SGD without clipping
-     * catches a wrong 1/N. */
     c.optim.grad_clip = opt == DP_OPTIMIZER_SGD ? 0.0f : 1.0f;
-    c.seed = 7;
     return c;
 }
 
@@ -138,14 +125,14 @@ Test(cuda_engine, k_logical_devices_on_one_gpu_equal_one, .timeout = 120)
         for (int r = 0; r < 2; r++) {
             double l1[STEPS];
             static float p1[NP_MAX];
-            train_mlp(one, 1, base_cfg(DP_MODE_BALANCED, (dp_optimizer)o), rows[r], l1, p1);
+            train_mlp(one, 1, cuda_cfg(DP_MODE_BALANCED, (dp_optimizer)o), rows[r], l1, p1);
             for (int m = 0; m < DP_MODE_COUNT; m++)
                 for (int ki = 0; ki < 2; ki++) {
                     dp_device_spec specs[3];
                     gpu_specs(specs, (size_t)ks[ki], ZEROS);
                     double lk[STEPS];
                     static float pk[NP_MAX];
-                    train_mlp(specs, (size_t)ks[ki], base_cfg((dp_mode)m, (dp_optimizer)o), rows[r],
+                    train_mlp(specs, (size_t)ks[ki], cuda_cfg((dp_mode)m, (dp_optimizer)o), rows[r],
                               lk, pk);
                     char what[128];
                     snprintf(what, sizeof what, "%d logical devices, %s, %d rows, optimizer %d",
@@ -167,8 +154,8 @@ Test(cuda_engine, two_gpus_equal_one, .timeout = 120)
     for (int m = 0; m < DP_MODE_COUNT; m++) {
         double l1[STEPS], l2[STEPS];
         static float p1[NP_MAX], p2[NP_MAX];
-        train_mlp(one, 1, base_cfg(DP_MODE_BALANCED, DP_OPTIMIZER_ADAMW), 16, l1, p1);
-        train_mlp(two, 2, base_cfg((dp_mode)m, DP_OPTIMIZER_ADAMW), 16, l2, p2);
+        train_mlp(one, 1, cuda_cfg(DP_MODE_BALANCED, DP_OPTIMIZER_ADAMW), 16, l1, p1);
+        train_mlp(two, 2, cuda_cfg((dp_mode)m, DP_OPTIMIZER_ADAMW), 16, l2, p2);
         assert_runs_agree(l2, l1, p2, p1, dp_mode_name((dp_mode)m));
     }
 }
@@ -185,11 +172,11 @@ Test(cuda_engine, gpu_equals_cpu, .timeout = 120)
         cpu_specs(c1, 2);
         double lg[STEPS], lc[STEPS];
         static float pg[NP_MAX], pc[NP_MAX];
-        train_mlp(g1, 1, base_cfg(DP_MODE_BALANCED, (dp_optimizer)o), 16, lg, pg);
-        train_mlp(c1, 1, base_cfg(DP_MODE_BALANCED, (dp_optimizer)o), 16, lc, pc);
+        train_mlp(g1, 1, cuda_cfg(DP_MODE_BALANCED, (dp_optimizer)o), 16, lg, pg);
+        train_mlp(c1, 1, cuda_cfg(DP_MODE_BALANCED, (dp_optimizer)o), 16, lc, pc);
         assert_runs_agree(lg, lc, pg, pc, "one GPU vs one CPU device");
-        train_mlp(g1, 2, base_cfg(DP_MODE_GATHER, (dp_optimizer)o), 16, lg, pg);
-        train_mlp(c1, 2, base_cfg(DP_MODE_GATHER, (dp_optimizer)o), 16, lc, pc);
+        train_mlp(g1, 2, cuda_cfg(DP_MODE_GATHER, (dp_optimizer)o), 16, lg, pg);
+        train_mlp(c1, 2, cuda_cfg(DP_MODE_GATHER, (dp_optimizer)o), 16, lc, pc);
         assert_runs_agree(lg, lc, pg, pc, "cuda:0 x 2 vs cpu:2, gather");
     }
 }
@@ -204,8 +191,8 @@ Test(cuda_engine, same_seed_is_bitwise_identical, .timeout = 120)
     for (int m = 0; m < DP_MODE_COUNT; m++) {
         double la[STEPS], lb[STEPS];
         static float pa[NP_MAX], pb[NP_MAX];
-        train_mlp(specs, 2, base_cfg((dp_mode)m, DP_OPTIMIZER_ADAMW), 7, la, pa);
-        train_mlp(specs, 2, base_cfg((dp_mode)m, DP_OPTIMIZER_ADAMW), 7, lb, pb);
+        train_mlp(specs, 2, cuda_cfg((dp_mode)m, DP_OPTIMIZER_ADAMW), 7, la, pa);
+        train_mlp(specs, 2, cuda_cfg((dp_mode)m, DP_OPTIMIZER_ADAMW), 7, lb, pb);
         cr_assert(memcmp(la, lb, sizeof la) == 0, "%s: losses differ between identical runs",
                   dp_mode_name((dp_mode)m));
         cr_assert(memcmp(pa, pb, sizeof pa) == 0, "%s: parameters differ between identical runs",
@@ -215,21 +202,6 @@ Test(cuda_engine, same_seed_is_bitwise_identical, .timeout = 120)
 
 // --- GPT checkpoint: GPU -> file -> CPU --------------------------------------------------------
 
-enum { EV = 37, EBS = 8, EL = 2, ENH = 2, EC = 16, EROWS = 5 };
-
-static void gpt_batch(int s, size_t rows, int32_t *tok, int32_t *tgt)
-{
-    dp_rng rng;
-    dp_rng_seed(&rng, 500 + (uint64_t)s);
-    for (size_t r = 0; r < rows; r++) {
-        int32_t seq[EBS + 1];
-        for (size_t t = 0; t <= EBS; t++) seq[t] = (int32_t)dp_rng_below(&rng, EV);
-        for (size_t t = 0; t < EBS; t++) {
-            tok[r * EBS + t] = seq[t];
-            tgt[r * EBS + t] = (r * EBS + t) % 7 == 3 ? -1 : seq[t + 1];
-        }
-    }
-}
 
 static dp_engine *gpt_engine(const dp_gpt *g, const dp_device_spec *specs, size_t k)
 {

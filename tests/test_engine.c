@@ -245,11 +245,7 @@ Test(engine, balanced_keeps_logits_local_gather_holds_them_on_root)
 ParameterizedTestParameters(engine, injected_fault_is_reported_and_recovered)
 {
     static int cases[2 * 2 * DP_PHASE_COUNT]; /* mode * 100 + device * 10 + phase */
-    size_t n = 0;
-    for (int m = 0; m < 2; m++)
-        for (int d = 0; d <= 2; d += 2)
-            for (int p = 0; p < DP_PHASE_COUNT; p++) cases[n++] = m * 100 + d * 10 + p;
-    return cr_make_param_array(int, cases, n);
+    return cr_make_param_array(int, cases, phase_cases(cases, 2, 2));
 }
 
 ParameterizedTest(int *c, engine, injected_fault_is_reported_and_recovered, .timeout = 30)

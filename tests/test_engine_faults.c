@@ -89,11 +89,7 @@ Test(engine_faults, non_finite_on_the_root) { non_finite_case(DP_MODE_BALANCED, 
 ParameterizedTestParameters(engine_faults, watchdog_names_stalled_device_and_phase)
 {
     static int cases[2 * 2 * DP_PHASE_COUNT]; /* mode * 100 + device * 10 + phase */
-    size_t n = 0;
-    for (int m = 0; m < 2; m++)
-        for (int d = 0; d <= 1; d++)
-            for (int p = 0; p < DP_PHASE_COUNT; p++) cases[n++] = m * 100 + d * 10 + p;
-    return cr_make_param_array(int, cases, n);
+    return cr_make_param_array(int, cases, phase_cases(cases, 1, 1));
 }
 
 ParameterizedTest(int *c, engine_faults, watchdog_names_stalled_device_and_phase, .timeout = 30)

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "dp_test.h"
+#include "gpt_fixture.h"
 
 #include <criterion/parameterized.h>
 
@@ -576,22 +577,7 @@ Test(gpt, init_follows_nanogpt_and_is_deterministic, .timeout = 30)
 
 // --- through the engine -------------------------------------------------------------------
 
-enum { EV = 37, EBS = 8, EL = 2, ENH = 2, EC = 16, EROWS = 5, ESTEPS = 3 };
-
-/* Batch for step s: random tokens, targets the next token, some ignored. */
-static void gpt_batch(int s, size_t rows, int32_t *tok, int32_t *tgt)
-{
-    dp_rng rng;
-    dp_rng_seed(&rng, 500 + (uint64_t)s);
-    for (size_t r = 0; r < rows; r++) {
-        int32_t seq[EBS + 1];
-        for (size_t t = 0; t <= EBS; t++) seq[t] = (int32_t)dp_rng_below(&rng, EV);
-        for (size_t t = 0; t < EBS; t++) {
-            tok[r * EBS + t] = seq[t];
-            tgt[r * EBS + t] = (r * EBS + t) % 7 == 3 ? -1 : seq[t + 1];
-        }
-    }
-}
+enum { ESTEPS = 3 };
 
 static dp_engine_config gpt_cfg(dp_mode mode)
 {
