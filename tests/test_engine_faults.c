@@ -86,6 +86,14 @@ Test(engine_faults, non_finite_on_the_root) { non_finite_case(DP_MODE_BALANCED, 
 
 // --- watchdog -----------------------------------------------------------------------------
 
+/* The watchdog tests' setup: the MLP on cpu:0,cpu:1 and a 6-row batch (3/3). */
+static dp_batch open_two(run *r, dp_engine_config cfg, float *x, int32_t *y)
+{
+    run_open(r, 2, cfg, NULL);
+    make_batch(0, 6, 0, x, y);
+    return (dp_batch){6, x, y};
+}
+
 ParameterizedTestParameters(engine_faults, watchdog_names_stalled_device_and_phase)
 {
     static int cases[2 * 2 * DP_PHASE_COUNT]; /* mode * 100 + device * 10 + phase */
@@ -100,11 +108,9 @@ ParameterizedTest(int *c, engine_faults, watchdog_names_stalled_device_and_phase
     dp_engine_config cfg = base_cfg(mode);
     cfg.watchdog_seconds = 0.2;
     run r;
-    run_open(&r, 2, cfg, NULL);
     float x[6 * D];
     int32_t y[6];
-    make_batch(0, 6, 0, x, y);
-    dp_batch b = {6, x, y};
+    dp_batch b = open_two(&r, cfg, x, y);
     dp_step_stats st;
     static snapshot before, after;
     take(r.e, &before);
@@ -134,11 +140,9 @@ ParameterizedTest(int *c, engine_faults, watchdog_names_stalled_device_and_phase
 Test(engine_faults, without_watchdog_a_stall_only_slows_the_step, .timeout = 30)
 {
     run r;
-    run_open(&r, 2, base_cfg(DP_MODE_BALANCED), NULL);
     float x[6 * D];
     int32_t y[6];
-    make_batch(0, 6, 0, x, y);
-    dp_batch b = {6, x, y};
+    dp_batch b = open_two(&r, base_cfg(DP_MODE_BALANCED), x, y);
     dp_step_stats st;
     dp_engine_inject_stall(r.e, 1, DP_PHASE_BACKWARD, 0.3);
     double t0 = now_s();
@@ -153,11 +157,9 @@ Test(engine_faults, a_slow_step_within_the_watchdog_succeeds, .timeout = 30)
     dp_engine_config cfg = base_cfg(DP_MODE_GATHER);
     cfg.watchdog_seconds = 2.0;
     run r;
-    run_open(&r, 2, cfg, NULL);
     float x[6 * D];
     int32_t y[6];
-    make_batch(0, 6, 0, x, y);
-    dp_batch b = {6, x, y};
+    dp_batch b = open_two(&r, cfg, x, y);
     dp_step_stats st;
     dp_engine_inject_stall(r.e, 0, DP_PHASE_FORWARD, 0.2);
     dp_assert_ok(dp_engine_step(r.e, &b, &st));
