@@ -134,6 +134,11 @@ typedef struct dp_device_step_stats {
     size_t peak;              /* bytes, high-water mark since the engine was created */
     size_t step_peak;         /* bytes, high-water mark during this step */
     size_t phase_peak[DP_PHASE_COUNT]; /* bytes, high-water mark within each phase */
+    /* Seconds from the step's start (dp_step_stats.start_seconds) at which this
+     * device entered each phase, and how long it spent in it; a phase the
+     * device did not run (e.g. the update in evaluate) has seconds 0. */
+    double phase_start[DP_PHASE_COUNT];
+    double phase_seconds[DP_PHASE_COUNT];
     size_t logits_bytes;      /* bytes held for logits and their gradient */
     size_t optimizer_bytes;   /* bytes of optimizer state (root only) */
     size_t param_bytes;       /* bytes of parameters + gradients */
@@ -147,6 +152,7 @@ typedef struct dp_step_stats {
     int skipped_device;    /* first device whose chunk gave a non-finite value, or -1 */
     long step;             /* optimizer steps taken after this one */
     double seconds;        /* wall time of the step */
+    double start_seconds;  /* when the step started, seconds since the engine was created */
     double phase_seconds[DP_PHASE_COUNT]; /* wall time of each phase: the longest
                                              any device spent in it */
     size_t n_devices;

@@ -1,12 +1,12 @@
 /*
- * examples/common/cli.h - command-line helpers shared by the programs in
+ * cli/dp_cli.h - command-line helpers shared by the programs in
  * examples/ and bench/: a one-line error on stderr prefixed with the
  * program's name, strict number parsing for getopt_long values, and a
  * monotonic clock. Header-only; include it from one file per program and
  * set cli_prog first thing in main.
  */
-#ifndef DP_EXAMPLES_CLI_H
-#define DP_EXAMPLES_CLI_H
+#ifndef DP_CLI_H
+#define DP_CLI_H
 
 #include <errno.h>
 #include <limits.h>
@@ -69,4 +69,4 @@ static inline double cli_now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-#endif /* DP_EXAMPLES_CLI_H */
+#endif /* DP_CLI_H */
