@@ -61,6 +61,38 @@ static inline int cli_parse_double(const char *name, const char *v, double lo, d
     return 0;
 }
 
+/* --device-weights: a comma-separated list of finite weights >= 0, at least
+ * one > 0, with exactly `want` entries (the device count; 0 = any count up
+ * to DP_MAX_DEVICES). *n_out is the number read. */
+static inline int cli_parse_weights(const char *name, const char *v, size_t want,
+                                    float out[DP_MAX_DEVICES], size_t *n_out)
+{
+    size_t n = 0;
+    int any_positive = 0;
+    const char *p = v;
+    for (;;) {
+        char *end = NULL;
+        errno = 0;
+        double x = strtod(p, &end);
+        if (errno || end == p || !isfinite(x) || x < 0 || x > 1e6 ||
+            (*end != ',' && *end != '\0'))
+            return cli_fail("%s: \"%s\" is not a comma-separated list of weights in [0, 1e6], "
+                            "e.g. 1,2,2,2", name, v);
+        if (n == DP_MAX_DEVICES)
+            return cli_fail("%s: more than %d weights in \"%s\"", name, DP_MAX_DEVICES, v);
+        out[n++] = (float)x;
+        any_positive |= x > 0;
+        if (*end == '\0') break;
+        p = end + 1;
+    }
+    if (!any_positive) return cli_fail("%s: \"%s\" has no weight > 0", name, v);
+    if (want && n != want)
+        return cli_fail("%s: %zu weights for %zu devices; give one weight per device", name, n,
+                        want);
+    *n_out = n;
+    return 0;
+}
+
 /* Seconds on the monotonic clock. */
 static inline double cli_now(void)
 {
