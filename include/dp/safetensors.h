@@ -19,6 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "dp/dtype.h"
 #include "dp/export.h"
 #include "dp/status.h"
 
@@ -26,35 +27,11 @@
 extern "C" {
 #endif
 
-/* Element types of the safetensors format that dp knows (its dtype name). */
-typedef enum dp_dtype {
-    DP_DTYPE_F32 = 0, /* "F32"  float32 */
-    DP_DTYPE_F64,     /* "F64"  float64 */
-    DP_DTYPE_F16,     /* "F16"  IEEE half */
-    DP_DTYPE_BF16,    /* "BF16" bfloat16 */
-    DP_DTYPE_I64,     /* "I64" */
-    DP_DTYPE_I32,     /* "I32" */
-    DP_DTYPE_I16,     /* "I16" */
-    DP_DTYPE_I8,      /* "I8" */
-    DP_DTYPE_U64,     /* "U64" */
-    DP_DTYPE_U32,     /* "U32" */
-    DP_DTYPE_U16,     /* "U16" */
-    DP_DTYPE_U8,      /* "U8" */
-    DP_DTYPE_BOOL,    /* "BOOL" one byte per element */
-    DP_DTYPE_COUNT
-} dp_dtype;
-
 /* Most dimensions of one tensor. */
 #define DP_ST_MAX_DIMS 8
 
 /* Largest JSON header dp reads or writes (bytes). */
 #define DP_ST_MAX_HEADER ((size_t)100 << 20)
-
-/* Size of one element in bytes; 0 for a value outside the enum. */
-DP_API size_t dp_dtype_size(dp_dtype dtype);
-
-/* The format's name ("F32", ...); "?" for a value outside the enum. */
-DP_API const char *dp_dtype_name(dp_dtype dtype);
 
 /* --- writer -------------------------------------------------------------- */
 
