@@ -44,11 +44,13 @@ dp_status dp_atomic_file_open(const char *path, dp_atomic_file **out)
     snprintf(tmp, tlen, "%s.tmp.%ld.%u", path, (long)getpid(), atomic_fetch_add(&tmp_counter, 1u));
     int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
     if (fd < 0) {
+        int e = errno;
         dp_status st = DP_FAIL(DP_ERR_IO, "cannot create '%s' to write '%s': %s", tmp, path,
-                               strerror(errno));
+                               strerror(e));
         free(af);
         free(p);
         free(tmp);
+        errno = e;
         return st;
     }
     af->path = p;
@@ -74,9 +76,12 @@ dp_status dp_atomic_file_write(dp_atomic_file *af, const void *buf, size_t n)
         size_t chunk = n < ((size_t)1 << 30) ? n : ((size_t)1 << 30);
         ssize_t k = write(af->fd, p, chunk);
         if (k < 0 && errno == EINTR) continue;
-        if (k <= 0)
-            return DP_FAIL(DP_ERR_IO, "writing '%s' failed: %s", af->tmp,
-                           k < 0 ? strerror(errno) : "no progress");
+        if (k <= 0) {
+            int e = k < 0 ? errno : EIO;
+            dp_status st = DP_FAIL(DP_ERR_IO, "writing '%s' failed: %s", af->tmp, strerror(e));
+            errno = e;
+            return st;
+        }
         p += k;
         n -= (size_t)k;
     }
@@ -87,11 +92,21 @@ dp_status dp_atomic_file_sync(dp_atomic_file *af)
 {
     if (!af) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "file is NULL");
     if (af->synced) return DP_OK;
-    if (fsync(af->fd) != 0)
-        return DP_FAIL(DP_ERR_IO, "fsync of '%s' failed: %s", af->tmp, strerror(errno));
+    int e;
+    if (fsync(af->fd) != 0) {
+        e = errno;
+        DP_FAIL(DP_ERR_IO, "fsync of '%s' failed: %s", af->tmp, strerror(e));
+        errno = e;
+        return DP_ERR_IO;
+    }
     int rc = close(af->fd);
     af->fd = -1;
-    if (rc != 0) return DP_FAIL(DP_ERR_IO, "closing '%s' failed: %s", af->tmp, strerror(errno));
+    if (rc != 0) {
+        e = errno;
+        DP_FAIL(DP_ERR_IO, "closing '%s' failed: %s", af->tmp, strerror(e));
+        errno = e;
+        return DP_ERR_IO;
+    }
     af->synced = 1;
     return DP_OK;
 }
@@ -137,16 +152,21 @@ dp_status dp_atomic_file_commit(dp_atomic_file *af)
         return st;
     }
     if (rename(af->tmp, af->path) != 0) {
+        int e = errno;
         st = DP_FAIL(DP_ERR_IO, "cannot rename '%s' to '%s': %s", af->tmp, af->path,
-                     strerror(errno));
-        dp_atomic_file_abort(af);
+                     strerror(e));
+        errno = e;
+        dp_atomic_file_abort(af); // keeps errno
         return st;
     }
-    if (fsync_parent(af->path) != 0)
+    if (fsync_parent(af->path) != 0) {
+        int e = errno;
         st = DP_FAIL(DP_ERR_IO,
                      "'%s' was written but fsync of its directory failed (%s): it may not "
                      "survive a crash",
-                     af->path, strerror(errno));
+                     af->path, strerror(e));
+        errno = e;
+    }
     release(af);
     return st;
 }

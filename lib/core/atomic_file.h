@@ -19,6 +19,9 @@
  * dp_atomic_file_commit each (what is left is a rename in a directory the
  * caller already wrote to).
  *
+ * On an error, errno is left as the failing system call set it, so a
+ * program can print strerror(errno) without the recorded message.
+ *
  * Exported for dp's own programs (dp_bench); not part of the public API.
  */
 #ifndef DP_CORE_ATOMIC_FILE_H
