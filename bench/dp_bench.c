@@ -662,23 +662,23 @@ static char *csv_text(const mode_result *res, size_t nres)
     char *s = malloc(cap);
     if (!s) return NULL;
     len += (size_t)snprintf(s + len, cap - len,
-                            "mode,device,rows,peak_bytes,optimizer_bytes,logits_bytes,param_bytes");
+                            "mode,device,peak_bytes,optimizer_bytes,logits_bytes,param_bytes");
     for (int p = 0; p < DP_PHASE_COUNT; p++)
         len += (size_t)snprintf(s + len, cap - len, ",%s_peak_bytes", dp_phase_name((dp_phase)p));
     len += (size_t)snprintf(s + len, cap - len,
-                            ",step_ms_median,step_ms_min,step_ms_max,tokens_per_s,max_batch\n");
+                            ",step_ms_median,step_ms_min,step_ms_max,tokens_per_s,max_batch,rows\n");
     for (size_t r = 0; r < nres; r++) {
         const mode_result *m = &res[r];
         for (size_t i = 0; i < m->k; i++) {
             const dev_result *d = &m->dev[i];
-            len += (size_t)snprintf(s + len, cap - len, "%s,%s,%zu,%zu,%zu,%zu,%zu",
-                                    dp_mode_name(m->mode), d->name, d->rows, d->peak,
-                                    d->optimizer, d->logits, d->params);
+            len += (size_t)snprintf(s + len, cap - len, "%s,%s,%zu,%zu,%zu,%zu",
+                                    dp_mode_name(m->mode), d->name, d->peak, d->optimizer,
+                                    d->logits, d->params);
             for (int p = 0; p < DP_PHASE_COUNT; p++)
                 len += (size_t)snprintf(s + len, cap - len, ",%zu", d->phase_peak[p]);
-            len += (size_t)snprintf(s + len, cap - len, ",%.3f,%.3f,%.3f,%.1f,%ld\n",
+            len += (size_t)snprintf(s + len, cap - len, ",%.3f,%.3f,%.3f,%.1f,%ld,%zu\n",
                                     m->step_ms_median, m->step_ms_min, m->step_ms_max,
-                                    m->tokens_per_s, m->max_batch);
+                                    m->tokens_per_s, m->max_batch, d->rows);
         }
     }
     return s;
@@ -814,6 +814,17 @@ static int check_gnuplot(void)
     return rc;
 }
 
+/* gnuplot's cairo and svg terminals ignore write errors and exit 0 with a
+ * truncated file: a PNG must end with its IEND chunk, an SVG with </svg>. */
+static int plot_complete(const char *ext, const char *bytes, size_t n)
+{
+    if (strcmp(ext, ".png") == 0)
+        return n >= 20 && memcmp(bytes, "\x89PNG", 4) == 0 &&
+               memcmp(bytes + n - 8, "IEND\xae\x42\x60\x82", 8) == 0;
+    while (n && (bytes[n - 1] == '\n' || bytes[n - 1] == ' ')) n--;
+    return n >= 6 && memcmp(bytes + n - 6, "</svg>", 6) == 0;
+}
+
 /* Renders `body` (the script after its terminal and output lines) for
  * path's extension and stages the plot as an output for path. */
 static int render(outputs *out, const char *path, const char *body)
@@ -848,6 +859,10 @@ static int render(outputs *out, const char *path, const char *body)
         len = bytes ? fread(bytes, 1, (size_t)sb.st_size, f) : 0;
         if (!bytes || len != (size_t)sb.st_size)
             rc = cli_fail("--plot: cannot read gnuplot's output: %s", strerror(errno));
+        else if (!plot_complete(ext, bytes, len))
+            rc = cli_fail("--plot: gnuplot wrote an incomplete plot for \"%s\" (%zu bytes); is "
+                          "the disk full or a file size limit set?",
+                          path, len);
         else
             rc = stage(out, "--plot", path, bytes, len);
         free(bytes);
