@@ -496,3 +496,14 @@ Test(dp_bench, device_weights_token_balanced_and_trace)
     json_decref(t);
     dp_test_result_free(&r);
 }
+
+Test(dp_bench, plot_without_gnuplot_fails_before_the_first_step)
+{
+    /* No gnuplot in PATH (dp_bench itself is started by its full path). */
+    setenv("PATH", tmpdir, 1);
+    dp_test_result r = BENCH("--json", "@g.json", "--plot", "@g.png");
+    assert_fails_cleanly(&r, "gnuplot");
+    cr_assert_str_empty(r.out, "started work without gnuplot:\n%s", r.out);
+    cr_assert_eq(expect_only(NULL, 0), 0, "a failed run left files behind");
+    dp_test_result_free(&r);
+}
