@@ -203,6 +203,7 @@ typedef struct bench {
     size_t rows_cap;
     dp_trace *trace;  /* --trace: the steps of the timed modes */
     double t_origin;  /* cli_now() at start: the trace's time 0 */
+    size_t scale_rows; /* --scaling's global batch */
 } bench;
 
 static int cmp_double(const void *a, const void *b)
@@ -467,11 +468,17 @@ static void print_arithmetic(const bench *b, const mode_result *res, size_t nres
         if (res[r].mode == DP_MODE_GATHER) g = &res[r];
         if (res[r].mode == DP_MODE_BALANCED) bal = &res[r];
     }
-    double lb = (double)b->o.batch * (double)b->o.context * (double)b->o.vocab * 4.0;
     char h[4][24];
-    printf("\nlogits of the global batch: %ld x %ld x %ld x 4 bytes = %s (%s with their gradient)\n",
-           b->o.batch, b->o.context, b->o.vocab, human((size_t)lb, h[0], 24),
-           human((size_t)(2 * lb), h[1], 24));
+    /* Under --find-max-batch the modes may have been timed at different batches. */
+    int differ = nres == 2 && res[0].rows != res[1].rows;
+    for (size_t r = 0; r < (differ ? nres : 1); r++) {
+        double lb = (double)res[r].rows * (double)b->o.context * (double)b->o.vocab * 4.0;
+        printf("%slogits of the global batch%s%s: %zu x %ld x %ld x 4 bytes = %s (%s with their "
+               "gradient)\n",
+               r ? "" : "\n", differ ? " in " : "", differ ? dp_mode_name(res[r].mode) : "",
+               res[r].rows, b->o.context, b->o.vocab, human((size_t)lb, h[0], 24),
+               human((size_t)(2 * lb), h[1], 24));
+    }
     if (g)
         printf("gather:   root holds %s of logits buffers (the gathered batch and its gradient\n"
                "          plus its own chunk's), root peak %s\n",
@@ -480,7 +487,8 @@ static void print_arithmetic(const bench *b, const mode_result *res, size_t nres
         printf("balanced: each device holds its chunk's logits (gradient in place): root %s,\n"
                "          root peak %s\n",
                human(bal->dev[0].logits, h[2], 24), human(bal->dev[0].peak, h[3], 24));
-    if (g && bal)
+    /* A ratio of peaks only means something for the same batch. */
+    if (g && bal && g->rows == bal->rows)
         printf("root peak gather / balanced = %.2f\n",
                (double)g->dev[0].peak / (double)bal->dev[0].peak);
 }
@@ -557,7 +565,7 @@ static json_t *json_results(const bench *b, const mode_result *res, size_t nres,
         if (res[r].mode == DP_MODE_GATHER) g = &res[r];
         if (res[r].mode == DP_MODE_BALANCED) bal = &res[r];
     }
-    if (g && bal)
+    if (g && bal && g->rows == bal->rows)
         json_object_set_new(root, "root_peak_ratio",
                             json_real((double)g->dev[0].peak / (double)bal->dev[0].peak));
     if (nsc) {
@@ -903,7 +911,7 @@ static int plot_memory(const bench *b, outputs *out, const char *path, const mod
 }
 
 static int plot_scaling(const bench *b, outputs *out, const char *path, const scale_point *sc,
-                        size_t nsc, dp_mode mode)
+                        size_t nsc, dp_mode mode, size_t rows)
 {
     char s[8192];
     size_t len = 0;
@@ -915,13 +923,12 @@ static int plot_scaling(const bench *b, outputs *out, const char *path, const sc
      * range (and a warning). */
     snprintf(s + len, sizeof s - len,
              "EOD\n"
-             "set title 'Scaling (%s mode): GPT V=%ld T=%ld B=%ld C=%ld L=%ld'\n"
+             "set title 'Scaling (%s mode): GPT V=%ld T=%ld B=%zu C=%ld L=%ld'\n"
              "set xlabel 'devices'\nset ylabel 'tokens/s'\nset key top left\nset grid\n"
              "set xtics 1\nset xrange [0.5:%zu.5]\nset yrange [0:*]\n"
              "plot $d using 1:2 with linespoints lw 2 pt 7 title 'measured', "
              "$d using 1:3 with lines dt 2 title 'linear'\n",
-             dp_mode_name(mode), b->o.vocab, b->o.context, b->o.batch, b->o.dim, b->o.layers,
-             nsc);
+             dp_mode_name(mode), b->o.vocab, b->o.context, rows, b->o.dim, b->o.layers, nsc);
     return render(out, path, s);
 }
 
@@ -987,7 +994,7 @@ static int write_outputs(bench *b, const mode_result *res, size_t nres, const sc
     if (!rc && o->plot && nres) rc = plot_memory(b, &out, o->plot, res, nres);
     if (!rc && o->plot && nsc) {
         sp = scaling_path(o->plot);
-        rc = sp ? plot_scaling(b, &out, sp, sc, nsc, scale_mode) : cli_fail("out of host memory");
+        rc = sp ? plot_scaling(b, &out, sp, sc, nsc, scale_mode, b->scale_rows) : cli_fail("out of host memory");
     }
     /* The trace writes itself atomically: last, so its failure still
      * removes the others. */
@@ -1091,12 +1098,21 @@ int main(int argc, char **argv)
         printf("\n");
     }
     dp_mode scale_mode = nmodes == 2 ? DP_MODE_BALANCED : modes[0];
-    if (!rc && o->scaling) {
-        printf("\nscaling (%s mode, global batch %ld):\n%8s %12s %9s %11s\n",
-               dp_mode_name(scale_mode), o->batch, "devices", "tokens/s", "speedup", "efficiency");
+    /* Scaling at the batch that mode was timed at (under --find-max-batch
+     * perhaps smaller than --batch-size); none when it was not timed. */
+    size_t scale_rows = 0;
+    for (size_t r = 0; r < nres; r++)
+        if (res[r].mode == scale_mode) scale_rows = res[r].rows;
+    b.scale_rows = scale_rows;
+    if (!rc && o->scaling && !scale_rows)
+        printf("\nscaling: skipped, %s mode was not timed\n", dp_mode_name(scale_mode));
+    if (!rc && o->scaling && scale_rows) {
+        printf("\nscaling (%s mode, global batch %zu):\n%8s %12s %9s %11s\n",
+               dp_mode_name(scale_mode), scale_rows, "devices", "tokens/s", "speedup",
+               "efficiency");
         for (size_t k = 1; k <= b.k && !rc; k++) {
             mode_result m;
-            rc = run_mode(&b, scale_mode, k, (size_t)o->batch, 0, &m);
+            rc = run_mode(&b, scale_mode, k, scale_rows, 0, &m);
             if (rc) break;
             sc[nsc].k = k;
             sc[nsc].tokens_per_s = m.tokens_per_s;
