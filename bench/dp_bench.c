@@ -12,22 +12,34 @@
  *
  * --find-max-batch searches the largest global batch that completes a step
  * under --memory-limit in each mode; --scaling times 1..k devices. Output:
- * an aligned table on stdout, and on request JSON, CSV and gnuplot plots.
+ * an aligned table on stdout, and on request JSON, CSV, gnuplot plots and a
+ * Chrome trace of the steps. Every output path is checked before the first
+ * step, and the outputs are written all or none (each to a temporary file,
+ * renamed into place only when all were written).
  * Memory accounting is exact on CPU devices, so the memory figures of a
  * cpu:k run are those k GPUs would show for dp's own allocations.
  */
-#define _GNU_SOURCE /* getopt_long, clock_gettime, popen */
+#define _GNU_SOURCE /* getopt_long, clock_gettime, mkdtemp */
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <jansson.h>
 #include <math.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "dp/dp.h"
+#include "dp/trace.h"
+
+#include "core/atomic_file.h" /* exported by libdp for its own programs */
+#include "core/checked.h"
 
 #include "dp_cli.h"
 
@@ -35,10 +47,12 @@
 
 typedef struct opts {
     long vocab, context, batch, dim, layers, heads, steps, warmup;
-    const char *devices, *mode, *memory_limit, *json, *csv, *plot;
-    int find_max_batch, scaling, tf32;
+    const char *devices, *mode, *memory_limit, *json, *csv, *plot, *trace, *weights_arg;
+    int find_max_batch, scaling, tf32, token_balanced;
     unsigned long long seed;
     size_t limit_bytes;
+    float weights[DP_MAX_DEVICES]; /* --device-weights, n_weights of them (0: equal) */
+    size_t n_weights;
 } opts;
 
 static void usage(FILE *f)
@@ -48,7 +62,8 @@ static void usage(FILE *f)
           "per-device peak memory and speed. Defaults: the seed article's case.\n"
           "  --vocab N            vocabulary size (default 40000)\n"
           "  --context N          tokens per sequence (default 250)\n"
-          "  --batch-size N       global sequences per step (default 32)\n"
+          "  --batch-size N       global sequences per step (default 32; with\n"
+          "                       --find-max-batch also where the search starts)\n"
           "  --dim N              embedding width (default 256)\n"
           "  --layers N           transformer blocks (default 2)\n"
           "  --heads N            attention heads, must divide --dim (default 4)\n"
@@ -57,14 +72,24 @@ static void usage(FILE *f)
           "  --warmup N           untimed steps before them (default 1)\n"
           "  --mode M             both, gather or balanced (default both)\n"
           "  --memory-limit SIZE  per-device allocation limit, e.g. 2GiB (default none)\n"
-          "  --find-max-batch     largest global batch that fits --memory-limit, per mode\n"
-          "  --scaling            tokens/s on the first 1..k devices of the list\n"
+          "  --find-max-batch     largest global batch that fits --memory-limit, per mode;\n"
+          "                       each mode is then timed at the smaller of that and\n"
+          "                       --batch-size (0: not even 1 sequence fits, not timed)\n"
+          "  --device-weights W   relative rows per device, one weight per device,\n"
+          "                       e.g. 1,2,2,2 gives the root a smaller chunk\n"
+          "  --token-balanced     split rows so devices get equal valid targets (by weight;\n"
+          "                       the random tokens have no ignored targets, so the split\n"
+          "                       is that of the rows)\n"
+          "  --scaling            tokens/s on the first 1..k devices of the list (equal\n"
+          "                       shares)\n"
           "  --seed N             seed for the model and the tokens (default 1337)\n"
           "  --tf32               let cuBLAS use TF32 tensor cores on GPUs (default off)\n"
           "  --json PATH          write the results as JSON\n"
           "  --csv PATH           write one row per mode and device as CSV\n"
           "  --plot PATH          per-device peak memory plot (.png or .svg, gnuplot);\n"
           "                       with --scaling also PATH-scaling.EXT\n"
+          "  --trace PATH         Chrome trace-event JSON of every step of the timed modes,\n"
+          "                       one track per device (open in ui.perfetto.dev)\n"
           "  --help               this text\n",
           f);
 }
@@ -73,7 +98,8 @@ static int parse_args(int argc, char **argv, opts *o)
 {
     enum {
         O_VOCAB = 256, O_CTX, O_BATCH, O_DIM, O_LAYERS, O_HEADS, O_DEV, O_STEPS, O_WARM, O_MODE,
-        O_MEM, O_FIND, O_SCALE, O_SEED, O_JSON, O_CSV, O_PLOT, O_TF32, O_HELP
+        O_MEM, O_FIND, O_SCALE, O_SEED, O_JSON, O_CSV, O_PLOT, O_TF32, O_WEIGHTS, O_TOKBAL,
+        O_TRACE, O_HELP
     };
     static const struct option lo[] = {
         {"vocab", 1, 0, O_VOCAB},        {"context", 1, 0, O_CTX},
@@ -85,6 +111,8 @@ static int parse_args(int argc, char **argv, opts *o)
         {"scaling", 0, 0, O_SCALE},      {"seed", 1, 0, O_SEED},
         {"json", 1, 0, O_JSON},          {"csv", 1, 0, O_CSV},
         {"plot", 1, 0, O_PLOT},          {"tf32", 0, 0, O_TF32},
+        {"device-weights", 1, 0, O_WEIGHTS}, {"token-balanced", 0, 0, O_TOKBAL},
+        {"trace", 1, 0, O_TRACE},
         {"help", 0, 0, O_HELP},
         {0, 0, 0, 0}};
     const long big = 1L << 30;
@@ -98,7 +126,8 @@ static int parse_args(int argc, char **argv, opts *o)
         case O_VOCAB: bad = cli_parse_long("--vocab", v, 2, big, &o->vocab); break;
         case O_CTX: bad = cli_parse_long("--context", v, 1, big, &o->context); break;
         case O_BATCH: bad = cli_parse_long("--batch-size", v, 1, big, &o->batch); break;
-        case O_DIM: bad = cli_parse_long("--dim", v, 1, big, &o->dim); break;
+        /* 4 * dim is a GEMM size (an int). */
+        case O_DIM: bad = cli_parse_long("--dim", v, 1, INT_MAX / 4, &o->dim); break;
         case O_LAYERS: bad = cli_parse_long("--layers", v, 1, 4096, &o->layers); break;
         case O_HEADS: bad = cli_parse_long("--heads", v, 1, big, &o->heads); break;
         case O_DEV: o->devices = v; break;
@@ -113,6 +142,9 @@ static int parse_args(int argc, char **argv, opts *o)
         case O_CSV: o->csv = v; break;
         case O_PLOT: o->plot = v; break;
         case O_TF32: o->tf32 = 1; break;
+        case O_WEIGHTS: o->weights_arg = v; break;
+        case O_TOKBAL: o->token_balanced = 1; break;
+        case O_TRACE: o->trace = v; break;
         case O_HELP: usage(stdout); exit(0);
         case ':': return cli_fail("%s needs a value (see --help)", argv[optind - 1]);
         default: return cli_fail("unknown option \"%s\" (see --help)", argv[optind - 1]);
@@ -129,6 +161,11 @@ static int parse_args(int argc, char **argv, opts *o)
         return cli_dp_fail("--memory-limit");
     if (o->find_max_batch && !o->memory_limit)
         return cli_fail("--find-max-batch needs --memory-limit (e.g. --memory-limit 2GiB)");
+    /* 0 means no limit: every batch would fit and the search would double
+     * until the host runs out of memory. */
+    if (o->find_max_batch && o->limit_bytes == 0)
+        return cli_fail("--find-max-batch needs a --memory-limit above 0 (0 means no limit, so "
+                        "there is no largest batch); e.g. --memory-limit 2GiB");
     if (o->plot) {
         const char *dot = strrchr(o->plot, '.');
         if (!dot || (strcmp(dot, ".png") && strcmp(dot, ".svg")))
@@ -141,6 +178,7 @@ static int parse_args(int argc, char **argv, opts *o)
 
 typedef struct dev_result {
     char name[32];
+    size_t rows; /* rows of the global batch this device processed */
     size_t peak, optimizer, logits, params;
     size_t phase_peak[DP_PHASE_COUNT];
 } dev_result;
@@ -153,7 +191,8 @@ typedef struct mode_result {
     double phase_ms[DP_PHASE_COUNT]; /* mean over timed steps (slowest device) */
     double loss;
     dev_result dev[DP_MAX_DEVICES];
-    long max_batch; /* --find-max-batch; 0 = not searched */
+    size_t rows;    /* global batch of the timed steps */
+    long max_batch; /* --find-max-batch; 0 = not searched or nothing fits */
     double imbalance, imbalance_no_opt;
 } mode_result;
 
@@ -164,6 +203,9 @@ typedef struct bench {
     size_t k;
     int32_t *inputs, *targets; /* (rows_cap, T) */
     size_t rows_cap;
+    dp_trace *trace;  /* --trace: the steps of the timed modes */
+    double t_origin;  /* cli_now() at start: the trace's time 0 */
+    size_t scale_rows; /* --scaling's global batch */
 } bench;
 
 static int cmp_double(const void *a, const void *b)
@@ -177,10 +219,12 @@ static int cmp_double(const void *a, const void *b)
 static int ensure_tokens(bench *b, size_t rows)
 {
     if (rows <= b->rows_cap) return 0;
-    size_t T = (size_t)b->o.context, V = (size_t)b->o.vocab;
-    int32_t *in = realloc(b->inputs, rows * T * sizeof *in);
+    size_t T = (size_t)b->o.context, V = (size_t)b->o.vocab, bytes;
+    if (!dp_size_mul(rows, T * sizeof(int32_t), &bytes))
+        return cli_fail("a batch of %zu sequences of %zu tokens does not fit in memory", rows, T);
+    int32_t *in = realloc(b->inputs, bytes);
     if (in) b->inputs = in;
-    int32_t *tg = in ? realloc(b->targets, rows * T * sizeof *tg) : NULL;
+    int32_t *tg = in ? realloc(b->targets, bytes) : NULL;
     if (tg) b->targets = tg;
     if (!in || !tg) return cli_fail("out of host memory for a batch of %zu sequences", rows);
     for (size_t r = b->rows_cap; r < rows; r++) {
@@ -206,16 +250,22 @@ static dp_status make_engine(bench *b, dp_mode mode, size_t k, dp_engine **out)
     ec.optim.grad_clip = 1.0f;
     ec.memory_limit = b->o.limit_bytes;
     ec.allow_tf32 = b->o.tf32;
+    ec.token_balanced = b->o.token_balanced;
+    /* The weights are per device of the full list; --scaling's shorter
+     * lists use equal shares. */
+    if (b->o.n_weights && k == b->k) ec.device_weights = b->o.weights;
     dp_criterion ce = dp_criterion_cross_entropy();
     return dp_engine_create(b->specs, k, dp_gpt_model(b->gpt), &ce, &ec, out);
 }
 
-/* Warm-up and timed steps of `rows` sequences on the first k devices. */
-static int run_mode(bench *b, dp_mode mode, size_t k, size_t rows, mode_result *res)
+/* Warm-up and timed steps of `rows` sequences on the first k devices;
+ * with `trace`, every step goes to b->trace. */
+static int run_mode(bench *b, dp_mode mode, size_t k, size_t rows, int trace, mode_result *res)
 {
     memset(res, 0, sizeof *res);
     res->mode = mode;
     res->k = k;
+    res->rows = rows;
     if (ensure_tokens(b, rows)) return 1;
     dp_engine *e = NULL;
     if (make_engine(b, mode, k, &e) != DP_OK) return cli_dp_fail(dp_mode_name(mode));
@@ -236,6 +286,14 @@ static int run_mode(bench *b, dp_mode mode, size_t k, size_t rows, mode_result *
             break;
         }
         double dt = cli_now() - t0;
+        if (trace && b->trace) {
+            /* One timeline for every engine: place the step by our clock. */
+            st.start_seconds = t0 - b->t_origin;
+            if (dp_trace_add_step(b->trace, &st) != DP_OK) {
+                rc = cli_dp_fail("--trace");
+                break;
+            }
+        }
         for (size_t i = 0; i < k; i++) {
             dev_result *d = &res->dev[i];
             for (int p = 0; p < DP_PHASE_COUNT; p++)
@@ -259,6 +317,7 @@ static int run_mode(bench *b, dp_mode mode, size_t k, size_t rows, mode_result *
         for (size_t i = 0; i < k; i++) {
             dev_result *d = &res->dev[i];
             snprintf(d->name, sizeof d->name, "%s", dp_device_name(dp_engine_device(e, i)));
+            d->rows = st.devices[i].rows;
             d->peak = st.devices[i].peak;
             d->optimizer = st.devices[i].optimizer_bytes;
             d->logits = st.devices[i].logits_bytes;
@@ -276,8 +335,9 @@ static int run_mode(bench *b, dp_mode mode, size_t k, size_t rows, mode_result *
 }
 
 /* 1: a fresh engine completes one step of `rows` sequences, 0: out of
- * memory on some device, -1: another error (reported). */
-static int fits(bench *b, dp_mode mode, size_t rows)
+ * memory on some device (the reason copied to why), -1: another error
+ * (reported). */
+static int fits(bench *b, dp_mode mode, size_t rows, char *why, size_t why_cap)
 {
     if (ensure_tokens(b, rows)) return -1;
     dp_engine *e = NULL;
@@ -286,6 +346,7 @@ static int fits(bench *b, dp_mode mode, size_t rows)
         dp_batch batch = {rows, b->inputs, b->targets};
         s = dp_engine_step(e, &batch, NULL);
     }
+    if (s == DP_ERR_OUT_OF_MEMORY) snprintf(why, why_cap, "%s", dp_last_error());
     dp_engine_destroy(e);
     if (s == DP_OK) return 1;
     if (s == DP_ERR_OUT_OF_MEMORY) return 0;
@@ -293,23 +354,49 @@ static int fits(bench *b, dp_mode mode, size_t rows)
     return -1;
 }
 
-/* Doubling, then bisection between the last batch that fit and the first
- * that did not. *out = 0 when even one sequence per device does not fit. */
-static int find_max_batch(bench *b, dp_mode mode, long *out)
+/* The largest global batch that completes a step under the limit, from
+ * `start` whether or not it fits: doubling up while it fits, else halving
+ * down to 1 while it does not, then bisection between the largest batch
+ * that fit and the smallest that did not. *out = 0 when not even one
+ * sequence fits; why then holds the reason. */
+static int find_max_batch(bench *b, dp_mode mode, size_t start, long *out, char *why,
+                          size_t why_cap)
 {
-    size_t lo = 0, hi = b->k; /* lo fits (0 trivially), hi untested */
-    for (;;) {
-        int f = fits(b, mode, hi);
-        if (f < 0) return 1;
-        if (!f) break;
-        lo = hi;
-        if (hi > ((size_t)1 << 24)) return cli_fail("--find-max-batch: no limit reached below %zu", hi);
-        hi *= 2;
+    /* Each device holds its rows' tokens (inputs and targets, 8 bytes a
+     * token) at least, so no batch above this fits: the doubling stops. */
+    size_t per_row = (size_t)b->o.context * 8, cap = ((size_t)1 << 30);
+    size_t bound = b->o.limit_bytes / per_row + 1;
+    if (dp_size_mul(bound, b->k, &bound) && bound < cap) cap = bound;
+    size_t lo = 0, hi = 0; /* lo fits (0 trivially); hi does not fit (0: none found yet) */
+    size_t x = start < cap ? start : cap;
+    int f = fits(b, mode, x, why, why_cap);
+    if (f < 0) return 1;
+    if (f) {
+        lo = x;
+        while (!hi) {
+            if (lo >= cap) return cli_fail("--find-max-batch: %zu sequences still fit; the "
+                                           "search stops there", lo);
+            x = lo > cap / 2 ? cap : 2 * lo;
+            if ((f = fits(b, mode, x, why, why_cap)) < 0) return 1;
+            if (f) lo = x;
+            else hi = x;
+        }
+    } else {
+        hi = x;
+        while (!lo && hi > 1) {
+            x = hi / 2;
+            if ((f = fits(b, mode, x, why, why_cap)) < 0) return 1;
+            if (f) lo = x;
+            else hi = x;
+        }
+        if (!lo) { /* not even one sequence */
+            *out = 0;
+            return 0;
+        }
     }
     while (hi - lo > 1) {
         size_t mid = lo + (hi - lo) / 2;
-        int f = fits(b, mode, mid);
-        if (f < 0) return 1;
+        if ((f = fits(b, mode, mid, why, why_cap)) < 0) return 1;
         if (f) lo = mid;
         else hi = mid;
     }
@@ -383,11 +470,17 @@ static void print_arithmetic(const bench *b, const mode_result *res, size_t nres
         if (res[r].mode == DP_MODE_GATHER) g = &res[r];
         if (res[r].mode == DP_MODE_BALANCED) bal = &res[r];
     }
-    double lb = (double)b->o.batch * (double)b->o.context * (double)b->o.vocab * 4.0;
     char h[4][24];
-    printf("\nlogits of the global batch: %ld x %ld x %ld x 4 bytes = %s (%s with their gradient)\n",
-           b->o.batch, b->o.context, b->o.vocab, human((size_t)lb, h[0], 24),
-           human((size_t)(2 * lb), h[1], 24));
+    /* Under --find-max-batch the modes may have been timed at different batches. */
+    int differ = nres == 2 && res[0].rows != res[1].rows;
+    for (size_t r = 0; r < (differ ? nres : 1); r++) {
+        double lb = (double)res[r].rows * (double)b->o.context * (double)b->o.vocab * 4.0;
+        printf("%slogits of the global batch%s%s: %zu x %ld x %ld x 4 bytes = %s (%s with their "
+               "gradient)\n",
+               r ? "" : "\n", differ ? " in " : "", differ ? dp_mode_name(res[r].mode) : "",
+               res[r].rows, b->o.context, b->o.vocab, human((size_t)lb, h[0], 24),
+               human((size_t)(2 * lb), h[1], 24));
+    }
     if (g)
         printf("gather:   root holds %s of logits buffers (the gathered batch and its gradient\n"
                "          plus its own chunk's), root peak %s\n",
@@ -396,7 +489,8 @@ static void print_arithmetic(const bench *b, const mode_result *res, size_t nres
         printf("balanced: each device holds its chunk's logits (gradient in place): root %s,\n"
                "          root peak %s\n",
                human(bal->dev[0].logits, h[2], 24), human(bal->dev[0].peak, h[3], 24));
-    if (g && bal)
+    /* A ratio of peaks only means something for the same batch. */
+    if (g && bal && g->rows == bal->rows)
         printf("root peak gather / balanced = %.2f\n",
                (double)g->dev[0].peak / (double)bal->dev[0].peak);
 }
@@ -406,13 +500,22 @@ typedef struct scale_point {
     double tokens_per_s;
 } scale_point;
 
+/* "cpu:0", "cuda:1": the name of a device of the list before it is opened. */
+static const char *spec_name(const dp_device_spec *sp, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "%s:%d", sp->kind == DP_DEVICE_CUDA ? "cuda" : "cpu", sp->index);
+    return buf;
+}
+
 static json_t *json_results(const bench *b, const mode_result *res, size_t nres,
                             const scale_point *sc, size_t nsc, dp_mode scale_mode)
 {
     const opts *o = &b->o;
     json_t *devs = json_array();
-    for (size_t i = 0; i < b->k; i++)
-        json_array_append_new(devs, json_string(res[0].dev[i].name));
+    for (size_t i = 0; i < b->k; i++) {
+        char name[32];
+        json_array_append_new(devs, json_string(spec_name(&b->specs[i], name, sizeof name)));
+    }
     json_t *cfg = json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:o,s:I,s:I,s:I,s:b,s:I,s:s}", "vocab",
                             (json_int_t)o->vocab, "context", (json_int_t)o->context,
                             "batch_size", (json_int_t)o->batch, "dim", (json_int_t)o->dim,
@@ -432,7 +535,8 @@ static json_t *json_results(const bench *b, const mode_result *res, size_t nres,
                 json_object_set_new(pp, dp_phase_name((dp_phase)p),
                                     json_integer((json_int_t)d->phase_peak[p]));
             json_array_append_new(
-                jd, json_pack("{s:s,s:I,s:I,s:I,s:I,s:o}", "device", d->name, "peak_bytes",
+                jd, json_pack("{s:s,s:I,s:I,s:I,s:I,s:I,s:o}", "device", d->name, "rows",
+                              (json_int_t)d->rows, "peak_bytes",
                               (json_int_t)d->peak, "optimizer_bytes", (json_int_t)d->optimizer,
                               "logits_bytes", (json_int_t)d->logits, "param_bytes",
                               (json_int_t)d->params, "phase_peak_bytes", pp));
@@ -446,8 +550,16 @@ static json_t *json_results(const bench *b, const mode_result *res, size_t nres,
                                m->step_ms_max, "phase_ms", ph, "loss", m->loss, "imbalance",
                                m->imbalance, "imbalance_without_optimizer", m->imbalance_no_opt,
                                "devices", jd);
-        if (m->max_batch) json_object_set_new(jr, "max_batch", json_integer(m->max_batch));
+        json_object_set_new(jr, "batch_size", json_integer((json_int_t)m->rows));
+        if (o->find_max_batch) json_object_set_new(jr, "max_batch", json_integer(m->max_batch));
         json_array_append_new(results, jr);
+    }
+    json_object_set_new(cfg, "token_balanced", json_boolean(o->token_balanced));
+    if (o->n_weights) {
+        json_t *w = json_array();
+        for (size_t i = 0; i < o->n_weights; i++)
+            json_array_append_new(w, json_real(o->weights[i]));
+        json_object_set_new(cfg, "device_weights", w);
     }
     json_t *root = json_pack("{s:o,s:o}", "config", cfg, "results", results);
     const mode_result *g = NULL, *bal = NULL;
@@ -455,7 +567,7 @@ static json_t *json_results(const bench *b, const mode_result *res, size_t nres,
         if (res[r].mode == DP_MODE_GATHER) g = &res[r];
         if (res[r].mode == DP_MODE_BALANCED) bal = &res[r];
     }
-    if (g && bal)
+    if (g && bal && g->rows == bal->rows)
         json_object_set_new(root, "root_peak_ratio",
                             json_real((double)g->dev[0].peak / (double)bal->dev[0].peak));
     if (nsc) {
@@ -471,38 +583,100 @@ static json_t *json_results(const bench *b, const mode_result *res, size_t nres,
     return root;
 }
 
-/* Writes through a temp file and rename, so a failed run leaves no partial file. */
-static int write_atomic(const char *path, const char *text)
+// --- output files: checked before the first step, written all or none --------------
+
+/* The directory part of path ("." for a bare name); malloc'd. */
+static char *dir_of(const char *path)
 {
-    size_t n = strlen(path) + 16;
-    char *tmp = malloc(n);
-    if (!tmp) return cli_fail("out of host memory");
-    snprintf(tmp, n, "%s.tmp", path);
-    FILE *f = fopen(tmp, "w");
-    int ok = f && fputs(text, f) >= 0;
-    if (f && fclose(f)) ok = 0;
-    if (ok && rename(tmp, path)) ok = 0;
-    if (!ok) {
-        int err = errno;
-        remove(tmp);
-        free(tmp);
-        return cli_fail("cannot write \"%s\": %s", path, strerror(err));
-    }
-    free(tmp);
+    const char *slash = strrchr(path, '/');
+    if (!slash) return strdup(".");
+    if (slash == path) return strdup("/");
+    return strndup(path, (size_t)(slash - path));
+}
+
+/* Fails (one line naming the flag, the path and the reason) unless a file
+ * can be created at path: its directory exists, is a directory and is
+ * writable, and path is not a directory. A probe creates and removes the
+ * atomic writer's temporary file, so what passes here can be written. */
+static int check_output(const char *flag, const char *path)
+{
+    if (!*path) return cli_fail("%s: the path is empty", flag);
+    struct stat sb;
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
+        return cli_fail("%s: \"%s\" is a directory; give a file name", flag, path);
+    char *dir = dir_of(path);
+    if (!dir) return cli_fail("out of host memory");
+    int rc = 0;
+    if (stat(dir, &sb) != 0)
+        rc = cli_fail("%s: cannot write \"%s\": the directory \"%s\" %s", flag, path, dir,
+                      errno == ENOENT ? "does not exist" : strerror(errno));
+    else if (!S_ISDIR(sb.st_mode))
+        rc = cli_fail("%s: cannot write \"%s\": \"%s\" is not a directory", flag, path, dir);
+    else if (access(dir, W_OK | X_OK) != 0)
+        rc = cli_fail("%s: cannot write \"%s\": the directory \"%s\" is not writable (%s)", flag,
+                      path, dir, strerror(errno));
+    free(dir);
+    if (rc) return rc;
+    dp_atomic_file *af = NULL;
+    if (dp_atomic_file_open(path, &af) != DP_OK)
+        return cli_fail("%s: cannot write \"%s\": %s", flag, path, strerror(errno));
+    dp_atomic_file_abort(af);
     return 0;
 }
 
-static int write_csv(const char *path, const mode_result *res, size_t nres)
+/* An output written to its temporary file, renamed into place at the end. */
+typedef struct pending {
+    const char *flag, *path;
+    dp_atomic_file *af;
+} pending;
+
+#define MAX_PENDING 4
+
+typedef struct outputs {
+    pending p[MAX_PENDING];
+    size_t n;
+} outputs;
+
+/* Starts an output with its bytes. */
+static int stage(outputs *out, const char *flag, const char *path, const void *bytes, size_t n)
+{
+    pending *q = &out->p[out->n];
+    q->flag = flag;
+    q->path = path;
+    if (dp_atomic_file_open(path, &q->af) != DP_OK)
+        return cli_fail("%s: cannot write \"%s\": %s", flag, path, strerror(errno));
+    out->n++;
+    if (dp_atomic_file_write(q->af, bytes, n) != DP_OK || dp_atomic_file_sync(q->af) != DP_OK)
+        return cli_fail("%s: cannot write \"%s\": %s", flag, path, strerror(errno));
+    return 0;
+}
+
+/* rc == 0: renames every staged output into place; else removes them all. */
+static int finish(outputs *out, int rc)
+{
+    for (size_t i = 0; i < out->n; i++) {
+        pending *q = &out->p[i];
+        if (rc) {
+            dp_atomic_file_abort(q->af);
+        } else if (dp_atomic_file_commit(q->af) != DP_OK) {
+            rc = cli_fail("%s: cannot write \"%s\": %s", q->flag, q->path, strerror(errno));
+        }
+    }
+    out->n = 0;
+    return rc;
+}
+
+static char *csv_text(const mode_result *res, size_t nres)
 {
     size_t cap = 4096 + nres * DP_MAX_DEVICES * 512, len = 0;
     char *s = malloc(cap);
-    if (!s) return cli_fail("out of host memory");
+    if (!s) return NULL;
     len += (size_t)snprintf(s + len, cap - len,
                             "mode,device,peak_bytes,optimizer_bytes,logits_bytes,param_bytes");
     for (int p = 0; p < DP_PHASE_COUNT; p++)
         len += (size_t)snprintf(s + len, cap - len, ",%s_peak_bytes", dp_phase_name((dp_phase)p));
     len += (size_t)snprintf(s + len, cap - len,
-                            ",step_ms_median,step_ms_min,step_ms_max,tokens_per_s,max_batch\n");
+                            ",step_ms_median,step_ms_min,step_ms_max,tokens_per_s,max_batch,rows\n");
     for (size_t r = 0; r < nres; r++) {
         const mode_result *m = &res[r];
         for (size_t i = 0; i < m->k; i++) {
@@ -512,47 +686,204 @@ static int write_csv(const char *path, const mode_result *res, size_t nres)
                                     d->logits, d->params);
             for (int p = 0; p < DP_PHASE_COUNT; p++)
                 len += (size_t)snprintf(s + len, cap - len, ",%zu", d->phase_peak[p]);
-            len += (size_t)snprintf(s + len, cap - len, ",%.3f,%.3f,%.3f,%.1f,%ld\n",
+            len += (size_t)snprintf(s + len, cap - len, ",%.3f,%.3f,%.3f,%.1f,%ld,%zu\n",
                                     m->step_ms_median, m->step_ms_min, m->step_ms_max,
-                                    m->tokens_per_s, m->max_batch);
+                                    m->tokens_per_s, m->max_batch, d->rows);
         }
     }
-    int rc = write_atomic(path, s);
-    free(s);
-    return rc;
+    return s;
 }
 
-/* Runs gnuplot on `script`, whose "set output" names path.part, then
- * renames that to path, so a failed plot leaves no partial file. */
-static int gnuplot(const char *script, const char *path)
+// --- plots: gnuplot never sees a user's text ------------------------------------------
+//
+// gnuplot runs in a private temporary directory of ours (mkdtemp) and
+// writes a file of a fixed name there ("plot.png"/"plot.svg"); the script
+// holds only numbers, dp's device and mode names and that name. The plot
+// is then copied into the user's path through the atomic writer. gnuplot's
+// own stdout and stderr go to a log file in that directory, never to ours;
+// when it fails, its last message is reported.
+
+static const char *ext_of(const char *path) { return strrchr(path, '.'); }
+
+/* Runs gnuplot (argv[1..] = args) in dir with stdin from `script` (may be
+ * NULL: /dev/null), stdout and stderr to logpath. Returns the wait status,
+ * or -1 with errno when it could not be started. */
+static int spawn_gnuplot(const char *dir, const char *script, const char *arg,
+                         const char *logpath)
 {
-    FILE *p = popen("gnuplot 2>&1", "w");
-    if (!p) return cli_fail("--plot: cannot start gnuplot: %s", strerror(errno));
-    fputs(script, p);
-    int st = pclose(p);
-    size_t n = strlen(path) + 8;
-    char *part = malloc(n);
-    if (!part) return cli_fail("out of host memory");
-    snprintf(part, n, "%s.part", path);
+    int in[2];
+    if (pipe(in) != 0) return -1;
+    int logfd = open(logpath, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (logfd < 0) {
+        close(in[0]);
+        close(in[1]);
+        return -1;
+    }
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid < 0) {
+        int e = errno;
+        close(in[0]);
+        close(in[1]);
+        close(logfd);
+        errno = e;
+        return -1;
+    }
+    if (pid == 0) {
+        if (chdir(dir) != 0 || dup2(in[0], 0) < 0 || dup2(logfd, 1) < 0 || dup2(logfd, 2) < 0)
+            _exit(126);
+        close(in[1]);
+        execlp("gnuplot", "gnuplot", arg, (char *)NULL);
+        _exit(127);
+    }
+    close(in[0]);
+    close(logfd);
+    if (script) {
+        size_t n = strlen(script), off = 0;
+        while (off < n) { /* EPIPE when gnuplot stops early: its log says why */
+            ssize_t k = write(in[1], script + off, n - off);
+            if (k < 0 && errno == EINTR) continue;
+            if (k <= 0) break;
+            off += (size_t)k;
+        }
+    }
+    close(in[1]);
+    int st;
+    while (waitpid(pid, &st, 0) < 0)
+        if (errno != EINTR) return -1;
+    return st;
+}
+
+/* The last non-empty line of the log, whitespace collapsed, into msg. */
+static void last_log_line(const char *logpath, char *msg, size_t cap)
+{
+    snprintf(msg, cap, "no message");
+    FILE *f = fopen(logpath, "r");
+    if (!f) return;
+    char line[512];
+    while (fgets(line, sizeof line, f)) {
+        char clean[512];
+        size_t n = 0;
+        for (const char *c = line; *c && n + 1 < sizeof clean; c++) {
+            int sp = *c == ' ' || *c == '\t' || *c == '\n' || *c == '\r';
+            if (sp && (n == 0 || clean[n - 1] == ' ')) continue;
+            clean[n++] = sp ? ' ' : *c;
+        }
+        while (n && clean[n - 1] == ' ') n--;
+        clean[n] = '\0';
+        /* gnuplot's caret line under the command is not a message */
+        if (n && strspn(clean, "^ ") != n) snprintf(msg, cap, "%s", clean);
+    }
+    fclose(f);
+}
+
+typedef struct plot_dir {
+    char dir[4096];
+    char log[4200], out[4200];
+} plot_dir;
+
+static int plot_dir_create(plot_dir *pd, const char *ext)
+{
+    const char *base = getenv("TMPDIR");
+    if (!base || !*base || strlen(base) > 3000) base = "/tmp";
+    snprintf(pd->dir, sizeof pd->dir, "%s/dp_bench_plot_XXXXXX", base);
+    if (!mkdtemp(pd->dir)) {
+        snprintf(pd->dir, sizeof pd->dir, "/tmp/dp_bench_plot_XXXXXX");
+        if (!mkdtemp(pd->dir))
+            return cli_fail("--plot: cannot create a temporary directory in %s: %s", base,
+                            strerror(errno));
+    }
+    snprintf(pd->log, sizeof pd->log, "%s/gnuplot.log", pd->dir);
+    snprintf(pd->out, sizeof pd->out, "%s/plot%s", pd->dir, ext);
+    return 0;
+}
+
+static void plot_dir_destroy(plot_dir *pd)
+{
+    unlink(pd->log);
+    unlink(pd->out);
+    rmdir(pd->dir);
+}
+
+/* Fails unless gnuplot can be run (checked before the first step). */
+static int check_gnuplot(void)
+{
+    plot_dir pd;
+    if (plot_dir_create(&pd, ".png")) return 1;
+    int st = spawn_gnuplot(pd.dir, NULL, "--version", pd.log);
     int rc = 0;
-    if (st != 0)
-        rc = cli_fail("--plot: gnuplot failed writing \"%s\" (exit status %d); is gnuplot "
-                  "installed (Debian: gnuplot-nox)?",
-                  path, st);
-    else if (rename(part, path))
-        rc = cli_fail("--plot: cannot write \"%s\": %s", path, strerror(errno));
-    if (rc) remove(part);
-    free(part);
+    if (st < 0)
+        rc = cli_fail("--plot: cannot start gnuplot: %s", strerror(errno));
+    else if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+        rc = cli_fail("--plot needs gnuplot, which %s; install it (Debian: gnuplot-nox) or drop "
+                      "--plot",
+                      WIFEXITED(st) && WEXITSTATUS(st) == 127 ? "was not found in PATH"
+                                                               : "does not run");
+    plot_dir_destroy(&pd);
     return rc;
 }
 
-static const char *terminal_for(const char *path)
+/* gnuplot's cairo and svg terminals ignore write errors and exit 0 with a
+ * truncated file: a PNG must end with its IEND chunk, an SVG with </svg>. */
+static int plot_complete(const char *ext, const char *bytes, size_t n)
 {
-    return strcmp(strrchr(path, '.'), ".svg") == 0 ? "svg size 900,520 dynamic"
-                                                    : "pngcairo size 900,520";
+    if (strcmp(ext, ".png") == 0)
+        return n >= 20 && memcmp(bytes, "\x89PNG", 4) == 0 &&
+               memcmp(bytes + n - 8, "IEND\xae\x42\x60\x82", 8) == 0;
+    while (n && (bytes[n - 1] == '\n' || bytes[n - 1] == ' ')) n--;
+    return n >= 6 && memcmp(bytes + n - 6, "</svg>", 6) == 0;
 }
 
-static int plot_memory(const bench *b, const char *path, const mode_result *res, size_t nres)
+/* Renders `body` (the script after its terminal and output lines) for
+ * path's extension and stages the plot as an output for path. */
+static int render(outputs *out, const char *path, const char *body)
+{
+    const char *ext = ext_of(path);
+    const char *term = strcmp(ext, ".svg") == 0 ? "svg size 900,520 dynamic"
+                                                : "pngcairo size 900,520";
+    plot_dir pd;
+    if (plot_dir_create(&pd, ext)) return 1;
+    size_t n = strlen(body) + 256;
+    char *script = malloc(n);
+    if (!script) {
+        plot_dir_destroy(&pd);
+        return cli_fail("out of host memory");
+    }
+    snprintf(script, n, "set terminal %s\nset output 'plot%s'\n%s", term, ext, body);
+    int st = spawn_gnuplot(pd.dir, script, NULL, pd.log);
+    free(script);
+    int rc = 0;
+    struct stat sb;
+    if (st < 0) {
+        rc = cli_fail("--plot: cannot start gnuplot: %s", strerror(errno));
+    } else if (!WIFEXITED(st) || WEXITSTATUS(st) != 0 || stat(pd.out, &sb) != 0 ||
+               sb.st_size == 0) {
+        char msg[512];
+        last_log_line(pd.log, msg, sizeof msg);
+        rc = cli_fail("--plot: gnuplot failed drawing \"%s\": %s", path, msg);
+    } else {
+        size_t len;
+        FILE *f = fopen(pd.out, "rb");
+        char *bytes = f ? malloc((size_t)sb.st_size) : NULL;
+        len = bytes ? fread(bytes, 1, (size_t)sb.st_size, f) : 0;
+        if (!bytes || len != (size_t)sb.st_size)
+            rc = cli_fail("--plot: cannot read gnuplot's output: %s", strerror(errno));
+        else if (!plot_complete(ext, bytes, len))
+            rc = cli_fail("--plot: gnuplot wrote an incomplete plot for \"%s\" (%zu bytes); is "
+                          "the disk full or a file size limit set?",
+                          path, len);
+        else
+            rc = stage(out, "--plot", path, bytes, len);
+        free(bytes);
+        if (f) fclose(f);
+    }
+    plot_dir_destroy(&pd);
+    return rc;
+}
+
+static int plot_memory(const bench *b, outputs *out, const char *path, const mode_result *res,
+                       size_t nres)
 {
     size_t cap = 8192 + (size_t)DP_MAX_DEVICES * 128, len = 0;
     char *s = malloc(cap);
@@ -569,21 +900,20 @@ static int plot_memory(const bench *b, const char *path, const mode_result *res,
     }
     len += (size_t)snprintf(
         s + len, cap - len,
-        "EOD\nset terminal %s\nset output '%s.part'\n"
-        "set title 'Peak memory per device: GPT V=%ld T=%ld B=%ld C=%ld L=%ld (device 0 is the root)'\n"
+        "EOD\n"
+        "set title 'Peak memory per device: GPT V=%ld T=%ld B=%zu C=%ld L=%ld (device 0 is the root)'\n"
         "set ylabel 'peak bytes (GB)'\nset style data histograms\n"
         "set style histogram clustered gap 1\nset style fill solid 0.8 border -1\n"
         "set key top right\nset grid ytics\nset yrange [0:*]\n"
         "plot for [c=2:%zu] $d using c:xtic(1) title columnheader\n",
-        terminal_for(path), path, b->o.vocab, b->o.context, b->o.batch, b->o.dim, b->o.layers,
-        nres + 1);
-    int rc = gnuplot(s, path);
+        b->o.vocab, b->o.context, res[0].rows, b->o.dim, b->o.layers, nres + 1);
+    int rc = render(out, path, s);
     free(s);
     return rc;
 }
 
-static int plot_scaling(const bench *b, const char *path, const scale_point *sc, size_t nsc,
-                        dp_mode mode)
+static int plot_scaling(const bench *b, outputs *out, const char *path, const scale_point *sc,
+                        size_t nsc, dp_mode mode, size_t rows)
 {
     char s[8192];
     size_t len = 0;
@@ -591,16 +921,17 @@ static int plot_scaling(const bench *b, const char *path, const scale_point *sc,
     for (size_t i = 0; i < nsc; i++)
         len += (size_t)snprintf(s + len, sizeof s - len, "%zu %.1f %.1f\n", sc[i].k,
                                 sc[i].tokens_per_s, sc[0].tokens_per_s * (double)sc[i].k);
+    /* An explicit x range: one device alone would give gnuplot an empty
+     * range (and a warning). */
     snprintf(s + len, sizeof s - len,
-             "EOD\nset terminal %s\nset output '%s.part'\n"
-             "set title 'Scaling (%s mode): GPT V=%ld T=%ld B=%ld C=%ld L=%ld'\n"
+             "EOD\n"
+             "set title 'Scaling (%s mode): GPT V=%ld T=%ld B=%zu C=%ld L=%ld'\n"
              "set xlabel 'devices'\nset ylabel 'tokens/s'\nset key top left\nset grid\n"
-             "set xtics 1\nset yrange [0:*]\n"
+             "set xtics 1\nset xrange [0.5:%zu.5]\nset yrange [0:*]\n"
              "plot $d using 1:2 with linespoints lw 2 pt 7 title 'measured', "
              "$d using 1:3 with lines dt 2 title 'linear'\n",
-             terminal_for(path), path, dp_mode_name(mode), b->o.vocab, b->o.context, b->o.batch,
-             b->o.dim, b->o.layers);
-    return gnuplot(s, path);
+             dp_mode_name(mode), b->o.vocab, b->o.context, rows, b->o.dim, b->o.layers, nsc);
+    return render(out, path, s);
 }
 
 /* PATH.ext -> PATH-scaling.ext */
@@ -615,11 +946,81 @@ static char *scaling_path(const char *path)
 
 // --- main ---------------------------------------------------------------------------
 
+/* Every output path, before any work: a bad one fails the run at once. */
+static int check_outputs(const bench *b)
+{
+    const opts *o = &b->o;
+    const char *flag[5] = {"--json", "--csv", "--plot", "--plot", "--trace"};
+    const char *path[5] = {o->json, o->csv, o->plot, NULL, o->trace};
+    char *sp = NULL;
+    if (o->plot && o->scaling) {
+        if (!(sp = scaling_path(o->plot))) return cli_fail("out of host memory");
+        path[3] = sp;
+    }
+    int rc = 0;
+    for (int i = 0; i < 5 && !rc; i++) {
+        if (!path[i]) continue;
+        rc = check_output(flag[i], path[i]);
+        for (int j = 0; j < i && !rc; j++)
+            if (path[j] && strcmp(path[i], path[j]) == 0)
+                rc = cli_fail("%s and %s both write \"%s\"; give each output its own file",
+                              flag[j], flag[i], path[i]);
+    }
+    free(sp);
+    if (!rc && o->plot) rc = check_gnuplot();
+    return rc;
+}
+
+/* Stages every requested output, then renames them all into place, or
+ * removes them all when one failed. */
+static int write_outputs(bench *b, const mode_result *res, size_t nres, const scale_point *sc,
+                         size_t nsc, dp_mode scale_mode)
+{
+    const opts *o = &b->o;
+    outputs out = {.n = 0};
+    int rc = 0;
+    char *sp = NULL;
+    if (o->json) {
+        json_t *j = json_results(b, res, nres, sc, nsc, scale_mode);
+        char *text = j ? json_dumps(j, JSON_INDENT(2) | JSON_REAL_PRECISION(10)) : NULL;
+        rc = text ? stage(&out, "--json", o->json, text, strlen(text))
+                  : cli_fail("--json: cannot encode the results");
+        free(text);
+        json_decref(j);
+    }
+    if (!rc && o->csv) {
+        char *text = csv_text(res, nres);
+        rc = text ? stage(&out, "--csv", o->csv, text, strlen(text)) : cli_fail("out of host memory");
+        free(text);
+    }
+    if (!rc && o->plot && nres) rc = plot_memory(b, &out, o->plot, res, nres);
+    if (!rc && o->plot && nsc) {
+        sp = scaling_path(o->plot);
+        rc = sp ? plot_scaling(b, &out, sp, sc, nsc, scale_mode, b->scale_rows) : cli_fail("out of host memory");
+    }
+    /* The trace writes itself atomically: last, so its failure still
+     * removes the others. */
+    if (!rc && o->trace && dp_trace_write(b->trace, o->trace) != DP_OK)
+        rc = cli_fail("--trace: cannot write \"%s\": %s", o->trace, strerror(errno));
+    rc = finish(&out, rc);
+    if (!rc && o->plot) {
+        if (!nres) printf("plot: none, no mode was timed\n");
+        else if (nsc) printf("plots: %s, %s\n", o->plot, sp);
+        else printf("plot: %s\n", o->plot);
+    }
+    if (!rc && o->trace) printf("trace: %s (open in ui.perfetto.dev)\n", o->trace);
+    free(sp);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     cli_prog = "dp_bench";
+    /* A gnuplot that stops reading its script must not kill us. */
+    signal(SIGPIPE, SIG_IGN);
     bench b;
     memset(&b, 0, sizeof b);
+    b.t_origin = cli_now();
     opts *o = &b.o;
     *o = (opts){.vocab = 40000, .context = 250, .batch = 32, .dim = 256, .layers = 2,
                 .heads = 4, .steps = 3, .warmup = 1, .mode = "both", .seed = 1337};
@@ -631,15 +1032,26 @@ int main(int argc, char **argv)
         return cli_fail("--batch-size %ld is smaller than the %zu devices; give every device a "
                     "sequence",
                     o->batch, b.k);
+    if (o->weights_arg &&
+        cli_parse_weights("--device-weights", o->weights_arg, b.k, o->weights, &o->n_weights))
+        return 1;
+    if (check_outputs(&b)) return 1;
     dp_gpt_config gc = {(size_t)o->vocab, (size_t)o->context, (size_t)o->layers,
                         (size_t)o->heads, (size_t)o->dim};
     if (dp_gpt_create(&gc, &b.gpt) != DP_OK) return cli_dp_fail("model");
 
     int both = strcmp(o->mode, "both") == 0;
     dp_mode modes[2];
-    size_t nres = 0;
-    if (both || strcmp(o->mode, "gather") == 0) modes[nres++] = DP_MODE_GATHER;
-    if (both || strcmp(o->mode, "balanced") == 0) modes[nres++] = DP_MODE_BALANCED;
+    size_t nmodes = 0;
+    if (both || strcmp(o->mode, "gather") == 0) modes[nmodes++] = DP_MODE_GATHER;
+    if (both || strcmp(o->mode, "balanced") == 0) modes[nmodes++] = DP_MODE_BALANCED;
+    int rc = 0;
+    if (o->trace) {
+        const char *names[DP_MAX_DEVICES];
+        char nbuf[DP_MAX_DEVICES][32];
+        for (size_t i = 0; i < b.k; i++) names[i] = spec_name(&b.specs[i], nbuf[i], sizeof nbuf[i]);
+        if (dp_trace_create(names, b.k, &b.trace) != DP_OK) rc = cli_dp_fail("--trace");
+    }
 
     printf("dp_bench: GPT vocab %ld, context %ld, dim %ld, %ld layers, %ld heads: %.2fM "
            "parameters\n",
@@ -649,42 +1061,60 @@ int main(int argc, char **argv)
            "%ld timed steps",
            o->batch, o->batch * o->context, o->devices, b.k, o->warmup, o->steps);
     if (o->memory_limit) printf(", memory limit %s per device", o->memory_limit);
+    if (o->weights_arg) printf(", device weights %s", o->weights_arg);
+    if (o->token_balanced) printf(", token-balanced");
     printf("\n");
     fflush(stdout);
 
+    /* res holds the modes that were timed (nres); max_batch[] every mode's. */
     mode_result *res = calloc(2, sizeof *res);
+    long max_batch[2] = {0, 0};
     scale_point sc[DP_MAX_DEVICES];
-    size_t nsc = 0;
-    int rc = res ? 0 : cli_fail("out of host memory");
-    for (size_t r = 0; r < nres && !rc; r++) {
-        rc = run_mode(&b, modes[r], b.k, (size_t)o->batch, &res[r]);
-        if (!rc && o->find_max_batch) {
-            rc = find_max_batch(&b, modes[r], &res[r].max_batch);
-            if (!rc && res[r].max_batch == 0)
-                printf("%s: not even %zu sequences (one per device) fit in %s\n",
-                       dp_mode_name(modes[r]), b.k, o->memory_limit);
+    size_t nres = 0, nsc = 0;
+    if (!rc && !res) rc = cli_fail("out of host memory");
+    for (size_t r = 0; r < nmodes && !rc; r++) {
+        size_t rows = (size_t)o->batch;
+        if (o->find_max_batch) {
+            char why[512] = "";
+            rc = find_max_batch(&b, modes[r], rows, &max_batch[r], why, sizeof why);
+            if (rc) break;
+            if (max_batch[r] == 0) {
+                printf("%s: not even 1 sequence fits under --memory-limit %s: %s\n",
+                       dp_mode_name(modes[r]), o->memory_limit, why);
+                continue;
+            }
+            if ((size_t)max_batch[r] < rows) rows = (size_t)max_batch[r];
         }
+        rc = run_mode(&b, modes[r], b.k, rows, 1, &res[nres]);
+        if (!rc) res[nres++].max_batch = max_batch[r];
     }
-    if (!rc) {
+    if (!rc && nres) {
         print_table(&b, res, nres);
         print_arithmetic(&b, res, nres);
-        if (o->find_max_batch) {
-            printf("\nlargest global batch under %s per device:", o->memory_limit);
-            for (size_t r = 0; r < nres; r++)
-                printf("  %s %ld", dp_mode_name(res[r].mode), res[r].max_batch);
-            if (nres == 2 && res[0].max_batch > 0)
-                printf("  (balanced / gather = %.2f)",
-                       (double)res[1].max_batch / (double)res[0].max_batch);
-            printf("\n");
-        }
     }
-    dp_mode scale_mode = nres == 2 ? DP_MODE_BALANCED : modes[0];
-    if (!rc && o->scaling) {
-        printf("\nscaling (%s mode, global batch %ld):\n%8s %12s %9s %11s\n",
-               dp_mode_name(scale_mode), o->batch, "devices", "tokens/s", "speedup", "efficiency");
+    if (!rc && o->find_max_batch) {
+        printf("\nlargest global batch under --memory-limit %s per device:", o->memory_limit);
+        for (size_t r = 0; r < nmodes; r++) printf("  %s %ld", dp_mode_name(modes[r]), max_batch[r]);
+        if (nmodes == 2 && max_batch[0] > 0)
+            printf("  (balanced / gather = %.2f)", (double)max_batch[1] / (double)max_batch[0]);
+        printf("\n");
+    }
+    dp_mode scale_mode = nmodes == 2 ? DP_MODE_BALANCED : modes[0];
+    /* Scaling at the batch that mode was timed at (under --find-max-batch
+     * perhaps smaller than --batch-size); none when it was not timed. */
+    size_t scale_rows = 0;
+    for (size_t r = 0; r < nres; r++)
+        if (res[r].mode == scale_mode) scale_rows = res[r].rows;
+    b.scale_rows = scale_rows;
+    if (!rc && o->scaling && !scale_rows)
+        printf("\nscaling: skipped, %s mode was not timed\n", dp_mode_name(scale_mode));
+    if (!rc && o->scaling && scale_rows) {
+        printf("\nscaling (%s mode, global batch %zu):\n%8s %12s %9s %11s\n",
+               dp_mode_name(scale_mode), scale_rows, "devices", "tokens/s", "speedup",
+               "efficiency");
         for (size_t k = 1; k <= b.k && !rc; k++) {
             mode_result m;
-            rc = run_mode(&b, scale_mode, k, (size_t)o->batch, &m);
+            rc = run_mode(&b, scale_mode, k, scale_rows, 0, &m);
             if (rc) break;
             sc[nsc].k = k;
             sc[nsc].tokens_per_s = m.tokens_per_s;
@@ -694,28 +1124,11 @@ int main(int argc, char **argv)
             nsc++;
         }
     }
-    if (!rc && o->json) {
-        json_t *j = json_results(&b, res, nres, sc, nsc, scale_mode);
-        char *text = j ? json_dumps(j, JSON_INDENT(2) | JSON_REAL_PRECISION(10)) : NULL;
-        rc = text ? write_atomic(o->json, text) : cli_fail("--json: cannot encode the results");
-        free(text);
-        json_decref(j);
-    }
-    if (!rc && o->csv) rc = write_csv(o->csv, res, nres);
-    if (!rc && o->plot) {
-        rc = plot_memory(&b, o->plot, res, nres);
-        if (!rc && nsc) {
-            char *sp = scaling_path(o->plot);
-            rc = sp ? plot_scaling(&b, sp, sc, nsc, scale_mode) : cli_fail("out of host memory");
-            if (!rc) printf("plots: %s, %s\n", o->plot, sp);
-            free(sp);
-        } else if (!rc) {
-            printf("plot: %s\n", o->plot);
-        }
-    }
+    if (!rc) rc = write_outputs(&b, res, nres, sc, nsc, scale_mode);
     free(res);
     free(b.inputs);
     free(b.targets);
+    dp_trace_destroy(b.trace);
     dp_gpt_destroy(b.gpt);
     return rc;
 }

@@ -8,6 +8,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -144,6 +146,71 @@ Test(data, load_errors)
     }
     cr_assert_eq(dp_text_load("", &text, &len, NULL), DP_ERR_INVALID_ARGUMENT);
     cr_assert_eq(dp_text_load(in_tmp("d3"), NULL, &len, NULL), DP_ERR_INVALID_ARGUMENT);
+}
+
+/* Each test runs in its own process: allow it 128 MiB more address space
+ * than it has now, so a loader that reads a device or a big binary file
+ * whole fails the test instead of taking the host's memory (/dev/zero used
+ * to be read for 8-16 GB before the NUL check). */
+static void limit_memory(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    cr_assert_not_null(f);
+    char line[256];
+    unsigned long long vm_kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "VmSize: %llu kB", &vm_kb) == 1) break;
+    fclose(f);
+    cr_assert_gt(vm_kb, 0);
+    rlim_t cap = (rlim_t)(vm_kb << 10) + ((rlim_t)128 << 20);
+    struct rlimit lim = {cap, cap};
+    cr_assert_eq(setrlimit(RLIMIT_AS, &lim), 0);
+}
+
+Test(data, devices_and_fifos_are_refused_before_reading, .timeout = 10)
+{
+    limit_memory();
+    char *text = (char *)1;
+    size_t len = 7;
+    const char *devs[] = {"/dev/zero", "/dev/urandom", "/dev/null"};
+    for (size_t i = 0; i < 3; i++) {
+        cr_assert_eq(dp_text_load(devs[i], &text, &len, NULL), DP_ERR_FORMAT, "%s: %s", devs[i],
+                     dp_last_error());
+        cr_assert(strstr(dp_last_error(), devs[i]) &&
+                      strstr(dp_last_error(), "not a regular file or a directory") &&
+                      strstr(dp_last_error(), "character device"),
+                  "%s", dp_last_error());
+        cr_assert_null(text);
+        cr_assert_eq(len, 0);
+    }
+    /* A FIFO with no writer would block a reader forever: refused at once. */
+    cr_assert_eq(mkfifo(in_tmp("fifo"), 0600), 0);
+    cr_assert_eq(dp_text_load(in_tmp("fifo"), &text, &len, NULL), DP_ERR_FORMAT);
+    cr_assert(strstr(dp_last_error(), "FIFO"), "%s", dp_last_error());
+    /* A device inside a directory is skipped like any non-regular entry. */
+    cr_assert_eq(mkdir(in_tmp("dd"), 0755), 0);
+    put("dd/a", "text", 4);
+    cr_assert_eq(symlink("/dev/zero", in_tmp("dd/zero")), 0);
+    size_t files = 0;
+    dp_assert_ok(dp_text_load(in_tmp("dd"), &text, &len, &files));
+    cr_assert(len == 4 && files == 1);
+    free(text);
+}
+
+Test(data, a_large_binary_file_is_refused_at_its_first_piece, .timeout = 10)
+{
+    /* 512 MiB of NUL bytes (sparse) under the 128 MiB margin: the NUL
+     * check must run on each piece as it is read, not after the whole file. */
+    int fd = open(in_tmp("big.bin"), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    cr_assert(fd >= 0);
+    cr_assert_eq(ftruncate(fd, (off_t)512 << 20), 0);
+    close(fd);
+    limit_memory();
+    char *text;
+    size_t len;
+    cr_assert_eq(dp_text_load(in_tmp("big.bin"), &text, &len, NULL), DP_ERR_FORMAT, "%s",
+                 dp_last_error());
+    cr_assert(strstr(dp_last_error(), "NUL byte at offset 0"), "%s", dp_last_error());
 }
 
 Test(data, default_corpus)

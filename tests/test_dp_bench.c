@@ -7,13 +7,23 @@
  *    the optimizer state; --find-max-batch gives balanced >= gather;
  *  - CSV and both plots are written; --scaling reports 1..k devices;
  *  - bad command lines exit non-zero with one "dp_bench: ..." line on
- *    stderr and leave no output file.
+ *    stderr and leave no output file; a bad output path fails before the
+ *    first step (nothing on stdout);
+ *  - --plot never hands the path to gnuplot (quotes and gnuplot commands in
+ *    it are a file name, nothing else), and gnuplot's own output stays off
+ *    ours; outputs are written all or none;
+ *  - --find-max-batch finds the same largest batch from any start, and
+ *    reports 0 when not even one sequence fits;
+ *  - --device-weights and --token-balanced reach the engine; --trace
+ *    writes one track per device.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <dirent.h>
 #include <jansson.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -206,27 +216,47 @@ typedef struct bad_case {
     char name[48];
     char args[8][40]; /* after BASE; "" ends the list */
     char needle[48];
+    int late; /* 1: fails after the first step, so stdout has the header */
 } bad_case;
 
 static bad_case bad_cases[] = {
-    {"batch-size 0", {"--batch-size", "0"}, "--batch-size"},
-    {"batch-size -2", {"--batch-size", "-2"}, "--batch-size"},
-    {"batch-size abc", {"--batch-size", "abc"}, "--batch-size"},
-    {"batch-size huge", {"--batch-size", "99999999999999999999"}, "--batch-size"},
-    {"batch smaller than devices", {"--batch-size", "1"}, "smaller than the 2 devices"},
-    {"heads not dividing dim", {"--heads", "3"}, "--heads 3"},
-    {"unknown mode", {"--mode", "fast"}, "fast"},
-    {"duplicate devices", {"--devices", "cpu:0,0"}, "cpu:0,0"},
-    {"unknown device kind", {"--devices", "tpu:0"}, "tpu"},
-    {"memory-limit 12XB", {"--memory-limit", "12XB"}, "12XB"},
-    {"memory limit too small", {"--memory-limit", "1KiB"}, "limit"},
-    {"find-max-batch without limit", {"--find-max-batch"}, "--memory-limit"},
-    {"plot as jpg", {"--plot", "@p.jpg"}, ".png or .svg"},
-    {"json in a missing directory", {"--json", "@nodir/b.json"}, "nodir"},
-    {"unknown option", {"--frobnicate"}, "--frobnicate"},
-    {"option without its value", {"--steps"}, "--steps needs a value"},
-    {"steps 0", {"--steps", "0"}, "--steps"},
-    {"context malformed", {"--context", "12x"}, "--context"},
+    {"batch-size 0", {"--batch-size", "0"}, "--batch-size", 0},
+    {"batch-size -2", {"--batch-size", "-2"}, "--batch-size", 0},
+    {"batch-size abc", {"--batch-size", "abc"}, "--batch-size", 0},
+    {"batch-size huge", {"--batch-size", "99999999999999999999"}, "--batch-size", 0},
+    {"batch smaller than devices", {"--batch-size", "1"}, "smaller than the 2 devices", 0},
+    {"heads not dividing dim", {"--heads", "3"}, "--heads 3", 0},
+    {"unknown mode", {"--mode", "fast"}, "fast", 0},
+    {"duplicate devices", {"--devices", "cpu:0,0"}, "cpu:0,0", 0},
+    {"unknown device kind", {"--devices", "tpu:0"}, "tpu", 0},
+    {"memory-limit 12XB", {"--memory-limit", "12XB"}, "12XB", 0},
+    {"memory limit too small", {"--memory-limit", "1KiB"}, "limit", 1},
+    {"find-max-batch without limit", {"--find-max-batch"}, "--memory-limit", 0},
+    {"plot as jpg", {"--plot", "@p.jpg"}, ".png or .svg", 0},
+    {"json in a missing directory", {"--json", "@nodir/b.json"}, "nodir", 0},
+    {"unknown option", {"--frobnicate"}, "--frobnicate", 0},
+    {"option without its value", {"--steps"}, "--steps needs a value", 0},
+    {"steps 0", {"--steps", "0"}, "--steps", 0},
+    {"context malformed", {"--context", "12x"}, "--context", 0},
+    {"dim past the GEMM's int", {"--dim", "600000000"}, "--dim", 0},
+    {"find-max-batch with limit 0", {"--find-max-batch", "--memory-limit", "0"},
+     "--memory-limit above 0", 0},
+    {"device-weights: 3 for 2 devices", {"--device-weights", "1,2,3"}, "3 weights for 2 devices", 0},
+    {"device-weights: 1 for 2 devices", {"--device-weights", "1"}, "1 weights for 2 devices", 0},
+    {"device-weights negative", {"--device-weights", "1,-1"}, "--device-weights", 0},
+    {"device-weights all zero", {"--device-weights", "0,0"}, "no weight > 0", 0},
+    {"device-weights text", {"--device-weights", "a,b"}, "--device-weights", 0},
+    {"device-weights NaN", {"--device-weights", "nan,1"}, "--device-weights", 0},
+    {"device-weights empty entry", {"--device-weights", "1,"}, "--device-weights", 0},
+    {"token-balanced with a value", {"--token-balanced=1"}, "--token-balanced", 0},
+    {"csv in a missing directory", {"--csv", "@nodir/b.csv"}, "nodir", 0},
+    {"trace in a missing directory", {"--trace", "@nodir/t.json"}, "--trace", 0},
+    {"trace without its value", {"--trace"}, "--trace needs a value", 0},
+    {"plot in a missing /proc directory", {"--plot", "/proc/nope/x.png"}, "/proc/nope\" does not exist", 0},
+    {"json is a directory", {"--json", "@"}, "is a directory", 0},
+    {"json and csv on one file", {"--csv", "@out.json"}, "both write", 0},
+    {"plot and its scaling plot on json", {"--scaling", "--plot", "@p.png", "--json", "@p-scaling.png"},
+     "both write", 0},
 };
 
 ParameterizedTestParameters(dp_bench, bad_input_fails_cleanly)
@@ -251,11 +281,229 @@ ParameterizedTest(bad_case *bc, dp_bench, bad_input_fails_cleanly, .timeout = 20
     cr_assert_eq(strncmp(r.err, "dp_bench: ", 10), 0, "%s: %s", bc->name, r.err);
     cr_assert(strstr(r.err, bc->needle), "%s: stderr does not mention \"%s\": %s", bc->name,
               bc->needle, r.err);
+    if (!bc->late) cr_assert_str_empty(r.out, "%s: failed after starting work:\n%s", bc->name, r.out);
     DIR *d = opendir(tmpdir);
     struct dirent *de;
     while ((de = readdir(d)))
         cr_assert(de->d_name[0] == '.' || strstr(de->d_name, ".txt"),
                   "%s: left %s behind", bc->name, de->d_name);
     closedir(d);
+    dp_test_result_free(&r);
+}
+
+// --- --plot: the path is a name, never a script -------------------------------------
+
+/* Names in tmpdir, without . and .. and the harness's *.txt, sorted by the
+ * caller's expectations: returns the count and fails on any not in want. */
+static size_t expect_only(const char *const *want, size_t n_want)
+{
+    DIR *d = opendir(tmpdir);
+    struct dirent *de;
+    size_t n = 0;
+    while ((de = readdir(d))) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..") ||
+            !strcmp(de->d_name, "stdout.txt") || !strcmp(de->d_name, "stderr.txt"))
+            continue;
+        int ok = 0;
+        for (size_t i = 0; i < n_want; i++) ok |= strcmp(de->d_name, want[i]) == 0;
+        cr_assert(ok, "unexpected file \"%s\" in the output directory", de->d_name);
+        n++;
+    }
+    closedir(d);
+    return n;
+}
+
+static void assert_fails_cleanly(const dp_test_result *r, const char *needle)
+{
+    cr_assert(WIFEXITED(r->status) && WEXITSTATUS(r->status) != 0, "status %d; stdout:\n%s",
+              r->status, r->out);
+    size_t lines = 0;
+    for (const char *p = r->err; *p; p++) lines += *p == '\n';
+    cr_assert(lines == 1 && strstr(r->err, needle), "want one line with \"%s\":\n%s", needle,
+              r->err);
+}
+
+Test(dp_bench, plot_path_with_quotes_is_a_file_name)
+{
+    /* "bob's plot.png": exactly that file, no stray "bob". */
+    dp_test_result r = BENCH("--plot", "@bob's plot.png");
+    assert_success(&r);
+    const char *want[] = {"bob's plot.png"};
+    cr_assert_eq(expect_only(want, 1), 1);
+    char p[256];
+    snprintf(p, sizeof p, "%s/bob's plot.png", tmpdir);
+    size_t n;
+    unsigned char *png = dp_test_read_file(p, &n);
+    cr_assert(n > 8 && memcmp(png, "\x89PNG", 4) == 0, "not a PNG");
+    free(png);
+    dp_test_result_free(&r);
+}
+
+Test(dp_bench, plot_path_cannot_run_gnuplot_commands)
+{
+    /* The issue's case: out/a'; system "touch out/X"; x='.png. Its directory
+     * part does not exist, so it must fail cleanly, and nothing may run. */
+    char out[128], arg[400], x[160];
+    snprintf(out, sizeof out, "%s/out", tmpdir);
+    cr_assert_eq(mkdir(out, 0755), 0);
+    snprintf(arg, sizeof arg, "%s/a'; system \"touch %s/X\"; x='.png", out, out);
+    snprintf(x, sizeof x, "%s/X", out);
+    dp_test_result r = BENCH("--plot", arg);
+    assert_fails_cleanly(&r, "does not exist");
+    cr_assert_str_empty(r.out);
+    struct stat sb;
+    cr_assert_neq(stat(x, &sb), 0, "gnuplot ran the command in --plot");
+    dp_test_result_free(&r);
+
+    /* The same text where its directory part exists: the plot gets that
+     * literal name and still nothing runs. */
+    char dir[400];
+    snprintf(dir, sizeof dir, "%s/a'; system \"touch %s", out, out);
+    char mk[1024];
+    snprintf(mk, sizeof mk, "mkdir -p '%s'", dir);
+    for (char *c = mk + 10; *c; c++) /* the path holds one ' : make it shell-safe */
+        if (*c == '\'' && c[1] != '\0') { memmove(c + 4, c + 1, strlen(c + 1) + 1); memcpy(c, "'\\''", 4); c += 3; }
+    cr_assert_eq(system(mk), 0, "%s", mk);
+    r = BENCH("--plot", arg);
+    assert_success(&r);
+    cr_assert_eq(stat(arg, &sb), 0, "the plot was not written under its literal name");
+    cr_assert_neq(stat(x, &sb), 0, "gnuplot ran the command in --plot");
+    dp_test_result_free(&r);
+}
+
+Test(dp_bench, scaling_plot_on_one_device_keeps_gnuplot_quiet)
+{
+    /* One device gives the scaling plot a single point: gnuplot used to warn
+     * about an empty x range on our stdout. */
+    dp_test_result r = BENCH("--devices", "cpu:1", "--scaling", "--plot", "@s.svg");
+    assert_success(&r);
+    cr_assert_null(strstr(r.out, "arning"), "gnuplot's output reached stdout:\n%s", r.out);
+    cr_assert_str_empty(r.err);
+    const char *want[] = {"s.svg", "s-scaling.svg"};
+    cr_assert_eq(expect_only(want, 2), 2);
+    dp_test_result_free(&r);
+}
+
+Test(dp_bench, outputs_are_written_all_or_none)
+{
+    /* A 12 KiB file size limit (inherited by dp_bench and gnuplot): the
+     * JSON and CSV fit, the PNG does not, so the run fails after every step
+     * and must leave neither the JSON nor the CSV nor a temporary file. */
+    signal(SIGXFSZ, SIG_IGN); /* an ignored signal stays ignored across exec */
+    struct rlimit lim;
+    cr_assert_eq(getrlimit(RLIMIT_FSIZE, &lim), 0);
+    lim.rlim_cur = 12 << 10;
+    cr_assert_eq(setrlimit(RLIMIT_FSIZE, &lim), 0);
+    dp_test_result r = BENCH("--json", "@o.json", "--csv", "@o.csv", "--plot", "@o.png");
+    assert_fails_cleanly(&r, "--plot");
+    cr_assert(strstr(r.out, "root peak gather / balanced"), "failed before the steps:\n%s", r.out);
+    cr_assert_eq(expect_only(NULL, 0), 0, "a failed run left files behind");
+    dp_test_result_free(&r);
+}
+
+// --- --find-max-batch from any start ---------------------------------------------------
+
+static void max_batches(const char *start, const char *limit, json_int_t out[2], json_int_t rows[2])
+{
+    dp_test_result r = BENCH("--memory-limit", limit, "--find-max-batch", "--batch-size", start,
+                             "--json", "@m.json");
+    assert_success(&r);
+    json_t *j = load_json("m.json");
+    const char *modes[2] = {"gather", "balanced"};
+    for (int m = 0; m < 2; m++) {
+        json_t *res = mode_result(j, modes[m]);
+        out[m] = int_at(res, "max_batch");
+        rows[m] = int_at(res, "batch_size");
+    }
+    json_decref(j);
+    dp_test_result_free(&r);
+}
+
+Test(dp_bench, find_max_batch_from_any_start)
+{
+    /* 600 kB per device: the largest batches are a few tens of rows. From
+     * a start that fits (8), one far above the answer (500) and one below
+     * it (2), the search gives the same answer; each mode is then timed at
+     * the smaller of --batch-size and its answer. */
+    json_int_t m8[2], m500[2], m2[2], r8[2], r500[2], r2[2];
+    max_batches("8", "600kB", m8, r8);
+    max_batches("500", "600kB", m500, r500);
+    max_batches("2", "600kB", m2, r2);
+    cr_assert(m8[0] >= 2 && m8[1] > m8[0], "gather %lld balanced %lld", (long long)m8[0],
+              (long long)m8[1]);
+    for (int m = 0; m < 2; m++) {
+        cr_assert_eq(m500[m], m8[m], "start 500: %lld, start 8: %lld", (long long)m500[m],
+                     (long long)m8[m]);
+        cr_assert_eq(m2[m], m8[m], "start 2: %lld, start 8: %lld", (long long)m2[m],
+                     (long long)m8[m]);
+        cr_assert_eq(r8[m], 8);
+        cr_assert_eq(r500[m], m500[m], "timed at the largest batch that fits");
+    }
+}
+
+Test(dp_bench, find_max_batch_reports_zero_when_nothing_fits)
+{
+    /* 20 kB cannot hold the model's parameters: not even one sequence. */
+    dp_test_result r = BENCH("--memory-limit", "20kB", "--find-max-batch", "--json", "@z.json");
+    assert_success(&r);
+    cr_assert(strstr(r.out, "gather: not even 1 sequence fits under --memory-limit 20kB: ") &&
+                  strstr(r.out, "would pass the memory limit"),
+              "%s", r.out);
+    cr_assert(strstr(r.out, "gather 0  balanced 0"), "%s", r.out);
+    json_t *j = load_json("z.json");
+    cr_assert_eq(json_array_size(json_object_get(j, "results")), 0);
+    json_decref(j);
+    dp_test_result_free(&r);
+}
+
+// --- --device-weights, --token-balanced, --trace ------------------------------------
+
+Test(dp_bench, device_weights_token_balanced_and_trace)
+{
+    dp_test_result r = BENCH("--device-weights", "1,3", "--token-balanced", "--json", "@w.json",
+                             "--trace", "@t.json");
+    assert_success(&r);
+    json_t *j = load_json("w.json");
+    json_t *cfg = json_object_get(j, "config");
+    cr_assert(json_is_true(json_object_get(cfg, "token_balanced")));
+    json_t *w = json_object_get(cfg, "device_weights");
+    cr_assert(json_array_size(w) == 2 && json_number_value(json_array_get(w, 1)) == 3.0);
+    const char *modes[2] = {"gather", "balanced"};
+    for (int m = 0; m < 2; m++) {
+        json_t *devs = json_object_get(mode_result(j, modes[m]), "devices");
+        /* 8 rows weighted 1:3 */
+        cr_assert_eq(int_at(json_array_get(devs, 0), "rows"), 2, "%s", modes[m]);
+        cr_assert_eq(int_at(json_array_get(devs, 1), "rows"), 6, "%s", modes[m]);
+    }
+    json_decref(j);
+
+    /* The trace: one track per device, named after it; every event on one. */
+    json_t *t = load_json("t.json");
+    json_t *ev = json_object_get(t, "traceEvents"), *e;
+    size_t i, tracks = 0;
+    json_array_foreach(ev, i, e) {
+        json_int_t tid = json_integer_value(json_object_get(e, "tid"));
+        cr_assert(tid >= 0 && tid < 2, "event %zu on track %lld", i, (long long)tid);
+        if (strcmp(json_string_value(json_object_get(e, "name")), "thread_name") == 0) {
+            char want[16];
+            snprintf(want, sizeof want, "cpu:%lld", (long long)tid);
+            cr_assert_str_eq(
+                json_string_value(json_object_get(json_object_get(e, "args"), "name")), want);
+            tracks++;
+        }
+    }
+    cr_assert_eq(tracks, 2);
+    json_decref(t);
+    dp_test_result_free(&r);
+}
+
+Test(dp_bench, plot_without_gnuplot_fails_before_the_first_step)
+{
+    /* No gnuplot in PATH (dp_bench itself is started by its full path). */
+    setenv("PATH", tmpdir, 1);
+    dp_test_result r = BENCH("--json", "@g.json", "--plot", "@g.png");
+    assert_fails_cleanly(&r, "gnuplot");
+    cr_assert_str_empty(r.out, "started work without gnuplot:\n%s", r.out);
+    cr_assert_eq(expect_only(NULL, 0), 0, "a failed run left files behind");
     dp_test_result_free(&r);
 }

@@ -36,9 +36,11 @@ extern "C" {
  * number of files read.
  * Errors: DP_ERR_INVALID_ARGUMENT (NULL text or len), DP_ERR_IO (path does
  * not exist, or a file or directory cannot be read: the message has the
- * path and the reason), DP_ERR_FORMAT (an empty file, a directory with no
- * usable file, a file holding a NUL byte, i.e. binary: the message names
- * the file and the offset), DP_ERR_OUT_OF_MEMORY.
+ * path and the reason), DP_ERR_FORMAT (path is neither a regular file nor
+ * a directory, e.g. /dev/zero or a FIFO: refused before reading; an empty
+ * file, a directory with no usable file, a file holding a NUL byte, i.e.
+ * binary, found while reading, within the first 64 KiB piece that holds
+ * one: the message names the file and the offset), DP_ERR_OUT_OF_MEMORY.
  */
 DP_API dp_status dp_text_load(const char *path, char **text, size_t *len, size_t *n_files);
 

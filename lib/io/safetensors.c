@@ -8,7 +8,6 @@
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +17,7 @@
 
 #include <jansson.h>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "dp/safetensors.h"
 
@@ -282,54 +282,6 @@ static dp_status build_header(const dp_st_writer *w, char **out)
     return DP_OK;
 }
 
-static int write_all(int fd, const void *buf, size_t n)
-{
-    const char *p = buf;
-    while (n > 0) {
-        // Linux moves at most ~2 GiB per call; larger buffers take several.
-        size_t chunk = n < ((size_t)1 << 30) ? n : ((size_t)1 << 30);
-        ssize_t k = write(fd, p, chunk);
-        if (k < 0) {
-            if (errno == EINTR) continue;
-            return -1;
-        }
-        if (k == 0) {
-            errno = EIO;
-            return -1;
-        }
-        p += k;
-        n -= (size_t)k;
-    }
-    return 0;
-}
-
-// fsync the directory holding path so the rename itself is durable.
-static int fsync_parent(const char *path)
-{
-    const char *slash = strrchr(path, '/');
-    char *dir;
-    if (!slash) dir = strdup(".");
-    else if (slash == path) dir = strdup("/");
-    else dir = strndup(path, (size_t)(slash - path));
-    if (!dir) {
-        errno = ENOMEM;
-        return -1;
-    }
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    free(dir);
-    if (fd < 0) return -1;
-    int rc = fsync(fd);
-    // Some filesystems cannot fsync a directory; the rename is then as
-    // durable as that filesystem makes it.
-    if (rc != 0 && (errno == EINVAL || errno == EROFS)) rc = 0;
-    int e = errno;
-    close(fd);
-    errno = e;
-    return rc;
-}
-
-static atomic_uint tmp_counter;
-
 dp_status dp_st_writer_write(dp_st_writer *w, const char *path)
 {
     if (!w || !path || !*path) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "writer or path is NULL/empty");
@@ -352,61 +304,27 @@ dp_status dp_st_writer_write(dp_st_writer *w, const char *path)
     memset(hbuf + 8 + hlen, ' ', padded - hlen);
     free(header);
 
-    size_t tlen = strlen(path) + 64;
-    char *tmp = malloc(tlen);
-    if (!tmp) {
+    dp_atomic_file *af = NULL;
+    dp_status st = dp_atomic_file_open(path, &af);
+    if (st != DP_OK) {
         free(hbuf);
-        return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "cannot allocate the temporary file name");
+        return st;
     }
-    // pid + a process-wide counter: unique across processes and threads.
-    snprintf(tmp, tlen, "%s.tmp.%ld.%u", path, (long)getpid(),
-             atomic_fetch_add(&tmp_counter, 1u));
-
-    dp_status st = DP_OK;
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-    if (fd < 0) {
-        st = DP_FAIL(DP_ERR_IO, "cannot create '%s' to write '%s': %s", tmp, path,
-                     strerror(errno));
-        goto done;
+    st = dp_atomic_file_write(af, hbuf, 8 + padded);
+    if (st != DP_OK) dp_error_prefix("writing the header of '%s'", path);
+    for (size_t i = 0; st == DP_OK && i < w->n; i++) {
+        if (!w->t[i].nbytes) continue;
+        st = dp_atomic_file_write(af, w->t[i].data, w->t[i].nbytes);
+        if (st != DP_OK)
+            dp_error_prefix("writing tensor '%s' (%zu bytes) to '%s'", w->t[i].name,
+                            w->t[i].nbytes, path);
     }
-    if (write_all(fd, hbuf, 8 + padded) != 0) {
-        st = DP_FAIL(DP_ERR_IO, "writing the header of '%s' failed: %s", tmp, strerror(errno));
-        goto fail;
-    }
-    for (size_t i = 0; i < w->n; i++) {
-        if (w->t[i].nbytes && write_all(fd, w->t[i].data, w->t[i].nbytes) != 0) {
-            st = DP_FAIL(DP_ERR_IO, "writing tensor '%s' (%zu bytes) to '%s' failed: %s",
-                         w->t[i].name, w->t[i].nbytes, tmp, strerror(errno));
-            goto fail;
-        }
-    }
-    if (fsync(fd) != 0) {
-        st = DP_FAIL(DP_ERR_IO, "fsync of '%s' failed: %s", tmp, strerror(errno));
-        goto fail;
-    }
-    int rc = close(fd);
-    fd = -1;
-    if (rc != 0) {
-        st = DP_FAIL(DP_ERR_IO, "closing '%s' failed: %s", tmp, strerror(errno));
-        goto fail;
-    }
-    if (rename(tmp, path) != 0) {
-        st = DP_FAIL(DP_ERR_IO, "cannot rename '%s' to '%s': %s", tmp, path, strerror(errno));
-        goto fail;
-    }
-    if (fsync_parent(path) != 0)
-        st = DP_FAIL(DP_ERR_IO,
-                     "'%s' was written but fsync of its directory failed (%s): it may not "
-                     "survive a crash",
-                     path, strerror(errno));
-    goto done;
-fail:
-    if (fd >= 0) close(fd);
-    unlink(tmp);
-done:
-    free(tmp);
     free(hbuf);
-    return st;
+    if (st != DP_OK) {
+        dp_atomic_file_abort(af);
+        return st;
+    }
+    return dp_atomic_file_commit(af);
 }
 
 // ----------------------------------------------------------------------------

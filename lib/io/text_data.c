@@ -19,8 +19,10 @@
 // ----------------------------------------------------------------------------
 // corpus loading
 
-// Appends the file at path to buf[*len..), growing *buf (capacity *cap).
-// *got gets the file's length.
+// Appends the regular file at path to buf[*len..), growing *buf (capacity
+// *cap). *got gets the file's length. Each piece is checked for a NUL byte
+// as it arrives, so a binary file is refused at its first piece, not after
+// the whole file was read.
 static dp_status append_file(const char *path, char **buf, size_t *len, size_t *cap,
                              size_t *got)
 {
@@ -34,6 +36,7 @@ static dp_status append_file(const char *path, char **buf, size_t *len, size_t *
             char *nb = realloc(*buf, ncap);
             if (!nb) {
                 fclose(fp);
+                *len = start;
                 return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "cannot grow the corpus to %zu bytes",
                                ncap);
             }
@@ -41,6 +44,16 @@ static dp_status append_file(const char *path, char **buf, size_t *len, size_t *
             *cap = ncap;
         }
         size_t k = fread(*buf + *len, 1, *cap - *len - 1, fp);
+        const char *nul = memchr(*buf + *len, '\0', k);
+        if (nul) {
+            size_t off = (size_t)(nul - (*buf + start));
+            fclose(fp);
+            *len = start;
+            return DP_FAIL(DP_ERR_FORMAT,
+                           "'%s' contains a NUL byte at offset %zu: it looks like a binary file, "
+                           "not text; pass a text file or a directory of text files",
+                           path, off);
+        }
         *len += k;
         if (k == 0) break;
     }
@@ -50,15 +63,6 @@ static dp_status append_file(const char *path, char **buf, size_t *len, size_t *
     if (err) {
         *len = start;
         return DP_FAIL(DP_ERR_IO, "reading '%s' failed: %s", path, strerror(e));
-    }
-    const char *nul = memchr(*buf + start, '\0', *len - start);
-    if (nul) {
-        size_t off = (size_t)(nul - (*buf + start));
-        *len = start;
-        return DP_FAIL(DP_ERR_FORMAT,
-                       "'%s' contains a NUL byte at offset %zu: it looks like a binary file, "
-                       "not text; pass a text file or a directory of text files",
-                       path, off);
     }
     *got = *len - start;
     return DP_OK;
@@ -209,8 +213,18 @@ dp_status dp_text_load(const char *path, char **text, size_t *len, size_t *n_fil
     dp_status st;
     if (S_ISDIR(sb.st_mode)) {
         st = load_dir(path, &buf, &n, &cap, &files);
+    } else if (!S_ISREG(sb.st_mode)) {
+        // A device, FIFO or socket has no end to read to (/dev/zero, /dev/urandom
+        // would fill the host's memory) and no stable contents to split.
+        return DP_FAIL(DP_ERR_FORMAT,
+                       "the corpus '%s' is not a regular file or a directory (it is a %s); "
+                       "pass a text file or a directory of text files",
+                       path, S_ISCHR(sb.st_mode)    ? "character device"
+                             : S_ISBLK(sb.st_mode)  ? "block device"
+                             : S_ISFIFO(sb.st_mode) ? "FIFO"
+                             : S_ISSOCK(sb.st_mode) ? "socket"
+                                                    : "special file");
     } else {
-        // A regular file, or anything readable as one (a FIFO, /dev/stdin).
         size_t got = 0;
         st = append_file(path, &buf, &n, &cap, &got);
         if (st == DP_OK && got == 0)

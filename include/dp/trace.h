@@ -1,0 +1,68 @@
+/*
+ * dp/trace.h - a timeline of training steps as a Chrome trace-event JSON
+ * file, viewable in Perfetto (ui.perfetto.dev) or chrome://tracing.
+ *
+ * One track per device (thread_name metadata naming it, e.g. "cpu:0"), and
+ * on each track one complete ("X") event per phase the device ran in each
+ * step, named after the phase ("scatter", "forward", ...), placed by the
+ * engine's phase timing: ts = (dp_step_stats.start_seconds +
+ * dp_device_step_stats.phase_start[p]) and dur = phase_seconds[p], both
+ * written in microseconds. Every event has pid 1 and tid = device index;
+ * args carry the step number and the rows the device processed.
+ *
+ *   dp_trace *tr;
+ *   dp_trace_create(names, k, &tr);
+ *   for each step: dp_engine_step(e, &batch, &st); dp_trace_add_step(tr, &st);
+ *   dp_trace_write(tr, "run.trace.json");
+ *   dp_trace_destroy(tr);
+ *
+ * The events are kept in host memory (k * DP_PHASE_COUNT * 16 bytes per
+ * step) until written.
+ */
+#ifndef DP_TRACE_H
+#define DP_TRACE_H
+
+#include <stddef.h>
+
+#include "dp/engine.h"
+#include "dp/export.h"
+#include "dp/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dp_trace dp_trace;
+
+/* A trace of k devices (1..DP_MAX_DEVICES) named names[0..k) (copied; each
+ * a non-empty string, e.g. dp_device_name). *out is freed with
+ * dp_trace_destroy.
+ * Errors: DP_ERR_INVALID_ARGUMENT (NULL, k out of range, an empty name),
+ * DP_ERR_OUT_OF_MEMORY. */
+DP_API dp_status dp_trace_create(const char *const *names, size_t k, dp_trace **out);
+
+/* Appends one step's phase timing (copied). Phases a device did not run
+ * (phase_start and phase_seconds both 0) give no event.
+ * Errors: DP_ERR_INVALID_ARGUMENT (NULL; st->n_devices differs from k; a
+ * time that is negative or not finite), DP_ERR_OUT_OF_MEMORY. The trace is
+ * unchanged on error. */
+DP_API dp_status dp_trace_add_step(dp_trace *trace, const dp_step_stats *st);
+
+/* Steps added so far. 0 for NULL. */
+DP_API size_t dp_trace_steps(const dp_trace *trace);
+
+/* Writes the JSON object {"traceEvents": [...], "displayTimeUnit": "ms"}
+ * to path atomically (a temporary file renamed over path: a failed write
+ * leaves path as it was). May be called again after more steps.
+ * Errors: DP_ERR_INVALID_ARGUMENT (NULL or empty path), DP_ERR_IO (the
+ * message has the path and the reason), DP_ERR_OUT_OF_MEMORY. */
+DP_API dp_status dp_trace_write(const dp_trace *trace, const char *path);
+
+/* NULL is a no-op. */
+DP_API void dp_trace_destroy(dp_trace *trace);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DP_TRACE_H */

@@ -1,0 +1,182 @@
+/*
+ * core/atomic_file.c - temporary file, fsync, rename, fsync of the
+ * directory: the one atomic file writer (see atomic_file.h).
+ */
+#include "core/atomic_file.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/checked.h"
+#include "core/error.h"
+
+struct dp_atomic_file {
+    char *path;
+    char *tmp;
+    int fd;     // -1 once synced and closed
+    int synced;
+};
+
+// pid + a process-wide counter: unique across processes and threads.
+static atomic_uint tmp_counter;
+
+dp_status dp_atomic_file_open(const char *path, dp_atomic_file **out)
+{
+    if (!out) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "out is NULL");
+    *out = NULL;
+    if (!path || !*path) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "the path is NULL or empty");
+    size_t tlen;
+    if (!dp_size_add(strlen(path), 64, &tlen))
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "the path is too long");
+    dp_atomic_file *af = calloc(1, sizeof *af);
+    char *p = strdup(path), *tmp = malloc(tlen);
+    if (!af || !p || !tmp) {
+        free(af);
+        free(p);
+        free(tmp);
+        return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "cannot allocate the temporary file name");
+    }
+    snprintf(tmp, tlen, "%s.tmp.%ld.%u", path, (long)getpid(), atomic_fetch_add(&tmp_counter, 1u));
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd < 0) {
+        int e = errno;
+        dp_status st = DP_FAIL(DP_ERR_IO, "cannot create '%s' to write '%s': %s", tmp, path,
+                               strerror(e));
+        free(af);
+        free(p);
+        free(tmp);
+        errno = e;
+        return st;
+    }
+    af->path = p;
+    af->tmp = tmp;
+    af->fd = fd;
+    *out = af;
+    return DP_OK;
+}
+
+int dp_atomic_file_fd(const dp_atomic_file *af) { return af ? af->fd : -1; }
+
+const char *dp_atomic_file_temp_path(const dp_atomic_file *af) { return af ? af->tmp : NULL; }
+
+dp_status dp_atomic_file_write(dp_atomic_file *af, const void *buf, size_t n)
+{
+    if (!af || (!buf && n)) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "file or buffer is NULL");
+    if (af->fd < 0)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "'%s' was already synced: no more writes",
+                       af->path);
+    const char *p = buf;
+    while (n > 0) {
+        // Linux moves at most ~2 GiB per call; larger buffers take several.
+        size_t chunk = n < ((size_t)1 << 30) ? n : ((size_t)1 << 30);
+        ssize_t k = write(af->fd, p, chunk);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) {
+            int e = k < 0 ? errno : EIO;
+            dp_status st = DP_FAIL(DP_ERR_IO, "writing '%s' failed: %s", af->tmp, strerror(e));
+            errno = e;
+            return st;
+        }
+        p += k;
+        n -= (size_t)k;
+    }
+    return DP_OK;
+}
+
+dp_status dp_atomic_file_sync(dp_atomic_file *af)
+{
+    if (!af) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "file is NULL");
+    if (af->synced) return DP_OK;
+    int e;
+    if (fsync(af->fd) != 0) {
+        e = errno;
+        DP_FAIL(DP_ERR_IO, "fsync of '%s' failed: %s", af->tmp, strerror(e));
+        errno = e;
+        return DP_ERR_IO;
+    }
+    int rc = close(af->fd);
+    af->fd = -1;
+    if (rc != 0) {
+        e = errno;
+        DP_FAIL(DP_ERR_IO, "closing '%s' failed: %s", af->tmp, strerror(e));
+        errno = e;
+        return DP_ERR_IO;
+    }
+    af->synced = 1;
+    return DP_OK;
+}
+
+// fsync the directory holding path so the rename itself is durable.
+static int fsync_parent(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    char *dir;
+    if (!slash) dir = strdup(".");
+    else if (slash == path) dir = strdup("/");
+    else dir = strndup(path, (size_t)(slash - path));
+    if (!dir) {
+        errno = ENOMEM;
+        return -1;
+    }
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    free(dir);
+    if (fd < 0) return -1;
+    int rc = fsync(fd);
+    // Some filesystems cannot fsync a directory; the rename is then as
+    // durable as that filesystem makes it.
+    if (rc != 0 && (errno == EINVAL || errno == EROFS)) rc = 0;
+    int e = errno;
+    close(fd);
+    errno = e;
+    return rc;
+}
+
+static void release(dp_atomic_file *af)
+{
+    free(af->path);
+    free(af->tmp);
+    free(af);
+}
+
+dp_status dp_atomic_file_commit(dp_atomic_file *af)
+{
+    if (!af) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "file is NULL");
+    dp_status st = dp_atomic_file_sync(af);
+    if (st != DP_OK) {
+        dp_atomic_file_abort(af);
+        return st;
+    }
+    if (rename(af->tmp, af->path) != 0) {
+        int e = errno;
+        st = DP_FAIL(DP_ERR_IO, "cannot rename '%s' to '%s': %s", af->tmp, af->path,
+                     strerror(e));
+        errno = e;
+        dp_atomic_file_abort(af); // keeps errno
+        return st;
+    }
+    if (fsync_parent(af->path) != 0) {
+        int e = errno;
+        st = DP_FAIL(DP_ERR_IO,
+                     "'%s' was written but fsync of its directory failed (%s): it may not "
+                     "survive a crash",
+                     af->path, strerror(e));
+        errno = e;
+    }
+    release(af);
+    return st;
+}
+
+void dp_atomic_file_abort(dp_atomic_file *af)
+{
+    if (!af) return;
+    int e = errno; // keep the caller's errno for its message
+    if (af->fd >= 0) close(af->fd);
+    unlink(af->tmp);
+    release(af);
+    errno = e;
+}

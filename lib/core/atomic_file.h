@@ -1,0 +1,81 @@
+/*
+ * core/atomic_file.h - write a file so that readers see the old contents
+ * or the complete new ones, never a part (internal; not installed).
+ *
+ * The bytes go to a temporary file "<path>.tmp.<pid>.<counter>" in the
+ * target's directory (so the rename never crosses filesystems), which is
+ * fsync'ed, closed and renamed over path; then the directory is fsync'ed so
+ * the rename itself survives a crash. The pid and a process-wide counter
+ * make the name unique across processes and threads; a clean-up of stale
+ * temporary files left by a killed process relies on this exact pattern.
+ *
+ *   dp_atomic_file *af;
+ *   DP_TRY(dp_atomic_file_open(path, &af));
+ *   if ((st = dp_atomic_file_write(af, buf, n)) != DP_OK) { dp_atomic_file_abort(af); ... }
+ *   st = dp_atomic_file_commit(af);   // af is freed either way
+ *
+ * To replace several files all or none, call dp_atomic_file_sync on each
+ * (every write and fsync that can fail), and only when all succeeded
+ * dp_atomic_file_commit each (what is left is a rename in a directory the
+ * caller already wrote to).
+ *
+ * On an error, errno is left as the failing system call set it, so a
+ * program can print strerror(errno) without the recorded message.
+ *
+ * Exported for dp's own programs (dp_bench); not part of the public API.
+ */
+#ifndef DP_CORE_ATOMIC_FILE_H
+#define DP_CORE_ATOMIC_FILE_H
+
+#include <stddef.h>
+
+#include "dp/export.h"
+#include "dp/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dp_atomic_file dp_atomic_file;
+
+/* Creates the temporary file next to path (mode 0666 & ~umask, O_EXCL).
+ * Errors: DP_ERR_INVALID_ARGUMENT (NULL or empty path, NULL out),
+ * DP_ERR_IO (the temporary file cannot be created: the message names path
+ * and the reason, e.g. "No such file or directory" for a missing
+ * directory), DP_ERR_OUT_OF_MEMORY. */
+DP_API dp_status dp_atomic_file_open(const char *path, dp_atomic_file **out);
+
+/* The temporary file's descriptor, for writers that need one (owned by af;
+ * do not close it). -1 after dp_atomic_file_sync. */
+DP_API int dp_atomic_file_fd(const dp_atomic_file *af);
+
+/* The temporary file's path (owned by af). */
+DP_API const char *dp_atomic_file_temp_path(const dp_atomic_file *af);
+
+/* Appends n bytes (any size; retried on short writes and EINTR).
+ * Errors: DP_ERR_INVALID_ARGUMENT (NULL, or after dp_atomic_file_sync),
+ * DP_ERR_IO (the message names path and the reason, e.g. no space). */
+DP_API dp_status dp_atomic_file_write(dp_atomic_file *af, const void *buf, size_t n);
+
+/* fsync and close the temporary file: after DP_OK only the rename is left.
+ * Idempotent. Errors: DP_ERR_INVALID_ARGUMENT (NULL), DP_ERR_IO. On error
+ * the caller still aborts af. */
+DP_API dp_status dp_atomic_file_sync(dp_atomic_file *af);
+
+/* dp_atomic_file_sync if not done, then renames the temporary file over
+ * path and fsyncs the directory. Frees af whatever the outcome; on error
+ * the temporary file is removed and path is untouched (except when only
+ * the directory fsync failed: path then holds the new contents, which may
+ * not survive a crash, and the message says so).
+ * Errors: DP_ERR_INVALID_ARGUMENT (NULL), DP_ERR_IO. */
+DP_API dp_status dp_atomic_file_commit(dp_atomic_file *af);
+
+/* Closes and removes the temporary file and frees af; path is untouched.
+ * NULL is a no-op. */
+DP_API void dp_atomic_file_abort(dp_atomic_file *af);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DP_CORE_ATOMIC_FILE_H */

@@ -1,0 +1,198 @@
+/*
+ * io/trace.c - Chrome trace-event JSON of the engine's phase timing (see
+ * dp/trace.h), streamed with careful printf into the core atomic writer.
+ *
+ * Format: the "JSON Object Format" of the Trace Event Format document
+ * (Google, "Trace Event Format", 2016): "X" complete events with ts and
+ * dur in microseconds, "M" metadata events naming the process and threads.
+ */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/atomic_file.h"
+#include "core/checked.h"
+#include "core/error.h"
+#include "dp/trace.h"
+
+// One step's record: [start_seconds, step, then per device: rows, then per
+// phase: start, seconds], all doubles (counts below 2^53 are exact).
+#define DEV_STRIDE (1 + 2 * DP_PHASE_COUNT)
+
+struct dp_trace {
+    size_t k;
+    char *names[DP_MAX_DEVICES];
+    size_t stride; // doubles per step
+    double *rec;   // (n, stride)
+    size_t n, cap; // steps stored, steps of capacity
+};
+
+dp_status dp_trace_create(const char *const *names, size_t k, dp_trace **out)
+{
+    if (!out) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "out is NULL");
+    *out = NULL;
+    if (!names) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "names is NULL");
+    if (k < 1 || k > DP_MAX_DEVICES)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%zu devices: a trace has 1 to %d", k,
+                       DP_MAX_DEVICES);
+    for (size_t i = 0; i < k; i++)
+        if (!names[i] || !*names[i])
+            return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "the name of device %zu is NULL or empty", i);
+    dp_trace *t = calloc(1, sizeof *t);
+    if (!t) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "cannot allocate a trace");
+    t->k = k;
+    t->stride = 2 + k * DEV_STRIDE;
+    for (size_t i = 0; i < k; i++) {
+        t->names[i] = strdup(names[i]);
+        if (!t->names[i]) {
+            dp_trace_destroy(t);
+            return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "cannot copy the device names");
+        }
+    }
+    *out = t;
+    return DP_OK;
+}
+
+void dp_trace_destroy(dp_trace *t)
+{
+    if (!t) return;
+    for (size_t i = 0; i < t->k; i++) free(t->names[i]);
+    free(t->rec);
+    free(t);
+}
+
+size_t dp_trace_steps(const dp_trace *t) { return t ? t->n : 0; }
+
+static int bad_time(double x) { return !isfinite(x) || x < 0; }
+
+dp_status dp_trace_add_step(dp_trace *t, const dp_step_stats *st)
+{
+    if (!t || !st) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "trace or stats is NULL");
+    if (st->n_devices != t->k)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "the step has %zu devices, the trace %zu",
+                       st->n_devices, t->k);
+    if (bad_time(st->start_seconds))
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "start_seconds %g is negative or not finite",
+                       st->start_seconds);
+    for (size_t i = 0; i < t->k; i++)
+        for (int p = 0; p < DP_PHASE_COUNT; p++)
+            if (bad_time(st->devices[i].phase_start[p]) ||
+                bad_time(st->devices[i].phase_seconds[p]))
+                return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
+                               "device %zu phase %s: start %g or seconds %g is negative or not "
+                               "finite",
+                               i, dp_phase_name((dp_phase)p), st->devices[i].phase_start[p],
+                               st->devices[i].phase_seconds[p]);
+    if (t->n == t->cap) {
+        size_t ncap = t->cap ? 2 * t->cap : 64, bytes;
+        if (!dp_size_mul(ncap, t->stride * sizeof(double), &bytes))
+            return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "the trace of %zu steps is too large", t->n);
+        double *r = realloc(t->rec, bytes);
+        if (!r) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "cannot grow the trace to %zu steps", ncap);
+        t->rec = r;
+        t->cap = ncap;
+    }
+    double *r = t->rec + t->n * t->stride;
+    r[0] = st->start_seconds;
+    r[1] = (double)st->step;
+    for (size_t i = 0; i < t->k; i++) {
+        double *d = r + 2 + i * DEV_STRIDE;
+        d[0] = (double)st->devices[i].rows;
+        for (int p = 0; p < DP_PHASE_COUNT; p++) {
+            d[1 + 2 * p] = st->devices[i].phase_start[p];
+            d[2 + 2 * p] = st->devices[i].phase_seconds[p];
+        }
+    }
+    t->n++;
+    return DP_OK;
+}
+
+// --- writing ------------------------------------------------------------------------
+
+// Output buffered in memory and handed to the atomic file in 64 KiB pieces.
+typedef struct out_buf {
+    dp_atomic_file *af;
+    char buf[1 << 16];
+    size_t len;
+    dp_status st;
+} out_buf;
+
+static void flush_out(out_buf *o)
+{
+    if (o->st == DP_OK && o->len) o->st = dp_atomic_file_write(o->af, o->buf, o->len);
+    o->len = 0;
+}
+
+DP_PRINTF(2, 3) static void put(out_buf *o, const char *fmt, ...)
+{
+    for (int attempt = 0; attempt < 2; attempt++) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(o->buf + o->len, sizeof o->buf - o->len, fmt, ap);
+        va_end(ap);
+        if (n >= 0 && (size_t)n < sizeof o->buf - o->len) {
+            o->len += (size_t)n;
+            return;
+        }
+        flush_out(o); // did not fit: write what is buffered and try once more
+    }
+    if (o->st == DP_OK) o->st = DP_FAIL(DP_ERR_INTERNAL, "a trace event did not fit the buffer");
+}
+
+// A JSON string literal of s (quotes, backslashes and control bytes escaped).
+static void put_string(out_buf *o, const char *s)
+{
+    put(o, "\"");
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') put(o, "\\%c", c);
+        else if (c < 0x20) put(o, "\\u%04x", c);
+        else put(o, "%c", c);
+    }
+    put(o, "\"");
+}
+
+dp_status dp_trace_write(const dp_trace *t, const char *path)
+{
+    if (!t || !path || !*path) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "trace or path is NULL/empty");
+    out_buf *o = calloc(1, sizeof *o);
+    if (!o) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "cannot allocate the output buffer");
+    dp_status st = dp_atomic_file_open(path, &o->af);
+    if (st != DP_OK) {
+        free(o);
+        return st;
+    }
+    put(o, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n");
+    put(o, "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": 1, \"tid\": 0, "
+           "\"args\": {\"name\": \"dp\"}}");
+    for (size_t i = 0; i < t->k; i++) {
+        put(o, ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 1, \"tid\": %zu, "
+               "\"args\": {\"name\": ", i);
+        put_string(o, t->names[i]);
+        put(o, "}},\n{\"name\": \"thread_sort_index\", \"ph\": \"M\", \"pid\": 1, \"tid\": %zu, "
+               "\"args\": {\"sort_index\": %zu}}", i, i);
+    }
+    for (size_t s = 0; s < t->n; s++) {
+        const double *r = t->rec + s * t->stride;
+        for (size_t i = 0; i < t->k; i++) {
+            const double *d = r + 2 + i * DEV_STRIDE;
+            for (int p = 0; p < DP_PHASE_COUNT; p++) {
+                double start = d[1 + 2 * p], sec = d[2 + 2 * p];
+                if (start == 0 && sec == 0) continue; // not run
+                put(o, ",\n{\"name\": \"%s\", \"cat\": \"step\", \"ph\": \"X\", \"pid\": 1, "
+                       "\"tid\": %zu, \"ts\": %.3f, \"dur\": %.3f, "
+                       "\"args\": {\"step\": %.0f, \"rows\": %.0f}}",
+                    dp_phase_name((dp_phase)p), i, 1e6 * (r[0] + start), 1e6 * sec, r[1], d[0]);
+            }
+        }
+    }
+    put(o, "\n]}\n");
+    flush_out(o);
+    st = o->st;
+    if (st == DP_OK) st = dp_atomic_file_commit(o->af);
+    else dp_atomic_file_abort(o->af);
+    free(o);
+    return st;
+}

@@ -1,0 +1,108 @@
+/*
+ * core/atomic_file.h: the one atomic file writer. The temporary file is
+ * named "<path>.tmp.<pid>.<counter>" next to path (the stale-temp clean-up
+ * relies on it), commit replaces path whole, abort leaves path as it was
+ * and no temporary file, and errors name the path.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <dirent.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/atomic_file.h"
+#include "dp_test.h"
+#include "dp_test_fs.h"
+
+static char tmpdir[64];
+
+static void setup(void)
+{
+    strcpy(tmpdir, "/tmp/dp_test_atomic_XXXXXX");
+    cr_assert_not_null(mkdtemp(tmpdir), "mkdtemp failed");
+}
+
+static void teardown(void) { dp_test_remove_tree(tmpdir); }
+
+TestSuite(atomic_file, .init = setup, .fini = teardown);
+
+static int n_entries(void)
+{
+    DIR *d = opendir(tmpdir);
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) n += de->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+static void expect_contents(const char *path, const char *want)
+{
+    size_t n;
+    char *got = (char *)dp_test_read_file(path, &n);
+    cr_assert(n == strlen(want) && memcmp(got, want, n) == 0, "%s holds \"%.*s\"", path, (int)n,
+              got);
+    free(got);
+}
+
+Test(atomic_file, temp_name_commit_and_abort)
+{
+    char path[256], prefix[300];
+    snprintf(path, sizeof path, "%s/out.json", tmpdir);
+    dp_test_write_file(path, "old", 3);
+    snprintf(prefix, sizeof prefix, "%s.tmp.%ld.", path, (long)getpid());
+
+    dp_atomic_file *a, *b;
+    dp_assert_ok(dp_atomic_file_open(path, &a));
+    dp_assert_ok(dp_atomic_file_open(path, &b));
+    const char *ta = dp_atomic_file_temp_path(a), *tb = dp_atomic_file_temp_path(b);
+    cr_assert_eq(strncmp(ta, prefix, strlen(prefix)), 0, "temp name %s", ta);
+    cr_assert_eq(strncmp(tb, prefix, strlen(prefix)), 0, "temp name %s", tb);
+    cr_assert_str_neq(ta, tb, "two writers share a temporary file");
+    const char *digits = ta + strlen(prefix);
+    cr_assert(*digits && strspn(digits, "0123456789") == strlen(digits), "counter in %s", ta);
+    struct stat sb;
+    cr_assert_eq(stat(ta, &sb), 0, "the temporary file exists while writing");
+
+    dp_assert_ok(dp_atomic_file_write(a, "new ", 4));
+    dp_assert_ok(dp_atomic_file_write(a, "text", 4));
+    expect_contents(path, "old"); /* nothing visible before the commit */
+    dp_assert_ok(dp_atomic_file_sync(a));
+    cr_assert_eq(dp_atomic_file_write(a, "x", 1), DP_ERR_INVALID_ARGUMENT, "write after sync");
+    expect_contents(path, "old");
+    dp_assert_ok(dp_atomic_file_commit(a));
+    expect_contents(path, "new text");
+
+    dp_assert_ok(dp_atomic_file_write(b, "discarded", 9));
+    dp_atomic_file_abort(b);
+    dp_atomic_file_abort(NULL);
+    expect_contents(path, "new text");
+    cr_assert_eq(n_entries(), 1, "a temporary file was left behind");
+}
+
+Test(atomic_file, errors_name_the_path_and_leave_nothing)
+{
+    char path[256];
+    dp_atomic_file *af = (dp_atomic_file *)1;
+    snprintf(path, sizeof path, "%s/nodir/x.csv", tmpdir);
+    cr_assert_eq(dp_atomic_file_open(path, &af), DP_ERR_IO);
+    cr_assert_null(af);
+    cr_assert(strstr(dp_last_error(), "nodir/x.csv") && strstr(dp_last_error(), "No such file"),
+              "%s", dp_last_error());
+    cr_assert_eq(dp_atomic_file_open("", &af), DP_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(dp_atomic_file_open(path, NULL), DP_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(dp_atomic_file_commit(NULL), DP_ERR_INVALID_ARGUMENT);
+
+    /* The target is a non-empty directory: the rename fails, nothing stays. */
+    snprintf(path, sizeof path, "%s/target", tmpdir);
+    cr_assert_eq(mkdir(path, 0755), 0);
+    char inner[300];
+    snprintf(inner, sizeof inner, "%s/keep", path);
+    dp_test_write_file(inner, "k", 1);
+    dp_assert_ok(dp_atomic_file_open(path, &af));
+    dp_assert_ok(dp_atomic_file_write(af, "abc", 3));
+    cr_assert_eq(dp_atomic_file_commit(af), DP_ERR_IO);
+    cr_assert(strstr(dp_last_error(), "rename"), "%s", dp_last_error());
+    cr_assert_eq(n_entries(), 1, "only the directory 'target' may exist");
+}
