@@ -17,5 +17,6 @@
 #include "dp/tokenizer.h"
 #include "dp/data.h"
 #include "dp/checkpoint.h"
+#include "dp/trace.h"
 
 #endif /* DP_DP_H */
