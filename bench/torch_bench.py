@@ -9,9 +9,13 @@ after --warmup untimed ones. --grid runs every combination of torch
 threads 1, 2 and OPENBLAS_NUM_THREADS 1, 2 (each in a fresh process, since
 OpenBLAS reads its variable at load time) and names the best.
 
+--device cuda times it on the GPU (CUDA synchronised around each step;
+float32 without TF32, like dp_bench without --tf32).
+
 Usage (Debian's python3-torch):
   /usr/bin/python3 bench/torch_bench.py --grid
   OPENBLAS_NUM_THREADS=1 /usr/bin/python3 bench/torch_bench.py --threads 1
+  python3 bench/torch_bench.py --device cuda
 """
 import argparse
 import os
@@ -30,7 +34,14 @@ from torch_gpt import GPT  # noqa: E402  (the same model as the trainer comparis
 def run(a):
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
-    model = GPT(a.vocab, a.context, a.layers, a.heads, a.dim)
+    dev = torch.device(a.device)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            sys.exit("torch_bench.py: --device cuda but torch sees no CUDA device")
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    model = GPT(a.vocab, a.context, a.layers, a.heads, a.dim).to(dev)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     other = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
@@ -39,19 +50,22 @@ def run(a):
     g = torch.Generator().manual_seed(a.seed)
     times = []
     for step in range(a.warmup + a.steps):
-        x = torch.randint(a.vocab, (a.batch_size, a.context), generator=g)
-        y = torch.randint(a.vocab, (a.batch_size, a.context), generator=g)
+        x = torch.randint(a.vocab, (a.batch_size, a.context), generator=g).to(dev)
+        y = torch.randint(a.vocab, (a.batch_size, a.context), generator=g).to(dev)
+        sync()
         t0 = time.perf_counter()
         loss = F.cross_entropy(model(x).view(-1, a.vocab), y.view(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        sync()
         if step >= a.warmup:
             times.append(time.perf_counter() - t0)
     med = statistics.median(times)
     tps = a.batch_size * a.context / med
-    print(f"torch threads {a.threads} OPENBLAS_NUM_THREADS "
+    where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+    print(f"{where}: torch threads {a.threads} OPENBLAS_NUM_THREADS "
           f"{os.environ.get('OPENBLAS_NUM_THREADS', '-')}: step {1e3 * med:.1f} ms median "
           f"(min {1e3 * min(times):.1f}, max {1e3 * max(times):.1f}), {tps:.0f} tokens/s",
           flush=True)
@@ -70,6 +84,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=1337)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
     ap.add_argument("--grid", action="store_true",
                     help="torch threads {1,2} x OPENBLAS_NUM_THREADS {1,2}, best reported")
     a = ap.parse_args()
