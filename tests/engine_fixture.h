@@ -1,13 +1,14 @@
 /*
- * tests/engine_fixture.h - the engine tests' shared fixture: the example
- * MLP on k CPU devices, deterministic batches, a base configuration, and a
- * close that checks every device byte was freed.
+ * tests/engine_fixture.h - the engine tests' shared fixture: the test MLP
+ * (fixtures/mlp_model.h) on k CPU devices, deterministic batches, a base
+ * configuration, and a close that checks every device byte was freed.
  */
 #ifndef DP_TEST_ENGINE_FIXTURE_H
 #define DP_TEST_ENGINE_FIXTURE_H
 
 #include "dp_test.h"
-#include "mlp.h"
+#include "mlp_model.h"
+#include "parallel/engine_testing.h"
 
 // --- fixtures ---------------------------------------------------------------------------
 

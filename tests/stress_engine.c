@@ -10,7 +10,8 @@
 
 #include <dp/dp.h>
 
-#include "mlp.h"
+#include "mlp_model.h"
+#include "parallel/engine_testing.h"
 
 enum { D = 8, H = 16, K = 6, MAXROWS = 24 };
 
