@@ -308,7 +308,7 @@ Test(engine_faults, bad_watchdog_and_check_settings_are_rejected, .timeout = 10)
  * largest watchdog returns at once (no overflowed deadline to spin on). */
 Test(engine_faults, watchdog_bounds_are_accepted, .timeout = 10)
 {
-    const double good[] = {0.0, DP_WATCHDOG_MIN_SECONDS, 1.0, DP_WATCHDOG_MAX_SECONDS};
+    const double good[] = {0.0, 1.0, DP_WATCHDOG_MAX_SECONDS};
     for (size_t i = 0; i < sizeof good / sizeof *good; i++) {
         dp_engine_config cfg = base_cfg(DP_MODE_BALANCED);
         cfg.watchdog_seconds = good[i];
@@ -317,16 +317,24 @@ Test(engine_faults, watchdog_bounds_are_accepted, .timeout = 10)
         int32_t y[6];
         dp_batch b = open_two(&r, cfg, x, y);
         dp_step_stats st;
-        /* The minimum may fire on a slow machine: that is its documented
-         * behaviour, so only the others must complete the step. */
-        dp_status s = dp_engine_step(r.e, &b, &st);
-        if (good[i] != DP_WATCHDOG_MIN_SECONDS)
-            cr_assert_eq(s, DP_OK, "watchdog %g: %s", good[i], dp_last_error());
-        else
-            cr_assert(s == DP_OK || s == DP_ERR_TIMEOUT, "watchdog %g: %s", good[i],
-                      dp_last_error());
+        dp_assert_ok(dp_engine_step(r.e, &b, &st));
         run_close(&r);
     }
+    /* The minimum is accepted; a millisecond may really pass during the
+     * setup on a busy machine, which is then the documented timeout. */
+    mlp net;
+    dp_model model;
+    mlp_config mc = {D, H, K};
+    mlp_init_model(&net, &mc, &model);
+    dp_criterion crit = dp_criterion_cross_entropy();
+    dp_device_spec spec = {DP_DEVICE_CPU, 0};
+    dp_engine_config cfg = base_cfg(DP_MODE_BALANCED);
+    cfg.watchdog_seconds = DP_WATCHDOG_MIN_SECONDS;
+    dp_engine *e = NULL;
+    dp_status s = dp_engine_create(&spec, 1, &model, &crit, &cfg, &e);
+    cr_assert(s == DP_OK || s == DP_ERR_TIMEOUT, "the minimum watchdog gave %s: %s",
+              dp_strerror(s), dp_last_error());
+    dp_engine_destroy(e);
 }
 
 /* Deadlines far in the future, NaN or negative never overflow time_t. */

@@ -235,66 +235,6 @@ dp_status dp_engine_evaluate(dp_engine *e, const dp_batch *batch, dp_step_stats 
 
 // --- create / destroy ---------------------------------------------------------------
 
-static dp_status check_config(const dp_engine_config *c, size_t k)
-{
-    if ((unsigned)c->mode >= DP_MODE_COUNT)
-        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "unknown mode %d; use balanced or gather", (int)c->mode);
-    if ((unsigned)c->optim.kind >= DP_OPTIMIZER_COUNT)
-        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "unknown optimizer %d", (int)c->optim.kind);
-    const dp_optim_config *o = &c->optim;
-    if (!(o->lr >= 0.0f) || !isfinite(o->lr) || !(o->weight_decay >= 0.0f) ||
-        !isfinite(o->weight_decay) || !(o->grad_clip >= 0.0f) || !isfinite(o->grad_clip))
-        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "lr, weight_decay and grad_clip must be finite "
-                       "and >= 0 (got %g, %g, %g)", o->lr, o->weight_decay, o->grad_clip);
-    if (o->kind == DP_OPTIMIZER_ADAMW &&
-        (!(o->beta1 >= 0.0f && o->beta1 < 1.0f) || !(o->beta2 >= 0.0f && o->beta2 < 1.0f) ||
-         !(o->eps > 0.0f) || !isfinite(o->eps)))
-        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "AdamW needs 0 <= beta1, beta2 < 1 and eps > 0 "
-                       "(got beta1 %g, beta2 %g, eps %g)", o->beta1, o->beta2, o->eps);
-    if (o->kind == DP_OPTIMIZER_SGD && !(o->momentum >= 0.0f && o->momentum < 1.0f))
-        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "SGD momentum must be in [0, 1)");
-    if (c->grad_accum < 0)
-        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "grad_accum must be >= 1 (got %d)", c->grad_accum);
-    if (c->watchdog_seconds != 0.0 && !(c->watchdog_seconds >= DP_WATCHDOG_MIN_SECONDS &&
-                                        c->watchdog_seconds <= DP_WATCHDOG_MAX_SECONDS))
-        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "watchdog_seconds is %g; use 0 (off) or %g to %g "
-                       "seconds", c->watchdog_seconds, DP_WATCHDOG_MIN_SECONDS,
-                       DP_WATCHDOG_MAX_SECONDS);
-    if (c->check_replicas_every < 0)
-        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "check_replicas_every is %ld; use 0 (off) or a "
-                       "step interval >= 1", c->check_replicas_every);
-    if (c->device_weights) {
-        double sum = 0.0;
-        for (size_t i = 0; i < k; i++) {
-            if (!(c->device_weights[i] >= 0.0f) || !isfinite(c->device_weights[i]))
-                return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "device weight %zu is %g; weights must be "
-                               "finite and >= 0", i, c->device_weights[i]);
-            sum += c->device_weights[i];
-        }
-        if (sum <= 0.0)
-            return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "device weights are all zero; give at least "
-                           "one device a positive share");
-    }
-    return DP_OK;
-}
-
-/* The device list's rules (dp_device_list_parse): one kind, and a CPU
- * device at most once; a GPU may carry several logical devices. */
-static dp_status check_devices(const dp_device_spec *d, size_t k)
-{
-    for (size_t i = 1; i < k; i++) {
-        if (d[i].kind != d[0].kind)
-            return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "devices[0] and devices[%zu] are of different "
-                           "kinds (cpu and cuda); use one kind", i);
-        for (size_t j = 0; d[i].kind == DP_DEVICE_CPU && j < i; j++)
-            if (d[j].kind == DP_DEVICE_CPU && d[j].index == d[i].index)
-                return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "devices[%zu] and devices[%zu] are both "
-                               "cpu:%d; each CPU device may appear once (cpu:0,cpu:1 for two)",
-                               j, i, d[i].index);
-    }
-    return DP_OK;
-}
-
 dp_status dp_engine_create(const dp_device_spec *devices, size_t k, const dp_model *model,
                            const dp_criterion *crit, const dp_engine_config *cfg, dp_engine **out)
 {
@@ -307,8 +247,7 @@ dp_status dp_engine_create(const dp_device_spec *devices, size_t k, const dp_mod
     if (!crit->forward_backward || !crit->scratch_bytes)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "criterion callbacks must not be NULL");
     DP_TRY(dp_model_validate(model));
-    DP_TRY(check_config(cfg, k));
-    DP_TRY(check_devices(devices, k));
+    DP_TRY(dp_plan_check_config(cfg, devices, k));
 
     dp_engine *e = calloc(1, sizeof *e);
     if (!e) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation failed");

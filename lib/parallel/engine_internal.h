@@ -5,7 +5,7 @@
  * The rooms:
  *   engine.c     create/destroy, the step's phases (job_step), stats, setters
  *   workers.c    the worker pool: jobs, phases, barrier use, watchdog, test hooks
- *   plan.c       pure planning: the split, micro-batches, N
+ *   plan.c       pure planning: config checks, the split, micro-batches, N
  *   compute.c    forward, criterion and backward over a device's micro-batches
  *   comm.c       the in-process collectives (comm.h)
  *   optimizer.c  optimizer slices and state, clipping and the update
@@ -191,6 +191,10 @@ void dp_dbuf_release(dp_device *dev, dbuf *b);
 void dp_engine_job(worker *w, job_kind job);
 
 // --- plan.c --------------------------------------------------------------------------
+
+/* Checks a configuration and device list before anything is allocated. */
+dp_status dp_plan_check_config(const dp_engine_config *cfg, const dp_device_spec *devices,
+                               size_t k);
 
 /* Checks the batch (targets in range, at least one valid) and plans it on
  * the caller's thread: rows per device, micro-batches, N and 1/N. */
