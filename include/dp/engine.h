@@ -76,12 +76,12 @@ DP_API const char *dp_mode_name(dp_mode mode);
 
 typedef struct dp_optim_config {
     dp_optimizer kind;
-    float lr;           /* learning rate (dp_engine_set_lr changes it per step) */
+    float lr;           /* learning rate, finite and >= 0 (dp_engine_set_lr changes it) */
     float beta1, beta2; /* AdamW moments (0.9, 0.95 in nanoGPT) */
     float eps;          /* AdamW epsilon (1e-8) */
-    float weight_decay; /* applied to tensors with weight_decay = 1 */
+    float weight_decay; /* applied to tensors with weight_decay = 1; finite, >= 0 */
     float momentum;     /* SGD momentum */
-    float grad_clip;    /* max global L2 norm, 0 = no clipping */
+    float grad_clip;    /* max global L2 norm (finite), 0 = no clipping */
 } dp_optim_config;
 
 /* Bounds of dp_engine_config.watchdog_seconds when it is not 0: a
