@@ -106,7 +106,9 @@ int dp_worker_sync(worker *w)
     return rc;
 }
 
+// --- jobs: the workers' loop and the caller's wait -------------------------------------
 
+/* Each worker waits for a job, runs it (engine.c) and reports back. */
 static void *worker_main(void *arg)
 {
     worker *w = arg;
