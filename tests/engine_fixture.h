@@ -1,13 +1,19 @@
 /*
- * tests/engine_fixture.h - the engine tests' shared fixture: the example
- * MLP on k CPU devices, deterministic batches, a base configuration, and a
- * close that checks every device byte was freed.
+ * tests/engine_fixture.h - the engine tests' shared fixture: the test MLP
+ * (fixtures/mlp_model.h) on k CPU devices, deterministic batches, a base
+ * configuration, and a close that checks every device byte was freed.
  */
 #ifndef DP_TEST_ENGINE_FIXTURE_H
 #define DP_TEST_ENGINE_FIXTURE_H
 
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
 #include "dp_test.h"
-#include "mlp.h"
+#include "mlp_model.h"
+#include "parallel/engine_testing.h"
 
 // --- fixtures ---------------------------------------------------------------------------
 
@@ -73,6 +79,106 @@ static inline size_t phase_cases(int *cases, int dev_hi, int dev_step)
         for (int d = 0; d <= dev_hi; d += dev_step)
             for (int p = 0; p < DP_PHASE_COUNT; p++) cases[n++] = m * 100 + d * 10 + p;
     return n;
+}
+
+// --- a model and criterion with hooks --------------------------------------------------
+
+/* The test MLP and cross-entropy, wrapped: between steps a test may make
+ * one device's criterion report a +Inf loss sum (its dlogits stay finite),
+ * make one device's backward write +Inf into its first gradient element
+ * (its loss stays finite), or make device 0's forward block until the test
+ * releases it (a step held in progress). -1 = off. */
+typedef struct hooked {
+    mlp net;
+    dp_model inner, model;
+    dp_criterion inner_crit, crit;
+    int inf_loss_dev, inf_grad_dev;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int block, entered, released;
+} hooked;
+
+static inline int hooked_is(const dp_device *dev, int index)
+{
+    char want[16];
+    snprintf(want, sizeof want, "cpu:%d", index);
+    return index >= 0 && strcmp(dp_device_name(dev), want) == 0;
+}
+
+static inline dp_status hooked_forward(void *ctx, dp_device *dev, const float *p,
+                                       const dp_chunk *c, void *ws, float *logits)
+{
+    hooked *h = ctx;
+    pthread_mutex_lock(&h->mu);
+    if (h->block && hooked_is(dev, 0)) {
+        h->entered = 1;
+        pthread_cond_broadcast(&h->cv);
+        while (!h->released) pthread_cond_wait(&h->cv, &h->mu);
+        h->block = 0;
+    }
+    pthread_mutex_unlock(&h->mu);
+    return h->inner.forward(h->inner.ctx, dev, p, c, ws, logits);
+}
+
+static inline dp_status hooked_backward(void *ctx, dp_device *dev, const float *p, float *g,
+                                        const dp_chunk *c, void *ws, float *dlogits)
+{
+    hooked *h = ctx;
+    dp_status s = h->inner.backward(h->inner.ctx, dev, p, g, c, ws, dlogits);
+    if (s == DP_OK && hooked_is(dev, h->inf_grad_dev)) {
+        float inf = INFINITY;
+        s = dp_copy_h2d(dev, g, &inf, sizeof inf);
+    }
+    return s;
+}
+
+static inline dp_status hooked_criterion(void *ctx, dp_device *dev, double *loss_sum,
+                                         float *dlogits, const float *logits,
+                                         const int32_t *targets, size_t n, size_t V,
+                                         float dscale, void *scratch)
+{
+    hooked *h = ctx;
+    dp_status s = h->inner_crit.forward_backward(h->inner_crit.ctx, dev, loss_sum, dlogits, logits,
+                                                 targets, n, V, dscale, scratch);
+    if (s == DP_OK && hooked_is(dev, h->inf_loss_dev)) *loss_sum = INFINITY;
+    return s;
+}
+
+static inline size_t hooked_scratch(void *ctx, size_t n, size_t V)
+{
+    hooked *h = ctx;
+    return h->inner_crit.scratch_bytes(h->inner_crit.ctx, n, V);
+}
+
+/* Opens the hooked MLP on k CPU devices (h must stay put while open). */
+static inline dp_engine *hooked_open(hooked *h, int k, dp_engine_config cfg)
+{
+    mlp_config mc = {D, H, K};
+    memset(h, 0, sizeof *h);
+    mlp_init_model(&h->net, &mc, &h->inner);
+    h->model = h->inner;
+    h->model.ctx = h;
+    h->model.forward = hooked_forward;
+    h->model.backward = hooked_backward;
+    h->inner_crit = dp_criterion_cross_entropy();
+    h->crit.ctx = h;
+    h->crit.scratch_bytes = hooked_scratch;
+    h->crit.forward_backward = hooked_criterion;
+    h->inf_loss_dev = h->inf_grad_dev = -1;
+    pthread_mutex_init(&h->mu, NULL);
+    pthread_cond_init(&h->cv, NULL);
+    dp_device_spec specs[DP_MAX_DEVICES];
+    for (int i = 0; i < k; i++) specs[i] = (dp_device_spec){DP_DEVICE_CPU, i};
+    dp_engine *e = NULL;
+    dp_assert_ok(dp_engine_create(specs, (size_t)k, &h->model, &h->crit, &cfg, &e));
+    return e;
+}
+
+static inline void hooked_close(hooked *h, dp_engine *e)
+{
+    dp_engine_destroy(e);
+    pthread_cond_destroy(&h->cv);
+    pthread_mutex_destroy(&h->mu);
 }
 
 #endif /* DP_TEST_ENGINE_FIXTURE_H */

@@ -2,22 +2,81 @@
  * tests/stress_engine.c - a plain stress program for ThreadSanitizer
  * (Criterion's runner does not run under TSan): many steps on 4 CPU
  * devices in both modes with random batch sizes, micro-batching, idle
- * devices and injected faults. Exits non-zero on any failure.
+ * devices and injected faults, then two threads stepping one engine at
+ * once (each call must return DP_OK or DP_ERR_BUSY). Exits non-zero on any
+ * failure; a watchdog thread ends the program with a message when no call
+ * returns for STALL_SECONDS, so a hang (e.g. a barrier that signals
+ * instead of broadcasting on abort) fails in seconds, not at CTest's timeout.
  */
+#define _POSIX_C_SOURCE 200809L
+
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <dp/dp.h>
 
-#include "mlp.h"
+#include "mlp_model.h"
+#include "parallel/engine_testing.h"
 
-enum { D = 8, H = 16, K = 6, MAXROWS = 24 };
+enum { D = 8, H = 16, K = 6, MAXROWS = 24, STALL_SECONDS = 10 };
+
+/* Engine calls that returned so far; the watchdog reads it once a second. */
+static atomic_long progress;
+
+static void *watchdog(void *arg)
+{
+    (void)arg;
+    long last = -1;
+    int still = 0;
+    for (;;) {
+        struct timespec one = {1, 0};
+        nanosleep(&one, NULL);
+        long now = atomic_load(&progress);
+        still = now == last ? still + 1 : 0;
+        last = now;
+        if (still >= STALL_SECONDS) {
+            fprintf(stderr, "stress: no engine call returned for %d s after %ld calls: a hang\n",
+                    STALL_SECONDS, now);
+            _exit(3);
+        }
+    }
+    return NULL;
+}
+
+typedef struct hammer {
+    dp_engine *e;
+    const dp_batch *b;
+    long n, ok, bad;
+} hammer;
+
+/* One of two threads stepping one engine at once. */
+static void *hammer_main(void *arg)
+{
+    hammer *h = arg;
+    for (long i = 0; i < h->n; i++) {
+        dp_status rc = dp_engine_step(h->e, h->b, NULL);
+        atomic_fetch_add(&progress, 1);
+        if (rc == DP_OK) h->ok++;
+        else if (rc != DP_ERR_BUSY && !h->bad++)
+            fprintf(stderr, "stress: concurrent step: %s\n", dp_last_error());
+    }
+    return NULL;
+}
 
 int main(int argc, char **argv)
 {
     long steps = argc > 1 ? strtol(argv[1], NULL, 10) : 150;
     size_t before = dp_device_bytes_freed_at_close();
+    pthread_t wd;
+    if (pthread_create(&wd, NULL, watchdog, NULL) != 0 || pthread_detach(wd) != 0) {
+        fprintf(stderr, "stress: cannot start the watchdog thread\n");
+        return 1;
+    }
     for (int mode = 0; mode < DP_MODE_COUNT; mode++) {
         mlp net;
         dp_model model;
@@ -50,6 +109,7 @@ int main(int argc, char **argv)
             dp_batch b = {rows, x, y};
             dp_step_stats st;
             dp_status rc = dp_engine_step(e, &b, &st);
+            atomic_fetch_add(&progress, 1);
             if (inject) dp_engine_inject_fault(e, 0, DP_PHASE_COUNT, DP_OK); /* clear if it never fired */
             if (rc != DP_OK && !(inject && rc == DP_ERR_DEVICE)) {
                 fprintf(stderr, "stress: step %ld: %s\n", s, dp_last_error());
@@ -59,6 +119,22 @@ int main(int argc, char **argv)
                 fprintf(stderr, "stress: step %ld: non-finite loss\n", s);
                 return 1;
             }
+        }
+        /* Two threads at once: OK or BUSY, never a hang or another error. */
+        for (size_t i = 0; i < MAXROWS; i++) y[i] = (int32_t)(i % K);
+        dp_batch b = {MAXROWS, x, y};
+        hammer hm[2] = {{e, &b, steps / 4 + 1, 0, 0}, {e, &b, steps / 4 + 1, 0, 0}};
+        pthread_t th[2];
+        for (int i = 0; i < 2; i++)
+            if (pthread_create(&th[i], NULL, hammer_main, &hm[i]) != 0) {
+                fprintf(stderr, "stress: cannot start a stepping thread\n");
+                return 1;
+            }
+        for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+        if (hm[0].bad || hm[1].bad || hm[0].ok + hm[1].ok == 0) {
+            fprintf(stderr, "stress: concurrent steps: %ld + %ld ok, %ld + %ld failed\n",
+                    hm[0].ok, hm[1].ok, hm[0].bad, hm[1].bad);
+            return 1;
         }
         dp_engine_destroy(e);
     }

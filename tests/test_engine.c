@@ -248,7 +248,7 @@ ParameterizedTestParameters(engine, injected_fault_is_reported_and_recovered)
     return cr_make_param_array(int, cases, phase_cases(cases, 2, 2));
 }
 
-ParameterizedTest(int *c, engine, injected_fault_is_reported_and_recovered, .timeout = 30)
+ParameterizedTest(int *c, engine, injected_fault_is_reported_and_recovered, .timeout = 10)
 {
     dp_mode mode = (dp_mode)(*c / 100);
     int dev = *c / 10 % 10;
@@ -379,4 +379,267 @@ Test(engine, params_and_optimizer_state_round_trip)
     dp_assert_allclose(q, p2, n, 1e-6, 1e-5);
     run_close(&r2);
     run_close(&r);
+}
+
+// --- setters -------------------------------------------------------------------------------
+
+Test(engine, setters_refuse_non_finite_and_negative_values, .timeout = 30)
+{
+    run r;
+    run_open(&r, 2, base_cfg(DP_MODE_BALANCED), NULL);
+    size_t n = r.model.n_params;
+    static float p[NP_MAX], m[NP_MAX], v[NP_MAX], q[NP_MAX];
+    float x[8 * D];
+    int32_t y[8];
+    make_batch(0, 8, 0, x, y);
+    dp_batch b = {8, x, y};
+    dp_assert_ok(dp_engine_step(r.e, &b, NULL));
+    dp_assert_ok(dp_engine_get_params(r.e, p));
+    long t;
+    dp_assert_ok(dp_engine_get_optimizer_state(r.e, m, v, &t));
+
+    const float bad_lr[] = {NAN, INFINITY, -INFINITY, -1e-3f};
+    for (size_t i = 0; i < sizeof bad_lr / sizeof *bad_lr; i++) {
+        cr_assert_eq(dp_engine_set_lr(r.e, bad_lr[i]), DP_ERR_INVALID_ARGUMENT, "lr %g", bad_lr[i]);
+        cr_assert(strstr(dp_last_error(), "learning rate"), "%s", dp_last_error());
+    }
+    cr_assert_eq(dp_engine_set_lr(NULL, 1e-3f), DP_ERR_INVALID_ARGUMENT);
+
+    /* A refused setter changed nothing: lr 0 keeps the parameters, so a step
+     * after the refusals would move them only if a bad lr had been kept. */
+    dp_assert_ok(dp_engine_set_lr(r.e, 0.0f));
+    static float bad[NP_MAX];
+    memcpy(bad, p, n * sizeof(float));
+    bad[5] = NAN;
+    cr_assert_eq(dp_engine_set_params(r.e, bad), DP_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(dp_last_error(), "parameter 5"), "%s", dp_last_error());
+    bad[5] = INFINITY;
+    cr_assert_eq(dp_engine_set_params(r.e, bad), DP_ERR_INVALID_ARGUMENT);
+    memcpy(bad, m, n * sizeof(float));
+    bad[3] = -INFINITY;
+    cr_assert_eq(dp_engine_set_optimizer_state(r.e, bad, v, t), DP_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(dp_last_error(), "first moment 3"), "%s", dp_last_error());
+    memcpy(bad, v, n * sizeof(float));
+    bad[7] = -1.0f;
+    cr_assert_eq(dp_engine_set_optimizer_state(r.e, m, bad, t), DP_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(dp_last_error(), "second moment 7"), "%s", dp_last_error());
+    dp_assert_ok(dp_engine_get_params(r.e, q));
+    cr_assert(memcmp(p, q, n * sizeof(float)) == 0, "a refused set_params changed the parameters");
+    static float m2[NP_MAX], v2[NP_MAX];
+    long t2;
+    dp_assert_ok(dp_engine_get_optimizer_state(r.e, m2, v2, &t2));
+    cr_assert(memcmp(m, m2, n * sizeof(float)) == 0 && memcmp(v, v2, n * sizeof(float)) == 0 &&
+                  t == t2, "a refused set_optimizer_state changed the state");
+    run_close(&r);
+}
+
+// --- devices ------------------------------------------------------------------------------
+
+Test(engine, duplicate_cpu_devices_are_refused_like_the_device_list, .timeout = 30)
+{
+    mlp net;
+    dp_model model;
+    mlp_config mc = {D, H, K};
+    mlp_init_model(&net, &mc, &model);
+    dp_criterion crit = dp_criterion_cross_entropy();
+    dp_engine_config c = base_cfg(DP_MODE_BALANCED);
+    dp_engine *e = NULL;
+    /* The parser refuses "cpu:0,cpu:0"; the engine refuses the same list. */
+    dp_device_spec parsed[4];
+    size_t n = 0;
+    cr_assert_eq(dp_device_list_parse("cpu:0,cpu:0", parsed, 4, &n), DP_ERR_INVALID_ARGUMENT);
+    dp_device_spec dup[3] = {{DP_DEVICE_CPU, 0}, {DP_DEVICE_CPU, 1}, {DP_DEVICE_CPU, 0}};
+    cr_assert_eq(dp_engine_create(dup, 3, &model, &crit, &c, &e), DP_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(dp_last_error(), "devices[0] and devices[2] are both cpu:0"), "%s",
+              dp_last_error());
+    cr_assert_null(e);
+    /* Mixed kinds are refused before any CUDA device is opened. */
+    dp_device_spec mixed[2] = {{DP_DEVICE_CPU, 0}, {DP_DEVICE_CUDA, 0}};
+    cr_assert_eq(dp_engine_create(mixed, 2, &model, &crit, &c, &e), DP_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(dp_last_error(), "kinds"), "%s", dp_last_error());
+    /* Distinct CPU devices are fine. */
+    dp_device_spec ok[2] = {{DP_DEVICE_CPU, 3}, {DP_DEVICE_CPU, 1}};
+    dp_assert_ok(dp_engine_create(ok, 2, &model, &crit, &c, &e));
+    dp_engine_destroy(e);
+}
+
+// --- phase timing ---------------------------------------------------------------------------
+
+/* Each device's phases: started in phase order, non-negative, inside the step. */
+static void check_phase_times(const dp_step_stats *st, int train)
+{
+    const double slack = 1e-6; /* float rounding of the clock's differences */
+    for (size_t i = 0; i < st->n_devices; i++) {
+        const dp_device_step_stats *d = &st->devices[i];
+        double prev = 0.0;
+        for (int p = 0; p < DP_PHASE_COUNT; p++) {
+            int ran = train || p <= DP_PHASE_CRITERION;
+            cr_assert_geq(d->phase_seconds[p], 0.0);
+            cr_assert_geq(d->phase_start[p], 0.0);
+            if (!ran) {
+                cr_assert(d->phase_start[p] == 0.0 && d->phase_seconds[p] == 0.0,
+                          "device %zu: %s did not run but has start %g, seconds %g", i,
+                          dp_phase_name((dp_phase)p), d->phase_start[p], d->phase_seconds[p]);
+                continue;
+            }
+            cr_assert_geq(d->phase_start[p], prev, "device %zu: %s starts at %g, before the "
+                          "previous phase (%g)", i, dp_phase_name((dp_phase)p), d->phase_start[p],
+                          prev);
+            cr_assert_leq(d->phase_start[p] + d->phase_seconds[p], st->seconds + slack,
+                          "device %zu: %s ends after the step", i, dp_phase_name((dp_phase)p));
+            cr_assert_leq(d->phase_seconds[p], st->phase_seconds[p],
+                          "the step's phase time is the longest device's");
+            prev = d->phase_start[p];
+        }
+        /* Filled, not left zero: the last phase the device ran starts after
+         * its scatter (a forward and barriers lie between them). */
+        dp_phase last = train ? DP_PHASE_BROADCAST : DP_PHASE_CRITERION;
+        cr_assert_gt(d->phase_start[last], d->phase_start[DP_PHASE_SCATTER],
+                     "device %zu: %s does not start after the scatter", i,
+                     dp_phase_name(last));
+        double sum = 0.0;
+        for (int p = 0; p < DP_PHASE_COUNT; p++) sum += d->phase_seconds[p];
+        cr_assert_gt(sum, 0.0, "device %zu spent no time in any phase", i);
+        cr_assert_leq(sum, st->seconds + slack, "device %zu: phases sum to %g s in a %g s step",
+                      i, sum, st->seconds);
+    }
+}
+
+Test(engine, per_device_phase_times_are_filled_and_consistent, .timeout = 30)
+{
+    for (int m = 0; m < 2; m++) {
+        dp_engine_config c = base_cfg((dp_mode)m);
+        c.max_rows_per_micro = 2; /* phases repeat per micro-batch */
+        run r;
+        run_open(&r, 3, c, NULL);
+        float x[7 * D];
+        int32_t y[7];
+        make_batch(0, 7, 0, x, y);
+        dp_batch b = {7, x, y}, tiny = {2, x, y}; /* tiny leaves cpu:2 idle */
+        dp_step_stats st, prev;
+        memset(&prev, 0, sizeof prev);
+        for (int s = 0; s < 4; s++) {
+            dp_batch *bb = s == 2 ? &tiny : &b;
+            dp_assert_ok(s == 3 ? dp_engine_evaluate(r.e, bb, &st) : dp_engine_step(r.e, bb, &st));
+            check_phase_times(&st, s != 3);
+            /* Steps start in order, each after the previous one ended. */
+            cr_assert_geq(st.start_seconds, prev.start_seconds + prev.seconds - 1e-6,
+                          "step %d starts at %g, before the previous one ended (%g + %g)", s,
+                          st.start_seconds, prev.start_seconds, prev.seconds);
+            cr_assert_gt(st.start_seconds, prev.start_seconds, "start_seconds not filled");
+            prev = st;
+        }
+        run_close(&r);
+    }
+}
+
+// --- the thread contract ----------------------------------------------------------------------
+
+typedef struct stepper {
+    dp_engine *e;
+    const dp_batch *b;
+    int n;
+    int ok, busy, other;
+    dp_status first_other;
+} stepper;
+
+static void *step_thread(void *arg)
+{
+    stepper *s = arg;
+    for (int i = 0; i < s->n; i++) {
+        dp_status rc = dp_engine_step(s->e, s->b, NULL);
+        if (rc == DP_OK) s->ok++;
+        else if (rc == DP_ERR_BUSY) s->busy++;
+        else if (!s->other++) s->first_other = rc;
+    }
+    return NULL;
+}
+
+/* A call made while a step is held inside the model's forward returns
+ * DP_ERR_BUSY at once (the test would time out if it waited), and does
+ * nothing; the held step then completes. */
+Test(engine, a_concurrent_call_returns_busy_at_once, .timeout = 30)
+{
+    hooked h;
+    dp_engine *e = hooked_open(&h, 2, base_cfg(DP_MODE_BALANCED));
+    float x[6 * D];
+    int32_t y[6];
+    make_batch(0, 6, 0, x, y);
+    dp_batch b = {6, x, y};
+    static float before[NP_MAX];
+    dp_assert_ok(dp_engine_get_params(e, before));
+    h.block = 1;
+    stepper s = {e, &b, 1, 0, 0, 0, DP_OK};
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, step_thread, &s), 0);
+    pthread_mutex_lock(&h.mu);
+    while (!h.entered) pthread_cond_wait(&h.cv, &h.mu);
+    pthread_mutex_unlock(&h.mu);
+
+    /* The step is in progress on the other thread. */
+    static float buf[NP_MAX], m[NP_MAX], v[NP_MAX];
+    long t;
+    cr_assert_eq(dp_engine_step(e, &b, NULL), DP_ERR_BUSY);
+    cr_assert(strstr(dp_last_error(), "another call on this engine"), "%s", dp_last_error());
+    cr_assert_eq(dp_engine_evaluate(e, &b, NULL), DP_ERR_BUSY);
+    cr_assert_eq(dp_engine_set_lr(e, 0.5f), DP_ERR_BUSY);
+    cr_assert_eq(dp_engine_get_params(e, buf), DP_ERR_BUSY);
+    cr_assert_eq(dp_engine_set_params(e, before), DP_ERR_BUSY);
+    cr_assert_eq(dp_engine_get_optimizer_state(e, m, v, &t), DP_ERR_BUSY);
+    cr_assert_eq(dp_engine_set_optimizer_state(e, m, v, 0), DP_ERR_BUSY);
+    size_t rows[2];
+    dp_assert_ok(dp_engine_plan(e, 6, NULL, rows)); /* read-only: always allowed */
+
+    pthread_mutex_lock(&h.mu);
+    h.released = 1;
+    pthread_cond_broadcast(&h.cv);
+    pthread_mutex_unlock(&h.mu);
+    pthread_join(th, NULL);
+    cr_assert_eq(s.ok, 1, "the held step failed: %s", dp_strerror(s.first_other));
+    dp_assert_ok(dp_engine_get_optimizer_state(e, m, v, &t));
+    cr_assert_eq(t, 1, "a refused call took a step (t = %ld)", t);
+    hooked_close(&h, e);
+}
+
+/* Two threads hammer dp_engine_step on one engine: every call returns DP_OK
+ * or DP_ERR_BUSY, none hangs, and the engine ends exactly where the same
+ * number of sequential steps on that batch ends. */
+Test(engine, two_threads_hammering_step_get_ok_or_busy, .timeout = 60)
+{
+    for (int m = 0; m < 2; m++) {
+        run r;
+        run_open(&r, 3, base_cfg((dp_mode)m), NULL);
+        float x[7 * D];
+        int32_t y[7];
+        make_batch(0, 7, 0, x, y);
+        dp_batch b = {7, x, y};
+        stepper s[2] = {{r.e, &b, 150, 0, 0, 0, DP_OK}, {r.e, &b, 150, 0, 0, 0, DP_OK}};
+        pthread_t th[2];
+        for (int i = 0; i < 2; i++) cr_assert_eq(pthread_create(&th[i], NULL, step_thread, &s[i]), 0);
+        for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+        for (int i = 0; i < 2; i++)
+            cr_assert_eq(s[i].other, 0, "thread %d got %s", i, dp_strerror(s[i].first_other));
+        int ok = s[0].ok + s[1].ok;
+        cr_assert_eq(s[0].ok + s[0].busy + s[1].ok + s[1].busy, 300);
+        long t;
+        static float mm[NP_MAX], vv[NP_MAX], p[NP_MAX], q[NP_MAX];
+        dp_assert_ok(dp_engine_get_optimizer_state(r.e, mm, vv, &t));
+        cr_assert_eq(t, ok, "%d steps succeeded but the engine counted %ld", ok, t);
+        dp_assert_ok(dp_engine_get_params(r.e, p));
+
+        /* The same number of steps from one thread gives the same parameters. */
+        run ref;
+        run_open(&ref, 3, base_cfg((dp_mode)m), NULL);
+        for (int i = 0; i < ok; i++) dp_assert_ok(dp_engine_step(ref.e, &b, NULL));
+        dp_assert_ok(dp_engine_get_params(ref.e, q));
+        cr_assert(memcmp(p, q, r.model.n_params * sizeof(float)) == 0,
+                  "%s: %d concurrent steps differ from %d sequential ones",
+                  dp_mode_name((dp_mode)m), ok, ok);
+        /* And it still trains. */
+        dp_step_stats st;
+        dp_assert_ok(dp_engine_step(r.e, &b, &st));
+        cr_assert(isfinite(st.loss) && !st.skipped);
+        run_close(&ref);
+        run_close(&r);
+    }
 }

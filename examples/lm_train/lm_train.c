@@ -604,7 +604,7 @@ static int train(run *r)
     r->tty = isatty(STDOUT_FILENO);
     while (r->step < o->steps) {
         float lr = dp_lr_schedule(r->step, o->warmup, o->steps, (float)o->lr, (float)o->min_lr);
-        dp_engine_set_lr(r->engine, lr);
+        if (dp_engine_set_lr(r->engine, lr) != DP_OK) return cli_dp_fail("learning rate");
         if (dp_sampler_next(r->train, r->inputs, r->targets, B) != DP_OK) return cli_dp_fail("batch");
         dp_batch b = {B, r->inputs, r->targets};
         dp_step_stats st;

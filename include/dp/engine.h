@@ -23,6 +23,16 @@
  *
  * The loss is the exact global mean over valid targets for any split.
  * For a given device count the whole run is bitwise reproducible.
+ *
+ * Threads: an engine serves one call at a time. Any thread may call it,
+ * but calls on one engine must not overlap: a call made while another is
+ * running on another thread (dp_engine_step, _evaluate, _set_lr,
+ * _get/_set_params, _get/_set_optimizer_state) does nothing and returns
+ * DP_ERR_BUSY at once; it never waits. dp_engine_plan, _num_devices,
+ * _device and _model only read what create fixed and may be called at any
+ * time. dp_engine_destroy must not overlap any other call on the engine.
+ * Separate engines are independent. Error messages (dp_last_error) are
+ * per thread.
  */
 #ifndef DP_ENGINE_H
 #define DP_ENGINE_H
@@ -66,13 +76,19 @@ DP_API const char *dp_mode_name(dp_mode mode);
 
 typedef struct dp_optim_config {
     dp_optimizer kind;
-    float lr;           /* learning rate (dp_engine_set_lr changes it per step) */
+    float lr;           /* learning rate, finite and >= 0 (dp_engine_set_lr changes it) */
     float beta1, beta2; /* AdamW moments (0.9, 0.95 in nanoGPT) */
     float eps;          /* AdamW epsilon (1e-8) */
-    float weight_decay; /* applied to tensors with weight_decay = 1 */
+    float weight_decay; /* applied to tensors with weight_decay = 1; finite, >= 0 */
     float momentum;     /* SGD momentum */
-    float grad_clip;    /* max global L2 norm, 0 = no clipping */
+    float grad_clip;    /* max global L2 norm (finite), 0 = no clipping */
 } dp_optim_config;
+
+/* Bounds of dp_engine_config.watchdog_seconds when it is not 0: a
+ * millisecond (shorter cannot tell a hang from scheduling) to a million
+ * seconds (11.6 days; longer is no watchdog at all). */
+#define DP_WATCHDOG_MIN_SECONDS 1e-3
+#define DP_WATCHDOG_MAX_SECONDS 1e6
 
 typedef struct dp_engine_config {
     dp_mode mode;
@@ -100,7 +116,9 @@ typedef struct dp_engine_config {
      * phase that made no progress, and every worker is called back. A
      * worker stuck inside a backend call that does not return within a
      * second watchdog period leaves the engine unusable (every later call
-     * fails with DP_ERR_TIMEOUT; dp_engine_destroy then waits for it). */
+     * fails with DP_ERR_TIMEOUT; dp_engine_destroy then waits for it).
+     * 0, or DP_WATCHDOG_MIN_SECONDS to DP_WATCHDOG_MAX_SECONDS; anything
+     * else (negative, NaN, Inf, 1e19) is DP_ERR_INVALID_ARGUMENT. */
     double watchdog_seconds;
     /* Replica consistency check (0 = off): every this many optimizer steps,
      * each device hashes its parameter replica after the broadcast and the
@@ -135,8 +153,12 @@ typedef struct dp_device_step_stats {
     size_t step_peak;         /* bytes, high-water mark during this step */
     size_t phase_peak[DP_PHASE_COUNT]; /* bytes, high-water mark within each phase */
     /* Seconds from the step's start (dp_step_stats.start_seconds) at which this
-     * device entered each phase, and how long it spent in it; a phase the
-     * device did not run (e.g. the update in evaluate) has seconds 0. */
+     * device first entered each phase, and how long it spent in it in all
+     * (a phase repeated per micro-batch counts every pass; the time a device
+     * waits at the barrier that ends a phase counts in that phase). In phase
+     * order the starts never decrease, and start + seconds <= the step's
+     * seconds. A phase the device did not run (the reduce, optimizer and
+     * broadcast of an evaluation) has start and seconds 0. */
     double phase_start[DP_PHASE_COUNT];
     double phase_seconds[DP_PHASE_COUNT];
     size_t logits_bytes;      /* bytes held for logits and their gradient */
@@ -149,10 +171,12 @@ typedef struct dp_step_stats {
     size_t valid_targets;  /* N */
     double grad_norm;      /* global L2 norm before clipping (0 for evaluate) */
     int skipped;           /* 1: the update was skipped (non-finite loss or gradient) */
-    int skipped_device;    /* first device whose chunk gave a non-finite value, or -1 */
+    int skipped_device;    /* first device whose chunk gave a non-finite loss, or -1 (also
+                              when only the summed gradient was non-finite) */
     long step;             /* optimizer steps taken after this one */
     double seconds;        /* wall time of the step */
-    double start_seconds;  /* when the step started, seconds since the engine was created */
+    double start_seconds;  /* when the step started (before the plan), seconds since the
+                              engine was created */
     double phase_seconds[DP_PHASE_COUNT]; /* wall time of each phase: the longest
                                              any device spent in it */
     size_t n_devices;
@@ -166,8 +190,11 @@ typedef struct dp_engine dp_engine;
  * device, allocates every replica's parameters and gradients (and the
  * optimizer state on the root), initialises the parameters from cfg->seed
  * and broadcasts them. The model and criterion structs are copied; their
- * ctx must outlive the engine.
- * Errors: DP_ERR_INVALID_ARGUMENT (bad config or model), DP_ERR_NO_DEVICE,
+ * ctx must outlive the engine. The device list follows
+ * dp_device_list_parse's rules: one kind, each CPU device at most once
+ * (several logical devices may share one GPU: cuda:0,cuda:0).
+ * Errors: DP_ERR_INVALID_ARGUMENT (bad config, model or device list, e.g.
+ * cpu:0 twice), DP_ERR_NO_DEVICE,
  * DP_ERR_OUT_OF_MEMORY (the message names the device), DP_ERR_DEVICE.
  */
 DP_API dp_status dp_engine_create(const dp_device_spec *devices, size_t k, const dp_model *model,
@@ -183,6 +210,7 @@ DP_API void dp_engine_destroy(dp_engine *engine);
  * valid target, inputs the model rejects), DP_ERR_OUT_OF_MEMORY (a device's
  * limit; try a smaller batch or more micro-batches), DP_ERR_DEVICE, or a
  * worker's error; the message starts with "<device> <phase>:".
+ * DP_ERR_BUSY: another call on this engine is running (nothing was done).
  * DP_ERR_TIMEOUT: the watchdog fired (see watchdog_seconds). DP_ERR_INTERNAL
  * from the replica check: the update was applied on the root, a replica
  * differed and will be re-broadcast. A non-finite loss or gradient norm is
@@ -195,20 +223,26 @@ DP_API void dp_engine_destroy(dp_engine *engine);
 DP_API dp_status dp_engine_step(dp_engine *engine, const dp_batch *batch, dp_step_stats *stats);
 
 /* Loss of a batch without gradients or update (forward + criterion on every
- * device in parallel). stats->loss and stats->valid_targets are set. */
+ * device in parallel). stats->loss and stats->valid_targets are set.
+ * Errors as dp_engine_step. */
 DP_API dp_status dp_engine_evaluate(dp_engine *engine, const dp_batch *batch,
                                     dp_step_stats *stats);
 
-/* Learning rate for the following steps. */
-DP_API void dp_engine_set_lr(dp_engine *engine, float lr);
+/* Learning rate for the following steps (>= 0 and finite).
+ * Errors: DP_ERR_INVALID_ARGUMENT (NULL engine, NaN, Inf or negative lr;
+ * the rate is unchanged), DP_ERR_BUSY. */
+DP_API dp_status dp_engine_set_lr(dp_engine *engine, float lr);
 
 /* Root parameters to/from host memory (n_params floats). set broadcasts to
- * every replica. */
+ * every replica; it refuses (DP_ERR_INVALID_ARGUMENT, naming the index) a
+ * NaN or Inf value and changes nothing then. Both: DP_ERR_BUSY. */
 DP_API dp_status dp_engine_get_params(dp_engine *engine, float *host);
 DP_API dp_status dp_engine_set_params(dp_engine *engine, const float *host);
 
 /* Optimizer state: AdamW first/second moments (SGD: momentum in m, v
- * unused and may be NULL), n_params floats each, and the step count t. */
+ * unused and may be NULL), n_params floats each, and the step count t.
+ * set refuses (DP_ERR_INVALID_ARGUMENT, changing nothing) t < 0, a
+ * non-finite moment, or a negative second moment. Both: DP_ERR_BUSY. */
 DP_API dp_status dp_engine_get_optimizer_state(dp_engine *engine, float *m, float *v, long *t);
 DP_API dp_status dp_engine_set_optimizer_state(dp_engine *engine, const float *m,
                                                const float *v, long t);
@@ -225,19 +259,6 @@ DP_API const dp_model *dp_engine_model(const dp_engine *engine);
  */
 DP_API dp_status dp_engine_plan(const dp_engine *engine, size_t rows, const int32_t *targets,
                                 size_t *rows_out);
-
-/* Test hook: the next step fails with `status` on device `device` at the
- * start of `phase` (once). phase == DP_PHASE_COUNT clears it. */
-DP_API void dp_engine_inject_fault(dp_engine *engine, int device, dp_phase phase,
-                                   dp_status status);
-/* Test hook: in the next step, device `device` stalls for `seconds` at the
- * start of `phase` (once), as a hung kernel would; a watchdog abort ends the
- * stall early. phase == DP_PHASE_COUNT clears it. */
-DP_API void dp_engine_inject_stall(dp_engine *engine, int device, dp_phase phase,
-                                   double seconds);
-/* Test hook: at the next replica check, device `device` flips one bit of its
- * parameter replica just before hashing it (once). */
-DP_API void dp_engine_inject_divergence(dp_engine *engine, int device);
 
 #ifdef __cplusplus
 }

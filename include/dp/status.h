@@ -28,6 +28,7 @@ typedef enum dp_status {
     DP_ERR_UNSUPPORTED,      /* the operation is not available in this build */
     DP_ERR_INTERNAL,         /* a broken invariant inside dp: please report it */
     DP_ERR_TIMEOUT,          /* a worker made no progress within the engine's watchdog */
+    DP_ERR_BUSY,             /* the object is serving another thread's call: retry later */
     DP_STATUS_COUNT
 } dp_status;
 

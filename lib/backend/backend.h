@@ -137,4 +137,9 @@ const dp_backend_ops *dp_backend_cuda(void);
 /* Visible CUDA devices through the CUDA backend (0 without). */
 int dp_backend_cuda_count(void);
 
+/* 1: the device's pointers are host addresses any thread may read (CPU), so
+ * a collective can read a peer's buffer directly and nothing runs
+ * asynchronously; 0 otherwise (and for NULL). */
+int dp_device_is_host_memory(const dp_device *dev);
+
 #endif /* DP_BACKEND_H */

@@ -367,3 +367,5 @@ dp_status dp_gemm_strided_batched(dp_device *dev, dp_op transa, dp_op transb, in
     return dev->ops->gemm_strided_batched(dev, transa, transb, m, n, k, alpha, A, lda, strideA,
                                           B, ldb, strideB, beta, C, ldc, strideC, batch);
 }
+
+int dp_device_is_host_memory(const dp_device *dev) { return dev && dev->ops->host_memory; }

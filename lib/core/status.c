@@ -26,6 +26,7 @@ const char *dp_strerror(dp_status status)
     case DP_ERR_UNSUPPORTED: return "unsupported";
     case DP_ERR_INTERNAL: return "internal error";
     case DP_ERR_TIMEOUT: return "timed out";
+    case DP_ERR_BUSY: return "busy";
     case DP_STATUS_COUNT: break;
     }
     return "unknown status";

@@ -6,9 +6,11 @@
  * double so the loss sum does not depend on the backend's reduction order.
  */
 #include <math.h>
+#include <string.h>
 
 #include "nn/nn_check.h"
 
+#include "dp/model.h"
 #include "dp/nn.h"
 
 /* Losses are copied to the host in chunks of this many floats, so no host
@@ -47,4 +49,31 @@ dp_status dp_crossentropy_forward_backward(dp_device *dev, double *loss_sum_host
     }
     *loss_sum_host = sum;
     return DP_OK;
+}
+
+// --- the bundled criterion (dp/model.h) ------------------------------------------
+
+static size_t ce_scratch_bytes(void *ctx, size_t n, size_t V)
+{
+    (void)ctx;
+    (void)V;
+    return n * sizeof(float); /* per-row losses */
+}
+
+static dp_status ce_forward_backward(void *ctx, dp_device *dev, double *loss_sum_host,
+                                     float *dlogits, const float *logits, const int32_t *targets,
+                                     size_t n, size_t V, float dscale, void *scratch)
+{
+    (void)ctx;
+    return dp_crossentropy_forward_backward(dev, loss_sum_host, dlogits, scratch, logits, targets,
+                                            n, V, dscale);
+}
+
+dp_criterion dp_criterion_cross_entropy(void)
+{
+    dp_criterion c;
+    memset(&c, 0, sizeof c);
+    c.scratch_bytes = ce_scratch_bytes;
+    c.forward_backward = ce_forward_backward;
+    return c;
 }

@@ -12,9 +12,17 @@
 #include "core/error.h"
 #include "dp/nn.h"
 #include "dp/optim.h"
+#include "optim/clip.h"
 
 /* torch's clip_grad_norm_ adds this to the norm so the factor stays finite. */
 #define DP_CLIP_EPS 1e-6
+
+float dp_clip_factor(double norm, float max_norm)
+{
+    if (max_norm > 0.0f && norm > (double)max_norm)
+        return (float)((double)max_norm / (norm + DP_CLIP_EPS));
+    return 1.0f;
+}
 
 dp_status dp_scale(dp_device *dev, float *x, float s, size_t n)
 {
@@ -53,9 +61,7 @@ dp_status dp_clip_grad_norm(dp_device *dev, float *grads, size_t n, float max_no
         return DP_FAIL(DP_ERR_NON_FINITE, "%s: gradient norm is %g: the gradients hold NaN or "
                        "Inf (diverged training: lower the learning rate or check the data); "
                        "gradients left unscaled", dev->name, norm);
-    if (max_norm > 0.0f && norm > (double)max_norm) {
-        double factor = (double)max_norm / (norm + DP_CLIP_EPS);
-        DP_TRY(dev->ops->scale(dev, grads, (float)factor, n));
-    }
+    float factor = dp_clip_factor(norm, max_norm);
+    if (factor != 1.0f) DP_TRY(dev->ops->scale(dev, grads, factor, n));
     return DP_OK;
 }

@@ -3,7 +3,7 @@
  */
 #include "parallel/barrier.h"
 
-#include <time.h>
+#include "parallel/clock.h"
 
 int dp_barrier_init(dp_barrier *b, int parties)
 {
@@ -72,15 +72,8 @@ void dp_barrier_reset(dp_barrier *b)
 
 int dp_barrier_sleep(dp_barrier *b, double seconds)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    double whole = (double)(long)seconds;
-    ts.tv_sec += (time_t)whole;
-    ts.tv_nsec += (long)((seconds - whole) * 1e9);
-    if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
-    }
+    /* dp_deadline_at clamps a huge (or NaN) duration instead of overflowing. */
+    struct timespec ts = dp_deadline_at(dp_now_seconds() + seconds);
     pthread_mutex_lock(&b->mu);
     int rc = 0;
     while (!b->aborted && rc == 0) rc = pthread_cond_timedwait(&b->cv, &b->mu, &ts);

@@ -1,37 +1,10 @@
 /*
- * parallel/model.c - model description checks and the bundled
- * cross-entropy criterion.
+ * nn/model.c - checks of a model description (dp/model.h): the model
+ * interface the engine consumes lives below the engine.
  */
-#include <string.h>
-
+#include "core/checked.h"
 #include "core/error.h"
 #include "dp/model.h"
-#include "dp/nn.h"
-
-static size_t ce_scratch_bytes(void *ctx, size_t n, size_t V)
-{
-    (void)ctx;
-    (void)V;
-    return n * sizeof(float); /* per-row losses */
-}
-
-static dp_status ce_forward_backward(void *ctx, dp_device *dev, double *loss_sum_host,
-                                     float *dlogits, const float *logits, const int32_t *targets,
-                                     size_t n, size_t V, float dscale, void *scratch)
-{
-    (void)ctx;
-    return dp_crossentropy_forward_backward(dev, loss_sum_host, dlogits, scratch, logits, targets,
-                                            n, V, dscale);
-}
-
-dp_criterion dp_criterion_cross_entropy(void)
-{
-    dp_criterion c;
-    memset(&c, 0, sizeof c);
-    c.scratch_bytes = ce_scratch_bytes;
-    c.forward_backward = ce_forward_backward;
-    return c;
-}
 
 dp_status dp_model_validate(const dp_model *m)
 {
@@ -66,8 +39,9 @@ dp_status dp_model_validate(const dp_model *m)
             return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "tensor %s: ndim %d is not in 1..4", name,
                            t->ndim);
         size_t prod = 1;
-        for (int d = 0; d < t->ndim; d++) prod *= t->shape[d];
-        if (prod != t->numel)
+        int fits = 1;
+        for (int d = 0; d < t->ndim; d++) fits = fits && dp_size_mul(prod, t->shape[d], &prod);
+        if (!fits || prod != t->numel)
             return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "tensor %s: shape has %zu elements but numel "
                            "is %zu", name, prod, t->numel);
     }

@@ -1,0 +1,236 @@
+/*
+ * parallel/engine_internal.h - the engine's shared structures and the
+ * functions its rooms offer one another (not installed).
+ *
+ * The rooms:
+ *   engine.c     create/destroy, the step's phases (job_step), stats, setters
+ *   workers.c    the worker pool: jobs, phases, barrier use, watchdog, test hooks
+ *   plan.c       pure planning: config checks, the split, micro-batches, N
+ *   compute.c    forward, criterion and backward over a device's micro-batches
+ *   comm.c       the in-process collectives (comm.h)
+ *   optimizer.c  optimizer slices and state, clipping and the update
+ *   replica.c    the replica consistency hash
+ */
+#ifndef DP_PARALLEL_ENGINE_INTERNAL_H
+#define DP_PARALLEL_ENGINE_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend/backend.h"
+#include "core/error.h"
+#include "dp/engine.h"
+#include "parallel/barrier.h"
+#include "parallel/clock.h"
+
+// --- types ---------------------------------------------------------------------
+
+typedef enum job_kind { JOB_SETUP, JOB_STEP, JOB_EVAL, JOB_BROADCAST } job_kind;
+
+/* A range of the flat buffer with one weight-decay setting (optimizer slices). */
+typedef struct segment {
+    size_t begin, end;
+    int decay;
+} segment;
+
+/* A grow-only device buffer: steps of the same size reuse it. */
+typedef struct dbuf {
+    void *ptr;
+    size_t bytes;
+} dbuf;
+
+typedef struct worker {
+    struct dp_engine *e;
+    int id;
+    pthread_t thread;
+    int thread_started;
+    dp_device *dev;
+
+    float *params, *grads; /* n_params floats each */
+    float *stage;          /* root-side staging for this worker's reduce slice (non-host backends) */
+
+    dbuf inputs, targets, workspace, logits, dlogits, scratch;
+    dbuf gathered, gathered_d; /* root only, gather mode */
+
+    /* this step's plan */
+    size_t row_begin, rows, valid, n_micro, micro_rows;
+    /* reduce/optimizer slice of the flat buffer */
+    size_t slice_begin, slice_end;
+    segment *segs;
+    size_t n_segs;
+
+    double loss_sum, slice_sumsq;
+
+    /* phase tracking (this job): the monotonic time this worker first
+     * entered each phase (-1: not entered), and the time spent in it */
+    dp_phase phase;
+    double phase_start;
+    double phase_first[DP_PHASE_COUNT];
+    double phase_seconds[DP_PHASE_COUNT];
+    size_t phase_peak[DP_PHASE_COUNT];
+
+    /* what the watchdog sees: the phase this worker is working in, or -1
+     * while it waits at the barrier or has finished the job */
+    atomic_int busy_phase;
+    uint64_t param_hash; /* replica check */
+
+    /* failure slot */
+    dp_status status;
+    dp_phase fail_phase;
+    char msg[1024];
+} worker;
+
+struct dp_engine {
+    size_t k;
+    worker *w;
+    dp_model model;
+    dp_criterion crit;
+    dp_engine_config cfg;
+    float weights[DP_MAX_DEVICES];
+
+    float *m, *v; /* optimizer state on the root */
+    long t;
+    float lr;
+    int needs_sync;
+
+    /* The thread contract: one public call at a time per engine; a second
+     * concurrent one finds this set and returns DP_ERR_BUSY. */
+    atomic_flag busy;
+    double created;    /* monotonic seconds at create */
+    double step_start; /* monotonic seconds at the start of the running step */
+
+    dp_barrier barrier;
+    pthread_mutex_t mu;
+    pthread_cond_t cv_start, cv_done;
+    unsigned long job_gen;
+    job_kind job;
+    int running;
+    int quit;
+
+    /* per-job shared state, written by the caller before posting */
+    const dp_batch *batch;
+    size_t n_valid;
+    float dscale;
+    size_t gather_steps; /* gather mode: synchronized micro-steps */
+    int skip;            /* decided identically by every worker after the reduce */
+    double grad_norm;
+
+    /* watchdog: the caller's thread waits at most watchdog_seconds after the
+     * last phase change of any worker (CLOCK_MONOTONIC, guarded by mu) */
+    double last_progress;
+    int broken; /* a worker never came back after a watchdog abort */
+
+    /* test hooks (engine_testing.h) */
+    int fault_dev;
+    dp_phase fault_phase;
+    dp_status fault_status;
+    int stall_dev;
+    dp_phase stall_phase;
+    double stall_seconds;
+    atomic_int diverge_dev; /* -1: none */
+};
+
+/* Rows of micro-batch j of worker w (0 when it has fewer); *first is the
+ * micro-batch's first row within the worker's chunk. */
+static inline size_t dp_micro_rows(const worker *w, size_t j, size_t *first)
+{
+    size_t b = j * w->micro_rows;
+    *first = b;
+    if (j >= w->n_micro || b >= w->rows) return 0;
+    size_t r = w->rows - b;
+    return r < w->micro_rows ? r : w->micro_rows;
+}
+
+// --- workers.c -------------------------------------------------------------------
+
+/* Initialises the pool's locks and barrier (right after allocation). */
+void dp_workers_init(dp_engine *e);
+/* Starts one thread per device (the devices are open). */
+dp_status dp_workers_start(dp_engine *e);
+/* Stops and joins the threads and destroys the locks; safe after a partial start. */
+void dp_workers_stop(dp_engine *e);
+/* Runs a job on every worker and waits (with the watchdog). Returns the
+ * first failure by device index, with its message as this thread's last error. */
+dp_status dp_workers_run(dp_engine *e, job_kind job);
+
+/* Records this worker's failure (device, phase, last error) and aborts the
+ * barrier so nobody waits for it. */
+void dp_worker_fail(worker *w, dp_status s);
+/* Enters phase p (timing, memory peaks, watchdog progress, test hooks);
+ * nonzero when the job must end here (an injected fault or an abort). */
+int dp_worker_enter_phase(worker *w, dp_phase p);
+/* Waits for every worker at the barrier; nonzero when the job was aborted. */
+int dp_worker_sync(worker *w);
+
+/* Grow-only device buffers. */
+dp_status dp_dbuf_ensure(dp_device *dev, dbuf *b, size_t bytes);
+void dp_dbuf_release(dp_device *dev, dbuf *b);
+
+/* Inside a job function (void): leave it when the phase hook, the barrier
+ * or a call says so; CHECK records the failure first. */
+#define ENTER(w, p)                                \
+    do {                                           \
+        if (dp_worker_enter_phase((w), (p))) return; \
+    } while (0)
+#define SYNC(w)                                \
+    do {                                       \
+        if (dp_worker_sync(w) != 0) return;    \
+    } while (0)
+#define CHECK(w, expr)                   \
+    do {                                 \
+        dp_status chk_s_ = (expr);       \
+        if (chk_s_ != DP_OK) {           \
+            dp_worker_fail((w), chk_s_); \
+            return;                      \
+        }                                \
+    } while (0)
+
+/* engine.c: runs one job on worker w (called by its thread). */
+void dp_engine_job(worker *w, job_kind job);
+
+// --- plan.c --------------------------------------------------------------------------
+
+/* Checks a configuration and device list before anything is allocated. */
+dp_status dp_plan_check_config(const dp_engine_config *cfg, const dp_device_spec *devices,
+                               size_t k);
+
+/* Checks the batch (targets in range, at least one valid) and plans it on
+ * the caller's thread: rows per device, micro-batches, N and 1/N. */
+dp_status dp_plan_batch(dp_engine *e, const dp_batch *b);
+
+// --- compute.c ----------------------------------------------------------------------
+
+/* Forward, criterion (and backward when train) over this worker's
+ * micro-batches, the criterion on each device (balanced) ... */
+void dp_compute_balanced(worker *w, int train);
+/* ... or on the root over every device's gathered logits (gather mode). */
+void dp_compute_gather(worker *w);
+
+// --- optimizer.c --------------------------------------------------------------------
+
+/* Cuts the flat buffer into one slice per device, split by tensor into
+ * segments of one weight-decay setting. */
+dp_status dp_opt_build_slices(dp_engine *e);
+/* Allocates and zeroes the optimizer state (root worker, setup job). */
+dp_status dp_opt_alloc_state(worker *root);
+void dp_opt_free_state(dp_engine *e);
+/* Bytes of optimizer state held on the root. */
+size_t dp_opt_state_bytes(const dp_engine *e);
+/* The sum of squares of this worker's slice of the reduced gradient. */
+dp_status dp_opt_slice_sumsq(worker *w);
+/* Clipping for the global norm and the update of this worker's slice. */
+dp_status dp_opt_update_slice(worker *w, double grad_norm);
+
+// --- replica.c ----------------------------------------------------------------------
+
+/* Whether the step now running ends with a replica check. */
+int dp_replica_check_due(const dp_engine *e);
+/* Hashes this worker's replica into w->param_hash (test hook: flips a bit first). */
+dp_status dp_replica_hash(worker *w);
+/* After a checked step: fails naming the first replica whose hash differs
+ * from the root's, and marks the replicas for a re-broadcast. */
+dp_status dp_replica_compare(dp_engine *e);
+
+#endif /* DP_PARALLEL_ENGINE_INTERNAL_H */

@@ -1,0 +1,34 @@
+/*
+ * parallel/engine_testing.h - test-only hooks of the engine (not
+ * installed). Exported from libdp so the test programs can link them, but
+ * declared only here: tests include "parallel/engine_testing.h" (lib/ is
+ * on their include path). Call them between steps, from the thread that
+ * drives the engine.
+ */
+#ifndef DP_PARALLEL_ENGINE_TESTING_H
+#define DP_PARALLEL_ENGINE_TESTING_H
+
+#include "dp/engine.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The next step fails with `status` on device `device` at the start of
+ * `phase` (once). phase == DP_PHASE_COUNT clears it. */
+DP_API void dp_engine_inject_fault(dp_engine *engine, int device, dp_phase phase,
+                                   dp_status status);
+/* In the next step, device `device` stalls for `seconds` at the start of
+ * `phase` (once), as a hung kernel would; a watchdog abort ends the stall
+ * early. phase == DP_PHASE_COUNT clears it. */
+DP_API void dp_engine_inject_stall(dp_engine *engine, int device, dp_phase phase,
+                                   double seconds);
+/* At the next replica check, device `device` flips one bit of its
+ * parameter replica just before hashing it (once). */
+DP_API void dp_engine_inject_divergence(dp_engine *engine, int device);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DP_PARALLEL_ENGINE_TESTING_H */

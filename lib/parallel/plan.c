@@ -1,0 +1,201 @@
+/*
+ * parallel/plan.c - planning a batch on the caller's thread, before any
+ * device work: the split of rows over the devices (equal, weighted or
+ * token-balanced), each device's micro-batches, and N, the valid targets.
+ * Pure functions of the batch and the configuration, and the checks of
+ * the configuration and device list they rely on.
+ */
+#include <math.h>
+#include <stdlib.h>
+
+#include "core/checked.h"
+#include "parallel/engine_internal.h"
+
+// --- the configuration ---------------------------------------------------------------
+
+static dp_status check_config(const dp_engine_config *c, size_t k)
+{
+    if ((unsigned)c->mode >= DP_MODE_COUNT)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "unknown mode %d; use balanced or gather", (int)c->mode);
+    if ((unsigned)c->optim.kind >= DP_OPTIMIZER_COUNT)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "unknown optimizer %d", (int)c->optim.kind);
+    const dp_optim_config *o = &c->optim;
+    if (!(o->lr >= 0.0f) || !isfinite(o->lr) || !(o->weight_decay >= 0.0f) ||
+        !isfinite(o->weight_decay) || !(o->grad_clip >= 0.0f) || !isfinite(o->grad_clip))
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "lr, weight_decay and grad_clip must be finite "
+                       "and >= 0 (got %g, %g, %g)", o->lr, o->weight_decay, o->grad_clip);
+    if (o->kind == DP_OPTIMIZER_ADAMW &&
+        (!(o->beta1 >= 0.0f && o->beta1 < 1.0f) || !(o->beta2 >= 0.0f && o->beta2 < 1.0f) ||
+         !(o->eps > 0.0f) || !isfinite(o->eps)))
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "AdamW needs 0 <= beta1, beta2 < 1 and eps > 0 "
+                       "(got beta1 %g, beta2 %g, eps %g)", o->beta1, o->beta2, o->eps);
+    if (o->kind == DP_OPTIMIZER_SGD && !(o->momentum >= 0.0f && o->momentum < 1.0f))
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "SGD momentum must be in [0, 1)");
+    if (c->grad_accum < 0)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "grad_accum must be >= 1 (got %d)", c->grad_accum);
+    if (c->watchdog_seconds != 0.0 && !(c->watchdog_seconds >= DP_WATCHDOG_MIN_SECONDS &&
+                                        c->watchdog_seconds <= DP_WATCHDOG_MAX_SECONDS))
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "watchdog_seconds is %g; use 0 (off) or %g to %g "
+                       "seconds", c->watchdog_seconds, DP_WATCHDOG_MIN_SECONDS,
+                       DP_WATCHDOG_MAX_SECONDS);
+    if (c->check_replicas_every < 0)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "check_replicas_every is %ld; use 0 (off) or a "
+                       "step interval >= 1", c->check_replicas_every);
+    if (c->device_weights) {
+        double sum = 0.0;
+        for (size_t i = 0; i < k; i++) {
+            if (!(c->device_weights[i] >= 0.0f) || !isfinite(c->device_weights[i]))
+                return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "device weight %zu is %g; weights must be "
+                               "finite and >= 0", i, c->device_weights[i]);
+            sum += c->device_weights[i];
+        }
+        if (sum <= 0.0)
+            return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "device weights are all zero; give at least "
+                           "one device a positive share");
+    }
+    return DP_OK;
+}
+
+/* The device list's rules (dp_device_list_parse): one kind, and a CPU
+ * device at most once; a GPU may carry several logical devices. */
+static dp_status check_devices(const dp_device_spec *d, size_t k)
+{
+    for (size_t i = 1; i < k; i++) {
+        if (d[i].kind != d[0].kind)
+            return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "devices[0] and devices[%zu] are of different "
+                           "kinds (cpu and cuda); use one kind", i);
+        for (size_t j = 0; d[i].kind == DP_DEVICE_CPU && j < i; j++)
+            if (d[j].kind == DP_DEVICE_CPU && d[j].index == d[i].index)
+                return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "devices[%zu] and devices[%zu] are both "
+                               "cpu:%d; each CPU device may appear once (cpu:0,cpu:1 for two)",
+                               j, i, d[i].index);
+    }
+    return DP_OK;
+}
+
+dp_status dp_plan_check_config(const dp_engine_config *cfg, const dp_device_spec *devices,
+                               size_t k)
+{
+    DP_TRY(check_config(cfg, k));
+    return check_devices(devices, k);
+}
+
+// --- the split ---------------------------------------------------------------------
+
+dp_status dp_engine_plan(const dp_engine *e, size_t rows, const int32_t *targets,
+                         size_t *rows_out)
+{
+    if (!e || !rows_out) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "engine and rows_out must not be NULL");
+    size_t k = e->k;
+    double W = 0.0;
+    for (size_t i = 0; i < k; i++) W += e->weights[i];
+    if (!e->cfg.token_balanced || !targets) {
+        /* floor of each share, then the remainder one row each to the first devices */
+        size_t given = 0;
+        for (size_t i = 0; i < k; i++) {
+            rows_out[i] = (size_t)floor((double)rows * e->weights[i] / W);
+            given += rows_out[i];
+        }
+        for (size_t i = 0; given < rows; i = (i + 1) % k)
+            if (e->weights[i] > 0.0f) {
+                rows_out[i]++;
+                given++;
+            }
+        return DP_OK;
+    }
+    /* Token-balanced: cut the rows where the running count of valid targets
+     * is nearest each device's cumulative share. */
+    size_t opr = e->model.outputs_per_row, total = 0;
+    size_t *cum = malloc((rows + 1) * sizeof *cum);
+    if (!cum) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "plan: host allocation failed");
+    cum[0] = 0;
+    for (size_t r = 0; r < rows; r++) {
+        size_t v = 0;
+        for (size_t t = 0; t < opr; t++) v += targets[r * opr + t] >= 0;
+        cum[r + 1] = cum[r] + v;
+    }
+    total = cum[rows];
+    size_t prev = 0;
+    double acc = 0.0;
+    for (size_t i = 0; i < k; i++) {
+        acc += e->weights[i];
+        size_t cut = rows;
+        if (i + 1 < k) {
+            double goal = (double)total * acc / W;
+            cut = prev;
+            while (cut < rows && fabs((double)cum[cut + 1] - goal) <= fabs((double)cum[cut] - goal))
+                cut++;
+        }
+        rows_out[i] = cut - prev;
+        prev = cut;
+    }
+    free(cum);
+    return DP_OK;
+}
+
+/* Plans the batch on the caller's thread: rows per device, micro-batches, N. */
+dp_status dp_plan_batch(dp_engine *e, const dp_batch *b)
+{
+    const dp_model *m = &e->model;
+    if (!b || !b->inputs || !b->targets)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "batch, its inputs and targets must not be NULL");
+    if (b->rows == 0)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "empty batch (0 rows); pass at least one row");
+    size_t n_out;
+    if (!dp_size_mul(b->rows, m->outputs_per_row, &n_out))
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "batch of %zu rows of %zu outputs overflows size_t",
+                       b->rows, m->outputs_per_row);
+    size_t valid = 0;
+    for (size_t i = 0; i < n_out; i++) {
+        int32_t t = b->targets[i];
+        if (t < -1 || (t >= 0 && (size_t)t >= m->n_classes))
+            return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "target %d at position %zu is outside "
+                           "[-1, %zu); use -1 to ignore a position", (int)t, i, m->n_classes);
+        valid += t >= 0;
+    }
+    if (!valid)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "the batch has no valid target (all -1): its "
+                       "mean loss is undefined");
+    if (m->validate_inputs) DP_TRY(m->validate_inputs(m->ctx, b->inputs, b->rows));
+    e->batch = b;
+    e->n_valid = valid;
+    e->dscale = (float)(1.0 / (double)valid);
+
+    size_t rows[DP_MAX_DEVICES];
+    DP_TRY(dp_engine_plan(e, b->rows, b->targets, rows));
+    size_t begin = 0, gather_steps = 0;
+    for (size_t i = 0; i < e->k; i++) {
+        worker *w = &e->w[i];
+        w->row_begin = begin;
+        w->rows = rows[i];
+        begin += rows[i];
+        w->valid = 0;
+        for (size_t t = w->row_begin * m->outputs_per_row; t < begin * m->outputs_per_row; t++)
+            w->valid += b->targets[t] >= 0;
+        size_t nm = e->cfg.grad_accum > 1 ? (size_t)e->cfg.grad_accum : 1;
+        if (e->cfg.max_rows_per_micro) {
+            size_t need = (w->rows + e->cfg.max_rows_per_micro - 1) / e->cfg.max_rows_per_micro;
+            if (need > nm) nm = need;
+        }
+        if (e->cfg.max_tokens_per_micro) {
+            size_t per = e->cfg.max_tokens_per_micro / m->outputs_per_row;
+            if (per == 0)
+                return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "max_tokens_per_micro %zu is smaller "
+                               "than one row (%zu tokens); raise it", e->cfg.max_tokens_per_micro,
+                               m->outputs_per_row);
+            size_t need = (w->rows + per - 1) / per;
+            if (need > nm) nm = need;
+        }
+        if (w->rows == 0) {
+            w->n_micro = 0;
+            w->micro_rows = 0;
+        } else {
+            if (nm > w->rows) nm = w->rows;
+            w->micro_rows = (w->rows + nm - 1) / nm;
+            w->n_micro = (w->rows + w->micro_rows - 1) / w->micro_rows;
+        }
+        if (w->n_micro > gather_steps) gather_steps = w->n_micro;
+    }
+    e->gather_steps = gather_steps;
+    return DP_OK;
+}
