@@ -493,6 +493,24 @@ Test(dp_bench, device_weights_token_balanced_and_trace)
         }
     }
     cr_assert_eq(tracks, 2);
+    /* Spans from the engine's phase timing: every phase of the step appears
+     * on both tracks, equally often (both devices run every phase). */
+    size_t spans[2][DP_PHASE_COUNT] = {{0}};
+    json_array_foreach(ev, i, e) {
+        if (strcmp(json_string_value(json_object_get(e, "ph")), "X") != 0) continue;
+        json_int_t tid = json_integer_value(json_object_get(e, "tid"));
+        const char *name = json_string_value(json_object_get(e, "name"));
+        int p = 0;
+        while (p < DP_PHASE_COUNT && strcmp(name, dp_phase_name((dp_phase)p)) != 0) p++;
+        cr_assert(p < DP_PHASE_COUNT, "event %zu is no phase: %s", i, name);
+        cr_assert(json_number_value(json_object_get(e, "dur")) >= 0);
+        spans[tid][p]++;
+    }
+    for (int p = 0; p < DP_PHASE_COUNT; p++) {
+        cr_assert_gt(spans[0][p], 0, "no %s span", dp_phase_name((dp_phase)p));
+        cr_assert_eq(spans[0][p], spans[1][p], "%s: %zu spans on cpu:0, %zu on cpu:1",
+                     dp_phase_name((dp_phase)p), spans[0][p], spans[1][p]);
+    }
     json_decref(t);
     dp_test_result_free(&r);
 }
