@@ -8,12 +8,24 @@ Test(status, every_code_has_a_distinct_name)
 {
     for (int i = 0; i < DP_STATUS_COUNT; i++) {
         const char *a = dp_strerror((dp_status)i);
-        cr_assert(a && *a && strcmp(a, "unknown status") != 0, "status %d has no name", i);
+        cr_assert(a && *a && strcmp(a, "invalid status") != 0, "status %d has no name", i);
         for (int j = 0; j < i; j++)
             cr_assert_str_neq(a, dp_strerror((dp_status)j), "statuses %d and %d share a name", i, j);
     }
-    cr_assert_str_eq(dp_strerror(DP_STATUS_COUNT), "unknown status");
-    cr_assert_str_eq(dp_strerror((dp_status)-3), "unknown status");
+    cr_assert_str_eq(dp_strerror(DP_STATUS_COUNT), "invalid status");
+    cr_assert_str_eq(dp_strerror((dp_status)-3), "invalid status");
+}
+
+/* One rule for every *_name of a value outside its enum: "invalid <what>". */
+Test(status, names_outside_an_enum_say_invalid)
+{
+    cr_assert_str_eq(dp_phase_name(DP_PHASE_COUNT), "invalid phase");
+    cr_assert_str_eq(dp_phase_name((dp_phase)-1), "invalid phase");
+    cr_assert_str_eq(dp_mode_name(DP_MODE_COUNT), "invalid mode");
+    cr_assert_str_eq(dp_dtype_name(DP_DTYPE_COUNT), "invalid dtype");
+    cr_assert_str_eq(dp_tokenizer_kind_name(DP_TOKENIZER_KIND_COUNT), "invalid tokenizer kind");
+    cr_assert_str_eq(dp_split_name(DP_SPLIT_COUNT), "invalid split");
+    cr_assert_str_eq(dp_strerror(DP_STATUS_COUNT), "invalid status");
 }
 
 Test(status, error_message_names_call_and_device)

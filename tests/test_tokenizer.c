@@ -364,5 +364,5 @@ Test(tokenizer, kind_names)
     cr_assert_eq(dp_tokenizer_kind_parse("bpe", &k), DP_ERR_INVALID_ARGUMENT);
     cr_assert(strstr(dp_last_error(), "'char' or 'word'"), "%s", dp_last_error());
     cr_assert_str_eq(dp_tokenizer_kind_name(DP_TOKENIZER_WORD), "word");
-    cr_assert_str_eq(dp_tokenizer_kind_name(DP_TOKENIZER_KIND_COUNT), "?");
+    cr_assert_str_eq(dp_tokenizer_kind_name(DP_TOKENIZER_KIND_COUNT), "invalid tokenizer kind");
 }

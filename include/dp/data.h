@@ -50,7 +50,7 @@ typedef enum dp_split {
     DP_SPLIT_COUNT
 } dp_split;
 
-/* "training" or "validation" (for messages); "?" outside the enum. */
+/* "training" or "validation" (for messages); "invalid split" outside the enum. */
 DP_API const char *dp_split_name(dp_split split);
 
 typedef struct dp_token_data dp_token_data;

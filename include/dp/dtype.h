@@ -36,7 +36,7 @@ typedef enum dp_dtype {
 /* Size of one element in bytes; 0 for a value outside the enum. */
 DP_API size_t dp_dtype_size(dp_dtype dtype);
 
-/* The format's name ("F32", ...); "?" for a value outside the enum. */
+/* The format's name ("F32", ...); "invalid dtype" for a value outside the enum. */
 DP_API const char *dp_dtype_name(dp_dtype dtype);
 
 #ifdef __cplusplus

@@ -70,8 +70,9 @@ typedef enum dp_phase {
     DP_PHASE_COUNT
 } dp_phase;
 
-/* "scatter", "forward", ... */
+/* "scatter", "forward", ...; "invalid phase" outside the enum. */
 DP_API const char *dp_phase_name(dp_phase phase);
+/* "balanced" or "gather"; "invalid mode" outside the enum. */
 DP_API const char *dp_mode_name(dp_mode mode);
 
 typedef struct dp_optim_config {

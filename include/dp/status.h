@@ -33,7 +33,7 @@ typedef enum dp_status {
 } dp_status;
 
 /* Short, static, human-readable name of a status ("out of memory").
- * Never NULL; unknown values give "unknown status". */
+ * Never NULL; a value outside the enum gives "invalid status". */
 DP_API const char *dp_strerror(dp_status status);
 
 /* The last error message recorded on the calling thread, or "" if none.

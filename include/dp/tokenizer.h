@@ -43,7 +43,7 @@ typedef struct dp_tokenizer dp_tokenizer;
  * Errors: DP_ERR_INVALID_ARGUMENT naming the accepted values. */
 DP_API dp_status dp_tokenizer_kind_parse(const char *text, dp_tokenizer_kind *out);
 
-/* "char" or "word"; "?" outside the enum. */
+/* "char" or "word"; "invalid tokenizer kind" outside the enum. */
 DP_API const char *dp_tokenizer_kind_name(dp_tokenizer_kind kind);
 
 /* Builds a char tokenizer from text[0..len) (bytes; NULs allowed).

@@ -29,7 +29,7 @@ const char *dp_strerror(dp_status status)
     case DP_ERR_BUSY: return "busy";
     case DP_STATUS_COUNT: break;
     }
-    return "unknown status";
+    return "invalid status";
 }
 
 const char *dp_last_error(void) { return dp_errmsg; }

@@ -43,7 +43,7 @@ size_t dp_dtype_size(dp_dtype dtype)
 
 const char *dp_dtype_name(dp_dtype dtype)
 {
-    if ((int)dtype < 0 || dtype >= DP_DTYPE_COUNT) return "?";
+    if ((int)dtype < 0 || dtype >= DP_DTYPE_COUNT) return "invalid dtype";
     return dtype_info[dtype].name;
 }
 

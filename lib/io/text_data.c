@@ -257,7 +257,7 @@ const char *dp_split_name(dp_split split)
     switch (split) {
     case DP_SPLIT_TRAIN: return "training";
     case DP_SPLIT_VAL: return "validation";
-    default: return "?";
+    default: return "invalid split";
     }
 }
 

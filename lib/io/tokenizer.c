@@ -72,7 +72,7 @@ const char *dp_tokenizer_kind_name(dp_tokenizer_kind kind)
     switch (kind) {
     case DP_TOKENIZER_CHAR: return "char";
     case DP_TOKENIZER_WORD: return "word";
-    default: return "?";
+    default: return "invalid tokenizer kind";
     }
 }
 

@@ -45,8 +45,9 @@ void dp_worker_fail(worker *w, dp_status s)
     if (w->status == DP_OK) {
         w->status = s;
         w->fail_phase = w->phase;
-        snprintf(w->msg, sizeof w->msg, "%s %s: %s", w->dev->name, dp_phase_name(w->phase),
-                 dp_last_error());
+        /* Outside the step's phases a worker is setting up its replica. */
+        const char *phase = w->phase < DP_PHASE_COUNT ? dp_phase_name(w->phase) : "setup";
+        snprintf(w->msg, sizeof w->msg, "%s %s: %s", w->dev->name, phase, dp_last_error());
     }
     dp_barrier_abort(&w->e->barrier);
 }
