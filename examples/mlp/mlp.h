@@ -2,7 +2,7 @@
  * examples/mlp/mlp.h - a 2-layer MLP classifier implementing dp_model.
  *
  * logits(rows, K) = fc2(gelu(fc1(x))), x(rows, D) float inputs, one
- * integer class target per row. Also used by the engine tests.
+ * integer class target per row.
  */
 #ifndef DP_EXAMPLE_MLP_H
 #define DP_EXAMPLE_MLP_H
