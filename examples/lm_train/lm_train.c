@@ -347,14 +347,15 @@ static int interrupted(run *r, const char *during)
                     r->saved_step >= 0 ? r->o.save : "");
 }
 
-/* Mean loss over eval_iters random batches of a split. */
+/* Mean loss over eval_iters random batches of a split; -1 (no message)
+ * when a signal arrived, so the training loop saves and stops. */
 static int estimate_loss(run *r, dp_sampler *s, double *out)
 {
     size_t B = (size_t)r->o.batch_size;
     double sum = 0.0;
     size_t n = 0;
     for (long i = 0; i < r->o.eval_iters; i++) {
-        if (stop_signal) return interrupted(r, "evaluation");
+        if (stop_signal) return -1;
         if (dp_sampler_next(s, r->inputs, r->targets, B) != DP_OK) return cli_dp_fail("eval batch");
         dp_batch b = {B, r->inputs, r->targets};
         dp_step_stats st;
@@ -1000,7 +1001,10 @@ static int train(run *r)
         log_row(r, &st, lr);
         if (r->step % o->eval_interval == 0 || r->step == o->steps) {
             double tl, vl;
-            if (estimate_loss(r, r->eval_train, &tl) || estimate_loss(r, r->eval_val, &vl)) return 1;
+            int e = estimate_loss(r, r->eval_train, &tl);
+            if (!e) e = estimate_loss(r, r->eval_val, &vl);
+            if (e < 0) continue; /* a signal: the loop's top saves and stops */
+            if (e) return 1;
             printf("%seval step %ld: train loss %.4f, val loss %.4f\n", r->tty ? "\n" : "", r->step, tl, vl);
             fflush(stdout);
         }
