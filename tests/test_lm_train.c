@@ -743,6 +743,7 @@ static bad_case bad_cases[] = {
     {"device-weights count", {"--device-weights", "1,2,3"}, "--device-weights", "", 0, 0, 0},
     {"device-weights x", {"--device-weights", "1,x"}, "--device-weights", "", 0, 0, 0},
     {"device-weights all zero", {"--device-weights", "0,0"}, "--device-weights", "", 0, 0, 0},
+    {"token-balanced with a value", {"--token-balanced=1"}, "takes no value", "", 0, 0, 0},
     {"device-weights negative", {"--device-weights", "1,-1"}, "--device-weights", "", 0, 0, 0},
 };
 

@@ -267,7 +267,11 @@ static int parse_args(int argc, char **argv, opts *o)
         case O_CHECK: bad = cli_parse_long("--check-replicas", v, 0, LONG_MAX, &o->check_replicas); break;
         case O_HELP: usage(stdout); exit(0);
         case ':': return cli_fail("%s needs a value (see --help)", argv[optind - 1]);
-        default: return cli_fail("unknown option \"%s\" (see --help)", argv[optind - 1]);
+        default:
+            /* getopt sets optopt to a known option given a value it does not take. */
+            if (optopt)
+                return cli_fail("\"%s\": this option takes no value (see --help)", argv[optind - 1]);
+            return cli_fail("unknown option \"%s\" (see --help)", argv[optind - 1]);
         }
         if (bad) return 1;
     }
