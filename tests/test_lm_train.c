@@ -656,6 +656,31 @@ Test(lm_train, eval_only_on_another_corpus)
     result_free(&e);
 }
 
+/* A word-tokenizer checkpoint refuses a conflicting --tokenizer or
+ * --vocab-size on resume, and accepts the matching ones. */
+Test(lm_train, resume_refuses_a_conflicting_tokenizer)
+{
+    result a = RUN("--steps", "1", "--tokenizer", "word", "--vocab-size", "50", "--save", "@w.st");
+    assert_success(&a, "word tokenizer");
+    result b = RUN("--resume", "@w.st", "--steps", "2", "--tokenizer", "char");
+    cr_assert(WIFEXITED(b.status) && WEXITSTATUS(b.status) != 0, "%s", b.out);
+    cr_assert(strstr(b.err, "word tokenizer") && strstr(b.err, "--tokenizer char"), "%s", b.err);
+    result c = RUN("--resume", "@w.st", "--steps", "2", "--vocab-size", "60");
+    cr_assert(WIFEXITED(c.status) && WEXITSTATUS(c.status) != 0, "%s", c.out);
+    cr_assert(strstr(c.err, "--vocab-size 50") && strstr(c.err, "--vocab-size 60"), "%s", c.err);
+    result d = RUN("--resume", "@w.st", "--steps", "2", "--tokenizer", "word", "--vocab-size",
+                   "50", "--save", "@w.st");
+    assert_success(&d, "matching --tokenizer and --vocab-size");
+    dp_checkpoint *ck = load_ck("w.st");
+    cr_assert_eq(ck->step, 2);
+    cr_assert(strstr(ck->config_json, "\"tokenizer\":\"word\""), "%s", ck->config_json);
+    dp_checkpoint_free(ck);
+    result_free(&a);
+    result_free(&b);
+    result_free(&c);
+    result_free(&d);
+}
+
 /* --device-weights and --token-balanced reach the engine and train. */
 Test(lm_train, device_weights_and_token_balanced)
 {
