@@ -7,6 +7,13 @@
  *    AdamW moments, bit for bit, as 4 steps, save, resume, 4 more;
  *  - a checkpoint from cpu:2 resumes on cpu:1;
  *  - --eval-only prints the same validation loss as the end of training;
+ *  - --lr-decay-steps: a run stopped part-way resumes bitwise;
+ *  - SIGTERM / SIGINT save the checkpoint and exit with 128 + signal;
+ *  - a resume truncates the JSONL log to the checkpoint's step, and the
+ *    next save removes the temporary files a kill -9 left;
+ *  - the prompt is checked before training (a corpus without a newline
+ *    falls back to its first token); --eval-only works on another corpus;
+ *    conflicting --tokenizer / --vocab-size on resume are refused;
  *  - bad command lines fail fast with one "lm_train: ..." line on stderr,
  *    a non-zero exit status (not a signal) and no checkpoint file.
  */
