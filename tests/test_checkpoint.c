@@ -16,6 +16,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "dp/checkpoint.h"
@@ -75,7 +76,6 @@ static dp_checkpoint fill_ck(const dp_gpt *gpt, uint64_t seed, int with_opt)
     size_t n = dp_gpt_model(gpt)->n_params;
     dp_checkpoint ck;
     memset(&ck, 0, sizeof ck);
-    ck.config = *dp_gpt_config_of(gpt);
     ck.step = 7;
     ck.optimizer_step = 5;
     dp_rng rng;
@@ -132,7 +132,7 @@ static void save_good(const char *name, char *path, size_t cap)
     path_in(path, cap, name);
     dp_gpt *gpt = tiny_gpt();
     dp_checkpoint ck = fill_ck(gpt, 42, 1);
-    dp_assert_ok(dp_checkpoint_save(path, gpt, &ck));
+    dp_assert_ok(dp_gpt_checkpoint_save(path, gpt, &ck));
     free_filled(&ck);
     dp_gpt_destroy(gpt);
 }
@@ -145,7 +145,7 @@ static void expect_load_fails(const char *path, dp_status want, const char *need
     dp_checkpoint *ck = (dp_checkpoint *)1;
     dp_gpt *gpt = (dp_gpt *)1;
     dp_clear_error();
-    dp_status s = dp_checkpoint_load(path, &ck, &gpt);
+    dp_status s = dp_gpt_checkpoint_load(path, &ck, &gpt);
     const char *msg = dp_last_error();
     cr_assert_eq(s, want, "%s: got %s (%s), want %s", label, dp_strerror(s), msg,
                  dp_strerror(want));
@@ -169,14 +169,13 @@ Test(checkpoint, round_trip_is_exact)
     dp_checkpoint ck = fill_ck(gpt, 1, 1);
     char path[256];
     path_in(path, sizeof path, "ck.safetensors");
-    dp_assert_ok(dp_checkpoint_save(path, gpt, &ck));
+    dp_assert_ok(dp_gpt_checkpoint_save(path, gpt, &ck));
 
     dp_checkpoint *got = NULL;
     dp_gpt *g2 = NULL;
-    dp_assert_ok(dp_checkpoint_load(path, &got, &g2));
+    dp_assert_ok(dp_gpt_checkpoint_load(path, &got, &g2));
     cr_assert_not_null(got);
     cr_assert_not_null(g2);
-    cr_assert_eq(memcmp(&got->config, &TINY, sizeof TINY), 0, "config differs");
     cr_assert_eq(memcmp(dp_gpt_config_of(g2), &TINY, sizeof TINY), 0, "gpt_out config differs");
     cr_assert_eq(dp_gpt_model(g2)->n_params, n);
     cr_assert_eq(got->step, 7);
@@ -197,7 +196,7 @@ Test(checkpoint, round_trip_is_exact)
     /* Saving what was loaded gives the same bytes (deterministic writer). */
     char path2[256];
     path_in(path2, sizeof path2, "ck2.safetensors");
-    dp_assert_ok(dp_checkpoint_save(path2, g2, got));
+    dp_assert_ok(dp_gpt_checkpoint_save(path2, g2, got));
     size_t la, lb;
     unsigned char *a = dp_test_read_file(path, &la), *b = dp_test_read_file(path2, &lb);
     cr_assert_eq(la, lb);
@@ -223,7 +222,7 @@ Test(checkpoint, without_optimizer_state_and_strings)
     ck.optimizer_step = 0;
     char path[256];
     path_in(path, sizeof path, "params_only.st");
-    dp_assert_ok(dp_checkpoint_save(path, gpt, &ck));
+    dp_assert_ok(dp_gpt_checkpoint_save(path, gpt, &ck));
 
     /* Only the transformer tensors are in the file. */
     dp_st_file *f = NULL;
@@ -235,7 +234,7 @@ Test(checkpoint, without_optimizer_state_and_strings)
     dp_st_close(f);
 
     dp_checkpoint *got = NULL;
-    dp_assert_ok(dp_checkpoint_load(path, &got, NULL)); /* gpt_out may be NULL */
+    dp_assert_ok(dp_gpt_checkpoint_load(path, &got, NULL)); /* gpt_out may be NULL */
     cr_assert_null(got->m);
     cr_assert_null(got->v);
     cr_assert_null(got->tokenizer);
@@ -243,7 +242,7 @@ Test(checkpoint, without_optimizer_state_and_strings)
     cr_assert_eq(got->has_sampler, 0);
     cr_assert_eq(got->step, 0);
     cr_assert_eq(got->optimizer_step, 0);
-    cr_assert_eq(memcmp(&got->config, &TINY, sizeof TINY), 0);
+    cr_assert_str_eq(dp_checkpoint_meta(got, "n_layer"), "2");
     assert_bits_equal(gpt, got->params, ck.params, "params");
     dp_checkpoint_free(got);
     free_filled(&ck);
@@ -282,42 +281,54 @@ Test(checkpoint, save_rejects_bad_arguments)
     char path[256];
     path_in(path, sizeof path, "bad.st");
 
-    cr_assert_eq(dp_checkpoint_save(NULL, gpt, &ck), DP_ERR_INVALID_ARGUMENT);
-    cr_assert_eq(dp_checkpoint_save(path, NULL, &ck), DP_ERR_INVALID_ARGUMENT);
-    cr_assert_eq(dp_checkpoint_save(path, gpt, NULL), DP_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(dp_gpt_checkpoint_save(NULL, gpt, &ck), DP_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(dp_gpt_checkpoint_save(path, NULL, &ck), DP_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(dp_gpt_checkpoint_save(path, gpt, NULL), DP_ERR_INVALID_ARGUMENT);
     float *p = ck.params;
     ck.params = NULL;
-    cr_assert_eq(dp_checkpoint_save(path, gpt, &ck), DP_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(dp_gpt_checkpoint_save(path, gpt, &ck), DP_ERR_INVALID_ARGUMENT);
     ck.params = p;
 
     /* A configuration that is not the model's. */
-    ck.config.n_layer = 3;
-    cr_assert_eq(dp_checkpoint_save(path, gpt, &ck), DP_ERR_INVALID_ARGUMENT);
+    const dp_checkpoint_kv three[1] = {{"n_layer", "3"}};
+    ck.meta = three;
+    ck.n_meta = 1;
+    cr_assert_eq(dp_gpt_checkpoint_save(path, gpt, &ck), DP_ERR_INVALID_ARGUMENT);
     cr_assert(strstr(dp_last_error(), "configuration") != NULL, "%s", dp_last_error());
-    ck.config = TINY;
+    /* A key the checkpoint writes itself, and a key given twice. */
+    const dp_checkpoint_kv own[1] = {{"step", "3"}}, twice[2] = {{"a", "1"}, {"a", "2"}};
+    ck.meta = own;
+    cr_assert_eq(dp_gpt_checkpoint_save(path, gpt, &ck), DP_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(dp_last_error(), "\"step\"") != NULL, "%s", dp_last_error());
+    ck.meta = twice;
+    ck.n_meta = 2;
+    cr_assert_eq(dp_gpt_checkpoint_save(path, gpt, &ck), DP_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(dp_last_error(), "twice") != NULL, "%s", dp_last_error());
+    ck.meta = NULL;
+    ck.n_meta = 0;
 
     /* One moment without the other would silently drop optimizer state. */
     float *v = ck.v;
     ck.v = NULL;
-    cr_assert_eq(dp_checkpoint_save(path, gpt, &ck), DP_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(dp_gpt_checkpoint_save(path, gpt, &ck), DP_ERR_INVALID_ARGUMENT);
     cr_assert(strstr(dp_last_error(), "ck->m and ck->v") != NULL, "%s", dp_last_error());
     ck.v = v;
 
     /* Negative counters would be written but never load again. */
     ck.step = -1;
-    cr_assert_eq(dp_checkpoint_save(path, gpt, &ck), DP_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(dp_gpt_checkpoint_save(path, gpt, &ck), DP_ERR_INVALID_ARGUMENT);
     cr_assert(strstr(dp_last_error(), "step") != NULL, "%s", dp_last_error());
     ck.step = 1;
     ck.optimizer_step = -2;
-    cr_assert_eq(dp_checkpoint_save(path, gpt, &ck), DP_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(dp_gpt_checkpoint_save(path, gpt, &ck), DP_ERR_INVALID_ARGUMENT);
     cr_assert(strstr(dp_last_error(), "optimizer_step") != NULL, "%s", dp_last_error());
 
     cr_assert_eq(access(path, F_OK), -1, "a rejected save created %s", path);
     cr_assert_eq(count_entries(tmpdir), 0);
 
     dp_checkpoint *out = NULL;
-    cr_assert_eq(dp_checkpoint_load(NULL, &out, NULL), DP_ERR_INVALID_ARGUMENT);
-    cr_assert_eq(dp_checkpoint_load(path, NULL, NULL), DP_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(dp_gpt_checkpoint_load(NULL, &out, NULL), DP_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(dp_gpt_checkpoint_load(path, NULL, NULL), DP_ERR_INVALID_ARGUMENT);
     free_filled(&ck);
     dp_gpt_destroy(gpt);
 }
@@ -409,7 +420,7 @@ Test(checkpoint, mirror_writer_is_loadable)
     variant none = {.label = "none"};
     write_variant(path, &none);
     dp_checkpoint *ck = NULL;
-    dp_assert_ok(dp_checkpoint_load(path, &ck, NULL));
+    dp_assert_ok(dp_gpt_checkpoint_load(path, &ck, NULL));
     cr_assert_not_null(ck->m);
     cr_assert_eq(ck->step, 7);
     dp_checkpoint_free(ck);
@@ -480,7 +491,7 @@ ParameterizedTest(variant *vr, checkpoint, rejects_wrong_content)
     expect_load_fails(path, DP_ERR_FORMAT, vr->needle[0] ? vr->needle : NULL, vr->label);
     /* dp_checkpoint_load without gpt_out fails the same way. */
     dp_checkpoint *ck = NULL;
-    cr_assert_eq(dp_checkpoint_load(path, &ck, NULL), DP_ERR_FORMAT, "%s", vr->label);
+    cr_assert_eq(dp_gpt_checkpoint_load(path, &ck, NULL), DP_ERR_FORMAT, "%s", vr->label);
     cr_assert_null(ck);
 }
 
@@ -678,7 +689,7 @@ Test(checkpoint, save_into_missing_directory_leaves_nothing)
     char dir[256], path[300];
     path_in(dir, sizeof dir, "no_such_dir");
     snprintf(path, sizeof path, "%s/ck.st", dir);
-    dp_status s = dp_checkpoint_save(path, gpt, &ck);
+    dp_status s = dp_gpt_checkpoint_save(path, gpt, &ck);
     cr_assert_eq(s, DP_ERR_IO, "got %s: %s", dp_strerror(s), dp_last_error());
     cr_assert(strstr(dp_last_error(), path) != NULL, "message lacks the path: %s", dp_last_error());
     cr_assert_eq(access(path, F_OK), -1);
@@ -695,16 +706,16 @@ Test(checkpoint, overwrite_leaves_the_new_checkpoint)
     b.step = 100;
     char path[256];
     path_in(path, sizeof path, "ck.st");
-    dp_assert_ok(dp_checkpoint_save(path, gpt, &a));
-    dp_assert_ok(dp_checkpoint_save(path, gpt, &b)); /* smaller: no optimizer state */
+    dp_assert_ok(dp_gpt_checkpoint_save(path, gpt, &a));
+    dp_assert_ok(dp_gpt_checkpoint_save(path, gpt, &b)); /* smaller: no optimizer state */
     dp_checkpoint *got = NULL;
-    dp_assert_ok(dp_checkpoint_load(path, &got, NULL));
+    dp_assert_ok(dp_gpt_checkpoint_load(path, &got, NULL));
     cr_assert_eq(got->step, 100);
     cr_assert_null(got->m);
     assert_bits_equal(gpt, got->params, b.params, "params");
     dp_checkpoint_free(got);
-    dp_assert_ok(dp_checkpoint_save(path, gpt, &a)); /* and back to the larger one */
-    dp_assert_ok(dp_checkpoint_load(path, &got, NULL));
+    dp_assert_ok(dp_gpt_checkpoint_save(path, gpt, &a)); /* and back to the larger one */
+    dp_assert_ok(dp_gpt_checkpoint_load(path, &got, NULL));
     assert_bits_equal(gpt, got->v, a.v, "v");
     dp_checkpoint_free(got);
     cr_assert_eq(count_entries(tmpdir), 1, "temporary files left beside the checkpoint");
@@ -719,7 +730,7 @@ Test(checkpoint, failed_overwrite_keeps_the_old_checkpoint)
     dp_checkpoint a = fill_ck(gpt, 8, 0), b = fill_ck(gpt, 9, 1);
     char path[256];
     path_in(path, sizeof path, "ck.st");
-    dp_assert_ok(dp_checkpoint_save(path, gpt, &a));
+    dp_assert_ok(dp_gpt_checkpoint_save(path, gpt, &a));
     size_t old_len;
     free(dp_test_read_file(path, &old_len));
     /* Files may not grow past the old size: writing b (3x the tensors)
@@ -727,15 +738,49 @@ Test(checkpoint, failed_overwrite_keeps_the_old_checkpoint)
     signal(SIGXFSZ, SIG_IGN);
     struct rlimit rl = {(rlim_t)old_len, (rlim_t)old_len};
     cr_assert_eq(setrlimit(RLIMIT_FSIZE, &rl), 0);
-    dp_status s = dp_checkpoint_save(path, gpt, &b);
+    dp_status s = dp_gpt_checkpoint_save(path, gpt, &b);
     cr_assert_eq(s, DP_ERR_IO, "got %s: %s", dp_strerror(s), dp_last_error());
     dp_checkpoint *got = NULL;
-    dp_assert_ok(dp_checkpoint_load(path, &got, NULL));
+    dp_assert_ok(dp_gpt_checkpoint_load(path, &got, NULL));
     cr_assert_null(got->m, "the old checkpoint (no optimizer state) was replaced");
     assert_bits_equal(gpt, got->params, a.params, "params");
     dp_checkpoint_free(got);
     cr_assert_eq(count_entries(tmpdir), 1, "the failed save left a temporary file");
     free_filled(&a);
     free_filled(&b);
+    dp_gpt_destroy(gpt);
+}
+
+/* A process killed while saving leaves "<path>.tmp.<pid>.<n>" the size of
+ * the checkpoint: the next save of that path removes it when the process
+ * is gone, and leaves alone a live process's file, our own naming for
+ * another path, and names that only look alike. */
+Test(checkpoint, save_removes_stale_temporary_files)
+{
+    /* A pid that no longer exists: a child that has exited and been reaped. */
+    pid_t dead = fork();
+    cr_assert_geq(dead, 0);
+    if (dead == 0) _exit(0);
+    int status;
+    cr_assert_eq(waitpid(dead, &status, 0), dead);
+    char path[256], stale[320], live[320], other[320], alike[320];
+    path_in(path, sizeof path, "ck.st");
+    snprintf(stale, sizeof stale, "%s.tmp.%ld.3", path, (long)dead);
+    snprintf(live, sizeof live, "%s.tmp.%ld.0", path, (long)getppid());
+    snprintf(alike, sizeof alike, "%s.tmp.%ld.x", path, (long)dead);
+    path_in(other, sizeof other, "other.st");
+    snprintf(other + strlen(other), sizeof other - strlen(other), ".tmp.%ld.1", (long)dead);
+    const char *names[4] = {stale, live, alike, other};
+    for (int i = 0; i < 4; i++) dp_test_write_file(names[i], "partial", 7);
+
+    dp_gpt *gpt = tiny_gpt();
+    dp_checkpoint ck = fill_ck(gpt, 10, 1);
+    dp_assert_ok(dp_gpt_checkpoint_save(path, gpt, &ck));
+    cr_assert_eq(access(stale, F_OK), -1, "the stale temporary file %s was left", stale);
+    cr_assert_eq(access(live, F_OK), 0, "a live process's temporary file was removed");
+    cr_assert_eq(access(alike, F_OK), 0, "a file that is not ours was removed");
+    cr_assert_eq(access(other, F_OK), 0, "another checkpoint's temporary file was removed");
+    cr_assert_eq(count_entries(tmpdir), 4);
+    free_filled(&ck);
     dp_gpt_destroy(gpt);
 }

@@ -286,15 +286,14 @@ Test(cuda_engine, gpt_checkpoint_from_gpu_resumes_on_cpu, .timeout = 120)
 
     dp_checkpoint ck;
     memset(&ck, 0, sizeof ck);
-    ck.config = gc;
     ck.step = 3;
     ck.optimizer_step = t;
     ck.params = p;
     ck.m = m;
     ck.v = v;
-    dp_assert_ok(dp_checkpoint_save(path, g, &ck));
+    dp_assert_ok(dp_gpt_checkpoint_save(path, g, &ck));
     dp_checkpoint *ld = NULL;
-    dp_assert_ok(dp_checkpoint_load(path, &ld, NULL));
+    dp_assert_ok(dp_gpt_checkpoint_load(path, &ld, NULL));
     cr_assert_eq(ld->optimizer_step, 3);
     assert_tensors_equal(g, ld->params, p, "params");
     assert_tensors_equal(g, ld->m, m, "exp_avg");

@@ -7,6 +7,13 @@
  *    AdamW moments, bit for bit, as 4 steps, save, resume, 4 more;
  *  - a checkpoint from cpu:2 resumes on cpu:1;
  *  - --eval-only prints the same validation loss as the end of training;
+ *  - --lr-decay-steps: a run stopped part-way resumes bitwise;
+ *  - SIGTERM / SIGINT save the checkpoint and exit with 128 + signal;
+ *  - a resume truncates the JSONL log to the checkpoint's step, and the
+ *    next save removes the temporary files a kill -9 left;
+ *  - the prompt is checked before training (a corpus without a newline
+ *    falls back to its first token); --eval-only works on another corpus;
+ *    conflicting --tokenizer / --vocab-size on resume are refused;
  *  - bad command lines fail fast with one "lm_train: ..." line on stderr,
  *    a non-zero exit status (not a signal) and no checkpoint file.
  */
@@ -25,6 +32,7 @@
 #include <unistd.h>
 
 #include "dp/checkpoint.h"
+#include "dp/gpt.h"
 #include "dp_test.h"
 #include "dp_test_fs.h"
 #include "dp_test_spawn.h"
@@ -198,8 +206,20 @@ static dp_checkpoint *load_ck(const char *name)
     char p[256];
     path_in(p, sizeof p, name);
     dp_checkpoint *ck = NULL;
-    dp_assert_ok(dp_checkpoint_load(p, &ck, NULL));
+    dp_assert_ok(dp_gpt_checkpoint_load(p, &ck, NULL));
     return ck;
+}
+
+/* The number of parameters of the GPT a checkpoint holds. */
+static size_t ck_params(const dp_checkpoint *ck)
+{
+    dp_gpt_config c;
+    dp_assert_ok(dp_gpt_config_from_metadata(ck, &c));
+    dp_gpt *gpt = NULL;
+    dp_assert_ok(dp_gpt_create(&c, &gpt));
+    size_t n = dp_gpt_model(gpt)->n_params;
+    dp_gpt_destroy(gpt);
+    return n;
 }
 
 /* The number after `key` in text (the last occurrence), or NAN. */
@@ -234,14 +254,8 @@ Test(lm_train, resume_is_bitwise_exact)
     assert_success(&b2, "run B resumed (to 8 steps)");
 
     dp_checkpoint *ca = load_ck("a.st"), *cb = load_ck("b.st");
-    cr_assert_eq(memcmp(&ca->config, &cb->config, sizeof ca->config), 0);
-    size_t n = 0;
-    {
-        dp_gpt *gpt = NULL;
-        dp_assert_ok(dp_gpt_create(&ca->config, &gpt));
-        n = dp_gpt_model(gpt)->n_params;
-        dp_gpt_destroy(gpt);
-    }
+    size_t n = ck_params(ca);
+    cr_assert_eq(ck_params(cb), n);
     cr_assert_eq(ca->step, 8);
     cr_assert_eq(cb->step, 8);
     cr_assert_eq(ca->optimizer_step, cb->optimizer_step);
@@ -327,7 +341,9 @@ Test(lm_train, non_finite_steps_stop_training_and_keep_the_last_checkpoint)
     size_t n0, n1;
     unsigned char *before = dp_test_read_file(g, &n0);
 
+    /* --lr-decay-steps: the checkpoint's schedule (4 steps long) would give min_lr. */
     result b = RUN("--resume", "@g.st", "--steps", "40", "--lr", "1e30", "--warmup", "0",
+                   "--lr-decay-steps", "40",
                    "--max-skips", "3", "--save", "@g.st", "--save-interval", "2", "--log",
                    "@skip.jsonl");
     cr_assert(WIFEXITED(b.status) && WEXITSTATUS(b.status) != 0,
@@ -389,7 +405,7 @@ Test(lm_train, killed_while_saving_leaves_a_loadable_checkpoint, .timeout = 120)
         result_free(&r);
         if (stat(ck_path, &sb) == 0) {
             dp_checkpoint *ck = NULL;
-            dp_status s = dp_checkpoint_load(ck_path, &ck, NULL);
+            dp_status s = dp_gpt_checkpoint_load(ck_path, &ck, NULL);
             cr_assert_eq(s, DP_OK, "after a kill at %ld ms the checkpoint does not load: %s",
                          delays_ms[i], dp_last_error());
             dp_checkpoint_free(ck);
@@ -398,9 +414,14 @@ Test(lm_train, killed_while_saving_leaves_a_loadable_checkpoint, .timeout = 120)
     }
     cr_assert_gt(loaded, 0, "no checkpoint was ever written before a kill; raise the delays");
 
-    /* A truncated temp file such as a kill leaves, named as the writer names them. */
+    /* A truncated temp file such as a kill leaves, named as the writer names
+     * them, of a process that is gone (a reaped child). */
+    pid_t dead = fork();
+    cr_assert_geq(dead, 0);
+    if (dead == 0) _exit(0);
+    cr_assert_eq(waitpid(dead, NULL, 0), dead);
     char junk[300];
-    snprintf(junk, sizeof junk, "%s.tmp.99999.0", ck_path);
+    snprintf(junk, sizeof junk, "%s.tmp.%ld.0", ck_path, (long)dead);
     dp_test_write_file(junk, "\x40\0\0\0\0\0\0\0{\"a\"", 12);
     dp_checkpoint *ck = load_ck("k.st");
     long step = ck->step;
@@ -414,6 +435,275 @@ Test(lm_train, killed_while_saving_leaves_a_loadable_checkpoint, .timeout = 120)
     ck = load_ck("k.st");
     cr_assert_eq(ck->step, step + 2);
     dp_checkpoint_free(ck);
+    /* The save after the resume removed every temporary file the kills left. */
+    DIR *d = opendir(tmpdir);
+    struct dirent *de;
+    while ((de = readdir(d)))
+        cr_assert_null(strstr(de->d_name, ".tmp."), "stale temporary file %s was left",
+                       de->d_name);
+    closedir(d);
+    result_free(&r);
+}
+
+// --- schedule, signals, logs and prompts --------------------------------------------------
+
+/* Bitwise equality of the parameters and AdamW moments of two checkpoints. */
+static void assert_same_state(const char *a_name, const char *b_name)
+{
+    dp_checkpoint *a = load_ck(a_name), *b = load_ck(b_name);
+    size_t n = ck_params(a);
+    cr_assert_eq(ck_params(b), n);
+    cr_assert_eq(a->step, b->step);
+    cr_assert_eq(a->optimizer_step, b->optimizer_step);
+    cr_assert(a->m && b->m);
+    cr_assert_eq(memcmp(a->params, b->params, n * sizeof(float)), 0, "%s and %s: parameters "
+                 "differ", a_name, b_name);
+    cr_assert_eq(memcmp(a->m, b->m, n * sizeof(float)), 0, "%s and %s: m differs", a_name, b_name);
+    cr_assert_eq(memcmp(a->v, b->v, n * sizeof(float)), 0, "%s and %s: v differs", a_name, b_name);
+    dp_checkpoint_free(a);
+    dp_checkpoint_free(b);
+}
+
+/* --lr-decay-steps makes the schedule independent of --steps, so a run
+ * stopped part-way resumes bitwise: 8 steps of a 20-step schedule, then a
+ * resume to 16 without the flag (the checkpoint's 20 counts), equals 16
+ * steps of the same schedule in one run. Warmup 2, so the decay matters:
+ * 16 steps of a 16-step schedule differ. */
+Test(lm_train, lr_decay_steps_resume_is_bitwise_exact)
+{
+    result a = RUN("--steps", "16", "--lr-decay-steps", "20", "--warmup", "2", "--save", "@a.st");
+    assert_success(&a, "16 of 20");
+    result b1 = RUN("--steps", "8", "--lr-decay-steps", "20", "--warmup", "2", "--save", "@b.st");
+    assert_success(&b1, "8 of 20");
+    dp_checkpoint *half = load_ck("b.st");
+    cr_assert_str_eq(dp_checkpoint_meta(half, "lr_decay_steps"), "20");
+    dp_checkpoint_free(half);
+    result b2 = RUN("--resume", "@b.st", "--steps", "16", "--warmup", "2", "--save", "@b.st");
+    assert_success(&b2, "resumed to 16");
+    assert_same_state("a.st", "b.st");
+    /* The flag given again on resume gives the same. */
+    result c1 = RUN("--steps", "8", "--lr-decay-steps", "20", "--warmup", "2", "--save", "@c.st");
+    assert_success(&c1, "8 of 20 again");
+    result c2 = RUN("--resume", "@c.st", "--steps", "16", "--lr-decay-steps", "20", "--warmup",
+                    "2", "--save", "@c.st");
+    assert_success(&c2, "resumed to 16 with the flag");
+    assert_same_state("a.st", "c.st");
+    /* Teeth: a 16-step schedule trains differently. */
+    result d = RUN("--steps", "16", "--warmup", "2", "--save", "@d.st");
+    assert_success(&d, "16 of 16");
+    dp_checkpoint *ca = load_ck("a.st"), *cd = load_ck("d.st");
+    cr_assert_str_eq(dp_checkpoint_meta(cd, "lr_decay_steps"), "16");
+    cr_assert_neq(memcmp(ca->params, cd->params, ck_params(ca) * sizeof(float)), 0,
+                  "the decay length changed nothing");
+    dp_checkpoint_free(ca);
+    dp_checkpoint_free(cd);
+    result_free(&a);
+    result_free(&b1);
+    result_free(&b2);
+    result_free(&c1);
+    result_free(&c2);
+    result_free(&d);
+}
+
+/* The last checkpoint holds the last step even when --save-interval does
+ * not divide --steps. */
+Test(lm_train, save_interval_not_dividing_steps_saves_the_last_step)
+{
+    result a = RUN("--steps", "5", "--save-interval", "2", "--save", "@x.st");
+    assert_success(&a, "5 steps, saving every 2");
+    dp_checkpoint *ck = load_ck("x.st");
+    cr_assert_eq(ck->step, 5);
+    cr_assert_eq(ck->optimizer_step, 5);
+    dp_checkpoint_free(ck);
+    result_free(&a);
+}
+
+/* 1 when file (in tmpdir) holds needle, read afresh. */
+static int file_has(const char *name, const char *needle)
+{
+    char p[256];
+    path_in(p, sizeof p, name);
+    size_t n;
+    char *t = (char *)dp_test_read_file(p, &n);
+    int has = strstr(t, needle) != NULL;
+    free(t);
+    return has;
+}
+
+/* SIGTERM or SIGINT after the first progress line: the run saves its
+ * checkpoint, says so in one stderr line, and exits with 128 + signal. */
+Test(lm_train, signal_saves_the_checkpoint_and_exits_non_zero, .timeout = 120)
+{
+    const int sigs[2] = {SIGTERM, SIGINT};
+    const char *names[2] = {"SIGTERM", "SIGINT"};
+    for (int i = 0; i < 2; i++) {
+        const char *const args[] = {"--steps", "100000000", "--eval-interval", "10", "--save",
+                                    "@sig.st", "--log", "@sig.jsonl"};
+        pid_t pid = spawn_args(1, args, sizeof args / sizeof args[0]);
+        /* Polls for the progress line; the test's own timeout bounds a hang. */
+        while (!file_has("stdout.txt", "step ")) {
+            struct timespec ts = {0, 10 * 1000000L};
+            nanosleep(&ts, NULL);
+        }
+        kill(pid, sigs[i]);
+        result r = collect(pid);
+        cr_assert(WIFEXITED(r.status), "%s: killed by the signal instead of stopping; stderr:\n%s",
+                  names[i], r.err);
+        cr_assert_eq(WEXITSTATUS(r.status), 128 + sigs[i], "%s: exit status %d; stderr:\n%s",
+                     names[i], WEXITSTATUS(r.status), r.err);
+        size_t lines = 0;
+        for (const char *p = r.err; *p; p++) lines += *p == '\n';
+        cr_assert_eq(lines, 1, "%s: stderr:\n%s", names[i], r.err);
+        cr_assert(strstr(r.err, "interrupted by ") && strstr(r.err, names[i]) &&
+                      strstr(r.err, "checkpoint saved to"),
+                  "%s: stderr: %s", names[i], r.err);
+        dp_checkpoint *ck = load_ck("sig.st");
+        cr_assert_gt(ck->step, 0, "%s: the checkpoint holds step 0", names[i]);
+        /* The output was flushed: the log's last row is the checkpoint's step. */
+        char want[48];
+        snprintf(want, sizeof want, "{\"step\":%ld,", ck->step);
+        cr_assert(file_has("sig.jsonl", want), "%s: the log lacks step %ld", names[i], ck->step);
+        dp_checkpoint_free(ck);
+        result_free(&r);
+        char p[256];
+        path_in(p, sizeof p, "sig.st");
+        unlink(p);
+    }
+}
+
+/* The step numbers of a JSONL log, in order; returns the count. */
+static size_t log_steps(const char *name, long *steps, size_t cap)
+{
+    char p[256];
+    path_in(p, sizeof p, name);
+    char *t = read_text(p), *save = NULL;
+    size_t n = 0;
+    for (char *line = strtok_r(t, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        cr_assert_lt(n, cap);
+        cr_assert_eq(sscanf(line, "{\"step\":%ld", &steps[n]), 1, "bad row: %s", line);
+        n++;
+    }
+    free(t);
+    return n;
+}
+
+/* A run that went past its checkpoint (then died) logged steps 4..6; the
+ * resume from step 3 drops those rows (and a line cut off by a kill), so
+ * every step is logged once. */
+Test(lm_train, resume_truncates_the_log_to_the_checkpoint)
+{
+    result a = RUN("--steps", "3", "--lr-decay-steps", "6", "--save", "@c.st", "--log", "@l.jsonl");
+    assert_success(&a, "3 steps");
+    result b = RUN("--resume", "@c.st", "--steps", "6", "--log", "@l.jsonl");
+    assert_success(&b, "to 6, not saved");
+    char p[256];
+    path_in(p, sizeof p, "l.jsonl");
+    FILE *f = fopen(p, "a");
+    cr_assert_not_null(f);
+    fputs("{\"step\":7,\"lo", f); /* cut off mid-row */
+    fclose(f);
+    result c = RUN("--resume", "@c.st", "--steps", "6", "--log", "@l.jsonl");
+    assert_success(&c, "to 6 again");
+    cr_assert(strstr(c.out, "dropped 4"), "no word about the dropped rows:\n%s", c.out);
+    long steps[32];
+    size_t n = log_steps("l.jsonl", steps, 32);
+    cr_assert_eq(n, 6, "%zu rows", n);
+    for (size_t i = 0; i < n; i++) cr_assert_eq(steps[i], (long)i + 1, "row %zu is step %ld", i, steps[i]);
+    result_free(&a);
+    result_free(&b);
+    result_free(&c);
+}
+
+/* After --max-skips non-finite steps with nothing saved yet, the message
+ * must not claim a checkpoint exists. */
+Test(lm_train, non_finite_stop_without_a_checkpoint_says_so)
+{
+    result b = RUN("--steps", "40", "--lr", "1e30", "--warmup", "0", "--max-skips", "2", "--save",
+                   "@n.st");
+    cr_assert(WIFEXITED(b.status) && WEXITSTATUS(b.status) != 0, "stdout:\n%s", b.out);
+    cr_assert_null(strstr(b.err, "intact"), "stderr claims a checkpoint: %s", b.err);
+    cr_assert(strstr(b.err, "no checkpoint was written to"), "stderr: %s", b.err);
+    char p[256];
+    path_in(p, sizeof p, "n.st");
+    cr_assert_eq(access(p, F_OK), -1, "n.st exists");
+    result_free(&b);
+}
+
+/* A corpus without a newline: the default prompt (a newline) falls back to
+ * a token of the corpus, and sampling works. */
+Test(lm_train, default_prompt_falls_back_on_a_corpus_without_newline)
+{
+    char *a = malloc(10240);
+    memset(a, 'a', 10240);
+    write_file("aaa.txt", a, 10240);
+    free(a);
+    result r = RUN("--data", "@aaa.txt", "--steps", "2", "--sample", "20");
+    assert_success(&r, "one-line corpus");
+    cr_assert(strstr(r.out, "--- sample (20 tokens") && strstr(r.out, "aaaaaaaaaaaaaaaaaaaa"),
+              "no sample:\n%s", r.out);
+    result_free(&r);
+}
+
+/* Evaluation needs no training sampler state: --eval-only on another text
+ * the tokenizer covers (a part of the corpus, so a different length). */
+Test(lm_train, eval_only_on_another_corpus)
+{
+    result a = RUN("--steps", "2", "--save", "@e.st");
+    assert_success(&a, "training");
+    char p[256];
+    path_in(p, sizeof p, "corpus.txt");
+    size_t n;
+    char *t = (char *)dp_test_read_file(p, &n);
+    write_file("part.txt", t + 5000, 8000);
+    free(t);
+    result e = RUN("--resume", "@e.st", "--eval-only", "--data", "@part.txt");
+    assert_success(&e, "--eval-only on part.txt");
+    cr_assert(strstr(e.out, "val_loss "), "%s", e.out);
+    result_free(&a);
+    result_free(&e);
+}
+
+/* A word-tokenizer checkpoint refuses a conflicting --tokenizer or
+ * --vocab-size on resume, and accepts the matching ones. */
+Test(lm_train, resume_refuses_a_conflicting_tokenizer)
+{
+    result a = RUN("--steps", "1", "--tokenizer", "word", "--vocab-size", "50", "--save", "@w.st");
+    assert_success(&a, "word tokenizer");
+    result b = RUN("--resume", "@w.st", "--steps", "2", "--tokenizer", "char");
+    cr_assert(WIFEXITED(b.status) && WEXITSTATUS(b.status) != 0, "%s", b.out);
+    cr_assert(strstr(b.err, "word tokenizer") && strstr(b.err, "--tokenizer char"), "%s", b.err);
+    result c = RUN("--resume", "@w.st", "--steps", "2", "--vocab-size", "60");
+    cr_assert(WIFEXITED(c.status) && WEXITSTATUS(c.status) != 0, "%s", c.out);
+    cr_assert(strstr(c.err, "--vocab-size 50") && strstr(c.err, "--vocab-size 60"), "%s", c.err);
+    result d = RUN("--resume", "@w.st", "--steps", "2", "--tokenizer", "word", "--vocab-size",
+                   "50", "--save", "@w.st");
+    assert_success(&d, "matching --tokenizer and --vocab-size");
+    dp_checkpoint *ck = load_ck("w.st");
+    cr_assert_eq(ck->step, 2);
+    cr_assert(strstr(ck->config_json, "\"tokenizer\":\"word\""), "%s", ck->config_json);
+    dp_checkpoint_free(ck);
+    result_free(&a);
+    result_free(&b);
+    result_free(&c);
+    result_free(&d);
+}
+
+/* --device-weights and --token-balanced reach the engine and train. */
+Test(lm_train, device_weights_and_token_balanced)
+{
+    result r = RUN("--steps", "2", "--device-weights", "1,3", "--token-balanced");
+    assert_success(&r, "--device-weights 1,3 --token-balanced");
+    result_free(&r);
+}
+
+/* --devices auto says when it chose CPU devices, and why. */
+Test(lm_train, devices_auto_says_it_chose_cpu)
+{
+    if (dp_cuda_device_count() > 0) cr_skip_test("a CUDA device is visible here");
+    result r = RUN("--steps", "1", "--devices", "auto");
+    assert_success(&r, "--devices auto");
+    cr_assert(strstr(r.out, "devices: auto chose ") && strstr(r.out, "CPU device"), "%s", r.out);
+    cr_assert(strstr(r.out, "no CUDA"), "no reason given:\n%s", r.out);
     result_free(&r);
 }
 
@@ -426,43 +716,67 @@ typedef struct bad_case {
     char save[48];     /* the --save path whose file must not appear; "" = "@out.st" */
     int needs_ckpt;    /* first make @good.st with a 1-step run */
     int no_gpu_only;   /* only meaningful where no CUDA device is visible */
+    int no_save;       /* do not add "--save @out.st" first */
 } bad_case;
 
 static bad_case bad_cases[] = {
-    {"missing data file", {"--data", "@missing.txt"}, "missing.txt", "", 0, 0},
-    {"empty data file", {"--data", "@empty.txt"}, "empty", "", 0, 0},
-    {"binary data file", {"--data", "@binary.bin"}, "NUL", "", 0, 0},
+    {"missing data file", {"--data", "@missing.txt"}, "missing.txt", "", 0, 0, 0},
+    {"empty data file", {"--data", "@empty.txt"}, "empty", "", 0, 0, 0},
+    {"binary data file", {"--data", "@binary.bin"}, "NUL", "", 0, 0, 0},
     {"context longer than validation split", {"--data", "@small.txt", "--context", "32"},
-     "validation split", "", 0, 0},
-    {"batch-size 0", {"--batch-size", "0"}, "--batch-size", "", 0, 0},
-    {"batch-size -3", {"--batch-size", "-3"}, "--batch-size", "", 0, 0},
-    {"batch-size abc", {"--batch-size", "abc"}, "--batch-size", "", 0, 0},
-    {"heads 3 dim 16", {"--heads", "3", "--dim", "16"}, "--heads 3", "", 0, 0},
-    {"devices gpu:0", {"--devices", "gpu:0"}, "gpu", "", 0, 0},
-    {"devices cpu:0,0", {"--devices", "cpu:0,0"}, "cpu:0,0", "", 0, 0},
-    {"devices cuda:0 without a GPU", {"--devices", "cuda:0"}, "cuda", "", 0, 1},
-    {"unknown option", {"--frobnicate"}, "--frobnicate", "", 0, 0},
-    {"option without its value", {"--steps"}, "--steps needs a value", "", 0, 0},
-    {"steps x", {"--steps", "x"}, "--steps", "", 0, 0},
-    {"lr -1", {"--lr", "-1"}, "--lr", "", 0, 0},
-    {"grad-accum past int", {"--grad-accum", "4294967297"}, "--grad-accum", "", 0, 0},
-    {"memory-limit 12XB", {"--memory-limit", "12XB"}, "12XB", "", 0, 0},
-    {"memory-limit too small", {"--memory-limit", "1KiB"}, "memory limit", "", 0, 0},
-    {"resume missing file", {"--resume", "@missing.st"}, "missing.st", "", 0, 0},
-    {"resume corrupt file", {"--resume", "@corrupt.st"}, "corrupt.st", "", 0, 0},
+     "validation split", "", 0, 0, 0},
+    {"batch-size 0", {"--batch-size", "0"}, "--batch-size", "", 0, 0, 0},
+    {"batch-size -3", {"--batch-size", "-3"}, "--batch-size", "", 0, 0, 0},
+    {"batch-size abc", {"--batch-size", "abc"}, "--batch-size", "", 0, 0, 0},
+    {"heads 3 dim 16", {"--heads", "3", "--dim", "16"}, "--heads 3", "", 0, 0, 0},
+    {"devices gpu:0", {"--devices", "gpu:0"}, "gpu", "", 0, 0, 0},
+    {"devices cpu:0,0", {"--devices", "cpu:0,0"}, "cpu:0,0", "", 0, 0, 0},
+    {"devices cuda:0 without a GPU", {"--devices", "cuda:0"}, "cuda", "", 0, 1, 0},
+    {"unknown option", {"--frobnicate"}, "--frobnicate", "", 0, 0, 0},
+    {"option without its value", {"--steps"}, "--steps needs a value", "", 0, 0, 0},
+    {"steps x", {"--steps", "x"}, "--steps", "", 0, 0, 0},
+    {"lr -1", {"--lr", "-1"}, "--lr", "", 0, 0, 0},
+    {"grad-accum past int", {"--grad-accum", "4294967297"}, "--grad-accum", "", 0, 0, 0},
+    {"memory-limit 12XB", {"--memory-limit", "12XB"}, "12XB", "", 0, 0, 0},
+    {"memory-limit too small", {"--memory-limit", "1KiB"}, "memory limit", "", 0, 0, 0},
+    {"resume missing file", {"--resume", "@missing.st"}, "missing.st", "", 0, 0, 0},
+    {"resume corrupt file", {"--resume", "@corrupt.st"}, "corrupt.st", "", 0, 0, 0},
     {"resume with conflicting --dim", {"--resume", "@good.st", "--dim", "32"}, "differs", "", 1,
-     0},
+     0, 0},
     {"resume with conflicting --heads", {"--resume", "@good.st", "--heads", "4"}, "differs", "",
-     1, 0},
+     1, 0, 0},
     {"resume with --heads 3 not dividing", {"--resume", "@good.st", "--heads", "3"}, "differs",
-     "", 1, 0},
-    {"eval-only without resume", {"--eval-only"}, "--eval-only", "", 0, 0},
+     "", 1, 0, 0},
+    {"eval-only without resume", {"--eval-only"}, "--eval-only", "", 0, 0, 0},
     {"save into a missing directory", {"--steps", "2", "--save", "@nodir/out.st"}, "nodir",
-     "@nodir/out.st", 0, 0},
-    {"save onto a directory", {"--steps", "2", "--save", "@sub"}, "directory", "@sub", 0, 0},
-    {"max-skips 0", {"--max-skips", "0"}, "--max-skips", "", 0, 0},
-    {"watchdog -1", {"--watchdog", "-1"}, "--watchdog", "", 0, 0},
-    {"check-replicas x", {"--check-replicas", "x"}, "--check-replicas", "", 0, 0},
+     "@nodir/out.st", 0, 0, 0},
+    {"save onto a directory", {"--steps", "2", "--save", "@sub"}, "directory", "@sub", 0, 0, 0},
+    {"max-skips 0", {"--max-skips", "0"}, "--max-skips", "", 0, 0, 0},
+    {"watchdog -1", {"--watchdog", "-1"}, "--watchdog", "", 0, 0, 0},
+    {"check-replicas x", {"--check-replicas", "x"}, "--check-replicas", "", 0, 0, 0},
+    /* Sizes from the command line are bounded before any work. */
+    {"sample 2^63-1", {"--sample", "9223372036854775807"}, "--sample", "", 0, 0, 0},
+    {"sample 2^62", {"--sample", "4611686018427387904"}, "--sample", "", 0, 0, 0},
+    {"batch-size x context overflows", {"--batch-size", "4611686018427387904", "--context",
+     "16"}, "overflow", "", 0, 0, 0},
+    {"max-tokens-per-device below context", {"--max-tokens-per-device", "4"},
+     "--max-tokens-per-device 4", "", 0, 0, 0},
+    {"lr-decay-steps 0", {"--lr-decay-steps", "0"}, "--lr-decay-steps", "", 0, 0, 0},
+    {"save-interval without save", {"--save-interval", "2"}, "--save-interval needs --save", "",
+     0, 0, 1},
+    {"save with eval-only", {"--resume", "@good.st", "--eval-only"}, "--eval-only", "", 1, 0, 0},
+    {"resume with steps below the checkpoint", {"--resume", "@good.st", "--steps", "0"},
+     "below the checkpoint's step 1", "", 1, 0, 0},
+    {"resume with conflicting --tokenizer", {"--resume", "@good.st", "--tokenizer", "word"},
+     "--tokenizer word", "", 1, 0, 0},
+    {"resume with --vocab-size on a char model", {"--resume", "@good.st", "--vocab-size", "99"},
+     "--vocab-size", "", 1, 0, 0},
+    {"prompt outside the vocabulary", {"--prompt", "~", "--sample", "10"}, "--prompt", "", 0, 0, 0},
+    {"device-weights count", {"--device-weights", "1,2,3"}, "--device-weights", "", 0, 0, 0},
+    {"device-weights x", {"--device-weights", "1,x"}, "--device-weights", "", 0, 0, 0},
+    {"device-weights all zero", {"--device-weights", "0,0"}, "--device-weights", "", 0, 0, 0},
+    {"token-balanced with a value", {"--token-balanced=1"}, "takes no value", "", 0, 0, 0},
+    {"device-weights negative", {"--device-weights", "1,-1"}, "--device-weights", "", 0, 0, 0},
 };
 
 ParameterizedTestParameters(lm_train, bad_input_fails_cleanly)
@@ -493,7 +807,7 @@ ParameterizedTest(bad_case *bc, lm_train, bad_input_fails_cleanly, .timeout = 20
      * a case's own --save (given later) wins. */
     const char *save = bc->save[0] ? bc->save : "@out.st";
     const char *extra[16] = {"--save", save};
-    size_t n = 2;
+    size_t n = bc->no_save ? 0 : 2;
     for (int i = 0; i < 10 && bc->args[i][0]; i++) extra[n++] = bc->args[i];
     result r = run_lm(extra, n);
 

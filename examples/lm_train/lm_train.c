@@ -7,6 +7,10 @@
  * else one CPU device per core. Prints progress, evaluates on the held-out
  * split, saves safetensors checkpoints nanoGPT can load, resumes exactly,
  * and samples text. `lm_train --help` lists every option.
+ *
+ * SIGINT / SIGTERM end the run after the current step: the checkpoint is
+ * written (with --save), output flushed, and the exit status is 128 + the
+ * signal's number; a second signal exits at once.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
@@ -14,6 +18,7 @@
 #include <jansson.h>
 #include <limits.h>
 #include <math.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,22 +30,38 @@
 #include <dp/dp.h>
 
 #include "dp_cli.h"
+/* Overflow-checked size arithmetic (header-only, no library symbols). */
+#include "../../lib/core/checked.h"
+
+/* The default corpus: the text of Debian's `fortunes` package. */
+#define LM_DEFAULT_CORPUS "/usr/share/games/fortunes"
+
+/* --sample's bound: far more text than a sample is read for, and small
+ * enough that the context buffer's size cannot overflow. */
+#define SAMPLE_MAX 1000000L
+
+/* Checkpoint metadata key of the cosine schedule's length (the trainer's,
+ * not the model's). */
+#define META_DECAY "lr_decay_steps"
 
 // --- options ------------------------------------------------------------------------
 
 typedef struct opts {
     const char *data, *tokenizer, *devices, *mode, *save, *resume, *log, *prompt;
-    const char *memory_limit;
+    const char *memory_limit, *device_weights;
     long vocab_size, layers, heads, dim, context, batch_size, grad_accum, max_tokens;
-    long steps, warmup, eval_interval, eval_iters, save_interval, sample, top_k;
+    long steps, warmup, lr_decay_steps, eval_interval, eval_iters, save_interval, sample, top_k;
     long max_skips, check_replicas;
     double lr, min_lr, weight_decay, beta1, beta2, grad_clip, temperature, watchdog;
     unsigned long long seed;
-    int eval_only, tf32;
-    int model_given; /* which model-shape options were on the command line (MG_* bits) */
+    int eval_only, tf32, token_balanced;
+    int given; /* which options were on the command line (G_* bits) */
 } opts;
 
-enum { MG_LAYERS = 1, MG_HEADS = 2, MG_DIM = 4, MG_CTX = 8 };
+enum {
+    G_LAYERS = 1, G_HEADS = 2, G_DIM = 4, G_CTX = 8, /* the model's shape */
+    G_TOK = 16, G_VOCAB = 32, G_DECAY = 64, G_PROMPT = 128, G_SAVEI = 256
+};
 
 static void defaults(opts *o)
 {
@@ -50,25 +71,29 @@ static void defaults(opts *o)
     o->mode = "balanced";
     o->prompt = "\n";
     o->vocab_size = 8192;
-    o->layers = 4;
+    /* Sized for the default run on a 2-core CPU: about 70 s unloaded (90 s
+     * on a busy machine) and a sample that reads mostly as English words.
+     * Small and wide-batched: at this budget (about 3.7M tokens) a smaller
+     * model fed more tokens reaches a lower loss than a larger one. */
+    o->layers = 3;
     o->heads = 4;
-    o->dim = 128;
+    o->dim = 96;
     o->context = 64;
-    o->batch_size = 12;
+    o->batch_size = 32;
     o->grad_accum = 1;
-    o->steps = 500;
-    o->lr = 1e-3;
-    o->min_lr = 1e-4;
+    o->steps = 1800;
+    o->lr = 3e-3;
+    o->min_lr = 3e-4;
     o->warmup = 100;
     o->weight_decay = 0.1;
     o->beta1 = 0.9;
     o->beta2 = 0.99;
     o->grad_clip = 1.0;
-    o->eval_interval = 100;
+    o->eval_interval = 300;
     o->eval_iters = 20;
     o->seed = 1337;
     o->sample = 300;
-    o->temperature = 0.8;
+    o->temperature = 0.7;
     o->top_k = 40;
     o->max_skips = 5;
 }
@@ -82,12 +107,15 @@ static void usage(FILE *f)
             "Train a GPT (nanoGPT's architecture) on text with dp's balanced DataParallel engine.\n\n"
             "data\n"
             "  --data PATH            text file or directory of text files (default: %s)\n"
-            "  --tokenizer char|word  tokenizer (default %s)\n"
+            "  --tokenizer char|word  tokenizer (default %s; with --resume, the checkpoint's)\n"
             "  --vocab-size N         word tokenizer vocabulary size (default %ld)\n"
             "devices\n"
             "  --devices LIST         cpu, cpu:N, cpu:0,1, cuda:0,1, auto (default %s: every GPU,\n"
             "                         else one CPU device per core)\n"
             "  --mode balanced|gather where the loss is computed (default %s)\n"
+            "  --device-weights W,..  relative share of each step's rows per device, one weight\n"
+            "                         per device, e.g. 1,2,2,2 (default equal shares)\n"
+            "  --token-balanced       split rows so devices get equal numbers of valid targets\n"
             "  --memory-limit SIZE    per-device allocation limit, e.g. 12GiB (default none)\n"
             "  --tf32                 let cuBLAS use TF32 tensor cores on GPUs (default off)\n"
             "model\n"
@@ -95,10 +123,17 @@ static void usage(FILE *f)
             "training\n"
             "  --batch-size N         global sequences per step (default %ld)\n"
             "  --grad-accum N         micro-batches per device per step (default %ld)\n"
-            "  --max-tokens-per-device N  tokens per forward/backward on a device (default no limit)\n"
-            "  --steps N              total steps; with --resume, continue up to N (default %ld)\n"
+            "  --max-tokens-per-device N  tokens per forward/backward on a device, at least\n"
+            "                         --context (default no limit)\n"
+            "  --steps N              total steps; with --resume, continue up to N, which must\n"
+            "                         not be below the checkpoint's step (default %ld)\n"
             "  --lr X  --min-lr X     peak and final learning rate (default %g, %g)\n"
             "  --warmup N             linear warmup steps, then cosine decay to --min-lr (default %ld)\n"
+            "  --lr-decay-steps N     step where the cosine decay reaches --min-lr (nanoGPT's\n"
+            "                         lr_decay_iters; default --steps; with --resume, the\n"
+            "                         checkpoint's). Give it to stop a run part-way and resume\n"
+            "                         it bitwise: --steps 10 --lr-decay-steps 20 --save a, then\n"
+            "                         --steps 20 --resume a equals --steps 20 --lr-decay-steps 20\n"
             "  --weight-decay X       AdamW weight decay on 2-D weights (default %g)\n"
             "  --beta1 X  --beta2 X   AdamW betas (default %g, %g)\n"
             "  --grad-clip X          max global gradient norm, 0 = off (default %g)\n"
@@ -113,27 +148,56 @@ static void usage(FILE *f)
             "  --eval-interval N      steps between evaluations (default %ld)\n"
             "  --eval-iters N         batches per split per evaluation (default %ld)\n"
             "  --eval-only            with --resume: print the loss over the whole validation split\n"
-            "  --save PATH            safetensors checkpoint, written atomically (default none)\n"
-            "  --save-interval N      steps between checkpoints, 0 = only at the end (default 0)\n"
+            "                         of --data (any text the checkpoint's tokenizer covers)\n"
+            "  --save PATH            safetensors checkpoint, written atomically at the end, every\n"
+            "                         --save-interval steps and on SIGINT/SIGTERM; not with\n"
+            "                         --eval-only (default none)\n"
+            "  --save-interval N      steps between checkpoints with --save, 0 = only at the end\n"
+            "                         (default 0)\n"
             "  --resume PATH          continue from a checkpoint\n"
-            "  --log PATH             JSONL, one row per step\n"
-            "  --sample N             generate N tokens at the end, 0 = none (default %ld)\n"
-            "  --temperature X  --top-k N  --prompt TEXT   sampling (default %g, %ld, newline)\n"
-            "  --help                 this text\n",
-            DP_DEFAULT_CORPUS, d.tokenizer, d.vocab_size, d.devices, d.mode, d.layers, d.heads,
+            "  --log PATH             JSONL, one row per step; with --resume, rows after the\n"
+            "                         checkpoint's step are dropped first\n"
+            "  --sample N             generate N tokens at the end, 0 = none, at most %ld\n"
+            "                         (default %ld)\n"
+            "  --temperature X  --top-k N  --prompt TEXT   sampling (default %g, %ld, newline,\n"
+            "                         or the corpus's first token when it has no newline)\n"
+            "  --help                 this text\n"
+            "SIGINT or SIGTERM stops after the current step, saves (with --save) and exits with\n"
+            "128 + the signal number; a second signal exits at once.\n",
+            LM_DEFAULT_CORPUS, d.tokenizer, d.vocab_size, d.devices, d.mode, d.layers, d.heads,
             d.dim, d.context, d.batch_size, d.grad_accum, d.steps, d.lr, d.min_lr, d.warmup,
             d.weight_decay, d.beta1, d.beta2, d.grad_clip, d.seed, d.max_skips, d.eval_interval,
-            d.eval_iters,
-            d.sample, d.temperature, d.top_k);
+            d.eval_iters, SAMPLE_MAX, d.sample, d.temperature, d.top_k);
+}
+
+/* 1 with a message when o is inconsistent (checks that need no file). */
+static int check_opts(const opts *o)
+{
+    if (o->beta1 >= 1 || o->beta2 >= 1) return cli_fail("--beta1 and --beta2 must be < 1");
+    if (o->eval_only && !o->resume) return cli_fail("--eval-only needs --resume CHECKPOINT");
+    if (o->eval_only && o->save)
+        return cli_fail("--save with --eval-only: evaluation changes nothing to save; drop --save");
+    if ((o->given & G_SAVEI) && !o->save)
+        return cli_fail("--save-interval needs --save PATH (where to write the checkpoints)");
+    if (o->grad_accum > INT_MAX)
+        return cli_fail("--grad-accum %ld is too large (at most %d)", o->grad_accum, INT_MAX);
+    if (o->max_tokens && o->max_tokens < o->context && !o->resume)
+        return cli_fail("--max-tokens-per-device %ld is below --context %ld (one sequence); "
+                        "raise it to at least %ld", o->max_tokens, o->context, o->context);
+    /* With --resume the checkpoint's shape counts; setup reports a conflict. */
+    if (!o->resume && o->dim % o->heads)
+        return cli_fail("--heads %ld does not divide --dim %ld; pick heads that divide dim",
+                        o->heads, o->dim);
+    return 0;
 }
 
 static int parse_args(int argc, char **argv, opts *o)
 {
     enum {
         O_DATA = 256, O_TOK, O_VOCAB, O_DEV, O_MODE, O_LAYERS, O_HEADS, O_DIM, O_CTX, O_BATCH,
-        O_ACCUM, O_MAXTOK, O_STEPS, O_LR, O_MINLR, O_WARMUP, O_WD, O_B1, O_B2, O_CLIP, O_EVI,
-        O_EVN, O_SEED, O_SAVE, O_SAVEI, O_RESUME, O_EVONLY, O_SAMPLE, O_TEMP, O_TOPK, O_PROMPT,
-        O_LOG, O_MEM, O_SKIPS, O_WATCHDOG, O_CHECK, O_TF32, O_HELP
+        O_ACCUM, O_MAXTOK, O_STEPS, O_LR, O_MINLR, O_WARMUP, O_DECAY, O_WD, O_B1, O_B2, O_CLIP,
+        O_EVI, O_EVN, O_SEED, O_SAVE, O_SAVEI, O_RESUME, O_EVONLY, O_SAMPLE, O_TEMP, O_TOPK,
+        O_PROMPT, O_LOG, O_MEM, O_SKIPS, O_WATCHDOG, O_CHECK, O_TF32, O_WEIGHTS, O_TOKBAL, O_HELP
     };
     static const struct option lo[] = {
         {"data", 1, 0, O_DATA},          {"tokenizer", 1, 0, O_TOK},
@@ -144,18 +208,19 @@ static int parse_args(int argc, char **argv, opts *o)
         {"grad-accum", 1, 0, O_ACCUM},   {"max-tokens-per-device", 1, 0, O_MAXTOK},
         {"steps", 1, 0, O_STEPS},        {"lr", 1, 0, O_LR},
         {"min-lr", 1, 0, O_MINLR},       {"warmup", 1, 0, O_WARMUP},
-        {"weight-decay", 1, 0, O_WD},    {"beta1", 1, 0, O_B1},
-        {"beta2", 1, 0, O_B2},           {"grad-clip", 1, 0, O_CLIP},
-        {"eval-interval", 1, 0, O_EVI},  {"eval-iters", 1, 0, O_EVN},
-        {"seed", 1, 0, O_SEED},          {"save", 1, 0, O_SAVE},
-        {"save-interval", 1, 0, O_SAVEI}, {"resume", 1, 0, O_RESUME},
-        {"eval-only", 0, 0, O_EVONLY},   {"sample", 1, 0, O_SAMPLE},
-        {"temperature", 1, 0, O_TEMP},   {"top-k", 1, 0, O_TOPK},
-        {"prompt", 1, 0, O_PROMPT},      {"log", 1, 0, O_LOG},
-        {"memory-limit", 1, 0, O_MEM},   {"max-skips", 1, 0, O_SKIPS},
-        {"watchdog", 1, 0, O_WATCHDOG},  {"check-replicas", 1, 0, O_CHECK},
-        {"tf32", 0, 0, O_TF32},          {"help", 0, 0, O_HELP},
-        {0, 0, 0, 0}};
+        {"lr-decay-steps", 1, 0, O_DECAY}, {"weight-decay", 1, 0, O_WD},
+        {"beta1", 1, 0, O_B1},           {"beta2", 1, 0, O_B2},
+        {"grad-clip", 1, 0, O_CLIP},     {"eval-interval", 1, 0, O_EVI},
+        {"eval-iters", 1, 0, O_EVN},     {"seed", 1, 0, O_SEED},
+        {"save", 1, 0, O_SAVE},          {"save-interval", 1, 0, O_SAVEI},
+        {"resume", 1, 0, O_RESUME},      {"eval-only", 0, 0, O_EVONLY},
+        {"sample", 1, 0, O_SAMPLE},      {"temperature", 1, 0, O_TEMP},
+        {"top-k", 1, 0, O_TOPK},         {"prompt", 1, 0, O_PROMPT},
+        {"log", 1, 0, O_LOG},            {"memory-limit", 1, 0, O_MEM},
+        {"max-skips", 1, 0, O_SKIPS},    {"watchdog", 1, 0, O_WATCHDOG},
+        {"check-replicas", 1, 0, O_CHECK}, {"tf32", 0, 0, O_TF32},
+        {"device-weights", 1, 0, O_WEIGHTS}, {"token-balanced", 0, 0, O_TOKBAL},
+        {"help", 0, 0, O_HELP},          {0, 0, 0, 0}};
     opterr = 0;
     int c;
     /* The leading ':' makes a missing value return ':' rather than '?'. */
@@ -165,14 +230,14 @@ static int parse_args(int argc, char **argv, opts *o)
         long seed = 0;
         switch (c) {
         case O_DATA: o->data = v; break;
-        case O_TOK: o->tokenizer = v; break;
-        case O_VOCAB: bad = cli_parse_long("--vocab-size", v, 2, LONG_MAX, &o->vocab_size); break;
+        case O_TOK: o->tokenizer = v; o->given |= G_TOK; break;
+        case O_VOCAB: bad = cli_parse_long("--vocab-size", v, 2, LONG_MAX, &o->vocab_size); o->given |= G_VOCAB; break;
         case O_DEV: o->devices = v; break;
         case O_MODE: o->mode = v; break;
-        case O_LAYERS: bad = cli_parse_long("--layers", v, 1, LONG_MAX, &o->layers); o->model_given |= MG_LAYERS; break;
-        case O_HEADS: bad = cli_parse_long("--heads", v, 1, LONG_MAX, &o->heads); o->model_given |= MG_HEADS; break;
-        case O_DIM: bad = cli_parse_long("--dim", v, 1, LONG_MAX, &o->dim); o->model_given |= MG_DIM; break;
-        case O_CTX: bad = cli_parse_long("--context", v, 1, LONG_MAX, &o->context); o->model_given |= MG_CTX; break;
+        case O_LAYERS: bad = cli_parse_long("--layers", v, 1, LONG_MAX, &o->layers); o->given |= G_LAYERS; break;
+        case O_HEADS: bad = cli_parse_long("--heads", v, 1, LONG_MAX, &o->heads); o->given |= G_HEADS; break;
+        case O_DIM: bad = cli_parse_long("--dim", v, 1, LONG_MAX, &o->dim); o->given |= G_DIM; break;
+        case O_CTX: bad = cli_parse_long("--context", v, 1, LONG_MAX, &o->context); o->given |= G_CTX; break;
         case O_BATCH: bad = cli_parse_long("--batch-size", v, 1, LONG_MAX, &o->batch_size); break;
         case O_ACCUM: bad = cli_parse_long("--grad-accum", v, 1, LONG_MAX, &o->grad_accum); break;
         case O_MAXTOK: bad = cli_parse_long("--max-tokens-per-device", v, 1, LONG_MAX, &o->max_tokens); break;
@@ -180,6 +245,7 @@ static int parse_args(int argc, char **argv, opts *o)
         case O_LR: bad = cli_parse_double("--lr", v, 0, &o->lr); break;
         case O_MINLR: bad = cli_parse_double("--min-lr", v, 0, &o->min_lr); break;
         case O_WARMUP: bad = cli_parse_long("--warmup", v, 0, LONG_MAX, &o->warmup); break;
+        case O_DECAY: bad = cli_parse_long("--lr-decay-steps", v, 1, LONG_MAX, &o->lr_decay_steps); o->given |= G_DECAY; break;
         case O_WD: bad = cli_parse_double("--weight-decay", v, 0, &o->weight_decay); break;
         case O_B1: bad = cli_parse_double("--beta1", v, 0, &o->beta1); break;
         case O_B2: bad = cli_parse_double("--beta2", v, 0, &o->beta2); break;
@@ -188,14 +254,16 @@ static int parse_args(int argc, char **argv, opts *o)
         case O_EVN: bad = cli_parse_long("--eval-iters", v, 1, LONG_MAX, &o->eval_iters); break;
         case O_SEED: bad = cli_parse_long("--seed", v, 0, LONG_MAX, &seed); o->seed = (unsigned long long)seed; break;
         case O_SAVE: o->save = v; break;
-        case O_SAVEI: bad = cli_parse_long("--save-interval", v, 0, LONG_MAX, &o->save_interval); break;
+        case O_SAVEI: bad = cli_parse_long("--save-interval", v, 0, LONG_MAX, &o->save_interval); o->given |= G_SAVEI; break;
         case O_RESUME: o->resume = v; break;
         case O_EVONLY: o->eval_only = 1; break;
         case O_TF32: o->tf32 = 1; break;
-        case O_SAMPLE: bad = cli_parse_long("--sample", v, 0, LONG_MAX, &o->sample); break;
+        case O_TOKBAL: o->token_balanced = 1; break;
+        case O_WEIGHTS: o->device_weights = v; break;
+        case O_SAMPLE: bad = cli_parse_long("--sample", v, 0, SAMPLE_MAX, &o->sample); break;
         case O_TEMP: bad = cli_parse_double("--temperature", v, 1e-6, &o->temperature); break;
         case O_TOPK: bad = cli_parse_long("--top-k", v, 0, LONG_MAX, &o->top_k); break;
-        case O_PROMPT: o->prompt = v; break;
+        case O_PROMPT: o->prompt = v; o->given |= G_PROMPT; break;
         case O_LOG: o->log = v; break;
         case O_MEM: o->memory_limit = v; break;
         case O_SKIPS: bad = cli_parse_long("--max-skips", v, 1, LONG_MAX, &o->max_skips); break;
@@ -203,37 +271,67 @@ static int parse_args(int argc, char **argv, opts *o)
         case O_CHECK: bad = cli_parse_long("--check-replicas", v, 0, LONG_MAX, &o->check_replicas); break;
         case O_HELP: usage(stdout); exit(0);
         case ':': return cli_fail("%s needs a value (see --help)", argv[optind - 1]);
-        default: return cli_fail("unknown option \"%s\" (see --help)", argv[optind - 1]);
+        default:
+            /* getopt sets optopt to a known option given a value it does not take. */
+            if (optopt)
+                return cli_fail("\"%s\": this option takes no value (see --help)", argv[optind - 1]);
+            return cli_fail("unknown option \"%s\" (see --help)", argv[optind - 1]);
         }
         if (bad) return 1;
     }
     if (optind < argc) return cli_fail("unexpected argument \"%s\" (see --help)", argv[optind]);
-    if (o->beta1 >= 1 || o->beta2 >= 1) return cli_fail("--beta1 and --beta2 must be < 1");
-    if (o->eval_only && !o->resume) return cli_fail("--eval-only needs --resume CHECKPOINT");
-    if (o->grad_accum > INT_MAX)
-        return cli_fail("--grad-accum %ld is too large (at most %d)", o->grad_accum, INT_MAX);
-    /* With --resume the checkpoint's shape counts; setup reports a conflict. */
-    if (!o->resume && o->dim % o->heads)
-        return cli_fail("--heads %ld does not divide --dim %ld; pick heads that divide dim", o->heads,
-                    o->dim);
-    return 0;
+    return check_opts(o);
+}
+
+// --- signals ------------------------------------------------------------------------
+
+/* The first SIGINT/SIGTERM's number; the loops check it between steps. */
+static volatile sig_atomic_t stop_signal;
+
+static void on_signal(int sig)
+{
+    if (stop_signal) {
+        static const char msg[] = "lm_train: second signal: exiting at once\n";
+        ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
+        (void)w;
+        _exit(128 + sig);
+    }
+    stop_signal = sig;
+}
+
+static void install_signal_handlers(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART; /* no EINTR in the middle of a write */
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
 }
 
 // --- the run ------------------------------------------------------------------------
 
 typedef struct run {
     opts o;
+    dp_checkpoint *ck; /* the --resume checkpoint, NULL without */
     dp_tokenizer *tok;
     dp_token_data *data;
     dp_gpt *gpt;
     dp_engine *engine;
     dp_sampler *train, *eval_train, *eval_val;
     int32_t *inputs, *targets; /* (batch_size, context) host */
+    int32_t *prompt_ids;       /* the sampling prompt, prompt_len tokens */
+    size_t prompt_len;
+    char *prompt_text;         /* what the prompt prints as */
+    float weights[DP_MAX_DEVICES];
     size_t n_params;
     long step;
+    long saved_step;           /* step of this run's last checkpoint, -1 = none */
     long skipped, consecutive_skips; /* steps skipped for non-finite values */
     FILE *log;
     int tty;
+    int exit_code;             /* non-zero: the status main returns (signals) */
 } run;
 
 static void human_bytes(size_t b, char *buf, size_t cap)
@@ -245,13 +343,27 @@ static void human_bytes(size_t b, char *buf, size_t cap)
     snprintf(buf, cap, i ? "%.1f%s" : "%.0f%s", x, u[i]);
 }
 
-/* Mean loss over eval_iters random batches of a split. */
+static const char *signal_name(int sig) { return sig == SIGINT ? "SIGINT" : "SIGTERM"; }
+
+/* A signal arrived during evaluation or sampling: stop there. */
+static int interrupted(run *r, const char *during)
+{
+    fflush(stdout);
+    r->exit_code = 128 + stop_signal;
+    return cli_fail("interrupted by %s during %s%s%s", signal_name(stop_signal), during,
+                    r->saved_step >= 0 ? "; the checkpoint was saved to " : "",
+                    r->saved_step >= 0 ? r->o.save : "");
+}
+
+/* Mean loss over eval_iters random batches of a split; -1 (no message)
+ * when a signal arrived, so the training loop saves and stops. */
 static int estimate_loss(run *r, dp_sampler *s, double *out)
 {
-    size_t B = (size_t)r->o.batch_size, T = (size_t)r->o.context;
+    size_t B = (size_t)r->o.batch_size;
     double sum = 0.0;
     size_t n = 0;
     for (long i = 0; i < r->o.eval_iters; i++) {
+        if (stop_signal) return -1;
         if (dp_sampler_next(s, r->inputs, r->targets, B) != DP_OK) return cli_dp_fail("eval batch");
         dp_batch b = {B, r->inputs, r->targets};
         dp_step_stats st;
@@ -259,7 +371,6 @@ static int estimate_loss(run *r, dp_sampler *s, double *out)
         sum += st.loss * (double)st.valid_targets;
         n += st.valid_targets;
     }
-    (void)T;
     *out = sum / (double)n;
     return 0;
 }
@@ -274,6 +385,7 @@ static int full_val_loss(run *r, double *out)
     double sum = 0.0;
     size_t n = 0;
     for (size_t first = 0; first < W; first += B) {
+        if (stop_signal) return interrupted(r, "the final evaluation");
         size_t rows = W - first < B ? W - first : B;
         if (dp_eval_windows(r->data, DP_SPLIT_VAL, T, first, rows, r->inputs, r->targets) != DP_OK)
             return cli_dp_fail("validation windows");
@@ -289,13 +401,15 @@ static int full_val_loss(run *r, double *out)
 
 static char *config_json(const opts *o)
 {
-    json_t *j = json_pack("{s:s, s:s, s:I, s:I, s:f, s:f, s:I, s:f, s:f, s:f, s:f, s:I, s:I}",
+    json_t *j = json_pack("{s:s, s:s, s:I, s:I, s:f, s:f, s:I, s:I, s:f, s:f, s:f, s:f, s:I, "
+                          "s:I, s:I}",
                           "tokenizer", o->tokenizer, "mode", o->mode, "batch_size",
                           (json_int_t)o->batch_size, "steps", (json_int_t)o->steps, "lr", o->lr,
-                          "min_lr", o->min_lr, "warmup", (json_int_t)o->warmup, "weight_decay",
+                          "min_lr", o->min_lr, "warmup", (json_int_t)o->warmup,
+                          "lr_decay_steps", (json_int_t)o->lr_decay_steps, "weight_decay",
                           o->weight_decay, "beta1", o->beta1, "beta2", o->beta2, "grad_clip",
                           o->grad_clip, "seed", (json_int_t)o->seed, "grad_accum",
-                          (json_int_t)o->grad_accum);
+                          (json_int_t)o->grad_accum, "vocab_size", (json_int_t)o->vocab_size);
     char *s = j ? json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
     json_decref(j);
     return s;
@@ -305,11 +419,18 @@ static int save_checkpoint(run *r)
 {
     dp_checkpoint ck;
     memset(&ck, 0, sizeof ck);
-    ck.config = *dp_gpt_config_of(r->gpt);
     ck.step = r->step;
-    ck.params = malloc(r->n_params * sizeof(float));
-    ck.m = malloc(r->n_params * sizeof(float));
-    ck.v = malloc(r->n_params * sizeof(float));
+    size_t bytes = 0;
+    if (!dp_size_mul(r->n_params, sizeof(float), &bytes))
+        return cli_fail("the model's %zu parameters overflow a buffer size", r->n_params);
+    ck.params = malloc(bytes);
+    ck.m = malloc(bytes);
+    ck.v = malloc(bytes);
+    char decay[32];
+    snprintf(decay, sizeof decay, "%ld", r->o.lr_decay_steps);
+    const dp_checkpoint_kv meta[1] = {{META_DECAY, decay}};
+    ck.meta = meta;
+    ck.n_meta = 1;
     int rc = 0;
     if (!ck.params || !ck.m || !ck.v) rc = cli_fail("out of host memory saving a checkpoint");
     if (!rc && (dp_engine_get_params(r->engine, ck.params) != DP_OK ||
@@ -318,8 +439,9 @@ static int save_checkpoint(run *r)
     if (!rc && dp_tokenizer_serialize(r->tok, &ck.tokenizer) != DP_OK) rc = cli_dp_fail("tokenizer");
     if (!rc && dp_sampler_get_state(r->train, ck.sampler) != DP_OK) rc = cli_dp_fail("sampler state");
     ck.has_sampler = 1;
-    if (!rc) ck.config_json = config_json(&r->o);
-    if (!rc && dp_checkpoint_save(r->o.save, r->gpt, &ck) != DP_OK) rc = cli_dp_fail("save");
+    if (!rc && !(ck.config_json = config_json(&r->o))) rc = cli_fail("out of host memory");
+    if (!rc && dp_gpt_checkpoint_save(r->o.save, r->gpt, &ck) != DP_OK) rc = cli_dp_fail("save");
+    if (!rc) r->saved_step = r->step;
     free(ck.params);
     free(ck.m);
     free(ck.v);
@@ -328,89 +450,113 @@ static int save_checkpoint(run *r)
     return rc;
 }
 
+/* The sampling state; freed by sample_free on every path. */
+typedef struct sampler_bufs {
+    int32_t *ctx;
+    float *params, *probs, *sorted;
+    void *ws, *dtok, *dparams, *dlogits;
+    dp_device *dev;
+} sampler_bufs;
+
+static void sample_free(sampler_bufs *b)
+{
+    if (b->dev) {
+        dp_device_free(b->dev, b->ws);
+        dp_device_free(b->dev, b->dtok);
+        dp_device_free(b->dev, b->dparams);
+        dp_device_free(b->dev, b->dlogits);
+    }
+    free(b->ctx);
+    free(b->params);
+    free(b->probs);
+    free(b->sorted);
+}
+
 /* Samples n tokens after the prompt on the root device, printing them. */
-static int generate(run *r)
+static int generate_into(run *r, sampler_bufs *b)
 {
     const dp_gpt_config *c = dp_gpt_config_of(r->gpt);
     size_t T = c->block_size, V = c->vocab_size, n = (size_t)r->o.sample;
-    size_t plen = strlen(r->o.prompt);
-    int32_t *ctx = malloc((plen + n + 1) * sizeof *ctx);
-    float *params = malloc(r->n_params * sizeof(float));
-    float *probs = malloc(V * sizeof(float));
-    size_t len = 0, unk = 0;
-    if (!ctx || !params || !probs) return cli_fail("out of host memory for sampling");
-    if (dp_tokenizer_encode(r->tok, r->o.prompt, plen, ctx, plen + n + 1, &len, &unk) != DP_OK)
-        return cli_dp_fail("--prompt");
-    if (len == 0) ctx[len++] = 0;
-    dp_device *dev = dp_engine_device(r->engine, 0);
-    void *ws = NULL, *dtok = NULL, *dparams = NULL, *dlogits = NULL;
-    int rc = 0;
-    if (dp_engine_get_params(r->engine, params) != DP_OK ||
-        dp_device_bind_thread(dev) != DP_OK ||
-        dp_device_alloc(dev, dp_gpt_workspace_bytes(r->gpt, 1, T), &ws) != DP_OK ||
-        dp_device_alloc(dev, T * sizeof(int32_t), &dtok) != DP_OK ||
-        dp_device_alloc(dev, r->n_params * sizeof(float), &dparams) != DP_OK ||
-        dp_device_alloc(dev, T * V * sizeof(float), &dlogits) != DP_OK ||
-        dp_copy_h2d(dev, dparams, params, r->n_params * sizeof(float)) != DP_OK)
-        rc = cli_dp_fail("sampling setup");
+    size_t cap = 0, pbytes = 0, ctx_bytes = 0, v_bytes = 0, tv_bytes = 0;
+    /* --sample is bounded at parse time; checked anyway, as every size from input. */
+    if (!dp_size_add(r->prompt_len, n, &cap) || !dp_size_mul(cap, sizeof(int32_t), &ctx_bytes) ||
+        !dp_size_mul(r->n_params, sizeof(float), &pbytes) ||
+        !dp_size_mul(V, sizeof(float), &v_bytes) || !dp_size_mul(T, v_bytes, &tv_bytes))
+        return cli_fail("--sample %zu: the sampling buffers' sizes overflow", n);
+    b->ctx = malloc(ctx_bytes);
+    b->params = malloc(pbytes);
+    b->probs = malloc(v_bytes);
+    b->sorted = malloc(v_bytes);
+    if (!b->ctx || !b->params || !b->probs || !b->sorted)
+        return cli_fail("out of host memory for sampling");
+    memcpy(b->ctx, r->prompt_ids, r->prompt_len * sizeof(int32_t));
+    size_t len = r->prompt_len;
+    b->dev = dp_engine_device(r->engine, 0);
+    if (dp_engine_get_params(r->engine, b->params) != DP_OK ||
+        dp_device_bind_thread(b->dev) != DP_OK ||
+        dp_device_alloc(b->dev, dp_gpt_workspace_bytes(r->gpt, 1, T), &b->ws) != DP_OK ||
+        dp_device_alloc(b->dev, T * sizeof(int32_t), &b->dtok) != DP_OK ||
+        dp_device_alloc(b->dev, pbytes, &b->dparams) != DP_OK ||
+        dp_device_alloc(b->dev, tv_bytes, &b->dlogits) != DP_OK ||
+        dp_copy_h2d(b->dev, b->dparams, b->params, pbytes) != DP_OK)
+        return cli_dp_fail("sampling setup");
     dp_rng rng;
     dp_rng_seed(&rng, r->o.seed ^ 0x5eedULL);
     printf("--- sample (%zu tokens, temperature %g, top-k %ld) ---\n%s", n, r->o.temperature,
-           r->o.top_k, r->o.prompt);
-    for (size_t i = 0; !rc && i < n; i++) {
+           r->o.top_k, r->prompt_text);
+    for (size_t i = 0; i < n; i++) {
+        if (stop_signal) return interrupted(r, "sampling");
         size_t t = len < T ? len : T; /* crop to the last block_size tokens */
-        const int32_t *win = ctx + len - t;
-        if (dp_copy_h2d(dev, dtok, win, t * sizeof(int32_t)) != DP_OK ||
-            dp_gpt_forward(r->gpt, dev, dparams, dtok, 1, t, ws, dlogits) != DP_OK ||
-            dp_copy_d2h(dev, probs, (float *)dlogits + (t - 1) * V, V * sizeof(float)) != DP_OK) {
-            rc = cli_dp_fail("sampling");
-            break;
-        }
+        const int32_t *win = b->ctx + len - t;
+        if (dp_copy_h2d(b->dev, b->dtok, win, t * sizeof(int32_t)) != DP_OK ||
+            dp_gpt_forward(r->gpt, b->dev, b->dparams, b->dtok, 1, t, b->ws, b->dlogits) != DP_OK ||
+            dp_copy_d2h(b->dev, b->probs, (float *)b->dlogits + (t - 1) * V, v_bytes) != DP_OK)
+            return cli_dp_fail("sampling");
         /* top-k: keep logits >= the k-th largest; softmax with temperature. */
         float kth = -INFINITY;
         if (r->o.top_k > 0 && (size_t)r->o.top_k < V) {
-            float *tmp = malloc(V * sizeof(float));
-            memcpy(tmp, probs, V * sizeof(float));
+            memcpy(b->sorted, b->probs, v_bytes);
             for (long k = 0; k < r->o.top_k; k++) { /* k passes of selection: V is small */
                 size_t best = 0;
                 for (size_t j = 1; j < V; j++)
-                    if (tmp[j] > tmp[best]) best = j;
-                kth = tmp[best];
-                tmp[best] = -INFINITY;
+                    if (b->sorted[j] > b->sorted[best]) best = j;
+                kth = b->sorted[best];
+                b->sorted[best] = -INFINITY;
             }
-            free(tmp);
         }
         float mx = -INFINITY;
-        for (size_t j = 0; j < V; j++) mx = probs[j] > mx ? probs[j] : mx;
+        for (size_t j = 0; j < V; j++) mx = b->probs[j] > mx ? b->probs[j] : mx;
         double z = 0.0;
         for (size_t j = 0; j < V; j++) {
-            double p = probs[j] < kth ? 0.0 : exp((probs[j] - mx) / r->o.temperature);
-            probs[j] = (float)p;
+            double p = b->probs[j] < kth ? 0.0 : exp((b->probs[j] - mx) / r->o.temperature);
+            b->probs[j] = (float)p;
             z += p;
         }
         double u = dp_rng_uniform(&rng) * z, acc = 0.0;
         size_t pick = V - 1;
         for (size_t j = 0; j < V; j++) {
-            acc += probs[j];
-            if (u < acc && probs[j] > 0) {
+            acc += b->probs[j];
+            if (u < acc && b->probs[j] > 0) {
                 pick = j;
                 break;
             }
         }
-        ctx[len++] = (int32_t)pick;
+        b->ctx[len++] = (int32_t)pick;
         const char *bytes;
         size_t blen;
         if (dp_tokenizer_token(r->tok, (int32_t)pick, &bytes, &blen) == DP_OK)
             fwrite(bytes, 1, blen, stdout);
     }
     printf("\n---\n");
-    dp_device_free(dev, ws);
-    dp_device_free(dev, dtok);
-    dp_device_free(dev, dparams);
-    dp_device_free(dev, dlogits);
-    free(ctx);
-    free(params);
-    free(probs);
+    return 0;
+}
+
+static int generate(run *r)
+{
+    sampler_bufs b;
+    memset(&b, 0, sizeof b);
+    int rc = generate_into(r, &b);
+    sample_free(&b);
     return rc;
 }
 
@@ -431,7 +577,10 @@ static void progress(run *r, const dp_step_stats *st, double lr, double elapsed,
         fflush(stdout);
     } else {
         long every = r->o.eval_interval / 10 > 0 ? r->o.eval_interval / 10 : 1;
-        if (r->step % every == 0 || r->step == r->o.steps) printf("%s\n", line);
+        if (r->step % every == 0 || r->step == r->o.steps) {
+            printf("%s\n", line);
+            fflush(stdout); /* a log watcher (or a job killed by SIGKILL) sees whole lines */
+        }
     }
 }
 
@@ -487,78 +636,264 @@ static int check_save_path(const char *path)
     return rc;
 }
 
-static int setup(run *r, dp_checkpoint **ck_out)
+/* Opens --log. A resumed run keeps the rows up to the checkpoint's step and
+ * drops the later ones (written by the run that went past the checkpoint
+ * before it stopped), so every step appears once; an unreadable row (a
+ * line cut off by a kill) is dropped too. */
+static int open_log(run *r)
+{
+    const char *path = r->o.log;
+    if (!path) return 0;
+    if (!r->step) {
+        if (!(r->log = fopen(path, "w"))) return cli_fail("--log %s: %s", path, strerror(errno));
+        return 0;
+    }
+    FILE *in = fopen(path, "r");
+    if (!in && errno != ENOENT) return cli_fail("--log %s: %s", path, strerror(errno));
+    char *kept = NULL;
+    size_t kept_len = 0, dropped = 0, rows = 0;
+    FILE *mem = in ? open_memstream(&kept, &kept_len) : NULL;
+    if (in && !mem) {
+        fclose(in);
+        return cli_fail("out of host memory");
+    }
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t got;
+    while (in && (got = getline(&line, &cap, in)) > 0) {
+        json_t *row = line[got - 1] == '\n' ? json_loads(line, 0, NULL) : NULL;
+        json_t *step = row ? json_object_get(row, "step") : NULL;
+        if (step && json_is_integer(step) && json_integer_value(step) <= r->step) {
+            fputs(line, mem);
+            rows++;
+        } else {
+            dropped++;
+        }
+        json_decref(row);
+    }
+    free(line);
+    if (in) {
+        fclose(in);
+        fclose(mem);
+    }
+    r->log = fopen(path, "w");
+    if (!r->log) {
+        free(kept);
+        return cli_fail("--log %s: %s", path, strerror(errno));
+    }
+    if (kept_len) fwrite(kept, 1, kept_len, r->log);
+    free(kept);
+    fflush(r->log);
+    if (dropped)
+        printf("log: %s: kept %zu rows up to step %ld, dropped %zu written after it\n", path,
+               rows, r->step, dropped);
+    return 0;
+}
+
+/* The prompt as tokens, checked before any training: a prompt given with
+ * --prompt must be in the vocabulary; the default (a newline) falls back to
+ * the first token of the training text when the vocabulary has no newline. */
+static int prepare_prompt(run *r)
+{
+    const opts *o = &r->o;
+    int given = (o->given & G_PROMPT) != 0;
+    if (!o->sample && !given) return 0;
+    size_t plen = strlen(o->prompt), cap = plen ? plen : 1, bytes = 0;
+    if (!dp_size_mul(cap, sizeof(int32_t), &bytes)) return cli_fail("--prompt is too long");
+    r->prompt_ids = malloc(bytes);
+    if (!r->prompt_ids) return cli_fail("out of host memory for --prompt");
+    size_t n = 0, unk = 0;
+    dp_status s = dp_tokenizer_encode(r->tok, o->prompt, plen, r->prompt_ids, cap, &n, &unk);
+    if (s == DP_OK && !unk && n > 0) {
+        r->prompt_len = n;
+        r->prompt_text = strdup(o->prompt);
+        return r->prompt_text ? 0 : cli_fail("out of host memory");
+    }
+    if (given) {
+        if (s != DP_OK)
+            return cli_fail("--prompt: %s; use text made of the corpus's characters",
+                            dp_last_error());
+        if (unk)
+            return cli_fail("--prompt \"%s\": %zu word%s not in the vocabulary; use words of "
+                            "the corpus", o->prompt, unk, unk == 1 ? " is" : "s are");
+        /* An empty prompt: fall through to the first token. */
+    }
+    /* The corpus's first token exists in every vocabulary built from it. */
+    const int32_t *first = dp_token_data_tokens(r->data, DP_SPLIT_TRAIN);
+    if (!first || !dp_token_data_size(r->data, DP_SPLIT_TRAIN))
+        return cli_fail("the training split is empty; nothing to prompt with");
+    r->prompt_ids[0] = first[0];
+    r->prompt_len = 1;
+    const char *tb = NULL;
+    size_t tl = 0;
+    if (dp_tokenizer_token(r->tok, first[0], &tb, &tl) != DP_OK) return cli_dp_fail("prompt token");
+    r->prompt_text = malloc(tl + 1);
+    if (!r->prompt_text) return cli_fail("out of host memory");
+    memcpy(r->prompt_text, tb, tl);
+    r->prompt_text[tl] = '\0';
+    return 0;
+}
+
+/* With --resume: checks the options given against the checkpoint (the
+ * model's shape, tokenizer, vocabulary size, steps) and takes the
+ * checkpoint's values for the others. */
+static int apply_checkpoint(run *r)
 {
     opts *o = &r->o;
-    dp_checkpoint *ck = NULL;
-    if (o->save && !o->eval_only && check_save_path(o->save)) return 1;
-    if (o->resume) {
-        if (dp_checkpoint_load(o->resume, &ck, NULL) != DP_OK) return cli_dp_fail("--resume");
-        *ck_out = ck; /* freed by the caller on every path */
-        const dp_gpt_config *c = &ck->config;
-        /* Only the options given count: the others are defaults, not requests. */
-        int g = o->model_given;
-        if (((g & MG_LAYERS) && (size_t)o->layers != c->n_layer) ||
-            ((g & MG_HEADS) && (size_t)o->heads != c->n_head) ||
-            ((g & MG_DIM) && (size_t)o->dim != c->n_embd) ||
-            ((g & MG_CTX) && (size_t)o->context != c->block_size))
-            return cli_fail("--resume %s holds a model with --layers %zu --heads %zu --dim %zu "
+    const dp_checkpoint *ck = r->ck;
+    const dp_gpt_config *c = dp_gpt_config_of(r->gpt);
+    /* Only the options given count: the others are defaults, not requests. */
+    int g = o->given;
+    if (((g & G_LAYERS) && (size_t)o->layers != c->n_layer) ||
+        ((g & G_HEADS) && (size_t)o->heads != c->n_head) ||
+        ((g & G_DIM) && (size_t)o->dim != c->n_embd) ||
+        ((g & G_CTX) && (size_t)o->context != c->block_size))
+        return cli_fail("--resume %s holds a model with --layers %zu --heads %zu --dim %zu "
                         "--context %zu, which differs from the options given; drop them or "
                         "match them", o->resume, c->n_layer, c->n_head, c->n_embd, c->block_size);
-        o->layers = (long)c->n_layer;
-        o->heads = (long)c->n_head;
-        o->dim = (long)c->n_embd;
-        o->context = (long)c->block_size;
-        if (!ck->tokenizer) return cli_fail("--resume %s has no tokenizer", o->resume);
-        if (dp_tokenizer_parse(ck->tokenizer, &r->tok) != DP_OK) return cli_dp_fail("checkpoint tokenizer");
+    o->layers = (long)c->n_layer;
+    o->heads = (long)c->n_head;
+    o->dim = (long)c->n_embd;
+    o->context = (long)c->block_size;
+    if (o->max_tokens && o->max_tokens < o->context)
+        return cli_fail("--max-tokens-per-device %ld is below the checkpoint's --context %ld "
+                        "(one sequence); raise it to at least %ld", o->max_tokens, o->context,
+                        o->context);
+    if (!ck->tokenizer) return cli_fail("--resume %s has no tokenizer", o->resume);
+    if (dp_tokenizer_parse(ck->tokenizer, &r->tok) != DP_OK) return cli_dp_fail("checkpoint tokenizer");
+    dp_tokenizer_kind kind = dp_tokenizer_kind_of(r->tok);
+    const char *kname = dp_tokenizer_kind_name(kind);
+    if ((g & G_TOK) && strcmp(o->tokenizer, kname) != 0)
+        return cli_fail("--resume %s uses the %s tokenizer, which differs from --tokenizer %s; "
+                        "drop --tokenizer or match it", o->resume, kname, o->tokenizer);
+    o->tokenizer = kname;
+    /* The word vocabulary asked for is in the training options (a corpus
+     * with fewer words gives a smaller one); older files: the tokenizer's size. */
+    long want = (long)dp_tokenizer_vocab_size(r->tok);
+    json_t *cfg = ck->config_json ? json_loads(ck->config_json, 0, NULL) : NULL;
+    json_t *vs = cfg ? json_object_get(cfg, "vocab_size") : NULL;
+    if (vs && json_is_integer(vs)) want = (long)json_integer_value(vs);
+    json_decref(cfg);
+    if (g & G_VOCAB) {
+        if (kind != DP_TOKENIZER_WORD)
+            return cli_fail("--vocab-size applies to the word tokenizer; --resume %s uses the %s "
+                            "tokenizer; drop --vocab-size", o->resume, kname);
+        if (o->vocab_size != want)
+            return cli_fail("--resume %s has a word vocabulary of --vocab-size %ld, which differs "
+                            "from --vocab-size %ld; drop it or match it", o->resume, want,
+                            o->vocab_size);
     }
-    *ck_out = ck;
+    if (kind == DP_TOKENIZER_WORD) o->vocab_size = want;
+    if (dp_tokenizer_vocab_size(r->tok) != c->vocab_size)
+        return cli_fail("--resume: the checkpoint's vocabulary (%zu) does not match its "
+                        "tokenizer (%zu)", c->vocab_size, dp_tokenizer_vocab_size(r->tok));
+    /* The schedule's length: the flag, else the checkpoint's, else --steps. */
+    const char *decay = dp_checkpoint_meta(ck, META_DECAY);
+    if (!(g & G_DECAY) && decay) {
+        char *end = NULL;
+        errno = 0;
+        long d = strtol(decay, &end, 10);
+        if (errno || end == decay || *end || d < 1)
+            return cli_fail("--resume %s: metadata \"" META_DECAY "\" = \"%s\" is not an integer "
+                            ">= 1", o->resume, decay);
+        o->lr_decay_steps = d;
+    }
+    if (!o->eval_only && o->steps < ck->step)
+        return cli_fail("--steps %ld is below the checkpoint's step %ld: nothing to train; give "
+                        "--steps above %ld to continue, or --eval-only", o->steps, ck->step,
+                        ck->step);
+    return 0;
+}
 
+/* Says what --devices auto chose when it fell back to CPU devices. */
+static void explain_auto(const opts *o, const dp_device_spec *specs, size_t k)
+{
+    if (strcmp(o->devices, "auto") != 0 || !k || specs[0].kind != DP_DEVICE_CPU) return;
+#ifdef DP_HAVE_CUDA
+    const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
+    printf("devices: auto chose %zu CPU device%s: no CUDA device is visible (no GPU or driver, "
+           "or CUDA_VISIBLE_DEVICES=%s)\n", k, k == 1 ? "" : "s", cvd ? cvd : "unset");
+#else
+    printf("devices: auto chose %zu CPU device%s (one per core): this build has no CUDA "
+           "backend\n", k, k == 1 ? "" : "s");
+#endif
+}
+
+static int setup(run *r)
+{
+    opts *o = &r->o;
+    if (o->save && check_save_path(o->save)) return 1;
+    if (o->resume) {
+        if (dp_gpt_checkpoint_load(o->resume, &r->ck, &r->gpt) != DP_OK)
+            return cli_dp_fail("--resume");
+        if (apply_checkpoint(r)) return 1;
+    }
+    if (!o->lr_decay_steps) o->lr_decay_steps = o->steps;
+
+    const char *path = o->data ? o->data : LM_DEFAULT_CORPUS;
+    struct stat sb;
+    if (!o->data && stat(path, &sb) != 0)
+        return cli_fail("the default corpus '%s' does not exist: install Debian's fortunes "
+                        "package (apt-get install fortunes) or pass --data FILE", path);
     char *text = NULL;
     size_t len = 0, files = 0;
-    if (dp_text_load(o->data, &text, &len, &files) != DP_OK) return cli_dp_fail("--data");
+    if (dp_text_load(path, &text, &len, &files) != DP_OK) return cli_dp_fail("--data");
     if (!r->tok) {
-        dp_tokenizer_kind kind;
-        if (dp_tokenizer_kind_parse(o->tokenizer, &kind) != DP_OK) return cli_dp_fail("--tokenizer");
-        dp_status s = kind == DP_TOKENIZER_CHAR
-                          ? dp_tokenizer_build_char(text, len, &r->tok)
-                          : dp_tokenizer_build_word(text, len, (size_t)o->vocab_size, &r->tok);
+        dp_tokenizer_kind kind = DP_TOKENIZER_CHAR;
+        const char *what = "--tokenizer";
+        dp_status s = dp_tokenizer_kind_parse(o->tokenizer, &kind);
+        if (s == DP_OK) {
+            what = "tokenizer";
+            s = kind == DP_TOKENIZER_CHAR
+                    ? dp_tokenizer_build_char(text, len, &r->tok)
+                    : dp_tokenizer_build_word(text, len, (size_t)o->vocab_size, &r->tok);
+        }
         if (s != DP_OK) {
             free(text);
-            return cli_dp_fail("tokenizer");
+            return cli_dp_fail(what);
         }
     }
     dp_status s = dp_token_data_from_text(r->tok, text, len, &r->data);
     free(text);
     if (s != DP_OK) return cli_dp_fail("--data");
     size_t V = dp_tokenizer_vocab_size(r->tok);
-    if (ck && V != ck->config.vocab_size)
-        return cli_fail("--resume: the checkpoint's vocabulary (%zu) does not match its tokenizer (%zu)",
-                    ck->config.vocab_size, V);
     printf("data: %s (%zu file%s, %zu tokens: %zu train, %zu validation), %s tokenizer, vocab %zu\n",
-           o->data ? o->data : DP_DEFAULT_CORPUS, files, files == 1 ? "" : "s",
-           dp_token_data_total(r->data), dp_token_data_size(r->data, DP_SPLIT_TRAIN),
-           dp_token_data_size(r->data, DP_SPLIT_VAL), dp_tokenizer_kind_name(dp_tokenizer_kind_of(r->tok)), V);
+           path, files, files == 1 ? "" : "s", dp_token_data_total(r->data),
+           dp_token_data_size(r->data, DP_SPLIT_TRAIN), dp_token_data_size(r->data, DP_SPLIT_VAL),
+           dp_tokenizer_kind_name(dp_tokenizer_kind_of(r->tok)), V);
+    if (prepare_prompt(r)) return 1;
 
     size_t T = (size_t)o->context;
     if (dp_sampler_create(r->data, DP_SPLIT_TRAIN, T, o->seed, &r->train) != DP_OK ||
         dp_sampler_create(r->data, DP_SPLIT_TRAIN, T, o->seed + 1, &r->eval_train) != DP_OK ||
         dp_sampler_create(r->data, DP_SPLIT_VAL, T, o->seed + 2, &r->eval_val) != DP_OK)
         return cli_dp_fail("--context");
-    if (ck && ck->has_sampler && dp_sampler_set_state(r->train, ck->sampler) != DP_OK)
+    /* Evaluation reads no training batches: the sampler's state (which
+     * belongs to the training corpus) matters only to a run that trains. */
+    if (r->ck && r->ck->has_sampler && !o->eval_only &&
+        dp_sampler_set_state(r->train, r->ck->sampler) != DP_OK)
         return cli_dp_fail("--resume sampler state");
 
-    dp_gpt_config gc = {V, T, (size_t)o->layers, (size_t)o->heads, (size_t)o->dim};
-    if (dp_gpt_create(&gc, &r->gpt) != DP_OK) return cli_dp_fail("model");
+    if (!r->gpt) {
+        dp_gpt_config gc = {V, T, (size_t)o->layers, (size_t)o->heads, (size_t)o->dim};
+        if (dp_gpt_create(&gc, &r->gpt) != DP_OK) return cli_dp_fail("model");
+    }
     r->n_params = dp_gpt_model(r->gpt)->n_params;
 
     dp_device_spec specs[DP_MAX_DEVICES];
     size_t k = 0;
     if (dp_device_list_parse(o->devices, specs, DP_MAX_DEVICES, &k) != DP_OK) return cli_dp_fail("--devices");
+    explain_auto(o, specs, k);
     dp_engine_config ec = dp_engine_config_default();
     if (strcmp(o->mode, "balanced") == 0) ec.mode = DP_MODE_BALANCED;
     else if (strcmp(o->mode, "gather") == 0) ec.mode = DP_MODE_GATHER;
     else return cli_fail("--mode: \"%s\" is not balanced or gather", o->mode);
+    if (o->device_weights) {
+        size_t nw = 0;
+        if (cli_parse_weights("--device-weights", o->device_weights, k, r->weights, &nw)) return 1;
+        ec.device_weights = r->weights;
+    }
+    ec.token_balanced = o->token_balanced;
     ec.optim.lr = (float)o->lr;
     ec.optim.beta1 = (float)o->beta1;
     ec.optim.beta2 = (float)o->beta2;
@@ -575,11 +910,12 @@ static int setup(run *r, dp_checkpoint **ck_out)
     dp_criterion ce = dp_criterion_cross_entropy();
     if (dp_engine_create(specs, k, dp_gpt_model(r->gpt), &ce, &ec, &r->engine) != DP_OK)
         return cli_dp_fail("engine");
-    if (ck) {
-        if (dp_engine_set_params(r->engine, ck->params) != DP_OK) return cli_dp_fail("--resume params");
-        if (ck->m && dp_engine_set_optimizer_state(r->engine, ck->m, ck->v, ck->optimizer_step) != DP_OK)
+    if (r->ck) {
+        if (dp_engine_set_params(r->engine, r->ck->params) != DP_OK) return cli_dp_fail("--resume params");
+        if (r->ck->m && dp_engine_set_optimizer_state(r->engine, r->ck->m, r->ck->v,
+                                                      r->ck->optimizer_step) != DP_OK)
             return cli_dp_fail("--resume optimizer state");
-        r->step = ck->step;
+        r->step = r->ck->step;
     }
     printf("model: GPT %ld layers, %ld heads, dim %ld, context %ld: %.2fM parameters\n", o->layers,
            o->heads, o->dim, o->context, (double)r->n_params / 1e6);
@@ -587,12 +923,35 @@ static int setup(run *r, dp_checkpoint **ck_out)
     for (size_t i = 0; i < k; i++)
         printf("%s%s", i ? "," : "", dp_device_name(dp_engine_device(r->engine, i)));
     printf("), batch %ld x %ld tokens\n", o->batch_size, o->context);
-    r->inputs = malloc((size_t)o->batch_size * T * sizeof(int32_t));
-    r->targets = malloc((size_t)o->batch_size * T * sizeof(int32_t));
+    size_t bt = 0;
+    if (!dp_size_mul((size_t)o->batch_size, T, &bt) || !dp_size_mul(bt, sizeof(int32_t), &bt))
+        return cli_fail("--batch-size %ld x --context %ld overflows a buffer size", o->batch_size,
+                        o->context);
+    r->inputs = malloc(bt);
+    r->targets = malloc(bt);
     if (!r->inputs || !r->targets) return cli_fail("out of host memory");
-    if (o->log && !(r->log = fopen(o->log, r->step ? "a" : "w")))
-        return cli_fail("--log %s: %s", o->log, strerror(errno));
+    if (!o->eval_only && open_log(r)) return 1;
+    if (r->ck && !o->eval_only && r->step == o->steps)
+        printf("resume: the checkpoint is already at step %ld of --steps %ld: nothing to train\n",
+               r->step, o->steps);
     return 0;
+}
+
+/* What the checkpoint file holds after the run stops early, in words. */
+static void checkpoint_state(const run *r, char *buf, size_t cap)
+{
+    const opts *o = &r->o;
+    if (!o->save)
+        snprintf(buf, cap, "; no --save was given, nothing was saved");
+    else if (r->saved_step >= 0)
+        snprintf(buf, cap, "; the last checkpoint is intact: %s (step %ld)", o->save,
+                 r->saved_step);
+    else if (r->ck && strcmp(o->resume, o->save) == 0)
+        snprintf(buf, cap, "; the last checkpoint is intact: %s (step %ld, the one resumed)",
+                 o->save, r->ck->step);
+    else
+        snprintf(buf, cap, "; no checkpoint was written to %s (none was due%s)", o->save,
+                 o->save_interval ? " yet" : ": --save-interval is 0");
 }
 
 static int train(run *r)
@@ -603,7 +962,19 @@ static int train(run *r)
     double t0 = cli_now();
     r->tty = isatty(STDOUT_FILENO);
     while (r->step < o->steps) {
-        float lr = dp_lr_schedule(r->step, o->warmup, o->steps, (float)o->lr, (float)o->min_lr);
+        if (stop_signal) {
+            if (r->tty) printf("\n");
+            int saved = o->save && !save_checkpoint(r);
+            fflush(stdout);
+            if (r->log) fflush(r->log);
+            r->exit_code = 128 + stop_signal;
+            return cli_fail("interrupted by %s at step %ld%s%s", signal_name(stop_signal),
+                            r->step, saved ? "; checkpoint saved to " : o->save ? "; the "
+                            "checkpoint could not be saved" : "; no --save given, nothing saved",
+                            saved ? o->save : "");
+        }
+        float lr = dp_lr_schedule(r->step, o->warmup, o->lr_decay_steps, (float)o->lr,
+                                  (float)o->min_lr);
         if (dp_engine_set_lr(r->engine, lr) != DP_OK) return cli_dp_fail("learning rate");
         if (dp_sampler_next(r->train, r->inputs, r->targets, B) != DP_OK) return cli_dp_fail("batch");
         dp_batch b = {B, r->inputs, r->targets};
@@ -620,13 +991,16 @@ static int train(run *r)
             printf("%sstep %ld skipped: non-finite loss or gradient%s (%ld in a row, %ld in all)\n",
                    r->tty ? "\n" : "", r->step + 1, where, r->consecutive_skips, r->skipped);
             log_row(r, &st, lr);
-            if (r->consecutive_skips >= o->max_skips)
+            if (r->consecutive_skips >= o->max_skips) {
+                char state[600];
+                checkpoint_state(r, state, sizeof state);
+                fflush(stdout);
                 return cli_fail("%ld consecutive steps had a non-finite loss or gradient (last%s); "
-                            "stopping at step %ld%s%s. Lower --lr, tighten --grad-clip or check "
-                            "the data",
-                            r->consecutive_skips, where[0] ? where : " on no single device",
-                            r->step, o->save ? "; the last checkpoint is intact: " : "",
-                            o->save ? o->save : "");
+                                "stopping at step %ld%s. Lower --lr, tighten --grad-clip or "
+                                "check the data",
+                                r->consecutive_skips, where[0] ? where : " on no single device",
+                                r->step, state);
+            }
             continue;
         }
         r->consecutive_skips = 0;
@@ -635,8 +1009,12 @@ static int train(run *r)
         log_row(r, &st, lr);
         if (r->step % o->eval_interval == 0 || r->step == o->steps) {
             double tl, vl;
-            if (estimate_loss(r, r->eval_train, &tl) || estimate_loss(r, r->eval_val, &vl)) return 1;
+            int e = estimate_loss(r, r->eval_train, &tl);
+            if (!e) e = estimate_loss(r, r->eval_val, &vl);
+            if (e < 0) continue; /* a signal: the loop's top saves and stops */
+            if (e) return 1;
             printf("%seval step %ld: train loss %.4f, val loss %.4f\n", r->tty ? "\n" : "", r->step, tl, vl);
+            fflush(stdout);
         }
         if (o->save && o->save_interval > 0 && r->step % o->save_interval == 0 && save_checkpoint(r))
             return 1;
@@ -645,8 +1023,26 @@ static int train(run *r)
     if (r->step > first)
         printf("trained %ld steps in %.1f s (%.0f tokens/s)\n", r->step - first, secs,
                (double)(r->step - first) * (double)(B * (size_t)o->context) / secs);
-    if (o->save && save_checkpoint(r)) return 1;
+    /* The last checkpoint holds the last step, whether or not the interval divides it. */
+    if (o->save && r->saved_step != r->step && save_checkpoint(r)) return 1;
     return 0;
+}
+
+static void run_free(run *r)
+{
+    if (r->log) fclose(r->log);
+    free(r->inputs);
+    free(r->targets);
+    free(r->prompt_ids);
+    free(r->prompt_text);
+    dp_sampler_free(r->train);
+    dp_sampler_free(r->eval_train);
+    dp_sampler_free(r->eval_val);
+    dp_engine_destroy(r->engine);
+    dp_gpt_destroy(r->gpt);
+    dp_token_data_free(r->data);
+    dp_tokenizer_free(r->tok);
+    dp_checkpoint_free(r->ck);
 }
 
 int main(int argc, char **argv)
@@ -654,11 +1050,18 @@ int main(int argc, char **argv)
     cli_prog = "lm_train";
     run r;
     memset(&r, 0, sizeof r);
+    r.saved_step = -1;
     defaults(&r.o);
     if (parse_args(argc, argv, &r.o)) return 2;
-    dp_checkpoint *ck = NULL;
-    int rc = setup(&r, &ck);
-    dp_checkpoint_free(ck);
+    install_signal_handlers();
+    int rc = setup(&r);
+    if (!rc && r.ck) {
+        /* The parameters live in the engine now; the metadata stays for messages. */
+        free(r.ck->params);
+        free(r.ck->m);
+        free(r.ck->v);
+        r.ck->params = r.ck->m = r.ck->v = NULL;
+    }
     if (!rc && r.o.eval_only) {
         double vl;
         rc = full_val_loss(&r, &vl);
@@ -670,15 +1073,8 @@ int main(int argc, char **argv)
         if (!rc) printf("final val_loss %.4f\n", vl);
         if (!rc && r.o.sample > 0) rc = generate(&r);
     }
-    if (r.log) fclose(r.log);
-    free(r.inputs);
-    free(r.targets);
-    dp_sampler_free(r.train);
-    dp_sampler_free(r.eval_train);
-    dp_sampler_free(r.eval_val);
-    dp_engine_destroy(r.engine);
-    dp_gpt_destroy(r.gpt);
-    dp_token_data_free(r.data);
-    dp_tokenizer_free(r.tok);
-    return rc ? 1 : 0;
+    fflush(stdout);
+    int code = rc ? (r.exit_code ? r.exit_code : 1) : 0;
+    run_free(&r);
+    return code;
 }

@@ -21,6 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "dp/checkpoint.h"
 #include "dp/device.h"
 #include "dp/model.h"
 
@@ -68,6 +69,49 @@ DP_API dp_status dp_gpt_forward(const dp_gpt *gpt, dp_device *dev, const float *
 DP_API dp_status dp_gpt_backward(const dp_gpt *gpt, dp_device *dev, const float *params,
                                  float *grads, const int32_t *tokens, size_t B, size_t T,
                                  void *workspace, float *dlogits);
+
+/* --- checkpoints (dp/checkpoint.h) --------------------------------------- */
+
+/* The value of the metadata key "format" in a GPT checkpoint. */
+#define DP_GPT_FORMAT "dp-gpt-1"
+
+/* Number of metadata entries a GPT configuration takes: format, n_layer,
+ * n_head, n_embd, block_size, vocab_size (nanoGPT's names). */
+#define DP_GPT_META_COUNT 6
+
+/* A GPT configuration as checkpoint metadata; kv points into buf. */
+typedef struct dp_gpt_metadata {
+    dp_checkpoint_kv kv[DP_GPT_META_COUNT];
+    char buf[DP_GPT_META_COUNT][24];
+} dp_gpt_metadata;
+
+/* Fills out with cfg's entries (out->kv, DP_GPT_META_COUNT of them).
+ * Errors: DP_ERR_INVALID_ARGUMENT (NULL). */
+DP_API dp_status dp_gpt_config_to_metadata(const dp_gpt_config *cfg, dp_gpt_metadata *out);
+
+/* Reads the configuration from an opened checkpoint's metadata: format
+ * must be DP_GPT_FORMAT, every size an integer in [1, 2^31], n_layer no
+ * larger than the file's tensor count, and the whole a valid configuration
+ * (dp_gpt_create's rules). Errors: DP_ERR_INVALID_ARGUMENT (NULL),
+ * DP_ERR_FORMAT naming the file and the key. */
+DP_API dp_status dp_gpt_config_from_metadata(const dp_checkpoint *ck, dp_gpt_config *out);
+
+/* dp_checkpoint_save of gpt's table with gpt's configuration in the
+ * metadata, after ck->meta's other entries (an entry of ck->meta with a
+ * configuration key must hold gpt's value: a checkpoint from
+ * dp_gpt_checkpoint_load can be saved again as is).
+ * Errors: as dp_checkpoint_save; DP_ERR_INVALID_ARGUMENT when ck->meta
+ * states a different configuration. */
+DP_API dp_status dp_gpt_checkpoint_save(const char *path, const dp_gpt *gpt,
+                                        const dp_checkpoint *ck);
+
+/* Opens a GPT checkpoint, builds the GPT its metadata describes and reads
+ * its tensors: on success *out is the checkpoint (params, and m and v when
+ * stored, in the GPT's layout; free with dp_checkpoint_free) and *gpt_out
+ * (may be NULL) the GPT (free with dp_gpt_destroy).
+ * Errors: DP_ERR_IO, DP_ERR_FORMAT naming the file and the problem,
+ * DP_ERR_OUT_OF_MEMORY, DP_ERR_INVALID_ARGUMENT (NULL path or out). */
+DP_API dp_status dp_gpt_checkpoint_load(const char *path, dp_checkpoint **out, dp_gpt **gpt_out);
 
 #ifdef __cplusplus
 }

@@ -1,20 +1,109 @@
 /*
- * io/checkpoint.c - GPT checkpoints: the tensor table of dp_gpt_model as
+ * io/checkpoint.c - training checkpoints: a model's tensor table as
  * safetensors, optimizer moments beside it, the rest in __metadata__.
+ * Generic over dp_model: what the metadata means for a model is the
+ * model's business (lib/models), so io never depends on a model.
  */
+#define _POSIX_C_SOURCE 200809L
+#include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/types.h>
+#include <unistd.h>
 
 #include "core/error.h"
 #include "dp/checkpoint.h"
 #include "dp/safetensors.h"
 
-#define CK_FORMAT "dp-gpt-1"
 #define EXP_AVG "optimizer.exp_avg."
 #define EXP_AVG_SQ "optimizer.exp_avg_sq."
+
+/* Metadata keys the checkpoint itself writes; the caller's entries may not use them. */
+static const char *const reserved[] = {"step", "optimizer_step", "tokenizer", "config", "sampler"};
+#define N_RESERVED (sizeof reserved / sizeof reserved[0])
+
+static int is_reserved(const char *key)
+{
+    for (size_t i = 0; i < N_RESERVED; i++)
+        if (strcmp(key, reserved[i]) == 0) return 1;
+    return 0;
+}
+
+/* What dp_checkpoint_open keeps: the open file and the metadata table. */
+typedef struct ck_priv {
+    dp_st_file *file;      /* NULL once the tensors were read */
+    dp_checkpoint_kv *kv;  /* n_meta entries pointing into strings */
+    char *strings;         /* one block holding every key and value */
+    char *path;
+    size_t n_tensors;      /* the file's tensor count */
+} ck_priv;
+
+// --- stale temporary files ------------------------------------------------------------
+
+/* 1 when name is "<base>.tmp.<pid>.<n>" (digits) and *pid is set. This is
+ * the naming of dp_st_writer_write. */
+static int parse_tmp_name(const char *name, const char *base, long *pid)
+{
+    size_t bl = strlen(base);
+    if (strncmp(name, base, bl) != 0 || strncmp(name + bl, ".tmp.", 5) != 0) return 0;
+    const char *p = name + bl + 5;
+    char *end = NULL;
+    errno = 0;
+    long x = strtol(p, &end, 10);
+    if (errno || end == p || *end != '.' || x <= 0 || *p < '0' || *p > '9') return 0;
+    p = end + 1;
+    if (!*p) return 0;
+    for (; *p; p++)
+        if (*p < '0' || *p > '9') return 0;
+    *pid = x;
+    return 1;
+}
+
+/* Removes "<path>.tmp.<pid>.<n>" files whose process no longer exists (a
+ * process killed while writing leaves one the size of the checkpoint).
+ * Best effort: a directory that cannot be listed is left to the write to
+ * report. A process of another user that is alive answers EPERM, which
+ * counts as alive. */
+static void remove_stale_temps(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    char *dir = NULL;
+    const char *base = path;
+    if (slash) {
+        size_t n = (size_t)(slash - path);
+        dir = malloc(n + 2);
+        if (!dir) return;
+        memcpy(dir, path, n ? n : 1); /* "/x" -> "/" */
+        dir[n ? n : 1] = '\0';
+        base = slash + 1;
+    }
+    DIR *d = opendir(dir ? dir : ".");
+    if (!d) {
+        free(dir);
+        return;
+    }
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        long pid;
+        if (!parse_tmp_name(de->d_name, base, &pid)) continue;
+        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;
+        size_t n = (dir ? strlen(dir) + 1 : 0) + strlen(de->d_name) + 1;
+        char *full = malloc(n);
+        if (!full) break;
+        if (dir) snprintf(full, n, "%s/%s", dir, de->d_name);
+        else snprintf(full, n, "%s", de->d_name);
+        unlink(full);
+        free(full);
+    }
+    closedir(d);
+    free(dir);
+}
+
+// --- save -------------------------------------------------------------------------------
 
 static dp_status set_num(dp_st_writer *w, const char *key, long long v)
 {
@@ -42,35 +131,50 @@ static dp_status add_table(dp_st_writer *w, const dp_model *m, const char *prefi
     return DP_OK;
 }
 
-dp_status dp_checkpoint_save(const char *path, const dp_gpt *gpt, const dp_checkpoint *ck)
+static dp_status check_meta(const dp_checkpoint *ck)
 {
-    if (!path || !gpt || !ck || !ck->params)
-        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "path, gpt, ck and ck->params must not be NULL");
-    const dp_gpt_config *c = dp_gpt_config_of(gpt);
-    if (memcmp(c, &ck->config, sizeof *c) != 0)
-        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "checkpoint configuration differs from the model's");
+    if (ck->n_meta && !ck->meta)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "ck->meta is NULL but ck->n_meta is %zu", ck->n_meta);
+    for (size_t i = 0; i < ck->n_meta; i++) {
+        const dp_checkpoint_kv *e = &ck->meta[i];
+        if (!e->key || !e->value || !*e->key)
+            return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "ck->meta[%zu] has a NULL or empty key or a "
+                           "NULL value", i);
+        if (is_reserved(e->key))
+            return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "ck->meta[%zu]: the key \"%s\" is written by "
+                           "the checkpoint itself; use the dp_checkpoint field", i, e->key);
+        for (size_t j = 0; j < i; j++)
+            if (strcmp(ck->meta[j].key, e->key) == 0)
+                return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "ck->meta: the key \"%s\" appears twice",
+                               e->key);
+    }
+    return DP_OK;
+}
+
+dp_status dp_checkpoint_save(const char *path, const dp_model *m, const dp_checkpoint *ck)
+{
+    if (!path || !m || !ck || !ck->params)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "path, model, ck and ck->params must not be NULL");
     /* One moment alone would silently drop the optimizer state. */
     if (!ck->m != !ck->v)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "ck->m and ck->v must both be set (optimizer "
                        "state) or both be NULL (none); %s is NULL", ck->m ? "v" : "m");
-    /* dp_checkpoint_load refuses negative counters: never write a file it cannot read. */
+    /* dp_checkpoint_open refuses negative counters: never write a file it cannot read. */
     if (ck->step < 0 || ck->optimizer_step < 0)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "ck->step (%ld) and ck->optimizer_step (%ld) "
                        "must be >= 0", ck->step, ck->optimizer_step);
-    const dp_model *m = dp_gpt_model(gpt);
+    DP_TRY(check_meta(ck));
+    remove_stale_temps(path);
     dp_st_writer *w = NULL;
-    char **names = calloc(2 * m->n_tensors, sizeof *names);
+    char **names = calloc(2 * m->n_tensors + 1, sizeof *names);
     if (!names) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation failed");
     dp_status s = dp_st_writer_create(&w);
     if (s == DP_OK) s = add_table(w, m, NULL, ck->params, NULL);
     if (s == DP_OK && ck->m) s = add_table(w, m, EXP_AVG, ck->m, names);
     if (s == DP_OK && ck->m) s = add_table(w, m, EXP_AVG_SQ, ck->v, names + m->n_tensors);
-    if (s == DP_OK) s = dp_st_writer_set_metadata(w, "format", CK_FORMAT);
-    if (s == DP_OK) s = set_num(w, "n_layer", (long long)c->n_layer);
-    if (s == DP_OK) s = set_num(w, "n_head", (long long)c->n_head);
-    if (s == DP_OK) s = set_num(w, "n_embd", (long long)c->n_embd);
-    if (s == DP_OK) s = set_num(w, "block_size", (long long)c->block_size);
-    if (s == DP_OK) s = set_num(w, "vocab_size", (long long)c->vocab_size);
+    /* The caller's entries first: for a GPT that keeps nanoGPT's key order. */
+    for (size_t i = 0; s == DP_OK && i < ck->n_meta; i++)
+        s = dp_st_writer_set_metadata(w, ck->meta[i].key, ck->meta[i].value);
     if (s == DP_OK) s = set_num(w, "step", ck->step);
     if (s == DP_OK) s = set_num(w, "optimizer_step", ck->optimizer_step);
     if (s == DP_OK && ck->tokenizer) s = dp_st_writer_set_metadata(w, "tokenizer", ck->tokenizer);
@@ -86,6 +190,8 @@ dp_status dp_checkpoint_save(const char *path, const dp_gpt *gpt, const dp_check
     free(names);
     return s;
 }
+
+// --- load -------------------------------------------------------------------------------
 
 /* Parses metadata key as an integer in [lo, hi]. */
 static dp_status get_num(const dp_st_file *f, const char *key, long long lo, long long hi,
@@ -123,6 +229,14 @@ static dp_status read_table(const dp_st_file *f, const dp_model *m, const char *
 void dp_checkpoint_free(dp_checkpoint *ck)
 {
     if (!ck) return;
+    ck_priv *p = ck->priv;
+    if (p) {
+        dp_st_close(p->file);
+        free(p->kv);
+        free(p->strings);
+        free(p->path);
+        free(p);
+    }
     free(ck->params);
     free(ck->m);
     free(ck->v);
@@ -140,67 +254,125 @@ static char *dup_str(const char *s)
     return d;
 }
 
-dp_status dp_checkpoint_load(const char *path, dp_checkpoint **out, dp_gpt **gpt_out)
+/* Copies every non-reserved metadata entry of f into p's table. */
+static dp_status copy_meta(const dp_st_file *f, ck_priv *p, size_t *n_out)
+{
+    size_t n = dp_st_metadata_count(f), bytes = 0, k = 0;
+    for (size_t i = 0; i < n; i++) {
+        const char *key, *val;
+        DP_TRY(dp_st_metadata_at(f, i, &key, &val));
+        if (!is_reserved(key)) bytes += strlen(key) + strlen(val) + 2;
+    }
+    p->kv = calloc(n ? n : 1, sizeof *p->kv);
+    p->strings = malloc(bytes ? bytes : 1);
+    if (!p->kv || !p->strings) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation failed");
+    char *at = p->strings;
+    for (size_t i = 0; i < n; i++) {
+        const char *key, *val;
+        DP_TRY(dp_st_metadata_at(f, i, &key, &val));
+        if (is_reserved(key)) continue;
+        size_t kl = strlen(key) + 1, vl = strlen(val) + 1;
+        memcpy(at, key, kl);
+        p->kv[k].key = at;
+        at += kl;
+        memcpy(at, val, vl);
+        p->kv[k].value = at;
+        at += vl;
+        k++;
+    }
+    *n_out = k;
+    return DP_OK;
+}
+
+dp_status dp_checkpoint_open(const char *path, dp_checkpoint **out)
 {
     if (!path || !out) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "path and out must not be NULL");
     *out = NULL;
-    if (gpt_out) *gpt_out = NULL;
     dp_st_file *f = NULL;
     DP_TRY(dp_st_open(path, &f));
     dp_checkpoint *ck = calloc(1, sizeof *ck);
-    dp_gpt *gpt = NULL;
-    dp_status s = ck ? DP_OK : DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation failed");
-    const char *fmt = dp_st_metadata(f, "format");
-    if (s == DP_OK && (!fmt || strcmp(fmt, CK_FORMAT) != 0))
-        s = DP_FAIL(DP_ERR_FORMAT, "%s: metadata \"format\" is %s%s%s, expected \"" CK_FORMAT
-                    "\"; not a dp GPT checkpoint", path, fmt ? "\"" : "", fmt ? fmt : "missing",
-                    fmt ? "\"" : "");
-    long long v[7] = {0};
-    static const char *keys[7] = {"n_layer", "n_head", "n_embd", "block_size", "vocab_size",
-                                  "step", "optimizer_step"};
-    for (int i = 0; s == DP_OK && i < 7; i++)
-        s = get_num(f, keys[i], i < 5 ? 1 : 0, i < 5 ? (1LL << 31) : (1LL << 62), &v[i]);
-    /* Every layer has tensors in the file: a larger n_layer is corrupt, and
-     * must not make dp_gpt_create build a table of billions of entries. */
-    if (s == DP_OK && (size_t)v[0] > dp_st_count(f))
-        s = DP_FAIL(DP_ERR_FORMAT, "%s: metadata \"n_layer\" = %lld but the file holds only %zu "
-                    "tensors", path, v[0], dp_st_count(f));
-    if (s == DP_OK) {
-        ck->config.n_layer = (size_t)v[0];
-        ck->config.n_head = (size_t)v[1];
-        ck->config.n_embd = (size_t)v[2];
-        ck->config.block_size = (size_t)v[3];
-        ck->config.vocab_size = (size_t)v[4];
-        ck->step = (long)v[5];
-        ck->optimizer_step = (long)v[6];
-        s = dp_gpt_create(&ck->config, &gpt);
-        if (s == DP_ERR_INVALID_ARGUMENT) {
-            /* An impossible configuration is a defect of the file, not of the call. */
-            char why[1024];
-            snprintf(why, sizeof why, "%s", dp_last_error());
-            s = DP_FAIL(DP_ERR_FORMAT, "%s: the stored configuration is not a valid GPT: %s",
-                        path, why);
-        } else if (s != DP_OK) {
-            dp_error_prefix("%s: stored configuration", path);
-        }
+    ck_priv *p = calloc(1, sizeof *p);
+    if (!ck || !p) {
+        free(ck);
+        free(p);
+        dp_st_close(f);
+        return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation failed");
     }
-    const dp_model *m = gpt ? dp_gpt_model(gpt) : NULL;
-    int has_opt = 0;
-    if (s == DP_OK) {
-        char first[512];
-        snprintf(first, sizeof first, EXP_AVG "%s", m->tensors[0].name);
-        has_opt = dp_st_find(f, first) != NULL;
-        /* Every tensor must be accounted for: no stray or partial state. */
-        size_t expected = m->n_tensors * (has_opt ? 3 : 1);
-        /* Shapes first, so sizes in the metadata that the tensors do not
-         * back are refused before anything of their size is allocated. */
-        s = read_table(f, m, NULL, NULL);
-        if (s == DP_OK && has_opt) s = read_table(f, m, EXP_AVG, NULL);
-        if (s == DP_OK && has_opt) s = read_table(f, m, EXP_AVG_SQ, NULL);
-        if (s == DP_OK && dp_st_count(f) != expected)
-            s = DP_FAIL(DP_ERR_FORMAT, "%s: %zu tensors, expected %zu for this configuration%s",
-                        path, dp_st_count(f), expected, has_opt ? " with optimizer state" : "");
+    ck->priv = p;
+    p->file = f;
+    p->n_tensors = dp_st_count(f);
+    dp_status s = (p->path = dup_str(path)) ? DP_OK
+                                            : DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation failed");
+    long long step = 0, opt_step = 0;
+    if (s == DP_OK) s = get_num(f, "step", 0, 1LL << 62, &step);
+    if (s == DP_OK) s = get_num(f, "optimizer_step", 0, 1LL << 62, &opt_step);
+    ck->step = (long)step;
+    ck->optimizer_step = (long)opt_step;
+    if (s == DP_OK) s = copy_meta(f, p, &ck->n_meta);
+    ck->meta = p->kv;
+    const char *tok = s == DP_OK ? dp_st_metadata(f, "tokenizer") : NULL;
+    const char *cfg = s == DP_OK ? dp_st_metadata(f, "config") : NULL;
+    const char *smp = s == DP_OK ? dp_st_metadata(f, "sampler") : NULL;
+    if (s == DP_OK && ((tok && !(ck->tokenizer = dup_str(tok))) ||
+                       (cfg && !(ck->config_json = dup_str(cfg)))))
+        s = DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation failed");
+    if (s == DP_OK && smp) {
+        s = dp_sampler_state_parse(smp, ck->sampler);
+        if (s != DP_OK) dp_error_prefix("%s: metadata \"sampler\"", path);
+        ck->has_sampler = s == DP_OK;
     }
+    if (s != DP_OK) {
+        dp_checkpoint_free(ck);
+        return s;
+    }
+    *out = ck;
+    return DP_OK;
+}
+
+const char *dp_checkpoint_meta(const dp_checkpoint *ck, const char *key)
+{
+    if (!ck || !key) return NULL;
+    for (size_t i = 0; i < ck->n_meta; i++)
+        if (ck->meta[i].key && strcmp(ck->meta[i].key, key) == 0) return ck->meta[i].value;
+    return NULL;
+}
+
+size_t dp_checkpoint_tensor_count(const dp_checkpoint *ck)
+{
+    const ck_priv *p = ck ? ck->priv : NULL;
+    return p ? p->n_tensors : 0;
+}
+
+const char *dp_checkpoint_path(const dp_checkpoint *ck)
+{
+    const ck_priv *p = ck ? ck->priv : NULL;
+    return p ? p->path : NULL;
+}
+
+dp_status dp_checkpoint_read_tensors(dp_checkpoint *ck, const dp_model *m)
+{
+    if (!ck || !m) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "ck and model must not be NULL");
+    ck_priv *p = ck->priv;
+    if (!p || !p->file || ck->params)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "ck is not a checkpoint from dp_checkpoint_open "
+                       "whose tensors are still unread");
+    if (!m->n_tensors || !m->tensors)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "the model has no tensor table");
+    const dp_st_file *f = p->file;
+    const char *path = p->path;
+    char first[512];
+    snprintf(first, sizeof first, EXP_AVG "%s", m->tensors[0].name);
+    int has_opt = dp_st_find(f, first) != NULL;
+    /* Every tensor must be accounted for: no stray or partial state. */
+    size_t expected = m->n_tensors * (has_opt ? 3 : 1);
+    /* Shapes first, so sizes the tensors do not back are refused before
+     * anything of their size is allocated. */
+    dp_status s = read_table(f, m, NULL, NULL);
+    if (s == DP_OK && has_opt) s = read_table(f, m, EXP_AVG, NULL);
+    if (s == DP_OK && has_opt) s = read_table(f, m, EXP_AVG_SQ, NULL);
+    if (s == DP_OK && dp_st_count(f) != expected)
+        s = DP_FAIL(DP_ERR_FORMAT, "%s: %zu tensors, expected %zu for this configuration%s",
+                    path, dp_st_count(f), expected, has_opt ? " with optimizer state" : "");
     if (s == DP_OK) {
         ck->params = calloc(m->n_params, sizeof(float));
         if (has_opt) {
@@ -213,25 +385,14 @@ dp_status dp_checkpoint_load(const char *path, dp_checkpoint **out, dp_gpt **gpt
     if (s == DP_OK) s = read_table(f, m, NULL, ck->params);
     if (s == DP_OK && has_opt) s = read_table(f, m, EXP_AVG, ck->m);
     if (s == DP_OK && has_opt) s = read_table(f, m, EXP_AVG_SQ, ck->v);
-    const char *tok = s == DP_OK ? dp_st_metadata(f, "tokenizer") : NULL;
-    const char *cfg = s == DP_OK ? dp_st_metadata(f, "config") : NULL;
-    const char *smp = s == DP_OK ? dp_st_metadata(f, "sampler") : NULL;
-    if (s == DP_OK && ((tok && !(ck->tokenizer = dup_str(tok))) ||
-                       (cfg && !(ck->config_json = dup_str(cfg)))))
-        s = DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation failed");
-    if (s == DP_OK && smp) {
-        s = dp_sampler_state_parse(smp, ck->sampler);
-        if (s != DP_OK) dp_error_prefix("%s: metadata \"sampler\"", path);
-        ck->has_sampler = s == DP_OK;
-    }
-    dp_st_close(f);
     if (s != DP_OK) {
-        dp_checkpoint_free(ck);
-        dp_gpt_destroy(gpt);
+        free(ck->params);
+        free(ck->m);
+        free(ck->v);
+        ck->params = ck->m = ck->v = NULL;
         return s;
     }
-    *out = ck;
-    if (gpt_out) *gpt_out = gpt;
-    else dp_gpt_destroy(gpt);
+    dp_st_close(p->file);
+    p->file = NULL;
     return DP_OK;
 }
