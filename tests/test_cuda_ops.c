@@ -527,7 +527,7 @@ Test(cuda_ops, layernorm_matches_cpu, .timeout = 60)
             float *xd = dp_test_upload(d, x, N * C), *wd = dp_test_upload(d, w, C),
                   *bd = dp_test_upload(d, bias, C), *od = dalloc(d, N * C * 4),
                   *md = dalloc(d, N * 4), *rd = dalloc(d, N * 4);
-            dp_assert_ok(d->ops->layernorm_forward(d, od, md, rd, xd, wd, bd, N, C));
+            dp_assert_ok(dp_layernorm_forward(d, od, md, rd, xd, wd, bd, N, C));
             out[b] = nn_download(d, od, N * C);
             mean[b] = nn_download(d, md, N);
             rstd[b] = nn_download(d, rd, N);
@@ -538,7 +538,7 @@ Test(cuda_ops, layernorm_matches_cpu, .timeout = 60)
             rd = dp_test_upload(d, rstd[0], N);
             float *gd = dp_test_upload(d, dout, N * C), *di = dp_test_upload(d, dinp0, N * C),
                   *dwd = dp_test_upload(d, dw0, C), *dbd = dp_test_upload(d, db0, C);
-            dp_assert_ok(d->ops->layernorm_backward(d, di, dwd, dbd, gd, xd, wd, md, rd, N, C));
+            dp_assert_ok(dp_layernorm_backward(d, di, dwd, dbd, gd, xd, wd, md, rd, N, C));
             dinp[b] = nn_download(d, di, N * C);
             dw[b] = nn_download(d, dwd, C);
             db[b] = nn_download(d, dbd, C);
@@ -765,14 +765,14 @@ static void check_softmax(size_t BNH, size_t T, uint64_t seed)
         for (int b = 0; b < 2; b++) {
             dp_device *d = p.d[b];
             float *ad = dp_test_upload(d, s, n);
-            dp_assert_ok(d->ops->softmax_causal_forward(d, ad, scale, BNH, T));
+            dp_assert_ok(d->ops->softmax_causal_forward(d, ad, scale, T, rows));
             att[b] = nn_download(d, ad, n);
             dp_device_free(d, ad);
         }
         for (int b = 0; b < 2; b++) {
             dp_device *d = p.d[b];
             float *ad = dp_test_upload(d, att[0], n), *gd = dp_test_upload(d, gin, n);
-            dp_assert_ok(d->ops->softmax_causal_backward(d, gd, ad, scale, BNH, T));
+            dp_assert_ok(d->ops->softmax_causal_backward(d, gd, ad, scale, T, rows));
             ds[b] = nn_download(d, gd, n);
             dp_device_free(d, ad);
             dp_device_free(d, gd);

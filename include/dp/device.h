@@ -139,12 +139,6 @@ DP_API void dp_device_reset_peak(dp_device *dev);
  * made are kept even when they exceed a new, lower limit. */
 DP_API void dp_device_set_limit(dp_device *dev, size_t bytes);
 
-/* Parses a byte size: a non-negative number with an optional unit, B, K,
- * KB/MB/GB/TB (powers of 1000), KiB/MiB/GiB/TiB (powers of 1024), M and G
- * (1024-based, as --memory-limit 12G is usually meant); case-insensitive.
- * Errors: DP_ERR_INVALID_ARGUMENT with the text and the accepted units. */
-DP_API dp_status dp_parse_bytes(const char *text, size_t *out);
-
 /* ---- copies ---------------------------------------------------------- */
 
 DP_API dp_status dp_copy_h2d(dp_device *dev, void *dst, const void *src, size_t bytes);

@@ -5,6 +5,7 @@
 #define DP_DP_H
 
 #include "dp/status.h"
+#include "dp/units.h"
 #include "dp/rng.h"
 #include "dp/device.h"
 #include "dp/nn.h"

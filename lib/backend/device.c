@@ -13,7 +13,6 @@
 #include <string.h>
 
 #include "backend/backend.h"
-#include "backend/cuda/cuda_backend.h"
 #include "core/error.h"
 
 // --- allocation map ---------------------------------------------------------
@@ -163,8 +162,9 @@ dp_status dp_device_bind_thread(dp_device *dev)
 dp_status dp_device_set_allow_tf32(dp_device *dev, int allow)
 {
     if (!dev) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "dev must not be NULL");
-    if (dev->kind != DP_DEVICE_CUDA) return DP_OK; /* the CPU always computes in float32 */
-    return dp_cuda_set_allow_tf32(dev, allow);
+    /* NULL: the device has no reduced-precision GEMM (the CPU always
+     * computes in float32), so there is nothing to set. */
+    return dev->ops->set_allow_tf32 ? dev->ops->set_allow_tf32(dev, allow) : DP_OK;
 }
 
 // --- memory -------------------------------------------------------------------

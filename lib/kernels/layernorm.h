@@ -78,4 +78,23 @@ static inline DP_HD void dp_layernorm_backward_param_channel(float *dweight, flo
     dbias[c] += db;
 }
 
+/* Row r of (N,C): dp_layernorm_forward_row on row r (mean[r], rstd[r]). */
+static inline DP_HD void dp_layernorm_forward_item(float *out, float *mean, float *rstd,
+                                                   const float *inp, const float *weight,
+                                                   const float *bias, size_t C, float eps,
+                                                   size_t r)
+{
+    dp_layernorm_forward_row(out + r * C, mean + r, rstd + r, inp + r * C, weight, bias, C, eps);
+}
+
+/* Row r of (N,C): dp_layernorm_backward_inp_row on row r. */
+static inline DP_HD void dp_layernorm_backward_inp_item(float *dinp, const float *dout,
+                                                        const float *inp, const float *weight,
+                                                        const float *mean, const float *rstd,
+                                                        size_t C, size_t r)
+{
+    dp_layernorm_backward_inp_row(dinp + r * C, dout + r * C, inp + r * C, weight, mean[r],
+                                  rstd[r], C);
+}
+
 #endif /* DP_KERNELS_LAYERNORM_H */

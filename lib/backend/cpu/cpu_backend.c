@@ -1,6 +1,8 @@
 /*
  * backend/cpu/cpu_backend.c - virtual CPU devices: host memory, memcpy
- * copies and GEMM through OpenBLAS.
+ * copies, GEMM through OpenBLAS, and the backend table (the element-wise
+ * and row-wise ops of kernels/ops.h are generated here; the other kernels
+ * are in cpu_nn.c and cpu_attention.c).
  *
  * A virtual device is host memory plus the thread that drives it; the
  * engine gives each device its own thread, so OpenBLAS is made
@@ -107,6 +109,21 @@ static dp_status cpu_gemm_strided_batched(dp_device *dev, dp_op transa, dp_op tr
     return DP_OK;
 }
 
+// --- the element-wise and row-wise ops of kernels/ops.h --------------------------------
+
+/* One function per list entry: items i = 0..n-1 in order on the calling thread. */
+#define CPU_OP(name, shape, fn, params, args)                                    \
+    static DP_CPU_SIMD dp_status cpu_##name(dp_device *dev, DP_UNPAREN params, size_t n) \
+    {                                                                            \
+        (void)dev;                                                               \
+        for (size_t i = 0; i < n; i++) fn(DP_UNPAREN args, i);                   \
+        return DP_OK;                                                            \
+    }
+DP_KERNEL_OPS(CPU_OP)
+#undef CPU_OP
+
+#define CPU_OP_ENTRY(name, shape, fn, params, args) .name = cpu_##name,
+
 static const dp_backend_ops cpu_ops = {
     .name = "cpu",
     .host_memory = 1,
@@ -123,27 +140,17 @@ static const dp_backend_ops cpu_ops = {
     .memset = cpu_memset,
     .synchronize = cpu_synchronize,
     .gemm_strided_batched = cpu_gemm_strided_batched,
-    .encoder_forward = dp_cpu_encoder_forward,
+    .set_allow_tf32 = NULL,
+    DP_KERNEL_OPS(CPU_OP_ENTRY)
     .encoder_backward = dp_cpu_encoder_backward,
     .bias_broadcast = dp_cpu_bias_broadcast,
     .bias_backward = dp_cpu_bias_backward,
-    .layernorm_forward = dp_cpu_layernorm_forward,
-    .layernorm_backward = dp_cpu_layernorm_backward,
-    .gelu_forward = dp_cpu_gelu_forward,
-    .gelu_backward = dp_cpu_gelu_backward,
-    .add = dp_cpu_add,
-    .accumulate = dp_cpu_accumulate,
-    .scale = dp_cpu_scale,
+    .layernorm_backward_params = dp_cpu_layernorm_backward_params,
     .sum_squares = dp_cpu_sum_squares,
     .attention_permute = dp_cpu_attention_permute,
     .attention_permute_backward = dp_cpu_attention_permute_backward,
     .attention_unpermute = dp_cpu_attention_unpermute,
     .attention_unpermute_backward = dp_cpu_attention_unpermute_backward,
-    .softmax_causal_forward = dp_cpu_softmax_causal_forward,
-    .softmax_causal_backward = dp_cpu_softmax_causal_backward,
-    .crossentropy = dp_cpu_crossentropy,
-    .adamw = dp_cpu_adamw,
-    .sgd = dp_cpu_sgd,
 };
 
 const dp_backend_ops *dp_backend_cpu(void) { return &cpu_ops; }

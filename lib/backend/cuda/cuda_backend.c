@@ -37,7 +37,6 @@
 #include <cuda_runtime_api.h>
 
 #include "backend/backend.h"
-#include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "core/error.h"
 
@@ -273,7 +272,7 @@ static dp_status cuda_bind_thread(dp_device *dev)
     return DP_OK;
 }
 
-dp_status dp_cuda_set_allow_tf32(dp_device *dev, int allow)
+static dp_status cuda_set_allow_tf32(dp_device *dev, int allow)
 {
     ENTER(dev);
     cuda_ctx *c = CTX(dev);
@@ -492,12 +491,15 @@ static dp_status cuda_gemm_strided_batched(dp_device *dev, dp_op transa, dp_op t
         return DP_OK;                                              \
     } while (0)
 
-static dp_status cuda_encoder_forward(dp_device *dev, float *out, const int32_t *inp,
-                                      const float *wte, const float *wpe, size_t B, size_t T,
-                                      size_t C)
-{
-    LAUNCH(dev, dp_cuda_launch_encoder_forward, out, inp, wte, wpe, B, T, C);
-}
+/* The element-wise and row-wise ops of kernels/ops.h: one entry each. */
+#define CUDA_OP(name, shape, fn, params, args)                                   \
+    static dp_status cuda_##name(dp_device *dev, DP_UNPAREN params, size_t n)     \
+    {                                                                            \
+        LAUNCH(dev, dp_cuda_launch_##name, DP_UNPAREN args, n);                  \
+    }
+DP_KERNEL_OPS(CUDA_OP)
+#undef CUDA_OP
+#define CUDA_OP_ENTRY(name, shape, fn, params, args) .name = cuda_##name,
 
 static dp_status cuda_encoder_backward(dp_device *dev, float *dwte, float *dwpe,
                                        const float *dout, const int32_t *inp, size_t B, size_t T,
@@ -518,46 +520,13 @@ static dp_status cuda_bias_backward(dp_device *dev, float *dbias, const float *d
     LAUNCH(dev, dp_cuda_launch_bias_backward, dbias, dout, N, OC);
 }
 
-static dp_status cuda_layernorm_forward(dp_device *dev, float *out, float *mean, float *rstd,
-                                        const float *inp, const float *weight,
-                                        const float *bias, size_t N, size_t C)
+static dp_status cuda_layernorm_backward_params(dp_device *dev, float *dweight, float *dbias,
+                                                const float *dout, const float *inp,
+                                                const float *mean, const float *rstd, size_t N,
+                                                size_t C)
 {
-    LAUNCH(dev, dp_cuda_launch_layernorm_forward, out, mean, rstd, inp, weight, bias, N, C);
-}
-
-static dp_status cuda_layernorm_backward(dp_device *dev, float *dinp, float *dweight,
-                                         float *dbias, const float *dout, const float *inp,
-                                         const float *weight, const float *mean,
-                                         const float *rstd, size_t N, size_t C)
-{
-    LAUNCH(dev, dp_cuda_launch_layernorm_backward, dinp, dweight, dbias, dout, inp, weight, mean,
-           rstd, N, C);
-}
-
-static dp_status cuda_gelu_forward(dp_device *dev, float *out, const float *inp, size_t n)
-{
-    LAUNCH(dev, dp_cuda_launch_gelu_forward, out, inp, n);
-}
-
-static dp_status cuda_gelu_backward(dp_device *dev, float *dinp, const float *inp,
-                                    const float *dout, size_t n)
-{
-    LAUNCH(dev, dp_cuda_launch_gelu_backward, dinp, inp, dout, n);
-}
-
-static dp_status cuda_add(dp_device *dev, float *out, const float *a, const float *b, size_t n)
-{
-    LAUNCH(dev, dp_cuda_launch_add, out, a, b, n);
-}
-
-static dp_status cuda_accumulate(dp_device *dev, float *dst, const float *src, size_t n)
-{
-    LAUNCH(dev, dp_cuda_launch_accumulate, dst, src, n);
-}
-
-static dp_status cuda_scale(dp_device *dev, float *x, float s, size_t n)
-{
-    LAUNCH(dev, dp_cuda_launch_scale, x, s, n);
+    LAUNCH(dev, dp_cuda_launch_layernorm_backward_params, dweight, dbias, dout, inp, mean, rstd,
+           N, C);
 }
 
 static dp_status sum_squares_locked(dp_device *dev, cuda_ctx *c, double *out_host,
@@ -608,41 +577,6 @@ static dp_status cuda_attention_unpermute_backward(dp_device *dev, float *dy,
     LAUNCH(dev, dp_cuda_launch_attention_unpermute_backward, dy, dout, B, T, NH, hs);
 }
 
-static dp_status cuda_softmax_causal_forward(dp_device *dev, float *att, float scale,
-                                             size_t BNH, size_t T)
-{
-    LAUNCH(dev, dp_cuda_launch_softmax_causal_forward, att, scale, BNH, T);
-}
-
-static dp_status cuda_softmax_causal_backward(dp_device *dev, float *datt, const float *att,
-                                              float scale, size_t BNH, size_t T)
-{
-    LAUNCH(dev, dp_cuda_launch_softmax_causal_backward, datt, att, scale, BNH, T);
-}
-
-static dp_status cuda_crossentropy(dp_device *dev, float *losses, float *dlogits,
-                                   const float *logits, const int32_t *targets, size_t N,
-                                   size_t V, float dscale)
-{
-    LAUNCH(dev, dp_cuda_launch_crossentropy, losses, dlogits, logits, targets, N, V, dscale);
-}
-
-static dp_status cuda_adamw(dp_device *dev, float *params, const float *grads, float *m,
-                            float *v, size_t n, float lr, float beta1, float beta2, float eps,
-                            float weight_decay, float bias_corr1, float bias_corr2)
-{
-    LAUNCH(dev, dp_cuda_launch_adamw, params, grads, m, v, n, lr, beta1, beta2, eps,
-           weight_decay, bias_corr1, bias_corr2);
-}
-
-static dp_status cuda_sgd(dp_device *dev, float *params, const float *grads,
-                          float *momentum_buf, size_t n, float lr, float momentum,
-                          float weight_decay, int first_step)
-{
-    LAUNCH(dev, dp_cuda_launch_sgd, params, grads, momentum_buf, n, lr, momentum, weight_decay,
-           first_step);
-}
-
 // --- the table -------------------------------------------------------------------------------------
 
 static const dp_backend_ops cuda_ops = {
@@ -661,27 +595,17 @@ static const dp_backend_ops cuda_ops = {
     .memset = cuda_memset,
     .synchronize = cuda_synchronize,
     .gemm_strided_batched = cuda_gemm_strided_batched,
-    .encoder_forward = cuda_encoder_forward,
+    .set_allow_tf32 = cuda_set_allow_tf32,
+    DP_KERNEL_OPS(CUDA_OP_ENTRY)
     .encoder_backward = cuda_encoder_backward,
     .bias_broadcast = cuda_bias_broadcast,
     .bias_backward = cuda_bias_backward,
-    .layernorm_forward = cuda_layernorm_forward,
-    .layernorm_backward = cuda_layernorm_backward,
-    .gelu_forward = cuda_gelu_forward,
-    .gelu_backward = cuda_gelu_backward,
-    .add = cuda_add,
-    .accumulate = cuda_accumulate,
-    .scale = cuda_scale,
+    .layernorm_backward_params = cuda_layernorm_backward_params,
     .sum_squares = cuda_sum_squares,
     .attention_permute = cuda_attention_permute,
     .attention_permute_backward = cuda_attention_permute_backward,
     .attention_unpermute = cuda_attention_unpermute,
     .attention_unpermute_backward = cuda_attention_unpermute_backward,
-    .softmax_causal_forward = cuda_softmax_causal_forward,
-    .softmax_causal_backward = cuda_softmax_causal_backward,
-    .crossentropy = cuda_crossentropy,
-    .adamw = cuda_adamw,
-    .sgd = cuda_sgd,
 };
 
 const dp_backend_ops *dp_backend_cuda(void) { return &cuda_ops; }

@@ -22,16 +22,8 @@
  */
 #include <cuda_runtime.h>
 
-#include "backend/cuda/cuda_kernels.h"
-#include "dp/nn.h" /* DP_LAYERNORM_EPS */
-#include "kernels/attention.h"
-#include "kernels/crossentropy.h"
-#include "kernels/elementwise.h"
-#include "kernels/encoder.h"
-#include "kernels/gelu.h"
-#include "kernels/layernorm.h"
+#include "backend/cuda/cuda_kernels.h" /* and kernels/ops.h with the kernel headers */
 #include "kernels/linear.h"
-#include "kernels/optim.h"
 
 // --- launch shapes -------------------------------------------------------------------
 
@@ -69,13 +61,27 @@ __device__ __forceinline__ size_t grid_stride() { return (size_t)gridDim.x * blo
         return cudaGetLastError();                                                  \
     } while (0)
 
-// --- encoder -------------------------------------------------------------------------
+// --- the element-wise and row-wise ops of kernels/ops.h ------------------------------
 
-__global__ void k_encoder_forward(float *out, const int32_t *inp, const float *wte,
-                                  const float *wpe, size_t T, size_t C, size_t n)
-{
-    GRID_LOOP(i, n) dp_encoder_forward_elem(out, inp, wte, wpe, T, C, i);
-}
+/* Threads per block for each shape of kernels/ops.h. */
+#define SHAPE_THREADS_ELEM ELEM_THREADS
+#define SHAPE_THREADS_ROW ROW_THREADS
+
+/* One grid-stride kernel and its launcher per list entry. */
+#define CUDA_OP(name, shape, fn, params, args)                                          \
+    __global__ void k_##name(DP_UNPAREN params, size_t n)                                \
+    {                                                                                   \
+        GRID_LOOP(i, n) fn(DP_UNPAREN args, i);                                         \
+    }                                                                                   \
+    extern "C" cudaError_t dp_cuda_launch_##name(cudaStream_t stream, DP_UNPAREN params, \
+                                                 size_t n)                              \
+    {                                                                                   \
+        LAUNCH(k_##name, n, SHAPE_THREADS_##shape, stream, DP_UNPAREN args, n);         \
+    }
+DP_KERNEL_OPS(CUDA_OP)
+#undef CUDA_OP
+
+// --- encoder -------------------------------------------------------------------------
 
 __global__ void k_encoder_backward_wpe(float *dwpe, const float *dout, size_t B, size_t T,
                                        size_t C)
@@ -87,15 +93,6 @@ __global__ void k_encoder_backward_wte(float *dwte, const float *dout, const int
                                        size_t BT, size_t C)
 {
     GRID_LOOP(c, C) dp_encoder_backward_wte_channel(dwte, dout, inp, BT, C, c);
-}
-
-extern "C" cudaError_t dp_cuda_launch_encoder_forward(cudaStream_t s, float *out,
-                                                      const int32_t *inp, const float *wte,
-                                                      const float *wpe, size_t B, size_t T,
-                                                      size_t C)
-{
-    size_t n = B * T * C;
-    LAUNCH(k_encoder_forward, n, ELEM_THREADS, s, out, inp, wte, wpe, T, C, n);
 }
 
 extern "C" cudaError_t dp_cuda_launch_encoder_backward(cudaStream_t s, float *dwte,
@@ -140,23 +137,6 @@ extern "C" cudaError_t dp_cuda_launch_bias_backward(cudaStream_t s, float *dbias
 
 // --- LayerNorm ---------------------------------------------------------------------------
 
-__global__ void k_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
-                                    const float *weight, const float *bias, size_t N, size_t C)
-{
-    GRID_LOOP(r, N)
-    dp_layernorm_forward_row(out + r * C, mean + r, rstd + r, inp + r * C, weight, bias, C,
-                             DP_LAYERNORM_EPS);
-}
-
-__global__ void k_layernorm_backward_inp(float *dinp, const float *dout, const float *inp,
-                                         const float *weight, const float *mean,
-                                         const float *rstd, size_t N, size_t C)
-{
-    GRID_LOOP(r, N)
-    dp_layernorm_backward_inp_row(dinp + r * C, dout + r * C, inp + r * C, weight, mean[r],
-                                  rstd[r], C);
-}
-
 __global__ void k_layernorm_backward_param(float *dweight, float *dbias, const float *dout,
                                            const float *inp, const float *mean,
                                            const float *rstd, size_t N, size_t C)
@@ -164,84 +144,16 @@ __global__ void k_layernorm_backward_param(float *dweight, float *dbias, const f
     GRID_LOOP(c, C) dp_layernorm_backward_param_channel(dweight, dbias, dout, inp, mean, rstd, N, C, c);
 }
 
-extern "C" cudaError_t dp_cuda_launch_layernorm_forward(cudaStream_t s, float *out,
-                                                        float *mean, float *rstd,
-                                                        const float *inp, const float *weight,
-                                                        const float *bias, size_t N, size_t C)
+extern "C" cudaError_t dp_cuda_launch_layernorm_backward_params(cudaStream_t s, float *dweight,
+                                                                float *dbias, const float *dout,
+                                                                const float *inp,
+                                                                const float *mean,
+                                                                const float *rstd, size_t N,
+                                                                size_t C)
 {
-    if (C == 0) return cudaSuccess;
-    LAUNCH(k_layernorm_forward, N, ROW_THREADS, s, out, mean, rstd, inp, weight, bias, N, C);
-}
-
-extern "C" cudaError_t dp_cuda_launch_layernorm_backward(
-    cudaStream_t s, float *dinp, float *dweight, float *dbias, const float *dout,
-    const float *inp, const float *weight, const float *mean, const float *rstd, size_t N,
-    size_t C)
-{
-    if (N * C == 0) return cudaSuccess;
-    k_layernorm_backward_inp<<<blocks_for(N, ROW_THREADS), ROW_THREADS, 0, s>>>(
-        dinp, dout, inp, weight, mean, rstd, N, C);
-    cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) return e;
+    if (N == 0) return cudaSuccess;
     LAUNCH(k_layernorm_backward_param, C, ROW_THREADS, s, dweight, dbias, dout, inp, mean, rstd,
            N, C);
-}
-
-// --- GELU and element-wise -------------------------------------------------------------------
-
-__global__ void k_gelu_forward(float *out, const float *inp, size_t n)
-{
-    GRID_LOOP(i, n) dp_gelu_forward_elem(out, inp, i);
-}
-
-__global__ void k_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n)
-{
-    GRID_LOOP(i, n) dp_gelu_backward_elem(dinp, inp, dout, i);
-}
-
-__global__ void k_add(float *out, const float *a, const float *b, size_t n)
-{
-    GRID_LOOP(i, n) dp_add_elem(out, a, b, i);
-}
-
-__global__ void k_accumulate(float *dst, const float *src, size_t n)
-{
-    GRID_LOOP(i, n) dp_accumulate_elem(dst, src, i);
-}
-
-__global__ void k_scale(float *x, float scale, size_t n)
-{
-    GRID_LOOP(i, n) x[i] = dp_scale_element(x[i], scale);
-}
-
-extern "C" cudaError_t dp_cuda_launch_gelu_forward(cudaStream_t s, float *out,
-                                                   const float *inp, size_t n)
-{
-    LAUNCH(k_gelu_forward, n, ELEM_THREADS, s, out, inp, n);
-}
-
-extern "C" cudaError_t dp_cuda_launch_gelu_backward(cudaStream_t s, float *dinp,
-                                                    const float *inp, const float *dout,
-                                                    size_t n)
-{
-    LAUNCH(k_gelu_backward, n, ELEM_THREADS, s, dinp, inp, dout, n);
-}
-
-extern "C" cudaError_t dp_cuda_launch_add(cudaStream_t s, float *out, const float *a,
-                                          const float *b, size_t n)
-{
-    LAUNCH(k_add, n, ELEM_THREADS, s, out, a, b, n);
-}
-
-extern "C" cudaError_t dp_cuda_launch_accumulate(cudaStream_t s, float *dst, const float *src,
-                                                 size_t n)
-{
-    LAUNCH(k_accumulate, n, ELEM_THREADS, s, dst, src, n);
-}
-
-extern "C" cudaError_t dp_cuda_launch_scale(cudaStream_t s, float *x, float scale, size_t n)
-{
-    LAUNCH(k_scale, n, ELEM_THREADS, s, x, scale, n);
 }
 
 // --- sum of squares (gradient norm) ----------------------------------------------------------
@@ -319,17 +231,6 @@ __global__ void k_attention_unpermute_backward(float *dy, const float *dout, siz
     GRID_LOOP(i, n) dp_attention_unpermute_backward_elem(dy, dout, i, T, NH, hs);
 }
 
-__global__ void k_softmax_causal_forward(float *att, float scale, size_t T, size_t rows)
-{
-    GRID_LOOP(r, rows) dp_softmax_causal_forward_row(att + r * T, scale, r % T, T);
-}
-
-__global__ void k_softmax_causal_backward(float *datt, const float *att, float scale,
-                                          size_t T, size_t rows)
-{
-    GRID_LOOP(r, rows) dp_softmax_causal_backward_row(datt + r * T, att + r * T, scale, r % T, T);
-}
-
 extern "C" cudaError_t dp_cuda_launch_attention_permute(cudaStream_t s, float *qkvr,
                                                         const float *qkv, size_t B, size_t T,
                                                         size_t NH, size_t hs)
@@ -362,77 +263,6 @@ extern "C" cudaError_t dp_cuda_launch_attention_unpermute_backward(cudaStream_t 
 {
     size_t n = B * NH * T * hs;
     LAUNCH(k_attention_unpermute_backward, n, ELEM_THREADS, s, dy, dout, T, NH, hs, n);
-}
-
-extern "C" cudaError_t dp_cuda_launch_softmax_causal_forward(cudaStream_t s, float *att,
-                                                             float scale, size_t BNH, size_t T)
-{
-    size_t rows = BNH * T;
-    LAUNCH(k_softmax_causal_forward, rows, ROW_THREADS, s, att, scale, T, rows);
-}
-
-extern "C" cudaError_t dp_cuda_launch_softmax_causal_backward(cudaStream_t s, float *datt,
-                                                              const float *att, float scale,
-                                                              size_t BNH, size_t T)
-{
-    size_t rows = BNH * T;
-    LAUNCH(k_softmax_causal_backward, rows, ROW_THREADS, s, datt, att, scale, T, rows);
-}
-
-// --- cross-entropy -----------------------------------------------------------------------------
-
-__global__ void k_crossentropy(float *losses, float *dlogits, const float *logits,
-                               const int32_t *targets, size_t N, size_t V, float dscale)
-{
-    GRID_LOOP(r, N)
-    dp_crossentropy_row(losses + r, dlogits ? dlogits + r * V : NULL, logits + r * V, targets[r],
-                        V, dscale);
-}
-
-extern "C" cudaError_t dp_cuda_launch_crossentropy(cudaStream_t s, float *losses,
-                                                   float *dlogits, const float *logits,
-                                                   const int32_t *targets, size_t N, size_t V,
-                                                   float dscale)
-{
-    if (V == 0) return cudaSuccess;
-    LAUNCH(k_crossentropy, N, ROW_THREADS, s, losses, dlogits, logits, targets, N, V, dscale);
-}
-
-// --- optimizers --------------------------------------------------------------------------------
-
-__global__ void k_adamw(float *params, const float *grads, float *m, float *v, size_t n,
-                        float lr, float beta1, float beta2, float eps, float weight_decay,
-                        float bias_corr1, float bias_corr2)
-{
-    GRID_LOOP(i, n)
-    dp_adamw_element(&params[i], &m[i], &v[i], grads[i], lr, beta1, beta2, eps, weight_decay,
-                     bias_corr1, bias_corr2);
-}
-
-__global__ void k_sgd(float *params, const float *grads, float *momentum_buf, size_t n,
-                      float lr, float momentum, float weight_decay, int first_step)
-{
-    GRID_LOOP(i, n)
-    dp_sgd_element(&params[i], momentum_buf ? &momentum_buf[i] : NULL, grads[i], lr, momentum,
-                   weight_decay, first_step);
-}
-
-extern "C" cudaError_t dp_cuda_launch_adamw(cudaStream_t s, float *params, const float *grads,
-                                            float *m, float *v, size_t n, float lr,
-                                            float beta1, float beta2, float eps,
-                                            float weight_decay, float bias_corr1,
-                                            float bias_corr2)
-{
-    LAUNCH(k_adamw, n, ELEM_THREADS, s, params, grads, m, v, n, lr, beta1, beta2, eps,
-           weight_decay, bias_corr1, bias_corr2);
-}
-
-extern "C" cudaError_t dp_cuda_launch_sgd(cudaStream_t s, float *params, const float *grads,
-                                          float *momentum_buf, size_t n, float lr,
-                                          float momentum, float weight_decay, int first_step)
-{
-    LAUNCH(k_sgd, n, ELEM_THREADS, s, params, grads, momentum_buf, n, lr, momentum,
-           weight_decay, first_step);
 }
 
 // --- GEMM with k == 0 ---------------------------------------------------------------------------
