@@ -149,6 +149,63 @@ Test(memory, allocator_failure_is_out_of_memory)
     dp_device_close(dev);
 }
 
+/* On Linux malloc overcommits: 1 TiB "succeeds" and the process is killed
+ * when the pages are touched. dp counts what all CPU devices hold against
+ * the host's available memory and refuses at once, with the numbers. */
+Test(memory, beyond_host_ram_fails_at_once)
+{
+    dp_device *dev = dp_test_cpu(0);
+    void *p = (void *)&p;
+    size_t tib = (size_t)1 << 40;
+    assert_status(dp_device_alloc(dev, tib, &p), DP_ERR_OUT_OF_MEMORY, "1099511627776 bytes asked");
+    const char *msg = dp_last_error();
+    cr_assert(strstr(msg, "in use on all CPU devices"), "message lacks the bytes in use: %s", msg);
+    cr_assert(strstr(msg, "available"), "message lacks the available memory: %s", msg);
+    cr_assert(strstr(msg, "smaller batch"), "message lacks the fix: %s", msg);
+    cr_assert_null(p);
+    cr_assert_eq(stats(dev).in_use, 0);
+    dp_device_close(dev);
+}
+
+/* MemAvailable of /proc/meminfo in bytes (0 if absent). */
+static size_t test_mem_available(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    unsigned long long kb = 0;
+    int found = 0;
+    while (!found && fgets(line, sizeof line, f))
+        found = sscanf(line, "MemAvailable: %llu kB", &kb) == 1;
+    fclose(f);
+    return found ? (size_t)kb * 1024 : 0;
+}
+
+/* The count is process-wide: two CPU devices each holding 40% of the
+ * host's available memory leave no room for a third 40% on another one,
+ * though each allocation alone would fit (and malloc would grant it).
+ * Nothing is touched, so no real memory is used. */
+Test(memory, host_ram_is_shared_by_all_cpu_devices)
+{
+    size_t avail = test_mem_available();
+    if (!avail) cr_skip_test("no MemAvailable in /proc/meminfo");
+    dp_device *d[3] = {dp_test_cpu(0), dp_test_cpu(1), dp_test_cpu(2)};
+    size_t chunk = avail / 10 * 4;
+    void *p[3] = {NULL, NULL, NULL};
+    dp_assert_ok(dp_device_alloc(d[0], chunk, &p[0]));
+    dp_assert_ok(dp_device_alloc(d[1], chunk, &p[1]));
+    char in_use[64];
+    snprintf(in_use, sizeof in_use, "%zu bytes in use on all CPU devices", 2 * chunk);
+    assert_status(dp_device_alloc(d[2], chunk, &p[2]), DP_ERR_OUT_OF_MEMORY, in_use);
+    cr_assert_null(p[2]);
+    /* Freed bytes are counted back: the third device now gets its share. */
+    dp_device_free(d[0], p[0]);
+    dp_assert_ok(dp_device_alloc(d[2], chunk, &p[2]));
+    dp_device_free(d[1], p[1]);
+    dp_device_free(d[2], p[2]);
+    for (int i = 0; i < 3; i++) dp_device_close(d[i]);
+}
+
 Test(memory, bad_arguments)
 {
     dp_device *dev = dp_test_cpu(3);

@@ -59,9 +59,10 @@ struct dp_backend_ops {
     void (*close)(dp_device *dev);
     dp_status (*bind_thread)(dp_device *dev);
 
-    /* raw memory (accounting is done by the caller) */
+    /* raw memory (accounting is done by the caller); free gets the bytes
+     * that alloc was asked for */
     dp_status (*alloc)(dp_device *dev, size_t bytes, void **out);
-    void (*free)(dp_device *dev, void *ptr);
+    void (*free)(dp_device *dev, void *ptr, size_t bytes);
     /* optional (NULL on CPU): driver free/total bytes */
     dp_status (*mem_info)(dp_device *dev, size_t *free_bytes, size_t *total_bytes);
 

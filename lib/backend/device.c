@@ -140,7 +140,7 @@ void dp_device_close(dp_device *dev)
     /* Free whatever is still live so closing never leaks. */
     for (size_t i = 0; i < dev->allocs.cap; i++) {
         void *k = dev->allocs.keys[i];
-        if (k && k != DP_ALLOC_TOMB) dev->ops->free(dev, k);
+        if (k && k != DP_ALLOC_TOMB) dev->ops->free(dev, k, dev->allocs.sizes[i]);
     }
     free(dev->allocs.keys);
     free(dev->allocs.sizes);
@@ -195,7 +195,7 @@ dp_status dp_device_alloc(dp_device *dev, size_t bytes, void **out)
 
     pthread_mutex_lock(&dev->mu);
     if (s == DP_OK && map_insert(&dev->allocs, p, bytes) != 0) {
-        dev->ops->free(dev, p);
+        dev->ops->free(dev, p, bytes);
         s = DP_FAIL(DP_ERR_OUT_OF_MEMORY, "%s: cannot grow the allocation table", dev->name);
     }
     if (s != DP_OK) {
@@ -222,11 +222,12 @@ void dp_device_free(dp_device *dev, void *ptr)
         pthread_mutex_unlock(&dev->mu);
         return;
     }
-    dev->in_use -= dev->allocs.sizes[j];
+    size_t bytes = dev->allocs.sizes[j];
+    dev->in_use -= bytes;
     dev->allocs.keys[j] = DP_ALLOC_TOMB;
     dev->allocs.count--;
     pthread_mutex_unlock(&dev->mu);
-    dev->ops->free(dev, ptr);
+    dev->ops->free(dev, ptr, bytes);
 }
 
 size_t dp_device_alloc_size(dp_device *dev, const void *ptr)

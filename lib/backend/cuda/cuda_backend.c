@@ -303,8 +303,9 @@ static dp_status cuda_alloc(dp_device *dev, size_t bytes, void **out)
     return DP_OK;
 }
 
-static void cuda_free(dp_device *dev, void *ptr)
+static void cuda_free(dp_device *dev, void *ptr, size_t bytes)
 {
+    (void)bytes;
     cuda_ctx *c = CTX(dev);
     /* Work queued on this stream may still use ptr, and peer copies that
      * read it are ordered before this stream's later work (copy_peer), so
