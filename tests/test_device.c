@@ -578,3 +578,22 @@ Test(devlist, mixed_kinds_are_invalid)
     expect_bad("cpu:0,cuda:0", cap, DP_ERR_INVALID_ARGUMENT, "mixes cpu and cuda");
     expect_bad("cuda:0,cpu:0", cap, DP_ERR_INVALID_ARGUMENT, "mixes cpu and cuda");
 }
+
+/* dp_device_open(cuda:0) without a usable GPU says why: no CUDA backend in
+ * this build (cpu-only preset), or no device visible. Never a crash. */
+Test(devlist, open_cuda_without_gpus_says_why)
+{
+    if (dp_cuda_device_count() > 0) cr_skip_test("a CUDA device is visible");
+    dp_device_spec spec = {DP_DEVICE_CUDA, 0};
+    dp_device *dev = (dp_device *)&spec;
+#ifdef DP_HAVE_CUDA
+    assert_status(dp_device_open(&spec, &dev), DP_ERR_NO_DEVICE, "no CUDA device is visible");
+#else
+    assert_status(dp_device_open(&spec, &dev), DP_ERR_NO_DEVICE, "this build has no CUDA backend");
+#endif
+    cr_assert_null(dev);
+    /* The TF32 option is a no-op on CPU devices (no such op there). */
+    dp_device *cpu = dp_test_cpu(0);
+    dp_assert_ok(dp_device_set_allow_tf32(cpu, 1));
+    dp_device_close(cpu);
+}
