@@ -1218,3 +1218,52 @@ Test(cuda_memory, two_logical_devices_on_one_gpu_from_two_threads, .timeout = 60
         close_checked(jobs[i].dev);
     }
 }
+
+// --- the application's current device ---------------------------------------------------
+
+/* dp must leave the calling thread's current CUDA device as it found it:
+ * an application doing its own CUDA work on that thread would otherwise
+ * end up on another GPU. Needs 2 GPUs (with one, every device is 0). The
+ * runtime's cudaGetDevice/cudaSetDevice are looked up in the libcudart dp
+ * already loaded, so the test needs no CUDA headers. */
+Test(cuda_memory, current_device_is_restored, .timeout = 60)
+{
+    if (as_cpu()) cr_skip_test("the current CUDA device exists only on GPUs");
+    if (dp_cuda_device_count() < 2) cr_skip_test("needs 2 CUDA devices");
+    int (*get_dev)(int *) = (int (*)(int *))dlsym(RTLD_DEFAULT, "cudaGetDevice");
+    int (*set_dev)(int) = (int (*)(int))dlsym(RTLD_DEFAULT, "cudaSetDevice");
+    cr_assert(get_dev && set_dev, "libcudart is not loaded with dp");
+    cr_assert_eq(set_dev(1), 0);
+    dp_device_spec s0 = {DP_DEVICE_CUDA, 0}, s1 = {DP_DEVICE_CUDA, 0};
+    dp_device *d = NULL, *e = NULL;
+    int cur = -1;
+#define STILL_ONE(what)                                                              \
+    do {                                                                             \
+        cr_assert_eq(get_dev(&cur), 0);                                              \
+        cr_assert_eq(cur, 1, "current device %d after %s, want 1 (the caller's)", cur, \
+                     what);                                                          \
+    } while (0)
+    dp_assert_ok(dp_device_open(&s0, &d));
+    STILL_ONE("dp_device_open");
+    dp_assert_ok(dp_device_open(&s1, &e));
+    float h[64] = {0}, *x = NULL, *y = NULL;
+    dp_assert_ok(dp_device_alloc(d, sizeof h, (void **)&x));
+    dp_assert_ok(dp_device_alloc(e, sizeof h, (void **)&y));
+    STILL_ONE("dp_device_alloc");
+    dp_assert_ok(dp_copy_h2d(d, x, h, sizeof h));
+    dp_assert_ok(dp_copy_peer(e, y, d, x, sizeof h));
+    dp_assert_ok(dp_scale(d, x, 2.0f, 64));
+    double ss = 0.0;
+    dp_assert_ok(dp_sum_squares(d, &ss, x, 64));
+    STILL_ONE("copies and kernels");
+    dp_memory_stats st;
+    dp_device_memory(d, &st);
+    dp_assert_ok(dp_device_set_allow_tf32(d, 1));
+    STILL_ONE("dp_device_memory and dp_device_set_allow_tf32");
+    dp_device_free(d, x);
+    dp_device_free(e, y);
+    dp_device_close(d);
+    dp_device_close(e);
+    STILL_ONE("dp_device_free and dp_device_close");
+#undef STILL_ONE
+}

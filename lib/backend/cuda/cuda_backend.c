@@ -129,20 +129,62 @@ static dp_status blas_fail(const dp_device *dev, cublasStatus_t st, const char *
 
 // --- devices and threads -------------------------------------------------------------------
 
-/* Makes ordinal the calling thread's current device (kernels and cuBLAS
- * calls need it; cudaGetDevice is a thread-local read). */
-static dp_status use_device(const dp_device *dev, int ordinal)
+/* The calling thread's current device belongs to the application: every
+ * entry that switches it switches it back before returning (except
+ * bind_thread, whose purpose is to set it). An entry declares
+ * DEVICE_GUARD, which remembers the device current before dp's first
+ * switch (-1: not switched) and restores it when the entry returns, on
+ * every path (GCC/Clang's cleanup attribute runs at scope exit, after the
+ * return value has been computed). */
+static void restore_device(int *prev)
+{
+    if (*prev >= 0 && cudaSetDevice(*prev) != cudaSuccess) (void)cudaGetLastError();
+}
+
+#define DEVICE_GUARD int dp_prev_device_ __attribute__((cleanup(restore_device))) = -1
+
+/* Thread's current device, or -1 when the runtime cannot say. */
+static int current_device(void)
 {
     int cur = -1;
     if (cudaGetDevice(&cur) != cudaSuccess) {
         (void)cudaGetLastError();
         cur = -1;
     }
-    if (cur != ordinal) CU_TRY(dev, cudaSetDevice(ordinal));
+    return cur;
+}
+
+/* Makes ordinal the calling thread's current device (kernels and cuBLAS
+ * calls need it; cudaGetDevice is a thread-local read). On the first switch
+ * *prev (a DEVICE_GUARD's, or NULL to keep the switch) gets the device to
+ * restore. */
+static dp_status use_device(const dp_device *dev, int ordinal, int *prev)
+{
+    int cur = current_device();
+    if (cur == ordinal) return DP_OK;
+    CU_TRY(dev, cudaSetDevice(ordinal));
+    if (prev && *prev < 0) *prev = cur;
     return DP_OK;
 }
 
-#define ENTER(dev) DP_TRY(use_device((dev), CTX(dev)->ordinal))
+/* use_device for the entries that cannot fail (close, free): no message,
+ * the runtime's error cleared; 1 when ordinal is current. */
+static int use_device_quietly(int ordinal, int *prev)
+{
+    int cur = current_device();
+    if (cur == ordinal) return 1;
+    if (cudaSetDevice(ordinal) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    if (*prev < 0) *prev = cur;
+    return 1;
+}
+
+/* First statement of an entry: switch to dev's GPU until it returns. */
+#define ENTER(dev)  \
+    DEVICE_GUARD;   \
+    DP_TRY(use_device((dev), CTX(dev)->ordinal, &dp_prev_device_))
 
 static pthread_once_t count_once = PTHREAD_ONCE_INIT;
 static int visible_count;
@@ -174,14 +216,15 @@ int dp_backend_cuda_count(void)
 static pthread_mutex_t peer_mu = PTHREAD_MUTEX_INITIALIZER;
 static signed char peer_state[DP_MAX_DEVICES][DP_MAX_DEVICES];
 
-static void ensure_peer(int from, int to)
+static void ensure_peer(int from, int to, int *prev)
 {
     pthread_mutex_lock(&peer_mu);
     if (peer_state[from][to] == 0) {
         signed char st = -1;
-        int can = 0;
+        int can = 0, cur = current_device();
         if (cudaDeviceCanAccessPeer(&can, from, to) == cudaSuccess && can &&
-            cudaSetDevice(from) == cudaSuccess) {
+            (cur == from || cudaSetDevice(from) == cudaSuccess)) {
+            if (cur != from && *prev < 0) *prev = cur;
             cudaError_t e = cudaDeviceEnablePeerAccess(to, 0);
             if (e == cudaSuccess || e == cudaErrorPeerAccessAlreadyEnabled) st = 1;
         }
@@ -197,8 +240,10 @@ static void cuda_close(dp_device *dev)
 {
     cuda_ctx *c = CTX(dev);
     if (!c) return;
+    DEVICE_GUARD;
     /* Best effort: close cannot fail, so errors are cleared, not reported. */
-    if (cudaSetDevice(c->ordinal) == cudaSuccess && c->stream) cudaStreamSynchronize(c->stream);
+    if (use_device_quietly(c->ordinal, &dp_prev_device_) && c->stream)
+        cudaStreamSynchronize(c->stream);
     if (c->blas) cublasDestroy(c->blas);
     for (int b = 0; b < 2; b++) {
         if (c->stage_done[b]) cudaEventDestroy(c->stage_done[b]);
@@ -217,7 +262,7 @@ static void cuda_close(dp_device *dev)
 
 static dp_status open_resources(dp_device *dev, cuda_ctx *c)
 {
-    DP_TRY(use_device(dev, c->ordinal));
+    ENTER(dev);
     CU_TRY(dev, cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     BLAS_TRY(dev, cublasCreate(&c->blas));
     BLAS_TRY(dev, cublasSetStream(c->blas, c->stream));
@@ -266,10 +311,10 @@ static dp_status cuda_open(dp_device *dev)
     return s;
 }
 
+/* The one entry that leaves dev current: binding is its purpose. */
 static dp_status cuda_bind_thread(dp_device *dev)
 {
-    ENTER(dev);
-    return DP_OK;
+    return use_device(dev, CTX(dev)->ordinal, NULL);
 }
 
 static dp_status cuda_set_allow_tf32(dp_device *dev, int allow)
@@ -312,7 +357,8 @@ static void cuda_free(dp_device *dev, void *ptr, size_t bytes)
      * waiting for the stream makes the free safe without relying on
      * cudaFree's implicit synchronisation. free cannot fail: errors are
      * cleared. */
-    if (cudaSetDevice(c->ordinal) == cudaSuccess) {
+    DEVICE_GUARD;
+    if (use_device_quietly(c->ordinal, &dp_prev_device_)) {
         cudaStreamSynchronize(c->stream);
         cudaFree(ptr);
     }
@@ -402,10 +448,10 @@ static dp_status cuda_copy_d2d(dp_device *dev, void *dst, const void *src, size_
 
 /* Work queued on `then`'s stream from now on waits for all work queued so
  * far on `first`'s stream. */
-static dp_status order_after(dp_device *first, dp_device *then)
+static dp_status order_after(dp_device *first, dp_device *then, int *prev)
 {
     cuda_ctx *fc = CTX(first), *tc = CTX(then);
-    DP_TRY(use_device(first, fc->ordinal)); /* the event is recorded on first's device */
+    DP_TRY(use_device(first, fc->ordinal, prev)); /* the event is recorded on first's device */
     pthread_mutex_lock(&fc->ev_mu);
     cudaError_t e = cudaEventRecord(fc->order_ev, fc->stream);
     const char *call = "cudaEventRecord";
@@ -423,22 +469,23 @@ static dp_status cuda_copy_peer(dp_device *dst_dev, void *dst, dp_device *src_de
                                 const void *src, size_t bytes)
 {
     if (dst_dev == src_dev) return cuda_copy_d2d(dst_dev, dst, src, bytes);
+    DEVICE_GUARD;
     cuda_ctx *dc = CTX(dst_dev), *sc = CTX(src_dev);
     int same_gpu = dc->ordinal == sc->ordinal;
     if (!same_gpu) {
-        ensure_peer(dc->ordinal, sc->ordinal);
-        ensure_peer(sc->ordinal, dc->ordinal);
+        ensure_peer(dc->ordinal, sc->ordinal, &dp_prev_device_);
+        ensure_peer(sc->ordinal, dc->ordinal, &dp_prev_device_);
     }
     /* 1. The copy starts after the work that produced src. */
-    DP_TRY(order_after(src_dev, dst_dev));
+    DP_TRY(order_after(src_dev, dst_dev, &dp_prev_device_));
     /* 2. On the destination's stream: ordered with everything using dst. */
-    DP_TRY(use_device(dst_dev, dc->ordinal));
+    DP_TRY(use_device(dst_dev, dc->ordinal, &dp_prev_device_));
     if (same_gpu)
         CU_TRY(dst_dev, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, dc->stream));
     else
         CU_TRY(dst_dev, cudaMemcpyPeerAsync(dst, dc->ordinal, src, sc->ordinal, bytes, dc->stream));
     /* 3. Later work on the source (which may overwrite src) waits for the copy. */
-    return order_after(dst_dev, src_dev);
+    return order_after(dst_dev, src_dev, &dp_prev_device_);
 }
 
 static dp_status cuda_memset(dp_device *dev, void *dst, int value, size_t bytes)
