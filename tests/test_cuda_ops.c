@@ -1024,6 +1024,16 @@ Test(cuda_memory, accounting_limit_and_driver_figures)
         cr_assert(strstr(dp_last_error(), dp_device_name(d)) && strstr(dp_last_error(), "limit"),
                   "%s", dp_last_error());
         cr_assert_null(x);
+        /* The backend's own buffers (cuBLAS workspace, scratch, staging)
+         * count against the limit: with the limit at reserved + 1 MiB,
+         * 1 MiB fits and not a byte more. */
+        if (!as_cpu()) cr_assert_gt(st.reserved, 2 * (4 << 20), "staging and workspace not counted");
+        dp_device_set_limit(d, st.reserved + (1 << 20));
+        x = dalloc(d, 1 << 20);
+        void *y = NULL;
+        cr_assert_eq(dp_device_alloc(d, 256, &y), DP_ERR_OUT_OF_MEMORY, "%s", dp_last_error());
+        cr_assert_null(y);
+        dp_device_free(d, x);
         close_checked(d);
     }
 }

@@ -206,6 +206,29 @@ Test(memory, host_ram_is_shared_by_all_cpu_devices)
     for (int i = 0; i < 3; i++) dp_device_close(d[i]);
 }
 
+/* Memory a backend holds for itself (dev->reserved: the cuBLAS workspace,
+ * scratch and staging buffers on CUDA) counts against the limit, so
+ * --memory-limit bounds everything dp holds on the device. Set by hand on
+ * a CPU device (whose backend reserves nothing) to check the rule. */
+Test(memory, reserved_bytes_count_against_the_limit)
+{
+    dp_device *dev = dp_test_cpu(1);
+    cr_assert_eq(stats(dev).reserved, 0, "the CPU backend reserves nothing");
+    dev->reserved = 1000;
+    cr_assert_eq(stats(dev).reserved, 1000);
+    dp_device_set_limit(dev, 4096);
+    void *a = alloc_ok(dev, 3000); /* 3000 + 1000 reserved <= 4096 */
+    void *p = (void *)&p;
+    assert_status(dp_device_alloc(dev, 200, &p), DP_ERR_OUT_OF_MEMORY, "1000 bytes reserved");
+    cr_assert_null(p);
+    cr_assert_eq(stats(dev).in_use, 3000, "reserved bytes are not in in_use");
+    dp_device_set_limit(dev, 500); /* below the reserve: nothing fits */
+    dp_device_free(dev, a);
+    assert_status(dp_device_alloc(dev, 1, &p), DP_ERR_OUT_OF_MEMORY, "limit 500");
+    dev->reserved = 0;
+    dp_device_close(dev);
+}
+
 Test(memory, bad_arguments)
 {
     dp_device *dev = dp_test_cpu(3);

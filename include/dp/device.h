@@ -109,12 +109,19 @@ typedef struct dp_memory_stats {
     size_t n_allocs;         /* live allocations */
     size_t device_free;      /* free bytes reported by the driver (CUDA), 0 on CPU */
     size_t device_total;     /* total bytes reported by the driver (CUDA), 0 on CPU */
+    /* bytes the backend holds for itself since open, outside in_use and peak
+     * but counted against the limit: on CUDA the cuBLAS workspace, the
+     * sum-of-squares scratch (GPU) and the pinned staging buffers (host);
+     * 0 on CPU */
+    size_t reserved;
 } dp_memory_stats;
 
 /* Allocates bytes (> 0) of device memory, 256-byte aligned, not zeroed.
  * Errors: DP_ERR_INVALID_ARGUMENT (bytes == 0 or out NULL),
- * DP_ERR_OUT_OF_MEMORY (the limit would be passed, or the allocator
- * failed; the message names device, bytes asked, in use and limit). */
+ * DP_ERR_OUT_OF_MEMORY (in_use + reserved + bytes would pass the limit, or
+ * the allocator failed: on CPU devices also when all CPU devices together
+ * would hold more than the host had available; the message names device,
+ * bytes asked, in use and limit). */
 DP_API dp_status dp_device_alloc(dp_device *dev, size_t bytes, void **out);
 
 /* Frees a pointer from dp_device_alloc on dev. NULL is a no-op. Freeing a

@@ -45,6 +45,7 @@ struct dp_device {
 
     pthread_mutex_t mu; /* guards the accounting below */
     size_t in_use, peak, peak_since_reset, limit;
+    size_t reserved; /* set by ops->open: the backend's own buffers (dp_memory_stats) */
     dp_alloc_map allocs;
 };
 

@@ -176,14 +176,20 @@ dp_status dp_device_alloc(dp_device *dev, size_t bytes, void **out)
     if (bytes == 0)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: cannot allocate 0 bytes", dev->name);
     pthread_mutex_lock(&dev->mu);
-    if (dev->limit && (bytes > dev->limit || dev->in_use > dev->limit - bytes)) {
-        size_t in_use = dev->in_use, limit = dev->limit;
+    /* The backend's own buffers (reserved) count against the limit too. */
+    size_t room = dev->limit > dev->reserved ? dev->limit - dev->reserved : 0;
+    if (dev->limit && (bytes > room || dev->in_use > room - bytes)) {
+        size_t in_use = dev->in_use, limit = dev->limit, reserved = dev->reserved;
         pthread_mutex_unlock(&dev->mu);
+        char extra[96] = "";
+        if (reserved)
+            snprintf(extra, sizeof extra, ", %zu bytes reserved by the %s backend", reserved,
+                     dev->ops->name);
         return DP_FAIL(DP_ERR_OUT_OF_MEMORY,
                        "%s: allocating %zu bytes would pass the memory limit "
-                       "(%zu bytes in use, limit %zu bytes); use a smaller batch, more "
+                       "(%zu bytes in use%s, limit %zu bytes); use a smaller batch, more "
                        "devices or a higher --memory-limit",
-                       dev->name, bytes, in_use, limit);
+                       dev->name, bytes, in_use, extra, limit);
     }
     /* Reserve the bytes before the (possibly slow) backend call so that
      * concurrent allocations cannot overshoot the limit together. */
@@ -250,6 +256,7 @@ void dp_device_memory(dp_device *dev, dp_memory_stats *out)
     out->peak_since_reset = dev->peak_since_reset;
     out->limit = dev->limit;
     out->n_allocs = dev->allocs.count;
+    out->reserved = dev->reserved;
     pthread_mutex_unlock(&dev->mu);
     if (dev->ops->mem_info) dev->ops->mem_info(dev, &out->device_free, &out->device_total);
 }

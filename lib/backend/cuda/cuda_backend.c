@@ -3,8 +3,9 @@
  * through cuBLAS, and the kernel entries (launchers in cuda_kernels.cu).
  *
  * A logical device "cuda:i" owns a non-blocking stream, a cuBLAS handle
- * bound to that stream, two pinned host staging buffers and a small
- * scratch area. Several logical devices may share one physical GPU
+ * bound to that stream with a workspace dp allocates, two pinned host
+ * staging buffers and a small scratch area; their bytes are the device's
+ * `reserved` memory, counted against its limit. Several logical devices may share one physical GPU
  * (cuda:0,cuda:0): each has its own stream, handle and accounting.
  *
  * Ordering. All work of a device runs on its stream, so one device's ops
@@ -45,10 +46,15 @@
  * the DMA of the other. */
 #define STAGE_BYTES ((size_t)4 << 20)
 
+/* cuBLAS workspace per handle (cuBLAS's own defaults for these GPUs). */
+#define BLAS_WS_BYTES ((size_t)4 << 20)
+#define BLAS_WS_BYTES_SM90 ((size_t)32 << 20)
+
 typedef struct cuda_ctx {
     int ordinal; /* physical device, after CUDA_VISIBLE_DEVICES */
     cudaStream_t stream;
     cublasHandle_t blas;
+    void *blas_ws;                /* device: the cuBLAS workspace dp gives the handle */
 
     pthread_mutex_t mu;           /* guards stage, stage_done, sumsq and result_host */
     unsigned char *stage[2];      /* pinned host, STAGE_BYTES each */
@@ -245,6 +251,7 @@ static void cuda_close(dp_device *dev)
     if (use_device_quietly(c->ordinal, &dp_prev_device_) && c->stream)
         cudaStreamSynchronize(c->stream);
     if (c->blas) cublasDestroy(c->blas);
+    if (c->blas_ws) cudaFree(c->blas_ws);
     for (int b = 0; b < 2; b++) {
         if (c->stage_done[b]) cudaEventDestroy(c->stage_done[b]);
         if (c->stage[b]) cudaFreeHost(c->stage[b]);
@@ -266,6 +273,14 @@ static dp_status open_resources(dp_device *dev, cuda_ctx *c)
     CU_TRY(dev, cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     BLAS_TRY(dev, cublasCreate(&c->blas));
     BLAS_TRY(dev, cublasSetStream(c->blas, c->stream));
+    /* The workspace is memory dp allocates and counts (dev->reserved), not
+     * one cuBLAS takes behind the accounting's back: the size cuBLAS
+     * itself would pick (32 MiB on Hopper and newer, 4 MiB before). */
+    int major = 0;
+    CU_TRY(dev, cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->ordinal));
+    size_t ws = major >= 9 ? BLAS_WS_BYTES_SM90 : BLAS_WS_BYTES;
+    CU_TRY(dev, cudaMalloc(&c->blas_ws, ws));
+    BLAS_TRY(dev, cublasSetWorkspace(c->blas, c->blas_ws, ws));
     /* Full float32 unless dp_device_set_allow_tf32 says otherwise. */
     BLAS_TRY(dev, cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH));
     for (int b = 0; b < 2; b++) {
@@ -275,6 +290,10 @@ static dp_status open_resources(dp_device *dev, cuda_ctx *c)
     CU_TRY(dev, cudaEventCreateWithFlags(&c->order_ev, cudaEventDisableTiming));
     CU_TRY(dev, cudaMalloc((void **)&c->sumsq, (DP_CUDA_SUMSQ_BLOCKS + 1) * sizeof(double)));
     CU_TRY(dev, cudaHostAlloc((void **)&c->result_host, sizeof(double), cudaHostAllocPortable));
+    /* Counted against the device's limit (dp_memory_stats.reserved): GPU
+     * memory (workspace, scratch) and pinned host memory (staging). */
+    dev->reserved = ws + (DP_CUDA_SUMSQ_BLOCKS + 1) * sizeof(double) + 2 * STAGE_BYTES +
+                    sizeof(double);
     return DP_OK;
 }
 
