@@ -39,8 +39,8 @@ DP_CPU_SIMD dp_status dp_cpu_bias_broadcast(dp_device *dev, float *out, const fl
 DP_CPU_SIMD dp_status dp_cpu_bias_backward(dp_device *dev, float *dbias, const float *dout,
                                            size_t N, size_t OC)
 {
-    for (size_t o0 = 0; o0 < OC; o0 += DP_BIAS_BACKWARD_TILE) {
-        size_t o1 = OC - o0 < DP_BIAS_BACKWARD_TILE ? OC : o0 + DP_BIAS_BACKWARD_TILE;
+    for (size_t o0 = 0; o0 < OC; o0 += DP_COL_TILE) {
+        size_t o1 = OC - o0 < DP_COL_TILE ? OC : o0 + DP_COL_TILE;
         dp_bias_backward_cols(dbias, dout, N, OC, o0, o1);
     }
     return DP_OK;
@@ -53,8 +53,10 @@ DP_CPU_SIMD dp_status dp_cpu_layernorm_backward_params(dp_device *dev, float *dw
                                                        const float *inp, const float *mean,
                                                        const float *rstd, size_t N, size_t C)
 {
-    for (size_t c = 0; c < C; c++)
-        dp_layernorm_backward_param_channel(dweight, dbias, dout, inp, mean, rstd, N, C, c);
+    for (size_t c0 = 0; c0 < C; c0 += DP_COL_TILE) {
+        size_t c1 = C - c0 < DP_COL_TILE ? C : c0 + DP_COL_TILE;
+        dp_layernorm_param_cols(dweight, dbias, dout, inp, mean, rstd, N, C, c0, c1);
+    }
     return DP_OK;
 }
 

@@ -56,11 +56,13 @@ typedef struct cuda_ctx {
     cublasHandle_t blas;
     void *blas_ws;                /* device: the cuBLAS workspace dp gives the handle */
 
-    pthread_mutex_t mu;           /* guards stage, stage_done, sumsq and result_host */
+    pthread_mutex_t mu;           /* guards stage, stage_done, sumsq, result_host, col */
     unsigned char *stage[2];      /* pinned host, STAGE_BYTES each */
     cudaEvent_t stage_done[2];    /* last GPU use of stage[b] */
     double *sumsq;                /* device: DP_CUDA_SUMSQ_BLOCKS partials + 1 result */
     double *result_host;          /* pinned: the result copied back */
+    float *col;                   /* device: partials of the column reductions */
+    size_t col_bytes;             /* its size (grown on demand, part of dev->reserved) */
 
     pthread_mutex_t ev_mu;        /* guards order_ev between its record and wait */
     cudaEvent_t order_ev;         /* marks this stream's work for another stream */
@@ -259,6 +261,7 @@ static void cuda_close(dp_device *dev)
     if (c->order_ev) cudaEventDestroy(c->order_ev);
     if (c->sumsq) cudaFree(c->sumsq);
     if (c->result_host) cudaFreeHost(c->result_host);
+    if (c->col) cudaFree(c->col);
     if (c->stream) cudaStreamDestroy(c->stream);
     (void)cudaGetLastError();
     if (c->mu_ok) pthread_mutex_destroy(&c->mu);
@@ -581,10 +584,58 @@ static dp_status cuda_bias_broadcast(dp_device *dev, float *out, const float *bi
     LAUNCH(dev, dp_cuda_launch_bias_broadcast, out, bias, N, OC);
 }
 
+/* The column reductions' partials: c->col grown to at least `floats`
+ * floats (c->mu held). Its bytes are reserved memory, so growing it
+ * respects the device's limit. */
+static dp_status col_scratch(dp_device *dev, cuda_ctx *c, size_t floats)
+{
+    if (floats > SIZE_MAX / sizeof(float))
+        return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "%s: %zu scratch floats overflow", dev->name, floats);
+    size_t bytes = floats * sizeof(float);
+    if (bytes <= c->col_bytes) return DP_OK;
+    bytes = (bytes + ((size_t)64 << 10) - 1) / ((size_t)64 << 10) * ((size_t)64 << 10);
+    pthread_mutex_lock(&dev->mu);
+    size_t grow = bytes - c->col_bytes, used = dev->in_use + dev->reserved, limit = dev->limit;
+    pthread_mutex_unlock(&dev->mu);
+    if (limit && (used > limit || grow > limit - used))
+        return DP_FAIL(DP_ERR_OUT_OF_MEMORY,
+                       "%s: the column-reduction scratch needs %zu more bytes, which would "
+                       "pass the memory limit (%zu bytes in use and reserved, limit %zu "
+                       "bytes); use a smaller batch or a higher --memory-limit",
+                       dev->name, grow, used, limit);
+    /* Kernels queued on the stream may still read the old buffer. */
+    CU_TRY(dev, cudaStreamSynchronize(c->stream));
+    if (c->col) CU_TRY(dev, cudaFree(c->col));
+    pthread_mutex_lock(&dev->mu);
+    dev->reserved -= c->col_bytes;
+    pthread_mutex_unlock(&dev->mu);
+    c->col = NULL;
+    c->col_bytes = 0;
+    CU_TRY(dev, cudaMalloc((void **)&c->col, bytes));
+    c->col_bytes = bytes;
+    pthread_mutex_lock(&dev->mu);
+    dev->reserved += bytes;
+    pthread_mutex_unlock(&dev->mu);
+    return DP_OK;
+}
+
+static dp_status bias_backward_locked(dp_device *dev, cuda_ctx *c, float *dbias,
+                                      const float *dout, size_t N, size_t OC)
+{
+    DP_TRY(col_scratch(dev, c, dp_col_chunks(N) * OC));
+    CU_TRY(dev, dp_cuda_launch_bias_backward(c->stream, dbias, c->col, dout, N, OC));
+    return DP_OK;
+}
+
 static dp_status cuda_bias_backward(dp_device *dev, float *dbias, const float *dout, size_t N,
                                     size_t OC)
 {
-    LAUNCH(dev, dp_cuda_launch_bias_backward, dbias, dout, N, OC);
+    ENTER(dev);
+    cuda_ctx *c = CTX(dev);
+    pthread_mutex_lock(&c->mu); /* the scratch is shared by concurrent callers */
+    dp_status s = bias_backward_locked(dev, c, dbias, dout, N, OC);
+    pthread_mutex_unlock(&c->mu);
+    return s;
 }
 
 static dp_status cuda_layernorm_backward_params(dp_device *dev, float *dweight, float *dbias,
@@ -592,8 +643,20 @@ static dp_status cuda_layernorm_backward_params(dp_device *dev, float *dweight, 
                                                 const float *mean, const float *rstd, size_t N,
                                                 size_t C)
 {
-    LAUNCH(dev, dp_cuda_launch_layernorm_backward_params, dweight, dbias, dout, inp, mean, rstd,
-           N, C);
+    ENTER(dev);
+    cuda_ctx *c = CTX(dev);
+    pthread_mutex_lock(&c->mu);
+    /* Products of sizes the public wrapper has checked to fit (N*C floats). */
+    dp_status s = col_scratch(dev, c, 2 * dp_col_chunks(N) * C);
+    if (s == DP_OK) {
+        cudaError_t e = dp_cuda_launch_layernorm_backward_params(c->stream, dweight, dbias, c->col,
+                                                                 dout, inp, mean, rstd, N, C);
+        if (e != cudaSuccess)
+            s = cuda_fail(dev, e, "dp_cuda_launch_layernorm_backward_params", __func__, __FILE__,
+                          __LINE__);
+    }
+    pthread_mutex_unlock(&c->mu);
+    return s;
 }
 
 static dp_status sum_squares_locked(dp_device *dev, cuda_ctx *c, double *out_host,

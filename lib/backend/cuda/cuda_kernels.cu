@@ -6,10 +6,13 @@
  *
  * Launch shapes:
  *   - element kernels: one thread per output element, 256-thread blocks;
- *   - row and column kernels (one DP_HD call per LayerNorm row, softmax
- *     row, cross-entropy row, bias or embedding channel): one thread per
- *     row or column, 64-thread blocks so that a few thousand rows still
- *     spread over every SM.
+ *   - row kernels (one DP_HD call per LayerNorm row, softmax row,
+ *     cross-entropy row, embedding channel): one thread per row or column,
+ *     64-thread blocks so that a few thousand rows still spread over every
+ *     SM;
+ *   - column reductions (bias and LayerNorm parameter gradients): two
+ *     stages, one thread per (row chunk, column) then one per column, in
+ *     the fixed order of kernels/colsum.h.
  * Grids are capped at DP_MAX_BLOCKS blocks and every kernel is a
  * grid-stride loop with size_t indices, so any n fits in the 2^31 - 1
  * limit of grid.x and no index overflows 32 bits.
@@ -115,10 +118,16 @@ __global__ void k_bias_broadcast(float *out, const float *bias, size_t OC, size_
     GRID_LOOP(i, n) dp_bias_broadcast_elem(out, bias, OC, i);
 }
 
-__global__ void k_bias_backward(float *dbias, const float *dout, size_t N, size_t OC)
+/* The two stages of a column reduction (kernels/colsum.h). */
+__global__ void k_bias_backward_partial(float *partial, const float *dout, size_t N, size_t OC,
+                                        size_t n)
 {
-    /* One column per thread: the tile width does not change the sums. */
-    GRID_LOOP(o, OC) dp_bias_backward_cols(dbias, dout, N, OC, o, o + 1);
+    GRID_LOOP(i, n) dp_bias_backward_partial_elem(partial, dout, N, OC, i);
+}
+
+__global__ void k_col_combine(float *dst, const float *partial, size_t K, size_t C)
+{
+    GRID_LOOP(c, C) dp_col_combine(dst, partial, K, C, c);
 }
 
 extern "C" cudaError_t dp_cuda_launch_bias_broadcast(cudaStream_t s, float *out,
@@ -129,31 +138,42 @@ extern "C" cudaError_t dp_cuda_launch_bias_broadcast(cudaStream_t s, float *out,
 }
 
 extern "C" cudaError_t dp_cuda_launch_bias_backward(cudaStream_t s, float *dbias,
-                                                    const float *dout, size_t N, size_t OC)
+                                                    float *partial, const float *dout,
+                                                    size_t N, size_t OC)
 {
-    if (N == 0) return cudaSuccess;
-    LAUNCH(k_bias_backward, OC, ROW_THREADS, s, dbias, dout, N, OC);
+    if (N == 0 || OC == 0) return cudaSuccess;
+    size_t K = dp_col_chunks(N), n = K * OC;
+    k_bias_backward_partial<<<blocks_for(n, ELEM_THREADS), ELEM_THREADS, 0, s>>>(partial, dout, N,
+                                                                                 OC, n);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    LAUNCH(k_col_combine, OC, ELEM_THREADS, s, dbias, partial, K, OC);
 }
 
 // --- LayerNorm ---------------------------------------------------------------------------
 
-__global__ void k_layernorm_backward_param(float *dweight, float *dbias, const float *dout,
-                                           const float *inp, const float *mean,
-                                           const float *rstd, size_t N, size_t C)
+__global__ void k_layernorm_param_partial(float *pdw, float *pdb, const float *dout,
+                                          const float *inp, const float *mean,
+                                          const float *rstd, size_t N, size_t C, size_t n)
 {
-    GRID_LOOP(c, C) dp_layernorm_backward_param_channel(dweight, dbias, dout, inp, mean, rstd, N, C, c);
+    GRID_LOOP(i, n) dp_layernorm_param_partial_elem(pdw, pdb, dout, inp, mean, rstd, N, C, i);
 }
 
-extern "C" cudaError_t dp_cuda_launch_layernorm_backward_params(cudaStream_t s, float *dweight,
-                                                                float *dbias, const float *dout,
-                                                                const float *inp,
-                                                                const float *mean,
-                                                                const float *rstd, size_t N,
-                                                                size_t C)
+extern "C" cudaError_t dp_cuda_launch_layernorm_backward_params(
+    cudaStream_t s, float *dweight, float *dbias, float *partial, const float *dout,
+    const float *inp, const float *mean, const float *rstd, size_t N, size_t C)
 {
-    if (N == 0) return cudaSuccess;
-    LAUNCH(k_layernorm_backward_param, C, ROW_THREADS, s, dweight, dbias, dout, inp, mean, rstd,
-           N, C);
+    if (N == 0 || C == 0) return cudaSuccess;
+    size_t K = dp_col_chunks(N), n = K * C;
+    float *pdw = partial, *pdb = partial + n;
+    k_layernorm_param_partial<<<blocks_for(n, ELEM_THREADS), ELEM_THREADS, 0, s>>>(
+        pdw, pdb, dout, inp, mean, rstd, N, C, n);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    k_col_combine<<<blocks_for(C, ELEM_THREADS), ELEM_THREADS, 0, s>>>(dweight, pdw, K, C);
+    e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    LAUNCH(k_col_combine, C, ELEM_THREADS, s, dbias, pdb, K, C);
 }
 
 // --- sum of squares (gradient norm) ----------------------------------------------------------

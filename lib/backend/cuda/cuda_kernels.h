@@ -41,12 +41,16 @@ cudaError_t dp_cuda_launch_encoder_backward(cudaStream_t s, float *dwte, float *
                                             size_t T, size_t C);
 cudaError_t dp_cuda_launch_bias_broadcast(cudaStream_t s, float *out, const float *bias,
                                           size_t N, size_t OC);
-cudaError_t dp_cuda_launch_bias_backward(cudaStream_t s, float *dbias, const float *dout,
-                                         size_t N, size_t OC);
+/* Column reductions in two stages (kernels/colsum.h); partial is device
+ * scratch of dp_col_chunks(N) * OC floats (bias) or twice
+ * dp_col_chunks(N) * C floats (LayerNorm: dweight's then dbias's). */
+cudaError_t dp_cuda_launch_bias_backward(cudaStream_t s, float *dbias, float *partial,
+                                         const float *dout, size_t N, size_t OC);
 cudaError_t dp_cuda_launch_layernorm_backward_params(cudaStream_t s, float *dweight,
-                                                     float *dbias, const float *dout,
-                                                     const float *inp, const float *mean,
-                                                     const float *rstd, size_t N, size_t C);
+                                                     float *dbias, float *partial,
+                                                     const float *dout, const float *inp,
+                                                     const float *mean, const float *rstd,
+                                                     size_t N, size_t C);
 /* Two passes: DP_CUDA_SUMSQ_BLOCKS (or fewer) partial sums into partials,
  * then their sum into *result (device memory). Deterministic: the split
  * depends on n only, and every sum runs in a fixed order. */
