@@ -505,11 +505,15 @@ Test(cuda_ops, bias_broadcast_and_backward_are_bitwise_equal)
 
 /*
  * LayerNorm: inputs with a common offset of 3 (the two-pass variance must
- * cope). Forward values are O(1); the sums run in the same order on both
- * backends, so only FMA contraction differs: ~1 ulp per term, a few 1e-7
- * absolute after C = 129 terms. atol 1e-5, rtol 1e-5. The backward gets
- * the CPU's mean and rstd on both backends (identical inputs); its
- * parameter sums over N = 37 rows of O(1) terms: atol 2e-5, rtol 1e-5.
+ * cope). Forward values are O(1). The GPU sums a row in a block tree
+ * (cuda_kernels.cu), the CPU in order: two roundings of a 129-term sum of
+ * values ~3, each ~sqrt(129) half-ulps of ~400 (~1e-4), differ by ~1e-6 in
+ * the mean after the division by C, plus FMA contraction (~1 ulp per
+ * term): mean atol 1e-6 rtol 1e-6, rstd rtol 1e-5, out atol 1e-5 rtol
+ * 1e-5. The backward gets the CPU's mean and rstd on both backends
+ * (identical inputs); its parameter sums follow one order on both
+ * (kernels/colsum.h): dbias bit for bit, dweight within FMA contraction,
+ * atol 2e-5, rtol 1e-5.
  */
 Test(cuda_ops, layernorm_matches_cpu, .timeout = 60)
 {
@@ -746,7 +750,8 @@ Test(cuda_ops, attention_permutes_are_bitwise_equal)
 /*
  * Causal softmax rows. Masked entries (after t) hold NaN on entry: they
  * must come out exactly 0 on both backends. Forward: one exp per entry
- * (2 ulp each side) and a sum of <= T terms: rtol 1e-5, atol 1e-7 on
+ * (2 ulp each side) and a sum of <= T terms (a block tree on the GPU,
+ * in order on the CPU: <= T half-ulps apart): rtol 1e-5, atol 1e-7 on
  * probabilities <= 1. Backward from the CPU's att (identical inputs):
  * a dot of <= T terms, FMA contraction only: atol 1e-6, rtol 1e-5.
  * A second shape has more rows (BNH*T = 280000) than one grid covers.
@@ -803,8 +808,9 @@ Test(cuda_ops, softmax_causal_matches_cpu, .timeout = 60)
 /*
  * Fused cross-entropy: losses summed on the host in row order, dlogits
  * separate, in place over the logits, and NULL (loss only). Per row: one
- * max (exact), a double sum of V exps (2 ulp each), one log: losses rtol
- * 1e-6. dlogits = dscale (p - onehot): p within a few ulp, so rtol 1e-5;
+ * max (exact), a double sum of V exps (2 ulp each; the GPU's block tree and
+ * the CPU's 8 interleaved sums differ only in double rounding), one log:
+ * losses rtol 1e-6. dlogits = dscale (p - onehot): p within a few ulp, so rtol 1e-5;
  * p - 1 cancels for the target entry (4 ulp of 1 = 2.4e-7), hence atol
  * 1e-6 * dscale. Ignored
  * rows (-1) give exactly 0. Shapes: 37 rows of V = 1000, 3 rows of

@@ -15,9 +15,13 @@
  *
  * X(name, shape, fn, params, args):
  *   name    the entry's name;
- *   shape   ELEM (cheap items: 256-thread blocks on the GPU) or ROW (an item
+ *   shape   ELEM (cheap items: 256-thread blocks on the GPU), ROW (an item
  *           loops over a row: 64-thread blocks, so a few thousand rows still
- *           spread over every SM);
+ *           spread over every SM) or ROW_BLOCK (a row with reductions over
+ *           it: the CUDA backend runs its own kernel with one block per row,
+ *           coalesced reads and a fixed warp-shuffle reduction tree,
+ *           written in cuda_kernels.cu against fn's semantics; the CPU
+ *           loops over fn as for any op);
  *   fn      the DP_HD item function;
  *   params  the entry's parameters between dev and n, in parentheses;
  *   args    their names, in the same order, as passed to fn before i.
@@ -62,7 +66,7 @@
        float weight_decay, int first_step),                                                \
       (params, grads, momentum_buf, lr, momentum, weight_decay, first_step))               \
     /* rows of (N,C); caches mean(N), rstd(N); n = N */                                    \
-    X(layernorm_forward, ROW, dp_layernorm_forward_item,                                   \
+    X(layernorm_forward, ROW_BLOCK, dp_layernorm_forward_item,                                   \
       (float *out, float *mean, float *rstd, const float *inp, const float *weight,        \
        const float *bias, size_t C, float eps),                                            \
       (out, mean, rstd, inp, weight, bias, C, eps))                                        \
@@ -73,14 +77,14 @@
       (dinp, dout, inp, weight, mean, rstd, C))                                            \
     /* att(BNH,T,T) in place, row r is query r % T: softmax(scale * att[r, 0..t]), zeros   \
      * after t; n = BNH*T */                                                               \
-    X(softmax_causal_forward, ROW, dp_softmax_causal_forward_item,                         \
+    X(softmax_causal_forward, ROW_BLOCK, dp_softmax_causal_forward_item,                         \
       (float *att, float scale, size_t T), (att, scale, T))                                \
     /* datt(BNH,T,T) in place: d(att) -> d(pre-softmax scores), scale included */          \
     X(softmax_causal_backward, ROW, dp_softmax_causal_backward_item,                       \
       (float *datt, const float *att, float scale, size_t T), (datt, att, scale, T))       \
     /* losses(N) per row (0 for ignored), dlogits(N,V) as dp_crossentropy_forward_backward \
      * (may be NULL or alias logits); n = N */                                             \
-    X(crossentropy, ROW, dp_crossentropy_item,                                             \
+    X(crossentropy, ROW_BLOCK, dp_crossentropy_item,                                             \
       (float *losses, float *dlogits, const float *logits, const int32_t *targets,         \
        size_t V, float dscale),                                                            \
       (losses, dlogits, logits, targets, V, dscale))

@@ -66,12 +66,13 @@ __device__ __forceinline__ size_t grid_stride() { return (size_t)gridDim.x * blo
 
 // --- the element-wise and row-wise ops of kernels/ops.h ------------------------------
 
-/* Threads per block for each shape of kernels/ops.h. */
-#define SHAPE_THREADS_ELEM ELEM_THREADS
-#define SHAPE_THREADS_ROW ROW_THREADS
-
-/* One grid-stride kernel and its launcher per list entry. */
-#define CUDA_OP(name, shape, fn, params, args)                                          \
+/* One grid-stride kernel and its launcher per ELEM or ROW entry; a
+ * ROW_BLOCK entry's launcher is written out below (block-per-row kernels). */
+#define CUDA_OP(name, shape, fn, params, args) CUDA_OP_##shape(name, fn, params, args)
+#define CUDA_OP_ROW_BLOCK(name, fn, params, args)
+#define CUDA_OP_ROW(name, fn, params, args) CUDA_OP_GRID(name, ROW_THREADS, fn, params, args)
+#define CUDA_OP_ELEM(name, fn, params, args) CUDA_OP_GRID(name, ELEM_THREADS, fn, params, args)
+#define CUDA_OP_GRID(name, threads, fn, params, args)                                   \
     __global__ void k_##name(DP_UNPAREN params, size_t n)                                \
     {                                                                                   \
         GRID_LOOP(i, n) fn(DP_UNPAREN args, i);                                         \
@@ -79,10 +80,201 @@ __device__ __forceinline__ size_t grid_stride() { return (size_t)gridDim.x * blo
     extern "C" cudaError_t dp_cuda_launch_##name(cudaStream_t stream, DP_UNPAREN params, \
                                                  size_t n)                              \
     {                                                                                   \
-        LAUNCH(k_##name, n, SHAPE_THREADS_##shape, stream, DP_UNPAREN args, n);         \
+        LAUNCH(k_##name, n, threads, stream, DP_UNPAREN args, n);                       \
     }
 DP_KERNEL_OPS(CUDA_OP)
 #undef CUDA_OP
+
+// --- block-per-row kernels (the ROW_BLOCK ops of kernels/ops.h) ---------------------------
+/*
+ * One block of BLOCK_THREADS threads per row (grid-stride over rows): thread
+ * j handles the row's elements j, j + BLOCK_THREADS, ... (adjacent threads
+ * read adjacent addresses), and every row-wide sum or maximum is a fixed
+ * tree: each thread's partial in element order, then __shfl_down within
+ * each warp (offsets 16, 8, 4, 2, 1), then the warps' results in warp order
+ * by warp 0, broadcast through shared memory. The tree depends only on the
+ * row length and BLOCK_THREADS, so results are bitwise reproducible run to
+ * run. They are not bitwise equal to the CPU's loops over the kernels/
+ * functions, which sum in another order: sums of C terms differ by about
+ * C * 2^-24 relative at worst (float sums: LayerNorm's mean and variance,
+ * softmax's denominator) and far less for the double sums of
+ * cross-entropy; the exp differs by the expf implementations (2 ulp each).
+ * tests/test_cuda_ops.c states the resulting bounds per op.
+ */
+
+const unsigned BLOCK_THREADS = 256;
+const unsigned BLOCK_WARPS = BLOCK_THREADS / 32;
+
+/* Row-wide sum of each thread's v (fixed tree); every thread gets it. */
+template <typename Tv> __device__ Tv block_sum(Tv v, Tv *shared /* BLOCK_WARPS + 1 */)
+{
+    for (int off = 16; off > 0; off /= 2) v += __shfl_down_sync(0xffffffffu, v, off);
+    unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (lane == 0) shared[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        Tv w = lane < BLOCK_WARPS ? shared[lane] : (Tv)0;
+        for (int off = 16; off > 0; off /= 2) w += __shfl_down_sync(0xffffffffu, w, off);
+        if (lane == 0) shared[BLOCK_WARPS] = w;
+    }
+    __syncthreads();
+    Tv total = shared[BLOCK_WARPS];
+    __syncthreads(); /* shared may be reused by the next reduction */
+    return total;
+}
+
+/* Row-wide maximum (NaN-free inputs give the true maximum in any order). */
+__device__ float block_max(float v, float *shared)
+{
+    for (int off = 16; off > 0; off /= 2) v = fmaxf(v, __shfl_down_sync(0xffffffffu, v, off));
+    unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (lane == 0) shared[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        float w = lane < BLOCK_WARPS ? shared[lane] : -INFINITY;
+        for (int off = 16; off > 0; off /= 2) w = fmaxf(w, __shfl_down_sync(0xffffffffu, w, off));
+        if (lane == 0) shared[BLOCK_WARPS] = w;
+    }
+    __syncthreads();
+    float m = shared[BLOCK_WARPS];
+    __syncthreads();
+    return m;
+}
+
+#define BLOCK_ROW_LOOP(r, rows) for (size_t r = blockIdx.x; r < (rows); r += gridDim.x)
+#define ROW_ELEMS(j, len) for (size_t j = threadIdx.x; j < (len); j += BLOCK_THREADS)
+
+/* dp_layernorm_forward_item, one block per row: mean, then the centred
+ * sum of squares (two passes, as the CPU), then the output. */
+__global__ void k_layernorm_forward_block(float *out, float *mean, float *rstd, const float *inp,
+                                          const float *weight, const float *bias, size_t C,
+                                          float eps, size_t N)
+{
+    __shared__ float sh[BLOCK_WARPS + 1];
+    BLOCK_ROW_LOOP(r, N)
+    {
+        const float *x = inp + r * C;
+        float a = 0.0f;
+        ROW_ELEMS(c, C) a += x[c];
+        float m = block_sum(a, sh) / (float)C;
+        float q = 0.0f;
+        ROW_ELEMS(c, C)
+        {
+            float d = x[c] - m;
+            q += d * d;
+        }
+        float s = 1.0f / sqrtf(block_sum(q, sh) / (float)C + eps);
+        ROW_ELEMS(c, C) out[r * C + c] = (x[c] - m) * s * weight[c] + bias[c];
+        if (threadIdx.x == 0) {
+            mean[r] = m;
+            rstd[r] = s;
+        }
+    }
+}
+
+/* dp_softmax_causal_forward_item, one block per row r (query t = r % T). */
+__global__ void k_softmax_causal_forward_block(float *att, float scale, size_t T, size_t rows)
+{
+    __shared__ float sh[BLOCK_WARPS + 1];
+    BLOCK_ROW_LOOP(r, rows)
+    {
+        float *row = att + r * T;
+        size_t t = r % T;
+        float mx = -INFINITY;
+        ROW_ELEMS(j, t + 1) mx = fmaxf(mx, scale * row[j]);
+        mx = block_max(mx, sh);
+        float a = 0.0f;
+        ROW_ELEMS(j, t + 1)
+        {
+            float e = expf(scale * row[j] - mx);
+            row[j] = e;
+            a += e;
+        }
+        float inv = 1.0f / block_sum(a, sh); /* >= 1: the maximum's term is exp(0) */
+        ROW_ELEMS(j, T) row[j] = j <= t ? row[j] * inv : 0.0f;
+    }
+}
+
+/* dp_crossentropy_item, one block per row: the maximum, exp(x - m) (kept in
+ * dlogits when it is given) summed in double, the loss, then dlogits. With
+ * dlogits == logits (in place) every element is read by the thread that
+ * writes it, and x[target] is read by all before any write. The double sum
+ * is formed the same way with or without dlogits, so the loss does not
+ * depend on whether dlogits is asked for. */
+__global__ void k_crossentropy_block(float *losses, float *dlogits, const float *logits,
+                                     const int32_t *targets, size_t V, float dscale, size_t N)
+{
+    __shared__ float shf[BLOCK_WARPS + 1];
+    __shared__ double shd[BLOCK_WARPS + 1];
+    BLOCK_ROW_LOOP(r, N)
+    {
+        const float *x = logits + r * V;
+        float *dl = dlogits ? dlogits + r * V : NULL;
+        int32_t target = targets[r];
+        if (target < 0) {
+            if (threadIdx.x == 0) losses[r] = 0.0f;
+            if (dl) ROW_ELEMS(v, V) dl[v] = 0.0f;
+            continue;
+        }
+        float xy = x[target];
+        float mx = -INFINITY;
+        ROW_ELEMS(v, V) mx = fmaxf(mx, x[v]);
+        mx = block_max(mx, shf); /* its barriers order the read of xy before any write */
+        double a = 0.0;
+        ROW_ELEMS(v, V)
+        {
+            float e = expf(x[v] - mx);
+            if (dl) dl[v] = e;
+            a += (double)e;
+        }
+        double s = block_sum(a, shd);
+        if (threadIdx.x == 0) losses[r] = (float)(((double)mx - (double)xy) + log(s));
+        if (!dl) continue;
+        double inv_s = 1.0 / s;
+        ROW_ELEMS(v, V)
+        {
+            float p = (float)((double)dl[v] * inv_s);
+            dl[v] = dscale * ((size_t)target == v ? p - 1.0f : p);
+        }
+    }
+}
+
+/* Rows per launch are capped like every grid; blocks loop over the rest. */
+static unsigned row_blocks(size_t rows)
+{
+    return (unsigned)(rows < DP_MAX_BLOCKS ? rows : DP_MAX_BLOCKS);
+}
+
+extern "C" cudaError_t dp_cuda_launch_layernorm_forward(cudaStream_t stream, float *out,
+                                                        float *mean, float *rstd,
+                                                        const float *inp, const float *weight,
+                                                        const float *bias, size_t C, float eps,
+                                                        size_t n)
+{
+    if (n == 0 || C == 0) return cudaSuccess;
+    k_layernorm_forward_block<<<row_blocks(n), BLOCK_THREADS, 0, stream>>>(out, mean, rstd, inp,
+                                                                           weight, bias, C, eps, n);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t dp_cuda_launch_softmax_causal_forward(cudaStream_t stream, float *att,
+                                                             float scale, size_t T, size_t n)
+{
+    if (n == 0 || T == 0) return cudaSuccess;
+    k_softmax_causal_forward_block<<<row_blocks(n), BLOCK_THREADS, 0, stream>>>(att, scale, T, n);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t dp_cuda_launch_crossentropy(cudaStream_t stream, float *losses,
+                                                   float *dlogits, const float *logits,
+                                                   const int32_t *targets, size_t V,
+                                                   float dscale, size_t n)
+{
+    if (n == 0 || V == 0) return cudaSuccess;
+    k_crossentropy_block<<<row_blocks(n), BLOCK_THREADS, 0, stream>>>(losses, dlogits, logits,
+                                                                      targets, V, dscale, n);
+    return cudaGetLastError();
+}
 
 // --- encoder -------------------------------------------------------------------------
 
