@@ -1283,3 +1283,38 @@ Test(cuda_memory, current_device_is_restored, .timeout = 60)
     STILL_ONE("dp_device_free and dp_device_close");
 #undef STILL_ONE
 }
+
+/* Events on each target: record around queued work, another logical device
+ * waits for it, the host waits, and the elapsed time is a finite,
+ * non-negative number (its size decides nothing). */
+Test(cuda_memory, events_record_wait_and_elapsed, .timeout = 60)
+{
+    REQUIRE_GPU();
+    FOR_TARGETS(g)
+    {
+        dp_device *d = open_target(g), *o = open_target(g);
+        const size_t n = (size_t)1 << 20;
+        float *h = rnd(5, n, -1, 1), *x = dp_test_upload(d, h, n);
+        dp_event *e0 = NULL, *e1 = NULL;
+        dp_assert_ok(dp_event_create(d, &e0));
+        dp_assert_ok(dp_event_create(d, &e1));
+        dp_assert_ok(dp_event_record(e0));
+        for (int i = 0; i < 20; i++) dp_assert_ok(dp_scale(d, x, 1.0f, n));
+        dp_assert_ok(dp_event_record(e1));
+        dp_assert_ok(dp_event_wait(o, e1));
+        dp_assert_ok(dp_device_synchronize(o));
+        dp_assert_ok(dp_event_synchronize(e1));
+        double sec = -1.0;
+        dp_assert_ok(dp_event_elapsed(e0, e1, &sec));
+        cr_assert(isfinite(sec) && sec >= 0.0, "elapsed %g s", sec);
+        float *back = nn_download(d, x, n);
+        assert_same_bits("x scaled by 1", back, h, n);
+        dp_event_destroy(e0);
+        dp_event_destroy(e1);
+        free(back);
+        free(h);
+        dp_device_free(d, x);
+        close_checked(d);
+        close_checked(o);
+    }
+}

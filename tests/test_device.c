@@ -620,3 +620,45 @@ Test(devlist, open_cuda_without_gpus_says_why)
     dp_assert_ok(dp_device_set_allow_tf32(cpu, 1));
     dp_device_close(cpu);
 }
+
+// --- events --------------------------------------------------------------------------
+
+/* Events mark points in a device's work: record, wait from another device,
+ * host synchronise, elapsed time between two records (never judged by its
+ * size: only that it is a finite, non-negative number of seconds). */
+Test(events, record_wait_elapsed_and_errors)
+{
+    dp_device *a = dp_test_cpu(0), *b = dp_test_cpu(1);
+    dp_event *e0 = NULL, *e1 = NULL, *other = NULL;
+    dp_assert_ok(dp_event_create(a, &e0));
+    dp_assert_ok(dp_event_create(a, &e1));
+    dp_assert_ok(dp_event_create(b, &other));
+    double sec = -1.0;
+    /* Not recorded yet: every use says so. */
+    assert_status(dp_event_elapsed(e0, e1, &sec), DP_ERR_INVALID_ARGUMENT, "never recorded");
+    assert_status(dp_event_wait(b, e0), DP_ERR_INVALID_ARGUMENT, "never recorded");
+    assert_status(dp_event_synchronize(e0), DP_ERR_INVALID_ARGUMENT, "never recorded");
+
+    void *p = alloc_ok(a, 1 << 20);
+    dp_assert_ok(dp_event_record(e0));
+    dp_assert_ok(dp_memset(a, p, 0, 1 << 20));
+    dp_assert_ok(dp_event_record(e1));
+    dp_assert_ok(dp_event_wait(b, e1)); /* b's later work after a's memset */
+    dp_assert_ok(dp_event_synchronize(e1));
+    dp_assert_ok(dp_event_elapsed(e0, e1, &sec));
+    cr_assert(isfinite(sec) && sec >= 0.0, "elapsed %g s", sec);
+
+    dp_assert_ok(dp_event_record(other));
+    assert_status(dp_event_elapsed(e0, other, &sec), DP_ERR_INVALID_ARGUMENT, "one device");
+    assert_status(dp_event_elapsed(e0, e1, NULL), DP_ERR_INVALID_ARGUMENT, "seconds");
+    assert_status(dp_event_create(NULL, &e0), DP_ERR_INVALID_ARGUMENT, "NULL");
+    assert_status(dp_event_record(NULL), DP_ERR_INVALID_ARGUMENT, "ev");
+    assert_status(dp_event_wait(NULL, e1), DP_ERR_INVALID_ARGUMENT, "dev");
+    dp_event_destroy(NULL);
+    dp_event_destroy(e0);
+    dp_event_destroy(e1);
+    dp_event_destroy(other);
+    dp_device_free(a, p);
+    dp_device_close(a);
+    dp_device_close(b);
+}

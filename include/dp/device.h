@@ -159,6 +159,36 @@ DP_API dp_status dp_memset(dp_device *dev, void *dst, int value, size_t bytes);
 /* Waits for all work queued on dev. */
 DP_API dp_status dp_device_synchronize(dp_device *dev);
 
+/* ---- events: ordering and timing without a full synchronise ------------
+ * An event marks a point in the work queued on its device. Recording it
+ * captures everything queued on that device so far; another device can
+ * make its later work wait for that point (dp_event_wait) without the host
+ * waiting, and two recorded events of one device give the device time
+ * between them. On CPU devices work runs on the calling thread when it is
+ * queued, so a record takes the time, a wait has nothing to wait for and
+ * the elapsed time is host time. Not thread-safe per event: one thread
+ * records an event, others may wait on it after a host barrier. */
+typedef struct dp_event dp_event;
+
+/* Creates an event on dev (not yet recorded). Destroy it with
+ * dp_event_destroy. Errors: DP_ERR_INVALID_ARGUMENT, DP_ERR_OUT_OF_MEMORY,
+ * DP_ERR_DEVICE. */
+DP_API dp_status dp_event_create(dp_device *dev, dp_event **out);
+/* NULL is a no-op. */
+DP_API void dp_event_destroy(dp_event *ev);
+/* Marks the work queued on the event's device so far. */
+DP_API dp_status dp_event_record(dp_event *ev);
+/* Work queued on dev after this call starts after the point ev marks (ev
+ * may belong to another device of the same kind). The host does not wait.
+ * Errors: DP_ERR_INVALID_ARGUMENT (NULL, never recorded, other kind). */
+DP_API dp_status dp_event_wait(dp_device *dev, dp_event *ev);
+/* The host waits until the work before ev's record is done. */
+DP_API dp_status dp_event_synchronize(dp_event *ev);
+/* *seconds = device time from start's record to end's (both recorded on
+ * one device; waits for end). Errors: DP_ERR_INVALID_ARGUMENT (NULL, not
+ * recorded, different devices), DP_ERR_DEVICE. */
+DP_API dp_status dp_event_elapsed(dp_event *start, dp_event *end, double *seconds);
+
 /* ---- GEMM (cuBLAS semantics on every backend) ------------------------- */
 
 typedef enum dp_op { DP_OP_N = 0, DP_OP_T = 1 } dp_op;

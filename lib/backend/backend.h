@@ -75,6 +75,15 @@ struct dp_backend_ops {
     dp_status (*memset)(dp_device *dev, void *dst, int value, size_t bytes);
     dp_status (*synchronize)(dp_device *dev);
 
+    /* events (dp/device.h): *out is the backend's handle */
+    dp_status (*event_create)(dp_device *dev, void **out);
+    void (*event_destroy)(dp_device *dev, void *ev);
+    dp_status (*event_record)(dp_device *dev, void *ev);
+    /* dev's later work waits for ev, recorded on ev_dev (same kind) */
+    dp_status (*event_wait)(dp_device *dev, dp_device *ev_dev, void *ev);
+    dp_status (*event_synchronize)(dp_device *dev, void *ev);
+    dp_status (*event_elapsed)(dp_device *dev, void *start, void *end, double *seconds);
+
     dp_status (*gemm_strided_batched)(dp_device *dev, dp_op transa, dp_op transb, int m, int n,
                                       int k, float alpha, const float *A, int lda,
                                       long long strideA, const float *B, int ldb,

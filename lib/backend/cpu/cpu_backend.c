@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cblas.h>
@@ -161,6 +162,52 @@ static dp_status cpu_synchronize(dp_device *dev)
     return DP_OK;
 }
 
+// --- events: work on a CPU device is done when its call returns -----------------------
+
+static dp_status cpu_event_create(dp_device *dev, void **out)
+{
+    struct timespec *t = calloc(1, sizeof *t);
+    if (!t) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "%s: cannot allocate an event", dev->name);
+    *out = t;
+    return DP_OK;
+}
+
+static void cpu_event_destroy(dp_device *dev, void *ev)
+{
+    (void)dev;
+    free(ev);
+}
+
+static dp_status cpu_event_record(dp_device *dev, void *ev)
+{
+    if (clock_gettime(CLOCK_MONOTONIC, ev) != 0)
+        return DP_FAIL(DP_ERR_INTERNAL, "%s: clock_gettime failed", dev->name);
+    return DP_OK;
+}
+
+static dp_status cpu_event_wait(dp_device *dev, dp_device *ev_dev, void *ev)
+{
+    (void)dev;
+    (void)ev_dev;
+    (void)ev; /* the work before the record is already done */
+    return DP_OK;
+}
+
+static dp_status cpu_event_synchronize(dp_device *dev, void *ev)
+{
+    (void)dev;
+    (void)ev;
+    return DP_OK;
+}
+
+static dp_status cpu_event_elapsed(dp_device *dev, void *start, void *end, double *seconds)
+{
+    (void)dev;
+    const struct timespec *a = start, *b = end;
+    *seconds = (double)(b->tv_sec - a->tv_sec) + 1e-9 * (double)(b->tv_nsec - a->tv_nsec);
+    return DP_OK;
+}
+
 static dp_status cpu_gemm_strided_batched(dp_device *dev, dp_op transa, dp_op transb, int m,
                                           int n, int k, float alpha, const float *A, int lda,
                                           long long strideA, const float *B, int ldb,
@@ -216,6 +263,12 @@ static const dp_backend_ops cpu_ops = {
     .copy_peer = cpu_copy_peer,
     .memset = cpu_memset,
     .synchronize = cpu_synchronize,
+    .event_create = cpu_event_create,
+    .event_destroy = cpu_event_destroy,
+    .event_record = cpu_event_record,
+    .event_wait = cpu_event_wait,
+    .event_synchronize = cpu_event_synchronize,
+    .event_elapsed = cpu_event_elapsed,
     .gemm_strided_batched = cpu_gemm_strided_batched,
     .set_allow_tf32 = NULL,
     DP_KERNEL_OPS(CPU_OP_ENTRY)

@@ -524,6 +524,56 @@ static dp_status cuda_synchronize(dp_device *dev)
     return DP_OK;
 }
 
+// --- events --------------------------------------------------------------------------------------
+
+static dp_status cuda_event_create(dp_device *dev, void **out)
+{
+    ENTER(dev);
+    cudaEvent_t e = NULL;
+    CU_TRY(dev, cudaEventCreate(&e)); /* with timing, for dp_event_elapsed */
+    *out = e;
+    return DP_OK;
+}
+
+static void cuda_event_destroy(dp_device *dev, void *ev)
+{
+    (void)dev;
+    if (cudaEventDestroy((cudaEvent_t)ev) != cudaSuccess) (void)cudaGetLastError();
+}
+
+static dp_status cuda_event_record(dp_device *dev, void *ev)
+{
+    ENTER(dev);
+    CU_TRY(dev, cudaEventRecord((cudaEvent_t)ev, CTX(dev)->stream));
+    return DP_OK;
+}
+
+/* A stream may wait for an event of another device's stream. */
+static dp_status cuda_event_wait(dp_device *dev, dp_device *ev_dev, void *ev)
+{
+    (void)ev_dev;
+    ENTER(dev);
+    CU_TRY(dev, cudaStreamWaitEvent(CTX(dev)->stream, (cudaEvent_t)ev, 0));
+    return DP_OK;
+}
+
+static dp_status cuda_event_synchronize(dp_device *dev, void *ev)
+{
+    ENTER(dev);
+    CU_TRY(dev, cudaEventSynchronize((cudaEvent_t)ev));
+    return DP_OK;
+}
+
+static dp_status cuda_event_elapsed(dp_device *dev, void *start, void *end, double *seconds)
+{
+    ENTER(dev);
+    float ms = 0.0f;
+    CU_TRY(dev, cudaEventSynchronize((cudaEvent_t)end));
+    CU_TRY(dev, cudaEventElapsedTime(&ms, (cudaEvent_t)start, (cudaEvent_t)end));
+    *seconds = 1e-3 * (double)ms;
+    return DP_OK;
+}
+
 // --- GEMM --------------------------------------------------------------------------------------
 
 static dp_status cuda_gemm_strided_batched(dp_device *dev, dp_op transa, dp_op transb, int m,
@@ -724,6 +774,12 @@ static const dp_backend_ops cuda_ops = {
     .copy_peer = cuda_copy_peer,
     .memset = cuda_memset,
     .synchronize = cuda_synchronize,
+    .event_create = cuda_event_create,
+    .event_destroy = cuda_event_destroy,
+    .event_record = cuda_event_record,
+    .event_wait = cuda_event_wait,
+    .event_synchronize = cuda_event_synchronize,
+    .event_elapsed = cuda_event_elapsed,
     .gemm_strided_batched = cuda_gemm_strided_batched,
     .set_allow_tf32 = cuda_set_allow_tf32,
     DP_KERNEL_OPS(CUDA_OP_ENTRY)
