@@ -10,7 +10,11 @@
  * validated by the public wrappers in lib/nn. Loops that accumulate into
  * one element run in a fixed order, so results are bitwise reproducible.
  */
+#include <stdint.h>
+#include <stdlib.h>
+
 #include "backend/cpu/cpu_kernels.h"
+#include "core/error.h"
 #include "kernels/encoder.h"
 #include "kernels/layernorm.h"
 #include "kernels/linear.h"
@@ -22,8 +26,23 @@ DP_CPU_SIMD dp_status dp_cpu_encoder_backward(dp_device *dev, float *dwte, float
                                               const float *dout, const int32_t *inp, size_t B,
                                               size_t T, size_t C)
 {
+    size_t BT = B * T;
+    if (BT >= UINT32_MAX)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: B*T = %zu rows; the embedding backward "
+                       "takes fewer than 2^32 rows; split the batch", dev->name, BT);
+    uint32_t *scratch = malloc(dp_encoder_group_scratch_words(BT) * sizeof *scratch);
+    if (!scratch)
+        return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "%s: no host memory to group %zu rows by token",
+                       dev->name, BT);
     for (size_t i = 0; i < T * C; i++) dp_encoder_backward_wpe_elem(dwpe, dout, B, T, C, i);
-    for (size_t c = 0; c < C; c++) dp_encoder_backward_wte_channel(dwte, dout, inp, B * T, C, c);
+    uint32_t *order, *seg;
+    size_t ng = dp_encoder_group_rows(inp, BT, scratch, &order, &seg);
+    for (size_t g = 0; g < ng; g++)
+        for (size_t c0 = 0; c0 < C; c0 += 64) {
+            size_t c1 = C - c0 < 64 ? C : c0 + 64;
+            dp_encoder_backward_wte_group(dwte, dout, inp, order, seg, C, g, c0, c1);
+        }
+    free(scratch);
     return DP_OK;
 }
 

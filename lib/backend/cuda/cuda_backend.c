@@ -56,13 +56,15 @@ typedef struct cuda_ctx {
     cublasHandle_t blas;
     void *blas_ws;                /* device: the cuBLAS workspace dp gives the handle */
 
-    pthread_mutex_t mu;           /* guards stage, stage_done, sumsq, result_host, col */
+    pthread_mutex_t mu;           /* guards stage, stage_done, sumsq, result_host, col, grp */
     unsigned char *stage[2];      /* pinned host, STAGE_BYTES each */
     cudaEvent_t stage_done[2];    /* last GPU use of stage[b] */
     double *sumsq;                /* device: DP_CUDA_SUMSQ_BLOCKS partials + 1 result */
     double *result_host;          /* pinned: the result copied back */
     float *col;                   /* device: partials of the column reductions */
     size_t col_bytes;             /* its size (grown on demand, part of dev->reserved) */
+    void *grp;                    /* device: the embedding backward's token groups */
+    size_t grp_bytes;             /* its size (likewise) */
 
     pthread_mutex_t ev_mu;        /* guards order_ev between its record and wait */
     cudaEvent_t order_ev;         /* marks this stream's work for another stream */
@@ -262,6 +264,7 @@ static void cuda_close(dp_device *dev)
     if (c->sumsq) cudaFree(c->sumsq);
     if (c->result_host) cudaFreeHost(c->result_host);
     if (c->col) cudaFree(c->col);
+    if (c->grp) cudaFree(c->grp);
     if (c->stream) cudaStreamDestroy(c->stream);
     (void)cudaGetLastError();
     if (c->mu_ok) pthread_mutex_destroy(&c->mu);
@@ -621,11 +624,84 @@ DP_KERNEL_OPS(CUDA_OP)
 #undef CUDA_OP
 #define CUDA_OP_ENTRY(name, shape, fn, params, args) .name = cuda_##name,
 
+/* Device scratch *buf of *cap bytes grown to at least `bytes` (c->mu
+ * held): the column reductions' partials, the embedding backward's token
+ * groups. Its bytes are reserved memory, so growing it respects the
+ * device's limit. */
+static dp_status grow_scratch(dp_device *dev, cuda_ctx *c, void **buf, size_t *cap, size_t bytes)
+{
+    if (bytes <= *cap) return DP_OK;
+    if (bytes > SIZE_MAX / 2)
+        return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "%s: %zu scratch bytes overflow", dev->name, bytes);
+    bytes = (bytes + ((size_t)64 << 10) - 1) / ((size_t)64 << 10) * ((size_t)64 << 10);
+    pthread_mutex_lock(&dev->mu);
+    size_t grow = bytes - *cap, used = dev->in_use + dev->reserved, limit = dev->limit;
+    pthread_mutex_unlock(&dev->mu);
+    if (limit && (used > limit || grow > limit - used))
+        return DP_FAIL(DP_ERR_OUT_OF_MEMORY,
+                       "%s: a kernel's scratch buffer needs %zu more bytes, which would "
+                       "pass the memory limit (%zu bytes in use and reserved, limit %zu "
+                       "bytes); use a smaller batch or a higher --memory-limit",
+                       dev->name, grow, used, limit);
+    /* Kernels queued on the stream may still read the old buffer. */
+    CU_TRY(dev, cudaStreamSynchronize(c->stream));
+    if (*buf) CU_TRY(dev, cudaFree(*buf));
+    pthread_mutex_lock(&dev->mu);
+    dev->reserved -= *cap;
+    pthread_mutex_unlock(&dev->mu);
+    *buf = NULL;
+    *cap = 0;
+    CU_TRY(dev, cudaMalloc(buf, bytes));
+    *cap = bytes;
+    pthread_mutex_lock(&dev->mu);
+    dev->reserved += bytes;
+    pthread_mutex_unlock(&dev->mu);
+    return DP_OK;
+}
+
+/* The rows grouped by token on the host (kernels/encoder.h): inp comes to
+ * the host (the end of backward, where the wait costs little), the groups
+ * go to the device scratch c->grp, then one thread per (group, channel). */
+static dp_status encoder_backward_locked(dp_device *dev, cuda_ctx *c, uint32_t *host,
+                                         float *dwte, float *dwpe, const float *dout,
+                                         const int32_t *inp, size_t B, size_t T, size_t C)
+{
+    size_t BT = B * T;
+    int32_t *ids = (int32_t *)(host + dp_encoder_group_scratch_words(BT));
+    DP_TRY(d2h_locked(dev, c, ids, inp, BT * sizeof *ids));
+    uint32_t *order, *seg;
+    size_t ng = dp_encoder_group_rows(ids, BT, host, &order, &seg);
+    /* order and seg are adjacent in host (seg = order + 2 BT): copy both parts. */
+    DP_TRY(grow_scratch(dev, c, &c->grp, &c->grp_bytes, (BT + ng + 1) * sizeof(uint32_t)));
+    uint32_t *d_order = (uint32_t *)c->grp, *d_seg = d_order + BT;
+    DP_TRY(h2d_locked(dev, c, d_order, order, BT * sizeof(uint32_t)));
+    DP_TRY(h2d_locked(dev, c, d_seg, seg, (ng + 1) * sizeof(uint32_t)));
+    CU_TRY(dev, dp_cuda_launch_encoder_backward(c->stream, dwte, dwpe, dout, inp, d_order, d_seg,
+                                                ng, B, T, C));
+    /* host is freed on return: wait until the staged copies have read it
+     * (h2d_locked returns once src is in pinned memory, so nothing to do). */
+    return DP_OK;
+}
+
 static dp_status cuda_encoder_backward(dp_device *dev, float *dwte, float *dwpe,
                                        const float *dout, const int32_t *inp, size_t B, size_t T,
                                        size_t C)
 {
-    LAUNCH(dev, dp_cuda_launch_encoder_backward, dwte, dwpe, dout, inp, B, T, C);
+    ENTER(dev);
+    size_t BT = B * T;
+    if (BT >= UINT32_MAX / 4)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: B*T = %zu rows; the embedding backward "
+                       "takes fewer than 2^30 rows; split the batch", dev->name, BT);
+    uint32_t *host = malloc((dp_encoder_group_scratch_words(BT) + BT) * sizeof *host);
+    if (!host)
+        return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "%s: no host memory to group %zu rows by token",
+                       dev->name, BT);
+    cuda_ctx *c = CTX(dev);
+    pthread_mutex_lock(&c->mu);
+    dp_status s = encoder_backward_locked(dev, c, host, dwte, dwpe, dout, inp, B, T, C);
+    pthread_mutex_unlock(&c->mu);
+    free(host);
+    return s;
 }
 
 static dp_status cuda_bias_broadcast(dp_device *dev, float *out, const float *bias, size_t N,
@@ -634,45 +710,11 @@ static dp_status cuda_bias_broadcast(dp_device *dev, float *out, const float *bi
     LAUNCH(dev, dp_cuda_launch_bias_broadcast, out, bias, N, OC);
 }
 
-/* The column reductions' partials: c->col grown to at least `floats`
- * floats (c->mu held). Its bytes are reserved memory, so growing it
- * respects the device's limit. */
-static dp_status col_scratch(dp_device *dev, cuda_ctx *c, size_t floats)
-{
-    if (floats > SIZE_MAX / sizeof(float))
-        return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "%s: %zu scratch floats overflow", dev->name, floats);
-    size_t bytes = floats * sizeof(float);
-    if (bytes <= c->col_bytes) return DP_OK;
-    bytes = (bytes + ((size_t)64 << 10) - 1) / ((size_t)64 << 10) * ((size_t)64 << 10);
-    pthread_mutex_lock(&dev->mu);
-    size_t grow = bytes - c->col_bytes, used = dev->in_use + dev->reserved, limit = dev->limit;
-    pthread_mutex_unlock(&dev->mu);
-    if (limit && (used > limit || grow > limit - used))
-        return DP_FAIL(DP_ERR_OUT_OF_MEMORY,
-                       "%s: the column-reduction scratch needs %zu more bytes, which would "
-                       "pass the memory limit (%zu bytes in use and reserved, limit %zu "
-                       "bytes); use a smaller batch or a higher --memory-limit",
-                       dev->name, grow, used, limit);
-    /* Kernels queued on the stream may still read the old buffer. */
-    CU_TRY(dev, cudaStreamSynchronize(c->stream));
-    if (c->col) CU_TRY(dev, cudaFree(c->col));
-    pthread_mutex_lock(&dev->mu);
-    dev->reserved -= c->col_bytes;
-    pthread_mutex_unlock(&dev->mu);
-    c->col = NULL;
-    c->col_bytes = 0;
-    CU_TRY(dev, cudaMalloc((void **)&c->col, bytes));
-    c->col_bytes = bytes;
-    pthread_mutex_lock(&dev->mu);
-    dev->reserved += bytes;
-    pthread_mutex_unlock(&dev->mu);
-    return DP_OK;
-}
-
 static dp_status bias_backward_locked(dp_device *dev, cuda_ctx *c, float *dbias,
                                       const float *dout, size_t N, size_t OC)
 {
-    DP_TRY(col_scratch(dev, c, dp_col_chunks(N) * OC));
+    DP_TRY(grow_scratch(dev, c, (void **)&c->col, &c->col_bytes,
+                        dp_col_chunks(N) * OC * sizeof(float)));
     CU_TRY(dev, dp_cuda_launch_bias_backward(c->stream, dbias, c->col, dout, N, OC));
     return DP_OK;
 }
@@ -697,7 +739,8 @@ static dp_status cuda_layernorm_backward_params(dp_device *dev, float *dweight, 
     cuda_ctx *c = CTX(dev);
     pthread_mutex_lock(&c->mu);
     /* Products of sizes the public wrapper has checked to fit (N*C floats). */
-    dp_status s = col_scratch(dev, c, 2 * dp_col_chunks(N) * C);
+    dp_status s = grow_scratch(dev, c, (void **)&c->col, &c->col_bytes,
+                               2 * dp_col_chunks(N) * C * sizeof(float));
     if (s == DP_OK) {
         cudaError_t e = dp_cuda_launch_layernorm_backward_params(c->stream, dweight, dbias, c->col,
                                                                  dout, inp, mean, rstd, N, C);

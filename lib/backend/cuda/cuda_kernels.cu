@@ -285,22 +285,26 @@ __global__ void k_encoder_backward_wpe(float *dwpe, const float *dout, size_t B,
 }
 
 __global__ void k_encoder_backward_wte(float *dwte, const float *dout, const int32_t *inp,
-                                       size_t BT, size_t C)
+                                       const uint32_t *order, const uint32_t *seg, size_t C,
+                                       size_t n)
 {
-    GRID_LOOP(c, C) dp_encoder_backward_wte_channel(dwte, dout, inp, BT, C, c);
+    GRID_LOOP(i, n) dp_encoder_backward_wte_elem(dwte, dout, inp, order, seg, C, i);
 }
 
 extern "C" cudaError_t dp_cuda_launch_encoder_backward(cudaStream_t s, float *dwte,
                                                        float *dwpe, const float *dout,
-                                                       const int32_t *inp, size_t B, size_t T,
-                                                       size_t C)
+                                                       const int32_t *inp,
+                                                       const uint32_t *order,
+                                                       const uint32_t *seg, size_t ngroups,
+                                                       size_t B, size_t T, size_t C)
 {
     if (B * T * C == 0) return cudaSuccess;
     k_encoder_backward_wpe<<<blocks_for(T * C, ELEM_THREADS), ELEM_THREADS, 0, s>>>(dwpe, dout,
                                                                                    B, T, C);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
-    LAUNCH(k_encoder_backward_wte, C, ROW_THREADS, s, dwte, dout, inp, B * T, C);
+    size_t n = ngroups * C;
+    LAUNCH(k_encoder_backward_wte, n, ELEM_THREADS, s, dwte, dout, inp, order, seg, C, n);
 }
 
 // --- linear (bias parts) -----------------------------------------------------------------

@@ -36,9 +36,12 @@ extern "C" {
 DP_KERNEL_OPS(DP_CUDA_LAUNCHER_DECL)
 #undef DP_CUDA_LAUNCHER_DECL
 
+/* dwpe, and dwte by token group: order(B*T) and seg(ngroups + 1) are device
+ * copies of dp_encoder_group_rows's result (kernels/encoder.h). */
 cudaError_t dp_cuda_launch_encoder_backward(cudaStream_t s, float *dwte, float *dwpe,
-                                            const float *dout, const int32_t *inp, size_t B,
-                                            size_t T, size_t C);
+                                            const float *dout, const int32_t *inp,
+                                            const uint32_t *order, const uint32_t *seg,
+                                            size_t ngroups, size_t B, size_t T, size_t C);
 cudaError_t dp_cuda_launch_bias_broadcast(cudaStream_t s, float *out, const float *bias,
                                           size_t N, size_t OC);
 /* Column reductions in two stages (kernels/colsum.h); partial is device
