@@ -678,8 +678,8 @@ static dp_status encoder_backward_locked(dp_device *dev, cuda_ctx *c, uint32_t *
     DP_TRY(h2d_locked(dev, c, d_seg, seg, (ng + 1) * sizeof(uint32_t)));
     CU_TRY(dev, dp_cuda_launch_encoder_backward(c->stream, dwte, dwpe, dout, inp, d_order, d_seg,
                                                 ng, B, T, C));
-    /* host is freed on return: wait until the staged copies have read it
-     * (h2d_locked returns once src is in pinned memory, so nothing to do). */
+    /* The caller may free host now: h2d_locked returns once it has copied
+     * its source into the pinned staging buffers. */
     return DP_OK;
 }
 
