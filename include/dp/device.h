@@ -174,7 +174,8 @@ typedef struct dp_event dp_event;
  * dp_event_destroy. Errors: DP_ERR_INVALID_ARGUMENT, DP_ERR_OUT_OF_MEMORY,
  * DP_ERR_DEVICE. */
 DP_API dp_status dp_event_create(dp_device *dev, dp_event **out);
-/* NULL is a no-op. */
+/* Destroys an event; call it before closing the event's device. NULL is a
+ * no-op. */
 DP_API void dp_event_destroy(dp_event *ev);
 /* Marks the work queued on the event's device so far. */
 DP_API dp_status dp_event_record(dp_event *ev);
