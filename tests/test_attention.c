@@ -453,6 +453,94 @@ Test(attention, masked_entries_pass_no_gradient)
 
 // --- the backend kernels on their own --------------------------------------------------------
 
+/* Scores far apart: the row's maximum must be taken over every valid key,
+ * the diagonal (last valid position) included, or exp overflows. Three
+ * heads of (T,T) scores, row t valid at keys 0..t:
+ *   head 0: +1e4 on the diagonal, -1e4 before it (the maximum is last),
+ *   head 1: +1e4 at key 0, -1e4 after it (the maximum is first),
+ *   head 2: 200 on the diagonal, 0 before it ([0, 0, 200] for t = 2).
+ * Each row's softmax is one-hot at its maximum in float32 (the other
+ * terms, exp(-2e4) and exp(-200), underflow to 0), so att must be exactly
+ * 0 or 1, and the backward of a one-hot row is exactly 0. */
+Test(attention, kernel_softmax_large_scores_max_at_either_end)
+{
+    dp_device *dev = dp_test_cpu(0);
+    const dp_backend_ops *ops = dev->ops;
+    const size_t BNH = 3, T = 5, n = BNH * T * T;
+    const float scale = 1.0f;
+    float s[3 * 5 * 5], g[3 * 5 * 5];
+    for (size_t h = 0; h < BNH; h++)
+        for (size_t t = 0; t < T; t++)
+            for (size_t j = 0; j < T; j++) {
+                float v = NAN; /* masked: never read */
+                if (j <= t) {
+                    if (h == 0) v = j == t ? 1e4f : -1e4f;
+                    else if (h == 1) v = j == 0 ? 1e4f : -1e4f;
+                    else v = j == t ? 200.0f : 0.0f;
+                }
+                s[(h * T + t) * T + j] = v;
+                g[(h * T + t) * T + j] = j <= t ? (float)(j + 1) * 0.25f : NAN;
+            }
+    float *d_att = dp_test_upload(dev, s, n), *d_g = dp_test_upload(dev, g, n);
+    dp_assert_ok(ops->softmax_causal_forward(dev, d_att, scale, T, BNH * T));
+    dp_assert_ok(ops->softmax_causal_backward(dev, d_g, d_att, scale, T, BNH * T));
+    float att[3 * 5 * 5], ds[3 * 5 * 5];
+    download(dev, att, d_att, n);
+    download(dev, ds, d_g, n);
+    for (size_t h = 0; h < BNH; h++)
+        for (size_t t = 0; t < T; t++) {
+            size_t hot = h == 1 ? 0 : t;
+            for (size_t j = 0; j < T; j++) {
+                float a = att[(h * T + t) * T + j], d = ds[(h * T + t) * T + j];
+                float want = j == hot ? 1.0f : 0.0f;
+                cr_assert(a == want, "head %zu row %zu key %zu: att = %g, want %g (the row "
+                          "maximum must include keys 0..t, diagonal included)", h, t, j, a,
+                          want);
+                cr_assert(d == 0.0f, "head %zu row %zu key %zu: ds = %g, want 0 (one-hot "
+                          "row)", h, t, j, d);
+            }
+        }
+    dp_device_free(dev, d_att);
+    dp_device_free(dev, d_g);
+    close_checked(dev);
+}
+
+/* The same through the layer: one head whose scores are q.k/sqrt(hs) with
+ * |q.k| ~ 1e4, the key of the current position winning (the diagonal).
+ * out at each t must be v[t] (att one-hot on the diagonal), finite. */
+Test(attention, forward_large_scores_diagonal_wins)
+{
+    dp_device *dev = dp_test_cpu(0);
+    const size_t B = 1, T = 4, C = 4, NH = 1, hs = 4;
+    /* q_t = k_t = 50 * e_(t mod 4) scaled so that q_t.k_t = 1e4 * 2 (= 2e4
+     * after 1/sqrt(hs)), q_t.k_j = 0 for j != t: the diagonal is the
+     * maximum by 1e4. v_t = t + 1 in every channel. */
+    float qkv[1 * 4 * 12];
+    for (size_t t = 0; t < T; t++)
+        for (size_t c = 0; c < C; c++) {
+            float one = c == t ? 141.42136f : 0.0f; /* 141.42^2 = 2e4 */
+            qkv[t * 3 * C + c] = one;                    /* q */
+            qkv[t * 3 * C + C + c] = one;                /* k */
+            qkv[t * 3 * C + 2 * C + c] = (float)(t + 1); /* v */
+        }
+    float *d_qkv = dp_test_upload(dev, qkv, B * T * 3 * C);
+    float *out = dev_nan(dev, B * T * C), *qkvr = dev_nan(dev, 3 * B * T * C),
+          *att = dev_nan(dev, B * NH * T * T), *scratch = dev_nan(dev, B * T * C);
+    dp_assert_ok(dp_attention_forward(dev, out, qkvr, att, scratch, d_qkv, B, T, C, NH));
+    float h_out[16];
+    download(dev, h_out, out, B * T * C);
+    for (size_t t = 0; t < T; t++)
+        for (size_t c = 0; c < hs; c++)
+            cr_assert(h_out[t * C + c] == (float)(t + 1), "out[t=%zu][%zu] = %g, want %g (att "
+                      "one-hot on the diagonal)", t, c, h_out[t * C + c], (double)(t + 1));
+    dp_device_free(dev, d_qkv);
+    dp_device_free(dev, out);
+    dp_device_free(dev, qkvr);
+    dp_device_free(dev, att);
+    dp_device_free(dev, scratch);
+    close_checked(dev);
+}
+
 Test(attention, kernel_softmax_rows_match_float64)
 {
     dp_device *dev = dp_test_cpu(0);
@@ -466,8 +554,8 @@ Test(attention, kernel_softmax_rows_match_float64)
     for (size_t r = 0; r < BNH * T; r++)
         for (size_t j = r % T + 1; j < T; j++) s[r * T + j] = g[r * T + j] = NAN;
     float *d_att = dp_test_upload(dev, s, n), *d_g = dp_test_upload(dev, g, n);
-    dp_assert_ok(ops->softmax_causal_forward(dev, d_att, scale, BNH, T));
-    dp_assert_ok(ops->softmax_causal_backward(dev, d_g, d_att, scale, BNH, T));
+    dp_assert_ok(ops->softmax_causal_forward(dev, d_att, scale, T, BNH * T));
+    dp_assert_ok(ops->softmax_causal_backward(dev, d_g, d_att, scale, T, BNH * T));
     float *att = malloc(n * sizeof *att), *ds = malloc(n * sizeof *ds);
     download(dev, att, d_att, n);
     download(dev, ds, d_g, n);

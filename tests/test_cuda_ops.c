@@ -505,11 +505,15 @@ Test(cuda_ops, bias_broadcast_and_backward_are_bitwise_equal)
 
 /*
  * LayerNorm: inputs with a common offset of 3 (the two-pass variance must
- * cope). Forward values are O(1); the sums run in the same order on both
- * backends, so only FMA contraction differs: ~1 ulp per term, a few 1e-7
- * absolute after C = 129 terms. atol 1e-5, rtol 1e-5. The backward gets
- * the CPU's mean and rstd on both backends (identical inputs); its
- * parameter sums over N = 37 rows of O(1) terms: atol 2e-5, rtol 1e-5.
+ * cope). Forward values are O(1). The GPU sums a row in a block tree
+ * (cuda_kernels.cu), the CPU in order: two roundings of a 129-term sum of
+ * values ~3, each ~sqrt(129) half-ulps of ~400 (~1e-4), differ by ~1e-6 in
+ * the mean after the division by C, plus FMA contraction (~1 ulp per
+ * term): mean atol 1e-6 rtol 1e-6, rstd rtol 1e-5, out atol 1e-5 rtol
+ * 1e-5. The backward gets the CPU's mean and rstd on both backends
+ * (identical inputs); its parameter sums follow one order on both
+ * (kernels/colsum.h): dbias bit for bit, dweight within FMA contraction,
+ * atol 2e-5, rtol 1e-5.
  */
 Test(cuda_ops, layernorm_matches_cpu, .timeout = 60)
 {
@@ -527,7 +531,7 @@ Test(cuda_ops, layernorm_matches_cpu, .timeout = 60)
             float *xd = dp_test_upload(d, x, N * C), *wd = dp_test_upload(d, w, C),
                   *bd = dp_test_upload(d, bias, C), *od = dalloc(d, N * C * 4),
                   *md = dalloc(d, N * 4), *rd = dalloc(d, N * 4);
-            dp_assert_ok(d->ops->layernorm_forward(d, od, md, rd, xd, wd, bd, N, C));
+            dp_assert_ok(dp_layernorm_forward(d, od, md, rd, xd, wd, bd, N, C));
             out[b] = nn_download(d, od, N * C);
             mean[b] = nn_download(d, md, N);
             rstd[b] = nn_download(d, rd, N);
@@ -538,7 +542,7 @@ Test(cuda_ops, layernorm_matches_cpu, .timeout = 60)
             rd = dp_test_upload(d, rstd[0], N);
             float *gd = dp_test_upload(d, dout, N * C), *di = dp_test_upload(d, dinp0, N * C),
                   *dwd = dp_test_upload(d, dw0, C), *dbd = dp_test_upload(d, db0, C);
-            dp_assert_ok(d->ops->layernorm_backward(d, di, dwd, dbd, gd, xd, wd, md, rd, N, C));
+            dp_assert_ok(dp_layernorm_backward(d, di, dwd, dbd, gd, xd, wd, md, rd, N, C));
             dinp[b] = nn_download(d, di, N * C);
             dw[b] = nn_download(d, dwd, C);
             db[b] = nn_download(d, dbd, C);
@@ -746,7 +750,8 @@ Test(cuda_ops, attention_permutes_are_bitwise_equal)
 /*
  * Causal softmax rows. Masked entries (after t) hold NaN on entry: they
  * must come out exactly 0 on both backends. Forward: one exp per entry
- * (2 ulp each side) and a sum of <= T terms: rtol 1e-5, atol 1e-7 on
+ * (2 ulp each side) and a sum of <= T terms (a block tree on the GPU,
+ * in order on the CPU: <= T half-ulps apart): rtol 1e-5, atol 1e-7 on
  * probabilities <= 1. Backward from the CPU's att (identical inputs):
  * a dot of <= T terms, FMA contraction only: atol 1e-6, rtol 1e-5.
  * A second shape has more rows (BNH*T = 280000) than one grid covers.
@@ -765,14 +770,14 @@ static void check_softmax(size_t BNH, size_t T, uint64_t seed)
         for (int b = 0; b < 2; b++) {
             dp_device *d = p.d[b];
             float *ad = dp_test_upload(d, s, n);
-            dp_assert_ok(d->ops->softmax_causal_forward(d, ad, scale, BNH, T));
+            dp_assert_ok(d->ops->softmax_causal_forward(d, ad, scale, T, rows));
             att[b] = nn_download(d, ad, n);
             dp_device_free(d, ad);
         }
         for (int b = 0; b < 2; b++) {
             dp_device *d = p.d[b];
             float *ad = dp_test_upload(d, att[0], n), *gd = dp_test_upload(d, gin, n);
-            dp_assert_ok(d->ops->softmax_causal_backward(d, gd, ad, scale, BNH, T));
+            dp_assert_ok(d->ops->softmax_causal_backward(d, gd, ad, scale, T, rows));
             ds[b] = nn_download(d, gd, n);
             dp_device_free(d, ad);
             dp_device_free(d, gd);
@@ -803,8 +808,9 @@ Test(cuda_ops, softmax_causal_matches_cpu, .timeout = 60)
 /*
  * Fused cross-entropy: losses summed on the host in row order, dlogits
  * separate, in place over the logits, and NULL (loss only). Per row: one
- * max (exact), a double sum of V exps (2 ulp each), one log: losses rtol
- * 1e-6. dlogits = dscale (p - onehot): p within a few ulp, so rtol 1e-5;
+ * max (exact), a double sum of V exps (2 ulp each; the GPU's block tree and
+ * the CPU's 8 interleaved sums differ only in double rounding), one log:
+ * losses rtol 1e-6. dlogits = dscale (p - onehot): p within a few ulp, so rtol 1e-5;
  * p - 1 cancels for the target entry (4 ulp of 1 = 2.4e-7), hence atol
  * 1e-6 * dscale. Ignored
  * rows (-1) give exactly 0. Shapes: 37 rows of V = 1000, 3 rows of
@@ -1024,6 +1030,16 @@ Test(cuda_memory, accounting_limit_and_driver_figures)
         cr_assert(strstr(dp_last_error(), dp_device_name(d)) && strstr(dp_last_error(), "limit"),
                   "%s", dp_last_error());
         cr_assert_null(x);
+        /* The backend's own buffers (cuBLAS workspace, scratch, staging)
+         * count against the limit: with the limit at reserved + 1 MiB,
+         * 1 MiB fits and not a byte more. */
+        if (!as_cpu()) cr_assert_gt(st.reserved, 2 * (4 << 20), "staging and workspace not counted");
+        dp_device_set_limit(d, st.reserved + (1 << 20));
+        x = dalloc(d, 1 << 20);
+        void *y = NULL;
+        cr_assert_eq(dp_device_alloc(d, 256, &y), DP_ERR_OUT_OF_MEMORY, "%s", dp_last_error());
+        cr_assert_null(y);
+        dp_device_free(d, x);
         close_checked(d);
     }
 }
@@ -1216,5 +1232,89 @@ Test(cuda_memory, two_logical_devices_on_one_gpu_from_two_threads, .timeout = 60
     for (int i = 0; i < 2; i++) {
         cr_assert(jobs[i].ok, "thread %d: %s", i, jobs[i].msg);
         close_checked(jobs[i].dev);
+    }
+}
+
+// --- the application's current device ---------------------------------------------------
+
+/* dp must leave the calling thread's current CUDA device as it found it:
+ * an application doing its own CUDA work on that thread would otherwise
+ * end up on another GPU. Needs 2 GPUs (with one, every device is 0). The
+ * runtime's cudaGetDevice/cudaSetDevice are looked up in the libcudart dp
+ * already loaded, so the test needs no CUDA headers. */
+Test(cuda_memory, current_device_is_restored, .timeout = 60)
+{
+    if (as_cpu()) cr_skip_test("the current CUDA device exists only on GPUs");
+    if (dp_cuda_device_count() < 2) cr_skip_test("needs 2 CUDA devices");
+    int (*get_dev)(int *) = (int (*)(int *))dlsym(RTLD_DEFAULT, "cudaGetDevice");
+    int (*set_dev)(int) = (int (*)(int))dlsym(RTLD_DEFAULT, "cudaSetDevice");
+    cr_assert(get_dev && set_dev, "libcudart is not loaded with dp");
+    cr_assert_eq(set_dev(1), 0);
+    dp_device_spec s0 = {DP_DEVICE_CUDA, 0}, s1 = {DP_DEVICE_CUDA, 0};
+    dp_device *d = NULL, *e = NULL;
+    int cur = -1;
+#define STILL_ONE(what)                                                              \
+    do {                                                                             \
+        cr_assert_eq(get_dev(&cur), 0);                                              \
+        cr_assert_eq(cur, 1, "current device %d after %s, want 1 (the caller's)", cur, \
+                     what);                                                          \
+    } while (0)
+    dp_assert_ok(dp_device_open(&s0, &d));
+    STILL_ONE("dp_device_open");
+    dp_assert_ok(dp_device_open(&s1, &e));
+    float h[64] = {0}, *x = NULL, *y = NULL;
+    dp_assert_ok(dp_device_alloc(d, sizeof h, (void **)&x));
+    dp_assert_ok(dp_device_alloc(e, sizeof h, (void **)&y));
+    STILL_ONE("dp_device_alloc");
+    dp_assert_ok(dp_copy_h2d(d, x, h, sizeof h));
+    dp_assert_ok(dp_copy_peer(e, y, d, x, sizeof h));
+    dp_assert_ok(dp_scale(d, x, 2.0f, 64));
+    double ss = 0.0;
+    dp_assert_ok(dp_sum_squares(d, &ss, x, 64));
+    STILL_ONE("copies and kernels");
+    dp_memory_stats st;
+    dp_device_memory(d, &st);
+    dp_assert_ok(dp_device_set_allow_tf32(d, 1));
+    STILL_ONE("dp_device_memory and dp_device_set_allow_tf32");
+    dp_device_free(d, x);
+    dp_device_free(e, y);
+    dp_device_close(d);
+    dp_device_close(e);
+    STILL_ONE("dp_device_free and dp_device_close");
+#undef STILL_ONE
+}
+
+/* Events on each target: record around queued work, another logical device
+ * waits for it, the host waits, and the elapsed time is a finite,
+ * non-negative number (its size decides nothing). */
+Test(cuda_memory, events_record_wait_and_elapsed, .timeout = 60)
+{
+    REQUIRE_GPU();
+    FOR_TARGETS(g)
+    {
+        dp_device *d = open_target(g), *o = open_target(g);
+        const size_t n = (size_t)1 << 20;
+        float *h = rnd(5, n, -1, 1), *x = dp_test_upload(d, h, n);
+        dp_event *e0 = NULL, *e1 = NULL;
+        dp_assert_ok(dp_event_create(d, &e0));
+        dp_assert_ok(dp_event_create(d, &e1));
+        dp_assert_ok(dp_event_record(e0));
+        for (int i = 0; i < 20; i++) dp_assert_ok(dp_scale(d, x, 1.0f, n));
+        dp_assert_ok(dp_event_record(e1));
+        dp_assert_ok(dp_event_wait(o, e1));
+        dp_assert_ok(dp_device_synchronize(o));
+        dp_assert_ok(dp_event_synchronize(e1));
+        double sec = -1.0;
+        dp_assert_ok(dp_event_elapsed(e0, e1, &sec));
+        cr_assert(isfinite(sec) && sec >= 0.0, "elapsed %g s", sec);
+        float *back = nn_download(d, x, n);
+        assert_same_bits("x scaled by 1", back, h, n);
+        dp_event_destroy(e0);
+        dp_event_destroy(e1);
+        free(back);
+        free(h);
+        dp_device_free(d, x);
+        close_checked(d);
+        close_checked(o);
     }
 }

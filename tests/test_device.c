@@ -149,6 +149,86 @@ Test(memory, allocator_failure_is_out_of_memory)
     dp_device_close(dev);
 }
 
+/* On Linux malloc overcommits: 1 TiB "succeeds" and the process is killed
+ * when the pages are touched. dp counts what all CPU devices hold against
+ * the host's available memory and refuses at once, with the numbers. */
+Test(memory, beyond_host_ram_fails_at_once)
+{
+    dp_device *dev = dp_test_cpu(0);
+    void *p = (void *)&p;
+    size_t tib = (size_t)1 << 40;
+    assert_status(dp_device_alloc(dev, tib, &p), DP_ERR_OUT_OF_MEMORY, "1099511627776 bytes asked");
+    const char *msg = dp_last_error();
+    cr_assert(strstr(msg, "in use on all CPU devices"), "message lacks the bytes in use: %s", msg);
+    cr_assert(strstr(msg, "available"), "message lacks the available memory: %s", msg);
+    cr_assert(strstr(msg, "smaller batch"), "message lacks the fix: %s", msg);
+    cr_assert_null(p);
+    cr_assert_eq(stats(dev).in_use, 0);
+    dp_device_close(dev);
+}
+
+/* MemAvailable of /proc/meminfo in bytes (0 if absent). */
+static size_t test_mem_available(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    unsigned long long kb = 0;
+    int found = 0;
+    while (!found && fgets(line, sizeof line, f))
+        found = sscanf(line, "MemAvailable: %llu kB", &kb) == 1;
+    fclose(f);
+    return found ? (size_t)kb * 1024 : 0;
+}
+
+/* The count is process-wide: two CPU devices each holding 40% of the
+ * host's available memory leave no room for a third 40% on another one,
+ * though each allocation alone would fit (and malloc would grant it).
+ * Nothing is touched, so no real memory is used. */
+Test(memory, host_ram_is_shared_by_all_cpu_devices)
+{
+    size_t avail = test_mem_available();
+    if (!avail) cr_skip_test("no MemAvailable in /proc/meminfo");
+    dp_device *d[3] = {dp_test_cpu(0), dp_test_cpu(1), dp_test_cpu(2)};
+    size_t chunk = avail / 10 * 4;
+    void *p[3] = {NULL, NULL, NULL};
+    dp_assert_ok(dp_device_alloc(d[0], chunk, &p[0]));
+    dp_assert_ok(dp_device_alloc(d[1], chunk, &p[1]));
+    char in_use[64];
+    snprintf(in_use, sizeof in_use, "%zu bytes in use on all CPU devices", 2 * chunk);
+    assert_status(dp_device_alloc(d[2], chunk, &p[2]), DP_ERR_OUT_OF_MEMORY, in_use);
+    cr_assert_null(p[2]);
+    /* Freed bytes are counted back: the third device now gets its share. */
+    dp_device_free(d[0], p[0]);
+    dp_assert_ok(dp_device_alloc(d[2], chunk, &p[2]));
+    dp_device_free(d[1], p[1]);
+    dp_device_free(d[2], p[2]);
+    for (int i = 0; i < 3; i++) dp_device_close(d[i]);
+}
+
+/* Memory a backend holds for itself (dev->reserved: the cuBLAS workspace,
+ * scratch and staging buffers on CUDA) counts against the limit, so
+ * --memory-limit bounds everything dp holds on the device. Set by hand on
+ * a CPU device (whose backend reserves nothing) to check the rule. */
+Test(memory, reserved_bytes_count_against_the_limit)
+{
+    dp_device *dev = dp_test_cpu(1);
+    cr_assert_eq(stats(dev).reserved, 0, "the CPU backend reserves nothing");
+    dev->reserved = 1000;
+    cr_assert_eq(stats(dev).reserved, 1000);
+    dp_device_set_limit(dev, 4096);
+    void *a = alloc_ok(dev, 3000); /* 3000 + 1000 reserved <= 4096 */
+    void *p = (void *)&p;
+    assert_status(dp_device_alloc(dev, 200, &p), DP_ERR_OUT_OF_MEMORY, "1000 bytes reserved");
+    cr_assert_null(p);
+    cr_assert_eq(stats(dev).in_use, 3000, "reserved bytes are not in in_use");
+    dp_device_set_limit(dev, 500); /* below the reserve: nothing fits */
+    dp_device_free(dev, a);
+    assert_status(dp_device_alloc(dev, 1, &p), DP_ERR_OUT_OF_MEMORY, "limit 500");
+    dev->reserved = 0;
+    dp_device_close(dev);
+}
+
 Test(memory, bad_arguments)
 {
     dp_device *dev = dp_test_cpu(3);
@@ -520,4 +600,65 @@ Test(devlist, mixed_kinds_are_invalid)
     const size_t cap = DP_MAX_DEVICES;
     expect_bad("cpu:0,cuda:0", cap, DP_ERR_INVALID_ARGUMENT, "mixes cpu and cuda");
     expect_bad("cuda:0,cpu:0", cap, DP_ERR_INVALID_ARGUMENT, "mixes cpu and cuda");
+}
+
+/* dp_device_open(cuda:0) without a usable GPU says why: no CUDA backend in
+ * this build (cpu-only preset), or no device visible. Never a crash. */
+Test(devlist, open_cuda_without_gpus_says_why)
+{
+    if (dp_cuda_device_count() > 0) cr_skip_test("a CUDA device is visible");
+    dp_device_spec spec = {DP_DEVICE_CUDA, 0};
+    dp_device *dev = (dp_device *)&spec;
+#ifdef DP_HAVE_CUDA
+    assert_status(dp_device_open(&spec, &dev), DP_ERR_NO_DEVICE, "no CUDA device is visible");
+#else
+    assert_status(dp_device_open(&spec, &dev), DP_ERR_NO_DEVICE, "this build has no CUDA backend");
+#endif
+    cr_assert_null(dev);
+    /* The TF32 option is a no-op on CPU devices (no such op there). */
+    dp_device *cpu = dp_test_cpu(0);
+    dp_assert_ok(dp_device_set_allow_tf32(cpu, 1));
+    dp_device_close(cpu);
+}
+
+// --- events --------------------------------------------------------------------------
+
+/* Events mark points in a device's work: record, wait from another device,
+ * host synchronise, elapsed time between two records (never judged by its
+ * size: only that it is a finite, non-negative number of seconds). */
+Test(events, record_wait_elapsed_and_errors)
+{
+    dp_device *a = dp_test_cpu(0), *b = dp_test_cpu(1);
+    dp_event *e0 = NULL, *e1 = NULL, *other = NULL;
+    dp_assert_ok(dp_event_create(a, &e0));
+    dp_assert_ok(dp_event_create(a, &e1));
+    dp_assert_ok(dp_event_create(b, &other));
+    double sec = -1.0;
+    /* Not recorded yet: every use says so. */
+    assert_status(dp_event_elapsed(e0, e1, &sec), DP_ERR_INVALID_ARGUMENT, "never recorded");
+    assert_status(dp_event_wait(b, e0), DP_ERR_INVALID_ARGUMENT, "never recorded");
+    assert_status(dp_event_synchronize(e0), DP_ERR_INVALID_ARGUMENT, "never recorded");
+
+    void *p = alloc_ok(a, 1 << 20);
+    dp_assert_ok(dp_event_record(e0));
+    dp_assert_ok(dp_memset(a, p, 0, 1 << 20));
+    dp_assert_ok(dp_event_record(e1));
+    dp_assert_ok(dp_event_wait(b, e1)); /* b's later work after a's memset */
+    dp_assert_ok(dp_event_synchronize(e1));
+    dp_assert_ok(dp_event_elapsed(e0, e1, &sec));
+    cr_assert(isfinite(sec) && sec >= 0.0, "elapsed %g s", sec);
+
+    dp_assert_ok(dp_event_record(other));
+    assert_status(dp_event_elapsed(e0, other, &sec), DP_ERR_INVALID_ARGUMENT, "one device");
+    assert_status(dp_event_elapsed(e0, e1, NULL), DP_ERR_INVALID_ARGUMENT, "seconds");
+    assert_status(dp_event_create(NULL, &e0), DP_ERR_INVALID_ARGUMENT, "NULL");
+    assert_status(dp_event_record(NULL), DP_ERR_INVALID_ARGUMENT, "ev");
+    assert_status(dp_event_wait(NULL, e1), DP_ERR_INVALID_ARGUMENT, "dev");
+    dp_event_destroy(NULL);
+    dp_event_destroy(e0);
+    dp_event_destroy(e1);
+    dp_event_destroy(other);
+    dp_device_free(a, p);
+    dp_device_close(a);
+    dp_device_close(b);
 }

@@ -167,3 +167,68 @@ Test(encoder, bad_arguments)
     nn_assert_all_freed(dev);
     dp_device_close(dev);
 }
+
+/* dwte, large: each token's rows are summed from 0 in row order, then added
+ * (kernels/encoder.h: rows grouped by token with a stable two-pass radix
+ * sort, the order the GPU uses too). Token ids share their low 16 bits
+ * (3, 65539, 131075) or their high ones, so both radix passes and their
+ * stability matter. Bit for bit against that order emulated here, and
+ * against float64 within float rounding. dwpe is checked too. */
+#define LB 7
+#define LT 91
+#define LC 5
+#define LV 131080
+Test(encoder, backward_groups_rows_by_token)
+{
+    static const int32_t pool[] = {3, 65539, 131075, 0, 65535, 70000, 131079};
+    const size_t npool = sizeof pool / sizeof *pool, BT = LB * LT;
+    dp_device *dev = dp_test_cpu(0);
+    dp_rng rng;
+    dp_rng_seed(&rng, 202);
+    static int32_t ids[LB * LT];
+    static float dout[LB * LT * LC], dwte0[(size_t)LV * LC], dwpe0[LT * LC];
+    for (size_t i = 0; i < BT; i++) ids[i] = pool[dp_rng_below(&rng, npool)];
+    dp_rng_fill_normal(&rng, dout, BT * LC, 0.0f, 1.0f);
+    dp_rng_fill_normal(&rng, dwte0, (size_t)LV * LC, 0.0f, 1.0f);
+    dp_rng_fill_normal(&rng, dwpe0, LT * LC, 0.0f, 1.0f);
+    float *d_dout = dp_test_upload(dev, dout, BT * LC);
+    float *d_dwte = dp_test_upload(dev, dwte0, (size_t)LV * LC);
+    float *d_dwpe = dp_test_upload(dev, dwpe0, LT * LC);
+    int32_t *d_ids = nn_upload_i32(dev, ids, BT);
+    dp_assert_ok(dp_encoder_backward(dev, d_dwte, d_dwpe, d_dout, d_ids, LB, LT, LC));
+    float *dwte = nn_download(dev, d_dwte, (size_t)LV * LC), *dwpe = nn_download(dev, d_dwpe, LT * LC);
+    for (size_t p = 0; p < npool; p++) {
+        size_t v = (size_t)pool[p];
+        for (size_t c = 0; c < LC; c++) {
+            float acc = 0.0f;
+            double ref = 0.0;
+            int seen = 0;
+            for (size_t bt = 0; bt < BT; bt++)
+                if ((size_t)ids[bt] == v) {
+                    acc += dout[bt * LC + c];
+                    ref += dout[bt * LC + c];
+                    seen = 1;
+                }
+            float want = seen ? dwte0[v * LC + c] + acc : dwte0[v * LC + c];
+            cr_assert(dwte[v * LC + c] == want, "dwte[%zu][%zu] = %.9g, the grouped order gives "
+                      "%.9g", v, c, (double)dwte[v * LC + c], (double)want);
+            cr_assert(fabs(dwte[v * LC + c] - (dwte0[v * LC + c] + ref)) <= 1e-4,
+                      "dwte[%zu][%zu] = %.9g, float64 %.9g", v, c, (double)dwte[v * LC + c],
+                      dwte0[v * LC + c] + ref);
+        }
+    }
+    /* Rows of tokens never seen are untouched. */
+    for (size_t c = 0; c < LC; c++) cr_assert(dwte[1 * LC + c] == dwte0[1 * LC + c]);
+    for (size_t i = 0; i < LT * LC; i++) {
+        float acc = 0.0f;
+        for (size_t b = 0; b < LB; b++) acc += dout[b * LT * LC + i];
+        cr_assert(dwpe[i] == dwpe0[i] + acc, "dwpe[%zu] = %.9g, want %.9g", i, (double)dwpe[i],
+                  (double)(dwpe0[i] + acc));
+    }
+    free(dwte);
+    free(dwpe);
+    void *bufs[] = {d_dout, d_dwte, d_dwpe, d_ids};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) dp_device_free(dev, bufs[i]);
+    nn_assert_all_freed(dev);
+    dp_device_close(dev);
+}

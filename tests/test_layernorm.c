@@ -1,6 +1,7 @@
 /* LayerNorm: forward (out, cached mean and rstd) against float64, backward
  * against central finite differences of a float64 forward, with the
  * accumulate semantics of dinp, dweight and dbias; bad arguments. */
+#include "kernels/colsum.h" /* DP_COL_CHUNK */
 #include "nn_test_util.h"
 
 #define N 6
@@ -205,6 +206,72 @@ Test(layernorm, bad_arguments)
                       NULL);
     nn_assert_invalid(dp_layernorm_backward(dev, f, f, f, f, f, f, f, f, 2, 0), "C=0", NULL);
     dp_device_free(dev, f);
+    nn_assert_all_freed(dev);
+    dp_device_close(dev);
+}
+
+/* The parameter gradients are column reductions over the N rows, summed in
+ * the two-stage order of kernels/colsum.h (row chunks of DP_COL_CHUNK,
+ * then the chunk partials in order), the order the GPU uses too. With
+ * N = 2 chunks + 37 rows and 70 channels (more than one 64-wide CPU tile,
+ * not a multiple of it): equal to float64 within float rounding, and bit
+ * for bit equal to that order emulated here in float. */
+#define PR (2 * 256 + 37)
+#define PC 70
+Test(layernorm, param_gradients_chunked_order_and_float64)
+{
+    cr_assert_eq(DP_COL_CHUNK, 256, "the test's sizes assume 256-row chunks");
+    dp_device *dev = dp_test_cpu(0);
+    dp_rng rng;
+    dp_rng_seed(&rng, 77);
+    static float x[PR * PC], g[PR * PC], mean[PR], rstd[PR], w[PC], dw0[PC], db0[PC];
+    dp_rng_fill_normal(&rng, x, PR * PC, 0.3f, 1.0f);
+    dp_rng_fill_normal(&rng, g, PR * PC, 0.0f, 1.0f);
+    dp_rng_fill_normal(&rng, mean, PR, 0.3f, 0.1f);
+    dp_rng_fill_uniform(&rng, rstd, PR, 0.5f, 2.0f);
+    dp_rng_fill_normal(&rng, w, PC, 1.0f, 0.2f);
+    dp_rng_fill_normal(&rng, dw0, PC, 0.0f, 1.0f);
+    dp_rng_fill_normal(&rng, db0, PC, 0.0f, 1.0f);
+    float *d_x = dp_test_upload(dev, x, PR * PC), *d_g = dp_test_upload(dev, g, PR * PC);
+    float *d_m = dp_test_upload(dev, mean, PR), *d_r = dp_test_upload(dev, rstd, PR);
+    float *d_w = dp_test_upload(dev, w, PC), *d_dw = dp_test_upload(dev, dw0, PC);
+    float *d_db = dp_test_upload(dev, db0, PC), *d_dinp = nn_filled(dev, PR * PC, 0.0f);
+    dp_assert_ok(dp_layernorm_backward(dev, d_dinp, d_dw, d_db, d_g, d_x, d_w, d_m, d_r, PR, PC));
+    float *dw = nn_download(dev, d_dw, PC), *db = nn_download(dev, d_db, PC);
+
+    double ref_w[PC], ref_b[PC], got_w[PC], got_b[PC];
+    for (size_t c = 0; c < PC; c++) {
+        double sw = 0.0, sb = 0.0;
+        float tw = 0.0f, tb = 0.0f; /* the chunked order in float */
+        for (size_t n0 = 0; n0 < PR; n0 += 256) {
+            float pw = 0.0f, pb = 0.0f;
+            for (size_t n = n0; n < PR && n < n0 + 256; n++) {
+                float d = g[n * PC + c];
+                pw += d * ((x[n * PC + c] - mean[n]) * rstd[n]);
+                pb += d;
+                sw += (double)d * ((double)x[n * PC + c] - mean[n]) * rstd[n];
+                sb += d;
+            }
+            tw += pw;
+            tb += pb;
+        }
+        cr_assert(dw[c] == dw0[c] + tw, "dweight[%zu] = %.9g, the chunked order gives %.9g", c,
+                  (double)dw[c], (double)(dw0[c] + tw));
+        cr_assert(db[c] == db0[c] + tb, "dbias[%zu] = %.9g, the chunked order gives %.9g", c,
+                  (double)db[c], (double)(db0[c] + tb));
+        ref_w[c] = dw0[c] + sw;
+        ref_b[c] = db0[c] + sb;
+        got_w[c] = dw[c];
+        got_b[c] = db[c];
+    }
+    /* 549 float terms of order 1: rounding ~ 549 * 6e-8 relative to the
+     * terms' magnitudes (sum |terms| ~ 500): atol 2e-4 bounds it. */
+    dp_assert_allclose(got_w, ref_w, PC, 2e-4, 1e-5);
+    dp_assert_allclose(got_b, ref_b, PC, 2e-4, 1e-5);
+    free(dw);
+    free(db);
+    void *bufs[] = {d_x, d_g, d_m, d_r, d_w, d_dw, d_db, d_dinp};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) dp_device_free(dev, bufs[i]);
     nn_assert_all_freed(dev);
     dp_device_close(dev);
 }

@@ -2,6 +2,7 @@
  * dweight and dbias accumulated, NULL dinp / dbias skipped) against float64
  * references, plus bad arguments. Shapes are non-square so a transposed
  * GEMM argument cannot pass. */
+#include "kernels/colsum.h" /* DP_COL_CHUNK */
 #include "nn_test_util.h"
 
 typedef struct lin_case {
@@ -264,6 +265,54 @@ Test(linear, bad_arguments)
     nn_assert_invalid(dp_linear_backward(dev, buf, buf, buf, buf, buf, buf, 2, 3, 0), "OC=0",
                       NULL);
     dp_device_free(dev, buf);
+    nn_assert_all_freed(dev);
+    dp_device_close(dev);
+}
+
+/* dbias is a column reduction over the N rows, summed in the two-stage
+ * order of kernels/colsum.h (row chunks of DP_COL_CHUNK, then the chunk
+ * partials in order), the order the GPU uses too. N = 2 chunks + 37 rows,
+ * OC = 70 (more than one 64-wide CPU tile): bit for bit equal to that
+ * order emulated in float, and to float64 within float rounding. */
+#define BR (2 * 256 + 37)
+#define BOC 70
+Test(linear, bias_gradient_chunked_order_and_float64)
+{
+    cr_assert_eq(DP_COL_CHUNK, 256, "the test's sizes assume 256-row chunks");
+    dp_device *dev = dp_test_cpu(0);
+    dp_rng rng;
+    dp_rng_seed(&rng, 78);
+    static float g[BR * BOC], x[BR * 3], w[BOC * 3], db0[BOC];
+    dp_rng_fill_normal(&rng, g, BR * BOC, 0.1f, 1.0f);
+    dp_rng_fill_normal(&rng, x, BR * 3, 0.0f, 1.0f);
+    dp_rng_fill_normal(&rng, w, BOC * 3, 0.0f, 1.0f);
+    dp_rng_fill_normal(&rng, db0, BOC, 0.0f, 1.0f);
+    float *d_g = dp_test_upload(dev, g, BR * BOC), *d_x = dp_test_upload(dev, x, BR * 3);
+    float *d_w = dp_test_upload(dev, w, BOC * 3), *d_db = dp_test_upload(dev, db0, BOC);
+    float *d_dw = nn_filled(dev, BOC * 3, 0.0f);
+    dp_assert_ok(dp_linear_backward(dev, NULL, d_dw, d_db, d_g, d_x, d_w, BR, 3, BOC));
+    float *db = nn_download(dev, d_db, BOC);
+    double ref[BOC], got[BOC];
+    for (size_t o = 0; o < BOC; o++) {
+        double s = 0.0;
+        float total = 0.0f;
+        for (size_t n0 = 0; n0 < BR; n0 += 256) {
+            float part = 0.0f;
+            for (size_t n = n0; n < BR && n < n0 + 256; n++) {
+                part += g[n * BOC + o];
+                s += g[n * BOC + o];
+            }
+            total += part;
+        }
+        cr_assert(db[o] == db0[o] + total, "dbias[%zu] = %.9g, the chunked order gives %.9g", o,
+                  (double)db[o], (double)(db0[o] + total));
+        ref[o] = db0[o] + s;
+        got[o] = db[o];
+    }
+    dp_assert_allclose(got, ref, BOC, 2e-4, 1e-5);
+    free(db);
+    void *bufs[] = {d_g, d_x, d_w, d_db, d_dw};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) dp_device_free(dev, bufs[i]);
     nn_assert_all_freed(dev);
     dp_device_close(dev);
 }

@@ -109,12 +109,19 @@ typedef struct dp_memory_stats {
     size_t n_allocs;         /* live allocations */
     size_t device_free;      /* free bytes reported by the driver (CUDA), 0 on CPU */
     size_t device_total;     /* total bytes reported by the driver (CUDA), 0 on CPU */
+    /* bytes the backend holds for itself since open, outside in_use and peak
+     * but counted against the limit: on CUDA the cuBLAS workspace, the
+     * sum-of-squares scratch (GPU) and the pinned staging buffers (host);
+     * 0 on CPU */
+    size_t reserved;
 } dp_memory_stats;
 
 /* Allocates bytes (> 0) of device memory, 256-byte aligned, not zeroed.
  * Errors: DP_ERR_INVALID_ARGUMENT (bytes == 0 or out NULL),
- * DP_ERR_OUT_OF_MEMORY (the limit would be passed, or the allocator
- * failed; the message names device, bytes asked, in use and limit). */
+ * DP_ERR_OUT_OF_MEMORY (in_use + reserved + bytes would pass the limit, or
+ * the allocator failed: on CPU devices also when all CPU devices together
+ * would hold more than the host had available; the message names device,
+ * bytes asked, in use and limit). */
 DP_API dp_status dp_device_alloc(dp_device *dev, size_t bytes, void **out);
 
 /* Frees a pointer from dp_device_alloc on dev. NULL is a no-op. Freeing a
@@ -139,12 +146,6 @@ DP_API void dp_device_reset_peak(dp_device *dev);
  * made are kept even when they exceed a new, lower limit. */
 DP_API void dp_device_set_limit(dp_device *dev, size_t bytes);
 
-/* Parses a byte size: a non-negative number with an optional unit, B, K,
- * KB/MB/GB/TB (powers of 1000), KiB/MiB/GiB/TiB (powers of 1024), M and G
- * (1024-based, as --memory-limit 12G is usually meant); case-insensitive.
- * Errors: DP_ERR_INVALID_ARGUMENT with the text and the accepted units. */
-DP_API dp_status dp_parse_bytes(const char *text, size_t *out);
-
 /* ---- copies ---------------------------------------------------------- */
 
 DP_API dp_status dp_copy_h2d(dp_device *dev, void *dst, const void *src, size_t bytes);
@@ -157,6 +158,37 @@ DP_API dp_status dp_copy_peer(dp_device *dst_dev, void *dst, dp_device *src_dev,
 DP_API dp_status dp_memset(dp_device *dev, void *dst, int value, size_t bytes);
 /* Waits for all work queued on dev. */
 DP_API dp_status dp_device_synchronize(dp_device *dev);
+
+/* ---- events: ordering and timing without a full synchronise ------------
+ * An event marks a point in the work queued on its device. Recording it
+ * captures everything queued on that device so far; another device can
+ * make its later work wait for that point (dp_event_wait) without the host
+ * waiting, and two recorded events of one device give the device time
+ * between them. On CPU devices work runs on the calling thread when it is
+ * queued, so a record takes the time, a wait has nothing to wait for and
+ * the elapsed time is host time. Not thread-safe per event: one thread
+ * records an event, others may wait on it after a host barrier. */
+typedef struct dp_event dp_event;
+
+/* Creates an event on dev (not yet recorded). Destroy it with
+ * dp_event_destroy. Errors: DP_ERR_INVALID_ARGUMENT, DP_ERR_OUT_OF_MEMORY,
+ * DP_ERR_DEVICE. */
+DP_API dp_status dp_event_create(dp_device *dev, dp_event **out);
+/* Destroys an event; call it before closing the event's device. NULL is a
+ * no-op. */
+DP_API void dp_event_destroy(dp_event *ev);
+/* Marks the work queued on the event's device so far. */
+DP_API dp_status dp_event_record(dp_event *ev);
+/* Work queued on dev after this call starts after the point ev marks (ev
+ * may belong to another device of the same kind). The host does not wait.
+ * Errors: DP_ERR_INVALID_ARGUMENT (NULL, never recorded, other kind). */
+DP_API dp_status dp_event_wait(dp_device *dev, dp_event *ev);
+/* The host waits until the work before ev's record is done. */
+DP_API dp_status dp_event_synchronize(dp_event *ev);
+/* *seconds = device time from start's record to end's (both recorded on
+ * one device; waits for end). Errors: DP_ERR_INVALID_ARGUMENT (NULL, not
+ * recorded, different devices), DP_ERR_DEVICE. */
+DP_API dp_status dp_event_elapsed(dp_event *start, dp_event *end, double *seconds);
 
 /* ---- GEMM (cuBLAS semantics on every backend) ------------------------- */
 

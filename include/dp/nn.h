@@ -78,12 +78,9 @@ DP_API dp_status dp_residual_backward(dp_device *dev, float *da, float *db, cons
                                       size_t n);
 
 /* ---- element-wise helpers ------------------------------------------------ */
-/* dst += src (n elements). */
+/* dst += src (n elements). (dp_scale and dp_sum_squares, used by gradient
+ * clipping, are in dp/optim.h.) */
 DP_API dp_status dp_accumulate(dp_device *dev, float *dst, const float *src, size_t n);
-/* x *= s (n elements). */
-DP_API dp_status dp_scale(dp_device *dev, float *x, float s, size_t n);
-/* *out_host = sum of x[i]^2 accumulated in double (host pointer). */
-DP_API dp_status dp_sum_squares(dp_device *dev, double *out_host, const float *x, size_t n);
 
 /* ---- causal multi-head self-attention --------------------------------------
  * qkv(B,T,3C) holds q, k, v side by side along the last axis (nanoGPT's

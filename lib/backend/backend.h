@@ -8,7 +8,9 @@
  *
  * Kernel entries mirror the DP_HD functions in lib/kernels/ (*.h): the CPU
  * backend loops over them, the CUDA backend launches __global__ wrappers
- * around the same functions. Shapes are as in dp/nn.h.
+ * around the same functions. The element-wise and row-wise entries come
+ * from the one list in kernels/ops.h; the others (reductions, scatters,
+ * permutes) are written out below. Shapes are as in dp/nn.h.
  */
 #ifndef DP_BACKEND_H
 #define DP_BACKEND_H
@@ -18,6 +20,7 @@
 #include <stdint.h>
 
 #include "dp/device.h"
+#include "kernels/ops.h"
 
 typedef struct dp_alloc_map {
     void **keys;  /* open addressing, NULL = empty, DP_ALLOC_TOMB = deleted */
@@ -29,6 +32,10 @@ typedef struct dp_alloc_map {
 
 typedef struct dp_backend_ops dp_backend_ops;
 
+/* The dp_backend_ops field of one kernels/ops.h entry. */
+#define DP_BACKEND_OP_ENTRY(name, shape, fn, params, args) \
+    dp_status (*name)(dp_device * dev, DP_UNPAREN params, size_t n);
+
 struct dp_device {
     const dp_backend_ops *ops;
     dp_device_kind kind;
@@ -38,6 +45,7 @@ struct dp_device {
 
     pthread_mutex_t mu; /* guards the accounting below */
     size_t in_use, peak, peak_since_reset, limit;
+    size_t reserved; /* set by ops->open: the backend's own buffers (dp_memory_stats) */
     dp_alloc_map allocs;
 };
 
@@ -52,9 +60,10 @@ struct dp_backend_ops {
     void (*close)(dp_device *dev);
     dp_status (*bind_thread)(dp_device *dev);
 
-    /* raw memory (accounting is done by the caller) */
+    /* raw memory (accounting is done by the caller); free gets the bytes
+     * that alloc was asked for */
     dp_status (*alloc)(dp_device *dev, size_t bytes, void **out);
-    void (*free)(dp_device *dev, void *ptr);
+    void (*free)(dp_device *dev, void *ptr, size_t bytes);
     /* optional (NULL on CPU): driver free/total bytes */
     dp_status (*mem_info)(dp_device *dev, size_t *free_bytes, size_t *total_bytes);
 
@@ -66,40 +75,48 @@ struct dp_backend_ops {
     dp_status (*memset)(dp_device *dev, void *dst, int value, size_t bytes);
     dp_status (*synchronize)(dp_device *dev);
 
+    /* events (dp/device.h): *out is the backend's handle */
+    dp_status (*event_create)(dp_device *dev, void **out);
+    void (*event_destroy)(dp_device *dev, void *ev);
+    dp_status (*event_record)(dp_device *dev, void *ev);
+    /* dev's later work waits for ev, recorded on ev_dev (same kind) */
+    dp_status (*event_wait)(dp_device *dev, dp_device *ev_dev, void *ev);
+    dp_status (*event_synchronize)(dp_device *dev, void *ev);
+    dp_status (*event_elapsed)(dp_device *dev, void *start, void *end, double *seconds);
+
     dp_status (*gemm_strided_batched)(dp_device *dev, dp_op transa, dp_op transb, int m, int n,
                                       int k, float alpha, const float *A, int lda,
                                       long long strideA, const float *B, int ldb,
                                       long long strideB, float beta, float *C, int ldc,
                                       long long strideC, int batch);
 
+    /* optional (NULL: not applicable, e.g. on CPU devices, which always
+     * compute in float32): TF32 tensor-op math for gemm when allow != 0 */
+    dp_status (*set_allow_tf32)(dp_device *dev, int allow);
+
     /* ---- kernels (see dp/nn.h and lib/kernels/ (*.h)) ---- */
-    dp_status (*encoder_forward)(dp_device *dev, float *out, const int32_t *inp,
-                                 const float *wte, const float *wpe, size_t B, size_t T,
-                                 size_t C);
+
+    /* The element-wise and row-wise ops of kernels/ops.h, one entry each:
+     * dp_status (*name)(dp_device *dev, params..., size_t n), n items > 0. */
+    DP_KERNEL_OPS(DP_BACKEND_OP_ENTRY)
+
+    /* dwte(V,C) += scatter of dout(B,T,C) by token id; dwpe(maxT,C)[t] +=
+     * sum over b of dout[b,t] (deterministic order) */
     dp_status (*encoder_backward)(dp_device *dev, float *dwte, float *dwpe, const float *dout,
                                   const int32_t *inp, size_t B, size_t T, size_t C);
     /* out(N,OC)[i,:] = bias (broadcast rows; used before a beta=1 gemm) */
     dp_status (*bias_broadcast)(dp_device *dev, float *out, const float *bias, size_t N,
                                 size_t OC);
-    /* dbias(OC) += column sums of dout(N,OC), rows added in order */
+    /* dbias(OC) += column sums of dout(N,OC), in a fixed order */
     dp_status (*bias_backward)(dp_device *dev, float *dbias, const float *dout, size_t N,
                                size_t OC);
-    dp_status (*layernorm_forward)(dp_device *dev, float *out, float *mean, float *rstd,
-                                   const float *inp, const float *weight, const float *bias,
-                                   size_t N, size_t C);
-    dp_status (*layernorm_backward)(dp_device *dev, float *dinp, float *dweight, float *dbias,
-                                    const float *dout, const float *inp, const float *weight,
-                                    const float *mean, const float *rstd, size_t N, size_t C);
-    dp_status (*gelu_forward)(dp_device *dev, float *out, const float *inp, size_t n);
-    dp_status (*gelu_backward)(dp_device *dev, float *dinp, const float *inp,
-                               const float *dout, size_t n);
-    /* out = a + b */
-    dp_status (*add)(dp_device *dev, float *out, const float *a, const float *b, size_t n);
-    /* dst += src */
-    dp_status (*accumulate)(dp_device *dev, float *dst, const float *src, size_t n);
-    /* x *= s */
-    dp_status (*scale)(dp_device *dev, float *x, float s, size_t n);
-    /* *out_host = sum x^2 in double */
+    /* dweight(C) += sum over rows of dout * xhat, dbias(C) += column sums of
+     * dout(N,C), in a fixed order (the input gradient is layernorm_backward_inp) */
+    dp_status (*layernorm_backward_params)(dp_device *dev, float *dweight, float *dbias,
+                                           const float *dout, const float *inp,
+                                           const float *mean, const float *rstd, size_t N,
+                                           size_t C);
+    /* *out_host = sum x^2 in double (waits for the result) */
     dp_status (*sum_squares)(dp_device *dev, double *out_host, const float *x, size_t n);
 
     /* attention pieces: qkv(B,T,3C) <-> qkvr(3,B,NH,T,hs); y(B,NH,T,hs) <-> out(B,T,C) */
@@ -111,31 +128,21 @@ struct dp_backend_ops {
                                      size_t T, size_t NH, size_t hs);
     dp_status (*attention_unpermute_backward)(dp_device *dev, float *dy, const float *dout,
                                               size_t B, size_t T, size_t NH, size_t hs);
-    /* att(BNH,T,T): in place, row t: softmax(scale * att[t, 0..t]), zeros after t */
-    dp_status (*softmax_causal_forward)(dp_device *dev, float *att, float scale, size_t BNH,
-                                        size_t T);
-    /* datt(BNH,T,T) in place: from d(att) to d(pre-softmax scores) incl. scale */
-    dp_status (*softmax_causal_backward)(dp_device *dev, float *datt, const float *att,
-                                         float scale, size_t BNH, size_t T);
-
-    /* losses(N) per row (0 for ignored), dlogits as dp_crossentropy_forward_backward */
-    dp_status (*crossentropy)(dp_device *dev, float *losses, float *dlogits,
-                              const float *logits, const int32_t *targets, size_t N, size_t V,
-                              float dscale);
-
-    dp_status (*adamw)(dp_device *dev, float *params, const float *grads, float *m, float *v,
-                       size_t n, float lr, float beta1, float beta2, float eps,
-                       float weight_decay, float bias_corr1, float bias_corr2);
-    dp_status (*sgd)(dp_device *dev, float *params, const float *grads, float *momentum_buf,
-                     size_t n, float lr, float momentum, float weight_decay, int first_step);
 };
 
 /* Backend tables. cuda is NULL in builds without CUDA. */
 const dp_backend_ops *dp_backend_cpu(void);
-const dp_backend_ops *dp_backend_cuda(void);
 
-/* Visible CUDA devices through the CUDA backend (0 without). */
+#ifdef DP_HAVE_CUDA
+const dp_backend_ops *dp_backend_cuda(void);
+/* Visible CUDA devices through the CUDA backend. */
 int dp_backend_cuda_count(void);
+#else
+/* No CUDA backend in this build: no table, no devices (dp_device_open
+ * says so for cuda:i). */
+static inline const dp_backend_ops *dp_backend_cuda(void) { return NULL; }
+static inline int dp_backend_cuda_count(void) { return 0; }
+#endif
 
 /* 1: the device's pointers are host addresses any thread may read (CPU), so
  * a collective can read a peer's buffer directly and nothing runs

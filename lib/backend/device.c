@@ -13,7 +13,6 @@
 #include <string.h>
 
 #include "backend/backend.h"
-#include "backend/cuda/cuda_backend.h"
 #include "core/error.h"
 
 // --- allocation map ---------------------------------------------------------
@@ -141,7 +140,7 @@ void dp_device_close(dp_device *dev)
     /* Free whatever is still live so closing never leaks. */
     for (size_t i = 0; i < dev->allocs.cap; i++) {
         void *k = dev->allocs.keys[i];
-        if (k && k != DP_ALLOC_TOMB) dev->ops->free(dev, k);
+        if (k && k != DP_ALLOC_TOMB) dev->ops->free(dev, k, dev->allocs.sizes[i]);
     }
     free(dev->allocs.keys);
     free(dev->allocs.sizes);
@@ -163,8 +162,9 @@ dp_status dp_device_bind_thread(dp_device *dev)
 dp_status dp_device_set_allow_tf32(dp_device *dev, int allow)
 {
     if (!dev) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "dev must not be NULL");
-    if (dev->kind != DP_DEVICE_CUDA) return DP_OK; /* the CPU always computes in float32 */
-    return dp_cuda_set_allow_tf32(dev, allow);
+    /* NULL: the device has no reduced-precision GEMM (the CPU always
+     * computes in float32), so there is nothing to set. */
+    return dev->ops->set_allow_tf32 ? dev->ops->set_allow_tf32(dev, allow) : DP_OK;
 }
 
 // --- memory -------------------------------------------------------------------
@@ -176,14 +176,20 @@ dp_status dp_device_alloc(dp_device *dev, size_t bytes, void **out)
     if (bytes == 0)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: cannot allocate 0 bytes", dev->name);
     pthread_mutex_lock(&dev->mu);
-    if (dev->limit && (bytes > dev->limit || dev->in_use > dev->limit - bytes)) {
-        size_t in_use = dev->in_use, limit = dev->limit;
+    /* The backend's own buffers (reserved) count against the limit too. */
+    size_t room = dev->limit > dev->reserved ? dev->limit - dev->reserved : 0;
+    if (dev->limit && (bytes > room || dev->in_use > room - bytes)) {
+        size_t in_use = dev->in_use, limit = dev->limit, reserved = dev->reserved;
         pthread_mutex_unlock(&dev->mu);
+        char extra[96] = "";
+        if (reserved)
+            snprintf(extra, sizeof extra, ", %zu bytes reserved by the %s backend", reserved,
+                     dev->ops->name);
         return DP_FAIL(DP_ERR_OUT_OF_MEMORY,
                        "%s: allocating %zu bytes would pass the memory limit "
-                       "(%zu bytes in use, limit %zu bytes); use a smaller batch, more "
+                       "(%zu bytes in use%s, limit %zu bytes); use a smaller batch, more "
                        "devices or a higher --memory-limit",
-                       dev->name, bytes, in_use, limit);
+                       dev->name, bytes, in_use, extra, limit);
     }
     /* Reserve the bytes before the (possibly slow) backend call so that
      * concurrent allocations cannot overshoot the limit together. */
@@ -195,7 +201,7 @@ dp_status dp_device_alloc(dp_device *dev, size_t bytes, void **out)
 
     pthread_mutex_lock(&dev->mu);
     if (s == DP_OK && map_insert(&dev->allocs, p, bytes) != 0) {
-        dev->ops->free(dev, p);
+        dev->ops->free(dev, p, bytes);
         s = DP_FAIL(DP_ERR_OUT_OF_MEMORY, "%s: cannot grow the allocation table", dev->name);
     }
     if (s != DP_OK) {
@@ -222,11 +228,12 @@ void dp_device_free(dp_device *dev, void *ptr)
         pthread_mutex_unlock(&dev->mu);
         return;
     }
-    dev->in_use -= dev->allocs.sizes[j];
+    size_t bytes = dev->allocs.sizes[j];
+    dev->in_use -= bytes;
     dev->allocs.keys[j] = DP_ALLOC_TOMB;
     dev->allocs.count--;
     pthread_mutex_unlock(&dev->mu);
-    dev->ops->free(dev, ptr);
+    dev->ops->free(dev, ptr, bytes);
 }
 
 size_t dp_device_alloc_size(dp_device *dev, const void *ptr)
@@ -249,6 +256,7 @@ void dp_device_memory(dp_device *dev, dp_memory_stats *out)
     out->peak_since_reset = dev->peak_since_reset;
     out->limit = dev->limit;
     out->n_allocs = dev->allocs.count;
+    out->reserved = dev->reserved;
     pthread_mutex_unlock(&dev->mu);
     if (dev->ops->mem_info) dev->ops->mem_info(dev, &out->device_free, &out->device_total);
 }
@@ -321,6 +329,81 @@ dp_status dp_device_synchronize(dp_device *dev)
 {
     if (!dev) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "dev must not be NULL");
     return dev->ops->synchronize(dev);
+}
+
+// --- events -----------------------------------------------------------------------
+
+struct dp_event {
+    dp_device *dev;
+    void *h;      /* the backend's handle */
+    int recorded; /* dp_event_record has been called */
+};
+
+dp_status dp_event_create(dp_device *dev, dp_event **out)
+{
+    if (!dev || !out) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "dev and out must not be NULL");
+    *out = NULL;
+    dp_event *ev = calloc(1, sizeof *ev);
+    if (!ev) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "%s: cannot allocate an event", dev->name);
+    ev->dev = dev;
+    dp_status s = dev->ops->event_create(dev, &ev->h);
+    if (s != DP_OK) {
+        free(ev);
+        return s;
+    }
+    *out = ev;
+    return DP_OK;
+}
+
+void dp_event_destroy(dp_event *ev)
+{
+    if (!ev) return;
+    ev->dev->ops->event_destroy(ev->dev, ev->h);
+    free(ev);
+}
+
+dp_status dp_event_record(dp_event *ev)
+{
+    if (!ev) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "ev must not be NULL");
+    DP_TRY(ev->dev->ops->event_record(ev->dev, ev->h));
+    ev->recorded = 1;
+    return DP_OK;
+}
+
+static dp_status check_recorded(const char *what, const dp_event *ev)
+{
+    if (!ev) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s must not be NULL", what);
+    if (!ev->recorded)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: event %s was never recorded; call "
+                       "dp_event_record first", ev->dev->name, what);
+    return DP_OK;
+}
+
+dp_status dp_event_wait(dp_device *dev, dp_event *ev)
+{
+    if (!dev) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "dev must not be NULL");
+    DP_TRY(check_recorded("ev", ev));
+    if (dev->kind != ev->dev->kind)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s cannot wait for an event of %s: devices "
+                       "must be of one kind", dev->name, ev->dev->name);
+    return dev->ops->event_wait(dev, ev->dev, ev->h);
+}
+
+dp_status dp_event_synchronize(dp_event *ev)
+{
+    DP_TRY(check_recorded("ev", ev));
+    return ev->dev->ops->event_synchronize(ev->dev, ev->h);
+}
+
+dp_status dp_event_elapsed(dp_event *start, dp_event *end, double *seconds)
+{
+    if (!seconds) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "seconds must not be NULL");
+    DP_TRY(check_recorded("start", start));
+    DP_TRY(check_recorded("end", end));
+    if (start->dev != end->dev)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "events of %s and %s: elapsed time needs two "
+                       "events of one device", start->dev->name, end->dev->name);
+    return start->dev->ops->event_elapsed(start->dev, start->h, end->h, seconds);
 }
 
 // --- GEMM -----------------------------------------------------------------------

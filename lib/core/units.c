@@ -4,12 +4,13 @@
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
 #include "core/error.h"
-#include "dp/device.h"
+#include "dp/units.h"
 
 dp_status dp_parse_bytes(const char *text, size_t *out)
 {

@@ -187,4 +187,17 @@ static inline DP_HD void dp_softmax_causal_backward_row(float *drow, const float
     for (size_t j = t + 1; j < T; j++) drow[j] = 0.0f;
 }
 
+/* Row r of att(BNH,T,T) viewed as (BNH*T, T) rows: query t = r % T. */
+static inline DP_HD void dp_softmax_causal_forward_item(float *att, float scale, size_t T,
+                                                        size_t r)
+{
+    dp_softmax_causal_forward_row(att + r * T, scale, r % T, T);
+}
+
+static inline DP_HD void dp_softmax_causal_backward_item(float *datt, const float *att,
+                                                         float scale, size_t T, size_t r)
+{
+    dp_softmax_causal_backward_row(datt + r * T, att + r * T, scale, r % T, T);
+}
+
 #endif /* DP_KERNELS_ATTENTION_H */

@@ -85,4 +85,13 @@ static inline DP_HD void dp_crossentropy_row(float *loss, float *dlogits, const 
     dlogits[target] = dscale * ((float)((double)et * inv_s) - 1.0f);
 }
 
+/* Row r of logits(N,V): losses[r] and, unless dlogits is NULL, its dlogits row. */
+static inline DP_HD void dp_crossentropy_item(float *losses, float *dlogits, const float *logits,
+                                              const int32_t *targets, size_t V, float dscale,
+                                              size_t r)
+{
+    dp_crossentropy_row(losses + r, dlogits ? dlogits + r * V : NULL, logits + r * V, targets[r],
+                        V, dscale);
+}
+
 #endif /* DP_KERNELS_CROSSENTROPY_H */

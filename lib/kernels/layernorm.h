@@ -4,8 +4,8 @@
  * square root).
  *
  * Forward and the input gradient are one function per row; the parameter
- * gradients are one function per channel (a sum over rows in order), so
- * no two calls write the same element and the result is deterministic.
+ * gradients are column reductions in the two-stage order of
+ * kernels/colsum.h, so the result is deterministic.
  * Backward, with xhat = (x - mean) * rstd and g = dout * weight:
  *   dinp   += rstd * (g - mean(g) - xhat * mean(g * xhat))   (row means)
  *   dweight += sum over rows of dout * xhat,  dbias += sum over rows of dout
@@ -16,6 +16,7 @@
 #include <math.h>
 #include <stddef.h>
 
+#include "kernels/colsum.h"
 #include "kernels/dp_hd.h"
 
 /* One row: out(C) = (inp(C) - mean) * rstd * weight(C) + bias(C); writes
@@ -59,23 +60,81 @@ static inline DP_HD void dp_layernorm_backward_inp_row(float *dinp, const float 
     }
 }
 
-/* Channel c: dweight[c] += sum_n dout[n,c] * xhat[n,c], dbias[c] += sum_n
- * dout[n,c], rows n = 0..N-1 in order; dout and inp are (N,C). */
-static inline DP_HD void dp_layernorm_backward_param_channel(float *dweight, float *dbias,
-                                                             const float *dout,
-                                                             const float *inp,
-                                                             const float *mean,
-                                                             const float *rstd, size_t N,
-                                                             size_t C, size_t c)
+/* dweight(C) += sum over rows of dout * xhat, dbias(C) += sum over rows of
+ * dout, in the two-stage order of kernels/colsum.h; dout, inp are (N,C). */
+
+/* The dweight term of row n, channel c. */
+static inline DP_HD float dp_layernorm_dweight_term(const float *dout, const float *inp,
+                                                    const float *mean, const float *rstd,
+                                                    size_t C, size_t n, size_t c)
 {
+    return dout[n * C + c] * ((inp[n * C + c] - mean[n]) * rstd[n]);
+}
+
+/* Stage 1, item i = k*C + c: pdw(K,C)[k,c] and pdb(K,C)[k,c], the sums
+ * over the rows of chunk k in order, from 0. */
+static inline DP_HD void dp_layernorm_param_partial_elem(float *pdw, float *pdb,
+                                                         const float *dout, const float *inp,
+                                                         const float *mean, const float *rstd,
+                                                         size_t N, size_t C, size_t i)
+{
+    size_t k = i / C, c = i % C;
+    size_t n1 = (k + 1) * DP_COL_CHUNK < N ? (k + 1) * DP_COL_CHUNK : N;
     float dw = 0.0f, db = 0.0f;
-    for (size_t n = 0; n < N; n++) {
-        float d = dout[n * C + c];
-        dw += d * (inp[n * C + c] - mean[n]) * rstd[n];
-        db += d;
+    for (size_t n = k * DP_COL_CHUNK; n < n1; n++) {
+        dw += dp_layernorm_dweight_term(dout, inp, mean, rstd, C, n, c);
+        db += dout[n * C + c];
     }
-    dweight[c] += dw;
-    dbias[c] += db;
+    pdw[i] = dw;
+    pdb[i] = db;
+}
+
+/* Both stages for the channels c in [c0, c1), c1 - c0 <= DP_COL_TILE (the
+ * CPU's loop: rows read contiguously), in the order of the stages above. */
+static inline DP_HD void dp_layernorm_param_cols(float *dweight, float *dbias, const float *dout,
+                                                 const float *inp, const float *mean,
+                                                 const float *rstd, size_t N, size_t C,
+                                                 size_t c0, size_t c1)
+{
+    float pdw[DP_COL_TILE], pdb[DP_COL_TILE], tdw[DP_COL_TILE], tdb[DP_COL_TILE];
+    size_t w = c1 - c0;
+    for (size_t j = 0; j < w; j++) tdw[j] = tdb[j] = 0.0f;
+    for (size_t n0 = 0; n0 < N; n0 += DP_COL_CHUNK) {
+        size_t n1 = N - n0 < DP_COL_CHUNK ? N : n0 + DP_COL_CHUNK;
+        for (size_t j = 0; j < w; j++) pdw[j] = pdb[j] = 0.0f;
+        for (size_t n = n0; n < n1; n++)
+            for (size_t j = 0; j < w; j++) {
+                pdw[j] += dp_layernorm_dweight_term(dout, inp, mean, rstd, C, n, c0 + j);
+                pdb[j] += dout[n * C + c0 + j];
+            }
+        for (size_t j = 0; j < w; j++) {
+            tdw[j] += pdw[j];
+            tdb[j] += pdb[j];
+        }
+    }
+    for (size_t j = 0; j < w; j++) {
+        dweight[c0 + j] += tdw[j];
+        dbias[c0 + j] += tdb[j];
+    }
+}
+
+/* Row r of (N,C): dp_layernorm_forward_row on row r (mean[r], rstd[r]). */
+static inline DP_HD void dp_layernorm_forward_item(float *out, float *mean, float *rstd,
+                                                   const float *inp, const float *weight,
+                                                   const float *bias, size_t C, float eps,
+                                                   size_t r)
+{
+    dp_layernorm_forward_row(out + r * C, mean + r, rstd + r, inp + r * C, weight, bias, C, eps);
+}
+
+/* Row r of (N,C): dp_layernorm_backward_inp_row on row r. */
+static inline DP_HD void dp_layernorm_backward_inp_item(float *dinp, const float *dout,
+                                                        const float *inp, const float *weight,
+                                                        const float *mean, const float *rstd,
+                                                        size_t C, size_t r)
+{
+    dp_layernorm_backward_inp_row(dinp + r * C, dout + r * C, inp + r * C, weight, mean[r],
+                                  rstd[r], C);
 }
 
 #endif /* DP_KERNELS_LAYERNORM_H */

@@ -7,6 +7,7 @@
 
 #include <stddef.h>
 
+#include "kernels/colsum.h"
 #include "kernels/dp_hd.h"
 
 /* out(N,OC)[i] = bias[i % OC] for flat index i in [0, N*OC): every row of
@@ -25,26 +26,40 @@ static inline DP_HD void dp_bias_broadcast_row(float *out, const float *bias, si
     for (size_t c = 0; c < OC; c++) o[c] = bias[c];
 }
 
-/* Widest column range one dp_bias_backward_cols call may take. */
-#define DP_BIAS_BACKWARD_TILE 64
+/* dbias(OC) += column sums of dout(N,OC) in the two-stage order of
+ * kernels/colsum.h. */
 
-/* dbias(OC)[o] += sum over rows n = 0..N-1 (in order) of dout(N,OC)[n,o],
- * for the columns o in [o0, o1), o1 - o0 <= DP_BIAS_BACKWARD_TILE. Each
- * column's sum is formed from 0 and then added (as a gradient accumulated
- * over micro-batches would be). The result does not depend on the range
- * width: a GPU thread may take one column, while the CPU takes a tile so
- * that it reads dout row by row instead of with a stride of OC. */
+/* Stage 1, item i = k*OC + o: partial(K,OC)[k,o] = sum of dout[n,o] over
+ * the rows n of chunk k, in order, from 0. */
+static inline DP_HD void dp_bias_backward_partial_elem(float *partial, const float *dout,
+                                                       size_t N, size_t OC, size_t i)
+{
+    size_t k = i / OC, o = i % OC;
+    size_t n1 = (k + 1) * DP_COL_CHUNK < N ? (k + 1) * DP_COL_CHUNK : N;
+    float acc = 0.0f;
+    for (size_t n = k * DP_COL_CHUNK; n < n1; n++) acc += dout[n * OC + o];
+    partial[i] = acc;
+}
+
+/* Both stages for the columns o in [o0, o1), o1 - o0 <= DP_COL_TILE: the
+ * CPU's loop, which reads dout row by row instead of with a stride of OC;
+ * the same sums in the same order as the two stages above. */
 static inline DP_HD void dp_bias_backward_cols(float *dbias, const float *dout, size_t N,
                                                size_t OC, size_t o0, size_t o1)
 {
-    float acc[DP_BIAS_BACKWARD_TILE];
+    float part[DP_COL_TILE], total[DP_COL_TILE];
     size_t w = o1 - o0;
-    for (size_t j = 0; j < w; j++) acc[j] = 0.0f;
-    for (size_t n = 0; n < N; n++) {
-        const float *row = dout + n * OC + o0;
-        for (size_t j = 0; j < w; j++) acc[j] += row[j];
+    for (size_t j = 0; j < w; j++) total[j] = 0.0f;
+    for (size_t n0 = 0; n0 < N; n0 += DP_COL_CHUNK) {
+        size_t n1 = N - n0 < DP_COL_CHUNK ? N : n0 + DP_COL_CHUNK;
+        for (size_t j = 0; j < w; j++) part[j] = 0.0f;
+        for (size_t n = n0; n < n1; n++) {
+            const float *row = dout + n * OC + o0;
+            for (size_t j = 0; j < w; j++) part[j] += row[j];
+        }
+        for (size_t j = 0; j < w; j++) total[j] += part[j];
     }
-    for (size_t j = 0; j < w; j++) dbias[o0 + j] += acc[j];
+    for (size_t j = 0; j < w; j++) dbias[o0 + j] += total[j];
 }
 
 #endif /* DP_KERNELS_LINEAR_H */

@@ -10,6 +10,7 @@
 #define DP_KERNELS_OPTIM_H
 
 #include <math.h>
+#include <stddef.h>
 
 #include "kernels/dp_hd.h"
 
@@ -60,5 +61,32 @@ static inline DP_HD float dp_scale_element(float x, float s) { return x * s; }
 /* x^2 in double: the square of a float is exact in double (24-bit mantissa
  * squared fits in 53 bits), so only the summation rounds. */
 static inline DP_HD double dp_square_element(float x) { return (double)x * (double)x; }
+
+// --- one element each (the entries of kernels/ops.h) --------------------------------
+
+/* x[i] *= s. */
+static inline DP_HD void dp_scale_elem(float *x, float s, size_t i)
+{
+    x[i] = dp_scale_element(x[i], s);
+}
+
+/* AdamW on params[i] (see dp_adamw_element). */
+static inline DP_HD void dp_adamw_elem(float *params, const float *grads, float *m, float *v,
+                                       float lr, float beta1, float beta2, float eps,
+                                       float weight_decay, float bias_corr1, float bias_corr2,
+                                       size_t i)
+{
+    dp_adamw_element(&params[i], &m[i], &v[i], grads[i], lr, beta1, beta2, eps, weight_decay,
+                     bias_corr1, bias_corr2);
+}
+
+/* SGD on params[i]; momentum_buf may be NULL (see dp_sgd_element). */
+static inline DP_HD void dp_sgd_elem(float *params, const float *grads, float *momentum_buf,
+                                     float lr, float momentum, float weight_decay,
+                                     int first_step, size_t i)
+{
+    dp_sgd_element(&params[i], momentum_buf ? &momentum_buf[i] : NULL, grads[i], lr, momentum,
+                   weight_decay, first_step);
+}
 
 #endif /* DP_KERNELS_OPTIM_H */

@@ -125,7 +125,7 @@ dp_status dp_attention_forward(dp_device *dev, float *out, float *qkvr, float *a
      * column-major is (hs,T), so op(A) = k^T with lda = hs. */
     DP_TRY(o->gemm_strided_batched(dev, DP_OP_T, DP_OP_N, iT, iT, ihs, 1.0f, k, ihs, sTh, q,
                                    ihs, sTh, 0.0f, att, iT, sTT, batch));
-    DP_TRY(o->softmax_causal_forward(dev, att, 1.0f / sqrtf((float)hs), BNH, T));
+    DP_TRY(o->softmax_causal_forward(dev, att, 1.0f / sqrtf((float)hs), T, BNH * T));
     /* y = att v is column-major y^T(hs,T) = v^T(hs,T) att^T(T,T). */
     DP_TRY(o->gemm_strided_batched(dev, DP_OP_N, DP_OP_N, ihs, iT, iT, 1.0f, v, ihs, sTh, att,
                                    iT, sTT, 0.0f, y, ihs, sTh, batch));
@@ -171,7 +171,7 @@ dp_status dp_attention_backward(dp_device *dev, float *dqkv, float *dqkvr, float
     DP_TRY(o->gemm_strided_batched(dev, DP_OP_N, DP_OP_T, ihs, iT, iT, 1.0f, dy, ihs, sTh, att,
                                    iT, sTT, 0.0f, dv, ihs, sTh, batch));
     /* datt becomes d(scores), 1/sqrt(hs) included, zero above the diagonal. */
-    DP_TRY(o->softmax_causal_backward(dev, datt, att, 1.0f / sqrtf((float)hs), BNH, T));
+    DP_TRY(o->softmax_causal_backward(dev, datt, att, 1.0f / sqrtf((float)hs), T, BNH * T));
     /* dq = ds k, as the forward's y = att v. */
     DP_TRY(o->gemm_strided_batched(dev, DP_OP_N, DP_OP_N, ihs, iT, iT, 1.0f, k, ihs, sTh, datt,
                                    iT, sTT, 0.0f, dq, ihs, sTh, batch));

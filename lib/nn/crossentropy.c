@@ -38,7 +38,7 @@ dp_status dp_crossentropy_forward_backward(dp_device *dev, double *loss_sum_host
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: dscale must be finite (got %g); it is "
                        "usually 1/N_global with N_global > 0", dev->name, (double)dscale);
     *loss_sum_host = 0.0;
-    DP_TRY(dev->ops->crossentropy(dev, losses, dlogits, logits, targets, N, V, dscale));
+    DP_TRY(dev->ops->crossentropy(dev, losses, dlogits, logits, targets, V, dscale, N));
 
     float chunk[LOSS_CHUNK];
     double sum = 0.0;

@@ -1,7 +1,7 @@
 /*
  * nn/elementwise.c - dp_accumulate (dp/nn.h): dst += src on a device.
- * (dp_scale and dp_sum_squares, the other element-wise helpers of dp/nn.h,
- * live in optim/clip.c next to the clipping built from them.)
+ * (dp_scale and dp_sum_squares, the element-wise helpers of gradient
+ * clipping, live in optim/clip.c and dp/optim.h.)
  */
 #include "nn/nn_check.h"
 

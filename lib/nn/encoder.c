@@ -16,7 +16,7 @@ dp_status dp_encoder_forward(dp_device *dev, float *out, const int32_t *inp, con
     DP_NN_REQUIRE_PTR(dev, wte);
     DP_NN_REQUIRE_PTR(dev, wpe);
     DP_NN_CHECK_DIMS3(dev, B, T, C, &n);
-    return dev->ops->encoder_forward(dev, out, inp, wte, wpe, B, T, C);
+    return dev->ops->encoder_forward(dev, out, inp, wte, wpe, T, C, n);
 }
 
 dp_status dp_encoder_backward(dp_device *dev, float *dwte, float *dwpe, const float *dout,

@@ -19,7 +19,8 @@ dp_status dp_layernorm_forward(dp_device *dev, float *out, float *mean, float *r
     DP_NN_REQUIRE_PTR(dev, weight);
     DP_NN_REQUIRE_PTR(dev, bias);
     DP_NN_CHECK_DIMS2(dev, N, C, &n);
-    return dev->ops->layernorm_forward(dev, out, mean, rstd, inp, weight, bias, N, C);
+    return dev->ops->layernorm_forward(dev, out, mean, rstd, inp, weight, bias, C,
+                                       DP_LAYERNORM_EPS, N);
 }
 
 dp_status dp_layernorm_backward(dp_device *dev, float *dinp, float *dweight, float *dbias,
@@ -37,6 +38,6 @@ dp_status dp_layernorm_backward(dp_device *dev, float *dinp, float *dweight, flo
     DP_NN_REQUIRE_PTR(dev, mean);
     DP_NN_REQUIRE_PTR(dev, rstd);
     DP_NN_CHECK_DIMS2(dev, N, C, &n);
-    return dev->ops->layernorm_backward(dev, dinp, dweight, dbias, dout, inp, weight, mean,
-                                        rstd, N, C);
+    DP_TRY(dev->ops->layernorm_backward_inp(dev, dinp, dout, inp, weight, mean, rstd, C, N));
+    return dev->ops->layernorm_backward_params(dev, dweight, dbias, dout, inp, mean, rstd, N, C);
 }

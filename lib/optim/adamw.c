@@ -64,8 +64,8 @@ dp_status dp_adamw_update(dp_device *dev, float *params, const float *grads, flo
      * loses no digits before the one rounding to float. */
     double bias_corr1 = 1.0 - pow((double)beta1, (double)t);
     double bias_corr2 = 1.0 - pow((double)beta2, (double)t);
-    return dev->ops->adamw(dev, params, grads, m, v, n, lr, beta1, beta2, eps, weight_decay,
-                           (float)bias_corr1, (float)bias_corr2);
+    return dev->ops->adamw(dev, params, grads, m, v, lr, beta1, beta2, eps, weight_decay,
+                           (float)bias_corr1, (float)bias_corr2, n);
 }
 
 // --- SGD --------------------------------------------------------------------------
@@ -83,6 +83,6 @@ dp_status dp_sgd_update(dp_device *dev, float *params, const float *grads, float
                        "n floats; pass momentum_buf or momentum = 0", dev->name,
                        (double)momentum);
     /* With momentum 0 the buffer would only ever hold g: plain SGD, as torch. */
-    return dev->ops->sgd(dev, params, grads, momentum != 0.0f ? momentum_buf : NULL, n, lr,
-                         momentum, weight_decay, t == 1);
+    return dev->ops->sgd(dev, params, grads, momentum != 0.0f ? momentum_buf : NULL, lr,
+                         momentum, weight_decay, t == 1, n);
 }

@@ -1,7 +1,7 @@
 /*
  * optim/clip.c - global-norm gradient clipping (as
  * torch.nn.utils.clip_grad_norm_) and the two element-wise helpers it is
- * built from, dp_scale and dp_sum_squares (public in dp/nn.h).
+ * built from, dp_scale and dp_sum_squares (declared in dp/optim.h).
  *
  * The norm is summed in double so that a few large gradients do not hide
  * millions of small ones (in float, 1e8 + 1 == 1e8).
@@ -10,7 +10,6 @@
 
 #include "backend/backend.h"
 #include "core/error.h"
-#include "dp/nn.h"
 #include "dp/optim.h"
 #include "optim/clip.h"
 

@@ -1,7 +1,7 @@
 /*
  * tests/fuzz/fuzz_devlist.c - libFuzzer harness for the device-list parser
  * (dp_device_list_parse, the --devices flag) and the byte-size parser
- * (dp_parse_bytes, --memory-limit) declared beside it.
+ * (dp_parse_bytes in dp/units.h, --memory-limit).
  *
  * Input: byte 0 gives the capacity (0..DP_MAX_DEVICES), the rest up to the
  * first NUL is the text. An accepted list has 1..cap entries of one kind,
@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "dp/device.h"
+#include "dp/units.h"
 #include "fuzz_common.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

@@ -1,6 +1,7 @@
 /*
- * backend/cpu/cpu_attention.c - the CPU backend's attention kernels: the
- * qkv <-> qkvr and y <-> out permutes and the causal softmax rows.
+ * backend/cpu/cpu_attention.c - the CPU backend's attention permutes:
+ * qkv <-> qkvr and y <-> out (the causal softmax rows are ops of
+ * kernels/ops.h, generated in cpu_backend.c).
  *
  * Each entry loops, on the calling thread, over the DP_HD functions of
  * kernels/attention.h (the math the CUDA backend shares). The GEMMs of
@@ -42,23 +43,5 @@ DP_CPU_SIMD dp_status dp_cpu_attention_unpermute_backward(dp_device *dev, float 
 {
     size_t n = B * NH * T * hs;
     for (size_t r = 0; r < n / hs; r++) dp_attention_unpermute_backward_run(dy, dout, r, T, NH, hs);
-    return DP_OK;
-}
-
-// --- causal softmax ------------------------------------------------------------------
-
-DP_CPU_SIMD dp_status dp_cpu_softmax_causal_forward(dp_device *dev, float *att, float scale, size_t BNH,
-                                        size_t T)
-{
-    for (size_t r = 0; r < BNH * T; r++)
-        dp_softmax_causal_forward_row(att + r * T, scale, r % T, T);
-    return DP_OK;
-}
-
-DP_CPU_SIMD dp_status dp_cpu_softmax_causal_backward(dp_device *dev, float *datt, const float *att,
-                                         float scale, size_t BNH, size_t T)
-{
-    for (size_t r = 0; r < BNH * T; r++)
-        dp_softmax_causal_backward_row(datt + r * T, att + r * T, scale, r % T, T);
     return DP_OK;
 }

@@ -1,15 +1,30 @@
 /*
  * backend/cpu/cpu_backend.c - virtual CPU devices: host memory, memcpy
- * copies and GEMM through OpenBLAS.
+ * copies, GEMM through OpenBLAS, and the backend table (the element-wise
+ * and row-wise ops of kernels/ops.h are generated here; the other kernels
+ * are in cpu_nn.c and cpu_attention.c).
  *
  * A virtual device is host memory plus the thread that drives it; the
  * engine gives each device its own thread, so OpenBLAS is made
  * single-threaded once (openblas_set_num_threads(1)) and the devices run
  * their GEMMs concurrently instead of fighting over BLAS threads.
+ *
+ * Host memory. All CPU devices share the host's RAM, and on Linux malloc
+ * overcommits: an allocation far beyond RAM succeeds and the process is
+ * killed by the OOM killer minutes later, when the pages are touched. So
+ * the backend keeps one process-wide count of the bytes allocated on all
+ * CPU devices and refuses an allocation that would take it past the memory
+ * the host had available when the first CPU device opened (MemAvailable of
+ * /proc/meminfo, else sysconf's available pages): a clear
+ * DP_ERR_OUT_OF_MEMORY at once instead of a kill.
  */
 #include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <cblas.h>
 
@@ -21,13 +36,75 @@ void openblas_set_num_threads(int num_threads);
 
 #define DP_CPU_ALIGN 256
 
-static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
+// --- host memory shared by all CPU devices --------------------------------------------
 
-static void blas_single_thread(void) { openblas_set_num_threads(1); }
+static pthread_once_t host_once = PTHREAD_ONCE_INIT;
+static pthread_mutex_t host_mu = PTHREAD_MUTEX_INITIALIZER;
+static size_t host_available; /* bytes available at the first open; 0 = unknown, no check */
+static size_t host_in_use;    /* bytes allocated on all CPU devices (guarded by host_mu) */
+
+/* MemAvailable (the kernel's estimate of what can be allocated without
+ * swapping) in bytes, or 0 when /proc/meminfo does not say. */
+static size_t meminfo_available(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    unsigned long long kb = 0;
+    int found = 0;
+    while (!found && fgets(line, sizeof line, f))
+        found = sscanf(line, "MemAvailable: %llu kB", &kb) == 1;
+    fclose(f);
+    if (!found || kb > SIZE_MAX / 1024) return 0;
+    return (size_t)kb * 1024;
+}
+
+static size_t sysconf_available(void)
+{
+#ifdef _SC_AVPHYS_PAGES
+    long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (pages > 0 && page > 0 && (unsigned long)pages <= SIZE_MAX / (unsigned long)page)
+        return (size_t)pages * (size_t)page;
+#endif
+    return 0;
+}
+
+static void host_init(void)
+{
+    openblas_set_num_threads(1);
+    host_available = meminfo_available();
+    if (!host_available) host_available = sysconf_available();
+}
+
+/* Counts bytes against the host's available memory, or says why not. */
+static dp_status host_reserve(dp_device *dev, size_t bytes)
+{
+    pthread_mutex_lock(&host_mu);
+    size_t avail = host_available, used = host_in_use;
+    int fits = !avail || (bytes <= avail && used <= avail - bytes);
+    if (fits) host_in_use += bytes;
+    pthread_mutex_unlock(&host_mu);
+    if (fits) return DP_OK;
+    return DP_FAIL(DP_ERR_OUT_OF_MEMORY,
+                   "%s: %zu bytes asked, %zu bytes in use on all CPU devices, %zu bytes of "
+                   "host memory available when the first CPU device opened: this does not "
+                   "fit in the host's RAM; use a smaller batch or context, micro-batches "
+                   "(--max-tokens-per-device), or a --memory-limit per device that fits",
+                   dev->name, bytes, used, avail);
+}
+
+static void host_release(size_t bytes)
+{
+    pthread_mutex_lock(&host_mu);
+    host_in_use -= bytes < host_in_use ? bytes : host_in_use;
+    pthread_mutex_unlock(&host_mu);
+}
+
+// --- devices ------------------------------------------------------------------------------
 
 static dp_status cpu_open(dp_device *dev)
 {
-    pthread_once(&blas_once, blas_single_thread);
+    pthread_once(&host_once, host_init);
     dev->ctx = NULL;
     return DP_OK;
 }
@@ -36,21 +113,24 @@ static void cpu_close(dp_device *dev) { (void)dev; }
 
 static dp_status cpu_alloc(dp_device *dev, size_t bytes, void **out)
 {
+    DP_TRY(host_reserve(dev, bytes));
     /* aligned_alloc wants a multiple of the alignment. */
     size_t rounded = (bytes + DP_CPU_ALIGN - 1) / DP_CPU_ALIGN * DP_CPU_ALIGN;
-    if (rounded < bytes) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "%s: %zu bytes overflow", dev->name, bytes);
-    void *p = aligned_alloc(DP_CPU_ALIGN, rounded);
-    if (!p)
+    void *p = rounded < bytes ? NULL : aligned_alloc(DP_CPU_ALIGN, rounded);
+    if (!p) {
+        host_release(bytes);
         return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "%s: host allocation of %zu bytes failed",
                        dev->name, bytes);
+    }
     *out = p;
     return DP_OK;
 }
 
-static void cpu_free(dp_device *dev, void *ptr)
+static void cpu_free(dp_device *dev, void *ptr, size_t bytes)
 {
     (void)dev;
     free(ptr);
+    host_release(bytes);
 }
 
 static dp_status cpu_copy(dp_device *dev, void *dst, const void *src, size_t bytes)
@@ -82,6 +162,52 @@ static dp_status cpu_synchronize(dp_device *dev)
     return DP_OK;
 }
 
+// --- events: work on a CPU device is done when its call returns -----------------------
+
+static dp_status cpu_event_create(dp_device *dev, void **out)
+{
+    struct timespec *t = calloc(1, sizeof *t);
+    if (!t) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "%s: cannot allocate an event", dev->name);
+    *out = t;
+    return DP_OK;
+}
+
+static void cpu_event_destroy(dp_device *dev, void *ev)
+{
+    (void)dev;
+    free(ev);
+}
+
+static dp_status cpu_event_record(dp_device *dev, void *ev)
+{
+    if (clock_gettime(CLOCK_MONOTONIC, ev) != 0)
+        return DP_FAIL(DP_ERR_INTERNAL, "%s: clock_gettime failed", dev->name);
+    return DP_OK;
+}
+
+static dp_status cpu_event_wait(dp_device *dev, dp_device *ev_dev, void *ev)
+{
+    (void)dev;
+    (void)ev_dev;
+    (void)ev; /* the work before the record is already done */
+    return DP_OK;
+}
+
+static dp_status cpu_event_synchronize(dp_device *dev, void *ev)
+{
+    (void)dev;
+    (void)ev;
+    return DP_OK;
+}
+
+static dp_status cpu_event_elapsed(dp_device *dev, void *start, void *end, double *seconds)
+{
+    (void)dev;
+    const struct timespec *a = start, *b = end;
+    *seconds = (double)(b->tv_sec - a->tv_sec) + 1e-9 * (double)(b->tv_nsec - a->tv_nsec);
+    return DP_OK;
+}
+
 static dp_status cpu_gemm_strided_batched(dp_device *dev, dp_op transa, dp_op transb, int m,
                                           int n, int k, float alpha, const float *A, int lda,
                                           long long strideA, const float *B, int ldb,
@@ -107,6 +233,21 @@ static dp_status cpu_gemm_strided_batched(dp_device *dev, dp_op transa, dp_op tr
     return DP_OK;
 }
 
+// --- the element-wise and row-wise ops of kernels/ops.h --------------------------------
+
+/* One function per list entry: items i = 0..n-1 in order on the calling thread. */
+#define CPU_OP(name, shape, fn, params, args)                                    \
+    static DP_CPU_SIMD dp_status cpu_##name(dp_device *dev, DP_UNPAREN params, size_t n) \
+    {                                                                            \
+        (void)dev;                                                               \
+        for (size_t i = 0; i < n; i++) fn(DP_UNPAREN args, i);                   \
+        return DP_OK;                                                            \
+    }
+DP_KERNEL_OPS(CPU_OP)
+#undef CPU_OP
+
+#define CPU_OP_ENTRY(name, shape, fn, params, args) .name = cpu_##name,
+
 static const dp_backend_ops cpu_ops = {
     .name = "cpu",
     .host_memory = 1,
@@ -122,28 +263,24 @@ static const dp_backend_ops cpu_ops = {
     .copy_peer = cpu_copy_peer,
     .memset = cpu_memset,
     .synchronize = cpu_synchronize,
+    .event_create = cpu_event_create,
+    .event_destroy = cpu_event_destroy,
+    .event_record = cpu_event_record,
+    .event_wait = cpu_event_wait,
+    .event_synchronize = cpu_event_synchronize,
+    .event_elapsed = cpu_event_elapsed,
     .gemm_strided_batched = cpu_gemm_strided_batched,
-    .encoder_forward = dp_cpu_encoder_forward,
+    .set_allow_tf32 = NULL,
+    DP_KERNEL_OPS(CPU_OP_ENTRY)
     .encoder_backward = dp_cpu_encoder_backward,
     .bias_broadcast = dp_cpu_bias_broadcast,
     .bias_backward = dp_cpu_bias_backward,
-    .layernorm_forward = dp_cpu_layernorm_forward,
-    .layernorm_backward = dp_cpu_layernorm_backward,
-    .gelu_forward = dp_cpu_gelu_forward,
-    .gelu_backward = dp_cpu_gelu_backward,
-    .add = dp_cpu_add,
-    .accumulate = dp_cpu_accumulate,
-    .scale = dp_cpu_scale,
+    .layernorm_backward_params = dp_cpu_layernorm_backward_params,
     .sum_squares = dp_cpu_sum_squares,
     .attention_permute = dp_cpu_attention_permute,
     .attention_permute_backward = dp_cpu_attention_permute_backward,
     .attention_unpermute = dp_cpu_attention_unpermute,
     .attention_unpermute_backward = dp_cpu_attention_unpermute_backward,
-    .softmax_causal_forward = dp_cpu_softmax_causal_forward,
-    .softmax_causal_backward = dp_cpu_softmax_causal_backward,
-    .crossentropy = dp_cpu_crossentropy,
-    .adamw = dp_cpu_adamw,
-    .sgd = dp_cpu_sgd,
 };
 
 const dp_backend_ops *dp_backend_cpu(void) { return &cpu_ops; }

@@ -1,121 +1,92 @@
 /*
- * backend/cpu/cpu_nn.c - the CPU backend's layer kernels (everything but
- * attention, and scale / sum_squares which live with the optimizer).
+ * backend/cpu/cpu_nn.c - the CPU backend's hand-written layer kernels:
+ * the reductions and scatters (encoder backward, bias and LayerNorm
+ * parameter gradients, sum of squares) and the bias broadcast. The
+ * element-wise and row-wise ops are generated in cpu_backend.c from
+ * kernels/ops.h; the attention permutes are in cpu_attention.c.
  *
  * Each entry loops, on the calling thread, over the DP_HD functions of
  * lib/kernels/ that define the math for every backend. Arguments were
  * validated by the public wrappers in lib/nn. Loops that accumulate into
  * one element run in a fixed order, so results are bitwise reproducible.
  */
+#include <stdint.h>
+#include <stdlib.h>
+
 #include "backend/cpu/cpu_kernels.h"
-#include "kernels/crossentropy.h"
-#include "kernels/elementwise.h"
+#include "core/error.h"
 #include "kernels/encoder.h"
-#include "kernels/gelu.h"
 #include "kernels/layernorm.h"
 #include "kernels/linear.h"
-
-#include "dp/nn.h"
+#include "kernels/optim.h"
 
 // --- encoder ---------------------------------------------------------------------
 
-DP_CPU_SIMD dp_status dp_cpu_encoder_forward(dp_device *dev, float *out, const int32_t *inp,
-                                 const float *wte, const float *wpe, size_t B, size_t T,
-                                 size_t C)
+DP_CPU_SIMD dp_status dp_cpu_encoder_backward(dp_device *dev, float *dwte, float *dwpe,
+                                              const float *dout, const int32_t *inp, size_t B,
+                                              size_t T, size_t C)
 {
-    size_t n = B * T * C;
-    for (size_t i = 0; i < n; i++) dp_encoder_forward_elem(out, inp, wte, wpe, T, C, i);
-    return DP_OK;
-}
-
-DP_CPU_SIMD dp_status dp_cpu_encoder_backward(dp_device *dev, float *dwte, float *dwpe, const float *dout,
-                                  const int32_t *inp, size_t B, size_t T, size_t C)
-{
+    size_t BT = B * T;
+    if (BT >= UINT32_MAX)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: B*T = %zu rows; the embedding backward "
+                       "takes fewer than 2^32 rows; split the batch", dev->name, BT);
+    uint32_t *scratch = malloc(dp_encoder_group_scratch_words(BT) * sizeof *scratch);
+    if (!scratch)
+        return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "%s: no host memory to group %zu rows by token",
+                       dev->name, BT);
     for (size_t i = 0; i < T * C; i++) dp_encoder_backward_wpe_elem(dwpe, dout, B, T, C, i);
-    for (size_t c = 0; c < C; c++) dp_encoder_backward_wte_channel(dwte, dout, inp, B * T, C, c);
+    uint32_t *order, *seg;
+    size_t ng = dp_encoder_group_rows(inp, BT, scratch, &order, &seg);
+    for (size_t g = 0; g < ng; g++)
+        for (size_t c0 = 0; c0 < C; c0 += 64) {
+            size_t c1 = C - c0 < 64 ? C : c0 + 64;
+            dp_encoder_backward_wte_group(dwte, dout, inp, order, seg, C, g, c0, c1);
+        }
+    free(scratch);
     return DP_OK;
 }
 
 // --- linear (bias parts; the GEMM is the backend's) --------------------------------
 
-DP_CPU_SIMD dp_status dp_cpu_bias_broadcast(dp_device *dev, float *out, const float *bias, size_t N,
-                                size_t OC)
+DP_CPU_SIMD dp_status dp_cpu_bias_broadcast(dp_device *dev, float *out, const float *bias,
+                                            size_t N, size_t OC)
 {
     for (size_t r = 0; r < N; r++) dp_bias_broadcast_row(out, bias, OC, r);
     return DP_OK;
 }
 
-DP_CPU_SIMD dp_status dp_cpu_bias_backward(dp_device *dev, float *dbias, const float *dout, size_t N,
-                               size_t OC)
+DP_CPU_SIMD dp_status dp_cpu_bias_backward(dp_device *dev, float *dbias, const float *dout,
+                                           size_t N, size_t OC)
 {
-    for (size_t o0 = 0; o0 < OC; o0 += DP_BIAS_BACKWARD_TILE) {
-        size_t o1 = OC - o0 < DP_BIAS_BACKWARD_TILE ? OC : o0 + DP_BIAS_BACKWARD_TILE;
+    for (size_t o0 = 0; o0 < OC; o0 += DP_COL_TILE) {
+        size_t o1 = OC - o0 < DP_COL_TILE ? OC : o0 + DP_COL_TILE;
         dp_bias_backward_cols(dbias, dout, N, OC, o0, o1);
     }
     return DP_OK;
 }
 
-// --- LayerNorm ---------------------------------------------------------------------
+// --- LayerNorm parameter gradients -------------------------------------------------
 
-DP_CPU_SIMD dp_status dp_cpu_layernorm_forward(dp_device *dev, float *out, float *mean, float *rstd,
-                                   const float *inp, const float *weight, const float *bias,
-                                   size_t N, size_t C)
+DP_CPU_SIMD dp_status dp_cpu_layernorm_backward_params(dp_device *dev, float *dweight,
+                                                       float *dbias, const float *dout,
+                                                       const float *inp, const float *mean,
+                                                       const float *rstd, size_t N, size_t C)
 {
-    for (size_t n = 0; n < N; n++)
-        dp_layernorm_forward_row(out + n * C, mean + n, rstd + n, inp + n * C, weight, bias, C,
-                                 DP_LAYERNORM_EPS);
+    for (size_t c0 = 0; c0 < C; c0 += DP_COL_TILE) {
+        size_t c1 = C - c0 < DP_COL_TILE ? C : c0 + DP_COL_TILE;
+        dp_layernorm_param_cols(dweight, dbias, dout, inp, mean, rstd, N, C, c0, c1);
+    }
     return DP_OK;
 }
 
-DP_CPU_SIMD dp_status dp_cpu_layernorm_backward(dp_device *dev, float *dinp, float *dweight, float *dbias,
-                                    const float *dout, const float *inp, const float *weight,
-                                    const float *mean, const float *rstd, size_t N, size_t C)
+// --- sum of squares (gradient norm) --------------------------------------------------
+
+DP_CPU_SIMD dp_status dp_cpu_sum_squares(dp_device *dev, double *out_host, const float *x,
+                                         size_t n)
 {
-    for (size_t n = 0; n < N; n++)
-        dp_layernorm_backward_inp_row(dinp + n * C, dout + n * C, inp + n * C, weight, mean[n],
-                                      rstd[n], C);
-    for (size_t c = 0; c < C; c++)
-        dp_layernorm_backward_param_channel(dweight, dbias, dout, inp, mean, rstd, N, C, c);
-    return DP_OK;
-}
-
-// --- GELU --------------------------------------------------------------------------
-
-DP_CPU_SIMD dp_status dp_cpu_gelu_forward(dp_device *dev, float *out, const float *inp, size_t n)
-{
-    for (size_t i = 0; i < n; i++) dp_gelu_forward_elem(out, inp, i);
-    return DP_OK;
-}
-
-DP_CPU_SIMD dp_status dp_cpu_gelu_backward(dp_device *dev, float *dinp, const float *inp,
-                               const float *dout, size_t n)
-{
-    for (size_t i = 0; i < n; i++) dp_gelu_backward_elem(dinp, inp, dout, i);
-    return DP_OK;
-}
-
-// --- element-wise ------------------------------------------------------------------
-
-DP_CPU_SIMD dp_status dp_cpu_add(dp_device *dev, float *out, const float *a, const float *b, size_t n)
-{
-    for (size_t i = 0; i < n; i++) dp_add_elem(out, a, b, i);
-    return DP_OK;
-}
-
-DP_CPU_SIMD dp_status dp_cpu_accumulate(dp_device *dev, float *dst, const float *src, size_t n)
-{
-    for (size_t i = 0; i < n; i++) dp_accumulate_elem(dst, src, i);
-    return DP_OK;
-}
-
-// --- cross-entropy -----------------------------------------------------------------
-
-DP_CPU_SIMD dp_status dp_cpu_crossentropy(dp_device *dev, float *losses, float *dlogits,
-                              const float *logits, const int32_t *targets, size_t N, size_t V,
-                              float dscale)
-{
-    for (size_t n = 0; n < N; n++)
-        dp_crossentropy_row(losses + n, dlogits ? dlogits + n * V : NULL, logits + n * V,
-                            targets[n], V, dscale);
+    /* Index order, one double accumulator: reproducible bit for bit. */
+    double acc = 0.0;
+    for (size_t i = 0; i < n; i++) acc += dp_square_element(x[i]);
+    *out_host = acc;
     return DP_OK;
 }

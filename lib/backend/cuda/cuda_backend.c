@@ -3,8 +3,9 @@
  * through cuBLAS, and the kernel entries (launchers in cuda_kernels.cu).
  *
  * A logical device "cuda:i" owns a non-blocking stream, a cuBLAS handle
- * bound to that stream, two pinned host staging buffers and a small
- * scratch area. Several logical devices may share one physical GPU
+ * bound to that stream with a workspace dp allocates, two pinned host
+ * staging buffers and a small scratch area; their bytes are the device's
+ * `reserved` memory, counted against its limit. Several logical devices may share one physical GPU
  * (cuda:0,cuda:0): each has its own stream, handle and accounting.
  *
  * Ordering. All work of a device runs on its stream, so one device's ops
@@ -37,7 +38,6 @@
 #include <cuda_runtime_api.h>
 
 #include "backend/backend.h"
-#include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "core/error.h"
 
@@ -46,16 +46,25 @@
  * the DMA of the other. */
 #define STAGE_BYTES ((size_t)4 << 20)
 
+/* cuBLAS workspace per handle (cuBLAS's own defaults for these GPUs). */
+#define BLAS_WS_BYTES ((size_t)4 << 20)
+#define BLAS_WS_BYTES_SM90 ((size_t)32 << 20)
+
 typedef struct cuda_ctx {
     int ordinal; /* physical device, after CUDA_VISIBLE_DEVICES */
     cudaStream_t stream;
     cublasHandle_t blas;
+    void *blas_ws;                /* device: the cuBLAS workspace dp gives the handle */
 
-    pthread_mutex_t mu;           /* guards stage, stage_done, sumsq and result_host */
+    pthread_mutex_t mu;           /* guards stage, stage_done, sumsq, result_host, col, grp */
     unsigned char *stage[2];      /* pinned host, STAGE_BYTES each */
     cudaEvent_t stage_done[2];    /* last GPU use of stage[b] */
     double *sumsq;                /* device: DP_CUDA_SUMSQ_BLOCKS partials + 1 result */
     double *result_host;          /* pinned: the result copied back */
+    float *col;                   /* device: partials of the column reductions */
+    size_t col_bytes;             /* its size (grown on demand, part of dev->reserved) */
+    void *grp;                    /* device: the embedding backward's token groups */
+    size_t grp_bytes;             /* its size (likewise) */
 
     pthread_mutex_t ev_mu;        /* guards order_ev between its record and wait */
     cudaEvent_t order_ev;         /* marks this stream's work for another stream */
@@ -130,20 +139,62 @@ static dp_status blas_fail(const dp_device *dev, cublasStatus_t st, const char *
 
 // --- devices and threads -------------------------------------------------------------------
 
-/* Makes ordinal the calling thread's current device (kernels and cuBLAS
- * calls need it; cudaGetDevice is a thread-local read). */
-static dp_status use_device(const dp_device *dev, int ordinal)
+/* The calling thread's current device belongs to the application: every
+ * entry that switches it switches it back before returning (except
+ * bind_thread, whose purpose is to set it). An entry declares
+ * DEVICE_GUARD, which remembers the device current before dp's first
+ * switch (-1: not switched) and restores it when the entry returns, on
+ * every path (GCC/Clang's cleanup attribute runs at scope exit, after the
+ * return value has been computed). */
+static void restore_device(int *prev)
+{
+    if (*prev >= 0 && cudaSetDevice(*prev) != cudaSuccess) (void)cudaGetLastError();
+}
+
+#define DEVICE_GUARD int dp_prev_device_ __attribute__((cleanup(restore_device))) = -1
+
+/* Thread's current device, or -1 when the runtime cannot say. */
+static int current_device(void)
 {
     int cur = -1;
     if (cudaGetDevice(&cur) != cudaSuccess) {
         (void)cudaGetLastError();
         cur = -1;
     }
-    if (cur != ordinal) CU_TRY(dev, cudaSetDevice(ordinal));
+    return cur;
+}
+
+/* Makes ordinal the calling thread's current device (kernels and cuBLAS
+ * calls need it; cudaGetDevice is a thread-local read). On the first switch
+ * *prev (a DEVICE_GUARD's, or NULL to keep the switch) gets the device to
+ * restore. */
+static dp_status use_device(const dp_device *dev, int ordinal, int *prev)
+{
+    int cur = current_device();
+    if (cur == ordinal) return DP_OK;
+    CU_TRY(dev, cudaSetDevice(ordinal));
+    if (prev && *prev < 0) *prev = cur;
     return DP_OK;
 }
 
-#define ENTER(dev) DP_TRY(use_device((dev), CTX(dev)->ordinal))
+/* use_device for the entries that cannot fail (close, free): no message,
+ * the runtime's error cleared; 1 when ordinal is current. */
+static int use_device_quietly(int ordinal, int *prev)
+{
+    int cur = current_device();
+    if (cur == ordinal) return 1;
+    if (cudaSetDevice(ordinal) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    if (*prev < 0) *prev = cur;
+    return 1;
+}
+
+/* First statement of an entry: switch to dev's GPU until it returns. */
+#define ENTER(dev)  \
+    DEVICE_GUARD;   \
+    DP_TRY(use_device((dev), CTX(dev)->ordinal, &dp_prev_device_))
 
 static pthread_once_t count_once = PTHREAD_ONCE_INIT;
 static int visible_count;
@@ -175,14 +226,15 @@ int dp_backend_cuda_count(void)
 static pthread_mutex_t peer_mu = PTHREAD_MUTEX_INITIALIZER;
 static signed char peer_state[DP_MAX_DEVICES][DP_MAX_DEVICES];
 
-static void ensure_peer(int from, int to)
+static void ensure_peer(int from, int to, int *prev)
 {
     pthread_mutex_lock(&peer_mu);
     if (peer_state[from][to] == 0) {
         signed char st = -1;
-        int can = 0;
+        int can = 0, cur = current_device();
         if (cudaDeviceCanAccessPeer(&can, from, to) == cudaSuccess && can &&
-            cudaSetDevice(from) == cudaSuccess) {
+            (cur == from || cudaSetDevice(from) == cudaSuccess)) {
+            if (cur != from && *prev < 0) *prev = cur;
             cudaError_t e = cudaDeviceEnablePeerAccess(to, 0);
             if (e == cudaSuccess || e == cudaErrorPeerAccessAlreadyEnabled) st = 1;
         }
@@ -198,9 +250,12 @@ static void cuda_close(dp_device *dev)
 {
     cuda_ctx *c = CTX(dev);
     if (!c) return;
+    DEVICE_GUARD;
     /* Best effort: close cannot fail, so errors are cleared, not reported. */
-    if (cudaSetDevice(c->ordinal) == cudaSuccess && c->stream) cudaStreamSynchronize(c->stream);
+    if (use_device_quietly(c->ordinal, &dp_prev_device_) && c->stream)
+        cudaStreamSynchronize(c->stream);
     if (c->blas) cublasDestroy(c->blas);
+    if (c->blas_ws) cudaFree(c->blas_ws);
     for (int b = 0; b < 2; b++) {
         if (c->stage_done[b]) cudaEventDestroy(c->stage_done[b]);
         if (c->stage[b]) cudaFreeHost(c->stage[b]);
@@ -208,6 +263,8 @@ static void cuda_close(dp_device *dev)
     if (c->order_ev) cudaEventDestroy(c->order_ev);
     if (c->sumsq) cudaFree(c->sumsq);
     if (c->result_host) cudaFreeHost(c->result_host);
+    if (c->col) cudaFree(c->col);
+    if (c->grp) cudaFree(c->grp);
     if (c->stream) cudaStreamDestroy(c->stream);
     (void)cudaGetLastError();
     if (c->mu_ok) pthread_mutex_destroy(&c->mu);
@@ -218,10 +275,18 @@ static void cuda_close(dp_device *dev)
 
 static dp_status open_resources(dp_device *dev, cuda_ctx *c)
 {
-    DP_TRY(use_device(dev, c->ordinal));
+    ENTER(dev);
     CU_TRY(dev, cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     BLAS_TRY(dev, cublasCreate(&c->blas));
     BLAS_TRY(dev, cublasSetStream(c->blas, c->stream));
+    /* The workspace is memory dp allocates and counts (dev->reserved), not
+     * one cuBLAS takes behind the accounting's back: the size cuBLAS
+     * itself would pick (32 MiB on Hopper and newer, 4 MiB before). */
+    int major = 0;
+    CU_TRY(dev, cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->ordinal));
+    size_t ws = major >= 9 ? BLAS_WS_BYTES_SM90 : BLAS_WS_BYTES;
+    CU_TRY(dev, cudaMalloc(&c->blas_ws, ws));
+    BLAS_TRY(dev, cublasSetWorkspace(c->blas, c->blas_ws, ws));
     /* Full float32 unless dp_device_set_allow_tf32 says otherwise. */
     BLAS_TRY(dev, cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH));
     for (int b = 0; b < 2; b++) {
@@ -231,6 +296,10 @@ static dp_status open_resources(dp_device *dev, cuda_ctx *c)
     CU_TRY(dev, cudaEventCreateWithFlags(&c->order_ev, cudaEventDisableTiming));
     CU_TRY(dev, cudaMalloc((void **)&c->sumsq, (DP_CUDA_SUMSQ_BLOCKS + 1) * sizeof(double)));
     CU_TRY(dev, cudaHostAlloc((void **)&c->result_host, sizeof(double), cudaHostAllocPortable));
+    /* Counted against the device's limit (dp_memory_stats.reserved): GPU
+     * memory (workspace, scratch) and pinned host memory (staging). */
+    dev->reserved = ws + (DP_CUDA_SUMSQ_BLOCKS + 1) * sizeof(double) + 2 * STAGE_BYTES +
+                    sizeof(double);
     return DP_OK;
 }
 
@@ -267,13 +336,13 @@ static dp_status cuda_open(dp_device *dev)
     return s;
 }
 
+/* The one entry that leaves dev current: binding is its purpose. */
 static dp_status cuda_bind_thread(dp_device *dev)
 {
-    ENTER(dev);
-    return DP_OK;
+    return use_device(dev, CTX(dev)->ordinal, NULL);
 }
 
-dp_status dp_cuda_set_allow_tf32(dp_device *dev, int allow)
+static dp_status cuda_set_allow_tf32(dp_device *dev, int allow)
 {
     ENTER(dev);
     cuda_ctx *c = CTX(dev);
@@ -304,15 +373,17 @@ static dp_status cuda_alloc(dp_device *dev, size_t bytes, void **out)
     return DP_OK;
 }
 
-static void cuda_free(dp_device *dev, void *ptr)
+static void cuda_free(dp_device *dev, void *ptr, size_t bytes)
 {
+    (void)bytes;
     cuda_ctx *c = CTX(dev);
     /* Work queued on this stream may still use ptr, and peer copies that
      * read it are ordered before this stream's later work (copy_peer), so
      * waiting for the stream makes the free safe without relying on
      * cudaFree's implicit synchronisation. free cannot fail: errors are
      * cleared. */
-    if (cudaSetDevice(c->ordinal) == cudaSuccess) {
+    DEVICE_GUARD;
+    if (use_device_quietly(c->ordinal, &dp_prev_device_)) {
         cudaStreamSynchronize(c->stream);
         cudaFree(ptr);
     }
@@ -402,10 +473,10 @@ static dp_status cuda_copy_d2d(dp_device *dev, void *dst, const void *src, size_
 
 /* Work queued on `then`'s stream from now on waits for all work queued so
  * far on `first`'s stream. */
-static dp_status order_after(dp_device *first, dp_device *then)
+static dp_status order_after(dp_device *first, dp_device *then, int *prev)
 {
     cuda_ctx *fc = CTX(first), *tc = CTX(then);
-    DP_TRY(use_device(first, fc->ordinal)); /* the event is recorded on first's device */
+    DP_TRY(use_device(first, fc->ordinal, prev)); /* the event is recorded on first's device */
     pthread_mutex_lock(&fc->ev_mu);
     cudaError_t e = cudaEventRecord(fc->order_ev, fc->stream);
     const char *call = "cudaEventRecord";
@@ -423,22 +494,23 @@ static dp_status cuda_copy_peer(dp_device *dst_dev, void *dst, dp_device *src_de
                                 const void *src, size_t bytes)
 {
     if (dst_dev == src_dev) return cuda_copy_d2d(dst_dev, dst, src, bytes);
+    DEVICE_GUARD;
     cuda_ctx *dc = CTX(dst_dev), *sc = CTX(src_dev);
     int same_gpu = dc->ordinal == sc->ordinal;
     if (!same_gpu) {
-        ensure_peer(dc->ordinal, sc->ordinal);
-        ensure_peer(sc->ordinal, dc->ordinal);
+        ensure_peer(dc->ordinal, sc->ordinal, &dp_prev_device_);
+        ensure_peer(sc->ordinal, dc->ordinal, &dp_prev_device_);
     }
     /* 1. The copy starts after the work that produced src. */
-    DP_TRY(order_after(src_dev, dst_dev));
+    DP_TRY(order_after(src_dev, dst_dev, &dp_prev_device_));
     /* 2. On the destination's stream: ordered with everything using dst. */
-    DP_TRY(use_device(dst_dev, dc->ordinal));
+    DP_TRY(use_device(dst_dev, dc->ordinal, &dp_prev_device_));
     if (same_gpu)
         CU_TRY(dst_dev, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, dc->stream));
     else
         CU_TRY(dst_dev, cudaMemcpyPeerAsync(dst, dc->ordinal, src, sc->ordinal, bytes, dc->stream));
     /* 3. Later work on the source (which may overwrite src) waits for the copy. */
-    return order_after(dst_dev, src_dev);
+    return order_after(dst_dev, src_dev, &dp_prev_device_);
 }
 
 static dp_status cuda_memset(dp_device *dev, void *dst, int value, size_t bytes)
@@ -452,6 +524,56 @@ static dp_status cuda_synchronize(dp_device *dev)
 {
     ENTER(dev);
     CU_TRY(dev, cudaStreamSynchronize(CTX(dev)->stream));
+    return DP_OK;
+}
+
+// --- events --------------------------------------------------------------------------------------
+
+static dp_status cuda_event_create(dp_device *dev, void **out)
+{
+    ENTER(dev);
+    cudaEvent_t e = NULL;
+    CU_TRY(dev, cudaEventCreate(&e)); /* with timing, for dp_event_elapsed */
+    *out = e;
+    return DP_OK;
+}
+
+static void cuda_event_destroy(dp_device *dev, void *ev)
+{
+    (void)dev;
+    if (cudaEventDestroy((cudaEvent_t)ev) != cudaSuccess) (void)cudaGetLastError();
+}
+
+static dp_status cuda_event_record(dp_device *dev, void *ev)
+{
+    ENTER(dev);
+    CU_TRY(dev, cudaEventRecord((cudaEvent_t)ev, CTX(dev)->stream));
+    return DP_OK;
+}
+
+/* A stream may wait for an event of another device's stream. */
+static dp_status cuda_event_wait(dp_device *dev, dp_device *ev_dev, void *ev)
+{
+    (void)ev_dev;
+    ENTER(dev);
+    CU_TRY(dev, cudaStreamWaitEvent(CTX(dev)->stream, (cudaEvent_t)ev, 0));
+    return DP_OK;
+}
+
+static dp_status cuda_event_synchronize(dp_device *dev, void *ev)
+{
+    ENTER(dev);
+    CU_TRY(dev, cudaEventSynchronize((cudaEvent_t)ev));
+    return DP_OK;
+}
+
+static dp_status cuda_event_elapsed(dp_device *dev, void *start, void *end, double *seconds)
+{
+    ENTER(dev);
+    float ms = 0.0f;
+    CU_TRY(dev, cudaEventSynchronize((cudaEvent_t)end));
+    CU_TRY(dev, cudaEventElapsedTime(&ms, (cudaEvent_t)start, (cudaEvent_t)end));
+    *seconds = 1e-3 * (double)ms;
     return DP_OK;
 }
 
@@ -492,18 +614,94 @@ static dp_status cuda_gemm_strided_batched(dp_device *dev, dp_op transa, dp_op t
         return DP_OK;                                              \
     } while (0)
 
-static dp_status cuda_encoder_forward(dp_device *dev, float *out, const int32_t *inp,
-                                      const float *wte, const float *wpe, size_t B, size_t T,
-                                      size_t C)
+/* The element-wise and row-wise ops of kernels/ops.h: one entry each. */
+#define CUDA_OP(name, shape, fn, params, args)                                   \
+    static dp_status cuda_##name(dp_device *dev, DP_UNPAREN params, size_t n)     \
+    {                                                                            \
+        LAUNCH(dev, dp_cuda_launch_##name, DP_UNPAREN args, n);                  \
+    }
+DP_KERNEL_OPS(CUDA_OP)
+#undef CUDA_OP
+#define CUDA_OP_ENTRY(name, shape, fn, params, args) .name = cuda_##name,
+
+/* Device scratch *buf of *cap bytes grown to at least `bytes` (c->mu
+ * held): the column reductions' partials, the embedding backward's token
+ * groups. Its bytes are reserved memory, so growing it respects the
+ * device's limit. */
+static dp_status grow_scratch(dp_device *dev, cuda_ctx *c, void **buf, size_t *cap, size_t bytes)
 {
-    LAUNCH(dev, dp_cuda_launch_encoder_forward, out, inp, wte, wpe, B, T, C);
+    if (bytes <= *cap) return DP_OK;
+    if (bytes > SIZE_MAX / 2)
+        return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "%s: %zu scratch bytes overflow", dev->name, bytes);
+    bytes = (bytes + ((size_t)64 << 10) - 1) / ((size_t)64 << 10) * ((size_t)64 << 10);
+    pthread_mutex_lock(&dev->mu);
+    size_t grow = bytes - *cap, used = dev->in_use + dev->reserved, limit = dev->limit;
+    pthread_mutex_unlock(&dev->mu);
+    if (limit && (used > limit || grow > limit - used))
+        return DP_FAIL(DP_ERR_OUT_OF_MEMORY,
+                       "%s: a kernel's scratch buffer needs %zu more bytes, which would "
+                       "pass the memory limit (%zu bytes in use and reserved, limit %zu "
+                       "bytes); use a smaller batch or a higher --memory-limit",
+                       dev->name, grow, used, limit);
+    /* Kernels queued on the stream may still read the old buffer. */
+    CU_TRY(dev, cudaStreamSynchronize(c->stream));
+    if (*buf) CU_TRY(dev, cudaFree(*buf));
+    pthread_mutex_lock(&dev->mu);
+    dev->reserved -= *cap;
+    pthread_mutex_unlock(&dev->mu);
+    *buf = NULL;
+    *cap = 0;
+    CU_TRY(dev, cudaMalloc(buf, bytes));
+    *cap = bytes;
+    pthread_mutex_lock(&dev->mu);
+    dev->reserved += bytes;
+    pthread_mutex_unlock(&dev->mu);
+    return DP_OK;
+}
+
+/* The rows grouped by token on the host (kernels/encoder.h): inp comes to
+ * the host (the end of backward, where the wait costs little), the groups
+ * go to the device scratch c->grp, then one thread per (group, channel). */
+static dp_status encoder_backward_locked(dp_device *dev, cuda_ctx *c, uint32_t *host,
+                                         float *dwte, float *dwpe, const float *dout,
+                                         const int32_t *inp, size_t B, size_t T, size_t C)
+{
+    size_t BT = B * T;
+    int32_t *ids = (int32_t *)(host + dp_encoder_group_scratch_words(BT));
+    DP_TRY(d2h_locked(dev, c, ids, inp, BT * sizeof *ids));
+    uint32_t *order, *seg;
+    size_t ng = dp_encoder_group_rows(ids, BT, host, &order, &seg);
+    /* order and seg are adjacent in host (seg = order + 2 BT): copy both parts. */
+    DP_TRY(grow_scratch(dev, c, &c->grp, &c->grp_bytes, (BT + ng + 1) * sizeof(uint32_t)));
+    uint32_t *d_order = (uint32_t *)c->grp, *d_seg = d_order + BT;
+    DP_TRY(h2d_locked(dev, c, d_order, order, BT * sizeof(uint32_t)));
+    DP_TRY(h2d_locked(dev, c, d_seg, seg, (ng + 1) * sizeof(uint32_t)));
+    CU_TRY(dev, dp_cuda_launch_encoder_backward(c->stream, dwte, dwpe, dout, inp, d_order, d_seg,
+                                                ng, B, T, C));
+    /* The caller may free host now: h2d_locked returns once it has copied
+     * its source into the pinned staging buffers. */
+    return DP_OK;
 }
 
 static dp_status cuda_encoder_backward(dp_device *dev, float *dwte, float *dwpe,
                                        const float *dout, const int32_t *inp, size_t B, size_t T,
                                        size_t C)
 {
-    LAUNCH(dev, dp_cuda_launch_encoder_backward, dwte, dwpe, dout, inp, B, T, C);
+    ENTER(dev);
+    size_t BT = B * T;
+    if (BT >= UINT32_MAX / 4)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: B*T = %zu rows; the embedding backward "
+                       "takes fewer than 2^30 rows; split the batch", dev->name, BT);
+    uint32_t *host = malloc((dp_encoder_group_scratch_words(BT) + BT) * sizeof *host);
+    if (!host)
+        return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "%s: no host memory to group %zu rows by token",
+                       dev->name, BT);
+    cuda_ctx *c = CTX(dev);
+    pthread_mutex_lock(&c->mu);
+    dp_status s = encoder_backward_locked(dev, c, host, dwte, dwpe, dout, inp, B, T, C);
+    pthread_mutex_unlock(&c->mu);
+    free(host);
+    return s;
 }
 
 static dp_status cuda_bias_broadcast(dp_device *dev, float *out, const float *bias, size_t N,
@@ -512,52 +710,46 @@ static dp_status cuda_bias_broadcast(dp_device *dev, float *out, const float *bi
     LAUNCH(dev, dp_cuda_launch_bias_broadcast, out, bias, N, OC);
 }
 
+static dp_status bias_backward_locked(dp_device *dev, cuda_ctx *c, float *dbias,
+                                      const float *dout, size_t N, size_t OC)
+{
+    DP_TRY(grow_scratch(dev, c, (void **)&c->col, &c->col_bytes,
+                        dp_col_chunks(N) * OC * sizeof(float)));
+    CU_TRY(dev, dp_cuda_launch_bias_backward(c->stream, dbias, c->col, dout, N, OC));
+    return DP_OK;
+}
+
 static dp_status cuda_bias_backward(dp_device *dev, float *dbias, const float *dout, size_t N,
                                     size_t OC)
 {
-    LAUNCH(dev, dp_cuda_launch_bias_backward, dbias, dout, N, OC);
+    ENTER(dev);
+    cuda_ctx *c = CTX(dev);
+    pthread_mutex_lock(&c->mu); /* the scratch is shared by concurrent callers */
+    dp_status s = bias_backward_locked(dev, c, dbias, dout, N, OC);
+    pthread_mutex_unlock(&c->mu);
+    return s;
 }
 
-static dp_status cuda_layernorm_forward(dp_device *dev, float *out, float *mean, float *rstd,
-                                        const float *inp, const float *weight,
-                                        const float *bias, size_t N, size_t C)
+static dp_status cuda_layernorm_backward_params(dp_device *dev, float *dweight, float *dbias,
+                                                const float *dout, const float *inp,
+                                                const float *mean, const float *rstd, size_t N,
+                                                size_t C)
 {
-    LAUNCH(dev, dp_cuda_launch_layernorm_forward, out, mean, rstd, inp, weight, bias, N, C);
-}
-
-static dp_status cuda_layernorm_backward(dp_device *dev, float *dinp, float *dweight,
-                                         float *dbias, const float *dout, const float *inp,
-                                         const float *weight, const float *mean,
-                                         const float *rstd, size_t N, size_t C)
-{
-    LAUNCH(dev, dp_cuda_launch_layernorm_backward, dinp, dweight, dbias, dout, inp, weight, mean,
-           rstd, N, C);
-}
-
-static dp_status cuda_gelu_forward(dp_device *dev, float *out, const float *inp, size_t n)
-{
-    LAUNCH(dev, dp_cuda_launch_gelu_forward, out, inp, n);
-}
-
-static dp_status cuda_gelu_backward(dp_device *dev, float *dinp, const float *inp,
-                                    const float *dout, size_t n)
-{
-    LAUNCH(dev, dp_cuda_launch_gelu_backward, dinp, inp, dout, n);
-}
-
-static dp_status cuda_add(dp_device *dev, float *out, const float *a, const float *b, size_t n)
-{
-    LAUNCH(dev, dp_cuda_launch_add, out, a, b, n);
-}
-
-static dp_status cuda_accumulate(dp_device *dev, float *dst, const float *src, size_t n)
-{
-    LAUNCH(dev, dp_cuda_launch_accumulate, dst, src, n);
-}
-
-static dp_status cuda_scale(dp_device *dev, float *x, float s, size_t n)
-{
-    LAUNCH(dev, dp_cuda_launch_scale, x, s, n);
+    ENTER(dev);
+    cuda_ctx *c = CTX(dev);
+    pthread_mutex_lock(&c->mu);
+    /* Products of sizes the public wrapper has checked to fit (N*C floats). */
+    dp_status s = grow_scratch(dev, c, (void **)&c->col, &c->col_bytes,
+                               2 * dp_col_chunks(N) * C * sizeof(float));
+    if (s == DP_OK) {
+        cudaError_t e = dp_cuda_launch_layernorm_backward_params(c->stream, dweight, dbias, c->col,
+                                                                 dout, inp, mean, rstd, N, C);
+        if (e != cudaSuccess)
+            s = cuda_fail(dev, e, "dp_cuda_launch_layernorm_backward_params", __func__, __FILE__,
+                          __LINE__);
+    }
+    pthread_mutex_unlock(&c->mu);
+    return s;
 }
 
 static dp_status sum_squares_locked(dp_device *dev, cuda_ctx *c, double *out_host,
@@ -608,41 +800,6 @@ static dp_status cuda_attention_unpermute_backward(dp_device *dev, float *dy,
     LAUNCH(dev, dp_cuda_launch_attention_unpermute_backward, dy, dout, B, T, NH, hs);
 }
 
-static dp_status cuda_softmax_causal_forward(dp_device *dev, float *att, float scale,
-                                             size_t BNH, size_t T)
-{
-    LAUNCH(dev, dp_cuda_launch_softmax_causal_forward, att, scale, BNH, T);
-}
-
-static dp_status cuda_softmax_causal_backward(dp_device *dev, float *datt, const float *att,
-                                              float scale, size_t BNH, size_t T)
-{
-    LAUNCH(dev, dp_cuda_launch_softmax_causal_backward, datt, att, scale, BNH, T);
-}
-
-static dp_status cuda_crossentropy(dp_device *dev, float *losses, float *dlogits,
-                                   const float *logits, const int32_t *targets, size_t N,
-                                   size_t V, float dscale)
-{
-    LAUNCH(dev, dp_cuda_launch_crossentropy, losses, dlogits, logits, targets, N, V, dscale);
-}
-
-static dp_status cuda_adamw(dp_device *dev, float *params, const float *grads, float *m,
-                            float *v, size_t n, float lr, float beta1, float beta2, float eps,
-                            float weight_decay, float bias_corr1, float bias_corr2)
-{
-    LAUNCH(dev, dp_cuda_launch_adamw, params, grads, m, v, n, lr, beta1, beta2, eps,
-           weight_decay, bias_corr1, bias_corr2);
-}
-
-static dp_status cuda_sgd(dp_device *dev, float *params, const float *grads,
-                          float *momentum_buf, size_t n, float lr, float momentum,
-                          float weight_decay, int first_step)
-{
-    LAUNCH(dev, dp_cuda_launch_sgd, params, grads, momentum_buf, n, lr, momentum, weight_decay,
-           first_step);
-}
-
 // --- the table -------------------------------------------------------------------------------------
 
 static const dp_backend_ops cuda_ops = {
@@ -660,28 +817,24 @@ static const dp_backend_ops cuda_ops = {
     .copy_peer = cuda_copy_peer,
     .memset = cuda_memset,
     .synchronize = cuda_synchronize,
+    .event_create = cuda_event_create,
+    .event_destroy = cuda_event_destroy,
+    .event_record = cuda_event_record,
+    .event_wait = cuda_event_wait,
+    .event_synchronize = cuda_event_synchronize,
+    .event_elapsed = cuda_event_elapsed,
     .gemm_strided_batched = cuda_gemm_strided_batched,
-    .encoder_forward = cuda_encoder_forward,
+    .set_allow_tf32 = cuda_set_allow_tf32,
+    DP_KERNEL_OPS(CUDA_OP_ENTRY)
     .encoder_backward = cuda_encoder_backward,
     .bias_broadcast = cuda_bias_broadcast,
     .bias_backward = cuda_bias_backward,
-    .layernorm_forward = cuda_layernorm_forward,
-    .layernorm_backward = cuda_layernorm_backward,
-    .gelu_forward = cuda_gelu_forward,
-    .gelu_backward = cuda_gelu_backward,
-    .add = cuda_add,
-    .accumulate = cuda_accumulate,
-    .scale = cuda_scale,
+    .layernorm_backward_params = cuda_layernorm_backward_params,
     .sum_squares = cuda_sum_squares,
     .attention_permute = cuda_attention_permute,
     .attention_permute_backward = cuda_attention_permute_backward,
     .attention_unpermute = cuda_attention_unpermute,
     .attention_unpermute_backward = cuda_attention_unpermute_backward,
-    .softmax_causal_forward = cuda_softmax_causal_forward,
-    .softmax_causal_backward = cuda_softmax_causal_backward,
-    .crossentropy = cuda_crossentropy,
-    .adamw = cuda_adamw,
-    .sgd = cuda_sgd,
 };
 
 const dp_backend_ops *dp_backend_cuda(void) { return &cuda_ops; }

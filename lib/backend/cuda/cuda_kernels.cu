@@ -6,10 +6,13 @@
  *
  * Launch shapes:
  *   - element kernels: one thread per output element, 256-thread blocks;
- *   - row and column kernels (one DP_HD call per LayerNorm row, softmax
- *     row, cross-entropy row, bias or embedding channel): one thread per
- *     row or column, 64-thread blocks so that a few thousand rows still
- *     spread over every SM.
+ *   - row kernels (one DP_HD call per LayerNorm row, softmax row,
+ *     cross-entropy row, embedding channel): one thread per row or column,
+ *     64-thread blocks so that a few thousand rows still spread over every
+ *     SM;
+ *   - column reductions (bias and LayerNorm parameter gradients): two
+ *     stages, one thread per (row chunk, column) then one per column, in
+ *     the fixed order of kernels/colsum.h.
  * Grids are capped at DP_MAX_BLOCKS blocks and every kernel is a
  * grid-stride loop with size_t indices, so any n fits in the 2^31 - 1
  * limit of grid.x and no index overflows 32 bits.
@@ -22,16 +25,8 @@
  */
 #include <cuda_runtime.h>
 
-#include "backend/cuda/cuda_kernels.h"
-#include "dp/nn.h" /* DP_LAYERNORM_EPS */
-#include "kernels/attention.h"
-#include "kernels/crossentropy.h"
-#include "kernels/elementwise.h"
-#include "kernels/encoder.h"
-#include "kernels/gelu.h"
-#include "kernels/layernorm.h"
+#include "backend/cuda/cuda_kernels.h" /* and kernels/ops.h with the kernel headers */
 #include "kernels/linear.h"
-#include "kernels/optim.h"
 
 // --- launch shapes -------------------------------------------------------------------
 
@@ -69,13 +64,219 @@ __device__ __forceinline__ size_t grid_stride() { return (size_t)gridDim.x * blo
         return cudaGetLastError();                                                  \
     } while (0)
 
-// --- encoder -------------------------------------------------------------------------
+// --- the element-wise and row-wise ops of kernels/ops.h ------------------------------
 
-__global__ void k_encoder_forward(float *out, const int32_t *inp, const float *wte,
-                                  const float *wpe, size_t T, size_t C, size_t n)
+/* One grid-stride kernel and its launcher per ELEM or ROW entry; a
+ * ROW_BLOCK entry's launcher is written out below (block-per-row kernels). */
+#define CUDA_OP(name, shape, fn, params, args) CUDA_OP_##shape(name, fn, params, args)
+#define CUDA_OP_ROW_BLOCK(name, fn, params, args)
+#define CUDA_OP_ROW(name, fn, params, args) CUDA_OP_GRID(name, ROW_THREADS, fn, params, args)
+#define CUDA_OP_ELEM(name, fn, params, args) CUDA_OP_GRID(name, ELEM_THREADS, fn, params, args)
+#define CUDA_OP_GRID(name, threads, fn, params, args)                                   \
+    __global__ void k_##name(DP_UNPAREN params, size_t n)                                \
+    {                                                                                   \
+        GRID_LOOP(i, n) fn(DP_UNPAREN args, i);                                         \
+    }                                                                                   \
+    extern "C" cudaError_t dp_cuda_launch_##name(cudaStream_t stream, DP_UNPAREN params, \
+                                                 size_t n)                              \
+    {                                                                                   \
+        LAUNCH(k_##name, n, threads, stream, DP_UNPAREN args, n);                       \
+    }
+DP_KERNEL_OPS(CUDA_OP)
+#undef CUDA_OP
+
+// --- block-per-row kernels (the ROW_BLOCK ops of kernels/ops.h) ---------------------------
+/*
+ * One block of BLOCK_THREADS threads per row (grid-stride over rows): thread
+ * j handles the row's elements j, j + BLOCK_THREADS, ... (adjacent threads
+ * read adjacent addresses), and every row-wide sum or maximum is a fixed
+ * tree: each thread's partial in element order, then __shfl_down within
+ * each warp (offsets 16, 8, 4, 2, 1), then the warps' results in warp order
+ * by warp 0, broadcast through shared memory. The tree depends only on the
+ * row length and BLOCK_THREADS, so results are bitwise reproducible run to
+ * run. They are not bitwise equal to the CPU's loops over the kernels/
+ * functions, which sum in another order: sums of C terms differ by about
+ * C * 2^-24 relative at worst (float sums: LayerNorm's mean and variance,
+ * softmax's denominator) and far less for the double sums of
+ * cross-entropy; the exp differs by the expf implementations (2 ulp each).
+ * tests/test_cuda_ops.c states the resulting bounds per op.
+ */
+
+const unsigned BLOCK_THREADS = 256;
+const unsigned BLOCK_WARPS = BLOCK_THREADS / 32;
+
+/* Row-wide sum of each thread's v (fixed tree); every thread gets it. */
+template <typename Tv> __device__ Tv block_sum(Tv v, Tv *shared /* BLOCK_WARPS + 1 */)
 {
-    GRID_LOOP(i, n) dp_encoder_forward_elem(out, inp, wte, wpe, T, C, i);
+    for (int off = 16; off > 0; off /= 2) v += __shfl_down_sync(0xffffffffu, v, off);
+    unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (lane == 0) shared[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        Tv w = lane < BLOCK_WARPS ? shared[lane] : (Tv)0;
+        for (int off = 16; off > 0; off /= 2) w += __shfl_down_sync(0xffffffffu, w, off);
+        if (lane == 0) shared[BLOCK_WARPS] = w;
+    }
+    __syncthreads();
+    Tv total = shared[BLOCK_WARPS];
+    __syncthreads(); /* shared may be reused by the next reduction */
+    return total;
 }
+
+/* Row-wide maximum (NaN-free inputs give the true maximum in any order). */
+__device__ float block_max(float v, float *shared)
+{
+    for (int off = 16; off > 0; off /= 2) v = fmaxf(v, __shfl_down_sync(0xffffffffu, v, off));
+    unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (lane == 0) shared[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        float w = lane < BLOCK_WARPS ? shared[lane] : -INFINITY;
+        for (int off = 16; off > 0; off /= 2) w = fmaxf(w, __shfl_down_sync(0xffffffffu, w, off));
+        if (lane == 0) shared[BLOCK_WARPS] = w;
+    }
+    __syncthreads();
+    float m = shared[BLOCK_WARPS];
+    __syncthreads();
+    return m;
+}
+
+#define BLOCK_ROW_LOOP(r, rows) for (size_t r = blockIdx.x; r < (rows); r += gridDim.x)
+#define ROW_ELEMS(j, len) for (size_t j = threadIdx.x; j < (len); j += BLOCK_THREADS)
+
+/* dp_layernorm_forward_item, one block per row: mean, then the centred
+ * sum of squares (two passes, as the CPU), then the output. */
+__global__ void k_layernorm_forward_block(float *out, float *mean, float *rstd, const float *inp,
+                                          const float *weight, const float *bias, size_t C,
+                                          float eps, size_t N)
+{
+    __shared__ float sh[BLOCK_WARPS + 1];
+    BLOCK_ROW_LOOP(r, N)
+    {
+        const float *x = inp + r * C;
+        float a = 0.0f;
+        ROW_ELEMS(c, C) a += x[c];
+        float m = block_sum(a, sh) / (float)C;
+        float q = 0.0f;
+        ROW_ELEMS(c, C)
+        {
+            float d = x[c] - m;
+            q += d * d;
+        }
+        float s = 1.0f / sqrtf(block_sum(q, sh) / (float)C + eps);
+        ROW_ELEMS(c, C) out[r * C + c] = (x[c] - m) * s * weight[c] + bias[c];
+        if (threadIdx.x == 0) {
+            mean[r] = m;
+            rstd[r] = s;
+        }
+    }
+}
+
+/* dp_softmax_causal_forward_item, one block per row r (query t = r % T). */
+__global__ void k_softmax_causal_forward_block(float *att, float scale, size_t T, size_t rows)
+{
+    __shared__ float sh[BLOCK_WARPS + 1];
+    BLOCK_ROW_LOOP(r, rows)
+    {
+        float *row = att + r * T;
+        size_t t = r % T;
+        float mx = -INFINITY;
+        ROW_ELEMS(j, t + 1) mx = fmaxf(mx, scale * row[j]);
+        mx = block_max(mx, sh);
+        float a = 0.0f;
+        ROW_ELEMS(j, t + 1)
+        {
+            float e = expf(scale * row[j] - mx);
+            row[j] = e;
+            a += e;
+        }
+        float inv = 1.0f / block_sum(a, sh); /* >= 1: the maximum's term is exp(0) */
+        ROW_ELEMS(j, T) row[j] = j <= t ? row[j] * inv : 0.0f;
+    }
+}
+
+/* dp_crossentropy_item, one block per row: the maximum, exp(x - m) (kept in
+ * dlogits when it is given) summed in double, the loss, then dlogits. With
+ * dlogits == logits (in place) every element is read by the thread that
+ * writes it, and x[target] is read by all before any write. The double sum
+ * is formed the same way with or without dlogits, so the loss does not
+ * depend on whether dlogits is asked for. */
+__global__ void k_crossentropy_block(float *losses, float *dlogits, const float *logits,
+                                     const int32_t *targets, size_t V, float dscale, size_t N)
+{
+    __shared__ float shf[BLOCK_WARPS + 1];
+    __shared__ double shd[BLOCK_WARPS + 1];
+    BLOCK_ROW_LOOP(r, N)
+    {
+        const float *x = logits + r * V;
+        float *dl = dlogits ? dlogits + r * V : NULL;
+        int32_t target = targets[r];
+        if (target < 0) {
+            if (threadIdx.x == 0) losses[r] = 0.0f;
+            if (dl) ROW_ELEMS(v, V) dl[v] = 0.0f;
+            continue;
+        }
+        float xy = x[target];
+        float mx = -INFINITY;
+        ROW_ELEMS(v, V) mx = fmaxf(mx, x[v]);
+        mx = block_max(mx, shf); /* its barriers order the read of xy before any write */
+        double a = 0.0;
+        ROW_ELEMS(v, V)
+        {
+            float e = expf(x[v] - mx);
+            if (dl) dl[v] = e;
+            a += (double)e;
+        }
+        double s = block_sum(a, shd);
+        if (threadIdx.x == 0) losses[r] = (float)(((double)mx - (double)xy) + log(s));
+        if (!dl) continue;
+        double inv_s = 1.0 / s;
+        ROW_ELEMS(v, V)
+        {
+            float p = (float)((double)dl[v] * inv_s);
+            dl[v] = dscale * ((size_t)target == v ? p - 1.0f : p);
+        }
+    }
+}
+
+/* Rows per launch are capped like every grid; blocks loop over the rest. */
+static unsigned row_blocks(size_t rows)
+{
+    return (unsigned)(rows < DP_MAX_BLOCKS ? rows : DP_MAX_BLOCKS);
+}
+
+extern "C" cudaError_t dp_cuda_launch_layernorm_forward(cudaStream_t stream, float *out,
+                                                        float *mean, float *rstd,
+                                                        const float *inp, const float *weight,
+                                                        const float *bias, size_t C, float eps,
+                                                        size_t n)
+{
+    if (n == 0 || C == 0) return cudaSuccess;
+    k_layernorm_forward_block<<<row_blocks(n), BLOCK_THREADS, 0, stream>>>(out, mean, rstd, inp,
+                                                                           weight, bias, C, eps, n);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t dp_cuda_launch_softmax_causal_forward(cudaStream_t stream, float *att,
+                                                             float scale, size_t T, size_t n)
+{
+    if (n == 0 || T == 0) return cudaSuccess;
+    k_softmax_causal_forward_block<<<row_blocks(n), BLOCK_THREADS, 0, stream>>>(att, scale, T, n);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t dp_cuda_launch_crossentropy(cudaStream_t stream, float *losses,
+                                                   float *dlogits, const float *logits,
+                                                   const int32_t *targets, size_t V,
+                                                   float dscale, size_t n)
+{
+    if (n == 0 || V == 0) return cudaSuccess;
+    k_crossentropy_block<<<row_blocks(n), BLOCK_THREADS, 0, stream>>>(losses, dlogits, logits,
+                                                                      targets, V, dscale, n);
+    return cudaGetLastError();
+}
+
+// --- encoder -------------------------------------------------------------------------
 
 __global__ void k_encoder_backward_wpe(float *dwpe, const float *dout, size_t B, size_t T,
                                        size_t C)
@@ -84,31 +285,26 @@ __global__ void k_encoder_backward_wpe(float *dwpe, const float *dout, size_t B,
 }
 
 __global__ void k_encoder_backward_wte(float *dwte, const float *dout, const int32_t *inp,
-                                       size_t BT, size_t C)
+                                       const uint32_t *order, const uint32_t *seg, size_t C,
+                                       size_t n)
 {
-    GRID_LOOP(c, C) dp_encoder_backward_wte_channel(dwte, dout, inp, BT, C, c);
-}
-
-extern "C" cudaError_t dp_cuda_launch_encoder_forward(cudaStream_t s, float *out,
-                                                      const int32_t *inp, const float *wte,
-                                                      const float *wpe, size_t B, size_t T,
-                                                      size_t C)
-{
-    size_t n = B * T * C;
-    LAUNCH(k_encoder_forward, n, ELEM_THREADS, s, out, inp, wte, wpe, T, C, n);
+    GRID_LOOP(i, n) dp_encoder_backward_wte_elem(dwte, dout, inp, order, seg, C, i);
 }
 
 extern "C" cudaError_t dp_cuda_launch_encoder_backward(cudaStream_t s, float *dwte,
                                                        float *dwpe, const float *dout,
-                                                       const int32_t *inp, size_t B, size_t T,
-                                                       size_t C)
+                                                       const int32_t *inp,
+                                                       const uint32_t *order,
+                                                       const uint32_t *seg, size_t ngroups,
+                                                       size_t B, size_t T, size_t C)
 {
     if (B * T * C == 0) return cudaSuccess;
     k_encoder_backward_wpe<<<blocks_for(T * C, ELEM_THREADS), ELEM_THREADS, 0, s>>>(dwpe, dout,
                                                                                    B, T, C);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
-    LAUNCH(k_encoder_backward_wte, C, ROW_THREADS, s, dwte, dout, inp, B * T, C);
+    size_t n = ngroups * C;
+    LAUNCH(k_encoder_backward_wte, n, ELEM_THREADS, s, dwte, dout, inp, order, seg, C, n);
 }
 
 // --- linear (bias parts) -----------------------------------------------------------------
@@ -118,10 +314,16 @@ __global__ void k_bias_broadcast(float *out, const float *bias, size_t OC, size_
     GRID_LOOP(i, n) dp_bias_broadcast_elem(out, bias, OC, i);
 }
 
-__global__ void k_bias_backward(float *dbias, const float *dout, size_t N, size_t OC)
+/* The two stages of a column reduction (kernels/colsum.h). */
+__global__ void k_bias_backward_partial(float *partial, const float *dout, size_t N, size_t OC,
+                                        size_t n)
 {
-    /* One column per thread: the tile width does not change the sums. */
-    GRID_LOOP(o, OC) dp_bias_backward_cols(dbias, dout, N, OC, o, o + 1);
+    GRID_LOOP(i, n) dp_bias_backward_partial_elem(partial, dout, N, OC, i);
+}
+
+__global__ void k_col_combine(float *dst, const float *partial, size_t K, size_t C)
+{
+    GRID_LOOP(c, C) dp_col_combine(dst, partial, K, C, c);
 }
 
 extern "C" cudaError_t dp_cuda_launch_bias_broadcast(cudaStream_t s, float *out,
@@ -132,116 +334,42 @@ extern "C" cudaError_t dp_cuda_launch_bias_broadcast(cudaStream_t s, float *out,
 }
 
 extern "C" cudaError_t dp_cuda_launch_bias_backward(cudaStream_t s, float *dbias,
-                                                    const float *dout, size_t N, size_t OC)
+                                                    float *partial, const float *dout,
+                                                    size_t N, size_t OC)
 {
-    if (N == 0) return cudaSuccess;
-    LAUNCH(k_bias_backward, OC, ROW_THREADS, s, dbias, dout, N, OC);
+    if (N == 0 || OC == 0) return cudaSuccess;
+    size_t K = dp_col_chunks(N), n = K * OC;
+    k_bias_backward_partial<<<blocks_for(n, ELEM_THREADS), ELEM_THREADS, 0, s>>>(partial, dout, N,
+                                                                                 OC, n);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    LAUNCH(k_col_combine, OC, ELEM_THREADS, s, dbias, partial, K, OC);
 }
 
 // --- LayerNorm ---------------------------------------------------------------------------
 
-__global__ void k_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
-                                    const float *weight, const float *bias, size_t N, size_t C)
+__global__ void k_layernorm_param_partial(float *pdw, float *pdb, const float *dout,
+                                          const float *inp, const float *mean,
+                                          const float *rstd, size_t N, size_t C, size_t n)
 {
-    GRID_LOOP(r, N)
-    dp_layernorm_forward_row(out + r * C, mean + r, rstd + r, inp + r * C, weight, bias, C,
-                             DP_LAYERNORM_EPS);
+    GRID_LOOP(i, n) dp_layernorm_param_partial_elem(pdw, pdb, dout, inp, mean, rstd, N, C, i);
 }
 
-__global__ void k_layernorm_backward_inp(float *dinp, const float *dout, const float *inp,
-                                         const float *weight, const float *mean,
-                                         const float *rstd, size_t N, size_t C)
+extern "C" cudaError_t dp_cuda_launch_layernorm_backward_params(
+    cudaStream_t s, float *dweight, float *dbias, float *partial, const float *dout,
+    const float *inp, const float *mean, const float *rstd, size_t N, size_t C)
 {
-    GRID_LOOP(r, N)
-    dp_layernorm_backward_inp_row(dinp + r * C, dout + r * C, inp + r * C, weight, mean[r],
-                                  rstd[r], C);
-}
-
-__global__ void k_layernorm_backward_param(float *dweight, float *dbias, const float *dout,
-                                           const float *inp, const float *mean,
-                                           const float *rstd, size_t N, size_t C)
-{
-    GRID_LOOP(c, C) dp_layernorm_backward_param_channel(dweight, dbias, dout, inp, mean, rstd, N, C, c);
-}
-
-extern "C" cudaError_t dp_cuda_launch_layernorm_forward(cudaStream_t s, float *out,
-                                                        float *mean, float *rstd,
-                                                        const float *inp, const float *weight,
-                                                        const float *bias, size_t N, size_t C)
-{
-    if (C == 0) return cudaSuccess;
-    LAUNCH(k_layernorm_forward, N, ROW_THREADS, s, out, mean, rstd, inp, weight, bias, N, C);
-}
-
-extern "C" cudaError_t dp_cuda_launch_layernorm_backward(
-    cudaStream_t s, float *dinp, float *dweight, float *dbias, const float *dout,
-    const float *inp, const float *weight, const float *mean, const float *rstd, size_t N,
-    size_t C)
-{
-    if (N * C == 0) return cudaSuccess;
-    k_layernorm_backward_inp<<<blocks_for(N, ROW_THREADS), ROW_THREADS, 0, s>>>(
-        dinp, dout, inp, weight, mean, rstd, N, C);
+    if (N == 0 || C == 0) return cudaSuccess;
+    size_t K = dp_col_chunks(N), n = K * C;
+    float *pdw = partial, *pdb = partial + n;
+    k_layernorm_param_partial<<<blocks_for(n, ELEM_THREADS), ELEM_THREADS, 0, s>>>(
+        pdw, pdb, dout, inp, mean, rstd, N, C, n);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
-    LAUNCH(k_layernorm_backward_param, C, ROW_THREADS, s, dweight, dbias, dout, inp, mean, rstd,
-           N, C);
-}
-
-// --- GELU and element-wise -------------------------------------------------------------------
-
-__global__ void k_gelu_forward(float *out, const float *inp, size_t n)
-{
-    GRID_LOOP(i, n) dp_gelu_forward_elem(out, inp, i);
-}
-
-__global__ void k_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n)
-{
-    GRID_LOOP(i, n) dp_gelu_backward_elem(dinp, inp, dout, i);
-}
-
-__global__ void k_add(float *out, const float *a, const float *b, size_t n)
-{
-    GRID_LOOP(i, n) dp_add_elem(out, a, b, i);
-}
-
-__global__ void k_accumulate(float *dst, const float *src, size_t n)
-{
-    GRID_LOOP(i, n) dp_accumulate_elem(dst, src, i);
-}
-
-__global__ void k_scale(float *x, float scale, size_t n)
-{
-    GRID_LOOP(i, n) x[i] = dp_scale_element(x[i], scale);
-}
-
-extern "C" cudaError_t dp_cuda_launch_gelu_forward(cudaStream_t s, float *out,
-                                                   const float *inp, size_t n)
-{
-    LAUNCH(k_gelu_forward, n, ELEM_THREADS, s, out, inp, n);
-}
-
-extern "C" cudaError_t dp_cuda_launch_gelu_backward(cudaStream_t s, float *dinp,
-                                                    const float *inp, const float *dout,
-                                                    size_t n)
-{
-    LAUNCH(k_gelu_backward, n, ELEM_THREADS, s, dinp, inp, dout, n);
-}
-
-extern "C" cudaError_t dp_cuda_launch_add(cudaStream_t s, float *out, const float *a,
-                                          const float *b, size_t n)
-{
-    LAUNCH(k_add, n, ELEM_THREADS, s, out, a, b, n);
-}
-
-extern "C" cudaError_t dp_cuda_launch_accumulate(cudaStream_t s, float *dst, const float *src,
-                                                 size_t n)
-{
-    LAUNCH(k_accumulate, n, ELEM_THREADS, s, dst, src, n);
-}
-
-extern "C" cudaError_t dp_cuda_launch_scale(cudaStream_t s, float *x, float scale, size_t n)
-{
-    LAUNCH(k_scale, n, ELEM_THREADS, s, x, scale, n);
+    k_col_combine<<<blocks_for(C, ELEM_THREADS), ELEM_THREADS, 0, s>>>(dweight, pdw, K, C);
+    e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    LAUNCH(k_col_combine, C, ELEM_THREADS, s, dbias, pdb, K, C);
 }
 
 // --- sum of squares (gradient norm) ----------------------------------------------------------
@@ -319,17 +447,6 @@ __global__ void k_attention_unpermute_backward(float *dy, const float *dout, siz
     GRID_LOOP(i, n) dp_attention_unpermute_backward_elem(dy, dout, i, T, NH, hs);
 }
 
-__global__ void k_softmax_causal_forward(float *att, float scale, size_t T, size_t rows)
-{
-    GRID_LOOP(r, rows) dp_softmax_causal_forward_row(att + r * T, scale, r % T, T);
-}
-
-__global__ void k_softmax_causal_backward(float *datt, const float *att, float scale,
-                                          size_t T, size_t rows)
-{
-    GRID_LOOP(r, rows) dp_softmax_causal_backward_row(datt + r * T, att + r * T, scale, r % T, T);
-}
-
 extern "C" cudaError_t dp_cuda_launch_attention_permute(cudaStream_t s, float *qkvr,
                                                         const float *qkv, size_t B, size_t T,
                                                         size_t NH, size_t hs)
@@ -362,77 +479,6 @@ extern "C" cudaError_t dp_cuda_launch_attention_unpermute_backward(cudaStream_t 
 {
     size_t n = B * NH * T * hs;
     LAUNCH(k_attention_unpermute_backward, n, ELEM_THREADS, s, dy, dout, T, NH, hs, n);
-}
-
-extern "C" cudaError_t dp_cuda_launch_softmax_causal_forward(cudaStream_t s, float *att,
-                                                             float scale, size_t BNH, size_t T)
-{
-    size_t rows = BNH * T;
-    LAUNCH(k_softmax_causal_forward, rows, ROW_THREADS, s, att, scale, T, rows);
-}
-
-extern "C" cudaError_t dp_cuda_launch_softmax_causal_backward(cudaStream_t s, float *datt,
-                                                              const float *att, float scale,
-                                                              size_t BNH, size_t T)
-{
-    size_t rows = BNH * T;
-    LAUNCH(k_softmax_causal_backward, rows, ROW_THREADS, s, datt, att, scale, T, rows);
-}
-
-// --- cross-entropy -----------------------------------------------------------------------------
-
-__global__ void k_crossentropy(float *losses, float *dlogits, const float *logits,
-                               const int32_t *targets, size_t N, size_t V, float dscale)
-{
-    GRID_LOOP(r, N)
-    dp_crossentropy_row(losses + r, dlogits ? dlogits + r * V : NULL, logits + r * V, targets[r],
-                        V, dscale);
-}
-
-extern "C" cudaError_t dp_cuda_launch_crossentropy(cudaStream_t s, float *losses,
-                                                   float *dlogits, const float *logits,
-                                                   const int32_t *targets, size_t N, size_t V,
-                                                   float dscale)
-{
-    if (V == 0) return cudaSuccess;
-    LAUNCH(k_crossentropy, N, ROW_THREADS, s, losses, dlogits, logits, targets, N, V, dscale);
-}
-
-// --- optimizers --------------------------------------------------------------------------------
-
-__global__ void k_adamw(float *params, const float *grads, float *m, float *v, size_t n,
-                        float lr, float beta1, float beta2, float eps, float weight_decay,
-                        float bias_corr1, float bias_corr2)
-{
-    GRID_LOOP(i, n)
-    dp_adamw_element(&params[i], &m[i], &v[i], grads[i], lr, beta1, beta2, eps, weight_decay,
-                     bias_corr1, bias_corr2);
-}
-
-__global__ void k_sgd(float *params, const float *grads, float *momentum_buf, size_t n,
-                      float lr, float momentum, float weight_decay, int first_step)
-{
-    GRID_LOOP(i, n)
-    dp_sgd_element(&params[i], momentum_buf ? &momentum_buf[i] : NULL, grads[i], lr, momentum,
-                   weight_decay, first_step);
-}
-
-extern "C" cudaError_t dp_cuda_launch_adamw(cudaStream_t s, float *params, const float *grads,
-                                            float *m, float *v, size_t n, float lr,
-                                            float beta1, float beta2, float eps,
-                                            float weight_decay, float bias_corr1,
-                                            float bias_corr2)
-{
-    LAUNCH(k_adamw, n, ELEM_THREADS, s, params, grads, m, v, n, lr, beta1, beta2, eps,
-           weight_decay, bias_corr1, bias_corr2);
-}
-
-extern "C" cudaError_t dp_cuda_launch_sgd(cudaStream_t s, float *params, const float *grads,
-                                          float *momentum_buf, size_t n, float lr,
-                                          float momentum, float weight_decay, int first_step)
-{
-    LAUNCH(k_sgd, n, ELEM_THREADS, s, params, grads, momentum_buf, n, lr, momentum,
-           weight_decay, first_step);
 }
 
 // --- GEMM with k == 0 ---------------------------------------------------------------------------

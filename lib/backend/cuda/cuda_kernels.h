@@ -18,6 +18,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include "kernels/ops.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -27,32 +29,31 @@ extern "C" {
 #define DP_CUDA_SUMSQ_BLOCKS 1024
 #define DP_CUDA_SUMSQ_THREADS 256
 
-cudaError_t dp_cuda_launch_encoder_forward(cudaStream_t s, float *out, const int32_t *inp,
-                                           const float *wte, const float *wpe, size_t B,
-                                           size_t T, size_t C);
+/* The launcher of each element-wise or row-wise op of kernels/ops.h:
+ * cudaError_t dp_cuda_launch_<name>(cudaStream_t s, params..., size_t n). */
+#define DP_CUDA_LAUNCHER_DECL(name, shape, fn, params, args) \
+    cudaError_t dp_cuda_launch_##name(cudaStream_t stream, DP_UNPAREN params, size_t n);
+DP_KERNEL_OPS(DP_CUDA_LAUNCHER_DECL)
+#undef DP_CUDA_LAUNCHER_DECL
+
+/* dwpe, and dwte by token group: order(B*T) and seg(ngroups + 1) are device
+ * copies of dp_encoder_group_rows's result (kernels/encoder.h). */
 cudaError_t dp_cuda_launch_encoder_backward(cudaStream_t s, float *dwte, float *dwpe,
-                                            const float *dout, const int32_t *inp, size_t B,
-                                            size_t T, size_t C);
+                                            const float *dout, const int32_t *inp,
+                                            const uint32_t *order, const uint32_t *seg,
+                                            size_t ngroups, size_t B, size_t T, size_t C);
 cudaError_t dp_cuda_launch_bias_broadcast(cudaStream_t s, float *out, const float *bias,
                                           size_t N, size_t OC);
-cudaError_t dp_cuda_launch_bias_backward(cudaStream_t s, float *dbias, const float *dout,
-                                         size_t N, size_t OC);
-cudaError_t dp_cuda_launch_layernorm_forward(cudaStream_t s, float *out, float *mean,
-                                             float *rstd, const float *inp,
-                                             const float *weight, const float *bias, size_t N,
-                                             size_t C);
-cudaError_t dp_cuda_launch_layernorm_backward(cudaStream_t s, float *dinp, float *dweight,
-                                              float *dbias, const float *dout,
-                                              const float *inp, const float *weight,
-                                              const float *mean, const float *rstd, size_t N,
-                                              size_t C);
-cudaError_t dp_cuda_launch_gelu_forward(cudaStream_t s, float *out, const float *inp, size_t n);
-cudaError_t dp_cuda_launch_gelu_backward(cudaStream_t s, float *dinp, const float *inp,
-                                         const float *dout, size_t n);
-cudaError_t dp_cuda_launch_add(cudaStream_t s, float *out, const float *a, const float *b,
-                               size_t n);
-cudaError_t dp_cuda_launch_accumulate(cudaStream_t s, float *dst, const float *src, size_t n);
-cudaError_t dp_cuda_launch_scale(cudaStream_t s, float *x, float scale, size_t n);
+/* Column reductions in two stages (kernels/colsum.h); partial is device
+ * scratch of dp_col_chunks(N) * OC floats (bias) or twice
+ * dp_col_chunks(N) * C floats (LayerNorm: dweight's then dbias's). */
+cudaError_t dp_cuda_launch_bias_backward(cudaStream_t s, float *dbias, float *partial,
+                                         const float *dout, size_t N, size_t OC);
+cudaError_t dp_cuda_launch_layernorm_backward_params(cudaStream_t s, float *dweight,
+                                                     float *dbias, float *partial,
+                                                     const float *dout, const float *inp,
+                                                     const float *mean, const float *rstd,
+                                                     size_t N, size_t C);
 /* Two passes: DP_CUDA_SUMSQ_BLOCKS (or fewer) partial sums into partials,
  * then their sum into *result (device memory). Deterministic: the split
  * depends on n only, and every sum runs in a fixed order. */
@@ -68,21 +69,6 @@ cudaError_t dp_cuda_launch_attention_unpermute(cudaStream_t s, float *out, const
 cudaError_t dp_cuda_launch_attention_unpermute_backward(cudaStream_t s, float *dy,
                                                         const float *dout, size_t B, size_t T,
                                                         size_t NH, size_t hs);
-cudaError_t dp_cuda_launch_softmax_causal_forward(cudaStream_t s, float *att, float scale,
-                                                  size_t BNH, size_t T);
-cudaError_t dp_cuda_launch_softmax_causal_backward(cudaStream_t s, float *datt,
-                                                   const float *att, float scale, size_t BNH,
-                                                   size_t T);
-cudaError_t dp_cuda_launch_crossentropy(cudaStream_t s, float *losses, float *dlogits,
-                                        const float *logits, const int32_t *targets, size_t N,
-                                        size_t V, float dscale);
-cudaError_t dp_cuda_launch_adamw(cudaStream_t s, float *params, const float *grads, float *m,
-                                 float *v, size_t n, float lr, float beta1, float beta2,
-                                 float eps, float weight_decay, float bias_corr1,
-                                 float bias_corr2);
-cudaError_t dp_cuda_launch_sgd(cudaStream_t s, float *params, const float *grads,
-                               float *momentum_buf, size_t n, float lr, float momentum,
-                               float weight_decay, int first_step);
 /* C = beta * C for batch column-major (m,n) matrices (ldc, strideC in
  * floats); beta == 0 writes zeros (NaNs in C are not kept). The k == 0
  * case of the GEMM, where cuBLAS's behaviour is not documented. */

@@ -1,0 +1,92 @@
+/*
+ * kernels/ops.h - the element-wise and row-wise ops, one line each.
+ *
+ * An op of this list is a DP_HD function fn(args..., i) that computes item
+ * i (an element, or a row) of its outputs and writes nothing another item
+ * writes. From the one line below:
+ *   - backend/backend.h declares its dp_backend_ops entry
+ *         dp_status (*name)(dp_device *dev, params..., size_t n);
+ *   - the CPU backend (cpu/cpu_ops.c) fills it with a loop i = 0..n-1;
+ *   - the CUDA backend (cuda/cuda_kernels.cu, cuda/cuda_backend.c) fills it
+ *     with a grid-stride kernel, one thread per item, on the device's stream.
+ * So a new op is: its DP_HD function in a kernels/ header (included here),
+ * one X(...) line here, and the public wrapper in lib/nn (or lib/optim)
+ * that checks the arguments and calls dev->ops->name(..., n).
+ *
+ * X(name, shape, fn, params, args):
+ *   name    the entry's name;
+ *   shape   ELEM (cheap items: 256-thread blocks on the GPU), ROW (an item
+ *           loops over a row: 64-thread blocks, so a few thousand rows still
+ *           spread over every SM) or ROW_BLOCK (a row with reductions over
+ *           it: the CUDA backend runs its own kernel with one block per row,
+ *           coalesced reads and a fixed warp-shuffle reduction tree,
+ *           written in cuda_kernels.cu against fn's semantics; the CPU
+ *           loops over fn as for any op);
+ *   fn      the DP_HD item function;
+ *   params  the entry's parameters between dev and n, in parentheses;
+ *   args    their names, in the same order, as passed to fn before i.
+ * The item count n is always the last parameter and is > 0 (the public
+ * wrappers refuse empty tensors); shapes are as in dp/nn.h.
+ */
+#ifndef DP_KERNELS_OPS_H
+#define DP_KERNELS_OPS_H
+
+#include "kernels/attention.h"
+#include "kernels/crossentropy.h"
+#include "kernels/elementwise.h"
+#include "kernels/encoder.h"
+#include "kernels/gelu.h"
+#include "kernels/layernorm.h"
+#include "kernels/optim.h"
+
+/* Removes one pair of parentheses: DP_UNPAREN (a, b) is a, b. */
+#define DP_UNPAREN(...) __VA_ARGS__
+
+#define DP_KERNEL_OPS(X)                                                                   \
+    /* out(B,T,C) = wte[inp] + wpe[t]; n = B*T*C */                                        \
+    X(encoder_forward, ELEM, dp_encoder_forward_elem,                                      \
+      (float *out, const int32_t *inp, const float *wte, const float *wpe, size_t T,       \
+       size_t C),                                                                          \
+      (out, inp, wte, wpe, T, C))                                                          \
+    X(gelu_forward, ELEM, dp_gelu_forward_elem, (float *out, const float *inp), (out, inp)) \
+    X(gelu_backward, ELEM, dp_gelu_backward_elem,                                          \
+      (float *dinp, const float *inp, const float *dout), (dinp, inp, dout))               \
+    /* out = a + b */                                                                      \
+    X(add, ELEM, dp_add_elem, (float *out, const float *a, const float *b), (out, a, b))   \
+    /* dst += src */                                                                       \
+    X(accumulate, ELEM, dp_accumulate_elem, (float *dst, const float *src), (dst, src))    \
+    /* x *= s */                                                                           \
+    X(scale, ELEM, dp_scale_elem, (float *x, float s), (x, s))                             \
+    X(adamw, ELEM, dp_adamw_elem,                                                          \
+      (float *params, const float *grads, float *m, float *v, float lr, float beta1,       \
+       float beta2, float eps, float weight_decay, float bias_corr1, float bias_corr2),    \
+      (params, grads, m, v, lr, beta1, beta2, eps, weight_decay, bias_corr1, bias_corr2))  \
+    X(sgd, ELEM, dp_sgd_elem,                                                              \
+      (float *params, const float *grads, float *momentum_buf, float lr, float momentum,   \
+       float weight_decay, int first_step),                                                \
+      (params, grads, momentum_buf, lr, momentum, weight_decay, first_step))               \
+    /* rows of (N,C); caches mean(N), rstd(N); n = N */                                    \
+    X(layernorm_forward, ROW_BLOCK, dp_layernorm_forward_item,                                   \
+      (float *out, float *mean, float *rstd, const float *inp, const float *weight,        \
+       const float *bias, size_t C, float eps),                                            \
+      (out, mean, rstd, inp, weight, bias, C, eps))                                        \
+    /* dinp(N,C) += the input gradient; n = N */                                           \
+    X(layernorm_backward_inp, ROW, dp_layernorm_backward_inp_item,                         \
+      (float *dinp, const float *dout, const float *inp, const float *weight,              \
+       const float *mean, const float *rstd, size_t C),                                    \
+      (dinp, dout, inp, weight, mean, rstd, C))                                            \
+    /* att(BNH,T,T) in place, row r is query r % T: softmax(scale * att[r, 0..t]), zeros   \
+     * after t; n = BNH*T */                                                               \
+    X(softmax_causal_forward, ROW_BLOCK, dp_softmax_causal_forward_item,                         \
+      (float *att, float scale, size_t T), (att, scale, T))                                \
+    /* datt(BNH,T,T) in place: d(att) -> d(pre-softmax scores), scale included */          \
+    X(softmax_causal_backward, ROW, dp_softmax_causal_backward_item,                       \
+      (float *datt, const float *att, float scale, size_t T), (datt, att, scale, T))       \
+    /* losses(N) per row (0 for ignored), dlogits(N,V) as dp_crossentropy_forward_backward \
+     * (may be NULL or alias logits); n = N */                                             \
+    X(crossentropy, ROW_BLOCK, dp_crossentropy_item,                                             \
+      (float *losses, float *dlogits, const float *logits, const int32_t *targets,         \
+       size_t V, float dscale),                                                            \
+      (losses, dlogits, logits, targets, V, dscale))
+
+#endif /* DP_KERNELS_OPS_H */
