@@ -92,9 +92,9 @@ static dp_checkpoint fill_ck(const dp_gpt *gpt, uint64_t seed, int with_opt)
     }
     dp_tokenizer *tok = NULL;
     const char *text = "hello, world\n"; /* the checkpoint stores the JSON as is */
-    dp_assert_ok(dp_tokenizer_build_char(text, strlen(text), &tok));
+    dp_assert_ok(dp_tokenizer_create_char(text, strlen(text), &tok));
     dp_assert_ok(dp_tokenizer_serialize(tok, &ck.tokenizer));
-    dp_tokenizer_free(tok);
+    dp_tokenizer_destroy(tok);
     ck.config_json = strdup("{\"lr\":0.001,\"note\":\"quote \\\" and unicode \\u00e9\"}");
     ck.has_sampler = 1;
     for (int i = 0; i < DP_SAMPLER_STATE_WORDS; i++) ck.sampler[i] = dp_rng_u64(&rng);
@@ -191,7 +191,7 @@ Test(checkpoint, round_trip_is_exact)
     /* The tokenizer survives as a usable tokenizer. */
     dp_tokenizer *tok = NULL;
     dp_assert_ok(dp_tokenizer_parse(got->tokenizer, &tok));
-    dp_tokenizer_free(tok);
+    dp_tokenizer_destroy(tok);
 
     /* Saving what was loaded gives the same bytes (deterministic writer). */
     char path2[256];
@@ -204,7 +204,7 @@ Test(checkpoint, round_trip_is_exact)
     free(a);
     free(b);
 
-    dp_checkpoint_free(got);
+    dp_checkpoint_close(got);
     dp_gpt_destroy(g2);
     free_filled(&ck);
     dp_gpt_destroy(gpt);
@@ -244,7 +244,7 @@ Test(checkpoint, without_optimizer_state_and_strings)
     cr_assert_eq(got->optimizer_step, 0);
     cr_assert_str_eq(dp_checkpoint_meta(got, "n_layer"), "2");
     assert_bits_equal(gpt, got->params, ck.params, "params");
-    dp_checkpoint_free(got);
+    dp_checkpoint_close(got);
     free_filled(&ck);
     dp_gpt_destroy(gpt);
 }
@@ -405,7 +405,7 @@ static void write_variant(const char *path, const variant *vr)
     if (is(vr->meta_key, "sampler"))
         dp_assert_ok(dp_st_writer_set_metadata(w, "sampler", vr->meta_val));
     dp_assert_ok(dp_st_writer_write(w, path));
-    dp_st_writer_free(w);
+    dp_st_writer_destroy(w);
     free(f64);
     free_filled(&ck);
     dp_gpt_destroy(gpt);
@@ -423,7 +423,7 @@ Test(checkpoint, mirror_writer_is_loadable)
     dp_assert_ok(dp_gpt_checkpoint_load(path, &ck, NULL));
     cr_assert_not_null(ck->m);
     cr_assert_eq(ck->step, 7);
-    dp_checkpoint_free(ck);
+    dp_checkpoint_close(ck);
 }
 
 static variant bad_variants[] = {
@@ -713,11 +713,11 @@ Test(checkpoint, overwrite_leaves_the_new_checkpoint)
     cr_assert_eq(got->step, 100);
     cr_assert_null(got->m);
     assert_bits_equal(gpt, got->params, b.params, "params");
-    dp_checkpoint_free(got);
+    dp_checkpoint_close(got);
     dp_assert_ok(dp_gpt_checkpoint_save(path, gpt, &a)); /* and back to the larger one */
     dp_assert_ok(dp_gpt_checkpoint_load(path, &got, NULL));
     assert_bits_equal(gpt, got->v, a.v, "v");
-    dp_checkpoint_free(got);
+    dp_checkpoint_close(got);
     cr_assert_eq(count_entries(tmpdir), 1, "temporary files left beside the checkpoint");
     free_filled(&a);
     free_filled(&b);
@@ -744,7 +744,7 @@ Test(checkpoint, failed_overwrite_keeps_the_old_checkpoint)
     dp_assert_ok(dp_gpt_checkpoint_load(path, &got, NULL));
     cr_assert_null(got->m, "the old checkpoint (no optimizer state) was replaced");
     assert_bits_equal(gpt, got->params, a.params, "params");
-    dp_checkpoint_free(got);
+    dp_checkpoint_close(got);
     cr_assert_eq(count_entries(tmpdir), 1, "the failed save left a temporary file");
     free_filled(&a);
     free_filled(&b);

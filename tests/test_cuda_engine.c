@@ -320,7 +320,7 @@ Test(cuda_engine, gpt_checkpoint_from_gpu_resumes_on_cpu, .timeout = 120)
 
     dp_engine_destroy(ec);
     dp_engine_destroy(eg);
-    dp_checkpoint_free(ld);
+    dp_checkpoint_close(ld);
     free(p);
     free(m);
     free(v);

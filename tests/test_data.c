@@ -229,9 +229,9 @@ Test(data, default_corpus)
     cr_assert_eq(text[len], '\0');
     // Index files start with a binary version word: none may have been read.
     dp_tokenizer *tok;
-    dp_assert_ok(dp_tokenizer_build_char(text, len, &tok));
+    dp_assert_ok(dp_tokenizer_create_char(text, len, &tok));
     cr_assert_lt(dp_tokenizer_vocab_size(tok), 256);
-    dp_tokenizer_free(tok);
+    dp_tokenizer_destroy(tok);
     free(text);
 }
 
@@ -263,7 +263,7 @@ Test(data, split_sizes)
         cr_assert_eq(dp_token_data_tokens(d, DP_SPLIT_TRAIN)[0], 0);
         cr_assert_eq(dp_token_data_size(d, DP_SPLIT_COUNT), 0);
         cr_assert_null(dp_token_data_tokens(d, DP_SPLIT_COUNT));
-        dp_token_data_free(d);
+        dp_token_data_destroy(d);
     }
 }
 
@@ -271,7 +271,7 @@ Test(data, token_data_from_text_and_errors)
 {
     const char *text = "hello hello world";
     dp_tokenizer *tok;
-    dp_assert_ok(dp_tokenizer_build_word(text, strlen(text), 10, &tok));
+    dp_assert_ok(dp_tokenizer_create_word(text, strlen(text), 10, &tok));
     dp_token_data *d;
     dp_assert_ok(dp_token_data_from_text(tok, text, strlen(text), &d));
     cr_assert_eq(dp_token_data_total(d), 5);
@@ -281,8 +281,8 @@ Test(data, token_data_from_text_and_errors)
     int32_t want[5] = {2, 1, 2, 1, 3}; // <unk>, ' ', hello, world
     cr_assert_eq(memcmp(t, want, 4 * sizeof *t), 0);
     cr_assert_eq(dp_token_data_tokens(d, DP_SPLIT_VAL)[0], want[4]);
-    dp_token_data_free(d);
-    dp_tokenizer_free(tok);
+    dp_token_data_destroy(d);
+    dp_tokenizer_destroy(tok);
 
     int32_t bad[3] = {0, 5, 1};
     cr_assert_eq(dp_token_data_from_tokens(bad, 3, 5, &d), DP_ERR_INVALID_ARGUMENT);
@@ -292,11 +292,11 @@ Test(data, token_data_from_text_and_errors)
     cr_assert_eq(dp_token_data_from_tokens(bad, 3, 5, &d), DP_ERR_INVALID_ARGUMENT);
     cr_assert_eq(dp_token_data_from_tokens(bad, 0, 5, &d), DP_ERR_INVALID_ARGUMENT);
     cr_assert_eq(dp_token_data_from_tokens(bad, 1, 0, &d), DP_ERR_INVALID_ARGUMENT);
-    dp_assert_ok(dp_tokenizer_build_char("ab", 2, &tok));
+    dp_assert_ok(dp_tokenizer_create_char("ab", 2, &tok));
     cr_assert_eq(dp_token_data_from_text(tok, "abc", 3, &d), DP_ERR_INVALID_ARGUMENT);
     cr_assert_eq(dp_token_data_from_text(tok, "", 0, &d), DP_ERR_INVALID_ARGUMENT);
-    dp_tokenizer_free(tok);
-    dp_token_data_free(NULL);
+    dp_tokenizer_destroy(tok);
+    dp_token_data_destroy(NULL);
 }
 
 // ----------------------------------------------------------------------------
@@ -327,9 +327,9 @@ Test(data, sampler_windows_are_in_bounds_and_shifted)
             }
         }
         cr_assert_eq(dp_sampler_batches(s), 50);
-        dp_sampler_free(s);
+        dp_sampler_destroy(s);
     }
-    dp_token_data_free(d);
+    dp_token_data_destroy(d);
 }
 
 Test(data, sampler_reaches_both_ends)
@@ -348,8 +348,8 @@ Test(data, sampler_reaches_both_ends)
     }
     // P(one start missing in 200 fair draws) = 2^-199.
     cr_assert(seen[0] > 0 && seen[1] > 0, "starts seen: %d, %d", seen[0], seen[1]);
-    dp_sampler_free(s);
-    dp_token_data_free(d);
+    dp_sampler_destroy(s);
+    dp_token_data_destroy(d);
 }
 
 Test(data, sampler_is_deterministic_for_a_seed)
@@ -372,10 +372,10 @@ Test(data, sampler_is_deterministic_for_a_seed)
         differ |= memcmp(xa, xc, sizeof xc) != 0;
     }
     cr_assert(differ, "seeds 42 and 43 gave the same batches");
-    dp_sampler_free(a);
-    dp_sampler_free(b);
-    dp_sampler_free(c);
-    dp_token_data_free(d);
+    dp_sampler_destroy(a);
+    dp_sampler_destroy(b);
+    dp_sampler_destroy(c);
+    dp_token_data_destroy(d);
 }
 
 Test(data, sampler_state_restores_the_sequence)
@@ -406,9 +406,9 @@ Test(data, sampler_state_restores_the_sequence)
         cr_assert_eq(memcmp(y, ay[i], sizeof y), 0);
     }
     cr_assert_eq(dp_sampler_batches(r), 8);
-    dp_sampler_free(a);
-    dp_sampler_free(r);
-    dp_token_data_free(d);
+    dp_sampler_destroy(a);
+    dp_sampler_destroy(r);
+    dp_token_data_destroy(d);
 }
 
 Test(data, sampler_state_errors)
@@ -452,10 +452,10 @@ Test(data, sampler_state_errors)
     snprintf(mod, sizeof mod, "%s,", text); // trailing garbage
     cr_assert_eq(dp_sampler_state_parse(mod, out), DP_ERR_FORMAT);
     cr_assert_eq(dp_sampler_state_parse("", out), DP_ERR_FORMAT);
-    dp_sampler_free(a);
-    dp_sampler_free(b);
-    dp_sampler_free(v);
-    dp_token_data_free(d);
+    dp_sampler_destroy(a);
+    dp_sampler_destroy(b);
+    dp_sampler_destroy(v);
+    dp_token_data_destroy(d);
 }
 
 Test(data, sampler_rejects_a_short_split)
@@ -475,10 +475,10 @@ Test(data, sampler_rejects_a_short_split)
     cr_assert(x[0] == 1080 && y[118] == 1199, "the only window must be the whole split");
     cr_assert_eq(dp_sampler_next(s, x, y, 0), DP_ERR_INVALID_ARGUMENT);
     cr_assert_eq(dp_sampler_next(s, NULL, y, 1), DP_ERR_INVALID_ARGUMENT);
-    dp_sampler_free(s);
+    dp_sampler_destroy(s);
     cr_assert_eq(dp_sampler_create(d, DP_SPLIT_TRAIN, 0, 1, &s), DP_ERR_INVALID_ARGUMENT);
     cr_assert_eq(dp_sampler_create(d, DP_SPLIT_COUNT, 8, 1, &s), DP_ERR_INVALID_ARGUMENT);
-    dp_token_data_free(d);
+    dp_token_data_destroy(d);
 }
 
 // ----------------------------------------------------------------------------
@@ -510,5 +510,5 @@ Test(data, eval_windows)
     cr_assert_eq(dp_eval_windows(d, DP_SPLIT_VAL, 3, 3, 1, x, y), DP_ERR_INVALID_ARGUMENT);
     cr_assert_eq(dp_eval_windows(d, DP_SPLIT_VAL, 3, 0, 0, x, y), DP_ERR_INVALID_ARGUMENT);
     cr_assert_eq(dp_eval_windows(d, DP_SPLIT_VAL, 10, 0, 1, x, y), DP_ERR_INVALID_ARGUMENT);
-    dp_token_data_free(d);
+    dp_token_data_destroy(d);
 }

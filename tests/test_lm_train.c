@@ -275,9 +275,9 @@ Test(lm_train, resume_is_bitwise_exact)
     cr_assert_eq(number_after(a.out, "final val_loss "), number_after(b2.out, "final val_loss "),
                  "A:\n%s\nB:\n%s", a.out, b2.out);
 
-    dp_checkpoint_free(half);
-    dp_checkpoint_free(ca);
-    dp_checkpoint_free(cb);
+    dp_checkpoint_close(half);
+    dp_checkpoint_close(ca);
+    dp_checkpoint_close(cb);
     result_free(&a);
     result_free(&b1);
     result_free(&b2);
@@ -297,7 +297,7 @@ Test(lm_train, checkpoint_from_two_devices_resumes_on_one)
     dp_checkpoint *ck = load_ck("one.st");
     cr_assert_eq(ck->step, 5);
     cr_assert_eq(ck->optimizer_step, 5);
-    dp_checkpoint_free(ck);
+    dp_checkpoint_close(ck);
     result_free(&a);
     result_free(&b);
 }
@@ -408,7 +408,7 @@ Test(lm_train, killed_while_saving_leaves_a_loadable_checkpoint, .timeout = 120)
             dp_status s = dp_gpt_checkpoint_load(ck_path, &ck, NULL);
             cr_assert_eq(s, DP_OK, "after a kill at %ld ms the checkpoint does not load: %s",
                          delays_ms[i], dp_last_error());
-            dp_checkpoint_free(ck);
+            dp_checkpoint_close(ck);
             loaded++;
         }
     }
@@ -425,7 +425,7 @@ Test(lm_train, killed_while_saving_leaves_a_loadable_checkpoint, .timeout = 120)
     dp_test_write_file(junk, "\x40\0\0\0\0\0\0\0{\"a\"", 12);
     dp_checkpoint *ck = load_ck("k.st");
     long step = ck->step;
-    dp_checkpoint_free(ck);
+    dp_checkpoint_close(ck);
     char until[32];
     snprintf(until, sizeof until, "%ld", step + 2);
     result r = RUN("--dim", "64", "--heads", "4", "--layers", "2", "--resume", "@k.st",
@@ -434,7 +434,7 @@ Test(lm_train, killed_while_saving_leaves_a_loadable_checkpoint, .timeout = 120)
     cr_assert(strstr(r.out, "trained 2 steps"), "%s", r.out);
     ck = load_ck("k.st");
     cr_assert_eq(ck->step, step + 2);
-    dp_checkpoint_free(ck);
+    dp_checkpoint_close(ck);
     /* The save after the resume removed every temporary file the kills left. */
     DIR *d = opendir(tmpdir);
     struct dirent *de;
@@ -460,8 +460,8 @@ static void assert_same_state(const char *a_name, const char *b_name)
                  "differ", a_name, b_name);
     cr_assert_eq(memcmp(a->m, b->m, n * sizeof(float)), 0, "%s and %s: m differs", a_name, b_name);
     cr_assert_eq(memcmp(a->v, b->v, n * sizeof(float)), 0, "%s and %s: v differs", a_name, b_name);
-    dp_checkpoint_free(a);
-    dp_checkpoint_free(b);
+    dp_checkpoint_close(a);
+    dp_checkpoint_close(b);
 }
 
 /* --lr-decay-steps makes the schedule independent of --steps, so a run
@@ -477,7 +477,7 @@ Test(lm_train, lr_decay_steps_resume_is_bitwise_exact)
     assert_success(&b1, "8 of 20");
     dp_checkpoint *half = load_ck("b.st");
     cr_assert_str_eq(dp_checkpoint_meta(half, "lr_decay_steps"), "20");
-    dp_checkpoint_free(half);
+    dp_checkpoint_close(half);
     result b2 = RUN("--resume", "@b.st", "--steps", "16", "--warmup", "2", "--save", "@b.st");
     assert_success(&b2, "resumed to 16");
     assert_same_state("a.st", "b.st");
@@ -495,8 +495,8 @@ Test(lm_train, lr_decay_steps_resume_is_bitwise_exact)
     cr_assert_str_eq(dp_checkpoint_meta(cd, "lr_decay_steps"), "16");
     cr_assert_neq(memcmp(ca->params, cd->params, ck_params(ca) * sizeof(float)), 0,
                   "the decay length changed nothing");
-    dp_checkpoint_free(ca);
-    dp_checkpoint_free(cd);
+    dp_checkpoint_close(ca);
+    dp_checkpoint_close(cd);
     result_free(&a);
     result_free(&b1);
     result_free(&b2);
@@ -514,7 +514,7 @@ Test(lm_train, save_interval_not_dividing_steps_saves_the_last_step)
     dp_checkpoint *ck = load_ck("x.st");
     cr_assert_eq(ck->step, 5);
     cr_assert_eq(ck->optimizer_step, 5);
-    dp_checkpoint_free(ck);
+    dp_checkpoint_close(ck);
     result_free(&a);
 }
 
@@ -563,7 +563,7 @@ Test(lm_train, signal_saves_the_checkpoint_and_exits_non_zero, .timeout = 120)
         char want[48];
         snprintf(want, sizeof want, "{\"step\":%ld,", ck->step);
         cr_assert(file_has("sig.jsonl", want), "%s: the log lacks step %ld", names[i], ck->step);
-        dp_checkpoint_free(ck);
+        dp_checkpoint_close(ck);
         result_free(&r);
         char p[256];
         path_in(p, sizeof p, "sig.st");
@@ -681,7 +681,7 @@ Test(lm_train, resume_refuses_a_conflicting_tokenizer)
     dp_checkpoint *ck = load_ck("w.st");
     cr_assert_eq(ck->step, 2);
     cr_assert(strstr(ck->config_json, "\"tokenizer\":\"word\""), "%s", ck->config_json);
-    dp_checkpoint_free(ck);
+    dp_checkpoint_close(ck);
     result_free(&a);
     result_free(&b);
     result_free(&c);

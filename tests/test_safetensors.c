@@ -92,7 +92,7 @@ Test(safetensors, round_trip_preserves_everything)
     char path[256];
     path_in(path, sizeof path, "model.safetensors");
     dp_assert_ok(dp_st_writer_write(w, path));
-    dp_st_writer_free(w);
+    dp_st_writer_destroy(w);
 
     // The data section starts 8-byte aligned and the header is space-padded JSON.
     size_t len;
@@ -187,7 +187,7 @@ Test(safetensors, exact_bytes_and_deterministic)
         dp_assert_ok(dp_st_writer_add(w, "a", DP_DTYPE_F32, s, 1, x));
         dp_assert_ok(dp_st_writer_set_metadata(w, "k", "v"));
         dp_assert_ok(dp_st_writer_write(w, rep == 0 ? p1 : p2));
-        dp_st_writer_free(w);
+        dp_st_writer_destroy(w);
     }
     const char *json = "{\"__metadata__\":{\"k\":\"v\"},\"a\":{\"dtype\":\"F32\",\"shape\":[2],"
                        "\"data_offsets\":[0,8]}}";
@@ -213,7 +213,7 @@ Test(safetensors, empty_file_has_no_tensors)
     char path[256];
     path_in(path, sizeof path, "empty.safetensors");
     dp_assert_ok(dp_st_writer_write(w, path));
-    dp_st_writer_free(w);
+    dp_st_writer_destroy(w);
     dp_st_file *f;
     dp_assert_ok(dp_st_open(path, &f));
     cr_assert_eq(dp_st_count(f), 0);
@@ -248,8 +248,8 @@ Test(safetensors, writer_rejects_bad_arguments)
     cr_assert_eq(dp_st_writer_set_metadata(w, "k", NULL), DP_ERR_INVALID_ARGUMENT);
     cr_assert_eq(dp_st_writer_write(w, NULL), DP_ERR_INVALID_ARGUMENT);
     cr_assert_eq(dp_st_writer_create(NULL), DP_ERR_INVALID_ARGUMENT);
-    dp_st_writer_free(w);
-    dp_st_writer_free(NULL);
+    dp_st_writer_destroy(w);
+    dp_st_writer_destroy(NULL);
     dp_st_close(NULL);
 }
 
@@ -364,7 +364,7 @@ Test(safetensors, truncated_files_are_rejected)
     dp_assert_ok(dp_st_writer_create(&w));
     dp_assert_ok(dp_st_writer_add(w, "x", DP_DTYPE_F32, s, 1, x));
     dp_assert_ok(dp_st_writer_write(w, path));
-    dp_st_writer_free(w);
+    dp_st_writer_destroy(w);
     size_t n;
     unsigned char *raw = dp_test_read_file(path, &n);
     dp_st_file *f;
@@ -412,7 +412,7 @@ static void write_one(const char *path, const char *name, const float *x, size_t
     dp_assert_ok(dp_st_writer_add(w, name, DP_DTYPE_F32, &n, 1, x));
     dp_status st = dp_st_writer_write(w, path);
     cr_assert_eq(st, expect, "writing %s: %s (%s)", path, dp_strerror(st), dp_last_error());
-    dp_st_writer_free(w);
+    dp_st_writer_destroy(w);
 }
 
 Test(safetensors, missing_directory_gives_io_error_and_no_temp_file)
@@ -496,7 +496,7 @@ Test(safetensors, failed_write_keeps_the_old_file)
     dp_assert_ok(dp_st_writer_add(w, "big", DP_DTYPE_F32, &big_n, 1, big));
     dp_status st = dp_st_writer_write(w, path);
     setrlimit(RLIMIT_FSIZE, &old_lim);
-    dp_st_writer_free(w);
+    dp_st_writer_destroy(w);
     free(big);
     cr_assert_eq(st, DP_ERR_IO, "%s", dp_last_error());
     cr_assert(strstr(dp_last_error(), "tensor 'big'"), "%s", dp_last_error());

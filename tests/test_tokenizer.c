@@ -41,7 +41,7 @@ Test(tokenizer, char_vocabulary_is_sorted_distinct_bytes)
 {
     const char *text = "hello world\n";
     dp_tokenizer *t;
-    dp_assert_ok(dp_tokenizer_build_char(text, strlen(text), &t));
+    dp_assert_ok(dp_tokenizer_create_char(text, strlen(text), &t));
     cr_assert_eq(dp_tokenizer_kind_of(t), DP_TOKENIZER_CHAR);
     cr_assert_eq(dp_tokenizer_unk_id(t), -1);
     const char *vocab = "\n dehlorw";
@@ -54,7 +54,7 @@ Test(tokenizer, char_vocabulary_is_sorted_distinct_bytes)
     cr_assert_eq(n, 12);
     cr_assert_eq(memcmp(ids, want, sizeof want), 0);
     free(ids);
-    dp_tokenizer_free(t);
+    dp_tokenizer_destroy(t);
 }
 
 Test(tokenizer, char_handles_every_byte)
@@ -62,7 +62,7 @@ Test(tokenizer, char_handles_every_byte)
     char all[512];
     for (int i = 0; i < 512; i++) all[i] = (char)(255 - i % 256); // NUL included
     dp_tokenizer *t;
-    dp_assert_ok(dp_tokenizer_build_char(all, sizeof all, &t));
+    dp_assert_ok(dp_tokenizer_create_char(all, sizeof all, &t));
     cr_assert_eq(dp_tokenizer_vocab_size(t), 256);
     for (int b = 0; b < 256; b++) {
         char c = (char)b;
@@ -71,19 +71,19 @@ Test(tokenizer, char_handles_every_byte)
     size_t n;
     free(round_trip(t, all, sizeof all, &n));
     cr_assert_eq(n, sizeof all);
-    dp_tokenizer_free(t);
+    dp_tokenizer_destroy(t);
 }
 
 Test(tokenizer, char_errors)
 {
     dp_tokenizer *t = (dp_tokenizer *)1;
-    cr_assert_eq(dp_tokenizer_build_char("", 0, &t), DP_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(dp_tokenizer_create_char("", 0, &t), DP_ERR_INVALID_ARGUMENT);
     cr_assert_null(t);
     cr_assert(strstr(dp_last_error(), "empty"), "%s", dp_last_error());
-    cr_assert_eq(dp_tokenizer_build_char(NULL, 3, &t), DP_ERR_INVALID_ARGUMENT);
-    cr_assert_eq(dp_tokenizer_build_char("a", 1, NULL), DP_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(dp_tokenizer_create_char(NULL, 3, &t), DP_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(dp_tokenizer_create_char("a", 1, NULL), DP_ERR_INVALID_ARGUMENT);
 
-    dp_assert_ok(dp_tokenizer_build_char("abc", 3, &t));
+    dp_assert_ok(dp_tokenizer_create_char("abc", 3, &t));
     int32_t ids[8];
     size_t n;
     // A byte the corpus never had.
@@ -111,8 +111,8 @@ Test(tokenizer, char_errors)
     dp_assert_ok(dp_tokenizer_decode(t, ids, 0, &text, &len));
     cr_assert(len == 0 && text && text[0] == '\0');
     free(text);
-    dp_tokenizer_free(t);
-    dp_tokenizer_free(NULL);
+    dp_tokenizer_destroy(t);
+    dp_tokenizer_destroy(NULL);
 }
 
 // ----------------------------------------------------------------------------
@@ -123,7 +123,7 @@ Test(tokenizer, word_vocabulary_order)
     // words: the x2, cat x2, The, and, hat; separators ' ', '.', '!'.
     const char *text = "the cat and the hat. The cat!";
     dp_tokenizer *t;
-    dp_assert_ok(dp_tokenizer_build_word(text, strlen(text), 100, &t));
+    dp_assert_ok(dp_tokenizer_create_word(text, strlen(text), 100, &t));
     cr_assert_eq(dp_tokenizer_kind_of(t), DP_TOKENIZER_WORD);
     cr_assert_eq(dp_tokenizer_unk_id(t), 0);
     // <unk>; separators ascending; words by count desc, then bytes asc ('T' < 'a' < 'h').
@@ -136,7 +136,7 @@ Test(tokenizer, word_vocabulary_order)
     cr_assert_eq(n, sizeof wid / sizeof wid[0]);
     cr_assert_eq(memcmp(ids, wid, sizeof wid), 0);
     free(ids);
-    dp_tokenizer_free(t);
+    dp_tokenizer_destroy(t);
 }
 
 Test(tokenizer, word_tie_break_and_word_characters)
@@ -144,7 +144,7 @@ Test(tokenizer, word_tie_break_and_word_characters)
     // "ab" and "a" both twice: shorter first; apostrophes and digits join words.
     const char *text = "ab a ab a don't 42x rock'n'roll";
     dp_tokenizer *t;
-    dp_assert_ok(dp_tokenizer_build_word(text, strlen(text), 100, &t));
+    dp_assert_ok(dp_tokenizer_create_word(text, strlen(text), 100, &t));
     assert_token(t, 2, "a", 1);
     assert_token(t, 3, "ab", 2);
     assert_token(t, 4, "42x", 3);
@@ -154,7 +154,7 @@ Test(tokenizer, word_tie_break_and_word_characters)
     size_t n;
     free(round_trip(t, text, strlen(text), &n));
     cr_assert_eq(n, 13);
-    dp_tokenizer_free(t);
+    dp_tokenizer_destroy(t);
 }
 
 Test(tokenizer, word_unknowns)
@@ -162,7 +162,7 @@ Test(tokenizer, word_unknowns)
     const char *text = "the cat and the hat. The cat!";
     dp_tokenizer *t;
     // 1 + 3 separators leaves room for the two most frequent words: cat, the.
-    dp_assert_ok(dp_tokenizer_build_word(text, strlen(text), 6, &t));
+    dp_assert_ok(dp_tokenizer_create_word(text, strlen(text), 6, &t));
     cr_assert_eq(dp_tokenizer_vocab_size(t), 6);
     assert_token(t, 4, "cat", 3);
     assert_token(t, 5, "the", 3);
@@ -184,32 +184,32 @@ Test(tokenizer, word_unknowns)
     cr_assert_eq(dp_tokenizer_encode(t, in, strlen(in), ids, 3, &n, NULL),
                  DP_ERR_INVALID_ARGUMENT);
     cr_assert_eq(n, 8);
-    dp_tokenizer_free(t);
+    dp_tokenizer_destroy(t);
 }
 
 Test(tokenizer, word_errors)
 {
     const char *text = "the cat and the hat. The cat!";
     dp_tokenizer *t = (dp_tokenizer *)1;
-    cr_assert_eq(dp_tokenizer_build_word(text, strlen(text), 4, &t), DP_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(dp_tokenizer_create_word(text, strlen(text), 4, &t), DP_ERR_INVALID_ARGUMENT);
     cr_assert_null(t);
     cr_assert(strstr(dp_last_error(), "at least 5"), "%s", dp_last_error());
-    dp_assert_ok(dp_tokenizer_build_word(text, strlen(text), 5, &t)); // one word
+    dp_assert_ok(dp_tokenizer_create_word(text, strlen(text), 5, &t)); // one word
     cr_assert_eq(dp_tokenizer_vocab_size(t), 5);
-    dp_tokenizer_free(t);
-    cr_assert_eq(dp_tokenizer_build_word("", 0, 100, &t), DP_ERR_INVALID_ARGUMENT);
+    dp_tokenizer_destroy(t);
+    cr_assert_eq(dp_tokenizer_create_word("", 0, 100, &t), DP_ERR_INVALID_ARGUMENT);
     cr_assert(strstr(dp_last_error(), "empty"), "%s", dp_last_error());
     // Punctuation only: <unk> plus the bytes suffice.
-    dp_assert_ok(dp_tokenizer_build_word("?!", 2, 3, &t));
+    dp_assert_ok(dp_tokenizer_create_word("?!", 2, 3, &t));
     cr_assert_eq(dp_tokenizer_vocab_size(t), 3);
-    dp_tokenizer_free(t);
+    dp_tokenizer_destroy(t);
     // One word, no separators.
-    dp_assert_ok(dp_tokenizer_build_word("word", 4, 2, &t));
+    dp_assert_ok(dp_tokenizer_create_word("word", 4, 2, &t));
     cr_assert_eq(dp_tokenizer_vocab_size(t), 2);
     int32_t id = 7;
     cr_assert_eq(dp_tokenizer_decode(t, &id, 1, &(char *){NULL}, &(size_t){0}),
                  DP_ERR_INVALID_ARGUMENT);
-    dp_tokenizer_free(t);
+    dp_tokenizer_destroy(t);
 }
 
 Test(tokenizer, word_random_text_round_trips)
@@ -229,20 +229,20 @@ Test(tokenizer, word_random_text_round_trips)
         for (size_t i = 0; i < k; i++) text[len++] = seps[dp_rng_below(&rng, sizeof seps - 1)];
     }
     dp_tokenizer *t, *t2;
-    dp_assert_ok(dp_tokenizer_build_word(text, len, 1000, &t));
+    dp_assert_ok(dp_tokenizer_create_word(text, len, 1000, &t));
     cr_assert_eq(dp_tokenizer_vocab_size(t), 1 + (sizeof seps - 1) + 8);
     size_t n;
     free(round_trip(t, text, len, &n));
     // Building twice gives the same tokenizer.
-    dp_assert_ok(dp_tokenizer_build_word(text, len, 1000, &t2));
+    dp_assert_ok(dp_tokenizer_create_word(text, len, 1000, &t2));
     char *j1, *j2;
     dp_assert_ok(dp_tokenizer_serialize(t, &j1));
     dp_assert_ok(dp_tokenizer_serialize(t2, &j2));
     cr_assert_str_eq(j1, j2);
     free(j1);
     free(j2);
-    dp_tokenizer_free(t);
-    dp_tokenizer_free(t2);
+    dp_tokenizer_destroy(t);
+    dp_tokenizer_destroy(t2);
     free(text);
 }
 
@@ -266,8 +266,8 @@ Test(tokenizer, serialize_parse_round_trip)
     const char *text = "Hi, hi! HI\n\xc3\xa9t\xc3\xa9 it's 2 o'clock.";
     for (int kind = 0; kind < 2; kind++) {
         dp_tokenizer *t, *p;
-        if (kind == 0) dp_assert_ok(dp_tokenizer_build_char(text, strlen(text), &t));
-        else dp_assert_ok(dp_tokenizer_build_word(text, strlen(text), 14, &t));
+        if (kind == 0) dp_assert_ok(dp_tokenizer_create_char(text, strlen(text), &t));
+        else dp_assert_ok(dp_tokenizer_create_word(text, strlen(text), 14, &t));
         char *json, *json2;
         dp_assert_ok(dp_tokenizer_serialize(t, &json));
         for (const char *c = json; *c; c++)
@@ -284,8 +284,8 @@ Test(tokenizer, serialize_parse_round_trip)
         cr_assert(na == nb && ua == ub && memcmp(a, b, na * sizeof *a) == 0);
         free(json);
         free(json2);
-        dp_tokenizer_free(t);
-        dp_tokenizer_free(p);
+        dp_tokenizer_destroy(t);
+        dp_tokenizer_destroy(p);
     }
 }
 
@@ -293,17 +293,17 @@ Test(tokenizer, serialized_form_is_exact)
 {
     dp_tokenizer *t;
     char *json;
-    dp_assert_ok(dp_tokenizer_build_char("ba\nb", 4, &t));
+    dp_assert_ok(dp_tokenizer_create_char("ba\nb", 4, &t));
     dp_assert_ok(dp_tokenizer_serialize(t, &json));
     cr_assert_str_eq(json, "{\"type\":\"char\",\"version\":1,\"bytes\":[10,97,98]}");
     free(json);
-    dp_tokenizer_free(t);
-    dp_assert_ok(dp_tokenizer_build_word("b a b.", 6, 10, &t));
+    dp_tokenizer_destroy(t);
+    dp_assert_ok(dp_tokenizer_create_word("b a b.", 6, 10, &t));
     dp_assert_ok(dp_tokenizer_serialize(t, &json));
     cr_assert_str_eq(json,
                      "{\"type\":\"word\",\"version\":1,\"bytes\":[32,46],\"words\":[\"b\",\"a\"]}");
     free(json);
-    dp_tokenizer_free(t);
+    dp_tokenizer_destroy(t);
 }
 
 Test(tokenizer, parse_rejects_malformed_input)
@@ -351,7 +351,7 @@ Test(tokenizer, parse_rejects_malformed_input)
     dp_assert_ok(dp_tokenizer_parse("{\"type\":\"word\",\"version\":1,\"bytes\":[],\"words\":[\"x\"]}",
                                     &t));
     cr_assert_eq(dp_tokenizer_vocab_size(t), 2);
-    dp_tokenizer_free(t);
+    dp_tokenizer_destroy(t);
 }
 
 Test(tokenizer, kind_names)

@@ -845,8 +845,8 @@ static int setup(run *r)
         if (s == DP_OK) {
             what = "tokenizer";
             s = kind == DP_TOKENIZER_CHAR
-                    ? dp_tokenizer_build_char(text, len, &r->tok)
-                    : dp_tokenizer_build_word(text, len, (size_t)o->vocab_size, &r->tok);
+                    ? dp_tokenizer_create_char(text, len, &r->tok)
+                    : dp_tokenizer_create_word(text, len, (size_t)o->vocab_size, &r->tok);
         }
         if (s != DP_OK) {
             free(text);
@@ -1035,14 +1035,14 @@ static void run_free(run *r)
     free(r->targets);
     free(r->prompt_ids);
     free(r->prompt_text);
-    dp_sampler_free(r->train);
-    dp_sampler_free(r->eval_train);
-    dp_sampler_free(r->eval_val);
+    dp_sampler_destroy(r->train);
+    dp_sampler_destroy(r->eval_train);
+    dp_sampler_destroy(r->eval_val);
     dp_engine_destroy(r->engine);
     dp_gpt_destroy(r->gpt);
-    dp_token_data_free(r->data);
-    dp_tokenizer_free(r->tok);
-    dp_checkpoint_free(r->ck);
+    dp_token_data_destroy(r->data);
+    dp_tokenizer_destroy(r->tok);
+    dp_checkpoint_close(r->ck);
 }
 
 int main(int argc, char **argv)

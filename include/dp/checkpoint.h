@@ -83,7 +83,7 @@ DP_API dp_status dp_checkpoint_save(const char *path, const dp_model *model,
  * Opens path and reads its metadata: step and optimizer_step (integers in
  * [0, 2^62]), tokenizer, config, sampler (parsed), and every other entry
  * into ck->meta. params, m and v stay NULL until dp_checkpoint_read_tensors.
- * On success *out is a new checkpoint (free with dp_checkpoint_free).
+ * On success *out is a new checkpoint (free with dp_checkpoint_close).
  * Errors: DP_ERR_INVALID_ARGUMENT, DP_ERR_IO, DP_ERR_FORMAT naming the
  * file and the problem, DP_ERR_OUT_OF_MEMORY.
  */
@@ -113,7 +113,7 @@ DP_API dp_status dp_checkpoint_read_tensors(dp_checkpoint *ck, const dp_model *m
 
 /* Frees a checkpoint from dp_checkpoint_open and everything it owns. NULL
  * is a no-op. */
-DP_API void dp_checkpoint_free(dp_checkpoint *ck);
+DP_API void dp_checkpoint_close(dp_checkpoint *ck);
 
 #ifdef __cplusplus
 }

@@ -74,7 +74,7 @@ DP_API dp_status dp_token_data_from_tokens(const int32_t *tokens, size_t n, size
                                            dp_token_data **out);
 
 /* NULL is a no-op. */
-DP_API void dp_token_data_free(dp_token_data *data);
+DP_API void dp_token_data_destroy(dp_token_data *data);
 
 /* Total number of tokens (both splits). */
 DP_API size_t dp_token_data_total(const dp_token_data *data);
@@ -111,7 +111,7 @@ DP_API dp_status dp_sampler_create(const dp_token_data *data, dp_split split, si
                                    uint64_t seed, dp_sampler **out);
 
 /* NULL is a no-op. */
-DP_API void dp_sampler_free(dp_sampler *s);
+DP_API void dp_sampler_destroy(dp_sampler *s);
 
 /*
  * Draws the next batch of B windows: inputs (B,T) gets tokens [p, p+T) and

@@ -107,7 +107,7 @@ DP_API dp_status dp_gpt_checkpoint_save(const char *path, const dp_gpt *gpt,
 
 /* Opens a GPT checkpoint, builds the GPT its metadata describes and reads
  * its tensors: on success *out is the checkpoint (params, and m and v when
- * stored, in the GPT's layout; free with dp_checkpoint_free) and *gpt_out
+ * stored, in the GPT's layout; free with dp_checkpoint_close) and *gpt_out
  * (may be NULL) the GPT (free with dp_gpt_destroy).
  * Errors: DP_ERR_IO, DP_ERR_FORMAT naming the file and the problem,
  * DP_ERR_OUT_OF_MEMORY, DP_ERR_INVALID_ARGUMENT (NULL path or out). */

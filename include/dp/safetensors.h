@@ -37,12 +37,12 @@ extern "C" {
 
 typedef struct dp_st_writer dp_st_writer;
 
-/* Creates an empty writer. Free it with dp_st_writer_free.
+/* Creates an empty writer. Free it with dp_st_writer_destroy.
  * Errors: DP_ERR_INVALID_ARGUMENT (out NULL), DP_ERR_OUT_OF_MEMORY. */
 DP_API dp_status dp_st_writer_create(dp_st_writer **out);
 
 /* Frees the writer (never the tensor data it points at). NULL is a no-op. */
-DP_API void dp_st_writer_free(dp_st_writer *w);
+DP_API void dp_st_writer_destroy(dp_st_writer *w);
 
 /*
  * Adds a tensor: name (copied), dtype, shape[0..ndim) (copied; 0 <= ndim

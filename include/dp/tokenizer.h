@@ -48,18 +48,18 @@ DP_API const char *dp_tokenizer_kind_name(dp_tokenizer_kind kind);
 
 /* Builds a char tokenizer from text[0..len) (bytes; NULs allowed).
  * Errors: DP_ERR_INVALID_ARGUMENT (NULL, empty corpus),
- * DP_ERR_OUT_OF_MEMORY. Free with dp_tokenizer_free. */
-DP_API dp_status dp_tokenizer_build_char(const char *text, size_t len, dp_tokenizer **out);
+ * DP_ERR_OUT_OF_MEMORY. Free with dp_tokenizer_destroy. */
+DP_API dp_status dp_tokenizer_create_char(const char *text, size_t len, dp_tokenizer **out);
 
 /* Builds a word tokenizer from text[0..len) with at most vocab_size ids.
  * Errors: DP_ERR_INVALID_ARGUMENT (NULL, empty corpus, vocab_size smaller
  * than 1 + S + 1 when the corpus has words, or 1 + S when it has none; the
  * message gives the minimum), DP_ERR_OUT_OF_MEMORY. */
-DP_API dp_status dp_tokenizer_build_word(const char *text, size_t len, size_t vocab_size,
+DP_API dp_status dp_tokenizer_create_word(const char *text, size_t len, size_t vocab_size,
                                          dp_tokenizer **out);
 
 /* NULL is a no-op. */
-DP_API void dp_tokenizer_free(dp_tokenizer *tok);
+DP_API void dp_tokenizer_destroy(dp_tokenizer *tok);
 
 DP_API dp_tokenizer_kind dp_tokenizer_kind_of(const dp_tokenizer *tok);
 

@@ -185,7 +185,7 @@ dp_status dp_checkpoint_save(const char *path, const dp_model *m, const dp_check
         if (s == DP_OK) s = dp_st_writer_set_metadata(w, "sampler", buf);
     }
     if (s == DP_OK) s = dp_st_writer_write(w, path);
-    dp_st_writer_free(w);
+    dp_st_writer_destroy(w);
     for (size_t i = 0; i < 2 * m->n_tensors; i++) free(names[i]);
     free(names);
     return s;
@@ -226,7 +226,7 @@ static dp_status read_table(const dp_st_file *f, const dp_model *m, const char *
     return DP_OK;
 }
 
-void dp_checkpoint_free(dp_checkpoint *ck)
+void dp_checkpoint_close(dp_checkpoint *ck)
 {
     if (!ck) return;
     ck_priv *p = ck->priv;
@@ -322,7 +322,7 @@ dp_status dp_checkpoint_open(const char *path, dp_checkpoint **out)
         ck->has_sampler = s == DP_OK;
     }
     if (s != DP_OK) {
-        dp_checkpoint_free(ck);
+        dp_checkpoint_close(ck);
         return s;
     }
     *out = ck;

@@ -120,7 +120,7 @@ dp_status dp_st_writer_create(dp_st_writer **out)
     return DP_OK;
 }
 
-void dp_st_writer_free(dp_st_writer *w)
+void dp_st_writer_destroy(dp_st_writer *w)
 {
     if (!w) return;
     for (size_t i = 0; i < w->n; i++) free(w->t[i].name);

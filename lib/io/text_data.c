@@ -329,7 +329,7 @@ dp_status dp_token_data_from_tokens(const int32_t *tokens, size_t n, size_t voca
     return DP_OK;
 }
 
-void dp_token_data_free(dp_token_data *data)
+void dp_token_data_destroy(dp_token_data *data)
 {
     if (!data) return;
     free(data->tokens);
@@ -404,7 +404,7 @@ dp_status dp_sampler_create(const dp_token_data *data, dp_split split, size_t co
     return DP_OK;
 }
 
-void dp_sampler_free(dp_sampler *s) { free(s); }
+void dp_sampler_destroy(dp_sampler *s) { free(s); }
 
 dp_status dp_sampler_next(dp_sampler *s, int32_t *inputs, int32_t *targets, size_t B)
 {

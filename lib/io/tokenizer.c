@@ -76,7 +76,7 @@ const char *dp_tokenizer_kind_name(dp_tokenizer_kind kind)
     }
 }
 
-void dp_tokenizer_free(dp_tokenizer *tok)
+void dp_tokenizer_destroy(dp_tokenizer *tok)
 {
     if (!tok) return;
     free(tok->tok_off);
@@ -142,7 +142,7 @@ static dp_status tok_create(dp_tokenizer_kind kind, const unsigned char *bytes, 
     *out = t;
     return DP_OK;
 oom:
-    dp_tokenizer_free(t);
+    dp_tokenizer_destroy(t);
     return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "cannot allocate the tokenizer tables");
 }
 
@@ -161,7 +161,7 @@ static int32_t word_lookup(const dp_tokenizer *t, const char *p, size_t n)
 // ----------------------------------------------------------------------------
 // building
 
-dp_status dp_tokenizer_build_char(const char *text, size_t len, dp_tokenizer **out)
+dp_status dp_tokenizer_create_char(const char *text, size_t len, dp_tokenizer **out)
 {
     if (!out) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "out is NULL");
     *out = NULL;
@@ -194,7 +194,7 @@ static int cmp_word_count(const void *a, const void *b)
     return x->len < y->len ? -1 : x->len > y->len ? 1 : 0;
 }
 
-dp_status dp_tokenizer_build_word(const char *text, size_t len, size_t vocab_size,
+dp_status dp_tokenizer_create_word(const char *text, size_t len, size_t vocab_size,
                                   dp_tokenizer **out)
 {
     if (!out) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "out is NULL");

@@ -719,7 +719,7 @@ dp_status dp_gpt_checkpoint_load(const char *path, dp_checkpoint **out, dp_gpt *
     }
     if (s == DP_OK) s = dp_checkpoint_read_tensors(ck, &gpt->model);
     if (s != DP_OK) {
-        dp_checkpoint_free(ck);
+        dp_checkpoint_close(ck);
         dp_gpt_destroy(gpt);
         return s;
     }

@@ -123,7 +123,7 @@ static void check_rewrite(const dp_st_file *f)
         FUZZ_CHECK(v2 && strcmp(v, v2) == 0, "metadata '%s' changed in the round trip", k);
     }
     dp_st_close(g);
-    dp_st_writer_free(w);
+    dp_st_writer_destroy(w);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

@@ -145,8 +145,8 @@ static void check_data(const dp_tokenizer *tok, const char *text, size_t len, si
                 FUZZ_CHECK(memcmp(after, before, sizeof after) == 0, "refused state changed it");
             }
         }
-        dp_sampler_free(s2);
-        dp_sampler_free(s);
+        dp_sampler_destroy(s2);
+        dp_sampler_destroy(s);
 
         size_t nw = dp_eval_window_count(d, (dp_split)sp, context);
         FUZZ_CHECK(nw == (ns - 1) / context, "window count %zu for %zu tokens", nw, ns);
@@ -163,18 +163,18 @@ static void check_data(const dp_tokenizer *tok, const char *text, size_t len, si
                        DP_ERR_INVALID_ARGUMENT,
                    "window past the end accepted");
     }
-    dp_token_data_free(d);
+    dp_token_data_destroy(d);
 }
 
 static void check_tokenizers(const char *text, size_t len, size_t vocab, size_t context)
 {
     dp_tokenizer *c = NULL;
-    FUZZ_CHECK(dp_tokenizer_build_char(text, len, &c) == DP_OK, "char tokenizer");
+    FUZZ_CHECK(dp_tokenizer_create_char(text, len, &c) == DP_OK, "char tokenizer");
     check_data(c, text, len, context);
-    dp_tokenizer_free(c);
+    dp_tokenizer_destroy(c);
 
     dp_tokenizer *w = NULL;
-    dp_status st = dp_tokenizer_build_word(text, len, vocab, &w);
+    dp_status st = dp_tokenizer_create_word(text, len, vocab, &w);
     if (st != DP_OK) {
         FUZZ_CHECK(st == DP_ERR_INVALID_ARGUMENT && !w, "word tokenizer status %d", (int)st);
         // Only a vocabulary too small for the separators (+ <unk> + a word) is refused.
@@ -206,9 +206,9 @@ static void check_tokenizers(const char *text, size_t len, size_t vocab, size_t 
     free(ids);
     free(ids2);
     free(json);
-    dp_tokenizer_free(w2);
+    dp_tokenizer_destroy(w2);
     check_data(w, text, len, context);
-    dp_tokenizer_free(w);
+    dp_tokenizer_destroy(w);
 }
 
 // The corpus as a sampler state text: what parses formats back to the same words.
@@ -263,7 +263,7 @@ static void check_token_ids(const uint8_t *b, size_t n, size_t vocab)
                               (n - ntr) * sizeof *ids) == 0,
                    "token data differs from the ids");
     }
-    dp_token_data_free(d);
+    dp_token_data_destroy(d);
     free(ids);
 }
 

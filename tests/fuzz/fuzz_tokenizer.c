@@ -128,8 +128,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     free(all);
     free(s1);
     free(s2);
-    dp_tokenizer_free(t2);
-    dp_tokenizer_free(tok);
+    dp_tokenizer_destroy(t2);
+    dp_tokenizer_destroy(tok);
     free(json);
     return 0;
 }

@@ -104,7 +104,7 @@ static void gen_safetensors(void)
         dp_st_writer_set_metadata(w, "sampler", "6470534d50000001,1,2,3,4,0,0,8,100") != DP_OK)
         die("add");
     free(st_file(w, "many_dtypes.safetensors", &n));
-    dp_st_writer_free(w);
+    dp_st_writer_destroy(w);
 
     // Near-valid variants of the one-tensor file.
     put("safetensors", "truncated.safetensors", one, n1 - 4);
@@ -144,16 +144,16 @@ static void gen_tokenizer(void)
                        "the fox\tand the dog: caf\xc3\xa9!\n";
     dp_tokenizer *t;
     char *json;
-    if (dp_tokenizer_build_char(text, strlen(text), &t) != DP_OK) die("char");
+    if (dp_tokenizer_create_char(text, strlen(text), &t) != DP_OK) die("char");
     if (dp_tokenizer_serialize(t, &json) != DP_OK) die("serialize");
     put_str("tokenizer", "char.json", json);
     free(json);
-    dp_tokenizer_free(t);
-    if (dp_tokenizer_build_word(text, strlen(text), 40, &t) != DP_OK) die("word");
+    dp_tokenizer_destroy(t);
+    if (dp_tokenizer_create_word(text, strlen(text), 40, &t) != DP_OK) die("word");
     if (dp_tokenizer_serialize(t, &json) != DP_OK) die("serialize");
     put_str("tokenizer", "word.json", json);
     free(json);
-    dp_tokenizer_free(t);
+    dp_tokenizer_destroy(t);
     put_str("tokenizer", "word_no_words.json", "{\"type\":\"word\",\"version\":1,\"bytes\":[32],\"words\":[]}");
     put_str("tokenizer", "unsorted_bytes.json", "{\"type\":\"char\",\"version\":1,\"bytes\":[97,10]}");
     put_str("tokenizer", "word_byte_in_bytes.json",
