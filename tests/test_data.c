@@ -213,16 +213,20 @@ Test(data, a_large_binary_file_is_refused_at_its_first_piece, .timeout = 10)
     cr_assert(strstr(dp_last_error(), "NUL byte at offset 0"), "%s", dp_last_error());
 }
 
-Test(data, default_corpus)
+/* lm_train's default corpus, the fortunes package's directory. */
+#define FORTUNES_DIR "/usr/share/games/fortunes"
+
+Test(data, fortunes_directory)
 {
     struct stat sb;
-    if (stat(DP_DEFAULT_CORPUS, &sb) != 0) {
+    if (stat(FORTUNES_DIR, &sb) != 0) {
         cleanup(); // .fini does not run for a skipped test
-        cr_skip_test("%s is not installed", DP_DEFAULT_CORPUS);
+        cr_skip_test("%s is not installed", FORTUNES_DIR);
     }
     char *text;
     size_t len, files;
-    dp_assert_ok(dp_text_load(NULL, &text, &len, &files));
+    cr_assert_eq(dp_text_load(NULL, &text, &len, &files), DP_ERR_INVALID_ARGUMENT);
+    dp_assert_ok(dp_text_load(FORTUNES_DIR, &text, &len, &files));
     cr_assert_gt(files, 1);
     cr_assert_gt(len, 100000, "fortunes corpus is only %zu bytes", len);
     cr_assert_null(memchr(text, '\0', len), "corpus holds a NUL");

@@ -19,11 +19,8 @@
 extern "C" {
 #endif
 
-/* The trainer's default corpus: the text of Debian's `fortunes` package. */
-#define DP_DEFAULT_CORPUS "/usr/share/games/fortunes"
-
 /*
- * Loads a corpus from path (NULL means DP_DEFAULT_CORPUS):
+ * Loads a corpus from path:
  *  - a regular file (or a symlink to one): its bytes;
  *  - a directory: its regular files, not recursing, sorted by name (byte
  *    order, so the corpus is the same on every machine), joined with one
@@ -34,7 +31,7 @@ extern "C" {
  * *text gets a malloc'd NUL-terminated buffer of *len bytes (the NUL not
  * counted) that the caller frees with free(); *n_files (may be NULL) the
  * number of files read.
- * Errors: DP_ERR_INVALID_ARGUMENT (NULL text or len), DP_ERR_IO (path does
+ * Errors: DP_ERR_INVALID_ARGUMENT (NULL or empty path, NULL text or len), DP_ERR_IO (path does
  * not exist, or a file or directory cannot be read: the message has the
  * path and the reason), DP_ERR_FORMAT (path is neither a regular file nor
  * a directory, e.g. /dev/zero or a FIFO: refused before reading; an empty

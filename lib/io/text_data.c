@@ -195,16 +195,12 @@ dp_status dp_text_load(const char *path, char **text, size_t *len, size_t *n_fil
     *text = NULL;
     *len = 0;
     if (n_files) *n_files = 0;
-    if (!path) path = DP_DEFAULT_CORPUS;
-    if (!*path) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "the corpus path is empty");
+    if (!path || !*path)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "the corpus path is NULL or empty; pass a text "
+                       "file or a directory of text files");
     struct stat sb;
     if (stat(path, &sb) != 0) {
         int e = errno;
-        if (e == ENOENT && strcmp(path, DP_DEFAULT_CORPUS) == 0)
-            return DP_FAIL(DP_ERR_IO,
-                           "the default corpus '%s' does not exist: install Debian's fortunes "
-                           "package (apt-get install fortunes) or pass a text file or directory",
-                           path);
         return DP_FAIL(DP_ERR_IO, "cannot read the corpus '%s': %s; pass a text file or a "
                        "directory of text files", path, strerror(e));
     }
