@@ -39,7 +39,7 @@
 #include "dp/trace.h"
 
 #include "core/atomic_file.h" /* exported by libdp for its own programs */
-#include "core/checked.h"
+#include "dp/checked.h"
 
 #include "dp_cli.h"
 

@@ -31,7 +31,7 @@
 
 #include "dp_cli.h"
 /* Overflow-checked size arithmetic (header-only, no library symbols). */
-#include "../../lib/core/checked.h"
+#include <dp/checked.h>
 
 /* The default corpus: the text of Debian's `fortunes` package. */
 #define LM_DEFAULT_CORPUS "/usr/share/games/fortunes"

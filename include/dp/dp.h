@@ -7,6 +7,7 @@
 #include "dp/status.h"
 #include "dp/dtype.h"
 #include "dp/units.h"
+#include "dp/checked.h"
 #include "dp/rng.h"
 #include "dp/device.h"
 #include "dp/nn.h"

@@ -12,7 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "core/checked.h"
+#include "dp/checked.h"
 #include "core/error.h"
 
 struct dp_atomic_file {

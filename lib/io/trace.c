@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "core/atomic_file.h"
-#include "core/checked.h"
+#include "dp/checked.h"
 #include "core/error.h"
 #include "dp/trace.h"
 

@@ -2,7 +2,7 @@
  * nn/model.c - checks of a model description (dp/model.h): the model
  * interface the engine consumes lives below the engine.
  */
-#include "core/checked.h"
+#include "dp/checked.h"
 #include "core/error.h"
 #include "dp/model.h"
 

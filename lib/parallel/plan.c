@@ -8,7 +8,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "core/checked.h"
+#include "dp/checked.h"
 #include "parallel/engine_internal.h"
 
 // --- the configuration ---------------------------------------------------------------

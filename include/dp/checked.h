@@ -1,5 +1,5 @@
 /*
- * core/checked.h - size arithmetic that reports overflow instead of
+ * dp/checked.h - size arithmetic that reports overflow instead of
  * wrapping. Every size computed from user input (shapes, counts, bytes)
  * goes through these, so an absurd value is refused before any work.
  */
