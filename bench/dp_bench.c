@@ -38,7 +38,7 @@
 #include "dp/dp.h"
 #include "dp/trace.h"
 
-#include "core/atomic_file.h" /* exported by libdp for its own programs */
+#include "dp/atomic_file.h"
 #include "dp/checked.h"
 
 #include "dp_cli.h"

@@ -1,5 +1,5 @@
 /*
- * core/atomic_file.h: the one atomic file writer. The temporary file is
+ * dp/atomic_file.h: the one atomic file writer. The temporary file is
  * named "<path>.tmp.<pid>.<counter>" next to path (the stale-temp clean-up
  * relies on it), commit replaces path whole, abort leaves path as it was
  * and no temporary file, and errors name the path.
@@ -11,7 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "core/atomic_file.h"
+#include "dp/atomic_file.h"
 #include "dp_test.h"
 #include "dp_test_fs.h"
 

@@ -3,8 +3,8 @@
  * wrapping. Every size computed from user input (shapes, counts, bytes)
  * goes through these, so an absurd value is refused before any work.
  */
-#ifndef DP_CORE_CHECKED_H
-#define DP_CORE_CHECKED_H
+#ifndef DP_CHECKED_H
+#define DP_CHECKED_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -32,4 +32,4 @@ static inline int dp_size_mad(size_t *acc, size_t a, size_t b)
     return dp_size_mul(a, b, &p) && dp_size_add(*acc, p, acc);
 }
 
-#endif /* DP_CORE_CHECKED_H */
+#endif /* DP_CHECKED_H */

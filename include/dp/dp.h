@@ -8,6 +8,7 @@
 #include "dp/dtype.h"
 #include "dp/units.h"
 #include "dp/checked.h"
+#include "dp/atomic_file.h"
 #include "dp/rng.h"
 #include "dp/device.h"
 #include "dp/nn.h"

@@ -2,7 +2,7 @@
  * core/atomic_file.c - temporary file, fsync, rename, fsync of the
  * directory: the one atomic file writer (see atomic_file.h).
  */
-#include "core/atomic_file.h"
+#include "dp/atomic_file.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -17,7 +17,7 @@
 
 #include <jansson.h>
 
-#include "core/atomic_file.h"
+#include "dp/atomic_file.h"
 #include "core/error.h"
 #include "dp/safetensors.h"
 

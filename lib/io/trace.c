@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/atomic_file.h"
+#include "dp/atomic_file.h"
 #include "dp/checked.h"
 #include "core/error.h"
 #include "dp/trace.h"

@@ -1,6 +1,6 @@
 /*
- * core/atomic_file.h - write a file so that readers see the old contents
- * or the complete new ones, never a part (internal; not installed).
+ * dp/atomic_file.h - write a file so that readers see the old contents
+ * or the complete new ones, never a part.
  *
  * The bytes go to a temporary file "<path>.tmp.<pid>.<counter>" in the
  * target's directory (so the rename never crosses filesystems), which is
@@ -10,7 +10,7 @@
  * temporary files left by a killed process relies on this exact pattern.
  *
  *   dp_atomic_file *af;
- *   DP_TRY(dp_atomic_file_open(path, &af));
+ *   if ((st = dp_atomic_file_open(path, &af)) != DP_OK) return st;
  *   if ((st = dp_atomic_file_write(af, buf, n)) != DP_OK) { dp_atomic_file_abort(af); ... }
  *   st = dp_atomic_file_commit(af);   // af is freed either way
  *
@@ -22,10 +22,10 @@
  * On an error, errno is left as the failing system call set it, so a
  * program can print strerror(errno) without the recorded message.
  *
- * Exported for dp's own programs (dp_bench); not part of the public API.
+ * Checkpoints, trace files and dp_bench's outputs are written through it.
  */
-#ifndef DP_CORE_ATOMIC_FILE_H
-#define DP_CORE_ATOMIC_FILE_H
+#ifndef DP_ATOMIC_FILE_H
+#define DP_ATOMIC_FILE_H
 
 #include <stddef.h>
 
@@ -78,4 +78,4 @@ DP_API void dp_atomic_file_abort(dp_atomic_file *af);
 }
 #endif
 
-#endif /* DP_CORE_ATOMIC_FILE_H */
+#endif /* DP_ATOMIC_FILE_H */
