@@ -31,6 +31,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
 #include "dp/checkpoint.h"
 #include "dp/gpt.h"
 #include "dp_test.h"
@@ -696,6 +698,42 @@ Test(lm_train, device_weights_and_token_balanced)
     result_free(&r);
 }
 
+/* --trace: one track per device, and per step a span for every phase on each. */
+Test(lm_train, trace_has_a_track_per_device_and_a_span_per_phase_and_step)
+{
+    result r = RUN("--steps", "3", "--trace", "@t.json");
+    assert_success(&r, "--trace");
+    char path[256];
+    path_in(path, sizeof path, "t.json");
+    json_error_t err;
+    json_t *t = json_load_file(path, 0, &err);
+    cr_assert_not_null(t, "the trace does not parse: %s", err.text);
+    json_t *ev = json_object_get(t, "traceEvents"), *e;
+    size_t i, tracks = 0, spans[2][DP_PHASE_COUNT] = {{0}};
+    json_array_foreach(ev, i, e) {
+        json_int_t tid = json_integer_value(json_object_get(e, "tid"));
+        cr_assert(tid == 0 || tid == 1, "event %zu on track %lld", i, (long long)tid);
+        const char *ph = json_string_value(json_object_get(e, "ph"));
+        const char *name = json_string_value(json_object_get(e, "name"));
+        if (strcmp(ph, "M") == 0) { /* metadata: process, thread names and order */
+            tracks += strcmp(name, "thread_name") == 0;
+            continue;
+        }
+        cr_assert_str_eq(ph, "X");
+        int p = 0;
+        while (p < DP_PHASE_COUNT && strcmp(name, dp_phase_name((dp_phase)p)) != 0) p++;
+        cr_assert(p < DP_PHASE_COUNT, "event %zu is no phase: %s", i, name);
+        spans[tid][p]++;
+    }
+    cr_assert_eq(tracks, 2);
+    for (int d = 0; d < 2; d++)
+        for (int p = 0; p < DP_PHASE_COUNT; p++)
+            cr_assert_eq(spans[d][p], 3, "cpu:%d %s: %zu spans for 3 steps", d,
+                         dp_phase_name((dp_phase)p), spans[d][p]);
+    json_decref(t);
+    result_free(&r);
+}
+
 /* --devices auto says when it chose CPU devices, and why. */
 Test(lm_train, devices_auto_says_it_chose_cpu)
 {
@@ -777,6 +815,10 @@ static bad_case bad_cases[] = {
     {"device-weights all zero", {"--device-weights", "0,0"}, "--device-weights", "", 0, 0, 0},
     {"token-balanced with a value", {"--token-balanced=1"}, "takes no value", "", 0, 0, 0},
     {"device-weights negative", {"--device-weights", "1,-1"}, "--device-weights", "", 0, 0, 0},
+    {"trace into a missing directory", {"--steps", "2", "--trace", "@nodir/t.json"}, "nodir", "",
+     0, 0, 0},
+    {"trace with eval-only", {"--resume", "@good.st", "--eval-only", "--trace", "@t.json"},
+     "--trace", "", 1, 0, 1},
 };
 
 ParameterizedTestParameters(lm_train, bad_input_fails_cleanly)

@@ -47,7 +47,7 @@
 // --- options ------------------------------------------------------------------------
 
 typedef struct opts {
-    const char *data, *tokenizer, *devices, *mode, *save, *resume, *log, *prompt;
+    const char *data, *tokenizer, *devices, *mode, *save, *resume, *log, *prompt, *trace;
     const char *memory_limit, *device_weights;
     long vocab_size, layers, heads, dim, context, batch_size, grad_accum, max_tokens;
     long steps, warmup, lr_decay_steps, eval_interval, eval_iters, save_interval, sample, top_k;
@@ -157,6 +157,8 @@ static void usage(FILE *f)
             "  --resume PATH          continue from a checkpoint\n"
             "  --log PATH             JSONL, one row per step; with --resume, rows after the\n"
             "                         checkpoint's step are dropped first\n"
+            "  --trace PATH           Chrome trace-event JSON of the training steps (Perfetto,\n"
+            "                         chrome://tracing): one track per device, a span per phase\n"
             "  --sample N             generate N tokens at the end, 0 = none, at most %ld\n"
             "                         (default %ld)\n"
             "  --temperature X  --top-k N  --prompt TEXT   sampling (default %g, %ld, newline,\n"
@@ -177,6 +179,8 @@ static int check_opts(const opts *o)
     if (o->eval_only && !o->resume) return cli_fail("--eval-only needs --resume CHECKPOINT");
     if (o->eval_only && o->save)
         return cli_fail("--save with --eval-only: evaluation changes nothing to save; drop --save");
+    if (o->eval_only && o->trace)
+        return cli_fail("--trace with --eval-only: the trace records training steps; drop --trace");
     if ((o->given & G_SAVEI) && !o->save)
         return cli_fail("--save-interval needs --save PATH (where to write the checkpoints)");
     if (o->grad_accum > INT_MAX)
@@ -197,7 +201,7 @@ static int parse_args(int argc, char **argv, opts *o)
         O_DATA = 256, O_TOK, O_VOCAB, O_DEV, O_MODE, O_LAYERS, O_HEADS, O_DIM, O_CTX, O_BATCH,
         O_ACCUM, O_MAXTOK, O_STEPS, O_LR, O_MINLR, O_WARMUP, O_DECAY, O_WD, O_B1, O_B2, O_CLIP,
         O_EVI, O_EVN, O_SEED, O_SAVE, O_SAVEI, O_RESUME, O_EVONLY, O_SAMPLE, O_TEMP, O_TOPK,
-        O_PROMPT, O_LOG, O_MEM, O_SKIPS, O_WATCHDOG, O_CHECK, O_TF32, O_WEIGHTS, O_TOKBAL, O_HELP
+        O_PROMPT, O_LOG, O_MEM, O_SKIPS, O_WATCHDOG, O_CHECK, O_TF32, O_WEIGHTS, O_TOKBAL, O_TRACE, O_HELP
     };
     static const struct option lo[] = {
         {"data", 1, 0, O_DATA},          {"tokenizer", 1, 0, O_TOK},
@@ -220,6 +224,7 @@ static int parse_args(int argc, char **argv, opts *o)
         {"max-skips", 1, 0, O_SKIPS},    {"watchdog", 1, 0, O_WATCHDOG},
         {"check-replicas", 1, 0, O_CHECK}, {"tf32", 0, 0, O_TF32},
         {"device-weights", 1, 0, O_WEIGHTS}, {"token-balanced", 0, 0, O_TOKBAL},
+        {"trace", 1, 0, O_TRACE},
         {"help", 0, 0, O_HELP},          {0, 0, 0, 0}};
     opterr = 0;
     int c;
@@ -259,6 +264,7 @@ static int parse_args(int argc, char **argv, opts *o)
         case O_EVONLY: o->eval_only = 1; break;
         case O_TF32: o->tf32 = 1; break;
         case O_TOKBAL: o->token_balanced = 1; break;
+        case O_TRACE: o->trace = v; break;
         case O_WEIGHTS: o->device_weights = v; break;
         case O_SAMPLE: bad = cli_parse_long("--sample", v, 0, SAMPLE_MAX, &o->sample); break;
         case O_TEMP: bad = cli_parse_double("--temperature", v, 1e-6, &o->temperature); break;
@@ -330,6 +336,7 @@ typedef struct run {
     long saved_step;           /* step of this run's last checkpoint, -1 = none */
     long skipped, consecutive_skips; /* steps skipped for non-finite values */
     FILE *log;
+    dp_trace *trace; /* --trace: every training step's phase spans */
     int tty;
     int exit_code;             /* non-zero: the status main returns (signals) */
 } run;
@@ -931,6 +938,15 @@ static int setup(run *r)
     r->targets = malloc(bt);
     if (!r->inputs || !r->targets) return cli_fail("out of host memory");
     if (!o->eval_only && open_log(r)) return 1;
+    if (o->trace) {
+        const char *names[DP_MAX_DEVICES];
+        for (size_t i = 0; i < k; i++) names[i] = dp_device_name(dp_engine_device(r->engine, i));
+        /* An empty trace written now: a path that cannot be written fails
+         * before the first step, not after the run. */
+        if (dp_trace_create(names, k, &r->trace) != DP_OK ||
+            dp_trace_write(r->trace, o->trace) != DP_OK)
+            return cli_dp_fail("--trace");
+    }
     if (r->ck && !o->eval_only && r->step == o->steps)
         printf("resume: the checkpoint is already at step %ld of --steps %ld: nothing to train\n",
                r->step, o->steps);
@@ -980,6 +996,7 @@ static int train(run *r)
         dp_batch b = {B, r->inputs, r->targets};
         dp_step_stats st;
         if (dp_engine_step(r->engine, &b, &st) != DP_OK) return cli_dp_fail("step");
+        if (r->trace && dp_trace_add_step(r->trace, &st) != DP_OK) return cli_dp_fail("--trace");
         if (st.skipped) {
             /* Nothing was updated: the step is retried on the next batch. */
             r->skipped++;
@@ -1038,6 +1055,7 @@ static void run_free(run *r)
     dp_sampler_destroy(r->train);
     dp_sampler_destroy(r->eval_train);
     dp_sampler_destroy(r->eval_val);
+    dp_trace_destroy(r->trace);
     dp_engine_destroy(r->engine);
     dp_gpt_destroy(r->gpt);
     dp_token_data_destroy(r->data);
@@ -1068,6 +1086,11 @@ int main(int argc, char **argv)
         if (!rc) printf("val_loss %.6f\n", vl);
     } else if (!rc) {
         rc = train(&r);
+        /* Whatever stopped training, the trace holds the steps that ran. */
+        if (r.trace && dp_trace_write(r.trace, r.o.trace) != DP_OK) {
+            cli_dp_fail("--trace");
+            if (!rc) rc = 1;
+        }
         double vl;
         if (!rc) rc = full_val_loss(&r, &vl);
         if (!rc) printf("final val_loss %.4f\n", vl);
