@@ -11,6 +11,7 @@
 #include "dp/nn.h"
 #include "dp/optim.h"
 #include "dp/model.h"
+#include "dp/ops.h"
 #include "dp/engine.h"
 #include "dp/gpt.h"
 #include "dp/safetensors.h"

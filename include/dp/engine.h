@@ -137,11 +137,15 @@ typedef struct dp_engine_config {
  * weight decay 0.1, no clipping, equal shares, grad_accum 1, seed 1337. */
 DP_API dp_engine_config dp_engine_config_default(void);
 
-/* A global batch in host memory. */
+/* A global batch in host memory (read during the call only). */
 typedef struct dp_batch {
-    size_t rows;            /* >= 1 */
-    const void *inputs;     /* rows * model->input_row_bytes */
-    const int32_t *targets; /* rows * model->outputs_per_row, each in [-1, n_classes) */
+    size_t rows;         /* >= 1 */
+    const void *inputs;  /* rows * model->input_row_bytes */
+    /* rows * dp_model_target_row_bytes(model) (dp/model.h): for class targets
+     * (the default) rows * outputs_per_row int32 ids in [-1, n_classes), -1 =
+     * ignored; for DP_TARGET_F32 rows * outputs_per_row * target_size floats,
+     * NaN = ignored, +-Inf refused. At least one target must be valid. */
+    const void *targets;
 } dp_batch;
 
 typedef struct dp_device_step_stats {
@@ -257,7 +261,7 @@ DP_API const dp_model *dp_engine_model(const dp_engine *engine);
  * i, contiguous and in order. Equal shares: 7 rows on 3 devices are 3/2/2
  * (floor of the share, the remainder one row each to the first devices).
  */
-DP_API dp_status dp_engine_plan(const dp_engine *engine, size_t rows, const int32_t *targets,
+DP_API dp_status dp_engine_plan(const dp_engine *engine, size_t rows, const void *targets,
                                 size_t *rows_out);
 
 #ifdef __cplusplus
