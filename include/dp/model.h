@@ -85,7 +85,8 @@ typedef struct dp_model {
 
     /* Optional (may be NULL): checks rows of host inputs before any device work
      * (e.g. token ids < V). Returns DP_ERR_INVALID_ARGUMENT with a message set
-     * by dp_set_error (dp/status.h). */
+     * by dp_set_error (dp/status.h); the step fails with "validate_inputs:
+     * <that message>". */
     dp_status (*validate_inputs)(void *ctx, const void *inputs_host, size_t rows);
 
     /* Bytes of activation workspace for a chunk of `rows` rows; may return 0

@@ -197,7 +197,8 @@ dp_status dp_plan_batch(dp_engine *e, const dp_batch *b)
         dp_clear_error();
         dp_status s = m->validate_inputs(m->ctx, b->inputs, b->rows);
         if (s != DP_OK) {
-            dp_callback_message(s, "validate_inputs");
+            if (dp_last_error()[0]) dp_error_prefix("validate_inputs");
+            else dp_callback_message(s, "the model's validate_inputs");
             return s;
         }
     }
