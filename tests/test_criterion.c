@@ -421,3 +421,99 @@ Test(ops, helpers_match_host_loops)
     for (int i = 0; i < 4; i++) dp_device_free(dev, bufs[i]);
     dp_device_close(dev);
 }
+
+Test(ops, linear_with_strided_rows_equals_contiguous)
+{
+    enum { N = 6, C = 4, LD = 7, OC = 3 };
+    dp_device *dev = dp_test_cpu(0);
+    float rows[N * LD], packed[N * C], w[OC * C], b[OC], dout[N * OC];
+    dp_rng rng;
+    dp_rng_seed(&rng, 8);
+    dp_rng_fill_normal(&rng, rows, N * LD, 0.0f, 1.0f);
+    dp_rng_fill_normal(&rng, w, OC * C, 0.0f, 1.0f);
+    dp_rng_fill_normal(&rng, b, OC, 0.0f, 1.0f);
+    dp_rng_fill_normal(&rng, dout, N * OC, 0.0f, 1.0f);
+    for (int r = 0; r < N; r++) memcpy(packed + r * C, rows + r * LD, C * sizeof(float));
+    float *drows = dp_test_upload(dev, rows, N * LD), *dpacked = dp_test_upload(dev, packed, N * C);
+    float *dw = dp_test_upload(dev, w, OC * C), *db = dp_test_upload(dev, b, OC);
+    float *ddout = dp_test_upload(dev, dout, N * OC);
+    float zeros[OC * C] = {0};
+    float *o1 = dp_test_upload(dev, dout, N * OC), *o2 = dp_test_upload(dev, dout, N * OC);
+    float *gw1 = dp_test_upload(dev, zeros, OC * C), *gw2 = dp_test_upload(dev, zeros, OC * C);
+    float *gb1 = dp_test_upload(dev, zeros, OC), *gb2 = dp_test_upload(dev, zeros, OC);
+    float *di1 = dp_test_upload(dev, packed, N * C), *di2 = dp_test_upload(dev, rows, N * LD);
+
+    dp_assert_ok(dp_linear_forward(dev, o1, dpacked, dw, db, N, C, OC));
+    dp_assert_ok(dp_linear_forward_ld(dev, o2, drows, LD, dw, db, N, C, OC));
+    dp_assert_ok(dp_linear_backward(dev, di1, gw1, gb1, ddout, dpacked, dw, N, C, OC));
+    dp_assert_ok(dp_linear_backward_ld(dev, di2, gw2, gb2, ddout, drows, LD, dw, N, C, OC));
+    float a[N * LD], e[N * LD];
+    dp_assert_ok(dp_copy_d2h(dev, a, o2, N * OC * sizeof(float)));
+    dp_assert_ok(dp_copy_d2h(dev, e, o1, N * OC * sizeof(float)));
+    dp_assert_allclose(a, e, N * OC, 1e-6, 1e-6);
+    dp_assert_ok(dp_copy_d2h(dev, a, gw2, OC * C * sizeof(float)));
+    dp_assert_ok(dp_copy_d2h(dev, e, gw1, OC * C * sizeof(float)));
+    dp_assert_allclose(a, e, OC * C, 1e-6, 1e-6);
+    dp_assert_ok(dp_copy_d2h(dev, a, gb2, OC * sizeof(float)));
+    dp_assert_ok(dp_copy_d2h(dev, e, gb1, OC * sizeof(float)));
+    dp_assert_allclose(a, e, OC, 0.0, 0.0);
+    dp_assert_ok(dp_copy_d2h(dev, a, di2, N * LD * sizeof(float)));
+    dp_assert_ok(dp_copy_d2h(dev, e, di1, N * C * sizeof(float)));
+    for (int r = 0; r < N; r++) {
+        dp_assert_allclose(a + r * LD, e + r * C, C, 1e-6, 1e-6);
+        /* the columns past C (y) are left alone */
+        cr_assert(memcmp(a + r * LD + C, rows + r * LD + C, (LD - C) * sizeof(float)) == 0);
+    }
+    cr_assert_eq(dp_linear_forward_ld(dev, o2, drows, C - 1, dw, db, N, C, OC),
+                 DP_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(dp_last_error(), "ld_inp=3 is smaller than C=4"), "%s", dp_last_error());
+    float *bufs[] = {drows, dpacked, dw, db, ddout, o1, o2, gw1, gw2, gb1, gb2, di1, di2};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) dp_device_free(dev, bufs[i]);
+    dp_device_close(dev);
+}
+
+/* The staged path (non-host memory) gives exactly the CPU device's results. */
+Test(ops, cuda_matches_cpu)
+{
+    if (dp_cuda_device_count() < 1) cr_skip_test("no CUDA device");
+    dp_device_spec spec = {DP_DEVICE_CUDA, 0};
+    dp_device *gpu = NULL, *cpu = dp_test_cpu(0);
+    dp_assert_ok(dp_device_open(&spec, &gpu));
+    enum { N = 3000 }; /* several staging chunks */
+    static float x[N], t[N], got[N], want[N];
+    dp_rng rng;
+    dp_rng_seed(&rng, 12);
+    dp_rng_fill_normal(&rng, x, N, 0.0f, 1.0f);
+    dp_rng_fill_normal(&rng, t, N, 0.0f, 1.0f);
+    for (int i = 0; i < N; i += 97) t[i] = NAN;
+    dp_device *devs[2] = {cpu, gpu};
+    double loss[2];
+    size_t count[2];
+    float *out[2] = {want, got};
+    for (int d = 0; d < 2; d++) {
+        float *dx = dp_test_upload(devs[d], x, N), *dt = dp_test_upload(devs[d], t, N);
+        dp_criterion mse = dp_criterion_mse();
+        dp_criterion_args a;
+        memset(&a, 0, sizeof a);
+        a.dev = devs[d];
+        a.logits = a.dlogits = dx; /* in place, as balanced mode */
+        a.targets = dt;
+        a.target_type = DP_TARGET_F32;
+        a.target_size = 4;
+        a.n = N / 4;
+        a.V = 4;
+        a.dscale = 0.001f;
+        dp_assert_ok(mse.forward_backward(mse.ctx, &a, &loss[d], &count[d]));
+        dp_assert_ok(dp_axpy(devs[d], dx, 0.5f, dt, N)); /* NaNs where t is NaN */
+        dp_assert_ok(dp_copy_d2h(devs[d], out[d], dx, sizeof got));
+        dp_device_free(devs[d], dx);
+        dp_device_free(devs[d], dt);
+    }
+    cr_assert_eq(count[0], count[1]);
+    cr_assert_eq(loss[0], loss[1], "MSE loss differs: %.17g vs %.17g", loss[0], loss[1]);
+    for (int i = 0; i < N; i++)
+        cr_assert(memcmp(&got[i], &want[i], sizeof(float)) == 0, "element %d: %g vs %g", i,
+                  got[i], want[i]);
+    dp_device_close(gpu);
+    dp_device_close(cpu);
+}

@@ -54,6 +54,24 @@ DP_API dp_status dp_masked_sum(dp_device *dev, double *sum_host, size_t *count_h
 DP_API dp_status dp_masked_diff(dp_device *dev, float *out, float alpha, const float *x,
                                 const float *targets, size_t n);
 
+/* ---- linear with strided input rows ---------------------------------------
+ * dp_linear_forward/_backward (dp/nn.h) for an input whose rows start
+ * ld_inp floats apart (ld_inp >= C), e.g. the first C columns of a row
+ * [x | y] without copying them out: row r of the input is
+ * inp[r * ld_inp .. r * ld_inp + C). Same math, shapes and errors
+ * otherwise (plus DP_ERR_INVALID_ARGUMENT for ld_inp < C or > INT_MAX).
+ * Runs on the device's GEMM (no staging): as fast as the contiguous calls.
+ *   forward:  out(N,OC) = inp @ weight(OC,C)^T + bias(OC) (bias may be NULL)
+ *   backward: dinp (rows ld_inp apart, first C columns overwritten; NULL
+ *             skips it) = dout @ weight, dweight(OC,C) += dout^T @ inp,
+ *             dbias(OC) += column sums of dout (NULL skips it). */
+DP_API dp_status dp_linear_forward_ld(dp_device *dev, float *out, const float *inp,
+                                      size_t ld_inp, const float *weight, const float *bias,
+                                      size_t N, size_t C, size_t OC);
+DP_API dp_status dp_linear_backward_ld(dp_device *dev, float *dinp, float *dweight, float *dbias,
+                                       const float *dout, const float *inp, size_t ld_inp,
+                                       const float *weight, size_t N, size_t C, size_t OC);
+
 #ifdef __cplusplus
 }
 #endif
