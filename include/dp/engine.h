@@ -7,7 +7,8 @@
  *   scatter   each worker copies its rows to its device
  *   forward   every replica runs the model on its chunk (micro-batches)
  *   criterion balanced: each device computes its loss sum and
- *             dlogits = (softmax - onehot) / N locally; gather: logits are
+ *             dlogits = d(loss sum)/d(logits) / N locally (the criterion
+ *             contract: dp/model.h); gather: logits are
  *             copied to the root, which computes loss and dlogits for the
  *             whole batch and sends each device its slice (nn.DataParallel)
  *   backward  gradients accumulate into each replica's gradient buffer
@@ -21,8 +22,10 @@
  * dp_engine_step reports the first failure by device index, naming device
  * and phase. The engine stays usable after a failed step.
  *
- * The loss is the exact global mean over valid targets for any split.
- * For a given device count the whole run is bitwise reproducible.
+ * The loss is the global mean over valid targets for any split: on any
+ * device count it is the same up to float rounding (~1e-7 relative, as the
+ * per-device sums are added in a different grouping), and for the same
+ * device count and split the whole run is bitwise reproducible.
  *
  * Threads: an engine serves one call at a time. Any thread may call it,
  * but calls on one engine must not overlap: a call made while another is
