@@ -7,6 +7,7 @@
  * refused.
  */
 #include <math.h>
+#include <pthread.h>
 #include <string.h>
 
 #include "dp_test.h"
@@ -221,4 +222,88 @@ Test(regression, bad_float_targets_are_refused)
     cr_assert_eq(dp_engine_step(r.e, &b, NULL), DP_ERR_INVALID_ARGUMENT);
     cr_assert(strstr(dp_last_error(), "element 5 is infinite"), "%s", dp_last_error());
     dp_engine_destroy(r.e);
+}
+
+// --- the criterion contract, observed ----------------------------------------------------
+
+typedef struct probe {
+    dp_criterion inner;
+    pthread_mutex_t mu;
+    int calls, scratch_seen, aliased, separate_zeroed, separate_dirty, no_dlogits;
+    float dscale;
+    size_t n_valid_sum;
+} probe;
+
+static dp_status probe_fb(void *ctx, const dp_criterion_args *a, double *loss, size_t *count)
+{
+    probe *p = ctx;
+    /* CPU device pointers are host addresses: the probe may read them. */
+    int zeroed = 1;
+    if (a->dlogits && a->dlogits != a->logits)
+        for (size_t i = 0; i < a->n * a->V; i++) zeroed = zeroed && a->dlogits[i] == 0.0f;
+    pthread_mutex_lock(&p->mu);
+    p->calls++;
+    p->scratch_seen += a->scratch != NULL;
+    p->aliased += a->dlogits && a->dlogits == a->logits;
+    p->separate_zeroed += a->dlogits && a->dlogits != a->logits && zeroed;
+    p->separate_dirty += a->dlogits && a->dlogits != a->logits && !zeroed;
+    p->no_dlogits += a->dlogits == NULL;
+    p->dscale = a->dscale;
+    p->n_valid_sum += a->n_valid;
+    pthread_mutex_unlock(&p->mu);
+    return p->inner.forward_backward(p->inner.ctx, a, loss, count);
+}
+
+/* Case: mode * 10 + train. Three devices, at most 3 rows per micro-batch. */
+ParameterizedTestParameters(regression, criterion_contract_holds)
+{
+    static int cases[] = {0, 1, 11};
+    return cr_make_param_array(int, cases, sizeof cases / sizeof *cases);
+}
+
+ParameterizedTest(int *c, regression, criterion_contract_holds)
+{
+    int gather = *c / 10, train = *c % 10;
+    probe p;
+    memset(&p, 0, sizeof p);
+    pthread_mutex_init(&p.mu, NULL);
+    p.inner = dp_criterion_mse();
+    linreg net;
+    dp_model model;
+    linreg_init_model(&net, RD, RO, &model);
+    dp_criterion crit = {&p, NULL, probe_fb, DP_TARGET_F32}; /* no scratch_bytes: allowed */
+    dp_engine_config cfg = reg_cfg(gather ? DP_MODE_GATHER : DP_MODE_BALANCED);
+    cfg.max_rows_per_micro = 3;
+    dp_device_spec specs[3] = {{DP_DEVICE_CPU, 0}, {DP_DEVICE_CPU, 1}, {DP_DEVICE_CPU, 2}};
+    dp_engine *e = NULL;
+    dp_assert_ok(dp_engine_create(specs, 3, &model, &crit, &cfg, &e));
+    float x[RROWS * RD], y[RROWS * RO];
+    reg_data(0, x, y);
+    dp_batch b = {RROWS, x, y};
+    dp_step_stats st;
+    /* Two training steps: the second finds gather mode's buffer dirty from the first. */
+    int steps = train ? 2 : 1;
+    for (int s = 0; s < steps; s++) {
+        if (train) dp_assert_ok(dp_engine_step(e, &b, &st));
+        else dp_assert_ok(dp_engine_evaluate(e, &b, &st));
+    }
+    size_t micro = 0;
+    for (size_t i = 0; i < st.n_devices; i++)
+        micro = gather ? (st.devices[i].micro_batches > micro ? st.devices[i].micro_batches : micro)
+                       : micro + st.devices[i].micro_batches;
+    /* 23 rows over 3 devices (8/8/7), 3 rows per micro-batch: 3 + 3 + 3 */
+    cr_assert_eq(micro, gather ? 3 : 9);
+    cr_assert_eq(p.calls, steps * (int)micro, "once per micro-batch (%s): %d calls",
+                 gather ? "on the root" : "per device", p.calls);
+    cr_assert_eq(p.scratch_seen, 0, "scratch is NULL when the criterion asks for none");
+    cr_assert_eq(p.dscale, (float)(1.0 / (double)st.valid_targets), "dscale is 1/N global");
+    cr_assert_eq(p.n_valid_sum, steps * st.valid_targets, "the chunks' n_valid add up to N");
+    if (!train) cr_assert_eq(p.no_dlogits, p.calls, "dlogits is NULL in evaluation");
+    else if (!gather) cr_assert_eq(p.aliased, p.calls, "dlogits aliases logits (balanced)");
+    else
+        cr_assert(p.separate_zeroed == p.calls && p.separate_dirty == 0,
+                  "dlogits is a separate zeroed buffer (gather): %d of %d", p.separate_zeroed,
+                  p.calls);
+    dp_engine_destroy(e);
+    pthread_mutex_destroy(&p.mu);
 }
