@@ -49,7 +49,10 @@ typedef struct dp_param_tensor {
  * dp_model_target_row_bytes(model) bytes, the same layout on host and
  * device. N, the count the loss is averaged over, is the number of VALID
  * target elements of the global batch: valid class ids for cross-entropy,
- * non-NaN values for MSE (PyTorch's MSELoss mean over elements).
+ * non-NaN values for MSE (PyTorch's MSELoss mean over elements). A loss
+ * that should average over something else (e.g. one mean per row of
+ * several values) chooses its targets so that one valid element is one
+ * unit of that count (e.g. target_size 1 and the rest in the inputs).
  */
 typedef enum dp_target_type {
     DP_TARGET_CLASS = 0, /* int32 class ids, -1 = ignored */
@@ -190,8 +193,9 @@ DP_API dp_criterion dp_criterion_cross_entropy(void);
  * n_classes), loss sum = sum over the valid elements of (logit - target)^2,
  * summed in double in element order; the engine divides by N, the valid
  * elements of the batch. The model's target_size must be n_classes (its
- * default for float targets), else the step fails naming both. A NaN target ignores its element (a row of NaNs
- * ignores the row): it adds nothing to the loss and its gradient is 0.
+ * default for float targets), else the step fails naming both. A NaN
+ * target ignores its element (a row of NaNs ignores the row): it adds
+ * nothing to the loss and its gradient is 0.
  * Works on every device kind (host loops on CPU devices; staged through the
  * host in chunks on others). */
 DP_API dp_criterion dp_criterion_mse(void);
