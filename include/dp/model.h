@@ -49,10 +49,9 @@ typedef struct dp_param_tensor {
  * dp_model_target_row_bytes(model) bytes, the same layout on host and
  * device. N, the count the loss is averaged over, is the number of VALID
  * target elements of the global batch: valid class ids for cross-entropy,
- * non-NaN values for MSE (PyTorch's MSELoss mean over elements). A loss
- * that should average over something else (e.g. one mean per row of
- * several values) chooses its targets so that one valid element is one
- * unit of that count (e.g. target_size 1 and the rest in the inputs).
+ * non-NaN values for MSE (PyTorch's MSELoss mean over elements). N always
+ * counts target elements, never rows or logits: a loss averaged per row
+ * has one target element per output row (target_size 1).
  */
 typedef enum dp_target_type {
     DP_TARGET_CLASS = 0, /* int32 class ids, -1 = ignored */
