@@ -132,15 +132,12 @@ static inline dp_status hooked_backward(void *ctx, dp_device *dev, const float *
     return s;
 }
 
-static inline dp_status hooked_criterion(void *ctx, dp_device *dev, double *loss_sum,
-                                         float *dlogits, const float *logits,
-                                         const int32_t *targets, size_t n, size_t V,
-                                         float dscale, void *scratch)
+static inline dp_status hooked_criterion(void *ctx, const dp_criterion_args *a,
+                                         double *loss_sum, size_t *count)
 {
     hooked *h = ctx;
-    dp_status s = h->inner_crit.forward_backward(h->inner_crit.ctx, dev, loss_sum, dlogits, logits,
-                                                 targets, n, V, dscale, scratch);
-    if (s == DP_OK && hooked_is(dev, h->inf_loss_dev)) *loss_sum = INFINITY;
+    dp_status s = h->inner_crit.forward_backward(h->inner_crit.ctx, a, loss_sum, count);
+    if (s == DP_OK && hooked_is(a->dev, h->inf_loss_dev)) *loss_sum = INFINITY;
     return s;
 }
 

@@ -14,6 +14,7 @@
 #include "dp/nn.h"
 #include "dp/optim.h"
 #include "dp/model.h"
+#include "dp/ops.h"
 #include "dp/engine.h"
 #include "dp/gpt.h"
 #include "dp/safetensors.h"

@@ -7,7 +7,8 @@
  *   scatter   each worker copies its rows to its device
  *   forward   every replica runs the model on its chunk (micro-batches)
  *   criterion balanced: each device computes its loss sum and
- *             dlogits = (softmax - onehot) / N locally; gather: logits are
+ *             dlogits = d(loss sum)/d(logits) / N locally (the criterion
+ *             contract: dp/model.h); gather: logits are
  *             copied to the root, which computes loss and dlogits for the
  *             whole batch and sends each device its slice (nn.DataParallel)
  *   backward  gradients accumulate into each replica's gradient buffer
@@ -21,8 +22,10 @@
  * dp_engine_step reports the first failure by device index, naming device
  * and phase. The engine stays usable after a failed step.
  *
- * The loss is the exact global mean over valid targets for any split.
- * For a given device count the whole run is bitwise reproducible.
+ * The loss is the global mean over valid targets for any split: on any
+ * device count it is the same up to float rounding (~1e-7 relative, as the
+ * per-device sums are added in a different grouping), and for the same
+ * device count and split the whole run is bitwise reproducible.
  *
  * Threads: an engine serves one call at a time. Any thread may call it,
  * but calls on one engine must not overlap: a call made while another is
@@ -138,11 +141,15 @@ typedef struct dp_engine_config {
  * weight decay 0.1, no clipping, equal shares, grad_accum 1, seed 1337. */
 DP_API dp_engine_config dp_engine_config_default(void);
 
-/* A global batch in host memory. */
+/* A global batch in host memory (read during the call only). */
 typedef struct dp_batch {
-    size_t rows;            /* >= 1 */
-    const void *inputs;     /* rows * model->input_row_bytes */
-    const int32_t *targets; /* rows * model->outputs_per_row, each in [-1, n_classes) */
+    size_t rows;         /* >= 1 */
+    const void *inputs;  /* rows * model->input_row_bytes */
+    /* rows * dp_model_target_row_bytes(model) (dp/model.h): for class targets
+     * (the default) rows * outputs_per_row int32 ids in [-1, n_classes), -1 =
+     * ignored; for DP_TARGET_F32 rows * outputs_per_row * target_size floats,
+     * NaN = ignored, +-Inf refused. At least one target must be valid. */
+    const void *targets;
 } dp_batch;
 
 typedef struct dp_device_step_stats {
@@ -258,7 +265,7 @@ DP_API const dp_model *dp_engine_model(const dp_engine *engine);
  * i, contiguous and in order. Equal shares: 7 rows on 3 devices are 3/2/2
  * (floor of the share, the remainder one row each to the first devices).
  */
-DP_API dp_status dp_engine_plan(const dp_engine *engine, size_t rows, const int32_t *targets,
+DP_API dp_status dp_engine_plan(const dp_engine *engine, size_t rows, const void *targets,
                                 size_t *rows_out);
 
 #ifdef __cplusplus

@@ -17,6 +17,7 @@
 #include <stdint.h>
 
 #include "dp/device.h"
+#include "dp/status.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -35,35 +36,70 @@ typedef struct dp_param_tensor {
     int weight_decay;  /* 1: AdamW/SGD weight decay applies to this tensor */
 } dp_param_tensor;
 
-/* A chunk of a batch on one device (device pointers). */
+/*
+ * Targets. Each output row (outputs_per_row per input row) has target_size
+ * target elements of one type:
+ *   DP_TARGET_CLASS  int32 class ids in [0, n_classes), -1 = ignored;
+ *                    target_size is 1 (cross-entropy). The default: a
+ *                    zero-initialised model has class targets.
+ *   DP_TARGET_F32    float values, NaN = ignored (e.g. regression with
+ *                    dp_criterion_mse, soft labels); target_size defaults
+ *                    to n_classes (one target per logit). +-Inf is refused.
+ * A target row (per input row) is outputs_per_row * target_size elements,
+ * dp_model_target_row_bytes(model) bytes, the same layout on host and
+ * device. N, the count the loss is averaged over, is the number of VALID
+ * target elements of the global batch: valid class ids for cross-entropy,
+ * non-NaN values for MSE (PyTorch's MSELoss mean over elements). N always
+ * counts target elements, never rows or logits: a loss averaged per row
+ * has one target element per output row (target_size 1).
+ */
+typedef enum dp_target_type {
+    DP_TARGET_CLASS = 0, /* int32 class ids, -1 = ignored */
+    DP_TARGET_F32,       /* float32 values, NaN = ignored */
+    DP_TARGET_TYPE_COUNT
+} dp_target_type;
+
+/* A chunk of a batch on one device (device pointers; on a CPU device they
+ * are host addresses the host may dereference, on a CUDA device they may
+ * not be dereferenced by the host: use dp_copy_d2h or dp/ops.h). */
 typedef struct dp_chunk {
-    size_t rows;            /* examples (sequences) in the chunk, >= 1 */
-    const void *inputs;     /* rows * input_row_bytes */
-    const int32_t *targets; /* rows * outputs_per_row; -1 = ignored */
+    size_t rows;         /* examples (sequences) in the chunk, >= 1 */
+    const void *inputs;  /* rows * input_row_bytes */
+    const void *targets; /* rows * dp_model_target_row_bytes(model): int32 class ids for
+                            DP_TARGET_CLASS (cast to const int32_t *), floats for DP_TARGET_F32 */
 } dp_chunk;
 
 typedef struct dp_model {
     void *ctx;              /* the model's configuration; read-only during training */
     size_t input_row_bytes; /* bytes of one input row (same layout on host and device) */
-    size_t outputs_per_row; /* logit rows (and targets) per input row: T for an LM, 1 for a classifier */
-    size_t n_classes;       /* logits per output row (vocabulary size V) */
+    size_t outputs_per_row; /* logit rows (and target rows) per input row: T for an LM, 1 for a
+                               classifier or a regression */
+    size_t n_classes;       /* logits per output row (vocabulary size V; outputs of a regression) */
     size_t n_params;        /* floats in the flat parameter buffer (incl. alignment padding) */
     size_t n_tensors;
     const dp_param_tensor *tensors; /* n_tensors entries, owned by the model */
 
-    /* Writes initial parameters for a seed into host memory (n_params floats;
-     * padding must be zero). Deterministic in the seed. */
+    /* Writes initial parameters for a seed into host memory (n_params
+     * floats). The buffer is zeroed before the call, so a model only writes
+     * what is not zero (e.g. weights, not biases); padding must stay zero.
+     * Deterministic in the seed. */
     dp_status (*init)(void *ctx, float *params_host, uint64_t seed);
 
     /* Optional (may be NULL): checks rows of host inputs before any device work
-     * (e.g. token ids < V). Returns DP_ERR_INVALID_ARGUMENT with a message. */
+     * (e.g. token ids < V). Returns DP_ERR_INVALID_ARGUMENT with a message set
+     * by dp_set_error (dp/status.h); the step fails with "validate_inputs:
+     * <that message>". */
     dp_status (*validate_inputs)(void *ctx, const void *inputs_host, size_t rows);
 
-    /* Bytes of activation workspace for a chunk of `rows` rows. */
+    /* Bytes of activation workspace for a chunk of `rows` rows; may return 0
+     * (a model that keeps no activations, e.g. a linear model): workspace may
+     * then be NULL. */
     size_t (*workspace_bytes)(void *ctx, size_t rows);
 
     /* logits(rows * outputs_per_row, n_classes) = model(chunk). Activations
-     * needed by backward stay in workspace. */
+     * needed by backward stay in workspace. A failing callback returns a
+     * dp_status and describes the problem with dp_set_error; the step then
+     * fails with "<device> forward: <that message>". */
     dp_status (*forward)(void *ctx, dp_device *dev, const float *params, const dp_chunk *chunk,
                          void *workspace, float *logits);
 
@@ -71,28 +107,106 @@ typedef struct dp_model {
      * forward on the same chunk and workspace. May clobber dlogits. */
     dp_status (*backward)(void *ctx, dp_device *dev, const float *params, float *grads,
                           const dp_chunk *chunk, void *workspace, float *dlogits);
+
+    /* Targets (see above). Zero-initialised: int32 class ids, one per output row. */
+    dp_target_type target_type;
+    size_t target_size; /* target elements per output row; 0 = the type's default */
 } dp_model;
 
+/* Target elements per output row: target_size, or its default (1 for
+ * DP_TARGET_CLASS, n_classes for DP_TARGET_F32). */
+DP_API size_t dp_model_target_size(const dp_model *model);
+
+/* Bytes of one input row's targets: outputs_per_row * dp_model_target_size
+ * * 4 (int32 or float32). 0 for a NULL model or when it overflows. */
+DP_API size_t dp_model_target_row_bytes(const dp_model *model);
+
 /*
- * The loss. forward_backward computes, for logits(n, V) and targets(n)
- * (-1 = ignored) on dev, *loss_sum_host = sum of per-row losses over valid
- * targets, and when dlogits is not NULL, dlogits = dscale * d(loss sum) /
- * d(logits) (dlogits may alias logits). scratch holds scratch_bytes(n, V)
- * bytes of device memory.
+ * The loss, as the engine calls it: once per micro-batch per device in
+ * balanced mode (and in evaluation), once per micro-batch on the root over
+ * every device's gathered rows in gather mode.
+ *
+ * What the criterion gets (dp_criterion_args, all pointers on a->dev):
+ *   logits   (n, V) floats, n = output rows of the chunk (rows *
+ *            outputs_per_row), V = n_classes.
+ *   targets  n * target_size elements of target_type (the model's).
+ *   dlogits  NULL in evaluation (loss only). Otherwise (n, V) floats the
+ *            criterion must write in full: dscale * d(loss sum)/d(logits),
+ *            0 where the target is ignored. In balanced mode dlogits ALIASES
+ *            logits (same pointer: read a logit before writing its
+ *            gradient); in gather mode it is a separate buffer, zeroed.
+ *   dscale   1/N for the GLOBAL batch's N (valid target elements of the
+ *            whole batch on all devices, all micro-batches and accumulation
+ *            steps), in both modes: summing every call's gradients gives the
+ *            gradient of the global mean loss.
+ *   n_valid  the valid target elements in this call's targets, counted by
+ *            the engine (-1 class ids and NaN values excluded).
+ *   scratch  scratch_bytes(n, V) bytes of device memory, or NULL when that
+ *            is 0 (or scratch_bytes is NULL). Contents unspecified.
+ * What it returns (host memory):
+ *   *loss_sum_host  the SUM (not the mean) of the per-element losses over
+ *                   the valid targets; the engine divides the global sum by N.
+ *   *count_host     how many target elements it summed. The engine checks
+ *                   it equals n_valid and fails the step with
+ *                   DP_ERR_INVALID_ARGUMENT naming both counts otherwise
+ *                   (e.g. a criterion that summed ignored targets), also
+ *                   when the criterion leaves it unset.
+ * Errors: return a dp_status with a message set by dp_set_error; the step
+ * fails with "<device> criterion: <message>".
+ * The callbacks may run concurrently on several worker threads (one per
+ * device) and must not write to ctx.
  */
+typedef struct dp_criterion_args {
+    dp_device *dev;
+    const float *logits;        /* (n, V) */
+    float *dlogits;             /* (n, V), NULL in evaluation; may alias logits */
+    const void *targets;        /* n * target_size elements of target_type */
+    dp_target_type target_type;
+    size_t target_size;         /* target elements per output row */
+    size_t n;                   /* output rows */
+    size_t V;                   /* logits per output row */
+    size_t n_valid;             /* valid target elements among the n * target_size */
+    float dscale;               /* 1 / N of the global batch */
+    void *scratch;              /* scratch_bytes(n, V) bytes, or NULL */
+} dp_criterion_args;
+
 typedef struct dp_criterion {
     void *ctx;
+    /* Optional (may be NULL = no scratch): bytes of device scratch for n
+     * output rows of V logits. */
     size_t (*scratch_bytes)(void *ctx, size_t n, size_t V);
-    dp_status (*forward_backward)(void *ctx, dp_device *dev, double *loss_sum_host,
-                                  float *dlogits, const float *logits, const int32_t *targets,
-                                  size_t n, size_t V, float dscale, void *scratch);
+    dp_status (*forward_backward)(void *ctx, const dp_criterion_args *a, double *loss_sum_host,
+                                  size_t *count_host);
+    /* The targets it accepts; dp_engine_create refuses a model whose
+     * target_type differs. Zero-initialised: class ids. */
+    dp_target_type target_type;
 } dp_criterion;
 
-/* The bundled softmax cross-entropy criterion (dp_crossentropy_forward_backward). */
+/* The bundled softmax cross-entropy criterion (dp_crossentropy_forward_backward):
+ * DP_TARGET_CLASS targets, loss sum = sum over valid rows of
+ * -log softmax(logits)[target]. */
 DP_API dp_criterion dp_criterion_cross_entropy(void);
 
+/* The bundled mean-squared-error criterion (PyTorch's MSELoss, reduction
+ * "mean"): DP_TARGET_F32 targets of the logits' shape (target_size ==
+ * n_classes), loss sum = sum over the valid elements of (logit - target)^2,
+ * summed in double in element order; the engine divides by N, the valid
+ * elements of the batch. The model's target_size must be n_classes (its
+ * default for float targets), else the step fails naming both. A NaN
+ * target ignores its element (a row of NaNs ignores the row): it adds
+ * nothing to the loss and its gradient is 0.
+ * Works on every device kind (host loops on CPU devices; staged through the
+ * host in chunks on others). */
+DP_API dp_criterion dp_criterion_mse(void);
+
+/* Checks a criterion against a model: forward_backward set and the target
+ * types equal (dp_engine_create calls it). Errors: DP_ERR_INVALID_ARGUMENT
+ * naming the mismatch. */
+DP_API dp_status dp_criterion_validate(const dp_criterion *criterion, const dp_model *model);
+
 /* Checks a model description: non-zero sizes, callbacks present, tensors
- * aligned, inside n_params, not overlapping, shapes matching numel.
+ * aligned, inside n_params, not overlapping, shapes matching numel, a
+ * known target type (class targets: target_size 0 or 1).
  * Errors: DP_ERR_INVALID_ARGUMENT naming the first bad tensor. */
 DP_API dp_status dp_model_validate(const dp_model *model);
 

@@ -43,6 +43,21 @@ DP_API const char *dp_last_error(void);
 /* Forget the calling thread's last error message. */
 DP_API void dp_clear_error(void);
 
+/*
+ * For callbacks (a model's forward/backward/validate_inputs, a criterion):
+ * records a printf-style message as the calling thread's last error and
+ * returns status, so a failing callback reads
+ *     return dp_set_error(DP_ERR_INVALID_ARGUMENT, "row %zu: x is NaN", r);
+ * The engine prefixes the device and phase: dp_engine_step then fails with
+ * dp_last_error() == "cpu:0 forward: row 3: x is NaN". The message is
+ * recorded verbatim (no function or file prefix) and truncated to 1023
+ * bytes. fmt must not be NULL (NULL records "").
+ */
+#if defined(__GNUC__) || defined(__clang__)
+__attribute__((format(printf, 2, 3)))
+#endif
+DP_API dp_status dp_set_error(dp_status status, const char *fmt, ...);
+
 #ifdef __cplusplus
 }
 #endif

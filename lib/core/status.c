@@ -54,6 +54,19 @@ dp_status dp_error_set(dp_status status, const char *func, const char *file, int
     return status;
 }
 
+dp_status dp_set_error(dp_status status, const char *fmt, ...)
+{
+    char msg[DP_ERRMSG_CAP];
+    msg[0] = '\0';
+    if (fmt) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(msg, sizeof msg, fmt, ap);
+        va_end(ap);
+    }
+    return dp_error_raw(status, msg);
+}
+
 dp_status dp_error_raw(dp_status status, const char *msg)
 {
     snprintf(dp_errmsg, sizeof dp_errmsg, "%s", msg);

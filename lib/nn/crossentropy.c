@@ -60,13 +60,19 @@ static size_t ce_scratch_bytes(void *ctx, size_t n, size_t V)
     return n * sizeof(float); /* per-row losses */
 }
 
-static dp_status ce_forward_backward(void *ctx, dp_device *dev, double *loss_sum_host,
-                                     float *dlogits, const float *logits, const int32_t *targets,
-                                     size_t n, size_t V, float dscale, void *scratch)
+static dp_status ce_forward_backward(void *ctx, const dp_criterion_args *a,
+                                     double *loss_sum_host, size_t *count_host)
 {
     (void)ctx;
-    return dp_crossentropy_forward_backward(dev, loss_sum_host, dlogits, scratch, logits, targets,
-                                            n, V, dscale);
+    if (a->target_type != DP_TARGET_CLASS || a->target_size != 1)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "cross-entropy takes one int32 class id per "
+                       "output row (got target type %d, %zu per row)", (int)a->target_type,
+                       a->target_size);
+    DP_TRY(dp_crossentropy_forward_backward(a->dev, loss_sum_host, a->dlogits, a->scratch,
+                                            a->logits, a->targets, a->n, a->V, a->dscale));
+    /* The kernel skips -1 targets, the ones the engine leaves out of n_valid. */
+    *count_host = a->n_valid;
+    return DP_OK;
 }
 
 dp_criterion dp_criterion_cross_entropy(void)

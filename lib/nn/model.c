@@ -19,6 +19,16 @@ dp_status dp_model_validate(const dp_model *m)
     if (m->n_classes > (size_t)INT32_MAX)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "n_classes %zu does not fit int32 targets",
                        m->n_classes);
+    if ((unsigned)m->target_type >= DP_TARGET_TYPE_COUNT)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "unknown target_type %d; use DP_TARGET_CLASS "
+                       "(int32 class ids) or DP_TARGET_F32 (float values)", (int)m->target_type);
+    if (m->target_type == DP_TARGET_CLASS && m->target_size > 1)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "class targets have one id per output row, but "
+                       "target_size is %zu; use 0 or 1 (or DP_TARGET_F32 for several values)",
+                       m->target_size);
+    if (!dp_model_target_row_bytes(m))
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "a target row of %zu outputs x %zu elements "
+                       "overflows size_t", m->outputs_per_row, dp_model_target_size(m));
     if (m->n_tensors && !m->tensors)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "model has %zu tensors but no table", m->n_tensors);
     size_t prev_end = 0;
@@ -45,5 +55,47 @@ dp_status dp_model_validate(const dp_model *m)
             return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "tensor %s: shape has %zu elements but numel "
                            "is %zu", name, prod, t->numel);
     }
+    return DP_OK;
+}
+
+size_t dp_model_target_size(const dp_model *m)
+{
+    if (!m) return 0;
+    if (m->target_size) return m->target_size;
+    return m->target_type == DP_TARGET_F32 ? m->n_classes : 1;
+}
+
+size_t dp_model_target_row_bytes(const dp_model *m)
+{
+    size_t n;
+    if (!m || !dp_size_mul(m->outputs_per_row, dp_model_target_size(m), &n) ||
+        !dp_size_mul(n, 4, &n))
+        return 0;
+    return n;
+}
+
+static const char *target_type_name(dp_target_type t)
+{
+    switch (t) {
+    case DP_TARGET_CLASS: return "int32 class ids (DP_TARGET_CLASS)";
+    case DP_TARGET_F32: return "float values (DP_TARGET_F32)";
+    case DP_TARGET_TYPE_COUNT: break;
+    }
+    return "an unknown target type";
+}
+
+dp_status dp_criterion_validate(const dp_criterion *c, const dp_model *m)
+{
+    if (!c || !m) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "criterion and model must not be NULL");
+    if (!c->forward_backward)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "criterion forward_backward must not be NULL");
+    if ((unsigned)c->target_type >= DP_TARGET_TYPE_COUNT)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "criterion has unknown target_type %d",
+                       (int)c->target_type);
+    if (c->target_type != m->target_type)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "the criterion takes %s but the model's targets "
+                       "are %s; set the model's target_type to match (e.g. DP_TARGET_F32 for "
+                       "dp_criterion_mse)", target_type_name(c->target_type),
+                       target_type_name(m->target_type));
     return DP_OK;
 }

@@ -33,13 +33,13 @@ dp_status dp_comm_scatter_batch(worker *w)
     const dp_model *m = &e->model;
     if (!w->rows) return DP_OK;
     size_t in_bytes = w->rows * m->input_row_bytes;
-    size_t tg_bytes = w->rows * m->outputs_per_row * sizeof(int32_t);
+    size_t tg_row = dp_model_target_row_bytes(m), tg_bytes = w->rows * tg_row;
     DP_TRY(dp_dbuf_ensure(w->dev, &w->inputs, in_bytes));
     DP_TRY(dp_dbuf_ensure(w->dev, &w->targets, tg_bytes));
     const char *src = (const char *)e->batch->inputs + w->row_begin * m->input_row_bytes;
     DP_TRY(dp_copy_h2d(w->dev, w->inputs.ptr, src, in_bytes));
     return dp_copy_h2d(w->dev, w->targets.ptr,
-                       e->batch->targets + w->row_begin * m->outputs_per_row, tg_bytes);
+                       (const char *)e->batch->targets + w->row_begin * tg_row, tg_bytes);
 }
 
 size_t dp_comm_gather_rows(const dp_engine *e, size_t j)
@@ -52,10 +52,11 @@ size_t dp_comm_gather_rows(const dp_engine *e, size_t j)
     return total;
 }
 
-dp_status dp_comm_gather_logits(worker *root, size_t j, float *logits, int32_t *targets)
+dp_status dp_comm_gather_logits(worker *root, size_t j, float *logits, void *targets)
 {
     dp_engine *e = root->e;
     size_t V = e->model.n_classes, opr = e->model.outputs_per_row, off = 0;
+    size_t tg_out = dp_model_target_row_bytes(&e->model) / opr; /* target bytes per output row */
     for (size_t d = 0; d < e->k; d++) {
         worker *wd = &e->w[d];
         size_t f, r = dp_micro_rows(wd, j, &f);
@@ -63,8 +64,8 @@ dp_status dp_comm_gather_logits(worker *root, size_t j, float *logits, int32_t *
         size_t nd = r * opr;
         DP_TRY(dp_copy_peer(root->dev, logits + off * V, wd->dev, wd->logits.ptr,
                             nd * V * sizeof(float)));
-        DP_TRY(dp_copy_peer(root->dev, targets + off, wd->dev,
-                            (const int32_t *)wd->targets.ptr + f * opr, nd * sizeof(int32_t)));
+        DP_TRY(dp_copy_peer(root->dev, (char *)targets + off * tg_out, wd->dev,
+                            (const char *)wd->targets.ptr + f * opr * tg_out, nd * tg_out));
         off += nd;
     }
     return DP_OK;

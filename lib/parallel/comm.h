@@ -27,10 +27,11 @@ dp_status dp_comm_scatter_batch(worker *w);
 
 /* Gather of logits (gather mode, root only): the logits of micro-batch j
  * of every device, and their targets, into logits (rows x V floats on the
- * root) and targets (rows int32 on the root), in device order. rows is
+ * root) and targets (rows output rows of targets, dp_model_target_row_bytes
+ * / outputs_per_row bytes each, on the root), in device order. rows is
  * dp_comm_gather_rows(e, j). */
 size_t dp_comm_gather_rows(const dp_engine *e, size_t j);
-dp_status dp_comm_gather_logits(worker *root, size_t j, float *logits, int32_t *targets);
+dp_status dp_comm_gather_logits(worker *root, size_t j, float *logits, void *targets);
 
 /* Scatter of dlogits (gather mode): worker w copies its rows of
  * micro-batch j (rows of them) from the root's gathered dlogits into

@@ -244,9 +244,8 @@ dp_status dp_engine_create(const dp_device_spec *devices, size_t k, const dp_mod
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "devices, model, criterion and cfg must not be NULL");
     if (k == 0 || k > DP_MAX_DEVICES)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%zu devices; use 1 to %d", k, DP_MAX_DEVICES);
-    if (!crit->forward_backward || !crit->scratch_bytes)
-        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "criterion callbacks must not be NULL");
     DP_TRY(dp_model_validate(model));
+    DP_TRY(dp_criterion_validate(crit, model));
     DP_TRY(dp_plan_check_config(cfg, devices, k));
 
     dp_engine *e = calloc(1, sizeof *e);

@@ -200,6 +200,15 @@ dp_status dp_plan_check_config(const dp_engine_config *cfg, const dp_device_spec
  * the caller's thread: rows per device, micro-batches, N and 1/N. */
 dp_status dp_plan_batch(dp_engine *e, const dp_batch *b);
 
+/* Valid target elements (not -1 / NaN) of rows [first, first + rows) of a
+ * host target array laid out as the engine's model says. */
+size_t dp_plan_valid_targets(const dp_engine *e, const void *targets, size_t first, size_t rows);
+
+/* After a user callback (named by what) failed with s: keeps its
+ * dp_set_error message, or records one saying it set none. Call
+ * dp_clear_error() before the callback. */
+void dp_callback_message(dp_status s, const char *what);
+
 // --- compute.c ----------------------------------------------------------------------
 
 /* Forward, criterion (and backward when train) over this worker's

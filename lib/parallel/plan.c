@@ -1,7 +1,8 @@
 /*
  * parallel/plan.c - planning a batch on the caller's thread, before any
  * device work: the split of rows over the devices (equal, weighted or
- * token-balanced), each device's micro-batches, and N, the valid targets.
+ * token-balanced), each device's micro-batches, and N, the valid target
+ * elements (class ids other than -1, float values other than NaN).
  * Pure functions of the batch and the configuration, and the checks of
  * the configuration and device list they rely on.
  */
@@ -80,9 +81,55 @@ dp_status dp_plan_check_config(const dp_engine_config *cfg, const dp_device_spec
     return check_devices(devices, k);
 }
 
+// --- targets -----------------------------------------------------------------------
+
+/* Whether target element i is valid (not -1 / NaN). */
+static int target_valid(const dp_model *m, const void *targets, size_t i)
+{
+    if (m->target_type == DP_TARGET_F32) return !isnan(((const float *)targets)[i]);
+    return ((const int32_t *)targets)[i] >= 0;
+}
+
+size_t dp_plan_valid_targets(const dp_engine *e, const void *targets, size_t first, size_t rows)
+{
+    const dp_model *m = &e->model;
+    size_t per = m->outputs_per_row * dp_model_target_size(m), v = 0;
+    for (size_t i = first * per; i < (first + rows) * per; i++) v += target_valid(m, targets, i);
+    return v;
+}
+
+/* Checks every target element of the batch; *valid = the valid ones (N). */
+static dp_status check_targets(const dp_model *m, const void *targets, size_t n, size_t *valid)
+{
+    size_t v = 0;
+    if (m->target_type == DP_TARGET_F32) {
+        const float *t = targets;
+        for (size_t i = 0; i < n; i++) {
+            if (isinf(t[i]))
+                return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "target %g at element %zu is infinite; "
+                               "use a finite value, or NaN to ignore the element", (double)t[i], i);
+            v += !isnan(t[i]);
+        }
+    } else {
+        const int32_t *t = targets;
+        for (size_t i = 0; i < n; i++) {
+            if (t[i] < -1 || (t[i] >= 0 && (size_t)t[i] >= m->n_classes))
+                return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "target %d at position %zu is outside "
+                               "[-1, %zu); use -1 to ignore a position", (int)t[i], i,
+                               m->n_classes);
+            v += t[i] >= 0;
+        }
+    }
+    if (!v)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "the batch has no valid target (all %s): its "
+                       "mean loss is undefined", m->target_type == DP_TARGET_F32 ? "NaN" : "-1");
+    *valid = v;
+    return DP_OK;
+}
+
 // --- the split ---------------------------------------------------------------------
 
-dp_status dp_engine_plan(const dp_engine *e, size_t rows, const int32_t *targets,
+dp_status dp_engine_plan(const dp_engine *e, size_t rows, const void *targets,
                          size_t *rows_out)
 {
     if (!e || !rows_out) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "engine and rows_out must not be NULL");
@@ -105,15 +152,11 @@ dp_status dp_engine_plan(const dp_engine *e, size_t rows, const int32_t *targets
     }
     /* Token-balanced: cut the rows where the running count of valid targets
      * is nearest each device's cumulative share. */
-    size_t opr = e->model.outputs_per_row, total = 0;
+    size_t total = 0;
     size_t *cum = malloc((rows + 1) * sizeof *cum);
     if (!cum) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "plan: host allocation failed");
     cum[0] = 0;
-    for (size_t r = 0; r < rows; r++) {
-        size_t v = 0;
-        for (size_t t = 0; t < opr; t++) v += targets[r * opr + t] >= 0;
-        cum[r + 1] = cum[r] + v;
-    }
+    for (size_t r = 0; r < rows; r++) cum[r + 1] = cum[r] + dp_plan_valid_targets(e, targets, r, 1);
     total = cum[rows];
     size_t prev = 0;
     double acc = 0.0;
@@ -145,18 +188,20 @@ dp_status dp_plan_batch(dp_engine *e, const dp_batch *b)
     if (!dp_size_mul(b->rows, m->outputs_per_row, &n_out))
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "batch of %zu rows of %zu outputs overflows size_t",
                        b->rows, m->outputs_per_row);
-    size_t valid = 0;
-    for (size_t i = 0; i < n_out; i++) {
-        int32_t t = b->targets[i];
-        if (t < -1 || (t >= 0 && (size_t)t >= m->n_classes))
-            return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "target %d at position %zu is outside "
-                           "[-1, %zu); use -1 to ignore a position", (int)t, i, m->n_classes);
-        valid += t >= 0;
+    size_t valid = 0, n_tg;
+    if (!dp_size_mul(n_out, dp_model_target_size(m), &n_tg))
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "batch of %zu rows of targets overflows size_t",
+                       b->rows);
+    DP_TRY(check_targets(m, b->targets, n_tg, &valid));
+    if (m->validate_inputs) {
+        dp_clear_error();
+        dp_status s = m->validate_inputs(m->ctx, b->inputs, b->rows);
+        if (s != DP_OK) {
+            if (dp_last_error()[0]) dp_error_prefix("validate_inputs");
+            else dp_callback_message(s, "the model's validate_inputs");
+            return s;
+        }
     }
-    if (!valid)
-        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "the batch has no valid target (all -1): its "
-                       "mean loss is undefined");
-    if (m->validate_inputs) DP_TRY(m->validate_inputs(m->ctx, b->inputs, b->rows));
     e->batch = b;
     e->n_valid = valid;
     e->dscale = (float)(1.0 / (double)valid);
@@ -169,9 +214,7 @@ dp_status dp_plan_batch(dp_engine *e, const dp_batch *b)
         w->row_begin = begin;
         w->rows = rows[i];
         begin += rows[i];
-        w->valid = 0;
-        for (size_t t = w->row_begin * m->outputs_per_row; t < begin * m->outputs_per_row; t++)
-            w->valid += b->targets[t] >= 0;
+        w->valid = dp_plan_valid_targets(e, b->targets, w->row_begin, w->rows);
         size_t nm = e->cfg.grad_accum > 1 ? (size_t)e->cfg.grad_accum : 1;
         if (e->cfg.max_rows_per_micro) {
             size_t need = (w->rows + e->cfg.max_rows_per_micro - 1) / e->cfg.max_rows_per_micro;

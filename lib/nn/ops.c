@@ -1,0 +1,239 @@
+/*
+ * nn/ops.c - the element-wise helpers of dp/ops.h.
+ *
+ * Each helper is one host loop over chunks. On a device whose pointers are
+ * host addresses (CPU) the loop reads and writes the buffers in place; on
+ * another device (CUDA) each chunk is copied to stack buffers, processed
+ * and copied back, so no backend kernel and no host allocation is needed.
+ * The same loop body runs in both cases, so the results (and the double
+ * sums, taken in index order) do not depend on the device kind.
+ */
+#include <limits.h>
+#include <math.h>
+#include <string.h>
+
+#include "core/checked.h"
+#include "nn/nn_check.h"
+#include "nn/ops_internal.h"
+
+#include "dp/nn.h"
+#include "dp/ops.h"
+
+/* Floats per staged chunk and array (three arrays: 12 KiB of stack). */
+#define OPS_CHUNK 1024
+
+dp_status dp_ops_foreach(dp_device *dev, float *out, const float *a, const float *b, size_t n,
+                         dp_ops_chunk_fn fn, void *ctx)
+{
+    if (!n) return DP_OK;
+    if (dp_device_is_host_memory(dev)) return fn(ctx, out, a, b, n, 0);
+    float sa[OPS_CHUNK], sb[OPS_CHUNK], so[OPS_CHUNK];
+    for (size_t i0 = 0; i0 < n; i0 += OPS_CHUNK) {
+        size_t len = n - i0 < OPS_CHUNK ? n - i0 : OPS_CHUNK, bytes = len * sizeof(float);
+        if (a) DP_TRY(dev->ops->copy_d2h(dev, sa, a + i0, bytes));
+        if (b) DP_TRY(dev->ops->copy_d2h(dev, sb, b + i0, bytes));
+        /* out may alias a (in place): then it reads and writes a's staging. */
+        float *o = out == a ? sa : so;
+        if (out && out != a) DP_TRY(dev->ops->copy_d2h(dev, so, out + i0, bytes));
+        DP_TRY(fn(ctx, out ? o : NULL, a ? sa : NULL, b ? sb : NULL, len, i0));
+        if (out) DP_TRY(dev->ops->copy_h2d(dev, out + i0, o, bytes));
+    }
+    return DP_OK;
+}
+
+// --- axpy -------------------------------------------------------------------------------
+
+static dp_status axpy_chunk(void *ctx, float *y, const float *x, const float *unused, size_t n,
+                            size_t first)
+{
+    (void)unused;
+    (void)first;
+    float alpha = *(const float *)ctx;
+    for (size_t i = 0; i < n; i++) y[i] += alpha * x[i];
+    return DP_OK;
+}
+
+dp_status dp_axpy(dp_device *dev, float *y, float alpha, const float *x, size_t n)
+{
+    DP_NN_REQUIRE_DEV(dev);
+    if (!n) return DP_OK;
+    DP_NN_REQUIRE_PTR(dev, y);
+    DP_NN_REQUIRE_PTR(dev, x);
+    if (n > SIZE_MAX / sizeof(float))
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: n=%zu floats overflows size_t", dev->name, n);
+    if (x == y) return dp_scale(dev, y, 1.0f + alpha, n);
+    /* out == y is read through the "out" staging, x through "a". */
+    return dp_ops_foreach(dev, y, x, NULL, n, axpy_chunk, &alpha);
+}
+
+// --- bias add ----------------------------------------------------------------------------
+
+typedef struct bias_ctx {
+    const float *bias_host; /* cols floats on the host */
+    size_t cols, ld;
+} bias_ctx;
+
+static dp_status bias_chunk(void *ctx, float *out, const float *unused_a, const float *unused_b,
+                            size_t n, size_t first)
+{
+    (void)unused_a;
+    (void)unused_b;
+    const bias_ctx *c = ctx;
+    for (size_t i = 0; i < n; i++) {
+        size_t col = (first + i) % c->ld;
+        if (col < c->cols) out[i] += c->bias_host[col];
+    }
+    return DP_OK;
+}
+
+dp_status dp_bias_add(dp_device *dev, float *out, const float *bias, size_t rows, size_t cols,
+                      size_t ld)
+{
+    DP_NN_REQUIRE_DEV(dev);
+    if (!rows || !cols) return DP_OK;
+    DP_NN_REQUIRE_PTR(dev, out);
+    DP_NN_REQUIRE_PTR(dev, bias);
+    if (ld < cols)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: ld=%zu is smaller than cols=%zu; rows must "
+                       "not overlap (ld == cols for contiguous rows)", dev->name, ld, cols);
+    size_t span = cols;
+    if (!dp_size_mad(&span, rows - 1, ld) || span > SIZE_MAX / sizeof(float))
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: %zu rows of ld %zu overflow size_t",
+                       dev->name, rows, ld);
+    if (dp_device_is_host_memory(dev)) {
+        bias_ctx c = {bias, cols, ld};
+        return bias_chunk(&c, out, NULL, NULL, span, 0);
+    }
+    /* The bias row goes to the host once, in chunks of the stack buffer. */
+    float bh[OPS_CHUNK];
+    for (size_t c0 = 0; c0 < cols; c0 += OPS_CHUNK) {
+        size_t len = cols - c0 < OPS_CHUNK ? cols - c0 : OPS_CHUNK;
+        DP_TRY(dev->ops->copy_d2h(dev, bh, bias + c0, len * sizeof(float)));
+        for (size_t r = 0; r < rows; r++) {
+            bias_ctx c = {bh, len, len};
+            DP_TRY(dp_ops_foreach(dev, out + r * ld + c0, NULL, NULL, len, bias_chunk, &c));
+        }
+    }
+    return DP_OK;
+}
+
+// --- masked sum and difference -----------------------------------------------------------
+
+typedef struct sum_ctx {
+    double sum;
+    size_t count;
+} sum_ctx;
+
+static dp_status sum_chunk(void *ctx, float *unused, const float *x, const float *mask, size_t n,
+                           size_t first)
+{
+    (void)unused;
+    (void)first;
+    sum_ctx *c = ctx;
+    for (size_t i = 0; i < n; i++)
+        if (!mask || !isnan(mask[i])) {
+            c->sum += (double)x[i];
+            c->count++;
+        }
+    return DP_OK;
+}
+
+dp_status dp_masked_sum(dp_device *dev, double *sum_host, size_t *count_host, const float *x,
+                        const float *mask, size_t n)
+{
+    DP_NN_REQUIRE_DEV(dev);
+    if (!sum_host)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: sum_host must not be NULL; pass the address "
+                       "of a host double", dev->name);
+    *sum_host = 0.0;
+    if (count_host) *count_host = 0;
+    if (!n) return DP_OK;
+    DP_NN_REQUIRE_PTR(dev, x);
+    if (n > SIZE_MAX / sizeof(float))
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: n=%zu floats overflows size_t", dev->name, n);
+    sum_ctx c = {0.0, 0};
+    DP_TRY(dp_ops_foreach(dev, NULL, x, mask, n, sum_chunk, &c));
+    *sum_host = c.sum;
+    if (count_host) *count_host = c.count;
+    return DP_OK;
+}
+
+static dp_status diff_chunk(void *ctx, float *out, const float *x, const float *t, size_t n,
+                            size_t first)
+{
+    (void)first;
+    float alpha = *(const float *)ctx;
+    for (size_t i = 0; i < n; i++) out[i] = isnan(t[i]) ? 0.0f : alpha * (x[i] - t[i]);
+    return DP_OK;
+}
+
+dp_status dp_masked_diff(dp_device *dev, float *out, float alpha, const float *x,
+                         const float *targets, size_t n)
+{
+    DP_NN_REQUIRE_DEV(dev);
+    if (!n) return DP_OK;
+    DP_NN_REQUIRE_PTR(dev, out);
+    DP_NN_REQUIRE_PTR(dev, x);
+    DP_NN_REQUIRE_PTR(dev, targets);
+    if (n > SIZE_MAX / sizeof(float))
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: n=%zu floats overflows size_t", dev->name, n);
+    if (out != x && dp_device_is_host_memory(dev)) return diff_chunk(&alpha, out, x, targets, n, 0);
+    if (out != x) DP_TRY(dp_copy_d2d(dev, out, x, n * sizeof(float)));
+    return dp_ops_foreach(dev, out, out, targets, n, diff_chunk, &alpha);
+}
+
+// --- linear with strided input rows --------------------------------------------------------
+// The column-major forms of nn/linear.c with the input's leading dimension
+// ld_inp instead of C (a row-major row stride is a column-major leading
+// dimension).
+
+static dp_status check_linear_ld(dp_device *dev, size_t ld, size_t N, size_t C, size_t OC)
+{
+    size_t n;
+    if (!N || !C || !OC || !dp_size_mul(N, ld, &n) || !dp_size_mul(N, OC, &n) ||
+        !dp_size_mul(OC, C, &n))
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: N=%zu, C=%zu and OC=%zu must be > 0 and "
+                       "their products fit size_t", dev->name, N, C, OC);
+    if (ld < C)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: ld_inp=%zu is smaller than C=%zu; rows of "
+                       "the input must not overlap (ld_inp == C for contiguous rows)", dev->name,
+                       ld, C);
+    if (N > (size_t)INT_MAX || ld > (size_t)INT_MAX || OC > (size_t)INT_MAX)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: N=%zu, ld_inp=%zu and OC=%zu must each be "
+                       "<= INT_MAX (the GEMM takes int sizes); split the batch", dev->name, N, ld,
+                       OC);
+    return DP_OK;
+}
+
+dp_status dp_linear_forward_ld(dp_device *dev, float *out, const float *inp, size_t ld_inp,
+                               const float *weight, const float *bias, size_t N, size_t C,
+                               size_t OC)
+{
+    DP_NN_REQUIRE_DEV(dev);
+    DP_NN_REQUIRE_PTR(dev, out);
+    DP_NN_REQUIRE_PTR(dev, inp);
+    DP_NN_REQUIRE_PTR(dev, weight);
+    DP_TRY(check_linear_ld(dev, ld_inp, N, C, OC));
+    if (bias) DP_TRY(dev->ops->bias_broadcast(dev, out, bias, N, OC));
+    return dp_gemm(dev, DP_OP_T, DP_OP_N, (int)OC, (int)N, (int)C, 1.0f, weight, (int)C, inp,
+                   (int)ld_inp, bias ? 1.0f : 0.0f, out, (int)OC);
+}
+
+dp_status dp_linear_backward_ld(dp_device *dev, float *dinp, float *dweight, float *dbias,
+                                const float *dout, const float *inp, size_t ld_inp,
+                                const float *weight, size_t N, size_t C, size_t OC)
+{
+    DP_NN_REQUIRE_DEV(dev);
+    DP_NN_REQUIRE_PTR(dev, dweight);
+    DP_NN_REQUIRE_PTR(dev, dout);
+    DP_NN_REQUIRE_PTR(dev, inp);
+    DP_NN_REQUIRE_PTR(dev, weight);
+    DP_TRY(check_linear_ld(dev, ld_inp, N, C, OC));
+    if (dinp)
+        DP_TRY(dp_gemm(dev, DP_OP_N, DP_OP_N, (int)C, (int)N, (int)OC, 1.0f, weight, (int)C, dout,
+                       (int)OC, 0.0f, dinp, (int)ld_inp));
+    DP_TRY(dp_gemm(dev, DP_OP_N, DP_OP_T, (int)C, (int)OC, (int)N, 1.0f, inp, (int)ld_inp, dout,
+                   (int)OC, 1.0f, dweight, (int)C));
+    if (dbias) DP_TRY(dev->ops->bias_backward(dev, dbias, dout, N, OC));
+    return DP_OK;
+}
