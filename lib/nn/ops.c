@@ -12,12 +12,13 @@
 #include <math.h>
 #include <string.h>
 
-#include "core/checked.h"
+#include "dp/checked.h"
 #include "nn/nn_check.h"
 #include "nn/ops_internal.h"
 
 #include "dp/nn.h"
 #include "dp/ops.h"
+#include "dp/optim.h"
 
 /* Floats per staged chunk and array (three arrays: 12 KiB of stack). */
 #define OPS_CHUNK 1024
