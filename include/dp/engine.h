@@ -11,12 +11,18 @@
  *             copied to the root, which computes loss and dlogits for the
  *             whole batch and sends each device its slice (nn.DataParallel)
  *   backward  gradients accumulate into each replica's gradient buffer
- *   reduce    gradients are summed into the root's buffer, each worker
- *             summing one slice in device order 0..k-1 (fixed order)
- *   optimizer global-norm clipping and AdamW (or SGD) on the root's
- *             parameters, each worker updating one slice
- *   broadcast each replica copies the root's new parameters
- * Device 0 of the list is the root. Workers meet between phases at an
+ *   reduce    reduce-scatter: the flat gradient buffer is cut into k
+ *             slices (see shard_optimizer) and each slice is summed on its
+ *             owner in device order 0..k-1 (fixed order)
+ *   optimizer the global norm is the sum, in slice order, of the owners'
+ *             sums of squares; clipping and AdamW (or SGD) on each slice
+ *             by its owner, with the owner's moments
+ *   broadcast all-gather: each replica copies every slice it does not own
+ *             from the slice's owner
+ * Device 0 of the list is the root. By default it owns every slice (the
+ * reduce-to-root design: all optimizer state on device 0); with
+ * shard_optimizer each device owns one (ZeRO stage 1). The two modes give
+ * bitwise identical losses, parameters and moments for a given k. Workers meet between phases at an
  * abortable barrier; a failing worker aborts it, every worker returns and
  * dp_engine_step reports the first failure by device index, naming device
  * and phase. The engine stays usable after a failed step.
@@ -131,6 +137,19 @@ typedef struct dp_engine_config {
      * (see dp_device_set_allow_tf32: faster, ~1e-3 relative error). No
      * effect on CPU devices. */
     int allow_tf32;
+    /* 0 (default): the root owns the optimizer state of every parameter
+     * and updates them all. 1: the optimizer state is sharded over the
+     * devices (ZeRO stage 1): device i owns slice i of the flat parameter
+     * buffer, holds its moments, receives the reduced gradient of the
+     * slice and updates it; the replicas then all-gather the slices.
+     * Slice rule (both modes): with n = n_params floats and k devices,
+     * slice i is [b_i, b_{i+1}) where b_i = floor(floor(n i / k) / 64) * 64
+     * (DP_PARAM_ALIGN) and b_k = n: contiguous, in device order, each
+     * within 64 floats of n / k (the last one takes the remainder; a slice
+     * may be empty when n < 64 k). Same results as 0, bitwise; the
+     * optimizer bytes per device are 2 x its slice (AdamW) instead of
+     * 2 x n on the root. Anything but 0 or 1 is DP_ERR_INVALID_ARGUMENT. */
+    int shard_optimizer;
 } dp_engine_config;
 
 /* Sensible defaults: balanced, AdamW lr 1e-3 betas (0.9, 0.95) eps 1e-8,
@@ -162,7 +181,8 @@ typedef struct dp_device_step_stats {
     double phase_start[DP_PHASE_COUNT];
     double phase_seconds[DP_PHASE_COUNT];
     size_t logits_bytes;      /* bytes held for logits and their gradient */
-    size_t optimizer_bytes;   /* bytes of optimizer state (root only) */
+    size_t optimizer_bytes;   /* bytes of optimizer state on this device: the moments of
+                                 the slices it owns (AdamW: 2 x 4 bytes per float, SGD 1 x) */
     size_t param_bytes;       /* bytes of parameters + gradients */
 } dp_device_step_stats;
 
@@ -233,14 +253,18 @@ DP_API dp_status dp_engine_evaluate(dp_engine *engine, const dp_batch *batch,
  * the rate is unchanged), DP_ERR_BUSY. */
 DP_API dp_status dp_engine_set_lr(dp_engine *engine, float lr);
 
-/* Root parameters to/from host memory (n_params floats). set broadcasts to
- * every replica; it refuses (DP_ERR_INVALID_ARGUMENT, naming the index) a
+/* Parameters to/from host memory (n_params floats; get reads each slice
+ * from its owner). set broadcasts to every replica; it refuses (DP_ERR_INVALID_ARGUMENT, naming the index) a
  * NaN or Inf value and changes nothing then. Both: DP_ERR_BUSY. */
 DP_API dp_status dp_engine_get_params(dp_engine *engine, float *host);
 DP_API dp_status dp_engine_set_params(dp_engine *engine, const float *host);
 
 /* Optimizer state: AdamW first/second moments (SGD: momentum in m, v
- * unused and may be NULL), n_params floats each, and the step count t.
+ * unused and may be NULL), n_params floats each in the flat parameter
+ * layout whatever the sharding (gathered from / scattered to the slice
+ * owners), and the step count t. State taken from an engine with any
+ * device count and shard_optimizer setting fits any other engine of the
+ * same model.
  * set refuses (DP_ERR_INVALID_ARGUMENT, changing nothing) t < 0, a
  * non-finite moment, or a negative second moment. Both: DP_ERR_BUSY. */
 DP_API dp_status dp_engine_get_optimizer_state(dp_engine *engine, float *m, float *v, long *t);
