@@ -285,12 +285,14 @@ ParameterizedTest(int *c, engine, injected_fault_is_reported_and_recovered, .tim
     run_close(&r);
 }
 
-Test(engine, out_of_memory_on_one_device_is_recoverable)
+static void out_of_memory_case(int shard)
 {
     enum { KK = 1024 };
     mlp_config mc = {D, H, KK};
     run r;
-    run_open(&r, 2, base_cfg(DP_MODE_BALANCED), &mc);
+    dp_engine_config cfg = base_cfg(DP_MODE_BALANCED);
+    cfg.shard_optimizer = shard;
+    run_open(&r, 2, cfg, &mc);
     dp_device *d1 = dp_engine_device(r.e, 1);
     dp_memory_stats ms;
     dp_device_memory(d1, &ms);
@@ -313,6 +315,9 @@ Test(engine, out_of_memory_on_one_device_is_recoverable)
     cr_assert_eq(st.step, 2);
     run_close(&r);
 }
+
+Test(engine, out_of_memory_on_one_device_is_recoverable) { out_of_memory_case(0); }
+Test(engine, out_of_memory_on_one_device_is_recoverable_sharded) { out_of_memory_case(1); }
 
 Test(engine, bad_input_is_rejected_with_a_message)
 {

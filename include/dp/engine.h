@@ -127,10 +127,10 @@ typedef struct dp_engine_config {
      * else (negative, NaN, Inf, 1e19) is DP_ERR_INVALID_ARGUMENT. */
     double watchdog_seconds;
     /* Replica consistency check (0 = off): every this many optimizer steps,
-     * each device hashes its parameter replica after the broadcast and the
+     * each device hashes its parameter replica after the all-gather and the
      * step fails with DP_ERR_INTERNAL naming the first device whose hash
-     * differs from the root's (the replicas are re-broadcast before the
-     * next step). Costs one pass over the parameters per device (plus a
+     * differs from the root's (the replicas are re-synchronised from the
+     * slice owners before the next step). Costs one pass over the parameters per device (plus a
      * device-to-host copy on GPUs). */
     long check_replicas_every;
     /* 1: let cuBLAS use TF32 tensor cores for the GEMMs on CUDA devices
@@ -208,8 +208,9 @@ typedef struct dp_engine dp_engine;
 /*
  * Creates the engine: opens the k devices, starts one worker thread per
  * device, allocates every replica's parameters and gradients (and the
- * optimizer state on the root), initialises the parameters from cfg->seed
- * and broadcasts them. The model and criterion structs are copied; their
+ * optimizer state on its owners: the root, or each device its slice's with
+ * shard_optimizer), initialises the parameters from cfg->seed and
+ * broadcasts them. The model and criterion structs are copied; their
  * ctx must outlive the engine. The device list follows
  * dp_device_list_parse's rules: one kind, each CPU device at most once
  * (several logical devices may share one GPU: cuda:0,cuda:0).
@@ -232,13 +233,13 @@ DP_API void dp_engine_destroy(dp_engine *engine);
  * worker's error; the message starts with "<device> <phase>:".
  * DP_ERR_BUSY: another call on this engine is running (nothing was done).
  * DP_ERR_TIMEOUT: the watchdog fired (see watchdog_seconds). DP_ERR_INTERNAL
- * from the replica check: the update was applied on the root, a replica
- * differed and will be re-broadcast. A non-finite loss or gradient norm is
+ * from the replica check: the update was applied by the owners, a replica
+ * differed and will be re-synchronised from them. A non-finite loss or gradient norm is
  * not an error: the step returns DP_OK with stats->skipped = 1 and nothing
  * updated (parameters, optimizer moments and the step count). After an
  * error nothing has been updated unless the failure was in the optimizer
  * or broadcast phase, in which case the replicas are re-synchronised from
- * the root before the next step.
+ * the slice owners (the root, unless shard_optimizer) before the next step.
  */
 DP_API dp_status dp_engine_step(dp_engine *engine, const dp_batch *batch, dp_step_stats *stats);
 

@@ -107,41 +107,55 @@ dp_status dp_comm_scatter_dlogits(worker *w, size_t j, size_t rows)
                         rows * opr * V * sizeof(float));
 }
 
-/* One chunk [at, at + n) of the reduce-scatter on owner o. */
+/* One chunk [at, at + n) of the reduce-scatter on owner o: the sum
+ * ((c_0 + c_1) + c_2) + ... over the contributing devices in order (device
+ * 0, whose zeroed buffer starts the sum even when idle, then every busy
+ * device). Float addition commutes, so adding the running sum to the
+ * owner's own gradient (own = g_o + sum) gives the bits that adding g_o to
+ * the sum would; the owner's buffer takes the sum from its turn on. */
 static dp_status reduce_chunk(worker *w, worker *o, size_t at, size_t n)
 {
     dp_engine *e = w->e;
     size_t bytes = n * sizeof(float);
     int host = dp_device_is_host_memory(o->dev);
-    float *own = o->grads + at;
-    /* Where the sum of devices 0..d-1 is: the owner's own gradient when it
-     * is device 0, else the running sum until the owner's turn. */
-    float *sum = o->id == 0 ? own : w->reduce_acc.ptr;
+    float *own = o->grads + at, *acc = w->reduce_acc.ptr;
+    float *sum = NULL;         /* holds the sum of the contributions so far */
+    const float *first = NULL; /* host: the first contribution, read in place, not yet added */
     for (size_t d = 0; d < e->k; d++) {
         worker *wd = &e->w[d];
+        if (d > 0 && !wd->rows) continue; /* an idle device's gradient is zero */
         if (wd == o) {
-            if (d > 0) {
-                /* own = g_o + sum equals sum + g_o bitwise (float addition
-                 * commutes); an idle owner's zero gradient is skipped, as
-                 * any idle device's is, so -0 sums stay -0. */
-                if (wd->rows) DP_TRY(dp_accumulate(o->dev, own, sum, n));
-                else DP_TRY(dp_copy_peer(o->dev, own, o->dev, sum, bytes));
-            }
-            sum = own;
+            if (first) DP_TRY(dp_residual_forward(o->dev, own, first, own, n)); /* own = c_0 + own */
+            else if (sum) DP_TRY(dp_accumulate(o->dev, own, sum, n));
+            sum = own; /* (device 0 owns: its gradient starts the sum in place) */
+            first = NULL;
             continue;
         }
         const float *src = wd->grads + at;
-        if (d == 0) { /* device 0 first, even idle (its buffer was zeroed) */
-            DP_TRY(dp_copy_peer(o->dev, sum, wd->dev, src, bytes));
+        if (host && !sum && !first) {
+            first = src;
             continue;
         }
-        if (!wd->rows) continue; /* an idle device's gradient is zero */
+        if (host && first) { /* the first two contributions in one pass */
+            DP_TRY(dp_residual_forward(o->dev, acc, first, src, n));
+            sum = acc;
+            first = NULL;
+            continue;
+        }
+        if (!sum) { /* non-host: the first contribution, copied into the running sum */
+            DP_TRY(dp_copy_peer(o->dev, acc, wd->dev, src, bytes));
+            sum = acc;
+            continue;
+        }
         if (!host) {
             DP_TRY(dp_copy_peer(o->dev, w->reduce_in.ptr, wd->dev, src, bytes));
             src = w->reduce_in.ptr;
         }
         DP_TRY(dp_accumulate(o->dev, sum, src, n));
     }
+    /* An idle owner (not device 0) did not contribute: it takes the sum. */
+    if (first) DP_TRY(dp_copy_peer(o->dev, own, e->w[0].dev, first, bytes)); /* device 0's */
+    else if (sum != own) DP_TRY(dp_copy_peer(o->dev, own, o->dev, sum, bytes));
     return DP_OK;
 }
 
