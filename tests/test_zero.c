@@ -8,7 +8,8 @@
  *    and slices longer than one reduce-scatter chunk;
  *  - accounting: each device holds the moments of its own slice (the
  *    documented slice rule), the reduce-scatter stages at most one chunk,
- *    and nothing is allocated inside the reduce, update and all-gather;
+ *    and nothing is allocated inside the reduce, update and all-gather; a
+ *    limit the root's whole state exceeds fits the sharded state;
  *  - optimizer state moves between engines in the flat layout whatever the
  *    sharding: sharded cpu:4 -> root cpu:1 and back continue the run, and
  *    sharded k=2 -> root k=2 (and back) continues bitwise.
@@ -195,6 +196,38 @@ Test(zero, each_device_holds_its_slice_and_no_staging_of_params_size, .timeout =
             cr_assert_eq(total, per * n * fb, "the slices' state adds up to the whole");
             run_close(&r);
         }
+}
+
+/* A per-device limit of params + grads + 1.5 x params: the root cannot
+ * hold AdamW's 2 x params (create fails naming the root and the optimizer
+ * state), four owners of a quarter each fit and train. */
+Test(zero, a_limit_only_the_sharded_state_fits, .timeout = 60)
+{
+    mlp net;
+    dp_model model;
+    mlp_config mc = {D, WIDE, K};
+    mlp_init_model(&net, &mc, &model);
+    dp_criterion crit = dp_criterion_cross_entropy();
+    dp_device_spec spec[4];
+    for (int i = 0; i < 4; i++) spec[i] = (dp_device_spec){DP_DEVICE_CPU, i};
+    size_t before = dp_device_bytes_freed_at_close();
+    dp_engine_config c = base_cfg(DP_MODE_BALANCED);
+    c.memory_limit = (2 * model.n_params + 3 * model.n_params / 2) * sizeof(float);
+    dp_engine *e = NULL;
+    cr_assert_eq(dp_engine_create(spec, 4, &model, &crit, &c, &e), DP_ERR_OUT_OF_MEMORY);
+    cr_assert(strstr(dp_last_error(), "optimizer state") && strstr(dp_last_error(), "on cpu:0"),
+              "%s", dp_last_error());
+    cr_assert_null(e);
+    c.shard_optimizer = 1;
+    dp_assert_ok(dp_engine_create(spec, 4, &model, &crit, &c, &e));
+    float x[4 * D];
+    int32_t y[4];
+    make_batch(0, 4, 0, x, y);
+    dp_batch b = {4, x, y};
+    dp_step_stats st;
+    dp_assert_ok(dp_engine_step(e, &b, &st));
+    dp_engine_destroy(e);
+    cr_assert_eq(dp_device_bytes_freed_at_close(), before);
 }
 
 Test(zero, bad_shard_setting_is_rejected)

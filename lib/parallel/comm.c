@@ -13,23 +13,29 @@ static size_t chunk_floats(const worker *owner)
                                                 : DP_COMM_CHUNK_FLOATS_DEVICE;
 }
 
-dp_status dp_comm_setup(worker *w)
+dp_status dp_comm_setup(worker *owner)
 {
-    dp_engine *e = w->e;
-    worker *o = dp_slice_owner(w);
-    size_t n = w->slice_end - w->slice_begin, c = chunk_floats(o);
-    /* A single device has no peers, and an empty slice nothing to add. */
-    if (e->k < 2 || !n) return DP_OK;
-    size_t bytes = (n < c ? n : c) * sizeof(float);
-    dp_status s = DP_OK;
-    /* The running sum of the devices before the owner; device 0 sums in place. */
-    if (o->id != 0) s = dp_dbuf_ensure(o->dev, &w->reduce_acc, bytes);
-    /* Host memory is read in place; other devices' chunks are copied in. */
-    if (s == DP_OK && !dp_device_is_host_memory(o->dev))
-        s = dp_dbuf_ensure(o->dev, &w->reduce_in, bytes);
-    if (s != DP_OK) dp_error_prefix("reduce-scatter staging on %s for %s's slice", o->dev->name,
-                                    w->dev->name);
-    return s;
+    dp_engine *e = owner->e;
+    size_t c = chunk_floats(owner);
+    /* A single device has no peers. The owner allocates for its slices in
+     * order, on its own thread (a limit is met at the same allocation). */
+    for (size_t j = 0; e->k > 1 && j < e->k; j++) {
+        worker *w = &e->w[j];
+        size_t n = w->slice_end - w->slice_begin;
+        if (w->owner != owner->id || !n) continue;
+        size_t bytes = (n < c ? n : c) * sizeof(float);
+        dp_status s = DP_OK;
+        /* The running sum of the devices before the owner; device 0 sums in place. */
+        if (owner->id != 0) s = dp_dbuf_ensure(owner->dev, &w->reduce_acc, bytes);
+        /* Host memory is read in place; other devices' chunks are copied in. */
+        if (s == DP_OK && !dp_device_is_host_memory(owner->dev))
+            s = dp_dbuf_ensure(owner->dev, &w->reduce_in, bytes);
+        if (s != DP_OK) {
+            dp_error_prefix("reduce-scatter staging of slice %zu on %s", j, owner->dev->name);
+            return s;
+        }
+    }
+    return DP_OK;
 }
 
 void dp_comm_teardown(worker *w)

@@ -28,10 +28,11 @@
 #define DP_COMM_CHUNK_FLOATS_DEVICE ((size_t)1 << 20)
 
 /* Setup job, every worker, after the buffers of every worker exist: what
- * the collectives need for this worker's slice, on its owner (a running
- * sum when the owner is not device 0; an incoming chunk on non-host
- * devices; each at most one chunk). Freed by dp_comm_teardown. */
-dp_status dp_comm_setup(worker *w);
+ * the collectives need for the slices this worker owns, on its device (per
+ * slice a running sum when the owner is not device 0, and an incoming
+ * chunk on non-host devices; each at most one chunk). dp_comm_teardown
+ * frees worker w's slice's. */
+dp_status dp_comm_setup(worker *owner);
 void dp_comm_teardown(worker *w);
 /* Bytes dp_comm_setup allocates on device d (for accounting checks). */
 size_t dp_comm_staging_bytes(const dp_engine *e, size_t d);

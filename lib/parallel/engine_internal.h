@@ -229,8 +229,9 @@ void dp_compute_gather(worker *w);
  * dp/engine.h, shard_optimizer), names each slice's owner and splits the
  * slices by tensor into segments of one weight-decay setting. */
 dp_status dp_opt_build_slices(dp_engine *e);
-/* Allocates and zeroes the moments of worker w's slice on its owner (setup job). */
-dp_status dp_opt_alloc_state(worker *w);
+/* Allocates and zeroes the moments of the slices this worker owns, on its
+ * device (setup job). */
+dp_status dp_opt_alloc_state(worker *owner);
 void dp_opt_free_state(dp_engine *e);
 /* Bytes of optimizer state held on device d. */
 size_t dp_opt_state_bytes(const dp_engine *e, size_t d);

@@ -49,17 +49,24 @@ dp_status dp_opt_build_slices(dp_engine *e)
 
 static int has_v(const dp_engine *e) { return e->cfg.optim.kind == DP_OPTIMIZER_ADAMW; }
 
-dp_status dp_opt_alloc_state(worker *w)
+dp_status dp_opt_alloc_state(worker *owner)
 {
-    dp_engine *e = w->e;
-    dp_device *dev = dp_slice_owner(w)->dev;
-    size_t bytes = (w->slice_end - w->slice_begin) * sizeof(float);
-    if (!bytes) return DP_OK;
-    DP_TRY(dp_device_alloc(dev, bytes, (void **)&w->m));
-    DP_TRY(dp_memset(dev, w->m, 0, bytes));
-    if (has_v(e)) {
-        DP_TRY(dp_device_alloc(dev, bytes, (void **)&w->v));
-        DP_TRY(dp_memset(dev, w->v, 0, bytes));
+    dp_engine *e = owner->e;
+    dp_device *dev = owner->dev;
+    /* The owner allocates for its slices in order, on its own thread, so a
+     * limit is always met at the same allocation. */
+    for (size_t j = 0; j < e->k; j++) {
+        worker *w = &e->w[j];
+        size_t bytes = (w->slice_end - w->slice_begin) * sizeof(float);
+        if (w->owner != owner->id || !bytes) continue;
+        dp_status s = dp_device_alloc(dev, bytes, (void **)&w->m);
+        if (s == DP_OK) s = dp_memset(dev, w->m, 0, bytes);
+        if (s == DP_OK && has_v(e)) s = dp_device_alloc(dev, bytes, (void **)&w->v);
+        if (s == DP_OK && has_v(e)) s = dp_memset(dev, w->v, 0, bytes);
+        if (s != DP_OK) {
+            dp_error_prefix("optimizer state of slice %zu on %s", j, dev->name);
+            return s;
+        }
     }
     return DP_OK;
 }
