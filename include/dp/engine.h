@@ -255,8 +255,9 @@ DP_API dp_status dp_engine_evaluate(dp_engine *engine, const dp_batch *batch,
 DP_API dp_status dp_engine_set_lr(dp_engine *engine, float lr);
 
 /* Parameters to/from host memory (n_params floats; get reads each slice
- * from its owner). set broadcasts to every replica; it refuses (DP_ERR_INVALID_ARGUMENT, naming the index) a
- * NaN or Inf value and changes nothing then. Both: DP_ERR_BUSY. */
+ * from its owner). set broadcasts to every replica; it refuses
+ * (DP_ERR_INVALID_ARGUMENT, naming the index) a NaN or Inf value and
+ * changes nothing then. Both: DP_ERR_BUSY. */
 DP_API dp_status dp_engine_get_params(dp_engine *engine, float *host);
 DP_API dp_status dp_engine_set_params(dp_engine *engine, const float *host);
 

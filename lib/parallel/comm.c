@@ -131,7 +131,7 @@ static dp_status reduce_chunk(worker *w, worker *o, size_t at, size_t n)
         worker *wd = &e->w[d];
         if (d > 0 && !wd->rows) continue; /* an idle device's gradient is zero */
         if (wd == o) {
-            if (first) DP_TRY(dp_residual_forward(o->dev, own, first, own, n)); /* own = c_0 + own */
+            if (first) DP_TRY(dp_residual_forward(o->dev, own, first, own, n)); /* c_0 + own */
             else if (sum) DP_TRY(dp_accumulate(o->dev, own, sum, n));
             sum = own; /* (device 0 owns: its gradient starts the sum in place) */
             first = NULL;

@@ -381,10 +381,12 @@ dp_status dp_engine_set_params(dp_engine *e, const float *host)
                                   "parameters must be finite", bad, n, host[bad]));
     dp_status s = dp_device_bind_thread(e->w[0].dev);
     if (s == DP_OK) s = dp_copy_h2d(e->w[0].dev, e->w[0].params, host, n * sizeof(float));
-    /* The root's copy to every replica, the owners included (until it
-     * succeeds: a later call retries it). */
-    e->needs_sync = DP_SYNC_FROM_ROOT;
-    if (s == DP_OK) s = sync_replicas(e);
+    /* The root's copy to every replica, the owners included (should it
+     * fail, the next step retries it). */
+    if (s == DP_OK) {
+        e->needs_sync |= DP_SYNC_FROM_ROOT;
+        s = sync_replicas(e);
+    }
     return unclaim(e, s);
 }
 

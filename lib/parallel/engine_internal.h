@@ -69,9 +69,9 @@ typedef struct worker {
     size_t slice_begin, slice_end;
     segment *segs;
     size_t n_segs;
-    int owner;                   /* index of the slice's owner */
-    float *m, *v;                /* the slice's optimizer moments, on the owner */
-    dbuf reduce_acc, reduce_in;  /* on the owner: running sum, incoming chunk (comm.c) */
+    int owner;                  /* index of the slice's owner */
+    float *m, *v;               /* the slice's optimizer moments, on the owner */
+    dbuf reduce_acc, reduce_in; /* on the owner: running sum, incoming chunk (comm.c) */
 
     double loss_sum, slice_sumsq;
 
@@ -148,7 +148,6 @@ static inline worker *dp_slice_owner(const worker *w) { return &w->e->w[w->owner
 
 /* Rows of micro-batch j of worker w (0 when it has fewer); *first is the
  * micro-batch's first row within the worker's chunk. */
-
 static inline size_t dp_micro_rows(const worker *w, size_t j, size_t *first)
 {
     size_t b = j * w->micro_rows;
