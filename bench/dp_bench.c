@@ -9,6 +9,8 @@
  * (overall and within each phase), the bytes of logits and their gradient,
  * the optimizer state; step time (median, min, max), tokens/s, the time in
  * each phase, and the imbalance max/min of peak bytes over devices.
+ * --shard-optimizer times each mode a second time with the optimizer state
+ * sharded over the devices (ZeRO stage 1), next to the root runs.
  *
  * --find-max-batch searches the largest global batch that completes a step
  * under --memory-limit in each mode; --scaling times 1..k devices. Output:
@@ -48,7 +50,7 @@
 typedef struct opts {
     long vocab, context, batch, dim, layers, heads, steps, warmup;
     const char *devices, *mode, *memory_limit, *json, *csv, *plot, *trace, *weights_arg;
-    int find_max_batch, scaling, tf32, token_balanced;
+    int find_max_batch, scaling, tf32, token_balanced, shard_optimizer;
     unsigned long long seed;
     size_t limit_bytes;
     float weights[DP_MAX_DEVICES]; /* --device-weights, n_weights of them (0: equal) */
@@ -71,6 +73,9 @@ static void usage(FILE *f)
           "  --steps N            timed steps per mode (default 3)\n"
           "  --warmup N           untimed steps before them (default 1)\n"
           "  --mode M             both, gather or balanced (default both)\n"
+          "  --shard-optimizer    also time each mode with the optimizer state sharded\n"
+          "                       over the devices (ZeRO-1: each device holds the AdamW\n"
+          "                       moments of its slice), shown as MODE+shard\n"
           "  --memory-limit SIZE  per-device allocation limit, e.g. 2GiB (default none)\n"
           "  --find-max-batch     largest global batch that fits --memory-limit, per mode;\n"
           "                       each mode is then timed at the smaller of that and\n"
@@ -99,7 +104,7 @@ static int parse_args(int argc, char **argv, opts *o)
     enum {
         O_VOCAB = 256, O_CTX, O_BATCH, O_DIM, O_LAYERS, O_HEADS, O_DEV, O_STEPS, O_WARM, O_MODE,
         O_MEM, O_FIND, O_SCALE, O_SEED, O_JSON, O_CSV, O_PLOT, O_TF32, O_WEIGHTS, O_TOKBAL,
-        O_TRACE, O_HELP
+        O_TRACE, O_SHARD, O_HELP
     };
     static const struct option lo[] = {
         {"vocab", 1, 0, O_VOCAB},        {"context", 1, 0, O_CTX},
@@ -112,7 +117,7 @@ static int parse_args(int argc, char **argv, opts *o)
         {"json", 1, 0, O_JSON},          {"csv", 1, 0, O_CSV},
         {"plot", 1, 0, O_PLOT},          {"tf32", 0, 0, O_TF32},
         {"device-weights", 1, 0, O_WEIGHTS}, {"token-balanced", 0, 0, O_TOKBAL},
-        {"trace", 1, 0, O_TRACE},
+        {"trace", 1, 0, O_TRACE},        {"shard-optimizer", 0, 0, O_SHARD},
         {"help", 0, 0, O_HELP},
         {0, 0, 0, 0}};
     const long big = 1L << 30;
@@ -145,6 +150,7 @@ static int parse_args(int argc, char **argv, opts *o)
         case O_WEIGHTS: o->weights_arg = v; break;
         case O_TOKBAL: o->token_balanced = 1; break;
         case O_TRACE: o->trace = v; break;
+        case O_SHARD: o->shard_optimizer = 1; break;
         case O_HELP: usage(stdout); exit(0);
         case ':': return cli_fail("%s needs a value (see --help)", argv[optind - 1]);
         default: return cli_fail("unknown option \"%s\" (see --help)", argv[optind - 1]);
@@ -185,6 +191,7 @@ typedef struct dev_result {
 
 typedef struct mode_result {
     dp_mode mode;
+    int shard; /* optimizer state sharded over the devices */
     int ran;
     size_t k;
     double step_ms_median, step_ms_min, step_ms_max, tokens_per_s;
@@ -242,10 +249,18 @@ static int ensure_tokens(bench *b, size_t rows)
     return 0;
 }
 
-static dp_status make_engine(bench *b, dp_mode mode, size_t k, dp_engine **out)
+/* "balanced", "gather+shard": a run's name in the table, CSV and plot. */
+static const char *run_name(dp_mode mode, int shard, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "%s%s", dp_mode_name(mode), shard ? "+shard" : "");
+    return buf;
+}
+
+static dp_status make_engine(bench *b, dp_mode mode, int shard, size_t k, dp_engine **out)
 {
     dp_engine_config ec = dp_engine_config_default();
     ec.mode = mode;
+    ec.shard_optimizer = shard;
     ec.seed = b->o.seed;
     ec.optim.grad_clip = 1.0f;
     ec.memory_limit = b->o.limit_bytes;
@@ -260,15 +275,19 @@ static dp_status make_engine(bench *b, dp_mode mode, size_t k, dp_engine **out)
 
 /* Warm-up and timed steps of `rows` sequences on the first k devices;
  * with `trace`, every step goes to b->trace. */
-static int run_mode(bench *b, dp_mode mode, size_t k, size_t rows, int trace, mode_result *res)
+static int run_mode(bench *b, dp_mode mode, int shard, size_t k, size_t rows, int trace,
+                    mode_result *res)
 {
     memset(res, 0, sizeof *res);
     res->mode = mode;
+    res->shard = shard;
     res->k = k;
     res->rows = rows;
+    char name[32];
+    run_name(mode, shard, name, sizeof name);
     if (ensure_tokens(b, rows)) return 1;
     dp_engine *e = NULL;
-    if (make_engine(b, mode, k, &e) != DP_OK) return cli_dp_fail(dp_mode_name(mode));
+    if (make_engine(b, mode, shard, k, &e) != DP_OK) return cli_dp_fail(name);
     dp_batch batch = {rows, b->inputs, b->targets};
     long n = b->o.warmup + b->o.steps;
     double *ms = calloc((size_t)b->o.steps, sizeof *ms);
@@ -281,7 +300,7 @@ static int run_mode(bench *b, dp_mode mode, size_t k, size_t rows, int trace, mo
     for (long s = 0; s < n && !rc; s++) {
         double t0 = cli_now();
         if (dp_engine_step(e, &batch, &st) != DP_OK) {
-            rc = cli_fail("%s step %ld of %zu sequences: %s", dp_mode_name(mode), s + 1, rows,
+            rc = cli_fail("%s step %ld of %zu sequences: %s", name, s + 1, rows,
                       dp_last_error());
             break;
         }
@@ -337,11 +356,11 @@ static int run_mode(bench *b, dp_mode mode, size_t k, size_t rows, int trace, mo
 /* 1: a fresh engine completes one step of `rows` sequences, 0: out of
  * memory on some device (the reason copied to why), -1: another error
  * (reported). */
-static int fits(bench *b, dp_mode mode, size_t rows, char *why, size_t why_cap)
+static int fits(bench *b, dp_mode mode, int shard, size_t rows, char *why, size_t why_cap)
 {
     if (ensure_tokens(b, rows)) return -1;
     dp_engine *e = NULL;
-    dp_status s = make_engine(b, mode, b->k, &e);
+    dp_status s = make_engine(b, mode, shard, b->k, &e);
     if (s == DP_OK) {
         dp_batch batch = {rows, b->inputs, b->targets};
         s = dp_engine_step(e, &batch, NULL);
@@ -350,7 +369,9 @@ static int fits(bench *b, dp_mode mode, size_t rows, char *why, size_t why_cap)
     dp_engine_destroy(e);
     if (s == DP_OK) return 1;
     if (s == DP_ERR_OUT_OF_MEMORY) return 0;
-    cli_fail("%s with %zu sequences: %s", dp_mode_name(mode), rows, dp_last_error());
+    char name[32];
+    cli_fail("%s with %zu sequences: %s", run_name(mode, shard, name, sizeof name), rows,
+             dp_last_error());
     return -1;
 }
 
@@ -359,7 +380,7 @@ static int fits(bench *b, dp_mode mode, size_t rows, char *why, size_t why_cap)
  * down to 1 while it does not, then bisection between the largest batch
  * that fit and the smallest that did not. *out = 0 when not even one
  * sequence fits; why then holds the reason. */
-static int find_max_batch(bench *b, dp_mode mode, size_t start, long *out, char *why,
+static int find_max_batch(bench *b, dp_mode mode, int shard, size_t start, long *out, char *why,
                           size_t why_cap)
 {
     /* Each device holds its rows' tokens (inputs and targets, 8 bytes a
@@ -369,7 +390,7 @@ static int find_max_batch(bench *b, dp_mode mode, size_t start, long *out, char 
     if (dp_size_mul(bound, b->k, &bound) && bound < cap) cap = bound;
     size_t lo = 0, hi = 0; /* lo fits (0 trivially); hi does not fit (0: none found yet) */
     size_t x = start < cap ? start : cap;
-    int f = fits(b, mode, x, why, why_cap);
+    int f = fits(b, mode, shard, x, why, why_cap);
     if (f < 0) return 1;
     if (f) {
         lo = x;
@@ -377,7 +398,7 @@ static int find_max_batch(bench *b, dp_mode mode, size_t start, long *out, char 
             if (lo >= cap) return cli_fail("--find-max-batch: %zu sequences still fit; the "
                                            "search stops there", lo);
             x = lo > cap / 2 ? cap : 2 * lo;
-            if ((f = fits(b, mode, x, why, why_cap)) < 0) return 1;
+            if ((f = fits(b, mode, shard, x, why, why_cap)) < 0) return 1;
             if (f) lo = x;
             else hi = x;
         }
@@ -385,7 +406,7 @@ static int find_max_batch(bench *b, dp_mode mode, size_t start, long *out, char 
         hi = x;
         while (!lo && hi > 1) {
             x = hi / 2;
-            if ((f = fits(b, mode, x, why, why_cap)) < 0) return 1;
+            if ((f = fits(b, mode, shard, x, why, why_cap)) < 0) return 1;
             if (f) lo = x;
             else hi = x;
         }
@@ -396,7 +417,7 @@ static int find_max_batch(bench *b, dp_mode mode, size_t start, long *out, char 
     }
     while (hi - lo > 1) {
         size_t mid = lo + (hi - lo) / 2;
-        if ((f = fits(b, mode, mid, why, why_cap)) < 0) return 1;
+        if ((f = fits(b, mode, shard, mid, why, why_cap)) < 0) return 1;
         if (f) lo = mid;
         else hi = mid;
     }
@@ -417,14 +438,15 @@ static const char *human(size_t bytes, char *buf, size_t cap)
 
 static void print_table(const bench *b, const mode_result *res, size_t nres)
 {
-    char h[5][24];
-    printf("\n%-8s %-8s %11s %11s %11s %11s %11s\n", "mode", "device", "peak", "w/o optim",
+    char h[5][24], name[32];
+    printf("\n%-14s %-8s %11s %11s %11s %11s %11s\n", "mode", "device", "peak", "w/o optim",
            "params+grad", "optimizer", "logits");
     for (size_t r = 0; r < nres; r++) {
         const mode_result *m = &res[r];
+        run_name(m->mode, m->shard, name, sizeof name);
         for (size_t i = 0; i < m->k; i++) {
             const dev_result *d = &m->dev[i];
-            printf("%-8s %-8s %11s %11s %11s %11s %11s\n", i ? "" : dp_mode_name(m->mode),
+            printf("%-14s %-8s %11s %11s %11s %11s %11s\n", i ? "" : name,
                    d->name, human(d->peak, h[0], 24), human(d->peak - d->optimizer, h[1], 24),
                    human(d->params, h[2], 24), human(d->optimizer, h[3], 24),
                    human(d->logits, h[4], 24));
@@ -432,24 +454,26 @@ static void print_table(const bench *b, const mode_result *res, size_t nres)
     }
     printf("(peak: high-water mark of bytes allocated since the engine was created; logits:\n"
            " bytes held for logits and their gradient. Per-phase peaks: --json, --csv)\n\n");
-    printf("%-8s %10s %10s %10s %12s %10s %12s\n", "mode", "step ms", "min", "max", "tokens/s",
+    printf("%-14s %10s %10s %10s %12s %10s %12s\n", "mode", "step ms", "min", "max", "tokens/s",
            "imbalance", "w/o optim");
     for (size_t r = 0; r < nres; r++) {
         const mode_result *m = &res[r];
-        printf("%-8s %10.1f %10.1f %10.1f %12.0f %10.3f %12.3f\n", dp_mode_name(m->mode),
+        printf("%-14s %10.1f %10.1f %10.1f %12.0f %10.3f %12.3f\n",
+               run_name(m->mode, m->shard, name, sizeof name),
                m->step_ms_median, m->step_ms_min, m->step_ms_max, m->tokens_per_s, m->imbalance,
                m->imbalance_no_opt);
     }
     printf("(step ms: median of %ld timed steps; imbalance: max/min of peak bytes over devices,\n"
-           " w/o optim: the same with the root's optimizer state taken out)\n\n",
+           " w/o optim: the same with the optimizer state taken out; +shard: the optimizer\n"
+           " state sharded over the devices)\n\n",
            b->o.steps);
-    printf("%-8s", "phase ms");
+    printf("%-14s", "phase ms");
     for (int p = 0; p < DP_PHASE_COUNT; p++) printf(" %9.9s", dp_phase_name((dp_phase)p));
     printf(" %9s\n", "outside");
     for (size_t r = 0; r < nres; r++) {
         const mode_result *m = &res[r];
         double tot = 0, out = 0;
-        printf("%-8s", dp_mode_name(m->mode));
+        printf("%-14s", run_name(m->mode, m->shard, name, sizeof name));
         for (int p = 0; p < DP_PHASE_COUNT; p++) {
             printf(" %9.2f", m->phase_ms[p]);
             tot += m->phase_ms[p];
@@ -465,19 +489,21 @@ static void print_table(const bench *b, const mode_result *res, size_t nres)
 
 static void print_arithmetic(const bench *b, const mode_result *res, size_t nres)
 {
-    const mode_result *g = NULL, *bal = NULL;
+    const mode_result *g = NULL, *bal = NULL; /* the root runs */
     for (size_t r = 0; r < nres; r++) {
-        if (res[r].mode == DP_MODE_GATHER) g = &res[r];
-        if (res[r].mode == DP_MODE_BALANCED) bal = &res[r];
+        if (res[r].mode == DP_MODE_GATHER && !res[r].shard) g = &res[r];
+        if (res[r].mode == DP_MODE_BALANCED && !res[r].shard) bal = &res[r];
     }
-    char h[4][24];
-    /* Under --find-max-batch the modes may have been timed at different batches. */
-    int differ = nres == 2 && res[0].rows != res[1].rows;
+    char h[4][24], name[32];
+    /* Under --find-max-batch the runs may have been timed at different batches. */
+    int differ = 0;
+    for (size_t r = 1; r < nres; r++) differ |= res[r].rows != res[0].rows;
     for (size_t r = 0; r < (differ ? nres : 1); r++) {
         double lb = (double)res[r].rows * (double)b->o.context * (double)b->o.vocab * 4.0;
         printf("%slogits of the global batch%s%s: %zu x %ld x %ld x 4 bytes = %s (%s with their "
                "gradient)\n",
-               r ? "" : "\n", differ ? " in " : "", differ ? dp_mode_name(res[r].mode) : "",
+               r ? "" : "\n", differ ? " in " : "",
+               differ ? run_name(res[r].mode, res[r].shard, name, sizeof name) : "",
                res[r].rows, b->o.context, b->o.vocab, human((size_t)lb, h[0], 24),
                human((size_t)(2 * lb), h[1], 24));
     }
@@ -550,6 +576,7 @@ static json_t *json_results(const bench *b, const mode_result *res, size_t nres,
                                m->step_ms_max, "phase_ms", ph, "loss", m->loss, "imbalance",
                                m->imbalance, "imbalance_without_optimizer", m->imbalance_no_opt,
                                "devices", jd);
+        json_object_set_new(jr, "shard_optimizer", json_boolean(m->shard));
         json_object_set_new(jr, "batch_size", json_integer((json_int_t)m->rows));
         if (o->find_max_batch) json_object_set_new(jr, "max_batch", json_integer(m->max_batch));
         json_array_append_new(results, jr);
@@ -561,11 +588,12 @@ static json_t *json_results(const bench *b, const mode_result *res, size_t nres,
             json_array_append_new(w, json_real(o->weights[i]));
         json_object_set_new(cfg, "device_weights", w);
     }
+    json_object_set_new(cfg, "shard_optimizer", json_boolean(o->shard_optimizer));
     json_t *root = json_pack("{s:o,s:o}", "config", cfg, "results", results);
-    const mode_result *g = NULL, *bal = NULL;
+    const mode_result *g = NULL, *bal = NULL; /* the root runs */
     for (size_t r = 0; r < nres; r++) {
-        if (res[r].mode == DP_MODE_GATHER) g = &res[r];
-        if (res[r].mode == DP_MODE_BALANCED) bal = &res[r];
+        if (res[r].mode == DP_MODE_GATHER && !res[r].shard) g = &res[r];
+        if (res[r].mode == DP_MODE_BALANCED && !res[r].shard) bal = &res[r];
     }
     if (g && bal && g->rows == bal->rows)
         json_object_set_new(root, "root_peak_ratio",
@@ -676,7 +704,8 @@ static char *csv_text(const mode_result *res, size_t nres)
     for (int p = 0; p < DP_PHASE_COUNT; p++)
         len += (size_t)snprintf(s + len, cap - len, ",%s_peak_bytes", dp_phase_name((dp_phase)p));
     len += (size_t)snprintf(s + len, cap - len,
-                            ",step_ms_median,step_ms_min,step_ms_max,tokens_per_s,max_batch,rows\n");
+                            ",step_ms_median,step_ms_min,step_ms_max,tokens_per_s,max_batch,rows,"
+                            "shard_optimizer\n");
     for (size_t r = 0; r < nres; r++) {
         const mode_result *m = &res[r];
         for (size_t i = 0; i < m->k; i++) {
@@ -686,9 +715,9 @@ static char *csv_text(const mode_result *res, size_t nres)
                                     d->logits, d->params);
             for (int p = 0; p < DP_PHASE_COUNT; p++)
                 len += (size_t)snprintf(s + len, cap - len, ",%zu", d->phase_peak[p]);
-            len += (size_t)snprintf(s + len, cap - len, ",%.3f,%.3f,%.3f,%.1f,%ld,%zu\n",
+            len += (size_t)snprintf(s + len, cap - len, ",%.3f,%.3f,%.3f,%.1f,%ld,%zu,%d\n",
                                     m->step_ms_median, m->step_ms_min, m->step_ms_max,
-                                    m->tokens_per_s, m->max_batch, d->rows);
+                                    m->tokens_per_s, m->max_batch, d->rows, m->shard);
         }
     }
     return s;
@@ -889,8 +918,10 @@ static int plot_memory(const bench *b, outputs *out, const char *path, const mod
     char *s = malloc(cap);
     if (!s) return cli_fail("out of host memory");
     len += (size_t)snprintf(s + len, cap - len, "$d << EOD\ndevice");
+    char name[32];
     for (size_t r = 0; r < nres; r++)
-        len += (size_t)snprintf(s + len, cap - len, " %s", dp_mode_name(res[r].mode));
+        len += (size_t)snprintf(s + len, cap - len, " %s",
+                                run_name(res[r].mode, res[r].shard, name, sizeof name));
     len += (size_t)snprintf(s + len, cap - len, "\n");
     for (size_t i = 0; i < res[0].k; i++) {
         len += (size_t)snprintf(s + len, cap - len, "%s", res[0].dev[i].name);
@@ -1066,26 +1097,38 @@ int main(int argc, char **argv)
     printf("\n");
     fflush(stdout);
 
-    /* res holds the modes that were timed (nres); max_batch[] every mode's. */
-    mode_result *res = calloc(2, sizeof *res);
-    long max_batch[2] = {0, 0};
+    /* The runs: each mode, then with --shard-optimizer the same sharded. */
+    dp_mode run_modes[4];
+    int run_shard[4];
+    size_t nruns = 0;
+    for (size_t r = 0; r < nmodes; r++)
+        for (int sh = 0; sh <= o->shard_optimizer; sh++) {
+            run_modes[nruns] = modes[r];
+            run_shard[nruns++] = sh;
+        }
+    /* res holds the runs that were timed (nres); max_batch[] every run's. */
+    mode_result *res = calloc(4, sizeof *res);
+    long max_batch[4] = {0, 0, 0, 0};
     scale_point sc[DP_MAX_DEVICES];
     size_t nres = 0, nsc = 0;
+    char name[32];
     if (!rc && !res) rc = cli_fail("out of host memory");
-    for (size_t r = 0; r < nmodes && !rc; r++) {
+    for (size_t r = 0; r < nruns && !rc; r++) {
         size_t rows = (size_t)o->batch;
+        run_name(run_modes[r], run_shard[r], name, sizeof name);
         if (o->find_max_batch) {
             char why[512] = "";
-            rc = find_max_batch(&b, modes[r], rows, &max_batch[r], why, sizeof why);
+            rc = find_max_batch(&b, run_modes[r], run_shard[r], rows, &max_batch[r], why,
+                                sizeof why);
             if (rc) break;
             if (max_batch[r] == 0) {
-                printf("%s: not even 1 sequence fits under --memory-limit %s: %s\n",
-                       dp_mode_name(modes[r]), o->memory_limit, why);
+                printf("%s: not even 1 sequence fits under --memory-limit %s: %s\n", name,
+                       o->memory_limit, why);
                 continue;
             }
             if ((size_t)max_batch[r] < rows) rows = (size_t)max_batch[r];
         }
-        rc = run_mode(&b, modes[r], b.k, rows, 1, &res[nres]);
+        rc = run_mode(&b, run_modes[r], run_shard[r], b.k, rows, 1, &res[nres]);
         if (!rc) res[nres++].max_batch = max_batch[r];
     }
     if (!rc && nres) {
@@ -1094,9 +1137,13 @@ int main(int argc, char **argv)
     }
     if (!rc && o->find_max_batch) {
         printf("\nlargest global batch under --memory-limit %s per device:", o->memory_limit);
-        for (size_t r = 0; r < nmodes; r++) printf("  %s %ld", dp_mode_name(modes[r]), max_batch[r]);
+        for (size_t r = 0; r < nruns; r++)
+            printf("  %s %ld", run_name(run_modes[r], run_shard[r], name, sizeof name),
+                   max_batch[r]);
+        /* The root runs of the two modes: runs 0 and nruns / 2. */
         if (nmodes == 2 && max_batch[0] > 0)
-            printf("  (balanced / gather = %.2f)", (double)max_batch[1] / (double)max_batch[0]);
+            printf("  (balanced / gather = %.2f)",
+                   (double)max_batch[nruns / 2] / (double)max_batch[0]);
         printf("\n");
     }
     dp_mode scale_mode = nmodes == 2 ? DP_MODE_BALANCED : modes[0];
@@ -1104,7 +1151,7 @@ int main(int argc, char **argv)
      * perhaps smaller than --batch-size); none when it was not timed. */
     size_t scale_rows = 0;
     for (size_t r = 0; r < nres; r++)
-        if (res[r].mode == scale_mode) scale_rows = res[r].rows;
+        if (res[r].mode == scale_mode && !res[r].shard) scale_rows = res[r].rows;
     b.scale_rows = scale_rows;
     if (!rc && o->scaling && !scale_rows)
         printf("\nscaling: skipped, %s mode was not timed\n", dp_mode_name(scale_mode));
@@ -1114,7 +1161,7 @@ int main(int argc, char **argv)
                "efficiency");
         for (size_t k = 1; k <= b.k && !rc; k++) {
             mode_result m;
-            rc = run_mode(&b, scale_mode, k, scale_rows, 0, &m);
+            rc = run_mode(&b, scale_mode, 0, k, scale_rows, 0, &m);
             if (rc) break;
             sc[nsc].k = k;
             sc[nsc].tokens_per_s = m.tokens_per_s;

@@ -70,15 +70,24 @@ static inline dp_engine_config base_cfg(dp_mode mode)
     return c;
 }
 
-/* Parameter cases mode * 100 + device * 10 + phase: both modes, devices
- * 0, step, 2 step, ... <= dev_hi, every phase. Returns the count. */
+/* Parameter cases (mode + 2 * shard) * 100 + device * 10 + phase: both
+ * modes, root and sharded optimizer (case_cfg), devices 0, step, 2 step,
+ * ... <= dev_hi, every phase. Returns the count. */
 static inline size_t phase_cases(int *cases, int dev_hi, int dev_step)
 {
     size_t n = 0;
-    for (int m = 0; m < 2; m++)
+    for (int m = 0; m < 4; m++)
         for (int d = 0; d <= dev_hi; d += dev_step)
             for (int p = 0; p < DP_PHASE_COUNT; p++) cases[n++] = m * 100 + d * 10 + p;
     return n;
+}
+
+/* The configuration of a phase_cases case. */
+static inline dp_engine_config case_cfg(int c)
+{
+    dp_engine_config cfg = base_cfg((dp_mode)(c / 100 % 2));
+    cfg.shard_optimizer = c / 200;
+    return cfg;
 }
 
 // --- a model and criterion with hooks --------------------------------------------------

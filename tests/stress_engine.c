@@ -1,9 +1,10 @@
 /*
  * tests/stress_engine.c - a plain stress program for ThreadSanitizer
  * (Criterion's runner does not run under TSan): many steps on 4 CPU
- * devices in both modes with random batch sizes, micro-batching, idle
- * devices and injected faults, then two threads stepping one engine at
- * once (each call must return DP_OK or DP_ERR_BUSY). Exits non-zero on any
+ * devices in both modes, optimizer state on the root and sharded, with
+ * random batch sizes, micro-batching, idle devices and injected faults,
+ * then two threads stepping one engine at once (each call must return
+ * DP_OK or DP_ERR_BUSY). Exits non-zero on any
  * failure; a watchdog thread ends the program with a message when no call
  * returns for STALL_SECONDS, so a hang (e.g. a barrier that signals
  * instead of broadcasting on abort) fails in seconds, not at CTest's timeout.
@@ -77,13 +78,16 @@ int main(int argc, char **argv)
         fprintf(stderr, "stress: cannot start the watchdog thread\n");
         return 1;
     }
-    for (int mode = 0; mode < DP_MODE_COUNT; mode++) {
+    /* Both modes, with the optimizer state on the root and sharded. */
+    for (int c = 0; c < 2 * DP_MODE_COUNT; c++) {
+        int mode = c % DP_MODE_COUNT;
         mlp net;
         dp_model model;
         mlp_init_model(&net, &(mlp_config){D, H, K}, &model);
         dp_criterion crit = dp_criterion_cross_entropy();
         dp_engine_config cfg = dp_engine_config_default();
         cfg.mode = (dp_mode)mode;
+        cfg.shard_optimizer = c / DP_MODE_COUNT;
         cfg.max_rows_per_micro = 5;
         cfg.optim.grad_clip = 1.0f;
         dp_device_spec specs[4];
@@ -142,6 +146,6 @@ int main(int argc, char **argv)
         fprintf(stderr, "stress: engines left memory allocated at destroy\n");
         return 1;
     }
-    printf("stress: %ld steps x 2 modes on 4 devices: ok\n", steps);
+    printf("stress: %ld steps x 2 modes x root/sharded optimizer on 4 devices: ok\n", steps);
     return 0;
 }

@@ -3,8 +3,11 @@
  *
  *  - k logical devices on one GPU (cuda:0 x k) == cuda:0 alone, both modes,
  *    AdamW with clipping and SGD, with the MLP example (the invariant of
- *    tests/test_engine.c, now through peer copies, the root staging buffers
- *    and several streams on one card); cuda:0,cuda:1 too when two GPUs exist;
+ *    tests/test_engine.c, now through peer copies, the reduce-scatter's
+ *    staging chunks and several streams on one card); cuda:0,cuda:1 too
+ *    when two GPUs exist;
+ *  - the optimizer state sharded over the devices equals it on the root,
+ *    bitwise;
  *  - one GPU == one CPU device, and identical runs are bitwise identical;
  *  - a GPT checkpoint written from GPU devices loads exactly and resumes on
  *    CPU devices, taking the same next step as the GPU run.
@@ -157,6 +160,73 @@ Test(cuda_engine, two_gpus_equal_one, .timeout = 120)
         train_mlp(one, 1, cuda_cfg(DP_MODE_BALANCED, DP_OPTIMIZER_ADAMW), 16, l1, p1);
         train_mlp(two, 2, cuda_cfg((dp_mode)m, DP_OPTIMIZER_ADAMW), 16, l2, p2);
         assert_runs_agree(l2, l1, p2, p1, dp_mode_name((dp_mode)m));
+    }
+}
+
+/* STEPS steps of an MLP wide enough that each of k <= 3 slices spans
+ * more than one reduce-scatter chunk of a GPU; losses, parameters and
+ * moments (each *n floats, malloc'd, freed by the caller). */
+static void train_wide(const dp_device_spec *specs, size_t k, dp_engine_config cfg,
+                       double *losses, float **p, float **m, float **v, size_t *n)
+{
+    mlp net;
+    dp_model model;
+    mlp_config mc = {D, 300000, K};
+    mlp_init_model(&net, &mc, &model);
+    *n = model.n_params;
+    dp_criterion crit = dp_criterion_cross_entropy();
+    dp_engine *e = NULL;
+    dp_assert_ok(dp_engine_create(specs, k, &model, &crit, &cfg, &e));
+    float x[7 * D];
+    int32_t y[7];
+    for (int s = 0; s < STEPS; s++) {
+        make_batch(s, 7, 3, x, y);
+        dp_batch b = {7, x, y};
+        dp_step_stats st;
+        dp_assert_ok(dp_engine_step(e, &b, &st));
+        losses[s] = st.loss;
+    }
+    *p = malloc(*n * sizeof(float));
+    *m = malloc(*n * sizeof(float));
+    *v = malloc(*n * sizeof(float));
+    cr_assert(*p && *m && *v);
+    long t;
+    dp_assert_ok(dp_engine_get_params(e, *p));
+    dp_assert_ok(dp_engine_get_optimizer_state(e, *m, *v, &t));
+    cr_assert_eq(t, STEPS);
+    dp_engine_destroy(e);
+}
+
+/* The optimizer state sharded over cuda:0 x 3 (each owner reduces its
+ * slice on its own stream through one staging chunk) against the root
+ * owning it: the same additions in the same order, so bitwise equal
+ * losses, parameters and moments, both modes; cuda:0,cuda:1 too when two
+ * GPUs exist. */
+Test(cuda_engine, sharded_optimizer_equals_root_bitwise, .timeout = 120)
+{
+    REQUIRE_GPU();
+    static const int ord[2] = {0, 1};
+    for (int g = 0; g < (n_gpus() >= 2 ? 2 : 1); g++) {
+        size_t k = g ? 2 : 3;
+        dp_device_spec specs[3];
+        gpu_specs(specs, k, g ? ord : ZEROS);
+        for (int mode = 0; mode < DP_MODE_COUNT; mode++) {
+            double l0[STEPS], l1[STEPS];
+            float *p0, *m0, *v0, *p1, *m1, *v1;
+            size_t n;
+            dp_engine_config cfg = cuda_cfg((dp_mode)mode, DP_OPTIMIZER_ADAMW);
+            cfg.optim.grad_clip = 0.05f; /* clips */
+            train_wide(specs, k, cfg, l0, &p0, &m0, &v0, &n);
+            cfg.shard_optimizer = 1;
+            train_wide(specs, k, cfg, l1, &p1, &m1, &v1, &n);
+            cr_assert_gt(n / k, (size_t)1 << 20, "slices should span several staging chunks");
+            cr_assert(memcmp(l0, l1, sizeof l0) == 0, "k=%zu %s: losses differ", k,
+                      dp_mode_name((dp_mode)mode));
+            cr_assert(memcmp(p0, p1, n * sizeof(float)) == 0, "parameters differ");
+            cr_assert(memcmp(m0, m1, n * sizeof(float)) == 0, "first moments differ");
+            cr_assert(memcmp(v0, v1, n * sizeof(float)) == 0, "second moments differ");
+            free(p0), free(m0), free(v0), free(p1), free(m1), free(v1);
+        }
     }
 }
 

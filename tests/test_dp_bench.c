@@ -15,7 +15,9 @@
  *  - --find-max-batch finds the same largest batch from any start, and
  *    reports 0 when not even one sequence fits;
  *  - --device-weights and --token-balanced reach the engine; --trace
- *    writes one track per device.
+ *    writes one track per device;
+ *  - --shard-optimizer adds sharded runs: the same loss as the root runs,
+ *    each device's optimizer bytes those of its slice.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <dirent.h>
@@ -207,6 +209,70 @@ Test(dp_bench, find_max_batch_and_scaling)
     cr_assert_eq(stat(p, &sb), 0, "no scaling plot");
     snprintf(p, sizeof p, "%s/f.png", tmpdir);
     cr_assert_eq(stat(p, &sb), 0, "no memory plot");
+    dp_test_result_free(&r);
+}
+
+/* The results entry of mode with the optimizer state sharded or not. */
+static json_t *run_result(json_t *root, const char *mode, int shard)
+{
+    json_t *res = json_object_get(root, "results"), *r;
+    size_t i;
+    json_array_foreach(res, i, r) {
+        json_t *sh = json_object_get(r, "shard_optimizer");
+        cr_assert(json_is_boolean(sh), "results[%zu] lacks \"shard_optimizer\": true|false", i);
+        if (strcmp(json_string_value(json_object_get(r, "mode")), mode) == 0 &&
+            json_is_true(sh) == shard)
+            return r;
+    }
+    cr_assert_fail("no results entry for mode %s, shard_optimizer %d", mode, shard);
+    return NULL;
+}
+
+/* The slice rule of dp/engine.h (shard_optimizer). */
+static json_int_t slice_floats(json_int_t n, json_int_t k, json_int_t i)
+{
+    json_int_t b = n * i / k / 64 * 64, e = i + 1 == k ? n : n * (i + 1) / k / 64 * 64;
+    return e - b;
+}
+
+Test(dp_bench, shard_optimizer_runs_next_to_the_root_runs)
+{
+    dp_test_result r = BENCH("--shard-optimizer", "--json", "@s.json", "--csv", "@s.csv");
+    assert_success(&r);
+    cr_assert(strstr(r.out, "balanced+shard") && strstr(r.out, "gather+shard"), "%s", r.out);
+    json_t *j = load_json("s.json");
+    cr_assert_eq(json_array_size(json_object_get(j, "results")), 4);
+    cr_assert(json_is_true(json_object_get(json_object_get(j, "config"), "shard_optimizer")));
+    json_int_t n = int_at(json_object_get(j, "config"), "n_params");
+    const char *modes[2] = {"gather", "balanced"};
+    for (int m = 0; m < 2; m++) {
+        json_t *root = run_result(j, modes[m], 0), *sh = run_result(j, modes[m], 1);
+        /* Same additions in the same order: the same loss, bitwise. */
+        cr_assert(json_real_value(json_object_get(root, "loss")) ==
+                      json_real_value(json_object_get(sh, "loss")),
+                  "%s: sharded loss differs from the root run's", modes[m]);
+        json_t *rd = json_object_get(root, "devices"), *sd = json_object_get(sh, "devices");
+        for (json_int_t i = 0; i < 2; i++) {
+            /* AdamW: two moments of 4 bytes per parameter of the slice. */
+            cr_assert_eq(int_at(json_array_get(sd, (size_t)i), "optimizer_bytes"),
+                         8 * slice_floats(n, 2, i), "%s+shard device %lld", modes[m],
+                         (long long)i);
+            cr_assert_eq(int_at(json_array_get(rd, (size_t)i), "optimizer_bytes"), i ? 0 : 8 * n);
+        }
+        /* The root's peak drops by the moments it no longer holds. */
+        cr_assert_lt(int_at(json_array_get(sd, 0), "peak_bytes"),
+                     int_at(json_array_get(rd, 0), "peak_bytes"));
+    }
+    json_decref(j);
+    char p[256];
+    snprintf(p, sizeof p, "%s/s.csv", tmpdir);
+    size_t len;
+    char *csv = (char *)dp_test_read_file(p, &len);
+    size_t lines = 0;
+    for (char *c = csv; *c; c++) lines += *c == '\n';
+    cr_assert_eq(lines, 9, "header + 4 runs x 2 devices:\n%s", csv);
+    cr_assert(strstr(csv, ",shard_optimizer\n") && strstr(csv, ",1\n"), "%s", csv);
+    free(csv);
     dp_test_result_free(&r);
 }
 

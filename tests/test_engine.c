@@ -2,7 +2,8 @@
  * The DataParallel engine on CPU virtual devices, with the example MLP.
  *
  * The central invariant: k devices == 1 device. For any device count,
- * batch size and mode, three optimizer steps give the same losses and
+ * batch size and mode, with the optimizer state on the root or sharded
+ * over the devices, three optimizer steps give the same losses and
  * parameters as the single-device run, within float tolerance.
  */
 #include <math.h>
@@ -43,16 +44,19 @@ static void train(int k, dp_engine_config cfg, int rows, int ignore_every, doubl
 typedef struct equiv_case {
     int k, rows;
     dp_mode mode;
+    int shard; /* shard_optimizer of the k-device run */
 } equiv_case;
 
 ParameterizedTestParameters(engine, k_devices_equal_one_device)
 {
-    static equiv_case cases[4 * 5 * 2];
+    static equiv_case cases[4 * 5 * 2 * 2];
     static const int ks[] = {1, 2, 3, 4}, rows[] = {1, 2, 5, 7, 16};
     size_t n = 0;
-    for (int m = 0; m < 2; m++)
-        for (int a = 0; a < 4; a++)
-            for (int b = 0; b < 5; b++) cases[n++] = (equiv_case){ks[a], rows[b], (dp_mode)m};
+    for (int sh = 0; sh < 2; sh++)
+        for (int m = 0; m < 2; m++)
+            for (int a = 0; a < 4; a++)
+                for (int b = 0; b < 5; b++)
+                    cases[n++] = (equiv_case){ks[a], rows[b], (dp_mode)m, sh};
     return cr_make_param_array(equiv_case, cases, n);
 }
 
@@ -72,6 +76,7 @@ ParameterizedTest(equiv_case *c, engine, k_devices_equal_one_device, .timeout = 
         static float p1[NP_MAX], pk[NP_MAX];
         size_t n1, nk;
         dp_engine_config c1 = base_cfg(DP_MODE_BALANCED), ck = base_cfg(c->mode);
+        ck.shard_optimizer = c->shard;
         c1.optim.kind = ck.optim.kind = (dp_optimizer)o;
         c1.optim.momentum = ck.optim.momentum = 0.9f;
         if (o == DP_OPTIMIZER_SGD) c1.optim.grad_clip = ck.optim.grad_clip = 0.0f;
@@ -244,17 +249,18 @@ Test(engine, balanced_keeps_logits_local_gather_holds_them_on_root)
 
 ParameterizedTestParameters(engine, injected_fault_is_reported_and_recovered)
 {
-    static int cases[2 * 2 * DP_PHASE_COUNT]; /* mode * 100 + device * 10 + phase */
+    static int cases[4 * 2 * DP_PHASE_COUNT]; /* see phase_cases */
     return cr_make_param_array(int, cases, phase_cases(cases, 2, 2));
 }
 
 ParameterizedTest(int *c, engine, injected_fault_is_reported_and_recovered, .timeout = 10)
 {
-    dp_mode mode = (dp_mode)(*c / 100);
     int dev = *c / 10 % 10;
     dp_phase phase = (dp_phase)(*c % 10);
     run r;
-    run_open(&r, 3, base_cfg(mode), NULL);
+    dp_engine_config cfg = case_cfg(*c);
+    cfg.check_replicas_every = 1; /* the recovered steps check the replicas agree */
+    run_open(&r, 3, cfg, NULL);
     static float before[NP_MAX], after[NP_MAX];
     float x[7 * D];
     int32_t y[7];
@@ -279,12 +285,14 @@ ParameterizedTest(int *c, engine, injected_fault_is_reported_and_recovered, .tim
     run_close(&r);
 }
 
-Test(engine, out_of_memory_on_one_device_is_recoverable)
+static void out_of_memory_case(int shard)
 {
     enum { KK = 1024 };
     mlp_config mc = {D, H, KK};
     run r;
-    run_open(&r, 2, base_cfg(DP_MODE_BALANCED), &mc);
+    dp_engine_config cfg = base_cfg(DP_MODE_BALANCED);
+    cfg.shard_optimizer = shard;
+    run_open(&r, 2, cfg, &mc);
     dp_device *d1 = dp_engine_device(r.e, 1);
     dp_memory_stats ms;
     dp_device_memory(d1, &ms);
@@ -307,6 +315,9 @@ Test(engine, out_of_memory_on_one_device_is_recoverable)
     cr_assert_eq(st.step, 2);
     run_close(&r);
 }
+
+Test(engine, out_of_memory_on_one_device_is_recoverable) { out_of_memory_case(0); }
+Test(engine, out_of_memory_on_one_device_is_recoverable_sharded) { out_of_memory_case(1); }
 
 Test(engine, bad_input_is_rejected_with_a_message)
 {

@@ -42,10 +42,12 @@ static void assert_same(const snapshot *a, const snapshot *b, size_t n, const ch
 
 /* 6 rows on 3 devices are 2/2/2; an Inf feature in row `bad_row` makes only
  * that device's chunk non-finite. */
-static void non_finite_case(dp_mode mode, int bad_row, int want_device)
+static void non_finite_case(dp_mode mode, int bad_row, int want_device, int shard)
 {
     run r;
-    run_open(&r, 3, base_cfg(mode), NULL);
+    dp_engine_config cfg = base_cfg(mode);
+    cfg.shard_optimizer = shard;
+    run_open(&r, 3, cfg, NULL);
     float x[6 * D];
     int32_t y[6];
     dp_step_stats st;
@@ -74,17 +76,22 @@ static void non_finite_case(dp_mode mode, int bad_row, int want_device)
     run_close(&r);
 }
 
-Test(engine_faults, non_finite_chunk_skips_the_update_balanced, .timeout = 10) { non_finite_case(DP_MODE_BALANCED, 3, 1); }
-Test(engine_faults, non_finite_chunk_skips_the_update_gather, .timeout = 10) { non_finite_case(DP_MODE_GATHER, 5, 2); }
-Test(engine_faults, non_finite_on_the_root, .timeout = 10) { non_finite_case(DP_MODE_BALANCED, 0, 0); }
+Test(engine_faults, non_finite_chunk_skips_the_update_balanced, .timeout = 10) { non_finite_case(DP_MODE_BALANCED, 3, 1, 0); }
+Test(engine_faults, non_finite_chunk_skips_the_update_gather, .timeout = 10) { non_finite_case(DP_MODE_GATHER, 5, 2, 0); }
+Test(engine_faults, non_finite_on_the_root, .timeout = 10) { non_finite_case(DP_MODE_BALANCED, 0, 0, 0); }
+/* Sharded: every owner's m, v (and t) stay untouched. */
+Test(engine_faults, non_finite_chunk_skips_the_update_sharded_balanced, .timeout = 10) { non_finite_case(DP_MODE_BALANCED, 3, 1, 1); }
+Test(engine_faults, non_finite_chunk_skips_the_update_sharded_gather, .timeout = 10) { non_finite_case(DP_MODE_GATHER, 0, 0, 1); }
 
 /* +Inf, not NaN, must skip the update too (isnan would let these through):
  * one device's criterion reports a +Inf loss sum with finite dlogits, or
  * one device's backward leaves a +Inf gradient element with a finite loss. */
-static void infinity_case(dp_mode mode, int loss_dev, int grad_dev)
+static void infinity_case(dp_mode mode, int loss_dev, int grad_dev, int shard)
 {
     hooked h;
-    dp_engine *e = hooked_open(&h, 3, base_cfg(mode));
+    dp_engine_config cfg = base_cfg(mode);
+    cfg.shard_optimizer = shard;
+    dp_engine *e = hooked_open(&h, 3, cfg);
     float x[6 * D];
     int32_t y[6];
     dp_step_stats st;
@@ -121,19 +128,25 @@ static void infinity_case(dp_mode mode, int loss_dev, int grad_dev)
 
 Test(engine_faults, inf_loss_with_finite_gradients_is_skipped_balanced, .timeout = 10)
 {
-    infinity_case(DP_MODE_BALANCED, 1, -1);
+    infinity_case(DP_MODE_BALANCED, 1, -1, 0);
 }
 Test(engine_faults, inf_loss_with_finite_gradients_is_skipped_gather, .timeout = 10)
 {
-    infinity_case(DP_MODE_GATHER, 0, -1); /* the root computes every loss */
+    infinity_case(DP_MODE_GATHER, 0, -1, 0); /* the root computes every loss */
 }
 Test(engine_faults, inf_gradient_with_finite_loss_is_skipped_balanced, .timeout = 10)
 {
-    infinity_case(DP_MODE_BALANCED, -1, 2);
+    infinity_case(DP_MODE_BALANCED, -1, 2, 0);
 }
 Test(engine_faults, inf_gradient_with_finite_loss_is_skipped_gather, .timeout = 10)
 {
-    infinity_case(DP_MODE_GATHER, -1, 0);
+    infinity_case(DP_MODE_GATHER, -1, 0, 0);
+}
+Test(engine_faults, inf_loss_or_gradient_is_skipped_sharded, .timeout = 10)
+{
+    infinity_case(DP_MODE_BALANCED, 2, -1, 1);
+    infinity_case(DP_MODE_BALANCED, -1, 1, 1); /* +Inf in slice 0, owned by device 0 */
+    infinity_case(DP_MODE_GATHER, -1, 2, 1);
 }
 
 // --- watchdog -----------------------------------------------------------------------------
@@ -148,17 +161,17 @@ static dp_batch open_two(run *r, dp_engine_config cfg, float *x, int32_t *y)
 
 ParameterizedTestParameters(engine_faults, watchdog_names_stalled_device_and_phase)
 {
-    static int cases[2 * 2 * DP_PHASE_COUNT]; /* mode * 100 + device * 10 + phase */
+    static int cases[4 * 2 * DP_PHASE_COUNT]; /* see phase_cases */
     return cr_make_param_array(int, cases, phase_cases(cases, 1, 1));
 }
 
 ParameterizedTest(int *c, engine_faults, watchdog_names_stalled_device_and_phase, .timeout = 10)
 {
-    dp_mode mode = (dp_mode)(*c / 100);
     int dev = *c / 10 % 10;
     dp_phase phase = (dp_phase)(*c % 10);
-    dp_engine_config cfg = base_cfg(mode);
+    dp_engine_config cfg = case_cfg(*c);
     cfg.watchdog_seconds = 0.2;
+    cfg.check_replicas_every = 1; /* the recovered steps check the replicas agree */
     run r;
     float x[6 * D];
     int32_t y[6];
@@ -228,9 +241,10 @@ Test(engine_faults, a_slow_step_within_the_watchdog_succeeds, .timeout = 10)
 
 // --- replica consistency -------------------------------------------------------------------
 
-static void replica_case(dp_mode mode, int k, int bad)
+static void replica_case(dp_mode mode, int k, int bad, int shard)
 {
     dp_engine_config cfg = base_cfg(mode);
+    cfg.shard_optimizer = shard;
     cfg.check_replicas_every = 2;
     run r;
     run_open(&r, k, cfg, NULL);
@@ -256,13 +270,19 @@ static void replica_case(dp_mode mode, int k, int bad)
     run_close(&r);
 }
 
-Test(engine_faults, diverged_replica_is_named_balanced, .timeout = 10) { replica_case(DP_MODE_BALANCED, 3, 2); }
-Test(engine_faults, diverged_replica_is_named_gather, .timeout = 10) { replica_case(DP_MODE_GATHER, 2, 1); }
+Test(engine_faults, diverged_replica_is_named_balanced, .timeout = 10) { replica_case(DP_MODE_BALANCED, 3, 2, 0); }
+Test(engine_faults, diverged_replica_is_named_gather, .timeout = 10) { replica_case(DP_MODE_GATHER, 2, 1, 0); }
+Test(engine_faults, diverged_replica_is_named_sharded, .timeout = 10)
+{
+    replica_case(DP_MODE_BALANCED, 4, 3, 1);
+    replica_case(DP_MODE_GATHER, 3, 1, 1);
+}
 
 Test(engine_faults, replica_check_passes_every_step_when_replicas_agree, .timeout = 10)
 {
-    for (int mode = 0; mode < 2; mode++) {
-        dp_engine_config cfg = base_cfg((dp_mode)mode);
+    for (int mode = 0; mode < 4; mode++) {
+        dp_engine_config cfg = base_cfg((dp_mode)(mode % 2));
+        cfg.shard_optimizer = mode / 2;
         cfg.check_replicas_every = 1;
         run r;
         run_open(&r, 3, cfg, NULL);

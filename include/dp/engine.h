@@ -12,12 +12,18 @@
  *             copied to the root, which computes loss and dlogits for the
  *             whole batch and sends each device its slice (nn.DataParallel)
  *   backward  gradients accumulate into each replica's gradient buffer
- *   reduce    gradients are summed into the root's buffer, each worker
- *             summing one slice in device order 0..k-1 (fixed order)
- *   optimizer global-norm clipping and AdamW (or SGD) on the root's
- *             parameters, each worker updating one slice
- *   broadcast each replica copies the root's new parameters
- * Device 0 of the list is the root. Workers meet between phases at an
+ *   reduce    reduce-scatter: the flat gradient buffer is cut into k
+ *             slices (see shard_optimizer) and each slice is summed on its
+ *             owner in device order 0..k-1 (fixed order)
+ *   optimizer the global norm is the sum, in slice order, of the owners'
+ *             sums of squares; clipping and AdamW (or SGD) on each slice
+ *             by its owner, with the owner's moments
+ *   broadcast all-gather: each replica copies every slice it does not own
+ *             from the slice's owner
+ * Device 0 of the list is the root. By default it owns every slice (the
+ * reduce-to-root design: all optimizer state on device 0); with
+ * shard_optimizer each device owns one (ZeRO stage 1). The two modes give
+ * bitwise identical losses, parameters and moments for a given k. Workers meet between phases at an
  * abortable barrier; a failing worker aborts it, every worker returns and
  * dp_engine_step reports the first failure by device index, naming device
  * and phase. The engine stays usable after a failed step.
@@ -125,16 +131,29 @@ typedef struct dp_engine_config {
      * else (negative, NaN, Inf, 1e19) is DP_ERR_INVALID_ARGUMENT. */
     double watchdog_seconds;
     /* Replica consistency check (0 = off): every this many optimizer steps,
-     * each device hashes its parameter replica after the broadcast and the
+     * each device hashes its parameter replica after the all-gather and the
      * step fails with DP_ERR_INTERNAL naming the first device whose hash
-     * differs from the root's (the replicas are re-broadcast before the
-     * next step). Costs one pass over the parameters per device (plus a
+     * differs from the root's (the replicas are re-synchronised from the
+     * slice owners before the next step). Costs one pass over the parameters per device (plus a
      * device-to-host copy on GPUs). */
     long check_replicas_every;
     /* 1: let cuBLAS use TF32 tensor cores for the GEMMs on CUDA devices
      * (see dp_device_set_allow_tf32: faster, ~1e-3 relative error). No
      * effect on CPU devices. */
     int allow_tf32;
+    /* 0 (default): the root owns the optimizer state of every parameter
+     * and updates them all. 1: the optimizer state is sharded over the
+     * devices (ZeRO stage 1): device i owns slice i of the flat parameter
+     * buffer, holds its moments, receives the reduced gradient of the
+     * slice and updates it; the replicas then all-gather the slices.
+     * Slice rule (both modes): with n = n_params floats and k devices,
+     * slice i is [b_i, b_{i+1}) where b_i = floor(floor(n i / k) / 64) * 64
+     * (DP_PARAM_ALIGN) and b_k = n: contiguous, in device order, each
+     * within 64 floats of n / k (the last one takes the remainder; a slice
+     * may be empty when n < 64 k). Same results as 0, bitwise; the
+     * optimizer bytes per device are 2 x its slice (AdamW) instead of
+     * 2 x n on the root. Anything but 0 or 1 is DP_ERR_INVALID_ARGUMENT. */
+    int shard_optimizer;
 } dp_engine_config;
 
 /* Sensible defaults: balanced, AdamW lr 1e-3 betas (0.9, 0.95) eps 1e-8,
@@ -170,7 +189,8 @@ typedef struct dp_device_step_stats {
     double phase_start[DP_PHASE_COUNT];
     double phase_seconds[DP_PHASE_COUNT];
     size_t logits_bytes;      /* bytes held for logits and their gradient */
-    size_t optimizer_bytes;   /* bytes of optimizer state (root only) */
+    size_t optimizer_bytes;   /* bytes of optimizer state on this device: the moments of
+                                 the slices it owns (AdamW: 2 x 4 bytes per float, SGD 1 x) */
     size_t param_bytes;       /* bytes of parameters + gradients */
 } dp_device_step_stats;
 
@@ -196,8 +216,9 @@ typedef struct dp_engine dp_engine;
 /*
  * Creates the engine: opens the k devices, starts one worker thread per
  * device, allocates every replica's parameters and gradients (and the
- * optimizer state on the root), initialises the parameters from cfg->seed
- * and broadcasts them. The model and criterion structs are copied; their
+ * optimizer state on its owners: the root, or each device its slice's with
+ * shard_optimizer), initialises the parameters from cfg->seed and
+ * broadcasts them. The model and criterion structs are copied; their
  * ctx must outlive the engine. The device list follows
  * dp_device_list_parse's rules: one kind, each CPU device at most once
  * (several logical devices may share one GPU: cuda:0,cuda:0).
@@ -220,13 +241,13 @@ DP_API void dp_engine_destroy(dp_engine *engine);
  * worker's error; the message starts with "<device> <phase>:".
  * DP_ERR_BUSY: another call on this engine is running (nothing was done).
  * DP_ERR_TIMEOUT: the watchdog fired (see watchdog_seconds). DP_ERR_INTERNAL
- * from the replica check: the update was applied on the root, a replica
- * differed and will be re-broadcast. A non-finite loss or gradient norm is
+ * from the replica check: the update was applied by the owners, a replica
+ * differed and will be re-synchronised from them. A non-finite loss or gradient norm is
  * not an error: the step returns DP_OK with stats->skipped = 1 and nothing
  * updated (parameters, optimizer moments and the step count). After an
  * error nothing has been updated unless the failure was in the optimizer
  * or broadcast phase, in which case the replicas are re-synchronised from
- * the root before the next step.
+ * the slice owners (the root, unless shard_optimizer) before the next step.
  */
 DP_API dp_status dp_engine_step(dp_engine *engine, const dp_batch *batch, dp_step_stats *stats);
 
@@ -241,14 +262,19 @@ DP_API dp_status dp_engine_evaluate(dp_engine *engine, const dp_batch *batch,
  * the rate is unchanged), DP_ERR_BUSY. */
 DP_API dp_status dp_engine_set_lr(dp_engine *engine, float lr);
 
-/* Root parameters to/from host memory (n_params floats). set broadcasts to
- * every replica; it refuses (DP_ERR_INVALID_ARGUMENT, naming the index) a
- * NaN or Inf value and changes nothing then. Both: DP_ERR_BUSY. */
+/* Parameters to/from host memory (n_params floats; get reads each slice
+ * from its owner). set broadcasts to every replica; it refuses
+ * (DP_ERR_INVALID_ARGUMENT, naming the index) a NaN or Inf value and
+ * changes nothing then. Both: DP_ERR_BUSY. */
 DP_API dp_status dp_engine_get_params(dp_engine *engine, float *host);
 DP_API dp_status dp_engine_set_params(dp_engine *engine, const float *host);
 
 /* Optimizer state: AdamW first/second moments (SGD: momentum in m, v
- * unused and may be NULL), n_params floats each, and the step count t.
+ * unused and may be NULL), n_params floats each in the flat parameter
+ * layout whatever the sharding (gathered from / scattered to the slice
+ * owners), and the step count t. State taken from an engine with any
+ * device count and shard_optimizer setting fits any other engine of the
+ * same model.
  * set refuses (DP_ERR_INVALID_ARGUMENT, changing nothing) t < 0, a
  * non-finite moment, or a negative second moment. Both: DP_ERR_BUSY. */
 DP_API dp_status dp_engine_get_optimizer_state(dp_engine *engine, float *m, float *v, long *t);

@@ -1,30 +1,57 @@
 /*
  * parallel/comm.c - the in-process collectives (comm.h): peer copies
- * between the engine's devices and adds on the root, in device order.
+ * between the engine's devices and adds on the slice owners, in device
+ * order.
  */
 #include "parallel/comm.h"
 
 #include "dp/nn.h"
 
-dp_status dp_comm_setup(worker *w)
+static size_t chunk_floats(const worker *owner)
 {
-    dp_engine *e = w->e;
-    worker *root = &e->w[0];
-    /* Staging for the peers' gradient slices; host memory is read in place
-     * and a single device has no peers. */
-    if (dp_device_is_host_memory(root->dev) || e->k < 2 || w->slice_end <= w->slice_begin)
-        return DP_OK;
-    size_t sb = (w->slice_end - w->slice_begin) * sizeof(float);
-    dp_status s = dp_device_alloc(root->dev, sb, (void **)&w->stage);
-    if (s != DP_OK) dp_error_prefix("staging buffer for %s's reduce slice", w->dev->name);
-    return s;
+    return dp_device_is_host_memory(owner->dev) ? DP_COMM_CHUNK_FLOATS_HOST
+                                                : DP_COMM_CHUNK_FLOATS_DEVICE;
+}
+
+dp_status dp_comm_setup(worker *owner)
+{
+    dp_engine *e = owner->e;
+    size_t c = chunk_floats(owner);
+    /* A single device has no peers. The owner allocates for its slices in
+     * order, on its own thread (a limit is met at the same allocation). */
+    for (size_t j = 0; e->k > 1 && j < e->k; j++) {
+        worker *w = &e->w[j];
+        size_t n = w->slice_end - w->slice_begin;
+        if (w->owner != owner->id || !n) continue;
+        size_t bytes = (n < c ? n : c) * sizeof(float);
+        dp_status s = DP_OK;
+        /* The running sum of the devices before the owner; device 0 sums in place. */
+        if (owner->id != 0) s = dp_dbuf_ensure(owner->dev, &w->reduce_acc, bytes);
+        /* Host memory is read in place; other devices' chunks are copied in. */
+        if (s == DP_OK && !dp_device_is_host_memory(owner->dev))
+            s = dp_dbuf_ensure(owner->dev, &w->reduce_in, bytes);
+        if (s != DP_OK) {
+            dp_error_prefix("reduce-scatter staging of slice %zu on %s", j, owner->dev->name);
+            return s;
+        }
+    }
+    return DP_OK;
 }
 
 void dp_comm_teardown(worker *w)
 {
-    worker *root = &w->e->w[0];
-    if (root->dev) dp_device_free(root->dev, w->stage);
-    w->stage = NULL;
+    dp_device *dev = w->e->w[w->owner].dev;
+    if (!dev) return;
+    dp_dbuf_release(dev, &w->reduce_acc);
+    dp_dbuf_release(dev, &w->reduce_in);
+}
+
+size_t dp_comm_staging_bytes(const dp_engine *e, size_t d)
+{
+    size_t bytes = 0;
+    for (size_t i = 0; i < e->k; i++)
+        if ((size_t)e->w[i].owner == d) bytes += e->w[i].reduce_acc.bytes + e->w[i].reduce_in.bytes;
+    return bytes;
 }
 
 dp_status dp_comm_scatter_batch(worker *w)
@@ -87,23 +114,65 @@ dp_status dp_comm_scatter_dlogits(worker *w, size_t j, size_t rows)
                         rows * opr * V * sizeof(float));
 }
 
-dp_status dp_comm_reduce_slice(worker *w)
+/* One chunk [at, at + n) of the reduce-scatter on owner o: the sum
+ * ((c_0 + c_1) + c_2) + ... over the contributing devices in order (device
+ * 0, whose zeroed buffer starts the sum even when idle, then every busy
+ * device). Float addition commutes, so adding the running sum to the
+ * owner's own gradient (own = g_o + sum) gives the bits that adding g_o to
+ * the sum would; the owner's buffer takes the sum from its turn on. */
+static dp_status reduce_chunk(worker *w, worker *o, size_t at, size_t n)
 {
     dp_engine *e = w->e;
-    worker *root = &e->w[0];
-    size_t b = w->slice_begin, n = w->slice_end - w->slice_begin;
-    if (!n) return DP_OK;
-    int host = dp_device_is_host_memory(root->dev);
-    for (size_t d = 1; d < e->k; d++) {
+    size_t bytes = n * sizeof(float);
+    int host = dp_device_is_host_memory(o->dev);
+    float *own = o->grads + at, *acc = w->reduce_acc.ptr;
+    float *sum = NULL;         /* holds the sum of the contributions so far */
+    const float *first = NULL; /* host: the first contribution, read in place, not yet added */
+    for (size_t d = 0; d < e->k; d++) {
         worker *wd = &e->w[d];
-        if (!wd->rows) continue; /* an idle device's gradient is zero */
-        const float *src = wd->grads + b;
-        if (!host) {
-            DP_TRY(dp_copy_peer(root->dev, w->stage, wd->dev, src, n * sizeof(float)));
-            src = w->stage;
+        if (d > 0 && !wd->rows) continue; /* an idle device's gradient is zero */
+        if (wd == o) {
+            if (first) DP_TRY(dp_residual_forward(o->dev, own, first, own, n)); /* c_0 + own */
+            else if (sum) DP_TRY(dp_accumulate(o->dev, own, sum, n));
+            sum = own; /* (device 0 owns: its gradient starts the sum in place) */
+            first = NULL;
+            continue;
         }
-        DP_TRY(dp_accumulate(root->dev, root->grads + b, src, n));
+        const float *src = wd->grads + at;
+        if (host && !sum && !first) {
+            first = src;
+            continue;
+        }
+        if (host && first) { /* the first two contributions in one pass */
+            DP_TRY(dp_residual_forward(o->dev, acc, first, src, n));
+            sum = acc;
+            first = NULL;
+            continue;
+        }
+        if (!sum) { /* non-host: the first contribution, copied into the running sum */
+            DP_TRY(dp_copy_peer(o->dev, acc, wd->dev, src, bytes));
+            sum = acc;
+            continue;
+        }
+        if (!host) {
+            DP_TRY(dp_copy_peer(o->dev, w->reduce_in.ptr, wd->dev, src, bytes));
+            src = w->reduce_in.ptr;
+        }
+        DP_TRY(dp_accumulate(o->dev, sum, src, n));
     }
+    /* An idle owner (not device 0) did not contribute: it takes the sum. */
+    if (first) DP_TRY(dp_copy_peer(o->dev, own, e->w[0].dev, first, bytes)); /* device 0's */
+    else if (sum != own) DP_TRY(dp_copy_peer(o->dev, own, o->dev, sum, bytes));
+    return DP_OK;
+}
+
+dp_status dp_comm_reduce_scatter(worker *w)
+{
+    worker *o = dp_slice_owner(w);
+    size_t b = w->slice_begin, n = w->slice_end - w->slice_begin, c = chunk_floats(o);
+    if (w->e->k < 2) return DP_OK; /* one device: its gradient is the sum */
+    for (size_t done = 0; done < n; done += c)
+        DP_TRY(reduce_chunk(w, o, b + done, n - done < c ? n - done : c));
     return DP_OK;
 }
 
@@ -117,6 +186,24 @@ void dp_comm_allreduce_scalars(const worker *w, double *loss_sum, double *sumsq)
     }
     *sumsq = s;
     *loss_sum = l;
+}
+
+dp_status dp_comm_allgather_params(worker *w)
+{
+    dp_engine *e = w->e;
+    /* Runs of consecutive slices with one owner move as one copy (root
+     * mode: the whole buffer from the root). */
+    for (size_t j = 0; j < e->k;) {
+        size_t j2 = j + 1;
+        while (j2 < e->k && e->w[j2].owner == e->w[j].owner) j2++;
+        worker *o = dp_slice_owner(&e->w[j]);
+        size_t b = e->w[j].slice_begin, en = e->w[j2 - 1].slice_end;
+        if (o != w && en > b)
+            DP_TRY(dp_copy_peer(w->dev, w->params + b, o->dev, o->params + b,
+                                (en - b) * sizeof(float)));
+        j = j2;
+    }
+    return DP_OK;
 }
 
 dp_status dp_comm_broadcast_params(worker *w)

@@ -1,25 +1,41 @@
 /*
  * parallel/comm.h - the collectives the engine moves data with (DESIGN.md
- * section 8), one function per collective.
+ * section 8), one function per collective: scatter of the batch, gather
+ * of logits and scatter of their gradient (gather mode), reduce-scatter of
+ * the gradients to the slice owners, all-reduce of the step's scalars,
+ * all-gather of the updated slices, broadcast of the root's parameters.
  *
  * Each is called by every worker of the job that needs it, from the
  * worker's own thread, between the barriers of the step (like an NCCL
- * rank calling its collective); "root" is device 0. The in-process
- * implementation (comm.c) copies with the backend's device-to-device
- * copies and adds on the root's stream, always in device order 0..k-1, so
+ * rank calling its collective); "root" is device 0, the owner of a slice
+ * is dp_slice_owner (engine_internal.h). The in-process implementation
+ * (comm.c) copies with the backend's device-to-device copies and adds on
+ * the owner's device (its stream), always in device order 0..k-1, so
  * results do not depend on thread timing. Another implementation
- * (processes, NCCL) replaces comm.c alone.
+ * (processes: MPI, NCCL) replaces comm.c alone.
  */
 #ifndef DP_PARALLEL_COMM_H
 #define DP_PARALLEL_COMM_H
 
 #include "parallel/engine_internal.h"
 
-/* Setup job, every worker: what the collectives need per worker (the
- * root-side staging buffer for its reduce slice on non-host devices).
- * Freed by dp_comm_teardown. */
-dp_status dp_comm_setup(worker *w);
+/* Floats per chunk of the reduce-scatter: what an owner stages at a time
+ * (a running sum and one incoming chunk), so no device holds a
+ * params-sized staging buffer. Small on host memory, where the only
+ * buffer is the running sum and a loop costs nothing; larger on GPUs,
+ * where each chunk is a copy and a kernel launch. */
+#define DP_COMM_CHUNK_FLOATS_HOST ((size_t)1 << 14)
+#define DP_COMM_CHUNK_FLOATS_DEVICE ((size_t)1 << 20)
+
+/* Setup job, every worker, after the buffers of every worker exist: what
+ * the collectives need for the slices this worker owns, on its device (per
+ * slice a running sum when the owner is not device 0, and an incoming
+ * chunk on non-host devices; each at most one chunk). dp_comm_teardown
+ * frees worker w's slice's. */
+dp_status dp_comm_setup(worker *owner);
 void dp_comm_teardown(worker *w);
+/* Bytes dp_comm_setup allocates on device d (for accounting checks). */
+size_t dp_comm_staging_bytes(const dp_engine *e, size_t d);
 
 /* Scatter of the batch: copies this worker's rows of the host batch
  * (inputs and targets) to its device (w->inputs, w->targets). */
@@ -38,14 +54,20 @@ dp_status dp_comm_gather_logits(worker *root, size_t j, float *logits, void *tar
  * w->dlogits. */
 dp_status dp_comm_scatter_dlogits(worker *w, size_t j, size_t rows);
 
-/* Reduce to the slice owner: root grads[slice] += grads_d[slice] for
- * d = 1..k-1 in order, where slice is worker w's (idle devices skipped:
- * their gradient is zero). */
-dp_status dp_comm_reduce_slice(worker *w);
+/* Reduce-scatter, worker w's part: the owner of w's slice ends up with
+ * owner->grads[slice] = ((g_0 + g_1) + g_2) + ... + g_{k-1} over the
+ * devices' gradients of the slice, added in that order on the owner's
+ * device whoever the owner is (idle devices d >= 1 are skipped: their
+ * gradient is zero). Other devices' gradient buffers are only read. */
+dp_status dp_comm_reduce_scatter(worker *w);
 
 /* All-reduce of the step's scalars: every worker gets the sums, in device
  * order, of the devices' loss sums and slice sums of squares. */
 void dp_comm_allreduce_scalars(const worker *w, double *loss_sum, double *sumsq);
+
+/* All-gather of the parameters: worker w's replica gets every slice it
+ * does not own from the slice's owner. */
+dp_status dp_comm_allgather_params(worker *w);
 
 /* Broadcast of the parameters: this worker's replica = the root's (no-op
  * on the root). */

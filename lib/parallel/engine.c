@@ -75,8 +75,8 @@ static void job_setup(worker *w)
     CHECK(w, dp_device_alloc(w->dev, bytes, (void **)&w->params));
     CHECK(w, dp_device_alloc(w->dev, bytes, (void **)&w->grads));
     CHECK(w, dp_memset(w->dev, w->grads, 0, bytes));
-    if (w->id == 0) CHECK(w, dp_opt_alloc_state(w));
-    SYNC(w); /* the root's buffers exist before anyone stages on it */
+    CHECK(w, dp_opt_alloc_state(w));
+    SYNC(w); /* every device's buffers exist before the collectives' */
     CHECK(w, dp_comm_setup(w));
 }
 
@@ -94,8 +94,9 @@ static void job_step(worker *w, int train)
     if (w->status || !train) return;
     SYNC(w); /* every gradient is complete */
 
+    /* reduce-scatter: each slice's sum, in device order, on its owner */
     ENTER(w, DP_PHASE_REDUCE);
-    CHECK(w, dp_comm_reduce_slice(w));
+    CHECK(w, dp_comm_reduce_scatter(w));
     CHECK(w, dp_opt_slice_sumsq(w));
     SYNC(w);
 
@@ -114,9 +115,10 @@ static void job_step(worker *w, int train)
     if (!skip) CHECK(w, dp_opt_update_slice(w, norm));
     SYNC(w);
 
+    /* all-gather: every replica fetches the updated slices from their owners */
     ENTER(w, DP_PHASE_BROADCAST);
     if (skip) return;
-    CHECK(w, dp_comm_broadcast_params(w));
+    CHECK(w, dp_comm_allgather_params(w));
     if (dp_replica_check_due(e)) CHECK(w, dp_replica_hash(w));
 }
 
@@ -129,6 +131,10 @@ void dp_engine_job(worker *w, job_kind job)
     case JOB_BROADCAST:
         w->phase = DP_PHASE_BROADCAST;
         CHECK(w, dp_comm_broadcast_params(w));
+        break;
+    case JOB_ALLGATHER:
+        w->phase = DP_PHASE_BROADCAST;
+        CHECK(w, dp_comm_allgather_params(w));
         break;
     }
 }
@@ -184,7 +190,7 @@ static void fill_stats(dp_engine *e, dp_step_stats *st, double seconds)
         }
         d->logits_bytes = w->logits.bytes + w->dlogits.bytes + w->gathered.bytes + w->gathered_d.bytes;
         d->param_bytes = 2 * pbytes;
-        d->optimizer_bytes = i == 0 ? dp_opt_state_bytes(e) : 0;
+        d->optimizer_bytes = dp_opt_state_bytes(e, i);
     }
 }
 
@@ -199,7 +205,9 @@ static dp_status check_usable(const dp_engine *e)
 static dp_status sync_replicas(dp_engine *e)
 {
     if (!e->needs_sync) return DP_OK;
-    DP_TRY(dp_workers_run(e, JOB_BROADCAST));
+    /* After a failed update the owners hold the truth: each replica
+     * fetches every slice; after a failed set_params, the root. */
+    DP_TRY(dp_workers_run(e, (e->needs_sync & DP_SYNC_FROM_ROOT) ? JOB_BROADCAST : JOB_ALLGATHER));
     e->needs_sync = 0;
     return DP_OK;
 }
@@ -247,6 +255,10 @@ dp_status dp_engine_create(const dp_device_spec *devices, size_t k, const dp_mod
     DP_TRY(dp_model_validate(model));
     DP_TRY(dp_criterion_validate(crit, model));
     DP_TRY(dp_plan_check_config(cfg, devices, k));
+    if (cfg->shard_optimizer != 0 && cfg->shard_optimizer != 1)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "shard_optimizer %d; use 0 (the root holds the "
+                       "optimizer state) or 1 (each device holds its slice's)",
+                       cfg->shard_optimizer);
 
     dp_engine *e = calloc(1, sizeof *e);
     if (!e) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation failed");
@@ -270,11 +282,13 @@ dp_status dp_engine_create(const dp_device_spec *devices, size_t k, const dp_mod
     atomic_init(&e->diverge_dev, -1);
     dp_workers_init(e);
 
+    for (size_t i = 0; i < k; i++) {
+        e->w[i].e = e;
+        e->w[i].id = (int)i;
+    }
     dp_status s = dp_opt_build_slices(e);
     for (size_t i = 0; s == DP_OK && i < k; i++) {
         worker *w = &e->w[i];
-        w->e = e;
-        w->id = (int)i;
         w->phase = DP_PHASE_COUNT;
         s = dp_device_open(&devices[i], &w->dev);
         if (s == DP_OK && cfg->memory_limit) dp_device_set_limit(w->dev, cfg->memory_limit);
@@ -310,8 +324,8 @@ void dp_engine_destroy(dp_engine *e)
         for (size_t b = 0; b < sizeof bufs / sizeof *bufs; b++) dp_dbuf_release(w->dev, bufs[b]);
         dp_device_free(w->dev, w->params);
         dp_device_free(w->dev, w->grads);
-        dp_comm_teardown(w);
     }
+    for (size_t i = 0; i < e->k; i++) dp_comm_teardown(&e->w[i]);
     dp_opt_free_state(e);
     for (size_t i = 0; i < e->k; i++) dp_device_close(e->w[i].dev);
     free(e->w);
@@ -343,9 +357,16 @@ dp_status dp_engine_get_params(dp_engine *e, float *host)
 {
     if (!host) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "engine and host must not be NULL");
     DP_TRY(claim(e, "dp_engine_get_params"));
-    dp_status s = dp_device_bind_thread(e->w[0].dev);
-    if (s == DP_OK)
-        s = dp_copy_d2h(e->w[0].dev, host, e->w[0].params, e->model.n_params * sizeof(float));
+    /* From the slices' owners, which hold the truth even when a failed
+     * step left the replicas to re-synchronise. */
+    dp_status s = DP_OK;
+    for (size_t i = 0; s == DP_OK && i < e->k; i++) {
+        worker *w = &e->w[i], *o = dp_slice_owner(w);
+        size_t b = w->slice_begin, n = w->slice_end - b;
+        if (!n) continue;
+        s = dp_device_bind_thread(o->dev);
+        if (s == DP_OK) s = dp_copy_d2h(o->dev, host + b, o->params + b, n * sizeof(float));
+    }
     return unclaim(e, s);
 }
 
@@ -359,8 +380,10 @@ dp_status dp_engine_set_params(dp_engine *e, const float *host)
                                   "parameters must be finite", bad, n, host[bad]));
     dp_status s = dp_device_bind_thread(e->w[0].dev);
     if (s == DP_OK) s = dp_copy_h2d(e->w[0].dev, e->w[0].params, host, n * sizeof(float));
+    /* The root's copy to every replica, the owners included (should it
+     * fail, the next step retries it). */
     if (s == DP_OK) {
-        e->needs_sync = 1;
+        e->needs_sync |= DP_SYNC_FROM_ROOT;
         s = sync_replicas(e);
     }
     return unclaim(e, s);
@@ -369,11 +392,7 @@ dp_status dp_engine_set_params(dp_engine *e, const float *host)
 dp_status dp_engine_get_optimizer_state(dp_engine *e, float *m, float *v, long *t)
 {
     DP_TRY(claim(e, "dp_engine_get_optimizer_state"));
-    dp_device *root = e->w[0].dev;
-    size_t bytes = e->model.n_params * sizeof(float);
-    dp_status s = dp_device_bind_thread(root);
-    if (s == DP_OK && m) s = dp_copy_d2h(root, m, e->m, bytes);
-    if (s == DP_OK && v && e->v) s = dp_copy_d2h(root, v, e->v, bytes);
+    dp_status s = dp_opt_get_state(e, m, v);
     if (s == DP_OK && t) *t = e->t;
     return unclaim(e, s);
 }
@@ -387,14 +406,11 @@ dp_status dp_engine_set_optimizer_state(dp_engine *e, const float *m, const floa
     if (m && (bad = first_bad(m, n, 0)) < n)
         return unclaim(e, DP_FAIL(DP_ERR_INVALID_ARGUMENT, "first moment %zu of %zu is %g; "
                                   "the optimizer state must be finite", bad, n, m[bad]));
-    if (v && e->v && (bad = first_bad(v, n, 1)) < n)
+    int adamw = e->cfg.optim.kind == DP_OPTIMIZER_ADAMW;
+    if (v && adamw && (bad = first_bad(v, n, 1)) < n)
         return unclaim(e, DP_FAIL(DP_ERR_INVALID_ARGUMENT, "second moment %zu of %zu is %g; "
                                   "it must be finite and >= 0", bad, n, v[bad]));
-    dp_device *root = e->w[0].dev;
-    size_t bytes = n * sizeof(float);
-    dp_status s = dp_device_bind_thread(root);
-    if (s == DP_OK && m) s = dp_copy_h2d(root, e->m, m, bytes);
-    if (s == DP_OK && v && e->v) s = dp_copy_h2d(root, e->v, v, bytes);
+    dp_status s = dp_opt_set_state(e, m, v);
     if (s == DP_OK) e->t = t;
     return unclaim(e, s);
 }

@@ -27,7 +27,15 @@
 
 // --- types ---------------------------------------------------------------------
 
-typedef enum job_kind { JOB_SETUP, JOB_STEP, JOB_EVAL, JOB_BROADCAST } job_kind;
+/* JOB_BROADCAST: every replica = the root's (after set_params);
+ * JOB_ALLGATHER: every replica fetches each slice from its owner (the
+ * re-sync after a failed update or a diverged replica). */
+typedef enum job_kind { JOB_SETUP, JOB_STEP, JOB_EVAL, JOB_BROADCAST, JOB_ALLGATHER } job_kind;
+
+/* engine.needs_sync: the replicas must be re-synchronised from the slice
+ * owners (all-gather, after a failed update or a diverged replica) or
+ * from the root (broadcast, after a failed set_params). */
+enum { DP_SYNC_FROM_OWNERS = 1, DP_SYNC_FROM_ROOT = 2 };
 
 /* A range of the flat buffer with one weight-decay setting (optimizer slices). */
 typedef struct segment {
@@ -49,17 +57,21 @@ typedef struct worker {
     dp_device *dev;
 
     float *params, *grads; /* n_params floats each */
-    float *stage;          /* root-side staging for this worker's reduce slice (non-host backends) */
 
     dbuf inputs, targets, workspace, logits, dlogits, scratch;
     dbuf gathered, gathered_d; /* root only, gather mode */
 
     /* this step's plan */
     size_t row_begin, rows, valid, n_micro, micro_rows;
-    /* reduce/optimizer slice of the flat buffer */
+    /* reduce/optimizer slice of the flat buffer: this worker's thread
+     * reduces and updates it on its owner's device (the worker itself when
+     * the optimizer is sharded, device 0 otherwise) */
     size_t slice_begin, slice_end;
     segment *segs;
     size_t n_segs;
+    int owner;                  /* index of the slice's owner */
+    float *m, *v;               /* the slice's optimizer moments, on the owner */
+    dbuf reduce_acc, reduce_in; /* on the owner: running sum, incoming chunk (comm.c) */
 
     double loss_sum, slice_sumsq;
 
@@ -90,10 +102,9 @@ struct dp_engine {
     dp_engine_config cfg;
     float weights[DP_MAX_DEVICES];
 
-    float *m, *v; /* optimizer state on the root */
     long t;
     float lr;
-    int needs_sync;
+    int needs_sync; /* DP_SYNC_* bits: re-synchronise the replicas before the next step */
 
     /* The thread contract: one public call at a time per engine; a second
      * concurrent one finds this set and returns DP_ERR_BUSY. */
@@ -131,6 +142,9 @@ struct dp_engine {
     double stall_seconds;
     atomic_int diverge_dev; /* -1: none */
 };
+
+/* The owner of worker w's slice. */
+static inline worker *dp_slice_owner(const worker *w) { return &w->e->w[w->owner]; }
 
 /* Rows of micro-batch j of worker w (0 when it has fewer); *first is the
  * micro-batch's first row within the worker's chunk. */
@@ -219,18 +233,25 @@ void dp_compute_gather(worker *w);
 
 // --- optimizer.c --------------------------------------------------------------------
 
-/* Cuts the flat buffer into one slice per device, split by tensor into
- * segments of one weight-decay setting. */
+/* Cuts the flat buffer into one slice per device (the rule is in
+ * dp/engine.h, shard_optimizer), names each slice's owner and splits the
+ * slices by tensor into segments of one weight-decay setting. */
 dp_status dp_opt_build_slices(dp_engine *e);
-/* Allocates and zeroes the optimizer state (root worker, setup job). */
-dp_status dp_opt_alloc_state(worker *root);
+/* Allocates and zeroes the moments of the slices this worker owns, on its
+ * device (setup job). */
+dp_status dp_opt_alloc_state(worker *owner);
 void dp_opt_free_state(dp_engine *e);
-/* Bytes of optimizer state held on the root. */
-size_t dp_opt_state_bytes(const dp_engine *e);
-/* The sum of squares of this worker's slice of the reduced gradient. */
+/* Bytes of optimizer state held on device d. */
+size_t dp_opt_state_bytes(const dp_engine *e, size_t d);
+/* The sum of squares of this worker's slice of the reduced gradient (on its owner). */
 dp_status dp_opt_slice_sumsq(worker *w);
-/* Clipping for the global norm and the update of this worker's slice. */
+/* Clipping for the global norm and the update of this worker's slice (on its owner). */
 dp_status dp_opt_update_slice(worker *w, double grad_norm);
+/* The caller's thread: the moments as one contiguous flat m and v (n_params
+ * floats each; v may be NULL, and is ignored for SGD), gathered from or
+ * scattered to the slice owners. */
+dp_status dp_opt_get_state(dp_engine *e, float *m, float *v);
+dp_status dp_opt_set_state(dp_engine *e, const float *m, const float *v);
 
 // --- replica.c ----------------------------------------------------------------------
 

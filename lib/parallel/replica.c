@@ -69,7 +69,7 @@ dp_status dp_replica_compare(dp_engine *e)
 {
     for (size_t i = 1; i < e->k; i++)
         if (e->w[i].param_hash != e->w[0].param_hash) {
-            e->needs_sync = 1;
+            e->needs_sync |= DP_SYNC_FROM_OWNERS;
             return DP_FAIL(DP_ERR_INTERNAL, "replica on %s diverged from the root %s after step "
                            "%ld (parameter hash %016llx, root %016llx); it will be re-broadcast "
                            "from the root before the next step",

@@ -174,7 +174,8 @@ static dp_status watch(dp_engine *e)
             return DP_FAIL(DP_ERR_TIMEOUT, "%s: no progress for %.3g s (watchdog) and the worker "
                            "has not returned since; this engine is unusable, destroy it", who, wd);
         }
-        if (phase == DP_PHASE_OPTIMIZER || phase == DP_PHASE_BROADCAST) e->needs_sync = 1;
+        if (phase == DP_PHASE_OPTIMIZER || phase == DP_PHASE_BROADCAST)
+            e->needs_sync |= DP_SYNC_FROM_OWNERS;
         return DP_FAIL(DP_ERR_TIMEOUT, "%s: no progress for %.3g s (watchdog); the step was "
                        "aborted and nothing was updated%s", who, wd,
                        phase == DP_PHASE_OPTIMIZER || phase == DP_PHASE_BROADCAST
@@ -218,7 +219,7 @@ dp_status dp_workers_run(dp_engine *e, job_kind job)
         worker *w = &e->w[i];
         if (w->status != DP_OK) {
             if (w->fail_phase == DP_PHASE_OPTIMIZER || w->fail_phase == DP_PHASE_BROADCAST)
-                e->needs_sync = 1;
+                e->needs_sync |= DP_SYNC_FROM_OWNERS;
             /* Re-raise the worker's message on the caller's thread. */
             return dp_error_raw(w->status, w->msg);
         }
