@@ -518,6 +518,28 @@ Test(lm_train, lr_decay_steps_resume_is_bitwise_exact)
 
 /* The last checkpoint holds the last step even when --save-interval does
  * not divide --steps. */
+/* --shard-optimizer: the same run, bitwise; its checkpoint resumes unsharded
+ * (the moments are saved flat whatever the sharding), again bitwise. */
+Test(lm_train, shard_optimizer_is_bitwise_the_root_run)
+{
+    result a = RUN("--steps", "4", "--save", "@root.st");
+    assert_success(&a, "root run");
+    result b = RUN("--steps", "4", "--shard-optimizer", "--save", "@shard.st");
+    assert_success(&b, "sharded run");
+    cr_assert(strstr(b.out, "sharded optimizer"), "%s", b.out);
+    assert_same_state("root.st", "shard.st");
+    result c = RUN("--steps", "2", "--lr-decay-steps", "4", "--shard-optimizer", "--save",
+                   "@half.st");
+    assert_success(&c, "sharded half run");
+    result d = RUN("--steps", "4", "--resume", "@half.st", "--save", "@half.st");
+    assert_success(&d, "unsharded resume");
+    assert_same_state("root.st", "half.st");
+    result_free(&a);
+    result_free(&b);
+    result_free(&c);
+    result_free(&d);
+}
+
 Test(lm_train, save_interval_not_dividing_steps_saves_the_last_step)
 {
     result a = RUN("--steps", "5", "--save-interval", "2", "--save", "@x.st");

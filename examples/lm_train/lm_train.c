@@ -54,7 +54,7 @@ typedef struct opts {
     long max_skips, check_replicas;
     double lr, min_lr, weight_decay, beta1, beta2, grad_clip, temperature, watchdog;
     unsigned long long seed;
-    int eval_only, tf32, token_balanced;
+    int eval_only, tf32, token_balanced, shard_optimizer;
     int given; /* which options were on the command line (G_* bits) */
 } opts;
 
@@ -118,6 +118,8 @@ static void usage(FILE *f)
             "  --token-balanced       split rows so devices get equal numbers of valid targets\n"
             "  --memory-limit SIZE    per-device allocation limit, e.g. 12GiB (default none)\n"
             "  --tf32                 let cuBLAS use TF32 tensor cores on GPUs (default off)\n"
+            "  --shard-optimizer      shard the AdamW state over the devices (ZeRO-1: each device\n"
+            "                         keeps and updates its slice's moments; same results, bitwise)\n"
             "model\n"
             "  --layers N  --heads N  --dim N  --context N   (default %ld, %ld, %ld, %ld)\n"
             "training\n"
@@ -201,7 +203,7 @@ static int parse_args(int argc, char **argv, opts *o)
         O_DATA = 256, O_TOK, O_VOCAB, O_DEV, O_MODE, O_LAYERS, O_HEADS, O_DIM, O_CTX, O_BATCH,
         O_ACCUM, O_MAXTOK, O_STEPS, O_LR, O_MINLR, O_WARMUP, O_DECAY, O_WD, O_B1, O_B2, O_CLIP,
         O_EVI, O_EVN, O_SEED, O_SAVE, O_SAVEI, O_RESUME, O_EVONLY, O_SAMPLE, O_TEMP, O_TOPK,
-        O_PROMPT, O_LOG, O_MEM, O_SKIPS, O_WATCHDOG, O_CHECK, O_TF32, O_WEIGHTS, O_TOKBAL, O_TRACE, O_HELP
+        O_PROMPT, O_LOG, O_MEM, O_SKIPS, O_WATCHDOG, O_CHECK, O_TF32, O_WEIGHTS, O_TOKBAL, O_TRACE, O_SHARD, O_HELP
     };
     static const struct option lo[] = {
         {"data", 1, 0, O_DATA},          {"tokenizer", 1, 0, O_TOK},
@@ -224,7 +226,7 @@ static int parse_args(int argc, char **argv, opts *o)
         {"max-skips", 1, 0, O_SKIPS},    {"watchdog", 1, 0, O_WATCHDOG},
         {"check-replicas", 1, 0, O_CHECK}, {"tf32", 0, 0, O_TF32},
         {"device-weights", 1, 0, O_WEIGHTS}, {"token-balanced", 0, 0, O_TOKBAL},
-        {"trace", 1, 0, O_TRACE},
+        {"trace", 1, 0, O_TRACE},        {"shard-optimizer", 0, 0, O_SHARD},
         {"help", 0, 0, O_HELP},          {0, 0, 0, 0}};
     opterr = 0;
     int c;
@@ -265,6 +267,7 @@ static int parse_args(int argc, char **argv, opts *o)
         case O_TF32: o->tf32 = 1; break;
         case O_TOKBAL: o->token_balanced = 1; break;
         case O_TRACE: o->trace = v; break;
+        case O_SHARD: o->shard_optimizer = 1; break;
         case O_WEIGHTS: o->device_weights = v; break;
         case O_SAMPLE: bad = cli_parse_long("--sample", v, 0, SAMPLE_MAX, &o->sample); break;
         case O_TEMP: bad = cli_parse_double("--temperature", v, 1e-6, &o->temperature); break;
@@ -912,6 +915,7 @@ static int setup(run *r)
     ec.watchdog_seconds = o->watchdog;
     ec.check_replicas_every = o->check_replicas;
     ec.allow_tf32 = o->tf32;
+    ec.shard_optimizer = o->shard_optimizer;
     if (o->memory_limit && dp_parse_bytes(o->memory_limit, &ec.memory_limit) != DP_OK)
         return cli_dp_fail("--memory-limit");
     dp_criterion ce = dp_criterion_cross_entropy();
@@ -926,7 +930,8 @@ static int setup(run *r)
     }
     printf("model: GPT %ld layers, %ld heads, dim %ld, context %ld: %.2fM parameters\n", o->layers,
            o->heads, o->dim, o->context, (double)r->n_params / 1e6);
-    printf("engine: %s mode on %zu device%s (", dp_mode_name(ec.mode), k, k == 1 ? "" : "s");
+    printf("engine: %s mode%s on %zu device%s (", dp_mode_name(ec.mode),
+           ec.shard_optimizer ? ", sharded optimizer" : "", k, k == 1 ? "" : "s");
     for (size_t i = 0; i < k; i++)
         printf("%s%s", i ? "," : "", dp_device_name(dp_engine_device(r->engine, i)));
     printf("), batch %ld x %ld tokens\n", o->batch_size, o->context);
