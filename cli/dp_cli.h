@@ -93,6 +93,18 @@ static inline int cli_parse_weights(const char *name, const char *v, size_t want
     return 0;
 }
 
+/* --watchdog: 0 (off) or DP_WATCHDOG_MIN_SECONDS..DP_WATCHDOG_MAX_SECONDS. */
+static inline int cli_parse_watchdog(const char *v, double *out)
+{
+    double x = 0;
+    if (cli_parse_double("--watchdog", v, 0, &x)) return 1;
+    if (x != 0 && (x < DP_WATCHDOG_MIN_SECONDS || x > DP_WATCHDOG_MAX_SECONDS))
+        return cli_fail("--watchdog: %s seconds is out of range; use 0 (off) or %g to %g", v,
+                        DP_WATCHDOG_MIN_SECONDS, DP_WATCHDOG_MAX_SECONDS);
+    *out = x;
+    return 0;
+}
+
 /* Seconds on the monotonic clock. */
 static inline double cli_now(void)
 {

@@ -822,6 +822,9 @@ static bad_case bad_cases[] = {
     {"save onto a directory", {"--steps", "2", "--save", "@sub"}, "directory", "@sub", 0, 0, 0},
     {"max-skips 0", {"--max-skips", "0"}, "--max-skips", "", 0, 0, 0},
     {"watchdog -1", {"--watchdog", "-1"}, "--watchdog", "", 0, 0, 0},
+    {"watchdog 1e19", {"--watchdog", "1e19"}, "--watchdog: 1e19 seconds is out of range", "", 0,
+     0, 0},
+    {"watchdog 1e-9", {"--watchdog", "1e-9"}, "--watchdog", "", 0, 0, 0},
     {"check-replicas x", {"--check-replicas", "x"}, "--check-replicas", "", 0, 0, 0},
     /* Sizes from the command line are bounded before any work. */
     {"sample 2^63-1", {"--sample", "9223372036854775807"}, "--sample", "", 0, 0, 0},

@@ -276,7 +276,7 @@ static int parse_args(int argc, char **argv, opts *o)
         case O_LOG: o->log = v; break;
         case O_MEM: o->memory_limit = v; break;
         case O_SKIPS: bad = cli_parse_long("--max-skips", v, 1, LONG_MAX, &o->max_skips); break;
-        case O_WATCHDOG: bad = cli_parse_double("--watchdog", v, 0, &o->watchdog); break;
+        case O_WATCHDOG: bad = cli_parse_watchdog(v, &o->watchdog); break;
         case O_CHECK: bad = cli_parse_long("--check-replicas", v, 0, LONG_MAX, &o->check_replicas); break;
         case O_HELP: usage(stdout); exit(0);
         case ':': return cli_fail("%s needs a value (see --help)", argv[optind - 1]);
