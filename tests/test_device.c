@@ -86,7 +86,8 @@ Test(memory, in_use_peak_and_counts)
 Test(memory, limit_fails_with_a_useful_message)
 {
     dp_device *dev = dp_test_cpu(1);
-    dp_device_set_limit(dev, 4096);
+    cr_assert_eq(dp_device_set_limit(NULL, 4096), DP_ERR_INVALID_ARGUMENT);
+    dp_assert_ok(dp_device_set_limit(dev, 4096));
     cr_assert_eq(stats(dev).limit, 4096);
     void *a = alloc_ok(dev, 3000);
 

@@ -143,8 +143,9 @@ DP_API void dp_device_memory(dp_device *dev, dp_memory_stats *out);
 DP_API void dp_device_reset_peak(dp_device *dev);
 
 /* Sets the allocation limit in bytes (0 removes it). Allocations already
- * made are kept even when they exceed a new, lower limit. */
-DP_API void dp_device_set_limit(dp_device *dev, size_t bytes);
+ * made are kept even when they exceed a new, lower limit.
+ * Errors: DP_ERR_INVALID_ARGUMENT (dev NULL). */
+DP_API dp_status dp_device_set_limit(dp_device *dev, size_t bytes);
 
 /* ---- copies ---------------------------------------------------------- */
 

@@ -269,12 +269,13 @@ void dp_device_reset_peak(dp_device *dev)
     pthread_mutex_unlock(&dev->mu);
 }
 
-void dp_device_set_limit(dp_device *dev, size_t bytes)
+dp_status dp_device_set_limit(dp_device *dev, size_t bytes)
 {
-    if (!dev) return;
+    if (!dev) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "dev must not be NULL");
     pthread_mutex_lock(&dev->mu);
     dev->limit = bytes;
     pthread_mutex_unlock(&dev->mu);
+    return DP_OK;
 }
 
 // --- copies -------------------------------------------------------------------

@@ -19,6 +19,7 @@
 
 #include "dp/atomic_file.h"
 #include "core/error.h"
+#include "dp/checked.h"
 #include "dp/safetensors.h"
 
 // ----------------------------------------------------------------------------
@@ -62,14 +63,12 @@ static int dtype_from_name(const char *name, dp_dtype *out)
 static int shape_bytes(const size_t *shape, int ndim, size_t elsize, size_t *numel,
                        size_t *nbytes)
 {
-    size_t n = 1;
-    for (int i = 0; i < ndim; i++) {
-        if (shape[i] != 0 && n > SIZE_MAX / shape[i]) return 0;
-        n *= shape[i];
-    }
-    if (n > SIZE_MAX / elsize) return 0;
+    size_t n = 1, b;
+    for (int i = 0; i < ndim; i++)
+        if (!dp_size_mul(n, shape[i], &n)) return 0;
+    if (!dp_size_mul(n, elsize, &b)) return 0;
     *numel = n;
-    *nbytes = n * elsize;
+    *nbytes = b;
     return 1;
 }
 

@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "dp/checked.h"
 #include "dp/gpt.h"
 #include "dp/nn.h"
 #include "dp/rng.h"
@@ -76,18 +77,10 @@ static float *gw(const dp_gpt *g, float *base, size_t i) { return base + g->tens
 
 // --- size arithmetic -------------------------------------------------------------------
 
-/* *acc = *acc + a * b, setting *of on size_t overflow. */
+/* *acc = *acc + a * b, setting *of on size_t overflow (dp/checked.h). */
 static void mad(size_t *acc, size_t a, size_t b, int *of)
 {
-    if (a && b > SIZE_MAX / a) {
-        *of = 1;
-        return;
-    }
-    if (a * b > SIZE_MAX - *acc) {
-        *of = 1;
-        return;
-    }
-    *acc += a * b;
+    if (!dp_size_mad(acc, a, b)) *of = 1;
 }
 
 /* n rounded up to DP_PARAM_ALIGN floats (256 bytes). */

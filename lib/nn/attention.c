@@ -26,17 +26,10 @@
 
 #include "backend/backend.h"
 #include "core/error.h"
+#include "dp/checked.h"
 #include "dp/nn.h"
 
 // --- argument checks -------------------------------------------------------------------
-
-/* *out = a * b; 0 on size_t overflow. */
-static int mul_ok(size_t a, size_t b, size_t *out)
-{
-    if (a && b > SIZE_MAX / a) return 0;
-    *out = a * b;
-    return 1;
-}
 
 /* Dimensions shared by forward and backward; fn names the public call. */
 static dp_status check_dims(const char *fn, dp_device *dev, size_t B, size_t T, size_t C,
@@ -54,10 +47,10 @@ static dp_status check_dims(const char *fn, dp_device *dev, size_t B, size_t T, 
     size_t hs = C / NH, n;
     /* Every buffer's float count and byte size must fit in size_t:
      * qkv(B,T,3C) and qkvr are the largest besides att(B,NH,T,T). */
-    int ok = mul_ok(B, T, &n) && mul_ok(n, C, &n) && mul_ok(n, 3, &n) &&
-             mul_ok(n, sizeof(float), &n);
-    ok = ok && mul_ok(B, NH, &n) && mul_ok(n, T, &n) && mul_ok(n, T, &n) &&
-         mul_ok(n, sizeof(float), &n);
+    int ok = dp_size_mul(B, T, &n) && dp_size_mul(n, C, &n) && dp_size_mul(n, 3, &n) &&
+             dp_size_mul(n, sizeof(float), &n);
+    ok = ok && dp_size_mul(B, NH, &n) && dp_size_mul(n, T, &n) && dp_size_mul(n, T, &n) &&
+         dp_size_mul(n, sizeof(float), &n);
     if (!ok)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
                        "%s on %s: B=%zu, T=%zu, C=%zu, NH=%zu overflow the buffer sizes "

@@ -12,16 +12,16 @@
 
 #include "backend/backend.h"
 #include "core/error.h"
+#include "dp/checked.h"
 
 /* *out = a * b * c; returns 0 when the product, or the product times
  * sizeof(float) (the buffer's bytes), does not fit in size_t. */
 static inline int dp_nn_count3(size_t a, size_t b, size_t c, size_t *out)
 {
-    size_t ab = a * b;
-    if (a && ab / a != b) return 0;
-    size_t abc = ab * c;
-    if (ab && abc / ab != c) return 0;
-    if (abc > SIZE_MAX / sizeof(float)) return 0;
+    size_t abc, bytes;
+    if (!dp_size_mul(a, b, &abc) || !dp_size_mul(abc, c, &abc) ||
+        !dp_size_mul(abc, sizeof(float), &bytes))
+        return 0;
     *out = abc;
     return 1;
 }

@@ -291,7 +291,7 @@ dp_status dp_engine_create(const dp_device_spec *devices, size_t k, const dp_mod
         worker *w = &e->w[i];
         w->phase = DP_PHASE_COUNT;
         s = dp_device_open(&devices[i], &w->dev);
-        if (s == DP_OK && cfg->memory_limit) dp_device_set_limit(w->dev, cfg->memory_limit);
+        if (s == DP_OK && cfg->memory_limit) s = dp_device_set_limit(w->dev, cfg->memory_limit);
         if (s == DP_OK && cfg->allow_tf32) s = dp_device_set_allow_tf32(w->dev, 1);
     }
     if (s == DP_OK) s = dp_workers_start(e);
