@@ -117,6 +117,11 @@ typedef struct dp_memory_stats {
 } dp_memory_stats;
 
 /* Allocates bytes (> 0) of device memory, 256-byte aligned, not zeroed.
+ * Who may touch it: memory of a CPU device is host memory, which host code
+ * (a model's callbacks included) may read and write directly; memory of a
+ * CUDA device must not be dereferenced by the host: move it with
+ * dp_copy_h2d/d2h, or work on it with dp/nn.h layers and dp/ops.h helpers,
+ * which run on every backend.
  * Errors: DP_ERR_INVALID_ARGUMENT (bytes == 0 or out NULL),
  * DP_ERR_OUT_OF_MEMORY (in_use + reserved + bytes would pass the limit, or
  * the allocator failed: on CPU devices also when all CPU devices together
