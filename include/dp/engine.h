@@ -50,6 +50,7 @@
 #include <stdint.h>
 
 #include "dp/device.h"
+#include "dp/dist.h"
 #include "dp/model.h"
 
 #ifdef __cplusplus
@@ -154,6 +155,17 @@ typedef struct dp_engine_config {
      * optimizer bytes per device are 2 x its slice (AdamW) instead of
      * 2 x n on the root. Anything but 0 or 1 is DP_ERR_INVALID_ARGUMENT. */
     int shard_optimizer;
+    /* The job's ranks (dp/dist.h), or NULL for one process. With R > 1
+     * ranks the engine spans every rank's devices in global device order
+     * (rank-major) and every call below except dp_engine_plan,
+     * _num_devices, _device and _model is collective: every rank makes
+     * the same calls in the same order, from the thread that opened the
+     * handle. Every rank passes the same configuration (checked at create:
+     * a difference is DP_ERR_INVALID_ARGUMENT naming the rank and field)
+     * and its own devices and device_weights; gather mode and CUDA devices
+     * across ranks are DP_ERR_UNSUPPORTED. The global device count is at
+     * most DP_MAX_DEVICES. Borrowed: it must outlive the engine. */
+    const dp_dist *dist;
 } dp_engine_config;
 
 /* Sensible defaults: balanced, AdamW lr 1e-3 betas (0.9, 0.95) eps 1e-8,
@@ -200,14 +212,15 @@ typedef struct dp_step_stats {
     double grad_norm;      /* global L2 norm before clipping (0 for evaluate) */
     int skipped;           /* 1: the update was skipped (non-finite loss or gradient) */
     int skipped_device;    /* first device whose chunk gave a non-finite loss, or -1 (also
-                              when only the summed gradient was non-finite) */
+                              when only the summed gradient was non-finite); with ranks a
+                              global device index */
     long step;             /* optimizer steps taken after this one */
     double seconds;        /* wall time of the step */
     double start_seconds;  /* when the step started (before the plan), seconds since the
                               engine was created */
     double phase_seconds[DP_PHASE_COUNT]; /* wall time of each phase: the longest
                                              any device spent in it */
-    size_t n_devices;
+    size_t n_devices;      /* this process's devices (with ranks, the others report theirs) */
     dp_device_step_stats devices[DP_MAX_DEVICES];
 } dp_step_stats;
 
@@ -281,14 +294,20 @@ DP_API dp_status dp_engine_get_optimizer_state(dp_engine *engine, float *m, floa
 DP_API dp_status dp_engine_set_optimizer_state(dp_engine *engine, const float *m,
                                                const float *v, long t);
 
+/* This process's devices (k), the job's devices over every rank (R x k,
+ * or k without ranks), and the global index of this process's device 0
+ * (its devices are first .. first + k - 1). */
 DP_API size_t dp_engine_num_devices(const dp_engine *engine);
+DP_API size_t dp_engine_num_global_devices(const dp_engine *engine);
+DP_API size_t dp_engine_first_global_device(const dp_engine *engine);
 DP_API dp_device *dp_engine_device(dp_engine *engine, size_t i);
 DP_API const dp_model *dp_engine_model(const dp_engine *engine);
 
 /*
  * The split of `rows` rows (targets as in dp_batch, may be NULL unless
  * token_balanced) over the engine's devices: rows_out[i] rows go to device
- * i, contiguous and in order. Equal shares: 7 rows on 3 devices are 3/2/2
+ * i, contiguous and in order; with ranks, over the job's global devices
+ * (rows_out has dp_engine_num_global_devices entries). Equal shares: 7 rows on 3 devices are 3/2/2
  * (floor of the share, the remainder one row each to the first devices).
  */
 DP_API dp_status dp_engine_plan(const dp_engine *engine, size_t rows, const void *targets,
