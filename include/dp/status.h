@@ -29,6 +29,7 @@ typedef enum dp_status {
     DP_ERR_INTERNAL,         /* a broken invariant inside dp: please report it */
     DP_ERR_TIMEOUT,          /* a worker made no progress within the engine's watchdog */
     DP_ERR_BUSY,             /* the object is serving another thread's call: retry later */
+    DP_ERR_COMM,             /* communication between ranks (MPI) failed */
     DP_STATUS_COUNT
 } dp_status;
 

@@ -27,6 +27,7 @@ const char *dp_strerror(dp_status status)
     case DP_ERR_INTERNAL: return "internal error";
     case DP_ERR_TIMEOUT: return "timed out";
     case DP_ERR_BUSY: return "busy";
+    case DP_ERR_COMM: return "communication between ranks failed";
     case DP_STATUS_COUNT: break;
     }
     return "invalid status";

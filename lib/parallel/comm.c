@@ -7,29 +7,32 @@
 
 #include "dp/nn.h"
 
-static size_t chunk_floats(const worker *owner)
+size_t dp_comm_chunk_floats(const dp_engine *e, const dp_device *owner)
 {
-    return dp_device_is_host_memory(owner->dev) ? DP_COMM_CHUNK_FLOATS_HOST
-                                                : DP_COMM_CHUNK_FLOATS_DEVICE;
+    if (dp_ranks_active(e)) return DP_COMM_CHUNK_FLOATS_RANKS;
+    return dp_device_is_host_memory(owner) ? DP_COMM_CHUNK_FLOATS_HOST : DP_COMM_CHUNK_FLOATS_DEVICE;
 }
 
 dp_status dp_comm_setup(worker *owner)
 {
     dp_engine *e = owner->e;
-    size_t c = chunk_floats(owner);
+    size_t c = dp_comm_chunk_floats(e, owner->dev), g = e->g0 + (size_t)owner->id;
     /* A single device has no peers. The owner allocates for its slices in
      * order, on its own thread (a limit is met at the same allocation). */
-    for (size_t j = 0; e->k > 1 && j < e->k; j++) {
-        worker *w = &e->w[j];
-        size_t n = w->slice_end - w->slice_begin;
-        if (w->owner != owner->id || !n) continue;
-        size_t bytes = (n < c ? n : c) * sizeof(float);
+    for (size_t j = 0; e->K > 1 && j < e->K; j++) {
+        slice *sl = &e->s[j];
+        size_t n = sl->end - sl->begin, chunk = n < c ? n : c;
+        if ((size_t)sl->owner != g || !n) continue;
+        size_t bytes = chunk * sizeof(float);
         dp_status s = DP_OK;
         /* The running sum of the devices before the owner; device 0 sums in place. */
-        if (owner->id != 0) s = dp_dbuf_ensure(owner->dev, &w->reduce_acc, bytes);
+        if (g != 0) s = dp_dbuf_ensure(owner->dev, &sl->acc, bytes);
         /* Host memory is read in place; other devices' chunks are copied in. */
         if (s == DP_OK && !dp_device_is_host_memory(owner->dev))
-            s = dp_dbuf_ensure(owner->dev, &w->reduce_in, bytes);
+            s = dp_dbuf_ensure(owner->dev, &sl->in, bytes);
+        /* The other ranks' devices' chunks arrive here. */
+        if (s == DP_OK && e->K > e->k)
+            s = dp_dbuf_ensure(owner->dev, &sl->remote, (e->K - e->k) * bytes);
         if (s != DP_OK) {
             dp_error_prefix("reduce-scatter staging of slice %zu on %s", j, owner->dev->name);
             return s;
@@ -38,20 +41,32 @@ dp_status dp_comm_setup(worker *owner)
     return DP_OK;
 }
 
-void dp_comm_teardown(worker *w)
+void dp_comm_teardown(dp_engine *e)
 {
-    dp_device *dev = w->e->w[w->owner].dev;
-    if (!dev) return;
-    dp_dbuf_release(dev, &w->reduce_acc);
-    dp_dbuf_release(dev, &w->reduce_in);
+    for (size_t j = 0; e->s && j < e->K; j++) {
+        slice *sl = &e->s[j];
+        worker *o = dp_local_worker(e, (size_t)sl->owner);
+        if (!o || !o->dev) continue;
+        dp_dbuf_release(o->dev, &sl->acc);
+        dp_dbuf_release(o->dev, &sl->in);
+        dp_dbuf_release(o->dev, &sl->remote);
+    }
 }
 
 size_t dp_comm_staging_bytes(const dp_engine *e, size_t d)
 {
     size_t bytes = 0;
-    for (size_t i = 0; i < e->k; i++)
-        if ((size_t)e->w[i].owner == d) bytes += e->w[i].reduce_acc.bytes + e->w[i].reduce_in.bytes;
+    for (size_t j = 0; j < e->K; j++)
+        if ((size_t)e->s[j].owner == e->g0 + d)
+            bytes += e->s[j].acc.bytes + e->s[j].in.bytes + e->s[j].remote.bytes;
     return bytes;
+}
+
+float *dp_comm_remote_chunk(const dp_engine *e, const slice *sl, size_t d)
+{
+    size_t c = sl->remote.bytes / sizeof(float) / (e->K - e->k);
+    size_t idx = d < e->g0 ? d : d - e->k; /* among the other ranks' devices */
+    return (float *)sl->remote.ptr + idx * c;
 }
 
 dp_status dp_comm_scatter_batch(worker *w)
@@ -114,23 +129,26 @@ dp_status dp_comm_scatter_dlogits(worker *w, size_t j, size_t rows)
                         rows * opr * V * sizeof(float));
 }
 
-/* One chunk [at, at + n) of the reduce-scatter on owner o: the sum
- * ((c_0 + c_1) + c_2) + ... over the contributing devices in order (device
- * 0, whose zeroed buffer starts the sum even when idle, then every busy
- * device). Float addition commutes, so adding the running sum to the
- * owner's own gradient (own = g_o + sum) gives the bits that adding g_o to
- * the sum would; the owner's buffer takes the sum from its turn on. */
-static dp_status reduce_chunk(worker *w, worker *o, size_t at, size_t n)
+/* One chunk [at, at + n) of slice sl's reduce-scatter on its owner o: the
+ * sum ((c_0 + c_1) + c_2) + ... over the contributing devices of the job
+ * in global order (device 0, whose zeroed buffer starts the sum even when
+ * idle, then every busy device), whatever rank they are on: a local
+ * device's chunk is read in place (host memory) or copied in, another
+ * rank's was received into sl->remote (round_at: where that chunk starts).
+ * Float addition commutes, so adding the running sum to the owner's own
+ * gradient (own = g_o + sum) gives the bits that adding g_o to the sum
+ * would; the owner's buffer takes the sum from its turn on. */
+static dp_status reduce_chunk(dp_engine *e, slice *sl, size_t at, size_t n, size_t round_at)
 {
-    dp_engine *e = w->e;
+    worker *o = dp_local_worker(e, (size_t)sl->owner);
     size_t bytes = n * sizeof(float);
     int host = dp_device_is_host_memory(o->dev);
-    float *own = o->grads + at, *acc = w->reduce_acc.ptr;
+    float *own = o->grads + at, *acc = sl->acc.ptr;
     float *sum = NULL;         /* holds the sum of the contributions so far */
-    const float *first = NULL; /* host: the first contribution, read in place, not yet added */
-    for (size_t d = 0; d < e->k; d++) {
-        worker *wd = &e->w[d];
-        if (d > 0 && !wd->rows) continue; /* an idle device's gradient is zero */
+    const float *first = NULL; /* the first contribution, readable by the owner, not yet added */
+    for (size_t d = 0; d < e->K; d++) {
+        if (!dp_contributes(e, d)) continue; /* an idle device's gradient is zero */
+        worker *wd = dp_local_worker(e, d);
         if (wd == o) {
             if (first) DP_TRY(dp_residual_forward(o->dev, own, first, own, n)); /* c_0 + own */
             else if (sum) DP_TRY(dp_accumulate(o->dev, own, sum, n));
@@ -138,67 +156,80 @@ static dp_status reduce_chunk(worker *w, worker *o, size_t at, size_t n)
             first = NULL;
             continue;
         }
-        const float *src = wd->grads + at;
-        if (host && !sum && !first) {
-            first = src;
+        const float *src = wd ? wd->grads + at : dp_comm_remote_chunk(e, sl, d) + (at - round_at);
+        int readable = host || !wd; /* received chunks are on the owner already */
+        if (!sum && !first) {
+            if (readable) {
+                first = src;
+            } else {
+                DP_TRY(dp_copy_peer(o->dev, acc, wd->dev, src, bytes));
+                sum = acc;
+            }
             continue;
         }
-        if (host && first) { /* the first two contributions in one pass */
+        if (!readable) {
+            DP_TRY(dp_copy_peer(o->dev, sl->in.ptr, wd->dev, src, bytes));
+            src = sl->in.ptr;
+        }
+        if (first) { /* the first two contributions in one pass */
             DP_TRY(dp_residual_forward(o->dev, acc, first, src, n));
             sum = acc;
             first = NULL;
             continue;
         }
-        if (!sum) { /* non-host: the first contribution, copied into the running sum */
-            DP_TRY(dp_copy_peer(o->dev, acc, wd->dev, src, bytes));
-            sum = acc;
-            continue;
-        }
-        if (!host) {
-            DP_TRY(dp_copy_peer(o->dev, w->reduce_in.ptr, wd->dev, src, bytes));
-            src = w->reduce_in.ptr;
-        }
         DP_TRY(dp_accumulate(o->dev, sum, src, n));
     }
     /* An idle owner (not device 0) did not contribute: it takes the sum. */
-    if (first) DP_TRY(dp_copy_peer(o->dev, own, e->w[0].dev, first, bytes)); /* device 0's */
+    if (first) DP_TRY(dp_copy_peer(o->dev, own, o->dev, first, bytes)); /* readable by o */
     else if (sum != own) DP_TRY(dp_copy_peer(o->dev, own, o->dev, sum, bytes));
     return DP_OK;
 }
 
 dp_status dp_comm_reduce_scatter(worker *w)
 {
-    worker *o = dp_slice_owner(w);
-    size_t b = w->slice_begin, n = w->slice_end - w->slice_begin, c = chunk_floats(o);
-    if (w->e->k < 2) return DP_OK; /* one device: its gradient is the sum */
-    for (size_t done = 0; done < n; done += c)
-        DP_TRY(reduce_chunk(w, o, b + done, n - done < c ? n - done : c));
+    dp_engine *e = w->e;
+    if (e->K < 2) return DP_OK; /* one device: its gradient is the sum */
+    for (size_t j = 0; j < e->K; j++) {
+        slice *sl = &e->s[j];
+        if (sl->reducer != w->id) continue;
+        size_t b = sl->begin, n = sl->end - sl->begin;
+        size_t c = dp_comm_chunk_floats(e, dp_local_worker(e, (size_t)sl->owner)->dev);
+        if (dp_ranks_active(e)) { /* one round: the chunk the ranks just exchanged */
+            size_t at = e->round * c;
+            if (at < n) DP_TRY(reduce_chunk(e, sl, b + at, n - at < c ? n - at : c, b + at));
+            continue;
+        }
+        for (size_t done = 0; done < n; done += c)
+            DP_TRY(reduce_chunk(e, sl, b + done, n - done < c ? n - done : c, b + done));
+    }
     return DP_OK;
 }
 
-void dp_comm_allreduce_scalars(const worker *w, double *loss_sum, double *sumsq)
+void dp_comm_allreduce_scalars(const dp_engine *e, double *loss_sum, double *sumsq)
 {
-    const dp_engine *e = w->e;
     double s = 0.0, l = 0.0;
-    for (size_t d = 0; d < e->k; d++) {
-        s += e->w[d].slice_sumsq;
-        l += e->w[d].loss_sum;
+    for (size_t d = 0; d < e->K; d++) {
+        s += e->s[d].sumsq;
+        l += dp_ranks_active(e) ? e->gloss[d] : e->w[d].loss_sum;
     }
     *sumsq = s;
     *loss_sum = l;
 }
 
-dp_status dp_comm_allgather_params(worker *w)
+dp_status dp_comm_allgather_params(worker *w, int from_other_ranks)
 {
     dp_engine *e = w->e;
     /* Runs of consecutive slices with one owner move as one copy (root
-     * mode: the whole buffer from the root). */
-    for (size_t j = 0; j < e->k;) {
+     * mode: the whole buffer from the root). Another rank's slices come
+     * from local device 0, which received them. */
+    for (size_t j = 0; j < e->K;) {
         size_t j2 = j + 1;
-        while (j2 < e->k && e->w[j2].owner == e->w[j].owner) j2++;
-        worker *o = dp_slice_owner(&e->w[j]);
-        size_t b = e->w[j].slice_begin, en = e->w[j2 - 1].slice_end;
-        if (o != w && en > b)
+        while (j2 < e->K && e->s[j2].owner == e->s[j].owner) j2++;
+        worker *o = dp_local_worker(e, (size_t)e->s[j].owner);
+        size_t b = e->s[j].begin, en = e->s[j2 - 1].end;
+        if (!o && from_other_ranks) o = &e->w[0];
+        else if (!o || from_other_ranks) o = NULL;
+        if (o && o != w && en > b)
             DP_TRY(dp_copy_peer(w->dev, w->params + b, o->dev, o->params + b,
                                 (en - b) * sizeof(float)));
         j = j2;

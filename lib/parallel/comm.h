@@ -26,6 +26,11 @@
  * where each chunk is a copy and a kernel launch. */
 #define DP_COMM_CHUNK_FLOATS_HOST ((size_t)1 << 14)
 #define DP_COMM_CHUNK_FLOATS_DEVICE ((size_t)1 << 20)
+/* With ranks, the chunk of a round: each round is one exchange between the
+ * ranks (a message per device and slice) and one local job, so it is
+ * larger; the owner stages one per device of the other ranks. */
+#define DP_COMM_CHUNK_FLOATS_RANKS ((size_t)1 << 18)
+size_t dp_comm_chunk_floats(const dp_engine *e, const dp_device *owner);
 
 /* Setup job, every worker, after the buffers of every worker exist: what
  * the collectives need for the slices this worker owns, on its device (per
@@ -33,9 +38,11 @@
  * chunk on non-host devices; each at most one chunk). dp_comm_teardown
  * frees worker w's slice's. */
 dp_status dp_comm_setup(worker *owner);
-void dp_comm_teardown(worker *w);
+void dp_comm_teardown(dp_engine *e);
 /* Bytes dp_comm_setup allocates on device d (for accounting checks). */
 size_t dp_comm_staging_bytes(const dp_engine *e, size_t d);
+/* Where global device d's chunk of slice sl arrives from another rank. */
+float *dp_comm_remote_chunk(const dp_engine *e, const slice *sl, size_t d);
 
 /* Scatter of the batch: copies this worker's rows of the host batch
  * (inputs and targets) to its device (w->inputs, w->targets). */
@@ -54,23 +61,26 @@ dp_status dp_comm_gather_logits(worker *root, size_t j, float *logits, void *tar
  * w->dlogits. */
 dp_status dp_comm_scatter_dlogits(worker *w, size_t j, size_t rows);
 
-/* Reduce-scatter, worker w's part: the owner of w's slice ends up with
- * owner->grads[slice] = ((g_0 + g_1) + g_2) + ... + g_{k-1} over the
- * devices' gradients of the slice, added in that order on the owner's
- * device whoever the owner is (idle devices d >= 1 are skipped: their
- * gradient is zero). Other devices' gradient buffers are only read. */
+/* Reduce-scatter, worker w's part: for every slice it reduces, the owner
+ * ends up with owner->grads[slice] = ((g_0 + g_1) + g_2) + ... + g_{K-1}
+ * over the job's devices' gradients of the slice, added in that order on
+ * the owner's device whoever the owner is (idle devices d >= 1 are
+ * skipped: their gradient is zero). With ranks, only chunk e->round, whose
+ * other-rank parts ranks.c received. Other devices' gradient buffers are
+ * only read. */
 dp_status dp_comm_reduce_scatter(worker *w);
 
-/* All-reduce of the step's scalars: every worker gets the sums, in device
- * order, of the devices' loss sums and slice sums of squares. */
-void dp_comm_allreduce_scalars(const worker *w, double *loss_sum, double *sumsq);
+/* The step's scalars: the sums, in global device order, of the devices'
+ * loss sums (e->gloss) and the slices' sums of squares. */
+void dp_comm_allreduce_scalars(const dp_engine *e, double *loss_sum, double *sumsq);
 
 /* All-gather of the parameters: worker w's replica gets every slice it
- * does not own from the slice's owner. */
-dp_status dp_comm_allgather_params(worker *w);
+ * does not own from the slice's owner on this rank, or (from_other_ranks)
+ * every slice of another rank's owner from local device 0. */
+dp_status dp_comm_allgather_params(worker *w, int from_other_ranks);
 
-/* Broadcast of the parameters: this worker's replica = the root's (no-op
- * on the root). */
+/* Broadcast of the parameters: this worker's replica = local device 0's
+ * (no-op on it). */
 dp_status dp_comm_broadcast_params(worker *w);
 
 #endif /* DP_PARALLEL_COMM_H */

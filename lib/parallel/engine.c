@@ -103,7 +103,7 @@ static void job_step(worker *w, int train)
     ENTER(w, DP_PHASE_OPTIMIZER);
     /* Every worker derives the same norm and decision, in device order. */
     double loss, sumsq;
-    dp_comm_allreduce_scalars(w, &loss, &sumsq);
+    dp_comm_allreduce_scalars(e, &loss, &sumsq);
     double norm = sqrt(sumsq);
     /* !isfinite, not isnan: a +Inf loss or gradient must skip the update too. */
     int skip = !isfinite(norm) || !isfinite(loss);
@@ -118,8 +118,25 @@ static void job_step(worker *w, int train)
     /* all-gather: every replica fetches the updated slices from their owners */
     ENTER(w, DP_PHASE_BROADCAST);
     if (skip) return;
-    CHECK(w, dp_comm_allgather_params(w));
+    CHECK(w, dp_comm_allgather_params(w, 0));
     if (dp_replica_check_due(e)) CHECK(w, dp_replica_hash(w));
+}
+
+/* ranks (ranks.c calls these jobs between its exchanges) */
+static void job_compute(worker *w)
+{
+    ENTER(w, DP_PHASE_SCATTER);
+    CHECK(w, dp_comm_scatter_batch(w));
+    CHECK(w, dp_memset(w->dev, w->grads, 0, w->e->model.n_params * sizeof(float)));
+    dp_compute_balanced(w, 1);
+}
+
+static void job_reduce_round(worker *w)
+{
+    dp_engine *e = w->e;
+    ENTER(w, DP_PHASE_REDUCE);
+    CHECK(w, dp_comm_reduce_scatter(w));
+    if (e->round + 1 == dp_ranks_rounds(e)) CHECK(w, dp_opt_slice_sumsq(w));
 }
 
 void dp_engine_job(worker *w, job_kind job)
@@ -134,7 +151,22 @@ void dp_engine_job(worker *w, job_kind job)
         break;
     case JOB_ALLGATHER:
         w->phase = DP_PHASE_BROADCAST;
-        CHECK(w, dp_comm_allgather_params(w));
+        CHECK(w, dp_comm_allgather_params(w, 0));
+        break;
+    case JOB_COMPUTE: job_compute(w); break;
+    case JOB_REDUCE_ROUND: job_reduce_round(w); break;
+    case JOB_UPDATE:
+        ENTER(w, DP_PHASE_OPTIMIZER);
+        CHECK(w, dp_opt_update_slice(w, w->e->grad_norm));
+        break;
+    case JOB_GATHER_LOCAL:
+        ENTER(w, DP_PHASE_BROADCAST);
+        CHECK(w, dp_comm_allgather_params(w, 0));
+        break;
+    case JOB_COPY_REMOTE:
+        ENTER(w, DP_PHASE_BROADCAST);
+        CHECK(w, dp_comm_allgather_params(w, 1));
+        if (w->e->hash_due) CHECK(w, dp_replica_hash(w));
         break;
     }
 }
@@ -146,15 +178,17 @@ static void fill_stats(dp_engine *e, dp_step_stats *st, double seconds)
     if (!st) return;
     memset(st, 0, sizeof *st);
     double loss = 0.0;
-    for (size_t i = 0; i < e->k; i++) loss += e->w[i].loss_sum; /* device order: reproducible */
+    if (!dp_ranks_active(e))
+        for (size_t i = 0; i < e->k; i++) e->gloss[i] = e->w[i].loss_sum;
+    for (size_t i = 0; i < e->K; i++) loss += e->gloss[i]; /* device order: reproducible */
     st->loss = loss / (double)e->n_valid;
     st->valid_targets = e->n_valid;
     st->grad_norm = e->grad_norm;
     st->skipped = e->skip;
     st->skipped_device = -1;
     if (e->skip)
-        for (size_t i = 0; i < e->k; i++)
-            if (!isfinite(e->w[i].loss_sum)) {
+        for (size_t i = 0; i < e->K; i++)
+            if (!isfinite(e->gloss[i])) {
                 st->skipped_device = (int)i;
                 break;
             }
@@ -206,8 +240,12 @@ static dp_status sync_replicas(dp_engine *e)
 {
     if (!e->needs_sync) return DP_OK;
     /* After a failed update the owners hold the truth: each replica
-     * fetches every slice; after a failed set_params, the root. */
-    DP_TRY(dp_workers_run(e, (e->needs_sync & DP_SYNC_FROM_ROOT) ? JOB_BROADCAST : JOB_ALLGATHER));
+     * fetches every slice; after a failed set_params, the root (with
+     * ranks, every rank's device 0 holds rank 0's values then). */
+    if (dp_ranks_active(e) && !(e->needs_sync & DP_SYNC_FROM_ROOT))
+        DP_TRY(dp_ranks_allgather_params(e));
+    else
+        DP_TRY(dp_workers_run(e, (e->needs_sync & DP_SYNC_FROM_ROOT) ? JOB_BROADCAST : JOB_ALLGATHER));
     e->needs_sync = 0;
     return DP_OK;
 }
@@ -218,12 +256,17 @@ static dp_status run_batch(dp_engine *e, const dp_batch *batch, job_kind job, dp
     DP_TRY(check_usable(e));
     e->step_start = dp_now_seconds();
     DP_TRY(sync_replicas(e));
-    DP_TRY(dp_plan_batch(e, batch));
+    dp_status s = dp_plan_batch(e, batch);
+    /* With ranks every rank must have planned the same batch (ranks.c). */
+    if (dp_ranks_active(e)) s = dp_ranks_check_batch(e, batch, s);
+    DP_TRY(s);
     e->skip = 0;
     e->grad_norm = 0.0;
     int check = job == JOB_STEP && dp_replica_check_due(e);
-    DP_TRY(dp_workers_run(e, job));
-    check = check && !e->skip;
+    dp_workers_reset_stats(e);
+    if (dp_ranks_active(e)) DP_TRY(dp_ranks_step(e, job == JOB_STEP));
+    else DP_TRY(dp_workers_run(e, job));
+    check = check && !e->skip && !dp_ranks_active(e); /* ranks.c checks its own */
     if (job == JOB_STEP && !e->skip) e->t++;
     fill_stats(e, stats, dp_now_seconds() - e->step_start);
     return check ? dp_replica_compare(e) : DP_OK;
@@ -243,11 +286,10 @@ dp_status dp_engine_evaluate(dp_engine *e, const dp_batch *batch, dp_step_stats 
 
 // --- create / destroy ---------------------------------------------------------------
 
-dp_status dp_engine_create(const dp_device_spec *devices, size_t k, const dp_model *model,
-                           const dp_criterion *crit, const dp_engine_config *cfg, dp_engine **out)
+/* The checks of create's arguments, before anything is allocated. */
+static dp_status create_checks(const dp_device_spec *devices, size_t k, const dp_model *model,
+                               const dp_criterion *crit, const dp_engine_config *cfg)
 {
-    if (!out) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "out must not be NULL");
-    *out = NULL;
     if (!devices || !model || !crit || !cfg)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "devices, model, criterion and cfg must not be NULL");
     if (k == 0 || k > DP_MAX_DEVICES)
@@ -259,6 +301,21 @@ dp_status dp_engine_create(const dp_device_spec *devices, size_t k, const dp_mod
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "shard_optimizer %d; use 0 (the root holds the "
                        "optimizer state) or 1 (each device holds its slice's)",
                        cfg->shard_optimizer);
+    return DP_OK;
+}
+
+dp_status dp_engine_create(const dp_device_spec *devices, size_t k, const dp_model *model,
+                           const dp_criterion *crit, const dp_engine_config *cfg, dp_engine **out)
+{
+    if (!out) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "out must not be NULL");
+    *out = NULL;
+    dp_status s = create_checks(devices, k, model, crit, cfg);
+    /* With ranks every rank learns of any rank's bad arguments, so none
+     * waits for the others in the exchanges below. */
+    dp_dist *dist = cfg ? (dp_dist *)cfg->dist : NULL;
+    int ranked = dp_dist_size(dist) > 1;
+    if (ranked) s = dp_dist_agree(dist, s);
+    DP_TRY(s);
 
     dp_engine *e = calloc(1, sizeof *e);
     if (!e) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation failed");
@@ -268,6 +325,10 @@ dp_status dp_engine_create(const dp_device_spec *devices, size_t k, const dp_mod
         return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation failed");
     }
     e->k = k;
+    e->K = k;
+    e->nranks = 1;
+    e->dist = ranked ? dist : NULL;
+    e->rank_first[1] = k;
     e->model = *model;
     e->crit = *crit;
     e->cfg = *cfg;
@@ -286,7 +347,8 @@ dp_status dp_engine_create(const dp_device_spec *devices, size_t k, const dp_mod
         e->w[i].e = e;
         e->w[i].id = (int)i;
     }
-    dp_status s = dp_opt_build_slices(e);
+    if (ranked) s = dp_ranks_init(e, devices, k);
+    if (s == DP_OK) s = dp_opt_build_slices(e);
     for (size_t i = 0; s == DP_OK && i < k; i++) {
         worker *w = &e->w[i];
         w->phase = DP_PHASE_COUNT;
@@ -296,6 +358,7 @@ dp_status dp_engine_create(const dp_device_spec *devices, size_t k, const dp_mod
     }
     if (s == DP_OK) s = dp_workers_start(e);
     if (s == DP_OK) s = dp_workers_run(e, JOB_SETUP);
+    if (ranked && e->nranks > 1) s = dp_ranks_agree(e, s);
     if (s == DP_OK) {
         float *host = calloc(model->n_params, sizeof *host);
         if (!host) s = DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation of %zu parameters failed",
@@ -325,9 +388,10 @@ void dp_engine_destroy(dp_engine *e)
         dp_device_free(w->dev, w->params);
         dp_device_free(w->dev, w->grads);
     }
-    for (size_t i = 0; i < e->k; i++) dp_comm_teardown(&e->w[i]);
+    dp_comm_teardown(e);
     dp_opt_free_state(e);
     for (size_t i = 0; i < e->k; i++) dp_device_close(e->w[i].dev);
+    free(e->s);
     free(e->w);
     free(e);
 }
@@ -358,14 +422,20 @@ dp_status dp_engine_get_params(dp_engine *e, float *host)
     if (!host) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "engine and host must not be NULL");
     DP_TRY(claim(e, "dp_engine_get_params"));
     /* From the slices' owners, which hold the truth even when a failed
-     * step left the replicas to re-synchronise. */
+     * step left the replicas to re-synchronise; with ranks, each rank's
+     * owned range then goes to every rank. */
     dp_status s = DP_OK;
-    for (size_t i = 0; s == DP_OK && i < e->k; i++) {
-        worker *w = &e->w[i], *o = dp_slice_owner(w);
-        size_t b = w->slice_begin, n = w->slice_end - b;
-        if (!n) continue;
+    for (size_t i = 0; s == DP_OK && i < e->K; i++) {
+        slice *sl = &e->s[i];
+        worker *o = dp_local_worker(e, (size_t)sl->owner);
+        size_t b = sl->begin, n = sl->end - b;
+        if (!n || !o) continue;
         s = dp_device_bind_thread(o->dev);
         if (s == DP_OK) s = dp_copy_d2h(o->dev, host + b, o->params + b, n * sizeof(float));
+    }
+    if (dp_ranks_active(e)) {
+        s = dp_ranks_agree(e, s);
+        if (s == DP_OK) s = dp_ranks_allgather_owned(e, host, "dp_engine_get_params");
     }
     return unclaim(e, s);
 }
@@ -374,10 +444,28 @@ dp_status dp_engine_set_params(dp_engine *e, const float *host)
 {
     if (!host) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "engine and host must not be NULL");
     DP_TRY(claim(e, "dp_engine_set_params"));
-    size_t n = e->model.n_params, bad = first_bad(host, n, 0);
-    if (bad < n)
-        return unclaim(e, DP_FAIL(DP_ERR_INVALID_ARGUMENT, "parameter %zu of %zu is %g; "
-                                  "parameters must be finite", bad, n, host[bad]));
+    size_t n = e->model.n_params, bad;
+    float *copy = NULL;
+    if (dp_ranks_active(e)) { /* rank 0's values, so the ranks cannot disagree */
+        copy = malloc(n * sizeof *copy);
+        dp_status a = copy ? DP_OK : DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation of %zu "
+                                             "parameters failed", n);
+        if (copy) memcpy(copy, host, n * sizeof *copy);
+        a = dp_ranks_agree(e, a);
+        if (a == DP_OK) a = dp_ranks_bcast(e, copy, n * sizeof *copy, "dp_engine_set_params");
+        if (a != DP_OK) {
+            free(copy);
+            return unclaim(e, a);
+        }
+        host = copy;
+    }
+    bad = first_bad(host, n, 0);
+    if (bad < n) {
+        dp_status f = DP_FAIL(DP_ERR_INVALID_ARGUMENT, "parameter %zu of %zu is %g; "
+                              "parameters must be finite", bad, n, host[bad]);
+        free(copy);
+        return unclaim(e, f);
+    }
     dp_status s = dp_device_bind_thread(e->w[0].dev);
     if (s == DP_OK) s = dp_copy_h2d(e->w[0].dev, e->w[0].params, host, n * sizeof(float));
     /* The root's copy to every replica, the owners included (should it
@@ -386,6 +474,8 @@ dp_status dp_engine_set_params(dp_engine *e, const float *host)
         e->needs_sync |= DP_SYNC_FROM_ROOT;
         s = sync_replicas(e);
     }
+    free(copy);
+    if (dp_ranks_active(e)) s = dp_ranks_agree(e, s);
     return unclaim(e, s);
 }
 
@@ -393,29 +483,67 @@ dp_status dp_engine_get_optimizer_state(dp_engine *e, float *m, float *v, long *
 {
     DP_TRY(claim(e, "dp_engine_get_optimizer_state"));
     dp_status s = dp_opt_get_state(e, m, v);
+    if (dp_ranks_active(e)) {
+        s = dp_ranks_agree(e, s);
+        if (s == DP_OK && m) s = dp_ranks_allgather_owned(e, m, "optimizer state (m)");
+        if (s == DP_OK && v && e->cfg.optim.kind == DP_OPTIMIZER_ADAMW)
+            s = dp_ranks_allgather_owned(e, v, "optimizer state (v)");
+    }
     if (s == DP_OK && t) *t = e->t;
     return unclaim(e, s);
 }
 
+static dp_status set_state(dp_engine *e, const float *m, const float *v, long t);
+static dp_status set_state_ranks(dp_engine *e, const float *m, const float *v, long t);
+
 dp_status dp_engine_set_optimizer_state(dp_engine *e, const float *m, const float *v, long t)
 {
     DP_TRY(claim(e, "dp_engine_set_optimizer_state"));
+    if (dp_ranks_active(e)) return unclaim(e, set_state_ranks(e, m, v, t));
+    return unclaim(e, set_state(e, m, v, t));
+}
+
+/* Rank 0's state to every rank, then each rank's slices from it. */
+static dp_status set_state_ranks(dp_engine *e, const float *m, const float *v, long t)
+{
+    size_t n = e->model.n_params;
+    int adamw = e->cfg.optim.kind == DP_OPTIMIZER_ADAMW;
+    float *cm = m ? malloc(n * sizeof *cm) : NULL, *cv = v && adamw ? malloc(n * sizeof *cv) : NULL;
+    dp_status s = (m && !cm) || (v && adamw && !cv)
+                      ? DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation of the optimizer state failed")
+                      : DP_OK;
+    if (cm) memcpy(cm, m, n * sizeof *cm);
+    if (cv) memcpy(cv, v, n * sizeof *cv);
+    s = dp_ranks_agree(e, s);
+    if (s == DP_OK) s = dp_ranks_bcast(e, &t, sizeof t, "optimizer step count");
+    if (s == DP_OK && cm) s = dp_ranks_bcast(e, cm, n * sizeof *cm, "optimizer state (m)");
+    if (s == DP_OK && cv) s = dp_ranks_bcast(e, cv, n * sizeof *cv, "optimizer state (v)");
+    if (s == DP_OK) s = dp_ranks_agree(e, set_state(e, cm, cv, t));
+    free(cm);
+    free(cv);
+    return s;
+}
+
+static dp_status set_state(dp_engine *e, const float *m, const float *v, long t)
+{
     size_t n = e->model.n_params, bad;
     if (t < 0)
-        return unclaim(e, DP_FAIL(DP_ERR_INVALID_ARGUMENT, "step count %ld is negative", t));
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "step count %ld is negative", t);
     if (m && (bad = first_bad(m, n, 0)) < n)
-        return unclaim(e, DP_FAIL(DP_ERR_INVALID_ARGUMENT, "first moment %zu of %zu is %g; "
-                                  "the optimizer state must be finite", bad, n, m[bad]));
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "first moment %zu of %zu is %g; the optimizer "
+                       "state must be finite", bad, n, m[bad]);
     int adamw = e->cfg.optim.kind == DP_OPTIMIZER_ADAMW;
     if (v && adamw && (bad = first_bad(v, n, 1)) < n)
-        return unclaim(e, DP_FAIL(DP_ERR_INVALID_ARGUMENT, "second moment %zu of %zu is %g; "
-                                  "it must be finite and >= 0", bad, n, v[bad]));
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "second moment %zu of %zu is %g; it must be "
+                       "finite and >= 0", bad, n, v[bad]);
     dp_status s = dp_opt_set_state(e, m, v);
     if (s == DP_OK) e->t = t;
-    return unclaim(e, s);
+    return s;
 }
 
 size_t dp_engine_num_devices(const dp_engine *e) { return e ? e->k : 0; }
+size_t dp_engine_num_global_devices(const dp_engine *e) { return e ? e->K : 0; }
+size_t dp_engine_first_global_device(const dp_engine *e) { return e ? e->g0 : 0; }
 
 dp_device *dp_engine_device(dp_engine *e, size_t i) { return e && i < e->k ? e->w[i].dev : NULL; }
 

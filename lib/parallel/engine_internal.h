@@ -21,6 +21,7 @@
 
 #include "backend/backend.h"
 #include "core/error.h"
+#include "dp/dist.h"
 #include "dp/engine.h"
 #include "parallel/barrier.h"
 #include "parallel/clock.h"
@@ -30,7 +31,15 @@
 /* JOB_BROADCAST: every replica = the root's (after set_params);
  * JOB_ALLGATHER: every replica fetches each slice from its owner (the
  * re-sync after a failed update or a diverged replica). */
-typedef enum job_kind { JOB_SETUP, JOB_STEP, JOB_EVAL, JOB_BROADCAST, JOB_ALLGATHER } job_kind;
+typedef enum job_kind {
+    JOB_SETUP, JOB_STEP, JOB_EVAL, JOB_BROADCAST, JOB_ALLGATHER,
+    /* ranks (ranks.c): the step cut where the ranks exchange data */
+    JOB_COMPUTE,      /* scatter, forward, criterion and backward of a step */
+    JOB_REDUCE_ROUND, /* the local adds of reduce-scatter chunk e->round (+ sums of squares at the last) */
+    JOB_UPDATE,       /* the optimizer update of the slices this rank owns */
+    JOB_GATHER_LOCAL, /* every replica fetches the slices this rank's devices own */
+    JOB_COPY_REMOTE   /* every replica fetches the other ranks' slices from local device 0 (+ hash) */
+} job_kind;
 
 /* engine.needs_sync: the replicas must be re-synchronised from the slice
  * owners (all-gather, after a failed update or a diverged replica) or
@@ -49,6 +58,23 @@ typedef struct dbuf {
     size_t bytes;
 } dbuf;
 
+/* One of the K optimizer slices of the flat buffer (K = the job's devices
+ * over every rank). The owner (a global device index: the slice's own
+ * device when the optimizer is sharded, device 0 otherwise) holds its
+ * moments and receives its reduced gradient; the reducer, a worker of the
+ * owner's rank, reduces and updates it on the owner's device. */
+typedef struct slice {
+    size_t begin, end;
+    int owner;   /* global device index */
+    int reducer; /* local worker index, or -1 when the owner is on another rank */
+    segment *segs;
+    size_t n_segs;
+    float *m, *v; /* the moments, on the owner */
+    dbuf acc, in; /* on the owner: running sum, incoming chunk (comm.c) */
+    dbuf remote;  /* on the owner: one chunk per device of the other ranks (ranks.c) */
+    double sumsq; /* of the reduced gradient, this step */
+} slice;
+
 typedef struct worker {
     struct dp_engine *e;
     int id;
@@ -63,17 +89,7 @@ typedef struct worker {
 
     /* this step's plan */
     size_t row_begin, rows, valid, n_micro, micro_rows;
-    /* reduce/optimizer slice of the flat buffer: this worker's thread
-     * reduces and updates it on its owner's device (the worker itself when
-     * the optimizer is sharded, device 0 otherwise) */
-    size_t slice_begin, slice_end;
-    segment *segs;
-    size_t n_segs;
-    int owner;                  /* index of the slice's owner */
-    float *m, *v;               /* the slice's optimizer moments, on the owner */
-    dbuf reduce_acc, reduce_in; /* on the owner: running sum, incoming chunk (comm.c) */
-
-    double loss_sum, slice_sumsq;
+    double loss_sum;
 
     /* phase tracking (this job): the monotonic time this worker first
      * entered each phase (-1: not entered), and the time spent in it */
@@ -95,12 +111,25 @@ typedef struct worker {
 } worker;
 
 struct dp_engine {
-    size_t k;
+    size_t k; /* this process's devices */
     worker *w;
+    /* The job: K devices over nranks ranks; this rank's are g0 .. g0 + k - 1
+     * (rank r's start at rank_first[r]; rank_first[nranks] = K). Without
+     * ranks K = k, g0 = 0 and nranks = 1. */
+    size_t K, g0;
+    int rank, nranks;
+    dp_dist *dist;
+    size_t rank_first[DP_MAX_DEVICES + 1];
+    slice *s; /* K slices */
+    size_t round; /* ranks: the reduce-scatter's chunk now being reduced (ranks.c) */
+    int hash_due; /* ranks: JOB_COPY_REMOTE hashes the replicas (replica check) */
+    /* this step, per global device: rows, loss sums (every rank knows all) */
+    size_t grows[DP_MAX_DEVICES];
+    double gloss[DP_MAX_DEVICES];
     dp_model model;
     dp_criterion crit;
     dp_engine_config cfg;
-    float weights[DP_MAX_DEVICES];
+    float weights[DP_MAX_DEVICES]; /* per global device */
 
     long t;
     float lr;
@@ -143,8 +172,21 @@ struct dp_engine {
     atomic_int diverge_dev; /* -1: none */
 };
 
-/* The owner of worker w's slice. */
-static inline worker *dp_slice_owner(const worker *w) { return &w->e->w[w->owner]; }
+/* The worker of global device g, or NULL when it is on another rank. */
+static inline worker *dp_local_worker(const dp_engine *e, size_t g)
+{
+    return g >= e->g0 && g < e->g0 + e->k ? &e->w[g - e->g0] : NULL;
+}
+/* Whether global device g adds to the reduced gradient this step (device 0
+ * always: its zeroed buffer starts the sum; others when they have rows). */
+static inline int dp_contributes(const dp_engine *e, size_t g) { return g == 0 || e->grows[g] > 0; }
+/* The rank of global device g. */
+static inline int dp_rank_of(const dp_engine *e, size_t g)
+{
+    int r = 0;
+    while (r + 1 < e->nranks && g >= e->rank_first[r + 1]) r++;
+    return r;
+}
 
 /* Rows of micro-batch j of worker w (0 when it has fewer); *first is the
  * micro-batch's first row within the worker's chunk. */
@@ -168,6 +210,9 @@ void dp_workers_stop(dp_engine *e);
 /* Runs a job on every worker and waits (with the watchdog). Returns the
  * first failure by device index, with its message as this thread's last error. */
 dp_status dp_workers_run(dp_engine *e, job_kind job);
+/* Clears the step's per-worker figures (loss sums, phase times and peaks);
+ * a step made of several jobs (ranks) calls it once, before the first. */
+void dp_workers_reset_stats(dp_engine *e);
 
 /* Records this worker's failure (device, phase, last error) and aborts the
  * barrier so nobody waits for it. */
@@ -233,25 +278,31 @@ void dp_compute_gather(worker *w);
 
 // --- optimizer.c --------------------------------------------------------------------
 
-/* Cuts the flat buffer into one slice per device (the rule is in
- * dp/engine.h, shard_optimizer), names each slice's owner and splits the
+/* Cuts the flat buffer into K slices (the rule is in dp/engine.h,
+ * shard_optimizer), names each slice's owner and reducer and splits the
  * slices by tensor into segments of one weight-decay setting. */
 dp_status dp_opt_build_slices(dp_engine *e);
-/* Allocates and zeroes the moments of the slices this worker owns, on its
- * device (setup job). */
+/* Allocates and zeroes the moments of the slices this worker's device
+ * owns, on it (setup job). */
 dp_status dp_opt_alloc_state(worker *owner);
 void dp_opt_free_state(dp_engine *e);
-/* Bytes of optimizer state held on device d. */
+/* Bytes of optimizer state held on local device d. */
 size_t dp_opt_state_bytes(const dp_engine *e, size_t d);
-/* The sum of squares of this worker's slice of the reduced gradient (on its owner). */
+/* The sum of squares of the reduced gradient of each slice this worker
+ * reduces (on its owner). */
 dp_status dp_opt_slice_sumsq(worker *w);
-/* Clipping for the global norm and the update of this worker's slice (on its owner). */
+/* Clipping for the global norm and the update of the slices this worker
+ * reduces (on their owners). */
 dp_status dp_opt_update_slice(worker *w, double grad_norm);
-/* The caller's thread: the moments as one contiguous flat m and v (n_params
- * floats each; v may be NULL, and is ignored for SGD), gathered from or
- * scattered to the slice owners. */
+/* The caller's thread: the moments of the slices this rank owns, between
+ * the host's flat m and v (n_params floats each; v may be NULL, and is
+ * ignored for SGD) and the owners; get leaves the other ranks' ranges of
+ * m and v untouched. */
 dp_status dp_opt_get_state(dp_engine *e, float *m, float *v);
 dp_status dp_opt_set_state(dp_engine *e, const float *m, const float *v);
+/* The range [*begin, *begin + *count) of the flat buffer whose slices rank r's
+ * devices own (contiguous; empty for ranks that own none). */
+void dp_opt_rank_range(const dp_engine *e, int r, size_t *begin, size_t *count);
 
 // --- replica.c ----------------------------------------------------------------------
 
@@ -262,5 +313,29 @@ dp_status dp_replica_hash(worker *w);
 /* After a checked step: fails naming the first replica whose hash differs
  * from the root's, and marks the replicas for a re-broadcast. */
 dp_status dp_replica_compare(dp_engine *e);
+
+// --- ranks.c --------------------------------------------------------------------------
+
+/* At create, on every rank after the local checks: exchanges device
+ * counts, weights and the configuration, and fails on every rank when
+ * they disagree; fills K, g0, rank_first and the global weights. */
+dp_status dp_ranks_init(dp_engine *e, const dp_device_spec *devices, size_t k);
+/* Whether this engine spans ranks. */
+static inline int dp_ranks_active(const dp_engine *e) { return e->nranks > 1; }
+/* The reduce-scatter's rounds with ranks: chunks of the longest slice. */
+size_t dp_ranks_rounds(const dp_engine *e);
+/* The step (train) or evaluation of a planned batch over every rank. */
+dp_status dp_ranks_step(dp_engine *e, int train);
+/* Every replica of every rank = the slices' owners' parameters. */
+dp_status dp_ranks_allgather_params(dp_engine *e);
+/* After planning batch b (planned: the plan's outcome): every rank planned
+ * the same batch, or every rank fails naming the first that differs. */
+dp_status dp_ranks_check_batch(dp_engine *e, const dp_batch *b, dp_status planned);
+/* Agreement on a local outcome: the first failing rank's status on all. */
+dp_status dp_ranks_agree(dp_engine *e, dp_status local);
+/* Rank 0's bytes to every rank (watchdog-bounded). */
+dp_status dp_ranks_bcast(dp_engine *e, void *buf, size_t bytes, const char *what);
+/* The flat host buffer buf of every rank gets every rank's owned range. */
+dp_status dp_ranks_allgather_owned(dp_engine *e, float *buf, const char *what);
 
 #endif /* DP_PARALLEL_ENGINE_INTERNAL_H */

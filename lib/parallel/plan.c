@@ -133,7 +133,7 @@ dp_status dp_engine_plan(const dp_engine *e, size_t rows, const void *targets,
                          size_t *rows_out)
 {
     if (!e || !rows_out) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "engine and rows_out must not be NULL");
-    size_t k = e->k;
+    size_t k = e->K; /* every device of the job, over every rank */
     double W = 0.0;
     for (size_t i = 0; i < k; i++) W += e->weights[i];
     if (!e->cfg.token_balanced || !targets) {
@@ -206,14 +206,14 @@ dp_status dp_plan_batch(dp_engine *e, const dp_batch *b)
     e->n_valid = valid;
     e->dscale = (float)(1.0 / (double)valid);
 
-    size_t rows[DP_MAX_DEVICES];
-    DP_TRY(dp_engine_plan(e, b->rows, b->targets, rows));
+    DP_TRY(dp_engine_plan(e, b->rows, b->targets, e->grows));
     size_t begin = 0, gather_steps = 0;
+    for (size_t g = 0; g < e->g0; g++) begin += e->grows[g]; /* the other ranks' rows before ours */
     for (size_t i = 0; i < e->k; i++) {
         worker *w = &e->w[i];
         w->row_begin = begin;
-        w->rows = rows[i];
-        begin += rows[i];
+        w->rows = e->grows[e->g0 + i];
+        begin += w->rows;
         w->valid = dp_plan_valid_targets(e, b->targets, w->row_begin, w->rows);
         size_t nm = e->cfg.grad_accum > 1 ? (size_t)e->cfg.grad_accum : 1;
         if (e->cfg.max_rows_per_micro) {

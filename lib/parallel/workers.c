@@ -187,6 +187,18 @@ static dp_status watch(dp_engine *e)
 
 /* Runs a job on every worker and waits. Returns the first failure by device
  * index, with its message as this thread's last error. */
+void dp_workers_reset_stats(dp_engine *e)
+{
+    for (size_t i = 0; i < e->k; i++) {
+        worker *w = &e->w[i];
+        w->loss_sum = 0.0;
+        for (int p = 0; p < DP_PHASE_COUNT; p++) w->phase_first[p] = -1.0;
+        memset(w->phase_seconds, 0, sizeof w->phase_seconds);
+        memset(w->phase_peak, 0, sizeof w->phase_peak);
+    }
+    for (size_t j = 0; e->s && j < e->K; j++) e->s[j].sumsq = 0.0;
+}
+
 dp_status dp_workers_run(dp_engine *e, job_kind job)
 {
     dp_barrier_reset(&e->barrier);
@@ -195,11 +207,6 @@ dp_status dp_workers_run(dp_engine *e, job_kind job)
         w->status = DP_OK;
         w->msg[0] = '\0';
         w->phase = DP_PHASE_COUNT;
-        w->loss_sum = 0.0;
-        w->slice_sumsq = 0.0;
-        for (int p = 0; p < DP_PHASE_COUNT; p++) w->phase_first[p] = -1.0;
-        memset(w->phase_seconds, 0, sizeof w->phase_seconds);
-        memset(w->phase_peak, 0, sizeof w->phase_peak);
     }
     for (size_t i = 0; i < e->k; i++) atomic_store(&e->w[i].busy_phase, -1);
     pthread_mutex_lock(&e->mu);

@@ -1,0 +1,44 @@
+/*
+ * dist/dist_internal.h - what the engine needs from the ranks of a job
+ * (dp/dist.h), not installed. Implemented over MPI (dist_mpi.c) or, in a
+ * build without MPI, for one rank (dist_none.c).
+ *
+ * Every call is collective over the handle's ranks unless it says
+ * otherwise, is made from the thread that opened the handle, and waits at
+ * most timeout seconds (0: no limit) before failing with DP_ERR_TIMEOUT
+ * naming what it waited for; the job must then end (an MPI request cannot
+ * be taken back), so the engine marks itself unusable.
+ */
+#ifndef DP_DIST_INTERNAL_H
+#define DP_DIST_INTERNAL_H
+
+#include <stddef.h>
+
+#include "dp/dist.h"
+
+/* every rank's `bytes` bytes of mine, in rank order, into all (size x bytes) */
+dp_status dp_dist_allgather(dp_dist *d, const void *mine, void *all, size_t bytes,
+                            double timeout, const char *what);
+
+/* In place on every rank's buf (floats): rank r's floats
+ * [begin[r], begin[r] + count[r]) go to every other rank. */
+dp_status dp_dist_allgatherv(dp_dist *d, float *buf, const size_t *begin, const size_t *count,
+                             double timeout, const char *what);
+
+/* Rank 0's bytes bytes of buf to every rank. */
+dp_status dp_dist_bcast(dp_dist *d, void *buf, size_t bytes, double timeout, const char *what);
+
+/* Point-to-point: posts every receive, then every send, and waits for all.
+ * Between one pair of ranks, messages are matched in the order posted
+ * (MPI's non-overtaking rule), so both sides list them in the same order.
+ * Not collective: only the ranks with messages take part. */
+typedef struct dp_dist_msg {
+    int peer;
+    void *ptr;
+    size_t bytes;
+} dp_dist_msg;
+dp_status dp_dist_exchange(dp_dist *d, const dp_dist_msg *sends, size_t n_sends,
+                           const dp_dist_msg *recvs, size_t n_recvs, double timeout,
+                           const char *what);
+
+#endif /* DP_DIST_INTERNAL_H */

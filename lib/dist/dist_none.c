@@ -1,0 +1,60 @@
+/*
+ * dist/dist_none.c - dp/dist.h in a build without MPI: one rank. Opening
+ * a job a launcher started with more ranks fails, naming the fix, so R
+ * copies of a program never train R separate models by mistake.
+ */
+#include <limits.h>
+#include <stdlib.h>
+
+#include "core/error.h"
+#include "dist/dist_internal.h"
+
+struct dp_dist {
+    int unused;
+};
+
+int dp_dist_built(void) { return 0; }
+
+dp_status dp_dist_open(int *argc, char ***argv, dp_dist **out)
+{
+    if (!out) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "out must not be NULL");
+    *out = NULL;
+    int n = dp_dist_launched_size();
+    if (n > 1)
+        return DP_FAIL(DP_ERR_UNSUPPORTED, "a launcher started %d ranks, but this dp was built "
+                       "without MPI; install libopenmpi-dev and rebuild with -DDP_MPI=ON", n);
+    dp_dist *d = calloc(1, sizeof *d);
+    if (!d) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation failed");
+    *out = d;
+    return DP_OK;
+}
+
+void dp_dist_close(dp_dist *d) { free(d); }
+int dp_dist_rank(const dp_dist *d) { return 0; }
+int dp_dist_size(const dp_dist *d) { return 1; }
+size_t dp_dist_bytes_sent(const dp_dist *d) { return 0; }
+void dp_dist_abort(dp_dist *d, int code) {}
+dp_status dp_dist_agree(dp_dist *d, dp_status local) { return local; }
+dp_status dp_dist_broadcast(dp_dist *d, void *buf, size_t bytes) { return DP_OK; }
+
+/* One rank: nothing to exchange (the engine never calls these then). */
+dp_status dp_dist_allgather(dp_dist *d, const void *mine, void *all, size_t bytes,
+                            double timeout, const char *what)
+{
+    return DP_FAIL(DP_ERR_UNSUPPORTED, "%s: dp was built without MPI", what);
+}
+dp_status dp_dist_allgatherv(dp_dist *d, float *buf, const size_t *begin, const size_t *count,
+                             double timeout, const char *what)
+{
+    return DP_FAIL(DP_ERR_UNSUPPORTED, "%s: dp was built without MPI", what);
+}
+dp_status dp_dist_bcast(dp_dist *d, void *buf, size_t bytes, double timeout, const char *what)
+{
+    return DP_FAIL(DP_ERR_UNSUPPORTED, "%s: dp was built without MPI", what);
+}
+dp_status dp_dist_exchange(dp_dist *d, const dp_dist_msg *sends, size_t n_sends,
+                           const dp_dist_msg *recvs, size_t n_recvs, double timeout,
+                           const char *what)
+{
+    return DP_FAIL(DP_ERR_UNSUPPORTED, "%s: dp was built without MPI", what);
+}

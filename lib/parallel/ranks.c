@@ -1,0 +1,409 @@
+/*
+ * parallel/ranks.c - the engine over R ranks (dp/dist.h): the step cut
+ * into local jobs at the points where the ranks exchange data, every
+ * exchange made from the caller's thread (MPI_THREAD_FUNNELED).
+ *
+ * Global device order is rank-major, and every rank plans the whole
+ * batch, so every rank knows every device's rows. The reduce-scatter
+ * keeps one process's order of additions: each slice's owner receives
+ * the chunk of every contributing device of the other ranks (one message
+ * per device, never a partial sum) and adds all contributions in global
+ * device order 0..K-1 (comm.c), so R ranks of k devices give the bits of
+ * one process with R x k. Each exchange carries every rank's status, so
+ * a failure anywhere ends the step on every rank with the same error, and
+ * every wait is bounded by the watchdog.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dist/dist_internal.h"
+#include "parallel/comm.h"
+#include "parallel/engine_internal.h"
+
+// --- the exchange of outcomes ------------------------------------------------------------
+
+/* What every rank sends at a sync point: its outcome and a payload. */
+typedef struct outcome {
+    int status;
+    char msg[600];
+} outcome;
+
+/* Every rank's status and `bytes` of payload (mine) into all (R x bytes,
+ * may be NULL when bytes is 0); the result is DP_OK on every rank, or the
+ * lowest failing rank's status and message on every rank. A failure of
+ * the exchange itself leaves the job unusable (the engine is marked
+ * broken). */
+static dp_status sync_point(dp_engine *e, dp_status local, const void *mine, void *all,
+                            size_t bytes, const char *what)
+{
+    size_t one = sizeof(outcome) + bytes;
+    unsigned char *buf = malloc(one * (size_t)(e->nranks + 1));
+    if (!buf) {
+        e->broken = 1;
+        return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "%s: host allocation failed", what);
+    }
+    outcome *o = (outcome *)buf;
+    memset(o, 0, sizeof *o);
+    o->status = (int)local;
+    if (local != DP_OK) snprintf(o->msg, sizeof o->msg, "%s", dp_last_error());
+    if (bytes) memcpy(buf + sizeof(outcome), mine, bytes);
+    unsigned char *got = buf + one;
+    dp_status s = dp_dist_allgather(e->dist, buf, got, one, e->cfg.watchdog_seconds, what);
+    if (s != DP_OK) {
+        e->broken = 1;
+        free(buf);
+        return s;
+    }
+    for (int r = 0; r < e->nranks; r++) {
+        outcome *x = (outcome *)(got + (size_t)r * one);
+        if (bytes && all) memcpy((unsigned char *)all + (size_t)r * bytes, (unsigned char *)x + sizeof(outcome), bytes);
+        if (s == DP_OK && x->status != DP_OK) {
+            x->msg[sizeof x->msg - 1] = '\0';
+            s = DP_FAIL((dp_status)x->status, "rank %d: %s", r, x->msg);
+        }
+    }
+    free(buf);
+    return s;
+}
+
+dp_status dp_ranks_agree(dp_engine *e, dp_status local)
+{
+    return sync_point(e, local, NULL, NULL, 0, "agreement between the ranks");
+}
+
+dp_status dp_ranks_bcast(dp_engine *e, void *buf, size_t bytes, const char *what)
+{
+    dp_status s = dp_dist_bcast(e->dist, buf, bytes, e->cfg.watchdog_seconds, what);
+    if (s != DP_OK) e->broken = 1;
+    return s;
+}
+
+dp_status dp_ranks_allgather_owned(dp_engine *e, float *buf, const char *what)
+{
+    size_t begin[DP_MAX_DEVICES], count[DP_MAX_DEVICES];
+    for (int r = 0; r < e->nranks; r++) dp_opt_rank_range(e, r, &begin[r], &count[r]);
+    dp_status s = dp_dist_allgatherv(e->dist, buf, begin, count, e->cfg.watchdog_seconds, what);
+    if (s != DP_OK) e->broken = 1;
+    return s;
+}
+
+// --- create: every rank's devices and configuration -------------------------------------
+
+/* What must be equal on every rank, and what each rank brings. */
+typedef struct rank_info {
+    uint64_t k;
+    float weights[DP_MAX_DEVICES];
+    int kind, mode, shard, optim, grad_accum, token_balanced, allow_tf32;
+    float lr, beta1, beta2, eps, weight_decay, grad_clip, momentum;
+    uint64_t max_rows, max_tokens, seed, memory_limit, n_params, n_tensors, n_classes,
+        outputs_per_row, input_row_bytes, target_type, target_size;
+    double watchdog;
+    int64_t check_replicas_every;
+} rank_info;
+
+static void fill_info(rank_info *x, const dp_engine *e, const dp_device_spec *devices, size_t k)
+{
+    const dp_engine_config *c = &e->cfg;
+    const dp_model *m = &e->model;
+    memset(x, 0, sizeof *x);
+    x->k = k;
+    for (size_t i = 0; i < k; i++) x->weights[i] = e->weights[i];
+    x->kind = (int)devices[0].kind;
+    x->mode = (int)c->mode;
+    x->shard = c->shard_optimizer;
+    x->optim = (int)c->optim.kind;
+    x->grad_accum = c->grad_accum;
+    x->token_balanced = c->token_balanced;
+    x->allow_tf32 = c->allow_tf32;
+    x->lr = c->optim.lr;
+    x->beta1 = c->optim.beta1;
+    x->beta2 = c->optim.beta2;
+    x->eps = c->optim.eps;
+    x->weight_decay = c->optim.weight_decay;
+    x->grad_clip = c->optim.grad_clip;
+    x->momentum = c->optim.momentum;
+    x->max_rows = c->max_rows_per_micro;
+    x->max_tokens = c->max_tokens_per_micro;
+    x->seed = c->seed;
+    x->memory_limit = c->memory_limit;
+    x->n_params = m->n_params;
+    x->n_tensors = m->n_tensors;
+    x->n_classes = m->n_classes;
+    x->outputs_per_row = m->outputs_per_row;
+    x->input_row_bytes = m->input_row_bytes;
+    x->target_type = (uint64_t)m->target_type;
+    x->target_size = dp_model_target_size(m);
+    x->watchdog = c->watchdog_seconds;
+    x->check_replicas_every = c->check_replicas_every;
+}
+
+/* The first field where b differs from a, or NULL. (Not memcmp: the
+ * padding is not compared, and the message names the field.) */
+static const char *first_difference(const rank_info *a, const rank_info *b)
+{
+#define DIFF(f, name) \
+    if (memcmp(&a->f, &b->f, sizeof a->f) != 0) return name
+    DIFF(mode, "mode");
+    DIFF(shard, "shard_optimizer");
+    DIFF(optim, "optimizer");
+    DIFF(grad_accum, "grad_accum");
+    DIFF(token_balanced, "token_balanced");
+    DIFF(allow_tf32, "allow_tf32");
+    DIFF(lr, "optim.lr");
+    DIFF(beta1, "optim.beta1");
+    DIFF(beta2, "optim.beta2");
+    DIFF(eps, "optim.eps");
+    DIFF(weight_decay, "optim.weight_decay");
+    DIFF(grad_clip, "optim.grad_clip");
+    DIFF(momentum, "optim.momentum");
+    DIFF(max_rows, "max_rows_per_micro");
+    DIFF(max_tokens, "max_tokens_per_micro");
+    DIFF(seed, "seed");
+    DIFF(n_params, "the model's n_params");
+    DIFF(n_tensors, "the model's n_tensors");
+    DIFF(n_classes, "the model's n_classes");
+    DIFF(outputs_per_row, "the model's outputs_per_row");
+    DIFF(input_row_bytes, "the model's input_row_bytes");
+    DIFF(target_type, "the model's target_type");
+    DIFF(target_size, "the model's target_size");
+    DIFF(watchdog, "watchdog_seconds");
+    DIFF(check_replicas_every, "check_replicas_every");
+    DIFF(kind, "the device kind");
+#undef DIFF
+    return NULL;
+}
+
+dp_status dp_ranks_init(dp_engine *e, const dp_device_spec *devices, size_t k)
+{
+    e->nranks = dp_dist_size(e->dist);
+    e->rank = dp_dist_rank(e->dist);
+    if (e->nranks > DP_MAX_DEVICES)
+        return DP_FAIL(DP_ERR_UNSUPPORTED, "%d ranks; an engine spans at most %d devices in all",
+                       e->nranks, DP_MAX_DEVICES);
+    rank_info mine, *all = malloc((size_t)e->nranks * sizeof *all);
+    if (!all) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation failed");
+    fill_info(&mine, e, devices, k);
+    /* No watchdog here: the ranks may still be starting up. */
+    dp_status s = dp_dist_allgather(e->dist, &mine, all, sizeof mine, 0.0,
+                                    "exchanging the ranks' devices and configuration");
+    size_t K = 0;
+    for (int r = 0; s == DP_OK && r < e->nranks; r++) {
+        const char *f = first_difference(&all[0], &all[r]);
+        if (f) {
+            s = DP_FAIL(DP_ERR_INVALID_ARGUMENT, "rank %d's %s differs from rank 0's; every "
+                        "rank must create its engine with the same configuration and model", r, f);
+            break;
+        }
+        e->rank_first[r] = K;
+        if (all[r].k > (uint64_t)(DP_MAX_DEVICES - K)) {
+            s = DP_FAIL(DP_ERR_INVALID_ARGUMENT, "the ranks have more than %d devices in all; "
+                        "use fewer devices per rank or fewer ranks", DP_MAX_DEVICES);
+            break;
+        }
+        for (uint64_t i = 0; i < all[r].k; i++) e->weights[K + i] = all[r].weights[i];
+        K += (size_t)all[r].k;
+    }
+    if (s == DP_OK && all[0].mode == DP_MODE_GATHER)
+        s = DP_FAIL(DP_ERR_UNSUPPORTED, "gather mode across ranks: gather mode reproduces one "
+                    "process's DataParallel; use balanced mode with ranks, or one process");
+    if (s == DP_OK && all[0].kind != DP_DEVICE_CPU)
+        s = DP_FAIL(DP_ERR_UNSUPPORTED, "CUDA devices across ranks need NCCL, which this dp does "
+                    "not use yet; use cpu devices with ranks, or one process for the GPUs");
+    if (s == DP_OK && all[0].n_params > (uint64_t)0x7fffffff)
+        s = DP_FAIL(DP_ERR_UNSUPPORTED, "%llu parameters: MPI counts hold at most 2^31 - 1 "
+                    "floats", (unsigned long long)all[0].n_params);
+    free(all);
+    if (s != DP_OK) return s;
+    double W = 0.0;
+    for (size_t g = 0; g < K; g++) W += e->weights[g];
+    if (W <= 0.0)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "device weights are zero on every rank; give at "
+                       "least one device a positive share");
+    e->K = K;
+    e->rank_first[e->nranks] = K;
+    e->g0 = e->rank_first[e->rank];
+    return DP_OK;
+}
+
+// --- the step ----------------------------------------------------------------------------
+
+size_t dp_ranks_rounds(const dp_engine *e)
+{
+    size_t longest = 0, c = DP_COMM_CHUNK_FLOATS_RANKS;
+    for (size_t j = 0; j < e->K; j++)
+        if (e->s[j].end - e->s[j].begin > longest) longest = e->s[j].end - e->s[j].begin;
+    return longest ? (longest + c - 1) / c : 1;
+}
+
+/* Adds the caller's seconds in an exchange to every local worker's phase p. */
+static void charge(dp_engine *e, dp_phase p, double since)
+{
+    double t = dp_now_seconds() - since;
+    for (size_t i = 0; i < e->k; i++) {
+        worker *w = &e->w[i];
+        if (w->phase_first[p] < 0.0) w->phase_first[p] = since;
+        w->phase_seconds[p] += t;
+    }
+}
+
+/* Round r of the reduce-scatter between the ranks: every contributing
+ * local device's chunk of each slice another rank owns goes to that rank;
+ * the chunks of the other ranks' devices for the slices this rank owns
+ * arrive in their staging. Both sides list the messages by (slice,
+ * device), so each pair of ranks matches them in order. */
+static dp_status exchange_round(dp_engine *e, size_t r)
+{
+    size_t c = DP_COMM_CHUNK_FLOATS_RANKS, n_s = 0, n_r = 0, cap = e->K * e->K;
+    dp_dist_msg *msgs = malloc(2 * cap * sizeof *msgs);
+    if (!msgs) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation failed");
+    dp_dist_msg *sends = msgs, *recvs = msgs + cap;
+    for (size_t j = 0; j < e->K; j++) {
+        slice *sl = &e->s[j];
+        size_t n = sl->end - sl->begin, at = r * c;
+        if (at >= n) continue;
+        size_t len = n - at < c ? n - at : c;
+        int owner_rank = dp_rank_of(e, (size_t)sl->owner);
+        for (size_t d = 0; d < e->K; d++) {
+            if (!dp_contributes(e, d)) continue;
+            worker *wd = dp_local_worker(e, d);
+            if (owner_rank != e->rank && wd)
+                sends[n_s++] = (dp_dist_msg){owner_rank, wd->grads + sl->begin + at, len * sizeof(float)};
+            else if (owner_rank == e->rank && !wd)
+                recvs[n_r++] = (dp_dist_msg){dp_rank_of(e, d), dp_comm_remote_chunk(e, sl, d),
+                                             len * sizeof(float)};
+        }
+    }
+    dp_status s = dp_dist_exchange(e->dist, sends, n_s, recvs, n_r, e->cfg.watchdog_seconds,
+                                   "reduce-scatter between the ranks");
+    free(msgs);
+    if (s != DP_OK) e->broken = 1;
+    return s;
+}
+
+/* The replica check over every rank: each device's hash against global device 0's. */
+static dp_status compare_replicas(dp_engine *e, dp_status local)
+{
+    uint64_t mine[DP_MAX_DEVICES] = {0}, *all = malloc((size_t)e->nranks * sizeof mine);
+    if (!all) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation failed");
+    for (size_t i = 0; i < e->k; i++) mine[e->g0 + i] = e->w[i].param_hash;
+    dp_status s = sync_point(e, local, mine, all, sizeof mine, "replica check between the ranks");
+    uint64_t root = all[0];
+    for (size_t g = 1; s == DP_OK && g < e->K; g++) {
+        int r = dp_rank_of(e, g);
+        uint64_t h = all[(size_t)r * DP_MAX_DEVICES + g];
+        if (h != root) {
+            e->needs_sync |= DP_SYNC_FROM_OWNERS;
+            s = DP_FAIL(DP_ERR_INTERNAL, "replica of global device %zu (rank %d) diverged from "
+                        "global device 0's after step %ld (parameter hash %016llx, root %016llx); "
+                        "it will be re-synchronised before the next step", g, r, e->t,
+                        (unsigned long long)h, (unsigned long long)root);
+        }
+    }
+    free(all);
+    return s;
+}
+
+static dp_status allgather_params(dp_engine *e, int hash)
+{
+    dp_status s = dp_ranks_agree(e, dp_workers_run(e, JOB_GATHER_LOCAL));
+    if (s != DP_OK) {
+        e->needs_sync |= DP_SYNC_FROM_OWNERS;
+        return s;
+    }
+    double t0 = dp_now_seconds();
+    DP_TRY(dp_ranks_allgather_owned(e, e->w[0].params, "all-gather of the parameters"));
+    charge(e, DP_PHASE_BROADCAST, t0);
+    e->hash_due = hash;
+    s = dp_workers_run(e, JOB_COPY_REMOTE);
+    e->hash_due = 0;
+    s = hash ? compare_replicas(e, s) : dp_ranks_agree(e, s);
+    if (s != DP_OK) e->needs_sync |= DP_SYNC_FROM_OWNERS;
+    return s;
+}
+
+dp_status dp_ranks_allgather_params(dp_engine *e) { return allgather_params(e, 0); }
+
+dp_status dp_ranks_step(dp_engine *e, int train)
+{
+    /* forward, criterion (and backward): every rank's loss sums to all */
+    double mine[DP_MAX_DEVICES] = {0}, *all = malloc((size_t)e->nranks * sizeof mine);
+    if (!all) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation failed");
+    dp_status s = dp_workers_run(e, train ? JOB_COMPUTE : JOB_EVAL);
+    for (size_t i = 0; i < e->k; i++) mine[e->g0 + i] = e->w[i].loss_sum;
+    s = sync_point(e, s, mine, all, sizeof mine, "the step's losses");
+    for (size_t g = 0; s == DP_OK && g < e->K; g++)
+        e->gloss[g] = all[(size_t)dp_rank_of(e, g) * DP_MAX_DEVICES + g];
+    if (s != DP_OK || !train) {
+        free(all);
+        return s;
+    }
+
+    /* reduce-scatter, round by round; the last round sums the squares */
+    size_t rounds = dp_ranks_rounds(e);
+    for (size_t r = 0; r < rounds; r++) {
+        double t0 = dp_now_seconds();
+        s = exchange_round(e, r);
+        charge(e, DP_PHASE_REDUCE, t0);
+        if (s != DP_OK) break;
+        e->round = r;
+        s = dp_workers_run(e, JOB_REDUCE_ROUND);
+        if (r + 1 < rounds) {
+            s = dp_ranks_agree(e, s);
+        } else {
+            memset(mine, 0, sizeof mine);
+            for (size_t j = 0; j < e->K; j++)
+                if (e->s[j].reducer >= 0) mine[j] = e->s[j].sumsq;
+            s = sync_point(e, s, mine, all, sizeof mine, "the gradient's sums of squares");
+            for (size_t j = 0; s == DP_OK && j < e->K; j++)
+                e->s[j].sumsq = all[(size_t)dp_rank_of(e, (size_t)e->s[j].owner) * DP_MAX_DEVICES + j];
+        }
+        if (s != DP_OK) break;
+    }
+    free(all);
+    if (s != DP_OK) return s;
+
+    /* every rank derives the same norm and decision from the same numbers */
+    double loss, sumsq;
+    dp_comm_allreduce_scalars(e, &loss, &sumsq);
+    e->grad_norm = sqrt(sumsq);
+    e->skip = !isfinite(e->grad_norm) || !isfinite(loss);
+    if (e->skip) return DP_OK;
+
+    s = dp_ranks_agree(e, dp_workers_run(e, JOB_UPDATE));
+    if (s != DP_OK) {
+        e->needs_sync |= DP_SYNC_FROM_OWNERS;
+        return s;
+    }
+    return allgather_params(e, dp_replica_check_due(e));
+}
+
+// --- the batch ---------------------------------------------------------------------------
+
+/* FNV-1a of the batch's bytes: every rank must pass the same batch. */
+static uint64_t batch_hash(const dp_engine *e, const dp_batch *b)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    const unsigned char *p = b->inputs;
+    size_t n = b->rows * e->model.input_row_bytes;
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
+    p = b->targets;
+    n = b->rows * dp_model_target_row_bytes(&e->model);
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
+    return h ^ (uint64_t)b->rows;
+}
+
+dp_status dp_ranks_check_batch(dp_engine *e, const dp_batch *b, dp_status planned)
+{
+    uint64_t mine = planned == DP_OK ? batch_hash(e, b) : 0, *all = malloc((size_t)e->nranks * sizeof mine);
+    if (!all) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation failed");
+    dp_status s = sync_point(e, planned, &mine, all, sizeof mine, "the batch");
+    for (int r = 1; s == DP_OK && r < e->nranks; r++)
+        if (all[r] != all[0])
+            s = DP_FAIL(DP_ERR_INVALID_ARGUMENT, "rank %d's batch differs from rank 0's; every "
+                        "rank passes the same global batch (sample it from the same seed) and "
+                        "the engine takes each rank's rows", r);
+    free(all);
+    return s;
+}
