@@ -50,7 +50,8 @@ static dp_status check_config(const dp_engine_config *c, size_t k)
                                "finite and >= 0", i, c->device_weights[i]);
             sum += c->device_weights[i];
         }
-        if (sum <= 0.0)
+        /* With ranks a rank may sit out; the job's sum is checked at create (ranks.c). */
+        if (sum <= 0.0 && dp_dist_size(c->dist) <= 1)
             return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "device weights are all zero; give at least "
                            "one device a positive share");
     }

@@ -1,0 +1,464 @@
+/*
+ * tests/mpi/test_ranks.c - the engine over ranks joined by MPI, run by
+ * ctest under `mpiexec -n 2` (label mpi). Not a Criterion program:
+ * Criterion forks a process per test, and an MPI rank must not fork.
+ *
+ * Every case runs on both ranks; rank 0 also runs the one-process
+ * reference with the same number of devices in all, and the ranks agree
+ * on the outcome (dp_dist_agree), so both exit with the same status.
+ *
+ *  - R ranks x k devices == one process with R x k devices, bitwise
+ *    (losses, gradient norms, parameters, moments) after 20 steps: k = 1
+ *    and 2, root and sharded optimizer, AdamW with clipping and SGD, an
+ *    uneven batch (7 rows), idle devices and an idle rank, the
+ *    token-balanced split, gradient accumulation, and slices longer than
+ *    one round of the reduce-scatter.
+ *  - state moves between R x k and one process: 10 steps on 2 ranks x
+ *    cpu:2, then 10 on one process with cpu:4, equal the 20 straight, and
+ *    the reverse.
+ *  - a failure injected on rank 1 in each phase fails the step on both
+ *    ranks naming rank 1 and the phase; the next step works and the ranks
+ *    agree; a non-finite loss on rank 1's rows skips the update on both.
+ *  - bad use: different configurations, different batches, gather mode.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <dp/dp.h>
+#include <dp/dist.h>
+
+#include "mlp_model.h"
+#include "parallel/engine_testing.h"
+
+enum { D = 6, CLASSES = 5, MAXROWS = 16, STEPS = 20 };
+
+static dp_dist *dist;
+static int rank, failures;
+
+#define CHECK(cond, ...)                                                \
+    do {                                                                \
+        if (!(cond)) {                                                  \
+            fprintf(stderr, "rank %d: %s:%d: ", rank, __FILE__, __LINE__); \
+            fprintf(stderr, __VA_ARGS__);                               \
+            fprintf(stderr, "\n");                                      \
+            failures++;                                                 \
+            return;                                                     \
+        }                                                               \
+    } while (0)
+#define CHECK_OK(expr) CHECK((expr) == DP_OK, "%s: %s", #expr, dp_last_error())
+
+typedef struct tcase {
+    const char *name;
+    int k;          /* devices per rank */
+    int shard;
+    int rows;
+    size_t hidden;
+    dp_optimizer optim;
+    int token_balanced, grad_accum, ignore_every;
+    float weight_rank1; /* device weight of rank 1's devices (1: equal) */
+} tcase;
+
+typedef struct result {
+    double loss[STEPS], norm[STEPS];
+    float *p, *m, *v;
+    size_t n;
+    long t;
+} result;
+
+static void batch(int s, int rows, int ignore_every, float *x, int32_t *y)
+{
+    dp_rng rng;
+    dp_rng_seed(&rng, 1000 + (uint64_t)s);
+    dp_rng_fill_normal(&rng, x, (size_t)rows * D, 0.0f, 1.0f);
+    for (int i = 0; i < rows; i++) {
+        y[i] = (int32_t)dp_rng_below(&rng, CLASSES);
+        if (ignore_every > 0 && i % ignore_every == ignore_every - 1) y[i] = -1;
+    }
+}
+
+static dp_engine_config config(const tcase *c)
+{
+    dp_engine_config cfg = dp_engine_config_default();
+    cfg.optim.kind = c->optim;
+    cfg.optim.lr = 1e-2f;
+    cfg.optim.momentum = c->optim == DP_OPTIMIZER_SGD ? 0.9f : 0.0f;
+    cfg.optim.grad_clip = 0.5f; /* below the first steps' norms: clipping is active */
+    cfg.shard_optimizer = c->shard;
+    cfg.token_balanced = c->token_balanced;
+    cfg.grad_accum = c->grad_accum ? c->grad_accum : 1;
+    cfg.seed = 11;
+    cfg.watchdog_seconds = 60;
+    return cfg;
+}
+
+typedef struct run {
+    mlp net;
+    dp_model model;
+    dp_criterion crit;
+    dp_engine *e;
+} run;
+
+/* An engine of k CPU devices, over the ranks (ranked) or in this process. */
+static dp_status open_run(run *r, const tcase *c, int k, int ranked, dp_engine_config cfg)
+{
+    mlp_config mc = {D, c->hidden, CLASSES};
+    mlp_init_model(&r->net, &mc, &r->model);
+    r->crit = dp_criterion_cross_entropy();
+    dp_device_spec specs[DP_MAX_DEVICES];
+    float weights[DP_MAX_DEVICES];
+    for (int i = 0; i < k; i++) {
+        specs[i] = (dp_device_spec){DP_DEVICE_CPU, i};
+        /* one process: the global devices of rank 1 are the second half */
+        int on_rank1 = ranked ? rank == 1 : i >= k / 2;
+        weights[i] = on_rank1 ? c->weight_rank1 : 1.0f;
+    }
+    cfg.device_weights = weights;
+    cfg.dist = ranked ? dist : NULL;
+    return dp_engine_create(specs, (size_t)k, &r->model, &r->crit, &cfg, &r->e);
+}
+
+static int alloc_result(result *res, size_t n)
+{
+    memset(res, 0, sizeof *res);
+    res->n = n;
+    res->p = calloc(n, sizeof(float));
+    res->m = calloc(n, sizeof(float));
+    res->v = calloc(n, sizeof(float));
+    return res->p && res->m && res->v;
+}
+
+static void free_result(result *res)
+{
+    free(res->p);
+    free(res->m);
+    free(res->v);
+}
+
+static dp_status steps(dp_engine *e, const tcase *c, int from, int to, result *res)
+{
+    float x[MAXROWS * D];
+    int32_t y[MAXROWS];
+    for (int s = from; s < to; s++) {
+        batch(s, c->rows, c->ignore_every, x, y);
+        dp_batch b = {(size_t)c->rows, x, y};
+        dp_step_stats st;
+        dp_status rc = dp_engine_step(e, &b, &st);
+        if (rc != DP_OK) return rc;
+        res->loss[s] = st.loss;
+        res->norm[s] = st.grad_norm;
+    }
+    return DP_OK;
+}
+
+static dp_status finish(dp_engine *e, result *res)
+{
+    dp_status s = dp_engine_get_params(e, res->p);
+    if (s == DP_OK) s = dp_engine_get_optimizer_state(e, res->m, res->v, &res->t);
+    return s;
+}
+
+static const char *first_difference(const result *a, const result *b, int adamw)
+{
+    if (memcmp(a->loss, b->loss, sizeof a->loss)) return "losses";
+    if (memcmp(a->norm, b->norm, sizeof a->norm)) return "gradient norms";
+    if (memcmp(a->p, b->p, a->n * sizeof(float))) return "parameters";
+    if (memcmp(a->m, b->m, a->n * sizeof(float))) return "first moments";
+    if (adamw && memcmp(a->v, b->v, a->n * sizeof(float))) return "second moments";
+    if (a->t != b->t) return "step counts";
+    return NULL;
+}
+
+/* The outcome on every rank: rank 0's verdict (it ran the reference). */
+static void agree_case(const char *name, int ok_here)
+{
+    dp_status s = dp_dist_agree(dist, ok_here ? DP_OK : DP_ERR_INTERNAL);
+    if (rank == 0) printf("%s %s\n", s == DP_OK ? "PASS" : "FAIL", name);
+    if (s != DP_OK && ok_here) failures++;
+}
+
+// --- R x k == one process with R x k -----------------------------------------------------
+
+static void equivalence(const tcase *c)
+{
+    int before = failures;
+    run r;
+    result got, want;
+    CHECK_OK(open_run(&r, c, c->k, 1, config(c)));
+    CHECK(alloc_result(&got, r.model.n_params) && alloc_result(&want, r.model.n_params), "oom");
+    CHECK(dp_engine_num_global_devices(r.e) == (size_t)(2 * c->k), "global devices %zu",
+          dp_engine_num_global_devices(r.e));
+    CHECK(dp_engine_first_global_device(r.e) == (size_t)(rank * c->k), "first global device");
+    CHECK_OK(steps(r.e, c, 0, STEPS, &got));
+    CHECK_OK(finish(r.e, &got));
+    dp_engine_destroy(r.e);
+    if (rank == 0) {
+        run ref;
+        CHECK_OK(open_run(&ref, c, 2 * c->k, 0, config(c)));
+        CHECK_OK(steps(ref.e, c, 0, STEPS, &want));
+        CHECK_OK(finish(ref.e, &want));
+        dp_engine_destroy(ref.e);
+        const char *diff = first_difference(&got, &want, c->optim == DP_OPTIMIZER_ADAMW);
+        CHECK(!diff, "%s: %s differ from one process with %d devices (final loss %.9g vs %.9g)",
+              c->name, diff, 2 * c->k, got.loss[STEPS - 1], want.loss[STEPS - 1]);
+        CHECK(got.norm[0] > 0.5, "%s: clipping inactive (norm %g)", c->name, got.norm[0]);
+    } else {
+        /* every rank returns the whole state */
+        CHECK(got.t == STEPS, "step count %ld", got.t);
+    }
+    free_result(&got);
+    free_result(&want);
+    (void)before;
+}
+
+static void run_equivalence(const tcase *c)
+{
+    int before = failures;
+    equivalence(c);
+    agree_case(c->name, failures == before);
+}
+
+// --- state across R x k ---------------------------------------------------------------------
+
+/* 10 steps on `first` (ranked or not), the state moved into `second`, 10 more: == 20 on one process. */
+static void handover(const char *name, int first_ranked)
+{
+    int before = failures;
+    tcase c = {name, 2, 1, 7, 64, DP_OPTIMIZER_ADAMW, 0, 1, 3, 1.0f};
+    result mid, got, want;
+    run a, b;
+    size_t n;
+    {
+        mlp net;
+        dp_model m;
+        mlp_config mc = {D, c.hidden, CLASSES};
+        mlp_init_model(&net, &mc, &m);
+        n = m.n_params;
+    }
+    if (!alloc_result(&mid, n) || !alloc_result(&got, n) || !alloc_result(&want, n)) {
+        failures++;
+        goto out;
+    }
+    /* the ranked engine has cpu:2 per rank; the one-process engine cpu:4 on rank 0 */
+    if (first_ranked) {
+        CHECK_OK(open_run(&a, &c, 2, 1, config(&c)));
+        CHECK_OK(steps(a.e, &c, 0, 10, &got));
+        CHECK_OK(finish(a.e, &mid));
+        dp_engine_destroy(a.e);
+        if (rank == 0) {
+            CHECK_OK(open_run(&b, &c, 4, 0, config(&c)));
+            CHECK_OK(dp_engine_set_params(b.e, mid.p));
+            CHECK_OK(dp_engine_set_optimizer_state(b.e, mid.m, mid.v, mid.t));
+            CHECK_OK(steps(b.e, &c, 10, STEPS, &got));
+            CHECK_OK(finish(b.e, &got));
+            dp_engine_destroy(b.e);
+        }
+    } else {
+        if (rank == 0) {
+            CHECK_OK(open_run(&a, &c, 4, 0, config(&c)));
+            CHECK_OK(steps(a.e, &c, 0, 10, &got));
+            CHECK_OK(finish(a.e, &mid));
+            dp_engine_destroy(a.e);
+        }
+        /* rank 1 passes garbage: the engine takes rank 0's values */
+        if (rank == 1) memset(mid.p, 0, n * sizeof(float));
+        CHECK_OK(open_run(&b, &c, 2, 1, config(&c)));
+        CHECK_OK(dp_engine_set_params(b.e, mid.p));
+        CHECK_OK(dp_engine_set_optimizer_state(b.e, mid.m, mid.v, rank == 0 ? mid.t : 999));
+        CHECK_OK(steps(b.e, &c, 10, STEPS, &got));
+        CHECK_OK(finish(b.e, &got));
+        dp_engine_destroy(b.e);
+    }
+    if (rank == 0) {
+        CHECK_OK(open_run(&a, &c, 4, 0, config(&c)));
+        CHECK_OK(steps(a.e, &c, 0, STEPS, &want));
+        CHECK_OK(finish(a.e, &want));
+        dp_engine_destroy(a.e);
+        const char *diff = first_difference(&got, &want, 1);
+        CHECK(!diff, "%s: %s differ from 20 straight steps", name, diff);
+    }
+out:
+    free_result(&mid);
+    free_result(&got);
+    free_result(&want);
+    (void)before;
+}
+
+static void run_handover(const char *name, int first_ranked)
+{
+    int before = failures;
+    handover(name, first_ranked);
+    agree_case(name, failures == before);
+}
+
+// --- failures ----------------------------------------------------------------------------------
+
+/* A failure on rank 1 in phase p fails the step on both ranks, naming rank
+ * 1 and the phase; the next step works and every rank holds the same parameters. */
+static void fault_in(dp_phase p, int shard)
+{
+    tcase c = {"fault", 1, shard, 7, 12, DP_OPTIMIZER_ADAMW, 0, 1, 0, 1.0f};
+    run r;
+    result res;
+    CHECK_OK(open_run(&r, &c, 1, 1, config(&c)));
+    CHECK(alloc_result(&res, r.model.n_params), "oom");
+    CHECK_OK(steps(r.e, &c, 0, 2, &res));
+    if (rank == 1) dp_engine_inject_fault(r.e, 0, p, DP_ERR_DEVICE);
+    float x[MAXROWS * D];
+    int32_t y[MAXROWS];
+    batch(2, c.rows, 0, x, y);
+    dp_batch b = {(size_t)c.rows, x, y};
+    dp_step_stats st;
+    dp_status s = dp_engine_step(r.e, &b, &st);
+    CHECK(s == DP_ERR_DEVICE, "fault in %s: step returned %d (%s)", dp_phase_name(p), (int)s,
+          dp_last_error());
+    CHECK(strstr(dp_last_error(), "rank 1") && strstr(dp_last_error(), dp_phase_name(p)),
+          "fault in %s: message does not name rank 1 and the phase: %s", dp_phase_name(p),
+          dp_last_error());
+    CHECK_OK(steps(r.e, &c, 3, 5, &res));
+    CHECK_OK(dp_engine_get_params(r.e, res.p));
+    /* every rank's replica and owners agree: the hash of the params is rank 0's */
+    uint64_t h = 1469598103934665603ull, h0;
+    for (size_t i = 0; i < res.n; i++) {
+        uint32_t u;
+        memcpy(&u, &res.p[i], 4);
+        h = (h ^ u) * 1099511628211ull;
+    }
+    h0 = h;
+    CHECK_OK(dp_dist_broadcast(dist, &h0, sizeof h0));
+    CHECK(h == h0, "fault in %s: the ranks' parameters differ afterwards", dp_phase_name(p));
+    dp_engine_destroy(r.e);
+    free_result(&res);
+}
+
+static void run_faults(void)
+{
+    for (int shard = 0; shard <= 1; shard++)
+        for (int p = 0; p < DP_PHASE_COUNT; p++) {
+            char name[96];
+            int before = failures;
+            snprintf(name, sizeof name, "fault on rank 1 in %s (%s)", dp_phase_name((dp_phase)p),
+                     shard ? "sharded" : "root");
+            fault_in((dp_phase)p, shard);
+            agree_case(name, failures == before);
+        }
+}
+
+/* A NaN input in rank 1's rows: the update is skipped on both ranks. */
+static void nonfinite(void)
+{
+    tcase c = {"nonfinite", 1, 1, 8, 12, DP_OPTIMIZER_ADAMW, 0, 1, 0, 1.0f};
+    run r;
+    result before, after;
+    CHECK_OK(open_run(&r, &c, 1, 1, config(&c)));
+    CHECK(alloc_result(&before, r.model.n_params) && alloc_result(&after, r.model.n_params), "oom");
+    CHECK_OK(steps(r.e, &c, 0, 2, &before));
+    CHECK_OK(dp_engine_get_params(r.e, before.p));
+    float x[MAXROWS * D];
+    int32_t y[MAXROWS];
+    batch(2, c.rows, 0, x, y);
+    x[(c.rows - 1) * D] = NAN; /* the last row: rank 1's */
+    dp_batch b = {(size_t)c.rows, x, y};
+    dp_step_stats st;
+    CHECK_OK(dp_engine_step(r.e, &b, &st));
+    CHECK(st.skipped == 1, "not skipped on rank %d", rank);
+    CHECK(st.skipped_device == 1, "skipped_device %d, want global device 1", st.skipped_device);
+    CHECK_OK(dp_engine_get_params(r.e, after.p));
+    CHECK(memcmp(before.p, after.p, before.n * sizeof(float)) == 0, "parameters changed");
+    CHECK_OK(steps(r.e, &c, 3, 4, &after));
+    dp_engine_destroy(r.e);
+    free_result(&before);
+    free_result(&after);
+}
+
+static void bad_use(void)
+{
+    tcase c = {"bad", 1, 0, 7, 12, DP_OPTIMIZER_ADAMW, 0, 1, 0, 1.0f};
+    run r;
+    /* a different configuration on rank 1 */
+    dp_engine_config cfg = config(&c);
+    if (rank == 1) cfg.optim.lr = 2e-2f;
+    dp_status s = open_run(&r, &c, 1, 1, cfg);
+    CHECK(s == DP_ERR_INVALID_ARGUMENT && strstr(dp_last_error(), "rank 1's optim.lr differs"),
+          "different lr: %d %s", (int)s, dp_last_error());
+    /* bad arguments on rank 1 only: both fail, nobody waits */
+    cfg = config(&c);
+    if (rank == 1) cfg.grad_accum = -1;
+    s = open_run(&r, &c, 1, 1, cfg);
+    CHECK(s == DP_ERR_INVALID_ARGUMENT && strstr(dp_last_error(), "rank 1: ") &&
+              strstr(dp_last_error(), "grad_accum"),
+          "bad grad_accum on rank 1: %d %s", (int)s, dp_last_error());
+    /* gather mode */
+    cfg = config(&c);
+    cfg.mode = DP_MODE_GATHER;
+    s = open_run(&r, &c, 1, 1, cfg);
+    CHECK(s == DP_ERR_UNSUPPORTED && strstr(dp_last_error(), "gather mode"), "gather: %d %s",
+          (int)s, dp_last_error());
+    /* different batches */
+    CHECK_OK(open_run(&r, &c, 1, 1, config(&c)));
+    float x[MAXROWS * D];
+    int32_t y[MAXROWS];
+    batch(rank, c.rows, 0, x, y);
+    dp_batch b = {(size_t)c.rows, x, y};
+    dp_step_stats st;
+    s = dp_engine_step(r.e, &b, &st);
+    CHECK(s == DP_ERR_INVALID_ARGUMENT && strstr(dp_last_error(), "rank 1's batch differs"),
+          "different batches: %d %s", (int)s, dp_last_error());
+    /* a bad target on rank 1 only (same bytes otherwise): both fail */
+    batch(0, c.rows, 0, x, y);
+    if (rank == 1) y[0] = CLASSES;
+    s = dp_engine_step(r.e, &b, &st);
+    CHECK(s == DP_ERR_INVALID_ARGUMENT && strstr(dp_last_error(), "rank 1: "),
+          "bad target on rank 1: %d %s", (int)s, dp_last_error());
+    /* and the engine goes on */
+    y[0] = 0;
+    CHECK_OK(dp_engine_step(r.e, &b, &st));
+    dp_engine_destroy(r.e);
+}
+
+int main(int argc, char **argv)
+{
+    if (dp_dist_open(&argc, &argv, &dist) != DP_OK) {
+        fprintf(stderr, "test_ranks: %s\n", dp_last_error());
+        return 1;
+    }
+    rank = dp_dist_rank(dist);
+    if (dp_dist_size(dist) != 2) {
+        fprintf(stderr, "test_ranks: run me with mpiexec -n 2 (got %d ranks)\n", dp_dist_size(dist));
+        dp_dist_close(dist);
+        return 1;
+    }
+    static const tcase cases[] = {
+        /* name, k, shard, rows, hidden, optim, token_balanced, grad_accum, ignore_every, w1 */
+        {"2 x cpu:1 == cpu:2, root, AdamW, B=7", 1, 0, 7, 12, DP_OPTIMIZER_ADAMW, 0, 1, 0, 1.0f},
+        {"2 x cpu:1 == cpu:2, sharded, AdamW, B=7", 1, 1, 7, 12, DP_OPTIMIZER_ADAMW, 0, 1, 0, 1.0f},
+        {"2 x cpu:2 == cpu:4, root, AdamW, B=7", 2, 0, 7, 12, DP_OPTIMIZER_ADAMW, 0, 1, 0, 1.0f},
+        {"2 x cpu:2 == cpu:4, sharded, AdamW, B=7", 2, 1, 7, 12, DP_OPTIMIZER_ADAMW, 0, 1, 0, 1.0f},
+        {"2 x cpu:2 == cpu:4, sharded, token-balanced, accum 2", 2, 1, 13, 12, DP_OPTIMIZER_ADAMW, 1, 2, 3, 1.0f},
+        {"2 x cpu:2 == cpu:4, root, token-balanced, accum 3", 2, 0, 13, 12, DP_OPTIMIZER_ADAMW, 1, 3, 2, 1.0f},
+        {"2 x cpu:2 == cpu:4, sharded, B=3 (an idle device)", 2, 1, 3, 12, DP_OPTIMIZER_ADAMW, 0, 1, 0, 1.0f},
+        {"2 x cpu:1 == cpu:2, root, rank 1 idle (weight 0)", 1, 0, 7, 12, DP_OPTIMIZER_ADAMW, 0, 1, 0, 0.0f},
+        {"2 x cpu:2 == cpu:4, sharded, SGD momentum", 2, 1, 7, 12, DP_OPTIMIZER_SGD, 0, 1, 0, 1.0f},
+        {"2 x cpu:1 == cpu:2, root, 3 rounds (1.2M params)", 1, 0, 7, 100000, DP_OPTIMIZER_ADAMW, 0, 1, 0, 1.0f},
+        {"2 x cpu:2 == cpu:4, sharded, 2 rounds (1.2M params)", 2, 1, 7, 100000, DP_OPTIMIZER_ADAMW, 0, 1, 0, 1.0f},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) run_equivalence(&cases[i]);
+    run_handover("2 x cpu:2 for 10 steps, then cpu:4 for 10 == 20 on cpu:4", 1);
+    run_handover("cpu:4 for 10 steps, then 2 x cpu:2 for 10 == 20 on cpu:4", 0);
+    run_faults();
+    {
+        int before = failures;
+        nonfinite();
+        agree_case("a non-finite loss on rank 1 skips the update on both ranks", failures == before);
+    }
+    {
+        int before = failures;
+        bad_use();
+        agree_case("bad use fails on every rank with a message naming the rank", failures == before);
+    }
+    dp_status all = dp_dist_agree(dist, failures ? DP_ERR_INTERNAL : DP_OK);
+    if (rank == 0) printf("%s\n", all == DP_OK ? "all cases passed" : "some cases FAILED");
+    dp_dist_close(dist);
+    return all == DP_OK ? 0 : 1;
+}
