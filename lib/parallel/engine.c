@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dist/nccl.h"
 #include "parallel/comm.h"
 #include "parallel/engine_internal.h"
 
@@ -167,6 +168,10 @@ void dp_engine_job(worker *w, job_kind job)
         ENTER(w, DP_PHASE_BROADCAST);
         CHECK(w, dp_comm_allgather_params(w, 1));
         if (w->e->hash_due) CHECK(w, dp_replica_hash(w));
+        break;
+    case JOB_HASH:
+        ENTER(w, DP_PHASE_BROADCAST);
+        CHECK(w, dp_replica_hash(w));
         break;
     }
 }
@@ -359,6 +364,8 @@ dp_status dp_engine_create(const dp_device_spec *devices, size_t k, const dp_mod
     if (s == DP_OK) s = dp_workers_start(e);
     if (s == DP_OK) s = dp_workers_run(e, JOB_SETUP);
     if (ranked && e->nranks > 1) s = dp_ranks_agree(e, s);
+    if (s == DP_OK && ranked && e->nranks > 1 && !dp_device_is_host_memory(e->w[0].dev))
+        s = dp_ranks_agree(e, dp_ranks_open_gpus(e));
     if (s == DP_OK) {
         float *host = calloc(model->n_params, sizeof *host);
         if (!host) s = DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation of %zu parameters failed",
@@ -379,6 +386,7 @@ void dp_engine_destroy(dp_engine *e)
 {
     if (!e) return;
     dp_workers_stop(e);
+    dp_nccl_close(e->nccl);
     for (size_t i = 0; i < e->k; i++) {
         worker *w = &e->w[i];
         if (!w->dev) continue;

@@ -38,7 +38,8 @@ typedef enum job_kind {
     JOB_REDUCE_ROUND, /* the local adds of reduce-scatter chunk e->round (+ sums of squares at the last) */
     JOB_UPDATE,       /* the optimizer update of the slices this rank owns */
     JOB_GATHER_LOCAL, /* every replica fetches the slices this rank's devices own */
-    JOB_COPY_REMOTE   /* every replica fetches the other ranks' slices from local device 0 (+ hash) */
+    JOB_COPY_REMOTE,  /* every replica fetches the other ranks' slices from local device 0 (+ hash) */
+    JOB_HASH          /* every replica's hash (replica check after NCCL's all-gather) */
 } job_kind;
 
 /* engine.needs_sync: the replicas must be re-synchronised from the slice
@@ -119,6 +120,7 @@ struct dp_engine {
     size_t K, g0;
     int rank, nranks;
     dp_dist *dist;
+    struct dp_nccl *nccl; /* CUDA devices across ranks (dist/nccl.h), else NULL */
     size_t rank_first[DP_MAX_DEVICES + 1];
     slice *s; /* K slices */
     size_t round; /* ranks: the reduce-scatter's chunk now being reduced (ranks.c) */
@@ -320,6 +322,8 @@ dp_status dp_replica_compare(dp_engine *e);
  * counts, weights and the configuration, and fails on every rank when
  * they disagree; fills K, g0, rank_first and the global weights. */
 dp_status dp_ranks_init(dp_engine *e, const dp_device_spec *devices, size_t k);
+/* After the setup job, with CUDA devices: joins the ranks' GPUs (NCCL). */
+dp_status dp_ranks_open_gpus(dp_engine *e);
 /* Whether this engine spans ranks. */
 static inline int dp_ranks_active(const dp_engine *e) { return e->nranks > 1; }
 /* The reduce-scatter's rounds with ranks: chunks of the longest slice. */

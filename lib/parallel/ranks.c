@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "dist/dist_internal.h"
+#include "dist/nccl.h"
 #include "parallel/comm.h"
 #include "parallel/engine_internal.h"
 
@@ -208,9 +209,12 @@ dp_status dp_ranks_init(dp_engine *e, const dp_device_spec *devices, size_t k)
     if (s == DP_OK && all[0].mode == DP_MODE_GATHER)
         s = DP_FAIL(DP_ERR_UNSUPPORTED, "gather mode across ranks: gather mode reproduces one "
                     "process's DataParallel; use balanced mode with ranks, or one process");
+#ifndef DP_HAVE_NCCL
     if (s == DP_OK && all[0].kind != DP_DEVICE_CPU)
-        s = DP_FAIL(DP_ERR_UNSUPPORTED, "CUDA devices across ranks need NCCL, which this dp does "
-                    "not use yet; use cpu devices with ranks, or one process for the GPUs");
+        s = DP_FAIL(DP_ERR_UNSUPPORTED, "CUDA devices across ranks need NCCL, and this dp was "
+                    "built without it (it needs the CUDA backend, MPI and NCCL; -DDP_NCCL=ON); "
+                    "use cpu devices with ranks, or one process for the GPUs");
+#endif
     if (s == DP_OK && all[0].n_params > (uint64_t)0x7fffffff)
         s = DP_FAIL(DP_ERR_UNSUPPORTED, "%llu parameters: MPI counts hold at most 2^31 - 1 "
                     "floats", (unsigned long long)all[0].n_params);
@@ -248,6 +252,62 @@ static void charge(dp_engine *e, dp_phase p, double since)
     }
 }
 
+dp_status dp_ranks_open_gpus(dp_engine *e)
+{
+    dp_device *devs[DP_MAX_DEVICES];
+    for (size_t i = 0; i < e->k; i++) devs[i] = e->w[i].dev;
+    return dp_nccl_open(e->dist, devs, e->k, e->K, e->g0, &e->nccl);
+}
+
+/* Round r with NCCL: the same messages, device to device. */
+static dp_status exchange_round_gpus(dp_engine *e, size_t r)
+{
+    size_t c = DP_COMM_CHUNK_FLOATS_RANKS, n = 0;
+    dp_nccl_msg *m = malloc(e->K * e->K * sizeof *m);
+    if (!m) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation failed");
+    for (size_t j = 0; j < e->K; j++) {
+        slice *sl = &e->s[j];
+        size_t len = sl->end - sl->begin, at = r * c;
+        if (at >= len) continue;
+        if (len - at > c) len = at + c;
+        len -= at;
+        worker *o = dp_local_worker(e, (size_t)sl->owner);
+        for (size_t d = 0; d < e->K; d++) {
+            if (!dp_contributes(e, d)) continue;
+            worker *wd = dp_local_worker(e, d);
+            if (!o && wd)
+                m[n++] = (dp_nccl_msg){(size_t)wd->id, sl->owner, 1, wd->grads + sl->begin + at, len};
+            else if (o && !wd)
+                m[n++] = (dp_nccl_msg){(size_t)o->id, (int)d, 0, dp_comm_remote_chunk(e, sl, d), len};
+        }
+    }
+    dp_status s = dp_nccl_exchange(e->nccl, m, n, e->cfg.watchdog_seconds,
+                                   "reduce-scatter between the ranks' GPUs");
+    free(m);
+    if (s != DP_OK) e->broken = 1;
+    return s;
+}
+
+/* The all-gather with NCCL: each run of slices with one owner broadcast
+ * from it to every device of the job. */
+static dp_status broadcast_owned_gpus(dp_engine *e)
+{
+    dp_nccl_range rg[DP_MAX_DEVICES];
+    float *bufs[DP_MAX_DEVICES];
+    size_t n = 0;
+    for (size_t j = 0; j < e->K;) {
+        size_t j2 = j + 1;
+        while (j2 < e->K && e->s[j2].owner == e->s[j].owner) j2++;
+        rg[n++] = (dp_nccl_range){e->s[j].begin, e->s[j2 - 1].end - e->s[j].begin, e->s[j].owner};
+        j = j2;
+    }
+    for (size_t i = 0; i < e->k; i++) bufs[i] = e->w[i].params;
+    dp_status s = dp_nccl_broadcast(e->nccl, bufs, rg, n, e->cfg.watchdog_seconds,
+                                    "all-gather of the parameters between the ranks' GPUs");
+    if (s != DP_OK) e->broken = 1;
+    return s;
+}
+
 /* Round r of the reduce-scatter between the ranks: every contributing
  * local device's chunk of each slice another rank owns goes to that rank;
  * the chunks of the other ranks' devices for the slices this rank owns
@@ -255,6 +315,7 @@ static void charge(dp_engine *e, dp_phase p, double since)
  * device), so each pair of ranks matches them in order. */
 static dp_status exchange_round(dp_engine *e, size_t r)
 {
+    if (e->nccl) return exchange_round_gpus(e, r);
     size_t c = DP_COMM_CHUNK_FLOATS_RANKS, n_s = 0, n_r = 0, cap = e->K * e->K;
     dp_dist_msg *msgs = malloc(2 * cap * sizeof *msgs);
     if (!msgs) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation failed");
@@ -307,7 +368,16 @@ static dp_status compare_replicas(dp_engine *e, dp_status local)
 
 static dp_status allgather_params(dp_engine *e, int hash)
 {
-    dp_status s = dp_ranks_agree(e, dp_workers_run(e, JOB_GATHER_LOCAL));
+    dp_status s;
+    if (e->nccl) {
+        double t0 = dp_now_seconds();
+        DP_TRY(broadcast_owned_gpus(e));
+        charge(e, DP_PHASE_BROADCAST, t0);
+        s = hash ? compare_replicas(e, dp_workers_run(e, JOB_HASH)) : DP_OK;
+        if (s != DP_OK) e->needs_sync |= DP_SYNC_FROM_OWNERS;
+        return s;
+    }
+    s = dp_ranks_agree(e, dp_workers_run(e, JOB_GATHER_LOCAL));
     if (s != DP_OK) {
         e->needs_sync |= DP_SYNC_FROM_OWNERS;
         return s;

@@ -36,6 +36,9 @@ enum { D = 6, CLASSES = 5, MAXROWS = 16, STEPS = 20 };
 
 static dp_dist *dist;
 static int rank, failures;
+/* --cuda: the same cases on GPUs joined by NCCL, rank r on cuda:r (NCCL
+ * refuses two ranks on one GPU); the reference is one process on cuda:0,1. */
+static dp_device_kind kind = DP_DEVICE_CPU;
 
 #define CHECK(cond, ...)                                                \
     do {                                                                \
@@ -109,7 +112,7 @@ static dp_status open_run(run *r, const tcase *c, int k, int ranked, dp_engine_c
     dp_device_spec specs[DP_MAX_DEVICES];
     float weights[DP_MAX_DEVICES];
     for (int i = 0; i < k; i++) {
-        specs[i] = (dp_device_spec){DP_DEVICE_CPU, i};
+        specs[i] = (dp_device_spec){kind, kind == DP_DEVICE_CUDA && ranked ? rank * k + i : i};
         /* one process: the global devices of rank 1 are the second half */
         int on_rank1 = ranked ? rank == 1 : i >= k / 2;
         weights[i] = on_rank1 ? c->weight_rank1 : 1.0f;
@@ -429,6 +432,16 @@ int main(int argc, char **argv)
         dp_dist_close(dist);
         return 1;
     }
+    if (argc > 1 && strcmp(argv[1], "--cuda") == 0) {
+        kind = DP_DEVICE_CUDA;
+        if (dp_cuda_device_count() < 2) {
+            if (rank == 0)
+                printf("test_ranks --cuda: SKIP: %d CUDA devices; two ranks need two GPUs (NCCL "
+                       "refuses two ranks on one GPU)\n", dp_cuda_device_count());
+            dp_dist_close(dist);
+            return 77;
+        }
+    }
     static const tcase cases[] = {
         /* name, k, shard, rows, hidden, optim, token_balanced, grad_accum, ignore_every, w1 */
         {"2 x cpu:1 == cpu:2, root, AdamW, B=7", 1, 0, 7, 12, DP_OPTIMIZER_ADAMW, 0, 1, 0, 1.0f},
@@ -443,9 +456,12 @@ int main(int argc, char **argv)
         {"2 x cpu:1 == cpu:2, root, 3 rounds (1.2M params)", 1, 0, 7, 100000, DP_OPTIMIZER_ADAMW, 0, 1, 0, 1.0f},
         {"2 x cpu:2 == cpu:4, sharded, 2 rounds (1.2M params)", 2, 1, 7, 100000, DP_OPTIMIZER_ADAMW, 0, 1, 0, 1.0f},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) run_equivalence(&cases[i]);
-    run_handover("2 x cpu:2 for 10 steps, then cpu:4 for 10 == 20 on cpu:4", 1);
-    run_handover("cpu:4 for 10 steps, then 2 x cpu:2 for 10 == 20 on cpu:4", 0);
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+        if (kind == DP_DEVICE_CPU || cases[i].k == 1) run_equivalence(&cases[i]);
+    if (kind == DP_DEVICE_CPU) {
+        run_handover("2 x cpu:2 for 10 steps, then cpu:4 for 10 == 20 on cpu:4", 1);
+        run_handover("cpu:4 for 10 steps, then 2 x cpu:2 for 10 == 20 on cpu:4", 0);
+    }
     run_faults();
     {
         int before = failures;

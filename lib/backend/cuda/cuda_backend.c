@@ -39,6 +39,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/cuda_native.h"
 #include "core/error.h"
 
 /* Bytes of each of the two pinned staging buffers: host<->device copies
@@ -838,3 +839,8 @@ static const dp_backend_ops cuda_ops = {
 };
 
 const dp_backend_ops *dp_backend_cuda(void) { return &cuda_ops; }
+
+// --- for other libraries on dp's streams (cuda_native.h) -----------------------------------------
+
+cudaStream_t dp_cuda_native_stream(dp_device *dev) { return CTX(dev)->stream; }
+int dp_cuda_native_ordinal(dp_device *dev) { return CTX(dev)->ordinal; }
