@@ -20,11 +20,15 @@
  *    ranks naming rank 1 and the phase; the next step works and the ranks
  *    agree; a non-finite loss on rank 1's rows skips the update on both.
  *  - bad use: different configurations, different batches, gather mode.
+ *  - a diverged replica on rank 1 is named on both ranks; a rank stalled
+ *    past the watchdog makes both ranks' step time out.
  */
+#define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <dp/dp.h>
 #include <dp/dist.h>
@@ -375,6 +379,51 @@ static void nonfinite(void)
     free_result(&after);
 }
 
+/* A replica of rank 1 that diverges is named on both ranks and re-synchronised. */
+static void divergence(void)
+{
+    tcase c = {"diverge", 1, 1, 7, 12, DP_OPTIMIZER_ADAMW, 0, 1, 0, 1.0f};
+    dp_engine_config cfg = config(&c);
+    cfg.check_replicas_every = 1;
+    run r;
+    result res;
+    CHECK_OK(open_run(&r, &c, 1, 1, cfg));
+    CHECK(alloc_result(&res, r.model.n_params), "oom");
+    CHECK_OK(steps(r.e, &c, 0, 2, &res));
+    if (rank == 1) dp_engine_inject_divergence(r.e, 0);
+    dp_status s = steps(r.e, &c, 2, 3, &res);
+    CHECK(s == DP_ERR_INTERNAL && strstr(dp_last_error(), "global device 1 (rank 1)"),
+          "divergence: %d %s", (int)s, dp_last_error());
+    CHECK_OK(steps(r.e, &c, 3, 5, &res)); /* re-synchronised: the checks pass again */
+    dp_engine_destroy(r.e);
+    free_result(&res);
+}
+
+/* Rank 1 stalls past the watchdog: both ranks' step fails with
+ * DP_ERR_TIMEOUT within a few watchdog periods instead of hanging. Last:
+ * the engines are unusable afterwards. */
+static void stall(void)
+{
+    tcase c = {"stall", 1, 0, 7, 12, DP_OPTIMIZER_ADAMW, 0, 1, 0, 1.0f};
+    dp_engine_config cfg = config(&c);
+    cfg.watchdog_seconds = 1.0;
+    run r;
+    result res;
+    CHECK_OK(open_run(&r, &c, 1, 1, cfg));
+    CHECK(alloc_result(&res, r.model.n_params), "oom");
+    CHECK_OK(steps(r.e, &c, 0, 1, &res));
+    if (rank == 1) dp_engine_inject_stall(r.e, 0, DP_PHASE_FORWARD, 30.0);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    dp_status s = steps(r.e, &c, 1, 2, &res);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double took = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    CHECK(s == DP_ERR_TIMEOUT, "stall: %d %s", (int)s, dp_last_error());
+    CHECK(took < 10.0, "stall: the step took %.1f s", took);
+    dp_engine_destroy(r.e);
+    free_result(&res);
+}
+
 static void bad_use(void)
 {
     tcase c = {"bad", 1, 0, 7, 12, DP_OPTIMIZER_ADAMW, 0, 1, 0, 1.0f};
@@ -472,6 +521,18 @@ int main(int argc, char **argv)
         int before = failures;
         bad_use();
         agree_case("bad use fails on every rank with a message naming the rank", failures == before);
+    }
+    {
+        int before = failures;
+        divergence();
+        agree_case("a diverged replica on rank 1 is named on both ranks and re-synchronised",
+                   failures == before);
+    }
+    {
+        int before = failures;
+        stall();
+        agree_case("rank 1 stalled past the watchdog: both ranks time out, no hang",
+                   failures == before);
     }
     dp_status all = dp_dist_agree(dist, failures ? DP_ERR_INTERNAL : DP_OK);
     if (rank == 0) printf("%s\n", all == DP_OK ? "all cases passed" : "some cases FAILED");
