@@ -23,6 +23,7 @@ struct dp_dist {
     MPI_Comm comm;
     int rank, size;
     int owns_init; /* dp_dist_open initialised MPI, so close finalises it */
+    int leaked;    /* memory of a request given up on could not be recorded */
     atomic_size_t bytes_sent;
 };
 
@@ -77,13 +78,6 @@ dp_status dp_dist_open(int *argc, char ***argv, dp_dist **out)
     return DP_OK;
 }
 
-void dp_dist_close(dp_dist *d)
-{
-    if (!d) return;
-    MPI_Comm_free(&d->comm);
-    if (d->owns_init) MPI_Finalize();
-    free(d);
-}
 
 int dp_dist_rank(const dp_dist *d) { return d ? d->rank : 0; }
 int dp_dist_size(const dp_dist *d) { return d ? d->size : 1; }
@@ -94,76 +88,176 @@ void dp_dist_abort(dp_dist *d, int code)
     if (d) MPI_Abort(d->comm, code);
 }
 
+// --- requests given up on --------------------------------------------------------------
+
+/* A wait that timed out leaves its requests pending: MPI may still write
+ * the receive buffers (and read the send buffers) when a late rank
+ * arrives. So every request works on memory of its own (the callers' data
+ * is copied in and out), and a request given up on keeps it here until it
+ * completes, instead of writing into memory its caller freed. */
+typedef struct grave {
+    MPI_Request *req;
+    int n;
+    void *mem;
+    struct grave *next;
+} grave;
+static grave *graves; /* the opening thread only (MPI_THREAD_FUNNELED) */
+
+static void sweep(void)
+{
+    for (grave **g = &graves; *g;) {
+        int done = 0;
+        if (MPI_Testall((*g)->n, (*g)->req, &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS) done = 0;
+        if (!done) {
+            g = &(*g)->next;
+            continue;
+        }
+        grave *dead = *g;
+        *g = dead->next;
+        free(dead->req);
+        free(dead->mem);
+        free(dead);
+    }
+}
+
+/* Keeps n requests and their memory until they complete. Returns 0 when
+ * even the bookkeeping failed (the memory must then never be freed). */
+static int bury(MPI_Request *req, int n, void *mem)
+{
+    grave *g = malloc(sizeof *g);
+    MPI_Request *copy = malloc((size_t)(n ? n : 1) * sizeof *copy);
+    if (!g || !copy) {
+        free(g);
+        free(copy);
+        return 0;
+    }
+    memcpy(copy, req, (size_t)n * sizeof *copy);
+    *g = (grave){copy, n, mem, graves};
+    graves = g;
+    return 1;
+}
+
 /* Waits for n requests, polling until the deadline (timeout 0: none). The
  * polling sleeps a little once the first spins find nothing, so ranks
- * sharing cores (an oversubscribed machine) leave them to the others. */
-static dp_status wait_all(dp_dist *d, MPI_Request *req, int n, double timeout, const char *what)
+ * sharing cores (an oversubscribed machine) leave them to the others. On
+ * any failure the requests and mem are buried (the caller must not free
+ * mem then); on success the caller frees mem. */
+static dp_status wait_all(dp_dist *d, MPI_Request *req, int n, void *mem, double timeout,
+                          const char *what)
 {
     double deadline = timeout > 0 ? dp_now_seconds() + timeout : 0.0;
     long spins = 0;
+    dp_status s = DP_OK;
     for (;;) {
         int done = 0;
         int rc = MPI_Testall(n, req, &done, MPI_STATUSES_IGNORE);
-        if (rc != MPI_SUCCESS) return mpi_fail(rc, "MPI_Testall", what);
+        if (rc != MPI_SUCCESS) {
+            s = mpi_fail(rc, "MPI_Testall", what);
+            break;
+        }
         if (done) return DP_OK;
-        if (deadline > 0 && dp_now_seconds() > deadline)
-            return DP_FAIL(DP_ERR_TIMEOUT, "%s: rank %d waited %.3g s (watchdog) for the other "
-                           "ranks; one of them is stuck or gone, so the job must end", what,
-                           d->rank, timeout);
+        if (deadline > 0 && dp_now_seconds() > deadline) {
+            s = DP_FAIL(DP_ERR_TIMEOUT, "%s: rank %d waited %.3g s (watchdog) for the other "
+                        "ranks; one of them is stuck or gone, so the job must end", what,
+                        d->rank, timeout);
+            break;
+        }
         if (++spins > 1000) {
             struct timespec ts = {0, spins > 100000 ? 1000000 : 20000};
             nanosleep(&ts, NULL);
         }
     }
+    if (!bury(req, n, mem)) d->leaked = 1;
+    return s;
 }
 
 dp_status dp_dist_allgather(dp_dist *d, const void *mine, void *all, size_t bytes,
                             double timeout, const char *what)
 {
+    sweep();
     if (bytes > (size_t)INT_MAX)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: %zu bytes per rank is more than one MPI "
                        "message holds", what, bytes);
+    size_t total = bytes * (size_t)(d->size + 1);
+    unsigned char *mem = malloc(total ? total : 1);
+    if (!mem) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "%s: host allocation failed", what);
+    memcpy(mem, mine, bytes);
     MPI_Request r;
-    int rc = MPI_Iallgather(mine, (int)bytes, MPI_BYTE, all, (int)bytes, MPI_BYTE, d->comm, &r);
-    if (rc != MPI_SUCCESS) return mpi_fail(rc, "MPI_Iallgather", what);
+    int rc = MPI_Iallgather(mem, (int)bytes, MPI_BYTE, mem + bytes, (int)bytes, MPI_BYTE, d->comm, &r);
+    if (rc != MPI_SUCCESS) {
+        free(mem);
+        return mpi_fail(rc, "MPI_Iallgather", what);
+    }
     atomic_fetch_add(&d->bytes_sent, bytes * (size_t)(d->size - 1));
-    return wait_all(d, &r, 1, timeout, what);
+    DP_TRY(wait_all(d, &r, 1, mem, timeout, what));
+    memcpy(all, mem + bytes, bytes * (size_t)d->size);
+    free(mem);
+    return DP_OK;
 }
 
 dp_status dp_dist_allgatherv(dp_dist *d, float *buf, const size_t *begin, const size_t *count,
                              double timeout, const char *what)
 {
-    int *cnt = malloc(2 * (size_t)d->size * sizeof *cnt);
-    if (!cnt) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation failed");
-    int *dis = cnt + d->size;
+    sweep();
+    size_t lo = (size_t)-1, hi = 0;
     for (int r = 0; r < d->size; r++) {
-        if (begin[r] > (size_t)INT_MAX || count[r] > (size_t)INT_MAX - begin[r]) {
-            free(cnt);
+        if (begin[r] > (size_t)INT_MAX || count[r] > (size_t)INT_MAX - begin[r])
             return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: %zu floats is more than MPI counts "
                            "hold (2^31 - 1)", what, begin[r] + count[r]);
-        }
-        cnt[r] = (int)count[r];
-        dis[r] = (int)begin[r];
+        if (!count[r]) continue;
+        if (begin[r] < lo) lo = begin[r];
+        if (begin[r] + count[r] > hi) hi = begin[r] + count[r];
     }
+    if (hi == 0) return DP_OK;
+    int *cnt = malloc(2 * (size_t)d->size * sizeof *cnt);
+    float *mem = malloc((hi - lo) * sizeof *mem);
+    if (!cnt || !mem) {
+        free(cnt);
+        free(mem);
+        return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "%s: host allocation failed", what);
+    }
+    int *dis = cnt + d->size;
+    for (int r = 0; r < d->size; r++) {
+        cnt[r] = (int)count[r];
+        dis[r] = count[r] ? (int)(begin[r] - lo) : 0;
+    }
+    size_t mb = begin[d->rank], mc = count[d->rank];
+    if (mc) memcpy(mem + (mb - lo), buf + mb, mc * sizeof *mem);
     MPI_Request rq;
-    int rc = MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, cnt, dis, MPI_FLOAT,
+    int rc = MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, mem, cnt, dis, MPI_FLOAT,
                              d->comm, &rq);
     free(cnt);
-    if (rc != MPI_SUCCESS) return mpi_fail(rc, "MPI_Iallgatherv", what);
-    atomic_fetch_add(&d->bytes_sent, count[d->rank] * sizeof(float) * (size_t)(d->size - 1));
-    return wait_all(d, &rq, 1, timeout, what);
+    if (rc != MPI_SUCCESS) {
+        free(mem);
+        return mpi_fail(rc, "MPI_Iallgatherv", what);
+    }
+    atomic_fetch_add(&d->bytes_sent, mc * sizeof(float) * (size_t)(d->size - 1));
+    DP_TRY(wait_all(d, &rq, 1, mem, timeout, what));
+    for (int r = 0; r < d->size; r++)
+        if (r != d->rank && count[r])
+            memcpy(buf + begin[r], mem + (begin[r] - lo), count[r] * sizeof *mem);
+    free(mem);
+    return DP_OK;
 }
 
 dp_status dp_dist_bcast(dp_dist *d, void *buf, size_t bytes, double timeout, const char *what)
 {
-    for (size_t done = 0; done < bytes || (bytes == 0 && done == 0); ) {
+    sweep();
+    for (size_t done = 0; done < bytes;) {
         size_t n = bytes - done < DIST_MAX_MESSAGE ? bytes - done : DIST_MAX_MESSAGE;
+        void *mem = malloc(n);
+        if (!mem) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "%s: host allocation failed", what);
+        if (d->rank == 0) memcpy(mem, (char *)buf + done, n);
         MPI_Request r;
-        int rc = MPI_Ibcast((char *)buf + done, (int)n, MPI_BYTE, 0, d->comm, &r);
-        if (rc != MPI_SUCCESS) return mpi_fail(rc, "MPI_Ibcast", what);
+        int rc = MPI_Ibcast(mem, (int)n, MPI_BYTE, 0, d->comm, &r);
+        if (rc != MPI_SUCCESS) {
+            free(mem);
+            return mpi_fail(rc, "MPI_Ibcast", what);
+        }
         if (d->rank == 0) atomic_fetch_add(&d->bytes_sent, n * (size_t)(d->size - 1));
-        DP_TRY(wait_all(d, &r, 1, timeout, what));
-        if (bytes == 0) break;
+        DP_TRY(wait_all(d, &r, 1, mem, timeout, what));
+        if (d->rank != 0) memcpy((char *)buf + done, mem, n);
+        free(mem);
         done += n;
     }
     return DP_OK;
@@ -173,38 +267,76 @@ dp_status dp_dist_exchange(dp_dist *d, const dp_dist_msg *sends, size_t n_sends,
                            const dp_dist_msg *recvs, size_t n_recvs, double timeout,
                            const char *what)
 {
-    /* Each message is split into pieces of at most DIST_MAX_MESSAGE. */
-    size_t n_req = 0;
-    for (size_t i = 0; i < n_sends; i++) n_req += sends[i].bytes / DIST_MAX_MESSAGE + 1;
-    for (size_t i = 0; i < n_recvs; i++) n_req += recvs[i].bytes / DIST_MAX_MESSAGE + 1;
+    sweep();
+    /* Each message is split into pieces of at most DIST_MAX_MESSAGE; all of
+     * them live in one block of memory of the exchange's own. */
+    size_t n_req = 0, total = 0;
+    for (size_t i = 0; i < n_sends; i++) n_req += sends[i].bytes / DIST_MAX_MESSAGE + 1, total += sends[i].bytes;
+    for (size_t i = 0; i < n_recvs; i++) n_req += recvs[i].bytes / DIST_MAX_MESSAGE + 1, total += recvs[i].bytes;
     if (n_req > (size_t)INT_MAX) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: too many messages", what);
     MPI_Request *req = malloc((n_req ? n_req : 1) * sizeof *req);
-    if (!req) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation failed");
-    size_t at = 0;
+    unsigned char *mem = malloc(total ? total : 1);
+    if (!req || !mem) {
+        free(req);
+        free(mem);
+        return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "%s: host allocation failed", what);
+    }
+    size_t at = 0, off_mem = 0;
     int rc = MPI_SUCCESS;
     const char *call = "MPI_Irecv";
-    for (size_t i = 0; rc == MPI_SUCCESS && i < n_recvs; i++)
-        for (size_t off = 0; rc == MPI_SUCCESS && (off < recvs[i].bytes || off == 0);) {
+    for (size_t i = 0; rc == MPI_SUCCESS && i < n_recvs; i++) {
+        for (size_t off = 0; rc == MPI_SUCCESS;) {
             size_t n = recvs[i].bytes - off < DIST_MAX_MESSAGE ? recvs[i].bytes - off : DIST_MAX_MESSAGE;
-            rc = MPI_Irecv((char *)recvs[i].ptr + off, (int)n, MPI_BYTE, recvs[i].peer, 0, d->comm,
-                           &req[at++]);
+            rc = MPI_Irecv(mem + off_mem + off, (int)n, MPI_BYTE, recvs[i].peer, 0, d->comm, &req[at++]);
             off += n;
-            if (n == 0) break;
+            if (off >= recvs[i].bytes) break;
         }
+        off_mem += recvs[i].bytes;
+    }
     if (rc == MPI_SUCCESS) call = "MPI_Isend";
-    for (size_t i = 0; rc == MPI_SUCCESS && i < n_sends; i++)
-        for (size_t off = 0; rc == MPI_SUCCESS && (off < sends[i].bytes || off == 0);) {
+    size_t send_mem = off_mem;
+    for (size_t i = 0; rc == MPI_SUCCESS && i < n_sends; i++) {
+        memcpy(mem + off_mem, sends[i].ptr, sends[i].bytes);
+        for (size_t off = 0; rc == MPI_SUCCESS;) {
             size_t n = sends[i].bytes - off < DIST_MAX_MESSAGE ? sends[i].bytes - off : DIST_MAX_MESSAGE;
-            rc = MPI_Isend((char *)sends[i].ptr + off, (int)n, MPI_BYTE, sends[i].peer, 0, d->comm,
-                           &req[at++]);
+            rc = MPI_Isend(mem + off_mem + off, (int)n, MPI_BYTE, sends[i].peer, 0, d->comm, &req[at++]);
             atomic_fetch_add(&d->bytes_sent, n);
             off += n;
-            if (n == 0) break;
+            if (off >= sends[i].bytes) break;
         }
-    dp_status s = rc == MPI_SUCCESS ? wait_all(d, req, (int)at, timeout, what)
-                                    : mpi_fail(rc, call, what);
+        off_mem += sends[i].bytes;
+    }
+    (void)send_mem;
+    dp_status s;
+    if (rc != MPI_SUCCESS) {
+        s = mpi_fail(rc, call, what);
+        /* what was posted may still run: keep its memory */
+        if (!bury(req, (int)at, mem)) d->leaked = 1;
+        free(req);
+        return s;
+    }
+    s = wait_all(d, req, (int)at, mem, timeout, what);
     free(req);
-    return s;
+    if (s != DP_OK) return s;
+    off_mem = 0;
+    for (size_t i = 0; i < n_recvs; i++) {
+        memcpy(recvs[i].ptr, mem + off_mem, recvs[i].bytes);
+        off_mem += recvs[i].bytes;
+    }
+    free(mem);
+    return DP_OK;
+}
+
+void dp_dist_close(dp_dist *d)
+{
+    if (!d) return;
+    sweep();
+    /* MPI_Finalize with requests still pending (a rank that never came back)
+     * would wait for them: leave MPI as it is then; the launcher ends the job. */
+    int pending = graves != NULL || d->leaked;
+    if (!pending) MPI_Comm_free(&d->comm);
+    if (d->owns_init && !pending) MPI_Finalize();
+    free(d);
 }
 
 // --- the public collectives -----------------------------------------------------------
