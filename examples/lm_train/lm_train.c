@@ -22,6 +22,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <jansson.h>
 #include <limits.h>
@@ -309,9 +310,22 @@ static int parse_args(int argc, char **argv, opts *o)
 
 /* The first SIGINT/SIGTERM's number; the loops check it between steps. */
 static volatile sig_atomic_t stop_signal;
+/* Under mpirun: make stdout and stderr non-blocking when a signal comes. */
+static volatile sig_atomic_t unblock_output;
 
 static void on_signal(int sig)
 {
+    if (unblock_output) {
+        /* mpirun, signalled, stops reading the ranks' output, then sends
+         * them SIGTERM: a write to a full pseudo-terminal would block rank 0
+         * (and every rank waiting for it) until mpirun's SIGKILL, so it
+         * must fail instead. fcntl is async-signal-safe; the write this
+         * signal interrupted restarts non-blocking. */
+        for (int fd = STDOUT_FILENO; fd <= STDERR_FILENO; fd++) {
+            int fl = fcntl(fd, F_GETFL);
+            if (fl >= 0) fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+        }
+    }
     if (stop_signal) {
         static const char msg[] = "lm_train: second signal: exiting at once\n";
         ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
@@ -321,8 +335,13 @@ static void on_signal(int sig)
     stop_signal = sig;
 }
 
-static void install_signal_handlers(void)
+/* ranked: under mpirun, which on SIGINT/SIGTERM stops forwarding the
+ * ranks' output, sends them SIGTERM and 1 s later SIGKILL (Open MPI's
+ * odls_base_sigkill_timeout): no write may block or kill (SIGPIPE) a rank
+ * before it saves. */
+static void install_signal_handlers(int ranked)
 {
+    unblock_output = ranked;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
@@ -330,6 +349,7 @@ static void install_signal_handlers(void)
     sa.sa_flags = SA_RESTART; /* no EINTR in the middle of a write */
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    if (ranked) signal(SIGPIPE, SIG_IGN);
 }
 
 // --- the run ------------------------------------------------------------------------
@@ -405,6 +425,9 @@ static int agree(run *r, int failed)
     return 1;
 }
 
+/* What go_on's agreement carries for a signal, before its number. */
+#define STOP_ON "lm_train stops on signal "
+
 /* Whether to go on, at a point where a signal stops the run: 0 go on, -1
  * a rank failed (failed on this one; it printed why), else the number of
  * the signal that stops the run. With ranks every rank's pending signal
@@ -416,12 +439,13 @@ static int go_on(run *r, int failed)
     int sig = stop_signal;
     dp_status local = DP_OK;
     if (failed) local = dp_set_error(DP_ERR_ABORTED, "failed");
-    else if (sig) local = dp_set_error(DP_ERR_ABORTED, "signal %d", sig);
+    else if (sig) local = dp_set_error(DP_ERR_ABORTED, STOP_ON "%d", sig);
     dp_status s = dp_dist_agree(r->dist, local);
     if (s == DP_OK) return 0;
-    int who = 0, got = 0;
-    if (s == DP_ERR_ABORTED && sscanf(dp_last_error(), "rank %d: signal %d", &who, &got) == 2 &&
-        got > 0)
+    /* The agreed message is the lowest failing rank's, with a prefix. */
+    const char *m = strstr(dp_last_error(), STOP_ON);
+    int got = 0;
+    if (s == DP_ERR_ABORTED && m && sscanf(m + strlen(STOP_ON), "%d", &got) == 1 && got > 0)
         return got;
     if (s != DP_ERR_ABORTED) {
         r->broken = 1;
@@ -1266,7 +1290,7 @@ int main(int argc, char **argv)
         dp_dist_close(r.dist);
         return pa < 0 ? 0 : 2; /* -1: --help */
     }
-    install_signal_handlers();
+    install_signal_handlers(r.ranks > 1);
     int rc = setup(&r);
     if (!rc && r.ck) {
         /* The parameters live in the engine now; the metadata stays for messages. */
