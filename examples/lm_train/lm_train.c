@@ -18,7 +18,8 @@
  * all of them collective; rank 0 alone prints, writes --save, --log and
  * --trace and samples text. Work only some ranks do, and failures only
  * one rank can meet, are followed by an agreement (dp_dist_agree), so no
- * rank goes on into a collective the others have left.
+ * rank goes on into a collective the others have left. A signal reaching
+ * any rank stops every rank at the same step (agreed before each step).
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
@@ -180,8 +181,10 @@ static void usage(FILE *f)
             "ranks: mpirun -np R lm_train --devices cpu:K ... trains one model on R x K devices,\n"
             "bitwise as one process with R x K; rank 0 prints and writes --save, --log and\n"
             "--trace (its own devices' tracks); every rank reads --data and --resume (a path all\n"
-            "ranks can read); evaluation is distributed too (each rank its rows, one global loss);\n"
-            "signal the lm_train processes (all stop at the same step), not mpirun, to save.\n",
+            "ranks can read); evaluation is distributed too (each rank its rows, one global loss).\n"
+            "A signal to any rank stops all at the same step and saves; Open MPI's mpirun, when\n"
+            "signalled, sends SIGTERM to the ranks and SIGKILL 1 s later (more: --mca\n"
+            "odls_base_sigkill_timeout SECONDS), so signal the ranks when a save takes longer.\n",
             LM_DEFAULT_CORPUS, d.tokenizer, d.vocab_size, d.devices, d.mode, d.layers, d.heads,
             d.dim, d.context, d.batch_size, d.grad_accum, d.steps, d.lr, d.min_lr, d.warmup,
             d.weight_decay, d.beta1, d.beta2, d.grad_clip, d.seed, d.max_skips, d.eval_interval,
