@@ -19,10 +19,15 @@
 #include <dp/dp.h>
 
 static const char *cli_prog = "dp";
+/* When set, cli_fail prints nothing (and still returns 1): under mpirun,
+ * ranks other than 0 meeting an error every rank meets alike (a bad
+ * command line) leave the one message to rank 0. */
+static int cli_quiet;
 
 /* Prints "<prog>: <message>" as one line on stderr; returns 1. */
 static inline int cli_fail(const char *fmt, ...)
 {
+    if (cli_quiet) return 1;
     va_list ap;
     va_start(ap, fmt);
     fprintf(stderr, "%s: ", cli_prog);

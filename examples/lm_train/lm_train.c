@@ -11,9 +11,19 @@
  * SIGINT / SIGTERM end the run after the current step: the checkpoint is
  * written (with --save), output flushed, and the exit status is 128 + the
  * signal's number; a second signal exits at once.
+ *
+ * Under an MPI launcher (mpirun -np R lm_train --devices cpu:K ...) the R
+ * ranks train one model on R x K devices (dp/dist.h): every rank samples
+ * the same batches from the same seed and makes the same engine calls,
+ * all of them collective; rank 0 alone prints, writes --save, --log and
+ * --trace and samples text. Work only some ranks do, and failures only
+ * one rank can meet, are followed by an agreement (dp_dist_agree), so no
+ * rank goes on into a collective the others have left. A signal reaching
+ * any rank stops every rank at the same step (agreed before each step).
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <jansson.h>
 #include <limits.h>
@@ -167,7 +177,14 @@ static void usage(FILE *f)
             "                         or the corpus's first token when it has no newline)\n"
             "  --help                 this text\n"
             "SIGINT or SIGTERM stops after the current step, saves (with --save) and exits with\n"
-            "128 + the signal number; a second signal exits at once.\n",
+            "128 + the signal number; a second signal exits at once.\n"
+            "ranks: mpirun -np R lm_train --devices cpu:K ... trains one model on R x K devices,\n"
+            "bitwise as one process with R x K; rank 0 prints and writes --save, --log and\n"
+            "--trace (its own devices' tracks); every rank reads --data and --resume (a path all\n"
+            "ranks can read); evaluation is distributed too (each rank its rows, one global loss).\n"
+            "A signal to any rank stops all at the same step and saves; Open MPI's mpirun, when\n"
+            "signalled, sends SIGTERM to the ranks and SIGKILL 1 s later (more: --mca\n"
+            "odls_base_sigkill_timeout SECONDS), so signal the ranks when a save takes longer.\n",
             LM_DEFAULT_CORPUS, d.tokenizer, d.vocab_size, d.devices, d.mode, d.layers, d.heads,
             d.dim, d.context, d.batch_size, d.grad_accum, d.steps, d.lr, d.min_lr, d.warmup,
             d.weight_decay, d.beta1, d.beta2, d.grad_clip, d.seed, d.max_skips, d.eval_interval,
@@ -278,7 +295,7 @@ static int parse_args(int argc, char **argv, opts *o)
         case O_SKIPS: bad = cli_parse_long("--max-skips", v, 1, LONG_MAX, &o->max_skips); break;
         case O_WATCHDOG: bad = cli_parse_watchdog(v, &o->watchdog); break;
         case O_CHECK: bad = cli_parse_long("--check-replicas", v, 0, LONG_MAX, &o->check_replicas); break;
-        case O_HELP: usage(stdout); exit(0);
+        case O_HELP: usage(stdout); return -1;
         case ':': return cli_fail("%s needs a value (see --help)", argv[optind - 1]);
         default:
             /* getopt sets optopt to a known option given a value it does not take. */
@@ -296,9 +313,22 @@ static int parse_args(int argc, char **argv, opts *o)
 
 /* The first SIGINT/SIGTERM's number; the loops check it between steps. */
 static volatile sig_atomic_t stop_signal;
+/* Under mpirun: make stdout and stderr non-blocking when a signal comes. */
+static volatile sig_atomic_t unblock_output;
 
 static void on_signal(int sig)
 {
+    if (unblock_output) {
+        /* mpirun, signalled, stops reading the ranks' output, then sends
+         * them SIGTERM: a write to a full pseudo-terminal would block rank 0
+         * (and every rank waiting for it) until mpirun's SIGKILL, so it
+         * must fail instead. fcntl is async-signal-safe; the write this
+         * signal interrupted restarts non-blocking. */
+        for (int fd = STDOUT_FILENO; fd <= STDERR_FILENO; fd++) {
+            int fl = fcntl(fd, F_GETFL);
+            if (fl >= 0) fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+        }
+    }
     if (stop_signal) {
         static const char msg[] = "lm_train: second signal: exiting at once\n";
         ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
@@ -308,8 +338,13 @@ static void on_signal(int sig)
     stop_signal = sig;
 }
 
-static void install_signal_handlers(void)
+/* ranked: under mpirun, which on SIGINT/SIGTERM stops forwarding the
+ * ranks' output, sends them SIGTERM and 1 s later SIGKILL (Open MPI's
+ * odls_base_sigkill_timeout): no write may block or kill (SIGPIPE) a rank
+ * before it saves. */
+static void install_signal_handlers(int ranked)
 {
+    unblock_output = ranked;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
@@ -317,6 +352,7 @@ static void install_signal_handlers(void)
     sa.sa_flags = SA_RESTART; /* no EINTR in the middle of a write */
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    if (ranked) signal(SIGPIPE, SIG_IGN);
 }
 
 // --- the run ------------------------------------------------------------------------
@@ -342,7 +378,84 @@ typedef struct run {
     dp_trace *trace; /* --trace: every training step's phase spans */
     int tty;
     int exit_code;             /* non-zero: the status main returns (signals) */
+    dp_dist *dist;             /* the job's ranks under mpirun, else NULL */
+    int rank, ranks;           /* this process's rank and the number of ranks (0, 1 alone) */
+    int broken;                /* the ranks may no longer agree: end the job (dp_dist_abort) */
 } run;
+
+// --- ranks --------------------------------------------------------------------------
+
+/* An error every rank meets alike (an engine call's, agreed inside the
+ * engine, or one the ranks agreed on): rank 0 prints it. */
+#define AGREED_FAIL(r, ...) ((r)->rank ? 1 : cli_fail(__VA_ARGS__))
+
+/* A failed engine call. Its error reached every rank alike, except a
+ * failed exchange between the ranks (DP_ERR_COMM) or a rank that stopped
+ * answering (DP_ERR_TIMEOUT): then the ranks may be in different places,
+ * every rank prints, and the job ends with dp_dist_abort. */
+static int engine_fail(run *r, dp_status s, const char *what)
+{
+    if (r->ranks > 1 && (s == DP_ERR_COMM || s == DP_ERR_TIMEOUT)) {
+        r->broken = 1;
+        return cli_dp_fail(what);
+    }
+    return AGREED_FAIL(r, "%s: %s", what, dp_last_error());
+}
+
+/* A failure on this rank alone where the others cannot learn of it (they
+ * are on their way into a collective): with ranks the job ends with
+ * dp_dist_abort. For outcomes that are the same on every rank in
+ * practice (sampling a batch from the same data). */
+static int local_fatal(run *r, const char *what)
+{
+    r->broken = r->ranks > 1;
+    return cli_dp_fail(what);
+}
+
+/* Agreement on this rank's outcome of work only some ranks do, or that
+ * may fail on one rank alone: 0 when every rank succeeded, else 1 (the
+ * failing rank printed why; the others stay silent). One process: failed. */
+static int agree(run *r, int failed)
+{
+    if (r->ranks == 1) return failed;
+    dp_status local = failed ? dp_set_error(DP_ERR_ABORTED, "failed") : DP_OK;
+    dp_status s = dp_dist_agree(r->dist, local);
+    if (s == DP_OK) return 0;
+    if (s != DP_ERR_ABORTED) {
+        r->broken = 1;
+        cli_dp_fail("agreement between the ranks");
+    }
+    return 1;
+}
+
+/* What go_on's agreement carries for a signal, before its number. */
+#define STOP_ON "lm_train stops on signal "
+
+/* Whether to go on, at a point where a signal stops the run: 0 go on, -1
+ * a rank failed (failed on this one; it printed why), else the number of
+ * the signal that stops the run. With ranks every rank's pending signal
+ * is agreed, so all stop at the same step (the lowest signalled rank's
+ * signal), though the launcher may deliver it at different times. */
+static int go_on(run *r, int failed)
+{
+    if (r->ranks == 1) return failed ? -1 : stop_signal;
+    int sig = stop_signal;
+    dp_status local = DP_OK;
+    if (failed) local = dp_set_error(DP_ERR_ABORTED, "failed");
+    else if (sig) local = dp_set_error(DP_ERR_ABORTED, STOP_ON "%d", sig);
+    dp_status s = dp_dist_agree(r->dist, local);
+    if (s == DP_OK) return 0;
+    /* The agreed message is the lowest failing rank's, with a prefix. */
+    const char *m = strstr(dp_last_error(), STOP_ON);
+    int got = 0;
+    if (s == DP_ERR_ABORTED && m && sscanf(m + strlen(STOP_ON), "%d", &got) == 1 && got > 0)
+        return got;
+    if (s != DP_ERR_ABORTED) {
+        r->broken = 1;
+        cli_dp_fail("agreement between the ranks");
+    }
+    return -1;
+}
 
 static void human_bytes(size_t b, char *buf, size_t cap)
 {
@@ -355,29 +468,32 @@ static void human_bytes(size_t b, char *buf, size_t cap)
 
 static const char *signal_name(int sig) { return sig == SIGINT ? "SIGINT" : "SIGTERM"; }
 
-/* A signal arrived during evaluation or sampling: stop there. */
-static int interrupted(run *r, const char *during)
+/* Signal sig arrived during evaluation or sampling: stop there. */
+static int interrupted(run *r, int sig, const char *during)
 {
     fflush(stdout);
-    r->exit_code = 128 + stop_signal;
-    return cli_fail("interrupted by %s during %s%s%s", signal_name(stop_signal), during,
-                    r->saved_step >= 0 ? "; the checkpoint was saved to " : "",
-                    r->saved_step >= 0 ? r->o.save : "");
+    r->exit_code = 128 + sig;
+    return AGREED_FAIL(r, "interrupted by %s during %s%s%s", signal_name(sig), during,
+                       r->saved_step >= 0 ? "; the checkpoint was saved to " : "",
+                       r->saved_step >= 0 ? r->o.save : "");
 }
 
-/* Mean loss over eval_iters random batches of a split; -1 (no message)
- * when a signal arrived, so the training loop saves and stops. */
+/* Mean loss over eval_iters random batches of a split (with ranks, each
+ * rank evaluates its rows of every batch; the loss is global); -1 (no
+ * message) when a signal arrived, so the training loop saves and stops. */
 static int estimate_loss(run *r, dp_sampler *s, double *out)
 {
     size_t B = (size_t)r->o.batch_size;
     double sum = 0.0;
     size_t n = 0;
     for (long i = 0; i < r->o.eval_iters; i++) {
-        if (stop_signal) return -1;
-        if (dp_sampler_next(s, r->inputs, r->targets, B) != DP_OK) return cli_dp_fail("eval batch");
+        int g = go_on(r, 0);
+        if (g) return g > 0 ? -1 : 1;
+        if (dp_sampler_next(s, r->inputs, r->targets, B) != DP_OK) return local_fatal(r, "eval batch");
         dp_batch b = {B, r->inputs, r->targets};
         dp_step_stats st;
-        if (dp_engine_evaluate(r->engine, &b, &st) != DP_OK) return cli_dp_fail("evaluate");
+        dp_status es = dp_engine_evaluate(r->engine, &b, &st);
+        if (es != DP_OK) return engine_fail(r, es, "evaluate");
         sum += st.loss * (double)st.valid_targets;
         n += st.valid_targets;
     }
@@ -391,17 +507,20 @@ static int full_val_loss(run *r, double *out)
 {
     size_t T = (size_t)r->o.context, B = (size_t)r->o.batch_size;
     size_t W = dp_eval_window_count(r->data, DP_SPLIT_VAL, T);
-    if (!W) return cli_fail("the validation split has fewer than context+1 = %zu tokens", T + 1);
+    if (!W)
+        return AGREED_FAIL(r, "the validation split has fewer than context+1 = %zu tokens", T + 1);
     double sum = 0.0;
     size_t n = 0;
     for (size_t first = 0; first < W; first += B) {
-        if (stop_signal) return interrupted(r, "the final evaluation");
+        int g = go_on(r, 0);
+        if (g) return g > 0 ? interrupted(r, g, "the final evaluation") : 1;
         size_t rows = W - first < B ? W - first : B;
         if (dp_eval_windows(r->data, DP_SPLIT_VAL, T, first, rows, r->inputs, r->targets) != DP_OK)
-            return cli_dp_fail("validation windows");
+            return local_fatal(r, "validation windows");
         dp_batch b = {rows, r->inputs, r->targets};
         dp_step_stats st;
-        if (dp_engine_evaluate(r->engine, &b, &st) != DP_OK) return cli_dp_fail("evaluate");
+        dp_status es = dp_engine_evaluate(r->engine, &b, &st);
+        if (es != DP_OK) return engine_fail(r, es, "evaluate");
         sum += st.loss * (double)st.valid_targets;
         n += st.valid_targets;
     }
@@ -425,6 +544,9 @@ static char *config_json(const opts *o)
     return s;
 }
 
+/* Writes --save. With ranks every rank reads the parameters and moments
+ * (collective), rank 0 writes the file, and the ranks agree on the
+ * outcome, so a failed write stops every rank with the same status. */
 static int save_checkpoint(run *r)
 {
     dp_checkpoint ck;
@@ -432,7 +554,7 @@ static int save_checkpoint(run *r)
     ck.step = r->step;
     size_t bytes = 0;
     if (!dp_size_mul(r->n_params, sizeof(float), &bytes))
-        return cli_fail("the model's %zu parameters overflow a buffer size", r->n_params);
+        return AGREED_FAIL(r, "the model's %zu parameters overflow a buffer size", r->n_params);
     ck.params = malloc(bytes);
     ck.m = malloc(bytes);
     ck.v = malloc(bytes);
@@ -443,14 +565,20 @@ static int save_checkpoint(run *r)
     ck.n_meta = 1;
     int rc = 0;
     if (!ck.params || !ck.m || !ck.v) rc = cli_fail("out of host memory saving a checkpoint");
-    if (!rc && (dp_engine_get_params(r->engine, ck.params) != DP_OK ||
-                dp_engine_get_optimizer_state(r->engine, ck.m, ck.v, &ck.optimizer_step) != DP_OK))
-        rc = cli_dp_fail("reading parameters");
-    if (!rc && dp_tokenizer_serialize(r->tok, &ck.tokenizer) != DP_OK) rc = cli_dp_fail("tokenizer");
-    if (!rc && dp_sampler_get_state(r->train, ck.sampler) != DP_OK) rc = cli_dp_fail("sampler state");
-    ck.has_sampler = 1;
-    if (!rc && !(ck.config_json = config_json(&r->o))) rc = cli_fail("out of host memory");
-    if (!rc && dp_gpt_checkpoint_save(r->o.save, r->gpt, &ck) != DP_OK) rc = cli_dp_fail("save");
+    rc = agree(r, rc);
+    dp_status s = DP_OK;
+    if (!rc && (s = dp_engine_get_params(r->engine, ck.params)) == DP_OK)
+        s = dp_engine_get_optimizer_state(r->engine, ck.m, ck.v, &ck.optimizer_step);
+    if (!rc && s != DP_OK) rc = engine_fail(r, s, "reading parameters");
+    int all_here = !rc; /* every rank is here: the outcome of the write is agreed */
+    if (!rc && r->rank == 0) {
+        if (dp_tokenizer_serialize(r->tok, &ck.tokenizer) != DP_OK) rc = cli_dp_fail("tokenizer");
+        if (!rc && dp_sampler_get_state(r->train, ck.sampler) != DP_OK) rc = cli_dp_fail("sampler state");
+        ck.has_sampler = 1;
+        if (!rc && !(ck.config_json = config_json(&r->o))) rc = cli_fail("out of host memory");
+        if (!rc && dp_gpt_checkpoint_save(r->o.save, r->gpt, &ck) != DP_OK) rc = cli_dp_fail("save");
+    }
+    if (all_here) rc = agree(r, rc);
     if (!rc) r->saved_step = r->step;
     free(ck.params);
     free(ck.m);
@@ -482,7 +610,8 @@ static void sample_free(sampler_bufs *b)
     free(b->sorted);
 }
 
-/* Samples n tokens after the prompt on the root device, printing them. */
+/* Samples n tokens after the prompt on the root device, printing them;
+ * b->params holds the parameters (generate reads them). */
 static int generate_into(run *r, sampler_bufs *b)
 {
     const dp_gpt_config *c = dp_gpt_config_of(r->gpt);
@@ -494,16 +623,14 @@ static int generate_into(run *r, sampler_bufs *b)
         !dp_size_mul(V, sizeof(float), &v_bytes) || !dp_size_mul(T, v_bytes, &tv_bytes))
         return cli_fail("--sample %zu: the sampling buffers' sizes overflow", n);
     b->ctx = malloc(ctx_bytes);
-    b->params = malloc(pbytes);
     b->probs = malloc(v_bytes);
     b->sorted = malloc(v_bytes);
-    if (!b->ctx || !b->params || !b->probs || !b->sorted)
+    if (!b->ctx || !b->probs || !b->sorted)
         return cli_fail("out of host memory for sampling");
     memcpy(b->ctx, r->prompt_ids, r->prompt_len * sizeof(int32_t));
     size_t len = r->prompt_len;
     b->dev = dp_engine_device(r->engine, 0);
-    if (dp_engine_get_params(r->engine, b->params) != DP_OK ||
-        dp_device_bind_thread(b->dev) != DP_OK ||
+    if (dp_device_bind_thread(b->dev) != DP_OK ||
         dp_device_alloc(b->dev, dp_gpt_workspace_bytes(r->gpt, 1, T), &b->ws) != DP_OK ||
         dp_device_alloc(b->dev, T * sizeof(int32_t), &b->dtok) != DP_OK ||
         dp_device_alloc(b->dev, pbytes, &b->dparams) != DP_OK ||
@@ -515,7 +642,7 @@ static int generate_into(run *r, sampler_bufs *b)
     printf("--- sample (%zu tokens, temperature %g, top-k %ld) ---\n%s", n, r->o.temperature,
            r->o.top_k, r->prompt_text);
     for (size_t i = 0; i < n; i++) {
-        if (stop_signal) return interrupted(r, "sampling");
+        if (stop_signal) return interrupted(r, stop_signal, "sampling");
         size_t t = len < T ? len : T; /* crop to the last block_size tokens */
         const int32_t *win = b->ctx + len - t;
         if (dp_copy_h2d(b->dev, b->dtok, win, t * sizeof(int32_t)) != DP_OK ||
@@ -561,11 +688,23 @@ static int generate_into(run *r, sampler_bufs *b)
     return 0;
 }
 
+/* With ranks every rank reads the parameters (collective), rank 0
+ * samples, and the ranks agree on its outcome. */
 static int generate(run *r)
 {
     sampler_bufs b;
     memset(&b, 0, sizeof b);
-    int rc = generate_into(r, &b);
+    size_t pbytes = 0;
+    int rc = 0;
+    if (!dp_size_mul(r->n_params, sizeof(float), &pbytes) || !(b.params = malloc(pbytes)))
+        rc = cli_fail("out of host memory for sampling");
+    rc = agree(r, rc);
+    dp_status s = DP_OK;
+    if (!rc && (s = dp_engine_get_params(r->engine, b.params)) != DP_OK)
+        rc = engine_fail(r, s, "sampling setup");
+    int all_here = !rc;
+    if (!rc && r->rank == 0) rc = generate_into(r, &b);
+    if (all_here) rc = agree(r, rc);
     sample_free(&b);
     return rc;
 }
@@ -829,10 +968,12 @@ static void explain_auto(const opts *o, const dp_device_spec *specs, size_t k)
 #endif
 }
 
-static int setup(run *r)
+/* The run's local part: checkpoint, data, tokenizer, samplers, model. */
+static int load(run *r)
 {
     opts *o = &r->o;
-    if (o->save && check_save_path(o->save)) return 1;
+    /* Rank 0 writes the checkpoints. */
+    if (o->save && r->rank == 0 && check_save_path(o->save)) return 1;
     if (o->resume) {
         if (dp_gpt_checkpoint_load(o->resume, &r->ck, &r->gpt) != DP_OK)
             return cli_dp_fail("--resume");
@@ -889,10 +1030,16 @@ static int setup(run *r)
         if (dp_gpt_create(&gc, &r->gpt) != DP_OK) return cli_dp_fail("model");
     }
     r->n_params = dp_gpt_model(r->gpt)->n_params;
+    return 0;
+}
 
-    dp_device_spec specs[DP_MAX_DEVICES];
+/* This rank's devices (specs[0..*k)) and the engine's configuration. */
+static int configure(run *r, dp_device_spec *specs, size_t *kp, dp_engine_config *ecp)
+{
+    const opts *o = &r->o;
     size_t k = 0;
     if (dp_device_list_parse(o->devices, specs, DP_MAX_DEVICES, &k) != DP_OK) return cli_dp_fail("--devices");
+    *kp = k;
     explain_auto(o, specs, k);
     dp_engine_config ec = dp_engine_config_default();
     if (strcmp(o->mode, "balanced") == 0) ec.mode = DP_MODE_BALANCED;
@@ -918,20 +1065,22 @@ static int setup(run *r)
     ec.shard_optimizer = o->shard_optimizer;
     if (o->memory_limit && dp_parse_bytes(o->memory_limit, &ec.memory_limit) != DP_OK)
         return cli_dp_fail("--memory-limit");
-    dp_criterion ce = dp_criterion_cross_entropy();
-    if (dp_engine_create(specs, k, dp_gpt_model(r->gpt), &ce, &ec, &r->engine) != DP_OK)
-        return cli_dp_fail("engine");
-    if (r->ck) {
-        if (dp_engine_set_params(r->engine, r->ck->params) != DP_OK) return cli_dp_fail("--resume params");
-        if (r->ck->m && dp_engine_set_optimizer_state(r->engine, r->ck->m, r->ck->v,
-                                                      r->ck->optimizer_step) != DP_OK)
-            return cli_dp_fail("--resume optimizer state");
-        r->step = r->ck->step;
-    }
+    ec.dist = r->dist;
+    *ecp = ec;
+    return 0;
+}
+
+/* What the run prints and writes once the engine exists: the summary
+ * lines, batch buffers, --log and --trace (rank 0's). */
+static int outputs(run *r, size_t k, const dp_engine_config *ec)
+{
+    const opts *o = &r->o;
+    size_t T = (size_t)o->context, K = dp_engine_num_global_devices(r->engine);
     printf("model: GPT %ld layers, %ld heads, dim %ld, context %ld: %.2fM parameters\n", o->layers,
            o->heads, o->dim, o->context, (double)r->n_params / 1e6);
-    printf("engine: %s mode%s on %zu device%s (", dp_mode_name(ec.mode),
-           ec.shard_optimizer ? ", sharded optimizer" : "", k, k == 1 ? "" : "s");
+    printf("engine: %s mode%s on %zu device%s (", dp_mode_name(ec->mode),
+           ec->shard_optimizer ? ", sharded optimizer" : "", K, K == 1 ? "" : "s");
+    if (r->ranks > 1) printf("%d ranks; rank 0's: ", r->ranks);
     for (size_t i = 0; i < k; i++)
         printf("%s%s", i ? "," : "", dp_device_name(dp_engine_device(r->engine, i)));
     printf("), batch %ld x %ld tokens\n", o->batch_size, o->context);
@@ -942,6 +1091,7 @@ static int setup(run *r)
     r->inputs = malloc(bt);
     r->targets = malloc(bt);
     if (!r->inputs || !r->targets) return cli_fail("out of host memory");
+    if (r->rank > 0) return 0;
     if (!o->eval_only && open_log(r)) return 1;
     if (o->trace) {
         const char *names[DP_MAX_DEVICES];
@@ -956,6 +1106,31 @@ static int setup(run *r)
         printf("resume: the checkpoint is already at step %ld of --steps %ld: nothing to train\n",
                r->step, o->steps);
     return 0;
+}
+
+/* Everything before the first step. With ranks the local parts' outcomes
+ * are agreed before the collective calls (create, and with --resume the
+ * parameters, which come from rank 0's file) and after the outputs. */
+static int setup(run *r)
+{
+    dp_device_spec specs[DP_MAX_DEVICES];
+    size_t k = 0;
+    dp_engine_config ec = dp_engine_config_default();
+    int rc = load(r);
+    if (!rc) rc = configure(r, specs, &k, &ec);
+    if (agree(r, rc)) return 1;
+    dp_criterion ce = dp_criterion_cross_entropy();
+    dp_status s = dp_engine_create(specs, k, dp_gpt_model(r->gpt), &ce, &ec, &r->engine);
+    if (s != DP_OK) return engine_fail(r, s, "engine");
+    if (r->ck) {
+        if ((s = dp_engine_set_params(r->engine, r->ck->params)) != DP_OK)
+            return engine_fail(r, s, "--resume params");
+        if (r->ck->m && (s = dp_engine_set_optimizer_state(r->engine, r->ck->m, r->ck->v,
+                                                           r->ck->optimizer_step)) != DP_OK)
+            return engine_fail(r, s, "--resume optimizer state");
+        r->step = r->ck->step;
+    }
+    return agree(r, outputs(r, k, &ec));
 }
 
 /* What the checkpoint file holds after the run stops early, in words. */
@@ -982,34 +1157,44 @@ static int train(run *r)
     long first = r->step;
     double t0 = cli_now();
     r->tty = isatty(STDOUT_FILENO);
+    int failed = 0; /* rank 0's --trace failed: agreed at the next step's start */
     while (r->step < o->steps) {
-        if (stop_signal) {
+        int sig = go_on(r, failed);
+        if (sig < 0) return 1;
+        if (sig) {
             if (r->tty) printf("\n");
             int saved = o->save && !save_checkpoint(r);
             fflush(stdout);
             if (r->log) fflush(r->log);
-            r->exit_code = 128 + stop_signal;
-            return cli_fail("interrupted by %s at step %ld%s%s", signal_name(stop_signal),
-                            r->step, saved ? "; checkpoint saved to " : o->save ? "; the "
-                            "checkpoint could not be saved" : "; no --save given, nothing saved",
-                            saved ? o->save : "");
+            r->exit_code = 128 + sig;
+            return AGREED_FAIL(r, "interrupted by %s at step %ld%s%s", signal_name(sig), r->step,
+                               saved ? "; checkpoint saved to " : o->save ? "; the checkpoint "
+                               "could not be saved" : "; no --save given, nothing saved",
+                               saved ? o->save : "");
         }
         float lr = dp_lr_schedule(r->step, o->warmup, o->lr_decay_steps, (float)o->lr,
                                   (float)o->min_lr);
-        if (dp_engine_set_lr(r->engine, lr) != DP_OK) return cli_dp_fail("learning rate");
-        if (dp_sampler_next(r->train, r->inputs, r->targets, B) != DP_OK) return cli_dp_fail("batch");
+        dp_status s = dp_engine_set_lr(r->engine, lr);
+        if (s != DP_OK) return engine_fail(r, s, "learning rate");
+        if (dp_sampler_next(r->train, r->inputs, r->targets, B) != DP_OK) return local_fatal(r, "batch");
         dp_batch b = {B, r->inputs, r->targets};
         dp_step_stats st;
-        if (dp_engine_step(r->engine, &b, &st) != DP_OK) return cli_dp_fail("step");
-        if (r->trace && dp_trace_add_step(r->trace, &st) != DP_OK) return cli_dp_fail("--trace");
+        if ((s = dp_engine_step(r->engine, &b, &st)) != DP_OK) return engine_fail(r, s, "step");
+        if (r->trace && dp_trace_add_step(r->trace, &st) != DP_OK) {
+            failed = cli_dp_fail("--trace");
+            if (r->ranks == 1) return 1;
+        }
         if (st.skipped) {
             /* Nothing was updated: the step is retried on the next batch. */
             r->skipped++;
             r->consecutive_skips++;
             char where[48] = "";
-            if (st.skipped_device >= 0)
+            size_t g = (size_t)st.skipped_device, g0 = dp_engine_first_global_device(r->engine);
+            if (st.skipped_device >= 0 && g >= g0 && g - g0 < dp_engine_num_devices(r->engine))
                 snprintf(where, sizeof where, " on %s",
-                         dp_device_name(dp_engine_device(r->engine, (size_t)st.skipped_device)));
+                         dp_device_name(dp_engine_device(r->engine, g - g0)));
+            else if (st.skipped_device >= 0) /* another rank's device (global order) */
+                snprintf(where, sizeof where, " on global device %zu", g);
             printf("%sstep %ld skipped: non-finite loss or gradient%s (%ld in a row, %ld in all)\n",
                    r->tty ? "\n" : "", r->step + 1, where, r->consecutive_skips, r->skipped);
             log_row(r, &st, lr);
@@ -1017,11 +1202,10 @@ static int train(run *r)
                 char state[600];
                 checkpoint_state(r, state, sizeof state);
                 fflush(stdout);
-                return cli_fail("%ld consecutive steps had a non-finite loss or gradient (last%s); "
-                                "stopping at step %ld%s. Lower --lr, tighten --grad-clip or "
-                                "check the data",
-                                r->consecutive_skips, where[0] ? where : " on no single device",
-                                r->step, state);
+                return AGREED_FAIL(r, "%ld consecutive steps had a non-finite loss or gradient "
+                                   "(last%s); stopping at step %ld%s. Lower --lr, tighten "
+                                   "--grad-clip or check the data", r->consecutive_skips,
+                                   where[0] ? where : " on no single device", r->step, state);
             }
             continue;
         }
@@ -1045,6 +1229,7 @@ static int train(run *r)
     if (r->step > first)
         printf("trained %ld steps in %.1f s (%.0f tokens/s)\n", r->step - first, secs,
                (double)(r->step - first) * (double)(B * (size_t)o->context) / secs);
+    if (agree(r, failed)) return 1;
     /* The last checkpoint holds the last step, whether or not the interval divides it. */
     if (o->save && r->saved_step != r->step && save_checkpoint(r)) return 1;
     return 0;
@@ -1068,15 +1253,47 @@ static void run_free(run *r)
     dp_checkpoint_close(r->ck);
 }
 
+/* Under a launcher with more than one rank: joins the job; ranks other
+ * than 0 send stdout to /dev/null and every rank's messages name it. */
+static int join_ranks(run *r, int *argc, char ***argv)
+{
+    static char prog[48];
+    if (dp_dist_launched_size() <= 1) return 0;
+    if (dp_dist_open(argc, argv, &r->dist) != DP_OK) return cli_dp_fail("joining the ranks");
+    r->rank = dp_dist_rank(r->dist);
+    r->ranks = dp_dist_size(r->dist);
+    if (r->ranks == 1) return 0;
+    snprintf(prog, sizeof prog, "lm_train: rank %d", r->rank);
+    cli_prog = prog;
+    if (r->rank > 0 && !freopen("/dev/null", "w", stdout)) {
+        /* Collective outcome: a rank that cannot silence its stdout stops them all. */
+        cli_fail("cannot send stdout to /dev/null: %s", strerror(errno));
+        return agree(r, 1), 1;
+    }
+    return agree(r, 0);
+}
+
 int main(int argc, char **argv)
 {
     cli_prog = "lm_train";
     run r;
     memset(&r, 0, sizeof r);
     r.saved_step = -1;
+    r.ranks = 1;
     defaults(&r.o);
-    if (parse_args(argc, argv, &r.o)) return 2;
-    install_signal_handlers();
+    if (join_ranks(&r, &argc, &argv)) {
+        dp_dist_close(r.dist);
+        return 1;
+    }
+    /* Every rank has the same command line: rank 0 says what is wrong with it. */
+    cli_quiet = r.rank > 0;
+    int pa = parse_args(argc, argv, &r.o);
+    cli_quiet = 0;
+    if (pa) {
+        dp_dist_close(r.dist);
+        return pa < 0 ? 0 : 2; /* -1: --help */
+    }
+    install_signal_handlers(r.ranks > 1);
     int rc = setup(&r);
     if (!rc && r.ck) {
         /* The parameters live in the engine now; the metadata stays for messages. */
@@ -1092,10 +1309,8 @@ int main(int argc, char **argv)
     } else if (!rc) {
         rc = train(&r);
         /* Whatever stopped training, the trace holds the steps that ran. */
-        if (r.trace && dp_trace_write(r.trace, r.o.trace) != DP_OK) {
-            cli_dp_fail("--trace");
-            if (!rc) rc = 1;
-        }
+        int tw = r.trace && dp_trace_write(r.trace, r.o.trace) != DP_OK ? cli_dp_fail("--trace") : 0;
+        if (!rc) rc = agree(&r, tw);
         double vl;
         if (!rc) rc = full_val_loss(&r, &vl);
         if (!rc) printf("final val_loss %.4f\n", vl);
@@ -1104,5 +1319,11 @@ int main(int argc, char **argv)
     fflush(stdout);
     int code = rc ? (r.exit_code ? r.exit_code : 1) : 0;
     run_free(&r);
+    if (r.broken) {
+        /* Some rank may wait in a collective that will never complete. */
+        fflush(stderr);
+        dp_dist_abort(r.dist, code);
+    }
+    dp_dist_close(r.dist);
     return code;
 }

@@ -1,0 +1,473 @@
+/*
+ * lm_train under an MPI launcher: the built binary (LM_TRAIN_PATH) is
+ * started by mpiexec (MPIEXEC_PATH, CMake's FindMPI) with 2 ranks on a
+ * small generated corpus and a tiny model, and compared with one process.
+ *
+ *  - 2 ranks x cpu:1 save the same checkpoint, byte for byte, as one
+ *    process on cpu:2, with and without --shard-optimizer; rank 0 alone
+ *    prints (one summary, one sample, the same text) and writes --log;
+ *  - a checkpoint from 2 ranks x cpu:2 resumes in one process on cpu:4
+ *    bitwise as 8 steps straight, and one from cpu:1 resumes under 2 ranks
+ *    as it resumes in one process on cpu:2;
+ *  - SIGTERM to the ranks, or to mpiexec, stops every rank at the same
+ *    step with the checkpoint saved;
+ *  - a rank killed with SIGKILL ends the job (mpiexec exits non-zero)
+ *    within 60 s: nothing hangs.
+ *
+ * Open MPI's environment: running as root allowed, oversubscription (more
+ * ranks than cores) allowed.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <dirent.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "dp/checkpoint.h"
+#include "dp/gpt.h"
+#include "dp_test.h"
+#include "dp_test_fs.h"
+#include "dp_test_spawn.h"
+
+#ifndef LM_TRAIN_PATH
+#error "LM_TRAIN_PATH (the lm_train binary) must be defined by the build"
+#endif
+#ifndef MPIEXEC_PATH
+#error "MPIEXEC_PATH (CMake's MPIEXEC_EXECUTABLE) must be defined by the build"
+#endif
+
+// --- temp dir, corpus and environment ------------------------------------------------
+
+static char tmpdir[64];
+
+static void path_in(char *buf, size_t cap, const char *name)
+{
+    snprintf(buf, cap, "%s/%s", tmpdir, name);
+}
+
+/* About `bytes` of sentences drawn from a fixed word list (seeded). */
+static void write_corpus(const char *name, uint64_t seed, size_t bytes)
+{
+    static const char *words[] = {"the", "of", "and", "to", "a", "in", "is", "it", "that",
+                                  "was", "he", "for", "on", "are", "with", "as", "his", "they",
+                                  "river", "stone", "quiet", "morning", "light", "water"};
+    const size_t nw = sizeof words / sizeof words[0];
+    dp_rng rng;
+    dp_rng_seed(&rng, seed);
+    char p[256];
+    path_in(p, sizeof p, name);
+    FILE *f = fopen(p, "w");
+    cr_assert_not_null(f, "cannot create %s", p);
+    for (size_t n = 0; n < bytes;) {
+        size_t k = 3 + (size_t)dp_rng_below(&rng, 10);
+        for (size_t i = 0; i < k; i++)
+            n += (size_t)fprintf(f, "%s%s", words[dp_rng_below(&rng, nw)], i + 1 < k ? " " : "");
+        n += (size_t)fprintf(f, ".%s", dp_rng_below(&rng, 4) ? " " : "\n");
+    }
+    cr_assert_eq(fclose(f), 0);
+}
+
+static void setup(void)
+{
+    if (access(MPIEXEC_PATH, X_OK) != 0) cr_skip_test("mpiexec not found at " MPIEXEC_PATH);
+    strcpy(tmpdir, "/tmp/dp_test_lm_mpi_XXXXXX");
+    cr_assert_not_null(mkdtemp(tmpdir), "mkdtemp failed");
+    write_corpus("corpus.txt", 2024, 20000);
+    /* Each test runs in its own process: these reach only its mpiexec. */
+    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+    setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 1);
+}
+
+static void teardown(void)
+{
+    if (tmpdir[0]) dp_test_remove_tree(tmpdir);
+}
+
+// --- running lm_train, alone or under mpiexec ------------------------------------------
+
+typedef dp_test_result result;
+
+/* The options every run gets: a tiny model; later options override these. */
+static const char *const BASE[] = {"--data", "@corpus.txt", "--layers", "1", "--heads", "2",
+                                   "--dim", "32", "--context", "16", "--batch-size", "8",
+                                   "--sample", "0", "--eval-iters", "1"};
+#define N_BASE (sizeof BASE / sizeof BASE[0])
+
+/* Starts lm_train with BASE and extra[0..n), under `mpiexec -n ranks`
+ * when ranks > 0; an argument starting with '@' names a file in tmpdir.
+ * stdout and stderr go to stdout.txt and stderr.txt there. */
+static pid_t spawn_lm(int ranks, const char *const *extra, size_t n)
+{
+    char *argv[N_BASE + 40];
+    size_t argc = 0;
+    char np[16];
+    snprintf(np, sizeof np, "%d", ranks);
+    if (ranks > 0) {
+        argv[argc++] = strdup(MPIEXEC_PATH);
+        argv[argc++] = strdup("-n");
+        argv[argc++] = strdup(np);
+    }
+    argv[argc++] = strdup(LM_TRAIN_PATH);
+    for (size_t i = 0; i < N_BASE + n; i++) {
+        const char *a = i < N_BASE ? BASE[i] : extra[i - N_BASE];
+        cr_assert_lt(argc, sizeof argv / sizeof argv[0] - 1);
+        char p[256];
+        if (a[0] == '@') path_in(p, sizeof p, a + 1);
+        argv[argc++] = strdup(a[0] == '@' ? p : a);
+    }
+    argv[argc] = NULL;
+    char out_path[256], err_path[256];
+    path_in(out_path, sizeof out_path, "stdout.txt");
+    path_in(err_path, sizeof err_path, "stderr.txt");
+    pid_t pid = dp_test_spawn(argv, out_path, err_path);
+    for (size_t i = 0; i < argc; i++) free(argv[i]);
+    return pid;
+}
+
+static result collect(pid_t pid)
+{
+    char out_path[256], err_path[256];
+    path_in(out_path, sizeof out_path, "stdout.txt");
+    path_in(err_path, sizeof err_path, "stderr.txt");
+    return dp_test_collect(pid, out_path, err_path);
+}
+
+/* The outputs of a run already waited for (exit status st). */
+static result collect_ended(int st)
+{
+    result r;
+    char p[256];
+    size_t n;
+    r.status = st;
+    path_in(p, sizeof p, "stdout.txt");
+    r.out = (char *)dp_test_read_file(p, &n);
+    path_in(p, sizeof p, "stderr.txt");
+    r.err = (char *)dp_test_read_file(p, &n);
+    cr_assert(r.out && r.err);
+    return r;
+}
+
+#define ARGS_(...)                                                                         \
+    (const char *const[]){__VA_ARGS__},                                                    \
+        sizeof((const char *const[]){__VA_ARGS__}) / sizeof(const char *)
+/* RUN(ranks, args...): ranks 0 = one process, without mpiexec. */
+#define RUN(ranks, ...) collect(spawn_lm((ranks), ARGS_(__VA_ARGS__)))
+
+static void assert_success(const result *r, const char *what)
+{
+    cr_assert(WIFEXITED(r->status) && WEXITSTATUS(r->status) == 0,
+              "%s: %s %d; stderr:\n%s", what,
+              WIFEXITED(r->status) ? "exited with" : "was killed by signal",
+              WIFEXITED(r->status) ? WEXITSTATUS(r->status) : WTERMSIG(r->status), r->err);
+}
+
+static size_t count(const char *text, const char *needle)
+{
+    size_t n = 0;
+    for (const char *p = text; (p = strstr(p, needle)); p++) n++;
+    return n;
+}
+
+static unsigned char *read_in(const char *name, size_t *len)
+{
+    char p[256];
+    path_in(p, sizeof p, name);
+    unsigned char *b = dp_test_read_file(p, len);
+    cr_assert_not_null(b, "cannot read %s", p);
+    return b;
+}
+
+/* The two checkpoints hold the same step, parameters and AdamW moments,
+ * bitwise, and (no timestamps in them) are the same bytes. */
+static void assert_same_checkpoint(const char *a_name, const char *b_name)
+{
+    char pa[256], pb[256];
+    path_in(pa, sizeof pa, a_name);
+    path_in(pb, sizeof pb, b_name);
+    dp_checkpoint *a = NULL, *b = NULL;
+    dp_gpt *ga = NULL, *gb = NULL;
+    dp_assert_ok(dp_gpt_checkpoint_load(pa, &a, &ga));
+    dp_assert_ok(dp_gpt_checkpoint_load(pb, &b, &gb));
+    size_t n = dp_gpt_model(ga)->n_params;
+    cr_assert_eq(dp_gpt_model(gb)->n_params, n);
+    cr_assert_eq(a->step, b->step);
+    cr_assert_eq(a->optimizer_step, b->optimizer_step);
+    cr_assert(a->m && b->m && a->v && b->v);
+    cr_assert_eq(memcmp(a->params, b->params, n * sizeof(float)), 0, "%s, %s: parameters differ",
+                 a_name, b_name);
+    cr_assert_eq(memcmp(a->m, b->m, n * sizeof(float)), 0, "%s, %s: m differs", a_name, b_name);
+    cr_assert_eq(memcmp(a->v, b->v, n * sizeof(float)), 0, "%s, %s: v differs", a_name, b_name);
+    dp_checkpoint_close(a);
+    dp_checkpoint_close(b);
+    dp_gpt_destroy(ga);
+    dp_gpt_destroy(gb);
+    size_t la, lb;
+    unsigned char *fa = read_in(a_name, &la), *fb = read_in(b_name, &lb);
+    cr_assert(la == lb && memcmp(fa, fb, la) == 0, "%s and %s: the files differ", a_name, b_name);
+    free(fa);
+    free(fb);
+}
+
+TestSuite(lm_train_mpi, .init = setup, .fini = teardown, .timeout = 120);
+
+// --- ranks compute what one process computes -------------------------------------------
+
+/* 2 ranks x cpu:1 == one process on cpu:2, bitwise; rank 0 alone prints
+ * (one data line, one summary, one sample: the same text) and writes the
+ * log (6 rows, not 12). */
+static void two_ranks_equal_one_process(const char *shard)
+{
+    result a = RUN(2, "--devices", "cpu:1", "--steps", "6", "--save", "@a.st", "--log",
+                   "@a.jsonl", "--sample", "40", shard);
+    assert_success(&a, "mpiexec -n 2 lm_train --devices cpu:1");
+    result b = RUN(0, "--devices", "cpu:2", "--steps", "6", "--save", "@b.st", "--sample", "40",
+                   shard);
+    assert_success(&b, "lm_train --devices cpu:2");
+    assert_same_checkpoint("a.st", "b.st");
+
+    cr_assert_eq(count(a.out, "data: "), 1, "stdout:\n%s", a.out);
+    cr_assert_eq(count(a.out, "trained 6 steps"), 1, "stdout:\n%s", a.out);
+    cr_assert_eq(count(a.out, "final val_loss"), 1, "stdout:\n%s", a.out);
+    cr_assert(strstr(a.out, "on 2 devices (2 ranks"), "stdout:\n%s", a.out);
+    /* The sample, from the same parameters and seed, is the same text. */
+    const char *sa = strstr(a.out, "--- sample"), *sb = strstr(b.out, "--- sample");
+    cr_assert(sa && sb, "no sample; stdout:\n%s", a.out);
+    cr_assert_eq(count(a.out, "--- sample"), 1);
+    cr_assert_str_eq(sa, sb);
+    const char *va = strstr(a.out, "final val_loss"), *vb = strstr(b.out, "final val_loss");
+    cr_assert(vb && strncmp(va, vb, 26) == 0, "evaluation differs:\n%s\n%s", va, vb);
+    size_t len;
+    char *log = (char *)read_in("a.jsonl", &len);
+    cr_assert_eq(count(log, "\n"), 6, "log:\n%s", log);
+    free(log);
+    dp_test_result_free(&a);
+    dp_test_result_free(&b);
+}
+
+Test(lm_train_mpi, two_ranks_equal_one_process_bitwise)
+{
+    two_ranks_equal_one_process("--eval-iters=1"); /* BASE again: no extra option */
+}
+
+Test(lm_train_mpi, two_ranks_equal_one_process_bitwise_with_sharded_optimizer)
+{
+    two_ranks_equal_one_process("--shard-optimizer");
+}
+
+// --- resume across ranks and devices ---------------------------------------------------
+
+/* The flat checkpoint does not depend on how the devices were split into
+ * ranks. --lr-decay-steps fixes the schedule so a stopped run resumes
+ * bitwise (see test_lm_train). */
+Test(lm_train_mpi, checkpoint_of_2_ranks_x_cpu2_resumes_on_cpu4_bitwise)
+{
+    result a = RUN(2, "--devices", "cpu:2", "--steps", "4", "--lr-decay-steps", "8", "--save",
+                   "@half.st");
+    assert_success(&a, "2 ranks x cpu:2, 4 steps");
+    result b = RUN(0, "--devices", "cpu:4", "--steps", "8", "--resume", "@half.st", "--save",
+                   "@resumed.st");
+    assert_success(&b, "cpu:4, resume to 8 steps");
+    result c = RUN(0, "--devices", "cpu:4", "--steps", "8", "--save", "@straight.st");
+    assert_success(&c, "cpu:4, 8 steps");
+    assert_same_checkpoint("resumed.st", "straight.st");
+    dp_test_result_free(&a);
+    dp_test_result_free(&b);
+    dp_test_result_free(&c);
+}
+
+Test(lm_train_mpi, checkpoint_of_one_process_resumes_under_2_ranks_bitwise)
+{
+    result a = RUN(0, "--devices", "cpu:1", "--steps", "4", "--lr-decay-steps", "8", "--save",
+                   "@half.st");
+    assert_success(&a, "cpu:1, 4 steps");
+    result b = RUN(2, "--devices", "cpu:1", "--steps", "8", "--resume", "@half.st", "--save",
+                   "@ranks.st");
+    assert_success(&b, "2 ranks x cpu:1, resume to 8 steps");
+    cr_assert_eq(count(b.out, "trained 4 steps"), 1, "stdout:\n%s", b.out);
+    result c = RUN(0, "--devices", "cpu:2", "--steps", "8", "--resume", "@half.st", "--save",
+                   "@one.st");
+    assert_success(&c, "cpu:2, resume to 8 steps");
+    assert_same_checkpoint("ranks.st", "one.st");
+    dp_test_result_free(&a);
+    dp_test_result_free(&b);
+    dp_test_result_free(&c);
+}
+
+// --- signals and a killed rank ----------------------------------------------------------
+
+static void sleep_ms(long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* Waits (the test's timeout bounds it) until stdout shows a training step. */
+static void wait_for_progress(pid_t launcher)
+{
+    char p[256];
+    path_in(p, sizeof p, "stdout.txt");
+    for (;;) {
+        size_t n;
+        char *t = (char *)dp_test_read_file(p, &n);
+        int seen = t && strstr(t, "step ");
+        free(t);
+        if (seen) return;
+        int st;
+        cr_assert_eq(waitpid(launcher, &st, WNOHANG), 0, "mpiexec ended before training");
+        sleep_ms(20);
+    }
+}
+
+/* The launcher's child processes (the ranks, for Open MPI's mpiexec,
+ * which starts local ranks itself), from /proc/<pid>/task/<tid>/children. */
+static size_t children_of(pid_t pid, pid_t *out, size_t cap)
+{
+    char dir[64];
+    snprintf(dir, sizeof dir, "/proc/%d/task", (int)pid);
+    DIR *d = opendir(dir);
+    cr_assert_not_null(d, "cannot read %s", dir);
+    size_t n = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (de->d_name[0] == '.') continue;
+        char p[400];
+        snprintf(p, sizeof p, "%s/%.200s/children", dir, de->d_name);
+        FILE *f = fopen(p, "r");
+        if (!f) continue;
+        int c;
+        while (n < cap && fscanf(f, "%d", &c) == 1) out[n++] = (pid_t)c;
+        fclose(f);
+    }
+    closedir(d);
+    return n;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Waits up to limit seconds for pid; 1 with *status when it ended. */
+static int wait_bounded(pid_t pid, double limit, int *status)
+{
+    for (double t0 = now_s(); now_s() - t0 < limit; sleep_ms(20))
+        if (waitpid(pid, status, WNOHANG) == pid) return 1;
+    return 0;
+}
+
+/* Whether process pid still runs (not gone, not a zombie). */
+static int running(pid_t pid)
+{
+    char p[64], buf[512];
+    snprintf(p, sizeof p, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(p, "r");
+    if (!f) return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *q = strrchr(buf, ')'); /* "pid (comm) S ..." */
+    return q && q[1] == ' ' && q[2] != 'Z' && q[2] != 'X';
+}
+
+/* A job that did not end: kill the launcher and its ranks, then fail. */
+static void kill_job(pid_t launcher, const char *what)
+{
+    pid_t ranks[16];
+    size_t n = children_of(launcher, ranks, 16);
+    for (size_t i = 0; i < n; i++) kill(ranks[i], SIGKILL);
+    kill(launcher, SIGKILL);
+    waitpid(launcher, NULL, 0);
+    cr_assert_fail("%s", what);
+}
+
+/* SIGTERM to every rank (a scheduler's signal reaches them all), to one
+ * rank only, or to mpiexec (which passes SIGTERM to the ranks): every rank
+ * stops at the same step, rank 0 saves the checkpoint and says so once. */
+static void signal_saves(int target)
+{
+    static const char *what[3] = {"every rank", "rank process 1", "mpiexec"};
+    /* Signalled, Open MPI's mpiexec sends SIGTERM to the ranks and SIGKILL
+     * 1 s later (odls_base_sigkill_timeout): 10 s here, for a loaded machine. */
+    if (target == 2) setenv("OMPI_MCA_odls_base_sigkill_timeout", "10", 1);
+    pid_t pid = spawn_lm(2, ARGS_("--devices", "cpu:1", "--steps", "100000000", "--eval-interval",
+                                  "100000000", "--save", "@sig.st"));
+    wait_for_progress(pid);
+    pid_t ranks[16];
+    size_t n = children_of(pid, ranks, 16);
+    cr_assert_eq(n, 2, "mpiexec has %zu children, not the 2 ranks", n);
+    if (target == 0) {
+        kill(ranks[0], SIGTERM);
+        kill(ranks[1], SIGTERM);
+    } else if (target == 1) {
+        kill(ranks[1], SIGTERM);
+    } else {
+        kill(pid, SIGTERM);
+    }
+    int st;
+    if (!wait_bounded(pid, 60, &st)) kill_job(pid, "the job did not end within 60 s");
+    result r = collect_ended(st);
+    cr_assert(!WIFEXITED(r.status) || WEXITSTATUS(r.status) != 0, "SIGTERM to %s: exit 0",
+              what[target]);
+    char p[256];
+    path_in(p, sizeof p, "sig.st");
+    cr_assert_eq(access(p, F_OK), 0, "SIGTERM to %s: no checkpoint; stderr:\n%s", what[target],
+                 r.err);
+    dp_checkpoint *ck = NULL;
+    dp_assert_ok(dp_gpt_checkpoint_load(p, &ck, NULL));
+    cr_assert_gt(ck->step, 0);
+    /* Signalled, mpiexec stops forwarding the ranks' output: rank 0's
+     * message may not reach it. Otherwise it comes once, from rank 0. */
+    if (target < 2) {
+        cr_assert_eq(WEXITSTATUS(r.status), 128 + SIGTERM, "stderr:\n%s", r.err);
+        cr_assert_eq(count(r.err, "checkpoint saved to"), 1, "SIGTERM to %s: stderr:\n%s",
+                     what[target], r.err);
+        char want[80];
+        snprintf(want, sizeof want, "rank 0: interrupted by SIGTERM at step %ld;", ck->step);
+        cr_assert(strstr(r.err, want), "SIGTERM to %s: the checkpoint holds step %ld; "
+                  "stderr:\n%s", what[target], ck->step, r.err);
+    }
+    dp_checkpoint_close(ck);
+    dp_test_result_free(&r);
+}
+
+Test(lm_train_mpi, sigterm_to_every_rank_saves_once) { signal_saves(0); }
+Test(lm_train_mpi, sigterm_to_one_rank_stops_both_and_saves) { signal_saves(1); }
+Test(lm_train_mpi, sigterm_to_mpiexec_saves) { signal_saves(2); }
+
+/* SIGKILL to one rank (either): mpiexec notices, ends the other rank and
+ * exits non-zero within 60 s; no rank is left waiting in a collective. */
+static void killed_rank_ends_the_job(size_t which)
+{
+    pid_t pid = spawn_lm(2, ARGS_("--devices", "cpu:1", "--steps", "100000000", "--eval-interval",
+                                  "100000000"));
+    wait_for_progress(pid);
+    pid_t ranks[16];
+    size_t n = children_of(pid, ranks, 16);
+    cr_assert_eq(n, 2, "mpiexec has %zu children, not the 2 ranks", n);
+    double t0 = now_s();
+    kill(ranks[which], SIGKILL);
+    int st;
+    if (!wait_bounded(pid, 60, &st)) kill_job(pid, "the job did not end within 60 s of SIGKILL");
+    double took = now_s() - t0;
+    result r = collect_ended(st);
+    cr_assert(!WIFEXITED(r.status) || WEXITSTATUS(r.status) != 0, "mpiexec exited 0; stderr:\n%s",
+              r.err);
+    cr_log_info("mpiexec ended %.1f s after SIGKILL of one rank; stderr:\n%s", took, r.err);
+    /* The other rank is gone too (mpiexec may exit while its SIGKILL is
+     * still taking the process down). */
+    for (int i = 0; i < 250 && running(ranks[1 - which]); i++) sleep_ms(20);
+    cr_assert(!running(ranks[1 - which]), "rank process %d outlived mpiexec by 5 s",
+              (int)ranks[1 - which]);
+    dp_test_result_free(&r);
+}
+
+Test(lm_train_mpi, killed_rank_ends_the_job) { killed_rank_ends_the_job(1); }
+Test(lm_train_mpi, killed_first_rank_ends_the_job) { killed_rank_ends_the_job(0); }
