@@ -158,9 +158,10 @@ typedef struct dp_engine_config {
     /* The job's ranks (dp/dist.h), or NULL for one process. With R > 1
      * ranks the engine spans every rank's devices in global device order
      * (rank-major) and every call below except dp_engine_plan,
-     * _num_devices, _device and _model is collective: every rank makes
-     * the same calls in the same order, from the thread that opened the
-     * handle. Every rank passes the same configuration (checked at create:
+     * _num_devices, _device, _model and _set_lr (set the same rate on
+     * every rank) is collective: every rank makes the same calls in the
+     * same order, from the thread that opened the handle; a bad argument
+     * on one rank fails the call on every rank. Every rank passes the same configuration (checked at create:
      * a difference is DP_ERR_INVALID_ARGUMENT naming the rank and field)
      * and its own devices and device_weights; gather mode and CUDA devices
      * across ranks are DP_ERR_UNSUPPORTED. The global device count is at

@@ -355,8 +355,10 @@ dp_status dp_dist_agree(dp_dist *d, dp_status local)
     dp_status s = dp_dist_allgather(d, &mine, all, sizeof mine, 0.0, "dp_dist_agree");
     for (int r = 0; s == DP_OK && r < d->size; r++)
         if (all[r].status != DP_OK) {
+            char msg[sizeof all[r].msg + 16];
             all[r].msg[sizeof all[r].msg - 1] = '\0';
-            s = DP_FAIL((dp_status)all[r].status, "rank %d: %s", r, all[r].msg);
+            snprintf(msg, sizeof msg, "rank %d: %s", r, all[r].msg);
+            s = dp_error_raw((dp_status)all[r].status, msg);
         }
     free(all);
     return s;

@@ -323,11 +323,11 @@ dp_status dp_engine_create(const dp_device_spec *devices, size_t k, const dp_mod
     DP_TRY(s);
 
     dp_engine *e = calloc(1, sizeof *e);
-    if (!e) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation failed");
-    e->w = calloc(k, sizeof *e->w);
-    if (!e->w) {
+    if (e) e->w = calloc(k, sizeof *e->w);
+    if (!e || !e->w) {
         free(e);
-        return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation failed");
+        s = DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation failed");
+        return ranked ? dp_ranks_create_failed(dist, s) : s;
     }
     e->k = k;
     e->K = k;
@@ -371,7 +371,9 @@ dp_status dp_engine_create(const dp_device_spec *devices, size_t k, const dp_mod
         if (!host) s = DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation of %zu parameters failed",
                                model->n_params);
         if (s == DP_OK) s = model->init(model->ctx, host, cfg->seed);
+        /* With ranks set_params is collective: a rank that failed still takes part. */
         if (s == DP_OK) s = dp_engine_set_params(e, host);
+        else if (dp_ranks_active(e)) dp_engine_set_params(e, NULL);
         free(host);
     }
     if (s != DP_OK) {
@@ -427,12 +429,16 @@ dp_status dp_engine_set_lr(dp_engine *e, float lr)
 
 dp_status dp_engine_get_params(dp_engine *e, float *host)
 {
-    if (!host) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "engine and host must not be NULL");
     DP_TRY(claim(e, "dp_engine_get_params"));
     /* From the slices' owners, which hold the truth even when a failed
      * step left the replicas to re-synchronise; with ranks, each rank's
      * owned range then goes to every rank. */
     dp_status s = DP_OK;
+    if (!host) {
+        s = DP_FAIL(DP_ERR_INVALID_ARGUMENT, "host must not be NULL");
+        /* with ranks the others learn of it rather than wait */
+        return unclaim(e, dp_ranks_active(e) ? dp_ranks_agree(e, s) : s);
+    }
     for (size_t i = 0; s == DP_OK && i < e->K; i++) {
         slice *sl = &e->s[i];
         worker *o = dp_local_worker(e, (size_t)sl->owner);
@@ -450,14 +456,17 @@ dp_status dp_engine_get_params(dp_engine *e, float *host)
 
 dp_status dp_engine_set_params(dp_engine *e, const float *host)
 {
-    if (!host) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "engine and host must not be NULL");
     DP_TRY(claim(e, "dp_engine_set_params"));
     size_t n = e->model.n_params, bad;
     float *copy = NULL;
+    if (!host && !dp_ranks_active(e))
+        return unclaim(e, DP_FAIL(DP_ERR_INVALID_ARGUMENT, "host must not be NULL"));
     if (dp_ranks_active(e)) { /* rank 0's values, so the ranks cannot disagree */
-        copy = malloc(n * sizeof *copy);
-        dp_status a = copy ? DP_OK : DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation of %zu "
-                                             "parameters failed", n);
+        copy = host ? malloc(n * sizeof *copy) : NULL;
+        dp_status a = !host ? DP_FAIL(DP_ERR_INVALID_ARGUMENT, "host must not be NULL")
+                      : copy ? DP_OK
+                             : DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation of %zu parameters "
+                                       "failed", n);
         if (copy) memcpy(copy, host, n * sizeof *copy);
         a = dp_ranks_agree(e, a);
         if (a == DP_OK) a = dp_ranks_bcast(e, copy, n * sizeof *copy, "dp_engine_set_params");

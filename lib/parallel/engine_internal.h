@@ -324,6 +324,9 @@ dp_status dp_replica_compare(dp_engine *e);
 dp_status dp_ranks_init(dp_engine *e, const dp_device_spec *devices, size_t k);
 /* After the setup job, with CUDA devices: joins the ranks' GPUs (NCCL). */
 dp_status dp_ranks_open_gpus(dp_engine *e);
+/* A rank whose create failed before it had an engine: takes part in the
+ * exchanges the others make before they learn of it, then returns s. */
+dp_status dp_ranks_create_failed(dp_dist *d, dp_status s);
 /* Whether this engine spans ranks. */
 static inline int dp_ranks_active(const dp_engine *e) { return e->nranks > 1; }
 /* The reduce-scatter's rounds with ranks: chunks of the longest slice. */

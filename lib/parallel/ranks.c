@@ -33,39 +33,52 @@ typedef struct outcome {
 
 /* Every rank's status and `bytes` of payload (mine) into all (R x bytes,
  * may be NULL when bytes is 0); the result is DP_OK on every rank, or the
- * lowest failing rank's status and message on every rank. A failure of
- * the exchange itself leaves the job unusable (the engine is marked
- * broken). */
-static dp_status sync_point(dp_engine *e, dp_status local, const void *mine, void *all,
-                            size_t bytes, const char *what)
+ * lowest failing rank's status and message ("rank r: ...") on every rank.
+ * *lost is set when the exchange itself failed (the ranks may no longer be
+ * in step). */
+static dp_status exchange_outcome(dp_dist *d, double timeout, dp_status local, const void *mine,
+                                  void *all, size_t bytes, const char *what, int *lost)
 {
     size_t one = sizeof(outcome) + bytes;
-    unsigned char *buf = malloc(one * (size_t)(e->nranks + 1));
+    unsigned char *buf = malloc(one * (size_t)(dp_dist_size(d) + 1));
     if (!buf) {
-        e->broken = 1;
+        *lost = 1;
         return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "%s: host allocation failed", what);
     }
     outcome *o = (outcome *)buf;
     memset(o, 0, sizeof *o);
     o->status = (int)local;
     if (local != DP_OK) snprintf(o->msg, sizeof o->msg, "%s", dp_last_error());
-    if (bytes) memcpy(buf + sizeof(outcome), mine, bytes);
+    if (bytes && mine) memcpy(buf + sizeof(outcome), mine, bytes);
+    else if (bytes) memset(buf + sizeof(outcome), 0, bytes);
     unsigned char *got = buf + one;
-    dp_status s = dp_dist_allgather(e->dist, buf, got, one, e->cfg.watchdog_seconds, what);
+    dp_status s = dp_dist_allgather(d, buf, got, one, timeout, what);
     if (s != DP_OK) {
-        e->broken = 1;
+        *lost = 1;
         free(buf);
         return s;
     }
-    for (int r = 0; r < e->nranks; r++) {
+    for (int r = 0; r < dp_dist_size(d); r++) {
         outcome *x = (outcome *)(got + (size_t)r * one);
         if (bytes && all) memcpy((unsigned char *)all + (size_t)r * bytes, (unsigned char *)x + sizeof(outcome), bytes);
         if (s == DP_OK && x->status != DP_OK) {
+            char msg[sizeof x->msg + 16];
             x->msg[sizeof x->msg - 1] = '\0';
-            s = DP_FAIL((dp_status)x->status, "rank %d: %s", r, x->msg);
+            snprintf(msg, sizeof msg, "rank %d: %s", r, x->msg);
+            s = dp_error_raw((dp_status)x->status, msg);
         }
     }
     free(buf);
+    return s;
+}
+
+static dp_status sync_point(dp_engine *e, dp_status local, const void *mine, void *all,
+                            size_t bytes, const char *what)
+{
+    int lost = 0;
+    dp_status s = exchange_outcome(e->dist, e->cfg.watchdog_seconds, local, mine, all, bytes, what,
+                                   &lost);
+    if (lost) e->broken = 1;
     return s;
 }
 
@@ -176,6 +189,23 @@ static const char *first_difference(const rank_info *a, const rank_info *b)
     return NULL;
 }
 
+#define INIT_WHAT "exchanging the ranks' devices and configuration"
+
+dp_status dp_ranks_create_failed(dp_dist *d, dp_status s)
+{
+    int lost = 0;
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", dp_last_error());
+    /* the exchanges of dp_ranks_init and of the setup's end, as the others make them */
+    rank_info none, all[DP_MAX_DEVICES];
+    memset(&none, 0, sizeof none);
+    if (dp_dist_size(d) <= DP_MAX_DEVICES)
+        exchange_outcome(d, 0.0, s, &none, all, sizeof none, INIT_WHAT, &lost);
+    dp_error_raw(s, msg);
+    if (!lost) exchange_outcome(d, 0.0, s, NULL, NULL, 0, "agreement between the ranks", &lost);
+    return dp_error_raw(s, msg);
+}
+
 dp_status dp_ranks_init(dp_engine *e, const dp_device_spec *devices, size_t k)
 {
     e->nranks = dp_dist_size(e->dist);
@@ -183,12 +213,12 @@ dp_status dp_ranks_init(dp_engine *e, const dp_device_spec *devices, size_t k)
     if (e->nranks > DP_MAX_DEVICES)
         return DP_FAIL(DP_ERR_UNSUPPORTED, "%d ranks; an engine spans at most %d devices in all",
                        e->nranks, DP_MAX_DEVICES);
-    rank_info mine, *all = malloc((size_t)e->nranks * sizeof *all);
-    if (!all) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation failed");
+    rank_info mine, all[DP_MAX_DEVICES]; /* ranks <= DP_MAX_DEVICES: on the stack, cannot fail */
     fill_info(&mine, e, devices, k);
     /* No watchdog here: the ranks may still be starting up. */
-    dp_status s = dp_dist_allgather(e->dist, &mine, all, sizeof mine, 0.0,
-                                    "exchanging the ranks' devices and configuration");
+    int lost = 0;
+    dp_status s = exchange_outcome(e->dist, 0.0, DP_OK, &mine, all, sizeof mine, INIT_WHAT, &lost);
+    if (lost) e->broken = 1;
     size_t K = 0;
     for (int r = 0; s == DP_OK && r < e->nranks; r++) {
         const char *f = first_difference(&all[0], &all[r]);
@@ -218,7 +248,6 @@ dp_status dp_ranks_init(dp_engine *e, const dp_device_spec *devices, size_t k)
     if (s == DP_OK && all[0].n_params > (uint64_t)0x7fffffff)
         s = DP_FAIL(DP_ERR_UNSUPPORTED, "%llu parameters: MPI counts hold at most 2^31 - 1 "
                     "floats", (unsigned long long)all[0].n_params);
-    free(all);
     if (s != DP_OK) return s;
     double W = 0.0;
     for (size_t g = 0; g < K; g++) W += e->weights[g];

@@ -466,6 +466,18 @@ static void bad_use(void)
     /* and the engine goes on */
     y[0] = 0;
     CHECK_OK(dp_engine_step(r.e, &b, &st));
+    /* a NULL buffer on rank 1 only: both fail, nobody waits */
+    float *p = calloc(r.model.n_params, sizeof *p);
+    CHECK(p, "oom");
+    s = dp_engine_get_params(r.e, rank == 1 ? NULL : p);
+    CHECK(s == DP_ERR_INVALID_ARGUMENT && strstr(dp_last_error(), "rank 1: "),
+          "get_params(NULL) on rank 1: %d %s", (int)s, dp_last_error());
+    s = dp_engine_set_params(r.e, rank == 1 ? NULL : p);
+    CHECK(s == DP_ERR_INVALID_ARGUMENT && strstr(dp_last_error(), "rank 1: "),
+          "set_params(NULL) on rank 1: %d %s", (int)s, dp_last_error());
+    CHECK_OK(dp_engine_get_params(r.e, p));
+    CHECK_OK(dp_engine_step(r.e, &b, &st));
+    free(p);
     dp_engine_destroy(r.e);
 }
 
