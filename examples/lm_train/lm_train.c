@@ -381,6 +381,7 @@ typedef struct run {
     dp_dist *dist;             /* the job's ranks under mpirun, else NULL */
     int rank, ranks;           /* this process's rank and the number of ranks (0, 1 alone) */
     int broken;                /* the ranks may no longer agree: end the job (dp_dist_abort) */
+    size_t step_bytes;         /* bytes this rank sent to the others inside dp_engine_step */
 } run;
 
 // --- ranks --------------------------------------------------------------------------
@@ -1179,7 +1180,9 @@ static int train(run *r)
         if (dp_sampler_next(r->train, r->inputs, r->targets, B) != DP_OK) return local_fatal(r, "batch");
         dp_batch b = {B, r->inputs, r->targets};
         dp_step_stats st;
+        size_t sent = dp_dist_bytes_sent(r->dist);
         if ((s = dp_engine_step(r->engine, &b, &st)) != DP_OK) return engine_fail(r, s, "step");
+        r->step_bytes += dp_dist_bytes_sent(r->dist) - sent;
         if (r->trace && dp_trace_add_step(r->trace, &st) != DP_OK) {
             failed = cli_dp_fail("--trace");
             if (r->ranks == 1) return 1;
@@ -1229,6 +1232,10 @@ static int train(run *r)
     if (r->step > first)
         printf("trained %ld steps in %.1f s (%.0f tokens/s)\n", r->step - first, secs,
                (double)(r->step - first) * (double)(B * (size_t)o->context) / secs);
+    if (r->step > first && r->ranks > 1)
+        printf("ranks: %d x %zu devices; rank 0 sent %.0f bytes per step to the other ranks\n",
+               r->ranks, dp_engine_num_devices(r->engine),
+               (double)r->step_bytes / (double)(r->step - first));
     if (agree(r, failed)) return 1;
     /* The last checkpoint holds the last step, whether or not the interval divides it. */
     if (o->save && r->saved_step != r->step && save_checkpoint(r)) return 1;
