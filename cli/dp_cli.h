@@ -28,12 +28,15 @@ static int cli_quiet;
 static inline int cli_fail(const char *fmt, ...)
 {
     if (cli_quiet) return 1;
+    /* One write per message, so the lines of several processes (ranks
+     * under mpirun) do not interleave. */
+    char msg[2048];
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "%s: ", cli_prog);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    int n = snprintf(msg, sizeof msg, "%s: ", cli_prog);
+    if (n >= 0 && (size_t)n < sizeof msg) vsnprintf(msg + n, sizeof msg - (size_t)n, fmt, ap);
     va_end(ap);
+    fprintf(stderr, "%s\n", msg);
     return 1;
 }
 
