@@ -162,8 +162,12 @@ static dp_status wait_all(dp_dist *d, MPI_Request *req, int n, void *mem, double
                         d->rank, timeout);
             break;
         }
-        if (++spins > 1000) {
-            struct timespec ts = {0, spins > 100000 ? 1000000 : 20000};
+        /* A short spin catches a peer that is already there; after it the
+         * sleep grows (50 us to 1 ms), so a waiting rank leaves the cores
+         * to the ranks still computing (ranks may share cores). */
+        if (++spins > 200) {
+            long us = spins < 1000 ? 50 : spins < 3000 ? 200 : 1000;
+            struct timespec ts = {0, us * 1000};
             nanosleep(&ts, NULL);
         }
     }

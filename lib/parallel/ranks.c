@@ -439,27 +439,29 @@ dp_status dp_ranks_step(dp_engine *e, int train)
         return s;
     }
 
-    /* reduce-scatter, round by round; the last round sums the squares */
+    /* reduce-scatter, round by round; the last round sums the squares. A
+     * rank whose local adds failed keeps exchanging (its buffers are still
+     * there) and reports at the end, so the rounds need no agreement of
+     * their own: one exchange of outcomes per step. */
     size_t rounds = dp_ranks_rounds(e);
+    dp_status local = DP_OK;
     for (size_t r = 0; r < rounds; r++) {
         double t0 = dp_now_seconds();
         s = exchange_round(e, r);
         charge(e, DP_PHASE_REDUCE, t0);
-        if (s != DP_OK) break;
-        e->round = r;
-        s = dp_workers_run(e, JOB_REDUCE_ROUND);
-        if (r + 1 < rounds) {
-            s = dp_ranks_agree(e, s);
-        } else {
-            memset(mine, 0, sizeof mine);
-            for (size_t j = 0; j < e->K; j++)
-                if (e->s[j].reducer >= 0) mine[j] = e->s[j].sumsq;
-            s = sync_point(e, s, mine, all, sizeof mine, "the gradient's sums of squares");
-            for (size_t j = 0; s == DP_OK && j < e->K; j++)
-                e->s[j].sumsq = all[(size_t)dp_rank_of(e, (size_t)e->s[j].owner) * DP_MAX_DEVICES + j];
+        if (s != DP_OK) { /* the ranks are out of step: the engine is unusable */
+            free(all);
+            return s;
         }
-        if (s != DP_OK) break;
+        e->round = r;
+        if (local == DP_OK) local = dp_workers_run(e, JOB_REDUCE_ROUND);
     }
+    memset(mine, 0, sizeof mine);
+    for (size_t j = 0; j < e->K; j++)
+        if (e->s[j].reducer >= 0) mine[j] = e->s[j].sumsq;
+    s = sync_point(e, local, mine, all, sizeof mine, "the gradient's sums of squares");
+    for (size_t j = 0; s == DP_OK && j < e->K; j++)
+        e->s[j].sumsq = all[(size_t)dp_rank_of(e, (size_t)e->s[j].owner) * DP_MAX_DEVICES + j];
     free(all);
     if (s != DP_OK) return s;
 
