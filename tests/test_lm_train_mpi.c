@@ -82,6 +82,8 @@ static void setup(void)
     setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
     setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
     setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 1);
+    /* shared memory by copy: cross-process copies (CMA) are often denied in containers */
+    setenv("OMPI_MCA_btl_vader_single_copy_mechanism", "none", 1);
 }
 
 static void teardown(void)
