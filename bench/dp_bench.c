@@ -104,7 +104,12 @@ static void usage(FILE *f)
           "                       with --scaling also PATH-scaling.EXT\n"
           "  --trace PATH         Chrome trace-event JSON of every step of the timed modes,\n"
           "                       one track per device (open in ui.perfetto.dev)\n"
-          "  --help               this text\n",
+          "  --help               this text\n"
+          "Under mpirun -np R, the R ranks time one engine over R x the --devices of each\n"
+          "rank (CPU devices): gather mode is skipped (it cannot span ranks), --scaling\n"
+          "times R x 1..k devices, rank 0 alone prints and writes the outputs, and its\n"
+          "devices are the ones shown; JSON rows carry ranks, devices_per_rank and\n"
+          "bytes_sent_per_step (rank 0's bytes to the other ranks per timed step).\n",
           f);
 }
 
