@@ -20,6 +20,15 @@
  * renamed into place only when all were written).
  * Memory accounting is exact on CPU devices, so the memory figures of a
  * cpu:k run are those k GPUs would show for dp's own allocations.
+ *
+ * Under an MPI launcher (mpirun -np R dp_bench --devices cpu:K ...) the R
+ * ranks time one engine over R x K devices (dp/dist.h): every rank makes
+ * the same engine calls with the same global batch, and runs the same
+ * --find-max-batch search (each trial's outcome is agreed by the engine).
+ * Gather mode cannot span ranks and is skipped; --scaling times R x 1..K
+ * devices. Rank 0 alone prints and writes the outputs, and the per-device
+ * figures are its own devices'; work only rank 0 does, and failures one
+ * rank alone can meet, are followed by an agreement (dp_dist_agree).
  */
 #define _GNU_SOURCE /* getopt_long, clock_gettime, mkdtemp */
 #include <errno.h>
@@ -95,7 +104,12 @@ static void usage(FILE *f)
           "                       with --scaling also PATH-scaling.EXT\n"
           "  --trace PATH         Chrome trace-event JSON of every step of the timed modes,\n"
           "                       one track per device (open in ui.perfetto.dev)\n"
-          "  --help               this text\n",
+          "  --help               this text\n"
+          "Under mpirun -np R, the R ranks time one engine over R x the --devices of each\n"
+          "rank (CPU devices): gather mode is skipped (it cannot span ranks), --scaling\n"
+          "times R x 1..k devices, rank 0 alone prints and writes the outputs, and its\n"
+          "devices are the ones shown; JSON rows carry ranks, devices_per_rank and\n"
+          "bytes_sent_per_step (rank 0's bytes to the other ranks per timed step).\n",
           f);
 }
 
@@ -151,7 +165,7 @@ static int parse_args(int argc, char **argv, opts *o)
         case O_TOKBAL: o->token_balanced = 1; break;
         case O_TRACE: o->trace = v; break;
         case O_SHARD: o->shard_optimizer = 1; break;
-        case O_HELP: usage(stdout); exit(0);
+        case O_HELP: usage(stdout); return -1;
         case ':': return cli_fail("%s needs a value (see --help)", argv[optind - 1]);
         default: return cli_fail("unknown option \"%s\" (see --help)", argv[optind - 1]);
         }
@@ -193,7 +207,9 @@ typedef struct mode_result {
     dp_mode mode;
     int shard; /* optimizer state sharded over the devices */
     int ran;
-    size_t k;
+    size_t k;       /* this rank's devices (dev[0..k)) */
+    size_t k_global; /* the job's devices: ranks x k */
+    size_t bytes_sent_per_step; /* this rank's bytes to other ranks per timed step */
     double step_ms_median, step_ms_min, step_ms_max, tokens_per_s;
     double phase_ms[DP_PHASE_COUNT]; /* mean over timed steps (slowest device) */
     double loss;
@@ -213,7 +229,65 @@ typedef struct bench {
     dp_trace *trace;  /* --trace: the steps of the timed modes */
     double t_origin;  /* cli_now() at start: the trace's time 0 */
     size_t scale_rows; /* --scaling's global batch */
+    dp_dist *dist;     /* the job's ranks under mpirun, else NULL */
+    int rank, ranks;   /* this process's rank and the number of ranks (0, 1 alone) */
+    int broken;        /* the ranks may no longer agree: end the job (dp_dist_abort) */
 } bench;
+
+// --- ranks ----------------------------------------------------------------------------
+
+/* An error every rank meets alike (an engine call's, agreed inside the
+ * engine, or one the ranks agreed on): rank 0 prints it. */
+#define AGREED_FAIL(b, ...) ((b)->rank ? 1 : cli_fail(__VA_ARGS__))
+
+/* A failed engine call. Its error reached every rank alike, except a
+ * failed exchange between the ranks (DP_ERR_COMM) or a rank that stopped
+ * answering (DP_ERR_TIMEOUT): then the ranks may be in different places,
+ * every rank prints, and the job ends with dp_dist_abort. */
+static int engine_fail(bench *b, dp_status s, const char *what)
+{
+    if (b->ranks > 1 && (s == DP_ERR_COMM || s == DP_ERR_TIMEOUT)) {
+        b->broken = 1;
+        return cli_dp_fail(what);
+    }
+    return AGREED_FAIL(b, "%s: %s", what, dp_last_error());
+}
+
+/* Agreement on this rank's outcome of work only some ranks do, or that
+ * may fail on one rank alone: 0 when every rank succeeded, else 1 (the
+ * failing rank printed why; the others stay silent). One process: failed. */
+static int agree(bench *b, int failed)
+{
+    if (b->ranks == 1) return failed;
+    dp_status local = failed ? dp_set_error(DP_ERR_ABORTED, "failed") : DP_OK;
+    dp_status s = dp_dist_agree(b->dist, local);
+    if (s == DP_OK) return 0;
+    if (s != DP_ERR_ABORTED) {
+        b->broken = 1;
+        cli_dp_fail("agreement between the ranks");
+    }
+    return 1;
+}
+
+/* Under a launcher with more than one rank: joins the job; ranks other
+ * than 0 send stdout to /dev/null and every rank's messages name it. */
+static int join_ranks(bench *b, int *argc, char ***argv)
+{
+    static char prog[48];
+    if (dp_dist_launched_size() <= 1) return 0;
+    if (dp_dist_open(argc, argv, &b->dist) != DP_OK) return cli_dp_fail("joining the ranks");
+    b->rank = dp_dist_rank(b->dist);
+    b->ranks = dp_dist_size(b->dist);
+    if (b->ranks == 1) return 0;
+    snprintf(prog, sizeof prog, "dp_bench: rank %d", b->rank);
+    cli_prog = prog;
+    if (b->rank > 0 && !freopen("/dev/null", "w", stdout)) {
+        /* Collective outcome: a rank that cannot silence its stdout stops them all. */
+        cli_fail("cannot send stdout to /dev/null: %s", strerror(errno));
+        return agree(b, 1), 1;
+    }
+    return agree(b, 0);
+}
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -266,6 +340,7 @@ static dp_status make_engine(bench *b, dp_mode mode, int shard, size_t k, dp_eng
     ec.memory_limit = b->o.limit_bytes;
     ec.allow_tf32 = b->o.tf32;
     ec.token_balanced = b->o.token_balanced;
+    ec.dist = b->dist;
     /* The weights are per device of the full list; --scaling's shorter
      * lists use equal shares. */
     if (b->o.n_weights && k == b->k) ec.device_weights = b->o.weights;
@@ -282,35 +357,45 @@ static int run_mode(bench *b, dp_mode mode, int shard, size_t k, size_t rows, in
     res->mode = mode;
     res->shard = shard;
     res->k = k;
+    res->k_global = k * (size_t)b->ranks;
     res->rows = rows;
     char name[32];
     run_name(mode, shard, name, sizeof name);
-    if (ensure_tokens(b, rows)) return 1;
+    double *ms = NULL;
+    int rc = ensure_tokens(b, rows);
+    if (!rc && !(ms = calloc((size_t)b->o.steps, sizeof *ms))) rc = cli_fail("out of host memory");
+    if (agree(b, rc)) {
+        free(ms);
+        return 1;
+    }
     dp_engine *e = NULL;
-    if (make_engine(b, mode, shard, k, &e) != DP_OK) return cli_dp_fail(name);
+    dp_status es = make_engine(b, mode, shard, k, &e);
+    if (es != DP_OK) {
+        free(ms);
+        return engine_fail(b, es, name);
+    }
     dp_batch batch = {rows, b->inputs, b->targets};
     long n = b->o.warmup + b->o.steps;
-    double *ms = calloc((size_t)b->o.steps, sizeof *ms);
-    if (!ms) {
-        dp_engine_destroy(e);
-        return cli_fail("out of host memory");
-    }
     dp_step_stats st;
-    int rc = 0;
+    size_t sent0 = 0;
+    int trace_failed = 0; /* rank 0's --trace failed: agreed after the steps */
     for (long s = 0; s < n && !rc; s++) {
+        if (s == b->o.warmup) sent0 = dp_dist_bytes_sent(b->dist);
         double t0 = cli_now();
-        if (dp_engine_step(e, &batch, &st) != DP_OK) {
-            rc = cli_fail("%s step %ld of %zu sequences: %s", name, s + 1, rows,
-                      dp_last_error());
+        if ((es = dp_engine_step(e, &batch, &st)) != DP_OK) {
+            char what[96];
+            snprintf(what, sizeof what, "%s step %ld of %zu sequences", name, s + 1, rows);
+            rc = engine_fail(b, es, what);
             break;
         }
         double dt = cli_now() - t0;
-        if (trace && b->trace) {
+        if (trace && b->trace && !trace_failed) {
             /* One timeline for every engine: place the step by our clock. */
             st.start_seconds = t0 - b->t_origin;
             if (dp_trace_add_step(b->trace, &st) != DP_OK) {
-                rc = cli_dp_fail("--trace");
-                break;
+                trace_failed = cli_dp_fail("--trace");
+                /* With ranks the others are on their way into the next step. */
+                if (b->ranks == 1) rc = 1;
             }
         }
         for (size_t i = 0; i < k; i++) {
@@ -325,6 +410,8 @@ static int run_mode(bench *b, dp_mode mode, int shard, size_t k, size_t rows, in
             res->phase_ms[p] += 1e3 * st.phase_seconds[p] / (double)b->o.steps;
         res->loss = st.loss;
     }
+    if (!rc) res->bytes_sent_per_step = (dp_dist_bytes_sent(b->dist) - sent0) / (size_t)b->o.steps;
+    if (!rc && b->ranks > 1) rc = agree(b, trace_failed);
     if (!rc) {
         qsort(ms, (size_t)b->o.steps, sizeof *ms, cmp_double);
         size_t m = (size_t)b->o.steps;
@@ -358,7 +445,7 @@ static int run_mode(bench *b, dp_mode mode, int shard, size_t k, size_t rows, in
  * (reported). */
 static int fits(bench *b, dp_mode mode, int shard, size_t rows, char *why, size_t why_cap)
 {
-    if (ensure_tokens(b, rows)) return -1;
+    if (agree(b, ensure_tokens(b, rows))) return -1;
     dp_engine *e = NULL;
     dp_status s = make_engine(b, mode, shard, b->k, &e);
     if (s == DP_OK) {
@@ -369,9 +456,10 @@ static int fits(bench *b, dp_mode mode, int shard, size_t rows, char *why, size_
     dp_engine_destroy(e);
     if (s == DP_OK) return 1;
     if (s == DP_ERR_OUT_OF_MEMORY) return 0;
-    char name[32];
-    cli_fail("%s with %zu sequences: %s", run_name(mode, shard, name, sizeof name), rows,
-             dp_last_error());
+    char name[32], what[96];
+    snprintf(what, sizeof what, "%s with %zu sequences", run_name(mode, shard, name, sizeof name),
+             rows);
+    engine_fail(b, s, what);
     return -1;
 }
 
@@ -387,7 +475,7 @@ static int find_max_batch(bench *b, dp_mode mode, int shard, size_t start, long 
      * token) at least, so no batch above this fits: the doubling stops. */
     size_t per_row = (size_t)b->o.context * 8, cap = ((size_t)1 << 30);
     size_t bound = b->o.limit_bytes / per_row + 1;
-    if (dp_size_mul(bound, b->k, &bound) && bound < cap) cap = bound;
+    if (dp_size_mul(bound, b->k * (size_t)b->ranks, &bound) && bound < cap) cap = bound;
     size_t lo = 0, hi = 0; /* lo fits (0 trivially); hi does not fit (0: none found yet) */
     size_t x = start < cap ? start : cap;
     int f = fits(b, mode, shard, x, why, why_cap);
@@ -453,7 +541,12 @@ static void print_table(const bench *b, const mode_result *res, size_t nres)
         }
     }
     printf("(peak: high-water mark of bytes allocated since the engine was created; logits:\n"
-           " bytes held for logits and their gradient. Per-phase peaks: --json, --csv)\n\n");
+           " bytes held for logits and their gradient. Per-phase peaks: --json, --csv)\n");
+    if (b->ranks > 1)
+        printf("(devices: rank 0's %zu of the job's %zu over %d ranks; the other ranks' are not\n"
+               " shown)\n",
+               res[0].k, res[0].k_global, b->ranks);
+    printf("\n");
     printf("%-14s %10s %10s %10s %12s %10s %12s\n", "mode", "step ms", "min", "max", "tokens/s",
            "imbalance", "w/o optim");
     for (size_t r = 0; r < nres; r++) {
@@ -522,8 +615,10 @@ static void print_arithmetic(const bench *b, const mode_result *res, size_t nres
 }
 
 typedef struct scale_point {
-    size_t k;
+    size_t k;      /* devices per rank */
+    size_t global; /* the job's devices: ranks x k */
     double tokens_per_s;
+    size_t bytes_sent_per_step;
 } scale_point;
 
 /* "cpu:0", "cuda:1": the name of a device of the list before it is opened. */
@@ -578,6 +673,10 @@ static json_t *json_results(const bench *b, const mode_result *res, size_t nres,
                                "devices", jd);
         json_object_set_new(jr, "shard_optimizer", json_boolean(m->shard));
         json_object_set_new(jr, "batch_size", json_integer((json_int_t)m->rows));
+        json_object_set_new(jr, "ranks", json_integer(b->ranks));
+        json_object_set_new(jr, "devices_per_rank", json_integer((json_int_t)m->k));
+        json_object_set_new(jr, "bytes_sent_per_step",
+                            json_integer((json_int_t)m->bytes_sent_per_step));
         if (o->find_max_batch) json_object_set_new(jr, "max_batch", json_integer(m->max_batch));
         json_array_append_new(results, jr);
     }
@@ -589,6 +688,7 @@ static json_t *json_results(const bench *b, const mode_result *res, size_t nres,
         json_object_set_new(cfg, "device_weights", w);
     }
     json_object_set_new(cfg, "shard_optimizer", json_boolean(o->shard_optimizer));
+    json_object_set_new(cfg, "ranks", json_integer(b->ranks));
     json_t *root = json_pack("{s:o,s:o}", "config", cfg, "results", results);
     const mode_result *g = NULL, *bal = NULL; /* the root runs */
     for (size_t r = 0; r < nres; r++) {
@@ -602,9 +702,13 @@ static json_t *json_results(const bench *b, const mode_result *res, size_t nres,
         json_t *js = json_array();
         for (size_t i = 0; i < nsc; i++)
             json_array_append_new(
-                js, json_pack("{s:I,s:f,s:f}", "devices", (json_int_t)sc[i].k, "tokens_per_s",
-                              sc[i].tokens_per_s, "efficiency",
-                              sc[i].tokens_per_s / ((double)sc[i].k * sc[0].tokens_per_s)));
+                js, json_pack("{s:I,s:I,s:I,s:f,s:f,s:I}", "devices", (json_int_t)sc[i].global,
+                              "ranks", (json_int_t)b->ranks, "devices_per_rank",
+                              (json_int_t)sc[i].k, "tokens_per_s", sc[i].tokens_per_s,
+                              "efficiency",
+                              sc[i].tokens_per_s * (double)sc[0].global /
+                                  ((double)sc[i].global * sc[0].tokens_per_s),
+                              "bytes_sent_per_step", (json_int_t)sc[i].bytes_sent_per_step));
         json_object_set_new(root, "scaling",
                             json_pack("{s:s,s:o}", "mode", dp_mode_name(scale_mode), "points", js));
     }
@@ -694,7 +798,7 @@ static int finish(outputs *out, int rc)
     return rc;
 }
 
-static char *csv_text(const mode_result *res, size_t nres)
+static char *csv_text(const mode_result *res, size_t nres, int ranks)
 {
     size_t cap = 4096 + nres * DP_MAX_DEVICES * 512, len = 0;
     char *s = malloc(cap);
@@ -705,7 +809,7 @@ static char *csv_text(const mode_result *res, size_t nres)
         len += (size_t)snprintf(s + len, cap - len, ",%s_peak_bytes", dp_phase_name((dp_phase)p));
     len += (size_t)snprintf(s + len, cap - len,
                             ",step_ms_median,step_ms_min,step_ms_max,tokens_per_s,max_batch,rows,"
-                            "shard_optimizer\n");
+                            "ranks,devices_per_rank,bytes_sent_per_step,shard_optimizer\n");
     for (size_t r = 0; r < nres; r++) {
         const mode_result *m = &res[r];
         for (size_t i = 0; i < m->k; i++) {
@@ -715,9 +819,10 @@ static char *csv_text(const mode_result *res, size_t nres)
                                     d->logits, d->params);
             for (int p = 0; p < DP_PHASE_COUNT; p++)
                 len += (size_t)snprintf(s + len, cap - len, ",%zu", d->phase_peak[p]);
-            len += (size_t)snprintf(s + len, cap - len, ",%.3f,%.3f,%.3f,%.1f,%ld,%zu,%d\n",
+            len += (size_t)snprintf(s + len, cap - len, ",%.3f,%.3f,%.3f,%.1f,%ld,%zu,%d,%zu,%zu,%d\n",
                                     m->step_ms_median, m->step_ms_min, m->step_ms_max,
-                                    m->tokens_per_s, m->max_batch, d->rows, m->shard);
+                                    m->tokens_per_s, m->max_batch, d->rows, ranks, m->k,
+                                    m->bytes_sent_per_step, m->shard);
         }
     }
     return s;
@@ -950,18 +1055,20 @@ static int plot_scaling(const bench *b, outputs *out, const char *path, const sc
     size_t len = 0;
     len += (size_t)snprintf(s + len, sizeof s - len, "$d << EOD\n");
     for (size_t i = 0; i < nsc; i++)
-        len += (size_t)snprintf(s + len, sizeof s - len, "%zu %.1f %.1f\n", sc[i].k,
-                                sc[i].tokens_per_s, sc[0].tokens_per_s * (double)sc[i].k);
+        len += (size_t)snprintf(s + len, sizeof s - len, "%zu %.1f %.1f\n", sc[i].global,
+                                sc[i].tokens_per_s,
+                                sc[0].tokens_per_s * (double)sc[i].global / (double)sc[0].global);
     /* An explicit x range: one device alone would give gnuplot an empty
      * range (and a warning). */
     snprintf(s + len, sizeof s - len,
              "EOD\n"
              "set title 'Scaling (%s mode): GPT V=%ld T=%ld B=%zu C=%ld L=%ld'\n"
              "set xlabel 'devices'\nset ylabel 'tokens/s'\nset key top left\nset grid\n"
-             "set xtics 1\nset xrange [0.5:%zu.5]\nset yrange [0:*]\n"
+             "set xtics %zu\nset xrange [0.5:%zu.5]\nset yrange [0:*]\n"
              "plot $d using 1:2 with linespoints lw 2 pt 7 title 'measured', "
              "$d using 1:3 with lines dt 2 title 'linear'\n",
-             dp_mode_name(mode), b->o.vocab, b->o.context, rows, b->o.dim, b->o.layers, nsc);
+             dp_mode_name(mode), b->o.vocab, b->o.context, rows, b->o.dim, b->o.layers,
+             sc[0].global, sc[nsc - 1].global);
     return render(out, path, s);
 }
 
@@ -1013,14 +1120,15 @@ static int write_outputs(bench *b, const mode_result *res, size_t nres, const sc
     char *sp = NULL;
     if (o->json) {
         json_t *j = json_results(b, res, nres, sc, nsc, scale_mode);
-        char *text = j ? json_dumps(j, JSON_INDENT(2) | JSON_REAL_PRECISION(10)) : NULL;
+        /* 17 significant digits: every double reads back exactly (a loss compares bitwise). */
+        char *text = j ? json_dumps(j, JSON_INDENT(2) | JSON_REAL_PRECISION(17)) : NULL;
         rc = text ? stage(&out, "--json", o->json, text, strlen(text))
                   : cli_fail("--json: cannot encode the results");
         free(text);
         json_decref(j);
     }
     if (!rc && o->csv) {
-        char *text = csv_text(res, nres);
+        char *text = csv_text(res, nres, b->ranks);
         rc = text ? stage(&out, "--csv", o->csv, text, strlen(text)) : cli_fail("out of host memory");
         free(text);
     }
@@ -1044,57 +1152,83 @@ static int write_outputs(bench *b, const mode_result *res, size_t nres, const sc
     return rc;
 }
 
-int main(int argc, char **argv)
+/* The command line's checks after parsing: the same outcome on every
+ * rank (rank 0 alone prints it). */
+static int check_args(bench *b)
 {
-    cli_prog = "dp_bench";
-    /* A gnuplot that stops reading its script must not kill us. */
-    signal(SIGPIPE, SIG_IGN);
-    bench b;
-    memset(&b, 0, sizeof b);
-    b.t_origin = cli_now();
-    opts *o = &b.o;
-    *o = (opts){.vocab = 40000, .context = 250, .batch = 32, .dim = 256, .layers = 2,
-                .heads = 4, .steps = 3, .warmup = 1, .mode = "both", .seed = 1337};
-    if (parse_args(argc, argv, o)) return 1;
+    opts *o = &b->o;
     if (!o->devices) o->devices = dp_cuda_device_count() > 0 ? "cuda" : "cpu:4";
-    if (dp_device_list_parse(o->devices, b.specs, DP_MAX_DEVICES, &b.k) != DP_OK)
+    if (dp_device_list_parse(o->devices, b->specs, DP_MAX_DEVICES, &b->k) != DP_OK)
         return cli_dp_fail("--devices");
-    if ((size_t)o->batch < b.k)
+    size_t global = b->k * (size_t)b->ranks;
+    if ((size_t)o->batch < global) {
+        if (b->ranks > 1)
+            return cli_fail("--batch-size %ld is smaller than the %zu devices of %d ranks x %zu; "
+                            "give every device a sequence",
+                            o->batch, global, b->ranks, b->k);
         return cli_fail("--batch-size %ld is smaller than the %zu devices; give every device a "
-                    "sequence",
-                    o->batch, b.k);
+                        "sequence",
+                        o->batch, b->k);
+    }
     if (o->weights_arg &&
-        cli_parse_weights("--device-weights", o->weights_arg, b.k, o->weights, &o->n_weights))
+        cli_parse_weights("--device-weights", o->weights_arg, b->k, o->weights, &o->n_weights))
         return 1;
-    if (check_outputs(&b)) return 1;
+    if (b->ranks > 1 && strcmp(o->mode, "gather") == 0)
+        return cli_fail("--mode gather: gather mode cannot span ranks (it reproduces one "
+                        "process's DataParallel); run it without mpirun, or use --mode balanced");
+    return 0;
+}
+
+/* The bench once the ranks are joined and the command line parsed. */
+static int bench_main(bench *b)
+{
+    opts *o = &b->o;
+    /* Every rank has the same command line: rank 0 says what is wrong with it. */
+    cli_quiet = b->rank > 0;
+    int bad = check_args(b);
+    cli_quiet = 0;
+    if (bad) return 1;
+    /* Output paths and gnuplot: rank 0 writes them. */
+    if (agree(b, b->rank == 0 ? check_outputs(b) : 0)) return 1;
     dp_gpt_config gc = {(size_t)o->vocab, (size_t)o->context, (size_t)o->layers,
                         (size_t)o->heads, (size_t)o->dim};
-    if (dp_gpt_create(&gc, &b.gpt) != DP_OK) return cli_dp_fail("model");
+    if (agree(b, dp_gpt_create(&gc, &b->gpt) != DP_OK ? cli_dp_fail("model") : 0)) return 1;
 
     int both = strcmp(o->mode, "both") == 0;
     dp_mode modes[2];
     size_t nmodes = 0;
-    if (both || strcmp(o->mode, "gather") == 0) modes[nmodes++] = DP_MODE_GATHER;
+    /* Gather mode copies every logit to one device: across ranks the engine refuses it. */
+    int skip_gather = both && b->ranks > 1;
+    if ((both && !skip_gather) || strcmp(o->mode, "gather") == 0) modes[nmodes++] = DP_MODE_GATHER;
     if (both || strcmp(o->mode, "balanced") == 0) modes[nmodes++] = DP_MODE_BALANCED;
     int rc = 0;
-    if (o->trace) {
+    if (o->trace && b->rank == 0) {
         const char *names[DP_MAX_DEVICES];
         char nbuf[DP_MAX_DEVICES][32];
-        for (size_t i = 0; i < b.k; i++) names[i] = spec_name(&b.specs[i], nbuf[i], sizeof nbuf[i]);
-        if (dp_trace_create(names, b.k, &b.trace) != DP_OK) rc = cli_dp_fail("--trace");
+        for (size_t i = 0; i < b->k; i++) names[i] = spec_name(&b->specs[i], nbuf[i], sizeof nbuf[i]);
+        if (dp_trace_create(names, b->k, &b->trace) != DP_OK) rc = cli_dp_fail("--trace");
     }
+    if (agree(b, rc)) return 1;
 
     printf("dp_bench: GPT vocab %ld, context %ld, dim %ld, %ld layers, %ld heads: %.2fM "
            "parameters\n",
            o->vocab, o->context, o->dim, o->layers, o->heads,
-           (double)dp_gpt_model(b.gpt)->n_params / 1e6);
-    printf("          global batch %ld sequences (%ld tokens) on %s (%zu devices), %ld warm-up + "
-           "%ld timed steps",
-           o->batch, o->batch * o->context, o->devices, b.k, o->warmup, o->steps);
+           (double)dp_gpt_model(b->gpt)->n_params / 1e6);
+    if (b->ranks > 1)
+        printf("          global batch %ld sequences (%ld tokens) on %d ranks x %s (%zu devices), "
+               "%ld warm-up + %ld timed steps",
+               o->batch, o->batch * o->context, b->ranks, o->devices, b->k * (size_t)b->ranks,
+               o->warmup, o->steps);
+    else
+        printf("          global batch %ld sequences (%ld tokens) on %s (%zu devices), %ld "
+               "warm-up + %ld timed steps",
+               o->batch, o->batch * o->context, o->devices, b->k, o->warmup, o->steps);
     if (o->memory_limit) printf(", memory limit %s per device", o->memory_limit);
     if (o->weights_arg) printf(", device weights %s", o->weights_arg);
     if (o->token_balanced) printf(", token-balanced");
     printf("\n");
+    if (skip_gather)
+        printf("gather mode: skipped across ranks (it reproduces one process's DataParallel)\n");
     fflush(stdout);
 
     /* The runs: each mode, then with --shard-optimizer the same sharded. */
@@ -1112,13 +1246,16 @@ int main(int argc, char **argv)
     scale_point sc[DP_MAX_DEVICES];
     size_t nres = 0, nsc = 0;
     char name[32];
-    if (!rc && !res) rc = cli_fail("out of host memory");
+    if (agree(b, !res ? cli_fail("out of host memory") : 0)) {
+        free(res);
+        return 1;
+    }
     for (size_t r = 0; r < nruns && !rc; r++) {
         size_t rows = (size_t)o->batch;
         run_name(run_modes[r], run_shard[r], name, sizeof name);
         if (o->find_max_batch) {
             char why[512] = "";
-            rc = find_max_batch(&b, run_modes[r], run_shard[r], rows, &max_batch[r], why,
+            rc = find_max_batch(b, run_modes[r], run_shard[r], rows, &max_batch[r], why,
                                 sizeof why);
             if (rc) break;
             if (max_batch[r] == 0) {
@@ -1128,12 +1265,12 @@ int main(int argc, char **argv)
             }
             if ((size_t)max_batch[r] < rows) rows = (size_t)max_batch[r];
         }
-        rc = run_mode(&b, run_modes[r], run_shard[r], b.k, rows, 1, &res[nres]);
+        rc = run_mode(b, run_modes[r], run_shard[r], b->k, rows, 1, &res[nres]);
         if (!rc) res[nres++].max_batch = max_batch[r];
     }
     if (!rc && nres) {
-        print_table(&b, res, nres);
-        print_arithmetic(&b, res, nres);
+        print_table(b, res, nres);
+        print_arithmetic(b, res, nres);
     }
     if (!rc && o->find_max_batch) {
         printf("\nlargest global batch under --memory-limit %s per device:", o->memory_limit);
@@ -1152,30 +1289,76 @@ int main(int argc, char **argv)
     size_t scale_rows = 0;
     for (size_t r = 0; r < nres; r++)
         if (res[r].mode == scale_mode && !res[r].shard) scale_rows = res[r].rows;
-    b.scale_rows = scale_rows;
+    b->scale_rows = scale_rows;
     if (!rc && o->scaling && !scale_rows)
         printf("\nscaling: skipped, %s mode was not timed\n", dp_mode_name(scale_mode));
     if (!rc && o->scaling && scale_rows) {
-        printf("\nscaling (%s mode, global batch %zu):\n%8s %12s %9s %11s\n",
-               dp_mode_name(scale_mode), scale_rows, "devices", "tokens/s", "speedup",
-               "efficiency");
-        for (size_t k = 1; k <= b.k && !rc; k++) {
+        /* With ranks: R x 1..k devices, each rank adding one device at a time. */
+        printf("\nscaling (%s mode, global batch %zu):\n", dp_mode_name(scale_mode), scale_rows);
+        if (b->ranks > 1)
+            printf("%8s %8s %12s %9s %11s\n", "ranks x", "devices", "tokens/s", "speedup",
+                   "efficiency");
+        else
+            printf("%8s %12s %9s %11s\n", "devices", "tokens/s", "speedup", "efficiency");
+        for (size_t k = 1; k <= b->k && !rc; k++) {
             mode_result m;
-            rc = run_mode(&b, scale_mode, 0, k, scale_rows, 0, &m);
+            rc = run_mode(b, scale_mode, 0, k, scale_rows, 0, &m);
             if (rc) break;
             sc[nsc].k = k;
+            sc[nsc].global = m.k_global;
             sc[nsc].tokens_per_s = m.tokens_per_s;
+            sc[nsc].bytes_sent_per_step = m.bytes_sent_per_step;
             double sp = m.tokens_per_s / sc[0].tokens_per_s;
-            printf("%8zu %12.0f %9.2f %10.1f%%\n", k, m.tokens_per_s, sp, 100.0 * sp / (double)k);
+            double eff = sp * (double)sc[0].global / (double)m.k_global;
+            if (b->ranks > 1) {
+                char rk[32];
+                snprintf(rk, sizeof rk, "%d x %zu", b->ranks, k);
+                printf("%8s %8zu %12.0f %9.2f %10.1f%%\n", rk, m.k_global, m.tokens_per_s, sp,
+                       100.0 * eff);
+            } else {
+                printf("%8zu %12.0f %9.2f %10.1f%%\n", k, m.tokens_per_s, sp, 100.0 * eff);
+            }
             fflush(stdout);
             nsc++;
         }
     }
-    if (!rc) rc = write_outputs(&b, res, nres, sc, nsc, scale_mode);
+    /* Rank 0 writes the outputs; the others learn whether it could. */
+    if (!rc) rc = agree(b, b->rank == 0 ? write_outputs(b, res, nres, sc, nsc, scale_mode) : 0);
     free(res);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    cli_prog = "dp_bench";
+    /* A gnuplot that stops reading its script must not kill us. */
+    signal(SIGPIPE, SIG_IGN);
+    bench b;
+    memset(&b, 0, sizeof b);
+    b.ranks = 1;
+    b.t_origin = cli_now();
+    opts *o = &b.o;
+    *o = (opts){.vocab = 40000, .context = 250, .batch = 32, .dim = 256, .layers = 2,
+                .heads = 4, .steps = 3, .warmup = 1, .mode = "both", .seed = 1337};
+    if (join_ranks(&b, &argc, &argv)) {
+        dp_dist_close(b.dist);
+        return 1;
+    }
+    /* Every rank has the same command line: rank 0 says what is wrong with it. */
+    cli_quiet = b.rank > 0;
+    int pa = parse_args(argc, argv, o);
+    cli_quiet = 0;
+    int rc = pa ? (pa < 0 ? 0 : 1) : bench_main(&b); /* pa -1: --help */
+    fflush(stdout);
     free(b.inputs);
     free(b.targets);
     dp_trace_destroy(b.trace);
     dp_gpt_destroy(b.gpt);
+    if (b.broken) {
+        /* Some rank may wait in a collective that will never complete. */
+        fflush(stderr);
+        dp_dist_abort(b.dist, rc ? rc : 1);
+    }
+    dp_dist_close(b.dist);
     return rc;
 }
