@@ -83,6 +83,14 @@ dp_status dp_nccl_open(dp_dist *d, dp_device **devs, size_t k, size_t K, size_t 
 void dp_nccl_close(dp_nccl *n)
 {
     if (!n) return;
+    /* Finalizing waits for every rank of the communicator, and this thread
+     * holds k of them: finalize them in one group, then free them locally. */
+    if (!n->failed && n->comm) {
+        ncclGroupStart();
+        for (size_t i = 0; i < n->k; i++)
+            if (n->comm[i]) ncclCommFinalize(n->comm[i]);
+        if (ncclGroupEnd() != ncclSuccess) n->failed = 1;
+    }
     for (size_t i = 0; n->comm && i < n->k; i++) {
         if (!n->comm[i]) continue;
         if (n->failed) ncclCommAbort(n->comm[i]);
