@@ -161,7 +161,8 @@ typedef struct dp_engine_config {
      * _num_devices, _device, _model and _set_lr (set the same rate on
      * every rank) is collective: every rank makes the same calls in the
      * same order, from the thread that opened the handle; a bad argument
-     * on one rank fails the call on every rank. Every rank passes the same configuration (checked at create:
+     * on one rank fails the call on every rank. With CUDA devices (NCCL)
+     * dp_engine_destroy is collective too. Every rank passes the same configuration (checked at create:
      * a difference is DP_ERR_INVALID_ARGUMENT naming the rank and field)
      * and its own devices and device_weights; gather mode and CUDA devices
      * across ranks are DP_ERR_UNSUPPORTED. The global device count is at

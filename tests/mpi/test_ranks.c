@@ -496,9 +496,11 @@ int main(int argc, char **argv)
     if (argc > 1 && strcmp(argv[1], "--cuda") == 0) {
         kind = DP_DEVICE_CUDA;
         if (dp_cuda_device_count() < 2) {
-            if (rank == 0)
-                printf("test_ranks --cuda: SKIP: %d CUDA devices; two ranks need two GPUs (NCCL "
-                       "refuses two ranks on one GPU)\n", dp_cuda_device_count());
+            if (rank == 0 && dp_cuda_device_count() == 0)
+                printf("test_ranks --cuda: SKIP: no CUDA device\n");
+            else if (rank == 0)
+                printf("test_ranks --cuda: SKIP: 1 CUDA device; two ranks need two GPUs (NCCL "
+                       "refuses two ranks on one GPU)\n");
             dp_dist_close(dist);
             return 77;
         }
