@@ -16,9 +16,20 @@
 
 #include "dp/dist.h"
 
+/* Reserves what the largest operation will need (data_bytes of data in
+ * n_messages messages), where a failure can still be agreed: the
+ * operations themselves then allocate nothing, so none fails on one rank
+ * alone. Not collective. */
+dp_status dp_dist_reserve(dp_dist *d, size_t data_bytes, size_t n_messages);
+
 /* every rank's `bytes` bytes of mine, in rank order, into all (size x bytes) */
 dp_status dp_dist_allgather(dp_dist *d, const void *mine, void *all, size_t bytes,
                             double timeout, const char *what);
+
+/* The same, read in place: *got points at the R x bytes answers until
+ * the next call on d (nothing is allocated). */
+dp_status dp_dist_allgather_view(dp_dist *d, const void *mine, size_t bytes, double timeout,
+                                 const char *what, const unsigned char **got);
 
 /* In place on every rank's buf (floats): rank r's floats
  * [begin[r], begin[r] + count[r]) go to every other rank. */

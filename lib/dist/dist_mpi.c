@@ -25,7 +25,17 @@ struct dp_dist {
     int owns_init; /* dp_dist_open initialised MPI, so close finalises it */
     int leaked;    /* memory of a request given up on could not be recorded */
     atomic_size_t bytes_sent;
+    /* Every operation works in this buffer (the callers' data is copied in
+     * and out), reserved ahead (dp_dist_reserve) where a failed allocation
+     * can still be agreed: an allocation inside an operation that fails on
+     * one rank would leave the others waiting for it. */
+    unsigned char *scratch;
+    size_t scratch_bytes;
 };
+
+/* What a rank can always do without reserving: the exchanges of outcomes
+ * and broadcasts in pieces of this size. */
+#define DIST_MIN_SCRATCH ((size_t)1 << 20)
 
 /* Largest message: MPI counts are int; messages above this are split. */
 #define DIST_MAX_MESSAGE ((size_t)1 << 30)
@@ -58,10 +68,13 @@ dp_status dp_dist_open(int *argc, char ***argv, dp_dist **out)
                        "MPI_THREAD_FUNNELED (MPI_Init_thread)", provided);
     }
     dp_dist *d = calloc(1, sizeof *d);
-    if (!d) {
+    if (d) d->scratch = malloc(DIST_MIN_SCRATCH);
+    if (!d || !d->scratch) {
+        free(d);
         if (!inited) MPI_Finalize();
         return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation failed");
     }
+    d->scratch_bytes = DIST_MIN_SCRATCH;
     d->owns_init = !inited;
     atomic_init(&d->bytes_sent, 0);
     rc = MPI_Comm_dup(MPI_COMM_WORLD, &d->comm);
@@ -71,6 +84,7 @@ dp_status dp_dist_open(int *argc, char ***argv, dp_dist **out)
     if (rc != MPI_SUCCESS) {
         dp_status s = mpi_fail(rc, "MPI_Comm_dup", "joining the job");
         if (d->owns_init) MPI_Finalize();
+        free(d->scratch);
         free(d);
         return s;
     }
@@ -137,13 +151,47 @@ static int bury(MPI_Request *req, int n, void *mem)
     return 1;
 }
 
+/* The scratch for one operation, grown when it is too small (a
+ * dp_dist_reserve that was too small; NULL when that fails). */
+static unsigned char *take(dp_dist *d, size_t bytes)
+{
+    if (d->scratch_bytes >= bytes) return d->scratch;
+    unsigned char *p = malloc(bytes);
+    if (!p) return NULL;
+    free(d->scratch);
+    d->scratch = p;
+    d->scratch_bytes = bytes;
+    return p;
+}
+
+/* Room for n values of size `size` after `bytes` of data, aligned for them. */
+static size_t after(size_t bytes) { return (bytes + 15) / 16 * 16; }
+
+dp_status dp_dist_reserve(dp_dist *d, size_t data_bytes, size_t n_messages)
+{
+    sweep();
+    size_t need = after(data_bytes) + (n_messages + 1) * sizeof(MPI_Request) +
+                  2 * (size_t)d->size * sizeof(int) + 64;
+    if (!take(d, need))
+        return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "cannot reserve %zu bytes of host memory for the "
+                       "exchanges between the ranks", need);
+    return DP_OK;
+}
+
+/* The requests given up on keep the scratch (MPI may still use it); the
+ * next operation takes a new one. */
+static void give_up(dp_dist *d, MPI_Request *req, int n)
+{
+    if (!bury(req, n, d->scratch)) d->leaked = 1; /* then never freed: MPI may write it */
+    d->scratch = NULL;
+    d->scratch_bytes = 0;
+}
+
 /* Waits for n requests, polling until the deadline (timeout 0: none). The
  * polling sleeps a little once the first spins find nothing, so ranks
  * sharing cores (an oversubscribed machine) leave them to the others. On
- * any failure the requests and mem are buried (the caller must not free
- * mem then); on success the caller frees mem. */
-static dp_status wait_all(dp_dist *d, MPI_Request *req, int n, void *mem, double timeout,
-                          const char *what)
+ * any failure the requests keep the scratch (give_up). */
+static dp_status wait_all(dp_dist *d, MPI_Request *req, int n, double timeout, const char *what)
 {
     double deadline = timeout > 0 ? dp_now_seconds() + timeout : 0.0;
     long spins = 0;
@@ -171,31 +219,44 @@ static dp_status wait_all(dp_dist *d, MPI_Request *req, int n, void *mem, double
             nanosleep(&ts, NULL);
         }
     }
-    if (!bury(req, n, mem)) d->leaked = 1;
+    give_up(d, req, n);
     return s;
+}
+
+static dp_status no_room(size_t bytes, const char *what)
+{
+    return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "%s: no host memory for %zu bytes of the exchange",
+                   what, bytes);
+}
+
+/* Every rank's `bytes` of mine, in rank order, into the scratch: *got
+ * points at them until the next operation. */
+dp_status dp_dist_allgather_view(dp_dist *d, const void *mine, size_t bytes, double timeout,
+                                 const char *what, const unsigned char **got)
+{
+    sweep();
+    if (bytes > (size_t)INT_MAX / (size_t)(d->size + 1))
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: %zu bytes per rank is more than one MPI "
+                       "message holds", what, bytes);
+    size_t total = bytes * (size_t)(d->size + 1);
+    unsigned char *mem = take(d, total ? total : 1);
+    if (!mem) return no_room(total, what);
+    memcpy(mem, mine, bytes);
+    MPI_Request r;
+    int rc = MPI_Iallgather(mem, (int)bytes, MPI_BYTE, mem + bytes, (int)bytes, MPI_BYTE, d->comm, &r);
+    if (rc != MPI_SUCCESS) return mpi_fail(rc, "MPI_Iallgather", what);
+    atomic_fetch_add(&d->bytes_sent, bytes * (size_t)(d->size - 1));
+    DP_TRY(wait_all(d, &r, 1, timeout, what));
+    *got = mem + bytes;
+    return DP_OK;
 }
 
 dp_status dp_dist_allgather(dp_dist *d, const void *mine, void *all, size_t bytes,
                             double timeout, const char *what)
 {
-    sweep();
-    if (bytes > (size_t)INT_MAX)
-        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: %zu bytes per rank is more than one MPI "
-                       "message holds", what, bytes);
-    size_t total = bytes * (size_t)(d->size + 1);
-    unsigned char *mem = malloc(total ? total : 1);
-    if (!mem) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "%s: host allocation failed", what);
-    memcpy(mem, mine, bytes);
-    MPI_Request r;
-    int rc = MPI_Iallgather(mem, (int)bytes, MPI_BYTE, mem + bytes, (int)bytes, MPI_BYTE, d->comm, &r);
-    if (rc != MPI_SUCCESS) {
-        free(mem);
-        return mpi_fail(rc, "MPI_Iallgather", what);
-    }
-    atomic_fetch_add(&d->bytes_sent, bytes * (size_t)(d->size - 1));
-    DP_TRY(wait_all(d, &r, 1, mem, timeout, what));
-    memcpy(all, mem + bytes, bytes * (size_t)d->size);
-    free(mem);
+    const unsigned char *got = NULL;
+    DP_TRY(dp_dist_allgather_view(d, mine, bytes, timeout, what, &got));
+    memcpy(all, got, bytes * (size_t)d->size);
     return DP_OK;
 }
 
@@ -213,14 +274,11 @@ dp_status dp_dist_allgatherv(dp_dist *d, float *buf, const size_t *begin, const 
         if (begin[r] + count[r] > hi) hi = begin[r] + count[r];
     }
     if (hi == 0) return DP_OK;
-    int *cnt = malloc(2 * (size_t)d->size * sizeof *cnt);
-    float *mem = malloc((hi - lo) * sizeof *mem);
-    if (!cnt || !mem) {
-        free(cnt);
-        free(mem);
-        return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "%s: host allocation failed", what);
-    }
-    int *dis = cnt + d->size;
+    size_t data = (hi - lo) * sizeof(float), total = after(data) + 2 * (size_t)d->size * sizeof(int);
+    unsigned char *base = take(d, total);
+    if (!base) return no_room(total, what);
+    float *mem = (float *)base;
+    int *cnt = (int *)(base + after(data)), *dis = cnt + d->size;
     for (int r = 0; r < d->size; r++) {
         cnt[r] = (int)count[r];
         dis[r] = count[r] ? (int)(begin[r] - lo) : 0;
@@ -230,38 +288,32 @@ dp_status dp_dist_allgatherv(dp_dist *d, float *buf, const size_t *begin, const 
     MPI_Request rq;
     int rc = MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, mem, cnt, dis, MPI_FLOAT,
                              d->comm, &rq);
-    free(cnt);
-    if (rc != MPI_SUCCESS) {
-        free(mem);
-        return mpi_fail(rc, "MPI_Iallgatherv", what);
-    }
+    if (rc != MPI_SUCCESS) return mpi_fail(rc, "MPI_Iallgatherv", what);
     atomic_fetch_add(&d->bytes_sent, mc * sizeof(float) * (size_t)(d->size - 1));
-    DP_TRY(wait_all(d, &rq, 1, mem, timeout, what));
+    DP_TRY(wait_all(d, &rq, 1, timeout, what));
     for (int r = 0; r < d->size; r++)
         if (r != d->rank && count[r])
             memcpy(buf + begin[r], mem + (begin[r] - lo), count[r] * sizeof *mem);
-    free(mem);
     return DP_OK;
 }
 
 dp_status dp_dist_bcast(dp_dist *d, void *buf, size_t bytes, double timeout, const char *what)
 {
     sweep();
+    /* In pieces the scratch holds, so a broadcast of any size needs no
+     * allocation (every rank cuts at the same places: its own scratch may
+     * be larger, so the piece is the minimum every rank can hold). */
     for (size_t done = 0; done < bytes;) {
-        size_t n = bytes - done < DIST_MAX_MESSAGE ? bytes - done : DIST_MAX_MESSAGE;
-        void *mem = malloc(n);
-        if (!mem) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "%s: host allocation failed", what);
+        size_t n = bytes - done < DIST_MIN_SCRATCH ? bytes - done : DIST_MIN_SCRATCH;
+        unsigned char *mem = take(d, n);
+        if (!mem) return no_room(n, what);
         if (d->rank == 0) memcpy(mem, (char *)buf + done, n);
         MPI_Request r;
         int rc = MPI_Ibcast(mem, (int)n, MPI_BYTE, 0, d->comm, &r);
-        if (rc != MPI_SUCCESS) {
-            free(mem);
-            return mpi_fail(rc, "MPI_Ibcast", what);
-        }
+        if (rc != MPI_SUCCESS) return mpi_fail(rc, "MPI_Ibcast", what);
         if (d->rank == 0) atomic_fetch_add(&d->bytes_sent, n * (size_t)(d->size - 1));
-        DP_TRY(wait_all(d, &r, 1, mem, timeout, what));
+        DP_TRY(wait_all(d, &r, 1, timeout, what));
         if (d->rank != 0) memcpy((char *)buf + done, mem, n);
-        free(mem);
         done += n;
     }
     return DP_OK;
@@ -272,19 +324,16 @@ dp_status dp_dist_exchange(dp_dist *d, const dp_dist_msg *sends, size_t n_sends,
                            const char *what)
 {
     sweep();
-    /* Each message is split into pieces of at most DIST_MAX_MESSAGE; all of
-     * them live in one block of memory of the exchange's own. */
+    /* Each message is split into pieces of at most DIST_MAX_MESSAGE; the
+     * data and the requests live in the scratch. */
     size_t n_req = 0, total = 0;
     for (size_t i = 0; i < n_sends; i++) n_req += sends[i].bytes / DIST_MAX_MESSAGE + 1, total += sends[i].bytes;
     for (size_t i = 0; i < n_recvs; i++) n_req += recvs[i].bytes / DIST_MAX_MESSAGE + 1, total += recvs[i].bytes;
     if (n_req > (size_t)INT_MAX) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: too many messages", what);
-    MPI_Request *req = malloc((n_req ? n_req : 1) * sizeof *req);
-    unsigned char *mem = malloc(total ? total : 1);
-    if (!req || !mem) {
-        free(req);
-        free(mem);
-        return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "%s: host allocation failed", what);
-    }
+    size_t room = after(total) + (n_req + 1) * sizeof(MPI_Request);
+    unsigned char *mem = take(d, room);
+    if (!mem) return no_room(room, what);
+    MPI_Request *req = (MPI_Request *)(mem + after(total));
     size_t at = 0, off_mem = 0;
     int rc = MPI_SUCCESS;
     const char *call = "MPI_Irecv";
@@ -298,7 +347,6 @@ dp_status dp_dist_exchange(dp_dist *d, const dp_dist_msg *sends, size_t n_sends,
         off_mem += recvs[i].bytes;
     }
     if (rc == MPI_SUCCESS) call = "MPI_Isend";
-    size_t send_mem = off_mem;
     for (size_t i = 0; rc == MPI_SUCCESS && i < n_sends; i++) {
         memcpy(mem + off_mem, sends[i].ptr, sends[i].bytes);
         for (size_t off = 0; rc == MPI_SUCCESS;) {
@@ -310,24 +358,17 @@ dp_status dp_dist_exchange(dp_dist *d, const dp_dist_msg *sends, size_t n_sends,
         }
         off_mem += sends[i].bytes;
     }
-    (void)send_mem;
-    dp_status s;
     if (rc != MPI_SUCCESS) {
-        s = mpi_fail(rc, call, what);
-        /* what was posted may still run: keep its memory */
-        if (!bury(req, (int)at, mem)) d->leaked = 1;
-        free(req);
+        dp_status s = mpi_fail(rc, call, what);
+        give_up(d, req, (int)at); /* what was posted may still run */
         return s;
     }
-    s = wait_all(d, req, (int)at, mem, timeout, what);
-    free(req);
-    if (s != DP_OK) return s;
+    DP_TRY(wait_all(d, req, (int)at, timeout, what));
     off_mem = 0;
     for (size_t i = 0; i < n_recvs; i++) {
         memcpy(recvs[i].ptr, mem + off_mem, recvs[i].bytes);
         off_mem += recvs[i].bytes;
     }
-    free(mem);
     return DP_OK;
 }
 
@@ -340,6 +381,7 @@ void dp_dist_close(dp_dist *d)
     int pending = graves != NULL || d->leaked;
     if (!pending) MPI_Comm_free(&d->comm);
     if (d->owns_init && !pending) MPI_Finalize();
+    free(d->scratch);
     free(d);
 }
 
@@ -348,24 +390,26 @@ void dp_dist_close(dp_dist *d)
 dp_status dp_dist_agree(dp_dist *d, dp_status local)
 {
     if (!d || d->size == 1) return local;
-    struct {
+    struct said {
         int status;
         char msg[512];
-    } mine, *all = malloc((size_t)d->size * sizeof *all);
-    if (!all) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation failed");
+    } mine;
     memset(&mine, 0, sizeof mine);
     mine.status = (int)local;
     if (local != DP_OK) snprintf(mine.msg, sizeof mine.msg, "%s", dp_last_error());
-    dp_status s = dp_dist_allgather(d, &mine, all, sizeof mine, 0.0, "dp_dist_agree");
-    for (int r = 0; s == DP_OK && r < d->size; r++)
-        if (all[r].status != DP_OK) {
-            char msg[sizeof all[r].msg + 16];
-            all[r].msg[sizeof all[r].msg - 1] = '\0';
-            snprintf(msg, sizeof msg, "rank %d: %s", r, all[r].msg);
-            s = dp_error_raw((dp_status)all[r].status, msg);
-        }
-    free(all);
-    return s;
+    /* read in the scratch: nothing to allocate here */
+    const unsigned char *got = NULL;
+    DP_TRY(dp_dist_allgather_view(d, &mine, sizeof mine, 0.0, "dp_dist_agree", &got));
+    for (int r = 0; r < d->size; r++) {
+        struct said x;
+        memcpy(&x, got + (size_t)r * sizeof x, sizeof x);
+        if (x.status == DP_OK) continue;
+        char msg[sizeof x.msg + 32];
+        x.msg[sizeof x.msg - 1] = '\0';
+        snprintf(msg, sizeof msg, "rank %d: %s", r, x.msg);
+        return dp_error_raw((dp_status)x.status, msg);
+    }
+    return DP_OK;
 }
 
 dp_status dp_dist_broadcast(dp_dist *d, void *buf, size_t bytes)

@@ -58,3 +58,9 @@ dp_status dp_dist_exchange(dp_dist *d, const dp_dist_msg *sends, size_t n_sends,
 {
     return DP_FAIL(DP_ERR_UNSUPPORTED, "%s: dp was built without MPI", what);
 }
+dp_status dp_dist_reserve(dp_dist *d, size_t data_bytes, size_t n_messages) { return DP_OK; }
+dp_status dp_dist_allgather_view(dp_dist *d, const void *mine, size_t bytes, double timeout,
+                                 const char *what, const unsigned char **got)
+{
+    return DP_FAIL(DP_ERR_UNSUPPORTED, "%s: dp was built without MPI", what);
+}

@@ -363,6 +363,7 @@ dp_status dp_engine_create(const dp_device_spec *devices, size_t k, const dp_mod
     }
     if (s == DP_OK) s = dp_workers_start(e);
     if (s == DP_OK) s = dp_workers_run(e, JOB_SETUP);
+    if (s == DP_OK && ranked && e->nranks > 1) s = dp_ranks_reserve(e);
     if (ranked && e->nranks > 1) s = dp_ranks_agree(e, s);
     if (s == DP_OK && ranked && e->nranks > 1 && !dp_device_is_host_memory(e->w[0].dev))
         s = dp_ranks_agree(e, dp_ranks_open_gpus(e));
@@ -402,6 +403,7 @@ void dp_engine_destroy(dp_engine *e)
     dp_opt_free_state(e);
     for (size_t i = 0; i < e->k; i++) dp_device_close(e->w[i].dev);
     free(e->s);
+    free(e->msgs);
     free(e->w);
     free(e);
 }

@@ -121,6 +121,7 @@ struct dp_engine {
     int rank, nranks;
     dp_dist *dist;
     struct dp_nccl *nccl; /* CUDA devices across ranks (dist/nccl.h), else NULL */
+    void *msgs;           /* the reduce-scatter's message lists (ranks.c) */
     size_t rank_first[DP_MAX_DEVICES + 1];
     slice *s; /* K slices */
     size_t round; /* ranks: the reduce-scatter's chunk now being reduced (ranks.c) */
@@ -324,6 +325,9 @@ dp_status dp_replica_compare(dp_engine *e);
 dp_status dp_ranks_init(dp_engine *e, const dp_device_spec *devices, size_t k);
 /* After the setup job, with CUDA devices: joins the ranks' GPUs (NCCL). */
 dp_status dp_ranks_open_gpus(dp_engine *e);
+/* After the setup job: reserves the host memory of the largest exchange,
+ * so no exchange allocates (a failure here is agreed at create). */
+dp_status dp_ranks_reserve(dp_engine *e);
 /* A rank whose create failed before it had an engine: takes part in the
  * exchanges the others make before they learn of it, then returns s. */
 dp_status dp_ranks_create_failed(dp_dist *d, dp_status s);

@@ -13,6 +13,7 @@
  * a failure anywhere ends the step on every rank with the same error, and
  * every wait is bounded by the watchdog.
  */
+#include <assert.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,6 +32,10 @@ typedef struct outcome {
     char msg[600];
 } outcome;
 
+/* The largest payload of an exchange of outcomes (a rank's info at create,
+ * or one double per device). */
+#define OUTCOME_PAYLOAD_MAX 1024
+
 /* Every rank's status and `bytes` of payload (mine) into all (R x bytes,
  * may be NULL when bytes is 0); the result is DP_OK on every rank, or the
  * lowest failing rank's status and message ("rank r: ...") on every rank.
@@ -39,11 +44,13 @@ typedef struct outcome {
 static dp_status exchange_outcome(dp_dist *d, double timeout, dp_status local, const void *mine,
                                   void *all, size_t bytes, const char *what, int *lost)
 {
-    size_t one = sizeof(outcome) + bytes;
-    unsigned char *buf = malloc(one * (size_t)(dp_dist_size(d) + 1));
-    if (!buf) {
+    /* Nothing allocated: this rank's part on the stack, the answers read
+     * where the exchange left them (an allocation failing on one rank
+     * would leave the others waiting). */
+    unsigned char buf[sizeof(outcome) + OUTCOME_PAYLOAD_MAX];
+    if (bytes > OUTCOME_PAYLOAD_MAX) {
         *lost = 1;
-        return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "%s: host allocation failed", what);
+        return DP_FAIL(DP_ERR_INTERNAL, "%s: %zu bytes of payload", what, bytes);
     }
     outcome *o = (outcome *)buf;
     memset(o, 0, sizeof *o);
@@ -51,24 +58,25 @@ static dp_status exchange_outcome(dp_dist *d, double timeout, dp_status local, c
     if (local != DP_OK) snprintf(o->msg, sizeof o->msg, "%s", dp_last_error());
     if (bytes && mine) memcpy(buf + sizeof(outcome), mine, bytes);
     else if (bytes) memset(buf + sizeof(outcome), 0, bytes);
-    unsigned char *got = buf + one;
-    dp_status s = dp_dist_allgather(d, buf, got, one, timeout, what);
+    size_t one = sizeof(outcome) + bytes;
+    const unsigned char *got = NULL;
+    dp_status s = dp_dist_allgather_view(d, buf, one, timeout, what, &got);
     if (s != DP_OK) {
         *lost = 1;
-        free(buf);
         return s;
     }
     for (int r = 0; r < dp_dist_size(d); r++) {
-        outcome *x = (outcome *)(got + (size_t)r * one);
-        if (bytes && all) memcpy((unsigned char *)all + (size_t)r * bytes, (unsigned char *)x + sizeof(outcome), bytes);
-        if (s == DP_OK && x->status != DP_OK) {
-            char msg[sizeof x->msg + 16];
-            x->msg[sizeof x->msg - 1] = '\0';
-            snprintf(msg, sizeof msg, "rank %d: %s", r, x->msg);
-            s = dp_error_raw((dp_status)x->status, msg);
+        const unsigned char *x = got + (size_t)r * one;
+        outcome xo;
+        memcpy(&xo, x, sizeof xo);
+        if (bytes && all) memcpy((unsigned char *)all + (size_t)r * bytes, x + sizeof(outcome), bytes);
+        if (s == DP_OK && xo.status != DP_OK) {
+            char msg[sizeof xo.msg + 32];
+            xo.msg[sizeof xo.msg - 1] = '\0';
+            snprintf(msg, sizeof msg, "rank %d: %s", r, xo.msg);
+            s = dp_error_raw((dp_status)xo.status, msg);
         }
     }
-    free(buf);
     return s;
 }
 
@@ -190,6 +198,7 @@ static const char *first_difference(const rank_info *a, const rank_info *b)
 }
 
 #define INIT_WHAT "exchanging the ranks' devices and configuration"
+static_assert(sizeof(rank_info) <= OUTCOME_PAYLOAD_MAX, "rank_info is a payload of an exchange");
 
 dp_status dp_ranks_create_failed(dp_dist *d, dp_status s)
 {
@@ -257,6 +266,10 @@ dp_status dp_ranks_init(dp_engine *e, const dp_device_spec *devices, size_t k)
     e->K = K;
     e->rank_first[e->nranks] = K;
     e->g0 = e->rank_first[e->rank];
+    /* the message lists of the reduce-scatter's rounds, made once here */
+    size_t a = 2 * K * K * sizeof(dp_dist_msg), b = K * K * sizeof(dp_nccl_msg);
+    e->msgs = malloc(a > b ? a : b);
+    if (!e->msgs) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation failed");
     return DP_OK;
 }
 
@@ -292,8 +305,7 @@ dp_status dp_ranks_open_gpus(dp_engine *e)
 static dp_status exchange_round_gpus(dp_engine *e, size_t r)
 {
     size_t c = DP_COMM_CHUNK_FLOATS_RANKS, n = 0;
-    dp_nccl_msg *m = malloc(e->K * e->K * sizeof *m);
-    if (!m) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation failed");
+    dp_nccl_msg *m = e->msgs; /* room for K x K, allocated at create */
     for (size_t j = 0; j < e->K; j++) {
         slice *sl = &e->s[j];
         size_t len = sl->end - sl->begin, at = r * c;
@@ -312,7 +324,6 @@ static dp_status exchange_round_gpus(dp_engine *e, size_t r)
     }
     dp_status s = dp_nccl_exchange(e->nccl, m, n, e->cfg.watchdog_seconds,
                                    "reduce-scatter between the ranks' GPUs");
-    free(m);
     if (s != DP_OK) e->broken = 1;
     return s;
 }
@@ -341,14 +352,13 @@ static dp_status broadcast_owned_gpus(dp_engine *e)
  * local device's chunk of each slice another rank owns goes to that rank;
  * the chunks of the other ranks' devices for the slices this rank owns
  * arrive in their staging. Both sides list the messages by (slice,
- * device), so each pair of ranks matches them in order. */
-static dp_status exchange_round(dp_engine *e, size_t r)
+ * device), so each pair of ranks matches them in order. every: as if
+ * every device contributed (the most a round can hold, for the reserve). */
+static void round_messages(dp_engine *e, size_t r, int every, dp_dist_msg *sends, size_t *n_s,
+                           dp_dist_msg *recvs, size_t *n_r)
 {
-    if (e->nccl) return exchange_round_gpus(e, r);
-    size_t c = DP_COMM_CHUNK_FLOATS_RANKS, n_s = 0, n_r = 0, cap = e->K * e->K;
-    dp_dist_msg *msgs = malloc(2 * cap * sizeof *msgs);
-    if (!msgs) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation failed");
-    dp_dist_msg *sends = msgs, *recvs = msgs + cap;
+    size_t c = DP_COMM_CHUNK_FLOATS_RANKS;
+    *n_s = *n_r = 0;
     for (size_t j = 0; j < e->K; j++) {
         slice *sl = &e->s[j];
         size_t n = sl->end - sl->begin, at = r * c;
@@ -356,27 +366,48 @@ static dp_status exchange_round(dp_engine *e, size_t r)
         size_t len = n - at < c ? n - at : c;
         int owner_rank = dp_rank_of(e, (size_t)sl->owner);
         for (size_t d = 0; d < e->K; d++) {
-            if (!dp_contributes(e, d)) continue;
+            if (!every && !dp_contributes(e, d)) continue;
             worker *wd = dp_local_worker(e, d);
             if (owner_rank != e->rank && wd)
-                sends[n_s++] = (dp_dist_msg){owner_rank, wd->grads + sl->begin + at, len * sizeof(float)};
+                sends[(*n_s)++] = (dp_dist_msg){owner_rank, wd->grads + sl->begin + at, len * sizeof(float)};
             else if (owner_rank == e->rank && !wd)
-                recvs[n_r++] = (dp_dist_msg){dp_rank_of(e, d), dp_comm_remote_chunk(e, sl, d),
-                                             len * sizeof(float)};
+                recvs[(*n_r)++] = (dp_dist_msg){dp_rank_of(e, d), dp_comm_remote_chunk(e, sl, d),
+                                                len * sizeof(float)};
         }
     }
+}
+
+static dp_status exchange_round(dp_engine *e, size_t r)
+{
+    if (e->nccl) return exchange_round_gpus(e, r);
+    size_t n_s, n_r;
+    dp_dist_msg *sends = e->msgs, *recvs = sends + e->K * e->K;
+    round_messages(e, r, 0, sends, &n_s, recvs, &n_r);
     dp_status s = dp_dist_exchange(e->dist, sends, n_s, recvs, n_r, e->cfg.watchdog_seconds,
                                    "reduce-scatter between the ranks");
-    free(msgs);
     if (s != DP_OK) e->broken = 1;
     return s;
+}
+
+dp_status dp_ranks_reserve(dp_engine *e)
+{
+    /* The largest exchanges: the parameters (all-gather, broadcasts of the
+     * parameters and the optimizer state) and the first round of the
+     * reduce-scatter with every device contributing. */
+    size_t n_s, n_r, bytes = 0;
+    dp_dist_msg *sends = e->msgs, *recvs = sends + e->K * e->K;
+    round_messages(e, 0, 1, sends, &n_s, recvs, &n_r);
+    for (size_t i = 0; i < n_s; i++) bytes += sends[i].bytes;
+    for (size_t i = 0; i < n_r; i++) bytes += recvs[i].bytes;
+    size_t params = e->model.n_params * sizeof(float);
+    return dp_dist_reserve(e->dist, bytes > params ? bytes : params, n_s + n_r);
 }
 
 /* The replica check over every rank: each device's hash against global device 0's. */
 static dp_status compare_replicas(dp_engine *e, dp_status local)
 {
-    uint64_t mine[DP_MAX_DEVICES] = {0}, *all = malloc((size_t)e->nranks * sizeof mine);
-    if (!all) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation failed");
+    static_assert(sizeof(uint64_t) * DP_MAX_DEVICES <= OUTCOME_PAYLOAD_MAX, "payload");
+    uint64_t mine[DP_MAX_DEVICES] = {0}, all[DP_MAX_DEVICES * DP_MAX_DEVICES];
     for (size_t i = 0; i < e->k; i++) mine[e->g0 + i] = e->w[i].param_hash;
     dp_status s = sync_point(e, local, mine, all, sizeof mine, "replica check between the ranks");
     uint64_t root = all[0];
@@ -391,7 +422,6 @@ static dp_status compare_replicas(dp_engine *e, dp_status local)
                         (unsigned long long)h, (unsigned long long)root);
         }
     }
-    free(all);
     return s;
 }
 
@@ -427,17 +457,13 @@ dp_status dp_ranks_allgather_params(dp_engine *e) { return allgather_params(e, 0
 dp_status dp_ranks_step(dp_engine *e, int train)
 {
     /* forward, criterion (and backward): every rank's loss sums to all */
-    double mine[DP_MAX_DEVICES] = {0}, *all = malloc((size_t)e->nranks * sizeof mine);
-    if (!all) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation failed");
+    double mine[DP_MAX_DEVICES] = {0}, all[DP_MAX_DEVICES * DP_MAX_DEVICES];
     dp_status s = dp_workers_run(e, train ? JOB_COMPUTE : JOB_EVAL);
     for (size_t i = 0; i < e->k; i++) mine[e->g0 + i] = e->w[i].loss_sum;
     s = sync_point(e, s, mine, all, sizeof mine, "the step's losses");
     for (size_t g = 0; s == DP_OK && g < e->K; g++)
         e->gloss[g] = all[(size_t)dp_rank_of(e, g) * DP_MAX_DEVICES + g];
-    if (s != DP_OK || !train) {
-        free(all);
-        return s;
-    }
+    if (s != DP_OK || !train) return s;
 
     /* reduce-scatter, round by round; the last round sums the squares. A
      * rank whose local adds failed keeps exchanging (its buffers are still
@@ -449,10 +475,7 @@ dp_status dp_ranks_step(dp_engine *e, int train)
         double t0 = dp_now_seconds();
         s = exchange_round(e, r);
         charge(e, DP_PHASE_REDUCE, t0);
-        if (s != DP_OK) { /* the ranks are out of step: the engine is unusable */
-            free(all);
-            return s;
-        }
+        if (s != DP_OK) return s; /* the ranks are out of step: the engine is unusable */
         e->round = r;
         if (local == DP_OK) local = dp_workers_run(e, JOB_REDUCE_ROUND);
     }
@@ -462,7 +485,6 @@ dp_status dp_ranks_step(dp_engine *e, int train)
     s = sync_point(e, local, mine, all, sizeof mine, "the gradient's sums of squares");
     for (size_t j = 0; s == DP_OK && j < e->K; j++)
         e->s[j].sumsq = all[(size_t)dp_rank_of(e, (size_t)e->s[j].owner) * DP_MAX_DEVICES + j];
-    free(all);
     if (s != DP_OK) return s;
 
     /* every rank derives the same norm and decision from the same numbers */
@@ -497,14 +519,12 @@ static uint64_t batch_hash(const dp_engine *e, const dp_batch *b)
 
 dp_status dp_ranks_check_batch(dp_engine *e, const dp_batch *b, dp_status planned)
 {
-    uint64_t mine = planned == DP_OK ? batch_hash(e, b) : 0, *all = malloc((size_t)e->nranks * sizeof mine);
-    if (!all) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation failed");
+    uint64_t mine = planned == DP_OK ? batch_hash(e, b) : 0, all[DP_MAX_DEVICES];
     dp_status s = sync_point(e, planned, &mine, all, sizeof mine, "the batch");
     for (int r = 1; s == DP_OK && r < e->nranks; r++)
         if (all[r] != all[0])
             s = DP_FAIL(DP_ERR_INVALID_ARGUMENT, "rank %d's batch differs from rank 0's; every "
                         "rank passes the same global batch (sample it from the same seed) and "
                         "the engine takes each rank's rows", r);
-    free(all);
     return s;
 }

@@ -424,6 +424,41 @@ static void stall(void)
     free_result(&res);
 }
 
+/* Rank 1 runs out of memory: at create (a smaller memory_limit on rank
+ * 1: the limit may differ between ranks), then inside a step (its device's
+ * limit lowered, and a larger batch grows its buffers). Both ranks fail
+ * with rank 1's error; nobody waits for the other; the engine goes on
+ * once memory is back. */
+static void out_of_memory(void)
+{
+    tcase c = {"oom", 1, 1, 1, 100000, DP_OPTIMIZER_ADAMW, 0, 1, 0, 1.0f};
+    run r;
+    dp_engine_config cfg = config(&c);
+    if (rank == 1) cfg.memory_limit = 8u << 20; /* the 1.2M-parameter model needs more */
+    dp_status s = open_run(&r, &c, 1, 1, cfg);
+    CHECK(s == DP_ERR_OUT_OF_MEMORY && strstr(dp_last_error(), "rank 1: "),
+          "create with rank 1 out of memory: %d %s", (int)s, dp_last_error());
+
+    CHECK_OK(open_run(&r, &c, 1, 1, config(&c)));
+    result res;
+    CHECK(alloc_result(&res, r.model.n_params), "oom");
+    CHECK_OK(steps(r.e, &c, 0, 1, &res));
+    dp_device *dev = dp_engine_device(r.e, 0);
+    dp_memory_stats ms;
+    dp_device_memory(dev, &ms);
+    if (rank == 1) CHECK_OK(dp_device_set_limit(dev, ms.in_use + (64u << 10)));
+    tcase big = c;
+    big.rows = MAXROWS;
+    dp_clear_error();
+    s = steps(r.e, &big, 1, 2, &res);
+    CHECK(s == DP_ERR_OUT_OF_MEMORY && strstr(dp_last_error(), "rank 1: "),
+          "step with rank 1 out of memory: %d %s", (int)s, dp_last_error());
+    if (rank == 1) CHECK_OK(dp_device_set_limit(dev, 0));
+    CHECK_OK(steps(r.e, &big, 2, 3, &res)); /* and it goes on once memory is back */
+    dp_engine_destroy(r.e);
+    free_result(&res);
+}
+
 static void bad_use(void)
 {
     tcase c = {"bad", 1, 0, 7, 12, DP_OPTIMIZER_ADAMW, 0, 1, 0, 1.0f};
@@ -431,6 +466,7 @@ static void bad_use(void)
     /* a different configuration on rank 1 */
     dp_engine_config cfg = config(&c);
     if (rank == 1) cfg.optim.lr = 2e-2f;
+    dp_clear_error();
     dp_status s = open_run(&r, &c, 1, 1, cfg);
     CHECK(s == DP_ERR_INVALID_ARGUMENT && strstr(dp_last_error(), "rank 1's optim.lr differs"),
           "different lr: %d %s", (int)s, dp_last_error());
@@ -535,6 +571,12 @@ int main(int argc, char **argv)
         int before = failures;
         bad_use();
         agree_case("bad use fails on every rank with a message naming the rank", failures == before);
+    }
+    {
+        int before = failures;
+        out_of_memory();
+        agree_case("rank 1 out of memory at create and in a step: both fail, no hang",
+                   failures == before);
     }
     {
         int before = failures;
