@@ -459,6 +459,29 @@ static void out_of_memory(void)
     free_result(&res);
 }
 
+/* dp/dist.h itself: a broadcast larger than a piece (1 MiB), its bytes
+ * counted once per other rank on rank 0, and agreement naming the rank. */
+static void dist_api(void)
+{
+    size_t n = (3u << 20) + 5;
+    unsigned char *buf = malloc(n);
+    CHECK(buf, "oom");
+    for (size_t i = 0; i < n; i++) buf[i] = rank == 0 ? (unsigned char)(i * 7 + 3) : 0;
+    size_t before = dp_dist_bytes_sent(dist);
+    CHECK_OK(dp_dist_broadcast(dist, buf, n));
+    size_t sent = dp_dist_bytes_sent(dist) - before;
+    for (size_t i = 0; i < n; i++)
+        CHECK(buf[i] == (unsigned char)(i * 7 + 3), "byte %zu of the broadcast is %d", i, buf[i]);
+    CHECK(sent == (rank == 0 ? n : 0), "rank %d counted %zu bytes sent", rank, sent);
+    free(buf);
+    dp_status s = dp_dist_agree(dist, rank == 1 ? dp_set_error(DP_ERR_IO, "disk full") : DP_OK);
+    CHECK(s == DP_ERR_IO && strncmp(dp_last_error(), "rank 1: disk full", 17) == 0,
+          "agree: %d '%s'", (int)s, dp_last_error());
+    CHECK_OK(dp_dist_agree(dist, DP_OK));
+    CHECK(dp_dist_built() == 1 && dp_dist_launched_size() == 2, "built %d, launched %d",
+          dp_dist_built(), dp_dist_launched_size());
+}
+
 static void bad_use(void)
 {
     tcase c = {"bad", 1, 0, 7, 12, DP_OPTIMIZER_ADAMW, 0, 1, 0, 1.0f};
@@ -571,6 +594,12 @@ int main(int argc, char **argv)
         int before = failures;
         bad_use();
         agree_case("bad use fails on every rank with a message naming the rank", failures == before);
+    }
+    {
+        int before = failures;
+        dist_api();
+        agree_case("dp_dist: a 3 MiB broadcast, its bytes, agreement naming the rank",
+                   failures == before);
     }
     {
         int before = failures;
