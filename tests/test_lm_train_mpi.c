@@ -278,9 +278,15 @@ Test(lm_train_mpi, checkpoint_of_2_ranks_x_cpu2_resumes_on_cpu4_bitwise)
     result c = RUN(0, "--devices", "cpu:4", "--steps", "8", "--save", "@straight.st");
     assert_success(&c, "cpu:4, 8 steps");
     assert_same_checkpoint("resumed.st", "straight.st");
+    /* and on one device of one process */
+    result d = RUN(0, "--devices", "cpu:1", "--steps", "8", "--resume", "@half.st", "--save",
+                   "@single.st");
+    assert_success(&d, "cpu:1, resume to 8 steps");
+    cr_assert_eq(count(d.out, "trained 4 steps"), 1, "stdout:\n%s", d.out);
     dp_test_result_free(&a);
     dp_test_result_free(&b);
     dp_test_result_free(&c);
+    dp_test_result_free(&d);
 }
 
 Test(lm_train_mpi, checkpoint_of_one_process_resumes_under_2_ranks_bitwise)
@@ -296,9 +302,19 @@ Test(lm_train_mpi, checkpoint_of_one_process_resumes_under_2_ranks_bitwise)
                    "@one.st");
     assert_success(&c, "cpu:2, resume to 8 steps");
     assert_same_checkpoint("ranks.st", "one.st");
+    /* and under 2 ranks x cpu:2, as one process with cpu:4 */
+    result d = RUN(2, "--devices", "cpu:2", "--steps", "8", "--resume", "@half.st", "--save",
+                   "@ranks4.st");
+    assert_success(&d, "2 ranks x cpu:2, resume to 8 steps");
+    result e = RUN(0, "--devices", "cpu:4", "--steps", "8", "--resume", "@half.st", "--save",
+                   "@one4.st");
+    assert_success(&e, "cpu:4, resume to 8 steps");
+    assert_same_checkpoint("ranks4.st", "one4.st");
     dp_test_result_free(&a);
     dp_test_result_free(&b);
     dp_test_result_free(&c);
+    dp_test_result_free(&d);
+    dp_test_result_free(&e);
 }
 
 // --- signals and a killed rank ----------------------------------------------------------
