@@ -229,16 +229,14 @@ typedef struct bench {
     dp_trace *trace;  /* --trace: the steps of the timed modes */
     double t_origin;  /* cli_now() at start: the trace's time 0 */
     size_t scale_rows; /* --scaling's global batch */
-    dp_dist *dist;     /* the job's ranks under mpirun, else NULL */
-    int rank, ranks;   /* this process's rank and the number of ranks (0, 1 alone) */
-    int broken;        /* the ranks may no longer agree: end the job (dp_dist_abort) */
+    cli_ranks rk; /* the job's ranks under mpirun (one rank, dist NULL, alone) */
 } bench;
 
 // --- ranks ----------------------------------------------------------------------------
 
 /* An error every rank meets alike (an engine call's, agreed inside the
  * engine, or one the ranks agreed on): rank 0 prints it. */
-#define AGREED_FAIL(b, ...) ((b)->rank ? 1 : cli_fail(__VA_ARGS__))
+#define AGREED_FAIL(b, ...) ((b)->rk.rank ? 1 : cli_fail(__VA_ARGS__))
 
 /* A failed engine call. Its error reached every rank alike, except a
  * failed exchange between the ranks (DP_ERR_COMM) or a rank that stopped
@@ -246,47 +244,20 @@ typedef struct bench {
  * every rank prints, and the job ends with dp_dist_abort. */
 static int engine_fail(bench *b, dp_status s, const char *what)
 {
-    if (b->ranks > 1 && (s == DP_ERR_COMM || s == DP_ERR_TIMEOUT)) {
-        b->broken = 1;
+    if (b->rk.ranks > 1 && (s == DP_ERR_COMM || s == DP_ERR_TIMEOUT)) {
+        b->rk.broken = 1;
         return cli_dp_fail(what);
     }
     return AGREED_FAIL(b, "%s: %s", what, dp_last_error());
 }
 
-/* Agreement on this rank's outcome of work only some ranks do, or that
- * may fail on one rank alone: 0 when every rank succeeded, else 1 (the
- * failing rank printed why; the others stay silent). One process: failed. */
-static int agree(bench *b, int failed)
-{
-    if (b->ranks == 1) return failed;
-    dp_status local = failed ? dp_set_error(DP_ERR_ABORTED, "failed") : DP_OK;
-    dp_status s = dp_dist_agree(b->dist, local);
-    if (s == DP_OK) return 0;
-    if (s != DP_ERR_ABORTED) {
-        b->broken = 1;
-        cli_dp_fail("agreement between the ranks");
-    }
-    return 1;
-}
+/* Agreement on this rank's outcome (cli_ranks_agree). */
+static int agree(bench *b, int failed) { return cli_ranks_agree(&b->rk, failed); }
 
-/* Under a launcher with more than one rank: joins the job; ranks other
- * than 0 send stdout to /dev/null and every rank's messages name it. */
+/* Joins the ranks under a launcher (cli_ranks_join). */
 static int join_ranks(bench *b, int *argc, char ***argv)
 {
-    static char prog[48];
-    if (dp_dist_launched_size() <= 1) return 0;
-    if (dp_dist_open(argc, argv, &b->dist) != DP_OK) return cli_dp_fail("joining the ranks");
-    b->rank = dp_dist_rank(b->dist);
-    b->ranks = dp_dist_size(b->dist);
-    if (b->ranks == 1) return 0;
-    snprintf(prog, sizeof prog, "dp_bench: rank %d", b->rank);
-    cli_prog = prog;
-    if (b->rank > 0 && !freopen("/dev/null", "w", stdout)) {
-        /* Collective outcome: a rank that cannot silence its stdout stops them all. */
-        cli_fail("cannot send stdout to /dev/null: %s", strerror(errno));
-        return agree(b, 1), 1;
-    }
-    return agree(b, 0);
+    return cli_ranks_join(&b->rk, argc, argv);
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -340,7 +311,7 @@ static dp_status make_engine(bench *b, dp_mode mode, int shard, size_t k, dp_eng
     ec.memory_limit = b->o.limit_bytes;
     ec.allow_tf32 = b->o.tf32;
     ec.token_balanced = b->o.token_balanced;
-    ec.dist = b->dist;
+    ec.dist = b->rk.dist;
     /* The weights are per device of the full list; --scaling's shorter
      * lists use equal shares. */
     if (b->o.n_weights && k == b->k) ec.device_weights = b->o.weights;
@@ -357,7 +328,7 @@ static int run_mode(bench *b, dp_mode mode, int shard, size_t k, size_t rows, in
     res->mode = mode;
     res->shard = shard;
     res->k = k;
-    res->k_global = k * (size_t)b->ranks;
+    res->k_global = k * (size_t)b->rk.ranks;
     res->rows = rows;
     char name[32];
     run_name(mode, shard, name, sizeof name);
@@ -380,7 +351,7 @@ static int run_mode(bench *b, dp_mode mode, int shard, size_t k, size_t rows, in
     size_t sent0 = 0;
     int trace_failed = 0; /* rank 0's --trace failed: agreed after the steps */
     for (long s = 0; s < n && !rc; s++) {
-        if (s == b->o.warmup) sent0 = dp_dist_bytes_sent(b->dist);
+        if (s == b->o.warmup) sent0 = dp_dist_bytes_sent(b->rk.dist);
         double t0 = cli_now();
         if ((es = dp_engine_step(e, &batch, &st)) != DP_OK) {
             char what[96];
@@ -395,7 +366,7 @@ static int run_mode(bench *b, dp_mode mode, int shard, size_t k, size_t rows, in
             if (dp_trace_add_step(b->trace, &st) != DP_OK) {
                 trace_failed = cli_dp_fail("--trace");
                 /* With ranks the others are on their way into the next step. */
-                if (b->ranks == 1) rc = 1;
+                if (b->rk.ranks == 1) rc = 1;
             }
         }
         for (size_t i = 0; i < k; i++) {
@@ -410,8 +381,8 @@ static int run_mode(bench *b, dp_mode mode, int shard, size_t k, size_t rows, in
             res->phase_ms[p] += 1e3 * st.phase_seconds[p] / (double)b->o.steps;
         res->loss = st.loss;
     }
-    if (!rc) res->bytes_sent_per_step = (dp_dist_bytes_sent(b->dist) - sent0) / (size_t)b->o.steps;
-    if (!rc && b->ranks > 1) rc = agree(b, trace_failed);
+    if (!rc) res->bytes_sent_per_step = (dp_dist_bytes_sent(b->rk.dist) - sent0) / (size_t)b->o.steps;
+    if (!rc && b->rk.ranks > 1) rc = agree(b, trace_failed);
     if (!rc) {
         qsort(ms, (size_t)b->o.steps, sizeof *ms, cmp_double);
         size_t m = (size_t)b->o.steps;
@@ -475,7 +446,7 @@ static int find_max_batch(bench *b, dp_mode mode, int shard, size_t start, long 
      * token) at least, so no batch above this fits: the doubling stops. */
     size_t per_row = (size_t)b->o.context * 8, cap = ((size_t)1 << 30);
     size_t bound = b->o.limit_bytes / per_row + 1;
-    if (dp_size_mul(bound, b->k * (size_t)b->ranks, &bound) && bound < cap) cap = bound;
+    if (dp_size_mul(bound, b->k * (size_t)b->rk.ranks, &bound) && bound < cap) cap = bound;
     size_t lo = 0, hi = 0; /* lo fits (0 trivially); hi does not fit (0: none found yet) */
     size_t x = start < cap ? start : cap;
     int f = fits(b, mode, shard, x, why, why_cap);
@@ -542,10 +513,10 @@ static void print_table(const bench *b, const mode_result *res, size_t nres)
     }
     printf("(peak: high-water mark of bytes allocated since the engine was created; logits:\n"
            " bytes held for logits and their gradient. Per-phase peaks: --json, --csv)\n");
-    if (b->ranks > 1)
+    if (b->rk.ranks > 1)
         printf("(devices: rank 0's %zu of the job's %zu over %d ranks; the other ranks' are not\n"
                " shown)\n",
-               res[0].k, res[0].k_global, b->ranks);
+               res[0].k, res[0].k_global, b->rk.ranks);
     printf("\n");
     printf("%-14s %10s %10s %10s %12s %10s %12s\n", "mode", "step ms", "min", "max", "tokens/s",
            "imbalance", "w/o optim");
@@ -673,7 +644,7 @@ static json_t *json_results(const bench *b, const mode_result *res, size_t nres,
                                "devices", jd);
         json_object_set_new(jr, "shard_optimizer", json_boolean(m->shard));
         json_object_set_new(jr, "batch_size", json_integer((json_int_t)m->rows));
-        json_object_set_new(jr, "ranks", json_integer(b->ranks));
+        json_object_set_new(jr, "ranks", json_integer(b->rk.ranks));
         json_object_set_new(jr, "devices_per_rank", json_integer((json_int_t)m->k));
         json_object_set_new(jr, "bytes_sent_per_step",
                             json_integer((json_int_t)m->bytes_sent_per_step));
@@ -688,7 +659,7 @@ static json_t *json_results(const bench *b, const mode_result *res, size_t nres,
         json_object_set_new(cfg, "device_weights", w);
     }
     json_object_set_new(cfg, "shard_optimizer", json_boolean(o->shard_optimizer));
-    json_object_set_new(cfg, "ranks", json_integer(b->ranks));
+    json_object_set_new(cfg, "ranks", json_integer(b->rk.ranks));
     json_t *root = json_pack("{s:o,s:o}", "config", cfg, "results", results);
     const mode_result *g = NULL, *bal = NULL; /* the root runs */
     for (size_t r = 0; r < nres; r++) {
@@ -703,7 +674,7 @@ static json_t *json_results(const bench *b, const mode_result *res, size_t nres,
         for (size_t i = 0; i < nsc; i++)
             json_array_append_new(
                 js, json_pack("{s:I,s:I,s:I,s:f,s:f,s:I}", "devices", (json_int_t)sc[i].global,
-                              "ranks", (json_int_t)b->ranks, "devices_per_rank",
+                              "ranks", (json_int_t)b->rk.ranks, "devices_per_rank",
                               (json_int_t)sc[i].k, "tokens_per_s", sc[i].tokens_per_s,
                               "efficiency",
                               sc[i].tokens_per_s * (double)sc[0].global /
@@ -1128,7 +1099,7 @@ static int write_outputs(bench *b, const mode_result *res, size_t nres, const sc
         json_decref(j);
     }
     if (!rc && o->csv) {
-        char *text = csv_text(res, nres, b->ranks);
+        char *text = csv_text(res, nres, b->rk.ranks);
         rc = text ? stage(&out, "--csv", o->csv, text, strlen(text)) : cli_fail("out of host memory");
         free(text);
     }
@@ -1160,12 +1131,12 @@ static int check_args(bench *b)
     if (!o->devices) o->devices = dp_cuda_device_count() > 0 ? "cuda" : "cpu:4";
     if (dp_device_list_parse(o->devices, b->specs, DP_MAX_DEVICES, &b->k) != DP_OK)
         return cli_dp_fail("--devices");
-    size_t global = b->k * (size_t)b->ranks;
+    size_t global = b->k * (size_t)b->rk.ranks;
     if ((size_t)o->batch < global) {
-        if (b->ranks > 1)
+        if (b->rk.ranks > 1)
             return cli_fail("--batch-size %ld is smaller than the %zu devices of %d ranks x %zu; "
                             "give every device a sequence",
-                            o->batch, global, b->ranks, b->k);
+                            o->batch, global, b->rk.ranks, b->k);
         return cli_fail("--batch-size %ld is smaller than the %zu devices; give every device a "
                         "sequence",
                         o->batch, b->k);
@@ -1173,7 +1144,7 @@ static int check_args(bench *b)
     if (o->weights_arg &&
         cli_parse_weights("--device-weights", o->weights_arg, b->k, o->weights, &o->n_weights))
         return 1;
-    if (b->ranks > 1 && strcmp(o->mode, "gather") == 0)
+    if (b->rk.ranks > 1 && strcmp(o->mode, "gather") == 0)
         return cli_fail("--mode gather: gather mode cannot span ranks (it reproduces one "
                         "process's DataParallel); run it without mpirun, or use --mode balanced");
     return 0;
@@ -1184,12 +1155,12 @@ static int bench_main(bench *b)
 {
     opts *o = &b->o;
     /* Every rank has the same command line: rank 0 says what is wrong with it. */
-    cli_quiet = b->rank > 0;
+    cli_quiet = b->rk.rank > 0;
     int bad = check_args(b);
     cli_quiet = 0;
     if (bad) return 1;
     /* Output paths and gnuplot: rank 0 writes them. */
-    if (agree(b, b->rank == 0 ? check_outputs(b) : 0)) return 1;
+    if (agree(b, b->rk.rank == 0 ? check_outputs(b) : 0)) return 1;
     dp_gpt_config gc = {(size_t)o->vocab, (size_t)o->context, (size_t)o->layers,
                         (size_t)o->heads, (size_t)o->dim};
     if (agree(b, dp_gpt_create(&gc, &b->gpt) != DP_OK ? cli_dp_fail("model") : 0)) return 1;
@@ -1198,11 +1169,11 @@ static int bench_main(bench *b)
     dp_mode modes[2];
     size_t nmodes = 0;
     /* Gather mode copies every logit to one device: across ranks the engine refuses it. */
-    int skip_gather = both && b->ranks > 1;
+    int skip_gather = both && b->rk.ranks > 1;
     if ((both && !skip_gather) || strcmp(o->mode, "gather") == 0) modes[nmodes++] = DP_MODE_GATHER;
     if (both || strcmp(o->mode, "balanced") == 0) modes[nmodes++] = DP_MODE_BALANCED;
     int rc = 0;
-    if (o->trace && b->rank == 0) {
+    if (o->trace && b->rk.rank == 0) {
         const char *names[DP_MAX_DEVICES];
         char nbuf[DP_MAX_DEVICES][32];
         for (size_t i = 0; i < b->k; i++) names[i] = spec_name(&b->specs[i], nbuf[i], sizeof nbuf[i]);
@@ -1214,10 +1185,10 @@ static int bench_main(bench *b)
            "parameters\n",
            o->vocab, o->context, o->dim, o->layers, o->heads,
            (double)dp_gpt_model(b->gpt)->n_params / 1e6);
-    if (b->ranks > 1)
+    if (b->rk.ranks > 1)
         printf("          global batch %ld sequences (%ld tokens) on %d ranks x %s (%zu devices), "
                "%ld warm-up + %ld timed steps",
-               o->batch, o->batch * o->context, b->ranks, o->devices, b->k * (size_t)b->ranks,
+               o->batch, o->batch * o->context, b->rk.ranks, o->devices, b->k * (size_t)b->rk.ranks,
                o->warmup, o->steps);
     else
         printf("          global batch %ld sequences (%ld tokens) on %s (%zu devices), %ld "
@@ -1295,7 +1266,7 @@ static int bench_main(bench *b)
     if (!rc && o->scaling && scale_rows) {
         /* With ranks: R x 1..k devices, each rank adding one device at a time. */
         printf("\nscaling (%s mode, global batch %zu):\n", dp_mode_name(scale_mode), scale_rows);
-        if (b->ranks > 1)
+        if (b->rk.ranks > 1)
             printf("%8s %8s %12s %9s %11s\n", "ranks x", "devices", "tokens/s", "speedup",
                    "efficiency");
         else
@@ -1310,9 +1281,9 @@ static int bench_main(bench *b)
             sc[nsc].bytes_sent_per_step = m.bytes_sent_per_step;
             double sp = m.tokens_per_s / sc[0].tokens_per_s;
             double eff = sp * (double)sc[0].global / (double)m.k_global;
-            if (b->ranks > 1) {
+            if (b->rk.ranks > 1) {
                 char rk[32];
-                snprintf(rk, sizeof rk, "%d x %zu", b->ranks, k);
+                snprintf(rk, sizeof rk, "%d x %zu", b->rk.ranks, k);
                 printf("%8s %8zu %12.0f %9.2f %10.1f%%\n", rk, m.k_global, m.tokens_per_s, sp,
                        100.0 * eff);
             } else {
@@ -1323,7 +1294,7 @@ static int bench_main(bench *b)
         }
     }
     /* Rank 0 writes the outputs; the others learn whether it could. */
-    if (!rc) rc = agree(b, b->rank == 0 ? write_outputs(b, res, nres, sc, nsc, scale_mode) : 0);
+    if (!rc) rc = agree(b, b->rk.rank == 0 ? write_outputs(b, res, nres, sc, nsc, scale_mode) : 0);
     free(res);
     return rc;
 }
@@ -1335,17 +1306,17 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     bench b;
     memset(&b, 0, sizeof b);
-    b.ranks = 1;
+    b.rk.ranks = 1;
     b.t_origin = cli_now();
     opts *o = &b.o;
     *o = (opts){.vocab = 40000, .context = 250, .batch = 32, .dim = 256, .layers = 2,
                 .heads = 4, .steps = 3, .warmup = 1, .mode = "both", .seed = 1337};
     if (join_ranks(&b, &argc, &argv)) {
-        dp_dist_close(b.dist);
+        dp_dist_close(b.rk.dist);
         return 1;
     }
     /* Every rank has the same command line: rank 0 says what is wrong with it. */
-    cli_quiet = b.rank > 0;
+    cli_quiet = b.rk.rank > 0;
     int pa = parse_args(argc, argv, o);
     cli_quiet = 0;
     int rc = pa ? (pa < 0 ? 0 : 1) : bench_main(&b); /* pa -1: --help */
@@ -1354,11 +1325,11 @@ int main(int argc, char **argv)
     free(b.targets);
     dp_trace_destroy(b.trace);
     dp_gpt_destroy(b.gpt);
-    if (b.broken) {
+    if (b.rk.broken) {
         /* Some rank may wait in a collective that will never complete. */
         fflush(stderr);
-        dp_dist_abort(b.dist, rc ? rc : 1);
+        dp_dist_abort(b.rk.dist, rc ? rc : 1);
     }
-    dp_dist_close(b.dist);
+    dp_dist_close(b.rk.dist);
     return rc;
 }

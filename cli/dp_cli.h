@@ -14,6 +14,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include <dp/dp.h>
@@ -42,6 +43,54 @@ static inline int cli_fail(const char *fmt, ...)
 
 /* cli_fail with dp's last error message after `what`. */
 static inline int cli_dp_fail(const char *what) { return cli_fail("%s: %s", what, dp_last_error()); }
+
+/* Ranks under an MPI launcher (dp/dist.h), as lm_train and dp_bench use them. */
+typedef struct cli_ranks {
+    dp_dist *dist; /* NULL without a launcher */
+    int rank, ranks;
+    int broken; /* the ranks may no longer agree: the job must end (dp_dist_abort) */
+} cli_ranks;
+
+/* Agreement on this rank's outcome of work only some ranks do, or that
+ * may fail on one rank alone: 0 when every rank succeeded, else 1 (the
+ * failing rank printed why; the others stay silent). One process: failed. */
+static inline int cli_ranks_agree(cli_ranks *rk, int failed)
+{
+    if (rk->ranks <= 1) return failed;
+    dp_status local = failed ? dp_set_error(DP_ERR_ABORTED, "failed") : DP_OK;
+    dp_status s = dp_dist_agree(rk->dist, local);
+    if (s == DP_OK) return 0;
+    if (s != DP_ERR_ABORTED) {
+        rk->broken = 1;
+        cli_dp_fail("agreement between the ranks");
+    }
+    return 1;
+}
+
+/* Under a launcher with more than one rank: joins the job; ranks other
+ * than 0 send stdout to /dev/null and every rank's messages name it
+ * ("prog: rank 1: ..."). Without a launcher: one rank, nothing opened. */
+static inline int cli_ranks_join(cli_ranks *rk, int *argc, char ***argv)
+{
+    static char prog[64];
+    rk->dist = NULL;
+    rk->rank = 0;
+    rk->ranks = 1;
+    rk->broken = 0;
+    if (dp_dist_launched_size() <= 1) return 0;
+    if (dp_dist_open(argc, argv, &rk->dist) != DP_OK) return cli_dp_fail("joining the ranks");
+    rk->rank = dp_dist_rank(rk->dist);
+    rk->ranks = dp_dist_size(rk->dist);
+    if (rk->ranks == 1) return 0;
+    snprintf(prog, sizeof prog, "%s: rank %d", cli_prog, rk->rank);
+    cli_prog = prog;
+    if (rk->rank > 0 && !freopen("/dev/null", "w", stdout)) {
+        /* Collective outcome: a rank that cannot silence its stdout stops them all. */
+        cli_fail("cannot send stdout to /dev/null: %s", strerror(errno));
+        return cli_ranks_agree(rk, 1), 1;
+    }
+    return cli_ranks_agree(rk, 0);
+}
 
 /* A whole decimal integer in [lo, hi]; otherwise a message naming the option. */
 static inline int cli_parse_long(const char *name, const char *v, long lo, long hi, long *out)

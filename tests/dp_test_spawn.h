@@ -8,6 +8,7 @@
 
 #include <fcntl.h>
 #include <spawn.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -56,6 +57,51 @@ static inline dp_test_result dp_test_collect(pid_t pid, const char *out_path, co
     r.out = (char *)dp_test_read_file(out_path, &n);
     r.err = (char *)dp_test_read_file(err_path, &n);
     return r;
+}
+
+/* Under mpiexec (the mpi tests): Open MPI refuses root unless told, the
+ * ranks outnumber this machine's cores, and shared memory goes by copy
+ * (cross-process copies, CMA, are often denied in containers). Call it in
+ * the test's own process: it reaches only the mpiexec that test starts. */
+static inline void dp_test_mpi_env(void)
+{
+    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+    setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 1);
+    setenv("OMPI_MCA_btl_vader_single_copy_mechanism", "none", 1);
+}
+
+/* The command line of prog with base[0..nb) then extra[0..n), under
+ * `mpiexec -n ranks` when ranks > 0; an argument starting with '@' names
+ * a file in dir. Fills argv (cap entries, NULL-terminated, each strdup'd:
+ * dp_test_argv_free) and returns the count. */
+static inline size_t dp_test_argv(char **argv, size_t cap, int ranks, const char *mpiexec,
+                                  const char *prog, const char *const *base, size_t nb,
+                                  const char *const *extra, size_t n, const char *dir)
+{
+    size_t argc = 0;
+    char np[16];
+    snprintf(np, sizeof np, "%d", ranks);
+    cr_assert_lt(nb + n + 4, cap, "too many arguments");
+    if (ranks > 0) {
+        argv[argc++] = strdup(mpiexec);
+        argv[argc++] = strdup("-n");
+        argv[argc++] = strdup(np);
+    }
+    argv[argc++] = strdup(prog);
+    for (size_t i = 0; i < nb + n; i++) {
+        const char *a = i < nb ? base[i] : extra[i - nb];
+        char p[512];
+        if (a[0] == '@') snprintf(p, sizeof p, "%s/%s", dir, a + 1);
+        argv[argc++] = strdup(a[0] == '@' ? p : a);
+    }
+    argv[argc] = NULL;
+    return argc;
+}
+
+static inline void dp_test_argv_free(char **argv, size_t argc)
+{
+    for (size_t i = 0; i < argc; i++) free(argv[i]);
 }
 
 #endif /* DP_TEST_SPAWN_H */

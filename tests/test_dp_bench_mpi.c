@@ -44,10 +44,7 @@ static void setup(void)
     if (access(MPIEXEC_PATH, X_OK) != 0) cr_skip_test("mpiexec not found at " MPIEXEC_PATH);
     strcpy(tmpdir, "/tmp/dp_test_bench_mpi_XXXXXX");
     cr_assert_not_null(mkdtemp(tmpdir), "mkdtemp failed");
-    /* Each test runs in its own process: these reach only its mpiexec. */
-    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
-    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
-    setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 1);
+    dp_test_mpi_env();
 }
 
 static void teardown(void)
@@ -68,28 +65,13 @@ static const char *const BASE[] = {"--vocab", "64", "--context", "16", "--batch-
 static dp_test_result run_bench(int ranks, const char *const *args, size_t n)
 {
     char *argv[64];
-    size_t argc = 0;
-    char np[16];
-    snprintf(np, sizeof np, "%d", ranks);
-    if (ranks > 0) {
-        argv[argc++] = strdup(MPIEXEC_PATH);
-        argv[argc++] = strdup("-n");
-        argv[argc++] = strdup(np);
-    }
-    argv[argc++] = strdup(DP_BENCH_PATH);
-    for (size_t i = 0; i < N_BASE + n; i++) {
-        const char *a = i < N_BASE ? BASE[i] : args[i - N_BASE];
-        cr_assert_lt(argc, sizeof argv / sizeof argv[0] - 1);
-        char p[256];
-        if (a[0] == '@') snprintf(p, sizeof p, "%s/%s", tmpdir, a + 1);
-        argv[argc++] = strdup(a[0] == '@' ? p : a);
-    }
-    argv[argc] = NULL;
+    size_t argc = dp_test_argv(argv, 64, ranks, MPIEXEC_PATH, DP_BENCH_PATH, BASE, N_BASE, args,
+                               n, tmpdir);
     char out[256], err[256];
     snprintf(out, sizeof out, "%s/stdout.txt", tmpdir);
     snprintf(err, sizeof err, "%s/stderr.txt", tmpdir);
     dp_test_result r = dp_test_collect(dp_test_spawn(argv, out, err), out, err);
-    for (size_t i = 0; i < argc; i++) free(argv[i]);
+    dp_test_argv_free(argv, argc);
     return r;
 }
 

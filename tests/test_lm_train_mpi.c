@@ -78,12 +78,7 @@ static void setup(void)
     strcpy(tmpdir, "/tmp/dp_test_lm_mpi_XXXXXX");
     cr_assert_not_null(mkdtemp(tmpdir), "mkdtemp failed");
     write_corpus("corpus.txt", 2024, 20000);
-    /* Each test runs in its own process: these reach only its mpiexec. */
-    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
-    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
-    setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 1);
-    /* shared memory by copy: cross-process copies (CMA) are often denied in containers */
-    setenv("OMPI_MCA_btl_vader_single_copy_mechanism", "none", 1);
+    dp_test_mpi_env();
 }
 
 static void teardown(void)
@@ -107,28 +102,13 @@ static const char *const BASE[] = {"--data", "@corpus.txt", "--layers", "1", "--
 static pid_t spawn_lm(int ranks, const char *const *extra, size_t n)
 {
     char *argv[N_BASE + 40];
-    size_t argc = 0;
-    char np[16];
-    snprintf(np, sizeof np, "%d", ranks);
-    if (ranks > 0) {
-        argv[argc++] = strdup(MPIEXEC_PATH);
-        argv[argc++] = strdup("-n");
-        argv[argc++] = strdup(np);
-    }
-    argv[argc++] = strdup(LM_TRAIN_PATH);
-    for (size_t i = 0; i < N_BASE + n; i++) {
-        const char *a = i < N_BASE ? BASE[i] : extra[i - N_BASE];
-        cr_assert_lt(argc, sizeof argv / sizeof argv[0] - 1);
-        char p[256];
-        if (a[0] == '@') path_in(p, sizeof p, a + 1);
-        argv[argc++] = strdup(a[0] == '@' ? p : a);
-    }
-    argv[argc] = NULL;
+    size_t argc = dp_test_argv(argv, N_BASE + 40, ranks, MPIEXEC_PATH, LM_TRAIN_PATH, BASE, N_BASE,
+                               extra, n, tmpdir);
     char out_path[256], err_path[256];
     path_in(out_path, sizeof out_path, "stdout.txt");
     path_in(err_path, sizeof err_path, "stderr.txt");
     pid_t pid = dp_test_spawn(argv, out_path, err_path);
-    for (size_t i = 0; i < argc; i++) free(argv[i]);
+    dp_test_argv_free(argv, argc);
     return pid;
 }
 

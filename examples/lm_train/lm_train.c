@@ -378,9 +378,7 @@ typedef struct run {
     dp_trace *trace; /* --trace: every training step's phase spans */
     int tty;
     int exit_code;             /* non-zero: the status main returns (signals) */
-    dp_dist *dist;             /* the job's ranks under mpirun, else NULL */
-    int rank, ranks;           /* this process's rank and the number of ranks (0, 1 alone) */
-    int broken;                /* the ranks may no longer agree: end the job (dp_dist_abort) */
+    cli_ranks rk; /* the job's ranks under mpirun (one rank, dist NULL, alone) */
     size_t step_bytes;         /* bytes this rank sent to the others inside dp_engine_step */
 } run;
 
@@ -388,7 +386,7 @@ typedef struct run {
 
 /* An error every rank meets alike (an engine call's, agreed inside the
  * engine, or one the ranks agreed on): rank 0 prints it. */
-#define AGREED_FAIL(r, ...) ((r)->rank ? 1 : cli_fail(__VA_ARGS__))
+#define AGREED_FAIL(r, ...) ((r)->rk.rank ? 1 : cli_fail(__VA_ARGS__))
 
 /* A failed engine call. Its error reached every rank alike, except a
  * failed exchange between the ranks (DP_ERR_COMM) or a rank that stopped
@@ -396,8 +394,8 @@ typedef struct run {
  * every rank prints, and the job ends with dp_dist_abort. */
 static int engine_fail(run *r, dp_status s, const char *what)
 {
-    if (r->ranks > 1 && (s == DP_ERR_COMM || s == DP_ERR_TIMEOUT)) {
-        r->broken = 1;
+    if (r->rk.ranks > 1 && (s == DP_ERR_COMM || s == DP_ERR_TIMEOUT)) {
+        r->rk.broken = 1;
         return cli_dp_fail(what);
     }
     return AGREED_FAIL(r, "%s: %s", what, dp_last_error());
@@ -409,25 +407,12 @@ static int engine_fail(run *r, dp_status s, const char *what)
  * practice (sampling a batch from the same data). */
 static int local_fatal(run *r, const char *what)
 {
-    r->broken = r->ranks > 1;
+    r->rk.broken = r->rk.ranks > 1;
     return cli_dp_fail(what);
 }
 
-/* Agreement on this rank's outcome of work only some ranks do, or that
- * may fail on one rank alone: 0 when every rank succeeded, else 1 (the
- * failing rank printed why; the others stay silent). One process: failed. */
-static int agree(run *r, int failed)
-{
-    if (r->ranks == 1) return failed;
-    dp_status local = failed ? dp_set_error(DP_ERR_ABORTED, "failed") : DP_OK;
-    dp_status s = dp_dist_agree(r->dist, local);
-    if (s == DP_OK) return 0;
-    if (s != DP_ERR_ABORTED) {
-        r->broken = 1;
-        cli_dp_fail("agreement between the ranks");
-    }
-    return 1;
-}
+/* Agreement on this rank's outcome (cli_ranks_agree). */
+static int agree(run *r, int failed) { return cli_ranks_agree(&r->rk, failed); }
 
 /* What go_on's agreement carries for a signal, before its number. */
 #define STOP_ON "lm_train stops on signal "
@@ -439,12 +424,12 @@ static int agree(run *r, int failed)
  * signal), though the launcher may deliver it at different times. */
 static int go_on(run *r, int failed)
 {
-    if (r->ranks == 1) return failed ? -1 : stop_signal;
+    if (r->rk.ranks == 1) return failed ? -1 : stop_signal;
     int sig = stop_signal;
     dp_status local = DP_OK;
     if (failed) local = dp_set_error(DP_ERR_ABORTED, "failed");
     else if (sig) local = dp_set_error(DP_ERR_ABORTED, STOP_ON "%d", sig);
-    dp_status s = dp_dist_agree(r->dist, local);
+    dp_status s = dp_dist_agree(r->rk.dist, local);
     if (s == DP_OK) return 0;
     /* The agreed message is the lowest failing rank's, with a prefix. */
     const char *m = strstr(dp_last_error(), STOP_ON);
@@ -452,7 +437,7 @@ static int go_on(run *r, int failed)
     if (s == DP_ERR_ABORTED && m && sscanf(m + strlen(STOP_ON), "%d", &got) == 1 && got > 0)
         return got;
     if (s != DP_ERR_ABORTED) {
-        r->broken = 1;
+        r->rk.broken = 1;
         cli_dp_fail("agreement between the ranks");
     }
     return -1;
@@ -572,7 +557,7 @@ static int save_checkpoint(run *r)
         s = dp_engine_get_optimizer_state(r->engine, ck.m, ck.v, &ck.optimizer_step);
     if (!rc && s != DP_OK) rc = engine_fail(r, s, "reading parameters");
     int all_here = !rc; /* every rank is here: the outcome of the write is agreed */
-    if (!rc && r->rank == 0) {
+    if (!rc && r->rk.rank == 0) {
         if (dp_tokenizer_serialize(r->tok, &ck.tokenizer) != DP_OK) rc = cli_dp_fail("tokenizer");
         if (!rc && dp_sampler_get_state(r->train, ck.sampler) != DP_OK) rc = cli_dp_fail("sampler state");
         ck.has_sampler = 1;
@@ -704,7 +689,7 @@ static int generate(run *r)
     if (!rc && (s = dp_engine_get_params(r->engine, b.params)) != DP_OK)
         rc = engine_fail(r, s, "sampling setup");
     int all_here = !rc;
-    if (!rc && r->rank == 0) rc = generate_into(r, &b);
+    if (!rc && r->rk.rank == 0) rc = generate_into(r, &b);
     if (all_here) rc = agree(r, rc);
     sample_free(&b);
     return rc;
@@ -974,7 +959,7 @@ static int load(run *r)
 {
     opts *o = &r->o;
     /* Rank 0 writes the checkpoints. */
-    if (o->save && r->rank == 0 && check_save_path(o->save)) return 1;
+    if (o->save && r->rk.rank == 0 && check_save_path(o->save)) return 1;
     if (o->resume) {
         if (dp_gpt_checkpoint_load(o->resume, &r->ck, &r->gpt) != DP_OK)
             return cli_dp_fail("--resume");
@@ -1066,7 +1051,7 @@ static int configure(run *r, dp_device_spec *specs, size_t *kp, dp_engine_config
     ec.shard_optimizer = o->shard_optimizer;
     if (o->memory_limit && dp_parse_bytes(o->memory_limit, &ec.memory_limit) != DP_OK)
         return cli_dp_fail("--memory-limit");
-    ec.dist = r->dist;
+    ec.dist = r->rk.dist;
     *ecp = ec;
     return 0;
 }
@@ -1081,7 +1066,7 @@ static int outputs(run *r, size_t k, const dp_engine_config *ec)
            o->heads, o->dim, o->context, (double)r->n_params / 1e6);
     printf("engine: %s mode%s on %zu device%s (", dp_mode_name(ec->mode),
            ec->shard_optimizer ? ", sharded optimizer" : "", K, K == 1 ? "" : "s");
-    if (r->ranks > 1) printf("%d ranks; rank 0's: ", r->ranks);
+    if (r->rk.ranks > 1) printf("%d ranks; rank 0's: ", r->rk.ranks);
     for (size_t i = 0; i < k; i++)
         printf("%s%s", i ? "," : "", dp_device_name(dp_engine_device(r->engine, i)));
     printf("), batch %ld x %ld tokens\n", o->batch_size, o->context);
@@ -1092,7 +1077,7 @@ static int outputs(run *r, size_t k, const dp_engine_config *ec)
     r->inputs = malloc(bt);
     r->targets = malloc(bt);
     if (!r->inputs || !r->targets) return cli_fail("out of host memory");
-    if (r->rank > 0) return 0;
+    if (r->rk.rank > 0) return 0;
     if (!o->eval_only && open_log(r)) return 1;
     if (o->trace) {
         const char *names[DP_MAX_DEVICES];
@@ -1180,12 +1165,12 @@ static int train(run *r)
         if (dp_sampler_next(r->train, r->inputs, r->targets, B) != DP_OK) return local_fatal(r, "batch");
         dp_batch b = {B, r->inputs, r->targets};
         dp_step_stats st;
-        size_t sent = dp_dist_bytes_sent(r->dist);
+        size_t sent = dp_dist_bytes_sent(r->rk.dist);
         if ((s = dp_engine_step(r->engine, &b, &st)) != DP_OK) return engine_fail(r, s, "step");
-        r->step_bytes += dp_dist_bytes_sent(r->dist) - sent;
+        r->step_bytes += dp_dist_bytes_sent(r->rk.dist) - sent;
         if (r->trace && dp_trace_add_step(r->trace, &st) != DP_OK) {
             failed = cli_dp_fail("--trace");
-            if (r->ranks == 1) return 1;
+            if (r->rk.ranks == 1) return 1;
         }
         if (st.skipped) {
             /* Nothing was updated: the step is retried on the next batch. */
@@ -1232,9 +1217,9 @@ static int train(run *r)
     if (r->step > first)
         printf("trained %ld steps in %.1f s (%.0f tokens/s)\n", r->step - first, secs,
                (double)(r->step - first) * (double)(B * (size_t)o->context) / secs);
-    if (r->step > first && r->ranks > 1)
+    if (r->step > first && r->rk.ranks > 1)
         printf("ranks: %d x %zu devices; rank 0 sent %.0f bytes per step to the other ranks\n",
-               r->ranks, dp_engine_num_devices(r->engine),
+               r->rk.ranks, dp_engine_num_devices(r->engine),
                (double)r->step_bytes / (double)(r->step - first));
     if (agree(r, failed)) return 1;
     /* The last checkpoint holds the last step, whether or not the interval divides it. */
@@ -1260,24 +1245,10 @@ static void run_free(run *r)
     dp_checkpoint_close(r->ck);
 }
 
-/* Under a launcher with more than one rank: joins the job; ranks other
- * than 0 send stdout to /dev/null and every rank's messages name it. */
+/* Joins the ranks under a launcher (cli_ranks_join). */
 static int join_ranks(run *r, int *argc, char ***argv)
 {
-    static char prog[48];
-    if (dp_dist_launched_size() <= 1) return 0;
-    if (dp_dist_open(argc, argv, &r->dist) != DP_OK) return cli_dp_fail("joining the ranks");
-    r->rank = dp_dist_rank(r->dist);
-    r->ranks = dp_dist_size(r->dist);
-    if (r->ranks == 1) return 0;
-    snprintf(prog, sizeof prog, "lm_train: rank %d", r->rank);
-    cli_prog = prog;
-    if (r->rank > 0 && !freopen("/dev/null", "w", stdout)) {
-        /* Collective outcome: a rank that cannot silence its stdout stops them all. */
-        cli_fail("cannot send stdout to /dev/null: %s", strerror(errno));
-        return agree(r, 1), 1;
-    }
-    return agree(r, 0);
+    return cli_ranks_join(&r->rk, argc, argv);
 }
 
 int main(int argc, char **argv)
@@ -1286,21 +1257,21 @@ int main(int argc, char **argv)
     run r;
     memset(&r, 0, sizeof r);
     r.saved_step = -1;
-    r.ranks = 1;
+    r.rk.ranks = 1;
     defaults(&r.o);
     if (join_ranks(&r, &argc, &argv)) {
-        dp_dist_close(r.dist);
+        dp_dist_close(r.rk.dist);
         return 1;
     }
     /* Every rank has the same command line: rank 0 says what is wrong with it. */
-    cli_quiet = r.rank > 0;
+    cli_quiet = r.rk.rank > 0;
     int pa = parse_args(argc, argv, &r.o);
     cli_quiet = 0;
     if (pa) {
-        dp_dist_close(r.dist);
+        dp_dist_close(r.rk.dist);
         return pa < 0 ? 0 : 2; /* -1: --help */
     }
-    install_signal_handlers(r.ranks > 1);
+    install_signal_handlers(r.rk.ranks > 1);
     int rc = setup(&r);
     if (!rc && r.ck) {
         /* The parameters live in the engine now; the metadata stays for messages. */
@@ -1326,11 +1297,11 @@ int main(int argc, char **argv)
     fflush(stdout);
     int code = rc ? (r.exit_code ? r.exit_code : 1) : 0;
     run_free(&r);
-    if (r.broken) {
+    if (r.rk.broken) {
         /* Some rank may wait in a collective that will never complete. */
         fflush(stderr);
-        dp_dist_abort(r.dist, code);
+        dp_dist_abort(r.rk.dist, code);
     }
-    dp_dist_close(r.dist);
+    dp_dist_close(r.rk.dist);
     return code;
 }

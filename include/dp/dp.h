@@ -15,6 +15,7 @@
 #include "dp/optim.h"
 #include "dp/model.h"
 #include "dp/ops.h"
+#include "dp/dist.h"
 #include "dp/engine.h"
 #include "dp/gpt.h"
 #include "dp/safetensors.h"
