@@ -67,6 +67,23 @@ static inline int cli_ranks_agree(cli_ranks *rk, int failed)
     return 1;
 }
 
+/* An error every rank meets alike (an engine call's, agreed inside the
+ * engine, or one the ranks agreed on): rank 0 prints it; returns 1. */
+#define CLI_AGREED_FAIL(rk, ...) ((rk)->rank ? 1 : cli_fail(__VA_ARGS__))
+
+/* A failed engine call. Its error reached every rank alike, except a
+ * failed exchange between the ranks (DP_ERR_COMM) or a rank that stopped
+ * answering (DP_ERR_TIMEOUT): then the ranks may be in different places,
+ * every rank prints, and the job must end (broken: dp_dist_abort). */
+static inline int cli_ranks_engine_fail(cli_ranks *rk, dp_status s, const char *what)
+{
+    if (rk->ranks > 1 && (s == DP_ERR_COMM || s == DP_ERR_TIMEOUT)) {
+        rk->broken = 1;
+        return cli_dp_fail(what);
+    }
+    return CLI_AGREED_FAIL(rk, "%s: %s", what, dp_last_error());
+}
+
 /* Under a launcher with more than one rank: joins the job; ranks other
  * than 0 send stdout to /dev/null and every rank's messages name it
  * ("prog: rank 1: ..."). Without a launcher: one rank, nothing opened. */

@@ -59,6 +59,23 @@ static inline dp_test_result dp_test_collect(pid_t pid, const char *out_path, co
     return r;
 }
 
+/* Asserts that the process r describes exited with status 0, showing its stderr. */
+static inline void dp_test_assert_success(const dp_test_result *r, const char *what)
+{
+    cr_assert(WIFEXITED(r->status) && WEXITSTATUS(r->status) == 0,
+              "%s: %s %d; stderr:\n%s", what,
+              WIFEXITED(r->status) ? "exited with" : "was killed by signal",
+              WIFEXITED(r->status) ? WEXITSTATUS(r->status) : WTERMSIG(r->status), r->err);
+}
+
+/* Occurrences of needle in text (overlapping ones too). */
+static inline size_t dp_test_count(const char *text, const char *needle)
+{
+    size_t n = 0;
+    for (const char *p = text; (p = strstr(p, needle)); p++) n++;
+    return n;
+}
+
 /* Under mpiexec (the mpi tests): Open MPI refuses root unless told, the
  * ranks outnumber this machine's cores, and shared memory goes by copy
  * (cross-process copies, CMA, are often denied in containers). Call it in

@@ -81,21 +81,6 @@ static dp_test_result run_bench(int ranks, const char *const *args, size_t n)
 /* BENCH(ranks, args...): ranks 0 = one process, without mpiexec. */
 #define BENCH(ranks, ...) run_bench((ranks), ARGS_(__VA_ARGS__))
 
-static void assert_success(const dp_test_result *r, const char *what)
-{
-    cr_assert(WIFEXITED(r->status) && WEXITSTATUS(r->status) == 0,
-              "%s: %s %d; stderr:\n%s", what,
-              WIFEXITED(r->status) ? "exited with" : "was killed by signal",
-              WIFEXITED(r->status) ? WEXITSTATUS(r->status) : WTERMSIG(r->status), r->err);
-}
-
-static size_t count(const char *text, const char *needle)
-{
-    size_t n = 0;
-    for (const char *p = text; (p = strstr(p, needle)); p++) n++;
-    return n;
-}
-
 static json_t *load_json(const char *name)
 {
     char p[256];
@@ -148,19 +133,19 @@ Test(dp_bench_mpi, two_ranks_balanced_loss_equals_one_process_bitwise)
 {
     dp_test_result a = BENCH(2, "--devices", "cpu:1", "--shard-optimizer", "--json", "@a.json",
                              "--csv", "@a.csv", "--trace", "@a.trace");
-    assert_success(&a, "mpiexec -n 2 dp_bench --devices cpu:1");
+    dp_test_assert_success(&a, "mpiexec -n 2 dp_bench --devices cpu:1");
     dp_test_result b = BENCH(0, "--devices", "cpu:2", "--shard-optimizer", "--json", "@b.json");
-    assert_success(&b, "dp_bench --devices cpu:2");
+    dp_test_assert_success(&b, "dp_bench --devices cpu:2");
 
     /* Rank 0 alone prints: one header, one table; gather skipped in one line. */
-    cr_assert_eq(count(a.out, "dp_bench: GPT"), 1, "stdout:\n%s", a.out);
-    cr_assert_eq(count(a.out, "(step ms: median"), 1, "stdout:\n%s", a.out);
-    cr_assert_eq(count(a.out, "phase ms"), 1, "stdout:\n%s", a.out);
-    cr_assert_eq(count(a.out, "gather mode: skipped across ranks (it reproduces one process's "
+    cr_assert_eq(dp_test_count(a.out, "dp_bench: GPT"), 1, "stdout:\n%s", a.out);
+    cr_assert_eq(dp_test_count(a.out, "(step ms: median"), 1, "stdout:\n%s", a.out);
+    cr_assert_eq(dp_test_count(a.out, "phase ms"), 1, "stdout:\n%s", a.out);
+    cr_assert_eq(dp_test_count(a.out, "gather mode: skipped across ranks (it reproduces one process's "
                               "DataParallel)\n"),
                  1, "stdout:\n%s", a.out);
     cr_assert(strstr(a.out, "on 2 ranks x cpu:1 (2 devices)"), "stdout:\n%s", a.out);
-    cr_assert_eq(count(a.err, "dp_bench"), 0, "stderr:\n%s", a.err);
+    cr_assert_eq(dp_test_count(a.err, "dp_bench"), 0, "stderr:\n%s", a.err);
     cr_assert(exists("a.csv") && exists("a.trace"));
 
     json_t *ja = load_json("a.json"), *jb = load_json("b.json");
@@ -205,7 +190,7 @@ Test(dp_bench_mpi, scaling_reports_ranks_times_local_devices)
 {
     dp_test_result r = BENCH(2, "--devices", "cpu:2", "--mode", "balanced", "--scaling", "--json",
                              "@s.json");
-    assert_success(&r, "mpiexec -n 2 dp_bench --devices cpu:2 --scaling");
+    dp_test_assert_success(&r, "mpiexec -n 2 dp_bench --devices cpu:2 --scaling");
     cr_assert(strstr(r.out, "2 x 1") && strstr(r.out, "2 x 2"), "stdout:\n%s", r.out);
     json_t *j = load_json("s.json");
     json_t *pts = json_object_get(json_object_get(j, "scaling"), "points");
@@ -228,8 +213,8 @@ Test(dp_bench_mpi, find_max_batch_searches_on_every_rank_alike)
 {
     dp_test_result r = BENCH(2, "--devices", "cpu:1", "--mode", "balanced", "--memory-limit",
                              "600kB", "--find-max-batch", "--json", "@f.json");
-    assert_success(&r, "mpiexec -n 2 dp_bench --find-max-batch");
-    cr_assert_eq(count(r.out, "largest global batch"), 1, "stdout:\n%s", r.out);
+    dp_test_assert_success(&r, "mpiexec -n 2 dp_bench --find-max-batch");
+    cr_assert_eq(dp_test_count(r.out, "largest global batch"), 1, "stdout:\n%s", r.out);
     json_t *j = load_json("f.json");
     cr_assert_gt(int_at(row(j, "balanced", 0), "max_batch"), 1);
     json_decref(j);
@@ -242,9 +227,9 @@ Test(dp_bench_mpi, gather_mode_alone_is_refused_once)
 {
     dp_test_result r = BENCH(2, "--devices", "cpu:1", "--mode", "gather", "--json", "@g.json");
     cr_assert(WIFEXITED(r.status) && WEXITSTATUS(r.status) != 0, "stderr:\n%s", r.err);
-    cr_assert_eq(count(r.err, "dp_bench: rank 0: --mode gather: gather mode cannot span ranks"),
+    cr_assert_eq(dp_test_count(r.err, "dp_bench: rank 0: --mode gather: gather mode cannot span ranks"),
                  1, "stderr:\n%s", r.err);
-    cr_assert_eq(count(r.err, "dp_bench: rank 1"), 0, "stderr:\n%s", r.err);
+    cr_assert_eq(dp_test_count(r.err, "dp_bench: rank 1"), 0, "stderr:\n%s", r.err);
     cr_assert(!exists("g.json"));
     dp_test_result_free(&r);
 }
@@ -253,8 +238,8 @@ Test(dp_bench_mpi, unwritable_output_fails_before_the_first_step)
 {
     dp_test_result r = BENCH(2, "--devices", "cpu:1", "--json", "@nodir/x.json");
     cr_assert(WIFEXITED(r.status) && WEXITSTATUS(r.status) != 0, "stderr:\n%s", r.err);
-    cr_assert_eq(count(r.err, "dp_bench: rank 0: --json: cannot write"), 1, "stderr:\n%s", r.err);
-    cr_assert_eq(count(r.err, "dp_bench: rank 1"), 0, "stderr:\n%s", r.err);
-    cr_assert_eq(count(r.out, "step ms"), 0, "stdout:\n%s", r.out);
+    cr_assert_eq(dp_test_count(r.err, "dp_bench: rank 0: --json: cannot write"), 1, "stderr:\n%s", r.err);
+    cr_assert_eq(dp_test_count(r.err, "dp_bench: rank 1"), 0, "stderr:\n%s", r.err);
+    cr_assert_eq(dp_test_count(r.out, "step ms"), 0, "stdout:\n%s", r.out);
     dp_test_result_free(&r);
 }

@@ -141,21 +141,6 @@ static result collect_ended(int st)
 /* RUN(ranks, args...): ranks 0 = one process, without mpiexec. */
 #define RUN(ranks, ...) collect(spawn_lm((ranks), ARGS_(__VA_ARGS__)))
 
-static void assert_success(const result *r, const char *what)
-{
-    cr_assert(WIFEXITED(r->status) && WEXITSTATUS(r->status) == 0,
-              "%s: %s %d; stderr:\n%s", what,
-              WIFEXITED(r->status) ? "exited with" : "was killed by signal",
-              WIFEXITED(r->status) ? WEXITSTATUS(r->status) : WTERMSIG(r->status), r->err);
-}
-
-static size_t count(const char *text, const char *needle)
-{
-    size_t n = 0;
-    for (const char *p = text; (p = strstr(p, needle)); p++) n++;
-    return n;
-}
-
 static unsigned char *read_in(const char *name, size_t *len)
 {
     char p[256];
@@ -207,26 +192,26 @@ static void two_ranks_equal_one_process(const char *shard)
 {
     result a = RUN(2, "--devices", "cpu:1", "--steps", "6", "--save", "@a.st", "--log",
                    "@a.jsonl", "--sample", "40", shard);
-    assert_success(&a, "mpiexec -n 2 lm_train --devices cpu:1");
+    dp_test_assert_success(&a, "mpiexec -n 2 lm_train --devices cpu:1");
     result b = RUN(0, "--devices", "cpu:2", "--steps", "6", "--save", "@b.st", "--sample", "40",
                    shard);
-    assert_success(&b, "lm_train --devices cpu:2");
+    dp_test_assert_success(&b, "lm_train --devices cpu:2");
     assert_same_checkpoint("a.st", "b.st");
 
-    cr_assert_eq(count(a.out, "data: "), 1, "stdout:\n%s", a.out);
-    cr_assert_eq(count(a.out, "trained 6 steps"), 1, "stdout:\n%s", a.out);
-    cr_assert_eq(count(a.out, "final val_loss"), 1, "stdout:\n%s", a.out);
+    cr_assert_eq(dp_test_count(a.out, "data: "), 1, "stdout:\n%s", a.out);
+    cr_assert_eq(dp_test_count(a.out, "trained 6 steps"), 1, "stdout:\n%s", a.out);
+    cr_assert_eq(dp_test_count(a.out, "final val_loss"), 1, "stdout:\n%s", a.out);
     cr_assert(strstr(a.out, "on 2 devices (2 ranks"), "stdout:\n%s", a.out);
     /* The sample, from the same parameters and seed, is the same text. */
     const char *sa = strstr(a.out, "--- sample"), *sb = strstr(b.out, "--- sample");
     cr_assert(sa && sb, "no sample; stdout:\n%s", a.out);
-    cr_assert_eq(count(a.out, "--- sample"), 1);
+    cr_assert_eq(dp_test_count(a.out, "--- sample"), 1);
     cr_assert_str_eq(sa, sb);
     const char *va = strstr(a.out, "final val_loss"), *vb = strstr(b.out, "final val_loss");
     cr_assert(vb && strncmp(va, vb, 26) == 0, "evaluation differs:\n%s\n%s", va, vb);
     size_t len;
     char *log = (char *)read_in("a.jsonl", &len);
-    cr_assert_eq(count(log, "\n"), 6, "log:\n%s", log);
+    cr_assert_eq(dp_test_count(log, "\n"), 6, "log:\n%s", log);
     free(log);
     dp_test_result_free(&a);
     dp_test_result_free(&b);
@@ -251,18 +236,18 @@ Test(lm_train_mpi, checkpoint_of_2_ranks_x_cpu2_resumes_on_cpu4_bitwise)
 {
     result a = RUN(2, "--devices", "cpu:2", "--steps", "4", "--lr-decay-steps", "8", "--save",
                    "@half.st");
-    assert_success(&a, "2 ranks x cpu:2, 4 steps");
+    dp_test_assert_success(&a, "2 ranks x cpu:2, 4 steps");
     result b = RUN(0, "--devices", "cpu:4", "--steps", "8", "--resume", "@half.st", "--save",
                    "@resumed.st");
-    assert_success(&b, "cpu:4, resume to 8 steps");
+    dp_test_assert_success(&b, "cpu:4, resume to 8 steps");
     result c = RUN(0, "--devices", "cpu:4", "--steps", "8", "--save", "@straight.st");
-    assert_success(&c, "cpu:4, 8 steps");
+    dp_test_assert_success(&c, "cpu:4, 8 steps");
     assert_same_checkpoint("resumed.st", "straight.st");
     /* and on one device of one process */
     result d = RUN(0, "--devices", "cpu:1", "--steps", "8", "--resume", "@half.st", "--save",
                    "@single.st");
-    assert_success(&d, "cpu:1, resume to 8 steps");
-    cr_assert_eq(count(d.out, "trained 4 steps"), 1, "stdout:\n%s", d.out);
+    dp_test_assert_success(&d, "cpu:1, resume to 8 steps");
+    cr_assert_eq(dp_test_count(d.out, "trained 4 steps"), 1, "stdout:\n%s", d.out);
     dp_test_result_free(&a);
     dp_test_result_free(&b);
     dp_test_result_free(&c);
@@ -273,22 +258,22 @@ Test(lm_train_mpi, checkpoint_of_one_process_resumes_under_2_ranks_bitwise)
 {
     result a = RUN(0, "--devices", "cpu:1", "--steps", "4", "--lr-decay-steps", "8", "--save",
                    "@half.st");
-    assert_success(&a, "cpu:1, 4 steps");
+    dp_test_assert_success(&a, "cpu:1, 4 steps");
     result b = RUN(2, "--devices", "cpu:1", "--steps", "8", "--resume", "@half.st", "--save",
                    "@ranks.st");
-    assert_success(&b, "2 ranks x cpu:1, resume to 8 steps");
-    cr_assert_eq(count(b.out, "trained 4 steps"), 1, "stdout:\n%s", b.out);
+    dp_test_assert_success(&b, "2 ranks x cpu:1, resume to 8 steps");
+    cr_assert_eq(dp_test_count(b.out, "trained 4 steps"), 1, "stdout:\n%s", b.out);
     result c = RUN(0, "--devices", "cpu:2", "--steps", "8", "--resume", "@half.st", "--save",
                    "@one.st");
-    assert_success(&c, "cpu:2, resume to 8 steps");
+    dp_test_assert_success(&c, "cpu:2, resume to 8 steps");
     assert_same_checkpoint("ranks.st", "one.st");
     /* and under 2 ranks x cpu:2, as one process with cpu:4 */
     result d = RUN(2, "--devices", "cpu:2", "--steps", "8", "--resume", "@half.st", "--save",
                    "@ranks4.st");
-    assert_success(&d, "2 ranks x cpu:2, resume to 8 steps");
+    dp_test_assert_success(&d, "2 ranks x cpu:2, resume to 8 steps");
     result e = RUN(0, "--devices", "cpu:4", "--steps", "8", "--resume", "@half.st", "--save",
                    "@one4.st");
-    assert_success(&e, "cpu:4, resume to 8 steps");
+    dp_test_assert_success(&e, "cpu:4, resume to 8 steps");
     assert_same_checkpoint("ranks4.st", "one4.st");
     dp_test_result_free(&a);
     dp_test_result_free(&b);
@@ -425,7 +410,7 @@ static void signal_saves(int target)
      * message may not reach it. Otherwise it comes once, from rank 0. */
     if (target < 2) {
         cr_assert_eq(WEXITSTATUS(r.status), 128 + SIGTERM, "stderr:\n%s", r.err);
-        cr_assert_eq(count(r.err, "checkpoint saved to"), 1, "SIGTERM to %s: stderr:\n%s",
+        cr_assert_eq(dp_test_count(r.err, "checkpoint saved to"), 1, "SIGTERM to %s: stderr:\n%s",
                      what[target], r.err);
         char want[80];
         snprintf(want, sizeof want, "rank 0: interrupted by SIGTERM at step %ld;", ck->step);

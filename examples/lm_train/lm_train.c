@@ -384,21 +384,13 @@ typedef struct run {
 
 // --- ranks --------------------------------------------------------------------------
 
-/* An error every rank meets alike (an engine call's, agreed inside the
- * engine, or one the ranks agreed on): rank 0 prints it. */
-#define AGREED_FAIL(r, ...) ((r)->rk.rank ? 1 : cli_fail(__VA_ARGS__))
+/* An error every rank meets alike: rank 0 prints it (CLI_AGREED_FAIL). */
+#define AGREED_FAIL(r, ...) CLI_AGREED_FAIL(&(r)->rk, __VA_ARGS__)
 
-/* A failed engine call. Its error reached every rank alike, except a
- * failed exchange between the ranks (DP_ERR_COMM) or a rank that stopped
- * answering (DP_ERR_TIMEOUT): then the ranks may be in different places,
- * every rank prints, and the job ends with dp_dist_abort. */
+/* A failed engine call (cli_ranks_engine_fail). */
 static int engine_fail(run *r, dp_status s, const char *what)
 {
-    if (r->rk.ranks > 1 && (s == DP_ERR_COMM || s == DP_ERR_TIMEOUT)) {
-        r->rk.broken = 1;
-        return cli_dp_fail(what);
-    }
-    return AGREED_FAIL(r, "%s: %s", what, dp_last_error());
+    return cli_ranks_engine_fail(&r->rk, s, what);
 }
 
 /* A failure on this rank alone where the others cannot learn of it (they

@@ -164,7 +164,7 @@ static unsigned char *take(dp_dist *d, size_t bytes)
     return p;
 }
 
-/* Room for n values of size `size` after `bytes` of data, aligned for them. */
+/* Where what follows `bytes` of data starts, aligned for any type. */
 static size_t after(size_t bytes) { return (bytes + 15) / 16 * 16; }
 
 dp_status dp_dist_reserve(dp_dist *d, size_t data_bytes, size_t n_messages)
