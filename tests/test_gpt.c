@@ -224,7 +224,11 @@ static void ref_open(ref_run *x)
      * activation poisons the results. A guard zone after it catches writes
      * past dp_gpt_workspace_bytes. */
     x->ws_bytes = dp_gpt_workspace_bytes(x->g, r->B, r->BS);
-    cr_assert_eq(x->ws_bytes, m->workspace_bytes(m->ctx, r->B));
+    /* The dp_model keeps ln_f's output (B,T,C) outside its workspace: it is
+     * the head's features, held by the engine. */
+    size_t lnf_bytes = (BT * r->C + DP_PARAM_ALIGN - 1) / DP_PARAM_ALIGN * DP_PARAM_ALIGN * 4;
+    cr_assert_eq(m->workspace_bytes(m->ctx, r->B), x->ws_bytes - lnf_bytes);
+    cr_assert_eq(m->head_features, (size_t)r->C);
     x->ws = dev_alloc(x->dev, x->ws_bytes + GUARD_BYTES);
     dp_assert_ok(dp_memset(x->dev, x->ws, 0xFF, x->ws_bytes));
     dp_assert_ok(dp_memset(x->dev, (char *)x->ws + x->ws_bytes, 0x5A, GUARD_BYTES));
@@ -282,24 +286,15 @@ static void ref_close(ref_run *x)
  *   that cancel to near zero would otherwise fail rtol alone. Measured:
  *   the largest error is below 1e-6 of the tensor's scale.
  */
-Test(gpt, matches_pytorch_reference, .timeout = 30)
+/* Holds the gradients (host, the model's layout) and the mean loss to the
+ * reference with the tolerances above; logs the largest errors. */
+static void check_against_reference(const ref_run *x, const float *grads, double loss,
+                                    const char *what)
 {
-    ref_run x;
-    ref_open(&x);
-    reference *r = &x.r;
-    const dp_model *m = dp_gpt_model(x.g);
-    size_t BT = (size_t)r->B * r->BS;
-    float *logits = xmalloc(BT * r->V * sizeof(float));
-    double loss = ref_step(&x, logits);
-    dp_assert_allclose(logits, (const float *)r->logits, BT * r->V, 1e-5, 1e-5);
-    double logit_err = 0.0;
-    for (size_t i = 0; i < BT * r->V; i++)
-        logit_err = fmax(logit_err, fabs((double)logits[i] - (double)r->logits[i]));
-    cr_assert(fabs(loss - r->loss) <= 1e-6 * fabs(r->loss), "loss %.10f, PyTorch %.10f", loss,
-              r->loss);
-
-    float *grads = xmalloc(m->n_params * sizeof(float));
-    dp_assert_ok(dp_copy_d2h(x.dev, grads, x.grads, m->n_params * sizeof(float)));
+    const reference *r = &x->r;
+    const dp_model *m = dp_gpt_model(x->g);
+    cr_assert(fabs(loss - r->loss) <= 1e-6 * fabs(r->loss), "%s: loss %.10f, PyTorch %.10f", what,
+              loss, r->loss);
     double worst_rel = 0.0, worst_scaled = 0.0;
     const char *worst_name = "";
     for (size_t i = 0; i < r->n_tensors; i++) {
@@ -328,14 +323,86 @@ Test(gpt, matches_pytorch_reference, .timeout = 30)
             cr_assert_eq(grads[k], 0.0f, "padding float %zu has a gradient", k);
         end = m->tensors[i].offset + m->tensors[i].numel;
     }
-    cr_log_info("gpt vs PyTorch: largest |logit error| %.2e; loss %.10f (ref %.10f, rel %.2e); "
-                "largest gradient error: "
+    cr_log_info("%s vs PyTorch: loss %.10f (ref %.10f, rel %.2e); largest gradient error: "
                 "%.2e relative (elements >= 1%% of their tensor's max, in %s), %.2e of the "
                 "tensor's max |grad|",
-                logit_err, loss, r->loss, fabs(loss - r->loss) / r->loss, worst_rel, worst_name,
+                what, loss, r->loss, fabs(loss - r->loss) / r->loss, worst_rel, worst_name,
                 worst_scaled);
+}
+
+Test(gpt, matches_pytorch_reference, .timeout = 30)
+{
+    ref_run x;
+    ref_open(&x);
+    reference *r = &x.r;
+    const dp_model *m = dp_gpt_model(x.g);
+    size_t BT = (size_t)r->B * r->BS;
+    float *logits = xmalloc(BT * r->V * sizeof(float));
+    double loss = ref_step(&x, logits);
+    dp_assert_allclose(logits, (const float *)r->logits, BT * r->V, 1e-5, 1e-5);
+    double logit_err = 0.0;
+    for (size_t i = 0; i < BT * r->V; i++)
+        logit_err = fmax(logit_err, fabs((double)logits[i] - (double)r->logits[i]));
+    cr_log_info("gpt vs PyTorch: largest |logit error| %.2e", logit_err);
+    float *grads = xmalloc(m->n_params * sizeof(float));
+    dp_assert_ok(dp_copy_d2h(x.dev, grads, x.grads, m->n_params * sizeof(float)));
+    check_against_reference(&x, grads, loss, "dp_gpt_forward/backward");
     free(grads);
     free(logits);
+    ref_close(&x);
+}
+
+/*
+ * The dp_model's split head, as the engine drives it: forward to the
+ * features (ln_f's output), then head, cross-entropy and head backward
+ * over chunks of rows, then backward from the features' gradient. Every
+ * chunking (one row, 7 rows: chunks cut sequences and the last one is
+ * short, all rows) meets the PyTorch reference with the whole-logits
+ * tolerances, and the chunks' logits are the reference's rows.
+ */
+Test(gpt, split_head_in_chunks_matches_pytorch_reference, .timeout = 30)
+{
+    ref_run x;
+    ref_open(&x);
+    reference *r = &x.r;
+    const dp_model *m = dp_gpt_model(x.g);
+    size_t BT = (size_t)r->B * r->BS, C = r->C, V = r->V, n = m->n_params;
+    size_t chunks[] = {1, 7, BT};
+    float *feat = dev_alloc(x.dev, BT * C * sizeof(float));
+    float *dfeat = dev_alloc(x.dev, BT * C * sizeof(float));
+    float *grads = xmalloc(n * sizeof(float)), *lh = xmalloc(BT * V * sizeof(float));
+    size_t mws = m->workspace_bytes(m->ctx, r->B);
+    for (size_t ci = 0; ci < sizeof chunks / sizeof *chunks; ci++) {
+        size_t c = chunks[ci];
+        dp_assert_ok(dp_memset(x.dev, x.grads, 0, n * sizeof(float)));
+        dp_assert_ok(dp_memset(x.dev, x.ws, 0xFF, mws)); /* NaN: unwritten reads poison */
+        dp_assert_ok(dp_memset(x.dev, dfeat, 0xFF, BT * C * sizeof(float)));
+        dp_chunk ch = {(size_t)r->B, x.tokens, x.targets};
+        dp_assert_ok(m->forward(m->ctx, x.dev, x.params, &ch, x.ws, feat));
+        double loss_sum = 0.0;
+        for (size_t o = 0; o < BT; o += c) {
+            size_t rows = BT - o < c ? BT - o : c;
+            dp_assert_ok(m->head_forward(m->ctx, x.dev, x.params, feat + o * C, rows, x.logits));
+            dp_assert_ok(dp_copy_d2h(x.dev, lh + o * V, x.logits, rows * V * sizeof(float)));
+            double l = 0.0;
+            dp_assert_ok(dp_crossentropy_forward_backward(x.dev, &l, x.logits, x.losses, x.logits,
+                                                          x.targets + o, rows, V,
+                                                          (float)(1.0 / (double)x.n_valid)));
+            loss_sum += l;
+            dp_assert_ok(m->head_backward(m->ctx, x.dev, x.params, x.grads, feat + o * C, rows,
+                                          x.logits, dfeat + o * C));
+        }
+        dp_assert_ok(m->backward(m->ctx, x.dev, x.params, x.grads, &ch, x.ws, dfeat));
+        dp_assert_allclose(lh, (const float *)r->logits, BT * V, 1e-5, 1e-5);
+        dp_assert_ok(dp_copy_d2h(x.dev, grads, x.grads, n * sizeof(float)));
+        char what[48];
+        snprintf(what, sizeof what, "split head, chunks of %zu rows", c);
+        check_against_reference(&x, grads, loss_sum / (double)x.n_valid, what);
+    }
+    dp_device_free(x.dev, feat);
+    dp_device_free(x.dev, dfeat);
+    free(grads);
+    free(lh);
     ref_close(&x);
 }
 

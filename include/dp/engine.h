@@ -155,6 +155,19 @@ typedef struct dp_engine_config {
      * optimizer bytes per device are 2 x its slice (AdamW) instead of
      * 2 x n on the root. Anything but 0 or 1 is DP_ERR_INVALID_ARGUMENT. */
     int shard_optimizer;
+    /* Output rows of logits per criterion call, for a model with a head
+     * (dp_model.head_forward; the GPT has one): a micro-batch's n output
+     * rows are cut into chunks of this many (the last one shorter), and a
+     * device holds one chunk's logits at a time. 0 (default) = automatic:
+     * max(ceil(n * head_features / n_classes), DP_LOGITS_CHUNK_MIN_ROWS),
+     * i.e. a chunk's logits about the size of the micro-batch's features,
+     * but no GEMM smaller than DP_LOGITS_CHUNK_MIN_ROWS rows.
+     * DP_LOGITS_WHOLE (or anything >= n): the whole micro-batch at once.
+     * The chunking changes only the grouping of float sums (the loss sum
+     * and the head's weight gradient): results match unchunked ones to
+     * float rounding, and a given chunking is bitwise reproducible. Models
+     * without a head and gather mode ignore it. */
+    size_t logits_chunk_rows;
     /* The job's ranks (dp/dist.h), or NULL for one process. With R > 1
      * ranks the engine spans every rank's devices in global device order
      * (rank-major) and every call below except dp_engine_plan,
@@ -170,8 +183,15 @@ typedef struct dp_engine_config {
     const dp_dist *dist;
 } dp_engine_config;
 
+/* dp_engine_config.logits_chunk_rows: one chunk per micro-batch. */
+#define DP_LOGITS_WHOLE SIZE_MAX
+/* The automatic chunk's smallest row count: below about this many rows a
+ * GEMM re-reads the head's weight for too little work. */
+#define DP_LOGITS_CHUNK_MIN_ROWS 256
+
 /* Sensible defaults: balanced, AdamW lr 1e-3 betas (0.9, 0.95) eps 1e-8,
- * weight decay 0.1, no clipping, equal shares, grad_accum 1, seed 1337. */
+ * weight decay 0.1, no clipping, equal shares, grad_accum 1, seed 1337,
+ * automatic logits chunks. */
 DP_API dp_engine_config dp_engine_config_default(void);
 
 /* A global batch in host memory (read during the call only). */

@@ -96,21 +96,55 @@ typedef struct dp_model {
      * then be NULL. */
     size_t (*workspace_bytes)(void *ctx, size_t rows);
 
-    /* logits(rows * outputs_per_row, n_classes) = model(chunk). Activations
+    /* logits(rows * outputs_per_row, n_classes) = model(chunk), or the
+     * head's input features for a model with a head (below). Activations
      * needed by backward stay in workspace. A failing callback returns a
      * dp_status and describes the problem with dp_set_error; the step then
      * fails with "<device> forward: <that message>". */
     dp_status (*forward)(void *ctx, dp_device *dev, const float *params, const dp_chunk *chunk,
                          void *workspace, float *logits);
 
-    /* grads += d loss / d params given dlogits (same shape as logits), after
-     * forward on the same chunk and workspace. May clobber dlogits. */
+    /* grads += d loss / d params given dlogits (same shape as logits; the
+     * features' gradient for a model with a head), after forward on the
+     * same chunk and workspace. May clobber dlogits. */
     dp_status (*backward)(void *ctx, dp_device *dev, const float *params, float *grads,
                           const dp_chunk *chunk, void *workspace, float *dlogits);
 
     /* Targets (see above). Zero-initialised: int32 class ids, one per output row. */
     dp_target_type target_type;
     size_t target_size; /* target elements per output row; 0 = the type's default */
+
+    /*
+     * Optional: the output head, split off so that the engine never holds a
+     * device's whole logits (chunked cross-entropy, as Liger Kernel's fused
+     * linear cross-entropy). Set head_features and both callbacks, or none.
+     * With a head:
+     *   forward        writes the head's input, features (n, head_features)
+     *                  floats, n = rows * outputs_per_row, where it would
+     *                  write logits;
+     *   head_forward   logits(m, n_classes) = head(features(m, head_features))
+     *                  for any m >= 1 consecutive output rows; keeps nothing
+     *                  (no workspace);
+     *   head_backward  grads += d loss / d (head parameters), and writes
+     *                  (overwrites) dfeatures(m, head_features), from
+     *                  dlogits(m, n_classes) and the same features; may
+     *                  clobber dlogits;
+     *   backward       receives dfeatures (n, head_features) where it would
+     *                  receive dlogits.
+     * In balanced mode and in evaluation the engine then runs head,
+     * criterion and head backward over chunks of output rows
+     * (dp_engine_config.logits_chunk_rows), in row order, so a device holds
+     * one chunk's logits (written over by their gradient) plus the features
+     * and their gradient, instead of (n, n_classes) logits. Gather mode
+     * gathers whole logits on the root, as nn.DataParallel does.
+     * Errors: as forward ("<device> criterion: <message>").
+     */
+    size_t head_features; /* features per output row, the head's input width (C) */
+    dp_status (*head_forward)(void *ctx, dp_device *dev, const float *params,
+                              const float *features, size_t m, float *logits);
+    dp_status (*head_backward)(void *ctx, dp_device *dev, const float *params, float *grads,
+                               const float *features, size_t m, float *dlogits,
+                               float *dfeatures);
 } dp_model;
 
 /* Target elements per output row: target_size, or its default (1 for
@@ -206,7 +240,8 @@ DP_API dp_status dp_criterion_validate(const dp_criterion *criterion, const dp_m
 
 /* Checks a model description: non-zero sizes, callbacks present, tensors
  * aligned, inside n_params, not overlapping, shapes matching numel, a
- * known target type (class targets: target_size 0 or 1).
+ * known target type (class targets: target_size 0 or 1), a head given
+ * whole or not at all.
  * Errors: DP_ERR_INVALID_ARGUMENT naming the first bad tensor. */
 DP_API dp_status dp_model_validate(const dp_model *model);
 

@@ -153,8 +153,10 @@ static size_t place(size_t *at, size_t n, int *of)
     return here;
 }
 
-/* Fills c for (B,T); returns 0 on size_t overflow (of bytes, too). */
-static int make_carve(const dp_gpt_config *cfg, size_t B, size_t T, carve *c)
+/* Fills c for (B,T); returns 0 on size_t overflow (of bytes, too). With
+ * keep_lnf 0 the final LayerNorm's output lives outside the workspace (the
+ * engine's features buffer, for the dp_model with a head). */
+static int make_carve(const dp_gpt_config *cfg, size_t B, size_t T, int keep_lnf, carve *c)
 {
     int of = 0;
     size_t C = cfg->n_embd, NH = cfg->n_head, L = cfg->n_layer;
@@ -190,7 +192,7 @@ static int make_carve(const dp_gpt_config *cfg, size_t B, size_t T, carve *c)
 
     at = 0;
     c->encoded = place(&at, BTC, &of);
-    c->lnf = place(&at, BTC, &of);
+    c->lnf = keep_lnf ? place(&at, BTC, &of) : 0;
     c->lnf_mean = place(&at, BT, &of);
     c->lnf_rstd = place(&at, BT, &of);
     c->layer0 = at;
@@ -236,7 +238,7 @@ size_t dp_gpt_workspace_bytes(const dp_gpt *gpt, size_t B, size_t T)
     carve c;
     if (!gpt || !B || !T) return 0;
     /* SIZE_MAX makes the allocation fail with a message instead of wrapping. */
-    if (!make_carve(&gpt->cfg, B, T, &c)) return SIZE_MAX;
+    if (!make_carve(&gpt->cfg, B, T, 1, &c)) return SIZE_MAX;
     return c.floats * sizeof(float);
 }
 
@@ -244,7 +246,7 @@ size_t dp_gpt_workspace_bytes(const dp_gpt *gpt, size_t B, size_t T)
 
 /* Shared argument checks of forward and backward; fills the carve. */
 static dp_status check_call(const char *fn, const dp_gpt *gpt, dp_device *dev, size_t B,
-                            size_t T, carve *c)
+                            size_t T, int keep_lnf, carve *c)
 {
     if (!gpt || !dev) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: gpt and dev must not be NULL", fn);
     const dp_gpt_config *g = &gpt->cfg;
@@ -257,7 +259,7 @@ static dp_status check_call(const char *fn, const dp_gpt *gpt, dp_device *dev, s
     size_t bt = 0, btv = 0;
     mad(&bt, B, T, &of);
     mad(&btv, bt, g->vocab_size, &of);
-    if (of || btv > SIZE_MAX / sizeof(float) || !make_carve(g, B, T, c))
+    if (of || btv > SIZE_MAX / sizeof(float) || !make_carve(g, B, T, keep_lnf, c))
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
                        "%s on %s: B=%zu sequences of T=%zu tokens overflow the activation sizes; "
                        "use smaller micro-batches",
@@ -269,23 +271,16 @@ static dp_status check_call(const char *fn, const dp_gpt *gpt, dp_device *dev, s
     return DP_OK;
 }
 
-dp_status dp_gpt_forward(const dp_gpt *gpt, dp_device *dev, const float *params,
-                         const int32_t *tokens, size_t B, size_t T, void *workspace,
-                         float *logits)
+/* Everything but the LM head: lnf(B,T,C) = ln_f(blocks(embeddings)). */
+static dp_status body_forward(const dp_gpt *gpt, dp_device *dev, const float *params,
+                              const int32_t *tokens, size_t B, size_t T, float *ws,
+                              const carve *cv, float *lnf)
 {
-    static const char fn[] = "dp_gpt_forward";
-    carve c;
-    DP_TRY(check_call(fn, gpt, dev, B, T, &c));
-    if (!params || !tokens || !workspace || !logits)
-        return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
-                       "%s on %s: params, tokens, workspace and logits must not be NULL", fn,
-                       dp_device_name(dev));
     const dp_gpt_config *g = &gpt->cfg;
-    size_t C = g->n_embd, NH = g->n_head, V = g->vocab_size, L = g->n_layer, BT = B * T;
-    float *ws = workspace;
+    size_t C = g->n_embd, NH = g->n_head, L = g->n_layer, BT = B * T;
+    const carve c = *cv;
     float *encoded = ws + c.encoded; // (B,T,C)
     float *qkv = ws + c.big;         // (B,T,3C), in the backward's scratch
-
     DP_TRY(dp_encoder_forward(dev, encoded, tokens, pw(gpt, params, 0), pw(gpt, params, 1), B, T,
                               C));
     const float *residual = encoded;
@@ -320,39 +315,63 @@ dp_status dp_gpt_forward(const dp_gpt *gpt, dp_device *dev, const float *params,
         residual = a.residual3;
     }
     size_t lf = idx_lnf_w(gpt);
-    DP_TRY(dp_layernorm_forward(dev, ws + c.lnf, ws + c.lnf_mean, ws + c.lnf_rstd, residual,
+    DP_TRY(dp_layernorm_forward(dev, lnf, ws + c.lnf_mean, ws + c.lnf_rstd, residual,
                                 pw(gpt, params, lf), pw(gpt, params, lf + 1), BT, C));
-    /* Tied LM head: logits(B,T,V) = lnf @ wte^T. */
-    DP_TRY(dp_linear_forward(dev, logits, ws + c.lnf, pw(gpt, params, 0), NULL, BT, C, V));
     return DP_OK;
 }
 
-dp_status dp_gpt_backward(const dp_gpt *gpt, dp_device *dev, const float *params, float *grads,
-                          const int32_t *tokens, size_t B, size_t T, void *workspace,
-                          float *dlogits)
+/* The tied LM head: logits(N,V) = lnf(N,C) @ wte^T, for any N rows. */
+static dp_status head_forward(const dp_gpt *gpt, dp_device *dev, const float *params,
+                              const float *lnf, size_t N, float *logits)
 {
-    static const char fn[] = "dp_gpt_backward";
-    carve c;
-    DP_TRY(check_call(fn, gpt, dev, B, T, &c));
-    if (!params || !grads || !tokens || !workspace || !dlogits)
-        return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
-                       "%s on %s: params, grads, tokens, workspace and dlogits must not be NULL",
-                       fn, dp_device_name(dev));
     const dp_gpt_config *g = &gpt->cfg;
-    size_t C = g->n_embd, NH = g->n_head, V = g->vocab_size, L = g->n_layer, BT = B * T;
+    return dp_linear_forward(dev, logits, lnf, pw(gpt, params, 0), NULL, N, g->n_embd,
+                             g->vocab_size);
+}
+
+/* d(lnf)(N,C) = dlogits @ wte (overwritten) and d(wte) += dlogits^T @ lnf. */
+static dp_status head_backward(const dp_gpt *gpt, dp_device *dev, const float *params,
+                               float *grads, const float *lnf, size_t N, const float *dlogits,
+                               float *dlnf)
+{
+    const dp_gpt_config *g = &gpt->cfg;
+    return dp_linear_backward(dev, dlnf, gw(gpt, grads, 0), NULL, dlogits, lnf,
+                              pw(gpt, params, 0), N, g->n_embd, g->vocab_size);
+}
+
+dp_status dp_gpt_forward(const dp_gpt *gpt, dp_device *dev, const float *params,
+                         const int32_t *tokens, size_t B, size_t T, void *workspace,
+                         float *logits)
+{
+    static const char fn[] = "dp_gpt_forward";
+    carve c;
+    DP_TRY(check_call(fn, gpt, dev, B, T, 1, &c));
+    if (!params || !tokens || !workspace || !logits)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
+                       "%s on %s: params, tokens, workspace and logits must not be NULL", fn,
+                       dp_device_name(dev));
     float *ws = workspace;
+    DP_TRY(body_forward(gpt, dev, params, tokens, B, T, ws, &c, ws + c.lnf));
+    return head_forward(gpt, dev, params, ws + c.lnf, B * T, logits);
+}
+
+/* grads += d loss / d (everything but the LM head), from dlnf(B,T,C). */
+static dp_status body_backward(const dp_gpt *gpt, dp_device *dev, const float *params,
+                               float *grads, const int32_t *tokens, size_t B, size_t T, float *ws,
+                               const carve *cv, const float *dlnf)
+{
+    const dp_gpt_config *g = &gpt->cfg;
+    size_t C = g->n_embd, NH = g->n_head, L = g->n_layer, BT = B * T;
+    const carve c = *cv;
     float *dresidual = ws + c.dresidual; // (B,T,C)
     float *dbtc = ws + c.dbtc;           // (B,T,C)
     float *big = ws + c.big;
     const float *final = L ? layer_of(&c, ws, L - 1).residual3 : ws + c.encoded;
 
-    /* LM head: d(lnf) and the head's share of d(wte). */
-    DP_TRY(dp_linear_backward(dev, dbtc, gw(gpt, grads, 0), NULL, dlogits, ws + c.lnf,
-                              pw(gpt, params, 0), BT, C, V));
     /* LayerNorm backward accumulates: the residual gradient starts at zero. */
     DP_TRY(dp_memset(dev, dresidual, 0, BT * C * sizeof(float)));
     size_t lf = idx_lnf_w(gpt);
-    DP_TRY(dp_layernorm_backward(dev, dresidual, gw(gpt, grads, lf), gw(gpt, grads, lf + 1), dbtc,
+    DP_TRY(dp_layernorm_backward(dev, dresidual, gw(gpt, grads, lf), gw(gpt, grads, lf + 1), dlnf,
                                  final, pw(gpt, params, lf), ws + c.lnf_mean, ws + c.lnf_rstd, BT,
                                  C));
 
@@ -389,6 +408,23 @@ dp_status dp_gpt_backward(const dp_gpt *gpt, dp_device *dev, const float *params
     DP_TRY(dp_encoder_backward(dev, gw(gpt, grads, 0), gw(gpt, grads, 1), dresidual, tokens, B, T,
                                C));
     return DP_OK;
+}
+
+dp_status dp_gpt_backward(const dp_gpt *gpt, dp_device *dev, const float *params, float *grads,
+                          const int32_t *tokens, size_t B, size_t T, void *workspace,
+                          float *dlogits)
+{
+    static const char fn[] = "dp_gpt_backward";
+    carve c;
+    DP_TRY(check_call(fn, gpt, dev, B, T, 1, &c));
+    if (!params || !grads || !tokens || !workspace || !dlogits)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
+                       "%s on %s: params, grads, tokens, workspace and dlogits must not be NULL",
+                       fn, dp_device_name(dev));
+    float *ws = workspace;
+    /* LM head: d(lnf) into dbtc, free until the blocks' backward. */
+    DP_TRY(head_backward(gpt, dev, params, grads, ws + c.lnf, B * T, dlogits, ws + c.dbtc));
+    return body_backward(gpt, dev, params, grads, tokens, B, T, ws, &c, ws + c.dbtc);
 }
 
 // --- dp_model callbacks ----------------------------------------------------------------
@@ -442,26 +478,51 @@ static dp_status gpt_validate_inputs(void *ctx, const void *inputs, size_t rows)
     return DP_OK;
 }
 
+/*
+ * The dp_model splits off the LM head (dp/model.h): forward stops at
+ * ln_f, whose output the engine keeps as the features, and the engine
+ * runs the head over chunks of rows. The workspace then has no lnf.
+ */
 static size_t gpt_workspace(void *ctx, size_t rows)
 {
     const dp_gpt *g = ctx;
-    return dp_gpt_workspace_bytes(g, rows, g->cfg.block_size);
+    carve c;
+    if (!rows) return 0;
+    return make_carve(&g->cfg, rows, g->cfg.block_size, 0, &c) ? c.floats * sizeof(float)
+                                                                : SIZE_MAX;
 }
 
 static dp_status gpt_model_forward(void *ctx, dp_device *dev, const float *params,
-                                   const dp_chunk *chunk, void *workspace, float *logits)
+                                   const dp_chunk *chunk, void *workspace, float *features)
 {
     const dp_gpt *g = ctx;
-    return dp_gpt_forward(g, dev, params, chunk->inputs, chunk->rows, g->cfg.block_size,
-                          workspace, logits);
+    carve c;
+    DP_TRY(check_call("gpt forward", g, dev, chunk->rows, g->cfg.block_size, 0, &c));
+    return body_forward(g, dev, params, chunk->inputs, chunk->rows, g->cfg.block_size, workspace,
+                        &c, features);
 }
 
 static dp_status gpt_model_backward(void *ctx, dp_device *dev, const float *params, float *grads,
-                                    const dp_chunk *chunk, void *workspace, float *dlogits)
+                                    const dp_chunk *chunk, void *workspace, float *dfeatures)
 {
     const dp_gpt *g = ctx;
-    return dp_gpt_backward(g, dev, params, grads, chunk->inputs, chunk->rows, g->cfg.block_size,
-                           workspace, dlogits);
+    carve c;
+    DP_TRY(check_call("gpt backward", g, dev, chunk->rows, g->cfg.block_size, 0, &c));
+    return body_backward(g, dev, params, grads, chunk->inputs, chunk->rows, g->cfg.block_size,
+                         workspace, &c, dfeatures);
+}
+
+static dp_status gpt_head_forward(void *ctx, dp_device *dev, const float *params,
+                                  const float *features, size_t m, float *logits)
+{
+    return head_forward(ctx, dev, params, features, m, logits);
+}
+
+static dp_status gpt_head_backward(void *ctx, dp_device *dev, const float *params, float *grads,
+                                   const float *features, size_t m, float *dlogits,
+                                   float *dfeatures)
+{
+    return head_backward(ctx, dev, params, grads, features, m, dlogits, dfeatures);
 }
 
 // --- create / destroy ------------------------------------------------------------------
@@ -578,6 +639,9 @@ dp_status dp_gpt_create(const dp_gpt_config *cfg, dp_gpt **out)
     m->workspace_bytes = gpt_workspace;
     m->forward = gpt_model_forward;
     m->backward = gpt_model_backward;
+    m->head_features = C;
+    m->head_forward = gpt_head_forward;
+    m->head_backward = gpt_head_backward;
     *out = g;
     return DP_OK;
 }

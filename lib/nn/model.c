@@ -29,6 +29,12 @@ dp_status dp_model_validate(const dp_model *m)
     if (!dp_model_target_row_bytes(m))
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "a target row of %zu outputs x %zu elements "
                        "overflows size_t", m->outputs_per_row, dp_model_target_size(m));
+    int head = (m->head_features != 0) + (m->head_forward != NULL) + (m->head_backward != NULL);
+    if (head != 0 && head != 3)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "the model's head is incomplete (head_features "
+                       "%zu, head_forward %s, head_backward %s); set all three, or none for a "
+                       "forward that writes logits", m->head_features,
+                       m->head_forward ? "set" : "NULL", m->head_backward ? "set" : "NULL");
     if (m->n_tensors && !m->tensors)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "model has %zu tensors but no table", m->n_tensors);
     size_t prev_end = 0;

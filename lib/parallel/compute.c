@@ -4,10 +4,14 @@
  * runs the criterion on every device; gather mode (nn.DataParallel)
  * gathers the logits on the root, which computes the loss and dlogits for
  * the whole micro-batch and scatters each device its slice (comm.h).
+ * A model with a head (dp/model.h) forwards to its features; balanced mode
+ * then runs head, criterion and head backward over chunks of the output
+ * rows, so no device holds its whole logits.
  */
 #include <math.h>
 #include <stdint.h>
 
+#include "dp/checked.h"
 #include "parallel/comm.h"
 
 static dp_chunk chunk_of(const worker *w, size_t first, size_t rows)
@@ -33,7 +37,9 @@ static dp_status model_forward(worker *w, const dp_chunk *c)
 {
     const dp_model *m = &w->e->model;
     dp_clear_error();
-    dp_status s = m->forward(m->ctx, w->dev, w->params, c, w->workspace.ptr, w->logits.ptr);
+    /* A model with a head writes its features here, the head makes the logits. */
+    void *out = m->head_forward ? w->features.ptr : w->logits.ptr;
+    dp_status s = m->forward(m->ctx, w->dev, w->params, c, w->workspace.ptr, out);
     if (s != DP_OK) dp_callback_message(s, "the model's forward");
     return s;
 }
@@ -46,6 +52,32 @@ static dp_status model_backward(worker *w, const dp_chunk *c, float *dlogits)
     if (s != DP_OK) dp_callback_message(s, "the model's backward");
     return s;
 }
+
+/* logits(rows, V) of output rows [o, o + rows) of the features. */
+static dp_status head_forward(worker *w, size_t o, size_t rows, float *logits)
+{
+    const dp_model *m = &w->e->model;
+    const float *f = (const float *)w->features.ptr + o * m->head_features;
+    dp_clear_error();
+    dp_status s = m->head_forward(m->ctx, w->dev, w->params, f, rows, logits);
+    if (s != DP_OK) dp_callback_message(s, "the model's head_forward");
+    return s;
+}
+
+/* Head gradients += and dfeatures of output rows [o, o + rows), from dlogits(rows, V). */
+static dp_status head_backward(worker *w, size_t o, size_t rows, float *dlogits)
+{
+    const dp_model *m = &w->e->model;
+    size_t at = o * m->head_features;
+    dp_clear_error();
+    dp_status s = m->head_backward(m->ctx, w->dev, w->params, w->grads,
+                                   (const float *)w->features.ptr + at, rows, dlogits,
+                                   (float *)w->dfeatures.ptr + at);
+    if (s != DP_OK) dp_callback_message(s, "the model's head_backward");
+    return s;
+}
+
+static int has_head(const dp_engine *e) { return e->model.head_forward != NULL; }
 
 static size_t scratch_size(const dp_engine *e, size_t n)
 {
@@ -91,13 +123,32 @@ static dp_status call_criterion(worker *w, double *loss, float *dlogits, const f
     return DP_OK;
 }
 
-static dp_status ensure_compute(worker *w, int need_dlogits)
+/* Bytes of a (rows, width) float buffer; SIZE_MAX when that overflows, so
+ * the allocation fails with a message instead of wrapping. */
+static size_t float_bytes(size_t rows, size_t width)
 {
-    const dp_model *m = &w->e->model;
-    size_t n = w->micro_rows * m->outputs_per_row;
+    size_t b;
+    return dp_size_mul(rows, width, &b) && dp_size_mul(b, sizeof(float), &b) ? b : SIZE_MAX;
+}
+
+/* The buffers of a micro-batch: workspace, the model's output (logits, or
+ * features and their gradient for a model with a head) and the logits:
+ * whole in gather mode (with a separate dlogits), one chunk in balanced
+ * mode with a head. The chunk rule grows with n, so the largest
+ * micro-batch sizes the buffers for every shorter one. */
+static dp_status ensure_compute(worker *w, int gather, int train)
+{
+    const dp_engine *e = w->e;
+    const dp_model *m = &e->model;
+    size_t n = w->micro_rows * m->outputs_per_row, V = m->n_classes, logit_rows = n;
     DP_TRY(dp_dbuf_ensure(w->dev, &w->workspace, m->workspace_bytes(m->ctx, w->micro_rows)));
-    DP_TRY(dp_dbuf_ensure(w->dev, &w->logits, n * m->n_classes * sizeof(float)));
-    if (need_dlogits) DP_TRY(dp_dbuf_ensure(w->dev, &w->dlogits, n * m->n_classes * sizeof(float)));
+    if (has_head(e)) {
+        DP_TRY(dp_dbuf_ensure(w->dev, &w->features, float_bytes(n, m->head_features)));
+        if (train) DP_TRY(dp_dbuf_ensure(w->dev, &w->dfeatures, float_bytes(n, m->head_features)));
+        if (!gather) logit_rows = dp_plan_logits_chunk(e, n);
+    }
+    DP_TRY(dp_dbuf_ensure(w->dev, &w->logits, float_bytes(logit_rows, V)));
+    if (gather) DP_TRY(dp_dbuf_ensure(w->dev, &w->dlogits, float_bytes(n, V)));
     return DP_OK;
 }
 
@@ -112,7 +163,37 @@ static dp_status criterion(worker *w, double *loss, float *dlogits, const float 
     return call_criterion(w, loss, dlogits, logits, targets, n, valid, sb ? w->scratch.ptr : NULL);
 }
 
-/* Balanced: each micro-batch runs forward, the local criterion and backward. */
+/* Balanced mode with a head: head, criterion and (train) head backward
+ * over chunks of the micro-batch's output rows, in row order; the chunks'
+ * loss sums add in that order. */
+static dp_status chunked_criterion(worker *w, double *loss, int train, const void *targets,
+                                   size_t first, size_t rows)
+{
+    dp_engine *e = w->e;
+    size_t opr = e->model.outputs_per_row, n = rows * opr, c = dp_plan_logits_chunk(e, n);
+    size_t tg_out = dp_model_target_row_bytes(&e->model) / opr; /* target bytes per output row */
+    size_t out0 = (w->row_begin + first) * opr; /* the batch's index of output row 0 */
+    float *logits = w->logits.ptr;
+    *loss = 0.0;
+    for (size_t o = 0; o < n; o += c) {
+        size_t m = n - o < c ? n - o : c, sb = scratch_size(e, m);
+        DP_TRY(head_forward(w, o, m, logits));
+        DP_TRY(dp_dbuf_ensure(w->dev, &w->scratch, sb));
+        size_t valid = dp_plan_valid_outputs(e, e->batch->targets, out0 + o, m);
+        double l = 0.0;
+        /* dlogits overwrite the chunk's logits in place. */
+        DP_TRY(call_criterion(w, &l, train ? logits : NULL, logits,
+                              (const char *)targets + o * tg_out, m, valid,
+                              sb ? w->scratch.ptr : NULL));
+        *loss += l;
+        if (train) DP_TRY(head_backward(w, o, m, logits));
+    }
+    return DP_OK;
+}
+
+/* Balanced: each micro-batch runs forward, the local criterion and
+ * backward. With a head the criterion phase runs the head too, chunk by
+ * chunk, and backward starts from the features' gradient. */
 void dp_compute_balanced(worker *w, int train)
 {
     if (!w->rows) {
@@ -122,22 +203,27 @@ void dp_compute_balanced(worker *w, int train)
         if (train) ENTER(w, DP_PHASE_BACKWARD);
         return;
     }
+    int head = has_head(w->e);
     for (size_t j = 0; j < w->n_micro; j++) {
         size_t first, rows = dp_micro_rows(w, j, &first);
         if (!rows) break;
         dp_chunk c = chunk_of(w, first, rows);
         ENTER(w, DP_PHASE_FORWARD);
-        CHECK(w, ensure_compute(w, 0));
+        CHECK(w, ensure_compute(w, 0, train));
         CHECK(w, model_forward(w, &c));
         ENTER(w, DP_PHASE_CRITERION);
         double loss = 0.0;
         float *logits = w->logits.ptr;
-        /* dlogits overwrite the logits in place: no second V-wide buffer. */
-        CHECK(w, criterion(w, &loss, train ? logits : NULL, logits, c.targets, first, rows));
+        if (head) {
+            CHECK(w, chunked_criterion(w, &loss, train, c.targets, first, rows));
+        } else {
+            /* dlogits overwrite the logits in place: no second V-wide buffer. */
+            CHECK(w, criterion(w, &loss, train ? logits : NULL, logits, c.targets, first, rows));
+        }
         w->loss_sum += loss;
         if (!train) continue;
         ENTER(w, DP_PHASE_BACKWARD);
-        CHECK(w, model_backward(w, &c, logits));
+        CHECK(w, model_backward(w, &c, head ? w->dfeatures.ptr : logits));
     }
 }
 
@@ -197,13 +283,16 @@ static dp_status root_criterion(worker *w, size_t j)
 void dp_compute_gather(worker *w)
 {
     dp_engine *e = w->e;
+    int head = has_head(e);
     for (size_t j = 0; j < e->gather_steps; j++) {
         size_t first, rows = dp_micro_rows(w, j, &first);
         dp_chunk c = chunk_of(w, first, rows);
         ENTER(w, DP_PHASE_FORWARD);
         if (rows) {
-            CHECK(w, ensure_compute(w, 1));
+            CHECK(w, ensure_compute(w, 1, 1));
             CHECK(w, model_forward(w, &c));
+            /* A head computes the whole micro-batch's logits: they are gathered. */
+            if (head) CHECK(w, head_forward(w, 0, rows * e->model.outputs_per_row, w->logits.ptr));
         }
         SYNC(w);
         ENTER(w, DP_PHASE_CRITERION);
@@ -211,7 +300,11 @@ void dp_compute_gather(worker *w)
         SYNC(w);
         if (rows) CHECK(w, dp_comm_scatter_dlogits(w, j, rows));
         ENTER(w, DP_PHASE_BACKWARD);
-        if (rows)
+        if (rows && head) {
+            CHECK(w, head_backward(w, 0, rows * e->model.outputs_per_row, w->dlogits.ptr));
+            CHECK(w, model_backward(w, &c, w->dfeatures.ptr));
+        } else if (rows) {
             CHECK(w, model_backward(w, &c, w->dlogits.ptr));
+        }
     }
 }

@@ -394,7 +394,8 @@ void dp_engine_destroy(dp_engine *e)
         worker *w = &e->w[i];
         if (!w->dev) continue;
         dbuf *bufs[] = {&w->inputs, &w->targets, &w->workspace, &w->logits,
-                        &w->dlogits, &w->scratch, &w->gathered, &w->gathered_d};
+                        &w->dlogits, &w->scratch, &w->gathered, &w->gathered_d,
+                        &w->features, &w->dfeatures};
         for (size_t b = 0; b < sizeof bufs / sizeof *bufs; b++) dp_dbuf_release(w->dev, bufs[b]);
         dp_device_free(w->dev, w->params);
         dp_device_free(w->dev, w->grads);

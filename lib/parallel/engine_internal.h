@@ -86,6 +86,7 @@ typedef struct worker {
     float *params, *grads; /* n_params floats each */
 
     dbuf inputs, targets, workspace, logits, dlogits, scratch;
+    dbuf features, dfeatures; /* a model with a head: its input and that input's gradient */
     dbuf gathered, gathered_d; /* root only, gather mode */
 
     /* this step's plan */
@@ -265,6 +266,11 @@ dp_status dp_plan_batch(dp_engine *e, const dp_batch *b);
 /* Valid target elements (not -1 / NaN) of rows [first, first + rows) of a
  * host target array laid out as the engine's model says. */
 size_t dp_plan_valid_targets(const dp_engine *e, const void *targets, size_t first, size_t rows);
+/* The same over output rows [first, first + n) (rows x outputs_per_row of them). */
+size_t dp_plan_valid_outputs(const dp_engine *e, const void *targets, size_t first, size_t n);
+/* Output rows per logits chunk for a micro-batch of n output rows (a model
+ * with a head; dp_engine_config.logits_chunk_rows), in [1, n]. */
+size_t dp_plan_logits_chunk(const dp_engine *e, size_t n);
 
 /* After a user callback (named by what) failed with s: keeps its
  * dp_set_error message, or records one saying it set none. Call

@@ -91,12 +91,29 @@ static int target_valid(const dp_model *m, const void *targets, size_t i)
     return ((const int32_t *)targets)[i] >= 0;
 }
 
-size_t dp_plan_valid_targets(const dp_engine *e, const void *targets, size_t first, size_t rows)
+size_t dp_plan_valid_outputs(const dp_engine *e, const void *targets, size_t first, size_t n)
 {
     const dp_model *m = &e->model;
-    size_t per = m->outputs_per_row * dp_model_target_size(m), v = 0;
-    for (size_t i = first * per; i < (first + rows) * per; i++) v += target_valid(m, targets, i);
+    size_t per = dp_model_target_size(m), v = 0;
+    for (size_t i = first * per; i < (first + n) * per; i++) v += target_valid(m, targets, i);
     return v;
+}
+
+size_t dp_plan_valid_targets(const dp_engine *e, const void *targets, size_t first, size_t rows)
+{
+    size_t opr = e->model.outputs_per_row;
+    return dp_plan_valid_outputs(e, targets, first * opr, rows * opr);
+}
+
+size_t dp_plan_logits_chunk(const dp_engine *e, size_t n)
+{
+    size_t c = e->cfg.logits_chunk_rows;
+    if (c == 0) {
+        /* ceil(n F / V), in double because n F may pass SIZE_MAX. */
+        double f = ceil((double)n * (double)e->model.head_features / (double)e->model.n_classes);
+        c = f >= (double)n ? n : f < DP_LOGITS_CHUNK_MIN_ROWS ? DP_LOGITS_CHUNK_MIN_ROWS : (size_t)f;
+    }
+    return c < n ? c : n;
 }
 
 /* Checks every target element of the batch; *valid = the valid ones (N). */

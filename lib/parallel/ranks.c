@@ -120,7 +120,8 @@ typedef struct rank_info {
     int kind, mode, shard, optim, grad_accum, token_balanced, allow_tf32;
     float lr, beta1, beta2, eps, weight_decay, grad_clip, momentum;
     uint64_t max_rows, max_tokens, seed, memory_limit, n_params, n_tensors, n_classes,
-        outputs_per_row, input_row_bytes, target_type, target_size;
+        outputs_per_row, input_row_bytes, target_type, target_size, logits_chunk_rows,
+        head_features;
     double watchdog;
     int64_t check_replicas_every;
 } rank_info;
@@ -157,6 +158,8 @@ static void fill_info(rank_info *x, const dp_engine *e, const dp_device_spec *de
     x->input_row_bytes = m->input_row_bytes;
     x->target_type = (uint64_t)m->target_type;
     x->target_size = dp_model_target_size(m);
+    x->logits_chunk_rows = c->logits_chunk_rows;
+    x->head_features = m->head_features;
     x->watchdog = c->watchdog_seconds;
     x->check_replicas_every = c->check_replicas_every;
 }
@@ -190,6 +193,8 @@ static const char *first_difference(const rank_info *a, const rank_info *b)
     DIFF(input_row_bytes, "the model's input_row_bytes");
     DIFF(target_type, "the model's target_type");
     DIFF(target_size, "the model's target_size");
+    DIFF(logits_chunk_rows, "logits_chunk_rows");
+    DIFF(head_features, "the model's head_features");
     DIFF(watchdog, "watchdog_seconds");
     DIFF(check_replicas_every, "check_replicas_every");
     DIFF(kind, "the device kind");
