@@ -8,6 +8,9 @@
  *   forward      causality, and a short T equal to a prefix of the full T
  *   init         nanoGPT's initialisation statistics, determinism in the seed
  *   engine       k devices == 1 device (balanced and gather), a tiny overfit
+ *   chunks       the split LM head: chunked head + cross-entropy against
+ *                PyTorch, chunked logits == whole logits through the engine,
+ *                the memory they save, head callback failures
  *   errors       bad configurations and out-of-vocabulary tokens
  */
 #include <math.h>
@@ -657,15 +660,17 @@ static dp_engine_config gpt_cfg(dp_mode mode)
     return c;
 }
 
-static void gpt_train(const dp_gpt *g, size_t k, dp_mode mode, double *losses, float *params)
+/* ESTEPS steps of EROWS rows on cpu:0..k-1 with cfg; the losses, the
+ * parameters after, and (last may be NULL) the last step's stats. */
+static void gpt_train_with(const dp_gpt *g, size_t k, const dp_engine_config *cfg,
+                           double *losses, float *params, dp_step_stats *last)
 {
     size_t before = dp_device_bytes_freed_at_close();
     dp_device_spec specs[DP_MAX_DEVICES];
     for (size_t i = 0; i < k; i++) specs[i] = (dp_device_spec){DP_DEVICE_CPU, (int)i};
     dp_criterion crit = dp_criterion_cross_entropy();
-    dp_engine_config cfg = gpt_cfg(mode);
     dp_engine *e = NULL;
-    dp_assert_ok(dp_engine_create(specs, k, dp_gpt_model(g), &crit, &cfg, &e));
+    dp_assert_ok(dp_engine_create(specs, k, dp_gpt_model(g), &crit, cfg, &e));
     int32_t tok[EROWS * EBS], tgt[EROWS * EBS];
     for (int s = 0; s < ESTEPS; s++) {
         gpt_batch(s, EROWS, tok, tgt);
@@ -674,10 +679,17 @@ static void gpt_train(const dp_gpt *g, size_t k, dp_mode mode, double *losses, f
         dp_assert_ok(dp_engine_step(e, &b, &st));
         cr_assert(!st.skipped);
         losses[s] = st.loss;
+        if (last) *last = st;
     }
     dp_assert_ok(dp_engine_get_params(e, params));
     dp_engine_destroy(e);
     cr_assert_eq(dp_device_bytes_freed_at_close(), before, "the engine leaked device memory");
+}
+
+static void gpt_train(const dp_gpt *g, size_t k, dp_mode mode, double *losses, float *params)
+{
+    dp_engine_config cfg = gpt_cfg(mode);
+    gpt_train_with(g, k, &cfg, losses, params, NULL);
 }
 
 typedef struct gpt_equiv {
@@ -721,37 +733,48 @@ static int is_key_bias(const dp_gpt *g, size_t i)
     return 0;
 }
 
-ParameterizedTest(gpt_equiv *c, gpt, k_devices_equal_one_device, .timeout = 60)
+/* Parameters pk and losses lk of a run against the reference run's (p1,
+ * l1), with the tolerances above; returns the largest parameter
+ * difference (key biases excluded). */
+static double assert_run_close(const dp_gpt *g, const float *pk, const float *p1,
+                               const double *lk, const double *l1, const char *what)
 {
-    dp_gpt *g = make_gpt(EV, EBS, EL, ENH, EC);
     size_t n = dp_gpt_model(g)->n_params;
-    float *p1 = xmalloc(n * sizeof(float)), *pk = xmalloc(n * sizeof(float));
-    double l1[ESTEPS], lk[ESTEPS];
-    gpt_train(g, 1, DP_MODE_BALANCED, l1, p1);
-    gpt_train(g, c->k, c->mode, lk, pk);
     dp_assert_allclose(lk, l1, ESTEPS, 1e-7, 1e-5);
     /* Key-bias entries: compare them loosely, then copy them so the strict
      * check below covers every other parameter. */
     float *pk_strict = xmalloc(n * sizeof(float));
     memcpy(pk_strict, pk, n * sizeof(float));
-    double lr = gpt_cfg(DP_MODE_BALANCED).optim.lr, dmax = 0.0, lmax = 0.0;
+    double lr = gpt_cfg(DP_MODE_BALANCED).optim.lr, dmax = 0.0;
     size_t n_key = 0;
     for (size_t i = 0; i < n; i++) {
         if (is_key_bias(g, i)) {
-            cr_assert(fabs(pk[i] - p1[i]) <= 2.0 * ESTEPS * lr, "key bias %zu: %g vs %g", i,
-                      pk[i], p1[i]);
+            cr_assert(fabs(pk[i] - p1[i]) <= 2.0 * ESTEPS * lr, "%s: key bias %zu: %g vs %g",
+                      what, i, pk[i], p1[i]);
             pk_strict[i] = p1[i];
             n_key++;
         } else {
             dmax = fmax(dmax, fabs(pk[i] - p1[i]));
         }
     }
-    cr_assert_eq(n_key, EL * EC);
+    cr_assert_eq(n_key, dp_gpt_config_of(g)->n_layer * dp_gpt_config_of(g)->n_embd);
     dp_assert_allclose(pk_strict, p1, n, 5e-7, 1e-5);
+    free(pk_strict);
+    return dmax;
+}
+
+ParameterizedTest(gpt_equiv *c, gpt, k_devices_equal_one_device, .timeout = 60)
+{
+    dp_gpt *g = make_gpt(EV, EBS, EL, ENH, EC);
+    size_t n = dp_gpt_model(g)->n_params;
+    float *p1 = xmalloc(n * sizeof(float)), *pk = xmalloc(n * sizeof(float));
+    double l1[ESTEPS], lk[ESTEPS], lmax = 0.0;
+    gpt_train(g, 1, DP_MODE_BALANCED, l1, p1);
+    gpt_train(g, c->k, c->mode, lk, pk);
+    double dmax = assert_run_close(g, pk, p1, lk, l1, dp_mode_name(c->mode));
     for (int s = 0; s < ESTEPS; s++) lmax = fmax(lmax, fabs(lk[s] - l1[s]) / l1[s]);
     cr_log_info("k=%zu %s: largest |param diff| %.2e (key biases excluded), loss rel diff %.2e",
                 c->k, dp_mode_name(c->mode), dmax, lmax);
-    free(pk_strict);
     /* The steps did change the parameters. */
     float *p0 = init_params(g, gpt_cfg(DP_MODE_BALANCED).seed);
     double moved = 0.0;
@@ -760,6 +783,237 @@ ParameterizedTest(gpt_equiv *c, gpt, k_devices_equal_one_device, .timeout = 60)
     free(p0);
     free(p1);
     free(pk);
+    dp_gpt_destroy(g);
+}
+
+// --- chunked logits (the split LM head) ------------------------------------------------------
+
+typedef struct chunk_case {
+    size_t k, chunk, max_rows;
+    int shard, grad_accum;
+} chunk_case;
+
+ParameterizedTestParameters(gpt, logits_chunks_match_whole_logits)
+{
+    /* 5 rows of 8 tokens: 40 output rows on one device, 24/16 on two,
+     * 16/16/8 on three. Chunks of 1 and 7 cut sequences, and with 7 the
+     * last chunk of a device is short; micro-batches of 2 rows (16 output
+     * rows) and accumulation restart the chunks per micro-batch. */
+    static chunk_case cases[] = {
+        {1, 1, 0, 0, 1},  {1, 7, 0, 0, 1}, {2, 7, 0, 0, 1}, {3, 13, 0, 1, 1},
+        {2, 5, 2, 0, 1},  {2, 3, 0, 1, 2},
+    };
+    return cr_make_param_array(chunk_case, cases, sizeof cases / sizeof *cases);
+}
+
+/*
+ * Chunking regroups float sums only (the loss sum, the head's share of
+ * d(wte)): three AdamW steps with chunks match one device with whole
+ * logits to the k-device tolerances, and the same chunking twice is
+ * bitwise identical.
+ */
+ParameterizedTest(chunk_case *c, gpt, logits_chunks_match_whole_logits, .timeout = 60)
+{
+    dp_gpt *g = make_gpt(EV, EBS, EL, ENH, EC);
+    size_t n = dp_gpt_model(g)->n_params;
+    float *p1 = xmalloc(n * sizeof(float)), *pk = xmalloc(n * sizeof(float)),
+          *again = xmalloc(n * sizeof(float));
+    double l1[ESTEPS], lk[ESTEPS], l2[ESTEPS];
+    dp_engine_config whole = gpt_cfg(DP_MODE_BALANCED);
+    whole.logits_chunk_rows = DP_LOGITS_WHOLE;
+    gpt_train_with(g, 1, &whole, l1, p1, NULL);
+    dp_engine_config cfg = gpt_cfg(DP_MODE_BALANCED);
+    cfg.logits_chunk_rows = c->chunk;
+    cfg.max_rows_per_micro = c->max_rows;
+    cfg.shard_optimizer = c->shard;
+    cfg.grad_accum = c->grad_accum;
+    dp_step_stats st;
+    gpt_train_with(g, c->k, &cfg, lk, pk, &st);
+    char what[64];
+    snprintf(what, sizeof what, "k=%zu chunks of %zu", c->k, c->chunk);
+    double dmax = assert_run_close(g, pk, p1, lk, l1, what);
+    /* Each device held one chunk's logits (or its micro-batch's, when
+     * shorter), never its whole. */
+    for (size_t i = 0; i < c->k; i++) {
+        const dp_device_step_stats *d = &st.devices[i];
+        size_t mb = d->micro_batches, out = (d->rows + mb - 1) / mb * EBS;
+        size_t want = (c->chunk < out ? c->chunk : out) * EV * sizeof(float);
+        cr_assert_eq(d->logits_bytes, want, "%s: device %zu holds %zu bytes of logits, want %zu",
+                     what, i, d->logits_bytes, want);
+    }
+    gpt_train_with(g, c->k, &cfg, l2, again, NULL);
+    cr_assert(memcmp(l2, lk, sizeof lk) == 0 && memcmp(again, pk, n * sizeof(float)) == 0,
+              "%s: the same chunking is not bitwise reproducible", what);
+    cr_log_info("%s: largest |param diff| vs whole logits %.2e", what, dmax);
+    free(p1);
+    free(pk);
+    free(again);
+    dp_gpt_destroy(g);
+}
+
+/* A chunk of at least a micro-batch's rows, and the automatic chunk below
+ * DP_LOGITS_CHUNK_MIN_ROWS rows, are the whole micro-batch: bitwise the
+ * unchunked run. */
+Test(gpt, logits_chunk_of_all_rows_is_whole_logits, .timeout = 60)
+{
+    dp_gpt *g = make_gpt(EV, EBS, EL, ENH, EC);
+    size_t n = dp_gpt_model(g)->n_params;
+    float *pw = xmalloc(n * sizeof(float)), *pc = xmalloc(n * sizeof(float));
+    double lw[ESTEPS], lc[ESTEPS];
+    dp_engine_config cfg = gpt_cfg(DP_MODE_BALANCED);
+    cfg.logits_chunk_rows = DP_LOGITS_WHOLE;
+    gpt_train_with(g, 2, &cfg, lw, pw, NULL);
+    size_t chunks[] = {0, EROWS * EBS, 1000000};
+    for (size_t i = 0; i < 3; i++) {
+        cfg.logits_chunk_rows = chunks[i];
+        gpt_train_with(g, 2, &cfg, lc, pc, NULL);
+        cr_assert(memcmp(lw, lc, sizeof lw) == 0 && memcmp(pw, pc, n * sizeof(float)) == 0,
+                  "logits_chunk_rows %zu differs from whole logits", chunks[i]);
+    }
+    free(pw);
+    free(pc);
+    dp_gpt_destroy(g);
+}
+
+/* A vocabulary 32x the width: the logits dwarf everything else. */
+enum { MV = 512, MC = 16, MROWS = 40 };
+
+static dp_engine *open_wide(const dp_gpt *g, size_t chunk)
+{
+    dp_device_spec spec = {DP_DEVICE_CPU, 0};
+    dp_criterion crit = dp_criterion_cross_entropy();
+    dp_engine_config cfg = gpt_cfg(DP_MODE_BALANCED);
+    cfg.logits_chunk_rows = chunk;
+    dp_engine *e = NULL;
+    dp_assert_ok(dp_engine_create(&spec, 1, dp_gpt_model(g), &crit, &cfg, &e));
+    return e;
+}
+
+static void wide_batch(int32_t *tok, int32_t *tgt)
+{
+    dp_rng rng;
+    dp_rng_seed(&rng, 77);
+    for (size_t i = 0; i < MROWS * EBS; i++) {
+        tok[i] = (int32_t)dp_rng_below(&rng, MV);
+        tgt[i] = i % 11 == 5 ? -1 : (int32_t)dp_rng_below(&rng, MV);
+    }
+}
+
+/*
+ * 320 output rows of 512 logits on one device: whole logits take 640 KiB;
+ * the automatic chunk (DP_LOGITS_CHUNK_MIN_ROWS = 256 rows) and 32-row
+ * chunks hold that many rows, and the step's peak falls by at least the
+ * logits rows not held. Evaluation in chunks gives the same loss.
+ */
+Test(gpt, logits_chunks_lower_the_peak, .timeout = 60)
+{
+    dp_gpt *g = make_gpt(MV, EBS, 1, 2, MC);
+    int32_t tok[MROWS * EBS], tgt[MROWS * EBS];
+    wide_batch(tok, tgt);
+    dp_batch b = {MROWS, tok, tgt};
+    size_t n = MROWS * EBS, chunks[] = {DP_LOGITS_WHOLE, 0, 32}, held[] = {n, 256, 32};
+    size_t peak[3];
+    double loss[3], eval[3];
+    for (int i = 0; i < 3; i++) {
+        dp_engine *e = open_wide(g, chunks[i]);
+        dp_step_stats st, ev;
+        dp_assert_ok(dp_engine_evaluate(e, &b, &ev));
+        dp_assert_ok(dp_engine_step(e, &b, &st));
+        cr_assert_eq(st.devices[0].logits_bytes, held[i] * MV * sizeof(float),
+                     "chunk %zu: %zu bytes of logits", chunks[i], st.devices[0].logits_bytes);
+        peak[i] = st.devices[0].step_peak;
+        loss[i] = st.loss;
+        eval[i] = ev.loss;
+        dp_engine_destroy(e);
+    }
+    for (int i = 1; i < 3; i++) {
+        size_t saved = (n - held[i]) * MV * sizeof(float);
+        cr_assert_geq(peak[0] - peak[i], saved, "chunk %zu: peak %zu, whole logits %zu: saved "
+                      "%zu < %zu", chunks[i], peak[i], peak[0], peak[0] - peak[i], saved);
+        cr_assert(fabs(loss[i] - loss[0]) <= 1e-6 * loss[0], "loss %.9g vs %.9g", loss[i],
+                  loss[0]);
+        cr_assert(fabs(eval[i] - eval[0]) <= 1e-6 * eval[0], "eval %.9g vs %.9g", eval[i],
+                  eval[0]);
+        cr_assert_eq(eval[i], loss[i], "evaluate and step see the same parameters and batch");
+    }
+    cr_log_info("step peak: whole logits %zu B, auto chunk %zu B, 32-row chunks %zu B", peak[0],
+                peak[1], peak[2]);
+    dp_gpt_destroy(g);
+}
+
+/* A head whose callbacks fail on request, around the GPT's. */
+static dp_model failing;
+static const dp_model *real;
+static int fail_forward, fail_backward;
+
+static dp_status failing_head_forward(void *ctx, dp_device *dev, const float *params,
+                                      const float *features, size_t m, float *logits)
+{
+    if (fail_forward) return dp_set_error(DP_ERR_DEVICE, "head forward broke (test)");
+    return real->head_forward(ctx, dev, params, features, m, logits);
+}
+
+static dp_status failing_head_backward(void *ctx, dp_device *dev, const float *params,
+                                       float *grads, const float *features, size_t m,
+                                       float *dlogits, float *dfeatures)
+{
+    if (fail_backward) return DP_ERR_DEVICE; /* without a message: the engine says so */
+    return real->head_backward(ctx, dev, params, grads, features, m, dlogits, dfeatures);
+}
+
+/*
+ * A failing head callback fails the step naming the device, the phase and
+ * the callback, updates nothing, and the next step works; an incomplete
+ * head is refused at create.
+ */
+Test(gpt, head_failures_are_reported_and_recoverable, .timeout = 60)
+{
+    dp_gpt *g = make_gpt(MV, EBS, 1, 2, MC);
+    real = dp_gpt_model(g);
+    failing = *real;
+    failing.head_forward = failing_head_forward;
+    failing.head_backward = failing_head_backward;
+    dp_device_spec specs[2] = {{DP_DEVICE_CPU, 0}, {DP_DEVICE_CPU, 1}};
+    dp_criterion crit = dp_criterion_cross_entropy();
+    dp_engine_config cfg = gpt_cfg(DP_MODE_BALANCED);
+    cfg.logits_chunk_rows = 16;
+    dp_engine *e = NULL;
+    dp_assert_ok(dp_engine_create(specs, 2, &failing, &crit, &cfg, &e));
+    int32_t tok[MROWS * EBS], tgt[MROWS * EBS];
+    wide_batch(tok, tgt);
+    dp_batch b = {MROWS, tok, tgt};
+    size_t n = real->n_params;
+    float *before = xmalloc(n * sizeof(float)), *after = xmalloc(n * sizeof(float));
+    dp_assert_ok(dp_engine_get_params(e, before));
+    fail_forward = 1;
+    cr_assert_eq(dp_engine_step(e, &b, NULL), DP_ERR_DEVICE);
+    cr_assert(strstr(dp_last_error(), "cpu:0 criterion: head forward broke (test)"), "%s",
+              dp_last_error());
+    fail_forward = 0;
+    fail_backward = 1;
+    cr_assert_eq(dp_engine_step(e, &b, NULL), DP_ERR_DEVICE);
+    cr_assert(strstr(dp_last_error(), "cpu:0 criterion: ") &&
+                  strstr(dp_last_error(), "the model's head_backward returned"),
+              "%s", dp_last_error());
+    dp_assert_ok(dp_engine_get_params(e, after));
+    cr_assert(memcmp(before, after, n * sizeof(float)) == 0, "a failed step changed parameters");
+    fail_backward = 0;
+    dp_step_stats st;
+    dp_assert_ok(dp_engine_step(e, &b, &st));
+    cr_assert_eq(st.step, 1);
+    dp_engine_destroy(e);
+
+    /* An incomplete head. */
+    dp_model half = *real;
+    half.head_backward = NULL;
+    dp_clear_error();
+    cr_assert_eq(dp_engine_create(specs, 1, &half, &crit, &cfg, &e), DP_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(dp_last_error(), "head is incomplete"), "%s", dp_last_error());
+    half = *real;
+    half.head_features = 0;
+    cr_assert_eq(dp_model_validate(&half), DP_ERR_INVALID_ARGUMENT);
+    free(before);
+    free(after);
     dp_gpt_destroy(g);
 }
 
