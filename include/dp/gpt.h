@@ -47,7 +47,11 @@ DP_API void dp_gpt_destroy(dp_gpt *gpt);
 
 /* The model description for dp_engine_create: inputs are block_size int32
  * token ids per row, outputs_per_row = block_size, n_classes = vocab_size.
- * Owned by gpt. */
+ * The tied LM head is split off (dp/model.h): forward writes ln_f's output
+ * (rows * block_size, n_embd), head_features = n_embd, and the engine runs
+ * the head in chunks of rows (dp_engine_config.logits_chunk_rows), so its
+ * workspace is dp_gpt_workspace_bytes less that (B,T,C) buffer. Owned by
+ * gpt. */
 DP_API const dp_model *dp_gpt_model(const dp_gpt *gpt);
 DP_API const dp_gpt_config *dp_gpt_config_of(const dp_gpt *gpt);
 
