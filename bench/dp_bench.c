@@ -62,6 +62,7 @@ typedef struct opts {
     int find_max_batch, scaling, tf32, token_balanced, shard_optimizer;
     unsigned long long seed;
     size_t limit_bytes;
+    size_t logits_chunk; /* dp_engine_config.logits_chunk_rows: 0 auto, DP_LOGITS_WHOLE whole */
     float weights[DP_MAX_DEVICES]; /* --device-weights, n_weights of them (0: equal) */
     size_t n_weights;
 } opts;
@@ -86,6 +87,9 @@ static void usage(FILE *f)
           "                       over the devices (ZeRO-1: each device holds the AdamW\n"
           "                       moments of its slice), shown as MODE+shard\n"
           "  --memory-limit SIZE  per-device allocation limit, e.g. 2GiB (default none)\n"
+          "  --logits-chunk ROWS  output rows of logits per criterion call in balanced mode;\n"
+          "                       auto (default) keeps a chunk's logits about the size of\n"
+          "                       the features; whole = unchunked\n"
           "  --find-max-batch     largest global batch that fits --memory-limit, per mode;\n"
           "                       each mode is then timed at the smaller of that and\n"
           "                       --batch-size (0: not even 1 sequence fits, not timed)\n"
@@ -118,7 +122,7 @@ static int parse_args(int argc, char **argv, opts *o)
     enum {
         O_VOCAB = 256, O_CTX, O_BATCH, O_DIM, O_LAYERS, O_HEADS, O_DEV, O_STEPS, O_WARM, O_MODE,
         O_MEM, O_FIND, O_SCALE, O_SEED, O_JSON, O_CSV, O_PLOT, O_TF32, O_WEIGHTS, O_TOKBAL,
-        O_TRACE, O_SHARD, O_HELP
+        O_TRACE, O_SHARD, O_CHUNK, O_HELP
     };
     static const struct option lo[] = {
         {"vocab", 1, 0, O_VOCAB},        {"context", 1, 0, O_CTX},
@@ -132,7 +136,7 @@ static int parse_args(int argc, char **argv, opts *o)
         {"plot", 1, 0, O_PLOT},          {"tf32", 0, 0, O_TF32},
         {"device-weights", 1, 0, O_WEIGHTS}, {"token-balanced", 0, 0, O_TOKBAL},
         {"trace", 1, 0, O_TRACE},        {"shard-optimizer", 0, 0, O_SHARD},
-        {"help", 0, 0, O_HELP},
+        {"logits-chunk", 1, 0, O_CHUNK}, {"help", 0, 0, O_HELP},
         {0, 0, 0, 0}};
     const long big = 1L << 30;
     opterr = 0;
@@ -165,6 +169,7 @@ static int parse_args(int argc, char **argv, opts *o)
         case O_TOKBAL: o->token_balanced = 1; break;
         case O_TRACE: o->trace = v; break;
         case O_SHARD: o->shard_optimizer = 1; break;
+        case O_CHUNK: bad = cli_parse_logits_chunk(v, &o->logits_chunk); break;
         case O_HELP: usage(stdout); return -1;
         case ':': return cli_fail("%s needs a value (see --help)", argv[optind - 1]);
         default: return cli_fail("unknown option \"%s\" (see --help)", argv[optind - 1]);
@@ -303,6 +308,8 @@ static dp_status make_engine(bench *b, dp_mode mode, int shard, size_t k, dp_eng
     ec.memory_limit = b->o.limit_bytes;
     ec.allow_tf32 = b->o.tf32;
     ec.token_balanced = b->o.token_balanced;
+    /* Every run gets it; gather mode ignores it (its root gathers whole logits). */
+    ec.logits_chunk_rows = b->o.logits_chunk;
     ec.dist = b->rk.dist;
     /* The weights are per device of the full list; --scaling's shorter
      * lists use equal shares. */
@@ -565,11 +572,11 @@ static void print_arithmetic(const bench *b, const mode_result *res, size_t nres
     }
     if (g)
         printf("gather:   root holds %s of logits buffers (the gathered batch and its gradient\n"
-               "          plus its own chunk's), root peak %s\n",
+               "          plus its own rows'), root peak %s\n",
                human(g->dev[0].logits, h[2], 24), human(g->dev[0].peak, h[3], 24));
     if (bal)
-        printf("balanced: each device holds its chunk's logits (gradient in place): root %s,\n"
-               "          root peak %s\n",
+        printf("balanced: each device holds one --logits-chunk of its logits at a time\n"
+               "          (gradient in place): root %s, root peak %s\n",
                human(bal->dev[0].logits, h[2], 24), human(bal->dev[0].peak, h[3], 24));
     /* A ratio of peaks only means something for the same batch. */
     if (g && bal && g->rows == bal->rows)
@@ -651,6 +658,12 @@ static json_t *json_results(const bench *b, const mode_result *res, size_t nres,
         json_object_set_new(cfg, "device_weights", w);
     }
     json_object_set_new(cfg, "shard_optimizer", json_boolean(o->shard_optimizer));
+    /* As given: a row count, or "auto" / "whole" (the count auto picks
+     * depends on each run's rows; the devices' logits_bytes show it). */
+    json_t *chunk = o->logits_chunk == 0                 ? json_string("auto")
+                    : o->logits_chunk == DP_LOGITS_WHOLE ? json_string("whole")
+                                                         : json_integer((json_int_t)o->logits_chunk);
+    json_object_set_new(cfg, "logits_chunk_rows", chunk);
     json_object_set_new(cfg, "ranks", json_integer(b->rk.ranks));
     json_t *root = json_pack("{s:o,s:o}", "config", cfg, "results", results);
     const mode_result *g = NULL, *bal = NULL; /* the root runs */
@@ -1189,6 +1202,8 @@ static int bench_main(bench *b)
     if (o->memory_limit) printf(", memory limit %s per device", o->memory_limit);
     if (o->weights_arg) printf(", device weights %s", o->weights_arg);
     if (o->token_balanced) printf(", token-balanced");
+    if (o->logits_chunk == DP_LOGITS_WHOLE) printf(", whole logits");
+    else if (o->logits_chunk) printf(", logits in chunks of %zu rows", o->logits_chunk);
     printf("\n");
     if (skip_gather)
         printf("gather mode: skipped across ranks (it reproduces one process's DataParallel)\n");

@@ -12,6 +12,7 @@
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -176,6 +177,38 @@ static inline int cli_parse_watchdog(const char *v, double *out)
         return cli_fail("--watchdog: %s seconds is out of range; use 0 (off) or %g to %g", v,
                         DP_WATCHDOG_MIN_SECONDS, DP_WATCHDOG_MAX_SECONDS);
     *out = x;
+    return 0;
+}
+
+/* --logits-chunk ROWS|auto|whole, as dp_engine_config.logits_chunk_rows:
+ * auto = 0 (the engine's automatic chunks), whole = DP_LOGITS_WHOLE, else
+ * a row count >= 1 in decimal digits (no sign, no spaces). Counts stop at
+ * LLONG_MAX so that tools can write them as JSON integers; any count that
+ * large means whole logits anyway. */
+static inline int cli_parse_logits_chunk(const char *v, size_t *out)
+{
+    if (strcmp(v, "auto") == 0) {
+        *out = 0;
+        return 0;
+    }
+    if (strcmp(v, "whole") == 0) {
+        *out = DP_LOGITS_WHOLE;
+        return 0;
+    }
+    /* strtoull would take "-3" (as its negation) and leading spaces. */
+    char *end = NULL;
+    errno = 0;
+    unsigned long long x = v[0] >= '0' && v[0] <= '9' ? strtoull(v, &end, 10) : 0;
+    if (!end || *end || x == 0)
+        return cli_fail("--logits-chunk: \"%s\" is not a positive row count, auto or whole "
+                        "(e.g. --logits-chunk 1024)", v);
+    const unsigned long long cap = (unsigned long long)LLONG_MAX < (unsigned long long)SIZE_MAX - 1
+                                       ? (unsigned long long)LLONG_MAX
+                                       : (unsigned long long)SIZE_MAX - 1;
+    if (errno == ERANGE || x > cap)
+        return cli_fail("--logits-chunk: %s rows is too many (at most %llu); use whole for "
+                        "unchunked logits", v, cap);
+    *out = (size_t)x;
     return 0;
 }
 

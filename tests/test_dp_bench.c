@@ -17,7 +17,9 @@
  *  - --device-weights and --token-balanced reach the engine; --trace
  *    writes one track per device;
  *  - --shard-optimizer adds sharded runs: the same loss as the root runs,
- *    each device's optimizer bytes those of its slice.
+ *    each device's optimizer bytes those of its slice;
+ *  - --logits-chunk reaches the balanced runs (each device's logits bytes
+ *    are one chunk's) and the JSON config, gather keeps whole logits.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <dirent.h>
@@ -125,6 +127,7 @@ Test(dp_bench, json_csv_and_plots_hold_the_measurements)
     cr_assert_eq(int_at(cfg, "vocab"), 64);
     cr_assert_eq(int_at(cfg, "batch_size"), 8);
     cr_assert_eq(json_array_size(json_object_get(cfg, "devices")), 2);
+    cr_assert_str_eq(json_string_value(json_object_get(cfg, "logits_chunk_rows")), "auto");
 
     const size_t T = 16, V = 64, rows = 4, chunk = rows * T * V * 4;
     json_t *g = mode_result(j, "gather"), *b = mode_result(j, "balanced");
@@ -276,6 +279,50 @@ Test(dp_bench, shard_optimizer_runs_next_to_the_root_runs)
     dp_test_result_free(&r);
 }
 
+/* The devices array of the results entry of mode (unsharded). */
+static json_t *devices_of(json_t *root, const char *mode)
+{
+    return json_object_get(run_result(root, mode, 0), "devices");
+}
+
+/* --logits-chunk 10: each balanced device holds 10 output rows of logits at
+ * a time (its 4 x 16 = 64 rows in chunks of 10, the gradient in place);
+ * gather still gathers the whole batch. Under auto the 64 rows stay whole
+ * (below DP_LOGITS_CHUNK_MIN_ROWS), so a flag that did not reach the engine
+ * shows as 64 rows. whole gives those 64 rows and the loss of the chunked
+ * run to float rounding. */
+Test(dp_bench, logits_chunk_reaches_the_balanced_runs)
+{
+    const json_int_t T = 16, V = 64, rows = 4, whole = rows * T * V * 4;
+    dp_test_result r = BENCH("--logits-chunk", "10", "--json", "@c.json");
+    assert_success(&r);
+    cr_assert(strstr(r.out, "logits in chunks of 10 rows"), "%s", r.out);
+    json_t *j = load_json("c.json");
+    cr_assert_eq(int_at(json_object_get(j, "config"), "logits_chunk_rows"), 10);
+    json_t *bd = devices_of(j, "balanced"), *gd = devices_of(j, "gather");
+    for (size_t i = 0; i < 2; i++)
+        cr_assert_eq(int_at(json_array_get(bd, i), "logits_bytes"), 10 * V * 4, "cpu:%zu", i);
+    cr_assert_eq(int_at(json_array_get(gd, 0), "logits_bytes"), 6 * whole);
+    cr_assert_eq(int_at(json_array_get(gd, 1), "logits_bytes"), 2 * whole);
+    double chunked = json_real_value(json_object_get(run_result(j, "balanced", 0), "loss"));
+    json_decref(j);
+
+    dp_test_result w = BENCH("--logits-chunk", "whole", "--mode", "balanced", "--json", "@w.json");
+    assert_success(&w);
+    j = load_json("w.json");
+    cr_assert_str_eq(json_string_value(json_object_get(json_object_get(j, "config"),
+                                                       "logits_chunk_rows")), "whole");
+    bd = devices_of(j, "balanced");
+    for (size_t i = 0; i < 2; i++)
+        cr_assert_eq(int_at(json_array_get(bd, i), "logits_bytes"), whole, "cpu:%zu", i);
+    double unchunked = json_real_value(json_object_get(run_result(j, "balanced", 0), "loss"));
+    cr_assert(chunked > 0 && fabs(chunked - unchunked) <= 1e-5 * unchunked,
+              "loss with chunks of 10 rows %.9g, whole %.9g", chunked, unchunked);
+    json_decref(j);
+    dp_test_result_free(&r);
+    dp_test_result_free(&w);
+}
+
 // --- bad command lines ----------------------------------------------------------------
 
 typedef struct bad_case {
@@ -321,6 +368,12 @@ static bad_case bad_cases[] = {
     {"plot in a missing /proc directory", {"--plot", "/proc/nope/x.png"}, "/proc/nope\" does not exist", 0},
     {"json is a directory", {"--json", "@"}, "is a directory", 0},
     {"json and csv on one file", {"--csv", "@out.json"}, "both write", 0},
+    {"logits-chunk 0", {"--logits-chunk", "0"}, "--logits-chunk", 0},
+    {"logits-chunk -3", {"--logits-chunk", "-3"}, "--logits-chunk", 0},
+    {"logits-chunk abc", {"--logits-chunk", "abc"}, "--logits-chunk", 0},
+    {"logits-chunk 12x", {"--logits-chunk", "12x"}, "--logits-chunk", 0},
+    {"logits-chunk past size_t", {"--logits-chunk", "99999999999999999999999"},
+     "--logits-chunk", 0},
     {"plot and its scaling plot on json", {"--scaling", "--plot", "@p.png", "--json", "@p-scaling.png"},
      "both write", 0},
 };

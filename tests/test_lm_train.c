@@ -14,8 +14,10 @@
  *  - the prompt is checked before training (a corpus without a newline
  *    falls back to its first token); --eval-only works on another corpus;
  *    conflicting --tokenizer / --vocab-size on resume are refused;
+ *  - --logits-chunk 7 is bitwise reproducible, matches whole logits to
+ *    float rounding, and lowers every device's peak (the chunks ran);
  *  - bad command lines fail fast with one "lm_train: ..." line on stderr,
- *    a non-zero exit status (not a signal) and no checkpoint file.
+ *    a non-zero exit status (not a signal) and no checkpoint or log file.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <dirent.h>
@@ -776,6 +778,80 @@ Test(lm_train, devices_auto_says_it_chose_cpu)
     result_free(&r);
 }
 
+// --- logits chunks --------------------------------------------------------------------
+
+/* What a --log row of a cpu:2 run says about its step. */
+typedef struct log_row {
+    double loss, grad_norm;
+    json_int_t peak[2]; /* each device's peak bytes */
+} log_row;
+
+/* The rows of a JSONL log in tmpdir; returns the count. */
+static size_t read_log_rows(const char *name, log_row *rows, size_t cap)
+{
+    char p[256];
+    path_in(p, sizeof p, name);
+    char *t = read_text(p), *save = NULL;
+    cr_assert_not_null(t, "no log %s", p);
+    size_t n = 0;
+    for (char *line = strtok_r(t, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        cr_assert_lt(n, cap);
+        json_t *row = json_loads(line, 0, NULL);
+        json_t *loss = json_object_get(row, "loss"), *norm = json_object_get(row, "grad_norm");
+        json_t *peaks = json_object_get(row, "peak_bytes");
+        cr_assert(json_is_real(loss) && json_is_real(norm) && json_array_size(peaks) == 2,
+                  "%s: bad row: %s", name, line);
+        /* jansson writes doubles with 17 digits: they read back bitwise. */
+        rows[n].loss = json_real_value(loss);
+        rows[n].grad_norm = json_real_value(norm);
+        for (size_t d = 0; d < 2; d++) rows[n].peak[d] = json_integer_value(json_array_get(peaks, d));
+        json_decref(row);
+        n++;
+    }
+    free(t);
+    return n;
+}
+
+/* |a - b| <= 1e-5 |b| */
+static int close_rel(double a, double b) { return fabs(a - b) <= 1e-5 * fabs(b); }
+
+/* BASE gives each device 2 sequences x 16 tokens = 32 output rows, and a
+ * vocabulary of a few dozen characters (more than --dim 16): --logits-chunk
+ * 7 runs the head and loss over chunks of 7, 7, 7, 7 and 4 rows. The same
+ * chunks give the same bits; whole logits give the same losses and norms
+ * to float rounding (the chunks only regroup float sums). That the chunks
+ * ran shows in the peak bytes: whole logits hold 32 rows where chunks hold
+ * 7, on every device. */
+Test(lm_train, logits_chunk_is_reproducible_and_matches_whole_logits)
+{
+    result a = RUN("--steps", "4", "--logits-chunk", "7", "--log", "@a.jsonl", "--save", "@a.st");
+    assert_success(&a, "--logits-chunk 7");
+    result b = RUN("--steps", "4", "--logits-chunk", "7", "--log", "@b.jsonl", "--save", "@b.st");
+    assert_success(&b, "--logits-chunk 7 again");
+    result c = RUN("--steps", "4", "--logits-chunk", "whole", "--log", "@c.jsonl");
+    assert_success(&c, "--logits-chunk whole");
+    log_row ra[8], rb[8], rc[8];
+    cr_assert_eq(read_log_rows("a.jsonl", ra, 8), 4);
+    cr_assert_eq(read_log_rows("b.jsonl", rb, 8), 4);
+    cr_assert_eq(read_log_rows("c.jsonl", rc, 8), 4);
+    for (size_t i = 0; i < 4; i++) {
+        cr_assert(ra[i].loss == rb[i].loss && ra[i].grad_norm == rb[i].grad_norm,
+                  "step %zu: chunked runs differ: loss %.17g vs %.17g, norm %.17g vs %.17g",
+                  i + 1, ra[i].loss, rb[i].loss, ra[i].grad_norm, rb[i].grad_norm);
+        cr_assert(close_rel(ra[i].loss, rc[i].loss) && close_rel(ra[i].grad_norm, rc[i].grad_norm),
+                  "step %zu: chunked loss %.9g norm %.9g, whole loss %.9g norm %.9g", i + 1,
+                  ra[i].loss, ra[i].grad_norm, rc[i].loss, rc[i].grad_norm);
+        for (size_t d = 0; d < 2; d++)
+            cr_assert_lt(ra[i].peak[d], rc[i].peak[d],
+                         "step %zu cpu:%zu: peak %lld with chunks of 7 rows, %lld whole", i + 1,
+                         d, (long long)ra[i].peak[d], (long long)rc[i].peak[d]);
+    }
+    assert_same_state("a.st", "b.st");
+    result_free(&a);
+    result_free(&b);
+    result_free(&c);
+}
+
 // --- bad command lines ----------------------------------------------------------------
 
 typedef struct bad_case {
@@ -853,6 +929,16 @@ static bad_case bad_cases[] = {
      0, 0, 0},
     {"trace with eval-only", {"--resume", "@good.st", "--eval-only", "--trace", "@t.json"},
      "--trace", "", 1, 0, 1},
+    {"logits-chunk 0", {"--logits-chunk", "0", "--log", "@out.jsonl"}, "--logits-chunk", "", 0,
+     0, 0},
+    {"logits-chunk -3", {"--logits-chunk", "-3", "--log", "@out.jsonl"}, "--logits-chunk", "", 0,
+     0, 0},
+    {"logits-chunk abc", {"--logits-chunk", "abc", "--log", "@out.jsonl"}, "--logits-chunk", "",
+     0, 0, 0},
+    {"logits-chunk 12x", {"--logits-chunk", "12x", "--log", "@out.jsonl"}, "--logits-chunk", "",
+     0, 0, 0},
+    {"logits-chunk past size_t", {"--logits-chunk", "99999999999999999999999", "--log",
+     "@out.jsonl"}, "--logits-chunk", "", 0, 0, 0},
 };
 
 ParameterizedTestParameters(lm_train, bad_input_fails_cleanly)
@@ -917,6 +1003,10 @@ ParameterizedTest(bad_case *bc, lm_train, bad_input_fails_cleanly, .timeout = 20
     } else {
         cr_assert_neq(stat(save_path, &sb), 0, "%s: %s was created", bc->name, save_path);
     }
+    /* No log either (cases may give --log @out.jsonl). */
+    char log_path[256];
+    path_in(log_path, sizeof log_path, "out.jsonl");
+    cr_assert_neq(stat(log_path, &sb), 0, "%s: %s was created", bc->name, log_path);
     /* No temporary checkpoint file beside it either. */
     DIR *d = opendir(tmpdir);
     struct dirent *de;

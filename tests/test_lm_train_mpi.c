@@ -4,8 +4,9 @@
  * small generated corpus and a tiny model, and compared with one process.
  *
  *  - 2 ranks x cpu:1 save the same checkpoint, byte for byte, as one
- *    process on cpu:2, with and without --shard-optimizer; rank 0 alone
- *    prints (one summary, one sample, the same text) and writes --log;
+ *    process on cpu:2, with and without --shard-optimizer, and with
+ *    --logits-chunk 7; rank 0 alone prints (one summary, one sample, the
+ *    same text) and writes --log;
  *  - a checkpoint from 2 ranks x cpu:2 resumes in one process on cpu:4
  *    bitwise as 8 steps straight, and one from cpu:1 resumes under 2 ranks
  *    as it resumes in one process on cpu:2;
@@ -185,16 +186,16 @@ TestSuite(lm_train_mpi, .init = setup, .fini = teardown, .timeout = 120);
 
 // --- ranks compute what one process computes -------------------------------------------
 
-/* 2 ranks x cpu:1 == one process on cpu:2, bitwise; rank 0 alone prints
- * (one data line, one summary, one sample: the same text) and writes the
- * log (6 rows, not 12). */
-static void two_ranks_equal_one_process(const char *shard)
+/* 2 ranks x cpu:1 == one process on cpu:2, bitwise, both with the option
+ * `extra`; rank 0 alone prints (one data line, one summary, one sample:
+ * the same text) and writes the log (6 rows, not 12). */
+static void two_ranks_equal_one_process(const char *extra)
 {
     result a = RUN(2, "--devices", "cpu:1", "--steps", "6", "--save", "@a.st", "--log",
-                   "@a.jsonl", "--sample", "40", shard);
+                   "@a.jsonl", "--sample", "40", extra);
     dp_test_assert_success(&a, "mpiexec -n 2 lm_train --devices cpu:1");
     result b = RUN(0, "--devices", "cpu:2", "--steps", "6", "--save", "@b.st", "--sample", "40",
-                   shard);
+                   extra);
     dp_test_assert_success(&b, "lm_train --devices cpu:2");
     assert_same_checkpoint("a.st", "b.st");
 
@@ -225,6 +226,14 @@ Test(lm_train_mpi, two_ranks_equal_one_process_bitwise)
 Test(lm_train_mpi, two_ranks_equal_one_process_bitwise_with_sharded_optimizer)
 {
     two_ranks_equal_one_process("--shard-optimizer");
+}
+
+/* Each device's 4 x 16 = 64 output rows in chunks of 7: the chunks are
+ * cut per device, so they are the same however the devices are split
+ * into ranks. */
+Test(lm_train_mpi, two_ranks_equal_one_process_bitwise_with_logits_chunks)
+{
+    two_ranks_equal_one_process("--logits-chunk=7");
 }
 
 // --- resume across ranks and devices ---------------------------------------------------

@@ -62,6 +62,7 @@ typedef struct opts {
     long vocab_size, layers, heads, dim, context, batch_size, grad_accum, max_tokens;
     long steps, warmup, lr_decay_steps, eval_interval, eval_iters, save_interval, sample, top_k;
     long max_skips, check_replicas;
+    size_t logits_chunk; /* dp_engine_config.logits_chunk_rows: 0 auto, DP_LOGITS_WHOLE whole */
     double lr, min_lr, weight_decay, beta1, beta2, grad_clip, temperature, watchdog;
     unsigned long long seed;
     int eval_only, tf32, token_balanced, shard_optimizer;
@@ -127,6 +128,8 @@ static void usage(FILE *f)
             "                         per device, e.g. 1,2,2,2 (default equal shares)\n"
             "  --token-balanced       split rows so devices get equal numbers of valid targets\n"
             "  --memory-limit SIZE    per-device allocation limit, e.g. 12GiB (default none)\n"
+            "  --logits-chunk ROWS    output rows of logits per criterion call; auto (default) keeps a\n"
+            "                         chunk's logits about the size of the features; whole = unchunked\n"
             "  --tf32                 let cuBLAS use TF32 tensor cores on GPUs (default off)\n"
             "  --shard-optimizer      shard the AdamW state over the devices (ZeRO-1: each device\n"
             "                         keeps and updates its slice's moments; same results, bitwise)\n"
@@ -220,7 +223,8 @@ static int parse_args(int argc, char **argv, opts *o)
         O_DATA = 256, O_TOK, O_VOCAB, O_DEV, O_MODE, O_LAYERS, O_HEADS, O_DIM, O_CTX, O_BATCH,
         O_ACCUM, O_MAXTOK, O_STEPS, O_LR, O_MINLR, O_WARMUP, O_DECAY, O_WD, O_B1, O_B2, O_CLIP,
         O_EVI, O_EVN, O_SEED, O_SAVE, O_SAVEI, O_RESUME, O_EVONLY, O_SAMPLE, O_TEMP, O_TOPK,
-        O_PROMPT, O_LOG, O_MEM, O_SKIPS, O_WATCHDOG, O_CHECK, O_TF32, O_WEIGHTS, O_TOKBAL, O_TRACE, O_SHARD, O_HELP
+        O_PROMPT, O_LOG, O_MEM, O_SKIPS, O_WATCHDOG, O_CHECK, O_TF32, O_WEIGHTS, O_TOKBAL, O_TRACE,
+        O_SHARD, O_CHUNK, O_HELP
     };
     static const struct option lo[] = {
         {"data", 1, 0, O_DATA},          {"tokenizer", 1, 0, O_TOK},
@@ -244,7 +248,8 @@ static int parse_args(int argc, char **argv, opts *o)
         {"check-replicas", 1, 0, O_CHECK}, {"tf32", 0, 0, O_TF32},
         {"device-weights", 1, 0, O_WEIGHTS}, {"token-balanced", 0, 0, O_TOKBAL},
         {"trace", 1, 0, O_TRACE},        {"shard-optimizer", 0, 0, O_SHARD},
-        {"help", 0, 0, O_HELP},          {0, 0, 0, 0}};
+        {"logits-chunk", 1, 0, O_CHUNK}, {"help", 0, 0, O_HELP},
+        {0, 0, 0, 0}};
     opterr = 0;
     int c;
     /* The leading ':' makes a missing value return ':' rather than '?'. */
@@ -295,6 +300,7 @@ static int parse_args(int argc, char **argv, opts *o)
         case O_SKIPS: bad = cli_parse_long("--max-skips", v, 1, LONG_MAX, &o->max_skips); break;
         case O_WATCHDOG: bad = cli_parse_watchdog(v, &o->watchdog); break;
         case O_CHECK: bad = cli_parse_long("--check-replicas", v, 0, LONG_MAX, &o->check_replicas); break;
+        case O_CHUNK: bad = cli_parse_logits_chunk(v, &o->logits_chunk); break;
         case O_HELP: usage(stdout); return -1;
         case ':': return cli_fail("%s needs a value (see --help)", argv[optind - 1]);
         default:
@@ -1041,6 +1047,8 @@ static int configure(run *r, dp_device_spec *specs, size_t *kp, dp_engine_config
     ec.check_replicas_every = o->check_replicas;
     ec.allow_tf32 = o->tf32;
     ec.shard_optimizer = o->shard_optimizer;
+    /* The same on every rank (the engine checks): it comes from the command line. */
+    ec.logits_chunk_rows = o->logits_chunk;
     if (o->memory_limit && dp_parse_bytes(o->memory_limit, &ec.memory_limit) != DP_OK)
         return cli_dp_fail("--memory-limit");
     ec.dist = r->rk.dist;
