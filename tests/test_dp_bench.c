@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include "dp_test.h"
+#include "dp_test_json.h"
 #include "dp_test_fs.h"
 #include "dp_test_spawn.h"
 
@@ -91,22 +92,8 @@ static void assert_success(const dp_test_result *r)
               "dp_bench failed (status %d); stderr:\n%s", r->status, r->err);
 }
 
-static json_t *load_json(const char *name)
-{
-    char p[256];
-    snprintf(p, sizeof p, "%s/%s", tmpdir, name);
-    json_error_t je;
-    json_t *j = json_load_file(p, 0, &je);
-    cr_assert_not_null(j, "%s: %s (line %d)", p, je.text, je.line);
-    return j;
-}
-
-static json_int_t int_at(json_t *obj, const char *key)
-{
-    json_t *v = json_object_get(obj, key);
-    cr_assert(json_is_integer(v), "\"%s\" is missing or not an integer", key);
-    return json_integer_value(v);
-}
+static json_t *load_json(const char *name) { return dp_test_load_json(tmpdir, name); }
+#define int_at dp_test_int_at
 
 static json_t *mode_result(json_t *root, const char *mode)
 {
