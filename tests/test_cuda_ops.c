@@ -481,7 +481,7 @@ Test(cuda_ops, bias_broadcast_and_backward_are_bitwise_equal)
             dp_device *d = p.d[b];
             float *bd = dp_test_upload(d, bias, OC), *o = dalloc(d, N * OC * 4);
             float *dd = dp_test_upload(d, dout, N * OC), *gd = dp_test_upload(d, db0, OC);
-            dp_assert_ok(d->ops->bias_broadcast(d, o, bd, N, OC));
+            dp_assert_ok(d->ops->bias_broadcast(d, o, dp_pref_f32(bd), N, OC));
             dp_assert_ok(d->ops->bias_backward(d, gd, dd, N, OC));
             out[b] = nn_download(d, o, N * OC);
             db[b] = nn_download(d, gd, OC);

@@ -1,8 +1,10 @@
 /*
- * dp_gemm and dp_gemm_strided_batched: cuBLAS (column-major) semantics on
- * the CPU backend, against a naive float64 loop, for every transpose
- * combination with leading dimensions and batch strides larger than the
- * minimum, plus the argument checks.
+ * dp_gemm, dp_gemm_strided_batched and dp_gemm_ex: cuBLAS (column-major)
+ * semantics on the CPU backend, against a naive float64 loop, for every
+ * transpose combination with leading dimensions and batch strides larger
+ * than the minimum, plus the argument checks. dp_gemm_ex runs the same
+ * cases with bfloat16 operands and in bf16 matmul precision, against the
+ * float64 product of the operands' bfloat16 values.
  *
  * Padding (rows between the matrix and its leading dimension, gaps between
  * batch entries) holds NaN in A and B, so reading it poisons the result,
@@ -56,8 +58,37 @@ static void fill(dp_rng *rng, float *x, size_t total, int rows, int ld, int cols
                 x[(size_t)b * s + (size_t)j * ld + i] = 2.0f * dp_rng_uniform(rng) - 1.0f;
 }
 
-static void run_case(const gemm_case *g, int use_batched)
+/* How a case runs: dp_gemm (0), dp_gemm_strided_batched (1) or dp_gemm_ex
+ * (2) with the operand types and the device's matmul precision below. */
+typedef struct gemm_mode {
+    int call;
+    int a16, b16; /* dp_gemm_ex: A, B stored as bfloat16 */
+    dp_matmul_precision prec;
+} gemm_mode;
+
+/* The value the GEMM computes with: a bfloat16 operand's, or any operand
+ * rounded to bfloat16 in BF16 precision. */
+static double effective(float x, int bf16) { return bf16 ? dp_bf16_to_float(dp_bf16_from_float(x)) : x; }
+
+/* Uploads n floats as bfloat16 (bf16) or float32. */
+static void *upload_as(dp_device *dev, const float *x, size_t n, int bf16)
 {
+    if (!bf16) return dp_test_upload(dev, x, n);
+    dp_bf16 *h = malloc(n * sizeof *h);
+    cr_assert(h);
+    for (size_t i = 0; i < n; i++) h[i] = dp_bf16_from_float(x[i]);
+    void *d = NULL;
+    dp_assert_ok(dp_device_alloc(dev, n * sizeof *h, &d));
+    dp_assert_ok(dp_copy_h2d(dev, d, h, n * sizeof *h));
+    free(h);
+    return d;
+}
+
+/* Runs g as mode says; returns the largest |C - the float64 product of
+ * the unrounded operands| (how far bf16 math moved the result). */
+static double run_mode(const gemm_case *g, gemm_mode mode)
+{
+    int ra = mode.a16 || mode.prec == DP_MATMUL_BF16, rb = mode.b16 || mode.prec == DP_MATMUL_BF16;
     dp_rng rng;
     dp_rng_seed(&rng, 42 + (uint64_t)g->m * 131 + (uint64_t)g->n * 17 + (uint64_t)g->k);
     size_t na = span(g->lda, cols_a(g), g->sa, g->batch);
@@ -75,26 +106,37 @@ static void run_case(const gemm_case *g, int use_batched)
 
     /* Expected: every float of C's span, padding included. */
     double *want = malloc(nc * sizeof *want), *got = malloc(nc * sizeof *got);
-    cr_assert(want && got);
-    for (size_t i = 0; i < nc; i++) want[i] = C[i];
+    double *exact = malloc(nc * sizeof *exact);
+    cr_assert(want && got && exact);
+    for (size_t i = 0; i < nc; i++) want[i] = exact[i] = C[i];
     for (int b = 0; b < g->batch; b++) {
         const float *Ab = A + (size_t)b * g->sa, *Bb = B + (size_t)b * g->sb;
         for (int j = 0; j < g->n; j++)
             for (int i = 0; i < g->m; i++) {
-                double acc = 0.0;
-                for (int l = 0; l < g->k; l++)
-                    acc += op_at(Ab, g->lda, g->ta, i, l) * op_at(Bb, g->ldb, g->tb, l, j);
+                double acc = 0.0, acc_exact = 0.0;
+                for (int l = 0; l < g->k; l++) {
+                    double x = op_at(Ab, g->lda, g->ta, i, l), y = op_at(Bb, g->ldb, g->tb, l, j);
+                    acc += effective((float)x, ra) * effective((float)y, rb);
+                    acc_exact += x * y;
+                }
                 size_t ci = (size_t)b * g->sc + (size_t)j * g->ldc + i;
                 /* beta == 0 means C is not read at all (cuBLAS). */
                 double c0 = g->beta == 0.0f ? 0.0 : (double)C[ci];
                 want[ci] = (double)g->alpha * acc + (double)g->beta * c0;
+                exact[ci] = (double)g->alpha * acc_exact + (double)g->beta * c0;
             }
     }
 
     dp_device *dev = dp_test_cpu(0);
-    float *dA = dp_test_upload(dev, A, na), *dB = dp_test_upload(dev, B, nb);
+    dp_assert_ok(dp_device_set_matmul_precision(dev, mode.prec));
+    void *dA = upload_as(dev, A, na, mode.a16), *dB = upload_as(dev, B, nb, mode.b16);
     float *dC = dp_test_upload(dev, C, nc);
-    if (use_batched)
+    if (mode.call == 2)
+        dp_assert_ok(dp_gemm_ex(dev, g->ta, g->tb, g->m, g->n, g->k, g->alpha, dA,
+                                mode.a16 ? DP_DTYPE_BF16 : DP_DTYPE_F32, g->lda, g->sa, dB,
+                                mode.b16 ? DP_DTYPE_BF16 : DP_DTYPE_F32, g->ldb, g->sb, g->beta,
+                                dC, g->ldc, g->sc, g->batch));
+    else if (mode.call == 1)
         dp_assert_ok(dp_gemm_strided_batched(dev, g->ta, g->tb, g->m, g->n, g->k, g->alpha, dA,
                                              g->lda, g->sa, dB, g->ldb, g->sb, g->beta, dC,
                                              g->ldc, g->sc, g->batch));
@@ -109,15 +151,41 @@ static void run_case(const gemm_case *g, int use_batched)
      * dimension or stride gives O(0.1) errors or NaN. The sentinel padding
      * of C must match exactly (it is far larger than the tolerance). */
     cr_assert(nc > 0);
-    cr_log_info("case ta=%d tb=%d m=%d n=%d k=%d batch=%d", g->ta, g->tb, g->m, g->n, g->k, g->batch);
+    cr_log_info("case ta=%d tb=%d m=%d n=%d k=%d batch=%d a16=%d b16=%d prec=%s", g->ta, g->tb,
+                g->m, g->n, g->k, g->batch, mode.a16, mode.b16, dp_matmul_precision_name(mode.prec));
     dp_assert_allclose(got, (const double *)want, nc, 1e-5, 1e-5);
+    double moved = 0.0;
+    for (size_t i = 0; i < nc; i++)
+        if (fabs(got[i] - exact[i]) > moved) moved = fabs(got[i] - exact[i]);
 
-    free(A), free(B), free(C), free(want), free(got);
+    free(A), free(B), free(C), free(want), free(got), free(exact);
     dp_device_free(dev, dA), dp_device_free(dev, dB), dp_device_free(dev, dC);
     dp_memory_stats st;
     dp_device_memory(dev, &st);
     cr_assert_eq(st.in_use, 0);
     dp_device_close(dev);
+    return moved;
+}
+
+static void run_case(const gemm_case *g, int use_batched)
+{
+    gemm_mode mode = {use_batched, 0, 0, DP_MATMUL_FP32};
+    run_mode(g, mode);
+}
+
+/* The case through dp_gemm_ex with every operand type, in float32 and in
+ * bf16 precision; returns the largest movement of the bf16-math runs. */
+static double run_typed(const gemm_case *g)
+{
+    double moved = 0.0;
+    for (int prec = 0; prec < 2; prec++)
+        for (int a16 = 0; a16 < 2; a16++)
+            for (int b16 = 0; b16 < 2; b16++) {
+                gemm_mode mode = {2, a16, b16, prec ? DP_MATMUL_BF16 : DP_MATMUL_FP32};
+                double m = run_mode(g, mode);
+                if (prec && m > moved) moved = m;
+            }
+    return moved;
 }
 
 /* One case per transpose combination and shape, single (batch 1, dp_gemm). */
@@ -272,5 +340,119 @@ Test(gemm, argument_errors)
                                            0, C, 4, 12, -1), "batch=-1");
     assert_invalid(dp_gemm_strided_batched(dev, DP_OP_N, DP_OP_N, 4, 3, 2, 1, A, 2, 8, B, 2, 6,
                                            0, C, 4, 12, 2), "lda=2");
+    dp_device_close(dev);
+}
+
+// --- dp_gemm_ex: bfloat16 operands and bf16 math ---------------------------------------
+
+/* Every transpose, padded leading dimensions, batches with gaps, beta 0
+ * over NaN: each with A and B as float32 or bfloat16, in float32 and in
+ * bf16 precision. The bf16-math runs must also move the result away from
+ * the float32 product (the operands really were rounded). */
+Test(gemm_ex, every_operand_type_in_both_precisions)
+{
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int ta = 0; ta < 2; ta++)
+            for (int tb = 0; tb < 2; tb++) {
+                gemm_case g = single((dp_op)ta, (dp_op)tb, shapes[s][0], shapes[s][1],
+                                     shapes[s][2], 0.7f, 0.3f);
+                double moved = run_typed(&g);
+                if (g.k >= 4)
+                    cr_assert_gt(moved, 1e-4, "bf16 math left the float32 product unchanged "
+                                 "(moved %g): the operands were not rounded", moved);
+                g.batch = 3;
+                g.sa = (long long)g.lda * cols_a(&g) + 11;
+                g.sb = (long long)g.ldb * cols_b(&g) + 11;
+                g.sc = (long long)g.ldc * g.n + 11;
+                run_typed(&g);
+            }
+    gemm_case z = single(DP_OP_T, DP_OP_N, 9, 6, 11, -1.3f, 0.0f);
+    z.nan_c = 1;
+    run_typed(&z);
+    gemm_case one = single(DP_OP_N, DP_OP_T, 6, 5, 8, 1.0f, 1.0f);
+    run_typed(&one);
+    gemm_case bcast = single(DP_OP_T, DP_OP_N, 8, 5, 6, 1.0f, 0.0f);
+    bcast.batch = 4;
+    bcast.sa = (long long)bcast.lda * cols_a(&bcast) + 2;
+    bcast.sc = (long long)bcast.ldc * bcast.n;
+    run_typed(&bcast);
+}
+
+/* A GEMM that converts keeps the copy in scratch counted as reserved
+ * memory, against the limit: past it the GEMM fails with a message and C
+ * is left alone; a float32 GEMM in float32 precision converts nothing. */
+Test(gemm_ex, conversion_scratch_is_reserved_and_limited)
+{
+    enum { M = 64, N = 64, K = 64 };
+    dp_device *dev = dp_test_cpu(2);
+    float *A = dp_test_upload(dev, (float[M * K]){0}, M * K);
+    float *B = dp_test_upload(dev, (float[K * N]){0}, K * N);
+    float *C = dp_test_upload(dev, (float[M * N]){0}, M * N);
+    dp_memory_stats st;
+    dp_assert_ok(dp_gemm(dev, DP_OP_N, DP_OP_N, M, N, K, 1, A, M, B, K, 0, C, M));
+    dp_device_memory(dev, &st);
+    cr_assert_eq(st.reserved, 0, "float32 math converted something (%zu bytes)", st.reserved);
+
+    dp_assert_ok(dp_device_set_matmul_precision(dev, DP_MATMUL_BF16));
+    cr_assert_eq(dp_device_matmul_precision(dev), DP_MATMUL_BF16);
+    dp_assert_ok(dp_gemm(dev, DP_OP_N, DP_OP_N, M, N, K, 1, A, M, B, K, 0, C, M));
+    dp_device_memory(dev, &st);
+    /* both operands as bfloat16 at least */
+    cr_assert_geq(st.reserved, (size_t)(M * K + K * N) * 2, "reserved %zu", st.reserved);
+
+    /* a limit the scratch cannot grow under */
+    size_t bigger = 512;
+    float *A2 = NULL, *B2 = NULL, *C2 = NULL;
+    dp_assert_ok(dp_device_alloc(dev, bigger * bigger * 4, (void **)&A2));
+    dp_assert_ok(dp_device_alloc(dev, bigger * bigger * 4, (void **)&B2));
+    dp_assert_ok(dp_device_alloc(dev, bigger * bigger * 4, (void **)&C2));
+    dp_assert_ok(dp_memset(dev, A2, 0, bigger * bigger * 4));
+    dp_assert_ok(dp_memset(dev, B2, 0, bigger * bigger * 4));
+    dp_assert_ok(dp_memset(dev, C2, 0x7f, bigger * bigger * 4));
+    dp_device_memory(dev, &st);
+    dp_assert_ok(dp_device_set_limit(dev, st.in_use + st.reserved + 1024));
+    dp_status s = dp_gemm(dev, DP_OP_N, DP_OP_N, (int)bigger, (int)bigger, (int)bigger, 1, A2,
+                          (int)bigger, B2, (int)bigger, 0, C2, (int)bigger);
+    cr_assert_eq(s, DP_ERR_OUT_OF_MEMORY, "got %s", dp_strerror(s));
+    cr_assert(strstr(dp_last_error(), "cpu:2") && strstr(dp_last_error(), "scratch") &&
+                  strstr(dp_last_error(), "limit"),
+              "message: %s", dp_last_error());
+    float h;
+    dp_assert_ok(dp_copy_d2h(dev, &h, C2, sizeof h));
+    unsigned char want[4] = {0x7f, 0x7f, 0x7f, 0x7f};
+    cr_assert(memcmp(&h, want, 4) == 0, "C was written by a GEMM that failed");
+    /* with room again it runs */
+    dp_assert_ok(dp_device_set_limit(dev, 0));
+    dp_assert_ok(dp_gemm(dev, DP_OP_N, DP_OP_N, (int)bigger, (int)bigger, (int)bigger, 1, A2,
+                         (int)bigger, B2, (int)bigger, 0, C2, (int)bigger));
+    dp_device_close(dev);
+}
+
+Test(gemm_ex, argument_errors)
+{
+    dp_device *dev = dp_test_cpu(0);
+    float *A = dp_test_upload(dev, (float[64]){0}, 64), *B = dp_test_upload(dev, (float[64]){0}, 64);
+    float *C = dp_test_upload(dev, (float[64]){0}, 64);
+    dp_assert_ok(dp_gemm_ex(dev, DP_OP_N, DP_OP_N, 4, 3, 2, 1, A, DP_DTYPE_BF16, 4, 0, B,
+                            DP_DTYPE_F32, 2, 0, 0, C, 4, 0, 1));
+    assert_invalid(dp_gemm_ex(dev, DP_OP_N, DP_OP_N, 4, 3, 2, 1, A, DP_DTYPE_F16, 4, 0, B,
+                              DP_DTYPE_F32, 2, 0, 0, C, 4, 0, 1), "F16");
+    assert_invalid(dp_gemm_ex(dev, DP_OP_N, DP_OP_N, 4, 3, 2, 1, A, DP_DTYPE_F32, 4, 0, B,
+                              (dp_dtype)99, 2, 0, 0, C, 4, 0, 1), "invalid dtype");
+    assert_invalid(dp_gemm_ex(dev, DP_OP_N, DP_OP_N, 4, 3, 2, 1, A, DP_DTYPE_F32, 4, -8, B,
+                              DP_DTYPE_F32, 2, 0, 0, C, 4, 0, 2), "strideA=-8");
+    assert_invalid(dp_gemm_strided_batched(dev, DP_OP_N, DP_OP_N, 4, 3, 2, 1, A, 4, 0, B, 2, 0,
+                                           0, C, 4, -1, 2), "strideC=-1");
+    assert_invalid(dp_gemm_ex(dev, DP_OP_N, DP_OP_N, 4, 3, 2, 1, A, DP_DTYPE_F32, 3, 0, B,
+                              DP_DTYPE_F32, 2, 0, 0, C, 4, 0, 1), "lda=3");
+    assert_invalid(dp_device_set_matmul_precision(dev, DP_MATMUL_PRECISION_COUNT), "matmul");
+    assert_invalid(dp_device_set_matmul_precision(NULL, DP_MATMUL_BF16), "dev");
+    cr_assert_str_eq(dp_matmul_precision_name(DP_MATMUL_BF16), "bf16");
+    cr_assert_str_eq(dp_matmul_precision_name((dp_matmul_precision)7), "invalid matmul precision");
+    /* allow_tf32 is the TF32 precision */
+    dp_assert_ok(dp_device_set_allow_tf32(dev, 1));
+    cr_assert_eq(dp_device_matmul_precision(dev), DP_MATMUL_TF32);
+    dp_assert_ok(dp_device_set_allow_tf32(dev, 0));
+    cr_assert_eq(dp_device_matmul_precision(dev), DP_MATMUL_FP32);
     dp_device_close(dev);
 }

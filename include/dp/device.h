@@ -20,6 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "dp/dtype.h"
 #include "dp/export.h"
 #include "dp/status.h"
 
@@ -88,14 +89,46 @@ DP_API dp_device_kind dp_device_kind_of(const dp_device *dev);
  * on CPU). Each worker thread calls it once before using dev. */
 DP_API dp_status dp_device_bind_thread(dp_device *dev);
 
-/* Lets cuBLAS run dp_gemm on a CUDA device with TF32 tensor-op math
- * (inputs rounded to a 10-bit mantissa, float32 accumulation): several
- * times faster on Ampere and newer GPUs, but products carry ~1e-3 relative
- * error instead of float32's ~1e-7, so results no longer match the CPU
- * backend within float32 rounding. Off (allow = 0) by default. The
- * element-wise and row-wise kernels are unaffected. A no-op on CPU
- * devices, which always compute in float32. Call it while no other thread
- * uses dev (e.g. after dp_engine_create, through dp_engine_device).
+/*
+ * The arithmetic of a device's GEMMs (dp_gemm, dp_gemm_ex and every layer
+ * built on them); the element-wise and row-wise kernels always compute in
+ * float32. The field's names: PyTorch's torch.set_float32_matmul_precision
+ * "highest" (FP32), "high" (TF32) and "medium" (BF16).
+ */
+typedef enum dp_matmul_precision {
+    /* float32 products and sums (the default) */
+    DP_MATMUL_FP32 = 0,
+    /* CUDA: float32 operands rounded to TF32 (10-bit mantissa) on tensor
+     * cores, sums in float32: several times faster on Ampere and newer
+     * GPUs, ~1e-3 relative error per product. CPU devices compute as FP32. */
+    DP_MATMUL_TF32,
+    /* Every device kind: float32 operands rounded to bfloat16 (8-bit
+     * mantissa, dp_bf16_from_float), their products exact and summed in
+     * float32 (~4e-3 relative error per operand). On CPU devices through
+     * oneDNN's bf16 kernels (AVX512-BF16 or AMX; about twice OpenBLAS's
+     * float32 speed where the CPU has them, and the same arithmetic on
+     * OpenBLAS without them or in a build without oneDNN), on CUDA devices
+     * cuBLAS's bf16 tensor cores. */
+    DP_MATMUL_BF16,
+    DP_MATMUL_PRECISION_COUNT
+} dp_matmul_precision;
+
+/* "fp32", "tf32" or "bf16"; "invalid matmul precision" outside the enum. */
+DP_API const char *dp_matmul_precision_name(dp_matmul_precision p);
+
+/* Sets dev's matmul precision (default DP_MATMUL_FP32). Call it while no
+ * other thread uses dev (e.g. right after opening it, or through
+ * dp_engine_config.matmul_precision). Errors: DP_ERR_INVALID_ARGUMENT (dev
+ * NULL, a value outside the enum), DP_ERR_DEVICE. */
+DP_API dp_status dp_device_set_matmul_precision(dp_device *dev, dp_matmul_precision p);
+
+/* dev's matmul precision; DP_MATMUL_FP32 for NULL. */
+DP_API dp_matmul_precision dp_device_matmul_precision(const dp_device *dev);
+
+/* dp_device_set_matmul_precision(dev, allow ? DP_MATMUL_TF32 :
+ * DP_MATMUL_FP32): TF32 tensor-op math for the GEMMs of a CUDA device
+ * (results then no longer match the CPU backend within float32
+ * rounding); no effect on the arithmetic of CPU devices.
  * Errors: DP_ERR_INVALID_ARGUMENT (dev NULL), DP_ERR_DEVICE. */
 DP_API dp_status dp_device_set_allow_tf32(dp_device *dev, int allow);
 
@@ -213,12 +246,46 @@ DP_API dp_status dp_gemm(dp_device *dev, dp_op transa, dp_op transb, int m, int 
                          float beta, float *C, int ldc);
 
 /* batch independent dp_gemm calls; matrix i of A starts at A + i*strideA
- * (in floats), likewise B and C. Same errors as dp_gemm. */
+ * (in floats, >= 0), likewise B and C. Same errors as dp_gemm, and
+ * DP_ERR_INVALID_ARGUMENT for a negative stride. */
 DP_API dp_status dp_gemm_strided_batched(dp_device *dev, dp_op transa, dp_op transb, int m,
                                          int n, int k, float alpha, const float *A, int lda,
                                          long long strideA, const float *B, int ldb,
                                          long long strideB, float beta, float *C, int ldc,
                                          long long strideC, int batch);
+
+/*
+ * dp_gemm_strided_batched with typed operands (cublasGemmStridedBatchedEx):
+ * A and B each hold float32 or bfloat16 elements (a_type, b_type:
+ * DP_DTYPE_F32 for float, DP_DTYPE_BF16 for dp_bf16); C is float32;
+ * leading dimensions and strides count elements. The arithmetic is the
+ * device's matmul precision: FP32 (and TF32) widen a bfloat16 operand
+ * exactly, so it computes with the operand's float32 value; BF16 rounds a
+ * float32 operand to bfloat16 first, so both operands are bfloat16 values.
+ * A GEMM that converts an operand holds the converted copy in the
+ * device's conversion scratch (grown on demand to the largest operand,
+ * kept until close; counted as `reserved` in dp_memory_stats and against
+ * the limit), and on CPU devices oneDNN's own scratch likewise.
+ * Errors: as dp_gemm_strided_batched; DP_ERR_INVALID_ARGUMENT for a type
+ * other than DP_DTYPE_F32 or DP_DTYPE_BF16; DP_ERR_OUT_OF_MEMORY when the
+ * scratch would pass the limit or cannot be allocated; DP_ERR_DEVICE.
+ */
+DP_API dp_status dp_gemm_ex(dp_device *dev, dp_op transa, dp_op transb, int m, int n, int k,
+                            float alpha, const void *A, dp_dtype a_type, int lda,
+                            long long strideA, const void *B, dp_dtype b_type, int ldb,
+                            long long strideB, float beta, float *C, int ldc, long long strideC,
+                            int batch);
+
+/* ---- bfloat16 conversion on a device ----------------------------------- */
+
+/* dst[i] = src[i] converted, for n elements (device pointers of dev):
+ * float32 -> bfloat16 rounds to nearest even (dp_bf16_from_float),
+ * bfloat16 -> float32 is exact, equal types copy. dst and src must not
+ * overlap unless they are the same pointer with equal types.
+ * Errors: DP_ERR_INVALID_ARGUMENT (NULL, n == 0 or overflowing bytes, a
+ * type other than DP_DTYPE_F32 and DP_DTYPE_BF16), DP_ERR_DEVICE. */
+DP_API dp_status dp_convert(dp_device *dev, void *dst, dp_dtype dst_type, const void *src,
+                            dp_dtype src_type, size_t n);
 
 #ifdef __cplusplus
 }

@@ -8,6 +8,7 @@
 #define DP_DTYPE_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "dp/export.h"
 
@@ -38,6 +39,21 @@ DP_API size_t dp_dtype_size(dp_dtype dtype);
 
 /* The format's name ("F32", ...); "invalid dtype" for a value outside the enum. */
 DP_API const char *dp_dtype_name(dp_dtype dtype);
+
+/* bfloat16 (Google Brain's "brain float"): the upper 16 bits of a float32
+ * (sign, the 8-bit exponent, 7 mantissa bits), so it has float32's range
+ * and about 3 significant decimal digits. dp stores bf16 replicas of the
+ * parameters (dp_model.param_dtype) as these bits. */
+typedef uint16_t dp_bf16;
+
+/* x rounded to the nearest bfloat16, ties to even (PyTorch's
+ * tensor.to(torch.bfloat16), CUDA's __float2bfloat16_rn): finite values past
+ * the largest bfloat16 (about 3.39e38) become +-Inf, subnormals stay
+ * subnormal, a NaN stays a NaN. Every device rounds the same way. */
+DP_API dp_bf16 dp_bf16_from_float(float x);
+
+/* The float32 with x's value (exact). */
+DP_API float dp_bf16_to_float(dp_bf16 x);
 
 #ifdef __cplusplus
 }

@@ -8,6 +8,12 @@
  * gradients OVERWRITE unless the docstring says they accumulate (residual
  * paths). Sizes are element counts, not bytes.
  *
+ * Parameters are float32; a function with the suffix _bf16 takes them as
+ * bfloat16 (dp_bf16, a bf16 replica: dp_model.param_dtype) and computes
+ * exactly what its float32 twin computes on their widened values, in the
+ * device's matmul precision (dp_device_set_matmul_precision) like any
+ * GEMM. Activations and gradients are float32 in both.
+ *
  * Every function returns DP_ERR_INVALID_ARGUMENT for NULL required
  * pointers or zero/inconsistent dimensions, DP_ERR_DEVICE for a backend
  * failure, and DP_OK otherwise.
@@ -19,6 +25,7 @@
 #include <stdint.h>
 
 #include "dp/device.h"
+#include "dp/dtype.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -30,6 +37,9 @@ extern "C" {
 DP_API dp_status dp_encoder_forward(dp_device *dev, float *out, const int32_t *inp,
                                     const float *wte, const float *wpe, size_t B, size_t T,
                                     size_t C);
+DP_API dp_status dp_encoder_forward_bf16(dp_device *dev, float *out, const int32_t *inp,
+                                         const dp_bf16 *wte, const dp_bf16 *wpe, size_t B,
+                                         size_t T, size_t C);
 /* dwte(V,C) += scatter of dout by token id; dwpe(maxT,C)[t] += sum_b dout[b,t].
  * Additions happen in a fixed order (deterministic). */
 DP_API dp_status dp_encoder_backward(dp_device *dev, float *dwte, float *dwpe,
@@ -42,11 +52,17 @@ DP_API dp_status dp_encoder_backward(dp_device *dev, float *dwte, float *dwpe,
 DP_API dp_status dp_linear_forward(dp_device *dev, float *out, const float *inp,
                                    const float *weight, const float *bias, size_t N, size_t C,
                                    size_t OC);
+DP_API dp_status dp_linear_forward_bf16(dp_device *dev, float *out, const float *inp,
+                                        const dp_bf16 *weight, const dp_bf16 *bias, size_t N,
+                                        size_t C, size_t OC);
 /* dinp(N,C) = dout @ weight (overwritten; NULL skips it),
  * dweight(OC,C) += dout^T @ inp, dbias(OC) += column sums of dout (NULL skips). */
 DP_API dp_status dp_linear_backward(dp_device *dev, float *dinp, float *dweight, float *dbias,
                                     const float *dout, const float *inp, const float *weight,
                                     size_t N, size_t C, size_t OC);
+DP_API dp_status dp_linear_backward_bf16(dp_device *dev, float *dinp, float *dweight,
+                                         float *dbias, const float *dout, const float *inp,
+                                         const dp_bf16 *weight, size_t N, size_t C, size_t OC);
 
 /* ---- LayerNorm (eps = 1e-5, as torch.nn.LayerNorm) ----------------------
  * out(N,C) = (inp - mean) * rstd * weight + bias; caches mean(N), rstd(N)
@@ -55,12 +71,19 @@ DP_API dp_status dp_linear_backward(dp_device *dev, float *dinp, float *dweight,
 DP_API dp_status dp_layernorm_forward(dp_device *dev, float *out, float *mean, float *rstd,
                                       const float *inp, const float *weight, const float *bias,
                                       size_t N, size_t C);
+DP_API dp_status dp_layernorm_forward_bf16(dp_device *dev, float *out, float *mean,
+                                           float *rstd, const float *inp, const dp_bf16 *weight,
+                                           const dp_bf16 *bias, size_t N, size_t C);
 /* dinp(N,C) += (ACCUMULATES: LayerNorm sits on the residual stream),
  * dweight(C) +=, dbias(C) +=. */
 DP_API dp_status dp_layernorm_backward(dp_device *dev, float *dinp, float *dweight,
                                        float *dbias, const float *dout, const float *inp,
                                        const float *weight, const float *mean,
                                        const float *rstd, size_t N, size_t C);
+DP_API dp_status dp_layernorm_backward_bf16(dp_device *dev, float *dinp, float *dweight,
+                                            float *dbias, const float *dout, const float *inp,
+                                            const dp_bf16 *weight, const float *mean,
+                                            const float *rstd, size_t N, size_t C);
 
 /* ---- GELU, tanh approximation (Hendrycks & Gimpel 2016; GPT-2) -----------
  * out = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), n elements. */

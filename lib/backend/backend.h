@@ -47,7 +47,30 @@ struct dp_device {
     size_t in_use, peak, peak_since_reset, limit;
     size_t reserved; /* set by ops->open: the backend's own buffers (dp_memory_stats) */
     dp_alloc_map allocs;
+
+    /* dp_device_set_matmul_precision; read by the backend's gemm */
+    dp_matmul_precision matmul;
 };
+
+/* One operand of the backend's gemm: batch column-major matrices (before
+ * op) at p, p + stride, ..., of float32 or bfloat16 elements (ld and
+ * stride in elements; stride >= 0). */
+typedef struct dp_gemm_arg {
+    const void *p;
+    int bf16; /* 0: floats; 1: bfloat16 bits */
+    int ld;
+    long long stride;
+} dp_gemm_arg;
+
+/* Elements an operand spans, from its first to one past its last: rows x
+ * cols matrices (rows = m or k, as stored) with leading dimension ld,
+ * batch of them stride apart. 0 when any size is 0. */
+static inline size_t dp_gemm_arg_span(const dp_gemm_arg *a, int rows, int cols, int batch)
+{
+    if (rows <= 0 || cols <= 0 || batch <= 0) return 0;
+    return (size_t)(batch - 1) * (size_t)a->stride + (size_t)(cols - 1) * (size_t)a->ld +
+           (size_t)rows;
+}
 
 struct dp_backend_ops {
     const char *name;
@@ -84,15 +107,17 @@ struct dp_backend_ops {
     dp_status (*event_synchronize)(dp_device *dev, void *ev);
     dp_status (*event_elapsed)(dp_device *dev, void *start, void *end, double *seconds);
 
-    dp_status (*gemm_strided_batched)(dp_device *dev, dp_op transa, dp_op transb, int m, int n,
-                                      int k, float alpha, const float *A, int lda,
-                                      long long strideA, const float *B, int ldb,
-                                      long long strideB, float beta, float *C, int ldc,
-                                      long long strideC, int batch);
+    /* C = alpha op(A) op(B) + beta C (dp_gemm_ex): batch float32 matrices
+     * C (ldc, strideC), operands as dp_gemm_arg, in dev->matmul's
+     * precision. Sizes are valid and m, n, batch > 0; k may be 0. */
+    dp_status (*gemm)(dp_device *dev, dp_op transa, dp_op transb, int m, int n, int k,
+                      float alpha, const dp_gemm_arg *A, const dp_gemm_arg *B, float beta,
+                      float *C, int ldc, long long strideC, int batch);
 
-    /* optional (NULL: not applicable, e.g. on CPU devices, which always
-     * compute in float32): TF32 tensor-op math for gemm when allow != 0 */
-    dp_status (*set_allow_tf32)(dp_device *dev, int allow);
+    /* optional (NULL: nothing to set): called by
+     * dp_device_set_matmul_precision before dev->matmul changes (CUDA sets
+     * cuBLAS's math mode for TF32) */
+    dp_status (*set_matmul_precision)(dp_device *dev, dp_matmul_precision p);
 
     /* ---- kernels (see dp/nn.h and lib/kernels/ (*.h)) ---- */
 
@@ -105,8 +130,7 @@ struct dp_backend_ops {
     dp_status (*encoder_backward)(dp_device *dev, float *dwte, float *dwpe, const float *dout,
                                   const int32_t *inp, size_t B, size_t T, size_t C);
     /* out(N,OC)[i,:] = bias (broadcast rows; used before a beta=1 gemm) */
-    dp_status (*bias_broadcast)(dp_device *dev, float *out, const float *bias, size_t N,
-                                size_t OC);
+    dp_status (*bias_broadcast)(dp_device *dev, float *out, dp_pref bias, size_t N, size_t OC);
     /* dbias(OC) += column sums of dout(N,OC), in a fixed order */
     dp_status (*bias_backward)(dp_device *dev, float *dbias, const float *dout, size_t N,
                                size_t OC);
@@ -129,6 +153,16 @@ struct dp_backend_ops {
     dp_status (*attention_unpermute_backward)(dp_device *dev, float *dy, const float *dout,
                                               size_t B, size_t T, size_t NH, size_t hs);
 };
+
+/* ops->gemm with float32 operands (dp_gemm_strided_batched's arguments). */
+static inline dp_status dp_backend_sgemm(dp_device *dev, dp_op ta, dp_op tb, int m, int n, int k,
+                                         float alpha, const float *A, int lda, long long sA,
+                                         const float *B, int ldb, long long sB, float beta,
+                                         float *C, int ldc, long long sC, int batch)
+{
+    dp_gemm_arg a = {A, 0, lda, sA}, b = {B, 0, ldb, sB};
+    return dev->ops->gemm(dev, ta, tb, m, n, k, alpha, &a, &b, beta, C, ldc, sC, batch);
+}
 
 /* Backend tables. cuda is NULL in builds without CUDA. */
 const dp_backend_ops *dp_backend_cpu(void);

@@ -159,12 +159,31 @@ dp_status dp_device_bind_thread(dp_device *dev)
     return dev->ops->bind_thread ? dev->ops->bind_thread(dev) : DP_OK;
 }
 
-dp_status dp_device_set_allow_tf32(dp_device *dev, int allow)
+const char *dp_matmul_precision_name(dp_matmul_precision p)
+{
+    static const char *names[DP_MATMUL_PRECISION_COUNT] = {"fp32", "tf32", "bf16"};
+    return (unsigned)p < DP_MATMUL_PRECISION_COUNT ? names[p] : "invalid matmul precision";
+}
+
+dp_status dp_device_set_matmul_precision(dp_device *dev, dp_matmul_precision p)
 {
     if (!dev) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "dev must not be NULL");
-    /* NULL: the device has no reduced-precision GEMM (the CPU always
-     * computes in float32), so there is nothing to set. */
-    return dev->ops->set_allow_tf32 ? dev->ops->set_allow_tf32(dev, allow) : DP_OK;
+    if ((unsigned)p >= DP_MATMUL_PRECISION_COUNT)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: matmul precision %d; use DP_MATMUL_FP32, "
+                       "DP_MATMUL_TF32 or DP_MATMUL_BF16", dev->name, (int)p);
+    if (dev->ops->set_matmul_precision) DP_TRY(dev->ops->set_matmul_precision(dev, p));
+    dev->matmul = p;
+    return DP_OK;
+}
+
+dp_matmul_precision dp_device_matmul_precision(const dp_device *dev)
+{
+    return dev ? dev->matmul : DP_MATMUL_FP32;
+}
+
+dp_status dp_device_set_allow_tf32(dp_device *dev, int allow)
+{
+    return dp_device_set_matmul_precision(dev, allow ? DP_MATMUL_TF32 : DP_MATMUL_FP32);
 }
 
 // --- memory -------------------------------------------------------------------
@@ -409,9 +428,11 @@ dp_status dp_event_elapsed(dp_event *start, dp_event *end, double *seconds)
 
 // --- GEMM -----------------------------------------------------------------------
 
+static int typed(dp_dtype t) { return t == DP_DTYPE_F32 || t == DP_DTYPE_BF16; }
+
 static dp_status check_gemm(dp_device *dev, dp_op ta, dp_op tb, int m, int n, int k,
-                            const float *A, int lda, const float *B, int ldb, const float *C,
-                            int ldc, int batch)
+                            const void *A, int lda, long long sA, const void *B, int ldb,
+                            long long sB, const float *C, int ldc, long long sC, int batch)
 {
     if (!dev) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "dev must not be NULL");
     if (m < 0 || n < 0 || k < 0 || batch < 0)
@@ -426,19 +447,31 @@ static dp_status check_gemm(dp_device *dev, dp_op ta, dp_op tb, int m, int n, in
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: leading dimensions too small (lda=%d "
                        "needs >= %d, ldb=%d needs >= %d, ldc=%d needs >= %d)", dev->name, lda,
                        rows_a, ldb, rows_b, ldc, m);
+    if (sA < 0 || sB < 0 || sC < 0)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: gemm strides must be >= 0 (strideA=%lld "
+                       "strideB=%lld strideC=%lld)", dev->name, sA, sB, sC);
     if (m && n && batch && (!C || (k && (!A || !B))))
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: gemm with a NULL matrix", dev->name);
     return DP_OK;
+}
+
+static dp_status run_gemm(dp_device *dev, dp_op ta, dp_op tb, int m, int n, int k, float alpha,
+                          const void *A, int a_bf16, int lda, long long sA, const void *B,
+                          int b_bf16, int ldb, long long sB, float beta, float *C, int ldc,
+                          long long sC, int batch)
+{
+    DP_TRY(check_gemm(dev, ta, tb, m, n, k, A, lda, sA, B, ldb, sB, C, ldc, sC, batch));
+    if (!m || !n || !batch) return DP_OK;
+    dp_gemm_arg a = {A, a_bf16, lda, sA}, b = {B, b_bf16, ldb, sB};
+    return dev->ops->gemm(dev, ta, tb, m, n, k, alpha, &a, &b, beta, C, ldc, sC, batch);
 }
 
 dp_status dp_gemm(dp_device *dev, dp_op transa, dp_op transb, int m, int n, int k, float alpha,
                   const float *A, int lda, const float *B, int ldb, float beta, float *C,
                   int ldc)
 {
-    DP_TRY(check_gemm(dev, transa, transb, m, n, k, A, lda, B, ldb, C, ldc, 1));
-    if (!m || !n) return DP_OK;
-    return dev->ops->gemm_strided_batched(dev, transa, transb, m, n, k, alpha, A, lda, 0, B, ldb,
-                                          0, beta, C, ldc, 0, 1);
+    return run_gemm(dev, transa, transb, m, n, k, alpha, A, 0, lda, 0, B, 0, ldb, 0, beta, C,
+                    ldc, 0, 1);
 }
 
 dp_status dp_gemm_strided_batched(dp_device *dev, dp_op transa, dp_op transb, int m, int n,
@@ -446,10 +479,43 @@ dp_status dp_gemm_strided_batched(dp_device *dev, dp_op transa, dp_op transb, in
                                   const float *B, int ldb, long long strideB, float beta,
                                   float *C, int ldc, long long strideC, int batch)
 {
-    DP_TRY(check_gemm(dev, transa, transb, m, n, k, A, lda, B, ldb, C, ldc, batch));
-    if (!m || !n || !batch) return DP_OK;
-    return dev->ops->gemm_strided_batched(dev, transa, transb, m, n, k, alpha, A, lda, strideA,
-                                          B, ldb, strideB, beta, C, ldc, strideC, batch);
+    return run_gemm(dev, transa, transb, m, n, k, alpha, A, 0, lda, strideA, B, 0, ldb, strideB,
+                    beta, C, ldc, strideC, batch);
+}
+
+dp_status dp_gemm_ex(dp_device *dev, dp_op transa, dp_op transb, int m, int n, int k,
+                     float alpha, const void *A, dp_dtype a_type, int lda, long long strideA,
+                     const void *B, dp_dtype b_type, int ldb, long long strideB, float beta,
+                     float *C, int ldc, long long strideC, int batch)
+{
+    if (!typed(a_type) || !typed(b_type))
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: gemm operand types %s and %s; use "
+                       "DP_DTYPE_F32 or DP_DTYPE_BF16", dp_device_name(dev),
+                       dp_dtype_name(a_type), dp_dtype_name(b_type));
+    return run_gemm(dev, transa, transb, m, n, k, alpha, A, a_type == DP_DTYPE_BF16, lda, strideA,
+                    B, b_type == DP_DTYPE_BF16, ldb, strideB, beta, C, ldc, strideC, batch);
+}
+
+// --- conversion ---------------------------------------------------------------------
+
+dp_status dp_convert(dp_device *dev, void *dst, dp_dtype dst_type, const void *src,
+                     dp_dtype src_type, size_t n)
+{
+    if (!dev || !dst || !src)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "dev, dst and src must not be NULL");
+    if (!typed(dst_type) || !typed(src_type))
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: conversion from %s to %s; dp converts "
+                       "between DP_DTYPE_F32 and DP_DTYPE_BF16", dev->name,
+                       dp_dtype_name(src_type), dp_dtype_name(dst_type));
+    if (n == 0 || n > SIZE_MAX / sizeof(float))
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: conversion of %zu elements; use 1 to %zu",
+                       dev->name, n, SIZE_MAX / sizeof(float));
+    if (dst_type == src_type) {
+        if (dst == src) return DP_OK;
+        return dev->ops->copy_d2d(dev, dst, src, n * dp_dtype_size(dst_type));
+    }
+    if (dst_type == DP_DTYPE_BF16) return dev->ops->cast_f32_bf16(dev, dst, src, n);
+    return dev->ops->cast_bf16_f32(dev, dst, src, n);
 }
 
 int dp_device_is_host_memory(const dp_device *dev) { return dev && dev->ops->host_memory; }

@@ -14,15 +14,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kernels/bf16.h"
 #include "kernels/dp_hd.h"
 
-/* out(B,T,C)[i] = wte[inp[b,t], c] + wpe[t, c] for flat index i in [0, B*T*C). */
-static inline DP_HD void dp_encoder_forward_elem(float *out, const int32_t *inp,
-                                                 const float *wte, const float *wpe, size_t T,
-                                                 size_t C, size_t i)
+/* out(B,T,C)[i] = wte[inp[b,t], c] + wpe[t, c] for flat index i in [0, B*T*C);
+ * wte and wpe are float32 or bfloat16 (kernels/bf16.h). */
+static inline DP_HD void dp_encoder_forward_elem(float *out, const int32_t *inp, dp_pref wte,
+                                                 dp_pref wpe, size_t T, size_t C, size_t i)
 {
     size_t bt = i / C, c = i % C, t = bt % T;
-    out[i] = wte[(size_t)inp[bt] * C + c] + wpe[t * C + c];
+    out[i] = dp_pref_at(wte, (size_t)inp[bt] * C + c) + dp_pref_at(wpe, t * C + c);
 }
 
 /* dwpe(maxT,C)[t,c] += sum over b = 0..B-1 (in order) of dout(B,T,C)[b,t,c],

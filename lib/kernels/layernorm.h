@@ -16,15 +16,17 @@
 #include <math.h>
 #include <stddef.h>
 
+#include "kernels/bf16.h"
 #include "kernels/colsum.h"
 #include "kernels/dp_hd.h"
 
 /* One row: out(C) = (inp(C) - mean) * rstd * weight(C) + bias(C); writes
  * *mean and *rstd = 1/sqrt(var + eps). Two passes (mean, then the centred
- * sum of squares) so a large common offset does not cancel the variance. */
+ * sum of squares) so a large common offset does not cancel the variance.
+ * weight and bias are float32 or bfloat16 (kernels/bf16.h). */
 static inline DP_HD void dp_layernorm_forward_row(float *out, float *mean, float *rstd,
-                                                  const float *inp, const float *weight,
-                                                  const float *bias, size_t C, float eps)
+                                                  const float *inp, dp_pref weight,
+                                                  dp_pref bias, size_t C, float eps)
 {
     float sum = 0.0f;
     for (size_t c = 0; c < C; c++) sum += inp[c];
@@ -35,19 +37,20 @@ static inline DP_HD void dp_layernorm_forward_row(float *out, float *mean, float
         ss += d * d;
     }
     float s = 1.0f / sqrtf(ss / (float)C + eps);
-    for (size_t c = 0; c < C; c++) out[c] = (inp[c] - m) * s * weight[c] + bias[c];
+    for (size_t c = 0; c < C; c++)
+        out[c] = (inp[c] - m) * s * dp_pref_at(weight, c) + dp_pref_at(bias, c);
     *mean = m;
     *rstd = s;
 }
 
 /* One row: dinp(C) += the input gradient (see the file comment). */
 static inline DP_HD void dp_layernorm_backward_inp_row(float *dinp, const float *dout,
-                                                       const float *inp, const float *weight,
+                                                       const float *inp, dp_pref weight,
                                                        float mean, float rstd, size_t C)
 {
     float g_mean = 0.0f, gx_mean = 0.0f;
     for (size_t c = 0; c < C; c++) {
-        float g = dout[c] * weight[c];
+        float g = dout[c] * dp_pref_at(weight, c);
         g_mean += g;
         gx_mean += g * (inp[c] - mean) * rstd;
     }
@@ -55,7 +58,7 @@ static inline DP_HD void dp_layernorm_backward_inp_row(float *dinp, const float 
     gx_mean /= (float)C;
     for (size_t c = 0; c < C; c++) {
         float xhat = (inp[c] - mean) * rstd;
-        float g = dout[c] * weight[c];
+        float g = dout[c] * dp_pref_at(weight, c);
         dinp[c] += rstd * (g - g_mean - xhat * gx_mean);
     }
 }
@@ -120,16 +123,15 @@ static inline DP_HD void dp_layernorm_param_cols(float *dweight, float *dbias, c
 
 /* Row r of (N,C): dp_layernorm_forward_row on row r (mean[r], rstd[r]). */
 static inline DP_HD void dp_layernorm_forward_item(float *out, float *mean, float *rstd,
-                                                   const float *inp, const float *weight,
-                                                   const float *bias, size_t C, float eps,
-                                                   size_t r)
+                                                   const float *inp, dp_pref weight, dp_pref bias,
+                                                   size_t C, float eps, size_t r)
 {
     dp_layernorm_forward_row(out + r * C, mean + r, rstd + r, inp + r * C, weight, bias, C, eps);
 }
 
 /* Row r of (N,C): dp_layernorm_backward_inp_row on row r. */
 static inline DP_HD void dp_layernorm_backward_inp_item(float *dinp, const float *dout,
-                                                        const float *inp, const float *weight,
+                                                        const float *inp, dp_pref weight,
                                                         const float *mean, const float *rstd,
                                                         size_t C, size_t r)
 {

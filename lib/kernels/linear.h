@@ -7,23 +7,24 @@
 
 #include <stddef.h>
 
+#include "kernels/bf16.h"
 #include "kernels/colsum.h"
 #include "kernels/dp_hd.h"
 
 /* out(N,OC)[i] = bias[i % OC] for flat index i in [0, N*OC): every row of
- * out starts as the bias, then a beta = 1 GEMM adds inp @ weight^T. */
-static inline DP_HD void dp_bias_broadcast_elem(float *out, const float *bias, size_t OC,
-                                                size_t i)
+ * out starts as the bias (float32 or bfloat16), then a beta = 1 GEMM adds
+ * inp @ weight^T. */
+static inline DP_HD void dp_bias_broadcast_elem(float *out, dp_pref bias, size_t OC, size_t i)
 {
-    out[i] = bias[i % OC];
+    out[i] = dp_pref_at(bias, i % OC);
 }
 
 /* Row r of out(N,OC) = bias: the CPU's loop (contiguous writes, no
  * per-element division); same result as dp_bias_broadcast_elem. */
-static inline DP_HD void dp_bias_broadcast_row(float *out, const float *bias, size_t OC, size_t r)
+static inline DP_HD void dp_bias_broadcast_row(float *out, dp_pref bias, size_t OC, size_t r)
 {
     float *o = out + r * OC;
-    for (size_t c = 0; c < OC; c++) o[c] = bias[c];
+    for (size_t c = 0; c < OC; c++) o[c] = dp_pref_at(bias, c);
 }
 
 /* dbias(OC) += column sums of dout(N,OC) in the two-stage order of

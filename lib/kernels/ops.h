@@ -32,6 +32,7 @@
 #define DP_KERNELS_OPS_H
 
 #include "kernels/attention.h"
+#include "kernels/bf16.h"
 #include "kernels/crossentropy.h"
 #include "kernels/elementwise.h"
 #include "kernels/encoder.h"
@@ -45,9 +46,14 @@
 #define DP_KERNEL_OPS(X)                                                                   \
     /* out(B,T,C) = wte[inp] + wpe[t]; n = B*T*C */                                        \
     X(encoder_forward, ELEM, dp_encoder_forward_elem,                                      \
-      (float *out, const int32_t *inp, const float *wte, const float *wpe, size_t T,       \
-       size_t C),                                                                          \
+      (float *out, const int32_t *inp, dp_pref wte, dp_pref wpe, size_t T, size_t C),      \
       (out, inp, wte, wpe, T, C))                                                          \
+    /* bfloat16 <-> float32 (kernels/bf16.h) */                                            \
+    X(cast_f32_bf16, ELEM, dp_cast_f32_bf16_elem, (uint16_t *dst, const float *src),       \
+      (dst, src))                                                                          \
+    X(cast_bf16_f32, ELEM, dp_cast_bf16_f32_elem, (float *dst, const uint16_t *src),       \
+      (dst, src))                                                                          \
+    X(round_bf16, ELEM, dp_round_bf16_elem, (float *dst, const float *src), (dst, src))    \
     X(gelu_forward, ELEM, dp_gelu_forward_elem, (float *out, const float *inp), (out, inp)) \
     X(gelu_backward, ELEM, dp_gelu_backward_elem,                                          \
       (float *dinp, const float *inp, const float *dout), (dinp, inp, dout))               \
@@ -67,12 +73,12 @@
       (params, grads, momentum_buf, lr, momentum, weight_decay, first_step))               \
     /* rows of (N,C); caches mean(N), rstd(N); n = N */                                    \
     X(layernorm_forward, ROW_BLOCK, dp_layernorm_forward_item,                                   \
-      (float *out, float *mean, float *rstd, const float *inp, const float *weight,        \
-       const float *bias, size_t C, float eps),                                            \
+      (float *out, float *mean, float *rstd, const float *inp, dp_pref weight,             \
+       dp_pref bias, size_t C, float eps),                                                 \
       (out, mean, rstd, inp, weight, bias, C, eps))                                        \
     /* dinp(N,C) += the input gradient; n = N */                                           \
     X(layernorm_backward_inp, ROW, dp_layernorm_backward_inp_item,                         \
-      (float *dinp, const float *dout, const float *inp, const float *weight,              \
+      (float *dinp, const float *dout, const float *inp, dp_pref weight,                   \
        const float *mean, const float *rstd, size_t C),                                    \
       (dinp, dout, inp, weight, mean, rstd, C))                                            \
     /* att(BNH,T,T) in place, row r is query r % T: softmax(scale * att[r, 0..t]), zeros   \

@@ -63,7 +63,7 @@ static dp_status check_dims(const char *fn, dp_device *dev, size_t B, size_t T, 
                        "(GEMM int sizes); split the batch into smaller micro-batches",
                        fn, dev->name, T, hs, B * NH, INT_MAX);
     const dp_backend_ops *o = dev->ops;
-    if (!o->gemm_strided_batched || !o->attention_permute || !o->attention_permute_backward ||
+    if (!o->gemm || !o->attention_permute || !o->attention_permute_backward ||
         !o->attention_unpermute || !o->attention_unpermute_backward ||
         !o->softmax_causal_forward || !o->softmax_causal_backward)
         return DP_FAIL(DP_ERR_UNSUPPORTED, "%s on %s: the %s backend has no attention kernels",
@@ -116,11 +116,11 @@ dp_status dp_attention_forward(dp_device *dev, float *out, float *qkvr, float *a
     DP_TRY(o->attention_permute(dev, qkvr, qkv, B, T, NH, hs));
     /* att = q k^T (row-major T x T) is column-major att^T = k q^T: k read
      * column-major is (hs,T), so op(A) = k^T with lda = hs. */
-    DP_TRY(o->gemm_strided_batched(dev, DP_OP_T, DP_OP_N, iT, iT, ihs, 1.0f, k, ihs, sTh, q,
+    DP_TRY(dp_backend_sgemm(dev, DP_OP_T, DP_OP_N, iT, iT, ihs, 1.0f, k, ihs, sTh, q,
                                    ihs, sTh, 0.0f, att, iT, sTT, batch));
     DP_TRY(o->softmax_causal_forward(dev, att, 1.0f / sqrtf((float)hs), T, BNH * T));
     /* y = att v is column-major y^T(hs,T) = v^T(hs,T) att^T(T,T). */
-    DP_TRY(o->gemm_strided_batched(dev, DP_OP_N, DP_OP_N, ihs, iT, iT, 1.0f, v, ihs, sTh, att,
+    DP_TRY(dp_backend_sgemm(dev, DP_OP_N, DP_OP_N, ihs, iT, iT, 1.0f, v, ihs, sTh, att,
                                    iT, sTT, 0.0f, y, ihs, sTh, batch));
     DP_TRY(o->attention_unpermute(dev, out, y, B, T, NH, hs));
     return DP_OK;
@@ -157,19 +157,19 @@ dp_status dp_attention_backward(dp_device *dev, float *dqkv, float *dqkvr, float
 
     DP_TRY(o->attention_unpermute_backward(dev, dy, dout, B, T, NH, hs));
     /* datt = dy v^T: the same shape of product as the forward's scores. */
-    DP_TRY(o->gemm_strided_batched(dev, DP_OP_T, DP_OP_N, iT, iT, ihs, 1.0f, v, ihs, sTh, dy,
+    DP_TRY(dp_backend_sgemm(dev, DP_OP_T, DP_OP_N, iT, iT, ihs, 1.0f, v, ihs, sTh, dy,
                                    ihs, sTh, 0.0f, datt, iT, sTT, batch));
     /* dv = att^T dy is column-major dv^T(hs,T) = dy^T(hs,T) att(T,T), and
      * the column-major view of row-major att is att^T, hence op(B) = T. */
-    DP_TRY(o->gemm_strided_batched(dev, DP_OP_N, DP_OP_T, ihs, iT, iT, 1.0f, dy, ihs, sTh, att,
+    DP_TRY(dp_backend_sgemm(dev, DP_OP_N, DP_OP_T, ihs, iT, iT, 1.0f, dy, ihs, sTh, att,
                                    iT, sTT, 0.0f, dv, ihs, sTh, batch));
     /* datt becomes d(scores), 1/sqrt(hs) included, zero above the diagonal. */
     DP_TRY(o->softmax_causal_backward(dev, datt, att, 1.0f / sqrtf((float)hs), T, BNH * T));
     /* dq = ds k, as the forward's y = att v. */
-    DP_TRY(o->gemm_strided_batched(dev, DP_OP_N, DP_OP_N, ihs, iT, iT, 1.0f, k, ihs, sTh, datt,
+    DP_TRY(dp_backend_sgemm(dev, DP_OP_N, DP_OP_N, ihs, iT, iT, 1.0f, k, ihs, sTh, datt,
                                    iT, sTT, 0.0f, dq, ihs, sTh, batch));
     /* dk = ds^T q, as dv = att^T dy. */
-    DP_TRY(o->gemm_strided_batched(dev, DP_OP_N, DP_OP_T, ihs, iT, iT, 1.0f, q, ihs, sTh, datt,
+    DP_TRY(dp_backend_sgemm(dev, DP_OP_N, DP_OP_T, ihs, iT, iT, 1.0f, q, ihs, sTh, datt,
                                    iT, sTT, 0.0f, dk, ihs, sTh, batch));
     DP_TRY(o->attention_permute_backward(dev, dqkv, dqkvr, B, T, NH, hs));
     return DP_OK;

@@ -6,38 +6,86 @@
 
 #include "dp/nn.h"
 
+/* The public functions' checks (a macro, so messages name them). */
+#define CHECK_FORWARD()                      \
+    do {                                     \
+        size_t n_;                           \
+        DP_NN_REQUIRE_DEV(dev);              \
+        DP_NN_REQUIRE_PTR(dev, out);         \
+        DP_NN_REQUIRE_PTR(dev, mean);        \
+        DP_NN_REQUIRE_PTR(dev, rstd);        \
+        DP_NN_REQUIRE_PTR(dev, inp);         \
+        DP_NN_REQUIRE_PTR(dev, weight);      \
+        DP_NN_REQUIRE_PTR(dev, bias);        \
+        DP_NN_CHECK_DIMS2(dev, N, C, &n_);   \
+    } while (0)
+#define CHECK_BACKWARD()                     \
+    do {                                     \
+        size_t n_;                           \
+        DP_NN_REQUIRE_DEV(dev);              \
+        DP_NN_REQUIRE_PTR(dev, dinp);        \
+        DP_NN_REQUIRE_PTR(dev, dweight);     \
+        DP_NN_REQUIRE_PTR(dev, dbias);       \
+        DP_NN_REQUIRE_PTR(dev, dout);        \
+        DP_NN_REQUIRE_PTR(dev, inp);         \
+        DP_NN_REQUIRE_PTR(dev, weight);      \
+        DP_NN_REQUIRE_PTR(dev, mean);        \
+        DP_NN_REQUIRE_PTR(dev, rstd);        \
+        DP_NN_CHECK_DIMS2(dev, N, C, &n_);   \
+    } while (0)
+
+static dp_pref pref(const void *p, int w16)
+{
+    return w16 ? dp_pref_bf16(p) : dp_pref_f32(p);
+}
+
+/* The layer over weight and bias of either type (w16: bfloat16). */
+static dp_status layernorm_forward(dp_device *dev, float *out, float *mean, float *rstd,
+                                   const float *inp, const void *weight, const void *bias,
+                                   int w16, size_t N, size_t C)
+{
+    return dev->ops->layernorm_forward(dev, out, mean, rstd, inp, pref(weight, w16),
+                                       pref(bias, w16), C, DP_LAYERNORM_EPS, N);
+}
+
+static dp_status layernorm_backward(dp_device *dev, float *dinp, float *dweight, float *dbias,
+                                    const float *dout, const float *inp, const void *weight,
+                                    int w16, const float *mean, const float *rstd, size_t N,
+                                    size_t C)
+{
+    DP_TRY(dev->ops->layernorm_backward_inp(dev, dinp, dout, inp, pref(weight, w16), mean, rstd,
+                                            C, N));
+    return dev->ops->layernorm_backward_params(dev, dweight, dbias, dout, inp, mean, rstd, N, C);
+}
+
 dp_status dp_layernorm_forward(dp_device *dev, float *out, float *mean, float *rstd,
                                const float *inp, const float *weight, const float *bias,
                                size_t N, size_t C)
 {
-    size_t n;
-    DP_NN_REQUIRE_DEV(dev);
-    DP_NN_REQUIRE_PTR(dev, out);
-    DP_NN_REQUIRE_PTR(dev, mean);
-    DP_NN_REQUIRE_PTR(dev, rstd);
-    DP_NN_REQUIRE_PTR(dev, inp);
-    DP_NN_REQUIRE_PTR(dev, weight);
-    DP_NN_REQUIRE_PTR(dev, bias);
-    DP_NN_CHECK_DIMS2(dev, N, C, &n);
-    return dev->ops->layernorm_forward(dev, out, mean, rstd, inp, weight, bias, C,
-                                       DP_LAYERNORM_EPS, N);
+    CHECK_FORWARD();
+    return layernorm_forward(dev, out, mean, rstd, inp, weight, bias, 0, N, C);
+}
+
+dp_status dp_layernorm_forward_bf16(dp_device *dev, float *out, float *mean, float *rstd,
+                                    const float *inp, const dp_bf16 *weight, const dp_bf16 *bias,
+                                    size_t N, size_t C)
+{
+    CHECK_FORWARD();
+    return layernorm_forward(dev, out, mean, rstd, inp, weight, bias, 1, N, C);
 }
 
 dp_status dp_layernorm_backward(dp_device *dev, float *dinp, float *dweight, float *dbias,
                                 const float *dout, const float *inp, const float *weight,
                                 const float *mean, const float *rstd, size_t N, size_t C)
 {
-    size_t n;
-    DP_NN_REQUIRE_DEV(dev);
-    DP_NN_REQUIRE_PTR(dev, dinp);
-    DP_NN_REQUIRE_PTR(dev, dweight);
-    DP_NN_REQUIRE_PTR(dev, dbias);
-    DP_NN_REQUIRE_PTR(dev, dout);
-    DP_NN_REQUIRE_PTR(dev, inp);
-    DP_NN_REQUIRE_PTR(dev, weight);
-    DP_NN_REQUIRE_PTR(dev, mean);
-    DP_NN_REQUIRE_PTR(dev, rstd);
-    DP_NN_CHECK_DIMS2(dev, N, C, &n);
-    DP_TRY(dev->ops->layernorm_backward_inp(dev, dinp, dout, inp, weight, mean, rstd, C, N));
-    return dev->ops->layernorm_backward_params(dev, dweight, dbias, dout, inp, mean, rstd, N, C);
+    CHECK_BACKWARD();
+    return layernorm_backward(dev, dinp, dweight, dbias, dout, inp, weight, 0, mean, rstd, N, C);
+}
+
+dp_status dp_layernorm_backward_bf16(dp_device *dev, float *dinp, float *dweight, float *dbias,
+                                     const float *dout, const float *inp, const dp_bf16 *weight,
+                                     const float *mean, const float *rstd, size_t N, size_t C)
+{
+    CHECK_BACKWARD();
+    return layernorm_backward(dev, dinp, dweight, dbias, dout, inp, weight, 1, mean, rstd, N, C);
 }

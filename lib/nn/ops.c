@@ -215,7 +215,7 @@ dp_status dp_linear_forward_ld(dp_device *dev, float *out, const float *inp, siz
     DP_NN_REQUIRE_PTR(dev, inp);
     DP_NN_REQUIRE_PTR(dev, weight);
     DP_TRY(check_linear_ld(dev, ld_inp, N, C, OC));
-    if (bias) DP_TRY(dev->ops->bias_broadcast(dev, out, bias, N, OC));
+    if (bias) DP_TRY(dev->ops->bias_broadcast(dev, out, dp_pref_f32(bias), N, OC));
     return dp_gemm(dev, DP_OP_T, DP_OP_N, (int)OC, (int)N, (int)C, 1.0f, weight, (int)C, inp,
                    (int)ld_inp, bias ? 1.0f : 0.0f, out, (int)OC);
 }

@@ -7,7 +7,8 @@
  * A virtual device is host memory plus the thread that drives it; the
  * engine gives each device its own thread, so OpenBLAS is made
  * single-threaded once (openblas_set_num_threads(1)) and the devices run
- * their GEMMs concurrently instead of fighting over BLAS threads.
+ * their GEMMs concurrently instead of fighting over BLAS threads (the GEMM
+ * itself, OpenBLAS or oneDNN, is in cpu_gemm.c).
  *
  * Host memory. All CPU devices share the host's RAM, and on Linux malloc
  * overcommits: an allocation far beyond RAM succeeds and the process is
@@ -77,7 +78,7 @@ static void host_init(void)
 }
 
 /* Counts bytes against the host's available memory, or says why not. */
-static dp_status host_reserve(dp_device *dev, size_t bytes)
+dp_status dp_cpu_host_reserve(dp_device *dev, size_t bytes)
 {
     pthread_mutex_lock(&host_mu);
     size_t avail = host_available, used = host_in_use;
@@ -93,7 +94,7 @@ static dp_status host_reserve(dp_device *dev, size_t bytes)
                    dev->name, bytes, used, avail);
 }
 
-static void host_release(size_t bytes)
+void dp_cpu_host_release(size_t bytes)
 {
     pthread_mutex_lock(&host_mu);
     host_in_use -= bytes < host_in_use ? bytes : host_in_use;
@@ -105,20 +106,19 @@ static void host_release(size_t bytes)
 static dp_status cpu_open(dp_device *dev)
 {
     pthread_once(&host_once, host_init);
-    dev->ctx = NULL;
-    return DP_OK;
+    return dp_cpu_ctx_create(dev);
 }
 
-static void cpu_close(dp_device *dev) { (void)dev; }
+static void cpu_close(dp_device *dev) { dp_cpu_ctx_destroy(dev); }
 
 static dp_status cpu_alloc(dp_device *dev, size_t bytes, void **out)
 {
-    DP_TRY(host_reserve(dev, bytes));
+    DP_TRY(dp_cpu_host_reserve(dev, bytes));
     /* aligned_alloc wants a multiple of the alignment. */
     size_t rounded = (bytes + DP_CPU_ALIGN - 1) / DP_CPU_ALIGN * DP_CPU_ALIGN;
     void *p = rounded < bytes ? NULL : aligned_alloc(DP_CPU_ALIGN, rounded);
     if (!p) {
-        host_release(bytes);
+        dp_cpu_host_release(bytes);
         return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "%s: host allocation of %zu bytes failed",
                        dev->name, bytes);
     }
@@ -130,7 +130,7 @@ static void cpu_free(dp_device *dev, void *ptr, size_t bytes)
 {
     (void)dev;
     free(ptr);
-    host_release(bytes);
+    dp_cpu_host_release(bytes);
 }
 
 static dp_status cpu_copy(dp_device *dev, void *dst, const void *src, size_t bytes)
@@ -208,31 +208,6 @@ static dp_status cpu_event_elapsed(dp_device *dev, void *start, void *end, doubl
     return DP_OK;
 }
 
-static dp_status cpu_gemm_strided_batched(dp_device *dev, dp_op transa, dp_op transb, int m,
-                                          int n, int k, float alpha, const float *A, int lda,
-                                          long long strideA, const float *B, int ldb,
-                                          long long strideB, float beta, float *C, int ldc,
-                                          long long strideC, int batch)
-{
-    (void)dev;
-    for (int i = 0; i < batch; i++) {
-        float *Ci = C + (size_t)i * (size_t)strideC;
-        if (k == 0) {
-            /* C = beta C; beta == 0 overwrites (NaNs in C are not kept). */
-            for (int col = 0; col < n; col++) {
-                float *c = Ci + (size_t)col * (size_t)ldc;
-                for (int row = 0; row < m; row++) c[row] = beta == 0.0f ? 0.0f : beta * c[row];
-            }
-            continue;
-        }
-        cblas_sgemm(CblasColMajor, transa == DP_OP_T ? CblasTrans : CblasNoTrans,
-                    transb == DP_OP_T ? CblasTrans : CblasNoTrans, m, n, k, alpha,
-                    A + (size_t)i * (size_t)strideA, lda, B + (size_t)i * (size_t)strideB, ldb,
-                    beta, Ci, ldc);
-    }
-    return DP_OK;
-}
-
 // --- the element-wise and row-wise ops of kernels/ops.h --------------------------------
 
 /* One function per list entry: items i = 0..n-1 in order on the calling thread. */
@@ -269,8 +244,8 @@ static const dp_backend_ops cpu_ops = {
     .event_wait = cpu_event_wait,
     .event_synchronize = cpu_event_synchronize,
     .event_elapsed = cpu_event_elapsed,
-    .gemm_strided_batched = cpu_gemm_strided_batched,
-    .set_allow_tf32 = NULL,
+    .gemm = dp_cpu_gemm,
+    .set_matmul_precision = NULL,
     DP_KERNEL_OPS(CPU_OP_ENTRY)
     .encoder_backward = dp_cpu_encoder_backward,
     .bias_broadcast = dp_cpu_bias_broadcast,

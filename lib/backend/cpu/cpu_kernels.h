@@ -25,12 +25,24 @@
 #define DP_CPU_SIMD
 #endif
 
+/* A CPU device's state (dev->ctx, cpu_gemm.c): the GEMM's conversion
+ * scratch and oneDNN's engine, stream and primitives. */
+dp_status dp_cpu_ctx_create(dp_device *dev);
+void dp_cpu_ctx_destroy(dp_device *dev);
+/* The gemm entry (backend.h). */
+dp_status dp_cpu_gemm(dp_device *dev, dp_op ta, dp_op tb, int m, int n, int k, float alpha,
+                      const dp_gemm_arg *A, const dp_gemm_arg *B, float beta, float *C, int ldc,
+                      long long sc, int batch);
+/* Bytes allocated on any CPU device, against the host's available memory
+ * (cpu_backend.c): reserve fails with DP_ERR_OUT_OF_MEMORY naming dev. */
+dp_status dp_cpu_host_reserve(dp_device *dev, size_t bytes);
+void dp_cpu_host_release(size_t bytes);
+
 /* The entries not generated from kernels/ops.h (reductions, scatters,
  * permutes), in cpu_nn.c and cpu_attention.c. */
 dp_status dp_cpu_encoder_backward(dp_device *dev, float *dwte, float *dwpe, const float *dout,
                                   const int32_t *inp, size_t B, size_t T, size_t C);
-dp_status dp_cpu_bias_broadcast(dp_device *dev, float *out, const float *bias, size_t N,
-                                size_t OC);
+dp_status dp_cpu_bias_broadcast(dp_device *dev, float *out, dp_pref bias, size_t N, size_t OC);
 dp_status dp_cpu_bias_backward(dp_device *dev, float *dbias, const float *dout, size_t N,
                                size_t OC);
 dp_status dp_cpu_layernorm_backward_params(dp_device *dev, float *dweight, float *dbias,

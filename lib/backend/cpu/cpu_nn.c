@@ -48,8 +48,8 @@ DP_CPU_SIMD dp_status dp_cpu_encoder_backward(dp_device *dev, float *dwte, float
 
 // --- linear (bias parts; the GEMM is the backend's) --------------------------------
 
-DP_CPU_SIMD dp_status dp_cpu_bias_broadcast(dp_device *dev, float *out, const float *bias,
-                                            size_t N, size_t OC)
+DP_CPU_SIMD dp_status dp_cpu_bias_broadcast(dp_device *dev, float *out, dp_pref bias, size_t N,
+                                            size_t OC)
 {
     for (size_t r = 0; r < N; r++) dp_bias_broadcast_row(out, bias, OC, r);
     return DP_OK;

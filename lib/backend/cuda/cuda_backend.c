@@ -66,6 +66,8 @@ typedef struct cuda_ctx {
     size_t col_bytes;             /* its size (grown on demand, part of dev->reserved) */
     void *grp;                    /* device: the embedding backward's token groups */
     size_t grp_bytes;             /* its size (likewise) */
+    void *cvt;                    /* device: GEMM operands converted to the math's type */
+    size_t cvt_bytes;             /* its size (likewise) */
 
     pthread_mutex_t ev_mu;        /* guards order_ev between its record and wait */
     cudaEvent_t order_ev;         /* marks this stream's work for another stream */
@@ -266,6 +268,7 @@ static void cuda_close(dp_device *dev)
     if (c->result_host) cudaFreeHost(c->result_host);
     if (c->col) cudaFree(c->col);
     if (c->grp) cudaFree(c->grp);
+    if (c->cvt) cudaFree(c->cvt);
     if (c->stream) cudaStreamDestroy(c->stream);
     (void)cudaGetLastError();
     if (c->mu_ok) pthread_mutex_destroy(&c->mu);
@@ -288,7 +291,7 @@ static dp_status open_resources(dp_device *dev, cuda_ctx *c)
     size_t ws = major >= 9 ? BLAS_WS_BYTES_SM90 : BLAS_WS_BYTES;
     CU_TRY(dev, cudaMalloc(&c->blas_ws, ws));
     BLAS_TRY(dev, cublasSetWorkspace(c->blas, c->blas_ws, ws));
-    /* Full float32 unless dp_device_set_allow_tf32 says otherwise. */
+    /* Full float32 unless dp_device_set_matmul_precision says otherwise. */
     BLAS_TRY(dev, cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH));
     for (int b = 0; b < 2; b++) {
         CU_TRY(dev, cudaEventCreateWithFlags(&c->stage_done[b], cudaEventDisableTiming));
@@ -343,12 +346,15 @@ static dp_status cuda_bind_thread(dp_device *dev)
     return use_device(dev, CTX(dev)->ordinal, NULL);
 }
 
-static dp_status cuda_set_allow_tf32(dp_device *dev, int allow)
+/* TF32 is cuBLAS's math mode for float32 GEMMs; BF16 passes bfloat16
+ * operands with float32 compute instead (cuda_gemm), so the mode stays
+ * the default there. */
+static dp_status cuda_set_matmul_precision(dp_device *dev, dp_matmul_precision p)
 {
     ENTER(dev);
     cuda_ctx *c = CTX(dev);
-    BLAS_TRY(dev, cublasSetMathMode(c->blas, allow ? CUBLAS_TF32_TENSOR_OP_MATH
-                                                   : CUBLAS_DEFAULT_MATH));
+    BLAS_TRY(dev, cublasSetMathMode(c->blas, p == DP_MATMUL_TF32 ? CUBLAS_TF32_TENSOR_OP_MATH
+                                                                : CUBLAS_DEFAULT_MATH));
     return DP_OK;
 }
 
@@ -580,11 +586,58 @@ static dp_status cuda_event_elapsed(dp_device *dev, void *start, void *end, doub
 
 // --- GEMM --------------------------------------------------------------------------------------
 
-static dp_status cuda_gemm_strided_batched(dp_device *dev, dp_op transa, dp_op transb, int m,
-                                           int n, int k, float alpha, const float *A, int lda,
-                                           long long strideA, const float *B, int ldb,
-                                           long long strideB, float beta, float *C, int ldc,
-                                           long long strideC, int batch)
+/* Forward declaration: the scratch is shared with the kernels below. */
+static dp_status grow_scratch(dp_device *dev, cuda_ctx *c, void **buf, size_t *cap, size_t bytes);
+
+/* Elements an operand spans, as stored (rows x cols before op). */
+static size_t span_of(const dp_gemm_arg *a, dp_op op, int rows_n, int cols_n, int batch)
+{
+    return op == DP_OP_N ? dp_gemm_arg_span(a, rows_n, cols_n, batch)
+                         : dp_gemm_arg_span(a, cols_n, rows_n, batch);
+}
+
+/* The operands in the math's type (c->mu held): a float32 operand rounded
+ * to bfloat16 for BF16 math, a bfloat16 one widened for float32 math, into
+ * c->cvt; then cuBLAS with bfloat16 operands and float32 compute
+ * (tensor cores), or its float32 GEMM. */
+static dp_status gemm_converted_locked(dp_device *dev, cuda_ctx *c, cublasOperation_t ta,
+                                       cublasOperation_t tb, dp_op opa, dp_op opb, int m, int n,
+                                       int k, float alpha, const dp_gemm_arg *A,
+                                       const dp_gemm_arg *B, float beta, float *C, int ldc,
+                                       long long sC, int batch, int bf16)
+{
+    size_t na = span_of(A, opa, m, k, batch), nb = span_of(B, opb, k, n, batch);
+    size_t esize = bf16 ? 2 : 4;
+    int conv_a = bf16 ? !A->bf16 : A->bf16, conv_b = bf16 ? !B->bf16 : B->bf16;
+    size_t off_b = conv_a ? (na * esize + 255) / 256 * 256 : 0;
+    DP_TRY(grow_scratch(dev, c, &c->cvt, &c->cvt_bytes, off_b + (conv_b ? nb * esize : 0)));
+    const void *pa = A->p, *pb = B->p;
+    unsigned char *cvt = c->cvt;
+    if (conv_a) {
+        CU_TRY(dev, bf16 ? dp_cuda_launch_cast_f32_bf16(c->stream, (uint16_t *)cvt, A->p, na)
+                         : dp_cuda_launch_cast_bf16_f32(c->stream, (float *)cvt, A->p, na));
+        pa = cvt;
+    }
+    if (conv_b) {
+        CU_TRY(dev, bf16 ? dp_cuda_launch_cast_f32_bf16(c->stream, (uint16_t *)(cvt + off_b), B->p, nb)
+                         : dp_cuda_launch_cast_bf16_f32(c->stream, (float *)(cvt + off_b), B->p, nb));
+        pb = cvt + off_b;
+    }
+    if (bf16)
+        BLAS_TRY(dev, cublasGemmStridedBatchedEx(c->blas, ta, tb, m, n, k, &alpha, pa, CUDA_R_16BF,
+                                                 A->ld, A->stride, pb, CUDA_R_16BF, B->ld,
+                                                 B->stride, &beta, C, CUDA_R_32F, ldc, sC, batch,
+                                                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    else
+        BLAS_TRY(dev, cublasSgemmStridedBatched(c->blas, ta, tb, m, n, k, &alpha, pa, A->ld,
+                                                A->stride, pb, B->ld, B->stride, &beta, C, ldc,
+                                                sC, batch));
+    return DP_OK;
+}
+
+static dp_status cuda_gemm(dp_device *dev, dp_op transa, dp_op transb, int m, int n, int k,
+                           float alpha, const dp_gemm_arg *A, const dp_gemm_arg *B, float beta,
+                           float *C, int ldc, long long strideC, int batch)
 {
     ENTER(dev);
     cuda_ctx *c = CTX(dev);
@@ -595,13 +648,24 @@ static dp_status cuda_gemm_strided_batched(dp_device *dev, dp_op transa, dp_op t
     }
     cublasOperation_t ta = transa == DP_OP_T ? CUBLAS_OP_T : CUBLAS_OP_N;
     cublasOperation_t tb = transb == DP_OP_T ? CUBLAS_OP_T : CUBLAS_OP_N;
+    int bf16 = dev->matmul == DP_MATMUL_BF16;
+    if (bf16 || A->bf16 || B->bf16) {
+        pthread_mutex_lock(&c->mu);
+        dp_status s = gemm_converted_locked(dev, c, ta, tb, transa, transb, m, n, k, alpha, A, B,
+                                            beta, C, ldc, strideC, batch, bf16);
+        pthread_mutex_unlock(&c->mu);
+        return s;
+    }
     /* Column-major with host-side alpha and beta: the convention of
      * dp_gemm, so the arguments pass through unchanged. */
+    const float *pa = A->p, *pb = B->p;
     if (batch == 1)
-        BLAS_TRY(dev, cublasSgemm(c->blas, ta, tb, m, n, k, &alpha, A, lda, B, ldb, &beta, C, ldc));
+        BLAS_TRY(dev, cublasSgemm(c->blas, ta, tb, m, n, k, &alpha, pa, A->ld, pb, B->ld, &beta, C,
+                                  ldc));
     else
-        BLAS_TRY(dev, cublasSgemmStridedBatched(c->blas, ta, tb, m, n, k, &alpha, A, lda, strideA,
-                                                B, ldb, strideB, &beta, C, ldc, strideC, batch));
+        BLAS_TRY(dev, cublasSgemmStridedBatched(c->blas, ta, tb, m, n, k, &alpha, pa, A->ld,
+                                                A->stride, pb, B->ld, B->stride, &beta, C, ldc,
+                                                strideC, batch));
     return DP_OK;
 }
 
@@ -705,7 +769,7 @@ static dp_status cuda_encoder_backward(dp_device *dev, float *dwte, float *dwpe,
     return s;
 }
 
-static dp_status cuda_bias_broadcast(dp_device *dev, float *out, const float *bias, size_t N,
+static dp_status cuda_bias_broadcast(dp_device *dev, float *out, dp_pref bias, size_t N,
                                      size_t OC)
 {
     LAUNCH(dev, dp_cuda_launch_bias_broadcast, out, bias, N, OC);
@@ -824,8 +888,8 @@ static const dp_backend_ops cuda_ops = {
     .event_wait = cuda_event_wait,
     .event_synchronize = cuda_event_synchronize,
     .event_elapsed = cuda_event_elapsed,
-    .gemm_strided_batched = cuda_gemm_strided_batched,
-    .set_allow_tf32 = cuda_set_allow_tf32,
+    .gemm = cuda_gemm,
+    .set_matmul_precision = cuda_set_matmul_precision,
     DP_KERNEL_OPS(CUDA_OP_ENTRY)
     .encoder_backward = cuda_encoder_backward,
     .bias_broadcast = cuda_bias_broadcast,

@@ -147,8 +147,8 @@ __device__ float block_max(float v, float *shared)
 /* dp_layernorm_forward_item, one block per row: mean, then the centred
  * sum of squares (two passes, as the CPU), then the output. */
 __global__ void k_layernorm_forward_block(float *out, float *mean, float *rstd, const float *inp,
-                                          const float *weight, const float *bias, size_t C,
-                                          float eps, size_t N)
+                                          dp_pref weight, dp_pref bias, size_t C, float eps,
+                                          size_t N)
 {
     __shared__ float sh[BLOCK_WARPS + 1];
     BLOCK_ROW_LOOP(r, N)
@@ -164,7 +164,7 @@ __global__ void k_layernorm_forward_block(float *out, float *mean, float *rstd, 
             q += d * d;
         }
         float s = 1.0f / sqrtf(block_sum(q, sh) / (float)C + eps);
-        ROW_ELEMS(c, C) out[r * C + c] = (x[c] - m) * s * weight[c] + bias[c];
+        ROW_ELEMS(c, C) out[r * C + c] = (x[c] - m) * s * dp_pref_at(weight, c) + dp_pref_at(bias, c);
         if (threadIdx.x == 0) {
             mean[r] = m;
             rstd[r] = s;
@@ -247,8 +247,8 @@ static unsigned row_blocks(size_t rows)
 
 extern "C" cudaError_t dp_cuda_launch_layernorm_forward(cudaStream_t stream, float *out,
                                                         float *mean, float *rstd,
-                                                        const float *inp, const float *weight,
-                                                        const float *bias, size_t C, float eps,
+                                                        const float *inp, dp_pref weight,
+                                                        dp_pref bias, size_t C, float eps,
                                                         size_t n)
 {
     if (n == 0 || C == 0) return cudaSuccess;
@@ -309,7 +309,7 @@ extern "C" cudaError_t dp_cuda_launch_encoder_backward(cudaStream_t s, float *dw
 
 // --- linear (bias parts) -----------------------------------------------------------------
 
-__global__ void k_bias_broadcast(float *out, const float *bias, size_t OC, size_t n)
+__global__ void k_bias_broadcast(float *out, dp_pref bias, size_t OC, size_t n)
 {
     GRID_LOOP(i, n) dp_bias_broadcast_elem(out, bias, OC, i);
 }
@@ -326,8 +326,8 @@ __global__ void k_col_combine(float *dst, const float *partial, size_t K, size_t
     GRID_LOOP(c, C) dp_col_combine(dst, partial, K, C, c);
 }
 
-extern "C" cudaError_t dp_cuda_launch_bias_broadcast(cudaStream_t s, float *out,
-                                                     const float *bias, size_t N, size_t OC)
+extern "C" cudaError_t dp_cuda_launch_bias_broadcast(cudaStream_t s, float *out, dp_pref bias,
+                                                     size_t N, size_t OC)
 {
     size_t n = N * OC;
     LAUNCH(k_bias_broadcast, n, ELEM_THREADS, s, out, bias, OC, n);

@@ -42,8 +42,8 @@ cudaError_t dp_cuda_launch_encoder_backward(cudaStream_t s, float *dwte, float *
                                             const float *dout, const int32_t *inp,
                                             const uint32_t *order, const uint32_t *seg,
                                             size_t ngroups, size_t B, size_t T, size_t C);
-cudaError_t dp_cuda_launch_bias_broadcast(cudaStream_t s, float *out, const float *bias,
-                                          size_t N, size_t OC);
+cudaError_t dp_cuda_launch_bias_broadcast(cudaStream_t s, float *out, dp_pref bias, size_t N,
+                                          size_t OC);
 /* Column reductions in two stages (kernels/colsum.h); partial is device
  * scratch of dp_col_chunks(N) * OC floats (bias) or twice
  * dp_col_chunks(N) * C floats (LayerNorm: dweight's then dbias's). */

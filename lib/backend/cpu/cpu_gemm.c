@@ -1,0 +1,442 @@
+/*
+ * backend/cpu/cpu_gemm.c - the CPU backend's GEMM (dp_gemm_ex semantics):
+ * OpenBLAS for float32 math, oneDNN's matmul for bf16 math.
+ *
+ * FP32 (and TF32, which a CPU computes as FP32): cblas_sgemm, one call
+ * per matrix of the batch; a bfloat16 operand is first widened (exactly)
+ * into the device's conversion scratch.
+ * BF16: both operands as bfloat16 (a float32 one rounded into the
+ * scratch), products summed in float32 by oneDNN's matmul primitive
+ * (AVX512-BF16 / AMX kernels). Where oneDNN is not built in or has no
+ * bf16 matmul for this CPU, the same arithmetic on OpenBLAS: operands
+ * rounded to bfloat16 values held as floats, whose products float32
+ * represents exactly, then cblas_sgemm. Either way the result is
+ * deterministic for a given machine; the two differ only in the order of
+ * the float32 sums.
+ *
+ * The column-major product C(m,n) = op(A) op(B) is, read row-major, the
+ * product C^T(n,m) = op(B)^T(n,k) op(A)^T(k,m): oneDNN's src, weights and
+ * dst, described by strides alone, so no operand is copied to transpose
+ * it. A primitive is costly to create (tens of microseconds), so each
+ * device keeps the last few it built, keyed by the GEMM's shape.
+ *
+ * The scratch (converted operands, then oneDNN's scratchpad) is the
+ * device's reserved memory: it grows to the largest GEMM seen, counted
+ * against the limit and the host's memory, and lives until close. The
+ * device's mutex over it makes a second thread's GEMM on the same device
+ * wait (the engine never does that; an application might).
+ */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cblas.h>
+
+#include "backend/cpu/cpu_kernels.h"
+#include "core/error.h"
+#include "kernels/bf16.h"
+
+#ifdef DP_HAVE_DNNL
+#include <omp.h>
+#include <oneapi/dnnl/dnnl.h>
+#include <oneapi/dnnl/dnnl_debug.h>
+
+/* Primitives kept per device: a GPT step uses about ten GEMM shapes. */
+#define MM_CACHE 24
+
+typedef struct mm_key {
+    int ta, tb, m, n, k, lda, ldb, ldc, batch;
+    long long sa, sb, sc;
+    float alpha, beta;
+} mm_key;
+
+typedef struct mm_entry {
+    int used;
+    mm_key key;
+    dnnl_primitive_t prim;
+    dnnl_memory_t src, wei, dst, pad; /* handles set per call */
+    size_t pad_bytes;                 /* oneDNN's scratchpad */
+} mm_entry;
+#endif
+
+struct dp_cpu_ctx {
+    pthread_mutex_t mu; /* guards the rest */
+    unsigned char *scratch;
+    size_t scratch_bytes;
+#ifdef DP_HAVE_DNNL
+    int dnnl_state; /* 0 not tried, 1 ready, -1 unavailable: emulate on OpenBLAS */
+    dnnl_engine_t eng;
+    dnnl_stream_t stream;
+    mm_entry cache[MM_CACHE];
+    unsigned next; /* the entry to replace next (round robin) */
+#endif
+};
+
+dp_status dp_cpu_ctx_create(dp_device *dev)
+{
+    struct dp_cpu_ctx *c = calloc(1, sizeof *c);
+    if (!c) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "%s: cannot allocate the device state", dev->name);
+    if (pthread_mutex_init(&c->mu, NULL) != 0) {
+        free(c);
+        return DP_FAIL(DP_ERR_INTERNAL, "%s: pthread_mutex_init failed", dev->name);
+    }
+    dev->ctx = c;
+    return DP_OK;
+}
+
+#ifdef DP_HAVE_DNNL
+static void mm_entry_clear(mm_entry *en)
+{
+    if (!en->used) return;
+    dnnl_primitive_destroy(en->prim);
+    dnnl_memory_destroy(en->src);
+    dnnl_memory_destroy(en->wei);
+    dnnl_memory_destroy(en->dst);
+    if (en->pad) dnnl_memory_destroy(en->pad);
+    memset(en, 0, sizeof *en);
+}
+#endif
+
+void dp_cpu_ctx_destroy(dp_device *dev)
+{
+    struct dp_cpu_ctx *c = dev->ctx;
+    if (!c) return;
+#ifdef DP_HAVE_DNNL
+    for (int i = 0; i < MM_CACHE; i++) mm_entry_clear(&c->cache[i]);
+    if (c->stream) dnnl_stream_destroy(c->stream);
+    if (c->eng) dnnl_engine_destroy(c->eng);
+#endif
+    if (c->scratch) {
+        free(c->scratch);
+        dp_cpu_host_release(c->scratch_bytes);
+        pthread_mutex_lock(&dev->mu);
+        dev->reserved -= c->scratch_bytes;
+        pthread_mutex_unlock(&dev->mu);
+    }
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+    dev->ctx = NULL;
+}
+
+/* The scratch grown to at least bytes (c->mu held), counted as reserved
+ * memory against the device's limit and the host's memory. */
+static dp_status grow_scratch(dp_device *dev, struct dp_cpu_ctx *c, size_t bytes)
+{
+    if (bytes <= c->scratch_bytes) return DP_OK;
+    size_t unit = (size_t)64 << 10;
+    if (bytes > SIZE_MAX - unit)
+        return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "%s: %zu scratch bytes overflow", dev->name, bytes);
+    bytes = (bytes + unit - 1) / unit * unit;
+    size_t grow = bytes - c->scratch_bytes;
+    pthread_mutex_lock(&dev->mu);
+    size_t used = dev->in_use + dev->reserved, limit = dev->limit;
+    int fits = !limit || (used <= limit && grow <= limit - used);
+    if (fits) dev->reserved += grow;
+    pthread_mutex_unlock(&dev->mu);
+    if (!fits)
+        return DP_FAIL(DP_ERR_OUT_OF_MEMORY,
+                       "%s: a GEMM's conversion scratch needs %zu more bytes, which would pass "
+                       "the memory limit (%zu bytes in use and reserved, limit %zu bytes); use "
+                       "a smaller batch or a higher --memory-limit",
+                       dev->name, grow, used, limit);
+    dp_status s = dp_cpu_host_reserve(dev, grow);
+    void *p = s == DP_OK ? aligned_alloc(64, bytes) : NULL;
+    if (!p) {
+        if (s == DP_OK) {
+            dp_cpu_host_release(grow);
+            s = DP_FAIL(DP_ERR_OUT_OF_MEMORY, "%s: host allocation of %zu scratch bytes failed",
+                        dev->name, bytes);
+        }
+        pthread_mutex_lock(&dev->mu);
+        dev->reserved -= grow;
+        pthread_mutex_unlock(&dev->mu);
+        return s;
+    }
+    free(c->scratch);
+    c->scratch = p;
+    c->scratch_bytes = bytes;
+    return DP_OK;
+}
+
+static size_t round64(size_t bytes) { return (bytes + 63) / 64 * 64; }
+
+/* Elements of an operand: rows x cols as stored (before op). */
+static size_t span_of(const dp_gemm_arg *a, dp_op op, int rows_n, int cols_n, int batch)
+{
+    return op == DP_OP_N ? dp_gemm_arg_span(a, rows_n, cols_n, batch)
+                         : dp_gemm_arg_span(a, cols_n, rows_n, batch);
+}
+
+/* C = beta C for batch (m,n) matrices: the k == 0 product. */
+static void scale_c(float *C, int m, int n, int ldc, long long sc, int batch, float beta)
+{
+    for (int i = 0; i < batch; i++) {
+        float *Ci = C + (size_t)i * (size_t)sc;
+        for (int col = 0; col < n; col++) {
+            float *p = Ci + (size_t)col * (size_t)ldc;
+            for (int row = 0; row < m; row++) p[row] = beta == 0.0f ? 0.0f : beta * p[row];
+        }
+    }
+}
+
+static void sgemm_batch(dp_op ta, dp_op tb, int m, int n, int k, float alpha, const float *A,
+                        int lda, long long sa, const float *B, int ldb, long long sb, float beta,
+                        float *C, int ldc, long long sc, int batch)
+{
+    for (int i = 0; i < batch; i++)
+        cblas_sgemm(CblasColMajor, ta == DP_OP_T ? CblasTrans : CblasNoTrans,
+                    tb == DP_OP_T ? CblasTrans : CblasNoTrans, m, n, k, alpha,
+                    A + (size_t)i * (size_t)sa, lda, B + (size_t)i * (size_t)sb, ldb, beta,
+                    C + (size_t)i * (size_t)sc, ldc);
+}
+
+/* An operand as floats in dst (span elements): a bfloat16 one widened, a
+ * float32 one rounded to bfloat16 values. */
+static DP_CPU_SIMD void to_floats(float *dst, const dp_gemm_arg *a, size_t span)
+{
+    if (a->bf16) {
+        const uint16_t *src = a->p;
+        for (size_t i = 0; i < span; i++) dst[i] = dp_bf16_widen(src[i]);
+    } else {
+        const float *src = a->p;
+        for (size_t i = 0; i < span; i++) dst[i] = dp_bf16_widen(dp_bf16_round(src[i]));
+    }
+}
+
+/* FP32 math with a bfloat16 operand, or BF16 math emulated (round):
+ * operands needing it as floats in the scratch, then OpenBLAS. */
+static dp_status gemm_floats(dp_device *dev, struct dp_cpu_ctx *c, dp_op ta, dp_op tb, int m,
+                             int n, int k, float alpha, const dp_gemm_arg *A,
+                             const dp_gemm_arg *B, float beta, float *C, int ldc, long long sc,
+                             int batch, int round)
+{
+    size_t na = span_of(A, ta, m, k, batch), nb = span_of(B, tb, k, n, batch);
+    int conv_a = A->bf16 || round, conv_b = B->bf16 || round;
+    size_t off_b = conv_a ? round64(na * sizeof(float)) : 0;
+    DP_TRY(grow_scratch(dev, c, off_b + (conv_b ? nb * sizeof(float) : 0)));
+    const float *pa = A->p, *pb = B->p;
+    if (conv_a) {
+        to_floats((float *)c->scratch, A, na);
+        pa = (const float *)c->scratch;
+    }
+    if (conv_b) {
+        to_floats((float *)(c->scratch + off_b), B, nb);
+        pb = (const float *)(c->scratch + off_b);
+    }
+    sgemm_batch(ta, tb, m, n, k, alpha, pa, A->ld, A->stride, pb, B->ld, B->stride, beta, C, ldc,
+                sc, batch);
+    return DP_OK;
+}
+
+#ifdef DP_HAVE_DNNL
+
+static dp_status dnnl_fail(const dp_device *dev, dnnl_status_t st, const char *call,
+                           const char *func, const char *file, int line)
+{
+    return dp_error_set(DP_ERR_DEVICE, func, file, line, "%s: oneDNN %.*s failed: %s", dev->name,
+                        (int)strcspn(call, "("), call, dnnl_status2str(st));
+}
+
+#define DNNL_TRY(dev, call)                                                           \
+    do {                                                                              \
+        dnnl_status_t dn_s_ = (call);                                                 \
+        if (dn_s_ != dnnl_success)                                                    \
+            return dnnl_fail((dev), dn_s_, #call, __func__, __FILE__, __LINE__);      \
+    } while (0)
+
+/* The engine and stream, once per device; 0 when oneDNN cannot run here. */
+static int dnnl_ready(struct dp_cpu_ctx *c)
+{
+    if (c->dnnl_state == 0) {
+        c->dnnl_state = -1;
+        if (dnnl_engine_create(&c->eng, dnnl_cpu, 0) == dnnl_success &&
+            dnnl_stream_create(&c->stream, c->eng, dnnl_stream_default_flags) == dnnl_success)
+            c->dnnl_state = 1;
+    }
+    return c->dnnl_state == 1;
+}
+
+/* Strided descriptions of a (batch, rows, cols) view; 2-D for one matrix. */
+static dnnl_status_t view_md(dnnl_memory_desc_t *md, int batch, int rows, int cols,
+                             long long s_batch, long long s_row, long long s_col,
+                             dnnl_data_type_t dt)
+{
+    if (batch == 1) {
+        dnnl_dims_t dims = {rows, cols}, strides = {s_row, s_col};
+        return dnnl_memory_desc_init_by_strides(md, 2, dims, dt, strides);
+    }
+    dnnl_dims_t dims = {batch, rows, cols}, strides = {s_batch, s_row, s_col};
+    return dnnl_memory_desc_init_by_strides(md, 3, dims, dt, strides);
+}
+
+/* Builds the primitive for key into en; dnnl_unimplemented when this CPU
+ * has no bf16 matmul (the caller then emulates). */
+static dnnl_status_t mm_build(struct dp_cpu_ctx *c, const mm_key *key, mm_entry *en)
+{
+    dnnl_memory_desc_t src, wei, dst;
+    int tb = key->tb, ta = key->ta;
+    /* src = op(B)^T (n,k); weights = op(A)^T (k,m); dst = C^T (n,m) */
+    dnnl_status_t st = view_md(&src, key->batch, key->n, key->k, key->sb, tb ? 1 : key->ldb,
+                               tb ? key->ldb : 1, dnnl_bf16);
+    if (st == dnnl_success)
+        st = view_md(&wei, key->batch, key->k, key->m, key->sa, ta ? 1 : key->lda,
+                     ta ? key->lda : 1, dnnl_bf16);
+    if (st == dnnl_success) st = view_md(&dst, key->batch, key->n, key->m, key->sc, key->ldc, 1, dnnl_f32);
+    dnnl_matmul_desc_t md;
+    if (st == dnnl_success) st = dnnl_matmul_desc_init(&md, &src, &wei, NULL, &dst);
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t po = NULL;
+    dnnl_primitive_desc_t pd = NULL;
+    if (st == dnnl_success) st = dnnl_primitive_attr_create(&attr);
+    if (st == dnnl_success) st = dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
+    if (st == dnnl_success && key->alpha != 1.0f)
+        st = dnnl_primitive_attr_set_output_scales(attr, 1, 0, &key->alpha);
+    if (st == dnnl_success && key->beta != 0.0f) {
+        st = dnnl_post_ops_create(&po);
+        if (st == dnnl_success) st = dnnl_post_ops_append_sum(po, key->beta);
+        if (st == dnnl_success) st = dnnl_primitive_attr_set_post_ops(attr, po);
+    }
+    if (st == dnnl_success) st = dnnl_primitive_desc_create(&pd, &md, attr, c->eng, NULL);
+    if (po) dnnl_post_ops_destroy(po);
+    if (attr) dnnl_primitive_attr_destroy(attr);
+    if (st != dnnl_success) return st;
+
+    mm_entry e;
+    memset(&e, 0, sizeof e);
+    const dnnl_memory_desc_t *pad = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+    e.pad_bytes = pad ? dnnl_memory_desc_get_size(pad) : 0;
+    st = dnnl_primitive_create(&e.prim, pd);
+    if (st == dnnl_success) st = dnnl_memory_create(&e.src, &src, c->eng, DNNL_MEMORY_NONE);
+    if (st == dnnl_success) st = dnnl_memory_create(&e.wei, &wei, c->eng, DNNL_MEMORY_NONE);
+    if (st == dnnl_success) st = dnnl_memory_create(&e.dst, &dst, c->eng, DNNL_MEMORY_NONE);
+    if (st == dnnl_success && e.pad_bytes)
+        st = dnnl_memory_create(&e.pad, pad, c->eng, DNNL_MEMORY_NONE);
+    dnnl_primitive_desc_destroy(pd);
+    e.used = 1;
+    if (st != dnnl_success) {
+        mm_entry_clear(&e);
+        return st;
+    }
+    e.key = *key;
+    *en = e;
+    return dnnl_success;
+}
+
+/* The cached primitive for key, built on a miss. */
+static dnnl_status_t mm_find(struct dp_cpu_ctx *c, const mm_key *key, mm_entry **out)
+{
+    for (int i = 0; i < MM_CACHE; i++)
+        if (c->cache[i].used && memcmp(&c->cache[i].key, key, sizeof *key) == 0) {
+            *out = &c->cache[i];
+            return dnnl_success;
+        }
+    mm_entry *en = &c->cache[c->next];
+    mm_entry fresh;
+    dnnl_status_t st = mm_build(c, key, &fresh);
+    if (st != dnnl_success) return st;
+    mm_entry_clear(en);
+    *en = fresh;
+    c->next = (c->next + 1) % MM_CACHE;
+    *out = en;
+    return dnnl_success;
+}
+
+/* The rounded copy of a float32 operand into dst (span elements). */
+static DP_CPU_SIMD void round_into(uint16_t *dst, const float *src, size_t span)
+{
+    for (size_t i = 0; i < span; i++) dst[i] = dp_bf16_round(src[i]);
+}
+
+/* BF16 math on oneDNN; *emulate set when this CPU has no bf16 matmul. */
+static dp_status gemm_dnnl(dp_device *dev, struct dp_cpu_ctx *c, dp_op ta, dp_op tb, int m,
+                           int n, int k, float alpha, const dp_gemm_arg *A, const dp_gemm_arg *B,
+                           float beta, float *C, int ldc, long long sc, int batch, int *emulate)
+{
+    mm_key key;
+    memset(&key, 0, sizeof key); /* padding too: keys compare with memcmp */
+    key.ta = ta == DP_OP_T;
+    key.tb = tb == DP_OP_T;
+    key.m = m;
+    key.n = n;
+    key.k = k;
+    key.lda = A->ld;
+    key.ldb = B->ld;
+    key.ldc = ldc;
+    key.batch = batch;
+    key.sa = batch > 1 ? A->stride : 0;
+    key.sb = batch > 1 ? B->stride : 0;
+    key.sc = batch > 1 ? sc : 0;
+    key.alpha = alpha;
+    key.beta = beta;
+    mm_entry *en = NULL;
+    dnnl_status_t st = mm_find(c, &key, &en);
+    if (st == dnnl_unimplemented) {
+        *emulate = 1;
+        return DP_OK;
+    }
+    DNNL_TRY(dev, st);
+
+    size_t na = span_of(A, ta, m, k, batch), nb = span_of(B, tb, k, n, batch);
+    size_t off_b = A->bf16 ? 0 : round64(na * 2), off_pad = off_b + (B->bf16 ? 0 : round64(nb * 2));
+    DP_TRY(grow_scratch(dev, c, off_pad + en->pad_bytes));
+    const void *pa = A->p, *pb = B->p;
+    if (!A->bf16) {
+        round_into((uint16_t *)c->scratch, A->p, na);
+        pa = c->scratch;
+    }
+    if (!B->bf16) {
+        round_into((uint16_t *)(c->scratch + off_b), B->p, nb);
+        pb = c->scratch + off_b;
+    }
+    DNNL_TRY(dev, dnnl_memory_set_data_handle(en->src, (void *)pb));
+    DNNL_TRY(dev, dnnl_memory_set_data_handle(en->wei, (void *)pa));
+    DNNL_TRY(dev, dnnl_memory_set_data_handle(en->dst, C));
+    dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, en->src},
+                               {DNNL_ARG_WEIGHTS, en->wei},
+                               {DNNL_ARG_DST, en->dst},
+                               {DNNL_ARG_SCRATCHPAD, en->pad}};
+    if (en->pad) DNNL_TRY(dev, dnnl_memory_set_data_handle(en->pad, c->scratch + off_pad));
+    /* One OpenMP thread: the device is this thread. The calling thread's
+     * own setting comes back after the call. */
+    int threads = omp_get_max_threads();
+    if (threads != 1) omp_set_num_threads(1);
+    st = dnnl_primitive_execute(en->prim, c->stream, en->pad ? 4 : 3, args);
+    if (st == dnnl_success) st = dnnl_stream_wait(c->stream);
+    if (threads != 1) omp_set_num_threads(threads);
+    DNNL_TRY(dev, st);
+    return DP_OK;
+}
+#endif /* DP_HAVE_DNNL */
+
+dp_status dp_cpu_gemm(dp_device *dev, dp_op ta, dp_op tb, int m, int n, int k, float alpha,
+                      const dp_gemm_arg *A, const dp_gemm_arg *B, float beta, float *C, int ldc,
+                      long long sc, int batch)
+{
+    if (k == 0) { /* C = beta C; beta == 0 overwrites (NaNs in C are not kept) */
+        scale_c(C, m, n, ldc, sc, batch, beta);
+        return DP_OK;
+    }
+    int bf16_math = dev->matmul == DP_MATMUL_BF16;
+    if (!bf16_math && !A->bf16 && !B->bf16) { /* plain float32: nothing to convert */
+        sgemm_batch(ta, tb, m, n, k, alpha, A->p, A->ld, A->stride, B->p, B->ld, B->stride, beta,
+                    C, ldc, sc, batch);
+        return DP_OK;
+    }
+    struct dp_cpu_ctx *c = dev->ctx;
+    pthread_mutex_lock(&c->mu);
+    dp_status s = DP_OK;
+    int emulate = !bf16_math;
+#ifdef DP_HAVE_DNNL
+    if (bf16_math && dnnl_ready(c))
+        s = gemm_dnnl(dev, c, ta, tb, m, n, k, alpha, A, B, beta, C, ldc, sc, batch, &emulate);
+    else
+        emulate = 1;
+#else
+    emulate = 1;
+#endif
+    if (s == DP_OK && emulate)
+        s = gemm_floats(dev, c, ta, tb, m, n, k, alpha, A, B, beta, C, ldc, sc, batch, bf16_math);
+    pthread_mutex_unlock(&c->mu);
+    return s;
+}
