@@ -114,7 +114,7 @@ static inline int hooked_is(const dp_device *dev, int index)
     return index >= 0 && strcmp(dp_device_name(dev), want) == 0;
 }
 
-static inline dp_status hooked_forward(void *ctx, dp_device *dev, const float *p,
+static inline dp_status hooked_forward(void *ctx, dp_device *dev, dp_params params,
                                        const dp_chunk *c, void *ws, float *logits)
 {
     hooked *h = ctx;
@@ -126,14 +126,14 @@ static inline dp_status hooked_forward(void *ctx, dp_device *dev, const float *p
         h->block = 0;
     }
     pthread_mutex_unlock(&h->mu);
-    return h->inner.forward(h->inner.ctx, dev, p, c, ws, logits);
+    return h->inner.forward(h->inner.ctx, dev, params, c, ws, logits);
 }
 
-static inline dp_status hooked_backward(void *ctx, dp_device *dev, const float *p, float *g,
+static inline dp_status hooked_backward(void *ctx, dp_device *dev, dp_params params, float *g,
                                         const dp_chunk *c, void *ws, float *dlogits)
 {
     hooked *h = ctx;
-    dp_status s = h->inner.backward(h->inner.ctx, dev, p, g, c, ws, dlogits);
+    dp_status s = h->inner.backward(h->inner.ctx, dev, params, g, c, ws, dlogits);
     if (s == DP_OK && hooked_is(dev, h->inf_grad_dev)) {
         float inf = INFINITY;
         s = dp_copy_h2d(dev, g, &inf, sizeof inf);

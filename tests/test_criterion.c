@@ -274,22 +274,22 @@ static dp_status f_validate(void *ctx, const void *in, size_t rows)
     return fail_here(ctx, 0, "host");
 }
 
-static dp_status f_forward(void *ctx, dp_device *dev, const float *p, const dp_chunk *c, void *ws,
+static dp_status f_forward(void *ctx, dp_device *dev, dp_params params, const dp_chunk *c, void *ws,
                            float *logits)
 {
     failing *f = ctx;
     dp_status s = fail_here(f, 1, dp_device_name(dev));
     if (s != DP_OK) return s;
-    return f->inner.forward(f->inner.ctx, dev, p, c, ws, logits);
+    return f->inner.forward(f->inner.ctx, dev, params, c, ws, logits);
 }
 
-static dp_status f_backward(void *ctx, dp_device *dev, const float *p, float *g,
+static dp_status f_backward(void *ctx, dp_device *dev, dp_params params, float *g,
                             const dp_chunk *c, void *ws, float *dl)
 {
     failing *f = ctx;
     dp_status s = fail_here(f, 3, dp_device_name(dev));
     if (s != DP_OK) return s;
-    return f->inner.backward(f->inner.ctx, dev, p, g, c, ws, dl);
+    return f->inner.backward(f->inner.ctx, dev, params, g, c, ws, dl);
 }
 
 static dp_status f_crit(void *ctx, const dp_criterion_args *a, double *loss, size_t *count)

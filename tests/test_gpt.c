@@ -381,21 +381,22 @@ Test(gpt, split_head_in_chunks_matches_pytorch_reference, .timeout = 30)
         dp_assert_ok(dp_memset(x.dev, x.ws, 0xFF, mws)); /* NaN: unwritten reads poison */
         dp_assert_ok(dp_memset(x.dev, dfeat, 0xFF, BT * C * sizeof(float)));
         dp_chunk ch = {(size_t)r->B, x.tokens, x.targets};
-        dp_assert_ok(m->forward(m->ctx, x.dev, x.params, &ch, x.ws, feat));
+        dp_params p = {.f32 = x.params};
+        dp_assert_ok(m->forward(m->ctx, x.dev, p, &ch, x.ws, feat));
         double loss_sum = 0.0;
         for (size_t o = 0; o < BT; o += c) {
             size_t rows = BT - o < c ? BT - o : c;
-            dp_assert_ok(m->head_forward(m->ctx, x.dev, x.params, feat + o * C, rows, x.logits));
+            dp_assert_ok(m->head_forward(m->ctx, x.dev, p, feat + o * C, rows, x.logits));
             dp_assert_ok(dp_copy_d2h(x.dev, lh + o * V, x.logits, rows * V * sizeof(float)));
             double l = 0.0;
             dp_assert_ok(dp_crossentropy_forward_backward(x.dev, &l, x.logits, x.losses, x.logits,
                                                           x.targets + o, rows, V,
                                                           (float)(1.0 / (double)x.n_valid)));
             loss_sum += l;
-            dp_assert_ok(m->head_backward(m->ctx, x.dev, x.params, x.grads, feat + o * C, rows,
+            dp_assert_ok(m->head_backward(m->ctx, x.dev, p, x.grads, feat + o * C, rows,
                                           x.logits, dfeat + o * C));
         }
-        dp_assert_ok(m->backward(m->ctx, x.dev, x.params, x.grads, &ch, x.ws, dfeat));
+        dp_assert_ok(m->backward(m->ctx, x.dev, p, x.grads, &ch, x.ws, dfeat));
         dp_assert_allclose(lh, (const float *)r->logits, BT * V, 1e-5, 1e-5);
         dp_assert_ok(dp_copy_d2h(x.dev, grads, x.grads, n * sizeof(float)));
         char what[48];
@@ -946,14 +947,14 @@ static dp_model failing;
 static const dp_model *real;
 static int fail_forward, fail_backward;
 
-static dp_status failing_head_forward(void *ctx, dp_device *dev, const float *params,
+static dp_status failing_head_forward(void *ctx, dp_device *dev, dp_params params,
                                       const float *features, size_t m, float *logits)
 {
     if (fail_forward) return dp_set_error(DP_ERR_DEVICE, "head forward broke (test)");
     return real->head_forward(ctx, dev, params, features, m, logits);
 }
 
-static dp_status failing_head_backward(void *ctx, dp_device *dev, const float *params,
+static dp_status failing_head_backward(void *ctx, dp_device *dev, dp_params params,
                                        float *grads, const float *features, size_t m,
                                        float *dlogits, float *dfeatures)
 {

@@ -30,9 +30,10 @@ static size_t mlp_workspace(void *ctx, size_t rows)
     return 3 * rows * net->cfg.hidden * sizeof(float);
 }
 
-static dp_status mlp_forward(void *ctx, dp_device *dev, const float *p, const dp_chunk *c,
+static dp_status mlp_forward(void *ctx, dp_device *dev, dp_params params, const dp_chunk *c,
                              void *ws, float *logits)
 {
+    const float *p = params.f32;
     const mlp *net = ctx;
     size_t D = net->cfg.in_dim, H = net->cfg.hidden, K = net->cfg.classes, N = c->rows;
     float *pre = ws, *act = pre + N * H;
@@ -43,9 +44,10 @@ static dp_status mlp_forward(void *ctx, dp_device *dev, const float *p, const dp
     return s;
 }
 
-static dp_status mlp_backward(void *ctx, dp_device *dev, const float *p, float *g,
+static dp_status mlp_backward(void *ctx, dp_device *dev, dp_params params, float *g,
                               const dp_chunk *c, void *ws, float *dlogits)
 {
+    const float *p = params.f32;
     const mlp *net = ctx;
     size_t D = net->cfg.in_dim, H = net->cfg.hidden, K = net->cfg.classes, N = c->rows;
     float *pre = ws, *act = pre + N * H, *dact = act + N * H;

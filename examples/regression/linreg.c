@@ -18,17 +18,19 @@ static dp_status lr_init(void *ctx, float *params, uint64_t seed)
 
 static size_t lr_workspace(void *ctx, size_t rows) { return 0; }
 
-static dp_status lr_forward(void *ctx, dp_device *dev, const float *p, const dp_chunk *c,
+static dp_status lr_forward(void *ctx, dp_device *dev, dp_params params, const dp_chunk *c,
                             void *ws, float *logits)
 {
+    const float *p = params.f32;
     linreg *net = ctx;
     return dp_linear_forward(dev, logits, c->inputs, p + net->tensors[0].offset,
                              p + net->tensors[1].offset, c->rows, net->in_dim, net->out_dim);
 }
 
-static dp_status lr_backward(void *ctx, dp_device *dev, const float *p, float *g,
+static dp_status lr_backward(void *ctx, dp_device *dev, dp_params params, float *g,
                              const dp_chunk *c, void *ws, float *dlogits)
 {
+    const float *p = params.f32;
     linreg *net = ctx;
     return dp_linear_backward(dev, NULL, g + net->tensors[0].offset, g + net->tensors[1].offset,
                               dlogits, c->inputs, p + net->tensors[0].offset, c->rows,

@@ -140,8 +140,16 @@ typedef struct dp_engine_config {
     long check_replicas_every;
     /* 1: let cuBLAS use TF32 tensor cores for the GEMMs on CUDA devices
      * (see dp_device_set_allow_tf32: faster, ~1e-3 relative error). No
-     * effect on CPU devices. */
+     * effect on CPU devices. The same as matmul_precision DP_MATMUL_TF32. */
     int allow_tf32;
+    /* The arithmetic of every device's GEMMs (dp_device_set_matmul_precision):
+     * DP_MATMUL_FP32 (default), DP_MATMUL_TF32 or DP_MATMUL_BF16 (operands
+     * rounded to bfloat16, float32 sums: oneDNN on CPU devices, tensor
+     * cores on CUDA devices). With a bf16 model (dp_model.param_dtype)
+     * this makes the step's GEMMs bf16 math throughout, as llm.c and
+     * PyTorch's autocast run them. allow_tf32 = 1 with another value than
+     * FP32 or TF32 is DP_ERR_INVALID_ARGUMENT. */
+    dp_matmul_precision matmul_precision;
     /* 0 (default): the root owns the optimizer state of every parameter
      * and updates them all. 1: the optimizer state is sharded over the
      * devices (ZeRO stage 1): device i owns slice i of the flat parameter

@@ -53,6 +53,12 @@ DP_API void dp_gpt_destroy(dp_gpt *gpt);
  * workspace is dp_gpt_workspace_bytes less that (B,T,C) buffer. Owned by
  * gpt. */
 DP_API const dp_model *dp_gpt_model(const dp_gpt *gpt);
+/* The same model over bf16 replicas (dp_model.param_dtype = DP_DTYPE_BF16:
+ * the engine keeps float32 master weights on the optimizer's slice
+ * owners); same ctx, tensors and sizes. Owned by gpt. Pair it with
+ * dp_engine_config.matmul_precision DP_MATMUL_BF16 for bf16 GEMMs
+ * throughout. */
+DP_API const dp_model *dp_gpt_model_bf16(const dp_gpt *gpt);
 DP_API const dp_gpt_config *dp_gpt_config_of(const dp_gpt *gpt);
 
 /* Index of the tensor called name in dp_gpt_model(gpt)->tensors, or -1. */
@@ -62,7 +68,9 @@ DP_API long dp_gpt_find_tensor(const dp_gpt *gpt, const char *name);
 DP_API size_t dp_gpt_workspace_bytes(const dp_gpt *gpt, size_t B, size_t T);
 
 /* logits(B,T,V) for tokens(B,T) (device pointers; ids in [0,V)), any
- * 1 <= T <= block_size (sampling uses short prefixes). workspace holds
+ * 1 <= T <= block_size (sampling uses short prefixes), over float32
+ * params (n_params floats in the model's layout; the master weights of a
+ * bf16 run, from dp_engine_get_params). workspace holds
  * dp_gpt_workspace_bytes(gpt, B, T) bytes and keeps the activations. */
 DP_API dp_status dp_gpt_forward(const dp_gpt *gpt, dp_device *dev, const float *params,
                                 const int32_t *tokens, size_t B, size_t T, void *workspace,

@@ -3,12 +3,13 @@
  * the criterion (loss) interface.
  *
  * A model is a plain description plus stateless callbacks. The engine owns
- * every replica's state: a flat parameter buffer (n_params floats, the
- * tensors pointed into it at the offsets the model gives), a gradient
- * buffer with the identical layout, and a workspace for activations sized
- * by workspace_bytes(rows) before the step starts (llm.c's layout). The
- * callbacks may be called concurrently from several worker threads, each
- * with its own device and buffers, so they must not write to ctx.
+ * every replica's state: a flat parameter buffer (n_params elements of
+ * param_dtype, the tensors pointed into it at the offsets the model
+ * gives), a float32 gradient buffer with the identical layout, and a
+ * workspace for activations sized by workspace_bytes(rows) before the
+ * step starts (llm.c's layout). The callbacks may be called concurrently
+ * from several worker threads, each with its own device and buffers, so
+ * they must not write to ctx.
  */
 #ifndef DP_MODEL_H
 #define DP_MODEL_H
@@ -17,20 +18,30 @@
 #include <stdint.h>
 
 #include "dp/device.h"
+#include "dp/dtype.h"
 #include "dp/status.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* Alignment of every tensor in the flat buffer, in floats (256 bytes). */
+/* Alignment of every tensor in the flat buffer, in elements (256 bytes of
+ * float32, 128 of bfloat16). */
 #define DP_PARAM_ALIGN 64
+
+/* A replica's flat parameter buffer as the callbacks receive it: read the
+ * member of the model's param_dtype, f32 (DP_DTYPE_F32) or bf16
+ * (DP_DTYPE_BF16). Device memory, like every buffer the callbacks get. */
+typedef union dp_params {
+    const float *f32;
+    const dp_bf16 *bf16;
+} dp_params;
 
 /* One parameter tensor inside the flat buffer. */
 typedef struct dp_param_tensor {
     const char *name;  /* e.g. "transformer.h.0.attn.c_attn.weight"; owned by the model */
-    size_t offset;     /* in floats from the start of the buffer, multiple of DP_PARAM_ALIGN */
-    size_t numel;      /* floats */
+    size_t offset;     /* in elements from the start of the buffer, multiple of DP_PARAM_ALIGN */
+    size_t numel;      /* elements */
     int ndim;          /* 1..4 */
     size_t shape[4];   /* row-major, product == numel */
     int weight_decay;  /* 1: AdamW/SGD weight decay applies to this tensor */
@@ -75,7 +86,7 @@ typedef struct dp_model {
     size_t outputs_per_row; /* logit rows (and target rows) per input row: T for an LM, 1 for a
                                classifier or a regression */
     size_t n_classes;       /* logits per output row (vocabulary size V; outputs of a regression) */
-    size_t n_params;        /* floats in the flat parameter buffer (incl. alignment padding) */
+    size_t n_params;        /* elements of the flat parameter buffer (incl. alignment padding) */
     size_t n_tensors;
     const dp_param_tensor *tensors; /* n_tensors entries, owned by the model */
 
@@ -101,13 +112,13 @@ typedef struct dp_model {
      * needed by backward stay in workspace. A failing callback returns a
      * dp_status and describes the problem with dp_set_error; the step then
      * fails with "<device> forward: <that message>". */
-    dp_status (*forward)(void *ctx, dp_device *dev, const float *params, const dp_chunk *chunk,
+    dp_status (*forward)(void *ctx, dp_device *dev, dp_params params, const dp_chunk *chunk,
                          void *workspace, float *logits);
 
     /* grads += d loss / d params given dlogits (same shape as logits; the
      * features' gradient for a model with a head), after forward on the
      * same chunk and workspace. May clobber dlogits. */
-    dp_status (*backward)(void *ctx, dp_device *dev, const float *params, float *grads,
+    dp_status (*backward)(void *ctx, dp_device *dev, dp_params params, float *grads,
                           const dp_chunk *chunk, void *workspace, float *dlogits);
 
     /* Targets (see above). Zero-initialised: int32 class ids, one per output row. */
@@ -140,11 +151,27 @@ typedef struct dp_model {
      * Errors: as forward ("<device> criterion: <message>").
      */
     size_t head_features; /* features per output row, the head's input width (C) */
-    dp_status (*head_forward)(void *ctx, dp_device *dev, const float *params,
+    dp_status (*head_forward)(void *ctx, dp_device *dev, dp_params params,
                               const float *features, size_t m, float *logits);
-    dp_status (*head_backward)(void *ctx, dp_device *dev, const float *params, float *grads,
+    dp_status (*head_backward)(void *ctx, dp_device *dev, dp_params params, float *grads,
                                const float *features, size_t m, float *dlogits,
                                float *dfeatures);
+
+    /*
+     * The replicas' parameter type (mixed precision, as Megatron's
+     * distributed optimizer and llm.c keep it): DP_DTYPE_F32 (the
+     * zero-initialised default; the callbacks read params.f32) or
+     * DP_DTYPE_BF16 (they read params.bf16, n_params bfloat16 values).
+     * With BF16 every replica holds its parameters as bfloat16, half the
+     * bytes, and the all-gather moves half as much; the gradients stay
+     * float32, and so does the optimizer: each slice's owner keeps a
+     * float32 master copy of its slice with its moments, updates it, and
+     * rounds the result into the replicas (dp_bf16_from_float). init, the
+     * host side of dp_engine_get/set_params and checkpoints see the
+     * float32 master weights, so a run saved in one type resumes in the
+     * other.
+     */
+    dp_dtype param_dtype;
 } dp_model;
 
 /* Target elements per output row: target_size, or its default (1 for

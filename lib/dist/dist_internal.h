@@ -31,10 +31,11 @@ dp_status dp_dist_allgather(dp_dist *d, const void *mine, void *all, size_t byte
 dp_status dp_dist_allgather_view(dp_dist *d, const void *mine, size_t bytes, double timeout,
                                  const char *what, const unsigned char **got);
 
-/* In place on every rank's buf (floats): rank r's floats
- * [begin[r], begin[r] + count[r]) go to every other rank. */
-dp_status dp_dist_allgatherv(dp_dist *d, float *buf, const size_t *begin, const size_t *count,
-                             double timeout, const char *what);
+/* In place on every rank's buf of esize-byte elements (4: float32, 2:
+ * bfloat16): rank r's elements [begin[r], begin[r] + count[r]) go to
+ * every other rank. */
+dp_status dp_dist_allgatherv(dp_dist *d, void *buf, size_t esize, const size_t *begin,
+                             const size_t *count, double timeout, const char *what);
 
 /* Rank 0's bytes bytes of buf to every rank. */
 dp_status dp_dist_bcast(dp_dist *d, void *buf, size_t bytes, double timeout, const char *what);

@@ -260,40 +260,43 @@ dp_status dp_dist_allgather(dp_dist *d, const void *mine, void *all, size_t byte
     return DP_OK;
 }
 
-dp_status dp_dist_allgatherv(dp_dist *d, float *buf, const size_t *begin, const size_t *count,
-                             double timeout, const char *what)
+dp_status dp_dist_allgatherv(dp_dist *d, void *buf, size_t esize, const size_t *begin,
+                             const size_t *count, double timeout, const char *what)
 {
     sweep();
+    /* Counts are elements of the buffer's own type, so a buffer of up to
+     * 2^31 - 1 elements fits MPI's int counts whatever their size. */
+    MPI_Datatype type = esize == 2 ? MPI_UINT16_T : MPI_FLOAT;
     size_t lo = (size_t)-1, hi = 0;
     for (int r = 0; r < d->size; r++) {
         if (begin[r] > (size_t)INT_MAX || count[r] > (size_t)INT_MAX - begin[r])
-            return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: %zu floats is more than MPI counts "
+            return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: %zu elements is more than MPI counts "
                            "hold (2^31 - 1)", what, begin[r] + count[r]);
         if (!count[r]) continue;
         if (begin[r] < lo) lo = begin[r];
         if (begin[r] + count[r] > hi) hi = begin[r] + count[r];
     }
     if (hi == 0) return DP_OK;
-    size_t data = (hi - lo) * sizeof(float), total = after(data) + 2 * (size_t)d->size * sizeof(int);
+    size_t data = (hi - lo) * esize, total = after(data) + 2 * (size_t)d->size * sizeof(int);
     unsigned char *base = take(d, total);
     if (!base) return no_room(total, what);
-    float *mem = (float *)base;
+    unsigned char *mem = base, *host = buf;
     int *cnt = (int *)(base + after(data)), *dis = cnt + d->size;
     for (int r = 0; r < d->size; r++) {
         cnt[r] = (int)count[r];
         dis[r] = count[r] ? (int)(begin[r] - lo) : 0;
     }
     size_t mb = begin[d->rank], mc = count[d->rank];
-    if (mc) memcpy(mem + (mb - lo), buf + mb, mc * sizeof *mem);
+    if (mc) memcpy(mem + (mb - lo) * esize, host + mb * esize, mc * esize);
     MPI_Request rq;
-    int rc = MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, mem, cnt, dis, MPI_FLOAT,
-                             d->comm, &rq);
+    int rc = MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, mem, cnt, dis, type, d->comm,
+                             &rq);
     if (rc != MPI_SUCCESS) return mpi_fail(rc, "MPI_Iallgatherv", what);
-    atomic_fetch_add(&d->bytes_sent, mc * sizeof(float) * (size_t)(d->size - 1));
+    atomic_fetch_add(&d->bytes_sent, mc * esize * (size_t)(d->size - 1));
     DP_TRY(wait_all(d, &rq, 1, timeout, what));
     for (int r = 0; r < d->size; r++)
         if (r != d->rank && count[r])
-            memcpy(buf + begin[r], mem + (begin[r] - lo), count[r] * sizeof *mem);
+            memcpy(host + begin[r] * esize, mem + (begin[r] - lo) * esize, count[r] * esize);
     return DP_OK;
 }
 

@@ -43,8 +43,8 @@ dp_status dp_dist_allgather(dp_dist *d, const void *mine, void *all, size_t byte
 {
     return DP_FAIL(DP_ERR_UNSUPPORTED, "%s: dp was built without MPI", what);
 }
-dp_status dp_dist_allgatherv(dp_dist *d, float *buf, const size_t *begin, const size_t *count,
-                             double timeout, const char *what)
+dp_status dp_dist_allgatherv(dp_dist *d, void *buf, size_t esize, const size_t *begin,
+                             const size_t *count, double timeout, const char *what)
 {
     return DP_FAIL(DP_ERR_UNSUPPORTED, "%s: dp was built without MPI", what);
 }

@@ -158,15 +158,18 @@ dp_status dp_nccl_exchange(dp_nccl *n, const dp_nccl_msg *m, size_t n_msgs, doub
     return wait_streams(n, timeout, what);
 }
 
-dp_status dp_nccl_broadcast(dp_nccl *n, float *const *bufs, const dp_nccl_range *rg, size_t n_ranges,
-                            double timeout, const char *what)
+dp_status dp_nccl_broadcast(dp_nccl *n, void *const *bufs, size_t esize, const dp_nccl_range *rg,
+                            size_t n_ranges, double timeout, const char *what)
 {
+    /* A broadcast only moves bytes: a 2-byte type of NCCL's for bfloat16. */
+    ncclDataType_t type = esize == 2 ? ncclFloat16 : ncclFloat;
     ncclResult_t r = ncclGroupStart();
     for (size_t j = 0; r == ncclSuccess && j < n_ranges; j++)
         for (size_t i = 0; r == ncclSuccess && i < n->k; i++) {
             if (!rg[j].count) continue;
-            float *p = bufs[i] + rg[j].begin; /* in place: the root's buffer is its own source */
-            r = ncclBroadcast(p, p, rg[j].count, ncclFloat, rg[j].root, n->comm[i],
+            /* in place: the root's buffer is its own source */
+            unsigned char *p = (unsigned char *)bufs[i] + rg[j].begin * esize;
+            r = ncclBroadcast(p, p, rg[j].count, type, rg[j].root, n->comm[i],
                               dp_cuda_native_stream(n->devs[i]));
         }
     ncclResult_t r2 = ncclGroupEnd();

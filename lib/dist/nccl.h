@@ -38,14 +38,14 @@ typedef struct dp_nccl_msg {
 dp_status dp_nccl_exchange(dp_nccl *n, const dp_nccl_msg *m, size_t n_msgs, double timeout,
                            const char *what);
 
-/* Broadcasts, in one group: for each range, global device root's floats
+/* Broadcasts, in one group: for each range, global device root's elements
  * [begin, begin + count) of its buffer to the same range of every local
- * device's buffer bufs[i]. */
+ * device's buffer bufs[i] (esize-byte elements: 4 float32, 2 bfloat16). */
 typedef struct dp_nccl_range {
     size_t begin, count;
     int root;
 } dp_nccl_range;
-dp_status dp_nccl_broadcast(dp_nccl *n, float *const *bufs, const dp_nccl_range *r, size_t n_ranges,
-                            double timeout, const char *what);
+dp_status dp_nccl_broadcast(dp_nccl *n, void *const *bufs, size_t esize, const dp_nccl_range *r,
+                            size_t n_ranges, double timeout, const char *what);
 
 #endif /* DP_DIST_NCCL_H */

@@ -22,8 +22,8 @@ dp_status dp_nccl_exchange(dp_nccl *n, const dp_nccl_msg *m, size_t n_msgs, doub
     return DP_FAIL(DP_ERR_UNSUPPORTED, "%s: dp was built without NCCL", what);
 }
 
-dp_status dp_nccl_broadcast(dp_nccl *n, float *const *bufs, const dp_nccl_range *r, size_t n_ranges,
-                            double timeout, const char *what)
+dp_status dp_nccl_broadcast(dp_nccl *n, void *const *bufs, size_t esize, const dp_nccl_range *r,
+                            size_t n_ranges, double timeout, const char *what)
 {
     return DP_FAIL(DP_ERR_UNSUPPORTED, "%s: dp was built without NCCL", what);
 }

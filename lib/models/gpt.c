@@ -27,6 +27,7 @@
 
 #include "core/error.h"
 #include "dp/checked.h"
+#include "kernels/bf16.h"
 #include "dp/gpt.h"
 #include "dp/nn.h"
 #include "dp/rng.h"
@@ -60,7 +61,8 @@ static const char *const blk_suffix[BLK_COUNT] = {
 
 struct dp_gpt {
     dp_gpt_config cfg;
-    dp_model model;
+    dp_model model;      /* float32 replicas */
+    dp_model model_bf16; /* the same GPT over bfloat16 replicas */
     dp_param_tensor *tensors; /* 2 + 12 L + 2 entries */
     char *names;              /* NAME_CAP bytes per tensor */
 };
@@ -69,11 +71,65 @@ struct dp_gpt {
 static size_t idx_block(size_t l, int j) { return 2 + l * BLK_COUNT + (size_t)j; }
 static size_t idx_lnf_w(const dp_gpt *g) { return 2 + g->cfg.n_layer * BLK_COUNT; }
 
-static const float *pw(const dp_gpt *g, const float *base, size_t i)
+/* The replica's parameters: float32, or bfloat16 (a bf16 replica). */
+typedef struct wview {
+    dp_params p;
+    int bf16;
+} wview;
+
+static wview view_f32(const float *p)
 {
-    return base + g->tensors[i].offset;
+    wview w = {{.f32 = p}, 0};
+    return w;
+}
+
+/* Tensor i of the replica, as the kernels read it. */
+static dp_pref pw(const dp_gpt *g, wview w, size_t i)
+{
+    size_t off = g->tensors[i].offset;
+    return w.bf16 ? dp_pref_bf16(w.p.bf16 + off) : dp_pref_f32(w.p.f32 + off);
 }
 static float *gw(const dp_gpt *g, float *base, size_t i) { return base + g->tensors[i].offset; }
+
+/* The layers over a tensor of either type: the _bf16 variant for a bf16
+ * replica (dp/nn.h), which computes as the float32 layer on the widened
+ * values. */
+static dp_status enc_fwd(dp_device *dev, float *out, const int32_t *tok, dp_pref wte, dp_pref wpe,
+                         size_t B, size_t T, size_t C)
+{
+    return wte.bf16 ? dp_encoder_forward_bf16(dev, out, tok, wte.p, wpe.p, B, T, C)
+                    : dp_encoder_forward(dev, out, tok, wte.p, wpe.p, B, T, C);
+}
+
+static dp_status ln_fwd(dp_device *dev, float *out, float *mean, float *rstd, const float *inp,
+                        dp_pref w, dp_pref b, size_t N, size_t C)
+{
+    return w.bf16 ? dp_layernorm_forward_bf16(dev, out, mean, rstd, inp, w.p, b.p, N, C)
+                  : dp_layernorm_forward(dev, out, mean, rstd, inp, w.p, b.p, N, C);
+}
+
+static dp_status ln_bwd(dp_device *dev, float *dinp, float *dw, float *db, const float *dout,
+                        const float *inp, dp_pref w, const float *mean, const float *rstd,
+                        size_t N, size_t C)
+{
+    return w.bf16 ? dp_layernorm_backward_bf16(dev, dinp, dw, db, dout, inp, w.p, mean, rstd, N, C)
+                  : dp_layernorm_backward(dev, dinp, dw, db, dout, inp, w.p, mean, rstd, N, C);
+}
+
+/* b.p may be NULL (no bias). */
+static dp_status lin_fwd(dp_device *dev, float *out, const float *inp, dp_pref w, dp_pref b,
+                         size_t N, size_t C, size_t OC)
+{
+    return w.bf16 ? dp_linear_forward_bf16(dev, out, inp, w.p, b.p, N, C, OC)
+                  : dp_linear_forward(dev, out, inp, w.p, b.p, N, C, OC);
+}
+
+static dp_status lin_bwd(dp_device *dev, float *dinp, float *dw, float *db, const float *dout,
+                         const float *inp, dp_pref w, size_t N, size_t C, size_t OC)
+{
+    return w.bf16 ? dp_linear_backward_bf16(dev, dinp, dw, db, dout, inp, w.p, N, C, OC)
+                  : dp_linear_backward(dev, dinp, dw, db, dout, inp, w.p, N, C, OC);
+}
 
 // --- size arithmetic -------------------------------------------------------------------
 
@@ -272,7 +328,7 @@ static dp_status check_call(const char *fn, const dp_gpt *gpt, dp_device *dev, s
 }
 
 /* Everything but the LM head: lnf(B,T,C) = ln_f(blocks(embeddings)). */
-static dp_status body_forward(const dp_gpt *gpt, dp_device *dev, const float *params,
+static dp_status body_forward(const dp_gpt *gpt, dp_device *dev, wview params,
                               const int32_t *tokens, size_t B, size_t T, float *ws,
                               const carve *cv, float *lnf)
 {
@@ -281,62 +337,58 @@ static dp_status body_forward(const dp_gpt *gpt, dp_device *dev, const float *pa
     const carve c = *cv;
     float *encoded = ws + c.encoded; // (B,T,C)
     float *qkv = ws + c.big;         // (B,T,3C), in the backward's scratch
-    DP_TRY(dp_encoder_forward(dev, encoded, tokens, pw(gpt, params, 0), pw(gpt, params, 1), B, T,
-                              C));
+    DP_TRY(enc_fwd(dev, encoded, tokens, pw(gpt, params, 0), pw(gpt, params, 1), B, T, C));
     const float *residual = encoded;
     for (size_t l = 0; l < L; l++) {
         layer_acts a = layer_of(&c, ws, l);
-        const float *p_ln1w = pw(gpt, params, idx_block(l, BLK_LN1_W));
-        const float *p_ln1b = pw(gpt, params, idx_block(l, BLK_LN1_B));
-        const float *p_attw = pw(gpt, params, idx_block(l, BLK_ATTN_W));
-        const float *p_attb = pw(gpt, params, idx_block(l, BLK_ATTN_B));
-        const float *p_aprojw = pw(gpt, params, idx_block(l, BLK_APROJ_W));
-        const float *p_aprojb = pw(gpt, params, idx_block(l, BLK_APROJ_B));
-        const float *p_ln2w = pw(gpt, params, idx_block(l, BLK_LN2_W));
-        const float *p_ln2b = pw(gpt, params, idx_block(l, BLK_LN2_B));
-        const float *p_fcw = pw(gpt, params, idx_block(l, BLK_FC_W));
-        const float *p_fcb = pw(gpt, params, idx_block(l, BLK_FC_B));
-        const float *p_mprojw = pw(gpt, params, idx_block(l, BLK_MPROJ_W));
-        const float *p_mprojb = pw(gpt, params, idx_block(l, BLK_MPROJ_B));
+        dp_pref p_ln1w = pw(gpt, params, idx_block(l, BLK_LN1_W));
+        dp_pref p_ln1b = pw(gpt, params, idx_block(l, BLK_LN1_B));
+        dp_pref p_attw = pw(gpt, params, idx_block(l, BLK_ATTN_W));
+        dp_pref p_attb = pw(gpt, params, idx_block(l, BLK_ATTN_B));
+        dp_pref p_aprojw = pw(gpt, params, idx_block(l, BLK_APROJ_W));
+        dp_pref p_aprojb = pw(gpt, params, idx_block(l, BLK_APROJ_B));
+        dp_pref p_ln2w = pw(gpt, params, idx_block(l, BLK_LN2_W));
+        dp_pref p_ln2b = pw(gpt, params, idx_block(l, BLK_LN2_B));
+        dp_pref p_fcw = pw(gpt, params, idx_block(l, BLK_FC_W));
+        dp_pref p_fcb = pw(gpt, params, idx_block(l, BLK_FC_B));
+        dp_pref p_mprojw = pw(gpt, params, idx_block(l, BLK_MPROJ_W));
+        dp_pref p_mprojb = pw(gpt, params, idx_block(l, BLK_MPROJ_B));
 
-        DP_TRY(dp_layernorm_forward(dev, a.ln1, a.ln1_mean, a.ln1_rstd, residual, p_ln1w, p_ln1b,
-                                    BT, C));
-        DP_TRY(dp_linear_forward(dev, qkv, a.ln1, p_attw, p_attb, BT, C, 3 * C));
+        DP_TRY(ln_fwd(dev, a.ln1, a.ln1_mean, a.ln1_rstd, residual, p_ln1w, p_ln1b, BT, C));
+        DP_TRY(lin_fwd(dev, qkv, a.ln1, p_attw, p_attb, BT, C, 3 * C));
         /* residual2 is free until the projection below: it is the scratch. */
         DP_TRY(dp_attention_forward(dev, a.atty, a.qkvr, a.att, a.residual2, qkv, B, T, C, NH));
-        DP_TRY(dp_linear_forward(dev, a.residual2, a.atty, p_aprojw, p_aprojb, BT, C, C));
+        DP_TRY(lin_fwd(dev, a.residual2, a.atty, p_aprojw, p_aprojb, BT, C, C));
         DP_TRY(dp_accumulate(dev, a.residual2, residual, BT * C));
-        DP_TRY(dp_layernorm_forward(dev, a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p_ln2w,
-                                    p_ln2b, BT, C));
-        DP_TRY(dp_linear_forward(dev, a.fch, a.ln2, p_fcw, p_fcb, BT, C, 4 * C));
+        DP_TRY(ln_fwd(dev, a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p_ln2w, p_ln2b, BT, C));
+        DP_TRY(lin_fwd(dev, a.fch, a.ln2, p_fcw, p_fcb, BT, C, 4 * C));
         DP_TRY(dp_gelu_forward(dev, a.fch_gelu, a.fch, BT * 4 * C));
-        DP_TRY(dp_linear_forward(dev, a.residual3, a.fch_gelu, p_mprojw, p_mprojb, BT, 4 * C, C));
+        DP_TRY(lin_fwd(dev, a.residual3, a.fch_gelu, p_mprojw, p_mprojb, BT, 4 * C, C));
         DP_TRY(dp_accumulate(dev, a.residual3, a.residual2, BT * C));
         residual = a.residual3;
     }
     size_t lf = idx_lnf_w(gpt);
-    DP_TRY(dp_layernorm_forward(dev, lnf, ws + c.lnf_mean, ws + c.lnf_rstd, residual,
-                                pw(gpt, params, lf), pw(gpt, params, lf + 1), BT, C));
+    DP_TRY(ln_fwd(dev, lnf, ws + c.lnf_mean, ws + c.lnf_rstd, residual, pw(gpt, params, lf),
+                  pw(gpt, params, lf + 1), BT, C));
     return DP_OK;
 }
 
 /* The tied LM head: logits(N,V) = lnf(N,C) @ wte^T, for any N rows. */
-static dp_status head_forward(const dp_gpt *gpt, dp_device *dev, const float *params,
-                              const float *lnf, size_t N, float *logits)
+static dp_status head_forward(const dp_gpt *gpt, dp_device *dev, wview params, const float *lnf,
+                              size_t N, float *logits)
 {
     const dp_gpt_config *g = &gpt->cfg;
-    return dp_linear_forward(dev, logits, lnf, pw(gpt, params, 0), NULL, N, g->n_embd,
-                             g->vocab_size);
+    dp_pref none = {NULL, params.bf16};
+    return lin_fwd(dev, logits, lnf, pw(gpt, params, 0), none, N, g->n_embd, g->vocab_size);
 }
 
 /* d(lnf)(N,C) = dlogits @ wte (overwritten) and d(wte) += dlogits^T @ lnf. */
-static dp_status head_backward(const dp_gpt *gpt, dp_device *dev, const float *params,
-                               float *grads, const float *lnf, size_t N, const float *dlogits,
-                               float *dlnf)
+static dp_status head_backward(const dp_gpt *gpt, dp_device *dev, wview params, float *grads,
+                               const float *lnf, size_t N, const float *dlogits, float *dlnf)
 {
     const dp_gpt_config *g = &gpt->cfg;
-    return dp_linear_backward(dev, dlnf, gw(gpt, grads, 0), NULL, dlogits, lnf,
-                              pw(gpt, params, 0), N, g->n_embd, g->vocab_size);
+    return lin_bwd(dev, dlnf, gw(gpt, grads, 0), NULL, dlogits, lnf, pw(gpt, params, 0), N,
+                   g->n_embd, g->vocab_size);
 }
 
 dp_status dp_gpt_forward(const dp_gpt *gpt, dp_device *dev, const float *params,
@@ -351,13 +403,13 @@ dp_status dp_gpt_forward(const dp_gpt *gpt, dp_device *dev, const float *params,
                        "%s on %s: params, tokens, workspace and logits must not be NULL", fn,
                        dp_device_name(dev));
     float *ws = workspace;
-    DP_TRY(body_forward(gpt, dev, params, tokens, B, T, ws, &c, ws + c.lnf));
-    return head_forward(gpt, dev, params, ws + c.lnf, B * T, logits);
+    DP_TRY(body_forward(gpt, dev, view_f32(params), tokens, B, T, ws, &c, ws + c.lnf));
+    return head_forward(gpt, dev, view_f32(params), ws + c.lnf, B * T, logits);
 }
 
 /* grads += d loss / d (everything but the LM head), from dlnf(B,T,C). */
-static dp_status body_backward(const dp_gpt *gpt, dp_device *dev, const float *params,
-                               float *grads, const int32_t *tokens, size_t B, size_t T, float *ws,
+static dp_status body_backward(const dp_gpt *gpt, dp_device *dev, wview params, float *grads,
+                               const int32_t *tokens, size_t B, size_t T, float *ws,
                                const carve *cv, const float *dlnf)
 {
     const dp_gpt_config *g = &gpt->cfg;
@@ -371,9 +423,8 @@ static dp_status body_backward(const dp_gpt *gpt, dp_device *dev, const float *p
     /* LayerNorm backward accumulates: the residual gradient starts at zero. */
     DP_TRY(dp_memset(dev, dresidual, 0, BT * C * sizeof(float)));
     size_t lf = idx_lnf_w(gpt);
-    DP_TRY(dp_layernorm_backward(dev, dresidual, gw(gpt, grads, lf), gw(gpt, grads, lf + 1), dlnf,
-                                 final, pw(gpt, params, lf), ws + c.lnf_mean, ws + c.lnf_rstd, BT,
-                                 C));
+    DP_TRY(ln_bwd(dev, dresidual, gw(gpt, grads, lf), gw(gpt, grads, lf + 1), dlnf, final,
+                  pw(gpt, params, lf), ws + c.lnf_mean, ws + c.lnf_rstd, BT, C));
 
     for (size_t l = L; l-- > 0;) {
         layer_acts a = layer_of(&c, ws, l);
@@ -382,24 +433,24 @@ static dp_status body_backward(const dp_gpt *gpt, dp_device *dev, const float *p
 #define G(j) gw(gpt, grads, idx_block(l, (j)))
         /* MLP. dresidual is d(residual3) = d(mlp.c_proj output) = d(residual2) so far. */
         float *dfch = big; // (B,T,4C): d(fch_gelu), then d(fch) in place
-        DP_TRY(dp_linear_backward(dev, dfch, G(BLK_MPROJ_W), G(BLK_MPROJ_B), dresidual,
-                                  a.fch_gelu, P(BLK_MPROJ_W), BT, 4 * C, C));
+        DP_TRY(lin_bwd(dev, dfch, G(BLK_MPROJ_W), G(BLK_MPROJ_B), dresidual, a.fch_gelu,
+                       P(BLK_MPROJ_W), BT, 4 * C, C));
         DP_TRY(dp_gelu_backward(dev, dfch, a.fch, dfch, BT * 4 * C));
-        DP_TRY(dp_linear_backward(dev, dbtc, G(BLK_FC_W), G(BLK_FC_B), dfch, a.ln2, P(BLK_FC_W),
-                                  BT, C, 4 * C));
-        DP_TRY(dp_layernorm_backward(dev, dresidual, G(BLK_LN2_W), G(BLK_LN2_B), dbtc,
-                                     a.residual2, P(BLK_LN2_W), a.ln2_mean, a.ln2_rstd, BT, C));
+        DP_TRY(lin_bwd(dev, dbtc, G(BLK_FC_W), G(BLK_FC_B), dfch, a.ln2, P(BLK_FC_W), BT, C,
+                       4 * C));
+        DP_TRY(ln_bwd(dev, dresidual, G(BLK_LN2_W), G(BLK_LN2_B), dbtc, a.residual2, P(BLK_LN2_W),
+                      a.ln2_mean, a.ln2_rstd, BT, C));
         /* Attention. dresidual is now the full d(residual2). */
         float *dqkv = big, *dqkvr = big + c.big_dqkvr, *ascratch = big + c.big_scratch,
               *datt = big + c.big_datt;
-        DP_TRY(dp_linear_backward(dev, dbtc, G(BLK_APROJ_W), G(BLK_APROJ_B), dresidual, a.atty,
-                                  P(BLK_APROJ_W), BT, C, C));
+        DP_TRY(lin_bwd(dev, dbtc, G(BLK_APROJ_W), G(BLK_APROJ_B), dresidual, a.atty,
+                       P(BLK_APROJ_W), BT, C, C));
         DP_TRY(dp_attention_backward(dev, dqkv, dqkvr, datt, ascratch, dbtc, a.qkvr, a.att, B, T,
                                      C, NH));
-        DP_TRY(dp_linear_backward(dev, dbtc, G(BLK_ATTN_W), G(BLK_ATTN_B), dqkv, a.ln1,
-                                  P(BLK_ATTN_W), BT, C, 3 * C));
-        DP_TRY(dp_layernorm_backward(dev, dresidual, G(BLK_LN1_W), G(BLK_LN1_B), dbtc, residual,
-                                     P(BLK_LN1_W), a.ln1_mean, a.ln1_rstd, BT, C));
+        DP_TRY(lin_bwd(dev, dbtc, G(BLK_ATTN_W), G(BLK_ATTN_B), dqkv, a.ln1, P(BLK_ATTN_W), BT, C,
+                       3 * C));
+        DP_TRY(ln_bwd(dev, dresidual, G(BLK_LN1_W), G(BLK_LN1_B), dbtc, residual, P(BLK_LN1_W),
+                      a.ln1_mean, a.ln1_rstd, BT, C));
         /* dresidual is now d(block input) = d(previous block's residual3). */
 #undef P
 #undef G
@@ -423,8 +474,9 @@ dp_status dp_gpt_backward(const dp_gpt *gpt, dp_device *dev, const float *params
                        fn, dp_device_name(dev));
     float *ws = workspace;
     /* LM head: d(lnf) into dbtc, free until the blocks' backward. */
-    DP_TRY(head_backward(gpt, dev, params, grads, ws + c.lnf, B * T, dlogits, ws + c.dbtc));
-    return body_backward(gpt, dev, params, grads, tokens, B, T, ws, &c, ws + c.dbtc);
+    DP_TRY(head_backward(gpt, dev, view_f32(params), grads, ws + c.lnf, B * T, dlogits,
+                         ws + c.dbtc));
+    return body_backward(gpt, dev, view_f32(params), grads, tokens, B, T, ws, &c, ws + c.dbtc);
 }
 
 // --- dp_model callbacks ----------------------------------------------------------------
@@ -492,38 +544,56 @@ static size_t gpt_workspace(void *ctx, size_t rows)
                                                                 : SIZE_MAX;
 }
 
-static dp_status gpt_model_forward(void *ctx, dp_device *dev, const float *params,
-                                   const dp_chunk *chunk, void *workspace, float *features)
+static dp_status model_forward(const dp_gpt *g, dp_device *dev, wview params,
+                               const dp_chunk *chunk, void *workspace, float *features)
 {
-    const dp_gpt *g = ctx;
     carve c;
     DP_TRY(check_call("gpt forward", g, dev, chunk->rows, g->cfg.block_size, 0, &c));
     return body_forward(g, dev, params, chunk->inputs, chunk->rows, g->cfg.block_size, workspace,
                         &c, features);
 }
 
-static dp_status gpt_model_backward(void *ctx, dp_device *dev, const float *params, float *grads,
-                                    const dp_chunk *chunk, void *workspace, float *dfeatures)
+static dp_status model_backward(const dp_gpt *g, dp_device *dev, wview params, float *grads,
+                                const dp_chunk *chunk, void *workspace, float *dfeatures)
 {
-    const dp_gpt *g = ctx;
     carve c;
     DP_TRY(check_call("gpt backward", g, dev, chunk->rows, g->cfg.block_size, 0, &c));
     return body_backward(g, dev, params, grads, chunk->inputs, chunk->rows, g->cfg.block_size,
                          workspace, &c, dfeatures);
 }
 
-static dp_status gpt_head_forward(void *ctx, dp_device *dev, const float *params,
-                                  const float *features, size_t m, float *logits)
-{
-    return head_forward(ctx, dev, params, features, m, logits);
-}
-
-static dp_status gpt_head_backward(void *ctx, dp_device *dev, const float *params, float *grads,
-                                   const float *features, size_t m, float *dlogits,
-                                   float *dfeatures)
-{
-    return head_backward(ctx, dev, params, grads, features, m, dlogits, dfeatures);
-}
+/* The callbacks of the two models: float32 (param_dtype F32) and bfloat16
+ * replicas, one implementation. */
+#define GPT_CALLBACKS(suffix, is_bf16)                                                         \
+    static dp_status gpt_model_forward##suffix(void *ctx, dp_device *dev, dp_params params,   \
+                                               const dp_chunk *chunk, void *ws, float *out)   \
+    {                                                                                          \
+        wview w = {params, is_bf16};                                                           \
+        return model_forward(ctx, dev, w, chunk, ws, out);                                     \
+    }                                                                                          \
+    static dp_status gpt_model_backward##suffix(void *ctx, dp_device *dev, dp_params params,  \
+                                                float *grads, const dp_chunk *chunk, void *ws, \
+                                                float *dfeatures)                              \
+    {                                                                                          \
+        wview w = {params, is_bf16};                                                           \
+        return model_backward(ctx, dev, w, grads, chunk, ws, dfeatures);                       \
+    }                                                                                          \
+    static dp_status gpt_head_forward##suffix(void *ctx, dp_device *dev, dp_params params,    \
+                                              const float *features, size_t m, float *logits) \
+    {                                                                                          \
+        wview w = {params, is_bf16};                                                           \
+        return head_forward(ctx, dev, w, features, m, logits);                                 \
+    }                                                                                          \
+    static dp_status gpt_head_backward##suffix(void *ctx, dp_device *dev, dp_params params,   \
+                                               float *grads, const float *features, size_t m, \
+                                               float *dlogits, float *dfeatures)               \
+    {                                                                                          \
+        wview w = {params, is_bf16};                                                           \
+        return head_backward(ctx, dev, w, grads, features, m, dlogits, dfeatures);             \
+    }
+GPT_CALLBACKS(, 0)
+GPT_CALLBACKS(_bf16, 1)
+#undef GPT_CALLBACKS
 
 // --- create / destroy ------------------------------------------------------------------
 
@@ -642,6 +712,14 @@ dp_status dp_gpt_create(const dp_gpt_config *cfg, dp_gpt **out)
     m->head_features = C;
     m->head_forward = gpt_head_forward;
     m->head_backward = gpt_head_backward;
+    /* The same GPT over bf16 replicas (the engine keeps float32 masters). */
+    g->model_bf16 = *m;
+    m = &g->model_bf16;
+    m->param_dtype = DP_DTYPE_BF16;
+    m->forward = gpt_model_forward_bf16;
+    m->backward = gpt_model_backward_bf16;
+    m->head_forward = gpt_head_forward_bf16;
+    m->head_backward = gpt_head_backward_bf16;
     *out = g;
     return DP_OK;
 }
@@ -655,6 +733,8 @@ void dp_gpt_destroy(dp_gpt *gpt)
 }
 
 const dp_model *dp_gpt_model(const dp_gpt *gpt) { return gpt ? &gpt->model : NULL; }
+
+const dp_model *dp_gpt_model_bf16(const dp_gpt *gpt) { return gpt ? &gpt->model_bf16 : NULL; }
 
 const dp_gpt_config *dp_gpt_config_of(const dp_gpt *gpt) { return gpt ? &gpt->cfg : NULL; }
 

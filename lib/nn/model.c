@@ -19,6 +19,9 @@ dp_status dp_model_validate(const dp_model *m)
     if (m->n_classes > (size_t)INT32_MAX)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "n_classes %zu does not fit int32 targets",
                        m->n_classes);
+    if (m->param_dtype != DP_DTYPE_F32 && m->param_dtype != DP_DTYPE_BF16)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "param_dtype %s; a model's replicas hold "
+                       "DP_DTYPE_F32 or DP_DTYPE_BF16 parameters", dp_dtype_name(m->param_dtype));
     if ((unsigned)m->target_type >= DP_TARGET_TYPE_COUNT)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "unknown target_type %d; use DP_TARGET_CLASS "
                        "(int32 class ids) or DP_TARGET_F32 (float values)", (int)m->target_type);

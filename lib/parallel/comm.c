@@ -230,8 +230,8 @@ dp_status dp_comm_allgather_params(worker *w, int from_other_ranks)
         if (!o && from_other_ranks) o = &e->w[0];
         else if (!o || from_other_ranks) o = NULL;
         if (o && o != w && en > b)
-            DP_TRY(dp_copy_peer(w->dev, w->params + b, o->dev, o->params + b,
-                                (en - b) * sizeof(float)));
+            DP_TRY(dp_copy_peer(w->dev, dp_replica_at(w, b), o->dev, dp_replica_at(o, b),
+                                (en - b) * e->psize));
         j = j2;
     }
     return DP_OK;
@@ -242,5 +242,5 @@ dp_status dp_comm_broadcast_params(worker *w)
     worker *root = &w->e->w[0];
     if (w->id == 0) return DP_OK;
     return dp_copy_peer(w->dev, w->params, root->dev, root->params,
-                        w->e->model.n_params * sizeof(float));
+                        w->e->model.n_params * w->e->psize);
 }

@@ -74,7 +74,8 @@ dp_status dp_comm_reduce_scatter(worker *w);
  * loss sums (e->gloss) and the slices' sums of squares. */
 void dp_comm_allreduce_scalars(const dp_engine *e, double *loss_sum, double *sumsq);
 
-/* All-gather of the parameters: worker w's replica gets every slice it
+/* All-gather of the parameters (the replicas' own type, bfloat16 or
+ * float32): worker w's replica gets every slice it
  * does not own from the slice's owner on this rank, or (from_other_ranks)
  * every slice of another rank's owner from local device 0. */
 dp_status dp_comm_allgather_params(worker *w, int from_other_ranks);

@@ -39,7 +39,7 @@ static dp_status model_forward(worker *w, const dp_chunk *c)
     dp_clear_error();
     /* A model with a head writes its features here, the head makes the logits. */
     void *out = m->head_forward ? w->features.ptr : w->logits.ptr;
-    dp_status s = m->forward(m->ctx, w->dev, w->params, c, w->workspace.ptr, out);
+    dp_status s = m->forward(m->ctx, w->dev, dp_replica_params(w), c, w->workspace.ptr, out);
     if (s != DP_OK) dp_callback_message(s, "the model's forward");
     return s;
 }
@@ -48,7 +48,7 @@ static dp_status model_backward(worker *w, const dp_chunk *c, float *dlogits)
 {
     const dp_model *m = &w->e->model;
     dp_clear_error();
-    dp_status s = m->backward(m->ctx, w->dev, w->params, w->grads, c, w->workspace.ptr, dlogits);
+    dp_status s = m->backward(m->ctx, w->dev, dp_replica_params(w), w->grads, c, w->workspace.ptr, dlogits);
     if (s != DP_OK) dp_callback_message(s, "the model's backward");
     return s;
 }
@@ -59,7 +59,7 @@ static dp_status head_forward(worker *w, size_t o, size_t rows, float *logits)
     const dp_model *m = &w->e->model;
     const float *f = (const float *)w->features.ptr + o * m->head_features;
     dp_clear_error();
-    dp_status s = m->head_forward(m->ctx, w->dev, w->params, f, rows, logits);
+    dp_status s = m->head_forward(m->ctx, w->dev, dp_replica_params(w), f, rows, logits);
     if (s != DP_OK) dp_callback_message(s, "the model's head_forward");
     return s;
 }
@@ -70,7 +70,7 @@ static dp_status head_backward(worker *w, size_t o, size_t rows, float *dlogits)
     const dp_model *m = &w->e->model;
     size_t at = o * m->head_features;
     dp_clear_error();
-    dp_status s = m->head_backward(m->ctx, w->dev, w->params, w->grads,
+    dp_status s = m->head_backward(m->ctx, w->dev, dp_replica_params(w), w->grads,
                                    (const float *)w->features.ptr + at, rows, dlogits,
                                    (float *)w->dfeatures.ptr + at);
     if (s != DP_OK) dp_callback_message(s, "the model's head_backward");

@@ -70,10 +70,10 @@ static dp_status unclaim(dp_engine *e, dp_status s)
 
 static void job_setup(worker *w)
 {
-    size_t bytes = w->e->model.n_params * sizeof(float);
+    size_t n = w->e->model.n_params, bytes = n * sizeof(float);
     w->phase = DP_PHASE_COUNT;
     CHECK(w, dp_device_bind_thread(w->dev));
-    CHECK(w, dp_device_alloc(w->dev, bytes, (void **)&w->params));
+    CHECK(w, dp_device_alloc(w->dev, n * w->e->psize, &w->params));
     CHECK(w, dp_device_alloc(w->dev, bytes, (void **)&w->grads));
     CHECK(w, dp_memset(w->dev, w->grads, 0, bytes));
     CHECK(w, dp_opt_alloc_state(w));
@@ -173,6 +173,10 @@ void dp_engine_job(worker *w, job_kind job)
         ENTER(w, DP_PHASE_BROADCAST);
         CHECK(w, dp_replica_hash(w));
         break;
+    case JOB_REFRESH:
+        w->phase = DP_PHASE_BROADCAST;
+        CHECK(w, dp_opt_refresh_replica(w));
+        break;
     }
 }
 
@@ -208,7 +212,7 @@ static void fill_stats(dp_engine *e, dp_step_stats *st, double seconds)
             if (e->w[i].phase_seconds[p] > st->phase_seconds[p])
                 st->phase_seconds[p] = e->w[i].phase_seconds[p];
     st->n_devices = e->k;
-    size_t pbytes = e->model.n_params * sizeof(float);
+    size_t n = e->model.n_params;
     for (size_t i = 0; i < e->k; i++) {
         worker *w = &e->w[i];
         dp_device_step_stats *d = &st->devices[i];
@@ -228,7 +232,7 @@ static void fill_stats(dp_engine *e, dp_step_stats *st, double seconds)
             }
         }
         d->logits_bytes = w->logits.bytes + w->dlogits.bytes + w->gathered.bytes + w->gathered_d.bytes;
-        d->param_bytes = 2 * pbytes;
+        d->param_bytes = n * e->psize + n * sizeof(float); /* the replica and its gradient */
         d->optimizer_bytes = dp_opt_state_bytes(e, i);
     }
 }
@@ -246,7 +250,10 @@ static dp_status sync_replicas(dp_engine *e)
     if (!e->needs_sync) return DP_OK;
     /* After a failed update the owners hold the truth: each replica
      * fetches every slice; after a failed set_params, the root (with
-     * ranks, every rank's device 0 holds rank 0's values then). */
+     * ranks, every rank's device 0 holds rank 0's values then). With
+     * bf16 replicas the truth is the owners' masters: their replicas are
+     * rounded from them first. */
+    if (e->bf16 && !(e->needs_sync & DP_SYNC_FROM_ROOT)) DP_TRY(dp_workers_run(e, JOB_REFRESH));
     if (dp_ranks_active(e) && !(e->needs_sync & DP_SYNC_FROM_ROOT))
         DP_TRY(dp_ranks_allgather_params(e));
     else
@@ -337,6 +344,8 @@ dp_status dp_engine_create(const dp_device_spec *devices, size_t k, const dp_mod
     e->model = *model;
     e->crit = *crit;
     e->cfg = *cfg;
+    e->bf16 = model->param_dtype == DP_DTYPE_BF16;
+    e->psize = e->bf16 ? sizeof(dp_bf16) : sizeof(float);
     e->cfg.device_weights = NULL;
     for (size_t i = 0; i < k; i++) e->weights[i] = cfg->device_weights ? cfg->device_weights[i] : 1.0f;
     e->lr = cfg->optim.lr;
@@ -360,6 +369,8 @@ dp_status dp_engine_create(const dp_device_spec *devices, size_t k, const dp_mod
         s = dp_device_open(&devices[i], &w->dev);
         if (s == DP_OK && cfg->memory_limit) s = dp_device_set_limit(w->dev, cfg->memory_limit);
         if (s == DP_OK && cfg->allow_tf32) s = dp_device_set_allow_tf32(w->dev, 1);
+        if (s == DP_OK && cfg->matmul_precision != DP_MATMUL_FP32)
+            s = dp_device_set_matmul_precision(w->dev, cfg->matmul_precision);
     }
     if (s == DP_OK) s = dp_workers_start(e);
     if (s == DP_OK) s = dp_workers_run(e, JOB_SETUP);
@@ -442,19 +453,42 @@ dp_status dp_engine_get_params(dp_engine *e, float *host)
         /* with ranks the others learn of it rather than wait */
         return unclaim(e, dp_ranks_active(e) ? dp_ranks_agree(e, s) : s);
     }
-    for (size_t i = 0; s == DP_OK && i < e->K; i++) {
+    /* bf16 replicas: the owners' float32 masters. */
+    if (e->bf16) s = dp_opt_move_masters(e, host, NULL);
+    for (size_t i = 0; !e->bf16 && s == DP_OK && i < e->K; i++) {
         slice *sl = &e->s[i];
         worker *o = dp_local_worker(e, (size_t)sl->owner);
         size_t b = sl->begin, n = sl->end - b;
         if (!n || !o) continue;
         s = dp_device_bind_thread(o->dev);
-        if (s == DP_OK) s = dp_copy_d2h(o->dev, host + b, o->params + b, n * sizeof(float));
+        if (s == DP_OK) s = dp_copy_d2h(o->dev, host + b, dp_replica_at(o, b), n * sizeof(float));
     }
     if (dp_ranks_active(e)) {
         s = dp_ranks_agree(e, s);
-        if (s == DP_OK) s = dp_ranks_allgather_owned(e, host, "dp_engine_get_params");
+        if (s == DP_OK) s = dp_ranks_allgather_owned(e, host, sizeof(float), "dp_engine_get_params");
     }
     return unclaim(e, s);
+}
+
+/* The root's replica (and with bf16 replicas every owner's master) from
+ * the host's float32 parameters. */
+static dp_status set_root_replica(dp_engine *e, const float *host)
+{
+    size_t n = e->model.n_params;
+    worker *root = &e->w[0];
+    if (!e->bf16) {
+        DP_TRY(dp_device_bind_thread(root->dev));
+        return dp_copy_h2d(root->dev, root->params, host, n * sizeof(float));
+    }
+    DP_TRY(dp_opt_move_masters(e, NULL, host));
+    dp_bf16 *h = malloc(n * sizeof *h);
+    if (!h)
+        return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation of %zu bfloat16 parameters failed", n);
+    for (size_t i = 0; i < n; i++) h[i] = dp_bf16_from_float(host[i]);
+    dp_status s = dp_device_bind_thread(root->dev);
+    if (s == DP_OK) s = dp_copy_h2d(root->dev, root->params, h, n * sizeof *h);
+    free(h);
+    return s;
 }
 
 dp_status dp_engine_set_params(dp_engine *e, const float *host)
@@ -486,8 +520,7 @@ dp_status dp_engine_set_params(dp_engine *e, const float *host)
         free(copy);
         return unclaim(e, f);
     }
-    dp_status s = dp_device_bind_thread(e->w[0].dev);
-    if (s == DP_OK) s = dp_copy_h2d(e->w[0].dev, e->w[0].params, host, n * sizeof(float));
+    dp_status s = set_root_replica(e, host);
     /* The root's copy to every replica, the owners included (should it
      * fail, the next step retries it). */
     if (s == DP_OK) {
@@ -505,9 +538,9 @@ dp_status dp_engine_get_optimizer_state(dp_engine *e, float *m, float *v, long *
     dp_status s = dp_opt_get_state(e, m, v);
     if (dp_ranks_active(e)) {
         s = dp_ranks_agree(e, s);
-        if (s == DP_OK && m) s = dp_ranks_allgather_owned(e, m, "optimizer state (m)");
+        if (s == DP_OK && m) s = dp_ranks_allgather_owned(e, m, sizeof(float), "optimizer state (m)");
         if (s == DP_OK && v && e->cfg.optim.kind == DP_OPTIMIZER_ADAMW)
-            s = dp_ranks_allgather_owned(e, v, "optimizer state (v)");
+            s = dp_ranks_allgather_owned(e, v, sizeof(float), "optimizer state (v)");
     }
     if (s == DP_OK && t) *t = e->t;
     return unclaim(e, s);

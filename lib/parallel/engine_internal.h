@@ -39,7 +39,8 @@ typedef enum job_kind {
     JOB_UPDATE,       /* the optimizer update of the slices this rank owns */
     JOB_GATHER_LOCAL, /* every replica fetches the slices this rank's devices own */
     JOB_COPY_REMOTE,  /* every replica fetches the other ranks' slices from local device 0 (+ hash) */
-    JOB_HASH          /* every replica's hash (replica check after NCCL's all-gather) */
+    JOB_HASH,         /* every replica's hash (replica check after NCCL's all-gather) */
+    JOB_REFRESH       /* bf16 replicas: each owner rounds its master slices into its replica */
 } job_kind;
 
 /* engine.needs_sync: the replicas must be re-synchronised from the slice
@@ -71,6 +72,7 @@ typedef struct slice {
     segment *segs;
     size_t n_segs;
     float *m, *v; /* the moments, on the owner */
+    float *master; /* bf16 replicas: the slice's float32 master weights, on the owner */
     dbuf acc, in; /* on the owner: running sum, incoming chunk (comm.c) */
     dbuf remote;  /* on the owner: one chunk per device of the other ranks (ranks.c) */
     double sumsq; /* of the reduced gradient, this step */
@@ -83,7 +85,8 @@ typedef struct worker {
     int thread_started;
     dp_device *dev;
 
-    float *params, *grads; /* n_params floats each */
+    void *params; /* the replica: n_params elements of the model's param_dtype */
+    float *grads; /* n_params floats */
 
     dbuf inputs, targets, workspace, logits, dlogits, scratch;
     dbuf features, dfeatures; /* a model with a head: its input and that input's gradient */
@@ -133,6 +136,8 @@ struct dp_engine {
     dp_model model;
     dp_criterion crit;
     dp_engine_config cfg;
+    int bf16;     /* replicas hold bfloat16 (model.param_dtype); owners keep float32 masters */
+    size_t psize; /* bytes of one replica element: 2 or 4 */
     float weights[DP_MAX_DEVICES]; /* per global device */
 
     long t;
@@ -175,6 +180,20 @@ struct dp_engine {
     double stall_seconds;
     atomic_int diverge_dev; /* -1: none */
 };
+
+/* Worker w's replica as the model's callbacks take it. */
+static inline dp_params dp_replica_params(const worker *w)
+{
+    dp_params p;
+    if (w->e->bf16) p.bf16 = w->params;
+    else p.f32 = w->params;
+    return p;
+}
+/* The address of element i of worker w's replica. */
+static inline void *dp_replica_at(const worker *w, size_t i)
+{
+    return (unsigned char *)w->params + i * w->e->psize;
+}
 
 /* The worker of global device g, or NULL when it is on another rank. */
 static inline worker *dp_local_worker(const dp_engine *e, size_t g)
@@ -301,8 +320,15 @@ size_t dp_opt_state_bytes(const dp_engine *e, size_t d);
  * reduces (on its owner). */
 dp_status dp_opt_slice_sumsq(worker *w);
 /* Clipping for the global norm and the update of the slices this worker
- * reduces (on their owners). */
+ * reduces (on their owners); with bf16 replicas the owner's float32 master
+ * is updated and rounded into its replica. */
 dp_status dp_opt_update_slice(worker *w, double grad_norm);
+/* bf16 replicas: this worker's replica = bf16(master) over the slices its
+ * device owns (before an all-gather that re-synchronises the replicas). */
+dp_status dp_opt_refresh_replica(worker *owner);
+/* bf16 replicas: the owners' masters <- host (n_params floats), or host <-
+ * the masters of the slices this rank owns (to_host). */
+dp_status dp_opt_move_masters(dp_engine *e, float *host_out, const float *host_in);
 /* The caller's thread: the moments of the slices this rank owns, between
  * the host's flat m and v (n_params floats each; v may be NULL, and is
  * ignored for SGD) and the owners; get leaves the other ranks' ranges of
@@ -352,7 +378,8 @@ dp_status dp_ranks_check_batch(dp_engine *e, const dp_batch *b, dp_status planne
 dp_status dp_ranks_agree(dp_engine *e, dp_status local);
 /* Rank 0's bytes to every rank (watchdog-bounded). */
 dp_status dp_ranks_bcast(dp_engine *e, void *buf, size_t bytes, const char *what);
-/* The flat host buffer buf of every rank gets every rank's owned range. */
-dp_status dp_ranks_allgather_owned(dp_engine *e, float *buf, const char *what);
+/* The flat buffer buf of every rank (esize-byte elements: 4 float32, 2
+ * bfloat16) gets every rank's owned range. */
+dp_status dp_ranks_allgather_owned(dp_engine *e, void *buf, size_t esize, const char *what);
 
 #endif /* DP_PARALLEL_ENGINE_INTERNAL_H */

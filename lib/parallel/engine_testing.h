@@ -27,6 +27,12 @@ DP_API void dp_engine_inject_stall(dp_engine *engine, int device, dp_phase phase
  * parameter replica just before hashing it (once). */
 DP_API void dp_engine_inject_divergence(dp_engine *engine, int device);
 
+/* Copies local device `device`'s parameter replica (grads 0: n_params
+ * elements of the model's param_dtype) or its gradient buffer (grads 1:
+ * n_params floats; after a step, a slice owner's slices hold the reduced
+ * gradient) to host. */
+DP_API dp_status dp_engine_read_replica(dp_engine *engine, size_t device, int grads, void *host);
+
 #ifdef __cplusplus
 }
 #endif

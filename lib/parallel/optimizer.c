@@ -12,6 +12,14 @@
  * every addition are the same in both modes, so they agree bitwise. A
  * slice is split by tensor into segments, since weight decay is a
  * per-tensor setting.
+ *
+ * With bf16 replicas (dp_model.param_dtype) the owner also keeps the
+ * slice's float32 master weights: the update runs on the master, and the
+ * owner's replica gets its rounding (dp_convert), which the all-gather
+ * then hands to every replica. The replicas never feed back into the
+ * master, so rounding errors do not accumulate over steps (Micikevicius
+ * et al. 2018, "Mixed Precision Training"; Megatron's distributed
+ * optimizer keeps its main parameters the same way).
  */
 #include <stdlib.h>
 
@@ -78,6 +86,8 @@ dp_status dp_opt_alloc_state(worker *owner)
         if (s == DP_OK) s = dp_memset(dev, sl->m, 0, bytes);
         if (s == DP_OK && has_v(e)) s = dp_device_alloc(dev, bytes, (void **)&sl->v);
         if (s == DP_OK && has_v(e)) s = dp_memset(dev, sl->v, 0, bytes);
+        /* the master's values come with the parameters (set_params) */
+        if (s == DP_OK && e->bf16) s = dp_device_alloc(dev, bytes, (void **)&sl->master);
         if (s != DP_OK) {
             dp_error_prefix("optimizer state of slice %zu on %s", j, dev->name);
             return s;
@@ -94,8 +104,9 @@ void dp_opt_free_state(dp_engine *e)
         if (o && o->dev) {
             dp_device_free(o->dev, sl->m);
             dp_device_free(o->dev, sl->v);
+            dp_device_free(o->dev, sl->master);
         }
-        sl->m = sl->v = NULL;
+        sl->m = sl->v = sl->master = NULL;
         free(sl->segs);
         sl->segs = NULL;
     }
@@ -106,7 +117,7 @@ size_t dp_opt_state_bytes(const dp_engine *e, size_t d)
     size_t floats = 0;
     for (size_t i = 0; i < e->K; i++)
         if ((size_t)e->s[i].owner == e->g0 + d) floats += e->s[i].end - e->s[i].begin;
-    return (has_v(e) ? 2 : 1) * floats * sizeof(float);
+    return ((has_v(e) ? 2 : 1) + (e->bf16 ? 1 : 0)) * floats * sizeof(float);
 }
 
 dp_status dp_opt_slice_sumsq(worker *w)
@@ -134,30 +145,48 @@ dp_status dp_opt_update_slice(worker *w, double grad_norm)
         if (sl->reducer != w->id) continue;
         for (size_t i = 0; i < sl->n_segs; i++) {
             size_t b = sl->segs[i].begin, n = sl->segs[i].end - sl->segs[i].begin;
-            size_t at = b - sl->begin; /* within the slice's moments */
+            size_t at = b - sl->begin; /* within the slice's moments (and master) */
             float wd = sl->segs[i].decay ? opt->weight_decay : 0.0f;
+            float *p = e->bf16 ? sl->master + at : (float *)o->params + b;
             if (clip != 1.0f) DP_TRY(dp_scale(o->dev, o->grads + b, clip, n));
             if (opt->kind == DP_OPTIMIZER_ADAMW)
-                DP_TRY(dp_adamw_update(o->dev, o->params + b, o->grads + b, sl->m + at, sl->v + at,
-                                       n, e->lr, opt->beta1, opt->beta2, opt->eps, wd,
-                                       (int)(e->t + 1)));
+                DP_TRY(dp_adamw_update(o->dev, p, o->grads + b, sl->m + at, sl->v + at, n, e->lr,
+                                       opt->beta1, opt->beta2, opt->eps, wd, (int)(e->t + 1)));
             else
-                DP_TRY(dp_sgd_update(o->dev, o->params + b, o->grads + b, sl->m + at, n, e->lr,
-                                     opt->momentum, wd, (int)(e->t + 1)));
+                DP_TRY(dp_sgd_update(o->dev, p, o->grads + b, sl->m + at, n, e->lr, opt->momentum,
+                                     wd, (int)(e->t + 1)));
+            if (e->bf16)
+                DP_TRY(dp_convert(o->dev, dp_replica_at(o, b), DP_DTYPE_BF16, p, DP_DTYPE_F32, n));
         }
     }
     return DP_OK;
 }
 
-/* Copies one moment buffer between the host's flat layout and the owners'
- * slices on this rank (to_host: gather, else scatter). */
-static dp_status move_state(dp_engine *e, float *host_out, const float *host_in, int second)
+dp_status dp_opt_refresh_replica(worker *owner)
+{
+    dp_engine *e = owner->e;
+    for (size_t j = 0; e->bf16 && j < e->K; j++) {
+        slice *sl = &e->s[j];
+        size_t n = sl->end - sl->begin;
+        if (owner_of(e, sl) != owner || !n) continue;
+        DP_TRY(dp_convert(owner->dev, dp_replica_at(owner, sl->begin), DP_DTYPE_BF16, sl->master,
+                          DP_DTYPE_F32, n));
+    }
+    return DP_OK;
+}
+
+/* Which per-slice buffer move_state moves. */
+enum { MOVE_M, MOVE_V, MOVE_MASTER };
+
+/* Copies one per-slice buffer between the host's flat layout and the
+ * owners' slices on this rank (host_out: gather, else scatter). */
+static dp_status move_state(dp_engine *e, float *host_out, const float *host_in, int which)
 {
     for (size_t i = 0; i < e->K; i++) {
         slice *sl = &e->s[i];
         worker *o = owner_of(e, sl);
         size_t b = sl->begin, bytes = (sl->end - b) * sizeof(float);
-        float *buf = second ? sl->v : sl->m;
+        float *buf = which == MOVE_V ? sl->v : which == MOVE_M ? sl->m : sl->master;
         if (!o || !bytes) continue;
         DP_TRY(dp_device_bind_thread(o->dev));
         if (host_out) DP_TRY(dp_copy_d2h(o->dev, host_out + b, buf, bytes));
@@ -168,16 +197,21 @@ static dp_status move_state(dp_engine *e, float *host_out, const float *host_in,
 
 dp_status dp_opt_get_state(dp_engine *e, float *m, float *v)
 {
-    if (m) DP_TRY(move_state(e, m, NULL, 0));
-    if (v && has_v(e)) DP_TRY(move_state(e, v, NULL, 1));
+    if (m) DP_TRY(move_state(e, m, NULL, MOVE_M));
+    if (v && has_v(e)) DP_TRY(move_state(e, v, NULL, MOVE_V));
     return DP_OK;
 }
 
 dp_status dp_opt_set_state(dp_engine *e, const float *m, const float *v)
 {
-    if (m) DP_TRY(move_state(e, NULL, m, 0));
-    if (v && has_v(e)) DP_TRY(move_state(e, NULL, v, 1));
+    if (m) DP_TRY(move_state(e, NULL, m, MOVE_M));
+    if (v && has_v(e)) DP_TRY(move_state(e, NULL, v, MOVE_V));
     return DP_OK;
+}
+
+dp_status dp_opt_move_masters(dp_engine *e, float *host_out, const float *host_in)
+{
+    return move_state(e, host_out, host_in, MOVE_MASTER);
 }
 
 void dp_opt_rank_range(const dp_engine *e, int r, size_t *begin, size_t *count)

@@ -39,6 +39,14 @@ static dp_status check_config(const dp_engine_config *c, size_t k)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "watchdog_seconds is %g; use 0 (off) or %g to %g "
                        "seconds", c->watchdog_seconds, DP_WATCHDOG_MIN_SECONDS,
                        DP_WATCHDOG_MAX_SECONDS);
+    if ((unsigned)c->matmul_precision >= DP_MATMUL_PRECISION_COUNT)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "matmul_precision %d; use DP_MATMUL_FP32, "
+                       "DP_MATMUL_TF32 or DP_MATMUL_BF16", (int)c->matmul_precision);
+    if (c->allow_tf32 && c->matmul_precision != DP_MATMUL_FP32 &&
+        c->matmul_precision != DP_MATMUL_TF32)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "allow_tf32 asks for TF32 GEMMs and "
+                       "matmul_precision for %s; set one of them",
+                       dp_matmul_precision_name(c->matmul_precision));
     if (c->check_replicas_every < 0)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "check_replicas_every is %ld; use 0 (off) or a "
                        "step interval >= 1", c->check_replicas_every);

@@ -102,11 +102,12 @@ dp_status dp_ranks_bcast(dp_engine *e, void *buf, size_t bytes, const char *what
     return s;
 }
 
-dp_status dp_ranks_allgather_owned(dp_engine *e, float *buf, const char *what)
+dp_status dp_ranks_allgather_owned(dp_engine *e, void *buf, size_t esize, const char *what)
 {
     size_t begin[DP_MAX_DEVICES], count[DP_MAX_DEVICES];
     for (int r = 0; r < e->nranks; r++) dp_opt_rank_range(e, r, &begin[r], &count[r]);
-    dp_status s = dp_dist_allgatherv(e->dist, buf, begin, count, e->cfg.watchdog_seconds, what);
+    dp_status s = dp_dist_allgatherv(e->dist, buf, esize, begin, count, e->cfg.watchdog_seconds,
+                                     what);
     if (s != DP_OK) e->broken = 1;
     return s;
 }
@@ -117,7 +118,7 @@ dp_status dp_ranks_allgather_owned(dp_engine *e, float *buf, const char *what)
 typedef struct rank_info {
     uint64_t k;
     float weights[DP_MAX_DEVICES];
-    int kind, mode, shard, optim, grad_accum, token_balanced, allow_tf32;
+    int kind, mode, shard, optim, grad_accum, token_balanced, allow_tf32, matmul, param_dtype;
     float lr, beta1, beta2, eps, weight_decay, grad_clip, momentum;
     uint64_t max_rows, max_tokens, seed, memory_limit, n_params, n_tensors, n_classes,
         outputs_per_row, input_row_bytes, target_type, target_size, logits_chunk_rows,
@@ -140,6 +141,8 @@ static void fill_info(rank_info *x, const dp_engine *e, const dp_device_spec *de
     x->grad_accum = c->grad_accum;
     x->token_balanced = c->token_balanced;
     x->allow_tf32 = c->allow_tf32;
+    x->matmul = (int)c->matmul_precision;
+    x->param_dtype = (int)m->param_dtype;
     x->lr = c->optim.lr;
     x->beta1 = c->optim.beta1;
     x->beta2 = c->optim.beta2;
@@ -176,6 +179,8 @@ static const char *first_difference(const rank_info *a, const rank_info *b)
     DIFF(grad_accum, "grad_accum");
     DIFF(token_balanced, "token_balanced");
     DIFF(allow_tf32, "allow_tf32");
+    DIFF(matmul, "matmul_precision");
+    DIFF(param_dtype, "the model's param_dtype");
     DIFF(lr, "optim.lr");
     DIFF(beta1, "optim.beta1");
     DIFF(beta2, "optim.beta2");
@@ -338,7 +343,7 @@ static dp_status exchange_round_gpus(dp_engine *e, size_t r)
 static dp_status broadcast_owned_gpus(dp_engine *e)
 {
     dp_nccl_range rg[DP_MAX_DEVICES];
-    float *bufs[DP_MAX_DEVICES];
+    void *bufs[DP_MAX_DEVICES];
     size_t n = 0;
     for (size_t j = 0; j < e->K;) {
         size_t j2 = j + 1;
@@ -347,7 +352,7 @@ static dp_status broadcast_owned_gpus(dp_engine *e)
         j = j2;
     }
     for (size_t i = 0; i < e->k; i++) bufs[i] = e->w[i].params;
-    dp_status s = dp_nccl_broadcast(e->nccl, bufs, rg, n, e->cfg.watchdog_seconds,
+    dp_status s = dp_nccl_broadcast(e->nccl, bufs, e->psize, rg, n, e->cfg.watchdog_seconds,
                                     "all-gather of the parameters between the ranks' GPUs");
     if (s != DP_OK) e->broken = 1;
     return s;
@@ -447,7 +452,7 @@ static dp_status allgather_params(dp_engine *e, int hash)
         return s;
     }
     double t0 = dp_now_seconds();
-    DP_TRY(dp_ranks_allgather_owned(e, e->w[0].params, "all-gather of the parameters"));
+    DP_TRY(dp_ranks_allgather_owned(e, e->w[0].params, e->psize, "all-gather of the parameters"));
     charge(e, DP_PHASE_BROADCAST, t0);
     e->hash_due = hash;
     s = dp_workers_run(e, JOB_COPY_REMOTE);

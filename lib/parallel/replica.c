@@ -33,7 +33,7 @@ static uint64_t hash_words(const unsigned char *p, size_t bytes)
 
 static dp_status hash_params(worker *w, uint64_t *out)
 {
-    size_t bytes = w->e->model.n_params * sizeof(float);
+    size_t bytes = w->e->model.n_params * w->e->psize;
     if (dp_device_is_host_memory(w->dev)) {
         *out = hash_words((const unsigned char *)w->params, bytes);
         return DP_OK;

@@ -296,3 +296,14 @@ void dp_engine_inject_divergence(dp_engine *e, int device)
 {
     if (e) atomic_store(&e->diverge_dev, device);
 }
+
+dp_status dp_engine_read_replica(dp_engine *e, size_t device, int grads, void *host)
+{
+    if (!e || device >= e->k || !host)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "no such device, or host NULL");
+    worker *w = &e->w[device];
+    size_t n = e->model.n_params;
+    DP_TRY(dp_device_bind_thread(w->dev));
+    if (grads) return dp_copy_d2h(w->dev, host, w->grads, n * sizeof(float));
+    return dp_copy_d2h(w->dev, host, w->params, n * e->psize);
+}

@@ -1,0 +1,367 @@
+/*
+ * bf16 replicas through the engine (dp_model.param_dtype = DP_DTYPE_BF16),
+ * on the GPT's bf16 model and CPU devices:
+ *
+ *  - every replica holds the rounding of the owners' float32 masters,
+ *    after every step, in root and sharded mode, after set_params and
+ *    after a failed update's re-synchronisation;
+ *  - in float32 matmul precision a bf16 replica's step computes exactly
+ *    the float32 step at the rounded parameters (losses and gradients
+ *    bitwise), and the master moves by exactly that gradient (SGD);
+ *  - sharded equals root bitwise; k devices track one device; bf16
+ *    training tracks float32 training; bf16 GEMMs (DP_MATMUL_BF16) too;
+ *  - memory: replicas take 2 bytes per parameter, masters 4 on their
+ *    owner (optimizer_bytes); the engine frees what it allocates;
+ *  - refusals: a model of another param_dtype, a matmul precision out of
+ *    range or contradicting allow_tf32.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "dp_test.h"
+#include "gpt_fixture.h"
+#include "parallel/engine_testing.h"
+
+enum { STEPS = 6, LONG = 30, MAXP = 20000 };
+
+static dp_gpt *tiny_gpt(void)
+{
+    dp_gpt_config cfg = {EV, EBS, EL, ENH, EC};
+    dp_gpt *g = NULL;
+    dp_assert_ok(dp_gpt_create(&cfg, &g));
+    cr_assert_leq(dp_gpt_model(g)->n_params, MAXP);
+    return g;
+}
+
+static dp_engine_config base_cfg(void)
+{
+    dp_engine_config c = dp_engine_config_default();
+    c.optim.lr = 3e-3f;
+    c.optim.weight_decay = 0.1f;
+    c.optim.grad_clip = 1.0f;
+    c.seed = 11;
+    return c;
+}
+
+static dp_engine *open_engine(const dp_model *m, size_t k, const dp_engine_config *cfg)
+{
+    dp_device_spec specs[DP_MAX_DEVICES];
+    for (size_t i = 0; i < k; i++) specs[i] = (dp_device_spec){DP_DEVICE_CPU, (int)i};
+    dp_criterion crit = dp_criterion_cross_entropy();
+    dp_engine *e = NULL;
+    dp_assert_ok(dp_engine_create(specs, k, m, &crit, cfg, &e));
+    return e;
+}
+
+static dp_step_stats step(dp_engine *e, int s)
+{
+    int32_t tok[EROWS * EBS], tgt[EROWS * EBS];
+    gpt_batch(s, EROWS, tok, tgt);
+    dp_batch b = {EROWS, tok, tgt};
+    dp_step_stats st;
+    dp_assert_ok(dp_engine_step(e, &b, &st));
+    cr_assert(!st.skipped);
+    return st;
+}
+
+/* Every local replica of e equals the rounding of the masters. */
+static void assert_replicas_are_rounded_masters(dp_engine *e, const char *what)
+{
+    size_t n = dp_engine_model(e)->n_params;
+    static float master[MAXP];
+    static dp_bf16 replica[MAXP];
+    dp_assert_ok(dp_engine_get_params(e, master));
+    for (size_t d = 0; d < dp_engine_num_devices(e); d++) {
+        dp_assert_ok(dp_engine_read_replica(e, d, 0, replica));
+        for (size_t i = 0; i < n; i++)
+            if (replica[i] != dp_bf16_from_float(master[i]))
+                cr_assert_fail("%s: device %zu's replica[%zu] = %04x, master %.9g rounds to %04x",
+                               what, d, i, replica[i], (double)master[i],
+                               dp_bf16_from_float(master[i]));
+    }
+}
+
+/* The masters are not themselves bfloat16 values once training moved
+ * them (else the master would be pointless). */
+static size_t count_unrounded(dp_engine *e)
+{
+    static float master[MAXP];
+    size_t n = dp_engine_model(e)->n_params, c = 0;
+    dp_assert_ok(dp_engine_get_params(e, master));
+    for (size_t i = 0; i < n; i++)
+        c += dp_bf16_to_float(dp_bf16_from_float(master[i])) != master[i];
+    return c;
+}
+
+Test(bf16_engine, replicas_are_the_rounded_masters, .timeout = 60)
+{
+    dp_gpt *g = tiny_gpt();
+    for (int shard = 0; shard < 2; shard++)
+        for (int prec = 0; prec < 2; prec++) {
+            dp_engine_config c = base_cfg();
+            c.shard_optimizer = shard;
+            c.matmul_precision = prec ? DP_MATMUL_BF16 : DP_MATMUL_FP32;
+            size_t before = dp_device_bytes_freed_at_close();
+            dp_engine *e = open_engine(dp_gpt_model_bf16(g), 3, &c);
+            assert_replicas_are_rounded_masters(e, "after create");
+            cr_assert_eq(count_unrounded(e), count_unrounded(e));
+            for (int s = 0; s < STEPS; s++) {
+                step(e, s);
+                assert_replicas_are_rounded_masters(e, "after a step");
+            }
+            cr_assert_gt(count_unrounded(e), 100, "the masters hold only bfloat16 values");
+            dp_engine_destroy(e);
+            cr_assert_eq(dp_device_bytes_freed_at_close(), before, "the engine leaked");
+        }
+    dp_gpt_destroy(g);
+}
+
+/* set_params keeps the float32 values (get_params returns them exactly)
+ * and rounds them into every replica. */
+Test(bf16_engine, set_params_keeps_float32_masters, .timeout = 30)
+{
+    dp_gpt *g = tiny_gpt();
+    dp_engine_config c = base_cfg();
+    c.shard_optimizer = 1;
+    dp_engine *e = open_engine(dp_gpt_model_bf16(g), 2, &c);
+    size_t n = dp_gpt_model(g)->n_params;
+    static float p[MAXP], back[MAXP];
+    dp_rng rng;
+    dp_rng_seed(&rng, 3);
+    for (size_t i = 0; i < n; i++) p[i] = 0.1f * (dp_rng_uniform(&rng) - 0.5f);
+    dp_assert_ok(dp_engine_set_params(e, p));
+    dp_assert_ok(dp_engine_get_params(e, back));
+    cr_assert(memcmp(p, back, n * sizeof *p) == 0, "the masters were rounded");
+    assert_replicas_are_rounded_masters(e, "after set_params");
+    dp_engine_destroy(e);
+    dp_gpt_destroy(g);
+}
+
+/* With float32 GEMMs, a bf16 replica computes the float32 model at the
+ * rounded parameters: the same loss and gradient, bit for bit. SGD without
+ * momentum, decay or clipping then moves the master by exactly -lr g. */
+Test(bf16_engine, float32_math_on_bf16_replicas_is_the_float32_step_at_rounded_params,
+     .timeout = 30)
+{
+    dp_gpt *g = tiny_gpt();
+    size_t n = dp_gpt_model(g)->n_params;
+    dp_engine_config c = base_cfg();
+    c.optim.kind = DP_OPTIMIZER_SGD;
+    c.optim.lr = 0.5f;
+    c.optim.momentum = 0.0f;
+    c.optim.weight_decay = 0.0f;
+    c.optim.grad_clip = 0.0f;
+    dp_engine *e16 = open_engine(dp_gpt_model_bf16(g), 1, &c);
+    dp_engine *e32 = open_engine(dp_gpt_model(g), 1, &c);
+    static float master[MAXP], rounded[MAXP], g16[MAXP], g32[MAXP], after[MAXP];
+    dp_assert_ok(dp_engine_get_params(e16, master));
+    for (size_t i = 0; i < n; i++) rounded[i] = dp_bf16_to_float(dp_bf16_from_float(master[i]));
+    dp_assert_ok(dp_engine_set_params(e32, rounded));
+    dp_step_stats s16 = step(e16, 0), s32 = step(e32, 0);
+    cr_assert_eq(s16.loss, s32.loss, "loss %.17g vs %.17g", s16.loss, s32.loss);
+    cr_assert_eq(s16.grad_norm, s32.grad_norm);
+    dp_assert_ok(dp_engine_read_replica(e16, 0, 1, g16));
+    dp_assert_ok(dp_engine_read_replica(e32, 0, 1, g32));
+    cr_assert(memcmp(g16, g32, n * sizeof *g16) == 0, "gradients differ");
+    dp_assert_ok(dp_engine_get_params(e16, after));
+    for (size_t i = 0; i < n; i++) {
+        float want = master[i] - 0.5f * g16[i];
+        if (memcmp(&after[i], &want, sizeof want) != 0)
+            cr_assert_fail("master[%zu] = %.9g after the step, want %.9g - 0.5 * %.9g = %.9g", i,
+                           (double)after[i], (double)master[i], (double)g16[i], (double)want);
+    }
+    dp_engine_destroy(e16);
+    dp_engine_destroy(e32);
+    dp_gpt_destroy(g);
+}
+
+typedef struct run_state {
+    double loss[LONG];
+    float p[MAXP], m[MAXP], v[MAXP];
+    long t;
+} run_state;
+
+/* steps steps, on batch s at step s, or (fixed) batch 0 every time. */
+static void train_n(const dp_model *model, size_t k, const dp_engine_config *c, int steps,
+                    int fixed, run_state *r)
+{
+    dp_engine *e = open_engine(model, k, c);
+    for (int s = 0; s < steps; s++) r->loss[s] = step(e, fixed ? 0 : s).loss;
+    dp_assert_ok(dp_engine_get_params(e, r->p));
+    dp_assert_ok(dp_engine_get_optimizer_state(e, r->m, r->v, &r->t));
+    dp_engine_destroy(e);
+}
+
+static void train(const dp_model *model, size_t k, const dp_engine_config *c, run_state *r)
+{
+    train_n(model, k, c, STEPS, 0, r);
+}
+
+Test(bf16_engine, sharded_equals_root_bitwise, .timeout = 60)
+{
+    dp_gpt *g = tiny_gpt();
+    size_t n = dp_gpt_model(g)->n_params;
+    static run_state a, b;
+    for (size_t k = 1; k <= 3; k++)
+        for (int prec = 0; prec < 2; prec++) {
+            dp_engine_config c = base_cfg();
+            c.matmul_precision = prec ? DP_MATMUL_BF16 : DP_MATMUL_FP32;
+            train(dp_gpt_model_bf16(g), k, &c, &a);
+            c.shard_optimizer = 1;
+            train(dp_gpt_model_bf16(g), k, &c, &b);
+            cr_assert(memcmp(a.loss, b.loss, sizeof a.loss) == 0, "k=%zu: losses differ", k);
+            cr_assert(memcmp(a.p, b.p, n * sizeof *a.p) == 0, "k=%zu: masters differ", k);
+            cr_assert(memcmp(a.m, b.m, n * sizeof *a.m) == 0, "k=%zu: m differs", k);
+            cr_assert(memcmp(a.v, b.v, n * sizeof *a.v) == 0, "k=%zu: v differs", k);
+            cr_assert_eq(a.t, b.t);
+        }
+    dp_gpt_destroy(g);
+}
+
+/* k devices sum the same per-row gradients in another order; in bf16 the
+ * parameters the devices see are the same rounded values, so the runs
+ * agree to float32 rounding of the gradient, amplified at most to a
+ * rounding step of a master (AdamW normalises). */
+Test(bf16_engine, k_devices_track_one_device, .timeout = 60)
+{
+    dp_gpt *g = tiny_gpt();
+    size_t n = dp_gpt_model(g)->n_params;
+    static run_state one, many;
+    for (int prec = 0; prec < 2; prec++) {
+        dp_engine_config c = base_cfg();
+        c.matmul_precision = prec ? DP_MATMUL_BF16 : DP_MATMUL_FP32;
+        train(dp_gpt_model_bf16(g), 1, &c, &one);
+        train(dp_gpt_model_bf16(g), 3, &c, &many);
+        for (int s = 0; s < STEPS; s++)
+            cr_assert(fabs(one.loss[s] - many.loss[s]) <= 1e-4 * fabs(one.loss[s]),
+                      "%s step %d: loss %.9g on 1 device, %.9g on 3",
+                      dp_matmul_precision_name(c.matmul_precision), s, one.loss[s], many.loss[s]);
+        double worst = 0.0;
+        for (size_t i = 0; i < n; i++) worst = fmax(worst, fabs((double)one.p[i] - many.p[i]));
+        /* six AdamW steps of lr 3e-3 move a parameter by at most ~0.02 */
+        cr_assert_leq(worst, 5e-3, "largest master difference %g", worst);
+    }
+    dp_gpt_destroy(g);
+}
+
+/* bf16 replicas (and bf16 GEMMs) track float32 training: fitting one
+ * batch for LONG steps (the loss falls from 3.6 to 0.5), the curves stay
+ * within 2% of the first loss of each other (measured: 0.03 at most). */
+Test(bf16_engine, training_tracks_float32, .timeout = 60)
+{
+    dp_gpt *g = tiny_gpt();
+    static run_state f32, b16, b16mm;
+    dp_engine_config c = base_cfg();
+    c.optim.lr = 1e-2f;
+    train_n(dp_gpt_model(g), 2, &c, LONG, 1, &f32);
+    train_n(dp_gpt_model_bf16(g), 2, &c, LONG, 1, &b16);
+    c.matmul_precision = DP_MATMUL_BF16;
+    train_n(dp_gpt_model_bf16(g), 2, &c, LONG, 1, &b16mm);
+    cr_assert_lt(f32.loss[LONG - 1], 0.8 * f32.loss[0], "float32 did not learn (%g -> %g)",
+                 f32.loss[0], f32.loss[LONG - 1]);
+    for (int s = 0; s < LONG; s++) {
+        double tol = 0.02 * f32.loss[0];
+        cr_assert(fabs(b16.loss[s] - f32.loss[s]) <= tol, "step %d: %g vs %g", s, b16.loss[s],
+                  f32.loss[s]);
+        cr_assert(fabs(b16mm.loss[s] - f32.loss[s]) <= tol, "step %d: %g vs %g", s,
+                  b16mm.loss[s], f32.loss[s]);
+    }
+    /* and the precision is real: the curves are not float32's bits */
+    cr_assert(memcmp(b16.loss, f32.loss, sizeof f32.loss) != 0);
+    cr_assert(memcmp(b16mm.loss, b16.loss, sizeof b16.loss) != 0);
+    dp_gpt_destroy(g);
+}
+
+/* Bytes per device: the bf16 replica and the float32 gradient; the owner
+ * holds m, v and the master of its slice. */
+Test(bf16_engine, memory_of_replicas_and_masters, .timeout = 30)
+{
+    dp_gpt *g = tiny_gpt();
+    size_t n = dp_gpt_model(g)->n_params;
+    dp_engine_config c = base_cfg();
+    c.shard_optimizer = 1;
+    dp_engine *e = open_engine(dp_gpt_model_bf16(g), 2, &c);
+    dp_step_stats st = step(e, 0);
+    size_t owned = 0;
+    for (size_t d = 0; d < 2; d++) {
+        cr_assert_eq(st.devices[d].param_bytes, n * 2 + n * 4, "device %zu param_bytes %zu", d,
+                     st.devices[d].param_bytes);
+        owned += st.devices[d].optimizer_bytes;
+    }
+    cr_assert_eq(owned, 3 * n * sizeof(float), "m, v and master: %zu bytes, want %zu", owned,
+                 3 * n * sizeof(float));
+    dp_engine_destroy(e);
+    /* float32 replicas: 4 + 4, and m, v only */
+    e = open_engine(dp_gpt_model(g), 2, &c);
+    st = step(e, 0);
+    cr_assert_eq(st.devices[0].param_bytes, n * 8);
+    cr_assert_eq(st.devices[0].optimizer_bytes + st.devices[1].optimizer_bytes, 2 * n * 4);
+    dp_engine_destroy(e);
+    dp_gpt_destroy(g);
+}
+
+/* A failure inside the update leaves the replicas to re-synchronise from
+ * the owners' masters before the next step, which then works; a diverged
+ * replica is found by the replica check and re-synchronised the same way. */
+Test(bf16_engine, failed_update_and_divergence_resync_from_masters, .timeout = 60)
+{
+    dp_gpt *g = tiny_gpt();
+    dp_engine_config c = base_cfg();
+    c.shard_optimizer = 1;
+    c.check_replicas_every = 1;
+    dp_engine *e = open_engine(dp_gpt_model_bf16(g), 3, &c);
+    step(e, 0);
+    dp_engine_inject_fault(e, 2, DP_PHASE_OPTIMIZER, DP_ERR_DEVICE);
+    int32_t tok[EROWS * EBS], tgt[EROWS * EBS];
+    gpt_batch(1, EROWS, tok, tgt);
+    dp_batch b = {EROWS, tok, tgt};
+    cr_assert_eq(dp_engine_step(e, &b, NULL), DP_ERR_DEVICE);
+    step(e, 2);
+    assert_replicas_are_rounded_masters(e, "after a failed update and the next step");
+    dp_engine_inject_divergence(e, 1);
+    gpt_batch(3, EROWS, tok, tgt);
+    cr_assert_eq(dp_engine_step(e, &b, NULL), DP_ERR_INTERNAL, "the replica check missed it");
+    cr_assert(strstr(dp_last_error(), "cpu:1"), "%s", dp_last_error());
+    step(e, 4);
+    assert_replicas_are_rounded_masters(e, "after a divergence and the next step");
+    /* A bit flipped in the slice a device owns itself: the all-gather
+     * never copies that slice to its owner; the rounding of the master
+     * restores it. */
+    dp_engine_inject_divergence(e, 0);
+    gpt_batch(5, EROWS, tok, tgt);
+    cr_assert_eq(dp_engine_step(e, &b, NULL), DP_ERR_INTERNAL, "the replica check missed it");
+    step(e, 6);
+    assert_replicas_are_rounded_masters(e, "after the root diverged and the next step");
+    dp_engine_destroy(e);
+    dp_gpt_destroy(g);
+}
+
+Test(bf16_engine, refusals, .timeout = 30)
+{
+    dp_gpt *g = tiny_gpt();
+    dp_device_spec spec = {DP_DEVICE_CPU, 0};
+    dp_criterion crit = dp_criterion_cross_entropy();
+    dp_engine *e = NULL;
+    dp_model bad = *dp_gpt_model(g);
+    bad.param_dtype = DP_DTYPE_F16;
+    dp_engine_config c = base_cfg();
+    cr_assert_eq(dp_engine_create(&spec, 1, &bad, &crit, &c, &e), DP_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(dp_last_error(), "param_dtype F16"), "%s", dp_last_error());
+    c.matmul_precision = DP_MATMUL_PRECISION_COUNT;
+    cr_assert_eq(dp_engine_create(&spec, 1, dp_gpt_model(g), &crit, &c, &e),
+                 DP_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(dp_last_error(), "matmul_precision"), "%s", dp_last_error());
+    c.matmul_precision = DP_MATMUL_BF16;
+    c.allow_tf32 = 1;
+    cr_assert_eq(dp_engine_create(&spec, 1, dp_gpt_model(g), &crit, &c, &e),
+                 DP_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(dp_last_error(), "allow_tf32") && strstr(dp_last_error(), "bf16"), "%s",
+              dp_last_error());
+    cr_assert_null(e);
+    /* the engine sets the devices' precision */
+    c.allow_tf32 = 0;
+    dp_assert_ok(dp_engine_create(&spec, 1, dp_gpt_model(g), &crit, &c, &e));
+    cr_assert_eq(dp_device_matmul_precision(dp_engine_device(e, 0)), DP_MATMUL_BF16);
+    dp_engine_destroy(e);
+    dp_gpt_destroy(g);
+}
