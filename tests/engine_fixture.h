@@ -29,7 +29,7 @@ typedef struct run {
 
 static inline void run_open(run *r, int k, dp_engine_config cfg, const mlp_config *mc)
 {
-    mlp_config def = {D, H, K};
+    mlp_config def = {D, H, K, DP_DTYPE_F32};
     r->leaked_before = dp_device_bytes_freed_at_close();
     mlp_init_model(&r->net, mc ? mc : &def, &r->model);
     r->crit = dp_criterion_cross_entropy();
@@ -159,7 +159,7 @@ static inline size_t hooked_scratch(void *ctx, size_t n, size_t V)
 /* Opens the hooked MLP on k CPU devices (h must stay put while open). */
 static inline dp_engine *hooked_open(hooked *h, int k, dp_engine_config cfg)
 {
-    mlp_config mc = {D, H, K};
+    mlp_config mc = {D, H, K, DP_DTYPE_F32};
     memset(h, 0, sizeof *h);
     mlp_init_model(&h->net, &mc, &h->inner);
     h->model = h->inner;

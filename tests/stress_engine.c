@@ -83,7 +83,7 @@ int main(int argc, char **argv)
         int mode = c % DP_MODE_COUNT;
         mlp net;
         dp_model model;
-        mlp_init_model(&net, &(mlp_config){D, H, K}, &model);
+        mlp_init_model(&net, &(mlp_config){D, H, K, DP_DTYPE_F32}, &model);
         dp_criterion crit = dp_criterion_cross_entropy();
         dp_engine_config cfg = dp_engine_config_default();
         cfg.mode = (dp_mode)mode;

@@ -195,7 +195,7 @@ ParameterizedTestParameters(contract, engine_refuses_a_count_unlike_the_plan)
 ParameterizedTest(int *c, contract, engine_refuses_a_count_unlike_the_plan)
 {
     run r;
-    mlp_config mc = {D, H, K};
+    mlp_config mc = {D, H, K, DP_DTYPE_F32};
     r.leaked_before = dp_device_bytes_freed_at_close();
     mlp_init_model(&r.net, &mc, &r.model);
     counting cc = {dp_criterion_cross_entropy(), *c % 10};
@@ -237,7 +237,7 @@ Test(contract, create_refuses_a_criterion_for_other_targets)
 {
     mlp net;
     dp_model model;
-    mlp_init_model(&net, &(mlp_config){D, H, K}, &model);
+    mlp_init_model(&net, &(mlp_config){D, H, K, DP_DTYPE_F32}, &model);
     dp_criterion mse = dp_criterion_mse();
     dp_engine_config cfg = base_cfg(DP_MODE_BALANCED);
     dp_device_spec spec = {DP_DEVICE_CPU, 0};
@@ -320,7 +320,7 @@ ParameterizedTest(int *c, contract, callback_messages_reach_last_error)
     memset(&f, 0, sizeof f);
     f.where = *c % 10;
     f.silent = *c / 100;
-    mlp_init_model(&f.net, &(mlp_config){D, H, K}, &f.inner);
+    mlp_init_model(&f.net, &(mlp_config){D, H, K, DP_DTYPE_F32}, &f.inner);
     dp_model model = f.inner;
     model.ctx = &f;
     model.validate_inputs = f_validate;

@@ -81,7 +81,7 @@ static void train_mlp(const dp_device_spec *specs, size_t k, dp_engine_config cf
     size_t before = dp_device_bytes_freed_at_close();
     mlp net;
     dp_model model;
-    mlp_config mc = {D, H, K};
+    mlp_config mc = {D, H, K, DP_DTYPE_F32};
     mlp_init_model(&net, &mc, &model);
     cr_assert_leq(model.n_params, NP_MAX);
     dp_criterion crit = dp_criterion_cross_entropy();
@@ -171,7 +171,7 @@ static void train_wide(const dp_device_spec *specs, size_t k, dp_engine_config c
 {
     mlp net;
     dp_model model;
-    mlp_config mc = {D, 300000, K};
+    mlp_config mc = {D, 300000, K, DP_DTYPE_F32};
     mlp_init_model(&net, &mc, &model);
     *n = model.n_params;
     dp_criterion crit = dp_criterion_cross_entropy();

@@ -216,7 +216,7 @@ Test(engine, plan_splits_rows_as_documented)
 Test(engine, balanced_keeps_logits_local_gather_holds_them_on_root)
 {
     enum { ROWS = 16, KK = 4096 };
-    mlp_config mc = {D, H, KK};
+    mlp_config mc = {D, H, KK, DP_DTYPE_F32};
     static float x[ROWS * D];
     int32_t y[ROWS];
     dp_rng rng;
@@ -288,7 +288,7 @@ ParameterizedTest(int *c, engine, injected_fault_is_reported_and_recovered, .tim
 static void out_of_memory_case(int shard)
 {
     enum { KK = 1024 };
-    mlp_config mc = {D, H, KK};
+    mlp_config mc = {D, H, KK, DP_DTYPE_F32};
     run r;
     dp_engine_config cfg = base_cfg(DP_MODE_BALANCED);
     cfg.shard_optimizer = shard;
@@ -344,7 +344,7 @@ Test(engine, bad_input_is_rejected_with_a_message)
     /* Bad configurations never start workers. */
     mlp net;
     dp_model model;
-    mlp_config mc = {D, H, K};
+    mlp_config mc = {D, H, K, DP_DTYPE_F32};
     mlp_init_model(&net, &mc, &model);
     dp_criterion crit = dp_criterion_cross_entropy();
     dp_device_spec spec = {DP_DEVICE_CPU, 0};
@@ -450,7 +450,7 @@ Test(engine, duplicate_cpu_devices_are_refused_like_the_device_list, .timeout = 
 {
     mlp net;
     dp_model model;
-    mlp_config mc = {D, H, K};
+    mlp_config mc = {D, H, K, DP_DTYPE_F32};
     mlp_init_model(&net, &mc, &model);
     dp_criterion crit = dp_criterion_cross_entropy();
     dp_engine_config c = base_cfg(DP_MODE_BALANCED);

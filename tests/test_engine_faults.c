@@ -302,7 +302,7 @@ Test(engine_faults, bad_watchdog_and_check_settings_are_rejected, .timeout = 10)
 {
     mlp net;
     dp_model model;
-    mlp_config mc = {D, H, K};
+    mlp_config mc = {D, H, K, DP_DTYPE_F32};
     mlp_init_model(&net, &mc, &model);
     dp_criterion crit = dp_criterion_cross_entropy();
     dp_device_spec spec = {DP_DEVICE_CPU, 0};
@@ -344,7 +344,7 @@ Test(engine_faults, watchdog_bounds_are_accepted, .timeout = 10)
      * setup on a busy machine, which is then the documented timeout. */
     mlp net;
     dp_model model;
-    mlp_config mc = {D, H, K};
+    mlp_config mc = {D, H, K, DP_DTYPE_F32};
     mlp_init_model(&net, &mc, &model);
     dp_criterion crit = dp_criterion_cross_entropy();
     dp_device_spec spec = {DP_DEVICE_CPU, 0};

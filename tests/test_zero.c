@@ -57,7 +57,7 @@ static void steps(dp_engine *e, int from, int to, int rows, state *s)
 static void train(int k, dp_engine_config cfg, int rows, state *s)
 {
     run r;
-    mlp_config mc = {D, WIDE, K};
+    mlp_config mc = {D, WIDE, K, DP_DTYPE_F32};
     run_open(&r, k, cfg, &mc);
     cr_assert_leq(r.model.n_params, NPW);
     s->n = r.model.n_params;
@@ -149,7 +149,7 @@ Test(zero, each_device_holds_its_slice_and_no_staging_of_params_size, .timeout =
             cfg.shard_optimizer = shard;
             size_t per = o == DP_OPTIMIZER_ADAMW ? 2 : 1; /* moments per parameter */
             run r;
-            mlp_config mc = {D, WIDE, K};
+            mlp_config mc = {D, WIDE, K, DP_DTYPE_F32};
             run_open(&r, KD, cfg, &mc);
             size_t n = r.model.n_params, fb = sizeof(float);
             size_t created[KD];
@@ -205,7 +205,7 @@ Test(zero, a_limit_only_the_sharded_state_fits, .timeout = 60)
 {
     mlp net;
     dp_model model;
-    mlp_config mc = {D, WIDE, K};
+    mlp_config mc = {D, WIDE, K, DP_DTYPE_F32};
     mlp_init_model(&net, &mc, &model);
     dp_criterion crit = dp_criterion_cross_entropy();
     dp_device_spec spec[4];
@@ -234,7 +234,7 @@ Test(zero, bad_shard_setting_is_rejected)
 {
     mlp net;
     dp_model model;
-    mlp_config mc = {D, H, K};
+    mlp_config mc = {D, H, K, DP_DTYPE_F32};
     mlp_init_model(&net, &mc, &model);
     dp_criterion crit = dp_criterion_cross_entropy();
     dp_device_spec spec[2] = {{DP_DEVICE_CPU, 0}, {DP_DEVICE_CPU, 1}};
@@ -255,7 +255,7 @@ static void handover(int ka, int sa, int kb, int sb, state *out)
     dp_engine_config ca = base_cfg(DP_MODE_BALANCED), cb = ca;
     ca.shard_optimizer = sa;
     cb.shard_optimizer = sb;
-    mlp_config mc = {D, WIDE, K};
+    mlp_config mc = {D, WIDE, K, DP_DTYPE_F32};
     static state mid;
     run a, b;
     run_open(&a, ka, ca, &mc);

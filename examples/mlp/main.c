@@ -58,7 +58,7 @@ int main(int argc, char **argv)
 
     mlp net;
     dp_model model;
-    mlp_init_model(&net, &(mlp_config){D, H, K}, &model);
+    mlp_init_model(&net, &(mlp_config){D, H, K, DP_DTYPE_F32}, &model);
     dp_criterion loss = dp_criterion_cross_entropy();
     dp_engine_config cfg = dp_engine_config_default();
     cfg.optim.lr = 3e-3f;

@@ -30,35 +30,49 @@ static size_t mlp_workspace(void *ctx, size_t rows)
     return 3 * rows * net->cfg.hidden * sizeof(float);
 }
 
-static dp_status mlp_forward(void *ctx, dp_device *dev, dp_params params, const dp_chunk *c,
-                             void *ws, float *logits)
+/* Layer l (0: fc1, 1: fc2) over the replica's weight and bias in either
+ * type: the _bf16 layers read a bf16 replica. */
+static dp_status fc_forward(const mlp *net, dp_device *dev, dp_params p, int l, float *out,
+                            const float *in, size_t N, size_t IN, size_t OUT)
 {
-    const float *p = params.f32;
+    size_t w = net->tensors[2 * l].offset, b = net->tensors[2 * l + 1].offset;
+    if (net->cfg.param_dtype == DP_DTYPE_BF16)
+        return dp_linear_forward_bf16(dev, out, in, p.bf16 + w, p.bf16 + b, N, IN, OUT);
+    return dp_linear_forward(dev, out, in, p.f32 + w, p.f32 + b, N, IN, OUT);
+}
+
+static dp_status fc_backward(const mlp *net, dp_device *dev, dp_params p, float *g, int l,
+                             float *din, const float *dout, const float *in, size_t N, size_t IN,
+                             size_t OUT)
+{
+    size_t w = net->tensors[2 * l].offset, b = net->tensors[2 * l + 1].offset;
+    if (net->cfg.param_dtype == DP_DTYPE_BF16)
+        return dp_linear_backward_bf16(dev, din, g + w, g + b, dout, in, p.bf16 + w, N, IN, OUT);
+    return dp_linear_backward(dev, din, g + w, g + b, dout, in, p.f32 + w, N, IN, OUT);
+}
+
+static dp_status mlp_forward(void *ctx, dp_device *dev, dp_params p, const dp_chunk *c, void *ws,
+                             float *logits)
+{
     const mlp *net = ctx;
     size_t D = net->cfg.in_dim, H = net->cfg.hidden, K = net->cfg.classes, N = c->rows;
     float *pre = ws, *act = pre + N * H;
-    const dp_param_tensor *t = net->tensors;
-    dp_status s = dp_linear_forward(dev, pre, c->inputs, p + t[0].offset, p + t[1].offset, N, D, H);
+    dp_status s = fc_forward(net, dev, p, 0, pre, c->inputs, N, D, H);
     if (s == DP_OK) s = dp_gelu_forward(dev, act, pre, N * H);
-    if (s == DP_OK) s = dp_linear_forward(dev, logits, act, p + t[2].offset, p + t[3].offset, N, H, K);
+    if (s == DP_OK) s = fc_forward(net, dev, p, 1, logits, act, N, H, K);
     return s;
 }
 
-static dp_status mlp_backward(void *ctx, dp_device *dev, dp_params params, float *g,
+static dp_status mlp_backward(void *ctx, dp_device *dev, dp_params p, float *g,
                               const dp_chunk *c, void *ws, float *dlogits)
 {
-    const float *p = params.f32;
     const mlp *net = ctx;
     size_t D = net->cfg.in_dim, H = net->cfg.hidden, K = net->cfg.classes, N = c->rows;
     float *pre = ws, *act = pre + N * H, *dact = act + N * H;
-    const dp_param_tensor *t = net->tensors;
-    dp_status s = dp_linear_backward(dev, dact, g + t[2].offset, g + t[3].offset, dlogits, act,
-                                     p + t[2].offset, N, H, K);
+    dp_status s = fc_backward(net, dev, p, g, 1, dact, dlogits, act, N, H, K);
     /* d(pre) overwrites d(act) in place. */
     if (s == DP_OK) s = dp_gelu_backward(dev, dact, pre, dact, N * H);
-    if (s == DP_OK)
-        s = dp_linear_backward(dev, NULL, g + t[0].offset, g + t[1].offset, dact, c->inputs,
-                               p + t[0].offset, N, D, H);
+    if (s == DP_OK) s = fc_backward(net, dev, p, g, 0, NULL, dact, c->inputs, N, D, H);
     return s;
 }
 
@@ -93,4 +107,5 @@ void mlp_init_model(mlp *net, const mlp_config *cfg, dp_model *model)
     model->workspace_bytes = mlp_workspace;
     model->forward = mlp_forward;
     model->backward = mlp_backward;
+    model->param_dtype = cfg->param_dtype;
 }

@@ -13,6 +13,9 @@ typedef struct mlp_config {
     size_t in_dim;  /* D */
     size_t hidden;  /* H */
     size_t classes; /* K */
+    /* the replicas' parameter type: DP_DTYPE_F32 (0, default) or
+     * DP_DTYPE_BF16 (bf16 replicas, float32 masters in the engine) */
+    dp_dtype param_dtype;
 } mlp_config;
 
 typedef struct mlp {

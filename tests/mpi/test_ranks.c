@@ -65,6 +65,7 @@ typedef struct tcase {
     dp_optimizer optim;
     int token_balanced, grad_accum, ignore_every;
     float weight_rank1; /* device weight of rank 1's devices (1: equal) */
+    int bf16;           /* bf16 replicas (float32 masters) and bf16 GEMMs */
 } tcase;
 
 typedef struct result {
@@ -97,6 +98,7 @@ static dp_engine_config config(const tcase *c)
     cfg.grad_accum = c->grad_accum ? c->grad_accum : 1;
     cfg.seed = 11;
     cfg.watchdog_seconds = 60;
+    cfg.matmul_precision = c->bf16 ? DP_MATMUL_BF16 : DP_MATMUL_FP32;
     return cfg;
 }
 
@@ -110,7 +112,7 @@ typedef struct run {
 /* An engine of k CPU devices, over the ranks (ranked) or in this process. */
 static dp_status open_run(run *r, const tcase *c, int k, int ranked, dp_engine_config cfg)
 {
-    mlp_config mc = {D, c->hidden, CLASSES};
+    mlp_config mc = {D, c->hidden, CLASSES, c->bf16 ? DP_DTYPE_BF16 : DP_DTYPE_F32};
     mlp_init_model(&r->net, &mc, &r->model);
     r->crit = dp_criterion_cross_entropy();
     dp_device_spec specs[DP_MAX_DEVICES];
@@ -232,14 +234,14 @@ static void run_equivalence(const tcase *c)
 static void handover(const char *name, int first_ranked)
 {
     int before = failures;
-    tcase c = {name, 2, 1, 7, 64, DP_OPTIMIZER_ADAMW, 0, 1, 3, 1.0f};
+    tcase c = {name, 2, 1, 7, 64, DP_OPTIMIZER_ADAMW, 0, 1, 3, 1.0f, 0};
     result mid, got, want;
     run a, b;
     size_t n;
     {
         mlp net;
         dp_model m;
-        mlp_config mc = {D, c.hidden, CLASSES};
+        mlp_config mc = {D, c.hidden, CLASSES, DP_DTYPE_F32};
         mlp_init_model(&net, &mc, &m);
         n = m.n_params;
     }
@@ -305,7 +307,7 @@ static void run_handover(const char *name, int first_ranked)
  * 1 and the phase; the next step works and every rank holds the same parameters. */
 static void fault_in(dp_phase p, int shard)
 {
-    tcase c = {"fault", 1, shard, 7, 12, DP_OPTIMIZER_ADAMW, 0, 1, 0, 1.0f};
+    tcase c = {"fault", 1, shard, 7, 12, DP_OPTIMIZER_ADAMW, 0, 1, 0, 1.0f, 0};
     run r;
     result res;
     CHECK_OK(open_run(&r, &c, 1, 1, config(&c)));
@@ -355,7 +357,7 @@ static void run_faults(void)
 /* A NaN input in rank 1's rows: the update is skipped on both ranks. */
 static void nonfinite(void)
 {
-    tcase c = {"nonfinite", 1, 1, 8, 12, DP_OPTIMIZER_ADAMW, 0, 1, 0, 1.0f};
+    tcase c = {"nonfinite", 1, 1, 8, 12, DP_OPTIMIZER_ADAMW, 0, 1, 0, 1.0f, 0};
     run r;
     result before, after;
     CHECK_OK(open_run(&r, &c, 1, 1, config(&c)));
@@ -382,7 +384,7 @@ static void nonfinite(void)
 /* A replica of rank 1 that diverges is named on both ranks and re-synchronised. */
 static void divergence(void)
 {
-    tcase c = {"diverge", 1, 1, 7, 12, DP_OPTIMIZER_ADAMW, 0, 1, 0, 1.0f};
+    tcase c = {"diverge", 1, 1, 7, 12, DP_OPTIMIZER_ADAMW, 0, 1, 0, 1.0f, 0};
     dp_engine_config cfg = config(&c);
     cfg.check_replicas_every = 1;
     run r;
@@ -404,7 +406,7 @@ static void divergence(void)
  * the engines are unusable afterwards. */
 static void stall(void)
 {
-    tcase c = {"stall", 1, 0, 7, 12, DP_OPTIMIZER_ADAMW, 0, 1, 0, 1.0f};
+    tcase c = {"stall", 1, 0, 7, 12, DP_OPTIMIZER_ADAMW, 0, 1, 0, 1.0f, 0};
     dp_engine_config cfg = config(&c);
     cfg.watchdog_seconds = 1.0;
     run r;
@@ -431,7 +433,7 @@ static void stall(void)
  * once memory is back. */
 static void out_of_memory(void)
 {
-    tcase c = {"oom", 1, 1, 1, 100000, DP_OPTIMIZER_ADAMW, 0, 1, 0, 1.0f};
+    tcase c = {"oom", 1, 1, 1, 100000, DP_OPTIMIZER_ADAMW, 0, 1, 0, 1.0f, 0};
     run r;
     dp_engine_config cfg = config(&c);
     if (rank == 1) cfg.memory_limit = 8u << 20; /* the 1.2M-parameter model needs more */
@@ -484,7 +486,7 @@ static void dist_api(void)
 
 static void bad_use(void)
 {
-    tcase c = {"bad", 1, 0, 7, 12, DP_OPTIMIZER_ADAMW, 0, 1, 0, 1.0f};
+    tcase c = {"bad", 1, 0, 7, 12, DP_OPTIMIZER_ADAMW, 0, 1, 0, 1.0f, 0};
     run r;
     /* a different configuration on rank 1 */
     dp_engine_config cfg = config(&c);
@@ -565,18 +567,20 @@ int main(int argc, char **argv)
         }
     }
     static const tcase cases[] = {
-        /* name, k, shard, rows, hidden, optim, token_balanced, grad_accum, ignore_every, w1 */
-        {"2 x cpu:1 == cpu:2, root, AdamW, B=7", 1, 0, 7, 12, DP_OPTIMIZER_ADAMW, 0, 1, 0, 1.0f},
-        {"2 x cpu:1 == cpu:2, sharded, AdamW, B=7", 1, 1, 7, 12, DP_OPTIMIZER_ADAMW, 0, 1, 0, 1.0f},
-        {"2 x cpu:2 == cpu:4, root, AdamW, B=7", 2, 0, 7, 12, DP_OPTIMIZER_ADAMW, 0, 1, 0, 1.0f},
-        {"2 x cpu:2 == cpu:4, sharded, AdamW, B=7", 2, 1, 7, 12, DP_OPTIMIZER_ADAMW, 0, 1, 0, 1.0f},
-        {"2 x cpu:2 == cpu:4, sharded, token-balanced, accum 2", 2, 1, 13, 12, DP_OPTIMIZER_ADAMW, 1, 2, 3, 1.0f},
-        {"2 x cpu:2 == cpu:4, root, token-balanced, accum 3", 2, 0, 13, 12, DP_OPTIMIZER_ADAMW, 1, 3, 2, 1.0f},
-        {"2 x cpu:2 == cpu:4, sharded, B=3 (an idle device)", 2, 1, 3, 12, DP_OPTIMIZER_ADAMW, 0, 1, 0, 1.0f},
-        {"2 x cpu:1 == cpu:2, root, rank 1 idle (weight 0)", 1, 0, 7, 12, DP_OPTIMIZER_ADAMW, 0, 1, 0, 0.0f},
-        {"2 x cpu:2 == cpu:4, sharded, SGD momentum", 2, 1, 7, 12, DP_OPTIMIZER_SGD, 0, 1, 0, 1.0f},
-        {"2 x cpu:1 == cpu:2, root, 3 rounds (1.2M params)", 1, 0, 7, 100000, DP_OPTIMIZER_ADAMW, 0, 1, 0, 1.0f},
-        {"2 x cpu:2 == cpu:4, sharded, 2 rounds (1.2M params)", 2, 1, 7, 100000, DP_OPTIMIZER_ADAMW, 0, 1, 0, 1.0f},
+        /* name, k, shard, rows, hidden, optim, token_balanced, grad_accum, ignore_every, w1, bf16 */
+        {"2 x cpu:1 == cpu:2, root, AdamW, B=7", 1, 0, 7, 12, DP_OPTIMIZER_ADAMW, 0, 1, 0, 1.0f, 0},
+        {"2 x cpu:1 == cpu:2, sharded, AdamW, B=7", 1, 1, 7, 12, DP_OPTIMIZER_ADAMW, 0, 1, 0, 1.0f, 0},
+        {"2 x cpu:2 == cpu:4, root, AdamW, B=7", 2, 0, 7, 12, DP_OPTIMIZER_ADAMW, 0, 1, 0, 1.0f, 0},
+        {"2 x cpu:2 == cpu:4, sharded, AdamW, B=7", 2, 1, 7, 12, DP_OPTIMIZER_ADAMW, 0, 1, 0, 1.0f, 0},
+        {"2 x cpu:2 == cpu:4, sharded, token-balanced, accum 2", 2, 1, 13, 12, DP_OPTIMIZER_ADAMW, 1, 2, 3, 1.0f, 0},
+        {"2 x cpu:2 == cpu:4, root, token-balanced, accum 3", 2, 0, 13, 12, DP_OPTIMIZER_ADAMW, 1, 3, 2, 1.0f, 0},
+        {"2 x cpu:2 == cpu:4, sharded, B=3 (an idle device)", 2, 1, 3, 12, DP_OPTIMIZER_ADAMW, 0, 1, 0, 1.0f, 0},
+        {"2 x cpu:1 == cpu:2, root, rank 1 idle (weight 0)", 1, 0, 7, 12, DP_OPTIMIZER_ADAMW, 0, 1, 0, 0.0f, 0},
+        {"2 x cpu:2 == cpu:4, sharded, SGD momentum", 2, 1, 7, 12, DP_OPTIMIZER_SGD, 0, 1, 0, 1.0f, 0},
+        {"2 x cpu:1 == cpu:2, root, 3 rounds (1.2M params)", 1, 0, 7, 100000, DP_OPTIMIZER_ADAMW, 0, 1, 0, 1.0f, 0},
+        {"2 x cpu:2 == cpu:4, sharded, 2 rounds (1.2M params)", 2, 1, 7, 100000, DP_OPTIMIZER_ADAMW, 0, 1, 0, 1.0f, 0},
+        {"2 x cpu:1 == cpu:2, root, bf16 replicas and GEMMs", 1, 0, 7, 12, DP_OPTIMIZER_ADAMW, 0, 1, 0, 1.0f, 1},
+        {"2 x cpu:2 == cpu:4, sharded, bf16, 2 rounds (1.2M params)", 2, 1, 7, 100000, DP_OPTIMIZER_ADAMW, 0, 1, 0, 1.0f, 1},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
         if (kind == DP_DEVICE_CPU || cases[i].k == 1) run_equivalence(&cases[i]);
