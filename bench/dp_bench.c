@@ -60,6 +60,7 @@ typedef struct opts {
     long vocab, context, batch, dim, layers, heads, steps, warmup;
     const char *devices, *mode, *memory_limit, *json, *csv, *plot, *trace, *weights_arg;
     int find_max_batch, scaling, tf32, token_balanced, shard_optimizer;
+    int bf16; /* --precision bf16 */
     unsigned long long seed;
     size_t limit_bytes;
     size_t logits_chunk; /* dp_engine_config.logits_chunk_rows: 0 auto, DP_LOGITS_WHOLE whole */
@@ -102,6 +103,8 @@ static void usage(FILE *f)
           "                       shares)\n"
           "  --seed N             seed for the model and the tokens (default 1337)\n"
           "  --tf32               let cuBLAS use TF32 tensor cores on GPUs (default off)\n"
+          "  --precision fp32|bf16  bf16: bfloat16 parameter replicas and GEMMs, float32\n"
+          "                       master weights, gradients and AdamW state (default fp32)\n"
           "  --json PATH          write the results as JSON\n"
           "  --csv PATH           write one row per mode and device as CSV\n"
           "  --plot PATH          per-device peak memory plot (.png or .svg, gnuplot);\n"
@@ -122,7 +125,7 @@ static int parse_args(int argc, char **argv, opts *o)
     enum {
         O_VOCAB = 256, O_CTX, O_BATCH, O_DIM, O_LAYERS, O_HEADS, O_DEV, O_STEPS, O_WARM, O_MODE,
         O_MEM, O_FIND, O_SCALE, O_SEED, O_JSON, O_CSV, O_PLOT, O_TF32, O_WEIGHTS, O_TOKBAL,
-        O_TRACE, O_SHARD, O_CHUNK, O_HELP
+        O_TRACE, O_SHARD, O_CHUNK, O_PREC, O_HELP
     };
     static const struct option lo[] = {
         {"vocab", 1, 0, O_VOCAB},        {"context", 1, 0, O_CTX},
@@ -136,7 +139,8 @@ static int parse_args(int argc, char **argv, opts *o)
         {"plot", 1, 0, O_PLOT},          {"tf32", 0, 0, O_TF32},
         {"device-weights", 1, 0, O_WEIGHTS}, {"token-balanced", 0, 0, O_TOKBAL},
         {"trace", 1, 0, O_TRACE},        {"shard-optimizer", 0, 0, O_SHARD},
-        {"logits-chunk", 1, 0, O_CHUNK}, {"help", 0, 0, O_HELP},
+        {"logits-chunk", 1, 0, O_CHUNK}, {"precision", 1, 0, O_PREC},
+        {"help", 0, 0, O_HELP},
         {0, 0, 0, 0}};
     const long big = 1L << 30;
     opterr = 0;
@@ -170,6 +174,7 @@ static int parse_args(int argc, char **argv, opts *o)
         case O_TRACE: o->trace = v; break;
         case O_SHARD: o->shard_optimizer = 1; break;
         case O_CHUNK: bad = cli_parse_logits_chunk(v, &o->logits_chunk); break;
+        case O_PREC: bad = cli_parse_precision(v, &o->bf16); break;
         case O_HELP: usage(stdout); return -1;
         case ':': return cli_fail("%s needs a value (see --help)", argv[optind - 1]);
         default: return cli_fail("unknown option \"%s\" (see --help)", argv[optind - 1]);
@@ -177,6 +182,9 @@ static int parse_args(int argc, char **argv, opts *o)
         if (bad) return 1;
     }
     if (optind < argc) return cli_fail("unexpected argument \"%s\" (see --help)", argv[optind]);
+    if (o->bf16 && o->tf32)
+        return cli_fail("--tf32 with --precision bf16: bf16 GEMMs round further than TF32; "
+                        "drop one");
     if (strcmp(o->mode, "both") && strcmp(o->mode, "gather") && strcmp(o->mode, "balanced"))
         return cli_fail("--mode: \"%s\" is not both, gather or balanced", o->mode);
     if (o->dim % o->heads)
@@ -307,6 +315,7 @@ static dp_status make_engine(bench *b, dp_mode mode, int shard, size_t k, dp_eng
     ec.optim.grad_clip = 1.0f;
     ec.memory_limit = b->o.limit_bytes;
     ec.allow_tf32 = b->o.tf32;
+    ec.matmul_precision = b->o.bf16 ? DP_MATMUL_BF16 : DP_MATMUL_FP32;
     ec.token_balanced = b->o.token_balanced;
     /* Every run gets it; gather mode ignores it (its root gathers whole logits). */
     ec.logits_chunk_rows = b->o.logits_chunk;
@@ -315,7 +324,8 @@ static dp_status make_engine(bench *b, dp_mode mode, int shard, size_t k, dp_eng
      * lists use equal shares. */
     if (b->o.n_weights && k == b->k) ec.device_weights = b->o.weights;
     dp_criterion ce = dp_criterion_cross_entropy();
-    return dp_engine_create(b->specs, k, dp_gpt_model(b->gpt), &ce, &ec, out);
+    const dp_model *m = b->o.bf16 ? dp_gpt_model_bf16(b->gpt) : dp_gpt_model(b->gpt);
+    return dp_engine_create(b->specs, k, m, &ce, &ec, out);
 }
 
 /* Warm-up and timed steps of `rows` sequences on the first k devices;
@@ -658,6 +668,7 @@ static json_t *json_results(const bench *b, const mode_result *res, size_t nres,
         json_object_set_new(cfg, "device_weights", w);
     }
     json_object_set_new(cfg, "shard_optimizer", json_boolean(o->shard_optimizer));
+    json_object_set_new(cfg, "precision", json_string(o->bf16 ? "bf16" : "fp32"));
     /* As given: a row count, or "auto" / "whole" (the count auto picks
      * depends on each run's rows; the devices' logits_bytes show it). */
     json_t *chunk = o->logits_chunk == 0                 ? json_string("auto")
@@ -1202,6 +1213,7 @@ static int bench_main(bench *b)
     if (o->memory_limit) printf(", memory limit %s per device", o->memory_limit);
     if (o->weights_arg) printf(", device weights %s", o->weights_arg);
     if (o->token_balanced) printf(", token-balanced");
+    if (o->bf16) printf(", bf16 (float32 masters)");
     if (o->logits_chunk == DP_LOGITS_WHOLE) printf(", whole logits");
     else if (o->logits_chunk) printf(", logits in chunks of %zu rows", o->logits_chunk);
     printf("\n");

@@ -212,6 +212,18 @@ static inline int cli_parse_logits_chunk(const char *v, size_t *out)
     return 0;
 }
 
+/* --precision fp32|bf16: *bf16 = 1 for mixed precision (bf16 replicas with
+ * float32 masters, bf16 GEMMs), 0 for float32 throughout. */
+static inline int cli_parse_precision(const char *v, int *bf16)
+{
+    if (strcmp(v, "fp32") == 0 || strcmp(v, "bf16") == 0) {
+        *bf16 = v[0] == 'b';
+        return 0;
+    }
+    return cli_fail("--precision: \"%s\" is not fp32 or bf16 (bf16: bfloat16 replicas and "
+                    "GEMMs, float32 master weights and optimizer)", v);
+}
+
 /* Seconds on the monotonic clock. */
 static inline double cli_now(void)
 {

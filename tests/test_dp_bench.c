@@ -310,6 +310,47 @@ Test(dp_bench, logits_chunk_reaches_the_balanced_runs)
     dp_test_result_free(&w);
 }
 
+/* --precision bf16 reaches every run: 2 bytes per parameter of replica
+ * plus 4 of gradient on every device, the root's optimizer bytes hold the
+ * masters beside m and v (root mode), and the loss is float32's to about
+ * bfloat16's rounding. */
+Test(dp_bench, precision_bf16_reaches_every_run)
+{
+    dp_test_result r = BENCH("--precision", "bf16", "--json", "@p.json");
+    assert_success(&r);
+    cr_assert(strstr(r.out, "bf16 (float32 masters)"), "%s", r.out);
+    json_t *j = load_json("p.json");
+    json_t *cfg = json_object_get(j, "config");
+    cr_assert_str_eq(json_string_value(json_object_get(cfg, "precision")), "bf16");
+    json_int_t n = int_at(cfg, "n_params");
+    const char *modes[] = {"balanced", "gather"};
+    double loss16[2];
+    for (int m = 0; m < 2; m++) {
+        json_t *d = devices_of(j, modes[m]);
+        for (size_t i = 0; i < 2; i++)
+            cr_assert_eq(int_at(json_array_get(d, i), "param_bytes"), 6 * n, "%s cpu:%zu",
+                         modes[m], i);
+        cr_assert_eq(int_at(json_array_get(d, 0), "optimizer_bytes"), 12 * n, "%s root",
+                     modes[m]);
+        loss16[m] = json_real_value(json_object_get(run_result(j, modes[m], 0), "loss"));
+    }
+    json_decref(j);
+    dp_test_result f = BENCH("--json", "@f.json");
+    assert_success(&f);
+    j = load_json("f.json");
+    cr_assert_str_eq(json_string_value(json_object_get(json_object_get(j, "config"), "precision")),
+                     "fp32");
+    for (int m = 0; m < 2; m++) {
+        double loss32 = json_real_value(json_object_get(run_result(j, modes[m], 0), "loss"));
+        cr_assert(loss16[m] != loss32 && fabs(loss16[m] - loss32) <= 0.01 * loss32,
+                  "%s: bf16 loss %.9g, fp32 %.9g", modes[m], loss16[m], loss32);
+        cr_assert_eq(int_at(json_array_get(devices_of(j, modes[m]), 0), "param_bytes"), 8 * n);
+    }
+    json_decref(j);
+    dp_test_result_free(&r);
+    dp_test_result_free(&f);
+}
+
 // --- bad command lines ----------------------------------------------------------------
 
 typedef struct bad_case {
@@ -361,6 +402,8 @@ static bad_case bad_cases[] = {
     {"logits-chunk 12x", {"--logits-chunk", "12x"}, "--logits-chunk", 0},
     {"logits-chunk past size_t", {"--logits-chunk", "99999999999999999999999"},
      "--logits-chunk", 0},
+    {"precision fp16", {"--precision", "fp16"}, "--precision", 0},
+    {"precision bf16 with tf32", {"--precision", "bf16", "--tf32"}, "--tf32", 0},
     {"plot and its scaling plot on json", {"--scaling", "--plot", "@p.png", "--json", "@p-scaling.png"},
      "both write", 0},
 };

@@ -542,6 +542,60 @@ Test(lm_train, shard_optimizer_is_bitwise_the_root_run)
     result_free(&d);
 }
 
+/* --precision bf16: bf16 replicas and GEMMs, float32 masters. The
+ * checkpoint holds the masters (float32 values that bfloat16 cannot hold)
+ * and the precision; a resume without the flag continues in bf16,
+ * bitwise; --precision fp32 resumes the same file in float32; bf16 tracks
+ * float32 training. */
+Test(lm_train, bf16_resumes_bitwise_in_the_checkpoints_precision)
+{
+    result a = RUN("--steps", "8", "--precision", "bf16", "--save", "@a.st");
+    assert_success(&a, "bf16, 8 steps");
+    cr_assert(strstr(a.out, "bf16 (float32 masters)"), "%s", a.out);
+    result b1 = RUN("--steps", "4", "--precision", "bf16", "--save", "@b.st");
+    assert_success(&b1, "bf16, 4 steps");
+    dp_checkpoint *half = load_ck("b.st");
+    cr_assert_str_eq(dp_checkpoint_meta(half, "precision"), "bf16");
+    size_t n = ck_params(half), unrounded = 0;
+    for (size_t i = 0; i < n; i++)
+        unrounded += dp_bf16_to_float(dp_bf16_from_float(half->params[i])) != half->params[i];
+    cr_assert_gt(unrounded, n / 4, "the checkpoint holds bfloat16 values, not the masters");
+    dp_checkpoint_close(half);
+    result b2 = RUN("--resume", "@b.st", "--steps", "8", "--save", "@b.st");
+    assert_success(&b2, "resumed without --precision");
+    cr_assert(strstr(b2.out, "bf16 (float32 masters)"), "not resumed in bf16:\n%s", b2.out);
+    assert_same_state("a.st", "b.st");
+    cr_assert_eq(number_after(a.out, "final val_loss "), number_after(b2.out, "final val_loss "));
+    /* the same half run resumed in float32: it runs, and trains differently */
+    result c1 = RUN("--steps", "4", "--precision", "bf16", "--save", "@c.st");
+    assert_success(&c1, "bf16, 4 steps again");
+    result c2 = RUN("--resume", "@c.st", "--precision", "fp32", "--steps", "8", "--save", "@c.st");
+    assert_success(&c2, "resumed in fp32");
+    cr_assert_null(strstr(c2.out, "bf16"), "%s", c2.out);
+    dp_checkpoint *ca = load_ck("a.st"), *cc = load_ck("c.st");
+    cr_assert_str_eq(dp_checkpoint_meta(cc, "precision"), "fp32");
+    cr_assert_neq(memcmp(ca->params, cc->params, n * sizeof(float)), 0, "fp32 changed nothing");
+    dp_checkpoint_close(ca);
+    dp_checkpoint_close(cc);
+    /* a bf16 checkpoint with --tf32 and no --precision is refused, nothing written */
+    result d = RUN("--resume", "@c.st", "--steps", "9", "--tf32", "--save", "@d.st");
+    cr_assert_eq(d.status, 0, "fp32 checkpoint with --tf32 must run:\n%s", d.err);
+    result e = RUN("--resume", "@b.st", "--steps", "9", "--tf32", "--save", "@e.st");
+    cr_assert_neq(e.status, 0);
+    cr_assert(strstr(e.err, "--tf32") && strstr(e.err, "bf16"), "%s", e.err);
+    struct stat sb;
+    char ep[256];
+    path_in(ep, sizeof ep, "e.st");
+    cr_assert_neq(stat(ep, &sb), 0, "e.st was written");
+    /* bf16 tracks float32 over the same 8 steps */
+    result f = RUN("--steps", "8", "--save", "@f.st");
+    assert_success(&f, "fp32, 8 steps");
+    double l16 = number_after(a.out, "final val_loss "), l32 = number_after(f.out, "final val_loss ");
+    cr_assert(fabs(l16 - l32) <= 0.02 * l32, "bf16 val loss %g, fp32 %g", l16, l32);
+    result r[] = {a, b1, b2, c1, c2, d, e, f};
+    for (size_t i = 0; i < sizeof r / sizeof *r; i++) result_free(&r[i]);
+}
+
 Test(lm_train, save_interval_not_dividing_steps_saves_the_last_step)
 {
     result a = RUN("--steps", "5", "--save-interval", "2", "--save", "@x.st");
@@ -939,6 +993,11 @@ static bad_case bad_cases[] = {
      0, 0, 0},
     {"logits-chunk past size_t", {"--logits-chunk", "99999999999999999999999", "--log",
      "@out.jsonl"}, "--logits-chunk", "", 0, 0, 0},
+    {"precision fp16", {"--precision", "fp16", "--log", "@out.jsonl"}, "--precision", "", 0, 0,
+     0},
+    {"precision BF16", {"--precision", "BF16"}, "--precision: \"BF16\"", "", 0, 0, 0},
+    {"precision bf16 with tf32", {"--precision", "bf16", "--tf32", "--log", "@out.jsonl"},
+     "--tf32", "", 0, 0, 0},
 };
 
 ParameterizedTestParameters(lm_train, bad_input_fails_cleanly)

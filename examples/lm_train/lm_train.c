@@ -53,6 +53,8 @@
 /* Checkpoint metadata key of the cosine schedule's length (the trainer's,
  * not the model's). */
 #define META_DECAY "lr_decay_steps"
+/* Checkpoint metadata: the precision the run trained in (fp32 or bf16). */
+#define META_PRECISION "precision"
 
 // --- options ------------------------------------------------------------------------
 
@@ -66,12 +68,13 @@ typedef struct opts {
     double lr, min_lr, weight_decay, beta1, beta2, grad_clip, temperature, watchdog;
     unsigned long long seed;
     int eval_only, tf32, token_balanced, shard_optimizer;
+    int bf16; /* --precision bf16 */
     int given; /* which options were on the command line (G_* bits) */
 } opts;
 
 enum {
     G_LAYERS = 1, G_HEADS = 2, G_DIM = 4, G_CTX = 8, /* the model's shape */
-    G_TOK = 16, G_VOCAB = 32, G_DECAY = 64, G_PROMPT = 128, G_SAVEI = 256
+    G_TOK = 16, G_VOCAB = 32, G_DECAY = 64, G_PROMPT = 128, G_SAVEI = 256, G_PREC = 512
 };
 
 static void defaults(opts *o)
@@ -131,6 +134,10 @@ static void usage(FILE *f)
             "  --logits-chunk ROWS    output rows of logits per criterion call; auto (default) keeps a\n"
             "                         chunk's logits about the size of the features; whole = unchunked\n"
             "  --tf32                 let cuBLAS use TF32 tensor cores on GPUs (default off)\n"
+            "  --precision fp32|bf16  bf16: mixed precision, bfloat16 parameter replicas and GEMMs\n"
+            "                         (oneDNN on CPUs, tensor cores on GPUs), float32 master weights,\n"
+            "                         gradients and AdamW state (default fp32; with --resume, the\n"
+            "                         checkpoint's; checkpoints hold float32 either way)\n"
             "  --shard-optimizer      shard the AdamW state over the devices (ZeRO-1: each device\n"
             "                         keeps and updates its slice's moments; same results, bitwise)\n"
             "model\n"
@@ -203,6 +210,9 @@ static int check_opts(const opts *o)
         return cli_fail("--save with --eval-only: evaluation changes nothing to save; drop --save");
     if (o->eval_only && o->trace)
         return cli_fail("--trace with --eval-only: the trace records training steps; drop --trace");
+    if (o->bf16 && o->tf32)
+        return cli_fail("--tf32 with --precision bf16: bf16 GEMMs round further than TF32; "
+                        "drop one");
     if ((o->given & G_SAVEI) && !o->save)
         return cli_fail("--save-interval needs --save PATH (where to write the checkpoints)");
     if (o->grad_accum > INT_MAX)
@@ -224,7 +234,7 @@ static int parse_args(int argc, char **argv, opts *o)
         O_ACCUM, O_MAXTOK, O_STEPS, O_LR, O_MINLR, O_WARMUP, O_DECAY, O_WD, O_B1, O_B2, O_CLIP,
         O_EVI, O_EVN, O_SEED, O_SAVE, O_SAVEI, O_RESUME, O_EVONLY, O_SAMPLE, O_TEMP, O_TOPK,
         O_PROMPT, O_LOG, O_MEM, O_SKIPS, O_WATCHDOG, O_CHECK, O_TF32, O_WEIGHTS, O_TOKBAL, O_TRACE,
-        O_SHARD, O_CHUNK, O_HELP
+        O_SHARD, O_CHUNK, O_PREC, O_HELP
     };
     static const struct option lo[] = {
         {"data", 1, 0, O_DATA},          {"tokenizer", 1, 0, O_TOK},
@@ -248,7 +258,8 @@ static int parse_args(int argc, char **argv, opts *o)
         {"check-replicas", 1, 0, O_CHECK}, {"tf32", 0, 0, O_TF32},
         {"device-weights", 1, 0, O_WEIGHTS}, {"token-balanced", 0, 0, O_TOKBAL},
         {"trace", 1, 0, O_TRACE},        {"shard-optimizer", 0, 0, O_SHARD},
-        {"logits-chunk", 1, 0, O_CHUNK}, {"help", 0, 0, O_HELP},
+        {"logits-chunk", 1, 0, O_CHUNK}, {"precision", 1, 0, O_PREC},
+        {"help", 0, 0, O_HELP},
         {0, 0, 0, 0}};
     opterr = 0;
     int c;
@@ -301,6 +312,7 @@ static int parse_args(int argc, char **argv, opts *o)
         case O_WATCHDOG: bad = cli_parse_watchdog(v, &o->watchdog); break;
         case O_CHECK: bad = cli_parse_long("--check-replicas", v, 0, LONG_MAX, &o->check_replicas); break;
         case O_CHUNK: bad = cli_parse_logits_chunk(v, &o->logits_chunk); break;
+        case O_PREC: bad = cli_parse_precision(v, &o->bf16); o->given |= G_PREC; break;
         case O_HELP: usage(stdout); return -1;
         case ':': return cli_fail("%s needs a value (see --help)", argv[optind - 1]);
         default:
@@ -515,14 +527,15 @@ static int full_val_loss(run *r, double *out)
 static char *config_json(const opts *o)
 {
     json_t *j = json_pack("{s:s, s:s, s:I, s:I, s:f, s:f, s:I, s:I, s:f, s:f, s:f, s:f, s:I, "
-                          "s:I, s:I}",
+                          "s:I, s:I, s:s}",
                           "tokenizer", o->tokenizer, "mode", o->mode, "batch_size",
                           (json_int_t)o->batch_size, "steps", (json_int_t)o->steps, "lr", o->lr,
                           "min_lr", o->min_lr, "warmup", (json_int_t)o->warmup,
                           "lr_decay_steps", (json_int_t)o->lr_decay_steps, "weight_decay",
                           o->weight_decay, "beta1", o->beta1, "beta2", o->beta2, "grad_clip",
                           o->grad_clip, "seed", (json_int_t)o->seed, "grad_accum",
-                          (json_int_t)o->grad_accum, "vocab_size", (json_int_t)o->vocab_size);
+                          (json_int_t)o->grad_accum, "vocab_size", (json_int_t)o->vocab_size,
+                          "precision", o->bf16 ? "bf16" : "fp32");
     char *s = j ? json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
     json_decref(j);
     return s;
@@ -544,9 +557,10 @@ static int save_checkpoint(run *r)
     ck.v = malloc(bytes);
     char decay[32];
     snprintf(decay, sizeof decay, "%ld", r->o.lr_decay_steps);
-    const dp_checkpoint_kv meta[1] = {{META_DECAY, decay}};
+    const dp_checkpoint_kv meta[2] = {{META_DECAY, decay},
+                                      {META_PRECISION, r->o.bf16 ? "bf16" : "fp32"}};
     ck.meta = meta;
-    ck.n_meta = 1;
+    ck.n_meta = 2;
     int rc = 0;
     if (!ck.params || !ck.m || !ck.v) rc = cli_fail("out of host memory saving a checkpoint");
     rc = agree(r, rc);
@@ -931,6 +945,18 @@ static int apply_checkpoint(run *r)
                             ">= 1", o->resume, decay);
         o->lr_decay_steps = d;
     }
+    /* The precision: the flag, else the checkpoint's (files from before
+     * bf16 trained in fp32); the weights are float32 either way. */
+    const char *prec = dp_checkpoint_meta(ck, META_PRECISION);
+    if (!(g & G_PREC) && prec) {
+        if (strcmp(prec, "bf16") == 0 || strcmp(prec, "fp32") == 0) o->bf16 = prec[0] == 'b';
+        else
+            return cli_fail("--resume %s: metadata \"" META_PRECISION "\" = \"%s\" is not fp32 "
+                            "or bf16", o->resume, prec);
+        if (o->bf16 && o->tf32)
+            return cli_fail("--tf32 with --resume %s, which trained in bf16: give --precision "
+                            "fp32 to resume in float32 with TF32, or drop --tf32", o->resume);
+    }
     if (!o->eval_only && o->steps < ck->step)
         return cli_fail("--steps %ld is below the checkpoint's step %ld: nothing to train; give "
                         "--steps above %ld to continue, or --eval-only", o->steps, ck->step,
@@ -1046,6 +1072,7 @@ static int configure(run *r, dp_device_spec *specs, size_t *kp, dp_engine_config
     ec.watchdog_seconds = o->watchdog;
     ec.check_replicas_every = o->check_replicas;
     ec.allow_tf32 = o->tf32;
+    ec.matmul_precision = o->bf16 ? DP_MATMUL_BF16 : DP_MATMUL_FP32;
     ec.shard_optimizer = o->shard_optimizer;
     /* The same on every rank (the engine checks): it comes from the command line. */
     ec.logits_chunk_rows = o->logits_chunk;
@@ -1064,8 +1091,9 @@ static int outputs(run *r, size_t k, const dp_engine_config *ec)
     size_t T = (size_t)o->context, K = dp_engine_num_global_devices(r->engine);
     printf("model: GPT %ld layers, %ld heads, dim %ld, context %ld: %.2fM parameters\n", o->layers,
            o->heads, o->dim, o->context, (double)r->n_params / 1e6);
-    printf("engine: %s mode%s on %zu device%s (", dp_mode_name(ec->mode),
-           ec->shard_optimizer ? ", sharded optimizer" : "", K, K == 1 ? "" : "s");
+    printf("engine: %s mode%s%s on %zu device%s (", dp_mode_name(ec->mode),
+           ec->shard_optimizer ? ", sharded optimizer" : "",
+           o->bf16 ? ", bf16 (float32 masters)" : "", K, K == 1 ? "" : "s");
     if (r->rk.ranks > 1) printf("%d ranks; rank 0's: ", r->rk.ranks);
     for (size_t i = 0; i < k; i++)
         printf("%s%s", i ? "," : "", dp_device_name(dp_engine_device(r->engine, i)));
@@ -1106,7 +1134,8 @@ static int setup(run *r)
     if (!rc) rc = configure(r, specs, &k, &ec);
     if (agree(r, rc)) return 1;
     dp_criterion ce = dp_criterion_cross_entropy();
-    dp_status s = dp_engine_create(specs, k, dp_gpt_model(r->gpt), &ce, &ec, &r->engine);
+    const dp_model *model = r->o.bf16 ? dp_gpt_model_bf16(r->gpt) : dp_gpt_model(r->gpt);
+    dp_status s = dp_engine_create(specs, k, model, &ce, &ec, &r->engine);
     if (s != DP_OK) return engine_fail(r, s, "engine");
     if (r->ck) {
         if ((s = dp_engine_set_params(r->engine, r->ck->params)) != DP_OK)
