@@ -12,6 +12,10 @@ OpenBLAS reads its variable at load time) and names the best.
 --device cuda times it on the GPU (CUDA synchronised around each step;
 float32 without TF32, like dp_bench without --tf32).
 
+--precision bf16 runs forward and loss under torch.autocast(dtype=bfloat16):
+PyTorch's mixed precision, float32 weights and optimizer with bfloat16
+matrix products, the counterpart of dp_bench --precision bf16.
+
 Usage (Debian's python3-torch):
   /usr/bin/python3 bench/torch_bench.py --grid
   OPENBLAS_NUM_THREADS=1 /usr/bin/python3 bench/torch_bench.py --threads 1
@@ -54,7 +58,9 @@ def run(a):
         y = torch.randint(a.vocab, (a.batch_size, a.context), generator=g).to(dev)
         sync()
         t0 = time.perf_counter()
-        loss = F.cross_entropy(model(x).view(-1, a.vocab), y.view(-1))
+        with torch.autocast(device_type=dev.type, dtype=torch.bfloat16,
+                            enabled=a.precision == "bf16"):
+            loss = F.cross_entropy(model(x).view(-1, a.vocab), y.view(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -65,7 +71,7 @@ def run(a):
     med = statistics.median(times)
     tps = a.batch_size * a.context / med
     where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
-    print(f"{where}: torch threads {a.threads} OPENBLAS_NUM_THREADS "
+    print(f"{where}: {a.precision}, torch threads {a.threads} OPENBLAS_NUM_THREADS "
           f"{os.environ.get('OPENBLAS_NUM_THREADS', '-')}: step {1e3 * med:.1f} ms median "
           f"(min {1e3 * min(times):.1f}, max {1e3 * max(times):.1f}), {tps:.0f} tokens/s",
           flush=True)
@@ -85,6 +91,8 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=1337)
     ap.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
+    ap.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                    help="bf16: autocast to bfloat16 (default fp32)")
     ap.add_argument("--grid", action="store_true",
                     help="torch threads {1,2} x OPENBLAS_NUM_THREADS {1,2}, best reported")
     a = ap.parse_args()

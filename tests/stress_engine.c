@@ -78,16 +78,19 @@ int main(int argc, char **argv)
         fprintf(stderr, "stress: cannot start the watchdog thread\n");
         return 1;
     }
-    /* Both modes, with the optimizer state on the root and sharded. */
-    for (int c = 0; c < 2 * DP_MODE_COUNT; c++) {
-        int mode = c % DP_MODE_COUNT;
+    /* Both modes, with the optimizer state on the root and sharded; then
+     * the sharded runs again with bf16 replicas and bf16 GEMMs (masters on
+     * the owners, oneDNN's calls on every worker). */
+    for (int c = 0; c < 3 * DP_MODE_COUNT; c++) {
+        int mode = c % DP_MODE_COUNT, bf16 = c >= 2 * DP_MODE_COUNT;
         mlp net;
         dp_model model;
-        mlp_init_model(&net, &(mlp_config){D, H, K, DP_DTYPE_F32}, &model);
+        mlp_init_model(&net, &(mlp_config){D, H, K, bf16 ? DP_DTYPE_BF16 : DP_DTYPE_F32}, &model);
         dp_criterion crit = dp_criterion_cross_entropy();
         dp_engine_config cfg = dp_engine_config_default();
         cfg.mode = (dp_mode)mode;
-        cfg.shard_optimizer = c / DP_MODE_COUNT;
+        cfg.shard_optimizer = c >= DP_MODE_COUNT;
+        cfg.matmul_precision = bf16 ? DP_MATMUL_BF16 : DP_MATMUL_FP32;
         cfg.max_rows_per_micro = 5;
         cfg.optim.grad_clip = 1.0f;
         dp_device_spec specs[4];
@@ -146,6 +149,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "stress: engines left memory allocated at destroy\n");
         return 1;
     }
-    printf("stress: %ld steps x 2 modes x root/sharded optimizer on 4 devices: ok\n", steps);
+    printf("stress: %ld steps x 2 modes x root/sharded optimizer/sharded bf16 on 4 devices: "
+           "ok\n", steps);
     return 0;
 }

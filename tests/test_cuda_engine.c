@@ -74,14 +74,15 @@ static dp_engine_config cuda_cfg(dp_mode mode, dp_optimizer opt)
     return c;
 }
 
-/* STEPS steps of the MLP on specs[0..k); losses and final parameters. */
-static void train_mlp(const dp_device_spec *specs, size_t k, dp_engine_config cfg, int rows,
-                      double *losses, float *params)
+/* STEPS steps of the MLP on specs[0..k) with float32 or (bf16) bf16
+ * replicas; losses and final parameters (the masters). */
+static void train_mlp_as(const dp_device_spec *specs, size_t k, dp_engine_config cfg, int rows,
+                         int bf16, double *losses, float *params)
 {
     size_t before = dp_device_bytes_freed_at_close();
     mlp net;
     dp_model model;
-    mlp_config mc = {D, H, K, DP_DTYPE_F32};
+    mlp_config mc = {D, H, K, bf16 ? DP_DTYPE_BF16 : DP_DTYPE_F32};
     mlp_init_model(&net, &mc, &model);
     cr_assert_leq(model.n_params, NP_MAX);
     dp_criterion crit = dp_criterion_cross_entropy();
@@ -101,6 +102,12 @@ static void train_mlp(const dp_device_spec *specs, size_t k, dp_engine_config cf
     dp_assert_ok(dp_engine_get_params(e, params));
     dp_engine_destroy(e);
     cr_assert_eq(dp_device_bytes_freed_at_close(), before, "the engine leaked device memory");
+}
+
+static void train_mlp(const dp_device_spec *specs, size_t k, dp_engine_config cfg, int rows,
+                      double *losses, float *params)
+{
+    train_mlp_as(specs, k, cfg, rows, 0, losses, params);
 }
 
 /*
@@ -249,6 +256,31 @@ Test(cuda_engine, gpu_equals_cpu, .timeout = 120)
         train_mlp(c1, 2, cuda_cfg(DP_MODE_GATHER, (dp_optimizer)o), 16, lc, pc);
         assert_runs_agree(lg, lc, pg, pc, "cuda:0 x 2 vs cpu:2, gather");
     }
+}
+
+/* bf16 replicas and bf16 GEMMs (cuBLAS tensor cores; oneDNN or OpenBLAS on
+ * the CPU): the products are exact, only float32 sums differ in order, but
+ * a master that moves by an ulp may round to another bfloat16, so GPU and
+ * CPU agree to bfloat16's resolution rather than float32's: losses within
+ * 1e-3 relative, masters within 2e-3. Two GPU runs are bitwise equal. */
+Test(cuda_engine, bf16_on_gpu_tracks_cpu_and_repeats_bitwise, .timeout = 120)
+{
+    REQUIRE_GPU();
+    dp_device_spec g2[2], c2[2];
+    gpu_specs(g2, 2, ZEROS);
+    cpu_specs(c2, 2);
+    double lg[STEPS], lc[STEPS], lg2[STEPS];
+    static float pg[NP_MAX], pc[NP_MAX], pg2[NP_MAX];
+    dp_engine_config cfg = cuda_cfg(DP_MODE_BALANCED, DP_OPTIMIZER_ADAMW);
+    cfg.matmul_precision = DP_MATMUL_BF16;
+    cfg.shard_optimizer = 1;
+    train_mlp_as(g2, 2, cfg, 16, 1, lg, pg);
+    train_mlp_as(c2, 2, cfg, 16, 1, lc, pc);
+    dp_assert_allclose(lg, lc, STEPS, 1e-6, 1e-3);
+    dp_assert_allclose(pg, pc, NP_MAX, 2e-3, 0);
+    train_mlp_as(g2, 2, cfg, 16, 1, lg2, pg2);
+    cr_assert(memcmp(lg, lg2, sizeof lg) == 0, "two bf16 GPU runs: losses differ");
+    cr_assert(memcmp(pg, pg2, sizeof pg) == 0, "two bf16 GPU runs: masters differ");
 }
 
 /* Fixed-order kernels and one cuBLAS handle per stream: two identical runs

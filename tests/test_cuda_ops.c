@@ -253,7 +253,28 @@ typedef struct gemm_case {
     int m, n, k, lda, ldb, ldc, batch;
     long long sa, sb, sc; /* strides in floats (batch > 1) */
     float alpha, beta;
+    int a16, b16;  /* dp_gemm_ex with A, B stored as bfloat16 */
+    int bf16_math; /* the device's matmul precision DP_MATMUL_BF16 */
 } gemm_case;
+
+/* The value a GEMM multiplies: rounded to bfloat16 when stored so or in
+ * bf16 math. */
+static double gemm_value(float x, int rounded)
+{
+    return rounded ? (double)dp_bf16_to_float(dp_bf16_from_float(x)) : (double)x;
+}
+
+/* n host floats as a device buffer of bfloat16 (bf16) or float32. */
+static void *upload_typed(dp_device *d, const float *x, size_t n, int bf16)
+{
+    if (!bf16) return dp_test_upload(d, x, n);
+    dp_bf16 *h = xmalloc(n * sizeof *h);
+    for (size_t i = 0; i < n; i++) h[i] = dp_bf16_from_float(x[i]);
+    void *p = dalloc(d, n * sizeof *h);
+    dp_assert_ok(dp_copy_h2d(d, p, h, n * sizeof *h));
+    free(h);
+    return p;
+}
 
 /* Runs c on dev and checks every element of C against float64:
  * |C - ref| <= bound_rel * (|alpha| sum_l |a||b| + |beta| |C0|) + 1e-30,
@@ -280,9 +301,16 @@ static void check_gemm(dp_device *dev, const gemm_case *c, double bound_rel, uin
             for (int i = 0; i < c->m; i++) is_out[(size_t)(b * sc) + (size_t)j * c->ldc + i] = 1;
     for (size_t i = 0; i < nc; i++)
         if (!is_out[i]) C0[i] = 12345.0f;
-    float *dA = dp_test_upload(dev, A, na), *dB = dp_test_upload(dev, B, nb),
-          *dC = dp_test_upload(dev, C0, nc);
-    if (c->batch == 1 && !sa && !sb && !sc)
+    void *dA = upload_typed(dev, A, na, c->a16), *dB = upload_typed(dev, B, nb, c->b16);
+    float *dC = dp_test_upload(dev, C0, nc);
+    int ra = c->a16 || c->bf16_math, rb = c->b16 || c->bf16_math;
+    dp_assert_ok(dp_device_set_matmul_precision(dev, c->bf16_math ? DP_MATMUL_BF16 : DP_MATMUL_FP32));
+    if (c->a16 || c->b16 || c->bf16_math)
+        dp_assert_ok(dp_gemm_ex(dev, c->ta, c->tb, c->m, c->n, c->k, c->alpha, c->k ? dA : NULL,
+                                c->a16 ? DP_DTYPE_BF16 : DP_DTYPE_F32, c->lda, sa,
+                                c->k ? dB : NULL, c->b16 ? DP_DTYPE_BF16 : DP_DTYPE_F32, c->ldb,
+                                sb, c->beta, dC, c->ldc, sc, c->batch));
+    else if (c->batch == 1 && !sa && !sb && !sc)
         dp_assert_ok(dp_gemm(dev, c->ta, c->tb, c->m, c->n, c->k, c->alpha, c->k ? dA : NULL,
                              c->lda, c->k ? dB : NULL, c->ldb, c->beta, dC, c->ldc));
     else
@@ -296,10 +324,12 @@ static void check_gemm(dp_device *dev, const gemm_case *c, double bound_rel, uin
             for (int i = 0; i < c->m; i++) {
                 double s = 0.0, mag = 0.0;
                 for (int l = 0; l < c->k; l++) {
-                    double a = c->ta == DP_OP_N ? A[(size_t)(b * sa) + (size_t)l * c->lda + i]
-                                                : A[(size_t)(b * sa) + (size_t)i * c->lda + l];
-                    double bb = c->tb == DP_OP_N ? B[(size_t)(b * sb) + (size_t)j * c->ldb + l]
-                                                 : B[(size_t)(b * sb) + (size_t)l * c->ldb + j];
+                    double a = gemm_value(c->ta == DP_OP_N
+                                              ? A[(size_t)(b * sa) + (size_t)l * c->lda + i]
+                                              : A[(size_t)(b * sa) + (size_t)i * c->lda + l], ra);
+                    double bb = gemm_value(c->tb == DP_OP_N
+                                               ? B[(size_t)(b * sb) + (size_t)j * c->ldb + l]
+                                               : B[(size_t)(b * sb) + (size_t)l * c->ldb + j], rb);
                     s += a * bb;
                     mag += fabs(a * bb);
                 }
@@ -328,6 +358,7 @@ static void check_gemm(dp_device *dev, const gemm_case *c, double bound_rel, uin
     dp_device_free(dev, dA);
     dp_device_free(dev, dB);
     dp_device_free(dev, dC);
+    dp_assert_ok(dp_device_set_matmul_precision(dev, DP_MATMUL_FP32));
     free(A);
     free(B);
     free(C0);
@@ -418,6 +449,81 @@ Test(cuda_gemm, tf32_is_opt_in_and_bounded, .timeout = 60)
     dp_assert_ok(dp_device_set_allow_tf32(dev, 0));
     check_gemm(dev, &c, gamma_f32(c.k), 70);
     close_checked(dev);
+}
+
+/* bf16 math and bfloat16 operands (dp_gemm_ex): the products of bfloat16
+ * values are exact in float32, so against the float64 product of the
+ * rounded operands only the float32 summation bound remains; every
+ * operand type, transposes, padding, batches with gaps, sizes for cuBLAS's
+ * tensor-core tiles. */
+Test(cuda_gemm, bf16_math_and_operands_within_the_float32_bound, .timeout = 60)
+{
+    REQUIRE_GPU();
+    FOR_TARGETS(g)
+    {
+        dp_device *dev = open_target(g);
+        uint64_t seed = 200;
+        for (int mode = 0; mode < 4; mode++) /* bf16 math with A, B f32/bf16; f32 math, bf16 A */
+            for (int ta = 0; ta < 2; ta++)
+                for (int tb = 0; tb < 2; tb++) {
+                    gemm_case c = gc((dp_op)ta, (dp_op)tb, 33, 17, 65, 3, 1.5f, 0.0f);
+                    c.bf16_math = mode < 3;
+                    c.a16 = mode == 1 || mode == 3;
+                    c.b16 = mode == 2;
+                    check_gemm(dev, &c, gamma_f32(c.k), seed++);
+                    c = gc((dp_op)ta, (dp_op)tb, 12, 5, 8, 1, 1.0f, 1.0f);
+                    c.bf16_math = mode < 3;
+                    c.a16 = mode == 1 || mode == 3;
+                    c.b16 = mode == 2;
+                    c.batch = 3;
+                    c.sa = (long long)c.lda * (ta == 0 ? c.k : c.m) + 7;
+                    c.sb = (long long)c.ldb * (tb == 0 ? c.n : c.k) + 5;
+                    c.sc = (long long)c.ldc * c.n + 11;
+                    check_gemm(dev, &c, gamma_f32(c.k), seed++);
+                }
+        gemm_case big = gc(DP_OP_T, DP_OP_N, 256, 192, 1024, 0, 1.0f, 1.0f);
+        big.bf16_math = 1;
+        big.a16 = 1;
+        check_gemm(dev, &big, gamma_f32(big.k), seed++);
+        close_checked(dev);
+    }
+}
+
+/* The bfloat16 rounding is one DP_HD function on both backends: the same
+ * bits, specials and ties included. */
+Test(cuda_ops, bf16_conversion_is_bitwise_equal, .timeout = 60)
+{
+    REQUIRE_GPU();
+    enum { N = 4099 };
+    float *x = rnd_normal(31, N, 0.0f, 3.0f);
+    const float specials[] = {NAN, -NAN, INFINITY, -INFINITY, 0.0f, -0.0f, 3.4e38f, -3.4e38f,
+                              1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, 0x1p-133f, 0x1p-140f};
+    memcpy(x, specials, sizeof specials);
+    FOR_TARGETS(g)
+    {
+        pair p = pair_open(g);
+        dp_bf16 h[2][N];
+        float *back[2];
+        for (int b = 0; b < 2; b++) {
+            dp_device *d = p.d[b];
+            float *xd = dp_test_upload(d, x, N), *bd = dalloc(d, N * 4);
+            void *hd = dalloc(d, N * 2);
+            dp_assert_ok(dp_convert(d, hd, DP_DTYPE_BF16, xd, DP_DTYPE_F32, N));
+            dp_assert_ok(dp_convert(d, bd, DP_DTYPE_F32, hd, DP_DTYPE_BF16, N));
+            dp_assert_ok(dp_copy_d2h(d, h[b], hd, sizeof h[b]));
+            back[b] = nn_download(d, bd, N);
+            dp_device_free(d, xd);
+            dp_device_free(d, bd);
+            dp_device_free(d, hd);
+        }
+        cr_assert(memcmp(h[0], h[1], sizeof h[0]) == 0, "bfloat16 bits differ");
+        assert_same_bits("widened", back[1], back[0], N);
+        for (int i = 0; i < N; i++) cr_assert_eq(h[0][i], dp_bf16_from_float(x[i]), "x[%d]", i);
+        free(back[0]);
+        free(back[1]);
+        pair_close(&p);
+    }
+    free(x);
 }
 
 // --- kernels vs the CPU backend --------------------------------------------------------------
