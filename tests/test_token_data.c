@@ -135,14 +135,15 @@ static void assert_same_windows(const dp_token_data *files, const dp_token_data 
 
 Test(token_data, a_raw_file_splits_90_10_and_reads_its_ids)
 {
-    size_t n = 1000;
+    // 1005 ids: train floor(904.5) = 904, val 101 (the remainder goes to val).
+    size_t n = 1005;
     int32_t *ids = ids_of(n, 1);
     dp_test_write_raw(in_tmp("tokens.bin"), ids, n);
     dp_token_data *d = NULL;
     dp_assert_ok(dp_token_data_open(in_tmp("tokens.bin"), V, &d));
     cr_assert_eq(dp_token_data_total(d), n);
-    cr_assert_eq(dp_token_data_size(d, DP_SPLIT_TRAIN), 900);
-    cr_assert_eq(dp_token_data_size(d, DP_SPLIT_VAL), 100);
+    cr_assert_eq(dp_token_data_size(d, DP_SPLIT_TRAIN), 904);
+    cr_assert_eq(dp_token_data_size(d, DP_SPLIT_VAL), 101);
     cr_assert_eq(dp_token_data_vocab_size(d), V);
     cr_assert_null(dp_token_data_tokens(d, DP_SPLIT_TRAIN), "mapped data have no int32 array");
     dp_token_data_info info;
@@ -151,13 +152,13 @@ Test(token_data, a_raw_file_splits_90_10_and_reads_its_ids)
     cr_assert_eq(info.split_by_files, 0);
     cr_assert_eq(info.mapped_bytes, 2 * n);
     int32_t *tr = read_split(d, DP_SPLIT_TRAIN), *va = read_split(d, DP_SPLIT_VAL);
-    cr_assert_eq(memcmp(tr, ids, 900 * sizeof *ids), 0);
-    cr_assert_eq(memcmp(va, ids + 900, 100 * sizeof *ids), 0);
+    cr_assert_eq(memcmp(tr, ids, 904 * sizeof *ids), 0);
+    cr_assert_eq(memcmp(va, ids + 904, 101 * sizeof *ids), 0);
     // A range inside a split, and ranges past its end.
     int32_t x[10];
-    dp_assert_ok(dp_token_data_read(d, DP_SPLIT_VAL, 95, 5, x));
-    cr_assert_eq(memcmp(x, ids + 995, 5 * sizeof *x), 0);
-    cr_assert_eq(dp_token_data_read(d, DP_SPLIT_VAL, 96, 5, x), DP_ERR_INVALID_ARGUMENT);
+    dp_assert_ok(dp_token_data_read(d, DP_SPLIT_VAL, 96, 5, x));
+    cr_assert_eq(memcmp(x, ids + 1000, 5 * sizeof *x), 0);
+    cr_assert_eq(dp_token_data_read(d, DP_SPLIT_VAL, 97, 5, x), DP_ERR_INVALID_ARGUMENT);
     cr_assert_eq(dp_token_data_read(d, DP_SPLIT_TRAIN, 0, 0, x), DP_ERR_INVALID_ARGUMENT);
     cr_assert_eq(dp_token_data_read(d, DP_SPLIT_COUNT, 0, 1, x), DP_ERR_INVALID_ARGUMENT);
 
