@@ -17,6 +17,7 @@
 #include <jansson.h>
 
 #include "core/error.h"
+#include "dp/checked.h"
 #include "dp/tokenizer.h"
 
 #define UNK_TEXT "<unk>"
@@ -623,8 +624,10 @@ static int read_full(int fd, unsigned char *buf, size_t n)
 static dp_status llmc_table(const char *path, unsigned char *body, size_t len, size_t V,
                             int32_t eot, dp_tokenizer **out)
 {
+    size_t bytes = 0;
+    int fits = dp_size_mul(V, sizeof(size_t), &bytes);
     dp_tokenizer *t = calloc(1, sizeof *t);
-    size_t *off = malloc(V * sizeof *off), *lens = malloc(V * sizeof *lens);
+    size_t *off = fits ? malloc(bytes) : NULL, *lens = fits ? malloc(bytes) : NULL;
     if (!t || !off || !lens) {
         free(t);
         free(off);
