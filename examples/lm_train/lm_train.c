@@ -8,6 +8,12 @@
  * split, saves safetensors checkpoints nanoGPT can load, resumes exactly,
  * and samples text. `lm_train --help` lists every option.
  *
+ * --data also takes the field's pre-tokenized GPT-2 data (dp_token_data_open):
+ * nanoGPT's train.bin / val.bin and llm.c's shards, mapped read-only; the
+ * model's vocabulary is then --vocab-size (GPT-2's 50257 by default), and
+ * samples decode through llm.c's gpt2_tokenizer.bin (--tokenizer-file) or
+ * print as ids.
+ *
  * SIGINT / SIGTERM end the run after the current step: the checkpoint is
  * written (with --save), output flushed, and the exit status is 128 + the
  * signal's number; a second signal exits at once.
@@ -55,11 +61,22 @@
 #define META_DECAY "lr_decay_steps"
 /* Checkpoint metadata: the precision the run trained in (fp32 or bf16). */
 #define META_PRECISION "precision"
+/* Checkpoint metadata of the data trained on: "text", or the token files'
+ * format (dp_token_format_name: "nanogpt", "llmc"), and the split lengths
+ * in tokens. A checkpoint without them was trained on text. */
+#define META_FORMAT "data_format"
+#define META_TRAIN "data_train_tokens"
+#define META_VAL "data_val_tokens"
+#define FORMAT_TEXT "text"
+
+/* Token ids are uint16 on disk: a larger vocabulary could never be seen. */
+#define TOKEN_VOCAB_MAX 65536L
 
 // --- options ------------------------------------------------------------------------
 
 typedef struct opts {
     const char *data, *tokenizer, *devices, *mode, *save, *resume, *log, *prompt, *trace;
+    const char *tokenizer_file, *prompt_ids; /* token data: decoding samples, the prompt's ids */
     const char *memory_limit, *device_weights;
     long vocab_size, layers, heads, dim, context, batch_size, grad_accum, max_tokens;
     long steps, warmup, lr_decay_steps, eval_interval, eval_iters, save_interval, sample, top_k;
@@ -120,9 +137,23 @@ static void usage(FILE *f)
             "usage: lm_train [options]\n"
             "Train a GPT (nanoGPT's architecture) on text with dp's balanced DataParallel engine.\n\n"
             "data\n"
-            "  --data PATH            text file or directory of text files (default: %s)\n"
-            "  --tokenizer char|word  tokenizer (default %s; with --resume, the checkpoint's)\n"
-            "  --vocab-size N         word tokenizer vocabulary size (default %ld)\n"
+            "  --data PATH            a text file or directory of text files (default:\n"
+            "                         %s), or GPT-2 token ids as\n"
+            "                         nanoGPT and llm.c prepare them: a directory\n"
+            "                         with nanoGPT's train.bin + val.bin, or llm.c's shards (names\n"
+            "                         holding train / val, e.g. fineweb_train_000001.bin,\n"
+            "                         fineweb_val_000000.bin), each split its files in name order; or\n"
+            "                         one .bin file, split 90/10 as text is. llm.c files are told by\n"
+            "                         their header (magic 20240520), other .bin files are raw uint16.\n"
+            "                         A directory holding any *.bin is token data: only its *.bin\n"
+            "                         files are read, other files (scripts, the input text) ignored.\n"
+            "                         Token files are mapped read-only, never loaded whole\n"
+            "  --tokenizer char|word  text's tokenizer (default %s; with --resume, the checkpoint's)\n"
+            "  --vocab-size N         text: the word tokenizer's vocabulary size (default %ld);\n"
+            "                         token data: the model's vocabulary, every id below it (default\n"
+            "                         %d, GPT-2's; llm.c pads it to 50304 for speed; at most %ld)\n"
+            "  --tokenizer-file PATH  token data: llm.c's gpt2_tokenizer.bin, to print samples as\n"
+            "                         text (decode only); without it samples print as token ids\n"
             "devices\n"
             "  --devices LIST         cpu, cpu:N, cpu:0,1, cuda:0,1, auto (default %s: every GPU,\n"
             "                         else one CPU device per core)\n"
@@ -170,7 +201,8 @@ static void usage(FILE *f)
             "  --eval-interval N      steps between evaluations (default %ld)\n"
             "  --eval-iters N         batches per split per evaluation (default %ld)\n"
             "  --eval-only            with --resume: print the loss over the whole validation split\n"
-            "                         of --data (any text the checkpoint's tokenizer covers)\n"
+            "                         of --data (any text the checkpoint's tokenizer covers, or\n"
+            "                         any token data of its vocabulary)\n"
             "  --save PATH            safetensors checkpoint, written atomically at the end, every\n"
             "                         --save-interval steps and on SIGINT/SIGTERM; not with\n"
             "                         --eval-only (default none)\n"
@@ -185,6 +217,11 @@ static void usage(FILE *f)
             "                         (default %ld)\n"
             "  --temperature X  --top-k N  --prompt TEXT   sampling (default %g, %ld, newline,\n"
             "                         or the corpus's first token when it has no newline)\n"
+            "  --prompt-ids ID,...    token data's prompt, as ids, e.g. 50256,464 (default the\n"
+            "                         end-of-text id, 50256 or --tokenizer-file's, as llm.c; the\n"
+            "                         training split's first token when the vocabulary is smaller).\n"
+            "                         --prompt TEXT would need GPT-2's BPE encoder, which dp does not\n"
+            "                         have: token data take ids only\n"
             "  --help                 this text\n"
             "SIGINT or SIGTERM stops after the current step, saves (with --save) and exits with\n"
             "128 + the signal number; a second signal exits at once.\n"
@@ -195,7 +232,8 @@ static void usage(FILE *f)
             "A signal to any rank stops all at the same step and saves; Open MPI's mpirun, when\n"
             "signalled, sends SIGTERM to the ranks and SIGKILL 1 s later (more: --mca\n"
             "odls_base_sigkill_timeout SECONDS), so signal the ranks when a save takes longer.\n",
-            LM_DEFAULT_CORPUS, d.tokenizer, d.vocab_size, d.devices, d.mode, d.layers, d.heads,
+            LM_DEFAULT_CORPUS, d.tokenizer, d.vocab_size, DP_GPT2_VOCAB_SIZE, TOKEN_VOCAB_MAX,
+            d.devices, d.mode, d.layers, d.heads,
             d.dim, d.context, d.batch_size, d.grad_accum, d.steps, d.lr, d.min_lr, d.warmup,
             d.weight_decay, d.beta1, d.beta2, d.grad_clip, d.seed, d.max_skips, d.eval_interval,
             d.eval_iters, SAMPLE_MAX, d.sample, d.temperature, d.top_k);
@@ -234,7 +272,7 @@ static int parse_args(int argc, char **argv, opts *o)
         O_ACCUM, O_MAXTOK, O_STEPS, O_LR, O_MINLR, O_WARMUP, O_DECAY, O_WD, O_B1, O_B2, O_CLIP,
         O_EVI, O_EVN, O_SEED, O_SAVE, O_SAVEI, O_RESUME, O_EVONLY, O_SAMPLE, O_TEMP, O_TOPK,
         O_PROMPT, O_LOG, O_MEM, O_SKIPS, O_WATCHDOG, O_CHECK, O_TF32, O_WEIGHTS, O_TOKBAL, O_TRACE,
-        O_SHARD, O_CHUNK, O_PREC, O_HELP
+        O_SHARD, O_CHUNK, O_PREC, O_TOKFILE, O_PROMPTIDS, O_HELP
     };
     static const struct option lo[] = {
         {"data", 1, 0, O_DATA},          {"tokenizer", 1, 0, O_TOK},
@@ -259,6 +297,7 @@ static int parse_args(int argc, char **argv, opts *o)
         {"device-weights", 1, 0, O_WEIGHTS}, {"token-balanced", 0, 0, O_TOKBAL},
         {"trace", 1, 0, O_TRACE},        {"shard-optimizer", 0, 0, O_SHARD},
         {"logits-chunk", 1, 0, O_CHUNK}, {"precision", 1, 0, O_PREC},
+        {"tokenizer-file", 1, 0, O_TOKFILE}, {"prompt-ids", 1, 0, O_PROMPTIDS},
         {"help", 0, 0, O_HELP},
         {0, 0, 0, 0}};
     opterr = 0;
@@ -306,6 +345,8 @@ static int parse_args(int argc, char **argv, opts *o)
         case O_TEMP: bad = cli_parse_double("--temperature", v, 1e-6, &o->temperature); break;
         case O_TOPK: bad = cli_parse_long("--top-k", v, 0, LONG_MAX, &o->top_k); break;
         case O_PROMPT: o->prompt = v; o->given |= G_PROMPT; break;
+        case O_TOKFILE: o->tokenizer_file = v; break;
+        case O_PROMPTIDS: o->prompt_ids = v; break;
         case O_LOG: o->log = v; break;
         case O_MEM: o->memory_limit = v; break;
         case O_SKIPS: bad = cli_parse_long("--max-skips", v, 1, LONG_MAX, &o->max_skips); break;
@@ -378,8 +419,9 @@ static void install_signal_handlers(int ranked)
 typedef struct run {
     opts o;
     dp_checkpoint *ck; /* the --resume checkpoint, NULL without */
-    dp_tokenizer *tok;
+    dp_tokenizer *tok; /* text: the tokenizer; token data: --tokenizer-file's table or NULL */
     dp_token_data *data;
+    int is_tokens;     /* --data holds token files (dp_token_files_probe) */
     dp_gpt *gpt;
     dp_engine *engine;
     dp_sampler *train, *eval_train, *eval_val;
@@ -524,6 +566,14 @@ static int full_val_loss(run *r, double *out)
     return 0;
 }
 
+/* What the checkpoint's META_FORMAT says of the data. */
+static const char *data_format(const run *r)
+{
+    dp_token_data_info info;
+    if (!r->is_tokens || dp_token_data_get_info(r->data, &info) != DP_OK) return FORMAT_TEXT;
+    return dp_token_format_name(info.format);
+}
+
 static char *config_json(const opts *o)
 {
     json_t *j = json_pack("{s:s, s:s, s:I, s:I, s:f, s:f, s:I, s:I, s:f, s:f, s:f, s:f, s:I, "
@@ -555,12 +605,17 @@ static int save_checkpoint(run *r)
     ck.params = malloc(bytes);
     ck.m = malloc(bytes);
     ck.v = malloc(bytes);
-    char decay[32];
+    char decay[32], ntrain[32], nval[32];
     snprintf(decay, sizeof decay, "%ld", r->o.lr_decay_steps);
-    const dp_checkpoint_kv meta[2] = {{META_DECAY, decay},
+    snprintf(ntrain, sizeof ntrain, "%zu", dp_token_data_size(r->data, DP_SPLIT_TRAIN));
+    snprintf(nval, sizeof nval, "%zu", dp_token_data_size(r->data, DP_SPLIT_VAL));
+    const dp_checkpoint_kv meta[5] = {{META_DECAY, decay},
+                                      {META_FORMAT, data_format(r)},
+                                      {META_TRAIN, ntrain},
+                                      {META_VAL, nval},
                                       {META_PRECISION, r->o.bf16 ? "bf16" : "fp32"}};
     ck.meta = meta;
-    ck.n_meta = 2;
+    ck.n_meta = 5;
     int rc = 0;
     if (!ck.params || !ck.m || !ck.v) rc = cli_fail("out of host memory saving a checkpoint");
     rc = agree(r, rc);
@@ -570,7 +625,9 @@ static int save_checkpoint(run *r)
     if (!rc && s != DP_OK) rc = engine_fail(r, s, "reading parameters");
     int all_here = !rc; /* every rank is here: the outcome of the write is agreed */
     if (!rc && r->rk.rank == 0) {
-        if (dp_tokenizer_serialize(r->tok, &ck.tokenizer) != DP_OK) rc = cli_dp_fail("tokenizer");
+        /* Token data have no tokenizer to store (--tokenizer-file is given again). */
+        if (!r->is_tokens && dp_tokenizer_serialize(r->tok, &ck.tokenizer) != DP_OK)
+            rc = cli_dp_fail("tokenizer");
         if (!rc && dp_sampler_get_state(r->train, ck.sampler) != DP_OK) rc = cli_dp_fail("sampler state");
         ck.has_sampler = 1;
         if (!rc && !(ck.config_json = config_json(&r->o))) rc = cli_fail("out of host memory");
@@ -637,8 +694,9 @@ static int generate_into(run *r, sampler_bufs *b)
         return cli_dp_fail("sampling setup");
     dp_rng rng;
     dp_rng_seed(&rng, r->o.seed ^ 0x5eedULL);
-    printf("--- sample (%zu tokens, temperature %g, top-k %ld) ---\n%s", n, r->o.temperature,
-           r->o.top_k, r->prompt_text);
+    int ids = r->is_tokens && !r->tok; /* token data without a table: print ids */
+    printf("--- sample (%zu tokens, temperature %g, top-k %ld%s) ---\n%s", n, r->o.temperature,
+           r->o.top_k, ids ? "; token ids: --tokenizer-file prints text" : "", r->prompt_text);
     for (size_t i = 0; i < n; i++) {
         if (stop_signal) return interrupted(r, stop_signal, "sampling");
         size_t t = len < T ? len : T; /* crop to the last block_size tokens */
@@ -679,7 +737,10 @@ static int generate_into(run *r, sampler_bufs *b)
         b->ctx[len++] = (int32_t)pick;
         const char *bytes;
         size_t blen;
-        if (dp_tokenizer_token(r->tok, (int32_t)pick, &bytes, &blen) == DP_OK)
+        /* An id past the table (a padded vocabulary, 50304 > 50257) prints nothing. */
+        if (ids)
+            printf(" %zu", pick);
+        else if (dp_tokenizer_token(r->tok, (int32_t)pick, &bytes, &blen) == DP_OK)
             fwrite(bytes, 1, blen, stdout);
     }
     printf("\n---\n");
@@ -840,7 +901,7 @@ static int open_log(run *r)
 /* The prompt as tokens, checked before any training: a prompt given with
  * --prompt must be in the vocabulary; the default (a newline) falls back to
  * the first token of the training text when the vocabulary has no newline. */
-static int prepare_prompt(run *r)
+static int prepare_text_prompt(run *r)
 {
     const opts *o = &r->o;
     int given = (o->given & G_PROMPT) != 0;
@@ -866,14 +927,16 @@ static int prepare_prompt(run *r)
         /* An empty prompt: fall through to the first token. */
     }
     /* The corpus's first token exists in every vocabulary built from it. */
-    const int32_t *first = dp_token_data_tokens(r->data, DP_SPLIT_TRAIN);
-    if (!first || !dp_token_data_size(r->data, DP_SPLIT_TRAIN))
+    int32_t first = 0;
+    if (!dp_token_data_size(r->data, DP_SPLIT_TRAIN))
         return cli_fail("the training split is empty; nothing to prompt with");
-    r->prompt_ids[0] = first[0];
+    if (dp_token_data_read(r->data, DP_SPLIT_TRAIN, 0, 1, &first) != DP_OK)
+        return cli_dp_fail("prompt token");
+    r->prompt_ids[0] = first;
     r->prompt_len = 1;
     const char *tb = NULL;
     size_t tl = 0;
-    if (dp_tokenizer_token(r->tok, first[0], &tb, &tl) != DP_OK) return cli_dp_fail("prompt token");
+    if (dp_tokenizer_token(r->tok, first, &tb, &tl) != DP_OK) return cli_dp_fail("prompt token");
     r->prompt_text = malloc(tl + 1);
     if (!r->prompt_text) return cli_fail("out of host memory");
     memcpy(r->prompt_text, tb, tl);
@@ -881,9 +944,90 @@ static int prepare_prompt(run *r)
     return 0;
 }
 
+/* Parses --prompt-ids: decimal ids separated by ',', each below V, into
+ * r->prompt_ids. */
+static int parse_prompt_ids(run *r, size_t V)
+{
+    const char *text = r->o.prompt_ids;
+    size_t n = 1;
+    for (const char *p = text; *p; p++) n += *p == ',';
+    size_t bytes = 0;
+    if (!dp_size_mul(n, sizeof(int32_t), &bytes) || !(r->prompt_ids = malloc(bytes)))
+        return cli_fail("out of host memory for --prompt-ids");
+    const char *p = text;
+    for (size_t i = 0; i < n; i++) {
+        const char *end = p;
+        unsigned long long id = 0;
+        while (*end >= '0' && *end <= '9' && id <= (unsigned long long)INT32_MAX)
+            id = id * 10 + (unsigned long long)(*end++ - '0');
+        if (end == p || (*end != ',' && *end != '\0') || id > (unsigned long long)INT32_MAX)
+            return cli_fail("--prompt-ids \"%s\": entry %zu is not a token id; give decimal ids "
+                            "separated by commas, e.g. --prompt-ids %d,464", text, i + 1,
+                            DP_GPT2_EOT);
+        if (id >= V)
+            return cli_fail("--prompt-ids: id %llu (entry %zu) is outside the model's vocabulary "
+                            "[0, %zu); give ids below %zu (--vocab-size)", id, i + 1, V, V);
+        r->prompt_ids[i] = (int32_t)id;
+        p = end + 1;
+    }
+    r->prompt_len = n;
+    return 0;
+}
+
+/* Token data's prompt: --prompt-ids, else the end-of-text id (as llm.c
+ * starts its samples; --tokenizer-file's, else GPT-2's 50256), else, when
+ * the vocabulary is smaller, the training split's first token. It prints
+ * as text through --tokenizer-file, else as ids. */
+static int prepare_token_prompt(run *r)
+{
+    const opts *o = &r->o;
+    if (!o->sample && !o->prompt_ids) return 0;
+    size_t V = (size_t)o->vocab_size;
+    if (o->prompt_ids) {
+        if (parse_prompt_ids(r, V)) return 1;
+    } else {
+        if (!(r->prompt_ids = malloc(sizeof(int32_t)))) return cli_fail("out of host memory");
+        int32_t eot = r->tok ? dp_tokenizer_eot_id(r->tok) : DP_GPT2_EOT;
+        if (eot >= 0 && (size_t)eot < V)
+            r->prompt_ids[0] = eot;
+        else if (dp_token_data_read(r->data, DP_SPLIT_TRAIN, 0, 1, r->prompt_ids) != DP_OK)
+            return cli_dp_fail("prompt token");
+        r->prompt_len = 1;
+    }
+    /* Its text: each id's bytes, or the ids themselves. */
+    size_t cap = 0, len = 0;
+    for (size_t i = 0; i < r->prompt_len; i++) {
+        const char *b = NULL;
+        size_t bl = 0;
+        if (r->tok && dp_tokenizer_token(r->tok, r->prompt_ids[i], &b, &bl) != DP_OK) bl = 0;
+        cap += r->tok ? bl : 12;
+    }
+    if (!(r->prompt_text = malloc(cap + 1))) return cli_fail("out of host memory");
+    for (size_t i = 0; i < r->prompt_len; i++) {
+        const char *b = NULL;
+        size_t bl = 0;
+        if (!r->tok) {
+            len += (size_t)snprintf(r->prompt_text + len, cap + 1 - len, "%s%d", i ? " " : "",
+                                    (int)r->prompt_ids[i]);
+        } else if (dp_tokenizer_token(r->tok, r->prompt_ids[i], &b, &bl) == DP_OK) {
+            memcpy(r->prompt_text + len, b, bl);
+            len += bl;
+        }
+    }
+    r->prompt_text[len] = '\0';
+    return 0;
+}
+
+static int prepare_prompt(run *r)
+{
+    return r->is_tokens ? prepare_token_prompt(r) : prepare_text_prompt(r);
+}
+
+static int apply_schedule(run *r);
+
 /* With --resume: checks the options given against the checkpoint (the
- * model's shape, tokenizer, vocabulary size, steps) and takes the
- * checkpoint's values for the others. */
+ * model's shape, the kind of data, tokenizer, vocabulary size, steps) and
+ * takes the checkpoint's values for the others. */
 static int apply_checkpoint(run *r)
 {
     opts *o = &r->o;
@@ -906,6 +1050,25 @@ static int apply_checkpoint(run *r)
         return cli_fail("--max-tokens-per-device %ld is below the checkpoint's --context %ld "
                         "(one sequence); raise it to at least %ld", o->max_tokens, o->context,
                         o->context);
+    /* The kind of data trained on: token files, or text (older checkpoints). */
+    const char *fmt = dp_checkpoint_meta(ck, META_FORMAT);
+    int ck_tokens = fmt && strcmp(fmt, FORMAT_TEXT) != 0;
+    const char *data = o->data ? o->data : LM_DEFAULT_CORPUS;
+    if (ck_tokens != r->is_tokens)
+        return cli_fail("--resume %s was trained on %s, but --data %s is %s: %s", o->resume,
+                        ck_tokens ? "token ids (pre-tokenized files)" : "text", data,
+                        r->is_tokens ? "token files" : "text",
+                        ck_tokens ? "pass token data (a directory of .bin files or one .bin file)"
+                                  : "pass text the checkpoint's tokenizer covers");
+    if (ck_tokens) {
+        /* The model's vocabulary is the checkpoint's; token data's --vocab-size names it. */
+        if ((g & G_VOCAB) && (size_t)o->vocab_size != c->vocab_size)
+            return cli_fail("--resume %s has a vocabulary of %zu, which differs from --vocab-size "
+                            "%ld; drop --vocab-size or match it", o->resume, c->vocab_size,
+                            o->vocab_size);
+        o->vocab_size = (long)c->vocab_size;
+        return apply_schedule(r);
+    }
     if (!ck->tokenizer) return cli_fail("--resume %s has no tokenizer", o->resume);
     if (dp_tokenizer_parse(ck->tokenizer, &r->tok) != DP_OK) return cli_dp_fail("checkpoint tokenizer");
     dp_tokenizer_kind kind = dp_tokenizer_kind_of(r->tok);
@@ -934,6 +1097,16 @@ static int apply_checkpoint(run *r)
     if (dp_tokenizer_vocab_size(r->tok) != c->vocab_size)
         return cli_fail("--resume: the checkpoint's vocabulary (%zu) does not match its "
                         "tokenizer (%zu)", c->vocab_size, dp_tokenizer_vocab_size(r->tok));
+    return apply_schedule(r);
+}
+
+/* With --resume, the schedule and the steps: the checkpoint's
+ * --lr-decay-steps unless given, and --steps not below its step. */
+static int apply_schedule(run *r)
+{
+    opts *o = &r->o;
+    const dp_checkpoint *ck = r->ck;
+    int g = o->given;
     /* The schedule's length: the flag, else the checkpoint's, else --steps. */
     const char *decay = dp_checkpoint_meta(ck, META_DECAY);
     if (!(g & G_DECAY) && decay) {
@@ -979,23 +1152,37 @@ static void explain_auto(const opts *o, const dp_device_spec *specs, size_t k)
 }
 
 /* The run's local part: checkpoint, data, tokenizer, samplers, model. */
-static int load(run *r)
+/* Options that apply to one kind of data only, refused for the other. */
+static int check_data_options(const run *r, const char *path)
 {
-    opts *o = &r->o;
-    /* Rank 0 writes the checkpoints. */
-    if (o->save && r->rk.rank == 0 && check_save_path(o->save)) return 1;
-    if (o->resume) {
-        if (dp_gpt_checkpoint_load(o->resume, &r->ck, &r->gpt) != DP_OK)
-            return cli_dp_fail("--resume");
-        if (apply_checkpoint(r)) return 1;
+    const opts *o = &r->o;
+    if (r->is_tokens) {
+        if (o->given & G_TOK)
+            return cli_fail("--tokenizer %s applies to text, but --data %s holds token ids (already "
+                            "tokenized); drop --tokenizer (--tokenizer-file decodes samples)",
+                            o->tokenizer, path);
+        if (o->given & G_PROMPT)
+            return cli_fail("--prompt takes text, which token data would need GPT-2's BPE encoder "
+                            "for (dp has none); give the prompt as ids, e.g. --prompt-ids %d,464",
+                            DP_GPT2_EOT);
+        if ((o->given & G_VOCAB) && o->vocab_size > TOKEN_VOCAB_MAX)
+            return cli_fail("--vocab-size %ld: token files hold uint16 ids, all below %ld; give at "
+                            "most %ld", o->vocab_size, TOKEN_VOCAB_MAX, TOKEN_VOCAB_MAX);
+        return 0;
     }
-    if (!o->lr_decay_steps) o->lr_decay_steps = o->steps;
+    if (o->tokenizer_file)
+        return cli_fail("--tokenizer-file decodes token data's samples, but --data %s is text (its "
+                        "tokenizer comes from the text); drop --tokenizer-file", path);
+    if (o->prompt_ids)
+        return cli_fail("--prompt-ids applies to token data, but --data %s is text; give the "
+                        "prompt as --prompt TEXT", path);
+    return 0;
+}
 
-    const char *path = o->data ? o->data : LM_DEFAULT_CORPUS;
-    struct stat sb;
-    if (!o->data && stat(path, &sb) != 0)
-        return cli_fail("the default corpus '%s' does not exist: install Debian's fortunes "
-                        "package (apt-get install fortunes) or pass --data FILE", path);
+/* Text: loads the corpus and builds (or takes the checkpoint's) tokenizer. */
+static int load_text(run *r, const char *path)
+{
+    const opts *o = &r->o;
     char *text = NULL;
     size_t len = 0, files = 0;
     if (dp_text_load(path, &text, &len, &files) != DP_OK) return cli_dp_fail("--data");
@@ -1017,11 +1204,108 @@ static int load(run *r)
     dp_status s = dp_token_data_from_text(r->tok, text, len, &r->data);
     free(text);
     if (s != DP_OK) return cli_dp_fail("--data");
-    size_t V = dp_tokenizer_vocab_size(r->tok);
     printf("data: %s (%zu file%s, %zu tokens: %zu train, %zu validation), %s tokenizer, vocab %zu\n",
            path, files, files == 1 ? "" : "s", dp_token_data_total(r->data),
            dp_token_data_size(r->data, DP_SPLIT_TRAIN), dp_token_data_size(r->data, DP_SPLIT_VAL),
-           dp_tokenizer_kind_name(dp_tokenizer_kind_of(r->tok)), V);
+           dp_tokenizer_kind_name(dp_tokenizer_kind_of(r->tok)), dp_tokenizer_vocab_size(r->tok));
+    return 0;
+}
+
+/* The checkpoint's number under key, or -1 when absent or not a number. */
+static long long meta_count(const dp_checkpoint *ck, const char *key)
+{
+    const char *v = dp_checkpoint_meta(ck, key);
+    if (!v || !*v) return -1;
+    char *end = NULL;
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    return errno || *end || x < 0 ? -1 : x;
+}
+
+/* Resuming training on token data: the same format and split lengths as
+ * the checkpoint's (the sampler state checks the training split's length
+ * too). --eval-only evaluates any token data of the model's vocabulary. */
+static int check_resume_data(const run *r, const char *path)
+{
+    if (!r->ck || r->o.eval_only) return 0;
+    const char *fmt = dp_checkpoint_meta(r->ck, META_FORMAT), *now = data_format(r);
+    long long ct = meta_count(r->ck, META_TRAIN), cv = meta_count(r->ck, META_VAL);
+    size_t nt = dp_token_data_size(r->data, DP_SPLIT_TRAIN);
+    size_t nv = dp_token_data_size(r->data, DP_SPLIT_VAL);
+    if (!fmt || ct < 0 || cv < 0)
+        return cli_fail("--resume %s does not record its token data (metadata \"" META_FORMAT
+                        "\", \"" META_TRAIN "\", \"" META_VAL "\"); it cannot be checked "
+                        "against --data %s", r->o.resume, path);
+    if (strcmp(fmt, now) != 0 || (size_t)ct != nt || (size_t)cv != nv)
+        return cli_fail("--resume %s was trained on %s data of %lld train and %lld validation "
+                        "tokens, but --data %s is %s data of %zu and %zu: resume on the same data "
+                        "(--eval-only evaluates on other data)", r->o.resume, fmt, ct, cv, path,
+                        now, nt, nv);
+    return 0;
+}
+
+/* Token data: maps the files (nothing is converted), loads
+ * --tokenizer-file, and says what was found. */
+static int load_tokens(run *r, const char *path)
+{
+    opts *o = &r->o;
+    if (!r->ck && !(o->given & G_VOCAB)) o->vocab_size = DP_GPT2_VOCAB_SIZE;
+    o->tokenizer = "none"; /* the training options' record: no tokenizer was built */
+    size_t V = (size_t)o->vocab_size;
+    if (dp_token_data_open(path, V, &r->data) != DP_OK) return cli_dp_fail("--data");
+    if (o->tokenizer_file) {
+        if (dp_tokenizer_load_llmc(o->tokenizer_file, &r->tok) != DP_OK)
+            return cli_dp_fail("--tokenizer-file");
+        size_t tv = dp_tokenizer_vocab_size(r->tok);
+        if (tv > V)
+            return cli_fail("--tokenizer-file %s has %zu tokens, more than the model's vocabulary "
+                            "of %zu: ids past it could never be trained; give --vocab-size %zu or "
+                            "more (or the tokenizer the data was made with)", o->tokenizer_file,
+                            tv, V, tv);
+    }
+    dp_token_data_info info;
+    if (dp_token_data_get_info(r->data, &info) != DP_OK) return cli_dp_fail("--data");
+    const char *kind = info.format == DP_TOKEN_FORMAT_LLMC ? "llm.c" : "nanoGPT raw uint16";
+    char files[160];
+    if (info.split_by_files)
+        snprintf(files, sizeof files, "%s files: %zu train, %zu validation%s", kind,
+                 info.files[DP_SPLIT_TRAIN], info.files[DP_SPLIT_VAL],
+                 info.ignored_files ? ", other files ignored" : "");
+    else
+        snprintf(files, sizeof files, "one %s file, split 90/10", kind);
+    char mapped[32];
+    human_bytes(info.mapped_bytes, mapped, sizeof mapped);
+    printf("data: %s (%s; %zu tokens: %zu train, %zu validation; %s mapped read-only), token ids, "
+           "vocab %zu%s\n", path, files, dp_token_data_total(r->data),
+           dp_token_data_size(r->data, DP_SPLIT_TRAIN), dp_token_data_size(r->data, DP_SPLIT_VAL),
+           mapped, V, o->sample && !r->tok ? " (samples print as ids: --tokenizer-file "
+                                            "decodes them)" : "");
+    return check_resume_data(r, path);
+}
+
+/* The run's local part: checkpoint, data, tokenizer, samplers, model. */
+static int load(run *r)
+{
+    opts *o = &r->o;
+    /* Rank 0 writes the checkpoints. */
+    if (o->save && r->rk.rank == 0 && check_save_path(o->save)) return 1;
+    const char *path = o->data ? o->data : LM_DEFAULT_CORPUS;
+    struct stat sb;
+    if (!o->data && stat(path, &sb) != 0)
+        return cli_fail("the default corpus '%s' does not exist: install Debian's fortunes "
+                        "package (apt-get install fortunes) or pass --data FILE", path);
+    /* Text or token files: told by names and at most 4 bytes, nothing read yet. */
+    if (dp_token_files_probe(path, &r->is_tokens) != DP_OK) return cli_dp_fail("--data");
+    if (check_data_options(r, path)) return 1;
+    if (o->resume) {
+        if (dp_gpt_checkpoint_load(o->resume, &r->ck, &r->gpt) != DP_OK)
+            return cli_dp_fail("--resume");
+        if (apply_checkpoint(r)) return 1;
+    }
+    if (!o->lr_decay_steps) o->lr_decay_steps = o->steps;
+
+    if (r->is_tokens ? load_tokens(r, path) : load_text(r, path)) return 1;
+    size_t V = r->is_tokens ? (size_t)o->vocab_size : dp_tokenizer_vocab_size(r->tok);
     if (prepare_prompt(r)) return 1;
 
     size_t T = (size_t)o->context;

@@ -1,9 +1,13 @@
 /*
  * dp/data.h - text corpora, token datasets with a train/validation split,
- * a seeded random batch sampler and fixed validation windows.
+ * pre-tokenized files (nanoGPT's and llm.c's uint16 formats, mapped
+ * read-only), a seeded random batch sampler and fixed validation windows.
  *
  * All arrays here are host memory; token ids are int32_t. The trainer
- * copies a batch to each device with dp_copy_h2d.
+ * copies a batch to each device with dp_copy_h2d. A dataset's tokens live
+ * either in memory as int32 (from text or from an id array) or in files
+ * mapped read-only, of which only the windows asked for are converted:
+ * dp_token_data_read copies any range of either kind.
  */
 #ifndef DP_DATA_H
 #define DP_DATA_H
@@ -42,8 +46,8 @@ extern "C" {
 DP_API dp_status dp_text_load(const char *path, char **text, size_t *len, size_t *n_files);
 
 typedef enum dp_split {
-    DP_SPLIT_TRAIN = 0, /* the first 90% of the tokens */
-    DP_SPLIT_VAL,       /* the last 10% */
+    DP_SPLIT_TRAIN = 0, /* the first 90% of the tokens, or the training files */
+    DP_SPLIT_VAL,       /* the last 10%, or the validation files */
     DP_SPLIT_COUNT
 } dp_split;
 
@@ -76,17 +80,121 @@ DP_API void dp_token_data_destroy(dp_token_data *data);
 /* Total number of tokens (both splits). */
 DP_API size_t dp_token_data_total(const dp_token_data *data);
 
-/* Vocabulary size the ids were checked against. */
+/* Vocabulary size the ids were checked against (data from files: are
+ * checked against as they are read). */
 DP_API size_t dp_token_data_vocab_size(const dp_token_data *data);
 
-/* Number of <unk> ids in the data (0 for char, or from tokens). */
+/* Number of <unk> ids in the data (0 for char, from tokens or from files). */
 DP_API size_t dp_token_data_unknown_count(const dp_token_data *data);
 
 /* Number of tokens in split (0 for a bad split). */
 DP_API size_t dp_token_data_size(const dp_token_data *data, dp_split split);
 
-/* The split's tokens (owned by data), or NULL for a bad split. */
+/* The split's tokens (owned by data) when they are held in memory as
+ * int32 (data from dp_token_data_from_text or _from_tokens); NULL for a
+ * bad split and for data mapped from files (dp_token_data_open), whose
+ * tokens are uint16 on disk: read those with dp_token_data_read. */
 DP_API const int32_t *dp_token_data_tokens(const dp_token_data *data, dp_split split);
+
+/*
+ * Copies tokens [first, first + count) of split into out[0..count) as
+ * int32, for data of any kind (in memory or mapped from files, where a
+ * range may span several files: a split is its files' tokens joined in
+ * name order). Ids read from files are checked against the vocabulary
+ * given to dp_token_data_open as they are converted.
+ * Errors: DP_ERR_INVALID_ARGUMENT (NULL, bad split, count 0, the range
+ * past the split's end), DP_ERR_FORMAT (an id >= the vocabulary size in a
+ * file: the message names the file, the token's index in it and the id).
+ * out may be partly written on error.
+ */
+DP_API dp_status dp_token_data_read(const dp_token_data *data, dp_split split, size_t first,
+                                    size_t count, int32_t *out);
+
+// --- pre-tokenized files: nanoGPT and llm.c -----------------------------------
+
+/* Where a dataset's tokens come from. */
+typedef enum dp_token_format {
+    DP_TOKEN_FORMAT_MEMORY = 0, /* int32 ids in memory (from text or an id array) */
+    DP_TOKEN_FORMAT_NANOGPT,    /* nanoGPT's prepare.py (train.bin, val.bin): raw
+                                   little-endian uint16 ids, no header */
+    DP_TOKEN_FORMAT_LLMC,       /* llm.c's shards (*_train_*.bin, *_val_*.bin): a header of
+                                   256 little-endian int32 (magic 20240520, version 1, the
+                                   token count), then that many little-endian uint16 ids */
+    DP_TOKEN_FORMAT_COUNT
+} dp_token_format;
+
+/* llm.c's token shard: header[0], header[1], and the header's size in bytes. */
+#define DP_LLMC_DATA_MAGIC 20240520
+#define DP_LLMC_DATA_VERSION 1
+#define DP_LLMC_HEADER_BYTES 1024
+
+/* "memory", "nanogpt" or "llmc"; "invalid token format" outside the enum. */
+DP_API const char *dp_token_format_name(dp_token_format format);
+
+/*
+ * Says whether path holds pre-tokenized data (dp_token_data_open) rather
+ * than text (dp_text_load), looking at names and at most the first 4 bytes
+ * of one file: *is_tokens = 1 for a regular file (or a symlink to one)
+ * whose name ends in ".bin" or that starts with llm.c's magic 20240520
+ * (little-endian int32), and for a directory holding at least one entry
+ * whose name ends in ".bin" (dot-files aside); 0 for any other regular
+ * file or directory.
+ * Errors: DP_ERR_INVALID_ARGUMENT (NULL or empty path, NULL is_tokens),
+ * DP_ERR_IO (path does not exist or cannot be read: the path and the
+ * reason), DP_ERR_FORMAT (path is neither a regular file nor a directory,
+ * e.g. /dev/zero or a FIFO: refused without opening it).
+ */
+DP_API dp_status dp_token_files_probe(const char *path, int *is_tokens);
+
+/*
+ * Opens pre-tokenized data at path, mapping each file read-only (mmap):
+ * nothing is converted or copied at open, and no id is scanned; the
+ * sampler and the validation windows convert the windows they draw.
+ *  - a regular file: its tokens, split 90/10 as dp_token_data_from_text
+ *    splits text (train = floor(0.9 n));
+ *  - a directory: its entries whose names end in ".bin" (dot-files
+ *    skipped; other files are ignored and counted in
+ *    dp_token_data_info.ignored_files, so a nanoGPT or llm.c data
+ *    directory holding its input text and scripts is read as is). A name
+ *    containing "train" is a training file, "val" a validation file
+ *    (nanoGPT's train.bin / val.bin, llm.c's fineweb_train_000001.bin /
+ *    fineweb_val_000000.bin); each split is its files' tokens joined in
+ *    name order (byte order, strcmp), so the splits come from the files.
+ * Each file's format is told by its first 4 bytes: llm.c's magic 20240520
+ * makes it an llm.c shard, whose header must say version 1 and a token
+ * count agreeing with the file's size (1024 + 2 x count bytes); any other
+ * file is raw nanoGPT uint16 (an even size). Every file of a directory
+ * must have the same format. The ids must be < vocab_size when read
+ * (dp_token_data_read). The files must not change while data is open.
+ * Errors (each message names the file and the fix):
+ * DP_ERR_INVALID_ARGUMENT (NULL or empty path, NULL out, vocab_size 0 or
+ * > INT32_MAX), DP_ERR_IO (missing, unreadable, mmap failed),
+ * DP_ERR_FORMAT (not a regular file or directory, e.g. /dev/zero or a
+ * FIFO, refused without reading; an empty file; a raw file of odd size;
+ * an llm.c header of another version, a negative token count or one that
+ * disagrees with the file's size; another llm.c file kind (a tokenizer,
+ * an evaluation set, llama-3's uint32 shards); a directory with no *.bin,
+ * with training files but no validation files or the reverse, a *.bin
+ * name holding neither or both of "train" and "val", a *.bin that is not
+ * a regular file, or mixed formats), DP_ERR_OUT_OF_MEMORY. On error *out
+ * is NULL and nothing stays mapped. Free with dp_token_data_destroy,
+ * which unmaps the files.
+ */
+DP_API dp_status dp_token_data_open(const char *path, size_t vocab_size, dp_token_data **out);
+
+/* What dp_token_data_open found (for messages and checkpoint metadata). */
+typedef struct dp_token_data_info {
+    dp_token_format format;
+    int split_by_files;           /* 1: each split from its own files; 0: one sequence cut
+                                     90/10 (text, an id array, a single file) */
+    size_t files[DP_SPLIT_COUNT]; /* files per split (a single file: 1 and 1, the same
+                                     one); 0 for data in memory */
+    size_t ignored_files;         /* directory entries not read (not *.bin) */
+    size_t mapped_bytes;          /* bytes mapped, headers included */
+} dp_token_data_info;
+
+/* Fills *info. Errors: DP_ERR_INVALID_ARGUMENT (NULL). */
+DP_API dp_status dp_token_data_get_info(const dp_token_data *data, dp_token_data_info *info);
 
 // --- random batches ---------------------------------------------------------
 
@@ -114,7 +222,11 @@ DP_API void dp_sampler_destroy(dp_sampler *s);
  * Draws the next batch of B windows: inputs (B,T) gets tokens [p, p+T) and
  * targets (B,T) tokens [p+1, p+T+1) of each window (T = context), i.e.
  * targets are the inputs shifted left by one. Both host int32 arrays.
- * Errors: DP_ERR_INVALID_ARGUMENT (NULL, B == 0, B * T overflowing).
+ * For data mapped from files only these windows are converted, and their
+ * ids checked against the vocabulary (dp_token_data_read).
+ * Errors: DP_ERR_INVALID_ARGUMENT (NULL, B == 0, B * T overflowing),
+ * DP_ERR_FORMAT (an id out of the vocabulary in a file, named with the
+ * file and its index there). The sampler is unchanged on error.
  */
 DP_API dp_status dp_sampler_next(dp_sampler *s, int32_t *inputs, int32_t *targets, size_t B);
 
@@ -170,7 +282,8 @@ DP_API size_t dp_eval_window_count(const dp_token_data *data, dp_split split, si
  * windows first + r: inputs = tokens [i T, i T + T), targets = tokens
  * [i T + 1, i T + T + 1) for i = first + r.
  * Errors: DP_ERR_INVALID_ARGUMENT (NULL, bad split, context 0, count 0, or
- * first + count past dp_eval_window_count).
+ * first + count past dp_eval_window_count), DP_ERR_FORMAT (an id out of the
+ * vocabulary in a file, as dp_token_data_read).
  */
 DP_API dp_status dp_eval_windows(const dp_token_data *data, dp_split split, size_t context,
                                  size_t first, size_t count, int32_t *inputs, int32_t *targets);

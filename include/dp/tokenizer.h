@@ -1,5 +1,6 @@
 /*
- * dp/tokenizer.h - character- and word-level tokenizers for the trainer.
+ * dp/tokenizer.h - character- and word-level tokenizers for the trainer,
+ * and llm.c's GPT-2 token table to decode pre-tokenized data's samples.
  *
  * char: the vocabulary is the sorted set of distinct bytes of the corpus
  *   (nanoGPT's shakespeare_char preparation): id i <-> the i-th smallest
@@ -14,6 +15,9 @@
  *   with V <= vocab_size. Words and separator bytes outside the vocabulary
  *   encode as <unk>, which decodes to the 5 bytes "<unk>"; so
  *   decode(encode(x)) == x whenever nothing in x is unknown.
+ * llmc: llm.c's gpt2_tokenizer.bin (dp_tokenizer_load_llmc), the bytes of
+ *   each of GPT-2's BPE tokens by id: it decodes ids to bytes but cannot
+ *   encode (that needs the BPE merges) and has no JSON form.
  *
  * Ids are int32_t in [0, vocab size). A tokenizer is immutable after
  * creation and may be shared by threads.
@@ -34,16 +38,27 @@ extern "C" {
 typedef enum dp_tokenizer_kind {
     DP_TOKENIZER_CHAR = 0,
     DP_TOKENIZER_WORD,
+    DP_TOKENIZER_LLMC, /* decode only: dp_tokenizer_load_llmc */
     DP_TOKENIZER_KIND_COUNT
 } dp_tokenizer_kind;
 
+/* GPT-2's BPE vocabulary (tiktoken "gpt2"): 50257 ids, the last one,
+ * 50256, the end-of-text token <|endoftext|> (EOT). */
+#define DP_GPT2_VOCAB_SIZE 50257
+#define DP_GPT2_EOT 50256
+
+/* llm.c's tokenizer file: header[0] and the header's size in bytes. */
+#define DP_LLMC_TOKENIZER_MAGIC 20240328
+#define DP_LLMC_TOKENIZER_HEADER_BYTES 1024
+
 typedef struct dp_tokenizer dp_tokenizer;
 
-/* Parses "char" or "word" (the trainer's --tokenizer flag).
+/* Parses "char" or "word" (the trainer's --tokenizer flag; "llmc" is
+ * not built from a corpus, so not accepted).
  * Errors: DP_ERR_INVALID_ARGUMENT naming the accepted values. */
 DP_API dp_status dp_tokenizer_kind_parse(const char *text, dp_tokenizer_kind *out);
 
-/* "char" or "word"; "invalid tokenizer kind" outside the enum. */
+/* "char", "word" or "llmc"; "invalid tokenizer kind" outside the enum. */
 DP_API const char *dp_tokenizer_kind_name(dp_tokenizer_kind kind);
 
 /* Builds a char tokenizer from text[0..len) (bytes; NULs allowed).
@@ -66,8 +81,34 @@ DP_API dp_tokenizer_kind dp_tokenizer_kind_of(const dp_tokenizer *tok);
 /* Number of ids (V): the model's vocabulary size. */
 DP_API size_t dp_tokenizer_vocab_size(const dp_tokenizer *tok);
 
-/* The id of <unk> (0) for a word tokenizer; -1 for char. */
+/* The id of <unk> (0) for a word tokenizer; -1 for char and llmc. */
 DP_API int32_t dp_tokenizer_unk_id(const dp_tokenizer *tok);
+
+/* The end-of-text id of an llmc table (GPT-2: 50256); -1 for char, word
+ * and NULL. */
+DP_API int32_t dp_tokenizer_eot_id(const dp_tokenizer *tok);
+
+/*
+ * Loads llm.c's token table, gpt2_tokenizer.bin as llm.c's train_gpt2.py
+ * writes it: a header of 256 little-endian uint32 ([0] magic 20240328,
+ * [1] version, [2] the number of tokens V; version 2: [3] the end-of-text
+ * id; version 1 has no such field and holds GPT-2's 50257 tokens, EOT
+ * 50256), then V records of a uint8 length (1..255) and that many bytes.
+ * The result decodes (dp_tokenizer_token, dp_tokenizer_decode: ids in
+ * [0, V)); encoding and serializing return DP_ERR_UNSUPPORTED.
+ * The whole file is checked before *out is set: the header is read first,
+ * and V against the file's size (every record is 2..256 bytes), so a huge
+ * or wrong file is refused before the rest is read.
+ * Errors (each message names the file): DP_ERR_INVALID_ARGUMENT (NULL or
+ * empty path, NULL out), DP_ERR_IO (missing, unreadable), DP_ERR_FORMAT
+ * (not a regular file, e.g. a FIFO or /dev/zero, refused without reading;
+ * shorter than the header; another magic, e.g. an llm.c token shard's;
+ * version other than 1 or 2; V zero, past INT32_MAX or more than the file
+ * can hold; version 1 with V != 50257; an EOT id >= V; a zero length
+ * byte; a record cut short; bytes past the last record),
+ * DP_ERR_OUT_OF_MEMORY. Free with dp_tokenizer_destroy.
+ */
+DP_API dp_status dp_tokenizer_load_llmc(const char *path, dp_tokenizer **out);
 
 /* The bytes of token id: *bytes (owned by tok, not NUL-terminated) and
  * *len. Errors: DP_ERR_INVALID_ARGUMENT (NULL, id out of range). */
@@ -80,7 +121,8 @@ DP_API dp_status dp_tokenizer_token(const dp_tokenizer *tok, int32_t id, const c
  * number of <unk> ids produced (word tokenizer).
  * Errors: DP_ERR_INVALID_ARGUMENT (NULL with len > 0; cap too small, with
  * *n set to the number needed; for char, a byte not in the vocabulary,
- * named with its offset).
+ * named with its offset), DP_ERR_UNSUPPORTED (an llmc table: it cannot
+ * encode).
  */
 DP_API dp_status dp_tokenizer_encode(const dp_tokenizer *tok, const char *text, size_t len,
                                      int32_t *ids, size_t cap, size_t *n, size_t *n_unknown);
@@ -100,7 +142,8 @@ DP_API dp_status dp_tokenizer_decode(const dp_tokenizer *tok, const int32_t *ids
  *   {"type":"char","version":1,"bytes":[10,32,33,...]}
  *   {"type":"word","version":1,"bytes":[10,32,...],"words":["the","a",...]}
  * suitable for a checkpoint's __metadata__. The caller frees *json with
- * free(). Errors: DP_ERR_INVALID_ARGUMENT, DP_ERR_OUT_OF_MEMORY.
+ * free(). Errors: DP_ERR_INVALID_ARGUMENT, DP_ERR_UNSUPPORTED (an llmc
+ * table: keep its file instead), DP_ERR_OUT_OF_MEMORY.
  */
 DP_API dp_status dp_tokenizer_serialize(const dp_tokenizer *tok, char **json);
 

@@ -2,6 +2,8 @@
  * io/text_data.c - corpus loading (a file or a directory of text files),
  * token datasets with a 90/10 train/validation split, the seeded random
  * batch sampler with a resumable state, and fixed validation windows.
+ * The sampler and the windows read tokens through token_data_copy, so
+ * they work alike on data in memory and on files mapped by token_files.c.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -15,6 +17,7 @@
 #include "core/error.h"
 #include "dp/data.h"
 #include "dp/rng.h"
+#include "io/token_data.h"
 
 // ----------------------------------------------------------------------------
 // corpus loading
@@ -241,13 +244,6 @@ dp_status dp_text_load(const char *path, char **text, size_t *len, size_t *n_fil
 // ----------------------------------------------------------------------------
 // token data
 
-struct dp_token_data {
-    int32_t *tokens; // (n)
-    size_t n, n_train;
-    size_t vocab;
-    size_t unknown;
-};
-
 const char *dp_split_name(dp_split split)
 {
     switch (split) {
@@ -256,9 +252,6 @@ const char *dp_split_name(dp_split split)
     default: return "invalid split";
     }
 }
-
-// floor(0.9 n) without overflow or floating point.
-static size_t train_count(size_t n) { return n / 10 * 9 + n % 10 * 9 / 10; }
 
 dp_status dp_token_data_from_text(const dp_tokenizer *tok, const char *text, size_t len,
                                   dp_token_data **out)
@@ -286,7 +279,7 @@ dp_status dp_token_data_from_text(const dp_tokenizer *tok, const char *text, siz
     int32_t *shrunk = realloc(ids, n * sizeof *ids);
     d->tokens = shrunk ? shrunk : ids;
     d->n = n;
-    d->n_train = train_count(n);
+    d->n_train = token_train_count(n);
     d->vocab = dp_tokenizer_vocab_size(tok);
     d->unknown = unk;
     *out = d;
@@ -319,7 +312,7 @@ dp_status dp_token_data_from_tokens(const int32_t *tokens, size_t n, size_t voca
     memcpy(copy, tokens, n * sizeof *copy);
     d->tokens = copy;
     d->n = n;
-    d->n_train = train_count(n);
+    d->n_train = token_train_count(n);
     d->vocab = vocab_size;
     *out = d;
     return DP_OK;
@@ -328,6 +321,7 @@ dp_status dp_token_data_from_tokens(const int32_t *tokens, size_t n, size_t voca
 void dp_token_data_destroy(dp_token_data *data)
 {
     if (!data) return;
+    token_files_release(data);
     free(data->tokens);
     free(data);
 }
@@ -353,12 +347,33 @@ size_t dp_token_data_size(const dp_token_data *data, dp_split split)
 
 const int32_t *dp_token_data_tokens(const dp_token_data *data, dp_split split)
 {
-    if (!data) return NULL;
+    if (!data || !data->tokens) return NULL;
     switch (split) {
     case DP_SPLIT_TRAIN: return data->tokens;
     case DP_SPLIT_VAL: return data->tokens + data->n_train;
     default: return NULL;
     }
+}
+
+// Index of split's first token in the whole sequence.
+static size_t split_start(const dp_token_data *data, dp_split split)
+{
+    return split == DP_SPLIT_VAL ? data->n_train : 0;
+}
+
+dp_status dp_token_data_read(const dp_token_data *data, dp_split split, size_t first,
+                             size_t count, int32_t *out)
+{
+    if (!data || !out) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "data or out is NULL");
+    if (split != DP_SPLIT_TRAIN && split != DP_SPLIT_VAL)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "unknown split %d", (int)split);
+    if (count == 0) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "count must be >= 1");
+    size_t n = dp_token_data_size(data, split);
+    if (first > n || count > n - first)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
+                       "tokens %zu..%zu are past the end of the %s split (%zu tokens)", first,
+                       first + (count - 1), dp_split_name(split), n);
+    return token_data_copy(data, split_start(data, split) + first, count, out);
 }
 
 // ----------------------------------------------------------------------------
@@ -368,7 +383,8 @@ const int32_t *dp_token_data_tokens(const dp_token_data *data, dp_split split)
 #define SAMPLER_TAG 0x6470534d50000001ULL
 
 struct dp_sampler {
-    const int32_t *tokens; // the split, borrowed
+    const dp_token_data *data; // borrowed
+    size_t start;              // the split's first token in data's sequence
     size_t n;
     size_t context;
     dp_rng rng;
@@ -392,7 +408,8 @@ dp_status dp_sampler_create(const dp_token_data *data, dp_split split, size_t co
                        context, dp_split_name(split), n);
     dp_sampler *s = calloc(1, sizeof *s);
     if (!s) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "cannot allocate a sampler");
-    s->tokens = dp_token_data_tokens(data, split);
+    s->data = data;
+    s->start = split_start(data, split);
     s->n = n;
     s->context = context;
     dp_rng_seed(&s->rng, seed);
@@ -411,10 +428,15 @@ dp_status dp_sampler_next(dp_sampler *s, int32_t *inputs, int32_t *targets, size
     if (B > SIZE_MAX / T / sizeof(int32_t))
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "B %zu x T %zu overflows", B, T);
     uint64_t starts = (uint64_t)(s->n - T); // window start in [0, n - T - 1]
+    dp_rng saved = s->rng;                  // restored on error: the sampler is unchanged
     for (size_t b = 0; b < B; b++) {
-        size_t p = (size_t)dp_rng_below(&s->rng, starts);
-        memcpy(inputs + b * T, s->tokens + p, T * sizeof *inputs);      // (B,T)
-        memcpy(targets + b * T, s->tokens + p + 1, T * sizeof *targets); // (B,T)
+        size_t p = s->start + (size_t)dp_rng_below(&s->rng, starts);
+        dp_status st = token_data_copy(s->data, p, T, inputs + b * T); // (B,T)
+        if (st == DP_OK) st = token_data_copy(s->data, p + 1, T, targets + b * T); // (B,T)
+        if (st != DP_OK) {
+            s->rng = saved;
+            return st;
+        }
     }
     s->windows += B;
     s->batches++;
@@ -535,12 +557,11 @@ dp_status dp_eval_windows(const dp_token_data *data, dp_split split, size_t cont
                        "split (%zu tokens)",
                        first, first + count - 1, nw, context, dp_split_name(split),
                        dp_token_data_size(data, split));
-    const int32_t *tok = dp_token_data_tokens(data, split);
-    size_t T = context;
+    size_t T = context, start = split_start(data, split);
     for (size_t r = 0; r < count; r++) {
-        const int32_t *w = tok + (first + r) * T;
-        memcpy(inputs + r * T, w, T * sizeof *inputs);       // (count,T)
-        memcpy(targets + r * T, w + 1, T * sizeof *targets); // (count,T)
+        size_t w = start + (first + r) * T;
+        DP_TRY(token_data_copy(data, w, T, inputs + r * T));      // (count,T)
+        DP_TRY(token_data_copy(data, w + 1, T, targets + r * T)); // (count,T)
     }
     return DP_OK;
 }

@@ -212,6 +212,86 @@ static void gen_text(void)
     free(many);
 }
 
+// --- token_files: llm.c token shards, raw nanoGPT ids, llm.c token tables ---
+
+static void le32(unsigned char *b, uint32_t v)
+{
+    for (int i = 0; i < 4; i++) b[i] = (unsigned char)(v >> (8 * i));
+}
+
+// A token_files input: mode byte, then an llm.c header (magic, version,
+// count) when magic is not 0, then n ids 0, 7, 14, ... as uint16.
+static void tok_input(const char *name, unsigned char mode, uint32_t magic, uint32_t version,
+                      uint32_t count, size_t n, size_t cut)
+{
+    size_t h = magic ? 1024 : 0, len = 1 + h + 2 * n;
+    unsigned char *b = calloc(1, len);
+    b[0] = mode;
+    if (magic) {
+        le32(b + 1, magic);
+        le32(b + 5, version);
+        le32(b + 9, count);
+    }
+    for (size_t i = 0; i < n; i++) {
+        b[1 + h + 2 * i] = (unsigned char)((7 * i) & 0xff);
+        b[1 + h + 2 * i + 1] = (unsigned char)((7 * i) >> 8);
+    }
+    put("token_files", name, b, len - cut);
+    free(b);
+}
+
+// A token-table input: mode 1, header, then V records "t<i>" (zero_at:
+// that record's length byte is 0; extra bytes appended; cut bytes off).
+static void table_input(const char *name, uint32_t version, uint32_t V_header, size_t V,
+                        uint32_t eot, long zero_at, size_t extra, size_t cut)
+{
+    unsigned char *b = calloc(1, 1 + 1024 + V * 8 + extra + 1);
+    b[0] = 1;
+    le32(b + 1, 20240328);
+    le32(b + 5, version);
+    le32(b + 9, V_header);
+    le32(b + 13, eot);
+    size_t k = 1 + 1024;
+    for (size_t i = 0; i < V; i++) {
+        char t[16];
+        int n = snprintf(t, sizeof t, "t%zu", i);
+        b[k] = (long)i == zero_at ? 0 : (unsigned char)n;
+        memcpy(b + k + 1, t, (size_t)n);
+        k += 1 + (size_t)n;
+    }
+    memset(b + k, 'x', extra);
+    k += extra;
+    put("token_files", name, b, k - cut);
+    free(b);
+}
+
+static void gen_token_files(void)
+{
+    tok_input("raw_even.bin", 0x00, 0, 0, 0, 40, 0);
+    tok_input("raw_odd.bin", 0x00, 0, 0, 0, 40, 1);
+    tok_input("raw_dir.bin", 0x02, 0, 0, 0, 40, 0);
+    tok_input("raw_vocab300.bin", 0x04, 0, 0, 0, 60, 0); // ids up to 413: some past 300
+    tok_input("llmc_good.bin", 0x00, 20240520, 1, 40, 40, 0);
+    tok_input("llmc_dir_mixed.bin", 0x02, 20240520, 1, 40, 40, 0);
+    tok_input("llmc_version2.bin", 0x00, 20240520, 2, 40, 40, 0);
+    tok_input("llmc_count_past.bin", 0x00, 20240520, 1, 41, 40, 0);
+    tok_input("llmc_count_short.bin", 0x00, 20240520, 1, 39, 40, 0);
+    tok_input("llmc_count_negative.bin", 0x00, 20240520, 1, 0x80000000u, 40, 0);
+    tok_input("llmc_count_zero.bin", 0x00, 20240520, 1, 0, 0, 0);
+    tok_input("llmc_header_cut.bin", 0x00, 20240520, 1, 40, 0, 600);
+    tok_input("llama3.bin", 0x00, 20240801, 7, 20, 40, 0);
+    tok_input("eval.bin", 0x00, 20240522, 1, 2, 40, 0);
+    tok_input("empty.bin", 0x00, 0, 0, 0, 0, 0);
+    table_input("table_good.bin", 2, 30, 30, 29, -1, 0, 0);
+    table_input("table_zero_length.bin", 2, 30, 30, 29, 3, 0, 0);
+    table_input("table_cut.bin", 2, 30, 30, 29, -1, 0, 2);
+    table_input("table_trailing.bin", 2, 30, 30, 29, -1, 5, 0);
+    table_input("table_vocab_overflow.bin", 2, 0xffffffffu, 30, 29, -1, 0, 0);
+    table_input("table_eot_past.bin", 2, 30, 30, 30, -1, 0, 0);
+    table_input("table_version1.bin", 1, 30, 30, 0, -1, 0, 0);
+    table_input("table_version3.bin", 3, 30, 30, 29, -1, 0, 0);
+}
+
 static void dev_input(const char *name, unsigned char cap, const char *text)
 {
     size_t n = strlen(text);
@@ -251,5 +331,6 @@ int main(int argc, char **argv)
     gen_tokenizer();
     gen_text();
     gen_devlist();
+    gen_token_files();
     return 0;
 }
