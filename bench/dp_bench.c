@@ -212,7 +212,7 @@ static int parse_args(int argc, char **argv, opts *o)
 typedef struct dev_result {
     char name[32];
     size_t rows; /* rows of the global batch this device processed */
-    size_t peak, optimizer, logits, params;
+    size_t peak, optimizer, logits, params, reserved;
     size_t phase_peak[DP_PHASE_COUNT];
 } dev_result;
 
@@ -408,6 +408,7 @@ static int run_mode(bench *b, dp_mode mode, int shard, size_t k, size_t rows, in
             d->optimizer = st.devices[i].optimizer_bytes;
             d->logits = st.devices[i].logits_bytes;
             d->params = st.devices[i].param_bytes;
+            d->reserved = st.devices[i].reserved_bytes;
             double p = (double)d->peak, q = (double)(d->peak - d->optimizer);
             hi = fmax(hi, p), lo = fmin(lo, p), hi2 = fmax(hi2, q), lo2 = fmin(lo2, q);
         }
@@ -506,22 +507,24 @@ static const char *human(size_t bytes, char *buf, size_t cap)
 
 static void print_table(const bench *b, const mode_result *res, size_t nres)
 {
-    char h[5][24], name[32];
-    printf("\n%-14s %-8s %11s %11s %11s %11s %11s\n", "mode", "device", "peak", "w/o optim",
-           "params+grad", "optimizer", "logits");
+    char h[6][24], name[32];
+    printf("\n%-14s %-8s %11s %11s %11s %11s %11s %11s\n", "mode", "device", "peak", "w/o optim",
+           "params+grad", "optimizer", "logits", "reserved");
     for (size_t r = 0; r < nres; r++) {
         const mode_result *m = &res[r];
         run_name(m->mode, m->shard, name, sizeof name);
         for (size_t i = 0; i < m->k; i++) {
             const dev_result *d = &m->dev[i];
-            printf("%-14s %-8s %11s %11s %11s %11s %11s\n", i ? "" : name,
+            printf("%-14s %-8s %11s %11s %11s %11s %11s %11s\n", i ? "" : name,
                    d->name, human(d->peak, h[0], 24), human(d->peak - d->optimizer, h[1], 24),
                    human(d->params, h[2], 24), human(d->optimizer, h[3], 24),
-                   human(d->logits, h[4], 24));
+                   human(d->logits, h[4], 24), human(d->reserved, h[5], 24));
         }
     }
     printf("(peak: high-water mark of bytes allocated since the engine was created; logits:\n"
-           " bytes held for logits and their gradient. Per-phase peaks: --json, --csv)\n");
+           " bytes held for logits and their gradient; reserved: the backend's own buffers\n"
+           " (cuBLAS workspace, staging, bf16 GEMM conversion scratch), outside peak but\n"
+           " counted by --memory-limit. Per-phase peaks: --json, --csv)\n");
     if (b->rk.ranks > 1)
         printf("(devices: rank 0's %zu of the job's %zu over %d ranks; the other ranks' are not\n"
                " shown)\n",
@@ -636,10 +639,11 @@ static json_t *json_results(const bench *b, const mode_result *res, size_t nres,
                 json_object_set_new(pp, dp_phase_name((dp_phase)p),
                                     json_integer((json_int_t)d->phase_peak[p]));
             json_array_append_new(
-                jd, json_pack("{s:s,s:I,s:I,s:I,s:I,s:I,s:o}", "device", d->name, "rows",
+                jd, json_pack("{s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:o}", "device", d->name, "rows",
                               (json_int_t)d->rows, "peak_bytes",
                               (json_int_t)d->peak, "optimizer_bytes", (json_int_t)d->optimizer,
-                              "logits_bytes", (json_int_t)d->logits, "param_bytes",
+                              "logits_bytes", (json_int_t)d->logits, "reserved_bytes",
+                              (json_int_t)d->reserved, "param_bytes",
                               (json_int_t)d->params, "phase_peak_bytes", pp));
         }
         json_t *ph = json_object();
@@ -791,7 +795,8 @@ static char *csv_text(const mode_result *res, size_t nres, int ranks)
     char *s = malloc(cap);
     if (!s) return NULL;
     len += (size_t)snprintf(s + len, cap - len,
-                            "mode,device,peak_bytes,optimizer_bytes,logits_bytes,param_bytes");
+                            "mode,device,peak_bytes,optimizer_bytes,logits_bytes,param_bytes,"
+                            "reserved_bytes");
     for (int p = 0; p < DP_PHASE_COUNT; p++)
         len += (size_t)snprintf(s + len, cap - len, ",%s_peak_bytes", dp_phase_name((dp_phase)p));
     len += (size_t)snprintf(s + len, cap - len,
@@ -801,9 +806,9 @@ static char *csv_text(const mode_result *res, size_t nres, int ranks)
         const mode_result *m = &res[r];
         for (size_t i = 0; i < m->k; i++) {
             const dev_result *d = &m->dev[i];
-            len += (size_t)snprintf(s + len, cap - len, "%s,%s,%zu,%zu,%zu,%zu",
+            len += (size_t)snprintf(s + len, cap - len, "%s,%s,%zu,%zu,%zu,%zu,%zu",
                                     dp_mode_name(m->mode), d->name, d->peak, d->optimizer,
-                                    d->logits, d->params);
+                                    d->logits, d->params, d->reserved);
             for (int p = 0; p < DP_PHASE_COUNT; p++)
                 len += (size_t)snprintf(s + len, cap - len, ",%zu", d->phase_peak[p]);
             len += (size_t)snprintf(s + len, cap - len, ",%.3f,%.3f,%.3f,%.1f,%ld,%zu,%d,%zu,%zu,%d\n",

@@ -1,13 +1,16 @@
 /*
- * bench/gemm_bench.c - SGEMM throughput through dp_gemm on one cpu device.
+ * bench/gemm_bench.c - GEMM throughput through dp_gemm on one cpu device.
  *
- * Times C = A B for square size x size matrices (column-major, no
+ * Times C = A B for square size x size float32 matrices (column-major, no
  * transposes, beta = 0): a few warm-up calls, then --reps timed calls, and
  * prints the median and best GFLOP/s (2 size^3 flops per call). The CPU
  * backend runs OpenBLAS single-threaded, so this is one core's figure: the
- * ceiling for one virtual CPU device in the DataParallel engine.
+ * ceiling for one virtual CPU device in the DataParallel engine. With
+ * --precision bf16 the device's matmul precision is DP_MATMUL_BF16 (both
+ * operands rounded to bfloat16 each call, oneDNN's bf16 kernels), the
+ * figure a bf16 run's GEMMs reach.
  *
- *   gemm_bench [--size N] [--reps R] [--warmup W]
+ *   gemm_bench [--size N] [--reps R] [--warmup W] [--precision fp32|bf16]
  */
 #define _GNU_SOURCE /* getopt_long, clock_gettime */
 #include <getopt.h>
@@ -46,10 +49,11 @@ static int parse_positive(const char *name, const char *text, int max)
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: gemm_bench [--size N] [--reps R] [--warmup W]\n"
+    fprintf(f, "usage: gemm_bench [--size N] [--reps R] [--warmup W] [--precision fp32|bf16]\n"
                "  --size N    m = n = k = N (default 1024)\n"
                "  --reps R    timed repetitions (default 10)\n"
-               "  --warmup W  untimed calls first (default 2)\n");
+               "  --warmup W  untimed calls first (default 2)\n"
+               "  --precision fp32|bf16  the device's matmul precision (default fp32)\n");
 }
 
 #define CHECK(expr)                                                                          \
@@ -64,16 +68,25 @@ static void usage(FILE *f)
 int main(int argc, char **argv)
 {
     int size = 1024, reps = 10, warmup = 2;
+    dp_matmul_precision prec = DP_MATMUL_FP32;
     static const struct option opts[] = {
         {"size", required_argument, NULL, 's'},
         {"reps", required_argument, NULL, 'r'},
         {"warmup", required_argument, NULL, 'w'},
+        {"precision", required_argument, NULL, 'p'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     int c;
-    while ((c = getopt_long(argc, argv, "s:r:w:h", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "s:r:w:p:h", opts, NULL)) != -1) {
         switch (c) {
+        case 'p':
+            if (strcmp(optarg, "fp32") && strcmp(optarg, "bf16")) {
+                fprintf(stderr, "gemm_bench: --precision: \"%s\" is not fp32 or bf16\n", optarg);
+                return 2;
+            }
+            prec = optarg[0] == 'b' ? DP_MATMUL_BF16 : DP_MATMUL_FP32;
+            break;
         case 's': size = parse_positive("size", optarg, 16384); break;
         case 'r': reps = parse_positive("reps", optarg, 100000); break;
         case 'w': warmup = parse_positive("warmup", optarg, 100000); break;
@@ -90,6 +103,7 @@ int main(int argc, char **argv)
     dp_device_spec spec = {DP_DEVICE_CPU, 0};
     dp_device *dev = NULL;
     CHECK(dp_device_open(&spec, &dev));
+    CHECK(dp_device_set_matmul_precision(dev, prec));
     size_t count = (size_t)size * (size_t)size;
     float *host = malloc(count * sizeof *host);
     if (!host) {
@@ -124,8 +138,9 @@ int main(int argc, char **argv)
     qsort(t, (size_t)reps, sizeof *t, cmp_double);
     double median = reps % 2 ? t[reps / 2] : 0.5 * (t[reps / 2 - 1] + t[reps / 2]);
     double flops = 2.0 * (double)size * (double)size * (double)size;
-    printf("gemm_bench: SGEMM %dx%dx%d on %s (column-major NN, beta 0), %d warm-up, %d reps\n",
-           size, size, size, dp_device_name(dev), warmup, reps);
+    printf("gemm_bench: GEMM %dx%dx%d on %s, %s math (column-major NN, beta 0), %d warm-up, "
+           "%d reps\n", size, size, size, dp_device_name(dev), dp_matmul_precision_name(prec),
+           warmup, reps);
     printf("  median %.3f ms  %.2f GFLOP/s\n", 1e3 * median, flops / median * 1e-9);
     printf("  min    %.3f ms  %.2f GFLOP/s (fastest rep)\n", 1e3 * t[0], flops / t[0] * 1e-9);
 

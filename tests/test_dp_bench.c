@@ -332,6 +332,8 @@ Test(dp_bench, precision_bf16_reaches_every_run)
                          modes[m], i);
         cr_assert_eq(int_at(json_array_get(d, 0), "optimizer_bytes"), 12 * n, "%s root",
                      modes[m]);
+        /* the GEMMs' conversion scratch: at least a bfloat16 copy of an operand */
+        cr_assert_gt(int_at(json_array_get(d, 1), "reserved_bytes"), 0, "%s", modes[m]);
         loss16[m] = json_real_value(json_object_get(run_result(j, modes[m], 0), "loss"));
     }
     json_decref(j);
@@ -345,6 +347,7 @@ Test(dp_bench, precision_bf16_reaches_every_run)
         cr_assert(loss16[m] != loss32 && fabs(loss16[m] - loss32) <= 0.01 * loss32,
                   "%s: bf16 loss %.9g, fp32 %.9g", modes[m], loss16[m], loss32);
         cr_assert_eq(int_at(json_array_get(devices_of(j, modes[m]), 0), "param_bytes"), 8 * n);
+        cr_assert_eq(int_at(json_array_get(devices_of(j, modes[m]), 0), "reserved_bytes"), 0);
     }
     json_decref(j);
     dp_test_result_free(&r);

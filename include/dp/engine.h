@@ -17,7 +17,9 @@
  *             owner in device order 0..k-1 (fixed order)
  *   optimizer the global norm is the sum, in slice order, of the owners'
  *             sums of squares; clipping and AdamW (or SGD) on each slice
- *             by its owner, with the owner's moments
+ *             by its owner, with the owner's moments (and, for a model
+ *             with bf16 replicas, dp_model.param_dtype, on the owner's
+ *             float32 master weights, rounded into its replica)
  *   broadcast all-gather: each replica copies every slice it does not own
  *             from the slice's owner
  * Device 0 of the list is the root. By default it owns every slice (the
@@ -231,9 +233,14 @@ typedef struct dp_device_step_stats {
     double phase_start[DP_PHASE_COUNT];
     double phase_seconds[DP_PHASE_COUNT];
     size_t logits_bytes;      /* bytes held for logits and their gradient */
-    size_t optimizer_bytes;   /* bytes of optimizer state on this device: the moments of
-                                 the slices it owns (AdamW: 2 x 4 bytes per float, SGD 1 x) */
-    size_t param_bytes;       /* bytes of parameters + gradients */
+    size_t optimizer_bytes;   /* bytes of optimizer state on this device, for the slices it
+                                 owns: the moments (AdamW: 2 x 4 bytes per parameter, SGD
+                                 1 x) and, with bf16 replicas, the float32 masters (4 more) */
+    size_t param_bytes;       /* bytes of the replica (4 or, bf16, 2 per parameter) and its
+                                 float32 gradient (4 per parameter) */
+    size_t reserved_bytes;    /* bytes the backend holds for itself (dp_memory_stats.reserved):
+                                 CUDA's cuBLAS workspace and staging buffers, the GEMMs'
+                                 conversion scratch in bf16; outside peak, inside the limit */
 } dp_device_step_stats;
 
 typedef struct dp_step_stats {

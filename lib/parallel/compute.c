@@ -48,7 +48,8 @@ static dp_status model_backward(worker *w, const dp_chunk *c, float *dlogits)
 {
     const dp_model *m = &w->e->model;
     dp_clear_error();
-    dp_status s = m->backward(m->ctx, w->dev, dp_replica_params(w), w->grads, c, w->workspace.ptr, dlogits);
+    dp_status s = m->backward(m->ctx, w->dev, dp_replica_params(w), w->grads, c,
+                              w->workspace.ptr, dlogits);
     if (s != DP_OK) dp_callback_message(s, "the model's backward");
     return s;
 }

@@ -234,6 +234,7 @@ static void fill_stats(dp_engine *e, dp_step_stats *st, double seconds)
         d->logits_bytes = w->logits.bytes + w->dlogits.bytes + w->gathered.bytes + w->gathered_d.bytes;
         d->param_bytes = n * e->psize + n * sizeof(float); /* the replica and its gradient */
         d->optimizer_bytes = dp_opt_state_bytes(e, i);
+        d->reserved_bytes = ms.reserved;
     }
 }
 
@@ -253,7 +254,8 @@ static dp_status sync_replicas(dp_engine *e)
      * ranks, every rank's device 0 holds rank 0's values then). With
      * bf16 replicas the truth is the owners' masters: their replicas are
      * rounded from them first. */
-    if (e->bf16 && !(e->needs_sync & DP_SYNC_FROM_ROOT)) DP_TRY(dp_workers_run(e, JOB_REFRESH));
+    if (e->bf16 && !(e->needs_sync & DP_SYNC_FROM_ROOT))
+        DP_TRY(dp_workers_run(e, JOB_REFRESH));
     if (dp_ranks_active(e) && !(e->needs_sync & DP_SYNC_FROM_ROOT))
         DP_TRY(dp_ranks_allgather_params(e));
     else

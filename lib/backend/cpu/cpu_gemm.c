@@ -282,14 +282,16 @@ static dnnl_status_t mm_build(struct dp_cpu_ctx *c, const mm_key *key, mm_entry 
     if (st == dnnl_success)
         st = view_md(&wei, key->batch, key->k, key->m, key->sa, ta ? 1 : key->lda,
                      ta ? key->lda : 1, dnnl_bf16);
-    if (st == dnnl_success) st = view_md(&dst, key->batch, key->n, key->m, key->sc, key->ldc, 1, dnnl_f32);
+    if (st == dnnl_success)
+        st = view_md(&dst, key->batch, key->n, key->m, key->sc, key->ldc, 1, dnnl_f32);
     dnnl_matmul_desc_t md;
     if (st == dnnl_success) st = dnnl_matmul_desc_init(&md, &src, &wei, NULL, &dst);
     dnnl_primitive_attr_t attr = NULL;
     dnnl_post_ops_t po = NULL;
     dnnl_primitive_desc_t pd = NULL;
     if (st == dnnl_success) st = dnnl_primitive_attr_create(&attr);
-    if (st == dnnl_success) st = dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
+    if (st == dnnl_success)
+        st = dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
     if (st == dnnl_success && key->alpha != 1.0f)
         st = dnnl_primitive_attr_set_output_scales(attr, 1, 0, &key->alpha);
     if (st == dnnl_success && key->beta != 0.0f) {

@@ -596,6 +596,15 @@ static size_t span_of(const dp_gemm_arg *a, dp_op op, int rows_n, int cols_n, in
                          : dp_gemm_arg_span(a, cols_n, rows_n, batch);
 }
 
+/* n elements of an operand into dst: rounded to bfloat16 (to_bf16), or
+ * a bfloat16 one widened to float32. */
+static cudaError_t convert_operand(cudaStream_t s, void *dst, const void *src, size_t n,
+                                   int to_bf16)
+{
+    return to_bf16 ? dp_cuda_launch_cast_f32_bf16(s, dst, src, n)
+                   : dp_cuda_launch_cast_bf16_f32(s, dst, src, n);
+}
+
 /* The operands in the math's type (c->mu held): a float32 operand rounded
  * to bfloat16 for BF16 math, a bfloat16 one widened for float32 math, into
  * c->cvt; then cuBLAS with bfloat16 operands and float32 compute
@@ -614,13 +623,11 @@ static dp_status gemm_converted_locked(dp_device *dev, cuda_ctx *c, cublasOperat
     const void *pa = A->p, *pb = B->p;
     unsigned char *cvt = c->cvt;
     if (conv_a) {
-        CU_TRY(dev, bf16 ? dp_cuda_launch_cast_f32_bf16(c->stream, (uint16_t *)cvt, A->p, na)
-                         : dp_cuda_launch_cast_bf16_f32(c->stream, (float *)cvt, A->p, na));
+        CU_TRY(dev, convert_operand(c->stream, cvt, A->p, na, bf16));
         pa = cvt;
     }
     if (conv_b) {
-        CU_TRY(dev, bf16 ? dp_cuda_launch_cast_f32_bf16(c->stream, (uint16_t *)(cvt + off_b), B->p, nb)
-                         : dp_cuda_launch_cast_bf16_f32(c->stream, (float *)(cvt + off_b), B->p, nb));
+        CU_TRY(dev, convert_operand(c->stream, cvt + off_b, B->p, nb, bf16));
         pb = cvt + off_b;
     }
     if (bf16)
