@@ -15,6 +15,7 @@
  *  - refusals: a model of another param_dtype, a matmul precision out of
  *    range or contradicting allow_tf32.
  */
+#include <float.h>
 #include <math.h>
 #include <string.h>
 
@@ -133,6 +134,16 @@ Test(bf16_engine, set_params_keeps_float32_masters, .timeout = 30)
     dp_assert_ok(dp_engine_get_params(e, back));
     cr_assert(memcmp(p, back, n * sizeof *p) == 0, "the masters were rounded");
     assert_replicas_are_rounded_masters(e, "after set_params");
+    /* finite in float32, infinite as bfloat16: refused, nothing changed */
+    float keep = p[5];
+    p[5] = FLT_MAX; /* rounds up to +Inf as bfloat16 */
+    cr_assert_eq(dp_engine_set_params(e, p), DP_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(dp_last_error(), "parameter 5") && strstr(dp_last_error(), "bfloat16"),
+              "%s", dp_last_error());
+    p[5] = keep;
+    dp_assert_ok(dp_engine_get_params(e, back));
+    cr_assert(memcmp(p, back, n * sizeof *p) == 0, "a refused set_params changed the masters");
+    assert_replicas_are_rounded_masters(e, "after a refused set_params");
     dp_engine_destroy(e);
     dp_gpt_destroy(g);
 }
@@ -332,6 +343,43 @@ Test(bf16_engine, failed_update_and_divergence_resync_from_masters, .timeout = 6
     cr_assert_eq(dp_engine_step(e, &b, NULL), DP_ERR_INTERNAL, "the replica check missed it");
     step(e, 6);
     assert_replicas_are_rounded_masters(e, "after the root diverged and the next step");
+    dp_engine_destroy(e);
+    dp_gpt_destroy(g);
+}
+
+/* The GEMMs' conversion scratch past the limit fails the step with a
+ * message naming it and updates nothing; with room the same engine steps. */
+Test(bf16_engine, conversion_scratch_past_the_limit_fails_the_step_cleanly, .timeout = 30)
+{
+    dp_gpt *g = tiny_gpt();
+    dp_engine_config c = base_cfg();
+    c.matmul_precision = DP_MATMUL_BF16;
+    dp_engine *e = open_engine(dp_gpt_model_bf16(g), 1, &c);
+    dp_device *dev = dp_engine_device(e, 0);
+    size_t n = dp_gpt_model(g)->n_params;
+    static float before[MAXP], after[MAXP];
+    dp_assert_ok(dp_engine_get_params(e, before));
+    dp_memory_stats ms;
+    dp_device_memory(dev, &ms);
+    cr_assert_eq(ms.reserved, 0, "scratch before any GEMM");
+    /* everything the step allocates itself fits; the scratch does not */
+    dp_step_stats st = step(e, 0);
+    size_t scratch = st.devices[0].reserved_bytes;
+    cr_assert_gt(scratch, 0);
+    dp_engine_destroy(e);
+    e = open_engine(dp_gpt_model_bf16(g), 1, &c);
+    dev = dp_engine_device(e, 0);
+    dp_assert_ok(dp_device_set_limit(dev, st.devices[0].peak + scratch / 2));
+    int32_t tok[EROWS * EBS], tgt[EROWS * EBS];
+    gpt_batch(0, EROWS, tok, tgt);
+    dp_batch b = {EROWS, tok, tgt};
+    cr_assert_eq(dp_engine_step(e, &b, NULL), DP_ERR_OUT_OF_MEMORY);
+    cr_assert(strstr(dp_last_error(), "scratch") && strstr(dp_last_error(), "cpu:0"), "%s",
+              dp_last_error());
+    dp_assert_ok(dp_engine_get_params(e, after));
+    cr_assert(memcmp(before, after, n * sizeof *after) == 0, "a failed step updated");
+    dp_assert_ok(dp_device_set_limit(dev, 0));
+    step(e, 0);
     dp_engine_destroy(e);
     dp_gpt_destroy(g);
 }

@@ -313,9 +313,11 @@ DP_API dp_status dp_engine_evaluate(dp_engine *engine, const dp_batch *batch,
 DP_API dp_status dp_engine_set_lr(dp_engine *engine, float lr);
 
 /* Parameters to/from host memory (n_params floats; get reads each slice
- * from its owner). set broadcasts to every replica; it refuses
- * (DP_ERR_INVALID_ARGUMENT, naming the index) a NaN or Inf value and
- * changes nothing then. Both: DP_ERR_BUSY. */
+ * from its owner: with bf16 replicas, the float32 masters). set broadcasts
+ * to every replica (bf16: the masters take the values, the replicas their
+ * rounding); it refuses (DP_ERR_INVALID_ARGUMENT, naming the index) a NaN
+ * or Inf value, and for bf16 replicas a value whose rounding overflows
+ * (|x| >= 3.39e38), and changes nothing then. Both: DP_ERR_BUSY. */
 DP_API dp_status dp_engine_get_params(dp_engine *engine, float *host);
 DP_API dp_status dp_engine_set_params(dp_engine *engine, const float *host);
 

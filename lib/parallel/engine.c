@@ -120,7 +120,12 @@ static void job_step(worker *w, int train)
     ENTER(w, DP_PHASE_BROADCAST);
     if (skip) return;
     CHECK(w, dp_comm_allgather_params(w, 0));
-    if (dp_replica_check_due(e)) CHECK(w, dp_replica_hash(w));
+    if (!dp_replica_check_due(e)) return;
+    /* Every copy is done before any replica is hashed, so a replica that
+     * changes now (the divergence hook flips a bit) cannot be copied
+     * into another replica and hide. */
+    SYNC(w);
+    CHECK(w, dp_replica_hash(w));
 }
 
 /* ranks (ranks.c calls these jobs between its exchanges) */
@@ -167,7 +172,9 @@ void dp_engine_job(worker *w, job_kind job)
     case JOB_COPY_REMOTE:
         ENTER(w, DP_PHASE_BROADCAST);
         CHECK(w, dp_comm_allgather_params(w, 1));
-        if (w->e->hash_due) CHECK(w, dp_replica_hash(w));
+        if (!w->e->hash_due) break;
+        SYNC(w); /* as in job_step: every copy before any hash */
+        CHECK(w, dp_replica_hash(w));
         break;
     case JOB_HASH:
         ENTER(w, DP_PHASE_BROADCAST);
@@ -522,6 +529,16 @@ dp_status dp_engine_set_params(dp_engine *e, const float *host)
         free(copy);
         return unclaim(e, f);
     }
+    /* A float32 value past bfloat16's largest would be an infinite replica. */
+    for (size_t i = 0; e->bf16 && i < n; i++)
+        if (isinf(dp_bf16_to_float(dp_bf16_from_float(host[i])))) {
+            dp_status f = DP_FAIL(DP_ERR_INVALID_ARGUMENT, "parameter %zu of %zu is %g, past "
+                                  "bfloat16's range (|x| < 3.39e38): the model's replicas are "
+                                  "bfloat16 (param_dtype); scale it down or train in float32",
+                                  i, n, host[i]);
+            free(copy);
+            return unclaim(e, f);
+        }
     dp_status s = set_root_replica(e, host);
     /* The root's copy to every replica, the owners included (should it
      * fail, the next step retries it). */
