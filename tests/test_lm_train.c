@@ -38,6 +38,7 @@
 #include "dp/checkpoint.h"
 #include "dp/gpt.h"
 #include "dp_test.h"
+#include "dp_test_ckpt.h"
 #include "dp_test_fs.h"
 #include "dp_test_spawn.h"
 
@@ -209,33 +210,11 @@ static dp_checkpoint *load_ck(const char *name)
 {
     char p[256];
     path_in(p, sizeof p, name);
-    dp_checkpoint *ck = NULL;
-    dp_assert_ok(dp_gpt_checkpoint_load(p, &ck, NULL));
-    return ck;
+    return dp_test_load_ck(p);
 }
 
-/* The number of parameters of the GPT a checkpoint holds. */
-static size_t ck_params(const dp_checkpoint *ck)
-{
-    dp_gpt_config c;
-    dp_assert_ok(dp_gpt_config_from_metadata(ck, &c));
-    dp_gpt *gpt = NULL;
-    dp_assert_ok(dp_gpt_create(&c, &gpt));
-    size_t n = dp_gpt_model(gpt)->n_params;
-    dp_gpt_destroy(gpt);
-    return n;
-}
-
-/* The number after `key` in text (the last occurrence), or NAN. */
-static double number_after(const char *text, const char *key)
-{
-    const char *p = NULL, *q = text;
-    while ((q = strstr(q, key))) p = q++;
-    if (!p) return NAN;
-    char *end = NULL;
-    double x = strtod(p + strlen(key), &end);
-    return end == p + strlen(key) ? NAN : x;
-}
+#define ck_params dp_test_ck_params
+#define number_after dp_test_number_after
 
 TestSuite(lm_train, .init = setup, .fini = teardown, .timeout = 60);
 
@@ -463,18 +442,10 @@ Test(lm_train, killed_while_saving_leaves_a_loadable_checkpoint, .timeout = 120)
 /* Bitwise equality of the parameters and AdamW moments of two checkpoints. */
 static void assert_same_state(const char *a_name, const char *b_name)
 {
-    dp_checkpoint *a = load_ck(a_name), *b = load_ck(b_name);
-    size_t n = ck_params(a);
-    cr_assert_eq(ck_params(b), n);
-    cr_assert_eq(a->step, b->step);
-    cr_assert_eq(a->optimizer_step, b->optimizer_step);
-    cr_assert(a->m && b->m);
-    cr_assert_eq(memcmp(a->params, b->params, n * sizeof(float)), 0, "%s and %s: parameters "
-                 "differ", a_name, b_name);
-    cr_assert_eq(memcmp(a->m, b->m, n * sizeof(float)), 0, "%s and %s: m differs", a_name, b_name);
-    cr_assert_eq(memcmp(a->v, b->v, n * sizeof(float)), 0, "%s and %s: v differs", a_name, b_name);
-    dp_checkpoint_close(a);
-    dp_checkpoint_close(b);
+    char a[256], b[256];
+    path_in(a, sizeof a, a_name);
+    path_in(b, sizeof b, b_name);
+    dp_test_assert_same_state(a, b, 0);
 }
 
 /* --lr-decay-steps makes the schedule independent of --steps, so a run

@@ -36,6 +36,7 @@
 #include "dp/checkpoint.h"
 #include "dp/gpt.h"
 #include "dp_test.h"
+#include "dp_test_ckpt.h"
 #include "dp_test_fs.h"
 #include "dp_test_spawn.h"
 #include "dp_test_tokens.h"
@@ -135,53 +136,18 @@ static result run_args(int with_base, const char *const *extra, size_t n)
         sizeof((const char *const[]){__VA_ARGS__}) / sizeof(const char *)
 #define RUN(...) run_args(1, ARGS_(__VA_ARGS__))
 
-static dp_checkpoint *load_ck(const char *name)
-{
-    dp_checkpoint *ck = NULL;
-    dp_assert_ok(dp_gpt_checkpoint_load(in_tmp(name), &ck, NULL));
-    return ck;
-}
+static dp_checkpoint *load_ck(const char *name) { return dp_test_load_ck(in_tmp(name)); }
 
-static size_t ck_params(const dp_checkpoint *ck)
-{
-    dp_gpt_config c;
-    dp_assert_ok(dp_gpt_config_from_metadata(ck, &c));
-    dp_gpt *gpt = NULL;
-    dp_assert_ok(dp_gpt_create(&c, &gpt));
-    size_t n = dp_gpt_model(gpt)->n_params;
-    dp_gpt_destroy(gpt);
-    return n;
-}
+#define ck_params dp_test_ck_params
+#define number_after dp_test_number_after
 
 /* Parameters, moments, step counts and sampler state of two checkpoints
  * are the same bits. */
 static void assert_same_state(const char *a_name, const char *b_name)
 {
-    dp_checkpoint *a = load_ck(a_name), *b = load_ck(b_name);
-    size_t n = ck_params(a);
-    cr_assert_eq(ck_params(b), n);
-    cr_assert_eq(a->step, b->step);
-    cr_assert_eq(a->optimizer_step, b->optimizer_step);
-    cr_assert(a->m && b->m && a->has_sampler && b->has_sampler);
-    cr_assert_eq(memcmp(a->params, b->params, n * sizeof(float)), 0, "%s and %s: parameters "
-                 "differ", a_name, b_name);
-    cr_assert_eq(memcmp(a->m, b->m, n * sizeof(float)), 0, "%s and %s: m differs", a_name, b_name);
-    cr_assert_eq(memcmp(a->v, b->v, n * sizeof(float)), 0, "%s and %s: v differs", a_name, b_name);
-    cr_assert_eq(memcmp(a->sampler, b->sampler, sizeof a->sampler), 0, "%s and %s: sampler state "
-                 "differs", a_name, b_name);
-    dp_checkpoint_close(a);
-    dp_checkpoint_close(b);
-}
-
-/* The number after the last `key` in text, or NAN. */
-static double number_after(const char *text, const char *key)
-{
-    const char *p = NULL, *q = text;
-    while ((q = strstr(q, key))) p = q++;
-    if (!p) return NAN;
-    char *end = NULL;
-    double x = strtod(p + strlen(key), &end);
-    return end == p + strlen(key) ? NAN : x;
+    char a[256];
+    snprintf(a, sizeof a, "%s", in_tmp(a_name));
+    dp_test_assert_same_state(a, in_tmp(b_name), 1);
 }
 
 /* The text between the sample's header line and the closing "\n---",

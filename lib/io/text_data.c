@@ -81,12 +81,12 @@ static int skipped_name(const char *name)
     return 0;
 }
 
-static int cmp_str(const void *a, const void *b)
+int token_cmp_names(const void *a, const void *b)
 {
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
-static char *join_path(const char *dir, const char *name)
+char *token_join_path(const char *dir, const char *name)
 {
     size_t a = strlen(dir), b = strlen(name);
     char *p = malloc(a + b + 2);
@@ -163,10 +163,10 @@ static dp_status load_dir(const char *path, char **buf, size_t *len, size_t *cap
         n++;
     }
     closedir(d);
-    if (st == DP_OK && n > 0) qsort(names, n, sizeof *names, cmp_str);
+    if (st == DP_OK && n > 0) qsort(names, n, sizeof *names, token_cmp_names);
     size_t files = 0;
     for (size_t i = 0; st == DP_OK && i < n; i++) {
-        char *full = join_path(path, names[i]);
+        char *full = token_join_path(path, names[i]);
         if (!full) {
             st = DP_FAIL(DP_ERR_OUT_OF_MEMORY, "cannot build a path");
             break;

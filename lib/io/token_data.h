@@ -61,4 +61,10 @@ dp_status token_data_copy(const dp_token_data *d, size_t pos, size_t count, int3
 /* Unmaps and frees the files of d (token_files.c); nothing for data in memory. */
 void token_files_release(dp_token_data *d);
 
+/* Directory listings, shared by the text and token readers (text_data.c):
+ * dir + "/" + name, malloc'd (NULL when out of memory), and strcmp over
+ * char * for qsort (byte order, so a listing sorts the same everywhere). */
+char *token_join_path(const char *dir, const char *name);
+int token_cmp_names(const void *a, const void *b);
+
 #endif /* DP_IO_TOKEN_DATA_H */

@@ -69,23 +69,6 @@ static const char *file_type_name(mode_t m)
                          : "special file";
 }
 
-static char *join_path(const char *dir, const char *name)
-{
-    size_t a = strlen(dir), b = strlen(name);
-    char *p = malloc(a + b + 2);
-    if (!p) return NULL;
-    memcpy(p, dir, a);
-    size_t k = a;
-    if (a == 0 || dir[a - 1] != '/') p[k++] = '/';
-    memcpy(p + k, name, b + 1);
-    return p;
-}
-
-static int cmp_str(const void *a, const void *b)
-{
-    return strcmp(*(const char *const *)a, *(const char *const *)b);
-}
-
 // ----------------------------------------------------------------------------
 // one file: map it, tell its format, check its header
 
@@ -411,7 +394,7 @@ static dp_status list_bins(const char *path, bin_names *b)
     closedir(d);
     if (st != DP_OK) return st;
     for (int s = 0; s < DP_SPLIT_COUNT; s++)
-        if (b->n[s] > 1) qsort(b->names[s], b->n[s], sizeof *b->names[s], cmp_str);
+        if (b->n[s] > 1) qsort(b->names[s], b->n[s], sizeof *b->names[s], token_cmp_names);
     size_t nt = b->n[DP_SPLIT_TRAIN], nv = b->n[DP_SPLIT_VAL];
     if (nt == 0 && nv == 0)
         return DP_FAIL(DP_ERR_FORMAT,
@@ -504,7 +487,7 @@ dp_status dp_token_data_open(const char *path, size_t vocab_size, dp_token_data 
         for (int s = 0; st == DP_OK && s < DP_SPLIT_COUNT; s++)
             for (size_t i = 0; st == DP_OK && i < b.n[s]; i++) {
                 token_map *m = &d->maps[d->n_maps];
-                if (!(m->path = join_path(path, b.names[s][i])))
+                if (!(m->path = token_join_path(path, b.names[s][i])))
                     st = DP_FAIL(DP_ERR_OUT_OF_MEMORY, "cannot build a path");
                 else
                     d->n_maps++;
