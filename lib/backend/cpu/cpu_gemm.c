@@ -428,14 +428,12 @@ dp_status dp_cpu_gemm(dp_device *dev, dp_op ta, dp_op tb, int m, int n, int k, f
     struct dp_cpu_ctx *c = dev->ctx;
     pthread_mutex_lock(&c->mu);
     dp_status s = DP_OK;
-    int emulate = !bf16_math;
+    int emulate = 1; /* float32 math, or bf16 math without oneDNN: OpenBLAS */
 #ifdef DP_HAVE_DNNL
-    if (bf16_math && dnnl_ready(c))
+    if (bf16_math && dnnl_ready(c)) {
+        emulate = 0;
         s = gemm_dnnl(dev, c, ta, tb, m, n, k, alpha, A, B, beta, C, ldc, sc, batch, &emulate);
-    else
-        emulate = 1;
-#else
-    emulate = 1;
+    }
 #endif
     if (s == DP_OK && emulate)
         s = gemm_floats(dev, c, ta, tb, m, n, k, alpha, A, B, beta, C, ldc, sc, batch, bf16_math);
