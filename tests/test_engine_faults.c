@@ -10,6 +10,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "dp_test.h"
 
@@ -221,6 +222,45 @@ Test(engine_faults, without_watchdog_a_stall_only_slows_the_step, .timeout = 10)
                   "the injected stall did not happen in cpu:1's backward (%g s)",
                   st.devices[1].phase_seconds[DP_PHASE_BACKWARD]);
     cr_assert_eq(st.step, 1);
+    run_close(&r);
+}
+
+/* Phase times come from marks recorded on the device; a job of many
+ * micro-batches reads its older marks part-way (workers.c keeps at most 64).
+ * A stall in the first backward must still be counted, in the backward. */
+Test(engine_faults, phase_times_survive_many_micro_batches, .timeout = 20)
+{
+    dp_engine_config cfg = base_cfg(DP_MODE_BALANCED);
+    cfg.max_rows_per_micro = 1;
+    run r;
+    run_open(&r, 2, cfg, NULL);
+    enum { ROWS = 60 };
+    static float x[ROWS * D];
+    static int32_t y[ROWS];
+    make_batch(0, ROWS, 0, x, y);
+    dp_batch b = {ROWS, x, y};
+    dp_step_stats st;
+    dp_engine_inject_stall(r.e, 1, DP_PHASE_BACKWARD, 0.3);
+    dp_assert_ok(dp_engine_step(r.e, &b, &st));
+    /* between the steps: must not be counted in the next */
+    nanosleep(&(struct timespec){0, 300000000L}, NULL);
+    const dp_device_step_stats *d = &st.devices[1];
+    cr_assert_eq(d->micro_batches, ROWS / 2);
+    cr_assert_geq(d->phase_seconds[DP_PHASE_BACKWARD], 0.3,
+                  "the stall in cpu:1's first backward was lost (%g s)",
+                  d->phase_seconds[DP_PHASE_BACKWARD]);
+    double sum = 0.0;
+    for (int p = 0; p < DP_PHASE_COUNT; p++) sum += d->phase_seconds[p];
+    cr_assert_leq(sum, st.seconds, "phases sum to %g s in a %g s step", sum, st.seconds);
+    /* The next step starts from fresh marks: nothing of the last one (its
+     * stall, or the time between the steps) is counted again. */
+    dp_assert_ok(dp_engine_step(r.e, &b, &st));
+    for (int i = 0; i < 2; i++) {
+        sum = 0.0;
+        for (int p = 0; p < DP_PHASE_COUNT; p++) sum += st.devices[i].phase_seconds[p];
+        cr_assert_leq(sum, st.seconds, "cpu:%d: phases sum to %g s in a %g s step", i, sum,
+                      st.seconds);
+    }
     run_close(&r);
 }
 

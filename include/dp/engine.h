@@ -226,10 +226,13 @@ typedef struct dp_device_step_stats {
     /* Seconds from the step's start (dp_step_stats.start_seconds) at which this
      * device first entered each phase, and how long it spent in it in all
      * (a phase repeated per micro-batch counts every pass; the time a device
-     * waits at the barrier that ends a phase counts in that phase). In phase
-     * order the starts never decrease, and start + seconds <= the step's
-     * seconds. A phase the device did not run (the reduce, optimizer and
-     * broadcast of an evaluation) has start and seconds 0. */
+     * waits at the barrier that ends a phase counts in that phase). The
+     * seconds are the device's: events recorded on it as its thread enters
+     * each phase, read once at the end of the step, so a GPU is never made
+     * to wait between phases (on a CPU device, host time). In phase order the
+     * starts never decrease, and start + seconds <= the step's seconds. A
+     * phase the device did not run (the reduce, optimizer and broadcast of an
+     * evaluation) has start and seconds 0. */
     double phase_start[DP_PHASE_COUNT];
     double phase_seconds[DP_PHASE_COUNT];
     size_t logits_bytes;      /* bytes held for logits and their gradient */

@@ -97,12 +97,19 @@ typedef struct worker {
     double loss_sum;
 
     /* phase tracking (this job): the monotonic time this worker first
-     * entered each phase (-1: not entered), and the time spent in it */
+     * entered each phase (-1: not entered), and the device time spent in
+     * it, measured between marks (events recorded on the device as the
+     * worker enters each phase and ends the job; workers.c) */
     dp_phase phase;
     double phase_start;
     double phase_first[DP_PHASE_COUNT];
     double phase_seconds[DP_PHASE_COUNT];
     size_t phase_peak[DP_PHASE_COUNT];
+    struct phase_mark {
+        dp_event *ev; /* created on first use, reused by later jobs */
+        int phase;    /* the phase this mark opens (DP_PHASE_COUNT: the job's end) */
+    } *marks;
+    size_t n_marks, cap_marks;
 
     /* what the watchdog sees: the phase this worker is working in, or -1
      * while it waits at the barrier or has finished the job */

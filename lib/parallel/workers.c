@@ -10,6 +10,7 @@
  */
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "parallel/engine_internal.h"
@@ -52,19 +53,86 @@ void dp_worker_fail(worker *w, dp_status s)
     dp_barrier_abort(&w->e->barrier);
 }
 
+// --- phase timing: marks on the device, one synchronise per job ------------------------
+
+/* Marks kept before the older ones are read: a job of many micro-batches
+ * waits for its device once per this many phase changes, not once per change. */
+#define DP_MAX_MARKS 64
+
+/* Adds the device time between consecutive marks to the phase each opened,
+ * keeping the last mark as the start of what follows. Reading a mark waits
+ * for the device to reach it. */
+static dp_status fold_marks(worker *w)
+{
+    for (size_t i = 0; i + 1 < w->n_marks; i++) {
+        double t = 0.0;
+        if (w->marks[i].phase >= DP_PHASE_COUNT) continue; /* after a job's end */
+        DP_TRY(dp_event_elapsed(w->marks[i].ev, w->marks[i + 1].ev, &t));
+        w->phase_seconds[w->marks[i].phase] += t;
+    }
+    if (w->n_marks > 1) {
+        struct phase_mark last = w->marks[w->n_marks - 1];
+        w->marks[w->n_marks - 1] = w->marks[0];
+        w->marks[0] = last;
+        w->n_marks = 1;
+    }
+    return DP_OK;
+}
+
+/* Records an event on the worker's device as it enters phase p, or ends
+ * the job (p = DP_PHASE_COUNT). A GPU queues the record behind the phase's
+ * work and the host goes on: phase times come from the device without a
+ * synchronise between phases (on a CPU device the record reads the clock). */
+static dp_status mark(worker *w, int p)
+{
+    if (w->n_marks == DP_MAX_MARKS) DP_TRY(fold_marks(w));
+    if (w->n_marks == w->cap_marks) {
+        size_t cap = w->cap_marks ? 2 * w->cap_marks : 8;
+        struct phase_mark *m = realloc(w->marks, cap * sizeof *m);
+        if (!m) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "%s: cannot allocate phase marks", w->dev->name);
+        memset(m + w->cap_marks, 0, (cap - w->cap_marks) * sizeof *m);
+        w->marks = m;
+        w->cap_marks = cap;
+    }
+    struct phase_mark *m = &w->marks[w->n_marks];
+    if (!m->ev) DP_TRY(dp_event_create(w->dev, &m->ev));
+    DP_TRY(dp_event_record(m->ev));
+    m->phase = p;
+    w->n_marks++;
+    return DP_OK;
+}
+
+/* The memory peak of the phase being left (host-side accounting). */
 static void close_phase(worker *w)
 {
     if ((unsigned)w->phase >= DP_PHASE_COUNT) return;
-    /* A GPU runs the phase's work asynchronously: wait for it, so the phase
-     * time is the time the work took, not the time to queue it. */
-    if (!dp_device_is_host_memory(w->dev) && w->status == DP_OK) {
-        dp_status s = dp_device_synchronize(w->dev);
-        if (s != DP_OK) dp_worker_fail(w, s);
-    }
     dp_memory_stats ms;
     dp_device_memory(w->dev, &ms);
-    w->phase_seconds[w->phase] += dp_now_seconds() - w->phase_start;
     if (ms.peak_since_reset > w->phase_peak[w->phase]) w->phase_peak[w->phase] = ms.peak_since_reset;
+}
+
+/* Ends the job on this worker: the one wait for its device (a GPU's
+ * asynchronous failure is reported by the job that caused it, and the
+ * caller reads finished results), then the phase times from the marks. */
+static void end_job(worker *w)
+{
+    close_phase(w);
+    dp_status s = DP_OK;
+    if (w->n_marks > 0 && w->status == DP_OK) s = mark(w, DP_PHASE_COUNT);
+    if (s == DP_OK && w->status == DP_OK && !dp_device_is_host_memory(w->dev))
+        s = dp_device_synchronize(w->dev);
+    if (s == DP_OK && w->status == DP_OK) s = fold_marks(w);
+    if (s != DP_OK) dp_worker_fail(w, s);
+    w->n_marks = 0;
+}
+
+/* Destroys the marks' events (the threads have stopped, the devices are open). */
+static void free_marks(worker *w)
+{
+    for (size_t i = 0; i < w->cap_marks; i++) dp_event_destroy(w->marks[i].ev);
+    free(w->marks);
+    w->marks = NULL;
+    w->n_marks = w->cap_marks = 0;
 }
 
 /* Enters phase p; returns nonzero if an injected fault fires here. */
@@ -81,6 +149,11 @@ int dp_worker_enter_phase(worker *w, dp_phase p)
         pthread_mutex_lock(&e->mu);
         e->last_progress = w->phase_start;
         pthread_mutex_unlock(&e->mu);
+    }
+    dp_status ms = mark(w, (int)p);
+    if (ms != DP_OK) {
+        dp_worker_fail(w, ms);
+        return 1;
     }
     if (e->fault_dev == w->id && e->fault_phase == p) {
         /* Only this worker reads and clears its own fault. */
@@ -127,7 +200,7 @@ static void *worker_main(void *arg)
         pthread_mutex_unlock(&e->mu);
 
         dp_engine_job(w, job);
-        close_phase(w);
+        end_job(w);
         atomic_store(&w->busy_phase, -1);
 
         pthread_mutex_lock(&e->mu);
@@ -268,6 +341,7 @@ void dp_workers_stop(dp_engine *e)
     pthread_mutex_unlock(&e->mu);
     for (size_t i = 0; i < e->k; i++)
         if (e->w[i].thread_started) pthread_join(e->w[i].thread, NULL);
+    for (size_t i = 0; i < e->k; i++) free_marks(&e->w[i]);
     dp_barrier_destroy(&e->barrier);
     pthread_cond_destroy(&e->cv_start);
     pthread_cond_destroy(&e->cv_done);
