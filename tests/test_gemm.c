@@ -15,6 +15,9 @@
 
 #include "dp_test.h"
 
+#include "backend/device_testing.h"
+#include "backend/gemm_pieces.h"
+
 #define C_SENTINEL 12345.0f
 
 typedef struct gemm_case {
@@ -84,6 +87,9 @@ static void *upload_as(dp_device *dev, const float *x, size_t n, int bf16)
     return d;
 }
 
+/* The conversion scratch's cap for the runs below (0: the default). */
+static size_t convert_cap;
+
 /* Runs g as mode says; returns the largest |C - the float64 product of
  * the unrounded operands| (how far bf16 math moved the result). */
 static double run_mode(const gemm_case *g, gemm_mode mode)
@@ -128,6 +134,7 @@ static double run_mode(const gemm_case *g, gemm_mode mode)
     }
 
     dp_device *dev = dp_test_cpu(0);
+    dp_device_set_gemm_convert_cap(dev, convert_cap);
     dp_assert_ok(dp_device_set_matmul_precision(dev, mode.prec));
     void *dA = upload_as(dev, A, na, mode.a16), *dB = upload_as(dev, B, nb, mode.b16);
     float *dC = dp_test_upload(dev, C, nc);
@@ -454,5 +461,117 @@ Test(gemm_ex, argument_errors)
     cr_assert_eq(dp_device_matmul_precision(dev), DP_MATMUL_TF32);
     dp_assert_ok(dp_device_set_allow_tf32(dev, 0));
     cr_assert_eq(dp_device_matmul_precision(dev), DP_MATMUL_FP32);
+    dp_device_close(dev);
+}
+
+// --- GEMMs cut into pieces (backend/gemm_pieces.h) ---------------------------------------
+
+/* Every typed case again with the conversion scratch capped so that the
+ * GEMMs are cut: 1 byte (blocks of 16 rows and columns, one matrix at a
+ * time) and 12000 bytes (groups of the batch). The
+ * padding between a strided operand's columns holds NaN, so a block that
+ * reads it fails; C's sentinel padding must survive every piece. */
+Test(gemm_ex, pieces_under_a_capped_scratch_give_the_same_product)
+{
+    static const size_t caps[] = {1, 12000};
+    static const int big[][3] = {{40, 37, 33}, {17, 66, 50}};
+    for (size_t c = 0; c < sizeof caps / sizeof *caps; c++) {
+        convert_cap = caps[c];
+        for (size_t s = 0; s < sizeof big / sizeof big[0]; s++)
+            for (int ta = 0; ta < 2; ta++)
+                for (int tb = 0; tb < 2; tb++) {
+                    gemm_case g = single((dp_op)ta, (dp_op)tb, big[s][0], big[s][1], big[s][2],
+                                         0.7f, 0.3f);
+                    run_typed(&g);
+                    g.batch = 5;
+                    g.sa = (long long)g.lda * cols_a(&g) + 11;
+                    g.sb = (long long)g.ldb * cols_b(&g) + 11;
+                    g.sc = (long long)g.ldc * g.n + 11;
+                    run_typed(&g);
+                    g.sa = 0; /* one A for the whole batch */
+                    run_typed(&g);
+                }
+    }
+    convert_cap = 0;
+}
+
+/* The plan itself: below the cap one piece; then groups of the batch; then
+ * blocks of C's rows (A converts), columns (B converts) or both, multiples
+ * of 16 and never over the cap (unless 16 rows alone are). */
+Test(gemm_ex, piece_plans)
+{
+    dp_gemm_plan p = dp_gemm_plan_pieces(100, 80, 64, 4, 1, 1, 2, 1 << 20);
+    cr_assert(p.g == 4 && p.mb == 100 && p.nb == 80, "whole: %d %d %d", p.g, p.mb, p.nb);
+    p = dp_gemm_plan_pieces(100, 80, 64, 4, 1, 1, 2, 2 * (100 * 64 + 64 * 80) * 2);
+    cr_assert(p.g == 2 && p.mb == 100 && p.nb == 80, "groups: %d %d %d", p.g, p.mb, p.nb);
+    p = dp_gemm_plan_pieces(1000, 80, 64, 1, 1, 0, 2, 64 * 2 * 100);
+    cr_assert(p.g == 1 && p.mb == 96 && p.nb == 80, "rows: %d %d %d", p.g, p.mb, p.nb);
+    p = dp_gemm_plan_pieces(80, 1000, 64, 3, 0, 1, 4, 64 * 4 * 50);
+    cr_assert(p.g == 1 && p.mb == 80 && p.nb == 48, "columns: %d %d %d", p.g, p.mb, p.nb);
+    p = dp_gemm_plan_pieces(1000, 1000, 64, 1, 1, 1, 2, 64 * 2 * 200);
+    cr_assert(p.mb == 96 && p.nb == 96, "both: %d %d", p.mb, p.nb);
+    p = dp_gemm_plan_pieces(10, 1000, 64, 1, 1, 1, 2, 64 * 2 * 200);
+    cr_assert(p.mb == 10 && p.nb == 176, "A whole: %d %d", p.mb, p.nb);
+    p = dp_gemm_plan_pieces(1000, 1000, 64, 1, 1, 1, 2, 1);
+    cr_assert(p.mb == 16 && p.nb == 16, "floor: %d %d", p.mb, p.nb);
+    p = dp_gemm_plan_pieces(1000, 1000, 64, 7, 0, 0, 2, 1);
+    cr_assert(p.g == 7 && p.mb == 1000 && p.nb == 1000, "nothing converts: %d %d %d", p.g, p.mb,
+              p.nb);
+    for (int m = 1; m < 300; m += 37)
+        for (int n = 1; n < 300; n += 41)
+            for (int a = 0; a < 2; a++)
+                for (int b = 0; b < 2; b++) {
+                    size_t cap = 64 * 2 * 40;
+                    p = dp_gemm_plan_pieces(m, n, 64, 3, a, b, 2, cap);
+                    cr_assert(p.g >= 1 && p.g <= 3 && p.mb >= 1 && p.mb <= m && p.nb >= 1 &&
+                              p.nb <= n);
+                    size_t bytes = dp_gemm_piece_bytes(a, b, 2, p.mb, p.nb, 64, p.g);
+                    cr_assert(bytes <= cap || (p.g == 1 && (p.mb == 16 || p.nb == 16)),
+                              "m %d n %d a %d b %d: %zu bytes over the cap", m, n, a, b, bytes);
+                }
+}
+
+/* A GEMM that would convert 2 MiB at once stays within a 256 KiB cap: the
+ * reserved scratch is bounded, a memory limit that leaves 512 KiB is
+ * enough, and the product is still the float64 one of the rounded operands. */
+Test(gemm_ex, a_capped_scratch_bounds_reserved_memory)
+{
+    enum { M = 1024, N = 1024, K = 512 };
+    const size_t cap = (size_t)256 << 10;
+    dp_device *dev = dp_test_cpu(3);
+    dp_device_set_gemm_convert_cap(dev, cap);
+    dp_assert_ok(dp_device_set_matmul_precision(dev, DP_MATMUL_BF16));
+    float *hA = malloc((size_t)M * K * sizeof *hA), *hB = malloc((size_t)K * N * sizeof *hB);
+    float *hC = malloc((size_t)M * N * sizeof *hC);
+    cr_assert(hA && hB && hC);
+    dp_rng rng;
+    dp_rng_seed(&rng, 7);
+    for (size_t i = 0; i < (size_t)M * K; i++) hA[i] = 2.0f * dp_rng_uniform(&rng) - 1.0f;
+    for (size_t i = 0; i < (size_t)K * N; i++) hB[i] = 2.0f * dp_rng_uniform(&rng) - 1.0f;
+    float *A = dp_test_upload(dev, hA, (size_t)M * K), *B = dp_test_upload(dev, hB, (size_t)K * N);
+    float *C = NULL;
+    dp_assert_ok(dp_device_alloc(dev, (size_t)M * N * sizeof *C, (void **)&C));
+    dp_memory_stats st;
+    dp_device_memory(dev, &st);
+    dp_assert_ok(dp_device_set_limit(dev, st.in_use + st.reserved + ((size_t)512 << 10)));
+    dp_assert_ok(dp_gemm(dev, DP_OP_T, DP_OP_N, M, N, K, 1.0f, A, K, B, K, 0.0f, C, M));
+    dp_device_memory(dev, &st);
+    cr_assert_leq(st.reserved, (size_t)512 << 10, "reserved %zu bytes under a %zu-byte cap",
+                  st.reserved, cap);
+    cr_assert_gt(st.reserved, 0);
+    dp_assert_ok(dp_copy_d2h(dev, hC, C, (size_t)M * N * sizeof *hC));
+    /* spot checks against float64 on the rounded operands (k = 512: float32
+     * sums are within ~1e-5 of it; a misplaced block is off by O(1)) */
+    for (int t = 0; t < 2000; t++) {
+        int i = (int)(dp_rng_uniform(&rng) * M), j = (int)(dp_rng_uniform(&rng) * N);
+        double want = 0.0;
+        for (int l = 0; l < K; l++)
+            want += effective(hA[(size_t)i * K + l], 1) * effective(hB[(size_t)j * K + l], 1);
+        double got = hC[(size_t)j * M + i];
+        cr_assert(fabs(got - want) <= 1e-4 + 1e-4 * fabs(want), "C(%d,%d) = %.9g, want %.9g", i,
+                  j, got, want);
+    }
+    dp_device_free(dev, A), dp_device_free(dev, B), dp_device_free(dev, C);
+    free(hA), free(hB), free(hC);
     dp_device_close(dev);
 }

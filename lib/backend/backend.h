@@ -50,6 +50,9 @@ struct dp_device {
 
     /* dp_device_set_matmul_precision; read by the backend's gemm */
     dp_matmul_precision matmul;
+    /* the most bytes the gemm converts operands into at a time; 0 =
+     * DP_GEMM_CONVERT_CAP (backend/gemm_pieces.h; tests set it lower) */
+    size_t gemm_convert_cap;
 };
 
 /* One operand of the backend's gemm: batch column-major matrices (before

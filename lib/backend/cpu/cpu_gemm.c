@@ -21,9 +21,11 @@
  * device keeps the last few it built, keyed by the GEMM's shape.
  *
  * The scratch (converted operands, then oneDNN's scratchpad) is the
- * device's reserved memory: it grows to the largest GEMM seen, counted
- * against the limit and the host's memory, and lives until close. The
- * device's mutex over it makes a second thread's GEMM on the same device
+ * device's reserved memory, counted against the limit and the host's
+ * memory, and lives until close. It is bounded: a GEMM whose converted
+ * operands would pass DP_GEMM_CONVERT_CAP runs in pieces
+ * (backend/gemm_pieces.h), each converting only its block. The device's
+ * mutex over the scratch makes a second thread's GEMM on the same device
  * wait (the engine never does that; an application might).
  */
 #include <pthread.h>
@@ -35,6 +37,7 @@
 
 #include "backend/cpu/cpu_kernels.h"
 #include "core/error.h"
+#include "backend/gemm_pieces.h"
 #include "kernels/bf16.h"
 
 #ifdef DP_HAVE_DNNL
@@ -42,8 +45,9 @@
 #include <oneapi/dnnl/dnnl.h>
 #include <oneapi/dnnl/dnnl_debug.h>
 
-/* Primitives kept per device: a GPT step uses about ten GEMM shapes. */
-#define MM_CACHE 24
+/* Primitives kept per device: a GPT step uses about ten GEMM shapes, and
+ * a GEMM cut into pieces up to eight more. */
+#define MM_CACHE 32
 
 typedef struct mm_key {
     int ta, tb, m, n, k, lda, ldb, ldc, batch;
@@ -161,13 +165,6 @@ static dp_status grow_scratch(dp_device *dev, struct dp_cpu_ctx *c, size_t bytes
 
 static size_t round64(size_t bytes) { return (bytes + 63) / 64 * 64; }
 
-/* Elements of an operand: rows x cols as stored (before op). */
-static size_t span_of(const dp_gemm_arg *a, dp_op op, int rows_n, int cols_n, int batch)
-{
-    return op == DP_OP_N ? dp_gemm_arg_span(a, rows_n, cols_n, batch)
-                         : dp_gemm_arg_span(a, cols_n, rows_n, batch);
-}
-
 /* C = beta C for batch (m,n) matrices: the k == 0 product. */
 static void scale_c(float *C, int m, int n, int ldc, long long sc, int batch, float beta)
 {
@@ -191,42 +188,36 @@ static void sgemm_batch(dp_op ta, dp_op tb, int m, int n, int k, float alpha, co
                     C + (size_t)i * (size_t)sc, ldc);
 }
 
-/* An operand as floats in dst (span elements): a bfloat16 one widened, a
- * float32 one rounded to bfloat16 values. */
-static DP_CPU_SIMD void to_floats(float *dst, const dp_gemm_arg *a, size_t span)
-{
-    if (a->bf16) {
-        const uint16_t *src = a->p;
-        for (size_t i = 0; i < span; i++) dst[i] = dp_bf16_widen(src[i]);
-    } else {
-        const float *src = a->p;
-        for (size_t i = 0; i < span; i++) dst[i] = dp_bf16_widen(dp_bf16_round(src[i]));
-    }
-}
+/* What a piece's operand needs before the GEMM kernel can read it. */
+typedef enum cvt_kind {
+    CVT_NONE,        /* read in place */
+    CVT_ROUND_BF16,  /* float32 -> bfloat16 bits (oneDNN's bf16 matmul) */
+    CVT_WIDEN,       /* bfloat16 -> float32, exact (OpenBLAS) */
+    CVT_ROUND_FLOAT, /* float32 -> its bfloat16 value as a float (bf16 math on OpenBLAS) */
+} cvt_kind;
 
-/* FP32 math with a bfloat16 operand, or BF16 math emulated (round):
- * operands needing it as floats in the scratch, then OpenBLAS. */
-static dp_status gemm_floats(dp_device *dev, struct dp_cpu_ctx *c, dp_op ta, dp_op tb, int m,
-                             int n, int k, float alpha, const dp_gemm_arg *A,
-                             const dp_gemm_arg *B, float beta, float *C, int ldc, long long sc,
-                             int batch, int round)
+/* The block b of operand a converted densely into dst (gemm_pieces.h). */
+static DP_CPU_SIMD void pack(void *dst, cvt_kind cv, const dp_gemm_arg *a, const dp_gemm_block *b)
 {
-    size_t na = span_of(A, ta, m, k, batch), nb = span_of(B, tb, k, n, batch);
-    int conv_a = A->bf16 || round, conv_b = B->bf16 || round;
-    size_t off_b = conv_a ? round64(na * sizeof(float)) : 0;
-    DP_TRY(grow_scratch(dev, c, off_b + (conv_b ? nb * sizeof(float) : 0)));
-    const float *pa = A->p, *pb = B->p;
-    if (conv_a) {
-        to_floats((float *)c->scratch, A, na);
-        pa = (const float *)c->scratch;
-    }
-    if (conv_b) {
-        to_floats((float *)(c->scratch + off_b), B, nb);
-        pb = (const float *)(c->scratch + off_b);
-    }
-    sgemm_batch(ta, tb, m, n, k, alpha, pa, A->ld, A->stride, pb, B->ld, B->stride, beta, C, ldc,
-                sc, batch);
-    return DP_OK;
+    size_t rows = (size_t)b->rows, per = rows * (size_t)b->cols;
+    for (int mat = 0; mat < b->count; mat++)
+        for (int col = 0; col < b->cols; col++) {
+            size_t from = b->off + (size_t)mat * (size_t)a->stride + (size_t)col * (size_t)a->ld;
+            size_t to = (size_t)mat * per + (size_t)col * rows;
+            if (cv == CVT_ROUND_BF16) {
+                const float *src = (const float *)a->p + from;
+                uint16_t *d = (uint16_t *)dst + to;
+                for (size_t r = 0; r < rows; r++) d[r] = dp_bf16_round(src[r]);
+            } else if (cv == CVT_WIDEN) {
+                const uint16_t *src = (const uint16_t *)a->p + from;
+                float *d = (float *)dst + to;
+                for (size_t r = 0; r < rows; r++) d[r] = dp_bf16_widen(src[r]);
+            } else {
+                const float *src = (const float *)a->p + from;
+                float *d = (float *)dst + to;
+                for (size_t r = 0; r < rows; r++) d[r] = dp_bf16_widen(dp_bf16_round(src[r]));
+            }
+        }
 }
 
 #ifdef DP_HAVE_DNNL
@@ -344,16 +335,10 @@ static dnnl_status_t mm_find(struct dp_cpu_ctx *c, const mm_key *key, mm_entry *
     return dnnl_success;
 }
 
-/* The rounded copy of a float32 operand into dst (span elements). */
-static DP_CPU_SIMD void round_into(uint16_t *dst, const float *src, size_t span)
-{
-    for (size_t i = 0; i < span; i++) dst[i] = dp_bf16_round(src[i]);
-}
-
-/* BF16 math on oneDNN; *emulate set when this CPU has no bf16 matmul. */
-static dp_status gemm_dnnl(dp_device *dev, struct dp_cpu_ctx *c, dp_op ta, dp_op tb, int m,
-                           int n, int k, float alpha, const dp_gemm_arg *A, const dp_gemm_arg *B,
-                           float beta, float *C, int ldc, long long sc, int batch, int *emulate)
+/* The cache key of one piece's matmul. */
+static mm_key piece_key(dp_op ta, dp_op tb, int m, int n, int k, float alpha,
+                        const dp_gemm_arg *A, const dp_gemm_arg *B, float beta, int ldc,
+                        long long sc, int batch)
 {
     mm_key key;
     memset(&key, 0, sizeof key); /* padding too: keys compare with memcmp */
@@ -371,45 +356,118 @@ static dp_status gemm_dnnl(dp_device *dev, struct dp_cpu_ctx *c, dp_op ta, dp_op
     key.sc = batch > 1 ? sc : 0;
     key.alpha = alpha;
     key.beta = beta;
-    mm_entry *en = NULL;
-    dnnl_status_t st = mm_find(c, &key, &en);
-    if (st == dnnl_unimplemented) {
-        *emulate = 1;
-        return DP_OK;
-    }
-    DNNL_TRY(dev, st);
+    return key;
+}
 
-    size_t na = span_of(A, ta, m, k, batch), nb = span_of(B, tb, k, n, batch);
-    size_t off_b = A->bf16 ? 0 : round64(na * 2), off_pad = off_b + (B->bf16 ? 0 : round64(nb * 2));
-    DP_TRY(grow_scratch(dev, c, off_pad + en->pad_bytes));
-    const void *pa = A->p, *pb = B->p;
-    if (!A->bf16) {
-        round_into((uint16_t *)c->scratch, A->p, na);
-        pa = c->scratch;
-    }
-    if (!B->bf16) {
-        round_into((uint16_t *)(c->scratch + off_b), B->p, nb);
-        pb = c->scratch + off_b;
-    }
+/* Runs one piece on oneDNN: bfloat16 operands, float32 C; pad is the
+ * primitive's scratchpad. */
+static dp_status dnnl_piece(dp_device *dev, struct dp_cpu_ctx *c, const mm_key *key,
+                            const void *pa, const void *pb, float *C, void *pad)
+{
+    mm_entry *en = NULL;
+    DNNL_TRY(dev, mm_find(c, key, &en));
     DNNL_TRY(dev, dnnl_memory_set_data_handle(en->src, (void *)pb));
     DNNL_TRY(dev, dnnl_memory_set_data_handle(en->wei, (void *)pa));
     DNNL_TRY(dev, dnnl_memory_set_data_handle(en->dst, C));
+    if (en->pad) DNNL_TRY(dev, dnnl_memory_set_data_handle(en->pad, pad));
     dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, en->src},
                                {DNNL_ARG_WEIGHTS, en->wei},
                                {DNNL_ARG_DST, en->dst},
                                {DNNL_ARG_SCRATCHPAD, en->pad}};
-    if (en->pad) DNNL_TRY(dev, dnnl_memory_set_data_handle(en->pad, c->scratch + off_pad));
     /* One OpenMP thread: the device is this thread. The calling thread's
      * own setting comes back after the call. */
     int threads = omp_get_max_threads();
     if (threads != 1) omp_set_num_threads(1);
-    st = dnnl_primitive_execute(en->prim, c->stream, en->pad ? 4 : 3, args);
+    dnnl_status_t st = dnnl_primitive_execute(en->prim, c->stream, en->pad ? 4 : 3, args);
     if (st == dnnl_success) st = dnnl_stream_wait(c->stream);
     if (threads != 1) omp_set_num_threads(threads);
     DNNL_TRY(dev, st);
     return DP_OK;
 }
 #endif /* DP_HAVE_DNNL */
+
+/* A GEMM with operands to convert, in pieces (gemm_pieces.h): bf16 math
+ * on oneDNN (dnnl: float32 operands rounded to bfloat16), else on OpenBLAS
+ * (bfloat16 operands widened; with bf16 math, float32 ones rounded). c->mu
+ * held. The scratch is grown once, for the largest piece, before anything
+ * is written: a GEMM that cannot have it leaves C untouched. */
+static dp_status gemm_pieces(dp_device *dev, struct dp_cpu_ctx *c, dp_op ta, dp_op tb, int m,
+                             int n, int k, float alpha, const dp_gemm_arg *A,
+                             const dp_gemm_arg *B, float beta, float *C, int ldc, long long sc,
+                             int batch, int bf16_math, int dnnl)
+{
+    cvt_kind ca, cb;
+    if (dnnl) {
+        ca = A->bf16 ? CVT_NONE : CVT_ROUND_BF16;
+        cb = B->bf16 ? CVT_NONE : CVT_ROUND_BF16;
+    } else {
+        ca = A->bf16 ? CVT_WIDEN : bf16_math ? CVT_ROUND_FLOAT : CVT_NONE;
+        cb = B->bf16 ? CVT_WIDEN : bf16_math ? CVT_ROUND_FLOAT : CVT_NONE;
+    }
+    size_t esize = dnnl ? 2 : 4, ea = A->bf16 ? 2 : 4, eb = B->bf16 ? 2 : 4;
+    size_t cap = dev->gemm_convert_cap ? dev->gemm_convert_cap : DP_GEMM_CONVERT_CAP;
+    dp_gemm_plan p = dp_gemm_plan_pieces(m, n, k, batch, ca != CVT_NONE, cb != CVT_NONE, esize, cap);
+    size_t a_bytes = round64(dp_gemm_piece_bytes(ca != CVT_NONE, 0, esize, p.mb, p.nb, k, p.g));
+    size_t b_bytes = round64(dp_gemm_piece_bytes(0, cb != CVT_NONE, esize, p.mb, p.nb, k, p.g));
+    size_t pad = 0;
+#ifdef DP_HAVE_DNNL
+    /* Every piece shape's primitive (at most two sizes per dimension), for
+     * the largest scratchpad; a CPU without bf16 kernels emulates. */
+    if (dnnl) {
+        int gs[2] = {p.g, batch % p.g}, ms[2] = {p.mb, m % p.mb}, ns[2] = {p.nb, n % p.nb};
+        for (int x = 0; x < 2; x++)
+            for (int y = 0; y < 2; y++)
+                for (int z = 0; z < 2; z++) {
+                    if (!gs[x] || !ms[y] || !ns[z] || (x && gs[1] == gs[0]) ||
+                        (y && ms[1] == ms[0]) || (z && ns[1] == ns[0]))
+                        continue;
+                    dp_gemm_block ba = dp_gemm_block_a(A, ta, 0, gs[x], 0, ms[y], k);
+                    dp_gemm_block bb = dp_gemm_block_b(B, tb, 0, gs[x], 0, ns[z], k);
+                    /* (only the layout matters here: any non-NULL for a converted block) */
+                    dp_gemm_arg pa = dp_gemm_block_arg(A, &ba, ca ? &ca : NULL, 1, ea);
+                    dp_gemm_arg pb = dp_gemm_block_arg(B, &bb, cb ? &cb : NULL, 1, eb);
+                    mm_key key = piece_key(ta, tb, ms[y], ns[z], k, alpha, &pa, &pb, beta, ldc,
+                                           sc, gs[x]);
+                    mm_entry *en = NULL;
+                    dnnl_status_t st = mm_find(c, &key, &en);
+                    if (st == dnnl_unimplemented)
+                        return gemm_pieces(dev, c, ta, tb, m, n, k, alpha, A, B, beta, C, ldc,
+                                           sc, batch, bf16_math, 0);
+                    DNNL_TRY(dev, st);
+                    if (en->pad_bytes > pad) pad = en->pad_bytes;
+                }
+    }
+#endif
+    DP_TRY(grow_scratch(dev, c, a_bytes + b_bytes + pad));
+    unsigned char *sa = c->scratch, *sb = c->scratch + a_bytes, *spad = sb + b_bytes;
+    for (int b0 = 0; b0 < batch; b0 += p.g) {
+        int g = batch - b0 < p.g ? batch - b0 : p.g;
+        for (int i0 = 0; i0 < m; i0 += p.mb) {
+            int mb = m - i0 < p.mb ? m - i0 : p.mb;
+            dp_gemm_block ba = dp_gemm_block_a(A, ta, b0, g, i0, mb, k);
+            if (ca) pack(sa, ca, A, &ba);
+            dp_gemm_arg pa = dp_gemm_block_arg(A, &ba, ca ? sa : NULL, dnnl, ea);
+            for (int j0 = 0; j0 < n; j0 += p.nb) {
+                int nb = n - j0 < p.nb ? n - j0 : p.nb;
+                dp_gemm_block bb = dp_gemm_block_b(B, tb, b0, g, j0, nb, k);
+                if (cb) pack(sb, cb, B, &bb);
+                dp_gemm_arg pb = dp_gemm_block_arg(B, &bb, cb ? sb : NULL, dnnl, eb);
+                float *Cp = C + (size_t)b0 * (size_t)sc + (size_t)i0 + (size_t)j0 * (size_t)ldc;
+#ifdef DP_HAVE_DNNL
+                if (dnnl) {
+                    mm_key key = piece_key(ta, tb, mb, nb, k, alpha, &pa, &pb, beta, ldc, sc, g);
+                    DP_TRY(dnnl_piece(dev, c, &key, pa.p, pb.p, Cp, spad));
+                    continue;
+                }
+#endif
+                (void)spad;
+                sgemm_batch(ta, tb, mb, nb, k, alpha, pa.p, pa.ld, pa.stride, pb.p, pb.ld,
+                            pb.stride, beta, Cp, ldc, sc, g);
+            }
+        }
+    }
+    return DP_OK;
+}
 
 dp_status dp_cpu_gemm(dp_device *dev, dp_op ta, dp_op tb, int m, int n, int k, float alpha,
                       const dp_gemm_arg *A, const dp_gemm_arg *B, float beta, float *C, int ldc,
@@ -427,16 +485,12 @@ dp_status dp_cpu_gemm(dp_device *dev, dp_op ta, dp_op tb, int m, int n, int k, f
     }
     struct dp_cpu_ctx *c = dev->ctx;
     pthread_mutex_lock(&c->mu);
-    dp_status s = DP_OK;
-    int emulate = 1; /* float32 math, or bf16 math without oneDNN: OpenBLAS */
+    int dnnl = 0; /* float32 math, or bf16 math without oneDNN: OpenBLAS */
 #ifdef DP_HAVE_DNNL
-    if (bf16_math && dnnl_ready(c)) {
-        emulate = 0;
-        s = gemm_dnnl(dev, c, ta, tb, m, n, k, alpha, A, B, beta, C, ldc, sc, batch, &emulate);
-    }
+    dnnl = bf16_math && dnnl_ready(c);
 #endif
-    if (s == DP_OK && emulate)
-        s = gemm_floats(dev, c, ta, tb, m, n, k, alpha, A, B, beta, C, ldc, sc, batch, bf16_math);
+    dp_status s = gemm_pieces(dev, c, ta, tb, m, n, k, alpha, A, B, beta, C, ldc, sc, batch,
+                              bf16_math, dnnl);
     pthread_mutex_unlock(&c->mu);
     return s;
 }

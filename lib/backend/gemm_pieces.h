@@ -1,0 +1,153 @@
+/*
+ * backend/gemm_pieces.h - a GEMM whose operands must be converted (rounded
+ * to bfloat16 for BF16 math, or widened to float32 for float32 math) cut
+ * into pieces whose converted operands fit a bounded scratch.
+ *
+ * Converting a whole operand costs scratch the size of the operand: for the
+ * head's backward that is a chunk of logits. Cut instead: C(m,n) =
+ * op(A)(m,k) op(B)(k,n) over groups of the batch, then blocks of C's rows
+ * (rows of op(A)) and columns (columns of op(B)). Every element of C is
+ * still one dot product over all of k, computed in exactly one piece, so
+ * alpha and beta apply as before; only the kernel's shapes change. Each
+ * piece's operand block is converted densely (leading dimension = its
+ * rows), which also skips the gaps between a strided operand's columns.
+ *
+ * The plan depends only on the call's sizes, which operands convert and
+ * the cap, so a given call is cut the same way every time (deterministic).
+ * Below the cap nothing is cut: one piece, the whole call.
+ */
+#ifndef DP_BACKEND_GEMM_PIECES_H
+#define DP_BACKEND_GEMM_PIECES_H
+
+#include <stddef.h>
+
+#include "backend/backend.h"
+
+/* Default bound on a device's GEMM conversion scratch (bytes): room for a
+ * 4096 x 2048 bfloat16 block, large enough that no GEMM of a
+ * moderate model is cut, small next to any accelerator or host. */
+#define DP_GEMM_CONVERT_CAP ((size_t)16 << 20)
+
+/* Blocks of rows or columns are multiples of this (GEMM-friendly), except
+ * the last; no block is smaller, even when the cap would ask for less. */
+#define DP_GEMM_PIECE_ALIGN 16
+
+typedef struct dp_gemm_plan {
+    int g;      /* matrices of the batch per piece */
+    int mb, nb; /* rows and columns of C per piece */
+} dp_gemm_plan;
+
+/* A block of one operand as stored: rows x cols elements from element
+ * offset `off` (leading dimension and stride those of the operand),
+ * `count` matrices of the batch (1 when the operand's stride is 0: one
+ * matrix shared by the batch). */
+typedef struct dp_gemm_block {
+    size_t off;
+    int rows, cols, count;
+} dp_gemm_block;
+
+static inline int dp_gemm_align_down(size_t x, int limit)
+{
+    if (x >= (size_t)limit) return limit;
+    int b = (int)(x / DP_GEMM_PIECE_ALIGN * DP_GEMM_PIECE_ALIGN);
+    if (b < DP_GEMM_PIECE_ALIGN) b = DP_GEMM_PIECE_ALIGN;
+    return b < limit ? b : limit;
+}
+
+/* Elements of one matrix's converted block: a_conv/b_conv say which
+ * operands convert, esize the converted element's bytes. */
+static inline size_t dp_gemm_piece_bytes(int a_conv, int b_conv, size_t esize, int mb, int nb,
+                                         int k, int g)
+{
+    size_t a = a_conv ? (size_t)mb * (size_t)k * esize : 0;
+    size_t b = b_conv ? (size_t)k * (size_t)nb * esize : 0;
+    return (size_t)g * (a + b);
+}
+
+/* The cut of an (m, n, k, batch) GEMM under `cap` scratch bytes. */
+static inline dp_gemm_plan dp_gemm_plan_pieces(int m, int n, int k, int batch, int a_conv,
+                                               int b_conv, size_t esize, size_t cap)
+{
+    dp_gemm_plan p = {batch, m, n};
+    size_t one = dp_gemm_piece_bytes(a_conv, b_conv, esize, m, n, k, 1);
+    if ((size_t)batch * one <= cap || one == 0) return p;
+    if (one <= cap) { /* whole matrices, a group of the batch at a time */
+        p.g = (int)(cap / one);
+        return p;
+    }
+    p.g = 1;
+    size_t row = a_conv ? (size_t)k * esize : 0; /* bytes per row of C (A's block) */
+    size_t col = b_conv ? (size_t)k * esize : 0; /* bytes per column of C (B's block) */
+    size_t a_all = row * (size_t)m, b_all = col * (size_t)n;
+    if (!b_conv) {
+        p.mb = dp_gemm_align_down(cap / row, m);
+    } else if (!a_conv) {
+        p.nb = dp_gemm_align_down(cap / col, n);
+    } else if (a_all <= cap / 2) { /* A whole, B in blocks */
+        p.nb = dp_gemm_align_down((cap - a_all) / col, n);
+    } else if (b_all <= cap / 2) {
+        p.mb = dp_gemm_align_down((cap - b_all) / row, m);
+    } else {
+        p.mb = dp_gemm_align_down(cap / 2 / row, m);
+        p.nb = dp_gemm_align_down(cap / 2 / col, n);
+    }
+    return p;
+}
+
+/* op(A)'s rows [i0, i0 + mb) of matrices [b0, b0 + g): stored rows (not
+ * transposed) or stored columns (transposed). */
+static inline dp_gemm_block dp_gemm_block_a(const dp_gemm_arg *A, dp_op ta, int b0, int g, int i0,
+                                            int mb, int k)
+{
+    dp_gemm_block b;
+    b.count = A->stride == 0 ? 1 : g;
+    size_t base = (size_t)b0 * (size_t)A->stride;
+    if (ta == DP_OP_N) {
+        b.off = base + (size_t)i0;
+        b.rows = mb, b.cols = k;
+    } else {
+        b.off = base + (size_t)i0 * (size_t)A->ld;
+        b.rows = k, b.cols = mb;
+    }
+    return b;
+}
+
+/* op(B)'s columns [j0, j0 + nb) of matrices [b0, b0 + g). */
+static inline dp_gemm_block dp_gemm_block_b(const dp_gemm_arg *B, dp_op tb, int b0, int g, int j0,
+                                            int nb, int k)
+{
+    dp_gemm_block b;
+    b.count = B->stride == 0 ? 1 : g;
+    size_t base = (size_t)b0 * (size_t)B->stride;
+    if (tb == DP_OP_N) {
+        b.off = base + (size_t)j0 * (size_t)B->ld;
+        b.rows = k, b.cols = nb;
+    } else {
+        b.off = base + (size_t)j0;
+        b.rows = nb, b.cols = k;
+    }
+    return b;
+}
+
+/* The piece's operand: the converted block at dst (dense: ld = rows,
+ * stride = rows x cols, or 0 when shared), or the unconverted operand in
+ * place from the block's offset (esize: its element's bytes). */
+static inline dp_gemm_arg dp_gemm_block_arg(const dp_gemm_arg *a, const dp_gemm_block *b,
+                                            const void *dst, int dst_bf16, size_t esize)
+{
+    dp_gemm_arg r;
+    if (dst) {
+        r.p = dst;
+        r.bf16 = dst_bf16;
+        r.ld = b->rows;
+        r.stride = b->count == 1 && a->stride == 0 ? 0 : (long long)b->rows * b->cols;
+    } else {
+        r.p = (const char *)a->p + b->off * esize;
+        r.bf16 = a->bf16;
+        r.ld = a->ld;
+        r.stride = a->stride;
+    }
+    return r;
+}
+
+#endif /* DP_BACKEND_GEMM_PIECES_H */
