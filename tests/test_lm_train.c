@@ -7,6 +7,7 @@
  *    AdamW moments, bit for bit, as 4 steps, save, resume, 4 more;
  *  - a checkpoint from cpu:2 resumes on cpu:1;
  *  - --eval-only prints the same validation loss as the end of training;
+ *    --val-tokens of the split's length or more changes nothing printed;
  *  - --lr-decay-steps: a run stopped part-way resumes bitwise;
  *  - SIGTERM / SIGINT save the checkpoint and exit with 128 + signal;
  *  - a resume truncates the JSONL log to the checkpoint's step, and the
@@ -307,6 +308,33 @@ Test(lm_train, eval_only_matches_final_val_loss)
     cr_assert_null(strstr(e.out, "trained"), "--eval-only trained:\n%s", e.out);
     result_free(&a);
     result_free(&e);
+}
+
+/* --val-tokens as long as the validation split, or longer, is the whole
+ * split: the same output to the byte (the same loss, no note). Shorter
+ * limits are checked on token files (test_lm_train_tokens.c). */
+Test(lm_train, val_tokens_of_the_whole_split_changes_nothing)
+{
+    result a = RUN("--steps", "2", "--save", "@v.st");
+    assert_success(&a, "training");
+    result e = RUN("--resume", "@v.st", "--eval-only");
+    assert_success(&e, "--eval-only");
+    /* The data line: "N tokens: X train, Y validation". */
+    double nval = number_after(e.out, " train, ");
+    cr_assert(isfinite(nval) && nval > 17, "no validation size:\n%s", e.out);
+    char whole[32];
+    snprintf(whole, sizeof whole, "%.0f", nval);
+    result w = RUN("--resume", "@v.st", "--eval-only", "--val-tokens", whole);
+    assert_success(&w, "--val-tokens the split's length");
+    cr_assert_str_eq(w.out, e.out, "--val-tokens %s", whole);
+    result x = RUN("--resume", "@v.st", "--eval-only", "--val-tokens", "9223372036854775807");
+    assert_success(&x, "--val-tokens LONG_MAX");
+    cr_assert_str_eq(x.out, e.out, "--val-tokens LONG_MAX");
+    cr_assert_null(strstr(e.out, "validation: the first"), "%s", e.out);
+    result_free(&a);
+    result_free(&e);
+    result_free(&w);
+    result_free(&x);
 }
 
 // --- non-finite steps and crash safety -------------------------------------------------
@@ -935,6 +963,15 @@ static bad_case bad_cases[] = {
     {"max-tokens-per-device below context", {"--max-tokens-per-device", "4"},
      "--max-tokens-per-device 4", "", 0, 0, 0},
     {"lr-decay-steps 0", {"--lr-decay-steps", "0"}, "--lr-decay-steps", "", 0, 0, 0},
+    {"val-tokens below one window", {"--val-tokens", "16", "--log", "@out.jsonl"},
+     "--val-tokens 16 is shorter than one window", "", 0, 0, 0},
+    {"val-tokens -1", {"--val-tokens", "-1"}, "--val-tokens: \"-1\" is not an integer", "", 0,
+     0, 0},
+    {"val-tokens abc", {"--val-tokens", "abc"}, "--val-tokens: \"abc\"", "", 0, 0, 0},
+    {"val-tokens past long", {"--val-tokens", "99999999999999999999999"}, "--val-tokens: ", "",
+     0, 0, 0},
+    {"val-tokens below the checkpoint's window", {"--resume", "@good.st", "--eval-only",
+     "--val-tokens", "1"}, "give at least 17 or 0", "", 1, 0, 1},
     {"save-interval without save", {"--save-interval", "2"}, "--save-interval needs --save", "",
      0, 0, 1},
     {"save with eval-only", {"--resume", "@good.st", "--eval-only"}, "--eval-only", "", 1, 0, 0},

@@ -7,6 +7,8 @@
  *    process on cpu:2, with and without --shard-optimizer, and with
  *    --logits-chunk 7; rank 0 alone prints (one summary, one sample, the
  *    same text) and writes --log;
+ *  - with --val-tokens the ranks evaluate the same first windows: the
+ *    final loss of one process;
  *  - a checkpoint from 2 ranks x cpu:2 resumes in one process on cpu:4
  *    bitwise as 8 steps straight, and one from cpu:1 resumes under 2 ranks
  *    as it resumes in one process on cpu:2;
@@ -234,6 +236,23 @@ Test(lm_train_mpi, two_ranks_equal_one_process_bitwise_with_sharded_optimizer)
 Test(lm_train_mpi, two_ranks_equal_one_process_bitwise_with_logits_chunks)
 {
     two_ranks_equal_one_process("--logits-chunk=7");
+}
+
+/* --val-tokens 200 keeps floor(199 / 16) = 12 windows of the validation
+ * split (a batch of 8 and one of 4 rows): every rank must count the same
+ * windows, or the ranks' collective evaluations would not match. */
+Test(lm_train_mpi, val_tokens_under_2_ranks_equals_one_process)
+{
+    result a = RUN(2, "--devices", "cpu:1", "--steps", "2", "--val-tokens", "200");
+    dp_test_assert_success(&a, "mpiexec -n 2 lm_train --val-tokens 200");
+    result b = RUN(0, "--devices", "cpu:2", "--steps", "2", "--val-tokens", "200");
+    dp_test_assert_success(&b, "lm_train --devices cpu:2 --val-tokens 200");
+    cr_assert_eq(dp_test_count(a.out, "validation: the first 193 of "), 1, "stdout:\n%s", a.out);
+    const char *va = strstr(a.out, "final val_loss"), *vb = strstr(b.out, "final val_loss");
+    cr_assert(va && vb && strncmp(va, vb, 26) == 0, "evaluation differs:\n%s\n%s", a.out,
+              b.out);
+    dp_test_result_free(&a);
+    dp_test_result_free(&b);
 }
 
 // --- resume across ranks and devices ---------------------------------------------------

@@ -16,6 +16,9 @@
  *    padded to 50304 past the table), print as ids without it, and
  *    --prompt-ids starts them;
  *  - a single .bin splits 90/10;
+ *  - --val-tokens N: the final evaluation and --eval-only read the first N
+ *    validation tokens, bitwise the loss of a split holding only those;
+ *    N of the split's length or more is the whole split, output unchanged;
  *  - resume refuses other data (format, lengths, text vs tokens);
  *    --eval-only takes other token data;
  *  - bad files and options fail before training with one "lm_train: ..."
@@ -252,6 +255,97 @@ Test(lm_tokens, a_single_bin_file_splits_90_10)
     dp_test_result_free(&a);
 }
 
+// --- --val-tokens -----------------------------------------------------------------------
+
+/* The one line lm_train wrote on stderr holds needle; it failed. */
+static void assert_refused(const result *r, const char *needle)
+{
+    cr_assert(WIFEXITED(r->status) && WEXITSTATUS(r->status) != 0, "not refused:\n%s", r->out);
+    cr_assert(strstr(r->err, needle) && dp_test_count(r->err, "\n") == 1, "want one line with "
+              "\"%s\":\n%s", needle, r->err);
+}
+
+/* A validation split whose first 304 tokens are the fixture's and the
+ * rest one repeated id, as llm.c shards (vmix), and the same train split
+ * with only those 304 validation tokens as nanoGPT files (vhead). With
+ * --context 16, --val-tokens 304 keeps floor(303 / 16) = 18 windows
+ * (tokens 0..288); a count of floor(304 / 16) = 19 would read token 304,
+ * the other content, and differ from vhead's loss. */
+enum { VT_HEAD = 304, VT_VAL = 1000 };
+
+static void make_val_tokens_data(void)
+{
+    int32_t *ids = fixture_ids(), val[VT_VAL];
+    for (size_t i = 0; i < VT_VAL; i++) val[i] = i < VT_HEAD ? ids[N_TRAIN + i] : 7;
+    cr_assert_eq(mkdir(in_tmp("vmix"), 0755), 0);
+    dp_test_write_llmc(in_tmp("vmix/toy_train_000001.bin"), ids, N_TRAIN);
+    dp_test_write_llmc(in_tmp("vmix/toy_val_000000.bin"), val, VT_VAL);
+    cr_assert_eq(mkdir(in_tmp("vhead"), 0755), 0);
+    dp_test_write_raw(in_tmp("vhead/train.bin"), ids, N_TRAIN);
+    dp_test_write_raw(in_tmp("vhead/val.bin"), val, VT_HEAD);
+    free(ids);
+}
+
+Test(lm_tokens, val_tokens_evaluates_the_first_n_tokens)
+{
+    make_val_tokens_data();
+    /* The final evaluation: training reads no validation token, so both
+     * runs train alike and evaluate the same 18 windows. */
+    result t = RUN("--data", "@vmix", "--steps", "3", "--val-tokens", "304", "--save", "@vt.st");
+    dp_test_assert_success(&t, "training with --val-tokens 304");
+    cr_assert(strstr(t.out, "validation: the first 289 of 1000 tokens (--val-tokens 304: 18 "
+                            "windows of context 16)\n"), "no note:\n%s", t.out);
+    result h = RUN("--data", "@vhead", "--steps", "3");
+    dp_test_assert_success(&h, "training on the first 304 validation tokens");
+    cr_assert_null(strstr(h.out, "validation: the first"), "%s", h.out);
+    double ft = number_after(t.out, "final val_loss "), fh = number_after(h.out, "final val_loss ");
+    cr_assert(isfinite(ft) && ft == fh, "final val_loss %.4f with --val-tokens 304, %.4f on the "
+              "first 304 tokens:\n%s\n%s", ft, fh, t.out, h.out);
+
+    /* --eval-only: the limited loss is the head's to all printed digits,
+     * and differs from the whole split's. */
+    result el = RUN("--data", "@vmix", "--resume", "@vt.st", "--eval-only", "--val-tokens", "304");
+    dp_test_assert_success(&el, "--eval-only --val-tokens 304");
+    result eh = RUN("--data", "@vhead", "--resume", "@vt.st", "--eval-only");
+    dp_test_assert_success(&eh, "--eval-only on the first 304 tokens");
+    result ea = RUN("--data", "@vmix", "--resume", "@vt.st", "--eval-only");
+    dp_test_assert_success(&ea, "--eval-only on the whole split");
+    double vl = number_after(el.out, "val_loss "), vh = number_after(eh.out, "val_loss ");
+    double va = number_after(ea.out, "val_loss ");
+    cr_assert(isfinite(vl) && vl == vh, "--val-tokens 304: %.6f, the first 304 tokens: %.6f", vl,
+              vh);
+    cr_assert(isfinite(va) && va != vl, "the whole split's loss %.6f equals the first 304 "
+              "tokens'", va);
+    cr_assert(fabs(ft - vl) <= 5e-5 + 5e-7, "final %.4f vs --eval-only %.6f", ft, vl);
+
+    /* The split's length, or more: the whole split, the output unchanged. */
+    result ew = RUN("--data", "@vmix", "--resume", "@vt.st", "--eval-only", "--val-tokens", "1000");
+    dp_test_assert_success(&ew, "--val-tokens 1000");
+    cr_assert_str_eq(ew.out, ea.out);
+    result ep = RUN("--data", "@vmix", "--resume", "@vt.st", "--eval-only", "--val-tokens", "5000");
+    dp_test_assert_success(&ep, "--val-tokens 5000");
+    cr_assert_str_eq(ep.out, ea.out);
+
+    /* Below one window: refused, naming the fix; with the checkpoint's context too. */
+    result b = RUN("--data", "@vmix", "--val-tokens", "16", "--save", "@bad.st");
+    assert_refused(&b, "--val-tokens 16 is shorter than one window (context+1 = 17 tokens); "
+                       "give at least 17 or 0 for the whole split");
+    result c = RUN("--data", "@vmix", "--resume", "@vt.st", "--eval-only", "--val-tokens", "5");
+    assert_refused(&c, "(the checkpoint's context+1 = 17 tokens)");
+    struct stat sb;
+    cr_assert_neq(stat(in_tmp("bad.st"), &sb), 0, "a checkpoint was written");
+
+    dp_test_result_free(&t);
+    dp_test_result_free(&h);
+    dp_test_result_free(&el);
+    dp_test_result_free(&eh);
+    dp_test_result_free(&ea);
+    dp_test_result_free(&ew);
+    dp_test_result_free(&ep);
+    dp_test_result_free(&b);
+    dp_test_result_free(&c);
+}
+
 // --- samples --------------------------------------------------------------------------
 
 /* Checks that s is made of n fixture tokens " w<i>", each i < V; returns
@@ -321,14 +415,6 @@ Test(lm_tokens, samples_decode_through_the_tokenizer_file_or_print_ids)
 }
 
 // --- resume on other data ---------------------------------------------------------------
-
-/* The one line lm_train wrote on stderr holds needle; it failed. */
-static void assert_refused(const result *r, const char *needle)
-{
-    cr_assert(WIFEXITED(r->status) && WEXITSTATUS(r->status) != 0, "not refused:\n%s", r->out);
-    cr_assert(strstr(r->err, needle) && dp_test_count(r->err, "\n") == 1, "want one line with "
-              "\"%s\":\n%s", needle, r->err);
-}
 
 Test(lm_tokens, resume_refuses_other_data_and_eval_only_takes_it)
 {

@@ -81,6 +81,7 @@ typedef struct opts {
     long vocab_size, layers, heads, dim, context, batch_size, grad_accum, max_tokens;
     long steps, warmup, lr_decay_steps, eval_interval, eval_iters, save_interval, sample, top_k;
     long max_skips, check_replicas;
+    long val_tokens; /* the final evaluation reads the first N validation tokens, 0 = all */
     size_t logits_chunk; /* dp_engine_config.logits_chunk_rows: 0 auto, DP_LOGITS_WHOLE whole */
     double lr, min_lr, weight_decay, beta1, beta2, grad_clip, temperature, watchdog;
     unsigned long long seed;
@@ -201,8 +202,17 @@ static void usage(FILE *f)
             "  --eval-interval N      steps between evaluations (default %ld)\n"
             "  --eval-iters N         batches per split per evaluation (default %ld)\n"
             "  --eval-only            with --resume: print the loss over the whole validation split\n"
-            "                         of --data (any text the checkpoint's tokenizer covers, or\n"
-            "                         any token data of its vocabulary)\n"
+            "                         of --data, or its first --val-tokens (any text the\n"
+            "                         checkpoint's tokenizer covers, or any token data of its\n"
+            "                         vocabulary)\n"
+            "  --val-tokens N         the final evaluation and --eval-only read only the first N\n"
+            "                         tokens of the validation split: W = min(all windows,\n"
+            "                         floor((N-1) / context)) windows, each context+1 tokens at a\n"
+            "                         multiple of the context, wholly within them. At least\n"
+            "                         context+1;"
+            " 0 = the whole split (default 0); N past the split's\n"
+            "                         end reads the whole split. The evaluations during training\n"
+            "                         (--eval-iters batches) sample the whole split either way\n"
             "  --save PATH            safetensors checkpoint, written atomically at the end, every\n"
             "                         --save-interval steps and on SIGINT/SIGTERM; not with\n"
             "                         --eval-only (default none)\n"
@@ -239,6 +249,19 @@ static void usage(FILE *f)
             d.eval_iters, SAMPLE_MAX, d.sample, d.temperature, d.top_k);
 }
 
+/* --val-tokens below one window (context+1 tokens: context inputs, and
+ * the last one's target one further) would evaluate nothing. whose names
+ * where the context came from ("" or "the checkpoint's "). */
+static int check_val_tokens(const opts *o, const char *whose)
+{
+    if (!o->val_tokens || o->val_tokens > o->context) return 0;
+    /* unsigned: --context LONG_MAX must not overflow the message's number */
+    unsigned long need = (unsigned long)o->context + 1;
+    return cli_fail("--val-tokens %ld is shorter than one window (%scontext+1 = %lu tokens); "
+                    "give at least %lu or 0 for the whole split", o->val_tokens, whose, need,
+                    need);
+}
+
 /* 1 with a message when o is inconsistent (checks that need no file). */
 static int check_opts(const opts *o)
 {
@@ -258,6 +281,8 @@ static int check_opts(const opts *o)
     if (o->max_tokens && o->max_tokens < o->context && !o->resume)
         return cli_fail("--max-tokens-per-device %ld is below --context %ld (one sequence); "
                         "raise it to at least %ld", o->max_tokens, o->context, o->context);
+    /* With --resume the checkpoint's context counts (apply_checkpoint checks). */
+    if (!o->resume && check_val_tokens(o, "")) return 1;
     /* With --resume the checkpoint's shape counts; setup reports a conflict. */
     if (!o->resume && o->dim % o->heads)
         return cli_fail("--heads %ld does not divide --dim %ld; pick heads that divide dim",
@@ -272,7 +297,7 @@ static int parse_args(int argc, char **argv, opts *o)
         O_ACCUM, O_MAXTOK, O_STEPS, O_LR, O_MINLR, O_WARMUP, O_DECAY, O_WD, O_B1, O_B2, O_CLIP,
         O_EVI, O_EVN, O_SEED, O_SAVE, O_SAVEI, O_RESUME, O_EVONLY, O_SAMPLE, O_TEMP, O_TOPK,
         O_PROMPT, O_LOG, O_MEM, O_SKIPS, O_WATCHDOG, O_CHECK, O_TF32, O_WEIGHTS, O_TOKBAL, O_TRACE,
-        O_SHARD, O_CHUNK, O_PREC, O_TOKFILE, O_PROMPTIDS, O_HELP
+        O_SHARD, O_CHUNK, O_PREC, O_TOKFILE, O_PROMPTIDS, O_VALTOK, O_HELP
     };
     static const struct option lo[] = {
         {"data", 1, 0, O_DATA},          {"tokenizer", 1, 0, O_TOK},
@@ -298,7 +323,7 @@ static int parse_args(int argc, char **argv, opts *o)
         {"trace", 1, 0, O_TRACE},        {"shard-optimizer", 0, 0, O_SHARD},
         {"logits-chunk", 1, 0, O_CHUNK}, {"precision", 1, 0, O_PREC},
         {"tokenizer-file", 1, 0, O_TOKFILE}, {"prompt-ids", 1, 0, O_PROMPTIDS},
-        {"help", 0, 0, O_HELP},
+        {"val-tokens", 1, 0, O_VALTOK},  {"help", 0, 0, O_HELP},
         {0, 0, 0, 0}};
     opterr = 0;
     int c;
@@ -336,6 +361,7 @@ static int parse_args(int argc, char **argv, opts *o)
         case O_SAVEI: bad = cli_parse_long("--save-interval", v, 0, LONG_MAX, &o->save_interval); o->given |= G_SAVEI; break;
         case O_RESUME: o->resume = v; break;
         case O_EVONLY: o->eval_only = 1; break;
+        case O_VALTOK: bad = cli_parse_long("--val-tokens", v, 0, LONG_MAX, &o->val_tokens); break;
         case O_TF32: o->tf32 = 1; break;
         case O_TOKBAL: o->token_balanced = 1; break;
         case O_TRACE: o->trace = v; break;
@@ -539,14 +565,31 @@ static int estimate_loss(run *r, dp_sampler *s, double *out)
     return 0;
 }
 
-/* Loss over the whole validation split: consecutive windows at multiples of
- * the context, the last incomplete one dropped. */
+/* Loss over the validation split: consecutive windows at multiples of the
+ * context, the last incomplete one dropped. Window w reads tokens w*T ..
+ * w*T + T (T inputs, the last target one further), so with --val-tokens N
+ * the windows wholly within the first N tokens are W = min(all windows,
+ * floor((N - 1) / T)): the same windows, in the same batches, as a split
+ * of exactly N tokens: the loss is that split's, to the bit on the same
+ * devices. With ranks every rank computes the same W (the same data and
+ * command line) and evaluates its rows of each batch, so the collective
+ * calls match. */
 static int full_val_loss(run *r, double *out)
 {
     size_t T = (size_t)r->o.context, B = (size_t)r->o.batch_size;
     size_t W = dp_eval_window_count(r->data, DP_SPLIT_VAL, T);
     if (!W)
         return AGREED_FAIL(r, "the validation split has fewer than context+1 = %zu tokens", T + 1);
+    /* check_val_tokens made N > T, so the limit is at least one window. */
+    size_t limit = r->o.val_tokens ? ((size_t)r->o.val_tokens - 1) / T : W;
+    if (limit < W) {
+        /* The loss no longer covers the whole split: say so, on a line of
+         * its own so the val_loss lines read as before. */
+        printf("validation: the first %zu of %zu tokens (--val-tokens %ld: %zu windows of "
+               "context %zu)\n", limit * T + 1, dp_token_data_size(r->data, DP_SPLIT_VAL),
+               r->o.val_tokens, limit, T);
+        W = limit;
+    }
     double sum = 0.0;
     size_t n = 0;
     for (size_t first = 0; first < W; first += B) {
@@ -1050,6 +1093,7 @@ static int apply_checkpoint(run *r)
         return cli_fail("--max-tokens-per-device %ld is below the checkpoint's --context %ld "
                         "(one sequence); raise it to at least %ld", o->max_tokens, o->context,
                         o->context);
+    if (check_val_tokens(o, "the checkpoint's ")) return 1;
     /* The kind of data trained on: token files, or text (older checkpoints). */
     const char *fmt = dp_checkpoint_meta(ck, META_FORMAT);
     int ck_tokens = fmt && strcmp(fmt, FORMAT_TEXT) != 0;
