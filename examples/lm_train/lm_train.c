@@ -209,8 +209,7 @@ static void usage(FILE *f)
             "                         tokens of the validation split: W = min(all windows,\n"
             "                         floor((N-1) / context)) windows, each context+1 tokens at a\n"
             "                         multiple of the context, wholly within them. At least\n"
-            "                         context+1;"
-            " 0 = the whole split (default 0); N past the split's\n"
+            "                         context+1; 0 = the whole split (default 0); N past the split's\n"
             "                         end reads the whole split. The evaluations during training\n"
             "                         (--eval-iters batches) sample the whole split either way\n"
             "  --save PATH            safetensors checkpoint, written atomically at the end, every\n"
@@ -250,7 +249,7 @@ static void usage(FILE *f)
 }
 
 /* --val-tokens below one window (context+1 tokens: context inputs, and
- * the last one's target one further) would evaluate nothing. whose names
+ * the last one's target one further) would evaluate nothing. `whose` says
  * where the context came from ("" or "the checkpoint's "). */
 static int check_val_tokens(const opts *o, const char *whose)
 {
