@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "backend/backend.h"
 #include "nn_test_util.h"
 
 #ifdef DP_TEST_HAVE_OMP
@@ -103,6 +104,57 @@ Test(bf16, widening_is_exact_and_round_trips)
 }
 
 // --- dp_convert on a device ------------------------------------------------------------
+
+/* The block conversions a GEMM in pieces uses on a GPU (kernels/bf16.h,
+ * backend ops pack_f32_bf16 / pack_bf16_f32), run by the CPU backend's
+ * loop over the same DP_HD function: item i of the dense copy is element
+ * (row, col) of matrix mat of the block, read at off + mat*stride +
+ * col*ld + row; the padding around the block is never read. */
+Test(bf16, block_conversions_read_exactly_the_block)
+{
+    enum { LD = 13, COLS = 9, STRIDE = LD * COLS + 5, MATS = 3, TOTAL = STRIDE * MATS };
+    const dp_block blk = {LD + 2, LD, STRIDE, 7, 6}; /* rows 2..8 of columns 1..6 */
+    const size_t n = MATS * 7 * 6;
+    float x[TOTAL];
+    dp_bf16 h[TOTAL];
+    for (int i = 0; i < TOTAL; i++) {
+        x[i] = NAN; /* padding: reading it shows */
+        h[i] = dp_bf16_from_float(NAN);
+    }
+    dp_rng rng;
+    dp_rng_seed(&rng, 11);
+    for (int mat = 0; mat < MATS; mat++)
+        for (int col = 0; col < 6; col++)
+            for (int row = 0; row < 7; row++) {
+                size_t at = blk.off + (size_t)mat * STRIDE + (size_t)col * LD + (size_t)row;
+                x[at] = 4.0f * dp_rng_uniform(&rng) - 2.0f;
+                h[at] = dp_bf16_from_float(x[at]);
+            }
+    dp_device *dev = dp_test_cpu(0);
+    float *dx = dp_test_upload(dev, x, TOTAL), *dw = NULL;
+    dp_bf16 *dh = NULL, *dr = NULL;
+    dp_assert_ok(dp_device_alloc(dev, sizeof h, (void **)&dh));
+    dp_assert_ok(dp_copy_h2d(dev, dh, h, sizeof h));
+    dp_assert_ok(dp_device_alloc(dev, n * sizeof *dr, (void **)&dr));
+    dp_assert_ok(dp_device_alloc(dev, n * sizeof *dw, (void **)&dw));
+    dp_assert_ok(dev->ops->pack_f32_bf16(dev, (uint16_t *)dr, dx, blk, n));
+    dp_assert_ok(dev->ops->pack_bf16_f32(dev, dw, (const uint16_t *)dh, blk, n));
+    dp_bf16 r[MATS * 7 * 6];
+    dp_assert_ok(dp_copy_d2h(dev, r, dr, sizeof r));
+    float *w = nn_download(dev, dw, n);
+    size_t i = 0;
+    for (int mat = 0; mat < MATS; mat++)
+        for (int col = 0; col < 6; col++)
+            for (int row = 0; row < 7; row++, i++) {
+                size_t at = blk.off + (size_t)mat * STRIDE + (size_t)col * LD + (size_t)row;
+                cr_assert_eq(r[i], dp_bf16_from_float(x[at]), "rounded item %zu", i);
+                cr_assert_eq(bits_of(w[i]), (uint32_t)h[at] << 16, "widened item %zu", i);
+            }
+    free(w);
+    dp_device_free(dev, dx), dp_device_free(dev, dw), dp_device_free(dev, dh),
+        dp_device_free(dev, dr);
+    dp_device_close(dev);
+}
 
 Test(bf16, convert_on_a_device_matches_the_host)
 {

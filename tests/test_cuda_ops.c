@@ -33,6 +33,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "backend/device_testing.h"
 #include "dp/optim.h"
 #include "nn_test_util.h"
 
@@ -485,6 +486,29 @@ Test(cuda_gemm, bf16_math_and_operands_within_the_float32_bound, .timeout = 60)
         big.bf16_math = 1;
         big.a16 = 1;
         check_gemm(dev, &big, gamma_f32(big.k), seed++);
+        /* Cut into pieces (backend/gemm_pieces.h): a 1-byte cap gives blocks
+         * of 16 rows and columns, one matrix at a time; 6000 bytes groups of
+         * the batch. Each piece converts its blocks into the same scratch,
+         * so a missing stream order would show as wrong blocks. */
+        const size_t caps[] = {1, 6000};
+        for (int cap = 0; cap < 2; cap++) {
+            dp_device_set_gemm_convert_cap(dev, caps[cap]);
+            for (int mode = 0; mode < 4; mode++)
+                for (int ta = 0; ta < 2; ta++) {
+                    gemm_case c = gc((dp_op)ta, (dp_op)(1 - ta), 40, 37, 65, 3, 1.5f, 0.5f);
+                    c.bf16_math = mode < 3;
+                    c.a16 = mode == 1 || mode == 3;
+                    c.b16 = mode == 2;
+                    check_gemm(dev, &c, gamma_f32(c.k), seed++);
+                    c.batch = 5;
+                    c.sa = (long long)c.lda * (ta == 0 ? c.k : c.m) + 7;
+                    c.sb = (long long)c.ldb * (ta == 1 ? c.n : c.k) + 5;
+                    c.sc = (long long)c.ldc * c.n + 11;
+                    check_gemm(dev, &c, gamma_f32(c.k), seed++);
+                }
+            check_gemm(dev, &big, gamma_f32(big.k), seed++);
+        }
+        dp_device_set_gemm_convert_cap(dev, 0);
         close_checked(dev);
     }
 }

@@ -94,39 +94,31 @@ static inline dp_gemm_plan dp_gemm_plan_pieces(int m, int n, int k, int batch, i
     return p;
 }
 
-/* op(A)'s rows [i0, i0 + mb) of matrices [b0, b0 + g): stored rows (not
- * transposed) or stored columns (transposed). */
-static inline dp_gemm_block dp_gemm_block_a(const dp_gemm_arg *A, dp_op ta, int b0, int g, int i0,
-                                            int mb, int k)
+/* Elements [at, at + len) of a cut dimension, in matrices [b0, b0 + g):
+ * stored rows (by_rows) or stored columns, each spanning the k others. */
+static inline dp_gemm_block dp_gemm_block_of(const dp_gemm_arg *a, int by_rows, int b0, int g,
+                                             int at, int len, int k)
 {
     dp_gemm_block b;
-    b.count = A->stride == 0 ? 1 : g;
-    size_t base = (size_t)b0 * (size_t)A->stride;
-    if (ta == DP_OP_N) {
-        b.off = base + (size_t)i0;
-        b.rows = mb, b.cols = k;
-    } else {
-        b.off = base + (size_t)i0 * (size_t)A->ld;
-        b.rows = k, b.cols = mb;
-    }
+    b.count = a->stride == 0 ? 1 : g;
+    b.off = (size_t)b0 * (size_t)a->stride + (size_t)at * (by_rows ? 1 : (size_t)a->ld);
+    b.rows = by_rows ? len : k;
+    b.cols = by_rows ? k : len;
     return b;
 }
 
-/* op(B)'s columns [j0, j0 + nb) of matrices [b0, b0 + g). */
+/* op(A)'s rows [i0, i0 + mb): A's stored rows, or its columns when transposed. */
+static inline dp_gemm_block dp_gemm_block_a(const dp_gemm_arg *A, dp_op ta, int b0, int g, int i0,
+                                            int mb, int k)
+{
+    return dp_gemm_block_of(A, ta == DP_OP_N, b0, g, i0, mb, k);
+}
+
+/* op(B)'s columns [j0, j0 + nb): B's stored columns, or its rows when transposed. */
 static inline dp_gemm_block dp_gemm_block_b(const dp_gemm_arg *B, dp_op tb, int b0, int g, int j0,
                                             int nb, int k)
 {
-    dp_gemm_block b;
-    b.count = B->stride == 0 ? 1 : g;
-    size_t base = (size_t)b0 * (size_t)B->stride;
-    if (tb == DP_OP_N) {
-        b.off = base + (size_t)j0 * (size_t)B->ld;
-        b.rows = k, b.cols = nb;
-    } else {
-        b.off = base + (size_t)j0;
-        b.rows = nb, b.cols = k;
-    }
-    return b;
+    return dp_gemm_block_of(B, tb == DP_OP_T, b0, g, j0, nb, k);
 }
 
 /* The piece's operand: the converted block at dst (dense: ld = rows,

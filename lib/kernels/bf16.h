@@ -67,6 +67,37 @@ static inline DP_HD void dp_round_bf16_elem(float *dst, const float *src, size_t
 }
 
 /*
+ * A block of a column-major operand read densely: matrices of rows x cols
+ * elements from element off, leading dimension ld, matrices stride
+ * apart. Item i of the dense copy (ld = rows, matrices rows x cols apart)
+ * reads element dp_block_src(b, i). A GEMM converting its operands in
+ * pieces (backend/gemm_pieces.h) converts such blocks.
+ */
+typedef struct dp_block {
+    size_t off, ld, stride, rows, cols;
+} dp_block;
+
+static inline DP_HD size_t dp_block_src(dp_block b, size_t i)
+{
+    size_t per = b.rows * b.cols, mat = i / per, r = i - mat * per, col = r / b.rows;
+    return b.off + mat * b.stride + col * b.ld + (r - col * b.rows);
+}
+
+/* dst[i] = bf16 of the block's item i. */
+static inline DP_HD void dp_pack_f32_bf16_elem(uint16_t *dst, const float *src, dp_block b,
+                                               size_t i)
+{
+    dst[i] = dp_bf16_round(src[dp_block_src(b, i)]);
+}
+
+/* dst[i] = float of the block's item i (exact). */
+static inline DP_HD void dp_pack_bf16_f32_elem(float *dst, const uint16_t *src, dp_block b,
+                                               size_t i)
+{
+    dst[i] = dp_bf16_widen(src[dp_block_src(b, i)]);
+}
+
+/*
  * A parameter tensor as a kernel reads it: float32 elements, or bfloat16
  * ones (a replica in bf16 precision). Kernels that read parameters take a
  * dp_pref and read element i with dp_pref_at, widened to float32, so one

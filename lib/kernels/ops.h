@@ -54,6 +54,11 @@
     X(cast_bf16_f32, ELEM, dp_cast_bf16_f32_elem, (float *dst, const uint16_t *src),       \
       (dst, src))                                                                          \
     X(round_bf16, ELEM, dp_round_bf16_elem, (float *dst, const float *src), (dst, src))    \
+    /* a block of an operand, densely; n = matrices * rows * cols (kernels/bf16.h) */      \
+    X(pack_f32_bf16, ELEM, dp_pack_f32_bf16_elem,                                          \
+      (uint16_t *dst, const float *src, dp_block blk), (dst, src, blk))                    \
+    X(pack_bf16_f32, ELEM, dp_pack_bf16_f32_elem,                                          \
+      (float *dst, const uint16_t *src, dp_block blk), (dst, src, blk))                    \
     X(gelu_forward, ELEM, dp_gelu_forward_elem, (float *out, const float *inp), (out, inp)) \
     X(gelu_backward, ELEM, dp_gelu_backward_elem,                                          \
       (float *dinp, const float *inp, const float *dout), (dinp, inp, dout))               \

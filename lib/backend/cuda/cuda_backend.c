@@ -38,6 +38,7 @@
 #include <cuda_runtime_api.h>
 
 #include "backend/backend.h"
+#include "backend/gemm_pieces.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_native.h"
 #include "core/error.h"
@@ -589,56 +590,66 @@ static dp_status cuda_event_elapsed(dp_device *dev, void *start, void *end, doub
 /* Forward declaration: the scratch is shared with the kernels below. */
 static dp_status grow_scratch(dp_device *dev, cuda_ctx *c, void **buf, size_t *cap, size_t bytes);
 
-/* Elements an operand spans, as stored (rows x cols before op). */
-static size_t span_of(const dp_gemm_arg *a, dp_op op, int rows_n, int cols_n, int batch)
+/* A piece's block of an operand converted densely into dst on the stream:
+ * float32 rounded to bfloat16 (to_bf16), or bfloat16 widened. */
+static cudaError_t convert_block(cudaStream_t s, void *dst, const dp_gemm_arg *a,
+                                 const dp_gemm_block *b, int to_bf16)
 {
-    return op == DP_OP_N ? dp_gemm_arg_span(a, rows_n, cols_n, batch)
-                         : dp_gemm_arg_span(a, cols_n, rows_n, batch);
+    dp_block kb = {b->off, (size_t)a->ld, (size_t)a->stride, (size_t)b->rows, (size_t)b->cols};
+    size_t n = (size_t)b->count * (size_t)b->rows * (size_t)b->cols;
+    return to_bf16 ? dp_cuda_launch_pack_f32_bf16(s, dst, a->p, kb, n)
+                   : dp_cuda_launch_pack_bf16_f32(s, dst, a->p, kb, n);
 }
 
-/* n elements of an operand into dst: rounded to bfloat16 (to_bf16), or
- * a bfloat16 one widened to float32. */
-static cudaError_t convert_operand(cudaStream_t s, void *dst, const void *src, size_t n,
-                                   int to_bf16)
-{
-    return to_bf16 ? dp_cuda_launch_cast_f32_bf16(s, dst, src, n)
-                   : dp_cuda_launch_cast_bf16_f32(s, dst, src, n);
-}
+static size_t round256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 /* The operands in the math's type (c->mu held): a float32 operand rounded
  * to bfloat16 for BF16 math, a bfloat16 one widened for float32 math, into
  * c->cvt; then cuBLAS with bfloat16 operands and float32 compute
- * (tensor cores), or its float32 GEMM. */
+ * (tensor cores), or its float32 GEMM. Past the device's conversion cap
+ * the GEMM runs in pieces (backend/gemm_pieces.h), each converting only
+ * its blocks; the stream orders each piece's conversion after the last
+ * piece's GEMM has read the scratch. */
 static dp_status gemm_converted_locked(dp_device *dev, cuda_ctx *c, cublasOperation_t ta,
                                        cublasOperation_t tb, dp_op opa, dp_op opb, int m, int n,
                                        int k, float alpha, const dp_gemm_arg *A,
                                        const dp_gemm_arg *B, float beta, float *C, int ldc,
                                        long long sC, int batch, int bf16)
 {
-    size_t na = span_of(A, opa, m, k, batch), nb = span_of(B, opb, k, n, batch);
-    size_t esize = bf16 ? 2 : 4;
+    size_t esize = bf16 ? 2 : 4, ea = A->bf16 ? 2 : 4, eb = B->bf16 ? 2 : 4;
     int conv_a = bf16 ? !A->bf16 : A->bf16, conv_b = bf16 ? !B->bf16 : B->bf16;
-    size_t off_b = conv_a ? (na * esize + 255) / 256 * 256 : 0;
-    DP_TRY(grow_scratch(dev, c, &c->cvt, &c->cvt_bytes, off_b + (conv_b ? nb * esize : 0)));
-    const void *pa = A->p, *pb = B->p;
-    unsigned char *cvt = c->cvt;
-    if (conv_a) {
-        CU_TRY(dev, convert_operand(c->stream, cvt, A->p, na, bf16));
-        pa = cvt;
+    size_t cap = dev->gemm_convert_cap ? dev->gemm_convert_cap : DP_GEMM_CONVERT_CAP;
+    dp_gemm_plan p = dp_gemm_plan_pieces(m, n, k, batch, conv_a, conv_b, esize, cap);
+    size_t a_bytes = round256(dp_gemm_piece_bytes(conv_a, 0, esize, p.mb, p.nb, k, p.g));
+    size_t b_bytes = round256(dp_gemm_piece_bytes(0, conv_b, esize, p.mb, p.nb, k, p.g));
+    DP_TRY(grow_scratch(dev, c, &c->cvt, &c->cvt_bytes, a_bytes + b_bytes));
+    unsigned char *sa = c->cvt, *sb = (unsigned char *)c->cvt + a_bytes;
+    for (int b0 = 0; b0 < batch; b0 += p.g) {
+        int g = batch - b0 < p.g ? batch - b0 : p.g;
+        for (int i0 = 0; i0 < m; i0 += p.mb) {
+            int mb = m - i0 < p.mb ? m - i0 : p.mb;
+            dp_gemm_block ba = dp_gemm_block_a(A, opa, b0, g, i0, mb, k);
+            if (conv_a) CU_TRY(dev, convert_block(c->stream, sa, A, &ba, bf16));
+            dp_gemm_arg pa = dp_gemm_block_arg(A, &ba, conv_a ? sa : NULL, bf16, ea);
+            for (int j0 = 0; j0 < n; j0 += p.nb) {
+                int nb = n - j0 < p.nb ? n - j0 : p.nb;
+                dp_gemm_block bb = dp_gemm_block_b(B, opb, b0, g, j0, nb, k);
+                if (conv_b) CU_TRY(dev, convert_block(c->stream, sb, B, &bb, bf16));
+                dp_gemm_arg pb = dp_gemm_block_arg(B, &bb, conv_b ? sb : NULL, bf16, eb);
+                float *Cp = C + (size_t)b0 * (size_t)sC + (size_t)i0 + (size_t)j0 * (size_t)ldc;
+                if (bf16)
+                    BLAS_TRY(dev, cublasGemmStridedBatchedEx(
+                                      c->blas, ta, tb, mb, nb, k, &alpha, pa.p, CUDA_R_16BF,
+                                      pa.ld, pa.stride, pb.p, CUDA_R_16BF, pb.ld, pb.stride,
+                                      &beta, Cp, CUDA_R_32F, ldc, sC, g, CUBLAS_COMPUTE_32F,
+                                      CUBLAS_GEMM_DEFAULT));
+                else
+                    BLAS_TRY(dev, cublasSgemmStridedBatched(c->blas, ta, tb, mb, nb, k, &alpha,
+                                                            pa.p, pa.ld, pa.stride, pb.p, pb.ld,
+                                                            pb.stride, &beta, Cp, ldc, sC, g));
+            }
+        }
     }
-    if (conv_b) {
-        CU_TRY(dev, convert_operand(c->stream, cvt + off_b, B->p, nb, bf16));
-        pb = cvt + off_b;
-    }
-    if (bf16)
-        BLAS_TRY(dev, cublasGemmStridedBatchedEx(c->blas, ta, tb, m, n, k, &alpha, pa, CUDA_R_16BF,
-                                                 A->ld, A->stride, pb, CUDA_R_16BF, B->ld,
-                                                 B->stride, &beta, C, CUDA_R_32F, ldc, sC, batch,
-                                                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    else
-        BLAS_TRY(dev, cublasSgemmStridedBatched(c->blas, ta, tb, m, n, k, &alpha, pa, A->ld,
-                                                A->stride, pb, B->ld, B->stride, &beta, C, ldc,
-                                                sC, batch));
     return DP_OK;
 }
 
