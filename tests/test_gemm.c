@@ -468,13 +468,14 @@ Test(gemm_ex, argument_errors)
 
 /* Every typed case again with the conversion scratch capped so that the
  * GEMMs are cut: 1 byte (blocks of 16 rows and columns, one matrix at a
- * time) and 12000 bytes (groups of the batch). The
+ * time, or blocks of k) and 12000 bytes (groups of the batch). The
  * padding between a strided operand's columns holds NaN, so a block that
  * reads it fails; C's sentinel padding must survive every piece. */
 Test(gemm_ex, pieces_under_a_capped_scratch_give_the_same_product)
 {
     static const size_t caps[] = {1, 12000};
-    static const int big[][3] = {{40, 37, 33}, {17, 66, 50}};
+    /* the last two cut k: C is too narrow to cut within the cap */
+    static const int big[][3] = {{40, 37, 33}, {17, 66, 50}, {8, 12, 300}, {20, 5, 90}};
     for (size_t c = 0; c < sizeof caps / sizeof *caps; c++) {
         convert_cap = caps[c];
         for (size_t s = 0; s < sizeof big / sizeof big[0]; s++)
@@ -496,8 +497,9 @@ Test(gemm_ex, pieces_under_a_capped_scratch_give_the_same_product)
 }
 
 /* The plan itself: below the cap one piece; then groups of the batch; then
- * blocks of C's rows (A converts), columns (B converts) or both, multiples
- * of 16 and never over the cap (unless 16 rows alone are). */
+ * blocks of C's rows (A converts), columns (B converts) or both, or blocks
+ * of k when that moves fewer bytes again; multiples of 16 and never over
+ * the cap (unless 16 alone are). */
 Test(gemm_ex, piece_plans)
 {
     dp_gemm_plan p = dp_gemm_plan_pieces(100, 80, 64, 4, 1, 1, 2, 1 << 20);
@@ -514,6 +516,19 @@ Test(gemm_ex, piece_plans)
     cr_assert(p.mb == 10 && p.nb == 176, "A whole: %d %d", p.mb, p.nb);
     p = dp_gemm_plan_pieces(1000, 1000, 64, 1, 1, 1, 2, 1);
     cr_assert(p.mb == 16 && p.nb == 16, "floor: %d %d", p.mb, p.nb);
+    /* The head's backward at V = 40000, C = 256, 256 rows, bf16 math. Its
+     * input gradient (the logits' gradient converts): cutting C's columns
+     * would read the 20 MB head weight twice, cutting k re-reads 256 KiB of
+     * C, so k is cut. */
+    const size_t mib16 = (size_t)16 << 20;
+    p = dp_gemm_plan_pieces(256, 256, 40000, 1, 0, 1, 2, mib16);
+    cr_assert(p.mb == 256 && p.nb == 256 && p.kb == 32768, "k: %d %d %d", p.mb, p.nb, p.kb);
+    /* Its weight gradient (both convert, k = 256 rows): C's columns. */
+    p = dp_gemm_plan_pieces(256, 40000, 256, 1, 1, 1, 2, mib16);
+    cr_assert(p.mb == 256 && p.nb == 32512 && p.kb == 256, "n: %d %d %d", p.mb, p.nb, p.kb);
+    /* C too narrow to cut within the cap: k is cut */
+    p = dp_gemm_plan_pieces(8, 12, 300, 1, 0, 1, 2, 3000);
+    cr_assert(p.mb == 8 && p.nb == 12 && p.kb == 112, "narrow: %d %d %d", p.mb, p.nb, p.kb);
     p = dp_gemm_plan_pieces(1000, 1000, 64, 7, 0, 0, 2, 1);
     cr_assert(p.g == 7 && p.mb == 1000 && p.nb == 1000, "nothing converts: %d %d %d", p.g, p.mb,
               p.nb);
@@ -525,8 +540,11 @@ Test(gemm_ex, piece_plans)
                     p = dp_gemm_plan_pieces(m, n, 64, 3, a, b, 2, cap);
                     cr_assert(p.g >= 1 && p.g <= 3 && p.mb >= 1 && p.mb <= m && p.nb >= 1 &&
                               p.nb <= n);
-                    size_t bytes = dp_gemm_piece_bytes(a, b, 2, p.mb, p.nb, 64, p.g);
-                    cr_assert(bytes <= cap || (p.g == 1 && (p.mb == 16 || p.nb == 16)),
+                    cr_assert(p.kb >= 1 && p.kb <= 64 && (p.kb == 64 || (p.mb == m && p.nb == n)),
+                              "k is cut only when C is not");
+                    size_t bytes = dp_gemm_piece_bytes(a, b, 2, p.mb, p.nb, p.kb, p.g);
+                    cr_assert(bytes <= cap ||
+                                  (p.g == 1 && (p.mb == 16 || p.nb == 16 || p.kb == 16)),
                               "m %d n %d a %d b %d: %zu bytes over the cap", m, n, a, b, bytes);
                 }
 }

@@ -5,12 +5,17 @@
  *
  * Converting a whole operand costs scratch the size of the operand: for the
  * head's backward that is a chunk of logits. Cut instead: C(m,n) =
- * op(A)(m,k) op(B)(k,n) over groups of the batch, then blocks of C's rows
- * (rows of op(A)) and columns (columns of op(B)). Every element of C is
- * still one dot product over all of k, computed in exactly one piece, so
- * alpha and beta apply as before; only the kernel's shapes change. Each
- * piece's operand block is converted densely (leading dimension = its
- * rows), which also skips the gaps between a strided operand's columns.
+ * op(A)(m,k) op(B)(k,n) over groups of the batch, then either blocks of
+ * C's rows (rows of op(A)) and columns (columns of op(B)), or blocks of k,
+ * whichever moves fewer bytes again: cutting C's columns re-reads op(A)
+ * once per extra block, cutting k re-reads and re-writes C (float32) once
+ * per extra block. A cut of k runs its first block with the call's beta
+ * and the others with beta = 1, adding their products to C; the partial
+ * sums stored in C between blocks are float32, as a GEMM's own
+ * accumulators are, so only the order of the sums changes, not their
+ * precision. Each piece's operand block is converted densely (leading
+ * dimension = its rows), which also skips the gaps between a strided
+ * operand's columns.
  *
  * The plan depends only on the call's sizes, which operands convert and
  * the cap, so a given call is cut the same way every time (deterministic).
@@ -33,8 +38,8 @@
 #define DP_GEMM_PIECE_ALIGN 16
 
 typedef struct dp_gemm_plan {
-    int g;      /* matrices of the batch per piece */
-    int mb, nb; /* rows and columns of C per piece */
+    int g;          /* matrices of the batch per piece */
+    int mb, nb, kb; /* rows and columns of C, and the part of k, per piece */
 } dp_gemm_plan;
 
 /* A block of one operand as stored: rows x cols elements from element
@@ -54,8 +59,8 @@ static inline int dp_gemm_align_down(size_t x, int limit)
     return b < limit ? b : limit;
 }
 
-/* Elements of one matrix's converted block: a_conv/b_conv say which
- * operands convert, esize the converted element's bytes. */
+/* Bytes of a piece's converted blocks: a_conv/b_conv say which operands
+ * convert, esize the converted element's bytes; k is the piece's part. */
 static inline size_t dp_gemm_piece_bytes(int a_conv, int b_conv, size_t esize, int mb, int nb,
                                          int k, int g)
 {
@@ -64,11 +69,13 @@ static inline size_t dp_gemm_piece_bytes(int a_conv, int b_conv, size_t esize, i
     return (size_t)g * (a + b);
 }
 
+static inline size_t dp_gemm_blocks(int dim, int block) { return ((size_t)dim + block - 1) / block; }
+
 /* The cut of an (m, n, k, batch) GEMM under `cap` scratch bytes. */
 static inline dp_gemm_plan dp_gemm_plan_pieces(int m, int n, int k, int batch, int a_conv,
                                                int b_conv, size_t esize, size_t cap)
 {
-    dp_gemm_plan p = {batch, m, n};
+    dp_gemm_plan p = {batch, m, n, k};
     size_t one = dp_gemm_piece_bytes(a_conv, b_conv, esize, m, n, k, 1);
     if ((size_t)batch * one <= cap || one == 0) return p;
     if (one <= cap) { /* whole matrices, a group of the batch at a time */
@@ -76,49 +83,69 @@ static inline dp_gemm_plan dp_gemm_plan_pieces(int m, int n, int k, int batch, i
         return p;
     }
     p.g = 1;
+    /* Rows and columns of C. */
+    dp_gemm_plan mn = p;
     size_t row = a_conv ? (size_t)k * esize : 0; /* bytes per row of C (A's block) */
     size_t col = b_conv ? (size_t)k * esize : 0; /* bytes per column of C (B's block) */
     size_t a_all = row * (size_t)m, b_all = col * (size_t)n;
     if (!b_conv) {
-        p.mb = dp_gemm_align_down(cap / row, m);
+        mn.mb = dp_gemm_align_down(cap / row, m);
     } else if (!a_conv) {
-        p.nb = dp_gemm_align_down(cap / col, n);
+        mn.nb = dp_gemm_align_down(cap / col, n);
     } else if (a_all <= cap / 2) { /* A whole, B in blocks */
-        p.nb = dp_gemm_align_down((cap - a_all) / col, n);
+        mn.nb = dp_gemm_align_down((cap - a_all) / col, n);
     } else if (b_all <= cap / 2) {
-        p.mb = dp_gemm_align_down((cap - b_all) / row, m);
+        mn.mb = dp_gemm_align_down((cap - b_all) / row, m);
     } else {
-        p.mb = dp_gemm_align_down(cap / 2 / row, m);
-        p.nb = dp_gemm_align_down(cap / 2 / col, n);
+        mn.mb = dp_gemm_align_down(cap / 2 / row, m);
+        mn.nb = dp_gemm_align_down(cap / 2 / col, n);
     }
-    return p;
+    /* Blocks of k: a piece converts kb rows of op(B) and kb columns of op(A). */
+    dp_gemm_plan kc = p;
+    size_t per_k = ((a_conv ? (size_t)m : 0) + (b_conv ? (size_t)n : 0)) * esize;
+    kc.kb = dp_gemm_align_down(cap / per_k, k);
+    /* Bytes read (and written) again: op(A) per extra column block, op(B)
+     * per extra row block (as converted, a fair guess for both types); C
+     * read and written per extra block of k. */
+    size_t again_mn = (dp_gemm_blocks(n, mn.nb) - 1) * (size_t)m * (size_t)k * esize +
+                      (dp_gemm_blocks(m, mn.mb) - 1) * (size_t)k * (size_t)n * esize;
+    size_t again_k = (dp_gemm_blocks(k, kc.kb) - 1) * (size_t)m * (size_t)n * 8;
+    /* A cut that keeps within the cap first (C too narrow to cut, or the
+     * blocks of 16 too large), then the one that moves less again. */
+    size_t bytes_mn = dp_gemm_piece_bytes(a_conv, b_conv, esize, mn.mb, mn.nb, k, 1);
+    size_t bytes_k = dp_gemm_piece_bytes(a_conv, b_conv, esize, m, n, kc.kb, 1);
+    if (bytes_mn > cap || bytes_k > cap) return bytes_k < bytes_mn ? kc : mn;
+    return again_k < again_mn ? kc : mn;
 }
 
-/* Elements [at, at + len) of a cut dimension, in matrices [b0, b0 + g):
- * stored rows (by_rows) or stored columns, each spanning the k others. */
+/* Elements [at, at + len) of a cut dimension and [k0, k0 + kb) of k, in
+ * matrices [b0, b0 + g): the cut dimension is the stored rows (by_rows)
+ * or the stored columns. */
 static inline dp_gemm_block dp_gemm_block_of(const dp_gemm_arg *a, int by_rows, int b0, int g,
-                                             int at, int len, int k)
+                                             int at, int len, int k0, int kb)
 {
     dp_gemm_block b;
     b.count = a->stride == 0 ? 1 : g;
-    b.off = (size_t)b0 * (size_t)a->stride + (size_t)at * (by_rows ? 1 : (size_t)a->ld);
-    b.rows = by_rows ? len : k;
-    b.cols = by_rows ? k : len;
+    size_t r0 = (size_t)(by_rows ? at : k0), c0 = (size_t)(by_rows ? k0 : at);
+    b.off = (size_t)b0 * (size_t)a->stride + r0 + c0 * (size_t)a->ld;
+    b.rows = by_rows ? len : kb;
+    b.cols = by_rows ? kb : len;
     return b;
 }
 
-/* op(A)'s rows [i0, i0 + mb): A's stored rows, or its columns when transposed. */
+/* op(A)'s rows [i0, i0 + mb) and columns [k0, k0 + kb): A's stored rows
+ * and columns, swapped when transposed. */
 static inline dp_gemm_block dp_gemm_block_a(const dp_gemm_arg *A, dp_op ta, int b0, int g, int i0,
-                                            int mb, int k)
+                                            int mb, int k0, int kb)
 {
-    return dp_gemm_block_of(A, ta == DP_OP_N, b0, g, i0, mb, k);
+    return dp_gemm_block_of(A, ta == DP_OP_N, b0, g, i0, mb, k0, kb);
 }
 
-/* op(B)'s columns [j0, j0 + nb): B's stored columns, or its rows when transposed. */
+/* op(B)'s rows [k0, k0 + kb) and columns [j0, j0 + nb). */
 static inline dp_gemm_block dp_gemm_block_b(const dp_gemm_arg *B, dp_op tb, int b0, int g, int j0,
-                                            int nb, int k)
+                                            int nb, int k0, int kb)
 {
-    return dp_gemm_block_of(B, tb == DP_OP_T, b0, g, j0, nb, k);
+    return dp_gemm_block_of(B, tb == DP_OP_T, b0, g, j0, nb, k0, kb);
 }
 
 /* The piece's operand: the converted block at dst (dense: ld = rows,

@@ -200,8 +200,14 @@ typedef enum cvt_kind {
 static DP_CPU_SIMD void pack(void *dst, cvt_kind cv, const dp_gemm_arg *a, const dp_gemm_block *b)
 {
     size_t rows = (size_t)b->rows, per = rows * (size_t)b->cols;
-    for (int mat = 0; mat < b->count; mat++)
-        for (int col = 0; col < b->cols; col++) {
+    int cols = b->cols, count = b->count;
+    /* Columns that follow each other (and matrices that do): one run. */
+    if ((size_t)a->ld == rows) {
+        rows = per, cols = 1;
+        if (count > 1 && (size_t)a->stride == per) rows *= (size_t)count, count = 1;
+    }
+    for (int mat = 0; mat < count; mat++)
+        for (int col = 0; col < cols; col++) {
             size_t from = b->off + (size_t)mat * (size_t)a->stride + (size_t)col * (size_t)a->ld;
             size_t to = (size_t)mat * per + (size_t)col * rows;
             if (cv == CVT_ROUND_BF16) {
@@ -386,87 +392,116 @@ static dp_status dnnl_piece(dp_device *dev, struct dp_cpu_ctx *c, const mm_key *
 }
 #endif /* DP_HAVE_DNNL */
 
-/* A GEMM with operands to convert, in pieces (gemm_pieces.h): bf16 math
- * on oneDNN (dnnl: float32 operands rounded to bfloat16), else on OpenBLAS
- * (bfloat16 operands widened; with bf16 math, float32 ones rounded). c->mu
- * held. The scratch is grown once, for the largest piece, before anything
- * is written: a GEMM that cannot have it leaves C untouched. */
+/* One GEMM cut into pieces (gemm_pieces.h) and how each piece's operands
+ * are converted. */
+typedef struct pieces {
+    dp_op ta, tb;
+    int m, n, k, batch, ldc;
+    float alpha, beta;
+    const dp_gemm_arg *A, *B;
+    float *C;
+    long long sc;
+    dp_gemm_plan p;
+    cvt_kind ca, cb;
+    size_t ea, eb; /* the operands' element bytes as stored */
+    int dnnl;      /* bf16 math on oneDNN, else OpenBLAS */
+} pieces;
+
+/* Runs every piece in order: the blocks converted into sa and sb, then the
+ * kernel (oneDNN with its scratchpad at pad, or OpenBLAS). Dry (oneDNN
+ * only): converts and runs nothing, but finds each piece's primitive and
+ * sets *pad_bytes to the largest scratchpad, or *unimplemented when this
+ * CPU has no bf16 matmul. */
+static dp_status run_pieces(dp_device *dev, struct dp_cpu_ctx *c, const pieces *q, int dry,
+                            unsigned char *sa, unsigned char *sb, unsigned char *pad,
+                            size_t *pad_bytes, int *unimplemented)
+{
+    const dp_gemm_plan *p = &q->p;
+    for (int b0 = 0; b0 < q->batch; b0 += p->g) {
+        int g = q->batch - b0 < p->g ? q->batch - b0 : p->g;
+        for (int l0 = 0; l0 < q->k; l0 += p->kb) {
+            int kb = q->k - l0 < p->kb ? q->k - l0 : p->kb;
+            float beta = l0 == 0 ? q->beta : 1.0f; /* later blocks of k add to C */
+            for (int i0 = 0; i0 < q->m; i0 += p->mb) {
+                int mb = q->m - i0 < p->mb ? q->m - i0 : p->mb;
+                dp_gemm_block ba = dp_gemm_block_a(q->A, q->ta, b0, g, i0, mb, l0, kb);
+                if (q->ca && !dry) pack(sa, q->ca, q->A, &ba);
+                dp_gemm_arg pa = dp_gemm_block_arg(q->A, &ba, q->ca ? sa : NULL, q->dnnl, q->ea);
+                for (int j0 = 0; j0 < q->n; j0 += p->nb) {
+                    int nb = q->n - j0 < p->nb ? q->n - j0 : p->nb;
+                    dp_gemm_block bb = dp_gemm_block_b(q->B, q->tb, b0, g, j0, nb, l0, kb);
+                    if (q->cb && !dry) pack(sb, q->cb, q->B, &bb);
+                    dp_gemm_arg pb =
+                        dp_gemm_block_arg(q->B, &bb, q->cb ? sb : NULL, q->dnnl, q->eb);
+                    float *C = q->C + (size_t)b0 * (size_t)q->sc + (size_t)i0 +
+                               (size_t)j0 * (size_t)q->ldc;
+#ifdef DP_HAVE_DNNL
+                    if (q->dnnl) {
+                        mm_key key = piece_key(q->ta, q->tb, mb, nb, kb, q->alpha, &pa, &pb, beta,
+                                               q->ldc, q->sc, g);
+                        if (!dry) {
+                            DP_TRY(dnnl_piece(dev, c, &key, pa.p, pb.p, C, pad));
+                            continue;
+                        }
+                        mm_entry *en = NULL;
+                        dnnl_status_t st = mm_find(c, &key, &en);
+                        if (st == dnnl_unimplemented) {
+                            *unimplemented = 1;
+                            return DP_OK;
+                        }
+                        DNNL_TRY(dev, st);
+                        if (en->pad_bytes > *pad_bytes) *pad_bytes = en->pad_bytes;
+                        continue;
+                    }
+#endif
+                    (void)dev, (void)c, (void)pad, (void)pad_bytes, (void)unimplemented;
+                    sgemm_batch(q->ta, q->tb, mb, nb, kb, q->alpha, pa.p, pa.ld, pa.stride, pb.p,
+                                pb.ld, pb.stride, beta, C, q->ldc, q->sc, g);
+                }
+            }
+        }
+    }
+    return DP_OK;
+}
+
+/* A GEMM with operands to convert, in pieces: bf16 math on oneDNN (dnnl:
+ * float32 operands rounded to bfloat16), else on OpenBLAS (bfloat16
+ * operands widened; with bf16 math, float32 ones rounded). c->mu held.
+ * The scratch is grown once, for the largest piece, before anything is
+ * written: a GEMM that cannot have it leaves C untouched. */
 static dp_status gemm_pieces(dp_device *dev, struct dp_cpu_ctx *c, dp_op ta, dp_op tb, int m,
                              int n, int k, float alpha, const dp_gemm_arg *A,
                              const dp_gemm_arg *B, float beta, float *C, int ldc, long long sc,
                              int batch, int bf16_math, int dnnl)
 {
-    cvt_kind ca, cb;
+    pieces q = {ta, tb, m, n, k, batch, ldc, alpha, beta, A, B, C, sc,
+                {0, 0, 0, 0}, CVT_NONE, CVT_NONE, A->bf16 ? 2 : 4, B->bf16 ? 2 : 4, dnnl};
     if (dnnl) {
-        ca = A->bf16 ? CVT_NONE : CVT_ROUND_BF16;
-        cb = B->bf16 ? CVT_NONE : CVT_ROUND_BF16;
+        q.ca = A->bf16 ? CVT_NONE : CVT_ROUND_BF16;
+        q.cb = B->bf16 ? CVT_NONE : CVT_ROUND_BF16;
     } else {
-        ca = A->bf16 ? CVT_WIDEN : bf16_math ? CVT_ROUND_FLOAT : CVT_NONE;
-        cb = B->bf16 ? CVT_WIDEN : bf16_math ? CVT_ROUND_FLOAT : CVT_NONE;
+        q.ca = A->bf16 ? CVT_WIDEN : bf16_math ? CVT_ROUND_FLOAT : CVT_NONE;
+        q.cb = B->bf16 ? CVT_WIDEN : bf16_math ? CVT_ROUND_FLOAT : CVT_NONE;
     }
-    size_t esize = dnnl ? 2 : 4, ea = A->bf16 ? 2 : 4, eb = B->bf16 ? 2 : 4;
+    size_t esize = dnnl ? 2 : 4;
     size_t cap = dev->gemm_convert_cap ? dev->gemm_convert_cap : DP_GEMM_CONVERT_CAP;
-    dp_gemm_plan p = dp_gemm_plan_pieces(m, n, k, batch, ca != CVT_NONE, cb != CVT_NONE, esize, cap);
-    size_t a_bytes = round64(dp_gemm_piece_bytes(ca != CVT_NONE, 0, esize, p.mb, p.nb, k, p.g));
-    size_t b_bytes = round64(dp_gemm_piece_bytes(0, cb != CVT_NONE, esize, p.mb, p.nb, k, p.g));
+    q.p = dp_gemm_plan_pieces(m, n, k, batch, q.ca != CVT_NONE, q.cb != CVT_NONE, esize, cap);
+    size_t a_bytes =
+        round64(dp_gemm_piece_bytes(q.ca != CVT_NONE, 0, esize, q.p.mb, q.p.nb, q.p.kb, q.p.g));
+    size_t b_bytes =
+        round64(dp_gemm_piece_bytes(0, q.cb != CVT_NONE, esize, q.p.mb, q.p.nb, q.p.kb, q.p.g));
     size_t pad = 0;
-#ifdef DP_HAVE_DNNL
-    /* Every piece shape's primitive (at most two sizes per dimension), for
-     * the largest scratchpad; a CPU without bf16 kernels emulates. */
-    if (dnnl) {
-        int gs[2] = {p.g, batch % p.g}, ms[2] = {p.mb, m % p.mb}, ns[2] = {p.nb, n % p.nb};
-        for (int x = 0; x < 2; x++)
-            for (int y = 0; y < 2; y++)
-                for (int z = 0; z < 2; z++) {
-                    if (!gs[x] || !ms[y] || !ns[z] || (x && gs[1] == gs[0]) ||
-                        (y && ms[1] == ms[0]) || (z && ns[1] == ns[0]))
-                        continue;
-                    dp_gemm_block ba = dp_gemm_block_a(A, ta, 0, gs[x], 0, ms[y], k);
-                    dp_gemm_block bb = dp_gemm_block_b(B, tb, 0, gs[x], 0, ns[z], k);
-                    /* (only the layout matters here: any non-NULL for a converted block) */
-                    dp_gemm_arg pa = dp_gemm_block_arg(A, &ba, ca ? &ca : NULL, 1, ea);
-                    dp_gemm_arg pb = dp_gemm_block_arg(B, &bb, cb ? &cb : NULL, 1, eb);
-                    mm_key key = piece_key(ta, tb, ms[y], ns[z], k, alpha, &pa, &pb, beta, ldc,
-                                           sc, gs[x]);
-                    mm_entry *en = NULL;
-                    dnnl_status_t st = mm_find(c, &key, &en);
-                    if (st == dnnl_unimplemented)
-                        return gemm_pieces(dev, c, ta, tb, m, n, k, alpha, A, B, beta, C, ldc,
-                                           sc, batch, bf16_math, 0);
-                    DNNL_TRY(dev, st);
-                    if (en->pad_bytes > pad) pad = en->pad_bytes;
-                }
+    if (dnnl) { /* every piece's primitive first, for the largest scratchpad */
+        int unimplemented = 0;
+        unsigned char probe[1]; /* (a dry run converts nothing: any non-NULL block) */
+        DP_TRY(run_pieces(dev, c, &q, 1, probe, probe, NULL, &pad, &unimplemented));
+        if (unimplemented) /* no bf16 matmul on this CPU: the same arithmetic on OpenBLAS */
+            return gemm_pieces(dev, c, ta, tb, m, n, k, alpha, A, B, beta, C, ldc, sc, batch,
+                               bf16_math, 0);
     }
-#endif
     DP_TRY(grow_scratch(dev, c, a_bytes + b_bytes + pad));
-    unsigned char *sa = c->scratch, *sb = c->scratch + a_bytes, *spad = sb + b_bytes;
-    for (int b0 = 0; b0 < batch; b0 += p.g) {
-        int g = batch - b0 < p.g ? batch - b0 : p.g;
-        for (int i0 = 0; i0 < m; i0 += p.mb) {
-            int mb = m - i0 < p.mb ? m - i0 : p.mb;
-            dp_gemm_block ba = dp_gemm_block_a(A, ta, b0, g, i0, mb, k);
-            if (ca) pack(sa, ca, A, &ba);
-            dp_gemm_arg pa = dp_gemm_block_arg(A, &ba, ca ? sa : NULL, dnnl, ea);
-            for (int j0 = 0; j0 < n; j0 += p.nb) {
-                int nb = n - j0 < p.nb ? n - j0 : p.nb;
-                dp_gemm_block bb = dp_gemm_block_b(B, tb, b0, g, j0, nb, k);
-                if (cb) pack(sb, cb, B, &bb);
-                dp_gemm_arg pb = dp_gemm_block_arg(B, &bb, cb ? sb : NULL, dnnl, eb);
-                float *Cp = C + (size_t)b0 * (size_t)sc + (size_t)i0 + (size_t)j0 * (size_t)ldc;
-#ifdef DP_HAVE_DNNL
-                if (dnnl) {
-                    mm_key key = piece_key(ta, tb, mb, nb, k, alpha, &pa, &pb, beta, ldc, sc, g);
-                    DP_TRY(dnnl_piece(dev, c, &key, pa.p, pb.p, Cp, spad));
-                    continue;
-                }
-#endif
-                (void)spad;
-                sgemm_batch(ta, tb, mb, nb, k, alpha, pa.p, pa.ld, pa.stride, pb.p, pb.ld,
-                            pb.stride, beta, Cp, ldc, sc, g);
-            }
-        }
-    }
-    return DP_OK;
+    return run_pieces(dev, c, &q, 0, c->scratch, c->scratch + a_bytes,
+                      c->scratch + a_bytes + b_bytes, &pad, NULL);
 }
 
 dp_status dp_cpu_gemm(dp_device *dev, dp_op ta, dp_op tb, int m, int n, int k, float alpha,
