@@ -267,9 +267,10 @@ DP_API dp_status dp_gemm_strided_batched(dp_device *dev, dp_op transa, dp_op tra
  * as `reserved` in dp_memory_stats and against the limit), and on CPU
  * devices oneDNN's own scratch likewise. The scratch is bounded at 16 MiB:
  * a GEMM whose converted operands would need more runs in pieces (groups
- * of the batch, blocks of C's rows and columns), each element of C still
- * one dot product over all of k. Scratch is grown before any of C is
- * written, so a GEMM that fails for memory leaves C as it was.
+ * of the batch, blocks of C's rows and columns, or blocks of k whose
+ * products are added into C), summed in float32 throughout, cut the same
+ * way on every call of the same shape. Scratch is grown before any of C
+ * is written, so a GEMM that fails for memory leaves C as it was.
  * Errors: as dp_gemm_strided_batched; DP_ERR_INVALID_ARGUMENT for a type
  * other than DP_DTYPE_F32 or DP_DTYPE_BF16; DP_ERR_OUT_OF_MEMORY when the
  * scratch would pass the limit or cannot be allocated; DP_ERR_DEVICE.
