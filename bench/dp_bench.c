@@ -324,7 +324,8 @@ static dp_status make_engine(bench *b, dp_mode mode, int shard, size_t k, dp_eng
      * lists use equal shares. */
     if (b->o.n_weights && k == b->k) ec.device_weights = b->o.weights;
     dp_criterion ce = dp_criterion_cross_entropy();
-    const dp_model *m = b->o.bf16 ? dp_gpt_model_bf16(b->gpt) : dp_gpt_model(b->gpt);
+    /* bf16: replicas and the blocks' GEMM inputs (dp_gpt_model_bf16_act) */
+    const dp_model *m = b->o.bf16 ? dp_gpt_model_bf16_act(b->gpt) : dp_gpt_model(b->gpt);
     return dp_engine_create(b->specs, k, m, &ce, &ec, out);
 }
 

@@ -413,3 +413,67 @@ Test(bf16_engine, refusals, .timeout = 30)
     dp_engine_destroy(e);
     dp_gpt_destroy(g);
 }
+
+// --- bf16 GEMM inputs (dp_gpt_model_bf16_act) ------------------------------------------
+
+/* Keeping the blocks' GEMM inputs as bfloat16 changes nothing in BF16
+ * matmul precision (the GEMMs round those very values): the same losses,
+ * norms and parameters as dp_gpt_model_bf16, bit for bit, over steps with
+ * AdamW, on 1 and 2 devices, balanced and with micro-batches. In FP32
+ * precision the GEMMs then see rounded activations: close, not equal. */
+Test(bf16_engine, bf16_gemm_inputs_change_nothing_in_bf16_precision, .timeout = 60)
+{
+    dp_gpt *g = tiny_gpt();
+    size_t n = dp_gpt_model(g)->n_params;
+    for (int prec = 0; prec < 2; prec++)
+        for (size_t k = 1; k <= 2; k++) {
+            dp_engine_config c = base_cfg();
+            c.matmul_precision = prec ? DP_MATMUL_BF16 : DP_MATMUL_FP32;
+            c.max_rows_per_micro = 2;
+            dp_engine *a = open_engine(dp_gpt_model_bf16(g), k, &c);
+            dp_engine *b = open_engine(dp_gpt_model_bf16_act(g), k, &c);
+            int moved = 0;
+            for (int s = 0; s < STEPS; s++) {
+                dp_step_stats sa = step(a, s), sb = step(b, s);
+                if (prec) {
+                    cr_assert_eq(sa.loss, sb.loss, "k %zu step %d: loss %.17g vs %.17g", k, s,
+                                 sa.loss, sb.loss);
+                    cr_assert_eq(sa.grad_norm, sb.grad_norm, "k %zu step %d", k, s);
+                } else {
+                    cr_assert(fabs(sa.loss - sb.loss) <= 2e-3 * fabs(sa.loss),
+                              "fp32 math: step %d loss %.9g vs %.9g", s, sa.loss, sb.loss);
+                    moved |= sa.loss != sb.loss;
+                }
+            }
+            static float pa[MAXP], pb[MAXP];
+            dp_assert_ok(dp_engine_get_params(a, pa));
+            dp_assert_ok(dp_engine_get_params(b, pb));
+            if (prec)
+                cr_assert(memcmp(pa, pb, n * sizeof *pa) == 0, "k %zu: parameters differ", k);
+            else
+                cr_assert(moved, "fp32 math: rounding the GEMM inputs changed no loss");
+            dp_engine_destroy(a);
+            dp_engine_destroy(b);
+        }
+    dp_gpt_destroy(g);
+}
+
+/* The workspace shrinks by the four GEMM inputs' halves: 14 bytes per
+ * token, embedding dimension and layer (up to the slots' alignment). */
+Test(bf16_engine, bf16_gemm_inputs_take_half_their_memory)
+{
+    dp_gpt_config cfg = {97, 32, 3, 4, 64};
+    dp_gpt *g = NULL;
+    dp_assert_ok(dp_gpt_create(&cfg, &g));
+    const dp_model *m16 = dp_gpt_model_bf16(g), *act = dp_gpt_model_bf16_act(g);
+    for (size_t rows = 1; rows <= 8; rows *= 2) {
+        size_t w16 = m16->workspace_bytes(m16->ctx, rows), wa = act->workspace_bytes(act->ctx, rows);
+        size_t want = cfg.n_layer * 14 * rows * cfg.block_size * cfg.n_embd;
+        cr_assert(w16 > wa, "rows %zu: %zu vs %zu bytes", rows, w16, wa);
+        size_t saved = w16 - wa, slack = cfg.n_layer * 4 * 512;
+        cr_assert(saved + slack >= want && saved <= want + slack,
+                  "rows %zu: saved %zu bytes, want %zu (+-%zu)", rows, saved, want, slack);
+    }
+    cr_assert_eq(dp_gpt_model_bf16_act(NULL), NULL);
+    dp_gpt_destroy(g);
+}

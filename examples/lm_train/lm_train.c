@@ -1461,7 +1461,9 @@ static int setup(run *r)
     if (!rc) rc = configure(r, specs, &k, &ec);
     if (agree(r, rc)) return 1;
     dp_criterion ce = dp_criterion_cross_entropy();
-    const dp_model *model = r->o.bf16 ? dp_gpt_model_bf16(r->gpt) : dp_gpt_model(r->gpt);
+    /* bf16: bf16 replicas and GEMM inputs; with BF16 GEMMs the inputs kept
+     * as bfloat16 are what the GEMMs would round them to (the same bits). */
+    const dp_model *model = r->o.bf16 ? dp_gpt_model_bf16_act(r->gpt) : dp_gpt_model(r->gpt);
     dp_status s = dp_engine_create(specs, k, model, &ce, &ec, &r->engine);
     if (s != DP_OK) return engine_fail(r, s, "engine");
     if (r->ck) {

@@ -63,6 +63,19 @@ DP_API dp_status dp_linear_backward(dp_device *dev, float *dinp, float *dweight,
 DP_API dp_status dp_linear_backward_bf16(dp_device *dev, float *dinp, float *dweight,
                                          float *dbias, const float *dout, const float *inp,
                                          const dp_bf16 *weight, size_t N, size_t C, size_t OC);
+/* The _bf16 layer with its input activation inp(N,C) stored as bfloat16
+ * too (out, dout, dinp and the gradients stay float32). A GEMM in BF16
+ * matmul precision rounds a float32 input to exactly these values, so
+ * there the result equals dp_linear_*_bf16 on the float32 input, bit for
+ * bit, while the input takes half the memory and is never converted; in
+ * FP32 or TF32 precision the layer computes with the rounded input. */
+DP_API dp_status dp_linear_forward_bf16_inp(dp_device *dev, float *out, const dp_bf16 *inp,
+                                            const dp_bf16 *weight, const dp_bf16 *bias,
+                                            size_t N, size_t C, size_t OC);
+DP_API dp_status dp_linear_backward_bf16_inp(dp_device *dev, float *dinp, float *dweight,
+                                             float *dbias, const float *dout,
+                                             const dp_bf16 *inp, const dp_bf16 *weight,
+                                             size_t N, size_t C, size_t OC);
 
 /* ---- LayerNorm (eps = 1e-5, as torch.nn.LayerNorm) ----------------------
  * out(N,C) = (inp - mean) * rstd * weight + bias; caches mean(N), rstd(N)

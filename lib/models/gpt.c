@@ -63,6 +63,7 @@ struct dp_gpt {
     dp_gpt_config cfg;
     dp_model model;      /* float32 replicas */
     dp_model model_bf16; /* the same GPT over bfloat16 replicas */
+    dp_model model_bf16_act; /* and with the GEMMs' input activations in bfloat16 */
     dp_param_tensor *tensors; /* 2 + 12 L + 2 entries */
     char *names;              /* NAME_CAP bytes per tensor */
 };
@@ -75,11 +76,12 @@ static size_t idx_lnf_w(const dp_gpt *g) { return 2 + g->cfg.n_layer * BLK_COUNT
 typedef struct wview {
     dp_params p;
     int bf16;
+    int act16; /* the GEMMs' input activations are kept as bfloat16 (bf16 replicas only) */
 } wview;
 
 static wview view_f32(const float *p)
 {
-    wview w = {{.f32 = p}, 0};
+    wview w = {{.f32 = p}, 0, 0};
     return w;
 }
 
@@ -116,19 +118,33 @@ static dp_status ln_bwd(dp_device *dev, float *dinp, float *dw, float *db, const
                   : dp_layernorm_backward(dev, dinp, dw, db, dout, inp, w.p, mean, rstd, N, C);
 }
 
-/* b.p may be NULL (no bias). */
-static dp_status lin_fwd(dp_device *dev, float *out, const float *inp, dp_pref w, dp_pref b,
-                         size_t N, size_t C, size_t OC)
+/* A layer's input activation: float32, or bfloat16 (x16, bf16 replicas only). */
+typedef struct xin {
+    const void *p;
+    int x16;
+} xin;
+
+static xin x32(const float *p)
 {
-    return w.bf16 ? dp_linear_forward_bf16(dev, out, inp, w.p, b.p, N, C, OC)
-                  : dp_linear_forward(dev, out, inp, w.p, b.p, N, C, OC);
+    xin x = {p, 0};
+    return x;
+}
+
+/* b.p may be NULL (no bias). */
+static dp_status lin_fwd(dp_device *dev, float *out, xin inp, dp_pref w, dp_pref b, size_t N,
+                         size_t C, size_t OC)
+{
+    if (inp.x16) return dp_linear_forward_bf16_inp(dev, out, inp.p, w.p, b.p, N, C, OC);
+    return w.bf16 ? dp_linear_forward_bf16(dev, out, inp.p, w.p, b.p, N, C, OC)
+                  : dp_linear_forward(dev, out, inp.p, w.p, b.p, N, C, OC);
 }
 
 static dp_status lin_bwd(dp_device *dev, float *dinp, float *dw, float *db, const float *dout,
-                         const float *inp, dp_pref w, size_t N, size_t C, size_t OC)
+                         xin inp, dp_pref w, size_t N, size_t C, size_t OC)
 {
-    return w.bf16 ? dp_linear_backward_bf16(dev, dinp, dw, db, dout, inp, w.p, N, C, OC)
-                  : dp_linear_backward(dev, dinp, dw, db, dout, inp, w.p, N, C, OC);
+    if (inp.x16) return dp_linear_backward_bf16_inp(dev, dinp, dw, db, dout, inp.p, w.p, N, C, OC);
+    return w.bf16 ? dp_linear_backward_bf16(dev, dinp, dw, db, dout, inp.p, w.p, N, C, OC)
+                  : dp_linear_backward(dev, dinp, dw, db, dout, inp.p, w.p, N, C, OC);
 }
 
 // --- size arithmetic -------------------------------------------------------------------
@@ -151,7 +167,9 @@ static size_t align_up(size_t n, int *of)
 
 // --- workspace layout ------------------------------------------------------------------
 
-/* One block's cached activations (pointers into the workspace). */
+/* One block's cached activations (pointers into the workspace). With
+ * act16 the four GEMM inputs (ln1, atty, ln2, fch_gelu) hold bfloat16
+ * elements: the GEMMs read nothing else of them. */
 typedef struct layer_acts {
     float *ln1, *ln1_mean, *ln1_rstd; /* (B,T,C), (B,T), (B,T) */
     float *qkvr;                      /* (3,B,NH,T,hs) */
@@ -161,7 +179,15 @@ typedef struct layer_acts {
     float *ln2, *ln2_mean, *ln2_rstd; /* (B,T,C), (B,T), (B,T) */
     float *fch, *fch_gelu;            /* (B,T,4C) */
     float *residual3;                 /* (B,T,C) residual2 + mlp: the block's output */
+    int act16;
 } layer_acts;
+
+/* A GEMM input of the block as the linear layer reads it. */
+static xin gemm_in(const layer_acts *a, const float *p)
+{
+    xin x = {p, a->act16};
+    return x;
+}
 
 /*
  * The workspace carve for B sequences of T tokens. Every buffer starts on a
@@ -197,6 +223,7 @@ typedef struct carve {
         l_ln2_mean, l_ln2_rstd, l_fch, l_fch_gelu, l_res3;
     size_t dresidual, dbtc, big;
     size_t big_dqkvr, big_scratch, big_datt; /* inside big */
+    int act16; /* the blocks' GEMM inputs are bfloat16 */
 } carve;
 
 /* Places a buffer of n floats at *at (aligned) and advances *at. */
@@ -212,7 +239,8 @@ static size_t place(size_t *at, size_t n, int *of)
 /* Fills c for (B,T); returns 0 on size_t overflow (of bytes, too). With
  * keep_lnf 0 the final LayerNorm's output lives outside the workspace (the
  * engine's features buffer, for the dp_model with a head). */
-static int make_carve(const dp_gpt_config *cfg, size_t B, size_t T, int keep_lnf, carve *c)
+static int make_carve(const dp_gpt_config *cfg, size_t B, size_t T, int keep_lnf, int act16,
+                      carve *c)
 {
     int of = 0;
     size_t C = cfg->n_embd, NH = cfg->n_head, L = cfg->n_layer;
@@ -224,25 +252,28 @@ static int make_carve(const dp_gpt_config *cfg, size_t B, size_t T, int keep_lnf
     mad(&BNHTT, BNHT, T, &of);
     if (of) return 0;
     memset(c, 0, sizeof *c);
+    c->act16 = act16;
 
     /* One block, relative to its start. */
     size_t at = 0;
-    c->l_ln1 = place(&at, BTC, &of);
-    c->l_ln1_mean = place(&at, BT, &of);
-    c->l_ln1_rstd = place(&at, BT, &of);
     size_t x3 = 0;
     mad(&x3, BTC, 3, &of);
     size_t x4 = 0;
     mad(&x4, BTC, 4, &of);
+    /* a GEMM input in bfloat16 takes half the floats */
+    size_t in1 = act16 ? BTC / 2 + 1 : BTC, in4 = act16 ? x4 / 2 + 1 : x4;
+    c->l_ln1 = place(&at, in1, &of);
+    c->l_ln1_mean = place(&at, BT, &of);
+    c->l_ln1_rstd = place(&at, BT, &of);
     c->l_qkvr = place(&at, x3, &of);
     c->l_att = place(&at, BNHTT, &of);
-    c->l_atty = place(&at, BTC, &of);
+    c->l_atty = place(&at, in1, &of);
     c->l_res2 = place(&at, BTC, &of);
-    c->l_ln2 = place(&at, BTC, &of);
+    c->l_ln2 = place(&at, in1, &of);
     c->l_ln2_mean = place(&at, BT, &of);
     c->l_ln2_rstd = place(&at, BT, &of);
     c->l_fch = place(&at, x4, &of);
-    c->l_fch_gelu = place(&at, x4, &of);
+    c->l_fch_gelu = place(&at, in4, &of);
     c->l_res3 = place(&at, BTC, &of);
     c->layer_stride = at;
 
@@ -286,6 +317,7 @@ static layer_acts layer_of(const carve *c, float *ws, size_t l)
     a.fch = b + c->l_fch;
     a.fch_gelu = b + c->l_fch_gelu;
     a.residual3 = b + c->l_res3;
+    a.act16 = c->act16;
     return a;
 }
 
@@ -294,7 +326,7 @@ size_t dp_gpt_workspace_bytes(const dp_gpt *gpt, size_t B, size_t T)
     carve c;
     if (!gpt || !B || !T) return 0;
     /* SIZE_MAX makes the allocation fail with a message instead of wrapping. */
-    if (!make_carve(&gpt->cfg, B, T, 1, &c)) return SIZE_MAX;
+    if (!make_carve(&gpt->cfg, B, T, 1, 0, &c)) return SIZE_MAX;
     return c.floats * sizeof(float);
 }
 
@@ -302,7 +334,7 @@ size_t dp_gpt_workspace_bytes(const dp_gpt *gpt, size_t B, size_t T)
 
 /* Shared argument checks of forward and backward; fills the carve. */
 static dp_status check_call(const char *fn, const dp_gpt *gpt, dp_device *dev, size_t B,
-                            size_t T, int keep_lnf, carve *c)
+                            size_t T, int keep_lnf, int act16, carve *c)
 {
     if (!gpt || !dev) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: gpt and dev must not be NULL", fn);
     const dp_gpt_config *g = &gpt->cfg;
@@ -315,7 +347,7 @@ static dp_status check_call(const char *fn, const dp_gpt *gpt, dp_device *dev, s
     size_t bt = 0, btv = 0;
     mad(&bt, B, T, &of);
     mad(&btv, bt, g->vocab_size, &of);
-    if (of || btv > SIZE_MAX / sizeof(float) || !make_carve(g, B, T, keep_lnf, c))
+    if (of || btv > SIZE_MAX / sizeof(float) || !make_carve(g, B, T, keep_lnf, act16, c))
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
                        "%s on %s: B=%zu sequences of T=%zu tokens overflow the activation sizes; "
                        "use smaller micro-batches",
@@ -325,6 +357,14 @@ static dp_status check_call(const char *fn, const dp_gpt *gpt, dp_device *dev, s
                        "%s on %s: B*T=%zu tokens exceed the GEMM's int sizes; use smaller "
                        "micro-batches", fn, dp_device_name(dev), B * T);
     return DP_OK;
+}
+
+/* With act16: the float32 GEMM input at src (n elements) kept in its slot
+ * as bfloat16 (the same rounding a BF16-precision GEMM applies). */
+static dp_status keep(dp_device *dev, const layer_acts *a, float *slot, const float *src, size_t n)
+{
+    if (!a->act16) return DP_OK;
+    return dp_convert(dev, slot, DP_DTYPE_BF16, src, DP_DTYPE_F32, n);
 }
 
 /* Everything but the LM head: lnf(B,T,C) = ln_f(blocks(embeddings)). */
@@ -354,16 +394,28 @@ static dp_status body_forward(const dp_gpt *gpt, dp_device *dev, wview params,
         dp_pref p_mprojw = pw(gpt, params, idx_block(l, BLK_MPROJ_W));
         dp_pref p_mprojb = pw(gpt, params, idx_block(l, BLK_MPROJ_B));
 
-        DP_TRY(ln_fwd(dev, a.ln1, a.ln1_mean, a.ln1_rstd, residual, p_ln1w, p_ln1b, BT, C));
-        DP_TRY(lin_fwd(dev, qkv, a.ln1, p_attw, p_attb, BT, C, 3 * C));
+        /* With act16 each GEMM input is computed in float32 into the
+         * backward's scratch (free here: qkv goes there only once ln1 is
+         * kept, and atty after qkv) and kept rounded to bfloat16. */
+        float *ln1 = c.act16 ? qkv : a.ln1;
+        DP_TRY(ln_fwd(dev, ln1, a.ln1_mean, a.ln1_rstd, residual, p_ln1w, p_ln1b, BT, C));
+        DP_TRY(keep(dev, &a, a.ln1, ln1, BT * C));
+        DP_TRY(lin_fwd(dev, qkv, gemm_in(&a, a.ln1), p_attw, p_attb, BT, C, 3 * C));
         /* residual2 is free until the projection below: it is the scratch. */
-        DP_TRY(dp_attention_forward(dev, a.atty, a.qkvr, a.att, a.residual2, qkv, B, T, C, NH));
-        DP_TRY(lin_fwd(dev, a.residual2, a.atty, p_aprojw, p_aprojb, BT, C, C));
+        float *atty = c.act16 ? qkv + 3 * BT * C : a.atty;
+        DP_TRY(dp_attention_forward(dev, atty, a.qkvr, a.att, a.residual2, qkv, B, T, C, NH));
+        DP_TRY(keep(dev, &a, a.atty, atty, BT * C));
+        DP_TRY(lin_fwd(dev, a.residual2, gemm_in(&a, a.atty), p_aprojw, p_aprojb, BT, C, C));
         DP_TRY(dp_accumulate(dev, a.residual2, residual, BT * C));
-        DP_TRY(ln_fwd(dev, a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p_ln2w, p_ln2b, BT, C));
-        DP_TRY(lin_fwd(dev, a.fch, a.ln2, p_fcw, p_fcb, BT, C, 4 * C));
-        DP_TRY(dp_gelu_forward(dev, a.fch_gelu, a.fch, BT * 4 * C));
-        DP_TRY(lin_fwd(dev, a.residual3, a.fch_gelu, p_mprojw, p_mprojb, BT, 4 * C, C));
+        float *ln2 = c.act16 ? qkv : a.ln2;
+        DP_TRY(ln_fwd(dev, ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p_ln2w, p_ln2b, BT, C));
+        DP_TRY(keep(dev, &a, a.ln2, ln2, BT * C));
+        DP_TRY(lin_fwd(dev, a.fch, gemm_in(&a, a.ln2), p_fcw, p_fcb, BT, C, 4 * C));
+        float *gelu = c.act16 ? qkv : a.fch_gelu;
+        DP_TRY(dp_gelu_forward(dev, gelu, a.fch, BT * 4 * C));
+        DP_TRY(keep(dev, &a, a.fch_gelu, gelu, BT * 4 * C));
+        DP_TRY(lin_fwd(dev, a.residual3, gemm_in(&a, a.fch_gelu), p_mprojw, p_mprojb, BT, 4 * C,
+                       C));
         DP_TRY(dp_accumulate(dev, a.residual3, a.residual2, BT * C));
         residual = a.residual3;
     }
@@ -379,7 +431,7 @@ static dp_status head_forward(const dp_gpt *gpt, dp_device *dev, wview params, c
 {
     const dp_gpt_config *g = &gpt->cfg;
     dp_pref none = {NULL, params.bf16};
-    return lin_fwd(dev, logits, lnf, pw(gpt, params, 0), none, N, g->n_embd, g->vocab_size);
+    return lin_fwd(dev, logits, x32(lnf), pw(gpt, params, 0), none, N, g->n_embd, g->vocab_size);
 }
 
 /* d(lnf)(N,C) = dlogits @ wte (overwritten) and d(wte) += dlogits^T @ lnf. */
@@ -387,7 +439,7 @@ static dp_status head_backward(const dp_gpt *gpt, dp_device *dev, wview params, 
                                const float *lnf, size_t N, const float *dlogits, float *dlnf)
 {
     const dp_gpt_config *g = &gpt->cfg;
-    return lin_bwd(dev, dlnf, gw(gpt, grads, 0), NULL, dlogits, lnf, pw(gpt, params, 0), N,
+    return lin_bwd(dev, dlnf, gw(gpt, grads, 0), NULL, dlogits, x32(lnf), pw(gpt, params, 0), N,
                    g->n_embd, g->vocab_size);
 }
 
@@ -397,7 +449,7 @@ dp_status dp_gpt_forward(const dp_gpt *gpt, dp_device *dev, const float *params,
 {
     static const char fn[] = "dp_gpt_forward";
     carve c;
-    DP_TRY(check_call(fn, gpt, dev, B, T, 1, &c));
+    DP_TRY(check_call(fn, gpt, dev, B, T, 1, 0, &c));
     if (!params || !tokens || !workspace || !logits)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
                        "%s on %s: params, tokens, workspace and logits must not be NULL", fn,
@@ -433,22 +485,22 @@ static dp_status body_backward(const dp_gpt *gpt, dp_device *dev, wview params, 
 #define G(j) gw(gpt, grads, idx_block(l, (j)))
         /* MLP. dresidual is d(residual3) = d(mlp.c_proj output) = d(residual2) so far. */
         float *dfch = big; // (B,T,4C): d(fch_gelu), then d(fch) in place
-        DP_TRY(lin_bwd(dev, dfch, G(BLK_MPROJ_W), G(BLK_MPROJ_B), dresidual, a.fch_gelu,
-                       P(BLK_MPROJ_W), BT, 4 * C, C));
+        DP_TRY(lin_bwd(dev, dfch, G(BLK_MPROJ_W), G(BLK_MPROJ_B), dresidual,
+                       gemm_in(&a, a.fch_gelu), P(BLK_MPROJ_W), BT, 4 * C, C));
         DP_TRY(dp_gelu_backward(dev, dfch, a.fch, dfch, BT * 4 * C));
-        DP_TRY(lin_bwd(dev, dbtc, G(BLK_FC_W), G(BLK_FC_B), dfch, a.ln2, P(BLK_FC_W), BT, C,
-                       4 * C));
+        DP_TRY(lin_bwd(dev, dbtc, G(BLK_FC_W), G(BLK_FC_B), dfch, gemm_in(&a, a.ln2), P(BLK_FC_W),
+                       BT, C, 4 * C));
         DP_TRY(ln_bwd(dev, dresidual, G(BLK_LN2_W), G(BLK_LN2_B), dbtc, a.residual2, P(BLK_LN2_W),
                       a.ln2_mean, a.ln2_rstd, BT, C));
         /* Attention. dresidual is now the full d(residual2). */
         float *dqkv = big, *dqkvr = big + c.big_dqkvr, *ascratch = big + c.big_scratch,
               *datt = big + c.big_datt;
-        DP_TRY(lin_bwd(dev, dbtc, G(BLK_APROJ_W), G(BLK_APROJ_B), dresidual, a.atty,
+        DP_TRY(lin_bwd(dev, dbtc, G(BLK_APROJ_W), G(BLK_APROJ_B), dresidual, gemm_in(&a, a.atty),
                        P(BLK_APROJ_W), BT, C, C));
         DP_TRY(dp_attention_backward(dev, dqkv, dqkvr, datt, ascratch, dbtc, a.qkvr, a.att, B, T,
                                      C, NH));
-        DP_TRY(lin_bwd(dev, dbtc, G(BLK_ATTN_W), G(BLK_ATTN_B), dqkv, a.ln1, P(BLK_ATTN_W), BT, C,
-                       3 * C));
+        DP_TRY(lin_bwd(dev, dbtc, G(BLK_ATTN_W), G(BLK_ATTN_B), dqkv, gemm_in(&a, a.ln1),
+                       P(BLK_ATTN_W), BT, C, 3 * C));
         DP_TRY(ln_bwd(dev, dresidual, G(BLK_LN1_W), G(BLK_LN1_B), dbtc, residual, P(BLK_LN1_W),
                       a.ln1_mean, a.ln1_rstd, BT, C));
         /* dresidual is now d(block input) = d(previous block's residual3). */
@@ -467,7 +519,7 @@ dp_status dp_gpt_backward(const dp_gpt *gpt, dp_device *dev, const float *params
 {
     static const char fn[] = "dp_gpt_backward";
     carve c;
-    DP_TRY(check_call(fn, gpt, dev, B, T, 1, &c));
+    DP_TRY(check_call(fn, gpt, dev, B, T, 1, 0, &c));
     if (!params || !grads || !tokens || !workspace || !dlogits)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
                        "%s on %s: params, grads, tokens, workspace and dlogits must not be NULL",
@@ -535,20 +587,21 @@ static dp_status gpt_validate_inputs(void *ctx, const void *inputs, size_t rows)
  * ln_f, whose output the engine keeps as the features, and the engine
  * runs the head over chunks of rows. The workspace then has no lnf.
  */
-static size_t gpt_workspace(void *ctx, size_t rows)
+static size_t workspace_of(const dp_gpt *g, size_t rows, int act16)
 {
-    const dp_gpt *g = ctx;
     carve c;
     if (!rows) return 0;
-    return make_carve(&g->cfg, rows, g->cfg.block_size, 0, &c) ? c.floats * sizeof(float)
-                                                                : SIZE_MAX;
+    return make_carve(&g->cfg, rows, g->cfg.block_size, 0, act16, &c) ? c.floats * sizeof(float)
+                                                                       : SIZE_MAX;
 }
+static size_t gpt_workspace(void *ctx, size_t rows) { return workspace_of(ctx, rows, 0); }
+static size_t gpt_workspace_act16(void *ctx, size_t rows) { return workspace_of(ctx, rows, 1); }
 
 static dp_status model_forward(const dp_gpt *g, dp_device *dev, wview params,
                                const dp_chunk *chunk, void *workspace, float *features)
 {
     carve c;
-    DP_TRY(check_call("gpt forward", g, dev, chunk->rows, g->cfg.block_size, 0, &c));
+    DP_TRY(check_call("gpt forward", g, dev, chunk->rows, g->cfg.block_size, 0, params.act16, &c));
     return body_forward(g, dev, params, chunk->inputs, chunk->rows, g->cfg.block_size, workspace,
                         &c, features);
 }
@@ -557,42 +610,44 @@ static dp_status model_backward(const dp_gpt *g, dp_device *dev, wview params, f
                                 const dp_chunk *chunk, void *workspace, float *dfeatures)
 {
     carve c;
-    DP_TRY(check_call("gpt backward", g, dev, chunk->rows, g->cfg.block_size, 0, &c));
+    DP_TRY(check_call("gpt backward", g, dev, chunk->rows, g->cfg.block_size, 0, params.act16,
+                      &c));
     return body_backward(g, dev, params, grads, chunk->inputs, chunk->rows, g->cfg.block_size,
                          workspace, &c, dfeatures);
 }
 
 /* The callbacks of the two models: float32 (param_dtype F32) and bfloat16
  * replicas, one implementation. */
-#define GPT_CALLBACKS(suffix, is_bf16)                                                         \
+#define GPT_CALLBACKS(suffix, is_bf16, act16)                                                         \
     static dp_status gpt_model_forward##suffix(void *ctx, dp_device *dev, dp_params params,   \
                                                const dp_chunk *chunk, void *ws, float *out)   \
     {                                                                                          \
-        wview w = {params, is_bf16};                                                           \
+        wview w = {params, is_bf16, act16};                                                    \
         return model_forward(ctx, dev, w, chunk, ws, out);                                     \
     }                                                                                          \
     static dp_status gpt_model_backward##suffix(void *ctx, dp_device *dev, dp_params params,  \
                                                 float *grads, const dp_chunk *chunk, void *ws, \
                                                 float *dfeatures)                              \
     {                                                                                          \
-        wview w = {params, is_bf16};                                                           \
+        wview w = {params, is_bf16, act16};                                                    \
         return model_backward(ctx, dev, w, grads, chunk, ws, dfeatures);                       \
     }                                                                                          \
     static dp_status gpt_head_forward##suffix(void *ctx, dp_device *dev, dp_params params,    \
                                               const float *features, size_t m, float *logits) \
     {                                                                                          \
-        wview w = {params, is_bf16};                                                           \
+        wview w = {params, is_bf16, act16};                                                    \
         return head_forward(ctx, dev, w, features, m, logits);                                 \
     }                                                                                          \
     static dp_status gpt_head_backward##suffix(void *ctx, dp_device *dev, dp_params params,   \
                                                float *grads, const float *features, size_t m, \
                                                float *dlogits, float *dfeatures)               \
     {                                                                                          \
-        wview w = {params, is_bf16};                                                           \
+        wview w = {params, is_bf16, act16};                                                    \
         return head_backward(ctx, dev, w, grads, features, m, dlogits, dfeatures);             \
     }
-GPT_CALLBACKS(, 0)
-GPT_CALLBACKS(_bf16, 1)
+GPT_CALLBACKS(, 0, 0)
+GPT_CALLBACKS(_bf16, 1, 0)
+GPT_CALLBACKS(_bf16_act, 1, 1)
 #undef GPT_CALLBACKS
 
 // --- create / destroy ------------------------------------------------------------------
@@ -720,6 +775,14 @@ dp_status dp_gpt_create(const dp_gpt_config *cfg, dp_gpt **out)
     m->backward = gpt_model_backward_bf16;
     m->head_forward = gpt_head_forward_bf16;
     m->head_backward = gpt_head_backward_bf16;
+    /* ... keeping the blocks' GEMM inputs as bfloat16 */
+    g->model_bf16_act = *m;
+    m = &g->model_bf16_act;
+    m->workspace_bytes = gpt_workspace_act16;
+    m->forward = gpt_model_forward_bf16_act;
+    m->backward = gpt_model_backward_bf16_act;
+    m->head_forward = gpt_head_forward_bf16_act;
+    m->head_backward = gpt_head_backward_bf16_act;
     *out = g;
     return DP_OK;
 }
@@ -735,6 +798,11 @@ void dp_gpt_destroy(dp_gpt *gpt)
 const dp_model *dp_gpt_model(const dp_gpt *gpt) { return gpt ? &gpt->model : NULL; }
 
 const dp_model *dp_gpt_model_bf16(const dp_gpt *gpt) { return gpt ? &gpt->model_bf16 : NULL; }
+
+const dp_model *dp_gpt_model_bf16_act(const dp_gpt *gpt)
+{
+    return gpt ? &gpt->model_bf16_act : NULL;
+}
 
 const dp_gpt_config *dp_gpt_config_of(const dp_gpt *gpt) { return gpt ? &gpt->cfg : NULL; }
 

@@ -5,7 +5,8 @@
  * The products go through the backend's column-major GEMM (cuBLAS
  * convention), in the device's matmul precision; the _bf16 variants take
  * bfloat16 weight and bias (a bf16 replica) and compute as the float32
- * layer would on their widened values. A row-major (R,K) matrix read column-major is its transpose
+ * layer would on their widened values, and the _bf16_inp ones take the
+ * input activation in bfloat16 too. A row-major (R,K) matrix read column-major is its transpose
  * (K,R) with leading dimension K, so each row-major product is written as
  * the column-major product of the transposes:
  *   forward  out(N,OC)  = inp @ W^T    <=>  out^T = op_T(W^T) inp^T
@@ -34,13 +35,13 @@
                            "batch", (dev)->name, (size_t)(N), (size_t)(C), (size_t)(OC));  \
     } while (0)
 
-/* One product of the layer: A is the weight (float32, or bfloat16 when
- * w16) or an activation, B an activation; C float32. */
+/* One product of the layer: A is the weight or an activation, B an
+ * activation (each float32, or bfloat16 when a16 / b16); C float32. */
 static dp_status gemm(dp_device *dev, dp_op ta, dp_op tb, size_t m, size_t n, size_t k,
-                      const void *A, int a16, size_t lda, const float *B, size_t ldb, float beta,
-                      float *C, size_t ldc)
+                      const void *A, int a16, size_t lda, const void *B, int b16, size_t ldb,
+                      float beta, float *C, size_t ldc)
 {
-    dp_gemm_arg a = {A, a16, (int)lda, 0}, b = {B, 0, (int)ldb, 0};
+    dp_gemm_arg a = {A, a16, (int)lda, 0}, b = {B, b16, (int)ldb, 0};
     return dev->ops->gemm(dev, ta, tb, (int)m, (int)n, (int)k, 1.0f, &a, &b, beta, C, (int)ldc, 0,
                           1);
 }
@@ -64,9 +65,11 @@ static dp_status gemm(dp_device *dev, dp_op ta, dp_op tb, size_t m, size_t n, si
         CHECK_LINEAR_DIMS(dev, N, C, OC);  \
     } while (0)
 
-/* dp_linear_forward over weight and bias of either type (w16: bfloat16). */
-static dp_status linear_forward(dp_device *dev, float *out, const float *inp, const void *weight,
-                                const void *bias, int w16, size_t N, size_t C, size_t OC)
+/* dp_linear_forward over weight and bias of either type (w16: bfloat16)
+ * and an input of either type (x16). */
+static dp_status linear_forward(dp_device *dev, float *out, const void *inp, int x16,
+                                const void *weight, const void *bias, int w16, size_t N, size_t C,
+                                size_t OC)
 {
     /* With a bias, out starts as the broadcast bias and the GEMM adds to it
      * (beta = 1); without, the GEMM overwrites out (beta = 0). */
@@ -74,16 +77,17 @@ static dp_status linear_forward(dp_device *dev, float *out, const float *inp, co
         dp_pref b = w16 ? dp_pref_bf16(bias) : dp_pref_f32(bias);
         DP_TRY(dev->ops->bias_broadcast(dev, out, b, N, OC));
     }
-    return gemm(dev, DP_OP_T, DP_OP_N, OC, N, C, weight, w16, C, inp, C, bias ? 1.0f : 0.0f, out,
-                OC);
+    return gemm(dev, DP_OP_T, DP_OP_N, OC, N, C, weight, w16, C, inp, x16, C,
+                bias ? 1.0f : 0.0f, out, OC);
 }
 
 static dp_status linear_backward(dp_device *dev, float *dinp, float *dweight, float *dbias,
-                                 const float *dout, const float *inp, const void *weight, int w16,
-                                 size_t N, size_t C, size_t OC)
+                                 const float *dout, const void *inp, int x16, const void *weight,
+                                 int w16, size_t N, size_t C, size_t OC)
 {
-    if (dinp) DP_TRY(gemm(dev, DP_OP_N, DP_OP_N, C, N, OC, weight, w16, C, dout, OC, 0.0f, dinp, C));
-    DP_TRY(gemm(dev, DP_OP_N, DP_OP_T, C, OC, N, inp, 0, C, dout, OC, 1.0f, dweight, C));
+    if (dinp)
+        DP_TRY(gemm(dev, DP_OP_N, DP_OP_N, C, N, OC, weight, w16, C, dout, 0, OC, 0.0f, dinp, C));
+    DP_TRY(gemm(dev, DP_OP_N, DP_OP_T, C, OC, N, inp, x16, C, dout, 0, OC, 1.0f, dweight, C));
     if (dbias) DP_TRY(dev->ops->bias_backward(dev, dbias, dout, N, OC));
     return DP_OK;
 }
@@ -92,7 +96,7 @@ dp_status dp_linear_forward(dp_device *dev, float *out, const float *inp, const 
                             const float *bias, size_t N, size_t C, size_t OC)
 {
     CHECK_FORWARD();
-    return linear_forward(dev, out, inp, weight, bias, 0, N, C, OC);
+    return linear_forward(dev, out, inp, 0, weight, bias, 0, N, C, OC);
 }
 
 dp_status dp_linear_forward_bf16(dp_device *dev, float *out, const float *inp,
@@ -100,7 +104,7 @@ dp_status dp_linear_forward_bf16(dp_device *dev, float *out, const float *inp,
                                  size_t OC)
 {
     CHECK_FORWARD();
-    return linear_forward(dev, out, inp, weight, bias, 1, N, C, OC);
+    return linear_forward(dev, out, inp, 0, weight, bias, 1, N, C, OC);
 }
 
 dp_status dp_linear_backward(dp_device *dev, float *dinp, float *dweight, float *dbias,
@@ -108,7 +112,7 @@ dp_status dp_linear_backward(dp_device *dev, float *dinp, float *dweight, float 
                              size_t C, size_t OC)
 {
     CHECK_BACKWARD();
-    return linear_backward(dev, dinp, dweight, dbias, dout, inp, weight, 0, N, C, OC);
+    return linear_backward(dev, dinp, dweight, dbias, dout, inp, 0, weight, 0, N, C, OC);
 }
 
 dp_status dp_linear_backward_bf16(dp_device *dev, float *dinp, float *dweight, float *dbias,
@@ -116,5 +120,21 @@ dp_status dp_linear_backward_bf16(dp_device *dev, float *dinp, float *dweight, f
                                   size_t N, size_t C, size_t OC)
 {
     CHECK_BACKWARD();
-    return linear_backward(dev, dinp, dweight, dbias, dout, inp, weight, 1, N, C, OC);
+    return linear_backward(dev, dinp, dweight, dbias, dout, inp, 0, weight, 1, N, C, OC);
+}
+
+dp_status dp_linear_forward_bf16_inp(dp_device *dev, float *out, const dp_bf16 *inp,
+                                     const dp_bf16 *weight, const dp_bf16 *bias, size_t N,
+                                     size_t C, size_t OC)
+{
+    CHECK_FORWARD();
+    return linear_forward(dev, out, inp, 1, weight, bias, 1, N, C, OC);
+}
+
+dp_status dp_linear_backward_bf16_inp(dp_device *dev, float *dinp, float *dweight, float *dbias,
+                                      const float *dout, const dp_bf16 *inp,
+                                      const dp_bf16 *weight, size_t N, size_t C, size_t OC)
+{
+    CHECK_BACKWARD();
+    return linear_backward(dev, dinp, dweight, dbias, dout, inp, 1, weight, 1, N, C, OC);
 }
