@@ -311,6 +311,37 @@ Test(bf16_layers, equal_their_float32_twin_on_widened_parameters)
             dp_device_free(dev, wg1), dp_device_free(dev, wg2);
             dp_device_free(dev, bg1), dp_device_free(dev, bg2);
         }
+        /* the input in bfloat16 too (_bf16_inp): the float32 layer on the
+         * rounded input, bit for bit (in BF16 math both GEMMs round dout
+         * alike) */
+        static dp_bf16 x16[N * C];
+        static float xr[N * C];
+        for (int i = 0; i < N * C; i++) {
+            x16[i] = dp_bf16_from_float(x[i]);
+            xr[i] = dp_bf16_to_float(x16[i]);
+        }
+        dp_bf16 *dx16 = upload16(dev, x16, N * C);
+        float *dxr = dp_test_upload(dev, xr, N * C);
+        for (int with_bias = 0; with_bias < 2; with_bias++) {
+            dp_assert_ok(dp_linear_forward_bf16_inp(dev, o1, dx16, dw16,
+                                                    with_bias ? dbias16 : NULL, N, C, OC));
+            dp_assert_ok(dp_linear_forward(dev, o2, dxr, dw32, with_bias ? dbias32 : NULL, N, C,
+                                           OC));
+            assert_same_floats("linear forward, bf16 input", dev, o1, o2, N * OC);
+            float *wg1 = nn_filled(dev, OC * C, 0.125f), *wg2 = nn_filled(dev, OC * C, 0.125f);
+            float *bg1 = nn_filled(dev, OC, 0), *bg2 = nn_filled(dev, OC, 0);
+            dp_assert_ok(dp_linear_backward_bf16_inp(dev, gi1, wg1, with_bias ? bg1 : NULL, dgo,
+                                                     dx16, dw16, N, C, OC));
+            dp_assert_ok(dp_linear_backward(dev, gi2, wg2, with_bias ? bg2 : NULL, dgo, dxr, dw32,
+                                            N, C, OC));
+            assert_same_floats("linear dinp, bf16 input", dev, gi1, gi2, N * C);
+            assert_same_floats("linear dweight, bf16 input", dev, wg1, wg2, OC * C);
+            assert_same_floats("linear dbias, bf16 input", dev, bg1, bg2, OC);
+            dp_device_free(dev, wg1), dp_device_free(dev, wg2);
+            dp_device_free(dev, bg1), dp_device_free(dev, bg2);
+        }
+        nn_assert_invalid(dp_linear_forward_bf16_inp(dev, o1, NULL, dw16, NULL, N, C, OC), "inp",
+                          "dp_linear_forward_bf16_inp");
         /* bf16 math must not equal float32 math on these activations */
         if (prec) {
             dp_device *f32 = dp_test_cpu(2);

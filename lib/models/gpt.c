@@ -616,9 +616,10 @@ static dp_status model_backward(const dp_gpt *g, dp_device *dev, wview params, f
                          workspace, &c, dfeatures);
 }
 
-/* The callbacks of the two models: float32 (param_dtype F32) and bfloat16
- * replicas, one implementation. */
-#define GPT_CALLBACKS(suffix, is_bf16, act16)                                                         \
+/* The callbacks of the models: float32 (param_dtype F32) and bfloat16
+ * replicas, the latter also with bfloat16 GEMM inputs (act16); one
+ * implementation. The head reads the float32 features in every model. */
+#define GPT_BODY_CALLBACKS(suffix, is_bf16, act16)                                             \
     static dp_status gpt_model_forward##suffix(void *ctx, dp_device *dev, dp_params params,   \
                                                const dp_chunk *chunk, void *ws, float *out)   \
     {                                                                                          \
@@ -631,24 +632,28 @@ static dp_status model_backward(const dp_gpt *g, dp_device *dev, wview params, f
     {                                                                                          \
         wview w = {params, is_bf16, act16};                                                    \
         return model_backward(ctx, dev, w, grads, chunk, ws, dfeatures);                       \
-    }                                                                                          \
+    }
+#define GPT_HEAD_CALLBACKS(suffix, is_bf16)                                                    \
     static dp_status gpt_head_forward##suffix(void *ctx, dp_device *dev, dp_params params,    \
                                               const float *features, size_t m, float *logits) \
     {                                                                                          \
-        wview w = {params, is_bf16, act16};                                                    \
+        wview w = {params, is_bf16, 0};                                                        \
         return head_forward(ctx, dev, w, features, m, logits);                                 \
     }                                                                                          \
     static dp_status gpt_head_backward##suffix(void *ctx, dp_device *dev, dp_params params,   \
                                                float *grads, const float *features, size_t m, \
                                                float *dlogits, float *dfeatures)               \
     {                                                                                          \
-        wview w = {params, is_bf16, act16};                                                    \
+        wview w = {params, is_bf16, 0};                                                        \
         return head_backward(ctx, dev, w, grads, features, m, dlogits, dfeatures);             \
     }
-GPT_CALLBACKS(, 0, 0)
-GPT_CALLBACKS(_bf16, 1, 0)
-GPT_CALLBACKS(_bf16_act, 1, 1)
-#undef GPT_CALLBACKS
+GPT_BODY_CALLBACKS(, 0, 0)
+GPT_BODY_CALLBACKS(_bf16, 1, 0)
+GPT_BODY_CALLBACKS(_bf16_act, 1, 1)
+GPT_HEAD_CALLBACKS(, 0)
+GPT_HEAD_CALLBACKS(_bf16, 1)
+#undef GPT_BODY_CALLBACKS
+#undef GPT_HEAD_CALLBACKS
 
 // --- create / destroy ------------------------------------------------------------------
 
@@ -775,14 +780,12 @@ dp_status dp_gpt_create(const dp_gpt_config *cfg, dp_gpt **out)
     m->backward = gpt_model_backward_bf16;
     m->head_forward = gpt_head_forward_bf16;
     m->head_backward = gpt_head_backward_bf16;
-    /* ... keeping the blocks' GEMM inputs as bfloat16 */
+    /* ... keeping the blocks' GEMM inputs as bfloat16 (the same head) */
     g->model_bf16_act = *m;
     m = &g->model_bf16_act;
     m->workspace_bytes = gpt_workspace_act16;
     m->forward = gpt_model_forward_bf16_act;
     m->backward = gpt_model_backward_bf16_act;
-    m->head_forward = gpt_head_forward_bf16_act;
-    m->head_backward = gpt_head_backward_bf16_act;
     *out = g;
     return DP_OK;
 }
