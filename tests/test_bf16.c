@@ -360,6 +360,45 @@ Test(bf16_layers, equal_their_float32_twin_on_widened_parameters)
     }
 }
 
+/* Attention with q, k, v kept as bfloat16 (dp_attention_*_bf16_qkv) is
+ * the float32 attention on the rounded qkv, bit for bit, in both
+ * precisions: the permutes copy, and the GEMMs see the same values. */
+Test(bf16_layers, attention_with_bf16_qkv_is_attention_on_the_rounded_qkv)
+{
+    enum { B = 2, T = 6, C = 16, NH = 4, BTC = B * T * C, ATT = B * NH * T * T };
+    for (int prec = 0; prec < 2; prec++) {
+        dp_device *dev = dp_test_cpu(1);
+        dp_assert_ok(dp_device_set_matmul_precision(dev, prec ? DP_MATMUL_BF16 : DP_MATMUL_FP32));
+        float *qkv = random_floats(21, 3 * BTC), *dout = random_floats(22, BTC);
+        static float rounded[3 * BTC];
+        for (int i = 0; i < 3 * BTC; i++) rounded[i] = dp_bf16_to_float(dp_bf16_from_float(qkv[i]));
+        float *dq = dp_test_upload(dev, qkv, 3 * BTC), *dr = dp_test_upload(dev, rounded, 3 * BTC);
+        float *ddo = dp_test_upload(dev, dout, BTC);
+        float *o1 = nn_filled(dev, BTC, 0), *o2 = nn_filled(dev, BTC, 0);
+        float *a1 = nn_filled(dev, ATT, 0), *a2 = nn_filled(dev, ATT, 0);
+        float *s1 = nn_filled(dev, BTC, 0), *s2 = nn_filled(dev, BTC, 0);
+        float *r32 = nn_filled(dev, 3 * BTC, 0), *f32 = nn_filled(dev, 3 * BTC, 0);
+        dp_bf16 *r16 = NULL;
+        dp_assert_ok(dp_device_alloc(dev, 3 * BTC * sizeof *r16, (void **)&r16));
+        dp_assert_ok(dp_attention_forward_bf16_qkv(dev, o1, r16, f32, a1, s1, dq, B, T, C, NH));
+        dp_assert_ok(dp_attention_forward(dev, o2, r32, a2, s2, dr, B, T, C, NH));
+        assert_same_floats("attention out", dev, o1, o2, BTC);
+        assert_same_floats("attention probabilities", dev, a1, a2, ATT);
+        float *g1 = nn_filled(dev, 3 * BTC, 0), *g2 = nn_filled(dev, 3 * BTC, 0);
+        float *gr1 = nn_filled(dev, 3 * BTC, 0), *gr2 = nn_filled(dev, 3 * BTC, 0);
+        float *ga1 = nn_filled(dev, ATT, 0), *ga2 = nn_filled(dev, ATT, 0);
+        dp_assert_ok(dp_attention_backward_bf16_qkv(dev, g1, gr1, ga1, s1, ddo, r16, a1, B, T, C,
+                                                    NH));
+        dp_assert_ok(dp_attention_backward(dev, g2, gr2, ga2, s2, ddo, r32, a2, B, T, C, NH));
+        assert_same_floats("attention dqkv", dev, g1, g2, 3 * BTC);
+        nn_assert_invalid(dp_attention_forward_bf16_qkv(dev, o1, r16, NULL, a1, s1, dq, B, T, C,
+                                                        NH),
+                          "qkvr_f32", "dp_attention_forward_bf16_qkv");
+        free(qkv), free(dout);
+        dp_device_close(dev);
+    }
+}
+
 Test(bf16_layers, argument_errors_name_the_bf16_function)
 {
     dp_device *dev = dp_test_cpu(0);

@@ -458,7 +458,7 @@ Test(bf16_engine, bf16_gemm_inputs_change_nothing_in_bf16_precision, .timeout = 
     dp_gpt_destroy(g);
 }
 
-/* The workspace shrinks by the four GEMM inputs' halves: 14 bytes per
+/* The workspace shrinks by the GEMM inputs' halves: 20 bytes per
  * token, embedding dimension and layer (up to the slots' alignment). */
 Test(bf16_engine, bf16_gemm_inputs_take_half_their_memory)
 {
@@ -468,9 +468,9 @@ Test(bf16_engine, bf16_gemm_inputs_take_half_their_memory)
     const dp_model *m16 = dp_gpt_model_bf16(g), *act = dp_gpt_model_bf16_act(g);
     for (size_t rows = 1; rows <= 8; rows *= 2) {
         size_t w16 = m16->workspace_bytes(m16->ctx, rows), wa = act->workspace_bytes(act->ctx, rows);
-        size_t want = cfg.n_layer * 14 * rows * cfg.block_size * cfg.n_embd;
+        size_t want = cfg.n_layer * 20 * rows * cfg.block_size * cfg.n_embd;
         cr_assert(w16 > wa, "rows %zu: %zu vs %zu bytes", rows, w16, wa);
-        size_t saved = w16 - wa, slack = cfg.n_layer * 4 * 512;
+        size_t saved = w16 - wa, slack = cfg.n_layer * 5 * 512;
         cr_assert(saved + slack >= want && saved <= want + slack,
                   "rows %zu: saved %zu bytes, want %zu (+-%zu)", rows, saved, want, slack);
     }

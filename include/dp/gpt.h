@@ -59,10 +59,11 @@ DP_API const dp_model *dp_gpt_model(const dp_gpt *gpt);
  * dp_engine_config.matmul_precision DP_MATMUL_BF16 for bf16 GEMMs
  * throughout. */
 DP_API const dp_model *dp_gpt_model_bf16(const dp_gpt *gpt);
-/* dp_gpt_model_bf16 keeping each block's four GEMM inputs (ln_1 and ln_2
- * outputs, the attention output, the GELU output) as bfloat16 between
- * forward and backward: 14 bytes per token and embedding dimension per
- * layer less workspace, and those activations are never converted again.
+/* dp_gpt_model_bf16 keeping each block's GEMM inputs (ln_1 and ln_2
+ * outputs, q, k and v, the attention output, the GELU output) as bfloat16
+ * between forward and backward: 20 bytes per token and embedding
+ * dimension per layer less workspace, and those activations are never
+ * converted again.
  * In BF16 matmul precision the GEMMs round exactly these values anyway, so
  * loss and gradients equal dp_gpt_model_bf16's bit for bit; in FP32 or
  * TF32 precision the GEMMs then compute with the rounded activations.

@@ -134,6 +134,20 @@ DP_API dp_status dp_attention_backward(dp_device *dev, float *dqkv, float *dqkvr
                                        float *scratch, const float *dout, const float *qkvr,
                                        const float *att, size_t B, size_t T, size_t C,
                                        size_t NH);
+/* The same with qkvr(3,B,NH,T,hs) kept as bfloat16: only the GEMMs read
+ * q, k and v, and a BF16-precision GEMM rounds them to exactly these
+ * values, so there the results equal the float32 qkvr's bit for bit, with
+ * half its memory. The forward permutes into qkvr_f32 (3,B,NH,T,hs floats
+ * of scratch, clobbered) and rounds it into qkvr. In FP32 or TF32
+ * precision the GEMMs compute with the rounded q, k and v. */
+DP_API dp_status dp_attention_forward_bf16_qkv(dp_device *dev, float *out, dp_bf16 *qkvr,
+                                               float *qkvr_f32, float *att, float *scratch,
+                                               const float *qkv, size_t B, size_t T, size_t C,
+                                               size_t NH);
+DP_API dp_status dp_attention_backward_bf16_qkv(dp_device *dev, float *dqkv, float *dqkvr,
+                                                float *datt, float *scratch, const float *dout,
+                                                const dp_bf16 *qkvr, const float *att, size_t B,
+                                                size_t T, size_t C, size_t NH);
 
 /* ---- fused softmax cross-entropy ------------------------------------------
  * For each row i of logits(N,V) with targets[i] in [0,V):

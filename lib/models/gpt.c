@@ -168,8 +168,8 @@ static size_t align_up(size_t n, int *of)
 // --- workspace layout ------------------------------------------------------------------
 
 /* One block's cached activations (pointers into the workspace). With
- * act16 the four GEMM inputs (ln1, atty, ln2, fch_gelu) hold bfloat16
- * elements: the GEMMs read nothing else of them. */
+ * act16 the GEMM inputs (ln1, qkvr, atty, ln2, fch_gelu) hold bfloat16
+ * elements: nothing but GEMMs reads them. */
 typedef struct layer_acts {
     float *ln1, *ln1_mean, *ln1_rstd; /* (B,T,C), (B,T), (B,T) */
     float *qkvr;                      /* (3,B,NH,T,hs) */
@@ -265,7 +265,7 @@ static int make_carve(const dp_gpt_config *cfg, size_t B, size_t T, int keep_lnf
     c->l_ln1 = place(&at, in1, &of);
     c->l_ln1_mean = place(&at, BT, &of);
     c->l_ln1_rstd = place(&at, BT, &of);
-    c->l_qkvr = place(&at, x3, &of);
+    c->l_qkvr = place(&at, act16 ? x3 / 2 + 1 : x3, &of);
     c->l_att = place(&at, BNHTT, &of);
     c->l_atty = place(&at, in1, &of);
     c->l_res2 = place(&at, BTC, &of);
@@ -395,15 +395,21 @@ static dp_status body_forward(const dp_gpt *gpt, dp_device *dev, wview params,
         dp_pref p_mprojb = pw(gpt, params, idx_block(l, BLK_MPROJ_B));
 
         /* With act16 each GEMM input is computed in float32 into the
-         * backward's scratch (free here: qkv goes there only once ln1 is
-         * kept, and atty after qkv) and kept rounded to bfloat16. */
+         * backward's scratch `big` (free in the forward: qkv goes there
+         * only once ln1 is kept; qkvr and atty at their own offsets after
+         * it) and kept rounded to bfloat16. */
         float *ln1 = c.act16 ? qkv : a.ln1;
         DP_TRY(ln_fwd(dev, ln1, a.ln1_mean, a.ln1_rstd, residual, p_ln1w, p_ln1b, BT, C));
         DP_TRY(keep(dev, &a, a.ln1, ln1, BT * C));
         DP_TRY(lin_fwd(dev, qkv, gemm_in(&a, a.ln1), p_attw, p_attb, BT, C, 3 * C));
         /* residual2 is free until the projection below: it is the scratch. */
-        float *atty = c.act16 ? qkv + 3 * BT * C : a.atty;
-        DP_TRY(dp_attention_forward(dev, atty, a.qkvr, a.att, a.residual2, qkv, B, T, C, NH));
+        float *atty = c.act16 ? qkv + c.big_scratch : a.atty;
+        if (c.act16) /* q, k, v too: permuted into the scratch, kept as bfloat16 */
+            DP_TRY(dp_attention_forward_bf16_qkv(dev, atty, (dp_bf16 *)a.qkvr,
+                                                 qkv + c.big_dqkvr, a.att, a.residual2, qkv, B,
+                                                 T, C, NH));
+        else
+            DP_TRY(dp_attention_forward(dev, atty, a.qkvr, a.att, a.residual2, qkv, B, T, C, NH));
         DP_TRY(keep(dev, &a, a.atty, atty, BT * C));
         DP_TRY(lin_fwd(dev, a.residual2, gemm_in(&a, a.atty), p_aprojw, p_aprojb, BT, C, C));
         DP_TRY(dp_accumulate(dev, a.residual2, residual, BT * C));
@@ -497,8 +503,12 @@ static dp_status body_backward(const dp_gpt *gpt, dp_device *dev, wview params, 
               *datt = big + c.big_datt;
         DP_TRY(lin_bwd(dev, dbtc, G(BLK_APROJ_W), G(BLK_APROJ_B), dresidual, gemm_in(&a, a.atty),
                        P(BLK_APROJ_W), BT, C, C));
-        DP_TRY(dp_attention_backward(dev, dqkv, dqkvr, datt, ascratch, dbtc, a.qkvr, a.att, B, T,
-                                     C, NH));
+        if (a.act16)
+            DP_TRY(dp_attention_backward_bf16_qkv(dev, dqkv, dqkvr, datt, ascratch, dbtc,
+                                                  (const dp_bf16 *)a.qkvr, a.att, B, T, C, NH));
+        else
+            DP_TRY(dp_attention_backward(dev, dqkv, dqkvr, datt, ascratch, dbtc, a.qkvr, a.att, B,
+                                         T, C, NH));
         DP_TRY(lin_bwd(dev, dbtc, G(BLK_ATTN_W), G(BLK_ATTN_B), dqkv, gemm_in(&a, a.ln1),
                        P(BLK_ATTN_W), BT, C, 3 * C));
         DP_TRY(ln_bwd(dev, dresidual, G(BLK_LN1_W), G(BLK_LN1_B), dbtc, residual, P(BLK_LN1_W),

@@ -87,7 +87,42 @@ static dp_status check_distinct(const char *fn, dp_device *dev, const void *cons
     return DP_OK;
 }
 
+static size_t hs_of(size_t C, size_t NH) { return C / NH; }
+
 // --- forward ---------------------------------------------------------------------------
+
+/* One batched product of the attention; A and B float32, or bfloat16 where
+ * a16 / b16 (q, k and v of a bf16 qkvr). */
+static dp_status bgemm(dp_device *dev, dp_op ta, dp_op tb, int m, int n, int k, const void *A,
+                       int a16, int lda, long long sa, const void *B, int b16, int ldb,
+                       long long sb, float *C, int ldc, long long sc, int batch)
+{
+    dp_gemm_arg a = {A, a16, lda, sa}, b = {B, b16, ldb, sb};
+    return dev->ops->gemm(dev, ta, tb, m, n, k, 1.0f, &a, &b, 0.0f, C, ldc, sc, batch);
+}
+
+/* The forward after the permute: q, k, v read from qkvr (bfloat16 when q16). */
+static dp_status forward_from(dp_device *dev, float *out, const void *qkvr, int q16, float *att,
+                              float *scratch, size_t B, size_t T, size_t C, size_t NH)
+{
+    const dp_backend_ops *o = dev->ops;
+    size_t hs = C / NH, BNH = B * NH, es = q16 ? 2 : 4;
+    int iT = (int)T, ihs = (int)hs, batch = (int)BNH;
+    long long sTh = (long long)(T * hs), sTT = (long long)(T * T);
+    const char *base = qkvr;
+    const void *q = base, *k = base + BNH * T * hs * es, *v = base + 2 * BNH * T * hs * es;
+    float *y = scratch; // (B,NH,T,hs)
+    /* att = q k^T (row-major T x T) is column-major att^T = k q^T: k read
+     * column-major is (hs,T), so op(A) = k^T with lda = hs. */
+    DP_TRY(bgemm(dev, DP_OP_T, DP_OP_N, iT, iT, ihs, k, q16, ihs, sTh, q, q16, ihs, sTh, att, iT,
+                 sTT, batch));
+    DP_TRY(o->softmax_causal_forward(dev, att, 1.0f / sqrtf((float)hs), T, BNH * T));
+    /* y = att v is column-major y^T(hs,T) = v^T(hs,T) att^T(T,T). */
+    DP_TRY(bgemm(dev, DP_OP_N, DP_OP_N, ihs, iT, iT, v, q16, ihs, sTh, att, 0, iT, sTT, y, ihs,
+                 sTh, batch));
+    DP_TRY(o->attention_unpermute(dev, out, y, B, T, NH, hs));
+    return DP_OK;
+}
 
 dp_status dp_attention_forward(dp_device *dev, float *out, float *qkvr, float *att,
                                float *scratch, const float *qkv, size_t B, size_t T, size_t C,
@@ -105,28 +140,65 @@ dp_status dp_attention_forward(dp_device *dev, float *out, float *qkvr, float *a
     const void *bufs[] = {out, qkvr, att, scratch, qkv};
     const char *names[] = {"out", "qkvr", "att", "scratch", "qkv"};
     DP_TRY(check_distinct(fn, dev, bufs, names, 5));
+    DP_TRY(dev->ops->attention_permute(dev, qkvr, qkv, B, T, NH, hs_of(C, NH)));
+    return forward_from(dev, out, qkvr, 0, att, scratch, B, T, C, NH);
+}
 
-    const dp_backend_ops *o = dev->ops;
-    size_t hs = C / NH, BNH = B * NH;
-    int iT = (int)T, ihs = (int)hs, batch = (int)BNH;
-    long long sTh = (long long)(T * hs), sTT = (long long)(T * T);
-    const float *q = qkvr, *k = qkvr + BNH * T * hs, *v = qkvr + 2 * BNH * T * hs;
-    float *y = scratch; // (B,NH,T,hs)
-
-    DP_TRY(o->attention_permute(dev, qkvr, qkv, B, T, NH, hs));
-    /* att = q k^T (row-major T x T) is column-major att^T = k q^T: k read
-     * column-major is (hs,T), so op(A) = k^T with lda = hs. */
-    DP_TRY(dp_backend_sgemm(dev, DP_OP_T, DP_OP_N, iT, iT, ihs, 1.0f, k, ihs, sTh, q,
-                                   ihs, sTh, 0.0f, att, iT, sTT, batch));
-    DP_TRY(o->softmax_causal_forward(dev, att, 1.0f / sqrtf((float)hs), T, BNH * T));
-    /* y = att v is column-major y^T(hs,T) = v^T(hs,T) att^T(T,T). */
-    DP_TRY(dp_backend_sgemm(dev, DP_OP_N, DP_OP_N, ihs, iT, iT, 1.0f, v, ihs, sTh, att,
-                                   iT, sTT, 0.0f, y, ihs, sTh, batch));
-    DP_TRY(o->attention_unpermute(dev, out, y, B, T, NH, hs));
-    return DP_OK;
+dp_status dp_attention_forward_bf16_qkv(dp_device *dev, float *out, dp_bf16 *qkvr,
+                                        float *qkvr_f32, float *att, float *scratch,
+                                        const float *qkv, size_t B, size_t T, size_t C,
+                                        size_t NH)
+{
+    static const char fn[] = "dp_attention_forward_bf16_qkv";
+    if (!dev) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: dev must not be NULL", fn);
+    if (!out || !qkvr || !qkvr_f32 || !att || !scratch || !qkv)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
+                       "%s on %s: out, qkvr, qkvr_f32, att, scratch and qkv must not be NULL",
+                       fn, dev->name);
+    DP_TRY(check_dims(fn, dev, B, T, C, NH));
+    const void *bufs[] = {out, qkvr, qkvr_f32, att, scratch, qkv};
+    const char *names[] = {"out", "qkvr", "qkvr_f32", "att", "scratch", "qkv"};
+    DP_TRY(check_distinct(fn, dev, bufs, names, 6));
+    DP_TRY(dev->ops->attention_permute(dev, qkvr_f32, qkv, B, T, NH, hs_of(C, NH)));
+    DP_TRY(dp_convert(dev, qkvr, DP_DTYPE_BF16, qkvr_f32, DP_DTYPE_F32, 3 * B * T * C));
+    return forward_from(dev, out, qkvr, 1, att, scratch, B, T, C, NH);
 }
 
 // --- backward --------------------------------------------------------------------------
+
+static dp_status backward_from(dp_device *dev, float *dqkv, float *dqkvr, float *datt,
+                               float *scratch, const float *dout, const void *qkvr, int q16,
+                               const float *att, size_t B, size_t T, size_t C, size_t NH)
+{
+    const dp_backend_ops *o = dev->ops;
+    size_t hs = C / NH, BNH = B * NH, es = q16 ? 2 : 4;
+    int iT = (int)T, ihs = (int)hs, batch = (int)BNH;
+    long long sTh = (long long)(T * hs), sTT = (long long)(T * T);
+    size_t part = BNH * T * hs;
+    const char *base = qkvr;
+    const void *q = base, *k = base + part * es, *v = base + 2 * part * es;
+    float *dq = dqkvr, *dk = dqkvr + part, *dv = dqkvr + 2 * part;
+    float *dy = scratch; // (B,NH,T,hs)
+
+    DP_TRY(o->attention_unpermute_backward(dev, dy, dout, B, T, NH, hs));
+    /* datt = dy v^T: the same shape of product as the forward's scores. */
+    DP_TRY(bgemm(dev, DP_OP_T, DP_OP_N, iT, iT, ihs, v, q16, ihs, sTh, dy, 0, ihs, sTh, datt, iT,
+                 sTT, batch));
+    /* dv = att^T dy is column-major dv^T(hs,T) = dy^T(hs,T) att(T,T), and
+     * the column-major view of row-major att is att^T, hence op(B) = T. */
+    DP_TRY(bgemm(dev, DP_OP_N, DP_OP_T, ihs, iT, iT, dy, 0, ihs, sTh, att, 0, iT, sTT, dv, ihs,
+                 sTh, batch));
+    /* datt becomes d(scores), 1/sqrt(hs) included, zero above the diagonal. */
+    DP_TRY(o->softmax_causal_backward(dev, datt, att, 1.0f / sqrtf((float)hs), T, BNH * T));
+    /* dq = ds k, as the forward's y = att v. */
+    DP_TRY(bgemm(dev, DP_OP_N, DP_OP_N, ihs, iT, iT, k, q16, ihs, sTh, datt, 0, iT, sTT, dq, ihs,
+                 sTh, batch));
+    /* dk = ds^T q, as dv = att^T dy. */
+    DP_TRY(bgemm(dev, DP_OP_N, DP_OP_T, ihs, iT, iT, q, q16, ihs, sTh, datt, 0, iT, sTT, dk, ihs,
+                 sTh, batch));
+    DP_TRY(o->attention_permute_backward(dev, dqkv, dqkvr, B, T, NH, hs));
+    return DP_OK;
+}
 
 dp_status dp_attention_backward(dp_device *dev, float *dqkv, float *dqkvr, float *datt,
                                 float *scratch, const float *dout, const float *qkvr,
@@ -145,32 +217,23 @@ dp_status dp_attention_backward(dp_device *dev, float *dqkv, float *dqkvr, float
     const void *bufs[] = {dqkv, dqkvr, datt, scratch, dout, qkvr, att};
     const char *names[] = {"dqkv", "dqkvr", "datt", "scratch", "dout", "qkvr", "att"};
     DP_TRY(check_distinct(fn, dev, bufs, names, 7));
+    return backward_from(dev, dqkv, dqkvr, datt, scratch, dout, qkvr, 0, att, B, T, C, NH);
+}
 
-    const dp_backend_ops *o = dev->ops;
-    size_t hs = C / NH, BNH = B * NH;
-    int iT = (int)T, ihs = (int)hs, batch = (int)BNH;
-    long long sTh = (long long)(T * hs), sTT = (long long)(T * T);
-    size_t part = BNH * T * hs;
-    const float *q = qkvr, *k = qkvr + part, *v = qkvr + 2 * part;
-    float *dq = dqkvr, *dk = dqkvr + part, *dv = dqkvr + 2 * part;
-    float *dy = scratch; // (B,NH,T,hs)
-
-    DP_TRY(o->attention_unpermute_backward(dev, dy, dout, B, T, NH, hs));
-    /* datt = dy v^T: the same shape of product as the forward's scores. */
-    DP_TRY(dp_backend_sgemm(dev, DP_OP_T, DP_OP_N, iT, iT, ihs, 1.0f, v, ihs, sTh, dy,
-                                   ihs, sTh, 0.0f, datt, iT, sTT, batch));
-    /* dv = att^T dy is column-major dv^T(hs,T) = dy^T(hs,T) att(T,T), and
-     * the column-major view of row-major att is att^T, hence op(B) = T. */
-    DP_TRY(dp_backend_sgemm(dev, DP_OP_N, DP_OP_T, ihs, iT, iT, 1.0f, dy, ihs, sTh, att,
-                                   iT, sTT, 0.0f, dv, ihs, sTh, batch));
-    /* datt becomes d(scores), 1/sqrt(hs) included, zero above the diagonal. */
-    DP_TRY(o->softmax_causal_backward(dev, datt, att, 1.0f / sqrtf((float)hs), T, BNH * T));
-    /* dq = ds k, as the forward's y = att v. */
-    DP_TRY(dp_backend_sgemm(dev, DP_OP_N, DP_OP_N, ihs, iT, iT, 1.0f, k, ihs, sTh, datt,
-                                   iT, sTT, 0.0f, dq, ihs, sTh, batch));
-    /* dk = ds^T q, as dv = att^T dy. */
-    DP_TRY(dp_backend_sgemm(dev, DP_OP_N, DP_OP_T, ihs, iT, iT, 1.0f, q, ihs, sTh, datt,
-                                   iT, sTT, 0.0f, dk, ihs, sTh, batch));
-    DP_TRY(o->attention_permute_backward(dev, dqkv, dqkvr, B, T, NH, hs));
-    return DP_OK;
+dp_status dp_attention_backward_bf16_qkv(dp_device *dev, float *dqkv, float *dqkvr, float *datt,
+                                         float *scratch, const float *dout,
+                                         const dp_bf16 *qkvr, const float *att, size_t B,
+                                         size_t T, size_t C, size_t NH)
+{
+    static const char fn[] = "dp_attention_backward_bf16_qkv";
+    if (!dev) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: dev must not be NULL", fn);
+    if (!dqkv || !dqkvr || !datt || !scratch || !dout || !qkvr || !att)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
+                       "%s on %s: dqkv, dqkvr, datt, scratch, dout, qkvr and att must not be "
+                       "NULL", fn, dev->name);
+    DP_TRY(check_dims(fn, dev, B, T, C, NH));
+    const void *bufs[] = {dqkv, dqkvr, datt, scratch, dout, qkvr, att};
+    const char *names[] = {"dqkv", "dqkvr", "datt", "scratch", "dout", "qkvr", "att"};
+    DP_TRY(check_distinct(fn, dev, bufs, names, 7));
+    return backward_from(dev, dqkv, dqkvr, datt, scratch, dout, qkvr, 1, att, B, T, C, NH);
 }
