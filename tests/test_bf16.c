@@ -7,6 +7,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "backend/backend.h"
@@ -294,26 +295,9 @@ Test(bf16_layers, equal_their_float32_twin_on_widened_parameters)
         float *dw32 = dp_test_upload(dev, w32, OC * C), *dbias32 = dp_test_upload(dev, bias32, OC);
         float *go = random_floats(9, N * OC);
         float *dgo = dp_test_upload(dev, go, N * OC);
-        for (int with_bias = 0; with_bias < 2; with_bias++) {
-            dp_assert_ok(dp_linear_forward_bf16(dev, o1, dx, dw16, with_bias ? dbias16 : NULL, N,
-                                                C, OC));
-            dp_assert_ok(dp_linear_forward(dev, o2, dx, dw32, with_bias ? dbias32 : NULL, N, C, OC));
-            assert_same_floats("linear forward", dev, o1, o2, N * OC);
-            float *wg1 = nn_filled(dev, OC * C, 0.125f), *wg2 = nn_filled(dev, OC * C, 0.125f);
-            float *bg1 = nn_filled(dev, OC, 0), *bg2 = nn_filled(dev, OC, 0);
-            dp_assert_ok(dp_linear_backward_bf16(dev, gi1, wg1, with_bias ? bg1 : NULL, dgo, dx,
-                                                 dw16, N, C, OC));
-            dp_assert_ok(dp_linear_backward(dev, gi2, wg2, with_bias ? bg2 : NULL, dgo, dx, dw32,
-                                            N, C, OC));
-            assert_same_floats("linear dinp", dev, gi1, gi2, N * C);
-            assert_same_floats("linear dweight", dev, wg1, wg2, OC * C);
-            assert_same_floats("linear dbias", dev, bg1, bg2, OC);
-            dp_device_free(dev, wg1), dp_device_free(dev, wg2);
-            dp_device_free(dev, bg1), dp_device_free(dev, bg2);
-        }
-        /* the input in bfloat16 too (_bf16_inp): the float32 layer on the
-         * rounded input, bit for bit (in BF16 math both GEMMs round dout
-         * alike) */
+        /* in16: the input in bfloat16 too (_bf16_inp), against the float32
+         * layer on the rounded input, bit for bit (in BF16 math both GEMMs
+         * round dout alike) */
         static dp_bf16 x16[N * C];
         static float xr[N * C];
         for (int i = 0; i < N * C; i++) {
@@ -322,24 +306,40 @@ Test(bf16_layers, equal_their_float32_twin_on_widened_parameters)
         }
         dp_bf16 *dx16 = upload16(dev, x16, N * C);
         float *dxr = dp_test_upload(dev, xr, N * C);
-        for (int with_bias = 0; with_bias < 2; with_bias++) {
-            dp_assert_ok(dp_linear_forward_bf16_inp(dev, o1, dx16, dw16,
-                                                    with_bias ? dbias16 : NULL, N, C, OC));
-            dp_assert_ok(dp_linear_forward(dev, o2, dxr, dw32, with_bias ? dbias32 : NULL, N, C,
-                                           OC));
-            assert_same_floats("linear forward, bf16 input", dev, o1, o2, N * OC);
-            float *wg1 = nn_filled(dev, OC * C, 0.125f), *wg2 = nn_filled(dev, OC * C, 0.125f);
-            float *bg1 = nn_filled(dev, OC, 0), *bg2 = nn_filled(dev, OC, 0);
-            dp_assert_ok(dp_linear_backward_bf16_inp(dev, gi1, wg1, with_bias ? bg1 : NULL, dgo,
-                                                     dx16, dw16, N, C, OC));
-            dp_assert_ok(dp_linear_backward(dev, gi2, wg2, with_bias ? bg2 : NULL, dgo, dxr, dw32,
-                                            N, C, OC));
-            assert_same_floats("linear dinp, bf16 input", dev, gi1, gi2, N * C);
-            assert_same_floats("linear dweight, bf16 input", dev, wg1, wg2, OC * C);
-            assert_same_floats("linear dbias, bf16 input", dev, bg1, bg2, OC);
-            dp_device_free(dev, wg1), dp_device_free(dev, wg2);
-            dp_device_free(dev, bg1), dp_device_free(dev, bg2);
-        }
+        for (int in16 = 0; in16 < 2; in16++)
+            for (int with_bias = 0; with_bias < 2; with_bias++) {
+                const float *xin = in16 ? dxr : dx; /* the reference's input */
+                const char *how = in16 ? ", bf16 input" : "";
+                char what[64];
+                const dp_bf16 *b16 = with_bias ? dbias16 : NULL;
+                if (in16)
+                    dp_assert_ok(dp_linear_forward_bf16_inp(dev, o1, dx16, dw16, b16, N, C, OC));
+                else
+                    dp_assert_ok(dp_linear_forward_bf16(dev, o1, dx, dw16, b16, N, C, OC));
+                dp_assert_ok(dp_linear_forward(dev, o2, xin, dw32, with_bias ? dbias32 : NULL, N,
+                                               C, OC));
+                snprintf(what, sizeof what, "linear forward%s", how);
+                assert_same_floats(what, dev, o1, o2, N * OC);
+                float *wg1 = nn_filled(dev, OC * C, 0.125f), *wg2 = nn_filled(dev, OC * C, 0.125f);
+                float *bg1 = nn_filled(dev, OC, 0), *bg2 = nn_filled(dev, OC, 0);
+                float *bgrad = with_bias ? bg1 : NULL;
+                if (in16)
+                    dp_assert_ok(dp_linear_backward_bf16_inp(dev, gi1, wg1, bgrad, dgo, dx16, dw16,
+                                                             N, C, OC));
+                else
+                    dp_assert_ok(dp_linear_backward_bf16(dev, gi1, wg1, bgrad, dgo, dx, dw16, N, C,
+                                                         OC));
+                dp_assert_ok(dp_linear_backward(dev, gi2, wg2, with_bias ? bg2 : NULL, dgo, xin,
+                                                dw32, N, C, OC));
+                snprintf(what, sizeof what, "linear dinp%s", how);
+                assert_same_floats(what, dev, gi1, gi2, N * C);
+                snprintf(what, sizeof what, "linear dweight%s", how);
+                assert_same_floats(what, dev, wg1, wg2, OC * C);
+                snprintf(what, sizeof what, "linear dbias%s", how);
+                assert_same_floats(what, dev, bg1, bg2, OC);
+                dp_device_free(dev, wg1), dp_device_free(dev, wg2);
+                dp_device_free(dev, bg1), dp_device_free(dev, bg2);
+            }
         nn_assert_invalid(dp_linear_forward_bf16_inp(dev, o1, NULL, dw16, NULL, N, C, OC), "inp",
                           "dp_linear_forward_bf16_inp");
         /* bf16 math must not equal float32 math on these activations */

@@ -396,6 +396,26 @@ static gemm_case gc(dp_op ta, dp_op tb, int m, int n, int k, int pad, float alph
     return c;
 }
 
+/* Mode 0-2: bf16 math with A, B float32 / A bf16 / B bf16; mode 3:
+ * float32 math with a bf16 A. */
+static gemm_case typed(gemm_case c, int mode)
+{
+    c.bf16_math = mode < 3;
+    c.a16 = mode == 1 || mode == 3;
+    c.b16 = mode == 2;
+    return c;
+}
+
+/* c as a batch of n matrices with gaps between them (7, 5 and 11 elements). */
+static gemm_case batched(gemm_case c, int n)
+{
+    c.batch = n;
+    c.sa = (long long)c.lda * (c.ta == DP_OP_N ? c.k : c.m) + 7;
+    c.sb = (long long)c.ldb * (c.tb == DP_OP_N ? c.n : c.k) + 5;
+    c.sc = (long long)c.ldc * c.n + 11;
+    return c;
+}
+
 Test(cuda_gemm, matches_float64_within_the_float32_bound, .timeout = 60)
 {
     REQUIRE_GPU();
@@ -411,11 +431,7 @@ Test(cuda_gemm, matches_float64_within_the_float32_bound, .timeout = 60)
                 c = gc((dp_op)ta, (dp_op)tb, 7, 40, 9, 0, -1.0f, 0.5f);
                 check_gemm(dev, &c, gamma_f32(c.k), seed++);
                 /* batched with gaps between the matrices */
-                c = gc((dp_op)ta, (dp_op)tb, 12, 5, 8, 1, 1.0f, 1.0f);
-                c.batch = 3;
-                c.sa = (long long)c.lda * (ta == 0 ? c.k : c.m) + 7;
-                c.sb = (long long)c.ldb * (tb == 0 ? c.n : c.k) + 5;
-                c.sc = (long long)c.ldc * c.n + 11;
+                c = batched(gc((dp_op)ta, (dp_op)tb, 12, 5, 8, 1, 1.0f, 1.0f), 3);
                 check_gemm(dev, &c, gamma_f32(c.k), seed++);
             }
         /* large enough for cuBLAS's tiled and split-K kernels */
@@ -464,22 +480,12 @@ Test(cuda_gemm, bf16_math_and_operands_within_the_float32_bound, .timeout = 60)
     {
         dp_device *dev = open_target(g);
         uint64_t seed = 200;
-        for (int mode = 0; mode < 4; mode++) /* bf16 math with A, B f32/bf16; f32 math, bf16 A */
+        for (int mode = 0; mode < 4; mode++)
             for (int ta = 0; ta < 2; ta++)
                 for (int tb = 0; tb < 2; tb++) {
-                    gemm_case c = gc((dp_op)ta, (dp_op)tb, 33, 17, 65, 3, 1.5f, 0.0f);
-                    c.bf16_math = mode < 3;
-                    c.a16 = mode == 1 || mode == 3;
-                    c.b16 = mode == 2;
+                    gemm_case c = typed(gc((dp_op)ta, (dp_op)tb, 33, 17, 65, 3, 1.5f, 0.0f), mode);
                     check_gemm(dev, &c, gamma_f32(c.k), seed++);
-                    c = gc((dp_op)ta, (dp_op)tb, 12, 5, 8, 1, 1.0f, 1.0f);
-                    c.bf16_math = mode < 3;
-                    c.a16 = mode == 1 || mode == 3;
-                    c.b16 = mode == 2;
-                    c.batch = 3;
-                    c.sa = (long long)c.lda * (ta == 0 ? c.k : c.m) + 7;
-                    c.sb = (long long)c.ldb * (tb == 0 ? c.n : c.k) + 5;
-                    c.sc = (long long)c.ldc * c.n + 11;
+                    c = batched(typed(gc((dp_op)ta, (dp_op)tb, 12, 5, 8, 1, 1.0f, 1.0f), mode), 3);
                     check_gemm(dev, &c, gamma_f32(c.k), seed++);
                 }
         gemm_case big = gc(DP_OP_T, DP_OP_N, 256, 192, 1024, 0, 1.0f, 1.0f);
@@ -495,15 +501,10 @@ Test(cuda_gemm, bf16_math_and_operands_within_the_float32_bound, .timeout = 60)
             dp_device_set_gemm_convert_cap(dev, caps[cap]);
             for (int mode = 0; mode < 4; mode++)
                 for (int ta = 0; ta < 2; ta++) {
-                    gemm_case c = gc((dp_op)ta, (dp_op)(1 - ta), 40, 37, 65, 3, 1.5f, 0.5f);
-                    c.bf16_math = mode < 3;
-                    c.a16 = mode == 1 || mode == 3;
-                    c.b16 = mode == 2;
+                    gemm_case c =
+                        typed(gc((dp_op)ta, (dp_op)(1 - ta), 40, 37, 65, 3, 1.5f, 0.5f), mode);
                     check_gemm(dev, &c, gamma_f32(c.k), seed++);
-                    c.batch = 5;
-                    c.sa = (long long)c.lda * (ta == 0 ? c.k : c.m) + 7;
-                    c.sb = (long long)c.ldb * (ta == 1 ? c.n : c.k) + 5;
-                    c.sc = (long long)c.ldc * c.n + 11;
+                    c = batched(c, 5);
                     check_gemm(dev, &c, gamma_f32(c.k), seed++);
                 }
             check_gemm(dev, &big, gamma_f32(big.k), seed++);

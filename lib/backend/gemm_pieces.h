@@ -118,6 +118,57 @@ static inline dp_gemm_plan dp_gemm_plan_pieces(int m, int n, int k, int batch, i
     return again_k < again_mn ? kc : mn;
 }
 
+/* One piece of a planned GEMM: matrices [b0, b0 + g) of the batch, k's
+ * part [l0, l0 + kb), C's rows [i0, i0 + mb) and columns [j0, j0 + nb).
+ * Pieces come in the order batch group, block of k, rows, columns, so
+ * op(A)'s block changes only when new_a is set (convert it then) and a
+ * block of k is done before the next one adds to C. */
+typedef struct dp_gemm_piece {
+    int b0, g, l0, kb, i0, mb, j0, nb;
+    float beta; /* the call's beta on k's first block; 1 on the others (they add to C) */
+    int new_a;
+} dp_gemm_piece;
+
+/* Sizes and beta of the piece at pc's starts (the last block of each
+ * dimension may be shorter). */
+static inline void dp_gemm_piece_fill(dp_gemm_piece *pc, const dp_gemm_plan *p, int m, int n,
+                                      int k, int batch, float beta)
+{
+    pc->g = batch - pc->b0 < p->g ? batch - pc->b0 : p->g;
+    pc->kb = k - pc->l0 < p->kb ? k - pc->l0 : p->kb;
+    pc->mb = m - pc->i0 < p->mb ? m - pc->i0 : p->mb;
+    pc->nb = n - pc->j0 < p->nb ? n - pc->j0 : p->nb;
+    pc->beta = pc->l0 == 0 ? beta : 1.0f;
+    pc->new_a = pc->j0 == 0;
+}
+
+/* The first piece of an (m, n, k, batch) GEMM planned as p. */
+static inline dp_gemm_piece dp_gemm_piece_first(const dp_gemm_plan *p, int m, int n, int k,
+                                                int batch, float beta)
+{
+    dp_gemm_piece pc = {0, 0, 0, 0, 0, 0, 0, 0, 0.0f, 0};
+    dp_gemm_piece_fill(&pc, p, m, n, k, batch, beta);
+    return pc;
+}
+
+/* Moves pc to the next piece; 0 when there is none. */
+static inline int dp_gemm_piece_next(dp_gemm_piece *pc, const dp_gemm_plan *p, int m, int n,
+                                     int k, int batch, float beta)
+{
+    if ((pc->j0 += p->nb) >= n) {
+        pc->j0 = 0;
+        if ((pc->i0 += p->mb) >= m) {
+            pc->i0 = 0;
+            if ((pc->l0 += p->kb) >= k) {
+                pc->l0 = 0;
+                if ((pc->b0 += p->g) >= batch) return 0;
+            }
+        }
+    }
+    dp_gemm_piece_fill(pc, p, m, n, k, batch, beta);
+    return 1;
+}
+
 /* Elements [at, at + len) of a cut dimension and [k0, k0 + kb) of k, in
  * matrices [b0, b0 + g): the cut dimension is the stored rows (by_rows)
  * or the stored columns. */

@@ -87,8 +87,6 @@ static dp_status check_distinct(const char *fn, dp_device *dev, const void *cons
     return DP_OK;
 }
 
-static size_t hs_of(size_t C, size_t NH) { return C / NH; }
-
 // --- forward ---------------------------------------------------------------------------
 
 /* One batched product of the attention; A and B float32, or bfloat16 where
@@ -124,24 +122,35 @@ static dp_status forward_from(dp_device *dev, float *out, const void *qkvr, int 
     return DP_OK;
 }
 
+/* The checks and the forward of both public variants (q16: qkvr is
+ * bfloat16, permuted first into qkvr_f32). */
+static dp_status forward_checked(const char *fn, dp_device *dev, float *out, void *qkvr, int q16,
+                                 float *qkvr_f32, float *att, float *scratch, const float *qkv,
+                                 size_t B, size_t T, size_t C, size_t NH)
+{
+    if (!dev) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: dev must not be NULL", fn);
+    if (!out || !qkvr || (q16 && !qkvr_f32) || !att || !scratch || !qkv)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
+                       "%s on %s: out, qkvr,%s att, scratch and qkv must not be NULL "
+                       "(out=%p qkvr=%p att=%p scratch=%p qkv=%p)",
+                       fn, dev->name, q16 ? " qkvr_f32," : "", (void *)out, qkvr, (void *)att,
+                       (void *)scratch, (const void *)qkv);
+    DP_TRY(check_dims(fn, dev, B, T, C, NH));
+    const void *bufs[] = {out, qkvr, att, scratch, qkv, qkvr_f32};
+    const char *names[] = {"out", "qkvr", "att", "scratch", "qkv", "qkvr_f32"};
+    DP_TRY(check_distinct(fn, dev, bufs, names, q16 ? 6 : 5));
+    float *permuted = q16 ? qkvr_f32 : qkvr;
+    DP_TRY(dev->ops->attention_permute(dev, permuted, qkv, B, T, NH, C / NH));
+    if (q16) DP_TRY(dp_convert(dev, qkvr, DP_DTYPE_BF16, permuted, DP_DTYPE_F32, 3 * B * T * C));
+    return forward_from(dev, out, qkvr, q16, att, scratch, B, T, C, NH);
+}
+
 dp_status dp_attention_forward(dp_device *dev, float *out, float *qkvr, float *att,
                                float *scratch, const float *qkv, size_t B, size_t T, size_t C,
                                size_t NH)
 {
-    static const char fn[] = "dp_attention_forward";
-    if (!dev) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: dev must not be NULL", fn);
-    if (!out || !qkvr || !att || !scratch || !qkv)
-        return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
-                       "%s on %s: out, qkvr, att, scratch and qkv must not be NULL "
-                       "(out=%p qkvr=%p att=%p scratch=%p qkv=%p)",
-                       fn, dev->name, (void *)out, (void *)qkvr, (void *)att, (void *)scratch,
-                       (const void *)qkv);
-    DP_TRY(check_dims(fn, dev, B, T, C, NH));
-    const void *bufs[] = {out, qkvr, att, scratch, qkv};
-    const char *names[] = {"out", "qkvr", "att", "scratch", "qkv"};
-    DP_TRY(check_distinct(fn, dev, bufs, names, 5));
-    DP_TRY(dev->ops->attention_permute(dev, qkvr, qkv, B, T, NH, hs_of(C, NH)));
-    return forward_from(dev, out, qkvr, 0, att, scratch, B, T, C, NH);
+    return forward_checked("dp_attention_forward", dev, out, qkvr, 0, NULL, att, scratch, qkv, B,
+                           T, C, NH);
 }
 
 dp_status dp_attention_forward_bf16_qkv(dp_device *dev, float *out, dp_bf16 *qkvr,
@@ -149,19 +158,8 @@ dp_status dp_attention_forward_bf16_qkv(dp_device *dev, float *out, dp_bf16 *qkv
                                         const float *qkv, size_t B, size_t T, size_t C,
                                         size_t NH)
 {
-    static const char fn[] = "dp_attention_forward_bf16_qkv";
-    if (!dev) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: dev must not be NULL", fn);
-    if (!out || !qkvr || !qkvr_f32 || !att || !scratch || !qkv)
-        return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
-                       "%s on %s: out, qkvr, qkvr_f32, att, scratch and qkv must not be NULL",
-                       fn, dev->name);
-    DP_TRY(check_dims(fn, dev, B, T, C, NH));
-    const void *bufs[] = {out, qkvr, qkvr_f32, att, scratch, qkv};
-    const char *names[] = {"out", "qkvr", "qkvr_f32", "att", "scratch", "qkv"};
-    DP_TRY(check_distinct(fn, dev, bufs, names, 6));
-    DP_TRY(dev->ops->attention_permute(dev, qkvr_f32, qkv, B, T, NH, hs_of(C, NH)));
-    DP_TRY(dp_convert(dev, qkvr, DP_DTYPE_BF16, qkvr_f32, DP_DTYPE_F32, 3 * B * T * C));
-    return forward_from(dev, out, qkvr, 1, att, scratch, B, T, C, NH);
+    return forward_checked("dp_attention_forward_bf16_qkv", dev, out, qkvr, 1, qkvr_f32, att,
+                           scratch, qkv, B, T, C, NH);
 }
 
 // --- backward --------------------------------------------------------------------------
@@ -200,24 +198,32 @@ static dp_status backward_from(dp_device *dev, float *dqkv, float *dqkvr, float 
     return DP_OK;
 }
 
-dp_status dp_attention_backward(dp_device *dev, float *dqkv, float *dqkvr, float *datt,
-                                float *scratch, const float *dout, const float *qkvr,
-                                const float *att, size_t B, size_t T, size_t C, size_t NH)
+/* The checks of both public variants, then the backward. */
+static dp_status backward_checked(const char *fn, dp_device *dev, float *dqkv, float *dqkvr,
+                                  float *datt, float *scratch, const float *dout,
+                                  const void *qkvr, int q16, const float *att, size_t B, size_t T,
+                                  size_t C, size_t NH)
 {
-    static const char fn[] = "dp_attention_backward";
     if (!dev) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: dev must not be NULL", fn);
     if (!dqkv || !dqkvr || !datt || !scratch || !dout || !qkvr || !att)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
                        "%s on %s: dqkv, dqkvr, datt, scratch, dout, qkvr and att must not be "
                        "NULL (dqkv=%p dqkvr=%p datt=%p scratch=%p dout=%p qkvr=%p att=%p)",
                        fn, dev->name, (void *)dqkv, (void *)dqkvr, (void *)datt,
-                       (void *)scratch, (const void *)dout, (const void *)qkvr,
-                       (const void *)att);
+                       (void *)scratch, (const void *)dout, qkvr, (const void *)att);
     DP_TRY(check_dims(fn, dev, B, T, C, NH));
     const void *bufs[] = {dqkv, dqkvr, datt, scratch, dout, qkvr, att};
     const char *names[] = {"dqkv", "dqkvr", "datt", "scratch", "dout", "qkvr", "att"};
     DP_TRY(check_distinct(fn, dev, bufs, names, 7));
-    return backward_from(dev, dqkv, dqkvr, datt, scratch, dout, qkvr, 0, att, B, T, C, NH);
+    return backward_from(dev, dqkv, dqkvr, datt, scratch, dout, qkvr, q16, att, B, T, C, NH);
+}
+
+dp_status dp_attention_backward(dp_device *dev, float *dqkv, float *dqkvr, float *datt,
+                                float *scratch, const float *dout, const float *qkvr,
+                                const float *att, size_t B, size_t T, size_t C, size_t NH)
+{
+    return backward_checked("dp_attention_backward", dev, dqkv, dqkvr, datt, scratch, dout, qkvr,
+                            0, att, B, T, C, NH);
 }
 
 dp_status dp_attention_backward_bf16_qkv(dp_device *dev, float *dqkv, float *dqkvr, float *datt,
@@ -225,15 +231,6 @@ dp_status dp_attention_backward_bf16_qkv(dp_device *dev, float *dqkv, float *dqk
                                          const dp_bf16 *qkvr, const float *att, size_t B,
                                          size_t T, size_t C, size_t NH)
 {
-    static const char fn[] = "dp_attention_backward_bf16_qkv";
-    if (!dev) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: dev must not be NULL", fn);
-    if (!dqkv || !dqkvr || !datt || !scratch || !dout || !qkvr || !att)
-        return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
-                       "%s on %s: dqkv, dqkvr, datt, scratch, dout, qkvr and att must not be "
-                       "NULL", fn, dev->name);
-    DP_TRY(check_dims(fn, dev, B, T, C, NH));
-    const void *bufs[] = {dqkv, dqkvr, datt, scratch, dout, qkvr, att};
-    const char *names[] = {"dqkv", "dqkvr", "datt", "scratch", "dout", "qkvr", "att"};
-    DP_TRY(check_distinct(fn, dev, bufs, names, 7));
-    return backward_from(dev, dqkv, dqkvr, datt, scratch, dout, qkvr, 1, att, B, T, C, NH);
+    return backward_checked("dp_attention_backward_bf16_qkv", dev, dqkv, dqkvr, datt, scratch,
+                            dout, qkvr, 1, att, B, T, C, NH);
 }

@@ -416,51 +416,42 @@ static dp_status run_pieces(dp_device *dev, struct dp_cpu_ctx *c, const pieces *
                             unsigned char *sa, unsigned char *sb, unsigned char *pad,
                             size_t *pad_bytes, int *unimplemented)
 {
-    const dp_gemm_plan *p = &q->p;
-    for (int b0 = 0; b0 < q->batch; b0 += p->g) {
-        int g = q->batch - b0 < p->g ? q->batch - b0 : p->g;
-        for (int l0 = 0; l0 < q->k; l0 += p->kb) {
-            int kb = q->k - l0 < p->kb ? q->k - l0 : p->kb;
-            float beta = l0 == 0 ? q->beta : 1.0f; /* later blocks of k add to C */
-            for (int i0 = 0; i0 < q->m; i0 += p->mb) {
-                int mb = q->m - i0 < p->mb ? q->m - i0 : p->mb;
-                dp_gemm_block ba = dp_gemm_block_a(q->A, q->ta, b0, g, i0, mb, l0, kb);
-                if (q->ca && !dry) pack(sa, q->ca, q->A, &ba);
-                dp_gemm_arg pa = dp_gemm_block_arg(q->A, &ba, q->ca ? sa : NULL, q->dnnl, q->ea);
-                for (int j0 = 0; j0 < q->n; j0 += p->nb) {
-                    int nb = q->n - j0 < p->nb ? q->n - j0 : p->nb;
-                    dp_gemm_block bb = dp_gemm_block_b(q->B, q->tb, b0, g, j0, nb, l0, kb);
-                    if (q->cb && !dry) pack(sb, q->cb, q->B, &bb);
-                    dp_gemm_arg pb =
-                        dp_gemm_block_arg(q->B, &bb, q->cb ? sb : NULL, q->dnnl, q->eb);
-                    float *C = q->C + (size_t)b0 * (size_t)q->sc + (size_t)i0 +
-                               (size_t)j0 * (size_t)q->ldc;
-#ifdef DP_HAVE_DNNL
-                    if (q->dnnl) {
-                        mm_key key = piece_key(q->ta, q->tb, mb, nb, kb, q->alpha, &pa, &pb, beta,
-                                               q->ldc, q->sc, g);
-                        if (!dry) {
-                            DP_TRY(dnnl_piece(dev, c, &key, pa.p, pb.p, C, pad));
-                            continue;
-                        }
-                        mm_entry *en = NULL;
-                        dnnl_status_t st = mm_find(c, &key, &en);
-                        if (st == dnnl_unimplemented) {
-                            *unimplemented = 1;
-                            return DP_OK;
-                        }
-                        DNNL_TRY(dev, st);
-                        if (en->pad_bytes > *pad_bytes) *pad_bytes = en->pad_bytes;
-                        continue;
-                    }
-#endif
-                    (void)dev, (void)c, (void)pad, (void)pad_bytes, (void)unimplemented;
-                    sgemm_batch(q->ta, q->tb, mb, nb, kb, q->alpha, pa.p, pa.ld, pa.stride, pb.p,
-                                pb.ld, pb.stride, beta, C, q->ldc, q->sc, g);
-                }
-            }
+    (void)dev, (void)c, (void)pad, (void)pad_bytes, (void)unimplemented; /* without oneDNN */
+    dp_gemm_piece pc = dp_gemm_piece_first(&q->p, q->m, q->n, q->k, q->batch, q->beta);
+    dp_gemm_arg pa = {0};
+    do {
+        if (pc.new_a) {
+            dp_gemm_block ba = dp_gemm_block_a(q->A, q->ta, pc.b0, pc.g, pc.i0, pc.mb, pc.l0, pc.kb);
+            if (q->ca && !dry) pack(sa, q->ca, q->A, &ba);
+            pa = dp_gemm_block_arg(q->A, &ba, q->ca ? sa : NULL, q->dnnl, q->ea);
         }
-    }
+        dp_gemm_block bb = dp_gemm_block_b(q->B, q->tb, pc.b0, pc.g, pc.j0, pc.nb, pc.l0, pc.kb);
+        if (q->cb && !dry) pack(sb, q->cb, q->B, &bb);
+        dp_gemm_arg pb = dp_gemm_block_arg(q->B, &bb, q->cb ? sb : NULL, q->dnnl, q->eb);
+        float *C = q->C + (size_t)pc.b0 * (size_t)q->sc + (size_t)pc.i0 +
+                   (size_t)pc.j0 * (size_t)q->ldc;
+#ifdef DP_HAVE_DNNL
+        if (q->dnnl) {
+            mm_key key = piece_key(q->ta, q->tb, pc.mb, pc.nb, pc.kb, q->alpha, &pa, &pb, pc.beta,
+                                   q->ldc, q->sc, pc.g);
+            if (!dry) {
+                DP_TRY(dnnl_piece(dev, c, &key, pa.p, pb.p, C, pad));
+                continue;
+            }
+            mm_entry *en = NULL;
+            dnnl_status_t st = mm_find(c, &key, &en);
+            if (st == dnnl_unimplemented) {
+                *unimplemented = 1;
+                return DP_OK;
+            }
+            DNNL_TRY(dev, st);
+            if (en->pad_bytes > *pad_bytes) *pad_bytes = en->pad_bytes;
+            continue;
+        }
+#endif
+        sgemm_batch(q->ta, q->tb, pc.mb, pc.nb, pc.kb, q->alpha, pa.p, pa.ld, pa.stride, pb.p,
+                    pb.ld, pb.stride, pc.beta, C, q->ldc, q->sc, pc.g);
+    } while (dp_gemm_piece_next(&pc, &q->p, q->m, q->n, q->k, q->batch, q->beta));
     return DP_OK;
 }
 

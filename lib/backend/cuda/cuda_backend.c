@@ -624,37 +624,28 @@ static dp_status gemm_converted_locked(dp_device *dev, cuda_ctx *c, cublasOperat
     size_t b_bytes = round256(dp_gemm_piece_bytes(0, conv_b, esize, p.mb, p.nb, p.kb, p.g));
     DP_TRY(grow_scratch(dev, c, &c->cvt, &c->cvt_bytes, a_bytes + b_bytes));
     unsigned char *sa = c->cvt, *sb = (unsigned char *)c->cvt + a_bytes;
-    for (int b0 = 0; b0 < batch; b0 += p.g) {
-        int g = batch - b0 < p.g ? batch - b0 : p.g;
-        for (int l0 = 0; l0 < k; l0 += p.kb) {
-            int kb = k - l0 < p.kb ? k - l0 : p.kb;
-            float bt = l0 == 0 ? beta : 1.0f; /* later blocks of k add to C */
-            for (int i0 = 0; i0 < m; i0 += p.mb) {
-                int mb = m - i0 < p.mb ? m - i0 : p.mb;
-                dp_gemm_block ba = dp_gemm_block_a(A, opa, b0, g, i0, mb, l0, kb);
-                if (conv_a) CU_TRY(dev, convert_block(c->stream, sa, A, &ba, bf16));
-                dp_gemm_arg pa = dp_gemm_block_arg(A, &ba, conv_a ? sa : NULL, bf16, ea);
-                for (int j0 = 0; j0 < n; j0 += p.nb) {
-                    int nb = n - j0 < p.nb ? n - j0 : p.nb;
-                    dp_gemm_block bb = dp_gemm_block_b(B, opb, b0, g, j0, nb, l0, kb);
-                    if (conv_b) CU_TRY(dev, convert_block(c->stream, sb, B, &bb, bf16));
-                    dp_gemm_arg pb = dp_gemm_block_arg(B, &bb, conv_b ? sb : NULL, bf16, eb);
-                    float *Cp =
-                        C + (size_t)b0 * (size_t)sC + (size_t)i0 + (size_t)j0 * (size_t)ldc;
-                    if (bf16)
-                        BLAS_TRY(dev, cublasGemmStridedBatchedEx(
-                                          c->blas, ta, tb, mb, nb, kb, &alpha, pa.p, CUDA_R_16BF,
-                                          pa.ld, pa.stride, pb.p, CUDA_R_16BF, pb.ld, pb.stride,
-                                          &bt, Cp, CUDA_R_32F, ldc, sC, g, CUBLAS_COMPUTE_32F,
-                                          CUBLAS_GEMM_DEFAULT));
-                    else
-                        BLAS_TRY(dev, cublasSgemmStridedBatched(
-                                          c->blas, ta, tb, mb, nb, kb, &alpha, pa.p, pa.ld,
-                                          pa.stride, pb.p, pb.ld, pb.stride, &bt, Cp, ldc, sC, g));
-                }
-            }
+    dp_gemm_piece pc = dp_gemm_piece_first(&p, m, n, k, batch, beta);
+    dp_gemm_arg pa = {0};
+    do {
+        if (pc.new_a) {
+            dp_gemm_block ba = dp_gemm_block_a(A, opa, pc.b0, pc.g, pc.i0, pc.mb, pc.l0, pc.kb);
+            if (conv_a) CU_TRY(dev, convert_block(c->stream, sa, A, &ba, bf16));
+            pa = dp_gemm_block_arg(A, &ba, conv_a ? sa : NULL, bf16, ea);
         }
-    }
+        dp_gemm_block bb = dp_gemm_block_b(B, opb, pc.b0, pc.g, pc.j0, pc.nb, pc.l0, pc.kb);
+        if (conv_b) CU_TRY(dev, convert_block(c->stream, sb, B, &bb, bf16));
+        dp_gemm_arg pb = dp_gemm_block_arg(B, &bb, conv_b ? sb : NULL, bf16, eb);
+        float *Cp = C + (size_t)pc.b0 * (size_t)sC + (size_t)pc.i0 + (size_t)pc.j0 * (size_t)ldc;
+        if (bf16)
+            BLAS_TRY(dev, cublasGemmStridedBatchedEx(
+                              c->blas, ta, tb, pc.mb, pc.nb, pc.kb, &alpha, pa.p, CUDA_R_16BF,
+                              pa.ld, pa.stride, pb.p, CUDA_R_16BF, pb.ld, pb.stride, &pc.beta, Cp,
+                              CUDA_R_32F, ldc, sC, pc.g, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        else
+            BLAS_TRY(dev, cublasSgemmStridedBatched(c->blas, ta, tb, pc.mb, pc.nb, pc.kb, &alpha,
+                                                    pa.p, pa.ld, pa.stride, pb.p, pb.ld, pb.stride,
+                                                    &pc.beta, Cp, ldc, sC, pc.g));
+    } while (dp_gemm_piece_next(&pc, &p, m, n, k, batch, beta));
     return DP_OK;
 }
 
