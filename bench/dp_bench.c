@@ -61,6 +61,7 @@ typedef struct opts {
     const char *devices, *mode, *memory_limit, *json, *csv, *plot, *trace, *weights_arg;
     int find_max_batch, scaling, tf32, token_balanced, shard_optimizer;
     int bf16; /* --precision bf16 */
+    int recompute; /* --recompute attention */
     unsigned long long seed;
     size_t limit_bytes;
     size_t logits_chunk; /* dp_engine_config.logits_chunk_rows: 0 auto, DP_LOGITS_WHOLE whole */
@@ -105,6 +106,8 @@ static void usage(FILE *f)
           "  --tf32               let cuBLAS use TF32 tensor cores on GPUs (default off)\n"
           "  --precision fp32|bf16  bf16: bfloat16 parameter replicas and GEMMs, float32\n"
           "                       master weights, gradients and AdamW state (default fp32)\n"
+          "  --recompute none|attention  attention: keep no attention probabilities, recompute\n"
+          "                       them in the backward (same results; default none)\n"
           "  --json PATH          write the results as JSON\n"
           "  --csv PATH           write one row per mode and device as CSV\n"
           "  --plot PATH          per-device peak memory plot (.png or .svg, gnuplot);\n"
@@ -125,7 +128,7 @@ static int parse_args(int argc, char **argv, opts *o)
     enum {
         O_VOCAB = 256, O_CTX, O_BATCH, O_DIM, O_LAYERS, O_HEADS, O_DEV, O_STEPS, O_WARM, O_MODE,
         O_MEM, O_FIND, O_SCALE, O_SEED, O_JSON, O_CSV, O_PLOT, O_TF32, O_WEIGHTS, O_TOKBAL,
-        O_TRACE, O_SHARD, O_CHUNK, O_PREC, O_HELP
+        O_TRACE, O_SHARD, O_CHUNK, O_PREC, O_RECOMP, O_HELP
     };
     static const struct option lo[] = {
         {"vocab", 1, 0, O_VOCAB},        {"context", 1, 0, O_CTX},
@@ -140,6 +143,7 @@ static int parse_args(int argc, char **argv, opts *o)
         {"device-weights", 1, 0, O_WEIGHTS}, {"token-balanced", 0, 0, O_TOKBAL},
         {"trace", 1, 0, O_TRACE},        {"shard-optimizer", 0, 0, O_SHARD},
         {"logits-chunk", 1, 0, O_CHUNK}, {"precision", 1, 0, O_PREC},
+        {"recompute", 1, 0, O_RECOMP},
         {"help", 0, 0, O_HELP},
         {0, 0, 0, 0}};
     const long big = 1L << 30;
@@ -175,6 +179,7 @@ static int parse_args(int argc, char **argv, opts *o)
         case O_SHARD: o->shard_optimizer = 1; break;
         case O_CHUNK: bad = cli_parse_logits_chunk(v, &o->logits_chunk); break;
         case O_PREC: bad = cli_parse_precision(v, &o->bf16); break;
+        case O_RECOMP: bad = cli_parse_recompute(v, &o->recompute); break;
         case O_HELP: usage(stdout); return -1;
         case ':': return cli_fail("%s needs a value (see --help)", argv[optind - 1]);
         default: return cli_fail("unknown option \"%s\" (see --help)", argv[optind - 1]);
@@ -324,8 +329,10 @@ static dp_status make_engine(bench *b, dp_mode mode, int shard, size_t k, dp_eng
      * lists use equal shares. */
     if (b->o.n_weights && k == b->k) ec.device_weights = b->o.weights;
     dp_criterion ce = dp_criterion_cross_entropy();
-    /* bf16: replicas and the blocks' GEMM inputs (dp_gpt_model_bf16_act) */
-    const dp_model *m = b->o.bf16 ? dp_gpt_model_bf16_act(b->gpt) : dp_gpt_model(b->gpt);
+    /* bf16: replicas and the activations off the residual stream (dp_gpt_model_bf16_act) */
+    const dp_model *m =
+        dp_gpt_model_ex(b->gpt, (b->o.bf16 ? DP_GPT_BF16_ACT : 0) |
+                                    (b->o.recompute ? DP_GPT_RECOMPUTE_ATTENTION : 0));
     return dp_engine_create(b->specs, k, m, &ce, &ec, out);
 }
 
@@ -674,6 +681,7 @@ static json_t *json_results(const bench *b, const mode_result *res, size_t nres,
     }
     json_object_set_new(cfg, "shard_optimizer", json_boolean(o->shard_optimizer));
     json_object_set_new(cfg, "precision", json_string(o->bf16 ? "bf16" : "fp32"));
+    json_object_set_new(cfg, "recompute", json_string(o->recompute ? "attention" : "none"));
     /* As given: a row count, or "auto" / "whole" (the count auto picks
      * depends on each run's rows; the devices' logits_bytes show it). */
     json_t *chunk = o->logits_chunk == 0                 ? json_string("auto")
@@ -1220,6 +1228,7 @@ static int bench_main(bench *b)
     if (o->weights_arg) printf(", device weights %s", o->weights_arg);
     if (o->token_balanced) printf(", token-balanced");
     if (o->bf16) printf(", bf16 (float32 masters)");
+    if (o->recompute) printf(", attention recomputed");
     if (o->logits_chunk == DP_LOGITS_WHOLE) printf(", whole logits");
     else if (o->logits_chunk) printf(", logits in chunks of %zu rows", o->logits_chunk);
     printf("\n");

@@ -224,6 +224,18 @@ static inline int cli_parse_precision(const char *v, int *bf16)
                     "GEMMs, float32 master weights and optimizer)", v);
 }
 
+/* --recompute none|attention: *attention = 1 for attention (the GPT's
+ * DP_GPT_RECOMPUTE_ATTENTION). */
+static inline int cli_parse_recompute(const char *v, int *attention)
+{
+    if (strcmp(v, "none") == 0 || strcmp(v, "attention") == 0) {
+        *attention = v[0] == 'a';
+        return 0;
+    }
+    return cli_fail("--recompute: \"%s\" is not none or attention (attention: keep no "
+                    "attention probabilities, recompute them in the backward)", v);
+}
+
 /* Seconds on the monotonic clock. */
 static inline double cli_now(void)
 {

@@ -399,6 +399,77 @@ Test(bf16_layers, attention_with_bf16_qkv_is_attention_on_the_rounded_qkv)
     }
 }
 
+/* dp_attention_probs recomputes the forward's probabilities bit for bit,
+ * from float32 and from bfloat16 q, k and v, in both precisions. */
+Test(bf16_layers, recomputed_attention_probabilities_are_the_forwards)
+{
+    enum { B = 2, T = 7, C = 16, NH = 4, BTC = B * T * C, ATT = B * NH * T * T };
+    for (int prec = 0; prec < 2; prec++) {
+        dp_device *dev = dp_test_cpu(1);
+        dp_assert_ok(dp_device_set_matmul_precision(dev, prec ? DP_MATMUL_BF16 : DP_MATMUL_FP32));
+        float *qkv = random_floats(23, 3 * BTC);
+        float *dq = dp_test_upload(dev, qkv, 3 * BTC), *o = nn_filled(dev, BTC, 0);
+        float *s = nn_filled(dev, BTC, 0), *r32 = nn_filled(dev, 3 * BTC, 0);
+        float *f32 = nn_filled(dev, 3 * BTC, 0);
+        float *att = nn_filled(dev, ATT, 0), *again = nn_filled(dev, ATT, NAN);
+        dp_bf16 *r16 = NULL;
+        dp_assert_ok(dp_device_alloc(dev, 3 * BTC * sizeof *r16, (void **)&r16));
+        dp_assert_ok(dp_attention_forward(dev, o, r32, att, s, dq, B, T, C, NH));
+        dp_assert_ok(dp_attention_probs(dev, again, r32, B, T, C, NH));
+        assert_same_floats("probabilities from float32 qkvr", dev, again, att, ATT);
+        dp_assert_ok(dp_attention_forward_bf16_qkv(dev, o, r16, f32, att, s, dq, B, T, C, NH));
+        dp_assert_ok(dp_memset(dev, again, 0xff, ATT * sizeof(float)));
+        dp_assert_ok(dp_attention_probs_bf16_qkv(dev, again, r16, B, T, C, NH));
+        assert_same_floats("probabilities from bfloat16 qkvr", dev, again, att, ATT);
+        nn_assert_invalid(dp_attention_probs(dev, NULL, r32, B, T, C, NH), "att",
+                          "dp_attention_probs");
+        nn_assert_invalid(dp_attention_probs_bf16_qkv(dev, again, r16, B, T, 15, NH), "C=15",
+                          "dp_attention_probs_bf16_qkv");
+        nn_assert_invalid(dp_attention_probs(dev, att, att, B, T, C, NH), "same buffer",
+                          "dp_attention_probs");
+        free(qkv);
+        dp_device_close(dev);
+    }
+}
+
+/* GELU's backward over a bfloat16 pre-activation is the float32 backward
+ * on the widened values, bit for bit (in place over dout too), and both
+ * are gelu' at the rounded input against a float64 reference. */
+Test(bf16_layers, gelu_backward_over_bf16_input_is_gelu_backward_on_the_rounded_input)
+{
+    enum { N = 4099 };
+    dp_device *dev = dp_test_cpu(1);
+    static dp_bf16 x16[N];
+    static float x32[N], ref[N];
+    random_params(31, x16, x32, N, 6.0f);
+    x16[0] = dp_bf16_from_float(1e30f), x32[0] = dp_bf16_to_float(x16[0]); /* saturated */
+    x16[1] = dp_bf16_from_float(-1e30f), x32[1] = dp_bf16_to_float(x16[1]);
+    float *dout = random_floats(32, N);
+    for (int i = 0; i < N; i++) {
+        double x = x32[i], k = sqrt(2.0 / 3.14159265358979323846), u = k * (x + 0.044715 * x * x * x);
+        double t = fabs(x) > 1e10 ? (x > 0 ? 1.0 : -1.0) : tanh(u);
+        double du = k * (1.0 + 3.0 * 0.044715 * x * x);
+        double g = fabs(x) > 1e10 ? (x > 0 ? 1.0 : 0.0) : 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du;
+        ref[i] = (float)(dout[i] * g);
+    }
+    dp_bf16 *d16 = upload16(dev, x16, N);
+    float *d32 = dp_test_upload(dev, x32, N), *dd = dp_test_upload(dev, dout, N);
+    float *g1 = nn_filled(dev, N, 0), *g2 = nn_filled(dev, N, 0);
+    dp_assert_ok(dp_gelu_backward_bf16_inp(dev, g1, d16, dd, N));
+    dp_assert_ok(dp_gelu_backward(dev, g2, d32, dd, N));
+    assert_same_floats("gelu backward", dev, g1, g2, N);
+    dp_assert_ok(dp_gelu_backward_bf16_inp(dev, dd, d16, dd, N)); /* in place */
+    assert_same_floats("gelu backward in place", dev, dd, g2, N);
+    float *h = nn_download(dev, g1, N);
+    dp_assert_allclose(h, ref, N, 1e-6, 1e-5);
+    free(h), free(dout);
+    nn_assert_invalid(dp_gelu_backward_bf16_inp(dev, g1, NULL, g2, N), "inp",
+                      "dp_gelu_backward_bf16_inp");
+    nn_assert_invalid(dp_gelu_backward_bf16_inp(dev, g1, d16, g2, 0), "n",
+                      "dp_gelu_backward_bf16_inp");
+    dp_device_close(dev);
+}
+
 Test(bf16_layers, argument_errors_name_the_bf16_function)
 {
     dp_device *dev = dp_test_cpu(0);

@@ -305,16 +305,24 @@ Test(cuda_engine, same_seed_is_bitwise_identical, .timeout = 120)
 // --- GPT checkpoint: GPU -> file -> CPU --------------------------------------------------------
 
 
-static dp_engine *gpt_engine(const dp_gpt *g, const dp_device_spec *specs, size_t k)
+/* model NULL: the float32 GPT; otherwise model in BF16 matmul precision. */
+static dp_engine *gpt_engine_of(const dp_gpt *g, const dp_model *model,
+                                const dp_device_spec *specs, size_t k)
 {
     dp_criterion crit = dp_criterion_cross_entropy();
     dp_engine_config cfg = dp_engine_config_default();
     cfg.optim.lr = 3e-3f;
     cfg.optim.grad_clip = 1.0f;
     cfg.seed = 11;
+    if (model) cfg.matmul_precision = DP_MATMUL_BF16;
     dp_engine *e = NULL;
-    dp_assert_ok(dp_engine_create(specs, k, dp_gpt_model(g), &crit, &cfg, &e));
+    dp_assert_ok(dp_engine_create(specs, k, model ? model : dp_gpt_model(g), &crit, &cfg, &e));
     return e;
+}
+
+static dp_engine *gpt_engine(const dp_gpt *g, const dp_device_spec *specs, size_t k)
+{
+    return gpt_engine_of(g, NULL, specs, k);
 }
 
 static double gpt_step(dp_engine *e, int s)
@@ -430,4 +438,35 @@ Test(cuda_engine, gpt_checkpoint_from_gpu_resumes_on_cpu, .timeout = 120)
     free(pg);
     dp_gpt_destroy(g);
     dp_test_remove_tree(dir);
+}
+
+/* The GPT with bfloat16 activations (what lm_train --precision bf16
+ * trains): the bf16 kernels (the GELU backward from bfloat16, the
+ * conversions, cuBLAS over bfloat16 operands) on the GPU track the CPU to
+ * bfloat16's resolution over three steps (losses within 1e-3 relative).
+ * Recomputing the attention probabilities (cuBLAS and the softmax again on
+ * the same values) gives the same GPU run bit for bit. */
+Test(cuda_engine, gpt_bf16_activations_on_gpu_track_cpu, .timeout = 120)
+{
+    REQUIRE_GPU();
+    dp_gpt_config gc = {EV, EBS, EL, ENH, EC};
+    dp_gpt *g = NULL;
+    dp_assert_ok(dp_gpt_create(&gc, &g));
+    const dp_model *act = dp_gpt_model_bf16_act(g);
+    const dp_model *again = dp_gpt_model_ex(g, DP_GPT_BF16_ACT | DP_GPT_RECOMPUTE_ATTENTION);
+    dp_device_spec gs[2], cs[2];
+    gpu_specs(gs, 2, ZEROS);
+    cpu_specs(cs, 2);
+    dp_engine *eg = gpt_engine_of(g, act, gs, 2), *eg2 = gpt_engine_of(g, again, gs, 2);
+    dp_engine *ec = gpt_engine_of(g, act, cs, 2);
+    for (int s = 0; s < 3; s++) {
+        double lg = gpt_step(eg, s), lg2 = gpt_step(eg2, s), lc = gpt_step(ec, s);
+        cr_assert(fabs(lg - lc) <= 1e-3 * fabs(lc), "step %d: gpu %.9g, cpu %.9g", s, lg, lc);
+        cr_assert(lg == lg2, "step %d: %.17g keeping the probabilities, %.17g recomputing", s,
+                  lg, lg2);
+    }
+    dp_engine_destroy(eg);
+    dp_engine_destroy(eg2);
+    dp_engine_destroy(ec);
+    dp_gpt_destroy(g);
 }

@@ -746,6 +746,25 @@ Test(cuda_ops, gelu_matches_cpu_including_saturation, .timeout = 60)
                       "saturated x = %g: %g/%g vs cpu %g/%g", x[i], out[1][i], dinp[1][i],
                       out[0][i], dinp[0][i]);
         assert_same_bits("gelu backward in place vs not", inplace[1], dinp[1], N);
+        /* the pre-activation kept as bfloat16: on each backend, the float32
+         * backward on the widened values, bit for bit */
+        float *xr = xmalloc(N * sizeof *xr);
+        for (int i = 0; i < N; i++) xr[i] = dp_bf16_to_float(dp_bf16_from_float(x[i]));
+        for (int b = 0; b < 2; b++) {
+            dp_device *d = p.d[b];
+            void *x16 = upload_typed(d, x, N, 1);
+            float *x32 = dp_test_upload(d, xr, N), *gd = dp_test_upload(d, dout, N),
+                  *d16 = dalloc(d, N * 4), *d32 = dalloc(d, N * 4);
+            dp_assert_ok(dp_gelu_backward_bf16_inp(d, d16, x16, gd, N));
+            dp_assert_ok(dp_gelu_backward(d, d32, x32, gd, N));
+            float *h16 = nn_download(d, d16, N), *h32 = nn_download(d, d32, N);
+            assert_same_bits(b ? "gelu backward from bf16 input (gpu)"
+                               : "gelu backward from bf16 input (cpu)", h16, h32, N);
+            free(h16), free(h32);
+            dp_device_free(d, x16), dp_device_free(d, x32), dp_device_free(d, gd);
+            dp_device_free(d, d16), dp_device_free(d, d32);
+        }
+        free(xr);
         for (int b = 0; b < 2; b++) {
             free(out[b]);
             free(dinp[b]);

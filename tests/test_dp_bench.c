@@ -310,6 +310,37 @@ Test(dp_bench, logits_chunk_reaches_the_balanced_runs)
     dp_test_result_free(&w);
 }
 
+/* --recompute attention reaches every run: the same losses, bit for bit,
+ * and a smaller peak on every device (no (B,NH,T,T) probabilities per
+ * layer). */
+Test(dp_bench, recompute_attention_reaches_every_run)
+{
+    dp_test_result k = BENCH("--layers", "3", "--json", "@k.json");
+    assert_success(&k);
+    dp_test_result r = BENCH("--layers", "3", "--recompute", "attention", "--json", "@r.json");
+    assert_success(&r);
+    cr_assert(strstr(r.out, "attention recomputed"), "%s", r.out);
+    json_t *jk = load_json("k.json"), *jr = load_json("r.json");
+    cr_assert_str_eq(json_string_value(json_object_get(json_object_get(jr, "config"), "recompute")),
+                     "attention");
+    const char *modes[] = {"balanced", "gather"};
+    for (int m = 0; m < 2; m++) {
+        double lk = json_real_value(json_object_get(run_result(jk, modes[m], 0), "loss"));
+        double lr = json_real_value(json_object_get(run_result(jr, modes[m], 0), "loss"));
+        cr_assert_eq(lk, lr, "%s: loss %.17g kept, %.17g recomputed", modes[m], lk, lr);
+        for (size_t i = 0; i < 2; i++) {
+            json_int_t pk = int_at(json_array_get(devices_of(jk, modes[m]), i), "peak_bytes");
+            json_int_t pr = int_at(json_array_get(devices_of(jr, modes[m]), i), "peak_bytes");
+            cr_assert_lt(pr, pk, "%s cpu:%zu: peak %lld recomputed, %lld kept", modes[m], i,
+                         (long long)pr, (long long)pk);
+        }
+    }
+    json_decref(jk);
+    json_decref(jr);
+    dp_test_result_free(&k);
+    dp_test_result_free(&r);
+}
+
 /* --precision bf16 reaches every run: 2 bytes per parameter of replica
  * plus 4 of gradient on every device, the root's optimizer bytes hold the
  * masters beside m and v (root mode), and the loss is float32's to about
@@ -407,6 +438,7 @@ static bad_case bad_cases[] = {
      "--logits-chunk", 0},
     {"precision fp16", {"--precision", "fp16"}, "--precision", 0},
     {"precision bf16 with tf32", {"--precision", "bf16", "--tf32"}, "--tf32", 0},
+    {"recompute everything", {"--recompute", "everything"}, "--recompute", 0},
     {"plot and its scaling plot on json", {"--scaling", "--plot", "@p.png", "--json", "@p-scaling.png"},
      "both write", 0},
 };

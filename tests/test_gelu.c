@@ -41,6 +41,11 @@ Test(gelu, forward_matches_float64)
      * cancels: float tanh's absolute error ~6e-8 times 0.5|x| <= 3 gives
      * ~2e-7 absolute, hence atol 1e-6. */
     dp_assert_allclose(got, ref, NX, 1e-6, 1e-5);
+    /* in place (out == inp), as the GPT's bf16 activations run it */
+    dp_assert_ok(dp_gelu_forward(dev, d_x, d_x, NX));
+    float *inplace = nn_download(dev, d_x, NX);
+    cr_assert(memcmp(inplace, out, sizeof(float) * NX) == 0, "in-place forward differs");
+    free(inplace);
     free(out);
     dp_device_free(dev, d_x);
     dp_device_free(dev, d_out);

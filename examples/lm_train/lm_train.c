@@ -87,6 +87,7 @@ typedef struct opts {
     unsigned long long seed;
     int eval_only, tf32, token_balanced, shard_optimizer;
     int bf16; /* --precision bf16 */
+    int recompute; /* --recompute attention */
     int given; /* which options were on the command line (G_* bits) */
 } opts;
 
@@ -170,6 +171,9 @@ static void usage(FILE *f)
             "                         (oneDNN on CPUs, tensor cores on GPUs), float32 master weights,\n"
             "                         gradients and AdamW state (default fp32; with --resume, the\n"
             "                         checkpoint's; checkpoints hold float32 either way)\n"
+            "  --recompute none|attention  attention: keep no attention probabilities between\n"
+            "                         forward and backward, recompute them (one more GEMM and\n"
+            "                         softmax per layer; same results, bitwise; default none)\n"
             "  --shard-optimizer      shard the AdamW state over the devices (ZeRO-1: each device\n"
             "                         keeps and updates its slice's moments; same results, bitwise)\n"
             "model\n"
@@ -296,7 +300,7 @@ static int parse_args(int argc, char **argv, opts *o)
         O_ACCUM, O_MAXTOK, O_STEPS, O_LR, O_MINLR, O_WARMUP, O_DECAY, O_WD, O_B1, O_B2, O_CLIP,
         O_EVI, O_EVN, O_SEED, O_SAVE, O_SAVEI, O_RESUME, O_EVONLY, O_SAMPLE, O_TEMP, O_TOPK,
         O_PROMPT, O_LOG, O_MEM, O_SKIPS, O_WATCHDOG, O_CHECK, O_TF32, O_WEIGHTS, O_TOKBAL, O_TRACE,
-        O_SHARD, O_CHUNK, O_PREC, O_TOKFILE, O_PROMPTIDS, O_VALTOK, O_HELP
+        O_SHARD, O_CHUNK, O_PREC, O_TOKFILE, O_PROMPTIDS, O_VALTOK, O_RECOMP, O_HELP
     };
     static const struct option lo[] = {
         {"data", 1, 0, O_DATA},          {"tokenizer", 1, 0, O_TOK},
@@ -322,7 +326,8 @@ static int parse_args(int argc, char **argv, opts *o)
         {"trace", 1, 0, O_TRACE},        {"shard-optimizer", 0, 0, O_SHARD},
         {"logits-chunk", 1, 0, O_CHUNK}, {"precision", 1, 0, O_PREC},
         {"tokenizer-file", 1, 0, O_TOKFILE}, {"prompt-ids", 1, 0, O_PROMPTIDS},
-        {"val-tokens", 1, 0, O_VALTOK},  {"help", 0, 0, O_HELP},
+        {"val-tokens", 1, 0, O_VALTOK},  {"recompute", 1, 0, O_RECOMP},
+        {"help", 0, 0, O_HELP},
         {0, 0, 0, 0}};
     opterr = 0;
     int c;
@@ -379,6 +384,7 @@ static int parse_args(int argc, char **argv, opts *o)
         case O_CHECK: bad = cli_parse_long("--check-replicas", v, 0, LONG_MAX, &o->check_replicas); break;
         case O_CHUNK: bad = cli_parse_logits_chunk(v, &o->logits_chunk); break;
         case O_PREC: bad = cli_parse_precision(v, &o->bf16); o->given |= G_PREC; break;
+        case O_RECOMP: bad = cli_parse_recompute(v, &o->recompute); break;
         case O_HELP: usage(stdout); return -1;
         case ':': return cli_fail("%s needs a value (see --help)", argv[optind - 1]);
         default:
@@ -1461,9 +1467,11 @@ static int setup(run *r)
     if (!rc) rc = configure(r, specs, &k, &ec);
     if (agree(r, rc)) return 1;
     dp_criterion ce = dp_criterion_cross_entropy();
-    /* bf16: bf16 replicas and GEMM inputs; with BF16 GEMMs the inputs kept
-     * as bfloat16 are what the GEMMs would round them to (the same bits). */
-    const dp_model *model = r->o.bf16 ? dp_gpt_model_bf16_act(r->gpt) : dp_gpt_model(r->gpt);
+    /* bf16: bf16 replicas, and the activations off the residual stream
+     * kept as bfloat16 (dp/gpt.h). */
+    const dp_model *model =
+        dp_gpt_model_ex(r->gpt, (r->o.bf16 ? DP_GPT_BF16_ACT : 0) |
+                                    (r->o.recompute ? DP_GPT_RECOMPUTE_ATTENTION : 0));
     dp_status s = dp_engine_create(specs, k, model, &ce, &ec, &r->engine);
     if (s != DP_OK) return engine_fail(r, s, "engine");
     if (r->ck) {

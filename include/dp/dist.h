@@ -48,7 +48,7 @@ DP_API int dp_dist_launched_size(void);
  * MPI_COMM_WORLD. argc and argv may be NULL. *out is owned by the caller
  * (dp_dist_close). Errors: DP_ERR_UNSUPPORTED when built without MPI and
  * a launcher started more than one rank (rebuild with -DDP_MPI=ON);
- * DP_ERR_BACKEND when MPI fails to initialise. Without a launcher (and
+ * DP_ERR_COMM when MPI fails to initialise. Without a launcher (and
  * without MPI) it succeeds with one rank. */
 DP_API dp_status dp_dist_open(int *argc, char ***argv, dp_dist **out);
 

@@ -187,8 +187,9 @@ typedef struct dp_engine_config {
      * on one rank fails the call on every rank. With CUDA devices (NCCL)
      * dp_engine_destroy is collective too. Every rank passes the same configuration (checked at create:
      * a difference is DP_ERR_INVALID_ARGUMENT naming the rank and field)
-     * and its own devices and device_weights; gather mode and CUDA devices
-     * across ranks are DP_ERR_UNSUPPORTED. The global device count is at
+     * and its own devices and device_weights; gather mode across ranks,
+     * and CUDA devices across ranks in a dp built without NCCL, are
+     * DP_ERR_UNSUPPORTED. The global device count is at
      * most DP_MAX_DEVICES. Borrowed: it must outlive the engine. */
     const dp_dist *dist;
 } dp_engine_config;

@@ -55,20 +55,43 @@ DP_API void dp_gpt_destroy(dp_gpt *gpt);
 DP_API const dp_model *dp_gpt_model(const dp_gpt *gpt);
 /* The same model over bf16 replicas (dp_model.param_dtype = DP_DTYPE_BF16:
  * the engine keeps float32 master weights on the optimizer's slice
- * owners); same ctx, tensors and sizes. Owned by gpt. Pair it with
- * dp_engine_config.matmul_precision DP_MATMUL_BF16 for bf16 GEMMs
+ * owners); same tensors, parameters and workspace. Owned by gpt. Pair it
+ * with dp_engine_config.matmul_precision DP_MATMUL_BF16 for bf16 GEMMs
  * throughout. */
 DP_API const dp_model *dp_gpt_model_bf16(const dp_gpt *gpt);
-/* dp_gpt_model_bf16 keeping each block's GEMM inputs (ln_1 and ln_2
- * outputs, q, k and v, the attention output, the GELU output) as bfloat16
- * between forward and backward: 20 bytes per token and embedding
- * dimension per layer less workspace, and those activations are never
- * converted again.
- * In BF16 matmul precision the GEMMs round exactly these values anyway, so
- * loss and gradients equal dp_gpt_model_bf16's bit for bit; in FP32 or
- * TF32 precision the GEMMs then compute with the rounded activations.
- * Same ctx, tensors and parameters. Owned by gpt. */
+/* dp_gpt_model_bf16 keeping each block's activations off the residual
+ * stream as bfloat16 between forward and backward: the GEMM inputs (ln_1
+ * and ln_2 outputs, q, k and v, the attention output, the GELU output)
+ * and the MLP's pre-GELU values, 28 bytes per token, embedding dimension
+ * and layer less workspace. Each is computed in float32 and rounded once,
+ * so in BF16 matmul precision (where the GEMMs round their inputs anyway)
+ * the forward, and the loss at given parameters, is dp_gpt_model_bf16's
+ * bit for bit. What moves is the GELU backward, which reads the rounded
+ * pre-activations, as llm.c's bf16 training does (and in FP32 or TF32
+ * precision the GEMMs read rounded inputs), so training tracks
+ * dp_gpt_model_bf16 closely rather than bit for bit. The residual stream,
+ * the LayerNorm statistics, the attention probabilities and every
+ * gradient stay float32, as under PyTorch's autocast. Owned by gpt. */
 DP_API const dp_model *dp_gpt_model_bf16_act(const dp_gpt *gpt);
+
+/* Flags of dp_gpt_model_ex. */
+#define DP_GPT_BF16 0x1u     /* bf16 replicas: dp_gpt_model_bf16 */
+#define DP_GPT_BF16_ACT 0x2u /* and bf16 activations: dp_gpt_model_bf16_act (implies BF16) */
+/* Keep no attention probabilities between forward and backward: the
+ * backward recomputes each layer's from its q and k (dp_attention_probs:
+ * one more batched (T,hs)x(hs,T) GEMM and causal softmax per layer, as
+ * FlashAttention's backward does). The recomputation
+ * is the forward's own calls on the same values, so training is bit for
+ * bit the same as without the flag; the workspace is 4 bytes per head,
+ * key position and token per layer smaller, for one (B,NH,T,T) float
+ * scratch shared by the layers. */
+#define DP_GPT_RECOMPUTE_ATTENTION 0x4u
+
+/* The GPT's model for the given flags (0: dp_gpt_model); NULL when gpt is
+ * NULL or flags holds another bit. Every variant has the same tensors,
+ * parameters and checkpoints; they differ in the replicas' type and in
+ * what the workspace keeps. Owned by gpt. */
+DP_API const dp_model *dp_gpt_model_ex(const dp_gpt *gpt, unsigned flags);
 DP_API const dp_gpt_config *dp_gpt_config_of(const dp_gpt *gpt);
 
 /* Index of the tensor called name in dp_gpt_model(gpt)->tensors, or -1. */

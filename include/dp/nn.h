@@ -99,11 +99,18 @@ DP_API dp_status dp_layernorm_backward_bf16(dp_device *dev, float *dinp, float *
                                             const float *rstd, size_t N, size_t C);
 
 /* ---- GELU, tanh approximation (Hendrycks & Gimpel 2016; GPT-2) -----------
- * out = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), n elements. */
+ * out = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), n elements (out
+ * may alias inp). */
 DP_API dp_status dp_gelu_forward(dp_device *dev, float *out, const float *inp, size_t n);
 /* dinp = dout * gelu'(inp) (overwritten; dinp may alias dout). */
 DP_API dp_status dp_gelu_backward(dp_device *dev, float *dinp, const float *inp,
                                   const float *dout, size_t n);
+/* The same with the pre-activation inp kept as bfloat16 (half its memory):
+ * the float32 backward on the widened values, bit for bit. gelu' is then
+ * taken at the rounded input, as llm.c's bf16 training does; the error is
+ * at most about 2^-8 relative to |x gelu''(x)|. */
+DP_API dp_status dp_gelu_backward_bf16_inp(dp_device *dev, float *dinp, const dp_bf16 *inp,
+                                           const float *dout, size_t n);
 
 /* ---- residual add ---------------------------------------------------------
  * out = a + b (n elements; out may alias a or b). */
@@ -148,6 +155,16 @@ DP_API dp_status dp_attention_backward_bf16_qkv(dp_device *dev, float *dqkv, flo
                                                 float *datt, float *scratch, const float *dout,
                                                 const dp_bf16 *qkvr, const float *att, size_t B,
                                                 size_t T, size_t C, size_t NH);
+/* att(B,NH,T,T) = the probabilities the forward computed from qkvr
+ * (float32, or bfloat16 for the _bf16_qkv variant), bit for bit: the same
+ * GEMM and softmax on the same device and precision. A caller that keeps
+ * only qkvr recomputes att here before the backward, trading one batched
+ * (T,hs)x(hs,T) GEMM and a softmax for B*NH*T*T cached floats (activation
+ * recomputation, as FlashAttention's backward does). att is overwritten. */
+DP_API dp_status dp_attention_probs(dp_device *dev, float *att, const float *qkvr, size_t B,
+                                    size_t T, size_t C, size_t NH);
+DP_API dp_status dp_attention_probs_bf16_qkv(dp_device *dev, float *att, const dp_bf16 *qkvr,
+                                             size_t B, size_t T, size_t C, size_t NH);
 
 /* ---- fused softmax cross-entropy ------------------------------------------
  * For each row i of logits(N,V) with targets[i] in [0,V):

@@ -10,8 +10,8 @@
  * through host memory in chunks (correct but bound by the copy bandwidth:
  * fine for small tensors such as a regression's outputs; a model's hot
  * path on GPUs should use the dp/nn.h layers). Sums are taken in double,
- * in element order, so they do not depend on the device. dp_scale,
- * dp_accumulate and dp_sum_squares (dp/nn.h) complete the set.
+ * in element order, so they do not depend on the device. dp_accumulate
+ * (dp/nn.h), dp_scale and dp_sum_squares (dp/optim.h) complete the set.
  *
  * Errors (all): DP_ERR_INVALID_ARGUMENT for a NULL device, a NULL
  * required pointer or a size that overflows, DP_ERR_DEVICE from the copies.

@@ -15,6 +15,7 @@
 #include <math.h>
 #include <stddef.h>
 
+#include "kernels/bf16.h"
 #include "kernels/dp_hd.h"
 #include "kernels/expf.h"
 
@@ -30,12 +31,9 @@ static inline DP_HD void dp_gelu_forward_elem(float *out, const float *inp, size
     out[i] = x / (1.0f + dp_expf(-2.0f * u));
 }
 
-/* dinp[i] = dout[i] * gelu'(inp[i]); dinp may alias dout (dout[i] is read
- * before dinp[i] is written). */
-static inline DP_HD void dp_gelu_backward_elem(float *dinp, const float *inp, const float *dout,
-                                               size_t i)
+/* gelu'(x). */
+static inline DP_HD float dp_gelu_grad(float x)
 {
-    float x = inp[i];
     float u = DP_GELU_SQRT_2_OVER_PI * (x + DP_GELU_COEFF * x * x * x);
     float e = dp_expf(-2.0f * u);
     float s = 1.0f / (1.0f + e);
@@ -43,8 +41,22 @@ static inline DP_HD void dp_gelu_backward_elem(float *dinp, const float *inp, co
     /* s (1 - s) underflows to 0 (or e is inf) where the sigmoid saturates;
      * skipping the term then keeps x * 0 * inf from giving NaN for huge x. */
     float sd = isinf(e) ? 0.0f : e * s * s;
-    float grad = s + (sd == 0.0f ? 0.0f : 2.0f * x * sd * du);
-    dinp[i] = dout[i] * grad;
+    return s + (sd == 0.0f ? 0.0f : 2.0f * x * sd * du);
+}
+
+/* dinp[i] = dout[i] * gelu'(inp[i]); dinp may alias dout (dout[i] is read
+ * before dinp[i] is written). */
+static inline DP_HD void dp_gelu_backward_elem(float *dinp, const float *inp, const float *dout,
+                                               size_t i)
+{
+    dinp[i] = dout[i] * dp_gelu_grad(inp[i]);
+}
+
+/* The same with inp kept as bfloat16 (widened exactly). */
+static inline DP_HD void dp_gelu_backward_bf16_inp_elem(float *dinp, const uint16_t *inp,
+                                                        const float *dout, size_t i)
+{
+    dinp[i] = dout[i] * dp_gelu_grad(dp_bf16_widen(inp[i]));
 }
 
 #endif /* DP_KERNELS_GELU_H */

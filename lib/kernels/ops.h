@@ -62,6 +62,8 @@
     X(gelu_forward, ELEM, dp_gelu_forward_elem, (float *out, const float *inp), (out, inp)) \
     X(gelu_backward, ELEM, dp_gelu_backward_elem,                                          \
       (float *dinp, const float *inp, const float *dout), (dinp, inp, dout))               \
+    X(gelu_backward_bf16_inp, ELEM, dp_gelu_backward_bf16_inp_elem,                        \
+      (float *dinp, const uint16_t *inp, const float *dout), (dinp, inp, dout))            \
     /* out = a + b */                                                                      \
     X(add, ELEM, dp_add_elem, (float *out, const float *a, const float *b), (out, a, b))   \
     /* dst += src */                                                                       \

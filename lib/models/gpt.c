@@ -59,11 +59,22 @@ static const char *const blk_suffix[BLK_COUNT] = {
 /* Longest name: "transformer.h." + 20 digits + "." + the longest suffix. */
 #define NAME_CAP 64
 
+/* One of the GPT's dp_models (the ctx of its callbacks): the replicas'
+ * type and what the blocks keep between forward and backward. */
+typedef struct gpt_variant {
+    const dp_gpt *g;
+    int bf16;      /* bfloat16 replicas */
+    int act16;     /* the activations off the residual stream kept as bfloat16 */
+    int recompute; /* the attention probabilities recomputed in the backward, not kept */
+} gpt_variant;
+
+/* (float32, bf16, bf16 + activations) x (probabilities kept, recomputed) */
+#define GPT_VARIANTS 6
+
 struct dp_gpt {
     dp_gpt_config cfg;
-    dp_model model;      /* float32 replicas */
-    dp_model model_bf16; /* the same GPT over bfloat16 replicas */
-    dp_model model_bf16_act; /* and with the GEMMs' input activations in bfloat16 */
+    dp_model models[GPT_VARIANTS]; /* index: 2 * (0 f32, 1 bf16, 2 bf16 act) + recompute */
+    gpt_variant variants[GPT_VARIANTS];
     dp_param_tensor *tensors; /* 2 + 12 L + 2 entries */
     char *names;              /* NAME_CAP bytes per tensor */
 };
@@ -76,12 +87,11 @@ static size_t idx_lnf_w(const dp_gpt *g) { return 2 + g->cfg.n_layer * BLK_COUNT
 typedef struct wview {
     dp_params p;
     int bf16;
-    int act16; /* the GEMMs' input activations are kept as bfloat16 (bf16 replicas only) */
 } wview;
 
 static wview view_f32(const float *p)
 {
-    wview w = {{.f32 = p}, 0, 0};
+    wview w = {{.f32 = p}, 0};
     return w;
 }
 
@@ -168,8 +178,11 @@ static size_t align_up(size_t n, int *of)
 // --- workspace layout ------------------------------------------------------------------
 
 /* One block's cached activations (pointers into the workspace). With
- * act16 the GEMM inputs (ln1, qkvr, atty, ln2, fch_gelu) hold bfloat16
- * elements: nothing but GEMMs reads them. */
+ * act16 all but the residual stream, the LayerNorm statistics and att
+ * hold bfloat16 elements: the GEMM inputs (ln1, qkvr, atty, ln2,
+ * fch_gelu), which only GEMMs read, and the pre-GELU values (fch), which
+ * the GELU backward reads too. With recompute att is not kept (NULL): the
+ * backward recomputes it from q and k into the scratch. */
 typedef struct layer_acts {
     float *ln1, *ln1_mean, *ln1_rstd; /* (B,T,C), (B,T), (B,T) */
     float *qkvr;                      /* (3,B,NH,T,hs) */
@@ -212,7 +225,8 @@ static xin gemm_in(const layer_acts *a, const float *p)
  *   dbtc      (B,T,C)  dln_f, dln_2, datty and dln_1 in turn
  *   big               MLP half: dfch (B,T,4C); attention half: dqkv
  *                     (B,T,3C), dqkvr (3,B,NH,T,hs), attention scratch
- *                     (B,T,C), datt (B,NH,T,T)
+ *                     (B,T,C), datt (B,NH,T,T), and with recompute att
+ *                     (B,NH,T,T), the recomputed probabilities
  */
 typedef struct carve {
     size_t floats; /* total, in floats */
@@ -222,8 +236,9 @@ typedef struct carve {
     size_t l_ln1, l_ln1_mean, l_ln1_rstd, l_qkvr, l_att, l_atty, l_res2, l_ln2,
         l_ln2_mean, l_ln2_rstd, l_fch, l_fch_gelu, l_res3;
     size_t dresidual, dbtc, big;
-    size_t big_dqkvr, big_scratch, big_datt; /* inside big */
-    int act16; /* the blocks' GEMM inputs are bfloat16 */
+    size_t big_dqkvr, big_scratch, big_datt, big_att; /* inside big (big_att: recompute) */
+    int act16;     /* the blocks' activations off the residual stream are bfloat16 */
+    int recompute; /* no att per block: big_att holds the recomputed probabilities */
 } carve;
 
 /* Places a buffer of n floats at *at (aligned) and advances *at. */
@@ -240,7 +255,7 @@ static size_t place(size_t *at, size_t n, int *of)
  * keep_lnf 0 the final LayerNorm's output lives outside the workspace (the
  * engine's features buffer, for the dp_model with a head). */
 static int make_carve(const dp_gpt_config *cfg, size_t B, size_t T, int keep_lnf, int act16,
-                      carve *c)
+                      int recompute, carve *c)
 {
     int of = 0;
     size_t C = cfg->n_embd, NH = cfg->n_head, L = cfg->n_layer;
@@ -253,6 +268,7 @@ static int make_carve(const dp_gpt_config *cfg, size_t B, size_t T, int keep_lnf
     if (of) return 0;
     memset(c, 0, sizeof *c);
     c->act16 = act16;
+    c->recompute = recompute;
 
     /* One block, relative to its start. */
     size_t at = 0;
@@ -266,13 +282,13 @@ static int make_carve(const dp_gpt_config *cfg, size_t B, size_t T, int keep_lnf
     c->l_ln1_mean = place(&at, BT, &of);
     c->l_ln1_rstd = place(&at, BT, &of);
     c->l_qkvr = place(&at, act16 ? x3 / 2 + 1 : x3, &of);
-    c->l_att = place(&at, BNHTT, &of);
+    c->l_att = recompute ? 0 : place(&at, BNHTT, &of);
     c->l_atty = place(&at, in1, &of);
     c->l_res2 = place(&at, BTC, &of);
     c->l_ln2 = place(&at, in1, &of);
     c->l_ln2_mean = place(&at, BT, &of);
     c->l_ln2_rstd = place(&at, BT, &of);
-    c->l_fch = place(&at, x4, &of);
+    c->l_fch = place(&at, in4, &of);
     c->l_fch_gelu = place(&at, in4, &of);
     c->l_res3 = place(&at, BTC, &of);
     c->layer_stride = at;
@@ -293,6 +309,7 @@ static int make_carve(const dp_gpt_config *cfg, size_t B, size_t T, int keep_lnf
     c->big_dqkvr = place(&bat, x3, &of);
     c->big_scratch = place(&bat, BTC, &of);
     c->big_datt = place(&bat, BNHTT, &of);
+    if (recompute) c->big_att = place(&bat, BNHTT, &of); /* the probabilities, again */
     size_t big = bat > x4 ? bat : x4;
     c->big = place(&at, big, &of);
     c->floats = at;
@@ -308,7 +325,7 @@ static layer_acts layer_of(const carve *c, float *ws, size_t l)
     a.ln1_mean = b + c->l_ln1_mean;
     a.ln1_rstd = b + c->l_ln1_rstd;
     a.qkvr = b + c->l_qkvr;
-    a.att = b + c->l_att;
+    a.att = c->recompute ? NULL : b + c->l_att;
     a.atty = b + c->l_atty;
     a.residual2 = b + c->l_res2;
     a.ln2 = b + c->l_ln2;
@@ -326,7 +343,7 @@ size_t dp_gpt_workspace_bytes(const dp_gpt *gpt, size_t B, size_t T)
     carve c;
     if (!gpt || !B || !T) return 0;
     /* SIZE_MAX makes the allocation fail with a message instead of wrapping. */
-    if (!make_carve(&gpt->cfg, B, T, 1, 0, &c)) return SIZE_MAX;
+    if (!make_carve(&gpt->cfg, B, T, 1, 0, 0, &c)) return SIZE_MAX;
     return c.floats * sizeof(float);
 }
 
@@ -334,7 +351,7 @@ size_t dp_gpt_workspace_bytes(const dp_gpt *gpt, size_t B, size_t T)
 
 /* Shared argument checks of forward and backward; fills the carve. */
 static dp_status check_call(const char *fn, const dp_gpt *gpt, dp_device *dev, size_t B,
-                            size_t T, int keep_lnf, int act16, carve *c)
+                            size_t T, int keep_lnf, int act16, int recompute, carve *c)
 {
     if (!gpt || !dev) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: gpt and dev must not be NULL", fn);
     const dp_gpt_config *g = &gpt->cfg;
@@ -347,7 +364,8 @@ static dp_status check_call(const char *fn, const dp_gpt *gpt, dp_device *dev, s
     size_t bt = 0, btv = 0;
     mad(&bt, B, T, &of);
     mad(&btv, bt, g->vocab_size, &of);
-    if (of || btv > SIZE_MAX / sizeof(float) || !make_carve(g, B, T, keep_lnf, act16, c))
+    if (of || btv > SIZE_MAX / sizeof(float) ||
+        !make_carve(g, B, T, keep_lnf, act16, recompute, c))
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
                        "%s on %s: B=%zu sequences of T=%zu tokens overflow the activation sizes; "
                        "use smaller micro-batches",
@@ -359,8 +377,9 @@ static dp_status check_call(const char *fn, const dp_gpt *gpt, dp_device *dev, s
     return DP_OK;
 }
 
-/* With act16: the float32 GEMM input at src (n elements) kept in its slot
- * as bfloat16 (the same rounding a BF16-precision GEMM applies). */
+/* With act16: the float32 activation at src (n elements) kept in its slot
+ * as bfloat16 (for a GEMM input, the rounding a BF16-precision GEMM
+ * applies anyway). */
 static dp_status keep(dp_device *dev, const layer_acts *a, float *slot, const float *src, size_t n)
 {
     if (!a->act16) return DP_OK;
@@ -394,31 +413,34 @@ static dp_status body_forward(const dp_gpt *gpt, dp_device *dev, wview params,
         dp_pref p_mprojw = pw(gpt, params, idx_block(l, BLK_MPROJ_W));
         dp_pref p_mprojb = pw(gpt, params, idx_block(l, BLK_MPROJ_B));
 
-        /* With act16 each GEMM input is computed in float32 into the
+        /* With act16 each activation is computed in float32 into the
          * backward's scratch `big` (free in the forward: qkv goes there
-         * only once ln1 is kept; qkvr and atty at their own offsets after
-         * it) and kept rounded to bfloat16. */
+         * only once ln1 is kept; the attention's float32 q, k, v, output
+         * and probabilities at their own offsets after it) and kept
+         * rounded to bfloat16, or not at all (the probabilities). */
         float *ln1 = c.act16 ? qkv : a.ln1;
         DP_TRY(ln_fwd(dev, ln1, a.ln1_mean, a.ln1_rstd, residual, p_ln1w, p_ln1b, BT, C));
         DP_TRY(keep(dev, &a, a.ln1, ln1, BT * C));
         DP_TRY(lin_fwd(dev, qkv, gemm_in(&a, a.ln1), p_attw, p_attb, BT, C, 3 * C));
         /* residual2 is free until the projection below: it is the scratch. */
         float *atty = c.act16 ? qkv + c.big_scratch : a.atty;
-        if (c.act16) /* q, k, v too: permuted into the scratch, kept as bfloat16 */
-            DP_TRY(dp_attention_forward_bf16_qkv(dev, atty, (dp_bf16 *)a.qkvr,
-                                                 qkv + c.big_dqkvr, a.att, a.residual2, qkv, B,
-                                                 T, C, NH));
+        float *att = c.recompute ? qkv + c.big_att : a.att; /* recomputed: not kept */
+        if (c.act16) /* q, k, v kept as bfloat16 */
+            DP_TRY(dp_attention_forward_bf16_qkv(dev, atty, (dp_bf16 *)a.qkvr, qkv + c.big_dqkvr,
+                                                 att, a.residual2, qkv, B, T, C, NH));
         else
-            DP_TRY(dp_attention_forward(dev, atty, a.qkvr, a.att, a.residual2, qkv, B, T, C, NH));
+            DP_TRY(dp_attention_forward(dev, atty, a.qkvr, att, a.residual2, qkv, B, T, C, NH));
         DP_TRY(keep(dev, &a, a.atty, atty, BT * C));
         DP_TRY(lin_fwd(dev, a.residual2, gemm_in(&a, a.atty), p_aprojw, p_aprojb, BT, C, C));
         DP_TRY(dp_accumulate(dev, a.residual2, residual, BT * C));
         float *ln2 = c.act16 ? qkv : a.ln2;
         DP_TRY(ln_fwd(dev, ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p_ln2w, p_ln2b, BT, C));
         DP_TRY(keep(dev, &a, a.ln2, ln2, BT * C));
-        DP_TRY(lin_fwd(dev, a.fch, gemm_in(&a, a.ln2), p_fcw, p_fcb, BT, C, 4 * C));
-        float *gelu = c.act16 ? qkv : a.fch_gelu;
-        DP_TRY(dp_gelu_forward(dev, gelu, a.fch, BT * 4 * C));
+        /* With act16 the GELU runs in place on the float32 fch. */
+        float *fch = c.act16 ? qkv : a.fch, *gelu = c.act16 ? qkv : a.fch_gelu;
+        DP_TRY(lin_fwd(dev, fch, gemm_in(&a, a.ln2), p_fcw, p_fcb, BT, C, 4 * C));
+        DP_TRY(keep(dev, &a, a.fch, fch, BT * 4 * C));
+        DP_TRY(dp_gelu_forward(dev, gelu, fch, BT * 4 * C));
         DP_TRY(keep(dev, &a, a.fch_gelu, gelu, BT * 4 * C));
         DP_TRY(lin_fwd(dev, a.residual3, gemm_in(&a, a.fch_gelu), p_mprojw, p_mprojb, BT, 4 * C,
                        C));
@@ -455,7 +477,7 @@ dp_status dp_gpt_forward(const dp_gpt *gpt, dp_device *dev, const float *params,
 {
     static const char fn[] = "dp_gpt_forward";
     carve c;
-    DP_TRY(check_call(fn, gpt, dev, B, T, 1, 0, &c));
+    DP_TRY(check_call(fn, gpt, dev, B, T, 1, 0, 0, &c));
     if (!params || !tokens || !workspace || !logits)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
                        "%s on %s: params, tokens, workspace and logits must not be NULL", fn,
@@ -493,7 +515,10 @@ static dp_status body_backward(const dp_gpt *gpt, dp_device *dev, wview params, 
         float *dfch = big; // (B,T,4C): d(fch_gelu), then d(fch) in place
         DP_TRY(lin_bwd(dev, dfch, G(BLK_MPROJ_W), G(BLK_MPROJ_B), dresidual,
                        gemm_in(&a, a.fch_gelu), P(BLK_MPROJ_W), BT, 4 * C, C));
-        DP_TRY(dp_gelu_backward(dev, dfch, a.fch, dfch, BT * 4 * C));
+        if (a.act16)
+            DP_TRY(dp_gelu_backward_bf16_inp(dev, dfch, (const dp_bf16 *)a.fch, dfch, BT * 4 * C));
+        else
+            DP_TRY(dp_gelu_backward(dev, dfch, a.fch, dfch, BT * 4 * C));
         DP_TRY(lin_bwd(dev, dbtc, G(BLK_FC_W), G(BLK_FC_B), dfch, gemm_in(&a, a.ln2), P(BLK_FC_W),
                        BT, C, 4 * C));
         DP_TRY(ln_bwd(dev, dresidual, G(BLK_LN2_W), G(BLK_LN2_B), dbtc, a.residual2, P(BLK_LN2_W),
@@ -503,11 +528,20 @@ static dp_status body_backward(const dp_gpt *gpt, dp_device *dev, wview params, 
               *datt = big + c.big_datt;
         DP_TRY(lin_bwd(dev, dbtc, G(BLK_APROJ_W), G(BLK_APROJ_B), dresidual, gemm_in(&a, a.atty),
                        P(BLK_APROJ_W), BT, C, C));
+        const float *att = a.att;
+        if (c.recompute) { /* the forward's probabilities again, bit for bit */
+            att = big + c.big_att;
+            if (a.act16)
+                DP_TRY(dp_attention_probs_bf16_qkv(dev, big + c.big_att, (const dp_bf16 *)a.qkvr,
+                                                   B, T, C, NH));
+            else
+                DP_TRY(dp_attention_probs(dev, big + c.big_att, a.qkvr, B, T, C, NH));
+        }
         if (a.act16)
             DP_TRY(dp_attention_backward_bf16_qkv(dev, dqkv, dqkvr, datt, ascratch, dbtc,
-                                                  (const dp_bf16 *)a.qkvr, a.att, B, T, C, NH));
+                                                  (const dp_bf16 *)a.qkvr, att, B, T, C, NH));
         else
-            DP_TRY(dp_attention_backward(dev, dqkv, dqkvr, datt, ascratch, dbtc, a.qkvr, a.att, B,
+            DP_TRY(dp_attention_backward(dev, dqkv, dqkvr, datt, ascratch, dbtc, a.qkvr, att, B,
                                          T, C, NH));
         DP_TRY(lin_bwd(dev, dbtc, G(BLK_ATTN_W), G(BLK_ATTN_B), dqkv, gemm_in(&a, a.ln1),
                        P(BLK_ATTN_W), BT, C, 3 * C));
@@ -529,7 +563,7 @@ dp_status dp_gpt_backward(const dp_gpt *gpt, dp_device *dev, const float *params
 {
     static const char fn[] = "dp_gpt_backward";
     carve c;
-    DP_TRY(check_call(fn, gpt, dev, B, T, 1, 0, &c));
+    DP_TRY(check_call(fn, gpt, dev, B, T, 1, 0, 0, &c));
     if (!params || !grads || !tokens || !workspace || !dlogits)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
                        "%s on %s: params, grads, tokens, workspace and dlogits must not be NULL",
@@ -551,15 +585,15 @@ static int ends_with(const char *s, const char *suffix)
 
 static dp_status gpt_init(void *ctx, float *params, uint64_t seed)
 {
-    const dp_gpt *g = ctx;
+    const dp_gpt *g = ((const gpt_variant *)ctx)->g;
     if (!params) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "gpt init: params must not be NULL");
     /* Padding between tensors must be zero. */
-    memset(params, 0, g->model.n_params * sizeof(float));
+    memset(params, 0, g->models[0].n_params * sizeof(float));
     dp_rng rng;
     dp_rng_seed(&rng, seed);
     /* nanoGPT: residual projections get std 0.02/sqrt(2L) (GPT-2 paper, section 2.3). */
     float proj_std = 0.02f / sqrtf(2.0f * (float)g->cfg.n_layer);
-    for (size_t i = 0; i < g->model.n_tensors; i++) {
+    for (size_t i = 0; i < g->models[0].n_tensors; i++) {
         const dp_param_tensor *t = &g->tensors[i];
         float *x = params + t->offset;
         if (t->ndim == 2) {
@@ -574,7 +608,7 @@ static dp_status gpt_init(void *ctx, float *params, uint64_t seed)
 
 static dp_status gpt_validate_inputs(void *ctx, const void *inputs, size_t rows)
 {
-    const dp_gpt *g = ctx;
+    const dp_gpt *g = ((const gpt_variant *)ctx)->g;
     const int32_t *tok = inputs;
     size_t T = g->cfg.block_size, V = g->cfg.vocab_size;
     if (!tok && rows) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "gpt inputs must not be NULL");
@@ -597,73 +631,60 @@ static dp_status gpt_validate_inputs(void *ctx, const void *inputs, size_t rows)
  * ln_f, whose output the engine keeps as the features, and the engine
  * runs the head over chunks of rows. The workspace then has no lnf.
  */
-static size_t workspace_of(const dp_gpt *g, size_t rows, int act16)
+static size_t gpt_workspace(void *ctx, size_t rows)
 {
+    const gpt_variant *v = ctx;
     carve c;
     if (!rows) return 0;
-    return make_carve(&g->cfg, rows, g->cfg.block_size, 0, act16, &c) ? c.floats * sizeof(float)
-                                                                       : SIZE_MAX;
+    return make_carve(&v->g->cfg, rows, v->g->cfg.block_size, 0, v->act16, v->recompute, &c)
+               ? c.floats * sizeof(float)
+               : SIZE_MAX;
 }
-static size_t gpt_workspace(void *ctx, size_t rows) { return workspace_of(ctx, rows, 0); }
-static size_t gpt_workspace_act16(void *ctx, size_t rows) { return workspace_of(ctx, rows, 1); }
 
-static dp_status model_forward(const dp_gpt *g, dp_device *dev, wview params,
-                               const dp_chunk *chunk, void *workspace, float *features)
+/* The callbacks of every variant (ctx a gpt_variant): one implementation.
+ * The head reads the float32 features in every variant. */
+static wview view_of(const gpt_variant *v, dp_params params)
 {
-    carve c;
-    DP_TRY(check_call("gpt forward", g, dev, chunk->rows, g->cfg.block_size, 0, params.act16, &c));
-    return body_forward(g, dev, params, chunk->inputs, chunk->rows, g->cfg.block_size, workspace,
-                        &c, features);
+    wview w = {params, v->bf16};
+    return w;
 }
 
-static dp_status model_backward(const dp_gpt *g, dp_device *dev, wview params, float *grads,
-                                const dp_chunk *chunk, void *workspace, float *dfeatures)
+static dp_status gpt_model_forward(void *ctx, dp_device *dev, dp_params params,
+                                   const dp_chunk *chunk, void *workspace, float *features)
 {
+    const gpt_variant *v = ctx;
     carve c;
-    DP_TRY(check_call("gpt backward", g, dev, chunk->rows, g->cfg.block_size, 0, params.act16,
-                      &c));
-    return body_backward(g, dev, params, grads, chunk->inputs, chunk->rows, g->cfg.block_size,
-                         workspace, &c, dfeatures);
+    DP_TRY(check_call("gpt forward", v->g, dev, chunk->rows, v->g->cfg.block_size, 0, v->act16,
+                      v->recompute, &c));
+    return body_forward(v->g, dev, view_of(v, params), chunk->inputs, chunk->rows,
+                        v->g->cfg.block_size, workspace, &c, features);
 }
 
-/* The callbacks of the models: float32 (param_dtype F32) and bfloat16
- * replicas, the latter also with bfloat16 GEMM inputs (act16); one
- * implementation. The head reads the float32 features in every model. */
-#define GPT_BODY_CALLBACKS(suffix, is_bf16, act16)                                             \
-    static dp_status gpt_model_forward##suffix(void *ctx, dp_device *dev, dp_params params,   \
-                                               const dp_chunk *chunk, void *ws, float *out)   \
-    {                                                                                          \
-        wview w = {params, is_bf16, act16};                                                    \
-        return model_forward(ctx, dev, w, chunk, ws, out);                                     \
-    }                                                                                          \
-    static dp_status gpt_model_backward##suffix(void *ctx, dp_device *dev, dp_params params,  \
-                                                float *grads, const dp_chunk *chunk, void *ws, \
-                                                float *dfeatures)                              \
-    {                                                                                          \
-        wview w = {params, is_bf16, act16};                                                    \
-        return model_backward(ctx, dev, w, grads, chunk, ws, dfeatures);                       \
-    }
-#define GPT_HEAD_CALLBACKS(suffix, is_bf16)                                                    \
-    static dp_status gpt_head_forward##suffix(void *ctx, dp_device *dev, dp_params params,    \
-                                              const float *features, size_t m, float *logits) \
-    {                                                                                          \
-        wview w = {params, is_bf16, 0};                                                        \
-        return head_forward(ctx, dev, w, features, m, logits);                                 \
-    }                                                                                          \
-    static dp_status gpt_head_backward##suffix(void *ctx, dp_device *dev, dp_params params,   \
-                                               float *grads, const float *features, size_t m, \
-                                               float *dlogits, float *dfeatures)               \
-    {                                                                                          \
-        wview w = {params, is_bf16, 0};                                                        \
-        return head_backward(ctx, dev, w, grads, features, m, dlogits, dfeatures);             \
-    }
-GPT_BODY_CALLBACKS(, 0, 0)
-GPT_BODY_CALLBACKS(_bf16, 1, 0)
-GPT_BODY_CALLBACKS(_bf16_act, 1, 1)
-GPT_HEAD_CALLBACKS(, 0)
-GPT_HEAD_CALLBACKS(_bf16, 1)
-#undef GPT_BODY_CALLBACKS
-#undef GPT_HEAD_CALLBACKS
+static dp_status gpt_model_backward(void *ctx, dp_device *dev, dp_params params, float *grads,
+                                    const dp_chunk *chunk, void *workspace, float *dfeatures)
+{
+    const gpt_variant *v = ctx;
+    carve c;
+    DP_TRY(check_call("gpt backward", v->g, dev, chunk->rows, v->g->cfg.block_size, 0, v->act16,
+                      v->recompute, &c));
+    return body_backward(v->g, dev, view_of(v, params), grads, chunk->inputs, chunk->rows,
+                         v->g->cfg.block_size, workspace, &c, dfeatures);
+}
+
+static dp_status gpt_head_forward(void *ctx, dp_device *dev, dp_params params,
+                                  const float *features, size_t m, float *logits)
+{
+    const gpt_variant *v = ctx;
+    return head_forward(v->g, dev, view_of(v, params), features, m, logits);
+}
+
+static dp_status gpt_head_backward(void *ctx, dp_device *dev, dp_params params, float *grads,
+                                   const float *features, size_t m, float *dlogits,
+                                   float *dfeatures)
+{
+    const gpt_variant *v = ctx;
+    return head_backward(v->g, dev, view_of(v, params), grads, features, m, dlogits, dfeatures);
+}
 
 // --- create / destroy ------------------------------------------------------------------
 
@@ -766,36 +787,33 @@ dp_status dp_gpt_create(const dp_gpt_config *cfg, dp_gpt **out)
     ADD_TENSOR(C, (size_t)0, "transformer.ln_f.bias");
 #undef ADD_TENSOR
 
-    dp_model *m = &g->model;
-    m->ctx = g;
-    m->input_row_bytes = BS * sizeof(int32_t);
-    m->outputs_per_row = BS;
-    m->n_classes = V;
-    m->n_params = off;
-    m->n_tensors = n_tensors;
-    m->tensors = g->tensors;
-    m->init = gpt_init;
-    m->validate_inputs = gpt_validate_inputs;
-    m->workspace_bytes = gpt_workspace;
-    m->forward = gpt_model_forward;
-    m->backward = gpt_model_backward;
-    m->head_features = C;
-    m->head_forward = gpt_head_forward;
-    m->head_backward = gpt_head_backward;
-    /* The same GPT over bf16 replicas (the engine keeps float32 masters). */
-    g->model_bf16 = *m;
-    m = &g->model_bf16;
-    m->param_dtype = DP_DTYPE_BF16;
-    m->forward = gpt_model_forward_bf16;
-    m->backward = gpt_model_backward_bf16;
-    m->head_forward = gpt_head_forward_bf16;
-    m->head_backward = gpt_head_backward_bf16;
-    /* ... keeping the blocks' GEMM inputs as bfloat16 (the same head) */
-    g->model_bf16_act = *m;
-    m = &g->model_bf16_act;
-    m->workspace_bytes = gpt_workspace_act16;
-    m->forward = gpt_model_forward_bf16_act;
-    m->backward = gpt_model_backward_bf16_act;
+    /* Variant 0 is the float32 GPT; the others differ in the replicas'
+     * type (the engine keeps float32 masters for bf16 ones) and in what
+     * the blocks keep, so in the workspace and the body's callbacks. */
+    for (int j = 0; j < GPT_VARIANTS; j++) {
+        gpt_variant *v = &g->variants[j];
+        v->g = g;
+        v->bf16 = j >= 2;
+        v->act16 = j >= 4;
+        v->recompute = j & 1;
+        dp_model *m = &g->models[j];
+        m->ctx = v;
+        m->param_dtype = v->bf16 ? DP_DTYPE_BF16 : DP_DTYPE_F32;
+        m->input_row_bytes = BS * sizeof(int32_t);
+        m->outputs_per_row = BS;
+        m->n_classes = V;
+        m->n_params = off;
+        m->n_tensors = n_tensors;
+        m->tensors = g->tensors;
+        m->init = gpt_init;
+        m->validate_inputs = gpt_validate_inputs;
+        m->workspace_bytes = gpt_workspace;
+        m->forward = gpt_model_forward;
+        m->backward = gpt_model_backward;
+        m->head_features = C;
+        m->head_forward = gpt_head_forward;
+        m->head_backward = gpt_head_backward;
+    }
     *out = g;
     return DP_OK;
 }
@@ -808,13 +826,20 @@ void dp_gpt_destroy(dp_gpt *gpt)
     free(gpt);
 }
 
-const dp_model *dp_gpt_model(const dp_gpt *gpt) { return gpt ? &gpt->model : NULL; }
+const dp_model *dp_gpt_model_ex(const dp_gpt *gpt, unsigned flags)
+{
+    if (!gpt || (flags & ~(DP_GPT_BF16 | DP_GPT_BF16_ACT | DP_GPT_RECOMPUTE_ATTENTION))) return NULL;
+    int kind = (flags & DP_GPT_BF16_ACT) ? 2 : (flags & DP_GPT_BF16) ? 1 : 0;
+    return &gpt->models[2 * kind + !!(flags & DP_GPT_RECOMPUTE_ATTENTION)];
+}
 
-const dp_model *dp_gpt_model_bf16(const dp_gpt *gpt) { return gpt ? &gpt->model_bf16 : NULL; }
+const dp_model *dp_gpt_model(const dp_gpt *gpt) { return dp_gpt_model_ex(gpt, 0); }
+
+const dp_model *dp_gpt_model_bf16(const dp_gpt *gpt) { return dp_gpt_model_ex(gpt, DP_GPT_BF16); }
 
 const dp_model *dp_gpt_model_bf16_act(const dp_gpt *gpt)
 {
-    return gpt ? &gpt->model_bf16_act : NULL;
+    return dp_gpt_model_ex(gpt, DP_GPT_BF16_ACT);
 }
 
 const dp_gpt_config *dp_gpt_config_of(const dp_gpt *gpt) { return gpt ? &gpt->cfg : NULL; }
@@ -822,7 +847,7 @@ const dp_gpt_config *dp_gpt_config_of(const dp_gpt *gpt) { return gpt ? &gpt->cf
 long dp_gpt_find_tensor(const dp_gpt *gpt, const char *name)
 {
     if (!gpt || !name) return -1;
-    for (size_t i = 0; i < gpt->model.n_tensors; i++)
+    for (size_t i = 0; i < gpt->models[0].n_tensors; i++)
         if (strcmp(gpt->tensors[i].name, name) == 0) return (long)i;
     return -1;
 }
@@ -916,7 +941,7 @@ dp_status dp_gpt_checkpoint_save(const char *path, const dp_gpt *gpt, const dp_c
     dp_checkpoint c = *ck;
     c.meta = kv;
     c.n_meta = n;
-    dp_status s = dp_checkpoint_save(path, &gpt->model, &c);
+    dp_status s = dp_checkpoint_save(path, &gpt->models[0], &c);
     free(kv);
     return s;
 }
@@ -935,7 +960,7 @@ dp_status dp_gpt_checkpoint_load(const char *path, dp_checkpoint **out, dp_gpt *
         s = dp_gpt_create(&cfg, &gpt);
         if (s != DP_OK) dp_error_prefix("%s: stored configuration", path);
     }
-    if (s == DP_OK) s = dp_checkpoint_read_tensors(ck, &gpt->model);
+    if (s == DP_OK) s = dp_checkpoint_read_tensors(ck, &gpt->models[0]);
     if (s != DP_OK) {
         dp_checkpoint_close(ck);
         dp_gpt_destroy(gpt);

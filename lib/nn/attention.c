@@ -9,6 +9,8 @@
  *   backward  datt = dy v^T,  dv = att^T dy,  ds = softmax'(datt),
  *             dq = ds k,  dk = ds^T q
  * The GEMMs run on all B*NH pairs in one strided-batched call.
+ * dp_attention_probs recomputes att from qkvr with the forward's own calls,
+ * for callers that do not keep att between forward and backward.
  *
  * GEMM mapping: the backend's gemm is column-major (cuBLAS). A row-major
  * (r,c) matrix X is the column-major (c,r) matrix X^T with leading
@@ -99,6 +101,24 @@ static dp_status bgemm(dp_device *dev, dp_op ta, dp_op tb, int m, int n, int k, 
     return dev->ops->gemm(dev, ta, tb, m, n, k, 1.0f, &a, &b, 0.0f, C, ldc, sc, batch);
 }
 
+/* att = causal_softmax(q k^T / sqrt(hs)), q and k read from qkvr
+ * (bfloat16 when q16): the forward's probabilities, and their
+ * recomputation (dp_attention_probs) by the very same calls. */
+static dp_status probs_from(dp_device *dev, float *att, const void *qkvr, int q16, size_t B,
+                            size_t T, size_t C, size_t NH)
+{
+    size_t hs = C / NH, BNH = B * NH, es = q16 ? 2 : 4;
+    int iT = (int)T, ihs = (int)hs, batch = (int)BNH;
+    long long sTh = (long long)(T * hs), sTT = (long long)(T * T);
+    const char *base = qkvr;
+    const void *q = base, *k = base + BNH * T * hs * es;
+    /* att = q k^T (row-major T x T) is column-major att^T = k q^T: k read
+     * column-major is (hs,T), so op(A) = k^T with lda = hs. */
+    DP_TRY(bgemm(dev, DP_OP_T, DP_OP_N, iT, iT, ihs, k, q16, ihs, sTh, q, q16, ihs, sTh, att, iT,
+                 sTT, batch));
+    return dev->ops->softmax_causal_forward(dev, att, 1.0f / sqrtf((float)hs), T, BNH * T);
+}
+
 /* The forward after the permute: q, k, v read from qkvr (bfloat16 when q16). */
 static dp_status forward_from(dp_device *dev, float *out, const void *qkvr, int q16, float *att,
                               float *scratch, size_t B, size_t T, size_t C, size_t NH)
@@ -108,13 +128,9 @@ static dp_status forward_from(dp_device *dev, float *out, const void *qkvr, int 
     int iT = (int)T, ihs = (int)hs, batch = (int)BNH;
     long long sTh = (long long)(T * hs), sTT = (long long)(T * T);
     const char *base = qkvr;
-    const void *q = base, *k = base + BNH * T * hs * es, *v = base + 2 * BNH * T * hs * es;
+    const void *v = base + 2 * BNH * T * hs * es;
     float *y = scratch; // (B,NH,T,hs)
-    /* att = q k^T (row-major T x T) is column-major att^T = k q^T: k read
-     * column-major is (hs,T), so op(A) = k^T with lda = hs. */
-    DP_TRY(bgemm(dev, DP_OP_T, DP_OP_N, iT, iT, ihs, k, q16, ihs, sTh, q, q16, ihs, sTh, att, iT,
-                 sTT, batch));
-    DP_TRY(o->softmax_causal_forward(dev, att, 1.0f / sqrtf((float)hs), T, BNH * T));
+    DP_TRY(probs_from(dev, att, qkvr, q16, B, T, C, NH));
     /* y = att v is column-major y^T(hs,T) = v^T(hs,T) att^T(T,T). */
     DP_TRY(bgemm(dev, DP_OP_N, DP_OP_N, ihs, iT, iT, v, q16, ihs, sTh, att, 0, iT, sTT, y, ihs,
                  sTh, batch));
@@ -160,6 +176,35 @@ dp_status dp_attention_forward_bf16_qkv(dp_device *dev, float *out, dp_bf16 *qkv
 {
     return forward_checked("dp_attention_forward_bf16_qkv", dev, out, qkvr, 1, qkvr_f32, att,
                            scratch, qkv, B, T, C, NH);
+}
+
+// --- recomputed probabilities ----------------------------------------------------------
+
+static dp_status probs_checked(const char *fn, dp_device *dev, float *att, const void *qkvr,
+                               int q16, size_t B, size_t T, size_t C, size_t NH)
+{
+    if (!dev) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: dev must not be NULL", fn);
+    if (!att || !qkvr)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
+                       "%s on %s: att and qkvr must not be NULL (att=%p qkvr=%p)", fn,
+                       dev->name, (void *)att, qkvr);
+    DP_TRY(check_dims(fn, dev, B, T, C, NH));
+    const void *bufs[] = {att, qkvr};
+    const char *names[] = {"att", "qkvr"};
+    DP_TRY(check_distinct(fn, dev, bufs, names, 2));
+    return probs_from(dev, att, qkvr, q16, B, T, C, NH);
+}
+
+dp_status dp_attention_probs(dp_device *dev, float *att, const float *qkvr, size_t B, size_t T,
+                             size_t C, size_t NH)
+{
+    return probs_checked("dp_attention_probs", dev, att, qkvr, 0, B, T, C, NH);
+}
+
+dp_status dp_attention_probs_bf16_qkv(dp_device *dev, float *att, const dp_bf16 *qkvr, size_t B,
+                                      size_t T, size_t C, size_t NH)
+{
+    return probs_checked("dp_attention_probs_bf16_qkv", dev, att, qkvr, 1, B, T, C, NH);
 }
 
 // --- backward --------------------------------------------------------------------------

@@ -25,3 +25,14 @@ dp_status dp_gelu_backward(dp_device *dev, float *dinp, const float *inp, const 
     DP_NN_CHECK_DIMS1(dev, n);
     return dev->ops->gelu_backward(dev, dinp, inp, dout, n);
 }
+
+dp_status dp_gelu_backward_bf16_inp(dp_device *dev, float *dinp, const dp_bf16 *inp,
+                                    const float *dout, size_t n)
+{
+    DP_NN_REQUIRE_DEV(dev);
+    DP_NN_REQUIRE_PTR(dev, dinp);
+    DP_NN_REQUIRE_PTR(dev, inp);
+    DP_NN_REQUIRE_PTR(dev, dout);
+    DP_NN_CHECK_DIMS1(dev, n);
+    return dev->ops->gelu_backward_bf16_inp(dev, dinp, inp, dout, n);
+}
