@@ -61,7 +61,7 @@ typedef struct opts {
     const char *devices, *mode, *memory_limit, *json, *csv, *plot, *trace, *weights_arg;
     int find_max_batch, scaling, tf32, token_balanced, shard_optimizer;
     int bf16; /* --precision bf16 */
-    int recompute; /* --recompute attention */
+    int recompute; /* --recompute: CLI_RECOMPUTE_* bits */
     unsigned long long seed;
     size_t limit_bytes;
     size_t logits_chunk; /* dp_engine_config.logits_chunk_rows: 0 auto, DP_LOGITS_WHOLE whole */
@@ -106,8 +106,9 @@ static void usage(FILE *f)
           "  --tf32               let cuBLAS use TF32 tensor cores on GPUs (default off)\n"
           "  --precision fp32|bf16  bf16: bfloat16 parameter replicas and GEMMs, float32\n"
           "                       master weights, gradients and AdamW state (default fp32)\n"
-          "  --recompute none|attention  attention: keep no attention probabilities, recompute\n"
-          "                       them in the backward (same results; default none)\n"
+          "  --recompute none|attention|gelu|all  keep no attention probabilities, GELU\n"
+          "                       output or both: the backward recomputes them (same\n"
+          "                       results; default none)\n"
           "  --json PATH          write the results as JSON\n"
           "  --csv PATH           write one row per mode and device as CSV\n"
           "  --plot PATH          per-device peak memory plot (.png or .svg, gnuplot);\n"
@@ -330,9 +331,7 @@ static dp_status make_engine(bench *b, dp_mode mode, int shard, size_t k, dp_eng
     if (b->o.n_weights && k == b->k) ec.device_weights = b->o.weights;
     dp_criterion ce = dp_criterion_cross_entropy();
     /* bf16: replicas and the activations off the residual stream (dp_gpt_model_bf16_act) */
-    const dp_model *m =
-        dp_gpt_model_ex(b->gpt, (b->o.bf16 ? DP_GPT_BF16_ACT : 0) |
-                                    (b->o.recompute ? DP_GPT_RECOMPUTE_ATTENTION : 0));
+    const dp_model *m = dp_gpt_model_ex(b->gpt, cli_gpt_flags(b->o.bf16, b->o.recompute));
     return dp_engine_create(b->specs, k, m, &ce, &ec, out);
 }
 
@@ -681,7 +680,8 @@ static json_t *json_results(const bench *b, const mode_result *res, size_t nres,
     }
     json_object_set_new(cfg, "shard_optimizer", json_boolean(o->shard_optimizer));
     json_object_set_new(cfg, "precision", json_string(o->bf16 ? "bf16" : "fp32"));
-    json_object_set_new(cfg, "recompute", json_string(o->recompute ? "attention" : "none"));
+    static const char *const recompute[] = {"none", "attention", "gelu", "all"};
+    json_object_set_new(cfg, "recompute", json_string(recompute[o->recompute & 3]));
     /* As given: a row count, or "auto" / "whole" (the count auto picks
      * depends on each run's rows; the devices' logits_bytes show it). */
     json_t *chunk = o->logits_chunk == 0                 ? json_string("auto")
@@ -1228,7 +1228,10 @@ static int bench_main(bench *b)
     if (o->weights_arg) printf(", device weights %s", o->weights_arg);
     if (o->token_balanced) printf(", token-balanced");
     if (o->bf16) printf(", bf16 (float32 masters)");
-    if (o->recompute) printf(", attention recomputed");
+    if (o->recompute)
+        printf(", %s recomputed", o->recompute == CLI_RECOMPUTE_ATTENTION ? "attention"
+                                  : o->recompute == CLI_RECOMPUTE_GELU    ? "GELU"
+                                                                          : "attention and GELU");
     if (o->logits_chunk == DP_LOGITS_WHOLE) printf(", whole logits");
     else if (o->logits_chunk) printf(", logits in chunks of %zu rows", o->logits_chunk);
     printf("\n");

@@ -224,16 +224,28 @@ static inline int cli_parse_precision(const char *v, int *bf16)
                     "GEMMs, float32 master weights and optimizer)", v);
 }
 
-/* --recompute none|attention: *attention = 1 for attention (the GPT's
- * DP_GPT_RECOMPUTE_ATTENTION). */
-static inline int cli_parse_recompute(const char *v, int *attention)
+/* --recompute none|attention|gelu|all: what the GPT recomputes in the
+ * backward instead of keeping (dp/gpt.h): *what = CLI_RECOMPUTE_* bits. */
+enum { CLI_RECOMPUTE_ATTENTION = 1, CLI_RECOMPUTE_GELU = 2 };
+static inline int cli_parse_recompute(const char *v, int *what)
 {
-    if (strcmp(v, "none") == 0 || strcmp(v, "attention") == 0) {
-        *attention = v[0] == 'a';
-        return 0;
-    }
-    return cli_fail("--recompute: \"%s\" is not none or attention (attention: keep no "
-                    "attention probabilities, recompute them in the backward)", v);
+    static const char *const names[] = {"none", "attention", "gelu", "all"};
+    for (int i = 0; i < 4; i++)
+        if (strcmp(v, names[i]) == 0) {
+            *what = i;
+            return 0;
+        }
+    return cli_fail("--recompute: \"%s\" is not none, attention, gelu or all (what the "
+                    "backward recomputes instead of keeping: the attention probabilities, the "
+                    "GELU output, or both)", v);
+}
+
+/* The dp_gpt_model_ex flags of --precision bf16 and --recompute bits. */
+static inline unsigned cli_gpt_flags(int bf16, int recompute)
+{
+    return (bf16 ? DP_GPT_BF16_ACT : 0u) |
+           ((recompute & CLI_RECOMPUTE_ATTENTION) ? DP_GPT_RECOMPUTE_ATTENTION : 0u) |
+           ((recompute & CLI_RECOMPUTE_GELU) ? DP_GPT_RECOMPUTE_GELU : 0u);
 }
 
 /* Seconds on the monotonic clock. */

@@ -432,9 +432,10 @@ Test(bf16_layers, recomputed_attention_probabilities_are_the_forwards)
     }
 }
 
-/* GELU's backward over a bfloat16 pre-activation is the float32 backward
- * on the widened values, bit for bit (in place over dout too), and both
- * are gelu' at the rounded input against a float64 reference. */
+/* GELU over a bfloat16 pre-activation: the forward (bfloat16 out) is the
+ * float32 forward on the widened values rounded once, the backward the
+ * float32 backward on them, bit for bit (in place too), and the backward
+ * is gelu' at the rounded input against a float64 reference. */
 Test(bf16_layers, gelu_backward_over_bf16_input_is_gelu_backward_on_the_rounded_input)
 {
     enum { N = 4099 };
@@ -460,6 +461,21 @@ Test(bf16_layers, gelu_backward_over_bf16_input_is_gelu_backward_on_the_rounded_
     assert_same_floats("gelu backward", dev, g1, g2, N);
     dp_assert_ok(dp_gelu_backward_bf16_inp(dev, dd, d16, dd, N)); /* in place */
     assert_same_floats("gelu backward in place", dev, dd, g2, N);
+    /* the forward: bf16(gelu(x)) */
+    dp_assert_ok(dp_gelu_forward(dev, g2, d32, N));
+    float *f32 = nn_download(dev, g2, N);
+    dp_bf16 *o16 = upload16(dev, x16, N), h16[N];
+    dp_assert_ok(dp_gelu_forward_bf16(dev, o16, d16, N));
+    dp_assert_ok(dp_copy_d2h(dev, h16, o16, sizeof h16));
+    for (int i = 0; i < N; i++)
+        cr_assert_eq(h16[i], dp_bf16_from_float(f32[i]), "gelu forward %d: x %g", i,
+                     (double)x32[i]);
+    dp_assert_ok(dp_gelu_forward_bf16(dev, d16, d16, N)); /* in place */
+    dp_bf16 in_place[N];
+    dp_assert_ok(dp_copy_d2h(dev, in_place, d16, sizeof in_place));
+    cr_assert(memcmp(in_place, h16, sizeof h16) == 0, "gelu forward in place differs");
+    nn_assert_invalid(dp_gelu_forward_bf16(dev, NULL, d16, N), "out", "dp_gelu_forward_bf16");
+    free(f32);
     float *h = nn_download(dev, g1, N);
     dp_assert_allclose(h, ref, N, 1e-6, 1e-5);
     free(h), free(dout);

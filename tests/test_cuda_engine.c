@@ -444,8 +444,9 @@ Test(cuda_engine, gpt_checkpoint_from_gpu_resumes_on_cpu, .timeout = 120)
  * trains): the bf16 kernels (the GELU backward from bfloat16, the
  * conversions, cuBLAS over bfloat16 operands) on the GPU track the CPU to
  * bfloat16's resolution over three steps (losses within 1e-3 relative).
- * Recomputing the attention probabilities (cuBLAS and the softmax again on
- * the same values) gives the same GPU run bit for bit. */
+ * Recomputing the attention probabilities and the GELU output (cuBLAS,
+ * the softmax and the GELU again on the same values) gives the same GPU
+ * run bit for bit. */
 Test(cuda_engine, gpt_bf16_activations_on_gpu_track_cpu, .timeout = 120)
 {
     REQUIRE_GPU();
@@ -453,7 +454,8 @@ Test(cuda_engine, gpt_bf16_activations_on_gpu_track_cpu, .timeout = 120)
     dp_gpt *g = NULL;
     dp_assert_ok(dp_gpt_create(&gc, &g));
     const dp_model *act = dp_gpt_model_bf16_act(g);
-    const dp_model *again = dp_gpt_model_ex(g, DP_GPT_BF16_ACT | DP_GPT_RECOMPUTE_ATTENTION);
+    const dp_model *again = dp_gpt_model_ex(g, DP_GPT_BF16_ACT | DP_GPT_RECOMPUTE_ATTENTION |
+                                                   DP_GPT_RECOMPUTE_GELU);
     dp_device_spec gs[2], cs[2];
     gpu_specs(gs, 2, ZEROS);
     cpu_specs(cs, 2);

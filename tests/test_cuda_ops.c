@@ -760,6 +760,16 @@ Test(cuda_ops, gelu_matches_cpu_including_saturation, .timeout = 60)
             float *h16 = nn_download(d, d16, N), *h32 = nn_download(d, d32, N);
             assert_same_bits(b ? "gelu backward from bf16 input (gpu)"
                                : "gelu backward from bf16 input (cpu)", h16, h32, N);
+            /* and the bf16 forward: bf16 of the float32 forward on the same values */
+            dp_assert_ok(dp_gelu_forward(d, d32, x32, N));
+            dp_assert_ok(dp_gelu_forward_bf16(d, x16, x16, N)); /* in place */
+            float *f32 = nn_download(d, d32, N);
+            dp_bf16 *o16 = xmalloc(N * sizeof *o16);
+            dp_assert_ok(dp_copy_d2h(d, o16, x16, N * sizeof *o16));
+            for (int i = 0; i < N; i++)
+                cr_assert_eq(o16[i], dp_bf16_from_float(f32[i]), "%s: gelu bf16 forward %d",
+                             b ? "gpu" : "cpu", i);
+            free(f32), free(o16);
             free(h16), free(h32);
             dp_device_free(d, x16), dp_device_free(d, x32), dp_device_free(d, gd);
             dp_device_free(d, d16), dp_device_free(d, d32);

@@ -310,19 +310,19 @@ Test(dp_bench, logits_chunk_reaches_the_balanced_runs)
     dp_test_result_free(&w);
 }
 
-/* --recompute attention reaches every run: the same losses, bit for bit,
- * and a smaller peak on every device (no (B,NH,T,T) probabilities per
+/* --recompute reaches every run: the same losses, bit for bit, and a
+ * smaller peak on every device (no probabilities or GELU output per
  * layer). */
-Test(dp_bench, recompute_attention_reaches_every_run)
+Test(dp_bench, recompute_reaches_every_run)
 {
     dp_test_result k = BENCH("--layers", "3", "--json", "@k.json");
     assert_success(&k);
-    dp_test_result r = BENCH("--layers", "3", "--recompute", "attention", "--json", "@r.json");
+    dp_test_result r = BENCH("--layers", "3", "--recompute", "all", "--json", "@r.json");
     assert_success(&r);
-    cr_assert(strstr(r.out, "attention recomputed"), "%s", r.out);
+    cr_assert(strstr(r.out, "attention and GELU recomputed"), "%s", r.out);
     json_t *jk = load_json("k.json"), *jr = load_json("r.json");
     cr_assert_str_eq(json_string_value(json_object_get(json_object_get(jr, "config"), "recompute")),
-                     "attention");
+                     "all");
     const char *modes[] = {"balanced", "gather"};
     for (int m = 0; m < 2; m++) {
         double lk = json_real_value(json_object_get(run_result(jk, modes[m], 0), "loss"));

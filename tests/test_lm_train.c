@@ -541,17 +541,18 @@ Test(lm_train, shard_optimizer_is_bitwise_the_root_run)
     result_free(&d);
 }
 
-/* --recompute attention keeps no attention probabilities and recomputes
- * them: the same run, bitwise, in float32 and in bf16. */
-Test(lm_train, recompute_attention_is_bitwise_the_same_run)
+/* --recompute all keeps neither the attention probabilities nor the GELU
+ * output and recomputes them: the same run, bitwise, in float32 and in
+ * bf16. */
+Test(lm_train, recompute_is_bitwise_the_same_run)
 {
     static const char *const prec[] = {"fp32", "bf16"};
     for (int i = 0; i < 2; i++) {
         result a = RUN("--steps", "3", "--precision", prec[i], "--save", "@keep.st");
-        assert_success(&a, "probabilities kept");
-        result b = RUN("--steps", "3", "--precision", prec[i], "--recompute", "attention",
-                       "--save", "@again.st");
-        assert_success(&b, "probabilities recomputed");
+        assert_success(&a, "activations kept");
+        result b = RUN("--steps", "3", "--precision", prec[i], "--recompute", "all", "--save",
+                       "@again.st");
+        assert_success(&b, "activations recomputed");
         assert_same_state("keep.st", "again.st");
         result_free(&a);
         result_free(&b);
@@ -985,8 +986,8 @@ static bad_case bad_cases[] = {
     {"val-tokens -1", {"--val-tokens", "-1"}, "--val-tokens: \"-1\" is not an integer", "", 0,
      0, 0},
     {"val-tokens abc", {"--val-tokens", "abc"}, "--val-tokens: \"abc\"", "", 0, 0, 0},
-    {"recompute all", {"--recompute", "all"}, "--recompute: \"all\" is not none or attention",
-     "", 0, 0, 0},
+    {"recompute everything", {"--recompute", "everything"},
+     "is not none, attention, gelu or all", "", 0, 0, 0},
     {"val-tokens past long", {"--val-tokens", "99999999999999999999999"}, "--val-tokens: ", "",
      0, 0, 0},
     {"val-tokens below the checkpoint's window", {"--resume", "@good.st", "--eval-only",

@@ -87,7 +87,7 @@ typedef struct opts {
     unsigned long long seed;
     int eval_only, tf32, token_balanced, shard_optimizer;
     int bf16; /* --precision bf16 */
-    int recompute; /* --recompute attention */
+    int recompute; /* --recompute: CLI_RECOMPUTE_* bits */
     int given; /* which options were on the command line (G_* bits) */
 } opts;
 
@@ -171,9 +171,10 @@ static void usage(FILE *f)
             "                         (oneDNN on CPUs, tensor cores on GPUs), float32 master weights,\n"
             "                         gradients and AdamW state (default fp32; with --resume, the\n"
             "                         checkpoint's; checkpoints hold float32 either way)\n"
-            "  --recompute none|attention  attention: keep no attention probabilities between\n"
-            "                         forward and backward, recompute them (one more GEMM and\n"
-            "                         softmax per layer; same results, bitwise; default none)\n"
+            "  --recompute none|attention|gelu|all  what the backward recomputes instead of\n"
+            "                         keeping: the attention probabilities (one more GEMM and\n"
+            "                         softmax per layer), the GELU output (one more GELU), or\n"
+            "                         both; same results, bitwise, less memory (default none)\n"
             "  --shard-optimizer      shard the AdamW state over the devices (ZeRO-1: each device\n"
             "                         keeps and updates its slice's moments; same results, bitwise)\n"
             "model\n"
@@ -1469,9 +1470,7 @@ static int setup(run *r)
     dp_criterion ce = dp_criterion_cross_entropy();
     /* bf16: bf16 replicas, and the activations off the residual stream
      * kept as bfloat16 (dp/gpt.h). */
-    const dp_model *model =
-        dp_gpt_model_ex(r->gpt, (r->o.bf16 ? DP_GPT_BF16_ACT : 0) |
-                                    (r->o.recompute ? DP_GPT_RECOMPUTE_ATTENTION : 0));
+    const dp_model *model = dp_gpt_model_ex(r->gpt, cli_gpt_flags(r->o.bf16, r->o.recompute));
     dp_status s = dp_engine_create(specs, k, model, &ce, &ec, &r->engine);
     if (s != DP_OK) return engine_fail(r, s, "engine");
     if (r->ck) {

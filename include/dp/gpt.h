@@ -63,13 +63,11 @@ DP_API const dp_model *dp_gpt_model_bf16(const dp_gpt *gpt);
  * stream as bfloat16 between forward and backward: the GEMM inputs (ln_1
  * and ln_2 outputs, q, k and v, the attention output, the GELU output)
  * and the MLP's pre-GELU values, 28 bytes per token, embedding dimension
- * and layer less workspace. Each is computed in float32 and rounded once,
- * so in BF16 matmul precision (where the GEMMs round their inputs anyway)
- * the forward, and the loss at given parameters, is dp_gpt_model_bf16's
- * bit for bit. What moves is the GELU backward, which reads the rounded
- * pre-activations, as llm.c's bf16 training does (and in FP32 or TF32
- * precision the GEMMs read rounded inputs), so training tracks
- * dp_gpt_model_bf16 closely rather than bit for bit. The residual stream,
+ * and layer less workspace. Each is computed in float32 and rounded once;
+ * the GELU and its backward read the rounded pre-activations, as in
+ * llm.c's bf16 training (and in FP32 or TF32 precision the GEMMs read
+ * rounded inputs), so training tracks dp_gpt_model_bf16 closely rather
+ * than bit for bit. The residual stream,
  * the LayerNorm statistics, the attention probabilities and every
  * gradient stay float32, as under PyTorch's autocast. Owned by gpt. */
 DP_API const dp_model *dp_gpt_model_bf16_act(const dp_gpt *gpt);
@@ -86,6 +84,13 @@ DP_API const dp_model *dp_gpt_model_bf16_act(const dp_gpt *gpt);
  * key position and token per layer smaller, for one (B,NH,T,T) float
  * scratch shared by the layers. */
 #define DP_GPT_RECOMPUTE_ATTENTION 0x4u
+/* Keep no GELU output between forward and backward: the backward
+ * recomputes it from the kept pre-GELU values (one GELU pass per layer,
+ * as llm.c's recompute does). The same call on the same values, so
+ * training is bit for bit the same; the workspace is 16 bytes (8 with
+ * bf16 activations) per token and embedding dimension per layer smaller,
+ * for one such (B,T,4C) scratch shared by the layers. */
+#define DP_GPT_RECOMPUTE_GELU 0x8u
 
 /* The GPT's model for the given flags (0: dp_gpt_model); NULL when gpt is
  * NULL or flags holds another bit. Every variant has the same tensors,

@@ -102,6 +102,10 @@ DP_API dp_status dp_layernorm_backward_bf16(dp_device *dev, float *dinp, float *
  * out = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), n elements (out
  * may alias inp). */
 DP_API dp_status dp_gelu_forward(dp_device *dev, float *out, const float *inp, size_t n);
+/* The same over bfloat16 values, in and out (half the memory of each):
+ * out = bf16(gelu(inp)), the float32 GELU of the widened input rounded
+ * once, bit for bit (out may alias inp). */
+DP_API dp_status dp_gelu_forward_bf16(dp_device *dev, dp_bf16 *out, const dp_bf16 *inp, size_t n);
 /* dinp = dout * gelu'(inp) (overwritten; dinp may alias dout). */
 DP_API dp_status dp_gelu_backward(dp_device *dev, float *dinp, const float *inp,
                                   const float *dout, size_t n);

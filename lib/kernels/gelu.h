@@ -22,13 +22,25 @@
 #define DP_GELU_SQRT_2_OVER_PI 0.7978845608028654f
 #define DP_GELU_COEFF 0.044715f
 
+/* gelu(x). */
+static inline DP_HD float dp_gelu(float x)
+{
+    float u = DP_GELU_SQRT_2_OVER_PI * (x + DP_GELU_COEFF * x * x * x);
+    /* x / inf = -0 for very negative x, as 0.5 x (1 + tanh(u)) gives. */
+    return x / (1.0f + dp_expf(-2.0f * u));
+}
+
 /* out[i] = gelu(inp[i]). */
 static inline DP_HD void dp_gelu_forward_elem(float *out, const float *inp, size_t i)
 {
-    float x = inp[i];
-    float u = DP_GELU_SQRT_2_OVER_PI * (x + DP_GELU_COEFF * x * x * x);
-    /* x / inf = -0 for very negative x, as 0.5 x (1 + tanh(u)) gives. */
-    out[i] = x / (1.0f + dp_expf(-2.0f * u));
+    out[i] = dp_gelu(inp[i]);
+}
+
+/* out[i] = bf16(gelu(inp[i])), both bfloat16: the float32 GELU of the
+ * widened input, rounded once. */
+static inline DP_HD void dp_gelu_forward_bf16_elem(uint16_t *out, const uint16_t *inp, size_t i)
+{
+    out[i] = dp_bf16_round(dp_gelu(dp_bf16_widen(inp[i])));
 }
 
 /* gelu'(x). */

@@ -60,6 +60,8 @@
     X(pack_bf16_f32, ELEM, dp_pack_bf16_f32_elem,                                          \
       (float *dst, const uint16_t *src, dp_block blk), (dst, src, blk))                    \
     X(gelu_forward, ELEM, dp_gelu_forward_elem, (float *out, const float *inp), (out, inp)) \
+    X(gelu_forward_bf16, ELEM, dp_gelu_forward_bf16_elem,                                  \
+      (uint16_t *out, const uint16_t *inp), (out, inp))                                    \
     X(gelu_backward, ELEM, dp_gelu_backward_elem,                                          \
       (float *dinp, const float *inp, const float *dout), (dinp, inp, dout))               \
     X(gelu_backward_bf16_inp, ELEM, dp_gelu_backward_bf16_inp_elem,                        \

@@ -63,17 +63,19 @@ static const char *const blk_suffix[BLK_COUNT] = {
  * type and what the blocks keep between forward and backward. */
 typedef struct gpt_variant {
     const dp_gpt *g;
-    int bf16;      /* bfloat16 replicas */
-    int act16;     /* the activations off the residual stream kept as bfloat16 */
-    int recompute; /* the attention probabilities recomputed in the backward, not kept */
+    int bf16;  /* bfloat16 replicas */
+    int act16; /* the activations off the residual stream kept as bfloat16 */
+    int recompute_att, recompute_gelu; /* recomputed in the backward, not kept */
 } gpt_variant;
 
-/* (float32, bf16, bf16 + activations) x (probabilities kept, recomputed) */
-#define GPT_VARIANTS 6
+/* (float32, bf16, bf16 + activations) x (probabilities kept, recomputed)
+ * x (GELU output kept, recomputed) */
+#define GPT_VARIANTS 12
 
 struct dp_gpt {
     dp_gpt_config cfg;
-    dp_model models[GPT_VARIANTS]; /* index: 2 * (0 f32, 1 bf16, 2 bf16 act) + recompute */
+    /* index: 4 * (0 f32, 1 bf16, 2 bf16 act) + 2 * recompute_gelu + recompute_att */
+    dp_model models[GPT_VARIANTS];
     gpt_variant variants[GPT_VARIANTS];
     dp_param_tensor *tensors; /* 2 + 12 L + 2 entries */
     char *names;              /* NAME_CAP bytes per tensor */
@@ -181,8 +183,9 @@ static size_t align_up(size_t n, int *of)
  * act16 all but the residual stream, the LayerNorm statistics and att
  * hold bfloat16 elements: the GEMM inputs (ln1, qkvr, atty, ln2,
  * fch_gelu), which only GEMMs read, and the pre-GELU values (fch), which
- * the GELU backward reads too. With recompute att is not kept (NULL): the
- * backward recomputes it from q and k into the scratch. */
+ * the GELU and its backward read. With recompute_att att is not kept
+ * (NULL), with recompute_gelu fch_gelu: the backward recomputes them (from
+ * q and k, from fch) into the scratch. */
 typedef struct layer_acts {
     float *ln1, *ln1_mean, *ln1_rstd; /* (B,T,C), (B,T), (B,T) */
     float *qkvr;                      /* (3,B,NH,T,hs) */
@@ -225,8 +228,10 @@ static xin gemm_in(const layer_acts *a, const float *p)
  *   dbtc      (B,T,C)  dln_f, dln_2, datty and dln_1 in turn
  *   big               MLP half: dfch (B,T,4C); attention half: dqkv
  *                     (B,T,3C), dqkvr (3,B,NH,T,hs), attention scratch
- *                     (B,T,C), datt (B,NH,T,T), and with recompute att
- *                     (B,NH,T,T), the recomputed probabilities
+ *                     (B,T,C), datt (B,NH,T,T), and with recompute_att
+ *                     att (B,NH,T,T), the recomputed probabilities; the
+ *                     MLP half has the recomputed GELU output (B,T,4C)
+ *                     after dfch with recompute_gelu
  */
 typedef struct carve {
     size_t floats; /* total, in floats */
@@ -236,9 +241,10 @@ typedef struct carve {
     size_t l_ln1, l_ln1_mean, l_ln1_rstd, l_qkvr, l_att, l_atty, l_res2, l_ln2,
         l_ln2_mean, l_ln2_rstd, l_fch, l_fch_gelu, l_res3;
     size_t dresidual, dbtc, big;
-    size_t big_dqkvr, big_scratch, big_datt, big_att; /* inside big (big_att: recompute) */
-    int act16;     /* the blocks' activations off the residual stream are bfloat16 */
-    int recompute; /* no att per block: big_att holds the recomputed probabilities */
+    size_t big_dqkvr, big_scratch, big_datt, big_att, big_gelu; /* inside big */
+    int act16;          /* the blocks' activations off the residual stream are bfloat16 */
+    int recompute_att;  /* no att per block: big_att holds the recomputed probabilities */
+    int recompute_gelu; /* no fch_gelu per block: big_gelu holds it, recomputed */
 } carve;
 
 /* Places a buffer of n floats at *at (aligned) and advances *at. */
@@ -255,7 +261,7 @@ static size_t place(size_t *at, size_t n, int *of)
  * keep_lnf 0 the final LayerNorm's output lives outside the workspace (the
  * engine's features buffer, for the dp_model with a head). */
 static int make_carve(const dp_gpt_config *cfg, size_t B, size_t T, int keep_lnf, int act16,
-                      int recompute, carve *c)
+                      int recompute_att, int recompute_gelu, carve *c)
 {
     int of = 0;
     size_t C = cfg->n_embd, NH = cfg->n_head, L = cfg->n_layer;
@@ -268,7 +274,8 @@ static int make_carve(const dp_gpt_config *cfg, size_t B, size_t T, int keep_lnf
     if (of) return 0;
     memset(c, 0, sizeof *c);
     c->act16 = act16;
-    c->recompute = recompute;
+    c->recompute_att = recompute_att;
+    c->recompute_gelu = recompute_gelu;
 
     /* One block, relative to its start. */
     size_t at = 0;
@@ -282,14 +289,14 @@ static int make_carve(const dp_gpt_config *cfg, size_t B, size_t T, int keep_lnf
     c->l_ln1_mean = place(&at, BT, &of);
     c->l_ln1_rstd = place(&at, BT, &of);
     c->l_qkvr = place(&at, act16 ? x3 / 2 + 1 : x3, &of);
-    c->l_att = recompute ? 0 : place(&at, BNHTT, &of);
+    c->l_att = recompute_att ? 0 : place(&at, BNHTT, &of);
     c->l_atty = place(&at, in1, &of);
     c->l_res2 = place(&at, BTC, &of);
     c->l_ln2 = place(&at, in1, &of);
     c->l_ln2_mean = place(&at, BT, &of);
     c->l_ln2_rstd = place(&at, BT, &of);
     c->l_fch = place(&at, in4, &of);
-    c->l_fch_gelu = place(&at, in4, &of);
+    c->l_fch_gelu = recompute_gelu ? 0 : place(&at, in4, &of);
     c->l_res3 = place(&at, BTC, &of);
     c->layer_stride = at;
 
@@ -309,8 +316,11 @@ static int make_carve(const dp_gpt_config *cfg, size_t B, size_t T, int keep_lnf
     c->big_dqkvr = place(&bat, x3, &of);
     c->big_scratch = place(&bat, BTC, &of);
     c->big_datt = place(&bat, BNHTT, &of);
-    if (recompute) c->big_att = place(&bat, BNHTT, &of); /* the probabilities, again */
-    size_t big = bat > x4 ? bat : x4;
+    if (recompute_att) c->big_att = place(&bat, BNHTT, &of); /* the probabilities, again */
+    size_t mat = 0;
+    place(&mat, x4, &of); /* dfch at 0 */
+    if (recompute_gelu) c->big_gelu = place(&mat, in4, &of); /* the GELU output, again */
+    size_t big = bat > mat ? bat : mat;
     c->big = place(&at, big, &of);
     c->floats = at;
     if (c->floats > SIZE_MAX / sizeof(float)) of = 1;
@@ -325,14 +335,14 @@ static layer_acts layer_of(const carve *c, float *ws, size_t l)
     a.ln1_mean = b + c->l_ln1_mean;
     a.ln1_rstd = b + c->l_ln1_rstd;
     a.qkvr = b + c->l_qkvr;
-    a.att = c->recompute ? NULL : b + c->l_att;
+    a.att = c->recompute_att ? NULL : b + c->l_att;
     a.atty = b + c->l_atty;
     a.residual2 = b + c->l_res2;
     a.ln2 = b + c->l_ln2;
     a.ln2_mean = b + c->l_ln2_mean;
     a.ln2_rstd = b + c->l_ln2_rstd;
     a.fch = b + c->l_fch;
-    a.fch_gelu = b + c->l_fch_gelu;
+    a.fch_gelu = c->recompute_gelu ? NULL : b + c->l_fch_gelu;
     a.residual3 = b + c->l_res3;
     a.act16 = c->act16;
     return a;
@@ -343,7 +353,7 @@ size_t dp_gpt_workspace_bytes(const dp_gpt *gpt, size_t B, size_t T)
     carve c;
     if (!gpt || !B || !T) return 0;
     /* SIZE_MAX makes the allocation fail with a message instead of wrapping. */
-    if (!make_carve(&gpt->cfg, B, T, 1, 0, 0, &c)) return SIZE_MAX;
+    if (!make_carve(&gpt->cfg, B, T, 1, 0, 0, 0, &c)) return SIZE_MAX;
     return c.floats * sizeof(float);
 }
 
@@ -351,7 +361,7 @@ size_t dp_gpt_workspace_bytes(const dp_gpt *gpt, size_t B, size_t T)
 
 /* Shared argument checks of forward and backward; fills the carve. */
 static dp_status check_call(const char *fn, const dp_gpt *gpt, dp_device *dev, size_t B,
-                            size_t T, int keep_lnf, int act16, int recompute, carve *c)
+                            size_t T, int keep_lnf, const gpt_variant *v, carve *c)
 {
     if (!gpt || !dev) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: gpt and dev must not be NULL", fn);
     const dp_gpt_config *g = &gpt->cfg;
@@ -365,7 +375,7 @@ static dp_status check_call(const char *fn, const dp_gpt *gpt, dp_device *dev, s
     mad(&bt, B, T, &of);
     mad(&btv, bt, g->vocab_size, &of);
     if (of || btv > SIZE_MAX / sizeof(float) ||
-        !make_carve(g, B, T, keep_lnf, act16, recompute, c))
+        !make_carve(g, B, T, keep_lnf, v->act16, v->recompute_att, v->recompute_gelu, c))
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
                        "%s on %s: B=%zu sequences of T=%zu tokens overflow the activation sizes; "
                        "use smaller micro-batches",
@@ -384,6 +394,16 @@ static dp_status keep(dp_device *dev, const layer_acts *a, float *slot, const fl
 {
     if (!a->act16) return DP_OK;
     return dp_convert(dev, slot, DP_DTYPE_BF16, src, DP_DTYPE_F32, n);
+}
+
+/* The block's GELU output from its kept fch into out (n elements):
+ * bfloat16 from the kept bfloat16 fch with act16, so the forward's GELU
+ * reads the very values its backward reads, and a recomputation is the
+ * same call on the same values. */
+static dp_status gelu_of(dp_device *dev, const layer_acts *a, float *out, size_t n)
+{
+    if (a->act16) return dp_gelu_forward_bf16(dev, (dp_bf16 *)out, (const dp_bf16 *)a->fch, n);
+    return dp_gelu_forward(dev, out, a->fch, n);
 }
 
 /* Everything but the LM head: lnf(B,T,C) = ln_f(blocks(embeddings)). */
@@ -424,7 +444,7 @@ static dp_status body_forward(const dp_gpt *gpt, dp_device *dev, wview params,
         DP_TRY(lin_fwd(dev, qkv, gemm_in(&a, a.ln1), p_attw, p_attb, BT, C, 3 * C));
         /* residual2 is free until the projection below: it is the scratch. */
         float *atty = c.act16 ? qkv + c.big_scratch : a.atty;
-        float *att = c.recompute ? qkv + c.big_att : a.att; /* recomputed: not kept */
+        float *att = c.recompute_att ? qkv + c.big_att : a.att; /* recomputed: not kept */
         if (c.act16) /* q, k, v kept as bfloat16 */
             DP_TRY(dp_attention_forward_bf16_qkv(dev, atty, (dp_bf16 *)a.qkvr, qkv + c.big_dqkvr,
                                                  att, a.residual2, qkv, B, T, C, NH));
@@ -436,14 +456,12 @@ static dp_status body_forward(const dp_gpt *gpt, dp_device *dev, wview params,
         float *ln2 = c.act16 ? qkv : a.ln2;
         DP_TRY(ln_fwd(dev, ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p_ln2w, p_ln2b, BT, C));
         DP_TRY(keep(dev, &a, a.ln2, ln2, BT * C));
-        /* With act16 the GELU runs in place on the float32 fch. */
-        float *fch = c.act16 ? qkv : a.fch, *gelu = c.act16 ? qkv : a.fch_gelu;
+        float *fch = c.act16 ? qkv : a.fch;
         DP_TRY(lin_fwd(dev, fch, gemm_in(&a, a.ln2), p_fcw, p_fcb, BT, C, 4 * C));
         DP_TRY(keep(dev, &a, a.fch, fch, BT * 4 * C));
-        DP_TRY(dp_gelu_forward(dev, gelu, fch, BT * 4 * C));
-        DP_TRY(keep(dev, &a, a.fch_gelu, gelu, BT * 4 * C));
-        DP_TRY(lin_fwd(dev, a.residual3, gemm_in(&a, a.fch_gelu), p_mprojw, p_mprojb, BT, 4 * C,
-                       C));
+        float *gelu = c.recompute_gelu ? qkv + c.big_gelu : a.fch_gelu;
+        DP_TRY(gelu_of(dev, &a, gelu, BT * 4 * C));
+        DP_TRY(lin_fwd(dev, a.residual3, gemm_in(&a, gelu), p_mprojw, p_mprojb, BT, 4 * C, C));
         DP_TRY(dp_accumulate(dev, a.residual3, a.residual2, BT * C));
         residual = a.residual3;
     }
@@ -477,7 +495,7 @@ dp_status dp_gpt_forward(const dp_gpt *gpt, dp_device *dev, const float *params,
 {
     static const char fn[] = "dp_gpt_forward";
     carve c;
-    DP_TRY(check_call(fn, gpt, dev, B, T, 1, 0, 0, &c));
+    DP_TRY(check_call(fn, gpt, dev, B, T, 1, gpt ? &gpt->variants[0] : NULL, &c));
     if (!params || !tokens || !workspace || !logits)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
                        "%s on %s: params, tokens, workspace and logits must not be NULL", fn,
@@ -513,8 +531,13 @@ static dp_status body_backward(const dp_gpt *gpt, dp_device *dev, wview params, 
 #define G(j) gw(gpt, grads, idx_block(l, (j)))
         /* MLP. dresidual is d(residual3) = d(mlp.c_proj output) = d(residual2) so far. */
         float *dfch = big; // (B,T,4C): d(fch_gelu), then d(fch) in place
-        DP_TRY(lin_bwd(dev, dfch, G(BLK_MPROJ_W), G(BLK_MPROJ_B), dresidual,
-                       gemm_in(&a, a.fch_gelu), P(BLK_MPROJ_W), BT, 4 * C, C));
+        const float *gelu = a.fch_gelu;
+        if (c.recompute_gelu) { /* the forward's GELU output again, bit for bit */
+            gelu = big + c.big_gelu;
+            DP_TRY(gelu_of(dev, &a, big + c.big_gelu, BT * 4 * C));
+        }
+        DP_TRY(lin_bwd(dev, dfch, G(BLK_MPROJ_W), G(BLK_MPROJ_B), dresidual, gemm_in(&a, gelu),
+                       P(BLK_MPROJ_W), BT, 4 * C, C));
         if (a.act16)
             DP_TRY(dp_gelu_backward_bf16_inp(dev, dfch, (const dp_bf16 *)a.fch, dfch, BT * 4 * C));
         else
@@ -529,7 +552,7 @@ static dp_status body_backward(const dp_gpt *gpt, dp_device *dev, wview params, 
         DP_TRY(lin_bwd(dev, dbtc, G(BLK_APROJ_W), G(BLK_APROJ_B), dresidual, gemm_in(&a, a.atty),
                        P(BLK_APROJ_W), BT, C, C));
         const float *att = a.att;
-        if (c.recompute) { /* the forward's probabilities again, bit for bit */
+        if (c.recompute_att) { /* the forward's probabilities again, bit for bit */
             att = big + c.big_att;
             if (a.act16)
                 DP_TRY(dp_attention_probs_bf16_qkv(dev, big + c.big_att, (const dp_bf16 *)a.qkvr,
@@ -563,7 +586,7 @@ dp_status dp_gpt_backward(const dp_gpt *gpt, dp_device *dev, const float *params
 {
     static const char fn[] = "dp_gpt_backward";
     carve c;
-    DP_TRY(check_call(fn, gpt, dev, B, T, 1, 0, 0, &c));
+    DP_TRY(check_call(fn, gpt, dev, B, T, 1, gpt ? &gpt->variants[0] : NULL, &c));
     if (!params || !grads || !tokens || !workspace || !dlogits)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
                        "%s on %s: params, grads, tokens, workspace and dlogits must not be NULL",
@@ -636,7 +659,8 @@ static size_t gpt_workspace(void *ctx, size_t rows)
     const gpt_variant *v = ctx;
     carve c;
     if (!rows) return 0;
-    return make_carve(&v->g->cfg, rows, v->g->cfg.block_size, 0, v->act16, v->recompute, &c)
+    return make_carve(&v->g->cfg, rows, v->g->cfg.block_size, 0, v->act16, v->recompute_att,
+                      v->recompute_gelu, &c)
                ? c.floats * sizeof(float)
                : SIZE_MAX;
 }
@@ -654,8 +678,7 @@ static dp_status gpt_model_forward(void *ctx, dp_device *dev, dp_params params,
 {
     const gpt_variant *v = ctx;
     carve c;
-    DP_TRY(check_call("gpt forward", v->g, dev, chunk->rows, v->g->cfg.block_size, 0, v->act16,
-                      v->recompute, &c));
+    DP_TRY(check_call("gpt forward", v->g, dev, chunk->rows, v->g->cfg.block_size, 0, v, &c));
     return body_forward(v->g, dev, view_of(v, params), chunk->inputs, chunk->rows,
                         v->g->cfg.block_size, workspace, &c, features);
 }
@@ -665,8 +688,7 @@ static dp_status gpt_model_backward(void *ctx, dp_device *dev, dp_params params,
 {
     const gpt_variant *v = ctx;
     carve c;
-    DP_TRY(check_call("gpt backward", v->g, dev, chunk->rows, v->g->cfg.block_size, 0, v->act16,
-                      v->recompute, &c));
+    DP_TRY(check_call("gpt backward", v->g, dev, chunk->rows, v->g->cfg.block_size, 0, v, &c));
     return body_backward(v->g, dev, view_of(v, params), grads, chunk->inputs, chunk->rows,
                          v->g->cfg.block_size, workspace, &c, dfeatures);
 }
@@ -793,9 +815,10 @@ dp_status dp_gpt_create(const dp_gpt_config *cfg, dp_gpt **out)
     for (int j = 0; j < GPT_VARIANTS; j++) {
         gpt_variant *v = &g->variants[j];
         v->g = g;
-        v->bf16 = j >= 2;
-        v->act16 = j >= 4;
-        v->recompute = j & 1;
+        v->bf16 = j >= 4;
+        v->act16 = j >= 8;
+        v->recompute_att = j & 1;
+        v->recompute_gelu = (j >> 1) & 1;
         dp_model *m = &g->models[j];
         m->ctx = v;
         m->param_dtype = v->bf16 ? DP_DTYPE_BF16 : DP_DTYPE_F32;
@@ -828,9 +851,12 @@ void dp_gpt_destroy(dp_gpt *gpt)
 
 const dp_model *dp_gpt_model_ex(const dp_gpt *gpt, unsigned flags)
 {
-    if (!gpt || (flags & ~(DP_GPT_BF16 | DP_GPT_BF16_ACT | DP_GPT_RECOMPUTE_ATTENTION))) return NULL;
+    if (!gpt || (flags & ~(DP_GPT_BF16 | DP_GPT_BF16_ACT | DP_GPT_RECOMPUTE_ATTENTION |
+                           DP_GPT_RECOMPUTE_GELU)))
+        return NULL;
     int kind = (flags & DP_GPT_BF16_ACT) ? 2 : (flags & DP_GPT_BF16) ? 1 : 0;
-    return &gpt->models[2 * kind + !!(flags & DP_GPT_RECOMPUTE_ATTENTION)];
+    return &gpt->models[4 * kind + 2 * !!(flags & DP_GPT_RECOMPUTE_GELU) +
+                        !!(flags & DP_GPT_RECOMPUTE_ATTENTION)];
 }
 
 const dp_model *dp_gpt_model(const dp_gpt *gpt) { return dp_gpt_model_ex(gpt, 0); }

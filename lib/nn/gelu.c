@@ -15,6 +15,15 @@ dp_status dp_gelu_forward(dp_device *dev, float *out, const float *inp, size_t n
     return dev->ops->gelu_forward(dev, out, inp, n);
 }
 
+dp_status dp_gelu_forward_bf16(dp_device *dev, dp_bf16 *out, const dp_bf16 *inp, size_t n)
+{
+    DP_NN_REQUIRE_DEV(dev);
+    DP_NN_REQUIRE_PTR(dev, out);
+    DP_NN_REQUIRE_PTR(dev, inp);
+    DP_NN_CHECK_DIMS1(dev, n);
+    return dev->ops->gelu_forward_bf16(dev, out, inp, n);
+}
+
 dp_status dp_gelu_backward(dp_device *dev, float *dinp, const float *inp, const float *dout,
                            size_t n)
 {
