@@ -680,8 +680,7 @@ static json_t *json_results(const bench *b, const mode_result *res, size_t nres,
     }
     json_object_set_new(cfg, "shard_optimizer", json_boolean(o->shard_optimizer));
     json_object_set_new(cfg, "precision", json_string(o->bf16 ? "bf16" : "fp32"));
-    static const char *const recompute[] = {"none", "attention", "gelu", "all"};
-    json_object_set_new(cfg, "recompute", json_string(recompute[o->recompute & 3]));
+    json_object_set_new(cfg, "recompute", json_string(cli_recompute_name(o->recompute)));
     /* As given: a row count, or "auto" / "whole" (the count auto picks
      * depends on each run's rows; the devices' logits_bytes show it). */
     json_t *chunk = o->logits_chunk == 0                 ? json_string("auto")

@@ -227,11 +227,18 @@ static inline int cli_parse_precision(const char *v, int *bf16)
 /* --recompute none|attention|gelu|all: what the GPT recomputes in the
  * backward instead of keeping (dp/gpt.h): *what = CLI_RECOMPUTE_* bits. */
 enum { CLI_RECOMPUTE_ATTENTION = 1, CLI_RECOMPUTE_GELU = 2 };
-static inline int cli_parse_recompute(const char *v, int *what)
+
+/* The --recompute value naming the CLI_RECOMPUTE_* bits what. */
+static inline const char *cli_recompute_name(int what)
 {
     static const char *const names[] = {"none", "attention", "gelu", "all"};
+    return names[what & 3];
+}
+
+static inline int cli_parse_recompute(const char *v, int *what)
+{
     for (int i = 0; i < 4; i++)
-        if (strcmp(v, names[i]) == 0) {
+        if (strcmp(v, cli_recompute_name(i)) == 0) {
             *what = i;
             return 0;
         }

@@ -72,10 +72,16 @@ typedef struct gpt_variant {
  * x (GELU output kept, recomputed) */
 #define GPT_VARIANTS 12
 
+/* The variant's index in dp_gpt's arrays: kind 0 float32, 1 bf16, 2 bf16
+ * with bf16 activations. */
+static size_t variant_index(int kind, int recompute_gelu, int recompute_att)
+{
+    return (size_t)(4 * kind + 2 * recompute_gelu + recompute_att);
+}
+
 struct dp_gpt {
     dp_gpt_config cfg;
-    /* index: 4 * (0 f32, 1 bf16, 2 bf16 act) + 2 * recompute_gelu + recompute_att */
-    dp_model models[GPT_VARIANTS];
+    dp_model models[GPT_VARIANTS]; /* at variant_index */
     gpt_variant variants[GPT_VARIANTS];
     dp_param_tensor *tensors; /* 2 + 12 L + 2 entries */
     char *names;              /* NAME_CAP bytes per tensor */
@@ -533,8 +539,9 @@ static dp_status body_backward(const dp_gpt *gpt, dp_device *dev, wview params, 
         float *dfch = big; // (B,T,4C): d(fch_gelu), then d(fch) in place
         const float *gelu = a.fch_gelu;
         if (c.recompute_gelu) { /* the forward's GELU output again, bit for bit */
-            gelu = big + c.big_gelu;
-            DP_TRY(gelu_of(dev, &a, big + c.big_gelu, BT * 4 * C));
+            float *again = big + c.big_gelu;
+            DP_TRY(gelu_of(dev, &a, again, BT * 4 * C));
+            gelu = again;
         }
         DP_TRY(lin_bwd(dev, dfch, G(BLK_MPROJ_W), G(BLK_MPROJ_B), dresidual, gemm_in(&a, gelu),
                        P(BLK_MPROJ_W), BT, 4 * C, C));
@@ -553,12 +560,11 @@ static dp_status body_backward(const dp_gpt *gpt, dp_device *dev, wview params, 
                        P(BLK_APROJ_W), BT, C, C));
         const float *att = a.att;
         if (c.recompute_att) { /* the forward's probabilities again, bit for bit */
-            att = big + c.big_att;
-            if (a.act16)
-                DP_TRY(dp_attention_probs_bf16_qkv(dev, big + c.big_att, (const dp_bf16 *)a.qkvr,
-                                                   B, T, C, NH));
-            else
-                DP_TRY(dp_attention_probs(dev, big + c.big_att, a.qkvr, B, T, C, NH));
+            float *again = big + c.big_att;
+            DP_TRY(a.act16 ? dp_attention_probs_bf16_qkv(dev, again, (const dp_bf16 *)a.qkvr, B, T,
+                                                         C, NH)
+                           : dp_attention_probs(dev, again, a.qkvr, B, T, C, NH));
+            att = again;
         }
         if (a.act16)
             DP_TRY(dp_attention_backward_bf16_qkv(dev, dqkv, dqkvr, datt, ascratch, dbtc,
@@ -813,13 +819,15 @@ dp_status dp_gpt_create(const dp_gpt_config *cfg, dp_gpt **out)
      * type (the engine keeps float32 masters for bf16 ones) and in what
      * the blocks keep, so in the workspace and the body's callbacks. */
     for (int j = 0; j < GPT_VARIANTS; j++) {
-        gpt_variant *v = &g->variants[j];
+        int kind = j / 4, gelu = j / 2 % 2, att = j % 2;
+        size_t at = variant_index(kind, gelu, att);
+        gpt_variant *v = &g->variants[at];
         v->g = g;
-        v->bf16 = j >= 4;
-        v->act16 = j >= 8;
-        v->recompute_att = j & 1;
-        v->recompute_gelu = (j >> 1) & 1;
-        dp_model *m = &g->models[j];
+        v->bf16 = kind >= 1;
+        v->act16 = kind == 2;
+        v->recompute_att = att;
+        v->recompute_gelu = gelu;
+        dp_model *m = &g->models[at];
         m->ctx = v;
         m->param_dtype = v->bf16 ? DP_DTYPE_BF16 : DP_DTYPE_F32;
         m->input_row_bytes = BS * sizeof(int32_t);
@@ -855,8 +863,8 @@ const dp_model *dp_gpt_model_ex(const dp_gpt *gpt, unsigned flags)
                            DP_GPT_RECOMPUTE_GELU)))
         return NULL;
     int kind = (flags & DP_GPT_BF16_ACT) ? 2 : (flags & DP_GPT_BF16) ? 1 : 0;
-    return &gpt->models[4 * kind + 2 * !!(flags & DP_GPT_RECOMPUTE_GELU) +
-                        !!(flags & DP_GPT_RECOMPUTE_ATTENTION)];
+    return &gpt->models[variant_index(kind, !!(flags & DP_GPT_RECOMPUTE_GELU),
+                                      !!(flags & DP_GPT_RECOMPUTE_ATTENTION))];
 }
 
 const dp_model *dp_gpt_model(const dp_gpt *gpt) { return dp_gpt_model_ex(gpt, 0); }
