@@ -62,6 +62,7 @@ typedef struct opts {
     int find_max_batch, scaling, tf32, token_balanced, shard_optimizer;
     int bf16; /* --precision bf16 */
     int recompute; /* --recompute: CLI_RECOMPUTE_* bits */
+    int chunked_att; /* --attention chunked */
     unsigned long long seed;
     size_t limit_bytes;
     size_t logits_chunk; /* dp_engine_config.logits_chunk_rows: 0 auto, DP_LOGITS_WHOLE whole */
@@ -109,6 +110,9 @@ static void usage(FILE *f)
           "  --recompute none|attention|gelu|all  keep no attention probabilities, GELU\n"
           "                       output or both: the backward recomputes them (same\n"
           "                       results; default none)\n"
+          "  --attention whole|chunked  chunked: the attention " CLI_STR(DP_GPT_ATTENTION_CHUNK)
+          " queries at a time, no\n"
+          "                       (T,T) probabilities (default whole)\n"
           "  --json PATH          write the results as JSON\n"
           "  --csv PATH           write one row per mode and device as CSV\n"
           "  --plot PATH          per-device peak memory plot (.png or .svg, gnuplot);\n"
@@ -129,7 +133,7 @@ static int parse_args(int argc, char **argv, opts *o)
     enum {
         O_VOCAB = 256, O_CTX, O_BATCH, O_DIM, O_LAYERS, O_HEADS, O_DEV, O_STEPS, O_WARM, O_MODE,
         O_MEM, O_FIND, O_SCALE, O_SEED, O_JSON, O_CSV, O_PLOT, O_TF32, O_WEIGHTS, O_TOKBAL,
-        O_TRACE, O_SHARD, O_CHUNK, O_PREC, O_RECOMP, O_HELP
+        O_TRACE, O_SHARD, O_CHUNK, O_PREC, O_RECOMP, O_ATTN, O_HELP
     };
     static const struct option lo[] = {
         {"vocab", 1, 0, O_VOCAB},        {"context", 1, 0, O_CTX},
@@ -145,6 +149,7 @@ static int parse_args(int argc, char **argv, opts *o)
         {"trace", 1, 0, O_TRACE},        {"shard-optimizer", 0, 0, O_SHARD},
         {"logits-chunk", 1, 0, O_CHUNK}, {"precision", 1, 0, O_PREC},
         {"recompute", 1, 0, O_RECOMP},
+        {"attention", 1, 0, O_ATTN},
         {"help", 0, 0, O_HELP},
         {0, 0, 0, 0}};
     const long big = 1L << 30;
@@ -181,6 +186,7 @@ static int parse_args(int argc, char **argv, opts *o)
         case O_CHUNK: bad = cli_parse_logits_chunk(v, &o->logits_chunk); break;
         case O_PREC: bad = cli_parse_precision(v, &o->bf16); break;
         case O_RECOMP: bad = cli_parse_recompute(v, &o->recompute); break;
+        case O_ATTN: bad = cli_parse_attention(v, &o->chunked_att); break;
         case O_HELP: usage(stdout); return -1;
         case ':': return cli_fail("%s needs a value (see --help)", argv[optind - 1]);
         default: return cli_fail("unknown option \"%s\" (see --help)", argv[optind - 1]);
@@ -331,7 +337,7 @@ static dp_status make_engine(bench *b, dp_mode mode, int shard, size_t k, dp_eng
     if (b->o.n_weights && k == b->k) ec.device_weights = b->o.weights;
     dp_criterion ce = dp_criterion_cross_entropy();
     /* bf16: replicas and the activations off the residual stream (dp_gpt_model_bf16_act) */
-    const dp_model *m = dp_gpt_model_ex(b->gpt, cli_gpt_flags(b->o.bf16, b->o.recompute));
+    const dp_model *m = dp_gpt_model_ex(b->gpt, cli_gpt_flags(b->o.bf16, b->o.recompute, b->o.chunked_att));
     return dp_engine_create(b->specs, k, m, &ce, &ec, out);
 }
 
@@ -681,6 +687,7 @@ static json_t *json_results(const bench *b, const mode_result *res, size_t nres,
     json_object_set_new(cfg, "shard_optimizer", json_boolean(o->shard_optimizer));
     json_object_set_new(cfg, "precision", json_string(o->bf16 ? "bf16" : "fp32"));
     json_object_set_new(cfg, "recompute", json_string(cli_recompute_name(o->recompute)));
+    json_object_set_new(cfg, "attention", json_string(o->chunked_att ? "chunked" : "whole"));
     /* As given: a row count, or "auto" / "whole" (the count auto picks
      * depends on each run's rows; the devices' logits_bytes show it). */
     json_t *chunk = o->logits_chunk == 0                 ? json_string("auto")
@@ -1228,9 +1235,9 @@ static int bench_main(bench *b)
     if (o->token_balanced) printf(", token-balanced");
     if (o->bf16) printf(", bf16 (float32 masters)");
     if (o->recompute)
-        printf(", %s recomputed", o->recompute == CLI_RECOMPUTE_ATTENTION ? "attention"
-                                  : o->recompute == CLI_RECOMPUTE_GELU    ? "GELU"
-                                                                          : "attention and GELU");
+        printf(", %s recomputed", cli_recompute_words(o->recompute));
+    if (o->chunked_att)
+        printf(", attention in chunks of %d queries", DP_GPT_ATTENTION_CHUNK);
     if (o->logits_chunk == DP_LOGITS_WHOLE) printf(", whole logits");
     else if (o->logits_chunk) printf(", logits in chunks of %zu rows", o->logits_chunk);
     printf("\n");

@@ -235,6 +235,13 @@ static inline const char *cli_recompute_name(int what)
     return names[what & 3];
 }
 
+/* The banners' words for the CLI_RECOMPUTE_* bits what (non-zero). */
+static inline const char *cli_recompute_words(int what)
+{
+    static const char *const words[] = {"nothing", "attention", "GELU", "attention and GELU"};
+    return words[what & 3];
+}
+
 static inline int cli_parse_recompute(const char *v, int *what)
 {
     for (int i = 0; i < 4; i++)
@@ -247,10 +254,28 @@ static inline int cli_parse_recompute(const char *v, int *what)
                     "GELU output, or both)", v);
 }
 
-/* The dp_gpt_model_ex flags of --precision bf16 and --recompute bits. */
-static inline unsigned cli_gpt_flags(int bf16, int recompute)
+/* A macro's value as a string literal (CLI_STR(DP_GPT_ATTENTION_CHUNK) is "64"). */
+#define CLI_STR_(x) #x
+#define CLI_STR(x) CLI_STR_(x)
+
+/* --attention whole|chunked: *chunked = 1 for chunked attention
+ * (DP_GPT_CHUNKED_ATTENTION). */
+static inline int cli_parse_attention(const char *v, int *chunked)
 {
-    return (bf16 ? DP_GPT_BF16_ACT : 0u) |
+    if (strcmp(v, "whole") == 0 || strcmp(v, "chunked") == 0) {
+        *chunked = v[0] == 'c';
+        return 0;
+    }
+    return cli_fail("--attention: \"%s\" is not whole or chunked (chunked: the attention is "
+                    "formed %d queries at a time, so no (T,T) probabilities exist)",
+                    v, DP_GPT_ATTENTION_CHUNK);
+}
+
+/* The dp_gpt_model_ex flags of --precision bf16, --recompute bits and
+ * --attention chunked. */
+static inline unsigned cli_gpt_flags(int bf16, int recompute, int chunked)
+{
+    return (bf16 ? DP_GPT_BF16_ACT : 0u) | (chunked ? DP_GPT_CHUNKED_ATTENTION : 0u) |
            ((recompute & CLI_RECOMPUTE_ATTENTION) ? DP_GPT_RECOMPUTE_ATTENTION : 0u) |
            ((recompute & CLI_RECOMPUTE_GELU) ? DP_GPT_RECOMPUTE_GELU : 0u);
 }

@@ -482,8 +482,8 @@ Test(attention, kernel_softmax_large_scores_max_at_either_end)
                 g[(h * T + t) * T + j] = j <= t ? (float)(j + 1) * 0.25f : NAN;
             }
     float *d_att = dp_test_upload(dev, s, n), *d_g = dp_test_upload(dev, g, n);
-    dp_assert_ok(ops->softmax_causal_forward(dev, d_att, scale, T, BNH * T));
-    dp_assert_ok(ops->softmax_causal_backward(dev, d_g, d_att, scale, T, BNH * T));
+    dp_assert_ok(ops->softmax_causal_forward(dev, d_att, scale, T, 0, T, BNH * T));
+    dp_assert_ok(ops->softmax_causal_backward(dev, d_g, d_att, scale, T, 0, T, BNH * T));
     float att[3 * 5 * 5], ds[3 * 5 * 5];
     download(dev, att, d_att, n);
     download(dev, ds, d_g, n);
@@ -554,8 +554,8 @@ Test(attention, kernel_softmax_rows_match_float64)
     for (size_t r = 0; r < BNH * T; r++)
         for (size_t j = r % T + 1; j < T; j++) s[r * T + j] = g[r * T + j] = NAN;
     float *d_att = dp_test_upload(dev, s, n), *d_g = dp_test_upload(dev, g, n);
-    dp_assert_ok(ops->softmax_causal_forward(dev, d_att, scale, T, BNH * T));
-    dp_assert_ok(ops->softmax_causal_backward(dev, d_g, d_att, scale, T, BNH * T));
+    dp_assert_ok(ops->softmax_causal_forward(dev, d_att, scale, T, 0, T, BNH * T));
+    dp_assert_ok(ops->softmax_causal_backward(dev, d_g, d_att, scale, T, 0, T, BNH * T));
     float *att = malloc(n * sizeof *att), *ds = malloc(n * sizeof *ds);
     download(dev, att, d_att, n);
     download(dev, ds, d_g, n);
@@ -724,6 +724,261 @@ Test(attention, bad_arguments)
     for (size_t i = 0; i < L.n_out; i++) cr_assert(isfinite(out[i]));
 #undef FWD
 #undef BWD
+    free(out);
+    free(qkv);
+    layer_free(&L);
+    close_checked(dev);
+}
+
+// --- query-chunked attention ----------------------------------------------------------------
+
+/* One run of dp_attention_forward_chunked and _backward_chunked with its
+ * own buffers, the scratch sized exactly B*NH*min(chunk,T)*T floats (an
+ * overrun shows under ASan) and NaN-filled; returns out and dqkv (host,
+ * caller frees). qkvr16 keeps qkvr as bfloat16. */
+static void chunked_run(dp_device *dev, shape s, const float *qkv_host, const float *dout_host,
+                        size_t chunk, int qkvr16, float **out_host, float **dqkv_host)
+{
+    size_t n_qkv = s.B * s.T * 3 * s.C, n_out = s.B * s.T * s.C;
+    size_t rows = chunk < s.T ? chunk : s.T, n_att = s.B * s.NH * rows * s.T;
+    float *qkv = dp_test_upload(dev, qkv_host, n_qkv), *out = dev_nan(dev, n_out),
+          *qkvr = dev_nan(dev, n_qkv), *qkvr_f32 = qkvr16 ? dev_nan(dev, n_qkv) : NULL,
+          *att = dev_nan(dev, n_att), *datt = dev_nan(dev, n_att),
+          *scratch = dev_nan(dev, n_out), *dout = dp_test_upload(dev, dout_host, n_out),
+          *dqkv = dev_nan(dev, n_qkv), *dqkvr = dev_nan(dev, n_qkv);
+    dp_dtype t = qkvr16 ? DP_DTYPE_BF16 : DP_DTYPE_F32;
+    dp_assert_ok(dp_attention_forward_chunked(dev, out, qkvr, t, qkvr_f32, att, scratch, qkv,
+                                              s.B, s.T, s.C, s.NH, chunk));
+    /* The backward needs only qkvr and dout: clobber the forward's scratch. */
+    dp_assert_ok(dp_memset(dev, att, 0xFF, n_att * sizeof(float)));
+    dp_assert_ok(dp_memset(dev, scratch, 0xFF, n_out * sizeof(float)));
+    dp_assert_ok(dp_attention_backward_chunked(dev, dqkv, dqkvr, att, datt, scratch, dout, qkvr,
+                                               t, s.B, s.T, s.C, s.NH, chunk));
+    *out_host = malloc(n_out * sizeof(float));
+    *dqkv_host = malloc(n_qkv * sizeof(float));
+    cr_assert(*out_host && *dqkv_host);
+    download(dev, *out_host, out, n_out);
+    download(dev, *dqkv_host, dqkv, n_qkv);
+    float *bufs[] = {qkv, out, qkvr, qkvr_f32, att, datt, scratch, dout, dqkv, dqkvr};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]) dp_device_free(dev, bufs[i]);
+}
+
+/* Chunks of 1 row, of rows that do not divide T, of T-1, T and past T. */
+static const size_t chunk_sizes[] = {1, 2, 3, 5, 7, 8, 64, SIZE_MAX};
+
+/* The forward against the float64 reference and the backward against
+ * float64 central differences, for every chunk size: the same bounds as
+ * the whole-matrix tests (their comments give the derivation; chunking
+ * changes only the order of the key sums). A chunk reading another
+ * chunk's keys, a causal offset off by one or a dk/dv contribution lost
+ * between chunks is off by > 1e-2. */
+Test(attention, chunked_matches_float64_and_finite_differences, .timeout = 120)
+{
+    dp_device *dev = dp_test_cpu(0);
+    const shape shapes[] = {{1, 1, 4, 1}, {2, 5, 12, 3}, {1, 6, 8, 1}, {2, 8, 16, 2}};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        shape s = shapes[si];
+        size_t n_qkv = s.B * s.T * 3 * s.C, n_out = s.B * s.T * s.C;
+        dp_rng rng;
+        dp_rng_seed(&rng, 3000 + si);
+        float *qkv = host_normal(&rng, n_qkv, 1.5f), *w = host_normal(&rng, n_out, 1.0f);
+        double *x = to_double(qkv, n_qkv), *wd = to_double(w, n_out);
+        double *ref = malloc(n_out * sizeof *ref), *tmp = malloc(n_out * sizeof *tmp),
+               *fd = malloc(n_qkv * sizeof *fd);
+        ref_forward(ref, NULL, x, s);
+        const double h = 1e-4;
+        for (size_t i = 0; i < n_qkv; i++) {
+            double x0 = x[i];
+            x[i] = x0 + h;
+            double lp = ref_loss(x, wd, tmp, s);
+            x[i] = x0 - h;
+            double lm = ref_loss(x, wd, tmp, s);
+            x[i] = x0;
+            fd[i] = (lp - lm) / (2.0 * h);
+        }
+        for (size_t ci = 0; ci < sizeof chunk_sizes / sizeof chunk_sizes[0]; ci++) {
+            float *out, *dqkv;
+            chunked_run(dev, s, qkv, w, chunk_sizes[ci], 0, &out, &dqkv);
+            cr_log_info("B=%zu T=%zu C=%zu NH=%zu chunk %zu", s.B, s.T, s.C, s.NH,
+                        chunk_sizes[ci]);
+            double *out_d = to_double(out, n_out), *dqkv_d = to_double(dqkv, n_qkv);
+            dp_assert_allclose(out_d, ref, n_out, 3e-5, 1e-5);
+            dp_assert_allclose(dqkv_d, fd, n_qkv, 4e-6, 1e-5);
+            free(out);
+            free(dqkv);
+            free(out_d);
+            free(dqkv_d);
+        }
+        free(qkv);
+        free(w);
+        free(x);
+        free(wd);
+        free(ref);
+        free(tmp);
+        free(fd);
+    }
+    close_checked(dev);
+}
+
+/* Against the whole-matrix calls on the same device: chunk >= T is those
+ * very calls (bit for bit); smaller chunks split the key sums of the
+ * y, dv, dq and dk products, so they differ by float32 rounding only
+ * (measured max |diff| ~1e-7 on values of order 1; atol 2e-6). Both with
+ * float32 and with bfloat16 qkvr, in FP32 and BF16 matmul precision. */
+Test(attention, chunked_tracks_the_whole_matrix, .timeout = 60)
+{
+    dp_device *dev = dp_test_cpu(0);
+    shape s = {2, 33, 48, 3};
+    size_t n_qkv = s.B * s.T * 3 * s.C, n_out = s.B * s.T * s.C;
+    dp_rng rng;
+    dp_rng_seed(&rng, 4242);
+    float *qkv = host_normal(&rng, n_qkv, 1.5f), *w = host_normal(&rng, n_out, 1.0f);
+    for (int prec = 0; prec < 2; prec++) {
+        dp_assert_ok(dp_device_set_matmul_precision(dev, prec ? DP_MATMUL_BF16 : DP_MATMUL_FP32));
+        for (int q16 = 0; q16 < 2; q16++) {
+            /* The whole-matrix reference. */
+            layer L;
+            layer_init(&L, dev, s, qkv);
+            float *qkvr_f32 = dev_nan(dev, n_qkv);
+            if (q16)
+                dp_assert_ok(dp_attention_forward_bf16_qkv(dev, L.out, (dp_bf16 *)L.qkvr,
+                                                           qkvr_f32, L.att, L.scratch, L.qkv,
+                                                           s.B, s.T, s.C, s.NH));
+            else
+                layer_forward(&L);
+            dp_assert_ok(dp_copy_h2d(dev, L.dout, w, n_out * sizeof(float)));
+            if (q16)
+                dp_assert_ok(dp_attention_backward_bf16_qkv(
+                    dev, L.dqkv, L.dqkvr, L.datt, L.dscratch, L.dout, (const dp_bf16 *)L.qkvr,
+                    L.att, s.B, s.T, s.C, s.NH));
+            else
+                dp_assert_ok(dp_attention_backward(dev, L.dqkv, L.dqkvr, L.datt, L.dscratch,
+                                                   L.dout, L.qkvr, L.att, s.B, s.T, s.C, s.NH));
+            float *out0 = malloc(n_out * sizeof *out0), *dqkv0 = malloc(n_qkv * sizeof *dqkv0);
+            download(dev, out0, L.out, n_out);
+            download(dev, dqkv0, L.dqkv, n_qkv);
+            const size_t chunks[] = {33, 1000, 1, 4, 16, 32};
+            for (size_t ci = 0; ci < sizeof chunks / sizeof chunks[0]; ci++) {
+                float *out, *dqkv;
+                chunked_run(dev, s, qkv, w, chunks[ci], q16, &out, &dqkv);
+                cr_log_info("precision %d qkvr16 %d chunk %zu", prec, q16, chunks[ci]);
+                if (chunks[ci] >= s.T) {
+                    cr_assert(memcmp(out, out0, n_out * sizeof *out) == 0,
+                              "chunk %zu >= T: out differs from the whole-matrix call",
+                              chunks[ci]);
+                    cr_assert(memcmp(dqkv, dqkv0, n_qkv * sizeof *dqkv) == 0,
+                              "chunk %zu >= T: dqkv differs from the whole-matrix call",
+                              chunks[ci]);
+                } else {
+                    dp_assert_allclose(out, out0, n_out, 2e-6, 1e-5);
+                    dp_assert_allclose(dqkv, dqkv0, n_qkv, 2e-6, 1e-5);
+                }
+                free(out);
+                free(dqkv);
+            }
+            free(out0);
+            free(dqkv0);
+            dp_device_free(dev, qkvr_f32);
+            layer_free(&L);
+        }
+    }
+    free(qkv);
+    free(w);
+    close_checked(dev);
+}
+
+/* Row chunks of the softmax kernels on their own: queries q0..q0+nq-1
+ * over ld = q0 + nq keys equal the same rows of the whole (T,T) matrix
+ * bit for bit (the row functions read only keys 0..t), and the masked
+ * tail is exactly 0. */
+Test(attention, kernel_softmax_chunk_rows_equal_the_whole_rows)
+{
+    dp_device *dev = dp_test_cpu(0);
+    const dp_backend_ops *ops = dev->ops;
+    const size_t BNH = 3, T = 11, q0 = 4, nq = 5, ld = q0 + nq;
+    const float scale = 0.4f;
+    dp_rng rng;
+    dp_rng_seed(&rng, 5150);
+    float *s = host_normal(&rng, BNH * T * T, 2.0f), *g = host_normal(&rng, BNH * T * T, 1.0f);
+    float *sc = malloc(BNH * nq * ld * sizeof *sc), *gc = malloc(BNH * nq * ld * sizeof *gc);
+    for (size_t p = 0; p < BNH; p++)
+        for (size_t r = 0; r < nq; r++)
+            for (size_t j = 0; j < ld; j++) {
+                sc[(p * nq + r) * ld + j] = s[(p * T + q0 + r) * T + j];
+                gc[(p * nq + r) * ld + j] = g[(p * T + q0 + r) * T + j];
+            }
+    float *d_s = dp_test_upload(dev, s, BNH * T * T), *d_g = dp_test_upload(dev, g, BNH * T * T);
+    float *d_sc = dp_test_upload(dev, sc, BNH * nq * ld),
+          *d_gc = dp_test_upload(dev, gc, BNH * nq * ld);
+    dp_assert_ok(ops->softmax_causal_forward(dev, d_s, scale, T, 0, T, BNH * T));
+    dp_assert_ok(ops->softmax_causal_backward(dev, d_g, d_s, scale, T, 0, T, BNH * T));
+    dp_assert_ok(ops->softmax_causal_forward(dev, d_sc, scale, ld, q0, nq, BNH * nq));
+    dp_assert_ok(ops->softmax_causal_backward(dev, d_gc, d_sc, scale, ld, q0, nq, BNH * nq));
+    download(dev, s, d_s, BNH * T * T);
+    download(dev, g, d_g, BNH * T * T);
+    download(dev, sc, d_sc, BNH * nq * ld);
+    download(dev, gc, d_gc, BNH * nq * ld);
+    for (size_t p = 0; p < BNH; p++)
+        for (size_t r = 0; r < nq; r++)
+            for (size_t j = 0; j < ld; j++) {
+                size_t a = (p * nq + r) * ld + j, b = (p * T + q0 + r) * T + j;
+                cr_assert(memcmp(&sc[a], &s[b], sizeof(float)) == 0 &&
+                              memcmp(&gc[a], &g[b], sizeof(float)) == 0,
+                          "pair %zu query %zu key %zu: chunk row %g/%g, whole row %g/%g", p,
+                          q0 + r, j, sc[a], gc[a], s[b], g[b]);
+                if (j > q0 + r) cr_assert(sc[a] == 0.0f && gc[a] == 0.0f);
+            }
+    float *bufs[] = {d_s, d_g, d_sc, d_gc};
+    for (size_t i = 0; i < 4; i++) dp_device_free(dev, bufs[i]);
+    free(s);
+    free(g);
+    free(sc);
+    free(gc);
+    close_checked(dev);
+}
+
+Test(attention, chunked_bad_arguments)
+{
+    dp_device *dev = dp_test_cpu(0);
+    shape s = {2, 5, 12, 3};
+    dp_rng rng;
+    dp_rng_seed(&rng, 19);
+    float *qkv = host_normal(&rng, s.B * s.T * 3 * s.C, 1.0f);
+    layer L;
+    layer_init(&L, dev, s, qkv);
+    const size_t B = s.B, T = s.T, C = s.C, NH = s.NH;
+    expect_invalid(dp_attention_forward_chunked(dev, L.out, L.qkvr, DP_DTYPE_F32, NULL, L.att,
+                                                L.scratch, L.qkv, B, T, C, NH, 0),
+                   "chunk must be >= 1");
+    expect_invalid(dp_attention_backward_chunked(dev, L.dqkv, L.dqkvr, L.att, L.datt,
+                                                 L.dscratch, L.dout, L.qkvr, DP_DTYPE_F32, B, T,
+                                                 C, NH, 0),
+                   "chunk must be >= 1");
+    expect_invalid(dp_attention_forward_chunked(dev, L.out, L.qkvr, DP_DTYPE_F16, NULL, L.att,
+                                                L.scratch, L.qkv, B, T, C, NH, 2),
+                   "neither DP_DTYPE_F32 nor DP_DTYPE_BF16");
+    expect_invalid(dp_attention_backward_chunked(dev, L.dqkv, L.dqkvr, L.att, L.datt,
+                                                 L.dscratch, L.dout, L.qkvr, (dp_dtype)99, B,
+                                                 T, C, NH, 2),
+                   "neither");
+    /* bfloat16 qkvr needs the permute's float32 scratch. */
+    expect_invalid(dp_attention_forward_chunked(dev, L.out, L.qkvr, DP_DTYPE_BF16, NULL, L.att,
+                                                L.scratch, L.qkv, B, T, C, NH, 2),
+                   "qkvr_f32");
+    expect_invalid(dp_attention_forward_chunked(NULL, L.out, L.qkvr, DP_DTYPE_F32, NULL, L.att,
+                                                L.scratch, L.qkv, B, T, C, NH, 2),
+                   "dev");
+    /* att and datt must be separate chunk scratches. */
+    expect_invalid(dp_attention_backward_chunked(dev, L.dqkv, L.dqkvr, L.att, L.att, L.dscratch,
+                                                 L.dout, L.qkvr, DP_DTYPE_F32, B, T, C, NH, 2),
+                   "same buffer");
+    expect_invalid(dp_attention_forward_chunked(dev, L.out, L.qkvr, DP_DTYPE_F32, NULL, L.att,
+                                                L.scratch, L.qkv, SIZE_MAX / 2, T, C, NH, 2),
+                   "overflow");
+    float *out = malloc(L.n_out * sizeof *out);
+    download(dev, out, L.out, L.n_out);
+    for (size_t i = 0; i < L.n_out; i++) cr_assert(isnan(out[i]), "out[%zu] was written", i);
     free(out);
     free(qkv);
     layer_free(&L);

@@ -914,15 +914,17 @@ Test(cuda_ops, attention_permutes_are_bitwise_equal)
  * in order on the CPU: <= T half-ulps apart): rtol 1e-5, atol 1e-7 on
  * probabilities <= 1. Backward from the CPU's att (identical inputs):
  * a dot of <= T terms, FMA contraction only: atol 1e-6, rtol 1e-5.
- * A second shape has more rows (BNH*T = 280000) than one grid covers.
+ * A second shape has more rows (BNH*T = 280000) than one grid covers; a
+ * third is a chunk of query rows (queries q0..q0+nq-1 over ld = q0 + nq
+ * keys, as the chunked attention runs them).
  */
-static void check_softmax(size_t BNH, size_t T, uint64_t seed)
+static void check_softmax(size_t BNH, size_t T, size_t q0, size_t nq, uint64_t seed)
 {
-    size_t rows = BNH * T, n = rows * T; /* att(BNH,T,T) */
+    size_t rows = BNH * nq, n = rows * T; /* att(BNH,nq,T), T = ld */
     float scale = 0.35f;
     float *s = rnd_normal(seed, n, 0.0f, 2.0f), *gin = rnd(seed + 1, n, -1, 1);
     for (size_t r = 0; r < rows; r++)
-        for (size_t j = r % T + 1; j < T; j++) s[r * T + j] = gin[r * T + j] = NAN;
+        for (size_t j = q0 + r % nq + 1; j < T; j++) s[r * T + j] = gin[r * T + j] = NAN;
     FOR_TARGETS(g)
     {
         pair p = pair_open(g);
@@ -930,20 +932,20 @@ static void check_softmax(size_t BNH, size_t T, uint64_t seed)
         for (int b = 0; b < 2; b++) {
             dp_device *d = p.d[b];
             float *ad = dp_test_upload(d, s, n);
-            dp_assert_ok(d->ops->softmax_causal_forward(d, ad, scale, T, rows));
+            dp_assert_ok(d->ops->softmax_causal_forward(d, ad, scale, T, q0, nq, rows));
             att[b] = nn_download(d, ad, n);
             dp_device_free(d, ad);
         }
         for (int b = 0; b < 2; b++) {
             dp_device *d = p.d[b];
             float *ad = dp_test_upload(d, att[0], n), *gd = dp_test_upload(d, gin, n);
-            dp_assert_ok(d->ops->softmax_causal_backward(d, gd, ad, scale, T, rows));
+            dp_assert_ok(d->ops->softmax_causal_backward(d, gd, ad, scale, T, q0, nq, rows));
             ds[b] = nn_download(d, gd, n);
             dp_device_free(d, ad);
             dp_device_free(d, gd);
         }
         for (size_t r = 0; r < rows; r++)
-            for (size_t j = r % T + 1; j < T; j++)
+            for (size_t j = q0 + r % nq + 1; j < T; j++)
                 cr_assert(att[1][r * T + j] == 0.0f && ds[1][r * T + j] == 0.0f,
                           "masked entry (%zu,%zu) not zero", r, j);
         dp_assert_allclose(att[1], att[0], n, 1e-7, 1e-5);
@@ -961,8 +963,9 @@ static void check_softmax(size_t BNH, size_t T, uint64_t seed)
 Test(cuda_ops, softmax_causal_matches_cpu, .timeout = 60)
 {
     REQUIRE_GPU();
-    check_softmax(6, 17, 1);
-    check_softmax(140000, 2, 3);
+    check_softmax(6, 17, 0, 17, 1);
+    check_softmax(140000, 2, 0, 2, 3);
+    check_softmax(6, 17, 9, 8, 5);
 }
 
 /*
@@ -1106,7 +1109,7 @@ Test(cuda_ops, linear_and_attention_layers_match_cpu, .timeout = 60)
     FOR_TARGETS(g)
     {
         pair p = pair_open(g);
-        float *lo[2], *ldx[2], *ldw[2], *ldb[2], *ao[2], *adq[2];
+        float *lo[2], *ldx[2], *ldw[2], *ldb[2], *ao[2], *adq[2], *co[2], *cdq[2];
         for (int b = 0; b < 2; b++) {
             dp_device *d = p.d[b];
             float *xd = dp_test_upload(d, x, N * C), *wd = dp_test_upload(d, w, OC * C),
@@ -1131,6 +1134,13 @@ Test(cuda_ops, linear_and_attention_layers_match_cpu, .timeout = 60)
             dp_assert_ok(dp_attention_backward(d, dq, dqr, datt, scratch, ad, qkvr, att, B, T, AC, NH));
             ao[b] = nn_download(d, out, ny);
             adq[b] = nn_download(d, dq, nq);
+            /* Chunks of 5 queries (5, 5, 2): each recomputed in the backward. */
+            dp_assert_ok(dp_attention_forward_chunked(d, out, qkvr, DP_DTYPE_F32, NULL, att,
+                                                      scratch, qd, B, T, AC, NH, 5));
+            dp_assert_ok(dp_attention_backward_chunked(d, dq, dqr, att, datt, scratch, ad, qkvr,
+                                                       DP_DTYPE_F32, B, T, AC, NH, 5));
+            co[b] = nn_download(d, out, ny);
+            cdq[b] = nn_download(d, dq, nq);
             void *abufs[] = {qd, out, qkvr, att, scratch, ad, dq, dqr, datt};
             for (size_t i = 0; i < 9; i++) dp_device_free(d, abufs[i]);
         }
@@ -1140,7 +1150,12 @@ Test(cuda_ops, linear_and_attention_layers_match_cpu, .timeout = 60)
         assert_same_bits("linear dbias", ldb[1], ldb[0], OC);
         dp_assert_allclose(ao[1], ao[0], B * T * AC, 1e-5, 1e-4);
         dp_assert_allclose(adq[1], adq[0], B * T * 3 * AC, 1e-5, 1e-4);
+        dp_assert_allclose(co[1], co[0], B * T * AC, 1e-5, 1e-4);
+        dp_assert_allclose(cdq[1], cdq[0], B * T * 3 * AC, 1e-5, 1e-4);
+        dp_assert_allclose(co[1], ao[0], B * T * AC, 1e-5, 1e-4);
         for (int b = 0; b < 2; b++) {
+            free(co[b]);
+            free(cdq[b]);
             free(lo[b]);
             free(ldx[b]);
             free(ldw[b]);

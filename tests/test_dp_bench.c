@@ -310,6 +310,31 @@ Test(dp_bench, logits_chunk_reaches_the_balanced_runs)
     dp_test_result_free(&w);
 }
 
+/* Run b (what) against run a (base) in every mode: losses within rtol
+ * relative (0: the same bits) and a smaller peak on every device. */
+static void assert_same_losses_lower_peaks(json_t *a, json_t *b, double rtol, const char *base,
+                                           const char *what)
+{
+    const char *modes[] = {"balanced", "gather"};
+    for (int m = 0; m < 2; m++) {
+        double la = json_real_value(json_object_get(run_result(a, modes[m], 0), "loss"));
+        double lb = json_real_value(json_object_get(run_result(b, modes[m], 0), "loss"));
+        cr_assert(la > 0 && (rtol ? fabs(la - lb) <= rtol * la : la == lb),
+                  "%s: loss %.17g %s, %.17g %s", modes[m], la, base, lb, what);
+        for (size_t i = 0; i < 2; i++) {
+            json_int_t pa = int_at(json_array_get(devices_of(a, modes[m]), i), "peak_bytes");
+            json_int_t pb = int_at(json_array_get(devices_of(b, modes[m]), i), "peak_bytes");
+            cr_assert_lt(pb, pa, "%s cpu:%zu: peak %lld %s, %lld %s", modes[m], i,
+                         (long long)pb, what, (long long)pa, base);
+        }
+    }
+}
+
+static const char *config_string(json_t *j, const char *key)
+{
+    return json_string_value(json_object_get(json_object_get(j, "config"), key));
+}
+
 /* --recompute reaches every run: the same losses, bit for bit, and a
  * smaller peak on every device (no probabilities or GELU output per
  * layer). */
@@ -321,24 +346,33 @@ Test(dp_bench, recompute_reaches_every_run)
     assert_success(&r);
     cr_assert(strstr(r.out, "attention and GELU recomputed"), "%s", r.out);
     json_t *jk = load_json("k.json"), *jr = load_json("r.json");
-    cr_assert_str_eq(json_string_value(json_object_get(json_object_get(jr, "config"), "recompute")),
-                     "all");
-    const char *modes[] = {"balanced", "gather"};
-    for (int m = 0; m < 2; m++) {
-        double lk = json_real_value(json_object_get(run_result(jk, modes[m], 0), "loss"));
-        double lr = json_real_value(json_object_get(run_result(jr, modes[m], 0), "loss"));
-        cr_assert_eq(lk, lr, "%s: loss %.17g kept, %.17g recomputed", modes[m], lk, lr);
-        for (size_t i = 0; i < 2; i++) {
-            json_int_t pk = int_at(json_array_get(devices_of(jk, modes[m]), i), "peak_bytes");
-            json_int_t pr = int_at(json_array_get(devices_of(jr, modes[m]), i), "peak_bytes");
-            cr_assert_lt(pr, pk, "%s cpu:%zu: peak %lld recomputed, %lld kept", modes[m], i,
-                         (long long)pr, (long long)pk);
-        }
-    }
+    cr_assert_str_eq(config_string(jr, "recompute"), "all");
+    assert_same_losses_lower_peaks(jk, jr, 0.0, "kept", "recomputed");
     json_decref(jk);
     json_decref(jr);
     dp_test_result_free(&k);
     dp_test_result_free(&r);
+}
+
+/* --attention chunked reaches every run: with --context 150 (chunks of
+ * 64, 64 and 22 queries) the losses within 1e-5 of the whole-matrix
+ * runs' and a smaller peak on every device. */
+Test(dp_bench, chunked_attention_reaches_every_run)
+{
+    dp_test_result w = BENCH("--layers", "2", "--context", "150", "--json", "@w.json");
+    assert_success(&w);
+    dp_test_result c = BENCH("--layers", "2", "--context", "150", "--attention", "chunked",
+                             "--json", "@c.json");
+    assert_success(&c);
+    cr_assert(strstr(c.out, "attention in chunks of 64 queries"), "%s", c.out);
+    json_t *jw = load_json("w.json"), *jc = load_json("c.json");
+    cr_assert_str_eq(config_string(jc, "attention"), "chunked");
+    cr_assert_str_eq(config_string(jw, "attention"), "whole");
+    assert_same_losses_lower_peaks(jw, jc, 1e-5, "whole", "chunked");
+    json_decref(jw);
+    json_decref(jc);
+    dp_test_result_free(&w);
+    dp_test_result_free(&c);
 }
 
 /* --precision bf16 reaches every run: 2 bytes per parameter of replica
@@ -439,6 +473,7 @@ static bad_case bad_cases[] = {
     {"precision fp16", {"--precision", "fp16"}, "--precision", 0},
     {"precision bf16 with tf32", {"--precision", "bf16", "--tf32"}, "--tf32", 0},
     {"recompute everything", {"--recompute", "everything"}, "--recompute", 0},
+    {"attention flash", {"--attention", "flash"}, "is not whole or chunked", 0},
     {"plot and its scaling plot on json", {"--scaling", "--plot", "@p.png", "--json", "@p-scaling.png"},
      "both write", 0},
 };

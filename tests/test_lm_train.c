@@ -553,6 +553,7 @@ Test(lm_train, recompute_is_bitwise_the_same_run)
         result b = RUN("--steps", "3", "--precision", prec[i], "--recompute", "all", "--save",
                        "@again.st");
         assert_success(&b, "activations recomputed");
+        cr_assert(strstr(b.out, "attention and GELU recomputed"), "%s", b.out);
         assert_same_state("keep.st", "again.st");
         result_free(&a);
         result_free(&b);
@@ -923,6 +924,42 @@ Test(lm_train, logits_chunk_is_reproducible_and_matches_whole_logits)
     result_free(&c);
 }
 
+/* --attention chunked forms the attention 64 queries at a time: with
+ * --context 16 (one chunk) it is the whole-matrix run, bitwise; with
+ * --context 150 (chunks of 64, 64 and 22) the same run to float32
+ * rounding (losses and norms within 1e-5), with a smaller peak on every
+ * device (no (T,T) probabilities per layer). */
+Test(lm_train, chunked_attention_is_the_same_run_to_rounding)
+{
+    result a = RUN("--steps", "3", "--save", "@whole.st");
+    assert_success(&a, "whole attention");
+    result b = RUN("--steps", "3", "--attention", "chunked", "--save", "@chunked.st");
+    assert_success(&b, "chunked attention, one chunk");
+    assert_same_state("whole.st", "chunked.st");
+    result c = RUN("--steps", "3", "--context", "150", "--log", "@w.jsonl");
+    assert_success(&c, "whole attention, context 150");
+    result d = RUN("--steps", "3", "--context", "150", "--attention", "chunked", "--log",
+                   "@c.jsonl");
+    assert_success(&d, "chunked attention, context 150");
+    cr_assert(strstr(d.out, "attention in chunks of 64 queries"), "%s", d.out);
+    log_row rw[4], rc[4];
+    cr_assert_eq(read_log_rows("w.jsonl", rw, 4), 3);
+    cr_assert_eq(read_log_rows("c.jsonl", rc, 4), 3);
+    for (size_t i = 0; i < 3; i++) {
+        cr_assert(close_rel(rc[i].loss, rw[i].loss) && close_rel(rc[i].grad_norm, rw[i].grad_norm),
+                  "step %zu: chunked loss %.9g norm %.9g, whole loss %.9g norm %.9g", i + 1,
+                  rc[i].loss, rc[i].grad_norm, rw[i].loss, rw[i].grad_norm);
+        for (size_t dv = 0; dv < 2; dv++)
+            cr_assert_lt(rc[i].peak[dv], rw[i].peak[dv], "step %zu cpu:%zu: peak %lld chunked, "
+                         "%lld whole", i + 1, dv, (long long)rc[i].peak[dv],
+                         (long long)rw[i].peak[dv]);
+    }
+    result_free(&a);
+    result_free(&b);
+    result_free(&c);
+    result_free(&d);
+}
+
 // --- bad command lines ----------------------------------------------------------------
 
 typedef struct bad_case {
@@ -988,6 +1025,7 @@ static bad_case bad_cases[] = {
     {"val-tokens abc", {"--val-tokens", "abc"}, "--val-tokens: \"abc\"", "", 0, 0, 0},
     {"recompute everything", {"--recompute", "everything"},
      "is not none, attention, gelu or all", "", 0, 0, 0},
+    {"attention flash", {"--attention", "flash"}, "is not whole or chunked", "", 0, 0, 0},
     {"val-tokens past long", {"--val-tokens", "99999999999999999999999"}, "--val-tokens: ", "",
      0, 0, 0},
     {"val-tokens below the checkpoint's window", {"--resume", "@good.st", "--eval-only",

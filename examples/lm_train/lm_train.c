@@ -88,6 +88,7 @@ typedef struct opts {
     int eval_only, tf32, token_balanced, shard_optimizer;
     int bf16; /* --precision bf16 */
     int recompute; /* --recompute: CLI_RECOMPUTE_* bits */
+    int chunked_att; /* --attention chunked */
     int given; /* which options were on the command line (G_* bits) */
 } opts;
 
@@ -175,6 +176,10 @@ static void usage(FILE *f)
             "                         keeping: the attention probabilities (one more GEMM and\n"
             "                         softmax per layer), the GELU output (one more GELU), or\n"
             "                         both; same results, bitwise, less memory (default none)\n"
+            "  --attention whole|chunked  chunked: form the attention %d queries at a time and\n"
+            "                         recompute it in the backward, so no (T,T) probabilities\n"
+            "                         exist; skips the masked blocks; same results to float32\n"
+            "                         rounding (default whole)\n"
             "  --shard-optimizer      shard the AdamW state over the devices (ZeRO-1: each device\n"
             "                         keeps and updates its slice's moments; same results, bitwise)\n"
             "model\n"
@@ -247,7 +252,7 @@ static void usage(FILE *f)
             "signalled, sends SIGTERM to the ranks and SIGKILL 1 s later (more: --mca\n"
             "odls_base_sigkill_timeout SECONDS), so signal the ranks when a save takes longer.\n",
             LM_DEFAULT_CORPUS, d.tokenizer, d.vocab_size, DP_GPT2_VOCAB_SIZE, TOKEN_VOCAB_MAX,
-            d.devices, d.mode, d.layers, d.heads,
+            d.devices, d.mode, DP_GPT_ATTENTION_CHUNK, d.layers, d.heads,
             d.dim, d.context, d.batch_size, d.grad_accum, d.steps, d.lr, d.min_lr, d.warmup,
             d.weight_decay, d.beta1, d.beta2, d.grad_clip, d.seed, d.max_skips, d.eval_interval,
             d.eval_iters, SAMPLE_MAX, d.sample, d.temperature, d.top_k);
@@ -301,7 +306,7 @@ static int parse_args(int argc, char **argv, opts *o)
         O_ACCUM, O_MAXTOK, O_STEPS, O_LR, O_MINLR, O_WARMUP, O_DECAY, O_WD, O_B1, O_B2, O_CLIP,
         O_EVI, O_EVN, O_SEED, O_SAVE, O_SAVEI, O_RESUME, O_EVONLY, O_SAMPLE, O_TEMP, O_TOPK,
         O_PROMPT, O_LOG, O_MEM, O_SKIPS, O_WATCHDOG, O_CHECK, O_TF32, O_WEIGHTS, O_TOKBAL, O_TRACE,
-        O_SHARD, O_CHUNK, O_PREC, O_TOKFILE, O_PROMPTIDS, O_VALTOK, O_RECOMP, O_HELP
+        O_SHARD, O_CHUNK, O_PREC, O_TOKFILE, O_PROMPTIDS, O_VALTOK, O_RECOMP, O_ATTN, O_HELP
     };
     static const struct option lo[] = {
         {"data", 1, 0, O_DATA},          {"tokenizer", 1, 0, O_TOK},
@@ -328,6 +333,7 @@ static int parse_args(int argc, char **argv, opts *o)
         {"logits-chunk", 1, 0, O_CHUNK}, {"precision", 1, 0, O_PREC},
         {"tokenizer-file", 1, 0, O_TOKFILE}, {"prompt-ids", 1, 0, O_PROMPTIDS},
         {"val-tokens", 1, 0, O_VALTOK},  {"recompute", 1, 0, O_RECOMP},
+        {"attention", 1, 0, O_ATTN},
         {"help", 0, 0, O_HELP},
         {0, 0, 0, 0}};
     opterr = 0;
@@ -386,6 +392,7 @@ static int parse_args(int argc, char **argv, opts *o)
         case O_CHUNK: bad = cli_parse_logits_chunk(v, &o->logits_chunk); break;
         case O_PREC: bad = cli_parse_precision(v, &o->bf16); o->given |= G_PREC; break;
         case O_RECOMP: bad = cli_parse_recompute(v, &o->recompute); break;
+        case O_ATTN: bad = cli_parse_attention(v, &o->chunked_att); break;
         case O_HELP: usage(stdout); return -1;
         case ':': return cli_fail("%s needs a value (see --help)", argv[optind - 1]);
         default:
@@ -1425,9 +1432,12 @@ static int outputs(run *r, size_t k, const dp_engine_config *ec)
     size_t T = (size_t)o->context, K = dp_engine_num_global_devices(r->engine);
     printf("model: GPT %ld layers, %ld heads, dim %ld, context %ld: %.2fM parameters\n", o->layers,
            o->heads, o->dim, o->context, (double)r->n_params / 1e6);
-    printf("engine: %s mode%s%s on %zu device%s (", dp_mode_name(ec->mode),
+    printf("engine: %s mode%s%s", dp_mode_name(ec->mode),
            ec->shard_optimizer ? ", sharded optimizer" : "",
-           o->bf16 ? ", bf16 (float32 masters)" : "", K, K == 1 ? "" : "s");
+           o->bf16 ? ", bf16 (float32 masters)" : "");
+    if (o->recompute) printf(", %s recomputed", cli_recompute_words(o->recompute));
+    if (o->chunked_att) printf(", attention in chunks of %d queries", DP_GPT_ATTENTION_CHUNK);
+    printf(" on %zu device%s (", K, K == 1 ? "" : "s");
     if (r->rk.ranks > 1) printf("%d ranks; rank 0's: ", r->rk.ranks);
     for (size_t i = 0; i < k; i++)
         printf("%s%s", i ? "," : "", dp_device_name(dp_engine_device(r->engine, i)));
@@ -1470,7 +1480,7 @@ static int setup(run *r)
     dp_criterion ce = dp_criterion_cross_entropy();
     /* bf16: bf16 replicas, and the activations off the residual stream
      * kept as bfloat16 (dp/gpt.h). */
-    const dp_model *model = dp_gpt_model_ex(r->gpt, cli_gpt_flags(r->o.bf16, r->o.recompute));
+    const dp_model *model = dp_gpt_model_ex(r->gpt, cli_gpt_flags(r->o.bf16, r->o.recompute, r->o.chunked_att));
     dp_status s = dp_engine_create(specs, k, model, &ce, &ec, &r->engine);
     if (s != DP_OK) return engine_fail(r, s, "engine");
     if (r->ck) {

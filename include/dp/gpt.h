@@ -91,6 +91,18 @@ DP_API const dp_model *dp_gpt_model_bf16_act(const dp_gpt *gpt);
  * bf16 activations) per token and embedding dimension per layer smaller,
  * for one such (B,T,4C) scratch shared by the layers. */
 #define DP_GPT_RECOMPUTE_GELU 0x8u
+/* Form the attention for DP_GPT_ATTENTION_CHUNK queries at a time
+ * (dp_attention_forward_chunked): no (T,T) probabilities exist at all,
+ * the backward recomputes each chunk's (so the flag implies
+ * DP_GPT_RECOMPUTE_ATTENTION), and the masked key blocks after each chunk
+ * are skipped, about half the score FLOPs. The attention scratch is two
+ * (B,NH,min(chunk,T),T) float buffers shared by the layers instead of
+ * two (B,NH,T,T). The products over keys are split at chunk boundaries,
+ * so training tracks the whole-matrix variant to float32 rounding rather
+ * than bit for bit. */
+#define DP_GPT_CHUNKED_ATTENTION 0x10u
+/* Queries per chunk of DP_GPT_CHUNKED_ATTENTION. */
+#define DP_GPT_ATTENTION_CHUNK 64
 
 /* The GPT's model for the given flags (0: dp_gpt_model); NULL when gpt is
  * NULL or flags holds another bit. Every variant has the same tensors,

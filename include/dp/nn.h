@@ -170,6 +170,36 @@ DP_API dp_status dp_attention_probs(dp_device *dev, float *att, const float *qkv
 DP_API dp_status dp_attention_probs_bf16_qkv(dp_device *dev, float *att, const dp_bf16 *qkvr,
                                              size_t B, size_t T, size_t C, size_t NH);
 
+/* The same attention formed for at most `chunk` queries at a time (Rabe &
+ * Staats 2021, "Self-attention does not need O(n^2) memory"; the query
+ * blocks of FlashAttention without its online softmax): the probabilities
+ * of queries q0..q0+n-1 over keys 0..q0+n-1 (later keys are masked, so
+ * neither computed nor stored), then their share of the output. Nothing
+ * (T,T) is formed or kept: the backward recomputes each chunk's
+ * probabilities from qkvr with the forward's calls. Each softmax row is
+ * exact (no running rescale); the products over keys are split at chunk
+ * boundaries, so results match dp_attention_forward/backward to float32
+ * rounding, not bit for bit (with chunk >= T they are its calls exactly).
+ * About half the score FLOPs are skipped (the masked blocks).
+ *   qkvr(3,B,NH,T,hs) of qkvr_dtype (DP_DTYPE_F32, or DP_DTYPE_BF16 as the
+ *     _bf16_qkv variants: then qkvr_f32, 3,B,NH,T,hs floats, is the
+ *     permute's scratch; NULL for float32), written by the forward and
+ *     the only thing the backward needs besides dout;
+ *   att, datt (B,NH,min(chunk,T),T) floats: scratch, clobbered;
+ *   scratch (B,T,C): clobbered.
+ * chunk >= 1 (queries per chunk; the last chunk may be shorter). Errors as
+ * dp_attention_forward; DP_ERR_INVALID_ARGUMENT for chunk 0 or another
+ * qkvr_dtype. dqkv(B,T,3C) is overwritten; dqkvr(3,B,NH,T,hs) is scratch. */
+DP_API dp_status dp_attention_forward_chunked(dp_device *dev, float *out, void *qkvr,
+                                              dp_dtype qkvr_dtype, float *qkvr_f32, float *att,
+                                              float *scratch, const float *qkv, size_t B,
+                                              size_t T, size_t C, size_t NH, size_t chunk);
+DP_API dp_status dp_attention_backward_chunked(dp_device *dev, float *dqkv, float *dqkvr,
+                                               float *att, float *datt, float *scratch,
+                                               const float *dout, const void *qkvr,
+                                               dp_dtype qkvr_dtype, size_t B, size_t T,
+                                               size_t C, size_t NH, size_t chunk);
+
 /* ---- fused softmax cross-entropy ------------------------------------------
  * For each row i of logits(N,V) with targets[i] in [0,V):
  *   loss_i = logsumexp(logits[i,:]) - logits[i,targets[i]]

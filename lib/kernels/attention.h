@@ -5,6 +5,7 @@
  *   permute     qkv(B,T,3C)    <-> qkvr(3,B,NH,T,hs)  (q, k, v split per head)
  *   unpermute   y(B,NH,T,hs)   <-> out(B,T,C)         (heads concatenated)
  *   softmax     one row t of a (T,T) score matrix, over keys 0..t only
+ *               (or of a chunk of query rows, see the item functions)
  *
  * with C = NH * hs. Every element function writes element i of its own
  * output and reads the matching element of its input (a gather), so one
@@ -187,17 +188,22 @@ static inline DP_HD void dp_softmax_causal_backward_row(float *drow, const float
     for (size_t j = t + 1; j < T; j++) drow[j] = 0.0f;
 }
 
-/* Row r of att(BNH,T,T) viewed as (BNH*T, T) rows: query t = r % T. */
-static inline DP_HD void dp_softmax_causal_forward_item(float *att, float scale, size_t T,
-                                                        size_t r)
+/* Row r of a stack of score blocks, each nq rows of ld keys: row r is at
+ * att + r * ld and holds query t = q0 + r % nq (keys 0..ld-1; the caller
+ * ensures q0 + nq <= ld). The whole (BNH,T,T) matrix is q0 = 0, nq = ld
+ * = T; a chunk of queries q0..q0+nq-1 needs only keys 0..q0+nq-1, so
+ * ld = q0 + nq (query-chunked attention, nn/attention.c). */
+static inline DP_HD void dp_softmax_causal_forward_item(float *att, float scale, size_t ld,
+                                                        size_t q0, size_t nq, size_t r)
 {
-    dp_softmax_causal_forward_row(att + r * T, scale, r % T, T);
+    dp_softmax_causal_forward_row(att + r * ld, scale, q0 + r % nq, ld);
 }
 
 static inline DP_HD void dp_softmax_causal_backward_item(float *datt, const float *att,
-                                                         float scale, size_t T, size_t r)
+                                                         float scale, size_t ld, size_t q0,
+                                                         size_t nq, size_t r)
 {
-    dp_softmax_causal_backward_row(datt + r * T, att + r * T, scale, r % T, T);
+    dp_softmax_causal_backward_row(datt + r * ld, att + r * ld, scale, q0 + r % nq, ld);
 }
 
 #endif /* DP_KERNELS_ATTENTION_H */

@@ -90,13 +90,14 @@
       (float *dinp, const float *dout, const float *inp, dp_pref weight,                   \
        const float *mean, const float *rstd, size_t C),                                    \
       (dinp, dout, inp, weight, mean, rstd, C))                                            \
-    /* att(BNH,T,T) in place, row r is query r % T: softmax(scale * att[r, 0..t]), zeros   \
-     * after t; n = BNH*T */                                                               \
-    X(softmax_causal_forward, ROW_BLOCK, dp_softmax_causal_forward_item,                         \
-      (float *att, float scale, size_t T), (att, scale, T))                                \
-    /* datt(BNH,T,T) in place: d(att) -> d(pre-softmax scores), scale included */          \
+    /* att(rows,ld) in place, row r is query t = q0 + r % nq: softmax(scale * att[r, 0..t]), \
+     * zeros after t (kernels/attention.h); n = rows */                                   \
+    X(softmax_causal_forward, ROW_BLOCK, dp_softmax_causal_forward_item,                   \
+      (float *att, float scale, size_t ld, size_t q0, size_t nq), (att, scale, ld, q0, nq)) \
+    /* datt(rows,ld) in place: d(att) -> d(pre-softmax scores), scale included */          \
     X(softmax_causal_backward, ROW, dp_softmax_causal_backward_item,                       \
-      (float *datt, const float *att, float scale, size_t T), (datt, att, scale, T))       \
+      (float *datt, const float *att, float scale, size_t ld, size_t q0, size_t nq),       \
+      (datt, att, scale, ld, q0, nq))                                                      \
     /* losses(N) per row (0 for ignored), dlogits(N,V) as dp_crossentropy_forward_backward \
      * (may be NULL or alias logits); n = N */                                             \
     X(crossentropy, ROW_BLOCK, dp_crossentropy_item,                                             \

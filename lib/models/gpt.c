@@ -66,17 +66,20 @@ typedef struct gpt_variant {
     int bf16;  /* bfloat16 replicas */
     int act16; /* the activations off the residual stream kept as bfloat16 */
     int recompute_att, recompute_gelu; /* recomputed in the backward, not kept */
+    /* attention formed DP_GPT_ATTENTION_CHUNK queries at a time (implies
+     * recompute_att) */
+    int chunked_att;
 } gpt_variant;
 
-/* (float32, bf16, bf16 + activations) x (probabilities kept, recomputed)
- * x (GELU output kept, recomputed) */
-#define GPT_VARIANTS 12
+/* (float32, bf16, bf16 + activations) x (GELU output kept, recomputed) x
+ * (probabilities kept, recomputed, chunked) */
+#define GPT_VARIANTS 18
 
 /* The variant's index in dp_gpt's arrays: kind 0 float32, 1 bf16, 2 bf16
- * with bf16 activations. */
-static size_t variant_index(int kind, int recompute_gelu, int recompute_att)
+ * with bf16 activations; att 0 kept, 1 recomputed, 2 chunked. */
+static size_t variant_index(int kind, int recompute_gelu, int att)
 {
-    return (size_t)(4 * kind + 2 * recompute_gelu + recompute_att);
+    return (size_t)(6 * kind + 3 * recompute_gelu + att);
 }
 
 struct dp_gpt {
@@ -237,7 +240,10 @@ static xin gemm_in(const layer_acts *a, const float *p)
  *                     (B,T,C), datt (B,NH,T,T), and with recompute_att
  *                     att (B,NH,T,T), the recomputed probabilities; the
  *                     MLP half has the recomputed GELU output (B,T,4C)
- *                     after dfch with recompute_gelu
+ *                     after dfch with recompute_gelu. With chunked_att
+ *                     att and datt are (B,NH,rows,T), rows =
+ *                     min(DP_GPT_ATTENTION_CHUNK, T): one chunk of
+ *                     queries, in the forward too.
  */
 typedef struct carve {
     size_t floats; /* total, in floats */
@@ -251,6 +257,7 @@ typedef struct carve {
     int act16;          /* the blocks' activations off the residual stream are bfloat16 */
     int recompute_att;  /* no att per block: big_att holds the recomputed probabilities */
     int recompute_gelu; /* no fch_gelu per block: big_gelu holds it, recomputed */
+    int chunked_att;    /* big_att and big_datt hold one chunk of queries */
 } carve;
 
 /* Places a buffer of n floats at *at (aligned) and advances *at. */
@@ -266,22 +273,26 @@ static size_t place(size_t *at, size_t n, int *of)
 /* Fills c for (B,T); returns 0 on size_t overflow (of bytes, too). With
  * keep_lnf 0 the final LayerNorm's output lives outside the workspace (the
  * engine's features buffer, for the dp_model with a head). */
-static int make_carve(const dp_gpt_config *cfg, size_t B, size_t T, int keep_lnf, int act16,
-                      int recompute_att, int recompute_gelu, carve *c)
+static int make_carve(const gpt_variant *v, size_t B, size_t T, int keep_lnf, carve *c)
 {
     int of = 0;
+    const dp_gpt_config *cfg = &v->g->cfg;
+    int act16 = v->act16, recompute_att = v->recompute_att || v->chunked_att;
     size_t C = cfg->n_embd, NH = cfg->n_head, L = cfg->n_layer;
-    size_t BT = 0, BTC = 0, BNH = 0, BNHT = 0, BNHTT = 0;
+    size_t rows = v->chunked_att && DP_GPT_ATTENTION_CHUNK < T ? DP_GPT_ATTENTION_CHUNK : T;
+    size_t BT = 0, BTC = 0, BNH = 0, BNHT = 0, BNHTT = 0, scores = 0;
     mad(&BT, B, T, &of);
     mad(&BTC, BT, C, &of);
     mad(&BNH, B, NH, &of);
     mad(&BNHT, BNH, T, &of);
     mad(&BNHTT, BNHT, T, &of);
+    mad(&scores, BNHT, rows, &of); /* the probabilities the backward holds at once */
     if (of) return 0;
     memset(c, 0, sizeof *c);
     c->act16 = act16;
     c->recompute_att = recompute_att;
-    c->recompute_gelu = recompute_gelu;
+    c->recompute_gelu = v->recompute_gelu;
+    c->chunked_att = v->chunked_att;
 
     /* One block, relative to its start. */
     size_t at = 0;
@@ -302,7 +313,7 @@ static int make_carve(const dp_gpt_config *cfg, size_t B, size_t T, int keep_lnf
     c->l_ln2_mean = place(&at, BT, &of);
     c->l_ln2_rstd = place(&at, BT, &of);
     c->l_fch = place(&at, in4, &of);
-    c->l_fch_gelu = recompute_gelu ? 0 : place(&at, in4, &of);
+    c->l_fch_gelu = c->recompute_gelu ? 0 : place(&at, in4, &of);
     c->l_res3 = place(&at, BTC, &of);
     c->layer_stride = at;
 
@@ -321,11 +332,11 @@ static int make_carve(const dp_gpt_config *cfg, size_t B, size_t T, int keep_lnf
     place(&bat, x3, &of); /* dqkv at 0 */
     c->big_dqkvr = place(&bat, x3, &of);
     c->big_scratch = place(&bat, BTC, &of);
-    c->big_datt = place(&bat, BNHTT, &of);
-    if (recompute_att) c->big_att = place(&bat, BNHTT, &of); /* the probabilities, again */
+    c->big_datt = place(&bat, scores, &of);
+    if (recompute_att) c->big_att = place(&bat, scores, &of); /* the probabilities, again */
     size_t mat = 0;
     place(&mat, x4, &of); /* dfch at 0 */
-    if (recompute_gelu) c->big_gelu = place(&mat, in4, &of); /* the GELU output, again */
+    if (c->recompute_gelu) c->big_gelu = place(&mat, in4, &of); /* the GELU output, again */
     size_t big = bat > mat ? bat : mat;
     c->big = place(&at, big, &of);
     c->floats = at;
@@ -359,7 +370,7 @@ size_t dp_gpt_workspace_bytes(const dp_gpt *gpt, size_t B, size_t T)
     carve c;
     if (!gpt || !B || !T) return 0;
     /* SIZE_MAX makes the allocation fail with a message instead of wrapping. */
-    if (!make_carve(&gpt->cfg, B, T, 1, 0, 0, 0, &c)) return SIZE_MAX;
+    if (!make_carve(&gpt->variants[0], B, T, 1, &c)) return SIZE_MAX;
     return c.floats * sizeof(float);
 }
 
@@ -381,7 +392,7 @@ static dp_status check_call(const char *fn, const dp_gpt *gpt, dp_device *dev, s
     mad(&bt, B, T, &of);
     mad(&btv, bt, g->vocab_size, &of);
     if (of || btv > SIZE_MAX / sizeof(float) ||
-        !make_carve(g, B, T, keep_lnf, v->act16, v->recompute_att, v->recompute_gelu, c))
+        !make_carve(v, B, T, keep_lnf, c))
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
                        "%s on %s: B=%zu sequences of T=%zu tokens overflow the activation sizes; "
                        "use smaller micro-batches",
@@ -451,7 +462,12 @@ static dp_status body_forward(const dp_gpt *gpt, dp_device *dev, wview params,
         /* residual2 is free until the projection below: it is the scratch. */
         float *atty = c.act16 ? qkv + c.big_scratch : a.atty;
         float *att = c.recompute_att ? qkv + c.big_att : a.att; /* recomputed: not kept */
-        if (c.act16) /* q, k, v kept as bfloat16 */
+        if (c.chunked_att) /* q, k, v kept (as bfloat16 with act16), nothing (T,T) */
+            DP_TRY(dp_attention_forward_chunked(
+                dev, atty, a.qkvr, c.act16 ? DP_DTYPE_BF16 : DP_DTYPE_F32,
+                c.act16 ? qkv + c.big_dqkvr : NULL, att, a.residual2, qkv, B, T, C, NH,
+                DP_GPT_ATTENTION_CHUNK));
+        else if (c.act16) /* q, k, v kept as bfloat16 */
             DP_TRY(dp_attention_forward_bf16_qkv(dev, atty, (dp_bf16 *)a.qkvr, qkv + c.big_dqkvr,
                                                  att, a.residual2, qkv, B, T, C, NH));
         else
@@ -511,6 +527,33 @@ dp_status dp_gpt_forward(const dp_gpt *gpt, dp_device *dev, const float *params,
     return head_forward(gpt, dev, view_f32(params), ws + c.lnf, B * T, logits);
 }
 
+/* dqkv(B,T,3C) of the block's attention from datty(B,T,C), with the
+ * backward's scratch in big: from the kept probabilities, from the
+ * forward's recomputed again (recompute_att), or chunk by chunk. */
+static dp_status attention_backward(dp_device *dev, const carve *c, const layer_acts *a,
+                                    float *big, float *dqkv, const float *datty, size_t B,
+                                    size_t T, size_t C, size_t NH)
+{
+    float *dqkvr = big + c->big_dqkvr, *ascratch = big + c->big_scratch,
+          *datt = big + c->big_datt, *again = big + c->big_att;
+    const dp_bf16 *qkvr16 = (const dp_bf16 *)a->qkvr;
+    if (c->chunked_att) /* each chunk's probabilities recomputed inside */
+        return dp_attention_backward_chunked(dev, dqkv, dqkvr, again, datt, ascratch, datty,
+                                             a->qkvr, a->act16 ? DP_DTYPE_BF16 : DP_DTYPE_F32,
+                                             B, T, C, NH, DP_GPT_ATTENTION_CHUNK);
+    const float *att = a->att;
+    if (c->recompute_att) { /* the forward's probabilities again, bit for bit */
+        DP_TRY(a->act16 ? dp_attention_probs_bf16_qkv(dev, again, qkvr16, B, T, C, NH)
+                        : dp_attention_probs(dev, again, a->qkvr, B, T, C, NH));
+        att = again;
+    }
+    if (a->act16)
+        return dp_attention_backward_bf16_qkv(dev, dqkv, dqkvr, datt, ascratch, datty, qkvr16,
+                                              att, B, T, C, NH);
+    return dp_attention_backward(dev, dqkv, dqkvr, datt, ascratch, datty, a->qkvr, att, B, T, C,
+                                 NH);
+}
+
 /* grads += d loss / d (everything but the LM head), from dlnf(B,T,C). */
 static dp_status body_backward(const dp_gpt *gpt, dp_device *dev, wview params, float *grads,
                                const int32_t *tokens, size_t B, size_t T, float *ws,
@@ -554,24 +597,10 @@ static dp_status body_backward(const dp_gpt *gpt, dp_device *dev, wview params, 
         DP_TRY(ln_bwd(dev, dresidual, G(BLK_LN2_W), G(BLK_LN2_B), dbtc, a.residual2, P(BLK_LN2_W),
                       a.ln2_mean, a.ln2_rstd, BT, C));
         /* Attention. dresidual is now the full d(residual2). */
-        float *dqkv = big, *dqkvr = big + c.big_dqkvr, *ascratch = big + c.big_scratch,
-              *datt = big + c.big_datt;
+        float *dqkv = big;
         DP_TRY(lin_bwd(dev, dbtc, G(BLK_APROJ_W), G(BLK_APROJ_B), dresidual, gemm_in(&a, a.atty),
                        P(BLK_APROJ_W), BT, C, C));
-        const float *att = a.att;
-        if (c.recompute_att) { /* the forward's probabilities again, bit for bit */
-            float *again = big + c.big_att;
-            DP_TRY(a.act16 ? dp_attention_probs_bf16_qkv(dev, again, (const dp_bf16 *)a.qkvr, B, T,
-                                                         C, NH)
-                           : dp_attention_probs(dev, again, a.qkvr, B, T, C, NH));
-            att = again;
-        }
-        if (a.act16)
-            DP_TRY(dp_attention_backward_bf16_qkv(dev, dqkv, dqkvr, datt, ascratch, dbtc,
-                                                  (const dp_bf16 *)a.qkvr, att, B, T, C, NH));
-        else
-            DP_TRY(dp_attention_backward(dev, dqkv, dqkvr, datt, ascratch, dbtc, a.qkvr, att, B,
-                                         T, C, NH));
+        DP_TRY(attention_backward(dev, &c, &a, big, dqkv, dbtc, B, T, C, NH));
         DP_TRY(lin_bwd(dev, dbtc, G(BLK_ATTN_W), G(BLK_ATTN_B), dqkv, gemm_in(&a, a.ln1),
                        P(BLK_ATTN_W), BT, C, 3 * C));
         DP_TRY(ln_bwd(dev, dresidual, G(BLK_LN1_W), G(BLK_LN1_B), dbtc, residual, P(BLK_LN1_W),
@@ -665,10 +694,8 @@ static size_t gpt_workspace(void *ctx, size_t rows)
     const gpt_variant *v = ctx;
     carve c;
     if (!rows) return 0;
-    return make_carve(&v->g->cfg, rows, v->g->cfg.block_size, 0, v->act16, v->recompute_att,
-                      v->recompute_gelu, &c)
-               ? c.floats * sizeof(float)
-               : SIZE_MAX;
+    return make_carve(v, rows, v->g->cfg.block_size, 0, &c) ? c.floats * sizeof(float)
+                                                            : SIZE_MAX;
 }
 
 /* The callbacks of every variant (ctx a gpt_variant): one implementation.
@@ -819,13 +846,14 @@ dp_status dp_gpt_create(const dp_gpt_config *cfg, dp_gpt **out)
      * type (the engine keeps float32 masters for bf16 ones) and in what
      * the blocks keep, so in the workspace and the body's callbacks. */
     for (int j = 0; j < GPT_VARIANTS; j++) {
-        int kind = j / 4, gelu = j / 2 % 2, att = j % 2;
+        int kind = j / 6, gelu = j / 3 % 2, att = j % 3;
         size_t at = variant_index(kind, gelu, att);
         gpt_variant *v = &g->variants[at];
         v->g = g;
         v->bf16 = kind >= 1;
         v->act16 = kind == 2;
-        v->recompute_att = att;
+        v->recompute_att = att == 1;
+        v->chunked_att = att == 2;
         v->recompute_gelu = gelu;
         dp_model *m = &g->models[at];
         m->ctx = v;
@@ -860,11 +888,11 @@ void dp_gpt_destroy(dp_gpt *gpt)
 const dp_model *dp_gpt_model_ex(const dp_gpt *gpt, unsigned flags)
 {
     if (!gpt || (flags & ~(DP_GPT_BF16 | DP_GPT_BF16_ACT | DP_GPT_RECOMPUTE_ATTENTION |
-                           DP_GPT_RECOMPUTE_GELU)))
+                           DP_GPT_RECOMPUTE_GELU | DP_GPT_CHUNKED_ATTENTION)))
         return NULL;
     int kind = (flags & DP_GPT_BF16_ACT) ? 2 : (flags & DP_GPT_BF16) ? 1 : 0;
-    return &gpt->models[variant_index(kind, !!(flags & DP_GPT_RECOMPUTE_GELU),
-                                      !!(flags & DP_GPT_RECOMPUTE_ATTENTION))];
+    int att = (flags & DP_GPT_CHUNKED_ATTENTION) ? 2 : (flags & DP_GPT_RECOMPUTE_ATTENTION) ? 1 : 0;
+    return &gpt->models[variant_index(kind, !!(flags & DP_GPT_RECOMPUTE_GELU), att)];
 }
 
 const dp_model *dp_gpt_model(const dp_gpt *gpt) { return dp_gpt_model_ex(gpt, 0); }

@@ -12,6 +12,15 @@
  * dp_attention_probs recomputes att from qkvr with the forward's own calls,
  * for callers that do not keep att between forward and backward.
  *
+ * Every variant runs over chunks of query rows (qchunk): chunk c holds
+ * queries q0..q0+nq-1, which see keys 0..nk-1 (nk = q0 + nq), so its
+ * pieces are (nq,nk) blocks and the masked keys after nk are skipped. The
+ * whole-matrix calls are the single chunk q0 = 0, nq = nk = T; the
+ * _chunked calls use smaller ones and recompute each chunk's
+ * probabilities in the backward instead of keeping them. In the backward
+ * dk and dv gather contributions from every chunk: the last chunk (which
+ * sees all keys) writes them, the earlier ones add, in a fixed order.
+ *
  * GEMM mapping: the backend's gemm is column-major (cuBLAS). A row-major
  * (r,c) matrix X is the column-major (c,r) matrix X^T with leading
  * dimension c, so a row-major product X = P Q is computed as the
@@ -89,60 +98,135 @@ static dp_status check_distinct(const char *fn, dp_device *dev, const void *cons
     return DP_OK;
 }
 
-// --- forward ---------------------------------------------------------------------------
+// --- the pieces, per chunk of queries --------------------------------------------------
 
 /* One batched product of the attention; A and B float32, or bfloat16 where
  * a16 / b16 (q, k and v of a bf16 qkvr). */
 static dp_status bgemm(dp_device *dev, dp_op ta, dp_op tb, int m, int n, int k, const void *A,
                        int a16, int lda, long long sa, const void *B, int b16, int ldb,
-                       long long sb, float *C, int ldc, long long sc, int batch)
+                       long long sb, float beta, float *C, int ldc, long long sc, int batch)
 {
     dp_gemm_arg a = {A, a16, lda, sa}, b = {B, b16, ldb, sb};
-    return dev->ops->gemm(dev, ta, tb, m, n, k, 1.0f, &a, &b, 0.0f, C, ldc, sc, batch);
+    return dev->ops->gemm(dev, ta, tb, m, n, k, 1.0f, &a, &b, beta, C, ldc, sc, batch);
 }
 
-/* att = causal_softmax(q k^T / sqrt(hs)), q and k read from qkvr
- * (bfloat16 when q16): the forward's probabilities, and their
- * recomputation (dp_attention_probs) by the very same calls. */
-static dp_status probs_from(dp_device *dev, float *att, const void *qkvr, int q16, size_t B,
-                            size_t T, size_t C, size_t NH)
+/* The operands of one call: q, k and v of qkvr (bfloat16 when q16), per
+ * (batch, head) pair a row-major (T,hs) block, sTh elements apart. */
+typedef struct attn {
+    dp_device *dev;
+    size_t T, hs, BNH;
+    const char *q, *k, *v; /* bytes: element e of q is q + e * es */
+    size_t es;
+    int q16;
+    float scale; /* 1/sqrt(hs) */
+} attn;
+
+static attn attn_of(dp_device *dev, const void *qkvr, int q16, size_t B, size_t T, size_t C,
+                    size_t NH)
 {
-    size_t hs = C / NH, BNH = B * NH, es = q16 ? 2 : 4;
-    int iT = (int)T, ihs = (int)hs, batch = (int)BNH;
-    long long sTh = (long long)(T * hs), sTT = (long long)(T * T);
-    const char *base = qkvr;
-    const void *q = base, *k = base + BNH * T * hs * es;
-    /* att = q k^T (row-major T x T) is column-major att^T = k q^T: k read
-     * column-major is (hs,T), so op(A) = k^T with lda = hs. */
-    DP_TRY(bgemm(dev, DP_OP_T, DP_OP_N, iT, iT, ihs, k, q16, ihs, sTh, q, q16, ihs, sTh, att, iT,
-                 sTT, batch));
-    return dev->ops->softmax_causal_forward(dev, att, 1.0f / sqrtf((float)hs), T, BNH * T);
+    attn a = {dev, T, C / NH, B * NH, NULL, NULL, NULL, q16 ? 2 : 4, q16, 0.0f};
+    size_t part = a.BNH * T * a.hs * a.es;
+    a.q = qkvr;
+    a.k = a.q + part;
+    a.v = a.k + part;
+    a.scale = 1.0f / sqrtf((float)a.hs);
+    return a;
 }
 
-/* The forward after the permute: q, k, v read from qkvr (bfloat16 when q16). */
+/* Queries q0..q0+nq-1 of every pair; by causality they see keys
+ * 0..nk-1 only, nk = q0 + nq. */
+typedef struct qchunk {
+    size_t q0, nq, nk;
+} qchunk;
+
+/* Chunk i of chunks of `rows` queries (the last may be shorter). */
+static qchunk chunk_at(const attn *a, size_t rows, size_t i)
+{
+    qchunk c = {i * rows, rows, 0};
+    if (c.q0 + c.nq > a->T) c.nq = a->T - c.q0;
+    c.nk = c.q0 + c.nq;
+    return c;
+}
+
+/* att(BNH,nq,nk) = causal_softmax(q_c k^T / sqrt(hs)) for chunk c: the
+ * forward's probabilities, and their recomputation by the very same calls.
+ * The whole matrix is the chunk q0 = 0, nq = nk = T. */
+static dp_status probs_chunk(const attn *a, float *att, qchunk c)
+{
+    int nq = (int)c.nq, nk = (int)c.nk, ihs = (int)a->hs, batch = (int)a->BNH;
+    long long sTh = (long long)(a->T * a->hs), sP = (long long)(c.nq * c.nk);
+    const char *q = a->q + c.q0 * a->hs * a->es;
+    /* att = q_c k^T (row-major nq x nk) is column-major att^T = k q_c^T:
+     * k read column-major is (hs,nk), so op(A) = k^T with lda = hs. */
+    DP_TRY(bgemm(a->dev, DP_OP_T, DP_OP_N, nk, nq, ihs, a->k, a->q16, ihs, sTh, q, a->q16, ihs,
+                 sTh, 0.0f, att, nk, sP, batch));
+    return a->dev->ops->softmax_causal_forward(a->dev, att, a->scale, c.nk, c.q0, c.nq,
+                                               a->BNH * c.nq);
+}
+
+/* y_c = att v for chunk c (rows q0.. of y(BNH,T,hs)). */
+static dp_status y_chunk(const attn *a, float *y, const float *att, qchunk c)
+{
+    int nq = (int)c.nq, nk = (int)c.nk, ihs = (int)a->hs, batch = (int)a->BNH;
+    long long sTh = (long long)(a->T * a->hs), sP = (long long)(c.nq * c.nk);
+    /* column-major y_c^T(hs,nq) = v^T(hs,nk) att^T(nk,nq) */
+    return bgemm(a->dev, DP_OP_N, DP_OP_N, ihs, nq, nk, a->v, a->q16, ihs, sTh, att, 0, nk, sP,
+                 0.0f, y + c.q0 * a->hs, ihs, sTh, batch);
+}
+
+/* The backward of chunk c from its probabilities att(BNH,nq,nk): dq for
+ * its queries (overwritten), dk and dv for keys 0..nk-1 (overwritten when
+ * first, else added to). datt(BNH,nq,nk) is scratch. */
+static dp_status backward_chunk(const attn *a, float *dq, float *dk, float *dv, float *datt,
+                                const float *dy, const float *att, qchunk c, int first)
+{
+    dp_device *dev = a->dev;
+    int nq = (int)c.nq, nk = (int)c.nk, ihs = (int)a->hs, batch = (int)a->BNH;
+    long long sTh = (long long)(a->T * a->hs), sP = (long long)(c.nq * c.nk);
+    size_t off = c.q0 * a->hs;
+    const char *q = a->q + off * a->es;
+    float beta = first ? 0.0f : 1.0f;
+    /* datt = dy_c v^T: the same shape of product as the scores. */
+    DP_TRY(bgemm(dev, DP_OP_T, DP_OP_N, nk, nq, ihs, a->v, a->q16, ihs, sTh, dy + off, 0, ihs,
+                 sTh, 0.0f, datt, nk, sP, batch));
+    /* dv (+)= att^T dy_c is column-major dv^T(hs,nk) = dy_c^T(hs,nq) att(nq,nk),
+     * and the column-major view of row-major att is att^T, hence op(B) = T. */
+    DP_TRY(bgemm(dev, DP_OP_N, DP_OP_T, ihs, nk, nq, dy + off, 0, ihs, sTh, att, 0, nk, sP, beta,
+                 dv, ihs, sTh, batch));
+    /* datt becomes d(scores), 1/sqrt(hs) included, zero above the diagonal. */
+    DP_TRY(dev->ops->softmax_causal_backward(dev, datt, att, a->scale, c.nk, c.q0, c.nq,
+                                             a->BNH * c.nq));
+    /* dq_c = ds k, as the forward's y = att v. */
+    DP_TRY(bgemm(dev, DP_OP_N, DP_OP_N, ihs, nq, nk, a->k, a->q16, ihs, sTh, datt, 0, nk, sP,
+                 0.0f, dq + off, ihs, sTh, batch));
+    /* dk (+)= ds^T q_c, as dv = att^T dy. */
+    return bgemm(dev, DP_OP_N, DP_OP_T, ihs, nk, nq, q, a->q16, ihs, sTh, datt, 0, nk, sP, beta,
+                 dk, ihs, sTh, batch);
+}
+
+// --- forward ---------------------------------------------------------------------------
+
+/* The forward after the permute, chunks of `rows` queries at a time (rows
+ * >= T: the whole matrix, kept in att). */
 static dp_status forward_from(dp_device *dev, float *out, const void *qkvr, int q16, float *att,
-                              float *scratch, size_t B, size_t T, size_t C, size_t NH)
+                              float *scratch, size_t B, size_t T, size_t C, size_t NH,
+                              size_t rows)
 {
-    const dp_backend_ops *o = dev->ops;
-    size_t hs = C / NH, BNH = B * NH, es = q16 ? 2 : 4;
-    int iT = (int)T, ihs = (int)hs, batch = (int)BNH;
-    long long sTh = (long long)(T * hs), sTT = (long long)(T * T);
-    const char *base = qkvr;
-    const void *v = base + 2 * BNH * T * hs * es;
+    attn a = attn_of(dev, qkvr, q16, B, T, C, NH);
     float *y = scratch; // (B,NH,T,hs)
-    DP_TRY(probs_from(dev, att, qkvr, q16, B, T, C, NH));
-    /* y = att v is column-major y^T(hs,T) = v^T(hs,T) att^T(T,T). */
-    DP_TRY(bgemm(dev, DP_OP_N, DP_OP_N, ihs, iT, iT, v, q16, ihs, sTh, att, 0, iT, sTT, y, ihs,
-                 sTh, batch));
-    DP_TRY(o->attention_unpermute(dev, out, y, B, T, NH, hs));
-    return DP_OK;
+    for (size_t i = 0; i * rows < T; i++) {
+        qchunk c = chunk_at(&a, rows, i);
+        DP_TRY(probs_chunk(&a, att, c));
+        DP_TRY(y_chunk(&a, y, att, c));
+    }
+    return dev->ops->attention_unpermute(dev, out, y, B, T, NH, a.hs);
 }
 
-/* The checks and the forward of both public variants (q16: qkvr is
- * bfloat16, permuted first into qkvr_f32). */
+/* The checks and the forward of every public variant (q16: qkvr is
+ * bfloat16, permuted first into qkvr_f32; rows: queries per chunk). */
 static dp_status forward_checked(const char *fn, dp_device *dev, float *out, void *qkvr, int q16,
                                  float *qkvr_f32, float *att, float *scratch, const float *qkv,
-                                 size_t B, size_t T, size_t C, size_t NH)
+                                 size_t B, size_t T, size_t C, size_t NH, size_t rows)
 {
     if (!dev) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: dev must not be NULL", fn);
     if (!out || !qkvr || (q16 && !qkvr_f32) || !att || !scratch || !qkv)
@@ -158,7 +242,7 @@ static dp_status forward_checked(const char *fn, dp_device *dev, float *out, voi
     float *permuted = q16 ? qkvr_f32 : qkvr;
     DP_TRY(dev->ops->attention_permute(dev, permuted, qkv, B, T, NH, C / NH));
     if (q16) DP_TRY(dp_convert(dev, qkvr, DP_DTYPE_BF16, permuted, DP_DTYPE_F32, 3 * B * T * C));
-    return forward_from(dev, out, qkvr, q16, att, scratch, B, T, C, NH);
+    return forward_from(dev, out, qkvr, q16, att, scratch, B, T, C, NH, rows);
 }
 
 dp_status dp_attention_forward(dp_device *dev, float *out, float *qkvr, float *att,
@@ -166,7 +250,7 @@ dp_status dp_attention_forward(dp_device *dev, float *out, float *qkvr, float *a
                                size_t NH)
 {
     return forward_checked("dp_attention_forward", dev, out, qkvr, 0, NULL, att, scratch, qkv, B,
-                           T, C, NH);
+                           T, C, NH, T);
 }
 
 dp_status dp_attention_forward_bf16_qkv(dp_device *dev, float *out, dp_bf16 *qkvr,
@@ -175,7 +259,41 @@ dp_status dp_attention_forward_bf16_qkv(dp_device *dev, float *out, dp_bf16 *qkv
                                         size_t NH)
 {
     return forward_checked("dp_attention_forward_bf16_qkv", dev, out, qkvr, 1, qkvr_f32, att,
-                           scratch, qkv, B, T, C, NH);
+                           scratch, qkv, B, T, C, NH, T);
+}
+
+/* qkvr's element type for the chunked calls: 1 for bfloat16, 0 for
+ * float32, -1 (after failing) for anything else. */
+static int qkvr_is_bf16(const char *fn, dp_device *dev, dp_dtype t, dp_status *st)
+{
+    if (t == DP_DTYPE_F32 || t == DP_DTYPE_BF16) return t == DP_DTYPE_BF16;
+    *st = DP_FAIL(DP_ERR_INVALID_ARGUMENT,
+                  "%s on %s: qkvr_dtype %d is neither DP_DTYPE_F32 nor DP_DTYPE_BF16", fn,
+                  dev ? dev->name : "(null)", (int)t);
+    return -1;
+}
+
+static dp_status check_chunk(const char *fn, dp_device *dev, size_t chunk)
+{
+    if (chunk) return DP_OK;
+    return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
+                   "%s on %s: chunk must be >= 1 query row (chunk >= T forms the whole "
+                   "(T,T) matrix at once)",
+                   fn, dev ? dev->name : "(null)");
+}
+
+dp_status dp_attention_forward_chunked(dp_device *dev, float *out, void *qkvr,
+                                       dp_dtype qkvr_dtype, float *qkvr_f32, float *att,
+                                       float *scratch, const float *qkv, size_t B, size_t T,
+                                       size_t C, size_t NH, size_t chunk)
+{
+    static const char fn[] = "dp_attention_forward_chunked";
+    dp_status st = DP_OK;
+    int q16 = qkvr_is_bf16(fn, dev, qkvr_dtype, &st);
+    if (q16 < 0) return st;
+    DP_TRY(check_chunk(fn, dev, chunk));
+    return forward_checked(fn, dev, out, qkvr, q16, qkvr_f32, att, scratch, qkv, B, T, C, NH,
+                           chunk < T ? chunk : T);
 }
 
 // --- recomputed probabilities ----------------------------------------------------------
@@ -192,7 +310,8 @@ static dp_status probs_checked(const char *fn, dp_device *dev, float *att, const
     const void *bufs[] = {att, qkvr};
     const char *names[] = {"att", "qkvr"};
     DP_TRY(check_distinct(fn, dev, bufs, names, 2));
-    return probs_from(dev, att, qkvr, q16, B, T, C, NH);
+    attn a = attn_of(dev, qkvr, q16, B, T, C, NH);
+    return probs_chunk(&a, att, chunk_at(&a, T, 0));
 }
 
 dp_status dp_attention_probs(dp_device *dev, float *att, const float *qkvr, size_t B, size_t T,
@@ -209,45 +328,42 @@ dp_status dp_attention_probs_bf16_qkv(dp_device *dev, float *att, const dp_bf16 
 
 // --- backward --------------------------------------------------------------------------
 
-static dp_status backward_from(dp_device *dev, float *dqkv, float *dqkvr, float *datt,
-                               float *scratch, const float *dout, const void *qkvr, int q16,
-                               const float *att, size_t B, size_t T, size_t C, size_t NH)
+/* The backward over chunks of `rows` queries, last first: the last chunk
+ * sees every key, so its dk and dv products overwrite the whole of dk and
+ * dv and the earlier chunks add to their prefix, in a fixed order. With
+ * kept (rows >= T) the whole matrix's probabilities are the forward's;
+ * otherwise each chunk's are recomputed into att. */
+static dp_status backward_from(dp_device *dev, float *dqkv, float *dqkvr, float *att,
+                               const float *kept, float *datt, float *scratch,
+                               const float *dout, const void *qkvr, int q16, size_t B,
+                               size_t T, size_t C, size_t NH, size_t rows)
 {
     const dp_backend_ops *o = dev->ops;
-    size_t hs = C / NH, BNH = B * NH, es = q16 ? 2 : 4;
-    int iT = (int)T, ihs = (int)hs, batch = (int)BNH;
-    long long sTh = (long long)(T * hs), sTT = (long long)(T * T);
-    size_t part = BNH * T * hs;
-    const char *base = qkvr;
-    const void *q = base, *k = base + part * es, *v = base + 2 * part * es;
+    attn a = attn_of(dev, qkvr, q16, B, T, C, NH);
+    size_t part = a.BNH * T * a.hs;
     float *dq = dqkvr, *dk = dqkvr + part, *dv = dqkvr + 2 * part;
     float *dy = scratch; // (B,NH,T,hs)
+    size_t n = (T + rows - 1) / rows;
 
-    DP_TRY(o->attention_unpermute_backward(dev, dy, dout, B, T, NH, hs));
-    /* datt = dy v^T: the same shape of product as the forward's scores. */
-    DP_TRY(bgemm(dev, DP_OP_T, DP_OP_N, iT, iT, ihs, v, q16, ihs, sTh, dy, 0, ihs, sTh, datt, iT,
-                 sTT, batch));
-    /* dv = att^T dy is column-major dv^T(hs,T) = dy^T(hs,T) att(T,T), and
-     * the column-major view of row-major att is att^T, hence op(B) = T. */
-    DP_TRY(bgemm(dev, DP_OP_N, DP_OP_T, ihs, iT, iT, dy, 0, ihs, sTh, att, 0, iT, sTT, dv, ihs,
-                 sTh, batch));
-    /* datt becomes d(scores), 1/sqrt(hs) included, zero above the diagonal. */
-    DP_TRY(o->softmax_causal_backward(dev, datt, att, 1.0f / sqrtf((float)hs), T, BNH * T));
-    /* dq = ds k, as the forward's y = att v. */
-    DP_TRY(bgemm(dev, DP_OP_N, DP_OP_N, ihs, iT, iT, k, q16, ihs, sTh, datt, 0, iT, sTT, dq, ihs,
-                 sTh, batch));
-    /* dk = ds^T q, as dv = att^T dy. */
-    DP_TRY(bgemm(dev, DP_OP_N, DP_OP_T, ihs, iT, iT, q, q16, ihs, sTh, datt, 0, iT, sTT, dk, ihs,
-                 sTh, batch));
-    DP_TRY(o->attention_permute_backward(dev, dqkv, dqkvr, B, T, NH, hs));
-    return DP_OK;
+    DP_TRY(o->attention_unpermute_backward(dev, dy, dout, B, T, NH, a.hs));
+    for (size_t i = n; i-- > 0;) {
+        qchunk c = chunk_at(&a, rows, i);
+        const float *p = kept;
+        if (!p) {
+            DP_TRY(probs_chunk(&a, att, c));
+            p = att;
+        }
+        DP_TRY(backward_chunk(&a, dq, dk, dv, datt, dy, p, c, i == n - 1));
+    }
+    return o->attention_permute_backward(dev, dqkv, dqkvr, B, T, NH, a.hs);
 }
 
-/* The checks of both public variants, then the backward. */
+/* The checks of every public variant, then the backward: att is the kept
+ * probabilities (rows >= T) or the chunks' scratch. */
 static dp_status backward_checked(const char *fn, dp_device *dev, float *dqkv, float *dqkvr,
                                   float *datt, float *scratch, const float *dout,
-                                  const void *qkvr, int q16, const float *att, size_t B, size_t T,
-                                  size_t C, size_t NH)
+                                  const void *qkvr, int q16, const float *att, int att_kept,
+                                  size_t B, size_t T, size_t C, size_t NH, size_t rows)
 {
     if (!dev) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: dev must not be NULL", fn);
     if (!dqkv || !dqkvr || !datt || !scratch || !dout || !qkvr || !att)
@@ -260,7 +376,8 @@ static dp_status backward_checked(const char *fn, dp_device *dev, float *dqkv, f
     const void *bufs[] = {dqkv, dqkvr, datt, scratch, dout, qkvr, att};
     const char *names[] = {"dqkv", "dqkvr", "datt", "scratch", "dout", "qkvr", "att"};
     DP_TRY(check_distinct(fn, dev, bufs, names, 7));
-    return backward_from(dev, dqkv, dqkvr, datt, scratch, dout, qkvr, q16, att, B, T, C, NH);
+    return backward_from(dev, dqkv, dqkvr, (float *)att, att_kept ? att : NULL, datt, scratch,
+                         dout, qkvr, q16, B, T, C, NH, rows);
 }
 
 dp_status dp_attention_backward(dp_device *dev, float *dqkv, float *dqkvr, float *datt,
@@ -268,7 +385,7 @@ dp_status dp_attention_backward(dp_device *dev, float *dqkv, float *dqkvr, float
                                 const float *att, size_t B, size_t T, size_t C, size_t NH)
 {
     return backward_checked("dp_attention_backward", dev, dqkv, dqkvr, datt, scratch, dout, qkvr,
-                            0, att, B, T, C, NH);
+                            0, att, 1, B, T, C, NH, T);
 }
 
 dp_status dp_attention_backward_bf16_qkv(dp_device *dev, float *dqkv, float *dqkvr, float *datt,
@@ -277,5 +394,19 @@ dp_status dp_attention_backward_bf16_qkv(dp_device *dev, float *dqkv, float *dqk
                                          size_t T, size_t C, size_t NH)
 {
     return backward_checked("dp_attention_backward_bf16_qkv", dev, dqkv, dqkvr, datt, scratch,
-                            dout, qkvr, 1, att, B, T, C, NH);
+                            dout, qkvr, 1, att, 1, B, T, C, NH, T);
+}
+
+dp_status dp_attention_backward_chunked(dp_device *dev, float *dqkv, float *dqkvr, float *att,
+                                        float *datt, float *scratch, const float *dout,
+                                        const void *qkvr, dp_dtype qkvr_dtype, size_t B,
+                                        size_t T, size_t C, size_t NH, size_t chunk)
+{
+    static const char fn[] = "dp_attention_backward_chunked";
+    dp_status st = DP_OK;
+    int q16 = qkvr_is_bf16(fn, dev, qkvr_dtype, &st);
+    if (q16 < 0) return st;
+    DP_TRY(check_chunk(fn, dev, chunk));
+    return backward_checked(fn, dev, dqkv, dqkvr, datt, scratch, dout, qkvr, q16, att, 0, B, T,
+                            C, NH, chunk < T ? chunk : T);
 }

@@ -172,14 +172,16 @@ __global__ void k_layernorm_forward_block(float *out, float *mean, float *rstd, 
     }
 }
 
-/* dp_softmax_causal_forward_item, one block per row r (query t = r % T). */
-__global__ void k_softmax_causal_forward_block(float *att, float scale, size_t T, size_t rows)
+/* dp_softmax_causal_forward_item, one block per row r (query t = q0 + r % nq,
+ * ld keys). */
+__global__ void k_softmax_causal_forward_block(float *att, float scale, size_t ld, size_t q0,
+                                               size_t nq, size_t rows)
 {
     __shared__ float sh[BLOCK_WARPS + 1];
     BLOCK_ROW_LOOP(r, rows)
     {
-        float *row = att + r * T;
-        size_t t = r % T;
+        float *row = att + r * ld;
+        size_t t = q0 + r % nq;
         float mx = -INFINITY;
         ROW_ELEMS(j, t + 1) mx = fmaxf(mx, scale * row[j]);
         mx = block_max(mx, sh);
@@ -191,7 +193,7 @@ __global__ void k_softmax_causal_forward_block(float *att, float scale, size_t T
             a += e;
         }
         float inv = 1.0f / block_sum(a, sh); /* >= 1: the maximum's term is exp(0) */
-        ROW_ELEMS(j, T) row[j] = j <= t ? row[j] * inv : 0.0f;
+        ROW_ELEMS(j, ld) row[j] = j <= t ? row[j] * inv : 0.0f;
     }
 }
 
@@ -258,10 +260,12 @@ extern "C" cudaError_t dp_cuda_launch_layernorm_forward(cudaStream_t stream, flo
 }
 
 extern "C" cudaError_t dp_cuda_launch_softmax_causal_forward(cudaStream_t stream, float *att,
-                                                             float scale, size_t T, size_t n)
+                                                             float scale, size_t ld, size_t q0,
+                                                             size_t nq, size_t n)
 {
-    if (n == 0 || T == 0) return cudaSuccess;
-    k_softmax_causal_forward_block<<<row_blocks(n), BLOCK_THREADS, 0, stream>>>(att, scale, T, n);
+    if (n == 0 || ld == 0 || nq == 0) return cudaSuccess;
+    k_softmax_causal_forward_block<<<row_blocks(n), BLOCK_THREADS, 0, stream>>>(att, scale, ld,
+                                                                                q0, nq, n);
     return cudaGetLastError();
 }
 
