@@ -75,7 +75,7 @@ static void usage(FILE *f)
     fputs("usage: dp_bench [options]\n"
           "Trains a GPT on random tokens in gather and balanced mode and compares\n"
           "per-device peak memory and speed. Defaults: the seed article's case.\n"
-          "  --vocab N            vocabulary size (default 40000)\n"
+          "  --vocab-size N       vocabulary size (default 40000; --vocab N is the same)\n"
           "  --context N          tokens per sequence (default 250)\n"
           "  --batch-size N       global sequences per step (default 32; with\n"
           "                       --find-max-batch also where the search starts)\n"
@@ -136,7 +136,8 @@ static int parse_args(int argc, char **argv, opts *o)
         O_TRACE, O_SHARD, O_CHUNK, O_PREC, O_RECOMP, O_ATTN, O_HELP
     };
     static const struct option lo[] = {
-        {"vocab", 1, 0, O_VOCAB},        {"context", 1, 0, O_CTX},
+        {"vocab", 1, 0, O_VOCAB},        {"vocab-size", 1, 0, O_VOCAB},
+        {"context", 1, 0, O_CTX},
         {"batch-size", 1, 0, O_BATCH},   {"dim", 1, 0, O_DIM},
         {"layers", 1, 0, O_LAYERS},      {"heads", 1, 0, O_HEADS},
         {"devices", 1, 0, O_DEV},        {"steps", 1, 0, O_STEPS},
@@ -160,7 +161,7 @@ static int parse_args(int argc, char **argv, opts *o)
         int bad = 0;
         long seed = 0;
         switch (c) {
-        case O_VOCAB: bad = cli_parse_long("--vocab", v, 2, big, &o->vocab); break;
+        case O_VOCAB: bad = cli_parse_long("--vocab-size", v, 2, big, &o->vocab); break;
         case O_CTX: bad = cli_parse_long("--context", v, 1, big, &o->context); break;
         case O_BATCH: bad = cli_parse_long("--batch-size", v, 1, big, &o->batch); break;
         /* 4 * dim is a GEMM size (an int). */

@@ -80,7 +80,7 @@ def run(a):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--vocab", type=int, default=8192)
+    ap.add_argument("--vocab-size", "--vocab", dest="vocab", type=int, default=8192)
     ap.add_argument("--context", type=int, default=128)
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--dim", type=int, default=256)

@@ -474,6 +474,9 @@ static bad_case bad_cases[] = {
     {"precision bf16 with tf32", {"--precision", "bf16", "--tf32"}, "--tf32", 0},
     {"recompute everything", {"--recompute", "everything"}, "--recompute", 0},
     {"attention flash", {"--attention", "flash"}, "is not whole or chunked", 0},
+    {"vocab-size 1", {"--vocab-size", "1"}, "--vocab-size", 0},
+    /* --vocab, dp_bench's older name, is the same option */
+    {"vocab 1", {"--vocab", "1"}, "--vocab-size", 0},
     {"plot and its scaling plot on json", {"--scaling", "--plot", "@p.png", "--json", "@p-scaling.png"},
      "both write", 0},
 };

@@ -152,6 +152,34 @@ Test(adamw, weight_decay_is_decoupled)
     dp_device_close(dev); /* frees the four buffers */
 }
 
+/* Step counts are long, as the engine's and the checkpoints' are: past
+ * INT_MAX the bias corrections are exactly 1 (beta^t underflows), so the
+ * first update from zero moments is p - lr ((1-b1) g / (sqrt((1-b2) g^2)
+ * + eps) + wd p). An int would have wrapped 3000000001 to a negative step
+ * and refused it. */
+Test(adamw, step_counts_past_int_max)
+{
+    enum { N = 3 };
+    const float lr = 0.01f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f;
+    float p[N] = {0.5f, -1.0f, 2.0f}, g[N] = {0.25f, -3.0f, 1e-3f}, zeros[N] = {0};
+    dp_device *dev = dp_test_cpu(1);
+    float *dparams = dp_test_upload(dev, p, N), *dg = dp_test_upload(dev, g, N);
+    float *dm = dp_test_upload(dev, zeros, N), *dv = dp_test_upload(dev, zeros, N);
+    dp_assert_ok(dp_adamw_update(dev, dparams, dg, dm, dv, N, lr, b1, b2, eps, wd, 3000000001L));
+    float *hp = download(dev, dparams, N);
+    double got[N], want[N];
+    for (int i = 0; i < N; i++) {
+        double m = (1.0 - b1) * g[i], v = (1.0 - b2) * (double)g[i] * g[i];
+        want[i] = p[i] - lr * (m / (sqrt(v) + eps) + wd * p[i]);
+        got[i] = hp[i];
+    }
+    dp_assert_allclose(got, (const double *)want, N, 1e-6, 1e-5);
+    assert_error(dp_adamw_update(dev, dparams, dg, dm, dv, N, lr, b1, b2, eps, wd, -3000000001L),
+                 DP_ERR_INVALID_ARGUMENT, "t = -3000000001");
+    free(hp);
+    dp_device_close(dev);
+}
+
 /* Callers update one range of a flat buffer at a time: nothing outside the
  * range may change. */
 Test(adamw, updates_only_the_given_range)

@@ -26,7 +26,7 @@ extern "C" {
  */
 DP_API dp_status dp_adamw_update(dp_device *dev, float *params, const float *grads, float *m,
                                  float *v, size_t n, float lr, float beta1, float beta2,
-                                 float eps, float weight_decay, int t);
+                                 float eps, float weight_decay, long t);
 
 /*
  * SGD with momentum, as torch.optim.SGD (dampening 0, not Nesterov):
@@ -36,7 +36,7 @@ DP_API dp_status dp_adamw_update(dp_device *dev, float *params, const float *gra
  */
 DP_API dp_status dp_sgd_update(dp_device *dev, float *params, const float *grads,
                                float *momentum_buf, size_t n, float lr, float momentum,
-                               float weight_decay, int t);
+                               float weight_decay, long t);
 
 /* x *= s (n > 0 elements of device memory). Errors:
  * DP_ERR_INVALID_ARGUMENT (dev or x NULL, n == 0). */

@@ -26,7 +26,7 @@ static dp_status check_nonneg(const dp_device *dev, const char *what, float x)
 }
 
 static dp_status check_range(const dp_device *dev, const float *params, const float *grads,
-                             size_t n, int t)
+                             size_t n, long t)
 {
     if (!params || !grads)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: params and grads must not be NULL",
@@ -38,7 +38,7 @@ static dp_status check_range(const dp_device *dev, const float *params, const fl
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: n = %zu floats overflows a byte count",
                        dev->name, n);
     if (t < 1)
-        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: step t = %d must be >= 1 (the first "
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: step t = %ld must be >= 1 (the first "
                        "update is t = 1)", dev->name, t);
     return DP_OK;
 }
@@ -47,7 +47,7 @@ static dp_status check_range(const dp_device *dev, const float *params, const fl
 
 dp_status dp_adamw_update(dp_device *dev, float *params, const float *grads, float *m,
                           float *v, size_t n, float lr, float beta1, float beta2, float eps,
-                          float weight_decay, int t)
+                          float weight_decay, long t)
 {
     if (!dev) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "dev must not be NULL");
     DP_TRY(check_range(dev, params, grads, n, t));
@@ -71,7 +71,7 @@ dp_status dp_adamw_update(dp_device *dev, float *params, const float *grads, flo
 // --- SGD --------------------------------------------------------------------------
 
 dp_status dp_sgd_update(dp_device *dev, float *params, const float *grads, float *momentum_buf,
-                        size_t n, float lr, float momentum, float weight_decay, int t)
+                        size_t n, float lr, float momentum, float weight_decay, long t)
 {
     if (!dev) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "dev must not be NULL");
     DP_TRY(check_range(dev, params, grads, n, t));

@@ -151,10 +151,10 @@ dp_status dp_opt_update_slice(worker *w, double grad_norm)
             if (clip != 1.0f) DP_TRY(dp_scale(o->dev, o->grads + b, clip, n));
             if (opt->kind == DP_OPTIMIZER_ADAMW)
                 DP_TRY(dp_adamw_update(o->dev, p, o->grads + b, sl->m + at, sl->v + at, n, e->lr,
-                                       opt->beta1, opt->beta2, opt->eps, wd, (int)(e->t + 1)));
+                                       opt->beta1, opt->beta2, opt->eps, wd, e->t + 1));
             else
                 DP_TRY(dp_sgd_update(o->dev, p, o->grads + b, sl->m + at, n, e->lr, opt->momentum,
-                                     wd, (int)(e->t + 1)));
+                                     wd, e->t + 1));
             if (e->bf16)
                 DP_TRY(dp_convert(o->dev, dp_replica_at(o, b), DP_DTYPE_BF16, p, DP_DTYPE_F32, n));
         }
