@@ -83,6 +83,20 @@ static inline dp_device *dp_test_cpu(int index)
 }
 
 /* Device buffer holding a copy of n host floats. */
+/* Two training runs from the same start p0: *diff = sum |a - b|, *moved =
+ * sum |a - p0| over n parameters. AdamW moves a parameter whose tiny
+ * gradient changes sign by a whole lr either way, so runs that should
+ * agree to rounding compare diff with moved rather than element-wise. */
+static inline void dp_test_param_drift(const float *a, const float *b, const float *p0, size_t n,
+                                       double *diff, double *moved)
+{
+    *diff = *moved = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        *diff += fabs((double)a[i] - b[i]);
+        *moved += fabs((double)a[i] - p0[i]);
+    }
+}
+
 static inline float *dp_test_upload(dp_device *dev, const float *host, size_t n)
 {
     void *p = NULL;

@@ -108,6 +108,24 @@ static double ref_loss(const double *qkv, const double *w, double *out_tmp, shap
     return L;
 }
 
+/* fd(B,T,3C) = dL/dqkv by central differences of the float64 forward
+ * (x is perturbed and restored; tmp holds n_out doubles). Truncation error
+ * ~h^2 |L'''| ~ 1e-8, rounding ~1e-16 |L| / h ~ 1e-12, so the reference
+ * is good to ~1e-7. */
+static void ref_grad_fd(double *fd, double *x, const double *w, double *tmp, shape s)
+{
+    const double h = 1e-4;
+    for (size_t i = 0; i < s.B * s.T * 3 * s.C; i++) {
+        double x0 = x[i];
+        x[i] = x0 + h;
+        double lp = ref_loss(x, w, tmp, s);
+        x[i] = x0 - h;
+        double lm = ref_loss(x, w, tmp, s);
+        x[i] = x0;
+        fd[i] = (lp - lm) / (2.0 * h);
+    }
+}
+
 /* Device buffers of one attention layer; everything the layer writes starts as NaN. */
 typedef struct layer {
     dp_device *dev;
@@ -310,19 +328,7 @@ Test(attention, backward_matches_finite_differences)
 
         double *x = to_double(qkv, n_qkv), *wd = to_double(w, n_out);
         double *tmp = malloc(n_out * sizeof *tmp), *fd = malloc(n_qkv * sizeof *fd);
-        /* Central differences of the float64 forward: truncation error
-         * ~h^2 |L'''| ~ 1e-8, rounding ~1e-16 |L| / h ~ 1e-12, so the
-         * reference is good to ~1e-7. */
-        const double h = 1e-4;
-        for (size_t i = 0; i < n_qkv; i++) {
-            double x0 = x[i];
-            x[i] = x0 + h;
-            double lp = ref_loss(x, wd, tmp, s);
-            x[i] = x0 - h;
-            double lm = ref_loss(x, wd, tmp, s);
-            x[i] = x0;
-            fd[i] = (lp - lm) / (2.0 * h);
-        }
+        ref_grad_fd(fd, x, wd, tmp, s);
         double *dqkv_d = to_double(dqkv, n_qkv);
         cr_log_info("shape B=%zu T=%zu C=%zu NH=%zu", s.B, s.T, s.C, s.NH);
         /* float32 backward: five GEMMs over <= 8 terms and a softmax
@@ -651,16 +657,34 @@ static void expect_invalid(dp_status st, const char *needle)
     cr_assert(strstr(msg, needle) != NULL, "message lacks \"%s\": %s", needle, msg);
 }
 
+/* The layer the bad-argument tests misuse: B=2, T=5, C=12, NH=3; returns
+ * its host qkv (caller frees). */
+static float *bad_args_layer(layer *L, dp_device *dev, uint64_t seed)
+{
+    shape s = {2, 5, 12, 3};
+    dp_rng rng;
+    dp_rng_seed(&rng, seed);
+    float *qkv = host_normal(&rng, s.B * s.T * 3 * s.C, 1.0f);
+    layer_init(L, dev, s, qkv);
+    return qkv;
+}
+
+/* None of the failed calls wrote anything: out is still the NaN fill. */
+static void assert_out_unwritten(layer *L)
+{
+    float *out = malloc(L->n_out * sizeof *out);
+    cr_assert_not_null(out);
+    download(L->dev, out, L->out, L->n_out);
+    for (size_t i = 0; i < L->n_out; i++) cr_assert(isnan(out[i]), "out[%zu] was written", i);
+    free(out);
+}
+
 Test(attention, bad_arguments)
 {
     dp_device *dev = dp_test_cpu(0);
-    shape s = {2, 5, 12, 3};
-    dp_rng rng;
-    dp_rng_seed(&rng, 9);
-    float *qkv = host_normal(&rng, s.B * s.T * 3 * s.C, 1.0f);
     layer L;
-    layer_init(&L, dev, s, qkv);
-    const size_t B = s.B, T = s.T, C = s.C, NH = s.NH;
+    float *qkv = bad_args_layer(&L, dev, 9);
+    const size_t B = L.s.B, T = L.s.T, C = L.s.C, NH = L.s.NH;
 
 #define FWD(dev_, out_, qkvr_, att_, scr_, qkv_, B_, T_, C_, NH_)                               \
     dp_attention_forward(dev_, out_, qkvr_, att_, scr_, qkv_, B_, T_, C_, NH_)
@@ -713,12 +737,11 @@ Test(attention, bad_arguments)
     expect_invalid(BWD(dev, L.dqkv, L.dqkvr, L.dqkvr, L.dscratch, L.dout, L.qkvr, L.att, B, T, C,
                        NH), "same buffer");
 
-    /* None of the failed calls wrote anything: out is still the NaN fill. */
-    float *out = malloc(L.n_out * sizeof *out);
-    download(dev, out, L.out, L.n_out);
-    for (size_t i = 0; i < L.n_out; i++) cr_assert(isnan(out[i]), "out[%zu] was written", i);
+    assert_out_unwritten(&L);
 
     /* And the valid call still works afterwards. */
+    float *out = malloc(L.n_out * sizeof *out);
+    cr_assert_not_null(out);
     layer_forward(&L);
     download(dev, out, L.out, L.n_out);
     for (size_t i = 0; i < L.n_out; i++) cr_assert(isfinite(out[i]));
@@ -787,16 +810,7 @@ Test(attention, chunked_matches_float64_and_finite_differences, .timeout = 120)
         double *ref = malloc(n_out * sizeof *ref), *tmp = malloc(n_out * sizeof *tmp),
                *fd = malloc(n_qkv * sizeof *fd);
         ref_forward(ref, NULL, x, s);
-        const double h = 1e-4;
-        for (size_t i = 0; i < n_qkv; i++) {
-            double x0 = x[i];
-            x[i] = x0 + h;
-            double lp = ref_loss(x, wd, tmp, s);
-            x[i] = x0 - h;
-            double lm = ref_loss(x, wd, tmp, s);
-            x[i] = x0;
-            fd[i] = (lp - lm) / (2.0 * h);
-        }
+        ref_grad_fd(fd, x, wd, tmp, s);
         for (size_t ci = 0; ci < sizeof chunk_sizes / sizeof chunk_sizes[0]; ci++) {
             float *out, *dqkv;
             chunked_run(dev, s, qkv, w, chunk_sizes[ci], 0, &out, &dqkv);
@@ -941,13 +955,9 @@ Test(attention, kernel_softmax_chunk_rows_equal_the_whole_rows)
 Test(attention, chunked_bad_arguments)
 {
     dp_device *dev = dp_test_cpu(0);
-    shape s = {2, 5, 12, 3};
-    dp_rng rng;
-    dp_rng_seed(&rng, 19);
-    float *qkv = host_normal(&rng, s.B * s.T * 3 * s.C, 1.0f);
     layer L;
-    layer_init(&L, dev, s, qkv);
-    const size_t B = s.B, T = s.T, C = s.C, NH = s.NH;
+    float *qkv = bad_args_layer(&L, dev, 19);
+    const size_t B = L.s.B, T = L.s.T, C = L.s.C, NH = L.s.NH;
     expect_invalid(dp_attention_forward_chunked(dev, L.out, L.qkvr, DP_DTYPE_F32, NULL, L.att,
                                                 L.scratch, L.qkv, B, T, C, NH, 0),
                    "chunk must be >= 1");
@@ -976,10 +986,7 @@ Test(attention, chunked_bad_arguments)
     expect_invalid(dp_attention_forward_chunked(dev, L.out, L.qkvr, DP_DTYPE_F32, NULL, L.att,
                                                 L.scratch, L.qkv, SIZE_MAX / 2, T, C, NH, 2),
                    "overflow");
-    float *out = malloc(L.n_out * sizeof *out);
-    download(dev, out, L.out, L.n_out);
-    for (size_t i = 0; i < L.n_out; i++) cr_assert(isnan(out[i]), "out[%zu] was written", i);
-    free(out);
+    assert_out_unwritten(&L);
     free(qkv);
     layer_free(&L);
     close_checked(dev);

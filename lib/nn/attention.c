@@ -262,15 +262,14 @@ dp_status dp_attention_forward_bf16_qkv(dp_device *dev, float *out, dp_bf16 *qkv
                            scratch, qkv, B, T, C, NH, T);
 }
 
-/* qkvr's element type for the chunked calls: 1 for bfloat16, 0 for
- * float32, -1 (after failing) for anything else. */
-static int qkvr_is_bf16(const char *fn, dp_device *dev, dp_dtype t, dp_status *st)
+/* *q16 = whether the chunked calls' qkvr is bfloat16 (else float32). */
+static dp_status qkvr_kind(const char *fn, dp_device *dev, dp_dtype t, int *q16)
 {
-    if (t == DP_DTYPE_F32 || t == DP_DTYPE_BF16) return t == DP_DTYPE_BF16;
-    *st = DP_FAIL(DP_ERR_INVALID_ARGUMENT,
-                  "%s on %s: qkvr_dtype %d is neither DP_DTYPE_F32 nor DP_DTYPE_BF16", fn,
-                  dev ? dev->name : "(null)", (int)t);
-    return -1;
+    *q16 = t == DP_DTYPE_BF16;
+    if (t == DP_DTYPE_F32 || t == DP_DTYPE_BF16) return DP_OK;
+    return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
+                   "%s on %s: qkvr_dtype %d is neither DP_DTYPE_F32 nor DP_DTYPE_BF16", fn,
+                   dev ? dev->name : "(null)", (int)t);
 }
 
 static dp_status check_chunk(const char *fn, dp_device *dev, size_t chunk)
@@ -288,9 +287,8 @@ dp_status dp_attention_forward_chunked(dp_device *dev, float *out, void *qkvr,
                                        size_t C, size_t NH, size_t chunk)
 {
     static const char fn[] = "dp_attention_forward_chunked";
-    dp_status st = DP_OK;
-    int q16 = qkvr_is_bf16(fn, dev, qkvr_dtype, &st);
-    if (q16 < 0) return st;
+    int q16;
+    DP_TRY(qkvr_kind(fn, dev, qkvr_dtype, &q16));
     DP_TRY(check_chunk(fn, dev, chunk));
     return forward_checked(fn, dev, out, qkvr, q16, qkvr_f32, att, scratch, qkv, B, T, C, NH,
                            chunk < T ? chunk : T);
@@ -358,13 +356,16 @@ static dp_status backward_from(dp_device *dev, float *dqkv, float *dqkvr, float 
     return o->attention_permute_backward(dev, dqkv, dqkvr, B, T, NH, a.hs);
 }
 
-/* The checks of every public variant, then the backward: att is the kept
- * probabilities (rows >= T) or the chunks' scratch. */
+/* The checks of every public variant, then the backward: from the kept
+ * probabilities (rows >= T), or recomputing each chunk's into att_scratch
+ * (kept NULL). */
 static dp_status backward_checked(const char *fn, dp_device *dev, float *dqkv, float *dqkvr,
                                   float *datt, float *scratch, const float *dout,
-                                  const void *qkvr, int q16, const float *att, int att_kept,
-                                  size_t B, size_t T, size_t C, size_t NH, size_t rows)
+                                  const void *qkvr, int q16, const float *kept,
+                                  float *att_scratch, size_t B, size_t T, size_t C, size_t NH,
+                                  size_t rows)
 {
+    const float *att = kept ? kept : att_scratch;
     if (!dev) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: dev must not be NULL", fn);
     if (!dqkv || !dqkvr || !datt || !scratch || !dout || !qkvr || !att)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
@@ -376,8 +377,8 @@ static dp_status backward_checked(const char *fn, dp_device *dev, float *dqkv, f
     const void *bufs[] = {dqkv, dqkvr, datt, scratch, dout, qkvr, att};
     const char *names[] = {"dqkv", "dqkvr", "datt", "scratch", "dout", "qkvr", "att"};
     DP_TRY(check_distinct(fn, dev, bufs, names, 7));
-    return backward_from(dev, dqkv, dqkvr, (float *)att, att_kept ? att : NULL, datt, scratch,
-                         dout, qkvr, q16, B, T, C, NH, rows);
+    return backward_from(dev, dqkv, dqkvr, att_scratch, kept, datt, scratch, dout, qkvr, q16, B,
+                         T, C, NH, rows);
 }
 
 dp_status dp_attention_backward(dp_device *dev, float *dqkv, float *dqkvr, float *datt,
@@ -385,7 +386,7 @@ dp_status dp_attention_backward(dp_device *dev, float *dqkv, float *dqkvr, float
                                 const float *att, size_t B, size_t T, size_t C, size_t NH)
 {
     return backward_checked("dp_attention_backward", dev, dqkv, dqkvr, datt, scratch, dout, qkvr,
-                            0, att, 1, B, T, C, NH, T);
+                            0, att, NULL, B, T, C, NH, T);
 }
 
 dp_status dp_attention_backward_bf16_qkv(dp_device *dev, float *dqkv, float *dqkvr, float *datt,
@@ -394,7 +395,7 @@ dp_status dp_attention_backward_bf16_qkv(dp_device *dev, float *dqkv, float *dqk
                                          size_t T, size_t C, size_t NH)
 {
     return backward_checked("dp_attention_backward_bf16_qkv", dev, dqkv, dqkvr, datt, scratch,
-                            dout, qkvr, 1, att, 1, B, T, C, NH, T);
+                            dout, qkvr, 1, att, NULL, B, T, C, NH, T);
 }
 
 dp_status dp_attention_backward_chunked(dp_device *dev, float *dqkv, float *dqkvr, float *att,
@@ -403,10 +404,9 @@ dp_status dp_attention_backward_chunked(dp_device *dev, float *dqkv, float *dqkv
                                         size_t T, size_t C, size_t NH, size_t chunk)
 {
     static const char fn[] = "dp_attention_backward_chunked";
-    dp_status st = DP_OK;
-    int q16 = qkvr_is_bf16(fn, dev, qkvr_dtype, &st);
-    if (q16 < 0) return st;
+    int q16;
+    DP_TRY(qkvr_kind(fn, dev, qkvr_dtype, &q16));
     DP_TRY(check_chunk(fn, dev, chunk));
-    return backward_checked(fn, dev, dqkv, dqkvr, datt, scratch, dout, qkvr, q16, att, 0, B, T,
+    return backward_checked(fn, dev, dqkv, dqkvr, datt, scratch, dout, qkvr, q16, NULL, att, B, T,
                             C, NH, chunk < T ? chunk : T);
 }
