@@ -10,7 +10,8 @@ threads 1, 2 and OPENBLAS_NUM_THREADS 1, 2 (each in a fresh process, since
 OpenBLAS reads its variable at load time) and names the best.
 
 --device cuda times it on the GPU (CUDA synchronised around each step;
-float32 without TF32, like dp_bench without --tf32).
+float32 without TF32, like dp_bench without --tf32; --tf32 allows it, like
+dp_bench --tf32).
 
 --precision bf16 runs forward and loss under torch.autocast(dtype=bfloat16):
 PyTorch's mixed precision, float32 weights and optimizer with bfloat16
@@ -42,8 +43,8 @@ def run(a):
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             sys.exit("torch_bench.py: --device cuda but torch sees no CUDA device")
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = a.tf32
+        torch.backends.cudnn.allow_tf32 = a.tf32
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     model = GPT(a.vocab, a.context, a.layers, a.heads, a.dim).to(dev)
     decay = [p for p in model.parameters() if p.dim() >= 2]
@@ -93,6 +94,8 @@ def main():
     ap.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
     ap.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
                     help="bf16: autocast to bfloat16 (default fp32)")
+    ap.add_argument("--tf32", action="store_true",
+                    help="let CUDA matrix products use TF32 (default off)")
     ap.add_argument("--grid", action="store_true",
                     help="torch threads {1,2} x OPENBLAS_NUM_THREADS {1,2}, best reported")
     a = ap.parse_args()

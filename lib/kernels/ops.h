@@ -15,13 +15,13 @@
  *
  * X(name, shape, fn, params, args):
  *   name    the entry's name;
- *   shape   ELEM (cheap items: 256-thread blocks on the GPU), ROW (an item
- *           loops over a row: 64-thread blocks, so a few thousand rows still
- *           spread over every SM) or ROW_BLOCK (a row with reductions over
- *           it: the CUDA backend runs its own kernel with one block per row,
- *           coalesced reads and a fixed warp-shuffle reduction tree,
- *           written in cuda_kernels.cu against fn's semantics; the CPU
- *           loops over fn as for any op);
+ *   shape   ELEM (cheap items: 256-thread blocks on the GPU), ROW_BLOCK (an
+ *           item is a row with reductions over it: the CUDA backend runs its
+ *           own kernel with one block per row, coalesced reads and a fixed
+ *           warp-shuffle reduction tree, written in cuda_kernels.cu against
+ *           fn's semantics) or COLUMNS (items are the elements of a block of
+ *           columns, a column's rows contiguous: the CUDA backend runs one
+ *           warp per column); the CPU loops over fn whatever the shape;
  *   fn      the DP_HD item function;
  *   params  the entry's parameters between dev and n, in parentheses;
  *   args    their names, in the same order, as passed to fn before i.
@@ -55,9 +55,9 @@
       (dst, src))                                                                          \
     X(round_bf16, ELEM, dp_round_bf16_elem, (float *dst, const float *src), (dst, src))    \
     /* a block of an operand, densely; n = matrices * rows * cols (kernels/bf16.h) */      \
-    X(pack_f32_bf16, ELEM, dp_pack_f32_bf16_elem,                                          \
+    X(pack_f32_bf16, COLUMNS, dp_pack_f32_bf16_elem,                                          \
       (uint16_t *dst, const float *src, dp_block blk), (dst, src, blk))                    \
-    X(pack_bf16_f32, ELEM, dp_pack_bf16_f32_elem,                                          \
+    X(pack_bf16_f32, COLUMNS, dp_pack_bf16_f32_elem,                                          \
       (float *dst, const uint16_t *src, dp_block blk), (dst, src, blk))                    \
     X(gelu_forward, ELEM, dp_gelu_forward_elem, (float *out, const float *inp), (out, inp)) \
     X(gelu_forward_bf16, ELEM, dp_gelu_forward_bf16_elem,                                  \
@@ -86,7 +86,7 @@
        dp_pref bias, size_t C, float eps),                                                 \
       (out, mean, rstd, inp, weight, bias, C, eps))                                        \
     /* dinp(N,C) += the input gradient; n = N */                                           \
-    X(layernorm_backward_inp, ROW, dp_layernorm_backward_inp_item,                         \
+    X(layernorm_backward_inp, ROW_BLOCK, dp_layernorm_backward_inp_item,                         \
       (float *dinp, const float *dout, const float *inp, dp_pref weight,                   \
        const float *mean, const float *rstd, size_t C),                                    \
       (dinp, dout, inp, weight, mean, rstd, C))                                            \
@@ -95,7 +95,7 @@
     X(softmax_causal_forward, ROW_BLOCK, dp_softmax_causal_forward_item,                   \
       (float *att, float scale, size_t ld, size_t q0, size_t nq), (att, scale, ld, q0, nq)) \
     /* datt(rows,ld) in place: d(att) -> d(pre-softmax scores), scale included */          \
-    X(softmax_causal_backward, ROW, dp_softmax_causal_backward_item,                       \
+    X(softmax_causal_backward, ROW_BLOCK, dp_softmax_causal_backward_item,                       \
       (float *datt, const float *att, float scale, size_t ld, size_t q0, size_t nq),       \
       (datt, att, scale, ld, q0, nq))                                                      \
     /* losses(N) per row (0 for ignored), dlogits(N,V) as dp_crossentropy_forward_backward \

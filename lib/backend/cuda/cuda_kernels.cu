@@ -6,10 +6,11 @@
  *
  * Launch shapes:
  *   - element kernels: one thread per output element, 256-thread blocks;
- *   - row kernels (one DP_HD call per LayerNorm row, softmax row,
- *     cross-entropy row, embedding channel): one thread per row or column,
- *     64-thread blocks so that a few thousand rows still spread over every
- *     SM;
+ *   - row kernels (LayerNorm, causal softmax and cross-entropy rows, forward
+ *     and backward): one block per row, coalesced reads, reductions by a
+ *     fixed warp-shuffle tree (below);
+ *   - block copies (the bfloat16 packs of a GEMM's operand blocks): one warp
+ *     per column of the block, lanes along its contiguous rows;
  *   - column reductions (bias and LayerNorm parameter gradients): two
  *     stages, one thread per (row chunk, column) then one per column, in
  *     the fixed order of kernels/colsum.h.
@@ -19,9 +20,10 @@
  *
  * Determinism: no kernel adds to an element another thread writes (the
  * kernels/ headers are written so that each call owns its outputs) and no
- * float atomics are used; the one reduction here, the sum of squares,
- * is a fixed two-pass tree. Results are therefore bitwise reproducible
- * from run to run on one GPU model.
+ * float atomics are used; every reduction (the rows' block trees, the
+ * column sums' two stages, the sum of squares' two passes) runs in an
+ * order fixed by the sizes alone. Results are therefore bitwise
+ * reproducible from run to run on one GPU model.
  */
 #include <cuda_runtime.h>
 
@@ -33,7 +35,6 @@
 namespace {
 
 const unsigned ELEM_THREADS = 256;
-const unsigned ROW_THREADS = 64;
 /* Enough blocks to fill any current GPU several times over; the
  * grid-stride loops cover the rest. */
 const size_t DP_MAX_BLOCKS = 4096;
@@ -66,11 +67,11 @@ __device__ __forceinline__ size_t grid_stride() { return (size_t)gridDim.x * blo
 
 // --- the element-wise and row-wise ops of kernels/ops.h ------------------------------
 
-/* One grid-stride kernel and its launcher per ELEM or ROW entry; a
- * ROW_BLOCK entry's launcher is written out below (block-per-row kernels). */
+/* One grid-stride kernel and its launcher per ELEM entry; the launchers of
+ * the ROW_BLOCK and COLUMNS entries are written out below. */
 #define CUDA_OP(name, shape, fn, params, args) CUDA_OP_##shape(name, fn, params, args)
 #define CUDA_OP_ROW_BLOCK(name, fn, params, args)
-#define CUDA_OP_ROW(name, fn, params, args) CUDA_OP_GRID(name, ROW_THREADS, fn, params, args)
+#define CUDA_OP_COLUMNS(name, fn, params, args)
 #define CUDA_OP_ELEM(name, fn, params, args) CUDA_OP_GRID(name, ELEM_THREADS, fn, params, args)
 #define CUDA_OP_GRID(name, threads, fn, params, args)                                   \
     __global__ void k_##name(DP_UNPAREN params, size_t n)                                \
@@ -87,14 +88,16 @@ DP_KERNEL_OPS(CUDA_OP)
 
 // --- block-per-row kernels (the ROW_BLOCK ops of kernels/ops.h) ---------------------------
 /*
- * One block of BLOCK_THREADS threads per row (grid-stride over rows): thread
- * j handles the row's elements j, j + BLOCK_THREADS, ... (adjacent threads
- * read adjacent addresses), and every row-wide sum or maximum is a fixed
- * tree: each thread's partial in element order, then __shfl_down within
- * each warp (offsets 16, 8, 4, 2, 1), then the warps' results in warp order
- * by warp 0, broadcast through shared memory. The tree depends only on the
- * row length and BLOCK_THREADS, so results are bitwise reproducible run to
- * run. They are not bitwise equal to the CPU's loops over the kernels/
+ * One block of THREADS threads per row (grid-stride over rows): thread j
+ * handles the row's elements j, j + THREADS, ... (adjacent threads read
+ * adjacent addresses), and every row-wide sum or maximum is a fixed tree:
+ * each thread's partial in element order, then __shfl_down within each
+ * warp (offsets 16, 8, 4, 2, 1), then the warps' results in warp order by
+ * warp 0, broadcast through shared memory. THREADS is BLOCK_THREADS, or
+ * CE_THREADS for long cross-entropy rows (more loads in flight when a chunk
+ * of logits is only a few hundred rows). The tree depends only on the row
+ * length and THREADS (itself a function of the row length), so results are
+ * bitwise reproducible run to run. They are not bitwise equal to the CPU's loops over the kernels/
  * functions, which sum in another order: sums of C terms differ by about
  * C * 2^-24 relative at worst (float sums: LayerNorm's mean and variance,
  * softmax's denominator) and far less for the double sums of
@@ -103,46 +106,57 @@ DP_KERNEL_OPS(CUDA_OP)
  */
 
 const unsigned BLOCK_THREADS = 256;
-const unsigned BLOCK_WARPS = BLOCK_THREADS / 32;
+const unsigned CE_THREADS = 1024;
+/* Cross-entropy rows at least this long get CE_THREADS threads. */
+const size_t CE_LONG_ROW = 4096;
 
-/* Row-wide sum of each thread's v (fixed tree); every thread gets it. */
-template <typename Tv> __device__ Tv block_sum(Tv v, Tv *shared /* BLOCK_WARPS + 1 */)
+/* Shared memory of a block reduction: one slot per warp and the result. */
+template <unsigned THREADS, typename Tv> struct block_scratch {
+    Tv slot[THREADS / 32 + 1];
+};
+
+/* Row-wide reduction of each thread's v by op (fixed tree); every thread
+ * gets the result. */
+template <unsigned THREADS, typename Tv, typename Op>
+__device__ Tv block_reduce(Tv v, Tv identity, block_scratch<THREADS, Tv> &sh, Op op)
 {
-    for (int off = 16; off > 0; off /= 2) v += __shfl_down_sync(0xffffffffu, v, off);
+    const unsigned warps = THREADS / 32;
+    for (int off = 16; off > 0; off /= 2) v = op(v, __shfl_down_sync(0xffffffffu, v, off));
     unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (lane == 0) shared[warp] = v;
+    if (lane == 0) sh.slot[warp] = v;
     __syncthreads();
     if (warp == 0) {
-        Tv w = lane < BLOCK_WARPS ? shared[lane] : (Tv)0;
-        for (int off = 16; off > 0; off /= 2) w += __shfl_down_sync(0xffffffffu, w, off);
-        if (lane == 0) shared[BLOCK_WARPS] = w;
+        Tv w = lane < warps ? sh.slot[lane] : identity;
+        for (int off = 16; off > 0; off /= 2) w = op(w, __shfl_down_sync(0xffffffffu, w, off));
+        if (lane == 0) sh.slot[warps] = w;
     }
     __syncthreads();
-    Tv total = shared[BLOCK_WARPS];
-    __syncthreads(); /* shared may be reused by the next reduction */
+    Tv total = sh.slot[warps];
+    __syncthreads(); /* the scratch may be reused by the next reduction */
     return total;
 }
 
-/* Row-wide maximum (NaN-free inputs give the true maximum in any order). */
-__device__ float block_max(float v, float *shared)
+struct add_op {
+    template <typename Tv> __device__ Tv operator()(Tv a, Tv b) const { return a + b; }
+};
+struct max_op {
+    __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+template <unsigned THREADS, typename Tv>
+__device__ Tv block_sum(Tv v, block_scratch<THREADS, Tv> &sh)
 {
-    for (int off = 16; off > 0; off /= 2) v = fmaxf(v, __shfl_down_sync(0xffffffffu, v, off));
-    unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (lane == 0) shared[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        float w = lane < BLOCK_WARPS ? shared[lane] : -INFINITY;
-        for (int off = 16; off > 0; off /= 2) w = fmaxf(w, __shfl_down_sync(0xffffffffu, w, off));
-        if (lane == 0) shared[BLOCK_WARPS] = w;
-    }
-    __syncthreads();
-    float m = shared[BLOCK_WARPS];
-    __syncthreads();
-    return m;
+    return block_reduce<THREADS>(v, (Tv)0, sh, add_op());
+}
+
+/* Row-wide maximum (NaN-free inputs give the true maximum in any order). */
+template <unsigned THREADS> __device__ float block_max(float v, block_scratch<THREADS, float> &sh)
+{
+    return block_reduce<THREADS>(v, -INFINITY, sh, max_op());
 }
 
 #define BLOCK_ROW_LOOP(r, rows) for (size_t r = blockIdx.x; r < (rows); r += gridDim.x)
-#define ROW_ELEMS(j, len) for (size_t j = threadIdx.x; j < (len); j += BLOCK_THREADS)
+#define ROW_ELEMS(j, len) for (size_t j = threadIdx.x; j < (len); j += blockDim.x)
 
 /* dp_layernorm_forward_item, one block per row: mean, then the centred
  * sum of squares (two passes, as the CPU), then the output. */
@@ -150,20 +164,20 @@ __global__ void k_layernorm_forward_block(float *out, float *mean, float *rstd, 
                                           dp_pref weight, dp_pref bias, size_t C, float eps,
                                           size_t N)
 {
-    __shared__ float sh[BLOCK_WARPS + 1];
+    __shared__ block_scratch<BLOCK_THREADS, float> sh;
     BLOCK_ROW_LOOP(r, N)
     {
         const float *x = inp + r * C;
         float a = 0.0f;
         ROW_ELEMS(c, C) a += x[c];
-        float m = block_sum(a, sh) / (float)C;
+        float m = block_sum<BLOCK_THREADS>(a, sh) / (float)C;
         float q = 0.0f;
         ROW_ELEMS(c, C)
         {
             float d = x[c] - m;
             q += d * d;
         }
-        float s = 1.0f / sqrtf(block_sum(q, sh) / (float)C + eps);
+        float s = 1.0f / sqrtf(block_sum<BLOCK_THREADS>(q, sh) / (float)C + eps);
         ROW_ELEMS(c, C) out[r * C + c] = (x[c] - m) * s * dp_pref_at(weight, c) + dp_pref_at(bias, c);
         if (threadIdx.x == 0) {
             mean[r] = m;
@@ -177,14 +191,14 @@ __global__ void k_layernorm_forward_block(float *out, float *mean, float *rstd, 
 __global__ void k_softmax_causal_forward_block(float *att, float scale, size_t ld, size_t q0,
                                                size_t nq, size_t rows)
 {
-    __shared__ float sh[BLOCK_WARPS + 1];
+    __shared__ block_scratch<BLOCK_THREADS, float> sh;
     BLOCK_ROW_LOOP(r, rows)
     {
         float *row = att + r * ld;
         size_t t = q0 + r % nq;
         float mx = -INFINITY;
         ROW_ELEMS(j, t + 1) mx = fmaxf(mx, scale * row[j]);
-        mx = block_max(mx, sh);
+        mx = block_max<BLOCK_THREADS>(mx, sh);
         float a = 0.0f;
         ROW_ELEMS(j, t + 1)
         {
@@ -192,8 +206,54 @@ __global__ void k_softmax_causal_forward_block(float *att, float scale, size_t l
             row[j] = e;
             a += e;
         }
-        float inv = 1.0f / block_sum(a, sh); /* >= 1: the maximum's term is exp(0) */
+        float inv = 1.0f / block_sum<BLOCK_THREADS>(a, sh); /* >= 1: the maximum's term is exp(0) */
         ROW_ELEMS(j, ld) row[j] = j <= t ? row[j] * inv : 0.0f;
+    }
+}
+
+/* dp_layernorm_backward_inp_item, one block per row: the two row means
+ * (of g = dout * weight and of g * xhat), then dinp += the gradient. */
+__global__ void k_layernorm_backward_inp_block(float *dinp, const float *dout, const float *inp,
+                                               dp_pref weight, const float *mean,
+                                               const float *rstd, size_t C, size_t N)
+{
+    __shared__ block_scratch<BLOCK_THREADS, float> sh;
+    BLOCK_ROW_LOOP(r, N)
+    {
+        const float *g = dout + r * C, *x = inp + r * C;
+        float m = mean[r], s = rstd[r], a = 0.0f, b = 0.0f;
+        ROW_ELEMS(c, C)
+        {
+            float gw = g[c] * dp_pref_at(weight, c);
+            a += gw;
+            b += gw * (x[c] - m) * s;
+        }
+        float g_mean = block_sum<BLOCK_THREADS>(a, sh) / (float)C;
+        float gx_mean = block_sum<BLOCK_THREADS>(b, sh) / (float)C;
+        ROW_ELEMS(c, C)
+        {
+            float xhat = (x[c] - m) * s, gw = g[c] * dp_pref_at(weight, c);
+            dinp[r * C + c] += s * (gw - g_mean - xhat * gx_mean);
+        }
+    }
+}
+
+/* dp_softmax_causal_backward_item, one block per row r (query t = q0 + r %
+ * nq, ld keys): the dot of att and datt over keys 0..t, then datt in
+ * place; keys after t become 0 whatever they held. */
+__global__ void k_softmax_causal_backward_block(float *datt, const float *att, float scale,
+                                                size_t ld, size_t q0, size_t nq, size_t rows)
+{
+    __shared__ block_scratch<BLOCK_THREADS, float> sh;
+    BLOCK_ROW_LOOP(r, rows)
+    {
+        float *drow = datt + r * ld;
+        const float *arow = att + r * ld;
+        size_t t = q0 + r % nq;
+        float dot = 0.0f;
+        ROW_ELEMS(j, t + 1) dot += arow[j] * drow[j];
+        dot = block_sum<BLOCK_THREADS>(dot, sh);
+        ROW_ELEMS(j, ld) drow[j] = j <= t ? scale * arow[j] * (drow[j] - dot) : 0.0f;
     }
 }
 
@@ -203,11 +263,12 @@ __global__ void k_softmax_causal_forward_block(float *att, float scale, size_t l
  * writes it, and x[target] is read by all before any write. The double sum
  * is formed the same way with or without dlogits, so the loss does not
  * depend on whether dlogits is asked for. */
+template <unsigned THREADS>
 __global__ void k_crossentropy_block(float *losses, float *dlogits, const float *logits,
                                      const int32_t *targets, size_t V, float dscale, size_t N)
 {
-    __shared__ float shf[BLOCK_WARPS + 1];
-    __shared__ double shd[BLOCK_WARPS + 1];
+    __shared__ block_scratch<THREADS, float> shf;
+    __shared__ block_scratch<THREADS, double> shd;
     BLOCK_ROW_LOOP(r, N)
     {
         const float *x = logits + r * V;
@@ -221,7 +282,7 @@ __global__ void k_crossentropy_block(float *losses, float *dlogits, const float 
         float xy = x[target];
         float mx = -INFINITY;
         ROW_ELEMS(v, V) mx = fmaxf(mx, x[v]);
-        mx = block_max(mx, shf); /* its barriers order the read of xy before any write */
+        mx = block_max<THREADS>(mx, shf); /* its barriers order the read of xy before any write */
         double a = 0.0;
         ROW_ELEMS(v, V)
         {
@@ -229,7 +290,7 @@ __global__ void k_crossentropy_block(float *losses, float *dlogits, const float 
             if (dl) dl[v] = e;
             a += (double)e;
         }
-        double s = block_sum(a, shd);
+        double s = block_sum<THREADS>(a, shd);
         if (threadIdx.x == 0) losses[r] = (float)(((double)mx - (double)xy) + log(s));
         if (!dl) continue;
         double inv_s = 1.0 / s;
@@ -259,6 +320,29 @@ extern "C" cudaError_t dp_cuda_launch_layernorm_forward(cudaStream_t stream, flo
     return cudaGetLastError();
 }
 
+extern "C" cudaError_t dp_cuda_launch_layernorm_backward_inp(cudaStream_t stream, float *dinp,
+                                                             const float *dout, const float *inp,
+                                                             dp_pref weight, const float *mean,
+                                                             const float *rstd, size_t C,
+                                                             size_t n)
+{
+    if (n == 0 || C == 0) return cudaSuccess;
+    k_layernorm_backward_inp_block<<<row_blocks(n), BLOCK_THREADS, 0, stream>>>(
+        dinp, dout, inp, weight, mean, rstd, C, n);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t dp_cuda_launch_softmax_causal_backward(cudaStream_t stream, float *datt,
+                                                              const float *att, float scale,
+                                                              size_t ld, size_t q0, size_t nq,
+                                                              size_t n)
+{
+    if (n == 0 || ld == 0 || nq == 0) return cudaSuccess;
+    k_softmax_causal_backward_block<<<row_blocks(n), BLOCK_THREADS, 0, stream>>>(datt, att, scale,
+                                                                                 ld, q0, nq, n);
+    return cudaGetLastError();
+}
+
 extern "C" cudaError_t dp_cuda_launch_softmax_causal_forward(cudaStream_t stream, float *att,
                                                              float scale, size_t ld, size_t q0,
                                                              size_t nq, size_t n)
@@ -275,9 +359,65 @@ extern "C" cudaError_t dp_cuda_launch_crossentropy(cudaStream_t stream, float *l
                                                    float dscale, size_t n)
 {
     if (n == 0 || V == 0) return cudaSuccess;
-    k_crossentropy_block<<<row_blocks(n), BLOCK_THREADS, 0, stream>>>(losses, dlogits, logits,
-                                                                      targets, V, dscale, n);
+    if (V >= CE_LONG_ROW)
+        k_crossentropy_block<CE_THREADS>
+            <<<row_blocks(n), CE_THREADS, 0, stream>>>(losses, dlogits, logits, targets, V, dscale, n);
+    else
+        k_crossentropy_block<BLOCK_THREADS><<<row_blocks(n), BLOCK_THREADS, 0, stream>>>(
+            losses, dlogits, logits, targets, V, dscale, n);
     return cudaGetLastError();
+}
+
+// --- block copies (the COLUMNS ops of kernels/ops.h) --------------------------------------------
+/*
+ * dp_pack_*_elem item i is element (row, col) of matrix mat of the block,
+ * i = (mat * cols + col) * rows + row, read at off + mat * stride + col *
+ * ld + row. One warp per segment of PACK_SEG rows of a column q = mat *
+ * cols + col (grid-stride over segments), its lanes along the rows: both
+ * sides are contiguous, the divisions that locate a segment run once per
+ * PACK_SEG elements, and a block of a few long columns (a chunk of logits
+ * seen as V x rows) still spreads over every SM. The conversions are the
+ * DP_HD functions of kernels/bf16.h, so the bits equal the CPU's.
+ */
+const size_t PACK_SEG = 1024;
+
+__device__ __forceinline__ void convert_to(uint16_t *d, float x) { *d = dp_bf16_round(x); }
+__device__ __forceinline__ void convert_to(float *d, uint16_t x) { *d = dp_bf16_widen(x); }
+
+template <typename Td, typename Ts>
+__global__ void k_pack_columns(Td *dst, const Ts *src, dp_block b, size_t nseg, size_t segs)
+{
+    size_t lane = threadIdx.x % 32, warps = grid_stride() / 32;
+    for (size_t w = first_index() / 32; w < segs; w += warps) {
+        size_t q = w / nseg, r0 = (w - q * nseg) * PACK_SEG;
+        size_t mat = q / b.cols, col = q - mat * b.cols;
+        size_t r1 = r0 + PACK_SEG < b.rows ? r0 + PACK_SEG : b.rows;
+        const Ts *s = src + b.off + mat * b.stride + col * b.ld;
+        Td *d = dst + q * b.rows;
+        for (size_t r = r0 + lane; r < r1; r += 32) convert_to(d + r, s[r]);
+    }
+}
+
+template <typename Td, typename Ts>
+static cudaError_t launch_pack(cudaStream_t stream, Td *dst, const Ts *src, dp_block b, size_t n)
+{
+    if (n == 0 || b.rows == 0) return cudaSuccess;
+    size_t nseg = (b.rows + PACK_SEG - 1) / PACK_SEG, segs = n / b.rows * nseg;
+    k_pack_columns<<<blocks_for(segs * 32, ELEM_THREADS), ELEM_THREADS, 0, stream>>>(dst, src, b,
+                                                                                    nseg, segs);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t dp_cuda_launch_pack_f32_bf16(cudaStream_t stream, uint16_t *dst,
+                                                    const float *src, dp_block blk, size_t n)
+{
+    return launch_pack(stream, dst, src, blk, n);
+}
+
+extern "C" cudaError_t dp_cuda_launch_pack_bf16_f32(cudaStream_t stream, float *dst,
+                                                    const uint16_t *src, dp_block blk, size_t n)
+{
+    return launch_pack(stream, dst, src, blk, n);
 }
 
 // --- encoder -------------------------------------------------------------------------
