@@ -554,12 +554,18 @@ Test(cuda_ops, bf16_conversion_is_bitwise_equal, .timeout = 60)
 /* The block packs of a GEMM in pieces (pack_f32_bf16, pack_bf16_f32): the
  * GPU runs a warp per column, the CPU a loop over items, both over the
  * DP_HD conversions, so the bits must match. The padding around each
- * block holds NaN: reading it would show. Columns of 7 rows (under a
- * warp), 33 (a warp and one), 1000 and 2500 (three of the GPU's 1024-row
- * segments, the last partial), in 3 matrices with a gap between them. */
-static void check_pack(size_t rows, size_t cols, uint64_t seed)
+ * block holds NaN: reading it would show. 3 matrices with a gap between
+ * them, columns ld = rows + pad apart from element off. The GPU converts
+ * four elements at a time where both the column's start in the operand and
+ * in the dense copy allow it, one at a time elsewhere: columns of 7 rows
+ * (under a warp), 33 (a warp and one), 1000 and 2500 (three of the GPU's
+ * 1024-row segments, the last partial) at odd offsets, scalar; 1024 and
+ * 2052 rows at aligned offsets, vectors (2052: across segments, the last
+ * one 4 rows); 6 rows 8 apart: vectors from aligned operand columns into
+ * a dense copy aligned only at every other column. */
+static void check_pack(size_t rows, size_t cols, size_t pad, size_t off, uint64_t seed)
 {
-    const size_t mats = 3, ld = rows + 3, stride = ld * (cols + 1) + 5, off = 2;
+    const size_t mats = 3, ld = rows + pad, stride = ld * (cols + 1) + 4 * pad + 4;
     const size_t total = off + stride * mats, n = mats * rows * cols;
     const dp_block blk = {off, ld, stride, rows, cols};
     float *x = rnd_normal(seed, total, 0.0f, 3.0f);
@@ -605,10 +611,13 @@ static void check_pack(size_t rows, size_t cols, uint64_t seed)
 Test(cuda_ops, block_packs_are_bitwise_equal, .timeout = 60)
 {
     REQUIRE_GPU();
-    check_pack(7, 5, 41);
-    check_pack(33, 4, 42);
-    check_pack(1000, 3, 43);
-    check_pack(2500, 2, 44);
+    check_pack(7, 5, 3, 2, 41);
+    check_pack(33, 4, 3, 2, 42);
+    check_pack(1000, 3, 3, 2, 43);
+    check_pack(2500, 2, 3, 2, 44);
+    check_pack(1024, 3, 4, 4, 45);
+    check_pack(2052, 3, 0, 8, 46);
+    check_pack(6, 7, 2, 0, 47);
 }
 
 // --- kernels vs the CPU backend --------------------------------------------------------------
@@ -1053,8 +1062,9 @@ Test(cuda_ops, softmax_causal_matches_cpu, .timeout = 60)
  * losses rtol 1e-6. dlogits = dscale (p - onehot): p within a few ulp, so rtol 1e-5;
  * p - 1 cancels for the target entry (4 ulp of 1 = 2.4e-7), hence atol
  * 1e-6 * dscale. Ignored
- * rows (-1) give exactly 0. Shapes: 37 rows of V = 1000, 3 rows of
- * V = 50304, and 300000 rows of V = 2 (more rows than one grid covers).
+ * rows (-1) give exactly 0, masked entries (-inf) a zero gradient. Shapes:
+ * 37 rows of V = 1000, 3 rows of V = 50304 (1024 threads a row on the
+ * GPU), and 300000 rows of V = 2 (more rows than one grid covers).
  */
 static void check_crossentropy(size_t N, size_t V, uint64_t seed)
 {
@@ -1063,6 +1073,12 @@ static void check_crossentropy(size_t N, size_t V, uint64_t seed)
     dp_rng rng;
     dp_rng_seed(&rng, seed + 1);
     for (size_t i = 0; i < N; i++) tg[i] = i % 5 == 2 ? -1 : (int32_t)dp_rng_below(&rng, V);
+    /* Masked vocabulary entries (-inf logits) in every third row: the first
+     * half of the row but the target, so on the GPU a thread's first
+     * elements are all -inf (its running maximum starts at -inf). */
+    for (size_t i = 1; i < N; i += 3)
+        for (size_t v = 0; v < V / 2; v++)
+            if ((int32_t)v != tg[i]) logits[i * V + v] = -INFINITY;
     float dscale = 1.0f / (float)N;
     FOR_TARGETS(g)
     {
@@ -1091,9 +1107,12 @@ static void check_crossentropy(size_t N, size_t V, uint64_t seed)
         dp_assert_allclose(dl[1], dl[0], N * V, 1e-6 * dscale, 1e-5);
         assert_same_bits("dlogits in place vs separate", inpl[1], dl[1], N * V);
         for (size_t i = 0; i < N; i++)
-            if (tg[i] < 0)
-                for (size_t v = 0; v < V; v++)
-                    cr_assert(dl[1][i * V + v] == 0.0f, "ignored row %zu has dlogits", i);
+            for (size_t v = 0; v < V; v++) {
+                float x = logits[i * V + v], d = dl[1][i * V + v];
+                if (tg[i] < 0) cr_assert(d == 0.0f, "ignored row %zu has dlogits", i);
+                if (x == -INFINITY) cr_assert(d == 0.0f, "masked (%zu,%zu): dlogits %g", i, v, d);
+                cr_assert(isfinite(d), "dlogits (%zu,%zu) = %g", i, v, d);
+            }
         for (int b = 0; b < 2; b++) {
             free(dl[b]);
             free(inpl[b]);

@@ -8,7 +8,8 @@
  *         dp_status (*name)(dp_device *dev, params..., size_t n);
  *   - the CPU backend (cpu/cpu_ops.c) fills it with a loop i = 0..n-1;
  *   - the CUDA backend (cuda/cuda_kernels.cu, cuda/cuda_backend.c) fills it
- *     with a grid-stride kernel, one thread per item, on the device's stream.
+ *     with a kernel of the op's shape (below) on the device's stream: for
+ *     ELEM, a grid-stride kernel with one thread per item.
  * So a new op is: its DP_HD function in a kernels/ header (included here),
  * one X(...) line here, and the public wrapper in lib/nn (or lib/optim)
  * that checks the arguments and calls dev->ops->name(..., n).
@@ -20,8 +21,8 @@
  *           own kernel with one block per row, coalesced reads and a fixed
  *           warp-shuffle reduction tree, written in cuda_kernels.cu against
  *           fn's semantics) or COLUMNS (items are the elements of a block of
- *           columns, a column's rows contiguous: the CUDA backend runs one
- *           warp per column); the CPU loops over fn whatever the shape;
+ *           columns, a column's rows contiguous: the CUDA backend runs a warp
+ *           per segment of a column); the CPU loops over fn whatever the shape;
  *   fn      the DP_HD item function;
  *   params  the entry's parameters between dev and n, in parentheses;
  *   args    their names, in the same order, as passed to fn before i.

@@ -10,7 +10,7 @@
  *     and backward): one block per row, coalesced reads, reductions by a
  *     fixed warp-shuffle tree (below);
  *   - block copies (the bfloat16 packs of a GEMM's operand blocks): one warp
- *     per column of the block, lanes along its contiguous rows;
+ *     per segment of a column of the block, lanes along its contiguous rows;
  *   - column reductions (bias and LayerNorm parameter gradients): two
  *     stages, one thread per (row chunk, column) then one per column, in
  *     the fixed order of kernels/colsum.h.
@@ -257,12 +257,19 @@ __global__ void k_softmax_causal_backward_block(float *datt, const float *att, f
     }
 }
 
-/* dp_crossentropy_item, one block per row: the maximum, exp(x - m) (kept in
- * dlogits when it is given) summed in double, the loss, then dlogits. With
- * dlogits == logits (in place) every element is read by the thread that
- * writes it, and x[target] is read by all before any write. The double sum
- * is formed the same way with or without dlogits, so the loss does not
- * depend on whether dlogits is asked for. */
+/* dp_crossentropy_item, one block per row, in two sweeps over the row
+ * instead of three: first each thread's running maximum m_t and its sum
+ * s_t of exp(x - m_t) in double, rescaled by exp(m_old - m_new) when the
+ * maximum grows (the online softmax normaliser of Milakov & Gimelshein,
+ * "Online normalizer calculation for softmax", 2018); the block's maximum
+ * M, and the sum of the s_t exp(m_t - M), in fixed trees; then the loss
+ * and, in a second sweep, dlogits = dscale (exp(x - M) / S - onehot). The
+ * terms are the CPU's exp(x - M) up to the rescale's double rounding, so
+ * the loss matches the CPU to its double sum's rounding. With dlogits ==
+ * logits (in place) every element is read by the thread that writes it,
+ * and x[target] is read by all before any write (the reductions' barriers
+ * come between). The first sweep is the same with or without dlogits, so
+ * the loss does not depend on whether dlogits is asked for. */
 template <unsigned THREADS>
 __global__ void k_crossentropy_block(float *losses, float *dlogits, const float *logits,
                                      const int32_t *targets, size_t V, float dscale, size_t N)
@@ -280,23 +287,26 @@ __global__ void k_crossentropy_block(float *losses, float *dlogits, const float 
             continue;
         }
         float xy = x[target];
-        float mx = -INFINITY;
-        ROW_ELEMS(v, V) mx = fmaxf(mx, x[v]);
-        mx = block_max<THREADS>(mx, shf); /* its barriers order the read of xy before any write */
-        double a = 0.0;
+        float mt = -INFINITY;
+        double st = 0.0;
         ROW_ELEMS(v, V)
         {
-            float e = expf(x[v] - mx);
-            if (dl) dl[v] = e;
-            a += (double)e;
+            float xv = x[v];
+            if (xv > mt) {
+                st *= exp((double)mt - (double)xv); /* 0 on the first element */
+                mt = xv;
+            }
+            /* mt is -inf only while every element so far is -inf: terms 0 */
+            if (mt != -INFINITY) st += (double)expf(xv - mt);
         }
-        double s = block_sum<THREADS>(a, shd);
+        float mx = block_max<THREADS>(mt, shf); /* its barriers order the read of xy before any write */
+        double s = block_sum<THREADS>(mt == -INFINITY ? 0.0 : st * exp((double)mt - (double)mx), shd);
         if (threadIdx.x == 0) losses[r] = (float)(((double)mx - (double)xy) + log(s));
         if (!dl) continue;
         double inv_s = 1.0 / s;
         ROW_ELEMS(v, V)
         {
-            float p = (float)((double)dl[v] * inv_s);
+            float p = (float)((double)expf(x[v] - mx) * inv_s);
             dl[v] = dscale * ((size_t)target == v ? p - 1.0f : p);
         }
     }
@@ -384,6 +394,36 @@ const size_t PACK_SEG = 1024;
 __device__ __forceinline__ void convert_to(uint16_t *d, float x) { *d = dp_bf16_round(x); }
 __device__ __forceinline__ void convert_to(float *d, uint16_t x) { *d = dp_bf16_widen(x); }
 
+/* Four elements, aligned as one load or store. */
+template <typename T> struct alignas(4 * sizeof(T)) vec4 {
+    T v[4];
+};
+
+/* d[0..len) = the conversion of s[0..len) by the 32 lanes of a warp: a
+ * scalar head up to s's vec4 alignment, then vec4 loads and stores when d
+ * is aligned there too (a column's start in the operand and in the dense
+ * copy decide; a multiple-of-4 row count and leading dimension make every
+ * column aligned), then a scalar tail. Same conversions, same bits. */
+template <typename Td, typename Ts>
+__device__ void convert_run(Td *d, const Ts *s, size_t len, size_t lane)
+{
+    size_t mis = (size_t)((uintptr_t)s % sizeof(vec4<Ts>)) / sizeof(Ts);
+    size_t head = mis ? 4 - mis : 0;
+    if (head > len) head = len;
+    if (lane < head) convert_to(d + lane, s[lane]);
+    d += head, s += head, len -= head;
+    size_t nv = (uintptr_t)d % sizeof(vec4<Td>) == 0 ? len / 4 : 0;
+    const vec4<Ts> *sv = (const vec4<Ts> *)s;
+    vec4<Td> *dv = (vec4<Td> *)d;
+    for (size_t i = lane; i < nv; i += 32) {
+        vec4<Ts> in = sv[i];
+        vec4<Td> out;
+        for (int k = 0; k < 4; k++) convert_to(&out.v[k], in.v[k]);
+        dv[i] = out;
+    }
+    for (size_t r = nv * 4 + lane; r < len; r += 32) convert_to(d + r, s[r]);
+}
+
 template <typename Td, typename Ts>
 __global__ void k_pack_columns(Td *dst, const Ts *src, dp_block b, size_t nseg, size_t segs)
 {
@@ -393,8 +433,7 @@ __global__ void k_pack_columns(Td *dst, const Ts *src, dp_block b, size_t nseg, 
         size_t mat = q / b.cols, col = q - mat * b.cols;
         size_t r1 = r0 + PACK_SEG < b.rows ? r0 + PACK_SEG : b.rows;
         const Ts *s = src + b.off + mat * b.stride + col * b.ld;
-        Td *d = dst + q * b.rows;
-        for (size_t r = r0 + lane; r < r1; r += 32) convert_to(d + r, s[r]);
+        convert_run(dst + q * b.rows + r0, s + r0, r1 - r0, lane);
     }
 }
 
