@@ -1,8 +1,8 @@
 /* Fused softmax cross-entropy: per-row losses, the row-ordered double loss
  * sum and dlogits against float64, finite differences of the float64 loss,
  * ignored targets, an all-ignored batch, logits of magnitude 1e4, dscale,
- * in-place and loss-only modes, more rows than the host copy's chunk, bad
- * arguments. */
+ * in-place and loss-only modes, masked (-inf) classes, more rows than the
+ * host copy's chunk, bad arguments. */
 #include "nn_test_util.h"
 
 /* float64 reference for one row: loss and, if dl, dscale*(softmax - onehot). */
@@ -259,6 +259,39 @@ Test(crossentropy, large_logits_are_stable)
      * atol 1e-6 for the ~0 and ~log(50) rows. */
     check_against_ref(&r, logits, targets, N, V, 1.0f / N, 1e-6, 1e-6);
     free_result(&r);
+}
+
+/* Masked classes: -inf logits (a vocabulary mask) get probability 0 and a
+ * zero gradient, in all three modes, and the loss is that of the unmasked
+ * classes (the float64 reference's exp(-inf) is 0 too). Row 0 has every
+ * class but its target masked (loss exactly 0, gradient 0); row 1 its first
+ * half; row 2 none. */
+Test(crossentropy, masked_classes_are_excluded)
+{
+    enum { N = 3, V = 37 };
+    float logits[N * V];
+    int32_t targets[N] = {5, 30, 11};
+    dp_rng rng;
+    dp_rng_seed(&rng, 73);
+    dp_rng_fill_normal(&rng, logits, N * V, 0.0f, 2.0f);
+    for (size_t v = 0; v < V; v++)
+        if (v != 5) logits[v] = -INFINITY;
+    for (size_t v = 0; v < V / 2; v++) logits[V + v] = -INFINITY;
+    for (int mode = 0; mode < 3; mode++) {
+        ce_result r = run_ce(logits, targets, N, V, 0.5f, mode);
+        cr_assert_eq(r.losses[0], 0.0f, "mode %d: one unmasked class, loss %g", mode,
+                     (double)r.losses[0]);
+        check_against_ref(&r, logits, targets, N, V, 0.5f, 1e-6, 1e-6);
+        if (r.dlogits)
+            for (size_t i = 0; i < N * V; i++) {
+                cr_assert(isfinite(r.dlogits[i]), "mode %d: dlogits[%zu] = %g", mode, i,
+                          (double)r.dlogits[i]);
+                if (logits[i] == -INFINITY)
+                    cr_assert_eq(r.dlogits[i], 0.0f, "mode %d: masked dlogits[%zu] = %g", mode,
+                                 i, (double)r.dlogits[i]);
+            }
+        free_result(&r);
+    }
 }
 
 Test(crossentropy, more_rows_than_one_host_chunk)

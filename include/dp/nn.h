@@ -210,8 +210,10 @@ DP_API dp_status dp_attention_backward_chunked(dp_device *dev, float *dqkv, floa
  * whole global batch), which makes the sum of per-device losses times
  * dscale the exact global mean. dlogits may alias logits (in place) or be
  * NULL (loss only). losses(N) is device scratch. Stable for |logits| ~ 1e4
- * (max subtraction). Targets outside [-1,V) are the caller's bug: the
- * caller validates them on the host. */
+ * (max subtraction). Logits of -inf (masked classes) get probability 0 and
+ * a zero gradient, as long as the target's own logit is finite. Targets
+ * outside [-1,V) are the caller's bug: the caller validates them on the
+ * host. */
 DP_API dp_status dp_crossentropy_forward_backward(dp_device *dev, double *loss_sum_host,
                                                   float *dlogits, float *losses,
                                                   const float *logits, const int32_t *targets,
