@@ -63,6 +63,7 @@ typedef struct opts {
     int bf16; /* --precision bf16 */
     int recompute; /* --recompute: CLI_RECOMPUTE_* bits */
     int chunked_att; /* --attention chunked */
+    long att_chunk;  /* --attention-chunk; 0: DP_GPT_ATTENTION_CHUNK */
     unsigned long long seed;
     size_t limit_bytes;
     size_t logits_chunk; /* dp_engine_config.logits_chunk_rows: 0 auto, DP_LOGITS_WHOLE whole */
@@ -113,6 +114,9 @@ static void usage(FILE *f)
           "  --attention whole|chunked  chunked: the attention " CLI_STR(DP_GPT_ATTENTION_CHUNK)
           " queries at a time, no\n"
           "                       (T,T) probabilities (default whole)\n"
+          "  --attention-chunk N  queries per chunk with --attention chunked (default "
+          CLI_STR(DP_GPT_ATTENTION_CHUNK) "):\n"
+          "                       larger chunks, larger GEMMs (GPUs) and a larger scratch\n"
           "  --json PATH          write the results as JSON\n"
           "  --csv PATH           write one row per mode and device as CSV\n"
           "  --plot PATH          per-device peak memory plot (.png or .svg, gnuplot);\n"
@@ -133,7 +137,7 @@ static int parse_args(int argc, char **argv, opts *o)
     enum {
         O_VOCAB = 256, O_CTX, O_BATCH, O_DIM, O_LAYERS, O_HEADS, O_DEV, O_STEPS, O_WARM, O_MODE,
         O_MEM, O_FIND, O_SCALE, O_SEED, O_JSON, O_CSV, O_PLOT, O_TF32, O_WEIGHTS, O_TOKBAL,
-        O_TRACE, O_SHARD, O_CHUNK, O_PREC, O_RECOMP, O_ATTN, O_HELP
+        O_TRACE, O_SHARD, O_CHUNK, O_PREC, O_RECOMP, O_ATTN, O_ATTCHUNK, O_HELP
     };
     static const struct option lo[] = {
         {"vocab", 1, 0, O_VOCAB},        {"vocab-size", 1, 0, O_VOCAB},
@@ -150,7 +154,7 @@ static int parse_args(int argc, char **argv, opts *o)
         {"trace", 1, 0, O_TRACE},        {"shard-optimizer", 0, 0, O_SHARD},
         {"logits-chunk", 1, 0, O_CHUNK}, {"precision", 1, 0, O_PREC},
         {"recompute", 1, 0, O_RECOMP},
-        {"attention", 1, 0, O_ATTN},
+        {"attention", 1, 0, O_ATTN},     {"attention-chunk", 1, 0, O_ATTCHUNK},
         {"help", 0, 0, O_HELP},
         {0, 0, 0, 0}};
     const long big = 1L << 30;
@@ -188,6 +192,7 @@ static int parse_args(int argc, char **argv, opts *o)
         case O_PREC: bad = cli_parse_precision(v, &o->bf16); break;
         case O_RECOMP: bad = cli_parse_recompute(v, &o->recompute); break;
         case O_ATTN: bad = cli_parse_attention(v, &o->chunked_att); break;
+        case O_ATTCHUNK: bad = cli_parse_long("--attention-chunk", v, 1, INT_MAX, &o->att_chunk); break;
         case O_HELP: usage(stdout); return -1;
         case ':': return cli_fail("%s needs a value (see --help)", argv[optind - 1]);
         default: return cli_fail("unknown option \"%s\" (see --help)", argv[optind - 1]);
@@ -198,6 +203,9 @@ static int parse_args(int argc, char **argv, opts *o)
     if (o->bf16 && o->tf32)
         return cli_fail("--tf32 with --precision bf16: bf16 GEMMs round further than TF32; "
                         "drop one");
+    if (o->att_chunk && !o->chunked_att)
+        return cli_fail("--attention-chunk %ld needs --attention chunked (it sets the queries per "
+                        "chunk of the chunked attention)", o->att_chunk);
     if (strcmp(o->mode, "both") && strcmp(o->mode, "gather") && strcmp(o->mode, "balanced"))
         return cli_fail("--mode: \"%s\" is not both, gather or balanced", o->mode);
     if (o->dim % o->heads)
@@ -689,6 +697,11 @@ static json_t *json_results(const bench *b, const mode_result *res, size_t nres,
     json_object_set_new(cfg, "precision", json_string(o->bf16 ? "bf16" : "fp32"));
     json_object_set_new(cfg, "recompute", json_string(cli_recompute_name(o->recompute)));
     json_object_set_new(cfg, "attention", json_string(o->chunked_att ? "chunked" : "whole"));
+    /* Queries per chunk of the chunked attention; null for the whole matrix. */
+    json_object_set_new(cfg, "attention_chunk",
+                        o->chunked_att ? json_integer(o->att_chunk ? o->att_chunk
+                                                                   : DP_GPT_ATTENTION_CHUNK)
+                                       : json_null());
     /* As given: a row count, or "auto" / "whole" (the count auto picks
      * depends on each run's rows; the devices' logits_bytes show it). */
     json_t *chunk = o->logits_chunk == 0                 ? json_string("auto")
@@ -1198,8 +1211,12 @@ static int bench_main(bench *b)
     if (bad) return 1;
     /* Output paths and gnuplot: rank 0 writes them. */
     if (agree(b, b->rk.rank == 0 ? check_outputs(b) : 0)) return 1;
-    dp_gpt_config gc = {(size_t)o->vocab, (size_t)o->context, (size_t)o->layers,
-                        (size_t)o->heads, (size_t)o->dim};
+    dp_gpt_config gc = {.vocab_size = (size_t)o->vocab,
+                        .block_size = (size_t)o->context,
+                        .n_layer = (size_t)o->layers,
+                        .n_head = (size_t)o->heads,
+                        .n_embd = (size_t)o->dim,
+                        .attention_chunk = (size_t)o->att_chunk};
     if (agree(b, dp_gpt_create(&gc, &b->gpt) != DP_OK ? cli_dp_fail("model") : 0)) return 1;
 
     int both = strcmp(o->mode, "both") == 0;
@@ -1238,7 +1255,8 @@ static int bench_main(bench *b)
     if (o->recompute)
         printf(", %s recomputed", cli_recompute_words(o->recompute));
     if (o->chunked_att)
-        printf(", attention in chunks of %d queries", DP_GPT_ATTENTION_CHUNK);
+        printf(", attention in chunks of %ld queries",
+               o->att_chunk ? o->att_chunk : (long)DP_GPT_ATTENTION_CHUNK);
     if (o->logits_chunk == DP_LOGITS_WHOLE) printf(", whole logits");
     else if (o->logits_chunk) printf(", logits in chunks of %zu rows", o->logits_chunk);
     printf("\n");

@@ -27,7 +27,8 @@ enum { STEPS = 6, LONG = 30, MAXP = 20000 };
 
 static dp_gpt *tiny_gpt(void)
 {
-    dp_gpt_config cfg = {EV, EBS, EL, ENH, EC};
+    dp_gpt_config cfg = {
+        .vocab_size = EV, .block_size = EBS, .n_layer = EL, .n_head = ENH, .n_embd = EC};
     dp_gpt *g = NULL;
     dp_assert_ok(dp_gpt_create(&cfg, &g));
     cr_assert_leq(dp_gpt_model(g)->n_params, MAXP);
@@ -502,7 +503,8 @@ Test(bf16_engine, bf16_activations_shard_bitwise_and_track_k_devices, .timeout =
  * alignment. */
 Test(bf16_engine, bf16_activations_take_half_their_memory)
 {
-    dp_gpt_config cfg = {97, 32, 3, 4, 64};
+    dp_gpt_config cfg = {
+        .vocab_size = 97, .block_size = 32, .n_layer = 3, .n_head = 4, .n_embd = 64};
     dp_gpt *g = NULL;
     dp_assert_ok(dp_gpt_create(&cfg, &g));
     const dp_model *m16 = dp_gpt_model_bf16(g), *act = dp_gpt_model_bf16_act(g);
@@ -582,7 +584,8 @@ Test(bf16_engine, recomputation_trains_bitwise_the_same, .timeout = 120)
  * grows (up to the slots' alignment); the flags pick the variants. */
 Test(bf16_engine, recomputation_saves_memory)
 {
-    dp_gpt_config cfg = {97, 32, 3, 4, 64};
+    dp_gpt_config cfg = {
+        .vocab_size = 97, .block_size = 32, .n_layer = 3, .n_head = 4, .n_embd = 64};
     dp_gpt *g = NULL;
     dp_assert_ok(dp_gpt_create(&cfg, &g));
     static const unsigned kinds[] = {0, DP_GPT_BF16, DP_GPT_BF16_ACT};

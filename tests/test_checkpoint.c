@@ -59,7 +59,8 @@ static int count_entries(const char *dir)
 
 // --- the tiny GPT and a checkpoint of random numbers ------------------------------------
 
-static const dp_gpt_config TINY = {11, 8, 2, 2, 8}; /* V, block_size, L, NH, C */
+static const dp_gpt_config TINY = {
+    .vocab_size = 11, .block_size = 8, .n_layer = 2, .n_head = 2, .n_embd = 8};
 
 static dp_gpt *tiny_gpt(void)
 {

@@ -11,7 +11,10 @@
  *    (peaked attention); sharding stays bitwise the root update;
  *  - its workspace holds no probabilities per layer and two chunk-sized
  *    scratches instead of two (B,NH,T,T);
- *  - the flags select it, alone or with DP_GPT_RECOMPUTE_ATTENTION.
+ *  - the flags select it, alone or with DP_GPT_RECOMPUTE_ATTENTION;
+ *  - dp_gpt_config.attention_chunk sets the chunk: 32 queries (five chunks)
+ *    track the whole matrix as 64 do, with other bits than 64; a chunk
+ *    of T or more is the whole matrix's bits; the workspace follows.
  * (The layer itself is checked against float64 and finite differences in
  * test_attention.)
  */
@@ -24,14 +27,22 @@
 enum { V = 37, T = 2 * DP_GPT_ATTENTION_CHUNK + 22, L = 2, NH = 2, C = 16, ROWS = 4 };
 enum { STEPS = 5, MAXP = 20000 };
 
-static dp_gpt *make_gpt(size_t block_size)
+/* attention_chunk 0: DP_GPT_ATTENTION_CHUNK. */
+static dp_gpt *make_gpt_chunk(size_t block_size, size_t attention_chunk)
 {
-    dp_gpt_config cfg = {V, block_size, L, NH, C};
+    dp_gpt_config cfg = {.vocab_size = V,
+                         .block_size = block_size,
+                         .n_layer = L,
+                         .n_head = NH,
+                         .n_embd = C,
+                         .attention_chunk = attention_chunk};
     dp_gpt *g = NULL;
     dp_assert_ok(dp_gpt_create(&cfg, &g));
     cr_assert_leq(dp_gpt_model(g)->n_params, MAXP);
     return g;
 }
+
+static dp_gpt *make_gpt(size_t block_size) { return make_gpt_chunk(block_size, 0); }
 
 static dp_engine *open_engine_ex(const dp_model *m, size_t k, int prec, int shard)
 {
@@ -182,7 +193,11 @@ Test(chunked_attention, sharding_is_bitwise_the_root_update, .timeout = 120)
  * Up to the slots' alignment. */
 Test(chunked_attention, workspace_holds_two_chunks)
 {
-    dp_gpt_config cfg = {97, 4 * DP_GPT_ATTENTION_CHUNK, 3, 4, 32};
+    dp_gpt_config cfg = {.vocab_size = 97,
+                         .block_size = 4 * DP_GPT_ATTENTION_CHUNK,
+                         .n_layer = 3,
+                         .n_head = 4,
+                         .n_embd = 32};
     dp_gpt *g = NULL;
     dp_assert_ok(dp_gpt_create(&cfg, &g));
     size_t bs = cfg.block_size;
@@ -220,4 +235,76 @@ Test(chunked_attention, workspace_holds_two_chunks)
     }
     cr_assert_null(dp_gpt_model_ex(g, 0x20u), "an unknown flag must give NULL");
     dp_gpt_destroy(g);
+}
+
+/* The whole-matrix run and chunked runs with attention_chunk = 32 (five
+ * chunks of T = 150), 0 (the default 64: three) and 1000 (>= T: one), FP32
+ * math, steps and bounds as three_chunks_track_the_whole_matrix: 32 tracks
+ * the whole matrix within the same bounds and differs from 64 (the chunk
+ * really changed); 1000 is the whole matrix's bits. */
+Test(chunked_attention, attention_chunk_sets_the_chunk, .timeout = 120)
+{
+    static const size_t chunks[] = {32, 0, 1000};
+    dp_gpt *gw = make_gpt(T);
+    size_t n = dp_gpt_model(gw)->n_params;
+    static float p0[MAXP], pw[MAXP], pc[3][MAXP];
+    double lw[STEPS], lc[3][STEPS];
+    dp_engine *w = open_engine(dp_gpt_model(gw), 2, 0);
+    dp_assert_ok(dp_engine_get_params(w, p0));
+    for (int s = 0; s < STEPS; s++) lw[s] = step(w, T, s).loss;
+    dp_assert_ok(dp_engine_get_params(w, pw));
+    dp_engine_destroy(w);
+    for (int i = 0; i < 3; i++) {
+        dp_gpt *g = make_gpt_chunk(T, chunks[i]);
+        cr_assert_eq(dp_gpt_config_of(g)->attention_chunk, chunks[i]);
+        dp_engine *e = open_engine(dp_gpt_model_ex(g, DP_GPT_CHUNKED_ATTENTION), 2, 0);
+        for (int s = 0; s < STEPS; s++) {
+            lc[i][s] = step(e, T, s).loss;
+            cr_assert(fabs(lc[i][s] - lw[s]) <= 1e-7 * fabs(lw[s]),
+                      "chunk %zu step %d: loss %.9g, whole %.9g", chunks[i], s, lc[i][s], lw[s]);
+        }
+        dp_assert_ok(dp_engine_get_params(e, pc[i]));
+        double diff, moved;
+        dp_test_param_drift(pw, pc[i], p0, n, &diff, &moved);
+        cr_assert_leq(diff, 0.001 * moved, "chunk %zu: masters differ by %g, moved %g", chunks[i],
+                      diff / n, moved / n);
+        dp_engine_destroy(e);
+        dp_gpt_destroy(g);
+    }
+    cr_assert(memcmp(pc[0], pc[1], n * sizeof *p0) != 0 ||
+                  memcmp(lc[0], lc[1], sizeof lc[0]) != 0,
+              "chunks of 32 gave the bits of chunks of 64");
+    cr_assert(memcmp(pc[2], pw, n * sizeof *p0) == 0 && memcmp(lc[2], lw, sizeof lw) == 0,
+              "one chunk of 1000 >= T is not the whole matrix's bits");
+    dp_gpt_destroy(gw);
+}
+
+/* The chunked workspace's attention scratch is two (rows,NH,chunk,T), chunk
+ * = min(attention_chunk, T): against the default 64, chunks of 16, 100,
+ * T and 10^9 change it by 2 rows NH (chunk - 64) T floats where the
+ * attention half of the backward's scratch is the larger (it is, with
+ * these shapes), up to the slots' alignment. */
+Test(chunked_attention, workspace_follows_attention_chunk)
+{
+    static const size_t asked[] = {16, 100, 4 * DP_GPT_ATTENTION_CHUNK, 1000000000};
+    const size_t bs = 4 * DP_GPT_ATTENTION_CHUNK, nh = 4, rows = 2;
+    dp_gpt_config cfg = {.vocab_size = 97, .block_size = bs, .n_layer = 3, .n_head = nh,
+                         .n_embd = 32};
+    dp_gpt *g0 = NULL;
+    dp_assert_ok(dp_gpt_create(&cfg, &g0));
+    const dp_model *m0 = dp_gpt_model_ex(g0, DP_GPT_CHUNKED_ATTENTION);
+    size_t w0 = m0->workspace_bytes(m0->ctx, rows);
+    for (size_t i = 0; i < sizeof asked / sizeof *asked; i++) {
+        cfg.attention_chunk = asked[i];
+        dp_gpt *g = NULL;
+        dp_assert_ok(dp_gpt_create(&cfg, &g));
+        const dp_model *m = dp_gpt_model_ex(g, DP_GPT_CHUNKED_ATTENTION);
+        size_t w = m->workspace_bytes(m->ctx, rows), chunk = asked[i] < bs ? asked[i] : bs;
+        double want = 2.0 * rows * nh * ((double)chunk - DP_GPT_ATTENTION_CHUNK) * bs * 4,
+               got = (double)w - (double)w0;
+        cr_assert(fabs(got - want) <= 2048, "chunk %zu: workspace changed by %.0f bytes, want %.0f",
+                  asked[i], got, want);
+        dp_gpt_destroy(g);
+    }
+    dp_gpt_destroy(g0);
 }

@@ -377,7 +377,8 @@ Test(cuda_engine, gpt_checkpoint_from_gpu_resumes_on_cpu, .timeout = 120)
     char path[256];
     snprintf(path, sizeof path, "%s/gpu.safetensors", dir);
 
-    dp_gpt_config gc = {EV, EBS, EL, ENH, EC};
+    dp_gpt_config gc = {
+        .vocab_size = EV, .block_size = EBS, .n_layer = EL, .n_head = ENH, .n_embd = EC};
     dp_gpt *g = NULL;
     dp_assert_ok(dp_gpt_create(&gc, &g));
     size_t n = dp_gpt_model(g)->n_params;
@@ -450,7 +451,8 @@ Test(cuda_engine, gpt_checkpoint_from_gpu_resumes_on_cpu, .timeout = 120)
 Test(cuda_engine, gpt_bf16_activations_on_gpu_track_cpu, .timeout = 120)
 {
     REQUIRE_GPU();
-    dp_gpt_config gc = {EV, EBS, EL, ENH, EC};
+    dp_gpt_config gc = {
+        .vocab_size = EV, .block_size = EBS, .n_layer = EL, .n_head = ENH, .n_embd = EC};
     dp_gpt *g = NULL;
     dp_assert_ok(dp_gpt_create(&gc, &g));
     const dp_model *act = dp_gpt_model_bf16_act(g);
@@ -498,7 +500,8 @@ static double gpt_step_long(dp_engine *e, int s)
 Test(cuda_engine, gpt_chunked_attention_on_gpu_tracks_cpu, .timeout = 120)
 {
     REQUIRE_GPU();
-    dp_gpt_config gc = {EV, CT, EL, ENH, EC};
+    dp_gpt_config gc = {
+        .vocab_size = EV, .block_size = CT, .n_layer = EL, .n_head = ENH, .n_embd = EC};
     dp_gpt *g = NULL;
     dp_assert_ok(dp_gpt_create(&gc, &g));
     dp_device_spec gs[2], cs[2];

@@ -368,11 +368,27 @@ Test(dp_bench, chunked_attention_reaches_every_run)
     json_t *jw = load_json("w.json"), *jc = load_json("c.json");
     cr_assert_str_eq(config_string(jc, "attention"), "chunked");
     cr_assert_str_eq(config_string(jw, "attention"), "whole");
+    cr_assert_eq(json_integer_value(json_object_get(json_object_get(jc, "config"),
+                                                    "attention_chunk")),
+                 DP_GPT_ATTENTION_CHUNK);
+    cr_assert(json_is_null(json_object_get(json_object_get(jw, "config"), "attention_chunk")));
     assert_same_losses_lower_peaks(jw, jc, 1e-5, "whole", "chunked");
+    /* --attention-chunk 32: five chunks, the same losses, smaller peaks than 64's */
+    dp_test_result c32 = BENCH("--layers", "2", "--context", "150", "--attention", "chunked",
+                               "--attention-chunk", "32", "--json", "@c32.json");
+    assert_success(&c32);
+    cr_assert(strstr(c32.out, "attention in chunks of 32 queries"), "%s", c32.out);
+    json_t *j32 = load_json("c32.json");
+    cr_assert_eq(json_integer_value(json_object_get(json_object_get(j32, "config"),
+                                                    "attention_chunk")),
+                 32);
+    assert_same_losses_lower_peaks(jc, j32, 1e-5, "chunks of 64", "chunks of 32");
+    json_decref(j32);
     json_decref(jw);
     json_decref(jc);
     dp_test_result_free(&w);
     dp_test_result_free(&c);
+    dp_test_result_free(&c32);
 }
 
 /* --precision bf16 reaches every run: 2 bytes per parameter of replica
@@ -474,6 +490,12 @@ static bad_case bad_cases[] = {
     {"precision bf16 with tf32", {"--precision", "bf16", "--tf32"}, "--tf32", 0},
     {"recompute everything", {"--recompute", "everything"}, "--recompute", 0},
     {"attention flash", {"--attention", "flash"}, "is not whole or chunked", 0},
+    {"attention-chunk without chunked", {"--attention-chunk", "16"},
+     "needs --attention chunked", 0},
+    {"attention-chunk 0", {"--attention", "chunked", "--attention-chunk", "0"},
+     "--attention-chunk: \"0\"", 0},
+    {"attention-chunk past int", {"--attention", "chunked", "--attention-chunk", "2147483648"},
+     "--attention-chunk: ", 0},
     {"vocab-size 1", {"--vocab-size", "1"}, "--vocab-size", 0},
     /* --vocab, dp_bench's older name, is the same option */
     {"vocab 1", {"--vocab", "1"}, "--vocab-size", 0},

@@ -50,7 +50,8 @@ static void close_checked(dp_device *dev)
 
 static dp_gpt *make_gpt(size_t V, size_t BS, size_t L, size_t NH, size_t C)
 {
-    dp_gpt_config cfg = {V, BS, L, NH, C};
+    dp_gpt_config cfg = {
+        .vocab_size = V, .block_size = BS, .n_layer = L, .n_head = NH, .n_embd = C};
     dp_gpt *g = NULL;
     dp_assert_ok(dp_gpt_create(&cfg, &g));
     dp_assert_ok(dp_model_validate(dp_gpt_model(g)));
@@ -1072,7 +1073,8 @@ static void expect_bad_config(dp_gpt_config cfg, const char *want)
 
 Test(gpt, bad_config_is_rejected_with_a_message)
 {
-    dp_gpt_config ok = {65, 16, 2, 4, 32};
+    dp_gpt_config ok = {
+        .vocab_size = 65, .block_size = 16, .n_layer = 2, .n_head = 4, .n_embd = 32};
     dp_gpt_config c = ok;
     c.n_head = 5;
     expect_bad_config(c, "n_head 5 does not divide n_embd 32");

@@ -924,11 +924,28 @@ Test(lm_train, logits_chunk_is_reproducible_and_matches_whole_logits)
     result_free(&c);
 }
 
+/* Run b's steps against run a's: losses and norms within close_rel, and a
+ * smaller peak on both devices. */
+static void assert_close_lower_peaks(const log_row *a, const log_row *b, size_t n,
+                                     const char *an, const char *bn)
+{
+    for (size_t i = 0; i < n; i++) {
+        cr_assert(close_rel(b[i].loss, a[i].loss) && close_rel(b[i].grad_norm, a[i].grad_norm),
+                  "step %zu: %s loss %.9g norm %.9g, %s loss %.9g norm %.9g", i + 1, bn,
+                  b[i].loss, b[i].grad_norm, an, a[i].loss, a[i].grad_norm);
+        for (size_t dv = 0; dv < 2; dv++)
+            cr_assert_lt(b[i].peak[dv], a[i].peak[dv], "step %zu cpu:%zu: peak %lld %s, %lld %s",
+                         i + 1, dv, (long long)b[i].peak[dv], bn, (long long)a[i].peak[dv], an);
+    }
+}
+
 /* --attention chunked forms the attention 64 queries at a time: with
  * --context 16 (one chunk) it is the whole-matrix run, bitwise; with
  * --context 150 (chunks of 64, 64 and 22) the same run to float32
  * rounding (losses and norms within 1e-5), with a smaller peak on every
- * device (no (T,T) probabilities per layer). */
+ * device (no (T,T) probabilities per layer). --attention-chunk 32 (five
+ * chunks) is the same run to rounding too, with a smaller peak than 64's;
+ * it also applies to a resumed checkpoint, which does not store it. */
 Test(lm_train, chunked_attention_is_the_same_run_to_rounding)
 {
     result a = RUN("--steps", "3", "--save", "@whole.st");
@@ -942,18 +959,22 @@ Test(lm_train, chunked_attention_is_the_same_run_to_rounding)
                    "@c.jsonl");
     assert_success(&d, "chunked attention, context 150");
     cr_assert(strstr(d.out, "attention in chunks of 64 queries"), "%s", d.out);
-    log_row rw[4], rc[4];
+    result e = RUN("--steps", "3", "--context", "150", "--attention", "chunked",
+                   "--attention-chunk", "32", "--log", "@c32.jsonl");
+    assert_success(&e, "chunks of 32, context 150");
+    cr_assert(strstr(e.out, "attention in chunks of 32 queries"), "%s", e.out);
+    result f = RUN("--steps", "4", "--resume", "@whole.st", "--attention", "chunked",
+                   "--attention-chunk", "8");
+    assert_success(&f, "resumed with chunks of 8");
+    cr_assert(strstr(f.out, "attention in chunks of 8 queries"), "%s", f.out);
+    log_row rw[4], rc[4], r32[4];
     cr_assert_eq(read_log_rows("w.jsonl", rw, 4), 3);
     cr_assert_eq(read_log_rows("c.jsonl", rc, 4), 3);
-    for (size_t i = 0; i < 3; i++) {
-        cr_assert(close_rel(rc[i].loss, rw[i].loss) && close_rel(rc[i].grad_norm, rw[i].grad_norm),
-                  "step %zu: chunked loss %.9g norm %.9g, whole loss %.9g norm %.9g", i + 1,
-                  rc[i].loss, rc[i].grad_norm, rw[i].loss, rw[i].grad_norm);
-        for (size_t dv = 0; dv < 2; dv++)
-            cr_assert_lt(rc[i].peak[dv], rw[i].peak[dv], "step %zu cpu:%zu: peak %lld chunked, "
-                         "%lld whole", i + 1, dv, (long long)rc[i].peak[dv],
-                         (long long)rw[i].peak[dv]);
-    }
+    cr_assert_eq(read_log_rows("c32.jsonl", r32, 4), 3);
+    assert_close_lower_peaks(rw, rc, 3, "whole", "chunks of 64");
+    assert_close_lower_peaks(rc, r32, 3, "chunks of 64", "chunks of 32");
+    result_free(&e);
+    result_free(&f);
     result_free(&a);
     result_free(&b);
     result_free(&c);
@@ -1026,6 +1047,14 @@ static bad_case bad_cases[] = {
     {"recompute everything", {"--recompute", "everything"},
      "is not none, attention, gelu or all", "", 0, 0, 0},
     {"attention flash", {"--attention", "flash"}, "is not whole or chunked", "", 0, 0, 0},
+    {"attention-chunk without chunked", {"--attention-chunk", "16"},
+     "--attention-chunk 16 needs --attention chunked", "", 0, 0, 0},
+    {"attention-chunk 0", {"--attention", "chunked", "--attention-chunk", "0"},
+     "--attention-chunk: \"0\" is not an integer", "", 0, 0, 0},
+    {"attention-chunk abc", {"--attention", "chunked", "--attention-chunk", "abc"},
+     "--attention-chunk: \"abc\"", "", 0, 0, 0},
+    {"attention-chunk past int", {"--attention", "chunked", "--attention-chunk", "2147483648"},
+     "--attention-chunk: ", "", 0, 0, 0},
     {"val-tokens past long", {"--val-tokens", "99999999999999999999999"}, "--val-tokens: ", "",
      0, 0, 0},
     {"val-tokens below the checkpoint's window", {"--resume", "@good.st", "--eval-only",

@@ -89,6 +89,7 @@ typedef struct opts {
     int bf16; /* --precision bf16 */
     int recompute; /* --recompute: CLI_RECOMPUTE_* bits */
     int chunked_att; /* --attention chunked */
+    long att_chunk;  /* --attention-chunk; 0: DP_GPT_ATTENTION_CHUNK */
     int given; /* which options were on the command line (G_* bits) */
 } opts;
 
@@ -180,6 +181,8 @@ static void usage(FILE *f)
             "                         recompute it in the backward, so no (T,T) probabilities\n"
             "                         exist; skips the masked blocks; same results to float32\n"
             "                         rounding (default whole)\n"
+            "  --attention-chunk N    queries per chunk with --attention chunked (default %d):\n"
+            "                         larger chunks, larger GEMMs (GPUs) and a larger scratch\n"
             "  --shard-optimizer      shard the AdamW state over the devices (ZeRO-1: each device\n"
             "                         keeps and updates its slice's moments; same results, bitwise)\n"
             "model\n"
@@ -252,7 +255,7 @@ static void usage(FILE *f)
             "signalled, sends SIGTERM to the ranks and SIGKILL 1 s later (more: --mca\n"
             "odls_base_sigkill_timeout SECONDS), so signal the ranks when a save takes longer.\n",
             LM_DEFAULT_CORPUS, d.tokenizer, d.vocab_size, DP_GPT2_VOCAB_SIZE, TOKEN_VOCAB_MAX,
-            d.devices, d.mode, DP_GPT_ATTENTION_CHUNK, d.layers, d.heads,
+            d.devices, d.mode, DP_GPT_ATTENTION_CHUNK, DP_GPT_ATTENTION_CHUNK, d.layers, d.heads,
             d.dim, d.context, d.batch_size, d.grad_accum, d.steps, d.lr, d.min_lr, d.warmup,
             d.weight_decay, d.beta1, d.beta2, d.grad_clip, d.seed, d.max_skips, d.eval_interval,
             d.eval_iters, SAMPLE_MAX, d.sample, d.temperature, d.top_k);
@@ -276,6 +279,9 @@ static int check_opts(const opts *o)
 {
     if (o->beta1 >= 1 || o->beta2 >= 1) return cli_fail("--beta1 and --beta2 must be < 1");
     if (o->eval_only && !o->resume) return cli_fail("--eval-only needs --resume CHECKPOINT");
+    if (o->att_chunk && !o->chunked_att)
+        return cli_fail("--attention-chunk %ld needs --attention chunked (it sets the queries per "
+                        "chunk of the chunked attention)", o->att_chunk);
     if (o->eval_only && o->save)
         return cli_fail("--save with --eval-only: evaluation changes nothing to save; drop --save");
     if (o->eval_only && o->trace)
@@ -306,7 +312,8 @@ static int parse_args(int argc, char **argv, opts *o)
         O_ACCUM, O_MAXTOK, O_STEPS, O_LR, O_MINLR, O_WARMUP, O_DECAY, O_WD, O_B1, O_B2, O_CLIP,
         O_EVI, O_EVN, O_SEED, O_SAVE, O_SAVEI, O_RESUME, O_EVONLY, O_SAMPLE, O_TEMP, O_TOPK,
         O_PROMPT, O_LOG, O_MEM, O_SKIPS, O_WATCHDOG, O_CHECK, O_TF32, O_WEIGHTS, O_TOKBAL, O_TRACE,
-        O_SHARD, O_CHUNK, O_PREC, O_TOKFILE, O_PROMPTIDS, O_VALTOK, O_RECOMP, O_ATTN, O_HELP
+        O_SHARD, O_CHUNK, O_PREC, O_TOKFILE, O_PROMPTIDS, O_VALTOK, O_RECOMP, O_ATTN, O_ATTCHUNK,
+        O_HELP
     };
     static const struct option lo[] = {
         {"data", 1, 0, O_DATA},          {"tokenizer", 1, 0, O_TOK},
@@ -333,7 +340,7 @@ static int parse_args(int argc, char **argv, opts *o)
         {"logits-chunk", 1, 0, O_CHUNK}, {"precision", 1, 0, O_PREC},
         {"tokenizer-file", 1, 0, O_TOKFILE}, {"prompt-ids", 1, 0, O_PROMPTIDS},
         {"val-tokens", 1, 0, O_VALTOK},  {"recompute", 1, 0, O_RECOMP},
-        {"attention", 1, 0, O_ATTN},
+        {"attention", 1, 0, O_ATTN},     {"attention-chunk", 1, 0, O_ATTCHUNK},
         {"help", 0, 0, O_HELP},
         {0, 0, 0, 0}};
     opterr = 0;
@@ -393,6 +400,7 @@ static int parse_args(int argc, char **argv, opts *o)
         case O_PREC: bad = cli_parse_precision(v, &o->bf16); o->given |= G_PREC; break;
         case O_RECOMP: bad = cli_parse_recompute(v, &o->recompute); break;
         case O_ATTN: bad = cli_parse_attention(v, &o->chunked_att); break;
+        case O_ATTCHUNK: bad = cli_parse_long("--attention-chunk", v, 1, INT_MAX, &o->att_chunk); break;
         case O_HELP: usage(stdout); return -1;
         case ':': return cli_fail("%s needs a value (see --help)", argv[optind - 1]);
         default:
@@ -1377,8 +1385,22 @@ static int load(run *r)
         return cli_dp_fail("--resume sampler state");
 
     if (!r->gpt) {
-        dp_gpt_config gc = {V, T, (size_t)o->layers, (size_t)o->heads, (size_t)o->dim};
+        dp_gpt_config gc = {.vocab_size = V,
+                            .block_size = T,
+                            .n_layer = (size_t)o->layers,
+                            .n_head = (size_t)o->heads,
+                            .n_embd = (size_t)o->dim,
+                            .attention_chunk = (size_t)o->att_chunk};
         if (dp_gpt_create(&gc, &r->gpt) != DP_OK) return cli_dp_fail("model");
+    } else if (o->att_chunk) {
+        /* How the attention runs is not in the checkpoint: the same model
+         * with the chunk asked for (same tensors and parameters). */
+        dp_gpt_config gc = *dp_gpt_config_of(r->gpt);
+        gc.attention_chunk = (size_t)o->att_chunk;
+        dp_gpt *g = NULL;
+        if (dp_gpt_create(&gc, &g) != DP_OK) return cli_dp_fail("--attention-chunk");
+        dp_gpt_destroy(r->gpt);
+        r->gpt = g;
     }
     r->n_params = dp_gpt_model(r->gpt)->n_params;
     return 0;
@@ -1436,7 +1458,9 @@ static int outputs(run *r, size_t k, const dp_engine_config *ec)
            ec->shard_optimizer ? ", sharded optimizer" : "",
            o->bf16 ? ", bf16 (float32 masters)" : "");
     if (o->recompute) printf(", %s recomputed", cli_recompute_words(o->recompute));
-    if (o->chunked_att) printf(", attention in chunks of %d queries", DP_GPT_ATTENTION_CHUNK);
+    if (o->chunked_att)
+        printf(", attention in chunks of %ld queries",
+               o->att_chunk ? o->att_chunk : (long)DP_GPT_ATTENTION_CHUNK);
     printf(" on %zu device%s (", K, K == 1 ? "" : "s");
     if (r->rk.ranks > 1) printf("%d ranks; rank 0's: ", r->rk.ranks);
     for (size_t i = 0; i < k; i++)

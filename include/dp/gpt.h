@@ -35,6 +35,11 @@ typedef struct dp_gpt_config {
     size_t n_layer;    /* L */
     size_t n_head;     /* NH, must divide n_embd */
     size_t n_embd;     /* C */
+    /* Queries per chunk of DP_GPT_CHUNKED_ATTENTION (any value >= T: one
+     * chunk, the whole matrix's calls); 0: DP_GPT_ATTENTION_CHUNK. How the
+     * model computes, not what it is: checkpoints do not store it, and
+     * every value gives the same tensors and parameters. */
+    size_t attention_chunk;
 } dp_gpt_config;
 
 typedef struct dp_gpt dp_gpt;
@@ -91,8 +96,9 @@ DP_API const dp_model *dp_gpt_model_bf16_act(const dp_gpt *gpt);
  * bf16 activations) per token and embedding dimension per layer smaller,
  * for one such (B,T,4C) scratch shared by the layers. */
 #define DP_GPT_RECOMPUTE_GELU 0x8u
-/* Form the attention for DP_GPT_ATTENTION_CHUNK queries at a time
- * (dp_attention_forward_chunked): no (T,T) probabilities exist at all,
+/* Form the attention for dp_gpt_config.attention_chunk queries at a time
+ * (DP_GPT_ATTENTION_CHUNK by default; dp_attention_forward_chunked): no
+ * (T,T) probabilities exist at all,
  * the backward recomputes each chunk's (so the flag implies
  * DP_GPT_RECOMPUTE_ATTENTION), and the masked key blocks after each chunk
  * are skipped, about half the score FLOPs. The attention scratch is two
@@ -101,7 +107,9 @@ DP_API const dp_model *dp_gpt_model_bf16_act(const dp_gpt *gpt);
  * so training tracks the whole-matrix variant to float32 rounding rather
  * than bit for bit. */
 #define DP_GPT_CHUNKED_ATTENTION 0x10u
-/* Queries per chunk of DP_GPT_CHUNKED_ATTENTION. */
+/* Queries per chunk of DP_GPT_CHUNKED_ATTENTION when
+ * dp_gpt_config.attention_chunk is 0: the fastest of 32, 64 and 128 on a
+ * CPU. Larger chunks mean larger GEMMs (for GPUs) and a larger scratch. */
 #define DP_GPT_ATTENTION_CHUNK 64
 
 /* The GPT's model for the given flags (0: dp_gpt_model); NULL when gpt is

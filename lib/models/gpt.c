@@ -66,7 +66,7 @@ typedef struct gpt_variant {
     int bf16;  /* bfloat16 replicas */
     int act16; /* the activations off the residual stream kept as bfloat16 */
     int recompute_att, recompute_gelu; /* recomputed in the backward, not kept */
-    /* attention formed DP_GPT_ATTENTION_CHUNK queries at a time (implies
+    /* attention formed att_chunk(g) queries at a time (implies
      * recompute_att) */
     int chunked_att;
 } gpt_variant;
@@ -89,6 +89,12 @@ struct dp_gpt {
     dp_param_tensor *tensors; /* 2 + 12 L + 2 entries */
     char *names;              /* NAME_CAP bytes per tensor */
 };
+
+/* Queries per chunk of the chunked attention. */
+static size_t att_chunk(const dp_gpt *g)
+{
+    return g->cfg.attention_chunk ? g->cfg.attention_chunk : DP_GPT_ATTENTION_CHUNK;
+}
 
 /* Table index: wte 0, wpe 1, block l's tensor j at 2 + 12 l + j, then ln_f. */
 static size_t idx_block(size_t l, int j) { return 2 + l * BLK_COUNT + (size_t)j; }
@@ -242,7 +248,7 @@ static xin gemm_in(const layer_acts *a, const float *p)
  *                     MLP half has the recomputed GELU output (B,T,4C)
  *                     after dfch with recompute_gelu. With chunked_att
  *                     att and datt are (B,NH,rows,T), rows =
- *                     min(DP_GPT_ATTENTION_CHUNK, T): one chunk of
+ *                     min(att_chunk(g), T): one chunk of
  *                     queries, in the forward too.
  */
 typedef struct carve {
@@ -258,6 +264,7 @@ typedef struct carve {
     int recompute_att;  /* no att per block: big_att holds the recomputed probabilities */
     int recompute_gelu; /* no fch_gelu per block: big_gelu holds it, recomputed */
     int chunked_att;    /* big_att and big_datt hold one chunk of queries */
+    size_t att_rows;    /* queries per chunk: min(att_chunk(g), T), else T */
 } carve;
 
 /* Places a buffer of n floats at *at (aligned) and advances *at. */
@@ -279,7 +286,7 @@ static int make_carve(const gpt_variant *v, size_t B, size_t T, int keep_lnf, ca
     const dp_gpt_config *cfg = &v->g->cfg;
     int act16 = v->act16, recompute_att = v->recompute_att || v->chunked_att;
     size_t C = cfg->n_embd, NH = cfg->n_head, L = cfg->n_layer;
-    size_t rows = v->chunked_att && DP_GPT_ATTENTION_CHUNK < T ? DP_GPT_ATTENTION_CHUNK : T;
+    size_t rows = v->chunked_att && att_chunk(v->g) < T ? att_chunk(v->g) : T;
     size_t BT = 0, BTC = 0, BNH = 0, BNHT = 0, BNHTT = 0, scores = 0;
     mad(&BT, B, T, &of);
     mad(&BTC, BT, C, &of);
@@ -293,6 +300,7 @@ static int make_carve(const gpt_variant *v, size_t B, size_t T, int keep_lnf, ca
     c->recompute_att = recompute_att;
     c->recompute_gelu = v->recompute_gelu;
     c->chunked_att = v->chunked_att;
+    c->att_rows = rows;
 
     /* One block, relative to its start. */
     size_t at = 0;
@@ -466,7 +474,7 @@ static dp_status body_forward(const dp_gpt *gpt, dp_device *dev, wview params,
             DP_TRY(dp_attention_forward_chunked(
                 dev, atty, a.qkvr, c.act16 ? DP_DTYPE_BF16 : DP_DTYPE_F32,
                 c.act16 ? qkv + c.big_dqkvr : NULL, att, a.residual2, qkv, B, T, C, NH,
-                DP_GPT_ATTENTION_CHUNK));
+                c.att_rows));
         else if (c.act16) /* q, k, v kept as bfloat16 */
             DP_TRY(dp_attention_forward_bf16_qkv(dev, atty, (dp_bf16 *)a.qkvr, qkv + c.big_dqkvr,
                                                  att, a.residual2, qkv, B, T, C, NH));
@@ -540,7 +548,7 @@ static dp_status attention_backward(dp_device *dev, const carve *c, const layer_
     if (c->chunked_att) /* each chunk's probabilities recomputed inside */
         return dp_attention_backward_chunked(dev, dqkv, dqkvr, again, datt, ascratch, datty,
                                              a->qkvr, a->act16 ? DP_DTYPE_BF16 : DP_DTYPE_F32,
-                                             B, T, C, NH, DP_GPT_ATTENTION_CHUNK);
+                                             B, T, C, NH, c->att_rows);
     const float *att = a->att;
     if (c->recompute_att) { /* the forward's probabilities again, bit for bit */
         DP_TRY(a->act16 ? dp_attention_probs_bf16_qkv(dev, again, qkvr16, B, T, C, NH)
@@ -962,7 +970,8 @@ dp_status dp_gpt_config_from_metadata(const dp_checkpoint *ck, dp_gpt_config *ou
     if (v[1] > count)
         return DP_FAIL(DP_ERR_FORMAT, "%s: metadata \"n_layer\" = %zu but the file holds only %zu "
                        "tensors", path, v[1], count);
-    dp_gpt_config c = {v[5], v[4], v[1], v[2], v[3]};
+    dp_gpt_config c = {
+        .vocab_size = v[5], .block_size = v[4], .n_layer = v[1], .n_head = v[2], .n_embd = v[3]};
     if (check_config(&c) != DP_OK) {
         /* An impossible configuration is a defect of the file, not of the call. */
         char why[1024];
