@@ -1123,12 +1123,56 @@ static void check_crossentropy(size_t N, size_t V, uint64_t seed)
     free(tg);
 }
 
+/* A NaN logit makes its row's loss NaN on both backends wherever it
+ * falls: here after a -inf in the same GPU thread's share of the row (the
+ * thread's running maximum is still -inf when the NaN comes), for V = 5000
+ * (1024 threads a row) and V = 300 (256). The other row is unaffected. */
+static void check_crossentropy_nan(size_t V, size_t threads)
+{
+    enum { N = 2 };
+    float *logits = rnd(7, N * V, -4, 4);
+    int32_t tg[N] = {5, 7};
+    logits[0] = -INFINITY;
+    logits[threads] = NAN;
+    FOR_TARGETS(g)
+    {
+        pair p = pair_open(g);
+        float *row[2];
+        double loss[2];
+        for (int b = 0; b < 2; b++) {
+            dp_device *d = p.d[b];
+            float *ld = dp_test_upload(d, logits, N * V), *gd = dalloc(d, N * V * 4),
+                  *losses = dalloc(d, N * 4);
+            int32_t *td = nn_upload_i32(d, tg, N);
+            dp_assert_ok(dp_crossentropy_forward_backward(d, &loss[b], gd, losses, ld, td, N, V,
+                                                          1.0f));
+            row[b] = nn_download(d, losses, N);
+            void *bufs[] = {ld, gd, losses, td};
+            for (size_t i = 0; i < 4; i++) dp_device_free(d, bufs[i]);
+        }
+        for (int b = 0; b < 2; b++) {
+            cr_assert(isnan(row[b][0]), "V %zu backend %d: row with a NaN has loss %g", V, b,
+                      (double)row[b][0]);
+            cr_assert(isnan(loss[b]), "V %zu backend %d: the sum is %g", V, b, loss[b]);
+        }
+        cr_assert(fabsf(row[1][1] - row[0][1]) <= 1e-6f * fabsf(row[0][1]),
+                  "V %zu: the other row's loss %g vs cpu %g", V, (double)row[1][1],
+                  (double)row[0][1]);
+        free(row[0]);
+        free(row[1]);
+        pair_close(&p);
+    }
+    free(logits);
+}
+
 Test(cuda_ops, crossentropy_matches_cpu, .timeout = 60)
 {
     REQUIRE_GPU();
     check_crossentropy(37, 1000, 1);
     check_crossentropy(3, 50304, 2);
     check_crossentropy(300000, 2, 3);
+    check_crossentropy_nan(5000, 1024);
+    check_crossentropy_nan(300, 256);
 }
 
 /* Optimizers: three AdamW steps (decay on) and two SGD steps with and

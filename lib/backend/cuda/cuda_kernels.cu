@@ -296,11 +296,14 @@ __global__ void k_crossentropy_block(float *losses, float *dlogits, const float 
                 st *= exp((double)mt - (double)xv); /* 0 on the first element */
                 mt = xv;
             }
-            /* mt is -inf only while every element so far is -inf: terms 0 */
-            if (mt != -INFINITY) st += (double)expf(xv - mt);
+            /* mt is -inf only while every element so far is -inf (or NaN):
+             * a -inf then adds 0, a NaN adds NaN, as on the CPU */
+            if (mt != -INFINITY || xv != -INFINITY) st += (double)expf(xv - mt);
         }
         float mx = block_max<THREADS>(mt, shf); /* its barriers order the read of xy before any write */
-        double s = block_sum<THREADS>(mt == -INFINITY ? 0.0 : st * exp((double)mt - (double)mx), shd);
+        /* a thread with only -inf (0) or NaN (NaN) terms passes st as it is */
+        double s =
+            block_sum<THREADS>(mt == -INFINITY ? st : st * exp((double)mt - (double)mx), shd);
         if (threadIdx.x == 0) losses[r] = (float)(((double)mx - (double)xy) + log(s));
         if (!dl) continue;
         double inv_s = 1.0 / s;
