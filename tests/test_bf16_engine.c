@@ -497,14 +497,17 @@ Test(bf16_engine, bf16_activations_shard_bitwise_and_track_k_devices, .timeout =
     dp_gpt_destroy(g);
 }
 
+/* The GPT whose workspaces the memory tests measure. */
+static const dp_gpt_config WORKSPACE_GPT = {
+    .vocab_size = 97, .block_size = 32, .n_layer = 3, .n_head = 4, .n_embd = 64};
+
 /* The workspace shrinks by the kept activations' halves: per token and
  * layer, 28 bytes per embedding dimension (ln_1, q/k/v, attention output,
  * ln_2: 2+6+2+2; pre-GELU and GELU output: 8+8), up to the slots'
  * alignment. */
 Test(bf16_engine, bf16_activations_take_half_their_memory)
 {
-    dp_gpt_config cfg = {
-        .vocab_size = 97, .block_size = 32, .n_layer = 3, .n_head = 4, .n_embd = 64};
+    const dp_gpt_config cfg = WORKSPACE_GPT;
     dp_gpt *g = NULL;
     dp_assert_ok(dp_gpt_create(&cfg, &g));
     const dp_model *m16 = dp_gpt_model_bf16(g), *act = dp_gpt_model_bf16_act(g);
@@ -584,8 +587,7 @@ Test(bf16_engine, recomputation_trains_bitwise_the_same, .timeout = 120)
  * grows (up to the slots' alignment); the flags pick the variants. */
 Test(bf16_engine, recomputation_saves_memory)
 {
-    dp_gpt_config cfg = {
-        .vocab_size = 97, .block_size = 32, .n_layer = 3, .n_head = 4, .n_embd = 64};
+    const dp_gpt_config cfg = WORKSPACE_GPT;
     dp_gpt *g = NULL;
     dp_assert_ok(dp_gpt_create(&cfg, &g));
     static const unsigned kinds[] = {0, DP_GPT_BF16, DP_GPT_BF16_ACT};

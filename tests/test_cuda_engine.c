@@ -306,6 +306,16 @@ Test(cuda_engine, same_seed_is_bitwise_identical, .timeout = 120)
 
 
 /* model NULL: the float32 GPT; otherwise model in BF16 matmul precision. */
+/* The engine tests' GPT (EV, EL, ENH, EC) with context block_size. */
+static dp_gpt *engine_gpt(size_t block_size)
+{
+    dp_gpt_config gc = {
+        .vocab_size = EV, .block_size = block_size, .n_layer = EL, .n_head = ENH, .n_embd = EC};
+    dp_gpt *g = NULL;
+    dp_assert_ok(dp_gpt_create(&gc, &g));
+    return g;
+}
+
 static dp_engine *gpt_engine_of(const dp_gpt *g, const dp_model *model,
                                 const dp_device_spec *specs, size_t k)
 {
@@ -377,10 +387,7 @@ Test(cuda_engine, gpt_checkpoint_from_gpu_resumes_on_cpu, .timeout = 120)
     char path[256];
     snprintf(path, sizeof path, "%s/gpu.safetensors", dir);
 
-    dp_gpt_config gc = {
-        .vocab_size = EV, .block_size = EBS, .n_layer = EL, .n_head = ENH, .n_embd = EC};
-    dp_gpt *g = NULL;
-    dp_assert_ok(dp_gpt_create(&gc, &g));
+    dp_gpt *g = engine_gpt(EBS);
     size_t n = dp_gpt_model(g)->n_params;
     dp_device_spec gs[2], cs[2];
     gpu_specs(gs, 2, ZEROS);
@@ -451,10 +458,7 @@ Test(cuda_engine, gpt_checkpoint_from_gpu_resumes_on_cpu, .timeout = 120)
 Test(cuda_engine, gpt_bf16_activations_on_gpu_track_cpu, .timeout = 120)
 {
     REQUIRE_GPU();
-    dp_gpt_config gc = {
-        .vocab_size = EV, .block_size = EBS, .n_layer = EL, .n_head = ENH, .n_embd = EC};
-    dp_gpt *g = NULL;
-    dp_assert_ok(dp_gpt_create(&gc, &g));
+    dp_gpt *g = engine_gpt(EBS);
     const dp_model *act = dp_gpt_model_bf16_act(g);
     const dp_model *again = dp_gpt_model_ex(g, DP_GPT_BF16_ACT | DP_GPT_RECOMPUTE_ATTENTION |
                                                    DP_GPT_RECOMPUTE_GELU);
@@ -500,10 +504,7 @@ static double gpt_step_long(dp_engine *e, int s)
 Test(cuda_engine, gpt_chunked_attention_on_gpu_tracks_cpu, .timeout = 120)
 {
     REQUIRE_GPU();
-    dp_gpt_config gc = {
-        .vocab_size = EV, .block_size = CT, .n_layer = EL, .n_head = ENH, .n_embd = EC};
-    dp_gpt *g = NULL;
-    dp_assert_ok(dp_gpt_create(&gc, &g));
+    dp_gpt *g = engine_gpt(CT);
     dp_device_spec gs[2], cs[2];
     gpu_specs(gs, 2, ZEROS);
     cpu_specs(cs, 2);
