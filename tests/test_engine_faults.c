@@ -16,7 +16,7 @@
 
 #include <criterion/parameterized.h>
 #include "engine_fixture.h"
-#include "parallel/clock.h"
+#include "core/clock.h"
 
 #define NP 4096
 
@@ -226,7 +226,7 @@ Test(engine_faults, without_watchdog_a_stall_only_slows_the_step, .timeout = 10)
 }
 
 /* Phase times come from marks recorded on the device; a job of many
- * micro-batches reads its older marks part-way (workers.c keeps at most 64).
+ * micro-batches reads its older marks part-way (pool.c keeps at most 64).
  * A stall in the first backward must still be counted, in the backward. */
 Test(engine_faults, phase_times_survive_many_micro_batches, .timeout = 20)
 {

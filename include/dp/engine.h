@@ -1,7 +1,7 @@
 /*
  * dp/engine.h - the DataParallel engine: one persistent thread per device.
  *
- * A step over a global batch (DESIGN.md section 5):
+ * A step over a global batch (docs/design.md section 5, The step):
  *   plan      split rows over the k devices (contiguous, in order; see
  *             dp_engine_plan) and count N, the valid targets of the batch
  *   scatter   each worker copies its rows to its device

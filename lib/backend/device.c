@@ -182,10 +182,6 @@ dp_matmul_precision dp_device_matmul_precision(const dp_device *dev)
     return dev ? dev->matmul : DP_MATMUL_FP32;
 }
 
-void dp_device_set_gemm_convert_cap(dp_device *dev, size_t bytes)
-{
-    if (dev) dev->gemm_convert_cap = bytes;
-}
 
 dp_status dp_device_set_allow_tf32(dp_device *dev, int allow)
 {

@@ -1,7 +1,8 @@
 /*
  * backend/device_testing.h - test-only hooks of the devices (not
- * installed). Exported from libdp so the test programs can link them, but
- * declared only here: tests include "backend/device_testing.h".
+ * installed). Defined in device_testing.c, which only the test-only
+ * library dp_testing holds: tests include "backend/device_testing.h" and
+ * link dp_testing.
  */
 #ifndef DP_BACKEND_DEVICE_TESTING_H
 #define DP_BACKEND_DEVICE_TESTING_H
@@ -17,7 +18,7 @@ extern "C" {
 /* Bounds the bytes dev's GEMM converts operands into at a time (0: the
  * default, DP_GEMM_CONVERT_CAP), so small GEMMs run in pieces. Call it
  * while no GEMM runs on dev. */
-DP_API void dp_device_set_gemm_convert_cap(dp_device *dev, size_t bytes);
+void dp_device_set_gemm_convert_cap(dp_device *dev, size_t bytes);
 
 #ifdef __cplusplus
 }

@@ -18,46 +18,10 @@
 #include <jansson.h>
 
 #include "dp/atomic_file.h"
+#include "core/dtype.h"
 #include "core/error.h"
 #include "dp/checked.h"
 #include "dp/safetensors.h"
-
-// ----------------------------------------------------------------------------
-// dtypes
-
-static const struct {
-    const char *name;
-    size_t size;
-} dtype_info[DP_DTYPE_COUNT] = {
-    [DP_DTYPE_F32] = {"F32", 4},  [DP_DTYPE_F64] = {"F64", 8}, [DP_DTYPE_F16] = {"F16", 2},
-    [DP_DTYPE_BF16] = {"BF16", 2}, [DP_DTYPE_I64] = {"I64", 8}, [DP_DTYPE_I32] = {"I32", 4},
-    [DP_DTYPE_I16] = {"I16", 2},  [DP_DTYPE_I8] = {"I8", 1},   [DP_DTYPE_U64] = {"U64", 8},
-    [DP_DTYPE_U32] = {"U32", 4},  [DP_DTYPE_U16] = {"U16", 2}, [DP_DTYPE_U8] = {"U8", 1},
-    [DP_DTYPE_BOOL] = {"BOOL", 1},
-};
-
-size_t dp_dtype_size(dp_dtype dtype)
-{
-    if ((int)dtype < 0 || dtype >= DP_DTYPE_COUNT) return 0;
-    return dtype_info[dtype].size;
-}
-
-const char *dp_dtype_name(dp_dtype dtype)
-{
-    if ((int)dtype < 0 || dtype >= DP_DTYPE_COUNT) return "invalid dtype";
-    return dtype_info[dtype].name;
-}
-
-static int dtype_from_name(const char *name, dp_dtype *out)
-{
-    for (int i = 0; i < DP_DTYPE_COUNT; i++) {
-        if (strcmp(name, dtype_info[i].name) == 0) {
-            *out = (dp_dtype)i;
-            return 1;
-        }
-    }
-    return 0;
-}
 
 // numel and byte size of a shape; 0 on size_t overflow.
 static int shape_bytes(const size_t *shape, int ndim, size_t elsize, size_t *numel,
@@ -453,7 +417,7 @@ static dp_status parse_tensor(dp_st_file *f, const char *name, json_t *obj, size
                        !jd ? "dtype" : !js ? "shape" : "data_offsets");
     if (!json_is_string(jd))
         return DP_FAIL(DP_ERR_FORMAT, "'%s': tensor '%s': dtype is not a string", path, name);
-    if (!dtype_from_name(json_string_value(jd), &t->dtype))
+    if (!dp_dtype_from_name(json_string_value(jd), &t->dtype))
         return DP_FAIL(DP_ERR_FORMAT,
                        "'%s': tensor '%s': unknown dtype \"%s\" (dp reads F32, F64, F16, BF16, "
                        "I64, I32, I16, I8, U64, U32, U16, U8, BOOL)",

@@ -3,7 +3,7 @@
  */
 #include "parallel/barrier.h"
 
-#include "parallel/clock.h"
+#include "core/clock.h"
 
 int dp_barrier_init(dp_barrier *b, int parties)
 {

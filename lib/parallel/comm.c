@@ -1,7 +1,7 @@
 /*
- * parallel/comm.c - the in-process collectives (comm.h): peer copies
- * between the engine's devices and adds on the slice owners, in device
- * order.
+ * parallel/comm.c - the collectives between this process's devices
+ * (comm.h): peer copies between the engine's devices and adds on the slice
+ * owners, in global device order.
  */
 #include "parallel/comm.h"
 
@@ -9,17 +9,18 @@
 
 size_t dp_comm_chunk_floats(const dp_engine *e, const dp_device *owner)
 {
-    if (dp_ranks_active(e)) return DP_COMM_CHUNK_FLOATS_RANKS;
+    size_t round = dp_transport_round_floats(&e->tp);
+    if (round) return round;
     return dp_device_is_host_memory(owner) ? DP_COMM_CHUNK_FLOATS_HOST : DP_COMM_CHUNK_FLOATS_DEVICE;
 }
 
 dp_status dp_comm_setup(worker *owner)
 {
     dp_engine *e = owner->e;
-    size_t c = dp_comm_chunk_floats(e, owner->dev), g = e->g0 + (size_t)owner->id;
+    size_t c = dp_comm_chunk_floats(e, owner->dev), K = e->L.K, g = e->L.g0 + (size_t)owner->id;
     /* A single device has no peers. The owner allocates for its slices in
      * order, on its own thread (a limit is met at the same allocation). */
-    for (size_t j = 0; e->K > 1 && j < e->K; j++) {
+    for (size_t j = 0; K > 1 && j < K; j++) {
         slice *sl = &e->s[j];
         size_t n = sl->end - sl->begin, chunk = n < c ? n : c;
         if ((size_t)sl->owner != g || !n) continue;
@@ -31,8 +32,8 @@ dp_status dp_comm_setup(worker *owner)
         if (s == DP_OK && !dp_device_is_host_memory(owner->dev))
             s = dp_dbuf_ensure(owner->dev, &sl->in, bytes);
         /* The other ranks' devices' chunks arrive here. */
-        if (s == DP_OK && e->K > e->k)
-            s = dp_dbuf_ensure(owner->dev, &sl->remote, (e->K - e->k) * bytes);
+        if (s == DP_OK && K > e->L.k)
+            s = dp_dbuf_ensure(owner->dev, &sl->remote, (K - e->L.k) * bytes);
         if (s != DP_OK) {
             dp_error_prefix("reduce-scatter staging of slice %zu on %s", j, owner->dev->name);
             return s;
@@ -43,7 +44,7 @@ dp_status dp_comm_setup(worker *owner)
 
 void dp_comm_teardown(dp_engine *e)
 {
-    for (size_t j = 0; e->s && j < e->K; j++) {
+    for (size_t j = 0; e->s && j < e->L.K; j++) {
         slice *sl = &e->s[j];
         worker *o = dp_local_worker(e, (size_t)sl->owner);
         if (!o || !o->dev) continue;
@@ -53,55 +54,48 @@ void dp_comm_teardown(dp_engine *e)
     }
 }
 
-size_t dp_comm_staging_bytes(const dp_engine *e, size_t d)
-{
-    size_t bytes = 0;
-    for (size_t j = 0; j < e->K; j++)
-        if ((size_t)e->s[j].owner == e->g0 + d)
-            bytes += e->s[j].acc.bytes + e->s[j].in.bytes + e->s[j].remote.bytes;
-    return bytes;
-}
-
 float *dp_comm_remote_chunk(const dp_engine *e, const slice *sl, size_t d)
 {
-    size_t c = sl->remote.bytes / sizeof(float) / (e->K - e->k);
-    size_t idx = d < e->g0 ? d : d - e->k; /* among the other ranks' devices */
+    size_t c = sl->remote.bytes / sizeof(float) / (e->L.K - e->L.k);
+    size_t idx = d < e->L.g0 ? d : d - e->L.k; /* among the other ranks' devices */
     return (float *)sl->remote.ptr + idx * c;
 }
 
-dp_status dp_comm_scatter_batch(worker *w)
+dp_status dp_comm_scatter_batch(worker *w, const dp_plan *plan)
 {
     dp_engine *e = w->e;
     const dp_model *m = &e->model;
-    if (!w->rows) return DP_OK;
-    size_t in_bytes = w->rows * m->input_row_bytes;
-    size_t tg_row = dp_model_target_row_bytes(m), tg_bytes = w->rows * tg_row;
+    const dp_plan_device *d = &plan->dev[w->id];
+    if (!d->rows) return DP_OK;
+    size_t in_bytes = d->rows * m->input_row_bytes;
+    size_t tg_row = dp_model_target_row_bytes(m), tg_bytes = d->rows * tg_row;
     DP_TRY(dp_dbuf_ensure(w->dev, &w->inputs, in_bytes));
     DP_TRY(dp_dbuf_ensure(w->dev, &w->targets, tg_bytes));
-    const char *src = (const char *)e->batch->inputs + w->row_begin * m->input_row_bytes;
+    const char *src = (const char *)plan->batch->inputs + d->row_begin * m->input_row_bytes;
     DP_TRY(dp_copy_h2d(w->dev, w->inputs.ptr, src, in_bytes));
     return dp_copy_h2d(w->dev, w->targets.ptr,
-                       (const char *)e->batch->targets + w->row_begin * tg_row, tg_bytes);
+                       (const char *)plan->batch->targets + d->row_begin * tg_row, tg_bytes);
 }
 
-size_t dp_comm_gather_rows(const dp_engine *e, size_t j)
+size_t dp_comm_gather_rows(const dp_engine *e, const dp_plan *plan, size_t j)
 {
     size_t total = 0;
-    for (size_t d = 0; d < e->k; d++) {
+    for (size_t d = 0; d < e->L.k; d++) {
         size_t f;
-        total += dp_micro_rows(&e->w[d], j, &f) * e->model.outputs_per_row;
+        total += dp_plan_micro_rows(&plan->dev[d], j, &f) * e->model.outputs_per_row;
     }
     return total;
 }
 
-dp_status dp_comm_gather_logits(worker *root, size_t j, float *logits, void *targets)
+dp_status dp_comm_gather_logits(worker *root, const dp_plan *plan, size_t j, float *logits,
+                                void *targets)
 {
     dp_engine *e = root->e;
     size_t V = e->model.n_classes, opr = e->model.outputs_per_row, off = 0;
     size_t tg_out = dp_model_target_row_bytes(&e->model) / opr; /* target bytes per output row */
-    for (size_t d = 0; d < e->k; d++) {
+    for (size_t d = 0; d < e->L.k; d++) {
         worker *wd = &e->w[d];
-        size_t f, r = dp_micro_rows(wd, j, &f);
+        size_t f, r = dp_plan_micro_rows(&plan->dev[d], j, &f);
         if (!r) continue;
         size_t nd = r * opr;
         DP_TRY(dp_copy_peer(root->dev, logits + off * V, wd->dev, wd->logits.ptr,
@@ -113,7 +107,7 @@ dp_status dp_comm_gather_logits(worker *root, size_t j, float *logits, void *tar
     return DP_OK;
 }
 
-dp_status dp_comm_scatter_dlogits(worker *w, size_t j, size_t rows)
+dp_status dp_comm_scatter_dlogits(worker *w, const dp_plan *plan, size_t j, size_t rows)
 {
     dp_engine *e = w->e;
     worker *root = &e->w[0];
@@ -122,7 +116,7 @@ dp_status dp_comm_scatter_dlogits(worker *w, size_t j, size_t rows)
     size_t off = 0;
     for (int d = 0; d < w->id; d++) {
         size_t f;
-        off += dp_micro_rows(&e->w[d], j, &f) * opr;
+        off += dp_plan_micro_rows(&plan->dev[d], j, &f) * opr;
     }
     return dp_copy_peer(w->dev, w->dlogits.ptr, root->dev,
                         (const float *)root->gathered_d.ptr + off * V,
@@ -138,7 +132,8 @@ dp_status dp_comm_scatter_dlogits(worker *w, size_t j, size_t rows)
  * Float addition commutes, so adding the running sum to the owner's own
  * gradient (own = g_o + sum) gives the bits that adding g_o to the sum
  * would; the owner's buffer takes the sum from its turn on. */
-static dp_status reduce_chunk(dp_engine *e, slice *sl, size_t at, size_t n, size_t round_at)
+static dp_status reduce_chunk(dp_engine *e, const dp_plan *plan, slice *sl, size_t at, size_t n,
+                             size_t round_at)
 {
     worker *o = dp_local_worker(e, (size_t)sl->owner);
     size_t bytes = n * sizeof(float);
@@ -146,8 +141,8 @@ static dp_status reduce_chunk(dp_engine *e, slice *sl, size_t at, size_t n, size
     float *own = o->grads + at, *acc = sl->acc.ptr;
     float *sum = NULL;         /* holds the sum of the contributions so far */
     const float *first = NULL; /* the first contribution, readable by the owner, not yet added */
-    for (size_t d = 0; d < e->K; d++) {
-        if (!dp_contributes(e, d)) continue; /* an idle device's gradient is zero */
+    for (size_t d = 0; d < e->L.K; d++) {
+        if (!dp_plan_contributes(plan, d)) continue; /* an idle device's gradient is zero */
         worker *wd = dp_local_worker(e, d);
         if (wd == o) {
             if (first) DP_TRY(dp_residual_forward(o->dev, own, first, own, n)); /* c_0 + own */
@@ -185,35 +180,23 @@ static dp_status reduce_chunk(dp_engine *e, slice *sl, size_t at, size_t n, size
     return DP_OK;
 }
 
-dp_status dp_comm_reduce_scatter(worker *w)
+dp_status dp_comm_reduce_scatter(worker *w, const dp_plan *plan, size_t at, size_t len)
 {
     dp_engine *e = w->e;
-    if (e->K < 2) return DP_OK; /* one device: its gradient is the sum */
-    for (size_t j = 0; j < e->K; j++) {
+    if (e->L.K < 2) return DP_OK; /* one device: its gradient is the sum */
+    for (size_t j = 0; j < e->L.K; j++) {
         slice *sl = &e->s[j];
         if (sl->reducer != w->id) continue;
         size_t b = sl->begin, n = sl->end - sl->begin;
+        if (at >= n) continue;
+        size_t end = n - at < len ? n : at + len;
         size_t c = dp_comm_chunk_floats(e, dp_local_worker(e, (size_t)sl->owner)->dev);
-        if (dp_ranks_active(e)) { /* one round: the chunk the ranks just exchanged */
-            size_t at = e->round * c;
-            if (at < n) DP_TRY(reduce_chunk(e, sl, b + at, n - at < c ? n - at : c, b + at));
-            continue;
-        }
-        for (size_t done = 0; done < n; done += c)
-            DP_TRY(reduce_chunk(e, sl, b + done, n - done < c ? n - done : c, b + done));
+        /* Chunks of at most c from the round's start (where a received
+         * chunk starts too). */
+        for (size_t done = at; done < end; done += c)
+            DP_TRY(reduce_chunk(e, plan, sl, b + done, end - done < c ? end - done : c, b + at));
     }
     return DP_OK;
-}
-
-void dp_comm_allreduce_scalars(const dp_engine *e, double *loss_sum, double *sumsq)
-{
-    double s = 0.0, l = 0.0;
-    for (size_t d = 0; d < e->K; d++) {
-        s += e->s[d].sumsq;
-        l += dp_ranks_active(e) ? e->gloss[d] : e->w[d].loss_sum;
-    }
-    *sumsq = s;
-    *loss_sum = l;
 }
 
 dp_status dp_comm_allgather_params(worker *w, int from_other_ranks)
@@ -222,9 +205,9 @@ dp_status dp_comm_allgather_params(worker *w, int from_other_ranks)
     /* Runs of consecutive slices with one owner move as one copy (root
      * mode: the whole buffer from the root). Another rank's slices come
      * from local device 0, which received them. */
-    for (size_t j = 0; j < e->K;) {
+    for (size_t j = 0; j < e->L.K;) {
         size_t j2 = j + 1;
-        while (j2 < e->K && e->s[j2].owner == e->s[j].owner) j2++;
+        while (j2 < e->L.K && e->s[j2].owner == e->s[j].owner) j2++;
         worker *o = dp_local_worker(e, (size_t)e->s[j].owner);
         size_t b = e->s[j].begin, en = e->s[j2 - 1].end;
         if (!o && from_other_ranks) o = &e->w[0];

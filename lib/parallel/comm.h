@@ -1,23 +1,23 @@
 /*
- * parallel/comm.h - the collectives the engine moves data with (DESIGN.md
- * section 8), one function per collective: scatter of the batch, gather
- * of logits and scatter of their gradient (gather mode), reduce-scatter of
- * the gradients to the slice owners, all-reduce of the step's scalars,
- * all-gather of the updated slices, broadcast of the root's parameters.
+ * parallel/comm.h - the collectives between this process's devices
+ * (docs/design.md section 8), one function per collective: scatter of the
+ * batch, gather of logits and scatter of their gradient (gather mode),
+ * reduce-scatter of the gradients to the slice owners, all-gather of the
+ * updated slices, broadcast of the root's parameters.
  *
  * Each is called by every worker of the job that needs it, from the
  * worker's own thread, between the barriers of the step (like an NCCL
  * rank calling its collective); "root" is device 0, the owner of a slice
- * is dp_slice_owner (engine_internal.h). The in-process implementation
- * (comm.c) copies with the backend's device-to-device copies and adds on
- * the owner's device (its stream), always in device order 0..k-1, so
- * results do not depend on thread timing. Another implementation
- * (processes: MPI, NCCL) replaces comm.c alone.
+ * is slice.owner (state.h). They copy with the backend's device-to-device
+ * copies and add on the owner's device (its stream), always in global
+ * device order, so results do not depend on thread timing. What crosses
+ * between ranks goes through the transport (transport/transport.h); the
+ * reduce-scatter adds the chunks it received like any other device's.
  */
 #ifndef DP_PARALLEL_COMM_H
 #define DP_PARALLEL_COMM_H
 
-#include "parallel/engine_internal.h"
+#include "parallel/state.h"
 
 /* Floats per chunk of the reduce-scatter: what an owner stages at a time
  * (a running sum and one incoming chunk), so no device holds a
@@ -26,10 +26,9 @@
  * where each chunk is a copy and a kernel launch. */
 #define DP_COMM_CHUNK_FLOATS_HOST ((size_t)1 << 14)
 #define DP_COMM_CHUNK_FLOATS_DEVICE ((size_t)1 << 20)
-/* With ranks, the chunk of a round: each round is one exchange between the
- * ranks (a message per device and slice) and one local job, so it is
- * larger; the owner stages one per device of the other ranks. */
-#define DP_COMM_CHUNK_FLOATS_RANKS ((size_t)1 << 18)
+/* With ranks, the chunk is the transport's round (round_floats): each
+ * round is one exchange between the ranks and one local job; the owner
+ * stages one chunk per device of the other ranks. */
 size_t dp_comm_chunk_floats(const dp_engine *e, const dp_device *owner);
 
 /* Setup job, every worker, after the buffers of every worker exist: what
@@ -39,40 +38,36 @@ size_t dp_comm_chunk_floats(const dp_engine *e, const dp_device *owner);
  * frees worker w's slice's. */
 dp_status dp_comm_setup(worker *owner);
 void dp_comm_teardown(dp_engine *e);
-/* Bytes dp_comm_setup allocates on device d (for accounting checks). */
-size_t dp_comm_staging_bytes(const dp_engine *e, size_t d);
 /* Where global device d's chunk of slice sl arrives from another rank. */
 float *dp_comm_remote_chunk(const dp_engine *e, const slice *sl, size_t d);
 
-/* Scatter of the batch: copies this worker's rows of the host batch
- * (inputs and targets) to its device (w->inputs, w->targets). */
-dp_status dp_comm_scatter_batch(worker *w);
+/* Scatter of the batch: copies this worker's rows of the planned host
+ * batch (inputs and targets) to its device (w->inputs, w->targets). */
+dp_status dp_comm_scatter_batch(worker *w, const dp_plan *plan);
 
 /* Gather of logits (gather mode, root only): the logits of micro-batch j
  * of every device, and their targets, into logits (rows x V floats on the
  * root) and targets (rows output rows of targets, dp_model_target_row_bytes
  * / outputs_per_row bytes each, on the root), in device order. rows is
- * dp_comm_gather_rows(e, j). */
-size_t dp_comm_gather_rows(const dp_engine *e, size_t j);
-dp_status dp_comm_gather_logits(worker *root, size_t j, float *logits, void *targets);
+ * dp_comm_gather_rows(e, plan, j). */
+size_t dp_comm_gather_rows(const dp_engine *e, const dp_plan *plan, size_t j);
+dp_status dp_comm_gather_logits(worker *root, const dp_plan *plan, size_t j, float *logits,
+                                void *targets);
 
 /* Scatter of dlogits (gather mode): worker w copies its rows of
  * micro-batch j (rows of them) from the root's gathered dlogits into
  * w->dlogits. */
-dp_status dp_comm_scatter_dlogits(worker *w, size_t j, size_t rows);
+dp_status dp_comm_scatter_dlogits(worker *w, const dp_plan *plan, size_t j, size_t rows);
 
 /* Reduce-scatter, worker w's part: for every slice it reduces, the owner
  * ends up with owner->grads[slice] = ((g_0 + g_1) + g_2) + ... + g_{K-1}
  * over the job's devices' gradients of the slice, added in that order on
  * the owner's device whoever the owner is (idle devices d >= 1 are
- * skipped: their gradient is zero). With ranks, only chunk e->round, whose
- * other-rank parts ranks.c received. Other devices' gradient buffers are
- * only read. */
-dp_status dp_comm_reduce_scatter(worker *w);
-
-/* The step's scalars: the sums, in global device order, of the devices'
- * loss sums (e->gloss) and the slices' sums of squares. */
-void dp_comm_allreduce_scalars(const dp_engine *e, double *loss_sum, double *sumsq);
+ * skipped: their gradient is zero), over the elements [at, at + len) of
+ * each slice: the round whose other-rank chunks the transport received
+ * (one process: at 0, len SIZE_MAX, the whole slice). Other devices'
+ * gradient buffers are only read. */
+dp_status dp_comm_reduce_scatter(worker *w, const dp_plan *plan, size_t at, size_t len);
 
 /* All-gather of the parameters (the replicas' own type, bfloat16 or
  * float32): worker w's replica gets every slice it

@@ -1,18 +1,16 @@
 /*
- * parallel/compute.c - the compute phases of a step on one worker:
- * forward, criterion and backward over its micro-batches. Balanced mode
- * runs the criterion on every device; gather mode (nn.DataParallel)
- * gathers the logits on the root, which computes the loss and dlogits for
- * the whole micro-batch and scatters each device its slice (comm.h).
- * A model with a head (dp/model.h) forwards to its features; balanced mode
- * then runs head, criterion and head backward over chunks of the output
- * rows, so no device holds its whole logits.
+ * parallel/compute.c - forward, criterion and backward on one worker
+ * (compute.h): the model's and criterion's callbacks, the logits buffers
+ * and their chunks, balanced and gather mode.
  */
 #include <math.h>
 #include <stdint.h>
 
 #include "dp/checked.h"
 #include "parallel/comm.h"
+#include "parallel/compute.h"
+#include "parallel/plan.h"
+#include "parallel/pool.h"
 
 static dp_chunk chunk_of(const worker *w, size_t first, size_t rows)
 {
@@ -25,13 +23,6 @@ static dp_chunk chunk_of(const worker *w, size_t first, size_t rows)
 }
 
 // --- the user's callbacks ---------------------------------------------------------
-
-void dp_callback_message(dp_status s, const char *what)
-{
-    if (dp_last_error()[0]) return; /* the callback's own dp_set_error message */
-    DP_FAIL(s, "%s returned \"%s\" without a message; describe the problem with "
-            "dp_set_error (dp/status.h)", what, dp_strerror(s));
-}
 
 static dp_status model_forward(worker *w, const dp_chunk *c)
 {
@@ -87,8 +78,9 @@ static size_t scratch_size(const dp_engine *e, size_t n)
 
 /* Calls the criterion on n output rows whose plan has n_valid valid target
  * elements, and holds it to that count (dp/model.h's contract). */
-static dp_status call_criterion(worker *w, double *loss, float *dlogits, const float *logits,
-                                const void *targets, size_t n, size_t n_valid, void *scratch)
+static dp_status call_criterion(worker *w, const dp_plan *plan, double *loss, float *dlogits,
+                                const float *logits, const void *targets, size_t n,
+                                size_t n_valid, void *scratch)
 {
     dp_engine *e = w->e;
     dp_criterion_args a;
@@ -101,7 +93,7 @@ static dp_status call_criterion(worker *w, double *loss, float *dlogits, const f
     a.n = n;
     a.V = e->model.n_classes;
     a.n_valid = n_valid;
-    a.dscale = e->dscale;
+    a.dscale = plan->dscale;
     a.scratch = scratch;
     size_t count = SIZE_MAX;
     *loss = 0.0;
@@ -137,12 +129,12 @@ static size_t float_bytes(size_t rows, size_t width)
  * whole in gather mode (with a separate dlogits), one chunk in balanced
  * mode with a head. The chunk rule grows with n, so the largest
  * micro-batch sizes the buffers for every shorter one. */
-static dp_status ensure_compute(worker *w, int gather, int train)
+static dp_status ensure_compute(worker *w, const dp_plan_device *d, int gather, int train)
 {
     const dp_engine *e = w->e;
     const dp_model *m = &e->model;
-    size_t n = w->micro_rows * m->outputs_per_row, V = m->n_classes, logit_rows = n;
-    DP_TRY(dp_dbuf_ensure(w->dev, &w->workspace, m->workspace_bytes(m->ctx, w->micro_rows)));
+    size_t n = d->micro_rows * m->outputs_per_row, V = m->n_classes, logit_rows = n;
+    DP_TRY(dp_dbuf_ensure(w->dev, &w->workspace, m->workspace_bytes(m->ctx, d->micro_rows)));
     if (has_head(e)) {
         DP_TRY(dp_dbuf_ensure(w->dev, &w->features, float_bytes(n, m->head_features)));
         if (train) DP_TRY(dp_dbuf_ensure(w->dev, &w->dfeatures, float_bytes(n, m->head_features)));
@@ -154,36 +146,38 @@ static dp_status ensure_compute(worker *w, int gather, int train)
 }
 
 /* Balanced mode's criterion on micro-batch rows [first, first + rows) of this worker. */
-static dp_status criterion(worker *w, double *loss, float *dlogits, const float *logits,
-                           const void *targets, size_t first, size_t rows)
+static dp_status criterion(worker *w, const dp_plan *plan, double *loss, float *dlogits,
+                           const float *logits, const void *targets, size_t first, size_t rows)
 {
     dp_engine *e = w->e;
     size_t n = rows * e->model.outputs_per_row, sb = scratch_size(e, n);
     DP_TRY(dp_dbuf_ensure(w->dev, &w->scratch, sb));
-    size_t valid = dp_plan_valid_targets(e, e->batch->targets, w->row_begin + first, rows);
-    return call_criterion(w, loss, dlogits, logits, targets, n, valid, sb ? w->scratch.ptr : NULL);
+    size_t valid = dp_plan_valid_targets(e, plan->batch->targets,
+                                         plan->dev[w->id].row_begin + first, rows);
+    return call_criterion(w, plan, loss, dlogits, logits, targets, n, valid,
+                          sb ? w->scratch.ptr : NULL);
 }
 
 /* Balanced mode with a head: head, criterion and (train) head backward
  * over chunks of the micro-batch's output rows, in row order; the chunks'
  * loss sums add in that order. */
-static dp_status chunked_criterion(worker *w, double *loss, int train, const void *targets,
-                                   size_t first, size_t rows)
+static dp_status chunked_criterion(worker *w, const dp_plan *plan, double *loss, int train,
+                                   const void *targets, size_t first, size_t rows)
 {
     dp_engine *e = w->e;
     size_t opr = e->model.outputs_per_row, n = rows * opr, c = dp_plan_logits_chunk(e, n);
     size_t tg_out = dp_model_target_row_bytes(&e->model) / opr; /* target bytes per output row */
-    size_t out0 = (w->row_begin + first) * opr; /* the batch's index of output row 0 */
+    size_t out0 = (plan->dev[w->id].row_begin + first) * opr; /* the batch's index of output row 0 */
     float *logits = w->logits.ptr;
     *loss = 0.0;
     for (size_t o = 0; o < n; o += c) {
         size_t m = n - o < c ? n - o : c, sb = scratch_size(e, m);
         DP_TRY(head_forward(w, o, m, logits));
         DP_TRY(dp_dbuf_ensure(w->dev, &w->scratch, sb));
-        size_t valid = dp_plan_valid_outputs(e, e->batch->targets, out0 + o, m);
+        size_t valid = dp_plan_valid_outputs(e, plan->batch->targets, out0 + o, m);
         double l = 0.0;
         /* dlogits overwrite the chunk's logits in place. */
-        DP_TRY(call_criterion(w, &l, train ? logits : NULL, logits,
+        DP_TRY(call_criterion(w, plan, &l, train ? logits : NULL, logits,
                               (const char *)targets + o * tg_out, m, valid,
                               sb ? w->scratch.ptr : NULL));
         *loss += l;
@@ -195,9 +189,11 @@ static dp_status chunked_criterion(worker *w, double *loss, int train, const voi
 /* Balanced: each micro-batch runs forward, the local criterion and
  * backward. With a head the criterion phase runs the head too, chunk by
  * chunk, and backward starts from the features' gradient. */
-void dp_compute_balanced(worker *w, int train)
+void dp_compute_balanced(worker *w, const dp_plan *plan, int train)
 {
-    if (!w->rows) {
+    const dp_plan_device *d = &plan->dev[w->id];
+    w->loss_sum = 0.0;
+    if (!d->rows) {
         /* An idle device still passes through the phases (fault hooks, timing). */
         ENTER(w, DP_PHASE_FORWARD);
         ENTER(w, DP_PHASE_CRITERION);
@@ -205,21 +201,22 @@ void dp_compute_balanced(worker *w, int train)
         return;
     }
     int head = has_head(w->e);
-    for (size_t j = 0; j < w->n_micro; j++) {
-        size_t first, rows = dp_micro_rows(w, j, &first);
+    for (size_t j = 0; j < d->n_micro; j++) {
+        size_t first, rows = dp_plan_micro_rows(d, j, &first);
         if (!rows) break;
         dp_chunk c = chunk_of(w, first, rows);
         ENTER(w, DP_PHASE_FORWARD);
-        CHECK(w, ensure_compute(w, 0, train));
+        CHECK(w, ensure_compute(w, d, 0, train));
         CHECK(w, model_forward(w, &c));
         ENTER(w, DP_PHASE_CRITERION);
         double loss = 0.0;
         float *logits = w->logits.ptr;
         if (head) {
-            CHECK(w, chunked_criterion(w, &loss, train, c.targets, first, rows));
+            CHECK(w, chunked_criterion(w, plan, &loss, train, c.targets, first, rows));
         } else {
             /* dlogits overwrite the logits in place: no second V-wide buffer. */
-            CHECK(w, criterion(w, &loss, train ? logits : NULL, logits, c.targets, first, rows));
+            CHECK(w, criterion(w, plan, &loss, train ? logits : NULL, logits, c.targets, first,
+                               rows));
         }
         w->loss_sum += loss;
         if (!train) continue;
@@ -228,21 +225,21 @@ void dp_compute_balanced(worker *w, int train)
     }
 }
 
-/* Valid target elements of device d's rows of micro-batch j. */
-static size_t micro_valid(const dp_engine *e, size_t d, size_t j)
+/* Valid target elements of local device d's rows of micro-batch j. */
+static size_t micro_valid(const dp_engine *e, const dp_plan *plan, size_t d, size_t j)
 {
-    size_t f, r = dp_micro_rows(&e->w[d], j, &f);
-    return r ? dp_plan_valid_targets(e, e->batch->targets, e->w[d].row_begin + f, r) : 0;
+    size_t f, r = dp_plan_micro_rows(&plan->dev[d], j, &f);
+    return r ? dp_plan_valid_targets(e, plan->batch->targets, plan->dev[d].row_begin + f, r) : 0;
 }
 
 /* The root's part of gather mode's criterion for micro-batch j: gather
  * every device's logits and targets, loss and dlogits for all of them. */
-static dp_status root_criterion(worker *w, size_t j)
+static dp_status root_criterion(worker *w, const dp_plan *plan, size_t j)
 {
     dp_engine *e = w->e;
     size_t V = e->model.n_classes, opr = e->model.outputs_per_row;
     size_t tg_out = dp_model_target_row_bytes(&e->model) / opr; /* target bytes per output row */
-    size_t total = dp_comm_gather_rows(e, j);
+    size_t total = dp_comm_gather_rows(e, plan, j);
     if (!total) return DP_OK;
     size_t sb = scratch_size(e, total);
     DP_TRY(dp_dbuf_ensure(w->dev, &w->gathered, total * V * sizeof(float)));
@@ -255,11 +252,11 @@ static dp_status root_criterion(worker *w, size_t j)
     DP_TRY(dp_dbuf_ensure(w->dev, &w->scratch, sb_al + total * tg_out));
     void *tg = (char *)w->scratch.ptr + sb_al;
     void *scratch = sb ? w->scratch.ptr : NULL;
-    DP_TRY(dp_comm_gather_logits(w, j, w->gathered.ptr, tg));
+    DP_TRY(dp_comm_gather_logits(w, plan, j, w->gathered.ptr, tg));
     size_t valid = 0;
-    for (size_t d = 0; d < e->k; d++) valid += micro_valid(e, d, j);
+    for (size_t d = 0; d < e->L.k; d++) valid += micro_valid(e, plan, d, j);
     double loss = 0.0;
-    DP_TRY(call_criterion(w, &loss, w->gathered_d.ptr, w->gathered.ptr, tg, total, valid,
+    DP_TRY(call_criterion(w, plan, &loss, w->gathered_d.ptr, w->gathered.ptr, tg, total, valid,
                           scratch));
     if (isfinite(loss)) {
         w->loss_sum += loss;
@@ -268,38 +265,40 @@ static dp_status root_criterion(worker *w, size_t j)
     /* Rare path: attribute the non-finite loss to the devices whose rows
      * produced it (the others wait at the barrier). */
     size_t off = 0;
-    for (size_t d = 0; d < e->k; d++) {
-        size_t f, nd = dp_micro_rows(&e->w[d], j, &f) * opr;
+    for (size_t d = 0; d < e->L.k; d++) {
+        size_t f, nd = dp_plan_micro_rows(&plan->dev[d], j, &f) * opr;
         double ld = 0.0;
         if (nd)
-            DP_TRY(call_criterion(w, &ld, NULL, (const float *)w->gathered.ptr + off * V,
-                                  (const char *)tg + off * tg_out, nd, micro_valid(e, d, j),
-                                  scratch));
+            DP_TRY(call_criterion(w, plan, &ld, NULL, (const float *)w->gathered.ptr + off * V,
+                                  (const char *)tg + off * tg_out, nd,
+                                  micro_valid(e, plan, d, j), scratch));
         e->w[d].loss_sum += ld;
         off += nd;
     }
     return DP_OK;
 }
 
-void dp_compute_gather(worker *w)
+void dp_compute_gather(worker *w, const dp_plan *plan)
 {
     dp_engine *e = w->e;
+    const dp_plan_device *d = &plan->dev[w->id];
     int head = has_head(e);
-    for (size_t j = 0; j < e->gather_steps; j++) {
-        size_t first, rows = dp_micro_rows(w, j, &first);
+    w->loss_sum = 0.0;
+    for (size_t j = 0; j < plan->gather_steps; j++) {
+        size_t first, rows = dp_plan_micro_rows(d, j, &first);
         dp_chunk c = chunk_of(w, first, rows);
         ENTER(w, DP_PHASE_FORWARD);
         if (rows) {
-            CHECK(w, ensure_compute(w, 1, 1));
+            CHECK(w, ensure_compute(w, d, 1, 1));
             CHECK(w, model_forward(w, &c));
             /* A head computes the whole micro-batch's logits: they are gathered. */
             if (head) CHECK(w, head_forward(w, 0, rows * e->model.outputs_per_row, w->logits.ptr));
         }
         SYNC(w);
         ENTER(w, DP_PHASE_CRITERION);
-        if (w->id == 0) CHECK(w, root_criterion(w, j));
+        if (w->id == 0) CHECK(w, root_criterion(w, plan, j));
         SYNC(w);
-        if (rows) CHECK(w, dp_comm_scatter_dlogits(w, j, rows));
+        if (rows) CHECK(w, dp_comm_scatter_dlogits(w, plan, j, rows));
         ENTER(w, DP_PHASE_BACKWARD);
         if (rows && head) {
             CHECK(w, head_backward(w, 0, rows * e->model.outputs_per_row, w->dlogits.ptr));

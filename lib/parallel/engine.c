@@ -1,19 +1,24 @@
 /*
- * parallel/engine.c - the DataParallel engine (DESIGN.md section 5):
- * create/destroy, the step's phases (job_step), stats and setters.
+ * parallel/engine.c - the DataParallel engine's public calls (dp/engine.h,
+ * docs/design.md section 5): create and destroy, step and evaluate,
+ * parameters and optimizer state, stats.
  *
- * The rooms it calls (engine_internal.h): workers.c runs jobs on the
- * worker threads, plan.c plans a batch, compute.c runs forward, criterion
- * and backward, comm.c moves data between devices, optimizer.c updates
- * the slices, replica.c checks the replicas.
+ * The rooms it calls (state.h lists them): ranks.c joins the ranks,
+ * pool.c runs jobs on the worker threads, plan.c plans a batch, step.c
+ * runs the step over every rank, optimizer.c owns the slices, and the
+ * transport (transport/) carries what crosses between the ranks.
  */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "dist/nccl.h"
+#include "core/clock.h"
 #include "parallel/comm.h"
-#include "parallel/engine_internal.h"
+#include "parallel/optimizer.h"
+#include "parallel/plan.h"
+#include "parallel/pool.h"
+#include "parallel/ranks.h"
+#include "parallel/step.h"
 
 // --- names and defaults -------------------------------------------------------------
 
@@ -66,145 +71,23 @@ static dp_status unclaim(dp_engine *e, dp_status s)
     return s;
 }
 
-// --- the jobs, run on every worker's thread ---------------------------------------------
-
-static void job_setup(worker *w)
-{
-    size_t n = w->e->model.n_params, bytes = n * sizeof(float);
-    w->phase = DP_PHASE_COUNT;
-    CHECK(w, dp_device_bind_thread(w->dev));
-    CHECK(w, dp_device_alloc(w->dev, n * w->e->psize, &w->params));
-    CHECK(w, dp_device_alloc(w->dev, bytes, (void **)&w->grads));
-    CHECK(w, dp_memset(w->dev, w->grads, 0, bytes));
-    CHECK(w, dp_opt_alloc_state(w));
-    SYNC(w); /* every device's buffers exist before the collectives' */
-    CHECK(w, dp_comm_setup(w));
-}
-
-/* One step (train) or evaluation on this worker: the phases in order. */
-static void job_step(worker *w, int train)
-{
-    dp_engine *e = w->e;
-    ENTER(w, DP_PHASE_SCATTER);
-    CHECK(w, dp_comm_scatter_batch(w));
-    if (train) CHECK(w, dp_memset(w->dev, w->grads, 0, e->model.n_params * sizeof(float)));
-
-    /* forward, criterion, backward */
-    if (!train || e->cfg.mode == DP_MODE_BALANCED) dp_compute_balanced(w, train);
-    else dp_compute_gather(w);
-    if (w->status || !train) return;
-    SYNC(w); /* every gradient is complete */
-
-    /* reduce-scatter: each slice's sum, in device order, on its owner */
-    ENTER(w, DP_PHASE_REDUCE);
-    CHECK(w, dp_comm_reduce_scatter(w));
-    CHECK(w, dp_opt_slice_sumsq(w));
-    SYNC(w);
-
-    ENTER(w, DP_PHASE_OPTIMIZER);
-    /* Every worker derives the same norm and decision, in device order. */
-    double loss, sumsq;
-    dp_comm_allreduce_scalars(e, &loss, &sumsq);
-    double norm = sqrt(sumsq);
-    /* !isfinite, not isnan: a +Inf loss or gradient must skip the update too. */
-    int skip = !isfinite(norm) || !isfinite(loss);
-    if (w->id == 0) {
-        /* Read by the caller after the job only. */
-        e->grad_norm = norm;
-        e->skip = skip;
-    }
-    if (!skip) CHECK(w, dp_opt_update_slice(w, norm));
-    SYNC(w);
-
-    /* all-gather: every replica fetches the updated slices from their owners */
-    ENTER(w, DP_PHASE_BROADCAST);
-    if (skip) return;
-    CHECK(w, dp_comm_allgather_params(w, 0));
-    if (!dp_replica_check_due(e)) return;
-    /* Every copy is done before any replica is hashed, so a replica that
-     * changes now (the divergence hook flips a bit) cannot be copied
-     * into another replica and hide. */
-    SYNC(w);
-    CHECK(w, dp_replica_hash(w));
-}
-
-/* ranks (ranks.c calls these jobs between its exchanges) */
-static void job_compute(worker *w)
-{
-    ENTER(w, DP_PHASE_SCATTER);
-    CHECK(w, dp_comm_scatter_batch(w));
-    CHECK(w, dp_memset(w->dev, w->grads, 0, w->e->model.n_params * sizeof(float)));
-    dp_compute_balanced(w, 1);
-}
-
-static void job_reduce_round(worker *w)
-{
-    dp_engine *e = w->e;
-    ENTER(w, DP_PHASE_REDUCE);
-    CHECK(w, dp_comm_reduce_scatter(w));
-    if (e->round + 1 == dp_ranks_rounds(e)) CHECK(w, dp_opt_slice_sumsq(w));
-}
-
-void dp_engine_job(worker *w, job_kind job)
-{
-    switch (job) {
-    case JOB_SETUP: job_setup(w); break;
-    case JOB_STEP: job_step(w, 1); break;
-    case JOB_EVAL: job_step(w, 0); break;
-    case JOB_BROADCAST:
-        w->phase = DP_PHASE_BROADCAST;
-        CHECK(w, dp_comm_broadcast_params(w));
-        break;
-    case JOB_ALLGATHER:
-        w->phase = DP_PHASE_BROADCAST;
-        CHECK(w, dp_comm_allgather_params(w, 0));
-        break;
-    case JOB_COMPUTE: job_compute(w); break;
-    case JOB_REDUCE_ROUND: job_reduce_round(w); break;
-    case JOB_UPDATE:
-        ENTER(w, DP_PHASE_OPTIMIZER);
-        CHECK(w, dp_opt_update_slice(w, w->e->grad_norm));
-        break;
-    case JOB_GATHER_LOCAL:
-        ENTER(w, DP_PHASE_BROADCAST);
-        CHECK(w, dp_comm_allgather_params(w, 0));
-        break;
-    case JOB_COPY_REMOTE:
-        ENTER(w, DP_PHASE_BROADCAST);
-        CHECK(w, dp_comm_allgather_params(w, 1));
-        if (!w->e->hash_due) break;
-        SYNC(w); /* as in job_step: every copy before any hash */
-        CHECK(w, dp_replica_hash(w));
-        break;
-    case JOB_HASH:
-        ENTER(w, DP_PHASE_BROADCAST);
-        CHECK(w, dp_replica_hash(w));
-        break;
-    case JOB_REFRESH:
-        w->phase = DP_PHASE_BROADCAST;
-        CHECK(w, dp_opt_refresh_replica(w));
-        break;
-    }
-}
-
 // --- step and evaluate -------------------------------------------------------------------
 
 static void fill_stats(dp_engine *e, dp_step_stats *st, double seconds)
 {
     if (!st) return;
     memset(st, 0, sizeof *st);
+    const dp_step_outcome *o = &e->out;
     double loss = 0.0;
-    if (!dp_ranks_active(e))
-        for (size_t i = 0; i < e->k; i++) e->gloss[i] = e->w[i].loss_sum;
-    for (size_t i = 0; i < e->K; i++) loss += e->gloss[i]; /* device order: reproducible */
-    st->loss = loss / (double)e->n_valid;
-    st->valid_targets = e->n_valid;
-    st->grad_norm = e->grad_norm;
-    st->skipped = e->skip;
+    for (size_t i = 0; i < e->L.K; i++) loss += o->gloss[i]; /* device order: reproducible */
+    st->loss = loss / (double)e->plan.n_valid;
+    st->valid_targets = e->plan.n_valid;
+    st->grad_norm = o->grad_norm;
+    st->skipped = o->skip;
     st->skipped_device = -1;
-    if (e->skip)
-        for (size_t i = 0; i < e->K; i++)
-            if (!isfinite(e->gloss[i])) {
+    if (o->skip)
+        for (size_t i = 0; i < e->L.K; i++)
+            if (!isfinite(o->gloss[i])) {
                 st->skipped_device = (int)i;
                 break;
             }
@@ -215,19 +98,19 @@ static void fill_stats(dp_engine *e, dp_step_stats *st, double seconds)
      * barrier read about the same on every device, and the broadcast, where
      * the root only waits, is timed by the devices that copy. */
     for (int p = 0; p < DP_PHASE_COUNT; p++)
-        for (size_t i = 0; i < e->k; i++)
+        for (size_t i = 0; i < e->L.k; i++)
             if (e->w[i].phase_seconds[p] > st->phase_seconds[p])
                 st->phase_seconds[p] = e->w[i].phase_seconds[p];
-    st->n_devices = e->k;
+    st->n_devices = e->L.k;
     size_t n = e->model.n_params;
-    for (size_t i = 0; i < e->k; i++) {
+    for (size_t i = 0; i < e->L.k; i++) {
         worker *w = &e->w[i];
         dp_device_step_stats *d = &st->devices[i];
         dp_memory_stats ms;
         dp_device_memory(w->dev, &ms);
-        d->rows = w->rows;
-        d->valid_targets = w->valid;
-        d->micro_batches = w->n_micro;
+        d->rows = e->plan.dev[i].rows;
+        d->valid_targets = e->plan.dev[i].valid;
+        d->micro_batches = e->plan.dev[i].n_micro;
         d->in_use = ms.in_use;
         d->peak = ms.peak;
         for (int p = 0; p < DP_PHASE_COUNT; p++) {
@@ -247,9 +130,12 @@ static void fill_stats(dp_engine *e, dp_step_stats *st, double seconds)
 
 static dp_status check_usable(const dp_engine *e)
 {
-    if (e->broken)
+    if (dp_pool_broken(&e->pool))
         return DP_FAIL(DP_ERR_TIMEOUT, "a worker of this engine did not return after a watchdog "
                        "timeout; destroy the engine and create a new one");
+    if (dp_transport_lost(&e->tp))
+        return DP_FAIL(DP_ERR_TIMEOUT, "an exchange between the ranks failed or timed out and "
+                       "left them out of step; destroy the engine and create a new one");
     return DP_OK;
 }
 
@@ -261,48 +147,42 @@ static dp_status sync_replicas(dp_engine *e)
      * ranks, every rank's device 0 holds rank 0's values then). With
      * bf16 replicas the truth is the owners' masters: their replicas are
      * rounded from them first. */
-    if (e->bf16 && !(e->needs_sync & DP_SYNC_FROM_ROOT))
-        DP_TRY(dp_workers_run(e, JOB_REFRESH));
-    if (dp_ranks_active(e) && !(e->needs_sync & DP_SYNC_FROM_ROOT))
-        DP_TRY(dp_ranks_allgather_params(e));
-    else
-        DP_TRY(dp_workers_run(e, (e->needs_sync & DP_SYNC_FROM_ROOT) ? JOB_BROADCAST : JOB_ALLGATHER));
+    int from_root = e->needs_sync & DP_SYNC_FROM_ROOT;
+    if (e->bf16 && !from_root) DP_TRY(dp_step_refresh(e));
+    DP_TRY(from_root ? dp_step_broadcast(e) : dp_step_allgather(e, 0, 0, NULL));
     e->needs_sync = 0;
     return DP_OK;
 }
 
-/* Plans batch, runs a step or evaluation job and fills stats. */
-static dp_status run_batch(dp_engine *e, const dp_batch *batch, job_kind job, dp_step_stats *stats)
+/* Plans batch, runs a step (train) or evaluation over every rank and
+ * fills stats. */
+static dp_status run_batch(dp_engine *e, const dp_batch *batch, int train, dp_step_stats *stats)
 {
     DP_TRY(check_usable(e));
     e->step_start = dp_now_seconds();
     DP_TRY(sync_replicas(e));
-    dp_status s = dp_plan_batch(e, batch);
-    /* With ranks every rank must have planned the same batch (ranks.c). */
-    if (dp_ranks_active(e)) s = dp_ranks_check_batch(e, batch, s);
-    DP_TRY(s);
-    e->skip = 0;
-    e->grad_norm = 0.0;
-    int check = job == JOB_STEP && dp_replica_check_due(e);
-    dp_workers_reset_stats(e);
-    if (dp_ranks_active(e)) DP_TRY(dp_ranks_step(e, job == JOB_STEP));
-    else DP_TRY(dp_workers_run(e, job));
-    check = check && !e->skip && !dp_ranks_active(e); /* ranks.c checks its own */
-    if (job == JOB_STEP && !e->skip) e->t++;
+    DP_TRY(dp_step_agree_plan(e, dp_plan_batch(e, batch, &e->plan)));
+    dp_pool_reset_stats(&e->pool);
+    dp_status s = dp_step_run(e, train, &e->out);
+    e->needs_sync |= e->out.resync;
+    /* A failed replica check comes after a step every replica took: it
+     * counts, and its stats are filled. */
+    if (s != DP_OK && !e->out.counted) return s;
+    if (e->out.counted) e->t++;
     fill_stats(e, stats, dp_now_seconds() - e->step_start);
-    return check ? dp_replica_compare(e) : DP_OK;
+    return s;
 }
 
 dp_status dp_engine_step(dp_engine *e, const dp_batch *batch, dp_step_stats *stats)
 {
     DP_TRY(claim(e, "dp_engine_step"));
-    return unclaim(e, run_batch(e, batch, JOB_STEP, stats));
+    return unclaim(e, run_batch(e, batch, 1, stats));
 }
 
 dp_status dp_engine_evaluate(dp_engine *e, const dp_batch *batch, dp_step_stats *stats)
 {
     DP_TRY(claim(e, "dp_engine_evaluate"));
-    return unclaim(e, run_batch(e, batch, JOB_EVAL, stats));
+    return unclaim(e, run_batch(e, batch, 0, stats));
 }
 
 // --- create / destroy ---------------------------------------------------------------
@@ -340,61 +220,56 @@ dp_status dp_engine_create(const dp_device_spec *devices, size_t k, const dp_mod
 
     dp_engine *e = calloc(1, sizeof *e);
     if (e) e->w = calloc(k, sizeof *e->w);
-    if (!e || !e->w) {
+    if (e) e->xfers = calloc(DP_MAX_DEVICES * DP_MAX_DEVICES, sizeof *e->xfers);
+    if (!e || !e->w || !e->xfers) {
+        if (e) free(e->w);
         free(e);
         s = DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation failed");
         return ranked ? dp_ranks_create_failed(dist, s) : s;
     }
-    e->k = k;
-    e->K = k;
-    e->nranks = 1;
-    e->dist = ranked ? dist : NULL;
-    e->rank_first[1] = k;
     e->model = *model;
     e->crit = *crit;
     e->cfg = *cfg;
+    e->cfg.device_weights = NULL;
     e->bf16 = model->param_dtype == DP_DTYPE_BF16;
     e->psize = e->bf16 ? sizeof(dp_bf16) : sizeof(float);
-    e->cfg.device_weights = NULL;
-    for (size_t i = 0; i < k; i++) e->weights[i] = cfg->device_weights ? cfg->device_weights[i] : 1.0f;
     e->lr = cfg->optim.lr;
     e->created = dp_now_seconds();
     atomic_flag_clear(&e->busy);
-    e->fault_phase = DP_PHASE_COUNT;
-    e->stall_dev = -1;
-    e->stall_phase = DP_PHASE_COUNT;
-    atomic_init(&e->diverge_dev, -1);
-    dp_workers_init(e);
-
     for (size_t i = 0; i < k; i++) {
         e->w[i].e = e;
         e->w[i].id = (int)i;
+        e->w[i].phase = DP_PHASE_COUNT;
     }
-    if (ranked) s = dp_ranks_init(e, devices, k);
-    if (s == DP_OK) s = dp_opt_build_slices(e);
+    dp_pool_init(&e->pool, e->w, k, cfg->watchdog_seconds);
+
+    float weights[DP_MAX_DEVICES];
+    for (size_t i = 0; i < k; i++) weights[i] = cfg->device_weights ? cfg->device_weights[i] : 1.0f;
+    s = dp_ranks_join(e, ranked ? dist : NULL, devices, k, weights, &e->L);
+    if (s == DP_OK)
+        s = dp_transport_open(&e->tp, ranked ? dist : NULL, &e->L,
+                              devices[0].kind == DP_DEVICE_CPU, cfg->watchdog_seconds);
+    if (s == DP_OK) s = dp_opt_build_slices(e, &e->s);
     for (size_t i = 0; s == DP_OK && i < k; i++) {
         worker *w = &e->w[i];
-        w->phase = DP_PHASE_COUNT;
         s = dp_device_open(&devices[i], &w->dev);
         if (s == DP_OK && cfg->memory_limit) s = dp_device_set_limit(w->dev, cfg->memory_limit);
         if (s == DP_OK && cfg->allow_tf32) s = dp_device_set_allow_tf32(w->dev, 1);
         if (s == DP_OK && cfg->matmul_precision != DP_MATMUL_FP32)
             s = dp_device_set_matmul_precision(w->dev, cfg->matmul_precision);
     }
-    if (s == DP_OK) s = dp_workers_start(e);
-    if (s == DP_OK) s = dp_workers_run(e, JOB_SETUP);
-    if (s == DP_OK && ranked && e->nranks > 1) s = dp_ranks_reserve(e);
-    if (ranked && e->nranks > 1) s = dp_ranks_agree(e, s);
-    if (s == DP_OK && ranked && e->nranks > 1 && !dp_device_is_host_memory(e->w[0].dev))
-        s = dp_ranks_agree(e, dp_ranks_open_gpus(e));
+    if (s == DP_OK) s = dp_pool_start(&e->pool);
+    /* With ranks every rank agrees on the outcome so far, whatever it is. */
+    s = dp_step_setup(e, ranked ? dist : NULL, s);
     if (s == DP_OK) {
         float *host = calloc(model->n_params, sizeof *host);
         if (!host) s = DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation of %zu parameters failed",
                                model->n_params);
         if (s == DP_OK) s = model->init(model->ctx, host, cfg->seed);
-        /* With ranks set_params is collective: a rank that failed still takes part. */
+        /* With ranks set_params is collective: a rank that failed still
+         * takes part (a NULL host is its failure). */
         if (s == DP_OK) s = dp_engine_set_params(e, host);
-        else if (dp_ranks_active(e)) dp_engine_set_params(e, NULL);
+        else if (ranked) dp_engine_set_params(e, NULL);
         free(host);
     }
     if (s != DP_OK) {
@@ -408,9 +283,9 @@ dp_status dp_engine_create(const dp_device_spec *devices, size_t k, const dp_mod
 void dp_engine_destroy(dp_engine *e)
 {
     if (!e) return;
-    dp_workers_stop(e);
-    dp_nccl_close(e->nccl);
-    for (size_t i = 0; i < e->k; i++) {
+    dp_pool_stop(&e->pool);
+    dp_transport_close(&e->tp);
+    for (size_t i = 0; i < e->L.k; i++) {
         worker *w = &e->w[i];
         if (!w->dev) continue;
         dbuf *bufs[] = {&w->inputs, &w->targets, &w->workspace, &w->logits,
@@ -422,9 +297,9 @@ void dp_engine_destroy(dp_engine *e)
     }
     dp_comm_teardown(e);
     dp_opt_free_state(e);
-    for (size_t i = 0; i < e->k; i++) dp_device_close(e->w[i].dev);
+    for (size_t i = 0; i < e->L.k; i++) dp_device_close(e->w[i].dev);
     free(e->s);
-    free(e->msgs);
+    free(e->xfers);
     free(e->w);
     free(e);
 }
@@ -450,6 +325,15 @@ dp_status dp_engine_set_lr(dp_engine *e, float lr)
     return unclaim(e, DP_OK);
 }
 
+/* The host's flat buffer buf (n_params esize-byte elements) of every rank
+ * gets every rank's owned runs (one rank: nothing to do). */
+static dp_status allgather_owned(dp_engine *e, void *buf, const char *what)
+{
+    dp_run runs[DP_MAX_DEVICES];
+    size_t n = dp_opt_runs(e, runs);
+    return dp_transport_allgather_host(&e->tp, buf, sizeof(float), runs, n, what);
+}
+
 dp_status dp_engine_get_params(dp_engine *e, float *host)
 {
     DP_TRY(claim(e, "dp_engine_get_params"));
@@ -457,14 +341,10 @@ dp_status dp_engine_get_params(dp_engine *e, float *host)
      * step left the replicas to re-synchronise; with ranks, each rank's
      * owned range then goes to every rank. */
     dp_status s = DP_OK;
-    if (!host) {
-        s = DP_FAIL(DP_ERR_INVALID_ARGUMENT, "host must not be NULL");
-        /* with ranks the others learn of it rather than wait */
-        return unclaim(e, dp_ranks_active(e) ? dp_ranks_agree(e, s) : s);
-    }
+    if (!host) s = DP_FAIL(DP_ERR_INVALID_ARGUMENT, "host must not be NULL");
     /* bf16 replicas: the owners' float32 masters. */
-    if (e->bf16) s = dp_opt_move_masters(e, host, NULL);
-    for (size_t i = 0; !e->bf16 && s == DP_OK && i < e->K; i++) {
+    else if (e->bf16) s = dp_opt_move_masters(e, host, NULL);
+    for (size_t i = 0; host && !e->bf16 && s == DP_OK && i < e->L.K; i++) {
         slice *sl = &e->s[i];
         worker *o = dp_local_worker(e, (size_t)sl->owner);
         size_t b = sl->begin, n = sl->end - b;
@@ -472,11 +352,27 @@ dp_status dp_engine_get_params(dp_engine *e, float *host)
         s = dp_device_bind_thread(o->dev);
         if (s == DP_OK) s = dp_copy_d2h(o->dev, host + b, dp_replica_at(o, b), n * sizeof(float));
     }
-    if (dp_ranks_active(e)) {
-        s = dp_ranks_agree(e, s);
-        if (s == DP_OK) s = dp_ranks_allgather_owned(e, host, sizeof(float), "dp_engine_get_params");
-    }
+    /* with ranks the others learn of a failure rather than wait */
+    s = dp_transport_agree(&e->tp, s, NULL, NULL, 0, "agreement between the ranks");
+    if (s == DP_OK) s = allgather_owned(e, host, "dp_engine_get_params");
     return unclaim(e, s);
+}
+
+/* A host buffer of n floats as rank 0 has it, on every rank: src itself
+ * with one rank, else *copy (freed by the caller) after the broadcast, so
+ * no rank's buffer is written. local: this rank's outcome so far. */
+static dp_status from_rank0(dp_engine *e, dp_status local, const float *src, size_t n,
+                            float **copy, const char *what)
+{
+    *copy = NULL;
+    if (local == DP_OK && src && dp_transport_spans_ranks(&e->tp)) {
+        *copy = malloc(n * sizeof **copy);
+        if (*copy) memcpy(*copy, src, n * sizeof **copy);
+        else local = DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation of %zu floats failed", n);
+    }
+    dp_status s = dp_transport_agree(&e->tp, local, NULL, NULL, 0, "agreement between the ranks");
+    if (s == DP_OK && *copy) s = dp_transport_broadcast(&e->tp, *copy, n * sizeof **copy, what);
+    return s;
 }
 
 /* The root's replica (and with bf16 replicas every owner's master) from
@@ -505,23 +401,14 @@ dp_status dp_engine_set_params(dp_engine *e, const float *host)
     DP_TRY(claim(e, "dp_engine_set_params"));
     size_t n = e->model.n_params, bad;
     float *copy = NULL;
-    if (!host && !dp_ranks_active(e))
-        return unclaim(e, DP_FAIL(DP_ERR_INVALID_ARGUMENT, "host must not be NULL"));
-    if (dp_ranks_active(e)) { /* rank 0's values, so the ranks cannot disagree */
-        copy = host ? malloc(n * sizeof *copy) : NULL;
-        dp_status a = !host ? DP_FAIL(DP_ERR_INVALID_ARGUMENT, "host must not be NULL")
-                      : copy ? DP_OK
-                             : DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation of %zu parameters "
-                                       "failed", n);
-        if (copy) memcpy(copy, host, n * sizeof *copy);
-        a = dp_ranks_agree(e, a);
-        if (a == DP_OK) a = dp_ranks_bcast(e, copy, n * sizeof *copy, "dp_engine_set_params");
-        if (a != DP_OK) {
-            free(copy);
-            return unclaim(e, a);
-        }
-        host = copy;
+    /* rank 0's values, so the ranks cannot disagree */
+    dp_status s = host ? DP_OK : DP_FAIL(DP_ERR_INVALID_ARGUMENT, "host must not be NULL");
+    s = from_rank0(e, s, host, n, &copy, "dp_engine_set_params");
+    if (s != DP_OK) {
+        free(copy);
+        return unclaim(e, s);
     }
+    if (copy) host = copy;
     bad = first_bad(host, n, 0);
     if (bad < n) {
         dp_status f = DP_FAIL(DP_ERR_INVALID_ARGUMENT, "parameter %zu of %zu is %g; "
@@ -539,7 +426,7 @@ dp_status dp_engine_set_params(dp_engine *e, const float *host)
             free(copy);
             return unclaim(e, f);
         }
-    dp_status s = set_root_replica(e, host);
+    s = set_root_replica(e, host);
     /* The root's copy to every replica, the owners included (should it
      * fail, the next step retries it). */
     if (s == DP_OK) {
@@ -547,53 +434,39 @@ dp_status dp_engine_set_params(dp_engine *e, const float *host)
         s = sync_replicas(e);
     }
     free(copy);
-    if (dp_ranks_active(e)) s = dp_ranks_agree(e, s);
-    return unclaim(e, s);
+    return unclaim(e, dp_transport_agree(&e->tp, s, NULL, NULL, 0, "agreement between the ranks"));
 }
 
 dp_status dp_engine_get_optimizer_state(dp_engine *e, float *m, float *v, long *t)
 {
     DP_TRY(claim(e, "dp_engine_get_optimizer_state"));
     dp_status s = dp_opt_get_state(e, m, v);
-    if (dp_ranks_active(e)) {
-        s = dp_ranks_agree(e, s);
-        if (s == DP_OK && m) s = dp_ranks_allgather_owned(e, m, sizeof(float), "optimizer state (m)");
-        if (s == DP_OK && v && e->cfg.optim.kind == DP_OPTIMIZER_ADAMW)
-            s = dp_ranks_allgather_owned(e, v, sizeof(float), "optimizer state (v)");
-    }
+    s = dp_transport_agree(&e->tp, s, NULL, NULL, 0, "agreement between the ranks");
+    if (s == DP_OK && m) s = allgather_owned(e, m, "optimizer state (m)");
+    if (s == DP_OK && v && e->cfg.optim.kind == DP_OPTIMIZER_ADAMW)
+        s = allgather_owned(e, v, "optimizer state (v)");
     if (s == DP_OK && t) *t = e->t;
     return unclaim(e, s);
 }
 
 static dp_status set_state(dp_engine *e, const float *m, const float *v, long t);
-static dp_status set_state_ranks(dp_engine *e, const float *m, const float *v, long t);
 
+/* Rank 0's state to every rank, then each rank's slices from it. */
 dp_status dp_engine_set_optimizer_state(dp_engine *e, const float *m, const float *v, long t)
 {
     DP_TRY(claim(e, "dp_engine_set_optimizer_state"));
-    if (dp_ranks_active(e)) return unclaim(e, set_state_ranks(e, m, v, t));
-    return unclaim(e, set_state(e, m, v, t));
-}
-
-/* Rank 0's state to every rank, then each rank's slices from it. */
-static dp_status set_state_ranks(dp_engine *e, const float *m, const float *v, long t)
-{
     size_t n = e->model.n_params;
-    int adamw = e->cfg.optim.kind == DP_OPTIMIZER_ADAMW;
-    float *cm = m ? malloc(n * sizeof *cm) : NULL, *cv = v && adamw ? malloc(n * sizeof *cv) : NULL;
-    dp_status s = (m && !cm) || (v && adamw && !cv)
-                      ? DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation of the optimizer state failed")
-                      : DP_OK;
-    if (cm) memcpy(cm, m, n * sizeof *cm);
-    if (cv) memcpy(cv, v, n * sizeof *cv);
-    s = dp_ranks_agree(e, s);
-    if (s == DP_OK) s = dp_ranks_bcast(e, &t, sizeof t, "optimizer step count");
-    if (s == DP_OK && cm) s = dp_ranks_bcast(e, cm, n * sizeof *cm, "optimizer state (m)");
-    if (s == DP_OK && cv) s = dp_ranks_bcast(e, cv, n * sizeof *cv, "optimizer state (v)");
-    if (s == DP_OK) s = dp_ranks_agree(e, set_state(e, cm, cv, t));
+    if (e->cfg.optim.kind != DP_OPTIMIZER_ADAMW) v = NULL; /* SGD keeps no second moment */
+    float *cm = NULL, *cv = NULL;
+    dp_status s = from_rank0(e, DP_OK, m, n, &cm, "optimizer state (m)");
+    if (s == DP_OK) s = from_rank0(e, DP_OK, v, n, &cv, "optimizer state (v)");
+    if (s == DP_OK) s = dp_transport_broadcast(&e->tp, &t, sizeof t, "optimizer step count");
+    if (s == DP_OK)
+        s = dp_transport_agree(&e->tp, set_state(e, cm ? cm : m, cv ? cv : v, t), NULL, NULL, 0,
+                               "agreement between the ranks");
     free(cm);
     free(cv);
-    return s;
+    return unclaim(e, s);
 }
 
 static dp_status set_state(dp_engine *e, const float *m, const float *v, long t)
@@ -613,10 +486,10 @@ static dp_status set_state(dp_engine *e, const float *m, const float *v, long t)
     return s;
 }
 
-size_t dp_engine_num_devices(const dp_engine *e) { return e ? e->k : 0; }
-size_t dp_engine_num_global_devices(const dp_engine *e) { return e ? e->K : 0; }
-size_t dp_engine_first_global_device(const dp_engine *e) { return e ? e->g0 : 0; }
+size_t dp_engine_num_devices(const dp_engine *e) { return e ? e->L.k : 0; }
+size_t dp_engine_num_global_devices(const dp_engine *e) { return e ? e->L.K : 0; }
+size_t dp_engine_first_global_device(const dp_engine *e) { return e ? e->L.g0 : 0; }
 
-dp_device *dp_engine_device(dp_engine *e, size_t i) { return e && i < e->k ? e->w[i].dev : NULL; }
+dp_device *dp_engine_device(dp_engine *e, size_t i) { return e && i < e->L.k ? e->w[i].dev : NULL; }
 
 const dp_model *dp_engine_model(const dp_engine *e) { return e ? &e->model : NULL; }

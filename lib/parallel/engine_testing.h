@@ -1,9 +1,10 @@
 /*
  * parallel/engine_testing.h - test-only hooks of the engine (not
- * installed). Exported from libdp so the test programs can link them, but
- * declared only here: tests include "parallel/engine_testing.h" (lib/ is
- * on their include path). Call them between steps, from the thread that
- * drives the engine.
+ * installed). Defined in engine_testing.c, which only the test-only
+ * library dp_testing holds (libdp does not export them): tests include
+ * "parallel/engine_testing.h" (lib/ is on their include path) and link
+ * dp_testing. Call them between steps, from the thread that drives the
+ * engine.
  */
 #ifndef DP_PARALLEL_ENGINE_TESTING_H
 #define DP_PARALLEL_ENGINE_TESTING_H
@@ -16,22 +17,22 @@ extern "C" {
 
 /* The next step fails with `status` on device `device` at the start of
  * `phase` (once). phase == DP_PHASE_COUNT clears it. */
-DP_API void dp_engine_inject_fault(dp_engine *engine, int device, dp_phase phase,
+void dp_engine_inject_fault(dp_engine *engine, int device, dp_phase phase,
                                    dp_status status);
 /* In the next step, device `device` stalls for `seconds` at the start of
  * `phase` (once), as a hung kernel would; a watchdog abort ends the stall
  * early. phase == DP_PHASE_COUNT clears it. */
-DP_API void dp_engine_inject_stall(dp_engine *engine, int device, dp_phase phase,
+void dp_engine_inject_stall(dp_engine *engine, int device, dp_phase phase,
                                    double seconds);
 /* At the next replica check, device `device` flips one bit of its
  * parameter replica just before hashing it (once). */
-DP_API void dp_engine_inject_divergence(dp_engine *engine, int device);
+void dp_engine_inject_divergence(dp_engine *engine, int device);
 
 /* Copies local device `device`'s parameter replica (grads 0: n_params
  * elements of the model's param_dtype) or its gradient buffer (grads 1:
  * n_params floats; after a step, a slice owner's slices hold the reduced
  * gradient) to host. */
-DP_API dp_status dp_engine_read_replica(dp_engine *engine, size_t device, int grads, void *host);
+dp_status dp_engine_read_replica(dp_engine *engine, size_t device, int grads, void *host);
 
 #ifdef __cplusplus
 }

@@ -26,16 +26,17 @@
 #include "dp/nn.h"
 #include "dp/optim.h"
 #include "optim/clip.h"
-#include "parallel/engine_internal.h"
+#include "parallel/optimizer.h"
 
-dp_status dp_opt_build_slices(dp_engine *e)
+dp_status dp_opt_build_slices(const dp_engine *e, slice **out)
 {
     const dp_model *m = &e->model;
-    size_t n = m->n_params, K = e->K;
-    e->s = calloc(K, sizeof *e->s);
-    if (!e->s) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation failed");
+    size_t n = m->n_params, K = e->L.K;
+    slice *s = calloc(K, sizeof *s);
+    *out = s;
+    if (!s) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation failed");
     for (size_t i = 0; i < K; i++) {
-        slice *sl = &e->s[i];
+        slice *sl = &s[i];
         /* Slices on DP_PARAM_ALIGN boundaries; the last one ends at n. */
         size_t b = (n * i / K) / DP_PARAM_ALIGN * DP_PARAM_ALIGN;
         size_t en = i + 1 == K ? n : (n * (i + 1) / K) / DP_PARAM_ALIGN * DP_PARAM_ALIGN;
@@ -47,7 +48,7 @@ dp_status dp_opt_build_slices(dp_engine *e)
          * process: worker i reduces slice i on device 0). */
         sl->reducer = -1;
         if (dp_local_worker(e, (size_t)sl->owner))
-            sl->reducer = e->cfg.shard_optimizer ? (int)(i - e->g0) : (int)(i % e->k);
+            sl->reducer = e->cfg.shard_optimizer ? (int)(i - e->L.g0) : (int)(i % e->L.k);
         sl->segs = calloc(m->n_tensors ? m->n_tensors : 1, sizeof *sl->segs);
         if (!sl->segs) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation failed");
         sl->n_segs = 0;
@@ -78,7 +79,7 @@ dp_status dp_opt_alloc_state(worker *owner)
     dp_device *dev = owner->dev;
     /* The owner allocates for its slices in order, on its own thread, so a
      * limit is always met at the same allocation. */
-    for (size_t j = 0; j < e->K; j++) {
+    for (size_t j = 0; j < e->L.K; j++) {
         slice *sl = &e->s[j];
         size_t bytes = (sl->end - sl->begin) * sizeof(float);
         if (owner_of(e, sl) != owner || !bytes) continue;
@@ -98,7 +99,7 @@ dp_status dp_opt_alloc_state(worker *owner)
 
 void dp_opt_free_state(dp_engine *e)
 {
-    for (size_t i = 0; e->s && i < e->K; i++) {
+    for (size_t i = 0; e->s && i < e->L.K; i++) {
         slice *sl = &e->s[i];
         worker *o = owner_of(e, sl);
         if (o && o->dev) {
@@ -115,15 +116,15 @@ void dp_opt_free_state(dp_engine *e)
 size_t dp_opt_state_bytes(const dp_engine *e, size_t d)
 {
     size_t floats = 0;
-    for (size_t i = 0; i < e->K; i++)
-        if ((size_t)e->s[i].owner == e->g0 + d) floats += e->s[i].end - e->s[i].begin;
+    for (size_t i = 0; i < e->L.K; i++)
+        if ((size_t)e->s[i].owner == e->L.g0 + d) floats += e->s[i].end - e->s[i].begin;
     return ((has_v(e) ? 2 : 1) + (e->bf16 ? 1 : 0)) * floats * sizeof(float);
 }
 
 dp_status dp_opt_slice_sumsq(worker *w)
 {
     dp_engine *e = w->e;
-    for (size_t j = 0; j < e->K; j++) {
+    for (size_t j = 0; j < e->L.K; j++) {
         slice *sl = &e->s[j];
         if (sl->reducer != w->id) continue;
         sl->sumsq = 0.0;
@@ -139,7 +140,7 @@ dp_status dp_opt_update_slice(worker *w, double grad_norm)
     dp_engine *e = w->e;
     const dp_optim_config *opt = &e->cfg.optim;
     float clip = dp_clip_factor(grad_norm, opt->grad_clip);
-    for (size_t j = 0; j < e->K; j++) {
+    for (size_t j = 0; j < e->L.K; j++) {
         slice *sl = &e->s[j];
         worker *o = owner_of(e, sl);
         if (sl->reducer != w->id) continue;
@@ -165,7 +166,7 @@ dp_status dp_opt_update_slice(worker *w, double grad_norm)
 dp_status dp_opt_refresh_replica(worker *owner)
 {
     dp_engine *e = owner->e;
-    for (size_t j = 0; e->bf16 && j < e->K; j++) {
+    for (size_t j = 0; e->bf16 && j < e->L.K; j++) {
         slice *sl = &e->s[j];
         size_t n = sl->end - sl->begin;
         if (owner_of(e, sl) != owner || !n) continue;
@@ -182,7 +183,7 @@ enum { MOVE_M, MOVE_V, MOVE_MASTER };
  * owners' slices on this rank (host_out: gather, else scatter). */
 static dp_status move_state(dp_engine *e, float *host_out, const float *host_in, int which)
 {
-    for (size_t i = 0; i < e->K; i++) {
+    for (size_t i = 0; i < e->L.K; i++) {
         slice *sl = &e->s[i];
         worker *o = owner_of(e, sl);
         size_t b = sl->begin, bytes = (sl->end - b) * sizeof(float);
@@ -214,17 +215,14 @@ dp_status dp_opt_move_masters(dp_engine *e, float *host_out, const float *host_i
     return move_state(e, host_out, host_in, MOVE_MASTER);
 }
 
-void dp_opt_rank_range(const dp_engine *e, int r, size_t *begin, size_t *count)
+size_t dp_opt_runs(const dp_engine *e, dp_run *runs)
 {
-    size_t b = 0, en = 0;
-    int any = 0;
-    for (size_t i = 0; i < e->K; i++) {
-        const slice *sl = &e->s[i];
-        if (dp_rank_of(e, (size_t)sl->owner) != r) continue;
-        if (!any) b = sl->begin;
-        en = sl->end;
-        any = 1;
+    size_t n = 0;
+    for (size_t j = 0; j < e->L.K;) {
+        size_t j2 = j + 1;
+        while (j2 < e->L.K && e->s[j2].owner == e->s[j].owner) j2++;
+        runs[n++] = (dp_run){e->s[j].begin, e->s[j2 - 1].end - e->s[j].begin, (size_t)e->s[j].owner};
+        j = j2;
     }
-    *begin = b;
-    *count = en - b;
+    return n;
 }

@@ -10,7 +10,16 @@
 #include <stdlib.h>
 
 #include "dp/checked.h"
-#include "parallel/engine_internal.h"
+#include "parallel/plan.h"
+
+// --- the user's callbacks -------------------------------------------------------------
+
+void dp_callback_message(dp_status s, const char *what)
+{
+    if (dp_last_error()[0]) return; /* the callback's own dp_set_error message */
+    DP_FAIL(s, "%s returned \"%s\" without a message; describe the problem with "
+            "dp_set_error (dp/status.h)", what, dp_strerror(s));
+}
 
 // --- the configuration ---------------------------------------------------------------
 
@@ -159,18 +168,19 @@ dp_status dp_engine_plan(const dp_engine *e, size_t rows, const void *targets,
                          size_t *rows_out)
 {
     if (!e || !rows_out) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "engine and rows_out must not be NULL");
-    size_t k = e->K; /* every device of the job, over every rank */
+    size_t k = e->L.K; /* every device of the job, over every rank */
+    const float *weights = e->L.weights;
     double W = 0.0;
-    for (size_t i = 0; i < k; i++) W += e->weights[i];
+    for (size_t i = 0; i < k; i++) W += weights[i];
     if (!e->cfg.token_balanced || !targets) {
         /* floor of each share, then the remainder one row each to the first devices */
         size_t given = 0;
         for (size_t i = 0; i < k; i++) {
-            rows_out[i] = (size_t)floor((double)rows * e->weights[i] / W);
+            rows_out[i] = (size_t)floor((double)rows * weights[i] / W);
             given += rows_out[i];
         }
         for (size_t i = 0; given < rows; i = (i + 1) % k)
-            if (e->weights[i] > 0.0f) {
+            if (weights[i] > 0.0f) {
                 rows_out[i]++;
                 given++;
             }
@@ -187,7 +197,7 @@ dp_status dp_engine_plan(const dp_engine *e, size_t rows, const void *targets,
     size_t prev = 0;
     double acc = 0.0;
     for (size_t i = 0; i < k; i++) {
-        acc += e->weights[i];
+        acc += weights[i];
         size_t cut = rows;
         if (i + 1 < k) {
             double goal = (double)total * acc / W;
@@ -202,8 +212,37 @@ dp_status dp_engine_plan(const dp_engine *e, size_t rows, const void *targets,
     return DP_OK;
 }
 
-/* Plans the batch on the caller's thread: rows per device, micro-batches, N. */
-dp_status dp_plan_batch(dp_engine *e, const dp_batch *b)
+/* The micro-batches of a device's rows: as many as grad_accum asks, and
+ * as the row and token limits need. */
+static dp_status plan_micro(const dp_engine *e, dp_plan_device *d)
+{
+    const dp_model *m = &e->model;
+    size_t nm = e->cfg.grad_accum > 1 ? (size_t)e->cfg.grad_accum : 1;
+    if (e->cfg.max_rows_per_micro) {
+        size_t need = (d->rows + e->cfg.max_rows_per_micro - 1) / e->cfg.max_rows_per_micro;
+        if (need > nm) nm = need;
+    }
+    if (e->cfg.max_tokens_per_micro) {
+        size_t per = e->cfg.max_tokens_per_micro / m->outputs_per_row;
+        if (per == 0)
+            return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "max_tokens_per_micro %zu is smaller "
+                           "than one row (%zu tokens); raise it", e->cfg.max_tokens_per_micro,
+                           m->outputs_per_row);
+        size_t need = (d->rows + per - 1) / per;
+        if (need > nm) nm = need;
+    }
+    if (d->rows == 0) {
+        d->n_micro = 0;
+        d->micro_rows = 0;
+    } else {
+        if (nm > d->rows) nm = d->rows;
+        d->micro_rows = (d->rows + nm - 1) / nm;
+        d->n_micro = (d->rows + d->micro_rows - 1) / d->micro_rows;
+    }
+    return DP_OK;
+}
+
+dp_status dp_plan_batch(const dp_engine *e, const dp_batch *b, dp_plan *plan)
 {
     const dp_model *m = &e->model;
     if (!b || !b->inputs || !b->targets)
@@ -228,43 +267,22 @@ dp_status dp_plan_batch(dp_engine *e, const dp_batch *b)
             return s;
         }
     }
-    e->batch = b;
-    e->n_valid = valid;
-    e->dscale = (float)(1.0 / (double)valid);
+    plan->batch = b;
+    plan->n_valid = valid;
+    plan->dscale = (float)(1.0 / (double)valid);
 
-    DP_TRY(dp_engine_plan(e, b->rows, b->targets, e->grows));
+    DP_TRY(dp_engine_plan(e, b->rows, b->targets, plan->grows));
     size_t begin = 0, gather_steps = 0;
-    for (size_t g = 0; g < e->g0; g++) begin += e->grows[g]; /* the other ranks' rows before ours */
-    for (size_t i = 0; i < e->k; i++) {
-        worker *w = &e->w[i];
-        w->row_begin = begin;
-        w->rows = e->grows[e->g0 + i];
-        begin += w->rows;
-        w->valid = dp_plan_valid_targets(e, b->targets, w->row_begin, w->rows);
-        size_t nm = e->cfg.grad_accum > 1 ? (size_t)e->cfg.grad_accum : 1;
-        if (e->cfg.max_rows_per_micro) {
-            size_t need = (w->rows + e->cfg.max_rows_per_micro - 1) / e->cfg.max_rows_per_micro;
-            if (need > nm) nm = need;
-        }
-        if (e->cfg.max_tokens_per_micro) {
-            size_t per = e->cfg.max_tokens_per_micro / m->outputs_per_row;
-            if (per == 0)
-                return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "max_tokens_per_micro %zu is smaller "
-                               "than one row (%zu tokens); raise it", e->cfg.max_tokens_per_micro,
-                               m->outputs_per_row);
-            size_t need = (w->rows + per - 1) / per;
-            if (need > nm) nm = need;
-        }
-        if (w->rows == 0) {
-            w->n_micro = 0;
-            w->micro_rows = 0;
-        } else {
-            if (nm > w->rows) nm = w->rows;
-            w->micro_rows = (w->rows + nm - 1) / nm;
-            w->n_micro = (w->rows + w->micro_rows - 1) / w->micro_rows;
-        }
-        if (w->n_micro > gather_steps) gather_steps = w->n_micro;
+    for (size_t g = 0; g < e->L.g0; g++) begin += plan->grows[g]; /* the other ranks' rows before ours */
+    for (size_t i = 0; i < e->L.k; i++) {
+        dp_plan_device *d = &plan->dev[i];
+        d->row_begin = begin;
+        d->rows = plan->grows[e->L.g0 + i];
+        begin += d->rows;
+        d->valid = dp_plan_valid_targets(e, b->targets, d->row_begin, d->rows);
+        DP_TRY(plan_micro(e, d));
+        if (d->n_micro > gather_steps) gather_steps = d->n_micro;
     }
-    e->gather_steps = gather_steps;
+    plan->gather_steps = gather_steps;
     return DP_OK;
 }

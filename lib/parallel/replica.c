@@ -1,15 +1,12 @@
 /*
- * parallel/replica.c - the replica consistency check: every
- * check_replicas_every steps each worker hashes its parameter replica
- * after the broadcast, and the caller compares the hashes with the root's.
+ * parallel/replica.c - the replica consistency check (replica.h).
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "parallel/engine_internal.h"
+#include "parallel/replica.h"
 
-/* Whether the step now running ends with a replica check (e->t counts the
- * steps before it). */
 int dp_replica_check_due(const dp_engine *e)
 {
     long n = e->cfg.check_replicas_every;
@@ -57,25 +54,45 @@ static dp_status flip_one_bit(worker *w)
 
 dp_status dp_replica_hash(worker *w)
 {
-    dp_engine *e = w->e;
-    if (atomic_load(&e->diverge_dev) == w->id) {
-        atomic_store(&e->diverge_dev, -1);
+    dp_pool *p = w->pool;
+    if (atomic_load(&p->diverge_dev) == w->id) {
+        atomic_store(&p->diverge_dev, -1);
         DP_TRY(flip_one_bit(w));
     }
     return hash_params(w, &w->param_hash);
 }
 
-dp_status dp_replica_compare(dp_engine *e)
+/* How a message names global device g: by its name in one process, by
+ * global index and rank across ranks. */
+static void name_device(const dp_engine *e, size_t g, int root, char *buf, size_t cap)
 {
-    for (size_t i = 1; i < e->k; i++)
-        if (e->w[i].param_hash != e->w[0].param_hash) {
-            e->needs_sync |= DP_SYNC_FROM_OWNERS;
-            return DP_FAIL(DP_ERR_INTERNAL, "replica on %s diverged from the root %s after step "
-                           "%ld (parameter hash %016llx, root %016llx); it will be re-broadcast "
-                           "from the root before the next step",
-                           e->w[i].dev->name, e->w[0].dev->name, e->t,
-                           (unsigned long long)e->w[i].param_hash,
-                           (unsigned long long)e->w[0].param_hash);
-        }
-    return DP_OK;
+    if (dp_transport_spans_ranks(&e->tp))
+        snprintf(buf, cap, root ? "global device %zu's" : "of global device %zu (rank %d)", g,
+                 dp_layout_rank_of(&e->L, g));
+    else
+        snprintf(buf, cap, root ? "the root %s" : "on %s", e->w[g].dev->name);
+}
+
+dp_status dp_replica_compare(dp_engine *e, dp_status local, dp_status *check)
+{
+    _Static_assert(sizeof(uint64_t) * DP_MAX_DEVICES <= 1024, "an agreement's payload");
+    uint64_t mine[DP_MAX_DEVICES] = {0}, all[DP_MAX_DEVICES * DP_MAX_DEVICES];
+    for (size_t i = 0; i < e->L.k; i++) mine[e->L.g0 + i] = e->w[i].param_hash;
+    dp_status s = dp_transport_agree(&e->tp, local, mine, all, sizeof mine,
+                                     "replica check between the ranks");
+    *check = DP_OK;
+    uint64_t root = all[0];
+    for (size_t g = 1; s == DP_OK && g < e->L.K; g++) {
+        uint64_t h = all[(size_t)dp_layout_rank_of(&e->L, g) * DP_MAX_DEVICES + g];
+        if (h == root) continue;
+        char who[96], whom[96];
+        name_device(e, g, 0, who, sizeof who);
+        name_device(e, 0, 1, whom, sizeof whom);
+        *check = DP_FAIL(DP_ERR_INTERNAL, "replica %s diverged from %s after step %ld (parameter "
+                       "hash %016llx, root %016llx); it will be re-synchronised from the slices' "
+                       "owners before the next step", who, whom, e->t + 1,
+                       (unsigned long long)h, (unsigned long long)root);
+        break;
+    }
+    return s;
 }

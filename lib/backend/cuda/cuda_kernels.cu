@@ -2,7 +2,7 @@
  * backend/cuda/cuda_kernels.cu - the CUDA backend's kernels: thin
  * __global__ wrappers around the DP_HD functions of lib/kernels/ (*.h),
  * the same functions the CPU backend loops over, so the CPU tests check
- * the math the GPU runs (DESIGN.md section 3).
+ * the math the GPU runs (docs/design.md section 3, Devices).
  *
  * Launch shapes:
  *   - element kernels: one thread per output element, 256-thread blocks;

@@ -1,7 +1,7 @@
 /*
  * backend/cuda/cuda_native.h - a CUDA device's own stream and ordinal, for
  * code inside dp that enqueues work of another library on the device's
- * stream (NCCL, lib/dist/nccl.c), so it is ordered with dp's kernels.
+ * stream (NCCL, lib/transport/nccl.c), so it is ordered with dp's kernels.
  * Only in builds with the CUDA backend; not installed.
  */
 #ifndef DP_BACKEND_CUDA_NATIVE_H

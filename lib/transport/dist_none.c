@@ -1,13 +1,14 @@
 /*
- * dist/dist_none.c - dp/dist.h in a build without MPI: one rank. Opening
+ * transport/dist_none.c - the bootstrap (dp/dist.h) in a build without
+ * MPI: one rank. Opening
  * a job a launcher started with more ranks fails, naming the fix, so R
  * copies of a program never train R separate models by mistake.
  */
-#include <limits.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "core/error.h"
-#include "dist/dist_internal.h"
+#include "transport/dist_internal.h"
 
 struct dp_dist {
     int unused;
@@ -37,11 +38,16 @@ void dp_dist_abort(dp_dist *d, int code) {}
 dp_status dp_dist_agree(dp_dist *d, dp_status local) { return local; }
 dp_status dp_dist_broadcast(dp_dist *d, void *buf, size_t bytes) { return DP_OK; }
 
-/* One rank: nothing to exchange (the engine never calls these then). */
-dp_status dp_dist_allgather(dp_dist *d, const void *mine, void *all, size_t bytes,
-                            double timeout, const char *what)
+/* One rank: an agreement is its own outcome; nothing else is exchanged
+ * (the engine's transport for one rank never calls these). */
+dp_status dp_dist_agree_payload(dp_dist *d, double timeout, dp_status local, const void *mine,
+                                void *all, size_t bytes, const char *what, int *lost)
 {
-    return DP_FAIL(DP_ERR_UNSUPPORTED, "%s: dp was built without MPI", what);
+    if (bytes && all) {
+        if (mine) memcpy(all, mine, bytes);
+        else memset(all, 0, bytes);
+    }
+    return local;
 }
 dp_status dp_dist_allgatherv(dp_dist *d, void *buf, size_t esize, const size_t *begin,
                              const size_t *count, double timeout, const char *what)
@@ -59,8 +65,3 @@ dp_status dp_dist_exchange(dp_dist *d, const dp_dist_msg *sends, size_t n_sends,
     return DP_FAIL(DP_ERR_UNSUPPORTED, "%s: dp was built without MPI", what);
 }
 dp_status dp_dist_reserve(dp_dist *d, size_t data_bytes, size_t n_messages) { return DP_OK; }
-dp_status dp_dist_allgather_view(dp_dist *d, const void *mine, size_t bytes, double timeout,
-                                 const char *what, const unsigned char **got)
-{
-    return DP_FAIL(DP_ERR_UNSUPPORTED, "%s: dp was built without MPI", what);
-}

@@ -1,5 +1,5 @@
 /*
- * parallel/clock.h - the monotonic clock of the engine's phase timing and
+ * core/clock.h - the monotonic clock of the engine's phase timing and
  * the overflow-safe conversion of a deadline to a struct timespec.
  *
  * Deadlines are absolute CLOCK_MONOTONIC seconds (a double). Converting a
@@ -8,8 +8,8 @@
  * DP_DEADLINE_MAX_SECONDS (about 31,700 years of uptime: never reached) and a NaN
  * or negative deadline means "now".
  */
-#ifndef DP_PARALLEL_CLOCK_H
-#define DP_PARALLEL_CLOCK_H
+#ifndef DP_CORE_CLOCK_H
+#define DP_CORE_CLOCK_H
 
 #include <time.h>
 
@@ -39,4 +39,4 @@ static inline struct timespec dp_deadline_at(double t)
     return ts;
 }
 
-#endif /* DP_PARALLEL_CLOCK_H */
+#endif /* DP_CORE_CLOCK_H */

@@ -1,11 +1,16 @@
 /*
- * dist/nccl.c - GPUs of several ranks joined by NCCL (dist/nccl.h).
+ * transport/nccl.c - ranks whose devices are GPUs, joined by NCCL
+ * (transport.h): one communicator over all K = R x k devices of the job,
+ * NCCL rank = global device index, each device's operations on dp's
+ * stream of that device. Agreements, broadcasts and host all-gathers go
+ * over MPI (transport/mpi.h), which also carries NCCL's id.
  *
  * NCCL's calls enqueue on dp's stream of each device, so they are ordered
  * after the kernels that wrote the buffers; the engine calls them between
  * its jobs, when no worker uses the streams. The wait polls the streams
  * and NCCL's asynchronous errors against a deadline, so a rank that
- * stops answering becomes an error here instead of a hang.
+ * stops answering becomes an error here instead of a hang; the
+ * communicators are then aborted at close instead of destroyed.
  */
 #include <nccl.h>
 #include <stdio.h>
@@ -13,17 +18,17 @@
 #include <time.h>
 
 #include "backend/cuda/cuda_native.h"
+#include "core/clock.h"
 #include "core/error.h"
-#include "dist/dist_internal.h"
-#include "dist/nccl.h"
-#include "parallel/clock.h"
+#include "transport/dist_internal.h"
+#include "transport/mpi.h"
 
-struct dp_nccl {
+typedef struct nccl_state {
     size_t k;
     dp_device **devs;
     ncclComm_t *comm;
     int failed; /* a wait failed or timed out: abort instead of destroy */
-};
+} nccl_state;
 
 static dp_status nccl_fail(ncclResult_t r, const char *call, const char *what)
 {
@@ -41,47 +46,49 @@ static int current(void)
     return cur;
 }
 
-dp_status dp_nccl_open(dp_dist *d, dp_device **devs, size_t k, size_t K, size_t g0,
-                       dp_nccl **out)
+static int accepts(int nranks, int host_memory) { return nranks > 1 && !host_memory; }
+
+static void close_nccl(dp_transport *t);
+
+/* Rank 0 makes the NCCL id, MPI broadcasts it, and each rank joins its k
+ * devices (global indices g0 .. g0 + k - 1). */
+static dp_status connect(dp_transport *t, dp_device *const *devs, const dp_xfer *largest,
+                         size_t n_largest, size_t max_bytes)
 {
-    *out = NULL;
+    size_t k = t->L.k;
     ncclUniqueId id;
-    if (dp_dist_rank(d) == 0) {
+    if (t->L.rank == 0) {
         ncclResult_t r = ncclGetUniqueId(&id);
         if (r != ncclSuccess) return nccl_fail(r, "ncclGetUniqueId", "joining the GPUs");
     }
-    DP_TRY(dp_dist_bcast(d, &id, sizeof id, 0.0, "the NCCL id"));
-    dp_nccl *n = calloc(1, sizeof *n);
+    DP_TRY(dp_dist_bcast(t->dist, &id, sizeof id, 0.0, "the NCCL id"));
+    nccl_state *n = calloc(1, sizeof *n);
     if (!n) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation failed");
+    t->impl = n;
     n->k = k;
     n->devs = calloc(k, sizeof *n->devs);
     n->comm = calloc(k, sizeof *n->comm);
-    if (!n->devs || !n->comm) {
-        dp_nccl_close(n);
-        return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation failed");
-    }
+    if (!n->devs || !n->comm) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation failed");
     int prev = current();
     ncclResult_t r = ncclGroupStart();
     for (size_t i = 0; r == ncclSuccess && i < k; i++) {
         n->devs[i] = devs[i];
         if (cudaSetDevice(dp_cuda_native_ordinal(devs[i])) != cudaSuccess) break;
-        r = ncclCommInitRank(&n->comm[i], (int)K, id, (int)(g0 + i));
+        r = ncclCommInitRank(&n->comm[i], (int)t->L.K, id, (int)(t->L.g0 + i));
     }
     ncclResult_t r2 = ncclGroupEnd();
     if (prev >= 0) cudaSetDevice(prev);
     if (r == ncclSuccess) r = r2;
     if (r != ncclSuccess) {
-        dp_status s = nccl_fail(r, "ncclCommInitRank", "joining the GPUs");
         n->failed = 1;
-        dp_nccl_close(n);
-        return s;
+        return nccl_fail(r, "ncclCommInitRank", "joining the GPUs");
     }
-    *out = n;
     return DP_OK;
 }
 
-void dp_nccl_close(dp_nccl *n)
+static void close_nccl(dp_transport *t)
 {
+    nccl_state *n = t->impl;
     if (!n) return;
     /* Finalizing waits for every rank of the communicator, and this thread
      * holds k of them: finalize them in one group, then free them locally. */
@@ -102,7 +109,7 @@ void dp_nccl_close(dp_nccl *n)
 }
 
 /* Waits until every local stream is idle, NCCL reports an error, or the deadline. */
-static dp_status wait_streams(dp_nccl *n, double timeout, const char *what)
+static dp_status wait_streams(nccl_state *n, double timeout, const char *what)
 {
     double deadline = timeout > 0 ? dp_now_seconds() + timeout : 0.0;
     int prev = current();
@@ -137,17 +144,18 @@ static dp_status wait_streams(dp_nccl *n, double timeout, const char *what)
     return s;
 }
 
-dp_status dp_nccl_exchange(dp_nccl *n, const dp_nccl_msg *m, size_t n_msgs, double timeout,
-                           const char *what)
+static dp_status exchange(dp_transport *t, const dp_xfer *m, size_t n_msgs, const char *what)
 {
+    nccl_state *n = t->impl;
     ncclResult_t r = ncclGroupStart();
     const char *call = "ncclGroupStart";
     for (size_t i = 0; r == ncclSuccess && i < n_msgs; i++) {
         ncclComm_t c = n->comm[m[i].local];
         cudaStream_t st = dp_cuda_native_stream(n->devs[m[i].local]);
+        size_t count = m[i].bytes / sizeof(float);
         call = m[i].send ? "ncclSend" : "ncclRecv";
-        r = m[i].send ? ncclSend(m[i].ptr, m[i].count, ncclFloat, m[i].peer, c, st)
-                      : ncclRecv(m[i].ptr, m[i].count, ncclFloat, m[i].peer, c, st);
+        r = m[i].send ? ncclSend(m[i].ptr, count, ncclFloat, (int)m[i].peer, c, st)
+                      : ncclRecv(m[i].ptr, count, ncclFloat, (int)m[i].peer, c, st);
     }
     ncclResult_t r2 = ncclGroupEnd();
     if (r == ncclSuccess && r2 != ncclSuccess) r = r2, call = "ncclGroupEnd";
@@ -155,21 +163,23 @@ dp_status dp_nccl_exchange(dp_nccl *n, const dp_nccl_msg *m, size_t n_msgs, doub
         n->failed = 1;
         return nccl_fail(r, call, what);
     }
-    return wait_streams(n, timeout, what);
+    return wait_streams(n, t->timeout, what);
 }
 
-dp_status dp_nccl_broadcast(dp_nccl *n, void *const *bufs, size_t esize, const dp_nccl_range *rg,
-                            size_t n_ranges, double timeout, const char *what)
+/* Each run broadcast from its owner to every device of the job, in one group. */
+static dp_status allgather_replicas(dp_transport *t, void *const *bufs, size_t esize,
+                                    const dp_run *runs, size_t n_runs, const char *what)
 {
+    nccl_state *n = t->impl;
     /* A broadcast only moves bytes: a 2-byte type of NCCL's for bfloat16. */
     ncclDataType_t type = esize == 2 ? ncclFloat16 : ncclFloat;
     ncclResult_t r = ncclGroupStart();
-    for (size_t j = 0; r == ncclSuccess && j < n_ranges; j++)
+    for (size_t j = 0; r == ncclSuccess && j < n_runs; j++)
         for (size_t i = 0; r == ncclSuccess && i < n->k; i++) {
-            if (!rg[j].count) continue;
+            if (!runs[j].count) continue;
             /* in place: the root's buffer is its own source */
-            unsigned char *p = (unsigned char *)bufs[i] + rg[j].begin * esize;
-            r = ncclBroadcast(p, p, rg[j].count, type, rg[j].root, n->comm[i],
+            unsigned char *p = (unsigned char *)bufs[i] + runs[j].begin * esize;
+            r = ncclBroadcast(p, p, runs[j].count, type, (int)runs[j].owner, n->comm[i],
                               dp_cuda_native_stream(n->devs[i]));
         }
     ncclResult_t r2 = ncclGroupEnd();
@@ -178,5 +188,19 @@ dp_status dp_nccl_broadcast(dp_nccl *n, void *const *bufs, size_t esize, const d
         n->failed = 1;
         return nccl_fail(r, "ncclBroadcast", what);
     }
-    return wait_streams(n, timeout, what);
+    return wait_streams(n, t->timeout, what);
 }
+
+const dp_transport_ops dp_transport_nccl = {
+    .name = "NCCL",
+    .accepts = accepts,
+    .round_floats = (size_t)1 << 18,
+    .fills_every_replica = 1,
+    .connect = connect,
+    .agree = dp_mpi_agree,
+    .broadcast = dp_mpi_broadcast,
+    .exchange = exchange,
+    .allgather_host = dp_mpi_allgather_host,
+    .allgather_replicas = allgather_replicas,
+    .close = close_nccl,
+};

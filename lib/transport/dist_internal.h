@@ -1,7 +1,8 @@
 /*
- * dist/dist_internal.h - what the engine needs from the ranks of a job
- * (dp/dist.h), not installed. Implemented over MPI (dist_mpi.c) or, in a
- * build without MPI, for one rank (dist_none.c).
+ * transport/dist_internal.h - the bootstrap's operations (dp/dist.h), not
+ * installed: what the ranks use to join (parallel/ranks.c) and what the
+ * MPI and NCCL transports are built on. Implemented over MPI
+ * (dist_mpi.c) or, in a build without MPI, for one rank (dist_none.c).
  *
  * Every call is collective over the handle's ranks unless it says
  * otherwise, is made from the thread that opened the handle, and waits at
@@ -22,14 +23,14 @@
  * alone. Not collective. */
 dp_status dp_dist_reserve(dp_dist *d, size_t data_bytes, size_t n_messages);
 
-/* every rank's `bytes` bytes of mine, in rank order, into all (size x bytes) */
-dp_status dp_dist_allgather(dp_dist *d, const void *mine, void *all, size_t bytes,
-                            double timeout, const char *what);
-
-/* The same, read in place: *got points at the R x bytes answers until
- * the next call on d (nothing is allocated). */
-dp_status dp_dist_allgather_view(dp_dist *d, const void *mine, size_t bytes, double timeout,
-                                 const char *what, const unsigned char **got);
+/* Agreement with a payload: every rank's status and `bytes` of mine (may
+ * be NULL: zeros) into all (R x bytes, may be NULL when bytes is 0). The
+ * result is DP_OK on every rank, or the lowest failing rank's status with
+ * its message prefixed "rank r: " on every rank. *lost is set when the
+ * exchange itself failed (the ranks may no longer be in step). Allocates
+ * nothing: a rank's part is on its stack, the answers in the scratch. */
+dp_status dp_dist_agree_payload(dp_dist *d, double timeout, dp_status local, const void *mine,
+                                void *all, size_t bytes, const char *what, int *lost);
 
 /* In place on every rank's buf of esize-byte elements (4: float32, 2:
  * bfloat16): rank r's elements [begin[r], begin[r] + count[r]) go to

@@ -1,5 +1,5 @@
 /*
- * io/trace.c - Chrome trace-event JSON of the engine's phase timing (see
+ * parallel/trace.c - Chrome trace-event JSON of the engine's phase timing (see
  * dp/trace.h), streamed with careful printf into the core atomic writer.
  *
  * Format: the "JSON Object Format" of the Trace Event Format document

@@ -1,5 +1,6 @@
 /*
- * dist/dist_mpi.c - ranks joined by MPI (dp/dist.h, dist_internal.h).
+ * transport/dist_mpi.c - ranks joined by MPI: the bootstrap (dp/dist.h,
+ * dist_internal.h) the MPI and NCCL transports are built on.
  *
  * Every wait is a nonblocking MPI call polled against a deadline, so a
  * rank that stops answering becomes DP_ERR_TIMEOUT on the others instead
@@ -16,8 +17,8 @@
 #include <time.h>
 
 #include "core/error.h"
-#include "dist/dist_internal.h"
-#include "parallel/clock.h"
+#include "transport/dist_internal.h"
+#include "core/clock.h"
 
 struct dp_dist {
     MPI_Comm comm;
@@ -231,7 +232,7 @@ static dp_status no_room(size_t bytes, const char *what)
 
 /* Every rank's `bytes` of mine, in rank order, into the scratch: *got
  * points at them until the next operation. */
-dp_status dp_dist_allgather_view(dp_dist *d, const void *mine, size_t bytes, double timeout,
+static dp_status allgather_view(dp_dist *d, const void *mine, size_t bytes, double timeout,
                                  const char *what, const unsigned char **got)
 {
     sweep();
@@ -248,15 +249,6 @@ dp_status dp_dist_allgather_view(dp_dist *d, const void *mine, size_t bytes, dou
     atomic_fetch_add(&d->bytes_sent, bytes * (size_t)(d->size - 1));
     DP_TRY(wait_all(d, &r, 1, timeout, what));
     *got = mem + bytes;
-    return DP_OK;
-}
-
-dp_status dp_dist_allgather(dp_dist *d, const void *mine, void *all, size_t bytes,
-                            double timeout, const char *what)
-{
-    const unsigned char *got = NULL;
-    DP_TRY(dp_dist_allgather_view(d, mine, bytes, timeout, what, &got));
-    memcpy(all, got, bytes * (size_t)d->size);
     return DP_OK;
 }
 
@@ -390,29 +382,60 @@ void dp_dist_close(dp_dist *d)
 
 // --- the public collectives -----------------------------------------------------------
 
+/* What every rank sends in an agreement: its outcome, then the payload. */
+typedef struct outcome {
+    int status;
+    char msg[600];
+} outcome;
+
+/* The largest payload of an agreement (a rank's configuration when the
+ * ranks join, or one value per device). */
+#define OUTCOME_PAYLOAD_MAX 1024
+
+dp_status dp_dist_agree_payload(dp_dist *d, double timeout, dp_status local, const void *mine,
+                                void *all, size_t bytes, const char *what, int *lost)
+{
+    /* Nothing allocated: this rank's part on the stack, the answers read
+     * where the exchange left them (an allocation failing on one rank
+     * would leave the others waiting). */
+    unsigned char buf[sizeof(outcome) + OUTCOME_PAYLOAD_MAX];
+    if (bytes > OUTCOME_PAYLOAD_MAX) {
+        *lost = 1;
+        return DP_FAIL(DP_ERR_INTERNAL, "%s: %zu bytes of payload", what, bytes);
+    }
+    outcome *o = (outcome *)buf;
+    memset(o, 0, sizeof *o);
+    o->status = (int)local;
+    if (local != DP_OK) snprintf(o->msg, sizeof o->msg, "%s", dp_last_error());
+    if (bytes && mine) memcpy(buf + sizeof(outcome), mine, bytes);
+    else if (bytes) memset(buf + sizeof(outcome), 0, bytes);
+    size_t one = sizeof(outcome) + bytes;
+    const unsigned char *got = NULL;
+    dp_status s = allgather_view(d, buf, one, timeout, what, &got);
+    if (s != DP_OK) {
+        *lost = 1;
+        return s;
+    }
+    for (int r = 0; r < d->size; r++) {
+        const unsigned char *x = got + (size_t)r * one;
+        outcome xo;
+        memcpy(&xo, x, sizeof xo);
+        if (bytes && all) memcpy((unsigned char *)all + (size_t)r * bytes, x + sizeof(outcome), bytes);
+        if (s == DP_OK && xo.status != DP_OK) {
+            char msg[sizeof xo.msg + 32];
+            xo.msg[sizeof xo.msg - 1] = '\0';
+            snprintf(msg, sizeof msg, "rank %d: %s", r, xo.msg);
+            s = dp_error_raw((dp_status)xo.status, msg);
+        }
+    }
+    return s;
+}
+
 dp_status dp_dist_agree(dp_dist *d, dp_status local)
 {
     if (!d || d->size == 1) return local;
-    struct said {
-        int status;
-        char msg[512];
-    } mine;
-    memset(&mine, 0, sizeof mine);
-    mine.status = (int)local;
-    if (local != DP_OK) snprintf(mine.msg, sizeof mine.msg, "%s", dp_last_error());
-    /* read in the scratch: nothing to allocate here */
-    const unsigned char *got = NULL;
-    DP_TRY(dp_dist_allgather_view(d, &mine, sizeof mine, 0.0, "dp_dist_agree", &got));
-    for (int r = 0; r < d->size; r++) {
-        struct said x;
-        memcpy(&x, got + (size_t)r * sizeof x, sizeof x);
-        if (x.status == DP_OK) continue;
-        char msg[sizeof x.msg + 32];
-        x.msg[sizeof x.msg - 1] = '\0';
-        snprintf(msg, sizeof msg, "rank %d: %s", r, x.msg);
-        return dp_error_raw((dp_status)x.status, msg);
-    }
-    return DP_OK;
+    int lost = 0;
+    return dp_dist_agree_payload(d, 0.0, local, NULL, NULL, 0, "dp_dist_agree", &lost);
 }
 
 dp_status dp_dist_broadcast(dp_dist *d, void *buf, size_t bytes)

@@ -1,5 +1,5 @@
 /*
- * dist/launch.c - what the launcher's environment says about the job
+ * transport/launch.c - what the launcher's environment says about the job
  * (dp_dist_launched_size), the same with or without MPI.
  */
 #include <limits.h>

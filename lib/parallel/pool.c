@@ -1,42 +1,14 @@
 /*
- * parallel/workers.c - the worker pool: k persistent threads, one per
- * device, created once. The caller's thread posts a job (setup, step,
- * evaluate, broadcast) and waits for all workers to finish it; inside a job
- * the workers meet between phases at an abortable barrier. A failing
- * worker records its device, phase and message in its own slot and aborts
- * the barrier, so every worker returns and the caller reports the first
- * failure by device index. The caller's wait carries the watchdog; the
- * test hooks (engine_testing.h) fire as a worker enters a phase.
+ * parallel/pool.c - the worker pool (pool.h): the threads, the jobs, the
+ * phase timing, the watchdog and the test hooks' firing.
  */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "parallel/engine_internal.h"
-#include "parallel/engine_testing.h"
-
-// --- buffers -------------------------------------------------------------------------
-
-dp_status dp_dbuf_ensure(dp_device *dev, dbuf *b, size_t bytes)
-{
-    if (b->bytes >= bytes) return DP_OK;
-    /* Free first: the old buffer must not count against the limit twice. */
-    dp_device_free(dev, b->ptr);
-    b->ptr = NULL;
-    b->bytes = 0;
-    if (bytes == 0) return DP_OK;
-    DP_TRY(dp_device_alloc(dev, bytes, &b->ptr));
-    b->bytes = bytes;
-    return DP_OK;
-}
-
-void dp_dbuf_release(dp_device *dev, dbuf *b)
-{
-    dp_device_free(dev, b->ptr);
-    b->ptr = NULL;
-    b->bytes = 0;
-}
+#include "core/clock.h"
+#include "parallel/pool.h"
 
 // --- worker failure and phases ----------------------------------------------------
 
@@ -50,7 +22,7 @@ void dp_worker_fail(worker *w, dp_status s)
         const char *phase = w->phase < DP_PHASE_COUNT ? dp_phase_name(w->phase) : "setup";
         snprintf(w->msg, sizeof w->msg, "%s %s: %s", w->dev->name, phase, dp_last_error());
     }
-    dp_barrier_abort(&w->e->barrier);
+    dp_barrier_abort(&w->pool->barrier);
 }
 
 // --- phase timing: marks on the device, one synchronise per job ------------------------
@@ -135,38 +107,38 @@ static void free_marks(worker *w)
     w->n_marks = w->cap_marks = 0;
 }
 
-/* Enters phase p; returns nonzero if an injected fault fires here. */
-int dp_worker_enter_phase(worker *w, dp_phase p)
+/* Enters phase ph; returns nonzero if an injected fault fires here. */
+int dp_worker_enter_phase(worker *w, dp_phase ph)
 {
+    dp_pool *p = w->pool;
     close_phase(w);
-    w->phase = p;
+    w->phase = ph;
     w->phase_start = dp_now_seconds();
-    if (w->phase_first[p] < 0.0) w->phase_first[p] = w->phase_start;
+    if (w->phase_first[ph] < 0.0) w->phase_first[ph] = w->phase_start;
     dp_device_reset_peak(w->dev);
-    dp_engine *e = w->e;
-    atomic_store(&w->busy_phase, (int)p);
-    if (e->cfg.watchdog_seconds > 0) {
-        pthread_mutex_lock(&e->mu);
-        e->last_progress = w->phase_start;
-        pthread_mutex_unlock(&e->mu);
+    atomic_store(&w->busy_phase, (int)ph);
+    if (p->watchdog_seconds > 0) {
+        pthread_mutex_lock(&p->mu);
+        p->last_progress = w->phase_start;
+        pthread_mutex_unlock(&p->mu);
     }
-    dp_status ms = mark(w, (int)p);
+    dp_status ms = mark(w, (int)ph);
     if (ms != DP_OK) {
         dp_worker_fail(w, ms);
         return 1;
     }
-    if (e->fault_dev == w->id && e->fault_phase == p) {
+    if (p->fault_dev == w->id && p->fault_phase == ph) {
         /* Only this worker reads and clears its own fault. */
-        dp_status s = e->fault_status;
-        e->fault_phase = DP_PHASE_COUNT;
+        dp_status s = p->fault_status;
+        p->fault_phase = DP_PHASE_COUNT;
         dp_worker_fail(w, DP_FAIL(s, "injected fault (test hook)"));
         return 1;
     }
-    if (e->stall_dev == w->id && e->stall_phase == p) {
-        e->stall_phase = DP_PHASE_COUNT;
+    if (p->stall_dev == w->id && p->stall_phase == ph) {
+        p->stall_phase = DP_PHASE_COUNT;
         /* An interruptible stand-in for a hung kernel or driver call: the
          * watchdog's abort ends it, and the watchdog reports the error. */
-        if (dp_barrier_sleep(&e->barrier, e->stall_seconds) != 0) return 1;
+        if (dp_barrier_sleep(&p->barrier, p->stall_seconds) != 0) return 1;
     }
     return 0;
 }
@@ -175,37 +147,38 @@ int dp_worker_enter_phase(worker *w, dp_phase p)
 int dp_worker_sync(worker *w)
 {
     int saved = atomic_exchange(&w->busy_phase, -1);
-    int rc = dp_barrier_wait(&w->e->barrier);
+    int rc = dp_barrier_wait(&w->pool->barrier);
     atomic_store(&w->busy_phase, saved);
     return rc;
 }
 
 // --- jobs: the workers' loop and the caller's wait -------------------------------------
 
-/* Each worker waits for a job, runs it (engine.c) and reports back. */
+/* Each worker waits for a job, runs its function and reports back. */
 static void *worker_main(void *arg)
 {
     worker *w = arg;
-    dp_engine *e = w->e;
+    dp_pool *p = w->pool;
     unsigned long seen = 0;
     for (;;) {
-        pthread_mutex_lock(&e->mu);
-        while (e->job_gen == seen && !e->quit) pthread_cond_wait(&e->cv_start, &e->mu);
-        if (e->quit) {
-            pthread_mutex_unlock(&e->mu);
+        pthread_mutex_lock(&p->mu);
+        while (p->job_gen == seen && !p->quit) pthread_cond_wait(&p->cv_start, &p->mu);
+        if (p->quit) {
+            pthread_mutex_unlock(&p->mu);
             break;
         }
-        seen = e->job_gen;
-        job_kind job = e->job;
-        pthread_mutex_unlock(&e->mu);
+        seen = p->job_gen;
+        dp_pool_fn fn = p->fn;
+        void *fn_arg = p->arg;
+        pthread_mutex_unlock(&p->mu);
 
-        dp_engine_job(w, job);
+        fn(w, fn_arg);
         end_job(w);
         atomic_store(&w->busy_phase, -1);
 
-        pthread_mutex_lock(&e->mu);
-        if (--e->running == 0) pthread_cond_signal(&e->cv_done);
-        pthread_mutex_unlock(&e->mu);
+        pthread_mutex_lock(&p->mu);
+        if (--p->running == 0) pthread_cond_signal(&p->cv_done);
+        pthread_mutex_unlock(&p->mu);
     }
     return NULL;
 }
@@ -216,39 +189,38 @@ static void *worker_main(void *arg)
  * the barrier (and the test hook's stall); a worker stuck inside a backend
  * call gets another watchdog period to return, after which the engine is
  * marked broken. */
-static dp_status watch(dp_engine *e)
+static dp_status watch(dp_pool *p, dp_phase *failed)
 {
-    double wd = e->cfg.watchdog_seconds;
-    while (e->running > 0) {
-        struct timespec ts = dp_deadline_at(e->last_progress + wd);
-        int rc = pthread_cond_timedwait(&e->cv_done, &e->mu, &ts);
-        if (rc != ETIMEDOUT || e->running == 0 || dp_now_seconds() < e->last_progress + wd) continue;
+    double wd = p->watchdog_seconds;
+    while (p->running > 0) {
+        struct timespec ts = dp_deadline_at(p->last_progress + wd);
+        int rc = pthread_cond_timedwait(&p->cv_done, &p->mu, &ts);
+        if (rc != ETIMEDOUT || p->running == 0 || dp_now_seconds() < p->last_progress + wd) continue;
         int stuck = -1, phase = -1;
-        for (size_t i = 0; i < e->k && stuck < 0; i++) {
-            int p = atomic_load(&e->w[i].busy_phase);
-            if (p >= 0) stuck = (int)i, phase = p;
+        for (size_t i = 0; i < p->k && stuck < 0; i++) {
+            int ph = atomic_load(&p->w[i].busy_phase);
+            if (ph >= 0) stuck = (int)i, phase = ph;
         }
         char who[96];
         if (stuck >= 0)
-            snprintf(who, sizeof who, "%s %s", e->w[stuck].dev->name,
+            snprintf(who, sizeof who, "%s %s", p->w[stuck].dev->name,
                      dp_phase_name((dp_phase)phase));
         else
             snprintf(who, sizeof who, "engine");
-        pthread_mutex_unlock(&e->mu);
-        dp_barrier_abort(&e->barrier);
-        pthread_mutex_lock(&e->mu);
+        pthread_mutex_unlock(&p->mu);
+        dp_barrier_abort(&p->barrier);
+        pthread_mutex_lock(&p->mu);
         double grace = dp_now_seconds() + wd;
-        while (e->running > 0) {
+        while (p->running > 0) {
             struct timespec g = dp_deadline_at(grace);
-            if (pthread_cond_timedwait(&e->cv_done, &e->mu, &g) == ETIMEDOUT) break;
+            if (pthread_cond_timedwait(&p->cv_done, &p->mu, &g) == ETIMEDOUT) break;
         }
-        if (e->running > 0) {
-            e->broken = 1;
+        if (p->running > 0) {
+            p->broken = 1;
             return DP_FAIL(DP_ERR_TIMEOUT, "%s: no progress for %.3g s (watchdog) and the worker "
                            "has not returned since; this engine is unusable, destroy it", who, wd);
         }
-        if (phase == DP_PHASE_OPTIMIZER || phase == DP_PHASE_BROADCAST)
-            e->needs_sync |= DP_SYNC_FROM_OWNERS;
+        *failed = (dp_phase)phase;
         return DP_FAIL(DP_ERR_TIMEOUT, "%s: no progress for %.3g s (watchdog); the step was "
                        "aborted and nothing was updated%s", who, wd,
                        phase == DP_PHASE_OPTIMIZER || phase == DP_PHASE_BROADCAST
@@ -258,48 +230,47 @@ static dp_status watch(dp_engine *e)
     return DP_OK;
 }
 
-/* Runs a job on every worker and waits. Returns the first failure by device
- * index, with its message as this thread's last error. */
-void dp_workers_reset_stats(dp_engine *e)
+void dp_pool_reset_stats(dp_pool *p)
 {
-    for (size_t i = 0; i < e->k; i++) {
-        worker *w = &e->w[i];
-        w->loss_sum = 0.0;
-        for (int p = 0; p < DP_PHASE_COUNT; p++) w->phase_first[p] = -1.0;
+    for (size_t i = 0; i < p->k; i++) {
+        worker *w = &p->w[i];
+        for (int ph = 0; ph < DP_PHASE_COUNT; ph++) w->phase_first[ph] = -1.0;
         memset(w->phase_seconds, 0, sizeof w->phase_seconds);
         memset(w->phase_peak, 0, sizeof w->phase_peak);
     }
-    for (size_t j = 0; e->s && j < e->K; j++) e->s[j].sumsq = 0.0;
 }
 
-dp_status dp_workers_run(dp_engine *e, job_kind job)
+dp_status dp_pool_run(dp_pool *p, dp_pool_fn fn, void *arg, dp_phase *failed)
 {
-    dp_barrier_reset(&e->barrier);
-    for (size_t i = 0; i < e->k; i++) {
-        worker *w = &e->w[i];
+    dp_phase none;
+    if (!failed) failed = &none;
+    *failed = DP_PHASE_COUNT;
+    dp_barrier_reset(&p->barrier);
+    for (size_t i = 0; i < p->k; i++) {
+        worker *w = &p->w[i];
         w->status = DP_OK;
         w->msg[0] = '\0';
         w->phase = DP_PHASE_COUNT;
     }
-    for (size_t i = 0; i < e->k; i++) atomic_store(&e->w[i].busy_phase, -1);
-    pthread_mutex_lock(&e->mu);
-    e->job = job;
-    e->running = (int)e->k;
-    e->job_gen++;
-    e->last_progress = dp_now_seconds();
-    pthread_cond_broadcast(&e->cv_start);
+    for (size_t i = 0; i < p->k; i++) atomic_store(&p->w[i].busy_phase, -1);
+    pthread_mutex_lock(&p->mu);
+    p->fn = fn;
+    p->arg = arg;
+    p->running = (int)p->k;
+    p->job_gen++;
+    p->last_progress = dp_now_seconds();
+    pthread_cond_broadcast(&p->cv_start);
     dp_status timeout = DP_OK;
-    if (e->cfg.watchdog_seconds > 0)
-        timeout = watch(e); /* returns with mu held */
+    if (p->watchdog_seconds > 0)
+        timeout = watch(p, failed); /* returns with mu held */
     else
-        while (e->running > 0) pthread_cond_wait(&e->cv_done, &e->mu);
-    pthread_mutex_unlock(&e->mu);
+        while (p->running > 0) pthread_cond_wait(&p->cv_done, &p->mu);
+    pthread_mutex_unlock(&p->mu);
     if (timeout != DP_OK) return timeout;
-    for (size_t i = 0; i < e->k; i++) {
-        worker *w = &e->w[i];
+    for (size_t i = 0; i < p->k; i++) {
+        worker *w = &p->w[i];
         if (w->status != DP_OK) {
-            if (w->fail_phase == DP_PHASE_OPTIMIZER || w->fail_phase == DP_PHASE_BROADCAST)
-                e->needs_sync |= DP_SYNC_FROM_OWNERS;
+            *failed = w->fail_phase;
             /* Re-raise the worker's message on the caller's thread. */
             return dp_error_raw(w->status, w->msg);
         }
@@ -309,75 +280,51 @@ dp_status dp_workers_run(dp_engine *e, job_kind job)
 
 // --- the pool --------------------------------------------------------------------------
 
-void dp_workers_init(dp_engine *e)
+void dp_pool_init(dp_pool *p, worker *w, size_t k, double watchdog_seconds)
 {
-    for (size_t i = 0; i < e->k; i++) atomic_init(&e->w[i].busy_phase, -1);
-    pthread_mutex_init(&e->mu, NULL);
-    pthread_cond_init(&e->cv_start, NULL);
+    p->k = k;
+    p->w = w;
+    p->watchdog_seconds = watchdog_seconds;
+    p->fault_phase = DP_PHASE_COUNT;
+    p->stall_dev = -1;
+    p->stall_phase = DP_PHASE_COUNT;
+    atomic_init(&p->diverge_dev, -1);
+    for (size_t i = 0; i < k; i++) {
+        w[i].pool = p;
+        atomic_init(&w[i].busy_phase, -1);
+    }
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->cv_start, NULL);
     /* CLOCK_MONOTONIC: the watchdog's deadlines ignore wall-clock jumps. */
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&e->cv_done, &ca);
+    pthread_cond_init(&p->cv_done, &ca);
     pthread_condattr_destroy(&ca);
-    dp_barrier_init(&e->barrier, (int)e->k);
+    dp_barrier_init(&p->barrier, (int)k);
 }
 
-dp_status dp_workers_start(dp_engine *e)
+dp_status dp_pool_start(dp_pool *p)
 {
-    for (size_t i = 0; i < e->k; i++) {
-        if (pthread_create(&e->w[i].thread, NULL, worker_main, &e->w[i]) != 0)
+    for (size_t i = 0; i < p->k; i++) {
+        if (pthread_create(&p->w[i].thread, NULL, worker_main, &p->w[i]) != 0)
             return DP_FAIL(DP_ERR_INTERNAL, "cannot start worker thread %zu", i);
-        e->w[i].thread_started = 1;
+        p->w[i].thread_started = 1;
     }
     return DP_OK;
 }
 
-void dp_workers_stop(dp_engine *e)
+void dp_pool_stop(dp_pool *p)
 {
-    pthread_mutex_lock(&e->mu);
-    e->quit = 1;
-    pthread_cond_broadcast(&e->cv_start);
-    pthread_mutex_unlock(&e->mu);
-    for (size_t i = 0; i < e->k; i++)
-        if (e->w[i].thread_started) pthread_join(e->w[i].thread, NULL);
-    for (size_t i = 0; i < e->k; i++) free_marks(&e->w[i]);
-    dp_barrier_destroy(&e->barrier);
-    pthread_cond_destroy(&e->cv_start);
-    pthread_cond_destroy(&e->cv_done);
-    pthread_mutex_destroy(&e->mu);
-}
-
-// --- test hooks ------------------------------------------------------------------------
-
-void dp_engine_inject_fault(dp_engine *e, int device, dp_phase phase, dp_status status)
-{
-    if (!e) return;
-    e->fault_dev = device;
-    e->fault_status = status;
-    e->fault_phase = phase;
-}
-
-void dp_engine_inject_stall(dp_engine *e, int device, dp_phase phase, double seconds)
-{
-    if (!e) return;
-    e->stall_dev = device;
-    e->stall_seconds = seconds;
-    e->stall_phase = phase;
-}
-
-void dp_engine_inject_divergence(dp_engine *e, int device)
-{
-    if (e) atomic_store(&e->diverge_dev, device);
-}
-
-dp_status dp_engine_read_replica(dp_engine *e, size_t device, int grads, void *host)
-{
-    if (!e || device >= e->k || !host)
-        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "no such device, or host NULL");
-    worker *w = &e->w[device];
-    size_t n = e->model.n_params;
-    DP_TRY(dp_device_bind_thread(w->dev));
-    if (grads) return dp_copy_d2h(w->dev, host, w->grads, n * sizeof(float));
-    return dp_copy_d2h(w->dev, host, w->params, n * e->psize);
+    pthread_mutex_lock(&p->mu);
+    p->quit = 1;
+    pthread_cond_broadcast(&p->cv_start);
+    pthread_mutex_unlock(&p->mu);
+    for (size_t i = 0; i < p->k; i++)
+        if (p->w[i].thread_started) pthread_join(p->w[i].thread, NULL);
+    for (size_t i = 0; i < p->k; i++) free_marks(&p->w[i]);
+    dp_barrier_destroy(&p->barrier);
+    pthread_cond_destroy(&p->cv_start);
+    pthread_cond_destroy(&p->cv_done);
+    pthread_mutex_destroy(&p->mu);
 }

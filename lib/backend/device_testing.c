@@ -1,0 +1,11 @@
+/*
+ * backend/device_testing.c - the devices' test hooks (device_testing.h),
+ * built into the test-only library dp_testing, never into libdp.
+ */
+#include "backend/backend.h"
+#include "backend/device_testing.h"
+
+void dp_device_set_gemm_convert_cap(dp_device *dev, size_t bytes)
+{
+    if (dev) dev->gemm_convert_cap = bytes;
+}

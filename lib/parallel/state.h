@@ -1,0 +1,262 @@
+/*
+ * parallel/state.h - the engine's data (not installed): the workers (one
+ * per local device), the optimizer's slices, the plan of a batch and the
+ * engine itself. Functions live in the rooms that own each part, one
+ * header each:
+ *   pool.h       the worker threads: run a function on every worker, the
+ *                barrier, phases, the watchdog
+ *   plan.h       the split of a batch (a value: dp_plan)
+ *   compute.h    forward, criterion and backward on one worker
+ *   comm.h       the collectives between this process's devices
+ *   optimizer.h  the slices, their state and the update
+ *   replica.h    the replica check
+ *   step.h       the step, for one process and for R ranks alike
+ *   ranks.h      joining the ranks of a job at create
+ * Each field below names the file that writes it; the others only read.
+ */
+#ifndef DP_PARALLEL_STATE_H
+#define DP_PARALLEL_STATE_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend/backend.h"
+#include "core/error.h"
+#include "dp/engine.h"
+#include "parallel/barrier.h"
+#include "transport/transport.h"
+
+// --- buffers ---------------------------------------------------------------------
+
+/* A grow-only device buffer: steps of the same size reuse it. */
+typedef struct dbuf {
+    void *ptr;
+    size_t bytes;
+} dbuf;
+
+static inline dp_status dp_dbuf_ensure(dp_device *dev, dbuf *b, size_t bytes)
+{
+    if (b->bytes >= bytes) return DP_OK;
+    /* Free first: the old buffer must not count against the limit twice. */
+    dp_device_free(dev, b->ptr);
+    b->ptr = NULL;
+    b->bytes = 0;
+    if (bytes == 0) return DP_OK;
+    DP_TRY(dp_device_alloc(dev, bytes, &b->ptr));
+    b->bytes = bytes;
+    return DP_OK;
+}
+
+static inline void dp_dbuf_release(dp_device *dev, dbuf *b)
+{
+    dp_device_free(dev, b->ptr);
+    b->ptr = NULL;
+    b->bytes = 0;
+}
+
+// --- the plan of a batch (plan.c) ---------------------------------------------------
+
+/* One local device's part of a batch. */
+typedef struct dp_plan_device {
+    size_t row_begin, rows; /* its rows of the global batch */
+    size_t valid;           /* valid target elements in them */
+    size_t n_micro, micro_rows;
+} dp_plan_device;
+
+/* A planned batch: passed by value to the step's phases. */
+typedef struct dp_plan {
+    const dp_batch *batch;
+    size_t n_valid; /* N: valid target elements of the whole batch */
+    float dscale;   /* 1 / N */
+    size_t gather_steps; /* gather mode: the micro-steps every device takes */
+    size_t grows[DP_MAX_DEVICES]; /* rows per global device */
+    dp_plan_device dev[DP_MAX_DEVICES]; /* per local device */
+} dp_plan;
+
+/* Rows of micro-batch j of device d (0 when it has fewer); *first is the
+ * micro-batch's first row within the device's rows. */
+static inline size_t dp_plan_micro_rows(const dp_plan_device *d, size_t j, size_t *first)
+{
+    size_t b = j * d->micro_rows;
+    *first = b;
+    if (j >= d->n_micro || b >= d->rows) return 0;
+    size_t r = d->rows - b;
+    return r < d->micro_rows ? r : d->micro_rows;
+}
+
+/* Whether global device g adds to the reduced gradient (device 0 always:
+ * its zeroed buffer starts the sum; the others when they have rows). */
+static inline int dp_plan_contributes(const dp_plan *p, size_t g)
+{
+    return g == 0 || p->grows[g] > 0;
+}
+
+// --- the optimizer's slices (optimizer.c, comm.c) --------------------------------------
+
+/* A range of the flat buffer with one weight-decay setting. */
+typedef struct segment {
+    size_t begin, end;
+    int decay;
+} segment;
+
+/* One of the K optimizer slices of the flat buffer (K = the job's devices
+ * over every rank). The owner (a global device: the slice's own when the
+ * optimizer is sharded, device 0 otherwise) holds its moments and receives
+ * its reduced gradient; the reducer, a worker of the owner's rank, reduces
+ * and updates it on the owner's device. */
+typedef struct slice {
+    /* optimizer.c */
+    size_t begin, end;
+    int owner;   /* global device index */
+    int reducer; /* local worker index, or -1 when the owner is on another rank */
+    segment *segs;
+    size_t n_segs;
+    float *m, *v;  /* the moments, on the owner */
+    float *master; /* bf16 replicas: the slice's float32 master weights, on the owner */
+    double sumsq;  /* of the reduced gradient, this step (its reducer) */
+    /* comm.c: on the owner, the running sum, an incoming chunk, and one
+     * chunk per device of the other ranks */
+    dbuf acc, in, remote;
+} slice;
+
+// --- the workers (pool.c and the step's phases) --------------------------------------
+
+struct dp_pool;
+
+typedef struct worker {
+    /* engine.c, at create */
+    struct dp_engine *e;
+    struct dp_pool *pool;
+    int id; /* local device index */
+    dp_device *dev;
+    void *params; /* the replica: n_params elements of the model's param_dtype */
+    float *grads; /* n_params floats */
+
+    /* compute.c and comm.c: grow-only buffers, the loss of this step */
+    dbuf inputs, targets, workspace, logits, dlogits, scratch;
+    dbuf features, dfeatures;  /* a model with a head: its input and that input's gradient */
+    dbuf gathered, gathered_d; /* root only, gather mode */
+    double loss_sum;
+
+    /* replica.c */
+    uint64_t param_hash;
+
+    /* pool.c: the thread, the phase tracking of the step (the monotonic
+     * time this worker first entered each phase, -1: not entered; the
+     * device time spent in it, measured between events recorded as the
+     * worker enters each phase), the watchdog's view and the failure slot */
+    pthread_t thread;
+    int thread_started;
+    dp_phase phase;
+    double phase_start;
+    double phase_first[DP_PHASE_COUNT];
+    double phase_seconds[DP_PHASE_COUNT];
+    size_t phase_peak[DP_PHASE_COUNT];
+    struct phase_mark {
+        dp_event *ev; /* created on first use, reused by later jobs */
+        int phase;    /* the phase this mark opens (DP_PHASE_COUNT: the job's end) */
+    } *marks;
+    size_t n_marks, cap_marks;
+    atomic_int busy_phase; /* the phase being worked in, -1 at the barrier or done */
+    dp_status status;
+    dp_phase fail_phase;
+    char msg[1024];
+} worker;
+
+/* The function a job runs on every worker (pool.h). */
+typedef void (*dp_pool_fn)(worker *w, void *arg);
+
+/* The worker pool: k persistent threads, one per local device (pool.c
+ * writes every field; the test hooks are set by testing.c). */
+typedef struct dp_pool {
+    size_t k;
+    worker *w;
+    double watchdog_seconds;
+    dp_barrier barrier;
+    pthread_mutex_t mu;
+    pthread_cond_t cv_start, cv_done;
+    unsigned long job_gen;
+    dp_pool_fn fn;
+    void *arg;
+    int running;
+    int quit;
+    /* the caller waits at most watchdog_seconds after the last phase
+     * change of any worker (CLOCK_MONOTONIC, guarded by mu) */
+    double last_progress;
+    int broken; /* a worker never came back after a watchdog abort */
+    /* test hooks (testing.c sets them, the worker that fires one clears it) */
+    int fault_dev;
+    dp_phase fault_phase;
+    dp_status fault_status;
+    int stall_dev;
+    dp_phase stall_phase;
+    double stall_seconds;
+    atomic_int diverge_dev; /* -1: none (replica.c fires it) */
+} dp_pool;
+
+// --- the engine ---------------------------------------------------------------------
+
+/* engine.needs_sync: the replicas must be re-synchronised from the slice
+ * owners (all-gather, after a failed update or a diverged replica) or
+ * from the root (broadcast, after a failed set_params). */
+enum { DP_SYNC_FROM_OWNERS = 1, DP_SYNC_FROM_ROOT = 2 };
+
+/* What a step leaves for the stats (step.c). */
+typedef struct dp_step_outcome {
+    double gloss[DP_MAX_DEVICES]; /* loss sums per global device (every rank knows all) */
+    double grad_norm;
+    int skip;    /* decided identically on every rank after the reduce */
+    int counted; /* the update reached every replica: the step counts */
+    int resync;  /* DP_SYNC_* bits the engine must apply before the next step */
+} dp_step_outcome;
+
+struct dp_engine {
+    /* engine.c, at create */
+    dp_layout L;
+    worker *w; /* L.k */
+    dp_model model;
+    dp_criterion crit;
+    dp_engine_config cfg;
+    int bf16;     /* replicas hold bfloat16 (model.param_dtype); owners keep float32 masters */
+    size_t psize; /* bytes of one replica element: 2 or 4 */
+    slice *s;     /* L.K slices (optimizer.c makes them) */
+    dp_transport tp; /* what crosses between the ranks (transport/) */
+    dp_pool pool;    /* pool.c */
+    dp_xfer *xfers;  /* room for a reduce-scatter round's messages (K x K) */
+
+    /* engine.c, between calls */
+    long t;
+    float lr;
+    int needs_sync; /* DP_SYNC_* bits: re-synchronise the replicas before the next step */
+    /* The thread contract: one public call at a time per engine; a second
+     * concurrent one finds this set and returns DP_ERR_BUSY. */
+    atomic_flag busy;
+    double created;    /* monotonic seconds at create */
+    double step_start; /* monotonic seconds at the start of the running step */
+    dp_plan plan;      /* the running step's (plan.c fills it) */
+    dp_step_outcome out; /* the last step's (step.c fills it) */
+};
+
+/* Worker w's replica as the model's callbacks take it. */
+static inline dp_params dp_replica_params(const worker *w)
+{
+    dp_params p;
+    if (w->e->bf16) p.bf16 = w->params;
+    else p.f32 = w->params;
+    return p;
+}
+/* The address of element i of worker w's replica. */
+static inline void *dp_replica_at(const worker *w, size_t i)
+{
+    return (unsigned char *)w->params + i * w->e->psize;
+}
+
+/* The worker of global device g, or NULL when it is on another rank. */
+static inline worker *dp_local_worker(const dp_engine *e, size_t g)
+{
+    return g >= e->L.g0 && g < e->L.g0 + e->L.k ? &e->w[g - e->L.g0] : NULL;
+}
+
+#endif /* DP_PARALLEL_STATE_H */

@@ -1,0 +1,156 @@
+/*
+ * transport/transport.h - what crosses between the ranks of a job, as one
+ * small table of operations (docs/design.md section 8), not installed.
+ *
+ * The engine's step (parallel/step.c) is written once for any number of
+ * ranks; everything that leaves this process goes through a transport:
+ *   agree       every rank's outcome (and a payload) to every rank, the
+ *               lowest failing rank's status on all; a bounded wait
+ *   broadcast   rank 0's host bytes to every rank
+ *   exchange    one round of the reduce-scatter: each local device's chunk
+ *               of a slice owned on another rank goes to that owner's
+ *               staging (dp_xfer, listed by the step in (slice, device) order)
+ *   allgather   each rank's owned runs of a flat buffer to every rank: the
+ *               host buffers of get_params and the optimizer state, and the
+ *               replicas after the update
+ *   close
+ * The transports live in this folder, one file each: in-process (one rank,
+ * inproc.c), MPI (host memory, mpi.c) and NCCL (GPU memory, nccl.c); the
+ * list they are chosen from is in transport.c. A new one (TCP, UCX) is one
+ * file, one line there and one in CMakeLists.txt.
+ *
+ * Ranks are joined before a transport exists (the bootstrap, dp/dist.h:
+ * MPI, dist_internal.h); every call here is made from the thread that
+ * drives the engine, and every wait ends within the transport's timeout
+ * (0: none). An operation that fails in a way that leaves the ranks out of
+ * step marks the transport lost (dp_transport_lost): the engine is then
+ * unusable.
+ */
+#ifndef DP_TRANSPORT_TRANSPORT_H
+#define DP_TRANSPORT_TRANSPORT_H
+
+#include <stddef.h>
+
+#include "backend/backend.h"
+#include "dp/dist.h"
+#include "dp/device.h"
+
+/* The job's devices over its ranks, in global device order (rank-major):
+ * rank r's devices are rank_first[r] .. rank_first[r + 1] - 1 of K, this
+ * rank's g0 .. g0 + k - 1. One process: K = k, g0 = 0, nranks = 1. */
+typedef struct dp_layout {
+    size_t k, K, g0;
+    int rank, nranks;
+    size_t rank_first[DP_MAX_DEVICES + 1];
+    float weights[DP_MAX_DEVICES]; /* per global device */
+} dp_layout;
+
+/* The rank of global device g. */
+static inline int dp_layout_rank_of(const dp_layout *L, size_t g)
+{
+    int r = 0;
+    while (r + 1 < L->nranks && g >= L->rank_first[r + 1]) r++;
+    return r;
+}
+
+/* One message of a reduce-scatter round: local device `local` sends
+ * `bytes` at ptr to global device `peer` (send), or receives them from it. */
+typedef struct dp_xfer {
+    size_t local;
+    size_t peer;
+    int send;
+    void *ptr;
+    size_t bytes;
+} dp_xfer;
+
+/* A run [begin, begin + count) of a flat buffer's elements whose slices
+ * one global device owns. */
+typedef struct dp_run {
+    size_t begin, count;
+    size_t owner;
+} dp_run;
+
+typedef struct dp_transport dp_transport;
+
+/* A transport's table. Optional entries may be NULL: the wrappers below
+ * supply what one rank needs (agree: the local outcome; the rest: nothing
+ * to move). */
+typedef struct dp_transport_ops {
+    const char *name;
+    /* Whether it joins nranks ranks whose devices are in host memory (1)
+     * or not (0, GPUs). */
+    int (*accepts)(int nranks, int host_memory);
+    /* Floats of each slice per reduce-scatter round (0: one round). */
+    size_t round_floats;
+    /* allgather_replicas fills every local replica (1) or local device
+     * 0's, which the engine then copies to the others (0). */
+    int fills_every_replica;
+    /* After the devices are set up: joins them (NCCL) and reserves what
+     * the largest operations need (the `n` messages of the largest round,
+     * max_bytes for the rest), so no later operation allocates. */
+    dp_status (*connect)(dp_transport *t, dp_device *const *devs, const dp_xfer *largest,
+                         size_t n, size_t max_bytes);
+    /* Every rank's status and `bytes` of mine (may be NULL: zeros) into
+     * all (nranks x bytes, may be NULL when bytes is 0); the result is
+     * DP_OK everywhere or the lowest failing rank's status with its
+     * message prefixed "rank r: ". Sets t->lost when the exchange itself
+     * failed. */
+    dp_status (*agree)(dp_transport *t, dp_status local, const void *mine, void *all,
+                       size_t bytes, const char *what);
+    dp_status (*broadcast)(dp_transport *t, void *buf, size_t bytes, const char *what);
+    dp_status (*exchange)(dp_transport *t, const dp_xfer *m, size_t n, const char *what);
+    /* In place on every rank's host buffer of esize-byte elements: the
+     * runs owned on each rank go to every other rank. */
+    dp_status (*allgather_host)(dp_transport *t, void *buf, size_t esize, const dp_run *runs,
+                                size_t n, const char *what);
+    /* The same for the replicas bufs[0..k) (device memory), see
+     * fills_every_replica. */
+    dp_status (*allgather_replicas)(dp_transport *t, void *const *bufs, size_t esize,
+                                    const dp_run *runs, size_t n, const char *what);
+    void (*close)(dp_transport *t);
+} dp_transport_ops;
+
+struct dp_transport {
+    const dp_transport_ops *ops;
+    void *impl;     /* the transport's own state */
+    dp_dist *dist;  /* the bootstrap (NULL for one rank) */
+    dp_layout L;
+    double timeout; /* seconds per wait, 0: none */
+    int lost;       /* an operation failed with the ranks out of step */
+};
+
+/* Chooses the transport for layout L (every rank chooses the same: the
+ * ranks agreed on the device kind when they joined) and opens it.
+ * Errors: DP_ERR_UNSUPPORTED when none in this build joins such devices
+ * across ranks (the message names the fix). */
+dp_status dp_transport_open(dp_transport *t, dp_dist *dist, const dp_layout *L,
+                            int host_memory, double timeout);
+void dp_transport_close(dp_transport *t);
+
+dp_status dp_transport_connect(dp_transport *t, dp_device *const *devs, const dp_xfer *largest,
+                               size_t n, size_t max_bytes);
+dp_status dp_transport_agree(dp_transport *t, dp_status local, const void *mine, void *all,
+                             size_t bytes, const char *what);
+dp_status dp_transport_broadcast(dp_transport *t, void *buf, size_t bytes, const char *what);
+dp_status dp_transport_exchange(dp_transport *t, const dp_xfer *m, size_t n, const char *what);
+dp_status dp_transport_allgather_host(dp_transport *t, void *buf, size_t esize,
+                                      const dp_run *runs, size_t n, const char *what);
+dp_status dp_transport_allgather_replicas(dp_transport *t, void *const *bufs, size_t esize,
+                                          const dp_run *runs, size_t n, const char *what);
+
+/* Whether a transport moves anything between ranks at all (more than one
+ * rank), whether it fills every replica, and its round size. */
+static inline int dp_transport_spans_ranks(const dp_transport *t) { return t->L.nranks > 1; }
+static inline int dp_transport_fills_every_replica(const dp_transport *t)
+{
+    return t->ops->fills_every_replica;
+}
+static inline size_t dp_transport_round_floats(const dp_transport *t) { return t->ops->round_floats; }
+static inline int dp_transport_lost(const dp_transport *t) { return t->lost; }
+
+/* The transports (transport.c lists them; each file defines its own). */
+extern const dp_transport_ops dp_transport_inproc;
+extern const dp_transport_ops dp_transport_mpi;
+extern const dp_transport_ops dp_transport_nccl;
+
+#endif /* DP_TRANSPORT_TRANSPORT_H */
