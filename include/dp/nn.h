@@ -26,6 +26,7 @@
 
 #include "dp/device.h"
 #include "dp/dtype.h"
+#include "dp/ops.h" /* dp_accumulate, which the layers' callers use with them */
 
 #ifdef __cplusplus
 extern "C" {
@@ -77,6 +78,23 @@ DP_API dp_status dp_linear_backward_bf16_inp(dp_device *dev, float *dinp, float 
                                              const dp_bf16 *inp, const dp_bf16 *weight,
                                              size_t N, size_t C, size_t OC);
 
+/* Linear with strided input rows: dp_linear_forward/_backward for an
+ * input whose rows start ld_inp floats apart (ld_inp >= C), e.g. the first
+ * C columns of a row [x | y] without copying them out: row r of the input is
+ * inp[r * ld_inp .. r * ld_inp + C). Same math, shapes and errors
+ * otherwise (plus DP_ERR_INVALID_ARGUMENT for ld_inp < C or > INT_MAX).
+ * Runs on the device's GEMM (no staging): as fast as the contiguous calls.
+ *   forward:  out(N,OC) = inp @ weight(OC,C)^T + bias(OC) (bias may be NULL)
+ *   backward: dinp (rows ld_inp apart, first C columns overwritten; NULL
+ *             skips it) = dout @ weight, dweight(OC,C) += dout^T @ inp,
+ *             dbias(OC) += column sums of dout (NULL skips it). */
+DP_API dp_status dp_linear_forward_ld(dp_device *dev, float *out, const float *inp,
+                                      size_t ld_inp, const float *weight, const float *bias,
+                                      size_t N, size_t C, size_t OC);
+DP_API dp_status dp_linear_backward_ld(dp_device *dev, float *dinp, float *dweight, float *dbias,
+                                       const float *dout, const float *inp, size_t ld_inp,
+                                       const float *weight, size_t N, size_t C, size_t OC);
+
 /* ---- LayerNorm (eps = 1e-5, as torch.nn.LayerNorm) ----------------------
  * out(N,C) = (inp - mean) * rstd * weight + bias; caches mean(N), rstd(N)
  * with rstd = 1/sqrt(var + eps), var the biased variance. */
@@ -123,11 +141,6 @@ DP_API dp_status dp_residual_forward(dp_device *dev, float *out, const float *a,
 /* da += dout, db += dout (ACCUMULATE; either may be NULL). */
 DP_API dp_status dp_residual_backward(dp_device *dev, float *da, float *db, const float *dout,
                                       size_t n);
-
-/* ---- element-wise helpers ------------------------------------------------ */
-/* dst += src (n elements). (dp_scale and dp_sum_squares, used by gradient
- * clipping, are in dp/optim.h.) */
-DP_API dp_status dp_accumulate(dp_device *dev, float *dst, const float *src, size_t n);
 
 /* ---- causal multi-head self-attention --------------------------------------
  * qkv(B,T,3C) holds q, k, v side by side along the last axis (nanoGPT's

@@ -1,21 +1,25 @@
 /*
- * dp/ops.h - small element-wise helpers on device buffers, for custom
- * models and criteria that must run on every device kind.
+ * dp/ops.h - the vector ops: element-wise arithmetic and reductions on
+ * device buffers, for the layers, the optimizer, the engine's collectives
+ * and custom models and criteria that must run on every device kind.
  *
  * Pointers are device pointers of dev. On a CPU device they are host
  * addresses, which the host may also dereference directly; on a CUDA
  * device the host must not dereference them (use dp_copy_d2h/h2d or these
- * helpers). The helpers give the same results on every device kind: they
- * run as host loops on CPU devices and, on other devices, stage the data
- * through host memory in chunks (correct but bound by the copy bandwidth:
- * fine for small tensors such as a regression's outputs; a model's hot
- * path on GPUs should use the dp/nn.h layers). Sums are taken in double,
- * in element order, so they do not depend on the device. dp_accumulate
- * (dp/nn.h), dp_scale and dp_sum_squares (dp/optim.h) complete the set.
+ * ops). Every op gives the same results on every device kind.
+ *
+ * Two kinds. The first group runs on the device's own kernels (the
+ * backend's add, accumulate, scale and sum of squares), as fast as the
+ * device allows. The second runs as host loops on CPU devices and, on
+ * other devices, stages the data through host memory in chunks (correct
+ * but bound by the copy bandwidth: fine for small tensors such as a
+ * regression's outputs; a model's hot path on GPUs should use the first
+ * group and the dp/nn.h layers); its sums are taken in double, in element
+ * order, so they do not depend on the device.
  *
  * Errors (all): DP_ERR_INVALID_ARGUMENT for a NULL device, a NULL
- * required pointer or a size that overflows, DP_ERR_DEVICE from the copies.
- * n == 0 (or rows == 0) does nothing.
+ * required pointer or a size that overflows, DP_ERR_DEVICE from the
+ * device. n == 0 (or rows == 0) does nothing, except where it says.
  */
 #ifndef DP_OPS_H
 #define DP_OPS_H
@@ -29,6 +33,25 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* ---- on the device's kernels ---------------------------------------------- */
+
+/* out = a + b (n elements; out may alias a or b). */
+DP_API dp_status dp_add(dp_device *dev, float *out, const float *a, const float *b, size_t n);
+
+/* dst += src (n elements). */
+DP_API dp_status dp_accumulate(dp_device *dev, float *dst, const float *src, size_t n);
+
+/* x *= s (n > 0 elements). Errors: DP_ERR_INVALID_ARGUMENT also for n == 0. */
+DP_API dp_status dp_scale(dp_device *dev, float *x, float s, size_t n);
+
+/* *out_host = the sum of x[i]^2 over n > 0 elements, accumulated in double
+ * (out_host is a host pointer; the call waits for the result).
+ * Deterministic: the summation order depends on n only. Errors:
+ * DP_ERR_INVALID_ARGUMENT also for n == 0. */
+DP_API dp_status dp_sum_squares(dp_device *dev, double *out_host, const float *x, size_t n);
+
+/* ---- host loops (staged through host memory on GPUs) ------------------------ */
 
 /* y(n) += alpha * x(n) (BLAS axpy). x may equal y. */
 DP_API dp_status dp_axpy(dp_device *dev, float *y, float alpha, const float *x, size_t n);
@@ -53,24 +76,6 @@ DP_API dp_status dp_masked_sum(dp_device *dev, double *sum_host, size_t *count_h
  * a squared error; with alpha = 1, dp_sum_squares of out is its loss sum. */
 DP_API dp_status dp_masked_diff(dp_device *dev, float *out, float alpha, const float *x,
                                 const float *targets, size_t n);
-
-/* ---- linear with strided input rows ---------------------------------------
- * dp_linear_forward/_backward (dp/nn.h) for an input whose rows start
- * ld_inp floats apart (ld_inp >= C), e.g. the first C columns of a row
- * [x | y] without copying them out: row r of the input is
- * inp[r * ld_inp .. r * ld_inp + C). Same math, shapes and errors
- * otherwise (plus DP_ERR_INVALID_ARGUMENT for ld_inp < C or > INT_MAX).
- * Runs on the device's GEMM (no staging): as fast as the contiguous calls.
- *   forward:  out(N,OC) = inp @ weight(OC,C)^T + bias(OC) (bias may be NULL)
- *   backward: dinp (rows ld_inp apart, first C columns overwritten; NULL
- *             skips it) = dout @ weight, dweight(OC,C) += dout^T @ inp,
- *             dbias(OC) += column sums of dout (NULL skips it). */
-DP_API dp_status dp_linear_forward_ld(dp_device *dev, float *out, const float *inp,
-                                      size_t ld_inp, const float *weight, const float *bias,
-                                      size_t N, size_t C, size_t OC);
-DP_API dp_status dp_linear_backward_ld(dp_device *dev, float *dinp, float *dweight, float *dbias,
-                                       const float *dout, const float *inp, size_t ld_inp,
-                                       const float *weight, size_t N, size_t C, size_t OC);
 
 #ifdef __cplusplus
 }

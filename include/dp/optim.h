@@ -10,6 +10,7 @@
 #include <stddef.h>
 
 #include "dp/device.h"
+#include "dp/ops.h" /* dp_scale and dp_sum_squares, which clipping is built from */
 
 #ifdef __cplusplus
 extern "C" {
@@ -37,16 +38,6 @@ DP_API dp_status dp_adamw_update(dp_device *dev, float *params, const float *gra
 DP_API dp_status dp_sgd_update(dp_device *dev, float *params, const float *grads,
                                float *momentum_buf, size_t n, float lr, float momentum,
                                float weight_decay, long t);
-
-/* x *= s (n > 0 elements of device memory). Errors:
- * DP_ERR_INVALID_ARGUMENT (dev or x NULL, n == 0). */
-DP_API dp_status dp_scale(dp_device *dev, float *x, float s, size_t n);
-
-/* *out_host = the sum of x[i]^2 over n > 0 elements, accumulated in double
- * (out_host is a host pointer; the call waits for the result).
- * Deterministic: the summation order depends on n only. Errors:
- * DP_ERR_INVALID_ARGUMENT (NULL pointer, n == 0), DP_ERR_DEVICE. */
-DP_API dp_status dp_sum_squares(dp_device *dev, double *out_host, const float *x, size_t n);
 
 /*
  * Global L2 norm of grads(n) (in double), and clipping as

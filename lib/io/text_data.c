@@ -81,23 +81,6 @@ static int skipped_name(const char *name)
     return 0;
 }
 
-int token_cmp_names(const void *a, const void *b)
-{
-    return strcmp(*(const char *const *)a, *(const char *const *)b);
-}
-
-char *token_join_path(const char *dir, const char *name)
-{
-    size_t a = strlen(dir), b = strlen(name);
-    char *p = malloc(a + b + 2);
-    if (!p) return NULL;
-    memcpy(p, dir, a);
-    size_t k = a;
-    if (a == 0 || dir[a - 1] != '/') p[k++] = '/';
-    memcpy(p + k, name, b + 1);
-    return p;
-}
-
 // 1 if the directory entry at full should be read, 0 to skip it; -1 and an
 // error recorded when it cannot be inspected.
 static int usable_entry(const char *full, dp_status *st)
@@ -316,14 +299,6 @@ dp_status dp_token_data_from_tokens(const int32_t *tokens, size_t n, size_t voca
     d->vocab = vocab_size;
     *out = d;
     return DP_OK;
-}
-
-void dp_token_data_destroy(dp_token_data *data)
-{
-    if (!data) return;
-    token_files_release(data);
-    free(data->tokens);
-    free(data);
 }
 
 size_t dp_token_data_total(const dp_token_data *data) { return data ? data->n : 0; }

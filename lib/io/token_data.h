@@ -1,7 +1,7 @@
 /*
- * io/token_data.h - the representation of dp_token_data shared by
- * text_data.c (data in memory, the sampler, the validation windows) and
- * token_files.c (nanoGPT and llm.c files mapped read-only).
+ * io/token_data.h - the representation of dp_token_data (token_data.c)
+ * shared by text_data.c (data in memory, the sampler, the validation
+ * windows) and token_files.c (nanoGPT and llm.c files mapped read-only).
  *
  * A dataset is one sequence of n tokens, the training split [0, n_train)
  * followed by the validation split [n_train, n). In memory it is an int32
@@ -58,10 +58,10 @@ static inline size_t token_train_count(size_t n) { return n / 10 * 9 + n % 10 * 
  */
 dp_status token_data_copy(const dp_token_data *d, size_t pos, size_t count, int32_t *out);
 
-/* Unmaps and frees the files of d (token_files.c); nothing for data in memory. */
+/* Unmaps and frees the files of d; nothing for data in memory. */
 void token_files_release(dp_token_data *d);
 
-/* Directory listings, shared by the text and token readers (text_data.c):
+/* Directory listings, shared by the text and token readers:
  * dir + "/" + name, malloc'd (NULL when out of memory), and strcmp over
  * char * for qsort (byte order, so a listing sorts the same everywhere). */
 char *token_join_path(const char *dir, const char *name);

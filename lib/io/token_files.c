@@ -211,56 +211,7 @@ static dp_status parse_file(const token_map *m, dp_token_format *format, size_t 
 }
 
 // ----------------------------------------------------------------------------
-// release, copy, info
-
-void token_files_release(dp_token_data *d)
-{
-    if (!d) return;
-    for (size_t i = 0; i < d->n_maps; i++) {
-        if (d->maps[i].addr) munmap(d->maps[i].addr, d->maps[i].bytes);
-        free(d->maps[i].path);
-    }
-    free(d->maps);
-    free(d->segs);
-    d->maps = NULL;
-    d->segs = NULL;
-    d->n_maps = d->n_segs = 0;
-}
-
-dp_status token_data_copy(const dp_token_data *d, size_t pos, size_t count, int32_t *out)
-{
-    if (d->tokens) {
-        memcpy(out, d->tokens + pos, count * sizeof *out);
-        return DP_OK;
-    }
-    // The last segment starting at or before pos (segments are in sequence order).
-    size_t lo = 0, hi = d->n_segs;
-    while (hi - lo > 1) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (d->segs[mid].start <= pos) lo = mid;
-        else hi = mid;
-    }
-    size_t vocab = d->vocab;
-    for (size_t s = lo; count > 0; s++) {
-        const token_segment *g = &d->segs[s];
-        size_t i = pos - g->start, k = g->n - i < count ? g->n - i : count;
-        const unsigned char *b = g->ids + 2 * i;
-        for (size_t j = 0; j < k; j++) {
-            uint32_t id = (uint32_t)b[2 * j] | (uint32_t)b[2 * j + 1] << 8;
-            if (id >= vocab)
-                return DP_FAIL(DP_ERR_FORMAT,
-                               "'%s': token %zu (byte offset %zu) is id %u, outside the "
-                               "vocabulary [0, %zu); give the model a vocabulary of at least "
-                               "%u (lm_train --vocab-size), or check the file",
-                               g->path, i + j, g->file_offset + 2 * (i + j), id, vocab, id + 1);
-            out[j] = (int32_t)id;
-        }
-        out += k;
-        pos += k;
-        count -= k;
-    }
-    return DP_OK;
-}
+// info
 
 dp_status dp_token_data_get_info(const dp_token_data *data, dp_token_data_info *info)
 {

@@ -18,6 +18,7 @@
  */
 #include <limits.h>
 
+#include "dp/checked.h"
 #include "nn/nn_check.h"
 
 #include "dp/nn.h"
@@ -66,8 +67,8 @@ static dp_status gemm(dp_device *dev, dp_op ta, dp_op tb, size_t m, size_t n, si
     } while (0)
 
 /* dp_linear_forward over weight and bias of either type (w16: bfloat16)
- * and an input of either type (x16). */
-static dp_status linear_forward(dp_device *dev, float *out, const void *inp, int x16,
+ * and an input of either type (x16) whose rows start ld elements apart. */
+static dp_status linear_forward(dp_device *dev, float *out, const void *inp, int x16, size_t ld,
                                 const void *weight, const void *bias, int w16, size_t N, size_t C,
                                 size_t OC)
 {
@@ -77,17 +78,17 @@ static dp_status linear_forward(dp_device *dev, float *out, const void *inp, int
         dp_pref b = w16 ? dp_pref_bf16(bias) : dp_pref_f32(bias);
         DP_TRY(dev->ops->bias_broadcast(dev, out, b, N, OC));
     }
-    return gemm(dev, DP_OP_T, DP_OP_N, OC, N, C, weight, w16, C, inp, x16, C,
+    return gemm(dev, DP_OP_T, DP_OP_N, OC, N, C, weight, w16, C, inp, x16, ld,
                 bias ? 1.0f : 0.0f, out, OC);
 }
 
 static dp_status linear_backward(dp_device *dev, float *dinp, float *dweight, float *dbias,
-                                 const float *dout, const void *inp, int x16, const void *weight,
-                                 int w16, size_t N, size_t C, size_t OC)
+                                 const float *dout, const void *inp, int x16, size_t ld,
+                                 const void *weight, int w16, size_t N, size_t C, size_t OC)
 {
     if (dinp)
-        DP_TRY(gemm(dev, DP_OP_N, DP_OP_N, C, N, OC, weight, w16, C, dout, 0, OC, 0.0f, dinp, C));
-    DP_TRY(gemm(dev, DP_OP_N, DP_OP_T, C, OC, N, inp, x16, C, dout, 0, OC, 1.0f, dweight, C));
+        DP_TRY(gemm(dev, DP_OP_N, DP_OP_N, C, N, OC, weight, w16, C, dout, 0, OC, 0.0f, dinp, ld));
+    DP_TRY(gemm(dev, DP_OP_N, DP_OP_T, C, OC, N, inp, x16, ld, dout, 0, OC, 1.0f, dweight, C));
     if (dbias) DP_TRY(dev->ops->bias_backward(dev, dbias, dout, N, OC));
     return DP_OK;
 }
@@ -96,7 +97,7 @@ dp_status dp_linear_forward(dp_device *dev, float *out, const float *inp, const 
                             const float *bias, size_t N, size_t C, size_t OC)
 {
     CHECK_FORWARD();
-    return linear_forward(dev, out, inp, 0, weight, bias, 0, N, C, OC);
+    return linear_forward(dev, out, inp, 0, C, weight, bias, 0, N, C, OC);
 }
 
 dp_status dp_linear_forward_bf16(dp_device *dev, float *out, const float *inp,
@@ -104,7 +105,7 @@ dp_status dp_linear_forward_bf16(dp_device *dev, float *out, const float *inp,
                                  size_t OC)
 {
     CHECK_FORWARD();
-    return linear_forward(dev, out, inp, 0, weight, bias, 1, N, C, OC);
+    return linear_forward(dev, out, inp, 0, C, weight, bias, 1, N, C, OC);
 }
 
 dp_status dp_linear_backward(dp_device *dev, float *dinp, float *dweight, float *dbias,
@@ -112,7 +113,7 @@ dp_status dp_linear_backward(dp_device *dev, float *dinp, float *dweight, float 
                              size_t C, size_t OC)
 {
     CHECK_BACKWARD();
-    return linear_backward(dev, dinp, dweight, dbias, dout, inp, 0, weight, 0, N, C, OC);
+    return linear_backward(dev, dinp, dweight, dbias, dout, inp, 0, C, weight, 0, N, C, OC);
 }
 
 dp_status dp_linear_backward_bf16(dp_device *dev, float *dinp, float *dweight, float *dbias,
@@ -120,7 +121,7 @@ dp_status dp_linear_backward_bf16(dp_device *dev, float *dinp, float *dweight, f
                                   size_t N, size_t C, size_t OC)
 {
     CHECK_BACKWARD();
-    return linear_backward(dev, dinp, dweight, dbias, dout, inp, 0, weight, 1, N, C, OC);
+    return linear_backward(dev, dinp, dweight, dbias, dout, inp, 0, C, weight, 1, N, C, OC);
 }
 
 dp_status dp_linear_forward_bf16_inp(dp_device *dev, float *out, const dp_bf16 *inp,
@@ -128,7 +129,7 @@ dp_status dp_linear_forward_bf16_inp(dp_device *dev, float *out, const dp_bf16 *
                                      size_t C, size_t OC)
 {
     CHECK_FORWARD();
-    return linear_forward(dev, out, inp, 1, weight, bias, 1, N, C, OC);
+    return linear_forward(dev, out, inp, 1, C, weight, bias, 1, N, C, OC);
 }
 
 dp_status dp_linear_backward_bf16_inp(dp_device *dev, float *dinp, float *dweight, float *dbias,
@@ -136,5 +137,52 @@ dp_status dp_linear_backward_bf16_inp(dp_device *dev, float *dinp, float *dweigh
                                       const dp_bf16 *weight, size_t N, size_t C, size_t OC)
 {
     CHECK_BACKWARD();
-    return linear_backward(dev, dinp, dweight, dbias, dout, inp, 1, weight, 1, N, C, OC);
+    return linear_backward(dev, dinp, dweight, dbias, dout, inp, 1, C, weight, 1, N, C, OC);
+}
+
+// --- strided input rows ----------------------------------------------------------------
+// The same products with the input's leading dimension ld_inp instead of C
+// (a row-major row stride is a column-major leading dimension).
+
+static dp_status check_linear_ld(dp_device *dev, size_t ld, size_t N, size_t C, size_t OC)
+{
+    size_t n;
+    if (!N || !C || !OC || !dp_size_mul(N, ld, &n) || !dp_size_mul(N, OC, &n) ||
+        !dp_size_mul(OC, C, &n))
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: N=%zu, C=%zu and OC=%zu must be > 0 and "
+                       "their products fit size_t", dev->name, N, C, OC);
+    if (ld < C)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: ld_inp=%zu is smaller than C=%zu; rows of "
+                       "the input must not overlap (ld_inp == C for contiguous rows)", dev->name,
+                       ld, C);
+    if (N > (size_t)INT_MAX || ld > (size_t)INT_MAX || OC > (size_t)INT_MAX)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: N=%zu, ld_inp=%zu and OC=%zu must each be "
+                       "<= INT_MAX (the GEMM takes int sizes); split the batch", dev->name, N, ld,
+                       OC);
+    return DP_OK;
+}
+
+dp_status dp_linear_forward_ld(dp_device *dev, float *out, const float *inp, size_t ld_inp,
+                               const float *weight, const float *bias, size_t N, size_t C,
+                               size_t OC)
+{
+    DP_NN_REQUIRE_DEV(dev);
+    DP_NN_REQUIRE_PTR(dev, out);
+    DP_NN_REQUIRE_PTR(dev, inp);
+    DP_NN_REQUIRE_PTR(dev, weight);
+    DP_TRY(check_linear_ld(dev, ld_inp, N, C, OC));
+    return linear_forward(dev, out, inp, 0, ld_inp, weight, bias, 0, N, C, OC);
+}
+
+dp_status dp_linear_backward_ld(dp_device *dev, float *dinp, float *dweight, float *dbias,
+                                const float *dout, const float *inp, size_t ld_inp,
+                                const float *weight, size_t N, size_t C, size_t OC)
+{
+    DP_NN_REQUIRE_DEV(dev);
+    DP_NN_REQUIRE_PTR(dev, dweight);
+    DP_NN_REQUIRE_PTR(dev, dout);
+    DP_NN_REQUIRE_PTR(dev, inp);
+    DP_NN_REQUIRE_PTR(dev, weight);
+    DP_TRY(check_linear_ld(dev, ld_inp, N, C, OC));
+    return linear_backward(dev, dinp, dweight, dbias, dout, inp, 0, ld_inp, weight, 0, N, C, OC);
 }

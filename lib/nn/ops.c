@@ -1,7 +1,8 @@
 /*
- * nn/ops.c - the element-wise helpers of dp/ops.h.
+ * nn/ops.c - the vector ops of dp/ops.h.
  *
- * Each helper is one host loop over chunks. On a device whose pointers are
+ * The first group checks its arguments and calls the backend's kernel.
+ * Each op of the second group is one host loop over chunks. On a device whose pointers are
  * host addresses (CPU) the loop reads and writes the buffers in place; on
  * another device (CUDA) each chunk is copied to stack buffers, processed
  * and copied back, so no backend kernel and no host allocation is needed.
@@ -19,6 +20,47 @@
 #include "dp/nn.h"
 #include "dp/ops.h"
 #include "dp/optim.h"
+
+// --- on the device's kernels ---------------------------------------------------------
+
+dp_status dp_add(dp_device *dev, float *out, const float *a, const float *b, size_t n)
+{
+    DP_NN_REQUIRE_DEV(dev);
+    DP_NN_REQUIRE_PTR(dev, out);
+    DP_NN_REQUIRE_PTR(dev, a);
+    DP_NN_REQUIRE_PTR(dev, b);
+    DP_NN_CHECK_DIMS1(dev, n);
+    return dev->ops->add(dev, out, a, b, n);
+}
+
+dp_status dp_accumulate(dp_device *dev, float *dst, const float *src, size_t n)
+{
+    DP_NN_REQUIRE_DEV(dev);
+    DP_NN_REQUIRE_PTR(dev, dst);
+    DP_NN_REQUIRE_PTR(dev, src);
+    DP_NN_CHECK_DIMS1(dev, n);
+    return dev->ops->accumulate(dev, dst, src, n);
+}
+
+dp_status dp_scale(dp_device *dev, float *x, float s, size_t n)
+{
+    if (!dev) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "dev must not be NULL");
+    if (!x) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: x must not be NULL", dev->name);
+    if (n == 0) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: n must be > 0", dev->name);
+    return dev->ops->scale(dev, x, s, n);
+}
+
+dp_status dp_sum_squares(dp_device *dev, double *out_host, const float *x, size_t n)
+{
+    if (!dev) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "dev must not be NULL");
+    if (!out_host || !x)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: out_host and x must not be NULL",
+                       dev->name);
+    if (n == 0) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: n must be > 0", dev->name);
+    return dev->ops->sum_squares(dev, out_host, x, n);
+}
+
+// --- host loops -----------------------------------------------------------------------
 
 /* Floats per staged chunk and array (three arrays: 12 KiB of stack). */
 #define OPS_CHUNK 1024
@@ -181,60 +223,4 @@ dp_status dp_masked_diff(dp_device *dev, float *out, float alpha, const float *x
     if (out != x && dp_device_is_host_memory(dev)) return diff_chunk(&alpha, out, x, targets, n, 0);
     if (out != x) DP_TRY(dp_copy_d2d(dev, out, x, n * sizeof(float)));
     return dp_ops_foreach(dev, out, out, targets, n, diff_chunk, &alpha);
-}
-
-// --- linear with strided input rows --------------------------------------------------------
-// The column-major forms of nn/linear.c with the input's leading dimension
-// ld_inp instead of C (a row-major row stride is a column-major leading
-// dimension).
-
-static dp_status check_linear_ld(dp_device *dev, size_t ld, size_t N, size_t C, size_t OC)
-{
-    size_t n;
-    if (!N || !C || !OC || !dp_size_mul(N, ld, &n) || !dp_size_mul(N, OC, &n) ||
-        !dp_size_mul(OC, C, &n))
-        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: N=%zu, C=%zu and OC=%zu must be > 0 and "
-                       "their products fit size_t", dev->name, N, C, OC);
-    if (ld < C)
-        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: ld_inp=%zu is smaller than C=%zu; rows of "
-                       "the input must not overlap (ld_inp == C for contiguous rows)", dev->name,
-                       ld, C);
-    if (N > (size_t)INT_MAX || ld > (size_t)INT_MAX || OC > (size_t)INT_MAX)
-        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: N=%zu, ld_inp=%zu and OC=%zu must each be "
-                       "<= INT_MAX (the GEMM takes int sizes); split the batch", dev->name, N, ld,
-                       OC);
-    return DP_OK;
-}
-
-dp_status dp_linear_forward_ld(dp_device *dev, float *out, const float *inp, size_t ld_inp,
-                               const float *weight, const float *bias, size_t N, size_t C,
-                               size_t OC)
-{
-    DP_NN_REQUIRE_DEV(dev);
-    DP_NN_REQUIRE_PTR(dev, out);
-    DP_NN_REQUIRE_PTR(dev, inp);
-    DP_NN_REQUIRE_PTR(dev, weight);
-    DP_TRY(check_linear_ld(dev, ld_inp, N, C, OC));
-    if (bias) DP_TRY(dev->ops->bias_broadcast(dev, out, dp_pref_f32(bias), N, OC));
-    return dp_gemm(dev, DP_OP_T, DP_OP_N, (int)OC, (int)N, (int)C, 1.0f, weight, (int)C, inp,
-                   (int)ld_inp, bias ? 1.0f : 0.0f, out, (int)OC);
-}
-
-dp_status dp_linear_backward_ld(dp_device *dev, float *dinp, float *dweight, float *dbias,
-                                const float *dout, const float *inp, size_t ld_inp,
-                                const float *weight, size_t N, size_t C, size_t OC)
-{
-    DP_NN_REQUIRE_DEV(dev);
-    DP_NN_REQUIRE_PTR(dev, dweight);
-    DP_NN_REQUIRE_PTR(dev, dout);
-    DP_NN_REQUIRE_PTR(dev, inp);
-    DP_NN_REQUIRE_PTR(dev, weight);
-    DP_TRY(check_linear_ld(dev, ld_inp, N, C, OC));
-    if (dinp)
-        DP_TRY(dp_gemm(dev, DP_OP_N, DP_OP_N, (int)C, (int)N, (int)OC, 1.0f, weight, (int)C, dout,
-                       (int)OC, 0.0f, dinp, (int)ld_inp));
-    DP_TRY(dp_gemm(dev, DP_OP_N, DP_OP_T, (int)C, (int)OC, (int)N, 1.0f, inp, (int)ld_inp, dout,
-                   (int)OC, 1.0f, dweight, (int)C));
-    if (dbias) DP_TRY(dev->ops->bias_backward(dev, dbias, dout, N, OC));
-    return DP_OK;
 }

@@ -1,7 +1,7 @@
 /*
  * optim/clip.c - global-norm gradient clipping (as
- * torch.nn.utils.clip_grad_norm_) and the two element-wise helpers it is
- * built from, dp_scale and dp_sum_squares (declared in dp/optim.h).
+ * torch.nn.utils.clip_grad_norm_), on the device's sum of squares and
+ * scale (the vector ops of dp/ops.h).
  *
  * The norm is summed in double so that a few large gradients do not hide
  * millions of small ones (in float, 1e8 + 1 == 1e8).
@@ -21,24 +21,6 @@ float dp_clip_factor(double norm, float max_norm)
     if (max_norm > 0.0f && norm > (double)max_norm)
         return (float)((double)max_norm / (norm + DP_CLIP_EPS));
     return 1.0f;
-}
-
-dp_status dp_scale(dp_device *dev, float *x, float s, size_t n)
-{
-    if (!dev) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "dev must not be NULL");
-    if (!x) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: x must not be NULL", dev->name);
-    if (n == 0) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: n must be > 0", dev->name);
-    return dev->ops->scale(dev, x, s, n);
-}
-
-dp_status dp_sum_squares(dp_device *dev, double *out_host, const float *x, size_t n)
-{
-    if (!dev) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "dev must not be NULL");
-    if (!out_host || !x)
-        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: out_host and x must not be NULL",
-                       dev->name);
-    if (n == 0) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: n must be > 0", dev->name);
-    return dev->ops->sum_squares(dev, out_host, x, n);
 }
 
 dp_status dp_clip_grad_norm(dp_device *dev, float *grads, size_t n, float max_norm,

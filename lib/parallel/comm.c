@@ -5,7 +5,7 @@
  */
 #include "parallel/comm.h"
 
-#include "dp/nn.h"
+#include "dp/ops.h"
 
 size_t dp_comm_chunk_floats(const dp_engine *e, const dp_device *owner)
 {
@@ -145,7 +145,7 @@ static dp_status reduce_chunk(dp_engine *e, const dp_plan *plan, slice *sl, size
         if (!dp_plan_contributes(plan, d)) continue; /* an idle device's gradient is zero */
         worker *wd = dp_local_worker(e, d);
         if (wd == o) {
-            if (first) DP_TRY(dp_residual_forward(o->dev, own, first, own, n)); /* c_0 + own */
+            if (first) DP_TRY(dp_add(o->dev, own, first, own, n)); /* c_0 + own */
             else if (sum) DP_TRY(dp_accumulate(o->dev, own, sum, n));
             sum = own; /* (device 0 owns: its gradient starts the sum in place) */
             first = NULL;
@@ -167,7 +167,7 @@ static dp_status reduce_chunk(dp_engine *e, const dp_plan *plan, slice *sl, size
             src = sl->in.ptr;
         }
         if (first) { /* the first two contributions in one pass */
-            DP_TRY(dp_residual_forward(o->dev, acc, first, src, n));
+            DP_TRY(dp_add(o->dev, acc, first, src, n));
             sum = acc;
             first = NULL;
             continue;

@@ -22,13 +22,6 @@
 
 // --- names and defaults -------------------------------------------------------------
 
-const char *dp_phase_name(dp_phase phase)
-{
-    static const char *names[DP_PHASE_COUNT] = {"scatter",  "forward",   "criterion", "backward",
-                                                "reduce",   "optimizer", "broadcast"};
-    return (unsigned)phase < DP_PHASE_COUNT ? names[phase] : "invalid phase";
-}
-
 const char *dp_mode_name(dp_mode mode)
 {
     return mode == DP_MODE_BALANCED ? "balanced" : mode == DP_MODE_GATHER ? "gather" : "invalid mode";

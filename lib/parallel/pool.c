@@ -10,7 +10,14 @@
 #include "core/clock.h"
 #include "parallel/pool.h"
 
-// --- worker failure and phases ----------------------------------------------------
+// --- phases and worker failure ----------------------------------------------------
+
+const char *dp_phase_name(dp_phase phase)
+{
+    static const char *names[DP_PHASE_COUNT] = {"scatter",  "forward",   "criterion", "backward",
+                                                "reduce",   "optimizer", "broadcast"};
+    return (unsigned)phase < DP_PHASE_COUNT ? names[phase] : "invalid phase";
+}
 
 /* Records this worker's failure and aborts the barrier so nobody waits for it. */
 void dp_worker_fail(worker *w, dp_status s)

@@ -1,111 +1,28 @@
 /*
  * backend/cpu/cpu_backend.c - virtual CPU devices: host memory, memcpy
- * copies, GEMM through OpenBLAS, and the backend table (the element-wise
- * and row-wise ops of kernels/ops.h are generated here; the other kernels
- * are in cpu_nn.c and cpu_attention.c).
+ * copies, and the backend table (the element-wise and row-wise ops of
+ * kernels/ops.h are generated here; the GEMM, OpenBLAS or oneDNN, is in
+ * cpu_gemm.c, the other kernels in cpu_nn.c and cpu_attention.c, the
+ * host's memory count in cpu_host.c).
  *
  * A virtual device is host memory plus the thread that drives it; the
  * engine gives each device its own thread, so OpenBLAS is made
- * single-threaded once (openblas_set_num_threads(1)) and the devices run
- * their GEMMs concurrently instead of fighting over BLAS threads (the GEMM
- * itself, OpenBLAS or oneDNN, is in cpu_gemm.c).
- *
- * Host memory. All CPU devices share the host's RAM, and on Linux malloc
- * overcommits: an allocation far beyond RAM succeeds and the process is
- * killed by the OOM killer minutes later, when the pages are touched. So
- * the backend keeps one process-wide count of the bytes allocated on all
- * CPU devices and refuses an allocation that would take it past the memory
- * the host had available when the first CPU device opened (MemAvailable of
- * /proc/meminfo, else sysconf's available pages): a clear
- * DP_ERR_OUT_OF_MEMORY at once instead of a kill.
+ * single-threaded once (cpu_host.c) and the devices run their GEMMs
+ * concurrently instead of fighting over BLAS threads.
  */
-#include <pthread.h>
-#include <stdint.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
-
-#include <cblas.h>
 
 #include "backend/cpu/cpu_kernels.h"
 #include "core/error.h"
 
-/* Declared by OpenBLAS's cblas.h; repeated so a different cblas.h still builds. */
-void openblas_set_num_threads(int num_threads);
-
 #define DP_CPU_ALIGN 256
-
-// --- host memory shared by all CPU devices --------------------------------------------
-
-static pthread_once_t host_once = PTHREAD_ONCE_INIT;
-static pthread_mutex_t host_mu = PTHREAD_MUTEX_INITIALIZER;
-static size_t host_available; /* bytes available at the first open; 0 = unknown, no check */
-static size_t host_in_use;    /* bytes allocated on all CPU devices (guarded by host_mu) */
-
-/* MemAvailable (the kernel's estimate of what can be allocated without
- * swapping) in bytes, or 0 when /proc/meminfo does not say. */
-static size_t meminfo_available(void)
-{
-    FILE *f = fopen("/proc/meminfo", "r");
-    if (!f) return 0;
-    char line[256];
-    unsigned long long kb = 0;
-    int found = 0;
-    while (!found && fgets(line, sizeof line, f))
-        found = sscanf(line, "MemAvailable: %llu kB", &kb) == 1;
-    fclose(f);
-    if (!found || kb > SIZE_MAX / 1024) return 0;
-    return (size_t)kb * 1024;
-}
-
-static size_t sysconf_available(void)
-{
-#ifdef _SC_AVPHYS_PAGES
-    long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    if (pages > 0 && page > 0 && (unsigned long)pages <= SIZE_MAX / (unsigned long)page)
-        return (size_t)pages * (size_t)page;
-#endif
-    return 0;
-}
-
-static void host_init(void)
-{
-    openblas_set_num_threads(1);
-    host_available = meminfo_available();
-    if (!host_available) host_available = sysconf_available();
-}
-
-/* Counts bytes against the host's available memory, or says why not. */
-dp_status dp_cpu_host_reserve(dp_device *dev, size_t bytes)
-{
-    pthread_mutex_lock(&host_mu);
-    size_t avail = host_available, used = host_in_use;
-    int fits = !avail || (bytes <= avail && used <= avail - bytes);
-    if (fits) host_in_use += bytes;
-    pthread_mutex_unlock(&host_mu);
-    if (fits) return DP_OK;
-    return DP_FAIL(DP_ERR_OUT_OF_MEMORY,
-                   "%s: %zu bytes asked, %zu bytes in use on all CPU devices, %zu bytes of "
-                   "host memory available when the first CPU device opened: this does not "
-                   "fit in the host's RAM; use a smaller batch or context, micro-batches "
-                   "(--max-tokens-per-device), or a --memory-limit per device that fits",
-                   dev->name, bytes, used, avail);
-}
-
-void dp_cpu_host_release(size_t bytes)
-{
-    pthread_mutex_lock(&host_mu);
-    host_in_use -= bytes < host_in_use ? bytes : host_in_use;
-    pthread_mutex_unlock(&host_mu);
-}
 
 // --- devices ------------------------------------------------------------------------------
 
 static dp_status cpu_open(dp_device *dev)
 {
-    pthread_once(&host_once, host_init);
+    dp_cpu_host_init();
     return dp_cpu_ctx_create(dev);
 }
 

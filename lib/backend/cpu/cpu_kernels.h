@@ -33,8 +33,10 @@ void dp_cpu_ctx_destroy(dp_device *dev);
 dp_status dp_cpu_gemm(dp_device *dev, dp_op ta, dp_op tb, int m, int n, int k, float alpha,
                       const dp_gemm_arg *A, const dp_gemm_arg *B, float beta, float *C, int ldc,
                       long long sc, int batch);
-/* Bytes allocated on any CPU device, against the host's available memory
- * (cpu_backend.c): reserve fails with DP_ERR_OUT_OF_MEMORY naming dev. */
+/* cpu_host.c: the process's setup for CPU devices (once: one BLAS thread,
+ * the host's available memory), then the bytes allocated on any CPU device
+ * against it: reserve fails with DP_ERR_OUT_OF_MEMORY naming dev. */
+void dp_cpu_host_init(void);
 dp_status dp_cpu_host_reserve(dp_device *dev, size_t bytes);
 void dp_cpu_host_release(size_t bytes);
 
