@@ -73,6 +73,18 @@ static inline void dp_test_allclose_f(const char *what, const float *a, const fl
                   dp_last_error());                                                          \
     } while (0)
 
+/* x's bfloat16 value computed in double, independently of dp's own
+ * rounding (so a fault there shows): the nearest number of 8 significant
+ * bits, ties to even (nearbyint in the default rounding mode). For finite
+ * x well inside bfloat16's range (no overflow, no subnormals). */
+static inline double dp_test_bf16_value(double x)
+{
+    if (x == 0.0 || !isfinite(x)) return x;
+    int e;
+    double f = frexp(x, &e); /* x = f 2^e, 0.5 <= |f| < 1 */
+    return ldexp(nearbyint(ldexp(f, 8)), e - 8);
+}
+
 /* Opens cpu:index for a test. */
 static inline dp_device *dp_test_cpu(int index)
 {

@@ -71,7 +71,7 @@ typedef struct gemm_mode {
 
 /* The value the GEMM computes with: a bfloat16 operand's, or any operand
  * rounded to bfloat16 in BF16 precision. */
-static double effective(float x, int bf16) { return bf16 ? dp_bf16_to_float(dp_bf16_from_float(x)) : x; }
+static double effective(float x, int bf16) { return bf16 ? dp_test_bf16_value(x) : x; }
 
 /* Uploads n floats as bfloat16 (bf16) or float32. */
 static void *upload_as(dp_device *dev, const float *x, size_t n, int bf16)
@@ -87,8 +87,10 @@ static void *upload_as(dp_device *dev, const float *x, size_t n, int bf16)
     return d;
 }
 
-/* The conversion scratch's cap for the runs below (0: the default). */
+/* The conversion scratch's cap for the runs below (0: the default), and
+ * whether bf16 math may run on oneDNN (0: OpenBLAS's emulation). */
 static size_t convert_cap;
+static int allow_dnnl = 1;
 
 /* Runs g as mode says; returns the largest |C - the float64 product of
  * the unrounded operands| (how far bf16 math moved the result). */
@@ -135,6 +137,7 @@ static double run_mode(const gemm_case *g, gemm_mode mode)
 
     dp_device *dev = dp_test_cpu(0);
     dp_device_set_gemm_convert_cap(dev, convert_cap);
+    dp_device_set_gemm_dnnl(dev, allow_dnnl);
     dp_assert_ok(dp_device_set_matmul_precision(dev, mode.prec));
     void *dA = upload_as(dev, A, na, mode.a16), *dB = upload_as(dev, B, nb, mode.b16);
     float *dC = dp_test_upload(dev, C, nc);
@@ -356,7 +359,7 @@ Test(gemm, argument_errors)
  * over NaN: each with A and B as float32 or bfloat16, in float32 and in
  * bf16 precision. The bf16-math runs must also move the result away from
  * the float32 product (the operands really were rounded). */
-Test(gemm_ex, every_operand_type_in_both_precisions)
+static void every_operand_type(void)
 {
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
         for (int ta = 0; ta < 2; ta++)
@@ -383,6 +386,16 @@ Test(gemm_ex, every_operand_type_in_both_precisions)
     bcast.sa = (long long)bcast.lda * cols_a(&bcast) + 2;
     bcast.sc = (long long)bcast.ldc * bcast.n;
     run_typed(&bcast);
+}
+
+Test(gemm_ex, every_operand_type_in_both_precisions) { every_operand_type(); }
+
+/* The same on OpenBLAS's emulation of bf16 math, which runs wherever
+ * oneDNN has no bf16 matmul (and here even where it has one). */
+Test(gemm_ex, every_operand_type_on_the_openblas_emulation)
+{
+    allow_dnnl = 0;
+    every_operand_type();
 }
 
 /* A GEMM that converts keeps the copy in scratch counted as reserved

@@ -853,6 +853,67 @@ ParameterizedTest(chunk_case *c, gpt, logits_chunks_match_whole_logits, .timeout
     dp_gpt_destroy(g);
 }
 
+/* Cross-entropy that counts its valid targets itself (CPU devices: the
+ * targets are host memory) instead of echoing the engine's count. */
+static dp_status self_counting_fb(void *ctx, const dp_criterion_args *a, double *loss,
+                                  size_t *count)
+{
+    const dp_criterion *inner = ctx;
+    size_t echoed = 0, mine = 0;
+    dp_status s = inner->forward_backward(inner->ctx, a, loss, &echoed);
+    if (s != DP_OK) return s;
+    const int32_t *t = a->targets;
+    for (size_t i = 0; i < a->n; i++) mine += t[i] >= 0;
+    *count = mine;
+    return DP_OK;
+}
+
+static size_t self_counting_scratch(void *ctx, size_t n, size_t V)
+{
+    const dp_criterion *inner = ctx;
+    return inner->scratch_bytes(inner->ctx, n, V);
+}
+
+/* Ignored targets only in device 1's rows (5 rows on 3 devices: 2/2/1),
+ * logits in chunks of 3 output rows, so chunks start inside other
+ * devices' rows: a criterion that counts for itself agrees with the
+ * engine's count of every chunk on every device (a count taken at the
+ * wrong rows would fail the step), and the loss is one device's. */
+Test(gpt, a_self_counting_criterion_agrees_on_every_devices_chunks, .timeout = 60)
+{
+    dp_gpt *g = make_gpt(EV, EBS, EL, ENH, EC);
+    dp_criterion ce = dp_criterion_cross_entropy();
+    dp_criterion crit = {&ce, self_counting_scratch, self_counting_fb, DP_TARGET_CLASS};
+    int32_t tok[EROWS * EBS], tgt[EROWS * EBS];
+    gpt_batch(0, EROWS, tok, tgt);
+    size_t ignored = 0;
+    for (size_t i = 0; i < EROWS * EBS; i++) {
+        size_t row = i / EBS;
+        if (tgt[i] < 0) tgt[i] = tok[i]; /* valid everywhere ... */
+        if ((row == 2 || row == 3) && i % 3 == 0) tgt[i] = -1, ignored++; /* ... but on device 1 */
+    }
+    cr_assert_gt(ignored, 3);
+    dp_batch b = {EROWS, tok, tgt};
+    double loss[2];
+    for (int run = 0; run < 2; run++) {
+        dp_engine_config cfg = gpt_cfg(DP_MODE_BALANCED);
+        cfg.logits_chunk_rows = 3;
+        size_t k = run ? 3 : 1;
+        dp_device_spec specs[3] = {{DP_DEVICE_CPU, 0}, {DP_DEVICE_CPU, 1}, {DP_DEVICE_CPU, 2}};
+        dp_engine *e = NULL;
+        dp_assert_ok(dp_engine_create(specs, k, dp_gpt_model(g), run ? &crit : &ce, &cfg, &e));
+        dp_step_stats st;
+        dp_status s = dp_engine_step(e, &b, &st);
+        cr_assert_eq(s, DP_OK, "k=%zu: %s", k, dp_last_error());
+        cr_assert_eq(st.valid_targets, EROWS * EBS - ignored);
+        if (run) cr_assert_eq(st.devices[1].valid_targets, 2 * EBS - ignored);
+        loss[run] = st.loss;
+        dp_engine_destroy(e);
+    }
+    dp_assert_allclose(&loss[1], &loss[0], 1, 1e-7, 1e-5);
+    dp_gpt_destroy(g);
+}
+
 /* A chunk of at least a micro-batch's rows, and the automatic chunk below
  * DP_LOGITS_CHUNK_MIN_ROWS rows, are the whole micro-batch: bitwise the
  * unchunked run. */

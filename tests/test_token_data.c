@@ -362,6 +362,42 @@ Test(token_data, an_id_past_the_vocabulary_fails_its_window_and_leaves_the_sampl
     free(ids);
 }
 
+/* The bound itself: V - 1 is the largest id a vocabulary of V holds, V
+ * the first one past it, in both file formats and for tokens in memory. */
+Test(token_data, the_largest_id_is_the_vocabulary_minus_one)
+{
+    size_t n = 300;
+    int32_t *ids = ids_of(n, 9);
+    ids[5] = (int32_t)V - 1;
+    dp_test_write_raw(in_tmp("edge.bin"), ids, n);
+    ids[5] = (int32_t)V;
+    dp_test_write_raw(in_tmp("past.bin"), ids, n);
+    dp_test_write_llmc(in_tmp("past_llmc.bin"), ids, n);
+    int32_t x[8];
+    dp_token_data *d = NULL;
+    dp_assert_ok(dp_token_data_open(in_tmp("edge.bin"), V, &d));
+    dp_assert_ok(dp_token_data_read(d, DP_SPLIT_TRAIN, 0, 8, x));
+    cr_assert_eq(x[5], (int32_t)V - 1);
+    dp_token_data_destroy(d);
+    const char *past[] = {"past.bin", "past_llmc.bin"};
+    for (size_t f = 0; f < 2; f++) {
+        d = NULL;
+        dp_assert_ok(dp_token_data_open(in_tmp(past[f]), V, &d));
+        cr_assert_eq(dp_token_data_read(d, DP_SPLIT_TRAIN, 0, 5, x), DP_OK, "%s", past[f]);
+        cr_assert_eq(dp_token_data_read(d, DP_SPLIT_TRAIN, 0, 6, x), DP_ERR_FORMAT,
+                     "%s: id %d (= the vocabulary) was accepted", past[f], (int)V);
+        cr_assert(strstr(dp_last_error(), "[0, 512)"), "%s", dp_last_error());
+        dp_token_data_destroy(d);
+    }
+    d = (dp_token_data *)1;
+    cr_assert_eq(dp_token_data_from_tokens(ids, n, V, &d), DP_ERR_INVALID_ARGUMENT,
+                 "tokens in memory: id %d (= the vocabulary) was accepted", (int)V);
+    ids[5] = (int32_t)V - 1;
+    dp_assert_ok(dp_token_data_from_tokens(ids, n, V, &d));
+    dp_token_data_destroy(d);
+    free(ids);
+}
+
 // ----------------------------------------------------------------------------
 // refusals
 

@@ -53,6 +53,9 @@ struct dp_device {
     /* the most bytes the gemm converts operands into at a time; 0 =
      * DP_GEMM_CONVERT_CAP (backend/gemm_pieces.h; tests set it lower) */
     size_t gemm_convert_cap;
+    /* bf16 math on OpenBLAS even where oneDNN has a bf16 matmul (a test
+     * hook, device_testing.h: so the emulation is tested on every CPU) */
+    int gemm_no_dnnl;
 };
 
 /* One operand of the backend's gemm: batch column-major matrices (before

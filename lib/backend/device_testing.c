@@ -9,3 +9,8 @@ void dp_device_set_gemm_convert_cap(dp_device *dev, size_t bytes)
 {
     if (dev) dev->gemm_convert_cap = bytes;
 }
+
+void dp_device_set_gemm_dnnl(dp_device *dev, int allowed)
+{
+    if (dev) dev->gemm_no_dnnl = !allowed;
+}

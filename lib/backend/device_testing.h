@@ -20,6 +20,12 @@ extern "C" {
  * while no GEMM runs on dev. */
 void dp_device_set_gemm_convert_cap(dp_device *dev, size_t bytes);
 
+/* allowed 0: dev's bf16 math runs on OpenBLAS (operands rounded to
+ * bfloat16 values held as floats) even on a CPU where oneDNN has a bf16
+ * matmul, so that path is tested everywhere; 1 (the default): oneDNN
+ * where it can. CPU devices only; call it while no GEMM runs on dev. */
+void dp_device_set_gemm_dnnl(dp_device *dev, int allowed);
+
 #ifdef __cplusplus
 }
 #endif

@@ -19,7 +19,8 @@
  *  - a failure injected on rank 1 in each phase fails the step on both
  *    ranks naming rank 1 and the phase; the next step works and the ranks
  *    agree; a non-finite loss on rank 1's rows skips the update on both.
- *  - bad use: different configurations, different batches, gather mode.
+ *  - bad use: different configurations, different batches, gather mode;
+ *    exactly DP_MAX_DEVICES over the ranks works, one more is refused.
  *  - a diverged replica on rank 1 is named on both ranks; a rank stalled
  *    past the watchdog makes both ranks' step time out.
  */
@@ -461,6 +462,27 @@ static void out_of_memory(void)
     free_result(&res);
 }
 
+/* The limit on the devices of a job: exactly DP_MAX_DEVICES over the two
+ * ranks trains; one more is refused on both ranks, naming the limit. */
+static void device_limit(void)
+{
+    tcase c = {"limit", DP_MAX_DEVICES / 2, 1, 7, 12, DP_OPTIMIZER_ADAMW, 0, 1, 0, 1.0f, 0};
+    run r;
+    CHECK_OK(open_run(&r, &c, DP_MAX_DEVICES / 2, 1, config(&c)));
+    CHECK(dp_engine_num_global_devices(r.e) == DP_MAX_DEVICES, "%zu global devices",
+          dp_engine_num_global_devices(r.e));
+    result res;
+    CHECK(alloc_result(&res, r.model.n_params), "oom");
+    CHECK_OK(steps(r.e, &c, 0, 1, &res));
+    dp_engine_destroy(r.e);
+    free_result(&res);
+    int k = DP_MAX_DEVICES / 2 + (rank == 1);
+    dp_status s = open_run(&r, &c, k, 1, config(&c));
+    CHECK(s == DP_ERR_INVALID_ARGUMENT && strstr(dp_last_error(), "more than 64 devices in all"),
+          "%d + %d devices: %d %s", DP_MAX_DEVICES / 2, DP_MAX_DEVICES / 2 + 1, (int)s,
+          dp_last_error());
+}
+
 /* dp/dist.h itself: a broadcast larger than a piece (1 MiB), its bytes
  * counted once per other rank on rank 0, and agreement naming the rank. */
 static void dist_api(void)
@@ -598,6 +620,12 @@ int main(int argc, char **argv)
         int before = failures;
         bad_use();
         agree_case("bad use fails on every rank with a message naming the rank", failures == before);
+    }
+    if (kind == DP_DEVICE_CPU) {
+        int before = failures;
+        device_limit();
+        agree_case("64 devices over the ranks train, 65 are refused on both ranks",
+                   failures == before);
     }
     {
         int before = failures;

@@ -513,7 +513,7 @@ dp_status dp_cpu_gemm(dp_device *dev, dp_op ta, dp_op tb, int m, int n, int k, f
     pthread_mutex_lock(&c->mu);
     int dnnl = 0; /* float32 math, or bf16 math without oneDNN: OpenBLAS */
 #ifdef DP_HAVE_DNNL
-    dnnl = bf16_math && dnnl_ready(c);
+    dnnl = bf16_math && !dev->gemm_no_dnnl && dnnl_ready(c);
 #endif
     dp_status s = gemm_pieces(dev, c, ta, tb, m, n, k, alpha, A, B, beta, C, ldc, sc, batch,
                               bf16_math, dnnl);
