@@ -35,9 +35,11 @@
 #include <fcntl.h>
 #include <getopt.h>
 #include <jansson.h>
+#include <limits.h>
 #include <math.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1205,9 +1207,9 @@ static int bench_main(bench *b)
 {
     opts *o = &b->o;
     /* Every rank has the same command line: rank 0 says what is wrong with it. */
-    cli_quiet = b->rk.rank > 0;
+    cli_set_quiet(b->rk.rank > 0);
     int bad = check_args(b);
-    cli_quiet = 0;
+    cli_set_quiet(0);
     if (bad) return 1;
     /* Output paths and gnuplot: rank 0 writes them. */
     if (agree(b, b->rk.rank == 0 ? check_outputs(b) : 0)) return 1;
@@ -1363,7 +1365,7 @@ static int bench_main(bench *b)
 
 int main(int argc, char **argv)
 {
-    cli_prog = "dp_bench";
+    cli_set_program("dp_bench");
     /* A gnuplot that stops reading its script must not kill us. */
     signal(SIGPIPE, SIG_IGN);
     bench b;
@@ -1378,9 +1380,9 @@ int main(int argc, char **argv)
         return 1;
     }
     /* Every rank has the same command line: rank 0 says what is wrong with it. */
-    cli_quiet = b.rk.rank > 0;
+    cli_set_quiet(b.rk.rank > 0);
     int pa = parse_args(argc, argv, o);
-    cli_quiet = 0;
+    cli_set_quiet(0);
     int rc = pa ? (pa < 0 ? 0 : 1) : bench_main(&b); /* pa -1: --help */
     fflush(stdout);
     free(b.inputs);

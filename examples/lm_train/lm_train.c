@@ -1652,7 +1652,7 @@ static int join_ranks(run *r, int *argc, char ***argv)
 
 int main(int argc, char **argv)
 {
-    cli_prog = "lm_train";
+    cli_set_program("lm_train");
     run r;
     memset(&r, 0, sizeof r);
     r.saved_step = -1;
@@ -1663,9 +1663,9 @@ int main(int argc, char **argv)
         return 1;
     }
     /* Every rank has the same command line: rank 0 says what is wrong with it. */
-    cli_quiet = r.rk.rank > 0;
+    cli_set_quiet(r.rk.rank > 0);
     int pa = parse_args(argc, argv, &r.o);
-    cli_quiet = 0;
+    cli_set_quiet(0);
     if (pa) {
         dp_dist_close(r.rk.dist);
         return pa < 0 ? 0 : 2; /* -1: --help */
