@@ -710,7 +710,7 @@ static int save_checkpoint(run *r)
 /* The sampling state; freed by sample_free on every path. */
 typedef struct sampler_bufs {
     int32_t *ctx;
-    float *params, *probs, *sorted;
+    float *params, *logits, *probs; /* probs: dp_sample_logits's work */
     void *ws, *dtok, *dparams, *dlogits;
     dp_device *dev;
 } sampler_bufs;
@@ -725,8 +725,8 @@ static void sample_free(sampler_bufs *b)
     }
     free(b->ctx);
     free(b->params);
+    free(b->logits);
     free(b->probs);
-    free(b->sorted);
 }
 
 /* Samples n tokens after the prompt on the root device, printing them;
@@ -742,9 +742,9 @@ static int generate_into(run *r, sampler_bufs *b)
         !dp_size_mul(V, sizeof(float), &v_bytes) || !dp_size_mul(T, v_bytes, &tv_bytes))
         return cli_fail("--sample %zu: the sampling buffers' sizes overflow", n);
     b->ctx = malloc(ctx_bytes);
+    b->logits = malloc(v_bytes);
     b->probs = malloc(v_bytes);
-    b->sorted = malloc(v_bytes);
-    if (!b->ctx || !b->probs || !b->sorted)
+    if (!b->ctx || !b->logits || !b->probs)
         return cli_fail("out of host memory for sampling");
     memcpy(b->ctx, r->prompt_ids, r->prompt_len * sizeof(int32_t));
     size_t len = r->prompt_len;
@@ -767,44 +767,22 @@ static int generate_into(run *r, sampler_bufs *b)
         const int32_t *win = b->ctx + len - t;
         if (dp_copy_h2d(b->dev, b->dtok, win, t * sizeof(int32_t)) != DP_OK ||
             dp_gpt_forward(r->gpt, b->dev, b->dparams, b->dtok, 1, t, b->ws, b->dlogits) != DP_OK ||
-            dp_copy_d2h(b->dev, b->probs, (float *)b->dlogits + (t - 1) * V, v_bytes) != DP_OK)
+            dp_copy_d2h(b->dev, b->logits, (float *)b->dlogits + (t - 1) * V, v_bytes) != DP_OK)
             return cli_dp_fail("sampling");
-        /* top-k: keep logits >= the k-th largest; softmax with temperature. */
-        float kth = -INFINITY;
-        if (r->o.top_k > 0 && (size_t)r->o.top_k < V) {
-            memcpy(b->sorted, b->probs, v_bytes);
-            for (long k = 0; k < r->o.top_k; k++) { /* k passes of selection: V is small */
-                size_t best = 0;
-                for (size_t j = 1; j < V; j++)
-                    if (b->sorted[j] > b->sorted[best]) best = j;
-                kth = b->sorted[best];
-                b->sorted[best] = -INFINITY;
-            }
-        }
-        float mx = -INFINITY;
-        for (size_t j = 0; j < V; j++) mx = b->probs[j] > mx ? b->probs[j] : mx;
-        double z = 0.0;
-        for (size_t j = 0; j < V; j++) {
-            double p = b->probs[j] < kth ? 0.0 : exp((b->probs[j] - mx) / r->o.temperature);
-            b->probs[j] = (float)p;
-            z += p;
-        }
-        double u = dp_rng_uniform(&rng) * z, acc = 0.0;
-        size_t pick = V - 1;
-        for (size_t j = 0; j < V; j++) {
-            acc += b->probs[j];
-            if (u < acc && b->probs[j] > 0) {
-                pick = j;
-                break;
-            }
-        }
-        b->ctx[len++] = (int32_t)pick;
+        int32_t pick = 0;
+        dp_status ss = dp_sample_logits(b->logits, V, r->o.temperature, (size_t)r->o.top_k, &rng,
+                                         b->probs, &pick);
+        /* Logits without a distribution (NaN, +inf, all -inf) print the
+         * last id, as this sampler always did before it moved into dp. */
+        if (ss == DP_ERR_NON_FINITE) pick = (int32_t)(V - 1);
+        else if (ss != DP_OK) return cli_dp_fail("sampling");
+        b->ctx[len++] = pick;
         const char *bytes;
         size_t blen;
         /* An id past the table (a padded vocabulary, 50304 > 50257) prints nothing. */
         if (ids)
-            printf(" %zu", pick);
-        else if (dp_tokenizer_token(r->tok, (int32_t)pick, &bytes, &blen) == DP_OK)
+            printf(" %zu", (size_t)pick);
+        else if (dp_tokenizer_token(r->tok, pick, &bytes, &blen) == DP_OK)
             fwrite(bytes, 1, blen, stdout);
     }
     printf("\n---\n");
