@@ -62,13 +62,9 @@ typedef struct opts {
     long vocab, context, batch, dim, layers, heads, steps, warmup;
     const char *devices, *mode, *memory_limit, *json, *csv, *plot, *trace, *weights_arg;
     int find_max_batch, scaling, tf32, token_balanced, shard_optimizer;
-    int bf16; /* --precision bf16 */
-    int recompute; /* --recompute: CLI_RECOMPUTE_* bits */
-    int chunked_att; /* --attention chunked */
-    long att_chunk;  /* --attention-chunk; 0: DP_GPT_ATTENTION_CHUNK */
+    cli_compute compute; /* --precision, --recompute, --attention(-chunk), --logits-chunk */
     unsigned long long seed;
     size_t limit_bytes;
-    size_t logits_chunk; /* dp_engine_config.logits_chunk_rows: 0 auto, DP_LOGITS_WHOLE whole */
     float weights[DP_MAX_DEVICES]; /* --device-weights, n_weights of them (0: equal) */
     size_t n_weights;
 } opts;
@@ -134,80 +130,73 @@ static void usage(FILE *f)
           f);
 }
 
+/* getopt_long's codes of this program's own options and their table (the
+ * shared ones: CLI_COMPUTE_LONGOPTS). */
+enum {
+    O_VOCAB = 256, O_CTX, O_BATCH, O_DIM, O_LAYERS, O_HEADS, O_DEV, O_STEPS, O_WARM, O_MODE,
+    O_MEM, O_FIND, O_SCALE, O_SEED, O_JSON, O_CSV, O_PLOT, O_TF32, O_WEIGHTS, O_TOKBAL,
+    O_TRACE, O_SHARD, O_HELP
+};
+
+static const struct option longopts[] = {
+    {"vocab", 1, 0, O_VOCAB},        {"vocab-size", 1, 0, O_VOCAB},
+    {"context", 1, 0, O_CTX},
+    {"batch-size", 1, 0, O_BATCH},   {"dim", 1, 0, O_DIM},
+    {"layers", 1, 0, O_LAYERS},      {"heads", 1, 0, O_HEADS},
+    {"devices", 1, 0, O_DEV},        {"steps", 1, 0, O_STEPS},
+    {"warmup", 1, 0, O_WARM},        {"mode", 1, 0, O_MODE},
+    {"memory-limit", 1, 0, O_MEM},   {"find-max-batch", 0, 0, O_FIND},
+    {"scaling", 0, 0, O_SCALE},      {"seed", 1, 0, O_SEED},
+    {"json", 1, 0, O_JSON},          {"csv", 1, 0, O_CSV},
+    {"plot", 1, 0, O_PLOT},          {"tf32", 0, 0, O_TF32},
+    {"device-weights", 1, 0, O_WEIGHTS}, {"token-balanced", 0, 0, O_TOKBAL},
+    {"trace", 1, 0, O_TRACE},        {"shard-optimizer", 0, 0, O_SHARD},
+    {"help", 0, 0, O_HELP},          CLI_COMPUTE_LONGOPTS,
+    {0, 0, 0, 0}};
+
+/* One option of ours into *ctx (an opts): 0, 1 after a message, -1 after
+ * --help, or CLI_NOT_MINE (cli_parse_options). */
+static int option(void *ctx, int c, const char *v)
+{
+    opts *o = ctx;
+    const long big = 1L << 30;
+    int bad = 0;
+    long seed = 0;
+    switch (c) {
+    case O_VOCAB: bad = cli_parse_long("--vocab-size", v, 2, big, &o->vocab); break;
+    case O_CTX: bad = cli_parse_long("--context", v, 1, big, &o->context); break;
+    case O_BATCH: bad = cli_parse_long("--batch-size", v, 1, big, &o->batch); break;
+    /* 4 * dim is a GEMM size (an int). */
+    case O_DIM: bad = cli_parse_long("--dim", v, 1, INT_MAX / 4, &o->dim); break;
+    case O_LAYERS: bad = cli_parse_long("--layers", v, 1, 4096, &o->layers); break;
+    case O_HEADS: bad = cli_parse_long("--heads", v, 1, big, &o->heads); break;
+    case O_DEV: o->devices = v; break;
+    case O_STEPS: bad = cli_parse_long("--steps", v, 1, big, &o->steps); break;
+    case O_WARM: bad = cli_parse_long("--warmup", v, 0, big, &o->warmup); break;
+    case O_MODE: o->mode = v; break;
+    case O_MEM: o->memory_limit = v; break;
+    case O_FIND: o->find_max_batch = 1; break;
+    case O_SCALE: o->scaling = 1; break;
+    case O_SEED: bad = cli_parse_long("--seed", v, 0, LONG_MAX, &seed); o->seed = (unsigned long long)seed; break;
+    case O_JSON: o->json = v; break;
+    case O_CSV: o->csv = v; break;
+    case O_PLOT: o->plot = v; break;
+    case O_TF32: o->tf32 = 1; break;
+    case O_WEIGHTS: o->weights_arg = v; break;
+    case O_TOKBAL: o->token_balanced = 1; break;
+    case O_TRACE: o->trace = v; break;
+    case O_SHARD: o->shard_optimizer = 1; break;
+    case O_HELP: usage(stdout); return -1;
+    default: return CLI_NOT_MINE;
+    }
+    return bad;
+}
+
 static int parse_args(int argc, char **argv, opts *o)
 {
-    enum {
-        O_VOCAB = 256, O_CTX, O_BATCH, O_DIM, O_LAYERS, O_HEADS, O_DEV, O_STEPS, O_WARM, O_MODE,
-        O_MEM, O_FIND, O_SCALE, O_SEED, O_JSON, O_CSV, O_PLOT, O_TF32, O_WEIGHTS, O_TOKBAL,
-        O_TRACE, O_SHARD, O_CHUNK, O_PREC, O_RECOMP, O_ATTN, O_ATTCHUNK, O_HELP
-    };
-    static const struct option lo[] = {
-        {"vocab", 1, 0, O_VOCAB},        {"vocab-size", 1, 0, O_VOCAB},
-        {"context", 1, 0, O_CTX},
-        {"batch-size", 1, 0, O_BATCH},   {"dim", 1, 0, O_DIM},
-        {"layers", 1, 0, O_LAYERS},      {"heads", 1, 0, O_HEADS},
-        {"devices", 1, 0, O_DEV},        {"steps", 1, 0, O_STEPS},
-        {"warmup", 1, 0, O_WARM},        {"mode", 1, 0, O_MODE},
-        {"memory-limit", 1, 0, O_MEM},   {"find-max-batch", 0, 0, O_FIND},
-        {"scaling", 0, 0, O_SCALE},      {"seed", 1, 0, O_SEED},
-        {"json", 1, 0, O_JSON},          {"csv", 1, 0, O_CSV},
-        {"plot", 1, 0, O_PLOT},          {"tf32", 0, 0, O_TF32},
-        {"device-weights", 1, 0, O_WEIGHTS}, {"token-balanced", 0, 0, O_TOKBAL},
-        {"trace", 1, 0, O_TRACE},        {"shard-optimizer", 0, 0, O_SHARD},
-        {"logits-chunk", 1, 0, O_CHUNK}, {"precision", 1, 0, O_PREC},
-        {"recompute", 1, 0, O_RECOMP},
-        {"attention", 1, 0, O_ATTN},     {"attention-chunk", 1, 0, O_ATTCHUNK},
-        {"help", 0, 0, O_HELP},
-        {0, 0, 0, 0}};
-    const long big = 1L << 30;
-    opterr = 0;
-    int c;
-    while ((c = getopt_long(argc, argv, ":", lo, NULL)) != -1) {
-        const char *v = optarg;
-        int bad = 0;
-        long seed = 0;
-        switch (c) {
-        case O_VOCAB: bad = cli_parse_long("--vocab-size", v, 2, big, &o->vocab); break;
-        case O_CTX: bad = cli_parse_long("--context", v, 1, big, &o->context); break;
-        case O_BATCH: bad = cli_parse_long("--batch-size", v, 1, big, &o->batch); break;
-        /* 4 * dim is a GEMM size (an int). */
-        case O_DIM: bad = cli_parse_long("--dim", v, 1, INT_MAX / 4, &o->dim); break;
-        case O_LAYERS: bad = cli_parse_long("--layers", v, 1, 4096, &o->layers); break;
-        case O_HEADS: bad = cli_parse_long("--heads", v, 1, big, &o->heads); break;
-        case O_DEV: o->devices = v; break;
-        case O_STEPS: bad = cli_parse_long("--steps", v, 1, big, &o->steps); break;
-        case O_WARM: bad = cli_parse_long("--warmup", v, 0, big, &o->warmup); break;
-        case O_MODE: o->mode = v; break;
-        case O_MEM: o->memory_limit = v; break;
-        case O_FIND: o->find_max_batch = 1; break;
-        case O_SCALE: o->scaling = 1; break;
-        case O_SEED: bad = cli_parse_long("--seed", v, 0, LONG_MAX, &seed); o->seed = (unsigned long long)seed; break;
-        case O_JSON: o->json = v; break;
-        case O_CSV: o->csv = v; break;
-        case O_PLOT: o->plot = v; break;
-        case O_TF32: o->tf32 = 1; break;
-        case O_WEIGHTS: o->weights_arg = v; break;
-        case O_TOKBAL: o->token_balanced = 1; break;
-        case O_TRACE: o->trace = v; break;
-        case O_SHARD: o->shard_optimizer = 1; break;
-        case O_CHUNK: bad = cli_parse_logits_chunk(v, &o->logits_chunk); break;
-        case O_PREC: bad = cli_parse_precision(v, &o->bf16); break;
-        case O_RECOMP: bad = cli_parse_recompute(v, &o->recompute); break;
-        case O_ATTN: bad = cli_parse_attention(v, &o->chunked_att); break;
-        case O_ATTCHUNK: bad = cli_parse_long("--attention-chunk", v, 1, INT_MAX, &o->att_chunk); break;
-        case O_HELP: usage(stdout); return -1;
-        case ':': return cli_fail("%s needs a value (see --help)", argv[optind - 1]);
-        default: return cli_fail("unknown option \"%s\" (see --help)", argv[optind - 1]);
-        }
-        if (bad) return 1;
-    }
-    if (optind < argc) return cli_fail("unexpected argument \"%s\" (see --help)", argv[optind]);
-    if (o->bf16 && o->tf32)
-        return cli_fail("--tf32 with --precision bf16: bf16 GEMMs round further than TF32; "
-                        "drop one");
-    if (o->att_chunk && !o->chunked_att)
-        return cli_fail("--attention-chunk %ld needs --attention chunked (it sets the queries per "
-                        "chunk of the chunked attention)", o->att_chunk);
+    int rc = cli_parse_options(argc, argv, longopts, 0, &o->compute, option, o);
+    if (rc) return rc;
+    if (cli_check_tf32(&o->compute, o->tf32) || cli_check_attention_chunk(&o->compute)) return 1;
     if (strcmp(o->mode, "both") && strcmp(o->mode, "gather") && strcmp(o->mode, "balanced"))
         return cli_fail("--mode: \"%s\" is not both, gather or balanced", o->mode);
     if (o->dim % o->heads)
@@ -338,17 +327,17 @@ static dp_status make_engine(bench *b, dp_mode mode, int shard, size_t k, dp_eng
     ec.optim.grad_clip = 1.0f;
     ec.memory_limit = b->o.limit_bytes;
     ec.allow_tf32 = b->o.tf32;
-    ec.matmul_precision = b->o.bf16 ? DP_MATMUL_BF16 : DP_MATMUL_FP32;
+    ec.matmul_precision = b->o.compute.bf16 ? DP_MATMUL_BF16 : DP_MATMUL_FP32;
     ec.token_balanced = b->o.token_balanced;
     /* Every run gets it; gather mode ignores it (its root gathers whole logits). */
-    ec.logits_chunk_rows = b->o.logits_chunk;
+    ec.logits_chunk_rows = b->o.compute.logits_chunk;
     ec.dist = b->rk.dist;
     /* The weights are per device of the full list; --scaling's shorter
      * lists use equal shares. */
     if (b->o.n_weights && k == b->k) ec.device_weights = b->o.weights;
     dp_criterion ce = dp_criterion_cross_entropy();
     /* bf16: replicas and the activations off the residual stream (dp_gpt_model_bf16_act) */
-    const dp_model *m = dp_gpt_model_ex(b->gpt, cli_gpt_flags(b->o.bf16, b->o.recompute, b->o.chunked_att));
+    const dp_model *m = dp_gpt_model_ex(b->gpt, cli_gpt_flags(&b->o.compute));
     return dp_engine_create(b->specs, k, m, &ce, &ec, out);
 }
 
@@ -696,19 +685,18 @@ static json_t *json_results(const bench *b, const mode_result *res, size_t nres,
         json_object_set_new(cfg, "device_weights", w);
     }
     json_object_set_new(cfg, "shard_optimizer", json_boolean(o->shard_optimizer));
-    json_object_set_new(cfg, "precision", json_string(o->bf16 ? "bf16" : "fp32"));
-    json_object_set_new(cfg, "recompute", json_string(cli_recompute_name(o->recompute)));
-    json_object_set_new(cfg, "attention", json_string(o->chunked_att ? "chunked" : "whole"));
+    const cli_compute *cp = &o->compute;
+    json_object_set_new(cfg, "precision", json_string(cp->bf16 ? "bf16" : "fp32"));
+    json_object_set_new(cfg, "recompute", json_string(cli_recompute_name(cp->recompute)));
+    json_object_set_new(cfg, "attention", json_string(cp->chunked_att ? "chunked" : "whole"));
     /* Queries per chunk of the chunked attention; null for the whole matrix. */
     json_object_set_new(cfg, "attention_chunk",
-                        o->chunked_att ? json_integer(o->att_chunk ? o->att_chunk
-                                                                   : DP_GPT_ATTENTION_CHUNK)
-                                       : json_null());
+                        cp->chunked_att ? json_integer(cli_attention_chunk(cp)) : json_null());
     /* As given: a row count, or "auto" / "whole" (the count auto picks
      * depends on each run's rows; the devices' logits_bytes show it). */
-    json_t *chunk = o->logits_chunk == 0                 ? json_string("auto")
-                    : o->logits_chunk == DP_LOGITS_WHOLE ? json_string("whole")
-                                                         : json_integer((json_int_t)o->logits_chunk);
+    json_t *chunk = cp->logits_chunk == 0                 ? json_string("auto")
+                    : cp->logits_chunk == DP_LOGITS_WHOLE ? json_string("whole")
+                                                          : json_integer((json_int_t)cp->logits_chunk);
     json_object_set_new(cfg, "logits_chunk_rows", chunk);
     json_object_set_new(cfg, "ranks", json_integer(b->rk.ranks));
     json_t *root = json_pack("{s:o,s:o}", "config", cfg, "results", results);
@@ -1218,7 +1206,7 @@ static int bench_main(bench *b)
                         .n_layer = (size_t)o->layers,
                         .n_head = (size_t)o->heads,
                         .n_embd = (size_t)o->dim,
-                        .attention_chunk = (size_t)o->att_chunk};
+                        .attention_chunk = (size_t)o->compute.att_chunk};
     if (agree(b, dp_gpt_create(&gc, &b->gpt) != DP_OK ? cli_dp_fail("model") : 0)) return 1;
 
     int both = strcmp(o->mode, "both") == 0;
@@ -1253,14 +1241,10 @@ static int bench_main(bench *b)
     if (o->memory_limit) printf(", memory limit %s per device", o->memory_limit);
     if (o->weights_arg) printf(", device weights %s", o->weights_arg);
     if (o->token_balanced) printf(", token-balanced");
-    if (o->bf16) printf(", bf16 (float32 masters)");
-    if (o->recompute)
-        printf(", %s recomputed", cli_recompute_words(o->recompute));
-    if (o->chunked_att)
-        printf(", attention in chunks of %ld queries",
-               o->att_chunk ? o->att_chunk : (long)DP_GPT_ATTENTION_CHUNK);
-    if (o->logits_chunk == DP_LOGITS_WHOLE) printf(", whole logits");
-    else if (o->logits_chunk) printf(", logits in chunks of %zu rows", o->logits_chunk);
+    cli_print_compute(&o->compute);
+    size_t chunk = o->compute.logits_chunk;
+    if (chunk == DP_LOGITS_WHOLE) printf(", whole logits");
+    else if (chunk) printf(", logits in chunks of %zu rows", chunk);
     printf("\n");
     if (skip_gather)
         printf("gather mode: skipped across ranks (it reproduces one process's DataParallel)\n");

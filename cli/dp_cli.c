@@ -170,7 +170,11 @@ int cli_parse_watchdog(const char *v, double *out)
     return 0;
 }
 
-int cli_parse_logits_chunk(const char *v, size_t *out)
+// --- how the GPT computes -----------------------------------------------------------
+
+/* --logits-chunk: auto = 0, whole = DP_LOGITS_WHOLE, else a row count >= 1
+ * in decimal digits (no sign, no spaces). */
+static int cli_parse_logits_chunk(const char *v, size_t *out)
 {
     if (strcmp(v, "auto") == 0) {
         *out = 0;
@@ -197,7 +201,7 @@ int cli_parse_logits_chunk(const char *v, size_t *out)
     return 0;
 }
 
-int cli_parse_precision(const char *v, int *bf16)
+static int cli_parse_precision(const char *v, int *bf16)
 {
     if (strcmp(v, "fp32") == 0 || strcmp(v, "bf16") == 0) {
         *bf16 = v[0] == 'b';
@@ -213,13 +217,13 @@ const char *cli_recompute_name(int what)
     return names[what & 3];
 }
 
-const char *cli_recompute_words(int what)
+static const char *cli_recompute_words(int what)
 {
     static const char *const words[] = {"nothing", "attention", "GELU", "attention and GELU"};
     return words[what & 3];
 }
 
-int cli_parse_recompute(const char *v, int *what)
+static int cli_parse_recompute(const char *v, int *what)
 {
     for (int i = 0; i < 4; i++)
         if (strcmp(v, cli_recompute_name(i)) == 0) {
@@ -231,7 +235,7 @@ int cli_parse_recompute(const char *v, int *what)
                     "GELU output, or both)", v);
 }
 
-int cli_parse_attention(const char *v, int *chunked)
+static int cli_parse_attention(const char *v, int *chunked)
 {
     if (strcmp(v, "whole") == 0 || strcmp(v, "chunked") == 0) {
         *chunked = v[0] == 'c';
@@ -242,11 +246,75 @@ int cli_parse_attention(const char *v, int *chunked)
                     v, DP_GPT_ATTENTION_CHUNK);
 }
 
-unsigned cli_gpt_flags(int bf16, int recompute, int chunked)
+/* One of CLI_COMPUTE_LONGOPTS into *cp, else the message for what
+ * getopt_long returned instead of an option. */
+static int compute_option(int c, const char *v, char **argv, cli_compute *cp, int name_no_value)
 {
-    return (bf16 ? DP_GPT_BF16_ACT : 0u) | (chunked ? DP_GPT_CHUNKED_ATTENTION : 0u) |
-           ((recompute & CLI_RECOMPUTE_ATTENTION) ? DP_GPT_RECOMPUTE_ATTENTION : 0u) |
-           ((recompute & CLI_RECOMPUTE_GELU) ? DP_GPT_RECOMPUTE_GELU : 0u);
+    switch (c) {
+    case CLI_O_PRECISION: return cli_parse_precision(v, &cp->bf16);
+    case CLI_O_RECOMPUTE: return cli_parse_recompute(v, &cp->recompute);
+    case CLI_O_ATTENTION: return cli_parse_attention(v, &cp->chunked_att);
+    case CLI_O_ATTENTION_CHUNK:
+        return cli_parse_long("--attention-chunk", v, 1, INT_MAX, &cp->att_chunk);
+    case CLI_O_LOGITS_CHUNK: return cli_parse_logits_chunk(v, &cp->logits_chunk);
+    }
+    if (c == ':') return cli_fail("%s needs a value (see --help)", argv[optind - 1]);
+    /* getopt sets optopt to a known option given a value it does not take. */
+    if (name_no_value && optopt)
+        return cli_fail("\"%s\": this option takes no value (see --help)", argv[optind - 1]);
+    return cli_fail("unknown option \"%s\" (see --help)", argv[optind - 1]);
+}
+
+int cli_check_attention_chunk(const cli_compute *cp)
+{
+    if (cp->att_chunk && !cp->chunked_att)
+        return cli_fail("--attention-chunk %ld needs --attention chunked (it sets the queries per "
+                        "chunk of the chunked attention)", cp->att_chunk);
+    return 0;
+}
+
+int cli_check_tf32(const cli_compute *cp, int tf32)
+{
+    if (cp->bf16 && tf32)
+        return cli_fail("--tf32 with --precision bf16: bf16 GEMMs round further than TF32; "
+                        "drop one");
+    return 0;
+}
+
+long cli_attention_chunk(const cli_compute *cp)
+{
+    return cp->att_chunk ? cp->att_chunk : (long)DP_GPT_ATTENTION_CHUNK;
+}
+
+void cli_print_compute(const cli_compute *cp)
+{
+    if (cp->bf16) printf(", bf16 (float32 masters)");
+    if (cp->recompute) printf(", %s recomputed", cli_recompute_words(cp->recompute));
+    if (cp->chunked_att) printf(", attention in chunks of %ld queries", cli_attention_chunk(cp));
+}
+
+unsigned cli_gpt_flags(const cli_compute *cp)
+{
+    return (cp->bf16 ? DP_GPT_BF16_ACT : 0u) | (cp->chunked_att ? DP_GPT_CHUNKED_ATTENTION : 0u) |
+           ((cp->recompute & CLI_RECOMPUTE_ATTENTION) ? DP_GPT_RECOMPUTE_ATTENTION : 0u) |
+           ((cp->recompute & CLI_RECOMPUTE_GELU) ? DP_GPT_RECOMPUTE_GELU : 0u);
+}
+
+// --- the command line -----------------------------------------------------------------
+
+int cli_parse_options(int argc, char **argv, const struct option *longopts, int name_no_value,
+                      cli_compute *cp, int (*handle)(void *ctx, int c, const char *v), void *ctx)
+{
+    opterr = 0;
+    int c;
+    /* The leading ':' makes a missing value return ':' rather than '?'. */
+    while ((c = getopt_long(argc, argv, ":", longopts, NULL)) != -1) {
+        int rc = c == ':' || c == '?' ? CLI_NOT_MINE : handle(ctx, c, optarg);
+        if (rc == CLI_NOT_MINE) rc = compute_option(c, optarg, argv, cp, name_no_value);
+        if (rc) return rc;
+    }
+    if (optind < argc) return cli_fail("unexpected argument \"%s\" (see --help)", argv[optind]);
+    return 0;
 }
 
 // --- time ---------------------------------------------------------------------------

@@ -8,6 +8,7 @@
 #ifndef DP_CLI_H
 #define DP_CLI_H
 
+#include <getopt.h>
 #include <stddef.h>
 
 #include <dp/dp.h>
@@ -70,6 +71,26 @@ int cli_ranks_agree(cli_ranks *rk, int failed);
  * Returns 1. */
 int cli_ranks_engine_fail(cli_ranks *rk, dp_status s, const char *what);
 
+// --- the command line -----------------------------------------------------------------
+
+/* What an option handler returns for a code it leaves to cli_parse_options. */
+#define CLI_NOT_MINE 2
+
+struct cli_compute;
+
+/* Parses argv with getopt_long over longopts (getopt's own messages off).
+ * Each option's code and value (NULL for none) go to handle(ctx, c, v)
+ * first, which returns 0 (go on), 1 (a bad value: it printed why), -1
+ * (stop quietly, as after --help) or CLI_NOT_MINE; a code left to it is
+ * one of CLI_COMPUTE_LONGOPTS (parsed into *cp, so a handler may note
+ * one and leave its value), else a message names the argument: a
+ * missing value, an unknown option or, with name_no_value, a value given
+ * to an option that takes none. No operands may follow the options.
+ * Returns 0, 1 after a message, or -1 when handle stopped quietly. */
+int cli_parse_options(int argc, char **argv, const struct option *longopts, int name_no_value,
+                      struct cli_compute *cp, int (*handle)(void *ctx, int c, const char *v),
+                      void *ctx);
+
 // --- option values: 0, or 1 after a message naming the option --------------------------
 
 /* A whole decimal integer in [lo, hi]. */
@@ -87,35 +108,52 @@ int cli_parse_weights(const char *name, const char *v, size_t want, float out[DP
 /* --watchdog: 0 (off) or DP_WATCHDOG_MIN_SECONDS..DP_WATCHDOG_MAX_SECONDS. */
 int cli_parse_watchdog(const char *v, double *out);
 
-/* --logits-chunk ROWS|auto|whole, as dp_engine_config.logits_chunk_rows:
- * auto = 0 (the engine's automatic chunks), whole = DP_LOGITS_WHOLE, else
- * a row count >= 1 in decimal digits (no sign, no spaces). Counts stop at
- * LLONG_MAX so that tools can write them as JSON integers; any count that
- * large means whole logits anyway. */
-int cli_parse_logits_chunk(const char *v, size_t *out);
+// --- how the GPT computes: options lm_train and dp_bench share ---------------------------
 
-/* --precision fp32|bf16: *bf16 = 1 for mixed precision (bf16 replicas with
- * float32 masters, bf16 GEMMs), 0 for float32 throughout. */
-int cli_parse_precision(const char *v, int *bf16);
+/* --precision fp32|bf16, --recompute none|attention|gelu|all, --attention
+ * whole|chunked, --attention-chunk N and --logits-chunk ROWS|auto|whole. */
+typedef struct cli_compute {
+    int bf16;            /* mixed precision: bf16 replicas with float32 masters, bf16 GEMMs */
+    int recompute;       /* what the backward recomputes instead of keeping: CLI_RECOMPUTE_* */
+    int chunked_att;     /* chunked attention (DP_GPT_CHUNKED_ATTENTION) */
+    long att_chunk;      /* queries per chunk; 0: DP_GPT_ATTENTION_CHUNK */
+    size_t logits_chunk; /* dp_engine_config.logits_chunk_rows: 0 auto, DP_LOGITS_WHOLE whole */
+} cli_compute;
 
-/* --recompute none|attention|gelu|all: what the GPT recomputes in the
- * backward instead of keeping (dp/gpt.h): *what = CLI_RECOMPUTE_* bits. */
 enum { CLI_RECOMPUTE_ATTENTION = 1, CLI_RECOMPUTE_GELU = 2 };
-int cli_parse_recompute(const char *v, int *what);
+
+/* Their getopt_long codes (above any program's own) and table entries;
+ * cli_parse_options parses them. Counts stop at LLONG_MAX so that tools
+ * can write them as JSON integers. */
+enum {
+    CLI_O_PRECISION = 4096, CLI_O_RECOMPUTE, CLI_O_ATTENTION, CLI_O_ATTENTION_CHUNK,
+    CLI_O_LOGITS_CHUNK
+};
+#define CLI_COMPUTE_LONGOPTS                                                                    \
+    {"precision", 1, 0, CLI_O_PRECISION}, {"recompute", 1, 0, CLI_O_RECOMPUTE},               \
+        {"attention", 1, 0, CLI_O_ATTENTION}, {"attention-chunk", 1, 0, CLI_O_ATTENTION_CHUNK}, \
+        {"logits-chunk", 1, 0, CLI_O_LOGITS_CHUNK}
+
+/* The checks of *cp against the rest of a command line, each 0 or 1
+ * after a message: --attention-chunk without --attention chunked, and
+ * --tf32 with --precision bf16. */
+int cli_check_attention_chunk(const cli_compute *cp);
+int cli_check_tf32(const cli_compute *cp, int tf32);
+
+/* Queries per chunk of the chunked attention as *cp asks (the default
+ * when --attention-chunk was not given). */
+long cli_attention_chunk(const cli_compute *cp);
 
 /* The --recompute value naming the CLI_RECOMPUTE_* bits what. */
 const char *cli_recompute_name(int what);
 
-/* The banners' words for the CLI_RECOMPUTE_* bits what (non-zero). */
-const char *cli_recompute_words(int what);
+/* Prints on stdout what *cp changes from float32 and whole attention, as
+ * a banner's words: ", bf16 (float32 masters)", ", GELU recomputed",
+ * ", attention in chunks of 64 queries" (nothing for the defaults). */
+void cli_print_compute(const cli_compute *cp);
 
-/* --attention whole|chunked: *chunked = 1 for chunked attention
- * (DP_GPT_CHUNKED_ATTENTION). */
-int cli_parse_attention(const char *v, int *chunked);
-
-/* The dp_gpt_model_ex flags of --precision bf16, --recompute bits and
- * --attention chunked. */
-unsigned cli_gpt_flags(int bf16, int recompute, int chunked);
+/* The dp_gpt_model_ex flags of *cp. */
+unsigned cli_gpt_flags(const cli_compute *cp);
 
 /* A macro's value as a string literal (CLI_STR(DP_GPT_ATTENTION_CHUNK) is "64"). */
 #define CLI_STR_(x) #x

@@ -103,8 +103,8 @@ static double chi2_bound(size_t df)
     }
 }
 
-/* lm_train's sampler as it was (examples/lm_train/lm_train.c before
- * dp_sample_logits), transcribed: probs holds the logits on entry and the
+/* lm_train's sampler as it was before dp_sample_logits (the body of its
+ * generate_into), transcribed: probs holds the logits on entry and the
  * float probabilities on return; sorted is V floats of scratch. */
 static size_t old_sample(float *probs, float *sorted, size_t V, double temperature, long top_k,
                          dp_rng *rng)
