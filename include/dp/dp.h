@@ -18,6 +18,7 @@
 #include "dp/dist.h"
 #include "dp/engine.h"
 #include "dp/gpt.h"
+#include "dp/sample.h"
 #include "dp/safetensors.h"
 #include "dp/tokenizer.h"
 #include "dp/data.h"

@@ -1,0 +1,161 @@
+/*
+ * bench/dp_bench/outputs.c - dp_bench's output files (--json, --csv,
+ * --plot, --trace): every path checked before the first step, then each
+ * output staged to a temporary file and renamed into place only when
+ * all were written, or all removed.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "dp_bench.h"
+
+/* The directory part of path ("." for a bare name); malloc'd. */
+static char *dir_of(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    if (!slash) return strdup(".");
+    if (slash == path) return strdup("/");
+    return strndup(path, (size_t)(slash - path));
+}
+
+/* Fails (one line naming the flag, the path and the reason) unless a file
+ * can be created at path: its directory exists, is a directory and is
+ * writable, and path is not a directory. A probe creates and removes the
+ * atomic writer's temporary file, so what passes here can be written. */
+static int check_output(const char *flag, const char *path)
+{
+    if (!*path) return cli_fail("%s: the path is empty", flag);
+    struct stat sb;
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
+        return cli_fail("%s: \"%s\" is a directory; give a file name", flag, path);
+    char *dir = dir_of(path);
+    if (!dir) return cli_fail("out of host memory");
+    int rc = 0;
+    if (stat(dir, &sb) != 0)
+        rc = cli_fail("%s: cannot write \"%s\": the directory \"%s\" %s", flag, path, dir,
+                      errno == ENOENT ? "does not exist" : strerror(errno));
+    else if (!S_ISDIR(sb.st_mode))
+        rc = cli_fail("%s: cannot write \"%s\": \"%s\" is not a directory", flag, path, dir);
+    else if (access(dir, W_OK | X_OK) != 0)
+        rc = cli_fail("%s: cannot write \"%s\": the directory \"%s\" is not writable (%s)", flag,
+                      path, dir, strerror(errno));
+    free(dir);
+    if (rc) return rc;
+    dp_atomic_file *af = NULL;
+    if (dp_atomic_file_open(path, &af) != DP_OK)
+        return cli_fail("%s: cannot write \"%s\": %s", flag, path, strerror(errno));
+    dp_atomic_file_abort(af);
+    return 0;
+}
+
+/* Starts an output with its bytes. */
+int stage(outputs *out, const char *flag, const char *path, const void *bytes, size_t n)
+{
+    pending *q = &out->p[out->n];
+    q->flag = flag;
+    q->path = path;
+    if (dp_atomic_file_open(path, &q->af) != DP_OK)
+        return cli_fail("%s: cannot write \"%s\": %s", flag, path, strerror(errno));
+    out->n++;
+    if (dp_atomic_file_write(q->af, bytes, n) != DP_OK || dp_atomic_file_sync(q->af) != DP_OK)
+        return cli_fail("%s: cannot write \"%s\": %s", flag, path, strerror(errno));
+    return 0;
+}
+
+/* rc == 0: renames every staged output into place; else removes them all. */
+static int finish(outputs *out, int rc)
+{
+    for (size_t i = 0; i < out->n; i++) {
+        pending *q = &out->p[i];
+        if (rc) {
+            dp_atomic_file_abort(q->af);
+        } else if (dp_atomic_file_commit(q->af) != DP_OK) {
+            rc = cli_fail("%s: cannot write \"%s\": %s", q->flag, q->path, strerror(errno));
+        }
+    }
+    out->n = 0;
+    return rc;
+}
+
+/* Every output path, before any work: a bad one fails the run at once. */
+int check_outputs(const bench *b)
+{
+    const opts *o = &b->o;
+    const char *flag[5] = {"--json", "--csv", "--plot", "--plot", "--trace"};
+    const char *path[5] = {o->json, o->csv, o->plot, NULL, o->trace};
+    char *sp = NULL;
+    if (o->plot && o->scaling) {
+        if (!(sp = scaling_path(o->plot))) return cli_fail("out of host memory");
+        path[3] = sp;
+    }
+    int rc = 0;
+    for (int i = 0; i < 5 && !rc; i++) {
+        if (!path[i]) continue;
+        rc = check_output(flag[i], path[i]);
+        for (int j = 0; j < i && !rc; j++)
+            if (path[j] && strcmp(path[i], path[j]) == 0)
+                rc = cli_fail("%s and %s both write \"%s\"; give each output its own file",
+                              flag[j], flag[i], path[i]);
+    }
+    free(sp);
+    if (!rc && o->plot) rc = check_gnuplot();
+    return rc;
+}
+
+/* --trace (rank 0's): a track per device of the list, filled by the
+ * timed runs' steps and written last, with the other outputs. */
+int open_trace(bench *b)
+{
+    if (!b->o.trace) return 0;
+    const char *names[DP_MAX_DEVICES];
+    char nbuf[DP_MAX_DEVICES][32];
+    for (size_t i = 0; i < b->k; i++) names[i] = spec_name(&b->specs[i], nbuf[i], sizeof nbuf[i]);
+    return dp_trace_create(names, b->k, &b->trace) != DP_OK ? cli_dp_fail("--trace") : 0;
+}
+
+/* Stages every requested output, then renames them all into place, or
+ * removes them all when one failed. */
+int write_outputs(bench *b, const run_results *rs)
+{
+    const opts *o = &b->o;
+    outputs out = {.n = 0};
+    int rc = 0;
+    char *sp = NULL;
+    if (o->json) {
+        json_t *j = json_results(b, rs);
+        /* 17 significant digits: every double reads back exactly (a loss compares bitwise). */
+        char *text = j ? json_dumps(j, JSON_INDENT(2) | JSON_REAL_PRECISION(17)) : NULL;
+        rc = text ? stage(&out, "--json", o->json, text, strlen(text))
+                  : cli_fail("--json: cannot encode the results");
+        free(text);
+        json_decref(j);
+    }
+    if (!rc && o->csv) {
+        char *text = csv_text(rs, b->rk.ranks);
+        rc = text ? stage(&out, "--csv", o->csv, text, strlen(text)) : cli_fail("out of host memory");
+        free(text);
+    }
+    if (!rc && o->plot && rs->nres) rc = plot_memory(b, &out, o->plot, rs);
+    if (!rc && o->plot && rs->nsc) {
+        sp = scaling_path(o->plot);
+        rc = sp ? plot_scaling(b, &out, sp, rs) : cli_fail("out of host memory");
+    }
+    /* The trace writes itself atomically: last, so its failure still
+     * removes the others. */
+    if (!rc && o->trace && dp_trace_write(b->trace, o->trace) != DP_OK)
+        rc = cli_fail("--trace: cannot write \"%s\": %s", o->trace, strerror(errno));
+    rc = finish(&out, rc);
+    if (!rc && o->plot) {
+        if (!rs->nres) printf("plot: none, no mode was timed\n");
+        else if (rs->nsc) printf("plots: %s, %s\n", o->plot, sp);
+        else printf("plot: %s\n", o->plot);
+    }
+    if (!rc && o->trace) printf("trace: %s (open in ui.perfetto.dev)\n", o->trace);
+    free(sp);
+    return rc;
+}

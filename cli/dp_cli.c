@@ -1,0 +1,328 @@
+/*
+ * cli/dp_cli.c - the command-line helpers of cli/dp_cli.h: one-line
+ * errors prefixed with the program's name, rank glue under an MPI
+ * launcher, strict number and option-value parsing for getopt_long, and a
+ * monotonic clock. This file owns the two pieces of state the programs
+ * share: the name messages start with and whether they are printed.
+ */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
+#include "dp_cli.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+// --- the program's name and quiet flag ---------------------------------------------
+
+/* What each message starts with: the program's name, and under a launcher
+ * its rank ("lm_train: rank 1"). */
+static char prog[64] = "dp";
+/* When set, cli_fail prints nothing (and still returns 1). */
+static int quiet;
+
+void cli_set_program(const char *name)
+{
+    size_t n = strnlen(name, sizeof prog - 1);
+    memmove(prog, name, n); /* name may be cli_program() itself */
+    prog[n] = '\0';
+}
+
+const char *cli_program(void) { return prog; }
+
+void cli_set_quiet(int on) { quiet = on != 0; }
+
+int cli_is_quiet(void) { return quiet; }
+
+// --- messages -----------------------------------------------------------------------
+
+int cli_fail(const char *fmt, ...)
+{
+    if (quiet) return 1;
+    /* One write per message, so the lines of several processes (ranks
+     * under mpirun) do not interleave. */
+    char msg[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = snprintf(msg, sizeof msg, "%s: ", prog);
+    if (n >= 0 && (size_t)n < sizeof msg) vsnprintf(msg + n, sizeof msg - (size_t)n, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "%s\n", msg);
+    return 1;
+}
+
+int cli_dp_fail(const char *what) { return cli_fail("%s: %s", what, dp_last_error()); }
+
+// --- ranks --------------------------------------------------------------------------
+
+int cli_ranks_agree(cli_ranks *rk, int failed)
+{
+    if (rk->ranks <= 1) return failed;
+    dp_status local = failed ? dp_set_error(DP_ERR_ABORTED, "failed") : DP_OK;
+    dp_status s = dp_dist_agree(rk->dist, local);
+    if (s == DP_OK) return 0;
+    if (s != DP_ERR_ABORTED) {
+        rk->broken = 1;
+        cli_dp_fail("agreement between the ranks");
+    }
+    return 1;
+}
+
+int cli_ranks_engine_fail(cli_ranks *rk, dp_status s, const char *what)
+{
+    if (rk->ranks > 1 && (s == DP_ERR_COMM || s == DP_ERR_TIMEOUT)) {
+        rk->broken = 1;
+        return cli_dp_fail(what);
+    }
+    return CLI_AGREED_FAIL(rk, "%s: %s", what, dp_last_error());
+}
+
+int cli_ranks_join(cli_ranks *rk, int *argc, char ***argv)
+{
+    rk->dist = NULL;
+    rk->rank = 0;
+    rk->ranks = 1;
+    rk->broken = 0;
+    if (dp_dist_launched_size() <= 1) return 0;
+    if (dp_dist_open(argc, argv, &rk->dist) != DP_OK) return cli_dp_fail("joining the ranks");
+    rk->rank = dp_dist_rank(rk->dist);
+    rk->ranks = dp_dist_size(rk->dist);
+    if (rk->ranks == 1) return 0;
+    char ranked[sizeof prog + 32];
+    snprintf(ranked, sizeof ranked, "%s: rank %d", prog, rk->rank);
+    cli_set_program(ranked);
+    if (rk->rank > 0 && !freopen("/dev/null", "w", stdout)) {
+        /* Collective outcome: a rank that cannot silence its stdout stops them all. */
+        cli_fail("cannot send stdout to /dev/null: %s", strerror(errno));
+        return cli_ranks_agree(rk, 1), 1;
+    }
+    return cli_ranks_agree(rk, 0);
+}
+
+// --- option values ------------------------------------------------------------------
+
+int cli_parse_long(const char *name, const char *v, long lo, long hi, long *out)
+{
+    char *end = NULL;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || end == v || *end || x < lo || x > hi) {
+        if (hi == LONG_MAX) return cli_fail("%s: \"%s\" is not an integer >= %ld", name, v, lo);
+        return cli_fail("%s: \"%s\" is not an integer in [%ld, %ld]", name, v, lo, hi);
+    }
+    *out = x;
+    return 0;
+}
+
+int cli_parse_double(const char *name, const char *v, double lo, double *out)
+{
+    char *end = NULL;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (errno || end == v || *end || !isfinite(x) || x < lo)
+        return cli_fail("%s: \"%s\" is not a number >= %g", name, v, lo);
+    *out = x;
+    return 0;
+}
+
+int cli_parse_weights(const char *name, const char *v, size_t want,
+                                    float out[DP_MAX_DEVICES], size_t *n_out)
+{
+    size_t n = 0;
+    int any_positive = 0;
+    const char *p = v;
+    for (;;) {
+        char *end = NULL;
+        errno = 0;
+        double x = strtod(p, &end);
+        if (errno || end == p || !isfinite(x) || x < 0 || x > 1e6 ||
+            (*end != ',' && *end != '\0'))
+            return cli_fail("%s: \"%s\" is not a comma-separated list of weights in [0, 1e6], "
+                            "e.g. 1,2,2,2", name, v);
+        if (n == DP_MAX_DEVICES)
+            return cli_fail("%s: more than %d weights in \"%s\"", name, DP_MAX_DEVICES, v);
+        out[n++] = (float)x;
+        any_positive |= x > 0;
+        if (*end == '\0') break;
+        p = end + 1;
+    }
+    if (!any_positive) return cli_fail("%s: \"%s\" has no weight > 0", name, v);
+    if (want && n != want)
+        return cli_fail("%s: %zu weights for %zu devices; give one weight per device", name, n,
+                        want);
+    *n_out = n;
+    return 0;
+}
+
+int cli_parse_watchdog(const char *v, double *out)
+{
+    double x = 0;
+    if (cli_parse_double("--watchdog", v, 0, &x)) return 1;
+    if (x != 0 && (x < DP_WATCHDOG_MIN_SECONDS || x > DP_WATCHDOG_MAX_SECONDS))
+        return cli_fail("--watchdog: %s seconds is out of range; use 0 (off) or %g to %g", v,
+                        DP_WATCHDOG_MIN_SECONDS, DP_WATCHDOG_MAX_SECONDS);
+    *out = x;
+    return 0;
+}
+
+// --- how the GPT computes -----------------------------------------------------------
+
+/* --logits-chunk: auto = 0, whole = DP_LOGITS_WHOLE, else a row count >= 1
+ * in decimal digits (no sign, no spaces). */
+static int cli_parse_logits_chunk(const char *v, size_t *out)
+{
+    if (strcmp(v, "auto") == 0) {
+        *out = 0;
+        return 0;
+    }
+    if (strcmp(v, "whole") == 0) {
+        *out = DP_LOGITS_WHOLE;
+        return 0;
+    }
+    /* strtoull would take "-3" (as its negation) and leading spaces. */
+    char *end = NULL;
+    errno = 0;
+    unsigned long long x = v[0] >= '0' && v[0] <= '9' ? strtoull(v, &end, 10) : 0;
+    if (!end || *end || x == 0)
+        return cli_fail("--logits-chunk: \"%s\" is not a positive row count, auto or whole "
+                        "(e.g. --logits-chunk 1024)", v);
+    const unsigned long long cap = (unsigned long long)LLONG_MAX < (unsigned long long)SIZE_MAX - 1
+                                       ? (unsigned long long)LLONG_MAX
+                                       : (unsigned long long)SIZE_MAX - 1;
+    if (errno == ERANGE || x > cap)
+        return cli_fail("--logits-chunk: %s rows is too many (at most %llu); use whole for "
+                        "unchunked logits", v, cap);
+    *out = (size_t)x;
+    return 0;
+}
+
+static int cli_parse_precision(const char *v, int *bf16)
+{
+    if (strcmp(v, "fp32") == 0 || strcmp(v, "bf16") == 0) {
+        *bf16 = v[0] == 'b';
+        return 0;
+    }
+    return cli_fail("--precision: \"%s\" is not fp32 or bf16 (bf16: bfloat16 replicas and "
+                    "GEMMs, float32 master weights and optimizer)", v);
+}
+
+const char *cli_recompute_name(int what)
+{
+    static const char *const names[] = {"none", "attention", "gelu", "all"};
+    return names[what & 3];
+}
+
+static const char *cli_recompute_words(int what)
+{
+    static const char *const words[] = {"nothing", "attention", "GELU", "attention and GELU"};
+    return words[what & 3];
+}
+
+static int cli_parse_recompute(const char *v, int *what)
+{
+    for (int i = 0; i < 4; i++)
+        if (strcmp(v, cli_recompute_name(i)) == 0) {
+            *what = i;
+            return 0;
+        }
+    return cli_fail("--recompute: \"%s\" is not none, attention, gelu or all (what the "
+                    "backward recomputes instead of keeping: the attention probabilities, the "
+                    "GELU output, or both)", v);
+}
+
+static int cli_parse_attention(const char *v, int *chunked)
+{
+    if (strcmp(v, "whole") == 0 || strcmp(v, "chunked") == 0) {
+        *chunked = v[0] == 'c';
+        return 0;
+    }
+    return cli_fail("--attention: \"%s\" is not whole or chunked (chunked: the attention is "
+                    "formed %d queries at a time, so no (T,T) probabilities exist)",
+                    v, DP_GPT_ATTENTION_CHUNK);
+}
+
+/* One of CLI_COMPUTE_LONGOPTS into *cp, else the message for what
+ * getopt_long returned instead of an option. */
+static int compute_option(int c, const char *v, char **argv, cli_compute *cp, int name_no_value)
+{
+    switch (c) {
+    case CLI_O_PRECISION: return cli_parse_precision(v, &cp->bf16);
+    case CLI_O_RECOMPUTE: return cli_parse_recompute(v, &cp->recompute);
+    case CLI_O_ATTENTION: return cli_parse_attention(v, &cp->chunked_att);
+    case CLI_O_ATTENTION_CHUNK:
+        return cli_parse_long("--attention-chunk", v, 1, INT_MAX, &cp->att_chunk);
+    case CLI_O_LOGITS_CHUNK: return cli_parse_logits_chunk(v, &cp->logits_chunk);
+    }
+    if (c == ':') return cli_fail("%s needs a value (see --help)", argv[optind - 1]);
+    /* getopt sets optopt to a known option given a value it does not take. */
+    if (name_no_value && optopt)
+        return cli_fail("\"%s\": this option takes no value (see --help)", argv[optind - 1]);
+    return cli_fail("unknown option \"%s\" (see --help)", argv[optind - 1]);
+}
+
+int cli_check_attention_chunk(const cli_compute *cp)
+{
+    if (cp->att_chunk && !cp->chunked_att)
+        return cli_fail("--attention-chunk %ld needs --attention chunked (it sets the queries per "
+                        "chunk of the chunked attention)", cp->att_chunk);
+    return 0;
+}
+
+int cli_check_tf32(const cli_compute *cp, int tf32)
+{
+    if (cp->bf16 && tf32)
+        return cli_fail("--tf32 with --precision bf16: bf16 GEMMs round further than TF32; "
+                        "drop one");
+    return 0;
+}
+
+long cli_attention_chunk(const cli_compute *cp)
+{
+    return cp->att_chunk ? cp->att_chunk : (long)DP_GPT_ATTENTION_CHUNK;
+}
+
+void cli_print_compute(const cli_compute *cp)
+{
+    if (cp->bf16) printf(", bf16 (float32 masters)");
+    if (cp->recompute) printf(", %s recomputed", cli_recompute_words(cp->recompute));
+    if (cp->chunked_att) printf(", attention in chunks of %ld queries", cli_attention_chunk(cp));
+}
+
+unsigned cli_gpt_flags(const cli_compute *cp)
+{
+    return (cp->bf16 ? DP_GPT_BF16_ACT : 0u) | (cp->chunked_att ? DP_GPT_CHUNKED_ATTENTION : 0u) |
+           ((cp->recompute & CLI_RECOMPUTE_ATTENTION) ? DP_GPT_RECOMPUTE_ATTENTION : 0u) |
+           ((cp->recompute & CLI_RECOMPUTE_GELU) ? DP_GPT_RECOMPUTE_GELU : 0u);
+}
+
+// --- the command line -----------------------------------------------------------------
+
+int cli_parse_options(int argc, char **argv, const struct option *longopts, int name_no_value,
+                      cli_compute *cp, int (*handle)(void *ctx, int c, const char *v), void *ctx)
+{
+    opterr = 0;
+    int c;
+    /* The leading ':' makes a missing value return ':' rather than '?'. */
+    while ((c = getopt_long(argc, argv, ":", longopts, NULL)) != -1) {
+        int rc = c == ':' || c == '?' ? CLI_NOT_MINE : handle(ctx, c, optarg);
+        if (rc == CLI_NOT_MINE) rc = compute_option(c, optarg, argv, cp, name_no_value);
+        if (rc) return rc;
+    }
+    if (optind < argc) return cli_fail("unexpected argument \"%s\" (see --help)", argv[optind]);
+    return 0;
+}
+
+// --- time ---------------------------------------------------------------------------
+
+double cli_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+

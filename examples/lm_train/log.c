@@ -1,0 +1,170 @@
+/*
+ * examples/lm_train/log.c - what a run prints and writes as it goes: the
+ * model and engine summary, the progress line, --log's JSONL rows (a
+ * resumed run keeps those up to its checkpoint) and the --trace file.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lm_train.h"
+
+void human_bytes(size_t b, char *buf, size_t cap)
+{
+    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double x = (double)b;
+    int i = 0;
+    while (x >= 1024 && i < 4) x /= 1024, i++;
+    snprintf(buf, cap, i ? "%.1f%s" : "%.0f%s", x, u[i]);
+}
+
+/* The model and engine lines every run prints once the engine exists
+ * (rank 0's devices under ranks). */
+void print_summary(const run *r, size_t k, const dp_engine_config *ec)
+{
+    const opts *o = &r->o;
+    size_t K = dp_engine_num_global_devices(r->engine);
+    printf("model: GPT %ld layers, %ld heads, dim %ld, context %ld: %.2fM parameters\n", o->layers,
+           o->heads, o->dim, o->context, (double)r->n_params / 1e6);
+    printf("engine: %s mode%s", dp_mode_name(ec->mode),
+           ec->shard_optimizer ? ", sharded optimizer" : "");
+    cli_print_compute(&o->compute);
+    printf(" on %zu device%s (", K, K == 1 ? "" : "s");
+    if (r->rk.ranks > 1) printf("%d ranks; rank 0's: ", r->rk.ranks);
+    for (size_t i = 0; i < k; i++)
+        printf("%s%s", i ? "," : "", dp_device_name(dp_engine_device(r->engine, i)));
+    printf("), batch %ld x %ld tokens\n", o->batch_size, o->context);
+}
+
+/* Opens --log. A resumed run keeps the rows up to the checkpoint's step and
+ * drops the later ones (written by the run that went past the checkpoint
+ * before it stopped), so every step appears once; an unreadable row (a
+ * line cut off by a kill) is dropped too. */
+static int open_log(run *r)
+{
+    const char *path = r->o.log;
+    if (!path) return 0;
+    if (!r->step) {
+        if (!(r->log = fopen(path, "w"))) return cli_fail("--log %s: %s", path, strerror(errno));
+        return 0;
+    }
+    FILE *in = fopen(path, "r");
+    if (!in && errno != ENOENT) return cli_fail("--log %s: %s", path, strerror(errno));
+    char *kept = NULL;
+    size_t kept_len = 0, dropped = 0, rows = 0;
+    FILE *mem = in ? open_memstream(&kept, &kept_len) : NULL;
+    if (in && !mem) {
+        fclose(in);
+        return cli_fail("out of host memory");
+    }
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t got;
+    while (in && (got = getline(&line, &cap, in)) > 0) {
+        json_t *row = line[got - 1] == '\n' ? json_loads(line, 0, NULL) : NULL;
+        json_t *step = row ? json_object_get(row, "step") : NULL;
+        if (step && json_is_integer(step) && json_integer_value(step) <= r->step) {
+            fputs(line, mem);
+            rows++;
+        } else {
+            dropped++;
+        }
+        json_decref(row);
+    }
+    free(line);
+    if (in) {
+        fclose(in);
+        fclose(mem);
+    }
+    r->log = fopen(path, "w");
+    if (!r->log) {
+        free(kept);
+        return cli_fail("--log %s: %s", path, strerror(errno));
+    }
+    if (kept_len) fwrite(kept, 1, kept_len, r->log);
+    free(kept);
+    fflush(r->log);
+    if (dropped)
+        printf("log: %s: kept %zu rows up to step %ld, dropped %zu written after it\n", path,
+               rows, r->step, dropped);
+    return 0;
+}
+
+/* Rank 0's outputs, opened before the first step so that a path that
+ * cannot be written fails at once: --log (not with --eval-only) and
+ * --trace (an empty trace written now) over its k devices. */
+int open_outputs(run *r, size_t k)
+{
+    const opts *o = &r->o;
+    if (!o->eval_only && open_log(r)) return 1;
+    if (o->trace) {
+        const char *names[DP_MAX_DEVICES];
+        for (size_t i = 0; i < k; i++) names[i] = dp_device_name(dp_engine_device(r->engine, i));
+        if (dp_trace_create(names, k, &r->trace) != DP_OK ||
+            dp_trace_write(r->trace, o->trace) != DP_OK)
+            return cli_dp_fail("--trace");
+    }
+    if (r->ck && !o->eval_only && r->step == o->steps)
+        printf("resume: the checkpoint is already at step %ld of --steps %ld: nothing to train\n",
+               r->step, o->steps);
+    return 0;
+}
+
+void progress(run *r, const dp_step_stats *st, double lr, double elapsed, long first)
+{
+    double tok_s = (double)(r->o.batch_size * r->o.context) / st->seconds;
+    double eta = (elapsed / (double)(r->step - first)) * (double)(r->o.steps - r->step);
+    char line[512];
+    int n = snprintf(line, sizeof line, "step %ld/%ld | loss %.4f | lr %.2e | %.0f tok/s | %.1f ms | ETA %.0fs | peak",
+                     r->step, r->o.steps, st->loss, lr, tok_s, 1e3 * st->seconds, eta);
+    for (size_t d = 0; d < st->n_devices && n < (int)sizeof line - 16; d++) {
+        char b[32];
+        human_bytes(st->devices[d].peak, b, sizeof b);
+        n += snprintf(line + n, sizeof line - (size_t)n, " %s", b);
+    }
+    if (r->tty) {
+        printf("\r%s\033[K", line);
+        fflush(stdout);
+    } else {
+        long every = r->o.eval_interval / 10 > 0 ? r->o.eval_interval / 10 : 1;
+        if (r->step % every == 0 || r->step == r->o.steps) {
+            printf("%s\n", line);
+            fflush(stdout); /* a log watcher (or a job killed by SIGKILL) sees whole lines */
+        }
+    }
+}
+
+void log_row(run *r, const dp_step_stats *st, double lr)
+{
+    if (!r->log) return;
+    json_t *peaks = json_array();
+    for (size_t d = 0; d < st->n_devices; d++)
+        json_array_append_new(peaks, json_integer((json_int_t)st->devices[d].peak));
+    /* JSON has no NaN or Inf: a non-finite loss or norm is logged as null. */
+    json_t *loss = isfinite(st->loss) ? json_real(st->loss) : json_null();
+    json_t *norm = isfinite(st->grad_norm) ? json_real(st->grad_norm) : json_null();
+    json_t *row = json_pack("{s:I, s:o, s:f, s:o, s:f, s:f, s:b, s:I, s:o}", "step",
+                            (json_int_t)(st->skipped ? r->step + 1 : r->step), "loss", loss,
+                            "lr", lr, "grad_norm", norm, "tokens_per_s",
+                            (double)(r->o.batch_size * r->o.context) / st->seconds, "ms",
+                            1e3 * st->seconds, "skipped", st->skipped, "skipped_total",
+                            (json_int_t)r->skipped, "peak_bytes", peaks);
+    if (row) {
+        json_dumpf(row, r->log, JSON_COMPACT);
+        fputc('\n', r->log);
+        fflush(r->log);
+    }
+    json_decref(row);
+}
+
+/* Whatever stopped training, the trace holds the steps that ran: writes
+ * it; when training succeeded, the ranks agree on the write's outcome. */
+int finish_trace(run *r, int rc)
+{
+    int tw = r->trace && dp_trace_write(r->trace, r->o.trace) != DP_OK ? cli_dp_fail("--trace") : 0;
+    return rc ? rc : agree(r, tw);
+}

@@ -1,0 +1,332 @@
+/*
+ * examples/lm_train/options.c - lm_train's command line: the defaults,
+ * --help, getopt_long parsing, the checks that need no file, and the
+ * defaults that wait for the data and the checkpoint.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <getopt.h>
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "lm_train.h"
+
+void defaults(opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->tokenizer = "char";
+    o->devices = "auto";
+    o->mode = "balanced";
+    o->prompt = "\n";
+    o->vocab_size = 8192;
+    /* Sized for the default run on a 2-core CPU: about 70 s unloaded (90 s
+     * on a busy machine) and a sample that reads mostly as English words.
+     * Small and wide-batched: at this budget (about 3.7M tokens) a smaller
+     * model fed more tokens reaches a lower loss than a larger one. */
+    o->layers = 3;
+    o->heads = 4;
+    o->dim = 96;
+    o->context = 64;
+    o->batch_size = 32;
+    o->grad_accum = 1;
+    o->steps = 1800;
+    o->lr = 3e-3;
+    o->min_lr = 3e-4;
+    o->warmup = 100;
+    o->weight_decay = 0.1;
+    o->beta1 = 0.9;
+    o->beta2 = 0.99;
+    o->grad_clip = 1.0;
+    o->eval_interval = 300;
+    o->eval_iters = 20;
+    o->seed = 1337;
+    o->sample = 300;
+    o->temperature = 0.7;
+    o->top_k = 40;
+    o->max_skips = 5;
+}
+
+static void usage(FILE *f)
+{
+    opts d;
+    defaults(&d);
+    fprintf(f,
+            "usage: lm_train [options]\n"
+            "Train a GPT (nanoGPT's architecture) on text with dp's balanced DataParallel engine.\n\n"
+            "data\n"
+            "  --data PATH            a text file or directory of text files (default:\n"
+            "                         %s), or GPT-2 token ids as\n"
+            "                         nanoGPT and llm.c prepare them: a directory\n"
+            "                         with nanoGPT's train.bin + val.bin, or llm.c's shards (names\n"
+            "                         holding train / val, e.g. fineweb_train_000001.bin,\n"
+            "                         fineweb_val_000000.bin), each split its files in name order; or\n"
+            "                         one .bin file, split 90/10 as text is. llm.c files are told by\n"
+            "                         their header (magic 20240520), other .bin files are raw uint16.\n"
+            "                         A directory holding any *.bin is token data: only its *.bin\n"
+            "                         files are read, other files (scripts, the input text) ignored.\n"
+            "                         Token files are mapped read-only, never loaded whole\n"
+            "  --tokenizer char|word  text's tokenizer (default %s; with --resume, the checkpoint's)\n"
+            "  --vocab-size N         text: the word tokenizer's vocabulary size (default %ld);\n"
+            "                         token data: the model's vocabulary, every id below it (default\n"
+            "                         %d, GPT-2's; llm.c pads it to 50304 for speed; at most %ld)\n"
+            "  --tokenizer-file PATH  token data: llm.c's gpt2_tokenizer.bin, to print samples as\n"
+            "                         text (decode only); without it samples print as token ids\n"
+            "devices\n"
+            "  --devices LIST         cpu, cpu:N, cpu:0,1, cuda:0,1, auto (default %s: every GPU,\n"
+            "                         else one CPU device per core)\n"
+            "  --mode balanced|gather where the loss is computed (default %s)\n"
+            "  --device-weights W,..  relative share of each step's rows per device, one weight\n"
+            "                         per device, e.g. 1,2,2,2 (default equal shares)\n"
+            "  --token-balanced       split rows so devices get equal numbers of valid targets\n"
+            "  --memory-limit SIZE    per-device allocation limit, e.g. 12GiB (default none)\n"
+            "  --logits-chunk ROWS    output rows of logits per criterion call; auto (default) keeps a\n"
+            "                         chunk's logits about the size of the features; whole = unchunked\n"
+            "  --tf32                 let cuBLAS use TF32 tensor cores on GPUs (default off)\n"
+            "  --precision fp32|bf16  bf16: mixed precision, bfloat16 parameter replicas and GEMMs\n"
+            "                         (oneDNN on CPUs, tensor cores on GPUs), float32 master weights,\n"
+            "                         gradients and AdamW state (default fp32; with --resume, the\n"
+            "                         checkpoint's; checkpoints hold float32 either way)\n"
+            "  --recompute none|attention|gelu|all  what the backward recomputes instead of\n"
+            "                         keeping: the attention probabilities (one more GEMM and\n"
+            "                         softmax per layer), the GELU output (one more GELU), or\n"
+            "                         both; same results, bitwise, less memory (default none)\n"
+            "  --attention whole|chunked  chunked: form the attention %d queries at a time and\n"
+            "                         recompute it in the backward, so no (T,T) probabilities\n"
+            "                         exist; skips the masked blocks; same results to float32\n"
+            "                         rounding (default whole)\n"
+            "  --attention-chunk N    queries per chunk with --attention chunked (default %d):\n"
+            "                         larger chunks, larger GEMMs (GPUs) and a larger scratch\n"
+            "  --shard-optimizer      shard the AdamW state over the devices (ZeRO-1: each device\n"
+            "                         keeps and updates its slice's moments; same results, bitwise)\n"
+            "model\n"
+            "  --layers N  --heads N  --dim N  --context N   (default %ld, %ld, %ld, %ld)\n"
+            "training\n"
+            "  --batch-size N         global sequences per step (default %ld)\n"
+            "  --grad-accum N         micro-batches per device per step (default %ld)\n"
+            "  --max-tokens-per-device N  tokens per forward/backward on a device, at least\n"
+            "                         --context (default no limit)\n"
+            "  --steps N              total steps; with --resume, continue up to N, which must\n"
+            "                         not be below the checkpoint's step (default %ld)\n"
+            "  --lr X  --min-lr X     peak and final learning rate (default %g, %g)\n"
+            "  --warmup N             linear warmup steps, then cosine decay to --min-lr (default %ld)\n"
+            "  --lr-decay-steps N     step where the cosine decay reaches --min-lr (nanoGPT's\n"
+            "                         lr_decay_iters; default --steps; with --resume, the\n"
+            "                         checkpoint's). Give it to stop a run part-way and resume\n"
+            "                         it bitwise: --steps 10 --lr-decay-steps 20 --save a, then\n"
+            "                         --steps 20 --resume a equals --steps 20 --lr-decay-steps 20\n"
+            "  --weight-decay X       AdamW weight decay on 2-D weights (default %g)\n"
+            "  --beta1 X  --beta2 X   AdamW betas (default %g, %g)\n"
+            "  --grad-clip X          max global gradient norm, 0 = off (default %g)\n"
+            "  --seed N               seed for initialisation and batches (default %llu)\n"
+            "  --max-skips K          stop after K consecutive steps skipped for a non-finite\n"
+            "                         loss or gradient (default %ld)\n"
+            "  --watchdog SECONDS     fail a step when no device makes progress for this long,\n"
+            "                         0 = off (default 0)\n"
+            "  --check-replicas N     every N steps, check that every replica equals the root's\n"
+            "                         parameters, 0 = off (default 0)\n"
+            "evaluation and output\n"
+            "  --eval-interval N      steps between evaluations (default %ld)\n"
+            "  --eval-iters N         batches per split per evaluation (default %ld)\n"
+            "  --eval-only            with --resume: print the loss over the whole validation split\n"
+            "                         of --data, or its first --val-tokens (any text the\n"
+            "                         checkpoint's tokenizer covers, or any token data of its\n"
+            "                         vocabulary)\n"
+            "  --val-tokens N         the final evaluation and --eval-only read only the first N\n"
+            "                         tokens of the validation split: W = min(all windows,\n"
+            "                         floor((N-1) / context)) windows, each context+1 tokens at a\n"
+            "                         multiple of the context, wholly within them. At least\n"
+            "                         context+1; 0 = the whole split (default 0); N past the split's\n"
+            "                         end reads the whole split. The evaluations during training\n"
+            "                         (--eval-iters batches) sample the whole split either way\n"
+            "  --save PATH            safetensors checkpoint, written atomically at the end, every\n"
+            "                         --save-interval steps and on SIGINT/SIGTERM; not with\n"
+            "                         --eval-only (default none)\n"
+            "  --save-interval N      steps between checkpoints with --save, 0 = only at the end\n"
+            "                         (default 0)\n"
+            "  --resume PATH          continue from a checkpoint\n"
+            "  --log PATH             JSONL, one row per step; with --resume, rows after the\n"
+            "                         checkpoint's step are dropped first\n"
+            "  --trace PATH           Chrome trace-event JSON of the training steps (Perfetto,\n"
+            "                         chrome://tracing): one track per device, a span per phase\n"
+            "  --sample N             generate N tokens at the end, 0 = none, at most %ld\n"
+            "                         (default %ld)\n"
+            "  --temperature X  --top-k N  --prompt TEXT   sampling (default %g, %ld, newline,\n"
+            "                         or the corpus's first token when it has no newline)\n"
+            "  --prompt-ids ID,...    token data's prompt, as ids, e.g. 50256,464 (default the\n"
+            "                         end-of-text id, 50256 or --tokenizer-file's, as llm.c; the\n"
+            "                         training split's first token when the vocabulary is smaller).\n"
+            "                         --prompt TEXT would need GPT-2's BPE encoder, which dp does not\n"
+            "                         have: token data take ids only\n"
+            "  --help                 this text\n"
+            "SIGINT or SIGTERM stops after the current step, saves (with --save) and exits with\n"
+            "128 + the signal number; a second signal exits at once.\n"
+            "ranks: mpirun -np R lm_train --devices cpu:K ... trains one model on R x K devices,\n"
+            "bitwise as one process with R x K; rank 0 prints and writes --save, --log and\n"
+            "--trace (its own devices' tracks); every rank reads --data and --resume (a path all\n"
+            "ranks can read); evaluation is distributed too (each rank its rows, one global loss).\n"
+            "A signal to any rank stops all at the same step and saves; Open MPI's mpirun, when\n"
+            "signalled, sends SIGTERM to the ranks and SIGKILL 1 s later (more: --mca\n"
+            "odls_base_sigkill_timeout SECONDS), so signal the ranks when a save takes longer.\n",
+            LM_DEFAULT_CORPUS, d.tokenizer, d.vocab_size, DP_GPT2_VOCAB_SIZE, TOKEN_VOCAB_MAX,
+            d.devices, d.mode, DP_GPT_ATTENTION_CHUNK, DP_GPT_ATTENTION_CHUNK, d.layers, d.heads,
+            d.dim, d.context, d.batch_size, d.grad_accum, d.steps, d.lr, d.min_lr, d.warmup,
+            d.weight_decay, d.beta1, d.beta2, d.grad_clip, d.seed, d.max_skips, d.eval_interval,
+            d.eval_iters, SAMPLE_MAX, d.sample, d.temperature, d.top_k);
+}
+
+/* --val-tokens below one window (context+1 tokens: context inputs, and
+ * the last one's target one further) would evaluate nothing. `whose` says
+ * where the context came from ("" or "the checkpoint's "). */
+int check_val_tokens(const opts *o, const char *whose)
+{
+    if (!o->val_tokens || o->val_tokens > o->context) return 0;
+    /* unsigned: --context LONG_MAX must not overflow the message's number */
+    unsigned long need = (unsigned long)o->context + 1;
+    return cli_fail("--val-tokens %ld is shorter than one window (%scontext+1 = %lu tokens); "
+                    "give at least %lu or 0 for the whole split", o->val_tokens, whose, need,
+                    need);
+}
+
+/* 1 with a message when o is inconsistent (checks that need no file). */
+static int check_opts(const opts *o)
+{
+    if (o->beta1 >= 1 || o->beta2 >= 1) return cli_fail("--beta1 and --beta2 must be < 1");
+    if (o->eval_only && !o->resume) return cli_fail("--eval-only needs --resume CHECKPOINT");
+    if (cli_check_attention_chunk(&o->compute)) return 1;
+    if (o->eval_only && o->save)
+        return cli_fail("--save with --eval-only: evaluation changes nothing to save; drop --save");
+    if (o->eval_only && o->trace)
+        return cli_fail("--trace with --eval-only: the trace records training steps; drop --trace");
+    if (cli_check_tf32(&o->compute, o->tf32)) return 1;
+    if ((o->given & G_SAVEI) && !o->save)
+        return cli_fail("--save-interval needs --save PATH (where to write the checkpoints)");
+    if (o->grad_accum > INT_MAX)
+        return cli_fail("--grad-accum %ld is too large (at most %d)", o->grad_accum, INT_MAX);
+    if (o->max_tokens && o->max_tokens < o->context && !o->resume)
+        return cli_fail("--max-tokens-per-device %ld is below --context %ld (one sequence); "
+                        "raise it to at least %ld", o->max_tokens, o->context, o->context);
+    /* With --resume the checkpoint's context counts (apply_checkpoint checks). */
+    if (!o->resume && check_val_tokens(o, "")) return 1;
+    /* With --resume the checkpoint's shape counts; setup reports a conflict. */
+    if (!o->resume && o->dim % o->heads)
+        return cli_fail("--heads %ld does not divide --dim %ld; pick heads that divide dim",
+                        o->heads, o->dim);
+    return 0;
+}
+
+/* getopt_long's codes of this program's own options and their table (the
+ * shared ones: CLI_COMPUTE_LONGOPTS). */
+enum {
+    O_DATA = 256, O_TOK, O_VOCAB, O_DEV, O_MODE, O_LAYERS, O_HEADS, O_DIM, O_CTX, O_BATCH,
+    O_ACCUM, O_MAXTOK, O_STEPS, O_LR, O_MINLR, O_WARMUP, O_DECAY, O_WD, O_B1, O_B2, O_CLIP,
+    O_EVI, O_EVN, O_SEED, O_SAVE, O_SAVEI, O_RESUME, O_EVONLY, O_SAMPLE, O_TEMP, O_TOPK,
+    O_PROMPT, O_LOG, O_MEM, O_SKIPS, O_WATCHDOG, O_CHECK, O_TF32, O_WEIGHTS, O_TOKBAL, O_TRACE,
+    O_SHARD, O_TOKFILE, O_PROMPTIDS, O_VALTOK, O_HELP
+};
+
+static const struct option longopts[] = {
+    {"data", 1, 0, O_DATA},          {"tokenizer", 1, 0, O_TOK},
+    {"vocab-size", 1, 0, O_VOCAB},   {"devices", 1, 0, O_DEV},
+    {"mode", 1, 0, O_MODE},          {"layers", 1, 0, O_LAYERS},
+    {"heads", 1, 0, O_HEADS},        {"dim", 1, 0, O_DIM},
+    {"context", 1, 0, O_CTX},        {"batch-size", 1, 0, O_BATCH},
+    {"grad-accum", 1, 0, O_ACCUM},   {"max-tokens-per-device", 1, 0, O_MAXTOK},
+    {"steps", 1, 0, O_STEPS},        {"lr", 1, 0, O_LR},
+    {"min-lr", 1, 0, O_MINLR},       {"warmup", 1, 0, O_WARMUP},
+    {"lr-decay-steps", 1, 0, O_DECAY}, {"weight-decay", 1, 0, O_WD},
+    {"beta1", 1, 0, O_B1},           {"beta2", 1, 0, O_B2},
+    {"grad-clip", 1, 0, O_CLIP},     {"eval-interval", 1, 0, O_EVI},
+    {"eval-iters", 1, 0, O_EVN},     {"seed", 1, 0, O_SEED},
+    {"save", 1, 0, O_SAVE},          {"save-interval", 1, 0, O_SAVEI},
+    {"resume", 1, 0, O_RESUME},      {"eval-only", 0, 0, O_EVONLY},
+    {"sample", 1, 0, O_SAMPLE},      {"temperature", 1, 0, O_TEMP},
+    {"top-k", 1, 0, O_TOPK},         {"prompt", 1, 0, O_PROMPT},
+    {"log", 1, 0, O_LOG},            {"memory-limit", 1, 0, O_MEM},
+    {"max-skips", 1, 0, O_SKIPS},    {"watchdog", 1, 0, O_WATCHDOG},
+    {"check-replicas", 1, 0, O_CHECK}, {"tf32", 0, 0, O_TF32},
+    {"device-weights", 1, 0, O_WEIGHTS}, {"token-balanced", 0, 0, O_TOKBAL},
+    {"trace", 1, 0, O_TRACE},        {"shard-optimizer", 0, 0, O_SHARD},
+    {"tokenizer-file", 1, 0, O_TOKFILE}, {"prompt-ids", 1, 0, O_PROMPTIDS},
+    {"val-tokens", 1, 0, O_VALTOK},  {"help", 0, 0, O_HELP},
+    CLI_COMPUTE_LONGOPTS,
+    {0, 0, 0, 0}};
+
+/* One option of ours into *ctx (an opts): 0, 1 after a message, -1 after
+ * --help, or CLI_NOT_MINE (cli_parse_options). */
+static int option(void *ctx, int c, const char *v)
+{
+    opts *o = ctx;
+    int bad = 0;
+    long seed = 0;
+    switch (c) {
+    case O_DATA: o->data = v; break;
+    case O_TOK: o->tokenizer = v; o->given |= G_TOK; break;
+    case O_VOCAB: bad = cli_parse_long("--vocab-size", v, 2, LONG_MAX, &o->vocab_size); o->given |= G_VOCAB; break;
+    case O_DEV: o->devices = v; break;
+    case O_MODE: o->mode = v; break;
+    case O_LAYERS: bad = cli_parse_long("--layers", v, 1, LONG_MAX, &o->layers); o->given |= G_LAYERS; break;
+    case O_HEADS: bad = cli_parse_long("--heads", v, 1, LONG_MAX, &o->heads); o->given |= G_HEADS; break;
+    case O_DIM: bad = cli_parse_long("--dim", v, 1, LONG_MAX, &o->dim); o->given |= G_DIM; break;
+    case O_CTX: bad = cli_parse_long("--context", v, 1, LONG_MAX, &o->context); o->given |= G_CTX; break;
+    case O_BATCH: bad = cli_parse_long("--batch-size", v, 1, LONG_MAX, &o->batch_size); break;
+    case O_ACCUM: bad = cli_parse_long("--grad-accum", v, 1, LONG_MAX, &o->grad_accum); break;
+    case O_MAXTOK: bad = cli_parse_long("--max-tokens-per-device", v, 1, LONG_MAX, &o->max_tokens); break;
+    case O_STEPS: bad = cli_parse_long("--steps", v, 0, LONG_MAX, &o->steps); break;
+    case O_LR: bad = cli_parse_double("--lr", v, 0, &o->lr); break;
+    case O_MINLR: bad = cli_parse_double("--min-lr", v, 0, &o->min_lr); break;
+    case O_WARMUP: bad = cli_parse_long("--warmup", v, 0, LONG_MAX, &o->warmup); break;
+    case O_DECAY: bad = cli_parse_long("--lr-decay-steps", v, 1, LONG_MAX, &o->lr_decay_steps); o->given |= G_DECAY; break;
+    case O_WD: bad = cli_parse_double("--weight-decay", v, 0, &o->weight_decay); break;
+    case O_B1: bad = cli_parse_double("--beta1", v, 0, &o->beta1); break;
+    case O_B2: bad = cli_parse_double("--beta2", v, 0, &o->beta2); break;
+    case O_CLIP: bad = cli_parse_double("--grad-clip", v, 0, &o->grad_clip); break;
+    case O_EVI: bad = cli_parse_long("--eval-interval", v, 1, LONG_MAX, &o->eval_interval); break;
+    case O_EVN: bad = cli_parse_long("--eval-iters", v, 1, LONG_MAX, &o->eval_iters); break;
+    case O_SEED: bad = cli_parse_long("--seed", v, 0, LONG_MAX, &seed); o->seed = (unsigned long long)seed; break;
+    case O_SAVE: o->save = v; break;
+    case O_SAVEI: bad = cli_parse_long("--save-interval", v, 0, LONG_MAX, &o->save_interval); o->given |= G_SAVEI; break;
+    case O_RESUME: o->resume = v; break;
+    case O_EVONLY: o->eval_only = 1; break;
+    case O_VALTOK: bad = cli_parse_long("--val-tokens", v, 0, LONG_MAX, &o->val_tokens); break;
+    case O_TF32: o->tf32 = 1; break;
+    case O_TOKBAL: o->token_balanced = 1; break;
+    case O_TRACE: o->trace = v; break;
+    case O_SHARD: o->shard_optimizer = 1; break;
+    case O_WEIGHTS: o->device_weights = v; break;
+    case O_SAMPLE: bad = cli_parse_long("--sample", v, 0, SAMPLE_MAX, &o->sample); break;
+    case O_TEMP: bad = cli_parse_double("--temperature", v, 1e-6, &o->temperature); break;
+    case O_TOPK: bad = cli_parse_long("--top-k", v, 0, LONG_MAX, &o->top_k); break;
+    case O_PROMPT: o->prompt = v; o->given |= G_PROMPT; break;
+    case O_TOKFILE: o->tokenizer_file = v; break;
+    case O_PROMPTIDS: o->prompt_ids = v; break;
+    case O_LOG: o->log = v; break;
+    case O_MEM: o->memory_limit = v; break;
+    case O_SKIPS: bad = cli_parse_long("--max-skips", v, 1, LONG_MAX, &o->max_skips); break;
+    case O_WATCHDOG: bad = cli_parse_watchdog(v, &o->watchdog); break;
+    case O_CHECK: bad = cli_parse_long("--check-replicas", v, 0, LONG_MAX, &o->check_replicas); break;
+    case O_HELP: usage(stdout); return -1;
+    case CLI_O_PRECISION:
+        o->given |= G_PREC; /* given, it wins over a resumed checkpoint's */
+        return CLI_NOT_MINE; /* its value: cli_parse_options */
+    default: return CLI_NOT_MINE;
+    }
+    return bad;
+}
+
+int parse_args(int argc, char **argv, opts *o)
+{
+    int rc = cli_parse_options(argc, argv, longopts, 1, &o->compute, option, o);
+    return rc ? rc : check_opts(o);
+}
+
+/* After --resume applied the checkpoint's options and the data's kind is
+ * known: the cosine schedule's length defaults to --steps; token data
+ * (without a checkpoint or --vocab-size) have GPT-2's vocabulary and no
+ * tokenizer to record in the training options. */
+void resolve_options(opts *o, int is_tokens, int resumed)
+{
+    if (!o->lr_decay_steps) o->lr_decay_steps = o->steps;
+    if (!is_tokens) return;
+    if (!resumed && !(o->given & G_VOCAB)) o->vocab_size = DP_GPT2_VOCAB_SIZE;
+    o->tokenizer = "none"; /* the training options' record: no tokenizer was built */
+}

@@ -1,0 +1,166 @@
+/*
+ * examples/lm_train/setup.c - everything before the first step: the
+ * checkpoint, data, prompt and model (this rank's part), the devices and
+ * the engine's configuration, the engine itself with a checkpoint's
+ * parameters, and the batch buffers. Under ranks the local parts'
+ * outcomes are agreed before the collective calls.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lm_train.h"
+
+/* Says what --devices auto chose when it fell back to CPU devices. */
+static void explain_auto(const opts *o, const dp_device_spec *specs, size_t k)
+{
+    if (strcmp(o->devices, "auto") != 0 || !k || specs[0].kind != DP_DEVICE_CPU) return;
+#ifdef DP_HAVE_CUDA
+    const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
+    printf("devices: auto chose %zu CPU device%s: no CUDA device is visible (no GPU or driver, "
+           "or CUDA_VISIBLE_DEVICES=%s)\n", k, k == 1 ? "" : "s", cvd ? cvd : "unset");
+#else
+    printf("devices: auto chose %zu CPU device%s (one per core): this build has no CUDA "
+           "backend\n", k, k == 1 ? "" : "s");
+#endif
+}
+
+/* The model: a new GPT of the options' shape over vocabulary V, or the
+ * checkpoint's, with the attention chunk asked for. */
+static int make_model(run *r, size_t V)
+{
+    const opts *o = &r->o;
+    if (!r->gpt) {
+        dp_gpt_config gc = {.vocab_size = V,
+                            .block_size = (size_t)o->context,
+                            .n_layer = (size_t)o->layers,
+                            .n_head = (size_t)o->heads,
+                            .n_embd = (size_t)o->dim,
+                            .attention_chunk = (size_t)o->compute.att_chunk};
+        if (dp_gpt_create(&gc, &r->gpt) != DP_OK) return cli_dp_fail("model");
+    } else if (o->compute.att_chunk) {
+        /* How the attention runs is not in the checkpoint: the same model
+         * with the chunk asked for (same tensors and parameters). */
+        dp_gpt_config gc = *dp_gpt_config_of(r->gpt);
+        gc.attention_chunk = (size_t)o->compute.att_chunk;
+        dp_gpt *g = NULL;
+        if (dp_gpt_create(&gc, &g) != DP_OK) return cli_dp_fail("--attention-chunk");
+        dp_gpt_destroy(r->gpt);
+        r->gpt = g;
+    }
+    r->n_params = dp_gpt_model(r->gpt)->n_params;
+    return 0;
+}
+
+/* The run's local part: checkpoint, data, tokenizer, prompt, samplers, model. */
+static int load(run *r)
+{
+    const opts *o = &r->o;
+    /* Rank 0 writes the checkpoints. */
+    if (o->save && r->rk.rank == 0 && check_save_path(o->save)) return 1;
+    const char *path = NULL;
+    if (probe_data(r, &path)) return 1;
+    if (o->resume) {
+        if (dp_gpt_checkpoint_load(o->resume, &r->ck, &r->gpt) != DP_OK)
+            return cli_dp_fail("--resume");
+        if (apply_checkpoint(r)) return 1;
+    }
+    resolve_options(&r->o, r->is_tokens, r->ck != NULL);
+    if (load_data(r, path) || prepare_prompt(r) || make_samplers(r)) return 1;
+    return make_model(r, r->is_tokens ? (size_t)o->vocab_size : dp_tokenizer_vocab_size(r->tok));
+}
+
+/* This rank's devices (specs[0..*k)) and the engine's configuration. */
+static int configure(run *r, dp_device_spec *specs, size_t *kp, dp_engine_config *ecp)
+{
+    const opts *o = &r->o;
+    size_t k = 0;
+    if (dp_device_list_parse(o->devices, specs, DP_MAX_DEVICES, &k) != DP_OK) return cli_dp_fail("--devices");
+    *kp = k;
+    explain_auto(o, specs, k);
+    dp_engine_config ec = dp_engine_config_default();
+    if (strcmp(o->mode, "balanced") == 0) ec.mode = DP_MODE_BALANCED;
+    else if (strcmp(o->mode, "gather") == 0) ec.mode = DP_MODE_GATHER;
+    else return cli_fail("--mode: \"%s\" is not balanced or gather", o->mode);
+    if (o->device_weights) {
+        size_t nw = 0;
+        if (cli_parse_weights("--device-weights", o->device_weights, k, r->weights, &nw)) return 1;
+        ec.device_weights = r->weights;
+    }
+    ec.token_balanced = o->token_balanced;
+    ec.optim.lr = (float)o->lr;
+    ec.optim.beta1 = (float)o->beta1;
+    ec.optim.beta2 = (float)o->beta2;
+    ec.optim.weight_decay = (float)o->weight_decay;
+    ec.optim.grad_clip = (float)o->grad_clip;
+    ec.grad_accum = (int)o->grad_accum;
+    ec.max_tokens_per_micro = (size_t)o->max_tokens;
+    ec.seed = o->seed;
+    ec.watchdog_seconds = o->watchdog;
+    ec.check_replicas_every = o->check_replicas;
+    ec.allow_tf32 = o->tf32;
+    ec.matmul_precision = o->compute.bf16 ? DP_MATMUL_BF16 : DP_MATMUL_FP32;
+    ec.shard_optimizer = o->shard_optimizer;
+    /* The same on every rank (the engine checks): it comes from the command line. */
+    ec.logits_chunk_rows = o->compute.logits_chunk;
+    if (o->memory_limit && dp_parse_bytes(o->memory_limit, &ec.memory_limit) != DP_OK)
+        return cli_dp_fail("--memory-limit");
+    ec.dist = r->rk.dist;
+    *ecp = ec;
+    return 0;
+}
+
+/* The host batch buffers, (batch_size, context) tokens each. */
+static int alloc_batches(run *r)
+{
+    const opts *o = &r->o;
+    size_t bt = 0;
+    if (!dp_size_mul((size_t)o->batch_size, (size_t)o->context, &bt) ||
+        !dp_size_mul(bt, sizeof(int32_t), &bt))
+        return cli_fail("--batch-size %ld x --context %ld overflows a buffer size", o->batch_size,
+                        o->context);
+    r->inputs = malloc(bt);
+    r->targets = malloc(bt);
+    if (!r->inputs || !r->targets) return cli_fail("out of host memory");
+    return 0;
+}
+
+/* Everything before the first step. With ranks the local parts' outcomes
+ * are agreed before the collective calls (create, and with --resume the
+ * parameters, which come from rank 0's file) and after the outputs. */
+int setup(run *r)
+{
+    dp_device_spec specs[DP_MAX_DEVICES];
+    size_t k = 0;
+    dp_engine_config ec = dp_engine_config_default();
+    int rc = load(r);
+    if (!rc) rc = configure(r, specs, &k, &ec);
+    if (agree(r, rc)) return 1;
+    dp_criterion ce = dp_criterion_cross_entropy();
+    /* bf16: bf16 replicas, and the activations off the residual stream
+     * kept as bfloat16 (dp/gpt.h). */
+    const dp_model *model = dp_gpt_model_ex(r->gpt, cli_gpt_flags(&r->o.compute));
+    dp_status s = dp_engine_create(specs, k, model, &ce, &ec, &r->engine);
+    if (s != DP_OK) return engine_fail(r, s, "engine");
+    if (r->ck) {
+        if ((s = dp_engine_set_params(r->engine, r->ck->params)) != DP_OK)
+            return engine_fail(r, s, "--resume params");
+        if (r->ck->m && (s = dp_engine_set_optimizer_state(r->engine, r->ck->m, r->ck->v,
+                                                           r->ck->optimizer_step)) != DP_OK)
+            return engine_fail(r, s, "--resume optimizer state");
+        r->step = r->ck->step;
+    }
+    print_summary(r, k, &ec);
+    int out = alloc_batches(r);
+    if (!out && r->rk.rank == 0) out = open_outputs(r, k);
+    if (agree(r, out)) return 1;
+    if (r->ck) {
+        /* The parameters live in the engine now; the metadata stays for messages. */
+        free(r->ck->params);
+        free(r->ck->m);
+        free(r->ck->v);
+        r->ck->params = r->ck->m = r->ck->v = NULL;
+    }
+    return 0;
+}

@@ -1,0 +1,126 @@
+/*
+ * examples/lm_train/train.c - the training loop: per step the agreement
+ * on going on (signals), the learning rate, a batch and the engine's
+ * step; skipped steps, progress, --log rows, evaluations and periodic
+ * checkpoints; at the end the throughput and the last checkpoint.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <stdio.h>
+#include <unistd.h>
+
+#include "lm_train.h"
+
+/* A signal stops the run before step r->step: saves (with --save),
+ * flushes the outputs and says where it stopped; returns 1. */
+static int stop_for_signal(run *r, int sig)
+{
+    const opts *o = &r->o;
+    if (r->tty) printf("\n");
+    int saved = o->save && !save_checkpoint(r);
+    fflush(stdout);
+    if (r->log) fflush(r->log);
+    exit_on_signal(r, sig);
+    return AGREED_FAIL(r, "interrupted by %s at step %ld%s%s", signal_name(sig), r->step,
+                       saved ? "; checkpoint saved to " : o->save ? "; the checkpoint "
+                       "could not be saved" : "; no --save given, nothing saved",
+                       saved ? o->save : "");
+}
+
+/* One engine step at learning rate lr on the next training batch, its
+ * statistics in *st; a --trace failure on rank 0 sets *failed (agreed at
+ * the next step's start) and stops a run of one rank. */
+static int step_once(run *r, float lr, dp_step_stats *st, int *failed)
+{
+    size_t B = (size_t)r->o.batch_size;
+    dp_status s = dp_engine_set_lr(r->engine, lr);
+    if (s != DP_OK) return engine_fail(r, s, "learning rate");
+    if (dp_sampler_next(r->train, r->inputs, r->targets, B) != DP_OK) return local_fatal(r, "batch");
+    dp_batch b = {B, r->inputs, r->targets};
+    size_t sent = dp_dist_bytes_sent(r->rk.dist);
+    if ((s = dp_engine_step(r->engine, &b, st)) != DP_OK) return engine_fail(r, s, "step");
+    r->step_bytes += dp_dist_bytes_sent(r->rk.dist) - sent;
+    if (r->trace && dp_trace_add_step(r->trace, st) != DP_OK) {
+        *failed = cli_dp_fail("--trace");
+        if (r->rk.ranks == 1) return 1;
+    }
+    return 0;
+}
+
+/* A step skipped for a non-finite loss or gradient: nothing was updated,
+ * the step is retried on the next batch. Says so, logs it, and stops the
+ * run (1) after --max-skips in a row. */
+static int skipped_step(run *r, const dp_step_stats *st, float lr)
+{
+    r->skipped++;
+    r->consecutive_skips++;
+    char where[48] = "";
+    size_t g = (size_t)st->skipped_device, g0 = dp_engine_first_global_device(r->engine);
+    if (st->skipped_device >= 0 && g >= g0 && g - g0 < dp_engine_num_devices(r->engine))
+        snprintf(where, sizeof where, " on %s",
+                 dp_device_name(dp_engine_device(r->engine, g - g0)));
+    else if (st->skipped_device >= 0) /* another rank's device (global order) */
+        snprintf(where, sizeof where, " on global device %zu", g);
+    printf("%sstep %ld skipped: non-finite loss or gradient%s (%ld in a row, %ld in all)\n",
+           r->tty ? "\n" : "", r->step + 1, where, r->consecutive_skips, r->skipped);
+    log_row(r, st, lr);
+    if (r->consecutive_skips < r->o.max_skips) return 0;
+    char state[600];
+    checkpoint_state(r, state, sizeof state);
+    fflush(stdout);
+    return AGREED_FAIL(r, "%ld consecutive steps had a non-finite loss or gradient "
+                       "(last%s); stopping at step %ld%s. Lower --lr, tighten "
+                       "--grad-clip or check the data", r->consecutive_skips,
+                       where[0] ? where : " on no single device", r->step, state);
+}
+
+/* The steps' throughput since step `first`, secs seconds ago. */
+static void report_throughput(const run *r, long first, double secs)
+{
+    const opts *o = &r->o;
+    if (r->step > first)
+        printf("trained %ld steps in %.1f s (%.0f tokens/s)\n", r->step - first, secs,
+               (double)(r->step - first) * (double)((size_t)o->batch_size * (size_t)o->context) /
+                   secs);
+    if (r->step > first && r->rk.ranks > 1)
+        printf("ranks: %d x %zu devices; rank 0 sent %.0f bytes per step to the other ranks\n",
+               r->rk.ranks, dp_engine_num_devices(r->engine),
+               (double)r->step_bytes / (double)(r->step - first));
+}
+
+int train(run *r)
+{
+    const opts *o = &r->o;
+    long first = r->step;
+    double t0 = cli_now();
+    r->tty = isatty(STDOUT_FILENO);
+    int failed = 0; /* rank 0's --trace failed: agreed at the next step's start */
+    while (r->step < o->steps) {
+        int sig = go_on(r, failed);
+        if (sig < 0) return 1;
+        if (sig) return stop_for_signal(r, sig);
+        float lr = dp_lr_schedule(r->step, o->warmup, o->lr_decay_steps, (float)o->lr,
+                                  (float)o->min_lr);
+        dp_step_stats st;
+        if (step_once(r, lr, &st, &failed)) return 1;
+        if (st.skipped) {
+            if (skipped_step(r, &st, lr)) return 1;
+            continue;
+        }
+        r->consecutive_skips = 0;
+        r->step++;
+        progress(r, &st, lr, cli_now() - t0, first);
+        log_row(r, &st, lr);
+        if (r->step % o->eval_interval == 0 || r->step == o->steps) {
+            int e = eval_step(r);
+            if (e < 0) continue; /* a signal: the loop's top saves and stops */
+            if (e) return 1;
+        }
+        if (o->save && o->save_interval > 0 && r->step % o->save_interval == 0 && save_checkpoint(r))
+            return 1;
+    }
+    report_throughput(r, first, cli_now() - t0);
+    if (agree(r, failed)) return 1;
+    /* The last checkpoint holds the last step, whether or not the interval divides it. */
+    if (o->save && r->saved_step != r->step && save_checkpoint(r)) return 1;
+    return 0;
+}
