@@ -35,6 +35,17 @@ static inline void dp_test_remove_tree(const char *dir)
     rmdir(dir);
 }
 
+/* dir/name, in one of 8 static buffers used in turn (a result stays
+ * valid through the next 7 calls). */
+static inline const char *dp_test_join(const char *dir, const char *name)
+{
+    static char buf[8][4096];
+    static int k;
+    char *p = buf[k++ % 8];
+    snprintf(p, sizeof buf[0], "%s/%s", dir, name);
+    return p;
+}
+
 /* The whole file at path (malloc'd, NUL-terminated); *len its size. */
 static inline unsigned char *dp_test_read_file(const char *path, size_t *len)
 {

@@ -18,6 +18,10 @@
  * llmc: llm.c's gpt2_tokenizer.bin (dp_tokenizer_load_llmc), the bytes of
  *   each of GPT-2's BPE tokens by id: it decodes ids to bytes but cannot
  *   encode (that needs the BPE merges) and has no JSON form.
+ * bpe: GPT-2's byte-level BPE (dp_tokenizer_load_bpe), from Hugging Face's
+ *   tokenizer.json or OpenAI's encoder.json + vocab.bpe: encodes any UTF-8
+ *   text to the ids Hugging Face's `tokenizers` gives, and decodes ids back
+ *   to the exact bytes. Loaded from its files; it has no JSON form.
  *
  * Ids are int32_t in [0, vocab size). A tokenizer is immutable after
  * creation and may be shared by threads.
@@ -39,6 +43,7 @@ typedef enum dp_tokenizer_kind {
     DP_TOKENIZER_CHAR = 0,
     DP_TOKENIZER_WORD,
     DP_TOKENIZER_LLMC, /* decode only: dp_tokenizer_load_llmc */
+    DP_TOKENIZER_BPE,  /* GPT-2's byte-level BPE: dp_tokenizer_load_bpe */
     DP_TOKENIZER_KIND_COUNT
 } dp_tokenizer_kind;
 
@@ -53,12 +58,12 @@ typedef enum dp_tokenizer_kind {
 
 typedef struct dp_tokenizer dp_tokenizer;
 
-/* Parses "char" or "word" (the trainer's --tokenizer flag; "llmc" is
- * not built from a corpus, so not accepted).
+/* Parses "char" or "word" (the trainer's --tokenizer flag; "llmc" and
+ * "bpe" are not built from a corpus, so not accepted).
  * Errors: DP_ERR_INVALID_ARGUMENT naming the accepted values. */
 DP_API dp_status dp_tokenizer_kind_parse(const char *text, dp_tokenizer_kind *out);
 
-/* "char", "word" or "llmc"; "invalid tokenizer kind" outside the enum. */
+/* "char", "word", "llmc" or "bpe"; "invalid tokenizer kind" outside the enum. */
 DP_API const char *dp_tokenizer_kind_name(dp_tokenizer_kind kind);
 
 /* Builds a char tokenizer from text[0..len) (bytes; NULs allowed).
@@ -81,11 +86,12 @@ DP_API dp_tokenizer_kind dp_tokenizer_kind_of(const dp_tokenizer *tok);
 /* Number of ids (V): the model's vocabulary size. */
 DP_API size_t dp_tokenizer_vocab_size(const dp_tokenizer *tok);
 
-/* The id of <unk> (0) for a word tokenizer; -1 for char and llmc. */
+/* The id of <unk> (0) for a word tokenizer; -1 for char, llmc and bpe. */
 DP_API int32_t dp_tokenizer_unk_id(const dp_tokenizer *tok);
 
-/* The end-of-text id of an llmc table (GPT-2: 50256); -1 for char, word
- * and NULL. */
+/* The end-of-text id: an llmc table's (GPT-2: 50256); a bpe's token
+ * "<|endoftext|>" (an added token or in the vocabulary), -1 if it has
+ * none; -1 for char, word and NULL. */
 DP_API int32_t dp_tokenizer_eot_id(const dp_tokenizer *tok);
 
 /*
@@ -110,6 +116,70 @@ DP_API int32_t dp_tokenizer_eot_id(const dp_tokenizer *tok);
  */
 DP_API dp_status dp_tokenizer_load_llmc(const char *path, dp_tokenizer **out);
 
+/*
+ * Loads GPT-2's byte-level BPE (Radford et al. 2019; OpenAI's encoder.py,
+ * byte pair encoding after Sennrich et al. 2016) from path, one of:
+ *  - Hugging Face's tokenizer.json: model.vocab (token -> id), model.merges
+ *    by rank, either as strings "a b" or as pairs ["a", "b"], and
+ *    added_tokens (special tokens such as <|endoftext|>, split out of the
+ *    text before anything else, leftmost then longest);
+ *  - OpenAI's encoder.json (token -> id), with its merges in vocab.bpe in
+ *    the same directory ("#version" line, then one "a b" a line); there
+ *    <|endoftext|>, if the encoder has it, is the one special token;
+ *  - a directory holding tokenizer.json, or else encoder.json + vocab.bpe.
+ * Tokens are strings of GPT-2's byte alphabet (bytes_to_unicode: each byte
+ * one visible character); an added token's content is its bytes as is.
+ *
+ * Encoding (dp_tokenizer_encode) is a function of the files and the text
+ * alone and gives the ids of Hugging Face's `tokenizers` (encode(text).ids;
+ * no post-processor template is applied): special tokens are split out,
+ * each piece between them is cut into pre-tokens by GPT-2's expression
+ *   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+ * (PCRE2, \s being Unicode's White_Space, as for tokenizers), and each
+ * pre-token's bytes are merged pair by pair, the pair of lowest rank
+ * first, the leftmost among equal ones. Letters and digits are those of
+ * the Unicode version of the PCRE2 that dp is linked with (Debian 12's
+ * 10.42: Unicode 14); characters assigned later count as symbols.
+ * Decoding gives each id's bytes, so decode(encode(x)) == x for any UTF-8.
+ *
+ * Refused (DP_ERR_UNSUPPORTED, naming the setting) rather than encoded
+ * differently from tokenizers: a normalizer, a pre-tokenizer other than
+ * ByteLevel or one with add_prefix_space or without the expression, BPE
+ * dropout, subword prefixes or suffixes, added tokens with lstrip, rstrip
+ * or single_word. The model's ignore_merges (a pre-token that is itself a
+ * token is that token) is followed.
+ * Errors (each message names the file): DP_ERR_INVALID_ARGUMENT (NULL or
+ * empty path, NULL out), DP_ERR_IO (missing, unreadable), DP_ERR_FORMAT
+ * (not a regular file or such a directory, e.g. a FIFO, refused without
+ * reading; empty; over 1 GiB; not JSON, or JSON cut short; no model, a
+ * vocabulary that is not an object of token -> integer id, or is empty;
+ * an id outside [0, entries + added tokens), an id given twice, a gap in
+ * the ids; a token with a character outside the byte alphabet; one of the
+ * 256 byte tokens missing; merges missing or not an array; a merge that
+ * is not two tokens, names a token outside the vocabulary, or whose
+ * concatenation is not in it; an encoder.json without vocab.bpe beside
+ * it), DP_ERR_UNSUPPORTED (above), DP_ERR_OUT_OF_MEMORY.
+ * Serializing it returns DP_ERR_UNSUPPORTED: keep its files. Free with
+ * dp_tokenizer_destroy.
+ */
+DP_API dp_status dp_tokenizer_load_bpe(const char *path, dp_tokenizer **out);
+
+/* The same from OpenAI's two files named explicitly: encoder_json (token
+ * -> id) and vocab_bpe (the merges by rank). Errors as above. */
+DP_API dp_status dp_tokenizer_load_bpe_openai(const char *encoder_json, const char *vocab_bpe,
+                                              dp_tokenizer **out);
+
+/*
+ * Checks that text[0..len) is well-formed UTF-8 (the Unicode Standard's
+ * table 3-7, RFC 3629: no stray continuation byte, truncated sequence,
+ * overlong form, surrogate U+D800..U+DFFF, or code point past U+10FFFF).
+ * *bad_offset (may be NULL) gets the byte offset of the first invalid
+ * sequence's first byte, or len when there is none.
+ * Errors: DP_ERR_INVALID_ARGUMENT (text NULL with len > 0), DP_ERR_FORMAT
+ * (invalid UTF-8: the message gives the offset, the bytes and the reason).
+ */
+DP_API dp_status dp_utf8_check(const char *text, size_t len, size_t *bad_offset);
+
 /* The bytes of token id: *bytes (owned by tok, not NUL-terminated) and
  * *len. Errors: DP_ERR_INVALID_ARGUMENT (NULL, id out of range). */
 DP_API dp_status dp_tokenizer_token(const dp_tokenizer *tok, int32_t id, const char **bytes,
@@ -119,13 +189,41 @@ DP_API dp_status dp_tokenizer_token(const dp_tokenizer *tok, int32_t id, const c
  * Encodes text[0..len) into ids[0..*n). Every token covers at least one
  * byte, so cap >= len always suffices. *n_unknown (may be NULL) gets the
  * number of <unk> ids produced (word tokenizer).
+ * A bpe tokenizer needs UTF-8 text and caches each distinct word's ids
+ * for the call (one call on a whole corpus is faster than many small
+ * ones); its text of special tokens becomes their ids.
  * Errors: DP_ERR_INVALID_ARGUMENT (NULL with len > 0; cap too small, with
  * *n set to the number needed; for char, a byte not in the vocabulary,
- * named with its offset), DP_ERR_UNSUPPORTED (an llmc table: it cannot
- * encode).
+ * named with its offset), DP_ERR_FORMAT (bpe: text that is not UTF-8, the
+ * message giving the byte offset as dp_utf8_check does),
+ * DP_ERR_UNSUPPORTED (an llmc table: it cannot encode),
+ * DP_ERR_OUT_OF_MEMORY (bpe).
  */
 DP_API dp_status dp_tokenizer_encode(const dp_tokenizer *tok, const char *text, size_t len,
                                      int32_t *ids, size_t cap, size_t *n, size_t *n_unknown);
+
+/* dp_tokenizer_encode with a bpe's special tokens not recognised: their
+ * text is encoded as any other (tiktoken's encode_ordinary, what llm.c's
+ * fineweb.py encodes documents with). The same as dp_tokenizer_encode for
+ * the other kinds. Errors as dp_tokenizer_encode. */
+DP_API dp_status dp_tokenizer_encode_ordinary(const dp_tokenizer *tok, const char *text,
+                                              size_t len, int32_t *ids, size_t cap, size_t *n);
+
+/*
+ * Where a long text may be cut to encode it in pieces: the largest p <=
+ * len such that, whatever bytes follow text[0..len), encoding text[0..p)
+ * and the rest separately gives the ids of encoding them together
+ * (special tokens recognised or not); 0 when there is none in the window.
+ * char: len. word: after the last separator byte. bpe: just after a '
+'
+ * that has an ASCII graphic byte on both sides ("x
+y"), outside any
+ * special token (with a special token that contains one, 0 when it might
+ * continue past len). llmc, NULL, or len < 3 for bpe: 0. Encoding a file
+ * window by window this way bounds memory and allows progress reports:
+ * read more when it returns 0, and encode the rest whole at the end.
+ */
+DP_API size_t dp_tokenizer_cut_point(const dp_tokenizer *tok, const char *text, size_t len);
 
 /*
  * Decodes ids[0..n) into a new NUL-terminated buffer *text of *len bytes
@@ -143,7 +241,7 @@ DP_API dp_status dp_tokenizer_decode(const dp_tokenizer *tok, const int32_t *ids
  *   {"type":"word","version":1,"bytes":[10,32,...],"words":["the","a",...]}
  * suitable for a checkpoint's __metadata__. The caller frees *json with
  * free(). Errors: DP_ERR_INVALID_ARGUMENT, DP_ERR_UNSUPPORTED (an llmc
- * table: keep its file instead), DP_ERR_OUT_OF_MEMORY.
+ * table or a bpe: keep its files instead), DP_ERR_OUT_OF_MEMORY.
  */
 DP_API dp_status dp_tokenizer_serialize(const dp_tokenizer *tok, char **json);
 

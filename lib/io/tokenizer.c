@@ -1,11 +1,13 @@
 /*
  * io/tokenizer.c - char- and word-level tokenizers: building from a corpus,
  * encode/decode, and a JSON form (jansson) for checkpoint metadata; and
- * llm.c's GPT-2 token table (gpt2_tokenizer.bin), loaded to decode only.
+ * llm.c's GPT-2 token table (gpt2_tokenizer.bin), loaded to decode only;
+ * and the dispatch of every dp_tokenizer call to GPT-2's byte-level BPE
+ * (io/bpe.c) for that kind.
  *
- * Every kind shares one representation: a table of token byte strings by
- * id, a byte -> id map for single-byte tokens (char, word), and (word) a
- * hash from word bytes to id.
+ * char, word and llmc share one representation: a table of token byte
+ * strings by id, a byte -> id map for single-byte tokens (char, word), and
+ * (word) a hash from word bytes to id. A bpe keeps its own tables.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -19,6 +21,8 @@
 #include "core/error.h"
 #include "dp/checked.h"
 #include "dp/tokenizer.h"
+#include "io/bpe.h"
+#include "io/hash.h"
 
 #define UNK_TEXT "<unk>"
 #define TOKENIZER_VERSION 1
@@ -34,6 +38,7 @@ struct dp_tokenizer {
     char *pool;
     int32_t *word_slot;    // word -> id open-addressing table (word kind), -1 empty
     size_t word_cap;       // power of two
+    bpe *bpe;              // the bpe kind's tables (the ones above unused)
 };
 
 // ----------------------------------------------------------------------------
@@ -43,24 +48,6 @@ static int is_word_byte(unsigned char c)
 {
     return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
            c == '\'';
-}
-
-// FNV-1a (Fowler, Noll, Vo), 64-bit.
-static uint64_t hash_bytes(const char *p, size_t n)
-{
-    uint64_t h = 0xcbf29ce484222325ULL;
-    for (size_t i = 0; i < n; i++) {
-        h ^= (unsigned char)p[i];
-        h *= 0x100000001b3ULL;
-    }
-    return h;
-}
-
-static size_t pow2_at_least(size_t n)
-{
-    size_t c = 16;
-    while (c < n) c *= 2;
-    return c;
 }
 
 dp_status dp_tokenizer_kind_parse(const char *text, dp_tokenizer_kind *out)
@@ -80,6 +67,7 @@ const char *dp_tokenizer_kind_name(dp_tokenizer_kind kind)
     case DP_TOKENIZER_CHAR: return "char";
     case DP_TOKENIZER_WORD: return "word";
     case DP_TOKENIZER_LLMC: return "llmc";
+    case DP_TOKENIZER_BPE: return "bpe";
     default: return "invalid tokenizer kind";
     }
 }
@@ -91,6 +79,7 @@ void dp_tokenizer_destroy(dp_tokenizer *tok)
     free(tok->tok_len);
     free(tok->pool);
     free(tok->word_slot);
+    bpe_destroy(tok->bpe);
     free(tok);
 }
 
@@ -134,7 +123,7 @@ static dp_status tok_create(dp_tokenizer_kind kind, const unsigned char *bytes, 
         t->byte_id[bytes[i]] = (int32_t)id;
     }
     if (kind == DP_TOKENIZER_WORD) {
-        t->word_cap = pow2_at_least(2 * nwords + 1);
+        t->word_cap = io_pow2_at_least(2 * nwords + 1);
         t->word_slot = malloc(t->word_cap * sizeof *t->word_slot);
         if (!t->word_slot) goto oom;
         for (size_t i = 0; i < t->word_cap; i++) t->word_slot[i] = -1;
@@ -143,7 +132,7 @@ static dp_status tok_create(dp_tokenizer_kind kind, const unsigned char *bytes, 
             t->tok_off[id] = k;
             t->tok_len[id] = wl[i];
             k += wl[i];
-            size_t s = (size_t)hash_bytes(wp[i], wl[i]) & (t->word_cap - 1);
+            size_t s = (size_t)io_hash_bytes(wp[i], wl[i]) & (t->word_cap - 1);
             while (t->word_slot[s] >= 0) s = (s + 1) & (t->word_cap - 1);
             t->word_slot[s] = (int32_t)id;
         }
@@ -158,7 +147,7 @@ oom:
 // Id of word p[0..n), or -1.
 static int32_t word_lookup(const dp_tokenizer *t, const char *p, size_t n)
 {
-    size_t s = (size_t)hash_bytes(p, n) & (t->word_cap - 1);
+    size_t s = (size_t)io_hash_bytes(p, n) & (t->word_cap - 1);
     for (;;) {
         int32_t id = t->word_slot[s];
         if (id < 0) return -1;
@@ -231,7 +220,7 @@ dp_status dp_tokenizer_create_word(const char *text, size_t len, size_t vocab_si
         const char *p = text + i;
         size_t n = j - i;
         i = j;
-        size_t s = (size_t)hash_bytes(p, n) & (cap - 1);
+        size_t s = (size_t)io_hash_bytes(p, n) & (cap - 1);
         while (tab[s].p && !(tab[s].len == n && memcmp(tab[s].p, p, n) == 0))
             s = (s + 1) & (cap - 1);
         if (tab[s].p) {
@@ -250,7 +239,7 @@ dp_status dp_tokenizer_create_word(const char *text, size_t len, size_t vocab_si
             }
             for (size_t k = 0; k < cap; k++) {
                 if (!tab[k].p) continue;
-                size_t q = (size_t)hash_bytes(tab[k].p, tab[k].len) & (ncap - 1);
+                size_t q = (size_t)io_hash_bytes(tab[k].p, tab[k].len) & (ncap - 1);
                 while (nt[q].p) q = (q + 1) & (ncap - 1);
                 nt[q] = tab[k];
             }
@@ -297,7 +286,60 @@ dp_status dp_tokenizer_create_word(const char *text, size_t len, size_t vocab_si
 }
 
 // ----------------------------------------------------------------------------
+// GPT-2's byte-level BPE (io/bpe.c)
+
+static dp_status bpe_wrap(dp_status st, bpe *b, dp_tokenizer **out)
+{
+    if (st != DP_OK) return st;
+    dp_tokenizer *t = calloc(1, sizeof *t);
+    if (!t) {
+        bpe_destroy(b);
+        return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "cannot allocate a tokenizer");
+    }
+    t->kind = DP_TOKENIZER_BPE;
+    t->bpe = b;
+    t->vocab = bpe_vocab_size(b);
+    t->eot = bpe_eot(b);
+    for (int c = 0; c < 256; c++) t->byte_id[c] = -1;
+    *out = t;
+    return DP_OK;
+}
+
+dp_status dp_tokenizer_load_bpe(const char *path, dp_tokenizer **out)
+{
+    if (!out) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "out is NULL");
+    *out = NULL;
+    if (!path || !*path) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "the path is NULL or empty");
+    bpe *b = NULL;
+    dp_status st = bpe_load(path, &b);
+    return bpe_wrap(st, b, out);
+}
+
+dp_status dp_tokenizer_load_bpe_openai(const char *encoder_json, const char *vocab_bpe,
+                                       dp_tokenizer **out)
+{
+    if (!out) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "out is NULL");
+    *out = NULL;
+    if (!encoder_json || !*encoder_json || !vocab_bpe || !*vocab_bpe)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "a path is NULL or empty");
+    bpe *b = NULL;
+    dp_status st = bpe_load_openai(encoder_json, vocab_bpe, &b);
+    return bpe_wrap(st, b, out);
+}
+
+// ----------------------------------------------------------------------------
 // queries, encode, decode
+
+/* The bytes of id (in range). */
+static void token_bytes(const dp_tokenizer *t, int32_t id, const char **p, size_t *n)
+{
+    if (t->bpe) {
+        bpe_token(t->bpe, id, p, n);
+        return;
+    }
+    *p = t->pool + t->tok_off[id];
+    *n = t->tok_len[id];
+}
 
 dp_tokenizer_kind dp_tokenizer_kind_of(const dp_tokenizer *tok)
 {
@@ -320,18 +362,26 @@ dp_status dp_tokenizer_token(const dp_tokenizer *tok, int32_t id, const char **b
     if (id < 0 || (size_t)id >= tok->vocab)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "token id %d is outside the vocabulary [0, %zu)",
                        (int)id, tok->vocab);
-    *bytes = tok->pool + tok->tok_off[id];
-    *len = tok->tok_len[id];
+    token_bytes(tok, id, bytes, len);
     return DP_OK;
 }
 
-dp_status dp_tokenizer_encode(const dp_tokenizer *tok, const char *text, size_t len,
-                              int32_t *ids, size_t cap, size_t *n, size_t *n_unknown)
+/* dp_tokenizer_encode; special: a bpe recognises its special tokens. */
+static dp_status encode(const dp_tokenizer *tok, const char *text, size_t len, int32_t *ids,
+                        size_t cap, size_t *n, size_t *n_unknown, int special)
 {
     if (!tok || !n || (len && (!text || (!ids && cap))))
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "NULL argument");
     *n = 0;
     if (n_unknown) *n_unknown = 0;
+    if (tok->bpe) {
+        dp_status st = bpe_encode(tok->bpe, text, len, special, ids, cap, n);
+        if (st == DP_OK && *n > cap)
+            return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "ids holds %zu ids but the text needs %zu",
+                           cap, *n);
+        if (st != DP_OK) *n = 0;
+        return st;
+    }
     if (tok->kind == DP_TOKENIZER_LLMC)
         return DP_FAIL(DP_ERR_UNSUPPORTED,
                        "the llm.c token table decodes only (ids to bytes): encoding text needs "
@@ -382,6 +432,33 @@ dp_status dp_tokenizer_encode(const dp_tokenizer *tok, const char *text, size_t 
     return DP_OK;
 }
 
+dp_status dp_tokenizer_encode(const dp_tokenizer *tok, const char *text, size_t len,
+                              int32_t *ids, size_t cap, size_t *n, size_t *n_unknown)
+{
+    return encode(tok, text, len, ids, cap, n, n_unknown, 1);
+}
+
+dp_status dp_tokenizer_encode_ordinary(const dp_tokenizer *tok, const char *text, size_t len,
+                                       int32_t *ids, size_t cap, size_t *n)
+{
+    return encode(tok, text, len, ids, cap, n, NULL, 0);
+}
+
+size_t dp_tokenizer_cut_point(const dp_tokenizer *tok, const char *text, size_t len)
+{
+    if (!tok || !text) return 0;
+    switch (tok->kind) {
+    case DP_TOKENIZER_CHAR: return len;
+    case DP_TOKENIZER_WORD:
+        // A word is a maximal run of word bytes: a separator byte ends one.
+        for (size_t p = len; p > 0; p--)
+            if (!is_word_byte((unsigned char)text[p - 1])) return p;
+        return 0;
+    case DP_TOKENIZER_BPE: return bpe_cut_point(tok->bpe, text, len);
+    default: return 0;
+    }
+}
+
 dp_status dp_tokenizer_decode(const dp_tokenizer *tok, const int32_t *ids, size_t n, char **text,
                               size_t *len)
 {
@@ -395,14 +472,21 @@ dp_status dp_tokenizer_decode(const dp_tokenizer *tok, const int32_t *ids, size_
             return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
                            "id %d at position %zu is outside the vocabulary [0, %zu)", (int)ids[i],
                            i, tok->vocab);
-        total += tok->tok_len[ids[i]]; // <= n * 5 + longest word: no overflow in practice
+        const char *p;
+        size_t l;
+        token_bytes(tok, ids[i], &p, &l);
+        if (!dp_size_add(total, l, &total) || total == SIZE_MAX)
+            return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "the text of %zu ids overflows a size", n);
     }
     char *out = malloc(total + 1);
     if (!out) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes of text", total + 1);
     size_t k = 0;
     for (size_t i = 0; i < n; i++) {
-        memcpy(out + k, tok->pool + tok->tok_off[ids[i]], tok->tok_len[ids[i]]);
-        k += tok->tok_len[ids[i]];
+        const char *p;
+        size_t l;
+        token_bytes(tok, ids[i], &p, &l);
+        memcpy(out + k, p, l);
+        k += l;
     }
     out[k] = '\0';
     *text = out;
@@ -421,6 +505,11 @@ dp_status dp_tokenizer_serialize(const dp_tokenizer *tok, char **json)
         return DP_FAIL(DP_ERR_UNSUPPORTED,
                        "the llm.c token table has no JSON form: keep its file and load it "
                        "again with dp_tokenizer_load_llmc");
+    if (tok->kind == DP_TOKENIZER_BPE)
+        return DP_FAIL(DP_ERR_UNSUPPORTED,
+                       "a byte-level BPE has no JSON form: keep its tokenizer.json (or "
+                       "encoder.json and vocab.bpe) and load it again with "
+                       "dp_tokenizer_load_bpe");
     size_t first = tok->kind == DP_TOKENIZER_WORD ? 1 : 0;
     json_t *root = json_object();
     json_t *bytes = json_array();

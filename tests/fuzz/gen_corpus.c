@@ -14,6 +14,7 @@
 
 #include "dp/safetensors.h"
 #include "dp/tokenizer.h"
+#include "fuzz_bpe_fixture.h"
 
 static const char *root;
 
@@ -167,14 +168,22 @@ static void gen_tokenizer(void)
             "{\"type\":\"char\",\"version\":1,\"bytes\":[10],\"merges\":[]}");
 }
 
+// An input of a harness that reads a mode byte, then the body (text, bpe).
+static void mode_input(const char *harness, const char *name, unsigned char mode,
+                       const char *body, size_t n)
+{
+    unsigned char *b = malloc(n + 1);
+    if (!b) die("out of memory");
+    b[0] = mode;
+    memcpy(b + 1, body, n);
+    put(harness, name, b, n + 1);
+    free(b);
+}
+
 // A text-harness input: mode byte then the corpus.
 static void text_input(const char *name, unsigned char mode, const char *body, size_t n)
 {
-    unsigned char *b = malloc(n + 1);
-    b[0] = mode;
-    memcpy(b + 1, body, n);
-    put("text", name, b, n + 1);
-    free(b);
+    mode_input("text", name, mode, body, n);
 }
 
 // A literal corpus, embedded NULs included.
@@ -319,6 +328,43 @@ static void gen_devlist(void)
     dev_input("bytes_plain", 64, "4096");
 }
 
+// fuzz_bpe: a mode byte, then text to encode or a file to load.
+static void bpe_input(const char *name, unsigned char mode, const char *body, size_t n)
+{
+    mode_input("bpe", name, mode, body, n);
+}
+
+#define BPE_LIT(name, mode, lit) bpe_input(name, mode, lit, sizeof(lit) - 1)
+
+static void gen_bpe(void)
+{
+    // Text for the fixture BPE (mode 0: its tokenizer.json; 2: its OpenAI files).
+    BPE_LIT("text_ascii", 0x00, "The cat's in the hat; they're here, we'll see, I'd go.\n");
+    BPE_LIT("text_spaces", 0x00, "a  b   c\t\td \n\n  \r\nend   ");
+    BPE_LIT("text_unicode", 0x02, "caf\xc3\xa9 \xe4\xb8\xad\xe6\x96\x87 \xf0\x9f\x99\x82 e\xcc\x81 \xc2\xa0x");
+    BPE_LIT("text_special", 0x00, "a<|endoftext|>b <|a\nb|> <|endoftext|");
+    BPE_LIT("text_cut", 0x02, "one\ntwo\nthree\n<|a\nb|>\nfour");
+    BPE_LIT("text_digits", 0x00, "12345 3.14 1,000,000 \xd9\xa3 \xc2\xb2");
+    BPE_LIT("text_long", 0x00, "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa");
+    BPE_LIT("bad_continuation", 0x00, "ab\x80" "cd");
+    BPE_LIT("bad_truncated", 0x00, "abc\xe4\xb8");
+    BPE_LIT("bad_overlong", 0x00, "x\xc0\xaf");
+    BPE_LIT("bad_surrogate", 0x02, "\xed\xa0\x80");
+    BPE_LIT("bad_past_max", 0x00, "\xf4\x90\x80\x80");
+    // Files (mode 1: a tokenizer.json; 3: a vocab.bpe for the fixture's encoder.json).
+    static char buf[1 << 16];
+    size_t n = fuzz_bpe_tokenizer_json(buf, sizeof buf, 0);
+    bpe_input("file_tokenizer.json", 0x01, buf, n);
+    bpe_input("file_tokenizer_cut.json", 0x01, buf, n / 2);
+    n = fuzz_bpe_tokenizer_json(buf, sizeof buf, 1);
+    bpe_input("file_string_merges.json", 0x01, buf, n);
+    n = fuzz_bpe_vocab_bpe(buf, sizeof buf);
+    bpe_input("file_vocab.bpe", 0x03, buf, n);
+    BPE_LIT("file_vocab_bad_line.bpe", 0x03, "#version: 0.2\nh e\nno_space\n");
+    BPE_LIT("file_vocab_unknown.bpe", 0x03, "#version: 0.2\nzq e\n");
+    BPE_LIT("file_not_json", 0x01, "{\"model\": {\"vocab\": [1, 2]");
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -332,5 +378,6 @@ int main(int argc, char **argv)
     gen_text();
     gen_devlist();
     gen_token_files();
+    gen_bpe();
     return 0;
 }
