@@ -31,7 +31,9 @@ void dp_barrier_destroy(dp_barrier *b)
     pthread_mutex_destroy(&b->mu);
 }
 
-int dp_barrier_wait(dp_barrier *b)
+int dp_barrier_wait(dp_barrier *b) { return dp_barrier_wait_then(b, NULL, NULL); }
+
+int dp_barrier_wait_then(dp_barrier *b, void (*fn)(void *), void *arg)
 {
     pthread_mutex_lock(&b->mu);
     if (b->aborted) {
@@ -40,7 +42,9 @@ int dp_barrier_wait(dp_barrier *b)
     }
     unsigned long gen = b->generation;
     if (++b->waiting == b->parties) {
-        /* Last to arrive: open the barrier for this generation. */
+        /* Last to arrive: run fn while every other party waits, then open
+         * the barrier for this generation. */
+        if (fn) fn(arg);
         b->waiting = 0;
         b->generation++;
         pthread_cond_broadcast(&b->cv);

@@ -25,6 +25,10 @@ int dp_barrier_init(dp_barrier *b, int parties);
 void dp_barrier_destroy(dp_barrier *b);
 /* 0 when all parties arrived; -1 when the barrier is (or becomes) aborted. */
 int dp_barrier_wait(dp_barrier *b);
+/* The same, and the last party to arrive runs fn(arg) before any party
+ * goes on (under the barrier's lock: fn must be short and must not wait
+ * on the barrier); an aborted barrier runs nothing. */
+int dp_barrier_wait_then(dp_barrier *b, void (*fn)(void *), void *arg);
 void dp_barrier_abort(dp_barrier *b);
 /* Clears the abort flag; only when no thread is waiting. */
 void dp_barrier_reset(dp_barrier *b);

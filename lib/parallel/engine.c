@@ -140,9 +140,7 @@ static dp_status sync_replicas(dp_engine *e)
      * ranks, every rank's device 0 holds rank 0's values then). With
      * bf16 replicas the truth is the owners' masters: their replicas are
      * rounded from them first. */
-    int from_root = e->needs_sync & DP_SYNC_FROM_ROOT;
-    if (e->bf16 && !from_root) DP_TRY(dp_step_refresh(e));
-    DP_TRY(from_root ? dp_step_broadcast(e) : dp_step_allgather(e, 0, 0, NULL));
+    DP_TRY(dp_step_resync(e, e->needs_sync & DP_SYNC_FROM_ROOT));
     e->needs_sync = 0;
     return DP_OK;
 }

@@ -151,10 +151,12 @@ int dp_worker_enter_phase(worker *w, dp_phase ph)
 }
 
 /* Waits at the barrier; the watchdog does not count a waiting worker as stuck. */
-int dp_worker_sync(worker *w)
+int dp_worker_sync(worker *w) { return dp_worker_sync_then(w, NULL, NULL); }
+
+int dp_worker_sync_then(worker *w, void (*fn)(void *), void *arg)
 {
     int saved = atomic_exchange(&w->busy_phase, -1);
-    int rc = dp_barrier_wait(&w->pool->barrier);
+    int rc = dp_barrier_wait_then(&w->pool->barrier, fn, arg);
     atomic_store(&w->busy_phase, saved);
     return rc;
 }

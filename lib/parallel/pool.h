@@ -45,6 +45,9 @@ int dp_worker_enter_phase(worker *w, dp_phase p);
 static inline void dp_worker_set_phase(worker *w, dp_phase p) { w->phase = p; }
 /* Waits for every worker at the barrier; nonzero when the job was aborted. */
 int dp_worker_sync(worker *w);
+/* The same, and the last worker to arrive runs fn(arg) before any goes on
+ * (short work on every worker's results: dp_barrier_wait_then). */
+int dp_worker_sync_then(worker *w, void (*fn)(void *), void *arg);
 
 /* Inside a job function (void): leave it when the phase hook, the barrier
  * or a call says so; CHECK records the failure first. */

@@ -1,9 +1,10 @@
 /*
  * parallel/step.h - the step (docs/design.md section 5), written once for
- * one process and for R ranks: jobs on the worker pool for what runs on
- * the devices, the transport for what crosses between the ranks, and
- * every decision (the gradient norm, skipping, the replica check) made
- * once, from the same numbers on every rank.
+ * one process and for R ranks as a list of stages: work on the devices
+ * (jobs on the worker pool) and exchanges, where the transport carries
+ * what crosses between the ranks and every decision (the gradient norm,
+ * skipping, the replica check) is made once, from the same numbers on
+ * every rank.
  */
 #ifndef DP_PARALLEL_STEP_H
 #define DP_PARALLEL_STEP_H
@@ -27,18 +28,11 @@ dp_status dp_step_agree_plan(dp_engine *e, dp_status planned);
  * step (also on failure). */
 dp_status dp_step_run(dp_engine *e, int train, dp_step_outcome *out);
 
-/* Every replica of every rank = the slices' owners' parameters: the
- * all-gather of a step (in_step: its phase is entered and timed; hash:
- * each replica is then hashed and compared, *check getting the outcome of
- * the comparison), or a re-synchronisation. */
-dp_status dp_step_allgather(dp_engine *e, int in_step, int hash, dp_status *check);
-
-/* Every local replica = local device 0's (after set_params; with ranks
- * every rank's device 0 holds rank 0's values then). */
-dp_status dp_step_broadcast(dp_engine *e);
-
-/* bf16 replicas: each owner's replica = the rounding of its masters
- * (before an all-gather re-synchronises the others from them). */
-dp_status dp_step_refresh(dp_engine *e);
+/* The replicas re-synchronised outside a step (engine.needs_sync): from
+ * local device 0 (from_root: after set_params; with ranks every rank's
+ * device 0 holds rank 0's values then), or from the slices' owners (after
+ * a failed update or a diverged replica; bf16 replicas are first rounded
+ * from the owners' masters). */
+dp_status dp_step_resync(dp_engine *e, int from_root);
 
 #endif /* DP_PARALLEL_STEP_H */
