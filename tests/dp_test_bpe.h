@@ -41,7 +41,7 @@ typedef struct bpe_ref {
 
 /* reference.json's strings and ids; *root owns the texts (json_decref it,
  * free each ids and the array). */
-static inline bpe_ref *bpe_refs(size_t *count, json_t **root)
+static inline bpe_ref *dp_test_bpe_refs(size_t *count, json_t **root)
 {
     json_error_t e;
     *root = json_load_file(bpe_data("reference.json"), JSON_ALLOW_NUL, &e);
@@ -68,7 +68,7 @@ static inline bpe_ref *bpe_refs(size_t *count, json_t **root)
     return r;
 }
 
-static inline void bpe_refs_free(bpe_ref *r, size_t n, json_t *root)
+static inline void dp_test_bpe_refs_free(bpe_ref *r, size_t n, json_t *root)
 {
     for (size_t i = 0; i < n; i++) free(r[i].ids);
     free(r);
@@ -91,11 +91,11 @@ static inline int32_t *bpe_encode_all(const dp_tokenizer *t, const char *text, s
 /* The reference strings (with plain, those without '<', so no special
  * token), each followed by sep and a letter (sep 0: nothing), reps times
  * or until cap bytes; *len bytes (malloc'd). */
-static inline char *bpe_joined_refs(char sep, int reps, int plain, size_t cap, size_t *len)
+static inline char *dp_test_bpe_joined_refs(char sep, int reps, int plain, size_t cap, size_t *len)
 {
     json_t *root;
     size_t count;
-    bpe_ref *r = bpe_refs(&count, &root);
+    bpe_ref *r = dp_test_bpe_refs(&count, &root);
     size_t n = 0;
     char *text = malloc(cap);
     cr_assert_not_null(text);
@@ -113,7 +113,7 @@ static inline char *bpe_joined_refs(char sep, int reps, int plain, size_t cap, s
                 text[n++] = (char)('A' + (i + (size_t)rep) % 26);
             }
         }
-    bpe_refs_free(r, count, root);
+    dp_test_bpe_refs_free(r, count, root);
     *len = n;
     return text;
 }

@@ -27,7 +27,7 @@ typedef struct run {
     size_t leaked_before;
 } run;
 
-static inline void run_open(run *r, int k, dp_engine_config cfg, const mlp_config *mc)
+static inline void dp_test_run_open(run *r, int k, dp_engine_config cfg, const mlp_config *mc)
 {
     mlp_config def = {D, H, K, DP_DTYPE_F32};
     r->leaked_before = dp_device_bytes_freed_at_close();
@@ -38,7 +38,7 @@ static inline void run_open(run *r, int k, dp_engine_config cfg, const mlp_confi
     dp_assert_ok(dp_engine_create(specs, (size_t)k, &r->model, &r->crit, &cfg, &r->e));
 }
 
-static inline void run_close(run *r)
+static inline void dp_test_run_close(run *r)
 {
     dp_engine_destroy(r->e);
     cr_assert_eq(dp_device_bytes_freed_at_close(), r->leaked_before,
@@ -48,7 +48,7 @@ static inline void run_close(run *r)
 
 /* Deterministic batch for step s: D features, targets in [0,K), with an
  * ignored (-1) target every `ignore_every` rows when > 0. */
-static inline void make_batch(int s, int rows, int ignore_every, float *x, int32_t *y)
+static inline void dp_test_make_batch(int s, int rows, int ignore_every, float *x, int32_t *y)
 {
     dp_rng rng;
     dp_rng_seed(&rng, 1000 + (uint64_t)s);
@@ -59,7 +59,7 @@ static inline void make_batch(int s, int rows, int ignore_every, float *x, int32
     }
 }
 
-static inline dp_engine_config base_cfg(dp_mode mode)
+static inline dp_engine_config dp_test_base_cfg(dp_mode mode)
 {
     dp_engine_config c = dp_engine_config_default();
     c.mode = mode;
@@ -71,9 +71,9 @@ static inline dp_engine_config base_cfg(dp_mode mode)
 }
 
 /* Parameter cases (mode + 2 * shard) * 100 + device * 10 + phase: both
- * modes, root and sharded optimizer (case_cfg), devices 0, step, 2 step,
+ * modes, root and sharded optimizer (dp_test_case_cfg), devices 0, step, 2 step,
  * ... <= dev_hi, every phase. Returns the count. */
-static inline size_t phase_cases(int *cases, int dev_hi, int dev_step)
+static inline size_t dp_test_phase_cases(int *cases, int dev_hi, int dev_step)
 {
     size_t n = 0;
     for (int m = 0; m < 4; m++)
@@ -82,10 +82,10 @@ static inline size_t phase_cases(int *cases, int dev_hi, int dev_step)
     return n;
 }
 
-/* The configuration of a phase_cases case. */
-static inline dp_engine_config case_cfg(int c)
+/* The configuration of a dp_test_phase_cases case. */
+static inline dp_engine_config dp_test_case_cfg(int c)
 {
-    dp_engine_config cfg = base_cfg((dp_mode)(c / 100 % 2));
+    dp_engine_config cfg = dp_test_base_cfg((dp_mode)(c / 100 % 2));
     cfg.shard_optimizer = c / 200;
     return cfg;
 }
@@ -107,19 +107,19 @@ typedef struct hooked {
     int block, entered, released;
 } hooked;
 
-static inline int hooked_is(const dp_device *dev, int index)
+static inline int dp_test_hooked_is(const dp_device *dev, int index)
 {
     char want[16];
     snprintf(want, sizeof want, "cpu:%d", index);
     return index >= 0 && strcmp(dp_device_name(dev), want) == 0;
 }
 
-static inline dp_status hooked_forward(void *ctx, dp_device *dev, dp_params params,
+static inline dp_status dp_test_hooked_forward(void *ctx, dp_device *dev, dp_params params,
                                        const dp_chunk *c, void *ws, float *logits)
 {
     hooked *h = ctx;
     pthread_mutex_lock(&h->mu);
-    if (h->block && hooked_is(dev, 0)) {
+    if (h->block && dp_test_hooked_is(dev, 0)) {
         h->entered = 1;
         pthread_cond_broadcast(&h->cv);
         while (!h->released) pthread_cond_wait(&h->cv, &h->mu);
@@ -129,47 +129,47 @@ static inline dp_status hooked_forward(void *ctx, dp_device *dev, dp_params para
     return h->inner.forward(h->inner.ctx, dev, params, c, ws, logits);
 }
 
-static inline dp_status hooked_backward(void *ctx, dp_device *dev, dp_params params, float *g,
+static inline dp_status dp_test_hooked_backward(void *ctx, dp_device *dev, dp_params params, float *g,
                                         const dp_chunk *c, void *ws, float *dlogits)
 {
     hooked *h = ctx;
     dp_status s = h->inner.backward(h->inner.ctx, dev, params, g, c, ws, dlogits);
-    if (s == DP_OK && hooked_is(dev, h->inf_grad_dev)) {
+    if (s == DP_OK && dp_test_hooked_is(dev, h->inf_grad_dev)) {
         float inf = INFINITY;
         s = dp_copy_h2d(dev, g, &inf, sizeof inf);
     }
     return s;
 }
 
-static inline dp_status hooked_criterion(void *ctx, const dp_criterion_args *a,
+static inline dp_status dp_test_hooked_criterion(void *ctx, const dp_criterion_args *a,
                                          double *loss_sum, size_t *count)
 {
     hooked *h = ctx;
     dp_status s = h->inner_crit.forward_backward(h->inner_crit.ctx, a, loss_sum, count);
-    if (s == DP_OK && hooked_is(a->dev, h->inf_loss_dev)) *loss_sum = INFINITY;
+    if (s == DP_OK && dp_test_hooked_is(a->dev, h->inf_loss_dev)) *loss_sum = INFINITY;
     return s;
 }
 
-static inline size_t hooked_scratch(void *ctx, size_t n, size_t V)
+static inline size_t dp_test_hooked_scratch(void *ctx, size_t n, size_t V)
 {
     hooked *h = ctx;
     return h->inner_crit.scratch_bytes(h->inner_crit.ctx, n, V);
 }
 
 /* Opens the hooked MLP on k CPU devices (h must stay put while open). */
-static inline dp_engine *hooked_open(hooked *h, int k, dp_engine_config cfg)
+static inline dp_engine *dp_test_hooked_open(hooked *h, int k, dp_engine_config cfg)
 {
     mlp_config mc = {D, H, K, DP_DTYPE_F32};
     memset(h, 0, sizeof *h);
     mlp_init_model(&h->net, &mc, &h->inner);
     h->model = h->inner;
     h->model.ctx = h;
-    h->model.forward = hooked_forward;
-    h->model.backward = hooked_backward;
+    h->model.forward = dp_test_hooked_forward;
+    h->model.backward = dp_test_hooked_backward;
     h->inner_crit = dp_criterion_cross_entropy();
     h->crit.ctx = h;
-    h->crit.scratch_bytes = hooked_scratch;
-    h->crit.forward_backward = hooked_criterion;
+    h->crit.scratch_bytes = dp_test_hooked_scratch;
+    h->crit.forward_backward = dp_test_hooked_criterion;
     h->inf_loss_dev = h->inf_grad_dev = -1;
     pthread_mutex_init(&h->mu, NULL);
     pthread_cond_init(&h->cv, NULL);
@@ -180,7 +180,7 @@ static inline dp_engine *hooked_open(hooked *h, int k, dp_engine_config cfg)
     return e;
 }
 
-static inline void hooked_close(hooked *h, dp_engine *e)
+static inline void dp_test_hooked_close(hooked *h, dp_engine *e)
 {
     dp_engine_destroy(e);
     pthread_cond_destroy(&h->cv);

@@ -13,7 +13,7 @@
 enum { EV = 37, EBS = 8, EL = 2, ENH = 2, EC = 16, EROWS = 5 };
 
 /* Batch for step s: random tokens, targets the next token, some ignored. */
-static inline void gpt_batch(int s, size_t rows, int32_t *tok, int32_t *tgt)
+static inline void dp_test_gpt_batch(int s, size_t rows, int32_t *tok, int32_t *tgt)
 {
     dp_rng rng;
     dp_rng_seed(&rng, 500 + (uint64_t)s);

@@ -12,7 +12,7 @@
 #include "dp_test.h"
 
 /* Host copy of n device floats; the caller frees it. */
-static inline float *nn_download(dp_device *dev, const float *d, size_t n)
+static inline float *dp_test_nn_download(dp_device *dev, const float *d, size_t n)
 {
     float *h = malloc((n ? n : 1) * sizeof *h);
     cr_assert_not_null(h, "out of host memory");
@@ -30,7 +30,7 @@ static inline int32_t *nn_upload_i32(dp_device *dev, const int32_t *host, size_t
 }
 
 /* Device buffer of n floats, every one set to value. */
-static inline float *nn_filled(dp_device *dev, size_t n, float value)
+static inline float *dp_test_nn_filled(dp_device *dev, size_t n, float value)
 {
     float *h = malloc((n ? n : 1) * sizeof *h);
     cr_assert_not_null(h, "out of host memory");
@@ -40,7 +40,7 @@ static inline float *nn_filled(dp_device *dev, size_t n, float value)
     return d;
 }
 
-static inline void nn_check_invalid(dp_status s, const char *expr, const char *want1,
+static inline void dp_test_nn_check_invalid(dp_status s, const char *expr, const char *want1,
                                     const char *want2)
 {
     cr_assert_eq(s, DP_ERR_INVALID_ARGUMENT, "%s returned %s, want invalid argument", expr,
@@ -53,14 +53,14 @@ static inline void nn_check_invalid(dp_status s, const char *expr, const char *w
 
 /* Asserts expr returns DP_ERR_INVALID_ARGUMENT and its message contains
  * want1 and, unless NULL, want2 (the call's name, the bad argument, ...). */
-#define nn_assert_invalid(expr, want1, want2)                                                \
+#define dp_test_nn_assert_invalid(expr, want1, want2)                                                \
     do {                                                                                     \
         dp_clear_error();                                                                    \
-        nn_check_invalid((expr), #expr, (want1), (want2));                                   \
+        dp_test_nn_check_invalid((expr), #expr, (want1), (want2));                                   \
     } while (0)
 
 /* Everything allocated on dev has been freed. */
-static inline void nn_assert_all_freed(dp_device *dev)
+static inline void dp_test_nn_assert_all_freed(dp_device *dev)
 {
     dp_memory_stats st;
     dp_device_memory(dev, &st);

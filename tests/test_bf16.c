@@ -142,7 +142,7 @@ Test(bf16, block_conversions_read_exactly_the_block)
     dp_assert_ok(dev->ops->pack_bf16_f32(dev, dw, (const uint16_t *)dh, blk, n));
     dp_bf16 r[MATS * 7 * 6];
     dp_assert_ok(dp_copy_d2h(dev, r, dr, sizeof r));
-    float *w = nn_download(dev, dw, n);
+    float *w = dp_test_nn_download(dev, dw, n);
     size_t i = 0;
     for (int mat = 0; mat < MATS; mat++)
         for (int col = 0; col < 6; col++)
@@ -175,26 +175,26 @@ Test(bf16, convert_on_a_device_matches_the_host)
     for (int i = 0; i < N; i++)
         cr_assert_eq(h16[i], dp_bf16_from_float(x[i]), "element %d", i);
     dp_assert_ok(dp_convert(dev, back, DP_DTYPE_F32, d16, DP_DTYPE_BF16, N));
-    float *hb = nn_download(dev, back, N);
+    float *hb = dp_test_nn_download(dev, back, N);
     for (int i = 0; i < N; i++) cr_assert_eq(bits_of(hb[i]), (uint32_t)h16[i] << 16);
     free(hb);
     /* equal types copy; the same pointer is a no-op */
     dp_assert_ok(dp_convert(dev, back, DP_DTYPE_F32, d32, DP_DTYPE_F32, N));
     dp_assert_ok(dp_convert(dev, d16, DP_DTYPE_BF16, d16, DP_DTYPE_BF16, N));
-    hb = nn_download(dev, back, N);
+    hb = dp_test_nn_download(dev, back, N);
     cr_assert(memcmp(hb, x, sizeof x) == 0);
     free(hb);
 
-    nn_assert_invalid(dp_convert(dev, d16, DP_DTYPE_F16, d32, DP_DTYPE_F32, N), "F16", "cpu:0");
-    nn_assert_invalid(dp_convert(dev, d16, DP_DTYPE_BF16, d32, DP_DTYPE_I32, N), "I32", NULL);
-    nn_assert_invalid(dp_convert(dev, d16, DP_DTYPE_BF16, d32, DP_DTYPE_F32, 0), "0 elements", NULL);
-    nn_assert_invalid(dp_convert(dev, d16, DP_DTYPE_BF16, d32, DP_DTYPE_F32, SIZE_MAX), "elements", NULL);
-    nn_assert_invalid(dp_convert(dev, NULL, DP_DTYPE_BF16, d32, DP_DTYPE_F32, N), "NULL", NULL);
-    nn_assert_invalid(dp_convert(NULL, d16, DP_DTYPE_BF16, d32, DP_DTYPE_F32, N), "NULL", NULL);
+    dp_test_nn_assert_invalid(dp_convert(dev, d16, DP_DTYPE_F16, d32, DP_DTYPE_F32, N), "F16", "cpu:0");
+    dp_test_nn_assert_invalid(dp_convert(dev, d16, DP_DTYPE_BF16, d32, DP_DTYPE_I32, N), "I32", NULL);
+    dp_test_nn_assert_invalid(dp_convert(dev, d16, DP_DTYPE_BF16, d32, DP_DTYPE_F32, 0), "0 elements", NULL);
+    dp_test_nn_assert_invalid(dp_convert(dev, d16, DP_DTYPE_BF16, d32, DP_DTYPE_F32, SIZE_MAX), "elements", NULL);
+    dp_test_nn_assert_invalid(dp_convert(dev, NULL, DP_DTYPE_BF16, d32, DP_DTYPE_F32, N), "NULL", NULL);
+    dp_test_nn_assert_invalid(dp_convert(NULL, d16, DP_DTYPE_BF16, d32, DP_DTYPE_F32, N), "NULL", NULL);
     dp_device_free(dev, d32);
     dp_device_free(dev, d16);
     dp_device_free(dev, back);
-    nn_assert_all_freed(dev);
+    dp_test_nn_assert_all_freed(dev);
     dp_device_close(dev);
 }
 
@@ -232,7 +232,7 @@ static dp_bf16 *upload16(dp_device *dev, const dp_bf16 *h, size_t n)
 static void assert_same_floats(const char *what, dp_device *dev, const float *a, const float *b,
                                size_t n)
 {
-    float *ha = nn_download(dev, a, n), *hb = nn_download(dev, b, n);
+    float *ha = dp_test_nn_download(dev, a, n), *hb = dp_test_nn_download(dev, b, n);
     for (size_t i = 0; i < n; i++)
         if (bits_of(ha[i]) != bits_of(hb[i]))
             cr_assert_fail("%s: element %zu differs: bf16 layer %.9g, float32 twin %.9g", what, i,
@@ -258,7 +258,7 @@ Test(bf16_layers, equal_their_float32_twin_on_widened_parameters)
         int32_t *dtok = nn_upload_i32(dev, tok, N);
         dp_bf16 *dwte16 = upload16(dev, wte16, V * C), *dwpe16 = upload16(dev, wpe16, T * C);
         float *dwte32 = dp_test_upload(dev, wte32, V * C), *dwpe32 = dp_test_upload(dev, wpe32, T * C);
-        float *o1 = nn_filled(dev, N * OC, 0), *o2 = nn_filled(dev, N * OC, 0);
+        float *o1 = dp_test_nn_filled(dev, N * OC, 0), *o2 = dp_test_nn_filled(dev, N * OC, 0);
         dp_assert_ok(dp_encoder_forward_bf16(dev, o1, dtok, dwte16, dwpe16, B, T, C));
         dp_assert_ok(dp_encoder_forward(dev, o2, dtok, dwte32, dwpe32, B, T, C));
         assert_same_floats("encoder forward", dev, o1, o2, N * C);
@@ -272,14 +272,14 @@ Test(bf16_layers, equal_their_float32_twin_on_widened_parameters)
         float *dx = dp_test_upload(dev, x, N * C), *ddy = dp_test_upload(dev, dy, N * C);
         dp_bf16 *dg16 = upload16(dev, g16, C), *db16 = upload16(dev, b16, C);
         float *dg32 = dp_test_upload(dev, g32, C), *db32 = dp_test_upload(dev, b32, C);
-        float *m1 = nn_filled(dev, N, 0), *r1 = nn_filled(dev, N, 0), *m2 = nn_filled(dev, N, 0),
-              *r2 = nn_filled(dev, N, 0);
+        float *m1 = dp_test_nn_filled(dev, N, 0), *r1 = dp_test_nn_filled(dev, N, 0), *m2 = dp_test_nn_filled(dev, N, 0),
+              *r2 = dp_test_nn_filled(dev, N, 0);
         dp_assert_ok(dp_layernorm_forward_bf16(dev, o1, m1, r1, dx, dg16, db16, N, C));
         dp_assert_ok(dp_layernorm_forward(dev, o2, m2, r2, dx, dg32, db32, N, C));
         assert_same_floats("layernorm forward", dev, o1, o2, N * C);
-        float *gi1 = nn_filled(dev, N * C, 0.25f), *gi2 = nn_filled(dev, N * C, 0.25f);
-        float *gw1 = nn_filled(dev, C, 0.5f), *gw2 = nn_filled(dev, C, 0.5f);
-        float *gb1 = nn_filled(dev, C, 0.5f), *gb2 = nn_filled(dev, C, 0.5f);
+        float *gi1 = dp_test_nn_filled(dev, N * C, 0.25f), *gi2 = dp_test_nn_filled(dev, N * C, 0.25f);
+        float *gw1 = dp_test_nn_filled(dev, C, 0.5f), *gw2 = dp_test_nn_filled(dev, C, 0.5f);
+        float *gb1 = dp_test_nn_filled(dev, C, 0.5f), *gb2 = dp_test_nn_filled(dev, C, 0.5f);
         dp_assert_ok(dp_layernorm_backward_bf16(dev, gi1, gw1, gb1, ddy, dx, dg16, m1, r1, N, C));
         dp_assert_ok(dp_layernorm_backward(dev, gi2, gw2, gb2, ddy, dx, dg32, m2, r2, N, C));
         assert_same_floats("layernorm dinp", dev, gi1, gi2, N * C);
@@ -320,8 +320,8 @@ Test(bf16_layers, equal_their_float32_twin_on_widened_parameters)
                                                C, OC));
                 snprintf(what, sizeof what, "linear forward%s", how);
                 assert_same_floats(what, dev, o1, o2, N * OC);
-                float *wg1 = nn_filled(dev, OC * C, 0.125f), *wg2 = nn_filled(dev, OC * C, 0.125f);
-                float *bg1 = nn_filled(dev, OC, 0), *bg2 = nn_filled(dev, OC, 0);
+                float *wg1 = dp_test_nn_filled(dev, OC * C, 0.125f), *wg2 = dp_test_nn_filled(dev, OC * C, 0.125f);
+                float *bg1 = dp_test_nn_filled(dev, OC, 0), *bg2 = dp_test_nn_filled(dev, OC, 0);
                 float *bgrad = with_bias ? bg1 : NULL;
                 if (in16)
                     dp_assert_ok(dp_linear_backward_bf16_inp(dev, gi1, wg1, bgrad, dgo, dx16, dw16,
@@ -340,16 +340,16 @@ Test(bf16_layers, equal_their_float32_twin_on_widened_parameters)
                 dp_device_free(dev, wg1), dp_device_free(dev, wg2);
                 dp_device_free(dev, bg1), dp_device_free(dev, bg2);
             }
-        nn_assert_invalid(dp_linear_forward_bf16_inp(dev, o1, NULL, dw16, NULL, N, C, OC), "inp",
+        dp_test_nn_assert_invalid(dp_linear_forward_bf16_inp(dev, o1, NULL, dw16, NULL, N, C, OC), "inp",
                           "dp_linear_forward_bf16_inp");
         /* bf16 math must not equal float32 math on these activations */
         if (prec) {
             dp_device *f32 = dp_test_cpu(2);
             float *fx = dp_test_upload(f32, x, N * C), *fw = dp_test_upload(f32, w32, OC * C);
-            float *fo = nn_filled(f32, N * OC, 0);
+            float *fo = dp_test_nn_filled(f32, N * OC, 0);
             dp_assert_ok(dp_linear_forward(f32, fo, fx, fw, NULL, N, C, OC));
             dp_assert_ok(dp_linear_forward_bf16(dev, o1, dx, dw16, NULL, N, C, OC));
-            float *a = nn_download(dev, o1, N * OC), *b = nn_download(f32, fo, N * OC);
+            float *a = dp_test_nn_download(dev, o1, N * OC), *b = dp_test_nn_download(f32, fo, N * OC);
             cr_assert(memcmp(a, b, N * OC * sizeof *a) != 0,
                       "bf16 precision computed the float32 product");
             free(a), free(b);
@@ -374,24 +374,24 @@ Test(bf16_layers, attention_with_bf16_qkv_is_attention_on_the_rounded_qkv)
         for (int i = 0; i < 3 * BTC; i++) rounded[i] = dp_bf16_to_float(dp_bf16_from_float(qkv[i]));
         float *dq = dp_test_upload(dev, qkv, 3 * BTC), *dr = dp_test_upload(dev, rounded, 3 * BTC);
         float *ddo = dp_test_upload(dev, dout, BTC);
-        float *o1 = nn_filled(dev, BTC, 0), *o2 = nn_filled(dev, BTC, 0);
-        float *a1 = nn_filled(dev, ATT, 0), *a2 = nn_filled(dev, ATT, 0);
-        float *s1 = nn_filled(dev, BTC, 0), *s2 = nn_filled(dev, BTC, 0);
-        float *r32 = nn_filled(dev, 3 * BTC, 0), *f32 = nn_filled(dev, 3 * BTC, 0);
+        float *o1 = dp_test_nn_filled(dev, BTC, 0), *o2 = dp_test_nn_filled(dev, BTC, 0);
+        float *a1 = dp_test_nn_filled(dev, ATT, 0), *a2 = dp_test_nn_filled(dev, ATT, 0);
+        float *s1 = dp_test_nn_filled(dev, BTC, 0), *s2 = dp_test_nn_filled(dev, BTC, 0);
+        float *r32 = dp_test_nn_filled(dev, 3 * BTC, 0), *f32 = dp_test_nn_filled(dev, 3 * BTC, 0);
         dp_bf16 *r16 = NULL;
         dp_assert_ok(dp_device_alloc(dev, 3 * BTC * sizeof *r16, (void **)&r16));
         dp_assert_ok(dp_attention_forward_bf16_qkv(dev, o1, r16, f32, a1, s1, dq, B, T, C, NH));
         dp_assert_ok(dp_attention_forward(dev, o2, r32, a2, s2, dr, B, T, C, NH));
         assert_same_floats("attention out", dev, o1, o2, BTC);
         assert_same_floats("attention probabilities", dev, a1, a2, ATT);
-        float *g1 = nn_filled(dev, 3 * BTC, 0), *g2 = nn_filled(dev, 3 * BTC, 0);
-        float *gr1 = nn_filled(dev, 3 * BTC, 0), *gr2 = nn_filled(dev, 3 * BTC, 0);
-        float *ga1 = nn_filled(dev, ATT, 0), *ga2 = nn_filled(dev, ATT, 0);
+        float *g1 = dp_test_nn_filled(dev, 3 * BTC, 0), *g2 = dp_test_nn_filled(dev, 3 * BTC, 0);
+        float *gr1 = dp_test_nn_filled(dev, 3 * BTC, 0), *gr2 = dp_test_nn_filled(dev, 3 * BTC, 0);
+        float *ga1 = dp_test_nn_filled(dev, ATT, 0), *ga2 = dp_test_nn_filled(dev, ATT, 0);
         dp_assert_ok(dp_attention_backward_bf16_qkv(dev, g1, gr1, ga1, s1, ddo, r16, a1, B, T, C,
                                                     NH));
         dp_assert_ok(dp_attention_backward(dev, g2, gr2, ga2, s2, ddo, r32, a2, B, T, C, NH));
         assert_same_floats("attention dqkv", dev, g1, g2, 3 * BTC);
-        nn_assert_invalid(dp_attention_forward_bf16_qkv(dev, o1, r16, NULL, a1, s1, dq, B, T, C,
+        dp_test_nn_assert_invalid(dp_attention_forward_bf16_qkv(dev, o1, r16, NULL, a1, s1, dq, B, T, C,
                                                         NH),
                           "qkvr_f32", "dp_attention_forward_bf16_qkv");
         free(qkv), free(dout);
@@ -408,10 +408,10 @@ Test(bf16_layers, recomputed_attention_probabilities_are_the_forwards)
         dp_device *dev = dp_test_cpu(1);
         dp_assert_ok(dp_device_set_matmul_precision(dev, prec ? DP_MATMUL_BF16 : DP_MATMUL_FP32));
         float *qkv = random_floats(23, 3 * BTC);
-        float *dq = dp_test_upload(dev, qkv, 3 * BTC), *o = nn_filled(dev, BTC, 0);
-        float *s = nn_filled(dev, BTC, 0), *r32 = nn_filled(dev, 3 * BTC, 0);
-        float *f32 = nn_filled(dev, 3 * BTC, 0);
-        float *att = nn_filled(dev, ATT, 0), *again = nn_filled(dev, ATT, NAN);
+        float *dq = dp_test_upload(dev, qkv, 3 * BTC), *o = dp_test_nn_filled(dev, BTC, 0);
+        float *s = dp_test_nn_filled(dev, BTC, 0), *r32 = dp_test_nn_filled(dev, 3 * BTC, 0);
+        float *f32 = dp_test_nn_filled(dev, 3 * BTC, 0);
+        float *att = dp_test_nn_filled(dev, ATT, 0), *again = dp_test_nn_filled(dev, ATT, NAN);
         dp_bf16 *r16 = NULL;
         dp_assert_ok(dp_device_alloc(dev, 3 * BTC * sizeof *r16, (void **)&r16));
         dp_assert_ok(dp_attention_forward(dev, o, r32, att, s, dq, B, T, C, NH));
@@ -421,11 +421,11 @@ Test(bf16_layers, recomputed_attention_probabilities_are_the_forwards)
         dp_assert_ok(dp_memset(dev, again, 0xff, ATT * sizeof(float)));
         dp_assert_ok(dp_attention_probs_bf16_qkv(dev, again, r16, B, T, C, NH));
         assert_same_floats("probabilities from bfloat16 qkvr", dev, again, att, ATT);
-        nn_assert_invalid(dp_attention_probs(dev, NULL, r32, B, T, C, NH), "att",
+        dp_test_nn_assert_invalid(dp_attention_probs(dev, NULL, r32, B, T, C, NH), "att",
                           "dp_attention_probs");
-        nn_assert_invalid(dp_attention_probs_bf16_qkv(dev, again, r16, B, T, 15, NH), "C=15",
+        dp_test_nn_assert_invalid(dp_attention_probs_bf16_qkv(dev, again, r16, B, T, 15, NH), "C=15",
                           "dp_attention_probs_bf16_qkv");
-        nn_assert_invalid(dp_attention_probs(dev, att, att, B, T, C, NH), "same buffer",
+        dp_test_nn_assert_invalid(dp_attention_probs(dev, att, att, B, T, C, NH), "same buffer",
                           "dp_attention_probs");
         free(qkv);
         dp_device_close(dev);
@@ -455,7 +455,7 @@ Test(bf16_layers, gelu_backward_over_bf16_input_is_gelu_backward_on_the_rounded_
     }
     dp_bf16 *d16 = upload16(dev, x16, N);
     float *d32 = dp_test_upload(dev, x32, N), *dd = dp_test_upload(dev, dout, N);
-    float *g1 = nn_filled(dev, N, 0), *g2 = nn_filled(dev, N, 0);
+    float *g1 = dp_test_nn_filled(dev, N, 0), *g2 = dp_test_nn_filled(dev, N, 0);
     dp_assert_ok(dp_gelu_backward_bf16_inp(dev, g1, d16, dd, N));
     dp_assert_ok(dp_gelu_backward(dev, g2, d32, dd, N));
     assert_same_floats("gelu backward", dev, g1, g2, N);
@@ -463,7 +463,7 @@ Test(bf16_layers, gelu_backward_over_bf16_input_is_gelu_backward_on_the_rounded_
     assert_same_floats("gelu backward in place", dev, dd, g2, N);
     /* the forward: bf16(gelu(x)) */
     dp_assert_ok(dp_gelu_forward(dev, g2, d32, N));
-    float *f32 = nn_download(dev, g2, N);
+    float *f32 = dp_test_nn_download(dev, g2, N);
     dp_bf16 *o16 = upload16(dev, x16, N), h16[N];
     dp_assert_ok(dp_gelu_forward_bf16(dev, o16, d16, N));
     dp_assert_ok(dp_copy_d2h(dev, h16, o16, sizeof h16));
@@ -474,14 +474,14 @@ Test(bf16_layers, gelu_backward_over_bf16_input_is_gelu_backward_on_the_rounded_
     dp_bf16 in_place[N];
     dp_assert_ok(dp_copy_d2h(dev, in_place, d16, sizeof in_place));
     cr_assert(memcmp(in_place, h16, sizeof h16) == 0, "gelu forward in place differs");
-    nn_assert_invalid(dp_gelu_forward_bf16(dev, NULL, d16, N), "out", "dp_gelu_forward_bf16");
+    dp_test_nn_assert_invalid(dp_gelu_forward_bf16(dev, NULL, d16, N), "out", "dp_gelu_forward_bf16");
     free(f32);
-    float *h = nn_download(dev, g1, N);
+    float *h = dp_test_nn_download(dev, g1, N);
     dp_assert_allclose(h, ref, N, 1e-6, 1e-5);
     free(h), free(dout);
-    nn_assert_invalid(dp_gelu_backward_bf16_inp(dev, g1, NULL, g2, N), "inp",
+    dp_test_nn_assert_invalid(dp_gelu_backward_bf16_inp(dev, g1, NULL, g2, N), "inp",
                       "dp_gelu_backward_bf16_inp");
-    nn_assert_invalid(dp_gelu_backward_bf16_inp(dev, g1, d16, g2, 0), "n",
+    dp_test_nn_assert_invalid(dp_gelu_backward_bf16_inp(dev, g1, d16, g2, 0), "n",
                       "dp_gelu_backward_bf16_inp");
     dp_device_close(dev);
 }
@@ -489,18 +489,18 @@ Test(bf16_layers, gelu_backward_over_bf16_input_is_gelu_backward_on_the_rounded_
 Test(bf16_layers, argument_errors_name_the_bf16_function)
 {
     dp_device *dev = dp_test_cpu(0);
-    float *f = nn_filled(dev, 64, 0);
+    float *f = dp_test_nn_filled(dev, 64, 0);
     dp_bf16 *h = upload16(dev, (dp_bf16[64]){0}, 64);
     int32_t *t = nn_upload_i32(dev, (int32_t[4]){0}, 4);
-    nn_assert_invalid(dp_encoder_forward_bf16(dev, f, t, NULL, h, 1, 2, 2), "wte",
+    dp_test_nn_assert_invalid(dp_encoder_forward_bf16(dev, f, t, NULL, h, 1, 2, 2), "wte",
                       "dp_encoder_forward_bf16");
-    nn_assert_invalid(dp_linear_forward_bf16(dev, f, f, h, NULL, 0, 2, 2), "N",
+    dp_test_nn_assert_invalid(dp_linear_forward_bf16(dev, f, f, h, NULL, 0, 2, 2), "N",
                       "dp_linear_forward_bf16");
-    nn_assert_invalid(dp_linear_backward_bf16(dev, f, NULL, NULL, f, f, h, 2, 2, 2), "dweight",
+    dp_test_nn_assert_invalid(dp_linear_backward_bf16(dev, f, NULL, NULL, f, f, h, 2, 2, 2), "dweight",
                       "dp_linear_backward_bf16");
-    nn_assert_invalid(dp_layernorm_forward_bf16(dev, f, f, f, f, h, NULL, 2, 2), "bias",
+    dp_test_nn_assert_invalid(dp_layernorm_forward_bf16(dev, f, f, f, f, h, NULL, 2, 2), "bias",
                       "dp_layernorm_forward_bf16");
-    nn_assert_invalid(dp_layernorm_backward_bf16(dev, f, f, f, f, f, h, f, f, 2, 0), "C",
+    dp_test_nn_assert_invalid(dp_layernorm_backward_bf16(dev, f, f, f, f, f, h, f, f, 2, 0), "C",
                       "dp_layernorm_backward_bf16");
     dp_device_close(dev);
 }
@@ -533,11 +533,11 @@ Test(bf16_threads, concurrent_gemms_on_one_device_get_their_own_results)
     dp_assert_ok(dp_device_set_matmul_precision(dev, DP_MATMUL_BF16));
     float *x = random_floats(11, N * N), *y = random_floats(12, N * N);
     float *A[2] = {dp_test_upload(dev, x, N * N), dp_test_upload(dev, y, N * N)};
-    float *C[2] = {nn_filled(dev, N * N, 0), nn_filled(dev, N * N, 0)};
+    float *C[2] = {dp_test_nn_filled(dev, N * N, 0), dp_test_nn_filled(dev, N * N, 0)};
     float *want[2];
     for (int i = 0; i < 2; i++) {
         dp_assert_ok(dp_gemm(dev, DP_OP_N, DP_OP_N, N, N, N, 1, A[i], N, A[i], N, 0, C[i], N));
-        want[i] = nn_download(dev, C[i], N * N);
+        want[i] = dp_test_nn_download(dev, C[i], N * N);
         dp_assert_ok(dp_memset(dev, C[i], 0, N * N * sizeof(float)));
     }
     pthread_t th[2];
@@ -547,7 +547,7 @@ Test(bf16_threads, concurrent_gemms_on_one_device_get_their_own_results)
         void *r;
         pthread_join(th[i], &r);
         cr_assert_null(r, "a GEMM failed on thread %d", i);
-        float *got = nn_download(dev, C[i], N * N);
+        float *got = dp_test_nn_download(dev, C[i], N * N);
         cr_assert(memcmp(got, want[i], N * N * sizeof(float)) == 0, "thread %d's product", i);
         free(got);
         free(want[i]);
@@ -563,11 +563,11 @@ Test(bf16_threads, the_callers_openmp_setting_is_restored)
 {
     dp_device *dev = dp_test_cpu(0);
     dp_assert_ok(dp_device_set_matmul_precision(dev, DP_MATMUL_BF16));
-    float *a = nn_filled(dev, 64, 1.0f), *c = nn_filled(dev, 64, 0);
+    float *a = dp_test_nn_filled(dev, 64, 1.0f), *c = dp_test_nn_filled(dev, 64, 0);
     omp_set_num_threads(3);
     dp_assert_ok(dp_gemm(dev, DP_OP_N, DP_OP_N, 8, 8, 8, 1, a, 8, a, 8, 0, c, 8));
     cr_assert_eq(omp_get_max_threads(), 3);
-    float *h = nn_download(dev, c, 64);
+    float *h = dp_test_nn_download(dev, c, 64);
     cr_assert_eq(h[0], 8.0f);
     free(h);
     dp_device_close(dev);

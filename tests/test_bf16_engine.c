@@ -58,7 +58,7 @@ static dp_engine *open_engine(const dp_model *m, size_t k, const dp_engine_confi
 static dp_step_stats step(dp_engine *e, int s)
 {
     int32_t tok[EROWS * EBS], tgt[EROWS * EBS];
-    gpt_batch(s, EROWS, tok, tgt);
+    dp_test_gpt_batch(s, EROWS, tok, tgt);
     dp_batch b = {EROWS, tok, tgt};
     dp_step_stats st;
     dp_assert_ok(dp_engine_step(e, &b, &st));
@@ -329,13 +329,13 @@ Test(bf16_engine, failed_update_and_divergence_resync_from_masters, .timeout = 6
     step(e, 0);
     dp_engine_inject_fault(e, 2, DP_PHASE_OPTIMIZER, DP_ERR_DEVICE);
     int32_t tok[EROWS * EBS], tgt[EROWS * EBS];
-    gpt_batch(1, EROWS, tok, tgt);
+    dp_test_gpt_batch(1, EROWS, tok, tgt);
     dp_batch b = {EROWS, tok, tgt};
     cr_assert_eq(dp_engine_step(e, &b, NULL), DP_ERR_DEVICE);
     step(e, 2);
     assert_replicas_are_rounded_masters(e, "after a failed update and the next step");
     dp_engine_inject_divergence(e, 1);
-    gpt_batch(3, EROWS, tok, tgt);
+    dp_test_gpt_batch(3, EROWS, tok, tgt);
     cr_assert_eq(dp_engine_step(e, &b, NULL), DP_ERR_INTERNAL, "the replica check missed it");
     cr_assert(strstr(dp_last_error(), "cpu:1"), "%s", dp_last_error());
     step(e, 4);
@@ -344,7 +344,7 @@ Test(bf16_engine, failed_update_and_divergence_resync_from_masters, .timeout = 6
      * never copies that slice to its owner; the rounding of the master
      * restores it. */
     dp_engine_inject_divergence(e, 0);
-    gpt_batch(5, EROWS, tok, tgt);
+    dp_test_gpt_batch(5, EROWS, tok, tgt);
     cr_assert_eq(dp_engine_step(e, &b, NULL), DP_ERR_INTERNAL, "the replica check missed it");
     step(e, 6);
     assert_replicas_are_rounded_masters(e, "after the root diverged and the next step");
@@ -376,7 +376,7 @@ Test(bf16_engine, conversion_scratch_past_the_limit_fails_the_step_cleanly, .tim
     dev = dp_engine_device(e, 0);
     dp_assert_ok(dp_device_set_limit(dev, st.devices[0].peak + scratch / 2));
     int32_t tok[EROWS * EBS], tgt[EROWS * EBS];
-    gpt_batch(0, EROWS, tok, tgt);
+    dp_test_gpt_batch(0, EROWS, tok, tgt);
     dp_batch b = {EROWS, tok, tgt};
     cr_assert_eq(dp_engine_step(e, &b, NULL), DP_ERR_OUT_OF_MEMORY);
     cr_assert(strstr(dp_last_error(), "scratch") && strstr(dp_last_error(), "cpu:0"), "%s",

@@ -94,7 +94,7 @@ static void check_references(const dp_tokenizer *t, const char *what)
 {
     json_t *root;
     size_t count;
-    bpe_ref *r = bpe_refs(&count, &root);
+    bpe_ref *r = dp_test_bpe_refs(&count, &root);
     for (size_t i = 0; i < count; i++) {
         size_t n;
         int32_t *ids = bpe_encode_all(t, r[i].text, r[i].len, 0, &n);
@@ -114,7 +114,7 @@ static void check_references(const dp_tokenizer *t, const char *what)
         free(back);
         free(ids);
     }
-    bpe_refs_free(r, count, root);
+    dp_test_bpe_refs_free(r, count, root);
 }
 
 // --- loading and the reference ids ----------------------------------------------------
@@ -293,7 +293,7 @@ Test(bpe, pieces_cut_at_cut_points_give_the_whole_ids)
 {
     dp_tokenizer *t = load(bpe_data("tokenizer.json"));
     size_t len, n;
-    char *text = bpe_joined_refs('\n', 3, 0, 1 << 16, &len);
+    char *text = dp_test_bpe_joined_refs('\n', 3, 0, 1 << 16, &len);
     int32_t *whole = bpe_encode_all(t, text, len, 0, &n);
     int32_t *pieces = malloc(n * sizeof *pieces);
     size_t k = 0, at = 0, cuts = 0;
@@ -607,7 +607,7 @@ Test(bpe, threads_share_a_tokenizer)
 {
     dp_tokenizer *t = load(bpe_data("tokenizer.json"));
     size_t len;
-    char *text = bpe_joined_refs(0, 1, 0, 1 << 16, &len);
+    char *text = dp_test_bpe_joined_refs(0, 1, 0, 1 << 16, &len);
     job jobs[2];
     pthread_t th[2];
     for (int k = 0; k < 2; k++) {

@@ -200,12 +200,12 @@ ParameterizedTest(int *c, contract, engine_refuses_a_count_unlike_the_plan)
     mlp_init_model(&r.net, &mc, &r.model);
     counting cc = {dp_criterion_cross_entropy(), *c % 10};
     dp_criterion crit = {&cc, counting_scratch, counting_fb, DP_TARGET_CLASS};
-    dp_engine_config cfg = base_cfg(*c / 10 ? DP_MODE_GATHER : DP_MODE_BALANCED);
+    dp_engine_config cfg = dp_test_base_cfg(*c / 10 ? DP_MODE_GATHER : DP_MODE_BALANCED);
     dp_device_spec specs[2] = {{DP_DEVICE_CPU, 0}, {DP_DEVICE_CPU, 1}};
     dp_assert_ok(dp_engine_create(specs, 2, &r.model, &crit, &cfg, &r.e));
     float x[20 * D];
     int32_t y[20];
-    make_batch(0, 20, 5, x, y); /* 4 of 20 ignored */
+    dp_test_make_batch(0, 20, 5, x, y); /* 4 of 20 ignored */
     dp_batch b = {20, x, y};
     float before[4096], after[4096];
     cr_assert(r.model.n_params <= 4096);
@@ -227,10 +227,10 @@ ParameterizedTest(int *c, contract, engine_refuses_a_count_unlike_the_plan)
               "a refused step must not update the parameters");
     /* The same batch without ignored targets agrees with the plan: it trains. */
     if (*c % 10 == 0) {
-        make_batch(0, 20, 0, x, y);
+        dp_test_make_batch(0, 20, 0, x, y);
         dp_assert_ok(dp_engine_step(r.e, &b, NULL));
     }
-    run_close(&r);
+    dp_test_run_close(&r);
 }
 
 Test(contract, create_refuses_a_criterion_for_other_targets)
@@ -239,7 +239,7 @@ Test(contract, create_refuses_a_criterion_for_other_targets)
     dp_model model;
     mlp_init_model(&net, &(mlp_config){D, H, K, DP_DTYPE_F32}, &model);
     dp_criterion mse = dp_criterion_mse();
-    dp_engine_config cfg = base_cfg(DP_MODE_BALANCED);
+    dp_engine_config cfg = dp_test_base_cfg(DP_MODE_BALANCED);
     dp_device_spec spec = {DP_DEVICE_CPU, 0};
     dp_engine *e = NULL;
     cr_assert_eq(dp_engine_create(&spec, 1, &model, &mse, &cfg, &e), DP_ERR_INVALID_ARGUMENT);
@@ -328,13 +328,13 @@ ParameterizedTest(int *c, contract, callback_messages_reach_last_error)
     model.backward = f_backward;
     f.inner_crit = dp_criterion_cross_entropy();
     dp_criterion crit = {&f, f_scratch, f_crit, DP_TARGET_CLASS};
-    dp_engine_config cfg = base_cfg((*c / 10) % 10 ? DP_MODE_GATHER : DP_MODE_BALANCED);
+    dp_engine_config cfg = dp_test_base_cfg((*c / 10) % 10 ? DP_MODE_GATHER : DP_MODE_BALANCED);
     dp_device_spec specs[2] = {{DP_DEVICE_CPU, 0}, {DP_DEVICE_CPU, 1}};
     dp_engine *e = NULL;
     dp_assert_ok(dp_engine_create(specs, 2, &model, &crit, &cfg, &e));
     float x[8 * D];
     int32_t y[8];
-    make_batch(1, 8, 0, x, y);
+    dp_test_make_batch(1, 8, 0, x, y);
     dp_batch b = {8, x, y};
     /* a stale message from an earlier failure must not leak into this one */
     dp_set_error(DP_ERR_IO, "an unrelated old message");

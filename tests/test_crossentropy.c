@@ -47,19 +47,19 @@ static ce_result run_ce(const float *logits, const int32_t *targets, size_t N, s
     dp_device *dev = dp_test_cpu(0);
     float *d_logits = dp_test_upload(dev, logits, N * V);
     int32_t *d_t = nn_upload_i32(dev, targets, N);
-    float *d_losses = nn_filled(dev, N, NAN);
+    float *d_losses = dp_test_nn_filled(dev, N, NAN);
     /* NaN garbage in dlogits: every element, ignored rows included, must be
      * written. */
-    float *d_dl = mode == 0 ? nn_filled(dev, N * V, NAN) : NULL;
+    float *d_dl = mode == 0 ? dp_test_nn_filled(dev, N * V, NAN) : NULL;
     float *dl_arg = mode == 0 ? d_dl : mode == 1 ? d_logits : NULL;
     ce_result r = {-1.0, NULL, NULL};
     dp_assert_ok(dp_crossentropy_forward_backward(dev, &r.loss_sum, dl_arg, d_losses, d_logits,
                                                   d_t, N, V, dscale));
-    r.losses = nn_download(dev, d_losses, N);
-    if (mode == 0) r.dlogits = nn_download(dev, d_dl, N * V);
-    if (mode == 1) r.dlogits = nn_download(dev, d_logits, N * V);
+    r.losses = dp_test_nn_download(dev, d_losses, N);
+    if (mode == 0) r.dlogits = dp_test_nn_download(dev, d_dl, N * V);
+    if (mode == 1) r.dlogits = dp_test_nn_download(dev, d_logits, N * V);
     if (mode == 2) {
-        float *after = nn_download(dev, d_logits, N * V);
+        float *after = dp_test_nn_download(dev, d_logits, N * V);
         cr_assert(memcmp(after, logits, N * V * sizeof(float)) == 0,
                   "loss-only mode modified logits");
         free(after);
@@ -73,7 +73,7 @@ static ce_result run_ce(const float *logits, const int32_t *targets, size_t N, s
     dp_device_free(dev, d_t);
     dp_device_free(dev, d_losses);
     dp_device_free(dev, d_dl);
-    nn_assert_all_freed(dev);
+    dp_test_nn_assert_all_freed(dev);
     dp_device_close(dev);
     return r;
 }
@@ -315,33 +315,33 @@ Test(crossentropy, more_rows_than_one_host_chunk)
 Test(crossentropy, bad_arguments)
 {
     dp_device *dev = dp_test_cpu(0);
-    float *f = nn_filled(dev, 16, 0.0f);
+    float *f = dp_test_nn_filled(dev, 16, 0.0f);
     int32_t zeros[4] = {0};
     int32_t *t = nn_upload_i32(dev, zeros, 4);
     double sum = 0.0;
-    nn_assert_invalid(dp_crossentropy_forward_backward(NULL, &sum, f, f, f, t, 4, 4, 1.0f),
+    dp_test_nn_assert_invalid(dp_crossentropy_forward_backward(NULL, &sum, f, f, f, t, 4, 4, 1.0f),
                       "dev", NULL);
-    nn_assert_invalid(dp_crossentropy_forward_backward(dev, NULL, f, f, f, t, 4, 4, 1.0f),
+    dp_test_nn_assert_invalid(dp_crossentropy_forward_backward(dev, NULL, f, f, f, t, 4, 4, 1.0f),
                       "loss_sum_host", "cpu:0");
-    nn_assert_invalid(dp_crossentropy_forward_backward(dev, &sum, f, NULL, f, t, 4, 4, 1.0f),
+    dp_test_nn_assert_invalid(dp_crossentropy_forward_backward(dev, &sum, f, NULL, f, t, 4, 4, 1.0f),
                       "losses", NULL);
-    nn_assert_invalid(dp_crossentropy_forward_backward(dev, &sum, f, f, NULL, t, 4, 4, 1.0f),
+    dp_test_nn_assert_invalid(dp_crossentropy_forward_backward(dev, &sum, f, f, NULL, t, 4, 4, 1.0f),
                       "logits", NULL);
-    nn_assert_invalid(dp_crossentropy_forward_backward(dev, &sum, f, f, f, NULL, 4, 4, 1.0f),
+    dp_test_nn_assert_invalid(dp_crossentropy_forward_backward(dev, &sum, f, f, f, NULL, 4, 4, 1.0f),
                       "targets", NULL);
-    nn_assert_invalid(dp_crossentropy_forward_backward(dev, &sum, f, f, f, t, 0, 4, 1.0f),
+    dp_test_nn_assert_invalid(dp_crossentropy_forward_backward(dev, &sum, f, f, f, t, 0, 4, 1.0f),
                       "N=0", "dp_crossentropy_forward_backward");
-    nn_assert_invalid(dp_crossentropy_forward_backward(dev, &sum, f, f, f, t, 4, 0, 1.0f),
+    dp_test_nn_assert_invalid(dp_crossentropy_forward_backward(dev, &sum, f, f, f, t, 4, 0, 1.0f),
                       "V=0", NULL);
-    nn_assert_invalid(dp_crossentropy_forward_backward(dev, &sum, f, f, f, t, SIZE_MAX, 4,
+    dp_test_nn_assert_invalid(dp_crossentropy_forward_backward(dev, &sum, f, f, f, t, SIZE_MAX, 4,
                                                        1.0f),
                       "overflow", NULL);
-    nn_assert_invalid(dp_crossentropy_forward_backward(dev, &sum, f, f, f, t, 4, 4, NAN),
+    dp_test_nn_assert_invalid(dp_crossentropy_forward_backward(dev, &sum, f, f, f, t, 4, 4, NAN),
                       "dscale", NULL);
-    nn_assert_invalid(dp_crossentropy_forward_backward(dev, &sum, f, f, f, t, 4, 4, INFINITY),
+    dp_test_nn_assert_invalid(dp_crossentropy_forward_backward(dev, &sum, f, f, f, t, 4, 4, INFINITY),
                       "dscale", NULL);
     dp_device_free(dev, f);
     dp_device_free(dev, t);
-    nn_assert_all_freed(dev);
+    dp_test_nn_assert_all_freed(dev);
     dp_device_close(dev);
 }

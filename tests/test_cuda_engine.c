@@ -67,7 +67,7 @@ enum { NP_MAX = 4096 };
  * wrong 1/N. */
 static dp_engine_config cuda_cfg(dp_mode mode, dp_optimizer opt)
 {
-    dp_engine_config c = base_cfg(mode);
+    dp_engine_config c = dp_test_base_cfg(mode);
     c.optim.kind = opt;
     c.optim.momentum = 0.9f;
     c.optim.grad_clip = opt == DP_OPTIMIZER_SGD ? 0.0f : 1.0f;
@@ -91,7 +91,7 @@ static void train_mlp_as(const dp_device_spec *specs, size_t k, dp_engine_config
     float x[MAXROWS * D];
     int32_t y[MAXROWS];
     for (int s = 0; s < STEPS; s++) {
-        make_batch(s, rows, 3, x, y);
+        dp_test_make_batch(s, rows, 3, x, y);
         dp_batch b = {(size_t)rows, x, y};
         dp_step_stats st;
         dp_assert_ok(dp_engine_step(e, &b, &st));
@@ -187,7 +187,7 @@ static void train_wide(const dp_device_spec *specs, size_t k, dp_engine_config c
     float x[7 * D];
     int32_t y[7];
     for (int s = 0; s < STEPS; s++) {
-        make_batch(s, 7, 3, x, y);
+        dp_test_make_batch(s, 7, 3, x, y);
         dp_batch b = {7, x, y};
         dp_step_stats st;
         dp_assert_ok(dp_engine_step(e, &b, &st));
@@ -338,7 +338,7 @@ static dp_engine *gpt_engine(const dp_gpt *g, const dp_device_spec *specs, size_
 static double gpt_step(dp_engine *e, int s)
 {
     int32_t tok[EROWS * EBS], tgt[EROWS * EBS];
-    gpt_batch(s, EROWS, tok, tgt);
+    dp_test_gpt_batch(s, EROWS, tok, tgt);
     dp_batch b = {EROWS, tok, tgt};
     dp_step_stats st;
     dp_assert_ok(dp_engine_step(e, &b, &st));

@@ -318,7 +318,7 @@ static void check_gemm(dp_device *dev, const gemm_case *c, double bound_rel, uin
         dp_assert_ok(dp_gemm_strided_batched(dev, c->ta, c->tb, c->m, c->n, c->k, c->alpha, dA,
                                              c->lda, sa, dB, c->ldb, sb, c->beta, dC, c->ldc, sc,
                                              c->batch));
-    float *got = nn_download(dev, dC, nc);
+    float *got = dp_test_nn_download(dev, dC, nc);
     double worst = 0.0;
     for (int b = 0; b < c->batch; b++)
         for (int j = 0; j < c->n; j++)
@@ -536,7 +536,7 @@ Test(cuda_ops, bf16_conversion_is_bitwise_equal, .timeout = 60)
             dp_assert_ok(dp_convert(d, hd, DP_DTYPE_BF16, xd, DP_DTYPE_F32, N));
             dp_assert_ok(dp_convert(d, bd, DP_DTYPE_F32, hd, DP_DTYPE_BF16, N));
             dp_assert_ok(dp_copy_d2h(d, h[b], hd, sizeof h[b]));
-            back[b] = nn_download(d, bd, N);
+            back[b] = dp_test_nn_download(d, bd, N);
             dp_device_free(d, xd);
             dp_device_free(d, bd);
             dp_device_free(d, hd);
@@ -591,7 +591,7 @@ static void check_pack(size_t rows, size_t cols, size_t pad, size_t off, uint64_
             dp_assert_ok(d->ops->pack_bf16_f32(d, wd, hd, blk, n));
             r16[b] = xmalloc(n * 2);
             dp_assert_ok(dp_copy_d2h(d, r16[b], rd, n * 2));
-            w32[b] = nn_download(d, wd, n);
+            w32[b] = dp_test_nn_download(d, wd, n);
             void *bufs[] = {xd, wd, hd, rd};
             for (size_t i = 0; i < 4; i++) dp_device_free(d, bufs[i]);
         }
@@ -645,9 +645,9 @@ Test(cuda_ops, encoder_is_bitwise_equal, .timeout = 60)
             float *gw = dp_test_upload(d, dwte0, V * C), *gp = dp_test_upload(d, dwpe0, MAXT * C);
             dp_assert_ok(dp_encoder_forward(d, o, dtok, dwte_d, dwpe_d, B, T, C));
             dp_assert_ok(dp_encoder_backward(d, gw, gp, dout_d, dtok, B, T, C));
-            out[b] = nn_download(d, o, B * T * C);
-            dwte[b] = nn_download(d, gw, V * C);
-            dwpe[b] = nn_download(d, gp, MAXT * C);
+            out[b] = dp_test_nn_download(d, o, B * T * C);
+            dwte[b] = dp_test_nn_download(d, gw, V * C);
+            dwpe[b] = dp_test_nn_download(d, gp, MAXT * C);
             void *bufs[] = {dwte_d, dwpe_d, dtok, dout_d, o, gw, gp};
             for (size_t i = 0; i < 7; i++) dp_device_free(d, bufs[i]);
         }
@@ -683,8 +683,8 @@ Test(cuda_ops, bias_broadcast_and_backward_are_bitwise_equal)
             float *dd = dp_test_upload(d, dout, N * OC), *gd = dp_test_upload(d, db0, OC);
             dp_assert_ok(d->ops->bias_broadcast(d, o, dp_pref_f32(bd), N, OC));
             dp_assert_ok(d->ops->bias_backward(d, gd, dd, N, OC));
-            out[b] = nn_download(d, o, N * OC);
-            db[b] = nn_download(d, gd, OC);
+            out[b] = dp_test_nn_download(d, o, N * OC);
+            db[b] = dp_test_nn_download(d, gd, OC);
             dp_device_free(d, bd);
             dp_device_free(d, o);
             dp_device_free(d, dd);
@@ -734,9 +734,9 @@ static void check_layernorm(size_t N, size_t C)
                   *bd = dp_test_upload(d, bias, C), *od = dalloc(d, N * C * 4),
                   *md = dalloc(d, N * 4), *rd = dalloc(d, N * 4);
             dp_assert_ok(dp_layernorm_forward(d, od, md, rd, xd, wd, bd, N, C));
-            out[b] = nn_download(d, od, N * C);
-            mean[b] = nn_download(d, md, N);
-            rstd[b] = nn_download(d, rd, N);
+            out[b] = dp_test_nn_download(d, od, N * C);
+            mean[b] = dp_test_nn_download(d, md, N);
+            rstd[b] = dp_test_nn_download(d, rd, N);
             dp_device_free(d, md);
             dp_device_free(d, rd);
             /* backward from the CPU's statistics */
@@ -745,9 +745,9 @@ static void check_layernorm(size_t N, size_t C)
             float *gd = dp_test_upload(d, dout, N * C), *di = dp_test_upload(d, dinp0, N * C),
                   *dwd = dp_test_upload(d, dw0, C), *dbd = dp_test_upload(d, db0, C);
             dp_assert_ok(dp_layernorm_backward(d, di, dwd, dbd, gd, xd, wd, md, rd, N, C));
-            dinp[b] = nn_download(d, di, N * C);
-            dw[b] = nn_download(d, dwd, C);
-            db[b] = nn_download(d, dbd, C);
+            dinp[b] = dp_test_nn_download(d, di, N * C);
+            dw[b] = dp_test_nn_download(d, dwd, C);
+            db[b] = dp_test_nn_download(d, dbd, C);
             void *bufs[] = {xd, wd, bd, od, md, rd, gd, di, dwd, dbd};
             for (size_t i = 0; i < 10; i++) dp_device_free(d, bufs[i]);
         }
@@ -810,10 +810,10 @@ Test(cuda_ops, gelu_matches_cpu_including_saturation, .timeout = 60)
                   *gd = dp_test_upload(d, dout, N), *di = dalloc(d, N * 4);
             dp_assert_ok(dp_gelu_forward(d, od, xd, N));
             dp_assert_ok(dp_gelu_backward(d, di, xd, gd, N));
-            out[b] = nn_download(d, od, N);
-            dinp[b] = nn_download(d, di, N);
+            out[b] = dp_test_nn_download(d, od, N);
+            dinp[b] = dp_test_nn_download(d, di, N);
             dp_assert_ok(dp_gelu_backward(d, gd, xd, gd, N)); /* in place over dout */
-            inplace[b] = nn_download(d, gd, N);
+            inplace[b] = dp_test_nn_download(d, gd, N);
             dp_device_free(d, xd);
             dp_device_free(d, od);
             dp_device_free(d, gd);
@@ -838,13 +838,13 @@ Test(cuda_ops, gelu_matches_cpu_including_saturation, .timeout = 60)
                   *d16 = dalloc(d, N * 4), *d32 = dalloc(d, N * 4);
             dp_assert_ok(dp_gelu_backward_bf16_inp(d, d16, x16, gd, N));
             dp_assert_ok(dp_gelu_backward(d, d32, x32, gd, N));
-            float *h16 = nn_download(d, d16, N), *h32 = nn_download(d, d32, N);
+            float *h16 = dp_test_nn_download(d, d16, N), *h32 = dp_test_nn_download(d, d32, N);
             assert_same_bits(b ? "gelu backward from bf16 input (gpu)"
                                : "gelu backward from bf16 input (cpu)", h16, h32, N);
             /* and the bf16 forward: bf16 of the float32 forward on the same values */
             dp_assert_ok(dp_gelu_forward(d, d32, x32, N));
             dp_assert_ok(dp_gelu_forward_bf16(d, x16, x16, N)); /* in place */
-            float *f32 = nn_download(d, d32, N);
+            float *f32 = dp_test_nn_download(d, d32, N);
             dp_bf16 *o16 = xmalloc(N * sizeof *o16);
             dp_assert_ok(dp_copy_d2h(d, o16, x16, N * sizeof *o16));
             for (int i = 0; i < N; i++)
@@ -884,13 +884,13 @@ Test(cuda_ops, elementwise_ops_are_bitwise_equal, .timeout = 60)
             float *ad = dp_test_upload(d, a, n), *bd = dp_test_upload(d, bb, n),
                   *od = dalloc(d, n * 4);
             dp_assert_ok(d->ops->add(d, od, ad, bd, n));
-            sum[b] = nn_download(d, od, n);
+            sum[b] = dp_test_nn_download(d, od, n);
             dp_assert_ok(d->ops->accumulate(d, od, ad, n));
-            acc[b] = nn_download(d, od, n);
+            acc[b] = dp_test_nn_download(d, od, n);
             dp_assert_ok(d->ops->scale(d, od, -0.3f, n));
-            sc[b] = nn_download(d, od, n);
+            sc[b] = dp_test_nn_download(d, od, n);
             dp_assert_ok(d->ops->add(d, ad, ad, bd, n)); /* out aliases a */
-            alias[b] = nn_download(d, ad, n);
+            alias[b] = dp_test_nn_download(d, ad, n);
             dp_device_free(d, ad);
             dp_device_free(d, bd);
             dp_device_free(d, od);
@@ -967,10 +967,10 @@ Test(cuda_ops, attention_permutes_are_bitwise_equal)
             dp_assert_ok(d->ops->attention_permute_backward(d, o2, o1, B, T, NH, HS));
             dp_assert_ok(d->ops->attention_unpermute(d, o3, yd, B, T, NH, HS));
             dp_assert_ok(d->ops->attention_unpermute_backward(d, o4, o3, B, T, NH, HS));
-            res[b][0] = nn_download(d, o1, NQ);
-            res[b][1] = nn_download(d, o2, NQ);
-            res[b][2] = nn_download(d, o3, B * T * C);
-            res[b][3] = nn_download(d, o4, B * T * C);
+            res[b][0] = dp_test_nn_download(d, o1, NQ);
+            res[b][1] = dp_test_nn_download(d, o2, NQ);
+            res[b][2] = dp_test_nn_download(d, o3, B * T * C);
+            res[b][3] = dp_test_nn_download(d, o4, B * T * C);
             void *bufs[] = {qd, yd, o1, o2, o3, o4};
             for (size_t i = 0; i < 6; i++) dp_device_free(d, bufs[i]);
         }
@@ -1017,14 +1017,14 @@ static void check_softmax(size_t BNH, size_t T, size_t q0, size_t nq, uint64_t s
             dp_device *d = p.d[b];
             float *ad = dp_test_upload(d, s, n);
             dp_assert_ok(d->ops->softmax_causal_forward(d, ad, scale, T, q0, nq, rows));
-            att[b] = nn_download(d, ad, n);
+            att[b] = dp_test_nn_download(d, ad, n);
             dp_device_free(d, ad);
         }
         for (int b = 0; b < 2; b++) {
             dp_device *d = p.d[b];
             float *ad = dp_test_upload(d, att[0], n), *gd = dp_test_upload(d, gin, n);
             dp_assert_ok(d->ops->softmax_causal_backward(d, gd, ad, scale, T, q0, nq, rows));
-            ds[b] = nn_download(d, gd, n);
+            ds[b] = dp_test_nn_download(d, gd, n);
             dp_device_free(d, ad);
             dp_device_free(d, gd);
         }
@@ -1091,10 +1091,10 @@ static void check_crossentropy(size_t N, size_t V, uint64_t seed)
                   *losses = dalloc(d, N * 4);
             int32_t *td = nn_upload_i32(d, tg, N);
             dp_assert_ok(dp_crossentropy_forward_backward(d, &loss[b], gd, losses, ld, td, N, V, dscale));
-            dl[b] = nn_download(d, gd, N * V);
+            dl[b] = dp_test_nn_download(d, gd, N * V);
             dp_assert_ok(dp_crossentropy_forward_backward(d, &loss_only[b], NULL, losses, ld, td, N, V, dscale));
             dp_assert_ok(dp_crossentropy_forward_backward(d, &loss_in[b], ld, losses, ld, td, N, V, dscale));
-            inpl[b] = nn_download(d, ld, N * V);
+            inpl[b] = dp_test_nn_download(d, ld, N * V);
             dp_device_free(d, ld);
             dp_device_free(d, gd);
             dp_device_free(d, losses);
@@ -1146,7 +1146,7 @@ static void check_crossentropy_nan(size_t V, size_t threads)
             int32_t *td = nn_upload_i32(d, tg, N);
             dp_assert_ok(dp_crossentropy_forward_backward(d, &loss[b], gd, losses, ld, td, N, V,
                                                           1.0f));
-            row[b] = nn_download(d, losses, N);
+            row[b] = dp_test_nn_download(d, losses, N);
             void *bufs[] = {ld, gd, losses, td};
             for (size_t i = 0; i < 4; i++) dp_device_free(d, bufs[i]);
         }
@@ -1191,23 +1191,23 @@ Test(cuda_ops, optimizers_match_cpu, .timeout = 60)
         for (int b = 0; b < 2; b++) {
             dp_device *d = p.d[b];
             float *pd = dp_test_upload(d, p0, N), *gd = dp_test_upload(d, g, N),
-                  *md = nn_filled(d, N, 0.0f), *vd = nn_filled(d, N, 0.0f);
+                  *md = dp_test_nn_filled(d, N, 0.0f), *vd = dp_test_nn_filled(d, N, 0.0f);
             for (int s = 1; s <= 3; s++)
                 dp_assert_ok(dp_adamw_update(d, pd, gd, md, vd, N, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, s));
-            pa[b] = nn_download(d, pd, N);
-            ma[b] = nn_download(d, md, N);
-            va[b] = nn_download(d, vd, N);
+            pa[b] = dp_test_nn_download(d, pd, N);
+            ma[b] = dp_test_nn_download(d, md, N);
+            va[b] = dp_test_nn_download(d, vd, N);
             dp_device_free(d, pd);
             pd = dp_test_upload(d, p0, N);
             float *bd = dp_test_upload(d, buf0, N);
             for (int s = 1; s <= 2; s++)
                 dp_assert_ok(dp_sgd_update(d, pd, gd, bd, N, 0.1f, 0.9f, 0.01f, s));
-            ps[b] = nn_download(d, pd, N);
-            bs[b] = nn_download(d, bd, N);
+            ps[b] = dp_test_nn_download(d, pd, N);
+            bs[b] = dp_test_nn_download(d, bd, N);
             dp_device_free(d, pd);
             pd = dp_test_upload(d, p0, N);
             dp_assert_ok(dp_sgd_update(d, pd, gd, NULL, N, 0.1f, 0.0f, 0.0f, 1));
-            pp[b] = nn_download(d, pd, N);
+            pp[b] = dp_test_nn_download(d, pd, N);
             void *bufs[] = {pd, gd, md, vd, bd};
             for (size_t i = 0; i < 5; i++) dp_device_free(d, bufs[i]);
         }
@@ -1255,13 +1255,13 @@ Test(cuda_ops, linear_and_attention_layers_match_cpu, .timeout = 60)
             float *xd = dp_test_upload(d, x, N * C), *wd = dp_test_upload(d, w, OC * C),
                   *bd = dp_test_upload(d, bias, OC), *od = dalloc(d, N * OC * 4),
                   *gd = dp_test_upload(d, dout, N * OC), *dxd = dalloc(d, N * C * 4),
-                  *dwd = nn_filled(d, OC * C, 0.0f), *dbd = nn_filled(d, OC, 0.0f);
+                  *dwd = dp_test_nn_filled(d, OC * C, 0.0f), *dbd = dp_test_nn_filled(d, OC, 0.0f);
             dp_assert_ok(dp_linear_forward(d, od, xd, wd, bd, N, C, OC));
             dp_assert_ok(dp_linear_backward(d, dxd, dwd, dbd, gd, xd, wd, N, C, OC));
-            lo[b] = nn_download(d, od, N * OC);
-            ldx[b] = nn_download(d, dxd, N * C);
-            ldw[b] = nn_download(d, dwd, OC * C);
-            ldb[b] = nn_download(d, dbd, OC);
+            lo[b] = dp_test_nn_download(d, od, N * OC);
+            ldx[b] = dp_test_nn_download(d, dxd, N * C);
+            ldw[b] = dp_test_nn_download(d, dwd, OC * C);
+            ldb[b] = dp_test_nn_download(d, dbd, OC);
             void *bufs[] = {xd, wd, bd, od, gd, dxd, dwd, dbd};
             for (size_t i = 0; i < 8; i++) dp_device_free(d, bufs[i]);
 
@@ -1272,15 +1272,15 @@ Test(cuda_ops, linear_and_attention_layers_match_cpu, .timeout = 60)
                   *dq = dalloc(d, nq * 4), *dqr = dalloc(d, nq * 4), *datt = dalloc(d, na * 4);
             dp_assert_ok(dp_attention_forward(d, out, qkvr, att, scratch, qd, B, T, AC, NH));
             dp_assert_ok(dp_attention_backward(d, dq, dqr, datt, scratch, ad, qkvr, att, B, T, AC, NH));
-            ao[b] = nn_download(d, out, ny);
-            adq[b] = nn_download(d, dq, nq);
+            ao[b] = dp_test_nn_download(d, out, ny);
+            adq[b] = dp_test_nn_download(d, dq, nq);
             /* Chunks of 5 queries (5, 5, 2): each recomputed in the backward. */
             dp_assert_ok(dp_attention_forward_chunked(d, out, qkvr, DP_DTYPE_F32, NULL, att,
                                                       scratch, qd, B, T, AC, NH, 5));
             dp_assert_ok(dp_attention_backward_chunked(d, dq, dqr, att, datt, scratch, ad, qkvr,
                                                        DP_DTYPE_F32, B, T, AC, NH, 5));
-            co[b] = nn_download(d, out, ny);
-            cdq[b] = nn_download(d, dq, nq);
+            co[b] = dp_test_nn_download(d, out, ny);
+            cdq[b] = dp_test_nn_download(d, dq, nq);
             void *abufs[] = {qd, out, qkvr, att, scratch, ad, dq, dqr, datt};
             for (size_t i = 0; i < 9; i++) dp_device_free(d, abufs[i]);
         }
@@ -1380,7 +1380,7 @@ Test(cuda_memory, out_of_gpu_memory_is_a_recoverable_error, .timeout = 60)
     for (int i = 0; i < 1000; i++) h[i] = (float)i;
     float *y = dp_test_upload(d, h, 1000);
     dp_assert_ok(dp_scale(d, y, 2.0f, 1000));
-    float *back = nn_download(d, y, 1000);
+    float *back = dp_test_nn_download(d, y, 1000);
     for (int i = 0; i < 1000; i++) cr_assert_eq(back[i], 2.0f * (float)i);
     free(back);
     dp_device_free(d, y);
@@ -1439,7 +1439,7 @@ static void check_peer_order(dp_device *src, dp_device *dst)
     size_t n = (size_t)16 << 20; /* 64 MiB */
     float *h = xmalloc(n * sizeof *h);
     for (size_t i = 0; i < n; i++) h[i] = 1.0f;
-    float *x = dp_test_upload(src, h, n), *y = nn_filled(dst, n, -1.0f);
+    float *x = dp_test_upload(src, h, n), *y = dp_test_nn_filled(dst, n, -1.0f);
     dp_assert_ok(dp_device_synchronize(dst));
     for (int i = 0; i < 40; i++) dp_assert_ok(dp_scale(src, x, 2.0f, n));
     dp_assert_ok(dp_copy_peer(dst, y, src, x, n * sizeof(float)));
@@ -1622,7 +1622,7 @@ Test(cuda_memory, events_record_wait_and_elapsed, .timeout = 60)
         double sec = -1.0;
         dp_assert_ok(dp_event_elapsed(e0, e1, &sec));
         cr_assert(isfinite(sec) && sec >= 0.0, "elapsed %g s", sec);
-        float *back = nn_download(d, x, n);
+        float *back = dp_test_nn_download(d, x, n);
         assert_same_bits("x scaled by 1", back, h, n);
         dp_event_destroy(e0);
         dp_event_destroy(e1);

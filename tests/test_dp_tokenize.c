@@ -252,7 +252,7 @@ Test(dp_tokenize, allow_special_and_openai_files)
  * without special tokens. */
 static void write_large(const char *path, size_t *len)
 {
-    char *text = bpe_joined_refs('\n', 1 << 20, 1, 3u << 20, len);
+    char *text = dp_test_bpe_joined_refs('\n', 1 << 20, 1, 3u << 20, len);
     dp_test_write_file(path, text, *len);
     free(text);
 }

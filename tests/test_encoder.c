@@ -28,7 +28,7 @@ Test(encoder, forward_matches_float64)
 
     float *d_wte = dp_test_upload(dev, wte, V * C), *d_wpe = dp_test_upload(dev, wpe, MAXT * C);
     int32_t *d_ids = nn_upload_i32(dev, ids, B * T);
-    float *d_out = nn_filled(dev, B * T * C, NAN);
+    float *d_out = dp_test_nn_filled(dev, B * T * C, NAN);
     /* T < MAXT: only the first T rows of wpe are read. */
     dp_assert_ok(dp_encoder_forward(dev, d_out, d_ids, d_wte, d_wpe, B, T, C));
 
@@ -38,7 +38,7 @@ Test(encoder, forward_matches_float64)
             for (size_t c = 0; c < C; c++)
                 ref[(b * T + t) * C + c] =
                     (double)wte[ids[b * T + t] * C + c] + (double)wpe[t * C + c];
-    float *out = nn_download(dev, d_out, B * T * C);
+    float *out = dp_test_nn_download(dev, d_out, B * T * C);
     double outd[B * T * C];
     for (size_t i = 0; i < B * T * C; i++) outd[i] = out[i];
     /* One float addition per element: within half an ulp (2^-24 relative). */
@@ -49,7 +49,7 @@ Test(encoder, forward_matches_float64)
     dp_device_free(dev, d_wpe);
     dp_device_free(dev, d_ids);
     dp_device_free(dev, d_out);
-    nn_assert_all_freed(dev);
+    dp_test_nn_assert_all_freed(dev);
     dp_device_close(dev);
 }
 
@@ -108,7 +108,7 @@ Test(encoder, backward_accumulates_with_repeated_ids)
     cr_assert(memcmp(dwpe + T * C, dwpe0 + T * C, (MAXT - T) * C * sizeof(float)) == 0,
               "dwpe rows past T changed");
 
-    nn_assert_all_freed(dev);
+    dp_test_nn_assert_all_freed(dev);
     dp_device_close(dev);
 }
 
@@ -133,38 +133,38 @@ Test(encoder, backward_is_deterministic)
     cr_assert(memcmp(a_wte, b_wte, sizeof a_wte) == 0, "dwte differs between two runs");
     cr_assert(memcmp(a_wpe, b_wpe, sizeof a_wpe) == 0, "dwpe differs between two runs");
     dp_device_free(dev, decoy);
-    nn_assert_all_freed(dev);
+    dp_test_nn_assert_all_freed(dev);
     dp_device_close(dev);
 }
 
 Test(encoder, bad_arguments)
 {
     dp_device *dev = dp_test_cpu(0);
-    float *buf = nn_filled(dev, V * C, 0.0f);
+    float *buf = dp_test_nn_filled(dev, V * C, 0.0f);
     int32_t zeros[B * T] = {0};
     int32_t *ids = nn_upload_i32(dev, zeros, B * T);
 
-    nn_assert_invalid(dp_encoder_forward(NULL, buf, ids, buf, buf, B, T, C), "dev", NULL);
-    nn_assert_invalid(dp_encoder_forward(dev, NULL, ids, buf, buf, B, T, C), "out", "cpu:0");
-    nn_assert_invalid(dp_encoder_forward(dev, buf, NULL, buf, buf, B, T, C), "inp", "cpu:0");
-    nn_assert_invalid(dp_encoder_forward(dev, buf, ids, NULL, buf, B, T, C), "wte", "cpu:0");
-    nn_assert_invalid(dp_encoder_forward(dev, buf, ids, buf, NULL, B, T, C), "wpe", "cpu:0");
-    nn_assert_invalid(dp_encoder_forward(dev, buf, ids, buf, buf, 0, T, C), "B=0",
+    dp_test_nn_assert_invalid(dp_encoder_forward(NULL, buf, ids, buf, buf, B, T, C), "dev", NULL);
+    dp_test_nn_assert_invalid(dp_encoder_forward(dev, NULL, ids, buf, buf, B, T, C), "out", "cpu:0");
+    dp_test_nn_assert_invalid(dp_encoder_forward(dev, buf, NULL, buf, buf, B, T, C), "inp", "cpu:0");
+    dp_test_nn_assert_invalid(dp_encoder_forward(dev, buf, ids, NULL, buf, B, T, C), "wte", "cpu:0");
+    dp_test_nn_assert_invalid(dp_encoder_forward(dev, buf, ids, buf, NULL, B, T, C), "wpe", "cpu:0");
+    dp_test_nn_assert_invalid(dp_encoder_forward(dev, buf, ids, buf, buf, 0, T, C), "B=0",
                       "dp_encoder_forward");
-    nn_assert_invalid(dp_encoder_forward(dev, buf, ids, buf, buf, B, T, 0), "C=0", NULL);
-    nn_assert_invalid(dp_encoder_forward(dev, buf, ids, buf, buf, SIZE_MAX / 2, 4, C),
+    dp_test_nn_assert_invalid(dp_encoder_forward(dev, buf, ids, buf, buf, B, T, 0), "C=0", NULL);
+    dp_test_nn_assert_invalid(dp_encoder_forward(dev, buf, ids, buf, buf, SIZE_MAX / 2, 4, C),
                       "overflow", NULL);
-    nn_assert_invalid(dp_encoder_backward(NULL, buf, buf, buf, ids, B, T, C), "dev", NULL);
-    nn_assert_invalid(dp_encoder_backward(dev, NULL, buf, buf, ids, B, T, C), "dwte", NULL);
-    nn_assert_invalid(dp_encoder_backward(dev, buf, NULL, buf, ids, B, T, C), "dwpe", NULL);
-    nn_assert_invalid(dp_encoder_backward(dev, buf, buf, NULL, ids, B, T, C), "dout", NULL);
-    nn_assert_invalid(dp_encoder_backward(dev, buf, buf, buf, NULL, B, T, C), "inp", NULL);
-    nn_assert_invalid(dp_encoder_backward(dev, buf, buf, buf, ids, B, 0, C), "T=0",
+    dp_test_nn_assert_invalid(dp_encoder_backward(NULL, buf, buf, buf, ids, B, T, C), "dev", NULL);
+    dp_test_nn_assert_invalid(dp_encoder_backward(dev, NULL, buf, buf, ids, B, T, C), "dwte", NULL);
+    dp_test_nn_assert_invalid(dp_encoder_backward(dev, buf, NULL, buf, ids, B, T, C), "dwpe", NULL);
+    dp_test_nn_assert_invalid(dp_encoder_backward(dev, buf, buf, NULL, ids, B, T, C), "dout", NULL);
+    dp_test_nn_assert_invalid(dp_encoder_backward(dev, buf, buf, buf, NULL, B, T, C), "inp", NULL);
+    dp_test_nn_assert_invalid(dp_encoder_backward(dev, buf, buf, buf, ids, B, 0, C), "T=0",
                       "dp_encoder_backward");
 
     dp_device_free(dev, buf);
     dp_device_free(dev, ids);
-    nn_assert_all_freed(dev);
+    dp_test_nn_assert_all_freed(dev);
     dp_device_close(dev);
 }
 
@@ -196,7 +196,7 @@ Test(encoder, backward_groups_rows_by_token)
     float *d_dwpe = dp_test_upload(dev, dwpe0, LT * LC);
     int32_t *d_ids = nn_upload_i32(dev, ids, BT);
     dp_assert_ok(dp_encoder_backward(dev, d_dwte, d_dwpe, d_dout, d_ids, LB, LT, LC));
-    float *dwte = nn_download(dev, d_dwte, (size_t)LV * LC), *dwpe = nn_download(dev, d_dwpe, LT * LC);
+    float *dwte = dp_test_nn_download(dev, d_dwte, (size_t)LV * LC), *dwpe = dp_test_nn_download(dev, d_dwpe, LT * LC);
     for (size_t p = 0; p < npool; p++) {
         size_t v = (size_t)pool[p];
         for (size_t c = 0; c < LC; c++) {
@@ -229,6 +229,6 @@ Test(encoder, backward_groups_rows_by_token)
     free(dwpe);
     void *bufs[] = {d_dout, d_dwte, d_dwpe, d_ids};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) dp_device_free(dev, bufs[i]);
-    nn_assert_all_freed(dev);
+    dp_test_nn_assert_all_freed(dev);
     dp_device_close(dev);
 }

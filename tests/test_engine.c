@@ -20,11 +20,11 @@ static void train(int k, dp_engine_config cfg, int rows, int ignore_every, doubl
                   float *params, size_t *n_params)
 {
     run r;
-    run_open(&r, k, cfg, NULL);
+    dp_test_run_open(&r, k, cfg, NULL);
     float x[MAXROWS * D];
     int32_t y[MAXROWS];
     for (int s = 0; s < STEPS; s++) {
-        make_batch(s, rows, ignore_every, x, y);
+        dp_test_make_batch(s, rows, ignore_every, x, y);
         dp_batch b = {(size_t)rows, x, y};
         dp_step_stats st;
         dp_assert_ok(dp_engine_step(r.e, &b, &st));
@@ -34,7 +34,7 @@ static void train(int k, dp_engine_config cfg, int rows, int ignore_every, doubl
     }
     *n_params = r.model.n_params;
     dp_assert_ok(dp_engine_get_params(r.e, params));
-    run_close(&r);
+    dp_test_run_close(&r);
 }
 
 #define NP_MAX 4096
@@ -75,7 +75,7 @@ ParameterizedTest(equiv_case *c, engine, k_devices_equal_one_device, .timeout = 
         double l1[STEPS], lk[STEPS];
         static float p1[NP_MAX], pk[NP_MAX];
         size_t n1, nk;
-        dp_engine_config c1 = base_cfg(DP_MODE_BALANCED), ck = base_cfg(c->mode);
+        dp_engine_config c1 = dp_test_base_cfg(DP_MODE_BALANCED), ck = dp_test_base_cfg(c->mode);
         ck.shard_optimizer = c->shard;
         c1.optim.kind = ck.optim.kind = (dp_optimizer)o;
         c1.optim.momentum = ck.optim.momentum = 0.9f;
@@ -93,22 +93,22 @@ Test(engine, gather_equals_balanced_and_loss_falls)
     double lb[STEPS], lg[STEPS];
     static float pb[NP_MAX], pg[NP_MAX];
     size_t nb, ng;
-    train(3, base_cfg(DP_MODE_BALANCED), 16, 0, lb, pb, &nb);
-    train(3, base_cfg(DP_MODE_GATHER), 16, 0, lg, pg, &ng);
+    train(3, dp_test_base_cfg(DP_MODE_BALANCED), 16, 0, lb, pb, &nb);
+    train(3, dp_test_base_cfg(DP_MODE_GATHER), 16, 0, lg, pg, &ng);
     dp_assert_allclose(lg, lb, STEPS, 1e-7, 1e-5);
     dp_assert_allclose(pg, pb, nb, 1e-6, 1e-5);
     /* The same fixed batch, trained on: its loss must fall. */
     run r;
-    run_open(&r, 2, base_cfg(DP_MODE_BALANCED), NULL);
+    dp_test_run_open(&r, 2, dp_test_base_cfg(DP_MODE_BALANCED), NULL);
     float x[16 * D];
     int32_t y[16];
-    make_batch(0, 16, 0, x, y);
+    dp_test_make_batch(0, 16, 0, x, y);
     dp_batch b = {16, x, y};
     dp_step_stats first, st;
     dp_assert_ok(dp_engine_step(r.e, &b, &first));
     for (int i = 0; i < 30; i++) dp_assert_ok(dp_engine_step(r.e, &b, &st));
     cr_assert_lt(st.loss, 0.5 * first.loss, "loss %g did not fall from %g", st.loss, first.loss);
-    run_close(&r);
+    dp_test_run_close(&r);
 }
 
 Test(engine, micro_batches_equal_whole_batch)
@@ -116,18 +116,18 @@ Test(engine, micro_batches_equal_whole_batch)
     double l0[STEPS], l1[STEPS];
     static float p0[NP_MAX], p1[NP_MAX];
     size_t n;
-    train(2, base_cfg(DP_MODE_BALANCED), 16, 4, l0, p0, &n);
-    dp_engine_config c = base_cfg(DP_MODE_BALANCED);
+    train(2, dp_test_base_cfg(DP_MODE_BALANCED), 16, 4, l0, p0, &n);
+    dp_engine_config c = dp_test_base_cfg(DP_MODE_BALANCED);
     c.grad_accum = 3;
     train(2, c, 16, 4, l1, p1, &n);
     dp_assert_allclose(l1, l0, STEPS, 1e-7, 1e-5);
     dp_assert_allclose(p1, p0, n, 1e-6, 1e-5);
-    c = base_cfg(DP_MODE_GATHER);
+    c = dp_test_base_cfg(DP_MODE_GATHER);
     c.max_rows_per_micro = 3;
     train(2, c, 16, 4, l1, p1, &n);
     dp_assert_allclose(l1, l0, STEPS, 1e-7, 1e-5);
     dp_assert_allclose(p1, p0, n, 1e-6, 1e-5);
-    c = base_cfg(DP_MODE_BALANCED);
+    c = dp_test_base_cfg(DP_MODE_BALANCED);
     c.max_tokens_per_micro = 2;
     train(2, c, 16, 4, l1, p1, &n);
     dp_assert_allclose(l1, l0, STEPS, 1e-7, 1e-5);
@@ -139,15 +139,15 @@ Test(engine, weighted_and_token_balanced_splits_equal_plain_split)
     double l0[STEPS], l1[STEPS];
     static float p0[NP_MAX], p1[NP_MAX];
     size_t n;
-    train(3, base_cfg(DP_MODE_BALANCED), 16, 2, l0, p0, &n);
+    train(3, dp_test_base_cfg(DP_MODE_BALANCED), 16, 2, l0, p0, &n);
     static const float w[3] = {0.5f, 1.0f, 1.0f};
     for (int m = 0; m < 2; m++) {
-        dp_engine_config c = base_cfg((dp_mode)m);
+        dp_engine_config c = dp_test_base_cfg((dp_mode)m);
         c.device_weights = w;
         train(3, c, 16, 2, l1, p1, &n);
         dp_assert_allclose(l1, l0, STEPS, 1e-7, 1e-5);
         dp_assert_allclose(p1, p0, n, 1e-6, 1e-5);
-        c = base_cfg((dp_mode)m);
+        c = dp_test_base_cfg((dp_mode)m);
         c.token_balanced = 1;
         train(3, c, 16, 2, l1, p1, &n);
         dp_assert_allclose(l1, l0, STEPS, 1e-7, 1e-5);
@@ -161,8 +161,8 @@ Test(engine, same_seed_is_bitwise_identical)
         double la[STEPS], lb[STEPS];
         static float pa[NP_MAX], pb[NP_MAX];
         size_t n;
-        train(3, base_cfg((dp_mode)m), 7, 3, la, pa, &n);
-        train(3, base_cfg((dp_mode)m), 7, 3, lb, pb, &n);
+        train(3, dp_test_base_cfg((dp_mode)m), 7, 3, la, pa, &n);
+        train(3, dp_test_base_cfg((dp_mode)m), 7, 3, lb, pb, &n);
         cr_assert(memcmp(la, lb, sizeof la) == 0, "losses differ between identical runs");
         cr_assert(memcmp(pa, pb, n * sizeof(float)) == 0, "parameters differ between identical runs");
     }
@@ -173,7 +173,7 @@ Test(engine, same_seed_is_bitwise_identical)
 Test(engine, plan_splits_rows_as_documented)
 {
     run r;
-    run_open(&r, 3, base_cfg(DP_MODE_BALANCED), NULL);
+    dp_test_run_open(&r, 3, dp_test_base_cfg(DP_MODE_BALANCED), NULL);
     size_t rows[3];
     dp_assert_ok(dp_engine_plan(r.e, 7, NULL, rows));
     cr_assert(rows[0] == 3 && rows[1] == 2 && rows[2] == 2, "7 rows: %zu/%zu/%zu", rows[0], rows[1], rows[2]);
@@ -183,31 +183,31 @@ Test(engine, plan_splits_rows_as_documented)
     /* A batch smaller than the device count leaves a device idle. */
     float x[2 * D];
     int32_t y[2];
-    make_batch(0, 2, 0, x, y);
+    dp_test_make_batch(0, 2, 0, x, y);
     dp_batch b = {2, x, y};
     dp_step_stats st;
     dp_assert_ok(dp_engine_step(r.e, &b, &st));
     cr_assert_eq(st.devices[2].rows, 0);
     cr_assert_eq(st.devices[2].micro_batches, 0);
-    run_close(&r);
+    dp_test_run_close(&r);
 
     static const float w[3] = {0.5f, 1.0f, 1.0f};
-    dp_engine_config c = base_cfg(DP_MODE_BALANCED);
+    dp_engine_config c = dp_test_base_cfg(DP_MODE_BALANCED);
     c.device_weights = w;
-    run_open(&r, 3, c, NULL);
+    dp_test_run_open(&r, 3, c, NULL);
     dp_assert_ok(dp_engine_plan(r.e, 10, NULL, rows));
     cr_assert(rows[0] == 2 && rows[1] == 4 && rows[2] == 4, "weighted: %zu/%zu/%zu", rows[0], rows[1], rows[2]);
-    run_close(&r);
+    dp_test_run_close(&r);
 
     /* Token-balanced: the first 6 rows hold no valid target, the last 6 all
      * of them; a plain split would give device 0 nothing to learn from. */
-    c = base_cfg(DP_MODE_BALANCED);
+    c = dp_test_base_cfg(DP_MODE_BALANCED);
     c.token_balanced = 1;
-    run_open(&r, 2, c, NULL);
+    dp_test_run_open(&r, 2, c, NULL);
     int32_t t[12] = {-1, -1, -1, -1, -1, -1, 0, 1, 2, 3, 4, 0};
     dp_assert_ok(dp_engine_plan(r.e, 12, t, rows));
     cr_assert(rows[0] == 9 && rows[1] == 3, "token-balanced: %zu/%zu", rows[0], rows[1]);
-    run_close(&r);
+    dp_test_run_close(&r);
 }
 
 // --- memory ----------------------------------------------------------------------------------
@@ -226,7 +226,7 @@ Test(engine, balanced_keeps_logits_local_gather_holds_them_on_root)
     size_t full = (size_t)ROWS * KK * sizeof(float); /* the whole batch's logits */
     for (int m = 0; m < 2; m++) {
         run r;
-        run_open(&r, 4, base_cfg((dp_mode)m), &mc);
+        dp_test_run_open(&r, 4, dp_test_base_cfg((dp_mode)m), &mc);
         dp_batch b = {ROWS, x, y};
         dp_step_stats st;
         dp_assert_ok(dp_engine_step(r.e, &b, &st));
@@ -241,7 +241,7 @@ Test(engine, balanced_keeps_logits_local_gather_holds_them_on_root)
                 cr_assert_geq(ds->phase_peak[DP_PHASE_CRITERION] - fixed, 2 * full,
                               "gather root must hold the gathered logits and their gradient");
         }
-        run_close(&r);
+        dp_test_run_close(&r);
     }
 }
 
@@ -249,8 +249,8 @@ Test(engine, balanced_keeps_logits_local_gather_holds_them_on_root)
 
 ParameterizedTestParameters(engine, injected_fault_is_reported_and_recovered)
 {
-    static int cases[4 * 2 * DP_PHASE_COUNT]; /* see phase_cases */
-    return cr_make_param_array(int, cases, phase_cases(cases, 2, 2));
+    static int cases[4 * 2 * DP_PHASE_COUNT]; /* see dp_test_phase_cases */
+    return cr_make_param_array(int, cases, dp_test_phase_cases(cases, 2, 2));
 }
 
 ParameterizedTest(int *c, engine, injected_fault_is_reported_and_recovered, .timeout = 10)
@@ -258,13 +258,13 @@ ParameterizedTest(int *c, engine, injected_fault_is_reported_and_recovered, .tim
     int dev = *c / 10 % 10;
     dp_phase phase = (dp_phase)(*c % 10);
     run r;
-    dp_engine_config cfg = case_cfg(*c);
+    dp_engine_config cfg = dp_test_case_cfg(*c);
     cfg.check_replicas_every = 1; /* the recovered steps check the replicas agree */
-    run_open(&r, 3, cfg, NULL);
+    dp_test_run_open(&r, 3, cfg, NULL);
     static float before[NP_MAX], after[NP_MAX];
     float x[7 * D];
     int32_t y[7];
-    make_batch(0, 7, 0, x, y);
+    dp_test_make_batch(0, 7, 0, x, y);
     dp_batch b = {7, x, y};
     dp_step_stats st;
     dp_assert_ok(dp_engine_get_params(r.e, before));
@@ -282,7 +282,7 @@ ParameterizedTest(int *c, engine, injected_fault_is_reported_and_recovered, .tim
     /* The engine works again, and replicas agree with the root afterwards. */
     for (int i = 0; i < 2; i++) dp_assert_ok(dp_engine_step(r.e, &b, &st));
     cr_assert(isfinite(st.loss));
-    run_close(&r);
+    dp_test_run_close(&r);
 }
 
 static void out_of_memory_case(int shard)
@@ -290,9 +290,9 @@ static void out_of_memory_case(int shard)
     enum { KK = 1024 };
     mlp_config mc = {D, H, KK, DP_DTYPE_F32};
     run r;
-    dp_engine_config cfg = base_cfg(DP_MODE_BALANCED);
+    dp_engine_config cfg = dp_test_base_cfg(DP_MODE_BALANCED);
     cfg.shard_optimizer = shard;
-    run_open(&r, 2, cfg, &mc);
+    dp_test_run_open(&r, 2, cfg, &mc);
     dp_device *d1 = dp_engine_device(r.e, 1);
     dp_memory_stats ms;
     dp_device_memory(d1, &ms);
@@ -313,7 +313,7 @@ static void out_of_memory_case(int shard)
     dp_assert_ok(dp_engine_step(r.e, &small, &st));
     dp_assert_ok(dp_engine_step(r.e, &small, &st));
     cr_assert_eq(st.step, 2);
-    run_close(&r);
+    dp_test_run_close(&r);
 }
 
 Test(engine, out_of_memory_on_one_device_is_recoverable) { out_of_memory_case(0); }
@@ -322,7 +322,7 @@ Test(engine, out_of_memory_on_one_device_is_recoverable_sharded) { out_of_memory
 Test(engine, bad_input_is_rejected_with_a_message)
 {
     run r;
-    run_open(&r, 2, base_cfg(DP_MODE_BALANCED), NULL);
+    dp_test_run_open(&r, 2, dp_test_base_cfg(DP_MODE_BALANCED), NULL);
     float x[4 * D] = {0};
     int32_t y[4] = {0, 1, 2, 3};
     dp_batch empty = {0, x, y};
@@ -339,7 +339,7 @@ Test(engine, bad_input_is_rejected_with_a_message)
     cr_assert(strstr(dp_last_error(), "no valid target"), "%s", dp_last_error());
     b.targets = y;
     dp_assert_ok(dp_engine_step(r.e, &b, NULL));
-    run_close(&r);
+    dp_test_run_close(&r);
 
     /* Bad configurations never start workers. */
     mlp net;
@@ -349,12 +349,12 @@ Test(engine, bad_input_is_rejected_with_a_message)
     dp_criterion crit = dp_criterion_cross_entropy();
     dp_device_spec spec = {DP_DEVICE_CPU, 0};
     dp_engine *e = NULL;
-    dp_engine_config c = base_cfg(DP_MODE_BALANCED);
+    dp_engine_config c = dp_test_base_cfg(DP_MODE_BALANCED);
     c.optim.beta1 = 1.0f;
     cr_assert_eq(dp_engine_create(&spec, 1, &model, &crit, &c, &e), DP_ERR_INVALID_ARGUMENT);
     cr_assert(strstr(dp_last_error(), "beta1"), "%s", dp_last_error());
     cr_assert_null(e);
-    c = base_cfg(DP_MODE_BALANCED);
+    c = dp_test_base_cfg(DP_MODE_BALANCED);
     net.tensors[1].offset = 3; /* misaligned */
     cr_assert_eq(dp_engine_create(&spec, 1, &model, &crit, &c, &e), DP_ERR_INVALID_ARGUMENT);
     cr_assert(strstr(dp_last_error(), "fc1.bias"), "%s", dp_last_error());
@@ -364,10 +364,10 @@ Test(engine, bad_input_is_rejected_with_a_message)
 Test(engine, params_and_optimizer_state_round_trip)
 {
     run r;
-    run_open(&r, 2, base_cfg(DP_MODE_BALANCED), NULL);
+    dp_test_run_open(&r, 2, dp_test_base_cfg(DP_MODE_BALANCED), NULL);
     float x[8 * D];
     int32_t y[8];
-    make_batch(0, 8, 0, x, y);
+    dp_test_make_batch(0, 8, 0, x, y);
     dp_batch b = {8, x, y};
     dp_assert_ok(dp_engine_step(r.e, &b, NULL));
     size_t n = r.model.n_params;
@@ -381,15 +381,15 @@ Test(engine, params_and_optimizer_state_round_trip)
 
     /* A second engine restored from the state takes the identical step. */
     run r2;
-    run_open(&r2, 3, base_cfg(DP_MODE_BALANCED), NULL);
+    dp_test_run_open(&r2, 3, dp_test_base_cfg(DP_MODE_BALANCED), NULL);
     dp_assert_ok(dp_engine_set_params(r2.e, p));
     dp_assert_ok(dp_engine_set_optimizer_state(r2.e, m, v, t));
     dp_assert_ok(dp_engine_step(r2.e, &b, NULL));
     static float q[NP_MAX];
     dp_assert_ok(dp_engine_get_params(r2.e, q));
     dp_assert_allclose(q, p2, n, 1e-6, 1e-5);
-    run_close(&r2);
-    run_close(&r);
+    dp_test_run_close(&r2);
+    dp_test_run_close(&r);
 }
 
 // --- setters -------------------------------------------------------------------------------
@@ -397,12 +397,12 @@ Test(engine, params_and_optimizer_state_round_trip)
 Test(engine, setters_refuse_non_finite_and_negative_values, .timeout = 30)
 {
     run r;
-    run_open(&r, 2, base_cfg(DP_MODE_BALANCED), NULL);
+    dp_test_run_open(&r, 2, dp_test_base_cfg(DP_MODE_BALANCED), NULL);
     size_t n = r.model.n_params;
     static float p[NP_MAX], m[NP_MAX], v[NP_MAX], q[NP_MAX];
     float x[8 * D];
     int32_t y[8];
-    make_batch(0, 8, 0, x, y);
+    dp_test_make_batch(0, 8, 0, x, y);
     dp_batch b = {8, x, y};
     dp_assert_ok(dp_engine_step(r.e, &b, NULL));
     dp_assert_ok(dp_engine_get_params(r.e, p));
@@ -441,7 +441,7 @@ Test(engine, setters_refuse_non_finite_and_negative_values, .timeout = 30)
     dp_assert_ok(dp_engine_get_optimizer_state(r.e, m2, v2, &t2));
     cr_assert(memcmp(m, m2, n * sizeof(float)) == 0 && memcmp(v, v2, n * sizeof(float)) == 0 &&
                   t == t2, "a refused set_optimizer_state changed the state");
-    run_close(&r);
+    dp_test_run_close(&r);
 }
 
 // --- devices ------------------------------------------------------------------------------
@@ -453,7 +453,7 @@ Test(engine, duplicate_cpu_devices_are_refused_like_the_device_list, .timeout = 
     mlp_config mc = {D, H, K, DP_DTYPE_F32};
     mlp_init_model(&net, &mc, &model);
     dp_criterion crit = dp_criterion_cross_entropy();
-    dp_engine_config c = base_cfg(DP_MODE_BALANCED);
+    dp_engine_config c = dp_test_base_cfg(DP_MODE_BALANCED);
     dp_engine *e = NULL;
     /* The parser refuses "cpu:0,cpu:0"; the engine refuses the same list. */
     dp_device_spec parsed[4];
@@ -519,13 +519,13 @@ static void check_phase_times(const dp_step_stats *st, int train)
 Test(engine, per_device_phase_times_are_filled_and_consistent, .timeout = 30)
 {
     for (int m = 0; m < 2; m++) {
-        dp_engine_config c = base_cfg((dp_mode)m);
+        dp_engine_config c = dp_test_base_cfg((dp_mode)m);
         c.max_rows_per_micro = 2; /* phases repeat per micro-batch */
         run r;
-        run_open(&r, 3, c, NULL);
+        dp_test_run_open(&r, 3, c, NULL);
         float x[7 * D];
         int32_t y[7];
-        make_batch(0, 7, 0, x, y);
+        dp_test_make_batch(0, 7, 0, x, y);
         dp_batch b = {7, x, y}, tiny = {2, x, y}; /* tiny leaves cpu:2 idle */
         dp_step_stats st, prev;
         memset(&prev, 0, sizeof prev);
@@ -540,7 +540,7 @@ Test(engine, per_device_phase_times_are_filled_and_consistent, .timeout = 30)
             cr_assert_gt(st.start_seconds, prev.start_seconds, "start_seconds not filled");
             prev = st;
         }
-        run_close(&r);
+        dp_test_run_close(&r);
     }
 }
 
@@ -572,10 +572,10 @@ static void *step_thread(void *arg)
 Test(engine, a_concurrent_call_returns_busy_at_once, .timeout = 30)
 {
     hooked h;
-    dp_engine *e = hooked_open(&h, 2, base_cfg(DP_MODE_BALANCED));
+    dp_engine *e = dp_test_hooked_open(&h, 2, dp_test_base_cfg(DP_MODE_BALANCED));
     float x[6 * D];
     int32_t y[6];
-    make_batch(0, 6, 0, x, y);
+    dp_test_make_batch(0, 6, 0, x, y);
     dp_batch b = {6, x, y};
     static float before[NP_MAX];
     dp_assert_ok(dp_engine_get_params(e, before));
@@ -609,7 +609,7 @@ Test(engine, a_concurrent_call_returns_busy_at_once, .timeout = 30)
     cr_assert_eq(s.ok, 1, "the held step failed: %s", dp_strerror(s.first_other));
     dp_assert_ok(dp_engine_get_optimizer_state(e, m, v, &t));
     cr_assert_eq(t, 1, "a refused call took a step (t = %ld)", t);
-    hooked_close(&h, e);
+    dp_test_hooked_close(&h, e);
 }
 
 /* Two threads hammer dp_engine_step on one engine: every call returns DP_OK
@@ -619,10 +619,10 @@ Test(engine, two_threads_hammering_step_get_ok_or_busy, .timeout = 60)
 {
     for (int m = 0; m < 2; m++) {
         run r;
-        run_open(&r, 3, base_cfg((dp_mode)m), NULL);
+        dp_test_run_open(&r, 3, dp_test_base_cfg((dp_mode)m), NULL);
         float x[7 * D];
         int32_t y[7];
-        make_batch(0, 7, 0, x, y);
+        dp_test_make_batch(0, 7, 0, x, y);
         dp_batch b = {7, x, y};
         stepper s[2] = {{r.e, &b, 150, 0, 0, 0, DP_OK}, {r.e, &b, 150, 0, 0, 0, DP_OK}};
         pthread_t th[2];
@@ -640,7 +640,7 @@ Test(engine, two_threads_hammering_step_get_ok_or_busy, .timeout = 60)
 
         /* The same number of steps from one thread gives the same parameters. */
         run ref;
-        run_open(&ref, 3, base_cfg((dp_mode)m), NULL);
+        dp_test_run_open(&ref, 3, dp_test_base_cfg((dp_mode)m), NULL);
         for (int i = 0; i < ok; i++) dp_assert_ok(dp_engine_step(ref.e, &b, NULL));
         dp_assert_ok(dp_engine_get_params(ref.e, q));
         cr_assert(memcmp(p, q, r.model.n_params * sizeof(float)) == 0,
@@ -650,7 +650,7 @@ Test(engine, two_threads_hammering_step_get_ok_or_busy, .timeout = 60)
         dp_step_stats st;
         dp_assert_ok(dp_engine_step(r.e, &b, &st));
         cr_assert(isfinite(st.loss) && !st.skipped);
-        run_close(&ref);
-        run_close(&r);
+        dp_test_run_close(&ref);
+        dp_test_run_close(&r);
     }
 }

@@ -4,7 +4,7 @@
  * the watchdog turns a stalled worker in any phase into DP_ERR_TIMEOUT
  * naming device and phase, every worker comes back and the engine keeps
  * working; the replica check names a diverged replica. Every test ends
- * with the devices' accounting back to zero (run_close).
+ * with the devices' accounting back to zero (dp_test_run_close).
  */
 #include <float.h>
 #include <math.h>
@@ -46,19 +46,19 @@ static void assert_same(const snapshot *a, const snapshot *b, size_t n, const ch
 static void non_finite_case(dp_mode mode, int bad_row, int want_device, int shard)
 {
     run r;
-    dp_engine_config cfg = base_cfg(mode);
+    dp_engine_config cfg = dp_test_base_cfg(mode);
     cfg.shard_optimizer = shard;
-    run_open(&r, 3, cfg, NULL);
+    dp_test_run_open(&r, 3, cfg, NULL);
     float x[6 * D];
     int32_t y[6];
     dp_step_stats st;
-    make_batch(0, 6, 0, x, y);
+    dp_test_make_batch(0, 6, 0, x, y);
     dp_batch b = {6, x, y};
     dp_assert_ok(dp_engine_step(r.e, &b, &st)); /* non-zero moments to protect */
     static snapshot before, after;
     take(r.e, &before);
 
-    make_batch(1, 6, 0, x, y);
+    dp_test_make_batch(1, 6, 0, x, y);
     x[bad_row * D + 2] = INFINITY;
     dp_assert_ok(dp_engine_step(r.e, &b, &st));
     cr_assert(st.skipped, "a step with an Inf input was not skipped (loss %g)", st.loss);
@@ -70,11 +70,11 @@ static void non_finite_case(dp_mode mode, int bad_row, int want_device, int shar
     assert_same(&before, &after, r.model.n_params, "a skipped step");
 
     /* The next finite batch trains normally from the untouched state. */
-    make_batch(2, 6, 0, x, y);
+    dp_test_make_batch(2, 6, 0, x, y);
     dp_assert_ok(dp_engine_step(r.e, &b, &st));
     cr_assert(!st.skipped && isfinite(st.loss));
     cr_assert_eq(st.step, 2);
-    run_close(&r);
+    dp_test_run_close(&r);
 }
 
 Test(engine_faults, non_finite_chunk_skips_the_update_balanced, .timeout = 10) { non_finite_case(DP_MODE_BALANCED, 3, 1, 0); }
@@ -90,19 +90,19 @@ Test(engine_faults, non_finite_chunk_skips_the_update_sharded_gather, .timeout =
 static void infinity_case(dp_mode mode, int loss_dev, int grad_dev, int shard)
 {
     hooked h;
-    dp_engine_config cfg = base_cfg(mode);
+    dp_engine_config cfg = dp_test_base_cfg(mode);
     cfg.shard_optimizer = shard;
-    dp_engine *e = hooked_open(&h, 3, cfg);
+    dp_engine *e = dp_test_hooked_open(&h, 3, cfg);
     float x[6 * D];
     int32_t y[6];
     dp_step_stats st;
     dp_batch b = {6, x, y};
-    make_batch(0, 6, 0, x, y);
+    dp_test_make_batch(0, 6, 0, x, y);
     dp_assert_ok(dp_engine_step(e, &b, &st)); /* non-zero moments to protect */
     static snapshot before, after;
     take(e, &before);
 
-    make_batch(1, 6, 0, x, y);
+    dp_test_make_batch(1, 6, 0, x, y);
     h.inf_loss_dev = loss_dev;
     h.inf_grad_dev = grad_dev;
     dp_assert_ok(dp_engine_step(e, &b, &st));
@@ -124,7 +124,7 @@ static void infinity_case(dp_mode mode, int loss_dev, int grad_dev, int shard)
     dp_assert_ok(dp_engine_step(e, &b, &st));
     cr_assert(!st.skipped && isfinite(st.loss) && isfinite(st.grad_norm));
     cr_assert_eq(st.step, 2);
-    hooked_close(&h, e);
+    dp_test_hooked_close(&h, e);
 }
 
 Test(engine_faults, inf_loss_with_finite_gradients_is_skipped_balanced, .timeout = 10)
@@ -155,22 +155,22 @@ Test(engine_faults, inf_loss_or_gradient_is_skipped_sharded, .timeout = 10)
 /* The watchdog tests' setup: the MLP on cpu:0,cpu:1 and a 6-row batch (3/3). */
 static dp_batch open_two(run *r, dp_engine_config cfg, float *x, int32_t *y)
 {
-    run_open(r, 2, cfg, NULL);
-    make_batch(0, 6, 0, x, y);
+    dp_test_run_open(r, 2, cfg, NULL);
+    dp_test_make_batch(0, 6, 0, x, y);
     return (dp_batch){6, x, y};
 }
 
 ParameterizedTestParameters(engine_faults, watchdog_names_stalled_device_and_phase)
 {
-    static int cases[4 * 2 * DP_PHASE_COUNT]; /* see phase_cases */
-    return cr_make_param_array(int, cases, phase_cases(cases, 1, 1));
+    static int cases[4 * 2 * DP_PHASE_COUNT]; /* see dp_test_phase_cases */
+    return cr_make_param_array(int, cases, dp_test_phase_cases(cases, 1, 1));
 }
 
 ParameterizedTest(int *c, engine_faults, watchdog_names_stalled_device_and_phase, .timeout = 10)
 {
     int dev = *c / 10 % 10;
     dp_phase phase = (dp_phase)(*c % 10);
-    dp_engine_config cfg = case_cfg(*c);
+    dp_engine_config cfg = dp_test_case_cfg(*c);
     cfg.watchdog_seconds = 0.2;
     cfg.check_replicas_every = 1; /* the recovered steps check the replicas agree */
     run r;
@@ -204,7 +204,7 @@ ParameterizedTest(int *c, engine_faults, watchdog_names_stalled_device_and_phase
     /* Every worker came back: the engine trains on, and its replicas agree. */
     for (int i = 0; i < 2; i++) dp_assert_ok(dp_engine_step(r.e, &b, &st));
     cr_assert(isfinite(st.loss));
-    run_close(&r);
+    dp_test_run_close(&r);
 }
 
 Test(engine_faults, without_watchdog_a_stall_only_slows_the_step, .timeout = 10)
@@ -212,7 +212,7 @@ Test(engine_faults, without_watchdog_a_stall_only_slows_the_step, .timeout = 10)
     run r;
     float x[6 * D];
     int32_t y[6];
-    dp_batch b = open_two(&r, base_cfg(DP_MODE_BALANCED), x, y);
+    dp_batch b = open_two(&r, dp_test_base_cfg(DP_MODE_BALANCED), x, y);
     dp_step_stats st;
     dp_engine_inject_stall(r.e, 1, DP_PHASE_BACKWARD, 0.3);
     dp_assert_ok(dp_engine_step(r.e, &b, &st));
@@ -222,7 +222,7 @@ Test(engine_faults, without_watchdog_a_stall_only_slows_the_step, .timeout = 10)
                   "the injected stall did not happen in cpu:1's backward (%g s)",
                   st.devices[1].phase_seconds[DP_PHASE_BACKWARD]);
     cr_assert_eq(st.step, 1);
-    run_close(&r);
+    dp_test_run_close(&r);
 }
 
 /* Phase times come from marks recorded on the device; a job of many
@@ -230,14 +230,14 @@ Test(engine_faults, without_watchdog_a_stall_only_slows_the_step, .timeout = 10)
  * A stall in the first backward must still be counted, in the backward. */
 Test(engine_faults, phase_times_survive_many_micro_batches, .timeout = 20)
 {
-    dp_engine_config cfg = base_cfg(DP_MODE_BALANCED);
+    dp_engine_config cfg = dp_test_base_cfg(DP_MODE_BALANCED);
     cfg.max_rows_per_micro = 1;
     run r;
-    run_open(&r, 2, cfg, NULL);
+    dp_test_run_open(&r, 2, cfg, NULL);
     enum { ROWS = 60 };
     static float x[ROWS * D];
     static int32_t y[ROWS];
-    make_batch(0, ROWS, 0, x, y);
+    dp_test_make_batch(0, ROWS, 0, x, y);
     dp_batch b = {ROWS, x, y};
     dp_step_stats st;
     dp_engine_inject_stall(r.e, 1, DP_PHASE_BACKWARD, 0.3);
@@ -261,12 +261,12 @@ Test(engine_faults, phase_times_survive_many_micro_batches, .timeout = 20)
         cr_assert_leq(sum, st.seconds, "cpu:%d: phases sum to %g s in a %g s step", i, sum,
                       st.seconds);
     }
-    run_close(&r);
+    dp_test_run_close(&r);
 }
 
 Test(engine_faults, a_slow_step_within_the_watchdog_succeeds, .timeout = 10)
 {
-    dp_engine_config cfg = base_cfg(DP_MODE_GATHER);
+    dp_engine_config cfg = dp_test_base_cfg(DP_MODE_GATHER);
     cfg.watchdog_seconds = 2.0;
     run r;
     float x[6 * D];
@@ -276,26 +276,26 @@ Test(engine_faults, a_slow_step_within_the_watchdog_succeeds, .timeout = 10)
     dp_engine_inject_stall(r.e, 0, DP_PHASE_FORWARD, 0.2);
     dp_assert_ok(dp_engine_step(r.e, &b, &st));
     cr_assert_eq(st.step, 1);
-    run_close(&r);
+    dp_test_run_close(&r);
 }
 
 // --- replica consistency -------------------------------------------------------------------
 
 static void replica_case(dp_mode mode, int k, int bad, int shard)
 {
-    dp_engine_config cfg = base_cfg(mode);
+    dp_engine_config cfg = dp_test_base_cfg(mode);
     cfg.shard_optimizer = shard;
     cfg.check_replicas_every = 2;
     run r;
-    run_open(&r, k, cfg, NULL);
+    dp_test_run_open(&r, k, cfg, NULL);
     float x[7 * D];
     int32_t y[7];
     dp_batch b = {7, x, y};
     dp_step_stats st;
     dp_engine_inject_divergence(r.e, bad);
-    make_batch(0, 7, 0, x, y);
+    dp_test_make_batch(0, 7, 0, x, y);
     dp_assert_ok(dp_engine_step(r.e, &b, &st)); /* step 1: no check */
-    make_batch(1, 7, 0, x, y);
+    dp_test_make_batch(1, 7, 0, x, y);
     dp_status s = dp_engine_step(r.e, &b, &st); /* step 2: checked */
     cr_assert_eq(s, DP_ERR_INTERNAL, "a diverged replica gave %s", dp_strerror(s));
     char want[64];
@@ -303,11 +303,11 @@ static void replica_case(dp_mode mode, int k, int bad, int shard)
     cr_assert(strstr(dp_last_error(), want), "message \"%s\" lacks \"%s\"", dp_last_error(), want);
     /* Re-broadcast from the root: the next checked steps pass. */
     for (int i = 2; i < 6; i++) {
-        make_batch(i, 7, 0, x, y);
+        dp_test_make_batch(i, 7, 0, x, y);
         dp_assert_ok(dp_engine_step(r.e, &b, &st));
     }
     cr_assert_eq(st.step, 6);
-    run_close(&r);
+    dp_test_run_close(&r);
 }
 
 Test(engine_faults, diverged_replica_is_named_balanced, .timeout = 10) { replica_case(DP_MODE_BALANCED, 3, 2, 0); }
@@ -321,20 +321,20 @@ Test(engine_faults, diverged_replica_is_named_sharded, .timeout = 10)
 Test(engine_faults, replica_check_passes_every_step_when_replicas_agree, .timeout = 10)
 {
     for (int mode = 0; mode < 4; mode++) {
-        dp_engine_config cfg = base_cfg((dp_mode)(mode % 2));
+        dp_engine_config cfg = dp_test_base_cfg((dp_mode)(mode % 2));
         cfg.shard_optimizer = mode / 2;
         cfg.check_replicas_every = 1;
         run r;
-        run_open(&r, 3, cfg, NULL);
+        dp_test_run_open(&r, 3, cfg, NULL);
         float x[7 * D];
         int32_t y[7];
         dp_batch b = {7, x, y};
         dp_step_stats st;
         for (int i = 0; i < 5; i++) {
-            make_batch(i, 7, 0, x, y);
+            dp_test_make_batch(i, 7, 0, x, y);
             dp_assert_ok(dp_engine_step(r.e, &b, &st));
         }
-        run_close(&r);
+        dp_test_run_close(&r);
     }
 }
 
@@ -353,12 +353,12 @@ Test(engine_faults, bad_watchdog_and_check_settings_are_rejected, .timeout = 10)
     const double bad_wd[] = {-1.0, NAN, INFINITY, -INFINITY, 1e-9, DP_WATCHDOG_MIN_SECONDS / 2,
                              DP_WATCHDOG_MAX_SECONDS * 2, 1e19, DBL_MAX};
     for (size_t i = 0; i < sizeof bad_wd / sizeof *bad_wd; i++) {
-        dp_engine_config cfg = base_cfg(DP_MODE_BALANCED);
+        dp_engine_config cfg = dp_test_base_cfg(DP_MODE_BALANCED);
         cfg.watchdog_seconds = bad_wd[i];
         cr_assert_eq(dp_engine_create(&spec, 1, &model, &crit, &cfg, &e), DP_ERR_INVALID_ARGUMENT);
         cr_assert(strstr(dp_last_error(), "watchdog_seconds"), "%s", dp_last_error());
     }
-    dp_engine_config cfg = base_cfg(DP_MODE_BALANCED);
+    dp_engine_config cfg = dp_test_base_cfg(DP_MODE_BALANCED);
     cfg.check_replicas_every = -3;
     cr_assert_eq(dp_engine_create(&spec, 1, &model, &crit, &cfg, &e), DP_ERR_INVALID_ARGUMENT);
     cr_assert(strstr(dp_last_error(), "check_replicas_every"), "%s", dp_last_error());
@@ -370,7 +370,7 @@ Test(engine_faults, watchdog_bounds_are_accepted, .timeout = 10)
 {
     const double good[] = {0.0, 1.0, DP_WATCHDOG_MAX_SECONDS};
     for (size_t i = 0; i < sizeof good / sizeof *good; i++) {
-        dp_engine_config cfg = base_cfg(DP_MODE_BALANCED);
+        dp_engine_config cfg = dp_test_base_cfg(DP_MODE_BALANCED);
         cfg.watchdog_seconds = good[i];
         run r;
         float x[6 * D];
@@ -378,7 +378,7 @@ Test(engine_faults, watchdog_bounds_are_accepted, .timeout = 10)
         dp_batch b = open_two(&r, cfg, x, y);
         dp_step_stats st;
         dp_assert_ok(dp_engine_step(r.e, &b, &st));
-        run_close(&r);
+        dp_test_run_close(&r);
     }
     /* The minimum is accepted; a millisecond may really pass during the
      * setup on a busy machine, which is then the documented timeout. */
@@ -388,7 +388,7 @@ Test(engine_faults, watchdog_bounds_are_accepted, .timeout = 10)
     mlp_init_model(&net, &mc, &model);
     dp_criterion crit = dp_criterion_cross_entropy();
     dp_device_spec spec = {DP_DEVICE_CPU, 0};
-    dp_engine_config cfg = base_cfg(DP_MODE_BALANCED);
+    dp_engine_config cfg = dp_test_base_cfg(DP_MODE_BALANCED);
     cfg.watchdog_seconds = DP_WATCHDOG_MIN_SECONDS;
     dp_engine *e = NULL;
     dp_status s = dp_engine_create(&spec, 1, &model, &crit, &cfg, &e);

@@ -32,9 +32,9 @@ Test(gelu, forward_matches_float64)
     dp_device *dev = dp_test_cpu(0);
     float x[NX];
     make_inputs(x, 51);
-    float *d_x = dp_test_upload(dev, x, NX), *d_out = nn_filled(dev, NX, NAN);
+    float *d_x = dp_test_upload(dev, x, NX), *d_out = dp_test_nn_filled(dev, NX, NAN);
     dp_assert_ok(dp_gelu_forward(dev, d_out, d_x, NX));
-    float *out = nn_download(dev, d_out, NX);
+    float *out = dp_test_nn_download(dev, d_out, NX);
     double got[NX], ref[NX];
     for (size_t i = 0; i < NX; i++) got[i] = out[i], ref[i] = gelu_ref(x[i]);
     /* A few float roundings of values ~x: rtol 1e-5. For x << 0, 1 + tanh(u)
@@ -43,13 +43,13 @@ Test(gelu, forward_matches_float64)
     dp_assert_allclose(got, ref, NX, 1e-6, 1e-5);
     /* in place (out == inp), as the GPT's bf16 activations run it */
     dp_assert_ok(dp_gelu_forward(dev, d_x, d_x, NX));
-    float *inplace = nn_download(dev, d_x, NX);
+    float *inplace = dp_test_nn_download(dev, d_x, NX);
     cr_assert(memcmp(inplace, out, sizeof(float) * NX) == 0, "in-place forward differs");
     free(inplace);
     free(out);
     dp_device_free(dev, d_x);
     dp_device_free(dev, d_out);
-    nn_assert_all_freed(dev);
+    dp_test_nn_assert_all_freed(dev);
     dp_device_close(dev);
 }
 
@@ -63,9 +63,9 @@ Test(gelu, backward_matches_finite_differences)
     dp_rng_fill_normal(&rng, dout, NX, 0.0f, 1.0f);
     float *d_x = dp_test_upload(dev, x, NX), *d_dout = dp_test_upload(dev, dout, NX);
     /* dinp is overwritten: NaN garbage must not survive. */
-    float *d_dinp = nn_filled(dev, NX, NAN);
+    float *d_dinp = dp_test_nn_filled(dev, NX, NAN);
     dp_assert_ok(dp_gelu_backward(dev, d_dinp, d_x, d_dout, NX));
-    float *dinp = nn_download(dev, d_dinp, NX);
+    float *dinp = dp_test_nn_download(dev, d_dinp, NX);
     double got[NX], ref[NX];
     for (size_t i = 0; i < NX; i++) {
         /* Central difference of the float64 forward with a step relative to
@@ -81,7 +81,7 @@ Test(gelu, backward_matches_finite_differences)
     dp_device_free(dev, d_x);
     dp_device_free(dev, d_dout);
     dp_device_free(dev, d_dinp);
-    nn_assert_all_freed(dev);
+    dp_test_nn_assert_all_freed(dev);
     dp_device_close(dev);
 }
 
@@ -94,10 +94,10 @@ Test(gelu, backward_in_place_equals_out_of_place)
     dp_rng_seed(&rng, 55);
     dp_rng_fill_normal(&rng, dout, NX, 0.0f, 1.0f);
     float *d_x = dp_test_upload(dev, x, NX), *d_dout = dp_test_upload(dev, dout, NX);
-    float *d_sep = nn_filled(dev, NX, NAN);
+    float *d_sep = dp_test_nn_filled(dev, NX, NAN);
     dp_assert_ok(dp_gelu_backward(dev, d_sep, d_x, d_dout, NX));
     dp_assert_ok(dp_gelu_backward(dev, d_dout, d_x, d_dout, NX)); /* dinp == dout */
-    float *sep = nn_download(dev, d_sep, NX), *inplace = nn_download(dev, d_dout, NX);
+    float *sep = dp_test_nn_download(dev, d_sep, NX), *inplace = dp_test_nn_download(dev, d_dout, NX);
     cr_assert(memcmp(sep, inplace, sizeof x) == 0, "in-place backward differs");
     /* And it did change: a no-op would leave dout in place. */
     cr_assert(memcmp(inplace, dout, sizeof x) != 0, "in-place backward wrote nothing");
@@ -106,26 +106,26 @@ Test(gelu, backward_in_place_equals_out_of_place)
     dp_device_free(dev, d_x);
     dp_device_free(dev, d_dout);
     dp_device_free(dev, d_sep);
-    nn_assert_all_freed(dev);
+    dp_test_nn_assert_all_freed(dev);
     dp_device_close(dev);
 }
 
 Test(gelu, bad_arguments)
 {
     dp_device *dev = dp_test_cpu(0);
-    float *f = nn_filled(dev, 8, 0.0f);
-    nn_assert_invalid(dp_gelu_forward(NULL, f, f, 8), "dev", NULL);
-    nn_assert_invalid(dp_gelu_forward(dev, NULL, f, 8), "out", "cpu:0");
-    nn_assert_invalid(dp_gelu_forward(dev, f, NULL, 8), "inp", NULL);
-    nn_assert_invalid(dp_gelu_forward(dev, f, f, 0), "n must be > 0", "dp_gelu_forward");
-    nn_assert_invalid(dp_gelu_forward(dev, f, f, SIZE_MAX), "overflow", NULL);
-    nn_assert_invalid(dp_gelu_backward(NULL, f, f, f, 8), "dev", NULL);
-    nn_assert_invalid(dp_gelu_backward(dev, NULL, f, f, 8), "dinp", "dp_gelu_backward");
-    nn_assert_invalid(dp_gelu_backward(dev, f, NULL, f, 8), "inp", NULL);
-    nn_assert_invalid(dp_gelu_backward(dev, f, f, NULL, 8), "dout", NULL);
-    nn_assert_invalid(dp_gelu_backward(dev, f, f, f, 0), "n must be > 0", NULL);
+    float *f = dp_test_nn_filled(dev, 8, 0.0f);
+    dp_test_nn_assert_invalid(dp_gelu_forward(NULL, f, f, 8), "dev", NULL);
+    dp_test_nn_assert_invalid(dp_gelu_forward(dev, NULL, f, 8), "out", "cpu:0");
+    dp_test_nn_assert_invalid(dp_gelu_forward(dev, f, NULL, 8), "inp", NULL);
+    dp_test_nn_assert_invalid(dp_gelu_forward(dev, f, f, 0), "n must be > 0", "dp_gelu_forward");
+    dp_test_nn_assert_invalid(dp_gelu_forward(dev, f, f, SIZE_MAX), "overflow", NULL);
+    dp_test_nn_assert_invalid(dp_gelu_backward(NULL, f, f, f, 8), "dev", NULL);
+    dp_test_nn_assert_invalid(dp_gelu_backward(dev, NULL, f, f, 8), "dinp", "dp_gelu_backward");
+    dp_test_nn_assert_invalid(dp_gelu_backward(dev, f, NULL, f, 8), "inp", NULL);
+    dp_test_nn_assert_invalid(dp_gelu_backward(dev, f, f, NULL, 8), "dout", NULL);
+    dp_test_nn_assert_invalid(dp_gelu_backward(dev, f, f, f, 0), "n must be > 0", NULL);
     dp_device_free(dev, f);
-    nn_assert_all_freed(dev);
+    dp_test_nn_assert_all_freed(dev);
     dp_device_close(dev);
 }
 

@@ -675,7 +675,7 @@ static void gpt_train_with(const dp_gpt *g, size_t k, const dp_engine_config *cf
     dp_assert_ok(dp_engine_create(specs, k, dp_gpt_model(g), &crit, cfg, &e));
     int32_t tok[EROWS * EBS], tgt[EROWS * EBS];
     for (int s = 0; s < ESTEPS; s++) {
-        gpt_batch(s, EROWS, tok, tgt);
+        dp_test_gpt_batch(s, EROWS, tok, tgt);
         dp_batch b = {EROWS, tok, tgt};
         dp_step_stats st;
         dp_assert_ok(dp_engine_step(e, &b, &st));
@@ -885,7 +885,7 @@ Test(gpt, a_self_counting_criterion_agrees_on_every_devices_chunks, .timeout = 6
     dp_criterion ce = dp_criterion_cross_entropy();
     dp_criterion crit = {&ce, self_counting_scratch, self_counting_fb, DP_TARGET_CLASS};
     int32_t tok[EROWS * EBS], tgt[EROWS * EBS];
-    gpt_batch(0, EROWS, tok, tgt);
+    dp_test_gpt_batch(0, EROWS, tok, tgt);
     size_t ignored = 0;
     for (size_t i = 0; i < EROWS * EBS; i++) {
         size_t row = i / EBS;

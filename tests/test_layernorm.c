@@ -57,8 +57,8 @@ Test(layernorm, forward_matches_float64)
     make_data(&d, 41);
     float *d_x = dp_test_upload(dev, d.x, N * C), *d_w = dp_test_upload(dev, d.w, C);
     float *d_b = dp_test_upload(dev, d.b, C);
-    float *d_out = nn_filled(dev, N * C, NAN), *d_mean = nn_filled(dev, N, NAN);
-    float *d_rstd = nn_filled(dev, N, NAN);
+    float *d_out = dp_test_nn_filled(dev, N * C, NAN), *d_mean = dp_test_nn_filled(dev, N, NAN);
+    float *d_rstd = dp_test_nn_filled(dev, N, NAN);
     dp_assert_ok(dp_layernorm_forward(dev, d_out, d_mean, d_rstd, d_x, d_w, d_b, N, C));
 
     double x[N * C], w[C], b[C], ref[N * C], ref_mean[N], ref_rstd[N];
@@ -66,8 +66,8 @@ Test(layernorm, forward_matches_float64)
     for (size_t i = 0; i < C; i++) w[i] = d.w[i], b[i] = d.b[i];
     for (size_t n = 0; n < N; n++)
         ln_row_ref(ref + n * C, ref_mean + n, ref_rstd + n, x + n * C, w, b);
-    float *out = nn_download(dev, d_out, N * C), *mean = nn_download(dev, d_mean, N);
-    float *rstd = nn_download(dev, d_rstd, N);
+    float *out = dp_test_nn_download(dev, d_out, N * C), *mean = dp_test_nn_download(dev, d_mean, N);
+    float *rstd = dp_test_nn_download(dev, d_rstd, N);
     double outd[N * C], meand[N], rstdd[N];
     for (size_t i = 0; i < N * C; i++) outd[i] = out[i];
     for (size_t i = 0; i < N; i++) meand[i] = mean[i], rstdd[i] = rstd[i];
@@ -86,7 +86,7 @@ Test(layernorm, forward_matches_float64)
     dp_device_free(dev, d_out);
     dp_device_free(dev, d_mean);
     dp_device_free(dev, d_rstd);
-    nn_assert_all_freed(dev);
+    dp_test_nn_assert_all_freed(dev);
     dp_device_close(dev);
 }
 
@@ -97,10 +97,10 @@ Test(layernorm, forward_constant_row_is_finite)
     float x[C], w[C], b[C];
     for (size_t c = 0; c < C; c++) x[c] = 7.25f, w[c] = 2.0f, b[c] = (float)c * 0.125f;
     float *d_x = dp_test_upload(dev, x, C), *d_w = dp_test_upload(dev, w, C);
-    float *d_b = dp_test_upload(dev, b, C), *d_out = nn_filled(dev, C, NAN);
-    float *d_mean = nn_filled(dev, 1, NAN), *d_rstd = nn_filled(dev, 1, NAN);
+    float *d_b = dp_test_upload(dev, b, C), *d_out = dp_test_nn_filled(dev, C, NAN);
+    float *d_mean = dp_test_nn_filled(dev, 1, NAN), *d_rstd = dp_test_nn_filled(dev, 1, NAN);
     dp_assert_ok(dp_layernorm_forward(dev, d_out, d_mean, d_rstd, d_x, d_w, d_b, 1, C));
-    float *out = nn_download(dev, d_out, C), *rstd = nn_download(dev, d_rstd, 1);
+    float *out = dp_test_nn_download(dev, d_out, C), *rstd = dp_test_nn_download(dev, d_rstd, 1);
     dp_assert_allclose(out, b, C, 0.0, 0.0);
     float want = 1.0f / sqrtf(DP_LAYERNORM_EPS);
     dp_assert_allclose(rstd, &want, 1, 0.0, 1e-6);
@@ -124,16 +124,16 @@ Test(layernorm, backward_matches_finite_differences_and_accumulates)
 
     float *d_x = dp_test_upload(dev, d.x, N * C), *d_w = dp_test_upload(dev, d.w, C);
     float *d_b = dp_test_upload(dev, d.b, C), *d_dout = dp_test_upload(dev, d.dout, N * C);
-    float *d_out = nn_filled(dev, N * C, 0.0f), *d_mean = nn_filled(dev, N, 0.0f);
-    float *d_rstd = nn_filled(dev, N, 0.0f);
+    float *d_out = dp_test_nn_filled(dev, N * C, 0.0f), *d_mean = dp_test_nn_filled(dev, N, 0.0f);
+    float *d_rstd = dp_test_nn_filled(dev, N, 0.0f);
     float *d_dinp = dp_test_upload(dev, dinp0, N * C), *d_dw = dp_test_upload(dev, dw0, C);
     float *d_db = dp_test_upload(dev, db0, C);
     /* The backward uses the mean and rstd cached by the forward. */
     dp_assert_ok(dp_layernorm_forward(dev, d_out, d_mean, d_rstd, d_x, d_w, d_b, N, C));
     dp_assert_ok(dp_layernorm_backward(dev, d_dinp, d_dw, d_db, d_dout, d_x, d_w, d_mean,
                                        d_rstd, N, C));
-    float *dinp = nn_download(dev, d_dinp, N * C), *dw = nn_download(dev, d_dw, C);
-    float *db = nn_download(dev, d_db, C);
+    float *dinp = dp_test_nn_download(dev, d_dinp, N * C), *dw = dp_test_nn_download(dev, d_dw, C);
+    float *db = dp_test_nn_download(dev, d_db, C);
 
     /* Central differences of the float64 loss. Truncation error h^2 f'''/6
      * with f''' = O(rstd^3) <= O(10) is ~1e-11 for h = 1e-6; rounding is
@@ -173,40 +173,40 @@ Test(layernorm, backward_matches_finite_differences_and_accumulates)
     free(db);
     float *bufs[] = {d_x, d_w, d_b, d_dout, d_out, d_mean, d_rstd, d_dinp, d_dw, d_db};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dp_device_free(dev, bufs[i]);
-    nn_assert_all_freed(dev);
+    dp_test_nn_assert_all_freed(dev);
     dp_device_close(dev);
 }
 
 Test(layernorm, bad_arguments)
 {
     dp_device *dev = dp_test_cpu(0);
-    float *f = nn_filled(dev, 16, 0.0f);
-    nn_assert_invalid(dp_layernorm_forward(NULL, f, f, f, f, f, f, 2, 4), "dev", NULL);
-    nn_assert_invalid(dp_layernorm_forward(dev, NULL, f, f, f, f, f, 2, 4), "out", "cpu:0");
-    nn_assert_invalid(dp_layernorm_forward(dev, f, NULL, f, f, f, f, 2, 4), "mean", NULL);
-    nn_assert_invalid(dp_layernorm_forward(dev, f, f, NULL, f, f, f, 2, 4), "rstd", NULL);
-    nn_assert_invalid(dp_layernorm_forward(dev, f, f, f, NULL, f, f, 2, 4), "inp", NULL);
-    nn_assert_invalid(dp_layernorm_forward(dev, f, f, f, f, NULL, f, 2, 4), "weight", NULL);
-    nn_assert_invalid(dp_layernorm_forward(dev, f, f, f, f, f, NULL, 2, 4), "bias", NULL);
-    nn_assert_invalid(dp_layernorm_forward(dev, f, f, f, f, f, f, 0, 4), "N=0",
+    float *f = dp_test_nn_filled(dev, 16, 0.0f);
+    dp_test_nn_assert_invalid(dp_layernorm_forward(NULL, f, f, f, f, f, f, 2, 4), "dev", NULL);
+    dp_test_nn_assert_invalid(dp_layernorm_forward(dev, NULL, f, f, f, f, f, 2, 4), "out", "cpu:0");
+    dp_test_nn_assert_invalid(dp_layernorm_forward(dev, f, NULL, f, f, f, f, 2, 4), "mean", NULL);
+    dp_test_nn_assert_invalid(dp_layernorm_forward(dev, f, f, NULL, f, f, f, 2, 4), "rstd", NULL);
+    dp_test_nn_assert_invalid(dp_layernorm_forward(dev, f, f, f, NULL, f, f, 2, 4), "inp", NULL);
+    dp_test_nn_assert_invalid(dp_layernorm_forward(dev, f, f, f, f, NULL, f, 2, 4), "weight", NULL);
+    dp_test_nn_assert_invalid(dp_layernorm_forward(dev, f, f, f, f, f, NULL, 2, 4), "bias", NULL);
+    dp_test_nn_assert_invalid(dp_layernorm_forward(dev, f, f, f, f, f, f, 0, 4), "N=0",
                       "dp_layernorm_forward");
-    nn_assert_invalid(dp_layernorm_forward(dev, f, f, f, f, f, f, 2, 0), "C=0", NULL);
-    nn_assert_invalid(dp_layernorm_forward(dev, f, f, f, f, f, f, SIZE_MAX, 2), "overflow",
+    dp_test_nn_assert_invalid(dp_layernorm_forward(dev, f, f, f, f, f, f, 2, 0), "C=0", NULL);
+    dp_test_nn_assert_invalid(dp_layernorm_forward(dev, f, f, f, f, f, f, SIZE_MAX, 2), "overflow",
                       NULL);
-    nn_assert_invalid(dp_layernorm_backward(NULL, f, f, f, f, f, f, f, f, 2, 4), "dev", NULL);
-    nn_assert_invalid(dp_layernorm_backward(dev, NULL, f, f, f, f, f, f, f, 2, 4), "dinp",
+    dp_test_nn_assert_invalid(dp_layernorm_backward(NULL, f, f, f, f, f, f, f, f, 2, 4), "dev", NULL);
+    dp_test_nn_assert_invalid(dp_layernorm_backward(dev, NULL, f, f, f, f, f, f, f, 2, 4), "dinp",
                       "dp_layernorm_backward");
-    nn_assert_invalid(dp_layernorm_backward(dev, f, NULL, f, f, f, f, f, f, 2, 4), "dweight",
+    dp_test_nn_assert_invalid(dp_layernorm_backward(dev, f, NULL, f, f, f, f, f, f, 2, 4), "dweight",
                       NULL);
-    nn_assert_invalid(dp_layernorm_backward(dev, f, f, NULL, f, f, f, f, f, 2, 4), "dbias",
+    dp_test_nn_assert_invalid(dp_layernorm_backward(dev, f, f, NULL, f, f, f, f, f, 2, 4), "dbias",
                       NULL);
-    nn_assert_invalid(dp_layernorm_backward(dev, f, f, f, NULL, f, f, f, f, 2, 4), "dout",
+    dp_test_nn_assert_invalid(dp_layernorm_backward(dev, f, f, f, NULL, f, f, f, f, 2, 4), "dout",
                       NULL);
-    nn_assert_invalid(dp_layernorm_backward(dev, f, f, f, f, f, f, f, NULL, 2, 4), "rstd",
+    dp_test_nn_assert_invalid(dp_layernorm_backward(dev, f, f, f, f, f, f, f, NULL, 2, 4), "rstd",
                       NULL);
-    nn_assert_invalid(dp_layernorm_backward(dev, f, f, f, f, f, f, f, f, 2, 0), "C=0", NULL);
+    dp_test_nn_assert_invalid(dp_layernorm_backward(dev, f, f, f, f, f, f, f, f, 2, 0), "C=0", NULL);
     dp_device_free(dev, f);
-    nn_assert_all_freed(dev);
+    dp_test_nn_assert_all_freed(dev);
     dp_device_close(dev);
 }
 
@@ -235,9 +235,9 @@ Test(layernorm, param_gradients_chunked_order_and_float64)
     float *d_x = dp_test_upload(dev, x, PR * PC), *d_g = dp_test_upload(dev, g, PR * PC);
     float *d_m = dp_test_upload(dev, mean, PR), *d_r = dp_test_upload(dev, rstd, PR);
     float *d_w = dp_test_upload(dev, w, PC), *d_dw = dp_test_upload(dev, dw0, PC);
-    float *d_db = dp_test_upload(dev, db0, PC), *d_dinp = nn_filled(dev, PR * PC, 0.0f);
+    float *d_db = dp_test_upload(dev, db0, PC), *d_dinp = dp_test_nn_filled(dev, PR * PC, 0.0f);
     dp_assert_ok(dp_layernorm_backward(dev, d_dinp, d_dw, d_db, d_g, d_x, d_w, d_m, d_r, PR, PC));
-    float *dw = nn_download(dev, d_dw, PC), *db = nn_download(dev, d_db, PC);
+    float *dw = dp_test_nn_download(dev, d_dw, PC), *db = dp_test_nn_download(dev, d_db, PC);
 
     double ref_w[PC], ref_b[PC], got_w[PC], got_b[PC];
     for (size_t c = 0; c < PC; c++) {
@@ -272,6 +272,6 @@ Test(layernorm, param_gradients_chunked_order_and_float64)
     free(db);
     void *bufs[] = {d_x, d_g, d_m, d_r, d_w, d_dw, d_db, d_dinp};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) dp_device_free(dev, bufs[i]);
-    nn_assert_all_freed(dev);
+    dp_test_nn_assert_all_freed(dev);
     dp_device_close(dev);
 }

@@ -59,7 +59,7 @@ static void check_forward(uint64_t seed, size_t N, size_t C, size_t OC, int with
     float *d_b = dp_test_upload(dev, k.bias, OC);
     /* NaN garbage in out: without a bias the GEMM runs with beta = 0 and
      * must overwrite it rather than propagate it. */
-    float *d_out = nn_filled(dev, N * OC, NAN);
+    float *d_out = dp_test_nn_filled(dev, N * OC, NAN);
     dp_assert_ok(dp_linear_forward(dev, d_out, d_inp, d_w, with_bias ? d_b : NULL, N, C, OC));
 
     double *ref = malloc(N * OC * sizeof *ref);
@@ -69,7 +69,7 @@ static void check_forward(uint64_t seed, size_t N, size_t C, size_t OC, int with
             for (size_t c = 0; c < C; c++) s += (double)k.inp[n * C + c] * k.weight[o * C + c];
             ref[n * OC + o] = s;
         }
-    float *out = nn_download(dev, d_out, N * OC);
+    float *out = dp_test_nn_download(dev, d_out, N * OC);
     double *outd = to_double(out, N * OC);
     /* A float dot product of C terms of size ~1 (sum ~sqrt(C)): error about
      * C * 2^-24 * sqrt(C); 1e-5 * sqrt(C) covers C <= 100 with margin. */
@@ -83,7 +83,7 @@ static void check_forward(uint64_t seed, size_t N, size_t C, size_t OC, int with
     dp_device_free(dev, d_w);
     dp_device_free(dev, d_b);
     dp_device_free(dev, d_out);
-    nn_assert_all_freed(dev);
+    dp_test_nn_assert_all_freed(dev);
     free_case(&k);
     dp_device_close(dev);
 }
@@ -107,7 +107,7 @@ static void check_backward(uint64_t seed, size_t N, size_t C, size_t OC, int wan
     float *d_dw = dp_test_upload(dev, k.dweight0, OC * C);
     float *d_db = dp_test_upload(dev, k.dbias0, OC);
     /* dinp is overwritten (beta = 0): NaN garbage must not survive. */
-    float *d_dinp = nn_filled(dev, N * C, NAN);
+    float *d_dinp = dp_test_nn_filled(dev, N * C, NAN);
     dp_assert_ok(dp_linear_backward(dev, want_dinp ? d_dinp : NULL, d_dw,
                                     want_dbias ? d_db : NULL, d_dout, d_inp, d_w, N, C, OC));
 
@@ -127,11 +127,11 @@ static void check_backward(uint64_t seed, size_t N, size_t C, size_t OC, int wan
      * on top of an initial value up to 3: bounded as in check_forward. */
     size_t K = N > OC ? N : OC;
     double tol = 1e-5 * sqrt((double)K) + 1e-6;
-    float *dw = nn_download(dev, d_dw, OC * C), *db = nn_download(dev, d_db, OC);
+    float *dw = dp_test_nn_download(dev, d_dw, OC * C), *db = dp_test_nn_download(dev, d_db, OC);
     double *dwd = to_double(dw, OC * C), *dbd = to_double(db, OC);
     dp_assert_allclose(dwd, ref_dw, OC * C, tol, 1e-5);
     dp_assert_allclose(dbd, ref_db, OC, tol, 1e-5);
-    float *dinp = nn_download(dev, d_dinp, N * C);
+    float *dinp = dp_test_nn_download(dev, d_dinp, N * C);
     if (want_dinp) {
         double *dinpd = to_double(dinp, N * C);
         dp_assert_allclose(dinpd, ref_dinp, N * C, tol, 1e-5);
@@ -158,7 +158,7 @@ static void check_backward(uint64_t seed, size_t N, size_t C, size_t OC, int wan
     dp_device_free(dev, d_dw);
     dp_device_free(dev, d_db);
     dp_device_free(dev, d_dinp);
-    nn_assert_all_freed(dev);
+    dp_test_nn_assert_all_freed(dev);
     free_case(&k);
     dp_device_close(dev);
 }
@@ -192,11 +192,11 @@ Test(linear, backward_matches_finite_differences)
     lin_case k = make_case(31, N, C, OC);
     float *d_inp = dp_test_upload(dev, k.inp, N * C), *d_w = dp_test_upload(dev, k.weight, OC * C);
     float *d_dout = dp_test_upload(dev, k.dout, N * OC);
-    float *d_dw = nn_filled(dev, OC * C, 0.0f), *d_db = nn_filled(dev, OC, 0.0f);
-    float *d_dinp = nn_filled(dev, N * C, 0.0f);
+    float *d_dw = dp_test_nn_filled(dev, OC * C, 0.0f), *d_db = dp_test_nn_filled(dev, OC, 0.0f);
+    float *d_dinp = dp_test_nn_filled(dev, N * C, 0.0f);
     dp_assert_ok(dp_linear_backward(dev, d_dinp, d_dw, d_db, d_dout, d_inp, d_w, N, C, OC));
-    float *dinp = nn_download(dev, d_dinp, N * C), *dw = nn_download(dev, d_dw, OC * C);
-    float *db = nn_download(dev, d_db, OC);
+    float *dinp = dp_test_nn_download(dev, d_dinp, N * C), *dw = dp_test_nn_download(dev, d_dw, OC * C);
+    float *db = dp_test_nn_download(dev, d_db, OC);
 
     double x[4 * 5], w[3 * 5], b[3];
     for (size_t i = 0; i < N * C; i++) x[i] = k.inp[i];
@@ -238,34 +238,34 @@ Test(linear, backward_matches_finite_differences)
 Test(linear, bad_arguments)
 {
     dp_device *dev = dp_test_cpu(0);
-    float *buf = nn_filled(dev, 64, 0.0f);
-    nn_assert_invalid(dp_linear_forward(NULL, buf, buf, buf, buf, 2, 3, 4), "dev", NULL);
-    nn_assert_invalid(dp_linear_forward(dev, NULL, buf, buf, buf, 2, 3, 4), "out", "cpu:0");
-    nn_assert_invalid(dp_linear_forward(dev, buf, NULL, buf, buf, 2, 3, 4), "inp", NULL);
-    nn_assert_invalid(dp_linear_forward(dev, buf, buf, NULL, buf, 2, 3, 4), "weight", NULL);
-    nn_assert_invalid(dp_linear_forward(dev, buf, buf, buf, buf, 0, 3, 4), "N=0",
+    float *buf = dp_test_nn_filled(dev, 64, 0.0f);
+    dp_test_nn_assert_invalid(dp_linear_forward(NULL, buf, buf, buf, buf, 2, 3, 4), "dev", NULL);
+    dp_test_nn_assert_invalid(dp_linear_forward(dev, NULL, buf, buf, buf, 2, 3, 4), "out", "cpu:0");
+    dp_test_nn_assert_invalid(dp_linear_forward(dev, buf, NULL, buf, buf, 2, 3, 4), "inp", NULL);
+    dp_test_nn_assert_invalid(dp_linear_forward(dev, buf, buf, NULL, buf, 2, 3, 4), "weight", NULL);
+    dp_test_nn_assert_invalid(dp_linear_forward(dev, buf, buf, buf, buf, 0, 3, 4), "N=0",
                       "dp_linear_forward");
-    nn_assert_invalid(dp_linear_forward(dev, buf, buf, buf, buf, 2, 0, 4), "C=0", NULL);
-    nn_assert_invalid(dp_linear_forward(dev, buf, buf, buf, buf, 2, 3, 0), "OC=0", NULL);
-    nn_assert_invalid(dp_linear_forward(dev, buf, buf, buf, buf, SIZE_MAX / 2, 3, 4),
+    dp_test_nn_assert_invalid(dp_linear_forward(dev, buf, buf, buf, buf, 2, 0, 4), "C=0", NULL);
+    dp_test_nn_assert_invalid(dp_linear_forward(dev, buf, buf, buf, buf, 2, 3, 0), "OC=0", NULL);
+    dp_test_nn_assert_invalid(dp_linear_forward(dev, buf, buf, buf, buf, SIZE_MAX / 2, 3, 4),
                       "overflow", NULL);
     /* Fits size_t but not the GEMM's int sizes. */
-    nn_assert_invalid(dp_linear_forward(dev, buf, buf, buf, buf, 1, (size_t)1 << 31, 1),
+    dp_test_nn_assert_invalid(dp_linear_forward(dev, buf, buf, buf, buf, 1, (size_t)1 << 31, 1),
                       "INT_MAX", NULL);
-    nn_assert_invalid(dp_linear_backward(NULL, buf, buf, buf, buf, buf, buf, 2, 3, 4), "dev",
+    dp_test_nn_assert_invalid(dp_linear_backward(NULL, buf, buf, buf, buf, buf, buf, 2, 3, 4), "dev",
                       NULL);
-    nn_assert_invalid(dp_linear_backward(dev, buf, NULL, buf, buf, buf, buf, 2, 3, 4),
+    dp_test_nn_assert_invalid(dp_linear_backward(dev, buf, NULL, buf, buf, buf, buf, 2, 3, 4),
                       "dweight", "dp_linear_backward");
-    nn_assert_invalid(dp_linear_backward(dev, buf, buf, buf, NULL, buf, buf, 2, 3, 4), "dout",
+    dp_test_nn_assert_invalid(dp_linear_backward(dev, buf, buf, buf, NULL, buf, buf, 2, 3, 4), "dout",
                       NULL);
-    nn_assert_invalid(dp_linear_backward(dev, buf, buf, buf, buf, NULL, buf, 2, 3, 4), "inp",
+    dp_test_nn_assert_invalid(dp_linear_backward(dev, buf, buf, buf, buf, NULL, buf, 2, 3, 4), "inp",
                       NULL);
-    nn_assert_invalid(dp_linear_backward(dev, buf, buf, buf, buf, buf, NULL, 2, 3, 4),
+    dp_test_nn_assert_invalid(dp_linear_backward(dev, buf, buf, buf, buf, buf, NULL, 2, 3, 4),
                       "weight", NULL);
-    nn_assert_invalid(dp_linear_backward(dev, buf, buf, buf, buf, buf, buf, 2, 3, 0), "OC=0",
+    dp_test_nn_assert_invalid(dp_linear_backward(dev, buf, buf, buf, buf, buf, buf, 2, 3, 0), "OC=0",
                       NULL);
     dp_device_free(dev, buf);
-    nn_assert_all_freed(dev);
+    dp_test_nn_assert_all_freed(dev);
     dp_device_close(dev);
 }
 
@@ -289,9 +289,9 @@ Test(linear, bias_gradient_chunked_order_and_float64)
     dp_rng_fill_normal(&rng, db0, BOC, 0.0f, 1.0f);
     float *d_g = dp_test_upload(dev, g, BR * BOC), *d_x = dp_test_upload(dev, x, BR * 3);
     float *d_w = dp_test_upload(dev, w, BOC * 3), *d_db = dp_test_upload(dev, db0, BOC);
-    float *d_dw = nn_filled(dev, BOC * 3, 0.0f);
+    float *d_dw = dp_test_nn_filled(dev, BOC * 3, 0.0f);
     dp_assert_ok(dp_linear_backward(dev, NULL, d_dw, d_db, d_g, d_x, d_w, BR, 3, BOC));
-    float *db = nn_download(dev, d_db, BOC);
+    float *db = dp_test_nn_download(dev, d_db, BOC);
     double ref[BOC], got[BOC];
     for (size_t o = 0; o < BOC; o++) {
         double s = 0.0;
@@ -313,6 +313,6 @@ Test(linear, bias_gradient_chunked_order_and_float64)
     free(db);
     void *bufs[] = {d_g, d_x, d_w, d_db, d_dw};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) dp_device_free(dev, bufs[i]);
-    nn_assert_all_freed(dev);
+    dp_test_nn_assert_all_freed(dev);
     dp_device_close(dev);
 }

@@ -23,17 +23,17 @@ Test(residual, forward_and_aliasing)
     dp_rng_fill_normal(&rng, a, NE, 0.0f, 1.0f);
     dp_rng_fill_normal(&rng, b, NE, 0.0f, 100.0f);
     float *d_a = dp_test_upload(dev, a, NE), *d_b = dp_test_upload(dev, b, NE);
-    float *d_out = nn_filled(dev, NE, NAN);
+    float *d_out = dp_test_nn_filled(dev, NE, NAN);
     dp_assert_ok(dp_residual_forward(dev, d_out, d_a, d_b, NE));
-    float *out = nn_download(dev, d_out, NE);
+    float *out = dp_test_nn_download(dev, d_out, NE);
     assert_sum(out, a, b, NE);
     /* out aliasing a, then b: same values. */
     dp_assert_ok(dp_residual_forward(dev, d_a, d_a, d_b, NE));
-    float *got_a = nn_download(dev, d_a, NE);
+    float *got_a = dp_test_nn_download(dev, d_a, NE);
     cr_assert(memcmp(got_a, out, sizeof a) == 0, "out == a gives a different result");
     float *d_a2 = dp_test_upload(dev, a, NE);
     dp_assert_ok(dp_residual_forward(dev, d_b, d_a2, d_b, NE));
-    float *got_b = nn_download(dev, d_b, NE);
+    float *got_b = dp_test_nn_download(dev, d_b, NE);
     cr_assert(memcmp(got_b, out, sizeof a) == 0, "out == b gives a different result");
     free(out);
     free(got_a);
@@ -42,7 +42,7 @@ Test(residual, forward_and_aliasing)
     dp_device_free(dev, d_a2);
     dp_device_free(dev, d_b);
     dp_device_free(dev, d_out);
-    nn_assert_all_freed(dev);
+    dp_test_nn_assert_all_freed(dev);
     dp_device_close(dev);
 }
 
@@ -60,7 +60,7 @@ static void check_backward(int with_da, int with_db)
     float *d_dout = dp_test_upload(dev, dout, NE);
     dp_assert_ok(dp_residual_backward(dev, with_da ? d_da : NULL, with_db ? d_db : NULL, d_dout,
                                       NE));
-    float *da = nn_download(dev, d_da, NE), *db = nn_download(dev, d_db, NE);
+    float *da = dp_test_nn_download(dev, d_da, NE), *db = dp_test_nn_download(dev, d_db, NE);
     if (with_da)
         assert_sum(da, da0, dout, NE);
     else
@@ -69,7 +69,7 @@ static void check_backward(int with_da, int with_db)
         assert_sum(db, db0, dout, NE);
     else
         cr_assert(memcmp(db, db0, sizeof db0) == 0, "db changed although NULL was passed");
-    float *dout_after = nn_download(dev, d_dout, NE);
+    float *dout_after = dp_test_nn_download(dev, d_dout, NE);
     cr_assert(memcmp(dout_after, dout, sizeof dout) == 0, "dout was modified");
     free(da);
     free(db);
@@ -77,7 +77,7 @@ static void check_backward(int with_da, int with_db)
     dp_device_free(dev, d_da);
     dp_device_free(dev, d_db);
     dp_device_free(dev, d_dout);
-    nn_assert_all_freed(dev);
+    dp_test_nn_assert_all_freed(dev);
     dp_device_close(dev);
 }
 
@@ -96,39 +96,39 @@ Test(accumulate, adds_src_to_dst)
     dp_rng_fill_normal(&rng, src, NE, 0.0f, 1.0f);
     float *d_dst = dp_test_upload(dev, dst0, NE), *d_src = dp_test_upload(dev, src, NE);
     dp_assert_ok(dp_accumulate(dev, d_dst, d_src, NE));
-    float *dst = nn_download(dev, d_dst, NE);
+    float *dst = dp_test_nn_download(dev, d_dst, NE);
     assert_sum(dst, dst0, src, NE);
     /* A second call adds again (no reset between calls). */
     dp_assert_ok(dp_accumulate(dev, d_dst, d_src, NE));
-    float *dst2 = nn_download(dev, d_dst, NE);
+    float *dst2 = dp_test_nn_download(dev, d_dst, NE);
     assert_sum(dst2, dst, src, NE);
     free(dst);
     free(dst2);
     dp_device_free(dev, d_dst);
     dp_device_free(dev, d_src);
-    nn_assert_all_freed(dev);
+    dp_test_nn_assert_all_freed(dev);
     dp_device_close(dev);
 }
 
 Test(residual, bad_arguments)
 {
     dp_device *dev = dp_test_cpu(0);
-    float *f = nn_filled(dev, 8, 0.0f);
-    nn_assert_invalid(dp_residual_forward(NULL, f, f, f, 8), "dev", NULL);
-    nn_assert_invalid(dp_residual_forward(dev, NULL, f, f, 8), "out", "cpu:0");
-    nn_assert_invalid(dp_residual_forward(dev, f, NULL, f, 8), "a must", NULL);
-    nn_assert_invalid(dp_residual_forward(dev, f, f, NULL, 8), "b must", NULL);
-    nn_assert_invalid(dp_residual_forward(dev, f, f, f, 0), "n must be > 0",
+    float *f = dp_test_nn_filled(dev, 8, 0.0f);
+    dp_test_nn_assert_invalid(dp_residual_forward(NULL, f, f, f, 8), "dev", NULL);
+    dp_test_nn_assert_invalid(dp_residual_forward(dev, NULL, f, f, 8), "out", "cpu:0");
+    dp_test_nn_assert_invalid(dp_residual_forward(dev, f, NULL, f, 8), "a must", NULL);
+    dp_test_nn_assert_invalid(dp_residual_forward(dev, f, f, NULL, 8), "b must", NULL);
+    dp_test_nn_assert_invalid(dp_residual_forward(dev, f, f, f, 0), "n must be > 0",
                       "dp_residual_forward");
-    nn_assert_invalid(dp_residual_backward(NULL, f, f, f, 8), "dev", NULL);
-    nn_assert_invalid(dp_residual_backward(dev, f, f, NULL, 8), "dout", "dp_residual_backward");
-    nn_assert_invalid(dp_residual_backward(dev, f, f, f, 0), "n must be > 0", NULL);
-    nn_assert_invalid(dp_accumulate(NULL, f, f, 8), "dev", NULL);
-    nn_assert_invalid(dp_accumulate(dev, NULL, f, 8), "dst", "dp_accumulate");
-    nn_assert_invalid(dp_accumulate(dev, f, NULL, 8), "src", "cpu:0");
-    nn_assert_invalid(dp_accumulate(dev, f, f, 0), "n must be > 0", NULL);
-    nn_assert_invalid(dp_accumulate(dev, f, f, SIZE_MAX / 2), "overflow", NULL);
+    dp_test_nn_assert_invalid(dp_residual_backward(NULL, f, f, f, 8), "dev", NULL);
+    dp_test_nn_assert_invalid(dp_residual_backward(dev, f, f, NULL, 8), "dout", "dp_residual_backward");
+    dp_test_nn_assert_invalid(dp_residual_backward(dev, f, f, f, 0), "n must be > 0", NULL);
+    dp_test_nn_assert_invalid(dp_accumulate(NULL, f, f, 8), "dev", NULL);
+    dp_test_nn_assert_invalid(dp_accumulate(dev, NULL, f, 8), "dst", "dp_accumulate");
+    dp_test_nn_assert_invalid(dp_accumulate(dev, f, NULL, 8), "src", "cpu:0");
+    dp_test_nn_assert_invalid(dp_accumulate(dev, f, f, 0), "n must be > 0", NULL);
+    dp_test_nn_assert_invalid(dp_accumulate(dev, f, f, SIZE_MAX / 2), "overflow", NULL);
     dp_device_free(dev, f);
-    nn_assert_all_freed(dev);
+    dp_test_nn_assert_all_freed(dev);
     dp_device_close(dev);
 }

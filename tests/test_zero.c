@@ -44,7 +44,7 @@ static void steps(dp_engine *e, int from, int to, int rows, state *s)
     static float x[MAXROWS * D];
     int32_t y[MAXROWS];
     for (int i = from; i < to; i++) {
-        make_batch(i, rows, 3, x, y);
+        dp_test_make_batch(i, rows, 3, x, y);
         dp_batch b = {(size_t)rows, x, y};
         dp_step_stats st;
         dp_assert_ok(dp_engine_step(e, &b, &st));
@@ -58,12 +58,12 @@ static void train(int k, dp_engine_config cfg, int rows, state *s)
 {
     run r;
     mlp_config mc = {D, WIDE, K, DP_DTYPE_F32};
-    run_open(&r, k, cfg, &mc);
+    dp_test_run_open(&r, k, cfg, &mc);
     cr_assert_leq(r.model.n_params, NPW);
     s->n = r.model.n_params;
     steps(r.e, 0, ZSTEPS, rows, s);
     get_state(r.e, s);
-    run_close(&r);
+    dp_test_run_close(&r);
 }
 
 static void assert_bitwise(const state *a, const state *b, int adamw, const char *what)
@@ -103,7 +103,7 @@ ParameterizedTest(zcase *c, zero, sharded_equals_root_bitwise, .timeout = 120)
     for (int o = 0; o < DP_OPTIMIZER_COUNT; o++)
         for (int split = 0; split < 3; split++) {
             if (split == 2 && c->k < 2) continue;
-            dp_engine_config cfg = base_cfg(c->mode);
+            dp_engine_config cfg = dp_test_base_cfg(c->mode);
             cfg.optim.kind = (dp_optimizer)o;
             cfg.optim.momentum = 0.9f;
             cfg.optim.grad_clip = 0.05f; /* below every step's norm: always clips */
@@ -144,13 +144,13 @@ Test(zero, each_device_holds_its_slice_and_no_staging_of_params_size, .timeout =
     enum { KD = 4 };
     for (int o = 0; o < DP_OPTIMIZER_COUNT; o++)
         for (int shard = 0; shard < 2; shard++) {
-            dp_engine_config cfg = base_cfg(DP_MODE_BALANCED);
+            dp_engine_config cfg = dp_test_base_cfg(DP_MODE_BALANCED);
             cfg.optim.kind = (dp_optimizer)o;
             cfg.shard_optimizer = shard;
             size_t per = o == DP_OPTIMIZER_ADAMW ? 2 : 1; /* moments per parameter */
             run r;
             mlp_config mc = {D, WIDE, K, DP_DTYPE_F32};
-            run_open(&r, KD, cfg, &mc);
+            dp_test_run_open(&r, KD, cfg, &mc);
             size_t n = r.model.n_params, fb = sizeof(float);
             size_t created[KD];
             for (size_t i = 0; i < KD; i++) {
@@ -173,7 +173,7 @@ Test(zero, each_device_holds_its_slice_and_no_staging_of_params_size, .timeout =
             }
             float x[8 * D];
             int32_t y[8];
-            make_batch(0, 8, 0, x, y);
+            dp_test_make_batch(0, 8, 0, x, y);
             dp_batch b = {8, x, y};
             dp_step_stats st;
             dp_assert_ok(dp_engine_step(r.e, &b, &st));
@@ -194,7 +194,7 @@ Test(zero, each_device_holds_its_slice_and_no_staging_of_params_size, .timeout =
                     cr_assert_leq(slice_floats(n, KD, i), n / KD + DP_PARAM_ALIGN);
             }
             cr_assert_eq(total, per * n * fb, "the slices' state adds up to the whole");
-            run_close(&r);
+            dp_test_run_close(&r);
         }
 }
 
@@ -211,7 +211,7 @@ Test(zero, a_limit_only_the_sharded_state_fits, .timeout = 60)
     dp_device_spec spec[4];
     for (int i = 0; i < 4; i++) spec[i] = (dp_device_spec){DP_DEVICE_CPU, i};
     size_t before = dp_device_bytes_freed_at_close();
-    dp_engine_config c = base_cfg(DP_MODE_BALANCED);
+    dp_engine_config c = dp_test_base_cfg(DP_MODE_BALANCED);
     c.memory_limit = (2 * model.n_params + 3 * model.n_params / 2) * sizeof(float);
     dp_engine *e = NULL;
     cr_assert_eq(dp_engine_create(spec, 4, &model, &crit, &c, &e), DP_ERR_OUT_OF_MEMORY);
@@ -222,7 +222,7 @@ Test(zero, a_limit_only_the_sharded_state_fits, .timeout = 60)
     dp_assert_ok(dp_engine_create(spec, 4, &model, &crit, &c, &e));
     float x[4 * D];
     int32_t y[4];
-    make_batch(0, 4, 0, x, y);
+    dp_test_make_batch(0, 4, 0, x, y);
     dp_batch b = {4, x, y};
     dp_step_stats st;
     dp_assert_ok(dp_engine_step(e, &b, &st));
@@ -239,7 +239,7 @@ Test(zero, bad_shard_setting_is_rejected)
     dp_criterion crit = dp_criterion_cross_entropy();
     dp_device_spec spec[2] = {{DP_DEVICE_CPU, 0}, {DP_DEVICE_CPU, 1}};
     dp_engine *e = NULL;
-    dp_engine_config c = base_cfg(DP_MODE_BALANCED);
+    dp_engine_config c = dp_test_base_cfg(DP_MODE_BALANCED);
     c.shard_optimizer = 2;
     cr_assert_eq(dp_engine_create(spec, 2, &model, &crit, &c, &e), DP_ERR_INVALID_ARGUMENT);
     cr_assert(strstr(dp_last_error(), "shard_optimizer 2"), "%s", dp_last_error());
@@ -252,29 +252,29 @@ Test(zero, bad_shard_setting_is_rejected)
  * into a fresh engine (kb, sharded b) and runs the rest there. */
 static void handover(int ka, int sa, int kb, int sb, state *out)
 {
-    dp_engine_config ca = base_cfg(DP_MODE_BALANCED), cb = ca;
+    dp_engine_config ca = dp_test_base_cfg(DP_MODE_BALANCED), cb = ca;
     ca.shard_optimizer = sa;
     cb.shard_optimizer = sb;
     mlp_config mc = {D, WIDE, K, DP_DTYPE_F32};
     static state mid;
     run a, b;
-    run_open(&a, ka, ca, &mc);
+    dp_test_run_open(&a, ka, ca, &mc);
     steps(a.e, 0, ZSTEPS / 2, 7, out);
     get_state(a.e, &mid);
-    run_close(&a);
-    run_open(&b, kb, cb, &mc);
+    dp_test_run_close(&a);
+    dp_test_run_open(&b, kb, cb, &mc);
     out->n = b.model.n_params;
     dp_assert_ok(dp_engine_set_params(b.e, mid.p));
     dp_assert_ok(dp_engine_set_optimizer_state(b.e, mid.m, mid.v, mid.t));
     steps(b.e, ZSTEPS / 2, ZSTEPS, 7, out);
     get_state(b.e, out);
-    run_close(&b);
+    dp_test_run_close(&b);
 }
 
 Test(zero, state_moves_between_sharded_and_root_engines, .timeout = 120)
 {
     static state ref, moved;
-    dp_engine_config root = base_cfg(DP_MODE_BALANCED), shard = root;
+    dp_engine_config root = dp_test_base_cfg(DP_MODE_BALANCED), shard = root;
     shard.shard_optimizer = 1;
 
     /* Same k: the continuation is bitwise the uninterrupted run. */
