@@ -152,7 +152,7 @@ const char *cli_recompute_name(int what);
  * ", attention in chunks of 64 queries" (nothing for the defaults). */
 void cli_print_compute(const cli_compute *cp);
 
-/* The dp_gpt_model_ex flags of *cp. */
+/* The dp_gpt_model flags of *cp. */
 unsigned cli_gpt_flags(const cli_compute *cp);
 
 /* A macro's value as a string literal (CLI_STR(DP_GPT_ATTENTION_CHUNK) is "64"). */

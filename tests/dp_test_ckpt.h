@@ -27,7 +27,7 @@ static inline size_t dp_test_ck_params(const dp_checkpoint *ck)
     dp_assert_ok(dp_gpt_config_from_metadata(ck, &c));
     dp_gpt *gpt = NULL;
     dp_assert_ok(dp_gpt_create(&c, &gpt));
-    size_t n = dp_gpt_model(gpt)->n_params;
+    size_t n = dp_gpt_model(gpt, 0)->n_params;
     dp_gpt_destroy(gpt);
     return n;
 }

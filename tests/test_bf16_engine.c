@@ -31,7 +31,7 @@ static dp_gpt *tiny_gpt(void)
         .vocab_size = EV, .block_size = EBS, .n_layer = EL, .n_head = ENH, .n_embd = EC};
     dp_gpt *g = NULL;
     dp_assert_ok(dp_gpt_create(&cfg, &g));
-    cr_assert_leq(dp_gpt_model(g)->n_params, MAXP);
+    cr_assert_leq(dp_gpt_model(g, 0)->n_params, MAXP);
     return g;
 }
 
@@ -105,7 +105,7 @@ Test(bf16_engine, replicas_are_the_rounded_masters, .timeout = 60)
             c.shard_optimizer = shard;
             c.matmul_precision = prec ? DP_MATMUL_BF16 : DP_MATMUL_FP32;
             size_t before = dp_device_bytes_freed_at_close();
-            dp_engine *e = open_engine(dp_gpt_model_bf16(g), 3, &c);
+            dp_engine *e = open_engine(dp_gpt_model(g, DP_GPT_BF16), 3, &c);
             assert_replicas_are_rounded_masters(e, "after create");
             cr_assert_eq(count_unrounded(e), count_unrounded(e));
             for (int s = 0; s < STEPS; s++) {
@@ -126,8 +126,8 @@ Test(bf16_engine, set_params_keeps_float32_masters, .timeout = 30)
     dp_gpt *g = tiny_gpt();
     dp_engine_config c = base_cfg();
     c.shard_optimizer = 1;
-    dp_engine *e = open_engine(dp_gpt_model_bf16(g), 2, &c);
-    size_t n = dp_gpt_model(g)->n_params;
+    dp_engine *e = open_engine(dp_gpt_model(g, DP_GPT_BF16), 2, &c);
+    size_t n = dp_gpt_model(g, 0)->n_params;
     static float p[MAXP], back[MAXP];
     dp_rng rng;
     dp_rng_seed(&rng, 3);
@@ -157,15 +157,15 @@ Test(bf16_engine, float32_math_on_bf16_replicas_is_the_float32_step_at_rounded_p
      .timeout = 30)
 {
     dp_gpt *g = tiny_gpt();
-    size_t n = dp_gpt_model(g)->n_params;
+    size_t n = dp_gpt_model(g, 0)->n_params;
     dp_engine_config c = base_cfg();
     c.optim.kind = DP_OPTIMIZER_SGD;
     c.optim.lr = 0.5f;
     c.optim.momentum = 0.0f;
     c.optim.weight_decay = 0.0f;
     c.optim.grad_clip = 0.0f;
-    dp_engine *e16 = open_engine(dp_gpt_model_bf16(g), 1, &c);
-    dp_engine *e32 = open_engine(dp_gpt_model(g), 1, &c);
+    dp_engine *e16 = open_engine(dp_gpt_model(g, DP_GPT_BF16), 1, &c);
+    dp_engine *e32 = open_engine(dp_gpt_model(g, 0), 1, &c);
     static float master[MAXP], rounded[MAXP], g16[MAXP], g32[MAXP], after[MAXP];
     dp_assert_ok(dp_engine_get_params(e16, master));
     for (size_t i = 0; i < n; i++) rounded[i] = dp_bf16_to_float(dp_bf16_from_float(master[i]));
@@ -213,15 +213,15 @@ static void train(const dp_model *model, size_t k, const dp_engine_config *c, ru
 Test(bf16_engine, sharded_equals_root_bitwise, .timeout = 60)
 {
     dp_gpt *g = tiny_gpt();
-    size_t n = dp_gpt_model(g)->n_params;
+    size_t n = dp_gpt_model(g, 0)->n_params;
     static run_state a, b;
     for (size_t k = 1; k <= 3; k++)
         for (int prec = 0; prec < 2; prec++) {
             dp_engine_config c = base_cfg();
             c.matmul_precision = prec ? DP_MATMUL_BF16 : DP_MATMUL_FP32;
-            train(dp_gpt_model_bf16(g), k, &c, &a);
+            train(dp_gpt_model(g, DP_GPT_BF16), k, &c, &a);
             c.shard_optimizer = 1;
-            train(dp_gpt_model_bf16(g), k, &c, &b);
+            train(dp_gpt_model(g, DP_GPT_BF16), k, &c, &b);
             cr_assert(memcmp(a.loss, b.loss, sizeof a.loss) == 0, "k=%zu: losses differ", k);
             cr_assert(memcmp(a.p, b.p, n * sizeof *a.p) == 0, "k=%zu: masters differ", k);
             cr_assert(memcmp(a.m, b.m, n * sizeof *a.m) == 0, "k=%zu: m differs", k);
@@ -238,13 +238,13 @@ Test(bf16_engine, sharded_equals_root_bitwise, .timeout = 60)
 Test(bf16_engine, k_devices_track_one_device, .timeout = 60)
 {
     dp_gpt *g = tiny_gpt();
-    size_t n = dp_gpt_model(g)->n_params;
+    size_t n = dp_gpt_model(g, 0)->n_params;
     static run_state one, many;
     for (int prec = 0; prec < 2; prec++) {
         dp_engine_config c = base_cfg();
         c.matmul_precision = prec ? DP_MATMUL_BF16 : DP_MATMUL_FP32;
-        train(dp_gpt_model_bf16(g), 1, &c, &one);
-        train(dp_gpt_model_bf16(g), 3, &c, &many);
+        train(dp_gpt_model(g, DP_GPT_BF16), 1, &c, &one);
+        train(dp_gpt_model(g, DP_GPT_BF16), 3, &c, &many);
         for (int s = 0; s < STEPS; s++)
             cr_assert(fabs(one.loss[s] - many.loss[s]) <= 1e-4 * fabs(one.loss[s]),
                       "%s step %d: loss %.9g on 1 device, %.9g on 3",
@@ -266,11 +266,11 @@ Test(bf16_engine, training_tracks_float32, .timeout = 60)
     static run_state f32, b16, b16mm, b16act;
     dp_engine_config c = base_cfg();
     c.optim.lr = 1e-2f;
-    train_n(dp_gpt_model(g), 2, &c, LONG, 1, &f32);
-    train_n(dp_gpt_model_bf16(g), 2, &c, LONG, 1, &b16);
+    train_n(dp_gpt_model(g, 0), 2, &c, LONG, 1, &f32);
+    train_n(dp_gpt_model(g, DP_GPT_BF16), 2, &c, LONG, 1, &b16);
     c.matmul_precision = DP_MATMUL_BF16;
-    train_n(dp_gpt_model_bf16(g), 2, &c, LONG, 1, &b16mm);
-    train_n(dp_gpt_model_bf16_act(g), 2, &c, LONG, 1, &b16act);
+    train_n(dp_gpt_model(g, DP_GPT_BF16), 2, &c, LONG, 1, &b16mm);
+    train_n(dp_gpt_model(g, DP_GPT_BF16_ACT), 2, &c, LONG, 1, &b16act);
     cr_assert_lt(f32.loss[LONG - 1], 0.8 * f32.loss[0], "float32 did not learn (%g -> %g)",
                  f32.loss[0], f32.loss[LONG - 1]);
     for (int s = 0; s < LONG; s++) {
@@ -293,10 +293,10 @@ Test(bf16_engine, training_tracks_float32, .timeout = 60)
 Test(bf16_engine, memory_of_replicas_and_masters, .timeout = 30)
 {
     dp_gpt *g = tiny_gpt();
-    size_t n = dp_gpt_model(g)->n_params;
+    size_t n = dp_gpt_model(g, 0)->n_params;
     dp_engine_config c = base_cfg();
     c.shard_optimizer = 1;
-    dp_engine *e = open_engine(dp_gpt_model_bf16(g), 2, &c);
+    dp_engine *e = open_engine(dp_gpt_model(g, DP_GPT_BF16), 2, &c);
     dp_step_stats st = step(e, 0);
     size_t owned = 0;
     for (size_t d = 0; d < 2; d++) {
@@ -308,7 +308,7 @@ Test(bf16_engine, memory_of_replicas_and_masters, .timeout = 30)
                  3 * n * sizeof(float));
     dp_engine_destroy(e);
     /* float32 replicas: 4 + 4, and m, v only */
-    e = open_engine(dp_gpt_model(g), 2, &c);
+    e = open_engine(dp_gpt_model(g, 0), 2, &c);
     st = step(e, 0);
     cr_assert_eq(st.devices[0].param_bytes, n * 8);
     cr_assert_eq(st.devices[0].optimizer_bytes + st.devices[1].optimizer_bytes, 2 * n * 4);
@@ -325,7 +325,7 @@ Test(bf16_engine, failed_update_and_divergence_resync_from_masters, .timeout = 6
     dp_engine_config c = base_cfg();
     c.shard_optimizer = 1;
     c.check_replicas_every = 1;
-    dp_engine *e = open_engine(dp_gpt_model_bf16(g), 3, &c);
+    dp_engine *e = open_engine(dp_gpt_model(g, DP_GPT_BF16), 3, &c);
     step(e, 0);
     dp_engine_inject_fault(e, 2, DP_PHASE_OPTIMIZER, DP_ERR_DEVICE);
     int32_t tok[EROWS * EBS], tgt[EROWS * EBS];
@@ -359,9 +359,9 @@ Test(bf16_engine, conversion_scratch_past_the_limit_fails_the_step_cleanly, .tim
     dp_gpt *g = tiny_gpt();
     dp_engine_config c = base_cfg();
     c.matmul_precision = DP_MATMUL_BF16;
-    dp_engine *e = open_engine(dp_gpt_model_bf16(g), 1, &c);
+    dp_engine *e = open_engine(dp_gpt_model(g, DP_GPT_BF16), 1, &c);
     dp_device *dev = dp_engine_device(e, 0);
-    size_t n = dp_gpt_model(g)->n_params;
+    size_t n = dp_gpt_model(g, 0)->n_params;
     static float before[MAXP], after[MAXP];
     dp_assert_ok(dp_engine_get_params(e, before));
     dp_memory_stats ms;
@@ -372,7 +372,7 @@ Test(bf16_engine, conversion_scratch_past_the_limit_fails_the_step_cleanly, .tim
     size_t scratch = st.devices[0].reserved_bytes;
     cr_assert_gt(scratch, 0);
     dp_engine_destroy(e);
-    e = open_engine(dp_gpt_model_bf16(g), 1, &c);
+    e = open_engine(dp_gpt_model(g, DP_GPT_BF16), 1, &c);
     dev = dp_engine_device(e, 0);
     dp_assert_ok(dp_device_set_limit(dev, st.devices[0].peak + scratch / 2));
     int32_t tok[EROWS * EBS], tgt[EROWS * EBS];
@@ -395,43 +395,43 @@ Test(bf16_engine, refusals, .timeout = 30)
     dp_device_spec spec = {DP_DEVICE_CPU, 0};
     dp_criterion crit = dp_criterion_cross_entropy();
     dp_engine *e = NULL;
-    dp_model bad = *dp_gpt_model(g);
+    dp_model bad = *dp_gpt_model(g, 0);
     bad.param_dtype = DP_DTYPE_F16;
     dp_engine_config c = base_cfg();
     cr_assert_eq(dp_engine_create(&spec, 1, &bad, &crit, &c, &e), DP_ERR_INVALID_ARGUMENT);
     cr_assert(strstr(dp_last_error(), "param_dtype F16"), "%s", dp_last_error());
     c.matmul_precision = DP_MATMUL_PRECISION_COUNT;
-    cr_assert_eq(dp_engine_create(&spec, 1, dp_gpt_model(g), &crit, &c, &e),
+    cr_assert_eq(dp_engine_create(&spec, 1, dp_gpt_model(g, 0), &crit, &c, &e),
                  DP_ERR_INVALID_ARGUMENT);
     cr_assert(strstr(dp_last_error(), "matmul_precision"), "%s", dp_last_error());
     c.matmul_precision = DP_MATMUL_BF16;
     c.allow_tf32 = 1;
-    cr_assert_eq(dp_engine_create(&spec, 1, dp_gpt_model(g), &crit, &c, &e),
+    cr_assert_eq(dp_engine_create(&spec, 1, dp_gpt_model(g, 0), &crit, &c, &e),
                  DP_ERR_INVALID_ARGUMENT);
     cr_assert(strstr(dp_last_error(), "allow_tf32") && strstr(dp_last_error(), "bf16"), "%s",
               dp_last_error());
     cr_assert_null(e);
     /* the engine sets the devices' precision */
     c.allow_tf32 = 0;
-    dp_assert_ok(dp_engine_create(&spec, 1, dp_gpt_model(g), &crit, &c, &e));
+    dp_assert_ok(dp_engine_create(&spec, 1, dp_gpt_model(g, 0), &crit, &c, &e));
     cr_assert_eq(dp_device_matmul_precision(dp_engine_device(e, 0)), DP_MATMUL_BF16);
     dp_engine_destroy(e);
     dp_gpt_destroy(g);
 }
 
-// --- bf16 activations (dp_gpt_model_bf16_act) -----------------------------------------
+// --- bf16 activations (DP_GPT_BF16_ACT) ------------------------------------------------
 
 /* Keeping the activations off the residual stream as bfloat16 moves
  * training only by the rounding the GELU and its backward now see (and,
  * in FP32 precision, the GEMMs' rounded inputs): in both precisions,
  * on 1 and 2 devices with micro-batches, the losses stay within 2e-3
- * relative of dp_gpt_model_bf16's over steps with AdamW (measured: 5e-4
+ * relative of DP_GPT_BF16's over steps with AdamW (measured: 5e-4
  * at most), and the parameters close, but not equal; also from 4x the
  * initial weights, where each layer's attention is peaked and its own. */
 Test(bf16_engine, bf16_activations_track_the_bf16_model, .timeout = 60)
 {
     dp_gpt *g = tiny_gpt();
-    size_t n = dp_gpt_model(g)->n_params;
+    size_t n = dp_gpt_model(g, 0)->n_params;
     for (int run = 0; run < 6; run++) {
         /* runs 0-3: each precision on 1 and 2 devices; 4-5: BF16 from sharp weights */
         int sharp = run >= 4, prec = sharp || (run & 1);
@@ -440,8 +440,8 @@ Test(bf16_engine, bf16_activations_track_the_bf16_model, .timeout = 60)
             dp_engine_config c = base_cfg();
             c.matmul_precision = prec ? DP_MATMUL_BF16 : DP_MATMUL_FP32;
             c.max_rows_per_micro = 2;
-            dp_engine *a = open_engine(dp_gpt_model_bf16(g), k, &c);
-            dp_engine *b = open_engine(dp_gpt_model_bf16_act(g), k, &c);
+            dp_engine *a = open_engine(dp_gpt_model(g, DP_GPT_BF16), k, &c);
+            dp_engine *b = open_engine(dp_gpt_model(g, DP_GPT_BF16_ACT), k, &c);
             static float p0[MAXP];
             dp_assert_ok(dp_engine_get_params(a, p0));
             if (sharp) { /* 4x the initial weights: peaked, layer-specific attention */
@@ -478,7 +478,7 @@ Test(bf16_engine, bf16_activations_track_the_bf16_model, .timeout = 60)
 Test(bf16_engine, bf16_activations_shard_bitwise_and_track_k_devices, .timeout = 60)
 {
     dp_gpt *g = tiny_gpt();
-    const dp_model *act = dp_gpt_model_bf16_act(g);
+    const dp_model *act = dp_gpt_model(g, DP_GPT_BF16_ACT);
     size_t n = act->n_params;
     static run_state a, b;
     dp_engine_config c = base_cfg();
@@ -511,7 +511,7 @@ Test(bf16_engine, bf16_activations_take_half_their_memory)
     const dp_gpt_config cfg = WORKSPACE_GPT;
     dp_gpt *g = NULL;
     dp_assert_ok(dp_gpt_create(&cfg, &g));
-    const dp_model *m16 = dp_gpt_model_bf16(g), *act = dp_gpt_model_bf16_act(g);
+    const dp_model *m16 = dp_gpt_model(g, DP_GPT_BF16), *act = dp_gpt_model(g, DP_GPT_BF16_ACT);
     for (size_t rows = 1; rows <= 8; rows *= 2) {
         size_t w16 = m16->workspace_bytes(m16->ctx, rows), wa = act->workspace_bytes(act->ctx, rows);
         size_t want = cfg.n_layer * rows * cfg.block_size * 28 * cfg.n_embd;
@@ -520,7 +520,7 @@ Test(bf16_engine, bf16_activations_take_half_their_memory)
         cr_assert(saved + slack >= want && saved <= want + slack,
                   "rows %zu: saved %zu bytes, want %zu (+-%zu)", rows, saved, want, slack);
     }
-    cr_assert_eq(dp_gpt_model_bf16_act(NULL), NULL);
+    cr_assert_eq(dp_gpt_model(NULL, DP_GPT_BF16_ACT), NULL);
     dp_gpt_destroy(g);
 }
 
@@ -535,7 +535,7 @@ Test(bf16_engine, bf16_activations_take_half_their_memory)
 Test(bf16_engine, recomputation_trains_bitwise_the_same, .timeout = 120)
 {
     dp_gpt *g = tiny_gpt();
-    size_t n = dp_gpt_model(g)->n_params;
+    size_t n = dp_gpt_model(g, 0)->n_params;
     static const unsigned kinds[] = {0, DP_GPT_BF16, DP_GPT_BF16_ACT};
     static const unsigned recompute[] = {DP_GPT_RECOMPUTE_ATTENTION, DP_GPT_RECOMPUTE_GELU,
                                          DP_GPT_RECOMPUTE_ATTENTION | DP_GPT_RECOMPUTE_GELU};
@@ -546,10 +546,10 @@ Test(bf16_engine, recomputation_trains_bitwise_the_same, .timeout = 120)
             dp_engine_config c = base_cfg();
             c.matmul_precision = prec ? DP_MATMUL_BF16 : DP_MATMUL_FP32;
             c.max_rows_per_micro = 2;
-            const dp_model *keep = dp_gpt_model_ex(g, kinds[kind]);
+            const dp_model *keep = dp_gpt_model(g, kinds[kind]);
             dp_engine *a = open_engine(keep, 2, &c), *b[3];
             for (int r = 0; r < 3; r++) {
-                const dp_model *again = dp_gpt_model_ex(g, kinds[kind] | recompute[r]);
+                const dp_model *again = dp_gpt_model(g, kinds[kind] | recompute[r]);
                 cr_assert(keep && again && keep != again);
                 b[r] = open_engine(again, 2, &c);
             }
@@ -599,8 +599,8 @@ Test(bf16_engine, recomputation_saves_memory)
                 int att = r & 1, gelu = r >> 1 & 1;
                 unsigned flags = kinds[kind] | (att ? DP_GPT_RECOMPUTE_ATTENTION : 0) |
                                  (gelu ? DP_GPT_RECOMPUTE_GELU : 0);
-                const dp_model *keep = dp_gpt_model_ex(g, kinds[kind]);
-                const dp_model *again = dp_gpt_model_ex(g, flags);
+                const dp_model *keep = dp_gpt_model(g, kinds[kind]);
+                const dp_model *again = dp_gpt_model(g, flags);
                 size_t wk = keep->workspace_bytes(keep->ctx, rows);
                 size_t wr = again->workspace_bytes(again->ctx, rows);
                 /* floats: a (B,T,C) tensor, the probabilities, a kept GELU output */
@@ -619,14 +619,14 @@ Test(bf16_engine, recomputation_saves_memory)
                           saved, want, slack);
             }
     /* the named models are the flags' */
-    cr_assert_eq(dp_gpt_model_ex(g, 0), dp_gpt_model(g));
-    cr_assert_eq(dp_gpt_model_ex(g, DP_GPT_BF16), dp_gpt_model_bf16(g));
-    cr_assert_eq(dp_gpt_model_ex(g, DP_GPT_BF16_ACT), dp_gpt_model_bf16_act(g));
-    cr_assert_eq(dp_gpt_model_ex(g, DP_GPT_BF16 | DP_GPT_BF16_ACT), dp_gpt_model_bf16_act(g));
-    cr_assert_eq(dp_gpt_model_bf16_act(g)->param_dtype, DP_DTYPE_BF16);
-    cr_assert_eq(dp_gpt_model_ex(g, DP_GPT_RECOMPUTE_ATTENTION)->param_dtype, DP_DTYPE_F32);
-    cr_assert_eq(dp_gpt_model_ex(g, DP_GPT_RECOMPUTE_GELU)->param_dtype, DP_DTYPE_F32);
-    cr_assert_null(dp_gpt_model_ex(g, 0x20u), "an unknown flag must give NULL");
-    cr_assert_null(dp_gpt_model_ex(NULL, 0));
+    cr_assert_eq(dp_gpt_model(g, 0), dp_gpt_model(g, 0));
+    cr_assert_eq(dp_gpt_model(g, DP_GPT_BF16), dp_gpt_model(g, DP_GPT_BF16));
+    cr_assert_eq(dp_gpt_model(g, DP_GPT_BF16_ACT), dp_gpt_model(g, DP_GPT_BF16_ACT));
+    cr_assert_eq(dp_gpt_model(g, DP_GPT_BF16 | DP_GPT_BF16_ACT), dp_gpt_model(g, DP_GPT_BF16_ACT));
+    cr_assert_eq(dp_gpt_model(g, DP_GPT_BF16_ACT)->param_dtype, DP_DTYPE_BF16);
+    cr_assert_eq(dp_gpt_model(g, DP_GPT_RECOMPUTE_ATTENTION)->param_dtype, DP_DTYPE_F32);
+    cr_assert_eq(dp_gpt_model(g, DP_GPT_RECOMPUTE_GELU)->param_dtype, DP_DTYPE_F32);
+    cr_assert_null(dp_gpt_model(g, 0x20u), "an unknown flag must give NULL");
+    cr_assert_null(dp_gpt_model(NULL, 0));
     dp_gpt_destroy(g);
 }

@@ -74,7 +74,7 @@ static dp_gpt *tiny_gpt(void)
  * JSON and a sampler state, all from seed. Free with free_filled. */
 static dp_checkpoint fill_ck(const dp_gpt *gpt, uint64_t seed, int with_opt)
 {
-    size_t n = dp_gpt_model(gpt)->n_params;
+    size_t n = dp_gpt_model(gpt, 0)->n_params;
     dp_checkpoint ck;
     memset(&ck, 0, sizeof ck);
     ck.step = 7;
@@ -117,7 +117,7 @@ static void assert_bits_equal(const dp_gpt *gpt, const float *a, const float *b,
 {
     cr_assert_not_null(a, "%s is NULL", what);
     cr_assert_not_null(b);
-    const dp_model *m = dp_gpt_model(gpt);
+    const dp_model *m = dp_gpt_model(gpt, 0);
     for (size_t t = 0; t < m->n_tensors; t++) {
         const dp_param_tensor *pt = &m->tensors[t];
         for (size_t i = pt->offset; i < pt->offset + pt->numel; i++)
@@ -166,7 +166,7 @@ TestSuite(checkpoint, .init = setup, .fini = teardown, .timeout = 30);
 Test(checkpoint, round_trip_is_exact)
 {
     dp_gpt *gpt = tiny_gpt();
-    size_t n = dp_gpt_model(gpt)->n_params;
+    size_t n = dp_gpt_model(gpt, 0)->n_params;
     dp_checkpoint ck = fill_ck(gpt, 1, 1);
     char path[256];
     path_in(path, sizeof path, "ck.safetensors");
@@ -178,7 +178,7 @@ Test(checkpoint, round_trip_is_exact)
     cr_assert_not_null(got);
     cr_assert_not_null(g2);
     cr_assert_eq(memcmp(dp_gpt_config_of(g2), &TINY, sizeof TINY), 0, "gpt_out config differs");
-    cr_assert_eq(dp_gpt_model(g2)->n_params, n);
+    cr_assert_eq(dp_gpt_model(g2, 0)->n_params, n);
     cr_assert_eq(got->step, 7);
     cr_assert_eq(got->optimizer_step, 5);
     assert_bits_equal(gpt, got->params, ck.params, "params");
@@ -228,7 +228,7 @@ Test(checkpoint, without_optimizer_state_and_strings)
     /* Only the transformer tensors are in the file. */
     dp_st_file *f = NULL;
     dp_assert_ok(dp_st_open(path, &f));
-    cr_assert_eq(dp_st_count(f), dp_gpt_model(gpt)->n_tensors);
+    cr_assert_eq(dp_st_count(f), dp_gpt_model(gpt, 0)->n_tensors);
     for (size_t i = 0; i < dp_st_count(f); i++)
         cr_assert_eq(strncmp(dp_st_tensor_at(f, i)->name, "transformer.", 12), 0, "%s",
                      dp_st_tensor_at(f, i)->name);
@@ -358,7 +358,7 @@ static int is(const char *field, const char *name) { return field[0] && !strcmp(
 static void write_variant(const char *path, const variant *vr)
 {
     dp_gpt *gpt = tiny_gpt();
-    const dp_model *m = dp_gpt_model(gpt);
+    const dp_model *m = dp_gpt_model(gpt, 0);
     dp_checkpoint ck = fill_ck(gpt, 4, 1);
     dp_st_writer *w = NULL;
     dp_assert_ok(dp_st_writer_create(&w));

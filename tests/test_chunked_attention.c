@@ -38,7 +38,7 @@ static dp_gpt *make_gpt_chunk(size_t block_size, size_t attention_chunk)
                          .attention_chunk = attention_chunk};
     dp_gpt *g = NULL;
     dp_assert_ok(dp_gpt_create(&cfg, &g));
-    cr_assert_leq(dp_gpt_model(g)->n_params, MAXP);
+    cr_assert_leq(dp_gpt_model(g, 0)->n_params, MAXP);
     return g;
 }
 
@@ -87,13 +87,13 @@ static const unsigned kinds[] = {0, DP_GPT_BF16, DP_GPT_BF16_ACT};
 Test(chunked_attention, one_chunk_is_the_whole_matrix_bitwise, .timeout = 60)
 {
     dp_gpt *g = make_gpt(DP_GPT_ATTENTION_CHUNK);
-    size_t n = dp_gpt_model(g)->n_params;
+    size_t n = dp_gpt_model(g, 0)->n_params;
     static float pa[MAXP], pb[MAXP];
     for (int kind = 0; kind < 3; kind++)
         for (int prec = 0; prec < 2; prec++) {
-            dp_engine *a = open_engine(dp_gpt_model_ex(g, kinds[kind]), 2, prec);
+            dp_engine *a = open_engine(dp_gpt_model(g, kinds[kind]), 2, prec);
             dp_engine *b =
-                open_engine(dp_gpt_model_ex(g, kinds[kind] | DP_GPT_CHUNKED_ATTENTION), 2, prec);
+                open_engine(dp_gpt_model(g, kinds[kind] | DP_GPT_CHUNKED_ATTENTION), 2, prec);
             for (int s = 0; s < 3; s++) {
                 dp_step_stats sa = step(a, DP_GPT_ATTENTION_CHUNK, s),
                               sb = step(b, DP_GPT_ATTENTION_CHUNK, s);
@@ -123,15 +123,15 @@ Test(chunked_attention, one_chunk_is_the_whole_matrix_bitwise, .timeout = 60)
 Test(chunked_attention, three_chunks_track_the_whole_matrix, .timeout = 240)
 {
     dp_gpt *g = make_gpt(T);
-    size_t n = dp_gpt_model(g)->n_params;
+    size_t n = dp_gpt_model(g, 0)->n_params;
     static float p0[MAXP], pa[MAXP], pb[MAXP];
     for (int kind = 0; kind < 3; kind++)
         for (int run = 0; run < 3; run++) {
             /* runs: FP32, BF16 math, BF16 from 4x the initial weights */
             int prec = run >= 1, sharp = run == 2;
-            dp_engine *a = open_engine(dp_gpt_model_ex(g, kinds[kind]), 2, prec);
+            dp_engine *a = open_engine(dp_gpt_model(g, kinds[kind]), 2, prec);
             dp_engine *b =
-                open_engine(dp_gpt_model_ex(g, kinds[kind] | DP_GPT_CHUNKED_ATTENTION), 2, prec);
+                open_engine(dp_gpt_model(g, kinds[kind] | DP_GPT_CHUNKED_ATTENTION), 2, prec);
             dp_assert_ok(dp_engine_get_params(a, p0));
             if (sharp) {
                 for (size_t i = 0; i < n; i++) p0[i] *= 4.0f;
@@ -170,7 +170,7 @@ Test(chunked_attention, three_chunks_track_the_whole_matrix, .timeout = 240)
 Test(chunked_attention, sharding_is_bitwise_the_root_update, .timeout = 120)
 {
     dp_gpt *g = make_gpt(T);
-    const dp_model *m = dp_gpt_model_ex(g, DP_GPT_BF16_ACT | DP_GPT_CHUNKED_ATTENTION);
+    const dp_model *m = dp_gpt_model(g, DP_GPT_BF16_ACT | DP_GPT_CHUNKED_ATTENTION);
     size_t n = m->n_params;
     static float pa[MAXP], pb[MAXP];
     dp_engine *a = open_engine(m, 2, 1), *b = open_engine_ex(m, 2, 1, 1);
@@ -205,8 +205,8 @@ Test(chunked_attention, workspace_holds_two_chunks)
         for (int recompute = 0; recompute < 2; recompute++)
             for (size_t rows = 1; rows <= 4; rows *= 2) {
                 unsigned base = kinds[kind] | (recompute ? DP_GPT_RECOMPUTE_ATTENTION : 0);
-                const dp_model *w = dp_gpt_model_ex(g, base);
-                const dp_model *ch = dp_gpt_model_ex(g, kinds[kind] | DP_GPT_CHUNKED_ATTENTION);
+                const dp_model *w = dp_gpt_model(g, base);
+                const dp_model *ch = dp_gpt_model(g, kinds[kind] | DP_GPT_CHUNKED_ATTENTION);
                 size_t ww = w->workspace_bytes(w->ctx, rows),
                        wc = ch->workspace_bytes(ch->ctx, rows);
                 size_t btc = rows * bs * cfg.n_embd, bnhtt = rows * cfg.n_head * bs * bs,
@@ -224,16 +224,16 @@ Test(chunked_attention, workspace_holds_two_chunks)
             }
     /* the flags pick the variant; RECOMPUTE_ATTENTION adds nothing to it */
     for (int kind = 0; kind < 3; kind++) {
-        const dp_model *ch = dp_gpt_model_ex(g, kinds[kind] | DP_GPT_CHUNKED_ATTENTION);
+        const dp_model *ch = dp_gpt_model(g, kinds[kind] | DP_GPT_CHUNKED_ATTENTION);
         cr_assert_not_null(ch);
-        cr_assert_eq(ch, dp_gpt_model_ex(g, kinds[kind] | DP_GPT_CHUNKED_ATTENTION |
+        cr_assert_eq(ch, dp_gpt_model(g, kinds[kind] | DP_GPT_CHUNKED_ATTENTION |
                                                 DP_GPT_RECOMPUTE_ATTENTION));
-        cr_assert_neq(ch, dp_gpt_model_ex(g, kinds[kind] | DP_GPT_RECOMPUTE_ATTENTION));
-        cr_assert_neq(ch, dp_gpt_model_ex(g, kinds[kind] | DP_GPT_CHUNKED_ATTENTION |
+        cr_assert_neq(ch, dp_gpt_model(g, kinds[kind] | DP_GPT_RECOMPUTE_ATTENTION));
+        cr_assert_neq(ch, dp_gpt_model(g, kinds[kind] | DP_GPT_CHUNKED_ATTENTION |
                                                  DP_GPT_RECOMPUTE_GELU));
         cr_assert_eq(ch->param_dtype, kind ? DP_DTYPE_BF16 : DP_DTYPE_F32);
     }
-    cr_assert_null(dp_gpt_model_ex(g, 0x20u), "an unknown flag must give NULL");
+    cr_assert_null(dp_gpt_model(g, 0x20u), "an unknown flag must give NULL");
     dp_gpt_destroy(g);
 }
 
@@ -246,10 +246,10 @@ Test(chunked_attention, attention_chunk_sets_the_chunk, .timeout = 120)
 {
     static const size_t chunks[] = {32, 0, 1000};
     dp_gpt *gw = make_gpt(T);
-    size_t n = dp_gpt_model(gw)->n_params;
+    size_t n = dp_gpt_model(gw, 0)->n_params;
     static float p0[MAXP], pw[MAXP], pc[3][MAXP];
     double lw[STEPS], lc[3][STEPS];
-    dp_engine *w = open_engine(dp_gpt_model(gw), 2, 0);
+    dp_engine *w = open_engine(dp_gpt_model(gw, 0), 2, 0);
     dp_assert_ok(dp_engine_get_params(w, p0));
     for (int s = 0; s < STEPS; s++) lw[s] = step(w, T, s).loss;
     dp_assert_ok(dp_engine_get_params(w, pw));
@@ -257,7 +257,7 @@ Test(chunked_attention, attention_chunk_sets_the_chunk, .timeout = 120)
     for (int i = 0; i < 3; i++) {
         dp_gpt *g = make_gpt_chunk(T, chunks[i]);
         cr_assert_eq(dp_gpt_config_of(g)->attention_chunk, chunks[i]);
-        dp_engine *e = open_engine(dp_gpt_model_ex(g, DP_GPT_CHUNKED_ATTENTION), 2, 0);
+        dp_engine *e = open_engine(dp_gpt_model(g, DP_GPT_CHUNKED_ATTENTION), 2, 0);
         for (int s = 0; s < STEPS; s++) {
             lc[i][s] = step(e, T, s).loss;
             cr_assert(fabs(lc[i][s] - lw[s]) <= 1e-7 * fabs(lw[s]),
@@ -292,13 +292,13 @@ Test(chunked_attention, workspace_follows_attention_chunk)
                          .n_embd = 32};
     dp_gpt *g0 = NULL;
     dp_assert_ok(dp_gpt_create(&cfg, &g0));
-    const dp_model *m0 = dp_gpt_model_ex(g0, DP_GPT_CHUNKED_ATTENTION);
+    const dp_model *m0 = dp_gpt_model(g0, DP_GPT_CHUNKED_ATTENTION);
     size_t w0 = m0->workspace_bytes(m0->ctx, rows);
     for (size_t i = 0; i < sizeof asked / sizeof *asked; i++) {
         cfg.attention_chunk = asked[i];
         dp_gpt *g = NULL;
         dp_assert_ok(dp_gpt_create(&cfg, &g));
-        const dp_model *m = dp_gpt_model_ex(g, DP_GPT_CHUNKED_ATTENTION);
+        const dp_model *m = dp_gpt_model(g, DP_GPT_CHUNKED_ATTENTION);
         size_t w = m->workspace_bytes(m->ctx, rows), chunk = asked[i] < bs ? asked[i] : bs;
         double want = 2.0 * rows * nh * ((double)chunk - DP_GPT_ATTENTION_CHUNK) * bs * 4,
                got = (double)w - (double)w0;

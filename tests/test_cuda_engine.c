@@ -326,7 +326,7 @@ static dp_engine *gpt_engine_of(const dp_gpt *g, const dp_model *model,
     cfg.seed = 11;
     if (model) cfg.matmul_precision = DP_MATMUL_BF16;
     dp_engine *e = NULL;
-    dp_assert_ok(dp_engine_create(specs, k, model ? model : dp_gpt_model(g), &crit, &cfg, &e));
+    dp_assert_ok(dp_engine_create(specs, k, model ? model : dp_gpt_model(g, 0), &crit, &cfg, &e));
     return e;
 }
 
@@ -349,7 +349,7 @@ static double gpt_step(dp_engine *e, int s)
 /* Every stored tensor equal bit for bit (padding between tensors is not stored). */
 static void assert_tensors_equal(const dp_gpt *g, const float *a, const float *b, const char *what)
 {
-    const dp_model *m = dp_gpt_model(g);
+    const dp_model *m = dp_gpt_model(g, 0);
     for (size_t t = 0; t < m->n_tensors; t++) {
         const dp_param_tensor *pt = &m->tensors[t];
         cr_assert(memcmp(a + pt->offset, b + pt->offset, pt->numel * sizeof(float)) == 0,
@@ -362,7 +362,7 @@ static void assert_tensors_equal(const dp_gpt *g, const float *a, const float *b
  * noise and AdamW may step it by +-lr either way (tests/test_gpt.c). */
 static int is_key_bias(const dp_gpt *g, size_t i)
 {
-    const dp_model *m = dp_gpt_model(g);
+    const dp_model *m = dp_gpt_model(g, 0);
     for (size_t t = 0; t < m->n_tensors; t++) {
         const dp_param_tensor *pt = &m->tensors[t];
         size_t nl = strlen(pt->name);
@@ -388,7 +388,7 @@ Test(cuda_engine, gpt_checkpoint_from_gpu_resumes_on_cpu, .timeout = 120)
     snprintf(path, sizeof path, "%s/gpu.safetensors", dir);
 
     dp_gpt *g = engine_gpt(EBS);
-    size_t n = dp_gpt_model(g)->n_params;
+    size_t n = dp_gpt_model(g, 0)->n_params;
     dp_device_spec gs[2], cs[2];
     gpu_specs(gs, 2, ZEROS);
     cpu_specs(cs, 2);
@@ -459,8 +459,8 @@ Test(cuda_engine, gpt_bf16_activations_on_gpu_track_cpu, .timeout = 120)
 {
     REQUIRE_GPU();
     dp_gpt *g = engine_gpt(EBS);
-    const dp_model *act = dp_gpt_model_bf16_act(g);
-    const dp_model *again = dp_gpt_model_ex(g, DP_GPT_BF16_ACT | DP_GPT_RECOMPUTE_ATTENTION |
+    const dp_model *act = dp_gpt_model(g, DP_GPT_BF16_ACT);
+    const dp_model *again = dp_gpt_model(g, DP_GPT_BF16_ACT | DP_GPT_RECOMPUTE_ATTENTION |
                                                    DP_GPT_RECOMPUTE_GELU);
     dp_device_spec gs[2], cs[2];
     gpu_specs(gs, 2, ZEROS);
@@ -508,7 +508,7 @@ Test(cuda_engine, gpt_chunked_attention_on_gpu_tracks_cpu, .timeout = 120)
     dp_device_spec gs[2], cs[2];
     gpu_specs(gs, 2, ZEROS);
     cpu_specs(cs, 2);
-    const dp_model *whole = dp_gpt_model(g), *ch = dp_gpt_model_ex(g, DP_GPT_CHUNKED_ATTENTION);
+    const dp_model *whole = dp_gpt_model(g, 0), *ch = dp_gpt_model(g, DP_GPT_CHUNKED_ATTENTION);
     dp_criterion crit = dp_criterion_cross_entropy();
     dp_engine_config cfg = dp_engine_config_default();
     cfg.optim.lr = 3e-3f;
@@ -527,7 +527,7 @@ Test(cuda_engine, gpt_chunked_attention_on_gpu_tracks_cpu, .timeout = 120)
     dp_engine_destroy(eg);
     dp_engine_destroy(egw);
     dp_engine_destroy(ec);
-    const dp_model *act = dp_gpt_model_ex(g, DP_GPT_BF16_ACT | DP_GPT_CHUNKED_ATTENTION);
+    const dp_model *act = dp_gpt_model(g, DP_GPT_BF16_ACT | DP_GPT_CHUNKED_ATTENTION);
     eg = gpt_engine_of(g, act, gs, 2);
     ec = gpt_engine_of(g, act, cs, 2);
     for (int s = 0; s < 3; s++) {

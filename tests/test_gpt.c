@@ -54,14 +54,14 @@ static dp_gpt *make_gpt(size_t V, size_t BS, size_t L, size_t NH, size_t C)
         .vocab_size = V, .block_size = BS, .n_layer = L, .n_head = NH, .n_embd = C};
     dp_gpt *g = NULL;
     dp_assert_ok(dp_gpt_create(&cfg, &g));
-    dp_assert_ok(dp_model_validate(dp_gpt_model(g)));
+    dp_assert_ok(dp_model_validate(dp_gpt_model(g, 0)));
     return g;
 }
 
 /* Host parameters from the model's init. */
 static float *init_params(const dp_gpt *g, uint64_t seed)
 {
-    const dp_model *m = dp_gpt_model(g);
+    const dp_model *m = dp_gpt_model(g, 0);
     float *p = xmalloc(m->n_params * sizeof *p);
     dp_assert_ok(m->init(m->ctx, p, seed));
     return p;
@@ -202,7 +202,7 @@ static void ref_open(ref_run *x)
     load_reference(&x->r);
     reference *r = &x->r;
     x->g = make_gpt(r->V, r->BS, r->L, r->NH, r->C);
-    const dp_model *m = dp_gpt_model(x->g);
+    const dp_model *m = dp_gpt_model(x->g, 0);
     cr_assert_eq(m->n_tensors, r->n_tensors);
     x->params_h = xmalloc(m->n_params * sizeof(float));
     memset(x->params_h, 0, m->n_params * sizeof(float));
@@ -296,7 +296,7 @@ static void check_against_reference(const ref_run *x, const float *grads, double
                                     const char *what)
 {
     const reference *r = &x->r;
-    const dp_model *m = dp_gpt_model(x->g);
+    const dp_model *m = dp_gpt_model(x->g, 0);
     cr_assert(fabs(loss - r->loss) <= 1e-6 * fabs(r->loss), "%s: loss %.10f, PyTorch %.10f", what,
               loss, r->loss);
     double worst_rel = 0.0, worst_scaled = 0.0;
@@ -339,7 +339,7 @@ Test(gpt, matches_pytorch_reference, .timeout = 30)
     ref_run x;
     ref_open(&x);
     reference *r = &x.r;
-    const dp_model *m = dp_gpt_model(x.g);
+    const dp_model *m = dp_gpt_model(x.g, 0);
     size_t BT = (size_t)r->B * r->BS;
     float *logits = xmalloc(BT * r->V * sizeof(float));
     double loss = ref_step(&x, logits);
@@ -369,7 +369,7 @@ Test(gpt, split_head_in_chunks_matches_pytorch_reference, .timeout = 30)
     ref_run x;
     ref_open(&x);
     reference *r = &x.r;
-    const dp_model *m = dp_gpt_model(x.g);
+    const dp_model *m = dp_gpt_model(x.g, 0);
     size_t BT = (size_t)r->B * r->BS, C = r->C, V = r->V, n = m->n_params;
     size_t chunks[] = {1, 7, BT};
     float *feat = dev_alloc(x.dev, BT * C * sizeof(float));
@@ -416,7 +416,7 @@ Test(gpt, parameter_gradients_accumulate, .timeout = 30)
 {
     ref_run x;
     ref_open(&x);
-    const dp_model *m = dp_gpt_model(x.g);
+    const dp_model *m = dp_gpt_model(x.g, 0);
     size_t n = m->n_params;
     float *g1 = xmalloc(n * sizeof(float)), *g2 = xmalloc(n * sizeof(float));
     double l1 = ref_step(&x, NULL);
@@ -441,7 +441,7 @@ Test(gpt, tensor_table_follows_nanogpt)
 {
     size_t V = 50, BS = 24, L = 3, NH = 2, C = 20;
     dp_gpt *g = make_gpt(V, BS, L, NH, C);
-    const dp_model *m = dp_gpt_model(g);
+    const dp_model *m = dp_gpt_model(g, 0);
     cr_assert_eq(m->input_row_bytes, BS * sizeof(int32_t));
     cr_assert_eq(m->outputs_per_row, BS);
     cr_assert_eq(m->n_classes, V);
@@ -534,7 +534,7 @@ Test(gpt, forward_is_causal_and_short_T_is_a_prefix, .timeout = 30)
 {
     size_t V = 40, BS = 12, L = 2, NH = 2, C = 16, B = 2;
     dp_gpt *g = make_gpt(V, BS, L, NH, C);
-    const dp_model *m = dp_gpt_model(g);
+    const dp_model *m = dp_gpt_model(g, 0);
     float *ph = init_params(g, 5);
     /* Bigger weights than the init so attention is far from uniform. */
     dp_rng rng;
@@ -598,7 +598,7 @@ Test(gpt, init_follows_nanogpt_and_is_deterministic, .timeout = 30)
 {
     size_t V = 256, BS = 64, L = 4, NH = 4, C = 64;
     dp_gpt *g = make_gpt(V, BS, L, NH, C);
-    const dp_model *m = dp_gpt_model(g);
+    const dp_model *m = dp_gpt_model(g, 0);
     float *p = xmalloc(m->n_params * sizeof(float));
     for (size_t i = 0; i < m->n_params; i++) p[i] = 7.0f; /* init must zero the padding */
     dp_assert_ok(m->init(m->ctx, p, 1337));
@@ -672,7 +672,7 @@ static void gpt_train_with(const dp_gpt *g, size_t k, const dp_engine_config *cf
     for (size_t i = 0; i < k; i++) specs[i] = (dp_device_spec){DP_DEVICE_CPU, (int)i};
     dp_criterion crit = dp_criterion_cross_entropy();
     dp_engine *e = NULL;
-    dp_assert_ok(dp_engine_create(specs, k, dp_gpt_model(g), &crit, cfg, &e));
+    dp_assert_ok(dp_engine_create(specs, k, dp_gpt_model(g, 0), &crit, cfg, &e));
     int32_t tok[EROWS * EBS], tgt[EROWS * EBS];
     for (int s = 0; s < ESTEPS; s++) {
         dp_test_gpt_batch(s, EROWS, tok, tgt);
@@ -723,7 +723,7 @@ ParameterizedTestParameters(gpt, k_devices_equal_one_device)
  */
 static int is_key_bias(const dp_gpt *g, size_t i)
 {
-    const dp_model *m = dp_gpt_model(g);
+    const dp_model *m = dp_gpt_model(g, 0);
     size_t C = dp_gpt_config_of(g)->n_embd;
     for (size_t t = 0; t < m->n_tensors; t++) {
         const dp_param_tensor *pt = &m->tensors[t];
@@ -741,7 +741,7 @@ static int is_key_bias(const dp_gpt *g, size_t i)
 static double assert_run_close(const dp_gpt *g, const float *pk, const float *p1,
                                const double *lk, const double *l1, const char *what)
 {
-    size_t n = dp_gpt_model(g)->n_params;
+    size_t n = dp_gpt_model(g, 0)->n_params;
     dp_assert_allclose(lk, l1, ESTEPS, 1e-7, 1e-5);
     /* Key-bias entries: compare them loosely, then copy them so the strict
      * check below covers every other parameter. */
@@ -768,7 +768,7 @@ static double assert_run_close(const dp_gpt *g, const float *pk, const float *p1
 ParameterizedTest(gpt_equiv *c, gpt, k_devices_equal_one_device, .timeout = 60)
 {
     dp_gpt *g = make_gpt(EV, EBS, EL, ENH, EC);
-    size_t n = dp_gpt_model(g)->n_params;
+    size_t n = dp_gpt_model(g, 0)->n_params;
     float *p1 = xmalloc(n * sizeof(float)), *pk = xmalloc(n * sizeof(float));
     double l1[ESTEPS], lk[ESTEPS], lmax = 0.0;
     gpt_train(g, 1, DP_MODE_BALANCED, l1, p1);
@@ -817,7 +817,7 @@ ParameterizedTestParameters(gpt, logits_chunks_match_whole_logits)
 ParameterizedTest(chunk_case *c, gpt, logits_chunks_match_whole_logits, .timeout = 60)
 {
     dp_gpt *g = make_gpt(EV, EBS, EL, ENH, EC);
-    size_t n = dp_gpt_model(g)->n_params;
+    size_t n = dp_gpt_model(g, 0)->n_params;
     float *p1 = xmalloc(n * sizeof(float)), *pk = xmalloc(n * sizeof(float)),
           *again = xmalloc(n * sizeof(float));
     double l1[ESTEPS], lk[ESTEPS], l2[ESTEPS];
@@ -901,7 +901,7 @@ Test(gpt, a_self_counting_criterion_agrees_on_every_devices_chunks, .timeout = 6
         size_t k = run ? 3 : 1;
         dp_device_spec specs[3] = {{DP_DEVICE_CPU, 0}, {DP_DEVICE_CPU, 1}, {DP_DEVICE_CPU, 2}};
         dp_engine *e = NULL;
-        dp_assert_ok(dp_engine_create(specs, k, dp_gpt_model(g), run ? &crit : &ce, &cfg, &e));
+        dp_assert_ok(dp_engine_create(specs, k, dp_gpt_model(g, 0), run ? &crit : &ce, &cfg, &e));
         dp_step_stats st;
         dp_status s = dp_engine_step(e, &b, &st);
         cr_assert_eq(s, DP_OK, "k=%zu: %s", k, dp_last_error());
@@ -920,7 +920,7 @@ Test(gpt, a_self_counting_criterion_agrees_on_every_devices_chunks, .timeout = 6
 Test(gpt, logits_chunk_of_all_rows_is_whole_logits, .timeout = 60)
 {
     dp_gpt *g = make_gpt(EV, EBS, EL, ENH, EC);
-    size_t n = dp_gpt_model(g)->n_params;
+    size_t n = dp_gpt_model(g, 0)->n_params;
     float *pw = xmalloc(n * sizeof(float)), *pc = xmalloc(n * sizeof(float));
     double lw[ESTEPS], lc[ESTEPS];
     dp_engine_config cfg = gpt_cfg(DP_MODE_BALANCED);
@@ -948,7 +948,7 @@ static dp_engine *open_wide(const dp_gpt *g, size_t chunk)
     dp_engine_config cfg = gpt_cfg(DP_MODE_BALANCED);
     cfg.logits_chunk_rows = chunk;
     dp_engine *e = NULL;
-    dp_assert_ok(dp_engine_create(&spec, 1, dp_gpt_model(g), &crit, &cfg, &e));
+    dp_assert_ok(dp_engine_create(&spec, 1, dp_gpt_model(g, 0), &crit, &cfg, &e));
     return e;
 }
 
@@ -1032,7 +1032,7 @@ static dp_status failing_head_backward(void *ctx, dp_device *dev, dp_params para
 Test(gpt, head_failures_are_reported_and_recoverable, .timeout = 60)
 {
     dp_gpt *g = make_gpt(MV, EBS, 1, 2, MC);
-    real = dp_gpt_model(g);
+    real = dp_gpt_model(g, 0);
     failing = *real;
     failing.head_forward = failing_head_forward;
     failing.head_backward = failing_head_backward;
@@ -1090,7 +1090,7 @@ Test(gpt, overfits_one_batch, .timeout = 60)
     cfg.optim.lr = 1e-2f;
     cfg.optim.weight_decay = 0.0f;
     dp_engine *e = NULL;
-    dp_assert_ok(dp_engine_create(specs, 2, dp_gpt_model(g), &crit, &cfg, &e));
+    dp_assert_ok(dp_engine_create(specs, 2, dp_gpt_model(g, 0), &crit, &cfg, &e));
     enum { R = 4, T = 16 };
     int32_t tok[R * T], tgt[R * T];
     dp_rng rng;
@@ -1157,7 +1157,7 @@ Test(gpt, bad_config_is_rejected_with_a_message)
     expect_bad_config(c, "overflow");
     cr_assert_eq(dp_gpt_create(NULL, &(dp_gpt *){NULL}), DP_ERR_INVALID_ARGUMENT);
     cr_assert_eq(dp_gpt_create(&ok, NULL), DP_ERR_INVALID_ARGUMENT);
-    cr_assert_null(dp_gpt_model(NULL));
+    cr_assert_null(dp_gpt_model(NULL, 0));
     cr_assert_null(dp_gpt_config_of(NULL));
 }
 
@@ -1165,7 +1165,7 @@ Test(gpt, bad_tokens_and_calls_are_rejected, .timeout = 30)
 {
     size_t V = 20, BS = 6;
     dp_gpt *g = make_gpt(V, BS, 1, 2, 8);
-    const dp_model *m = dp_gpt_model(g);
+    const dp_model *m = dp_gpt_model(g, 0);
     int32_t tok[3 * 6];
     for (size_t i = 0; i < 3 * BS; i++) tok[i] = (int32_t)(i % V);
     dp_assert_ok(m->validate_inputs(m->ctx, tok, 3));

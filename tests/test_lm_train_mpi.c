@@ -164,8 +164,8 @@ static void assert_same_checkpoint(const char *a_name, const char *b_name)
     dp_gpt *ga = NULL, *gb = NULL;
     dp_assert_ok(dp_gpt_checkpoint_load(pa, &a, &ga));
     dp_assert_ok(dp_gpt_checkpoint_load(pb, &b, &gb));
-    size_t n = dp_gpt_model(ga)->n_params;
-    cr_assert_eq(dp_gpt_model(gb)->n_params, n);
+    size_t n = dp_gpt_model(ga, 0)->n_params;
+    cr_assert_eq(dp_gpt_model(gb, 0)->n_params, n);
     cr_assert_eq(a->step, b->step);
     cr_assert_eq(a->optimizer_step, b->optimizer_step);
     cr_assert(a->m && b->m && a->v && b->v);

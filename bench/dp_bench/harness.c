@@ -236,7 +236,7 @@ dp_status make_engine(bench *b, dp_mode mode, int shard, size_t k, dp_engine **o
     if (b->o.n_weights && k == b->k) ec.device_weights = b->o.weights;
     dp_criterion ce = dp_criterion_cross_entropy();
     /* bf16: replicas and the activations off the residual stream (dp_gpt_model_bf16_act) */
-    const dp_model *m = dp_gpt_model_ex(b->gpt, cli_gpt_flags(&b->o.compute));
+    const dp_model *m = dp_gpt_model(b->gpt, cli_gpt_flags(&b->o.compute));
     return dp_engine_create(b->specs, k, m, &ce, &ec, out);
 }
 

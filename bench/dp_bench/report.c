@@ -49,7 +49,7 @@ void print_banner(const bench *b, const run_plan *p)
     printf("dp_bench: GPT vocab %ld, context %ld, dim %ld, %ld layers, %ld heads: %.2fM "
            "parameters\n",
            o->vocab, o->context, o->dim, o->layers, o->heads,
-           (double)dp_gpt_model(b->gpt)->n_params / 1e6);
+           (double)dp_gpt_model(b->gpt, 0)->n_params / 1e6);
     if (b->rk.ranks > 1)
         printf("          global batch %ld sequences (%ld tokens) on %d ranks x %s (%zu devices), "
                "%ld warm-up + %ld timed steps",
@@ -224,7 +224,7 @@ static json_t *json_config(const bench *b)
                             "devices", devs, "steps", (json_int_t)o->steps, "warmup",
                             (json_int_t)o->warmup, "memory_limit", (json_int_t)o->limit_bytes,
                             "tf32", o->tf32, "n_params",
-                            (json_int_t)dp_gpt_model(b->gpt)->n_params, "optimizer", "adamw");
+                            (json_int_t)dp_gpt_model(b->gpt, 0)->n_params, "optimizer", "adamw");
     json_object_set_new(cfg, "token_balanced", json_boolean(o->token_balanced));
     if (o->n_weights) {
         json_t *w = json_array();

@@ -49,7 +49,7 @@ static int make_model(run *r, size_t V)
         dp_gpt_destroy(r->gpt);
         r->gpt = g;
     }
-    r->n_params = dp_gpt_model(r->gpt)->n_params;
+    r->n_params = dp_gpt_model(r->gpt, 0)->n_params;
     return 0;
 }
 
@@ -140,7 +140,7 @@ int setup(run *r)
     dp_criterion ce = dp_criterion_cross_entropy();
     /* bf16: bf16 replicas, and the activations off the residual stream
      * kept as bfloat16 (dp/gpt.h). */
-    const dp_model *model = dp_gpt_model_ex(r->gpt, cli_gpt_flags(&r->o.compute));
+    const dp_model *model = dp_gpt_model(r->gpt, cli_gpt_flags(&r->o.compute));
     dp_status s = dp_engine_create(specs, k, model, &ce, &ec, &r->engine);
     if (s != DP_OK) return engine_fail(r, s, "engine");
     if (r->ck) {

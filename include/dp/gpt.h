@@ -50,36 +50,25 @@ typedef struct dp_gpt dp_gpt;
 DP_API dp_status dp_gpt_create(const dp_gpt_config *cfg, dp_gpt **out);
 DP_API void dp_gpt_destroy(dp_gpt *gpt);
 
-/* The model description for dp_engine_create: inputs are block_size int32
- * token ids per row, outputs_per_row = block_size, n_classes = vocab_size.
- * The tied LM head is split off (dp/model.h): forward writes ln_f's output
- * (rows * block_size, n_embd), head_features = n_embd, and the engine runs
- * the head in chunks of rows (dp_engine_config.logits_chunk_rows), so its
- * workspace is dp_gpt_workspace_bytes less that (B,T,C) buffer. Owned by
- * gpt. */
-DP_API const dp_model *dp_gpt_model(const dp_gpt *gpt);
-/* The same model over bf16 replicas (dp_model.param_dtype = DP_DTYPE_BF16:
- * the engine keeps float32 master weights on the optimizer's slice
- * owners); same tensors, parameters and workspace. Owned by gpt. Pair it
- * with dp_engine_config.matmul_precision DP_MATMUL_BF16 for bf16 GEMMs
- * throughout. */
-DP_API const dp_model *dp_gpt_model_bf16(const dp_gpt *gpt);
-/* dp_gpt_model_bf16 keeping each block's activations off the residual
- * stream as bfloat16 between forward and backward: the GEMM inputs (ln_1
- * and ln_2 outputs, q, k and v, the attention output, the GELU output)
- * and the MLP's pre-GELU values, 28 bytes per token, embedding dimension
- * and layer less workspace. Each is computed in float32 and rounded once;
- * the GELU and its backward read the rounded pre-activations, as in
- * llm.c's bf16 training (and in FP32 or TF32 precision the GEMMs read
- * rounded inputs), so training tracks dp_gpt_model_bf16 closely rather
- * than bit for bit. The residual stream,
- * the LayerNorm statistics, the attention probabilities and every
- * gradient stay float32, as under PyTorch's autocast. Owned by gpt. */
-DP_API const dp_model *dp_gpt_model_bf16_act(const dp_gpt *gpt);
 
-/* Flags of dp_gpt_model_ex. */
-#define DP_GPT_BF16 0x1u     /* bf16 replicas: dp_gpt_model_bf16 */
-#define DP_GPT_BF16_ACT 0x2u /* and bf16 activations: dp_gpt_model_bf16_act (implies BF16) */
+/* Flags of dp_gpt_model. 0: float32 replicas and activations. */
+/* bf16 replicas (dp_model.param_dtype = DP_DTYPE_BF16: the engine keeps
+ * float32 master weights on the optimizer's slice owners); same tensors,
+ * parameters and workspace. Pair it with dp_engine_config.matmul_precision
+ * DP_MATMUL_BF16 for bf16 GEMMs throughout. */
+#define DP_GPT_BF16 0x1u
+/* DP_GPT_BF16 (implied) and each block's activations off the residual
+ * stream kept as bfloat16 between forward and backward: the GEMM inputs
+ * (ln_1 and ln_2 outputs, q, k and v, the attention output, the GELU
+ * output) and the MLP's pre-GELU values, 28 bytes per token, embedding
+ * dimension and layer less workspace. Each is computed in float32 and
+ * rounded once; the GELU and its backward read the rounded
+ * pre-activations, as in llm.c's bf16 training (and in FP32 or TF32
+ * precision the GEMMs read rounded inputs), so training tracks DP_GPT_BF16
+ * closely rather than bit for bit. The residual stream, the LayerNorm
+ * statistics, the attention probabilities and every gradient stay
+ * float32, as under PyTorch's autocast. */
+#define DP_GPT_BF16_ACT 0x2u
 /* Keep no attention probabilities between forward and backward: the
  * backward recomputes each layer's from its q and k (dp_attention_probs:
  * one more batched (T,hs)x(hs,T) GEMM and causal softmax per layer, as
@@ -112,14 +101,21 @@ DP_API const dp_model *dp_gpt_model_bf16_act(const dp_gpt *gpt);
  * CPU. Larger chunks mean larger GEMMs (for GPUs) and a larger scratch. */
 #define DP_GPT_ATTENTION_CHUNK 64
 
-/* The GPT's model for the given flags (0: dp_gpt_model); NULL when gpt is
- * NULL or flags holds another bit. Every variant has the same tensors,
- * parameters and checkpoints; they differ in the replicas' type and in
- * what the workspace keeps. Owned by gpt. */
-DP_API const dp_model *dp_gpt_model_ex(const dp_gpt *gpt, unsigned flags);
+/* The model description for dp_engine_create, for the given flags (the
+ * DP_GPT_* bits above; 0: float32 throughout). Inputs are block_size int32
+ * token ids per row, outputs_per_row = block_size, n_classes =
+ * vocab_size. The tied LM head is split off (dp/model.h): forward writes
+ * ln_f's output (rows * block_size, n_embd), head_features = n_embd, and
+ * the engine runs the head in chunks of rows
+ * (dp_engine_config.logits_chunk_rows), so its workspace is
+ * dp_gpt_workspace_bytes less that (B,T,C) buffer. Every variant has the
+ * same tensors, parameters and checkpoints; they differ in the replicas'
+ * type and in what the workspace keeps. NULL when gpt is NULL or flags
+ * holds another bit. Owned by gpt. */
+DP_API const dp_model *dp_gpt_model(const dp_gpt *gpt, unsigned flags);
 DP_API const dp_gpt_config *dp_gpt_config_of(const dp_gpt *gpt);
 
-/* Index of the tensor called name in dp_gpt_model(gpt)->tensors, or -1. */
+/* Index of the tensor called name in dp_gpt_model(gpt, 0)->tensors, or -1. */
 DP_API long dp_gpt_find_tensor(const dp_gpt *gpt, const char *name);
 
 /* Bytes of activation workspace for B sequences of length T <= block_size. */

@@ -893,7 +893,7 @@ void dp_gpt_destroy(dp_gpt *gpt)
     free(gpt);
 }
 
-const dp_model *dp_gpt_model_ex(const dp_gpt *gpt, unsigned flags)
+const dp_model *dp_gpt_model(const dp_gpt *gpt, unsigned flags)
 {
     if (!gpt || (flags & ~(DP_GPT_BF16 | DP_GPT_BF16_ACT | DP_GPT_RECOMPUTE_ATTENTION |
                            DP_GPT_RECOMPUTE_GELU | DP_GPT_CHUNKED_ATTENTION)))
@@ -901,15 +901,6 @@ const dp_model *dp_gpt_model_ex(const dp_gpt *gpt, unsigned flags)
     int kind = (flags & DP_GPT_BF16_ACT) ? 2 : (flags & DP_GPT_BF16) ? 1 : 0;
     int att = (flags & DP_GPT_CHUNKED_ATTENTION) ? 2 : (flags & DP_GPT_RECOMPUTE_ATTENTION) ? 1 : 0;
     return &gpt->models[variant_index(kind, !!(flags & DP_GPT_RECOMPUTE_GELU), att)];
-}
-
-const dp_model *dp_gpt_model(const dp_gpt *gpt) { return dp_gpt_model_ex(gpt, 0); }
-
-const dp_model *dp_gpt_model_bf16(const dp_gpt *gpt) { return dp_gpt_model_ex(gpt, DP_GPT_BF16); }
-
-const dp_model *dp_gpt_model_bf16_act(const dp_gpt *gpt)
-{
-    return dp_gpt_model_ex(gpt, DP_GPT_BF16_ACT);
 }
 
 const dp_gpt_config *dp_gpt_config_of(const dp_gpt *gpt) { return gpt ? &gpt->cfg : NULL; }
