@@ -20,6 +20,7 @@
 
 #include "dp_test.h"
 #include "gpt_fixture.h"
+#include "gpt_reference.h"
 
 #include <criterion/parameterized.h>
 
@@ -67,121 +68,6 @@ static float *init_params(const dp_gpt *g, uint64_t seed)
     return p;
 }
 
-/* IEEE binary16 -> float (exact). */
-static float half_to_float(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1F, man = h & 0x3FF;
-    float f;
-    if (exp == 0) {
-        f = ldexpf((float)man, -24); /* zero or subnormal */
-    } else if (exp == 31) {
-        f = man ? NAN : INFINITY;
-    } else {
-        f = ldexpf((float)(man | 0x400), (int)exp - 25);
-    }
-    return sign ? -f : f;
-}
-
-// --- the PyTorch reference file -----------------------------------------------------------
-
-typedef struct ref_tensor {
-    char name[96];
-    size_t numel;
-    float *param, *grad;
-} ref_tensor;
-
-typedef struct reference {
-    uint32_t V, BS, L, NH, C, B;
-    int32_t *tokens, *targets; /* (B,T) */
-    double loss;
-    float *logits; /* (B,T,V) */
-    size_t n_tensors;
-    ref_tensor *t;
-} reference;
-
-/* The data file sits next to this source file (CMake passes absolute paths). */
-static FILE *open_reference(void)
-{
-    char path[4096];
-    const char *src = __FILE__, *slash = strrchr(src, '/');
-    size_t dir = slash ? (size_t)(slash - src + 1) : 0;
-    snprintf(path, sizeof path, "%.*sdata/gpt_reference.bin", (int)dir, src);
-    FILE *f = fopen(path, "rb");
-    cr_assert_not_null(f, "cannot open %s; regenerate it with /usr/bin/python3 "
-                          "tests/gen_gpt_reference.py", path);
-    return f;
-}
-
-static void rd(FILE *f, void *dst, size_t bytes)
-{
-    cr_assert_eq(fread(dst, 1, bytes, f), bytes, "gpt_reference.bin is truncated");
-}
-
-static uint32_t rd_u32(FILE *f)
-{
-    unsigned char b[4];
-    rd(f, b, 4);
-    return (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
-}
-
-/* The file is little-endian; so are the machines dp targets (x86-64, arm64). */
-static void load_reference(reference *r)
-{
-    FILE *f = open_reference();
-    char magic[8];
-    rd(f, magic, 8);
-    cr_assert(memcmp(magic, "DPGPTREF", 8) == 0, "bad magic in gpt_reference.bin");
-    cr_assert_eq(rd_u32(f), 1, "unknown gpt_reference.bin version");
-    r->V = rd_u32(f);
-    r->BS = rd_u32(f);
-    r->L = rd_u32(f);
-    r->NH = rd_u32(f);
-    r->C = rd_u32(f);
-    r->B = rd_u32(f);
-    size_t BT = (size_t)r->B * r->BS;
-    r->tokens = xmalloc(BT * sizeof(int32_t));
-    r->targets = xmalloc(BT * sizeof(int32_t));
-    rd(f, r->tokens, BT * sizeof(int32_t));
-    rd(f, r->targets, BT * sizeof(int32_t));
-    rd(f, &r->loss, sizeof r->loss);
-    r->logits = xmalloc(BT * r->V * sizeof(float));
-    rd(f, r->logits, BT * r->V * sizeof(float));
-    r->n_tensors = rd_u32(f);
-    r->t = xmalloc(r->n_tensors * sizeof *r->t);
-    for (size_t i = 0; i < r->n_tensors; i++) {
-        ref_tensor *t = &r->t[i];
-        uint32_t len = rd_u32(f);
-        cr_assert_lt(len, sizeof t->name);
-        rd(f, t->name, len);
-        t->name[len] = '\0';
-        uint64_t numel;
-        rd(f, &numel, 8);
-        t->numel = (size_t)numel;
-        uint16_t *h = xmalloc(t->numel * sizeof *h);
-        rd(f, h, t->numel * sizeof *h);
-        t->param = xmalloc(t->numel * sizeof(float));
-        for (size_t k = 0; k < t->numel; k++) t->param[k] = half_to_float(h[k]);
-        free(h);
-        t->grad = xmalloc(t->numel * sizeof(float));
-        rd(f, t->grad, t->numel * sizeof(float));
-    }
-    char extra;
-    cr_assert_eq(fread(&extra, 1, 1, f), 0, "trailing bytes in gpt_reference.bin");
-    fclose(f);
-}
-
-static void free_reference(reference *r)
-{
-    for (size_t i = 0; i < r->n_tensors; i++) {
-        free(r->t[i].param);
-        free(r->t[i].grad);
-    }
-    free(r->t);
-    free(r->tokens);
-    free(r->targets);
-    free(r->logits);
-}
-
 /* One forward + cross-entropy + backward on cpu:0, as the engine's balanced
  * path does it, with the reference's parameters and batch. */
 typedef struct ref_run {
@@ -199,7 +85,7 @@ typedef struct ref_run {
 static void ref_open(ref_run *x)
 {
     memset(x, 0, sizeof *x);
-    load_reference(&x->r);
+    dp_test_load_reference(&x->r);
     reference *r = &x->r;
     x->g = make_gpt(r->V, r->BS, r->L, r->NH, r->C);
     const dp_model *m = dp_gpt_model(x->g, 0);
@@ -271,7 +157,7 @@ static void ref_close(ref_run *x)
     close_checked(x->dev);
     dp_gpt_destroy(x->g);
     free(x->params_h);
-    free_reference(&x->r);
+    dp_test_free_reference(&x->r);
 }
 
 // --- against PyTorch ----------------------------------------------------------------------

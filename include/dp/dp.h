@@ -18,6 +18,7 @@
 #include "dp/dist.h"
 #include "dp/engine.h"
 #include "dp/gpt.h"
+#include "dp/gpt_hf.h"
 #include "dp/sample.h"
 #include "dp/safetensors.h"
 #include "dp/tokenizer.h"

@@ -2,6 +2,7 @@
  * core/dtype.c - the element types' sizes and names (dp/dtype.h), shared
  * by the backends, the layers and the safetensors reader and writer.
  */
+#include <math.h>
 #include <string.h>
 
 #include "core/dtype.h"
@@ -39,4 +40,14 @@ int dp_dtype_from_name(const char *name, dp_dtype *out)
         }
     }
     return 0;
+}
+
+float dp_f16_to_float(uint16_t h)
+{
+    int sign = h >> 15, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+    float v;
+    if (exp == 0) v = ldexpf((float)man, -24);                 /* zero, subnormal */
+    else if (exp == 31) v = man ? NAN : INFINITY;              /* Inf, NaN */
+    else v = ldexpf((float)(man | 0x400), exp - 25);          /* normal: 1.man x 2^(exp-15) */
+    return sign ? -v : v;
 }
