@@ -22,10 +22,13 @@ static int check_data_options(const run *r, const char *path)
             return cli_fail("--tokenizer %s applies to text, but --data %s holds token ids (already "
                             "tokenized); drop --tokenizer (--tokenizer-file decodes samples)",
                             o->tokenizer, path);
-        if (o->given & G_PROMPT)
-            return cli_fail("--prompt takes text, which token data would need GPT-2's BPE encoder "
-                            "for (dp has none); give the prompt as ids, e.g. --prompt-ids %d,464",
-                            DP_GPT2_EOT);
+        if ((o->given & G_PROMPT) && !o->tokenizer_file)
+            return cli_fail("--prompt takes text, which token data encode with their BPE "
+                            "tokenizer: give it with --tokenizer-file (tokenizer.json, or "
+                            "encoder.json with vocab.bpe), or the prompt as ids, e.g. --prompt-ids "
+                            "%d,464", DP_GPT2_EOT);
+        if ((o->given & G_PROMPT) && o->prompt_ids)
+            return cli_fail("--prompt and --prompt-ids: give the prompt one way");
         if ((o->given & G_VOCAB) && o->vocab_size > TOKEN_VOCAB_MAX)
             return cli_fail("--vocab-size %ld: token files hold uint16 ids, all below %ld; give at "
                             "most %ld", o->vocab_size, TOKEN_VOCAB_MAX, TOKEN_VOCAB_MAX);
@@ -86,6 +89,19 @@ static int load_text(run *r, const char *path)
     return 0;
 }
 
+/* --tokenizer-file: GPT-2's BPE (a directory, or tokenizer.json or
+ * encoder.json with vocab.bpe beside it: it encodes --prompt and decodes
+ * samples), else llm.c's gpt2_tokenizer.bin (decodes only). */
+static dp_status load_tokenizer_file(const char *path, dp_tokenizer **out)
+{
+    struct stat sb;
+    size_t n = strlen(path);
+    int json = n >= 5 && strcmp(path + n - 5, ".json") == 0;
+    if (json || (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)))
+        return dp_tokenizer_load_bpe(path, out);
+    return dp_tokenizer_load_llmc(path, out);
+}
+
 /* Token data: maps the files (nothing is converted), loads
  * --tokenizer-file, and says what was found. */
 static int load_tokens(run *r, const char *path)
@@ -94,8 +110,12 @@ static int load_tokens(run *r, const char *path)
     size_t V = (size_t)o->vocab_size;
     if (dp_token_data_open(path, V, &r->data) != DP_OK) return cli_dp_fail("--data");
     if (o->tokenizer_file) {
-        if (dp_tokenizer_load_llmc(o->tokenizer_file, &r->tok) != DP_OK)
+        if (load_tokenizer_file(o->tokenizer_file, &r->tok) != DP_OK)
             return cli_dp_fail("--tokenizer-file");
+        if ((o->given & G_PROMPT) && dp_tokenizer_kind_of(r->tok) != DP_TOKENIZER_BPE)
+            return cli_fail("--prompt: --tokenizer-file %s is llm.c's table, which decodes but "
+                            "cannot encode; give the BPE tokenizer (tokenizer.json, or "
+                            "encoder.json with vocab.bpe) or --prompt-ids", o->tokenizer_file);
         size_t tv = dp_tokenizer_vocab_size(r->tok);
         if (tv > V)
             return cli_fail("--tokenizer-file %s has %zu tokens, more than the model's vocabulary "

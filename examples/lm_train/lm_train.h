@@ -29,6 +29,7 @@
 
 typedef struct opts {
     const char *data, *tokenizer, *devices, *mode, *save, *resume, *log, *prompt, *trace;
+    const char *init_from, *export_hf; /* weights to start from; where to write them for transformers */
     const char *tokenizer_file, *prompt_ids; /* token data: decoding samples, the prompt's ids */
     const char *memory_limit, *device_weights;
     long vocab_size, layers, heads, dim, context, batch_size, grad_accum, max_tokens;
@@ -68,6 +69,7 @@ typedef struct run {
     dp_token_data *data; /* data.c */
     int is_tokens;       /* data.c: --data holds token files (dp_token_files_probe) */
     dp_gpt *gpt;         /* setup.c */
+    float *init_params;  /* export.c: --init-from's weights, until the engine holds them */
     dp_engine *engine;   /* setup.c */
     dp_sampler *train, *eval_train, *eval_val; /* data.c */
     int32_t *inputs, *targets; /* setup.c: (batch_size, context) host */
@@ -123,6 +125,18 @@ int apply_checkpoint(run *r);
 int check_resume_data(const run *r, const char *path);
 int save_checkpoint(run *r);
 void checkpoint_state(const run *r, char *buf, size_t cap);
+
+// --- GPT-2 in and out (export.c) ---------------------------------------------------------------
+
+/* --export-hf's directory, checked before any work (a run is not lost at
+ * its end): a directory, or a name whose parent is one. */
+int check_export_path(const char *dir);
+/* --init-from: the model and its weights, the shape options checked
+ * against it (setup.c's load). */
+int load_pretrained(run *r);
+/* Writes the engine's parameters to --export-hf (every rank reads them;
+ * rank 0 writes); 0 without --export-hf. */
+int export_hf(run *r);
 
 // --- evaluation (eval.c), sampling (sample.c) -------------------------------------------------
 

@@ -32,7 +32,7 @@
  * setup.c (everything before the first step), data.c (text and token
  * files, batch samplers), checkpoint.c (--save, --resume), train.c (the
  * loop), eval.c (losses), log.c (summary, progress, --log, --trace),
- * sample.c (prompt and generation).
+ * sample.c (prompt and generation), export.c (--init-from, --export-hf).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,6 +57,7 @@ static void run_free(run *r)
     dp_token_data_destroy(r->data);
     dp_tokenizer_destroy(r->tok);
     dp_checkpoint_close(r->ck);
+    free(r->init_params);
 }
 
 /* Leaves before setup (joining the ranks or parsing failed, or --help). */
@@ -97,9 +98,11 @@ int main(int argc, char **argv)
     install_signal_handlers(r.rk.ranks > 1);
     int rc = setup(&r);
     if (!rc && r.o.eval_only) {
-        rc = print_val_loss(&r, 0);
+        rc = export_hf(&r);
+        if (!rc) rc = print_val_loss(&r, 0);
     } else if (!rc) {
         rc = finish_trace(&r, train(&r));
+        if (!rc) rc = export_hf(&r);
         if (!rc) rc = print_val_loss(&r, 1);
         if (!rc && r.o.sample > 0) rc = generate(&r);
     }

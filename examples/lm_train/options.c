@@ -69,8 +69,10 @@ static void usage(FILE *f)
             "  --vocab-size N         text: the word tokenizer's vocabulary size (default %ld);\n"
             "                         token data: the model's vocabulary, every id below it (default\n"
             "                         %d, GPT-2's; llm.c pads it to 50304 for speed; at most %ld)\n"
-            "  --tokenizer-file PATH  token data: llm.c's gpt2_tokenizer.bin, to print samples as\n"
-            "                         text (decode only); without it samples print as token ids\n"
+            "  --tokenizer-file PATH  token data: GPT-2's BPE (tokenizer.json, encoder.json with\n"
+            "                         vocab.bpe beside it, or their directory), which encodes\n"
+            "                         --prompt and decodes samples; or llm.c's gpt2_tokenizer.bin\n"
+            "                         (decode only); without it samples print as token ids\n"
             "devices\n"
             "  --devices LIST         cpu, cpu:N, cpu:0,1, cuda:0,1, auto (default %s: every GPU,\n"
             "                         else one CPU device per core)\n"
@@ -127,10 +129,10 @@ static void usage(FILE *f)
             "evaluation and output\n"
             "  --eval-interval N      steps between evaluations (default %ld)\n"
             "  --eval-iters N         batches per split per evaluation (default %ld)\n"
-            "  --eval-only            with --resume: print the loss over the whole validation split\n"
-            "                         of --data, or its first --val-tokens (any text the\n"
-            "                         checkpoint's tokenizer covers, or any token data of its\n"
-            "                         vocabulary)\n"
+            "  --eval-only            with --resume or --init-from: print the loss over the whole\n"
+            "                         validation split of --data, or its first --val-tokens (any\n"
+            "                         text the checkpoint's tokenizer covers, or any token data\n"
+            "                         of its vocabulary)\n"
             "  --val-tokens N         the final evaluation and --eval-only read only the first N\n"
             "                         tokens of the validation split: W = min(all windows,\n"
             "                         floor((N-1) / context)) windows, each context+1 tokens at a\n"
@@ -144,6 +146,15 @@ static void usage(FILE *f)
             "  --save-interval N      steps between checkpoints with --save, 0 = only at the end\n"
             "                         (default 0)\n"
             "  --resume PATH          continue from a checkpoint\n"
+            "  --init-from PATH       start from these weights (fresh optimizer, step 0): GPT-2 in\n"
+            "                         Hugging Face's layout (a directory with model.safetensors\n"
+            "                         and config.json, or a bare .safetensors file: give --heads)\n"
+            "                         or a dp checkpoint's weights; the model's shape is the\n"
+            "                         file's (--layers, --heads, --dim, --context, --vocab-size\n"
+            "                         must match it when given)\n"
+            "  --export-hf DIR        at the end (or with --eval-only: at once), write DIR/\n"
+            "                         model.safetensors and DIR/config.json for transformers'\n"
+            "                         GPT2LMHeadModel.from_pretrained(DIR)\n"
             "  --log PATH             JSONL, one row per step; with --resume, rows after the\n"
             "                         checkpoint's step are dropped first\n"
             "  --trace PATH           Chrome trace-event JSON of the training steps (Perfetto,\n"
@@ -155,8 +166,7 @@ static void usage(FILE *f)
             "  --prompt-ids ID,...    token data's prompt, as ids, e.g. 50256,464 (default the\n"
             "                         end-of-text id, 50256 or --tokenizer-file's, as llm.c; the\n"
             "                         training split's first token when the vocabulary is smaller).\n"
-            "                         --prompt TEXT would need GPT-2's BPE encoder, which dp does not\n"
-            "                         have: token data take ids only\n"
+            "                         Token data take --prompt TEXT with a BPE --tokenizer-file\n"
             "  --help                 this text\n"
             "SIGINT or SIGTERM stops after the current step, saves (with --save) and exits with\n"
             "128 + the signal number; a second signal exits at once.\n"
@@ -191,7 +201,11 @@ int check_val_tokens(const opts *o, const char *whose)
 static int check_opts(const opts *o)
 {
     if (o->beta1 >= 1 || o->beta2 >= 1) return cli_fail("--beta1 and --beta2 must be < 1");
-    if (o->eval_only && !o->resume) return cli_fail("--eval-only needs --resume CHECKPOINT");
+    if (o->eval_only && !o->resume && !o->init_from)
+        return cli_fail("--eval-only needs a model: --resume CHECKPOINT or --init-from WEIGHTS");
+    if (o->resume && o->init_from)
+        return cli_fail("--init-from starts a new run from weights and --resume continues one; "
+                        "give one of them");
     if (cli_check_attention_chunk(&o->compute)) return 1;
     if (o->eval_only && o->save)
         return cli_fail("--save with --eval-only: evaluation changes nothing to save; drop --save");
@@ -205,10 +219,11 @@ static int check_opts(const opts *o)
     if (o->max_tokens && o->max_tokens < o->context && !o->resume)
         return cli_fail("--max-tokens-per-device %ld is below --context %ld (one sequence); "
                         "raise it to at least %ld", o->max_tokens, o->context, o->context);
-    /* With --resume the checkpoint's context counts (apply_checkpoint checks). */
-    if (!o->resume && check_val_tokens(o, "")) return 1;
+    /* With --resume (--init-from) the checkpoint's (weights') context counts. */
+    if (!o->resume && !o->init_from && check_val_tokens(o, "")) return 1;
+    if (o->export_hf && check_export_path(o->export_hf)) return 1;
     /* With --resume the checkpoint's shape counts; setup reports a conflict. */
-    if (!o->resume && o->dim % o->heads)
+    if (!o->resume && !o->init_from && o->dim % o->heads)
         return cli_fail("--heads %ld does not divide --dim %ld; pick heads that divide dim",
                         o->heads, o->dim);
     return 0;
@@ -221,7 +236,7 @@ enum {
     O_ACCUM, O_MAXTOK, O_STEPS, O_LR, O_MINLR, O_WARMUP, O_DECAY, O_WD, O_B1, O_B2, O_CLIP,
     O_EVI, O_EVN, O_SEED, O_SAVE, O_SAVEI, O_RESUME, O_EVONLY, O_SAMPLE, O_TEMP, O_TOPK,
     O_PROMPT, O_LOG, O_MEM, O_SKIPS, O_WATCHDOG, O_CHECK, O_TF32, O_WEIGHTS, O_TOKBAL, O_TRACE,
-    O_SHARD, O_TOKFILE, O_PROMPTIDS, O_VALTOK, O_HELP
+    O_SHARD, O_TOKFILE, O_PROMPTIDS, O_VALTOK, O_INIT, O_EXPORT, O_HELP
 };
 
 static const struct option longopts[] = {
@@ -247,7 +262,8 @@ static const struct option longopts[] = {
     {"device-weights", 1, 0, O_WEIGHTS}, {"token-balanced", 0, 0, O_TOKBAL},
     {"trace", 1, 0, O_TRACE},        {"shard-optimizer", 0, 0, O_SHARD},
     {"tokenizer-file", 1, 0, O_TOKFILE}, {"prompt-ids", 1, 0, O_PROMPTIDS},
-    {"val-tokens", 1, 0, O_VALTOK},  {"help", 0, 0, O_HELP},
+    {"val-tokens", 1, 0, O_VALTOK},  {"init-from", 1, 0, O_INIT},
+    {"export-hf", 1, 0, O_EXPORT},   {"help", 0, 0, O_HELP},
     CLI_COMPUTE_LONGOPTS,
     {0, 0, 0, 0}};
 
@@ -286,6 +302,8 @@ static int option(void *ctx, int c, const char *v)
     case O_SAVE: o->save = v; break;
     case O_SAVEI: bad = cli_parse_long("--save-interval", v, 0, LONG_MAX, &o->save_interval); o->given |= G_SAVEI; break;
     case O_RESUME: o->resume = v; break;
+    case O_INIT: o->init_from = v; break;
+    case O_EXPORT: o->export_hf = v; break;
     case O_EVONLY: o->eval_only = 1; break;
     case O_VALTOK: bad = cli_parse_long("--val-tokens", v, 0, LONG_MAX, &o->val_tokens); break;
     case O_TF32: o->tf32 = 1; break;

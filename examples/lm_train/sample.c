@@ -89,7 +89,8 @@ static int parse_prompt_ids(run *r, size_t V)
     return 0;
 }
 
-/* Token data's prompt: --prompt-ids, else the end-of-text id (as llm.c
+/* Token data's prompt: --prompt-ids, or --prompt's text encoded by the BPE
+ * of --tokenizer-file, else the end-of-text id (as llm.c
  * starts its samples; --tokenizer-file's, else GPT-2's 50256), else, when
  * the vocabulary is smaller, the training split's first token. It prints
  * as text through --tokenizer-file, else as ids. */
@@ -100,6 +101,19 @@ static int prepare_token_prompt(run *r)
     size_t V = (size_t)o->vocab_size;
     if (o->prompt_ids) {
         if (parse_prompt_ids(r, V)) return 1;
+    } else if (o->given & G_PROMPT) { /* text, through the BPE of --tokenizer-file */
+        size_t plen = strlen(o->prompt), cap = plen ? plen : 1, n = 0;
+        if (!(r->prompt_ids = malloc(cap * sizeof(int32_t))))
+            return cli_fail("out of host memory for --prompt");
+        if (dp_tokenizer_encode(r->tok, o->prompt, plen, r->prompt_ids, cap, &n, NULL) != DP_OK)
+            return cli_dp_fail("--prompt");
+        if (n == 0) return cli_fail("--prompt is empty; give some text or drop --prompt");
+        for (size_t i = 0; i < n; i++)
+            if ((size_t)r->prompt_ids[i] >= V)
+                return cli_fail("--prompt encodes to id %d, outside the model's vocabulary [0, "
+                                "%zu): --tokenizer-file is not the model's tokenizer",
+                                (int)r->prompt_ids[i], V);
+        r->prompt_len = n;
     } else {
         if (!(r->prompt_ids = malloc(sizeof(int32_t)))) return cli_fail("out of host memory");
         int32_t eot = r->tok ? dp_tokenizer_eot_id(r->tok) : DP_GPT2_EOT;

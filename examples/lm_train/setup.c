@@ -49,6 +49,11 @@ static int make_model(run *r, size_t V)
         dp_gpt_destroy(r->gpt);
         r->gpt = g;
     }
+    size_t has = dp_gpt_config_of(r->gpt)->vocab_size;
+    if (o->init_from && has != V) /* text's own tokenizer against the weights' */
+        return cli_fail("--init-from %s has a vocabulary of %zu, but the %s tokenizer of --data has "
+                        "%zu ids: train it on token data made with its own tokenizer (e.g. "
+                        "dp_tokenize's shards)", o->init_from, has, o->tokenizer, V);
     r->n_params = dp_gpt_model(r->gpt, 0)->n_params;
     return 0;
 }
@@ -66,7 +71,8 @@ static int load(run *r)
             return cli_dp_fail("--resume");
         if (apply_checkpoint(r)) return 1;
     }
-    resolve_options(&r->o, r->is_tokens, r->ck != NULL);
+    if (o->init_from && load_pretrained(r)) return 1;
+    resolve_options(&r->o, r->is_tokens, r->gpt != NULL);
     if (load_data(r, path) || prepare_prompt(r) || make_samplers(r)) return 1;
     return make_model(r, r->is_tokens ? (size_t)o->vocab_size : dp_tokenizer_vocab_size(r->tok));
 }
@@ -150,6 +156,12 @@ int setup(run *r)
                                                            r->ck->optimizer_step)) != DP_OK)
             return engine_fail(r, s, "--resume optimizer state");
         r->step = r->ck->step;
+    }
+    if (r->init_params) { /* weights only: a fresh optimizer, step 0 */
+        s = dp_engine_set_params(r->engine, r->init_params);
+        free(r->init_params);
+        r->init_params = NULL;
+        if (s != DP_OK) return engine_fail(r, s, "--init-from params");
     }
     print_summary(r, k, &ec);
     int out = alloc_batches(r);

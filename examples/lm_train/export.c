@@ -1,0 +1,102 @@
+/*
+ * examples/lm_train/export.c - GPT-2 in and out (dp/gpt_hf.h): the model
+ * and weights of --init-from (Hugging Face's layout or a dp checkpoint's
+ * weights), the shape options held to them, and --export-hf's directory
+ * for transformers, checked up front and written at the end.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "lm_train.h"
+
+int check_export_path(const char *dir)
+{
+    struct stat sb;
+    if (!*dir) return cli_fail("--export-hf needs a directory name");
+    if (stat(dir, &sb) == 0) {
+        if (!S_ISDIR(sb.st_mode))
+            return cli_fail("--export-hf %s exists and is not a directory; give a directory to "
+                            "write model.safetensors and config.json into", dir);
+        return 0;
+    }
+    if (errno != ENOENT) return cli_fail("--export-hf %s: %s", dir, strerror(errno));
+    /* It will be made at the end: its parent must be there now. */
+    char *parent = strdup(dir);
+    if (!parent) return cli_fail("out of host memory");
+    char *slash = strrchr(parent, '/');
+    while (slash && slash > parent && slash[1] == '\0') { /* "a/b/" */
+        *slash = '\0';
+        slash = strrchr(parent, '/');
+    }
+    int bad = 0;
+    if (slash) {
+        slash[slash == parent] = '\0'; /* "/x" -> "/" */
+        bad = stat(parent, &sb) != 0 || !S_ISDIR(sb.st_mode);
+    }
+    if (bad) cli_fail("--export-hf %s: its parent directory %s does not exist; create it or give "
+                      "another directory", dir, parent);
+    free(parent);
+    return bad;
+}
+
+/* A shape option given on the command line must be the weights' own. */
+static int held(const run *r, int flag, const char *name, long given, size_t has)
+{
+    if (!(r->o.given & flag) || (size_t)given == has) return 0;
+    return cli_fail("--init-from %s holds a model with %s %zu, but %s %ld was given; drop %s "
+                    "or match it", r->o.init_from, name, has, name, given, name);
+}
+
+int load_pretrained(run *r)
+{
+    opts *o = &r->o;
+    size_t heads = (o->given & G_HEADS) ? (size_t)o->heads : 0;
+    if (dp_gpt_init_from(o->init_from, heads, &r->gpt, &r->init_params) != DP_OK) {
+        if (!heads && strstr(dp_last_error(), "give n_head"))
+            return cli_fail("--init-from: %s (--heads N)", dp_last_error());
+        return cli_dp_fail("--init-from");
+    }
+    const dp_gpt_config *c = dp_gpt_config_of(r->gpt);
+    if (held(r, G_LAYERS, "--layers", o->layers, c->n_layer) ||
+        held(r, G_DIM, "--dim", o->dim, c->n_embd) ||
+        held(r, G_CTX, "--context", o->context, c->block_size) ||
+        held(r, G_VOCAB, "--vocab-size", o->vocab_size, c->vocab_size))
+        return 1;
+    o->layers = (long)c->n_layer;
+    o->heads = (long)c->n_head;
+    o->dim = (long)c->n_embd;
+    o->context = (long)c->block_size;
+    o->vocab_size = (long)c->vocab_size;
+    if (o->max_tokens && o->max_tokens < o->context)
+        return cli_fail("--max-tokens-per-device %ld is below --init-from's context %ld (one "
+                        "sequence); raise it to at least %ld", o->max_tokens, o->context,
+                        o->context);
+    return check_val_tokens(o, "the model's ");
+}
+
+int export_hf(run *r)
+{
+    if (!r->o.export_hf) return 0;
+    float *params = malloc(r->n_params * sizeof *params);
+    int rc = params ? 0 : cli_fail("out of host memory for --export-hf");
+    rc = agree(r, rc);
+    dp_status s = DP_OK;
+    /* Every rank reads the parameters (collective); rank 0 writes. */
+    if (!rc && (s = dp_engine_get_params(r->engine, params)) != DP_OK)
+        rc = engine_fail(r, s, "--export-hf");
+    int all_here = !rc;
+    if (!rc && r->rk.rank == 0) {
+        if (dp_gpt_export_hf(r->o.export_hf, r->gpt, params) != DP_OK)
+            rc = cli_dp_fail("--export-hf");
+        else
+            printf("exported to %s: model.safetensors and config.json, for transformers' "
+                   "GPT2LMHeadModel.from_pretrained\n", r->o.export_hf);
+    }
+    if (all_here) rc = agree(r, rc);
+    free(params);
+    return rc;
+}
