@@ -9,7 +9,14 @@
 #include "transport/transport.h"
 
 /* The transports of this build, tried in order: the first that accepts
- * the job's ranks and devices carries them. */
+ * the job's ranks and devices carries them. Each file defines its table. */
+extern const dp_transport_ops dp_transport_inproc;
+#ifdef DP_HAVE_MPI
+extern const dp_transport_ops dp_transport_mpi;
+#endif
+#ifdef DP_HAVE_NCCL
+extern const dp_transport_ops dp_transport_nccl;
+#endif
 static const dp_transport_ops *const transports[] = {
     &dp_transport_inproc,
 #ifdef DP_HAVE_MPI

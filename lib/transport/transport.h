@@ -17,7 +17,8 @@
  * The transports live in this folder, one file each: in-process (one rank,
  * inproc.c), MPI (host memory, mpi.c) and NCCL (GPU memory, nccl.c); the
  * list they are chosen from is in transport.c. A new one (TCP, UCX) is one
- * file, one line there and one in CMakeLists.txt.
+ * file defining its table, its line in that list and its source in
+ * CMakeLists.txt.
  *
  * Ranks are joined before a transport exists (the bootstrap, dp/dist.h:
  * MPI, dist_internal.h); every call here is made from the thread that
@@ -147,10 +148,5 @@ static inline int dp_transport_fills_every_replica(const dp_transport *t)
 }
 static inline size_t dp_transport_round_floats(const dp_transport *t) { return t->ops->round_floats; }
 static inline int dp_transport_lost(const dp_transport *t) { return t->lost; }
-
-/* The transports (transport.c lists them; each file defines its own). */
-extern const dp_transport_ops dp_transport_inproc;
-extern const dp_transport_ops dp_transport_mpi;
-extern const dp_transport_ops dp_transport_nccl;
 
 #endif /* DP_TRANSPORT_TRANSPORT_H */
