@@ -116,6 +116,36 @@ static inline size_t dp_test_argv(char **argv, size_t cap, int ranks, const char
     return argc;
 }
 
+/* The command line of an MPMD job under `mpiexec`: rank 0 runs prog with
+ * base[0..nb) then a[0..na), rank 1 with base then b[0..nbb) (`mpiexec -n
+ * 1 prog ... : -n 1 prog ...`), '@' naming a file in dir as above. Fills
+ * argv (cap entries, NULL-terminated, strdup'd) and returns the count. */
+static inline size_t dp_test_argv_mpmd(char **argv, size_t cap, const char *mpiexec,
+                                       const char *prog, const char *const *base, size_t nb,
+                                       const char *const *a, size_t na, const char *const *b,
+                                       size_t nbb, const char *dir)
+{
+    cr_assert_lt(2 * nb + na + nbb + 10, cap, "too many arguments");
+    size_t argc = 0;
+    argv[argc++] = strdup(mpiexec);
+    for (int rank = 0; rank < 2; rank++) {
+        const char *const *extra = rank ? b : a;
+        size_t n = rank ? nbb : na;
+        if (rank) argv[argc++] = strdup(":");
+        argv[argc++] = strdup("-n");
+        argv[argc++] = strdup("1");
+        argv[argc++] = strdup(prog);
+        for (size_t i = 0; i < nb + n; i++) {
+            const char *x = i < nb ? base[i] : extra[i - nb];
+            char p[512];
+            if (x[0] == '@') snprintf(p, sizeof p, "%s/%s", dir, x + 1);
+            argv[argc++] = strdup(x[0] == '@' ? p : x);
+        }
+    }
+    argv[argc] = NULL;
+    return argc;
+}
+
 static inline void dp_test_argv_free(char **argv, size_t argc)
 {
     for (size_t i = 0; i < argc; i++) free(argv[i]);

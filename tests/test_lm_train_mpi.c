@@ -15,13 +15,20 @@
  *  - SIGTERM to the ranks, or to mpiexec, stops every rank at the same
  *    step with the checkpoint saved;
  *  - a rank killed with SIGKILL ends the job (mpiexec exits non-zero)
- *    within 60 s: nothing hangs.
+ *    within 60 s: nothing hangs;
+ *  - ranks started with different options (an unknown option, a bad
+ *    value or --help on one rank, a value or a flag that differs) fail at
+ *    once, every rank naming the first difference; the same options
+ *    spelled differently, and each rank's own devices, run;
+ *  - a rank that stops answering (blocked writing its output between
+ *    steps, or SIGSTOP) ends the job after --watchdog seconds.
  *
  * Open MPI's environment: running as root allowed, oversubscription (more
  * ranks than cores) allowed.
  */
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE /* F_SETPIPE_SZ */
 #include <dirent.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -36,6 +43,8 @@
 #include "dp_test.h"
 #include "dp_test_fs.h"
 #include "dp_test_spawn.h"
+
+#include <criterion/parameterized.h> /* after criterion.h (in dp_test.h) */
 
 #ifndef LM_TRAIN_PATH
 #error "LM_TRAIN_PATH (the lm_train binary) must be defined by the build"
@@ -482,3 +491,192 @@ static void killed_rank_ends_the_job(size_t which)
 
 Test(lm_train_mpi, killed_rank_ends_the_job) { killed_rank_ends_the_job(1); }
 Test(lm_train_mpi, killed_first_rank_ends_the_job) { killed_rank_ends_the_job(0); }
+
+// --- ranks started differently ----------------------------------------------------------
+
+/* Starts an MPMD job: rank 0 runs lm_train with BASE and a[], rank 1 with
+ * BASE and b[] ("" ends each list). */
+static pid_t spawn_mpmd(const char (*a)[32], const char (*b)[32])
+{
+    const char *ra[8], *rb[8];
+    size_t na = 0, nb = 0;
+    while (na < 8 && a[na][0]) ra[na] = a[na], na++;
+    while (nb < 8 && b[nb][0]) rb[nb] = b[nb], nb++;
+    char *argv[2 * N_BASE + 40];
+    size_t argc = dp_test_argv_mpmd(argv, 2 * N_BASE + 40, MPIEXEC_PATH, LM_TRAIN_PATH, BASE,
+                                    N_BASE, ra, na, rb, nb, tmpdir);
+    char out_path[256], err_path[256];
+    path_in(out_path, sizeof out_path, "stdout.txt");
+    path_in(err_path, sizeof err_path, "stderr.txt");
+    pid_t pid = dp_test_spawn(argv, out_path, err_path);
+    dp_test_argv_free(argv, argc);
+    return pid;
+}
+
+typedef struct differ_case {
+    char name[48];
+    char a[8][32];   /* rank 0's options after BASE; "" ends */
+    char b[8][32];   /* rank 1's */
+    char needle[96]; /* the refusal; "" = the job runs */
+    int every;       /* every rank prints the refusal (else the rank that met it) */
+} differ_case;
+
+static differ_case differ_cases[] = {
+    {"unknown option on rank 0", {"--bogus"}, {""},
+     "rank 0 refuses its command line: unknown option \"--bogus\"", 1},
+    {"unknown option on rank 1", {""}, {"--steps", "1", "--bogus"},
+     "rank 1 refuses its command line: unknown option \"--bogus\"", 1},
+    {"a bad value on rank 1", {""}, {"--steps", "x"},
+     "rank 1 refuses its command line: --steps: \"x\" is not an integer", 1},
+    {"val-tokens under a watchdog", {"--val-tokens", "33", "--watchdog", "3"},
+     {"--val-tokens", "65", "--watchdog", "3"}, "--val-tokens is 65 on rank 1, 33 on rank 0", 1},
+    {"sample on rank 0 only", {"--sample", "5"}, {""}, "--sample is 0 on rank 1, 5 on rank 0", 1},
+    {"save on rank 1 only", {""}, {"--save", "@x.st"}, "--save is given on rank 1 (", 1},
+    {"a flag on rank 1 only", {""}, {"--shard-optimizer"},
+     "--shard-optimizer is given on rank 1, not on rank 0", 1},
+    {"watchdog on rank 0 only", {"--watchdog", "3"}, {""}, "--watchdog is given on rank 0 (3)", 1},
+    {"help on rank 0 only", {"--help"}, {""}, "--help is given on rank 0, not on rank 1", 1},
+    {"data of another path", {"--data", "@corpus2.txt"}, {""}, "--data is ", 1},
+    /* Each rank's own devices may differ; a bad one fails where it is. */
+    {"a bad device on rank 1", {"--devices", "cpu:1"}, {"--devices", "cpu:0,0"},
+     "rank 1: --devices: ", 0},
+    /* The same options, spelled differently, and each rank its own devices: the job runs. */
+    {"the same options spelled differently", {"--steps=1", "--eval-iters=1"},
+     {"--eval-iters", "1", "--st", "1"}, "", 0},
+    {"each rank its own devices", {"--steps", "1", "--devices", "cpu:1"},
+     {"--steps", "1", "--devices", "cpu:2", "--device-weights", "1,2"}, "", 0},
+};
+
+ParameterizedTestParameters(lm_train_mpi, ranks_started_differently)
+{
+    return cr_make_param_array(differ_case, differ_cases,
+                               sizeof differ_cases / sizeof differ_cases[0]);
+}
+
+/* Ranks whose options differ (all of them compared, not a list) fail at
+ * once, every rank naming the first option that differs; a rank that
+ * refused its command line alone is named with its message; nothing
+ * trains and no rank waits for the others. */
+ParameterizedTest(differ_case *dc, lm_train_mpi, ranks_started_differently, .timeout = 120)
+{
+    write_corpus("corpus2.txt", 2024, 20000);
+    double t0 = now_s();
+    pid_t pid = spawn_mpmd(dc->a, dc->b);
+    int st;
+    if (!wait_bounded(pid, 60, &st)) kill_job(pid, "the ranks did not end within 60 s");
+    double took = now_s() - t0;
+    result r = collect_ended(st);
+    cr_log_info("%s: mpiexec ended after %.2f s", dc->name, took);
+    if (!dc->needle[0]) {
+        dp_test_assert_success(&r, dc->name);
+        cr_assert_eq(dp_test_count(r.out, "trained 1 steps"), 1, "%s: stdout:\n%s", dc->name,
+                     r.out);
+        dp_test_result_free(&r);
+        return;
+    }
+    cr_assert(!WIFEXITED(r.status) || WEXITSTATUS(r.status) != 0, "%s: exit 0; stdout:\n%s",
+              dc->name, r.out);
+    cr_assert(strstr(r.err, dc->needle), "%s: stderr lacks \"%s\":\n%s", dc->name, dc->needle,
+              r.err);
+    if (dc->every)
+        for (int k = 0; k < 2; k++) {
+            char who[96];
+            snprintf(who, sizeof who, "lm_train: rank %d: rank 1's options differ from rank 0's: ",
+                     k);
+            cr_assert_eq(dp_test_count(r.err, who), 1, "%s: rank %d's line:\n%s", dc->name, k,
+                         r.err);
+        }
+    cr_assert_null(strstr(r.out, "trained "), "%s: trained:\n%s", dc->name, r.out);
+    char p[256];
+    path_in(p, sizeof p, "x.st");
+    cr_assert_neq(access(p, F_OK), 0, "%s: a checkpoint was written", dc->name);
+    dp_test_result_free(&r);
+}
+
+// --- a rank that stops answering ---------------------------------------------------------
+
+/* Rank 0 blocks writing its stdout (a FIFO nobody reads, its pipe shrunk
+ * to a page) after a step, so rank 1 waits for it in the agreement
+ * between steps: with --watchdog 3 rank 1 gives up after 3 s and ends the
+ * job, naming the wait. */
+Test(lm_train_mpi, a_rank_stuck_between_steps_ends_the_job_after_the_watchdog)
+{
+    char fifo[256];
+    path_in(fifo, sizeof fifo, "stuck.fifo");
+    cr_assert_eq(mkfifo(fifo, 0600), 0);
+    int rd = open(fifo, O_RDONLY | O_NONBLOCK);
+    cr_assert_geq(rd, 0);
+    fcntl(rd, F_SETPIPE_SZ, 4096);
+    char redirect[300];
+    snprintf(redirect, sizeof redirect, "exec \"$0\" \"$@\" > %s", fifo);
+    const char *a[] = {"sh", "-c", redirect};
+    char *argv[2 * N_BASE + 40];
+    size_t argc = 0;
+    argv[argc++] = strdup(MPIEXEC_PATH);
+    for (int rank = 0; rank < 2; rank++) {
+        if (rank) argv[argc++] = strdup(":");
+        argv[argc++] = strdup("-n");
+        argv[argc++] = strdup("1");
+        for (size_t i = 0; rank == 0 && i < 3; i++) argv[argc++] = strdup(a[i]);
+        argv[argc++] = strdup(LM_TRAIN_PATH);
+        const char *extra[] = {"--devices", "cpu:1", "--steps", "100000000", "--eval-interval",
+                               "10", "--watchdog", "3"};
+        for (size_t i = 0; i < N_BASE + 8; i++) {
+            const char *x = i < N_BASE ? BASE[i] : extra[i - N_BASE];
+            char p[256];
+            if (x[0] == '@') path_in(p, sizeof p, x + 1);
+            argv[argc++] = strdup(x[0] == '@' ? p : x);
+        }
+    }
+    argv[argc] = NULL;
+    char out_path[256], err_path[256];
+    path_in(out_path, sizeof out_path, "stdout.txt");
+    path_in(err_path, sizeof err_path, "stderr.txt");
+    double t0 = now_s();
+    pid_t pid = dp_test_spawn(argv, out_path, err_path);
+    dp_test_argv_free(argv, argc);
+    int st;
+    if (!wait_bounded(pid, 60, &st)) {
+        close(rd);
+        kill_job(pid, "the job did not end within 60 s of rank 0 blocking");
+    }
+    close(rd);
+    result r = collect_ended(st);
+    cr_log_info("the job ended %.1f s after it started", now_s() - t0);
+    cr_assert(!WIFEXITED(r.status) || WEXITSTATUS(r.status) != 0, "exit 0:\n%s", r.err);
+    cr_assert(strstr(r.err, "lm_train: rank 1: agreement between the ranks: ") &&
+                  strstr(r.err, "rank 1 waited 3 s"),
+              "stderr:\n%s", r.err);
+    dp_test_result_free(&r);
+}
+
+/* A rank stopped (SIGSTOP) in the middle of training, under --watchdog 3:
+ * the other rank gives up within a few watchdog periods, wherever it was
+ * waiting (the engine's exchanges or the agreement between steps), and
+ * the job ends. */
+static void stopped_rank_ends_the_job(size_t which)
+{
+    pid_t pid = spawn_lm(2, ARGS_("--devices", "cpu:1", "--steps", "100000000", "--eval-interval",
+                                  "100000000", "--watchdog", "3"));
+    wait_for_progress(pid);
+    pid_t ranks[16];
+    size_t n = children_of(pid, ranks, 16);
+    cr_assert_eq(n, 2, "mpiexec has %zu children, not the 2 ranks", n);
+    double t0 = now_s();
+    kill(ranks[which], SIGSTOP);
+    int st;
+    int ended = wait_bounded(pid, 60, &st);
+    kill(ranks[which], SIGCONT);
+    if (!ended) kill_job(pid, "the job did not end within 60 s of SIGSTOP to one rank");
+    double took = now_s() - t0;
+    result r = collect_ended(st);
+    cr_log_info("the job ended %.1f s after SIGSTOP of rank %zu; stderr:\n%s", took, which,
+                r.err);
+    cr_assert(!WIFEXITED(r.status) || WEXITSTATUS(r.status) != 0, "exit 0:\n%s", r.err);
+    char who[64];
+    snprintf(who, sizeof who, "lm_train: rank %zu: ", 1 - which);
+    cr_assert(strstr(r.err, who) && strstr(r.err, "waited 3 s"), "stderr:\n%s", r.err);
+    dp_test_result_free(&r);
+}
+
+Test(lm_train_mpi, a_stopped_rank_ends_the_job_after_the_watchdog) { stopped_rank_ends_the_job(1); }

@@ -99,7 +99,7 @@ int save_checkpoint(run *r)
         if (!rc && !(ck.config_json = config_json(&r->o))) rc = cli_fail("out of host memory");
         if (!rc && dp_gpt_checkpoint_save(r->o.save, r->gpt, &ck) != DP_OK) rc = cli_dp_fail("save");
     }
-    if (all_here) rc = agree(r, rc);
+    if (all_here) rc = agree_writes(r, rc);
     if (!rc) r->saved_step = r->step;
     free(ck.params);
     free(ck.m);

@@ -104,9 +104,11 @@ const char *signal_name(int sig);
 #define AGREED_FAIL(r, ...) CLI_AGREED_FAIL(&(r)->rk, __VA_ARGS__)
 
 int join_ranks(run *r, int *argc, char ***argv);
+int compare_options(run *r, int parsed);
 int engine_fail(run *r, dp_status s, const char *what);
 int local_fatal(run *r, const char *what);
 int agree(run *r, int failed);
+int agree_writes(run *r, int failed);
 int go_on(run *r, int failed);
 
 // --- setup (setup.c), data (data.c) -------------------------------------------------------------

@@ -166,5 +166,5 @@ void log_row(run *r, const dp_step_stats *st, double lr)
 int finish_trace(run *r, int rc)
 {
     int tw = r->trace && dp_trace_write(r->trace, r->o.trace) != DP_OK ? cli_dp_fail("--trace") : 0;
-    return rc ? rc : agree(r, tw);
+    return rc ? rc : agree_writes(r, tw);
 }

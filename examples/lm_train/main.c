@@ -22,10 +22,14 @@
  * ranks train one model on R x K devices (dp/dist.h): every rank samples
  * the same batches from the same seed and makes the same engine calls,
  * all of them collective; rank 0 alone prints, writes --save, --log and
- * --trace and samples text. Work only some ranks do, and failures only
- * one rank can meet, are followed by an agreement (dp_dist_agree), so no
- * rank goes on into a collective the others have left. A signal reaching
- * any rank stops every rank at the same step (agreed before each step).
+ * --trace. Their options are compared when they join (all but those of
+ * their own devices), so a rank started differently fails them all at
+ * once. Work only some ranks do, and failures only one rank can meet,
+ * are followed by an agreement (dp_dist_agree_timeout), so no rank goes
+ * on into a collective the others have left; every wait between them is
+ * bounded by --watchdog, or CLI_RANKS_WAIT_DEFAULT without it. A signal
+ * reaching any rank stops every rank at the same step (agreed before
+ * each step).
  *
  * The files, one concern each (lm_train.h: what they share): options.c
  * (defaults, --help, parsing), signals.c, ranks.c (the rank glue),
@@ -59,10 +63,11 @@ static void run_free(run *r)
     dp_checkpoint_close(r->ck);
 }
 
-/* Leaves before setup (joining the ranks or parsing failed, or --help). */
+/* Leaves before setup (joining the ranks or comparing the options
+ * failed, or --help). */
 static int leave(run *r, int code)
 {
-    dp_dist_close(r->rk.dist);
+    cli_ranks_leave(&r->rk, code);
     return code;
 }
 
@@ -73,12 +78,7 @@ static int finish(run *r, int rc)
     fflush(stdout);
     int code = rc ? (r->exit_code ? r->exit_code : 1) : 0;
     run_free(r);
-    if (r->rk.broken) {
-        fflush(stderr);
-        dp_dist_abort(r->rk.dist, code);
-    }
-    dp_dist_close(r->rk.dist);
-    return code;
+    return leave(r, code);
 }
 
 int main(int argc, char **argv)
@@ -89,11 +89,11 @@ int main(int argc, char **argv)
     r.saved_step = -1;
     defaults(&r.o);
     if (join_ranks(&r, &argc, &argv)) return leave(&r, 1);
-    /* Every rank has the same command line: rank 0 says what is wrong with it. */
-    cli_set_quiet(r.rk.rank > 0);
+    /* Quietly: the ranks first compare their options, then say what is wrong. */
+    cli_set_quiet(1);
     int pa = parse_args(argc, argv, &r.o);
     cli_set_quiet(0);
-    if (pa) return leave(&r, pa < 0 ? 0 : 2); /* -1: --help */
+    if ((pa = compare_options(&r, pa))) return leave(&r, pa < 0 ? 0 : 2); /* -1: --help */
     install_signal_handlers(r.rk.ranks > 1);
     int rc = setup(&r);
     if (!rc && r.o.eval_only) {

@@ -97,7 +97,9 @@ static int configure(run *r, dp_device_spec *specs, size_t *kp, dp_engine_config
     ec.grad_accum = (int)o->grad_accum;
     ec.max_tokens_per_micro = (size_t)o->max_tokens;
     ec.seed = o->seed;
-    ec.watchdog_seconds = o->watchdog;
+    /* Under ranks every wait between them is bounded, the engine's too:
+     * without --watchdog, by the default (cli_ranks_set_wait). */
+    ec.watchdog_seconds = r->rk.ranks > 1 ? r->rk.wait : o->watchdog;
     ec.check_replicas_every = o->check_replicas;
     ec.allow_tf32 = o->tf32;
     ec.matmul_precision = o->compute.bf16 ? DP_MATMUL_BF16 : DP_MATMUL_FP32;
@@ -154,7 +156,7 @@ int setup(run *r)
     print_summary(r, k, &ec);
     int out = alloc_batches(r);
     if (!out && r->rk.rank == 0) out = open_outputs(r, k);
-    if (agree(r, out)) return 1;
+    if (agree_writes(r, out)) return 1;
     if (r->ck) {
         /* The parameters live in the engine now; the metadata stays for messages. */
         free(r->ck->params);
