@@ -4,8 +4,11 @@
  * prefixed with the program's name (cli/dp_cli.c), strict number parsing
  * for getopt_long values and the options as given, normalised
  * (cli/dp_cli.c), rank glue under an MPI launcher: the options compared
- * when the ranks join, waits bounded (cli/ranks.c), and a monotonic
- * clock. Call cli_set_program first thing in main.
+ * when the ranks join, waits bounded (cli/ranks.c), the files a program
+ * reads and writes: the same file refused twice, outputs checked before
+ * any work, inputs opened without blocking, streams checked after
+ * writing (cli/files.c), and a monotonic clock. Call cli_set_program
+ * first thing in main.
  */
 #ifndef DP_CLI_H
 #define DP_CLI_H
@@ -228,6 +231,48 @@ unsigned cli_gpt_flags(const cli_compute *cp);
 /* A macro's value as a string literal (CLI_STR(DP_GPT_ATTENTION_CHUNK) is "64"). */
 #define CLI_STR_(x) #x
 #define CLI_STR(x) CLI_STR_(x)
+
+// --- files (cli/files.c) ----------------------------------------------------------------
+
+/* A file a program names on its command line: what it reads (an input:
+ * a file, or for a directory the files in it whose names end in
+ * dir_suffix, every file when NULL) or writes (an output). */
+typedef struct cli_file {
+    const char *flag; /* "--save", or "INPUT" for an operand */
+    const char *path; /* NULL: not given (skipped) */
+    int output;
+    const char *dir_suffix;
+    const char *may_replace; /* an output: the flag of the one input it may replace (NULL none) */
+} cli_file;
+
+/* Refuses, before anything is written, an output that is the same file
+ * as an input or as another output: the same device and inode when both
+ * exist (symlinks, "./", ".." and hard links alike), else the same
+ * resolved path (the real directory and the name), and an output that is
+ * one of the files an input directory holds. Returns 0, or 1 after one
+ * line naming both options and both paths. */
+int cli_check_overlaps(const cli_file *files, size_t n);
+
+/* Fails unless a file can be written at path through the atomic writer:
+ * its directory exists, is a directory and is writable, path is not a
+ * directory, the temporary file's longest name fits the file system's
+ * limit on a name, and a probe creates and removes one. Returns 0, or 1
+ * after one line naming flag, path and the fix. */
+int cli_check_output(const char *flag, const char *path);
+
+/* Opens an input file for reading without blocking (a FIFO, a device or
+ * a socket is refused unread, not waited on) and checks that it is a
+ * regular file; returns its descriptor (blocking again, close-on-exec),
+ * or -1 after one line naming flag and path. */
+int cli_open_input(const char *flag, const char *path);
+
+/* cli_open_input then closes it: the input can be read as a file. 0 or 1. */
+int cli_check_input(const char *flag, const char *path);
+
+/* Flushes stream f and checks it for an error of this or any earlier
+ * write (what names it: "standard output", "--log run.jsonl"). Returns 0,
+ * or 1 after one line with the reason (e.g. "No space left on device"). */
+int cli_check_stream(FILE *f, const char *what);
 
 // --- time ---------------------------------------------------------------------------
 

@@ -348,14 +348,53 @@ Test(dp_tokenize, bad_outputs_fail_cleanly)
 
     // The output is an input, by its own name or another (a hard link): refused, text intact.
     r = RUN("--tokenizer-file", tok_json, "--out", "@c.txt", "@a.txt", "@c.txt");
-    assert_failed(&r, "is the input", "c.txt");
+    assert_failed(&r, "is the same file as INPUT", "c.txt");
     cr_assert_eq(link(in_tmp("a.txt"), in_tmp("alias.txt")), 0);
     r = RUN("--tokenizer-file", tok_json, "--out", "@alias.txt", "@a.txt");
-    assert_failed(&r, "--out", "is the input");
+    assert_failed(&r, "--out \"", "is the same file as INPUT");
+    r = RUN("--tokenizer-file", tok_json, "--out", "@./a.txt", "@a.txt");
+    assert_failed(&r, "--out \"", "is the same file as INPUT");
     size_t len;
     unsigned char *a = dp_test_read_file(in_tmp("a.txt"), &len);
     cr_assert(len == strlen(DOC_A) && memcmp(a, DOC_A, len) == 0, "a.txt was changed");
     free(a);
+}
+
+/* The tokenizer's files are inputs too: --tokenizer-file, the files a
+ * tokenizer directory holds, the vocab.bpe beside an encoder.json,
+ * --merges-file. An --out onto one is refused, the file intact. */
+Test(dp_tokenize, output_onto_a_tokenizer_file_fails_cleanly)
+{
+    static const char *const names[] = {"tokenizer.json", "encoder.json", "vocab.bpe"};
+    cr_assert_eq(mkdir(in_tmp("tok"), 0755), 0);
+    size_t lens[3];
+    unsigned char *bytes[3];
+    for (int i = 0; i < 3; i++) {
+        bytes[i] = dp_test_read_file(bpe_data(names[i]), &lens[i]);
+        cr_assert_not_null(bytes[i]);
+        char p[300];
+        snprintf(p, sizeof p, "tok/%s", names[i]);
+        dp_test_write_file(in_tmp(p), bytes[i], lens[i]);
+    }
+    result r = RUN("--tokenizer-file", "@tok/tokenizer.json", "--out", "@tok/tokenizer.json",
+                   "@a.txt");
+    assert_failed(&r, "is the same file as --tokenizer-file", NULL);
+    r = RUN("--tokenizer-file", "@tok", "--out", "@tok/tokenizer.json", "@a.txt");
+    assert_failed(&r, "is the same file as --tokenizer-file", "tokenizer.json");
+    r = RUN("--tokenizer-file", "@tok/encoder.json", "--out", "@tok/vocab.bpe", "@a.txt");
+    assert_failed(&r, "is the same file as --tokenizer-file", "vocab.bpe");
+    r = RUN("--tokenizer-file", "@tok/encoder.json", "--merges-file", "@tok/vocab.bpe", "--out",
+            "@./tok/vocab.bpe", "@a.txt");
+    assert_failed(&r, "--out \"", "vocab.bpe");
+    for (int i = 0; i < 3; i++) {
+        char p[300];
+        snprintf(p, sizeof p, "tok/%s", names[i]);
+        size_t n;
+        unsigned char *b = dp_test_read_file(in_tmp(p), &n);
+        cr_assert(n == lens[i] && memcmp(b, bytes[i], n) == 0, "%s was changed", names[i]);
+        free(b);
+        free(bytes[i]);
+    }
 }
 
 Test(dp_tokenize, failed_write_leaves_the_old_output)

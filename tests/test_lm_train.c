@@ -981,6 +981,144 @@ Test(lm_train, chunked_attention_is_the_same_run_to_rounding)
     result_free(&d);
 }
 
+// --- outputs that would replace inputs or each other ------------------------------------
+
+typedef struct overlap_case {
+    char name[48];
+    char args[8][40]; /* after BASE; "" ends; '@' = in tmpdir */
+    char first[16], second[16]; /* the two options the message names */
+} overlap_case;
+
+static overlap_case overlap_cases[] = {
+    /* the issue's cases */
+    {"log onto the resumed checkpoint", {"--resume", "@ck.st", "--log", "@ck.st", "--save",
+     "@new.st"}, "--log", "--resume"},
+    {"trace onto the saved checkpoint", {"--save", "@ck.st", "--trace", "@ck.st"}, "--save",
+     "--trace"},
+    {"log onto the corpus", {"--data", "@corpus.txt", "--log", "@corpus.txt"}, "--log", "--data"},
+    /* siblings: other spellings of one file */
+    {"log through a symlink to the checkpoint", {"--resume", "@ck.st", "--log", "@link.st",
+     "--steps", "3"}, "--log", "--resume"},
+    {"trace onto a hard link of the corpus", {"--trace", "@hard.txt"}, "--trace", "--data"},
+    {"save onto the corpus through ./", {"--save", "@./corpus.txt"}, "--save", "--data"},
+    {"log and trace through ..", {"--log", "@sub/../x.jsonl", "--trace", "@x.jsonl"}, "--log",
+     "--trace"},
+    {"save and log, neither existing", {"--save", "@y.st", "--log", "@./y.st"}, "--save", "--log"},
+    {"log onto a file of a text directory", {"--data", "@textdir", "--log", "@textdir/b.txt"},
+     "--log", "--data"},
+};
+
+ParameterizedTestParameters(lm_train, outputs_never_replace_inputs_or_each_other)
+{
+    return cr_make_param_array(overlap_case, overlap_cases,
+                               sizeof overlap_cases / sizeof overlap_cases[0]);
+}
+
+/* Refused before anything is written, in one line naming both options:
+ * the inputs keep their bytes and no output appears. */
+ParameterizedTest(overlap_case *oc, lm_train, outputs_never_replace_inputs_or_each_other,
+                  .timeout = 30)
+{
+    result g = RUN("--steps", "2", "--save", "@ck.st");
+    assert_success(&g, "making ck.st");
+    result_free(&g);
+    char p[256], q[256];
+    path_in(p, sizeof p, "ck.st");
+    path_in(q, sizeof q, "link.st");
+    cr_assert_eq(symlink(p, q), 0);
+    path_in(p, sizeof p, "corpus.txt");
+    path_in(q, sizeof q, "hard.txt");
+    cr_assert_eq(link(p, q), 0);
+    path_in(p, sizeof p, "sub");
+    cr_assert_eq(mkdir(p, 0755), 0);
+    path_in(p, sizeof p, "textdir");
+    cr_assert_eq(mkdir(p, 0755), 0);
+    size_t len = 0, ck_len = 0, c_len = 0;
+    char *text = pseudo_english(7, 4000, &len);
+    write_file("textdir/a.txt", text, len / 2);
+    write_file("textdir/b.txt", text + len / 2, len - len / 2);
+    free(text);
+    path_in(p, sizeof p, "ck.st");
+    unsigned char *ck = dp_test_read_file(p, &ck_len);
+    path_in(p, sizeof p, "corpus.txt");
+    unsigned char *corpus = dp_test_read_file(p, &c_len);
+
+    const char *extra[10];
+    size_t n = 0;
+    for (int i = 0; i < 8 && oc->args[i][0]; i++) extra[n++] = oc->args[i];
+    result r = run_lm(extra, n);
+    cr_assert(WIFEXITED(r.status) && WEXITSTATUS(r.status) != 0, "%s: status %d; stdout:\n%s",
+              oc->name, r.status, r.out);
+    cr_assert(dp_test_count(r.err, "\n") == 1 && strncmp(r.err, "lm_train: ", 10) == 0,
+              "%s: want one line:\n%s", oc->name, r.err);
+    char a[40], b[40];
+    snprintf(a, sizeof a, "%s \"", oc->first);
+    snprintf(b, sizeof b, "%s \"", oc->second);
+    cr_assert(strstr(r.err, a) && strstr(r.err, b), "%s: the message names %s and %s? %s",
+              oc->name, oc->first, oc->second, r.err);
+    cr_assert_null(strstr(r.out, "model: "), "%s: went on to the model:\n%s", oc->name, r.out);
+    size_t l2 = 0;
+    path_in(p, sizeof p, "ck.st");
+    unsigned char *ck2 = dp_test_read_file(p, &l2);
+    cr_assert(ck2 && l2 == ck_len && memcmp(ck, ck2, l2) == 0, "%s: ck.st changed", oc->name);
+    free(ck2);
+    path_in(p, sizeof p, "corpus.txt");
+    unsigned char *c2 = dp_test_read_file(p, &l2);
+    cr_assert(c2 && l2 == c_len && memcmp(corpus, c2, l2) == 0, "%s: corpus.txt changed",
+              oc->name);
+    free(c2);
+    static const char *const never[] = {"new.st", "x.jsonl", "y.st"};
+    for (size_t i = 0; i < 3; i++) {
+        path_in(p, sizeof p, never[i]);
+        cr_assert_neq(access(p, F_OK), 0, "%s: %s was written", oc->name, never[i]);
+    }
+    free(ck);
+    free(corpus);
+    result_free(&r);
+}
+
+/* --resume C --save C goes on saving into the file it resumed (written
+ * atomically, after the checkpoint was read). */
+Test(lm_train, save_may_replace_the_resumed_checkpoint)
+{
+    result a = RUN("--steps", "2", "--lr-decay-steps", "4", "--save", "@ck.st");
+    assert_success(&a, "2 steps");
+    result b = RUN("--steps", "4", "--resume", "@ck.st", "--save", "@ck.st");
+    assert_success(&b, "resumed into the same file");
+    dp_checkpoint *ck = load_ck("ck.st");
+    cr_assert_eq(ck->step, 4);
+    dp_checkpoint_close(ck);
+    result_free(&a);
+    result_free(&b);
+}
+
+/* A 248-byte --save (or --trace) name: the name fits the 255-byte limit,
+ * but the atomic writer's temporary file "<name>.tmp.<pid>.<n>" would not,
+ * so the run is refused before training instead of losing it at the
+ * save. */
+Test(lm_train, output_names_too_long_for_their_temporary_files_fail_before_training)
+{
+    char name[300], full[400];
+    memset(name, 'c', 245);
+    strcpy(name + 245, ".st");
+    snprintf(full, sizeof full, "%s/%s", tmpdir, name); /* past path_in's 256 bytes */
+    for (int i = 0; i < 2; i++) {
+        const char *flag = i ? "--trace" : "--save";
+        result r = RUN("--steps", "2", flag, full);
+        cr_assert(WIFEXITED(r.status) && WEXITSTATUS(r.status) != 0, "%s: status %d", flag,
+                  r.status);
+        cr_assert(dp_test_count(r.err, "\n") == 1 && strstr(r.err, flag) &&
+                      strstr(r.err, "is 248 bytes"),
+                  "%s: stderr:\n%s", flag, r.err);
+        cr_assert_null(strstr(r.out, "trained"), "%s: trained first:\n%s", flag, r.out);
+        result_free(&r);
+    }
+    DIR *d = opendir(tmpdir);
+    struct dirent *de;
+    while ((de = readdir(d))) cr_assert_lt(strlen(de->d_name), 200, "left %s", de->d_name);
+    closedir(d);
+}
+
 // --- bad command lines ----------------------------------------------------------------
 
 typedef struct bad_case {

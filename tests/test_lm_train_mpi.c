@@ -593,6 +593,32 @@ ParameterizedTest(differ_case *dc, lm_train_mpi, ranks_started_differently, .tim
     dp_test_result_free(&r);
 }
 
+// --- outputs onto inputs, under ranks ---------------------------------------------------------
+
+/* Rank 0 writes the outputs, so it refuses --log onto the checkpoint the
+ * ranks resume, before anything is written; the other rank stops with it. */
+Test(lm_train_mpi, log_onto_the_resumed_checkpoint_is_refused_by_every_rank)
+{
+    result a = RUN(0, "--devices", "cpu:1", "--steps", "1", "--save", "@ck.st");
+    dp_test_assert_success(&a, "one step");
+    size_t n0 = 0, n1 = 0;
+    unsigned char *before = read_in("ck.st", &n0);
+    result r = RUN(2, "--devices", "cpu:1", "--steps", "3", "--resume", "@ck.st", "--log", "@ck.st",
+                   "--save", "@new.st");
+    cr_assert(!WIFEXITED(r.status) || WEXITSTATUS(r.status) != 0, "exit 0:\n%s", r.out);
+    cr_assert_eq(dp_test_count(r.err, "lm_train: rank 0: --log \""), 1, "stderr:\n%s", r.err);
+    cr_assert(strstr(r.err, "is the same file as --resume"), "stderr:\n%s", r.err);
+    unsigned char *after = read_in("ck.st", &n1);
+    cr_assert(n0 == n1 && memcmp(before, after, n0) == 0, "ck.st changed");
+    char p[256];
+    path_in(p, sizeof p, "new.st");
+    cr_assert_neq(access(p, F_OK), 0, "new.st was written");
+    free(before);
+    free(after);
+    dp_test_result_free(&a);
+    dp_test_result_free(&r);
+}
+
 // --- a rank that stops answering ---------------------------------------------------------
 
 /* Rank 0 blocks writing its stdout (a FIFO nobody reads, its pipe shrunk

@@ -366,6 +366,17 @@ static long assert_decoded(const char *s, size_t n)
     return first;
 }
 
+/* A token directory's data are its *.bin files: a checkpoint kept beside
+ * them is not one (only an output onto a .bin there is refused). */
+Test(lm_tokens, a_checkpoint_beside_the_token_files_is_not_an_input)
+{
+    for (int i = 0; i < 2; i++) { /* the second run finds it there */
+        result r = RUN("--data", "@nano", "--steps", "1", "--save", "@nano/ck.st");
+        dp_test_assert_success(&r, i ? "saving again beside the token files" : "saving beside");
+        dp_test_result_free(&r);
+    }
+}
+
 Test(lm_tokens, samples_decode_through_the_tokenizer_file_or_print_ids)
 {
     /* With the table: the prompt is its end-of-text id (511), then 20 tokens. */
@@ -503,6 +514,13 @@ static bad_case bad_cases[] = {
      "--tokenizer-file decodes token data", 0},
     {"prompt-ids on text", {"--data", "@bad/text.txt", "--prompt-ids", "1"}, "--prompt-ids "
      "applies to token data", 0},
+    /* An output onto an input: refused before anything is written. */
+    {"log onto the tokenizer file", {"--data", "@llmc", "--tokenizer-file", "@tok.bin", "--log",
+     "@tok.bin"}, "--log \"", 0},
+    {"save onto a shard of the data", {"--data", "@nano", "--save", "@nano/val.bin"},
+     "is one of the files --data", 0},
+    {"trace onto the data file", {"--data", "@one.bin", "--trace", "@./one.bin"},
+     "is the same file as --data", 0},
 };
 
 ParameterizedTestParameters(lm_tokens, bad_input_fails_cleanly)

@@ -120,7 +120,6 @@ int make_samplers(run *r);
 
 // --- checkpoints (checkpoint.c) -----------------------------------------------------------
 
-int check_save_path(const char *path);
 int apply_checkpoint(run *r);
 int check_resume_data(const run *r, const char *path);
 int save_checkpoint(run *r);

@@ -53,14 +53,35 @@ static int make_model(run *r, size_t V)
     return 0;
 }
 
+/* Rank 0's outputs, before anything is written: --save and --trace can
+ * be written (their directories, their temporary files' names), and no
+ * output is the same file as an input (--data's, or one of a data
+ * directory's files: its *.bin for token data; --resume, which --save may
+ * replace; --tokenizer-file) or as another output. */
+static int check_outputs(const run *r, const char *data)
+{
+    const opts *o = &r->o;
+    if (o->save && cli_check_output("--save", o->save)) return 1;
+    if (o->trace && cli_check_output("--trace", o->trace)) return 1;
+    const cli_file files[] = {
+        {"--data", data, 0, r->is_tokens ? ".bin" : NULL, NULL},
+        {"--resume", o->resume, 0, NULL, NULL},
+        {"--tokenizer-file", o->tokenizer_file, 0, NULL, NULL},
+        {"--save", o->save, 1, NULL, "--resume"},
+        {"--log", o->eval_only ? NULL : o->log, 1, NULL, NULL}, /* not written by --eval-only */
+        {"--trace", o->trace, 1, NULL, NULL},
+    };
+    return cli_check_overlaps(files, sizeof files / sizeof files[0]);
+}
+
 /* The run's local part: checkpoint, data, tokenizer, prompt, samplers, model. */
 static int load(run *r)
 {
     const opts *o = &r->o;
-    /* Rank 0 writes the checkpoints. */
-    if (o->save && r->rk.rank == 0 && check_save_path(o->save)) return 1;
     const char *path = NULL;
     if (probe_data(r, &path)) return 1;
+    /* Rank 0 writes the outputs. */
+    if (r->rk.rank == 0 && check_outputs(r, path)) return 1;
     if (o->resume) {
         if (dp_gpt_checkpoint_load(o->resume, &r->ck, &r->gpt) != DP_OK)
             return cli_dp_fail("--resume");
