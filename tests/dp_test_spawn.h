@@ -59,6 +59,18 @@ static inline dp_test_result dp_test_collect(pid_t pid, const char *out_path, co
     return r;
 }
 
+/* Waits for pid, whose stdout went to a device that is not read back
+ * (/dev/full), and reads its stderr (r.out is ""). */
+static inline dp_test_result dp_test_collect_err(pid_t pid, const char *err_path)
+{
+    dp_test_result r;
+    cr_assert_eq(waitpid(pid, &r.status, 0), pid);
+    size_t n;
+    r.out = (char *)calloc(1, 1);
+    r.err = (char *)dp_test_read_file(err_path, &n);
+    return r;
+}
+
 /* Asserts that the process r describes exited with status 0, showing its stderr. */
 static inline void dp_test_assert_success(const dp_test_result *r, const char *what)
 {

@@ -538,6 +538,23 @@ ParameterizedTest(bad_case *bc, dp_bench, bad_input_fails_cleanly, .timeout = 20
     dp_test_result_free(&r);
 }
 
+/* The table on a full standard output (/dev/full) is lost: the run fails,
+ * naming it. */
+Test(dp_bench, a_full_standard_output_fails_the_run)
+{
+    char *argv[64];
+    size_t argc = dp_test_argv(argv, 64, 0, NULL, DP_BENCH_PATH, BASE, N_BASE, NULL, 0, tmpdir);
+    char err[256];
+    snprintf(err, sizeof err, "%s/stderr.txt", tmpdir);
+    dp_test_result r = dp_test_collect_err(dp_test_spawn(argv, "/dev/full", err), err);
+    dp_test_argv_free(argv, argc);
+    cr_assert(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 1, "status %d; stderr:\n%s",
+              r.status, r.err);
+    cr_assert(strstr(r.err, "dp_bench: cannot write standard output: No space left on device"),
+              "stderr:\n%s", r.err);
+    dp_test_result_free(&r);
+}
+
 /* Outputs that are one file by a path through "..", or a symlink to one
  * that exists: refused before any step, the file untouched. */
 Test(dp_bench, outputs_that_are_one_file_are_refused)

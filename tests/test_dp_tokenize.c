@@ -397,6 +397,24 @@ Test(dp_tokenize, output_onto_a_tokenizer_file_fails_cleanly)
     }
 }
 
+/* The summary on a full standard output (/dev/full) is lost: the run
+ * fails, naming it. */
+Test(dp_tokenize, a_full_standard_output_fails_the_run)
+{
+    const char *args[] = {"--tokenizer-file", tok_json, "@a.txt"};
+    char *argv[40];
+    size_t argc = dp_test_argv(argv, 40, 0, NULL, DP_TOKENIZE_PATH, NULL, 0, args, 3, tmpdir);
+    char err[300];
+    snprintf(err, sizeof err, "%s/.stderr", tmpdir);
+    result r = dp_test_collect_err(dp_test_spawn(argv, "/dev/full", err), err);
+    dp_test_argv_free(argv, argc);
+    cr_assert(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 1, "status %d; stderr: %s",
+              r.status, r.err);
+    cr_assert(strstr(r.err, "dp_tokenize: cannot write the summary to standard output: No space"),
+              "stderr: %s", r.err);
+    dp_test_result_free(&r);
+}
+
 Test(dp_tokenize, failed_write_leaves_the_old_output)
 {
     // An existing out.bin, then a run whose writes fail past 256 KiB (EFBIG:

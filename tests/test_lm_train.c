@@ -30,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -148,8 +149,10 @@ static const char *const BASE[] = {"--data", "@corpus.txt", "--devices", "cpu:2"
 
 /* Starts lm_train with BASE (when with_base) and then extra[0..n) (NULL
  * entries skipped); an argument starting with '@' names a file in tmpdir.
- * stdout and stderr go to stdout.txt and stderr.txt there. */
-static pid_t spawn_args(int with_base, const char *const *extra, size_t n)
+ * stdout and stderr go to stdout.txt and stderr.txt there (stdout to
+ * stdout_path instead when not NULL). */
+static pid_t spawn_args_to(int with_base, const char *const *extra, size_t n,
+                           const char *stdout_path)
 {
     char *argv[N_BASE + 32];
     size_t argc = 0, nb = with_base ? N_BASE : 0;
@@ -170,9 +173,14 @@ static pid_t spawn_args(int with_base, const char *const *extra, size_t n)
     char out_path[256], err_path[256];
     path_in(out_path, sizeof out_path, "stdout.txt");
     path_in(err_path, sizeof err_path, "stderr.txt");
-    pid_t pid = dp_test_spawn(argv, out_path, err_path);
+    pid_t pid = dp_test_spawn(argv, stdout_path ? stdout_path : out_path, err_path);
     for (size_t i = 1; i < argc; i++) free(argv[i]);
     return pid;
+}
+
+static pid_t spawn_args(int with_base, const char *const *extra, size_t n)
+{
+    return spawn_args_to(with_base, extra, n, NULL);
 }
 
 /* Waits for pid and collects its exit status and output. */
@@ -1117,6 +1125,74 @@ Test(lm_train, output_names_too_long_for_their_temporary_files_fail_before_train
     struct dirent *de;
     while ((de = readdir(d))) cr_assert_lt(strlen(de->d_name), 200, "left %s", de->d_name);
     closedir(d);
+}
+
+// --- writes that fail -------------------------------------------------------------------
+
+/* --log on a full disk (/dev/full): the first row's write fails, the run
+ * stops at once, saves the step it trained and says both. */
+Test(lm_train, a_log_that_cannot_be_written_stops_the_run_after_saving)
+{
+    result r = RUN("--steps", "400", "--log", "/dev/full", "--save", "@ck.st");
+    cr_assert(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 1, "status %d; stderr:\n%s",
+              r.status, r.err);
+    cr_assert(strstr(r.err, "lm_train: cannot write --log /dev/full: No space left on device"),
+              "stderr:\n%s", r.err);
+    dp_checkpoint *ck = load_ck("ck.st");
+    char want[80];
+    snprintf(want, sizeof want, "stopped at step %ld; its checkpoint is saved in ", ck->step);
+    cr_assert(ck->step >= 1 && ck->step < 400 && strstr(r.err, want), "step %ld; stderr:\n%s",
+              ck->step, r.err);
+    cr_assert_null(strstr(r.out, "trained 400 steps"), "stdout:\n%s", r.out);
+    dp_checkpoint_close(ck);
+    result_free(&r);
+}
+
+/* The issue's case: a log cut mid-row by a full disk (here a 64 KiB file
+ * size limit, which fails the write with EFBIG; SIGXFSZ ignored, inherited)
+ * at about row 300 of 400 no longer exits 0: the run stops there, saves
+ * that step (the checkpoint, smaller than the limit, is written) and
+ * fails naming the log. */
+Test(lm_train, a_log_cut_by_a_full_disk_stops_the_run_after_saving)
+{
+    struct rlimit old, lim;
+    cr_assert_eq(getrlimit(RLIMIT_FSIZE, &old), 0);
+    lim = old;
+    lim.rlim_cur = 64 << 10;
+    signal(SIGXFSZ, SIG_IGN);
+    cr_assert_eq(setrlimit(RLIMIT_FSIZE, &lim), 0);
+    result r = RUN("--steps", "400", "--log", "@run.jsonl", "--save", "@ck.st");
+    cr_assert_eq(setrlimit(RLIMIT_FSIZE, &old), 0);
+    cr_assert(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 1, "status %d; stderr:\n%s",
+              r.status, r.err);
+    cr_assert(strstr(r.err, "cannot write --log ") && strstr(r.err, "File too large"),
+              "stderr:\n%s", r.err);
+    dp_checkpoint *ck = load_ck("ck.st");
+    /* The rows up to the one cut: the step that stopped the run. */
+    long steps[400];
+    long rows = (long)log_steps("run.jsonl", steps, 400);
+    cr_assert(ck->step > 100 && ck->step < 400 && (ck->step == rows || ck->step == rows + 1),
+              "step %ld, %ld rows", ck->step, rows);
+    dp_checkpoint_close(ck);
+    result_free(&r);
+}
+
+/* Standard output on a full disk: --eval-only's val_loss line is lost, so
+ * the run fails, naming it. */
+Test(lm_train, a_full_standard_output_fails_the_run)
+{
+    result g = RUN("--steps", "2", "--save", "@ck.st");
+    assert_success(&g, "2 steps");
+    result_free(&g);
+    char err[256];
+    path_in(err, sizeof err, "stderr.txt");
+    const char *args[] = {"--resume", "@ck.st", "--eval-only"};
+    result r = dp_test_collect_err(spawn_args_to(1, args, 3, "/dev/full"), err);
+    cr_assert(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 1, "status %d; stderr:\n%s",
+              r.status, r.err);
+    cr_assert(strstr(r.err, "lm_train: cannot write standard output: No space left on device"),
+              "stderr:\n%s", r.err);
+    result_free(&r);
 }
 
 // --- bad command lines ----------------------------------------------------------------

@@ -619,6 +619,25 @@ Test(lm_train_mpi, log_onto_the_resumed_checkpoint_is_refused_by_every_rank)
     dp_test_result_free(&r);
 }
 
+/* Rank 0's --log cannot be written (/dev/full): both ranks stop at the
+ * next step, save it together, and fail. */
+Test(lm_train_mpi, a_log_that_cannot_be_written_stops_every_rank_after_saving)
+{
+    result r = RUN(2, "--devices", "cpu:1", "--steps", "400", "--log", "/dev/full", "--save",
+                   "@ck.st");
+    cr_assert(!WIFEXITED(r.status) || WEXITSTATUS(r.status) != 0, "exit 0:\n%s", r.out);
+    cr_assert(strstr(r.err, "lm_train: rank 0: cannot write --log /dev/full: No space left"),
+              "stderr:\n%s", r.err);
+    char p[256];
+    path_in(p, sizeof p, "ck.st");
+    dp_checkpoint *ck = NULL;
+    dp_assert_ok(dp_gpt_checkpoint_load(p, &ck, NULL));
+    cr_assert(ck->step >= 1 && ck->step < 400, "step %ld", ck->step);
+    cr_assert(strstr(r.err, "its checkpoint is saved in "), "stderr:\n%s", r.err);
+    dp_checkpoint_close(ck);
+    dp_test_result_free(&r);
+}
+
 // --- a rank that stops answering ---------------------------------------------------------
 
 /* Rank 0 blocks writing its stdout (a FIFO nobody reads, its pipe shrunk

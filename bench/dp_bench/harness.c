@@ -363,7 +363,9 @@ int main(int argc, char **argv)
     cli_set_quiet(0);
     pa = cli_ranks_options(&b.rk, pa, NULL);
     int rc = pa ? (pa < 0 ? 0 : 1) : bench_main(&b); /* pa -1: --help */
-    fflush(stdout);
+    /* The table on stdout, checked (a full disk, /dev/full): exit alone
+     * cannot change the status. */
+    if (cli_check_stream(stdout, "standard output") && !rc) rc = 1;
     free(b.inputs);
     free(b.targets);
     dp_trace_destroy(b.trace);

@@ -71,6 +71,6 @@ int main(int argc, char **argv)
     dp_tokenizer_destroy(tok);
     if (rc) return 1;
     tok_progress_finish(&pg, o.out);
-    if (fflush(stdout) != 0) return tok_fail("cannot write the summary to stdout");
+    if (cli_check_stream(stdout, "the summary to standard output")) return 1;
     return 0;
 }

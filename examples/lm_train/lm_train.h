@@ -80,6 +80,7 @@ typedef struct run {
     long saved_step;           /* checkpoint.c: step of this run's last checkpoint, -1 = none */
     long skipped, consecutive_skips; /* train.c: steps skipped for non-finite values */
     FILE *log;                 /* log.c: --log */
+    int write_failed;          /* log.c: a write to rank 0's stdout or --log failed (said once) */
     dp_trace *trace;           /* log.c: --trace, every training step's phase spans */
     int tty;                   /* train.c: stdout is a terminal */
     int exit_code;             /* signals.c: non-zero, the status main returns (signals) */
@@ -142,6 +143,7 @@ void print_summary(const run *r, size_t k, const dp_engine_config *ec);
 int open_outputs(run *r, size_t k);
 void progress(run *r, const dp_step_stats *st, double lr, double elapsed, long first);
 void log_row(run *r, const dp_step_stats *st, double lr);
+int check_written(run *r);
 int finish_trace(run *r, int rc);
 int train(run *r);
 

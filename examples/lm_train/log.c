@@ -1,7 +1,8 @@
 /*
  * examples/lm_train/log.c - what a run prints and writes as it goes: the
  * model and engine summary, the progress line, --log's JSONL rows (a
- * resumed run keeps those up to its checkpoint) and the --trace file.
+ * resumed run keeps those up to its checkpoint), the --trace file, and
+ * whether every write to stdout and --log went through.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
@@ -87,7 +88,9 @@ static int open_log(run *r)
     }
     if (kept_len) fwrite(kept, 1, kept_len, r->log);
     free(kept);
-    fflush(r->log);
+    char what[300];
+    snprintf(what, sizeof what, "--log %s", path);
+    if (cli_check_stream(r->log, what)) return 1;
     if (dropped)
         printf("log: %s: kept %zu rows up to step %ld, dropped %zu written after it\n", path,
                rows, r->step, dropped);
@@ -153,12 +156,24 @@ void log_row(run *r, const dp_step_stats *st, double lr)
                             (double)(r->o.batch_size * r->o.context) / st->seconds, "ms",
                             1e3 * st->seconds, "skipped", st->skipped, "skipped_total",
                             (json_int_t)r->skipped, "peak_bytes", peaks);
-    if (row) {
+    if (row) { /* flushed, and checked, at the next step's start (check_written) */
         json_dumpf(row, r->log, JSON_COMPACT);
         fputc('\n', r->log);
-        fflush(r->log);
     }
     json_decref(row);
+}
+
+/* What rank 0 wrote so far to stdout and --log, flushed and checked: 1
+ * once a write failed (a full disk, /dev/full), said once; the run then
+ * saves and stops (train.c) or fails at its end (main.c). */
+int check_written(run *r)
+{
+    if (r->write_failed || r->rk.rank != 0) return r->write_failed;
+    char what[300];
+    snprintf(what, sizeof what, "--log %s", r->o.log ? r->o.log : "");
+    r->write_failed = cli_check_stream(stdout, "standard output") ||
+                      (r->log && cli_check_stream(r->log, what));
+    return r->write_failed;
 }
 
 /* Whatever stopped training, the trace holds the steps that ran: writes

@@ -75,7 +75,9 @@ static int leave(run *r, int code)
  * a collective that will never complete) is aborted. */
 static int finish(run *r, int rc)
 {
-    fflush(stdout);
+    /* A failed write to stdout or --log fails the run (train.c saved the
+     * model first); exit alone cannot change the status. */
+    if (check_written(r) && !rc) rc = 1;
     int code = rc ? (r->exit_code ? r->exit_code : 1) : 0;
     run_free(r);
     return leave(r, code);
