@@ -34,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -43,6 +44,7 @@
 #include "dp_test.h"
 #include "dp_test_fs.h"
 #include "dp_test_spawn.h"
+#include "dp_test_tokens.h"
 
 #include <criterion/parameterized.h> /* after criterion.h (in dp_test.h) */
 
@@ -634,6 +636,34 @@ Test(lm_train_mpi, a_log_that_cannot_be_written_stops_every_rank_after_saving)
     dp_assert_ok(dp_gpt_checkpoint_load(p, &ck, NULL));
     cr_assert(ck->step >= 1 && ck->step < 400, "step %ld", ck->step);
     cr_assert(strstr(r.err, "its checkpoint is saved in "), "stderr:\n%s", r.err);
+    dp_checkpoint_close(ck);
+    dp_test_result_free(&r);
+}
+
+/* An id past the vocabulary in the validation split, found by the
+ * evaluation at the last step: every rank meets it in the same batch, the
+ * ranks agree on it, save the 4 steps together and fail. */
+Test(lm_train_mpi, an_evaluation_that_fails_after_training_saves_first)
+{
+    int32_t ids[2000];
+    for (int i = 0; i < 2000; i++) ids[i] = i % 7 == 0 && i >= 1500 ? 400 : (i * 37) % 300;
+    char p[256];
+    path_in(p, sizeof p, "badval");
+    cr_assert_eq(mkdir(p, 0755), 0);
+    path_in(p, sizeof p, "badval/train.bin");
+    dp_test_write_raw(p, ids, 1500);
+    path_in(p, sizeof p, "badval/val.bin");
+    dp_test_write_raw(p, ids + 1500, 500);
+    result r = RUN(2, "--devices", "cpu:1", "--data", "@badval", "--vocab-size", "300", "--steps",
+                   "4", "--eval-interval", "4", "--eval-iters", "20", "--save", "@ck.st");
+    cr_assert(!WIFEXITED(r.status) || WEXITSTATUS(r.status) != 0, "exit 0:\n%s", r.out);
+    cr_assert(strstr(r.err, "outside the vocabulary [0, 300)") &&
+                  strstr(r.err, "rank 0: stopped at step 4; its checkpoint is saved in "),
+              "stderr:\n%s", r.err);
+    path_in(p, sizeof p, "ck.st");
+    dp_checkpoint *ck = NULL;
+    dp_assert_ok(dp_gpt_checkpoint_load(p, &ck, NULL));
+    cr_assert_eq(ck->step, 4);
     dp_checkpoint_close(ck);
     dp_test_result_free(&r);
 }

@@ -366,6 +366,56 @@ static long assert_decoded(const char *s, size_t n)
     return first;
 }
 
+/* The issue's case: an id past the vocabulary in the validation split,
+ * found by the evaluation at the last step, no longer loses the 4 steps
+ * trained: the checkpoint is written first, then the run fails naming the
+ * id. */
+Test(lm_tokens, an_evaluation_that_fails_after_training_saves_first)
+{
+    int32_t *ids = fixture_ids();
+    for (size_t i = 0; i < N_TRAIN + N_VAL; i++) ids[i] %= 300;
+    for (size_t i = N_TRAIN; i < N_TRAIN + N_VAL; i += 7) ids[i] = 400; /* past --vocab-size 300 */
+    cr_assert_eq(mkdir(in_tmp("badval"), 0755), 0);
+    dp_test_write_raw(in_tmp("badval/train.bin"), ids, N_TRAIN);
+    dp_test_write_raw(in_tmp("badval/val.bin"), ids + N_TRAIN, N_VAL);
+    free(ids);
+    result r = RUN("--data", "@badval", "--vocab-size", "300", "--steps", "4", "--eval-interval",
+                   "4", "--eval-iters", "20", "--save", "@ck.st");
+    cr_assert(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 1, "status %d; stderr:\n%s",
+              r.status, r.err);
+    cr_assert(strstr(r.err, "outside the vocabulary [0, 300)") &&
+                  strstr(r.err, "stopped at step 4; its checkpoint is saved in "),
+              "stderr:\n%s", r.err);
+    dp_checkpoint *ck = load_ck("ck.st");
+    cr_assert_eq(ck->step, 4);
+    dp_checkpoint_close(ck);
+    dp_test_result_free(&r);
+}
+
+/* --eval-only reads the validation split only: a training split shorter
+ * than the context (which training could not sample) does not stop it,
+ * and the loss is the one of the same validation split beside a long
+ * training split. */
+Test(lm_tokens, eval_only_needs_no_training_split)
+{
+    int32_t *ids = fixture_ids();
+    cr_assert_eq(mkdir(in_tmp("shorttrain"), 0755), 0);
+    dp_test_write_raw(in_tmp("shorttrain/train.bin"), ids, 10);
+    dp_test_write_raw(in_tmp("shorttrain/val.bin"), ids + N_TRAIN, N_VAL);
+    free(ids);
+    result a = RUN("--data", "@nano", "--steps", "2", "--save", "@ck.st");
+    dp_test_assert_success(&a, "2 steps on nano");
+    result b = RUN("--data", "@shorttrain", "--resume", "@ck.st", "--eval-only");
+    dp_test_assert_success(&b, "--eval-only with a 10-token training split");
+    result c = RUN("--data", "@nano", "--resume", "@ck.st", "--eval-only");
+    dp_test_assert_success(&c, "--eval-only on nano");
+    const char *vb = strstr(b.out, "val_loss "), *vc = strstr(c.out, "val_loss ");
+    cr_assert(vb && vc && strcmp(vb, vc) == 0, "losses differ:\n%s\n%s", b.out, c.out);
+    dp_test_result_free(&a);
+    dp_test_result_free(&b);
+    dp_test_result_free(&c);
+}
+
 /* A token directory's data are its *.bin files: a checkpoint kept beside
  * them is not one (only an output onto a .bin there is refused). */
 Test(lm_tokens, a_checkpoint_beside_the_token_files_is_not_an_input)

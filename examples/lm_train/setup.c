@@ -88,7 +88,8 @@ static int load(run *r)
         if (apply_checkpoint(r)) return 1;
     }
     resolve_options(&r->o, r->is_tokens, r->ck != NULL);
-    if (load_data(r, path) || prepare_prompt(r) || make_samplers(r)) return 1;
+    /* --eval-only samples nothing: no prompt (nor the training split's first token). */
+    if (load_data(r, path) || (!o->eval_only && prepare_prompt(r)) || make_samplers(r)) return 1;
     return make_model(r, r->is_tokens ? (size_t)o->vocab_size : dp_tokenizer_vocab_size(r->tok));
 }
 
