@@ -311,6 +311,13 @@ Test(dp_tokenize, bad_inputs_and_options_fail_cleanly)
     cr_assert_eq(mkfifo(in_tmp("fifo"), 0600), 0);
     r = RUN("--tokenizer-file", tok_json, "--out", "@out.bin", "@fifo");
     assert_failed(&r, "fifo' is a FIFO", NULL);
+    // The tokenizer's files on a FIFO: refused unread, not waited on.
+    r = RUN("--tokenizer-file", "@fifo", "--out", "@out.bin", "@a.txt");
+    assert_failed(&r, "fifo", "not a regular file");
+    char enc[4096];
+    snprintf(enc, sizeof enc, "%s", bpe_data("encoder.json"));
+    r = RUN("--tokenizer-file", enc, "--merges-file", "@fifo", "--out", "@out.bin", "@a.txt");
+    assert_failed(&r, "fifo", "not a regular file");
 
     // Invalid UTF-8 past the first window: named with its file and byte offset.
     size_t len;

@@ -1307,6 +1307,10 @@ static bad_case bad_cases[] = {
     {"precision BF16", {"--precision", "BF16"}, "--precision: \"BF16\"", "", 0, 0, 0},
     {"precision bf16 with tf32", {"--precision", "bf16", "--tf32", "--log", "@out.jsonl"},
      "--tf32", "", 0, 0, 0},
+    /* Inputs that would block: refused unread (open() blocked for ever on them). */
+    {"resume a FIFO", {"--resume", "@fifo"}, "fifo' is not a regular file", "", 0, 0, 0},
+    {"data a FIFO", {"--data", "@fifo"}, "FIFO", "", 0, 0, 0},
+    {"log a FIFO", {"--steps", "2", "--log", "@fifo"}, "--log ", "", 0, 0, 0},
 };
 
 ParameterizedTestParameters(lm_train, bad_input_fails_cleanly)
@@ -1327,6 +1331,8 @@ ParameterizedTest(bad_case *bc, lm_train, bad_input_fails_cleanly, .timeout = 20
     char sub[256];
     path_in(sub, sizeof sub, "sub");
     cr_assert_eq(mkdir(sub, 0755), 0);
+    path_in(sub, sizeof sub, "fifo");
+    cr_assert_eq(mkfifo(sub, 0600), 0);
     if (bc->needs_ckpt) {
         result g = RUN("--steps", "1", "--save", "@good.st");
         assert_success(&g, "making good.st");

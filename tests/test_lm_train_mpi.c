@@ -668,6 +668,70 @@ Test(lm_train_mpi, an_evaluation_that_fails_after_training_saves_first)
     dp_test_result_free(&r);
 }
 
+// --- a signal before training ----------------------------------------------------------------
+
+/* Rank 1 starts 6 s late, so rank 0 waits for it in MPI_Init (setup):
+ * SIGTERM there ends rank 0 at once with 128 + 15, saying so, and the job
+ * with it, instead of being held (or killed without a word). */
+Test(lm_train_mpi, a_signal_while_starting_ends_the_rank_at_once)
+{
+    char late[64];
+    snprintf(late, sizeof late, "sleep 6; exec \"$0\" \"$@\"");
+    char *argv[2 * N_BASE + 40];
+    size_t argc = 0;
+    argv[argc++] = strdup(MPIEXEC_PATH);
+    for (int rank = 0; rank < 2; rank++) {
+        if (rank) argv[argc++] = strdup(":");
+        argv[argc++] = strdup("-n");
+        argv[argc++] = strdup("1");
+        if (rank) {
+            argv[argc++] = strdup("sh");
+            argv[argc++] = strdup("-c");
+            argv[argc++] = strdup(late);
+        }
+        argv[argc++] = strdup(LM_TRAIN_PATH);
+        for (size_t i = 0; i < N_BASE; i++) {
+            char p[256];
+            if (BASE[i][0] == '@') path_in(p, sizeof p, BASE[i] + 1);
+            argv[argc++] = strdup(BASE[i][0] == '@' ? p : BASE[i]);
+        }
+    }
+    argv[argc] = NULL;
+    char out_path[256], err_path[256];
+    path_in(out_path, sizeof out_path, "stdout.txt");
+    path_in(err_path, sizeof err_path, "stderr.txt");
+    pid_t pid = dp_test_spawn(argv, out_path, err_path);
+    dp_test_argv_free(argv, argc);
+    /* rank 0: the child that runs lm_train (rank 1 is still sh, sleeping) */
+    pid_t rank0 = 0;
+    for (int tries = 0; tries < 250 && !rank0; tries++) {
+        sleep_ms(20);
+        pid_t kids[16];
+        size_t n = children_of(pid, kids, 16);
+        for (size_t i = 0; i < n && !rank0; i++) {
+            char p[64], comm[64] = "";
+            snprintf(p, sizeof p, "/proc/%d/comm", (int)kids[i]);
+            FILE *f = fopen(p, "r");
+            if (f && fgets(comm, sizeof comm, f) && strncmp(comm, "lm_train", 8) == 0)
+                rank0 = kids[i];
+            if (f) fclose(f);
+        }
+    }
+    cr_assert_gt(rank0, 0, "rank 0 did not start");
+    sleep_ms(1000); /* into MPI_Init's wait for rank 1 */
+    double t0 = now_s();
+    kill(rank0, SIGTERM);
+    int st;
+    if (!wait_bounded(pid, 60, &st)) kill_job(pid, "the job did not end within 60 s");
+    double took = now_s() - t0;
+    result r = collect_ended(st);
+    cr_assert(!WIFEXITED(r.status) || WEXITSTATUS(r.status) != 0, "exit 0");
+    cr_assert(strstr(r.err, "lm_train: interrupted by SIGTERM before training began"),
+              "stderr:\n%s", r.err);
+    cr_assert_lt(took, 4.0, "the job ended %.1f s after the signal (rank 1 came at 5 s)", took);
+    dp_test_result_free(&r);
+}
+
 // --- a rank that stops answering ---------------------------------------------------------
 
 /* Rank 0 blocks writing its stdout (a FIFO nobody reads, its pipe shrunk

@@ -416,6 +416,45 @@ Test(lm_tokens, eval_only_needs_no_training_split)
     dp_test_result_free(&c);
 }
 
+/* A token file cut short while lm_train reads it through its mapping
+ * (SIGBUS at the next read past its new end): the run ends at once with
+ * status 1 and a message naming the data, not killed by the signal
+ * without a word. */
+Test(lm_tokens, a_token_file_cut_while_mapped_ends_the_run_naming_it)
+{
+    int32_t *ids = fixture_ids();
+    cr_assert_eq(mkdir(in_tmp("cut"), 0755), 0);
+    dp_test_write_raw(in_tmp("cut/train.bin"), ids, N_TRAIN);
+    dp_test_write_raw(in_tmp("cut/val.bin"), ids + N_TRAIN, N_VAL);
+    free(ids);
+    const char *args[] = {"--data", in_tmp("cut"), "--steps", "100000000", "--eval-interval",
+                          "10", "--save", in_tmp("ck.st")};
+    char *argv[N_BASE + 16];
+    size_t argc = dp_test_argv(argv, N_BASE + 16, 0, NULL, LM_TRAIN_PATH, BASE, N_BASE, args, 8,
+                               tmpdir);
+    char out[256], err[256];
+    snprintf(out, sizeof out, "%s/stdout.txt", tmpdir);
+    snprintf(err, sizeof err, "%s/stderr.txt", tmpdir);
+    pid_t pid = dp_test_spawn(argv, out, err);
+    dp_test_argv_free(argv, argc);
+    for (int seen = 0; !seen;) { /* training has begun (the test's timeout bounds it) */
+        size_t n;
+        char *t = (char *)dp_test_read_file(out, &n);
+        seen = t && strstr(t, "step 2/");
+        free(t);
+        int st;
+        cr_assert_eq(waitpid(pid, &st, WNOHANG), 0, "lm_train ended before training");
+    }
+    cr_assert_eq(truncate(in_tmp("cut/train.bin"), 0), 0);
+    result r = dp_test_collect(pid, out, err);
+    cr_assert(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 1, "status %d (killed by %d)",
+              r.status, WIFSIGNALED(r.status) ? WTERMSIG(r.status) : 0);
+    char want[300];
+    snprintf(want, sizeof want, "lm_train: a token file of --data %s was cut short", in_tmp("cut"));
+    cr_assert(strstr(r.err, want) && strstr(r.err, "(SIGBUS)"), "stderr:\n%s", r.err);
+    dp_test_result_free(&r);
+}
+
 /* A token directory's data are its *.bin files: a checkpoint kept beside
  * them is not one (only an output onto a .bin there is refused). */
 Test(lm_tokens, a_checkpoint_beside_the_token_files_is_not_an_input)

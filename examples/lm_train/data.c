@@ -92,6 +92,7 @@ static int load_tokens(run *r, const char *path)
 {
     const opts *o = &r->o; /* resolve_options set the vocabulary */
     size_t V = (size_t)o->vocab_size;
+    catch_bus_errors(r, path);
     if (dp_token_data_open(path, V, &r->data) != DP_OK) return cli_dp_fail("--data");
     if (o->tokenizer_file) {
         if (dp_tokenizer_load_llmc(o->tokenizer_file, &r->tok) != DP_OK)

@@ -90,7 +90,13 @@ typedef struct run {
 
 // --- signals (signals.c) ------------------------------------------------------------------
 
-void install_signal_handlers(int ranked);
+/* First thing in main: until run_signals, SIGINT/SIGTERM end the process
+ * at once with 128 + the signal's number. */
+void install_signal_handlers(void);
+/* After setup: the first signal stops the run after the current step. */
+void run_signals(int ranked);
+/* Before token files are mapped: SIGBUS names them (--data) and exits 1. */
+void catch_bus_errors(const run *r, const char *data);
 /* The first SIGINT/SIGTERM's number, 0 while none came. */
 int pending_signal(void);
 /* Signal sig arrived during evaluation or sampling: stop there; returns 1. */

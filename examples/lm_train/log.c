@@ -6,11 +6,14 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "lm_train.h"
 
@@ -41,6 +44,32 @@ void print_summary(const run *r, size_t k, const dp_engine_config *ec)
     printf("), batch %ld x %ld tokens\n", o->batch_size, o->context);
 }
 
+/* --log for writing, truncated: opened without blocking, so a FIFO is
+ * refused instead of waited on; a regular file or a character device
+ * (/dev/null). NULL after a message. */
+static FILE *open_log_file(const char *path)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NONBLOCK | O_CLOEXEC, 0666);
+    if (fd < 0) {
+        cli_fail("--log %s: %s", path, errno == ENXIO ? "a FIFO without a reader; give a regular "
+                 "file" : strerror(errno));
+        return NULL;
+    }
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !(S_ISREG(sb.st_mode) || S_ISCHR(sb.st_mode))) {
+        close(fd);
+        cli_fail("--log %s: not a regular file; give a regular file", path);
+        return NULL;
+    }
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    FILE *f = fdopen(fd, "w");
+    if (!f) {
+        close(fd);
+        cli_fail("--log %s: %s", path, strerror(errno));
+    }
+    return f;
+}
+
 /* Opens --log. A resumed run keeps the rows up to the checkpoint's step and
  * drops the later ones (written by the run that went past the checkpoint
  * before it stopped), so every step appears once; an unreadable row (a
@@ -49,12 +78,18 @@ static int open_log(run *r)
 {
     const char *path = r->o.log;
     if (!path) return 0;
-    if (!r->step) {
-        if (!(r->log = fopen(path, "w"))) return cli_fail("--log %s: %s", path, strerror(errno));
-        return 0;
+    if (!r->step) return (r->log = open_log_file(path)) ? 0 : 1;
+    /* The rows to keep: from a regular file only (a FIFO would block). */
+    struct stat sb;
+    FILE *in = NULL;
+    if (stat(path, &sb) == 0 && S_ISREG(sb.st_mode)) {
+        int fd = cli_open_input("--log", path);
+        if (fd < 0) return 1;
+        if (!(in = fdopen(fd, "r"))) {
+            close(fd);
+            return cli_fail("--log %s: %s", path, strerror(errno));
+        }
     }
-    FILE *in = fopen(path, "r");
-    if (!in && errno != ENOENT) return cli_fail("--log %s: %s", path, strerror(errno));
     char *kept = NULL;
     size_t kept_len = 0, dropped = 0, rows = 0;
     FILE *mem = in ? open_memstream(&kept, &kept_len) : NULL;
@@ -81,10 +116,10 @@ static int open_log(run *r)
         fclose(in);
         fclose(mem);
     }
-    r->log = fopen(path, "w");
+    r->log = open_log_file(path);
     if (!r->log) {
         free(kept);
-        return cli_fail("--log %s: %s", path, strerror(errno));
+        return 1;
     }
     if (kept_len) fwrite(kept, 1, kept_len, r->log);
     free(kept);

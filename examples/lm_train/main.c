@@ -16,7 +16,8 @@
  *
  * SIGINT / SIGTERM end the run after the current step: the checkpoint is
  * written (with --save), output flushed, and the exit status is 128 + the
- * signal's number; a second signal exits at once.
+ * signal's number; a second signal exits at once. Before training begins
+ * (setup) they end it at once, with the same status.
  *
  * Under an MPI launcher (mpirun -np R lm_train --devices cpu:K ...) the R
  * ranks train one model on R x K devices (dp/dist.h): every rank samples
@@ -86,6 +87,7 @@ static int finish(run *r, int rc)
 int main(int argc, char **argv)
 {
     cli_set_program("lm_train");
+    install_signal_handlers();
     run r;
     memset(&r, 0, sizeof r);
     r.saved_step = -1;
@@ -96,8 +98,8 @@ int main(int argc, char **argv)
     int pa = parse_args(argc, argv, &r.o);
     cli_set_quiet(0);
     if ((pa = compare_options(&r, pa))) return leave(&r, pa < 0 ? 0 : 2); /* -1: --help */
-    install_signal_handlers(r.rk.ranks > 1);
     int rc = setup(&r);
+    run_signals(r.rk.ranks > 1);
     if (!rc && r.o.eval_only) {
         rc = print_val_loss(&r, 0);
     } else if (!rc) {
