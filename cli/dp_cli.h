@@ -16,6 +16,7 @@
 #include <getopt.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <sys/types.h>
 
 #include <dp/dp.h>
 
@@ -130,9 +131,10 @@ int cli_ranks_agree_writes(cli_ranks *rk, int failed);
  * Returns 1. */
 int cli_ranks_engine_fail(cli_ranks *rk, dp_status s, const char *what);
 
-/* The end of a run under ranks: a broken job (some rank may wait in a
- * collective that will never complete) is aborted with status code (no
- * return), else the ranks leave together (dp_dist_close). */
+/* The end of a run under ranks: the ranks meet once more (bounded by
+ * rk->wait) and leave together (dp_dist_close); a broken job (some rank
+ * may wait in a collective that will never complete, or did not come) is
+ * aborted with status code instead (no return). */
 void cli_ranks_leave(cli_ranks *rk, int code);
 
 // --- the command line -----------------------------------------------------------------
@@ -265,6 +267,10 @@ int cli_check_output(const char *flag, const char *path);
  * regular file; returns its descriptor (blocking again, close-on-exec),
  * or -1 after one line naming flag and path. */
 int cli_open_input(const char *flag, const char *path);
+
+/* What a file of mode m is, in words: "a directory", "a FIFO", "a
+ * character device", ... ("not a regular file" for the rest). */
+const char *cli_file_kind(mode_t m);
 
 /* cli_open_input then closes it: the input can be read as a file. 0 or 1. */
 int cli_check_input(const char *flag, const char *path);

@@ -179,7 +179,7 @@ int cli_check_output(const char *flag, const char *path)
 
 // --- an input, without blocking ----------------------------------------------------------
 
-static const char *kind_of(mode_t m)
+const char *cli_file_kind(mode_t m)
 {
     return S_ISDIR(m)    ? "a directory"
            : S_ISFIFO(m) ? "a FIFO"
@@ -206,7 +206,7 @@ int cli_open_input(const char *flag, const char *path)
     }
     if (!S_ISREG(sb.st_mode)) {
         close(fd);
-        cli_fail("%s: \"%s\" is %s; give a regular file", flag, path, kind_of(sb.st_mode));
+        cli_fail("%s: \"%s\" is %s; give a regular file", flag, path, cli_file_kind(sb.st_mode));
         return -1;
     }
     int fl = fcntl(fd, F_GETFL);

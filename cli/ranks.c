@@ -107,6 +107,10 @@ int cli_ranks_engine_fail(cli_ranks *rk, dp_status s, const char *what)
 
 void cli_ranks_leave(cli_ranks *rk, int code)
 {
+    /* MPI_Finalize waits for every rank, without a bound: first a last
+     * bounded agreement, so a rank that never comes (stuck, stopped) ends
+     * the job instead of holding the others there. */
+    if (rk->ranks > 1 && !rk->broken) agree_within(rk, 0, rk->wait);
     if (rk->broken) {
         fflush(stdout);
         fflush(stderr);

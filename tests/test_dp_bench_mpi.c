@@ -63,19 +63,25 @@ static const char *const BASE[] = {"--vocab", "64", "--context", "16", "--batch-
                                    "--steps", "2",  "--warmup",  "1"};
 #define N_BASE (sizeof BASE / sizeof BASE[0])
 
-/* dp_bench with BASE then args, under `mpiexec -n ranks` when ranks > 0;
- * '@x' is tmpdir/x. */
-static dp_test_result run_bench(int ranks, const char *const *args, size_t n)
+/* Runs argv[0..argc) (then freed), stdout and stderr read back from
+ * tmpdir. */
+static dp_test_result run_argv(char **argv, size_t argc)
 {
-    char *argv[64];
-    size_t argc = dp_test_argv(argv, 64, ranks, MPIEXEC_PATH, DP_BENCH_PATH, BASE, N_BASE, args,
-                               n, tmpdir);
     char out[256], err[256];
     snprintf(out, sizeof out, "%s/stdout.txt", tmpdir);
     snprintf(err, sizeof err, "%s/stderr.txt", tmpdir);
     dp_test_result r = dp_test_collect(dp_test_spawn(argv, out, err), out, err);
     dp_test_argv_free(argv, argc);
     return r;
+}
+
+/* dp_bench with BASE then args, under `mpiexec -n ranks` when ranks > 0;
+ * '@x' is tmpdir/x. */
+static dp_test_result run_bench(int ranks, const char *const *args, size_t n)
+{
+    char *argv[64];
+    return run_argv(argv, dp_test_argv(argv, 64, ranks, MPIEXEC_PATH, DP_BENCH_PATH, BASE, N_BASE,
+                                       args, n, tmpdir));
 }
 
 #define ARGS_(...)                                                                         \
@@ -239,14 +245,9 @@ Test(dp_bench_mpi, unwritable_output_fails_before_the_first_step)
 static dp_test_result run_mpmd(const char *const *a, size_t na, const char *const *b, size_t nb)
 {
     char *argv[2 * N_BASE + 40];
-    size_t argc = dp_test_argv_mpmd(argv, 2 * N_BASE + 40, MPIEXEC_PATH, DP_BENCH_PATH, BASE,
-                                    N_BASE, a, na, b, nb, tmpdir);
-    char out[256], err[256];
-    snprintf(out, sizeof out, "%s/stdout.txt", tmpdir);
-    snprintf(err, sizeof err, "%s/stderr.txt", tmpdir);
-    dp_test_result r = dp_test_collect(dp_test_spawn(argv, out, err), out, err);
-    dp_test_argv_free(argv, argc);
-    return r;
+    const dp_test_rank_cmd rk[2] = {{NULL, 0, a, na}, {NULL, 0, b, nb}};
+    return run_argv(argv, dp_test_argv_mpmd(argv, 2 * N_BASE + 40, MPIEXEC_PATH, DP_BENCH_PATH,
+                                            BASE, N_BASE, rk, tmpdir));
 }
 
 /* Both ranks fail naming the first option that differs, before any step. */

@@ -430,12 +430,8 @@ Test(dp_tokenize, failed_write_leaves_the_old_output)
     size_t len;
     write_large(in_tmp("large.txt"), &len);
     dp_test_write_file(in_tmp("out.bin"), "old", 3);
-    struct rlimit old, lim;
-    cr_assert_eq(getrlimit(RLIMIT_FSIZE, &old), 0);
-    lim = old;
-    lim.rlim_cur = 256 << 10;
-    signal(SIGXFSZ, SIG_IGN);
-    cr_assert_eq(setrlimit(RLIMIT_FSIZE, &lim), 0);
+    struct rlimit old;
+    dp_test_limit_file_size(256 << 10, &old);
     result r = RUN("--tokenizer-file", tok_json, "--out", "@out.bin", "@large.txt");
     cr_assert_eq(setrlimit(RLIMIT_FSIZE, &old), 0);
     cr_assert(WIFEXITED(r.status) && WEXITSTATUS(r.status) != 0, "stderr: %s", r.err);

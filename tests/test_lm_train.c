@@ -1170,12 +1170,8 @@ Test(lm_train, a_log_that_cannot_be_written_stops_the_run_after_saving)
  * fails naming the log. */
 Test(lm_train, a_log_cut_by_a_full_disk_stops_the_run_after_saving)
 {
-    struct rlimit old, lim;
-    cr_assert_eq(getrlimit(RLIMIT_FSIZE, &old), 0);
-    lim = old;
-    lim.rlim_cur = 64 << 10;
-    signal(SIGXFSZ, SIG_IGN);
-    cr_assert_eq(setrlimit(RLIMIT_FSIZE, &lim), 0);
+    struct rlimit old;
+    dp_test_limit_file_size(64 << 10, &old);
     result r = RUN("--steps", "400", "--log", "@run.jsonl", "--save", "@ck.st");
     cr_assert_eq(setrlimit(RLIMIT_FSIZE, &old), 0);
     cr_assert(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 1, "status %d; stderr:\n%s",

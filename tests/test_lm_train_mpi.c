@@ -110,20 +110,33 @@ static const char *const BASE[] = {"--data", "@corpus.txt", "--layers", "1", "--
                                    "--sample", "0", "--eval-iters", "1"};
 #define N_BASE (sizeof BASE / sizeof BASE[0])
 
-/* Starts lm_train with BASE and extra[0..n), under `mpiexec -n ranks`
- * when ranks > 0; an argument starting with '@' names a file in tmpdir.
- * stdout and stderr go to stdout.txt and stderr.txt there. */
-static pid_t spawn_lm(int ranks, const char *const *extra, size_t n)
+/* Starts argv[0..argc) (then freed), stdout and stderr to stdout.txt and
+ * stderr.txt in tmpdir. */
+static pid_t spawn_argv(char **argv, size_t argc)
 {
-    char *argv[N_BASE + 40];
-    size_t argc = dp_test_argv(argv, N_BASE + 40, ranks, MPIEXEC_PATH, LM_TRAIN_PATH, BASE, N_BASE,
-                               extra, n, tmpdir);
     char out_path[256], err_path[256];
     path_in(out_path, sizeof out_path, "stdout.txt");
     path_in(err_path, sizeof err_path, "stderr.txt");
     pid_t pid = dp_test_spawn(argv, out_path, err_path);
     dp_test_argv_free(argv, argc);
     return pid;
+}
+
+/* Starts lm_train with BASE and extra[0..n), under `mpiexec -n ranks`
+ * when ranks > 0; an argument starting with '@' names a file in tmpdir. */
+static pid_t spawn_lm(int ranks, const char *const *extra, size_t n)
+{
+    char *argv[N_BASE + 40];
+    return spawn_argv(argv, dp_test_argv(argv, N_BASE + 40, ranks, MPIEXEC_PATH, LM_TRAIN_PATH,
+                                         BASE, N_BASE, extra, n, tmpdir));
+}
+
+/* Starts a job of two ranks, each lm_train with BASE as rk[r] says. */
+static pid_t spawn_ranks(const dp_test_rank_cmd rk[2])
+{
+    char *argv[2 * N_BASE + 60];
+    return spawn_argv(argv, dp_test_argv_mpmd(argv, 2 * N_BASE + 60, MPIEXEC_PATH, LM_TRAIN_PATH,
+                                              BASE, N_BASE, rk, tmpdir));
 }
 
 static result collect(pid_t pid)
@@ -464,30 +477,43 @@ Test(lm_train_mpi, sigterm_to_every_rank_saves_once) { signal_saves(0); }
 Test(lm_train_mpi, sigterm_to_one_rank_stops_both_and_saves) { signal_saves(1); }
 Test(lm_train_mpi, sigterm_to_mpiexec_saves) { signal_saves(2); }
 
-/* SIGKILL to one rank (either): mpiexec notices, ends the other rank and
- * exits non-zero within 60 s; no rank is left waiting in a collective. */
-static void killed_rank_ends_the_job(size_t which)
+/* Signal sig to rank `which` in the middle of training (the job runs
+ * --watchdog watchdog): the job must end within 60 s, non-zero. Returns
+ * its outputs; *other is the other rank's process. */
+static result rank_signalled(size_t which, int sig, const char *watchdog, pid_t *other)
 {
     pid_t pid = spawn_lm(2, ARGS_("--devices", "cpu:1", "--steps", "100000000", "--eval-interval",
-                                  "100000000"));
+                                  "100000000", "--watchdog", watchdog));
     wait_for_progress(pid);
     pid_t ranks[16];
     size_t n = children_of(pid, ranks, 16);
     cr_assert_eq(n, 2, "mpiexec has %zu children, not the 2 ranks", n);
+    *other = ranks[1 - which];
     double t0 = now_s();
-    kill(ranks[which], SIGKILL);
+    kill(ranks[which], sig);
     int st;
-    if (!wait_bounded(pid, 60, &st)) kill_job(pid, "the job did not end within 60 s of SIGKILL");
+    int ended = wait_bounded(pid, 60, &st);
+    if (sig == SIGSTOP) kill(ranks[which], SIGCONT);
+    if (!ended) kill_job(pid, "the job did not end within 60 s of the signal to one rank");
     double took = now_s() - t0;
     result r = collect_ended(st);
     cr_assert(!WIFEXITED(r.status) || WEXITSTATUS(r.status) != 0, "mpiexec exited 0; stderr:\n%s",
               r.err);
-    cr_log_info("mpiexec ended %.1f s after SIGKILL of one rank; stderr:\n%s", took, r.err);
+    cr_log_info("mpiexec ended %.1f s after signal %d to rank %zu; stderr:\n%s", took, sig, which,
+                r.err);
+    return r;
+}
+
+/* SIGKILL to one rank (either): mpiexec notices, ends the other rank and
+ * exits non-zero within 60 s; no rank is left waiting in a collective. */
+static void killed_rank_ends_the_job(size_t which)
+{
+    pid_t other = 0;
+    result r = rank_signalled(which, SIGKILL, "0", &other);
     /* The other rank is gone too (mpiexec may exit while its SIGKILL is
      * still taking the process down). */
-    for (int i = 0; i < 250 && running(ranks[1 - which]); i++) sleep_ms(20);
-    cr_assert(!running(ranks[1 - which]), "rank process %d outlived mpiexec by 5 s",
-              (int)ranks[1 - which]);
+    for (int i = 0; i < 250 && running(other); i++) sleep_ms(20);
+    cr_assert(!running(other), "rank process %d outlived mpiexec by 5 s", (int)other);
     dp_test_result_free(&r);
 }
 
@@ -504,15 +530,8 @@ static pid_t spawn_mpmd(const char (*a)[32], const char (*b)[32])
     size_t na = 0, nb = 0;
     while (na < 8 && a[na][0]) ra[na] = a[na], na++;
     while (nb < 8 && b[nb][0]) rb[nb] = b[nb], nb++;
-    char *argv[2 * N_BASE + 40];
-    size_t argc = dp_test_argv_mpmd(argv, 2 * N_BASE + 40, MPIEXEC_PATH, LM_TRAIN_PATH, BASE,
-                                    N_BASE, ra, na, rb, nb, tmpdir);
-    char out_path[256], err_path[256];
-    path_in(out_path, sizeof out_path, "stdout.txt");
-    path_in(err_path, sizeof err_path, "stderr.txt");
-    pid_t pid = dp_test_spawn(argv, out_path, err_path);
-    dp_test_argv_free(argv, argc);
-    return pid;
+    const dp_test_rank_cmd rk[2] = {{NULL, 0, ra, na}, {NULL, 0, rb, nb}};
+    return spawn_ranks(rk);
 }
 
 typedef struct differ_case {
@@ -675,33 +694,9 @@ Test(lm_train_mpi, an_evaluation_that_fails_after_training_saves_first)
  * with it, instead of being held (or killed without a word). */
 Test(lm_train_mpi, a_signal_while_starting_ends_the_rank_at_once)
 {
-    char late[64];
-    snprintf(late, sizeof late, "sleep 6; exec \"$0\" \"$@\"");
-    char *argv[2 * N_BASE + 40];
-    size_t argc = 0;
-    argv[argc++] = strdup(MPIEXEC_PATH);
-    for (int rank = 0; rank < 2; rank++) {
-        if (rank) argv[argc++] = strdup(":");
-        argv[argc++] = strdup("-n");
-        argv[argc++] = strdup("1");
-        if (rank) {
-            argv[argc++] = strdup("sh");
-            argv[argc++] = strdup("-c");
-            argv[argc++] = strdup(late);
-        }
-        argv[argc++] = strdup(LM_TRAIN_PATH);
-        for (size_t i = 0; i < N_BASE; i++) {
-            char p[256];
-            if (BASE[i][0] == '@') path_in(p, sizeof p, BASE[i] + 1);
-            argv[argc++] = strdup(BASE[i][0] == '@' ? p : BASE[i]);
-        }
-    }
-    argv[argc] = NULL;
-    char out_path[256], err_path[256];
-    path_in(out_path, sizeof out_path, "stdout.txt");
-    path_in(err_path, sizeof err_path, "stderr.txt");
-    pid_t pid = dp_test_spawn(argv, out_path, err_path);
-    dp_test_argv_free(argv, argc);
+    const char *pre[] = {"sh", "-c", "sleep 6; exec \"$0\" \"$@\""};
+    const dp_test_rank_cmd rk[2] = {{NULL, 0, NULL, 0}, {pre, 3, NULL, 0}};
+    pid_t pid = spawn_ranks(rk);
     /* rank 0: the child that runs lm_train (rank 1 is still sh, sleeping) */
     pid_t rank0 = 0;
     for (int tries = 0; tries < 250 && !rank0; tries++) {
@@ -748,32 +743,12 @@ Test(lm_train_mpi, a_rank_stuck_between_steps_ends_the_job_after_the_watchdog)
     fcntl(rd, F_SETPIPE_SZ, 4096);
     char redirect[300];
     snprintf(redirect, sizeof redirect, "exec \"$0\" \"$@\" > %s", fifo);
-    const char *a[] = {"sh", "-c", redirect};
-    char *argv[2 * N_BASE + 40];
-    size_t argc = 0;
-    argv[argc++] = strdup(MPIEXEC_PATH);
-    for (int rank = 0; rank < 2; rank++) {
-        if (rank) argv[argc++] = strdup(":");
-        argv[argc++] = strdup("-n");
-        argv[argc++] = strdup("1");
-        for (size_t i = 0; rank == 0 && i < 3; i++) argv[argc++] = strdup(a[i]);
-        argv[argc++] = strdup(LM_TRAIN_PATH);
-        const char *extra[] = {"--devices", "cpu:1", "--steps", "100000000", "--eval-interval",
-                               "10", "--watchdog", "3"};
-        for (size_t i = 0; i < N_BASE + 8; i++) {
-            const char *x = i < N_BASE ? BASE[i] : extra[i - N_BASE];
-            char p[256];
-            if (x[0] == '@') path_in(p, sizeof p, x + 1);
-            argv[argc++] = strdup(x[0] == '@' ? p : x);
-        }
-    }
-    argv[argc] = NULL;
-    char out_path[256], err_path[256];
-    path_in(out_path, sizeof out_path, "stdout.txt");
-    path_in(err_path, sizeof err_path, "stderr.txt");
+    const char *pre[] = {"sh", "-c", redirect};
+    const char *extra[] = {"--devices", "cpu:1", "--steps", "100000000", "--eval-interval", "10",
+                           "--watchdog", "3"};
+    const dp_test_rank_cmd rk[2] = {{pre, 3, extra, 8}, {NULL, 0, extra, 8}};
     double t0 = now_s();
-    pid_t pid = dp_test_spawn(argv, out_path, err_path);
-    dp_test_argv_free(argv, argc);
+    pid_t pid = spawn_ranks(rk);
     int st;
     if (!wait_bounded(pid, 60, &st)) {
         close(rd);
@@ -793,29 +768,11 @@ Test(lm_train_mpi, a_rank_stuck_between_steps_ends_the_job_after_the_watchdog)
  * the other rank gives up within a few watchdog periods, wherever it was
  * waiting (the engine's exchanges or the agreement between steps), and
  * the job ends. */
-static void stopped_rank_ends_the_job(size_t which)
+Test(lm_train_mpi, a_stopped_rank_ends_the_job_after_the_watchdog)
 {
-    pid_t pid = spawn_lm(2, ARGS_("--devices", "cpu:1", "--steps", "100000000", "--eval-interval",
-                                  "100000000", "--watchdog", "3"));
-    wait_for_progress(pid);
-    pid_t ranks[16];
-    size_t n = children_of(pid, ranks, 16);
-    cr_assert_eq(n, 2, "mpiexec has %zu children, not the 2 ranks", n);
-    double t0 = now_s();
-    kill(ranks[which], SIGSTOP);
-    int st;
-    int ended = wait_bounded(pid, 60, &st);
-    kill(ranks[which], SIGCONT);
-    if (!ended) kill_job(pid, "the job did not end within 60 s of SIGSTOP to one rank");
-    double took = now_s() - t0;
-    result r = collect_ended(st);
-    cr_log_info("the job ended %.1f s after SIGSTOP of rank %zu; stderr:\n%s", took, which,
-                r.err);
-    cr_assert(!WIFEXITED(r.status) || WEXITSTATUS(r.status) != 0, "exit 0:\n%s", r.err);
-    char who[64];
-    snprintf(who, sizeof who, "lm_train: rank %zu: ", 1 - which);
-    cr_assert(strstr(r.err, who) && strstr(r.err, "waited 3 s"), "stderr:\n%s", r.err);
+    pid_t other = 0;
+    result r = rank_signalled(1, SIGSTOP, "3", &other);
+    cr_assert(strstr(r.err, "lm_train: rank 0: ") && strstr(r.err, "waited 3 s"), "stderr:\n%s",
+              r.err);
     dp_test_result_free(&r);
 }
-
-Test(lm_train_mpi, a_stopped_rank_ends_the_job_after_the_watchdog) { stopped_rank_ends_the_job(1); }

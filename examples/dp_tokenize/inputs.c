@@ -23,11 +23,6 @@
 
 #define WINDOW ((size_t)1 << 20)
 
-static const char *kind_of(mode_t m)
-{
-    return S_ISDIR(m) ? "a directory" : S_ISFIFO(m) ? "a FIFO" : S_ISCHR(m) ? "a character device"
-           : S_ISBLK(m) ? "a block device" : S_ISSOCK(m) ? "a socket" : "not a regular file";
-}
 
 /* The files the tokenizer is read from: --tokenizer-file (for a
  * directory, the tokenizer.json, encoder.json and vocab.bpe it may hold),
@@ -61,7 +56,7 @@ int tok_check_inputs(const tok_options *o, size_t *total_bytes)
             // The atomic writer renames over it: only ever replace a regular file.
             if (!S_ISREG(out_sb.st_mode))
                 return tok_fail("--out '%s' is %s: it must be a regular file or not exist yet",
-                                o->out, kind_of(out_sb.st_mode));
+                                o->out, cli_file_kind(out_sb.st_mode));
         } else if (errno != ENOENT) {
             return tok_fail("cannot use --out '%s': %s", o->out, strerror(errno));
         }
@@ -72,7 +67,7 @@ int tok_check_inputs(const tok_options *o, size_t *total_bytes)
         if (stat(p, &sb) != 0) return tok_fail("cannot read '%s': %s", p, strerror(errno));
         if (!S_ISREG(sb.st_mode))
             return tok_fail("'%s' is %s: each INPUT must be a regular file of text", p,
-                            kind_of(sb.st_mode));
+                            cli_file_kind(sb.st_mode));
         *total_bytes += (size_t)sb.st_size;
     }
     // --out must be none of the files read (device and inode, or the resolved path).
