@@ -203,7 +203,10 @@ void log_row(run *r, const dp_step_stats *st, double lr)
  * saves and stops (train.c) or fails at its end (main.c). */
 int check_written(run *r)
 {
-    if (r->write_failed || r->rk.rank != 0) return r->write_failed;
+    /* Under ranks a signal made stdout non-blocking on purpose (signals.c):
+     * a write it refuses then is no failure; the run stops for the signal. */
+    if (r->write_failed || r->rk.rank != 0 || (r->rk.ranks > 1 && pending_signal()))
+        return r->write_failed;
     char what[300];
     snprintf(what, sizeof what, "--log %s", r->o.log ? r->o.log : "");
     r->write_failed = cli_check_stream(stdout, "standard output") ||
