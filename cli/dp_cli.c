@@ -1,9 +1,10 @@
 /*
  * cli/dp_cli.c - the command-line helpers of cli/dp_cli.h: one-line
- * errors prefixed with the program's name, rank glue under an MPI
- * launcher, strict number and option-value parsing for getopt_long, and a
- * monotonic clock. This file owns the two pieces of state the programs
- * share: the name messages start with and whether they are printed.
+ * errors prefixed with the program's name, strict number and option-value
+ * parsing for getopt_long, the options as given (normalised, so the ranks
+ * can compare them), and a monotonic clock. This file owns the state the
+ * programs share: the name messages start with, the rank they name,
+ * whether they are printed, the last one, and the options last parsed.
  */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include "dp_cli.h"
@@ -18,13 +19,18 @@
 #include <string.h>
 #include <time.h>
 
+#include "cli_internal.h"
+
 // --- the program's name and quiet flag ---------------------------------------------
 
 /* What each message starts with: the program's name, and under a launcher
- * its rank ("lm_train: rank 1"). */
+ * with ranks its rank (cli_set_rank: "lm_train: rank 1"). */
 static char prog[64] = "dp";
+static int rank_tag = -1;
 /* When set, cli_fail prints nothing (and still returns 1). */
 static int quiet;
+/* The last message's text, printed or not (cli_last_message). */
+static char last_msg[2048];
 
 void cli_set_program(const char *name)
 {
@@ -35,74 +41,36 @@ void cli_set_program(const char *name)
 
 const char *cli_program(void) { return prog; }
 
+void cli_set_rank(int rank) { rank_tag = rank; }
+
 void cli_set_quiet(int on) { quiet = on != 0; }
 
 int cli_is_quiet(void) { return quiet; }
 
+const char *cli_last_message(void) { return last_msg; }
+
 // --- messages -----------------------------------------------------------------------
+
+void cli_print_line(const char *text)
+{
+    /* One write per message, so the lines of several processes (ranks
+     * under mpirun) do not interleave. */
+    char tag[32] = "";
+    if (rank_tag >= 0) snprintf(tag, sizeof tag, "rank %d: ", rank_tag);
+    fprintf(stderr, "%s: %s%s\n", prog, tag, text);
+}
 
 int cli_fail(const char *fmt, ...)
 {
-    if (quiet) return 1;
-    /* One write per message, so the lines of several processes (ranks
-     * under mpirun) do not interleave. */
-    char msg[2048];
     va_list ap;
     va_start(ap, fmt);
-    int n = snprintf(msg, sizeof msg, "%s: ", prog);
-    if (n >= 0 && (size_t)n < sizeof msg) vsnprintf(msg + n, sizeof msg - (size_t)n, fmt, ap);
+    vsnprintf(last_msg, sizeof last_msg, fmt, ap);
     va_end(ap);
-    fprintf(stderr, "%s\n", msg);
+    if (!quiet) cli_print_line(last_msg);
     return 1;
 }
 
 int cli_dp_fail(const char *what) { return cli_fail("%s: %s", what, dp_last_error()); }
-
-// --- ranks --------------------------------------------------------------------------
-
-int cli_ranks_agree(cli_ranks *rk, int failed)
-{
-    if (rk->ranks <= 1) return failed;
-    dp_status local = failed ? dp_set_error(DP_ERR_ABORTED, "failed") : DP_OK;
-    dp_status s = dp_dist_agree(rk->dist, local);
-    if (s == DP_OK) return 0;
-    if (s != DP_ERR_ABORTED) {
-        rk->broken = 1;
-        cli_dp_fail("agreement between the ranks");
-    }
-    return 1;
-}
-
-int cli_ranks_engine_fail(cli_ranks *rk, dp_status s, const char *what)
-{
-    if (rk->ranks > 1 && (s == DP_ERR_COMM || s == DP_ERR_TIMEOUT)) {
-        rk->broken = 1;
-        return cli_dp_fail(what);
-    }
-    return CLI_AGREED_FAIL(rk, "%s: %s", what, dp_last_error());
-}
-
-int cli_ranks_join(cli_ranks *rk, int *argc, char ***argv)
-{
-    rk->dist = NULL;
-    rk->rank = 0;
-    rk->ranks = 1;
-    rk->broken = 0;
-    if (dp_dist_launched_size() <= 1) return 0;
-    if (dp_dist_open(argc, argv, &rk->dist) != DP_OK) return cli_dp_fail("joining the ranks");
-    rk->rank = dp_dist_rank(rk->dist);
-    rk->ranks = dp_dist_size(rk->dist);
-    if (rk->ranks == 1) return 0;
-    char ranked[sizeof prog + 32];
-    snprintf(ranked, sizeof ranked, "%s: rank %d", prog, rk->rank);
-    cli_set_program(ranked);
-    if (rk->rank > 0 && !freopen("/dev/null", "w", stdout)) {
-        /* Collective outcome: a rank that cannot silence its stdout stops them all. */
-        cli_fail("cannot send stdout to /dev/null: %s", strerror(errno));
-        return cli_ranks_agree(rk, 1), 1;
-    }
-    return cli_ranks_agree(rk, 0);
-}
 
 // --- option values ------------------------------------------------------------------
 
@@ -302,17 +270,82 @@ unsigned cli_gpt_flags(const cli_compute *cp)
 
 // --- the command line -----------------------------------------------------------------
 
+/* The options last parsed, normalised (cli_options_text). */
+static char *opts_text;
+
+/* Appends "--name[ value]\n" to the buffer at *t (len *n), the value's
+ * newlines and backslashes escaped. 0, or 1 when memory ran out. */
+static int text_add(char **t, size_t *n, const char *name, const char *v)
+{
+    size_t need = strlen(name) + 4 + (v ? 2 * strlen(v) : 0);
+    char *b = realloc(*t, *n + need + 1);
+    if (!b) return 1;
+    *t = b;
+    *n += (size_t)sprintf(b + *n, "--%s", name);
+    if (v) {
+        b[(*n)++] = ' ';
+        for (const char *p = v; *p; p++) {
+            if (*p == '\n' || *p == '\\') b[(*n)++] = '\\';
+            b[(*n)++] = *p == '\n' ? 'n' : *p;
+        }
+    }
+    b[(*n)++] = '\n';
+    b[*n] = '\0';
+    return 0;
+}
+
+/* Builds opts_text from what getopt_long returned: seen[i] (and the
+ * value last[i]) for the first table entry i of each code. */
+static int build_text(const struct option *longopts, size_t n_opts, const char *const *last,
+                      const unsigned char *seen)
+{
+    free(opts_text);
+    opts_text = NULL;
+    char *t = calloc(1, 1);
+    size_t len = 0;
+    if (!t) return 1;
+    for (size_t i = 0; i < n_opts; i++)
+        if (seen[i] && text_add(&t, &len, longopts[i].name, longopts[i].has_arg ? last[i] : NULL)) {
+            free(t);
+            return 1;
+        }
+    opts_text = t;
+    return 0;
+}
+
+const char *cli_options_text(void) { return opts_text ? opts_text : ""; }
+
 int cli_parse_options(int argc, char **argv, const struct option *longopts, int name_no_value,
                       cli_compute *cp, int (*handle)(void *ctx, int c, const char *v), void *ctx)
 {
-    opterr = 0;
-    int c;
-    /* The leading ':' makes a missing value return ':' rather than '?'. */
-    while ((c = getopt_long(argc, argv, ":", longopts, NULL)) != -1) {
-        int rc = c == ':' || c == '?' ? CLI_NOT_MINE : handle(ctx, c, optarg);
-        if (rc == CLI_NOT_MINE) rc = compute_option(c, optarg, argv, cp, name_no_value);
-        if (rc) return rc;
+    size_t n_opts = 0;
+    while (longopts[n_opts].name) n_opts++;
+    const char **last = calloc(n_opts + 1, sizeof *last);
+    unsigned char *seen = calloc(n_opts + 1, 1);
+    if (!last || !seen) {
+        free(last);
+        free(seen);
+        return cli_fail("out of host memory parsing the command line");
     }
+    opterr = 0;
+    int c, rc = 0;
+    /* The leading ':' makes a missing value return ':' rather than '?'. */
+    while (!rc && (c = getopt_long(argc, argv, ":", longopts, NULL)) != -1) {
+        /* The first table entry of the code names it: aliases read alike. */
+        size_t i = 0;
+        while (i < n_opts && longopts[i].val != c) i++;
+        if (i < n_opts) {
+            seen[i] = 1;
+            last[i] = optarg;
+        }
+        rc = c == ':' || c == '?' ? CLI_NOT_MINE : handle(ctx, c, optarg);
+        if (rc == CLI_NOT_MINE) rc = compute_option(c, optarg, argv, cp, name_no_value);
+    }
+    if (build_text(longopts, n_opts, last, seen) && !rc)
+        rc = cli_fail("out of host memory parsing the command line");
+    free(last);
+    free(seen);
+    if (rc) return rc;
     if (optind < argc) return cli_fail("unexpected argument \"%s\" (see --help)", argv[optind]);
     return 0;
 }

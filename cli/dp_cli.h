@@ -1,15 +1,22 @@
 /*
  * cli/dp_cli.h - command-line helpers shared by the programs in examples/
- * and bench/ (the dp_cli static library, cli/dp_cli.c): a one-line error
- * on stderr prefixed with the program's name, rank glue under an MPI
- * launcher, strict number parsing for getopt_long values, and a monotonic
- * clock. Call cli_set_program first thing in main.
+ * and bench/ (the dp_cli static library): a one-line error on stderr
+ * prefixed with the program's name (cli/dp_cli.c), strict number parsing
+ * for getopt_long values and the options as given, normalised
+ * (cli/dp_cli.c), rank glue under an MPI launcher: the options compared
+ * when the ranks join, waits bounded (cli/ranks.c), the files a program
+ * reads and writes: the same file refused twice, outputs checked before
+ * any work, inputs opened without blocking, streams checked after
+ * writing (cli/files.c), and a monotonic clock. Call cli_set_program
+ * first thing in main.
  */
 #ifndef DP_CLI_H
 #define DP_CLI_H
 
 #include <getopt.h>
 #include <stddef.h>
+#include <stdio.h>
+#include <sys/types.h>
 
 #include <dp/dp.h>
 
@@ -26,39 +33,92 @@
 void cli_set_program(const char *name);
 const char *cli_program(void);
 
-/* When on, cli_fail prints nothing (and still returns 1): under mpirun,
- * ranks other than 0 meeting an error every rank meets alike (a bad
- * command line) leave the one message to rank 0. Off by default. */
+/* When on, cli_fail prints nothing (and still returns 1; the message is
+ * kept: cli_last_message): the programs parse their command line quietly
+ * and print once the ranks have compared it (cli_ranks_options). Off by
+ * default. */
 void cli_set_quiet(int on);
 int cli_is_quiet(void);
 
 // --- messages -----------------------------------------------------------------------
 
-/* Prints "<program>: <message>" as one line on stderr; returns 1. */
+/* Prints "<program>: <message>" as one line on stderr ("<program>: rank
+ * r: <message>" under a launcher with ranks); returns 1. */
 int cli_fail(const char *fmt, ...) CLI_PRINTF(1, 2);
 
 /* cli_fail with dp's last error message after `what`. */
 int cli_dp_fail(const char *what);
 
-// --- ranks --------------------------------------------------------------------------
+/* The last message cli_fail formatted (printed or not), without the
+ * program's prefix; "" before the first. */
+const char *cli_last_message(void);
+
+// --- ranks (cli/ranks.c) ----------------------------------------------------------------
+
+/* How long a rank waits for the others when no --watchdog bounds it: 10
+ * minutes. A healthy job's ranks meet within seconds of each other (they
+ * make the same calls on the same data), and the waits that rank 0's own
+ * work makes the others wait through (writing a checkpoint of a few GB,
+ * dp_bench's plots) take a few minutes at most; a rank stopped or stuck
+ * should not hold a job's machines for hours. */
+#define CLI_RANKS_WAIT_DEFAULT_S 600
+#define CLI_RANKS_WAIT_DEFAULT ((double)CLI_RANKS_WAIT_DEFAULT_S)
 
 /* Ranks under an MPI launcher (dp/dist.h), as lm_train and dp_bench use them. */
 typedef struct cli_ranks {
     dp_dist *dist; /* NULL without a launcher */
     int rank, ranks;
     int broken; /* the ranks may no longer agree: the job must end (dp_dist_abort) */
+    double wait; /* seconds any wait between the ranks may last (cli_ranks_set_wait) */
 } cli_ranks;
 
 /* Under a launcher with more than one rank: joins the job; ranks other
  * than 0 send stdout to /dev/null and every rank's messages name it
- * ("prog: rank 1: ..."). Without a launcher: one rank, nothing opened.
- * Sets every field of rk first. Returns 0, or 1 after a message. */
+ * ("prog: rank 1: ..."). Makes no collective call: a failure here is
+ * carried to the first one, cli_ranks_options. Without a launcher: one
+ * rank, nothing opened. Sets every field of rk first (wait: the
+ * default). Returns 0, or 1 after a message (the job could not be
+ * joined). */
 int cli_ranks_join(cli_ranks *rk, int *argc, char ***argv);
+
+/* The bound of every wait between the ranks: watchdog seconds when > 0,
+ * else CLI_RANKS_WAIT_DEFAULT. */
+void cli_ranks_set_wait(cli_ranks *rk, double watchdog);
+
+/* The first collective call, every rank's, right after parsing:
+ * `parsed` is what parsing returned (0 go on, 1 refused: its message was
+ * kept quietly, -1 stopped quietly as after --help). Rank 0's options as
+ * given (cli_options_text, without the options named in per_rank, a
+ * NULL-terminated list such as {"--devices", NULL}: what may differ
+ * between ranks) are compared with every rank's. When they differ, every
+ * rank fails with the same line, naming the first option that differs
+ * ("rank 1's options differ from rank 0's: --steps is 2 on rank 1, 1 on
+ * rank 0"), and a rank that refused its command line alone is named with
+ * its message; when they are the same, rank 0 alone prints a refusal
+ * (every rank refused alike). One rank: prints a refusal. Bounded by
+ * rk->wait. Returns 0 (go on), 1 (after a message) or -1 (stop, as
+ * --help: exit 0). */
+int cli_ranks_options(cli_ranks *rk, int parsed, const char *const *per_rank);
 
 /* Agreement on this rank's outcome of work only some ranks do, or that
  * may fail on one rank alone: 0 when every rank succeeded, else 1 (the
- * failing rank printed why; the others stay silent). One process: failed. */
+ * failing rank printed why; the others stay silent). Bounded by
+ * rk->wait. One process: failed. */
 int cli_ranks_agree(cli_ranks *rk, int failed);
+
+/* Agreement on an outcome every rank should meet alike, computed from
+ * the options (the same on every rank: cli_ranks_options) with messages
+ * kept quietly (cli_set_quiet): 0 when every rank succeeded, else 1 after
+ * one message: rank 0's when it failed (the ranks failed alike), else
+ * each failing rank's own. Bounded by rk->wait. One process: prints
+ * the kept message when failed. */
+int cli_ranks_agree_alike(cli_ranks *rk, int failed);
+
+/* cli_ranks_agree after work rank 0 does alone while the others wait
+ * (writing a checkpoint, a trace, dp_bench's outputs): bounded by the
+ * larger of rk->wait and CLI_RANKS_WAIT_DEFAULT, since a file's writing
+ * time does not follow the steps' pace that --watchdog is set for. */
+int cli_ranks_agree_writes(cli_ranks *rk, int failed);
 
 /* An error every rank meets alike (an engine call's, agreed inside the
  * engine, or one the ranks agreed on): rank 0 prints it; returns 1. */
@@ -70,6 +130,12 @@ int cli_ranks_agree(cli_ranks *rk, int failed);
  * every rank prints, and the job must end (broken: dp_dist_abort).
  * Returns 1. */
 int cli_ranks_engine_fail(cli_ranks *rk, dp_status s, const char *what);
+
+/* The end of a run under ranks: the ranks meet once more (bounded by
+ * rk->wait) and leave together (dp_dist_close); a broken job (some rank
+ * may wait in a collective that will never complete, or did not come) is
+ * aborted with status code instead (no return). */
+void cli_ranks_leave(cli_ranks *rk, int code);
 
 // --- the command line -----------------------------------------------------------------
 
@@ -90,6 +156,15 @@ struct cli_compute;
 int cli_parse_options(int argc, char **argv, const struct option *longopts, int name_no_value,
                       struct cli_compute *cp, int (*handle)(void *ctx, int c, const char *v),
                       void *ctx);
+
+/* The options cli_parse_options read, normalised: a line per option
+ * given, in the order of the longopts table, an alias under the table's
+ * first name for its code, the last value of an option given twice,
+ * "--name value" ("--name" for one without a value; a newline or
+ * backslash in the value escaped as \n, \\); up to the option where
+ * parsing stopped. "" before parsing. So `--steps=5`, `--steps 5` and
+ * `--st 5` read alike. Owned by cli; valid until the next parse. */
+const char *cli_options_text(void);
 
 // --- option values: 0, or 1 after a message naming the option --------------------------
 
@@ -158,6 +233,52 @@ unsigned cli_gpt_flags(const cli_compute *cp);
 /* A macro's value as a string literal (CLI_STR(DP_GPT_ATTENTION_CHUNK) is "64"). */
 #define CLI_STR_(x) #x
 #define CLI_STR(x) CLI_STR_(x)
+
+// --- files (cli/files.c) ----------------------------------------------------------------
+
+/* A file a program names on its command line: what it reads (an input:
+ * a file, or for a directory the files in it whose names end in
+ * dir_suffix, every file when NULL) or writes (an output). */
+typedef struct cli_file {
+    const char *flag; /* "--save", or "INPUT" for an operand */
+    const char *path; /* NULL: not given (skipped) */
+    int output;
+    const char *dir_suffix;
+    const char *may_replace; /* an output: the flag of the one input it may replace (NULL none) */
+} cli_file;
+
+/* Refuses, before anything is written, an output that is the same file
+ * as an input or as another output: the same device and inode when both
+ * exist (symlinks, "./", ".." and hard links alike), else the same
+ * resolved path (the real directory and the name), and an output that is
+ * one of the files an input directory holds. Returns 0, or 1 after one
+ * line naming both options and both paths. */
+int cli_check_overlaps(const cli_file *files, size_t n);
+
+/* Fails unless a file can be written at path through the atomic writer:
+ * its directory exists, is a directory and is writable, path is not a
+ * directory, the temporary file's longest name fits the file system's
+ * limit on a name, and a probe creates and removes one. Returns 0, or 1
+ * after one line naming flag, path and the fix. */
+int cli_check_output(const char *flag, const char *path);
+
+/* Opens an input file for reading without blocking (a FIFO, a device or
+ * a socket is refused unread, not waited on) and checks that it is a
+ * regular file; returns its descriptor (blocking again, close-on-exec),
+ * or -1 after one line naming flag and path. */
+int cli_open_input(const char *flag, const char *path);
+
+/* What a file of mode m is, in words: "a directory", "a FIFO", "a
+ * character device", ... ("not a regular file" for the rest). */
+const char *cli_file_kind(mode_t m);
+
+/* cli_open_input then closes it: the input can be read as a file. 0 or 1. */
+int cli_check_input(const char *flag, const char *path);
+
+/* Flushes stream f and checks it for an error of this or any earlier
+ * write (what names it: "standard output", "--log run.jsonl"). Returns 0,
+ * or 1 after one line with the reason (e.g. "No space left on device"). */
+int cli_check_stream(FILE *f, const char *what);
 
 // --- time ---------------------------------------------------------------------------
 

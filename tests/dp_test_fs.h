@@ -1,14 +1,17 @@
 /*
- * tests/dp_test_fs.h - temporary directories for tests that write files.
+ * tests/dp_test_fs.h - temporary directories for tests that write files,
+ * and a file size limit that makes writes fail as a full disk would.
  * Include after defining _POSIX_C_SOURCE (mkdtemp, lstat).
  */
 #ifndef DP_TEST_FS_H
 #define DP_TEST_FS_H
 
 #include <dirent.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -70,6 +73,20 @@ static inline void dp_test_write_file(const char *path, const void *b, size_t n)
     cr_assert_not_null(f, "cannot create %s", path);
     cr_assert_eq(fwrite(b, 1, n, f), n);
     cr_assert_eq(fclose(f), 0);
+}
+
+/* Limits the size of any file this process and the programs it starts
+ * write to `bytes` (RLIMIT_FSIZE), as a full disk would: a write past it
+ * fails with EFBIG (SIGXFSZ ignored, which the programs inherit, so they
+ * see the error instead of being killed). *old gets the limit to restore
+ * (setrlimit(RLIMIT_FSIZE, old)). */
+static inline void dp_test_limit_file_size(rlim_t bytes, struct rlimit *old)
+{
+    cr_assert_eq(getrlimit(RLIMIT_FSIZE, old), 0);
+    struct rlimit lim = *old;
+    lim.rlim_cur = bytes;
+    signal(SIGXFSZ, SIG_IGN);
+    cr_assert_eq(setrlimit(RLIMIT_FSIZE, &lim), 0);
 }
 
 #endif /* DP_TEST_FS_H */

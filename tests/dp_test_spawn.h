@@ -59,6 +59,18 @@ static inline dp_test_result dp_test_collect(pid_t pid, const char *out_path, co
     return r;
 }
 
+/* Waits for pid, whose stdout went to a device that is not read back
+ * (/dev/full), and reads its stderr (r.out is ""). */
+static inline dp_test_result dp_test_collect_err(pid_t pid, const char *err_path)
+{
+    dp_test_result r;
+    cr_assert_eq(waitpid(pid, &r.status, 0), pid);
+    size_t n;
+    r.out = (char *)calloc(1, 1);
+    r.err = (char *)dp_test_read_file(err_path, &n);
+    return r;
+}
+
 /* Asserts that the process r describes exited with status 0, showing its stderr. */
 static inline void dp_test_assert_success(const dp_test_result *r, const char *what)
 {
@@ -88,6 +100,23 @@ static inline void dp_test_mpi_env(void)
     setenv("OMPI_MCA_btl_vader_single_copy_mechanism", "none", 1);
 }
 
+/* Appends prog, base[0..nb) and extra[0..n) to argv at *argc, each
+ * strdup'd; an argument starting with '@' names a file in dir. */
+static inline void dp_test_argv_add(char **argv, size_t *argc, size_t cap, const char *prog,
+                                    const char *const *base, size_t nb,
+                                    const char *const *extra, size_t n, const char *dir)
+{
+    cr_assert_lt(*argc + nb + n + 2, cap, "too many arguments");
+    argv[(*argc)++] = strdup(prog);
+    for (size_t i = 0; i < nb + n; i++) {
+        const char *a = i < nb ? base[i] : extra[i - nb];
+        char p[512];
+        if (a[0] == '@') snprintf(p, sizeof p, "%s/%s", dir, a + 1);
+        argv[(*argc)++] = strdup(a[0] == '@' ? p : a);
+    }
+    argv[*argc] = NULL;
+}
+
 /* The command line of prog with base[0..nb) then extra[0..n), under
  * `mpiexec -n ranks` when ranks > 0; an argument starting with '@' names
  * a file in dir. Fills argv (cap entries, NULL-terminated, each strdup'd:
@@ -99,20 +128,43 @@ static inline size_t dp_test_argv(char **argv, size_t cap, int ranks, const char
     size_t argc = 0;
     char np[16];
     snprintf(np, sizeof np, "%d", ranks);
-    cr_assert_lt(nb + n + 4, cap, "too many arguments");
     if (ranks > 0) {
         argv[argc++] = strdup(mpiexec);
         argv[argc++] = strdup("-n");
         argv[argc++] = strdup(np);
     }
-    argv[argc++] = strdup(prog);
-    for (size_t i = 0; i < nb + n; i++) {
-        const char *a = i < nb ? base[i] : extra[i - nb];
-        char p[512];
-        if (a[0] == '@') snprintf(p, sizeof p, "%s/%s", dir, a + 1);
-        argv[argc++] = strdup(a[0] == '@' ? p : a);
+    dp_test_argv_add(argv, &argc, cap, prog, base, nb, extra, n, dir);
+    return argc;
+}
+
+/* One rank of an MPMD job: what runs before prog (pre[0..npre), e.g.
+ * {"sh", "-c", "exec \"$0\" \"$@\" > fifo"}; none when npre is 0), and
+ * the options after the common base. */
+typedef struct dp_test_rank_cmd {
+    const char *const *pre;
+    size_t npre;
+    const char *const *extra;
+    size_t n;
+} dp_test_rank_cmd;
+
+/* The command line of an MPMD job of two ranks under `mpiexec` (`mpiexec
+ * -n 1 [pre] prog base extra : -n 1 ...`), rank r as rk[r] says, '@'
+ * naming a file in dir as above. Fills argv (cap entries,
+ * NULL-terminated, strdup'd) and returns the count. */
+static inline size_t dp_test_argv_mpmd(char **argv, size_t cap, const char *mpiexec,
+                                       const char *prog, const char *const *base, size_t nb,
+                                       const dp_test_rank_cmd rk[2], const char *dir)
+{
+    size_t argc = 0;
+    argv[argc++] = strdup(mpiexec);
+    for (int r = 0; r < 2; r++) {
+        cr_assert_lt(argc + rk[r].npre + 4, cap, "too many arguments");
+        if (r) argv[argc++] = strdup(":");
+        argv[argc++] = strdup("-n");
+        argv[argc++] = strdup("1");
+        for (size_t i = 0; i < rk[r].npre; i++) argv[argc++] = strdup(rk[r].pre[i]);
+        dp_test_argv_add(argv, &argc, cap, prog, base, nb, rk[r].extra, rk[r].n, dir);
     }
-    argv[argc] = NULL;
     return argc;
 }
 

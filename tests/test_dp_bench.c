@@ -501,6 +501,9 @@ static bad_case bad_cases[] = {
     {"vocab 1", {"--vocab", "1"}, "--vocab-size", 0},
     {"plot and its scaling plot on json", {"--scaling", "--plot", "@p.png", "--json", "@p-scaling.png"},
      "both write", 0},
+    /* one file by other names: compared as files, not as strings */
+    {"json and csv through ./", {"--csv", "@./out.json"}, "both write", 0},
+    {"trace onto json through ./.", {"--trace", "@././out.json"}, "both write", 0},
 };
 
 ParameterizedTestParameters(dp_bench, bad_input_fails_cleanly)
@@ -532,6 +535,50 @@ ParameterizedTest(bad_case *bc, dp_bench, bad_input_fails_cleanly, .timeout = 20
         cr_assert(de->d_name[0] == '.' || strstr(de->d_name, ".txt"),
                   "%s: left %s behind", bc->name, de->d_name);
     closedir(d);
+    dp_test_result_free(&r);
+}
+
+/* The table on a full standard output (/dev/full) is lost: the run fails,
+ * naming it. */
+Test(dp_bench, a_full_standard_output_fails_the_run)
+{
+    char *argv[64];
+    size_t argc = dp_test_argv(argv, 64, 0, NULL, DP_BENCH_PATH, BASE, N_BASE, NULL, 0, tmpdir);
+    char err[256];
+    snprintf(err, sizeof err, "%s/stderr.txt", tmpdir);
+    dp_test_result r = dp_test_collect_err(dp_test_spawn(argv, "/dev/full", err), err);
+    dp_test_argv_free(argv, argc);
+    cr_assert(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 1, "status %d; stderr:\n%s",
+              r.status, r.err);
+    cr_assert(strstr(r.err, "dp_bench: cannot write standard output: No space left on device"),
+              "stderr:\n%s", r.err);
+    dp_test_result_free(&r);
+}
+
+/* Outputs that are one file by a path through "..", or a symlink to one
+ * that exists: refused before any step, the file untouched. */
+Test(dp_bench, outputs_that_are_one_file_are_refused)
+{
+    char p[256], q[256];
+    snprintf(p, sizeof p, "%s/sub", tmpdir);
+    cr_assert_eq(mkdir(p, 0755), 0);
+    dp_test_result r = BENCH("--json", "@x.json", "--csv", "@sub/../x.json");
+    cr_assert(WIFEXITED(r.status) && WEXITSTATUS(r.status) != 0, "status %d", r.status);
+    cr_assert(strstr(r.err, "--json \"") && strstr(r.err, "--csv \"") &&
+                  strstr(r.err, "both write"), "stderr:\n%s", r.err);
+    cr_assert_str_empty(r.out, "stdout:\n%s", r.out);
+    dp_test_result_free(&r);
+    snprintf(p, sizeof p, "%s/old.csv", tmpdir);
+    dp_test_write_file(p, "old", 3);
+    snprintf(q, sizeof q, "%s/link.json", tmpdir);
+    cr_assert_eq(symlink(p, q), 0);
+    r = BENCH("--json", "@link.json", "--csv", "@old.csv");
+    cr_assert(WIFEXITED(r.status) && WEXITSTATUS(r.status) != 0, "status %d", r.status);
+    cr_assert(strstr(r.err, "both write"), "stderr:\n%s", r.err);
+    size_t len = 0;
+    unsigned char *b = dp_test_read_file(p, &len);
+    cr_assert(len == 3 && memcmp(b, "old", 3) == 0, "old.csv changed");
+    free(b);
     dp_test_result_free(&r);
 }
 

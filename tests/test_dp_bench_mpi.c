@@ -13,7 +13,9 @@
  *  - --scaling reports 2 x 1 and 2 x 2 devices; --find-max-batch searches
  *    on every rank alike;
  *  - a command line every rank refuses (--mode gather) and an output path
- *    rank 0 cannot write give one message, from rank 0, and exit non-zero.
+ *    rank 0 cannot write give one message, from rank 0, and exit non-zero;
+ *  - ranks started with different options fail at once, both naming the
+ *    first that differs; an alias of an option is the same option.
  *
  * Open MPI's environment: running as root allowed, oversubscription (more
  * ranks than cores) allowed.
@@ -61,19 +63,25 @@ static const char *const BASE[] = {"--vocab", "64", "--context", "16", "--batch-
                                    "--steps", "2",  "--warmup",  "1"};
 #define N_BASE (sizeof BASE / sizeof BASE[0])
 
-/* dp_bench with BASE then args, under `mpiexec -n ranks` when ranks > 0;
- * '@x' is tmpdir/x. */
-static dp_test_result run_bench(int ranks, const char *const *args, size_t n)
+/* Runs argv[0..argc) (then freed), stdout and stderr read back from
+ * tmpdir. */
+static dp_test_result run_argv(char **argv, size_t argc)
 {
-    char *argv[64];
-    size_t argc = dp_test_argv(argv, 64, ranks, MPIEXEC_PATH, DP_BENCH_PATH, BASE, N_BASE, args,
-                               n, tmpdir);
     char out[256], err[256];
     snprintf(out, sizeof out, "%s/stdout.txt", tmpdir);
     snprintf(err, sizeof err, "%s/stderr.txt", tmpdir);
     dp_test_result r = dp_test_collect(dp_test_spawn(argv, out, err), out, err);
     dp_test_argv_free(argv, argc);
     return r;
+}
+
+/* dp_bench with BASE then args, under `mpiexec -n ranks` when ranks > 0;
+ * '@x' is tmpdir/x. */
+static dp_test_result run_bench(int ranks, const char *const *args, size_t n)
+{
+    char *argv[64];
+    return run_argv(argv, dp_test_argv(argv, 64, ranks, MPIEXEC_PATH, DP_BENCH_PATH, BASE, N_BASE,
+                                       args, n, tmpdir));
 }
 
 #define ARGS_(...)                                                                         \
@@ -228,5 +236,50 @@ Test(dp_bench_mpi, unwritable_output_fails_before_the_first_step)
     cr_assert_eq(dp_test_count(r.err, "dp_bench: rank 0: --json: cannot write"), 1, "stderr:\n%s", r.err);
     cr_assert_eq(dp_test_count(r.err, "dp_bench: rank 1"), 0, "stderr:\n%s", r.err);
     cr_assert_eq(dp_test_count(r.out, "step ms"), 0, "stdout:\n%s", r.out);
+    dp_test_result_free(&r);
+}
+
+// --- ranks started differently ------------------------------------------------------------
+
+/* dp_bench with BASE then a[] on rank 0 and BASE then b[] on rank 1. */
+static dp_test_result run_mpmd(const char *const *a, size_t na, const char *const *b, size_t nb)
+{
+    char *argv[2 * N_BASE + 40];
+    const dp_test_rank_cmd rk[2] = {{NULL, 0, a, na}, {NULL, 0, b, nb}};
+    return run_argv(argv, dp_test_argv_mpmd(argv, 2 * N_BASE + 40, MPIEXEC_PATH, DP_BENCH_PATH,
+                                            BASE, N_BASE, rk, tmpdir));
+}
+
+/* Both ranks fail naming the first option that differs, before any step. */
+static void assert_both_refuse(const dp_test_result *r, const char *needle)
+{
+    cr_assert(WIFEXITED(r->status) && WEXITSTATUS(r->status) != 0, "stderr:\n%s", r->err);
+    cr_assert(strstr(r->err, needle), "stderr lacks \"%s\":\n%s", needle, r->err);
+    for (int k = 0; k < 2; k++) {
+        char who[96];
+        snprintf(who, sizeof who, "dp_bench: rank %d: rank 1's options differ from rank 0's: ", k);
+        cr_assert_eq(dp_test_count(r->err, who), 1, "rank %d's line:\n%s", k, r->err);
+    }
+    cr_assert_null(strstr(r->out, "step ms"), "stdout:\n%s", r->out);
+}
+
+/* The cases that hung (--shard-optimizer on one rank) or ended in Open
+ * MPI's "MPI Error in NBC subrequest" (--steps 1 against 2); an alias
+ * (--vocab for --vocab-size) is the same option. */
+Test(dp_bench_mpi, ranks_started_differently_fail_at_once)
+{
+    const char *one[] = {"--devices", "cpu:1", "--mode", "balanced"};
+    const char *shard[] = {"--devices", "cpu:1", "--mode", "balanced", "--shard-optimizer"};
+    dp_test_result r = run_mpmd(one, 4, shard, 5);
+    assert_both_refuse(&r, "--shard-optimizer is given on rank 1, not on rank 0");
+    dp_test_result_free(&r);
+    const char *steps1[] = {"--devices", "cpu:1", "--mode", "balanced", "--steps", "1"};
+    r = run_mpmd(steps1, 6, one, 4);
+    assert_both_refuse(&r, "--steps is 2 on rank 1, 1 on rank 0");
+    dp_test_result_free(&r);
+    const char *alias[] = {"--devices", "cpu:1", "--mode", "balanced", "--vocab-size", "64"};
+    r = run_mpmd(one, 4, alias, 6);
+    dp_test_assert_success(&r, "--vocab 64 on rank 0, --vocab-size 64 on rank 1");
+    cr_assert_eq(dp_test_count(r.out, "(step ms: median"), 1, "stdout:\n%s", r.out);
     dp_test_result_free(&r);
 }

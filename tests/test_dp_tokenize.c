@@ -311,6 +311,13 @@ Test(dp_tokenize, bad_inputs_and_options_fail_cleanly)
     cr_assert_eq(mkfifo(in_tmp("fifo"), 0600), 0);
     r = RUN("--tokenizer-file", tok_json, "--out", "@out.bin", "@fifo");
     assert_failed(&r, "fifo' is a FIFO", NULL);
+    // The tokenizer's files on a FIFO: refused unread, not waited on.
+    r = RUN("--tokenizer-file", "@fifo", "--out", "@out.bin", "@a.txt");
+    assert_failed(&r, "fifo", "not a regular file");
+    char enc[4096];
+    snprintf(enc, sizeof enc, "%s", bpe_data("encoder.json"));
+    r = RUN("--tokenizer-file", enc, "--merges-file", "@fifo", "--out", "@out.bin", "@a.txt");
+    assert_failed(&r, "fifo", "not a regular file");
 
     // Invalid UTF-8 past the first window: named with its file and byte offset.
     size_t len;
@@ -348,14 +355,71 @@ Test(dp_tokenize, bad_outputs_fail_cleanly)
 
     // The output is an input, by its own name or another (a hard link): refused, text intact.
     r = RUN("--tokenizer-file", tok_json, "--out", "@c.txt", "@a.txt", "@c.txt");
-    assert_failed(&r, "is the input", "c.txt");
+    assert_failed(&r, "is the same file as INPUT", "c.txt");
     cr_assert_eq(link(in_tmp("a.txt"), in_tmp("alias.txt")), 0);
     r = RUN("--tokenizer-file", tok_json, "--out", "@alias.txt", "@a.txt");
-    assert_failed(&r, "--out", "is the input");
+    assert_failed(&r, "--out \"", "is the same file as INPUT");
+    r = RUN("--tokenizer-file", tok_json, "--out", "@./a.txt", "@a.txt");
+    assert_failed(&r, "--out \"", "is the same file as INPUT");
     size_t len;
     unsigned char *a = dp_test_read_file(in_tmp("a.txt"), &len);
     cr_assert(len == strlen(DOC_A) && memcmp(a, DOC_A, len) == 0, "a.txt was changed");
     free(a);
+}
+
+/* The tokenizer's files are inputs too: --tokenizer-file, the files a
+ * tokenizer directory holds, the vocab.bpe beside an encoder.json,
+ * --merges-file. An --out onto one is refused, the file intact. */
+Test(dp_tokenize, output_onto_a_tokenizer_file_fails_cleanly)
+{
+    static const char *const names[] = {"tokenizer.json", "encoder.json", "vocab.bpe"};
+    cr_assert_eq(mkdir(in_tmp("tok"), 0755), 0);
+    size_t lens[3];
+    unsigned char *bytes[3];
+    for (int i = 0; i < 3; i++) {
+        bytes[i] = dp_test_read_file(bpe_data(names[i]), &lens[i]);
+        cr_assert_not_null(bytes[i]);
+        char p[300];
+        snprintf(p, sizeof p, "tok/%s", names[i]);
+        dp_test_write_file(in_tmp(p), bytes[i], lens[i]);
+    }
+    result r = RUN("--tokenizer-file", "@tok/tokenizer.json", "--out", "@tok/tokenizer.json",
+                   "@a.txt");
+    assert_failed(&r, "is the same file as --tokenizer-file", NULL);
+    r = RUN("--tokenizer-file", "@tok", "--out", "@tok/tokenizer.json", "@a.txt");
+    assert_failed(&r, "is the same file as --tokenizer-file", "tokenizer.json");
+    r = RUN("--tokenizer-file", "@tok/encoder.json", "--out", "@tok/vocab.bpe", "@a.txt");
+    assert_failed(&r, "is the same file as --tokenizer-file", "vocab.bpe");
+    r = RUN("--tokenizer-file", "@tok/encoder.json", "--merges-file", "@tok/vocab.bpe", "--out",
+            "@./tok/vocab.bpe", "@a.txt");
+    assert_failed(&r, "--out \"", "vocab.bpe");
+    for (int i = 0; i < 3; i++) {
+        char p[300];
+        snprintf(p, sizeof p, "tok/%s", names[i]);
+        size_t n;
+        unsigned char *b = dp_test_read_file(in_tmp(p), &n);
+        cr_assert(n == lens[i] && memcmp(b, bytes[i], n) == 0, "%s was changed", names[i]);
+        free(b);
+        free(bytes[i]);
+    }
+}
+
+/* The summary on a full standard output (/dev/full) is lost: the run
+ * fails, naming it. */
+Test(dp_tokenize, a_full_standard_output_fails_the_run)
+{
+    const char *args[] = {"--tokenizer-file", tok_json, "@a.txt"};
+    char *argv[40];
+    size_t argc = dp_test_argv(argv, 40, 0, NULL, DP_TOKENIZE_PATH, NULL, 0, args, 3, tmpdir);
+    char err[300];
+    snprintf(err, sizeof err, "%s/.stderr", tmpdir);
+    result r = dp_test_collect_err(dp_test_spawn(argv, "/dev/full", err), err);
+    dp_test_argv_free(argv, argc);
+    cr_assert(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 1, "status %d; stderr: %s",
+              r.status, r.err);
+    cr_assert(strstr(r.err, "dp_tokenize: cannot write the summary to standard output: No space"),
+              "stderr: %s", r.err);
+    dp_test_result_free(&r);
 }
 
 Test(dp_tokenize, failed_write_leaves_the_old_output)
@@ -366,12 +430,8 @@ Test(dp_tokenize, failed_write_leaves_the_old_output)
     size_t len;
     write_large(in_tmp("large.txt"), &len);
     dp_test_write_file(in_tmp("out.bin"), "old", 3);
-    struct rlimit old, lim;
-    cr_assert_eq(getrlimit(RLIMIT_FSIZE, &old), 0);
-    lim = old;
-    lim.rlim_cur = 256 << 10;
-    signal(SIGXFSZ, SIG_IGN);
-    cr_assert_eq(setrlimit(RLIMIT_FSIZE, &lim), 0);
+    struct rlimit old;
+    dp_test_limit_file_size(256 << 10, &old);
     result r = RUN("--tokenizer-file", tok_json, "--out", "@out.bin", "@large.txt");
     cr_assert_eq(setrlimit(RLIMIT_FSIZE, &old), 0);
     cr_assert(WIFEXITED(r.status) && WEXITSTATUS(r.status) != 0, "stderr: %s", r.err);

@@ -30,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -148,8 +149,10 @@ static const char *const BASE[] = {"--data", "@corpus.txt", "--devices", "cpu:2"
 
 /* Starts lm_train with BASE (when with_base) and then extra[0..n) (NULL
  * entries skipped); an argument starting with '@' names a file in tmpdir.
- * stdout and stderr go to stdout.txt and stderr.txt there. */
-static pid_t spawn_args(int with_base, const char *const *extra, size_t n)
+ * stdout and stderr go to stdout.txt and stderr.txt there (stdout to
+ * stdout_path instead when not NULL). */
+static pid_t spawn_args_to(int with_base, const char *const *extra, size_t n,
+                           const char *stdout_path)
 {
     char *argv[N_BASE + 32];
     size_t argc = 0, nb = with_base ? N_BASE : 0;
@@ -170,9 +173,14 @@ static pid_t spawn_args(int with_base, const char *const *extra, size_t n)
     char out_path[256], err_path[256];
     path_in(out_path, sizeof out_path, "stdout.txt");
     path_in(err_path, sizeof err_path, "stderr.txt");
-    pid_t pid = dp_test_spawn(argv, out_path, err_path);
+    pid_t pid = dp_test_spawn(argv, stdout_path ? stdout_path : out_path, err_path);
     for (size_t i = 1; i < argc; i++) free(argv[i]);
     return pid;
+}
+
+static pid_t spawn_args(int with_base, const char *const *extra, size_t n)
+{
+    return spawn_args_to(with_base, extra, n, NULL);
 }
 
 /* Waits for pid and collects its exit status and output. */
@@ -944,8 +952,12 @@ static void assert_close_lower_peaks(const log_row *a, const log_row *b, size_t 
  * --context 150 (chunks of 64, 64 and 22) the same run to float32
  * rounding (losses and norms within 1e-5), with a smaller peak on every
  * device (no (T,T) probabilities per layer). --attention-chunk 32 (five
- * chunks) is the same run to rounding too, with a smaller peak than 64's;
- * it also applies to a resumed checkpoint, which does not store it. */
+ * chunks) is the same run to rounding too, with a smaller peak than 64's.
+ * It also applies to a resumed checkpoint, which does not store it: a
+ * context-150 checkpoint resumed with chunks of 32 runs the same steps
+ * to rounding as resumed with the default 64, at a smaller peak on every
+ * device (the banner alone, which prints the flag, would not show it;
+ * with a context under 64 one chunk is the whole matrix either way). */
 Test(lm_train, chunked_attention_is_the_same_run_to_rounding)
 {
     result a = RUN("--steps", "3", "--save", "@whole.st");
@@ -963,22 +975,235 @@ Test(lm_train, chunked_attention_is_the_same_run_to_rounding)
                    "--attention-chunk", "32", "--log", "@c32.jsonl");
     assert_success(&e, "chunks of 32, context 150");
     cr_assert(strstr(e.out, "attention in chunks of 32 queries"), "%s", e.out);
-    result f = RUN("--steps", "4", "--resume", "@whole.st", "--attention", "chunked",
-                   "--attention-chunk", "8");
-    assert_success(&f, "resumed with chunks of 8");
-    cr_assert(strstr(f.out, "attention in chunks of 8 queries"), "%s", f.out);
-    log_row rw[4], rc[4], r32[4];
+    result g = RUN("--steps", "1", "--lr-decay-steps", "3", "--context", "150", "--save",
+                   "@c150.st");
+    assert_success(&g, "context 150, one step");
+    result f = RUN("--steps", "3", "--context", "150", "--resume", "@c150.st", "--attention",
+                   "chunked", "--attention-chunk", "32", "--log", "@f32.jsonl");
+    assert_success(&f, "resumed with chunks of 32");
+    cr_assert(strstr(f.out, "attention in chunks of 32 queries"), "%s", f.out);
+    result h = RUN("--steps", "3", "--context", "150", "--resume", "@c150.st", "--attention",
+                   "chunked", "--log", "@f64.jsonl");
+    assert_success(&h, "resumed with chunks of 64");
+    log_row rw[4], rc[4], r32[4], f32[4], f64[4];
     cr_assert_eq(read_log_rows("w.jsonl", rw, 4), 3);
     cr_assert_eq(read_log_rows("c.jsonl", rc, 4), 3);
     cr_assert_eq(read_log_rows("c32.jsonl", r32, 4), 3);
+    cr_assert_eq(read_log_rows("f32.jsonl", f32, 4), 2);
+    cr_assert_eq(read_log_rows("f64.jsonl", f64, 4), 2);
     assert_close_lower_peaks(rw, rc, 3, "whole", "chunks of 64");
     assert_close_lower_peaks(rc, r32, 3, "chunks of 64", "chunks of 32");
+    assert_close_lower_peaks(f64, f32, 2, "resumed, chunks of 64", "resumed, chunks of 32");
     result_free(&e);
     result_free(&f);
+    result_free(&g);
+    result_free(&h);
     result_free(&a);
     result_free(&b);
     result_free(&c);
     result_free(&d);
+}
+
+// --- outputs that would replace inputs or each other ------------------------------------
+
+typedef struct overlap_case {
+    char name[48];
+    char args[8][40]; /* after BASE; "" ends; '@' = in tmpdir */
+    char first[16], second[16]; /* the two options the message names */
+} overlap_case;
+
+static overlap_case overlap_cases[] = {
+    /* the issue's cases */
+    {"log onto the resumed checkpoint", {"--resume", "@ck.st", "--log", "@ck.st", "--save",
+     "@new.st"}, "--log", "--resume"},
+    {"trace onto the saved checkpoint", {"--save", "@ck.st", "--trace", "@ck.st"}, "--save",
+     "--trace"},
+    {"log onto the corpus", {"--data", "@corpus.txt", "--log", "@corpus.txt"}, "--log", "--data"},
+    /* siblings: other spellings of one file */
+    {"log through a symlink to the checkpoint", {"--resume", "@ck.st", "--log", "@link.st",
+     "--steps", "3"}, "--log", "--resume"},
+    {"trace onto a hard link of the corpus", {"--trace", "@hard.txt"}, "--trace", "--data"},
+    {"save onto the corpus through ./", {"--save", "@./corpus.txt"}, "--save", "--data"},
+    {"log and trace through ..", {"--log", "@sub/../x.jsonl", "--trace", "@x.jsonl"}, "--log",
+     "--trace"},
+    {"save and log, neither existing", {"--save", "@y.st", "--log", "@./y.st"}, "--save", "--log"},
+    {"log onto a file of a text directory", {"--data", "@textdir", "--log", "@textdir/b.txt"},
+     "--log", "--data"},
+};
+
+ParameterizedTestParameters(lm_train, outputs_never_replace_inputs_or_each_other)
+{
+    return cr_make_param_array(overlap_case, overlap_cases,
+                               sizeof overlap_cases / sizeof overlap_cases[0]);
+}
+
+/* Refused before anything is written, in one line naming both options:
+ * the inputs keep their bytes and no output appears. */
+ParameterizedTest(overlap_case *oc, lm_train, outputs_never_replace_inputs_or_each_other,
+                  .timeout = 30)
+{
+    result g = RUN("--steps", "2", "--save", "@ck.st");
+    assert_success(&g, "making ck.st");
+    result_free(&g);
+    char p[256], q[256];
+    path_in(p, sizeof p, "ck.st");
+    path_in(q, sizeof q, "link.st");
+    cr_assert_eq(symlink(p, q), 0);
+    path_in(p, sizeof p, "corpus.txt");
+    path_in(q, sizeof q, "hard.txt");
+    cr_assert_eq(link(p, q), 0);
+    path_in(p, sizeof p, "sub");
+    cr_assert_eq(mkdir(p, 0755), 0);
+    path_in(p, sizeof p, "textdir");
+    cr_assert_eq(mkdir(p, 0755), 0);
+    size_t len = 0, ck_len = 0, c_len = 0;
+    char *text = pseudo_english(7, 4000, &len);
+    write_file("textdir/a.txt", text, len / 2);
+    write_file("textdir/b.txt", text + len / 2, len - len / 2);
+    free(text);
+    path_in(p, sizeof p, "ck.st");
+    unsigned char *ck = dp_test_read_file(p, &ck_len);
+    path_in(p, sizeof p, "corpus.txt");
+    unsigned char *corpus = dp_test_read_file(p, &c_len);
+
+    const char *extra[10];
+    size_t n = 0;
+    for (int i = 0; i < 8 && oc->args[i][0]; i++) extra[n++] = oc->args[i];
+    result r = run_lm(extra, n);
+    cr_assert(WIFEXITED(r.status) && WEXITSTATUS(r.status) != 0, "%s: status %d; stdout:\n%s",
+              oc->name, r.status, r.out);
+    cr_assert(dp_test_count(r.err, "\n") == 1 && strncmp(r.err, "lm_train: ", 10) == 0,
+              "%s: want one line:\n%s", oc->name, r.err);
+    char a[40], b[40];
+    snprintf(a, sizeof a, "%s \"", oc->first);
+    snprintf(b, sizeof b, "%s \"", oc->second);
+    cr_assert(strstr(r.err, a) && strstr(r.err, b), "%s: the message names %s and %s? %s",
+              oc->name, oc->first, oc->second, r.err);
+    cr_assert_null(strstr(r.out, "model: "), "%s: went on to the model:\n%s", oc->name, r.out);
+    size_t l2 = 0;
+    path_in(p, sizeof p, "ck.st");
+    unsigned char *ck2 = dp_test_read_file(p, &l2);
+    cr_assert(ck2 && l2 == ck_len && memcmp(ck, ck2, l2) == 0, "%s: ck.st changed", oc->name);
+    free(ck2);
+    path_in(p, sizeof p, "corpus.txt");
+    unsigned char *c2 = dp_test_read_file(p, &l2);
+    cr_assert(c2 && l2 == c_len && memcmp(corpus, c2, l2) == 0, "%s: corpus.txt changed",
+              oc->name);
+    free(c2);
+    static const char *const never[] = {"new.st", "x.jsonl", "y.st"};
+    for (size_t i = 0; i < 3; i++) {
+        path_in(p, sizeof p, never[i]);
+        cr_assert_neq(access(p, F_OK), 0, "%s: %s was written", oc->name, never[i]);
+    }
+    free(ck);
+    free(corpus);
+    result_free(&r);
+}
+
+/* --resume C --save C goes on saving into the file it resumed (written
+ * atomically, after the checkpoint was read). */
+Test(lm_train, save_may_replace_the_resumed_checkpoint)
+{
+    result a = RUN("--steps", "2", "--lr-decay-steps", "4", "--save", "@ck.st");
+    assert_success(&a, "2 steps");
+    result b = RUN("--steps", "4", "--resume", "@ck.st", "--save", "@ck.st");
+    assert_success(&b, "resumed into the same file");
+    dp_checkpoint *ck = load_ck("ck.st");
+    cr_assert_eq(ck->step, 4);
+    dp_checkpoint_close(ck);
+    result_free(&a);
+    result_free(&b);
+}
+
+/* A 248-byte --save (or --trace) name: the name fits the 255-byte limit,
+ * but the atomic writer's temporary file "<name>.tmp.<pid>.<n>" would not,
+ * so the run is refused before training instead of losing it at the
+ * save. */
+Test(lm_train, output_names_too_long_for_their_temporary_files_fail_before_training)
+{
+    char name[300], full[400];
+    memset(name, 'c', 245);
+    strcpy(name + 245, ".st");
+    snprintf(full, sizeof full, "%s/%s", tmpdir, name); /* past path_in's 256 bytes */
+    for (int i = 0; i < 2; i++) {
+        const char *flag = i ? "--trace" : "--save";
+        result r = RUN("--steps", "2", flag, full);
+        cr_assert(WIFEXITED(r.status) && WEXITSTATUS(r.status) != 0, "%s: status %d", flag,
+                  r.status);
+        cr_assert(dp_test_count(r.err, "\n") == 1 && strstr(r.err, flag) &&
+                      strstr(r.err, "is 248 bytes"),
+                  "%s: stderr:\n%s", flag, r.err);
+        cr_assert_null(strstr(r.out, "trained"), "%s: trained first:\n%s", flag, r.out);
+        result_free(&r);
+    }
+    DIR *d = opendir(tmpdir);
+    struct dirent *de;
+    while ((de = readdir(d))) cr_assert_lt(strlen(de->d_name), 200, "left %s", de->d_name);
+    closedir(d);
+}
+
+// --- writes that fail -------------------------------------------------------------------
+
+/* --log on a full disk (/dev/full): the first row's write fails, the run
+ * stops at once, saves the step it trained and says both. */
+Test(lm_train, a_log_that_cannot_be_written_stops_the_run_after_saving)
+{
+    result r = RUN("--steps", "400", "--log", "/dev/full", "--save", "@ck.st");
+    cr_assert(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 1, "status %d; stderr:\n%s",
+              r.status, r.err);
+    cr_assert(strstr(r.err, "lm_train: cannot write --log /dev/full: No space left on device"),
+              "stderr:\n%s", r.err);
+    dp_checkpoint *ck = load_ck("ck.st");
+    char want[80];
+    snprintf(want, sizeof want, "stopped at step %ld; its checkpoint is saved in ", ck->step);
+    cr_assert(ck->step >= 1 && ck->step < 400 && strstr(r.err, want), "step %ld; stderr:\n%s",
+              ck->step, r.err);
+    cr_assert_null(strstr(r.out, "trained 400 steps"), "stdout:\n%s", r.out);
+    dp_checkpoint_close(ck);
+    result_free(&r);
+}
+
+/* The issue's case: a log cut mid-row by a full disk (here a 64 KiB file
+ * size limit, which fails the write with EFBIG; SIGXFSZ ignored, inherited)
+ * at about row 300 of 400 no longer exits 0: the run stops there, saves
+ * that step (the checkpoint, smaller than the limit, is written) and
+ * fails naming the log. */
+Test(lm_train, a_log_cut_by_a_full_disk_stops_the_run_after_saving)
+{
+    struct rlimit old;
+    dp_test_limit_file_size(64 << 10, &old);
+    result r = RUN("--steps", "400", "--log", "@run.jsonl", "--save", "@ck.st");
+    cr_assert_eq(setrlimit(RLIMIT_FSIZE, &old), 0);
+    cr_assert(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 1, "status %d; stderr:\n%s",
+              r.status, r.err);
+    cr_assert(strstr(r.err, "cannot write --log ") && strstr(r.err, "File too large"),
+              "stderr:\n%s", r.err);
+    dp_checkpoint *ck = load_ck("ck.st");
+    /* The rows up to the one cut: the step that stopped the run. */
+    long steps[400];
+    long rows = (long)log_steps("run.jsonl", steps, 400);
+    cr_assert(ck->step > 100 && ck->step < 400 && (ck->step == rows || ck->step == rows + 1),
+              "step %ld, %ld rows", ck->step, rows);
+    dp_checkpoint_close(ck);
+    result_free(&r);
+}
+
+/* Standard output on a full disk: --eval-only's val_loss line is lost, so
+ * the run fails, naming it. */
+Test(lm_train, a_full_standard_output_fails_the_run)
+{
+    result g = RUN("--steps", "2", "--save", "@ck.st");
+    assert_success(&g, "2 steps");
+    result_free(&g);
+    char err[256];
+    path_in(err, sizeof err, "stderr.txt");
+    const char *args[] = {"--resume", "@ck.st", "--eval-only"};
+    result r = dp_test_collect_err(spawn_args_to(1, args, 3, "/dev/full"), err);
+    cr_assert(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 1, "status %d; stderr:\n%s",
+              r.status, r.err);
+    cr_assert(strstr(r.err, "lm_train: cannot write standard output: No space left on device"),
+              "stderr:\n%s", r.err);
+    result_free(&r);
 }
 
 // --- bad command lines ----------------------------------------------------------------
@@ -1093,6 +1318,10 @@ static bad_case bad_cases[] = {
     {"precision BF16", {"--precision", "BF16"}, "--precision: \"BF16\"", "", 0, 0, 0},
     {"precision bf16 with tf32", {"--precision", "bf16", "--tf32", "--log", "@out.jsonl"},
      "--tf32", "", 0, 0, 0},
+    /* Inputs that would block: refused unread (open() blocked for ever on them). */
+    {"resume a FIFO", {"--resume", "@fifo"}, "fifo' is not a regular file", "", 0, 0, 0},
+    {"data a FIFO", {"--data", "@fifo"}, "FIFO", "", 0, 0, 0},
+    {"log a FIFO", {"--steps", "2", "--log", "@fifo"}, "--log ", "", 0, 0, 0},
 };
 
 ParameterizedTestParameters(lm_train, bad_input_fails_cleanly)
@@ -1113,6 +1342,8 @@ ParameterizedTest(bad_case *bc, lm_train, bad_input_fails_cleanly, .timeout = 20
     char sub[256];
     path_in(sub, sizeof sub, "sub");
     cr_assert_eq(mkdir(sub, 0755), 0);
+    path_in(sub, sizeof sub, "fifo");
+    cr_assert_eq(mkfifo(sub, 0600), 0);
     if (bc->needs_ckpt) {
         result g = RUN("--steps", "1", "--save", "@good.st");
         assert_success(&g, "making good.st");

@@ -15,18 +15,31 @@
  *  - SIGTERM to the ranks, or to mpiexec, stops every rank at the same
  *    step with the checkpoint saved;
  *  - a rank killed with SIGKILL ends the job (mpiexec exits non-zero)
- *    within 60 s: nothing hangs.
+ *    within 60 s: nothing hangs;
+ *  - ranks started with different options (an unknown option or --help
+ *    on one rank, a value, a flag or a path that differs) fail at once,
+ *    every rank naming the first difference; a bad device on one rank
+ *    fails the job there; the same options spelled differently, and each
+ *    rank's own devices, run;
+ *  - --log onto the resumed checkpoint is refused before anything is
+ *    written; rank 0's --log on a full disk, or an evaluation meeting an
+ *    id past the vocabulary, stops both ranks after a collective save;
+ *  - SIGTERM while a rank waits in MPI_Init for a late one ends it at once;
+ *  - a rank that stops answering (blocked writing its output between
+ *    steps, or SIGSTOP) ends the job after --watchdog seconds.
  *
  * Open MPI's environment: running as root allowed, oversubscription (more
  * ranks than cores) allowed.
  */
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE /* F_SETPIPE_SZ */
 #include <dirent.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -36,6 +49,9 @@
 #include "dp_test.h"
 #include "dp_test_fs.h"
 #include "dp_test_spawn.h"
+#include "dp_test_tokens.h"
+
+#include <criterion/parameterized.h> /* after criterion.h (in dp_test.h) */
 
 #ifndef LM_TRAIN_PATH
 #error "LM_TRAIN_PATH (the lm_train binary) must be defined by the build"
@@ -99,20 +115,33 @@ static const char *const BASE[] = {"--data", "@corpus.txt", "--layers", "1", "--
                                    "--sample", "0", "--eval-iters", "1"};
 #define N_BASE (sizeof BASE / sizeof BASE[0])
 
-/* Starts lm_train with BASE and extra[0..n), under `mpiexec -n ranks`
- * when ranks > 0; an argument starting with '@' names a file in tmpdir.
- * stdout and stderr go to stdout.txt and stderr.txt there. */
-static pid_t spawn_lm(int ranks, const char *const *extra, size_t n)
+/* Starts argv[0..argc) (then freed), stdout and stderr to stdout.txt and
+ * stderr.txt in tmpdir. */
+static pid_t spawn_argv(char **argv, size_t argc)
 {
-    char *argv[N_BASE + 40];
-    size_t argc = dp_test_argv(argv, N_BASE + 40, ranks, MPIEXEC_PATH, LM_TRAIN_PATH, BASE, N_BASE,
-                               extra, n, tmpdir);
     char out_path[256], err_path[256];
     path_in(out_path, sizeof out_path, "stdout.txt");
     path_in(err_path, sizeof err_path, "stderr.txt");
     pid_t pid = dp_test_spawn(argv, out_path, err_path);
     dp_test_argv_free(argv, argc);
     return pid;
+}
+
+/* Starts lm_train with BASE and extra[0..n), under `mpiexec -n ranks`
+ * when ranks > 0; an argument starting with '@' names a file in tmpdir. */
+static pid_t spawn_lm(int ranks, const char *const *extra, size_t n)
+{
+    char *argv[N_BASE + 40];
+    return spawn_argv(argv, dp_test_argv(argv, N_BASE + 40, ranks, MPIEXEC_PATH, LM_TRAIN_PATH,
+                                         BASE, N_BASE, extra, n, tmpdir));
+}
+
+/* Starts a job of two ranks, each lm_train with BASE as rk[r] says. */
+static pid_t spawn_ranks(const dp_test_rank_cmd rk[2])
+{
+    char *argv[2 * N_BASE + 60];
+    return spawn_argv(argv, dp_test_argv_mpmd(argv, 2 * N_BASE + 60, MPIEXEC_PATH, LM_TRAIN_PATH,
+                                              BASE, N_BASE, rk, tmpdir));
 }
 
 static result collect(pid_t pid)
@@ -453,32 +482,299 @@ Test(lm_train_mpi, sigterm_to_every_rank_saves_once) { signal_saves(0); }
 Test(lm_train_mpi, sigterm_to_one_rank_stops_both_and_saves) { signal_saves(1); }
 Test(lm_train_mpi, sigterm_to_mpiexec_saves) { signal_saves(2); }
 
-/* SIGKILL to one rank (either): mpiexec notices, ends the other rank and
- * exits non-zero within 60 s; no rank is left waiting in a collective. */
-static void killed_rank_ends_the_job(size_t which)
+/* Signal sig to rank `which` in the middle of training (the job runs
+ * --watchdog watchdog): the job must end within 60 s, non-zero. Returns
+ * its outputs; *other is the other rank's process. */
+static result rank_signalled(size_t which, int sig, const char *watchdog, pid_t *other)
 {
     pid_t pid = spawn_lm(2, ARGS_("--devices", "cpu:1", "--steps", "100000000", "--eval-interval",
-                                  "100000000"));
+                                  "100000000", "--watchdog", watchdog));
     wait_for_progress(pid);
     pid_t ranks[16];
     size_t n = children_of(pid, ranks, 16);
     cr_assert_eq(n, 2, "mpiexec has %zu children, not the 2 ranks", n);
+    *other = ranks[1 - which];
     double t0 = now_s();
-    kill(ranks[which], SIGKILL);
+    kill(ranks[which], sig);
     int st;
-    if (!wait_bounded(pid, 60, &st)) kill_job(pid, "the job did not end within 60 s of SIGKILL");
+    int ended = wait_bounded(pid, 60, &st);
+    if (sig == SIGSTOP) kill(ranks[which], SIGCONT);
+    if (!ended) kill_job(pid, "the job did not end within 60 s of the signal to one rank");
     double took = now_s() - t0;
     result r = collect_ended(st);
     cr_assert(!WIFEXITED(r.status) || WEXITSTATUS(r.status) != 0, "mpiexec exited 0; stderr:\n%s",
               r.err);
-    cr_log_info("mpiexec ended %.1f s after SIGKILL of one rank; stderr:\n%s", took, r.err);
+    cr_log_info("mpiexec ended %.1f s after signal %d to rank %zu; stderr:\n%s", took, sig, which,
+                r.err);
+    return r;
+}
+
+/* SIGKILL to one rank (either): mpiexec notices, ends the other rank and
+ * exits non-zero within 60 s; no rank is left waiting in a collective. */
+static void killed_rank_ends_the_job(size_t which)
+{
+    pid_t other = 0;
+    result r = rank_signalled(which, SIGKILL, "0", &other);
     /* The other rank is gone too (mpiexec may exit while its SIGKILL is
      * still taking the process down). */
-    for (int i = 0; i < 250 && running(ranks[1 - which]); i++) sleep_ms(20);
-    cr_assert(!running(ranks[1 - which]), "rank process %d outlived mpiexec by 5 s",
-              (int)ranks[1 - which]);
+    for (int i = 0; i < 250 && running(other); i++) sleep_ms(20);
+    cr_assert(!running(other), "rank process %d outlived mpiexec by 5 s", (int)other);
     dp_test_result_free(&r);
 }
 
 Test(lm_train_mpi, killed_rank_ends_the_job) { killed_rank_ends_the_job(1); }
 Test(lm_train_mpi, killed_first_rank_ends_the_job) { killed_rank_ends_the_job(0); }
+
+// --- ranks started differently ----------------------------------------------------------
+
+/* Starts an MPMD job: rank 0 runs lm_train with BASE and a[], rank 1 with
+ * BASE and b[] ("" ends each list). */
+static pid_t spawn_mpmd(const char (*a)[32], const char (*b)[32])
+{
+    const char *ra[8], *rb[8];
+    size_t na = 0, nb = 0;
+    while (na < 8 && a[na][0]) ra[na] = a[na], na++;
+    while (nb < 8 && b[nb][0]) rb[nb] = b[nb], nb++;
+    const dp_test_rank_cmd rk[2] = {{NULL, 0, ra, na}, {NULL, 0, rb, nb}};
+    return spawn_ranks(rk);
+}
+
+typedef struct differ_case {
+    char name[48];
+    char a[8][32];   /* rank 0's options after BASE; "" ends */
+    char b[8][32];   /* rank 1's */
+    char needle[96]; /* the refusal; "" = the job runs */
+    int every;       /* every rank prints the refusal (else the rank that met it) */
+} differ_case;
+
+static differ_case differ_cases[] = {
+    {"unknown option on rank 0", {"--bogus"}, {""},
+     "rank 0 refuses its command line: unknown option \"--bogus\"", 1},
+    {"unknown option on rank 1", {""}, {"--steps", "1", "--bogus"},
+     "rank 1 refuses its command line: unknown option \"--bogus\"", 1},
+    {"val-tokens under a watchdog", {"--val-tokens", "33", "--watchdog", "3"},
+     {"--val-tokens", "65", "--watchdog", "3"}, "--val-tokens is 65 on rank 1, 33 on rank 0", 1},
+    {"sample on rank 0 only", {"--sample", "5"}, {""}, "--sample is 0 on rank 1, 5 on rank 0", 1},
+    {"save on rank 1 only", {""}, {"--save", "@x.st"}, "--save is given on rank 1 (", 1},
+    {"a flag on rank 1 only", {""}, {"--shard-optimizer"},
+     "--shard-optimizer is given on rank 1, not on rank 0", 1},
+    {"help on rank 0 only", {"--help"}, {""}, "--help is given on rank 0, not on rank 1", 1},
+    {"data of another path", {"--data", "@corpus2.txt"}, {""}, "--data is ", 1},
+    /* Each rank's own devices may differ; a bad one fails where it is. */
+    {"a bad device on rank 1", {"--devices", "cpu:1"}, {"--devices", "cpu:0,0"},
+     "rank 1: --devices: ", 0},
+    /* The same options, spelled differently, and each rank its own devices: the job runs. */
+    {"the same options spelled differently", {"--steps=1", "--eval-iters=1"},
+     {"--eval-iters", "1", "--st", "1"}, "", 0},
+    {"each rank its own devices", {"--steps", "1", "--devices", "cpu:1"},
+     {"--steps", "1", "--devices", "cpu:2", "--device-weights", "1,2"}, "", 0},
+};
+
+ParameterizedTestParameters(lm_train_mpi, ranks_started_differently)
+{
+    return cr_make_param_array(differ_case, differ_cases,
+                               sizeof differ_cases / sizeof differ_cases[0]);
+}
+
+/* Ranks whose options differ (all of them compared, not a list) fail at
+ * once, every rank naming the first option that differs; a rank that
+ * refused its command line alone is named with its message; nothing
+ * trains and no rank waits for the others. */
+ParameterizedTest(differ_case *dc, lm_train_mpi, ranks_started_differently, .timeout = 120)
+{
+    write_corpus("corpus2.txt", 2024, 20000);
+    double t0 = now_s();
+    pid_t pid = spawn_mpmd(dc->a, dc->b);
+    int st;
+    if (!wait_bounded(pid, 60, &st)) kill_job(pid, "the ranks did not end within 60 s");
+    double took = now_s() - t0;
+    result r = collect_ended(st);
+    cr_log_info("%s: mpiexec ended after %.2f s", dc->name, took);
+    if (!dc->needle[0]) {
+        dp_test_assert_success(&r, dc->name);
+        cr_assert_eq(dp_test_count(r.out, "trained 1 steps"), 1, "%s: stdout:\n%s", dc->name,
+                     r.out);
+        dp_test_result_free(&r);
+        return;
+    }
+    cr_assert(!WIFEXITED(r.status) || WEXITSTATUS(r.status) != 0, "%s: exit 0; stdout:\n%s",
+              dc->name, r.out);
+    cr_assert(strstr(r.err, dc->needle), "%s: stderr lacks \"%s\":\n%s", dc->name, dc->needle,
+              r.err);
+    if (dc->every)
+        for (int k = 0; k < 2; k++) {
+            char who[96];
+            snprintf(who, sizeof who, "lm_train: rank %d: rank 1's options differ from rank 0's: ",
+                     k);
+            cr_assert_eq(dp_test_count(r.err, who), 1, "%s: rank %d's line:\n%s", dc->name, k,
+                         r.err);
+        }
+    cr_assert_null(strstr(r.out, "trained "), "%s: trained:\n%s", dc->name, r.out);
+    char p[256];
+    path_in(p, sizeof p, "x.st");
+    cr_assert_neq(access(p, F_OK), 0, "%s: a checkpoint was written", dc->name);
+    dp_test_result_free(&r);
+}
+
+// --- outputs onto inputs, under ranks ---------------------------------------------------------
+
+/* Rank 0 writes the outputs, so it refuses --log onto the checkpoint the
+ * ranks resume, before anything is written; the other rank stops with it. */
+Test(lm_train_mpi, log_onto_the_resumed_checkpoint_is_refused_by_every_rank)
+{
+    result a = RUN(0, "--devices", "cpu:1", "--steps", "1", "--save", "@ck.st");
+    dp_test_assert_success(&a, "one step");
+    size_t n0 = 0, n1 = 0;
+    unsigned char *before = read_in("ck.st", &n0);
+    result r = RUN(2, "--devices", "cpu:1", "--steps", "3", "--resume", "@ck.st", "--log", "@ck.st",
+                   "--save", "@new.st");
+    cr_assert(!WIFEXITED(r.status) || WEXITSTATUS(r.status) != 0, "exit 0:\n%s", r.out);
+    cr_assert_eq(dp_test_count(r.err, "lm_train: rank 0: --log \""), 1, "stderr:\n%s", r.err);
+    cr_assert(strstr(r.err, "is the same file as --resume"), "stderr:\n%s", r.err);
+    unsigned char *after = read_in("ck.st", &n1);
+    cr_assert(n0 == n1 && memcmp(before, after, n0) == 0, "ck.st changed");
+    char p[256];
+    path_in(p, sizeof p, "new.st");
+    cr_assert_neq(access(p, F_OK), 0, "new.st was written");
+    free(before);
+    free(after);
+    dp_test_result_free(&a);
+    dp_test_result_free(&r);
+}
+
+/* Rank 0's --log cannot be written (/dev/full): both ranks stop at the
+ * next step, save it together, and fail. */
+Test(lm_train_mpi, a_log_that_cannot_be_written_stops_every_rank_after_saving)
+{
+    result r = RUN(2, "--devices", "cpu:1", "--steps", "400", "--log", "/dev/full", "--save",
+                   "@ck.st");
+    cr_assert(!WIFEXITED(r.status) || WEXITSTATUS(r.status) != 0, "exit 0:\n%s", r.out);
+    cr_assert(strstr(r.err, "lm_train: rank 0: cannot write --log /dev/full: No space left"),
+              "stderr:\n%s", r.err);
+    char p[256];
+    path_in(p, sizeof p, "ck.st");
+    dp_checkpoint *ck = NULL;
+    dp_assert_ok(dp_gpt_checkpoint_load(p, &ck, NULL));
+    cr_assert(ck->step >= 1 && ck->step < 400, "step %ld", ck->step);
+    cr_assert(strstr(r.err, "its checkpoint is saved in "), "stderr:\n%s", r.err);
+    dp_checkpoint_close(ck);
+    dp_test_result_free(&r);
+}
+
+/* An id past the vocabulary in the validation split, found by the
+ * evaluation at the last step: every rank meets it in the same batch, the
+ * ranks agree on it, save the 4 steps together and fail. */
+Test(lm_train_mpi, an_evaluation_that_fails_after_training_saves_first)
+{
+    int32_t ids[2000];
+    for (int i = 0; i < 2000; i++) ids[i] = i % 7 == 0 && i >= 1500 ? 400 : (i * 37) % 300;
+    char p[256];
+    path_in(p, sizeof p, "badval");
+    cr_assert_eq(mkdir(p, 0755), 0);
+    path_in(p, sizeof p, "badval/train.bin");
+    dp_test_write_raw(p, ids, 1500);
+    path_in(p, sizeof p, "badval/val.bin");
+    dp_test_write_raw(p, ids + 1500, 500);
+    result r = RUN(2, "--devices", "cpu:1", "--data", "@badval", "--vocab-size", "300", "--steps",
+                   "4", "--eval-interval", "4", "--eval-iters", "20", "--save", "@ck.st");
+    cr_assert(!WIFEXITED(r.status) || WEXITSTATUS(r.status) != 0, "exit 0:\n%s", r.out);
+    cr_assert(strstr(r.err, "outside the vocabulary [0, 300)") &&
+                  strstr(r.err, "rank 0: stopped at step 4; its checkpoint is saved in "),
+              "stderr:\n%s", r.err);
+    path_in(p, sizeof p, "ck.st");
+    dp_checkpoint *ck = NULL;
+    dp_assert_ok(dp_gpt_checkpoint_load(p, &ck, NULL));
+    cr_assert_eq(ck->step, 4);
+    dp_checkpoint_close(ck);
+    dp_test_result_free(&r);
+}
+
+// --- a signal before training ----------------------------------------------------------------
+
+/* Rank 1 starts 6 s late, so rank 0 waits for it in MPI_Init (setup):
+ * SIGTERM there ends rank 0 at once with 128 + 15, saying so, and the job
+ * with it, instead of being held (or killed without a word). */
+Test(lm_train_mpi, a_signal_while_starting_ends_the_rank_at_once)
+{
+    const char *pre[] = {"sh", "-c", "sleep 6; exec \"$0\" \"$@\""};
+    const dp_test_rank_cmd rk[2] = {{NULL, 0, NULL, 0}, {pre, 3, NULL, 0}};
+    pid_t pid = spawn_ranks(rk);
+    /* rank 0: the child that runs lm_train (rank 1 is still sh, sleeping) */
+    pid_t rank0 = 0;
+    for (int tries = 0; tries < 250 && !rank0; tries++) {
+        sleep_ms(20);
+        pid_t kids[16];
+        size_t n = children_of(pid, kids, 16);
+        for (size_t i = 0; i < n && !rank0; i++) {
+            char p[64], comm[64] = "";
+            snprintf(p, sizeof p, "/proc/%d/comm", (int)kids[i]);
+            FILE *f = fopen(p, "r");
+            if (f && fgets(comm, sizeof comm, f) && strncmp(comm, "lm_train", 8) == 0)
+                rank0 = kids[i];
+            if (f) fclose(f);
+        }
+    }
+    cr_assert_gt(rank0, 0, "rank 0 did not start");
+    sleep_ms(1000); /* into MPI_Init's wait for rank 1 */
+    double t0 = now_s();
+    kill(rank0, SIGTERM);
+    int st;
+    if (!wait_bounded(pid, 60, &st)) kill_job(pid, "the job did not end within 60 s");
+    double took = now_s() - t0;
+    result r = collect_ended(st);
+    cr_assert(!WIFEXITED(r.status) || WEXITSTATUS(r.status) != 0, "exit 0");
+    cr_assert(strstr(r.err, "lm_train: interrupted by SIGTERM before training began"),
+              "stderr:\n%s", r.err);
+    cr_assert_lt(took, 4.0, "the job ended %.1f s after the signal (rank 1 came at 5 s)", took);
+    dp_test_result_free(&r);
+}
+
+// --- a rank that stops answering ---------------------------------------------------------
+
+/* Rank 0 blocks writing its stdout (a FIFO nobody reads, its pipe shrunk
+ * to a page) after a step, so rank 1 waits for it in the agreement
+ * between steps: with --watchdog 3 rank 1 gives up after 3 s and ends the
+ * job, naming the wait. */
+Test(lm_train_mpi, a_rank_stuck_between_steps_ends_the_job_after_the_watchdog)
+{
+    char fifo[256];
+    path_in(fifo, sizeof fifo, "stuck.fifo");
+    cr_assert_eq(mkfifo(fifo, 0600), 0);
+    int rd = open(fifo, O_RDONLY | O_NONBLOCK);
+    cr_assert_geq(rd, 0);
+    fcntl(rd, F_SETPIPE_SZ, 4096);
+    char redirect[300];
+    snprintf(redirect, sizeof redirect, "exec \"$0\" \"$@\" > %s", fifo);
+    const char *pre[] = {"sh", "-c", redirect};
+    const char *extra[] = {"--devices", "cpu:1", "--steps", "100000000", "--eval-interval", "10",
+                           "--watchdog", "3"};
+    const dp_test_rank_cmd rk[2] = {{pre, 3, extra, 8}, {NULL, 0, extra, 8}};
+    double t0 = now_s();
+    pid_t pid = spawn_ranks(rk);
+    int st;
+    if (!wait_bounded(pid, 60, &st)) {
+        close(rd);
+        kill_job(pid, "the job did not end within 60 s of rank 0 blocking");
+    }
+    close(rd);
+    result r = collect_ended(st);
+    cr_log_info("the job ended %.1f s after it started", now_s() - t0);
+    cr_assert(!WIFEXITED(r.status) || WEXITSTATUS(r.status) != 0, "exit 0:\n%s", r.err);
+    cr_assert(strstr(r.err, "lm_train: rank 1: agreement between the ranks: ") &&
+                  strstr(r.err, "rank 1 waited 3 s"),
+              "stderr:\n%s", r.err);
+    dp_test_result_free(&r);
+}
+
+/* A rank stopped (SIGSTOP) in the middle of training, under --watchdog 3:
+ * the other rank gives up within a few watchdog periods, wherever it was
+ * waiting (the engine's exchanges or the agreement between steps), and
+ * the job ends. */
+Test(lm_train_mpi, a_stopped_rank_ends_the_job_after_the_watchdog)
+{
+    pid_t other = 0;
+    result r = rank_signalled(1, SIGSTOP, "3", &other);
+    cr_assert(strstr(r.err, "lm_train: rank 0: ") && strstr(r.err, "waited 3 s"), "stderr:\n%s",
+              r.err);
+    dp_test_result_free(&r);
+}

@@ -366,6 +366,106 @@ static long assert_decoded(const char *s, size_t n)
     return first;
 }
 
+/* The issue's case: an id past the vocabulary in the validation split,
+ * found by the evaluation at the last step, no longer loses the 4 steps
+ * trained: the checkpoint is written first, then the run fails naming the
+ * id. */
+Test(lm_tokens, an_evaluation_that_fails_after_training_saves_first)
+{
+    int32_t *ids = fixture_ids();
+    for (size_t i = 0; i < N_TRAIN + N_VAL; i++) ids[i] %= 300;
+    for (size_t i = N_TRAIN; i < N_TRAIN + N_VAL; i += 7) ids[i] = 400; /* past --vocab-size 300 */
+    cr_assert_eq(mkdir(in_tmp("badval"), 0755), 0);
+    dp_test_write_raw(in_tmp("badval/train.bin"), ids, N_TRAIN);
+    dp_test_write_raw(in_tmp("badval/val.bin"), ids + N_TRAIN, N_VAL);
+    free(ids);
+    result r = RUN("--data", "@badval", "--vocab-size", "300", "--steps", "4", "--eval-interval",
+                   "4", "--eval-iters", "20", "--save", "@ck.st");
+    cr_assert(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 1, "status %d; stderr:\n%s",
+              r.status, r.err);
+    cr_assert(strstr(r.err, "outside the vocabulary [0, 300)") &&
+                  strstr(r.err, "stopped at step 4; its checkpoint is saved in "),
+              "stderr:\n%s", r.err);
+    dp_checkpoint *ck = load_ck("ck.st");
+    cr_assert_eq(ck->step, 4);
+    dp_checkpoint_close(ck);
+    dp_test_result_free(&r);
+}
+
+/* --eval-only reads the validation split only: a training split shorter
+ * than the context (which training could not sample) does not stop it,
+ * and the loss is the one of the same validation split beside a long
+ * training split. */
+Test(lm_tokens, eval_only_needs_no_training_split)
+{
+    int32_t *ids = fixture_ids();
+    cr_assert_eq(mkdir(in_tmp("shorttrain"), 0755), 0);
+    dp_test_write_raw(in_tmp("shorttrain/train.bin"), ids, 10);
+    dp_test_write_raw(in_tmp("shorttrain/val.bin"), ids + N_TRAIN, N_VAL);
+    free(ids);
+    result a = RUN("--data", "@nano", "--steps", "2", "--save", "@ck.st");
+    dp_test_assert_success(&a, "2 steps on nano");
+    result b = RUN("--data", "@shorttrain", "--resume", "@ck.st", "--eval-only");
+    dp_test_assert_success(&b, "--eval-only with a 10-token training split");
+    result c = RUN("--data", "@nano", "--resume", "@ck.st", "--eval-only");
+    dp_test_assert_success(&c, "--eval-only on nano");
+    const char *vb = strstr(b.out, "val_loss "), *vc = strstr(c.out, "val_loss ");
+    cr_assert(vb && vc && strcmp(vb, vc) == 0, "losses differ:\n%s\n%s", b.out, c.out);
+    dp_test_result_free(&a);
+    dp_test_result_free(&b);
+    dp_test_result_free(&c);
+}
+
+/* A token file cut short while lm_train reads it through its mapping
+ * (SIGBUS at the next read past its new end): the run ends at once with
+ * status 1 and a message naming the data, not killed by the signal
+ * without a word. */
+Test(lm_tokens, a_token_file_cut_while_mapped_ends_the_run_naming_it)
+{
+    int32_t *ids = fixture_ids();
+    cr_assert_eq(mkdir(in_tmp("cut"), 0755), 0);
+    dp_test_write_raw(in_tmp("cut/train.bin"), ids, N_TRAIN);
+    dp_test_write_raw(in_tmp("cut/val.bin"), ids + N_TRAIN, N_VAL);
+    free(ids);
+    const char *args[] = {"--data", in_tmp("cut"), "--steps", "100000000", "--eval-interval",
+                          "10", "--save", in_tmp("ck.st")};
+    char *argv[N_BASE + 16];
+    size_t argc = dp_test_argv(argv, N_BASE + 16, 0, NULL, LM_TRAIN_PATH, BASE, N_BASE, args, 8,
+                               tmpdir);
+    char out[256], err[256];
+    snprintf(out, sizeof out, "%s/stdout.txt", tmpdir);
+    snprintf(err, sizeof err, "%s/stderr.txt", tmpdir);
+    pid_t pid = dp_test_spawn(argv, out, err);
+    dp_test_argv_free(argv, argc);
+    for (int seen = 0; !seen;) { /* training has begun (the test's timeout bounds it) */
+        size_t n;
+        char *t = (char *)dp_test_read_file(out, &n);
+        seen = t && strstr(t, "step 2/");
+        free(t);
+        int st;
+        cr_assert_eq(waitpid(pid, &st, WNOHANG), 0, "lm_train ended before training");
+    }
+    cr_assert_eq(truncate(in_tmp("cut/train.bin"), 0), 0);
+    result r = dp_test_collect(pid, out, err);
+    cr_assert(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 1, "status %d (killed by %d)",
+              r.status, WIFSIGNALED(r.status) ? WTERMSIG(r.status) : 0);
+    char want[300];
+    snprintf(want, sizeof want, "lm_train: a token file of --data %s was cut short", in_tmp("cut"));
+    cr_assert(strstr(r.err, want) && strstr(r.err, "(SIGBUS)"), "stderr:\n%s", r.err);
+    dp_test_result_free(&r);
+}
+
+/* A token directory's data are its *.bin files: a checkpoint kept beside
+ * them is not one (only an output onto a .bin there is refused). */
+Test(lm_tokens, a_checkpoint_beside_the_token_files_is_not_an_input)
+{
+    for (int i = 0; i < 2; i++) { /* the second run finds it there */
+        result r = RUN("--data", "@nano", "--steps", "1", "--save", "@nano/ck.st");
+        dp_test_assert_success(&r, i ? "saving again beside the token files" : "saving beside");
+        dp_test_result_free(&r);
+    }
+}
+
 Test(lm_tokens, samples_decode_through_the_tokenizer_file_or_print_ids)
 {
     /* With the table: the prompt is its end-of-text id (511), then 20 tokens. */
@@ -503,6 +603,13 @@ static bad_case bad_cases[] = {
      "--tokenizer-file decodes token data", 0},
     {"prompt-ids on text", {"--data", "@bad/text.txt", "--prompt-ids", "1"}, "--prompt-ids "
      "applies to token data", 0},
+    /* An output onto an input: refused before anything is written. */
+    {"log onto the tokenizer file", {"--data", "@llmc", "--tokenizer-file", "@tok.bin", "--log",
+     "@tok.bin"}, "--log \"", 0},
+    {"save onto a shard of the data", {"--data", "@nano", "--save", "@nano/val.bin"},
+     "is one of the files --data", 0},
+    {"trace onto the data file", {"--data", "@one.bin", "--trace", "@./one.bin"},
+     "is the same file as --data", 0},
 };
 
 ParameterizedTestParameters(lm_tokens, bad_input_fails_cleanly)

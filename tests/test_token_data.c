@@ -575,6 +575,78 @@ Test(token_data, the_llmc_token_table_decodes)
     cr_assert_eq(dp_tokenizer_eot_id(NULL), -1);
 }
 
+/* A version-2 table of V tokens of `len` bytes each (token i's bytes all
+ * 'a' + i % 26), header V_header and EOT eot, extra bytes 'x' after the
+ * records, into name; loads it: the status, *t the table or NULL. */
+static dp_status table_of(const char *name, uint32_t V_header, size_t V, size_t len,
+                          uint32_t eot, size_t extra, dp_tokenizer **t)
+{
+    size_t n = DP_LLMC_TOKENIZER_HEADER_BYTES + V * (1 + len) + extra;
+    unsigned char *b = calloc(1, n);
+    cr_assert_not_null(b);
+    dp_test_put_le32(b, DP_LLMC_TOKENIZER_MAGIC);
+    dp_test_put_le32(b + 4, 2);
+    dp_test_put_le32(b + 8, V_header);
+    dp_test_put_le32(b + 12, eot);
+    unsigned char *p = b + DP_LLMC_TOKENIZER_HEADER_BYTES;
+    for (size_t i = 0; i < V; i++) {
+        *p++ = (unsigned char)len;
+        memset(p, 'a' + (int)(i % 26), len);
+        p += len;
+    }
+    memset(p, 'x', extra);
+    dp_test_put_file(in_tmp(name), b, n, NULL, 0);
+    free(b);
+    *t = (dp_tokenizer *)1;
+    return dp_tokenizer_load_llmc(in_tmp(name), t);
+}
+
+/* The bounds of the header against the file, by what loads and what
+ * does not (not by the messages' words): the shortest records (1 byte:
+ * 2 bytes a token, the file exactly 2V bytes past the header) and the
+ * longest (255 bytes: exactly 256V) load and decode; one token more in
+ * the header than the records hold, one byte past the longest, an EOT id
+ * of V are refused; the EOT id V - 1 is the last one taken. An
+ * off-by-one in any of these bounds fails a line here. */
+Test(token_data, token_tables_at_their_bounds)
+{
+    const size_t V = 40;
+    dp_tokenizer *t = NULL;
+    for (int pass = 0; pass < 2; pass++) {
+        size_t len = pass ? 255 : 1;
+        const char *name = pass ? "longest.bin" : "shortest.bin";
+        dp_status s = table_of(name, (uint32_t)V, V, len, (uint32_t)(V - 1), 0, &t);
+        cr_assert_eq(s, DP_OK, "%s (%zu bytes a token): %s", name, len, dp_last_error());
+        cr_assert_eq(dp_tokenizer_vocab_size(t), V);
+        cr_assert_eq(dp_tokenizer_eot_id(t), (int32_t)(V - 1));
+        for (int32_t i = 0; i < (int32_t)V; i++) {
+            const char *b;
+            size_t n;
+            dp_assert_ok(dp_tokenizer_token(t, i, &b, &n));
+            cr_assert_eq(n, len, "%s: token %d has %zu bytes", name, (int)i, n);
+            for (size_t k = 0; k < n; k++)
+                cr_assert_eq(b[k], 'a' + (int)(i % 26), "%s: token %d byte %zu", name, (int)i, k);
+        }
+        dp_tokenizer_destroy(t);
+        /* one token more in the header than the records hold */
+        s = table_of(name, (uint32_t)(V + 1), V, len, (uint32_t)(V - 1), 0, &t);
+        cr_assert(s == DP_ERR_FORMAT && !t, "%s with V + 1 in the header: %d", name, (int)s);
+        /* one byte past the records */
+        s = table_of(name, (uint32_t)V, V, len, (uint32_t)(V - 1), 1, &t);
+        cr_assert(s == DP_ERR_FORMAT && !t, "%s with a byte more: %d", name, (int)s);
+    }
+    /* a file that holds V tokens of the shortest records in 2V bytes loads
+     * with any EOT below V, not with V */
+    cr_assert_eq(table_of("eot0.bin", (uint32_t)V, V, 1, 0, 0, &t), DP_OK);
+    cr_assert_eq(dp_tokenizer_eot_id(t), 0);
+    dp_tokenizer_destroy(t);
+    cr_assert(table_of("eotV.bin", (uint32_t)V, V, 1, (uint32_t)V, 0, &t) == DP_ERR_FORMAT && !t);
+    /* one token: the smallest table (a 1-byte record, EOT 0) */
+    cr_assert_eq(table_of("one.bin", 1, 1, 1, 0, 0, &t), DP_OK);
+    cr_assert_eq(dp_tokenizer_vocab_size(t), 1);
+    dp_tokenizer_destroy(t);
+}
+
 /* The table file made by dp_test_llmc_tokenizer_bytes, changed by edit,
  * must be refused naming the file with `what`. */
 static void assert_table_refused(const char *name, uint32_t version, uint32_t v_header, size_t v,

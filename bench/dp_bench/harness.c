@@ -102,7 +102,10 @@ static void usage(FILE *f)
           "rank (CPU devices): gather mode is skipped (it cannot span ranks), --scaling\n"
           "times R x 1..k devices, rank 0 alone prints and writes the outputs, and its\n"
           "devices are the ones shown; JSON rows carry ranks, devices_per_rank and\n"
-          "bytes_sent_per_step (rank 0's bytes to the other ranks per timed step).\n",
+          "bytes_sent_per_step (rank 0's bytes to the other ranks per timed step).\n"
+          "Every rank must be given the same options: the ranks compare them when they\n"
+          "join and all fail naming the first that differs. A wait between the ranks\n"
+          "lasts at most " CLI_STR(CLI_RANKS_WAIT_DEFAULT_S) " s; then every rank stops.\n",
           f);
 }
 
@@ -207,6 +210,9 @@ int engine_fail(bench *b, dp_status s, const char *what)
 /* Agreement on this rank's outcome (cli_ranks_agree). */
 int agree(bench *b, int failed) { return cli_ranks_agree(&b->rk, failed); }
 
+/* Agreement after rank 0's files (cli_ranks_agree_writes). */
+static int agree_writes(bench *b, int failed) { return cli_ranks_agree_writes(&b->rk, failed); }
+
 /* Joins the ranks under a launcher (cli_ranks_join). */
 static int join_ranks(bench *b, int *argc, char ***argv)
 {
@@ -231,6 +237,8 @@ dp_status make_engine(bench *b, dp_mode mode, int shard, size_t k, dp_engine **o
     /* Every run gets it; gather mode ignores it (its root gathers whole logits). */
     ec.logits_chunk_rows = b->o.compute.logits_chunk;
     ec.dist = b->rk.dist;
+    /* Under ranks every wait between them is bounded, the engine's too. */
+    ec.watchdog_seconds = b->rk.ranks > 1 ? b->rk.wait : 0.0;
     /* The weights are per device of the full list; --scaling's shorter
      * lists use equal shares. */
     if (b->o.n_weights && k == b->k) ec.device_weights = b->o.weights;
@@ -301,13 +309,14 @@ static int make_model(bench *b)
 /* The bench once the ranks are joined and the command line parsed. */
 static int bench_main(bench *b)
 {
-    /* Every rank has the same command line: rank 0 says what is wrong with it. */
-    cli_set_quiet(b->rk.rank > 0);
+    /* The same options on every rank (compared at join): rank 0 says what
+     * is wrong with them, unless only another rank's devices refuse. */
+    cli_set_quiet(1);
     int bad = check_args(b);
     cli_set_quiet(0);
-    if (bad) return 1;
+    if (cli_ranks_agree_alike(&b->rk, bad)) return 1;
     /* Output paths and gnuplot: rank 0 writes them. */
-    if (agree(b, b->rk.rank == 0 ? check_outputs(b) : 0)) return 1;
+    if (agree_writes(b, b->rk.rank == 0 ? check_outputs(b) : 0)) return 1;
     if (agree(b, make_model(b))) return 1;
     run_plan plan = plan_runs(b);
     if (agree(b, b->rk.rank == 0 ? open_trace(b) : 0)) return 1;
@@ -325,7 +334,7 @@ static int bench_main(bench *b)
     if (!rc && b->o.find_max_batch) print_max_batches(b, &plan, rs);
     if (!rc) rc = run_scaling(b, &plan, rs);
     /* Rank 0 writes the outputs; the others learn whether it could. */
-    if (!rc) rc = agree(b, b->rk.rank == 0 ? write_outputs(b, rs) : 0);
+    if (!rc) rc = agree_writes(b, b->rk.rank == 0 ? write_outputs(b, rs) : 0);
     free(rs);
     return rc;
 }
@@ -343,24 +352,26 @@ int main(int argc, char **argv)
     *o = (opts){.vocab = 40000, .context = 250, .batch = 32, .dim = 256, .layers = 2,
                 .heads = 4, .steps = 3, .warmup = 1, .mode = "both", .seed = 1337};
     if (join_ranks(&b, &argc, &argv)) {
-        dp_dist_close(b.rk.dist);
+        cli_ranks_leave(&b.rk, 1);
         return 1;
     }
-    /* Every rank has the same command line: rank 0 says what is wrong with it. */
-    cli_set_quiet(b.rk.rank > 0);
+    /* Quietly: the ranks first compare their options, then say what is
+     * wrong (every option counts: the runs, --scaling's device counts and
+     * the table are planned from them alike on every rank). */
+    cli_set_quiet(1);
     int pa = parse_args(argc, argv, o);
     cli_set_quiet(0);
+    pa = cli_ranks_options(&b.rk, pa, NULL);
     int rc = pa ? (pa < 0 ? 0 : 1) : bench_main(&b); /* pa -1: --help */
-    fflush(stdout);
+    /* The table on stdout, checked (a full disk, /dev/full): exit alone
+     * cannot change the status. */
+    if (cli_check_stream(stdout, "standard output") && !rc) rc = 1;
     free(b.inputs);
     free(b.targets);
     dp_trace_destroy(b.trace);
     dp_gpt_destroy(b.gpt);
-    if (b.rk.broken) {
-        /* Some rank may wait in a collective that will never complete. */
-        fflush(stderr);
-        dp_dist_abort(b.rk.dist, rc ? rc : 1);
-    }
-    dp_dist_close(b.rk.dist);
+    /* A broken job (some rank may wait in a collective that will never
+     * complete) is aborted. */
+    cli_ranks_leave(&b.rk, rc);
     return rc;
 }

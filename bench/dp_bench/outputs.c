@@ -1,6 +1,7 @@
 /*
  * bench/dp_bench/outputs.c - dp_bench's output files (--json, --csv,
- * --plot, --trace): every path checked before the first step, then each
+ * --plot, --trace): every path checked before the first step (no two of
+ * them one file: cli_check_overlaps), then each
  * output staged to a temporary file and renamed into place only when
  * all were written, or all removed.
  */
@@ -9,49 +10,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "dp_bench.h"
-
-/* The directory part of path ("." for a bare name); malloc'd. */
-static char *dir_of(const char *path)
-{
-    const char *slash = strrchr(path, '/');
-    if (!slash) return strdup(".");
-    if (slash == path) return strdup("/");
-    return strndup(path, (size_t)(slash - path));
-}
-
-/* Fails (one line naming the flag, the path and the reason) unless a file
- * can be created at path: its directory exists, is a directory and is
- * writable, and path is not a directory. A probe creates and removes the
- * atomic writer's temporary file, so what passes here can be written. */
-static int check_output(const char *flag, const char *path)
-{
-    if (!*path) return cli_fail("%s: the path is empty", flag);
-    struct stat sb;
-    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
-        return cli_fail("%s: \"%s\" is a directory; give a file name", flag, path);
-    char *dir = dir_of(path);
-    if (!dir) return cli_fail("out of host memory");
-    int rc = 0;
-    if (stat(dir, &sb) != 0)
-        rc = cli_fail("%s: cannot write \"%s\": the directory \"%s\" %s", flag, path, dir,
-                      errno == ENOENT ? "does not exist" : strerror(errno));
-    else if (!S_ISDIR(sb.st_mode))
-        rc = cli_fail("%s: cannot write \"%s\": \"%s\" is not a directory", flag, path, dir);
-    else if (access(dir, W_OK | X_OK) != 0)
-        rc = cli_fail("%s: cannot write \"%s\": the directory \"%s\" is not writable (%s)", flag,
-                      path, dir, strerror(errno));
-    free(dir);
-    if (rc) return rc;
-    dp_atomic_file *af = NULL;
-    if (dp_atomic_file_open(path, &af) != DP_OK)
-        return cli_fail("%s: cannot write \"%s\": %s", flag, path, strerror(errno));
-    dp_atomic_file_abort(af);
-    return 0;
-}
 
 /* Starts an output with its bytes. */
 int stage(outputs *out, const char *flag, const char *path, const void *bytes, size_t n)
@@ -82,7 +42,8 @@ static int finish(outputs *out, int rc)
     return rc;
 }
 
-/* Every output path, before any work: a bad one fails the run at once. */
+/* Every output path, before any work: a bad one, or two that are one
+ * file, fails the run at once. */
 int check_outputs(const bench *b)
 {
     const opts *o = &b->o;
@@ -94,14 +55,11 @@ int check_outputs(const bench *b)
         path[3] = sp;
     }
     int rc = 0;
-    for (int i = 0; i < 5 && !rc; i++) {
-        if (!path[i]) continue;
-        rc = check_output(flag[i], path[i]);
-        for (int j = 0; j < i && !rc; j++)
-            if (path[j] && strcmp(path[i], path[j]) == 0)
-                rc = cli_fail("%s and %s both write \"%s\"; give each output its own file",
-                              flag[j], flag[i], path[i]);
-    }
+    for (int i = 0; i < 5 && !rc; i++)
+        if (path[i]) rc = cli_check_output(flag[i], path[i]);
+    cli_file files[5];
+    for (int i = 0; i < 5; i++) files[i] = (cli_file){flag[i], path[i], 1, NULL, NULL};
+    if (!rc) rc = cli_check_overlaps(files, 5);
     free(sp);
     if (!rc && o->plot) rc = check_gnuplot();
     return rc;

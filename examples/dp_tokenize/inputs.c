@@ -18,28 +18,45 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "dp_cli.h"
 #include "inputs.h"
 
 #define WINDOW ((size_t)1 << 20)
 
-static const char *kind_of(mode_t m)
+
+/* The files the tokenizer is read from: --tokenizer-file (for a
+ * directory, the tokenizer.json, encoder.json and vocab.bpe it may hold),
+ * the vocab.bpe beside an encoder.json, --merges-file. Fills f with n of
+ * them (paths in buf) and returns n. */
+static size_t tokenizer_files(const tok_options *o, cli_file *f, char buf[4][4096])
 {
-    return S_ISDIR(m) ? "a directory" : S_ISFIFO(m) ? "a FIFO" : S_ISCHR(m) ? "a character device"
-           : S_ISBLK(m) ? "a block device" : S_ISSOCK(m) ? "a socket" : "not a regular file";
+    size_t n = 0;
+    const char *t = o->tokenizer_file;
+    struct stat sb;
+    const char *slash = strrchr(t, '/');
+    int dir = stat(t, &sb) == 0 && S_ISDIR(sb.st_mode);
+    if (!dir) f[n++] = (cli_file){"--tokenizer-file", t, 0, NULL, NULL};
+    int dl = dir ? (int)strlen(t) : slash ? (int)(slash - t) : 1;
+    const char *d = dir || slash ? t : ".";
+    static const char *const names[3] = {"tokenizer.json", "encoder.json", "vocab.bpe"};
+    for (int i = dir ? 0 : 2; i < 3; i++) {
+        snprintf(buf[i], sizeof buf[i], "%.*s/%s", dl, d, names[i]);
+        f[n++] = (cli_file){"--tokenizer-file", buf[i], 0, NULL, NULL};
+    }
+    if (o->merges_file) f[n++] = (cli_file){"--merges-file", o->merges_file, 0, NULL, NULL};
+    return n;
 }
 
 int tok_check_inputs(const tok_options *o, size_t *total_bytes)
 {
     *total_bytes = 0;
     struct stat out_sb;
-    int out_exists = 0;
     if (o->out) {
         if (stat(o->out, &out_sb) == 0) {
             // The atomic writer renames over it: only ever replace a regular file.
             if (!S_ISREG(out_sb.st_mode))
                 return tok_fail("--out '%s' is %s: it must be a regular file or not exist yet",
-                                o->out, kind_of(out_sb.st_mode));
-            out_exists = 1;
+                                o->out, cli_file_kind(out_sb.st_mode));
         } else if (errno != ENOENT) {
             return tok_fail("cannot use --out '%s': %s", o->out, strerror(errno));
         }
@@ -50,14 +67,20 @@ int tok_check_inputs(const tok_options *o, size_t *total_bytes)
         if (stat(p, &sb) != 0) return tok_fail("cannot read '%s': %s", p, strerror(errno));
         if (!S_ISREG(sb.st_mode))
             return tok_fail("'%s' is %s: each INPUT must be a regular file of text", p,
-                            kind_of(sb.st_mode));
-        if (out_exists && sb.st_dev == out_sb.st_dev && sb.st_ino == out_sb.st_ino)
-            return tok_fail("--out '%s' is the input '%s': writing it would replace the text "
-                            "being read; choose another output file",
-                            o->out, p);
+                            cli_file_kind(sb.st_mode));
         *total_bytes += (size_t)sb.st_size;
     }
-    return 0;
+    // --out must be none of the files read (device and inode, or the resolved path).
+    size_t n = o->n_inputs + 6;
+    cli_file *f = calloc(n, sizeof *f);
+    static char buf[4][4096];
+    if (!f) return tok_fail("out of memory");
+    size_t k = tokenizer_files(o, f, buf);
+    for (size_t i = 0; i < o->n_inputs; i++) f[k++] = (cli_file){"INPUT", o->inputs[i], 0, NULL, NULL};
+    f[k++] = (cli_file){"--out", o->out, 1, NULL, NULL};
+    int rc = cli_check_overlaps(f, k);
+    free(f);
+    return rc;
 }
 
 typedef struct window {

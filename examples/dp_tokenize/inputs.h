@@ -14,9 +14,10 @@
 #include "shard.h"
 
 /* Every input is a regular file, and --out (when it exists) is a regular
- * file that is none of them (device and inode compared, so another path
- * to the same file is caught). *total_bytes: the inputs' sizes summed.
- * 0, or 1 after printing why. */
+ * file; --out is none of the files read: the inputs, the tokenizer's
+ * files (cli_check_overlaps: device and inode, so another path to the
+ * same file is caught, or the resolved path). *total_bytes: the inputs'
+ * sizes summed. 0, or 1 after printing why. */
 int tok_check_inputs(const tok_options *o, size_t *total_bytes);
 
 /* Encodes input i as one document: the end-of-text id eot, then its

@@ -13,6 +13,7 @@
 
 #include <dp/tokenizer.h>
 
+#include "dp_cli.h"
 #include "inputs.h"
 #include "options.h"
 #include "report.h"
@@ -46,6 +47,7 @@ static int load_tokenizer(const tok_options *o, dp_tokenizer **tok)
 
 int main(int argc, char **argv)
 {
+    cli_set_program("dp_tokenize"); /* the name of cli's messages */
     tok_options o;
     int rc = tok_options_parse(argc, argv, &o);
     if (rc) return rc == 2 ? 0 : 1;
@@ -69,6 +71,6 @@ int main(int argc, char **argv)
     dp_tokenizer_destroy(tok);
     if (rc) return 1;
     tok_progress_finish(&pg, o.out);
-    if (fflush(stdout) != 0) return tok_fail("cannot write the summary to stdout");
+    if (cli_check_stream(stdout, "the summary to standard output")) return 1;
     return 0;
 }

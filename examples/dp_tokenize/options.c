@@ -33,7 +33,8 @@ static const char USAGE[] =
     "  -h, --help             this text\n"
     "\n"
     "Inputs must be regular files of UTF-8 text (invalid UTF-8 is refused with its\n"
-    "file and byte offset); --out must not be one of them. Progress goes to stderr,\n"
+    "file and byte offset); --out must not be one of them, nor a file of the\n"
+    "tokenizer (the same file by any path: a link, ./, ..). Progress goes to stderr,\n"
     "the summary (tokens, tokens/s) to stdout. Exit status 0, or 1 on any error,\n"
     "with nothing written.\n";
 

@@ -1,9 +1,9 @@
 /*
  * examples/lm_train/checkpoint.c - --save and --resume: the checkpoint's
- * metadata, writing it (collective under ranks), checking the --save
- * path before training, applying a checkpoint's model shape, tokenizer,
- * schedule and precision to the options, checking that resumed training
- * reads the same token data, and saying what is saved when a run stops.
+ * metadata, writing it (collective under ranks), applying a checkpoint's
+ * model shape, tokenizer, schedule and precision to the options, checking
+ * that resumed training reads the same token data, and saying what is
+ * saved when a run stops.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
@@ -11,8 +11,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "lm_train.h"
 
@@ -99,42 +97,13 @@ int save_checkpoint(run *r)
         if (!rc && !(ck.config_json = config_json(&r->o))) rc = cli_fail("out of host memory");
         if (!rc && dp_gpt_checkpoint_save(r->o.save, r->gpt, &ck) != DP_OK) rc = cli_dp_fail("save");
     }
-    if (all_here) rc = agree(r, rc);
+    if (all_here) rc = agree_writes(r, rc);
     if (!rc) r->saved_step = r->step;
     free(ck.params);
     free(ck.m);
     free(ck.v);
     free(ck.tokenizer);
     free(ck.config_json);
-    return rc;
-}
-
-/* Fails unless a checkpoint can be written at path: its directory exists
- * and is writable, and path is not a directory. Checked before training so
- * a typo does not cost the whole run. */
-int check_save_path(const char *path)
-{
-    struct stat sb;
-    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
-        return cli_fail("--save %s is a directory; give a file name for the checkpoint", path);
-    char *dir = strdup(path);
-    if (!dir) return cli_fail("out of host memory");
-    char *slash = strrchr(dir, '/');
-    const char *d = ".";
-    if (slash == dir) {
-        d = "/";
-    } else if (slash) {
-        *slash = '\0';
-        d = dir;
-    }
-    int rc = 0;
-    if (stat(d, &sb) != 0)
-        rc = cli_fail("--save %s: directory '%s': %s; create it first", path, d, strerror(errno));
-    else if (!S_ISDIR(sb.st_mode))
-        rc = cli_fail("--save %s: '%s' is not a directory", path, d);
-    else if (access(d, W_OK | X_OK) != 0)
-        rc = cli_fail("--save %s: cannot write in directory '%s': %s", path, d, strerror(errno));
-    free(dir);
     return rc;
 }
 

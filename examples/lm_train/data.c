@@ -108,6 +108,7 @@ static int load_tokens(run *r, const char *path)
 {
     const opts *o = &r->o; /* resolve_options set the vocabulary */
     size_t V = (size_t)o->vocab_size;
+    catch_bus_errors(r, path);
     if (dp_token_data_open(path, V, &r->data) != DP_OK) return cli_dp_fail("--data");
     if (o->tokenizer_file) {
         if (load_tokenizer_file(o->tokenizer_file, &r->tok) != DP_OK)
@@ -149,18 +150,21 @@ int load_data(run *r, const char *path)
     return r->is_tokens ? load_tokens(r, path) : load_text(r, path);
 }
 
-/* The batch samplers: training, and evaluation on each split. */
+/* The batch samplers: training, and evaluation on each split; none for
+ * --eval-only, which reads the validation split's windows alone (so a
+ * training split shorter than the context does not stop it). */
 int make_samplers(run *r)
 {
     const opts *o = &r->o;
     size_t T = (size_t)o->context;
+    if (o->eval_only) return 0;
     if (dp_sampler_create(r->data, DP_SPLIT_TRAIN, T, o->seed, &r->train) != DP_OK ||
         dp_sampler_create(r->data, DP_SPLIT_TRAIN, T, o->seed + 1, &r->eval_train) != DP_OK ||
         dp_sampler_create(r->data, DP_SPLIT_VAL, T, o->seed + 2, &r->eval_val) != DP_OK)
         return cli_dp_fail("--context");
-    /* Evaluation reads no training batches: the sampler's state (which
-     * belongs to the training corpus) matters only to a run that trains. */
-    if (r->ck && r->ck->has_sampler && !o->eval_only &&
+    /* The sampler's state belongs to the training corpus: restored for a
+     * run that trains. */
+    if (r->ck && r->ck->has_sampler &&
         dp_sampler_set_state(r->train, r->ck->sampler) != DP_OK)
         return cli_dp_fail("--resume sampler state");
     return 0;

@@ -30,9 +30,12 @@ static int estimate_loss(run *r, dp_sampler *s, double *out)
     double sum = 0.0;
     size_t n = 0;
     for (long i = 0; i < r->o.eval_iters; i++) {
-        int g = go_on(r, 0);
+        /* A batch that fails (an id past the vocabulary) is agreed with
+         * the signals, so every rank stops together, able to save. */
+        int bad = dp_sampler_next(s, r->inputs, r->targets, B) != DP_OK ? cli_dp_fail("eval batch")
+                                                                        : 0;
+        int g = go_on(r, bad);
         if (g) return g > 0 ? -1 : 1;
-        if (dp_sampler_next(s, r->inputs, r->targets, B) != DP_OK) return local_fatal(r, "eval batch");
         if (eval_batch(r, B, &sum, &n)) return 1;
     }
     *out = sum / (double)n;
@@ -67,11 +70,11 @@ static int full_val_loss(run *r, double *out)
     double sum = 0.0;
     size_t n = 0;
     for (size_t first = 0; first < W; first += B) {
-        int g = go_on(r, 0);
-        if (g) return g > 0 ? interrupted(r, g, "the final evaluation") : 1;
         size_t rows = W - first < B ? W - first : B;
-        if (dp_eval_windows(r->data, DP_SPLIT_VAL, T, first, rows, r->inputs, r->targets) != DP_OK)
-            return local_fatal(r, "validation windows");
+        int bad = dp_eval_windows(r->data, DP_SPLIT_VAL, T, first, rows, r->inputs,
+                                  r->targets) != DP_OK ? cli_dp_fail("validation windows") : 0;
+        int g = go_on(r, bad);
+        if (g) return g > 0 ? interrupted(r, g, "the final evaluation") : 1;
         if (eval_batch(r, rows, &sum, &n)) return 1;
     }
     *out = sum / (double)n;

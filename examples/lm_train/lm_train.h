@@ -82,6 +82,7 @@ typedef struct run {
     long saved_step;           /* checkpoint.c: step of this run's last checkpoint, -1 = none */
     long skipped, consecutive_skips; /* train.c: steps skipped for non-finite values */
     FILE *log;                 /* log.c: --log */
+    int write_failed;          /* log.c: a write to rank 0's stdout or --log failed (said once) */
     dp_trace *trace;           /* log.c: --trace, every training step's phase spans */
     int tty;                   /* train.c: stdout is a terminal */
     int exit_code;             /* signals.c: non-zero, the status main returns (signals) */
@@ -91,7 +92,13 @@ typedef struct run {
 
 // --- signals (signals.c) ------------------------------------------------------------------
 
-void install_signal_handlers(int ranked);
+/* First thing in main: until run_signals, SIGINT/SIGTERM end the process
+ * at once with 128 + the signal's number. */
+void install_signal_handlers(void);
+/* After setup: the first signal stops the run after the current step. */
+void run_signals(int ranked);
+/* Before token files are mapped: SIGBUS names them (--data) and exits 1. */
+void catch_bus_errors(const run *r, const char *data);
 /* The first SIGINT/SIGTERM's number, 0 while none came. */
 int pending_signal(void);
 /* Signal sig arrived during evaluation or sampling: stop there; returns 1. */
@@ -106,9 +113,11 @@ const char *signal_name(int sig);
 #define AGREED_FAIL(r, ...) CLI_AGREED_FAIL(&(r)->rk, __VA_ARGS__)
 
 int join_ranks(run *r, int *argc, char ***argv);
+int compare_options(run *r, int parsed);
 int engine_fail(run *r, dp_status s, const char *what);
 int local_fatal(run *r, const char *what);
 int agree(run *r, int failed);
+int agree_writes(run *r, int failed);
 int go_on(run *r, int failed);
 
 // --- setup (setup.c), data (data.c) -------------------------------------------------------------
@@ -120,7 +129,6 @@ int make_samplers(run *r);
 
 // --- checkpoints (checkpoint.c) -----------------------------------------------------------
 
-int check_save_path(const char *path);
 int apply_checkpoint(run *r);
 int check_resume_data(const run *r, const char *path);
 int save_checkpoint(run *r);
@@ -155,6 +163,7 @@ void print_summary(const run *r, size_t k, const dp_engine_config *ec);
 int open_outputs(run *r, size_t k);
 void progress(run *r, const dp_step_stats *st, double lr, double elapsed, long first);
 void log_row(run *r, const dp_step_stats *st, double lr);
+int check_written(run *r);
 int finish_trace(run *r, int rc);
 int train(run *r);
 

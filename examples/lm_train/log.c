@@ -1,15 +1,19 @@
 /*
  * examples/lm_train/log.c - what a run prints and writes as it goes: the
  * model and engine summary, the progress line, --log's JSONL rows (a
- * resumed run keeps those up to its checkpoint) and the --trace file.
+ * resumed run keeps those up to its checkpoint), the --trace file, and
+ * whether every write to stdout and --log went through.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "lm_train.h"
 
@@ -40,6 +44,32 @@ void print_summary(const run *r, size_t k, const dp_engine_config *ec)
     printf("), batch %ld x %ld tokens\n", o->batch_size, o->context);
 }
 
+/* --log for writing, truncated: opened without blocking, so a FIFO is
+ * refused instead of waited on; a regular file or a character device
+ * (/dev/null). NULL after a message. */
+static FILE *open_log_file(const char *path)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NONBLOCK | O_CLOEXEC, 0666);
+    if (fd < 0) {
+        cli_fail("--log %s: %s", path, errno == ENXIO ? "a FIFO without a reader; give a regular "
+                 "file" : strerror(errno));
+        return NULL;
+    }
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !(S_ISREG(sb.st_mode) || S_ISCHR(sb.st_mode))) {
+        close(fd);
+        cli_fail("--log %s: not a regular file; give a regular file", path);
+        return NULL;
+    }
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    FILE *f = fdopen(fd, "w");
+    if (!f) {
+        close(fd);
+        cli_fail("--log %s: %s", path, strerror(errno));
+    }
+    return f;
+}
+
 /* Opens --log. A resumed run keeps the rows up to the checkpoint's step and
  * drops the later ones (written by the run that went past the checkpoint
  * before it stopped), so every step appears once; an unreadable row (a
@@ -48,12 +78,18 @@ static int open_log(run *r)
 {
     const char *path = r->o.log;
     if (!path) return 0;
-    if (!r->step) {
-        if (!(r->log = fopen(path, "w"))) return cli_fail("--log %s: %s", path, strerror(errno));
-        return 0;
+    if (!r->step) return (r->log = open_log_file(path)) ? 0 : 1;
+    /* The rows to keep: from a regular file only (a FIFO would block). */
+    struct stat sb;
+    FILE *in = NULL;
+    if (stat(path, &sb) == 0 && S_ISREG(sb.st_mode)) {
+        int fd = cli_open_input("--log", path);
+        if (fd < 0) return 1;
+        if (!(in = fdopen(fd, "r"))) {
+            close(fd);
+            return cli_fail("--log %s: %s", path, strerror(errno));
+        }
     }
-    FILE *in = fopen(path, "r");
-    if (!in && errno != ENOENT) return cli_fail("--log %s: %s", path, strerror(errno));
     char *kept = NULL;
     size_t kept_len = 0, dropped = 0, rows = 0;
     FILE *mem = in ? open_memstream(&kept, &kept_len) : NULL;
@@ -80,14 +116,16 @@ static int open_log(run *r)
         fclose(in);
         fclose(mem);
     }
-    r->log = fopen(path, "w");
+    r->log = open_log_file(path);
     if (!r->log) {
         free(kept);
-        return cli_fail("--log %s: %s", path, strerror(errno));
+        return 1;
     }
     if (kept_len) fwrite(kept, 1, kept_len, r->log);
     free(kept);
-    fflush(r->log);
+    char what[300];
+    snprintf(what, sizeof what, "--log %s", path);
+    if (cli_check_stream(r->log, what)) return 1;
     if (dropped)
         printf("log: %s: kept %zu rows up to step %ld, dropped %zu written after it\n", path,
                rows, r->step, dropped);
@@ -153,12 +191,27 @@ void log_row(run *r, const dp_step_stats *st, double lr)
                             (double)(r->o.batch_size * r->o.context) / st->seconds, "ms",
                             1e3 * st->seconds, "skipped", st->skipped, "skipped_total",
                             (json_int_t)r->skipped, "peak_bytes", peaks);
-    if (row) {
+    if (row) { /* flushed, and checked, at the next step's start (check_written) */
         json_dumpf(row, r->log, JSON_COMPACT);
         fputc('\n', r->log);
-        fflush(r->log);
     }
     json_decref(row);
+}
+
+/* What rank 0 wrote so far to stdout and --log, flushed and checked: 1
+ * once a write failed (a full disk, /dev/full), said once; the run then
+ * saves and stops (train.c) or fails at its end (main.c). */
+int check_written(run *r)
+{
+    /* Under ranks a signal made stdout non-blocking on purpose (signals.c):
+     * a write it refuses then is no failure; the run stops for the signal. */
+    if (r->write_failed || r->rk.rank != 0 || (r->rk.ranks > 1 && pending_signal()))
+        return r->write_failed;
+    char what[300];
+    snprintf(what, sizeof what, "--log %s", r->o.log ? r->o.log : "");
+    r->write_failed = cli_check_stream(stdout, "standard output") ||
+                      (r->log && cli_check_stream(r->log, what));
+    return r->write_failed;
 }
 
 /* Whatever stopped training, the trace holds the steps that ran: writes
@@ -166,5 +219,5 @@ void log_row(run *r, const dp_step_stats *st, double lr)
 int finish_trace(run *r, int rc)
 {
     int tw = r->trace && dp_trace_write(r->trace, r->o.trace) != DP_OK ? cli_dp_fail("--trace") : 0;
-    return rc ? rc : agree(r, tw);
+    return rc ? rc : agree_writes(r, tw);
 }

@@ -16,16 +16,21 @@
  *
  * SIGINT / SIGTERM end the run after the current step: the checkpoint is
  * written (with --save), output flushed, and the exit status is 128 + the
- * signal's number; a second signal exits at once.
+ * signal's number; a second signal exits at once. Before training begins
+ * (setup) they end it at once, with the same status.
  *
  * Under an MPI launcher (mpirun -np R lm_train --devices cpu:K ...) the R
  * ranks train one model on R x K devices (dp/dist.h): every rank samples
  * the same batches from the same seed and makes the same engine calls,
  * all of them collective; rank 0 alone prints, writes --save, --log and
- * --trace and samples text. Work only some ranks do, and failures only
- * one rank can meet, are followed by an agreement (dp_dist_agree), so no
- * rank goes on into a collective the others have left. A signal reaching
- * any rank stops every rank at the same step (agreed before each step).
+ * --trace. Their options are compared when they join (all but those of
+ * their own devices), so a rank started differently fails them all at
+ * once. Work only some ranks do, and failures only one rank can meet,
+ * are followed by an agreement (dp_dist_agree_timeout), so no rank goes
+ * on into a collective the others have left; every wait between them is
+ * bounded by --watchdog, or CLI_RANKS_WAIT_DEFAULT without it. A signal
+ * reaching any rank stops every rank at the same step (agreed before
+ * each step).
  *
  * The files, one concern each (lm_train.h: what they share): options.c
  * (defaults, --help, parsing), signals.c, ranks.c (the rank glue),
@@ -60,10 +65,11 @@ static void run_free(run *r)
     free(r->init_params);
 }
 
-/* Leaves before setup (joining the ranks or parsing failed, or --help). */
+/* Leaves before setup (joining the ranks or comparing the options
+ * failed, or --help). */
 static int leave(run *r, int code)
 {
-    dp_dist_close(r->rk.dist);
+    cli_ranks_leave(&r->rk, code);
     return code;
 }
 
@@ -71,32 +77,30 @@ static int leave(run *r, int code)
  * a collective that will never complete) is aborted. */
 static int finish(run *r, int rc)
 {
-    fflush(stdout);
+    /* A failed write to stdout or --log fails the run (train.c saved the
+     * model first); exit alone cannot change the status. */
+    if (check_written(r) && !rc) rc = 1;
     int code = rc ? (r->exit_code ? r->exit_code : 1) : 0;
     run_free(r);
-    if (r->rk.broken) {
-        fflush(stderr);
-        dp_dist_abort(r->rk.dist, code);
-    }
-    dp_dist_close(r->rk.dist);
-    return code;
+    return leave(r, code);
 }
 
 int main(int argc, char **argv)
 {
     cli_set_program("lm_train");
+    install_signal_handlers();
     run r;
     memset(&r, 0, sizeof r);
     r.saved_step = -1;
     defaults(&r.o);
     if (join_ranks(&r, &argc, &argv)) return leave(&r, 1);
-    /* Every rank has the same command line: rank 0 says what is wrong with it. */
-    cli_set_quiet(r.rk.rank > 0);
+    /* Quietly: the ranks first compare their options, then say what is wrong. */
+    cli_set_quiet(1);
     int pa = parse_args(argc, argv, &r.o);
     cli_set_quiet(0);
-    if (pa) return leave(&r, pa < 0 ? 0 : 2); /* -1: --help */
-    install_signal_handlers(r.rk.ranks > 1);
+    if ((pa = compare_options(&r, pa))) return leave(&r, pa < 0 ? 0 : 2); /* -1: --help */
     int rc = setup(&r);
+    run_signals(r.rk.ranks > 1);
     if (!rc && r.o.eval_only) {
         rc = export_hf(&r);
         if (!rc) rc = print_val_loss(&r, 0);

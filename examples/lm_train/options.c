@@ -123,7 +123,8 @@ static void usage(FILE *f)
             "  --max-skips K          stop after K consecutive steps skipped for a non-finite\n"
             "                         loss or gradient (default %ld)\n"
             "  --watchdog SECONDS     fail a step when no device makes progress for this long,\n"
-            "                         0 = off (default 0)\n"
+            "                         0 = off (default 0); under mpirun it also bounds every\n"
+            "                         wait between the ranks (default there: %g s)\n"
             "  --check-replicas N     every N steps, check that every replica equals the root's\n"
             "                         parameters, 0 = off (default 0)\n"
             "evaluation and output\n"
@@ -169,19 +170,26 @@ static void usage(FILE *f)
             "                         Token data take --prompt TEXT with a BPE --tokenizer-file\n"
             "  --help                 this text\n"
             "SIGINT or SIGTERM stops after the current step, saves (with --save) and exits with\n"
-            "128 + the signal number; a second signal exits at once.\n"
-            "ranks: mpirun -np R lm_train --devices cpu:K ... trains one model on R x K devices,\n"
+            "128 + the signal number; a second signal, or one before training begins, exits at\n"
+            "once. A token file cut short while mapped (SIGBUS) ends the run with status 1,\n"
+            "unsaved: resume from the last checkpoint.\n"
+"ranks: mpirun -np R lm_train --devices cpu:K ... trains one model on R x K devices,\n"
             "bitwise as one process with R x K; rank 0 prints and writes --save, --log and\n"
             "--trace (its own devices' tracks); every rank reads --data and --resume (a path all\n"
             "ranks can read); evaluation is distributed too (each rank its rows, one global loss).\n"
-            "A signal to any rank stops all at the same step and saves; Open MPI's mpirun, when\n"
+            "Every rank must be given the same options, except --devices, --device-weights and\n"
+            "--memory-limit (its own devices): the ranks compare them when they join and all fail\n"
+            "naming the first that differs. A wait between the ranks lasts at most --watchdog\n"
+            "seconds, else %g s (and at least %g s while rank 0 writes a file); then every rank\n"
+            "stops. A signal to any rank stops all at the same step and saves; Open MPI's mpirun, when\n"
             "signalled, sends SIGTERM to the ranks and SIGKILL 1 s later (more: --mca\n"
             "odls_base_sigkill_timeout SECONDS), so signal the ranks when a save takes longer.\n",
             LM_DEFAULT_CORPUS, d.tokenizer, d.vocab_size, DP_GPT2_VOCAB_SIZE, TOKEN_VOCAB_MAX,
             d.devices, d.mode, DP_GPT_ATTENTION_CHUNK, DP_GPT_ATTENTION_CHUNK, d.layers, d.heads,
             d.dim, d.context, d.batch_size, d.grad_accum, d.steps, d.lr, d.min_lr, d.warmup,
-            d.weight_decay, d.beta1, d.beta2, d.grad_clip, d.seed, d.max_skips, d.eval_interval,
-            d.eval_iters, SAMPLE_MAX, d.sample, d.temperature, d.top_k);
+            d.weight_decay, d.beta1, d.beta2, d.grad_clip, d.seed, d.max_skips, CLI_RANKS_WAIT_DEFAULT,
+            d.eval_interval, d.eval_iters, SAMPLE_MAX, d.sample, d.temperature, d.top_k,
+            CLI_RANKS_WAIT_DEFAULT, CLI_RANKS_WAIT_DEFAULT);
 }
 
 /* --val-tokens below one window (context+1 tokens: context inputs, and

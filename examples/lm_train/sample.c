@@ -218,44 +218,51 @@ static void print_token(const run *r, int ids, int32_t id)
 }
 
 /* Samples n tokens after the prompt on the root device, printing them;
- * b->params holds the parameters (generate reads them). */
+ * b->params holds the parameters (generate reads them). With ranks every
+ * rank samples the same tokens (ranks other than 0 print to /dev/null),
+ * so no rank waits for another's sampling; a token's failure on any rank,
+ * or a signal, is agreed before the next (go_on). */
 static int generate_into(run *r, sampler_bufs *b)
 {
     const dp_gpt_config *c = dp_gpt_config_of(r->gpt);
     size_t T = c->block_size, V = c->vocab_size, n = (size_t)r->o.sample;
-    if (sample_setup(r, b, T, V, n)) return 1;
+    if (agree(r, sample_setup(r, b, T, V, n))) return 1;
     size_t len = r->prompt_len;
     dp_rng rng;
     dp_rng_seed(&rng, r->o.seed ^ 0x5eedULL);
     int ids = r->is_tokens && !r->tok; /* token data without a table: print ids */
     printf("--- sample (%zu tokens, temperature %g, top-k %ld%s) ---\n%s", n, r->o.temperature,
            r->o.top_k, ids ? "; token ids: --tokenizer-file prints text" : "", r->prompt_text);
-    for (size_t i = 0; i < n; i++) {
-        int sig = pending_signal();
+    int failed = 0;
+    for (size_t i = 0; i < n && !failed; i++) {
+        int sig = go_on(r, 0);
+        if (sig < 0) return 1;
         if (sig) return interrupted(r, sig, "sampling");
         size_t t = len < T ? len : T; /* crop to the last block_size tokens */
         const int32_t *win = b->ctx + len - t;
         if (dp_copy_h2d(b->dev, b->dtok, win, t * sizeof(int32_t)) != DP_OK ||
             dp_gpt_forward(r->gpt, b->dev, b->dparams, b->dtok, 1, t, b->ws, b->dlogits) != DP_OK ||
             dp_copy_d2h(b->dev, b->logits, (float *)b->dlogits + (t - 1) * V,
-                        V * sizeof(float)) != DP_OK)
-            return cli_dp_fail("sampling");
+                        V * sizeof(float)) != DP_OK) {
+            failed = cli_dp_fail("sampling");
+            break;
+        }
         int32_t pick = 0;
         dp_status ss = dp_sample_logits(b->logits, V, r->o.temperature, (size_t)r->o.top_k, &rng,
                                          b->probs, &pick);
         /* Logits without a distribution (NaN, +inf, all -inf) print the
          * last id, as this sampler always did before it moved into dp. */
         if (ss == DP_ERR_NON_FINITE) pick = (int32_t)(V - 1);
-        else if (ss != DP_OK) return cli_dp_fail("sampling");
+        else if (ss != DP_OK) failed = cli_dp_fail("sampling");
         b->ctx[len++] = pick;
-        print_token(r, ids, pick);
+        if (!failed) print_token(r, ids, pick);
     }
+    if (agree(r, failed)) return 1;
     printf("\n---\n");
     return 0;
 }
 
-/* With ranks every rank reads the parameters (collective), rank 0
- * samples, and the ranks agree on its outcome. */
+/* With ranks every rank reads the parameters (collective) and samples. */
 int generate(run *r)
 {
     sampler_bufs b;
@@ -268,9 +275,7 @@ int generate(run *r)
     dp_status s = DP_OK;
     if (!rc && (s = dp_engine_get_params(r->engine, b.params)) != DP_OK)
         rc = engine_fail(r, s, "sampling setup");
-    int all_here = !rc;
-    if (!rc && r->rk.rank == 0) rc = generate_into(r, &b);
-    if (all_here) rc = agree(r, rc);
+    if (!rc) rc = generate_into(r, &b);
     sample_free(&b);
     return rc;
 }

@@ -58,14 +58,35 @@ static int make_model(run *r, size_t V)
     return 0;
 }
 
+/* Rank 0's outputs, before anything is written: --save and --trace can
+ * be written (their directories, their temporary files' names), and no
+ * output is the same file as an input (--data's, or one of a data
+ * directory's files: its *.bin for token data; --resume, which --save may
+ * replace; --tokenizer-file) or as another output. */
+static int check_outputs(const run *r, const char *data)
+{
+    const opts *o = &r->o;
+    if (o->save && cli_check_output("--save", o->save)) return 1;
+    if (o->trace && cli_check_output("--trace", o->trace)) return 1;
+    const cli_file files[] = {
+        {"--data", data, 0, r->is_tokens ? ".bin" : NULL, NULL},
+        {"--resume", o->resume, 0, NULL, NULL},
+        {"--tokenizer-file", o->tokenizer_file, 0, NULL, NULL},
+        {"--save", o->save, 1, NULL, "--resume"},
+        {"--log", o->eval_only ? NULL : o->log, 1, NULL, NULL}, /* not written by --eval-only */
+        {"--trace", o->trace, 1, NULL, NULL},
+    };
+    return cli_check_overlaps(files, sizeof files / sizeof files[0]);
+}
+
 /* The run's local part: checkpoint, data, tokenizer, prompt, samplers, model. */
 static int load(run *r)
 {
     const opts *o = &r->o;
-    /* Rank 0 writes the checkpoints. */
-    if (o->save && r->rk.rank == 0 && check_save_path(o->save)) return 1;
     const char *path = NULL;
     if (probe_data(r, &path)) return 1;
+    /* Rank 0 writes the outputs. */
+    if (r->rk.rank == 0 && check_outputs(r, path)) return 1;
     if (o->resume) {
         if (dp_gpt_checkpoint_load(o->resume, &r->ck, &r->gpt) != DP_OK)
             return cli_dp_fail("--resume");
@@ -73,7 +94,8 @@ static int load(run *r)
     }
     if (o->init_from && load_pretrained(r)) return 1;
     resolve_options(&r->o, r->is_tokens, r->gpt != NULL);
-    if (load_data(r, path) || prepare_prompt(r) || make_samplers(r)) return 1;
+    /* --eval-only samples nothing: no prompt (nor the training split's first token). */
+    if (load_data(r, path) || (!o->eval_only && prepare_prompt(r)) || make_samplers(r)) return 1;
     return make_model(r, r->is_tokens ? (size_t)o->vocab_size : dp_tokenizer_vocab_size(r->tok));
 }
 
@@ -103,7 +125,9 @@ static int configure(run *r, dp_device_spec *specs, size_t *kp, dp_engine_config
     ec.grad_accum = (int)o->grad_accum;
     ec.max_tokens_per_micro = (size_t)o->max_tokens;
     ec.seed = o->seed;
-    ec.watchdog_seconds = o->watchdog;
+    /* Under ranks every wait between them is bounded, the engine's too:
+     * without --watchdog, by the default (cli_ranks_set_wait). */
+    ec.watchdog_seconds = r->rk.ranks > 1 ? r->rk.wait : o->watchdog;
     ec.check_replicas_every = o->check_replicas;
     ec.allow_tf32 = o->tf32;
     ec.matmul_precision = o->compute.bf16 ? DP_MATMUL_BF16 : DP_MATMUL_FP32;
@@ -166,7 +190,7 @@ int setup(run *r)
     print_summary(r, k, &ec);
     int out = alloc_batches(r);
     if (!out && r->rk.rank == 0) out = open_outputs(r, k);
-    if (agree(r, out)) return 1;
+    if (agree_writes(r, out)) return 1;
     if (r->ck) {
         /* The parameters live in the engine now; the metadata stays for messages. */
         free(r->ck->params);

@@ -1,7 +1,9 @@
 /*
- * examples/lm_train/signals.c - SIGINT and SIGTERM: the first stops the
- * run after the current step (the loops ask pending_signal), a second
- * exits at once; the exit status is 128 + the signal's number.
+ * examples/lm_train/signals.c - SIGINT and SIGTERM: before training
+ * begins either ends the process at once; then the first stops the run
+ * after the current step (the loops ask pending_signal), a second exits at
+ * once; the exit status is 128 + the signal's number. SIGBUS, a token file
+ * cut short under its mapping: a message naming the data, exit 1.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <fcntl.h>
@@ -17,11 +19,29 @@
 /* The first SIGINT/SIGTERM's number; the loops check it between steps. */
 static volatile sig_atomic_t stop_signal;
 
+/* Until the run begins (run_signals), a signal ends the process at once:
+ * setup has nothing to save, and a call it interrupts (an open() of a
+ * slow file) would restart and hold the signal until it returns. */
+static volatile sig_atomic_t starting = 1;
+
 /* Under mpirun: make stdout and stderr non-blocking when a signal comes. */
 static volatile sig_atomic_t unblock_output;
 
+static void say(const char *msg, size_t n)
+{
+    ssize_t w = write(STDERR_FILENO, msg, n);
+    (void)w;
+}
+
 static void on_signal(int sig)
 {
+    if (starting) {
+        static const char term[] = "lm_train: interrupted by SIGTERM before training began\n";
+        static const char intr[] = "lm_train: interrupted by SIGINT before training began\n";
+        if (sig == SIGINT) say(intr, sizeof intr - 1);
+        else say(term, sizeof term - 1);
+        _exit(128 + sig);
+    }
     if (unblock_output) {
         /* mpirun, signalled, stops reading the ranks' output, then sends
          * them SIGTERM: a write to a full pseudo-terminal would block rank 0
@@ -35,20 +55,14 @@ static void on_signal(int sig)
     }
     if (stop_signal) {
         static const char msg[] = "lm_train: second signal: exiting at once\n";
-        ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
-        (void)w;
+        say(msg, sizeof msg - 1);
         _exit(128 + sig);
     }
     stop_signal = sig;
 }
 
-/* ranked: under mpirun, which on SIGINT/SIGTERM stops forwarding the
- * ranks' output, sends them SIGTERM and 1 s later SIGKILL (Open MPI's
- * odls_base_sigkill_timeout): no write may block or kill (SIGPIPE) a rank
- * before it saves. */
-void install_signal_handlers(int ranked)
+void install_signal_handlers(void)
 {
-    unblock_output = ranked;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
@@ -56,7 +70,54 @@ void install_signal_handlers(int ranked)
     sa.sa_flags = SA_RESTART; /* no EINTR in the middle of a write */
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+}
+
+/* ranked: under mpirun, which on SIGINT/SIGTERM stops forwarding the
+ * ranks' output, sends them SIGTERM and 1 s later SIGKILL (Open MPI's
+ * odls_base_sigkill_timeout): no write may block or kill (SIGPIPE) a rank
+ * before it saves. */
+void run_signals(int ranked)
+{
+    unblock_output = ranked;
     if (ranked) signal(SIGPIPE, SIG_IGN);
+    starting = 0;
+}
+
+// --- token files cut while mapped -------------------------------------------------------
+
+/* What the SIGBUS handler writes: set before the files are mapped. */
+static char bus_msg[768];
+static size_t bus_len;
+
+static void on_bus(int sig)
+{
+    (void)sig;
+    say(bus_msg, bus_len);
+    _exit(1);
+}
+
+/* The token files are read through their mappings: a file cut short (or
+ * unreadable) under a mapping raises SIGBUS at the next read of a page
+ * past its end, which would kill the process without a word. The handler
+ * names the data and exits 1; nothing can be saved from inside it (the
+ * ranks, the engine may be anywhere), so the last checkpoint is what
+ * remains. */
+void catch_bus_errors(const run *r, const char *data)
+{
+    char who[32] = "";
+    if (r->rk.ranks > 1) snprintf(who, sizeof who, "rank %d: ", r->rk.rank);
+    int n = snprintf(bus_msg, sizeof bus_msg,
+                     "lm_train: %sa token file of --data %s was cut short or could not be read "
+                     "while mapped (SIGBUS); the run stops here without saving: restore the "
+                     "files (they must not change during a run) and resume from the last "
+                     "checkpoint\n", who, data);
+    bus_len = n < 0 ? 0 : (size_t)n < sizeof bus_msg ? (size_t)n : sizeof bus_msg - 1;
+    if (bus_len && bus_msg[bus_len - 1] != '\n') bus_msg[bus_len - 1] = '\n';
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_bus;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGBUS, &sa, NULL);
 }
 
 int pending_signal(void) { return stop_signal; }

@@ -1,8 +1,10 @@
 /*
  * examples/lm_train/train.c - the training loop: per step the agreement
- * on going on (signals), the learning rate, a batch and the engine's
- * step; skipped steps, progress, --log rows, evaluations and periodic
- * checkpoints; at the end the throughput and the last checkpoint.
+ * on going on (signals, rank 0's failed writes), the learning rate, a
+ * batch and the engine's step; skipped steps, progress, --log rows,
+ * evaluations and periodic checkpoints; at the end the throughput and the
+ * last checkpoint. A failure the model outlives (an output, an
+ * evaluation) saves the last step before the run fails.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
@@ -26,9 +28,22 @@ static int stop_for_signal(run *r, int sig)
                        saved ? o->save : "");
 }
 
+/* Training stops early for a failure the model outlives (a write to
+ * stdout, --log or the trace, or an evaluation, failed and said why):
+ * the last step is saved with --save when this run trained since step
+ * `first` and the ranks are still together, and the run fails; returns 1. */
+static int save_and_stop(run *r, long first)
+{
+    const opts *o = &r->o;
+    if (r->rk.broken || !o->save || r->step == first) return 1;
+    if (r->saved_step != r->step && save_checkpoint(r)) return 1;
+    fflush(stdout);
+    return AGREED_FAIL(r, "stopped at step %ld; its checkpoint is saved in %s", r->step, o->save);
+}
+
 /* One engine step at learning rate lr on the next training batch, its
  * statistics in *st; a --trace failure on rank 0 sets *failed (agreed at
- * the next step's start) and stops a run of one rank. */
+ * the next step's start, which saves and stops). */
 static int step_once(run *r, float lr, dp_step_stats *st, int *failed)
 {
     size_t B = (size_t)r->o.batch_size;
@@ -39,10 +54,7 @@ static int step_once(run *r, float lr, dp_step_stats *st, int *failed)
     size_t sent = dp_dist_bytes_sent(r->rk.dist);
     if ((s = dp_engine_step(r->engine, &b, st)) != DP_OK) return engine_fail(r, s, "step");
     r->step_bytes += dp_dist_bytes_sent(r->rk.dist) - sent;
-    if (r->trace && dp_trace_add_step(r->trace, st) != DP_OK) {
-        *failed = cli_dp_fail("--trace");
-        if (r->rk.ranks == 1) return 1;
-    }
+    if (r->trace && dp_trace_add_step(r->trace, st) != DP_OK) *failed = cli_dp_fail("--trace");
     return 0;
 }
 
@@ -93,10 +105,12 @@ int train(run *r)
     long first = r->step;
     double t0 = cli_now();
     r->tty = isatty(STDOUT_FILENO);
-    int failed = 0; /* rank 0's --trace failed: agreed at the next step's start */
+    /* Rank 0's --trace, --log or stdout failed: agreed at the next step's
+     * start (the only failure go_on carries here), then saved and stopped. */
+    int failed = 0;
     while (r->step < o->steps) {
-        int sig = go_on(r, failed);
-        if (sig < 0) return 1;
+        int sig = go_on(r, failed || check_written(r));
+        if (sig < 0) return save_and_stop(r, first);
         if (sig) return stop_for_signal(r, sig);
         float lr = dp_lr_schedule(r->step, o->warmup, o->lr_decay_steps, (float)o->lr,
                                   (float)o->min_lr);
@@ -113,13 +127,13 @@ int train(run *r)
         if (r->step % o->eval_interval == 0 || r->step == o->steps) {
             int e = eval_step(r);
             if (e < 0) continue; /* a signal: the loop's top saves and stops */
-            if (e) return 1;
+            if (e) return save_and_stop(r, first); /* the model is intact: keep it */
         }
         if (o->save && o->save_interval > 0 && r->step % o->save_interval == 0 && save_checkpoint(r))
             return 1;
     }
     report_throughput(r, first, cli_now() - t0);
-    if (agree(r, failed)) return 1;
+    if (agree(r, failed || check_written(r))) return save_and_stop(r, first);
     /* The last checkpoint holds the last step, whether or not the interval divides it. */
     if (o->save && r->saved_step != r->step && save_checkpoint(r)) return 1;
     return 0;

@@ -70,9 +70,20 @@ DP_API int dp_dist_size(const dp_dist *d);
  * goes on into a collective the others have left. */
 DP_API dp_status dp_dist_agree(dp_dist *d, dp_status local);
 
+/* dp_dist_agree, waiting at most `seconds` for the other ranks (0: no
+ * bound, as dp_dist_agree). When they do not all arrive in time: this
+ * rank gets DP_ERR_TIMEOUT, naming the wait; the handle can then no
+ * longer be trusted to match the others' collectives (a late rank may
+ * still complete the one given up on): end the job (dp_dist_abort). */
+DP_API dp_status dp_dist_agree_timeout(dp_dist *d, dp_status local, double seconds);
+
 /* Broadcast of bytes bytes from rank 0's buf to every rank's buf
  * (collective; every rank passes the same bytes). */
 DP_API dp_status dp_dist_broadcast(dp_dist *d, void *buf, size_t bytes);
+
+/* dp_dist_broadcast, waiting at most `seconds` (0: no bound) for each
+ * piece; DP_ERR_TIMEOUT as dp_dist_agree_timeout. */
+DP_API dp_status dp_dist_broadcast_timeout(dp_dist *d, void *buf, size_t bytes, double seconds);
 
 /* Bytes this rank has sent to other ranks since the handle was opened
  * (the engine's collectives and dp_dist_broadcast; MPI's own protocol

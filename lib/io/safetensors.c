@@ -327,7 +327,8 @@ void dp_st_close(dp_st_file *f)
 
 static dp_status load_bytes(dp_st_file *f)
 {
-    int fd = open(f->path, O_RDONLY | O_CLOEXEC);
+    // Non-blocking: a FIFO is refused below, not waited on for ever in open().
+    int fd = open(f->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return DP_FAIL(DP_ERR_IO, "cannot open '%s': %s", f->path, strerror(errno));
     struct stat sb;
     if (fstat(fd, &sb) != 0) {

@@ -431,16 +431,25 @@ dp_status dp_dist_agree_payload(dp_dist *d, double timeout, dp_status local, con
     return s;
 }
 
-dp_status dp_dist_agree(dp_dist *d, dp_status local)
+dp_status dp_dist_agree_timeout(dp_dist *d, dp_status local, double seconds)
 {
     if (!d || d->size == 1) return local;
+    if (!(seconds >= 0)) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "seconds must be >= 0");
     int lost = 0;
-    return dp_dist_agree_payload(d, 0.0, local, NULL, NULL, 0, "dp_dist_agree", &lost);
+    return dp_dist_agree_payload(d, seconds, local, NULL, NULL, 0, "dp_dist_agree", &lost);
+}
+
+dp_status dp_dist_agree(dp_dist *d, dp_status local) { return dp_dist_agree_timeout(d, local, 0.0); }
+
+dp_status dp_dist_broadcast_timeout(dp_dist *d, void *buf, size_t bytes, double seconds)
+{
+    if (!d || d->size == 1) return DP_OK;
+    if (!buf && bytes) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "buf must not be NULL");
+    if (!(seconds >= 0)) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "seconds must be >= 0");
+    return dp_dist_bcast(d, buf, bytes, seconds, "dp_dist_broadcast");
 }
 
 dp_status dp_dist_broadcast(dp_dist *d, void *buf, size_t bytes)
 {
-    if (!d || d->size == 1) return DP_OK;
-    if (!buf && bytes) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "buf must not be NULL");
-    return dp_dist_bcast(d, buf, bytes, 0.0, "dp_dist_broadcast");
+    return dp_dist_broadcast_timeout(d, buf, bytes, 0.0);
 }

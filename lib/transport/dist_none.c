@@ -37,6 +37,11 @@ size_t dp_dist_bytes_sent(const dp_dist *d) { return 0; }
 void dp_dist_abort(dp_dist *d, int code) {}
 dp_status dp_dist_agree(dp_dist *d, dp_status local) { return local; }
 dp_status dp_dist_broadcast(dp_dist *d, void *buf, size_t bytes) { return DP_OK; }
+dp_status dp_dist_agree_timeout(dp_dist *d, dp_status local, double seconds) { return local; }
+dp_status dp_dist_broadcast_timeout(dp_dist *d, void *buf, size_t bytes, double seconds)
+{
+    return DP_OK;
+}
 
 /* One rank: an agreement is its own outcome; nothing else is exchanged
  * (the engine's transport for one rank never calls these). */

@@ -22,7 +22,9 @@
  *  - bad use: different configurations, different batches, gather mode;
  *    exactly DP_MAX_DEVICES over the ranks works, one more is refused.
  *  - a diverged replica on rank 1 is named on both ranks; a rank stalled
- *    past the watchdog makes both ranks' step time out.
+ *    past the watchdog makes both ranks' step time out; a rank late past
+ *    the bound of dp_dist_agree_timeout / _broadcast_timeout times out
+ *    the other's call.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
@@ -506,6 +508,44 @@ static void dist_api(void)
           dp_dist_built(), dp_dist_launched_size());
 }
 
+/* The bounded agreement and broadcast: a rank that arrives late (a
+ * sleep past the bound) makes the waiting rank's call fail with
+ * DP_ERR_TIMEOUT within about the bound, not when the late rank comes;
+ * the late rank's call then completes the one given up on, so the ranks
+ * stay matched (the test's own agreements go on). */
+static void dist_timeouts(void)
+{
+    struct timespec late = {1, 500000000L}, t0, t1;
+    if (rank == 1) nanosleep(&late, NULL);
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    dp_status s = dp_dist_agree_timeout(dist, DP_OK, 0.3);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double took = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    /* The next call, in time, keeps MPI progressing the one given up on. */
+    dp_status next = dp_dist_agree_timeout(dist, DP_OK, 30.0);
+    if (rank == 0)
+        CHECK(s == DP_ERR_TIMEOUT && took < 1.2, "agree_timeout: %d after %.2f s: %s", (int)s,
+              took, dp_last_error());
+    else
+        CHECK_OK(s);
+    CHECK_OK(next);
+    unsigned char b[64];
+    memset(b, rank == 0 ? 7 : 0, sizeof b);
+    if (rank == 0) nanosleep(&late, NULL);
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    s = dp_dist_broadcast_timeout(dist, b, sizeof b, 0.3);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    took = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    next = dp_dist_agree_timeout(dist, DP_OK, 30.0);
+    if (rank == 1)
+        CHECK(s == DP_ERR_TIMEOUT && took < 1.2, "broadcast_timeout: %d after %.2f s: %s",
+              (int)s, took, dp_last_error());
+    else
+        CHECK_OK(s);
+    CHECK_OK(next);
+    CHECK(dp_dist_agree_timeout(dist, DP_OK, -1.0) == DP_ERR_INVALID_ARGUMENT, "negative bound");
+}
+
 static void bad_use(void)
 {
     tcase c = {"bad", 1, 0, 7, 12, DP_OPTIMIZER_ADAMW, 0, 1, 0, 1.0f, 0};
@@ -631,6 +671,12 @@ int main(int argc, char **argv)
         int before = failures;
         dist_api();
         agree_case("dp_dist: a 3 MiB broadcast, its bytes, agreement naming the rank",
+                   failures == before);
+    }
+    {
+        int before = failures;
+        dist_timeouts();
+        agree_case("dp_dist: a late rank times out the bounded agreement and broadcast",
                    failures == before);
     }
     {
