@@ -78,6 +78,17 @@ typedef struct dp_chunk {
     const void *inputs;  /* rows * input_row_bytes */
     const void *targets; /* rows * dp_model_target_row_bytes(model): int32 class ids for
                             DP_TARGET_CLASS (cast to const int32_t *), floats for DP_TARGET_F32 */
+    /* Where and when the chunk runs, for layers whose result must not
+     * depend on the split (dropout's mask, dp_dropout_forward in dp/nn.h:
+     * pass row_begin times the output rows per example as its row0, step
+     * and seed): */
+    size_t row_begin; /* the index of the chunk's first row in the global batch (over every
+                         device, micro-batch and rank) */
+    uint64_t step;    /* optimizer steps taken before this one (dp_step_stats.step of the
+                         previous step; 0 at the first) */
+    uint64_t seed;    /* dp_engine_config.seed */
+    int training;     /* 1 in dp_engine_step, 0 in dp_engine_evaluate (as PyTorch's
+                         model.train() / model.eval(): no dropout) */
 } dp_chunk;
 
 typedef struct dp_model {

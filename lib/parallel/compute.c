@@ -12,13 +12,22 @@
 #include "parallel/plan.h"
 #include "parallel/pool.h"
 
-static dp_chunk chunk_of(const worker *w, size_t first, size_t rows)
+/* Rows [first, first + rows) of this worker's part of the plan. */
+static dp_chunk chunk_of(const worker *w, const dp_plan *plan, size_t first, size_t rows,
+                         int train)
 {
-    const dp_model *m = &w->e->model;
+    const dp_engine *e = w->e;
+    const dp_model *m = &e->model;
     dp_chunk c;
     c.rows = rows;
     c.inputs = (const char *)w->inputs.ptr + first * m->input_row_bytes;
-    c.targets = (const char *)w->targets.ptr + first * dp_model_target_row_bytes(m);
+    c.targets = plan->batch->targets
+                    ? (const char *)w->targets.ptr + first * dp_model_target_row_bytes(m)
+                    : NULL;
+    c.row_begin = plan->dev[w->id].row_begin + first;
+    c.step = (uint64_t)e->t;
+    c.seed = e->cfg.seed;
+    c.training = train;
     return c;
 }
 
@@ -204,7 +213,7 @@ void dp_compute_balanced(worker *w, const dp_plan *plan, int train)
     for (size_t j = 0; j < d->n_micro; j++) {
         size_t first, rows = dp_plan_micro_rows(d, j, &first);
         if (!rows) break;
-        dp_chunk c = chunk_of(w, first, rows);
+        dp_chunk c = chunk_of(w, plan, first, rows, train);
         ENTER(w, DP_PHASE_FORWARD);
         CHECK(w, ensure_compute(w, d, 0, train));
         CHECK(w, model_forward(w, &c));
@@ -286,7 +295,7 @@ void dp_compute_gather(worker *w, const dp_plan *plan)
     w->loss_sum = 0.0;
     for (size_t j = 0; j < plan->gather_steps; j++) {
         size_t first, rows = dp_plan_micro_rows(d, j, &first);
-        dp_chunk c = chunk_of(w, first, rows);
+        dp_chunk c = chunk_of(w, plan, first, rows, 1);
         ENTER(w, DP_PHASE_FORWARD);
         if (rows) {
             CHECK(w, ensure_compute(w, d, 1, 1));
