@@ -1276,6 +1276,48 @@ Test(cuda_ops, softmax_rows_match_cpu, .timeout = 60)
     check_row_softmax(5, 5000, 23);
 }
 
+/* The criterion contract's zeroing of ignored rows: copies and zeros,
+ * bitwise, for class targets and for float targets (a row is ignored only
+ * when all its values are NaN). */
+Test(cuda_ops, zero_ignored_rows_is_bitwise_equal, .timeout = 60)
+{
+    REQUIRE_GPU();
+    enum { R = 300, C = 1029, PER = 3 };
+    float *x = rnd(31, R * C, -1, 1), *ft = rnd(32, R * PER, -1, 1);
+    int32_t ct[R];
+    for (int r = 0; r < R; r++) {
+        ct[r] = r % 3 == 1 ? -1 : r % 7;
+        for (int t = 0; t < PER; t++)
+            if (r % 4 == 2 || (r % 5 == 0 && t == 1)) ft[r * PER + t] = NAN;
+    }
+    FOR_TARGETS(g)
+    {
+        pair p = pair_open(g);
+        float *h[2][2];
+        for (int b = 0; b < 2; b++) {
+            dp_device *d = p.d[b];
+            float *xd = dp_test_upload(d, x, R * C), *fd = dp_test_upload(d, ft, R * PER);
+            int32_t *cd = nn_upload_i32(d, ct, R);
+            dp_assert_ok(dp_zero_ignored_rows(d, xd, cd, DP_TARGET_CLASS, 1, R, C));
+            h[b][0] = dp_test_nn_download(d, xd, R * C);
+            dp_assert_ok(dp_copy_h2d(d, xd, x, R * C * sizeof(float)));
+            dp_assert_ok(dp_zero_ignored_rows(d, xd, fd, DP_TARGET_F32, PER, R, C));
+            h[b][1] = dp_test_nn_download(d, xd, R * C);
+            dp_device_free(d, xd), dp_device_free(d, fd), dp_device_free(d, cd);
+        }
+        assert_same_bits("zero ignored rows (class)", h[1][0], h[0][0], R * C);
+        assert_same_bits("zero ignored rows (f32)", h[1][1], h[0][1], R * C);
+        for (int r = 0; r < R; r++) {
+            cr_assert_eq(h[1][0][r * C + 5] == 0.0f, r % 3 == 1, "class row %d", r);
+            cr_assert_eq(h[1][1][r * C + 5] == 0.0f, r % 4 == 2, "f32 row %d", r);
+        }
+        for (int b = 0; b < 2; b++) free(h[b][0]), free(h[b][1]);
+        pair_close(&p);
+    }
+    free(x);
+    free(ft);
+}
+
 /* Optimizers: three AdamW steps (decay on) and two SGD steps with and
  * without momentum, from the same state on both backends. A step is a
  * handful of roundings per element (FMA may merge some): rtol 1e-5,

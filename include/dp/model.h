@@ -70,6 +70,10 @@ typedef enum dp_target_type {
     DP_TARGET_TYPE_COUNT
 } dp_target_type;
 
+/* "DP_TARGET_CLASS" or "DP_TARGET_F32" (the names a program sets
+ * dp_model.target_type with); "invalid target type" outside the enum. */
+DP_API const char *dp_target_type_name(dp_target_type type);
+
 /* A chunk of a batch on one device (device pointers; on a CPU device they
  * are host addresses the host may dereference, on a CUDA device they may
  * not be dereferenced by the host: use dp_copy_d2h or dp/ops.h). */

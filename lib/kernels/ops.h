@@ -39,6 +39,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/encoder.h"
 #include "kernels/gelu.h"
+#include "kernels/ignored.h"
 #include "kernels/layernorm.h"
 #include "kernels/optim.h"
 #include "kernels/relu.h"
@@ -125,6 +126,10 @@
       (float *out, const float *inp, size_t C), (out, inp, C))                             \
     /* dinp(N,C) = dout - softmax * row sums of dout (dinp may alias dout); n = N */        \
     X(log_softmax_backward, ROW_BLOCK, dp_log_softmax_backward_item,                       \
-      (float *dinp, const float *out, const float *dout, size_t C), (dinp, out, dout, C))
+      (float *dinp, const float *out, const float *dout, size_t C), (dinp, out, dout, C))  \
+    /* x(N,C): rows whose per targets are all ignored set to 0 (kernels/ignored.h); n = N */ \
+    X(zero_ignored_rows, ROW_BLOCK, dp_zero_ignored_rows_item,                             \
+      (float *x, const void *targets, int f32, size_t per, size_t cols),                   \
+      (x, targets, f32, per, cols))
 
 #endif /* DP_KERNELS_OPS_H */

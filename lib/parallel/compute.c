@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "dp/checked.h"
+#include "dp/ops.h"
 #include "parallel/comm.h"
 #include "parallel/compute.h"
 #include "parallel/plan.h"
@@ -122,6 +123,12 @@ static dp_status call_criterion(worker *w, const dp_plan *plan, double *loss, fl
                        "the engine counted %zu valid ones (of %zu) in this chunk; a criterion "
                        "must skip ignored targets (class id -1, NaN value) and report the "
                        "elements it summed in *count_host", count, n_valid, n * a.target_size);
+    /* The contract's zero gradient of ignored rows is the engine's to
+     * keep: a criterion that leaves them alone (in balanced mode they hold
+     * the logits) cannot make the step differ from gather mode's. */
+    if (dlogits && n_valid < n * a.target_size)
+        return dp_zero_ignored_rows(w->dev, dlogits, targets, a.target_type, a.target_size, n,
+                                    a.V);
     return DP_OK;
 }
 

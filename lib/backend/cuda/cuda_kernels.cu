@@ -7,8 +7,9 @@
  * Launch shapes:
  *   - element kernels: one thread per output element, 256-thread blocks;
  *   - row kernels (LayerNorm, causal softmax, log-softmax and cross-entropy
- *     rows, forward and backward): one block per row, coalesced reads,
- *     reductions by a fixed warp-shuffle tree (below);
+ *     rows, forward and backward, and the zeroing of ignored rows): one
+ *     block per row, coalesced reads, reductions by a fixed warp-shuffle
+ *     tree (below);
  *   - block copies (the bfloat16 packs of a GEMM's operand blocks): one warp
  *     per segment of a column of the block, lanes along its contiguous rows;
  *   - column reductions (bias and LayerNorm parameter gradients): two
@@ -352,6 +353,21 @@ __global__ void k_log_softmax_backward_block(float *dinp, const float *out, cons
     }
 }
 
+/* dp_zero_ignored_rows_item, one block per row: the row's valid target
+ * elements counted (a fixed tree), then the row zeroed when there are none. */
+__global__ void k_zero_ignored_rows_block(float *x, const void *targets, int f32, size_t per,
+                                          size_t cols, size_t N)
+{
+    __shared__ block_scratch<BLOCK_THREADS, unsigned> sh;
+    BLOCK_ROW_LOOP(r, N)
+    {
+        unsigned valid = 0;
+        ROW_ELEMS(t, per) valid += dp_target_is_valid(targets, f32, r * per + t) ? 1u : 0u;
+        if (block_sum<BLOCK_THREADS>(valid, sh)) continue;
+        ROW_ELEMS(c, cols) x[r * cols + c] = 0.0f;
+    }
+}
+
 /* Rows per launch are capped like every grid; blocks loop over the rest. */
 static unsigned row_blocks(size_t rows)
 {
@@ -433,6 +449,16 @@ extern "C" cudaError_t dp_cuda_launch_log_softmax_backward(cudaStream_t stream, 
     if (n == 0 || C == 0) return cudaSuccess;
     k_log_softmax_backward_block<<<row_blocks(n), BLOCK_THREADS, 0, stream>>>(dinp, out, dout,
                                                                               C, n);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t dp_cuda_launch_zero_ignored_rows(cudaStream_t stream, float *x,
+                                                        const void *targets, int f32, size_t per,
+                                                        size_t cols, size_t n)
+{
+    if (n == 0 || cols == 0 || per == 0) return cudaSuccess;
+    k_zero_ignored_rows_block<<<row_blocks(n), BLOCK_THREADS, 0, stream>>>(x, targets, f32, per,
+                                                                           cols, n);
     return cudaGetLastError();
 }
 
