@@ -152,7 +152,7 @@ static dp_status run_batch(dp_engine *e, const dp_batch *batch, int train, dp_st
     DP_TRY(check_usable(e));
     e->step_start = dp_now_seconds();
     DP_TRY(sync_replicas(e));
-    DP_TRY(dp_step_agree_plan(e, dp_plan_batch(e, batch, &e->plan)));
+    DP_TRY(dp_step_agree_plan(e, dp_plan_batch(e, batch, 0, &e->plan)));
     dp_pool_reset_stats(&e->pool);
     dp_status s = dp_step_run(e, train, &e->out);
     e->needs_sync |= e->out.resync;
@@ -174,6 +174,81 @@ dp_status dp_engine_evaluate(dp_engine *e, const dp_batch *batch, dp_step_stats 
 {
     DP_TRY(claim(e, "dp_engine_evaluate"));
     return unclaim(e, run_batch(e, batch, 0, stats));
+}
+
+// --- predictions ------------------------------------------------------------------------
+
+static dp_status predict(dp_engine *e, const dp_batch *batch)
+{
+    e->outputs_rows = 0; /* the last outputs are gone, whatever happens now */
+    DP_TRY(check_usable(e));
+    e->step_start = dp_now_seconds();
+    DP_TRY(sync_replicas(e));
+    DP_TRY(dp_step_agree_plan(e, dp_plan_batch(e, batch, 1, &e->plan)));
+    dp_pool_reset_stats(&e->pool);
+    DP_TRY(dp_step_predict(e));
+    e->outputs_rows = batch->rows;
+    return DP_OK;
+}
+
+dp_status dp_engine_predict(dp_engine *e, const dp_batch *batch)
+{
+    DP_TRY(claim(e, "dp_engine_predict"));
+    return unclaim(e, predict(e, batch));
+}
+
+static dp_status need_outputs(const dp_engine *e, const char *call)
+{
+    if (e->outputs_rows) return DP_OK;
+    return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: the engine holds no outputs; call "
+                   "dp_engine_predict first (a failed prediction and dp_engine_release_outputs "
+                   "leave none)", call);
+}
+
+dp_status dp_engine_outputs(dp_engine *e, size_t i, dp_outputs *out)
+{
+    DP_TRY(claim(e, "dp_engine_outputs"));
+    dp_status s = need_outputs(e, "dp_engine_outputs");
+    if (s == DP_OK && !out) s = DP_FAIL(DP_ERR_INVALID_ARGUMENT, "out must not be NULL");
+    if (s == DP_OK && i >= e->L.k)
+        s = DP_FAIL(DP_ERR_INVALID_ARGUMENT, "device %zu; this process's engine has devices 0 "
+                    "to %zu (dp_engine_num_devices)", i, e->L.k - 1);
+    if (s == DP_OK) {
+        const worker *w = &e->w[i];
+        out->device = w->dev;
+        out->logits = w->out_rows ? w->outputs.ptr : NULL;
+        out->row_begin = w->out_begin;
+        out->rows = w->out_rows;
+    }
+    return unclaim(e, s);
+}
+
+dp_status dp_engine_outputs_to_host(dp_engine *e, float *host)
+{
+    DP_TRY(claim(e, "dp_engine_outputs_to_host"));
+    dp_status s = need_outputs(e, "dp_engine_outputs_to_host");
+    if (s == DP_OK && !host) s = DP_FAIL(DP_ERR_INVALID_ARGUMENT, "host must not be NULL");
+    size_t row = e->model.outputs_per_row * e->model.n_classes * sizeof(float);
+    for (size_t i = 0; s == DP_OK && i < e->L.k; i++) {
+        const worker *w = &e->w[i];
+        if (!w->out_rows) continue;
+        s = dp_device_bind_thread(w->dev);
+        if (s == DP_OK)
+            s = dp_copy_d2h(w->dev, (char *)host + w->out_begin * row, w->outputs.ptr,
+                            w->out_rows * row);
+    }
+    return unclaim(e, s);
+}
+
+dp_status dp_engine_release_outputs(dp_engine *e)
+{
+    DP_TRY(claim(e, "dp_engine_release_outputs"));
+    e->outputs_rows = 0;
+    for (size_t i = 0; i < e->L.k; i++) {
+        e->w[i].out_rows = 0;
+        dp_dbuf_release(e->w[i].dev, &e->w[i].outputs);
+    }
+    return unclaim(e, DP_OK);
 }
 
 // --- create / destroy ---------------------------------------------------------------
@@ -281,7 +356,7 @@ void dp_engine_destroy(dp_engine *e)
         if (!w->dev) continue;
         dbuf *bufs[] = {&w->inputs, &w->targets, &w->workspace, &w->logits,
                         &w->dlogits, &w->scratch, &w->gathered, &w->gathered_d,
-                        &w->features, &w->dfeatures};
+                        &w->features, &w->dfeatures, &w->outputs};
         for (size_t b = 0; b < sizeof bufs / sizeof *bufs; b++) dp_dbuf_release(w->dev, bufs[b]);
         dp_device_free(w->dev, w->params);
         dp_device_free(w->dev, w->grads);
