@@ -286,7 +286,18 @@ DP_API dp_status dp_engine_create(const dp_device_spec *devices, size_t k, const
                                   const dp_criterion *criterion, const dp_engine_config *cfg,
                                   dp_engine **out);
 
-/* Stops the workers, frees every buffer and closes the devices. NULL ok. */
+/*
+ * Stops the workers, frees every buffer and closes the devices. NULL ok.
+ * Afterwards the handle dangles, as any freed pointer: using it, or
+ * destroying it again, is undefined behaviour (set your pointer to NULL).
+ * As a diagnostic only, every call checks a magic word in the engine on
+ * entry and destroy overwrites it before freeing: while the freed memory
+ * has not been reused, a second destroy does nothing and the other calls
+ * return DP_ERR_INVALID_ARGUMENT ("... was destroyed ...") or 0 / NULL
+ * (_num_devices, _device, _model) instead of crashing. Once the memory is
+ * reused nothing can be promised, and AddressSanitizer rightly reports
+ * the read as a use after free.
+ */
 DP_API void dp_engine_destroy(dp_engine *engine);
 
 /*

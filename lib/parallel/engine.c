@@ -48,9 +48,24 @@ dp_engine_config dp_engine_config_default(void)
 /* Claims the engine for one public call, or fails at once with
  * DP_ERR_BUSY: a second concurrent call never waits (it would deadlock
  * on the job it cannot join) and never touches the running call's state. */
-static dp_status claim(dp_engine *e, const char *call)
+/* Whether e looks like a live engine: not NULL, and its magic word not
+ * the one destroy writes (dp/engine.h: a best-effort check, as reading a
+ * freed engine is itself undefined). */
+static int live(const dp_engine *e) { return e && e->magic == DP_ENGINE_LIVE; }
+
+static dp_status check_live(const dp_engine *e, const char *call)
 {
     if (!e) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: engine must not be NULL", call);
+    if (!live(e))
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: engine is not a live engine: it was "
+                       "destroyed (dp_engine_destroy), or is not one dp_engine_create made; "
+                       "using an engine after destroying it is undefined (dp/engine.h)", call);
+    return DP_OK;
+}
+
+static dp_status claim(dp_engine *e, const char *call)
+{
+    DP_TRY(check_live(e, call));
     if (atomic_flag_test_and_set(&e->busy))
         return DP_FAIL(DP_ERR_BUSY, "%s: another call on this engine is running on another "
                        "thread; an engine serves one call at a time (see dp/engine.h), so "
@@ -293,6 +308,7 @@ dp_status dp_engine_create(const dp_device_spec *devices, size_t k, const dp_mod
         s = DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation failed");
         return ranked ? dp_ranks_create_failed(dist, s) : s;
     }
+    e->magic = DP_ENGINE_LIVE;
     e->model = *model;
     e->crit = *crit;
     e->cfg = *cfg;
@@ -348,7 +364,9 @@ dp_status dp_engine_create(const dp_device_spec *devices, size_t k, const dp_mod
 
 void dp_engine_destroy(dp_engine *e)
 {
-    if (!e) return;
+    /* NULL, or (best effort) an engine destroyed already: nothing to do. */
+    if (!live(e)) return;
+    e->magic = DP_ENGINE_DEAD;
     dp_pool_stop(&e->pool);
     dp_transport_close(&e->tp);
     for (size_t i = 0; i < e->L.k; i++) {
@@ -552,10 +570,13 @@ static dp_status set_state(dp_engine *e, const float *m, const float *v, long t)
     return s;
 }
 
-size_t dp_engine_num_devices(const dp_engine *e) { return e ? e->L.k : 0; }
-size_t dp_engine_num_global_devices(const dp_engine *e) { return e ? e->L.K : 0; }
-size_t dp_engine_first_global_device(const dp_engine *e) { return e ? e->L.g0 : 0; }
+size_t dp_engine_num_devices(const dp_engine *e) { return live(e) ? e->L.k : 0; }
+size_t dp_engine_num_global_devices(const dp_engine *e) { return live(e) ? e->L.K : 0; }
+size_t dp_engine_first_global_device(const dp_engine *e) { return live(e) ? e->L.g0 : 0; }
 
-dp_device *dp_engine_device(dp_engine *e, size_t i) { return e && i < e->L.k ? e->w[i].dev : NULL; }
+dp_device *dp_engine_device(dp_engine *e, size_t i)
+{
+    return live(e) && i < e->L.k ? e->w[i].dev : NULL;
+}
 
-const dp_model *dp_engine_model(const dp_engine *e) { return e ? &e->model : NULL; }
+const dp_model *dp_engine_model(const dp_engine *e) { return live(e) ? &e->model : NULL; }

@@ -170,6 +170,10 @@ dp_status dp_engine_plan(const dp_engine *e, size_t rows, const void *targets,
                          size_t *rows_out)
 {
     if (!e || !rows_out) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "engine and rows_out must not be NULL");
+    if (e->magic != DP_ENGINE_LIVE)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "engine is not a live engine: it was destroyed "
+                       "(dp_engine_destroy); using an engine after destroying it is undefined "
+                       "(dp/engine.h)");
     size_t k = e->L.K; /* every device of the job, over every rank */
     const float *weights = e->L.weights;
     double W = 0.0;

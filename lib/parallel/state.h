@@ -217,7 +217,14 @@ typedef struct dp_step_outcome {
     int resync;  /* DP_SYNC_* bits the engine must apply before the next step */
 } dp_step_outcome;
 
+/* dp_engine.magic: a live engine's, and the value dp_engine_destroy
+ * writes before freeing it (dp/engine.h: use after destroy). */
+#define DP_ENGINE_LIVE 0x64705f656e67696eull /* "dp_engin" */
+#define DP_ENGINE_DEAD 0x64656164656e6721ull /* "deadeng!" */
+
 struct dp_engine {
+    /* engine.c: DP_ENGINE_LIVE from create to destroy, DP_ENGINE_DEAD after */
+    uint64_t magic;
     /* engine.c, at create */
     dp_layout L;
     worker *w; /* L.k */
