@@ -2,8 +2,9 @@
  * tests/stress_engine.c - a plain stress program for ThreadSanitizer
  * (Criterion's runner does not run under TSan): many steps on 4 CPU
  * devices in both modes, optimizer state on the root and sharded, with
- * random batch sizes, micro-batching, idle devices and injected faults,
- * then two threads stepping one engine at once (each call must return
+ * random batch sizes, micro-batching, idle devices, dropout, predictions
+ * between the steps and injected faults, then two threads driving one
+ * engine at once, one stepping and one predicting (each call must return
  * DP_OK or DP_ERR_BUSY). Exits non-zero on any
  * failure; a watchdog thread ends the program with a message when no call
  * returns for STALL_SECONDS, so a hang (e.g. a barrier that signals
@@ -53,18 +54,28 @@ typedef struct hammer {
     dp_engine *e;
     const dp_batch *b;
     long n, ok, bad;
+    int predict; /* predict and read the outputs instead of stepping */
 } hammer;
 
-/* One of two threads stepping one engine at once. */
+/* A prediction and its host copy (out: MAXROWS x K floats). */
+static dp_status predict(dp_engine *e, const dp_batch *b, float *out)
+{
+    dp_status rc = dp_engine_predict(e, b);
+    return rc == DP_OK ? dp_engine_outputs_to_host(e, out) : rc;
+}
+
+/* One of two threads driving one engine at once. */
 static void *hammer_main(void *arg)
 {
     hammer *h = arg;
+    float out[MAXROWS * K];
     for (long i = 0; i < h->n; i++) {
-        dp_status rc = dp_engine_step(h->e, h->b, NULL);
+        dp_status rc = h->predict ? predict(h->e, h->b, out) : dp_engine_step(h->e, h->b, NULL);
         atomic_fetch_add(&progress, 1);
         if (rc == DP_OK) h->ok++;
         else if (rc != DP_ERR_BUSY && !h->bad++)
-            fprintf(stderr, "stress: concurrent step: %s\n", dp_last_error());
+            fprintf(stderr, "stress: concurrent %s: %s\n", h->predict ? "prediction" : "step",
+                    dp_last_error());
     }
     return NULL;
 }
@@ -86,6 +97,8 @@ int main(int argc, char **argv)
         mlp net;
         dp_model model;
         mlp_init_model(&net, &(mlp_config){D, H, K, bf16 ? DP_DTYPE_BF16 : DP_DTYPE_F32}, &model);
+        net.activation = MLP_RELU;
+        net.dropout = 0.2f;
         dp_criterion crit = dp_criterion_cross_entropy();
         dp_engine_config cfg = dp_engine_config_default();
         cfg.mode = (dp_mode)mode;
@@ -126,11 +139,17 @@ int main(int argc, char **argv)
                 fprintf(stderr, "stress: step %ld: non-finite loss\n", s);
                 return 1;
             }
+            float out[MAXROWS * K];
+            b.targets = s % 2 ? y : NULL;
+            if (s % 5 == 0 && predict(e, &b, out) != DP_OK) {
+                fprintf(stderr, "stress: prediction after step %ld: %s\n", s, dp_last_error());
+                return 1;
+            }
         }
         /* Two threads at once: OK or BUSY, never a hang or another error. */
         for (size_t i = 0; i < MAXROWS; i++) y[i] = (int32_t)(i % K);
         dp_batch b = {MAXROWS, x, y};
-        hammer hm[2] = {{e, &b, steps / 4 + 1, 0, 0}, {e, &b, steps / 4 + 1, 0, 0}};
+        hammer hm[2] = {{e, &b, steps / 4 + 1, 0, 0, 0}, {e, &b, steps / 4 + 1, 0, 0, 1}};
         pthread_t th[2];
         for (int i = 0; i < 2; i++)
             if (pthread_create(&th[i], NULL, hammer_main, &hm[i]) != 0) {
@@ -139,7 +158,8 @@ int main(int argc, char **argv)
             }
         for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
         if (hm[0].bad || hm[1].bad || hm[0].ok + hm[1].ok == 0) {
-            fprintf(stderr, "stress: concurrent steps: %ld + %ld ok, %ld + %ld failed\n",
+            fprintf(stderr, "stress: concurrent steps, predictions: %ld + %ld ok, %ld + %ld "
+                    "failed\n",
                     hm[0].ok, hm[1].ok, hm[0].bad, hm[1].bad);
             return 1;
         }

@@ -1175,6 +1175,149 @@ Test(cuda_ops, crossentropy_matches_cpu, .timeout = 60)
     check_crossentropy_nan(300, 256);
 }
 
+/* ReLU and dropout are a select and at most one product, the dropout
+ * mask an integer hash compared exactly as a float: bitwise equal. SiLU is
+ * one exp each side, as GELU: rtol 4e-6, atol 1e-7. */
+Test(cuda_ops, relu_silu_and_dropout_match_cpu, .timeout = 60)
+{
+    REQUIRE_GPU();
+    enum { N = 4099, DR = 59, DC = 69 }; /* dropout over (DR, DC) <= N elements */
+    float *x = rnd_normal(11, N, 0.0f, 3.0f), *dout = rnd(12, N, -1, 1);
+    static const float special[] = {0.0f, -0.0f, 30.0f, -30.0f, 1e4f, -1e4f, 1e20f, -1e20f};
+    memcpy(x, special, sizeof special);
+    FOR_TARGETS(g)
+    {
+        pair p = pair_open(g);
+        float *h[2][6];
+        for (int b = 0; b < 2; b++) {
+            dp_device *d = p.d[b];
+            float *xd = dp_test_upload(d, x, N), *gd = dp_test_upload(d, dout, N),
+                  *od = dalloc(d, N * 4);
+            dp_assert_ok(dp_relu_forward(d, od, xd, N));
+            h[b][0] = dp_test_nn_download(d, od, N);
+            dp_assert_ok(dp_relu_backward(d, od, xd, gd, N));
+            h[b][1] = dp_test_nn_download(d, od, N);
+            dp_assert_ok(dp_silu_forward(d, od, xd, N));
+            h[b][2] = dp_test_nn_download(d, od, N);
+            dp_assert_ok(dp_silu_backward(d, od, xd, gd, N));
+            h[b][3] = dp_test_nn_download(d, od, N);
+            dp_assert_ok(dp_dropout_forward(d, od, xd, 0.3f, 17, 5, 1000, DR, DC));
+            h[b][4] = dp_test_nn_download(d, od, DR * DC);
+            dp_assert_ok(dp_dropout_backward(d, gd, gd, 0.3f, 17, 5, 1000, DR, DC)); /* in place */
+            h[b][5] = dp_test_nn_download(d, gd, DR * DC);
+            dp_device_free(d, xd), dp_device_free(d, gd), dp_device_free(d, od);
+        }
+        assert_same_bits("relu forward", h[1][0], h[0][0], N);
+        assert_same_bits("relu backward", h[1][1], h[0][1], N);
+        dp_assert_allclose(h[1][2], h[0][2], N, 1e-7, 4e-6);
+        dp_assert_allclose(h[1][3], h[0][3], N, 1e-7, 4e-6);
+        for (size_t i = 0; i < sizeof special / sizeof *special; i++)
+            cr_assert(!isnan(h[1][2][i]) && !isnan(h[1][3][i]), "silu NaN at x = %g", x[i]);
+        assert_same_bits("dropout forward", h[1][4], h[0][4], DR * DC);
+        assert_same_bits("dropout backward", h[1][5], h[0][5], DR * DC);
+        for (int b = 0; b < 2; b++)
+            for (int k = 0; k < 6; k++) free(h[b][k]);
+        pair_close(&p);
+    }
+    free(x);
+    free(dout);
+}
+
+/* Softmax and log-softmax rows (block per row on the GPU, a loop on the
+ * CPU): the sums are grouped differently, C 2^-24 relative at worst
+ * (softmax's float sum), far less for log-softmax's double sums; the exp
+ * differs by 2 ulp each side. Rows shifted by +-1e4, a masked class. */
+static void check_row_softmax(size_t N, size_t C, uint64_t seed)
+{
+    float *x = rnd_normal(seed, N * C, 0.0f, 3.0f), *dout = rnd(seed + 1, N * C, -1, 1);
+    for (size_t j = 0; j < C && N > 3; j++) x[1 * C + j] += 1e4f, x[2 * C + j] -= 1e4f;
+    if (N > 3) x[3 * C + 1] = -INFINITY;
+    double rtol = 4e-6 + (double)C * 6e-8;
+    FOR_TARGETS(g)
+    {
+        pair p = pair_open(g);
+        float *h[2][4];
+        for (int b = 0; b < 2; b++) {
+            dp_device *d = p.d[b];
+            float *xd = dp_test_upload(d, x, N * C), *gd = dp_test_upload(d, dout, N * C),
+                  *od = dalloc(d, N * C * 4), *dd = dalloc(d, N * C * 4);
+            dp_assert_ok(dp_softmax_forward(d, od, xd, N, C));
+            dp_assert_ok(dp_softmax_backward(d, dd, od, gd, N, C));
+            h[b][0] = dp_test_nn_download(d, od, N * C);
+            h[b][1] = dp_test_nn_download(d, dd, N * C);
+            dp_assert_ok(dp_log_softmax_forward(d, od, xd, N, C));
+            dp_assert_ok(dp_log_softmax_backward(d, gd, od, gd, N, C)); /* in place */
+            h[b][2] = dp_test_nn_download(d, od, N * C);
+            h[b][3] = dp_test_nn_download(d, gd, N * C);
+            dp_device_free(d, xd), dp_device_free(d, gd), dp_device_free(d, od);
+            dp_device_free(d, dd);
+        }
+        /* the masked class: exactly 0 probability, -inf log-probability */
+        if (N > 3)
+            cr_assert(h[1][0][3 * C + 1] == 0.0f && isinf(h[1][2][3 * C + 1]), "masked: %g %g",
+                      h[1][0][3 * C + 1], h[1][2][3 * C + 1]);
+        for (size_t i = 0; N > 3 && i < 2; i++) h[i][2][3 * C + 1] = 0.0f;
+        dp_assert_allclose(h[1][0], h[0][0], N * C, 1e-9, rtol);
+        dp_assert_allclose(h[1][1], h[0][1], N * C, 1e-7, rtol);
+        dp_assert_allclose(h[1][2], h[0][2], N * C, 1e-6, 1e-6);
+        dp_assert_allclose(h[1][3], h[0][3], N * C, 1e-6, 1e-5);
+        for (int b = 0; b < 2; b++)
+            for (int k = 0; k < 4; k++) free(h[b][k]);
+        pair_close(&p);
+    }
+    free(x);
+    free(dout);
+}
+
+Test(cuda_ops, softmax_rows_match_cpu, .timeout = 60)
+{
+    REQUIRE_GPU();
+    check_row_softmax(37, 129, 21);
+    check_row_softmax(5, 5000, 23);
+}
+
+/* The criterion contract's zeroing of ignored rows: copies and zeros,
+ * bitwise, for class targets and for float targets (a row is ignored only
+ * when all its values are NaN). */
+Test(cuda_ops, zero_ignored_rows_is_bitwise_equal, .timeout = 60)
+{
+    REQUIRE_GPU();
+    enum { R = 300, C = 1029, PER = 3 };
+    float *x = rnd(31, R * C, -1, 1), *ft = rnd(32, R * PER, -1, 1);
+    int32_t ct[R];
+    for (int r = 0; r < R; r++) {
+        ct[r] = r % 3 == 1 ? -1 : r % 7;
+        for (int t = 0; t < PER; t++)
+            if (r % 4 == 2 || (r % 5 == 0 && t == 1)) ft[r * PER + t] = NAN;
+    }
+    FOR_TARGETS(g)
+    {
+        pair p = pair_open(g);
+        float *h[2][2];
+        for (int b = 0; b < 2; b++) {
+            dp_device *d = p.d[b];
+            float *xd = dp_test_upload(d, x, R * C), *fd = dp_test_upload(d, ft, R * PER);
+            int32_t *cd = nn_upload_i32(d, ct, R);
+            dp_assert_ok(dp_zero_ignored_rows(d, xd, cd, DP_TARGET_CLASS, 1, R, C));
+            h[b][0] = dp_test_nn_download(d, xd, R * C);
+            dp_assert_ok(dp_copy_h2d(d, xd, x, R * C * sizeof(float)));
+            dp_assert_ok(dp_zero_ignored_rows(d, xd, fd, DP_TARGET_F32, PER, R, C));
+            h[b][1] = dp_test_nn_download(d, xd, R * C);
+            dp_device_free(d, xd), dp_device_free(d, fd), dp_device_free(d, cd);
+        }
+        assert_same_bits("zero ignored rows (class)", h[1][0], h[0][0], R * C);
+        assert_same_bits("zero ignored rows (f32)", h[1][1], h[0][1], R * C);
+        for (int r = 0; r < R; r++) {
+            cr_assert_eq(h[1][0][r * C + 5] == 0.0f, r % 3 == 1, "class row %d", r);
+            cr_assert_eq(h[1][1][r * C + 5] == 0.0f, r % 4 == 2, "f32 row %d", r);
+        }
+        for (int b = 0; b < 2; b++) free(h[b][0]), free(h[b][1]);
+        pair_close(&p);
+    }
+    free(x);
+    free(ft);
+}
+
 /* Optimizers: three AdamW steps (decay on) and two SGD steps with and
  * without momentum, from the same state on both backends. A step is a
  * handful of roundings per element (FMA may merge some): rtol 1e-5,

@@ -267,7 +267,7 @@ Test(gpt, split_head_in_chunks_matches_pytorch_reference, .timeout = 30)
         dp_assert_ok(dp_memset(x.dev, x.grads, 0, n * sizeof(float)));
         dp_assert_ok(dp_memset(x.dev, x.ws, 0xFF, mws)); /* NaN: unwritten reads poison */
         dp_assert_ok(dp_memset(x.dev, dfeat, 0xFF, BT * C * sizeof(float)));
-        dp_chunk ch = {(size_t)r->B, x.tokens, x.targets};
+        dp_chunk ch = {.rows = (size_t)r->B, .inputs = x.tokens, .targets = x.targets};
         dp_params p = {.f32 = x.params};
         dp_assert_ok(m->forward(m->ctx, x.dev, p, &ch, x.ws, feat));
         double loss_sum = 0.0;

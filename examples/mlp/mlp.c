@@ -51,6 +51,28 @@ static dp_status fc_backward(const mlp *net, dp_device *dev, dp_params p, float 
     return dp_linear_backward(dev, din, g + w, g + b, dout, in, p.f32 + w, N, IN, OUT);
 }
 
+static dp_status act_forward(const mlp *net, dp_device *dev, float *out, const float *in, size_t n)
+{
+    if (net->activation == MLP_RELU) return dp_relu_forward(dev, out, in, n);
+    if (net->activation == MLP_SILU) return dp_silu_forward(dev, out, in, n);
+    return dp_gelu_forward(dev, out, in, n);
+}
+
+static dp_status act_backward(const mlp *net, dp_device *dev, float *din, const float *in,
+                              const float *dout, size_t n)
+{
+    if (net->activation == MLP_RELU) return dp_relu_backward(dev, din, in, dout, n);
+    if (net->activation == MLP_SILU) return dp_silu_backward(dev, din, in, dout, n);
+    return dp_gelu_backward(dev, din, in, dout, n);
+}
+
+/* Dropout's mask is a function of the chunk's global rows, the step and
+ * the seed (dp_chunk), so any split over devices drops the same units. */
+static int dropping(const mlp *net, const dp_chunk *c)
+{
+    return c->training && net->dropout > 0.0f;
+}
+
 static dp_status mlp_forward(void *ctx, dp_device *dev, dp_params p, const dp_chunk *c, void *ws,
                              float *logits)
 {
@@ -58,7 +80,10 @@ static dp_status mlp_forward(void *ctx, dp_device *dev, dp_params p, const dp_ch
     size_t D = net->cfg.in_dim, H = net->cfg.hidden, K = net->cfg.classes, N = c->rows;
     float *pre = ws, *act = pre + N * H;
     dp_status s = fc_forward(net, dev, p, 0, pre, c->inputs, N, D, H);
-    if (s == DP_OK) s = dp_gelu_forward(dev, act, pre, N * H);
+    if (s == DP_OK) s = act_forward(net, dev, act, pre, N * H);
+    if (s == DP_OK && dropping(net, c))
+        s = dp_dropout_forward(dev, act, act, net->dropout, c->seed, c->step, c->row_begin,
+                               N, H);
     if (s == DP_OK) s = fc_forward(net, dev, p, 1, logits, act, N, H, K);
     return s;
 }
@@ -70,8 +95,12 @@ static dp_status mlp_backward(void *ctx, dp_device *dev, dp_params p, float *g,
     size_t D = net->cfg.in_dim, H = net->cfg.hidden, K = net->cfg.classes, N = c->rows;
     float *pre = ws, *act = pre + N * H, *dact = act + N * H;
     dp_status s = fc_backward(net, dev, p, g, 1, dact, dlogits, act, N, H, K);
-    /* d(pre) overwrites d(act) in place. */
-    if (s == DP_OK) s = dp_gelu_backward(dev, dact, pre, dact, N * H);
+    /* Each backward overwrites d(act) in place: through the dropout, then
+     * the activation, to d(pre). */
+    if (s == DP_OK && dropping(net, c))
+        s = dp_dropout_backward(dev, dact, dact, net->dropout, c->seed, c->step,
+                                c->row_begin, N, H);
+    if (s == DP_OK) s = act_backward(net, dev, dact, pre, dact, N * H);
     if (s == DP_OK) s = fc_backward(net, dev, p, g, 0, NULL, dact, c->inputs, N, D, H);
     return s;
 }
@@ -82,6 +111,8 @@ void mlp_init_model(mlp *net, const mlp_config *cfg, dp_model *model)
     size_t D = cfg->in_dim, H = cfg->hidden, K = cfg->classes;
     size_t shapes[4][2] = {{H, D}, {H, 0}, {K, H}, {K, 0}};
     net->cfg = *cfg;
+    net->activation = MLP_GELU;
+    net->dropout = 0.0f;
     size_t off = 0;
     for (int i = 0; i < 4; i++) {
         dp_param_tensor *t = &net->tensors[i];

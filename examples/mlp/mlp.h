@@ -1,13 +1,16 @@
 /*
  * examples/mlp/mlp.h - a 2-layer MLP classifier implementing dp_model.
  *
- * logits(rows, K) = fc2(gelu(fc1(x))), x(rows, D) float inputs, one
- * integer class target per row.
+ * logits(rows, K) = fc2(dropout(act(fc1(x)))), x(rows, D) float inputs,
+ * one integer class target per row; act is GELU (the default), ReLU or
+ * SiLU, and dropout (in training steps only) is off unless asked for.
  */
 #ifndef DP_EXAMPLE_MLP_H
 #define DP_EXAMPLE_MLP_H
 
 #include <dp/dp.h>
+
+typedef enum mlp_activation { MLP_GELU = 0, MLP_RELU, MLP_SILU } mlp_activation;
 
 typedef struct mlp_config {
     size_t in_dim;  /* D */
@@ -21,6 +24,10 @@ typedef struct mlp_config {
 typedef struct mlp {
     mlp_config cfg;
     dp_param_tensor tensors[4]; /* fc1.weight (H,D), fc1.bias (H), fc2.weight (K,H), fc2.bias (K) */
+    /* mlp_init_model sets GELU and no dropout; change them before the
+     * engine is created */
+    mlp_activation activation; /* the hidden layer's */
+    float dropout;             /* drop probability after the activation (0: none) */
 } mlp;
 
 /* Fills *model for the network in *net (which must outlive the model). */

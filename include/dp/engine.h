@@ -37,7 +37,8 @@
  *
  * Threads: an engine serves one call at a time. Any thread may call it,
  * but calls on one engine must not overlap: a call made while another is
- * running on another thread (dp_engine_step, _evaluate, _set_lr,
+ * running on another thread (dp_engine_step, _evaluate, _predict,
+ * _outputs, _outputs_to_host, _release_outputs, _set_lr,
  * _get/_set_params, _get/_set_optimizer_state) does nothing and returns
  * DP_ERR_BUSY at once; it never waits. dp_engine_plan, _num_devices,
  * _device and _model only read what create fixed and may be called at any
@@ -181,8 +182,9 @@ typedef struct dp_engine_config {
     /* The job's ranks (dp/dist.h), or NULL for one process. With R > 1
      * ranks the engine spans every rank's devices in global device order
      * (rank-major) and every call below except dp_engine_plan,
-     * _num_devices, _device, _model and _set_lr (set the same rate on
-     * every rank) is collective: every rank makes the same calls in the
+     * _num_devices, _device, _model, _outputs, _outputs_to_host,
+     * _release_outputs and _set_lr (set the same rate on every rank) is
+     * collective: every rank makes the same calls in the
      * same order, from the thread that opened the handle; a bad argument
      * on one rank fails the call on every rank. With CUDA devices (NCCL)
      * dp_engine_destroy is collective too. Every rank passes the same configuration (checked at create:
@@ -284,7 +286,18 @@ DP_API dp_status dp_engine_create(const dp_device_spec *devices, size_t k, const
                                   const dp_criterion *criterion, const dp_engine_config *cfg,
                                   dp_engine **out);
 
-/* Stops the workers, frees every buffer and closes the devices. NULL ok. */
+/*
+ * Stops the workers, frees every buffer and closes the devices. NULL ok.
+ * Afterwards the handle dangles, as any freed pointer: using it, or
+ * destroying it again, is undefined behaviour (set your pointer to NULL).
+ * As a diagnostic only, every call checks a magic word in the engine on
+ * entry and destroy overwrites it before freeing: while the freed memory
+ * has not been reused, a second destroy does nothing and the other calls
+ * return DP_ERR_INVALID_ARGUMENT ("... was destroyed ...") or 0 / NULL
+ * (_num_devices, _device, _model) instead of crashing. Once the memory is
+ * reused nothing can be promised, and AddressSanitizer rightly reports
+ * the read as a use after free.
+ */
 DP_API void dp_engine_destroy(dp_engine *engine);
 
 /*
@@ -310,6 +323,74 @@ DP_API dp_status dp_engine_step(dp_engine *engine, const dp_batch *batch, dp_ste
  * Errors as dp_engine_step. */
 DP_API dp_status dp_engine_evaluate(dp_engine *engine, const dp_batch *batch,
                                     dp_step_stats *stats);
+
+/*
+ * Predictions: the forward pass of a batch on every device (scatter,
+ * forward, and for a model with a head the head over chunks of
+ * logits_chunk_rows output rows, as evaluation runs it), no criterion,
+ * no gradient, dropout off (dp_chunk.training = 0). The split is a
+ * step's: device_weights, micro-batches (max_rows_per_micro,
+ * max_tokens_per_micro, grad_accum) and, when batch->targets is given,
+ * token_balanced, so each device's rows are those a step of the same
+ * batch gives it (dp_engine_plan). batch->targets may be NULL (then the
+ * split is by rows alone); when given they are checked as a step's, but
+ * need not have a valid element.
+ *
+ * The outputs are the model's logits, (rows x outputs_per_row, n_classes)
+ * float32 per device (float32 whatever param_dtype), and they stay where
+ * they were computed:
+ *   balanced  each device keeps the logits of its own rows: nothing is
+ *             gathered. Device i holds rows_i x outputs_per_row x
+ *             n_classes x 4 bytes (a GPT's 8 x 1024 tokens of a 50257-word
+ *             vocabulary: 1.6 GB on each of its devices for 8 rows each;
+ *             predict fewer rows per call to hold less).
+ *   gather    nn.DataParallel's output gather: the root (device 0) ends up
+ *             holding every local device's rows (the whole batch's logits),
+ *             the others theirs as staging; dp_engine_outputs reports the
+ *             root's rows alone.
+ * Besides them a device needs a micro-batch's workspace (and features),
+ * as in evaluation. The engine owns the outputs and keeps them, counted in
+ * the devices' memory and their limit, until the next dp_engine_predict,
+ * dp_engine_release_outputs or dp_engine_destroy; steps, evaluation and
+ * the other calls leave them alone. A failed prediction leaves none.
+ * With ranks dp_engine_predict is collective (every rank passes the same
+ * batch) and each rank holds its own devices' rows.
+ * Errors as dp_engine_evaluate (DP_ERR_OUT_OF_MEMORY names the device that
+ * could not hold its outputs), DP_ERR_BUSY.
+ */
+DP_API dp_status dp_engine_predict(dp_engine *engine, const dp_batch *batch);
+
+/* Where a device's predictions are (dp_engine_outputs). */
+typedef struct dp_outputs {
+    dp_device *device;    /* the device holding them: dp_engine_device(engine, i) */
+    const float *logits;  /* memory of `device` (a CPU device's is host memory; read a CUDA
+                             device's with dp_copy_d2h or dp/ops.h): rows x outputs_per_row x
+                             n_classes floats, row-major, the batch's rows row_begin ..
+                             row_begin + rows - 1 in order; NULL when rows is 0. Owned by
+                             the engine, valid as long as the outputs are (above). */
+    size_t row_begin;     /* the batch row (a global index, with ranks) of their first row */
+    size_t rows;          /* input rows held: 0 for a device that got none, and in gather
+                             mode for every device but the root */
+} dp_outputs;
+
+/* This process's device i's part of the last dp_engine_predict, into *out
+ * (i < dp_engine_num_devices). Reads what the prediction left: no copy.
+ * Errors: DP_ERR_INVALID_ARGUMENT (NULL out, i out of range, no outputs:
+ * no prediction since create or the last release, or it failed),
+ * DP_ERR_BUSY. */
+DP_API dp_status dp_engine_outputs(dp_engine *engine, size_t i, dp_outputs *out);
+
+/* Copies the last prediction's logits to host memory in batch order: host
+ * holds the batch's rows x outputs_per_row x n_classes floats, and row r's
+ * go to host + r x outputs_per_row x n_classes. With ranks only the rows
+ * of this process's devices are written (not collective: no rank waits;
+ * combine them with your own all-gather if every rank needs all). Errors
+ * as dp_engine_outputs, DP_ERR_DEVICE. */
+DP_API dp_status dp_engine_outputs_to_host(dp_engine *engine, float *host);
+
+/* Frees the outputs' device memory now (a prediction's outputs otherwise
+ * stay until the next prediction). Not collective. Errors: DP_ERR_BUSY. */
+DP_API dp_status dp_engine_release_outputs(dp_engine *engine);
 
 /* Learning rate for the following steps (>= 0 and finite).
  * Errors: DP_ERR_INVALID_ARGUMENT (NULL engine, NaN, Inf or negative lr;

@@ -70,6 +70,10 @@ typedef enum dp_target_type {
     DP_TARGET_TYPE_COUNT
 } dp_target_type;
 
+/* "DP_TARGET_CLASS" or "DP_TARGET_F32" (the names a program sets
+ * dp_model.target_type with); "invalid target type" outside the enum. */
+DP_API const char *dp_target_type_name(dp_target_type type);
+
 /* A chunk of a batch on one device (device pointers; on a CPU device they
  * are host addresses the host may dereference, on a CUDA device they may
  * not be dereferenced by the host: use dp_copy_d2h or dp/ops.h). */
@@ -77,7 +81,19 @@ typedef struct dp_chunk {
     size_t rows;         /* examples (sequences) in the chunk, >= 1 */
     const void *inputs;  /* rows * input_row_bytes */
     const void *targets; /* rows * dp_model_target_row_bytes(model): int32 class ids for
-                            DP_TARGET_CLASS (cast to const int32_t *), floats for DP_TARGET_F32 */
+                            DP_TARGET_CLASS (cast to const int32_t *), floats for DP_TARGET_F32;
+                            NULL in dp_engine_predict of a batch without targets */
+    /* Where and when the chunk runs, for layers whose result must not
+     * depend on the split (dropout's mask, dp_dropout_forward in dp/nn.h:
+     * pass row_begin times the output rows per example as its row0, step
+     * and seed): */
+    size_t row_begin; /* the index of the chunk's first row in the global batch (over every
+                         device, micro-batch and rank) */
+    uint64_t step;    /* optimizer steps taken before this one (dp_step_stats.step of the
+                         previous step; 0 at the first) */
+    uint64_t seed;    /* dp_engine_config.seed */
+    int training;     /* 1 in dp_engine_step, 0 in dp_engine_evaluate and dp_engine_predict
+                         (as PyTorch's model.train() / model.eval(): no dropout) */
 } dp_chunk;
 
 typedef struct dp_model {

@@ -134,6 +134,68 @@ DP_API dp_status dp_gelu_backward(dp_device *dev, float *dinp, const float *inp,
 DP_API dp_status dp_gelu_backward_bf16_inp(dp_device *dev, float *dinp, const dp_bf16 *inp,
                                            const float *dout, size_t n);
 
+/* ---- ReLU (Nair & Hinton 2010) ---------------------------------------------
+ * out = max(x, 0), n elements (out may alias inp; a NaN stays NaN). */
+DP_API dp_status dp_relu_forward(dp_device *dev, float *out, const float *inp, size_t n);
+/* dinp = dout where inp > 0, else 0 (the gradient at 0 is 0, as PyTorch's;
+ * overwritten; dinp may alias dout). */
+DP_API dp_status dp_relu_backward(dp_device *dev, float *dinp, const float *inp,
+                                  const float *dout, size_t n);
+
+/* ---- SiLU (Elfwing et al. 2018; Swish with beta = 1) ------------------------
+ * out = x sigmoid(x), n elements (out may alias inp). */
+DP_API dp_status dp_silu_forward(dp_device *dev, float *out, const float *inp, size_t n);
+/* dinp = dout * (s + x s (1 - s)), s = sigmoid(inp) (overwritten; dinp may
+ * alias dout). */
+DP_API dp_status dp_silu_backward(dp_device *dev, float *dinp, const float *inp,
+                                  const float *dout, size_t n);
+
+/* ---- softmax and log-softmax over rows ---------------------------------------
+ * out(N,C)[r,:] = softmax(inp[r,:]) = exp(inp - m) / sum exp(inp - m), m
+ * the row's maximum (so no exp overflows: stable for |x| ~ 1e4). out may
+ * alias inp. A -inf entry (a masked class) gets probability 0; a row of
+ * -inf only, or with a NaN, gives NaN (as torch.softmax). The sum is a
+ * float32 sum in a fixed order: about C * 2^-24 relative error at worst. */
+DP_API dp_status dp_softmax_forward(dp_device *dev, float *out, const float *inp, size_t N,
+                                    size_t C);
+/* dinp(N,C) = out * (dout - row sums of out * dout), from the forward's
+ * out (overwritten; dinp may alias dout, not out). */
+DP_API dp_status dp_softmax_backward(dp_device *dev, float *dinp, const float *out,
+                                     const float *dout, size_t N, size_t C);
+/* out(N,C)[r,:] = inp[r,:] - logsumexp(inp[r,:]) = (x - m) - log(sum exp(x - m)),
+ * the sum in double, the result rounded once (out may alias inp). A -inf
+ * entry gives -inf; a row of -inf only, or with a NaN, gives NaN (as
+ * torch.log_softmax). A criterion's building block: log-probabilities
+ * without the cancellation of log(softmax). */
+DP_API dp_status dp_log_softmax_forward(dp_device *dev, float *out, const float *inp, size_t N,
+                                        size_t C);
+/* dinp(N,C) = dout - exp(out) * row sums of dout (sums in double), from
+ * the forward's out (overwritten; dinp may alias dout, not out). */
+DP_API dp_status dp_log_softmax_backward(dp_device *dev, float *dinp, const float *out,
+                                         const float *dout, size_t N, size_t C);
+
+/* ---- dropout (Srivastava et al. 2014), inverted as PyTorch's ------------------
+ * out(rows,cols) = inp * mask / (1 - p): each element is dropped (0) with
+ * probability p and the kept ones are scaled by 1 / (1 - p), so the
+ * expectation is inp. The mask of element (r, c) is a pure function of
+ * (seed, step, row0 + r, c) (a counter-based hash, kernels/dropout.h):
+ * row0 is the block's first row in the GLOBAL batch (dp_chunk.row_begin
+ * times the rows per example), so the mask of a row does not depend on
+ * which device or micro-batch computes it (k devices mask as 1 device
+ * does), and the backward recomputes it instead of storing it. step makes
+ * each training step's masks new (dp_chunk.step). p in [0, 1] (1 drops
+ * everything, 0 copies); out may alias inp. Dropout is for training: in
+ * evaluation (dp_chunk.training == 0) skip it, as model.eval() does.
+ * Errors also: p outside [0, 1] (or NaN), row0 + rows overflowing. */
+DP_API dp_status dp_dropout_forward(dp_device *dev, float *out, const float *inp, float p,
+                                    uint64_t seed, uint64_t step, size_t row0, size_t rows,
+                                    size_t cols);
+/* dinp = dout * mask / (1 - p), the forward's mask for the same (p, seed,
+ * step, row0, rows, cols) (overwritten; dinp may alias dout). */
+DP_API dp_status dp_dropout_backward(dp_device *dev, float *dinp, const float *dout, float p,
+                                     uint64_t seed, uint64_t step, size_t row0, size_t rows,
+                                     size_t cols);
+
 /* ---- residual add ---------------------------------------------------------
  * out = a + b (n elements; out may alias a or b). */
 DP_API dp_status dp_residual_forward(dp_device *dev, float *out, const float *a,

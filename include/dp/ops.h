@@ -28,6 +28,7 @@
 
 #include "dp/device.h"
 #include "dp/export.h"
+#include "dp/model.h" /* dp_target_type */
 #include "dp/status.h"
 
 #ifdef __cplusplus
@@ -50,6 +51,18 @@ DP_API dp_status dp_scale(dp_device *dev, float *x, float s, size_t n);
  * Deterministic: the summation order depends on n only. Errors:
  * DP_ERR_INVALID_ARGUMENT also for n == 0. */
 DP_API dp_status dp_sum_squares(dp_device *dev, double *out_host, const float *x, size_t n);
+
+/* Zeroes each row of x(rows, cols) whose target elements are all ignored:
+ * targets holds rows * target_size elements of target_type as the engine
+ * lays them out (dp/model.h: int32 class ids, -1 = ignored; or floats,
+ * NaN = ignored); row r's are r * target_size .. (r + 1) * target_size - 1.
+ * Rows with a valid target are left as they are. The engine runs this on
+ * dlogits after every criterion call (the criterion contract), so a
+ * custom criterion need not; it is public for criteria and models that
+ * want the same rule. Errors also: target_size 0, an unknown target_type. */
+DP_API dp_status dp_zero_ignored_rows(dp_device *dev, float *x, const void *targets,
+                                      dp_target_type target_type, size_t target_size,
+                                      size_t rows, size_t cols);
 
 /* ---- host loops (staged through host memory on GPUs) ------------------------ */
 

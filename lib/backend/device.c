@@ -209,7 +209,8 @@ dp_status dp_device_alloc(dp_device *dev, size_t bytes, void **out)
         return DP_FAIL(DP_ERR_OUT_OF_MEMORY,
                        "%s: allocating %zu bytes would pass the memory limit "
                        "(%zu bytes in use%s, limit %zu bytes); use a smaller batch, more "
-                       "devices or a higher --memory-limit",
+                       "devices or a higher limit (dp_device_set_limit; "
+                       "dp_engine_config.memory_limit)",
                        dev->name, bytes, in_use, extra, limit);
     }
     /* Reserve the bytes before the (possibly slow) backend call so that

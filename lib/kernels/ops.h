@@ -35,11 +35,16 @@
 #include "kernels/attention.h"
 #include "kernels/bf16.h"
 #include "kernels/crossentropy.h"
+#include "kernels/dropout.h"
 #include "kernels/elementwise.h"
 #include "kernels/encoder.h"
 #include "kernels/gelu.h"
+#include "kernels/ignored.h"
 #include "kernels/layernorm.h"
 #include "kernels/optim.h"
+#include "kernels/relu.h"
+#include "kernels/silu.h"
+#include "kernels/softmax.h"
 
 /* Removes one pair of parentheses: DP_UNPAREN (a, b) is a, b. */
 #define DP_UNPAREN(...) __VA_ARGS__
@@ -67,6 +72,17 @@
       (float *dinp, const float *inp, const float *dout), (dinp, inp, dout))               \
     X(gelu_backward_bf16_inp, ELEM, dp_gelu_backward_bf16_inp_elem,                        \
       (float *dinp, const uint16_t *inp, const float *dout), (dinp, inp, dout))            \
+    X(relu_forward, ELEM, dp_relu_forward_elem, (float *out, const float *inp), (out, inp)) \
+    X(relu_backward, ELEM, dp_relu_backward_elem,                                          \
+      (float *dinp, const float *inp, const float *dout), (dinp, inp, dout))               \
+    X(silu_forward, ELEM, dp_silu_forward_elem, (float *out, const float *inp), (out, inp)) \
+    X(silu_backward, ELEM, dp_silu_backward_elem,                                          \
+      (float *dinp, const float *inp, const float *dout), (dinp, inp, dout))               \
+    /* n = rows * cols of a block whose first row is global row row0 (kernels/dropout.h) */ \
+    X(dropout, ELEM, dp_dropout_elem,                                                      \
+      (float *out, const float *x, uint64_t key, size_t row0, size_t cols, float p,        \
+       float scale),                                                                       \
+      (out, x, key, row0, cols, p, scale))                                                 \
     /* out = a + b */                                                                      \
     X(add, ELEM, dp_add_elem, (float *out, const float *a, const float *b), (out, a, b))   \
     /* dst += src */                                                                       \
@@ -104,6 +120,16 @@
     X(crossentropy, ROW_BLOCK, dp_crossentropy_item,                                             \
       (float *losses, float *dlogits, const float *logits, const int32_t *targets,         \
        size_t V, float dscale),                                                            \
-      (losses, dlogits, logits, targets, V, dscale))
+      (losses, dlogits, logits, targets, V, dscale))                                      \
+    /* rows of (N,C): out = log_softmax(inp) (may alias); n = N */                          \
+    X(log_softmax_forward, ROW_BLOCK, dp_log_softmax_forward_item,                         \
+      (float *out, const float *inp, size_t C), (out, inp, C))                             \
+    /* dinp(N,C) = dout - softmax * row sums of dout (dinp may alias dout); n = N */        \
+    X(log_softmax_backward, ROW_BLOCK, dp_log_softmax_backward_item,                       \
+      (float *dinp, const float *out, const float *dout, size_t C), (dinp, out, dout, C))  \
+    /* x(N,C): rows whose per targets are all ignored set to 0 (kernels/ignored.h); n = N */ \
+    X(zero_ignored_rows, ROW_BLOCK, dp_zero_ignored_rows_item,                             \
+      (float *x, const void *targets, int f32, size_t per, size_t cols),                   \
+      (x, targets, f32, per, cols))
 
 #endif /* DP_KERNELS_OPS_H */

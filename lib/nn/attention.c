@@ -268,8 +268,8 @@ static dp_status qkvr_kind(const char *fn, dp_device *dev, dp_dtype t, int *q16)
     *q16 = t == DP_DTYPE_BF16;
     if (t == DP_DTYPE_F32 || t == DP_DTYPE_BF16) return DP_OK;
     return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
-                   "%s on %s: qkvr_dtype %d is neither DP_DTYPE_F32 nor DP_DTYPE_BF16", fn,
-                   dev ? dev->name : "(null)", (int)t);
+                   "%s on %s: qkvr_dtype %s (%d) is neither DP_DTYPE_F32 nor DP_DTYPE_BF16",
+                   fn, dev ? dev->name : "(null)", dp_dtype_name(t), (int)t);
 }
 
 static dp_status check_chunk(const char *fn, dp_device *dev, size_t chunk)

@@ -66,8 +66,8 @@ static dp_status ce_forward_backward(void *ctx, const dp_criterion_args *a,
     (void)ctx;
     if (a->target_type != DP_TARGET_CLASS || a->target_size != 1)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "cross-entropy takes one int32 class id per "
-                       "output row (got target type %d, %zu per row)", (int)a->target_type,
-                       a->target_size);
+                       "output row (got target type %s, %zu per row)",
+                       dp_target_type_name(a->target_type), a->target_size);
     DP_TRY(dp_crossentropy_forward_backward(a->dev, loss_sum_host, a->dlogits, a->scratch,
                                             a->logits, a->targets, a->n, a->V, a->dscale));
     /* The kernel skips -1 targets, the ones the engine leaves out of n_valid. */

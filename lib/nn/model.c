@@ -83,7 +83,18 @@ size_t dp_model_target_row_bytes(const dp_model *m)
     return n;
 }
 
-static const char *target_type_name(dp_target_type t)
+const char *dp_target_type_name(dp_target_type t)
+{
+    switch (t) {
+    case DP_TARGET_CLASS: return "DP_TARGET_CLASS";
+    case DP_TARGET_F32: return "DP_TARGET_F32";
+    case DP_TARGET_TYPE_COUNT: break;
+    }
+    return "invalid target type";
+}
+
+/* The type with what its elements are. */
+static const char *target_type_desc(dp_target_type t)
 {
     switch (t) {
     case DP_TARGET_CLASS: return "int32 class ids (DP_TARGET_CLASS)";
@@ -104,7 +115,7 @@ dp_status dp_criterion_validate(const dp_criterion *c, const dp_model *m)
     if (c->target_type != m->target_type)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "the criterion takes %s but the model's targets "
                        "are %s; set the model's target_type to match (e.g. DP_TARGET_F32 for "
-                       "dp_criterion_mse)", target_type_name(c->target_type),
-                       target_type_name(m->target_type));
+                       "dp_criterion_mse)", target_type_desc(c->target_type),
+                       target_type_desc(m->target_type));
     return DP_OK;
 }

@@ -50,9 +50,10 @@ static dp_status mse_forward_backward(void *ctx, const dp_criterion_args *a,
                        "NULL", dev->name);
     if (a->target_type != DP_TARGET_F32 || a->target_size != a->V)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: MSE takes float targets of the logits' shape "
-                       "(target type DP_TARGET_F32, target_size == n_classes = %zu), got type %d "
+                       "(target type DP_TARGET_F32, target_size == n_classes = %zu), got %s "
                        "with %zu per row; set the model's target_type to DP_TARGET_F32 and "
-                       "target_size to 0", dev->name, a->V, (int)a->target_type, a->target_size);
+                       "target_size to 0", dev->name, a->V, dp_target_type_name(a->target_type),
+                       a->target_size);
     DP_NN_REQUIRE_PTR(dev, a->logits);
     DP_NN_REQUIRE_PTR(dev, a->targets);
     size_t n;

@@ -60,6 +60,23 @@ dp_status dp_sum_squares(dp_device *dev, double *out_host, const float *x, size_
     return dev->ops->sum_squares(dev, out_host, x, n);
 }
 
+dp_status dp_zero_ignored_rows(dp_device *dev, float *x, const void *targets,
+                               dp_target_type target_type, size_t target_size, size_t rows,
+                               size_t cols)
+{
+    size_t count;
+    DP_NN_REQUIRE_DEV(dev);
+    DP_NN_REQUIRE_PTR(dev, x);
+    DP_NN_REQUIRE_PTR(dev, targets);
+    DP_NN_CHECK_DIMS2(dev, rows, cols, &count);
+    if ((unsigned)target_type >= DP_TARGET_TYPE_COUNT || target_size == 0)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: target_type %s with target_size %zu; use "
+                       "DP_TARGET_CLASS or DP_TARGET_F32 and target_size >= 1", dev->name,
+                       dp_target_type_name(target_type), target_size);
+    return dev->ops->zero_ignored_rows(dev, x, targets, target_type == DP_TARGET_F32,
+                                       target_size, cols, rows);
+}
+
 // --- host loops -----------------------------------------------------------------------
 
 /* Floats per staged chunk and array (three arrays: 12 KiB of stack). */

@@ -70,11 +70,25 @@ dp_status dp_comm_scatter_batch(worker *w, const dp_plan *plan)
     size_t in_bytes = d->rows * m->input_row_bytes;
     size_t tg_row = dp_model_target_row_bytes(m), tg_bytes = d->rows * tg_row;
     DP_TRY(dp_dbuf_ensure(w->dev, &w->inputs, in_bytes));
-    DP_TRY(dp_dbuf_ensure(w->dev, &w->targets, tg_bytes));
+    if (plan->batch->targets) DP_TRY(dp_dbuf_ensure(w->dev, &w->targets, tg_bytes));
     const char *src = (const char *)plan->batch->inputs + d->row_begin * m->input_row_bytes;
     DP_TRY(dp_copy_h2d(w->dev, w->inputs.ptr, src, in_bytes));
+    if (!plan->batch->targets) return DP_OK; /* a prediction's batch may have none */
     return dp_copy_h2d(w->dev, w->targets.ptr,
                        (const char *)plan->batch->targets + d->row_begin * tg_row, tg_bytes);
+}
+
+dp_status dp_comm_gather_outputs(worker *root, const dp_plan *plan)
+{
+    dp_engine *e = root->e;
+    size_t row = e->model.outputs_per_row * e->model.n_classes * sizeof(float);
+    for (size_t d = 1; d < e->L.k; d++) {
+        const dp_plan_device *pd = &plan->dev[d];
+        if (!pd->rows) continue;
+        char *dst = (char *)root->outputs.ptr + (pd->row_begin - plan->dev[0].row_begin) * row;
+        DP_TRY(dp_copy_peer(root->dev, dst, e->w[d].dev, e->w[d].outputs.ptr, pd->rows * row));
+    }
+    return DP_OK;
 }
 
 size_t dp_comm_gather_rows(const dp_engine *e, const dp_plan *plan, size_t j)

@@ -1,7 +1,8 @@
 /*
  * parallel/comm.h - the collectives between this process's devices
  * (docs/design.md section 8), one function per collective: scatter of the
- * batch, gather of logits and scatter of their gradient (gather mode),
+ * batch, gather of logits and scatter of their gradient (gather mode), gather
+ * of predictions,
  * reduce-scatter of the gradients to the slice owners, all-gather of the
  * updated slices, broadcast of the root's parameters.
  *
@@ -58,6 +59,11 @@ dp_status dp_comm_gather_logits(worker *root, const dp_plan *plan, size_t j, flo
  * micro-batch j (rows of them) from the root's gathered dlogits into
  * w->dlogits. */
 dp_status dp_comm_scatter_dlogits(worker *w, const dp_plan *plan, size_t j, size_t rows);
+
+/* Gather of predictions (gather mode, root only): every other local
+ * device's outputs (its rows' logits, w->outputs) into the root's
+ * outputs after the root's own rows, in device order. */
+dp_status dp_comm_gather_outputs(worker *root, const dp_plan *plan);
 
 /* Reduce-scatter, worker w's part: for every slice it reduces, the owner
  * ends up with owner->grads[slice] = ((g_0 + g_1) + g_2) + ... + g_{K-1}

@@ -7,29 +7,40 @@
 #include <stdint.h>
 
 #include "dp/checked.h"
+#include "dp/ops.h"
 #include "parallel/comm.h"
 #include "parallel/compute.h"
 #include "parallel/plan.h"
 #include "parallel/pool.h"
 
-static dp_chunk chunk_of(const worker *w, size_t first, size_t rows)
+/* Rows [first, first + rows) of this worker's part of the plan. */
+static dp_chunk chunk_of(const worker *w, const dp_plan *plan, size_t first, size_t rows,
+                         int train)
 {
-    const dp_model *m = &w->e->model;
+    const dp_engine *e = w->e;
+    const dp_model *m = &e->model;
     dp_chunk c;
     c.rows = rows;
     c.inputs = (const char *)w->inputs.ptr + first * m->input_row_bytes;
-    c.targets = (const char *)w->targets.ptr + first * dp_model_target_row_bytes(m);
+    c.targets = plan->batch->targets
+                    ? (const char *)w->targets.ptr + first * dp_model_target_row_bytes(m)
+                    : NULL;
+    c.row_begin = plan->dev[w->id].row_begin + first;
+    c.step = (uint64_t)e->t;
+    c.seed = e->cfg.seed;
+    c.training = train;
     return c;
 }
 
 // --- the user's callbacks ---------------------------------------------------------
 
-static dp_status model_forward(worker *w, const dp_chunk *c)
+/* The model's forward into logits, or into the features for a model with
+ * a head (the head makes the logits). */
+static dp_status model_forward(worker *w, const dp_chunk *c, float *logits)
 {
     const dp_model *m = &w->e->model;
     dp_clear_error();
-    /* A model with a head writes its features here, the head makes the logits. */
-    void *out = m->head_forward ? w->features.ptr : w->logits.ptr;
+    float *out = m->head_forward ? w->features.ptr : logits;
     dp_status s = m->forward(m->ctx, w->dev, dp_replica_params(w), c, w->workspace.ptr, out);
     if (s != DP_OK) dp_callback_message(s, "the model's forward");
     return s;
@@ -113,6 +124,12 @@ static dp_status call_criterion(worker *w, const dp_plan *plan, double *loss, fl
                        "the engine counted %zu valid ones (of %zu) in this chunk; a criterion "
                        "must skip ignored targets (class id -1, NaN value) and report the "
                        "elements it summed in *count_host", count, n_valid, n * a.target_size);
+    /* The contract's zero gradient of ignored rows is the engine's to
+     * keep: a criterion that leaves them alone (in balanced mode they hold
+     * the logits) cannot make the step differ from gather mode's. */
+    if (dlogits && n_valid < n * a.target_size)
+        return dp_zero_ignored_rows(w->dev, dlogits, targets, a.target_type, a.target_size, n,
+                                    a.V);
     return DP_OK;
 }
 
@@ -204,10 +221,10 @@ void dp_compute_balanced(worker *w, const dp_plan *plan, int train)
     for (size_t j = 0; j < d->n_micro; j++) {
         size_t first, rows = dp_plan_micro_rows(d, j, &first);
         if (!rows) break;
-        dp_chunk c = chunk_of(w, first, rows);
+        dp_chunk c = chunk_of(w, plan, first, rows, train);
         ENTER(w, DP_PHASE_FORWARD);
         CHECK(w, ensure_compute(w, d, 0, train));
-        CHECK(w, model_forward(w, &c));
+        CHECK(w, model_forward(w, &c, w->logits.ptr));
         ENTER(w, DP_PHASE_CRITERION);
         double loss = 0.0;
         float *logits = w->logits.ptr;
@@ -286,11 +303,11 @@ void dp_compute_gather(worker *w, const dp_plan *plan)
     w->loss_sum = 0.0;
     for (size_t j = 0; j < plan->gather_steps; j++) {
         size_t first, rows = dp_plan_micro_rows(d, j, &first);
-        dp_chunk c = chunk_of(w, first, rows);
+        dp_chunk c = chunk_of(w, plan, first, rows, 1);
         ENTER(w, DP_PHASE_FORWARD);
         if (rows) {
             CHECK(w, ensure_compute(w, d, 1, 1));
-            CHECK(w, model_forward(w, &c));
+            CHECK(w, model_forward(w, &c, w->logits.ptr));
             /* A head computes the whole micro-batch's logits: they are gathered. */
             if (head) CHECK(w, head_forward(w, 0, rows * e->model.outputs_per_row, w->logits.ptr));
         }
@@ -307,4 +324,66 @@ void dp_compute_gather(worker *w, const dp_plan *plan)
             CHECK(w, model_backward(w, &c, w->dlogits.ptr));
         }
     }
+}
+
+// --- predictions -------------------------------------------------------------------------
+
+/* The buffers of a prediction: the workspace (and the features, for a
+ * model with a head) of a micro-batch when the device has rows, and the
+ * outputs of the `held` rows it keeps. */
+static dp_status ensure_predict(worker *w, const dp_plan_device *d, size_t held)
+{
+    const dp_model *m = &w->e->model;
+    size_t opr = m->outputs_per_row;
+    if (d->rows) {
+        DP_TRY(dp_dbuf_ensure(w->dev, &w->workspace, m->workspace_bytes(m->ctx, d->micro_rows)));
+        if (has_head(w->e))
+            DP_TRY(dp_dbuf_ensure(w->dev, &w->features,
+                                  float_bytes(d->micro_rows * opr, m->head_features)));
+    }
+    return dp_dbuf_ensure(w->dev, &w->outputs, float_bytes(held * opr, m->n_classes));
+}
+
+/* The forward of this worker's rows into w->outputs, micro-batch by
+ * micro-batch (with a head: the head over the same chunks of output rows
+ * as the criterion's, so the logits are those evaluation sees). */
+static dp_status predict_rows(worker *w, const dp_plan *plan)
+{
+    const dp_engine *e = w->e;
+    const dp_model *m = &e->model;
+    const dp_plan_device *d = &plan->dev[w->id];
+    size_t opr = m->outputs_per_row, V = m->n_classes;
+    for (size_t j = 0; j < d->n_micro; j++) {
+        size_t first, rows = dp_plan_micro_rows(d, j, &first);
+        if (!rows) break;
+        dp_chunk c = chunk_of(w, plan, first, rows, 0);
+        float *out = (float *)w->outputs.ptr + first * opr * V;
+        DP_TRY(model_forward(w, &c, out));
+        if (!has_head(e)) continue;
+        size_t n = rows * opr, step = dp_plan_logits_chunk(e, n);
+        for (size_t o = 0; o < n; o += step)
+            DP_TRY(head_forward(w, o, n - o < step ? n - o : step, out + o * V));
+    }
+    return DP_OK;
+}
+
+void dp_compute_predict(worker *w, const dp_plan *plan)
+{
+    dp_engine *e = w->e;
+    const dp_plan_device *d = &plan->dev[w->id];
+    int gather = e->cfg.mode == DP_MODE_GATHER && e->L.k > 1;
+    /* Gather mode's root keeps every local device's rows (theirs first). */
+    size_t held = d->rows;
+    for (size_t i = 1; gather && w->id == 0 && i < e->L.k; i++) held += plan->dev[i].rows;
+    w->out_begin = d->row_begin;
+    w->out_rows = 0;
+    ENTER(w, DP_PHASE_FORWARD);
+    if (held) CHECK(w, ensure_predict(w, d, held));
+    CHECK(w, predict_rows(w, plan));
+    if (gather) {
+        SYNC(w);
+        if (w->id == 0) CHECK(w, dp_comm_gather_outputs(w, plan));
+    }
+    /* The others' rows are the root's now: theirs were its staging. */
+    w->out_rows = gather && w->id != 0 ? 0 : held;
 }

@@ -48,9 +48,24 @@ dp_engine_config dp_engine_config_default(void)
 /* Claims the engine for one public call, or fails at once with
  * DP_ERR_BUSY: a second concurrent call never waits (it would deadlock
  * on the job it cannot join) and never touches the running call's state. */
-static dp_status claim(dp_engine *e, const char *call)
+/* Whether e looks like a live engine: not NULL, and its magic word not
+ * the one destroy writes (dp/engine.h: a best-effort check, as reading a
+ * freed engine is itself undefined). */
+static int live(const dp_engine *e) { return e && e->magic == DP_ENGINE_LIVE; }
+
+static dp_status check_live(const dp_engine *e, const char *call)
 {
     if (!e) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: engine must not be NULL", call);
+    if (!live(e))
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: engine is not a live engine: it was "
+                       "destroyed (dp_engine_destroy), or is not one dp_engine_create made; "
+                       "using an engine after destroying it is undefined (dp/engine.h)", call);
+    return DP_OK;
+}
+
+static dp_status claim(dp_engine *e, const char *call)
+{
+    DP_TRY(check_live(e, call));
     if (atomic_flag_test_and_set(&e->busy))
         return DP_FAIL(DP_ERR_BUSY, "%s: another call on this engine is running on another "
                        "thread; an engine serves one call at a time (see dp/engine.h), so "
@@ -152,7 +167,7 @@ static dp_status run_batch(dp_engine *e, const dp_batch *batch, int train, dp_st
     DP_TRY(check_usable(e));
     e->step_start = dp_now_seconds();
     DP_TRY(sync_replicas(e));
-    DP_TRY(dp_step_agree_plan(e, dp_plan_batch(e, batch, &e->plan)));
+    DP_TRY(dp_step_agree_plan(e, dp_plan_batch(e, batch, 0, &e->plan)));
     dp_pool_reset_stats(&e->pool);
     dp_status s = dp_step_run(e, train, &e->out);
     e->needs_sync |= e->out.resync;
@@ -174,6 +189,81 @@ dp_status dp_engine_evaluate(dp_engine *e, const dp_batch *batch, dp_step_stats 
 {
     DP_TRY(claim(e, "dp_engine_evaluate"));
     return unclaim(e, run_batch(e, batch, 0, stats));
+}
+
+// --- predictions ------------------------------------------------------------------------
+
+static dp_status predict(dp_engine *e, const dp_batch *batch)
+{
+    e->outputs_rows = 0; /* the last outputs are gone, whatever happens now */
+    DP_TRY(check_usable(e));
+    e->step_start = dp_now_seconds();
+    DP_TRY(sync_replicas(e));
+    DP_TRY(dp_step_agree_plan(e, dp_plan_batch(e, batch, 1, &e->plan)));
+    dp_pool_reset_stats(&e->pool);
+    DP_TRY(dp_step_predict(e));
+    e->outputs_rows = batch->rows;
+    return DP_OK;
+}
+
+dp_status dp_engine_predict(dp_engine *e, const dp_batch *batch)
+{
+    DP_TRY(claim(e, "dp_engine_predict"));
+    return unclaim(e, predict(e, batch));
+}
+
+static dp_status need_outputs(const dp_engine *e, const char *call)
+{
+    if (e->outputs_rows) return DP_OK;
+    return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: the engine holds no outputs; call "
+                   "dp_engine_predict first (a failed prediction and dp_engine_release_outputs "
+                   "leave none)", call);
+}
+
+dp_status dp_engine_outputs(dp_engine *e, size_t i, dp_outputs *out)
+{
+    DP_TRY(claim(e, "dp_engine_outputs"));
+    dp_status s = need_outputs(e, "dp_engine_outputs");
+    if (s == DP_OK && !out) s = DP_FAIL(DP_ERR_INVALID_ARGUMENT, "out must not be NULL");
+    if (s == DP_OK && i >= e->L.k)
+        s = DP_FAIL(DP_ERR_INVALID_ARGUMENT, "device %zu; this process's engine has devices 0 "
+                    "to %zu (dp_engine_num_devices)", i, e->L.k - 1);
+    if (s == DP_OK) {
+        const worker *w = &e->w[i];
+        out->device = w->dev;
+        out->logits = w->out_rows ? w->outputs.ptr : NULL;
+        out->row_begin = w->out_begin;
+        out->rows = w->out_rows;
+    }
+    return unclaim(e, s);
+}
+
+dp_status dp_engine_outputs_to_host(dp_engine *e, float *host)
+{
+    DP_TRY(claim(e, "dp_engine_outputs_to_host"));
+    dp_status s = need_outputs(e, "dp_engine_outputs_to_host");
+    if (s == DP_OK && !host) s = DP_FAIL(DP_ERR_INVALID_ARGUMENT, "host must not be NULL");
+    size_t row = e->model.outputs_per_row * e->model.n_classes * sizeof(float);
+    for (size_t i = 0; s == DP_OK && i < e->L.k; i++) {
+        const worker *w = &e->w[i];
+        if (!w->out_rows) continue;
+        s = dp_device_bind_thread(w->dev);
+        if (s == DP_OK)
+            s = dp_copy_d2h(w->dev, (char *)host + w->out_begin * row, w->outputs.ptr,
+                            w->out_rows * row);
+    }
+    return unclaim(e, s);
+}
+
+dp_status dp_engine_release_outputs(dp_engine *e)
+{
+    DP_TRY(claim(e, "dp_engine_release_outputs"));
+    e->outputs_rows = 0;
+    for (size_t i = 0; i < e->L.k; i++) {
+        e->w[i].out_rows = 0;
+        dp_dbuf_release(e->w[i].dev, &e->w[i].outputs);
+    }
+    return unclaim(e, DP_OK);
 }
 
 // --- create / destroy ---------------------------------------------------------------
@@ -218,6 +308,7 @@ dp_status dp_engine_create(const dp_device_spec *devices, size_t k, const dp_mod
         s = DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation failed");
         return ranked ? dp_ranks_create_failed(dist, s) : s;
     }
+    e->magic = DP_ENGINE_LIVE;
     e->model = *model;
     e->crit = *crit;
     e->cfg = *cfg;
@@ -273,7 +364,9 @@ dp_status dp_engine_create(const dp_device_spec *devices, size_t k, const dp_mod
 
 void dp_engine_destroy(dp_engine *e)
 {
-    if (!e) return;
+    /* NULL, or (best effort) an engine destroyed already: nothing to do. */
+    if (!live(e)) return;
+    e->magic = DP_ENGINE_DEAD;
     dp_pool_stop(&e->pool);
     dp_transport_close(&e->tp);
     for (size_t i = 0; i < e->L.k; i++) {
@@ -281,7 +374,7 @@ void dp_engine_destroy(dp_engine *e)
         if (!w->dev) continue;
         dbuf *bufs[] = {&w->inputs, &w->targets, &w->workspace, &w->logits,
                         &w->dlogits, &w->scratch, &w->gathered, &w->gathered_d,
-                        &w->features, &w->dfeatures};
+                        &w->features, &w->dfeatures, &w->outputs};
         for (size_t b = 0; b < sizeof bufs / sizeof *bufs; b++) dp_dbuf_release(w->dev, bufs[b]);
         dp_device_free(w->dev, w->params);
         dp_device_free(w->dev, w->grads);
@@ -477,10 +570,13 @@ static dp_status set_state(dp_engine *e, const float *m, const float *v, long t)
     return s;
 }
 
-size_t dp_engine_num_devices(const dp_engine *e) { return e ? e->L.k : 0; }
-size_t dp_engine_num_global_devices(const dp_engine *e) { return e ? e->L.K : 0; }
-size_t dp_engine_first_global_device(const dp_engine *e) { return e ? e->L.g0 : 0; }
+size_t dp_engine_num_devices(const dp_engine *e) { return live(e) ? e->L.k : 0; }
+size_t dp_engine_num_global_devices(const dp_engine *e) { return live(e) ? e->L.K : 0; }
+size_t dp_engine_first_global_device(const dp_engine *e) { return live(e) ? e->L.g0 : 0; }
 
-dp_device *dp_engine_device(dp_engine *e, size_t i) { return e && i < e->L.k ? e->w[i].dev : NULL; }
+dp_device *dp_engine_device(dp_engine *e, size_t i)
+{
+    return live(e) && i < e->L.k ? e->w[i].dev : NULL;
+}
 
-const dp_model *dp_engine_model(const dp_engine *e) { return e ? &e->model : NULL; }
+const dp_model *dp_engine_model(const dp_engine *e) { return live(e) ? &e->model : NULL; }

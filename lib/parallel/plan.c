@@ -133,8 +133,10 @@ size_t dp_plan_logits_chunk(const dp_engine *e, size_t n)
     return c < n ? c : n;
 }
 
-/* Checks every target element of the batch; *valid = the valid ones (N). */
-static dp_status check_targets(const dp_model *m, const void *targets, size_t n, size_t *valid)
+/* Checks every target element of the batch; *valid = the valid ones (N),
+ * of which there must be one when some_valid. */
+static dp_status check_targets(const dp_model *m, const void *targets, size_t n, int some_valid,
+                               size_t *valid)
 {
     size_t v = 0;
     if (m->target_type == DP_TARGET_F32) {
@@ -155,7 +157,7 @@ static dp_status check_targets(const dp_model *m, const void *targets, size_t n,
             v += t[i] >= 0;
         }
     }
-    if (!v)
+    if (!v && some_valid)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "the batch has no valid target (all %s): its "
                        "mean loss is undefined", m->target_type == DP_TARGET_F32 ? "NaN" : "-1");
     *valid = v;
@@ -168,6 +170,10 @@ dp_status dp_engine_plan(const dp_engine *e, size_t rows, const void *targets,
                          size_t *rows_out)
 {
     if (!e || !rows_out) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "engine and rows_out must not be NULL");
+    if (e->magic != DP_ENGINE_LIVE)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "engine is not a live engine: it was destroyed "
+                       "(dp_engine_destroy); using an engine after destroying it is undefined "
+                       "(dp/engine.h)");
     size_t k = e->L.K; /* every device of the job, over every rank */
     const float *weights = e->L.weights;
     double W = 0.0;
@@ -242,10 +248,10 @@ static dp_status plan_micro(const dp_engine *e, dp_plan_device *d)
     return DP_OK;
 }
 
-dp_status dp_plan_batch(const dp_engine *e, const dp_batch *b, dp_plan *plan)
+dp_status dp_plan_batch(const dp_engine *e, const dp_batch *b, int predict, dp_plan *plan)
 {
     const dp_model *m = &e->model;
-    if (!b || !b->inputs || !b->targets)
+    if (!b || !b->inputs || (!predict && !b->targets))
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "batch, its inputs and targets must not be NULL");
     if (b->rows == 0)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "empty batch (0 rows); pass at least one row");
@@ -257,7 +263,7 @@ dp_status dp_plan_batch(const dp_engine *e, const dp_batch *b, dp_plan *plan)
     if (!dp_size_mul(n_out, dp_model_target_size(m), &n_tg))
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "batch of %zu rows of targets overflows size_t",
                        b->rows);
-    DP_TRY(check_targets(m, b->targets, n_tg, &valid));
+    if (b->targets) DP_TRY(check_targets(m, b->targets, n_tg, !predict, &valid));
     if (m->validate_inputs) {
         dp_clear_error();
         dp_status s = m->validate_inputs(m->ctx, b->inputs, b->rows);
@@ -269,7 +275,7 @@ dp_status dp_plan_batch(const dp_engine *e, const dp_batch *b, dp_plan *plan)
     }
     plan->batch = b;
     plan->n_valid = valid;
-    plan->dscale = (float)(1.0 / (double)valid);
+    plan->dscale = valid ? (float)(1.0 / (double)valid) : 0.0f;
 
     DP_TRY(dp_engine_plan(e, b->rows, b->targets, plan->grows));
     size_t begin = 0, gather_steps = 0;
@@ -279,7 +285,7 @@ dp_status dp_plan_batch(const dp_engine *e, const dp_batch *b, dp_plan *plan)
         d->row_begin = begin;
         d->rows = plan->grows[e->L.g0 + i];
         begin += d->rows;
-        d->valid = dp_plan_valid_targets(e, b->targets, d->row_begin, d->rows);
+        d->valid = b->targets ? dp_plan_valid_targets(e, b->targets, d->row_begin, d->rows) : 0;
         DP_TRY(plan_micro(e, d));
         if (d->n_micro > gather_steps) gather_steps = d->n_micro;
     }

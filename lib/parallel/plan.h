@@ -15,8 +15,10 @@ dp_status dp_plan_check_config(const dp_engine_config *cfg, const dp_device_spec
                                size_t k);
 
 /* Checks batch b (targets in range, at least one valid, the model's
- * validate_inputs) and plans it into *plan. */
-dp_status dp_plan_batch(const dp_engine *e, const dp_batch *b, dp_plan *plan);
+ * validate_inputs) and plans it into *plan. predict: targets are optional
+ * (without them the split ignores token_balanced, N is 0) and need no
+ * valid element. */
+dp_status dp_plan_batch(const dp_engine *e, const dp_batch *b, int predict, dp_plan *plan);
 
 /* Valid target elements (not -1 / NaN) of rows [first, first + rows) of a
  * host target array laid out as the engine's model says. */

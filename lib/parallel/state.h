@@ -139,6 +139,11 @@ typedef struct worker {
     dbuf features, dfeatures;  /* a model with a head: its input and that input's gradient */
     dbuf gathered, gathered_d; /* root only, gather mode */
     double loss_sum;
+    /* compute.c, dp_engine_predict: the logits of the rows [out_begin,
+     * out_begin + out_rows) of the batch (global row indices), kept until
+     * the next prediction or dp_engine_release_outputs (engine.c frees) */
+    dbuf outputs;
+    size_t out_begin, out_rows;
 
     /* replica.c */
     uint64_t param_hash;
@@ -212,7 +217,14 @@ typedef struct dp_step_outcome {
     int resync;  /* DP_SYNC_* bits the engine must apply before the next step */
 } dp_step_outcome;
 
+/* dp_engine.magic: a live engine's, and the value dp_engine_destroy
+ * writes before freeing it (dp/engine.h: use after destroy). */
+#define DP_ENGINE_LIVE 0x64705f656e67696eull /* "dp_engin" */
+#define DP_ENGINE_DEAD 0x64656164656e6721ull /* "deadeng!" */
+
 struct dp_engine {
+    /* engine.c: DP_ENGINE_LIVE from create to destroy, DP_ENGINE_DEAD after */
+    uint64_t magic;
     /* engine.c, at create */
     dp_layout L;
     worker *w; /* L.k */
@@ -236,6 +248,7 @@ struct dp_engine {
     double created;    /* monotonic seconds at create */
     double step_start; /* monotonic seconds at the start of the running step */
     dp_plan plan;      /* the running step's (plan.c fills it) */
+    size_t outputs_rows; /* the rows of the last dp_engine_predict's batch; 0: no outputs */
     dp_step_outcome out; /* the last step's (step.c fills it) */
 };
 

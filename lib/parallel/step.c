@@ -18,6 +18,10 @@
  *   all-gather the owners' slices to every replica            work, exchange, work
  *   check      every replica's hash against device 0's       exchange
  *
+ * A prediction (dp_engine_predict) is a list of its own: scatter and
+ * forward into the kept outputs (work), then every rank's outcome
+ * (exchange).
+ *
  * How the list runs depends only on where exchanges may run. With ranks
  * they cross processes from the caller's thread (MPI_THREAD_FUNNELED):
  * each stretch of work is a job on the worker pool (pool.h) and the caller
@@ -451,7 +455,7 @@ static size_t rounds(const dp_engine *e, size_t *c)
 
 dp_status dp_step_run(dp_engine *e, int train, dp_step_outcome *out)
 {
-    size_t round_floats, n_rounds = train ? rounds(e, &round_floats) : 0;
+    size_t round_floats = 0, n_rounds = train ? rounds(e, &round_floats) : 0;
     step *c = new_step(e, FIXED_STAGES + 2 * n_rounds, out);
     if (!c) return DP_ERR_OUT_OF_MEMORY;
     c->train = train;
@@ -470,6 +474,30 @@ dp_status dp_step_run(dp_engine *e, int train, dp_step_outcome *out)
         c->hash = dp_replica_check_due(e);
         add_allgather(c);
     }
+    dp_status s = run_stages(c);
+    free(c);
+    return s;
+}
+
+// --- a prediction ---------------------------------------------------------------------------
+
+static void work_predict(worker *w, step *c, const stage *st)
+{
+    ENTER(w, DP_PHASE_SCATTER);
+    CHECK(w, dp_comm_scatter_batch(w, c->plan));
+    dp_compute_predict(w, c->plan);
+}
+
+/* Every rank's outcome: a failure anywhere fails the call everywhere. */
+static void exchange_predicted(step *c, const stage *st) { end(c, agree(c), 0); }
+
+dp_status dp_step_predict(dp_engine *e)
+{
+    dp_step_outcome out;
+    step *c = new_step(e, 2, &out);
+    if (!c) return DP_ERR_OUT_OF_MEMORY;
+    add(c, work_predict, NULL, 0);
+    add(c, NULL, exchange_predicted, 0);
     dp_status s = run_stages(c);
     free(c);
     return s;
@@ -516,8 +544,8 @@ static uint64_t batch_hash(const dp_engine *e, const dp_batch *b)
     const unsigned char *p = b->inputs;
     size_t n = b->rows * e->model.input_row_bytes;
     for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
-    p = b->targets;
-    n = b->rows * dp_model_target_row_bytes(&e->model);
+    p = b->targets; /* a prediction's batch may have none */
+    n = p ? b->rows * dp_model_target_row_bytes(&e->model) : 0;
     for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
     return h ^ (uint64_t)b->rows;
 }

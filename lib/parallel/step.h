@@ -28,6 +28,10 @@ dp_status dp_step_agree_plan(dp_engine *e, dp_status planned);
  * step (also on failure). */
 dp_status dp_step_run(dp_engine *e, int train, dp_step_outcome *out);
 
+/* The forward of the planned batch e->plan (dp_engine_predict) on every
+ * rank, its logits kept in each worker's outputs (compute.h). */
+dp_status dp_step_predict(dp_engine *e);
+
 /* The replicas re-synchronised outside a step (engine.needs_sync): from
  * local device 0 (from_root: after set_params; with ranks every rank's
  * device 0 holds rank 0's values then), or from the slices' owners (after

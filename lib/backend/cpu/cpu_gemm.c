@@ -142,7 +142,8 @@ static dp_status grow_scratch(dp_device *dev, struct dp_cpu_ctx *c, size_t bytes
         return DP_FAIL(DP_ERR_OUT_OF_MEMORY,
                        "%s: a GEMM's conversion scratch needs %zu more bytes, which would pass "
                        "the memory limit (%zu bytes in use and reserved, limit %zu bytes); use "
-                       "a smaller batch or a higher --memory-limit",
+                       "a smaller batch or a higher limit (dp_device_set_limit; "
+                       "dp_engine_config.memory_limit)",
                        dev->name, grow, used, limit);
     dp_status s = dp_cpu_host_reserve(dev, grow);
     void *p = s == DP_OK ? aligned_alloc(64, bytes) : NULL;

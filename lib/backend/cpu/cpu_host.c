@@ -76,7 +76,8 @@ dp_status dp_cpu_host_reserve(dp_device *dev, size_t bytes)
                    "%s: %zu bytes asked, %zu bytes in use on all CPU devices, %zu bytes of "
                    "host memory available when the first CPU device opened: this does not "
                    "fit in the host's RAM; use a smaller batch or context, micro-batches "
-                   "(--max-tokens-per-device), or a --memory-limit per device that fits",
+                   "(dp_engine_config.max_rows_per_micro or max_tokens_per_micro), or a "
+                   "per-device limit that fits (dp_engine_config.memory_limit)",
                    dev->name, bytes, used, avail);
 }
 

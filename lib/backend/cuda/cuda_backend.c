@@ -720,7 +720,8 @@ static dp_status grow_scratch(dp_device *dev, cuda_ctx *c, void **buf, size_t *c
         return DP_FAIL(DP_ERR_OUT_OF_MEMORY,
                        "%s: a kernel's scratch buffer needs %zu more bytes, which would "
                        "pass the memory limit (%zu bytes in use and reserved, limit %zu "
-                       "bytes); use a smaller batch or a higher --memory-limit",
+                       "bytes); use a smaller batch or a higher limit (dp_device_set_limit; "
+                       "dp_engine_config.memory_limit)",
                        dev->name, grow, used, limit);
     /* Kernels queued on the stream may still read the old buffer. */
     CU_TRY(dev, cudaStreamSynchronize(c->stream));

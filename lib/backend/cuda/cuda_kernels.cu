@@ -6,9 +6,10 @@
  *
  * Launch shapes:
  *   - element kernels: one thread per output element, 256-thread blocks;
- *   - row kernels (LayerNorm, causal softmax and cross-entropy rows, forward
- *     and backward): one block per row, coalesced reads, reductions by a
- *     fixed warp-shuffle tree (below);
+ *   - row kernels (LayerNorm, causal softmax, log-softmax and cross-entropy
+ *     rows, forward and backward, and the zeroing of ignored rows): one
+ *     block per row, coalesced reads, reductions by a fixed warp-shuffle
+ *     tree (below);
  *   - block copies (the bfloat16 packs of a GEMM's operand blocks): one warp
  *     per segment of a column of the block, lanes along its contiguous rows;
  *   - column reductions (bias and LayerNorm parameter gradients): two
@@ -315,6 +316,58 @@ __global__ void k_crossentropy_block(float *losses, float *dlogits, const float 
     }
 }
 
+/* dp_log_softmax_forward_item, one block per row: the maximum, the sum
+ * of exp(x - m) in double (fixed trees), then out = (x - m) - log(s) in
+ * double, rounded once. In place is safe: each thread writes only the
+ * elements it read, after both reductions. */
+__global__ void k_log_softmax_forward_block(float *out, const float *inp, size_t C, size_t N)
+{
+    __shared__ block_scratch<BLOCK_THREADS, float> shf;
+    __shared__ block_scratch<BLOCK_THREADS, double> shd;
+    BLOCK_ROW_LOOP(r, N)
+    {
+        const float *x = inp + r * C;
+        float mt = -INFINITY;
+        ROW_ELEMS(j, C) mt = fmaxf(mt, x[j]);
+        float m = block_max<BLOCK_THREADS>(mt, shf);
+        double a = 0.0;
+        ROW_ELEMS(j, C) a += (double)expf(x[j] - m);
+        double ls = log(block_sum<BLOCK_THREADS>(a, shd));
+        ROW_ELEMS(j, C) out[r * C + j] = (float)(((double)x[j] - (double)m) - ls);
+    }
+}
+
+/* dp_log_softmax_backward_item, one block per row: the row sum of dout in
+ * double (fixed tree), then dinp = dout - exp(out) * sum. */
+__global__ void k_log_softmax_backward_block(float *dinp, const float *out, const float *dout,
+                                             size_t C, size_t N)
+{
+    __shared__ block_scratch<BLOCK_THREADS, double> shd;
+    BLOCK_ROW_LOOP(r, N)
+    {
+        const float *g = dout + r * C, *o = out + r * C;
+        double a = 0.0;
+        ROW_ELEMS(j, C) a += (double)g[j];
+        double sum = block_sum<BLOCK_THREADS>(a, shd);
+        ROW_ELEMS(j, C) dinp[r * C + j] = (float)((double)g[j] - (double)expf(o[j]) * sum);
+    }
+}
+
+/* dp_zero_ignored_rows_item, one block per row: the row's valid target
+ * elements counted (a fixed tree), then the row zeroed when there are none. */
+__global__ void k_zero_ignored_rows_block(float *x, const void *targets, int f32, size_t per,
+                                          size_t cols, size_t N)
+{
+    __shared__ block_scratch<BLOCK_THREADS, unsigned> sh;
+    BLOCK_ROW_LOOP(r, N)
+    {
+        unsigned valid = 0;
+        ROW_ELEMS(t, per) valid += dp_target_is_valid(targets, f32, r * per + t) ? 1u : 0u;
+        if (block_sum<BLOCK_THREADS>(valid, sh)) continue;
+        ROW_ELEMS(c, cols) x[r * cols + c] = 0.0f;
+    }
+}
+
 /* Rows per launch are capped like every grid; blocks loop over the rest. */
 static unsigned row_blocks(size_t rows)
 {
@@ -378,6 +431,34 @@ extern "C" cudaError_t dp_cuda_launch_crossentropy(cudaStream_t stream, float *l
     else
         k_crossentropy_block<BLOCK_THREADS><<<row_blocks(n), BLOCK_THREADS, 0, stream>>>(
             losses, dlogits, logits, targets, V, dscale, n);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t dp_cuda_launch_log_softmax_forward(cudaStream_t stream, float *out,
+                                                          const float *inp, size_t C, size_t n)
+{
+    if (n == 0 || C == 0) return cudaSuccess;
+    k_log_softmax_forward_block<<<row_blocks(n), BLOCK_THREADS, 0, stream>>>(out, inp, C, n);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t dp_cuda_launch_log_softmax_backward(cudaStream_t stream, float *dinp,
+                                                           const float *out, const float *dout,
+                                                           size_t C, size_t n)
+{
+    if (n == 0 || C == 0) return cudaSuccess;
+    k_log_softmax_backward_block<<<row_blocks(n), BLOCK_THREADS, 0, stream>>>(dinp, out, dout,
+                                                                              C, n);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t dp_cuda_launch_zero_ignored_rows(cudaStream_t stream, float *x,
+                                                        const void *targets, int f32, size_t per,
+                                                        size_t cols, size_t n)
+{
+    if (n == 0 || cols == 0 || per == 0) return cudaSuccess;
+    k_zero_ignored_rows_block<<<row_blocks(n), BLOCK_THREADS, 0, stream>>>(x, targets, f32, per,
+                                                                           cols, n);
     return cudaGetLastError();
 }
 
