@@ -469,7 +469,7 @@ Test(data, sampler_rejects_a_short_split)
     cr_assert_eq(dp_sampler_create(d, DP_SPLIT_VAL, 256, 1, &s), DP_ERR_INVALID_ARGUMENT);
     cr_assert_null(s);
     cr_assert(strstr(dp_last_error(), "context 256 is longer than the validation split (120 tokens") &&
-                  strstr(dp_last_error(), "use a smaller --context or more data"),
+                  strstr(dp_last_error(), "use a smaller context or more data"),
               "%s", dp_last_error());
     // A window needs context + 1 tokens: 120 fails, 119 fits.
     cr_assert_eq(dp_sampler_create(d, DP_SPLIT_VAL, 120, 1, &s), DP_ERR_INVALID_ARGUMENT);

@@ -131,6 +131,8 @@ typedef struct dp_engine_config {
      * worker stuck inside a backend call that does not return within a
      * second watchdog period leaves the engine unusable (every later call
      * fails with DP_ERR_TIMEOUT; dp_engine_destroy then waits for it).
+     * With ranks it also bounds every wait for the other ranks, from the
+     * exchange at create on (0: those waits have no limit).
      * 0, or DP_WATCHDOG_MIN_SECONDS to DP_WATCHDOG_MAX_SECONDS; anything
      * else (negative, NaN, Inf, 1e19) is DP_ERR_INVALID_ARGUMENT. */
     double watchdog_seconds;

@@ -379,7 +379,7 @@ dp_status dp_sampler_create(const dp_token_data *data, dp_split split, size_t co
     if (n < 2 || context > n - 1)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
                        "context %zu is longer than the %s split (%zu tokens; a window needs "
-                       "context + 1); use a smaller --context or more data",
+                       "context + 1); use a smaller context or more data",
                        context, dp_split_name(split), n);
     dp_sampler *s = calloc(1, sizeof *s);
     if (!s) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "cannot allocate a sampler");
@@ -447,7 +447,7 @@ dp_status dp_sampler_set_state(dp_sampler *s, const uint64_t state[DP_SAMPLER_ST
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
                        "sampler state was saved for context %" PRIu64 " over %" PRIu64
                        " tokens, but this sampler has context %zu over %zu tokens: resume with "
-                       "the same --context, corpus and tokenizer",
+                       "the same context, corpus and tokenizer",
                        state[7], state[8], s->context, s->n);
     for (int i = 0; i < 4; i++) s->rng.s[i] = state[1 + i];
     s->batches = state[5];

@@ -54,7 +54,7 @@ dp_status token_data_copy(const dp_token_data *d, size_t pos, size_t count, int3
                 return DP_FAIL(DP_ERR_FORMAT,
                                "'%s': token %zu (byte offset %zu) is id %u, outside the "
                                "vocabulary [0, %zu); give the model a vocabulary of at least "
-                               "%u (lm_train --vocab-size), or check the file",
+                               "%u, or check the file",
                                g->path, i + j, g->file_offset + 2 * (i + j), id, vocab, id + 1);
             out[j] = (int32_t)id;
         }

@@ -153,7 +153,7 @@ static dp_status parse_file(const token_map *m, dp_token_format *format, size_t 
     if (magic == LLMC_TOKENIZER_MAGIC)
         return DP_FAIL(DP_ERR_FORMAT,
                        "'%s' is an llm.c tokenizer file (magic %d), not token data; it decodes "
-                       "samples (lm_train --tokenizer-file)",
+                       "samples (dp_tokenizer_load_llmc)",
                        m->path, LLMC_TOKENIZER_MAGIC);
     if (magic == LLMC_EVAL_MAGIC)
         return DP_FAIL(DP_ERR_FORMAT,

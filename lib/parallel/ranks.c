@@ -149,9 +149,11 @@ dp_status dp_ranks_join(const dp_engine *e, dp_dist *dist, const dp_device_spec 
                        L->nranks, DP_MAX_DEVICES);
     rank_info mine, all[DP_MAX_DEVICES]; /* ranks <= DP_MAX_DEVICES: on the stack, cannot fail */
     fill_info(&mine, e, devices, k, weights);
-    /* No watchdog here: the ranks may still be starting up. */
+    /* Bounded by the watchdog when one is set (0: no limit): a rank that
+     * never creates its engine must not leave the others waiting. */
     int lost = 0;
-    dp_status s = dp_dist_agree_payload(dist, 0.0, DP_OK, &mine, all, sizeof mine, INIT_WHAT, &lost);
+    dp_status s = dp_dist_agree_payload(dist, e->cfg.watchdog_seconds, DP_OK, &mine, all,
+                                        sizeof mine, INIT_WHAT, &lost);
     size_t K = 0;
     for (int r = 0; s == DP_OK && r < L->nranks; r++) {
         const char *f = first_difference(&all[0], &all[r]);

@@ -11,8 +11,9 @@
 /* On every rank after the local checks: exchanges device counts, weights
  * and the configuration (e's cfg and model), and fails on every rank when
  * they disagree, naming the first field that differs; fills *L (K, g0,
- * rank_first, the global weights). One process (dist NULL or one rank):
- * the local layout, nothing exchanged. */
+ * rank_first, the global weights). The wait is bounded by the
+ * configuration's watchdog_seconds when set. One process (dist NULL or
+ * one rank): the local layout, nothing exchanged. */
 dp_status dp_ranks_join(const dp_engine *e, dp_dist *dist, const dp_device_spec *devices,
                         size_t k, const float *weights, dp_layout *L);
 /* A rank whose create failed before it had an engine: takes part in the
