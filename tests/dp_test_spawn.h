@@ -173,4 +173,20 @@ static inline void dp_test_argv_free(char **argv, size_t argc)
     for (size_t i = 0; i < argc; i++) free(argv[i]);
 }
 
+/* Runs prog with base[0..nb) then extra[0..n) ('@name' is dir/name), its
+ * stdout and stderr into dir/stdout.txt and dir/stderr.txt, and collects
+ * them. */
+static inline dp_test_result dp_test_run(const char *prog, const char *const *base, size_t nb,
+                                         const char *const *extra, size_t n, const char *dir)
+{
+    char *argv[128], out[512], err[512];
+    size_t argc = dp_test_argv(argv, sizeof argv / sizeof *argv, 0, NULL, prog, base, nb, extra,
+                               n, dir);
+    snprintf(out, sizeof out, "%s/stdout.txt", dir);
+    snprintf(err, sizeof err, "%s/stderr.txt", dir);
+    pid_t pid = dp_test_spawn(argv, out, err);
+    dp_test_argv_free(argv, argc);
+    return dp_test_collect(pid, out, err);
+}
+
 #endif /* DP_TEST_SPAWN_H */

@@ -109,21 +109,7 @@ static const char *const BASE[] = {"--devices", "cpu:2", "--batch-size", "4", "-
 /* lm_train with BASE, then extra[0..n); '@name' is tmpdir/name. */
 static result run_args(const char *const *extra, size_t n)
 {
-    char *argv[N_BASE + 40];
-    size_t argc = 0;
-    argv[argc++] = (char *)LM_TRAIN_PATH;
-    for (size_t i = 0; i < N_BASE + n; i++) {
-        const char *a = i < N_BASE ? BASE[i] : extra[i - N_BASE];
-        cr_assert_lt(argc, sizeof argv / sizeof argv[0] - 1);
-        argv[argc++] = strdup(a[0] == '@' ? in_tmp(a + 1) : a);
-    }
-    argv[argc] = NULL;
-    char out[256], err[256];
-    snprintf(out, sizeof out, "%s/stdout.txt", tmpdir);
-    snprintf(err, sizeof err, "%s/stderr.txt", tmpdir);
-    pid_t pid = dp_test_spawn(argv, out, err);
-    for (size_t i = 1; i < argc; i++) free(argv[i]);
-    return dp_test_collect(pid, out, err);
+    return dp_test_run(LM_TRAIN_PATH, BASE, N_BASE, extra, n, tmpdir);
 }
 
 #define RUN(...)                                                                           \

@@ -117,21 +117,7 @@ static const char *const BASE[] = {"--devices", "cpu:2", "--layers", "1", "--hea
  * starting with '@' names a file in tmpdir. */
 static result run_args(int with_base, const char *const *extra, size_t n)
 {
-    char *argv[N_BASE + 40];
-    size_t argc = 0, nb = with_base ? N_BASE : 0;
-    argv[argc++] = (char *)LM_TRAIN_PATH;
-    for (size_t i = 0; i < nb + n; i++) {
-        const char *a = i < nb ? BASE[i] : extra[i - nb];
-        cr_assert_lt(argc, sizeof argv / sizeof argv[0] - 1);
-        argv[argc++] = strdup(a[0] == '@' ? in_tmp(a + 1) : a);
-    }
-    argv[argc] = NULL;
-    char out[256], err[256];
-    snprintf(out, sizeof out, "%s/stdout.txt", tmpdir);
-    snprintf(err, sizeof err, "%s/stderr.txt", tmpdir);
-    pid_t pid = dp_test_spawn(argv, out, err);
-    for (size_t i = 1; i < argc; i++) free(argv[i]);
-    return dp_test_collect(pid, out, err);
+    return dp_test_run(LM_TRAIN_PATH, BASE, with_base ? N_BASE : 0, extra, n, tmpdir);
 }
 
 #define ARGS_(...)                                                                         \
