@@ -301,8 +301,7 @@ dp_status dp_engine_create(const dp_device_spec *devices, size_t k, const dp_mod
 
     dp_engine *e = calloc(1, sizeof *e);
     if (e) e->w = calloc(k, sizeof *e->w);
-    if (e) e->xfers = calloc(DP_MAX_DEVICES * DP_MAX_DEVICES, sizeof *e->xfers);
-    if (!e || !e->w || !e->xfers) {
+    if (!e || !e->w) {
         if (e) free(e->w);
         free(e);
         s = DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation failed");
@@ -368,8 +367,12 @@ void dp_engine_destroy(dp_engine *e)
     if (!live(e)) return;
     e->magic = DP_ENGINE_DEAD;
     dp_pool_stop(&e->pool);
+    /* A transport that gave up on an exchange may still have MPI read or
+     * write the buffers it registered (replicas, gradients, staging): the
+     * devices holding them are left open, their memory never freed. */
+    int pinned = dp_transport_pinned(&e->tp);
     dp_transport_close(&e->tp);
-    for (size_t i = 0; i < e->L.k; i++) {
+    for (size_t i = 0; !pinned && i < e->L.k; i++) {
         worker *w = &e->w[i];
         if (!w->dev) continue;
         dbuf *bufs[] = {&w->inputs, &w->targets, &w->workspace, &w->logits,
@@ -379,11 +382,15 @@ void dp_engine_destroy(dp_engine *e)
         dp_device_free(w->dev, w->params);
         dp_device_free(w->dev, w->grads);
     }
-    dp_comm_teardown(e);
-    dp_opt_free_state(e);
-    for (size_t i = 0; i < e->L.k; i++) dp_device_close(e->w[i].dev);
+    if (!pinned) {
+        dp_comm_teardown(e);
+        dp_opt_free_state(e);
+        for (size_t i = 0; i < e->L.k; i++) dp_device_close(e->w[i].dev);
+    }
+    for (size_t i = 0; pinned && e->s && i < e->L.K; i++) free(e->s[i].segs);
     free(e->s);
     free(e->xfers);
+    free(e->round_at);
     free(e->w);
     free(e);
 }

@@ -236,7 +236,10 @@ struct dp_engine {
     slice *s;     /* L.K slices (optimizer.c makes them) */
     dp_transport tp; /* what crosses between the ranks (transport/) */
     dp_pool pool;    /* pool.c */
-    dp_xfer *xfers;  /* room for a reduce-scatter round's messages (K x K) */
+    /* step.c, at setup: the reduce-scatter's messages, round r's at
+     * xfers[round_at[r] .. round_at[r + 1]) */
+    dp_xfer *xfers;
+    size_t *round_at, n_rounds;
 
     /* engine.c, between calls */
     long t;

@@ -169,8 +169,9 @@ static void exchange_losses(step *c, const stage *st)
  * chunk of each slice another rank owns goes to that slice's owner; the
  * chunks of the other ranks' devices for the slices owned here arrive in
  * their staging. Both sides list them by (slice, device), so each pair of
- * ranks matches them in order. every: as if every device contributed (the
- * most a round can hold, for the reserve). */
+ * ranks matches them in order. every: as if every device contributed
+ * (what the transport registers at setup: an idle device sends its zeroed
+ * gradient, which the owner does not add). m NULL: only counts them. */
 static size_t round_messages(const dp_engine *e, const dp_plan *plan, size_t r, size_t c,
                              int every, dp_xfer *m)
 {
@@ -186,12 +187,15 @@ static size_t round_messages(const dp_engine *e, const dp_plan *plan, size_t r, 
         for (size_t d = 0; d < e->L.K; d++) {
             if (!every && !dp_plan_contributes(plan, d)) continue;
             worker *wd = dp_local_worker(e, d);
-            if (!o && wd)
-                m[n++] = (dp_xfer){(size_t)wd->id, (size_t)sl->owner, 1,
-                                   wd->grads + sl->begin + at, len * sizeof(float)};
-            else if (o && !wd)
-                m[n++] = (dp_xfer){(size_t)o->id, d, 0, dp_comm_remote_chunk(e, sl, d),
-                                   len * sizeof(float)};
+            if (!o && wd) {
+                if (m) m[n] = (dp_xfer){(size_t)wd->id, (size_t)sl->owner, 1,
+                                        wd->grads + sl->begin + at, len * sizeof(float)};
+                n++;
+            } else if (o && !wd) {
+                if (m) m[n] = (dp_xfer){(size_t)o->id, d, 0, dp_comm_remote_chunk(e, sl, d),
+                                        len * sizeof(float)};
+                n++;
+            }
         }
     }
     return n;
@@ -202,8 +206,9 @@ static void exchange_round(step *c, const stage *st)
 {
     dp_engine *e = c->e;
     double t0 = dp_now_seconds();
-    size_t n = round_messages(e, c->plan, st->round, c->round_floats, 0, e->xfers);
-    dp_status s = dp_transport_exchange(&e->tp, e->xfers, n, "reduce-scatter between the ranks");
+    size_t r = st->round, at = e->round_at[r];
+    dp_status s = dp_transport_exchange(&e->tp, r, e->xfers + at, e->round_at[r + 1] - at,
+                                        "reduce-scatter between the ranks");
     charge(c, DP_PHASE_REDUCE, t0);
     if (s != DP_OK) end(c, s, 0); /* the ranks are out of step: the engine is unusable */
 }
@@ -518,6 +523,44 @@ static void job_setup(worker *w, void *arg)
     CHECK(w, dp_comm_setup(w));
 }
 
+/* Every round's messages (every device contributing), listed once, and
+ * the transport given what each step moves, to register. */
+static dp_status connect(dp_engine *e)
+{
+    size_t c, n_rounds = rounds(e, &c), total = 0;
+    e->round_at = malloc((n_rounds + 1) * sizeof *e->round_at);
+    if (!e->round_at) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation failed");
+    for (size_t r = 0; r < n_rounds; r++) {
+        e->round_at[r] = total;
+        total += round_messages(e, NULL, r, c, 1, NULL);
+    }
+    e->round_at[n_rounds] = total;
+    e->n_rounds = n_rounds;
+    e->xfers = malloc((total ? total : 1) * sizeof *e->xfers);
+    const dp_xfer **lists = malloc(n_rounds * sizeof *lists);
+    size_t *counts = malloc(n_rounds * sizeof *counts);
+    dp_status s = e->xfers && lists && counts ? DP_OK
+                  : DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation of %zu messages failed", total);
+    for (size_t r = 0; s == DP_OK && r < n_rounds; r++) {
+        round_messages(e, NULL, r, c, 1, e->xfers + e->round_at[r]);
+        lists[r] = e->xfers + e->round_at[r];
+        counts[r] = e->round_at[r + 1] - e->round_at[r];
+    }
+    dp_device *devs[DP_MAX_DEVICES];
+    void *replicas[DP_MAX_DEVICES];
+    dp_run runs[DP_MAX_DEVICES];
+    for (size_t i = 0; i < e->L.k; i++) devs[i] = e->w[i].dev, replicas[i] = e->w[i].params;
+    dp_transport_plan tp = {.devs = devs, .rounds = lists, .round_msgs = counts,
+                            .n_rounds = n_rounds, .replicas = replicas, .esize = e->psize,
+                            .runs = runs, .n_runs = dp_opt_runs(e, runs),
+                            /* the parameters: broadcasts of them and of the optimizer state */
+                            .max_bytes = e->model.n_params * sizeof(float)};
+    if (s == DP_OK) s = dp_transport_connect(&e->tp, &tp);
+    free(lists);
+    free(counts);
+    return s;
+}
+
 dp_status dp_step_setup(dp_engine *e, dp_dist *d, dp_status s)
 {
     /* Over the bootstrap d: the transport carries the ranks once connected. */
@@ -525,15 +568,7 @@ dp_status dp_step_setup(dp_engine *e, dp_dist *d, dp_status s)
     if (s == DP_OK) s = dp_pool_run(&e->pool, job_setup, NULL, NULL);
     s = dp_ranks_agree(d, timeout, s);
     if (s != DP_OK) return s;
-    /* The largest exchanges: the parameters (all-gather, broadcasts of the
-     * parameters and the optimizer state) and the first round of the
-     * reduce-scatter with every device contributing. */
-    dp_device *devs[DP_MAX_DEVICES];
-    for (size_t i = 0; i < e->L.k; i++) devs[i] = e->w[i].dev;
-    size_t c, n = 0;
-    rounds(e, &c);
-    n = round_messages(e, NULL, 0, c, 1, e->xfers);
-    s = dp_transport_connect(&e->tp, devs, e->xfers, n, e->model.n_params * sizeof(float));
+    s = connect(e);
     return dp_ranks_agree(d, timeout, s);
 }
 

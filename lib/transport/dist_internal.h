@@ -54,4 +54,22 @@ dp_status dp_dist_exchange(dp_dist *d, const dp_dist_msg *sends, size_t n_sends,
                            const dp_dist_msg *recvs, size_t n_recvs, double timeout,
                            const char *what);
 
+/* Persistent point-to-point requests (MPI_Send_init / MPI_Recv_init) on
+ * buffers that stay where they are for the set's whole life: each run
+ * starts every request and moves the bytes in place, copying nothing.
+ * Messages past 1 GiB are cut in pieces; between a pair of ranks they
+ * match in the order listed, as dp_dist_exchange's (tag: sets of
+ * different kinds never match each other's messages). A run that fails or
+ * times out leaves its requests active, so the set is pinned: MPI may
+ * still read or write the buffers, which must then never be freed (and
+ * dp_dist_close leaves MPI as it is). */
+typedef struct dp_dist_persist dp_dist_persist;
+dp_status dp_dist_persist_create(dp_dist *d, int tag, const dp_dist_msg *sends, size_t n_sends,
+                                 const dp_dist_msg *recvs, size_t n_recvs,
+                                 dp_dist_persist **out);
+dp_status dp_dist_persist_run(dp_dist_persist *p, double timeout, const char *what);
+int dp_dist_persist_pinned(const dp_dist_persist *p);
+/* Frees an unpinned set's requests; a pinned set is kept (and leaked). */
+void dp_dist_persist_free(dp_dist_persist *p);
+
 #endif /* DP_DIST_INTERNAL_H */

@@ -70,3 +70,19 @@ dp_status dp_dist_exchange(dp_dist *d, const dp_dist_msg *sends, size_t n_sends,
     return DP_FAIL(DP_ERR_UNSUPPORTED, "%s: dp was built without MPI", what);
 }
 dp_status dp_dist_reserve(dp_dist *d, size_t data_bytes, size_t n_messages) { return DP_OK; }
+
+struct dp_dist_persist {
+    int unused;
+};
+dp_status dp_dist_persist_create(dp_dist *d, int tag, const dp_dist_msg *sends, size_t n_sends,
+                                 const dp_dist_msg *recvs, size_t n_recvs, dp_dist_persist **out)
+{
+    *out = NULL;
+    return DP_FAIL(DP_ERR_UNSUPPORTED, "persistent requests: dp was built without MPI");
+}
+dp_status dp_dist_persist_run(dp_dist_persist *p, double timeout, const char *what)
+{
+    return DP_FAIL(DP_ERR_UNSUPPORTED, "%s: dp was built without MPI", what);
+}
+int dp_dist_persist_pinned(const dp_dist_persist *p) { return 0; }
+void dp_dist_persist_free(dp_dist_persist *p) {}

@@ -4,6 +4,13 @@
  * nonblocking MPI calls polled against the transport's timeout
  * (dist_internal.h), made from the thread that drives the engine
  * (MPI_THREAD_FUNNELED).
+ *
+ * What every step moves goes without a copy: at connect each round of the
+ * reduce-scatter, and the all-gather of the replicas, becomes a set of
+ * persistent requests on the engine's own buffers (the devices' gradients,
+ * the owners' staging, local device 0's replica), started each step. The
+ * rest (agreements, broadcasts, host all-gathers) goes through the
+ * bootstrap's scratch, copied in and out.
  */
 #include <stdlib.h>
 
@@ -11,34 +18,98 @@
 #include "transport/dist_internal.h"
 #include "transport/mpi.h"
 
-/* The message lists of a round, made once at connect. */
+/* Tags of the persistent sets (dp_dist_exchange's messages have tag 0). */
+enum { TAG_ROUND = 1, TAG_ALLGATHER = 2 };
+
+/* The persistent requests, made once at connect. */
 typedef struct mpi_state {
-    dp_dist_msg *sends, *recvs;
+    dp_dist_persist **rounds; /* one set per round of the reduce-scatter */
+    size_t n_rounds;
+    dp_dist_persist *allgather; /* the owners' runs into local device 0's replica */
+    void *replica;              /* that replica */
 } mpi_state;
 
 static int accepts(int nranks, int host_memory) { return nranks > 1 && host_memory; }
 
-static dp_status connect(dp_transport *t, dp_device *const *devs, const dp_xfer *largest,
-                         size_t n, size_t max_bytes)
+/* Round r's persistent requests: sends from the local devices' gradients,
+ * receives into the owners' staging, each peer a rank. */
+static dp_status round_set(dp_transport *t, const dp_xfer *m, size_t n, dp_dist_persist **out)
 {
-    size_t K = t->L.K;
+    dp_dist_msg *msgs = malloc((n ? n : 1) * sizeof *msgs);
+    if (!msgs) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation failed");
+    size_t n_s = 0, n_r = n;
+    for (size_t i = 0; i < n; i++) { /* sends from the front, receives from the back, in order */
+        dp_dist_msg x = {dp_layout_rank_of(&t->L, m[i].peer), m[i].ptr, m[i].bytes};
+        if (m[i].send) msgs[n_s++] = x;
+    }
+    for (size_t i = n; i-- > 0;)
+        if (!m[i].send) msgs[--n_r] = (dp_dist_msg){dp_layout_rank_of(&t->L, m[i].peer), m[i].ptr,
+                                                    m[i].bytes};
+    dp_status s = dp_dist_persist_create(t->dist, TAG_ROUND, msgs, n_s, msgs + n_r, n - n_r, out);
+    free(msgs);
+    return s;
+}
+
+/* The all-gather into local device 0's replica buf: each rank's owned
+ * range (contiguous) to every other rank, in place. */
+static dp_status allgather_set(dp_transport *t, void *buf, size_t esize, const dp_run *runs,
+                               size_t n, dp_dist_persist **out)
+{
+    int R = t->L.nranks, me = t->L.rank;
+    size_t begin[DP_MAX_DEVICES] = {0}, count[DP_MAX_DEVICES] = {0};
+    for (size_t i = 0; i < n; i++) {
+        int r = dp_layout_rank_of(&t->L, runs[i].owner);
+        if (!count[r]) begin[r] = runs[i].begin;
+        count[r] = runs[i].begin + runs[i].count - begin[r];
+    }
+    dp_dist_msg sends[DP_MAX_DEVICES], recvs[DP_MAX_DEVICES];
+    size_t n_s = 0, n_r = 0;
+    for (int r = 0; r < R; r++) {
+        if (r == me) continue;
+        if (count[me])
+            sends[n_s++] = (dp_dist_msg){r, (unsigned char *)buf + begin[me] * esize,
+                                         count[me] * esize};
+        if (count[r])
+            recvs[n_r++] = (dp_dist_msg){r, (unsigned char *)buf + begin[r] * esize,
+                                         count[r] * esize};
+    }
+    return dp_dist_persist_create(t->dist, TAG_ALLGATHER, sends, n_s, recvs, n_r, out);
+}
+
+static dp_status connect(dp_transport *t, const dp_transport_plan *plan)
+{
     mpi_state *st = calloc(1, sizeof *st);
-    if (st) st->sends = malloc(2 * K * K * sizeof *st->sends);
-    if (!st || !st->sends) {
+    if (st) st->rounds = calloc(plan->n_rounds ? plan->n_rounds : 1, sizeof *st->rounds);
+    if (!st || !st->rounds) {
         free(st);
         return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation failed");
     }
-    st->recvs = st->sends + K * K;
     t->impl = st;
-    size_t bytes = 0;
-    for (size_t i = 0; i < n; i++) bytes += largest[i].bytes;
-    return dp_dist_reserve(t->dist, bytes > max_bytes ? bytes : max_bytes, n);
+    for (size_t r = 0; r < plan->n_rounds; r++) {
+        DP_TRY(round_set(t, plan->rounds[r], plan->round_msgs[r], &st->rounds[r]));
+        st->n_rounds = r + 1;
+    }
+    st->replica = plan->replicas[0];
+    DP_TRY(allgather_set(t, st->replica, plan->esize, plan->runs, plan->n_runs, &st->allgather));
+    return dp_dist_reserve(t->dist, plan->max_bytes, 2 * (size_t)t->L.nranks);
+}
+
+static int pinned(const dp_transport *t)
+{
+    const mpi_state *st = t->impl;
+    if (!st) return 0;
+    for (size_t r = 0; r < st->n_rounds; r++)
+        if (dp_dist_persist_pinned(st->rounds[r])) return 1;
+    return dp_dist_persist_pinned(st->allgather);
 }
 
 static void close_mpi(dp_transport *t)
 {
     mpi_state *st = t->impl;
-    if (st) free(st->sends);
+    if (!st) return;
+    for (size_t r = 0; r < st->n_rounds; r++) dp_dist_persist_free(st->rounds[r]);
+    dp_dist_persist_free(st->allgather);
+    free(st->rounds);
     free(st);
 }
 
@@ -56,18 +127,15 @@ dp_status dp_mpi_broadcast(dp_transport *t, void *buf, size_t bytes, const char 
     return dp_dist_bcast(t->dist, buf, bytes, t->timeout, what);
 }
 
-/* Both sides list a round's messages in (slice, device) order, so between
- * a pair of ranks they match in the order posted. */
-static dp_status exchange(dp_transport *t, const dp_xfer *m, size_t n, const char *what)
+/* Both sides listed a round's messages in (slice, device) order at
+ * connect, so between a pair of ranks they match in the order posted. */
+static dp_status exchange(dp_transport *t, size_t round, const dp_xfer *m, size_t n,
+                          const char *what)
 {
     mpi_state *st = t->impl;
-    size_t n_s = 0, n_r = 0;
-    for (size_t i = 0; i < n; i++) {
-        dp_dist_msg x = {dp_layout_rank_of(&t->L, m[i].peer), m[i].ptr, m[i].bytes};
-        if (m[i].send) st->sends[n_s++] = x;
-        else st->recvs[n_r++] = x;
-    }
-    return dp_dist_exchange(t->dist, st->sends, n_s, st->recvs, n_r, t->timeout, what);
+    if (round >= st->n_rounds)
+        return DP_FAIL(DP_ERR_INTERNAL, "%s: round %zu of %zu", what, round, st->n_rounds);
+    return dp_dist_persist_run(st->rounds[round], t->timeout, what);
 }
 
 /* Each rank's owned runs are contiguous (the slices are, and a rank's
@@ -84,11 +152,15 @@ dp_status dp_mpi_allgather_host(dp_transport *t, void *buf, size_t esize, const 
     return dp_dist_allgatherv(t->dist, buf, esize, begin, count, t->timeout, what);
 }
 
-/* Into local device 0's replica; the engine copies it to the others. */
+/* Into local device 0's replica (the registered one), in place; the
+ * engine copies it to the others. */
 static dp_status allgather_replicas(dp_transport *t, void *const *bufs, size_t esize,
                                     const dp_run *runs, size_t n, const char *what)
 {
-    return dp_mpi_allgather_host(t, bufs[0], esize, runs, n, what);
+    mpi_state *st = t->impl;
+    if (bufs[0] != st->replica)
+        return DP_FAIL(DP_ERR_INTERNAL, "%s: not the replica registered at connect", what);
+    return dp_dist_persist_run(st->allgather, t->timeout, what);
 }
 
 const dp_transport_ops dp_transport_mpi = {
@@ -102,5 +174,6 @@ const dp_transport_ops dp_transport_mpi = {
     .exchange = exchange,
     .allgather_host = dp_mpi_allgather_host,
     .allgather_replicas = allgather_replicas,
+    .pinned = pinned,
     .close = close_mpi,
 };

@@ -52,10 +52,10 @@ static void close_nccl(dp_transport *t);
 
 /* Rank 0 makes the NCCL id, MPI broadcasts it, and each rank joins its k
  * devices (global indices g0 .. g0 + k - 1). */
-static dp_status connect(dp_transport *t, dp_device *const *devs, const dp_xfer *largest,
-                         size_t n_largest, size_t max_bytes)
+static dp_status connect(dp_transport *t, const dp_transport_plan *plan)
 {
     size_t k = t->L.k;
+    dp_device *const *devs = plan->devs;
     ncclUniqueId id;
     if (t->L.rank == 0) {
         ncclResult_t r = ncclGetUniqueId(&id);
@@ -83,7 +83,8 @@ static dp_status connect(dp_transport *t, dp_device *const *devs, const dp_xfer 
         n->failed = 1;
         return nccl_fail(r, "ncclCommInitRank", "joining the GPUs");
     }
-    return DP_OK;
+    /* the host operations over MPI (get_params, the optimizer state) */
+    return dp_dist_reserve(t->dist, plan->max_bytes, 2 * (size_t)t->L.nranks);
 }
 
 static void close_nccl(dp_transport *t)
@@ -144,7 +145,8 @@ static dp_status wait_streams(nccl_state *n, double timeout, const char *what)
     return s;
 }
 
-static dp_status exchange(dp_transport *t, const dp_xfer *m, size_t n_msgs, const char *what)
+static dp_status exchange(dp_transport *t, size_t round, const dp_xfer *m, size_t n_msgs,
+                          const char *what)
 {
     nccl_state *n = t->impl;
     ncclResult_t r = ncclGroupStart();

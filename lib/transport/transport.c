@@ -54,10 +54,14 @@ void dp_transport_close(dp_transport *t)
     t->impl = NULL;
 }
 
-dp_status dp_transport_connect(dp_transport *t, dp_device *const *devs, const dp_xfer *largest,
-                               size_t n, size_t max_bytes)
+dp_status dp_transport_connect(dp_transport *t, const dp_transport_plan *plan)
 {
-    return t->ops->connect ? t->ops->connect(t, devs, largest, n, max_bytes) : DP_OK;
+    return t->ops->connect ? t->ops->connect(t, plan) : DP_OK;
+}
+
+int dp_transport_pinned(const dp_transport *t)
+{
+    return t->ops && t->ops->pinned ? t->ops->pinned(t) : 0;
 }
 
 dp_status dp_transport_agree(dp_transport *t, dp_status local, const void *mine, void *all,
@@ -84,9 +88,10 @@ dp_status dp_transport_broadcast(dp_transport *t, void *buf, size_t bytes, const
     return t->ops->broadcast ? moved(t, t->ops->broadcast(t, buf, bytes, what)) : DP_OK;
 }
 
-dp_status dp_transport_exchange(dp_transport *t, const dp_xfer *m, size_t n, const char *what)
+dp_status dp_transport_exchange(dp_transport *t, size_t round, const dp_xfer *m, size_t n,
+                                const char *what)
 {
-    if (t->ops->exchange) return moved(t, t->ops->exchange(t, m, n, what));
+    if (t->ops->exchange) return moved(t, t->ops->exchange(t, round, m, n, what));
     if (n) return DP_FAIL(DP_ERR_INTERNAL, "%s: %zu messages for the %s transport", what, n,
                           t->ops->name);
     return DP_OK;

@@ -73,6 +73,21 @@ typedef struct dp_run {
 
 typedef struct dp_transport dp_transport;
 
+/* What a transport may register once, at connect: the buffers and
+ * messages every step moves, at addresses that stay put for the
+ * engine's life. */
+typedef struct dp_transport_plan {
+    dp_device *const *devs;       /* the k local devices */
+    const dp_xfer *const *rounds; /* the reduce-scatter's rounds: every device's messages */
+    const size_t *round_msgs;     /* messages per round */
+    size_t n_rounds;
+    void *const *replicas;        /* the k replicas, the all-gather's buffers */
+    size_t esize;                 /* bytes per replica element: 4 float32, 2 bfloat16 */
+    const dp_run *runs;           /* the owners' runs of the flat buffer */
+    size_t n_runs;
+    size_t max_bytes;             /* the largest other operation (broadcasts, host all-gathers) */
+} dp_transport_plan;
+
 /* A transport's table. Optional entries may be NULL: the wrappers below
  * supply what one rank needs (agree: the local outcome; the rest: nothing
  * to move). */
@@ -86,11 +101,10 @@ typedef struct dp_transport_ops {
     /* allgather_replicas fills every local replica (1) or local device
      * 0's, which the engine then copies to the others (0). */
     int fills_every_replica;
-    /* After the devices are set up: joins them (NCCL) and reserves what
-     * the largest operations need (the `n` messages of the largest round,
-     * max_bytes for the rest), so no later operation allocates. */
-    dp_status (*connect)(dp_transport *t, dp_device *const *devs, const dp_xfer *largest,
-                         size_t n, size_t max_bytes);
+    /* After the devices are set up: joins them (NCCL), registers what
+     * every step moves (plan) and reserves what the other operations need,
+     * so no later operation allocates. */
+    dp_status (*connect)(dp_transport *t, const dp_transport_plan *plan);
     /* Every rank's status and `bytes` of mine (may be NULL: zeros) into
      * all (nranks x bytes, may be NULL when bytes is 0); the result is
      * DP_OK everywhere or the lowest failing rank's status with its
@@ -99,15 +113,21 @@ typedef struct dp_transport_ops {
     dp_status (*agree)(dp_transport *t, dp_status local, const void *mine, void *all,
                        size_t bytes, const char *what);
     dp_status (*broadcast)(dp_transport *t, void *buf, size_t bytes, const char *what);
-    dp_status (*exchange)(dp_transport *t, const dp_xfer *m, size_t n, const char *what);
+    /* Round `round` of the reduce-scatter: the plan's messages of that
+     * round (m, n: the same, for a transport that posts them each time). */
+    dp_status (*exchange)(dp_transport *t, size_t round, const dp_xfer *m, size_t n,
+                          const char *what);
     /* In place on every rank's host buffer of esize-byte elements: the
      * runs owned on each rank go to every other rank. */
     dp_status (*allgather_host)(dp_transport *t, void *buf, size_t esize, const dp_run *runs,
                                 size_t n, const char *what);
-    /* The same for the replicas bufs[0..k) (device memory), see
-     * fills_every_replica. */
+    /* The same for the replicas bufs[0..k) (device memory, the plan's
+     * replicas), see fills_every_replica. */
     dp_status (*allgather_replicas)(dp_transport *t, void *const *bufs, size_t esize,
                                     const dp_run *runs, size_t n, const char *what);
+    /* 1 when an operation was given up on with buffers the transport
+     * registered still in use (the engine must never free them). */
+    int (*pinned)(const dp_transport *t);
     void (*close)(dp_transport *t);
 } dp_transport_ops;
 
@@ -128,12 +148,14 @@ dp_status dp_transport_open(dp_transport *t, dp_dist *dist, const dp_layout *L,
                             int host_memory, double timeout);
 void dp_transport_close(dp_transport *t);
 
-dp_status dp_transport_connect(dp_transport *t, dp_device *const *devs, const dp_xfer *largest,
-                               size_t n, size_t max_bytes);
+dp_status dp_transport_connect(dp_transport *t, const dp_transport_plan *plan);
 dp_status dp_transport_agree(dp_transport *t, dp_status local, const void *mine, void *all,
                              size_t bytes, const char *what);
 dp_status dp_transport_broadcast(dp_transport *t, void *buf, size_t bytes, const char *what);
-dp_status dp_transport_exchange(dp_transport *t, const dp_xfer *m, size_t n, const char *what);
+dp_status dp_transport_exchange(dp_transport *t, size_t round, const dp_xfer *m, size_t n,
+                                const char *what);
+/* Whether the engine's registered buffers must never be freed (ops->pinned). */
+int dp_transport_pinned(const dp_transport *t);
 dp_status dp_transport_allgather_host(dp_transport *t, void *buf, size_t esize,
                                       const dp_run *runs, size_t n, const char *what);
 dp_status dp_transport_allgather_replicas(dp_transport *t, void *const *bufs, size_t esize,
