@@ -31,14 +31,7 @@ static void make_tmpdir(void)
 
 static void cleanup(void) { dp_test_remove_tree(tmpdir); }
 
-static const char *in_tmp(const char *name)
-{
-    static char buf[4][256];
-    static int k;
-    char *p = buf[k++ % 4];
-    snprintf(p, 256, "%s/%s", tmpdir, name);
-    return p;
-}
+static const char *in_tmp(const char *name) { return dp_test_join(tmpdir, name); }
 
 static void put(const char *name, const void *bytes, size_t n)
 {

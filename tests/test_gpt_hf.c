@@ -32,14 +32,7 @@ static void cleanup(void) { dp_test_remove_tree(tmpdir); }
 TestSuite(gpt_hf, .init = make_tmpdir, .fini = cleanup, .timeout = 60);
 
 /* tmpdir/name (a few of them alive at once). */
-static const char *in_tmp(const char *name)
-{
-    static char buf[8][512];
-    static int k;
-    char *p = buf[k++ % 8];
-    snprintf(p, 512, "%s/%s", tmpdir, name);
-    return p;
-}
+static const char *in_tmp(const char *name) { return dp_test_join(tmpdir, name); }
 
 // --- writing Hugging Face files from the reference ---------------------------------------
 

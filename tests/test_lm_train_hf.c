@@ -41,14 +41,7 @@
 static char tmpdir[64];
 enum { V = 657, N_TRAIN = 3000, N_VAL = 600 };
 
-static const char *in_tmp(const char *name)
-{
-    static char buf[8][256];
-    static int k;
-    char *p = buf[k++ % 8];
-    snprintf(p, 256, "%s/%s", tmpdir, name);
-    return p;
-}
+static const char *in_tmp(const char *name) { return dp_test_join(tmpdir, name); }
 
 /* tests/data/bpe/tokenizer.json, beside this source file. */
 static const char *bpe_file(void)

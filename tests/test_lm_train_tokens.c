@@ -56,14 +56,7 @@ static char tmpdir[64];
 
 enum { N_TRAIN = 6000, N_VAL = 1000, V = 512 };
 
-static const char *in_tmp(const char *name)
-{
-    static char buf[8][256];
-    static int k;
-    char *p = buf[k++ % 8];
-    snprintf(p, 256, "%s/%s", tmpdir, name);
-    return p;
-}
+static const char *in_tmp(const char *name) { return dp_test_join(tmpdir, name); }
 
 /* N_TRAIN + N_VAL ids with some structure to learn: runs of consecutive
  * ids from pseudo-random starts. */

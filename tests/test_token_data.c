@@ -48,14 +48,7 @@ static void make_tmpdir(void)
 
 static void cleanup(void) { dp_test_remove_tree(tmpdir); }
 
-static const char *in_tmp(const char *name)
-{
-    static char buf[8][256];
-    static int k;
-    char *p = buf[k++ % 8];
-    snprintf(p, 256, "%s/%s", tmpdir, name);
-    return p;
-}
+static const char *in_tmp(const char *name) { return dp_test_join(tmpdir, name); }
 
 static void mkdir_tmp(const char *name) { cr_assert_eq(mkdir(in_tmp(name), 0755), 0); }
 

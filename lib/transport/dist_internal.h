@@ -17,11 +17,11 @@
 
 #include "dp/dist.h"
 
-/* Reserves what the largest operation will need (data_bytes of data in
- * n_messages messages), where a failure can still be agreed: the
+/* Reserves what the largest operation will need (data_bytes of data),
+ * where a failure can still be agreed: the
  * operations themselves then allocate nothing, so none fails on one rank
  * alone. Not collective. */
-dp_status dp_dist_reserve(dp_dist *d, size_t data_bytes, size_t n_messages);
+dp_status dp_dist_reserve(dp_dist *d, size_t data_bytes);
 
 /* Agreement with a payload: every rank's status and `bytes` of mine (may
  * be NULL: zeros) into all (R x bytes, may be NULL when bytes is 0). The
@@ -41,25 +41,19 @@ dp_status dp_dist_allgatherv(dp_dist *d, void *buf, size_t esize, const size_t *
 /* Rank 0's bytes bytes of buf to every rank. */
 dp_status dp_dist_bcast(dp_dist *d, void *buf, size_t bytes, double timeout, const char *what);
 
-/* Point-to-point: posts every receive, then every send, and waits for all.
- * Between one pair of ranks, messages are matched in the order posted
- * (MPI's non-overtaking rule), so both sides list them in the same order.
- * Not collective: only the ranks with messages take part. */
+/* One message of a persistent set: bytes at ptr, to or from rank peer. */
 typedef struct dp_dist_msg {
     int peer;
     void *ptr;
     size_t bytes;
 } dp_dist_msg;
-dp_status dp_dist_exchange(dp_dist *d, const dp_dist_msg *sends, size_t n_sends,
-                           const dp_dist_msg *recvs, size_t n_recvs, double timeout,
-                           const char *what);
 
 /* Persistent point-to-point requests (MPI_Send_init / MPI_Recv_init) on
  * buffers that stay where they are for the set's whole life: each run
  * starts every request and moves the bytes in place, copying nothing.
  * Messages past 1 GiB are cut in pieces; between a pair of ranks they
- * match in the order listed, as dp_dist_exchange's (tag: sets of
- * different kinds never match each other's messages). A run that fails or
+ * match in the order listed (MPI's non-overtaking rule; the tag keeps sets
+ * of different kinds from matching each other's messages). A run that fails or
  * times out leaves its requests active, so the set is pinned: MPI may
  * still read or write the buffers, which must then never be freed (and
  * dp_dist_close leaves MPI as it is). */

@@ -7,44 +7,25 @@
  * of a hang. The communicator returns errors (MPI_ERRORS_RETURN) instead
  * of aborting, so they reach the caller as DP_ERR_COMM; a rank that dies
  * is normally noticed by the launcher first, which ends the job.
+ * The persistent request sets are in dist_persist.c.
  */
-#include <mpi.h>
 #include <limits.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "core/error.h"
-#include "transport/dist_internal.h"
 #include "core/clock.h"
-
-struct dp_dist {
-    MPI_Comm comm;
-    int rank, size;
-    int owns_init; /* dp_dist_open initialised MPI, so close finalises it */
-    int leaked;    /* memory of a request given up on could not be recorded */
-    int pinned;    /* persistent requests given up on: MPI may still use their buffers */
-    atomic_size_t bytes_sent;
-    /* Every operation works in this buffer (the callers' data is copied in
-     * and out), reserved ahead (dp_dist_reserve) where a failed allocation
-     * can still be agreed: an allocation inside an operation that fails on
-     * one rank would leave the others waiting for it. */
-    unsigned char *scratch;
-    size_t scratch_bytes;
-};
+#include "transport/dist_mpi_internal.h"
 
 /* What a rank can always do without reserving: the exchanges of outcomes
  * and broadcasts in pieces of this size. */
 #define DIST_MIN_SCRATCH ((size_t)1 << 20)
 
-/* Largest message: MPI counts are int; messages above this are split. */
-#define DIST_MAX_MESSAGE ((size_t)1 << 30)
-
 int dp_dist_built(void) { return 1; }
 
-static dp_status mpi_fail(int rc, const char *call, const char *what)
+dp_status dp_dist_mpi_fail(int rc, const char *call, const char *what)
 {
     char msg[MPI_MAX_ERROR_STRING];
     int len = 0;
@@ -60,7 +41,7 @@ dp_status dp_dist_open(int *argc, char ***argv, dp_dist **out)
     MPI_Initialized(&inited);
     if (!inited) {
         rc = MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
-        if (rc != MPI_SUCCESS) return mpi_fail(rc, "MPI_Init_thread", "joining the job");
+        if (rc != MPI_SUCCESS) return dp_dist_mpi_fail(rc, "MPI_Init_thread", "joining the job");
     } else {
         MPI_Query_thread(&provided);
     }
@@ -84,7 +65,7 @@ dp_status dp_dist_open(int *argc, char ***argv, dp_dist **out)
     if (rc == MPI_SUCCESS) rc = MPI_Comm_rank(d->comm, &d->rank);
     if (rc == MPI_SUCCESS) rc = MPI_Comm_size(d->comm, &d->size);
     if (rc != MPI_SUCCESS) {
-        dp_status s = mpi_fail(rc, "MPI_Comm_dup", "joining the job");
+        dp_status s = dp_dist_mpi_fail(rc, "MPI_Comm_dup", "joining the job");
         if (d->owns_init) MPI_Finalize();
         free(d->scratch);
         free(d);
@@ -119,33 +100,9 @@ typedef struct grave {
 } grave;
 static grave *graves; /* the opening thread only (MPI_THREAD_FUNNELED) */
 
-/* A set of persistent requests (dist_internal.h); pinned ones wait here
- * for their requests to complete (a late peer's), then are unpinned. */
-struct dp_dist_persist {
-    dp_dist *d;
-    MPI_Request *req;
-    int n;
-    size_t sent; /* bytes this rank sends per run */
-    int tag;
-    int pinned;
-    struct dp_dist_persist *next_pinned;
-};
-static dp_dist_persist *pinned_sets; /* the opening thread only */
-
-static void sweep(void)
+void dp_dist_sweep(void)
 {
-    for (dp_dist_persist **p = &pinned_sets; *p;) {
-        int done = 0;
-        if (MPI_Testall((*p)->n, (*p)->req, &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS) done = 0;
-        if (!done) {
-            p = &(*p)->next_pinned;
-            continue;
-        }
-        dp_dist_persist *x = *p;
-        *p = x->next_pinned;
-        x->pinned = 0; /* inactive again: its buffers are the owner's */
-        x->d->pinned--;
-    }
+    dp_dist_persist_sweep();
     for (grave **g = &graves; *g;) {
         int done = 0;
         if (MPI_Testall((*g)->n, (*g)->req, &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS) done = 0;
@@ -194,11 +151,10 @@ static unsigned char *take(dp_dist *d, size_t bytes)
 /* Where what follows `bytes` of data starts, aligned for any type. */
 static size_t after(size_t bytes) { return (bytes + 15) / 16 * 16; }
 
-dp_status dp_dist_reserve(dp_dist *d, size_t data_bytes, size_t n_messages)
+dp_status dp_dist_reserve(dp_dist *d, size_t data_bytes)
 {
-    sweep();
-    size_t need = after(data_bytes) + (n_messages + 1) * sizeof(MPI_Request) +
-                  2 * (size_t)d->size * sizeof(int) + 64;
+    dp_dist_sweep();
+    size_t need = after(data_bytes) + 2 * (size_t)d->size * sizeof(int) + 64;
     if (!take(d, need))
         return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "cannot reserve %zu bytes of host memory for the "
                        "exchanges between the ranks", need);
@@ -214,39 +170,35 @@ static void give_up(dp_dist *d, MPI_Request *req, int n)
     d->scratch_bytes = 0;
 }
 
-/* Waits for n requests, polling until the deadline (timeout 0: none). The
- * polling sleeps a little once the first spins find nothing, so ranks
- * sharing cores (an oversubscribed machine) leave them to the others. On
- * any failure the requests keep the scratch (give_up). */
-static dp_status wait_all(dp_dist *d, MPI_Request *req, int n, double timeout, const char *what)
+dp_status dp_dist_poll(const dp_dist *d, MPI_Request *req, int n, double timeout,
+                       const char *what)
 {
     double deadline = timeout > 0 ? dp_now_seconds() + timeout : 0.0;
-    long spins = 0;
-    dp_status s = DP_OK;
-    for (;;) {
+    for (long spins = 1;; spins++) {
         int done = 0;
         int rc = MPI_Testall(n, req, &done, MPI_STATUSES_IGNORE);
-        if (rc != MPI_SUCCESS) {
-            s = mpi_fail(rc, "MPI_Testall", what);
-            break;
-        }
+        if (rc != MPI_SUCCESS) return dp_dist_mpi_fail(rc, "MPI_Testall", what);
         if (done) return DP_OK;
-        if (deadline > 0 && dp_now_seconds() > deadline) {
-            s = DP_FAIL(DP_ERR_TIMEOUT, "%s: rank %d waited %.3g s (watchdog) for the other "
-                        "ranks; one of them is stuck or gone, so the job must end", what,
-                        d->rank, timeout);
-            break;
-        }
+        if (deadline > 0 && dp_now_seconds() > deadline)
+            return DP_FAIL(DP_ERR_TIMEOUT, "%s: rank %d waited %.3g s (watchdog) for the other "
+                           "ranks; one of them is stuck or gone, so the job must end", what,
+                           d->rank, timeout);
         /* A short spin catches a peer that is already there; after it the
          * sleep grows (50 us to 1 ms), so a waiting rank leaves the cores
          * to the ranks still computing (ranks may share cores). */
-        if (++spins > 200) {
+        if (spins > 200) {
             long us = spins < 1000 ? 50 : spins < 3000 ? 200 : 1000;
             struct timespec ts = {0, us * 1000};
             nanosleep(&ts, NULL);
         }
     }
-    give_up(d, req, n);
+}
+
+/* dp_dist_poll; on any failure the requests keep the scratch (give_up). */
+static dp_status wait_all(dp_dist *d, MPI_Request *req, int n, double timeout, const char *what)
+{
+    dp_status s = dp_dist_poll(d, req, n, timeout, what);
+    if (s != DP_OK) give_up(d, req, n);
     return s;
 }
 
@@ -261,7 +213,7 @@ static dp_status no_room(size_t bytes, const char *what)
 static dp_status allgather_view(dp_dist *d, const void *mine, size_t bytes, double timeout,
                                  const char *what, const unsigned char **got)
 {
-    sweep();
+    dp_dist_sweep();
     if (bytes > (size_t)INT_MAX / (size_t)(d->size + 1))
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: %zu bytes per rank is more than one MPI "
                        "message holds", what, bytes);
@@ -271,7 +223,7 @@ static dp_status allgather_view(dp_dist *d, const void *mine, size_t bytes, doub
     memcpy(mem, mine, bytes);
     MPI_Request r;
     int rc = MPI_Iallgather(mem, (int)bytes, MPI_BYTE, mem + bytes, (int)bytes, MPI_BYTE, d->comm, &r);
-    if (rc != MPI_SUCCESS) return mpi_fail(rc, "MPI_Iallgather", what);
+    if (rc != MPI_SUCCESS) return dp_dist_mpi_fail(rc, "MPI_Iallgather", what);
     atomic_fetch_add(&d->bytes_sent, bytes * (size_t)(d->size - 1));
     DP_TRY(wait_all(d, &r, 1, timeout, what));
     *got = mem + bytes;
@@ -281,7 +233,7 @@ static dp_status allgather_view(dp_dist *d, const void *mine, size_t bytes, doub
 dp_status dp_dist_allgatherv(dp_dist *d, void *buf, size_t esize, const size_t *begin,
                              const size_t *count, double timeout, const char *what)
 {
-    sweep();
+    dp_dist_sweep();
     /* Counts are elements of the buffer's own type, so a buffer of up to
      * 2^31 - 1 elements fits MPI's int counts whatever their size. */
     MPI_Datatype type = esize == 2 ? MPI_UINT16_T : MPI_FLOAT;
@@ -309,7 +261,7 @@ dp_status dp_dist_allgatherv(dp_dist *d, void *buf, size_t esize, const size_t *
     MPI_Request rq;
     int rc = MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, mem, cnt, dis, type, d->comm,
                              &rq);
-    if (rc != MPI_SUCCESS) return mpi_fail(rc, "MPI_Iallgatherv", what);
+    if (rc != MPI_SUCCESS) return dp_dist_mpi_fail(rc, "MPI_Iallgatherv", what);
     atomic_fetch_add(&d->bytes_sent, mc * esize * (size_t)(d->size - 1));
     DP_TRY(wait_all(d, &rq, 1, timeout, what));
     for (int r = 0; r < d->size; r++)
@@ -320,7 +272,7 @@ dp_status dp_dist_allgatherv(dp_dist *d, void *buf, size_t esize, const size_t *
 
 dp_status dp_dist_bcast(dp_dist *d, void *buf, size_t bytes, double timeout, const char *what)
 {
-    sweep();
+    dp_dist_sweep();
     /* In pieces the scratch holds, so a broadcast of any size needs no
      * allocation (every rank cuts at the same places: its own scratch may
      * be larger, so the piece is the minimum every rank can hold). */
@@ -331,7 +283,7 @@ dp_status dp_dist_bcast(dp_dist *d, void *buf, size_t bytes, double timeout, con
         if (d->rank == 0) memcpy(mem, (char *)buf + done, n);
         MPI_Request r;
         int rc = MPI_Ibcast(mem, (int)n, MPI_BYTE, 0, d->comm, &r);
-        if (rc != MPI_SUCCESS) return mpi_fail(rc, "MPI_Ibcast", what);
+        if (rc != MPI_SUCCESS) return dp_dist_mpi_fail(rc, "MPI_Ibcast", what);
         if (d->rank == 0) atomic_fetch_add(&d->bytes_sent, n * (size_t)(d->size - 1));
         DP_TRY(wait_all(d, &r, 1, timeout, what));
         if (d->rank != 0) memcpy((char *)buf + done, mem, n);
@@ -340,183 +292,14 @@ dp_status dp_dist_bcast(dp_dist *d, void *buf, size_t bytes, double timeout, con
     return DP_OK;
 }
 
-dp_status dp_dist_exchange(dp_dist *d, const dp_dist_msg *sends, size_t n_sends,
-                           const dp_dist_msg *recvs, size_t n_recvs, double timeout,
-                           const char *what)
-{
-    sweep();
-    /* Each message is split into pieces of at most DIST_MAX_MESSAGE; the
-     * data and the requests live in the scratch. */
-    size_t n_req = 0, total = 0;
-    for (size_t i = 0; i < n_sends; i++) n_req += sends[i].bytes / DIST_MAX_MESSAGE + 1, total += sends[i].bytes;
-    for (size_t i = 0; i < n_recvs; i++) n_req += recvs[i].bytes / DIST_MAX_MESSAGE + 1, total += recvs[i].bytes;
-    if (n_req > (size_t)INT_MAX) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: too many messages", what);
-    size_t room = after(total) + (n_req + 1) * sizeof(MPI_Request);
-    unsigned char *mem = take(d, room);
-    if (!mem) return no_room(room, what);
-    MPI_Request *req = (MPI_Request *)(mem + after(total));
-    size_t at = 0, off_mem = 0;
-    int rc = MPI_SUCCESS;
-    const char *call = "MPI_Irecv";
-    for (size_t i = 0; rc == MPI_SUCCESS && i < n_recvs; i++) {
-        for (size_t off = 0; rc == MPI_SUCCESS;) {
-            size_t n = recvs[i].bytes - off < DIST_MAX_MESSAGE ? recvs[i].bytes - off : DIST_MAX_MESSAGE;
-            rc = MPI_Irecv(mem + off_mem + off, (int)n, MPI_BYTE, recvs[i].peer, 0, d->comm, &req[at++]);
-            off += n;
-            if (off >= recvs[i].bytes) break;
-        }
-        off_mem += recvs[i].bytes;
-    }
-    if (rc == MPI_SUCCESS) call = "MPI_Isend";
-    for (size_t i = 0; rc == MPI_SUCCESS && i < n_sends; i++) {
-        memcpy(mem + off_mem, sends[i].ptr, sends[i].bytes);
-        for (size_t off = 0; rc == MPI_SUCCESS;) {
-            size_t n = sends[i].bytes - off < DIST_MAX_MESSAGE ? sends[i].bytes - off : DIST_MAX_MESSAGE;
-            rc = MPI_Isend(mem + off_mem + off, (int)n, MPI_BYTE, sends[i].peer, 0, d->comm, &req[at++]);
-            atomic_fetch_add(&d->bytes_sent, n);
-            off += n;
-            if (off >= sends[i].bytes) break;
-        }
-        off_mem += sends[i].bytes;
-    }
-    if (rc != MPI_SUCCESS) {
-        dp_status s = mpi_fail(rc, call, what);
-        give_up(d, req, (int)at); /* what was posted may still run */
-        return s;
-    }
-    DP_TRY(wait_all(d, req, (int)at, timeout, what));
-    off_mem = 0;
-    for (size_t i = 0; i < n_recvs; i++) {
-        memcpy(recvs[i].ptr, mem + off_mem, recvs[i].bytes);
-        off_mem += recvs[i].bytes;
-    }
-    return DP_OK;
-}
-
-// --- persistent requests ------------------------------------------------------------------
-
-
-
-/* Appends the requests of msg (cut in pieces) to p: a send or a receive. */
-static int persist_add(dp_dist_persist *p, const dp_dist_msg *m, int send)
-{
-    int rc = MPI_SUCCESS;
-    for (size_t off = 0; rc == MPI_SUCCESS;) {
-        size_t n = m->bytes - off < DIST_MAX_MESSAGE ? m->bytes - off : DIST_MAX_MESSAGE;
-        unsigned char *at = (unsigned char *)m->ptr + off;
-        rc = send ? MPI_Send_init(at, (int)n, MPI_BYTE, m->peer, p->tag, p->d->comm, &p->req[p->n])
-                  : MPI_Recv_init(at, (int)n, MPI_BYTE, m->peer, p->tag, p->d->comm, &p->req[p->n]);
-        if (rc == MPI_SUCCESS) p->n++;
-        off += n;
-        if (off >= m->bytes) break;
-    }
-    return rc;
-}
-
-dp_status dp_dist_persist_create(dp_dist *d, int tag, const dp_dist_msg *sends, size_t n_sends,
-                                 const dp_dist_msg *recvs, size_t n_recvs, dp_dist_persist **out)
-{
-    *out = NULL;
-    size_t n_req = 0, sent = 0;
-    for (size_t i = 0; i < n_sends; i++) n_req += sends[i].bytes / DIST_MAX_MESSAGE + 1, sent += sends[i].bytes;
-    for (size_t i = 0; i < n_recvs; i++) n_req += recvs[i].bytes / DIST_MAX_MESSAGE + 1;
-    if (n_req > (size_t)INT_MAX)
-        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%zu persistent requests: too many", n_req);
-    dp_dist_persist *p = calloc(1, sizeof *p);
-    if (p) p->req = malloc((n_req ? n_req : 1) * sizeof *p->req);
-    if (!p || !p->req) {
-        if (p) free(p->req);
-        free(p);
-        return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation of %zu requests failed", n_req);
-    }
-    p->d = d;
-    p->sent = sent;
-    p->tag = tag;
-    /* Receives first, as dp_dist_exchange posts them. */
-    int rc = MPI_SUCCESS;
-    for (size_t i = 0; rc == MPI_SUCCESS && i < n_recvs; i++) rc = persist_add(p, &recvs[i], 0);
-    for (size_t i = 0; rc == MPI_SUCCESS && i < n_sends; i++) rc = persist_add(p, &sends[i], 1);
-    if (rc != MPI_SUCCESS) {
-        dp_status s = mpi_fail(rc, "MPI_Send_init/MPI_Recv_init", "persistent requests");
-        dp_dist_persist_free(p);
-        return s;
-    }
-    *out = p;
-    return DP_OK;
-}
-
-/* A run given up on: its requests may still complete (a late peer), so
- * its buffers stay the MPI's until sweep sees them done. */
-static void pin(dp_dist_persist *p)
-{
-    p->pinned = 1;
-    p->d->pinned++;
-    p->next_pinned = pinned_sets;
-    pinned_sets = p;
-}
-
-dp_status dp_dist_persist_run(dp_dist_persist *p, double timeout, const char *what)
-{
-    if (p->pinned)
-        return DP_FAIL(DP_ERR_COMM, "%s: an earlier exchange was given up on", what);
-    sweep();
-    if (!p->n) return DP_OK;
-    int rc = MPI_Startall(p->n, p->req);
-    if (rc != MPI_SUCCESS) {
-        pin(p); /* some may have started */
-        return mpi_fail(rc, "MPI_Startall", what);
-    }
-    atomic_fetch_add(&p->d->bytes_sent, p->sent);
-    double deadline = timeout > 0 ? dp_now_seconds() + timeout : 0.0;
-    long spins = 0;
-    for (;;) {
-        int done = 0;
-        rc = MPI_Testall(p->n, p->req, &done, MPI_STATUSES_IGNORE);
-        if (rc != MPI_SUCCESS) {
-            pin(p);
-            return mpi_fail(rc, "MPI_Testall", what);
-        }
-        if (done) return DP_OK;
-        if (deadline > 0 && dp_now_seconds() > deadline) {
-            pin(p);
-            return DP_FAIL(DP_ERR_TIMEOUT, "%s: rank %d waited %.3g s (watchdog) for the other "
-                           "ranks; one of them is stuck or gone, so the job must end", what,
-                           p->d->rank, timeout);
-        }
-        /* as wait_all: spin a little, then leave the cores to the others */
-        if (++spins > 200) {
-            long us = spins < 1000 ? 50 : spins < 3000 ? 200 : 1000;
-            struct timespec ts = {0, us * 1000};
-            nanosleep(&ts, NULL);
-        }
-    }
-}
-
-int dp_dist_persist_pinned(const dp_dist_persist *p)
-{
-    sweep(); /* a late peer's messages may have completed it */
-    return p && p->pinned;
-}
-
-void dp_dist_persist_free(dp_dist_persist *p)
-{
-    if (!p || p->pinned) return; /* active requests: MPI may still use them */
-    for (int i = 0; i < p->n; i++) MPI_Request_free(&p->req[i]);
-    free(p->req);
-    free(p);
-}
-
 void dp_dist_close(dp_dist *d)
 {
     if (!d) return;
-    sweep();
+    dp_dist_sweep();
     /* MPI_Finalize with requests still pending (a rank that never came back)
      * would wait for them: leave MPI as it is then; the launcher ends the job. */
     int pending = graves != NULL || d->leaked || d->pinned;
-    /* pinned sets of d stay pinned (leaked): nothing sweeps them after this */
-    for (dp_dist_persist **p = &pinned_sets; *p;)
-        if ((*p)->d == d) *p = (*p)->next_pinned;
-        else p = &(*p)->next_pinned;
+    dp_dist_persist_forget(d);
     if (!pending) MPI_Comm_free(&d->comm);
     if (d->owns_init && !pending) MPI_Finalize();
     free(d->scratch);

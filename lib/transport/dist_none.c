@@ -63,13 +63,7 @@ dp_status dp_dist_bcast(dp_dist *d, void *buf, size_t bytes, double timeout, con
 {
     return DP_FAIL(DP_ERR_UNSUPPORTED, "%s: dp was built without MPI", what);
 }
-dp_status dp_dist_exchange(dp_dist *d, const dp_dist_msg *sends, size_t n_sends,
-                           const dp_dist_msg *recvs, size_t n_recvs, double timeout,
-                           const char *what)
-{
-    return DP_FAIL(DP_ERR_UNSUPPORTED, "%s: dp was built without MPI", what);
-}
-dp_status dp_dist_reserve(dp_dist *d, size_t data_bytes, size_t n_messages) { return DP_OK; }
+dp_status dp_dist_reserve(dp_dist *d, size_t data_bytes) { return DP_OK; }
 
 struct dp_dist_persist {
     int unused;

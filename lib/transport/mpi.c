@@ -18,7 +18,7 @@
 #include "transport/dist_internal.h"
 #include "transport/mpi.h"
 
-/* Tags of the persistent sets (dp_dist_exchange's messages have tag 0). */
+/* Tags of the persistent sets: a round's messages never match the all-gather's. */
 enum { TAG_ROUND = 1, TAG_ALLGATHER = 2 };
 
 /* The persistent requests, made once at connect. */
@@ -50,18 +50,28 @@ static dp_status round_set(dp_transport *t, const dp_xfer *m, size_t n, dp_dist_
     return s;
 }
 
+/* Each rank's owned runs are contiguous (the slices are, and a rank's
+ * devices are consecutive in global order): rank r owns elements
+ * [begin[r], begin[r] + count[r]) of a replica. */
+static void rank_ranges(const dp_transport *t, const dp_run *runs, size_t n, size_t *begin,
+                        size_t *count)
+{
+    for (int r = 0; r < t->L.nranks; r++) begin[r] = count[r] = 0;
+    for (size_t i = 0; i < n; i++) {
+        int r = dp_layout_rank_of(&t->L, runs[i].owner);
+        if (!count[r]) begin[r] = runs[i].begin;
+        count[r] = runs[i].begin + runs[i].count - begin[r];
+    }
+}
+
 /* The all-gather into local device 0's replica buf: each rank's owned
  * range (contiguous) to every other rank, in place. */
 static dp_status allgather_set(dp_transport *t, void *buf, size_t esize, const dp_run *runs,
                                size_t n, dp_dist_persist **out)
 {
     int R = t->L.nranks, me = t->L.rank;
-    size_t begin[DP_MAX_DEVICES] = {0}, count[DP_MAX_DEVICES] = {0};
-    for (size_t i = 0; i < n; i++) {
-        int r = dp_layout_rank_of(&t->L, runs[i].owner);
-        if (!count[r]) begin[r] = runs[i].begin;
-        count[r] = runs[i].begin + runs[i].count - begin[r];
-    }
+    size_t begin[DP_MAX_DEVICES], count[DP_MAX_DEVICES];
+    rank_ranges(t, runs, n, begin, count);
     dp_dist_msg sends[DP_MAX_DEVICES], recvs[DP_MAX_DEVICES];
     size_t n_s = 0, n_r = 0;
     for (int r = 0; r < R; r++) {
@@ -91,7 +101,7 @@ static dp_status connect(dp_transport *t, const dp_transport_plan *plan)
     }
     st->replica = plan->replicas[0];
     DP_TRY(allgather_set(t, st->replica, plan->esize, plan->runs, plan->n_runs, &st->allgather));
-    return dp_dist_reserve(t->dist, plan->max_bytes, 2 * (size_t)t->L.nranks);
+    return dp_dist_reserve(t->dist, plan->max_bytes);
 }
 
 static int pinned(const dp_transport *t)
@@ -138,17 +148,12 @@ static dp_status exchange(dp_transport *t, size_t round, const dp_xfer *m, size_
     return dp_dist_persist_run(st->rounds[round], t->timeout, what);
 }
 
-/* Each rank's owned runs are contiguous (the slices are, and a rank's
- * devices are consecutive in global order): one range per rank. */
+/* One range per rank (rank_ranges). */
 dp_status dp_mpi_allgather_host(dp_transport *t, void *buf, size_t esize, const dp_run *runs,
                                 size_t n, const char *what)
 {
-    size_t begin[DP_MAX_DEVICES] = {0}, count[DP_MAX_DEVICES] = {0};
-    for (size_t i = 0; i < n; i++) {
-        int r = dp_layout_rank_of(&t->L, runs[i].owner);
-        if (!count[r]) begin[r] = runs[i].begin;
-        count[r] = runs[i].begin + runs[i].count - begin[r];
-    }
+    size_t begin[DP_MAX_DEVICES], count[DP_MAX_DEVICES];
+    rank_ranges(t, runs, n, begin, count);
     return dp_dist_allgatherv(t->dist, buf, esize, begin, count, t->timeout, what);
 }
 

@@ -84,7 +84,7 @@ static dp_status connect(dp_transport *t, const dp_transport_plan *plan)
         return nccl_fail(r, "ncclCommInitRank", "joining the GPUs");
     }
     /* the host operations over MPI (get_params, the optimizer state) */
-    return dp_dist_reserve(t->dist, plan->max_bytes, 2 * (size_t)t->L.nranks);
+    return dp_dist_reserve(t->dist, plan->max_bytes);
 }
 
 static void close_nccl(dp_transport *t)
