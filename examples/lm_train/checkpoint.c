@@ -203,15 +203,7 @@ int apply_checkpoint(run *r)
         return cli_fail("--resume %s holds a model with --layers %zu --heads %zu --dim %zu "
                         "--context %zu, which differs from the options given; drop them or "
                         "match them", o->resume, c->n_layer, c->n_head, c->n_embd, c->block_size);
-    o->layers = (long)c->n_layer;
-    o->heads = (long)c->n_head;
-    o->dim = (long)c->n_embd;
-    o->context = (long)c->block_size;
-    if (o->max_tokens && o->max_tokens < o->context)
-        return cli_fail("--max-tokens-per-device %ld is below the checkpoint's --context %ld "
-                        "(one sequence); raise it to at least %ld", o->max_tokens, o->context,
-                        o->context);
-    if (check_val_tokens(o, "the checkpoint's ")) return 1;
+    if (adopt_shape(o, c, "the checkpoint's ")) return 1;
     /* The kind of data trained on: token files, or text (older checkpoints). */
     const char *fmt = dp_checkpoint_meta(ck, META_FORMAT);
     int ck_tokens = fmt && strcmp(fmt, FORMAT_TEXT) != 0;

@@ -57,7 +57,7 @@ static int full_val_loss(run *r, double *out)
     size_t W = dp_eval_window_count(r->data, DP_SPLIT_VAL, T);
     if (!W)
         return AGREED_FAIL(r, "the validation split has fewer than context+1 = %zu tokens", T + 1);
-    /* check_val_tokens made N > T, so the limit is at least one window. */
+    /* check_context made N > T, so the limit is at least one window. */
     size_t limit = r->o.val_tokens ? ((size_t)r->o.val_tokens - 1) / T : W;
     if (limit < W) {
         /* The loss no longer covers the whole split: say so, on a line of

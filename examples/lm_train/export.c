@@ -66,16 +66,8 @@ int load_pretrained(run *r)
         held(r, G_CTX, "--context", o->context, c->block_size) ||
         held(r, G_VOCAB, "--vocab-size", o->vocab_size, c->vocab_size))
         return 1;
-    o->layers = (long)c->n_layer;
-    o->heads = (long)c->n_head;
-    o->dim = (long)c->n_embd;
-    o->context = (long)c->block_size;
     o->vocab_size = (long)c->vocab_size;
-    if (o->max_tokens && o->max_tokens < o->context)
-        return cli_fail("--max-tokens-per-device %ld is below --init-from's context %ld (one "
-                        "sequence); raise it to at least %ld", o->max_tokens, o->context,
-                        o->context);
-    return check_val_tokens(o, "the model's ");
+    return adopt_shape(o, c, "the model's ");
 }
 
 int export_hf(run *r)

@@ -52,8 +52,12 @@ void defaults(opts *o);
 /* Parses and checks the command line into o: 0, 1 after a message, -1
  * after --help. */
 int parse_args(int argc, char **argv, opts *o);
-/* --val-tokens against the context; `whose` is "" or "the checkpoint's ". */
-int check_val_tokens(const opts *o, const char *whose);
+/* --max-tokens-per-device and --val-tokens against the context; `whose`
+ * ("", "the checkpoint's ", "the model's ") names where it came from. */
+int check_context(const opts *o, const char *whose);
+/* A checkpoint's or --init-from's model shape into o's shape options, then
+ * check_context(o, whose). */
+int adopt_shape(opts *o, const dp_gpt_config *c, const char *whose);
 /* The defaults that depend on the data and the checkpoint, once both are
  * known: the schedule's length, token data's vocabulary and tokenizer. */
 void resolve_options(opts *o, int is_tokens, int resumed);

@@ -192,17 +192,32 @@ static void usage(FILE *f)
             CLI_RANKS_WAIT_DEFAULT, CLI_RANKS_WAIT_DEFAULT);
 }
 
-/* --val-tokens below one window (context+1 tokens: context inputs, and
- * the last one's target one further) would evaluate nothing. `whose` says
- * where the context came from ("" or "the checkpoint's "). */
-int check_val_tokens(const opts *o, const char *whose)
+/* The checks that depend on the context: a device's token limit below
+ * one sequence, and --val-tokens below one window (context+1 tokens:
+ * context inputs, and the last one's target one further), which would
+ * evaluate nothing. `whose` says where the context came from ("", "the
+ * checkpoint's " or "the model's "). */
+int check_context(const opts *o, const char *whose)
 {
+    if (o->max_tokens && o->max_tokens < o->context)
+        return cli_fail("--max-tokens-per-device %ld is below %s--context %ld (one sequence); "
+                        "raise it to at least %ld", o->max_tokens, whose, o->context,
+                        o->context);
     if (!o->val_tokens || o->val_tokens > o->context) return 0;
     /* unsigned: --context LONG_MAX must not overflow the message's number */
     unsigned long need = (unsigned long)o->context + 1;
     return cli_fail("--val-tokens %ld is shorter than one window (%scontext+1 = %lu tokens); "
                     "give at least %lu or 0 for the whole split", o->val_tokens, whose, need,
                     need);
+}
+
+int adopt_shape(opts *o, const dp_gpt_config *c, const char *whose)
+{
+    o->layers = (long)c->n_layer;
+    o->heads = (long)c->n_head;
+    o->dim = (long)c->n_embd;
+    o->context = (long)c->block_size;
+    return check_context(o, whose);
 }
 
 /* 1 with a message when o is inconsistent (checks that need no file). */
@@ -224,11 +239,8 @@ static int check_opts(const opts *o)
         return cli_fail("--save-interval needs --save PATH (where to write the checkpoints)");
     if (o->grad_accum > INT_MAX)
         return cli_fail("--grad-accum %ld is too large (at most %d)", o->grad_accum, INT_MAX);
-    if (o->max_tokens && o->max_tokens < o->context && !o->resume)
-        return cli_fail("--max-tokens-per-device %ld is below --context %ld (one sequence); "
-                        "raise it to at least %ld", o->max_tokens, o->context, o->context);
     /* With --resume (--init-from) the checkpoint's (weights') context counts. */
-    if (!o->resume && !o->init_from && check_val_tokens(o, "")) return 1;
+    if (!o->resume && !o->init_from && check_context(o, "")) return 1;
     if (o->export_hf && check_export_path(o->export_hf)) return 1;
     /* With --resume the checkpoint's shape counts; setup reports a conflict. */
     if (!o->resume && !o->init_from && o->dim % o->heads)

@@ -20,6 +20,7 @@
 #include "dp/atomic_file.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/shape.h"
 #include "dp/checked.h"
 #include "dp/safetensors.h"
 
@@ -34,18 +35,6 @@ static int shape_bytes(const size_t *shape, int ndim, size_t elsize, size_t *num
     *numel = n;
     *nbytes = b;
     return 1;
-}
-
-// "[768, 3072]" into buf.
-static const char *shape_str(char *buf, size_t cap, const size_t *shape, int ndim)
-{
-    size_t k = 0;
-    buf[0] = '\0';
-    k += (size_t)snprintf(buf + k, cap - k, "[");
-    for (int i = 0; i < ndim && k < cap; i++)
-        k += (size_t)snprintf(buf + k, cap - k, i ? ", %zu" : "%zu", shape[i]);
-    if (k < cap) snprintf(buf + k, cap - k, "]");
-    return buf;
 }
 
 // ----------------------------------------------------------------------------
@@ -446,13 +435,13 @@ static dp_status parse_tensor(dp_st_file *f, const char *name, json_t *obj, size
     char sbuf[256];
     if (!shape_bytes(t->shape, t->ndim, dp_dtype_size(t->dtype), &t->numel, &t->nbytes))
         return DP_FAIL(DP_ERR_FORMAT, "'%s': tensor '%s': shape %s of %s overflows the byte size",
-                       path, name, shape_str(sbuf, sizeof sbuf, t->shape, t->ndim),
+                       path, name, dp_shape_text(sbuf, sizeof sbuf, t->shape, t->ndim),
                        dp_dtype_name(t->dtype));
     if (t->nbytes != e - b)
         return DP_FAIL(DP_ERR_FORMAT,
                        "'%s': tensor '%s': shape %s of %s is %zu bytes but data_offsets [%zu, "
                        "%zu] hold %zu",
-                       path, name, shape_str(sbuf, sizeof sbuf, t->shape, t->ndim),
+                       path, name, dp_shape_text(sbuf, sizeof sbuf, t->shape, t->ndim),
                        dp_dtype_name(t->dtype), t->nbytes, b, e, e - b);
     if (e > data_size)
         return DP_FAIL(DP_ERR_FORMAT,
@@ -670,8 +659,8 @@ dp_status dp_st_expect(const dp_st_file *f, const char *name, dp_dtype dtype,
     if (!same) {
         char a[256], b[256];
         return DP_FAIL(DP_ERR_FORMAT, "'%s': tensor '%s' has shape %s, expected %s", f->path,
-                       name, shape_str(a, sizeof a, t->shape, t->ndim),
-                       shape_str(b, sizeof b, shape, ndim));
+                       name, dp_shape_text(a, sizeof a, t->shape, t->ndim),
+                       dp_shape_text(b, sizeof b, shape, ndim));
     }
     *data = t->data;
     return DP_OK;

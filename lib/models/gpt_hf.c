@@ -15,6 +15,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/shape.h"
 #include "dp/atomic_file.h"
 #include "dp/gpt_hf.h"
 #include "dp/safetensors.h"
@@ -44,17 +45,6 @@ static int is_conv1d(const char *name)
 static void hf_name(const char *name, const char *prefix, char *buf, size_t cap)
 {
     snprintf(buf, cap, "%s%s", prefix, name + strlen(PREFIX));
-}
-
-/* "[a, b]" of a shape, for messages. */
-static const char *shape_text(const size_t *shape, int ndim, char *buf, size_t cap)
-{
-    size_t at = 0;
-    at += (size_t)snprintf(buf + at, cap - at, "[");
-    for (int i = 0; i < ndim && at < cap; i++)
-        at += (size_t)snprintf(buf + at, cap - at, i ? ", %zu" : "%zu", shape[i]);
-    if (at < cap) snprintf(buf + at, cap - at, "]");
-    return buf;
 }
 
 /* Element i of tensor t as float32 (F32, or F16 and BF16 widened exactly). */
@@ -225,8 +215,8 @@ static dp_status read_tensors(const dp_st_file *f, const char *prefix, const dp_
                  (t->ndim < 2 || x->shape[1] == shape[1]);
         if (!ok)
             return DP_FAIL(DP_ERR_FORMAT, "'%s': tensor %s has shape %s, want %s%s",
-                           dp_st_path(f), name, shape_text(x->shape, x->ndim, got, sizeof got),
-                           shape_text(shape, t->ndim, want, sizeof want),
+                           dp_st_path(f), name, dp_shape_text(got, sizeof got, x->shape, x->ndim),
+                           dp_shape_text(want, sizeof want, shape, t->ndim),
                            conv ? " (GPT-2's Conv1D weight: [in, out])" : "");
         if (x->dtype != DP_DTYPE_F32 && x->dtype != DP_DTYPE_F16 && x->dtype != DP_DTYPE_BF16)
             return DP_FAIL(DP_ERR_FORMAT, "'%s': tensor %s is %s; dp reads F32, F16 and BF16 "
