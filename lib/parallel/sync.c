@@ -1,0 +1,175 @@
+/*
+ * parallel/sync.c - what keeps the ranks and the replicas in step outside
+ * the step itself (step.h): the setup at create (every worker's buffers on
+ * its device, then the reduce-scatter's messages given to the transport),
+ * the check that every rank planned the same batch, and the
+ * re-synchronisations of the replicas (a list of stages, stages.h).
+ */
+#include <stdlib.h>
+
+#include "parallel/comm.h"
+#include "parallel/optimizer.h"
+#include "parallel/pool.h"
+#include "parallel/ranks.h"
+#include "parallel/stages.h"
+#include "parallel/step.h"
+
+// --- setup -----------------------------------------------------------------------------
+
+static void job_setup(worker *w, void *arg)
+{
+    size_t n = w->e->model.n_params, bytes = n * sizeof(float);
+    dp_worker_set_phase(w, DP_PHASE_COUNT);
+    CHECK(w, dp_device_bind_thread(w->dev));
+    CHECK(w, dp_device_alloc(w->dev, n * w->e->psize, &w->params));
+    CHECK(w, dp_device_alloc(w->dev, bytes, (void **)&w->grads));
+    CHECK(w, dp_memset(w->dev, w->grads, 0, bytes));
+    CHECK(w, dp_opt_alloc_state(w));
+    SYNC(w); /* every device's buffers exist before the collectives' */
+    CHECK(w, dp_comm_setup(w));
+}
+
+/* Round r's messages between the ranks: every contributing local device's
+ * chunk of each slice another rank owns goes to that slice's owner; the
+ * chunks of the other ranks' devices for the slices owned here arrive in
+ * their staging. Both sides list them by (slice, device), so each pair of
+ * ranks matches them in order. every: as if every device contributed
+ * (what the transport registers at setup: an idle device sends its zeroed
+ * gradient, which the owner does not add). m NULL: only counts them. */
+static size_t round_messages(const dp_engine *e, const dp_plan *plan, size_t r, size_t c,
+                             int every, dp_xfer *m)
+{
+    size_t n = 0;
+    if (!dp_transport_spans_ranks(&e->tp)) return 0; /* every device is here */
+    for (size_t j = 0; j < e->L.K; j++) {
+        const slice *sl = &e->s[j];
+        size_t len = sl->end - sl->begin, at = r * c;
+        if (at >= len) continue;
+        if (len - at > c) len = at + c;
+        len -= at;
+        worker *o = dp_local_worker(e, (size_t)sl->owner);
+        for (size_t d = 0; d < e->L.K; d++) {
+            if (!every && !dp_plan_contributes(plan, d)) continue;
+            worker *wd = dp_local_worker(e, d);
+            if (!o && wd) {
+                if (m) m[n] = (dp_xfer){(size_t)wd->id, (size_t)sl->owner, 1,
+                                        wd->grads + sl->begin + at, len * sizeof(float)};
+                n++;
+            } else if (o && !wd) {
+                if (m) m[n] = (dp_xfer){(size_t)o->id, d, 0, dp_comm_remote_chunk(e, sl, d),
+                                        len * sizeof(float)};
+                n++;
+            }
+        }
+    }
+    return n;
+}
+
+/* Every round's messages (every device contributing), listed once, and
+ * the transport given what each step moves, to register. */
+static dp_status connect(dp_engine *e)
+{
+    size_t c, n_rounds = dp_step_rounds(e, &c), total = 0;
+    e->round_at = malloc((n_rounds + 1) * sizeof *e->round_at);
+    if (!e->round_at) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation failed");
+    for (size_t r = 0; r < n_rounds; r++) {
+        e->round_at[r] = total;
+        total += round_messages(e, NULL, r, c, 1, NULL);
+    }
+    e->round_at[n_rounds] = total;
+    e->n_rounds = n_rounds;
+    e->xfers = malloc((total ? total : 1) * sizeof *e->xfers);
+    const dp_xfer **lists = malloc(n_rounds * sizeof *lists);
+    size_t *counts = malloc(n_rounds * sizeof *counts);
+    dp_status s = e->xfers && lists && counts ? DP_OK
+                  : DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation of %zu messages failed", total);
+    for (size_t r = 0; s == DP_OK && r < n_rounds; r++) {
+        round_messages(e, NULL, r, c, 1, e->xfers + e->round_at[r]);
+        lists[r] = e->xfers + e->round_at[r];
+        counts[r] = e->round_at[r + 1] - e->round_at[r];
+    }
+    dp_device *devs[DP_MAX_DEVICES];
+    void *replicas[DP_MAX_DEVICES];
+    dp_run runs[DP_MAX_DEVICES];
+    for (size_t i = 0; i < e->L.k; i++) devs[i] = e->w[i].dev, replicas[i] = e->w[i].params;
+    dp_transport_plan tp = {.devs = devs, .rounds = lists, .round_msgs = counts,
+                            .n_rounds = n_rounds, .replicas = replicas, .esize = e->psize,
+                            .runs = runs, .n_runs = dp_opt_runs(e, runs),
+                            /* the parameters: broadcasts of them and of the optimizer state */
+                            .max_bytes = e->model.n_params * sizeof(float)};
+    if (s == DP_OK) s = dp_transport_connect(&e->tp, &tp);
+    free(lists);
+    free(counts);
+    return s;
+}
+
+dp_status dp_step_setup(dp_engine *e, dp_dist *d, dp_status s)
+{
+    /* Over the bootstrap d: the transport carries the ranks once connected. */
+    double timeout = e->cfg.watchdog_seconds;
+    if (s == DP_OK) s = dp_pool_run(&e->pool, job_setup, NULL, NULL);
+    s = dp_ranks_agree(d, timeout, s);
+    if (s != DP_OK) return s;
+    s = connect(e);
+    return dp_ranks_agree(d, timeout, s);
+}
+
+// --- the batch every rank planned ------------------------------------------------------
+
+/* FNV-1a of the batch's bytes: every rank must pass the same batch. */
+static uint64_t batch_hash(const dp_engine *e, const dp_batch *b)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    const unsigned char *p = b->inputs;
+    size_t n = b->rows * e->model.input_row_bytes;
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
+    p = b->targets; /* a prediction's batch may have none */
+    n = p ? b->rows * dp_model_target_row_bytes(&e->model) : 0;
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
+    return h ^ (uint64_t)b->rows;
+}
+
+dp_status dp_step_agree_plan(dp_engine *e, dp_status planned)
+{
+    if (!dp_transport_spans_ranks(&e->tp)) return planned; /* nothing to compare */
+    uint64_t mine = planned == DP_OK ? batch_hash(e, e->plan.batch) : 0, all[DP_MAX_DEVICES];
+    dp_status s = dp_transport_agree(&e->tp, planned, &mine, all, sizeof mine, "the batch");
+    for (int r = 1; s == DP_OK && r < e->L.nranks; r++)
+        if (all[r] != all[0])
+            s = DP_FAIL(DP_ERR_INVALID_ARGUMENT, "rank %d's batch differs from rank 0's; every "
+                        "rank passes the same global batch (sample it from the same seed) and "
+                        "the engine takes each rank's rows", r);
+    return s;
+}
+
+// --- the re-synchronisations -----------------------------------------------------------
+
+static void work_broadcast(worker *w, step *c, const stage *st)
+{
+    dp_worker_set_phase(w, DP_PHASE_BROADCAST);
+    CHECK(w, dp_comm_broadcast_params(w));
+}
+
+static void work_refresh(worker *w, step *c, const stage *st)
+{
+    dp_worker_set_phase(w, DP_PHASE_BROADCAST);
+    CHECK(w, dp_opt_refresh_replica(w));
+}
+
+dp_status dp_step_resync(dp_engine *e, int from_root)
+{
+    dp_step_outcome out;
+    step *c = dp_stages_new(e, DP_STEP_FIXED_STAGES, &out);
+    if (!c) return DP_ERR_OUT_OF_MEMORY;
+    c->quiet = 1;
+    if (from_root) {
+        dp_stages_add(c, work_broadcast, NULL, 0);
+    } else {
+        /* bf16 replicas: the owners' replicas are rounded from their masters first */
+        if (e->bf16) dp_stages_add(c, work_refresh, NULL, 0);
+        dp_step_add_allgather(c);
+    }
+    dp_status s = dp_stages_run(c);
+    free(c);
+    return s;
+}
