@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "dp/data.h"
 #include "dp/rng.h"
+#include "io/file.h"
 #include "io/token_data.h"
 
 // ----------------------------------------------------------------------------
@@ -201,11 +202,7 @@ dp_status dp_text_load(const char *path, char **text, size_t *len, size_t *n_fil
         return DP_FAIL(DP_ERR_FORMAT,
                        "the corpus '%s' is not a regular file or a directory (it is a %s); "
                        "pass a text file or a directory of text files",
-                       path, S_ISCHR(sb.st_mode)    ? "character device"
-                             : S_ISBLK(sb.st_mode)  ? "block device"
-                             : S_ISFIFO(sb.st_mode) ? "FIFO"
-                             : S_ISSOCK(sb.st_mode) ? "socket"
-                                                    : "special file");
+                       path, dp_file_kind(sb.st_mode));
     } else {
         size_t got = 0;
         st = append_file(path, &buf, &n, &cap, &got);

@@ -23,6 +23,7 @@
 #include "core/error.h"
 #include "dp/checked.h"
 #include "dp/data.h"
+#include "io/file.h"
 #include "io/token_data.h"
 
 /* Other llm.c files someone may pass by mistake (dev/data/data_common.py,
@@ -59,16 +60,6 @@ static int ends_with(const char *s, const char *suffix)
     return a >= b && strcmp(s + a - b, suffix) == 0;
 }
 
-static const char *file_type_name(mode_t m)
-{
-    return S_ISCHR(m)    ? "character device"
-           : S_ISBLK(m)  ? "block device"
-           : S_ISFIFO(m) ? "FIFO"
-           : S_ISSOCK(m) ? "socket"
-           : S_ISDIR(m)  ? "directory"
-                         : "special file";
-}
-
 // ----------------------------------------------------------------------------
 // one file: map it, tell its format, check its header
 
@@ -92,7 +83,7 @@ static dp_status map_file(token_map *m)
         return DP_FAIL(DP_ERR_FORMAT,
                        "'%s' is not a regular file (it is a %s); token data are files of "
                        "uint16 ids (nanoGPT's train.bin, llm.c's shards)",
-                       m->path, file_type_name(sb.st_mode));
+                       m->path, dp_file_kind(sb.st_mode));
     }
     if (sb.st_size == 0) {
         close(fd);
@@ -261,7 +252,7 @@ dp_status dp_token_files_probe(const char *path, int *is_tokens)
         return DP_FAIL(DP_ERR_FORMAT,
                        "the data '%s' is not a regular file or a directory (it is a %s); pass "
                        "a text file, a token file (.bin) or a directory of either",
-                       path, file_type_name(sb.st_mode));
+                       path, dp_file_kind(sb.st_mode));
     if (ends_with(path, ".bin")) {
         *is_tokens = 1;
         return DP_OK;
@@ -422,7 +413,7 @@ dp_status dp_token_data_open(const char *path, size_t vocab_size, dp_token_data 
         return DP_FAIL(DP_ERR_FORMAT,
                        "the token data '%s' is not a regular file or a directory (it is a %s); "
                        "pass a token file (.bin) or a directory of them",
-                       path, file_type_name(sb.st_mode));
+                       path, dp_file_kind(sb.st_mode));
     dp_token_data *d = calloc(1, sizeof *d);
     if (!d) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "cannot allocate token data");
     d->vocab = vocab_size;

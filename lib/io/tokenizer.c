@@ -1,54 +1,24 @@
 /*
  * io/tokenizer.c - char- and word-level tokenizers: building from a corpus,
- * encode/decode, and a JSON form (jansson) for checkpoint metadata; and
- * llm.c's GPT-2 token table (gpt2_tokenizer.bin), loaded to decode only;
- * and the dispatch of every dp_tokenizer call to GPT-2's byte-level BPE
- * (io/bpe.c) for that kind.
- *
- * char, word and llmc share one representation: a table of token byte
- * strings by id, a byte -> id map for single-byte tokens (char, word), and
- * (word) a hash from word bytes to id. A bpe keeps its own tables.
+ * encode/decode; and the dispatch of every dp_tokenizer call to GPT-2's
+ * byte-level BPE (io/bpe.c) for that kind. The JSON form (for checkpoint
+ * metadata) is in tokenizer_json.c, llm.c's GPT-2 token table
+ * (gpt2_tokenizer.bin, loaded to decode only) in tokenizer_llmc.c.
  */
-#include <errno.h>
-#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <jansson.h>
 
 #include "core/error.h"
 #include "dp/checked.h"
 #include "dp/tokenizer.h"
 #include "io/bpe.h"
 #include "io/hash.h"
+#include "io/tokenizer_internal.h"
 
 #define UNK_TEXT "<unk>"
-#define TOKENIZER_VERSION 1
-
-struct dp_tokenizer {
-    dp_tokenizer_kind kind;
-    int32_t eot;           // llmc: the end-of-text id; else -1
-    size_t vocab;          // V
-    size_t n_bytes;        // single-byte tokens (char: all; word: separators after <unk>)
-    int32_t byte_id[256];  // single-byte token id per byte, -1 if none
-    size_t *tok_off;       // (V) offset of each token's bytes in pool
-    size_t *tok_len;       // (V)
-    char *pool;
-    int32_t *word_slot;    // word -> id open-addressing table (word kind), -1 empty
-    size_t word_cap;       // power of two
-    bpe *bpe;              // the bpe kind's tables (the ones above unused)
-};
 
 // ----------------------------------------------------------------------------
 // helpers
-
-static int is_word_byte(unsigned char c)
-{
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-           c == '\'';
-}
 
 dp_status dp_tokenizer_kind_parse(const char *text, dp_tokenizer_kind *out)
 {
@@ -88,9 +58,8 @@ void dp_tokenizer_destroy(dp_tokenizer *tok)
  * whole vocabulary. For word: id 0 is <unk>, then bytes (separators), then
  * words[i] = (wp[i], wl[i]) in id order. Inputs are already validated.
  */
-static dp_status tok_create(dp_tokenizer_kind kind, const unsigned char *bytes, size_t nbytes,
-                            const char *const *wp, const size_t *wl, size_t nwords,
-                            dp_tokenizer **out)
+dp_status tok_create(dp_tokenizer_kind kind, const unsigned char *bytes, size_t nbytes,
+                     const char *const *wp, const size_t *wl, size_t nwords, dp_tokenizer **out)
 {
     *out = NULL;
     dp_tokenizer *t = calloc(1, sizeof *t);
@@ -210,13 +179,13 @@ dp_status dp_tokenizer_create_word(const char *text, size_t len, size_t vocab_si
     size_t i = 0;
     while (i < len) {
         unsigned char c = (unsigned char)text[i];
-        if (!is_word_byte(c)) {
+        if (!tok_is_word_byte(c)) {
             seen[c] = 1;
             i++;
             continue;
         }
         size_t j = i;
-        while (j < len && is_word_byte((unsigned char)text[j])) j++;
+        while (j < len && tok_is_word_byte((unsigned char)text[j])) j++;
         const char *p = text + i;
         size_t n = j - i;
         i = j;
@@ -409,9 +378,9 @@ static dp_status encode(const dp_tokenizer *tok, const char *text, size_t len, i
     while (i < len) {
         unsigned char c = (unsigned char)text[i];
         int32_t id;
-        if (is_word_byte(c)) {
+        if (tok_is_word_byte(c)) {
             size_t j = i;
-            while (j < len && is_word_byte((unsigned char)text[j])) j++;
+            while (j < len && tok_is_word_byte((unsigned char)text[j])) j++;
             id = word_lookup(tok, text + i, j - i);
             i = j;
         } else {
@@ -452,7 +421,7 @@ size_t dp_tokenizer_cut_point(const dp_tokenizer *tok, const char *text, size_t 
     case DP_TOKENIZER_WORD:
         // A word is a maximal run of word bytes: a separator byte ends one.
         for (size_t p = len; p > 0; p--)
-            if (!is_word_byte((unsigned char)text[p - 1])) return p;
+            if (!tok_is_word_byte((unsigned char)text[p - 1])) return p;
         return 0;
     case DP_TOKENIZER_BPE: return bpe_cut_point(tok->bpe, text, len);
     default: return 0;
@@ -492,413 +461,4 @@ dp_status dp_tokenizer_decode(const dp_tokenizer *tok, const int32_t *ids, size_
     *text = out;
     *len = k;
     return DP_OK;
-}
-
-// ----------------------------------------------------------------------------
-// JSON form
-
-dp_status dp_tokenizer_serialize(const dp_tokenizer *tok, char **json)
-{
-    if (!tok || !json) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "tok or json is NULL");
-    *json = NULL;
-    if (tok->kind == DP_TOKENIZER_LLMC)
-        return DP_FAIL(DP_ERR_UNSUPPORTED,
-                       "the llm.c token table has no JSON form: keep its file and load it "
-                       "again with dp_tokenizer_load_llmc");
-    if (tok->kind == DP_TOKENIZER_BPE)
-        return DP_FAIL(DP_ERR_UNSUPPORTED,
-                       "a byte-level BPE has no JSON form: keep its tokenizer.json (or "
-                       "encoder.json and vocab.bpe) and load it again with "
-                       "dp_tokenizer_load_bpe");
-    size_t first = tok->kind == DP_TOKENIZER_WORD ? 1 : 0;
-    json_t *root = json_object();
-    json_t *bytes = json_array();
-    json_t *words = tok->kind == DP_TOKENIZER_WORD ? json_array() : NULL;
-    int bad = !root || !bytes || (tok->kind == DP_TOKENIZER_WORD && !words);
-    size_t id = first;
-    for (; !bad && id < first + tok->n_bytes; id++) {
-        json_int_t b = (unsigned char)tok->pool[tok->tok_off[id]];
-        bad |= json_array_append_new(bytes, json_integer(b)) != 0;
-    }
-    for (; !bad && words && id < tok->vocab; id++) {
-        json_t *w = json_stringn(tok->pool + tok->tok_off[id], tok->tok_len[id]);
-        bad |= json_array_append_new(words, w) != 0;
-    }
-    if (!bad) {
-        const char *kind = dp_tokenizer_kind_name(tok->kind);
-        bad |= json_object_set_new(root, "type", json_string(kind)) != 0;
-        bad |= json_object_set_new(root, "version", json_integer(TOKENIZER_VERSION)) != 0;
-        bad |= json_object_set(root, "bytes", bytes) != 0;
-        if (words) bad |= json_object_set(root, "words", words) != 0;
-    }
-    size_t flags = JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_ENSURE_ASCII;
-    char *text = bad ? NULL : json_dumps(root, flags);
-    json_decref(bytes);
-    json_decref(words);
-    json_decref(root);
-    if (!text) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "cannot serialize the tokenizer");
-    *json = text;
-    return DP_OK;
-}
-
-static int cmp_word_ptr(const void *a, const void *b)
-{
-    const char *x = *(const char *const *)a, *y = *(const char *const *)b;
-    return strcmp(x, y);
-}
-
-dp_status dp_tokenizer_parse(const char *json, dp_tokenizer **out)
-{
-    if (!json || !out) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "json or out is NULL");
-    *out = NULL;
-    json_error_t jerr;
-    json_t *root = json_loads(json, JSON_REJECT_DUPLICATES, &jerr);
-    if (!root)
-        return DP_FAIL(DP_ERR_FORMAT, "tokenizer JSON is malformed: %s (line %d, column %d)",
-                       jerr.text, jerr.line, jerr.column);
-    dp_status st = DP_OK;
-    const char **wp = NULL;
-    const char **sorted = NULL;
-    size_t *wl = NULL;
-    if (!json_is_object(root)) {
-        st = DP_FAIL(DP_ERR_FORMAT, "tokenizer JSON is not an object");
-        goto out;
-    }
-    const char *key;
-    json_t *val;
-    json_object_foreach(root, key, val)
-    {
-        if (strcmp(key, "type") && strcmp(key, "version") && strcmp(key, "bytes") &&
-            strcmp(key, "words")) {
-            st = DP_FAIL(DP_ERR_FORMAT, "tokenizer JSON has an unknown key '%s'", key);
-            goto out;
-        }
-    }
-    json_t *jt = json_object_get(root, "type"), *jv = json_object_get(root, "version");
-    json_t *jb = json_object_get(root, "bytes"), *jw = json_object_get(root, "words");
-    dp_tokenizer_kind kind;
-    if (!json_is_string(jt) || dp_tokenizer_kind_parse(json_string_value(jt), &kind) != DP_OK) {
-        st = DP_FAIL(DP_ERR_FORMAT, "tokenizer JSON: \"type\" must be \"char\" or \"word\"");
-        goto out;
-    }
-    if (!json_is_integer(jv) || json_integer_value(jv) != TOKENIZER_VERSION) {
-        st = DP_FAIL(DP_ERR_FORMAT, "tokenizer JSON: \"version\" must be %d (this build of dp)",
-                     TOKENIZER_VERSION);
-        goto out;
-    }
-    if (!json_is_array(jb) || json_array_size(jb) > 256) {
-        st = DP_FAIL(DP_ERR_FORMAT, "tokenizer JSON: \"bytes\" must be an array of at most 256 "
-                     "integers");
-        goto out;
-    }
-    unsigned char bytes[256];
-    size_t nb = json_array_size(jb);
-    for (size_t i = 0; i < nb; i++) {
-        json_t *e = json_array_get(jb, i);
-        json_int_t v = json_is_integer(e) ? json_integer_value(e) : -1;
-        if (v < 0 || v > 255 || (i > 0 && v <= bytes[i - 1])) {
-            st = DP_FAIL(DP_ERR_FORMAT,
-                         "tokenizer JSON: bytes[%zu] is not an integer in 0..255 greater than "
-                         "the previous one",
-                         i);
-            goto out;
-        }
-        if (kind == DP_TOKENIZER_WORD && is_word_byte((unsigned char)v)) {
-            st = DP_FAIL(DP_ERR_FORMAT,
-                         "tokenizer JSON: bytes[%zu] = %d is a word character, not a separator",
-                         i, (int)v);
-            goto out;
-        }
-        bytes[i] = (unsigned char)v;
-    }
-    size_t nw = 0;
-    if (kind == DP_TOKENIZER_CHAR) {
-        if (jw) {
-            st = DP_FAIL(DP_ERR_FORMAT, "tokenizer JSON: a char tokenizer has no \"words\"");
-            goto out;
-        }
-        if (nb == 0) {
-            st = DP_FAIL(DP_ERR_FORMAT, "tokenizer JSON: a char tokenizer needs at least one byte");
-            goto out;
-        }
-    } else {
-        if (!json_is_array(jw)) {
-            st = DP_FAIL(DP_ERR_FORMAT, "tokenizer JSON: \"words\" must be an array of strings");
-            goto out;
-        }
-        nw = json_array_size(jw);
-        if (nw > (size_t)INT32_MAX - 257) {
-            st = DP_FAIL(DP_ERR_FORMAT, "tokenizer JSON: too many words (%zu)", nw);
-            goto out;
-        }
-        wp = malloc((nw ? nw : 1) * sizeof *wp);
-        sorted = malloc((nw ? nw : 1) * sizeof *sorted);
-        wl = malloc((nw ? nw : 1) * sizeof *wl);
-        if (!wp || !wl || !sorted) {
-            st = DP_FAIL(DP_ERR_OUT_OF_MEMORY, "cannot allocate the word list");
-            goto out;
-        }
-        for (size_t i = 0; i < nw; i++) {
-            json_t *e = json_array_get(jw, i);
-            const char *s = json_is_string(e) ? json_string_value(e) : NULL;
-            size_t l = s ? json_string_length(e) : 0;
-            int ok = s && l > 0;
-            for (size_t c = 0; ok && c < l; c++) ok = is_word_byte((unsigned char)s[c]);
-            if (!ok) {
-                st = DP_FAIL(DP_ERR_FORMAT,
-                             "tokenizer JSON: words[%zu] is not a non-empty string of letters, "
-                             "digits and apostrophes",
-                             i);
-                goto out;
-            }
-            wp[i] = sorted[i] = s;
-            wl[i] = l;
-        }
-        // Word strings have no NULs (checked above), so strcmp finds duplicates.
-        qsort(sorted, nw, sizeof *sorted, cmp_word_ptr);
-        for (size_t i = 1; i < nw; i++) {
-            if (strcmp(sorted[i], sorted[i - 1]) == 0) {
-                st = DP_FAIL(DP_ERR_FORMAT, "tokenizer JSON: word '%s' appears twice", sorted[i]);
-                goto out;
-            }
-        }
-        if (nb + nw == 0) {
-            st = DP_FAIL(DP_ERR_FORMAT, "tokenizer JSON: a word tokenizer has no bytes and no "
-                         "words");
-            goto out;
-        }
-    }
-    st = tok_create(kind, bytes, nb, wp, wl, nw, out);
-out:
-    free(wp);
-    free(wl);
-    free(sorted);
-    json_decref(root);
-    return st;
-}
-
-// ----------------------------------------------------------------------------
-// llm.c's token table (gpt2_tokenizer.bin, written by llm.c's train_gpt2.py)
-//
-// A header of 256 little-endian uint32: [0] magic 20240328, [1] version
-// (1: no EOT field, GPT-2's 50257 tokens with EOT 50256; 2: [3] is the EOT
-// id), [2] the number of tokens V; then V records of a uint8 length
-// (1..255) and that many bytes.
-
-#define LLMC_DATA_MAGIC 20240520 /* a token shard, passed here by mistake */
-
-static uint32_t tok_le32(const unsigned char *b)
-{
-    return (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
-}
-
-/* Reads exactly n bytes from fd into buf; 0, or -1 with errno (0 at EOF). */
-static int read_full(int fd, unsigned char *buf, size_t n)
-{
-    while (n > 0) {
-        ssize_t k = read(fd, buf, n);
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) {
-            if (k == 0) errno = 0;
-            return -1;
-        }
-        buf += k;
-        n -= (size_t)k;
-    }
-    return 0;
-}
-
-/* Checks the records of body[0..len) (after the header) and builds the
- * table; body becomes the tokenizer's pool (freed with it). */
-static dp_status llmc_table(const char *path, unsigned char *body, size_t len, size_t V,
-                            int32_t eot, dp_tokenizer **out)
-{
-    size_t bytes = 0;
-    int fits = dp_size_mul(V, sizeof(size_t), &bytes);
-    dp_tokenizer *t = calloc(1, sizeof *t);
-    size_t *off = fits ? malloc(bytes) : NULL, *lens = fits ? malloc(bytes) : NULL;
-    if (!t || !off || !lens) {
-        free(t);
-        free(off);
-        free(lens);
-        free(body);
-        return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "cannot allocate a table of %zu tokens", V);
-    }
-    t->kind = DP_TOKENIZER_LLMC;
-    t->vocab = V;
-    t->eot = eot;
-    t->tok_off = off;
-    t->tok_len = lens;
-    t->pool = (char *)body;
-    for (int b = 0; b < 256; b++) t->byte_id[b] = -1;
-    size_t p = 0;
-    dp_status st = DP_OK;
-    for (size_t i = 0; i < V; i++) {
-        size_t at = DP_LLMC_TOKENIZER_HEADER_BYTES + p; // offset in the file
-        if (p >= len) {
-            st = DP_FAIL(DP_ERR_FORMAT,
-                         "'%s' is cut short: it ends at byte %zu, before token %zu of the %zu "
-                         "its header announces; re-create it (llm.c's train_gpt2.py)",
-                         path, at, i, V);
-            break;
-        }
-        size_t n = body[p];
-        if (n == 0) {
-            st = DP_FAIL(DP_ERR_FORMAT,
-                         "'%s': token %zu has a zero length byte (at byte %zu); every token is "
-                         "1..255 bytes, so the file is corrupt; re-create it",
-                         path, i, at);
-            break;
-        }
-        if (n > len - p - 1) {
-            st = DP_FAIL(DP_ERR_FORMAT,
-                         "'%s' is cut short: token %zu needs %zu bytes after byte %zu but the "
-                         "file ends at byte %zu; re-create it",
-                         path, i, n, at, DP_LLMC_TOKENIZER_HEADER_BYTES + len);
-            break;
-        }
-        off[i] = p + 1;
-        lens[i] = n;
-        p += 1 + n;
-    }
-    if (st == DP_OK && p != len)
-        st = DP_FAIL(DP_ERR_FORMAT,
-                     "'%s' has %zu bytes past its last token (token %zu ends at byte %zu): the "
-                     "header's vocabulary size %zu is wrong or the file is corrupt",
-                     path, len - p, V - 1, DP_LLMC_TOKENIZER_HEADER_BYTES + p, V);
-    if (st != DP_OK) {
-        dp_tokenizer_destroy(t);
-        return st;
-    }
-    *out = t;
-    return DP_OK;
-}
-
-dp_status dp_tokenizer_load_llmc(const char *path, dp_tokenizer **out)
-{
-    if (!out) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "out is NULL");
-    *out = NULL;
-    if (!path || !*path) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "the path is NULL or empty");
-    const char *what = "llm.c tokenizer file (gpt2_tokenizer.bin)";
-    struct stat sb;
-    if (stat(path, &sb) != 0)
-        return DP_FAIL(DP_ERR_IO, "cannot read the %s '%s': %s", what, path, strerror(errno));
-    if (!S_ISREG(sb.st_mode))
-        return DP_FAIL(DP_ERR_FORMAT,
-                       "the %s '%s' is not a regular file (it is a %s); pass the file llm.c's "
-                       "train_gpt2.py writes",
-                       what, path,
-                       S_ISDIR(sb.st_mode)    ? "directory"
-                       : S_ISCHR(sb.st_mode)  ? "character device"
-                       : S_ISFIFO(sb.st_mode) ? "FIFO"
-                                              : "special file");
-    // Non-blocking, so a FIFO swapped in after stat is refused, not waited on.
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) return DP_FAIL(DP_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
-    dp_status st = DP_OK;
-    unsigned char *body = NULL;
-    unsigned char h[DP_LLMC_TOKENIZER_HEADER_BYTES];
-    size_t size = 0, V = 0;
-    int32_t eot = -1;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        st = DP_FAIL(DP_ERR_FORMAT, "'%s' is not a regular file", path);
-        goto done;
-    }
-    if ((uintmax_t)sb.st_size > (uintmax_t)SIZE_MAX / 2) {
-        st = DP_FAIL(DP_ERR_FORMAT, "'%s' is too large (%jd bytes) for a %s", path,
-                     (intmax_t)sb.st_size, what);
-        goto done;
-    }
-    size = (size_t)sb.st_size;
-    if (size < DP_LLMC_TOKENIZER_HEADER_BYTES) {
-        st = DP_FAIL(DP_ERR_FORMAT,
-                     "'%s' has %zu bytes, less than the %d-byte header of an %s: it is cut "
-                     "short or not such a file",
-                     path, size, DP_LLMC_TOKENIZER_HEADER_BYTES, what);
-        goto done;
-    }
-    if (read_full(fd, h, sizeof h) != 0) {
-        st = DP_FAIL(DP_ERR_IO, "reading '%s' failed: %s", path,
-                     errno ? strerror(errno) : "the file shrank while read");
-        goto done;
-    }
-    uint32_t magic = tok_le32(h), version = tok_le32(h + 4), nv = tok_le32(h + 8);
-    if (magic != DP_LLMC_TOKENIZER_MAGIC) {
-        if (magic == LLMC_DATA_MAGIC)
-            st = DP_FAIL(DP_ERR_FORMAT,
-                         "'%s' is an llm.c token file (magic %d), not a tokenizer: it is "
-                         "training data; the tokenizer is gpt2_tokenizer.bin",
-                         path, LLMC_DATA_MAGIC);
-        else
-            st = DP_FAIL(DP_ERR_FORMAT,
-                         "'%s' is not an %s: its magic is %u, not %d", path, what, magic,
-                         DP_LLMC_TOKENIZER_MAGIC);
-        goto done;
-    }
-    if (version != 1 && version != 2) {
-        st = DP_FAIL(DP_ERR_FORMAT,
-                     "'%s': %s version %u; dp reads versions 1 and 2 (llm.c's train_gpt2.py "
-                     "writes 2)",
-                     path, what, version);
-        goto done;
-    }
-    // Each token takes at least 2 bytes (length + 1 byte), at most 256.
-    size_t rest = size - DP_LLMC_TOKENIZER_HEADER_BYTES;
-    if (nv == 0 || nv > (uint32_t)INT32_MAX || (size_t)nv > rest / 2) {
-        st = DP_FAIL(DP_ERR_FORMAT,
-                     "'%s': the header's vocabulary size %u %s; the file is cut short or corrupt",
-                     path, nv,
-                     nv == 0                    ? "is zero"
-                     : nv > (uint32_t)INT32_MAX ? "overflows an int32 id"
-                                                : "cannot fit in the file (2 bytes a token at "
-                                                  "least)");
-        goto done;
-    }
-    V = nv;
-    if (rest / 256 > V || (rest / 256 == V && rest % 256)) {
-        st = DP_FAIL(DP_ERR_FORMAT,
-                     "'%s': %zu bytes of records are more than %zu tokens of at most 255 bytes "
-                     "can fill; the header's vocabulary size is wrong or the file is corrupt",
-                     path, rest, V);
-        goto done;
-    }
-    if (version == 1) {
-        // No EOT field: llm.c takes it for GPT-2's, which fixes the size.
-        if (V != DP_GPT2_VOCAB_SIZE) {
-            st = DP_FAIL(DP_ERR_FORMAT,
-                         "'%s': version 1 has no end-of-text field and holds GPT-2's %d "
-                         "tokens, but the header says %zu; re-create it (version 2)",
-                         path, DP_GPT2_VOCAB_SIZE, V);
-            goto done;
-        }
-        eot = DP_GPT2_EOT;
-    } else {
-        uint32_t e = tok_le32(h + 12);
-        if ((size_t)e >= V) {
-            st = DP_FAIL(DP_ERR_FORMAT,
-                         "'%s': the end-of-text id %u is outside the vocabulary [0, %zu); the "
-                         "file is corrupt",
-                         path, e, V);
-            goto done;
-        }
-        eot = (int32_t)e;
-    }
-    body = malloc(rest);
-    if (!body) {
-        st = DP_FAIL(DP_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes for '%s'", rest, path);
-        goto done;
-    }
-    if (read_full(fd, body, rest) != 0) {
-        st = DP_FAIL(DP_ERR_IO, "reading '%s' failed: %s", path,
-                     errno ? strerror(errno) : "the file shrank while read");
-        goto done;
-    }
-    close(fd);
-    fd = -1;
-    st = llmc_table(path, body, rest, V, eot, out); // owns body
-    body = NULL;
-done:
-    if (fd >= 0) close(fd);
-    free(body);
-    return st;
 }

@@ -19,11 +19,14 @@
 #include "dp/atomic_file.h"
 #include "dp/gpt_hf.h"
 #include "dp/safetensors.h"
+#include "io/file.h"
 
 /* dp's names all start with this; Hugging Face's may not. */
 #define PREFIX "transformer."
 /* GPT-2's end-of-text id (bos and eos of its config). */
 #define GPT2_EOT 50256
+/* A config.json past 16 MiB is refused (GPT-2's has under 1 KiB). */
+#define CONFIG_MAX_BYTES ((size_t)16 << 20)
 
 // --- names and layouts -------------------------------------------------------------
 
@@ -95,8 +98,13 @@ static dp_status read_config(const char *path, hf_config *c)
     if (stat(path, &sb) != 0) return DP_OK; /* none */
     if (!S_ISREG(sb.st_mode))
         return DP_FAIL(DP_ERR_FORMAT, "'%s' is not a regular file", path);
+    // Read without blocking: a FIFO swapped in after the stat is refused, not waited on.
+    char *text;
+    size_t len;
+    DP_TRY(dp_file_read(path, "config file", CONFIG_MAX_BYTES, &text, &len));
     json_error_t err;
-    c->root = json_load_file(path, 0, &err);
+    c->root = json_loadb(text, len, 0, &err);
+    free(text);
     if (!c->root)
         return DP_FAIL(DP_ERR_FORMAT, "'%s' line %d: %s", path, err.line, err.text);
     if (!json_is_object(c->root))
