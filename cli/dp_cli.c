@@ -169,6 +169,29 @@ static int cli_parse_logits_chunk(const char *v, size_t *out)
     return 0;
 }
 
+/* --bucket-mb: off = DP_BUCKET_OFF, else MiB (PyTorch DDP's
+ * bucket_cap_mb) > 0 and at most 1 TiB, as bytes (at least one float). */
+static int cli_parse_bucket_mb(const char *v, size_t *out)
+{
+    if (strcmp(v, "off") == 0) {
+        *out = DP_BUCKET_OFF;
+        return 0;
+    }
+    char *end = NULL;
+    errno = 0;
+    double mb = (v[0] >= '0' && v[0] <= '9') || v[0] == '.' ? strtod(v, &end) : 0.0;
+    if (!end || *end || !(mb > 0.0) || errno == ERANGE)
+        return cli_fail("--bucket-mb: \"%s\" is not a positive size in MiB or off (the pieces "
+                        "the reduce-scatter sums while the backward runs; e.g. --bucket-mb 4)",
+                        v);
+    if (mb > 1048576.0)
+        return cli_fail("--bucket-mb: %s MiB is too large (at most 1048576); use off for no "
+                        "overlap", v);
+    double bytes = mb * 1048576.0;
+    *out = bytes < (double)sizeof(float) ? sizeof(float) : (size_t)bytes;
+    return 0;
+}
+
 static int cli_parse_precision(const char *v, int *bf16)
 {
     if (strcmp(v, "fp32") == 0 || strcmp(v, "bf16") == 0) {
@@ -225,6 +248,7 @@ static int compute_option(int c, const char *v, char **argv, cli_compute *cp, in
     case CLI_O_ATTENTION_CHUNK:
         return cli_parse_long("--attention-chunk", v, 1, INT_MAX, &cp->att_chunk);
     case CLI_O_LOGITS_CHUNK: return cli_parse_logits_chunk(v, &cp->logits_chunk);
+    case CLI_O_BUCKET_MB: return cli_parse_bucket_mb(v, &cp->bucket_bytes);
     }
     if (c == ':') return cli_fail("%s needs a value (see --help)", argv[optind - 1]);
     /* getopt sets optopt to a known option given a value it does not take. */

@@ -186,13 +186,15 @@ int cli_parse_watchdog(const char *v, double *out);
 // --- how the GPT computes: options lm_train and dp_bench share ---------------------------
 
 /* --precision fp32|bf16, --recompute none|attention|gelu|all, --attention
- * whole|chunked, --attention-chunk N and --logits-chunk ROWS|auto|whole. */
+ * whole|chunked, --attention-chunk N, --logits-chunk ROWS|auto|whole and
+ * --bucket-mb MB|off. */
 typedef struct cli_compute {
     int bf16;            /* mixed precision: bf16 replicas with float32 masters, bf16 GEMMs */
     int recompute;       /* what the backward recomputes instead of keeping: CLI_RECOMPUTE_* */
     int chunked_att;     /* chunked attention (DP_GPT_CHUNKED_ATTENTION) */
     long att_chunk;      /* queries per chunk; 0: DP_GPT_ATTENTION_CHUNK */
     size_t logits_chunk; /* dp_engine_config.logits_chunk_rows: 0 auto, DP_LOGITS_WHOLE whole */
+    size_t bucket_bytes; /* dp_engine_config.bucket_bytes: 0 default, DP_BUCKET_OFF off */
 } cli_compute;
 
 enum { CLI_RECOMPUTE_ATTENTION = 1, CLI_RECOMPUTE_GELU = 2 };
@@ -202,12 +204,12 @@ enum { CLI_RECOMPUTE_ATTENTION = 1, CLI_RECOMPUTE_GELU = 2 };
  * can write them as JSON integers. */
 enum {
     CLI_O_PRECISION = 4096, CLI_O_RECOMPUTE, CLI_O_ATTENTION, CLI_O_ATTENTION_CHUNK,
-    CLI_O_LOGITS_CHUNK
+    CLI_O_LOGITS_CHUNK, CLI_O_BUCKET_MB
 };
 #define CLI_COMPUTE_LONGOPTS                                                                    \
     {"precision", 1, 0, CLI_O_PRECISION}, {"recompute", 1, 0, CLI_O_RECOMPUTE},               \
         {"attention", 1, 0, CLI_O_ATTENTION}, {"attention-chunk", 1, 0, CLI_O_ATTENTION_CHUNK}, \
-        {"logits-chunk", 1, 0, CLI_O_LOGITS_CHUNK}
+        {"logits-chunk", 1, 0, CLI_O_LOGITS_CHUNK}, {"bucket-mb", 1, 0, CLI_O_BUCKET_MB}
 
 /* The checks of *cp against the rest of a command line, each 0 or 1
  * after a message: --attention-chunk without --attention chunked, and

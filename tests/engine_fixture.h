@@ -133,8 +133,13 @@ static inline dp_status dp_test_hooked_backward(void *ctx, dp_device *dev, dp_pa
                                         const dp_chunk *c, void *ws, float *dlogits)
 {
     hooked *h = ctx;
-    dp_status s = h->inner.backward(h->inner.ctx, dev, params, g, c, ws, dlogits);
-    if (s == DP_OK && dp_test_hooked_is(dev, h->inf_grad_dev)) {
+    /* The +Inf is written after the inner backward: its gradient-ready
+     * signals (dp_grads_ready) are withheld, so nothing is final early. */
+    dp_chunk quiet = *c;
+    quiet.ready = NULL;
+    int poison = dp_test_hooked_is(dev, h->inf_grad_dev);
+    dp_status s = h->inner.backward(h->inner.ctx, dev, params, g, poison ? &quiet : c, ws, dlogits);
+    if (s == DP_OK && poison) {
         float inf = INFINITY;
         s = dp_copy_h2d(dev, g, &inf, sizeof inf);
     }

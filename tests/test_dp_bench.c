@@ -272,6 +272,40 @@ static json_t *devices_of(json_t *root, const char *mode)
     return json_object_get(run_result(root, mode, 0), "devices");
 }
 
+/* --bucket-mb reaches the engine (JSON config in bytes, or "off"), the
+ * loss is bitwise the same with the overlap in pieces of one float and
+ * without it, and each run reports its exposed communication. */
+Test(dp_bench, bucket_mb_reaches_the_engine_and_keeps_the_bits)
+{
+    dp_test_result r = BENCH("--bucket-mb", "0.000004", "--mode", "balanced", "--json", "@b.json");
+    assert_success(&r);
+    cr_assert(strstr(r.out, "exposed"), "%s", r.out);
+    json_t *j = load_json("b.json");
+    cr_assert_eq(int_at(json_object_get(j, "config"), "bucket_bytes"), 4);
+    json_t *run = run_result(j, "balanced", 0);
+    double tiny = json_real_value(json_object_get(run, "loss"));
+    cr_assert_geq(json_real_value(json_object_get(run, "exposed_ms")), 0.0);
+    json_decref(j);
+
+    dp_test_result o = BENCH("--bucket-mb", "off", "--mode", "balanced", "--json", "@o.json");
+    assert_success(&o);
+    j = load_json("o.json");
+    cr_assert_str_eq(json_string_value(json_object_get(json_object_get(j, "config"),
+                                                       "bucket_bytes")), "off");
+    double off = json_real_value(json_object_get(run_result(j, "balanced", 0), "loss"));
+    cr_assert(tiny == off, "loss with 4-byte buckets %.17g, without overlap %.17g", tiny, off);
+    json_decref(j);
+
+    dp_test_result d = BENCH("--mode", "balanced", "--json", "@d.json");
+    assert_success(&d);
+    j = load_json("d.json");
+    cr_assert_eq(int_at(json_object_get(j, "config"), "bucket_bytes"), 4 << 20);
+    json_decref(j);
+    dp_test_result_free(&r);
+    dp_test_result_free(&o);
+    dp_test_result_free(&d);
+}
+
 /* --logits-chunk 10: each balanced device holds 10 output rows of logits at
  * a time (its 4 x 16 = 64 rows in chunks of 10, the gradient in place);
  * gather still gathers the whole batch. Under auto the 64 rows stay whole
@@ -486,6 +520,12 @@ static bad_case bad_cases[] = {
     {"logits-chunk 12x", {"--logits-chunk", "12x"}, "--logits-chunk", 0},
     {"logits-chunk past size_t", {"--logits-chunk", "99999999999999999999999"},
      "--logits-chunk", 0},
+    {"bucket-mb 0", {"--bucket-mb", "0"}, "--bucket-mb: \"0\"", 0},
+    {"bucket-mb -1", {"--bucket-mb", "-1"}, "--bucket-mb: \"-1\"", 0},
+    {"bucket-mb abc", {"--bucket-mb", "abc"}, "--bucket-mb: \"abc\"", 0},
+    {"bucket-mb nan", {"--bucket-mb", "nan"}, "--bucket-mb: \"nan\"", 0},
+    {"bucket-mb 4x", {"--bucket-mb", "4x"}, "--bucket-mb: \"4x\"", 0},
+    {"bucket-mb past 1 TiB", {"--bucket-mb", "1e9"}, "is too large", 0},
     {"precision fp16", {"--precision", "fp16"}, "--precision", 0},
     {"precision bf16 with tf32", {"--precision", "bf16", "--tf32"}, "--tf32", 0},
     {"recompute everything", {"--recompute", "everything"}, "--recompute", 0},

@@ -68,6 +68,8 @@ static void usage(FILE *f)
           "  --logits-chunk ROWS  output rows of logits per criterion call in balanced mode;\n"
           "                       auto (default) keeps a chunk's logits about the size of\n"
           "                       the features; whole = unchunked\n"
+          "  --bucket-mb MB       sum the gradient in pieces of MB MiB while the backward\n"
+          "                       runs (one process; default 4); off: after the backward\n"
           "  --find-max-batch     largest global batch that fits --memory-limit, per mode;\n"
           "                       each mode is then timed at the smaller of that and\n"
           "                       --batch-size (0: not even 1 sequence fits, not timed)\n"
@@ -236,6 +238,7 @@ dp_status make_engine(bench *b, dp_mode mode, int shard, size_t k, dp_engine **o
     ec.token_balanced = b->o.token_balanced;
     /* Every run gets it; gather mode ignores it (its root gathers whole logits). */
     ec.logits_chunk_rows = b->o.compute.logits_chunk;
+    ec.bucket_bytes = b->o.compute.bucket_bytes;
     ec.dist = b->rk.dist;
     /* Under ranks every wait between them is bounded, the engine's too. */
     ec.watchdog_seconds = b->rk.ranks > 1 ? b->rk.wait : 0.0;

@@ -122,6 +122,7 @@ static int run_mode(bench *b, dp_mode mode, int shard, size_t k, size_t rows, in
         ms[s - b->o.warmup] = 1e3 * dt;
         for (int p = 0; p < DP_PHASE_COUNT; p++)
             res->phase_ms[p] += 1e3 * st.phase_seconds[p] / (double)b->o.steps;
+        res->exposed_ms += 1e3 * st.exposed_seconds / (double)b->o.steps;
         res->loss = st.loss;
     }
     if (!rc)

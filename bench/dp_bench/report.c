@@ -114,7 +114,7 @@ void print_table(const bench *b, const run_results *rs)
            b->o.steps);
     printf("%-14s", "phase ms");
     for (int p = 0; p < DP_PHASE_COUNT; p++) printf(" %9.9s", dp_phase_name((dp_phase)p));
-    printf(" %9s\n", "outside");
+    printf(" %9s %9s\n", "outside", "exposed");
     for (size_t r = 0; r < nres; r++) {
         const mode_result *m = &res[r];
         double tot = 0, out = 0;
@@ -125,11 +125,11 @@ void print_table(const bench *b, const run_results *rs)
             if (p != DP_PHASE_FORWARD && p != DP_PHASE_CRITERION && p != DP_PHASE_BACKWARD)
                 out += m->phase_ms[p];
         }
-        printf(" %8.1f%%\n", tot > 0 ? 100.0 * out / tot : 0.0);
+        printf(" %8.1f%% %9.2f\n", tot > 0 ? 100.0 * out / tot : 0.0, m->exposed_ms);
     }
     printf("(mean per timed step, each phase as long as its slowest device; outside: the\n"
-           " share of scatter, reduce,"
-           " optimizer and broadcast)\n");
+           " share of scatter, reduce, optimizer and broadcast; exposed: ms from the last\n"
+           " backward's end to the update, the reduce-scatter the overlap did not hide)\n");
 }
 
 void print_arithmetic(const bench *b, const run_results *rs)
@@ -246,6 +246,9 @@ static json_t *json_config(const bench *b)
                     : cp->logits_chunk == DP_LOGITS_WHOLE ? json_string("whole")
                                                           : json_integer((json_int_t)cp->logits_chunk);
     json_object_set_new(cfg, "logits_chunk_rows", chunk);
+    size_t bk = cp->bucket_bytes;
+    json_object_set_new(cfg, "bucket_bytes", bk == DP_BUCKET_OFF ? json_string("off")
+                                             : json_integer((json_int_t)(bk ? bk : DP_BUCKET_DEFAULT_BYTES)));
     json_object_set_new(cfg, "ranks", json_integer(b->rk.ranks));
     return cfg;
 }
@@ -278,6 +281,7 @@ static json_t *json_run(const bench *b, const mode_result *m)
                            m->imbalance, "imbalance_without_optimizer", m->imbalance_no_opt,
                            "devices", jd);
     json_object_set_new(jr, "shard_optimizer", json_boolean(m->shard));
+    json_object_set_new(jr, "exposed_ms", json_real(m->exposed_ms));
     json_object_set_new(jr, "batch_size", json_integer((json_int_t)m->rows));
     json_object_set_new(jr, "ranks", json_integer(b->rk.ranks));
     json_object_set_new(jr, "devices_per_rank", json_integer((json_int_t)m->k));
@@ -331,7 +335,7 @@ char *csv_text(const run_results *rs, int ranks)
         len += (size_t)snprintf(s + len, cap - len, ",%s_peak_bytes", dp_phase_name((dp_phase)p));
     len += (size_t)snprintf(s + len, cap - len,
                             ",step_ms_median,step_ms_min,step_ms_max,tokens_per_s,max_batch,rows,"
-                            "ranks,devices_per_rank,bytes_sent_per_step,shard_optimizer\n");
+                            "ranks,devices_per_rank,bytes_sent_per_step,exposed_ms,shard_optimizer\n");
     for (size_t r = 0; r < nres; r++) {
         const mode_result *m = &res[r];
         for (size_t i = 0; i < m->k; i++) {
@@ -341,10 +345,11 @@ char *csv_text(const run_results *rs, int ranks)
                                     d->logits, d->params, d->reserved);
             for (int p = 0; p < DP_PHASE_COUNT; p++)
                 len += (size_t)snprintf(s + len, cap - len, ",%zu", d->phase_peak[p]);
-            len += (size_t)snprintf(s + len, cap - len, ",%.3f,%.3f,%.3f,%.1f,%ld,%zu,%d,%zu,%zu,%d\n",
+            len += (size_t)snprintf(s + len, cap - len,
+                                    ",%.3f,%.3f,%.3f,%.1f,%ld,%zu,%d,%zu,%zu,%.3f,%d\n",
                                     m->step_ms_median, m->step_ms_min, m->step_ms_max,
                                     m->tokens_per_s, m->max_batch, d->rows, ranks, m->k,
-                                    m->bytes_sent_per_step, m->shard);
+                                    m->bytes_sent_per_step, m->exposed_ms, m->shard);
         }
     }
     return s;

@@ -83,6 +83,8 @@ static void usage(FILE *f)
             "  --memory-limit SIZE    per-device allocation limit, e.g. 12GiB (default none)\n"
             "  --logits-chunk ROWS    output rows of logits per criterion call; auto (default) keeps a\n"
             "                         chunk's logits about the size of the features; whole = unchunked\n"
+            "  --bucket-mb MB         sum the gradient in pieces of MB MiB while the backward runs (one\n"
+            "                         process; default 4); off: the whole reduce after the backward\n"
             "  --tf32                 let cuBLAS use TF32 tensor cores on GPUs (default off)\n"
             "  --precision fp32|bf16  bf16: mixed precision, bfloat16 parameter replicas and GEMMs\n"
             "                         (oneDNN on CPUs, tensor cores on GPUs), float32 master weights,\n"

@@ -134,6 +134,7 @@ static int configure(run *r, dp_device_spec *specs, size_t *kp, dp_engine_config
     ec.shard_optimizer = o->shard_optimizer;
     /* The same on every rank (the engine checks): it comes from the command line. */
     ec.logits_chunk_rows = o->compute.logits_chunk;
+    ec.bucket_bytes = o->compute.bucket_bytes;
     if (o->memory_limit && dp_parse_bytes(o->memory_limit, &ec.memory_limit) != DP_OK)
         return cli_dp_fail("--memory-limit");
     ec.dist = r->rk.dist;

@@ -95,6 +95,10 @@ static dp_status mlp_backward(void *ctx, dp_device *dev, dp_params p, float *g,
     size_t D = net->cfg.in_dim, H = net->cfg.hidden, K = net->cfg.classes, N = c->rows;
     float *pre = ws, *act = pre + N * H, *dact = act + N * H;
     dp_status s = fc_backward(net, dev, p, g, 1, dact, dlogits, act, N, H, K);
+    /* fc2's gradient is final: the engine may reduce it while fc1's
+     * backward runs (dp_grads_ready: back to front, fc2 sits last). */
+    size_t fc2 = net->tensors[2].offset;
+    if (s == DP_OK) s = dp_grads_ready(c, fc2, net->n_params);
     /* Each backward overwrites d(act) in place: through the dropout, then
      * the activation, to d(pre). */
     if (s == DP_OK && dropping(net, c))
@@ -102,6 +106,7 @@ static dp_status mlp_backward(void *ctx, dp_device *dev, dp_params p, float *g,
                                 c->row_begin, N, H);
     if (s == DP_OK) s = act_backward(net, dev, dact, pre, dact, N * H);
     if (s == DP_OK) s = fc_backward(net, dev, p, g, 0, NULL, dact, c->inputs, N, D, H);
+    if (s == DP_OK) s = dp_grads_ready(c, 0, fc2);
     return s;
 }
 
@@ -132,6 +137,7 @@ void mlp_init_model(mlp *net, const mlp_config *cfg, dp_model *model)
     model->outputs_per_row = 1;
     model->n_classes = K;
     model->n_params = off;
+    net->n_params = off;
     model->n_tensors = 4;
     model->tensors = net->tensors;
     model->init = mlp_init;

@@ -28,6 +28,7 @@ typedef struct mlp {
      * engine is created */
     mlp_activation activation; /* the hidden layer's */
     float dropout;             /* drop probability after the activation (0: none) */
+    size_t n_params;           /* the flat buffer's elements (mlp_init_model) */
 } mlp;
 
 /* Fills *model for the network in *net (which must outlive the model). */

@@ -181,6 +181,15 @@ typedef struct dp_engine_config {
      * float rounding, and a given chunking is bitwise reproducible. Models
      * without a head and gather mode ignore it. */
     size_t logits_chunk_rows;
+    /* Overlap of the reduce-scatter with the backward (one process; models
+     * that signal with dp_grads_ready, dp/model.h): a slice's owner reduces
+     * the signalled ranges of its slice while the backward goes on, in
+     * pieces of at least this many bytes of gradient (PyTorch DDP's
+     * bucket_cap_mb), and the rest when the last device's backward ends.
+     * 0: DP_BUCKET_DEFAULT_BYTES; DP_BUCKET_OFF: no overlap (the whole
+     * reduce-scatter after every backward). Results are bitwise the same
+     * for any value. */
+    size_t bucket_bytes;
     /* The job's ranks (dp/dist.h), or NULL for one process. With R > 1
      * ranks the engine spans every rank's devices in global device order
      * (rank-major) and every call below except dp_engine_plan,
@@ -197,6 +206,11 @@ typedef struct dp_engine_config {
      * most DP_MAX_DEVICES. Borrowed: it must outlive the engine. */
     const dp_dist *dist;
 } dp_engine_config;
+
+/* dp_engine_config.bucket_bytes: no overlap, and the default (measured
+ * in docs/design.md's section on the overlap). */
+#define DP_BUCKET_OFF SIZE_MAX
+#define DP_BUCKET_DEFAULT_BYTES ((size_t)4 << 20)
 
 /* dp_engine_config.logits_chunk_rows: one chunk per micro-batch. */
 #define DP_LOGITS_WHOLE SIZE_MAX
@@ -265,6 +279,13 @@ typedef struct dp_step_stats {
                               engine was created */
     double phase_seconds[DP_PHASE_COUNT]; /* wall time of each phase: the longest
                                              any device spent in it */
+    /* A training step's exposed communication: host seconds from the end
+     * of this process's last backward to the first device's start of the
+     * update, i.e. the reduce-scatter that the overlap
+     * (dp_engine_config.bucket_bytes) did not hide, with ranks also the
+     * exchanges and the norm's agreement; 0 in evaluation. On a GPU the
+     * host runs ahead of the device, so it reads low. */
+    double exposed_seconds;
     size_t n_devices;      /* this process's devices (with ranks, the others report theirs) */
     dp_device_step_stats devices[DP_MAX_DEVICES];
 } dp_step_stats;

@@ -94,7 +94,37 @@ typedef struct dp_chunk {
     uint64_t seed;    /* dp_engine_config.seed */
     int training;     /* 1 in dp_engine_step, 0 in dp_engine_evaluate and dp_engine_predict
                          (as PyTorch's model.train() / model.eval(): no dropout) */
+    /* The engine's, for dp_grads_ready (below): set in the backward of a
+     * training step, NULL elsewhere (and in a chunk made by hand). */
+    struct dp_grads_signal *ready;
 } dp_chunk;
+
+/*
+ * The gradient-ready signal (optional): a backward may tell the engine,
+ * as it goes, that elements [begin, end) of the flat gradient buffer
+ * (offsets in elements, as dp_param_tensor.offset) are final for this
+ * call: it will not write them again. The engine may then reduce them
+ * while the backward goes on (DDP's buckets, llm.c's per-layer
+ * reduce-scatter); the results are bitwise what they are without the
+ * signal, since every element's sum keeps its order. Ranges come back to
+ * front, each once and contiguous: the first ends at n_params, each
+ * later one ends where the previous began, as a backward that walks the
+ * layers from the last one finishes them (the GPT signals its final
+ * LayerNorm, then each block, then the embeddings). Whatever a backward
+ * leaves unsignalled is final when it returns; a model that never calls
+ * this is reduced after its backward, as before.
+ * Only the call's own writes count: the engine orders the reads after
+ * them (on a GPU, behind the work queued on the device so far).
+ * With chunk->ready NULL (a backward called outside the engine, or in
+ * dp_gpt_backward's way) it does nothing and returns DP_OK.
+ * Errors: DP_ERR_INVALID_ARGUMENT for a NULL chunk, a copy of a chunk
+ * used after its backward returned, or a range that is reversed, past
+ * n_params, or does not end where the previous one began (out of order,
+ * twice, overlapping); return it from backward: the engine fails the
+ * step with it even when a backward does not, and nothing of the refused
+ * range is reduced early.
+ */
+DP_API dp_status dp_grads_ready(const dp_chunk *chunk, size_t begin, size_t end);
 
 typedef struct dp_model {
     void *ctx;              /* the model's configuration; read-only during training */

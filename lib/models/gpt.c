@@ -562,11 +562,27 @@ static dp_status attention_backward(dp_device *dev, const carve *c, const layer_
                                  NH);
 }
 
-/* grads += d loss / d (everything but the LM head), from dlnf(B,T,C). */
+/* Tells the engine (when a chunk is given: the engine's callback) that
+ * the gradient from tensor i's offset to the previous signal's start is
+ * final (dp_grads_ready): the walk from the top finishes ln_f, then each
+ * block, then the embeddings, and the layout (wte, wpe, blocks, ln_f)
+ * puts them back to front. */
+static dp_status signal_from(const dp_gpt *gpt, const dp_chunk *chunk, size_t i, size_t *end)
+{
+    if (!chunk) return DP_OK;
+    size_t begin = i ? gpt->tensors[i].offset : 0;
+    DP_TRY(dp_grads_ready(chunk, begin, *end));
+    *end = begin;
+    return DP_OK;
+}
+
+/* grads += d loss / d (everything but the LM head), from dlnf(B,T,C);
+ * chunk (NULL: none) gets the signals of the final gradient. */
 static dp_status body_backward(const dp_gpt *gpt, dp_device *dev, wview params, float *grads,
                                const int32_t *tokens, size_t B, size_t T, float *ws,
-                               const carve *cv, const float *dlnf)
+                               const carve *cv, const float *dlnf, const dp_chunk *chunk)
 {
+    size_t signalled = gpt->models[0].n_params; /* where the final gradient begins */
     const dp_gpt_config *g = &gpt->cfg;
     size_t C = g->n_embd, NH = g->n_head, L = g->n_layer, BT = B * T;
     const carve c = *cv;
@@ -580,6 +596,7 @@ static dp_status body_backward(const dp_gpt *gpt, dp_device *dev, wview params, 
     size_t lf = idx_lnf_w(gpt);
     DP_TRY(ln_bwd(dev, dresidual, gw(gpt, grads, lf), gw(gpt, grads, lf + 1), dlnf, final,
                   pw(gpt, params, lf), ws + c.lnf_mean, ws + c.lnf_rstd, BT, C));
+    DP_TRY(signal_from(gpt, chunk, lf, &signalled));
 
     for (size_t l = L; l-- > 0;) {
         layer_acts a = layer_of(&c, ws, l);
@@ -614,13 +631,14 @@ static dp_status body_backward(const dp_gpt *gpt, dp_device *dev, wview params, 
         DP_TRY(ln_bwd(dev, dresidual, G(BLK_LN1_W), G(BLK_LN1_B), dbtc, residual, P(BLK_LN1_W),
                       a.ln1_mean, a.ln1_rstd, BT, C));
         /* dresidual is now d(block input) = d(previous block's residual3). */
+        DP_TRY(signal_from(gpt, chunk, idx_block(l, 0), &signalled));
 #undef P
 #undef G
     }
     /* Encoder: the embedding's share of d(wte), and d(wpe). */
     DP_TRY(dp_encoder_backward(dev, gw(gpt, grads, 0), gw(gpt, grads, 1), dresidual, tokens, B, T,
                                C));
-    return DP_OK;
+    return signal_from(gpt, chunk, 0, &signalled);
 }
 
 dp_status dp_gpt_backward(const dp_gpt *gpt, dp_device *dev, const float *params, float *grads,
@@ -638,7 +656,8 @@ dp_status dp_gpt_backward(const dp_gpt *gpt, dp_device *dev, const float *params
     /* LM head: d(lnf) into dbtc, free until the blocks' backward. */
     DP_TRY(head_backward(gpt, dev, view_f32(params), grads, ws + c.lnf, B * T, dlogits,
                          ws + c.dbtc));
-    return body_backward(gpt, dev, view_f32(params), grads, tokens, B, T, ws, &c, ws + c.dbtc);
+    return body_backward(gpt, dev, view_f32(params), grads, tokens, B, T, ws, &c, ws + c.dbtc,
+                         NULL);
 }
 
 // --- dp_model callbacks ----------------------------------------------------------------
@@ -731,7 +750,7 @@ static dp_status gpt_model_backward(void *ctx, dp_device *dev, dp_params params,
     carve c;
     DP_TRY(check_call("gpt backward", v->g, dev, chunk->rows, v->g->cfg.block_size, 0, v, &c));
     return body_backward(v->g, dev, view_of(v, params), grads, chunk->inputs, chunk->rows,
-                         v->g->cfg.block_size, workspace, &c, dfeatures);
+                         v->g->cfg.block_size, workspace, &c, dfeatures, chunk);
 }
 
 static dp_status gpt_head_forward(void *ctx, dp_device *dev, dp_params params,

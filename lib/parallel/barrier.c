@@ -22,6 +22,7 @@ int dp_barrier_init(dp_barrier *b, int parties)
     b->waiting = 0;
     b->generation = 0;
     b->aborted = 0;
+    b->progress = 0;
     return 0;
 }
 
@@ -82,6 +83,28 @@ int dp_barrier_sleep(dp_barrier *b, double seconds)
     int rc = 0;
     while (!b->aborted && rc == 0) rc = pthread_cond_timedwait(&b->cv, &b->mu, &ts);
     int aborted = b->aborted;
+    pthread_mutex_unlock(&b->mu);
+    return aborted ? -1 : 0;
+}
+
+void dp_barrier_notify(dp_barrier *b)
+{
+    pthread_mutex_lock(&b->mu);
+    b->progress++;
+    pthread_cond_broadcast(&b->cv);
+    pthread_mutex_unlock(&b->mu);
+}
+
+int dp_barrier_await(dp_barrier *b, unsigned long *seen, double seconds)
+{
+    struct timespec ts = dp_deadline_at(dp_now_seconds() + seconds);
+    pthread_mutex_lock(&b->mu);
+    int rc = 0;
+    /* The barrier's waiters share the condition: their wake-ups are spurious here. */
+    while (!b->aborted && b->progress == *seen && rc == 0)
+        rc = pthread_cond_timedwait(&b->cv, &b->mu, &ts);
+    int aborted = b->aborted;
+    *seen = b->progress;
     pthread_mutex_unlock(&b->mu);
     return aborted ? -1 : 0;
 }

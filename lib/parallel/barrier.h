@@ -19,6 +19,7 @@ typedef struct dp_barrier {
     int waiting;
     unsigned long generation;
     int aborted;
+    unsigned long progress; /* dp_barrier_notify's count */
 } dp_barrier;
 
 int dp_barrier_init(dp_barrier *b, int parties);
@@ -35,5 +36,14 @@ void dp_barrier_reset(dp_barrier *b);
 /* Sleeps up to `seconds` or until the barrier is aborted: 0 after the full
  * time, -1 when aborted (the injected stall of the engine's test hook). */
 int dp_barrier_sleep(dp_barrier *b, double seconds);
+
+/* Progress between the parties between two rounds (the overlap: one
+ * party's gradient became final, another may reduce it): notify bumps a
+ * counter and wakes the waiters; await sleeps until the counter differs
+ * from *seen (then stores it there and returns 0), at most `seconds` (0),
+ * or until the barrier is aborted (-1), so a failed party never leaves
+ * another waiting. */
+void dp_barrier_notify(dp_barrier *b);
+int dp_barrier_await(dp_barrier *b, unsigned long *seen, double seconds);
 
 #endif /* DP_PARALLEL_BARRIER_H */

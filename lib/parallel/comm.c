@@ -194,21 +194,32 @@ static dp_status reduce_chunk(dp_engine *e, const dp_plan *plan, slice *sl, size
     return DP_OK;
 }
 
+dp_status dp_comm_reduce_range(dp_engine *e, const dp_plan *plan, slice *sl, size_t from,
+                               size_t to)
+{
+    if (e->L.K < 2) return DP_OK; /* one device: its gradient is the sum */
+    size_t c = dp_comm_chunk_floats(e, dp_local_worker(e, (size_t)sl->owner)->dev);
+    /* Chunks of at most c from `from` (where a received chunk starts too). */
+    for (size_t at = from; at < to; at += c)
+        DP_TRY(reduce_chunk(e, plan, sl, at, to - at < c ? to - at : c, from));
+    return DP_OK;
+}
+
 dp_status dp_comm_reduce_scatter(worker *w, const dp_plan *plan, size_t at, size_t len)
 {
     dp_engine *e = w->e;
-    if (e->L.K < 2) return DP_OK; /* one device: its gradient is the sum */
     for (size_t j = 0; j < e->L.K; j++) {
         slice *sl = &e->s[j];
         if (sl->reducer != w->id) continue;
         size_t b = sl->begin, n = sl->end - sl->begin;
+        if (len == SIZE_MAX) { /* one process: what the overlap left (overlap.h) */
+            DP_TRY(dp_comm_reduce_range(e, plan, sl, b, sl->reduced_from));
+            sl->reduced_from = b;
+            continue;
+        }
         if (at >= n) continue;
         size_t end = n - at < len ? n : at + len;
-        size_t c = dp_comm_chunk_floats(e, dp_local_worker(e, (size_t)sl->owner)->dev);
-        /* Chunks of at most c from the round's start (where a received
-         * chunk starts too). */
-        for (size_t done = at; done < end; done += c)
-            DP_TRY(reduce_chunk(e, plan, sl, b + done, end - done < c ? end - done : c, b + at));
+        DP_TRY(dp_comm_reduce_range(e, plan, sl, b + at, b + end));
     }
     return DP_OK;
 }

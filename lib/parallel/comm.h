@@ -74,6 +74,12 @@ dp_status dp_comm_gather_outputs(worker *root, const dp_plan *plan);
  * (one process: at 0, len SIZE_MAX, the whole slice). Other devices'
  * gradient buffers are only read. */
 dp_status dp_comm_reduce_scatter(worker *w, const dp_plan *plan, size_t at, size_t len);
+/* The same sum over the elements [from, to) of slice sl, on its reducer's
+ * thread (with ranks: one round, starting at from). In one process
+ * (len SIZE_MAX above) the reduce-scatter takes [begin, reduced_from),
+ * what the overlap (overlap.h) has not reduced yet. */
+dp_status dp_comm_reduce_range(dp_engine *e, const dp_plan *plan, slice *sl, size_t from,
+                               size_t to);
 
 /* All-gather of the parameters (the replicas' own type, bfloat16 or
  * float32): worker w's replica gets every slice it

@@ -10,6 +10,7 @@
 #include "dp/ops.h"
 #include "parallel/comm.h"
 #include "parallel/compute.h"
+#include "parallel/overlap.h"
 #include "parallel/plan.h"
 #include "parallel/pool.h"
 
@@ -29,6 +30,7 @@ static dp_chunk chunk_of(const worker *w, const dp_plan *plan, size_t first, siz
     c.step = (uint64_t)e->t;
     c.seed = e->cfg.seed;
     c.training = train;
+    c.ready = NULL; /* model_backward arms it */
     return c;
 }
 
@@ -46,12 +48,19 @@ static dp_status model_forward(worker *w, const dp_chunk *c, float *logits)
     return s;
 }
 
-static dp_status model_backward(worker *w, const dp_chunk *c, float *dlogits)
+/* last: the device's last backward of the step, whose dp_grads_ready
+ * signals make its gradient final (overlap.h). */
+static dp_status model_backward(worker *w, const dp_chunk *c, float *dlogits, int last)
 {
     const dp_model *m = &w->e->model;
+    dp_chunk armed = *c;
+    dp_overlap_arm(w, &armed, last);
     dp_clear_error();
-    dp_status s = m->backward(m->ctx, w->dev, dp_replica_params(w), w->grads, c,
+    dp_status s = m->backward(m->ctx, w->dev, dp_replica_params(w), w->grads, &armed,
                               w->workspace.ptr, dlogits);
+    /* A refused signal fails the step even when the backward swallowed it. */
+    dp_status refused = dp_overlap_disarm(w, s == DP_OK);
+    if (s == DP_OK) s = refused;
     if (s != DP_OK) dp_callback_message(s, "the model's backward");
     return s;
 }
@@ -238,7 +247,7 @@ void dp_compute_balanced(worker *w, const dp_plan *plan, int train)
         w->loss_sum += loss;
         if (!train) continue;
         ENTER(w, DP_PHASE_BACKWARD);
-        CHECK(w, model_backward(w, &c, head ? w->dfeatures.ptr : logits));
+        CHECK(w, model_backward(w, &c, head ? w->dfeatures.ptr : logits, first + rows == d->rows));
     }
 }
 
@@ -319,9 +328,9 @@ void dp_compute_gather(worker *w, const dp_plan *plan)
         ENTER(w, DP_PHASE_BACKWARD);
         if (rows && head) {
             CHECK(w, head_backward(w, 0, rows * e->model.outputs_per_row, w->dlogits.ptr));
-            CHECK(w, model_backward(w, &c, w->dfeatures.ptr));
+            CHECK(w, model_backward(w, &c, w->dfeatures.ptr, first + rows == d->rows));
         } else if (rows) {
-            CHECK(w, model_backward(w, &c, w->dlogits.ptr));
+            CHECK(w, model_backward(w, &c, w->dlogits.ptr, first + rows == d->rows));
         }
     }
 }

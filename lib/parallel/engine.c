@@ -109,6 +109,15 @@ static void fill_stats(dp_engine *e, dp_step_stats *st, double seconds)
         for (size_t i = 0; i < e->L.k; i++)
             if (e->w[i].phase_seconds[p] > st->phase_seconds[p])
                 st->phase_seconds[p] = e->w[i].phase_seconds[p];
+    /* The exposed communication: from the last backward's end to the update. */
+    double bw_end = -1.0, update = -1.0;
+    for (size_t i = 0; i < e->L.k; i++) {
+        const worker *w = &e->w[i];
+        if (w->backward_end > bw_end) bw_end = w->backward_end;
+        double u = w->phase_first[DP_PHASE_OPTIMIZER];
+        if (u >= 0.0 && (update < 0.0 || u < update)) update = u;
+    }
+    st->exposed_seconds = bw_end >= 0.0 && update > bw_end ? update - bw_end : 0.0;
     st->n_devices = e->L.k;
     size_t n = e->model.n_params;
     for (size_t i = 0; i < e->L.k; i++) {
@@ -314,6 +323,10 @@ dp_status dp_engine_create(const dp_device_spec *devices, size_t k, const dp_mod
     e->cfg.device_weights = NULL;
     e->bf16 = model->param_dtype == DP_DTYPE_BF16;
     e->psize = e->bf16 ? sizeof(dp_bf16) : sizeof(float);
+    size_t bucket = cfg->bucket_bytes ? cfg->bucket_bytes : DP_BUCKET_DEFAULT_BYTES;
+    e->bucket_floats = bucket == DP_BUCKET_OFF ? SIZE_MAX
+                       : bucket < sizeof(float) ? 1
+                                                : bucket / sizeof(float);
     e->lr = cfg->optim.lr;
     e->created = dp_now_seconds();
     atomic_flag_clear(&e->busy);

@@ -114,8 +114,8 @@ static void free_marks(worker *w)
     w->n_marks = w->cap_marks = 0;
 }
 
-/* Enters phase ph; returns nonzero if an injected fault fires here. */
-int dp_worker_enter_phase(worker *w, dp_phase ph)
+/* Makes ph the worker's phase: timing, memory peak, watchdog progress. */
+static dp_status switch_phase(worker *w, dp_phase ph)
 {
     dp_pool *p = w->pool;
     close_phase(w);
@@ -129,7 +129,19 @@ int dp_worker_enter_phase(worker *w, dp_phase ph)
         p->last_progress = w->phase_start;
         pthread_mutex_unlock(&p->mu);
     }
-    dp_status ms = mark(w, (int)ph);
+    return mark(w, (int)ph);
+}
+
+dp_status dp_worker_switch_phase(worker *w, dp_phase ph)
+{
+    return w->phase == ph ? DP_OK : switch_phase(w, ph);
+}
+
+/* Enters phase ph; returns nonzero if an injected fault fires here. */
+int dp_worker_enter_phase(worker *w, dp_phase ph)
+{
+    dp_pool *p = w->pool;
+    dp_status ms = switch_phase(w, ph);
     if (ms != DP_OK) {
         dp_worker_fail(w, ms);
         return 1;
@@ -246,6 +258,7 @@ void dp_pool_reset_stats(dp_pool *p)
         for (int ph = 0; ph < DP_PHASE_COUNT; ph++) w->phase_first[ph] = -1.0;
         memset(w->phase_seconds, 0, sizeof w->phase_seconds);
         memset(w->phase_peak, 0, sizeof w->phase_peak);
+        w->backward_end = -1.0;
     }
 }
 

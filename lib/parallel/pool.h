@@ -40,6 +40,9 @@ void dp_worker_fail(worker *w, dp_status s);
 /* Enters phase p (timing, memory peaks, watchdog progress, test hooks);
  * nonzero when the job must end here (an injected fault or an abort). */
 int dp_worker_enter_phase(worker *w, dp_phase p);
+/* Makes p the worker's phase for the timing (not a test hook's entry):
+ * the overlap's reduce inside the backward, and back. */
+dp_status dp_worker_switch_phase(worker *w, dp_phase p);
 /* Names phase p as the worker's current one without entering it (no
  * timing, no test hooks): the re-synchronisations outside a step. */
 static inline void dp_worker_set_phase(worker *w, dp_phase p) { w->phase = p; }

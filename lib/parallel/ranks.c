@@ -22,7 +22,7 @@ typedef struct rank_info {
     int kind, mode, shard, optim, grad_accum, token_balanced, allow_tf32, matmul, param_dtype;
     float lr, beta1, beta2, eps, weight_decay, grad_clip, momentum;
     uint64_t max_rows, max_tokens, seed, memory_limit, n_params, n_tensors, n_classes,
-        outputs_per_row, input_row_bytes, target_type, target_size, logits_chunk_rows,
+        outputs_per_row, input_row_bytes, target_type, target_size, logits_chunk_rows, bucket_bytes,
         head_features;
     double watchdog;
     int64_t check_replicas_every;
@@ -64,6 +64,7 @@ static void fill_info(rank_info *x, const dp_engine *e, const dp_device_spec *de
     x->target_type = (uint64_t)m->target_type;
     x->target_size = dp_model_target_size(m);
     x->logits_chunk_rows = c->logits_chunk_rows;
+    x->bucket_bytes = c->bucket_bytes;
     x->head_features = m->head_features;
     x->watchdog = c->watchdog_seconds;
     x->check_replicas_every = c->check_replicas_every;
@@ -101,6 +102,7 @@ static const char *first_difference(const rank_info *a, const rank_info *b)
     DIFF(target_type, "the model's target_type");
     DIFF(target_size, "the model's target_size");
     DIFF(logits_chunk_rows, "logits_chunk_rows");
+    DIFF(bucket_bytes, "bucket_bytes");
     DIFF(head_features, "the model's head_features");
     DIFF(watchdog, "watchdog_seconds");
     DIFF(check_replicas_every, "check_replicas_every");

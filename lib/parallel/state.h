@@ -119,11 +119,23 @@ typedef struct slice {
     /* comm.c: on the owner, the running sum, an incoming chunk, and one
      * chunk per device of the other ranks */
     dbuf acc, in, remote;
+    /* overlap.c (its reducer): [reduced_from, end) is reduced this step */
+    size_t reduced_from;
 } slice;
 
 // --- the workers (pool.c and the step's phases) --------------------------------------
 
 struct dp_pool;
+
+/* dp_grads_ready's handle (dp/model.h) for one backward call of worker w
+ * (compute.c sets it up, overlap.c checks and publishes). */
+struct dp_grads_signal {
+    struct worker *w;
+    size_t next_end;  /* the next range must end here (n_params at first) */
+    int publish;      /* the call's signals make the gradient final: the last pass */
+    dp_status refused; /* the first refused signal's status (later ones are refused too) */
+    char msg[512];     /* and its message */
+};
 
 typedef struct worker {
     /* engine.c, at create */
@@ -147,6 +159,15 @@ typedef struct worker {
 
     /* replica.c */
     uint64_t param_hash;
+
+    /* overlap.c: [ready_from, n_params) of grads is final this step (the
+     * step's caller sets n_params before it starts); the signal of the
+     * running backward call */
+    atomic_size_t ready_from;
+    struct dp_grads_signal signal;
+    /* step.c: when this worker's compute of a training step ended (host
+     * monotonic seconds; -1: not this step) */
+    double backward_end;
 
     /* pool.c: the thread, the phase tracking of the step (the monotonic
      * time this worker first entered each phase, -1: not entered; the
@@ -233,6 +254,8 @@ struct dp_engine {
     dp_engine_config cfg;
     int bf16;     /* replicas hold bfloat16 (model.param_dtype); owners keep float32 masters */
     size_t psize; /* bytes of one replica element: 2 or 4 */
+    /* the overlap's pieces (cfg.bucket_bytes in floats; SIZE_MAX: no overlap) */
+    size_t bucket_floats;
     slice *s;     /* L.K slices (optimizer.c makes them) */
     dp_transport tp; /* what crosses between the ranks (transport/) */
     dp_pool pool;    /* pool.c */
