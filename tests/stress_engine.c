@@ -2,7 +2,8 @@
  * tests/stress_engine.c - a plain stress program for ThreadSanitizer
  * (Criterion's runner does not run under TSan): many steps on 4 CPU
  * devices in both modes, optimizer state on the root and sharded, with
- * random batch sizes, micro-batching, idle devices, dropout, predictions
+ * the reduce-scatter overlapping the backward in pieces of one float, of
+ * the default bucket and not at all, random batch sizes, micro-batching, idle devices, dropout, predictions
  * between the steps and injected faults, then two threads driving one
  * engine at once, one stepping and one predicting (each call must return
  * DP_OK or DP_ERR_BUSY). Exits non-zero on any
@@ -106,6 +107,11 @@ int main(int argc, char **argv)
         cfg.matmul_precision = bf16 ? DP_MATMUL_BF16 : DP_MATMUL_FP32;
         cfg.max_rows_per_micro = 5;
         cfg.optim.grad_clip = 1.0f;
+        /* The MLP signals its layers' gradients (dp_grads_ready): the
+         * overlap sums every signalled piece, only slices' last pieces, or
+         * nothing during the backward. */
+        static const size_t bucket[3] = {sizeof(float), 0, DP_BUCKET_OFF};
+        cfg.bucket_bytes = bucket[c % 3];
         dp_device_spec specs[4];
         for (int i = 0; i < 4; i++) specs[i] = (dp_device_spec){DP_DEVICE_CPU, i};
         dp_engine *e = NULL;
