@@ -549,6 +549,24 @@ Test(lm_train, shard_optimizer_is_bitwise_the_root_run)
     result_free(&d);
 }
 
+/* --bucket-mb: the reduce-scatter summed while the backward runs, in
+ * pieces of 4 bytes or of the default 4 MiB, gives the run without
+ * overlap (--bucket-mb off), bitwise. */
+Test(lm_train, bucket_mb_is_bitwise_the_run_without_overlap)
+{
+    result a = RUN("--steps", "3", "--bucket-mb", "off", "--save", "@off.st");
+    assert_success(&a, "no overlap");
+    result b = RUN("--steps", "3", "--bucket-mb", "0.000004", "--save", "@tiny.st");
+    assert_success(&b, "4-byte buckets");
+    result c = RUN("--steps", "3", "--save", "@default.st");
+    assert_success(&c, "default bucket");
+    assert_same_state("off.st", "tiny.st");
+    assert_same_state("off.st", "default.st");
+    result_free(&a);
+    result_free(&b);
+    result_free(&c);
+}
+
 /* --recompute all keeps neither the attention probabilities nor the GELU
  * output and recomputes them: the same run, bitwise, in float32 and in
  * bf16. */
