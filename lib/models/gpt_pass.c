@@ -1,0 +1,335 @@
+/*
+ * models/gpt_pass.c - the GPT's forward and backward (gpt_internal.h), and
+ * dp_gpt_forward / dp_gpt_backward: the layers over either replica type,
+ * then the blocks, the head and llm.c's backward with one residual
+ * gradient (gpt.c's header comment).
+ */
+#include <limits.h>
+
+#include "core/error.h"
+#include "models/gpt_internal.h"
+
+// --- the layers over a tensor of either type ------------------------------------------
+
+/* The layers over a tensor of either type: the _bf16 variant for a bf16
+ * replica (dp/nn.h), which computes as the float32 layer on the widened
+ * values. */
+static dp_status enc_fwd(dp_device *dev, float *out, const int32_t *tok, dp_pref wte, dp_pref wpe,
+                         size_t B, size_t T, size_t C)
+{
+    return wte.bf16 ? dp_encoder_forward_bf16(dev, out, tok, wte.p, wpe.p, B, T, C)
+                    : dp_encoder_forward(dev, out, tok, wte.p, wpe.p, B, T, C);
+}
+
+static dp_status ln_fwd(dp_device *dev, float *out, float *mean, float *rstd, const float *inp,
+                        dp_pref w, dp_pref b, size_t N, size_t C)
+{
+    return w.bf16 ? dp_layernorm_forward_bf16(dev, out, mean, rstd, inp, w.p, b.p, N, C)
+                  : dp_layernorm_forward(dev, out, mean, rstd, inp, w.p, b.p, N, C);
+}
+
+static dp_status ln_bwd(dp_device *dev, float *dinp, float *dw, float *db, const float *dout,
+                        const float *inp, dp_pref w, const float *mean, const float *rstd,
+                        size_t N, size_t C)
+{
+    return w.bf16 ? dp_layernorm_backward_bf16(dev, dinp, dw, db, dout, inp, w.p, mean, rstd, N, C)
+                  : dp_layernorm_backward(dev, dinp, dw, db, dout, inp, w.p, mean, rstd, N, C);
+}
+
+
+/* b.p may be NULL (no bias). */
+static dp_status lin_fwd(dp_device *dev, float *out, xin inp, dp_pref w, dp_pref b, size_t N,
+                         size_t C, size_t OC)
+{
+    if (inp.x16) return dp_linear_forward_bf16_inp(dev, out, inp.p, w.p, b.p, N, C, OC);
+    return w.bf16 ? dp_linear_forward_bf16(dev, out, inp.p, w.p, b.p, N, C, OC)
+                  : dp_linear_forward(dev, out, inp.p, w.p, b.p, N, C, OC);
+}
+
+static dp_status lin_bwd(dp_device *dev, float *dinp, float *dw, float *db, const float *dout,
+                         xin inp, dp_pref w, size_t N, size_t C, size_t OC)
+{
+    if (inp.x16) return dp_linear_backward_bf16_inp(dev, dinp, dw, db, dout, inp.p, w.p, N, C, OC);
+    return w.bf16 ? dp_linear_backward_bf16(dev, dinp, dw, db, dout, inp.p, w.p, N, C, OC)
+                  : dp_linear_backward(dev, dinp, dw, db, dout, inp.p, w.p, N, C, OC);
+}
+
+
+// --- forward / backward ----------------------------------------------------------------
+
+/* Shared argument checks of forward and backward; fills the carve. */
+dp_status gpt_pass_check(const char *fn, const dp_gpt *gpt, dp_device *dev, size_t B, size_t T,
+                         int keep_lnf, const gpt_variant *v, carve *c)
+{
+    if (!gpt || !dev) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: gpt and dev must not be NULL", fn);
+    const dp_gpt_config *g = &gpt->cfg;
+    if (!B || !T || T > g->block_size)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
+                       "%s on %s: B=%zu and T=%zu must satisfy B >= 1 and 1 <= T <= block_size "
+                       "(%zu); crop the context to the last block_size tokens",
+                       fn, dp_device_name(dev), B, T, g->block_size);
+    int of = 0;
+    size_t bt = 0, btv = 0;
+    mad(&bt, B, T, &of);
+    mad(&btv, bt, g->vocab_size, &of);
+    if (of || btv > SIZE_MAX / sizeof(float) ||
+        !gpt_make_carve(v, B, T, keep_lnf, c))
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
+                       "%s on %s: B=%zu sequences of T=%zu tokens overflow the activation sizes; "
+                       "use smaller micro-batches",
+                       fn, dp_device_name(dev), B, T);
+    if (B * T > (size_t)INT_MAX)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
+                       "%s on %s: B*T=%zu tokens exceed the GEMM's int sizes; use smaller "
+                       "micro-batches", fn, dp_device_name(dev), B * T);
+    return DP_OK;
+}
+
+/* With act16: the float32 activation at src (n elements) kept in its slot
+ * as bfloat16 (for a GEMM input, the rounding a BF16-precision GEMM
+ * applies anyway). */
+static dp_status keep(dp_device *dev, const layer_acts *a, float *slot, const float *src, size_t n)
+{
+    if (!a->act16) return DP_OK;
+    return dp_convert(dev, slot, DP_DTYPE_BF16, src, DP_DTYPE_F32, n);
+}
+
+/* The block's GELU output from its kept fch into out (n elements):
+ * bfloat16 from the kept bfloat16 fch with act16, so the forward's GELU
+ * reads the very values its backward reads, and a recomputation is the
+ * same call on the same values. */
+static dp_status gelu_of(dp_device *dev, const layer_acts *a, float *out, size_t n)
+{
+    if (a->act16) return dp_gelu_forward_bf16(dev, (dp_bf16 *)out, (const dp_bf16 *)a->fch, n);
+    return dp_gelu_forward(dev, out, a->fch, n);
+}
+
+/* Everything but the LM head: lnf(B,T,C) = ln_f(blocks(embeddings)). */
+dp_status gpt_pass_body_forward(const dp_gpt *gpt, dp_device *dev, wview params,
+                                const int32_t *tokens, size_t B, size_t T, float *ws,
+                                const carve *cv, float *lnf)
+{
+    const dp_gpt_config *g = &gpt->cfg;
+    size_t C = g->n_embd, NH = g->n_head, L = g->n_layer, BT = B * T;
+    const carve c = *cv;
+    float *encoded = ws + c.encoded; // (B,T,C)
+    float *qkv = ws + c.big;         // (B,T,3C), in the backward's scratch
+    DP_TRY(enc_fwd(dev, encoded, tokens, pw(gpt, params, 0), pw(gpt, params, 1), B, T, C));
+    const float *residual = encoded;
+    for (size_t l = 0; l < L; l++) {
+        layer_acts a = gpt_layer_of(&c, ws, l);
+        dp_pref p_ln1w = pw(gpt, params, idx_block(l, BLK_LN1_W));
+        dp_pref p_ln1b = pw(gpt, params, idx_block(l, BLK_LN1_B));
+        dp_pref p_attw = pw(gpt, params, idx_block(l, BLK_ATTN_W));
+        dp_pref p_attb = pw(gpt, params, idx_block(l, BLK_ATTN_B));
+        dp_pref p_aprojw = pw(gpt, params, idx_block(l, BLK_APROJ_W));
+        dp_pref p_aprojb = pw(gpt, params, idx_block(l, BLK_APROJ_B));
+        dp_pref p_ln2w = pw(gpt, params, idx_block(l, BLK_LN2_W));
+        dp_pref p_ln2b = pw(gpt, params, idx_block(l, BLK_LN2_B));
+        dp_pref p_fcw = pw(gpt, params, idx_block(l, BLK_FC_W));
+        dp_pref p_fcb = pw(gpt, params, idx_block(l, BLK_FC_B));
+        dp_pref p_mprojw = pw(gpt, params, idx_block(l, BLK_MPROJ_W));
+        dp_pref p_mprojb = pw(gpt, params, idx_block(l, BLK_MPROJ_B));
+
+        /* With act16 each activation is computed in float32 into the
+         * backward's scratch `big` (free in the forward: qkv goes there
+         * only once ln1 is kept; the attention's float32 q, k, v, output
+         * and probabilities at their own offsets after it) and kept
+         * rounded to bfloat16, or not at all (the probabilities). */
+        float *ln1 = c.act16 ? qkv : a.ln1;
+        DP_TRY(ln_fwd(dev, ln1, a.ln1_mean, a.ln1_rstd, residual, p_ln1w, p_ln1b, BT, C));
+        DP_TRY(keep(dev, &a, a.ln1, ln1, BT * C));
+        DP_TRY(lin_fwd(dev, qkv, gemm_in(&a, a.ln1), p_attw, p_attb, BT, C, 3 * C));
+        /* residual2 is free until the projection below: it is the scratch. */
+        float *atty = c.act16 ? qkv + c.big_scratch : a.atty;
+        float *att = c.recompute_att ? qkv + c.big_att : a.att; /* recomputed: not kept */
+        if (c.chunked_att) /* q, k, v kept (as bfloat16 with act16), nothing (T,T) */
+            DP_TRY(dp_attention_forward_chunked(
+                dev, atty, a.qkvr, c.act16 ? DP_DTYPE_BF16 : DP_DTYPE_F32,
+                c.act16 ? qkv + c.big_dqkvr : NULL, att, a.residual2, qkv, B, T, C, NH,
+                c.att_rows));
+        else if (c.act16) /* q, k, v kept as bfloat16 */
+            DP_TRY(dp_attention_forward_bf16_qkv(dev, atty, (dp_bf16 *)a.qkvr, qkv + c.big_dqkvr,
+                                                 att, a.residual2, qkv, B, T, C, NH));
+        else
+            DP_TRY(dp_attention_forward(dev, atty, a.qkvr, att, a.residual2, qkv, B, T, C, NH));
+        DP_TRY(keep(dev, &a, a.atty, atty, BT * C));
+        DP_TRY(lin_fwd(dev, a.residual2, gemm_in(&a, a.atty), p_aprojw, p_aprojb, BT, C, C));
+        DP_TRY(dp_accumulate(dev, a.residual2, residual, BT * C));
+        float *ln2 = c.act16 ? qkv : a.ln2;
+        DP_TRY(ln_fwd(dev, ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p_ln2w, p_ln2b, BT, C));
+        DP_TRY(keep(dev, &a, a.ln2, ln2, BT * C));
+        float *fch = c.act16 ? qkv : a.fch;
+        DP_TRY(lin_fwd(dev, fch, gemm_in(&a, a.ln2), p_fcw, p_fcb, BT, C, 4 * C));
+        DP_TRY(keep(dev, &a, a.fch, fch, BT * 4 * C));
+        float *gelu = c.recompute_gelu ? qkv + c.big_gelu : a.fch_gelu;
+        DP_TRY(gelu_of(dev, &a, gelu, BT * 4 * C));
+        DP_TRY(lin_fwd(dev, a.residual3, gemm_in(&a, gelu), p_mprojw, p_mprojb, BT, 4 * C, C));
+        DP_TRY(dp_accumulate(dev, a.residual3, a.residual2, BT * C));
+        residual = a.residual3;
+    }
+    size_t lf = idx_lnf_w(gpt);
+    DP_TRY(ln_fwd(dev, lnf, ws + c.lnf_mean, ws + c.lnf_rstd, residual, pw(gpt, params, lf),
+                  pw(gpt, params, lf + 1), BT, C));
+    return DP_OK;
+}
+
+/* The tied LM head: logits(N,V) = lnf(N,C) @ wte^T, for any N rows. */
+dp_status gpt_pass_head_forward(const dp_gpt *gpt, dp_device *dev, wview params,
+                                const float *lnf, size_t N, float *logits)
+{
+    const dp_gpt_config *g = &gpt->cfg;
+    dp_pref none = {NULL, params.bf16};
+    return lin_fwd(dev, logits, x32(lnf), pw(gpt, params, 0), none, N, g->n_embd, g->vocab_size);
+}
+
+/* d(lnf)(N,C) = dlogits @ wte (overwritten) and d(wte) += dlogits^T @ lnf. */
+dp_status gpt_pass_head_backward(const dp_gpt *gpt, dp_device *dev, wview params, float *grads,
+                                 const float *lnf, size_t N, const float *dlogits, float *dlnf)
+{
+    const dp_gpt_config *g = &gpt->cfg;
+    return lin_bwd(dev, dlnf, gw(gpt, grads, 0), NULL, dlogits, x32(lnf), pw(gpt, params, 0), N,
+                   g->n_embd, g->vocab_size);
+}
+
+dp_status dp_gpt_forward(const dp_gpt *gpt, dp_device *dev, const float *params,
+                         const int32_t *tokens, size_t B, size_t T, void *workspace,
+                         float *logits)
+{
+    static const char fn[] = "dp_gpt_forward";
+    carve c;
+    DP_TRY(gpt_pass_check(fn, gpt, dev, B, T, 1, gpt ? &gpt->variants[0] : NULL, &c));
+    if (!params || !tokens || !workspace || !logits)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
+                       "%s on %s: params, tokens, workspace and logits must not be NULL", fn,
+                       dp_device_name(dev));
+    float *ws = workspace;
+    DP_TRY(gpt_pass_body_forward(gpt, dev, view_f32(params), tokens, B, T, ws, &c, ws + c.lnf));
+    return gpt_pass_head_forward(gpt, dev, view_f32(params), ws + c.lnf, B * T, logits);
+}
+
+/* dqkv(B,T,3C) of the block's attention from datty(B,T,C), with the
+ * backward's scratch in big: from the kept probabilities, from the
+ * forward's recomputed again (recompute_att), or chunk by chunk. */
+static dp_status attention_backward(dp_device *dev, const carve *c, const layer_acts *a,
+                                    float *big, float *dqkv, const float *datty, size_t B,
+                                    size_t T, size_t C, size_t NH)
+{
+    float *dqkvr = big + c->big_dqkvr, *ascratch = big + c->big_scratch,
+          *datt = big + c->big_datt, *again = big + c->big_att;
+    const dp_bf16 *qkvr16 = (const dp_bf16 *)a->qkvr;
+    if (c->chunked_att) /* each chunk's probabilities recomputed inside */
+        return dp_attention_backward_chunked(dev, dqkv, dqkvr, again, datt, ascratch, datty,
+                                             a->qkvr, a->act16 ? DP_DTYPE_BF16 : DP_DTYPE_F32,
+                                             B, T, C, NH, c->att_rows);
+    const float *att = a->att;
+    if (c->recompute_att) { /* the forward's probabilities again, bit for bit */
+        DP_TRY(a->act16 ? dp_attention_probs_bf16_qkv(dev, again, qkvr16, B, T, C, NH)
+                        : dp_attention_probs(dev, again, a->qkvr, B, T, C, NH));
+        att = again;
+    }
+    if (a->act16)
+        return dp_attention_backward_bf16_qkv(dev, dqkv, dqkvr, datt, ascratch, datty, qkvr16,
+                                              att, B, T, C, NH);
+    return dp_attention_backward(dev, dqkv, dqkvr, datt, ascratch, datty, a->qkvr, att, B, T, C,
+                                 NH);
+}
+
+/* Tells the engine (when a chunk is given: the engine's callback) that
+ * the gradient from tensor i's offset to the previous signal's start is
+ * final (dp_grads_ready): the walk from the top finishes ln_f, then each
+ * block, then the embeddings, and the layout (wte, wpe, blocks, ln_f)
+ * puts them back to front. */
+static dp_status signal_from(const dp_gpt *gpt, const dp_chunk *chunk, size_t i, size_t *end)
+{
+    if (!chunk) return DP_OK;
+    size_t begin = i ? gpt->tensors[i].offset : 0;
+    DP_TRY(dp_grads_ready(chunk, begin, *end));
+    *end = begin;
+    return DP_OK;
+}
+
+/* grads += d loss / d (everything but the LM head), from dlnf(B,T,C);
+ * chunk (NULL: none) gets the signals of the final gradient. */
+dp_status gpt_pass_body_backward(const dp_gpt *gpt, dp_device *dev, wview params, float *grads,
+                                 const int32_t *tokens, size_t B, size_t T, float *ws,
+                                 const carve *cv, const float *dlnf, const dp_chunk *chunk)
+{
+    size_t signalled = gpt->models[0].n_params; /* where the final gradient begins */
+    const dp_gpt_config *g = &gpt->cfg;
+    size_t C = g->n_embd, NH = g->n_head, L = g->n_layer, BT = B * T;
+    const carve c = *cv;
+    float *dresidual = ws + c.dresidual; // (B,T,C)
+    float *dbtc = ws + c.dbtc;           // (B,T,C)
+    float *big = ws + c.big;
+    const float *final = L ? gpt_layer_of(&c, ws, L - 1).residual3 : ws + c.encoded;
+
+    /* LayerNorm backward accumulates: the residual gradient starts at zero. */
+    DP_TRY(dp_memset(dev, dresidual, 0, BT * C * sizeof(float)));
+    size_t lf = idx_lnf_w(gpt);
+    DP_TRY(ln_bwd(dev, dresidual, gw(gpt, grads, lf), gw(gpt, grads, lf + 1), dlnf, final,
+                  pw(gpt, params, lf), ws + c.lnf_mean, ws + c.lnf_rstd, BT, C));
+    DP_TRY(signal_from(gpt, chunk, lf, &signalled));
+
+    for (size_t l = L; l-- > 0;) {
+        layer_acts a = gpt_layer_of(&c, ws, l);
+        const float *residual = l ? gpt_layer_of(&c, ws, l - 1).residual3 : ws + c.encoded;
+#define P(j) pw(gpt, params, idx_block(l, (j)))
+#define G(j) gw(gpt, grads, idx_block(l, (j)))
+        /* MLP. dresidual is d(residual3) = d(mlp.c_proj output) = d(residual2) so far. */
+        float *dfch = big; // (B,T,4C): d(fch_gelu), then d(fch) in place
+        const float *gelu = a.fch_gelu;
+        if (c.recompute_gelu) { /* the forward's GELU output again, bit for bit */
+            float *again = big + c.big_gelu;
+            DP_TRY(gelu_of(dev, &a, again, BT * 4 * C));
+            gelu = again;
+        }
+        DP_TRY(lin_bwd(dev, dfch, G(BLK_MPROJ_W), G(BLK_MPROJ_B), dresidual, gemm_in(&a, gelu),
+                       P(BLK_MPROJ_W), BT, 4 * C, C));
+        if (a.act16)
+            DP_TRY(dp_gelu_backward_bf16_inp(dev, dfch, (const dp_bf16 *)a.fch, dfch, BT * 4 * C));
+        else
+            DP_TRY(dp_gelu_backward(dev, dfch, a.fch, dfch, BT * 4 * C));
+        DP_TRY(lin_bwd(dev, dbtc, G(BLK_FC_W), G(BLK_FC_B), dfch, gemm_in(&a, a.ln2), P(BLK_FC_W),
+                       BT, C, 4 * C));
+        DP_TRY(ln_bwd(dev, dresidual, G(BLK_LN2_W), G(BLK_LN2_B), dbtc, a.residual2, P(BLK_LN2_W),
+                      a.ln2_mean, a.ln2_rstd, BT, C));
+        /* Attention. dresidual is now the full d(residual2). */
+        float *dqkv = big;
+        DP_TRY(lin_bwd(dev, dbtc, G(BLK_APROJ_W), G(BLK_APROJ_B), dresidual, gemm_in(&a, a.atty),
+                       P(BLK_APROJ_W), BT, C, C));
+        DP_TRY(attention_backward(dev, &c, &a, big, dqkv, dbtc, B, T, C, NH));
+        DP_TRY(lin_bwd(dev, dbtc, G(BLK_ATTN_W), G(BLK_ATTN_B), dqkv, gemm_in(&a, a.ln1),
+                       P(BLK_ATTN_W), BT, C, 3 * C));
+        DP_TRY(ln_bwd(dev, dresidual, G(BLK_LN1_W), G(BLK_LN1_B), dbtc, residual, P(BLK_LN1_W),
+                      a.ln1_mean, a.ln1_rstd, BT, C));
+        /* dresidual is now d(block input) = d(previous block's residual3). */
+        DP_TRY(signal_from(gpt, chunk, idx_block(l, 0), &signalled));
+#undef P
+#undef G
+    }
+    /* Encoder: the embedding's share of d(wte), and d(wpe). */
+    DP_TRY(dp_encoder_backward(dev, gw(gpt, grads, 0), gw(gpt, grads, 1), dresidual, tokens, B, T,
+                               C));
+    return signal_from(gpt, chunk, 0, &signalled);
+}
+
+dp_status dp_gpt_backward(const dp_gpt *gpt, dp_device *dev, const float *params, float *grads,
+                          const int32_t *tokens, size_t B, size_t T, void *workspace,
+                          float *dlogits)
+{
+    static const char fn[] = "dp_gpt_backward";
+    carve c;
+    DP_TRY(gpt_pass_check(fn, gpt, dev, B, T, 1, gpt ? &gpt->variants[0] : NULL, &c));
+    if (!params || !grads || !tokens || !workspace || !dlogits)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
+                       "%s on %s: params, grads, tokens, workspace and dlogits must not be NULL",
+                       fn, dp_device_name(dev));
+    float *ws = workspace;
+    /* LM head: d(lnf) into dbtc, free until the blocks' backward. */
+    DP_TRY(gpt_pass_head_backward(gpt, dev, view_f32(params), grads, ws + c.lnf, B * T, dlogits,
+                                  ws + c.dbtc));
+    return gpt_pass_body_backward(gpt, dev, view_f32(params), grads, tokens, B, T, ws, &c,
+                                  ws + c.dbtc, NULL);
+}
+
