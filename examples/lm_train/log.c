@@ -70,6 +70,30 @@ static FILE *open_log_file(const char *path)
     return f;
 }
 
+/* Where --log's complete rows end (rows are flushed whole, at each
+ * check_written); -1 for a character device. Returns 0. */
+static int set_log_good(run *r)
+{
+    struct stat sb;
+    r->log_good = fstat(fileno(r->log), &sb) == 0 && S_ISREG(sb.st_mode) ? ftello(r->log) : -1;
+    return 0;
+}
+
+/* After a failed write of --log (a full disk, a file size limit): the file
+ * cut back to its last complete row, so no half row is left, and the
+ * stream's descriptor pointed at /dev/null, so what stdio still holds
+ * cannot reach the file when the log is closed. */
+static void cut_log(run *r)
+{
+    if (r->log_good < 0) return;
+    int fd = fileno(r->log);
+    if (ftruncate(fd, r->log_good) != 0) return;
+    int nul = open("/dev/null", O_WRONLY | O_CLOEXEC);
+    if (nul < 0) return;
+    dup2(nul, fd);
+    close(nul);
+}
+
 /* Opens --log. A resumed run keeps the rows up to the checkpoint's step and
  * drops the later ones (written by the run that went past the checkpoint
  * before it stopped), so every step appears once; an unreadable row (a
@@ -78,7 +102,7 @@ static int open_log(run *r)
 {
     const char *path = r->o.log;
     if (!path) return 0;
-    if (!r->step) return (r->log = open_log_file(path)) ? 0 : 1;
+    if (!r->step) return (r->log = open_log_file(path)) ? set_log_good(r) : 1;
     /* The rows to keep: from a regular file only (a FIFO would block). */
     struct stat sb;
     FILE *in = NULL;
@@ -126,6 +150,7 @@ static int open_log(run *r)
     char what[300];
     snprintf(what, sizeof what, "--log %s", path);
     if (cli_check_stream(r->log, what)) return 1;
+    set_log_good(r);
     if (dropped)
         printf("log: %s: kept %zu rows up to step %ld, dropped %zu written after it\n", path,
                rows, r->step, dropped);
@@ -209,8 +234,12 @@ int check_written(run *r)
         return r->write_failed;
     char what[300];
     snprintf(what, sizeof what, "--log %s", r->o.log ? r->o.log : "");
-    r->write_failed = cli_check_stream(stdout, "standard output") ||
-                      (r->log && cli_check_stream(r->log, what));
+    r->write_failed = cli_check_stream(stdout, "standard output");
+    if (!r->write_failed && r->log) {
+        r->write_failed = cli_check_stream(r->log, what);
+        if (r->write_failed) cut_log(r);
+        else if (r->log_good >= 0) r->log_good = ftello(r->log);
+    }
     return r->write_failed;
 }
 
