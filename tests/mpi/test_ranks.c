@@ -557,6 +557,12 @@ static void bad_use(void)
     dp_status s = open_run(&r, &c, 1, 1, cfg);
     CHECK(s == DP_ERR_INVALID_ARGUMENT && strstr(dp_last_error(), "rank 1's optim.lr differs"),
           "different lr: %d %s", (int)s, dp_last_error());
+    /* a different overlap bucket on rank 1 */
+    cfg = config(&c);
+    if (rank == 1) cfg.bucket_bytes = DP_BUCKET_OFF;
+    s = open_run(&r, &c, 1, 1, cfg);
+    CHECK(s == DP_ERR_INVALID_ARGUMENT && strstr(dp_last_error(), "rank 1's bucket_bytes differs"),
+          "different bucket: %d %s", (int)s, dp_last_error());
     /* bad arguments on rank 1 only: both fail, nobody waits */
     cfg = config(&c);
     if (rank == 1) cfg.grad_accum = -1;
