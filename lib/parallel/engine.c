@@ -1,7 +1,7 @@
 /*
  * parallel/engine.c - the DataParallel engine's public calls (dp/engine.h,
  * docs/design.md section 5): create and destroy, step and evaluate,
- * parameters and optimizer state, stats.
+ * predictions, stats (engine_params.c: parameters and optimizer state).
  *
  * The rooms it calls (state.h lists them): ranks.c joins the ranks,
  * pool.c runs jobs on the worker threads, plan.c plans a batch, step.c
@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "core/clock.h"
+#include "parallel/call.h"
 #include "parallel/comm.h"
 #include "parallel/optimizer.h"
 #include "parallel/plan.h"
@@ -43,41 +44,6 @@ dp_engine_config dp_engine_config_default(void)
     return c;
 }
 
-// --- the thread contract ---------------------------------------------------------------
-
-/* Claims the engine for one public call, or fails at once with
- * DP_ERR_BUSY: a second concurrent call never waits (it would deadlock
- * on the job it cannot join) and never touches the running call's state. */
-/* Whether e looks like a live engine: not NULL, and its magic word not
- * the one destroy writes (dp/engine.h: a best-effort check, as reading a
- * freed engine is itself undefined). */
-static int live(const dp_engine *e) { return e && e->magic == DP_ENGINE_LIVE; }
-
-static dp_status check_live(const dp_engine *e, const char *call)
-{
-    if (!e) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: engine must not be NULL", call);
-    if (!live(e))
-        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: engine is not a live engine: it was "
-                       "destroyed (dp_engine_destroy), or is not one dp_engine_create made; "
-                       "using an engine after destroying it is undefined (dp/engine.h)", call);
-    return DP_OK;
-}
-
-static dp_status claim(dp_engine *e, const char *call)
-{
-    DP_TRY(check_live(e, call));
-    if (atomic_flag_test_and_set(&e->busy))
-        return DP_FAIL(DP_ERR_BUSY, "%s: another call on this engine is running on another "
-                       "thread; an engine serves one call at a time (see dp/engine.h), so "
-                       "serialise the calls or give each thread its own engine", call);
-    return DP_OK;
-}
-
-static dp_status unclaim(dp_engine *e, dp_status s)
-{
-    atomic_flag_clear(&e->busy);
-    return s;
-}
 
 // --- step and evaluate -------------------------------------------------------------------
 
@@ -156,7 +122,7 @@ static dp_status check_usable(const dp_engine *e)
     return DP_OK;
 }
 
-static dp_status sync_replicas(dp_engine *e)
+dp_status dp_engine_sync_replicas(dp_engine *e)
 {
     if (!e->needs_sync) return DP_OK;
     /* After a failed update the owners hold the truth: each replica
@@ -175,7 +141,7 @@ static dp_status run_batch(dp_engine *e, const dp_batch *batch, int train, dp_st
 {
     DP_TRY(check_usable(e));
     e->step_start = dp_now_seconds();
-    DP_TRY(sync_replicas(e));
+    DP_TRY(dp_engine_sync_replicas(e));
     DP_TRY(dp_step_agree_plan(e, dp_plan_batch(e, batch, 0, &e->plan)));
     dp_pool_reset_stats(&e->pool);
     dp_status s = dp_step_run(e, train, &e->out);
@@ -190,14 +156,14 @@ static dp_status run_batch(dp_engine *e, const dp_batch *batch, int train, dp_st
 
 dp_status dp_engine_step(dp_engine *e, const dp_batch *batch, dp_step_stats *stats)
 {
-    DP_TRY(claim(e, "dp_engine_step"));
-    return unclaim(e, run_batch(e, batch, 1, stats));
+    DP_TRY(dp_engine_claim(e, "dp_engine_step"));
+    return dp_engine_unclaim(e, run_batch(e, batch, 1, stats));
 }
 
 dp_status dp_engine_evaluate(dp_engine *e, const dp_batch *batch, dp_step_stats *stats)
 {
-    DP_TRY(claim(e, "dp_engine_evaluate"));
-    return unclaim(e, run_batch(e, batch, 0, stats));
+    DP_TRY(dp_engine_claim(e, "dp_engine_evaluate"));
+    return dp_engine_unclaim(e, run_batch(e, batch, 0, stats));
 }
 
 // --- predictions ------------------------------------------------------------------------
@@ -207,7 +173,7 @@ static dp_status predict(dp_engine *e, const dp_batch *batch)
     e->outputs_rows = 0; /* the last outputs are gone, whatever happens now */
     DP_TRY(check_usable(e));
     e->step_start = dp_now_seconds();
-    DP_TRY(sync_replicas(e));
+    DP_TRY(dp_engine_sync_replicas(e));
     DP_TRY(dp_step_agree_plan(e, dp_plan_batch(e, batch, 1, &e->plan)));
     dp_pool_reset_stats(&e->pool);
     DP_TRY(dp_step_predict(e));
@@ -217,8 +183,8 @@ static dp_status predict(dp_engine *e, const dp_batch *batch)
 
 dp_status dp_engine_predict(dp_engine *e, const dp_batch *batch)
 {
-    DP_TRY(claim(e, "dp_engine_predict"));
-    return unclaim(e, predict(e, batch));
+    DP_TRY(dp_engine_claim(e, "dp_engine_predict"));
+    return dp_engine_unclaim(e, predict(e, batch));
 }
 
 static dp_status need_outputs(const dp_engine *e, const char *call)
@@ -231,7 +197,7 @@ static dp_status need_outputs(const dp_engine *e, const char *call)
 
 dp_status dp_engine_outputs(dp_engine *e, size_t i, dp_outputs *out)
 {
-    DP_TRY(claim(e, "dp_engine_outputs"));
+    DP_TRY(dp_engine_claim(e, "dp_engine_outputs"));
     dp_status s = need_outputs(e, "dp_engine_outputs");
     if (s == DP_OK && !out) s = DP_FAIL(DP_ERR_INVALID_ARGUMENT, "out must not be NULL");
     if (s == DP_OK && i >= e->L.k)
@@ -244,12 +210,12 @@ dp_status dp_engine_outputs(dp_engine *e, size_t i, dp_outputs *out)
         out->row_begin = w->out_begin;
         out->rows = w->out_rows;
     }
-    return unclaim(e, s);
+    return dp_engine_unclaim(e, s);
 }
 
 dp_status dp_engine_outputs_to_host(dp_engine *e, float *host)
 {
-    DP_TRY(claim(e, "dp_engine_outputs_to_host"));
+    DP_TRY(dp_engine_claim(e, "dp_engine_outputs_to_host"));
     dp_status s = need_outputs(e, "dp_engine_outputs_to_host");
     if (s == DP_OK && !host) s = DP_FAIL(DP_ERR_INVALID_ARGUMENT, "host must not be NULL");
     size_t row = e->model.outputs_per_row * e->model.n_classes * sizeof(float);
@@ -261,18 +227,18 @@ dp_status dp_engine_outputs_to_host(dp_engine *e, float *host)
             s = dp_copy_d2h(w->dev, (char *)host + w->out_begin * row, w->outputs.ptr,
                             w->out_rows * row);
     }
-    return unclaim(e, s);
+    return dp_engine_unclaim(e, s);
 }
 
 dp_status dp_engine_release_outputs(dp_engine *e)
 {
-    DP_TRY(claim(e, "dp_engine_release_outputs"));
+    DP_TRY(dp_engine_claim(e, "dp_engine_release_outputs"));
     e->outputs_rows = 0;
     for (size_t i = 0; i < e->L.k; i++) {
         e->w[i].out_rows = 0;
         dp_dbuf_release(e->w[i].dev, &e->w[i].outputs);
     }
-    return unclaim(e, DP_OK);
+    return dp_engine_unclaim(e, DP_OK);
 }
 
 // --- create / destroy ---------------------------------------------------------------
@@ -377,7 +343,7 @@ dp_status dp_engine_create(const dp_device_spec *devices, size_t k, const dp_mod
 void dp_engine_destroy(dp_engine *e)
 {
     /* NULL, or (best effort) an engine destroyed already: nothing to do. */
-    if (!live(e)) return;
+    if (!dp_engine_live(e)) return;
     e->magic = DP_ENGINE_DEAD;
     dp_pool_stop(&e->pool);
     /* A transport that gave up on an exchange may still have MPI read or
@@ -407,196 +373,3 @@ void dp_engine_destroy(dp_engine *e)
     free(e->w);
     free(e);
 }
-
-// --- parameters and state -------------------------------------------------------------
-
-/* Index of the first value that is not finite (or negative, when
- * nonnegative), or n when every value is fine. */
-static size_t first_bad(const float *x, size_t n, int nonnegative)
-{
-    for (size_t i = 0; i < n; i++)
-        if (!isfinite(x[i]) || (nonnegative && x[i] < 0.0f)) return i;
-    return n;
-}
-
-dp_status dp_engine_set_lr(dp_engine *e, float lr)
-{
-    DP_TRY(claim(e, "dp_engine_set_lr"));
-    if (!isfinite(lr) || lr < 0.0f)
-        return unclaim(e, DP_FAIL(DP_ERR_INVALID_ARGUMENT, "learning rate %g; use a finite "
-                                  "value >= 0", lr));
-    e->lr = lr;
-    return unclaim(e, DP_OK);
-}
-
-/* The host's flat buffer buf (n_params esize-byte elements) of every rank
- * gets every rank's owned runs (one rank: nothing to do). */
-static dp_status allgather_owned(dp_engine *e, void *buf, const char *what)
-{
-    dp_run runs[DP_MAX_DEVICES];
-    size_t n = dp_opt_runs(e, runs);
-    return dp_transport_allgather_host(&e->tp, buf, sizeof(float), runs, n, what);
-}
-
-dp_status dp_engine_get_params(dp_engine *e, float *host)
-{
-    DP_TRY(claim(e, "dp_engine_get_params"));
-    /* From the slices' owners, which hold the truth even when a failed
-     * step left the replicas to re-synchronise; with ranks, each rank's
-     * owned range then goes to every rank. */
-    dp_status s = DP_OK;
-    if (!host) s = DP_FAIL(DP_ERR_INVALID_ARGUMENT, "host must not be NULL");
-    /* bf16 replicas: the owners' float32 masters. */
-    else if (e->bf16) s = dp_opt_move_masters(e, host, NULL);
-    for (size_t i = 0; host && !e->bf16 && s == DP_OK && i < e->L.K; i++) {
-        slice *sl = &e->s[i];
-        worker *o = dp_local_worker(e, (size_t)sl->owner);
-        size_t b = sl->begin, n = sl->end - b;
-        if (!n || !o) continue;
-        s = dp_device_bind_thread(o->dev);
-        if (s == DP_OK) s = dp_copy_d2h(o->dev, host + b, dp_replica_at(o, b), n * sizeof(float));
-    }
-    /* with ranks the others learn of a failure rather than wait */
-    s = dp_transport_agree(&e->tp, s, NULL, NULL, 0, "agreement between the ranks");
-    if (s == DP_OK) s = allgather_owned(e, host, "dp_engine_get_params");
-    return unclaim(e, s);
-}
-
-/* A host buffer of n floats as rank 0 has it, on every rank: src itself
- * with one rank, else *copy (freed by the caller) after the broadcast, so
- * no rank's buffer is written. local: this rank's outcome so far. */
-static dp_status from_rank0(dp_engine *e, dp_status local, const float *src, size_t n,
-                            float **copy, const char *what)
-{
-    *copy = NULL;
-    if (local == DP_OK && src && dp_transport_spans_ranks(&e->tp)) {
-        *copy = malloc(n * sizeof **copy);
-        if (*copy) memcpy(*copy, src, n * sizeof **copy);
-        else local = DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation of %zu floats failed", n);
-    }
-    dp_status s = dp_transport_agree(&e->tp, local, NULL, NULL, 0, "agreement between the ranks");
-    if (s == DP_OK && *copy) s = dp_transport_broadcast(&e->tp, *copy, n * sizeof **copy, what);
-    return s;
-}
-
-/* The root's replica (and with bf16 replicas every owner's master) from
- * the host's float32 parameters. */
-static dp_status set_root_replica(dp_engine *e, const float *host)
-{
-    size_t n = e->model.n_params;
-    worker *root = &e->w[0];
-    if (!e->bf16) {
-        DP_TRY(dp_device_bind_thread(root->dev));
-        return dp_copy_h2d(root->dev, root->params, host, n * sizeof(float));
-    }
-    DP_TRY(dp_opt_move_masters(e, NULL, host));
-    dp_bf16 *h = malloc(n * sizeof *h);
-    if (!h)
-        return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation of %zu bfloat16 parameters failed", n);
-    for (size_t i = 0; i < n; i++) h[i] = dp_bf16_from_float(host[i]);
-    dp_status s = dp_device_bind_thread(root->dev);
-    if (s == DP_OK) s = dp_copy_h2d(root->dev, root->params, h, n * sizeof *h);
-    free(h);
-    return s;
-}
-
-dp_status dp_engine_set_params(dp_engine *e, const float *host)
-{
-    DP_TRY(claim(e, "dp_engine_set_params"));
-    size_t n = e->model.n_params, bad;
-    float *copy = NULL;
-    /* rank 0's values, so the ranks cannot disagree */
-    dp_status s = host ? DP_OK : DP_FAIL(DP_ERR_INVALID_ARGUMENT, "host must not be NULL");
-    s = from_rank0(e, s, host, n, &copy, "dp_engine_set_params");
-    if (s != DP_OK) {
-        free(copy);
-        return unclaim(e, s);
-    }
-    if (copy) host = copy;
-    bad = first_bad(host, n, 0);
-    if (bad < n) {
-        dp_status f = DP_FAIL(DP_ERR_INVALID_ARGUMENT, "parameter %zu of %zu is %g; "
-                              "parameters must be finite", bad, n, host[bad]);
-        free(copy);
-        return unclaim(e, f);
-    }
-    /* A float32 value past bfloat16's largest would be an infinite replica. */
-    for (size_t i = 0; e->bf16 && i < n; i++)
-        if (isinf(dp_bf16_to_float(dp_bf16_from_float(host[i])))) {
-            dp_status f = DP_FAIL(DP_ERR_INVALID_ARGUMENT, "parameter %zu of %zu is %g, past "
-                                  "bfloat16's range (|x| < 3.39e38): the model's replicas are "
-                                  "bfloat16 (param_dtype); scale it down or train in float32",
-                                  i, n, host[i]);
-            free(copy);
-            return unclaim(e, f);
-        }
-    s = set_root_replica(e, host);
-    /* The root's copy to every replica, the owners included (should it
-     * fail, the next step retries it). */
-    if (s == DP_OK) {
-        e->needs_sync |= DP_SYNC_FROM_ROOT;
-        s = sync_replicas(e);
-    }
-    free(copy);
-    return unclaim(e, dp_transport_agree(&e->tp, s, NULL, NULL, 0, "agreement between the ranks"));
-}
-
-dp_status dp_engine_get_optimizer_state(dp_engine *e, float *m, float *v, long *t)
-{
-    DP_TRY(claim(e, "dp_engine_get_optimizer_state"));
-    dp_status s = dp_opt_get_state(e, m, v);
-    s = dp_transport_agree(&e->tp, s, NULL, NULL, 0, "agreement between the ranks");
-    if (s == DP_OK && m) s = allgather_owned(e, m, "optimizer state (m)");
-    if (s == DP_OK && v && e->cfg.optim.kind == DP_OPTIMIZER_ADAMW)
-        s = allgather_owned(e, v, "optimizer state (v)");
-    if (s == DP_OK && t) *t = e->t;
-    return unclaim(e, s);
-}
-
-static dp_status set_state(dp_engine *e, const float *m, const float *v, long t);
-
-/* Rank 0's state to every rank, then each rank's slices from it. */
-dp_status dp_engine_set_optimizer_state(dp_engine *e, const float *m, const float *v, long t)
-{
-    DP_TRY(claim(e, "dp_engine_set_optimizer_state"));
-    size_t n = e->model.n_params;
-    if (e->cfg.optim.kind != DP_OPTIMIZER_ADAMW) v = NULL; /* SGD keeps no second moment */
-    float *cm = NULL, *cv = NULL;
-    dp_status s = from_rank0(e, DP_OK, m, n, &cm, "optimizer state (m)");
-    if (s == DP_OK) s = from_rank0(e, DP_OK, v, n, &cv, "optimizer state (v)");
-    if (s == DP_OK) s = dp_transport_broadcast(&e->tp, &t, sizeof t, "optimizer step count");
-    if (s == DP_OK)
-        s = dp_transport_agree(&e->tp, set_state(e, cm ? cm : m, cv ? cv : v, t), NULL, NULL, 0,
-                               "agreement between the ranks");
-    free(cm);
-    free(cv);
-    return unclaim(e, s);
-}
-
-static dp_status set_state(dp_engine *e, const float *m, const float *v, long t)
-{
-    size_t n = e->model.n_params, bad;
-    if (t < 0)
-        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "step count %ld is negative", t);
-    if (m && (bad = first_bad(m, n, 0)) < n)
-        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "first moment %zu of %zu is %g; the optimizer "
-                       "state must be finite", bad, n, m[bad]);
-    int adamw = e->cfg.optim.kind == DP_OPTIMIZER_ADAMW;
-    if (v && adamw && (bad = first_bad(v, n, 1)) < n)
-        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "second moment %zu of %zu is %g; it must be "
-                       "finite and >= 0", bad, n, v[bad]);
-    dp_status s = dp_opt_set_state(e, m, v);
-    if (s == DP_OK) e->t = t;
-    return s;
-}
-
-size_t dp_engine_num_devices(const dp_engine *e) { return live(e) ? e->L.k : 0; }
-size_t dp_engine_num_global_devices(const dp_engine *e) { return live(e) ? e->L.K : 0; }
-size_t dp_engine_first_global_device(const dp_engine *e) { return live(e) ? e->L.g0 : 0; }
-
-dp_device *dp_engine_device(dp_engine *e, size_t i)
-{
-    return live(e) && i < e->L.k ? e->w[i].dev : NULL;
-}
-
-const dp_model *dp_engine_model(const dp_engine *e) { return live(e) ? &e->model : NULL; }
