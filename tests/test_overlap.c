@@ -215,6 +215,26 @@ static dp_status step_with(dp_engine *e, int s, dp_step_stats *st)
     return dp_engine_step(e, &b, st);
 }
 
+/* After failed steps of e: the model made correct, the next step (batch
+ * 1) gives the parameters of an engine that never failed. Destroys e. */
+static void assert_recovers(dp_engine *e, wrapped *w, size_t bucket, const char *what)
+{
+    static float got[4096], ref[4096];
+    cr_assert_leq(w->n, sizeof got / sizeof *got);
+    dp_step_stats st;
+    w->m = PLAIN;
+    dp_assert_ok(step_with(e, 1, &st));
+    dp_assert_ok(dp_engine_get_params(e, got));
+    dp_engine_destroy(e);
+    wrapped r;
+    dp_engine *good = wrapped_open(&r, 2, PLAIN, bucket);
+    dp_assert_ok(step_with(good, 1, &st));
+    dp_assert_ok(dp_engine_get_params(good, ref));
+    dp_engine_destroy(good);
+    cr_assert(memcmp(ref, got, w->n * sizeof(float)) == 0,
+              "%s: the step after a failure differs from a clean run", what);
+}
+
 Test(overlap, reduces_a_slice_while_another_backward_runs)
 {
     wrapped w;
@@ -263,7 +283,7 @@ Test(overlap, refuses_signals_out_of_order_and_recovers)
         {PAST_END, "ends past the gradient buffer's n_params"},
         {RETURNS, "does not end where the previous signal began"},
     };
-    static float before[4096], after[4096], ref[4096];
+    static float before[4096], after[4096];
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
         for (size_t b = 0; b < sizeof buckets / sizeof *buckets; b++) {
             wrapped w;
@@ -284,18 +304,9 @@ Test(overlap, refuses_signals_out_of_order_and_recovers)
             dp_assert_ok(dp_engine_get_params(e, after));
             cr_assert(memcmp(before, after, w.n * sizeof(float)) == 0,
                       "case %zu: a refused step changed the parameters", c);
-            /* Now a correct model: the step equals one that never failed. */
-            w.m = PLAIN;
-            dp_assert_ok(step_with(e, 1, &st));
-            dp_assert_ok(dp_engine_get_params(e, after));
-            dp_engine_destroy(e);
-            wrapped r;
-            dp_engine *good = wrapped_open(&r, 2, PLAIN, buckets[b]);
-            dp_assert_ok(step_with(good, 1, &st));
-            dp_assert_ok(dp_engine_get_params(good, ref));
-            dp_engine_destroy(good);
-            cr_assert(memcmp(ref, after, w.n * sizeof(float)) == 0,
-                      "case %zu: the step after a refusal differs from a clean run", c);
+            char what[64];
+            snprintf(what, sizeof what, "case %zu, bucket %zu", c, buckets[b]);
+            assert_recovers(e, &w, buckets[b], what);
         }
     }
 }
@@ -341,11 +352,9 @@ Test(overlap, refuses_a_stale_chunk_and_ignores_a_chunk_made_by_hand)
 
 Test(overlap, a_failure_after_a_signal_leaves_no_worker_waiting)
 {
-    static float got[4096], ref[4096];
     for (size_t b = 0; b < sizeof buckets / sizeof *buckets; b++) {
         wrapped w;
         dp_engine *e = wrapped_open(&w, 2, FAIL_AFTER, buckets[b]);
-        cr_assert_leq(w.n, sizeof got / sizeof *got);
         dp_step_stats st;
         for (int rep = 0; rep < 3; rep++) {
             dp_status s = step_with(e, 0, &st);
@@ -353,17 +362,9 @@ Test(overlap, a_failure_after_a_signal_leaves_no_worker_waiting)
             cr_assert(strstr(dp_last_error(), "injected failure after a signal"), "%s",
                       dp_last_error());
         }
-        w.m = PLAIN;
-        dp_assert_ok(step_with(e, 1, &st));
-        dp_assert_ok(dp_engine_get_params(e, got));
-        dp_engine_destroy(e);
-        wrapped r;
-        dp_engine *good = wrapped_open(&r, 2, PLAIN, buckets[b]);
-        dp_assert_ok(step_with(good, 1, &st));
-        dp_assert_ok(dp_engine_get_params(good, ref));
-        dp_engine_destroy(good);
-        cr_assert(memcmp(ref, got, w.n * sizeof(float)) == 0,
-                  "bucket %zu: the step after failures differs from a clean run", buckets[b]);
+        char what[64];
+        snprintf(what, sizeof what, "bucket %zu", buckets[b]);
+        assert_recovers(e, &w, buckets[b], what);
     }
 }
 
