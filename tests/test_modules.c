@@ -23,9 +23,22 @@ static void no_modules(void)
     cr_assert_not_null(mkdtemp(empty_dir), "mkdtemp failed");
     cr_assert_eq(setenv("DP_MODULE_DIR", empty_dir, 1), 0);
 }
+static char junk_file[128];
 static void remove_dir(void)
 {
+    if (junk_file[0]) unlink(junk_file);
     if (empty_dir[0]) rmdir(empty_dir);
+}
+
+/* A module file that is there but cannot be loaded (not an ELF file), as
+ * one whose libraries are missing: dlopen fails on it. */
+static void junk_module(const char *file)
+{
+    snprintf(junk_file, sizeof junk_file, "%s/%s", empty_dir, file);
+    FILE *f = fopen(junk_file, "w");
+    cr_assert_not_null(f);
+    fputs("not a shared library\n", f);
+    fclose(f);
 }
 
 static void assert_msg(const char *what, const char *needle)
@@ -48,6 +61,11 @@ Test(modules, unloadable_module_names_the_library_and_the_fix, .init = no_module
             cr_assert_null(t);
             assert_msg("unloadable", dp_module_file((dp_module_id)id));
             assert_msg("unloadable", "could not be loaded");
+            if (id == DP_MODULE_CUDA ? DP_TEST_HAVE_CUDA
+                : id == DP_MODULE_MPI ? DP_TEST_HAVE_MPI : DP_TEST_HAVE_DNNL)
+                assert_msg("unloadable", "no such file in /tmp/dp-no-modules.");
+            else
+                assert_msg("unloadable", "built without it");
         }
     }
     cr_assert_eq(dp_module_load(DP_MODULE_COUNT, NULL), DP_ERR_INVALID_ARGUMENT);
@@ -124,3 +142,60 @@ Test(modules, bf16_gemm_without_the_dnnl_module_is_the_openblas_path, .init = no
     cr_assert_eq(dp_module_load(DP_MODULE_DNNL, &t), DP_ERR_UNSUPPORTED);
 }
 
+// --- MPI: dp/dist.h without its module -----------------------------------------------
+
+static void no_launcher(void)
+{
+    static const char *vars[] = {"OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "PMI_SIZE", "SLURM_NTASKS"};
+    for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
+}
+
+/* Without a launcher a program joins as one rank, MPI module or not. */
+Test(modules, dist_without_the_mpi_module_is_one_rank, .init = no_modules, .fini = remove_dir)
+{
+    no_launcher();
+    dp_dist *d = NULL;
+    dp_assert_ok(dp_dist_open(NULL, NULL, &d));
+    cr_assert_not_null(d);
+    cr_assert_eq(dp_dist_rank(d), 0);
+    cr_assert_eq(dp_dist_size(d), 1);
+    cr_assert_eq(dp_dist_agree(d, DP_ERR_TIMEOUT), DP_ERR_TIMEOUT);
+    int x = 7;
+    dp_assert_ok(dp_dist_broadcast(d, &x, sizeof x));
+    cr_assert_eq(dp_dist_bytes_sent(d), 0);
+    dp_dist_close(d);
+}
+
+/* A launcher's ranks without the module: the clear error, not one rank
+ * each (R copies would train R separate models). */
+Test(modules, dist_ranks_without_the_mpi_module_say_why, .init = no_modules, .fini = remove_dir)
+{
+    no_launcher();
+    cr_assert_eq(setenv("OMPI_COMM_WORLD_SIZE", "2", 1), 0);
+    dp_dist *d = (dp_dist *)&d;
+    cr_assert_eq(dp_dist_open(NULL, NULL, &d), DP_ERR_UNSUPPORTED, "%s", dp_last_error());
+    cr_assert_null(d);
+    assert_msg("ranks", "a launcher started 2 ranks");
+    if (DP_TEST_HAVE_MPI) {
+        assert_msg("ranks", "libdp-mpi.so.0 could not be loaded");
+        assert_msg("ranks", "set DP_MODULE_DIR");
+        assert_msg("ranks", "or run one process");
+    } else {
+        assert_msg("ranks", "built without MPI");
+    }
+}
+
+/* The MPI module there but unloadable, under a launcher: the fix names
+ * the MPI library. */
+Test(modules, mpi_module_that_cannot_load_names_the_fix, .init = no_modules, .fini = remove_dir)
+{
+    if (!DP_TEST_HAVE_MPI) cr_skip_test("this build has no MPI module");
+    junk_module("libdp-mpi.so.0");
+    no_launcher();
+    cr_assert_eq(setenv("OMPI_COMM_WORLD_SIZE", "2", 1), 0);
+    dp_dist *d = NULL;
+    cr_assert_eq(dp_dist_open(NULL, NULL, &d), DP_ERR_UNSUPPORTED);
+    cr_assert_null(d);
+    assert_msg("junk", "libdp-mpi.so.0 could not be loaded (");
+    assert_msg("junk", "install the MPI library dp was built with");
+}

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #ifndef DP_MODULES_STATIC
 #include <dlfcn.h>
@@ -20,7 +21,8 @@ typedef struct module_info {
     const char *file;  /* the library, by its soname */
     const char *entry; /* the entry function's name */
     const char *what;  /* what it is, for messages */
-    const char *fix;   /* what to do when it cannot load */
+    const char *fix;   /* what to do when a library it needs is missing */
+    const char *alt;   /* what to do without it */
     int built;         /* part of this build */
 } module_info;
 
@@ -42,13 +44,14 @@ typedef struct module_info {
 
 static const module_info modules[DP_MODULE_COUNT] = {
     [DP_MODULE_DNNL] = {"libdp-dnnl.so." DP_MODULE_SOVERSION, "dp_module_dnnl",
-                        "oneDNN GEMM module", "install oneDNN (libdnnl) and libgomp", BUILT_DNNL},
+                        "oneDNN GEMM module", "install oneDNN (libdnnl) and libgomp",
+                        "leave bf16 GEMMs to OpenBLAS", BUILT_DNNL},
     [DP_MODULE_MPI] = {"libdp-mpi.so." DP_MODULE_SOVERSION, "dp_module_mpi", "MPI module",
                        "install the MPI library dp was built with (Open MPI: libopenmpi3) or "
-                       "run one process", BUILT_MPI},
+                       "run one process", "run one process", BUILT_MPI},
     [DP_MODULE_CUDA] = {"libdp-cuda.so." DP_MODULE_SOVERSION, "dp_module_cuda", "CUDA backend",
                         "install the CUDA runtime and cuBLAS (and NCCL, when dp was built with "
-                        "it) or use cpu devices", BUILT_CUDA},
+                        "it) or use cpu devices", "use cpu devices", BUILT_CUDA},
 };
 
 const char *dp_module_file(dp_module_id id)
@@ -117,12 +120,20 @@ static void module_dir(char *dir, size_t cap)
     }
 }
 
-/* Loads the library and takes its table; the reason in why otherwise. */
-static const void *load_shared(const module_info *m, char *why, size_t cap)
+/* Loads the library and takes its table; the reason in why otherwise,
+ * and *absent set when the module's own file is not there (rather than
+ * a library it needs). */
+static const void *load_shared(const module_info *m, char *why, size_t cap, int *absent)
 {
     char dir[4096], path[4096 + 64];
     module_dir(dir, sizeof dir);
     snprintf(path, sizeof path, "%s%s", dir, m->file);
+    if (dir[0] && access(path, F_OK) != 0) {
+        *absent = 1;
+        snprintf(why, cap, "no such file in %.*s%s", (int)strlen(dir) - 1, dir,
+                 getenv("DP_MODULE_DIR") && *getenv("DP_MODULE_DIR") ? " (DP_MODULE_DIR)" : "");
+        return NULL;
+    }
     void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!h) {
         const char *e = dlerror();
@@ -156,6 +167,7 @@ dp_status dp_module_load(dp_module_id id, const void **table)
         st->tried = 1;
         char why[512] = "";
         const void *t = NULL;
+        int absent = 0;
         if (!m->built) {
             snprintf(why, sizeof why, "this dp was built without it");
         } else {
@@ -163,7 +175,7 @@ dp_status dp_module_load(dp_module_id id, const void **table)
             t = linked_entry(id);
             if (!t) snprintf(why, sizeof why, "its entry function returned no table");
 #else
-            t = load_shared(m, why, sizeof why);
+            t = load_shared(m, why, sizeof why, &absent);
 #endif
         }
         const dp_module_header *hdr = t;
@@ -173,7 +185,12 @@ dp_status dp_module_load(dp_module_id id, const void **table)
             t = NULL;
         }
         st->table = t;
-        if (!t)
+        if (!t && absent)
+            snprintf(st->error, sizeof st->error, "the %s %s could not be loaded (%s); install "
+                     "it with libdp (cmake --install puts the modules next to libdp) or set "
+                     "DP_MODULE_DIR to its folder; or %s",
+                     m->what, m->file, why, m->alt);
+        else if (!t)
             snprintf(st->error, sizeof st->error, "the %s %s could not be loaded (%s); %s",
                      m->what, m->file, why, m->fix);
     }
