@@ -185,6 +185,62 @@ Test(modules, dist_ranks_without_the_mpi_module_say_why, .init = no_modules, .fi
     }
 }
 
+// --- CUDA: devices without their module ----------------------------------------------
+
+/* cuda:0 with the CUDA module unloadable: DP_ERR_NO_DEVICE naming the
+ * device, the library and the fix, from dp_device_open and from the
+ * device list; no CUDA device counted, and auto picks CPU devices. */
+Test(modules, cuda_device_without_the_cuda_module_says_why, .init = no_modules,
+     .fini = remove_dir)
+{
+    dp_device_spec spec = {DP_DEVICE_CUDA, 0};
+    dp_device *dev = (dp_device *)&spec;
+    cr_assert_eq(dp_device_open(&spec, &dev), DP_ERR_NO_DEVICE, "%s", dp_last_error());
+    cr_assert_null(dev);
+    assert_msg("open", "cuda:0");
+    if (DP_TEST_HAVE_CUDA) {
+        assert_msg("open", "the CUDA backend libdp-cuda.so.0 could not be loaded");
+        assert_msg("open", "install it with libdp");
+        assert_msg("open", "use cpu devices");
+    } else {
+        assert_msg("open", "this build has no CUDA backend");
+    }
+    cr_assert_eq(dp_cuda_device_count(), 0);
+    dp_device_spec specs[4];
+    size_t n = 9;
+    static const char *lists[] = {"cuda:0", "cuda"};
+    for (size_t i = 0; i < 2; i++) {
+        cr_assert_eq(dp_device_list_parse(lists[i], specs, 4, &n), DP_ERR_NO_DEVICE);
+        cr_assert_eq(n, 0);
+        if (DP_TEST_HAVE_CUDA) assert_msg(lists[i], "libdp-cuda.so.0 could not be loaded");
+    }
+    dp_assert_ok(dp_device_list_parse("auto", specs, 4, &n));
+    cr_assert(n >= 1 && specs[0].kind == DP_DEVICE_CPU);
+    /* CPU devices work as ever. */
+    dev = dp_test_cpu(0);
+    dp_device_close(dev);
+}
+
+/* The CUDA module there but unloadable (a library it needs missing, here
+ * a file dlopen rejects): the loader's reason and the fix that names the
+ * CUDA libraries. */
+Test(modules, cuda_module_that_cannot_load_names_the_reason_and_the_fix, .init = no_modules,
+     .fini = remove_dir)
+{
+    if (!DP_TEST_HAVE_CUDA) cr_skip_test("this build has no CUDA module");
+    junk_module("libdp-cuda.so.0");
+    dp_device_spec spec = {DP_DEVICE_CUDA, 0};
+    dp_device *dev = NULL;
+    cr_assert_eq(dp_device_open(&spec, &dev), DP_ERR_NO_DEVICE, "%s", dp_last_error());
+    cr_assert_null(dev);
+    assert_msg("junk", "cuda:0");
+    assert_msg("junk", "the CUDA backend libdp-cuda.so.0 could not be loaded (");
+    assert_msg("junk", junk_file); /* dlopen's message names the file it rejected */
+    assert_msg("junk", "install the CUDA runtime and cuBLAS");
+    assert_msg("junk", "or use cpu devices");
+    cr_assert_eq(dp_cuda_device_count(), 0);
+}
+
 /* The MPI module there but unloadable, under a launcher: the fix names
  * the MPI library. */
 Test(modules, mpi_module_that_cannot_load_names_the_fix, .init = no_modules, .fini = remove_dir)
