@@ -131,7 +131,10 @@ Test(modules, bf16_gemm_without_the_dnnl_module_is_the_openblas_path, .init = no
 {
     float got[32 * 24], want[32 * 24];
     dp_device *dev = dp_test_cpu(0);
+    dp_set_error(DP_ERR_TIMEOUT, "an earlier message");
     bf16_gemm(dev, got);
+    /* The fallback is no error: the thread's last message is kept. */
+    cr_assert_str_eq(dp_last_error(), "an earlier message");
     dp_device_close(dev);
     dev = dp_test_cpu(1);
     dp_device_set_gemm_dnnl(dev, 0);

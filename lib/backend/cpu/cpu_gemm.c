@@ -25,6 +25,7 @@
  */
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -186,11 +187,17 @@ static int dnnl_ready(struct dp_cpu_ctx *c)
 {
     if (c->dnnl_state == 0) {
         c->dnnl_state = -1;
+        /* The GEMM goes on without oneDNN: the loader's message is not
+         * this call's error, so the thread's last one is put back. */
+        char prev[1024]; /* status.c's message capacity */
+        snprintf(prev, sizeof prev, "%s", dp_last_error());
         const void *table = NULL;
         if (dp_module_load(DP_MODULE_DNNL, &table) == DP_OK) {
             c->dnnl = table;
             c->dnnl_st = c->dnnl->create();
             if (c->dnnl_st) c->dnnl_state = 1;
+        } else {
+            dp_error_raw(DP_OK, prev);
         }
     }
     return c->dnnl_state == 1;
