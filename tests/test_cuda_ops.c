@@ -206,34 +206,60 @@ static void elf_needed(const char *path, char *buf, size_t cap)
     free(img);
 }
 
-/* dp must start on a machine without a GPU driver: it may need the CUDA
- * runtime (libcudart) and cuBLAS, never the driver library libcuda.so.
- * The file checked is the one holding dp's code in this process (libdp.so,
- * or this executable when dp is static). */
-Test(cuda_probe, dp_needs_the_runtime_never_the_driver)
+/* Asserts the DT_NEEDED names of the ELF file at path hold a libc, never
+ * the driver library libcuda.so, and hold the CUDA runtime and cuBLAS
+ * when cuda is 1, neither when 0. */
+static void check_needed(const char *path, int cuda)
 {
-    Dl_info info;
-    cr_assert(dladdr((void *)dp_device_open, &info) && info.dli_fname, "dladdr failed");
-    char path[4096];
-    if (strchr(info.dli_fname, '/'))
-        snprintf(path, sizeof path, "%s", info.dli_fname);
-    else
-        snprintf(path, sizeof path, "/proc/self/exe");
     char needed[8192];
     elf_needed(path, needed, sizeof needed);
     cr_assert(strstr(needed, "libc.so") != NULL, "%s: no DT_NEEDED parsed:\n%s", path, needed);
     for (const char *p = needed; *p; p = strchr(p, '\n') + 1)
         cr_assert(strncmp(p, "libcuda.so", 10) != 0, "%s needs the driver library:\n%s", path,
                   needed);
+    if (cuda) {
+        cr_assert(strstr(needed, "libcudart.so") != NULL, "%s (a CUDA build) does not need "
+                  "libcudart:\n%s", path, needed);
+        cr_assert(strstr(needed, "libcublas.so") != NULL, "%s does not need libcublas:\n%s",
+                  path, needed);
+    } else {
+        cr_assert(strstr(needed, "libcudart") == NULL, "%s needs libcudart:\n%s", path, needed);
+        cr_assert(strstr(needed, "libcublas") == NULL, "%s needs libcublas:\n%s", path, needed);
+        cr_assert(strstr(needed, "libnccl") == NULL, "%s needs libnccl:\n%s", path, needed);
+    }
+}
+
+/* dp must start on a machine without a GPU driver: it may need the CUDA
+ * runtime (libcudart) and cuBLAS, never the driver library libcuda.so.
+ * A shared libdp needs neither: they are the CUDA module's
+ * (libdp-cuda.so.0, next to libdp), so CPU-only programs run without
+ * them. A static libdp holds the module: the executable is checked. */
+Test(cuda_probe, dp_needs_the_runtime_never_the_driver)
+{
+    Dl_info info;
+    cr_assert(dladdr((void *)dp_device_open, &info) && info.dli_fname, "dladdr failed");
+    char path[4096];
+    int shared = strchr(info.dli_fname, '/') && strstr(info.dli_fname, "libdp.so");
+    if (strchr(info.dli_fname, '/'))
+        snprintf(path, sizeof path, "%s", info.dli_fname);
+    else
+        snprintf(path, sizeof path, "/proc/self/exe");
 #ifdef DP_HAVE_CUDA
-    cr_assert(strstr(needed, "libcudart.so") != NULL, "%s (a CUDA build) does not need "
-              "libcudart:\n%s", path, needed);
-    cr_assert(strstr(needed, "libcublas.so") != NULL, "%s does not need libcublas:\n%s", path,
-              needed);
+    const int cuda = 1;
 #else
-    cr_assert(strstr(needed, "libcudart") == NULL, "a build without CUDA needs libcudart:\n%s",
-              needed);
+    const int cuda = 0;
 #endif
+    if (!shared) {
+        check_needed(path, cuda);
+        return;
+    }
+    check_needed(path, 0);
+    if (cuda) {
+        char module[4096 + 32];
+        snprintf(module, sizeof module, "%.*s/libdp-cuda.so.0",
+                 (int)(strrchr(path, '/') - path), path);
+        check_needed(module, 1);
+    }
 }
 
 Test(cuda_probe, tf32_option_checks_its_arguments)

@@ -56,13 +56,16 @@ typedef struct dp_device_spec {
  * error. CUDA indices are checked against the visible device count.
  * Errors: DP_ERR_INVALID_ARGUMENT (NULL, empty, malformed, negative,
  * duplicate, mixed, more than cap entries), DP_ERR_NO_DEVICE (cuda index
- * not present, or cuda requested in a build or on a machine without GPUs).
+ * not present, or cuda requested in a build or on a machine without GPUs,
+ * or where the CUDA module libdp-cuda cannot be loaded: the message names
+ * the library and the fix).
  */
 DP_API dp_status dp_device_list_parse(const char *text, dp_device_spec *specs, size_t cap,
                                       size_t *n);
 
-/* Number of visible CUDA devices: 0 without a GPU, without a driver, or in
- * a build without CUDA. Never fails. */
+/* Number of visible CUDA devices: 0 without a GPU, without a driver, in a
+ * build without CUDA, or where the CUDA module (libdp-cuda, next to libdp;
+ * the first call loads it) cannot be loaded. Never fails. */
 DP_API int dp_cuda_device_count(void);
 
 /* Number of online CPU cores (>= 1). */
@@ -71,9 +74,12 @@ DP_API int dp_cpu_core_count(void);
 typedef struct dp_device dp_device;
 
 /* Opens a device. The handle owns its memory accounting; close it with
- * dp_device_close after freeing everything allocated on it.
- * Errors: DP_ERR_INVALID_ARGUMENT, DP_ERR_NO_DEVICE, DP_ERR_DEVICE,
- * DP_ERR_OUT_OF_MEMORY. */
+ * dp_device_close after freeing everything allocated on it. The first
+ * CUDA device loads the CUDA module (libdp-cuda.so.0, next to libdp, or
+ * in the folder DP_MODULE_DIR names).
+ * Errors: DP_ERR_INVALID_ARGUMENT, DP_ERR_NO_DEVICE (also when the CUDA
+ * module or a library it needs cannot be loaded: the message names it and
+ * the fix), DP_ERR_DEVICE, DP_ERR_OUT_OF_MEMORY. */
 DP_API dp_status dp_device_open(const dp_device_spec *spec, dp_device **out);
 
 /* Closes the device. Memory still allocated on it is freed (and counted

@@ -14,7 +14,11 @@
  *
  * Built with MPI (CMake DP_MPI, Open MPI from libopenmpi-dev) or not: a
  * build without it has these functions, and dp_dist_open returns
- * DP_ERR_UNSUPPORTED when a launcher started more than one rank.
+ * DP_ERR_UNSUPPORTED when a launcher started more than one rank. With
+ * it, MPI is the MPI module (libdp-mpi.so.0, next to libdp), which
+ * dp_dist_open loads: where it or libmpi cannot be loaded the same
+ * holds (one rank without a launcher; DP_ERR_UNSUPPORTED naming the
+ * library and the fix with one).
  *
  * Thread contract: open, close and every collective call are made from
  * the thread that opened the handle (MPI_THREAD_FUNNELED); the engine's
@@ -46,8 +50,9 @@ DP_API int dp_dist_launched_size(void);
 /* Joins the job: initialises MPI (MPI_THREAD_FUNNELED) unless the
  * application already did, and takes a private duplicate of
  * MPI_COMM_WORLD. argc and argv may be NULL. *out is owned by the caller
- * (dp_dist_close). Errors: DP_ERR_UNSUPPORTED when built without MPI and
- * a launcher started more than one rank (rebuild with -DDP_MPI=ON);
+ * (dp_dist_close). Errors: DP_ERR_UNSUPPORTED when built without MPI, or
+ * the MPI module cannot be loaded, and a launcher started more than one
+ * rank (the message names the fix);
  * DP_ERR_COMM when MPI fails to initialise. Without a launcher (and
  * without MPI) it succeeds with one rank. */
 DP_API dp_status dp_dist_open(int *argc, char ***argv, dp_dist **out);

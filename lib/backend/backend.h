@@ -19,6 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/module.h"
 #include "dp/device.h"
 #include "kernels/ops.h"
 
@@ -170,19 +171,27 @@ static inline dp_status dp_backend_sgemm(dp_device *dev, dp_op ta, dp_op tb, int
     return dev->ops->gemm(dev, ta, tb, m, n, k, alpha, &a, &b, beta, C, ldc, sC, batch);
 }
 
-/* Backend tables. cuda is NULL in builds without CUDA. */
+/* The CPU backend's table. */
 const dp_backend_ops *dp_backend_cpu(void);
 
-#ifdef DP_HAVE_CUDA
-const dp_backend_ops *dp_backend_cuda(void);
-/* Visible CUDA devices through the CUDA backend. */
+/* The CUDA backend is the CUDA module (libdp-cuda, core/module.h). */
+struct dp_transport_ops;
+typedef struct dp_cuda_module {
+    dp_module_header hdr;
+    const dp_backend_ops *ops;
+    /* visible CUDA devices (0 without a GPU or driver), counted once */
+    int (*count)(void);
+    /* the NCCL transport (transport.h); NULL in builds without NCCL */
+    const struct dp_transport_ops *nccl;
+} dp_cuda_module;
+
+/* The CUDA module, loaded on the first call (devlist.c): DP_OK, or
+ * DP_ERR_NO_DEVICE with a message that names the build without CUDA or
+ * the library that could not be loaded, and the fix. */
+dp_status dp_backend_cuda(const dp_cuda_module **out);
+/* Visible CUDA devices through the CUDA module; 0 when it is not built
+ * or cannot be loaded. */
 int dp_backend_cuda_count(void);
-#else
-/* No CUDA backend in this build: no table, no devices (dp_device_open
- * says so for cuda:i). */
-static inline const dp_backend_ops *dp_backend_cuda(void) { return NULL; }
-static inline int dp_backend_cuda_count(void) { return 0; }
-#endif
 
 /* 1: the device's pointers are host addresses any thread may read (CPU), so
  * a collective can read a peer's buffer directly and nothing runs

@@ -85,28 +85,24 @@ static size_t map_find(const dp_alloc_map *m, const void *p)
 
 // --- open / close -------------------------------------------------------------
 
-static const dp_backend_ops *backend_for(dp_device_kind kind)
-{
-    switch (kind) {
-    case DP_DEVICE_CPU: return dp_backend_cpu();
-    case DP_DEVICE_CUDA: return dp_backend_cuda();
-    default: return NULL;
-    }
-}
-
 dp_status dp_device_open(const dp_device_spec *spec, dp_device **out)
 {
     if (!spec || !out) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "spec and out must not be NULL");
     *out = NULL;
     if (spec->index < 0)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "device index %d is negative", spec->index);
-    const dp_backend_ops *ops = backend_for(spec->kind);
-    if (!ops) {
-        if (spec->kind == DP_DEVICE_CUDA)
-            return DP_FAIL(DP_ERR_NO_DEVICE,
-                           "cuda:%d requested but this build has no CUDA backend; "
-                           "rebuild with -DDP_CUDA=ON or use cpu devices",
-                           spec->index);
+    const dp_backend_ops *ops = NULL;
+    if (spec->kind == DP_DEVICE_CPU) {
+        ops = dp_backend_cpu();
+    } else if (spec->kind == DP_DEVICE_CUDA) {
+        /* The CUDA module, loaded for the first CUDA device. */
+        const dp_cuda_module *cuda = NULL;
+        if (dp_backend_cuda(&cuda) != DP_OK) {
+            dp_error_prefix("cuda:%d requested", spec->index);
+            return DP_ERR_NO_DEVICE;
+        }
+        ops = cuda->ops;
+    } else {
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "unknown device kind %d", (int)spec->kind);
     }
     dp_device *dev = calloc(1, sizeof *dev);

@@ -15,7 +15,44 @@
 #include "backend/backend.h"
 #include "core/error.h"
 
+// --- the CUDA module ------------------------------------------------------------
+
+dp_status dp_backend_cuda(const dp_cuda_module **out)
+{
+    *out = NULL;
+#ifdef DP_MODULE_BUILT_CUDA
+    const void *table = NULL;
+    if (dp_module_load(DP_MODULE_CUDA, &table) != DP_OK) return DP_ERR_NO_DEVICE;
+    *out = table;
+    return DP_OK;
+#else
+    return DP_FAIL(DP_ERR_NO_DEVICE, "this build has no CUDA backend; rebuild with -DDP_CUDA=ON "
+                   "or use cpu devices");
+#endif
+}
+
+int dp_backend_cuda_count(void)
+{
+    const dp_cuda_module *m = NULL;
+    return dp_backend_cuda(&m) == DP_OK ? m->count() : 0;
+}
+
 int dp_cuda_device_count(void) { return dp_backend_cuda_count(); }
+
+/* No CUDA device for list text: when the CUDA module cannot be loaded,
+ * its message (the library and the fix); else NULL-free DP_OK. */
+static dp_status cuda_module_missing(const char *text)
+{
+    const dp_cuda_module *m = NULL;
+#ifdef DP_MODULE_BUILT_CUDA
+    if (dp_backend_cuda(&m) != DP_OK) {
+        dp_error_prefix("device list \"%s\"", text);
+        return DP_ERR_NO_DEVICE;
+    }
+#endif
+    (void)m, (void)text;
+    return DP_OK;
+}
 
 int dp_cpu_core_count(void)
 {
@@ -67,6 +104,7 @@ static dp_status push(dp_device_spec *specs, size_t cap, size_t *n, dp_device_ki
 static dp_status push_all_cuda(dp_device_spec *specs, size_t cap, size_t *n, const char *text)
 {
     int count = dp_cuda_device_count();
+    if (count == 0) DP_TRY(cuda_module_missing(text));
     if (count == 0)
         return DP_FAIL(DP_ERR_NO_DEVICE, "device list \"%s\" asks for CUDA devices but none "
                        "is visible (no GPU, no driver, or a build without CUDA); use cpu or "
@@ -179,6 +217,7 @@ static dp_status parse_list(const char *text, dp_device_spec *specs, size_t cap,
                                (int)(idx_e - idx_s), idx_s);
             if (kind == DP_DEVICE_CUDA) {
                 if (cuda_count < 0) cuda_count = dp_cuda_device_count();
+                if (cuda_count == 0) DP_TRY(cuda_module_missing(text));
                 if (idx >= cuda_count)
                     return DP_FAIL(DP_ERR_NO_DEVICE, "device list \"%s\": cuda:%ld does not "
                                    "exist (%d CUDA device%s visible)", text, idx, cuda_count,

@@ -10,6 +10,7 @@
 #ifndef DP_CORE_ERROR_H
 #define DP_CORE_ERROR_H
 
+#include "core/module.h"
 #include "dp/status.h"
 
 #if defined(__GNUC__) || defined(__clang__)
@@ -22,15 +23,16 @@
 extern "C" {
 #endif
 
-/* Records the message and returns status. */
-dp_status dp_error_set(dp_status status, const char *func, const char *file, int line,
+/* Records the message and returns status. These three are exported for
+ * the modules (DP_MODULE_API): their messages are the core's. */
+DP_MODULE_API dp_status dp_error_set(dp_status status, const char *func, const char *file, int line,
                        const char *fmt, ...) DP_PRINTF(5, 6);
 
 /* Records msg verbatim (e.g. a message carried from another thread). */
-dp_status dp_error_raw(dp_status status, const char *msg);
+DP_MODULE_API dp_status dp_error_raw(dp_status status, const char *msg);
 
 /* Prefixes the current message with "prefix: " (e.g. a device and phase). */
-void dp_error_prefix(const char *fmt, ...) DP_PRINTF(1, 2);
+DP_MODULE_API void dp_error_prefix(const char *fmt, ...) DP_PRINTF(1, 2);
 
 #ifdef __cplusplus
 }

@@ -1,8 +1,9 @@
 /*
  * transport/dist_internal.h - the bootstrap's operations (dp/dist.h), not
  * installed: what the ranks use to join (parallel/ranks.c) and what the
- * MPI and NCCL transports are built on. Implemented over MPI
- * (dist_mpi.c) or, in a build without MPI, for one rank (dist_none.c).
+ * MPI and NCCL transports are built on. The core's dist.c implements them
+ * for one rank, or calls the MPI module's table (libdp-mpi, dist_mpi.c,
+ * core/module.h) for a handle that joined ranks over MPI.
  *
  * Every call is collective over the handle's ranks unless it says
  * otherwise, is made from the thread that opened the handle, and waits at
@@ -15,13 +16,14 @@
 
 #include <stddef.h>
 
+#include "core/module.h"
 #include "dp/dist.h"
 
 /* Reserves what the largest operation will need (data_bytes of data),
  * where a failure can still be agreed: the
  * operations themselves then allocate nothing, so none fails on one rank
  * alone. Not collective. */
-dp_status dp_dist_reserve(dp_dist *d, size_t data_bytes);
+DP_MODULE_API dp_status dp_dist_reserve(dp_dist *d, size_t data_bytes);
 
 /* Agreement with a payload: every rank's status and `bytes` of mine (may
  * be NULL: zeros) into all (R x bytes, may be NULL when bytes is 0). The
@@ -29,17 +31,17 @@ dp_status dp_dist_reserve(dp_dist *d, size_t data_bytes);
  * its message prefixed "rank r: " on every rank. *lost is set when the
  * exchange itself failed (the ranks may no longer be in step). Allocates
  * nothing: a rank's part is on its stack, the answers in the scratch. */
-dp_status dp_dist_agree_payload(dp_dist *d, double timeout, dp_status local, const void *mine,
+DP_MODULE_API dp_status dp_dist_agree_payload(dp_dist *d, double timeout, dp_status local, const void *mine,
                                 void *all, size_t bytes, const char *what, int *lost);
 
 /* In place on every rank's buf of esize-byte elements (4: float32, 2:
  * bfloat16): rank r's elements [begin[r], begin[r] + count[r]) go to
  * every other rank. */
-dp_status dp_dist_allgatherv(dp_dist *d, void *buf, size_t esize, const size_t *begin,
+DP_MODULE_API dp_status dp_dist_allgatherv(dp_dist *d, void *buf, size_t esize, const size_t *begin,
                              const size_t *count, double timeout, const char *what);
 
 /* Rank 0's bytes bytes of buf to every rank. */
-dp_status dp_dist_bcast(dp_dist *d, void *buf, size_t bytes, double timeout, const char *what);
+DP_MODULE_API dp_status dp_dist_bcast(dp_dist *d, void *buf, size_t bytes, double timeout, const char *what);
 
 /* One message of a persistent set: bytes at ptr, to or from rank peer. */
 typedef struct dp_dist_msg {
@@ -58,12 +60,45 @@ typedef struct dp_dist_msg {
  * still read or write the buffers, which must then never be freed (and
  * dp_dist_close leaves MPI as it is). */
 typedef struct dp_dist_persist dp_dist_persist;
-dp_status dp_dist_persist_create(dp_dist *d, int tag, const dp_dist_msg *sends, size_t n_sends,
+DP_MODULE_API dp_status dp_dist_persist_create(dp_dist *d, int tag, const dp_dist_msg *sends, size_t n_sends,
                                  const dp_dist_msg *recvs, size_t n_recvs,
                                  dp_dist_persist **out);
-dp_status dp_dist_persist_run(dp_dist_persist *p, double timeout, const char *what);
-int dp_dist_persist_pinned(const dp_dist_persist *p);
+DP_MODULE_API dp_status dp_dist_persist_run(dp_dist_persist *p, double timeout, const char *what);
+DP_MODULE_API int dp_dist_persist_pinned(const dp_dist_persist *p);
 /* Frees an unpinned set's requests; a pinned set is kept (and leaked). */
-void dp_dist_persist_free(dp_dist_persist *p);
+DP_MODULE_API void dp_dist_persist_free(dp_dist_persist *p);
+
+// --- the MPI module's table --------------------------------------------------------
+
+/* A handle of the MPI module: ranks joined over MPI (dist_mpi.c). */
+typedef struct dp_mpi_dist dp_mpi_dist;
+
+/* The functions above and those of dp/dist.h over MPI, for a handle the
+ * module opened; the core's wrappers (dist.c) check the arguments first. */
+typedef struct dp_mpi_module {
+    dp_module_header hdr;
+    dp_status (*open)(int *argc, char ***argv, dp_mpi_dist **out);
+    void (*close)(dp_mpi_dist *d);
+    int (*rank)(const dp_mpi_dist *d);
+    int (*size)(const dp_mpi_dist *d);
+    size_t (*bytes_sent)(const dp_mpi_dist *d);
+    void (*abort)(dp_mpi_dist *d, int code);
+    dp_status (*agree_timeout)(dp_mpi_dist *d, dp_status local, double seconds);
+    dp_status (*broadcast_timeout)(dp_mpi_dist *d, void *buf, size_t bytes, double seconds);
+    dp_status (*reserve)(dp_mpi_dist *d, size_t data_bytes);
+    dp_status (*agree_payload)(dp_mpi_dist *d, double timeout, dp_status local,
+                               const void *mine, void *all, size_t bytes, const char *what,
+                               int *lost);
+    dp_status (*allgatherv)(dp_mpi_dist *d, void *buf, size_t esize, const size_t *begin,
+                            const size_t *count, double timeout, const char *what);
+    dp_status (*bcast)(dp_mpi_dist *d, void *buf, size_t bytes, double timeout,
+                       const char *what);
+    dp_status (*persist_create)(dp_mpi_dist *d, int tag, const dp_dist_msg *sends,
+                                size_t n_sends, const dp_dist_msg *recvs, size_t n_recvs,
+                                dp_dist_persist **out);
+    dp_status (*persist_run)(dp_dist_persist *p, double timeout, const char *what);
+    int (*persist_pinned)(const dp_dist_persist *p);
+    void (*persist_free)(dp_dist_persist *p);
+} dp_mpi_module;
 
 #endif /* DP_DIST_INTERNAL_H */

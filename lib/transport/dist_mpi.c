@@ -1,6 +1,7 @@
 /*
  * transport/dist_mpi.c - ranks joined by MPI: the bootstrap (dp/dist.h,
- * dist_internal.h) the MPI and NCCL transports are built on.
+ * dist_internal.h) the MPI and NCCL transports are built on, as the MPI
+ * module (libdp-mpi, core/module.h) whose table the core's dist.c calls.
  *
  * Every wait is a nonblocking MPI call polled against a deadline, so a
  * rank that stops answering becomes DP_ERR_TIMEOUT on the others instead
@@ -23,8 +24,6 @@
  * and broadcasts in pieces of this size. */
 #define DIST_MIN_SCRATCH ((size_t)1 << 20)
 
-int dp_dist_built(void) { return 1; }
-
 dp_status dp_dist_mpi_fail(int rc, const char *call, const char *what)
 {
     char msg[MPI_MAX_ERROR_STRING];
@@ -33,7 +32,7 @@ dp_status dp_dist_mpi_fail(int rc, const char *call, const char *what)
     return DP_FAIL(DP_ERR_COMM, "%s: %s failed: %s", what, call, msg);
 }
 
-dp_status dp_dist_open(int *argc, char ***argv, dp_dist **out)
+dp_status dp_mpi_dist_open(int *argc, char ***argv, dp_mpi_dist **out)
 {
     if (!out) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "out must not be NULL");
     *out = NULL;
@@ -50,7 +49,7 @@ dp_status dp_dist_open(int *argc, char ***argv, dp_dist **out)
         return DP_FAIL(DP_ERR_UNSUPPORTED, "this MPI provides thread level %d; dp needs "
                        "MPI_THREAD_FUNNELED (MPI_Init_thread)", provided);
     }
-    dp_dist *d = calloc(1, sizeof *d);
+    dp_mpi_dist *d = calloc(1, sizeof *d);
     if (d) d->scratch = malloc(DIST_MIN_SCRATCH);
     if (!d || !d->scratch) {
         free(d);
@@ -76,11 +75,11 @@ dp_status dp_dist_open(int *argc, char ***argv, dp_dist **out)
 }
 
 
-int dp_dist_rank(const dp_dist *d) { return d ? d->rank : 0; }
-int dp_dist_size(const dp_dist *d) { return d ? d->size : 1; }
-size_t dp_dist_bytes_sent(const dp_dist *d) { return d ? atomic_load(&d->bytes_sent) : 0; }
+int dp_mpi_dist_rank(const dp_mpi_dist *d) { return d ? d->rank : 0; }
+int dp_mpi_dist_size(const dp_mpi_dist *d) { return d ? d->size : 1; }
+size_t dp_mpi_dist_bytes_sent(const dp_mpi_dist *d) { return d ? atomic_load(&d->bytes_sent) : 0; }
 
-void dp_dist_abort(dp_dist *d, int code)
+void dp_mpi_dist_abort(dp_mpi_dist *d, int code)
 {
     if (d) MPI_Abort(d->comm, code);
 }
@@ -137,7 +136,7 @@ static int bury(MPI_Request *req, int n, void *mem)
 
 /* The scratch for one operation, grown when it is too small (a
  * dp_dist_reserve that was too small; NULL when that fails). */
-static unsigned char *take(dp_dist *d, size_t bytes)
+static unsigned char *take(dp_mpi_dist *d, size_t bytes)
 {
     if (d->scratch_bytes >= bytes) return d->scratch;
     unsigned char *p = malloc(bytes);
@@ -151,7 +150,7 @@ static unsigned char *take(dp_dist *d, size_t bytes)
 /* Where what follows `bytes` of data starts, aligned for any type. */
 static size_t after(size_t bytes) { return (bytes + 15) / 16 * 16; }
 
-dp_status dp_dist_reserve(dp_dist *d, size_t data_bytes)
+dp_status dp_mpi_dist_reserve(dp_mpi_dist *d, size_t data_bytes)
 {
     dp_dist_sweep();
     size_t need = after(data_bytes) + 2 * (size_t)d->size * sizeof(int) + 64;
@@ -163,14 +162,14 @@ dp_status dp_dist_reserve(dp_dist *d, size_t data_bytes)
 
 /* The requests given up on keep the scratch (MPI may still use it); the
  * next operation takes a new one. */
-static void give_up(dp_dist *d, MPI_Request *req, int n)
+static void give_up(dp_mpi_dist *d, MPI_Request *req, int n)
 {
     if (!bury(req, n, d->scratch)) d->leaked = 1; /* then never freed: MPI may write it */
     d->scratch = NULL;
     d->scratch_bytes = 0;
 }
 
-dp_status dp_dist_poll(const dp_dist *d, MPI_Request *req, int n, double timeout,
+dp_status dp_dist_poll(const dp_mpi_dist *d, MPI_Request *req, int n, double timeout,
                        const char *what)
 {
     double deadline = timeout > 0 ? dp_now_seconds() + timeout : 0.0;
@@ -195,7 +194,7 @@ dp_status dp_dist_poll(const dp_dist *d, MPI_Request *req, int n, double timeout
 }
 
 /* dp_dist_poll; on any failure the requests keep the scratch (give_up). */
-static dp_status wait_all(dp_dist *d, MPI_Request *req, int n, double timeout, const char *what)
+static dp_status wait_all(dp_mpi_dist *d, MPI_Request *req, int n, double timeout, const char *what)
 {
     dp_status s = dp_dist_poll(d, req, n, timeout, what);
     if (s != DP_OK) give_up(d, req, n);
@@ -210,7 +209,7 @@ static dp_status no_room(size_t bytes, const char *what)
 
 /* Every rank's `bytes` of mine, in rank order, into the scratch: *got
  * points at them until the next operation. */
-static dp_status allgather_view(dp_dist *d, const void *mine, size_t bytes, double timeout,
+static dp_status allgather_view(dp_mpi_dist *d, const void *mine, size_t bytes, double timeout,
                                  const char *what, const unsigned char **got)
 {
     dp_dist_sweep();
@@ -230,7 +229,7 @@ static dp_status allgather_view(dp_dist *d, const void *mine, size_t bytes, doub
     return DP_OK;
 }
 
-dp_status dp_dist_allgatherv(dp_dist *d, void *buf, size_t esize, const size_t *begin,
+dp_status dp_mpi_dist_allgatherv(dp_mpi_dist *d, void *buf, size_t esize, const size_t *begin,
                              const size_t *count, double timeout, const char *what)
 {
     dp_dist_sweep();
@@ -270,7 +269,7 @@ dp_status dp_dist_allgatherv(dp_dist *d, void *buf, size_t esize, const size_t *
     return DP_OK;
 }
 
-dp_status dp_dist_bcast(dp_dist *d, void *buf, size_t bytes, double timeout, const char *what)
+dp_status dp_mpi_dist_bcast(dp_mpi_dist *d, void *buf, size_t bytes, double timeout, const char *what)
 {
     dp_dist_sweep();
     /* In pieces the scratch holds, so a broadcast of any size needs no
@@ -292,7 +291,7 @@ dp_status dp_dist_bcast(dp_dist *d, void *buf, size_t bytes, double timeout, con
     return DP_OK;
 }
 
-void dp_dist_close(dp_dist *d)
+void dp_mpi_dist_close(dp_mpi_dist *d)
 {
     if (!d) return;
     dp_dist_sweep();
@@ -318,7 +317,7 @@ typedef struct outcome {
  * ranks join, or one value per device). */
 #define OUTCOME_PAYLOAD_MAX 1024
 
-dp_status dp_dist_agree_payload(dp_dist *d, double timeout, dp_status local, const void *mine,
+dp_status dp_mpi_dist_agree_payload(dp_mpi_dist *d, double timeout, dp_status local, const void *mine,
                                 void *all, size_t bytes, const char *what, int *lost)
 {
     /* Nothing allocated: this rank's part on the stack, the answers read
@@ -357,25 +356,42 @@ dp_status dp_dist_agree_payload(dp_dist *d, double timeout, dp_status local, con
     return s;
 }
 
-dp_status dp_dist_agree_timeout(dp_dist *d, dp_status local, double seconds)
+dp_status dp_mpi_dist_agree_timeout(dp_mpi_dist *d, dp_status local, double seconds)
 {
     if (!d || d->size == 1) return local;
     if (!(seconds >= 0)) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "seconds must be >= 0");
     int lost = 0;
-    return dp_dist_agree_payload(d, seconds, local, NULL, NULL, 0, "dp_dist_agree", &lost);
+    return dp_mpi_dist_agree_payload(d, seconds, local, NULL, NULL, 0, "dp_dist_agree", &lost);
 }
 
-dp_status dp_dist_agree(dp_dist *d, dp_status local) { return dp_dist_agree_timeout(d, local, 0.0); }
-
-dp_status dp_dist_broadcast_timeout(dp_dist *d, void *buf, size_t bytes, double seconds)
+dp_status dp_mpi_dist_broadcast_timeout(dp_mpi_dist *d, void *buf, size_t bytes, double seconds)
 {
     if (!d || d->size == 1) return DP_OK;
     if (!buf && bytes) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "buf must not be NULL");
     if (!(seconds >= 0)) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "seconds must be >= 0");
-    return dp_dist_bcast(d, buf, bytes, seconds, "dp_dist_broadcast");
+    return dp_mpi_dist_bcast(d, buf, bytes, seconds, "dp_dist_broadcast");
 }
 
-dp_status dp_dist_broadcast(dp_dist *d, void *buf, size_t bytes)
-{
-    return dp_dist_broadcast_timeout(d, buf, bytes, 0.0);
-}
+// --- the module -----------------------------------------------------------------------
+
+static const dp_mpi_module mpi_module = {
+    .hdr = {DP_MODULE_ABI, "mpi"},
+    .open = dp_mpi_dist_open,
+    .close = dp_mpi_dist_close,
+    .rank = dp_mpi_dist_rank,
+    .size = dp_mpi_dist_size,
+    .bytes_sent = dp_mpi_dist_bytes_sent,
+    .abort = dp_mpi_dist_abort,
+    .agree_timeout = dp_mpi_dist_agree_timeout,
+    .broadcast_timeout = dp_mpi_dist_broadcast_timeout,
+    .reserve = dp_mpi_dist_reserve,
+    .agree_payload = dp_mpi_dist_agree_payload,
+    .allgatherv = dp_mpi_dist_allgatherv,
+    .bcast = dp_mpi_dist_bcast,
+    .persist_create = dp_mpi_dist_persist_create,
+    .persist_run = dp_mpi_dist_persist_run,
+    .persist_pinned = dp_mpi_dist_persist_pinned,
+    .persist_free = dp_mpi_dist_persist_free,
+};
+
+DP_API const void *dp_module_mpi(void) { return &mpi_module; }

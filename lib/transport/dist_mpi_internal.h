@@ -1,7 +1,8 @@
 /*
  * transport/dist_mpi_internal.h - what the MPI bootstrap's files share
  * (dist_mpi.c: joining, scratch and collectives; dist_persist.c: the
- * persistent request sets). Not installed; only in builds with MPI.
+ * persistent request sets), the MPI module. Not installed; only in builds
+ * with MPI.
  */
 #ifndef DP_DIST_MPI_INTERNAL_H
 #define DP_DIST_MPI_INTERNAL_H
@@ -11,7 +12,7 @@
 
 #include "transport/dist_internal.h"
 
-struct dp_dist {
+struct dp_mpi_dist {
     MPI_Comm comm;
     int rank, size;
     int owns_init; /* dp_dist_open initialised MPI, so close finalises it */
@@ -27,6 +28,14 @@ struct dp_dist {
     size_t scratch_bytes;
 };
 
+/* The persistent sets (dist_persist.c), in the module's table. */
+dp_status dp_mpi_dist_persist_create(dp_mpi_dist *d, int tag, const dp_dist_msg *sends,
+                                     size_t n_sends, const dp_dist_msg *recvs, size_t n_recvs,
+                                     dp_dist_persist **out);
+dp_status dp_mpi_dist_persist_run(dp_dist_persist *p, double timeout, const char *what);
+int dp_mpi_dist_persist_pinned(const dp_dist_persist *p);
+void dp_mpi_dist_persist_free(dp_dist_persist *p);
+
 /* Largest message: MPI counts are int; messages above this are split. */
 #define DIST_MAX_MESSAGE ((size_t)1 << 30)
 
@@ -38,7 +47,7 @@ dp_status dp_dist_mpi_fail(int rc, const char *call, const char *what);
  * sleeps a little once the first spins find nothing, so ranks sharing
  * cores leave them to the others. On failure the requests are still
  * active: the caller keeps their buffers from being reused. */
-dp_status dp_dist_poll(const dp_dist *d, MPI_Request *req, int n, double timeout,
+dp_status dp_dist_poll(const dp_mpi_dist *d, MPI_Request *req, int n, double timeout,
                        const char *what);
 
 /* Reclaims what requests given up on held, where they have completed
@@ -51,6 +60,6 @@ void dp_dist_persist_sweep(void);
 
 /* Stops tracking d's pinned sets (dp_dist_close): they stay pinned, and
  * leaked, as nothing sweeps them after it. */
-void dp_dist_persist_forget(const dp_dist *d);
+void dp_dist_persist_forget(const dp_mpi_dist *d);
 
 #endif /* DP_DIST_MPI_INTERNAL_H */

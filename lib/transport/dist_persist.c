@@ -12,7 +12,7 @@
 #include "transport/dist_mpi_internal.h"
 
 struct dp_dist_persist {
-    dp_dist *d;
+    dp_mpi_dist *d;
     MPI_Request *req;
     int n;
     size_t sent; /* bytes this rank sends per run */
@@ -38,7 +38,7 @@ void dp_dist_persist_sweep(void)
     }
 }
 
-void dp_dist_persist_forget(const dp_dist *d)
+void dp_dist_persist_forget(const dp_mpi_dist *d)
 {
     for (dp_dist_persist **p = &pinned_sets; *p;)
         if ((*p)->d == d) *p = (*p)->next_pinned;
@@ -61,7 +61,7 @@ static int persist_add(dp_dist_persist *p, const dp_dist_msg *m, int send)
     return rc;
 }
 
-dp_status dp_dist_persist_create(dp_dist *d, int tag, const dp_dist_msg *sends, size_t n_sends,
+dp_status dp_mpi_dist_persist_create(dp_mpi_dist *d, int tag, const dp_dist_msg *sends, size_t n_sends,
                                  const dp_dist_msg *recvs, size_t n_recvs, dp_dist_persist **out)
 {
     *out = NULL;
@@ -86,7 +86,7 @@ dp_status dp_dist_persist_create(dp_dist *d, int tag, const dp_dist_msg *sends, 
     for (size_t i = 0; rc == MPI_SUCCESS && i < n_sends; i++) rc = persist_add(p, &sends[i], 1);
     if (rc != MPI_SUCCESS) {
         dp_status s = dp_dist_mpi_fail(rc, "MPI_Send_init/MPI_Recv_init", "persistent requests");
-        dp_dist_persist_free(p);
+        dp_mpi_dist_persist_free(p);
         return s;
     }
     *out = p;
@@ -103,7 +103,7 @@ static void pin(dp_dist_persist *p)
     pinned_sets = p;
 }
 
-dp_status dp_dist_persist_run(dp_dist_persist *p, double timeout, const char *what)
+dp_status dp_mpi_dist_persist_run(dp_dist_persist *p, double timeout, const char *what)
 {
     if (p->pinned)
         return DP_FAIL(DP_ERR_COMM, "%s: an earlier exchange was given up on", what);
@@ -120,13 +120,13 @@ dp_status dp_dist_persist_run(dp_dist_persist *p, double timeout, const char *wh
     return s;
 }
 
-int dp_dist_persist_pinned(const dp_dist_persist *p)
+int dp_mpi_dist_persist_pinned(const dp_dist_persist *p)
 {
     dp_dist_sweep(); /* a late peer's messages may have completed it */
     return p && p->pinned;
 }
 
-void dp_dist_persist_free(dp_dist_persist *p)
+void dp_mpi_dist_persist_free(dp_dist_persist *p)
 {
     if (!p || p->pinned) return; /* active requests: MPI may still use them */
     for (int i = 0; i < p->n; i++) MPI_Request_free(&p->req[i]);

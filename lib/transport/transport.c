@@ -14,18 +14,21 @@ extern const dp_transport_ops dp_transport_inproc;
 #ifdef DP_HAVE_MPI
 extern const dp_transport_ops dp_transport_mpi;
 #endif
-#ifdef DP_HAVE_NCCL
-extern const dp_transport_ops dp_transport_nccl;
-#endif
 static const dp_transport_ops *const transports[] = {
     &dp_transport_inproc,
 #ifdef DP_HAVE_MPI
     &dp_transport_mpi,
 #endif
-#ifdef DP_HAVE_NCCL
-    &dp_transport_nccl,
-#endif
 };
+
+/* NCCL's table is in the CUDA module (GPU memory is CUDA devices', so
+ * the module is loaded by then); NULL without NCCL. */
+static const dp_transport_ops *nccl_transport(int host_memory)
+{
+    const dp_cuda_module *cuda = NULL;
+    if (host_memory || dp_backend_cuda(&cuda) != DP_OK) return NULL;
+    return cuda->nccl;
+}
 
 dp_status dp_transport_open(dp_transport *t, dp_dist *dist, const dp_layout *L,
                             int host_memory, double timeout)
@@ -39,6 +42,11 @@ dp_status dp_transport_open(dp_transport *t, dp_dist *dist, const dp_layout *L,
             t->ops = transports[i];
             return DP_OK;
         }
+    const dp_transport_ops *nccl = nccl_transport(host_memory);
+    if (nccl && nccl->accepts(L->nranks, host_memory)) {
+        t->ops = nccl;
+        return DP_OK;
+    }
     t->ops = &dp_transport_inproc; /* closes cleanly; never carries the ranks */
     if (!host_memory)
         return DP_FAIL(DP_ERR_UNSUPPORTED, "CUDA devices across ranks need NCCL, and this dp was "

@@ -1,9 +1,42 @@
-/* Built against an installed dp: opens a CPU device, runs a GEMM, checks it. */
+/* Built against an installed dp: opens a CPU device, runs a GEMM, checks it.
+ * With --cuda it also asks for cuda:0: in a dp built with CUDA the
+ * installed libdp must load its CUDA module (libdp-cuda, next to it) and
+ * either open the device or say that no GPU is visible; built without,
+ * it must say so. */
 #include <stdio.h>
+#include <string.h>
 
 #include <dp/dp.h>
 
-int main(void)
+static int check_cuda(void)
+{
+    dp_device_spec spec = {DP_DEVICE_CUDA, 0};
+    dp_device *dev = NULL;
+    int count = dp_cuda_device_count();
+    dp_status s = dp_device_open(&spec, &dev);
+    if (s == DP_OK) {
+        dp_device_close(dev);
+        printf("consumer: cuda:0 opened (%d CUDA device%s)\n", count, count == 1 ? "" : "s");
+        return 0;
+    }
+#ifdef DP_HAVE_CUDA
+    if (count == 0 && s == DP_ERR_NO_DEVICE && !strstr(dp_last_error(), "could not be loaded")) {
+        printf("consumer: the CUDA module loaded; no GPU visible here\n");
+        return 0;
+    }
+    fprintf(stderr, "consumer: cuda:0 in a dp built with CUDA: %s\n", dp_last_error());
+    return 1;
+#else
+    if (s == DP_ERR_NO_DEVICE && strstr(dp_last_error(), "no CUDA backend")) {
+        printf("consumer: dp was built without CUDA, and says so\n");
+        return 0;
+    }
+    fprintf(stderr, "consumer: cuda:0 in a dp built without CUDA: %s\n", dp_last_error());
+    return 1;
+#endif
+}
+
+int main(int argc, char **argv)
 {
     dp_device_spec spec;
     size_t n = 0;
@@ -29,5 +62,6 @@ int main(void)
         return 1;
     }
     printf("consumer: dp %s works\n", dp_strerror(DP_OK));
+    if (argc > 1 && strcmp(argv[1], "--cuda") == 0) return check_cuda();
     return 0;
 }

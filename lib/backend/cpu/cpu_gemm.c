@@ -7,18 +7,13 @@
  * into the device's conversion scratch.
  * BF16: both operands as bfloat16 (a float32 one rounded into the
  * scratch), products summed in float32 by oneDNN's matmul primitive
- * (AVX512-BF16 / AMX kernels). Where oneDNN is not built in or has no
- * bf16 matmul for this CPU, the same arithmetic on OpenBLAS: operands
+ * (AVX512-BF16 / AMX kernels) in the oneDNN module (libdp-dnnl,
+ * cpu_dnnl.c). Where oneDNN is not built in, the module cannot be loaded
+ * or oneDNN has no bf16 matmul for this CPU, the same arithmetic on OpenBLAS: operands
  * rounded to bfloat16 values held as floats, whose products float32
  * represents exactly, then cblas_sgemm. Either way the result is
  * deterministic for a given machine; the two differ only in the order of
  * the float32 sums.
- *
- * The column-major product C(m,n) = op(A) op(B) is, read row-major, the
- * product C^T(n,m) = op(B)^T(n,k) op(A)^T(k,m): oneDNN's src, weights and
- * dst, described by strides alone, so no operand is copied to transpose
- * it. A primitive is costly to create (tens of microseconds), so each
- * device keeps the last few it built, keyed by the GEMM's shape.
  *
  * The scratch (converted operands, then oneDNN's scratchpad) is the
  * device's reserved memory, counted against the limit and the host's
@@ -30,6 +25,7 @@
  */
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -40,41 +36,15 @@
 #include "backend/gemm_pieces.h"
 #include "kernels/bf16.h"
 
-#ifdef DP_HAVE_DNNL
-#include <omp.h>
-#include <oneapi/dnnl/dnnl.h>
-#include <oneapi/dnnl/dnnl_debug.h>
-
-/* Primitives kept per device: a GPT step uses about ten GEMM shapes, and
- * a GEMM cut into pieces up to eight more. */
-#define MM_CACHE 32
-
-typedef struct mm_key {
-    int ta, tb, m, n, k, lda, ldb, ldc, batch;
-    long long sa, sb, sc;
-    float alpha, beta;
-} mm_key;
-
-typedef struct mm_entry {
-    int used;
-    mm_key key;
-    dnnl_primitive_t prim;
-    dnnl_memory_t src, wei, dst, pad; /* handles set per call */
-    size_t pad_bytes;                 /* oneDNN's scratchpad */
-} mm_entry;
-#endif
+#include "backend/cpu/cpu_dnnl.h"
 
 struct dp_cpu_ctx {
     pthread_mutex_t mu; /* guards the rest */
     unsigned char *scratch;
     size_t scratch_bytes;
-#ifdef DP_HAVE_DNNL
     int dnnl_state; /* 0 not tried, 1 ready, -1 unavailable: emulate on OpenBLAS */
-    dnnl_engine_t eng;
-    dnnl_stream_t stream;
-    mm_entry cache[MM_CACHE];
-    unsigned next; /* the entry to replace next (round robin) */
-#endif
+    const dp_dnnl_module *dnnl; /* the oneDNN module, when ready */
+    void *dnnl_st;              /* its state for this device */
 };
 
 dp_status dp_cpu_ctx_create(dp_device *dev)
@@ -89,28 +59,11 @@ dp_status dp_cpu_ctx_create(dp_device *dev)
     return DP_OK;
 }
 
-#ifdef DP_HAVE_DNNL
-static void mm_entry_clear(mm_entry *en)
-{
-    if (!en->used) return;
-    dnnl_primitive_destroy(en->prim);
-    dnnl_memory_destroy(en->src);
-    dnnl_memory_destroy(en->wei);
-    dnnl_memory_destroy(en->dst);
-    if (en->pad) dnnl_memory_destroy(en->pad);
-    memset(en, 0, sizeof *en);
-}
-#endif
-
 void dp_cpu_ctx_destroy(dp_device *dev)
 {
     struct dp_cpu_ctx *c = dev->ctx;
     if (!c) return;
-#ifdef DP_HAVE_DNNL
-    for (int i = 0; i < MM_CACHE; i++) mm_entry_clear(&c->cache[i]);
-    if (c->stream) dnnl_stream_destroy(c->stream);
-    if (c->eng) dnnl_engine_destroy(c->eng);
-#endif
+    if (c->dnnl_st) c->dnnl->destroy(c->dnnl_st);
     if (c->scratch) {
         free(c->scratch);
         dp_cpu_host_release(c->scratch_bytes);
@@ -227,127 +180,35 @@ static DP_CPU_SIMD void pack(void *dst, cvt_kind cv, const dp_gemm_arg *a, const
         }
 }
 
-#ifdef DP_HAVE_DNNL
-
-static dp_status dnnl_fail(const dp_device *dev, dnnl_status_t st, const char *call,
-                           const char *func, const char *file, int line)
-{
-    return dp_error_set(DP_ERR_DEVICE, func, file, line, "%s: oneDNN %.*s failed: %s", dev->name,
-                        (int)strcspn(call, "("), call, dnnl_status2str(st));
-}
-
-#define DNNL_TRY(dev, call)                                                           \
-    do {                                                                              \
-        dnnl_status_t dn_s_ = (call);                                                 \
-        if (dn_s_ != dnnl_success)                                                    \
-            return dnnl_fail((dev), dn_s_, #call, __func__, __FILE__, __LINE__);      \
-    } while (0)
-
-/* The engine and stream, once per device; 0 when oneDNN cannot run here. */
+/* The oneDNN module and this device's state in it, once per device; 0
+ * when oneDNN cannot run here (not built, the module or libdnnl missing,
+ * no CPU engine): bf16 math then runs on OpenBLAS. */
 static int dnnl_ready(struct dp_cpu_ctx *c)
 {
     if (c->dnnl_state == 0) {
         c->dnnl_state = -1;
-        if (dnnl_engine_create(&c->eng, dnnl_cpu, 0) == dnnl_success &&
-            dnnl_stream_create(&c->stream, c->eng, dnnl_stream_default_flags) == dnnl_success)
-            c->dnnl_state = 1;
+        /* The GEMM goes on without oneDNN: the loader's message is not
+         * this call's error, so the thread's last one is put back. */
+        char prev[1024]; /* status.c's message capacity */
+        snprintf(prev, sizeof prev, "%s", dp_last_error());
+        const void *table = NULL;
+        if (dp_module_load(DP_MODULE_DNNL, &table) == DP_OK) {
+            c->dnnl = table;
+            c->dnnl_st = c->dnnl->create();
+            if (c->dnnl_st) c->dnnl_state = 1;
+        } else {
+            dp_error_raw(DP_OK, prev);
+        }
     }
     return c->dnnl_state == 1;
 }
 
-/* Strided descriptions of a (batch, rows, cols) view; 2-D for one matrix. */
-static dnnl_status_t view_md(dnnl_memory_desc_t *md, int batch, int rows, int cols,
-                             long long s_batch, long long s_row, long long s_col,
-                             dnnl_data_type_t dt)
+/* The key of one piece's matmul. */
+static dp_dnnl_key piece_key(dp_op ta, dp_op tb, int m, int n, int k, float alpha,
+                             const dp_gemm_arg *A, const dp_gemm_arg *B, float beta, int ldc,
+                             long long sc, int batch)
 {
-    if (batch == 1) {
-        dnnl_dims_t dims = {rows, cols}, strides = {s_row, s_col};
-        return dnnl_memory_desc_init_by_strides(md, 2, dims, dt, strides);
-    }
-    dnnl_dims_t dims = {batch, rows, cols}, strides = {s_batch, s_row, s_col};
-    return dnnl_memory_desc_init_by_strides(md, 3, dims, dt, strides);
-}
-
-/* Builds the primitive for key into en; dnnl_unimplemented when this CPU
- * has no bf16 matmul (the caller then emulates). */
-static dnnl_status_t mm_build(struct dp_cpu_ctx *c, const mm_key *key, mm_entry *en)
-{
-    dnnl_memory_desc_t src, wei, dst;
-    int tb = key->tb, ta = key->ta;
-    /* src = op(B)^T (n,k); weights = op(A)^T (k,m); dst = C^T (n,m) */
-    dnnl_status_t st = view_md(&src, key->batch, key->n, key->k, key->sb, tb ? 1 : key->ldb,
-                               tb ? key->ldb : 1, dnnl_bf16);
-    if (st == dnnl_success)
-        st = view_md(&wei, key->batch, key->k, key->m, key->sa, ta ? 1 : key->lda,
-                     ta ? key->lda : 1, dnnl_bf16);
-    if (st == dnnl_success)
-        st = view_md(&dst, key->batch, key->n, key->m, key->sc, key->ldc, 1, dnnl_f32);
-    dnnl_matmul_desc_t md;
-    if (st == dnnl_success) st = dnnl_matmul_desc_init(&md, &src, &wei, NULL, &dst);
-    dnnl_primitive_attr_t attr = NULL;
-    dnnl_post_ops_t po = NULL;
-    dnnl_primitive_desc_t pd = NULL;
-    if (st == dnnl_success) st = dnnl_primitive_attr_create(&attr);
-    if (st == dnnl_success)
-        st = dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
-    if (st == dnnl_success && key->alpha != 1.0f)
-        st = dnnl_primitive_attr_set_output_scales(attr, 1, 0, &key->alpha);
-    if (st == dnnl_success && key->beta != 0.0f) {
-        st = dnnl_post_ops_create(&po);
-        if (st == dnnl_success) st = dnnl_post_ops_append_sum(po, key->beta);
-        if (st == dnnl_success) st = dnnl_primitive_attr_set_post_ops(attr, po);
-    }
-    if (st == dnnl_success) st = dnnl_primitive_desc_create(&pd, &md, attr, c->eng, NULL);
-    if (po) dnnl_post_ops_destroy(po);
-    if (attr) dnnl_primitive_attr_destroy(attr);
-    if (st != dnnl_success) return st;
-
-    mm_entry e;
-    memset(&e, 0, sizeof e);
-    const dnnl_memory_desc_t *pad = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
-    e.pad_bytes = pad ? dnnl_memory_desc_get_size(pad) : 0;
-    st = dnnl_primitive_create(&e.prim, pd);
-    if (st == dnnl_success) st = dnnl_memory_create(&e.src, &src, c->eng, DNNL_MEMORY_NONE);
-    if (st == dnnl_success) st = dnnl_memory_create(&e.wei, &wei, c->eng, DNNL_MEMORY_NONE);
-    if (st == dnnl_success) st = dnnl_memory_create(&e.dst, &dst, c->eng, DNNL_MEMORY_NONE);
-    if (st == dnnl_success && e.pad_bytes)
-        st = dnnl_memory_create(&e.pad, pad, c->eng, DNNL_MEMORY_NONE);
-    dnnl_primitive_desc_destroy(pd);
-    e.used = 1;
-    if (st != dnnl_success) {
-        mm_entry_clear(&e);
-        return st;
-    }
-    e.key = *key;
-    *en = e;
-    return dnnl_success;
-}
-
-/* The cached primitive for key, built on a miss. */
-static dnnl_status_t mm_find(struct dp_cpu_ctx *c, const mm_key *key, mm_entry **out)
-{
-    for (int i = 0; i < MM_CACHE; i++)
-        if (c->cache[i].used && memcmp(&c->cache[i].key, key, sizeof *key) == 0) {
-            *out = &c->cache[i];
-            return dnnl_success;
-        }
-    mm_entry *en = &c->cache[c->next];
-    mm_entry fresh;
-    dnnl_status_t st = mm_build(c, key, &fresh);
-    if (st != dnnl_success) return st;
-    mm_entry_clear(en);
-    *en = fresh;
-    c->next = (c->next + 1) % MM_CACHE;
-    *out = en;
-    return dnnl_success;
-}
-
-/* The cache key of one piece's matmul. */
-static mm_key piece_key(dp_op ta, dp_op tb, int m, int n, int k, float alpha,
-                        const dp_gemm_arg *A, const dp_gemm_arg *B, float beta, int ldc,
-                        long long sc, int batch)
-{
-    mm_key key;
+    dp_dnnl_key key;
     memset(&key, 0, sizeof key); /* padding too: keys compare with memcmp */
     key.ta = ta == DP_OP_T;
     key.tb = tb == DP_OP_T;
@@ -365,33 +226,6 @@ static mm_key piece_key(dp_op ta, dp_op tb, int m, int n, int k, float alpha,
     key.beta = beta;
     return key;
 }
-
-/* Runs one piece on oneDNN: bfloat16 operands, float32 C; pad is the
- * primitive's scratchpad. */
-static dp_status dnnl_piece(dp_device *dev, struct dp_cpu_ctx *c, const mm_key *key,
-                            const void *pa, const void *pb, float *C, void *pad)
-{
-    mm_entry *en = NULL;
-    DNNL_TRY(dev, mm_find(c, key, &en));
-    DNNL_TRY(dev, dnnl_memory_set_data_handle(en->src, (void *)pb));
-    DNNL_TRY(dev, dnnl_memory_set_data_handle(en->wei, (void *)pa));
-    DNNL_TRY(dev, dnnl_memory_set_data_handle(en->dst, C));
-    if (en->pad) DNNL_TRY(dev, dnnl_memory_set_data_handle(en->pad, pad));
-    dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, en->src},
-                               {DNNL_ARG_WEIGHTS, en->wei},
-                               {DNNL_ARG_DST, en->dst},
-                               {DNNL_ARG_SCRATCHPAD, en->pad}};
-    /* One OpenMP thread: the device is this thread. The calling thread's
-     * own setting comes back after the call. */
-    int threads = omp_get_max_threads();
-    if (threads != 1) omp_set_num_threads(1);
-    dnnl_status_t st = dnnl_primitive_execute(en->prim, c->stream, en->pad ? 4 : 3, args);
-    if (st == dnnl_success) st = dnnl_stream_wait(c->stream);
-    if (threads != 1) omp_set_num_threads(threads);
-    DNNL_TRY(dev, st);
-    return DP_OK;
-}
-#endif /* DP_HAVE_DNNL */
 
 /* One GEMM cut into pieces (gemm_pieces.h) and how each piece's operands
  * are converted. */
@@ -417,7 +251,6 @@ static dp_status run_pieces(dp_device *dev, struct dp_cpu_ctx *c, const pieces *
                             unsigned char *sa, unsigned char *sb, unsigned char *pad,
                             size_t *pad_bytes, int *unimplemented)
 {
-    (void)dev, (void)c, (void)pad, (void)pad_bytes, (void)unimplemented; /* without oneDNN */
     dp_gemm_piece pc = dp_gemm_piece_first(&q->p, q->m, q->n, q->k, q->batch, q->beta);
     dp_gemm_arg pa = {0};
     do {
@@ -431,25 +264,17 @@ static dp_status run_pieces(dp_device *dev, struct dp_cpu_ctx *c, const pieces *
         dp_gemm_arg pb = dp_gemm_block_arg(q->B, &bb, q->cb ? sb : NULL, q->dnnl, q->eb);
         float *C = q->C + (size_t)pc.b0 * (size_t)q->sc + (size_t)pc.i0 +
                    (size_t)pc.j0 * (size_t)q->ldc;
-#ifdef DP_HAVE_DNNL
         if (q->dnnl) {
-            mm_key key = piece_key(q->ta, q->tb, pc.mb, pc.nb, pc.kb, q->alpha, &pa, &pb, pc.beta,
-                                   q->ldc, q->sc, pc.g);
+            dp_dnnl_key key = piece_key(q->ta, q->tb, pc.mb, pc.nb, pc.kb, q->alpha, &pa, &pb,
+                                        pc.beta, q->ldc, q->sc, pc.g);
             if (!dry) {
-                DP_TRY(dnnl_piece(dev, c, &key, pa.p, pb.p, C, pad));
+                DP_TRY(c->dnnl->run(dev, c->dnnl_st, &key, pa.p, pb.p, C, pad));
                 continue;
             }
-            mm_entry *en = NULL;
-            dnnl_status_t st = mm_find(c, &key, &en);
-            if (st == dnnl_unimplemented) {
-                *unimplemented = 1;
-                return DP_OK;
-            }
-            DNNL_TRY(dev, st);
-            if (en->pad_bytes > *pad_bytes) *pad_bytes = en->pad_bytes;
+            DP_TRY(c->dnnl->prepare(dev, c->dnnl_st, &key, pad_bytes, unimplemented));
+            if (*unimplemented) return DP_OK;
             continue;
         }
-#endif
         sgemm_batch(q->ta, q->tb, pc.mb, pc.nb, pc.kb, q->alpha, pa.p, pa.ld, pa.stride, pb.p,
                     pb.ld, pb.stride, pc.beta, C, q->ldc, q->sc, pc.g);
     } while (dp_gemm_piece_next(&pc, &q->p, q->m, q->n, q->k, q->batch, q->beta));
@@ -512,10 +337,8 @@ dp_status dp_cpu_gemm(dp_device *dev, dp_op ta, dp_op tb, int m, int n, int k, f
     }
     struct dp_cpu_ctx *c = dev->ctx;
     pthread_mutex_lock(&c->mu);
-    int dnnl = 0; /* float32 math, or bf16 math without oneDNN: OpenBLAS */
-#ifdef DP_HAVE_DNNL
-    dnnl = bf16_math && !dev->gemm_no_dnnl && dnnl_ready(c);
-#endif
+    /* float32 math, or bf16 math without oneDNN: OpenBLAS */
+    int dnnl = bf16_math && !dev->gemm_no_dnnl && dnnl_ready(c);
     dp_status s = gemm_pieces(dev, c, ta, tb, m, n, k, alpha, A, B, beta, C, ldc, sc, batch,
                               bf16_math, dnnl);
     pthread_mutex_unlock(&c->mu);

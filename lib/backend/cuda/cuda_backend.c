@@ -26,8 +26,10 @@
  * and cuBLAS are thread-safe for this use; one cuBLAS handle per stream
  * keeps GEMM results bitwise reproducible.
  *
- * Only the runtime (libcudart) and cuBLAS are linked, never the driver
- * library: on a machine without a driver cudaGetDeviceCount fails with
+ * The CUDA module (libdp-cuda.so.0, core/module.h): libdp loads it for
+ * the first cuda device or device count, so only programs that use GPUs
+ * need the CUDA libraries. Only the runtime (libcudart) and cuBLAS are
+ * linked (and NCCL, nccl.c), never the driver library: on a machine without a driver cudaGetDeviceCount fails with
  * cudaErrorInsufficientDriver (or cudaErrorNoDevice) and dp sees 0 GPUs.
  */
 #include <pthread.h>
@@ -42,6 +44,7 @@
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_native.h"
 #include "core/error.h"
+#include "transport/transport.h"
 
 /* Bytes of each of the two pinned staging buffers: host<->device copies
  * move in chunks of this size, the host memcpy of one chunk overlapping
@@ -218,7 +221,7 @@ static void count_devices(void)
     count_error = e;
 }
 
-int dp_backend_cuda_count(void)
+static int visible_devices(void)
 {
     pthread_once(&count_once, count_devices);
     return visible_count;
@@ -311,7 +314,7 @@ static dp_status open_resources(dp_device *dev, cuda_ctx *c)
 static dp_status cuda_open(dp_device *dev)
 {
     dev->ctx = NULL;
-    int count = dp_backend_cuda_count();
+    int count = visible_devices();
     if (dev->index >= count) {
         const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
         if (count == 0)
@@ -917,7 +920,22 @@ static const dp_backend_ops cuda_ops = {
     .attention_unpermute_backward = cuda_attention_unpermute_backward,
 };
 
-const dp_backend_ops *dp_backend_cuda(void) { return &cuda_ops; }
+// --- the module (libdp-cuda, core/module.h) ------------------------------------------------------
+
+#ifdef DP_HAVE_NCCL
+extern const dp_transport_ops dp_transport_nccl;
+#endif
+
+static const dp_cuda_module cuda_module = {
+    .hdr = {DP_MODULE_ABI, "cuda"},
+    .ops = &cuda_ops,
+    .count = visible_devices,
+#ifdef DP_HAVE_NCCL
+    .nccl = &dp_transport_nccl,
+#endif
+};
+
+DP_API const void *dp_module_cuda(void) { return &cuda_module; }
 
 // --- for other libraries on dp's streams (cuda_native.h) -----------------------------------------
 
