@@ -21,6 +21,7 @@
  *    reduce waiting on it, leaves no worker waiting, and the next step is
  *    correct.
  */
+#include <pthread.h>
 #include <string.h>
 #include <time.h>
 
@@ -320,11 +321,67 @@ static dp_status keeping_backward(void *ctx, dp_device *dev, dp_params p, float 
     return w->inner.backward(w->inner.ctx, dev, p, g, c, ws, dlogits);
 }
 
+/* Signals from a thread of the backward's own: refused, nothing reduced early. */
+typedef struct from_thread {
+    const dp_chunk *c;
+    size_t n;
+    dp_status s;
+    char msg[256];
+} from_thread;
+
+static void *signal_elsewhere(void *arg)
+{
+    from_thread *t = arg;
+    t->s = dp_grads_ready(t->c, 0, t->n);
+    snprintf(t->msg, sizeof t->msg, "%s", dp_last_error());
+    return NULL;
+}
+
+static dp_status threaded_backward(void *ctx, dp_device *dev, dp_params p, float *g,
+                                   const dp_chunk *c, void *ws, float *dlogits)
+{
+    wrapped *w = ctx;
+    dp_chunk quiet = *c;
+    quiet.ready = NULL;
+    dp_status s = w->inner.backward(w->inner.ctx, dev, p, g, &quiet, ws, dlogits);
+    if (s != DP_OK) return s;
+    from_thread t = {c, w->n, DP_OK, ""};
+    pthread_t th;
+    if (pthread_create(&th, NULL, signal_elsewhere, &t) != 0)
+        return dp_set_error(DP_ERR_DEVICE, "pthread_create failed");
+    pthread_join(th, NULL);
+    if (t.s == DP_OK) return dp_set_error(DP_ERR_DEVICE, "a signal from another thread passed");
+    return dp_set_error(t.s, "%s", t.msg);
+}
+
+Test(overlap, refuses_a_signal_from_another_thread)
+{
+    wrapped w;
+    dp_engine *e = NULL;
+    mlp_config mc = {D, H, K, DP_DTYPE_F32};
+    memset(&w, 0, sizeof w);
+    mlp_init_model(&w.net, &mc, &w.inner);
+    w.model = w.inner;
+    w.model.ctx = &w;
+    w.model.backward = threaded_backward;
+    w.n = w.model.n_params;
+    dp_criterion crit = dp_criterion_cross_entropy();
+    dp_engine_config cfg = dp_test_base_cfg(DP_MODE_BALANCED);
+    cfg.bucket_bytes = sizeof(float);
+    dp_device_spec specs[2] = {{DP_DEVICE_CPU, 0}, {DP_DEVICE_CPU, 1}};
+    dp_assert_ok(dp_engine_create(specs, 2, &w.model, &crit, &cfg, &e));
+    dp_step_stats st;
+    dp_status s = step_with(e, 0, &st);
+    cr_assert_eq(s, DP_ERR_INVALID_ARGUMENT, "%s", dp_strerror(s));
+    cr_assert(strstr(dp_last_error(), "another thread than the backward's"), "%s",
+              dp_last_error());
+    dp_engine_destroy(e);
+}
+
 Test(overlap, refuses_a_stale_chunk_and_ignores_a_chunk_made_by_hand)
 {
     wrapped w;
-    dp_engine *e = wrapped_open(&w, 1, PLAIN, 0);
-    dp_engine_destroy(e);
+    dp_engine *e = NULL;
     mlp_config mc = {D, H, K, DP_DTYPE_F32};
     memset(&w, 0, sizeof w);
     mlp_init_model(&w.net, &mc, &w.inner);

@@ -118,7 +118,9 @@ typedef struct dp_chunk {
  * With chunk->ready NULL (a backward called outside the engine, or in
  * dp_gpt_backward's way) it does nothing and returns DP_OK.
  * Errors: DP_ERR_INVALID_ARGUMENT for a NULL chunk, a copy of a chunk
- * used after its backward returned, or a range that is reversed, past
+ * used after its backward returned, a call from another thread than the
+ * backward's (the sums run on the device bound to it; not recorded as a
+ * refusal), or a range that is reversed, past
  * n_params, or does not end where the previous one began (out of order,
  * twice, overlapping); return it from backward: the engine fails the
  * step with it even when a backward does not, and nothing of the refused

@@ -113,8 +113,13 @@ dp_status dp_grads_ready(const dp_chunk *chunk, size_t begin, size_t end)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
                        "the chunk's backward has returned (chunk->ready is stale); call it "
                        "from the model's backward with the chunk it was given");
-    if (g->refused != DP_OK) return DP_FAIL(g->refused, "%s", g->msg);
     worker *w = g->w;
+    /* The sums run on the worker's device, bound to its thread. */
+    if (!pthread_equal(pthread_self(), w->thread))
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
+                       "called from another thread than the backward's; call it from the "
+                       "model's backward itself");
+    if (g->refused != DP_OK) return DP_FAIL(g->refused, "%s", g->msg);
     size_t n = w->e->model.n_params;
     if (begin > end)
         refuse(g, "range [%zu, %zu) is reversed (begin > end)", begin, end);
