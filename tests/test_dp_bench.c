@@ -272,6 +272,41 @@ static json_t *devices_of(json_t *root, const char *mode)
     return json_object_get(run_result(root, mode, 0), "devices");
 }
 
+/* --peak-tflops: each run's MFU is its tokens/s times llm.c's 6N + 6LCT
+ * FLOPs per token over the peak, with N counted here from GPT-2's shapes
+ * (the base case: V 64, T 16, C 16, L 1); without it the MFU is null. */
+Test(dp_bench, peak_tflops_gives_the_mfu_of_llmc_count)
+{
+    const double V = 64, T = 16, C = 16, L = 1;
+    /* wte, wpe, per block ln_1, c_attn, attn.c_proj, ln_2, c_fc, mlp.c_proj, then ln_f */
+    const double N = V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C;
+    const double fpt = 6 * N + 6 * L * C * T;
+    dp_test_result r = BENCH("--peak-tflops", "0.002", "--mode", "balanced", "--json", "@m.json");
+    assert_success(&r);
+    cr_assert(strstr(r.out, "MFU ") && strstr(r.out, "of 0.002 TFLOP/s"), "%s", r.out);
+    json_t *j = load_json("m.json");
+    json_t *cfg = json_object_get(j, "config");
+    cr_assert_float_eq(json_real_value(json_object_get(cfg, "model_flops_per_token")), fpt, 1e-9,
+                       "model FLOPs per token %.17g, want %.17g",
+                       json_real_value(json_object_get(cfg, "model_flops_per_token")), fpt);
+    json_t *run = run_result(j, "balanced", 0);
+    double tps = json_real_value(json_object_get(run, "tokens_per_s"));
+    double got = json_real_value(json_object_get(run, "mfu"));
+    double want = tps * fpt / 0.002e12;
+    cr_assert(tps > 0 && fabs(got - want) <= 1e-9 * want, "mfu %.17g, want %.17g", got, want);
+    json_decref(j);
+
+    dp_test_result n = BENCH("--mode", "balanced", "--json", "@n.json");
+    assert_success(&n);
+    cr_assert(!strstr(n.out, "MFU"), "%s", n.out);
+    j = load_json("n.json");
+    cr_assert(json_is_null(json_object_get(run_result(j, "balanced", 0), "mfu")));
+    cr_assert(json_is_null(json_object_get(json_object_get(j, "config"), "peak_tflops")));
+    json_decref(j);
+    dp_test_result_free(&r);
+    dp_test_result_free(&n);
+}
+
 /* --bucket-mb reaches the engine (JSON config in bytes, or "off"), the
  * loss is bitwise the same with the overlap in pieces of one float and
  * without it, and each run reports its exposed communication. */
@@ -526,6 +561,11 @@ static bad_case bad_cases[] = {
     {"bucket-mb nan", {"--bucket-mb", "nan"}, "--bucket-mb: \"nan\"", 0},
     {"bucket-mb 4x", {"--bucket-mb", "4x"}, "--bucket-mb: \"4x\"", 0},
     {"bucket-mb past 1 TiB", {"--bucket-mb", "1e9"}, "is too large", 0},
+    {"peak-tflops 0", {"--peak-tflops", "0"}, "--peak-tflops: 0 is not a peak", 0},
+    {"peak-tflops -5", {"--peak-tflops", "-5"}, "--peak-tflops: \"-5\"", 0},
+    {"peak-tflops abc", {"--peak-tflops", "abc"}, "--peak-tflops: \"abc\"", 0},
+    {"peak-tflops inf", {"--peak-tflops", "inf"}, "--peak-tflops: \"inf\"", 0},
+    {"peak-tflops 1e12", {"--peak-tflops", "1e12"}, "at most 1e9", 0},
     {"precision fp16", {"--precision", "fp16"}, "--precision", 0},
     {"precision bf16 with tf32", {"--precision", "bf16", "--tf32"}, "--tf32", 0},
     {"recompute everything", {"--recompute", "everything"}, "--recompute", 0},

@@ -25,6 +25,7 @@ typedef struct opts {
     int find_max_batch, scaling, tf32, token_balanced, shard_optimizer;
     cli_compute compute; /* --precision, --recompute, --attention(-chunk), --logits-chunk */
     unsigned long long seed;
+    double peak_tflops; /* --peak-tflops: the job's peak dense TFLOP/s; 0: no MFU */
     size_t limit_bytes;
     float weights[DP_MAX_DEVICES]; /* --device-weights, n_weights of them (0: equal) */
     size_t n_weights;
@@ -117,6 +118,14 @@ int run_scaling(bench *b, const run_plan *p, run_results *rs);
 const char *run_name(dp_mode mode, int shard, char *buf, size_t cap);
 const char *spec_name(const dp_device_spec *sp, char *buf, size_t cap);
 void print_banner(const bench *b, const run_plan *p);
+/* Model FLOPs per token by llm.c's count, 6 N + 6 L C T (N the GPT's
+ * parameters without padding: the forward's 2 N per token and the
+ * backward's 4 N, plus the attention's scores and weighted sum); a run's
+ * model TFLOP/s and, with --peak-tflops, its MFU (model FLOPs utilisation,
+ * PaLM's appendix B). */
+double model_flops_per_token(const bench *b);
+double model_tflops(const bench *b, const mode_result *m);
+double mfu(const bench *b, const mode_result *m);
 void print_table(const bench *b, const run_results *rs);
 void print_arithmetic(const bench *b, const run_results *rs);
 void print_max_batches(const bench *b, const run_plan *p, const run_results *rs);

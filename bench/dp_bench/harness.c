@@ -68,6 +68,8 @@ static void usage(FILE *f)
           "  --logits-chunk ROWS  output rows of logits per criterion call in balanced mode;\n"
           "                       auto (default) keeps a chunk's logits about the size of\n"
           "                       the features; whole = unchunked\n"
+          "  --peak-tflops T      the job's peak dense TFLOP/s in the run's precision (e.g.\n"
+          "                       989 for one H100 in bf16, 2 x 989 for two): prints MFU\n"
           "  --bucket-mb MB       sum the gradient in pieces of MB MiB while the backward\n"
           "                       runs (one process; default 4); off: after the backward\n"
           "  --find-max-batch     largest global batch that fits --memory-limit, per mode;\n"
@@ -116,7 +118,7 @@ static void usage(FILE *f)
 enum {
     O_VOCAB = 256, O_CTX, O_BATCH, O_DIM, O_LAYERS, O_HEADS, O_DEV, O_STEPS, O_WARM, O_MODE,
     O_MEM, O_FIND, O_SCALE, O_SEED, O_JSON, O_CSV, O_PLOT, O_TF32, O_WEIGHTS, O_TOKBAL,
-    O_TRACE, O_SHARD, O_HELP
+    O_TRACE, O_SHARD, O_PEAK, O_HELP
 };
 
 static const struct option longopts[] = {
@@ -132,6 +134,7 @@ static const struct option longopts[] = {
     {"plot", 1, 0, O_PLOT},          {"tf32", 0, 0, O_TF32},
     {"device-weights", 1, 0, O_WEIGHTS}, {"token-balanced", 0, 0, O_TOKBAL},
     {"trace", 1, 0, O_TRACE},        {"shard-optimizer", 0, 0, O_SHARD},
+    {"peak-tflops", 1, 0, O_PEAK},
     {"help", 0, 0, O_HELP},          CLI_COMPUTE_LONGOPTS,
     {0, 0, 0, 0}};
 
@@ -168,6 +171,12 @@ static int option(void *ctx, int c, const char *v)
     case O_TOKBAL: o->token_balanced = 1; break;
     case O_TRACE: o->trace = v; break;
     case O_SHARD: o->shard_optimizer = 1; break;
+    case O_PEAK:
+        bad = cli_parse_double("--peak-tflops", v, 0, &o->peak_tflops);
+        if (!bad && (o->peak_tflops <= 0 || o->peak_tflops > 1e9))
+            bad = cli_fail("--peak-tflops: %s is not a peak in TFLOP/s above 0 and at most 1e9 "
+                           "(e.g. 989 for one H100 in bf16)", v);
+        break;
     case O_HELP: usage(stdout); return -1;
     default: return CLI_NOT_MINE;
     }

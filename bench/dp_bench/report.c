@@ -132,6 +132,25 @@ void print_table(const bench *b, const run_results *rs)
            " backward's end to the update, the reduce-scatter the overlap did not hide)\n");
 }
 
+double model_flops_per_token(const bench *b)
+{
+    const dp_model *m = dp_gpt_model(b->gpt, 0);
+    double n = 0;
+    for (size_t i = 0; i < m->n_tensors; i++) n += (double)m->tensors[i].numel;
+    const opts *o = &b->o;
+    return 6.0 * n + 6.0 * (double)o->layers * (double)o->dim * (double)o->context;
+}
+
+double model_tflops(const bench *b, const mode_result *m)
+{
+    return m->tokens_per_s * model_flops_per_token(b) / 1e12;
+}
+
+double mfu(const bench *b, const mode_result *m)
+{
+    return b->o.peak_tflops > 0 ? model_tflops(b, m) / b->o.peak_tflops : 0.0;
+}
+
 void print_arithmetic(const bench *b, const run_results *rs)
 {
     const mode_result *res = rs->res;
@@ -162,6 +181,18 @@ void print_arithmetic(const bench *b, const run_results *rs)
     if (g && bal && g->rows == bal->rows)
         printf("root peak gather / balanced = %.2f\n",
                (double)g->dev[0].peak / (double)bal->dev[0].peak);
+    printf("model FLOPs per token: 6N + 6LCT = %.4g GFLOP (llm.c's count, N = %.4gM "
+           "parameters)\n",
+           model_flops_per_token(b) / 1e9,
+           (model_flops_per_token(b) - 6.0 * (double)b->o.layers * (double)b->o.dim *
+                                           (double)b->o.context) / 6e6);
+    for (size_t r = 0; r < nres; r++) {
+        printf("%-14s %.4g model TFLOP/s", run_name(res[r].mode, res[r].shard, name, sizeof name),
+               model_tflops(b, &res[r]));
+        if (b->o.peak_tflops > 0)
+            printf(", MFU %.1f%% of %g TFLOP/s", 100.0 * mfu(b, &res[r]), b->o.peak_tflops);
+        printf("\n");
+    }
 }
 
 /* --find-max-batch: each run's largest batch, and the ratio of the modes' root runs. */
@@ -246,6 +277,9 @@ static json_t *json_config(const bench *b)
                     : cp->logits_chunk == DP_LOGITS_WHOLE ? json_string("whole")
                                                           : json_integer((json_int_t)cp->logits_chunk);
     json_object_set_new(cfg, "logits_chunk_rows", chunk);
+    json_object_set_new(cfg, "model_flops_per_token", json_real(model_flops_per_token(b)));
+    json_object_set_new(cfg, "peak_tflops",
+                        b->o.peak_tflops > 0 ? json_real(b->o.peak_tflops) : json_null());
     size_t bk = cp->bucket_bytes;
     json_object_set_new(cfg, "bucket_bytes", bk == DP_BUCKET_OFF ? json_string("off")
                                              : json_integer((json_int_t)(bk ? bk : DP_BUCKET_DEFAULT_BYTES)));
@@ -282,6 +316,8 @@ static json_t *json_run(const bench *b, const mode_result *m)
                            "devices", jd);
     json_object_set_new(jr, "shard_optimizer", json_boolean(m->shard));
     json_object_set_new(jr, "exposed_ms", json_real(m->exposed_ms));
+    json_object_set_new(jr, "model_tflops", json_real(model_tflops(b, m)));
+    json_object_set_new(jr, "mfu", b->o.peak_tflops > 0 ? json_real(mfu(b, m)) : json_null());
     json_object_set_new(jr, "batch_size", json_integer((json_int_t)m->rows));
     json_object_set_new(jr, "ranks", json_integer(b->rk.ranks));
     json_object_set_new(jr, "devices_per_rank", json_integer((json_int_t)m->k));
