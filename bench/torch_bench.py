@@ -17,6 +17,12 @@ dp_bench --tf32).
 PyTorch's mixed precision, float32 weights and optimizer with bfloat16
 matrix products, the counterpart of dp_bench --precision bf16.
 
+--sdpa forms the attention with F.scaled_dot_product_attention (fused
+kernels: FlashAttention or cuDNN's on a GPU) instead of the explicit
+(T,T) matrix; --compile runs the model through torch.compile (the warmup
+steps pay for the compilation). With --peak-tflops T it also prints the
+MFU by llm.c's count (6N + 6LCT FLOPs per token), as dp_bench does.
+
 Usage (Debian's python3-torch):
   /usr/bin/python3 bench/torch_bench.py --grid
   OPENBLAS_NUM_THREADS=1 /usr/bin/python3 bench/torch_bench.py --threads 1
@@ -37,6 +43,15 @@ from torch_gpt import GPT  # noqa: E402  (the same model as the trainer comparis
 
 
 def run(a):
+    # Exit status 3: this PyTorch lacks what was asked for (gpu-check skips).
+    if a.sdpa and not hasattr(F, "scaled_dot_product_attention"):
+        print(f"torch_bench.py: --sdpa needs PyTorch >= 2.0 (this is {torch.__version__})",
+              file=sys.stderr)
+        sys.exit(3)
+    if a.compile and not hasattr(torch, "compile"):
+        print(f"torch_bench.py: --compile needs PyTorch >= 2.0 (this is {torch.__version__})",
+              file=sys.stderr)
+        sys.exit(3)
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
     dev = torch.device(a.device)
@@ -46,7 +61,9 @@ def run(a):
         torch.backends.cuda.matmul.allow_tf32 = a.tf32
         torch.backends.cudnn.allow_tf32 = a.tf32
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    model = GPT(a.vocab, a.context, a.layers, a.heads, a.dim).to(dev)
+    model = GPT(a.vocab, a.context, a.layers, a.heads, a.dim, sdpa=a.sdpa).to(dev)
+    n_params = sum(p.numel() for p in model.parameters())
+    step_model = torch.compile(model) if a.compile else model
     decay = [p for p in model.parameters() if p.dim() >= 2]
     other = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
@@ -61,7 +78,7 @@ def run(a):
         t0 = time.perf_counter()
         with torch.autocast(device_type=dev.type, dtype=torch.bfloat16,
                             enabled=a.precision == "bf16"):
-            loss = F.cross_entropy(model(x).view(-1, a.vocab), y.view(-1))
+            loss = F.cross_entropy(step_model(x).view(-1, a.vocab), y.view(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -72,7 +89,16 @@ def run(a):
     med = statistics.median(times)
     tps = a.batch_size * a.context / med
     where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
-    print(f"{where}: {a.precision}, torch threads {a.threads} OPENBLAS_NUM_THREADS "
+    how = a.precision + (", sdpa" if a.sdpa else "") + (", compiled" if a.compile else "")
+    # llm.c's count: 6 N (forward 2 N, backward 4 N) + 6 L C T (the attention)
+    fpt = 6 * n_params + 6 * a.layers * a.dim * a.context
+    if a.peak_tflops:
+        print(f"model FLOPs per token {fpt / 1e9:.4g} GFLOP; {tps * fpt / 1e12:.4g} model "
+              f"TFLOP/s, MFU {100 * tps * fpt / (a.peak_tflops * 1e12):.1f}% of "
+              f"{a.peak_tflops:g} TFLOP/s")
+    if dev.type == "cuda":
+        print(f"peak memory {torch.cuda.max_memory_allocated(dev) / 2**20:.0f} MiB")
+    print(f"{where}: {how}, torch threads {a.threads} OPENBLAS_NUM_THREADS "
           f"{os.environ.get('OPENBLAS_NUM_THREADS', '-')}: step {1e3 * med:.1f} ms median "
           f"(min {1e3 * min(times):.1f}, max {1e3 * max(times):.1f}), {tps:.0f} tokens/s",
           flush=True)
@@ -96,6 +122,11 @@ def main():
                     help="bf16: autocast to bfloat16 (default fp32)")
     ap.add_argument("--tf32", action="store_true",
                     help="let CUDA matrix products use TF32 (default off)")
+    ap.add_argument("--sdpa", action="store_true",
+                    help="attention by F.scaled_dot_product_attention (fused kernels)")
+    ap.add_argument("--compile", action="store_true", help="the model through torch.compile")
+    ap.add_argument("--peak-tflops", type=float, default=0.0,
+                    help="the hardware's peak TFLOP/s: prints the MFU")
     ap.add_argument("--grid", action="store_true",
                     help="torch threads {1,2} x OPENBLAS_NUM_THREADS {1,2}, best reported")
     a = ap.parse_args()

@@ -34,9 +34,10 @@ import torch.nn.functional as F
 
 
 class Block(nn.Module):
-    def __init__(self, C, H):
+    def __init__(self, C, H, sdpa=False):
         super().__init__()
         self.H = H
+        self.sdpa = sdpa  # F.scaled_dot_product_attention (fused kernels) instead of the matrix
         self.ln_1 = nn.LayerNorm(C)
         self.c_attn = nn.Linear(C, 3 * C)
         self.c_proj = nn.Linear(C, C)
@@ -48,20 +49,23 @@ class Block(nn.Module):
         B, T, C = x.shape
         q, k, v = self.c_attn(self.ln_1(x)).split(C, dim=2)
         q, k, v = (t.view(B, T, self.H, C // self.H).transpose(1, 2) for t in (q, k, v))
-        att = (q @ k.transpose(-2, -1)) / math.sqrt(C // self.H)
-        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
-        att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
-        y = (att @ v).transpose(1, 2).reshape(B, T, C)
+        if self.sdpa:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            att = (q @ k.transpose(-2, -1)) / math.sqrt(C // self.H)
+            mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+            y = att.masked_fill(~mask, float("-inf")).softmax(dim=-1) @ v
+        y = y.transpose(1, 2).reshape(B, T, C)
         x = x + self.c_proj(y)
         return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
 
 
 class GPT(nn.Module):
-    def __init__(self, V, T, L, H, C):
+    def __init__(self, V, T, L, H, C, sdpa=False):
         super().__init__()
         self.wte = nn.Embedding(V, C)
         self.wpe = nn.Embedding(T, C)
-        self.h = nn.ModuleList(Block(C, H) for _ in range(L))
+        self.h = nn.ModuleList(Block(C, H, sdpa) for _ in range(L))
         self.ln_f = nn.LayerNorm(C)
         for n, p in self.named_parameters():
             if p.dim() == 2:
