@@ -181,8 +181,9 @@ typedef struct dp_engine_config {
      * float rounding, and a given chunking is bitwise reproducible. Models
      * without a head and gather mode ignore it. */
     size_t logits_chunk_rows;
-    /* Overlap of the reduce-scatter with the backward (one process; models
-     * that signal with dp_grads_ready, dp/model.h): a slice's owner reduces
+    /* Overlap of the reduce-scatter with the backward (one process of CPU
+     * devices for now: on GPUs the sums wait for a stream of their own;
+     * models that signal with dp_grads_ready, dp/model.h): a slice's owner reduces
      * the signalled ranges of its slice while the backward goes on, in
      * pieces of at least this many bytes of gradient (PyTorch DDP's
      * bucket_cap_mb), and the rest when the last device's backward ends.

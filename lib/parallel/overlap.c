@@ -21,8 +21,14 @@
 
 int dp_overlap_on(const dp_engine *e, int train)
 {
-    return train && e->L.K > 1 && e->bucket_floats != SIZE_MAX &&
-           !dp_transport_spans_ranks(&e->tp);
+    if (!train || e->L.K < 2 || e->bucket_floats == SIZE_MAX || dp_transport_spans_ranks(&e->tp))
+        return 0;
+    /* Host memory only, for now: on a GPU the sums would run on the owner's
+     * compute stream, interleaved with its backward rather than beside it,
+     * until they get a stream of their own (docs/design.md section 9). */
+    for (size_t i = 0; i < e->L.k; i++)
+        if (!dp_device_is_host_memory(e->w[i].dev)) return 0;
+    return 1;
 }
 
 void dp_overlap_begin_step(dp_engine *e)

@@ -16,7 +16,8 @@
 #include "parallel/state.h"
 
 /* Whether this step's reduce-scatter overlaps the backward: training, in
- * one process, more than one device, a bucket set. */
+ * one process, more than one device, a bucket set, devices whose memory
+ * the host reads (CPU devices). */
 int dp_overlap_on(const dp_engine *e, int train);
 
 /* The step's caller, before the step's job: every watermark at n_params
