@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# tests/gpu_speed_as_cpu.sh PACK OUT - scripts/gpu-check's speed sweep
+# (--run PACK --speed) on CPU devices (--as-cpu), so that the script a GPU
+# session's few minutes depend on is known to run: every dp_bench part of
+# the sweep passes with its figures (ms/step, tokens/s, peak, memory per
+# sequence), the PyTorch parts pass or skip with a reason, nothing else of
+# the sweep fails. The machine's own parts (gpus, driver) may fail here.
+set -uo pipefail
+pack=${1:?usage: gpu_speed_as_cpu.sh PACK OUT}
+out=${2:?usage: gpu_speed_as_cpu.sh PACK OUT}
+root=$(cd "$(dirname "$0")/.." && pwd)
+rm -rf "$out"
+"$root/scripts/gpu-check" --run "$pack" --speed --as-cpu --budget 200 --out "$out" >/dev/null 2>&1
+s="$out/summary.txt"
+[ -f "$s" ] || { echo "no summary at $s"; exit 1; }
+fail=0
+want() { grep -qE "$1" "$s" || { echo "missing: $1"; fail=1; }; }
+for p in "bf16 B8" "bf16 B16" "bf16 B32" "bf16 B64" "fp32 B8" "fp32 B16" "tf32 B8" "tf32 B16"; do
+    want "^speed dp $p +PASS +[0-9.]+ ms/step, [0-9]+ tokens/s, peak [0-9]+ MiB"
+done
+want "^speed dp bf16 B16 +PASS .*MiB per sequence beyond the fixed state"
+want "^speed torch bf16 B8 eager +(PASS +[0-9.]+ ms/step|SKIP +.+)"
+want "^speed torch bf16 B8 compile +(PASS +[0-9.]+ ms/step|SKIP +.+)"
+want "^speed kernels +SKIP"
+if grep -E "^speed .* FAIL" "$s"; then fail=1; fi
+if grep -qE "^(gpu-tests|train|resume|bench|vs-torch)" "$s"; then
+    echo "--speed ran the check's other parts"; fail=1
+fi
+[ "$fail" -eq 0 ] || cat "$s"
+exit "$fail"
