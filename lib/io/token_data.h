@@ -58,6 +58,12 @@ static inline size_t token_train_count(size_t n) { return n / 10 * 9 + n % 10 * 
  */
 dp_status token_data_copy(const dp_token_data *d, size_t pos, size_t count, int32_t *out);
 
+/* Index of split's first token in the whole sequence. */
+static inline size_t token_split_start(const dp_token_data *d, dp_split split)
+{
+    return split == DP_SPLIT_VAL ? d->n_train : 0;
+}
+
 /* Unmaps and frees the files of d; nothing for data in memory. */
 void token_files_release(dp_token_data *d);
 
