@@ -186,25 +186,37 @@ static dp_status wrapped_backward(void *ctx, dp_device *dev, dp_params p, float 
     return DP_OK;
 }
 
-static dp_engine *wrapped_open(wrapped *w, int k, mode m, size_t bucket)
+/* The test MLP with `backward` on k CPU devices, balanced; shard: device
+ * i owns and reduces slice i (else the root owns them all). */
+typedef dp_status (*backward_fn)(void *ctx, dp_device *dev, dp_params p, float *g,
+                                 const dp_chunk *c, void *ws, float *dlogits);
+
+static dp_engine *open_with(wrapped *w, int k, backward_fn backward, mode m, size_t bucket,
+                            int shard)
 {
     mlp_config mc = {D, H, K, DP_DTYPE_F32};
     memset(w, 0, sizeof *w);
     mlp_init_model(&w->net, &mc, &w->inner);
     w->model = w->inner;
     w->model.ctx = w;
-    w->model.backward = wrapped_backward;
+    w->model.backward = backward;
     w->m = m;
     w->n = w->model.n_params;
     dp_criterion crit = dp_criterion_cross_entropy();
     dp_engine_config cfg = dp_test_base_cfg(DP_MODE_BALANCED);
-    cfg.shard_optimizer = 1; /* device 1 owns and reduces slice 1 */
+    cfg.shard_optimizer = shard;
     cfg.bucket_bytes = bucket;
     dp_device_spec specs[DP_MAX_DEVICES];
     for (int i = 0; i < k; i++) specs[i] = (dp_device_spec){DP_DEVICE_CPU, i};
     dp_engine *e = NULL;
     dp_assert_ok(dp_engine_create(specs, (size_t)k, &w->model, &crit, &cfg, &e));
     return e;
+}
+
+/* The wrapped MLP, sharded: device 1 owns and reduces slice 1. */
+static dp_engine *wrapped_open(wrapped *w, int k, mode m, size_t bucket)
+{
+    return open_with(w, k, wrapped_backward, m, bucket, 1);
 }
 
 static dp_status step_with(dp_engine *e, int s, dp_step_stats *st)
@@ -357,19 +369,7 @@ static dp_status threaded_backward(void *ctx, dp_device *dev, dp_params p, float
 Test(overlap, refuses_a_signal_from_another_thread)
 {
     wrapped w;
-    dp_engine *e = NULL;
-    mlp_config mc = {D, H, K, DP_DTYPE_F32};
-    memset(&w, 0, sizeof w);
-    mlp_init_model(&w.net, &mc, &w.inner);
-    w.model = w.inner;
-    w.model.ctx = &w;
-    w.model.backward = threaded_backward;
-    w.n = w.model.n_params;
-    dp_criterion crit = dp_criterion_cross_entropy();
-    dp_engine_config cfg = dp_test_base_cfg(DP_MODE_BALANCED);
-    cfg.bucket_bytes = sizeof(float);
-    dp_device_spec specs[2] = {{DP_DEVICE_CPU, 0}, {DP_DEVICE_CPU, 1}};
-    dp_assert_ok(dp_engine_create(specs, 2, &w.model, &crit, &cfg, &e));
+    dp_engine *e = open_with(&w, 2, threaded_backward, PLAIN, sizeof(float), 0);
     dp_step_stats st;
     dp_status s = step_with(e, 0, &st);
     cr_assert_eq(s, DP_ERR_INVALID_ARGUMENT, "%s", dp_strerror(s));
@@ -381,18 +381,7 @@ Test(overlap, refuses_a_signal_from_another_thread)
 Test(overlap, refuses_a_stale_chunk_and_ignores_a_chunk_made_by_hand)
 {
     wrapped w;
-    dp_engine *e = NULL;
-    mlp_config mc = {D, H, K, DP_DTYPE_F32};
-    memset(&w, 0, sizeof w);
-    mlp_init_model(&w.net, &mc, &w.inner);
-    w.model = w.inner;
-    w.model.ctx = &w;
-    w.model.backward = keeping_backward;
-    w.n = w.model.n_params;
-    dp_criterion crit = dp_criterion_cross_entropy();
-    dp_engine_config cfg = dp_test_base_cfg(DP_MODE_BALANCED);
-    dp_device_spec specs[2] = {{DP_DEVICE_CPU, 0}, {DP_DEVICE_CPU, 1}};
-    dp_assert_ok(dp_engine_create(specs, 2, &w.model, &crit, &cfg, &e));
+    dp_engine *e = open_with(&w, 2, keeping_backward, PLAIN, 0, 0);
     dp_step_stats st;
     dp_assert_ok(step_with(e, 0, &st));
     /* The handle is the engine's (still alive), disabled since the backward returned. */

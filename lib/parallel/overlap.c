@@ -19,7 +19,7 @@
 #include "parallel/overlap.h"
 #include "parallel/pool.h"
 
-int dp_overlap_on(const dp_engine *e, int train)
+static int decide(const dp_engine *e, int train)
 {
     if (!train || e->L.K < 2 || e->bucket_floats == SIZE_MAX || dp_transport_spans_ranks(&e->tp))
         return 0;
@@ -31,10 +31,13 @@ int dp_overlap_on(const dp_engine *e, int train)
     return 1;
 }
 
-void dp_overlap_begin_step(dp_engine *e)
+int dp_overlap_begin_step(dp_engine *e, int train)
 {
+    e->overlapping = decide(e, train);
+    if (!train) return 0;
     for (size_t i = 0; i < e->L.k; i++) atomic_store(&e->w[i].ready_from, e->model.n_params);
     for (size_t j = 0; e->s && j < e->L.K; j++) e->s[j].reduced_from = e->s[j].end;
+    return e->overlapping;
 }
 
 // --- the signal -------------------------------------------------------------------------
@@ -44,9 +47,9 @@ void dp_overlap_arm(worker *w, dp_chunk *chunk, int last)
     struct dp_grads_signal *g = &w->signal;
     g->w = w;
     g->next_end = w->e->model.n_params;
-    /* Earlier micro-batches' gradients are not final: their signals are
-     * only checked. */
-    g->publish = last && chunk->training;
+    /* Earlier micro-batches' gradients are not final, and without the
+     * overlap nothing is summed early: their signals are only checked. */
+    g->publish = last && chunk->training && w->e->overlapping;
     g->refused = DP_OK;
     g->msg[0] = '\0';
     chunk->ready = g;
@@ -139,7 +142,7 @@ dp_status dp_grads_ready(const dp_chunk *chunk, size_t begin, size_t end)
                begin, end, g->next_end, n);
     if (g->refused != DP_OK) return DP_FAIL(g->refused, "%s", g->msg);
     g->next_end = begin;
-    if (!g->publish || !dp_overlap_on(w->e, 1)) return DP_OK;
+    if (!g->publish) return DP_OK;
     publish(w, begin);
     int left;
     return reduce_ready(w, &left);

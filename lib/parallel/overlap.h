@@ -15,14 +15,13 @@
 
 #include "parallel/state.h"
 
-/* Whether this step's reduce-scatter overlaps the backward: training, in
- * one process, more than one device, a bucket set, devices whose memory
- * the host reads (CPU devices). */
-int dp_overlap_on(const dp_engine *e, int train);
-
-/* The step's caller, before the step's job: every watermark at n_params
- * (nothing final) and every slice unreduced. */
-void dp_overlap_begin_step(dp_engine *e);
+/* The step's caller, before the step's job: decides whether this step's
+ * reduce-scatter overlaps the backward (training, in one process, more
+ * than one device, a bucket set, devices whose memory the host reads:
+ * CPU devices), records it (engine.overlapping) and returns it; for
+ * training, every watermark at n_params (nothing final) and every slice
+ * unreduced. */
+int dp_overlap_begin_step(dp_engine *e, int train);
 
 /* compute.c, around one backward call of worker w: chunk->ready for the
  * call (last: the device's last backward of the step, whose signals make

@@ -35,7 +35,6 @@ struct step {
     double norm;     /* update: the global gradient norm */
     int skip;        /* update: skip it (non-finite loss or norm) */
     int hash;        /* all-gather: hash the replicas after every copy */
-    int overlap;     /* compute: the reduce-scatter overlaps the backward (overlap.h) */
     int quiet;       /* a re-synchronisation outside a step: no phase entered */
     dp_status local; /* this rank's outcome since the last agreement */
     dp_status status; /* the step's, once an exchange decided it */

@@ -256,6 +256,8 @@ struct dp_engine {
     size_t psize; /* bytes of one replica element: 2 or 4 */
     /* the overlap's pieces (cfg.bucket_bytes in floats; SIZE_MAX: no overlap) */
     size_t bucket_floats;
+    /* overlap.c, before each step: its reduce-scatter overlaps the backward */
+    int overlapping;
     slice *s;     /* L.K slices (optimizer.c makes them) */
     dp_transport tp; /* what crosses between the ranks (transport/) */
     dp_pool pool;    /* pool.c */

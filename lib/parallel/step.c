@@ -50,7 +50,7 @@ static void work_compute(worker *w, step *c, const stage *st)
     if (!c->train || e->cfg.mode == DP_MODE_BALANCED) dp_compute_balanced(w, c->plan, c->train);
     else dp_compute_gather(w, c->plan);
     if (c->train) w->backward_end = dp_now_seconds();
-    if (!c->overlap || w->status != DP_OK) return;
+    if (!e->overlapping || w->status != DP_OK) return;
     /* This device's gradient is final: the reducers may sum it, and this
      * worker sums its slices as the others finish. */
     dp_overlap_final(w);
@@ -245,8 +245,7 @@ dp_status dp_step_run(dp_engine *e, int train, dp_step_outcome *out)
     step *c = dp_stages_new(e, DP_STEP_FIXED_STAGES + 2 * n_rounds, out);
     if (!c) return DP_ERR_OUT_OF_MEMORY;
     c->train = train;
-    if (train) dp_overlap_begin_step(e);
-    c->overlap = dp_overlap_on(e, train);
+    dp_overlap_begin_step(e, train);
     dp_stages_add(c, work_compute, NULL, 0);
     dp_stages_add(c, NULL, exchange_losses, 0);
     if (train) {
