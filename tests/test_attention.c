@@ -488,8 +488,8 @@ Test(attention, kernel_softmax_large_scores_max_at_either_end)
                 g[(h * T + t) * T + j] = j <= t ? (float)(j + 1) * 0.25f : NAN;
             }
     float *d_att = dp_test_upload(dev, s, n), *d_g = dp_test_upload(dev, g, n);
-    dp_assert_ok(ops->softmax_causal_forward(dev, d_att, scale, T, 0, T, BNH * T));
-    dp_assert_ok(ops->softmax_causal_backward(dev, d_g, d_att, scale, T, 0, T, BNH * T));
+    dp_assert_ok(ops->softmax_causal_forward(dev, d_att, NULL, scale, T, 0, T, BNH * T));
+    dp_assert_ok(ops->softmax_causal_backward(dev, d_g, NULL, d_att, scale, T, 0, T, BNH * T));
     float att[3 * 5 * 5], ds[3 * 5 * 5];
     download(dev, att, d_att, n);
     download(dev, ds, d_g, n);
@@ -560,8 +560,8 @@ Test(attention, kernel_softmax_rows_match_float64)
     for (size_t r = 0; r < BNH * T; r++)
         for (size_t j = r % T + 1; j < T; j++) s[r * T + j] = g[r * T + j] = NAN;
     float *d_att = dp_test_upload(dev, s, n), *d_g = dp_test_upload(dev, g, n);
-    dp_assert_ok(ops->softmax_causal_forward(dev, d_att, scale, T, 0, T, BNH * T));
-    dp_assert_ok(ops->softmax_causal_backward(dev, d_g, d_att, scale, T, 0, T, BNH * T));
+    dp_assert_ok(ops->softmax_causal_forward(dev, d_att, NULL, scale, T, 0, T, BNH * T));
+    dp_assert_ok(ops->softmax_causal_backward(dev, d_g, NULL, d_att, scale, T, 0, T, BNH * T));
     float *att = malloc(n * sizeof *att), *ds = malloc(n * sizeof *ds);
     download(dev, att, d_att, n);
     download(dev, ds, d_g, n);
@@ -755,36 +755,66 @@ Test(attention, bad_arguments)
 
 // --- query-chunked attention ----------------------------------------------------------------
 
+/* chunked_run's options: q, k and v kept as bfloat16; the probabilities'
+ * bfloat16 scratch att16 given. */
+enum { RUN_QKVR16 = 1, RUN_ATT16 = 2 };
+
 /* One run of dp_attention_forward_chunked and _backward_chunked with its
- * own buffers, the scratch sized exactly B*NH*min(chunk,T)*T floats (an
- * overrun shows under ASan) and NaN-filled; returns out and dqkv (host,
- * caller frees). qkvr16 keeps qkvr as bfloat16. */
-static void chunked_run(dp_device *dev, shape s, const float *qkv_host, const float *dout_host,
-                        size_t chunk, int qkvr16, float **out_host, float **dqkv_host)
+ * own buffers, the scratches sized exactly B*NH*min(chunk,T)*T elements
+ * (an overrun shows under ASan) and NaN-filled; returns out and dqkv
+ * (host, caller frees). With RUN_ATT16 and att16_set, *att16_set = how
+ * many of att16's elements the calls wrote (no longer the NaN fill). */
+static void chunked_run_ex(dp_device *dev, shape s, const float *qkv_host,
+                           const float *dout_host, size_t chunk, int opts, float **out_host,
+                           float **dqkv_host, size_t *att16_set)
 {
     size_t n_qkv = s.B * s.T * 3 * s.C, n_out = s.B * s.T * s.C;
     size_t rows = chunk < s.T ? chunk : s.T, n_att = s.B * s.NH * rows * s.T;
+    int qkvr16 = opts & RUN_QKVR16;
     float *qkv = dp_test_upload(dev, qkv_host, n_qkv), *out = dev_nan(dev, n_out),
           *qkvr = dev_nan(dev, n_qkv), *qkvr_f32 = qkvr16 ? dev_nan(dev, n_qkv) : NULL,
           *att = dev_nan(dev, n_att), *datt = dev_nan(dev, n_att),
           *scratch = dev_nan(dev, n_out), *dout = dp_test_upload(dev, dout_host, n_out),
           *dqkv = dev_nan(dev, n_qkv), *dqkvr = dev_nan(dev, n_qkv);
+    dp_bf16 *att16 = NULL;
+    if (opts & RUN_ATT16) {
+        void *p = NULL;
+        dp_assert_ok(dp_device_alloc(dev, n_att * sizeof(dp_bf16), &p));
+        dp_assert_ok(dp_memset(dev, p, 0xFF, n_att * sizeof(dp_bf16)));
+        att16 = p;
+    }
     dp_dtype t = qkvr16 ? DP_DTYPE_BF16 : DP_DTYPE_F32;
-    dp_assert_ok(dp_attention_forward_chunked(dev, out, qkvr, t, qkvr_f32, att, scratch, qkv,
-                                              s.B, s.T, s.C, s.NH, chunk));
+    dp_assert_ok(dp_attention_forward_chunked(dev, out, qkvr, t, qkvr_f32, att, att16, scratch,
+                                              qkv, s.B, s.T, s.C, s.NH, chunk));
     /* The backward needs only qkvr and dout: clobber the forward's scratch. */
     dp_assert_ok(dp_memset(dev, att, 0xFF, n_att * sizeof(float)));
     dp_assert_ok(dp_memset(dev, scratch, 0xFF, n_out * sizeof(float)));
-    dp_assert_ok(dp_attention_backward_chunked(dev, dqkv, dqkvr, att, datt, scratch, dout, qkvr,
-                                               t, s.B, s.T, s.C, s.NH, chunk));
+    if (att16) dp_assert_ok(dp_memset(dev, att16, 0xFF, n_att * sizeof(dp_bf16)));
+    dp_assert_ok(dp_attention_backward_chunked(dev, dqkv, dqkvr, att, att16, datt, scratch, dout,
+                                               qkvr, t, s.B, s.T, s.C, s.NH, chunk));
     *out_host = malloc(n_out * sizeof(float));
     *dqkv_host = malloc(n_qkv * sizeof(float));
     cr_assert(*out_host && *dqkv_host);
     download(dev, *out_host, out, n_out);
     download(dev, *dqkv_host, dqkv, n_qkv);
-    float *bufs[] = {qkv, out, qkvr, qkvr_f32, att, datt, scratch, dout, dqkv, dqkvr};
+    if (att16 && att16_set) {
+        uint16_t *h = malloc(n_att * sizeof *h);
+        cr_assert_not_null(h);
+        dp_assert_ok(dp_copy_d2h(dev, h, att16, n_att * sizeof *h));
+        *att16_set = 0;
+        for (size_t i = 0; i < n_att; i++) *att16_set += h[i] != 0xFFFFu;
+        free(h);
+    }
+    void *bufs[] = {qkv, out, qkvr, qkvr_f32, att, datt, scratch, dout, dqkv, dqkvr, att16};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) dp_device_free(dev, bufs[i]);
+}
+
+static void chunked_run(dp_device *dev, shape s, const float *qkv_host, const float *dout_host,
+                        size_t chunk, int qkvr16, float **out_host, float **dqkv_host)
+{
+    chunked_run_ex(dev, s, qkv_host, dout_host, chunk, qkvr16 ? RUN_QKVR16 : 0, out_host,
+                   dqkv_host, NULL);
 }
 
 /* Chunks of 1 row, of rows that do not divide T, of T-1, T and past T. */
@@ -902,6 +932,113 @@ Test(attention, chunked_tracks_the_whole_matrix, .timeout = 60)
     close_checked(dev);
 }
 
+/* The bfloat16 copies of the chunks' probabilities and score gradients
+ * (att16) are the operands a BF16-precision GEMM would round the float32
+ * ones to, so out and dqkv are the same bits with and without att16, for
+ * either qkvr type and chunks that do and do not divide T (nothing here
+ * is large enough for the GEMM to cut k, gemm_pieces.h). In BF16 the
+ * calls do write att16 (the last chunk's score gradients: every element
+ * of its rows, the masked tail as 0), so the GEMMs have it to read; in
+ * FP32 they leave it alone. */
+Test(attention, chunked_att16_gives_the_same_bits, .timeout = 60)
+{
+    dp_device *dev = dp_test_cpu(0);
+    shape s = {2, 21, 24, 3};
+    size_t n_qkv = s.B * s.T * 3 * s.C, n_out = s.B * s.T * s.C;
+    dp_rng rng;
+    dp_rng_seed(&rng, 777);
+    float *qkv = host_normal(&rng, n_qkv, 1.5f), *w = host_normal(&rng, n_out, 1.0f);
+    const size_t chunks[] = {1, 4, 7, 21, 64};
+    for (int prec = 0; prec < 2; prec++) {
+        dp_assert_ok(dp_device_set_matmul_precision(dev, prec ? DP_MATMUL_BF16 : DP_MATMUL_FP32));
+        for (int q16 = 0; q16 < 2; q16++)
+            for (size_t ci = 0; ci < sizeof chunks / sizeof chunks[0]; ci++) {
+                float *out0, *dqkv0, *out1, *dqkv1;
+                size_t set = 0, rows = chunks[ci] < s.T ? chunks[ci] : s.T;
+                int o = q16 ? RUN_QKVR16 : 0;
+                chunked_run_ex(dev, s, qkv, w, chunks[ci], o, &out0, &dqkv0, NULL);
+                chunked_run_ex(dev, s, qkv, w, chunks[ci], o | RUN_ATT16, &out1, &dqkv1, &set);
+                cr_log_info("precision %d qkvr16 %d chunk %zu", prec, q16, chunks[ci]);
+                cr_assert(memcmp(out0, out1, n_out * sizeof *out0) == 0,
+                          "precision %d qkvr16 %d chunk %zu: out differs with att16", prec, q16,
+                          chunks[ci]);
+                cr_assert(memcmp(dqkv0, dqkv1, n_qkv * sizeof *dqkv0) == 0,
+                          "precision %d qkvr16 %d chunk %zu: dqkv differs with att16", prec,
+                          q16, chunks[ci]);
+                /* the backward's first chunk is the last one: its nq rows of
+                 * T keys per pair are all written */
+                size_t last_rows = s.T - (s.T - 1) / rows * rows;
+                if (prec)
+                    cr_assert_geq(set, s.B * s.NH * last_rows * s.T,
+                                  "chunk %zu: att16 has %zu written elements", chunks[ci], set);
+                else
+                    cr_assert_eq(set, 0, "FP32: att16 was written (%zu elements)", set);
+                free(out0);
+                free(dqkv0);
+                free(out1);
+                free(dqkv1);
+            }
+    }
+    free(qkv);
+    free(w);
+    close_checked(dev);
+}
+
+/* The softmax kernels' bfloat16 outputs: the forward's att16 rows are its
+ * float32 rows rounded (dp_bf16_round, the masked tail 0) and the float32
+ * rows are what they are without att16; the backward with ds16 writes
+ * the rounded score gradients there and leaves datt holding d(att). */
+Test(attention, kernel_softmax_bf16_outputs_are_the_rounded_rows)
+{
+    dp_device *dev = dp_test_cpu(0);
+    const dp_backend_ops *ops = dev->ops;
+    const size_t BNH = 2, q0 = 3, nq = 4, ld = q0 + nq, n = BNH * nq * ld;
+    const float scale = 0.35f;
+    dp_rng rng;
+    dp_rng_seed(&rng, 6161);
+    float *s = host_normal(&rng, n, 2.0f), *g = host_normal(&rng, n, 1.0f);
+    float *d_s = dp_test_upload(dev, s, n), *d_s16 = dp_test_upload(dev, s, n),
+          *d_g = dp_test_upload(dev, g, n), *d_g16 = dp_test_upload(dev, g, n);
+    void *p16 = NULL;
+    dp_assert_ok(dp_device_alloc(dev, n * sizeof(uint16_t), &p16));
+    dp_assert_ok(dp_memset(dev, p16, 0xFF, n * sizeof(uint16_t)));
+    dp_assert_ok(ops->softmax_causal_forward(dev, d_s, NULL, scale, ld, q0, nq, BNH * nq));
+    dp_assert_ok(ops->softmax_causal_forward(dev, d_s16, p16, scale, ld, q0, nq, BNH * nq));
+    float *a = malloc(n * sizeof *a), *a16 = malloc(n * sizeof *a16);
+    uint16_t *h16 = malloc(n * sizeof *h16);
+    cr_assert(a && a16 && h16);
+    download(dev, a, d_s, n);
+    download(dev, a16, d_s16, n);
+    dp_assert_ok(dp_copy_d2h(dev, h16, p16, n * sizeof *h16));
+    cr_assert(memcmp(a, a16, n * sizeof *a) == 0, "the float32 probabilities changed with att16");
+    for (size_t i = 0; i < n; i++)
+        cr_assert_eq(h16[i], dp_bf16_round(a[i]), "probability %zu: bf16 %#x, %g rounds to %#x",
+                     i, h16[i], a[i], dp_bf16_round(a[i]));
+    dp_assert_ok(dp_memset(dev, p16, 0xFF, n * sizeof(uint16_t)));
+    dp_assert_ok(ops->softmax_causal_backward(dev, d_g, NULL, d_s, scale, ld, q0, nq, BNH * nq));
+    dp_assert_ok(ops->softmax_causal_backward(dev, d_g16, p16, d_s, scale, ld, q0, nq, BNH * nq));
+    float *ds = malloc(n * sizeof *ds), *kept = malloc(n * sizeof *kept);
+    cr_assert(ds && kept);
+    download(dev, ds, d_g, n);
+    download(dev, kept, d_g16, n);
+    dp_assert_ok(dp_copy_d2h(dev, h16, p16, n * sizeof *h16));
+    cr_assert(memcmp(kept, g, n * sizeof *g) == 0, "datt changed although ds16 was given");
+    for (size_t i = 0; i < n; i++)
+        cr_assert_eq(h16[i], dp_bf16_round(ds[i]),
+                     "score gradient %zu: bf16 %#x, %g rounds to %#x", i, h16[i], ds[i],
+                     dp_bf16_round(ds[i]));
+    void *bufs[] = {d_s, d_s16, d_g, d_g16, p16};
+    for (size_t i = 0; i < 5; i++) dp_device_free(dev, bufs[i]);
+    free(s);
+    free(g);
+    free(a);
+    free(a16);
+    free(h16);
+    free(ds);
+    free(kept);
+    close_checked(dev);
+}
+
 /* Row chunks of the softmax kernels on their own: queries q0..q0+nq-1
  * over ld = q0 + nq keys equal the same rows of the whole (T,T) matrix
  * bit for bit (the row functions read only keys 0..t), and the masked
@@ -925,10 +1062,10 @@ Test(attention, kernel_softmax_chunk_rows_equal_the_whole_rows)
     float *d_s = dp_test_upload(dev, s, BNH * T * T), *d_g = dp_test_upload(dev, g, BNH * T * T);
     float *d_sc = dp_test_upload(dev, sc, BNH * nq * ld),
           *d_gc = dp_test_upload(dev, gc, BNH * nq * ld);
-    dp_assert_ok(ops->softmax_causal_forward(dev, d_s, scale, T, 0, T, BNH * T));
-    dp_assert_ok(ops->softmax_causal_backward(dev, d_g, d_s, scale, T, 0, T, BNH * T));
-    dp_assert_ok(ops->softmax_causal_forward(dev, d_sc, scale, ld, q0, nq, BNH * nq));
-    dp_assert_ok(ops->softmax_causal_backward(dev, d_gc, d_sc, scale, ld, q0, nq, BNH * nq));
+    dp_assert_ok(ops->softmax_causal_forward(dev, d_s, NULL, scale, T, 0, T, BNH * T));
+    dp_assert_ok(ops->softmax_causal_backward(dev, d_g, NULL, d_s, scale, T, 0, T, BNH * T));
+    dp_assert_ok(ops->softmax_causal_forward(dev, d_sc, NULL, scale, ld, q0, nq, BNH * nq));
+    dp_assert_ok(ops->softmax_causal_backward(dev, d_gc, NULL, d_sc, scale, ld, q0, nq, BNH * nq));
     download(dev, s, d_s, BNH * T * T);
     download(dev, g, d_g, BNH * T * T);
     download(dev, sc, d_sc, BNH * nq * ld);
@@ -958,32 +1095,41 @@ Test(attention, chunked_bad_arguments)
     layer L;
     float *qkv = bad_args_layer(&L, dev, 19);
     const size_t B = L.s.B, T = L.s.T, C = L.s.C, NH = L.s.NH;
-    expect_invalid(dp_attention_forward_chunked(dev, L.out, L.qkvr, DP_DTYPE_F32, NULL, L.att,
+    expect_invalid(dp_attention_forward_chunked(dev, L.out, L.qkvr, DP_DTYPE_F32, NULL, L.att, NULL,
                                                 L.scratch, L.qkv, B, T, C, NH, 0),
                    "chunk must be >= 1");
-    expect_invalid(dp_attention_backward_chunked(dev, L.dqkv, L.dqkvr, L.att, L.datt,
+    expect_invalid(dp_attention_backward_chunked(dev, L.dqkv, L.dqkvr, L.att, NULL, L.datt,
                                                  L.dscratch, L.dout, L.qkvr, DP_DTYPE_F32, B, T,
                                                  C, NH, 0),
                    "chunk must be >= 1");
-    expect_invalid(dp_attention_forward_chunked(dev, L.out, L.qkvr, DP_DTYPE_F16, NULL, L.att,
+    expect_invalid(dp_attention_forward_chunked(dev, L.out, L.qkvr, DP_DTYPE_F16, NULL, L.att, NULL,
                                                 L.scratch, L.qkv, B, T, C, NH, 2),
                    "neither DP_DTYPE_F32 nor DP_DTYPE_BF16");
-    expect_invalid(dp_attention_backward_chunked(dev, L.dqkv, L.dqkvr, L.att, L.datt,
+    expect_invalid(dp_attention_backward_chunked(dev, L.dqkv, L.dqkvr, L.att, NULL, L.datt,
                                                  L.dscratch, L.dout, L.qkvr, (dp_dtype)99, B,
                                                  T, C, NH, 2),
                    "neither");
     /* bfloat16 qkvr needs the permute's float32 scratch. */
-    expect_invalid(dp_attention_forward_chunked(dev, L.out, L.qkvr, DP_DTYPE_BF16, NULL, L.att,
+    expect_invalid(dp_attention_forward_chunked(dev, L.out, L.qkvr, DP_DTYPE_BF16, NULL, L.att, NULL,
                                                 L.scratch, L.qkv, B, T, C, NH, 2),
                    "qkvr_f32");
-    expect_invalid(dp_attention_forward_chunked(NULL, L.out, L.qkvr, DP_DTYPE_F32, NULL, L.att,
+    expect_invalid(dp_attention_forward_chunked(NULL, L.out, L.qkvr, DP_DTYPE_F32, NULL, L.att, NULL,
                                                 L.scratch, L.qkv, B, T, C, NH, 2),
                    "dev");
+    /* att16 must not be att (nor any other buffer). */
+    expect_invalid(dp_attention_forward_chunked(dev, L.out, L.qkvr, DP_DTYPE_F32, NULL, L.att,
+                                                (dp_bf16 *)L.att, L.scratch, L.qkv, B, T, C, NH,
+                                                2),
+                   "att16");
+    expect_invalid(dp_attention_backward_chunked(dev, L.dqkv, L.dqkvr, L.att, (dp_bf16 *)L.datt,
+                                                 L.datt, L.dscratch, L.dout, L.qkvr,
+                                                 DP_DTYPE_F32, B, T, C, NH, 2),
+                   "att16");
     /* att and datt must be separate chunk scratches. */
-    expect_invalid(dp_attention_backward_chunked(dev, L.dqkv, L.dqkvr, L.att, L.att, L.dscratch,
+    expect_invalid(dp_attention_backward_chunked(dev, L.dqkv, L.dqkvr, L.att, NULL, L.att, L.dscratch,
                                                  L.dout, L.qkvr, DP_DTYPE_F32, B, T, C, NH, 2),
                    "same buffer");
-    expect_invalid(dp_attention_forward_chunked(dev, L.out, L.qkvr, DP_DTYPE_F32, NULL, L.att,
+    expect_invalid(dp_attention_forward_chunked(dev, L.out, L.qkvr, DP_DTYPE_F32, NULL, L.att, NULL,
                                                 L.scratch, L.qkv, SIZE_MAX / 2, T, C, NH, 2),
                    "overflow");
     assert_out_unwritten(&L);

@@ -189,8 +189,9 @@ Test(chunked_attention, sharding_is_bitwise_the_root_update, .timeout = 120)
 /* Against the whole-matrix variant the workspace loses the per-layer
  * probabilities (L x rows*NH*T*T floats) and the backward's scratch
  * shrinks where the attention half is the larger: its att and datt are
- * two rows*NH*chunk*T instead of one rows*NH*T*T datt (recompute: two).
- * Up to the slots' alignment. */
+ * two rows*NH*chunk*T instead of one rows*NH*T*T datt (recompute: two),
+ * and with bf16 activations a third in bfloat16 (att16: half as many
+ * bytes). Up to the slots' alignment. */
 Test(chunked_attention, workspace_holds_two_chunks)
 {
     dp_gpt_config cfg = {.vocab_size = 97,
@@ -211,7 +212,8 @@ Test(chunked_attention, workspace_holds_two_chunks)
                        wc = ch->workspace_bytes(ch->ctx, rows);
                 size_t btc = rows * bs * cfg.n_embd, bnhtt = rows * cfg.n_head * bs * bs,
                        chunk = rows * cfg.n_head * DP_GPT_ATTENTION_CHUNK * bs;
-                size_t attn_w = 7 * btc + (recompute ? 2 : 1) * bnhtt, attn_c = 7 * btc + 2 * chunk,
+                size_t attn_w = 7 * btc + (recompute ? 2 : 1) * bnhtt,
+                       attn_c = 7 * btc + 2 * chunk + (kinds[kind] & DP_GPT_BF16_ACT ? chunk / 2 : 0),
                        mlp = 4 * btc;
                 size_t big_w = attn_w > mlp ? attn_w : mlp, big_c = attn_c > mlp ? attn_c : mlp;
                 size_t want =

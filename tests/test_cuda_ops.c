@@ -1026,8 +1026,25 @@ Test(cuda_ops, attention_permutes_are_bitwise_equal)
  * = 280000) than one grid covers; a third is a chunk of query rows
  * (queries q0..q0+nq-1 over ld = q0 + nq keys, as the chunked attention
  * runs them); the last two have rows longer than a block's 256 threads,
- * whole and chunked, so every warp of the tree holds a partial.
+ * whole and chunked, so every warp of the tree holds a partial. On each
+ * device the bfloat16 outputs (att16 of the forward, ds16 of the
+ * backward) are that device's float32 results rounded, bit for bit, and
+ * leave the float32 results as they are without them (check_bf16_rows).
  */
+
+/* The rows of n bfloat16 bits at d16 (on d) are the n floats of want
+ * rounded (dp_bf16_round); what names them in the message. */
+static void check_bf16_rows(dp_device *d, const uint16_t *d16, const float *want, size_t n,
+                            const char *what)
+{
+    uint16_t *h = xmalloc(n * sizeof *h);
+    dp_assert_ok(dp_copy_d2h(d, h, d16, n * sizeof *h));
+    for (size_t i = 0; i < n; i++)
+        cr_assert_eq(h[i], dp_bf16_round(want[i]), "%s on %s: element %zu is %#x, %g rounds to %#x",
+                     what, dp_device_name(d), i, h[i], want[i], dp_bf16_round(want[i]));
+    free(h);
+}
+
 static void check_softmax(size_t BNH, size_t T, size_t q0, size_t nq, uint64_t seed)
 {
     size_t rows = BNH * nq, n = rows * T; /* att(BNH,nq,T), T = ld */
@@ -1042,15 +1059,37 @@ static void check_softmax(size_t BNH, size_t T, size_t q0, size_t nq, uint64_t s
         for (int b = 0; b < 2; b++) {
             dp_device *d = p.d[b];
             float *ad = dp_test_upload(d, s, n);
-            dp_assert_ok(d->ops->softmax_causal_forward(d, ad, scale, T, q0, nq, rows));
+            dp_assert_ok(d->ops->softmax_causal_forward(d, ad, NULL, scale, T, q0, nq, rows));
             att[b] = dp_test_nn_download(d, ad, n);
+            /* again with the bfloat16 copy */
+            uint16_t *a16 = NULL;
+            dp_assert_ok(dp_device_alloc(d, n * sizeof *a16, (void **)&a16));
+            dp_assert_ok(dp_copy_h2d(d, ad, s, n * sizeof *s));
+            dp_assert_ok(d->ops->softmax_causal_forward(d, ad, a16, scale, T, q0, nq, rows));
+            float *again = dp_test_nn_download(d, ad, n);
+            cr_assert(memcmp(again, att[b], n * sizeof *again) == 0,
+                      "%s: the probabilities changed with att16", dp_device_name(d));
+            check_bf16_rows(d, a16, att[b], n, "att16");
+            free(again);
+            dp_device_free(d, a16);
             dp_device_free(d, ad);
         }
         for (int b = 0; b < 2; b++) {
             dp_device *d = p.d[b];
             float *ad = dp_test_upload(d, att[0], n), *gd = dp_test_upload(d, gin, n);
-            dp_assert_ok(d->ops->softmax_causal_backward(d, gd, ad, scale, T, q0, nq, rows));
+            dp_assert_ok(d->ops->softmax_causal_backward(d, gd, NULL, ad, scale, T, q0, nq, rows));
             ds[b] = dp_test_nn_download(d, gd, n);
+            /* again into a bfloat16 ds16: gd keeps d(att) */
+            uint16_t *g16 = NULL;
+            dp_assert_ok(dp_device_alloc(d, n * sizeof *g16, (void **)&g16));
+            dp_assert_ok(dp_copy_h2d(d, gd, gin, n * sizeof *gin));
+            dp_assert_ok(d->ops->softmax_causal_backward(d, gd, g16, ad, scale, T, q0, nq, rows));
+            float *kept = dp_test_nn_download(d, gd, n);
+            cr_assert(memcmp(kept, gin, n * sizeof *kept) == 0,
+                      "%s: datt changed although ds16 was given", dp_device_name(d));
+            check_bf16_rows(d, g16, ds[b], n, "ds16");
+            free(kept);
+            dp_device_free(d, g16);
             dp_device_free(d, ad);
             dp_device_free(d, gd);
         }
@@ -1444,9 +1483,9 @@ Test(cuda_ops, linear_and_attention_layers_match_cpu, .timeout = 60)
             ao[b] = dp_test_nn_download(d, out, ny);
             adq[b] = dp_test_nn_download(d, dq, nq);
             /* Chunks of 5 queries (5, 5, 2): each recomputed in the backward. */
-            dp_assert_ok(dp_attention_forward_chunked(d, out, qkvr, DP_DTYPE_F32, NULL, att,
+            dp_assert_ok(dp_attention_forward_chunked(d, out, qkvr, DP_DTYPE_F32, NULL, att, NULL,
                                                       scratch, qd, B, T, AC, NH, 5));
-            dp_assert_ok(dp_attention_backward_chunked(d, dq, dqr, att, datt, scratch, ad, qkvr,
+            dp_assert_ok(dp_attention_backward_chunked(d, dq, dqr, att, NULL, datt, scratch, ad, qkvr,
                                                        DP_DTYPE_F32, B, T, AC, NH, 5));
             co[b] = dp_test_nn_download(d, out, ny);
             cdq[b] = dp_test_nn_download(d, dq, nq);
@@ -1478,6 +1517,59 @@ Test(cuda_ops, linear_and_attention_layers_match_cpu, .timeout = 60)
     free(w);
     free(bias);
     free(dout);
+    free(qkv);
+    free(adout);
+}
+
+/*
+ * The chunked attention in BF16 precision with the probabilities' and
+ * score gradients' bfloat16 copies (att16) against the same calls
+ * without them, on each device: the GEMMs get the same bfloat16 operands
+ * either way (the softmax rounds them as the GEMM's own conversion would,
+ * one rounding, dp_bf16_round), so the results are the same up to the
+ * GEMM's choice of algorithm for an operand in another buffer: cuBLAS's
+ * float32 accumulation over <= T = 40 products of O(1) terms, a few ulp
+ * of the O(1) results: atol 1e-5, rtol 1e-5. The CPU gives the same bits
+ * (test_attention's chunked_att16_gives_the_same_bits); the log says
+ * whether the GPU did too.
+ */
+Test(cuda_ops, chunked_attention_att16_matches_converting_gemms, .timeout = 60)
+{
+    REQUIRE_GPU();
+    enum { B = 2, T = 40, NH = 4, AC = 64, CHUNK = 16 };
+    size_t nq = (size_t)B * T * 3 * AC, ny = (size_t)B * T * AC,
+           na = (size_t)B * NH * (CHUNK < T ? CHUNK : T) * T;
+    float *qkv = rnd(21, nq, -1, 1), *adout = rnd(22, ny, -1, 1);
+    FOR_TARGETS(g)
+    {
+        dp_device *d = open_target(g);
+        dp_assert_ok(dp_device_set_matmul_precision(d, DP_MATMUL_BF16));
+        float *res[2][2];
+        for (int with16 = 0; with16 < 2; with16++) {
+            float *qd = dp_test_upload(d, qkv, nq), *out = dalloc(d, ny * 4),
+                  *qkvr = dalloc(d, nq * 4), *qf = dalloc(d, nq * 4), *att = dalloc(d, na * 4),
+                  *scratch = dalloc(d, ny * 4), *ad = dp_test_upload(d, adout, ny),
+                  *dq = dalloc(d, nq * 4), *dqr = dalloc(d, nq * 4), *datt = dalloc(d, na * 4);
+            dp_bf16 *a16 = with16 ? (dp_bf16 *)dalloc(d, na * 2) : NULL;
+            dp_assert_ok(dp_attention_forward_chunked(d, out, qkvr, DP_DTYPE_BF16, qf, att, a16,
+                                                      scratch, qd, B, T, AC, NH, CHUNK));
+            dp_assert_ok(dp_attention_backward_chunked(d, dq, dqr, att, a16, datt, scratch, ad,
+                                                       qkvr, DP_DTYPE_BF16, B, T, AC, NH, CHUNK));
+            res[with16][0] = dp_test_nn_download(d, out, ny);
+            res[with16][1] = dp_test_nn_download(d, dq, nq);
+            void *bufs[] = {qd, out, qkvr, qf, att, scratch, ad, dq, dqr, datt, a16};
+            for (size_t i = 0; i < 11; i++)
+                if (bufs[i]) dp_device_free(d, bufs[i]);
+        }
+        cr_log_info("%s: att16 gives the same bits: out %s, dqkv %s", dp_device_name(d),
+                    memcmp(res[0][0], res[1][0], ny * 4) ? "no" : "yes",
+                    memcmp(res[0][1], res[1][1], nq * 4) ? "no" : "yes");
+        dp_assert_allclose(res[1][0], res[0][0], ny, 1e-5, 1e-5);
+        dp_assert_allclose(res[1][1], res[0][1], nq, 1e-5, 1e-5);
+        for (int i = 0; i < 2; i++)
+            for (int j = 0; j < 2; j++) free(res[i][j]);
+        close_checked(d);
+    }
     free(qkv);
     free(adout);
 }

@@ -261,19 +261,30 @@ DP_API dp_status dp_attention_probs_bf16_qkv(dp_device *dev, float *att, const d
  *     permute's scratch; NULL for float32), written by the forward and
  *     the only thing the backward needs besides dout;
  *   att, datt (B,NH,min(chunk,T),T) floats: scratch, clobbered;
+ *   att16 NULL, or (B,NH,min(chunk,T),T) bfloat16 elements of scratch
+ *     (half att's bytes), clobbered: on a device in BF16 matmul precision
+ *     the softmax writes each chunk's probabilities there rounded to
+ *     bfloat16 as it writes them, and the backward its score gradients,
+ *     and the GEMMs read those, instead of each GEMM rounding the float32
+ *     ones into its own scratch: the same operands, one pass instead of
+ *     one per GEMM. The results are the same bits as with NULL except
+ *     where a GEMM too large for the device's conversion scratch
+ *     (backend/gemm_pieces.h) would have been cut along k. In FP32 and
+ *     TF32 precision att16 is not touched;
  *   scratch (B,T,C): clobbered.
  * chunk >= 1 (queries per chunk; the last chunk may be shorter). Errors as
  * dp_attention_forward; DP_ERR_INVALID_ARGUMENT for chunk 0 or another
  * qkvr_dtype. dqkv(B,T,3C) is overwritten; dqkvr(3,B,NH,T,hs) is scratch. */
 DP_API dp_status dp_attention_forward_chunked(dp_device *dev, float *out, void *qkvr,
                                               dp_dtype qkvr_dtype, float *qkvr_f32, float *att,
-                                              float *scratch, const float *qkv, size_t B,
-                                              size_t T, size_t C, size_t NH, size_t chunk);
+                                              dp_bf16 *att16, float *scratch, const float *qkv,
+                                              size_t B, size_t T, size_t C, size_t NH,
+                                              size_t chunk);
 DP_API dp_status dp_attention_backward_chunked(dp_device *dev, float *dqkv, float *dqkvr,
-                                               float *att, float *datt, float *scratch,
-                                               const float *dout, const void *qkvr,
-                                               dp_dtype qkvr_dtype, size_t B, size_t T,
-                                               size_t C, size_t NH, size_t chunk);
+                                               float *att, dp_bf16 *att16, float *datt,
+                                               float *scratch, const float *dout,
+                                               const void *qkvr, dp_dtype qkvr_dtype, size_t B,
+                                               size_t T, size_t C, size_t NH, size_t chunk);
 
 /* ---- fused softmax cross-entropy ------------------------------------------
  * For each row i of logits(N,V) with targets[i] in [0,V):

@@ -24,7 +24,9 @@
 
 #include <math.h>
 #include <stddef.h>
+#include <stdint.h>
 
+#include "kernels/bf16.h"
 #include "kernels/dp_hd.h"
 #include "kernels/expf.h"
 
@@ -156,9 +158,12 @@ static inline DP_HD void dp_attention_unpermute_backward_run(float *dy, const fl
 
 /* Row t of a (T,T) matrix, in place: row[0..t] = softmax(scale * row[0..t]),
  * row[t+1..T-1] = 0 exactly. Entries after t are never read, so whatever
- * the score GEMM left there (or NaN) cannot leak into the result. */
-static inline DP_HD void dp_softmax_causal_forward_row(float *row, float scale, size_t t,
-                                                       size_t T)
+ * the score GEMM left there (or NaN) cannot leak into the result. With
+ * row16 (else NULL) the row is also written there rounded to bfloat16, the
+ * operand a BF16-precision GEMM would round it to: one pass instead of a
+ * separate conversion per GEMM that reads it. */
+static inline DP_HD void dp_softmax_causal_forward_row(float *row, uint16_t *row16, float scale,
+                                                       size_t t, size_t T)
 {
     float maxv = scale * row[0];
     for (size_t j = 1; j <= t; j++) {
@@ -173,17 +178,27 @@ static inline DP_HD void dp_softmax_causal_forward_row(float *row, float scale, 
     float inv = 1.0f / sum;
     for (size_t j = 0; j <= t; j++) row[j] *= inv;
     for (size_t j = t + 1; j < T; j++) row[j] = 0.0f;
+    if (row16)
+        for (size_t j = 0; j < T; j++) row16[j] = dp_bf16_round(row[j]);
 }
 
-/* Row t, in place: drow holds d(att)[t,:] on entry and d(scores)[t,:] on
- * exit (scale included, see the file comment); att_row is the forward's
- * softmax row. Entries after t become 0 exactly whatever they held, so
- * masked positions pass no gradient back to q or k. */
-static inline DP_HD void dp_softmax_causal_backward_row(float *drow, const float *att_row,
-                                                        float scale, size_t t, size_t T)
+/* Row t: drow holds d(att)[t,:] on entry; d(scores)[t,:] (scale included,
+ * see the file comment) goes in place into drow, or with ds16 (else NULL)
+ * rounded to bfloat16 into ds16 only, drow left as it was (the GEMMs that
+ * read d(scores) in BF16 precision round it so anyway). att_row is the
+ * forward's softmax row. Entries after t become 0 exactly whatever they
+ * held, so masked positions pass no gradient back to q or k. */
+static inline DP_HD void dp_softmax_causal_backward_row(float *drow, uint16_t *ds16,
+                                                        const float *att_row, float scale,
+                                                        size_t t, size_t T)
 {
     float dot = 0.0f;
     for (size_t j = 0; j <= t; j++) dot += att_row[j] * drow[j];
+    if (ds16) {
+        for (size_t j = 0; j <= t; j++) ds16[j] = dp_bf16_round(scale * att_row[j] * (drow[j] - dot));
+        for (size_t j = t + 1; j < T; j++) ds16[j] = 0;
+        return;
+    }
     for (size_t j = 0; j <= t; j++) drow[j] = scale * att_row[j] * (drow[j] - dot);
     for (size_t j = t + 1; j < T; j++) drow[j] = 0.0f;
 }
@@ -193,17 +208,21 @@ static inline DP_HD void dp_softmax_causal_backward_row(float *drow, const float
  * ensures q0 + nq <= ld). The whole (BNH,T,T) matrix is q0 = 0, nq = ld
  * = T; a chunk of queries q0..q0+nq-1 needs only keys 0..q0+nq-1, so
  * ld = q0 + nq (query-chunked attention, nn/attention.c). */
-static inline DP_HD void dp_softmax_causal_forward_item(float *att, float scale, size_t ld,
-                                                        size_t q0, size_t nq, size_t r)
+static inline DP_HD void dp_softmax_causal_forward_item(float *att, uint16_t *att16,
+                                                        float scale, size_t ld, size_t q0,
+                                                        size_t nq, size_t r)
 {
-    dp_softmax_causal_forward_row(att + r * ld, scale, q0 + r % nq, ld);
+    dp_softmax_causal_forward_row(att + r * ld, att16 ? att16 + r * ld : NULL, scale,
+                                  q0 + r % nq, ld);
 }
 
-static inline DP_HD void dp_softmax_causal_backward_item(float *datt, const float *att,
-                                                         float scale, size_t ld, size_t q0,
-                                                         size_t nq, size_t r)
+static inline DP_HD void dp_softmax_causal_backward_item(float *datt, uint16_t *ds16,
+                                                         const float *att, float scale,
+                                                         size_t ld, size_t q0, size_t nq,
+                                                         size_t r)
 {
-    dp_softmax_causal_backward_row(datt + r * ld, att + r * ld, scale, q0 + r % nq, ld);
+    dp_softmax_causal_backward_row(datt + r * ld, ds16 ? ds16 + r * ld : NULL, att + r * ld,
+                                   scale, q0 + r % nq, ld);
 }
 
 #endif /* DP_KERNELS_ATTENTION_H */

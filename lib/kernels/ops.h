@@ -108,13 +108,17 @@
        const float *mean, const float *rstd, size_t C),                                    \
       (dinp, dout, inp, weight, mean, rstd, C))                                            \
     /* att(rows,ld) in place, row r is query t = q0 + r % nq: softmax(scale * att[r, 0..t]), \
-     * zeros after t (kernels/attention.h); n = rows */                                   \
+     * zeros after t (kernels/attention.h); att16 NULL or (rows,ld): also rounded to bf16; \
+     * n = rows */                                                                         \
     X(softmax_causal_forward, ROW_BLOCK, dp_softmax_causal_forward_item,                   \
-      (float *att, float scale, size_t ld, size_t q0, size_t nq), (att, scale, ld, q0, nq)) \
-    /* datt(rows,ld) in place: d(att) -> d(pre-softmax scores), scale included */          \
+      (float *att, uint16_t *att16, float scale, size_t ld, size_t q0, size_t nq),        \
+      (att, att16, scale, ld, q0, nq))                                                     \
+    /* datt(rows,ld): d(att) -> d(pre-softmax scores), scale included, in place, or with  \
+     * ds16 (rows,ld) rounded to bf16 into ds16 only */                                    \
     X(softmax_causal_backward, ROW_BLOCK, dp_softmax_causal_backward_item,                       \
-      (float *datt, const float *att, float scale, size_t ld, size_t q0, size_t nq),       \
-      (datt, att, scale, ld, q0, nq))                                                      \
+      (float *datt, uint16_t *ds16, const float *att, float scale, size_t ld, size_t q0,  \
+       size_t nq),                                                                         \
+      (datt, ds16, att, scale, ld, q0, nq))                                                \
     /* losses(N) per row (0 for ignored), dlogits(N,V) as dp_crossentropy_forward_backward \
      * (may be NULL or alias logits); n = N */                                             \
     X(crossentropy, ROW_BLOCK, dp_crossentropy_item,                                             \

@@ -185,7 +185,10 @@ static inline xin gemm_in(const layer_acts *a, const float *p)
  *                     after dfch with recompute_gelu. With chunked_att
  *                     att and datt are (B,NH,rows,T), rows =
  *                     min(att_chunk(g), T): one chunk of
- *                     queries, in the forward too.
+ *                     queries, in the forward too; with act16 as well
+ *                     att16 (B,NH,rows,T) bfloat16, the chunk's
+ *                     probabilities and then score gradients as the
+ *                     GEMMs read them.
  */
 typedef struct carve {
     size_t floats; /* total, in floats */
@@ -196,6 +199,7 @@ typedef struct carve {
         l_ln2_mean, l_ln2_rstd, l_fch, l_fch_gelu, l_res3;
     size_t dresidual, dbtc, big;
     size_t big_dqkvr, big_scratch, big_datt, big_att, big_gelu; /* inside big */
+    size_t big_att16; /* inside big: act16 with chunked_att only (else 0) */
     int act16;          /* the blocks' activations off the residual stream are bfloat16 */
     int recompute_att;  /* no att per block: big_att holds the recomputed probabilities */
     int recompute_gelu; /* no fch_gelu per block: big_gelu holds it, recomputed */

@@ -146,7 +146,8 @@ dp_status gpt_pass_body_forward(const dp_gpt *gpt, dp_device *dev, wview params,
         if (c.chunked_att) /* q, k, v kept (as bfloat16 with act16), nothing (T,T) */
             DP_TRY(dp_attention_forward_chunked(
                 dev, atty, a.qkvr, c.act16 ? DP_DTYPE_BF16 : DP_DTYPE_F32,
-                c.act16 ? qkv + c.big_dqkvr : NULL, att, a.residual2, qkv, B, T, C, NH,
+                c.act16 ? qkv + c.big_dqkvr : NULL, att,
+                c.act16 ? (dp_bf16 *)(qkv + c.big_att16) : NULL, a.residual2, qkv, B, T, C, NH,
                 c.att_rows));
         else if (c.act16) /* q, k, v kept as bfloat16 */
             DP_TRY(dp_attention_forward_bf16_qkv(dev, atty, (dp_bf16 *)a.qkvr, qkv + c.big_dqkvr,
@@ -219,9 +220,10 @@ static dp_status attention_backward(dp_device *dev, const carve *c, const layer_
           *datt = big + c->big_datt, *again = big + c->big_att;
     const dp_bf16 *qkvr16 = (const dp_bf16 *)a->qkvr;
     if (c->chunked_att) /* each chunk's probabilities recomputed inside */
-        return dp_attention_backward_chunked(dev, dqkv, dqkvr, again, datt, ascratch, datty,
-                                             a->qkvr, a->act16 ? DP_DTYPE_BF16 : DP_DTYPE_F32,
-                                             B, T, C, NH, c->att_rows);
+        return dp_attention_backward_chunked(
+            dev, dqkv, dqkvr, again, a->act16 ? (dp_bf16 *)(big + c->big_att16) : NULL, datt,
+            ascratch, datty, a->qkvr, a->act16 ? DP_DTYPE_BF16 : DP_DTYPE_F32, B, T, C, NH,
+            c->att_rows);
     const float *att = a->att;
     if (c->recompute_att) { /* the forward's probabilities again, bit for bit */
         DP_TRY(a->act16 ? dp_attention_probs_bf16_qkv(dev, again, qkvr16, B, T, C, NH)

@@ -80,6 +80,8 @@ int gpt_make_carve(const gpt_variant *v, size_t B, size_t T, int keep_lnf, carve
     c->big_scratch = place(&bat, BTC, &of);
     c->big_datt = place(&bat, scores, &of);
     if (recompute_att) c->big_att = place(&bat, scores, &of); /* the probabilities, again */
+    /* their bfloat16 copy, for the GEMMs (dp_attention_forward_chunked) */
+    if (act16 && v->chunked_att) c->big_att16 = place(&bat, scores / 2 + 1, &of);
     size_t mat = 0;
     place(&mat, x4, &of); /* dfch at 0 */
     if (c->recompute_gelu) c->big_gelu = place(&mat, in4, &of); /* the GELU output, again */

@@ -119,12 +119,19 @@ typedef struct attn {
     size_t es;
     int q16;
     float scale; /* 1/sqrt(hs) */
+    /* NULL, or in BF16 precision the (BNH,nq,nk) bfloat16 scratch where the
+     * softmax puts the rounded probabilities and its backward the rounded
+     * score gradients, which the GEMMs then read as they are */
+    uint16_t *p16;
 } attn;
 
-static attn attn_of(dp_device *dev, const void *qkvr, int q16, size_t B, size_t T, size_t C,
-                    size_t NH)
+/* att16 is used only in BF16 precision: in FP32 or TF32 the GEMMs read
+ * the float32 probabilities themselves. */
+static attn attn_of(dp_device *dev, const void *qkvr, int q16, dp_bf16 *att16, size_t B,
+                    size_t T, size_t C, size_t NH)
 {
-    attn a = {dev, T, C / NH, B * NH, NULL, NULL, NULL, q16 ? 2 : 4, q16, 0.0f};
+    attn a = {dev, T, C / NH, B * NH, NULL, NULL, NULL, q16 ? 2 : 4, q16, 0.0f, NULL};
+    if (att16 && dev->matmul == DP_MATMUL_BF16) a.p16 = (uint16_t *)att16;
     size_t part = a.BNH * T * a.hs * a.es;
     a.q = qkvr;
     a.k = a.q + part;
@@ -160,47 +167,62 @@ static dp_status probs_chunk(const attn *a, float *att, qchunk c)
      * k read column-major is (hs,nk), so op(A) = k^T with lda = hs. */
     DP_TRY(bgemm(a->dev, DP_OP_T, DP_OP_N, nk, nq, ihs, a->k, a->q16, ihs, sTh, q, a->q16, ihs,
                  sTh, 0.0f, att, nk, sP, batch));
-    return a->dev->ops->softmax_causal_forward(a->dev, att, a->scale, c.nk, c.q0, c.nq,
+    return a->dev->ops->softmax_causal_forward(a->dev, att, a->p16, a->scale, c.nk, c.q0, c.nq,
                                                a->BNH * c.nq);
+}
+
+/* The probabilities of chunk c as a GEMM reads them: their bfloat16 copy
+ * (from probs_chunk) where there is one, else the float32 att. */
+static const void *probs_operand(const attn *a, const float *att, int *p16)
+{
+    *p16 = a->p16 != NULL;
+    return a->p16 ? (const void *)a->p16 : (const void *)att;
 }
 
 /* y_c = att v for chunk c (rows q0.. of y(BNH,T,hs)). */
 static dp_status y_chunk(const attn *a, float *y, const float *att, qchunk c)
 {
-    int nq = (int)c.nq, nk = (int)c.nk, ihs = (int)a->hs, batch = (int)a->BNH;
+    int nq = (int)c.nq, nk = (int)c.nk, ihs = (int)a->hs, batch = (int)a->BNH, p16;
     long long sTh = (long long)(a->T * a->hs), sP = (long long)(c.nq * c.nk);
+    const void *p = probs_operand(a, att, &p16);
     /* column-major y_c^T(hs,nq) = v^T(hs,nk) att^T(nk,nq) */
-    return bgemm(a->dev, DP_OP_N, DP_OP_N, ihs, nq, nk, a->v, a->q16, ihs, sTh, att, 0, nk, sP,
+    return bgemm(a->dev, DP_OP_N, DP_OP_N, ihs, nq, nk, a->v, a->q16, ihs, sTh, p, p16, nk, sP,
                  0.0f, y + c.q0 * a->hs, ihs, sTh, batch);
 }
 
-/* The backward of chunk c from its probabilities att(BNH,nq,nk): dq for
- * its queries (overwritten), dk and dv for keys 0..nk-1 (overwritten when
- * first, else added to). datt(BNH,nq,nk) is scratch. */
+/* The backward of chunk c from its probabilities att(BNH,nq,nk) (and, with
+ * a->p16, their bfloat16 copy from probs_chunk, which the score gradients
+ * then overwrite once dv has read it): dq for its queries (overwritten),
+ * dk and dv for keys 0..nk-1 (overwritten when first, else added to).
+ * datt(BNH,nq,nk) is scratch. */
 static dp_status backward_chunk(const attn *a, float *dq, float *dk, float *dv, float *datt,
                                 const float *dy, const float *att, qchunk c, int first)
 {
     dp_device *dev = a->dev;
-    int nq = (int)c.nq, nk = (int)c.nk, ihs = (int)a->hs, batch = (int)a->BNH;
+    int nq = (int)c.nq, nk = (int)c.nk, ihs = (int)a->hs, batch = (int)a->BNH, p16;
     long long sTh = (long long)(a->T * a->hs), sP = (long long)(c.nq * c.nk);
     size_t off = c.q0 * a->hs;
     const char *q = a->q + off * a->es;
     float beta = first ? 0.0f : 1.0f;
+    const void *p = probs_operand(a, att, &p16);
     /* datt = dy_c v^T: the same shape of product as the scores. */
     DP_TRY(bgemm(dev, DP_OP_T, DP_OP_N, nk, nq, ihs, a->v, a->q16, ihs, sTh, dy + off, 0, ihs,
                  sTh, 0.0f, datt, nk, sP, batch));
     /* dv (+)= att^T dy_c is column-major dv^T(hs,nk) = dy_c^T(hs,nq) att(nq,nk),
      * and the column-major view of row-major att is att^T, hence op(B) = T. */
-    DP_TRY(bgemm(dev, DP_OP_N, DP_OP_T, ihs, nk, nq, dy + off, 0, ihs, sTh, att, 0, nk, sP, beta,
+    DP_TRY(bgemm(dev, DP_OP_N, DP_OP_T, ihs, nk, nq, dy + off, 0, ihs, sTh, p, p16, nk, sP, beta,
                  dv, ihs, sTh, batch));
-    /* datt becomes d(scores), 1/sqrt(hs) included, zero above the diagonal. */
-    DP_TRY(dev->ops->softmax_causal_backward(dev, datt, att, a->scale, c.nk, c.q0, c.nq,
+    /* d(scores), 1/sqrt(hs) included, zero above the diagonal: in place in
+     * datt, or rounded into the probabilities' bfloat16 copy, which dv has
+     * read (the device's work is in order). */
+    DP_TRY(dev->ops->softmax_causal_backward(dev, datt, a->p16, att, a->scale, c.nk, c.q0, c.nq,
                                              a->BNH * c.nq));
+    const void *ds = a->p16 ? (const void *)a->p16 : (const void *)datt;
     /* dq_c = ds k, as the forward's y = att v. */
-    DP_TRY(bgemm(dev, DP_OP_N, DP_OP_N, ihs, nq, nk, a->k, a->q16, ihs, sTh, datt, 0, nk, sP,
+    DP_TRY(bgemm(dev, DP_OP_N, DP_OP_N, ihs, nq, nk, a->k, a->q16, ihs, sTh, ds, p16, nk, sP,
                  0.0f, dq + off, ihs, sTh, batch));
     /* dk (+)= ds^T q_c, as dv = att^T dy. */
-    return bgemm(dev, DP_OP_N, DP_OP_T, ihs, nk, nq, q, a->q16, ihs, sTh, datt, 0, nk, sP, beta,
+    return bgemm(dev, DP_OP_N, DP_OP_T, ihs, nk, nq, q, a->q16, ihs, sTh, ds, p16, nk, sP, beta,
                  dk, ihs, sTh, batch);
 }
 
@@ -209,10 +231,10 @@ static dp_status backward_chunk(const attn *a, float *dq, float *dk, float *dv, 
 /* The forward after the permute, chunks of `rows` queries at a time (rows
  * >= T: the whole matrix, kept in att). */
 static dp_status forward_from(dp_device *dev, float *out, const void *qkvr, int q16, float *att,
-                              float *scratch, size_t B, size_t T, size_t C, size_t NH,
-                              size_t rows)
+                              dp_bf16 *att16, float *scratch, size_t B, size_t T, size_t C,
+                              size_t NH, size_t rows)
 {
-    attn a = attn_of(dev, qkvr, q16, B, T, C, NH);
+    attn a = attn_of(dev, qkvr, q16, att16, B, T, C, NH);
     float *y = scratch; // (B,NH,T,hs)
     for (size_t i = 0; i * rows < T; i++) {
         qchunk c = chunk_at(&a, rows, i);
@@ -223,10 +245,12 @@ static dp_status forward_from(dp_device *dev, float *out, const void *qkvr, int 
 }
 
 /* The checks and the forward of every public variant (q16: qkvr is
- * bfloat16, permuted first into qkvr_f32; rows: queries per chunk). */
+ * bfloat16, permuted first into qkvr_f32; att16: NULL or the chunked
+ * calls' bfloat16 probabilities; rows: queries per chunk). */
 static dp_status forward_checked(const char *fn, dp_device *dev, float *out, void *qkvr, int q16,
-                                 float *qkvr_f32, float *att, float *scratch, const float *qkv,
-                                 size_t B, size_t T, size_t C, size_t NH, size_t rows)
+                                 float *qkvr_f32, float *att, dp_bf16 *att16, float *scratch,
+                                 const float *qkv, size_t B, size_t T, size_t C, size_t NH,
+                                 size_t rows)
 {
     if (!dev) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: dev must not be NULL", fn);
     if (!out || !qkvr || (q16 && !qkvr_f32) || !att || !scratch || !qkv)
@@ -236,21 +260,24 @@ static dp_status forward_checked(const char *fn, dp_device *dev, float *out, voi
                        fn, dev->name, q16 ? " qkvr_f32," : "", (void *)out, qkvr, (void *)att,
                        (void *)scratch, (const void *)qkv);
     DP_TRY(check_dims(fn, dev, B, T, C, NH));
-    const void *bufs[] = {out, qkvr, att, scratch, qkv, qkvr_f32};
-    const char *names[] = {"out", "qkvr", "att", "scratch", "qkv", "qkvr_f32"};
-    DP_TRY(check_distinct(fn, dev, bufs, names, q16 ? 6 : 5));
+    const void *bufs[7] = {out, qkvr, att, scratch, qkv};
+    const char *names[7] = {"out", "qkvr", "att", "scratch", "qkv"};
+    int n = 5;
+    if (q16) bufs[n] = qkvr_f32, names[n++] = "qkvr_f32";
+    if (att16) bufs[n] = att16, names[n++] = "att16";
+    DP_TRY(check_distinct(fn, dev, bufs, names, n));
     float *permuted = q16 ? qkvr_f32 : qkvr;
     DP_TRY(dev->ops->attention_permute(dev, permuted, qkv, B, T, NH, C / NH));
     if (q16) DP_TRY(dp_convert(dev, qkvr, DP_DTYPE_BF16, permuted, DP_DTYPE_F32, 3 * B * T * C));
-    return forward_from(dev, out, qkvr, q16, att, scratch, B, T, C, NH, rows);
+    return forward_from(dev, out, qkvr, q16, att, att16, scratch, B, T, C, NH, rows);
 }
 
 dp_status dp_attention_forward(dp_device *dev, float *out, float *qkvr, float *att,
                                float *scratch, const float *qkv, size_t B, size_t T, size_t C,
                                size_t NH)
 {
-    return forward_checked("dp_attention_forward", dev, out, qkvr, 0, NULL, att, scratch, qkv, B,
-                           T, C, NH, T);
+    return forward_checked("dp_attention_forward", dev, out, qkvr, 0, NULL, att, NULL, scratch,
+                           qkv, B, T, C, NH, T);
 }
 
 dp_status dp_attention_forward_bf16_qkv(dp_device *dev, float *out, dp_bf16 *qkvr,
@@ -259,7 +286,7 @@ dp_status dp_attention_forward_bf16_qkv(dp_device *dev, float *out, dp_bf16 *qkv
                                         size_t NH)
 {
     return forward_checked("dp_attention_forward_bf16_qkv", dev, out, qkvr, 1, qkvr_f32, att,
-                           scratch, qkv, B, T, C, NH, T);
+                           NULL, scratch, qkv, B, T, C, NH, T);
 }
 
 /* *q16 = whether the chunked calls' qkvr is bfloat16 (else float32). */
@@ -283,15 +310,15 @@ static dp_status check_chunk(const char *fn, dp_device *dev, size_t chunk)
 
 dp_status dp_attention_forward_chunked(dp_device *dev, float *out, void *qkvr,
                                        dp_dtype qkvr_dtype, float *qkvr_f32, float *att,
-                                       float *scratch, const float *qkv, size_t B, size_t T,
-                                       size_t C, size_t NH, size_t chunk)
+                                       dp_bf16 *att16, float *scratch, const float *qkv, size_t B,
+                                       size_t T, size_t C, size_t NH, size_t chunk)
 {
     static const char fn[] = "dp_attention_forward_chunked";
     int q16;
     DP_TRY(qkvr_kind(fn, dev, qkvr_dtype, &q16));
     DP_TRY(check_chunk(fn, dev, chunk));
-    return forward_checked(fn, dev, out, qkvr, q16, qkvr_f32, att, scratch, qkv, B, T, C, NH,
-                           chunk < T ? chunk : T);
+    return forward_checked(fn, dev, out, qkvr, q16, qkvr_f32, att, att16, scratch, qkv, B, T, C,
+                           NH, chunk < T ? chunk : T);
 }
 
 // --- recomputed probabilities ----------------------------------------------------------
@@ -308,7 +335,7 @@ static dp_status probs_checked(const char *fn, dp_device *dev, float *att, const
     const void *bufs[] = {att, qkvr};
     const char *names[] = {"att", "qkvr"};
     DP_TRY(check_distinct(fn, dev, bufs, names, 2));
-    attn a = attn_of(dev, qkvr, q16, B, T, C, NH);
+    attn a = attn_of(dev, qkvr, q16, NULL, B, T, C, NH);
     return probs_chunk(&a, att, chunk_at(&a, T, 0));
 }
 
@@ -332,12 +359,13 @@ dp_status dp_attention_probs_bf16_qkv(dp_device *dev, float *att, const dp_bf16 
  * kept (rows >= T) the whole matrix's probabilities are the forward's;
  * otherwise each chunk's are recomputed into att. */
 static dp_status backward_from(dp_device *dev, float *dqkv, float *dqkvr, float *att,
-                               const float *kept, float *datt, float *scratch,
+                               dp_bf16 *att16, const float *kept, float *datt, float *scratch,
                                const float *dout, const void *qkvr, int q16, size_t B,
                                size_t T, size_t C, size_t NH, size_t rows)
 {
     const dp_backend_ops *o = dev->ops;
-    attn a = attn_of(dev, qkvr, q16, B, T, C, NH);
+    /* the bfloat16 copy exists only for recomputed probabilities */
+    attn a = attn_of(dev, qkvr, q16, kept ? NULL : att16, B, T, C, NH);
     size_t part = a.BNH * T * a.hs;
     float *dq = dqkvr, *dk = dqkvr + part, *dv = dqkvr + 2 * part;
     float *dy = scratch; // (B,NH,T,hs)
@@ -358,12 +386,12 @@ static dp_status backward_from(dp_device *dev, float *dqkv, float *dqkvr, float 
 
 /* The checks of every public variant, then the backward: from the kept
  * probabilities (rows >= T), or recomputing each chunk's into att_scratch
- * (kept NULL). */
+ * (kept NULL) and, with att16, their bfloat16 copy. */
 static dp_status backward_checked(const char *fn, dp_device *dev, float *dqkv, float *dqkvr,
                                   float *datt, float *scratch, const float *dout,
                                   const void *qkvr, int q16, const float *kept,
-                                  float *att_scratch, size_t B, size_t T, size_t C, size_t NH,
-                                  size_t rows)
+                                  float *att_scratch, dp_bf16 *att16, size_t B, size_t T,
+                                  size_t C, size_t NH, size_t rows)
 {
     const float *att = kept ? kept : att_scratch;
     if (!dev) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: dev must not be NULL", fn);
@@ -374,11 +402,11 @@ static dp_status backward_checked(const char *fn, dp_device *dev, float *dqkv, f
                        fn, dev->name, (void *)dqkv, (void *)dqkvr, (void *)datt,
                        (void *)scratch, (const void *)dout, qkvr, (const void *)att);
     DP_TRY(check_dims(fn, dev, B, T, C, NH));
-    const void *bufs[] = {dqkv, dqkvr, datt, scratch, dout, qkvr, att};
-    const char *names[] = {"dqkv", "dqkvr", "datt", "scratch", "dout", "qkvr", "att"};
-    DP_TRY(check_distinct(fn, dev, bufs, names, 7));
-    return backward_from(dev, dqkv, dqkvr, att_scratch, kept, datt, scratch, dout, qkvr, q16, B,
-                         T, C, NH, rows);
+    const void *bufs[] = {dqkv, dqkvr, datt, scratch, dout, qkvr, att, att16};
+    const char *names[] = {"dqkv", "dqkvr", "datt", "scratch", "dout", "qkvr", "att", "att16"};
+    DP_TRY(check_distinct(fn, dev, bufs, names, att16 ? 8 : 7));
+    return backward_from(dev, dqkv, dqkvr, att_scratch, att16, kept, datt, scratch, dout, qkvr,
+                         q16, B, T, C, NH, rows);
 }
 
 dp_status dp_attention_backward(dp_device *dev, float *dqkv, float *dqkvr, float *datt,
@@ -386,7 +414,7 @@ dp_status dp_attention_backward(dp_device *dev, float *dqkv, float *dqkvr, float
                                 const float *att, size_t B, size_t T, size_t C, size_t NH)
 {
     return backward_checked("dp_attention_backward", dev, dqkv, dqkvr, datt, scratch, dout, qkvr,
-                            0, att, NULL, B, T, C, NH, T);
+                            0, att, NULL, NULL, B, T, C, NH, T);
 }
 
 dp_status dp_attention_backward_bf16_qkv(dp_device *dev, float *dqkv, float *dqkvr, float *datt,
@@ -395,18 +423,18 @@ dp_status dp_attention_backward_bf16_qkv(dp_device *dev, float *dqkv, float *dqk
                                          size_t T, size_t C, size_t NH)
 {
     return backward_checked("dp_attention_backward_bf16_qkv", dev, dqkv, dqkvr, datt, scratch,
-                            dout, qkvr, 1, att, NULL, B, T, C, NH, T);
+                            dout, qkvr, 1, att, NULL, NULL, B, T, C, NH, T);
 }
 
 dp_status dp_attention_backward_chunked(dp_device *dev, float *dqkv, float *dqkvr, float *att,
-                                        float *datt, float *scratch, const float *dout,
-                                        const void *qkvr, dp_dtype qkvr_dtype, size_t B,
-                                        size_t T, size_t C, size_t NH, size_t chunk)
+                                        dp_bf16 *att16, float *datt, float *scratch,
+                                        const float *dout, const void *qkvr, dp_dtype qkvr_dtype,
+                                        size_t B, size_t T, size_t C, size_t NH, size_t chunk)
 {
     static const char fn[] = "dp_attention_backward_chunked";
     int q16;
     DP_TRY(qkvr_kind(fn, dev, qkvr_dtype, &q16));
     DP_TRY(check_chunk(fn, dev, chunk));
-    return backward_checked(fn, dev, dqkv, dqkvr, datt, scratch, dout, qkvr, q16, NULL, att, B, T,
-                            C, NH, chunk < T ? chunk : T);
+    return backward_checked(fn, dev, dqkv, dqkvr, datt, scratch, dout, qkvr, q16, NULL, att,
+                            att16, B, T, C, NH, chunk < T ? chunk : T);
 }

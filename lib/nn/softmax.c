@@ -41,7 +41,7 @@ dp_status dp_softmax_forward(dp_device *dev, float *out, const float *inp, size_
     size_t count = 0;
     DP_TRY(check_args(__func__, dev, 0, out, inp, NULL, N, C, &count));
     DP_TRY(copy_unless_same(dev, out, inp, count));
-    return dev->ops->softmax_causal_forward(dev, out, 1.0f, C, C - 1, 1, N);
+    return dev->ops->softmax_causal_forward(dev, out, NULL, 1.0f, C, C - 1, 1, N);
 }
 
 dp_status dp_softmax_backward(dp_device *dev, float *dinp, const float *out, const float *dout,
@@ -50,7 +50,7 @@ dp_status dp_softmax_backward(dp_device *dev, float *dinp, const float *out, con
     size_t count = 0;
     DP_TRY(check_args(__func__, dev, 1, dinp, out, dout, N, C, &count));
     DP_TRY(copy_unless_same(dev, dinp, dout, count));
-    return dev->ops->softmax_causal_backward(dev, dinp, out, 1.0f, C, C - 1, 1, N);
+    return dev->ops->softmax_causal_backward(dev, dinp, NULL, out, 1.0f, C, C - 1, 1, N);
 }
 
 dp_status dp_log_softmax_forward(dp_device *dev, float *out, const float *inp, size_t N,

@@ -188,9 +188,9 @@ __global__ void k_layernorm_forward_block(float *out, float *mean, float *rstd, 
 }
 
 /* dp_softmax_causal_forward_item, one block per row r (query t = q0 + r % nq,
- * ld keys). */
-__global__ void k_softmax_causal_forward_block(float *att, float scale, size_t ld, size_t q0,
-                                               size_t nq, size_t rows)
+ * ld keys); with att16 the row rounded to bfloat16 there too. */
+__global__ void k_softmax_causal_forward_block(float *att, uint16_t *att16, float scale,
+                                               size_t ld, size_t q0, size_t nq, size_t rows)
 {
     __shared__ block_scratch<BLOCK_THREADS, float> sh;
     BLOCK_ROW_LOOP(r, rows)
@@ -208,7 +208,13 @@ __global__ void k_softmax_causal_forward_block(float *att, float scale, size_t l
             a += e;
         }
         float inv = 1.0f / block_sum<BLOCK_THREADS>(a, sh); /* >= 1: the maximum's term is exp(0) */
-        ROW_ELEMS(j, ld) row[j] = j <= t ? row[j] * inv : 0.0f;
+        uint16_t *row16 = att16 ? att16 + r * ld : NULL;
+        ROW_ELEMS(j, ld)
+        {
+            float p = j <= t ? row[j] * inv : 0.0f;
+            row[j] = p;
+            if (row16) row16[j] = dp_bf16_round(p);
+        }
     }
 }
 
@@ -241,9 +247,11 @@ __global__ void k_layernorm_backward_inp_block(float *dinp, const float *dout, c
 
 /* dp_softmax_causal_backward_item, one block per row r (query t = q0 + r %
  * nq, ld keys): the dot of att and datt over keys 0..t, then datt in
- * place; keys after t become 0 whatever they held. */
-__global__ void k_softmax_causal_backward_block(float *datt, const float *att, float scale,
-                                                size_t ld, size_t q0, size_t nq, size_t rows)
+ * place, or with ds16 rounded to bfloat16 into ds16 only; keys after t
+ * become 0 whatever they held. */
+__global__ void k_softmax_causal_backward_block(float *datt, uint16_t *ds16, const float *att,
+                                                float scale, size_t ld, size_t q0, size_t nq,
+                                                size_t rows)
 {
     __shared__ block_scratch<BLOCK_THREADS, float> sh;
     BLOCK_ROW_LOOP(r, rows)
@@ -254,7 +262,12 @@ __global__ void k_softmax_causal_backward_block(float *datt, const float *att, f
         float dot = 0.0f;
         ROW_ELEMS(j, t + 1) dot += arow[j] * drow[j];
         dot = block_sum<BLOCK_THREADS>(dot, sh);
-        ROW_ELEMS(j, ld) drow[j] = j <= t ? scale * arow[j] * (drow[j] - dot) : 0.0f;
+        if (ds16) {
+            uint16_t *row16 = ds16 + r * ld;
+            ROW_ELEMS(j, ld) row16[j] = j <= t ? dp_bf16_round(scale * arow[j] * (drow[j] - dot)) : 0;
+        } else {
+            ROW_ELEMS(j, ld) drow[j] = j <= t ? scale * arow[j] * (drow[j] - dot) : 0.0f;
+        }
     }
 }
 
@@ -399,23 +412,24 @@ extern "C" cudaError_t dp_cuda_launch_layernorm_backward_inp(cudaStream_t stream
 }
 
 extern "C" cudaError_t dp_cuda_launch_softmax_causal_backward(cudaStream_t stream, float *datt,
-                                                              const float *att, float scale,
-                                                              size_t ld, size_t q0, size_t nq,
-                                                              size_t n)
+                                                              uint16_t *ds16, const float *att,
+                                                              float scale, size_t ld, size_t q0,
+                                                              size_t nq, size_t n)
 {
     if (n == 0 || ld == 0 || nq == 0) return cudaSuccess;
-    k_softmax_causal_backward_block<<<row_blocks(n), BLOCK_THREADS, 0, stream>>>(datt, att, scale,
-                                                                                 ld, q0, nq, n);
+    k_softmax_causal_backward_block<<<row_blocks(n), BLOCK_THREADS, 0, stream>>>(
+        datt, ds16, att, scale, ld, q0, nq, n);
     return cudaGetLastError();
 }
 
 extern "C" cudaError_t dp_cuda_launch_softmax_causal_forward(cudaStream_t stream, float *att,
-                                                             float scale, size_t ld, size_t q0,
-                                                             size_t nq, size_t n)
+                                                             uint16_t *att16, float scale,
+                                                             size_t ld, size_t q0, size_t nq,
+                                                             size_t n)
 {
     if (n == 0 || ld == 0 || nq == 0) return cudaSuccess;
-    k_softmax_causal_forward_block<<<row_blocks(n), BLOCK_THREADS, 0, stream>>>(att, scale, ld,
-                                                                                q0, nq, n);
+    k_softmax_causal_forward_block<<<row_blocks(n), BLOCK_THREADS, 0, stream>>>(
+        att, att16, scale, ld, q0, nq, n);
     return cudaGetLastError();
 }
 
