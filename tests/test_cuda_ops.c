@@ -1574,6 +1574,80 @@ Test(cuda_ops, chunked_attention_att16_matches_converting_gemms, .timeout = 60)
     free(adout);
 }
 
+/*
+ * The fused attention (kernels/flash.h: cuda_flash.cu's tiled kernels for
+ * hs 64 and 128, a thread per row otherwise) against the CPU's loops of
+ * the same items. Both take one online step per key in the same order,
+ * so they differ only where the arithmetic does: the GPU's dots split over
+ * G threads per row (partial sums, then a butterfly), nvcc's FMA
+ * contraction and expf against dp_expf (2 ulp each). Those are errors of
+ * the kind test_attention_fused bounds against float64 for the CPU (std
+ * 1.5 inputs: out 3e-5, lse 1e-5, dqkv 4e-5 absolute, rtol 1e-5), so two
+ * backends each within them agree within twice those. Shapes: T past one
+ * 64-row tile and no multiple of the 32-row tiles, T = 1, hs 64, 128 and 7
+ * (odd: the per-row kernels); float32, and bfloat16 qkvr with a bfloat16
+ * out in the backward. Each device also gives the same bits twice.
+ */
+static void fused_attention_run(dp_device *d, size_t B, size_t T, size_t C, size_t NH, int bf16,
+                                const float *qkv_h, const float *dout_h, float **res)
+{
+    size_t nq = B * T * 3 * C, no = B * T * C, nr = B * NH * T;
+    float *qkv = dp_test_upload(d, qkv_h, nq), *dout = dp_test_upload(d, dout_h, no);
+    float *out = dalloc(d, no * 4), *lse = dalloc(d, nr * 4), *delta = dalloc(d, nr * 4),
+          *dqkv = dalloc(d, nq * 4), *f32 = bf16 ? dalloc(d, nq * 4) : NULL;
+    void *qkvr = dalloc(d, nq * (bf16 ? 2 : 4)), *o16 = bf16 ? dalloc(d, no * 2) : NULL;
+    void *fill[] = {out, lse, delta, dqkv, qkvr};
+    size_t bytes[] = {no * 4, nr * 4, nr * 4, nq * 4, nq * (bf16 ? 2 : 4)};
+    for (int i = 0; i < 5; i++) dp_assert_ok(dp_memset(d, fill[i], 0xFF, bytes[i]));
+    dp_dtype t = bf16 ? DP_DTYPE_BF16 : DP_DTYPE_F32;
+    dp_assert_ok(dp_attention_forward_fused(d, out, qkvr, t, f32, lse, qkv, B, T, C, NH));
+    if (bf16) dp_assert_ok(dp_convert(d, o16, DP_DTYPE_BF16, out, DP_DTYPE_F32, no));
+    dp_assert_ok(dp_attention_backward_fused(d, dqkv, delta, dout, qkvr, t, lse,
+                                             bf16 ? o16 : (void *)out, t, B, T, C, NH));
+    res[0] = dp_test_nn_download(d, out, no);
+    res[1] = dp_test_nn_download(d, lse, nr);
+    res[2] = dp_test_nn_download(d, dqkv, nq);
+    void *bufs[] = {qkv, dout, out, lse, delta, dqkv, f32, qkvr, o16};
+    for (size_t i = 0; i < 9; i++)
+        if (bufs[i]) dp_device_free(d, bufs[i]);
+}
+
+Test(cuda_ops, fused_attention_matches_cpu, .timeout = 120)
+{
+    REQUIRE_GPU();
+    const size_t shapes[][4] = {{2, 100, 128, 2}, {3, 130, 64, 1}, {1, 70, 256, 2},
+                                {2, 45, 42, 6},   {1, 1, 128, 2}};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        size_t B = shapes[si][0], T = shapes[si][1], C = shapes[si][2], NH = shapes[si][3];
+        size_t n[3] = {B * T * C, B * NH * T, B * T * 3 * C};
+        const double atol[3] = {2 * 3e-5, 2 * 1e-5, 2 * 4e-5};
+        float *qkv = rnd_normal(40 + si, n[2], 0.0f, 1.5f),
+              *dout = rnd_normal(50 + si, n[0], 0.0f, 1.0f);
+        for (int bf16 = 0; bf16 < 2; bf16++)
+            FOR_TARGETS(g)
+            {
+                pair p = pair_open(g);
+                float *res[2][3], *again[3];
+                for (int b = 0; b < 2; b++)
+                    fused_attention_run(p.d[b], B, T, C, NH, bf16, qkv, dout, res[b]);
+                fused_attention_run(p.d[1], B, T, C, NH, bf16, qkv, dout, again);
+                cr_log_info("%s B=%zu T=%zu C=%zu NH=%zu %s", dp_device_name(p.d[1]), B, T, C,
+                            NH, bf16 ? "bf16" : "f32");
+                static const char *what[3] = {"fused out", "fused lse", "fused dqkv"};
+                for (int k = 0; k < 3; k++) {
+                    dp_assert_allclose(res[1][k], res[0][k], n[k], atol[k], 2e-5);
+                    assert_same_bits(what[k], again[k], res[1][k], n[k]);
+                    free(res[0][k]);
+                    free(res[1][k]);
+                    free(again[k]);
+                }
+                pair_close(&p);
+            }
+        free(qkv);
+        free(dout);
+    }
+}
+
 // --- memory and copies -------------------------------------------------------------------------
 
 Test(cuda_memory, accounting_limit_and_driver_figures)

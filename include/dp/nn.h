@@ -286,6 +286,59 @@ DP_API dp_status dp_attention_backward_chunked(dp_device *dev, float *dqkv, floa
                                                const void *qkvr, dp_dtype qkvr_dtype, size_t B,
                                                size_t T, size_t C, size_t NH, size_t chunk);
 
+/* The same attention fused (FlashAttention-2: Dao 2023, "FlashAttention-2:
+ * Faster Attention with Better Parallelism and Work Partitioning"): each
+ * query row runs an online softmax over its keys 0..t (Milakov &
+ * Gimelshein 2018, "Online normalizer calculation for softmax": a running
+ * maximum m and sum l, the accumulated output rescaled by exp(m_old -
+ * m_new) as the maximum grows), so no probability is written to memory,
+ * not even a chunk's; the forward keeps lse, the log of each row's
+ * normaliser, and the backward recomputes p = exp(s - lse) from it.
+ * scale = 1/sqrt(hs), scores s = scale q.k; every sum is float32 (q, k,
+ * v, O widened exactly from bfloat16 where stored so). Results match
+ * dp_attention_forward/backward to float32 rounding, not bit for bit
+ * (the key sums run in another order), and are the same bits run to run
+ * on one device: the backward is FlashAttention-2's deterministic one, a
+ * query-major pass for dq and a key-major pass for dk and dv, no atomics.
+ * Any head size; CUDA devices run tiled kernels for hs 64 and 128 and a
+ * thread per row otherwise (backend/cuda/cuda_flash.cu).
+ *
+ * Forward:
+ *   qkv(B,T,3C) float32 input (nanoGPT's c_attn output);
+ *   out(B,T,C) float32 output, heads concatenated;
+ *   qkvr(3,B,NH,T,hs) of qkvr_dtype (DP_DTYPE_F32 or DP_DTYPE_BF16),
+ *     written: q, k, v per head, what the backward reads. With bfloat16,
+ *     qkvr_f32 (3,B,NH,T,hs floats, scratch, clobbered) takes the
+ *     permute first and the forward computes with the rounded q, k, v
+ *     (so lse is theirs); NULL for float32;
+ *   lse(B,NH,T) float32 output: log sum_{j<=t} exp(s_tj), kept for the
+ *     backward (4 bytes per head and token instead of T probabilities).
+ * Backward (dout and the forward's qkvr, lse and out; nothing else):
+ *   dqkv(B,T,3C) float32, overwritten;
+ *   delta(B,NH,T) floats of scratch, clobbered: D_t = dout_t . out_t per
+ *     head, the row sums of p * dp (FlashAttention-2's D);
+ *   out(B,T,C) the forward's output as out_dtype: float32, or bfloat16
+ *     (a caller that keeps its activations so rounds it). A bfloat16 O
+ *     gives D = dO . bf16(O), off by up to ~2^-9 |dO||O| per row, which
+ *     moves each score gradient ds = p (dp - D) by p times that (dq and dk
+ *     of the row by about scale * 2^-9 |dO||O| |k|; dv is not affected),
+ *     as FlashAttention's backward does from its bfloat16 O.
+ * Errors: DP_ERR_INVALID_ARGUMENT for NULL pointers (qkvr_f32 only with
+ * bfloat16 qkvr), zero or inconsistent dimensions (C % NH != 0), a
+ * qkvr_dtype or out_dtype other than DP_DTYPE_F32 and DP_DTYPE_BF16, the
+ * same buffer passed twice, B*T*3C floats overflowing size_t, or more
+ * than 2^31 - 1 rows B*NH*T; DP_ERR_UNSUPPORTED on a backend without the
+ * fused kernels; DP_ERR_DEVICE. */
+DP_API dp_status dp_attention_forward_fused(dp_device *dev, float *out, void *qkvr,
+                                            dp_dtype qkvr_dtype, float *qkvr_f32, float *lse,
+                                            const float *qkv, size_t B, size_t T, size_t C,
+                                            size_t NH);
+DP_API dp_status dp_attention_backward_fused(dp_device *dev, float *dqkv, float *delta,
+                                             const float *dout, const void *qkvr,
+                                             dp_dtype qkvr_dtype, const float *lse,
+                                             const void *out, dp_dtype out_dtype, size_t B,
+                                             size_t T, size_t C, size_t NH);
+
 /* ---- fused softmax cross-entropy ------------------------------------------
  * For each row i of logits(N,V) with targets[i] in [0,V):
  *   loss_i = logsumexp(logits[i,:]) - logits[i,targets[i]]

@@ -22,7 +22,10 @@
  *           warp-shuffle reduction tree, written in cuda_kernels.cu against
  *           fn's semantics) or COLUMNS (items are the elements of a block of
  *           columns, a column's rows contiguous: the CUDA backend runs a warp
- *           per segment of a column); the CPU loops over fn whatever the shape;
+ *           per segment of a column) or TILED (an item is a query or key row
+ *           of the fused attention, kernels/flash.h: the CUDA backend runs its
+ *           own tiled kernels, cuda/cuda_flash.cu, built from fn's pieces);
+ *           the CPU loops over fn whatever the shape;
  *   fn      the DP_HD item function;
  *   params  the entry's parameters between dev and n, in parentheses;
  *   args    their names, in the same order, as passed to fn before i.
@@ -38,6 +41,7 @@
 #include "kernels/dropout.h"
 #include "kernels/elementwise.h"
 #include "kernels/encoder.h"
+#include "kernels/flash.h"
 #include "kernels/gelu.h"
 #include "kernels/ignored.h"
 #include "kernels/layernorm.h"
@@ -134,6 +138,26 @@
     /* x(N,C): rows whose per targets are all ignored set to 0 (kernels/ignored.h); n = N */ \
     X(zero_ignored_rows, ROW_BLOCK, dp_zero_ignored_rows_item,                             \
       (float *x, const void *targets, int f32, size_t per, size_t cols),                   \
-      (x, targets, f32, per, cols))
+      (x, targets, f32, per, cols))                                                        \
+    /* fused causal attention (kernels/flash.h); item r = (b*NH + h)*T + t, n = B*NH*T:    \
+     * out(B,T,C) row and lse(B,NH,T) of query r from qkvr(3,B,NH,T,hs) */                 \
+    X(attention_fused_forward, TILED, dp_flash_forward_item,                               \
+      (float *out, float *lse, dp_pref qkvr, size_t B, size_t T, size_t NH, size_t hs,     \
+       float scale),                                                                       \
+      (out, lse, qkvr, B, T, NH, hs, scale))                                               \
+    /* delta(B,NH,T) = dout . out per head row (out float32 or bfloat16) */               \
+    X(attention_fused_delta, ELEM, dp_flash_delta_item,                                   \
+      (float *delta, const float *dout, dp_pref out, size_t T, size_t NH, size_t hs),      \
+      (delta, dout, out, T, NH, hs))                                                       \
+    /* dqkv(B,T,3C): dq of query row r (the query-major pass) */                           \
+    X(attention_fused_dq, TILED, dp_flash_dq_item,                                         \
+      (float *dqkv, const float *dout, dp_pref qkvr, const float *lse, const float *delta, \
+       size_t B, size_t T, size_t NH, size_t hs, float scale),                             \
+      (dqkv, dout, qkvr, lse, delta, B, T, NH, hs, scale))                                 \
+    /* dqkv(B,T,3C): dk and dv of key row r (the key-major pass) */                        \
+    X(attention_fused_dkdv, TILED, dp_flash_dkdv_item,                                     \
+      (float *dqkv, const float *dout, dp_pref qkvr, const float *lse, const float *delta, \
+       size_t B, size_t T, size_t NH, size_t hs, float scale),                             \
+      (dqkv, dout, qkvr, lse, delta, B, T, NH, hs, scale))
 
 #endif /* DP_KERNELS_OPS_H */

@@ -1,7 +1,8 @@
 /*
  * backend/cpu/cpu_attention.c - the CPU backend's attention permutes:
- * qkv <-> qkvr and y <-> out (the causal softmax rows are ops of
- * kernels/ops.h, generated in cpu_backend.c).
+ * qkv <-> qkvr and y <-> out (the causal softmax rows, and the fused
+ * attention's rows of kernels/flash.h, are ops of kernels/ops.h,
+ * generated in cpu_backend.c).
  *
  * Each entry loops, on the calling thread, over the DP_HD functions of
  * kernels/attention.h (the math the CUDA backend shares). The GEMMs of

@@ -14,7 +14,8 @@
  *     per segment of a column of the block, lanes along its contiguous rows;
  *   - column reductions (bias and LayerNorm parameter gradients): two
  *     stages, one thread per (row chunk, column) then one per column, in
- *     the fixed order of kernels/colsum.h.
+ *     the fixed order of kernels/colsum.h;
+ *   - the fused attention's rows (the TILED ops): cuda_flash.cu.
  * Grids are capped at DP_MAX_BLOCKS blocks and every kernel is a
  * grid-stride loop with size_t indices, so any n fits in the 2^31 - 1
  * limit of grid.x and no index overflows 32 bits.
@@ -69,10 +70,12 @@ __device__ __forceinline__ size_t grid_stride() { return (size_t)gridDim.x * blo
 // --- the element-wise and row-wise ops of kernels/ops.h ------------------------------
 
 /* One grid-stride kernel and its launcher per ELEM entry; the launchers of
- * the ROW_BLOCK and COLUMNS entries are written out below. */
+ * the ROW_BLOCK and COLUMNS entries are written out below, those of the
+ * TILED entries (the fused attention) in cuda_flash.cu. */
 #define CUDA_OP(name, shape, fn, params, args) CUDA_OP_##shape(name, fn, params, args)
 #define CUDA_OP_ROW_BLOCK(name, fn, params, args)
 #define CUDA_OP_COLUMNS(name, fn, params, args)
+#define CUDA_OP_TILED(name, fn, params, args) /* cuda_flash.cu */
 #define CUDA_OP_ELEM(name, fn, params, args) CUDA_OP_GRID(name, ELEM_THREADS, fn, params, args)
 #define CUDA_OP_GRID(name, threads, fn, params, args)                                   \
     __global__ void k_##name(DP_UNPAREN params, size_t n)                                \

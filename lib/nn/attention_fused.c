@@ -1,0 +1,159 @@
+/*
+ * nn/attention_fused.c - fused causal multi-head self-attention
+ * (dp_attention_forward_fused, dp_attention_backward_fused): argument
+ * checks, then the backend's permute and the fused ops of kernels/ops.h,
+ * whose math is kernels/flash.h (FlashAttention-2, Dao 2023).
+ *
+ *   forward   qkv(B,T,3C) -> qkvr(3,B,NH,T,hs) (the permute; bfloat16 by
+ *             way of qkvr_f32), then one item per query row: out(B,T,C)
+ *             and lse(B,NH,T), with the online softmax of Milakov &
+ *             Gimelshein (2018) over keys 0..t;
+ *   backward  delta(B,NH,T) = rowwise dout.out, then the query-major pass
+ *             (dq) and the key-major pass (dk, dv), each writing its part
+ *             of dqkv(B,T,3C) directly (no permute back, no dqkvr).
+ *
+ * Unlike the chunked calls (nn/attention.c) nothing of size T*T, or of a
+ * chunk times T, is written: the probabilities exist one at a time in a
+ * thread's registers, and the backward recomputes them from lse.
+ */
+#include <limits.h>
+#include <math.h>
+
+#include "backend/backend.h"
+#include "core/error.h"
+#include "dp/checked.h"
+#include "dp/nn.h"
+
+// --- argument checks -------------------------------------------------------------------
+
+/* *bf16 = whether a tensor of type t is bfloat16 (else float32). */
+static dp_status tensor_kind(const char *fn, dp_device *dev, const char *what, dp_dtype t,
+                             int *bf16)
+{
+    *bf16 = t == DP_DTYPE_BF16;
+    if (t == DP_DTYPE_F32 || t == DP_DTYPE_BF16) return DP_OK;
+    return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
+                   "%s on %s: %s %s (%d) is neither DP_DTYPE_F32 nor DP_DTYPE_BF16", fn,
+                   dev->name, what, dp_dtype_name(t), (int)t);
+}
+
+static dp_status check_dims(const char *fn, dp_device *dev, size_t B, size_t T, size_t C,
+                            size_t NH)
+{
+    if (!B || !T || !C || !NH)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
+                       "%s on %s: B=%zu, T=%zu, C=%zu and NH=%zu must all be > 0", fn,
+                       dev->name, B, T, C, NH);
+    if (C % NH)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
+                       "%s on %s: C=%zu is not a multiple of NH=%zu (C %% NH != 0); the head "
+                       "size is C/NH, so choose C divisible by the number of heads",
+                       fn, dev->name, C, NH);
+    /* qkv and dqkv (B,T,3C) are the largest buffers: their bytes must fit. */
+    size_t n;
+    if (!dp_size_mul(B, T, &n) || !dp_size_mul(n, C, &n) || !dp_size_mul(n, 3, &n) ||
+        !dp_size_mul(n, sizeof(float), &n))
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
+                       "%s on %s: B=%zu, T=%zu, C=%zu overflow the buffer sizes (B*T*3C "
+                       "floats must fit in size_t bytes)",
+                       fn, dev->name, B, T, C);
+    /* One item per (batch, head, token); a GPU runs a block per 64 of them,
+     * and grid.x holds at most 2^31 - 1 blocks: keep the items below it. */
+    if (B * NH > INT_MAX / T)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
+                       "%s on %s: B*NH*T = %zu*%zu*%zu rows; the fused attention takes at "
+                       "most %d; split the batch into smaller micro-batches",
+                       fn, dev->name, B, NH, T, INT_MAX);
+    const dp_backend_ops *o = dev->ops;
+    if (!o->attention_permute || !o->cast_f32_bf16 || !o->attention_fused_forward ||
+        !o->attention_fused_delta || !o->attention_fused_dq || !o->attention_fused_dkdv)
+        return DP_FAIL(DP_ERR_UNSUPPORTED,
+                       "%s on %s: the %s backend has no fused attention kernels; use "
+                       "dp_attention_forward_chunked",
+                       fn, dev->name, o->name);
+    return DP_OK;
+}
+
+/* Buffers a call writes (or reads while another is written) must be
+ * separate; only identical start pointers are detected. */
+static dp_status check_distinct(const char *fn, dp_device *dev, const void *const *p,
+                                const char *const *names, int n)
+{
+    for (int i = 0; i < n; i++)
+        for (int j = i + 1; j < n; j++)
+            if (p[i] == p[j])
+                return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
+                               "%s on %s: %s and %s are the same buffer; pass separate "
+                               "buffers",
+                               fn, dev->name, names[i], names[j]);
+    return DP_OK;
+}
+
+static dp_pref pref_of(const void *p, int bf16)
+{
+    return bf16 ? dp_pref_bf16((const uint16_t *)p) : dp_pref_f32((const float *)p);
+}
+
+/* 1/sqrt(hs): the scale of the chunked calls (nn/attention.c), bit for bit. */
+static float scale_of(size_t hs) { return 1.0f / sqrtf((float)hs); }
+
+// --- forward ---------------------------------------------------------------------------
+
+dp_status dp_attention_forward_fused(dp_device *dev, float *out, void *qkvr, dp_dtype qkvr_dtype,
+                                     float *qkvr_f32, float *lse, const float *qkv, size_t B,
+                                     size_t T, size_t C, size_t NH)
+{
+    static const char fn[] = "dp_attention_forward_fused";
+    if (!dev) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: dev must not be NULL", fn);
+    int q16;
+    DP_TRY(tensor_kind(fn, dev, "qkvr_dtype", qkvr_dtype, &q16));
+    if (!out || !qkvr || (q16 && !qkvr_f32) || !lse || !qkv)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
+                       "%s on %s: out, qkvr,%s lse and qkv must not be NULL (out=%p qkvr=%p "
+                       "qkvr_f32=%p lse=%p qkv=%p)",
+                       fn, dev->name, q16 ? " qkvr_f32 (bfloat16 qkvr)," : "", (void *)out,
+                       qkvr, (void *)qkvr_f32, (void *)lse, (const void *)qkv);
+    DP_TRY(check_dims(fn, dev, B, T, C, NH));
+    const void *bufs[] = {out, qkvr, lse, qkv, qkvr_f32};
+    const char *names[] = {"out", "qkvr", "lse", "qkv", "qkvr_f32"};
+    DP_TRY(check_distinct(fn, dev, bufs, names, q16 ? 5 : 4));
+    size_t hs = C / NH;
+    float *permuted = q16 ? qkvr_f32 : qkvr;
+    DP_TRY(dev->ops->attention_permute(dev, permuted, qkv, B, T, NH, hs));
+    if (q16) DP_TRY(dp_convert(dev, qkvr, DP_DTYPE_BF16, permuted, DP_DTYPE_F32, 3 * B * T * C));
+    /* The items read qkvr as stored: with bfloat16 the rounded q, k, v,
+     * the values the backward will read, so lse matches them. */
+    return dev->ops->attention_fused_forward(dev, out, lse, pref_of(qkvr, q16), B, T, NH, hs,
+                                             scale_of(hs), B * NH * T);
+}
+
+// --- backward --------------------------------------------------------------------------
+
+dp_status dp_attention_backward_fused(dp_device *dev, float *dqkv, float *delta,
+                                      const float *dout, const void *qkvr, dp_dtype qkvr_dtype,
+                                      const float *lse, const void *out, dp_dtype out_dtype,
+                                      size_t B, size_t T, size_t C, size_t NH)
+{
+    static const char fn[] = "dp_attention_backward_fused";
+    if (!dev) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: dev must not be NULL", fn);
+    int q16, o16;
+    DP_TRY(tensor_kind(fn, dev, "qkvr_dtype", qkvr_dtype, &q16));
+    DP_TRY(tensor_kind(fn, dev, "out_dtype", out_dtype, &o16));
+    if (!dqkv || !delta || !dout || !qkvr || !lse || !out)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
+                       "%s on %s: dqkv, delta, dout, qkvr, lse and out must not be NULL "
+                       "(dqkv=%p delta=%p dout=%p qkvr=%p lse=%p out=%p)",
+                       fn, dev->name, (void *)dqkv, (void *)delta, (const void *)dout, qkvr,
+                       (const void *)lse, out);
+    DP_TRY(check_dims(fn, dev, B, T, C, NH));
+    const void *bufs[] = {dqkv, delta, dout, qkvr, lse, out};
+    const char *names[] = {"dqkv", "delta", "dout", "qkvr", "lse", "out"};
+    DP_TRY(check_distinct(fn, dev, bufs, names, 6));
+    size_t hs = C / NH, n = B * NH * T;
+    float scale = scale_of(hs);
+    dp_pref q = pref_of(qkvr, q16);
+    const dp_backend_ops *o = dev->ops;
+    DP_TRY(o->attention_fused_delta(dev, delta, dout, pref_of(out, o16), T, NH, hs, n));
+    DP_TRY(o->attention_fused_dq(dev, dqkv, dout, q, lse, delta, B, T, NH, hs, scale, n));
+    return o->attention_fused_dkdv(dev, dqkv, dout, q, lse, delta, B, T, NH, hs, scale, n);
+}
