@@ -226,14 +226,16 @@ static int cli_parse_recompute(const char *v, int *what)
                     "GELU output, or both)", v);
 }
 
-static int cli_parse_attention(const char *v, int *chunked)
+static int cli_parse_attention(const char *v, int *chunked, int *fused)
 {
-    if (strcmp(v, "whole") == 0 || strcmp(v, "chunked") == 0) {
+    if (strcmp(v, "whole") == 0 || strcmp(v, "chunked") == 0 || strcmp(v, "fused") == 0) {
         *chunked = v[0] == 'c';
+        *fused = v[0] == 'f';
         return 0;
     }
-    return cli_fail("--attention: \"%s\" is not whole or chunked (chunked: the attention is "
-                    "formed %d queries at a time, so no (T,T) probabilities exist)",
+    return cli_fail("--attention: \"%s\" is not whole, chunked or fused (chunked: the attention "
+                    "is formed %d queries at a time, so no (T,T) probabilities exist; fused: "
+                    "one kernel, no probabilities in memory at all, for GPUs)",
                     v, DP_GPT_ATTENTION_CHUNK);
 }
 
@@ -244,7 +246,7 @@ static int compute_option(int c, const char *v, char **argv, cli_compute *cp, in
     switch (c) {
     case CLI_O_PRECISION: return cli_parse_precision(v, &cp->bf16);
     case CLI_O_RECOMPUTE: return cli_parse_recompute(v, &cp->recompute);
-    case CLI_O_ATTENTION: return cli_parse_attention(v, &cp->chunked_att);
+    case CLI_O_ATTENTION: return cli_parse_attention(v, &cp->chunked_att, &cp->fused_att);
     case CLI_O_ATTENTION_CHUNK:
         return cli_parse_long("--attention-chunk", v, 1, INT_MAX, &cp->att_chunk);
     case CLI_O_LOGITS_CHUNK: return cli_parse_logits_chunk(v, &cp->logits_chunk);
@@ -283,11 +285,13 @@ void cli_print_compute(const cli_compute *cp)
     if (cp->bf16) printf(", bf16 (float32 masters)");
     if (cp->recompute) printf(", %s recomputed", cli_recompute_words(cp->recompute));
     if (cp->chunked_att) printf(", attention in chunks of %ld queries", cli_attention_chunk(cp));
+    if (cp->fused_att) printf(", attention fused");
 }
 
 unsigned cli_gpt_flags(const cli_compute *cp)
 {
     return (cp->bf16 ? DP_GPT_BF16_ACT : 0u) | (cp->chunked_att ? DP_GPT_CHUNKED_ATTENTION : 0u) |
+           (cp->fused_att ? DP_GPT_FUSED_ATTENTION : 0u) |
            ((cp->recompute & CLI_RECOMPUTE_ATTENTION) ? DP_GPT_RECOMPUTE_ATTENTION : 0u) |
            ((cp->recompute & CLI_RECOMPUTE_GELU) ? DP_GPT_RECOMPUTE_GELU : 0u);
 }

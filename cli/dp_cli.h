@@ -186,12 +186,13 @@ int cli_parse_watchdog(const char *v, double *out);
 // --- how the GPT computes: options lm_train and dp_bench share ---------------------------
 
 /* --precision fp32|bf16, --recompute none|attention|gelu|all, --attention
- * whole|chunked, --attention-chunk N, --logits-chunk ROWS|auto|whole and
+ * whole|chunked|fused, --attention-chunk N, --logits-chunk ROWS|auto|whole and
  * --bucket-mb MB|off. */
 typedef struct cli_compute {
     int bf16;            /* mixed precision: bf16 replicas with float32 masters, bf16 GEMMs */
     int recompute;       /* what the backward recomputes instead of keeping: CLI_RECOMPUTE_* */
     int chunked_att;     /* chunked attention (DP_GPT_CHUNKED_ATTENTION) */
+    int fused_att;       /* fused attention (DP_GPT_FUSED_ATTENTION) */
     long att_chunk;      /* queries per chunk; 0: DP_GPT_ATTENTION_CHUNK */
     size_t logits_chunk; /* dp_engine_config.logits_chunk_rows: 0 auto, DP_LOGITS_WHOLE whole */
     size_t bucket_bytes; /* dp_engine_config.bucket_bytes: 0 default, DP_BUCKET_OFF off */
@@ -226,7 +227,8 @@ const char *cli_recompute_name(int what);
 
 /* Prints on stdout what *cp changes from float32 and whole attention, as
  * a banner's words: ", bf16 (float32 masters)", ", GELU recomputed",
- * ", attention in chunks of 64 queries" (nothing for the defaults). */
+ * ", attention in chunks of 64 queries", ", attention fused" (nothing for
+ * the defaults). */
 void cli_print_compute(const cli_compute *cp);
 
 /* The dp_gpt_model flags of *cp. */

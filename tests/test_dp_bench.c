@@ -423,6 +423,27 @@ Test(dp_bench, recompute_reaches_every_run)
     dp_test_result_free(&r);
 }
 
+/* --attention fused reaches every run: with --context 150 the losses
+ * within 1e-5 of the whole-matrix runs' and a smaller peak on every
+ * device; the banner and the JSON say so. */
+Test(dp_bench, fused_attention_reaches_every_run)
+{
+    dp_test_result w = BENCH("--layers", "2", "--context", "150", "--json", "@w.json");
+    assert_success(&w);
+    dp_test_result f = BENCH("--layers", "2", "--context", "150", "--attention", "fused",
+                             "--json", "@f.json");
+    assert_success(&f);
+    cr_assert(strstr(f.out, "attention fused"), "%s", f.out);
+    json_t *jw = load_json("w.json"), *jf = load_json("f.json");
+    cr_assert_str_eq(config_string(jf, "attention"), "fused");
+    cr_assert(json_is_null(json_object_get(json_object_get(jf, "config"), "attention_chunk")));
+    assert_same_losses_lower_peaks(jw, jf, 1e-5, "whole", "fused");
+    json_decref(jw);
+    json_decref(jf);
+    dp_test_result_free(&w);
+    dp_test_result_free(&f);
+}
+
 /* --attention chunked reaches every run: with --context 150 (chunks of
  * 64, 64 and 22 queries) the losses within 1e-5 of the whole-matrix
  * runs' and a smaller peak on every device. */
@@ -569,7 +590,7 @@ static bad_case bad_cases[] = {
     {"precision fp16", {"--precision", "fp16"}, "--precision", 0},
     {"precision bf16 with tf32", {"--precision", "bf16", "--tf32"}, "--tf32", 0},
     {"recompute everything", {"--recompute", "everything"}, "--recompute", 0},
-    {"attention flash", {"--attention", "flash"}, "is not whole or chunked", 0},
+    {"attention flash", {"--attention", "flash"}, "is not whole, chunked or fused", 0},
     {"attention-chunk without chunked", {"--attention-chunk", "16"},
      "needs --attention chunked", 0},
     {"attention-chunk 0", {"--attention", "chunked", "--attention-chunk", "0"},

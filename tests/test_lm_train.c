@@ -1022,6 +1022,33 @@ Test(lm_train, chunked_attention_is_the_same_run_to_rounding)
     result_free(&d);
 }
 
+/* --attention fused (no probabilities in memory, the kernels' CPU
+ * reference here): with --context 150 the same run as the whole matrix's
+ * to float32 rounding (losses and norms within 1e-5) at a smaller peak on
+ * every device (no (T,T) probabilities per layer), and the banner says
+ * so; with --attention-chunk it is refused (chunks are the chunked
+ * attention's). */
+Test(lm_train, fused_attention_is_the_same_run_to_rounding)
+{
+    result c = RUN("--steps", "3", "--context", "150", "--log", "@w.jsonl");
+    assert_success(&c, "whole attention, context 150");
+    result d = RUN("--steps", "3", "--context", "150", "--attention", "fused", "--log",
+                   "@f.jsonl");
+    assert_success(&d, "fused attention, context 150");
+    cr_assert(strstr(d.out, "attention fused"), "%s", d.out);
+    log_row rw[4], rf[4];
+    cr_assert_eq(read_log_rows("w.jsonl", rw, 4), 3);
+    cr_assert_eq(read_log_rows("f.jsonl", rf, 4), 3);
+    assert_close_lower_peaks(rw, rf, 3, "whole", "fused");
+    result e = RUN("--steps", "1", "--attention", "fused", "--attention-chunk", "32");
+    cr_assert(WIFEXITED(e.status) && WEXITSTATUS(e.status) != 0,
+              "--attention fused --attention-chunk 32 was accepted");
+    cr_assert(strstr(e.err, "needs --attention chunked"), "%s", e.err);
+    result_free(&c);
+    result_free(&d);
+    result_free(&e);
+}
+
 // --- outputs that would replace inputs or each other ------------------------------------
 
 typedef struct overlap_case {
@@ -1297,7 +1324,7 @@ static bad_case bad_cases[] = {
     {"val-tokens abc", {"--val-tokens", "abc"}, "--val-tokens: \"abc\"", "", 0, 0, 0},
     {"recompute everything", {"--recompute", "everything"},
      "is not none, attention, gelu or all", "", 0, 0, 0},
-    {"attention flash", {"--attention", "flash"}, "is not whole or chunked", "", 0, 0, 0},
+    {"attention flash", {"--attention", "flash"}, "is not whole, chunked or fused", "", 0, 0, 0},
     {"attention-chunk without chunked", {"--attention-chunk", "16"},
      "--attention-chunk 16 needs --attention chunked", "", 0, 0, 0},
     {"attention-chunk 0", {"--attention", "chunked", "--attention-chunk", "0"},

@@ -89,9 +89,10 @@ static void usage(FILE *f)
           "  --recompute none|attention|gelu|all  keep no attention probabilities, GELU\n"
           "                       output or both: the backward recomputes them (same\n"
           "                       results; default none)\n"
-          "  --attention whole|chunked  chunked: the attention " CLI_STR(DP_GPT_ATTENTION_CHUNK)
-          " queries at a time, no\n"
-          "                       (T,T) probabilities (default whole)\n"
+          "  --attention whole|chunked|fused  chunked: the attention "
+          CLI_STR(DP_GPT_ATTENTION_CHUNK) " queries at a\n"
+          "                       time, no (T,T) probabilities; fused: one kernel, no\n"
+          "                       probabilities in memory (GPUs; default whole)\n"
           "  --attention-chunk N  queries per chunk with --attention chunked (default "
           CLI_STR(DP_GPT_ATTENTION_CHUNK) "):\n"
           "                       larger chunks, larger GEMMs (GPUs) and a larger scratch\n"

@@ -267,7 +267,9 @@ static json_t *json_config(const bench *b)
     const cli_compute *cp = &o->compute;
     json_object_set_new(cfg, "precision", json_string(cp->bf16 ? "bf16" : "fp32"));
     json_object_set_new(cfg, "recompute", json_string(cli_recompute_name(cp->recompute)));
-    json_object_set_new(cfg, "attention", json_string(cp->chunked_att ? "chunked" : "whole"));
+    json_object_set_new(cfg, "attention", json_string(cp->chunked_att ? "chunked"
+                                                      : cp->fused_att ? "fused"
+                                                                      : "whole"));
     /* Queries per chunk of the chunked attention; null for the whole matrix. */
     json_object_set_new(cfg, "attention_chunk",
                         cp->chunked_att ? json_integer(cli_attention_chunk(cp)) : json_null());

@@ -96,6 +96,18 @@ DP_API void dp_gpt_destroy(dp_gpt *gpt);
  * so training tracks the whole-matrix variant to float32 rounding rather
  * than bit for bit. */
 #define DP_GPT_CHUNKED_ATTENTION 0x10u
+/* Form the attention fused (dp_attention_forward_fused: FlashAttention-2's
+ * online softmax, a CUDA kernel of dp's own on GPUs): no probabilities
+ * exist in memory at all, not even a chunk's; each layer keeps only the
+ * log of its softmax normalisers (4 bytes per head and token), and the
+ * backward recomputes the probabilities inside its kernels (the flag
+ * implies DP_GPT_RECOMPUTE_ATTENTION; with DP_GPT_CHUNKED_ATTENTION it
+ * is refused). Sums over keys run in another order than the GEMMs', so
+ * training tracks the whole-matrix variant to float32 rounding rather
+ * than bit for bit; two runs on one device give the same bits. Meant for
+ * GPUs: on CPU devices the fused path is the kernels' plain reference
+ * (no BLAS), several times slower than the chunked one. */
+#define DP_GPT_FUSED_ATTENTION 0x20u
 /* Queries per chunk of DP_GPT_CHUNKED_ATTENTION when
  * dp_gpt_config.attention_chunk is 0: the fastest of 32, 64 and 128 on a
  * CPU. Larger chunks mean larger GEMMs (for GPUs) and a larger scratch. */
@@ -110,8 +122,9 @@ DP_API void dp_gpt_destroy(dp_gpt *gpt);
  * (dp_engine_config.logits_chunk_rows), so its workspace is
  * dp_gpt_workspace_bytes less that (B,T,C) buffer. Every variant has the
  * same tensors, parameters and checkpoints; they differ in the replicas'
- * type and in what the workspace keeps. NULL when gpt is NULL or flags
- * holds another bit. Owned by gpt. */
+ * type and in what the workspace keeps. NULL when gpt is NULL, flags
+ * holds another bit or both DP_GPT_CHUNKED_ATTENTION and
+ * DP_GPT_FUSED_ATTENTION. Owned by gpt. */
 DP_API const dp_model *dp_gpt_model(const dp_gpt *gpt, unsigned flags);
 DP_API const dp_gpt_config *dp_gpt_config_of(const dp_gpt *gpt);
 

@@ -258,7 +258,7 @@ dp_status dp_gpt_create(const dp_gpt_config *cfg, dp_gpt **out)
      * type (the engine keeps float32 masters for bf16 ones) and in what
      * the blocks keep, so in the workspace and the body's callbacks. */
     for (int j = 0; j < GPT_VARIANTS; j++) {
-        int kind = j / 6, gelu = j / 3 % 2, att = j % 3;
+        int kind = j / 8, gelu = j / 4 % 2, att = j % 4;
         size_t at = variant_index(kind, gelu, att);
         gpt_variant *v = &g->variants[at];
         v->g = g;
@@ -266,6 +266,7 @@ dp_status dp_gpt_create(const dp_gpt_config *cfg, dp_gpt **out)
         v->act16 = kind == 2;
         v->recompute_att = att == 1;
         v->chunked_att = att == 2;
+        v->fused_att = att == 3;
         v->recompute_gelu = gelu;
         dp_model *m = &g->models[at];
         m->ctx = v;
@@ -300,10 +301,15 @@ void dp_gpt_destroy(dp_gpt *gpt)
 const dp_model *dp_gpt_model(const dp_gpt *gpt, unsigned flags)
 {
     if (!gpt || (flags & ~(DP_GPT_BF16 | DP_GPT_BF16_ACT | DP_GPT_RECOMPUTE_ATTENTION |
-                           DP_GPT_RECOMPUTE_GELU | DP_GPT_CHUNKED_ATTENTION)))
+                           DP_GPT_RECOMPUTE_GELU | DP_GPT_CHUNKED_ATTENTION |
+                           DP_GPT_FUSED_ATTENTION)))
         return NULL;
+    if ((flags & DP_GPT_CHUNKED_ATTENTION) && (flags & DP_GPT_FUSED_ATTENTION)) return NULL;
     int kind = (flags & DP_GPT_BF16_ACT) ? 2 : (flags & DP_GPT_BF16) ? 1 : 0;
-    int att = (flags & DP_GPT_CHUNKED_ATTENTION) ? 2 : (flags & DP_GPT_RECOMPUTE_ATTENTION) ? 1 : 0;
+    int att = (flags & DP_GPT_FUSED_ATTENTION)     ? 3
+              : (flags & DP_GPT_CHUNKED_ATTENTION) ? 2
+              : (flags & DP_GPT_RECOMPUTE_ATTENTION) ? 1
+                                                     : 0;
     return &gpt->models[variant_index(kind, !!(flags & DP_GPT_RECOMPUTE_GELU), att)];
 }
 

@@ -44,17 +44,20 @@ typedef struct gpt_variant {
     /* attention formed att_chunk(g) queries at a time (implies
      * recompute_att) */
     int chunked_att;
+    /* attention fused (dp_attention_forward_fused): only the softmax
+     * normalisers' logs kept per layer */
+    int fused_att;
 } gpt_variant;
 
 /* (float32, bf16, bf16 + activations) x (GELU output kept, recomputed) x
- * (probabilities kept, recomputed, chunked) */
-#define GPT_VARIANTS 18
+ * (probabilities kept, recomputed, chunked, fused) */
+#define GPT_VARIANTS 24
 
 /* The variant's index in dp_gpt's arrays: kind 0 float32, 1 bf16, 2 bf16
- * with bf16 activations; att 0 kept, 1 recomputed, 2 chunked. */
+ * with bf16 activations; att 0 kept, 1 recomputed, 2 chunked, 3 fused. */
 static inline inline size_t variant_index(int kind, int recompute_gelu, int att)
 {
-    return (size_t)(6 * kind + 3 * recompute_gelu + att);
+    return (size_t)(8 * kind + 4 * recompute_gelu + att);
 }
 
 struct dp_gpt {
@@ -146,6 +149,7 @@ typedef struct layer_acts {
     float *ln2, *ln2_mean, *ln2_rstd; /* (B,T,C), (B,T), (B,T) */
     float *fch, *fch_gelu;            /* (B,T,4C) */
     float *residual3;                 /* (B,T,C) residual2 + mlp: the block's output */
+    float *lse;                       /* (B,NH,T) fused attention's normaliser logs, or NULL */
     int act16;
 } layer_acts;
 
@@ -188,7 +192,11 @@ static inline xin gemm_in(const layer_acts *a, const float *p)
  *                     queries, in the forward too; with act16 as well
  *                     att16 (B,NH,rows,T) bfloat16, the chunk's
  *                     probabilities and then score gradients as the
- *                     GEMMs read them.
+ *                     GEMMs read them. With fused_att no att, datt or
+ *                     dqkvr: the fused backward writes dqkv directly and
+ *                     needs only delta (B,NH,T); the forward still uses
+ *                     dqkvr's slot for the bfloat16 permute's scratch and
+ *                     the attention scratch for its float32 output.
  */
 typedef struct carve {
     size_t floats; /* total, in floats */
@@ -196,14 +204,16 @@ typedef struct carve {
     size_t encoded, lnf, lnf_mean, lnf_rstd;
     size_t layer0, layer_stride; /* first block, floats per block */
     size_t l_ln1, l_ln1_mean, l_ln1_rstd, l_qkvr, l_att, l_atty, l_res2, l_ln2,
-        l_ln2_mean, l_ln2_rstd, l_fch, l_fch_gelu, l_res3;
+        l_ln2_mean, l_ln2_rstd, l_fch, l_fch_gelu, l_res3, l_lse;
     size_t dresidual, dbtc, big;
     size_t big_dqkvr, big_scratch, big_datt, big_att, big_gelu; /* inside big */
     size_t big_att16; /* inside big: act16 with chunked_att only (else 0) */
+    size_t big_delta; /* inside big: fused_att's D (B,NH,T) (else 0) */
     int act16;          /* the blocks' activations off the residual stream are bfloat16 */
     int recompute_att;  /* no att per block: big_att holds the recomputed probabilities */
     int recompute_gelu; /* no fch_gelu per block: big_gelu holds it, recomputed */
     int chunked_att;    /* big_att and big_datt hold one chunk of queries */
+    int fused_att;      /* no probabilities anywhere: l_lse per block, big_delta */
     size_t att_rows;    /* queries per chunk: min(att_chunk(g), T), else T */
 } carve;
 

@@ -143,7 +143,12 @@ dp_status gpt_pass_body_forward(const dp_gpt *gpt, dp_device *dev, wview params,
         /* residual2 is free until the projection below: it is the scratch. */
         float *atty = c.act16 ? qkv + c.big_scratch : a.atty;
         float *att = c.recompute_att ? qkv + c.big_att : a.att; /* recomputed: not kept */
-        if (c.chunked_att) /* q, k, v kept (as bfloat16 with act16), nothing (T,T) */
+        if (c.fused_att) /* q, k, v and the normalisers' logs kept, no probabilities */
+            DP_TRY(dp_attention_forward_fused(dev, atty, a.qkvr,
+                                              c.act16 ? DP_DTYPE_BF16 : DP_DTYPE_F32,
+                                              c.act16 ? qkv + c.big_dqkvr : NULL, a.lse, qkv, B,
+                                              T, C, NH));
+        else if (c.chunked_att) /* q, k, v kept (as bfloat16 with act16), nothing (T,T) */
             DP_TRY(dp_attention_forward_chunked(
                 dev, atty, a.qkvr, c.act16 ? DP_DTYPE_BF16 : DP_DTYPE_F32,
                 c.act16 ? qkv + c.big_dqkvr : NULL, att,
@@ -219,6 +224,10 @@ static dp_status attention_backward(dp_device *dev, const carve *c, const layer_
     float *dqkvr = big + c->big_dqkvr, *ascratch = big + c->big_scratch,
           *datt = big + c->big_datt, *again = big + c->big_att;
     const dp_bf16 *qkvr16 = (const dp_bf16 *)a->qkvr;
+    dp_dtype t16 = a->act16 ? DP_DTYPE_BF16 : DP_DTYPE_F32; /* qkvr's and atty's type */
+    if (c->fused_att) /* from the kept q, k, v, attention output and normalisers */
+        return dp_attention_backward_fused(dev, dqkv, big + c->big_delta, datty, a->qkvr, t16,
+                                           a->lse, a->atty, t16, B, T, C, NH);
     if (c->chunked_att) /* each chunk's probabilities recomputed inside */
         return dp_attention_backward_chunked(
             dev, dqkv, dqkvr, again, a->act16 ? (dp_bf16 *)(big + c->big_att16) : NULL, datt,

@@ -23,6 +23,7 @@ int gpt_make_carve(const gpt_variant *v, size_t B, size_t T, int keep_lnf, carve
     int of = 0;
     const dp_gpt_config *cfg = &v->g->cfg;
     int act16 = v->act16, recompute_att = v->recompute_att || v->chunked_att;
+    int fused = v->fused_att; /* keeps no probabilities either, recomputes none outside */
     size_t C = cfg->n_embd, NH = cfg->n_head, L = cfg->n_layer;
     size_t rows = v->chunked_att && att_chunk(v->g) < T ? att_chunk(v->g) : T;
     size_t BT = 0, BTC = 0, BNH = 0, BNHT = 0, BNHTT = 0, scores = 0;
@@ -38,6 +39,7 @@ int gpt_make_carve(const gpt_variant *v, size_t B, size_t T, int keep_lnf, carve
     c->recompute_att = recompute_att;
     c->recompute_gelu = v->recompute_gelu;
     c->chunked_att = v->chunked_att;
+    c->fused_att = fused;
     c->att_rows = rows;
 
     /* One block, relative to its start. */
@@ -52,7 +54,8 @@ int gpt_make_carve(const gpt_variant *v, size_t B, size_t T, int keep_lnf, carve
     c->l_ln1_mean = place(&at, BT, &of);
     c->l_ln1_rstd = place(&at, BT, &of);
     c->l_qkvr = place(&at, act16 ? x3 / 2 + 1 : x3, &of);
-    c->l_att = recompute_att ? 0 : place(&at, BNHTT, &of);
+    c->l_att = recompute_att || fused ? 0 : place(&at, BNHTT, &of);
+    c->l_lse = fused ? place(&at, BNHT, &of) : 0;
     c->l_atty = place(&at, in1, &of);
     c->l_res2 = place(&at, BTC, &of);
     c->l_ln2 = place(&at, in1, &of);
@@ -78,10 +81,14 @@ int gpt_make_carve(const gpt_variant *v, size_t B, size_t T, int keep_lnf, carve
     place(&bat, x3, &of); /* dqkv at 0 */
     c->big_dqkvr = place(&bat, x3, &of);
     c->big_scratch = place(&bat, BTC, &of);
-    c->big_datt = place(&bat, scores, &of);
-    if (recompute_att) c->big_att = place(&bat, scores, &of); /* the probabilities, again */
-    /* their bfloat16 copy, for the GEMMs (dp_attention_forward_chunked) */
-    if (act16 && v->chunked_att) c->big_att16 = place(&bat, scores / 2 + 1, &of);
+    if (fused) {
+        c->big_delta = place(&bat, BNHT, &of);
+    } else {
+        c->big_datt = place(&bat, scores, &of);
+        if (recompute_att) c->big_att = place(&bat, scores, &of); /* the probabilities, again */
+        /* their bfloat16 copy, for the GEMMs (dp_attention_forward_chunked) */
+        if (act16 && v->chunked_att) c->big_att16 = place(&bat, scores / 2 + 1, &of);
+    }
     size_t mat = 0;
     place(&mat, x4, &of); /* dfch at 0 */
     if (c->recompute_gelu) c->big_gelu = place(&mat, in4, &of); /* the GELU output, again */
@@ -100,7 +107,8 @@ layer_acts gpt_layer_of(const carve *c, float *ws, size_t l)
     a.ln1_mean = b + c->l_ln1_mean;
     a.ln1_rstd = b + c->l_ln1_rstd;
     a.qkvr = b + c->l_qkvr;
-    a.att = c->recompute_att ? NULL : b + c->l_att;
+    a.att = c->recompute_att || c->fused_att ? NULL : b + c->l_att;
+    a.lse = c->fused_att ? b + c->l_lse : NULL;
     a.atty = b + c->l_atty;
     a.residual2 = b + c->l_res2;
     a.ln2 = b + c->l_ln2;
