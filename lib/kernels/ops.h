@@ -134,6 +134,10 @@
     /* x(N,C): rows whose per targets are all ignored set to 0 (kernels/ignored.h); n = N */ \
     X(zero_ignored_rows, ROW_BLOCK, dp_zero_ignored_rows_item,                             \
       (float *x, const void *targets, int f32, size_t per, size_t cols),                   \
-      (x, targets, f32, per, cols))
+      (x, targets, f32, per, cols))                                                      \
+    /* x[r * ld + c0 + c] = value for the rows * cols items (kernels/elementwise.h); the    \
+     * padded vocabulary's logit columns set to -inf */                                   \
+    X(fill_columns, ELEM, dp_fill_columns_elem,                                            \
+      (float *x, size_t ld, size_t c0, size_t cols, float value), (x, ld, c0, cols, value))
 
 #endif /* DP_KERNELS_OPS_H */
