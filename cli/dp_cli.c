@@ -239,6 +239,39 @@ static int cli_parse_attention(const char *v, int *chunked, int *fused)
                     v, DP_GPT_ATTENTION_CHUNK);
 }
 
+/* --vocab-pad: auto = 0, else 1..CLI_VOCAB_PAD_MAX (1: none). */
+static int cli_parse_vocab_pad(const char *v, long *out)
+{
+    if (strcmp(v, "auto") == 0) {
+        *out = 0;
+        return 0;
+    }
+    char *end = NULL;
+    errno = 0;
+    long x = v[0] >= '0' && v[0] <= '9' ? strtol(v, &end, 10) : -1;
+    if (!end || *end || x < 0)
+        return cli_fail("--vocab-pad: \"%s\" is not a whole number or auto (pad the vocabulary "
+                        "inside the model to a multiple of N, e.g. --vocab-pad 64; 1: none)", v);
+    if (x == 0)
+        return cli_fail("--vocab-pad 0 pads to a multiple of nothing: give 1 for no padding, a "
+                        "multiple such as 64 or 128, or auto (%d on GPUs, none on CPUs)",
+                        CLI_VOCAB_PAD_GPU);
+    if (errno == ERANGE || x > CLI_VOCAB_PAD_MAX)
+        return cli_fail("--vocab-pad %s is too large (at most %d): 64 or 128 already align the "
+                        "LM head's GEMM, a larger pad only adds zero rows; give 64", v,
+                        CLI_VOCAB_PAD_MAX);
+    *out = x;
+    return 0;
+}
+
+size_t cli_vocab_pad(const cli_compute *cp, const dp_device_spec *specs, size_t k)
+{
+    if (cp->vocab_pad > 0) return (size_t)cp->vocab_pad;
+    for (size_t i = 0; i < k; i++)
+        if (specs[i].kind == DP_DEVICE_CUDA) return CLI_VOCAB_PAD_GPU;
+    return 1;
+}
+
 /* One of CLI_COMPUTE_LONGOPTS into *cp, else the message for what
  * getopt_long returned instead of an option. */
 static int compute_option(int c, const char *v, char **argv, cli_compute *cp, int name_no_value)
@@ -251,6 +284,7 @@ static int compute_option(int c, const char *v, char **argv, cli_compute *cp, in
         return cli_parse_long("--attention-chunk", v, 1, INT_MAX, &cp->att_chunk);
     case CLI_O_LOGITS_CHUNK: return cli_parse_logits_chunk(v, &cp->logits_chunk);
     case CLI_O_BUCKET_MB: return cli_parse_bucket_mb(v, &cp->bucket_bytes);
+    case CLI_O_VOCAB_PAD: return cli_parse_vocab_pad(v, &cp->vocab_pad);
     }
     if (c == ':') return cli_fail("%s needs a value (see --help)", argv[optind - 1]);
     /* getopt sets optopt to a known option given a value it does not take. */

@@ -186,8 +186,8 @@ int cli_parse_watchdog(const char *v, double *out);
 // --- how the GPT computes: options lm_train and dp_bench share ---------------------------
 
 /* --precision fp32|bf16, --recompute none|attention|gelu|all, --attention
- * whole|chunked|fused, --attention-chunk N, --logits-chunk ROWS|auto|whole and
- * --bucket-mb MB|off. */
+ * whole|chunked|fused, --attention-chunk N, --logits-chunk ROWS|auto|whole,
+ * --bucket-mb MB|off and --vocab-pad N|auto. */
 typedef struct cli_compute {
     int bf16;            /* mixed precision: bf16 replicas with float32 masters, bf16 GEMMs */
     int recompute;       /* what the backward recomputes instead of keeping: CLI_RECOMPUTE_* */
@@ -196,7 +196,17 @@ typedef struct cli_compute {
     long att_chunk;      /* queries per chunk; 0: DP_GPT_ATTENTION_CHUNK */
     size_t logits_chunk; /* dp_engine_config.logits_chunk_rows: 0 auto, DP_LOGITS_WHOLE whole */
     size_t bucket_bytes; /* dp_engine_config.bucket_bytes: 0 default, DP_BUCKET_OFF off */
+    long vocab_pad;      /* dp_gpt_config.vocab_pad, 1..CLI_VOCAB_PAD_MAX; 0: auto */
 } cli_compute;
+
+/* --vocab-pad's bound: 64 or 128 already align the LM head's GEMM; a
+ * larger pad only adds zero rows to wte and -inf columns to the logits. */
+#define CLI_VOCAB_PAD_MAX 65536
+/* --vocab-pad auto with a GPU among the devices: every logits row then
+ * starts on a 256-byte boundary (DP_PARAM_ALIGN floats) and the head's
+ * GEMM dimension is a multiple of the tensor cores' 8 and 16; GPT-2's
+ * 50257 pads to 50304, as llm.c's 128 gives. */
+#define CLI_VOCAB_PAD_GPU 64
 
 enum { CLI_RECOMPUTE_ATTENTION = 1, CLI_RECOMPUTE_GELU = 2 };
 
@@ -205,12 +215,13 @@ enum { CLI_RECOMPUTE_ATTENTION = 1, CLI_RECOMPUTE_GELU = 2 };
  * can write them as JSON integers. */
 enum {
     CLI_O_PRECISION = 4096, CLI_O_RECOMPUTE, CLI_O_ATTENTION, CLI_O_ATTENTION_CHUNK,
-    CLI_O_LOGITS_CHUNK, CLI_O_BUCKET_MB
+    CLI_O_LOGITS_CHUNK, CLI_O_BUCKET_MB, CLI_O_VOCAB_PAD
 };
 #define CLI_COMPUTE_LONGOPTS                                                                    \
     {"precision", 1, 0, CLI_O_PRECISION}, {"recompute", 1, 0, CLI_O_RECOMPUTE},               \
         {"attention", 1, 0, CLI_O_ATTENTION}, {"attention-chunk", 1, 0, CLI_O_ATTENTION_CHUNK}, \
-        {"logits-chunk", 1, 0, CLI_O_LOGITS_CHUNK}, {"bucket-mb", 1, 0, CLI_O_BUCKET_MB}
+        {"logits-chunk", 1, 0, CLI_O_LOGITS_CHUNK}, {"bucket-mb", 1, 0, CLI_O_BUCKET_MB},     \
+        {"vocab-pad", 1, 0, CLI_O_VOCAB_PAD}
 
 /* The checks of *cp against the rest of a command line, each 0 or 1
  * after a message: --attention-chunk without --attention chunked, and
@@ -221,6 +232,12 @@ int cli_check_tf32(const cli_compute *cp, int tf32);
 /* Queries per chunk of the chunked attention as *cp asks (the default
  * when --attention-chunk was not given). */
 long cli_attention_chunk(const cli_compute *cp);
+
+/* dp_gpt_config.vocab_pad as *cp asks on the devices specs[0..k): the
+ * --vocab-pad given, else (auto) CLI_VOCAB_PAD_GPU when one of them is a
+ * GPU, 1 (none) on CPU devices alone, whose results it would not change
+ * but whose head GEMM it would only make larger. */
+size_t cli_vocab_pad(const cli_compute *cp, const dp_device_spec *specs, size_t k);
 
 /* The --recompute value naming the CLI_RECOMPUTE_* bits what. */
 const char *cli_recompute_name(int what);

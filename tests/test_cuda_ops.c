@@ -1383,6 +1383,37 @@ Test(cuda_ops, zero_ignored_rows_is_bitwise_equal, .timeout = 60)
     free(ft);
 }
 
+/* A padded vocabulary's logit columns set to -inf (dp_fill_columns):
+ * stores only, bitwise; the columns around them untouched. */
+Test(cuda_ops, fill_columns_is_bitwise_equal, .timeout = 60)
+{
+    REQUIRE_GPU();
+    enum { R = 300, LD = 1088, C0 = 1029, COLS = LD - C0 };
+    float *x = rnd(33, R * LD, -1, 1);
+    FOR_TARGETS(g)
+    {
+        pair p = pair_open(g);
+        float *h[2];
+        for (int b = 0; b < 2; b++) {
+            dp_device *d = p.d[b];
+            float *xd = dp_test_upload(d, x, R * LD);
+            dp_assert_ok(dp_fill_columns(d, xd, -INFINITY, R, LD, C0, COLS));
+            h[b] = dp_test_nn_download(d, xd, R * LD);
+            dp_device_free(d, xd);
+        }
+        assert_same_bits("fill columns", h[1], h[0], R * LD);
+        for (int r = 0; r < R; r++) {
+            cr_assert(memcmp(h[1] + (size_t)r * LD, x + (size_t)r * LD, C0 * sizeof(float)) == 0,
+                      "row %d: a real column changed", r);
+            for (int c = C0; c < LD; c++)
+                cr_assert(isinf(h[1][r * LD + c]) && h[1][r * LD + c] < 0, "[%d][%d]", r, c);
+        }
+        for (int b = 0; b < 2; b++) free(h[b]);
+        pair_close(&p);
+    }
+    free(x);
+}
+
 /* Optimizers: three AdamW steps (decay on) and two SGD steps with and
  * without momentum, from the same state on both backends. A step is a
  * handful of roundings per element (FMA may merge some): rtol 1e-5,

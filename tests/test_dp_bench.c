@@ -404,6 +404,38 @@ static const char *config_string(json_t *j, const char *key)
     return json_string_value(json_object_get(json_object_get(j, "config"), key));
 }
 
+/* --vocab-pad: the model pads the vocabulary (50 to 64) inside and trains
+ * the same to float32 rounding (tests/test_gpt_pad.c); the logits are 64
+ * wide, and the FLOPs count keeps the true parameters (llm.c's 6N + 6LCT
+ * with N without the padding). On CPU devices nothing is padded unless
+ * asked. */
+Test(dp_bench, vocab_pad_keeps_the_loss_and_the_flops_count)
+{
+    dp_test_result u = BENCH("--vocab-size", "50", "--mode", "balanced", "--json", "@u.json");
+    assert_success(&u);
+    dp_test_result p = BENCH("--vocab-size", "50", "--mode", "balanced", "--vocab-pad", "64",
+                             "--json", "@p.json");
+    assert_success(&p);
+    cr_assert_null(strstr(u.out, "padded"), "%s", u.out);
+    cr_assert(strstr(p.out, "GPT vocab 50 (padded to 64),"), "%s", p.out);
+    json_t *ju = load_json("u.json"), *jp = load_json("p.json");
+    json_t *cu = json_object_get(ju, "config"), *cp = json_object_get(jp, "config");
+    cr_assert_eq(int_at(cu, "vocab_pad"), 1);
+    cr_assert_eq(int_at(cu, "vocab_padded"), 50);
+    cr_assert_eq(int_at(cp, "vocab_pad"), 64);
+    cr_assert_eq(int_at(cp, "vocab_padded"), 64);
+    cr_assert(json_real_value(json_object_get(cu, "model_flops_per_token")) ==
+                  json_real_value(json_object_get(cp, "model_flops_per_token")),
+              "the padding changed the FLOPs count");
+    double lu = json_real_value(json_object_get(run_result(ju, "balanced", 0), "loss"));
+    double lp = json_real_value(json_object_get(run_result(jp, "balanced", 0), "loss"));
+    cr_assert(fabs(lu - lp) <= 1e-5 * lu, "loss %.17g padded, %.17g unpadded", lp, lu);
+    json_decref(ju);
+    json_decref(jp);
+    dp_test_result_free(&u);
+    dp_test_result_free(&p);
+}
+
 /* --recompute reaches every run: the same losses, bit for bit, and a
  * smaller peak on every device (no probabilities or GELU output per
  * layer). */
@@ -597,6 +629,9 @@ static bad_case bad_cases[] = {
      "--attention-chunk: \"0\"", 0},
     {"attention-chunk past int", {"--attention", "chunked", "--attention-chunk", "2147483648"},
      "--attention-chunk: ", 0},
+    {"vocab-pad 0", {"--vocab-pad", "0"}, "give 1 for no padding", 0},
+    {"vocab-pad 65537", {"--vocab-pad", "65537"}, "--vocab-pad 65537 is too large", 0},
+    {"vocab-pad abc", {"--vocab-pad", "abc"}, "--vocab-pad: \"abc\"", 0},
     {"vocab-size 1", {"--vocab-size", "1"}, "--vocab-size", 0},
     /* --vocab, dp_bench's older name, is the same option */
     {"vocab 1", {"--vocab", "1"}, "--vocab-size", 0},

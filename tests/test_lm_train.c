@@ -17,6 +17,9 @@
  *    conflicting --tokenizer / --vocab-size on resume are refused;
  *  - --logits-chunk 7 is bitwise reproducible, matches whole logits to
  *    float rounding, and lowers every device's peak (the chunks ran);
+ *  - --vocab-pad 64 trains as the unpadded run to float32 rounding,
+ *    samples only ids below the vocabulary, records the pad, and resumes
+ *    in either layout;
  *  - bad command lines fail fast with one "lm_train: ..." line on stderr,
  *    a non-zero exit status (not a signal) and no checkpoint or log file.
  */
@@ -523,6 +526,103 @@ Test(lm_train, lr_decay_steps_resume_is_bitwise_exact)
     result_free(&c1);
     result_free(&c2);
     result_free(&d);
+}
+
+// --- the padded vocabulary -------------------------------------------------------------
+
+/* Checkpoint name's parameters and the moved/diff measure against a and
+ * the initial parameters p0 (dp_test_param_drift). */
+static void assert_drift(const char *a_name, const char *b_name, const dp_checkpoint *init,
+                         const char *what)
+{
+    dp_checkpoint *a = load_ck(a_name), *b = load_ck(b_name);
+    size_t n = ck_params(a);
+    cr_assert_eq(ck_params(b), n);
+    cr_assert_eq(a->step, b->step);
+    double diff, moved;
+    dp_test_param_drift(a->params, b->params, init->params, n, &diff, &moved);
+    cr_log_info("%s: parameters differ by %.3g on average, moved by %.3g", what, diff / n,
+                moved / n);
+    /* The same training to float32 rounding (tests/test_gpt_pad.c): a few
+     * key-bias entries, whose exact gradient is 0, may move by AdamW's lr
+     * per step either way; everything else agrees to about 1e-7. Measured:
+     * differences 3e-7 of the move. */
+    cr_assert(moved > 0 && diff <= 1e-4 * moved, "%s: parameters differ by %g on average, "
+              "training moved them by %g", what, diff / n, moved / n);
+    dp_checkpoint_close(a);
+    dp_checkpoint_close(b);
+}
+
+/* The sample printed in out: what follows its header line up to the final
+ * "\n---\n" (the prompt, then the tokens). */
+static size_t sample_chars(const char *out)
+{
+    const char *h = strstr(out, "--- sample (");
+    cr_assert_not_null(h, "no sample:\n%s", out);
+    const char *start = strchr(h, '\n') + 1, *end = NULL, *q = start;
+    while ((q = strstr(q, "\n---\n"))) end = q++;
+    cr_assert_not_null(end, "the sample does not end:\n%s", out);
+    return (size_t)(end - start);
+}
+
+/* --vocab-pad 64 pads the char vocabulary of the corpus (under 64
+ * characters) to 64 inside the model. Training is the unpadded run's to
+ * float32 rounding (without the -inf mask the padded logits would be 0,
+ * the loss another one: measured, parameters 6% of their move apart); the
+ * sample, with top-k off and temperature 1 so that every id with a
+ * probability can come, holds exactly --sample characters after the
+ * prompt (a newline): an id >= V would print nothing; the checkpoint
+ * keeps wte's true rows and records the pad, which a resume keeps unless
+ * --vocab-pad is given; and a run resumes in the other layout. */
+Test(lm_train, vocab_pad_trains_samples_below_v_and_resumes_across_layouts, .timeout = 120)
+{
+    result i = RUN("--steps", "0", "--save", "@init.st");
+    assert_success(&i, "the initial parameters");
+    dp_checkpoint *init = load_ck("init.st");
+    result a = RUN("--steps", "4", "--save", "@plain.st");
+    assert_success(&a, "unpadded");
+    cr_assert_null(strstr(a.out, "padded"), "CPU devices pad nothing by default:\n%s", a.out);
+    result b = RUN("--steps", "4", "--vocab-pad", "64", "--sample", "200", "--top-k", "0",
+                   "--temperature", "1", "--save", "@pad.st");
+    assert_success(&b, "--vocab-pad 64");
+    cr_assert(strstr(b.out, "padded to 64 (--vocab-pad 64)"), "%s", b.out);
+    cr_assert_eq(sample_chars(b.out), 1 + 200, "the sample holds ids past the vocabulary:\n%s",
+                 b.out);
+    dp_checkpoint *pad = load_ck("pad.st"), *plain = load_ck("plain.st");
+    cr_assert_str_eq(dp_checkpoint_meta(pad, "vocab_pad"), "64");
+    cr_assert_str_eq(dp_checkpoint_meta(plain, "vocab_pad"), "1");
+    /* The same tensors: the file holds the model, not the layout. */
+    cr_assert_eq(ck_params(pad), ck_params(plain));
+    dp_checkpoint_close(pad);
+    dp_checkpoint_close(plain);
+    assert_drift("plain.st", "pad.st", init, "padded against unpadded");
+
+    /* Padded half, resumed with the checkpoint's pad: bitwise the padded run. */
+    result c1 = RUN("--steps", "2", "--vocab-pad", "64", "--save", "@keep.st");
+    assert_success(&c1, "padded half");
+    result c2 = RUN("--resume", "@keep.st", "--steps", "4", "--save", "@keep.st");
+    assert_success(&c2, "resumed with the checkpoint's pad");
+    cr_assert(strstr(c2.out, "padded to 64"), "%s", c2.out);
+    assert_same_state("pad.st", "keep.st");
+    /* Padded half resumed unpadded, and the reverse. */
+    result d1 = RUN("--steps", "2", "--vocab-pad", "64", "--save", "@p2u.st");
+    assert_success(&d1, "padded half");
+    result d2 = RUN("--resume", "@p2u.st", "--steps", "4", "--vocab-pad", "1", "--save", "@p2u.st");
+    assert_success(&d2, "resumed unpadded");
+    cr_assert_null(strstr(d2.out, "padded"), "%s", d2.out);
+    dp_checkpoint *ck = load_ck("p2u.st");
+    cr_assert_str_eq(dp_checkpoint_meta(ck, "vocab_pad"), "1");
+    dp_checkpoint_close(ck);
+    assert_drift("plain.st", "p2u.st", init, "padded, then unpadded");
+    result e1 = RUN("--steps", "2", "--save", "@u2p.st");
+    assert_success(&e1, "unpadded half");
+    result e2 = RUN("--resume", "@u2p.st", "--steps", "4", "--vocab-pad", "64", "--save", "@u2p.st");
+    assert_success(&e2, "resumed padded");
+    cr_assert(strstr(e2.out, "padded to 64"), "%s", e2.out);
+    assert_drift("plain.st", "u2p.st", init, "unpadded, then padded");
+    dp_checkpoint_close(init);
+    result *rs[] = {&i, &a, &b, &c1, &c2, &d1, &d2, &e1, &e2};
+    for (size_t k = 0; k < sizeof rs / sizeof *rs; k++) result_free(rs[k]);
 }
 
 /* The last checkpoint holds the last step even when --save-interval does
@@ -1369,6 +1469,15 @@ static bad_case bad_cases[] = {
     {"precision fp16", {"--precision", "fp16", "--log", "@out.jsonl"}, "--precision", "", 0, 0,
      0},
     {"precision BF16", {"--precision", "BF16"}, "--precision: \"BF16\"", "", 0, 0, 0},
+    {"vocab-pad 0", {"--vocab-pad", "0"}, "--vocab-pad 0 pads to a multiple of nothing", "", 0,
+     0, 0},
+    {"vocab-pad -64", {"--vocab-pad", "-64"}, "--vocab-pad: \"-64\" is not", "", 0, 0, 0},
+    {"vocab-pad abc", {"--vocab-pad", "abc"}, "--vocab-pad: \"abc\"", "", 0, 0, 0},
+    {"vocab-pad 64x", {"--vocab-pad", "64x"}, "--vocab-pad: \"64x\"", "", 0, 0, 0},
+    {"vocab-pad too large", {"--vocab-pad", "65537"}, "--vocab-pad 65537 is too large", "", 0,
+     0, 0},
+    {"vocab-pad past long", {"--vocab-pad", "99999999999999999999999"}, "is too large", "", 0,
+     0, 0},
     {"precision bf16 with tf32", {"--precision", "bf16", "--tf32", "--log", "@out.jsonl"},
      "--tf32", "", 0, 0, 0},
     /* Inputs that would block: refused unread (open() blocked for ever on them). */

@@ -96,6 +96,12 @@ static void usage(FILE *f)
           "  --attention-chunk N  queries per chunk with --attention chunked (default "
           CLI_STR(DP_GPT_ATTENTION_CHUNK) "):\n"
           "                       larger chunks, larger GEMMs (GPUs) and a larger scratch\n"
+          "  --vocab-pad N|auto   pad the vocabulary inside the model to a multiple of N\n"
+          "                       (1: none; at most " CLI_STR(CLI_VOCAB_PAD_MAX)
+          "), as llm.c pads 50257 to 50304:\n"
+          "                       aligned LM-head GEMMs on GPUs, the same model and FLOPs\n"
+          "                       count (default auto: " CLI_STR(CLI_VOCAB_PAD_GPU)
+          " with a GPU, else none)\n"
           "  --json PATH          write the results as JSON\n"
           "  --csv PATH           write one row per mode and device as CSV\n"
           "  --plot PATH          per-device peak memory plot (.png or .svg, gnuplot);\n"
@@ -306,7 +312,7 @@ static int check_args(bench *b)
 }
 
 /* The model every run trains: --vocab-size, --context, --layers, --heads,
- * --dim, --attention-chunk. */
+ * --dim, --attention-chunk, --vocab-pad (auto: on the devices). */
 static int make_model(bench *b)
 {
     const opts *o = &b->o;
@@ -315,7 +321,8 @@ static int make_model(bench *b)
                         .n_layer = (size_t)o->layers,
                         .n_head = (size_t)o->heads,
                         .n_embd = (size_t)o->dim,
-                        .attention_chunk = (size_t)o->compute.att_chunk};
+                        .attention_chunk = (size_t)o->compute.att_chunk,
+                        .vocab_pad = cli_vocab_pad(&o->compute, b->specs, b->k)};
     return dp_gpt_create(&gc, &b->gpt) != DP_OK ? cli_dp_fail("model") : 0;
 }
 

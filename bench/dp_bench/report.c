@@ -46,9 +46,12 @@ static const mode_result *root_run(const run_results *rs, dp_mode mode)
 void print_banner(const bench *b, const run_plan *p)
 {
     const opts *o = &b->o;
-    printf("dp_bench: GPT vocab %ld, context %ld, dim %ld, %ld layers, %ld heads: %.2fM "
+    size_t Vp = dp_gpt_padded_vocab(dp_gpt_config_of(b->gpt));
+    char padded[48] = "";
+    if (Vp != (size_t)o->vocab) snprintf(padded, sizeof padded, " (padded to %zu)", Vp);
+    printf("dp_bench: GPT vocab %ld%s, context %ld, dim %ld, %ld layers, %ld heads: %.2fM "
            "parameters\n",
-           o->vocab, o->context, o->dim, o->layers, o->heads,
+           o->vocab, padded, o->context, o->dim, o->layers, o->heads,
            (double)dp_gpt_model(b->gpt, 0)->n_params / 1e6);
     if (b->rk.ranks > 1)
         printf("          global batch %ld sequences (%ld tokens) on %d ranks x %s (%zu devices), "
@@ -160,13 +163,15 @@ void print_arithmetic(const bench *b, const run_results *rs)
     /* Under --find-max-batch the runs may have been timed at different batches. */
     int differ = 0;
     for (size_t r = 1; r < nres; r++) differ |= res[r].rows != res[0].rows;
+    /* The logits are as wide as the padded vocabulary (--vocab-pad). */
+    size_t Vp = dp_gpt_padded_vocab(dp_gpt_config_of(b->gpt));
     for (size_t r = 0; r < (differ ? nres : 1); r++) {
-        double lb = (double)res[r].rows * (double)b->o.context * (double)b->o.vocab * 4.0;
-        printf("%slogits of the global batch%s%s: %zu x %ld x %ld x 4 bytes = %s (%s with their "
+        double lb = (double)res[r].rows * (double)b->o.context * (double)Vp * 4.0;
+        printf("%slogits of the global batch%s%s: %zu x %ld x %zu x 4 bytes = %s (%s with their "
                "gradient)\n",
                r ? "" : "\n", differ ? " in " : "",
                differ ? run_name(res[r].mode, res[r].shard, name, sizeof name) : "",
-               res[r].rows, b->o.context, b->o.vocab, human((size_t)lb, h[0], 24),
+               res[r].rows, b->o.context, Vp, human((size_t)lb, h[0], 24),
                human((size_t)(2 * lb), h[1], 24));
     }
     if (g)
@@ -279,6 +284,11 @@ static json_t *json_config(const bench *b)
                     : cp->logits_chunk == DP_LOGITS_WHOLE ? json_string("whole")
                                                           : json_integer((json_int_t)cp->logits_chunk);
     json_object_set_new(cfg, "logits_chunk_rows", chunk);
+    /* The model's padded vocabulary (--vocab-pad as resolved; 1: none). */
+    json_object_set_new(cfg, "vocab_pad",
+                        json_integer((json_int_t)dp_gpt_config_of(b->gpt)->vocab_pad));
+    json_object_set_new(cfg, "vocab_padded",
+                        json_integer((json_int_t)dp_gpt_padded_vocab(dp_gpt_config_of(b->gpt))));
     json_object_set_new(cfg, "model_flops_per_token", json_real(model_flops_per_token(b)));
     json_object_set_new(cfg, "peak_tflops",
                         b->o.peak_tflops > 0 ? json_real(b->o.peak_tflops) : json_null());

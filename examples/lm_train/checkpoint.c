@@ -19,6 +19,10 @@
 #define META_DECAY "lr_decay_steps"
 /* Checkpoint metadata: the precision the run trained in (fp32 or bf16). */
 #define META_PRECISION "precision"
+/* Checkpoint metadata: the --vocab-pad the run trained with (1: none).
+ * The tensors are the same for every pad (wte keeps its true rows), so it
+ * only decides the layout a resumed run rebuilds; older files: none. */
+#define META_VOCAB_PAD "vocab_pad"
 /* Checkpoint metadata of the data trained on: "text", or the token files'
  * format (dp_token_format_name: "nanogpt", "llmc"), and the split lengths
  * in tokens. A checkpoint without them was trained on text. */
@@ -69,17 +73,20 @@ int save_checkpoint(run *r)
     ck.params = malloc(bytes);
     ck.m = malloc(bytes);
     ck.v = malloc(bytes);
-    char decay[32], ntrain[32], nval[32];
+    char decay[32], ntrain[32], nval[32], pad[32];
+    size_t vpad = dp_gpt_config_of(r->gpt)->vocab_pad;
+    snprintf(pad, sizeof pad, "%zu", vpad ? vpad : 1);
     snprintf(decay, sizeof decay, "%ld", r->o.lr_decay_steps);
     snprintf(ntrain, sizeof ntrain, "%zu", dp_token_data_size(r->data, DP_SPLIT_TRAIN));
     snprintf(nval, sizeof nval, "%zu", dp_token_data_size(r->data, DP_SPLIT_VAL));
-    const dp_checkpoint_kv meta[5] = {{META_DECAY, decay},
+    const dp_checkpoint_kv meta[6] = {{META_DECAY, decay},
                                       {META_FORMAT, data_format(r)},
                                       {META_TRAIN, ntrain},
                                       {META_VAL, nval},
-                                      {META_PRECISION, r->o.compute.bf16 ? "bf16" : "fp32"}};
+                                      {META_PRECISION, r->o.compute.bf16 ? "bf16" : "fp32"},
+                                      {META_VOCAB_PAD, pad}};
     ck.meta = meta;
-    ck.n_meta = 5;
+    ck.n_meta = 6;
     int rc = 0;
     if (!ck.params || !ck.m || !ck.v) rc = cli_fail("out of host memory saving a checkpoint");
     rc = agree(r, rc);
@@ -147,6 +154,25 @@ static int apply_schedule(run *r)
     return 0;
 }
 
+/* With --resume, the vocabulary's padding: --vocab-pad, else the
+ * checkpoint's (setup's pad_vocab lays its unpadded tensors out for it),
+ * else auto; files from before the option have none recorded. */
+static int apply_vocab_pad(run *r)
+{
+    opts *o = &r->o;
+    const char *pad = dp_checkpoint_meta(r->ck, META_VOCAB_PAD);
+    if (o->compute.vocab_pad || !pad) return 0;
+    char *end = NULL;
+    errno = 0;
+    long p = strtol(pad, &end, 10);
+    if (errno || end == pad || *end || p < 1 || p > CLI_VOCAB_PAD_MAX)
+        return cli_fail("--resume %s: metadata \"" META_VOCAB_PAD "\" = \"%s\" is not an "
+                        "integer in [1, %d]; give --vocab-pad to choose the padding", o->resume,
+                        pad, CLI_VOCAB_PAD_MAX);
+    o->compute.vocab_pad = p;
+    return 0;
+}
+
 /* With --resume on text: the checkpoint's tokenizer, checked against
  * --tokenizer and --vocab-size when given. */
 static int apply_text_tokenizer(run *r)
@@ -203,7 +229,7 @@ int apply_checkpoint(run *r)
         return cli_fail("--resume %s holds a model with --layers %zu --heads %zu --dim %zu "
                         "--context %zu, which differs from the options given; drop them or "
                         "match them", o->resume, c->n_layer, c->n_head, c->n_embd, c->block_size);
-    if (adopt_shape(o, c, "the checkpoint's ")) return 1;
+    if (adopt_shape(o, c, "the checkpoint's ") || apply_vocab_pad(r)) return 1;
     /* The kind of data trained on: token files, or text (older checkpoints). */
     const char *fmt = dp_checkpoint_meta(ck, META_FORMAT);
     int ck_tokens = fmt && strcmp(fmt, FORMAT_TEXT) != 0;

@@ -32,8 +32,14 @@ void print_summary(const run *r, size_t k, const dp_engine_config *ec)
 {
     const opts *o = &r->o;
     size_t K = dp_engine_num_global_devices(r->engine);
-    printf("model: GPT %ld layers, %ld heads, dim %ld, context %ld: %.2fM parameters\n", o->layers,
+    const dp_gpt_config *c = dp_gpt_config_of(r->gpt);
+    size_t Vp = dp_gpt_padded_vocab(c);
+    printf("model: GPT %ld layers, %ld heads, dim %ld, context %ld: %.2fM parameters", o->layers,
            o->heads, o->dim, o->context, (double)r->n_params / 1e6);
+    if (Vp != c->vocab_size)
+        printf(", vocabulary %zu padded to %zu (--vocab-pad %zu)", c->vocab_size, Vp,
+               c->vocab_pad);
+    printf("\n");
     printf("engine: %s mode%s", dp_mode_name(ec->mode),
            ec->shard_optimizer ? ", sharded optimizer" : "");
     cli_print_compute(&o->compute);

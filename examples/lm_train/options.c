@@ -102,6 +102,12 @@ static void usage(FILE *f)
             "                         the same results to float32 rounding (default whole)\n"
             "  --attention-chunk N    queries per chunk with --attention chunked (default %d):\n"
             "                         larger chunks, larger GEMMs (GPUs) and a larger scratch\n"
+            "  --vocab-pad N|auto     pad the vocabulary inside the model to a multiple of N (1:\n"
+            "                         none; at most %d), as llm.c pads 50257 to 50304: aligned\n"
+            "                         LM-head GEMMs on GPUs; the padded logits are -inf, never\n"
+            "                         a target or a sample; checkpoints and --export-hf keep\n"
+            "                         the true vocabulary (default auto: %d when --devices has a\n"
+            "                         GPU, else none; with --resume, the checkpoint's)\n"
             "  --shard-optimizer      shard the AdamW state over the devices (ZeRO-1: each device\n"
             "                         keeps and updates its slice's moments; same results, bitwise)\n"
             "model\n"
@@ -189,7 +195,8 @@ static void usage(FILE *f)
             "signalled, sends SIGTERM to the ranks and SIGKILL 1 s later (more: --mca\n"
             "odls_base_sigkill_timeout SECONDS), so signal the ranks when a save takes longer.\n",
             LM_DEFAULT_CORPUS, d.tokenizer, d.vocab_size, DP_GPT2_VOCAB_SIZE, TOKEN_VOCAB_MAX,
-            d.devices, d.mode, DP_GPT_ATTENTION_CHUNK, DP_GPT_ATTENTION_CHUNK, d.layers, d.heads,
+            d.devices, d.mode, DP_GPT_ATTENTION_CHUNK, DP_GPT_ATTENTION_CHUNK, CLI_VOCAB_PAD_MAX,
+            CLI_VOCAB_PAD_GPU, d.layers, d.heads,
             d.dim, d.context, d.batch_size, d.grad_accum, d.steps, d.lr, d.min_lr, d.warmup,
             d.weight_decay, d.beta1, d.beta2, d.grad_clip, d.seed, d.max_skips, CLI_RANKS_WAIT_DEFAULT,
             d.eval_interval, d.eval_iters, SAMPLE_MAX, d.sample, d.temperature, d.top_k,

@@ -178,15 +178,17 @@ static void sample_free(sampler_bufs *b)
 
 /* The host buffers (the context of prompt + n tokens, a row of logits,
  * the sampler's work) and the root device's (workspace, tokens,
- * parameters, logits) for a model of context T and vocabulary V;
- * b->params holds the parameters, copied to the device. */
-static int sample_setup(run *r, sampler_bufs *b, size_t T, size_t V, size_t n)
+ * parameters, logits) for a model of context T and vocabulary V, whose
+ * logits rows are Vp wide (the padded vocabulary; the host keeps a row's
+ * first V); b->params holds the parameters, copied to the device. */
+static int sample_setup(run *r, sampler_bufs *b, size_t T, size_t V, size_t Vp, size_t n)
 {
     size_t cap = 0, pbytes = 0, ctx_bytes = 0, v_bytes = 0, tv_bytes = 0;
     /* --sample is bounded at parse time; checked anyway, as every size from input. */
     if (!dp_size_add(r->prompt_len, n, &cap) || !dp_size_mul(cap, sizeof(int32_t), &ctx_bytes) ||
         !dp_size_mul(r->n_params, sizeof(float), &pbytes) ||
-        !dp_size_mul(V, sizeof(float), &v_bytes) || !dp_size_mul(T, v_bytes, &tv_bytes))
+        !dp_size_mul(V, sizeof(float), &v_bytes) || !dp_size_mul(T, Vp, &tv_bytes) ||
+        !dp_size_mul(tv_bytes, sizeof(float), &tv_bytes))
         return cli_fail("--sample %zu: the sampling buffers' sizes overflow", n);
     b->ctx = malloc(ctx_bytes);
     b->logits = malloc(v_bytes);
@@ -225,8 +227,12 @@ static void print_token(const run *r, int ids, int32_t id)
 static int generate_into(run *r, sampler_bufs *b)
 {
     const dp_gpt_config *c = dp_gpt_config_of(r->gpt);
-    size_t T = c->block_size, V = c->vocab_size, n = (size_t)r->o.sample;
-    if (agree(r, sample_setup(r, b, T, V, n))) return 1;
+    /* Logits rows are Vp wide; only the first V are the vocabulary's (the
+     * padded ones are -inf), and only they are sampled from: never an id
+     * >= V. */
+    size_t T = c->block_size, V = c->vocab_size, Vp = dp_gpt_padded_vocab(c);
+    size_t n = (size_t)r->o.sample;
+    if (agree(r, sample_setup(r, b, T, V, Vp, n))) return 1;
     size_t len = r->prompt_len;
     dp_rng rng;
     dp_rng_seed(&rng, r->o.seed ^ 0x5eedULL);
@@ -242,7 +248,7 @@ static int generate_into(run *r, sampler_bufs *b)
         const int32_t *win = b->ctx + len - t;
         if (dp_copy_h2d(b->dev, b->dtok, win, t * sizeof(int32_t)) != DP_OK ||
             dp_gpt_forward(r->gpt, b->dev, b->dparams, b->dtok, 1, t, b->ws, b->dlogits) != DP_OK ||
-            dp_copy_d2h(b->dev, b->logits, (float *)b->dlogits + (t - 1) * V,
+            dp_copy_d2h(b->dev, b->logits, (float *)b->dlogits + (t - 1) * Vp,
                         V * sizeof(float)) != DP_OK) {
             failed = cli_dp_fail("sampling");
             break;

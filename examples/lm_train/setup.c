@@ -58,6 +58,52 @@ static int make_model(run *r, size_t V)
     return 0;
 }
 
+/* *buf (n_from floats in from's layout) moved into to's layout (NULL stays NULL). */
+static int move_layout(float **buf, const dp_gpt *to, const dp_gpt *from)
+{
+    if (!*buf) return 0;
+    float *dst = malloc(dp_gpt_model(to, 0)->n_params * sizeof *dst);
+    if (!dst) return cli_fail("out of host memory for the padded vocabulary's layout");
+    if (dp_gpt_copy_layout(to, dst, from, *buf) != DP_OK) {
+        free(dst);
+        return cli_dp_fail("--vocab-pad");
+    }
+    free(*buf);
+    *buf = dst;
+    return 0;
+}
+
+/* The vocabulary's padding once the devices are known (--vocab-pad, with
+ * --resume the checkpoint's unless given, else auto: cli_vocab_pad): the
+ * GPT rebuilt with it. --resume's and --init-from's parameters, and the
+ * checkpoint's moments, were read in the unpadded layout of their files
+ * (each tensor at its offset, dp_checkpoint_read_tensors); they move
+ * into the padded one tensor by tensor (dp_gpt_copy_layout: wte's V rows
+ * stay where they are, the padded rows are zero, the tensors after it
+ * shift), so a checkpoint of either layout resumes in the other. */
+static int pad_vocab(run *r, const dp_device_spec *specs, size_t k)
+{
+    size_t pad = cli_vocab_pad(&r->o.compute, specs, k);
+    dp_gpt_config gc = *dp_gpt_config_of(r->gpt);
+    if ((gc.vocab_pad > 1 ? gc.vocab_pad : 1) == pad) return 0;
+    gc.vocab_pad = pad;
+    dp_gpt *g = NULL;
+    if (dp_gpt_create(&gc, &g) != DP_OK) return cli_dp_fail("--vocab-pad");
+    int rc = 0;
+    if (r->ck)
+        rc = move_layout(&r->ck->params, g, r->gpt) || move_layout(&r->ck->m, g, r->gpt) ||
+             move_layout(&r->ck->v, g, r->gpt);
+    if (!rc) rc = move_layout(&r->init_params, g, r->gpt);
+    if (rc) {
+        dp_gpt_destroy(g);
+        return 1;
+    }
+    dp_gpt_destroy(r->gpt);
+    r->gpt = g;
+    r->n_params = dp_gpt_model(g, 0)->n_params;
+    return 0;
+}
+
 /* Rank 0's outputs, before anything is written: --save and --trace can
  * be written (their directories, their temporary files' names), and no
  * output is the same file as an input (--data's, or one of a data
@@ -167,6 +213,7 @@ int setup(run *r)
     dp_engine_config ec = dp_engine_config_default();
     int rc = load(r);
     if (!rc) rc = configure(r, specs, &k, &ec);
+    if (!rc) rc = pad_vocab(r, specs, k);
     if (agree(r, rc)) return 1;
     dp_criterion ce = dp_criterion_cross_entropy();
     /* bf16: bf16 replicas, and the activations off the residual stream

@@ -40,13 +40,29 @@ typedef struct dp_gpt_config {
      * model computes, not what it is: checkpoints do not store it, and
      * every value gives the same tensors and parameters. */
     size_t attention_chunk;
+    /* Pad the vocabulary inside the model to Vp, the next multiple of
+     * vocab_pad (0 or 1: none, Vp = V), as llm.c pads GPT-2's 50257 to
+     * 50304: the LM head's GEMM then has an output dimension, and the
+     * logits a row length, that suit the tensor cores (cuBLAS takes slower
+     * unaligned kernels otherwise: an H100's bf16 GPT-2 small step 88.5 ms
+     * at V = 50257, 78.3 ms at 50304). wte keeps its V rows as a tensor
+     * (name, shape and checkpoints unchanged); its slot in the flat
+     * buffer holds Vp rows, the Vp - V padded ones zero (a gap: never
+     * updated, zero gradients). The logits are Vp wide (the model's
+     * n_classes), the padded columns -inf: probability 0, zero gradient,
+     * never sampled. Like attention_chunk, how the model computes, not
+     * what it is: checkpoints do not store it, and every value trains the
+     * same model, to float32 rounding (the padding adds exact zeros, but
+     * OpenBLAS and cuBLAS pick their GEMM kernels by the shapes). */
+    size_t vocab_pad;
 } dp_gpt_config;
 
 typedef struct dp_gpt dp_gpt;
 
 /* Validates the configuration and builds the parameter table.
  * Errors: DP_ERR_INVALID_ARGUMENT naming the bad field (zero sizes,
- * n_head not dividing n_embd, sizes that overflow). */
+ * n_head not dividing n_embd, sizes that overflow, a vocab_pad that
+ * takes the padded vocabulary past int32 or its embedding past size_t). */
 DP_API dp_status dp_gpt_create(const dp_gpt_config *cfg, dp_gpt **out);
 DP_API void dp_gpt_destroy(dp_gpt *gpt);
 
@@ -113,9 +129,15 @@ DP_API void dp_gpt_destroy(dp_gpt *gpt);
  * CPU. Larger chunks mean larger GEMMs (for GPUs) and a larger scratch. */
 #define DP_GPT_ATTENTION_CHUNK 64
 
+/* The padded vocabulary Vp of a configuration: vocab_size rounded up to
+ * a multiple of vocab_pad (vocab_size itself for a pad of 0 or 1); 0 when
+ * cfg is NULL or the rounding overflows. */
+DP_API size_t dp_gpt_padded_vocab(const dp_gpt_config *cfg);
+
 /* The model description for dp_engine_create, for the given flags (the
  * DP_GPT_* bits above; 0: float32 throughout). Inputs are block_size int32
- * token ids per row, outputs_per_row = block_size, n_classes =
+ * token ids per row, outputs_per_row = block_size, n_classes = Vp
+ * (dp_gpt_padded_vocab: vocab_size without a pad) and target_classes =
  * vocab_size. The tied LM head is split off (dp/model.h): forward writes
  * ln_f's output (rows * block_size, n_embd), head_features = n_embd, and
  * the engine runs the head in chunks of rows
@@ -134,20 +156,33 @@ DP_API long dp_gpt_find_tensor(const dp_gpt *gpt, const char *name);
 /* Bytes of activation workspace for B sequences of length T <= block_size. */
 DP_API size_t dp_gpt_workspace_bytes(const dp_gpt *gpt, size_t B, size_t T);
 
-/* logits(B,T,V) for tokens(B,T) (device pointers; ids in [0,V)), any
+/* logits(B,T,Vp) for tokens(B,T) (device pointers; ids in [0,V)), any
  * 1 <= T <= block_size (sampling uses short prefixes), over float32
  * params (n_params floats in the model's layout; the master weights of a
  * bf16 run, from dp_engine_get_params). workspace holds
- * dp_gpt_workspace_bytes(gpt, B, T) bytes and keeps the activations. */
+ * dp_gpt_workspace_bytes(gpt, B, T) bytes and keeps the activations.
+ * Vp = dp_gpt_padded_vocab(config): the columns from V on are -inf. */
 DP_API dp_status dp_gpt_forward(const dp_gpt *gpt, dp_device *dev, const float *params,
                                 const int32_t *tokens, size_t B, size_t T, void *workspace,
                                 float *logits);
 
-/* grads += d loss / d params, from dlogits(B,T,V) (clobbered), after
+/* grads += d loss / d params, from dlogits(B,T,Vp) (clobbered; 0 in the
+ * padded columns, which the cross-entropy gives them), after
  * dp_gpt_forward with the same tokens, B, T and workspace. */
 DP_API dp_status dp_gpt_backward(const dp_gpt *gpt, dp_device *dev, const float *params,
                                  float *grads, const int32_t *tokens, size_t B, size_t T,
                                  void *workspace, float *dlogits);
+
+/* Copies a flat buffer (parameters, or an optimizer moment) from one
+ * GPT's layout to another's of the same tensors: the configurations must
+ * agree but for vocab_pad and attention_chunk (a checkpoint's unpadded
+ * layout into a padded run's, and back). Tensor by tensor; every float
+ * of dst outside the tensors (alignment gaps, wte's padded rows) is 0.
+ * dst holds dp_gpt_model(to, 0)->n_params floats, src from's; host
+ * memory, not overlapping. Errors: DP_ERR_INVALID_ARGUMENT (NULL, or
+ * configurations whose tensors differ, naming the field). */
+DP_API dp_status dp_gpt_copy_layout(const dp_gpt *to, float *dst, const dp_gpt *from,
+                                    const float *src);
 
 /* --- checkpoints (dp/checkpoint.h) --------------------------------------- */
 

@@ -220,6 +220,18 @@ typedef struct dp_model {
      * other.
      */
     dp_dtype param_dtype;
+
+    /*
+     * Class targets only: the class ids a target may take, [0,
+     * target_classes); 0 (the zero-initialised default) = n_classes. A
+     * model whose logits are wider than its classes sets it: the GPT with
+     * a padded vocabulary (dp_gpt_config.vocab_pad) has n_classes = Vp
+     * logits per row, of which the last Vp - V are -inf and never a
+     * target. The engine refuses a target in [target_classes, n_classes)
+     * as it refuses one past n_classes, before any device work; such a
+     * target would otherwise give an infinite loss. At most n_classes.
+     */
+    size_t target_classes;
 } dp_model;
 
 /* Target elements per output row: target_size, or its default (1 for

@@ -64,6 +64,14 @@ DP_API dp_status dp_zero_ignored_rows(dp_device *dev, float *x, const void *targ
                                       dp_target_type target_type, size_t target_size,
                                       size_t rows, size_t cols);
 
+/* x[r * ld + c0 + c] = value for r < rows, c < cols: fills a block of
+ * columns of x(rows, ld), the other columns untouched (a padded
+ * vocabulary's logits set to -INFINITY, so the cross-entropy gives them
+ * probability 0 and a zero gradient). rows or cols 0 does nothing.
+ * Errors also: c0 + cols > ld, rows * ld floats overflowing size_t. */
+DP_API dp_status dp_fill_columns(dp_device *dev, float *x, float value, size_t rows, size_t ld,
+                                 size_t c0, size_t cols);
+
 /* ---- host loops (staged through host memory on GPUs) ------------------------ */
 
 /* y(n) += alpha * x(n) (BLAS axpy). x may equal y. */

@@ -1,6 +1,7 @@
 /*
  * kernels/elementwise.h - element-wise add and accumulate (residual stream
- * and gradient sums).
+ * and gradient sums), and a fill of a block of columns (the padded
+ * vocabulary's logits set to -inf).
  */
 #ifndef DP_KERNELS_ELEMENTWISE_H
 #define DP_KERNELS_ELEMENTWISE_H
@@ -20,6 +21,15 @@ static inline DP_HD void dp_add_elem(float *out, const float *a, const float *b,
 static inline DP_HD void dp_accumulate_elem(float *dst, const float *src, size_t i)
 {
     dst[i] += src[i];
+}
+
+/* Item i of the block of `cols` columns starting at column c0 of rows ld
+ * floats apart: x[r * ld + c0 + c] = value, r = i / cols, c = i % cols
+ * (n = rows * cols items; the other columns are not touched). */
+static inline DP_HD void dp_fill_columns_elem(float *x, size_t ld, size_t c0, size_t cols,
+                                              float value, size_t i)
+{
+    x[i / cols * ld + c0 + i % cols] = value;
 }
 
 #endif /* DP_KERNELS_ELEMENTWISE_H */

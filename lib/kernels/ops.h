@@ -158,6 +158,10 @@
     X(attention_fused_dkdv, TILED, dp_flash_dkdv_item,                                     \
       (float *dqkv, const float *dout, dp_pref qkvr, const float *lse, const float *delta, \
        size_t B, size_t T, size_t NH, size_t hs, float scale),                             \
-      (dqkv, dout, qkvr, lse, delta, B, T, NH, hs, scale))
+      (dqkv, dout, qkvr, lse, delta, B, T, NH, hs, scale))                                 \
+    /* x[r * ld + c0 + c] = value for the rows * cols items (kernels/elementwise.h); the    \
+     * padded vocabulary's logit columns set to -inf */                                   \
+    X(fill_columns, ELEM, dp_fill_columns_elem,                                            \
+      (float *x, size_t ld, size_t c0, size_t cols, float value), (x, ld, c0, cols, value))
 
 #endif /* DP_KERNELS_OPS_H */

@@ -6,6 +6,11 @@
  *                    x = x + c_proj(gelu(c_fc(ln_2(x))))      MLP
  *   logits = ln_f(x) @ wte^T                                 tied LM head
  *
+ * With dp_gpt_config.vocab_pad the vocabulary is padded inside to Vp (as
+ * llm.c does): wte's slot holds Vp rows, the padded ones a zero gap after
+ * the (V, C) tensor, and the head's logits are Vp wide, the padded
+ * columns -inf (gpt_pass.c), so the model is the unpadded one.
+ *
  * Built from the layer functions of dp/nn.h, so every product goes through
  * the backend's GEMM. Parameters live in one flat buffer (the tensor table
  * below, nanoGPT's state-dict names); activations live in a caller-given
@@ -177,7 +182,14 @@ static dp_status check_config(const dp_gpt_config *c)
     if (c->vocab_size > (size_t)INT32_MAX)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
                        "gpt config: vocab_size %zu does not fit int32 token ids", c->vocab_size);
-    /* The GEMMs take int sizes: 4C, V and block_size must fit. */
+    size_t Vp = dp_gpt_padded_vocab(c);
+    if (!Vp || Vp > (size_t)INT32_MAX)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
+                       "gpt config: vocab_pad %zu rounds vocab_size %zu up past %d logits (the "
+                       "classes are int32 ids and the head's GEMM takes int sizes); use a pad "
+                       "such as 64 or 128, or 0 for none", c->vocab_pad, c->vocab_size,
+                       INT32_MAX);
+    /* The GEMMs take int sizes: 4C, Vp and block_size must fit. */
     if (c->n_embd > (size_t)INT_MAX / 4 || c->block_size > (size_t)INT_MAX)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
                        "gpt config: n_embd %zu (4*n_embd must be <= %d) or block_size %zu is too "
@@ -191,6 +203,7 @@ dp_status dp_gpt_create(const dp_gpt_config *cfg, dp_gpt **out)
     *out = NULL;
     DP_TRY(check_config(cfg));
     size_t V = cfg->vocab_size, C = cfg->n_embd, L = cfg->n_layer, BS = cfg->block_size;
+    size_t Vp = dp_gpt_padded_vocab(cfg); /* wte's slot: Vp rows, the last Vp - V zero */
 
     /* Shapes, and the total size with padding, checked for overflow. */
     int of = 0;
@@ -206,7 +219,7 @@ dp_status dp_gpt_create(const dp_gpt_config *cfg, dp_gpt **out)
         per_block = align_up(per_block, &of);
     }
     size_t total = 0;
-    mad(&total, V, C, &of);
+    mad(&total, Vp, C, &of);
     total = align_up(total, &of);
     mad(&total, BS, C, &of);
     total = align_up(total, &of);
@@ -214,9 +227,10 @@ dp_status dp_gpt_create(const dp_gpt_config *cfg, dp_gpt **out)
     mad(&total, 2 * DP_PARAM_ALIGN, (C + DP_PARAM_ALIGN - 1) / DP_PARAM_ALIGN, &of);
     if (of || total > SIZE_MAX / sizeof(float) || n_tensors > SIZE_MAX / NAME_CAP)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
-                       "gpt config: vocab_size %zu, block_size %zu, n_layer %zu, n_embd %zu "
-                       "overflow the parameter count; use smaller sizes",
-                       V, BS, L, C);
+                       "gpt config: vocab_size %zu (padded to %zu by vocab_pad %zu), "
+                       "block_size %zu, n_layer %zu, n_embd %zu overflow the parameter count; "
+                       "use smaller sizes (or a smaller vocab_pad)",
+                       V, Vp, cfg->vocab_pad, BS, L, C);
 
     dp_gpt *g = calloc(1, sizeof *g);
     if (!g) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "dp_gpt_create: host allocation failed");
@@ -246,6 +260,8 @@ dp_status dp_gpt_create(const dp_gpt_config *cfg, dp_gpt **out)
         i++;                                                                        \
     } while (0)
     ADD_TENSOR(V, C, "transformer.wte.weight");
+    /* The padded rows: a larger gap before wpe (zero, as every gap). */
+    off = align_up(Vp * C, &of);
     ADD_TENSOR(BS, C, "transformer.wpe.weight");
     for (size_t l = 0; l < L; l++)
         for (int j = 0; j < BLK_COUNT; j++)
@@ -273,7 +289,8 @@ dp_status dp_gpt_create(const dp_gpt_config *cfg, dp_gpt **out)
         m->param_dtype = v->bf16 ? DP_DTYPE_BF16 : DP_DTYPE_F32;
         m->input_row_bytes = BS * sizeof(int32_t);
         m->outputs_per_row = BS;
-        m->n_classes = V;
+        m->n_classes = Vp;     /* the logits' width (llm.c's padded Vp) */
+        m->target_classes = V; /* targets in the padding are refused */
         m->n_params = off;
         m->n_tensors = n_tensors;
         m->tensors = g->tensors;
@@ -314,6 +331,39 @@ const dp_model *dp_gpt_model(const dp_gpt *gpt, unsigned flags)
 }
 
 const dp_gpt_config *dp_gpt_config_of(const dp_gpt *gpt) { return gpt ? &gpt->cfg : NULL; }
+
+size_t dp_gpt_padded_vocab(const dp_gpt_config *cfg)
+{
+    if (!cfg) return 0;
+    size_t V = cfg->vocab_size, pad = cfg->vocab_pad;
+    if (pad <= 1) return V;
+    if (V > SIZE_MAX - (pad - 1)) return 0;
+    return (V + pad - 1) / pad * pad;
+}
+
+dp_status dp_gpt_copy_layout(const dp_gpt *to, float *dst, const dp_gpt *from, const float *src)
+{
+    if (!to || !dst || !from || !src)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "dp_gpt_copy_layout: to, dst, from and src must "
+                       "not be NULL");
+    const dp_gpt_config *a = &to->cfg, *b = &from->cfg;
+    const char *diff = a->vocab_size != b->vocab_size   ? "vocab_size"
+                       : a->block_size != b->block_size ? "block_size"
+                       : a->n_layer != b->n_layer       ? "n_layer"
+                       : a->n_embd != b->n_embd         ? "n_embd"
+                       : a->n_head != b->n_head         ? "n_head"
+                                                        : NULL;
+    if (diff)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "dp_gpt_copy_layout: the GPTs differ in %s, so "
+                       "their tensors differ; only vocab_pad and attention_chunk may differ",
+                       diff);
+    const dp_model *mt = &to->models[0], *mf = &from->models[0];
+    memset(dst, 0, mt->n_params * sizeof(float));
+    for (size_t i = 0; i < mt->n_tensors; i++)
+        memcpy(dst + mt->tensors[i].offset, src + mf->tensors[i].offset,
+               mt->tensors[i].numel * sizeof(float));
+    return DP_OK;
+}
 
 long dp_gpt_find_tensor(const dp_gpt *gpt, const char *name)
 {

@@ -7,6 +7,7 @@
 #ifndef DP_MODELS_GPT_INTERNAL_H
 #define DP_MODELS_GPT_INTERNAL_H
 
+#include <math.h> /* INFINITY: the padded vocabulary's logits */
 #include <stdint.h>
 
 #include "dp/checked.h"
@@ -233,9 +234,10 @@ dp_status gpt_pass_check(const char *fn, const dp_gpt *gpt, dp_device *dev, size
 dp_status gpt_pass_body_forward(const dp_gpt *gpt, dp_device *dev, wview params,
                            const int32_t *tokens, size_t B, size_t T, float *ws, const carve *cv,
                            float *lnf);
-/* The tied LM head: logits(N,V) = lnf(N,C) @ wte^T, for any N rows; its
- * backward writes d(lnf)(N,C) = dlogits @ wte and adds d(wte) +=
- * dlogits^T @ lnf. */
+/* The tied LM head: logits(N,Vp) = lnf(N,C) @ wte^T over wte's slot of
+ * Vp rows (Vp = V without dp_gpt_config.vocab_pad), the padded columns
+ * -inf, for any N rows; its backward writes d(lnf)(N,C) = dlogits @ wte
+ * and adds d(wte) += dlogits^T @ lnf (0 in the padded rows). */
 dp_status gpt_pass_head_forward(const dp_gpt *gpt, dp_device *dev, wview params,
                                 const float *lnf, size_t N, float *logits);
 dp_status gpt_pass_head_backward(const dp_gpt *gpt, dp_device *dev, wview params, float *grads,

@@ -180,22 +180,31 @@ dp_status gpt_pass_body_forward(const dp_gpt *gpt, dp_device *dev, wview params,
     return DP_OK;
 }
 
-/* The tied LM head: logits(N,V) = lnf(N,C) @ wte^T, for any N rows. */
+/* The tied LM head: logits(N,Vp) = lnf(N,C) @ wte_padded(Vp,C)^T, for any
+ * N rows. With a padded vocabulary (Vp > V) the GEMM's m is the aligned
+ * Vp over wte's slot, whose padded rows are zero, and the padded columns
+ * are then set to -inf: the cross-entropy gives them probability 0 and a
+ * zero gradient, and no sampler picks them. */
 dp_status gpt_pass_head_forward(const dp_gpt *gpt, dp_device *dev, wview params,
                                 const float *lnf, size_t N, float *logits)
 {
     const dp_gpt_config *g = &gpt->cfg;
+    size_t V = g->vocab_size, Vp = gpt->models[0].n_classes;
     dp_pref none = {NULL, params.bf16};
-    return lin_fwd(dev, logits, x32(lnf), pw(gpt, params, 0), none, N, g->n_embd, g->vocab_size);
+    DP_TRY(lin_fwd(dev, logits, x32(lnf), pw(gpt, params, 0), none, N, g->n_embd, Vp));
+    return dp_fill_columns(dev, logits, -INFINITY, N, Vp, V, Vp - V);
 }
 
-/* d(lnf)(N,C) = dlogits @ wte (overwritten) and d(wte) += dlogits^T @ lnf. */
+/* d(lnf)(N,C) = dlogits @ wte_padded (overwritten) and d(wte_padded) +=
+ * dlogits^T @ lnf, with k (m) = Vp: the padded columns of dlogits are 0,
+ * so they add exact zeros to d(lnf) and leave the padded rows' gradient
+ * 0. */
 dp_status gpt_pass_head_backward(const dp_gpt *gpt, dp_device *dev, wview params, float *grads,
                                  const float *lnf, size_t N, const float *dlogits, float *dlnf)
 {
     const dp_gpt_config *g = &gpt->cfg;
     return lin_bwd(dev, dlnf, gw(gpt, grads, 0), NULL, dlogits, x32(lnf), pw(gpt, params, 0), N,
-                   g->n_embd, g->vocab_size);
+                   g->n_embd, gpt->models[0].n_classes);
 }
 
 dp_status dp_gpt_forward(const dp_gpt *gpt, dp_device *dev, const float *params,

@@ -22,6 +22,10 @@ dp_status dp_model_validate(const dp_model *m)
     if (m->param_dtype != DP_DTYPE_F32 && m->param_dtype != DP_DTYPE_BF16)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "param_dtype %s; a model's replicas hold "
                        "DP_DTYPE_F32 or DP_DTYPE_BF16 parameters", dp_dtype_name(m->param_dtype));
+    if (m->target_classes > m->n_classes)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "target_classes %zu exceeds n_classes %zu; the "
+                       "classes a target may take are among the logits (0: all n_classes)",
+                       m->target_classes, m->n_classes);
     if ((unsigned)m->target_type >= DP_TARGET_TYPE_COUNT)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "unknown target_type %d; use DP_TARGET_CLASS "
                        "(int32 class ids) or DP_TARGET_F32 (float values)", (int)m->target_type);

@@ -77,6 +77,23 @@ dp_status dp_zero_ignored_rows(dp_device *dev, float *x, const void *targets,
                                        target_size, cols, rows);
 }
 
+dp_status dp_fill_columns(dp_device *dev, float *x, float value, size_t rows, size_t ld,
+                          size_t c0, size_t cols)
+{
+    size_t total, n;
+    DP_NN_REQUIRE_DEV(dev);
+    if (!rows || !cols) return DP_OK;
+    DP_NN_REQUIRE_PTR(dev, x);
+    if (c0 > ld || cols > ld - c0)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: columns [%zu, %zu + %zu) pass the row "
+                       "length ld = %zu; fill columns inside the rows", dev->name, c0, c0, cols,
+                       ld);
+    DP_NN_CHECK_DIMS2(dev, rows, ld, &total);
+    (void)total;
+    n = rows * cols; /* <= rows * ld */
+    return dev->ops->fill_columns(dev, x, ld, c0, cols, value, n);
+}
+
 // --- host loops -----------------------------------------------------------------------
 
 /* Floats per staged chunk and array (three arrays: 12 KiB of stack). */

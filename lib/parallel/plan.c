@@ -149,11 +149,19 @@ static dp_status check_targets(const dp_model *m, const void *targets, size_t n,
         }
     } else {
         const int32_t *t = targets;
+        /* A padded model's classes end before its logits (dp_model.target_classes). */
+        size_t classes = m->target_classes ? m->target_classes : m->n_classes;
         for (size_t i = 0; i < n; i++) {
-            if (t[i] < -1 || (t[i] >= 0 && (size_t)t[i] >= m->n_classes))
+            if (t[i] < -1 || (t[i] >= 0 && (size_t)t[i] >= classes)) {
+                if (classes < m->n_classes && t[i] >= 0 && (size_t)t[i] < m->n_classes)
+                    return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "target %d at position %zu is in "
+                                   "the model's padding: its classes are [0, %zu), its %zu "
+                                   "logits per row padded past them; use ids below %zu, or -1 "
+                                   "to ignore a position", (int)t[i], i, classes, m->n_classes,
+                                   classes);
                 return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "target %d at position %zu is outside "
-                               "[-1, %zu); use -1 to ignore a position", (int)t[i], i,
-                               m->n_classes);
+                               "[-1, %zu); use -1 to ignore a position", (int)t[i], i, classes);
+            }
             v += t[i] >= 0;
         }
     }

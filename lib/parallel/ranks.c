@@ -23,7 +23,7 @@ typedef struct rank_info {
     float lr, beta1, beta2, eps, weight_decay, grad_clip, momentum;
     uint64_t max_rows, max_tokens, seed, memory_limit, n_params, n_tensors, n_classes,
         outputs_per_row, input_row_bytes, target_type, target_size, logits_chunk_rows, bucket_bytes,
-        head_features;
+        head_features, target_classes;
     double watchdog;
     int64_t check_replicas_every;
 } rank_info;
@@ -66,6 +66,7 @@ static void fill_info(rank_info *x, const dp_engine *e, const dp_device_spec *de
     x->logits_chunk_rows = c->logits_chunk_rows;
     x->bucket_bytes = c->bucket_bytes;
     x->head_features = m->head_features;
+    x->target_classes = m->target_classes;
     x->watchdog = c->watchdog_seconds;
     x->check_replicas_every = c->check_replicas_every;
 }
@@ -104,6 +105,7 @@ static const char *first_difference(const rank_info *a, const rank_info *b)
     DIFF(logits_chunk_rows, "logits_chunk_rows");
     DIFF(bucket_bytes, "bucket_bytes");
     DIFF(head_features, "the model's head_features");
+    DIFF(target_classes, "the model's target_classes");
     DIFF(watchdog, "watchdog_seconds");
     DIFF(check_replicas_every, "check_replicas_every");
     DIFF(kind, "the device kind");
