@@ -16,15 +16,14 @@ s="$out/summary.txt"
 fail=0
 want() { grep -qE "$1" "$s" || { echo "missing: $1"; fail=1; }; }
 runs=("bf16 chunked B8" "bf16 chunked B16" "bf16 chunked B32" "bf16 chunked B64"
+    "bf16 chunked V1000 B8" "bf16 chunked V1000-padded B8"
+    "bf16 fused B8" "bf16 fused B16" "bf16 fused B32" "bf16 fused B64"
     "bf16 whole B8" "fp32 whole B8" "fp32 whole B16" "tf32 whole B8" "tf32 whole B16")
-if grep -q "^speed dp bf16 fused" "$s"; then # a dp_bench with --attention fused
-    runs+=("bf16 fused B8" "bf16 fused B16" "bf16 fused B32" "bf16 fused B64"
-        "bf16 fused V1000 B8" "bf16 fused V1000-padded B8")
-fi
 for p in "${runs[@]}"; do
     want "^speed dp $p +PASS +[0-9.]+ ms/step, [0-9]+ tokens/s, peak [0-9]+ MiB"
 done
 want "^speed dp bf16 chunked B16 +PASS .*MiB per sequence beyond the fixed state"
+want "^speed dp bf16 fused B16 +PASS .*MiB per sequence beyond the fixed state"
 want "^speed torch bf16 B8 eager +(PASS +[0-9.]+ ms/step|SKIP +.+)"
 want "^speed torch bf16 B8 compile +(PASS +[0-9.]+ ms/step|SKIP +.+)"
 want "^speed kernels +SKIP"
