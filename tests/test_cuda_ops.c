@@ -35,6 +35,7 @@
 #include "backend/backend.h"
 #include "backend/device_testing.h"
 #include "dp/optim.h"
+#include "nn/nn_act16.h"
 #include "nn_test_util.h"
 
 // --- targets ----------------------------------------------------------------------------
@@ -1480,6 +1481,102 @@ Test(cuda_ops, linear_and_attention_layers_match_cpu, .timeout = 60)
     free(dout);
     free(qkv);
     free(adout);
+}
+
+// --- the bfloat16 producers (nn/nn_act16.h) ------------------------------------------------
+/*
+ * On one device each producer is held to its own composition: the
+ * LayerNorm's bfloat16 output is the float32 kernel's value rounded (one
+ * kernel template, the same instructions up to the store), so bit for
+ * bit; the backward's dout16 feeds the very cuBLAS call that rounding dout
+ * inside the GEMM feeds, so bit for bit; the linear forward through
+ * cuBLASLt runs another kernel than cuBLAS's float32 layer, so within the
+ * GEMM bound (bit for bit where cuBLASLt declines, e.g. a float32 input).
+ *
+ * Across backends, bfloat16 outputs of float32 values x, y that differ by
+ * d: a = bf16(x), b = bf16(y) are each within half a bfloat16 ulp, at
+ * most 2^-8 of the value (8 significant bits), so |a - b| <= d + 2^-8
+ * (|x| + |y|) <= 1.004 d + 2^-7 |b| / (1 - 2^-8). With the float32 op's
+ * bound d <= atol + rtol |y| that is within atol16 = 1.01 atol and rtol16
+ * = 1.01 rtol + 0.0079 of b.
+ */
+static double bf16v(dp_bf16 h) { return (double)dp_bf16_to_float(h); }
+
+/* n device bfloat16 values as host doubles. */
+static double *download_bf16(dp_device *d, const void *p, size_t n)
+{
+    dp_bf16 *h = xmalloc(n * sizeof *h);
+    double *r = xmalloc(n * sizeof *r);
+    dp_assert_ok(dp_copy_d2h(d, h, p, n * sizeof *h));
+    for (size_t i = 0; i < n; i++) r[i] = bf16v(h[i]);
+    free(h);
+    return r;
+}
+
+static void assert_same_doubles(const char *what, const double *a, const double *e, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(&a[i], &e[i], sizeof a[i]) != 0)
+            cr_assert_fail("%s: element %zu of %zu differs: %.9g vs %.9g", what, i, n, a[i], e[i]);
+}
+
+static void check_layernorm_out16(size_t N, size_t C)
+{
+    float *x = rnd_normal(11, N * C, 3.0f, 1.0f), *w = rnd(12, C, 0.5f, 1.5f),
+          *bias = rnd(13, C, -1, 1);
+    for (int w16 = 0; w16 < 2; w16++)
+        FOR_TARGETS(g)
+        {
+            pair p = pair_open(g);
+            double *out[2];
+            for (int b = 0; b < 2; b++) {
+                dp_device *d = p.d[b];
+                void *xd = dp_test_upload(d, x, N * C), *wd = upload_typed(d, w, C, w16),
+                     *bd = upload_typed(d, bias, C, w16);
+                float *ref = dalloc(d, N * C * 4), *m0 = dalloc(d, N * 4), *r0 = dalloc(d, N * 4),
+                      *m1 = dalloc(d, N * 4), *r1 = dalloc(d, N * 4);
+                void *ref16 = dalloc(d, N * C * 2), *o16 = dalloc(d, N * C * 2);
+                if (w16)
+                    dp_assert_ok(dp_layernorm_forward_bf16(d, ref, m0, r0, xd, wd, bd, N, C));
+                else
+                    dp_assert_ok(dp_layernorm_forward(d, ref, m0, r0, xd, wd, bd, N, C));
+                dp_assert_ok(dp_convert(d, ref16, DP_DTYPE_BF16, ref, DP_DTYPE_F32, N * C));
+                dp_pref pw = w16 ? dp_pref_bf16(wd) : dp_pref_f32(wd);
+                dp_pref pb = w16 ? dp_pref_bf16(bd) : dp_pref_f32(bd);
+                dp_assert_ok(dp_layernorm_forward_out16(d, o16, m1, r1, xd, pw, pb, N, C));
+                out[b] = download_bf16(d, o16, N * C);
+                double *want = download_bf16(d, ref16, N * C);
+                assert_same_doubles("layernorm bf16 output vs float32 + conversion", out[b],
+                                    want, N * C);
+                float *ma = dp_test_nn_download(d, m1, N), *me = dp_test_nn_download(d, m0, N),
+                      *ra = dp_test_nn_download(d, r1, N), *re = dp_test_nn_download(d, r0, N);
+                assert_same_bits("layernorm bf16 output's mean", ma, me, N);
+                assert_same_bits("layernorm bf16 output's rstd", ra, re, N);
+                free(want);
+                free(ma);
+                free(me);
+                free(ra);
+                free(re);
+                void *bufs[] = {xd, wd, bd, ref, m0, r0, m1, r1, ref16, o16};
+                for (size_t i = 0; i < 10; i++) dp_device_free(d, bufs[i]);
+            }
+            /* the float32 forward's bounds (layernorm_matches_cpu), for bfloat16 */
+            double k = sqrt((double)C / 129.0);
+            dp_assert_allclose(out[1], out[0], N * C, 1.01e-5 * k, 1.01e-5 + 0.0079);
+            free(out[0]);
+            free(out[1]);
+            pair_close(&p);
+        }
+    free(x);
+    free(w);
+    free(bias);
+}
+
+Test(cuda_ops, layernorm_bf16_output_matches_cpu, .timeout = 60)
+{
+    REQUIRE_GPU();
+    check_layernorm_out16(37, 129);
+    check_layernorm_out16(64, 768);
 }
 
 // --- memory and copies -------------------------------------------------------------------------

@@ -57,6 +57,10 @@ struct dp_device {
     /* bf16 math on OpenBLAS even where oneDNN has a bf16 matmul (a test
      * hook, device_testing.h: so the emulation is tested on every CPU) */
     int gemm_no_dnnl;
+    /* the bf16 producers of nn/nn_act16.h run as the compositions they
+     * replace (a test hook, device_testing.h: so one binary compares both
+     * bit for bit) */
+    int no_fused_producers;
 };
 
 /* One operand of the backend's gemm: batch column-major matrices (before

@@ -130,6 +130,11 @@
     /* x(N,C): rows whose per targets are all ignored set to 0 (kernels/ignored.h); n = N */ \
     X(zero_ignored_rows, ROW_BLOCK, dp_zero_ignored_rows_item,                             \
       (float *x, const void *targets, int f32, size_t per, size_t cols),                   \
-      (x, targets, f32, per, cols))
+      (x, targets, f32, per, cols))                                                        \
+    /* layernorm_forward with out(N,C) rounded to bfloat16 once; mean, rstd float32; n = N */ \
+    X(layernorm_forward_bf16_out, ROW_BLOCK, dp_layernorm_forward_bf16_out_item,           \
+      (uint16_t *out, float *mean, float *rstd, const float *inp, dp_pref weight,          \
+       dp_pref bias, size_t C, float eps),                                                 \
+      (out, mean, rstd, inp, weight, bias, C, eps))
 
 #endif /* DP_KERNELS_OPS_H */
