@@ -1579,6 +1579,106 @@ Test(cuda_ops, layernorm_bf16_output_matches_cpu, .timeout = 60)
     check_layernorm_out16(64, 768);
 }
 
+/*
+ * The linear forward with a bfloat16 output and the backward rounding
+ * dout once, bfloat16 operands in BF16 math (the GPT's c_fc; cuBLASLt's
+ * case), and a float32 input (which cuBLASLt declines: the composition).
+ * GEMM sums of K <= 128 products of bfloat16 values (exact in float32) of
+ * inputs in [-1, 1) and weights in [-0.3, 0.3): float32 differences
+ * between two summation orders stay below ~K 2^-24 sum |terms| ~ 1e-5
+ * (typical far less): atol = rtol = 1e-4 for float32 results, and the
+ * bfloat16 bound above for the outputs. dbias is the float32 dout's column
+ * sums in one order on both: bit for bit.
+ */
+Test(cuda_ops, linear_bf16_producers_match_cpu, .timeout = 60)
+{
+    REQUIRE_GPU();
+    enum { N = 64, C = 96, OC = 128 };
+    float *x = rnd(21, N * C, -1, 1), *w = rnd(22, OC * C, -0.3f, 0.3f), *bias = rnd(23, OC, -1, 1),
+          *dout = rnd(24, N * OC, -1, 1);
+    for (int x16 = 1; x16 >= 0; x16--)
+        FOR_TARGETS(g)
+        {
+            pair p = pair_open(g);
+            double *out[2];
+            float *dx[2], *dw[2], *db[2];
+            for (int b = 0; b < 2; b++) {
+                dp_device *d = p.d[b];
+                dp_assert_ok(dp_device_set_matmul_precision(d, DP_MATMUL_BF16));
+                void *xd = upload_typed(d, x, N * C, x16), *wd = upload_typed(d, w, OC * C, 1),
+                     *bd = upload_typed(d, bias, OC, 1);
+                float *gd = dp_test_upload(d, dout, N * OC), *scratch = dalloc(d, N * OC * 4),
+                      *ref = dalloc(d, N * OC * 4);
+                void *ref16 = dalloc(d, N * OC * 2), *o16 = dalloc(d, N * OC * 2),
+                     *g16 = dalloc(d, N * OC * 2);
+                dp_dtype xt = x16 ? DP_DTYPE_BF16 : DP_DTYPE_F32;
+                dp_assert_ok(dp_linear_forward_out16(d, o16, scratch, N * OC, xd, xt,
+                                                     dp_pref_bf16(wd), dp_pref_bf16(bd), N, C,
+                                                     OC));
+                if (x16)
+                    dp_assert_ok(dp_linear_forward_bf16_inp(d, ref, xd, wd, bd, N, C, OC));
+                else
+                    dp_assert_ok(dp_linear_forward_bf16(d, ref, xd, wd, bd, N, C, OC));
+                dp_assert_ok(dp_convert(d, ref16, DP_DTYPE_BF16, ref, DP_DTYPE_F32, N * OC));
+                out[b] = download_bf16(d, o16, N * OC);
+                double *own = download_bf16(d, ref16, N * OC);
+                if (x16) /* cuBLASLt's kernel on a GPU */
+                    dp_assert_allclose(out[b], own, N * OC, 1.01e-4, 1.01e-4 + 0.0079);
+                else
+                    assert_same_doubles("linear bf16 output, declined: the composition", out[b],
+                                        own, N * OC);
+                free(own);
+                /* backward: dout rounded once vs inside each GEMM, on this device */
+                float *gx[2], *gw[2], *gb[2];
+                for (int once = 0; once < 2; once++) {
+                    float *dxd = dalloc(d, N * C * 4), *dwd = dp_test_nn_filled(d, OC * C, 0.0f),
+                          *dbd = dp_test_nn_filled(d, OC, 0.0f);
+                    if (once)
+                        dp_assert_ok(dp_linear_backward_dout16(d, dxd, dwd, dbd, gd, g16, xd, xt,
+                                                               dp_pref_bf16(wd), N, C, OC));
+                    else if (x16)
+                        dp_assert_ok(
+                            dp_linear_backward_bf16_inp(d, dxd, dwd, dbd, gd, xd, wd, N, C, OC));
+                    else
+                        dp_assert_ok(
+                            dp_linear_backward_bf16(d, dxd, dwd, dbd, gd, xd, wd, N, C, OC));
+                    gx[once] = dp_test_nn_download(d, dxd, N * C);
+                    gw[once] = dp_test_nn_download(d, dwd, OC * C);
+                    gb[once] = dp_test_nn_download(d, dbd, OC);
+                    dp_device_free(d, dxd);
+                    dp_device_free(d, dwd);
+                    dp_device_free(d, dbd);
+                }
+                assert_same_bits("linear dinp, dout rounded once", gx[1], gx[0], N * C);
+                assert_same_bits("linear dweight, dout rounded once", gw[1], gw[0], OC * C);
+                assert_same_bits("linear dbias, dout rounded once", gb[1], gb[0], OC);
+                dx[b] = gx[1];
+                dw[b] = gw[1];
+                db[b] = gb[1];
+                free(gx[0]);
+                free(gw[0]);
+                free(gb[0]);
+                void *bufs[] = {xd, wd, bd, gd, scratch, ref, ref16, o16, g16};
+                for (size_t i = 0; i < 9; i++) dp_device_free(d, bufs[i]);
+            }
+            dp_assert_allclose(out[1], out[0], N * OC, 1.01e-4, 1.01e-4 + 0.0079);
+            dp_assert_allclose(dx[1], dx[0], N * C, 1e-4, 1e-4);
+            dp_assert_allclose(dw[1], dw[0], OC * C, 1e-4, 1e-4);
+            assert_same_bits("linear dbias", db[1], db[0], OC);
+            for (int b = 0; b < 2; b++) {
+                free(out[b]);
+                free(dx[b]);
+                free(dw[b]);
+                free(db[b]);
+            }
+            pair_close(&p);
+        }
+    free(x);
+    free(w);
+    free(bias);
+    free(dout);
+}
+
 // --- memory and copies -------------------------------------------------------------------------
 
 Test(cuda_memory, accounting_limit_and_driver_figures)
