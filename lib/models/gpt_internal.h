@@ -186,6 +186,17 @@ static inline xin gemm_in(const layer_acts *a, const float *p)
  *                     att and datt are (B,NH,rows,T), rows =
  *                     min(att_chunk(g), T): one chunk of
  *                     queries, in the forward too.
+ *                     With act16, big_d16 after the MLP half's buffers
+ *                     (dfch, the recomputed GELU output): the float32 dout
+ *                     of a block's linear backward rounded once to
+ *                     bfloat16 for both its GEMMs, up to (B,T,4C)
+ *                     bfloat16. Free at each of the four: in big the
+ *                     MLP's c_proj and c_fc touch only dfch and the
+ *                     recomputed GELU output, both before it; in the
+ *                     attention half it lies over dqkvr, the scratch and
+ *                     datt, which the attention backward has not written
+ *                     yet at c_proj and no longer reads at c_attn (whose
+ *                     dout, dqkv, lies before it).
  */
 typedef struct carve {
     size_t floats; /* total, in floats */
@@ -196,6 +207,7 @@ typedef struct carve {
         l_ln2_mean, l_ln2_rstd, l_fch, l_fch_gelu, l_res3;
     size_t dresidual, dbtc, big;
     size_t big_dqkvr, big_scratch, big_datt, big_att, big_gelu; /* inside big */
+    size_t big_d16;     /* inside big, act16 only: a linear backward's bfloat16 dout */
     int act16;          /* the blocks' activations off the residual stream are bfloat16 */
     int recompute_att;  /* no att per block: big_att holds the recomputed probabilities */
     int recompute_gelu; /* no fch_gelu per block: big_gelu holds it, recomputed */
