@@ -13,12 +13,15 @@
  *  - memory: replicas take 2 bytes per parameter, masters 4 on their
  *    owner (optimizer_bytes); the engine frees what it allocates;
  *  - refusals: a model of another param_dtype, a matmul precision out of
- *    range or contradicting allow_tf32.
+ *    range or contradicting allow_tf32;
+ *  - bf16 activations: their producers (nn/nn_act16.h) train bitwise as
+ *    the compositions they replace.
  */
 #include <float.h>
 #include <math.h>
 #include <string.h>
 
+#include "backend/device_testing.h"
 #include "dp_test.h"
 #include "gpt_fixture.h"
 #include "parallel/engine_testing.h"
@@ -606,7 +609,8 @@ Test(bf16_engine, recomputation_saves_memory)
                 /* floats: a (B,T,C) tensor, the probabilities, a kept GELU output */
                 size_t btc = rows * T * cfg.n_embd, bnhtt = rows * cfg.n_head * T * T;
                 size_t g4 = kind == 2 ? 2 * btc : 4 * btc;
-                size_t attn = 7 * btc + bnhtt, mlp = 4 * btc;
+                /* act16's MLP half also holds the linears' bfloat16 dout (2 btc) */
+                size_t attn = 7 * btc + bnhtt, mlp = 4 * btc + (kind == 2 ? 2 * btc : 0);
                 size_t big0 = attn > mlp ? attn : mlp;
                 size_t attn1 = attn + (att ? bnhtt : 0), mlp1 = mlp + (gelu ? g4 : 0);
                 size_t big1 = attn1 > mlp1 ? attn1 : mlp1;
@@ -628,5 +632,52 @@ Test(bf16_engine, recomputation_saves_memory)
     cr_assert_eq(dp_gpt_model(g, DP_GPT_RECOMPUTE_GELU)->param_dtype, DP_DTYPE_F32);
     cr_assert_null(dp_gpt_model(g, 0x40u), "an unknown flag must give NULL");
     cr_assert_null(dp_gpt_model(NULL, 0));
+    dp_gpt_destroy(g);
+}
+
+// --- the bfloat16 producers (nn/nn_act16.h) ----------------------------------------------
+
+/* The bf16 activations' producers - the blocks' LayerNorms and c_fc
+ * writing bfloat16 once, their linear backwards rounding dout once for
+ * both GEMMs - train bit for bit as the compositions they replace (the
+ * test hook runs those on every device of the second engine): losses,
+ * gradient norms and masters, on 2 devices with micro-batches, in FP32
+ * and BF16 math (only BF16 rounds dout), with everything kept, the
+ * probabilities and GELU output recomputed, or the attention chunked (3
+ * queries per chunk of the 8). */
+Test(bf16_engine, act16_producers_train_bitwise_as_their_compositions, .timeout = 120)
+{
+    dp_gpt *g = tiny_gpt(), *g3 = NULL;
+    dp_gpt_config cfg3 = {.vocab_size = EV, .block_size = EBS, .n_layer = EL, .n_head = ENH,
+                          .n_embd = EC, .attention_chunk = 3};
+    dp_assert_ok(dp_gpt_create(&cfg3, &g3));
+    size_t n = dp_gpt_model(g, 0)->n_params;
+    static const unsigned flags[] = {
+        DP_GPT_BF16_ACT, DP_GPT_BF16_ACT | DP_GPT_RECOMPUTE_ATTENTION | DP_GPT_RECOMPUTE_GELU,
+        DP_GPT_BF16_ACT | DP_GPT_CHUNKED_ATTENTION | DP_GPT_RECOMPUTE_GELU};
+    static float pa[MAXP], pb[MAXP];
+    for (int f = 0; f < 3; f++)
+        for (int prec = 0; prec < 2; prec++) {
+            const dp_model *m = dp_gpt_model(f == 2 ? g3 : g, flags[f]);
+            dp_engine_config c = base_cfg();
+            c.matmul_precision = prec ? DP_MATMUL_BF16 : DP_MATMUL_FP32;
+            c.max_rows_per_micro = 2;
+            dp_engine *a = open_engine(m, 2, &c), *b = open_engine(m, 2, &c);
+            for (size_t d = 0; d < dp_engine_num_devices(b); d++)
+                dp_device_set_fused_producers(dp_engine_device(b, d), 0);
+            for (int s = 0; s < STEPS; s++) {
+                dp_step_stats sa = step(a, s), sb = step(b, s);
+                cr_assert(sa.loss == sb.loss && sa.grad_norm == sb.grad_norm,
+                          "flags %#x prec %d step %d: loss %.17g vs %.17g, norm %.17g vs %.17g",
+                          flags[f], prec, s, sa.loss, sb.loss, sa.grad_norm, sb.grad_norm);
+            }
+            dp_assert_ok(dp_engine_get_params(a, pa));
+            dp_assert_ok(dp_engine_get_params(b, pb));
+            cr_assert(memcmp(pa, pb, n * sizeof *pa) == 0, "flags %#x prec %d: masters differ",
+                      flags[f], prec);
+            dp_engine_destroy(a);
+            dp_engine_destroy(b);
+        }
+    dp_gpt_destroy(g3);
     dp_gpt_destroy(g);
 }

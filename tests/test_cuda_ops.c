@@ -35,6 +35,7 @@
 #include "backend/backend.h"
 #include "backend/device_testing.h"
 #include "dp/optim.h"
+#include "nn/nn_act16.h"
 #include "nn_test_util.h"
 
 // --- targets ----------------------------------------------------------------------------
@@ -1677,6 +1678,201 @@ Test(cuda_ops, fused_attention_matches_cpu, .timeout = 120)
         free(qkv);
         free(dout);
     }
+
+// --- the bfloat16 producers (nn/nn_act16.h) ------------------------------------------------
+/*
+ * On one device each producer is held to its own composition: the
+ * LayerNorm's bfloat16 output is the float32 kernel's value rounded (one
+ * kernel template, the same instructions up to the store), so bit for
+ * bit; the backward's dout16 feeds the very cuBLAS call that rounding dout
+ * inside the GEMM feeds, so bit for bit; the linear forward through
+ * cuBLASLt runs another kernel than cuBLAS's float32 layer, so within the
+ * GEMM bound (bit for bit where cuBLASLt declines, e.g. a float32 input).
+ *
+ * Across backends, bfloat16 outputs of float32 values x, y that differ by
+ * d: a = bf16(x), b = bf16(y) are each within half a bfloat16 ulp, at
+ * most 2^-8 of the value (8 significant bits), so |a - b| <= d + 2^-8
+ * (|x| + |y|) <= 1.004 d + 2^-7 |b| / (1 - 2^-8). With the float32 op's
+ * bound d <= atol + rtol |y| that is within atol16 = 1.01 atol and rtol16
+ * = 1.01 rtol + 0.0079 of b.
+ */
+static double bf16v(dp_bf16 h) { return (double)dp_bf16_to_float(h); }
+
+/* n device bfloat16 values as host doubles. */
+static double *download_bf16(dp_device *d, const void *p, size_t n)
+{
+    dp_bf16 *h = xmalloc(n * sizeof *h);
+    double *r = xmalloc(n * sizeof *r);
+    dp_assert_ok(dp_copy_d2h(d, h, p, n * sizeof *h));
+    for (size_t i = 0; i < n; i++) r[i] = bf16v(h[i]);
+    free(h);
+    return r;
+}
+
+static void assert_same_doubles(const char *what, const double *a, const double *e, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(&a[i], &e[i], sizeof a[i]) != 0)
+            cr_assert_fail("%s: element %zu of %zu differs: %.9g vs %.9g", what, i, n, a[i], e[i]);
+}
+
+static void check_layernorm_out16(size_t N, size_t C)
+{
+    float *x = rnd_normal(11, N * C, 3.0f, 1.0f), *w = rnd(12, C, 0.5f, 1.5f),
+          *bias = rnd(13, C, -1, 1);
+    for (int w16 = 0; w16 < 2; w16++)
+        FOR_TARGETS(g)
+        {
+            pair p = pair_open(g);
+            double *out[2];
+            for (int b = 0; b < 2; b++) {
+                dp_device *d = p.d[b];
+                void *xd = dp_test_upload(d, x, N * C), *wd = upload_typed(d, w, C, w16),
+                     *bd = upload_typed(d, bias, C, w16);
+                float *ref = dalloc(d, N * C * 4), *m0 = dalloc(d, N * 4), *r0 = dalloc(d, N * 4),
+                      *m1 = dalloc(d, N * 4), *r1 = dalloc(d, N * 4);
+                void *ref16 = dalloc(d, N * C * 2), *o16 = dalloc(d, N * C * 2);
+                if (w16)
+                    dp_assert_ok(dp_layernorm_forward_bf16(d, ref, m0, r0, xd, wd, bd, N, C));
+                else
+                    dp_assert_ok(dp_layernorm_forward(d, ref, m0, r0, xd, wd, bd, N, C));
+                dp_assert_ok(dp_convert(d, ref16, DP_DTYPE_BF16, ref, DP_DTYPE_F32, N * C));
+                dp_pref pw = w16 ? dp_pref_bf16(wd) : dp_pref_f32(wd);
+                dp_pref pb = w16 ? dp_pref_bf16(bd) : dp_pref_f32(bd);
+                dp_assert_ok(dp_layernorm_forward_out16(d, o16, m1, r1, xd, pw, pb, N, C));
+                out[b] = download_bf16(d, o16, N * C);
+                double *want = download_bf16(d, ref16, N * C);
+                assert_same_doubles("layernorm bf16 output vs float32 + conversion", out[b],
+                                    want, N * C);
+                float *ma = dp_test_nn_download(d, m1, N), *me = dp_test_nn_download(d, m0, N),
+                      *ra = dp_test_nn_download(d, r1, N), *re = dp_test_nn_download(d, r0, N);
+                assert_same_bits("layernorm bf16 output's mean", ma, me, N);
+                assert_same_bits("layernorm bf16 output's rstd", ra, re, N);
+                free(want);
+                free(ma);
+                free(me);
+                free(ra);
+                free(re);
+                void *bufs[] = {xd, wd, bd, ref, m0, r0, m1, r1, ref16, o16};
+                for (size_t i = 0; i < 10; i++) dp_device_free(d, bufs[i]);
+            }
+            /* the float32 forward's bounds (layernorm_matches_cpu), for bfloat16 */
+            double k = sqrt((double)C / 129.0);
+            dp_assert_allclose(out[1], out[0], N * C, 1.01e-5 * k, 1.01e-5 + 0.0079);
+            free(out[0]);
+            free(out[1]);
+            pair_close(&p);
+        }
+    free(x);
+    free(w);
+    free(bias);
+}
+
+Test(cuda_ops, layernorm_bf16_output_matches_cpu, .timeout = 60)
+{
+    REQUIRE_GPU();
+    check_layernorm_out16(37, 129);
+    check_layernorm_out16(64, 768);
+}
+
+/*
+ * The linear forward with a bfloat16 output and the backward rounding
+ * dout once, bfloat16 operands in BF16 math (the GPT's c_fc; cuBLASLt's
+ * case), and a float32 input (which cuBLASLt declines: the composition).
+ * GEMM sums of K <= 128 products of bfloat16 values (exact in float32) of
+ * inputs in [-1, 1) and weights in [-0.3, 0.3): float32 differences
+ * between two summation orders stay below ~K 2^-24 sum |terms| ~ 1e-5
+ * (typical far less): atol = rtol = 1e-4 for float32 results, and the
+ * bfloat16 bound above for the outputs. dbias is the float32 dout's column
+ * sums in one order on both: bit for bit.
+ */
+Test(cuda_ops, linear_bf16_producers_match_cpu, .timeout = 60)
+{
+    REQUIRE_GPU();
+    enum { N = 64, C = 96, OC = 128 };
+    float *x = rnd(21, N * C, -1, 1), *w = rnd(22, OC * C, -0.3f, 0.3f), *bias = rnd(23, OC, -1, 1),
+          *dout = rnd(24, N * OC, -1, 1);
+    for (int x16 = 1; x16 >= 0; x16--)
+        FOR_TARGETS(g)
+        {
+            pair p = pair_open(g);
+            double *out[2];
+            float *dx[2], *dw[2], *db[2];
+            for (int b = 0; b < 2; b++) {
+                dp_device *d = p.d[b];
+                dp_assert_ok(dp_device_set_matmul_precision(d, DP_MATMUL_BF16));
+                void *xd = upload_typed(d, x, N * C, x16), *wd = upload_typed(d, w, OC * C, 1),
+                     *bd = upload_typed(d, bias, OC, 1);
+                float *gd = dp_test_upload(d, dout, N * OC), *scratch = dalloc(d, N * OC * 4),
+                      *ref = dalloc(d, N * OC * 4);
+                void *ref16 = dalloc(d, N * OC * 2), *o16 = dalloc(d, N * OC * 2),
+                     *g16 = dalloc(d, N * OC * 2);
+                dp_dtype xt = x16 ? DP_DTYPE_BF16 : DP_DTYPE_F32;
+                dp_assert_ok(dp_linear_forward_out16(d, o16, scratch, N * OC, xd, xt,
+                                                     dp_pref_bf16(wd), dp_pref_bf16(bd), N, C,
+                                                     OC));
+                if (x16)
+                    dp_assert_ok(dp_linear_forward_bf16_inp(d, ref, xd, wd, bd, N, C, OC));
+                else
+                    dp_assert_ok(dp_linear_forward_bf16(d, ref, xd, wd, bd, N, C, OC));
+                dp_assert_ok(dp_convert(d, ref16, DP_DTYPE_BF16, ref, DP_DTYPE_F32, N * OC));
+                out[b] = download_bf16(d, o16, N * OC);
+                double *own = download_bf16(d, ref16, N * OC);
+                if (x16) /* cuBLASLt's kernel on a GPU */
+                    dp_assert_allclose(out[b], own, N * OC, 1.01e-4, 1.01e-4 + 0.0079);
+                else
+                    assert_same_doubles("linear bf16 output, declined: the composition", out[b],
+                                        own, N * OC);
+                free(own);
+                /* backward: dout rounded once vs inside each GEMM, on this device */
+                float *gx[2], *gw[2], *gb[2];
+                for (int once = 0; once < 2; once++) {
+                    float *dxd = dalloc(d, N * C * 4), *dwd = dp_test_nn_filled(d, OC * C, 0.0f),
+                          *dbd = dp_test_nn_filled(d, OC, 0.0f);
+                    if (once)
+                        dp_assert_ok(dp_linear_backward_dout16(d, dxd, dwd, dbd, gd, g16, xd, xt,
+                                                               dp_pref_bf16(wd), N, C, OC));
+                    else if (x16)
+                        dp_assert_ok(
+                            dp_linear_backward_bf16_inp(d, dxd, dwd, dbd, gd, xd, wd, N, C, OC));
+                    else
+                        dp_assert_ok(
+                            dp_linear_backward_bf16(d, dxd, dwd, dbd, gd, xd, wd, N, C, OC));
+                    gx[once] = dp_test_nn_download(d, dxd, N * C);
+                    gw[once] = dp_test_nn_download(d, dwd, OC * C);
+                    gb[once] = dp_test_nn_download(d, dbd, OC);
+                    dp_device_free(d, dxd);
+                    dp_device_free(d, dwd);
+                    dp_device_free(d, dbd);
+                }
+                assert_same_bits("linear dinp, dout rounded once", gx[1], gx[0], N * C);
+                assert_same_bits("linear dweight, dout rounded once", gw[1], gw[0], OC * C);
+                assert_same_bits("linear dbias, dout rounded once", gb[1], gb[0], OC);
+                dx[b] = gx[1];
+                dw[b] = gw[1];
+                db[b] = gb[1];
+                free(gx[0]);
+                free(gw[0]);
+                free(gb[0]);
+                void *bufs[] = {xd, wd, bd, gd, scratch, ref, ref16, o16, g16};
+                for (size_t i = 0; i < 9; i++) dp_device_free(d, bufs[i]);
+            }
+            dp_assert_allclose(out[1], out[0], N * OC, 1.01e-4, 1.01e-4 + 0.0079);
+            dp_assert_allclose(dx[1], dx[0], N * C, 1e-4, 1e-4);
+            dp_assert_allclose(dw[1], dw[0], OC * C, 1e-4, 1e-4);
+            assert_same_bits("linear dbias", db[1], db[0], OC);
+            for (int b = 0; b < 2; b++) {
+                free(out[b]);
+                free(dx[b]);
+                free(dw[b]);
+                free(db[b]);
+            }
+            pair_close(&p);
+        }
+    free(x);
+    free(w);
+    free(bias);
+    free(dout);
 }
 
 // --- memory and copies -------------------------------------------------------------------------

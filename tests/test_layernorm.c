@@ -1,7 +1,11 @@
 /* LayerNorm: forward (out, cached mean and rstd) against float64, backward
  * against central finite differences of a float64 forward, with the
- * accumulate semantics of dinp, dweight and dbias; bad arguments. */
+ * accumulate semantics of dinp, dweight and dbias; bad arguments. The
+ * forward with a bfloat16 output (nn/nn_act16.h): bit for bit the float32
+ * output rounded; its bad arguments. */
+#include "backend/device_testing.h"
 #include "kernels/colsum.h" /* DP_COL_CHUNK */
+#include "nn/nn_act16.h"
 #include "nn_test_util.h"
 
 #define N 6
@@ -272,6 +276,141 @@ Test(layernorm, param_gradients_chunked_order_and_float64)
     free(db);
     void *bufs[] = {d_x, d_g, d_m, d_r, d_w, d_dw, d_db, d_dinp};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) dp_device_free(dev, bufs[i]);
+    dp_test_nn_assert_all_freed(dev);
+    dp_device_close(dev);
+}
+
+// --- the bfloat16 output (nn/nn_act16.h) -------------------------------------------------
+
+/* Device copy of n host floats rounded to bfloat16 (by dp_convert). */
+static dp_bf16 *upload_bf16(dp_device *dev, const float *h, size_t n)
+{
+    float *f = dp_test_upload(dev, h, n);
+    void *b = NULL;
+    dp_assert_ok(dp_device_alloc(dev, n * sizeof(dp_bf16), &b));
+    dp_assert_ok(dp_convert(dev, b, DP_DTYPE_BF16, f, DP_DTYPE_F32, n));
+    dp_device_free(dev, f);
+    return b;
+}
+
+/* dp_layernorm_forward_out16 on rows x ch against the float32 layer (its
+ * _bf16 variant for bfloat16 parameters) followed by dp_convert: out bit
+ * for bit the rounding of the float32 output, mean and rstd bit for bit
+ * the float32 layer's; both as the producer and as the test hook's
+ * composition. Rows have offsets and spreads, as above. */
+static void check_out16(uint64_t seed, size_t rows, size_t ch, int w16)
+{
+    dp_device *dev = dp_test_cpu(0);
+    size_t n = rows * ch;
+    float *x = malloc(n * sizeof *x), *w = malloc(ch * sizeof *w), *b = malloc(ch * sizeof *b);
+    cr_assert(x && w && b);
+    dp_rng rng;
+    dp_rng_seed(&rng, seed);
+    for (size_t r = 0; r < rows; r++)
+        dp_rng_fill_normal(&rng, x + r * ch, ch, (float)(r % 5) - 2.0f,
+                           0.5f + 0.25f * (float)(r % 4));
+    dp_rng_fill_normal(&rng, w, ch, 1.0f, 0.3f);
+    dp_rng_fill_normal(&rng, b, ch, 0.0f, 0.3f);
+    float *xd = dp_test_upload(dev, x, n);
+    void *wd = w16 ? (void *)upload_bf16(dev, w, ch) : (void *)dp_test_upload(dev, w, ch);
+    void *bd = w16 ? (void *)upload_bf16(dev, b, ch) : (void *)dp_test_upload(dev, b, ch);
+    dp_pref pw = w16 ? dp_pref_bf16(wd) : dp_pref_f32(wd);
+    dp_pref pb = w16 ? dp_pref_bf16(bd) : dp_pref_f32(bd);
+
+    float *ref = dp_test_nn_filled(dev, n, NAN), *m0 = dp_test_nn_filled(dev, rows, NAN),
+          *r0 = dp_test_nn_filled(dev, rows, NAN);
+    if (w16)
+        dp_assert_ok(dp_layernorm_forward_bf16(dev, ref, m0, r0, xd, wd, bd, rows, ch));
+    else
+        dp_assert_ok(dp_layernorm_forward(dev, ref, m0, r0, xd, wd, bd, rows, ch));
+    void *ref16 = NULL, *out16 = NULL;
+    dp_assert_ok(dp_device_alloc(dev, n * sizeof(dp_bf16), &ref16));
+    dp_assert_ok(dp_device_alloc(dev, n * sizeof(dp_bf16), &out16));
+    dp_assert_ok(dp_convert(dev, ref16, DP_DTYPE_BF16, ref, DP_DTYPE_F32, n));
+    dp_bf16 *want = malloc(n * sizeof *want), *got = malloc(n * sizeof *got);
+    cr_assert(want && got);
+    dp_assert_ok(dp_copy_d2h(dev, want, ref16, n * sizeof *want));
+    float *want_m = dp_test_nn_download(dev, m0, rows);
+    float *want_r = dp_test_nn_download(dev, r0, rows);
+    for (int hook = 0; hook < 2; hook++) {
+        dp_device_set_fused_producers(dev, !hook);
+        float *md = dp_test_nn_filled(dev, rows, NAN), *rd = dp_test_nn_filled(dev, rows, NAN);
+        dp_assert_ok(dp_memset(dev, out16, 0xff, n * sizeof(dp_bf16))); /* NaN everywhere */
+        dp_assert_ok(dp_layernorm_forward_out16(dev, out16, md, rd, xd, pw, pb, rows, ch));
+        dp_assert_ok(dp_copy_d2h(dev, got, out16, n * sizeof *got));
+        for (size_t i = 0; i < n; i++)
+            cr_assert(got[i] == want[i], "w16 %d hook %d: out[%zu] = %#06x, the rounded float32 "
+                      "output %#06x", w16, hook, i, got[i], want[i]);
+        float *gm = dp_test_nn_download(dev, md, rows), *gr = dp_test_nn_download(dev, rd, rows);
+        cr_assert(memcmp(gm, want_m, rows * sizeof *gm) == 0, "w16 %d hook %d: mean", w16, hook);
+        cr_assert(memcmp(gr, want_r, rows * sizeof *gr) == 0, "w16 %d hook %d: rstd", w16, hook);
+        free(gm);
+        free(gr);
+        dp_device_free(dev, md);
+        dp_device_free(dev, rd);
+    }
+    dp_device_set_fused_producers(dev, 1);
+    void *bufs[] = {xd, wd, bd, ref, m0, r0, ref16, out16};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dp_device_free(dev, bufs[i]);
+    dp_test_nn_assert_all_freed(dev);
+    dp_device_close(dev);
+    free(x);
+    free(w);
+    free(b);
+    free(want);
+    free(got);
+    free(want_m);
+    free(want_r);
+}
+
+/* 129 channels (no vector width divides them) and 768 (GPT-2's); both
+ * parameter types. */
+Test(layernorm, bf16_output_is_the_float32_output_rounded)
+{
+    for (int w16 = 0; w16 < 2; w16++) {
+        check_out16(51, 37, 129, w16);
+        check_out16(52, 9, 768, w16);
+    }
+}
+
+Test(layernorm, bf16_output_bad_arguments)
+{
+    dp_device *dev = dp_test_cpu(0);
+    float *f = dp_test_nn_filled(dev, 64, 0.0f);
+    dp_bf16 *o = (dp_bf16 *)dp_test_nn_filled(dev, 64, 0.0f); /* 128 bfloat16 */
+    dp_pref p = dp_pref_f32(f), none = dp_pref_f32(NULL);
+    dp_test_nn_assert_invalid(dp_layernorm_forward_out16(NULL, o, f, f, f, p, p, 2, 4), "dev",
+                              NULL);
+    dp_test_nn_assert_invalid(dp_layernorm_forward_out16(dev, NULL, f, f, f, p, p, 2, 4), "out",
+                              "dp_layernorm_forward_out16");
+    dp_test_nn_assert_invalid(dp_layernorm_forward_out16(dev, o, NULL, f, f, p, p, 2, 4), "mean",
+                              NULL);
+    dp_test_nn_assert_invalid(dp_layernorm_forward_out16(dev, o, f, NULL, f, p, p, 2, 4), "rstd",
+                              NULL);
+    dp_test_nn_assert_invalid(dp_layernorm_forward_out16(dev, o, f, f, NULL, p, p, 2, 4), "inp",
+                              NULL);
+    dp_test_nn_assert_invalid(dp_layernorm_forward_out16(dev, o, f, f, f, none, p, 2, 4),
+                              "weight", NULL);
+    dp_test_nn_assert_invalid(dp_layernorm_forward_out16(dev, o, f, f, f, p, none, 2, 4), "bias",
+                              NULL);
+    dp_test_nn_assert_invalid(dp_layernorm_forward_out16(dev, o, f, f, f, p, p, 0, 4), "N=0", NULL);
+    dp_test_nn_assert_invalid(dp_layernorm_forward_out16(dev, o, f, f, f, p, p, 2, 0), "C=0", NULL);
+    dp_test_nn_assert_invalid(dp_layernorm_forward_out16(dev, o, f, f, f, p, p, SIZE_MAX, 2),
+                              "overflow", NULL);
+    /* out written over what the rows read: the input, the statistics */
+    float *x = f + 16, *m = f + 48, *r = f + 56;
+    dp_test_nn_assert_invalid(dp_layernorm_forward_out16(dev, (dp_bf16 *)x, m, r, x, p, p, 2, 4),
+                              "overlap", "inp");
+    dp_test_nn_assert_invalid(dp_layernorm_forward_out16(dev, (dp_bf16 *)x + 8, m, r, x, p, p, 2,
+                                                         4), "overlap", "inp");
+    dp_test_nn_assert_invalid(dp_layernorm_forward_out16(dev, (dp_bf16 *)m - 4, m, r, x, p, p, 2,
+                                                         4), "overlap", "mean");
+    dp_test_nn_assert_invalid(dp_layernorm_forward_out16(dev, (dp_bf16 *)r - 1, m, r, x, p, p, 2,
+                                                         4), "overlap", "rstd");
+    /* adjacent is not overlapping: out ends where the input starts */
+    dp_assert_ok(dp_layernorm_forward_out16(dev, (dp_bf16 *)x - 8, m, r, x, p, p, 2, 4));
+    dp_device_free(dev, f);
+    dp_device_free(dev, o);
     dp_test_nn_assert_all_freed(dev);
     dp_device_close(dev);
 }

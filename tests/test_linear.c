@@ -1,8 +1,12 @@
 /* Linear layer: forward with and without bias, backward (dinp overwritten,
  * dweight and dbias accumulated, NULL dinp / dbias skipped) against float64
  * references, plus bad arguments. Shapes are non-square so a transposed
- * GEMM argument cannot pass. */
+ * GEMM argument cannot pass. The bfloat16 producers (nn/nn_act16.h): the
+ * forward with a bfloat16 output and the backward that rounds dout once,
+ * bit for bit the compositions they replace; their bad arguments. */
+#include "backend/device_testing.h"
 #include "kernels/colsum.h" /* DP_COL_CHUNK */
+#include "nn/nn_act16.h"
 #include "nn_test_util.h"
 
 typedef struct lin_case {
@@ -313,6 +317,259 @@ Test(linear, bias_gradient_chunked_order_and_float64)
     free(db);
     void *bufs[] = {d_g, d_x, d_w, d_db, d_dw};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) dp_device_free(dev, bufs[i]);
+    dp_test_nn_assert_all_freed(dev);
+    dp_device_close(dev);
+}
+
+// --- the bfloat16 producers (nn/nn_act16.h) ----------------------------------------------
+
+/* A device copy of n host floats: as float32 (b16 0) or rounded to
+ * bfloat16 by dp_convert. */
+static void *upload_as(dp_device *dev, const float *h, size_t n, int b16)
+{
+    float *f = dp_test_upload(dev, h, n);
+    if (!b16) return f;
+    void *b = NULL;
+    dp_assert_ok(dp_device_alloc(dev, n * sizeof(dp_bf16), &b));
+    dp_assert_ok(dp_convert(dev, b, DP_DTYPE_BF16, f, DP_DTYPE_F32, n));
+    dp_device_free(dev, f);
+    return b;
+}
+
+/* The typed combinations the public layers have: (input, parameters)
+ * float32 and float32, float32 and bfloat16, bfloat16 and bfloat16. */
+static const int COMBOS[3][2] = {{0, 0}, {0, 1}, {1, 1}};
+
+static dp_status public_forward(dp_device *d, float *out, const void *x, int x16, const void *w,
+                                const void *b, int w16, size_t N, size_t C, size_t OC)
+{
+    if (x16) return dp_linear_forward_bf16_inp(d, out, x, w, b, N, C, OC);
+    return w16 ? dp_linear_forward_bf16(d, out, x, w, b, N, C, OC)
+               : dp_linear_forward(d, out, x, w, b, N, C, OC);
+}
+
+static dp_status public_backward(dp_device *d, float *dx, float *dw, float *db, const float *g,
+                                 const void *x, int x16, const void *w, int w16, size_t N,
+                                 size_t C, size_t OC)
+{
+    if (x16) return dp_linear_backward_bf16_inp(d, dx, dw, db, g, x, w, N, C, OC);
+    return w16 ? dp_linear_backward_bf16(d, dx, dw, db, g, x, w, N, C, OC)
+               : dp_linear_backward(d, dx, dw, db, g, x, w, N, C, OC);
+}
+
+/* dp_linear_forward_out16 against the float32 layer of dp/nn.h followed by
+ * dp_convert, bit for bit: every typed combination, with and without
+ * bias, in FP32 and BF16 math, through the producer and through the test
+ * hook's composition, the scratch holding all N*OC floats (one piece: the
+ * same calls). With a scratch of 7 rows (blocks of 7, ..., 2 rows) each
+ * block is the float32 layer on its rows, but BLAS kernels group an
+ * output's sums by how many columns the call has (OpenBLAS's edge
+ * kernels: measured, at most 1 of the 3552 outputs 1 bfloat16 ulp
+ * apart), so the blocks are checked deterministic and within one
+ * bfloat16 ulp (2^-7 relative; the float32 difference is far less) of
+ * the whole. */
+Test(linear, bf16_output_is_the_float32_layer_rounded)
+{
+    enum { N = 37, C = 64, OC = 96 };
+    dp_device *dev = dp_test_cpu(0);
+    lin_case k = make_case(31, N, C, OC);
+    float *scratch = dp_test_nn_filled(dev, N * OC, NAN);
+    float *ref = dp_test_nn_filled(dev, N * OC, NAN);
+    void *ref16 = NULL, *out16 = NULL;
+    dp_assert_ok(dp_device_alloc(dev, N * OC * sizeof(dp_bf16), &ref16));
+    dp_assert_ok(dp_device_alloc(dev, N * OC * sizeof(dp_bf16), &out16));
+    static dp_bf16 want[N * OC], got[N * OC];
+    for (int cb = 0; cb < 3; cb++)
+        for (int prec = 0; prec < 2; prec++)
+            for (int with_bias = 0; with_bias < 2; with_bias++) {
+                int x16 = COMBOS[cb][0], w16 = COMBOS[cb][1];
+                dp_assert_ok(dp_device_set_matmul_precision(dev, prec ? DP_MATMUL_BF16
+                                                                      : DP_MATMUL_FP32));
+                void *x = upload_as(dev, k.inp, N * C, x16);
+                void *w = upload_as(dev, k.weight, OC * C, w16);
+                void *b = with_bias ? upload_as(dev, k.bias, OC, w16) : NULL;
+                dp_assert_ok(public_forward(dev, ref, x, x16, w, b, w16, N, C, OC));
+                dp_assert_ok(dp_convert(dev, ref16, DP_DTYPE_BF16, ref, DP_DTYPE_F32, N * OC));
+                dp_assert_ok(dp_copy_d2h(dev, want, ref16, sizeof want));
+                dp_pref pw = w16 ? dp_pref_bf16(w) : dp_pref_f32(w);
+                dp_pref pb = w16 ? dp_pref_bf16(b) : dp_pref_f32(b);
+                for (int run = 0; run < 4; run++) { /* producer, hook, blocks twice */
+                    dp_device_set_fused_producers(dev, run != 1);
+                    size_t sf = run >= 2 ? 7 * OC : N * OC;
+                    static dp_bf16 blocks[N * OC];
+                    dp_assert_ok(dp_memset(dev, out16, 0xff, sizeof got));
+                    dp_assert_ok(dp_linear_forward_out16(dev, out16, scratch, sf, x,
+                                                         x16 ? DP_DTYPE_BF16 : DP_DTYPE_F32, pw,
+                                                         pb, N, C, OC));
+                    dp_assert_ok(dp_copy_d2h(dev, got, out16, sizeof got));
+                    if (run == 3) {
+                        cr_assert(memcmp(got, blocks, sizeof got) == 0, "blocks: not repeatable");
+                        continue;
+                    }
+                    if (run == 2) {
+                        memcpy(blocks, got, sizeof got);
+                        static double a[N * OC], e[N * OC];
+                        for (size_t i = 0; i < (size_t)N * OC; i++) {
+                            a[i] = dp_bf16_to_float(got[i]);
+                            e[i] = dp_bf16_to_float(want[i]);
+                        }
+                        dp_assert_allclose(a, e, (size_t)N * OC, 1e-30, 1.0 / 128);
+                        continue;
+                    }
+                    for (size_t i = 0; i < (size_t)N * OC; i++)
+                        cr_assert(got[i] == want[i], "x16 %d w16 %d prec %d bias %d run %d: "
+                                  "out[%zu] = %#06x, the rounded float32 layer %#06x", x16, w16,
+                                  prec, with_bias, run, i, got[i], want[i]);
+                }
+                dp_device_set_fused_producers(dev, 1);
+                dp_device_free(dev, x);
+                dp_device_free(dev, w);
+                if (b) dp_device_free(dev, b);
+            }
+    void *bufs[] = {scratch, ref, ref16, out16};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) dp_device_free(dev, bufs[i]);
+    free_case(&k);
+    dp_test_nn_assert_all_freed(dev);
+    dp_device_close(dev);
+}
+
+/* dp_linear_backward_dout16 against the backward of dp/nn.h, bit for bit
+ * (dinp, dweight and dbias, accumulating onto nonzero gradients; dinp or
+ * dbias NULL): every typed combination, in FP32 and BF16 math, with and
+ * without oneDNN, and through the test hook. In BF16 math dout16 then
+ * holds dout's rounding (the path was taken); in FP32 it is untouched.
+ * Nothing is cut into GEMM pieces at these sizes (dout's 37 x 96
+ * bfloat16 are far below the 16 MiB conversion cap). */
+Test(linear, backward_rounding_dout_once_is_bitwise_the_same)
+{
+    enum { N = 37, C = 64, OC = 96 };
+    dp_device *dev = dp_test_cpu(0);
+    lin_case k = make_case(32, N, C, OC);
+    float *g = dp_test_upload(dev, k.dout, N * OC);
+    void *g16 = NULL, *want16 = NULL;
+    dp_assert_ok(dp_device_alloc(dev, N * OC * sizeof(dp_bf16), &g16));
+    dp_assert_ok(dp_device_alloc(dev, N * OC * sizeof(dp_bf16), &want16));
+    dp_assert_ok(dp_convert(dev, want16, DP_DTYPE_BF16, g, DP_DTYPE_F32, N * OC));
+    static dp_bf16 h16[N * OC], hw16[N * OC];
+    dp_assert_ok(dp_copy_d2h(dev, hw16, want16, sizeof hw16));
+    for (int cb = 0; cb < 3; cb++)
+        for (int run = 0; run < 8; run++) {
+            int x16 = COMBOS[cb][0], w16 = COMBOS[cb][1], prec = run & 1, dnnl = run >> 1 & 1,
+                hook = run >> 2 & 1;
+            dp_assert_ok(dp_device_set_matmul_precision(dev, prec ? DP_MATMUL_BF16
+                                                                  : DP_MATMUL_FP32));
+            dp_device_set_gemm_dnnl(dev, dnnl);
+            void *x = upload_as(dev, k.inp, N * C, x16);
+            void *w = upload_as(dev, k.weight, OC * C, w16);
+            for (int nulls = 0; nulls < 3; nulls++) { /* all; dinp NULL; dbias NULL */
+                float *got[3], *want[3];
+                for (int pass = 0; pass < 2; pass++) {
+                    float *dx = nulls == 1 ? NULL : dp_test_nn_filled(dev, N * C, NAN);
+                    float *dw = dp_test_upload(dev, k.dweight0, OC * C);
+                    float *db = nulls == 2 ? NULL : dp_test_upload(dev, k.dbias0, OC);
+                    if (pass == 0) {
+                        dp_assert_ok(public_backward(dev, dx, dw, db, g, x, x16, w, w16, N, C, OC));
+                    } else {
+                        dp_device_set_fused_producers(dev, !hook);
+                        dp_assert_ok(dp_memset(dev, g16, 0xff, sizeof h16));
+                        dp_assert_ok(dp_linear_backward_dout16(
+                            dev, dx, dw, db, g, g16, x, x16 ? DP_DTYPE_BF16 : DP_DTYPE_F32,
+                            w16 ? dp_pref_bf16(w) : dp_pref_f32(w), N, C, OC));
+                        dp_device_set_fused_producers(dev, 1);
+                        dp_assert_ok(dp_copy_d2h(dev, h16, g16, sizeof h16));
+                        for (size_t i = 0; i < (size_t)N * OC; i++)
+                            cr_assert(h16[i] == (prec && !hook ? hw16[i] : 0xffff),
+                                      "run %d: dout16[%zu] = %#06x", run, i, h16[i]);
+                    }
+                    float **to = pass ? got : want;
+                    to[0] = dx ? dp_test_nn_download(dev, dx, N * C) : NULL;
+                    to[1] = dp_test_nn_download(dev, dw, OC * C);
+                    to[2] = db ? dp_test_nn_download(dev, db, OC) : NULL;
+                    if (dx) dp_device_free(dev, dx);
+                    dp_device_free(dev, dw);
+                    if (db) dp_device_free(dev, db);
+                }
+                size_t sizes[3] = {N * C, OC * C, OC};
+                static const char *names[3] = {"dinp", "dweight", "dbias"};
+                for (int t = 0; t < 3; t++) {
+                    cr_assert((got[t] == NULL) == (want[t] == NULL));
+                    if (got[t])
+                        cr_assert(memcmp(got[t], want[t], sizes[t] * sizeof(float)) == 0,
+                                  "x16 %d w16 %d run %d nulls %d: %s differs", x16, w16, run,
+                                  nulls, names[t]);
+                    free(got[t]);
+                    free(want[t]);
+                }
+            }
+            dp_device_free(dev, x);
+            dp_device_free(dev, w);
+        }
+    dp_device_set_gemm_dnnl(dev, 1);
+    dp_device_free(dev, g);
+    dp_device_free(dev, g16);
+    dp_device_free(dev, want16);
+    free_case(&k);
+    dp_test_nn_assert_all_freed(dev);
+    dp_device_close(dev);
+}
+
+Test(linear, bf16_producers_bad_arguments)
+{
+    dp_device *dev = dp_test_cpu(0);
+    float *f = dp_test_nn_filled(dev, 256, 0.0f);
+    float *x = f, *w = f + 64, *s = f + 128; /* x (2,3), w (4,3), scratch: 64 floats each */
+    dp_bf16 *o = (dp_bf16 *)(f + 192);       /* 128 bfloat16 */
+    dp_pref p = dp_pref_f32(w), none = dp_pref_f32(NULL);
+    const dp_dtype F = DP_DTYPE_F32;
+#define FWD(...) dp_linear_forward_out16(__VA_ARGS__)
+    dp_test_nn_assert_invalid(FWD(NULL, o, s, 64, x, F, p, p, 2, 3, 4), "dev", NULL);
+    dp_test_nn_assert_invalid(FWD(dev, NULL, s, 64, x, F, p, p, 2, 3, 4), "out",
+                              "dp_linear_forward_out16");
+    dp_test_nn_assert_invalid(FWD(dev, o, NULL, 64, x, F, p, p, 2, 3, 4), "scratch", NULL);
+    dp_test_nn_assert_invalid(FWD(dev, o, s, 64, NULL, F, p, p, 2, 3, 4), "inp", NULL);
+    dp_test_nn_assert_invalid(FWD(dev, o, s, 64, x, F, none, p, 2, 3, 4), "weight", NULL);
+    dp_test_nn_assert_invalid(FWD(dev, o, s, 64, x, F, p, p, 0, 3, 4), "N=0", NULL);
+    dp_test_nn_assert_invalid(FWD(dev, o, s, 64, x, F, p, p, 2, 3, 0), "OC=0", NULL);
+    dp_test_nn_assert_invalid(FWD(dev, o, s, 64, x, F, p, p, 1, (size_t)1 << 31, 1), "INT_MAX",
+                              NULL);
+    dp_test_nn_assert_invalid(FWD(dev, o, s, 64, x, DP_DTYPE_F16, p, p, 2, 3, 4), "F16",
+                              "inp_type");
+    dp_test_nn_assert_invalid(FWD(dev, o, s, 3, x, F, p, p, 2, 3, 4), "scratch_floats=3", "OC=4");
+    dp_test_nn_assert_invalid(FWD(dev, (dp_bf16 *)x, s, 64, x, F, p, p, 2, 3, 4), "overlap",
+                              "inp");
+    dp_test_nn_assert_invalid(FWD(dev, (dp_bf16 *)s + 2, s, 64, x, F, p, p, 2, 3, 4), "overlap",
+                              "scratch");
+    dp_test_nn_assert_invalid(FWD(dev, o, x + 4, 64, x, F, p, p, 2, 3, 4), "overlap", "inp");
+    /* Only the part of the scratch used counts (2 rows x 4 = 8 floats of 64):
+     * x holds 2 x 3 = 6 floats, and a scratch right after them is fine. */
+    dp_assert_ok(FWD(dev, o, x + 6, 64, x, F, p, p, 2, 3, 4));
+#undef FWD
+#define BWD(...) dp_linear_backward_dout16(__VA_ARGS__)
+    float *dx = f + 200, *dw = f + 210, *g = f + 230;
+    dp_bf16 *g16 = (dp_bf16 *)(f + 240);
+    dp_test_nn_assert_invalid(BWD(NULL, dx, dw, NULL, g, g16, x, F, p, 2, 3, 4), "dev", NULL);
+    dp_test_nn_assert_invalid(BWD(dev, dx, NULL, NULL, g, g16, x, F, p, 2, 3, 4), "dweight",
+                              "dp_linear_backward_dout16");
+    dp_test_nn_assert_invalid(BWD(dev, dx, dw, NULL, NULL, g16, x, F, p, 2, 3, 4), "dout", NULL);
+    dp_test_nn_assert_invalid(BWD(dev, dx, dw, NULL, g, g16, NULL, F, p, 2, 3, 4), "inp", NULL);
+    dp_test_nn_assert_invalid(BWD(dev, dx, dw, NULL, g, g16, x, F, none, 2, 3, 4), "weight",
+                              NULL);
+    dp_test_nn_assert_invalid(BWD(dev, dx, dw, NULL, g, g16, x, DP_DTYPE_I32, p, 2, 3, 4), "I32",
+                              NULL);
+    dp_test_nn_assert_invalid(BWD(dev, dx, dw, NULL, g, (dp_bf16 *)g + 1, x, F, p, 2, 3, 4),
+                              "overlap", "dout");
+    dp_test_nn_assert_invalid(BWD(dev, dx, dw, NULL, g, (dp_bf16 *)dx, x, F, p, 2, 3, 4),
+                              "overlap", "dinp");
+    dp_test_nn_assert_invalid(BWD(dev, dx, dw, NULL, g, (dp_bf16 *)dw + 3, x, F, p, 2, 3, 4),
+                              "overlap", "dweight");
+    dp_test_nn_assert_invalid(BWD(dev, dx, dw, NULL, g, (dp_bf16 *)x, x, F, p, 2, 3, 4),
+                              "overlap", "inp");
+    dp_test_nn_assert_invalid(BWD(dev, dx, dw, NULL, g, (dp_bf16 *)w, x, F, p, 2, 3, 4),
+                              "overlap", "weight");
+    /* dout16 NULL: the backward of dp/nn.h */
+    dp_assert_ok(BWD(dev, dx, dw, NULL, g, NULL, x, F, p, 2, 3, 4));
+#undef BWD
+    dp_device_free(dev, f);
     dp_test_nn_assert_all_freed(dev);
     dp_device_close(dev);
 }

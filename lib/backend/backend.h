@@ -57,6 +57,10 @@ struct dp_device {
     /* bf16 math on OpenBLAS even where oneDNN has a bf16 matmul (a test
      * hook, device_testing.h: so the emulation is tested on every CPU) */
     int gemm_no_dnnl;
+    /* the bf16 producers of nn/nn_act16.h run as the compositions they
+     * replace (a test hook, device_testing.h: so one binary compares both
+     * bit for bit) */
+    int no_fused_producers;
 };
 
 /* One operand of the backend's gemm: batch column-major matrices (before
@@ -159,6 +163,20 @@ struct dp_backend_ops {
                                      size_t T, size_t NH, size_t hs);
     dp_status (*attention_unpermute_backward)(dp_device *dev, float *dy, const float *dout,
                                               size_t B, size_t T, size_t NH, size_t hs);
+
+    /* optional (NULL: none): C16 = bf16(op(A) op(B) + bias) for one
+     * column-major (m,n) matrix C16 (ldc in elements), alpha 1: the GEMM's
+     * float32 sums in dev->matmul's precision, plus bias(m) (bias.p NULL:
+     * none) added to every column in float32, rounded to bfloat16 once
+     * (kernels/bf16.h's rounding) - what bias_broadcast, gemm with beta = 1
+     * and cast_f32_bf16 compute, without writing the float32 matrix (a
+     * linear layer with a bfloat16 output; m, n, k > 0). A backend may
+     * decline a case its library cannot take (operand types, precision, no
+     * kernel): it then returns DP_OK with *done = 0 and writes nothing, and
+     * the caller composes the three (nn/nn_act16.h); *done = 1 otherwise. */
+    dp_status (*gemm_bias_bf16_out)(dp_device *dev, dp_op transa, dp_op transb, int m, int n,
+                                    int k, const dp_gemm_arg *A, const dp_gemm_arg *B,
+                                    dp_pref bias, uint16_t *C, int ldc, int *done);
 };
 
 /* ops->gemm with float32 operands (dp_gemm_strided_batched's arguments). */

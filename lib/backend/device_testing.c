@@ -14,3 +14,8 @@ void dp_device_set_gemm_dnnl(dp_device *dev, int allowed)
 {
     if (dev) dev->gemm_no_dnnl = !allowed;
 }
+
+void dp_device_set_fused_producers(dp_device *dev, int allowed)
+{
+    if (dev) dev->no_fused_producers = !allowed;
+}

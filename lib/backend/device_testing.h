@@ -26,6 +26,14 @@ void dp_device_set_gemm_convert_cap(dp_device *dev, size_t bytes);
  * where it can. CPU devices only; call it while no GEMM runs on dev. */
 void dp_device_set_gemm_dnnl(dp_device *dev, int allowed);
 
+/* allowed 0: the bfloat16 producers of nn/nn_act16.h run as the
+ * compositions they replace - the float32 LayerNorm or linear layer, then
+ * dp_convert; the linear backward with each GEMM rounding its float32
+ * dout itself - so one binary can train both ways and compare them bit for
+ * bit; 1 (the default): the producers. Any device; call it while nothing
+ * runs on dev. */
+void dp_device_set_fused_producers(dp_device *dev, int allowed);
+
 #ifdef __cplusplus
 }
 #endif

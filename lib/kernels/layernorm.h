@@ -3,9 +3,9 @@
  * 2016; torch.nn.LayerNorm semantics: biased variance, eps inside the
  * square root).
  *
- * Forward and the input gradient are one function per row; the parameter
- * gradients are column reductions in the two-stage order of
- * kernels/colsum.h, so the result is deterministic.
+ * Forward (a float32 or a bfloat16 output) and the input gradient are one
+ * function per row; the parameter gradients are column reductions in the
+ * two-stage order of kernels/colsum.h, so the result is deterministic.
  * Backward, with xhat = (x - mean) * rstd and g = dout * weight:
  *   dinp   += rstd * (g - mean(g) - xhat * mean(g * xhat))   (row means)
  *   dweight += sum over rows of dout * xhat,  dbias += sum over rows of dout
@@ -15,18 +15,17 @@
 
 #include <math.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "kernels/bf16.h"
 #include "kernels/colsum.h"
 #include "kernels/dp_hd.h"
 
-/* One row: out(C) = (inp(C) - mean) * rstd * weight(C) + bias(C); writes
- * *mean and *rstd = 1/sqrt(var + eps). Two passes (mean, then the centred
- * sum of squares) so a large common offset does not cancel the variance.
- * weight and bias are float32 or bfloat16 (kernels/bf16.h). */
-static inline DP_HD void dp_layernorm_forward_row(float *out, float *mean, float *rstd,
-                                                  const float *inp, dp_pref weight,
-                                                  dp_pref bias, size_t C, float eps)
+/* The row's statistics: *mean and *rstd = 1/sqrt(var + eps). Two passes
+ * (mean, then the centred sum of squares) so a large common offset does
+ * not cancel the variance. */
+static inline DP_HD void dp_layernorm_stats(float *mean, float *rstd, const float *inp, size_t C,
+                                            float eps)
 {
     float sum = 0.0f;
     for (size_t c = 0; c < C; c++) sum += inp[c];
@@ -36,9 +35,44 @@ static inline DP_HD void dp_layernorm_forward_row(float *out, float *mean, float
         float d = inp[c] - m;
         ss += d * d;
     }
-    float s = 1.0f / sqrtf(ss / (float)C + eps);
+    *mean = m;
+    *rstd = 1.0f / sqrtf(ss / (float)C + eps);
+}
+
+/* Output element c of a row whose statistics are m and s: the one
+ * expression both outputs (float32, bfloat16) and both backends compute,
+ * so the bfloat16 output is the float32 one rounded. */
+static inline DP_HD float dp_layernorm_out(float x, float m, float s, dp_pref weight, dp_pref bias,
+                                           size_t c)
+{
+    return (x - m) * s * dp_pref_at(weight, c) + dp_pref_at(bias, c);
+}
+
+/* One row: out(C) = (inp(C) - mean) * rstd * weight(C) + bias(C); writes
+ * *mean and *rstd. weight and bias are float32 or bfloat16
+ * (kernels/bf16.h). */
+static inline DP_HD void dp_layernorm_forward_row(float *out, float *mean, float *rstd,
+                                                  const float *inp, dp_pref weight,
+                                                  dp_pref bias, size_t C, float eps)
+{
+    float m, s;
+    dp_layernorm_stats(&m, &s, inp, C, eps);
+    for (size_t c = 0; c < C; c++) out[c] = dp_layernorm_out(inp[c], m, s, weight, bias, c);
+    *mean = m;
+    *rstd = s;
+}
+
+/* The same row with out(C) rounded to bfloat16 once (dp_bf16_round): the
+ * float32 row followed by the conversion, bit for bit, without writing
+ * the float32 row. mean and rstd stay float32. */
+static inline DP_HD void dp_layernorm_forward_row_bf16_out(uint16_t *out, float *mean, float *rstd,
+                                                           const float *inp, dp_pref weight,
+                                                           dp_pref bias, size_t C, float eps)
+{
+    float m, s;
+    dp_layernorm_stats(&m, &s, inp, C, eps);
     for (size_t c = 0; c < C; c++)
-        out[c] = (inp[c] - m) * s * dp_pref_at(weight, c) + dp_pref_at(bias, c);
+        out[c] = dp_bf16_round(dp_layernorm_out(inp[c], m, s, weight, bias, c));
     *mean = m;
     *rstd = s;
 }
@@ -127,6 +161,16 @@ static inline DP_HD void dp_layernorm_forward_item(float *out, float *mean, floa
                                                    size_t C, float eps, size_t r)
 {
     dp_layernorm_forward_row(out + r * C, mean + r, rstd + r, inp + r * C, weight, bias, C, eps);
+}
+
+/* Row r of (N,C): dp_layernorm_forward_row_bf16_out on row r. */
+static inline DP_HD void dp_layernorm_forward_bf16_out_item(uint16_t *out, float *mean,
+                                                            float *rstd, const float *inp,
+                                                            dp_pref weight, dp_pref bias,
+                                                            size_t C, float eps, size_t r)
+{
+    dp_layernorm_forward_row_bf16_out(out + r * C, mean + r, rstd + r, inp + r * C, weight, bias,
+                                      C, eps);
 }
 
 /* Row r of (N,C): dp_layernorm_backward_inp_row on row r. */

@@ -162,6 +162,11 @@
     /* x[r * ld + c0 + c] = value for the rows * cols items (kernels/elementwise.h); the    \
      * padded vocabulary's logit columns set to -inf */                                   \
     X(fill_columns, ELEM, dp_fill_columns_elem,                                            \
-      (float *x, size_t ld, size_t c0, size_t cols, float value), (x, ld, c0, cols, value))
+      (float *x, size_t ld, size_t c0, size_t cols, float value), (x, ld, c0, cols, value))\
+    /* layernorm_forward with out(N,C) rounded to bfloat16 once; mean, rstd float32; n = N */ \
+    X(layernorm_forward_bf16_out, ROW_BLOCK, dp_layernorm_forward_bf16_out_item,           \
+      (uint16_t *out, float *mean, float *rstd, const float *inp, dp_pref weight,          \
+       dp_pref bias, size_t C, float eps),                                                 \
+      (out, mean, rstd, inp, weight, bias, C, eps))
 
 #endif /* DP_KERNELS_OPS_H */

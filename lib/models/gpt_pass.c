@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "models/gpt_internal.h"
+#include "nn/nn_act16.h"
 
 // --- the layers over a tensor of either type ------------------------------------------
 
@@ -28,6 +29,17 @@ static dp_status ln_fwd(dp_device *dev, float *out, float *mean, float *rstd, co
                   : dp_layernorm_forward(dev, out, mean, rstd, inp, w.p, b.p, N, C);
 }
 
+/* A block's LayerNorm into its kept slot: with act16 written once as
+ * bfloat16 (the float32 LayerNorm's rounding, nn/nn_act16.h). */
+static dp_status ln_fwd_kept(dp_device *dev, const layer_acts *a, float *out, float *mean,
+                             float *rstd, const float *inp, dp_pref w, dp_pref b, size_t N,
+                             size_t C)
+{
+    if (a->act16)
+        return dp_layernorm_forward_out16(dev, (dp_bf16 *)out, mean, rstd, inp, w, b, N, C);
+    return ln_fwd(dev, out, mean, rstd, inp, w, b, N, C);
+}
+
 static dp_status ln_bwd(dp_device *dev, float *dinp, float *dw, float *db, const float *dout,
                         const float *inp, dp_pref w, const float *mean, const float *rstd,
                         size_t N, size_t C)
@@ -46,9 +58,14 @@ static dp_status lin_fwd(dp_device *dev, float *out, xin inp, dp_pref w, dp_pref
                   : dp_linear_forward(dev, out, inp.p, w.p, b.p, N, C, OC);
 }
 
+/* d16 (NULL: none) is scratch for dout rounded once to bfloat16 for both
+ * GEMMs, N*OC elements (nn/nn_act16.h): used in BF16 math. */
 static dp_status lin_bwd(dp_device *dev, float *dinp, float *dw, float *db, const float *dout,
-                         xin inp, dp_pref w, size_t N, size_t C, size_t OC)
+                         float *d16, xin inp, dp_pref w, size_t N, size_t C, size_t OC)
 {
+    if (d16)
+        return dp_linear_backward_dout16(dev, dinp, dw, db, dout, (dp_bf16 *)d16, inp.p,
+                                         inp.x16 ? DP_DTYPE_BF16 : DP_DTYPE_F32, w, N, C, OC);
     if (inp.x16) return dp_linear_backward_bf16_inp(dev, dinp, dw, db, dout, inp.p, w.p, N, C, OC);
     return w.bf16 ? dp_linear_backward_bf16(dev, dinp, dw, db, dout, inp.p, w.p, N, C, OC)
                   : dp_linear_backward(dev, dinp, dw, db, dout, inp.p, w.p, N, C, OC);
@@ -131,14 +148,14 @@ dp_status gpt_pass_body_forward(const dp_gpt *gpt, dp_device *dev, wview params,
         dp_pref p_mprojw = pw(gpt, params, idx_block(l, BLK_MPROJ_W));
         dp_pref p_mprojb = pw(gpt, params, idx_block(l, BLK_MPROJ_B));
 
-        /* With act16 each activation is computed in float32 into the
-         * backward's scratch `big` (free in the forward: qkv goes there
-         * only once ln1 is kept; the attention's float32 q, k, v, output
-         * and probabilities at their own offsets after it) and kept
-         * rounded to bfloat16, or not at all (the probabilities). */
-        float *ln1 = c.act16 ? qkv : a.ln1;
-        DP_TRY(ln_fwd(dev, ln1, a.ln1_mean, a.ln1_rstd, residual, p_ln1w, p_ln1b, BT, C));
-        DP_TRY(keep(dev, &a, a.ln1, ln1, BT * C));
+        /* With act16 the LayerNorms and c_fc write their kept outputs as
+         * bfloat16 once; the attention's activations are computed in
+         * float32 into the backward's scratch `big` (free in the forward:
+         * its float32 q, k, v, output and probabilities at their own
+         * offsets after qkv) and kept rounded to bfloat16, or not at all
+         * (the probabilities). */
+        DP_TRY(ln_fwd_kept(dev, &a, a.ln1, a.ln1_mean, a.ln1_rstd, residual, p_ln1w, p_ln1b, BT,
+                           C));
         DP_TRY(lin_fwd(dev, qkv, gemm_in(&a, a.ln1), p_attw, p_attb, BT, C, 3 * C));
         /* residual2 is free until the projection below: it is the scratch. */
         float *atty = c.act16 ? qkv + c.big_scratch : a.atty;
@@ -162,12 +179,13 @@ dp_status gpt_pass_body_forward(const dp_gpt *gpt, dp_device *dev, wview params,
         DP_TRY(keep(dev, &a, a.atty, atty, BT * C));
         DP_TRY(lin_fwd(dev, a.residual2, gemm_in(&a, a.atty), p_aprojw, p_aprojb, BT, C, C));
         DP_TRY(dp_accumulate(dev, a.residual2, residual, BT * C));
-        float *ln2 = c.act16 ? qkv : a.ln2;
-        DP_TRY(ln_fwd(dev, ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p_ln2w, p_ln2b, BT, C));
-        DP_TRY(keep(dev, &a, a.ln2, ln2, BT * C));
-        float *fch = c.act16 ? qkv : a.fch;
-        DP_TRY(lin_fwd(dev, fch, gemm_in(&a, a.ln2), p_fcw, p_fcb, BT, C, 4 * C));
-        DP_TRY(keep(dev, &a, a.fch, fch, BT * 4 * C));
+        DP_TRY(ln_fwd_kept(dev, &a, a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p_ln2w, p_ln2b,
+                           BT, C));
+        if (c.act16) /* qkv's (B,T,4C) floats: the scratch where the GEMM cannot write bf16 */
+            DP_TRY(dp_linear_forward_out16(dev, (dp_bf16 *)a.fch, qkv, BT * 4 * C, a.ln2,
+                                           DP_DTYPE_BF16, p_fcw, p_fcb, BT, C, 4 * C));
+        else
+            DP_TRY(lin_fwd(dev, a.fch, gemm_in(&a, a.ln2), p_fcw, p_fcb, BT, C, 4 * C));
         float *gelu = c.recompute_gelu ? qkv + c.big_gelu : a.fch_gelu;
         DP_TRY(gelu_of(dev, &a, gelu, BT * 4 * C));
         DP_TRY(lin_fwd(dev, a.residual3, gemm_in(&a, gelu), p_mprojw, p_mprojb, BT, 4 * C, C));
@@ -203,8 +221,10 @@ dp_status gpt_pass_head_backward(const dp_gpt *gpt, dp_device *dev, wview params
                                  const float *lnf, size_t N, const float *dlogits, float *dlnf)
 {
     const dp_gpt_config *g = &gpt->cfg;
-    return lin_bwd(dev, dlnf, gw(gpt, grads, 0), NULL, dlogits, x32(lnf), pw(gpt, params, 0), N,
-                   g->n_embd, gpt->models[0].n_classes);
+    /* dlogits is rounded inside each GEMM: a chunk's bfloat16 copy would
+     * need scratch the head is not given (dp_model.head_backward). */
+    return lin_bwd(dev, dlnf, gw(gpt, grads, 0), NULL, dlogits, NULL, x32(lnf),
+                   pw(gpt, params, 0), N, g->n_embd, gpt->models[0].n_classes);
 }
 
 dp_status dp_gpt_forward(const dp_gpt *gpt, dp_device *dev, const float *params,
@@ -282,6 +302,7 @@ dp_status gpt_pass_body_backward(const dp_gpt *gpt, dp_device *dev, wview params
     float *dresidual = ws + c.dresidual; // (B,T,C)
     float *dbtc = ws + c.dbtc;           // (B,T,C)
     float *big = ws + c.big;
+    float *d16 = c.act16 ? big + c.big_d16 : NULL; /* the linears' dout in bf16, once */
     const float *final = L ? gpt_layer_of(&c, ws, L - 1).residual3 : ws + c.encoded;
 
     /* LayerNorm backward accumulates: the residual gradient starts at zero. */
@@ -304,22 +325,22 @@ dp_status gpt_pass_body_backward(const dp_gpt *gpt, dp_device *dev, wview params
             DP_TRY(gelu_of(dev, &a, again, BT * 4 * C));
             gelu = again;
         }
-        DP_TRY(lin_bwd(dev, dfch, G(BLK_MPROJ_W), G(BLK_MPROJ_B), dresidual, gemm_in(&a, gelu),
-                       P(BLK_MPROJ_W), BT, 4 * C, C));
+        DP_TRY(lin_bwd(dev, dfch, G(BLK_MPROJ_W), G(BLK_MPROJ_B), dresidual, d16,
+                       gemm_in(&a, gelu), P(BLK_MPROJ_W), BT, 4 * C, C));
         if (a.act16)
             DP_TRY(dp_gelu_backward_bf16_inp(dev, dfch, (const dp_bf16 *)a.fch, dfch, BT * 4 * C));
         else
             DP_TRY(dp_gelu_backward(dev, dfch, a.fch, dfch, BT * 4 * C));
-        DP_TRY(lin_bwd(dev, dbtc, G(BLK_FC_W), G(BLK_FC_B), dfch, gemm_in(&a, a.ln2), P(BLK_FC_W),
-                       BT, C, 4 * C));
+        DP_TRY(lin_bwd(dev, dbtc, G(BLK_FC_W), G(BLK_FC_B), dfch, d16, gemm_in(&a, a.ln2),
+                       P(BLK_FC_W), BT, C, 4 * C));
         DP_TRY(ln_bwd(dev, dresidual, G(BLK_LN2_W), G(BLK_LN2_B), dbtc, a.residual2, P(BLK_LN2_W),
                       a.ln2_mean, a.ln2_rstd, BT, C));
         /* Attention. dresidual is now the full d(residual2). */
         float *dqkv = big;
-        DP_TRY(lin_bwd(dev, dbtc, G(BLK_APROJ_W), G(BLK_APROJ_B), dresidual, gemm_in(&a, a.atty),
-                       P(BLK_APROJ_W), BT, C, C));
+        DP_TRY(lin_bwd(dev, dbtc, G(BLK_APROJ_W), G(BLK_APROJ_B), dresidual, d16,
+                       gemm_in(&a, a.atty), P(BLK_APROJ_W), BT, C, C));
         DP_TRY(attention_backward(dev, &c, &a, big, dqkv, dbtc, B, T, C, NH));
-        DP_TRY(lin_bwd(dev, dbtc, G(BLK_ATTN_W), G(BLK_ATTN_B), dqkv, gemm_in(&a, a.ln1),
+        DP_TRY(lin_bwd(dev, dbtc, G(BLK_ATTN_W), G(BLK_ATTN_B), dqkv, d16, gemm_in(&a, a.ln1),
                        P(BLK_ATTN_W), BT, C, 3 * C));
         DP_TRY(ln_bwd(dev, dresidual, G(BLK_LN1_W), G(BLK_LN1_B), dbtc, residual, P(BLK_LN1_W),
                       a.ln1_mean, a.ln1_rstd, BT, C));

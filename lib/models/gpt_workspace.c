@@ -92,6 +92,8 @@ int gpt_make_carve(const gpt_variant *v, size_t B, size_t T, int keep_lnf, carve
     size_t mat = 0;
     place(&mat, x4, &of); /* dfch at 0 */
     if (c->recompute_gelu) c->big_gelu = place(&mat, in4, &of); /* the GELU output, again */
+    /* the blocks' linear backwards' dout rounded once: at most (B,T,4C) bfloat16 */
+    if (act16) c->big_d16 = place(&mat, x4 / 2, &of);
     size_t big = bat > mat ? bat : mat;
     c->big = place(&at, big, &of);
     c->floats = at;

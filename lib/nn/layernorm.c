@@ -1,10 +1,12 @@
 /*
- * nn/layernorm.c - LayerNorm layer (dp/nn.h): argument checks, then the
- * backend's kernels (kernels/layernorm.h holds the math).
+ * nn/layernorm.c - LayerNorm layer (dp/nn.h), and its forward with a
+ * bfloat16 output (nn/nn_act16.h): argument checks, then the backend's
+ * kernels (kernels/layernorm.h holds the math).
  */
 #include "nn/nn_check.h"
 
 #include "dp/nn.h"
+#include "nn/nn_act16.h"
 
 /* The public functions' checks (a macro, so messages name them). */
 #define CHECK_FORWARD()                      \
@@ -88,4 +90,44 @@ dp_status dp_layernorm_backward_bf16(dp_device *dev, float *dinp, float *dweight
 {
     CHECK_BACKWARD();
     return layernorm_backward(dev, dinp, dweight, dbias, dout, inp, weight, 1, mean, rstd, N, C);
+}
+
+// --- the bfloat16 output (nn/nn_act16.h) ------------------------------------------------
+
+/* The composition the producer replaces (the test hook's path): the
+ * float32 layer into a temporary buffer, then the conversion. */
+static dp_status layernorm_forward_then_convert(dp_device *dev, dp_bf16 *out, float *mean,
+                                                float *rstd, const float *inp, dp_pref weight,
+                                                dp_pref bias, size_t N, size_t C)
+{
+    void *tmp = NULL;
+    DP_TRY(dp_device_alloc(dev, N * C * sizeof(float), &tmp));
+    dp_status s = dev->ops->layernorm_forward(dev, tmp, mean, rstd, inp, weight, bias, C,
+                                              DP_LAYERNORM_EPS, N);
+    if (s == DP_OK) s = dp_convert(dev, out, DP_DTYPE_BF16, tmp, DP_DTYPE_F32, N * C);
+    dp_device_free(dev, tmp);
+    return s;
+}
+
+dp_status dp_layernorm_forward_out16(dp_device *dev, dp_bf16 *out, float *mean, float *rstd,
+                                     const float *inp, dp_pref weight, dp_pref bias, size_t N,
+                                     size_t C)
+{
+    size_t n;
+    DP_NN_REQUIRE_DEV(dev);
+    DP_NN_REQUIRE_PTR(dev, out);
+    DP_NN_REQUIRE_PTR(dev, mean);
+    DP_NN_REQUIRE_PTR(dev, rstd);
+    DP_NN_REQUIRE_PTR(dev, inp);
+    DP_NN_REQUIRE_PTR(dev, weight.p);
+    DP_NN_REQUIRE_PTR(dev, bias.p);
+    DP_NN_CHECK_DIMS2(dev, N, C, &n);
+    /* Rows are read while others' outputs are written (GPU blocks). */
+    DP_NN_REQUIRE_DISJOINT(dev, out, n * sizeof(dp_bf16), inp, n * sizeof(float));
+    DP_NN_REQUIRE_DISJOINT(dev, out, n * sizeof(dp_bf16), mean, N * sizeof(float));
+    DP_NN_REQUIRE_DISJOINT(dev, out, n * sizeof(dp_bf16), rstd, N * sizeof(float));
+    if (dev->no_fused_producers)
+        return layernorm_forward_then_convert(dev, out, mean, rstd, inp, weight, bias, N, C);
+    return dev->ops->layernorm_forward_bf16_out(dev, out, mean, rstd, inp, weight, bias, C,
+                                                DP_LAYERNORM_EPS, N);
 }

@@ -1,6 +1,6 @@
 /*
  * nn/linear.c - fully connected layer (dp/nn.h), weight stored [out, in]
- * as torch.nn.Linear.
+ * as torch.nn.Linear; its bfloat16 producers (nn/nn_act16.h) at the end.
  *
  * The products go through the backend's column-major GEMM (cuBLAS
  * convention), in the device's matmul precision; the _bf16 variants take
@@ -22,6 +22,7 @@
 #include "nn/nn_check.h"
 
 #include "dp/nn.h"
+#include "nn/nn_act16.h"
 
 /* N, C, OC > 0, their products fit, and each fits the GEMM's int sizes. */
 #define CHECK_LINEAR_DIMS(dev, N, C, OC)                                                  \
@@ -82,15 +83,26 @@ static dp_status linear_forward(dp_device *dev, float *out, const void *inp, int
                 bias ? 1.0f : 0.0f, out, OC);
 }
 
+/* The backward with the GEMMs' dout operand g (float32, or bfloat16 when
+ * g16: dout rounded by the caller) and the float32 dout for the bias. */
+static dp_status linear_backward_g(dp_device *dev, float *dinp, float *dweight, float *dbias,
+                                   const float *dout, const void *g, int g16, const void *inp,
+                                   int x16, size_t ld, const void *weight, int w16, size_t N,
+                                   size_t C, size_t OC)
+{
+    if (dinp)
+        DP_TRY(gemm(dev, DP_OP_N, DP_OP_N, C, N, OC, weight, w16, C, g, g16, OC, 0.0f, dinp, ld));
+    DP_TRY(gemm(dev, DP_OP_N, DP_OP_T, C, OC, N, inp, x16, ld, g, g16, OC, 1.0f, dweight, C));
+    if (dbias) DP_TRY(dev->ops->bias_backward(dev, dbias, dout, N, OC));
+    return DP_OK;
+}
+
 static dp_status linear_backward(dp_device *dev, float *dinp, float *dweight, float *dbias,
                                  const float *dout, const void *inp, int x16, size_t ld,
                                  const void *weight, int w16, size_t N, size_t C, size_t OC)
 {
-    if (dinp)
-        DP_TRY(gemm(dev, DP_OP_N, DP_OP_N, C, N, OC, weight, w16, C, dout, 0, OC, 0.0f, dinp, ld));
-    DP_TRY(gemm(dev, DP_OP_N, DP_OP_T, C, OC, N, inp, x16, ld, dout, 0, OC, 1.0f, dweight, C));
-    if (dbias) DP_TRY(dev->ops->bias_backward(dev, dbias, dout, N, OC));
-    return DP_OK;
+    return linear_backward_g(dev, dinp, dweight, dbias, dout, dout, 0, inp, x16, ld, weight, w16,
+                             N, C, OC);
 }
 
 dp_status dp_linear_forward(dp_device *dev, float *out, const float *inp, const float *weight,
@@ -185,4 +197,86 @@ dp_status dp_linear_backward_ld(dp_device *dev, float *dinp, float *dweight, flo
     DP_NN_REQUIRE_PTR(dev, weight);
     DP_TRY(check_linear_ld(dev, ld_inp, N, C, OC));
     return linear_backward(dev, dinp, dweight, dbias, dout, inp, 0, ld_inp, weight, 0, N, C, OC);
+}
+
+// --- bfloat16 producers (nn/nn_act16.h) --------------------------------------------------
+
+static dp_status check_act_type(dp_device *dev, dp_dtype t)
+{
+    if (t == DP_DTYPE_F32 || t == DP_DTYPE_BF16) return DP_OK;
+    return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: inp_type %s; the input is DP_DTYPE_F32 or "
+                   "DP_DTYPE_BF16", dev->name, dp_dtype_name(t));
+}
+
+dp_status dp_linear_forward_out16(dp_device *dev, dp_bf16 *out, float *scratch,
+                                  size_t scratch_floats, const void *inp, dp_dtype inp_type,
+                                  dp_pref weight, dp_pref bias, size_t N, size_t C, size_t OC)
+{
+    DP_NN_REQUIRE_DEV(dev);
+    DP_NN_REQUIRE_PTR(dev, out);
+    DP_NN_REQUIRE_PTR(dev, scratch);
+    DP_NN_REQUIRE_PTR(dev, inp);
+    DP_NN_REQUIRE_PTR(dev, weight.p);
+    CHECK_LINEAR_DIMS(dev, N, C, OC);
+    DP_TRY(check_act_type(dev, inp_type));
+    if (scratch_floats < OC)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: scratch_floats=%zu is less than one output "
+                       "row (OC=%zu floats); give at least OC, or N*OC=%zu to convert in one "
+                       "piece", dev->name, scratch_floats, OC, N * OC);
+    int x16 = inp_type == DP_DTYPE_BF16;
+    size_t rows = scratch_floats / OC < N ? scratch_floats / OC : N;
+    size_t out_bytes = N * OC * sizeof(dp_bf16), inp_bytes = N * C * (x16 ? 2 : 4),
+           scratch_bytes = rows * OC * sizeof(float); /* the part used */
+    DP_NN_REQUIRE_DISJOINT(dev, out, out_bytes, inp, inp_bytes);
+    DP_NN_REQUIRE_DISJOINT(dev, out, out_bytes, scratch, scratch_bytes);
+    DP_NN_REQUIRE_DISJOINT(dev, scratch, scratch_bytes, inp, inp_bytes);
+    if (!dev->no_fused_producers && dev->ops->gemm_bias_bf16_out) {
+        /* out^T(OC,N) = op_T(W^T) inp^T + bias, as the float32 forward */
+        dp_gemm_arg a = {weight.p, weight.bf16, (int)C, 0}, b = {inp, x16, (int)C, 0};
+        int done = 0;
+        DP_TRY(dev->ops->gemm_bias_bf16_out(dev, DP_OP_T, DP_OP_N, (int)OC, (int)N, (int)C, &a,
+                                            &b, bias, out, (int)OC, &done));
+        if (done) return DP_OK;
+    }
+    /* The float32 layer on blocks of rows (one block when the scratch holds
+     * them all: then the very calls of linear_forward), each converted. */
+    for (size_t r0 = 0; r0 < N; r0 += rows) {
+        size_t nr = N - r0 < rows ? N - r0 : rows;
+        const char *x = (const char *)inp + r0 * C * (x16 ? 2 : 4);
+        if (bias.p) DP_TRY(dev->ops->bias_broadcast(dev, scratch, bias, nr, OC));
+        DP_TRY(gemm(dev, DP_OP_T, DP_OP_N, OC, nr, C, weight.p, weight.bf16, C, x, x16, C,
+                    bias.p ? 1.0f : 0.0f, scratch, OC));
+        DP_TRY(dev->ops->cast_f32_bf16(dev, out + r0 * OC, scratch, nr * OC));
+    }
+    return DP_OK;
+}
+
+dp_status dp_linear_backward_dout16(dp_device *dev, float *dinp, float *dweight, float *dbias,
+                                    const float *dout, dp_bf16 *dout16, const void *inp,
+                                    dp_dtype inp_type, dp_pref weight, size_t N, size_t C,
+                                    size_t OC)
+{
+    DP_NN_REQUIRE_DEV(dev);
+    DP_NN_REQUIRE_PTR(dev, dweight);
+    DP_NN_REQUIRE_PTR(dev, dout);
+    DP_NN_REQUIRE_PTR(dev, inp);
+    DP_NN_REQUIRE_PTR(dev, weight.p);
+    CHECK_LINEAR_DIMS(dev, N, C, OC);
+    DP_TRY(check_act_type(dev, inp_type));
+    int x16 = inp_type == DP_DTYPE_BF16;
+    if (dout16) { /* written before the GEMMs read everything else */
+        size_t n16 = N * OC * sizeof(dp_bf16);
+        DP_NN_REQUIRE_DISJOINT(dev, dout16, n16, dout, N * OC * sizeof(float));
+        DP_NN_REQUIRE_DISJOINT(dev, dout16, n16, inp, N * C * (x16 ? 2 : 4));
+        DP_NN_REQUIRE_DISJOINT(dev, dout16, n16, weight.p, OC * C * (weight.bf16 ? 2 : 4));
+        DP_NN_REQUIRE_DISJOINT(dev, dout16, n16, dinp, N * C * sizeof(float));
+        DP_NN_REQUIRE_DISJOINT(dev, dout16, n16, dweight, OC * C * sizeof(float));
+    }
+    /* Only BF16 math rounds dout: in FP32 and TF32 each GEMM reads it as is. */
+    if (!dout16 || dev->matmul != DP_MATMUL_BF16 || dev->no_fused_producers)
+        return linear_backward(dev, dinp, dweight, dbias, dout, inp, x16, C, weight.p,
+                               weight.bf16, N, C, OC);
+    DP_TRY(dev->ops->cast_f32_bf16(dev, dout16, dout, N * OC));
+    return linear_backward_g(dev, dinp, dweight, dbias, dout, dout16, 1, inp, x16, C, weight.p,
+                             weight.bf16, N, C, OC);
 }

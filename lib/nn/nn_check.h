@@ -76,4 +76,23 @@ static inline int dp_nn_count3(size_t a, size_t b, size_t c, size_t *out)
                            (dev)->name, #a, (size_t)(a));                                 \
     } while (0)
 
+/* 1 when the byte ranges [a, a + na) and [b, b + nb) share a byte (NULL
+ * or empty ranges share none). */
+static inline int dp_nn_overlap(const void *a, size_t na, const void *b, size_t nb)
+{
+    if (!a || !b || !na || !nb) return 0;
+    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    return x < y ? y - x < na : x - y < nb;
+}
+
+/* Buffers p (np bytes) and q (nq bytes) must not overlap: one is written
+ * while the other is read. */
+#define DP_NN_REQUIRE_DISJOINT(dev, p, np, q, nq)                                         \
+    do {                                                                                  \
+        if (dp_nn_overlap((p), (np), (q), (nq)))                                          \
+            return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: %s (%zu bytes) and %s (%zu "     \
+                           "bytes) overlap; pass separate buffers", (dev)->name, #p,      \
+                           (size_t)(np), #q, (size_t)(nq));                               \
+    } while (0)
+
 #endif /* DP_NN_CHECK_H */

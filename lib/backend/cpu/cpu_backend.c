@@ -173,6 +173,10 @@ static const dp_backend_ops cpu_ops = {
     .attention_permute_backward = dp_cpu_attention_permute_backward,
     .attention_unpermute = dp_cpu_attention_unpermute,
     .attention_unpermute_backward = dp_cpu_attention_unpermute_backward,
+    /* None: the float32 GEMM into the caller's scratch, then the conversion
+     * (nn/nn_act16.h), is what a CPU entry would do too - and keeps the
+     * bits of the composition by being it. */
+    .gemm_bias_bf16_out = NULL,
 };
 
 const dp_backend_ops *dp_backend_cpu(void) { return &cpu_ops; }

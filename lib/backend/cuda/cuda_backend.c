@@ -142,6 +142,7 @@ static void cuda_close(dp_device *dev)
     /* Best effort: close cannot fail, so errors are cleared, not reported. */
     if (use_device_quietly(c->ordinal, &dp_prev_device_) && c->stream)
         cudaStreamSynchronize(c->stream);
+    if (c->lt) cublasLtDestroy(c->lt);
     if (c->blas) cublasDestroy(c->blas);
     if (c->blas_ws) cudaFree(c->blas_ws);
     for (int b = 0; b < 2; b++) {
@@ -175,7 +176,9 @@ static dp_status open_resources(dp_device *dev, cuda_ctx *c)
     CU_TRY(dev, cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->ordinal));
     size_t ws = major >= 9 ? BLAS_WS_BYTES_SM90 : BLAS_WS_BYTES;
     CU_TRY(dev, cudaMalloc(&c->blas_ws, ws));
+    c->blas_ws_bytes = ws;
     BLAS_TRY(dev, cublasSetWorkspace(c->blas, c->blas_ws, ws));
+    BLAS_TRY(dev, cublasLtCreate(&c->lt));
     /* Full float32 unless dp_device_set_matmul_precision says otherwise. */
     BLAS_TRY(dev, cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH));
     for (int b = 0; b < 2; b++) {
@@ -374,6 +377,7 @@ static const dp_backend_ops cuda_ops = {
     .attention_permute_backward = dp_cuda_attention_permute_backward,
     .attention_unpermute = dp_cuda_attention_unpermute,
     .attention_unpermute_backward = dp_cuda_attention_unpermute_backward,
+    .gemm_bias_bf16_out = dp_cuda_gemm_bias_bf16_out,
 };
 
 // --- the module (libdp-cuda, core/module.h) ------------------------------------------------------

@@ -2,7 +2,8 @@
  * backend/cuda/cuda_internal.h - what the CUDA backend's files share (not
  * installed): a device's context, the error reporting of runtime and
  * cuBLAS calls, the current-device guard, and the table's entries that
- * cuda_copy.c (copies) and cuda_compute.c (GEMM and kernels) define for
+ * cuda_copy.c (copies), cuda_compute.c (GEMM and kernels) and cuda_lt.c
+ * (the GEMM with a bfloat16 output) define for
  * cuda_backend.c (devices, memory, events, the table and the module).
  */
 #ifndef DP_BACKEND_CUDA_INTERNAL_H
@@ -12,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -36,6 +38,8 @@ typedef struct cuda_ctx {
     cudaStream_t stream;
     cublasHandle_t blas;
     void *blas_ws;                /* device: the cuBLAS workspace dp gives the handle */
+    size_t blas_ws_bytes;         /* its size; cuBLASLt's calls share it (same stream) */
+    cublasLtHandle_t lt;          /* cuBLASLt: the GEMMs with a bfloat16 output (cuda_lt.c) */
 
     pthread_mutex_t mu;           /* guards stage, stage_done, sumsq, result_host, col, grp */
     unsigned char *stage[2];      /* pinned host, STAGE_BYTES each */
@@ -170,5 +174,9 @@ dp_status dp_cuda_attention_unpermute_backward(dp_device *dev, float *dy, const 
                                                size_t B, size_t T, size_t NH, size_t hs);
 dp_status dp_cuda_attention_unpermute(dp_device *dev, float *out, const float *y, size_t B,
                                       size_t T, size_t NH, size_t hs);
+/* cuda_lt.c */
+dp_status dp_cuda_gemm_bias_bf16_out(dp_device *dev, dp_op transa, dp_op transb, int m, int n,
+                                     int k, const dp_gemm_arg *A, const dp_gemm_arg *B,
+                                     dp_pref bias, uint16_t *C, int ldc, int *done);
 
 #endif /* DP_BACKEND_CUDA_INTERNAL_H */

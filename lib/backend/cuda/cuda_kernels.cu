@@ -162,9 +162,20 @@ template <unsigned THREADS> __device__ float block_max(float v, block_scratch<TH
 #define BLOCK_ROW_LOOP(r, rows) for (size_t r = blockIdx.x; r < (rows); r += gridDim.x)
 #define ROW_ELEMS(j, len) for (size_t j = threadIdx.x; j < (len); j += blockDim.x)
 
-/* dp_layernorm_forward_item, one block per row: mean, then the centred
- * sum of squares (two passes, as the CPU), then the output. */
-__global__ void k_layernorm_forward_block(float *out, float *mean, float *rstd, const float *inp,
+/* One LayerNorm output element: float32, or rounded to bfloat16 once
+ * (the float32 value's rounding, so both outputs agree bit for bit). */
+__device__ __forceinline__ void ln_store(float *out, size_t i, float v) { out[i] = v; }
+__device__ __forceinline__ void ln_store(uint16_t *out, size_t i, float v)
+{
+    out[i] = dp_bf16_round(v);
+}
+
+/* dp_layernorm_forward_item (To = float) and _bf16_out_item (To =
+ * uint16_t), one block per row: mean, then the centred sum of squares
+ * (two passes, as the CPU), then the output; the same instructions up to
+ * the store. */
+template <typename To>
+__global__ void k_layernorm_forward_block(To *out, float *mean, float *rstd, const float *inp,
                                           dp_pref weight, dp_pref bias, size_t C, float eps,
                                           size_t N)
 {
@@ -182,7 +193,7 @@ __global__ void k_layernorm_forward_block(float *out, float *mean, float *rstd, 
             q += d * d;
         }
         float s = 1.0f / sqrtf(block_sum<BLOCK_THREADS>(q, sh) / (float)C + eps);
-        ROW_ELEMS(c, C) out[r * C + c] = (x[c] - m) * s * dp_pref_at(weight, c) + dp_pref_at(bias, c);
+        ROW_ELEMS(c, C) ln_store(out, r * C + c, dp_layernorm_out(x[c], m, s, weight, bias, c));
         if (threadIdx.x == 0) {
             mean[r] = m;
             rstd[r] = s;
@@ -397,8 +408,20 @@ extern "C" cudaError_t dp_cuda_launch_layernorm_forward(cudaStream_t stream, flo
                                                         size_t n)
 {
     if (n == 0 || C == 0) return cudaSuccess;
-    k_layernorm_forward_block<<<row_blocks(n), BLOCK_THREADS, 0, stream>>>(out, mean, rstd, inp,
-                                                                           weight, bias, C, eps, n);
+    k_layernorm_forward_block<float><<<row_blocks(n), BLOCK_THREADS, 0, stream>>>(
+        out, mean, rstd, inp, weight, bias, C, eps, n);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t dp_cuda_launch_layernorm_forward_bf16_out(cudaStream_t stream,
+                                                                 uint16_t *out, float *mean,
+                                                                 float *rstd, const float *inp,
+                                                                 dp_pref weight, dp_pref bias,
+                                                                 size_t C, float eps, size_t n)
+{
+    if (n == 0 || C == 0) return cudaSuccess;
+    k_layernorm_forward_block<uint16_t><<<row_blocks(n), BLOCK_THREADS, 0, stream>>>(
+        out, mean, rstd, inp, weight, bias, C, eps, n);
     return cudaGetLastError();
 }
 

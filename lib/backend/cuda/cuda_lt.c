@@ -1,0 +1,137 @@
+/*
+ * backend/cuda/cuda_lt.c - the GEMM with a bfloat16 output
+ * (dp_backend_ops.gemm_bias_bf16_out; a linear layer's forward, nn/nn_act16.h)
+ * through cuBLASLt: bfloat16 operands, float32 compute and scale, the bias
+ * added by the epilogue (CUBLASLT_EPILOGUE_BIAS) to the float32 sums,
+ * then D rounded to bfloat16 once. One pass over the output, where the
+ * composition writes it as float32, reads it back and writes bfloat16.
+ *
+ * cuBLASLt's rounding of D is round-to-nearest-even, kernels/bf16.h's; the
+ * bias is widened exactly (a bfloat16 replica's) or read as float32, and
+ * added in float32 before the rounding, as bias_broadcast + beta = 1 adds
+ * it. Its kernel is not the one cublasGemmStridedBatchedEx picks for the
+ * float32 layer, so sums may be grouped otherwise (tests/test_cuda_ops.c
+ * bounds the difference).
+ *
+ * It declines (*done = 0, DP_OK) what it does not take, and the caller
+ * composes: float32 operands (they would need the GEMM's bounded
+ * conversion first, backend/gemm_pieces.h), math other than BF16 (FP32
+ * and TF32 are cuBLAS's float32 GEMM, not a bfloat16 tensor-core kernel),
+ * and any case cuBLASLt reports unsupported (no heuristic result, or
+ * CUBLAS_STATUS_NOT_SUPPORTED: e.g. a float32 bias with a bfloat16 D,
+ * which its documentation does not list). Other statuses are errors.
+ */
+#include <stdint.h>
+
+#include "backend/cuda/cuda_internal.h"
+
+/* The descriptors of one call (NULL: not created). */
+typedef struct lt_call {
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t a, b, d;
+    cublasLtMatmulPreference_t pref;
+} lt_call;
+
+static void lt_destroy(lt_call *l)
+{
+    if (l->pref) cublasLtMatmulPreferenceDestroy(l->pref);
+    if (l->d) cublasLtMatrixLayoutDestroy(l->d);
+    if (l->b) cublasLtMatrixLayoutDestroy(l->b);
+    if (l->a) cublasLtMatrixLayoutDestroy(l->a);
+    if (l->op) cublasLtMatmulDescDestroy(l->op);
+}
+
+/* The largest power of two up to 256 dividing p's address: the heuristic
+ * assumes 256-byte aligned matrices unless told, and a kernel picked for
+ * that would fault on a pointer into the middle of a buffer. */
+static uint32_t alignment(const void *p)
+{
+    uintptr_t a = (uintptr_t)p;
+    uint32_t al = 256;
+    while (al > 1 && a % al) al /= 2;
+    return al;
+}
+
+/* The call's descriptors (column-major, as dp_gemm): A (m,k) after op,
+ * B (k,n) after op, D = C (m,n) bfloat16 with ldc; the bias epilogue when
+ * bias.p is set; at most ws workspace bytes. */
+static dp_status describe(dp_device *dev, lt_call *l, cublasOperation_t ta, cublasOperation_t tb,
+                          int m, int n, int k, const dp_gemm_arg *A, const dp_gemm_arg *B,
+                          dp_pref bias, const void *C, int ldc, size_t ws)
+{
+    BLAS_TRY(dev, cublasLtMatmulDescCreate(&l->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    BLAS_TRY(dev, cublasLtMatmulDescSetAttribute(l->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta,
+                                                 sizeof ta));
+    BLAS_TRY(dev, cublasLtMatmulDescSetAttribute(l->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb,
+                                                 sizeof tb));
+    if (bias.p) {
+        cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+        int32_t type = bias.bf16 ? CUDA_R_16BF : CUDA_R_32F;
+        BLAS_TRY(dev, cublasLtMatmulDescSetAttribute(l->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi,
+                                                   sizeof epi));
+        BLAS_TRY(dev, cublasLtMatmulDescSetAttribute(l->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                   &bias.p, sizeof bias.p));
+        BLAS_TRY(dev, cublasLtMatmulDescSetAttribute(l->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                                   &type, sizeof type));
+    }
+    /* Layouts of the matrices as stored (before op). */
+    int ra = ta == CUBLAS_OP_N ? m : k, ca = ta == CUBLAS_OP_N ? k : m;
+    int rb = tb == CUBLAS_OP_N ? k : n, cb = tb == CUBLAS_OP_N ? n : k;
+    BLAS_TRY(dev,
+             cublasLtMatrixLayoutCreate(&l->a, CUDA_R_16BF, (uint64_t)ra, (uint64_t)ca, A->ld));
+    BLAS_TRY(dev,
+             cublasLtMatrixLayoutCreate(&l->b, CUDA_R_16BF, (uint64_t)rb, (uint64_t)cb, B->ld));
+    BLAS_TRY(dev, cublasLtMatrixLayoutCreate(&l->d, CUDA_R_16BF, (uint64_t)m, (uint64_t)n, ldc));
+    BLAS_TRY(dev, cublasLtMatmulPreferenceCreate(&l->pref));
+    uint64_t wsb = ws;
+    BLAS_TRY(dev, cublasLtMatmulPreferenceSetAttribute(
+                    l->pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb));
+    uint32_t al[3] = {alignment(A->p), alignment(B->p), alignment(C)};
+    static const cublasLtMatmulPreferenceAttributes_t which[4] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    for (int i = 0; i < 4; i++)
+        BLAS_TRY(dev, cublasLtMatmulPreferenceSetAttribute(l->pref, which[i], &al[i < 3 ? i : 2],
+                                                         sizeof al[0]));
+    return DP_OK;
+}
+
+static dp_status run(dp_device *dev, cuda_ctx *c, lt_call *l, cublasOperation_t ta,
+                     cublasOperation_t tb, int m, int n, int k, const dp_gemm_arg *A,
+                     const dp_gemm_arg *B, dp_pref bias, uint16_t *C, int ldc, int *done)
+{
+    DP_TRY(describe(dev, l, ta, tb, m, n, k, A, B, bias, C, ldc, c->blas_ws_bytes));
+    cublasLtMatmulHeuristicResult_t best;
+    int found = 0;
+    cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(c->lt, l->op, l->a, l->b, l->d, l->d,
+                                                      l->pref, 1, &best, &found);
+    if (s == CUBLAS_STATUS_NOT_SUPPORTED || (s == CUBLAS_STATUS_SUCCESS && found == 0))
+        return DP_OK; /* declined: the caller composes */
+    BLAS_TRY(dev, s);
+    /* beta = 0: C is not read (it is D, the layout's only matrix). */
+    const float one = 1.0f, zero = 0.0f;
+    s = cublasLtMatmul(c->lt, l->op, &one, A->p, l->a, B->p, l->b, &zero, C, l->d, C, l->d,
+                       &best.algo, c->blas_ws, c->blas_ws_bytes, c->stream);
+    if (s == CUBLAS_STATUS_NOT_SUPPORTED) return DP_OK;
+    BLAS_TRY(dev, s);
+    *done = 1;
+    return DP_OK;
+}
+
+dp_status dp_cuda_gemm_bias_bf16_out(dp_device *dev, dp_op transa, dp_op transb, int m, int n,
+                                     int k, const dp_gemm_arg *A, const dp_gemm_arg *B,
+                                     dp_pref bias, uint16_t *C, int ldc, int *done)
+{
+    *done = 0;
+    if (dev->matmul != DP_MATMUL_BF16 || !A->bf16 || !B->bf16) return DP_OK;
+    ENTER(dev);
+    cuda_ctx *c = CTX(dev);
+    lt_call l = {0};
+    /* The workspace is the cuBLAS handle's: both run on c->stream, so a
+     * call never overlaps another's use of it. */
+    dp_status s = run(dev, c, &l, transa == DP_OP_T ? CUBLAS_OP_T : CUBLAS_OP_N,
+                      transb == DP_OP_T ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k, A, B, bias, C, ldc,
+                      done);
+    lt_destroy(&l);
+    return s;
+}

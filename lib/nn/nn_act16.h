@@ -1,0 +1,110 @@
+/*
+ * nn/nn_act16.h - the producers of bfloat16 activations (not installed):
+ * layers that write their output as bfloat16 once, instead of float32
+ * that a second kernel reads back and converts, and a linear backward
+ * that rounds its float32 dout to bfloat16 once for both of its GEMMs
+ * instead of once inside each. The GPT's bf16 activations
+ * (DP_GPT_BF16_ACT, models/gpt_pass.c) are made by them.
+ *
+ * Each equals, bit for bit, the composition it replaces on the same
+ * device: the float32 layer of dp/nn.h followed by dp_convert, or the
+ * backward of dp/nn.h (the exceptions are said per function). A test hook
+ * (dp_device_set_fused_producers, backend/device_testing.h) makes them
+ * run as those compositions, so one binary can compare both.
+ *
+ * Parameters are dp_pref (kernels/bf16.h): float32 or bfloat16, a replica
+ * of either type. Internal: DP_MODULE_API makes them visible to the tests,
+ * no installed header declares them.
+ */
+#ifndef DP_NN_ACT16_H
+#define DP_NN_ACT16_H
+
+#include <stddef.h>
+
+#include "core/module.h"
+#include "dp/device.h"
+#include "dp/dtype.h"
+#include "kernels/bf16.h"
+
+/*
+ * LayerNorm over the last axis with a bfloat16 output: out(N,C) =
+ * bf16((inp - mean) * rstd * weight + bias), the float32 value of
+ * dp_layernorm_forward rounded once (kernels/bf16.h); mean(N) and rstd(N)
+ * are float32, as the backward reads them. inp (N,C) float32; weight, bias
+ * (C) float32 or bfloat16 (both required). All device pointers of dev,
+ * owned by the caller; out must not overlap inp, mean or rstd.
+ * Errors: DP_ERR_INVALID_ARGUMENT for a NULL pointer, N or C of 0, sizes
+ * whose bytes overflow, overlapping buffers; a backend's error as is.
+ */
+DP_MODULE_API dp_status dp_layernorm_forward_out16(dp_device *dev, dp_bf16 *out, float *mean,
+                                                   float *rstd, const float *inp, dp_pref weight,
+                                                   dp_pref bias, size_t N, size_t C);
+
+/*
+ * Linear layer with a bfloat16 output: out(N,OC) = bf16(inp(N,C) @
+ * weight(OC,C)^T + bias(OC)), the products in dev's matmul precision,
+ * the bias added in float32 before the one rounding: the float32 layer of
+ * dp/nn.h (bias broadcast, then the GEMM with beta = 1) followed by
+ * dp_convert. inp is float32 or bfloat16 (inp_type DP_DTYPE_F32 or
+ * DP_DTYPE_BF16); bias.p may be NULL (no bias).
+ *
+ * Where the backend has a fused entry (dp_backend_ops.gemm_bias_bf16_out:
+ * on CUDA devices cuBLASLt's bias epilogue writing bfloat16, for bfloat16
+ * operands in BF16 matmul precision) it writes out directly. Else, or
+ * when it declines, the float32 layer runs into `scratch` (scratch_floats
+ * >= OC floats, at least one row; the caller's, e.g. a workspace region
+ * free at the time) and is converted: whole when the scratch holds N*OC
+ * floats, else in blocks of scratch_floats / OC rows, each the float32
+ * layer on its rows.
+ * Bits: the whole fallback is the composition itself, bit for bit.
+ * Blocks of rows are deterministic but not bitwise: a BLAS groups an
+ * output's sums by the call's shape (OpenBLAS's edge kernels), so a few
+ * outputs may round to the neighbouring bfloat16. cuBLASLt's kernel is
+ * not the one cuBLAS picks for the float32 layer: its sums may be grouped
+ * otherwise too.
+ *
+ * Ownership: every pointer is a device pointer of dev owned by the caller;
+ * out must not overlap inp or scratch, nor scratch inp. Errors:
+ * DP_ERR_INVALID_ARGUMENT for a NULL pointer (bias.p excepted), a size of
+ * 0 or past the GEMM's int sizes, an operand type other than F32 and
+ * BF16, a scratch under one row, overlapping buffers; the backend's
+ * errors as they come.
+ */
+DP_MODULE_API dp_status dp_linear_forward_out16(dp_device *dev, dp_bf16 *out, float *scratch,
+                                                size_t scratch_floats, const void *inp,
+                                                dp_dtype inp_type, dp_pref weight, dp_pref bias,
+                                                size_t N, size_t C, size_t OC);
+
+/*
+ * The linear backward of dp/nn.h (dinp(N,C) = dout @ weight, overwritten,
+ * dinp NULL: skipped; dweight(OC,C) += dout^T @ inp; dbias(OC) += column
+ * sums of dout, dbias NULL: skipped) that, in BF16 matmul precision,
+ * rounds the float32 dout(N,OC) to bfloat16 once into dout16 (N*OC
+ * bfloat16, the caller's scratch) and gives both GEMMs that operand,
+ * where each would round dout into the device's conversion scratch
+ * itself. The bias gradient reads the float32 dout. In other precisions,
+ * or with dout16 NULL, it is the backward of dp/nn.h and dout16 is
+ * untouched. inp is float32 or bfloat16 (inp_type); weight either.
+ *
+ * Bits: the same rounding (kernels/bf16.h) of the same values feeds the
+ * same GEMM calls, so the gradients are those of dp/nn.h's backward, bit
+ * for bit - as long as the backend runs that GEMM whole. A GEMM whose
+ * converted operands pass the device's conversion cap
+ * (backend/gemm_pieces.h; 16 MiB by default) is cut into pieces, which
+ * regroups its sums; a bfloat16 dout needs no conversion and so is not
+ * cut where the float32 one was (only for a dout over 8M elements with
+ * oneDNN or cuBLAS, e.g. an LM head's logits chunk). The tests' sizes
+ * cut nothing.
+ *
+ * Ownership: device pointers of dev owned by the caller; dout16 must not
+ * overlap dout, inp, weight, dinp or dweight. Errors: as
+ * dp_linear_backward, and DP_ERR_INVALID_ARGUMENT for overlapping buffers
+ * or an inp_type other than F32 and BF16.
+ */
+DP_MODULE_API dp_status dp_linear_backward_dout16(dp_device *dev, float *dinp, float *dweight,
+                                                  float *dbias, const float *dout,
+                                                  dp_bf16 *dout16, const void *inp,
+                                                  dp_dtype inp_type, dp_pref weight, size_t N,
+                                                  size_t C, size_t OC);
+
+#endif /* DP_NN_ACT16_H */
