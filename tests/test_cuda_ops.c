@@ -1678,6 +1678,7 @@ Test(cuda_ops, fused_attention_matches_cpu, .timeout = 120)
         free(qkv);
         free(dout);
     }
+}
 
 // --- the bfloat16 producers (nn/nn_act16.h) ------------------------------------------------
 /*
