@@ -39,6 +39,7 @@
 #include "core/error.h"
 #include "dp/checked.h"
 #include "dp/nn.h"
+#include "nn/nn_check.h"
 
 // --- argument checks -------------------------------------------------------------------
 
@@ -82,21 +83,6 @@ static dp_status check_dims(const char *fn, dp_device *dev, size_t B, size_t T, 
     return DP_OK;
 }
 
-/* Buffers a call writes (or reads while another is written) must be
- * separate: the permutes and GEMMs are not in place. Only identical start
- * pointers are detected. */
-static dp_status check_distinct(const char *fn, dp_device *dev, const void *const *p,
-                                const char *const *names, int n)
-{
-    for (int i = 0; i < n; i++)
-        for (int j = i + 1; j < n; j++)
-            if (p[i] == p[j])
-                return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
-                               "%s on %s: %s and %s are the same buffer; pass separate "
-                               "buffers",
-                               fn, dev->name, names[i], names[j]);
-    return DP_OK;
-}
 
 // --- the pieces, per chunk of queries --------------------------------------------------
 
@@ -265,7 +251,7 @@ static dp_status forward_checked(const char *fn, dp_device *dev, float *out, voi
     int n = 5;
     if (q16) bufs[n] = qkvr_f32, names[n++] = "qkvr_f32";
     if (att16) bufs[n] = att16, names[n++] = "att16";
-    DP_TRY(check_distinct(fn, dev, bufs, names, n));
+    DP_TRY(dp_nn_check_distinct(fn, dev, bufs, names, n));
     float *permuted = q16 ? qkvr_f32 : qkvr;
     DP_TRY(dev->ops->attention_permute(dev, permuted, qkv, B, T, NH, C / NH));
     if (q16) DP_TRY(dp_convert(dev, qkvr, DP_DTYPE_BF16, permuted, DP_DTYPE_F32, 3 * B * T * C));
@@ -334,7 +320,7 @@ static dp_status probs_checked(const char *fn, dp_device *dev, float *att, const
     DP_TRY(check_dims(fn, dev, B, T, C, NH));
     const void *bufs[] = {att, qkvr};
     const char *names[] = {"att", "qkvr"};
-    DP_TRY(check_distinct(fn, dev, bufs, names, 2));
+    DP_TRY(dp_nn_check_distinct(fn, dev, bufs, names, 2));
     attn a = attn_of(dev, qkvr, q16, NULL, B, T, C, NH);
     return probs_chunk(&a, att, chunk_at(&a, T, 0));
 }
@@ -404,7 +390,7 @@ static dp_status backward_checked(const char *fn, dp_device *dev, float *dqkv, f
     DP_TRY(check_dims(fn, dev, B, T, C, NH));
     const void *bufs[] = {dqkv, dqkvr, datt, scratch, dout, qkvr, att, att16};
     const char *names[] = {"dqkv", "dqkvr", "datt", "scratch", "dout", "qkvr", "att", "att16"};
-    DP_TRY(check_distinct(fn, dev, bufs, names, att16 ? 8 : 7));
+    DP_TRY(dp_nn_check_distinct(fn, dev, bufs, names, att16 ? 8 : 7));
     return backward_from(dev, dqkv, dqkvr, att_scratch, att16, kept, datt, scratch, dout, qkvr,
                          q16, B, T, C, NH, rows);
 }

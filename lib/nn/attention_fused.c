@@ -23,6 +23,7 @@
 #include "core/error.h"
 #include "dp/checked.h"
 #include "dp/nn.h"
+#include "nn/nn_check.h"
 
 // --- argument checks -------------------------------------------------------------------
 
@@ -74,20 +75,6 @@ static dp_status check_dims(const char *fn, dp_device *dev, size_t B, size_t T, 
     return DP_OK;
 }
 
-/* Buffers a call writes (or reads while another is written) must be
- * separate; only identical start pointers are detected. */
-static dp_status check_distinct(const char *fn, dp_device *dev, const void *const *p,
-                                const char *const *names, int n)
-{
-    for (int i = 0; i < n; i++)
-        for (int j = i + 1; j < n; j++)
-            if (p[i] == p[j])
-                return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
-                               "%s on %s: %s and %s are the same buffer; pass separate "
-                               "buffers",
-                               fn, dev->name, names[i], names[j]);
-    return DP_OK;
-}
 
 static dp_pref pref_of(const void *p, int bf16)
 {
@@ -116,7 +103,7 @@ dp_status dp_attention_forward_fused(dp_device *dev, float *out, void *qkvr, dp_
     DP_TRY(check_dims(fn, dev, B, T, C, NH));
     const void *bufs[] = {out, qkvr, lse, qkv, qkvr_f32};
     const char *names[] = {"out", "qkvr", "lse", "qkv", "qkvr_f32"};
-    DP_TRY(check_distinct(fn, dev, bufs, names, q16 ? 5 : 4));
+    DP_TRY(dp_nn_check_distinct(fn, dev, bufs, names, q16 ? 5 : 4));
     size_t hs = C / NH;
     float *permuted = q16 ? qkvr_f32 : qkvr;
     DP_TRY(dev->ops->attention_permute(dev, permuted, qkv, B, T, NH, hs));
@@ -148,7 +135,7 @@ dp_status dp_attention_backward_fused(dp_device *dev, float *dqkv, float *delta,
     DP_TRY(check_dims(fn, dev, B, T, C, NH));
     const void *bufs[] = {dqkv, delta, dout, qkvr, lse, out};
     const char *names[] = {"dqkv", "delta", "dout", "qkvr", "lse", "out"};
-    DP_TRY(check_distinct(fn, dev, bufs, names, 6));
+    DP_TRY(dp_nn_check_distinct(fn, dev, bufs, names, 6));
     size_t hs = C / NH, n = B * NH * T;
     float scale = scale_of(hs);
     dp_pref q = pref_of(qkvr, q16);

@@ -26,6 +26,24 @@ static inline int dp_nn_count3(size_t a, size_t b, size_t c, size_t *out)
     return 1;
 }
 
+/* Buffers a call writes (or reads while another is written) must be
+ * separate (the permutes, GEMMs and fused kernels are not in place): the
+ * first two of the n pointers p that are equal fail the call fn, naming
+ * them (names[i]). Only identical start pointers are detected. */
+static inline dp_status dp_nn_check_distinct(const char *fn, dp_device *dev,
+                                             const void *const *p, const char *const *names,
+                                             int n)
+{
+    for (int i = 0; i < n; i++)
+        for (int j = i + 1; j < n; j++)
+            if (p[i] == p[j])
+                return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
+                               "%s on %s: %s and %s are the same buffer; pass separate "
+                               "buffers",
+                               fn, dev->name, names[i], names[j]);
+    return DP_OK;
+}
+
 #define DP_NN_REQUIRE_DEV(dev)                                                            \
     do {                                                                                  \
         if (!(dev)) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "dev must not be NULL");     \
