@@ -36,6 +36,7 @@
 #include "backend/device_testing.h"
 #include "dp/optim.h"
 #include "nn/nn_act16.h"
+#include "optim/adamw_segments.h"
 #include "nn_test_util.h"
 
 // --- targets ----------------------------------------------------------------------------
@@ -1470,6 +1471,75 @@ Test(cuda_ops, optimizers_match_cpu, .timeout = 60)
     free(p0);
     free(g);
     free(buf0);
+}
+
+/*
+ * The engine's fused update (optim/adamw_segments.h: clip, AdamW and the
+ * bf16 replica over a slice's tensors in one launch) on the GPU against
+ * the CPU, as optimizers_match_cpu (rtol 1e-5, atol 1e-7), the replica
+ * within one bfloat16 step of the CPU's (2^-7 relative: its parameters
+ * may round to neighbours), the scaled gradients bit for bit (one
+ * multiplication), and the gap between the two segments untouched (NaN
+ * stays NaN).
+ */
+static double *download_bf16(dp_device *d, const void *p, size_t n); /* below */
+
+Test(cuda_ops, fused_adamw_segments_match_cpu, .timeout = 60)
+{
+    REQUIRE_GPU();
+    enum { N = 10007, GAP0 = 4000, GAP1 = 4100 };
+    float *p0 = rnd(11, N, -1, 1), *g = rnd(12, N, -1, 1);
+    for (size_t i = GAP0; i < GAP1; i++) p0[i] = g[i] = NAN;
+    dp_adamw_segs segs;
+    memset(&segs, 0, sizeof segs);
+    segs.n = 2;
+    segs.begin[0] = 0, segs.end[0] = GAP0, segs.weight_decay[0] = 0.1f;
+    segs.begin[1] = GAP1, segs.end[1] = N, segs.weight_decay[1] = 0.0f;
+    FOR_TARGETS(t)
+    {
+        pair p = pair_open(t);
+        float *res[2][4];
+        double *rep[2];
+        for (int b = 0; b < 2; b++) {
+            dp_device *d = p.d[b];
+            float *pd = dp_test_upload(d, p0, N), *gd = dp_test_upload(d, g, N),
+                  *md = dp_test_nn_filled(d, N, 0.0f), *vd = dp_test_nn_filled(d, N, 0.0f);
+            uint16_t *r16 = dalloc(d, N * sizeof *r16);
+            for (int s = 1; s <= 3; s++)
+                dp_assert_ok(dp_adamw_update_segments(d, pd, gd, md, vd, r16, &segs, 1e-2f, 0.9f,
+                                                      0.95f, 1e-8f, s, 0.5f));
+            float *bufs[] = {pd, gd, md, vd};
+            for (int j = 0; j < 4; j++) {
+                res[b][j] = dp_test_nn_download(d, bufs[j], N);
+                dp_device_free(d, bufs[j]);
+            }
+            rep[b] = download_bf16(d, r16, N);
+            dp_device_free(d, r16);
+        }
+        for (size_t i = GAP0; i < GAP1; i++)
+            cr_assert(isnan(res[1][0][i]) && isnan(res[1][1][i]), "gap element %zu written", i);
+        for (int j = 0; j < 4; j++) /* NaN gaps: compare the segments */
+            for (uint32_t k = 0; k < 2; k++) {
+                size_t o = (size_t)segs.begin[k], n = (size_t)(segs.end[k] - segs.begin[k]);
+                if (j == 1)
+                    cr_assert(memcmp(res[1][1] + o, res[0][1] + o, n * sizeof(float)) == 0,
+                              "scaled gradients differ");
+                else
+                    dp_assert_allclose(res[1][j] + o, res[0][j] + o, n, 1e-7, 1e-5);
+            }
+        for (uint32_t k = 0; k < 2; k++)
+            for (size_t i = (size_t)segs.begin[k]; i < (size_t)segs.end[k]; i++)
+                cr_assert(fabs(rep[1][i] - rep[0][i]) <= 0x1p-7 * fabs(rep[0][i]) + 1e-30,
+                          "replica element %zu: %g on the GPU, %g on the CPU", i, rep[1][i],
+                          rep[0][i]);
+        for (int b = 0; b < 2; b++) {
+            for (int j = 0; j < 4; j++) free(res[b][j]);
+            free(rep[b]);
+        }
+        pair_close(&p);
+    }
+    free(p0);
+    free(g);
 }
 
 /*

@@ -125,6 +125,16 @@ struct dp_backend_ops {
                       float alpha, const dp_gemm_arg *A, const dp_gemm_arg *B, float beta,
                       float *C, int ldc, long long strideC, int batch);
 
+    /* optional (NULL: the engine updates tensor by tensor): AdamW with
+     * clipping and the bf16 replica's refresh over the segments of segs
+     * in one call (kernels/optim.h: dp_adamw_clip_element on every element
+     * of every segment, nothing between them); params, grads, m, v and
+     * replica (NULL: none) point at the call's element 0 */
+    dp_status (*adamw_segments)(dp_device *dev, float *params, float *grads, float *m, float *v,
+                                uint16_t *replica, const dp_adamw_segs *segs, float lr,
+                                float beta1, float beta2, float eps, float bias_corr1,
+                                float bias_corr2, float clip);
+
     /* optional (NULL: nothing to set): called by
      * dp_device_set_matmul_precision before dev->matmul changes (CUDA sets
      * cuBLAS's math mode for TF32) */

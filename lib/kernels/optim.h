@@ -11,7 +11,9 @@
 
 #include <math.h>
 #include <stddef.h>
+#include <stdint.h>
 
+#include "kernels/bf16.h"
 #include "kernels/dp_hd.h"
 
 /*
@@ -87,6 +89,52 @@ static inline DP_HD void dp_sgd_elem(float *params, const float *grads, float *m
 {
     dp_sgd_element(&params[i], momentum_buf ? &momentum_buf[i] : NULL, grads[i], lr, momentum,
                    weight_decay, first_step);
+}
+
+// --- AdamW over the tensors of an optimizer slice at once ------------------------------
+
+/* The most tensors (segments) one dp_adamw_segs holds: a GPU takes them
+ * by value as a kernel argument (3 x 64 x 8 bytes, under the 4 KiB of a
+ * launch's parameters), so a slice of more tensors takes one call per 64. */
+#define DP_ADAMW_SEGS 64
+
+/* Segments [begin[s], end[s]) of one call's elements, ascending and
+ * disjoint, begin[0] = 0, each with its weight decay; the elements between
+ * them (the parameter layout's alignment gaps) are not touched. */
+typedef struct dp_adamw_segs {
+    uint64_t begin[DP_ADAMW_SEGS], end[DP_ADAMW_SEGS];
+    float weight_decay[DP_ADAMW_SEGS];
+    uint32_t n; /* 1..DP_ADAMW_SEGS */
+} dp_adamw_segs;
+
+/* The segment of element i: the last one beginning at or before it. */
+static inline DP_HD uint32_t dp_adamw_seg_of(const dp_adamw_segs *s, uint64_t i)
+{
+    uint32_t lo = 0, hi = s->n;
+    while (hi - lo > 1) {
+        uint32_t mid = (lo + hi) / 2;
+        if (s->begin[mid] <= i) lo = mid;
+        else hi = mid;
+    }
+    return lo;
+}
+
+/* Element i of a segment with weight decay wd, what the engine's update
+ * did in three passes (dp_scale, dp_adamw_update, dp_convert), in one:
+ * the gradient scaled by clip (written back, as dp_scale did; clip 1: not
+ * touched), AdamW on the parameter, and with replica (else NULL) the
+ * parameter rounded to bfloat16 there. The same operations in the same
+ * order, so the same bits. */
+static inline DP_HD void dp_adamw_clip_element(float *params, float *grads, float *m, float *v,
+                                               uint16_t *replica, size_t i, float lr,
+                                               float beta1, float beta2, float eps, float wd,
+                                               float bias_corr1, float bias_corr2, float clip)
+{
+    float g = grads[i];
+    if (clip != 1.0f) grads[i] = g = dp_scale_element(g, clip);
+    dp_adamw_element(&params[i], &m[i], &v[i], g, lr, beta1, beta2, eps, wd, bias_corr1,
+                     bias_corr2);
+    if (replica) replica[i] = dp_bf16_round(params[i]);
 }
 
 #endif /* DP_KERNELS_OPTIM_H */

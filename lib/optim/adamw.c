@@ -12,7 +12,9 @@
 
 #include "backend/backend.h"
 #include "core/error.h"
+#include "dp/ops.h"
 #include "dp/optim.h"
+#include "optim/adamw_segments.h"
 
 // --- shared checks --------------------------------------------------------------
 
@@ -66,6 +68,67 @@ dp_status dp_adamw_update(dp_device *dev, float *params, const float *grads, flo
     double bias_corr2 = 1.0 - pow((double)beta2, (double)t);
     return dev->ops->adamw(dev, params, grads, m, v, lr, beta1, beta2, eps, weight_decay,
                            (float)bias_corr1, (float)bias_corr2, n);
+}
+
+// --- AdamW over a slice's segments -------------------------------------------------
+
+static dp_status check_segments(dp_device *dev, const dp_adamw_segs *segs, float clip)
+{
+    if (!segs || segs->n == 0 || segs->n > DP_ADAMW_SEGS)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: a segment table of %u entries; 1 to %d",
+                       dev->name, segs ? segs->n : 0u, DP_ADAMW_SEGS);
+    if (segs->begin[0] != 0)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: the first segment begins at %llu, not 0 "
+                       "(the pointers are at the call's first element)",
+                       dev->name, (unsigned long long)segs->begin[0]);
+    for (uint32_t s = 0; s < segs->n; s++) {
+        if (segs->end[s] <= segs->begin[s] || (s && segs->begin[s] < segs->end[s - 1]))
+            return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: segment %u [%llu, %llu) is empty or "
+                           "overlaps the one before; segments must ascend", dev->name, s,
+                           (unsigned long long)segs->begin[s], (unsigned long long)segs->end[s]);
+        DP_TRY(check_nonneg(dev, "weight_decay", segs->weight_decay[s]));
+    }
+    if (!(clip > 0.0f) || isinf(clip))
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: clip factor %g must be finite and > 0",
+                       dev->name, (double)clip);
+    return DP_OK;
+}
+
+dp_status dp_adamw_update_segments(dp_device *dev, float *params, float *grads, float *m,
+                                   float *v, uint16_t *replica, const dp_adamw_segs *segs,
+                                   float lr, float beta1, float beta2, float eps, long t,
+                                   float clip)
+{
+    if (!dev) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "dev must not be NULL");
+    DP_TRY(check_segments(dev, segs, clip));
+    if (!dev->ops->adamw_segments) {
+        /* tensor by tensor: the three calls the fused entry stands for */
+        for (uint32_t s = 0; s < segs->n; s++) {
+            size_t b = (size_t)segs->begin[s], n = (size_t)(segs->end[s] - segs->begin[s]);
+            if (clip != 1.0f) DP_TRY(dp_scale(dev, grads + b, clip, n));
+            DP_TRY(dp_adamw_update(dev, params + b, grads + b, m ? m + b : NULL,
+                                   v ? v + b : NULL, n, lr, beta1, beta2, eps,
+                                   segs->weight_decay[s], t));
+            if (replica)
+                DP_TRY(dp_convert(dev, replica + b, DP_DTYPE_BF16, params + b, DP_DTYPE_F32, n));
+        }
+        return DP_OK;
+    }
+    size_t n = (size_t)segs->end[segs->n - 1];
+    DP_TRY(check_range(dev, params, grads, n, t));
+    if (!m || !v)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: AdamW moments m and v must not be NULL "
+                       "(allocate them zeroed before step 1)", dev->name);
+    DP_TRY(check_nonneg(dev, "lr", lr));
+    DP_TRY(check_nonneg(dev, "eps", eps));
+    if (!(beta1 >= 0.0f && beta1 < 1.0f) || !(beta2 >= 0.0f && beta2 < 1.0f))
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: AdamW betas (%g, %g) must lie in [0, 1)",
+                       dev->name, (double)beta1, (double)beta2);
+    /* the bias corrections exactly as dp_adamw_update forms them */
+    double bias_corr1 = 1.0 - pow((double)beta1, (double)t);
+    double bias_corr2 = 1.0 - pow((double)beta2, (double)t);
+    return dev->ops->adamw_segments(dev, params, grads, m, v, replica, segs, lr, beta1, beta2,
+                                    eps, (float)bias_corr1, (float)bias_corr2, clip);
 }
 
 // --- SGD --------------------------------------------------------------------------

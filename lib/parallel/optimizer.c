@@ -25,6 +25,7 @@
 
 #include "dp/nn.h"
 #include "dp/optim.h"
+#include "optim/adamw_segments.h"
 #include "optim/clip.h"
 #include "parallel/optimizer.h"
 
@@ -135,6 +136,28 @@ dp_status dp_opt_slice_sumsq(worker *w)
     return DP_OK;
 }
 
+/* AdamW on slice sl's segments [first, first + count) (at most
+ * DP_ADAMW_SEGS), clipped, with the replica's refresh: one call. */
+static dp_status adamw_segments(dp_engine *e, slice *sl, size_t first, size_t count, float clip)
+{
+    const dp_optim_config *opt = &e->cfg.optim;
+    worker *o = owner_of(e, sl);
+    size_t b0 = sl->segs[first].begin; /* the call's element 0, in the flat buffer */
+    size_t at = b0 - sl->begin;        /* ... and within the slice's moments and master */
+    dp_adamw_segs t;
+    t.n = (uint32_t)count;
+    for (size_t i = 0; i < count; i++) {
+        const segment *g = &sl->segs[first + i];
+        t.begin[i] = g->begin - b0;
+        t.end[i] = g->end - b0;
+        t.weight_decay[i] = g->decay ? opt->weight_decay : 0.0f;
+    }
+    float *p = e->bf16 ? sl->master + at : (float *)o->params + b0;
+    uint16_t *replica = e->bf16 ? (uint16_t *)dp_replica_at(o, b0) : NULL;
+    return dp_adamw_update_segments(o->dev, p, o->grads + b0, sl->m + at, sl->v + at, replica,
+                                    &t, e->lr, opt->beta1, opt->beta2, opt->eps, e->t + 1, clip);
+}
+
 dp_status dp_opt_update_slice(worker *w, double grad_norm)
 {
     dp_engine *e = w->e;
@@ -144,18 +167,22 @@ dp_status dp_opt_update_slice(worker *w, double grad_norm)
         slice *sl = &e->s[j];
         worker *o = owner_of(e, sl);
         if (sl->reducer != w->id) continue;
+        if (opt->kind == DP_OPTIMIZER_ADAMW) {
+            /* the slice's tensors DP_ADAMW_SEGS at a time: one launch each */
+            for (size_t i = 0; i < sl->n_segs; i += DP_ADAMW_SEGS) {
+                size_t count = sl->n_segs - i < DP_ADAMW_SEGS ? sl->n_segs - i : DP_ADAMW_SEGS;
+                DP_TRY(adamw_segments(e, sl, i, count, clip));
+            }
+            continue;
+        }
         for (size_t i = 0; i < sl->n_segs; i++) {
             size_t b = sl->segs[i].begin, n = sl->segs[i].end - sl->segs[i].begin;
             size_t at = b - sl->begin; /* within the slice's moments (and master) */
             float wd = sl->segs[i].decay ? opt->weight_decay : 0.0f;
             float *p = e->bf16 ? sl->master + at : (float *)o->params + b;
             if (clip != 1.0f) DP_TRY(dp_scale(o->dev, o->grads + b, clip, n));
-            if (opt->kind == DP_OPTIMIZER_ADAMW)
-                DP_TRY(dp_adamw_update(o->dev, p, o->grads + b, sl->m + at, sl->v + at, n, e->lr,
-                                       opt->beta1, opt->beta2, opt->eps, wd, e->t + 1));
-            else
-                DP_TRY(dp_sgd_update(o->dev, p, o->grads + b, sl->m + at, n, e->lr, opt->momentum,
-                                     wd, e->t + 1));
+            DP_TRY(dp_sgd_update(o->dev, p, o->grads + b, sl->m + at, n, e->lr, opt->momentum, wd,
+                                 e->t + 1));
             if (e->bf16)
                 DP_TRY(dp_convert(o->dev, dp_replica_at(o, b), DP_DTYPE_BF16, p, DP_DTYPE_F32, n));
         }

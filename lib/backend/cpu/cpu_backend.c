@@ -177,6 +177,7 @@ static const dp_backend_ops cpu_ops = {
      * (nn/nn_act16.h), is what a CPU entry would do too - and keeps the
      * bits of the composition by being it. */
     .gemm_bias_bf16_out = NULL,
+    .adamw_segments = dp_cpu_adamw_segments,
 };
 
 const dp_backend_ops *dp_backend_cpu(void) { return &cpu_ops; }

@@ -90,3 +90,22 @@ DP_CPU_SIMD dp_status dp_cpu_sum_squares(dp_device *dev, double *out_host, const
     *out_host = acc;
     return DP_OK;
 }
+
+// --- AdamW over an optimizer slice's tensors ----------------------------------------------
+
+DP_CPU_SIMD dp_status dp_cpu_adamw_segments(dp_device *dev, float *params, float *grads,
+                                            float *m, float *v, uint16_t *replica,
+                                            const dp_adamw_segs *segs, float lr, float beta1,
+                                            float beta2, float eps, float bias_corr1,
+                                            float bias_corr2, float clip)
+{
+    (void)dev;
+    /* Segment by segment, so the loop over each is the plain one. */
+    for (uint32_t s = 0; s < segs->n; s++) {
+        float wd = segs->weight_decay[s];
+        for (size_t i = (size_t)segs->begin[s]; i < (size_t)segs->end[s]; i++)
+            dp_adamw_clip_element(params, grads, m, v, replica, i, lr, beta1, beta2, eps, wd,
+                                  bias_corr1, bias_corr2, clip);
+    }
+    return DP_OK;
+}

@@ -281,3 +281,11 @@ dp_status dp_cuda_attention_unpermute_backward(dp_device *dev, float *dy, const 
                                                size_t B, size_t T, size_t NH, size_t hs) {
     LAUNCH(dev, dp_cuda_launch_attention_unpermute_backward, dy, dout, B, T, NH, hs);
 }
+
+dp_status dp_cuda_adamw_segments(dp_device *dev, float *params, float *grads, float *m, float *v,
+                                 uint16_t *replica, const dp_adamw_segs *segs, float lr,
+                                 float beta1, float beta2, float eps, float bias_corr1,
+                                 float bias_corr2, float clip) {
+    LAUNCH(dev, dp_cuda_launch_adamw_segments, params, grads, m, v, replica, segs, lr, beta1,
+           beta2, eps, bias_corr1, bias_corr2, clip);
+}

@@ -166,6 +166,10 @@ dp_status dp_cuda_layernorm_backward_params(dp_device *dev, float *dweight, floa
                                             const float *dout, const float *inp, const float *mean,
                                             const float *rstd, size_t N, size_t C);
 dp_status dp_cuda_sum_squares(dp_device *dev, double *out_host, const float *x, size_t n);
+dp_status dp_cuda_adamw_segments(dp_device *dev, float *params, float *grads, float *m, float *v,
+                                 uint16_t *replica, const dp_adamw_segs *segs, float lr,
+                                 float beta1, float beta2, float eps, float bias_corr1,
+                                 float bias_corr2, float clip);
 dp_status dp_cuda_attention_permute_backward(dp_device *dev, float *dqkv, const float *dqkvr,
                                              size_t B, size_t T, size_t NH, size_t hs);
 dp_status dp_cuda_attention_permute(dp_device *dev, float *qkvr, const float *qkv, size_t B,

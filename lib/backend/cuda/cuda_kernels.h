@@ -75,6 +75,13 @@ cudaError_t dp_cuda_launch_attention_unpermute_backward(cudaStream_t s, float *d
 cudaError_t dp_cuda_launch_gemm_scale_c(cudaStream_t s, float *C, int m, int n, int ldc,
                                         long long strideC, int batch, float beta);
 
+/* backend/cuda/cuda_optim.cu: AdamW over a slice's segments (dp_backend_ops.adamw_segments). */
+cudaError_t dp_cuda_launch_adamw_segments(cudaStream_t stream, float *params, float *grads,
+                                          float *m, float *v, uint16_t *replica,
+                                          const dp_adamw_segs *segs, float lr, float beta1,
+                                          float beta2, float eps, float bias_corr1,
+                                          float bias_corr2, float clip);
+
 #ifdef __cplusplus
 }
 #endif
