@@ -1847,6 +1847,65 @@ Test(cuda_ops, layernorm_bf16_output_matches_cpu, .timeout = 60)
 }
 
 /*
+ * The residual stream's update fused with the LayerNorm
+ * (dp_residual_layernorm_forward), float32 output: on each device bit for
+ * bit dp_accumulate then the LayerNorm (the same kernel, the add made by
+ * the threads that then read the row); across devices the sum x + add
+ * bit for bit (one IEEE addition) and the output within the float32
+ * LayerNorm's bounds (layernorm_matches_cpu).
+ */
+static void check_residual_layernorm(size_t N, size_t C)
+{
+    float *x = rnd_normal(21, N * C, 1.0f, 1.0f), *add = rnd_normal(22, N * C, -0.5f, 1.0f),
+          *w = rnd(23, C, 0.5f, 1.5f), *bias = rnd(24, C, -1, 1);
+    FOR_TARGETS(g)
+    {
+        pair p = pair_open(g);
+        float *out[2], *sum[2];
+        for (int b = 0; b < 2; b++) {
+            dp_device *d = p.d[b];
+            float *x0 = dp_test_upload(d, x, N * C), *x1 = dp_test_upload(d, x, N * C),
+                  *ad = dp_test_upload(d, add, N * C), *wd = dp_test_upload(d, w, C),
+                  *bd = dp_test_upload(d, bias, C), *o0 = dalloc(d, N * C * 4),
+                  *o1 = dalloc(d, N * C * 4), *m = dalloc(d, N * 4), *r = dalloc(d, N * 4);
+            dp_assert_ok(dp_accumulate(d, x0, ad, N * C));
+            dp_assert_ok(dp_layernorm_forward(d, o0, m, r, x0, wd, bd, N, C));
+            dp_assert_ok(dp_residual_layernorm_forward(d, o1, DP_DTYPE_F32, m, r, x1, ad,
+                                                       dp_pref_f32(wd), dp_pref_f32(bd), N, C));
+            out[b] = dp_test_nn_download(d, o1, N * C);
+            sum[b] = dp_test_nn_download(d, x1, N * C);
+            float *want = dp_test_nn_download(d, o0, N * C), *wsum = dp_test_nn_download(d, x0, N * C);
+            assert_same_bits("fused residual LayerNorm vs accumulate + LayerNorm", out[b], want,
+                             N * C);
+            assert_same_bits("fused residual sum vs dp_accumulate", sum[b], wsum, N * C);
+            free(want);
+            free(wsum);
+            void *bufs[] = {x0, x1, ad, wd, bd, o0, o1, m, r};
+            for (size_t i = 0; i < 9; i++) dp_device_free(d, bufs[i]);
+        }
+        assert_same_bits("the residual sum across devices", sum[1], sum[0], N * C);
+        double k = sqrt((double)C / 129.0); /* layernorm_matches_cpu's bounds */
+        dp_assert_allclose(out[1], out[0], N * C, 1e-5 * k, 1e-5);
+        for (int b = 0; b < 2; b++) {
+            free(out[b]);
+            free(sum[b]);
+        }
+        pair_close(&p);
+    }
+    free(x);
+    free(add);
+    free(w);
+    free(bias);
+}
+
+Test(cuda_ops, residual_layernorm_matches_cpu, .timeout = 60)
+{
+    REQUIRE_GPU();
+    check_residual_layernorm(37, 129);
+    check_residual_layernorm(64, 768);
+}
+
+/*
  * The linear forward with a bfloat16 output and the backward rounding
  * dout once, bfloat16 operands in BF16 math (the GPT's c_fc; cuBLASLt's
  * case), and a float32 input (which cuBLASLt declines: the composition).

@@ -414,3 +414,124 @@ Test(layernorm, bf16_output_bad_arguments)
     dp_test_nn_assert_all_freed(dev);
     dp_device_close(dev);
 }
+
+// --- the residual stream's update fused with the LayerNorm ---------------------------------
+
+/* dp_residual_layernorm_forward on rows x ch against dp_accumulate then
+ * the LayerNorm (float32 output, or dp_layernorm_forward_out16 for the
+ * bfloat16 one): x afterwards, out, mean and rstd bit for bit, for
+ * float32 and bfloat16 parameters, as the fused op and as the test
+ * hook's composition. */
+static void check_residual(uint64_t seed, size_t rows, size_t ch, int w16, int out16)
+{
+    dp_device *dev = dp_test_cpu(0);
+    size_t n = rows * ch, es = out16 ? sizeof(dp_bf16) : sizeof(float);
+    float *x = malloc(n * sizeof *x), *add = malloc(n * sizeof *add), *w = malloc(ch * sizeof *w),
+          *b = malloc(ch * sizeof *b);
+    cr_assert(x && add && w && b);
+    dp_rng rng;
+    dp_rng_seed(&rng, seed);
+    dp_rng_fill_normal(&rng, x, n, 0.5f, 1.0f);
+    dp_rng_fill_normal(&rng, add, n, -0.25f, 0.7f);
+    dp_rng_fill_normal(&rng, w, ch, 1.0f, 0.3f);
+    dp_rng_fill_normal(&rng, b, ch, 0.0f, 0.3f);
+    void *wd = w16 ? (void *)upload_bf16(dev, w, ch) : (void *)dp_test_upload(dev, w, ch);
+    void *bd = w16 ? (void *)upload_bf16(dev, b, ch) : (void *)dp_test_upload(dev, b, ch);
+    dp_pref pw = w16 ? dp_pref_bf16(wd) : dp_pref_f32(wd);
+    dp_pref pb = w16 ? dp_pref_bf16(bd) : dp_pref_f32(bd);
+    float *addd = dp_test_upload(dev, add, n);
+    /* the reference: the two calls */
+    float *x0 = dp_test_upload(dev, x, n), *m0 = dp_test_nn_filled(dev, rows, NAN),
+          *r0 = dp_test_nn_filled(dev, rows, NAN);
+    void *o0 = NULL, *o1 = NULL;
+    dp_assert_ok(dp_device_alloc(dev, n * es, &o0));
+    dp_assert_ok(dp_device_alloc(dev, n * es, &o1));
+    dp_assert_ok(dp_accumulate(dev, x0, addd, n));
+    if (out16)
+        dp_assert_ok(dp_layernorm_forward_out16(dev, o0, m0, r0, x0, pw, pb, rows, ch));
+    else if (w16)
+        dp_assert_ok(dp_layernorm_forward_bf16(dev, o0, m0, r0, x0, wd, bd, rows, ch));
+    else
+        dp_assert_ok(dp_layernorm_forward(dev, o0, m0, r0, x0, wd, bd, rows, ch));
+    unsigned char *want_o = malloc(n * es), *got_o = malloc(n * es);
+    cr_assert(want_o && got_o);
+    dp_assert_ok(dp_copy_d2h(dev, want_o, o0, n * es));
+    float *want_x = dp_test_nn_download(dev, x0, n), *want_m = dp_test_nn_download(dev, m0, rows),
+          *want_r = dp_test_nn_download(dev, r0, rows);
+    for (int hook = 0; hook < 2; hook++) {
+        dp_device_set_fused_producers(dev, !hook);
+        float *x1 = dp_test_upload(dev, x, n), *m1 = dp_test_nn_filled(dev, rows, NAN),
+              *r1 = dp_test_nn_filled(dev, rows, NAN);
+        dp_assert_ok(dp_memset(dev, o1, 0xff, n * es));
+        dp_assert_ok(dp_residual_layernorm_forward(dev, o1, out16 ? DP_DTYPE_BF16 : DP_DTYPE_F32,
+                                                   m1, r1, x1, addd, pw, pb, rows, ch));
+        dp_assert_ok(dp_copy_d2h(dev, got_o, o1, n * es));
+        float *gx = dp_test_nn_download(dev, x1, n), *gm = dp_test_nn_download(dev, m1, rows),
+              *gr = dp_test_nn_download(dev, r1, rows);
+        cr_assert(memcmp(gx, want_x, n * sizeof *gx) == 0, "w16 %d out16 %d hook %d: x", w16,
+                  out16, hook);
+        cr_assert(memcmp(got_o, want_o, n * es) == 0, "w16 %d out16 %d hook %d: out", w16, out16,
+                  hook);
+        cr_assert(memcmp(gm, want_m, rows * sizeof *gm) == 0 &&
+                      memcmp(gr, want_r, rows * sizeof *gr) == 0,
+                  "w16 %d out16 %d hook %d: mean, rstd", w16, out16, hook);
+        free(gx);
+        free(gm);
+        free(gr);
+        float *bufs[] = {x1, m1, r1};
+        for (int i = 0; i < 3; i++) dp_device_free(dev, bufs[i]);
+    }
+    dp_device_set_fused_producers(dev, 1);
+    void *bufs[] = {wd, bd, addd, x0, m0, r0, o0, o1};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dp_device_free(dev, bufs[i]);
+    dp_test_nn_assert_all_freed(dev);
+    dp_device_close(dev);
+    free(x);
+    free(add);
+    free(w);
+    free(b);
+    free(want_o);
+    free(got_o);
+    free(want_x);
+    free(want_m);
+    free(want_r);
+}
+
+Test(layernorm, residual_fused_is_accumulate_then_layernorm)
+{
+    for (int w16 = 0; w16 < 2; w16++)
+        for (int out16 = 0; out16 < 2; out16++) {
+            check_residual(61, 37, 129, w16, out16);
+            check_residual(62, 5, 768, w16, out16);
+        }
+}
+
+Test(layernorm, residual_fused_bad_arguments)
+{
+    dp_device *dev = dp_test_cpu(0);
+    float *f = dp_test_nn_filled(dev, 128, 0.0f);
+    dp_pref p = dp_pref_f32(f);
+    float *x = f + 16, *a = f + 32, *o = f + 64, *m = f + 96, *r = f + 104;
+    dp_test_nn_assert_invalid(dp_residual_layernorm_forward(dev, o, DP_DTYPE_F32, m, r, x, NULL,
+                                                            p, p, 2, 4),
+                              "add", "dp_residual_layernorm_forward");
+    dp_test_nn_assert_invalid(dp_residual_layernorm_forward(dev, o, DP_DTYPE_F32, m, r, NULL, a,
+                                                            p, p, 2, 4),
+                              "x", NULL);
+    dp_test_nn_assert_invalid(dp_residual_layernorm_forward(dev, o, DP_DTYPE_F16, m, r, x, a, p,
+                                                            p, 2, 4),
+                              "out_type", NULL);
+    dp_test_nn_assert_invalid(dp_residual_layernorm_forward(dev, x, DP_DTYPE_F32, m, r, x, a, p,
+                                                            p, 2, 4),
+                              "overlap", NULL);
+    dp_test_nn_assert_invalid(dp_residual_layernorm_forward(dev, o, DP_DTYPE_F32, m, r, x, x + 4,
+                                                            p, p, 2, 4),
+                              "overlap", NULL);
+    dp_test_nn_assert_invalid(dp_residual_layernorm_forward(dev, o, DP_DTYPE_F32, m, r, x, a, p,
+                                                            p, 0, 4),
+                              "N=0", NULL);
+    dp_assert_ok(dp_residual_layernorm_forward(dev, o, DP_DTYPE_F32, m, r, x, a, p, p, 2, 4));
+    dp_device_free(dev, f);
+    dp_test_nn_assert_all_freed(dev);
+    dp_device_close(dev);
+}

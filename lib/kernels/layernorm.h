@@ -173,6 +173,26 @@ static inline DP_HD void dp_layernorm_forward_bf16_out_item(uint16_t *out, float
                                       C, eps);
 }
 
+/* Row r of (N,C) of the residual stream's update and the next LayerNorm
+ * in one pass: x[r] += add[r] (written back, dp_accumulate's float
+ * addition), then the LayerNorm of the sum into out16 (bfloat16) when
+ * given, else out (float32). The same bits as dp_accumulate followed by
+ * the LayerNorm. */
+static inline DP_HD void dp_residual_layernorm_item(float *out, uint16_t *out16, float *mean,
+                                                    float *rstd, float *x, const float *add,
+                                                    dp_pref weight, dp_pref bias, size_t C,
+                                                    float eps, size_t r)
+{
+    float *xr = x + r * C;
+    const float *ar = add + r * C;
+    for (size_t c = 0; c < C; c++) xr[c] += ar[c];
+    if (out16)
+        dp_layernorm_forward_row_bf16_out(out16 + r * C, mean + r, rstd + r, xr, weight, bias, C,
+                                          eps);
+    else
+        dp_layernorm_forward_row(out + r * C, mean + r, rstd + r, xr, weight, bias, C, eps);
+}
+
 /* Row r of (N,C): dp_layernorm_backward_inp_row on row r. */
 static inline DP_HD void dp_layernorm_backward_inp_item(float *dinp, const float *dout,
                                                         const float *inp, dp_pref weight,

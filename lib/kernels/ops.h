@@ -167,6 +167,12 @@
     X(layernorm_forward_bf16_out, ROW_BLOCK, dp_layernorm_forward_bf16_out_item,           \
       (uint16_t *out, float *mean, float *rstd, const float *inp, dp_pref weight,          \
        dp_pref bias, size_t C, float eps),                                                 \
-      (out, mean, rstd, inp, weight, bias, C, eps))
+      (out, mean, rstd, inp, weight, bias, C, eps))                                        \
+    /* x(N,C) += add, then its LayerNorm into out16 (bf16) or out (f32): the residual stream's \
+     * update fused with the next LayerNorm (kernels/layernorm.h); n = N */                  \
+    X(residual_layernorm_forward, ROW_BLOCK, dp_residual_layernorm_item,                     \
+      (float *out, uint16_t *out16, float *mean, float *rstd, float *x, const float *add,   \
+       dp_pref weight, dp_pref bias, size_t C, float eps),                                   \
+      (out, out16, mean, rstd, x, add, weight, bias, C, eps))
 
 #endif /* DP_KERNELS_OPS_H */

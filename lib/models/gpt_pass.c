@@ -29,15 +29,18 @@ static dp_status ln_fwd(dp_device *dev, float *out, float *mean, float *rstd, co
                   : dp_layernorm_forward(dev, out, mean, rstd, inp, w.p, b.p, N, C);
 }
 
-/* A block's LayerNorm into its kept slot: with act16 written once as
- * bfloat16 (the float32 LayerNorm's rounding, nn/nn_act16.h). */
-static dp_status ln_fwd_kept(dp_device *dev, const layer_acts *a, float *out, float *mean,
-                             float *rstd, const float *inp, dp_pref w, dp_pref b, size_t N,
-                             size_t C)
+/* A LayerNorm of the residual stream x into out: with out16 (a block's
+ * kept slot with act16) written once as bfloat16, the float32 LayerNorm's
+ * rounding; with add, after x += add, the stream's pending update made in
+ * the same pass (the same bits as dp_accumulate first; nn/nn_act16.h). */
+static dp_status ln_fwd_res(dp_device *dev, int out16, float *out, float *mean, float *rstd,
+                            float *x, const float *add, dp_pref w, dp_pref b, size_t N, size_t C)
 {
-    if (a->act16)
-        return dp_layernorm_forward_out16(dev, (dp_bf16 *)out, mean, rstd, inp, w, b, N, C);
-    return ln_fwd(dev, out, mean, rstd, inp, w, b, N, C);
+    if (add)
+        return dp_residual_layernorm_forward(dev, out, out16 ? DP_DTYPE_BF16 : DP_DTYPE_F32, mean,
+                                             rstd, x, add, w, b, N, C);
+    if (out16) return dp_layernorm_forward_out16(dev, (dp_bf16 *)out, mean, rstd, x, w, b, N, C);
+    return ln_fwd(dev, out, mean, rstd, x, w, b, N, C);
 }
 
 static dp_status ln_bwd(dp_device *dev, float *dinp, float *dw, float *db, const float *dout,
@@ -132,7 +135,11 @@ dp_status gpt_pass_body_forward(const dp_gpt *gpt, dp_device *dev, wview params,
     float *encoded = ws + c.encoded; // (B,T,C)
     float *qkv = ws + c.big;         // (B,T,3C), in the backward's scratch
     DP_TRY(enc_fwd(dev, encoded, tokens, pw(gpt, params, 0), pw(gpt, params, 1), B, T, C));
-    const float *residual = encoded;
+    /* The residual stream: each block's output is its last projection
+     * plus its input, an addition left pending (added) until the next
+     * LayerNorm, which makes it in the same pass. */
+    float *residual = encoded;
+    const float *added = NULL;
     for (size_t l = 0; l < L; l++) {
         layer_acts a = gpt_layer_of(&c, ws, l);
         dp_pref p_ln1w = pw(gpt, params, idx_block(l, BLK_LN1_W));
@@ -154,8 +161,8 @@ dp_status gpt_pass_body_forward(const dp_gpt *gpt, dp_device *dev, wview params,
          * its float32 q, k, v, output and probabilities at their own
          * offsets after qkv) and kept rounded to bfloat16, or not at all
          * (the probabilities). */
-        DP_TRY(ln_fwd_kept(dev, &a, a.ln1, a.ln1_mean, a.ln1_rstd, residual, p_ln1w, p_ln1b, BT,
-                           C));
+        DP_TRY(ln_fwd_res(dev, c.act16, a.ln1, a.ln1_mean, a.ln1_rstd, residual, added, p_ln1w,
+                          p_ln1b, BT, C));
         DP_TRY(lin_fwd(dev, qkv, gemm_in(&a, a.ln1), p_attw, p_attb, BT, C, 3 * C));
         /* residual2 is free until the projection below: it is the scratch. */
         float *atty = c.act16 ? qkv + c.big_scratch : a.atty;
@@ -178,9 +185,8 @@ dp_status gpt_pass_body_forward(const dp_gpt *gpt, dp_device *dev, wview params,
             DP_TRY(dp_attention_forward(dev, atty, a.qkvr, att, a.residual2, qkv, B, T, C, NH));
         DP_TRY(keep(dev, &a, a.atty, atty, BT * C));
         DP_TRY(lin_fwd(dev, a.residual2, gemm_in(&a, a.atty), p_aprojw, p_aprojb, BT, C, C));
-        DP_TRY(dp_accumulate(dev, a.residual2, residual, BT * C));
-        DP_TRY(ln_fwd_kept(dev, &a, a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p_ln2w, p_ln2b,
-                           BT, C));
+        DP_TRY(ln_fwd_res(dev, c.act16, a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, residual,
+                          p_ln2w, p_ln2b, BT, C));
         if (c.act16) /* qkv's (B,T,4C) floats: the scratch where the GEMM cannot write bf16 */
             DP_TRY(dp_linear_forward_out16(dev, (dp_bf16 *)a.fch, qkv, BT * 4 * C, a.ln2,
                                            DP_DTYPE_BF16, p_fcw, p_fcb, BT, C, 4 * C));
@@ -189,12 +195,12 @@ dp_status gpt_pass_body_forward(const dp_gpt *gpt, dp_device *dev, wview params,
         float *gelu = c.recompute_gelu ? qkv + c.big_gelu : a.fch_gelu;
         DP_TRY(gelu_of(dev, &a, gelu, BT * 4 * C));
         DP_TRY(lin_fwd(dev, a.residual3, gemm_in(&a, gelu), p_mprojw, p_mprojb, BT, 4 * C, C));
-        DP_TRY(dp_accumulate(dev, a.residual3, a.residual2, BT * C));
         residual = a.residual3;
+        added = a.residual2; /* pending: residual3 += residual2 */
     }
     size_t lf = idx_lnf_w(gpt);
-    DP_TRY(ln_fwd(dev, lnf, ws + c.lnf_mean, ws + c.lnf_rstd, residual, pw(gpt, params, lf),
-                  pw(gpt, params, lf + 1), BT, C));
+    DP_TRY(ln_fwd_res(dev, 0, lnf, ws + c.lnf_mean, ws + c.lnf_rstd, residual, added,
+                      pw(gpt, params, lf), pw(gpt, params, lf + 1), BT, C));
     return DP_OK;
 }
 

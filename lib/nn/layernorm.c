@@ -6,6 +6,7 @@
 #include "nn/nn_check.h"
 
 #include "dp/nn.h"
+#include "dp/ops.h"
 #include "nn/nn_act16.h"
 
 /* The public functions' checks (a macro, so messages name them). */
@@ -130,4 +131,41 @@ dp_status dp_layernorm_forward_out16(dp_device *dev, dp_bf16 *out, float *mean, 
         return layernorm_forward_then_convert(dev, out, mean, rstd, inp, weight, bias, N, C);
     return dev->ops->layernorm_forward_bf16_out(dev, out, mean, rstd, inp, weight, bias, C,
                                                 DP_LAYERNORM_EPS, N);
+}
+
+// --- the residual stream's update with the next LayerNorm (nn/nn_act16.h) -----------------
+
+dp_status dp_residual_layernorm_forward(dp_device *dev, void *out, dp_dtype out_type, float *mean,
+                                        float *rstd, float *x, const float *add, dp_pref weight,
+                                        dp_pref bias, size_t N, size_t C)
+{
+    size_t n;
+    DP_NN_REQUIRE_DEV(dev);
+    DP_NN_REQUIRE_PTR(dev, out);
+    DP_NN_REQUIRE_PTR(dev, mean);
+    DP_NN_REQUIRE_PTR(dev, rstd);
+    DP_NN_REQUIRE_PTR(dev, x);
+    DP_NN_REQUIRE_PTR(dev, add);
+    DP_NN_REQUIRE_PTR(dev, weight.p);
+    DP_NN_REQUIRE_PTR(dev, bias.p);
+    if (out_type != DP_DTYPE_F32 && out_type != DP_DTYPE_BF16)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: out_type %s is neither DP_DTYPE_F32 nor "
+                       "DP_DTYPE_BF16", dev->name, dp_dtype_name(out_type));
+    DP_NN_CHECK_DIMS2(dev, N, C, &n);
+    size_t ob = n * (out_type == DP_DTYPE_BF16 ? sizeof(dp_bf16) : sizeof(float));
+    /* x is written while out is, and read whole per row before: apart. */
+    DP_NN_REQUIRE_DISJOINT(dev, out, ob, x, n * sizeof(float));
+    DP_NN_REQUIRE_DISJOINT(dev, out, ob, add, n * sizeof(float));
+    DP_NN_REQUIRE_DISJOINT(dev, x, n * sizeof(float), add, n * sizeof(float));
+    DP_NN_REQUIRE_DISJOINT(dev, out, ob, mean, N * sizeof(float));
+    DP_NN_REQUIRE_DISJOINT(dev, out, ob, rstd, N * sizeof(float));
+    if (dev->no_fused_producers) { /* the composition it stands for */
+        DP_TRY(dp_accumulate(dev, x, add, n));
+        if (out_type == DP_DTYPE_BF16)
+            return dp_layernorm_forward_out16(dev, out, mean, rstd, x, weight, bias, N, C);
+        return layernorm_forward(dev, out, mean, rstd, x, weight.p, bias.p, weight.bf16, N, C);
+    }
+    return dev->ops->residual_layernorm_forward(
+        dev, out_type == DP_DTYPE_F32 ? out : NULL, out_type == DP_DTYPE_BF16 ? out : NULL, mean,
+        rstd, x, add, weight, bias, C, DP_LAYERNORM_EPS, N);
 }

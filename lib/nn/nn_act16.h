@@ -41,6 +41,22 @@ DP_MODULE_API dp_status dp_layernorm_forward_out16(dp_device *dev, dp_bf16 *out,
                                                    dp_pref bias, size_t N, size_t C);
 
 /*
+ * The residual stream's update fused with the next LayerNorm: x(N,C) +=
+ * add(N,C) (written back), then out(N,C) = LayerNorm(x) as out_type
+ * (DP_DTYPE_F32, or DP_DTYPE_BF16 rounded once), mean(N), rstd(N) float32;
+ * weight, bias (C) float32 or bfloat16. One pass over x where
+ * dp_accumulate then the LayerNorm take two; the same bits. All device
+ * pointers of dev, owned by the caller; out, x and add pairwise apart.
+ * Errors: DP_ERR_INVALID_ARGUMENT for a NULL pointer, N or C of 0, sizes
+ * whose bytes overflow, another out_type, overlapping buffers; a
+ * backend's error as is.
+ */
+DP_MODULE_API dp_status dp_residual_layernorm_forward(dp_device *dev, void *out, dp_dtype out_type,
+                                                      float *mean, float *rstd, float *x,
+                                                      const float *add, dp_pref weight,
+                                                      dp_pref bias, size_t N, size_t C);
+
+/*
  * Linear layer with a bfloat16 output: out(N,OC) = bf16(inp(N,C) @
  * weight(OC,C)^T + bias(OC)), the products in dev's matmul precision,
  * the bias added in float32 before the one rounding: the float32 layer of

@@ -173,16 +173,22 @@ __device__ __forceinline__ void ln_store(uint16_t *out, size_t i, float v)
 /* dp_layernorm_forward_item (To = float) and _bf16_out_item (To =
  * uint16_t), one block per row: mean, then the centred sum of squares
  * (two passes, as the CPU), then the output; the same instructions up to
- * the store. */
+ * the store. With add (dp_residual_layernorm_item) the row of xw (the
+ * same memory as inp) first becomes inp + add, each element by the thread
+ * that reads it below, and the barrier makes the row whole for all. */
 template <typename To>
 __global__ void k_layernorm_forward_block(To *out, float *mean, float *rstd, const float *inp,
                                           dp_pref weight, dp_pref bias, size_t C, float eps,
-                                          size_t N)
+                                          size_t N, float *xw, const float *add)
 {
     __shared__ block_scratch<BLOCK_THREADS, float> sh;
     BLOCK_ROW_LOOP(r, N)
     {
         const float *x = inp + r * C;
+        if (add) {
+            ROW_ELEMS(c, C) xw[r * C + c] += add[r * C + c];
+            __syncthreads();
+        }
         float a = 0.0f;
         ROW_ELEMS(c, C) a += x[c];
         float m = block_sum<BLOCK_THREADS>(a, sh) / (float)C;
@@ -409,7 +415,21 @@ extern "C" cudaError_t dp_cuda_launch_layernorm_forward(cudaStream_t stream, flo
 {
     if (n == 0 || C == 0) return cudaSuccess;
     k_layernorm_forward_block<float><<<row_blocks(n), BLOCK_THREADS, 0, stream>>>(
-        out, mean, rstd, inp, weight, bias, C, eps, n);
+        out, mean, rstd, inp, weight, bias, C, eps, n, NULL, NULL);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t dp_cuda_launch_residual_layernorm_forward(
+    cudaStream_t stream, float *out, uint16_t *out16, float *mean, float *rstd, float *x,
+    const float *add, dp_pref weight, dp_pref bias, size_t C, float eps, size_t n)
+{
+    if (n == 0 || C == 0) return cudaSuccess;
+    if (out16)
+        k_layernorm_forward_block<uint16_t><<<row_blocks(n), BLOCK_THREADS, 0, stream>>>(
+            out16, mean, rstd, x, weight, bias, C, eps, n, x, add);
+    else
+        k_layernorm_forward_block<float><<<row_blocks(n), BLOCK_THREADS, 0, stream>>>(
+            out, mean, rstd, x, weight, bias, C, eps, n, x, add);
     return cudaGetLastError();
 }
 
@@ -421,7 +441,7 @@ extern "C" cudaError_t dp_cuda_launch_layernorm_forward_bf16_out(cudaStream_t st
 {
     if (n == 0 || C == 0) return cudaSuccess;
     k_layernorm_forward_block<uint16_t><<<row_blocks(n), BLOCK_THREADS, 0, stream>>>(
-        out, mean, rstd, inp, weight, bias, C, eps, n);
+        out, mean, rstd, inp, weight, bias, C, eps, n, NULL, NULL);
     return cudaGetLastError();
 }
 
