@@ -2005,6 +2005,66 @@ Test(cuda_ops, linear_bf16_producers_match_cpu, .timeout = 60)
     free(dout);
 }
 
+/*
+ * The float32 linear forward with the bias in the GEMM's epilogue
+ * (dp_backend_ops.gemm_bias_out, cuBLASLt on GPUs) against the composition
+ * it replaces (bias broadcast, then the GEMM with beta = 1; the test
+ * hook), on each device: another kernel's grouping of the same sums, so
+ * within the GEMM's bound for the precision: FP32 K = 48 terms of O(1)
+ * (atol 1e-5, rtol 1e-4, as linear_and_attention_layers_match_cpu);
+ * TF32 and BF16 round the operands (2^-11 and 2^-8 relative), two
+ * kernels that round alike are not required to, so the bound is that
+ * rounding's: rtol 2e-3 (TF32) and 1.6e-2 (BF16), atol 1e-3 and 1e-2 on
+ * outputs of O(1). On the CPU (no entry) both are the composition, bit
+ * for bit. The log says which way each device went.
+ */
+Test(cuda_ops, linear_bias_epilogue_matches_composition, .timeout = 60)
+{
+    REQUIRE_GPU();
+    enum { N = 24, C = 48, OC = 40 };
+    float *x = rnd(31, N * C, -1, 1), *w = rnd(32, OC * C, -0.3f, 0.3f), *bias = rnd(33, OC, -1, 1);
+    static const dp_matmul_precision precs[] = {DP_MATMUL_FP32, DP_MATMUL_TF32, DP_MATMUL_BF16};
+    static const double atol[] = {1e-5, 1e-3, 1e-2}, rtol[] = {1e-4, 2e-3, 1.6e-2};
+    FOR_TARGETS(g)
+    {
+        dp_device *d = open_target(g);
+        for (int pi = 0; pi < 3; pi++) {
+            dp_assert_ok(dp_device_set_matmul_precision(d, precs[pi]));
+            int b16 = precs[pi] == DP_MATMUL_BF16; /* bfloat16 weights and input, as act16 */
+            void *xd = upload_typed(d, x, N * C, b16), *wd = upload_typed(d, w, OC * C, b16),
+                 *bd = upload_typed(d, bias, OC, b16);
+            float *o[2];
+            for (int hook = 0; hook < 2; hook++) {
+                dp_device_set_fused_producers(d, !hook);
+                float *od = dalloc(d, N * OC * 4);
+                if (b16)
+                    dp_assert_ok(dp_linear_forward_bf16_inp(d, od, xd, wd, bd, N, C, OC));
+                else
+                    dp_assert_ok(dp_linear_forward(d, od, xd, wd, bd, N, C, OC));
+                o[hook] = dp_test_nn_download(d, od, N * OC);
+                dp_device_free(d, od);
+            }
+            dp_device_set_fused_producers(d, 1);
+            int same = memcmp(o[0], o[1], N * OC * sizeof(float)) == 0;
+            cr_log_info("%s %s: the epilogue's output %s the composition's bits",
+                        dp_device_name(d), dp_matmul_precision_name(precs[pi]),
+                        same ? "has" : "differs from");
+            if (as_cpu()) /* no epilogue entry: the composition both times */
+                cr_assert(same, "%s: a CPU device's outputs differ", dp_device_name(d));
+            else
+                dp_assert_allclose(o[0], o[1], N * OC, atol[pi], rtol[pi]);
+            free(o[0]);
+            free(o[1]);
+            void *bufs[] = {xd, wd, bd};
+            for (int i = 0; i < 3; i++) dp_device_free(d, bufs[i]);
+        }
+        close_checked(d);
+    }
+    free(x);
+    free(w);
+    free(bias);
+}
+
 // --- memory and copies -------------------------------------------------------------------------
 
 Test(cuda_memory, accounting_limit_and_driver_figures)

@@ -174,19 +174,21 @@ struct dp_backend_ops {
     dp_status (*attention_unpermute_backward)(dp_device *dev, float *dy, const float *dout,
                                               size_t B, size_t T, size_t NH, size_t hs);
 
-    /* optional (NULL: none): C16 = bf16(op(A) op(B) + bias) for one
-     * column-major (m,n) matrix C16 (ldc in elements), alpha 1: the GEMM's
-     * float32 sums in dev->matmul's precision, plus bias(m) (bias.p NULL:
-     * none) added to every column in float32, rounded to bfloat16 once
-     * (kernels/bf16.h's rounding) - what bias_broadcast, gemm with beta = 1
-     * and cast_f32_bf16 compute, without writing the float32 matrix (a
-     * linear layer with a bfloat16 output; m, n, k > 0). A backend may
-     * decline a case its library cannot take (operand types, precision, no
-     * kernel): it then returns DP_OK with *done = 0 and writes nothing, and
-     * the caller composes the three (nn/nn_act16.h); *done = 1 otherwise. */
-    dp_status (*gemm_bias_bf16_out)(dp_device *dev, dp_op transa, dp_op transb, int m, int n,
-                                    int k, const dp_gemm_arg *A, const dp_gemm_arg *B,
-                                    dp_pref bias, uint16_t *C, int ldc, int *done);
+    /* optional (NULL: none): C = op(A) op(B) + bias for one column-major
+     * (m,n) matrix C (ldc in elements), alpha 1: the GEMM's float32 sums
+     * in dev->matmul's precision, plus bias(m) (bias.p NULL: none) added
+     * to every column in float32 by the GEMM's epilogue, then stored as
+     * float32 or, with c_bf16, rounded to bfloat16 once (kernels/bf16.h's
+     * rounding) - what bias_broadcast, gemm with beta = 1 (and
+     * cast_f32_bf16) compute, without writing the broadcast bias (nor the
+     * float32 matrix of a bfloat16 output): a linear layer's forward
+     * (nn/linear.c, nn/nn_act16.h; m, n, k > 0). A backend may decline a
+     * case its library cannot take (operand types, precision, no kernel):
+     * it then returns DP_OK with *done = 0 and writes nothing, and the
+     * caller composes; *done = 1 otherwise. */
+    dp_status (*gemm_bias_out)(dp_device *dev, dp_op transa, dp_op transb, int m, int n, int k,
+                               const dp_gemm_arg *A, const dp_gemm_arg *B, dp_pref bias, void *C,
+                               int c_bf16, int ldc, int *done);
 };
 
 /* ops->gemm with float32 operands (dp_gemm_strided_batched's arguments). */

@@ -73,6 +73,16 @@ static dp_status linear_forward(dp_device *dev, float *out, const void *inp, int
                                 const void *weight, const void *bias, int w16, size_t N, size_t C,
                                 size_t OC)
 {
+    /* A backend with the bias in its GEMM's epilogue (cuBLASLt) adds it
+     * there; it may decline (operand types, precision). */
+    if (bias && !dev->no_fused_producers && dev->ops->gemm_bias_out) {
+        dp_gemm_arg a = {weight, w16, (int)C, 0}, b = {inp, x16, (int)ld, 0};
+        dp_pref bp = w16 ? dp_pref_bf16(bias) : dp_pref_f32(bias);
+        int done = 0;
+        DP_TRY(dev->ops->gemm_bias_out(dev, DP_OP_T, DP_OP_N, (int)OC, (int)N, (int)C, &a, &b, bp,
+                                       out, 0, (int)OC, &done));
+        if (done) return DP_OK;
+    }
     /* With a bias, out starts as the broadcast bias and the GEMM adds to it
      * (beta = 1); without, the GEMM overwrites out (beta = 0). */
     if (bias) {
@@ -230,12 +240,12 @@ dp_status dp_linear_forward_out16(dp_device *dev, dp_bf16 *out, float *scratch,
     DP_NN_REQUIRE_DISJOINT(dev, out, out_bytes, inp, inp_bytes);
     DP_NN_REQUIRE_DISJOINT(dev, out, out_bytes, scratch, scratch_bytes);
     DP_NN_REQUIRE_DISJOINT(dev, scratch, scratch_bytes, inp, inp_bytes);
-    if (!dev->no_fused_producers && dev->ops->gemm_bias_bf16_out) {
+    if (!dev->no_fused_producers && dev->ops->gemm_bias_out) {
         /* out^T(OC,N) = op_T(W^T) inp^T + bias, as the float32 forward */
         dp_gemm_arg a = {weight.p, weight.bf16, (int)C, 0}, b = {inp, x16, (int)C, 0};
         int done = 0;
-        DP_TRY(dev->ops->gemm_bias_bf16_out(dev, DP_OP_T, DP_OP_N, (int)OC, (int)N, (int)C, &a,
-                                            &b, bias, out, (int)OC, &done));
+        DP_TRY(dev->ops->gemm_bias_out(dev, DP_OP_T, DP_OP_N, (int)OC, (int)N, (int)C, &a, &b,
+                                       bias, out, 1, (int)OC, &done));
         if (done) return DP_OK;
     }
     /* The float32 layer on blocks of rows (one block when the scratch holds

@@ -64,7 +64,7 @@ DP_MODULE_API dp_status dp_residual_layernorm_forward(dp_device *dev, void *out,
  * dp_convert. inp is float32 or bfloat16 (inp_type DP_DTYPE_F32 or
  * DP_DTYPE_BF16); bias.p may be NULL (no bias).
  *
- * Where the backend has a fused entry (dp_backend_ops.gemm_bias_bf16_out:
+ * Where the backend has a fused entry (dp_backend_ops.gemm_bias_out:
  * on CUDA devices cuBLASLt's bias epilogue writing bfloat16, for bfloat16
  * operands in BF16 matmul precision) it writes out directly. Else, or
  * when it declines, the float32 layer runs into `scratch` (scratch_floats

@@ -377,7 +377,7 @@ static const dp_backend_ops cuda_ops = {
     .attention_permute_backward = dp_cuda_attention_permute_backward,
     .attention_unpermute = dp_cuda_attention_unpermute,
     .attention_unpermute_backward = dp_cuda_attention_unpermute_backward,
-    .gemm_bias_bf16_out = dp_cuda_gemm_bias_bf16_out,
+    .gemm_bias_out = dp_cuda_gemm_bias_out,
     .adamw_segments = dp_cuda_adamw_segments,
 };
 

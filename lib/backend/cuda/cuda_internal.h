@@ -179,8 +179,8 @@ dp_status dp_cuda_attention_unpermute_backward(dp_device *dev, float *dy, const 
 dp_status dp_cuda_attention_unpermute(dp_device *dev, float *out, const float *y, size_t B,
                                       size_t T, size_t NH, size_t hs);
 /* cuda_lt.c */
-dp_status dp_cuda_gemm_bias_bf16_out(dp_device *dev, dp_op transa, dp_op transb, int m, int n,
-                                     int k, const dp_gemm_arg *A, const dp_gemm_arg *B,
-                                     dp_pref bias, uint16_t *C, int ldc, int *done);
+dp_status dp_cuda_gemm_bias_out(dp_device *dev, dp_op transa, dp_op transb, int m, int n, int k,
+                                const dp_gemm_arg *A, const dp_gemm_arg *B, dp_pref bias, void *C,
+                                int c_bf16, int ldc, int *done);
 
 #endif /* DP_BACKEND_CUDA_INTERNAL_H */

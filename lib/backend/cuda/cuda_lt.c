@@ -1,10 +1,13 @@
 /*
- * backend/cuda/cuda_lt.c - the GEMM with a bfloat16 output
- * (dp_backend_ops.gemm_bias_bf16_out; a linear layer's forward, nn/nn_act16.h)
- * through cuBLASLt: bfloat16 operands, float32 compute and scale, the bias
- * added by the epilogue (CUBLASLT_EPILOGUE_BIAS) to the float32 sums,
- * then D rounded to bfloat16 once. One pass over the output, where the
- * composition writes it as float32, reads it back and writes bfloat16.
+ * backend/cuda/cuda_lt.c - a linear layer's GEMM with its bias in the
+ * epilogue (dp_backend_ops.gemm_bias_out; nn/linear.c, nn/nn_act16.h)
+ * through cuBLASLt: float32 compute and scale, the bias added by the
+ * epilogue (CUBLASLT_EPILOGUE_BIAS) to the float32 sums, then D stored as
+ * float32 or rounded to bfloat16 once. One pass over the output, where the
+ * composition writes the broadcast bias, reads it back in the GEMM (beta
+ * = 1) and, for a bfloat16 output, writes float32 and converts. Operands
+ * are both bfloat16 (BF16 math) or both float32 (FP32, or TF32 with
+ * CUBLAS_COMPUTE_32F_FAST_TF32).
  *
  * cuBLASLt's rounding of D is round-to-nearest-even, kernels/bf16.h's; the
  * bias is widened exactly (a bfloat16 replica's) or read as float32, and
@@ -57,9 +60,12 @@ static uint32_t alignment(const void *p)
  * bias.p is set; at most ws workspace bytes. */
 static dp_status describe(dp_device *dev, lt_call *l, cublasOperation_t ta, cublasOperation_t tb,
                           int m, int n, int k, const dp_gemm_arg *A, const dp_gemm_arg *B,
-                          dp_pref bias, const void *C, int ldc, size_t ws)
+                          dp_pref bias, const void *C, int c_bf16, int ldc, size_t ws)
 {
-    BLAS_TRY(dev, cublasLtMatmulDescCreate(&l->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasComputeType_t ct =
+        dev->matmul == DP_MATMUL_TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    cudaDataType_t ab = A->bf16 ? CUDA_R_16BF : CUDA_R_32F, dt = c_bf16 ? CUDA_R_16BF : CUDA_R_32F;
+    BLAS_TRY(dev, cublasLtMatmulDescCreate(&l->op, ct, CUDA_R_32F));
     BLAS_TRY(dev, cublasLtMatmulDescSetAttribute(l->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta,
                                                  sizeof ta));
     BLAS_TRY(dev, cublasLtMatmulDescSetAttribute(l->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb,
@@ -77,11 +83,9 @@ static dp_status describe(dp_device *dev, lt_call *l, cublasOperation_t ta, cubl
     /* Layouts of the matrices as stored (before op). */
     int ra = ta == CUBLAS_OP_N ? m : k, ca = ta == CUBLAS_OP_N ? k : m;
     int rb = tb == CUBLAS_OP_N ? k : n, cb = tb == CUBLAS_OP_N ? n : k;
-    BLAS_TRY(dev,
-             cublasLtMatrixLayoutCreate(&l->a, CUDA_R_16BF, (uint64_t)ra, (uint64_t)ca, A->ld));
-    BLAS_TRY(dev,
-             cublasLtMatrixLayoutCreate(&l->b, CUDA_R_16BF, (uint64_t)rb, (uint64_t)cb, B->ld));
-    BLAS_TRY(dev, cublasLtMatrixLayoutCreate(&l->d, CUDA_R_16BF, (uint64_t)m, (uint64_t)n, ldc));
+    BLAS_TRY(dev, cublasLtMatrixLayoutCreate(&l->a, ab, (uint64_t)ra, (uint64_t)ca, A->ld));
+    BLAS_TRY(dev, cublasLtMatrixLayoutCreate(&l->b, ab, (uint64_t)rb, (uint64_t)cb, B->ld));
+    BLAS_TRY(dev, cublasLtMatrixLayoutCreate(&l->d, dt, (uint64_t)m, (uint64_t)n, ldc));
     BLAS_TRY(dev, cublasLtMatmulPreferenceCreate(&l->pref));
     uint64_t wsb = ws;
     BLAS_TRY(dev, cublasLtMatmulPreferenceSetAttribute(
@@ -98,40 +102,50 @@ static dp_status describe(dp_device *dev, lt_call *l, cublasOperation_t ta, cubl
 
 static dp_status run(dp_device *dev, cuda_ctx *c, lt_call *l, cublasOperation_t ta,
                      cublasOperation_t tb, int m, int n, int k, const dp_gemm_arg *A,
-                     const dp_gemm_arg *B, dp_pref bias, uint16_t *C, int ldc, int *done)
+                     const dp_gemm_arg *B, dp_pref bias, void *C, int c_bf16, int ldc,
+                     int *done)
 {
-    DP_TRY(describe(dev, l, ta, tb, m, n, k, A, B, bias, C, ldc, c->blas_ws_bytes));
+    DP_TRY(describe(dev, l, ta, tb, m, n, k, A, B, bias, C, c_bf16, ldc, c->blas_ws_bytes));
     cublasLtMatmulHeuristicResult_t best;
     int found = 0;
     cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(c->lt, l->op, l->a, l->b, l->d, l->d,
                                                       l->pref, 1, &best, &found);
-    if (s == CUBLAS_STATUS_NOT_SUPPORTED || (s == CUBLAS_STATUS_SUCCESS && found == 0))
-        return DP_OK; /* declined: the caller composes */
+    /* declined, the caller composes: a combination this cuBLASLt does not
+     * take (e.g. a bfloat16 bias with a float32 D) is reported as not
+     * supported or, by some versions, as an invalid value, before any
+     * work is queued */
+    if (s == CUBLAS_STATUS_NOT_SUPPORTED || s == CUBLAS_STATUS_INVALID_VALUE ||
+        (s == CUBLAS_STATUS_SUCCESS && found == 0))
+        return DP_OK;
     BLAS_TRY(dev, s);
     /* beta = 0: C is not read (it is D, the layout's only matrix). */
     const float one = 1.0f, zero = 0.0f;
     s = cublasLtMatmul(c->lt, l->op, &one, A->p, l->a, B->p, l->b, &zero, C, l->d, C, l->d,
                        &best.algo, c->blas_ws, c->blas_ws_bytes, c->stream);
-    if (s == CUBLAS_STATUS_NOT_SUPPORTED) return DP_OK;
+    if (s == CUBLAS_STATUS_NOT_SUPPORTED || s == CUBLAS_STATUS_INVALID_VALUE) return DP_OK;
     BLAS_TRY(dev, s);
     *done = 1;
     return DP_OK;
 }
 
-dp_status dp_cuda_gemm_bias_bf16_out(dp_device *dev, dp_op transa, dp_op transb, int m, int n,
-                                     int k, const dp_gemm_arg *A, const dp_gemm_arg *B,
-                                     dp_pref bias, uint16_t *C, int ldc, int *done)
+dp_status dp_cuda_gemm_bias_out(dp_device *dev, dp_op transa, dp_op transb, int m, int n, int k,
+                                const dp_gemm_arg *A, const dp_gemm_arg *B, dp_pref bias, void *C,
+                                int c_bf16, int ldc, int *done)
 {
     *done = 0;
-    if (dev->matmul != DP_MATMUL_BF16 || !A->bf16 || !B->bf16) return DP_OK;
+    /* bfloat16 operands in BF16 math, float32 ones in FP32 or TF32; the
+     * rest (one of each, or float32 operands BF16 math would round first)
+     * is the composition's, with the GEMM's bounded conversion */
+    int bf16_ops = A->bf16 && B->bf16, f32_ops = !A->bf16 && !B->bf16;
+    if (dev->matmul == DP_MATMUL_BF16 ? !bf16_ops : !f32_ops) return DP_OK;
     ENTER(dev);
     cuda_ctx *c = CTX(dev);
     lt_call l = {0};
     /* The workspace is the cuBLAS handle's: both run on c->stream, so a
      * call never overlaps another's use of it. */
     dp_status s = run(dev, c, &l, transa == DP_OP_T ? CUBLAS_OP_T : CUBLAS_OP_N,
-                      transb == DP_OP_T ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k, A, B, bias, C, ldc,
-                      done);
+                      transb == DP_OP_T ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k, A, B, bias, C,
+                      c_bf16, ldc, done);
     lt_destroy(&l);
     return s;
 }
