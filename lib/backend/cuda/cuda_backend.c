@@ -34,7 +34,15 @@
  * need the CUDA libraries. Only the runtime (libcudart) and cuBLAS are
  * linked (and NCCL, nccl.c), never the driver library: on a machine without a driver cudaGetDeviceCount fails with
  * cudaErrorInsufficientDriver (or cudaErrorNoDevice) and dp sees 0 GPUs.
- */#include "backend/cuda/cuda_internal.h"
+ *
+ * DP_CUDA_LT=0 in the environment makes the cuBLASLt entries (cuda_lt.c)
+ * decline, so every linear layer runs as cuBLAS's GEMM plus the bias
+ * broadcast: a switch for a GPU session to tell those kernels apart.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/cuda_internal.h"
 #include "core/module.h"
 
 // --- errors --------------------------------------------------------------------------
@@ -179,6 +187,8 @@ static dp_status open_resources(dp_device *dev, cuda_ctx *c)
     c->blas_ws_bytes = ws;
     BLAS_TRY(dev, cublasSetWorkspace(c->blas, c->blas_ws, ws));
     BLAS_TRY(dev, cublasLtCreate(&c->lt));
+    const char *lt = getenv("DP_CUDA_LT");
+    c->lt_off = lt && strcmp(lt, "0") == 0;
     /* Full float32 unless dp_device_set_matmul_precision says otherwise. */
     BLAS_TRY(dev, cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH));
     for (int b = 0; b < 2; b++) {

@@ -39,7 +39,8 @@ typedef struct cuda_ctx {
     cublasHandle_t blas;
     void *blas_ws;                /* device: the cuBLAS workspace dp gives the handle */
     size_t blas_ws_bytes;         /* its size; cuBLASLt's calls share it (same stream) */
-    cublasLtHandle_t lt;          /* cuBLASLt: the GEMMs with a bfloat16 output (cuda_lt.c) */
+    cublasLtHandle_t lt;          /* cuBLASLt: the GEMMs with the bias epilogue (cuda_lt.c) */
+    int lt_off;                   /* DP_CUDA_LT=0: those decline (cuda_backend.c) */
 
     pthread_mutex_t mu;           /* guards stage, stage_done, sumsq, result_host, col, grp */
     unsigned char *stage[2];      /* pinned host, STAGE_BYTES each */

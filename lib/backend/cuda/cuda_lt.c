@@ -138,6 +138,7 @@ dp_status dp_cuda_gemm_bias_out(dp_device *dev, dp_op transa, dp_op transb, int 
      * is the composition's, with the GEMM's bounded conversion */
     int bf16_ops = A->bf16 && B->bf16, f32_ops = !A->bf16 && !B->bf16;
     if (dev->matmul == DP_MATMUL_BF16 ? !bf16_ops : !f32_ops) return DP_OK;
+    if (CTX(dev)->lt_off) return DP_OK; /* DP_CUDA_LT=0 */
     ENTER(dev);
     cuda_ctx *c = CTX(dev);
     lt_call l = {0};
