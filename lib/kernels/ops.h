@@ -19,7 +19,7 @@
  *   shape   ELEM (cheap items: 256-thread blocks on the GPU), ROW_BLOCK (an
  *           item is a row with reductions over it: the CUDA backend runs its
  *           own kernel with one block per row, coalesced reads and a fixed
- *           warp-shuffle reduction tree, written in cuda_kernels.cu against
+ *           warp-shuffle reduction tree, written in cuda_rows.cu against
  *           fn's semantics) or COLUMNS (items are the elements of a block of
  *           columns, a column's rows contiguous: the CUDA backend runs a warp
  *           per segment of a column) or TILED (an item is a query or key row

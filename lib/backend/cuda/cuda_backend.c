@@ -2,7 +2,7 @@
  * backend/cuda/cuda_backend.c - CUDA devices: open and close, device
  * memory, events, the backend's table and the module's entry; the copies
  * are in cuda_copy.c, GEMM through cuBLAS and the kernel entries
- * (launchers in cuda_kernels.cu) in cuda_compute.c, what they share in
+ * (launchers in cuda_kernels.h) in cuda_compute.c, what they share in
  * cuda_internal.h.
  *
  * A logical device "cuda:i" owns a non-blocking stream, a cuBLAS handle

@@ -1,7 +1,7 @@
 /*
  * backend/cuda/cuda_compute.c - the CUDA backend's GEMM through cuBLAS
  * (bf16 operands converted in bounded pieces, backend/gemm_pieces.h) and
- * its kernel entries, each a launcher of cuda_kernels.cu on the device's
+ * its kernel entries, each a launcher of cuda_kernels.h on the device's
  * stream (cuda_internal.h).
  */
 #include "backend/cuda/cuda_internal.h"
@@ -102,7 +102,7 @@ dp_status dp_cuda_gemm(dp_device *dev, dp_op transa, dp_op transb, int m, int n,
 
 // --- kernels -------------------------------------------------------------------------------------
 
-/* Enqueues a launcher from cuda_kernels.cu on dev's stream. */
+/* Enqueues a launcher (cuda_kernels.h) on dev's stream. */
 #define LAUNCH(dev, launcher, ...)                                 \
     do {                                                           \
         ENTER(dev);                                                \

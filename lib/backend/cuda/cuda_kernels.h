@@ -8,7 +8,7 @@
  * next synchronizing call). Sizes are those of the matching
  * dp_backend_ops entries; a size of 0 launches nothing. The caller has
  * made the stream's device current. Declared extern "C": the host side
- * (cuda_backend.c) is C, the kernels (cuda_kernels.cu) are CUDA C++.
+ * (cuda_backend.c) is C, the kernels (cuda_*.cu) are CUDA C++.
  */
 #ifndef DP_CUDA_KERNELS_H
 #define DP_CUDA_KERNELS_H
