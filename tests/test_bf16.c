@@ -11,6 +11,8 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "backend/device_testing.h"
+#include "nn/nn_act16.h"
 #include "nn_test_util.h"
 
 #ifdef DP_TEST_HAVE_OMP
@@ -478,11 +480,39 @@ Test(bf16_layers, gelu_backward_over_bf16_input_is_gelu_backward_on_the_rounded_
     free(f32);
     float *h = dp_test_nn_download(dev, g1, N);
     dp_assert_allclose(h, ref, N, 1e-6, 1e-5);
-    free(h), free(dout);
+    free(h);
     dp_test_nn_assert_invalid(dp_gelu_backward_bf16_inp(dev, g1, NULL, g2, N), "inp",
                       "dp_gelu_backward_bf16_inp");
     dp_test_nn_assert_invalid(dp_gelu_backward_bf16_inp(dev, g1, d16, g2, 0), "n",
                       "dp_gelu_backward_bf16_inp");
+    /* with the bfloat16 copy (nn/nn_act16.h): the same float32 gradient
+     * and its rounding, separate and in place, fused and as the hook's */
+    dp_bf16 *o = upload16(dev, x16, N), *xi = upload16(dev, x16, N), got16[N];
+    float *in = dp_test_upload(dev, dout, N), *want = dp_test_nn_filled(dev, N, 0);
+    dp_assert_ok(dp_gelu_backward_bf16_inp(dev, want, xi, in, N));
+    for (int hook = 0; hook < 2; hook++)
+        for (int in_place = 0; in_place < 2; in_place++) {
+            dp_device_set_fused_producers(dev, !hook);
+            float *gi = dp_test_upload(dev, dout, N), *go = in_place ? gi : g1;
+            dp_assert_ok(dp_gelu_backward_out16(dev, go, o, xi, gi, N));
+            dp_device_set_fused_producers(dev, 1);
+            assert_same_floats("gelu backward with its bf16 copy", dev, go, want, N);
+            float *f = dp_test_nn_download(dev, go, N);
+            dp_assert_ok(dp_copy_d2h(dev, got16, o, sizeof got16));
+            for (int i = 0; i < N; i++)
+                cr_assert_eq(got16[i], dp_bf16_from_float(f[i]), "hook %d in place %d: %d",
+                             hook, in_place, i);
+            free(f);
+            dp_device_free(dev, gi);
+        }
+    dp_test_nn_assert_invalid(dp_gelu_backward_out16(dev, g1, NULL, d16, g2, N), "dinp16", NULL);
+    dp_test_nn_assert_invalid(dp_gelu_backward_out16(dev, g1, (dp_bf16 *)g1, d16, g2, N),
+                              "overlap", NULL);
+    dp_device_free(dev, o);
+    dp_device_free(dev, xi);
+    dp_device_free(dev, in);
+    dp_device_free(dev, want);
+    free(dout);
     dp_device_close(dev);
 }
 

@@ -869,6 +869,22 @@ Test(cuda_ops, gelu_matches_cpu_including_saturation, .timeout = 60)
             float *h16 = dp_test_nn_download(d, d16, N), *h32 = dp_test_nn_download(d, d32, N);
             assert_same_bits(b ? "gelu backward from bf16 input (gpu)"
                                : "gelu backward from bf16 input (cpu)", h16, h32, N);
+            /* with its bfloat16 copy (dp_gelu_backward_out16): the same
+             * gradient, and the copy its rounding */
+            {
+                float *g2 = dalloc(d, N * 4);
+                void *c16 = dalloc(d, N * 2);
+                dp_assert_ok(dp_gelu_backward_out16(d, g2, c16, x16, gd, N));
+                float *hg = dp_test_nn_download(d, g2, N);
+                assert_same_bits("gelu backward with its bf16 copy", hg, h16, N);
+                dp_bf16 *hc = xmalloc(N * sizeof *hc);
+                dp_assert_ok(dp_copy_d2h(d, hc, c16, N * sizeof *hc));
+                for (int i = 0; i < N; i++)
+                    cr_assert_eq(hc[i], dp_bf16_from_float(hg[i]), "%s: bf16 copy %d",
+                                 b ? "gpu" : "cpu", i);
+                free(hg), free(hc);
+                dp_device_free(d, g2), dp_device_free(d, c16);
+            }
             /* and the bf16 forward: bf16 of the float32 forward on the same values */
             dp_assert_ok(dp_gelu_forward(d, d32, x32, N));
             dp_assert_ok(dp_gelu_forward_bf16(d, x16, x16, N)); /* in place */

@@ -513,6 +513,77 @@ Test(linear, backward_rounding_dout_once_is_bitwise_the_same)
     dp_device_close(dev);
 }
 
+/* dp_linear_backward_rounded, given dout already rounded (as the GELU
+ * backward writes it): the gradients of the public backward bit for bit,
+ * in both precisions, with and without oneDNN, as the fused path and as
+ * the test hook's; dout16 is only read. */
+Test(linear, backward_from_a_rounded_dout_is_bitwise_the_same)
+{
+    enum { N = 29, C = 48, OC = 80 };
+    dp_device *dev = dp_test_cpu(0);
+    lin_case k = make_case(33, N, C, OC);
+    float *g = dp_test_upload(dev, k.dout, N * OC);
+    void *g16 = NULL;
+    dp_assert_ok(dp_device_alloc(dev, N * OC * sizeof(dp_bf16), &g16));
+    dp_assert_ok(dp_convert(dev, g16, DP_DTYPE_BF16, g, DP_DTYPE_F32, N * OC));
+    static dp_bf16 before[N * OC], after[N * OC];
+    dp_assert_ok(dp_copy_d2h(dev, before, g16, sizeof before));
+    for (int cb = 0; cb < 3; cb++)
+        for (int run = 0; run < 8; run++) {
+            int x16 = COMBOS[cb][0], w16 = COMBOS[cb][1], prec = run & 1, dnnl = run >> 1 & 1,
+                hook = run >> 2 & 1;
+            dp_assert_ok(dp_device_set_matmul_precision(dev, prec ? DP_MATMUL_BF16
+                                                                  : DP_MATMUL_FP32));
+            dp_device_set_gemm_dnnl(dev, dnnl);
+            void *x = upload_as(dev, k.inp, N * C, x16);
+            void *w = upload_as(dev, k.weight, OC * C, w16);
+            float *res[2][3];
+            for (int pass = 0; pass < 2; pass++) {
+                float *dx = dp_test_nn_filled(dev, N * C, NAN);
+                float *dw = dp_test_upload(dev, k.dweight0, OC * C);
+                float *db = dp_test_upload(dev, k.dbias0, OC);
+                if (pass == 0) {
+                    dp_assert_ok(public_backward(dev, dx, dw, db, g, x, x16, w, w16, N, C, OC));
+                } else {
+                    dp_device_set_fused_producers(dev, !hook);
+                    dp_assert_ok(dp_linear_backward_rounded(
+                        dev, dx, dw, db, g, g16, x, x16 ? DP_DTYPE_BF16 : DP_DTYPE_F32,
+                        w16 ? dp_pref_bf16(w) : dp_pref_f32(w), N, C, OC));
+                    dp_device_set_fused_producers(dev, 1);
+                }
+                res[pass][0] = dp_test_nn_download(dev, dx, N * C);
+                res[pass][1] = dp_test_nn_download(dev, dw, OC * C);
+                res[pass][2] = dp_test_nn_download(dev, db, OC);
+                dp_device_free(dev, dx);
+                dp_device_free(dev, dw);
+                dp_device_free(dev, db);
+            }
+            size_t sizes[3] = {N * C, OC * C, OC};
+            for (int t = 0; t < 3; t++) {
+                cr_assert(memcmp(res[0][t], res[1][t], sizes[t] * sizeof(float)) == 0,
+                          "x16 %d w16 %d run %d: gradient %d differs", x16, w16, run, t);
+                free(res[0][t]);
+                free(res[1][t]);
+            }
+            dp_device_free(dev, x);
+            dp_device_free(dev, w);
+        }
+    dp_assert_ok(dp_copy_d2h(dev, after, g16, sizeof after));
+    cr_assert(memcmp(before, after, sizeof before) == 0, "dout16 was written");
+    dp_test_nn_assert_invalid(dp_linear_backward_rounded(dev, NULL, NULL, NULL, g, g16, g,
+                                                         DP_DTYPE_F32, dp_pref_f32(g), N, C, OC),
+                              "dweight", NULL);
+    dp_test_nn_assert_invalid(dp_linear_backward_rounded(dev, NULL, g, NULL, g, NULL, g,
+                                                         DP_DTYPE_F32, dp_pref_f32(g), 1, 1, 1),
+                              "dout16", NULL);
+    dp_device_set_gemm_dnnl(dev, 1);
+    dp_device_free(dev, g);
+    dp_device_free(dev, g16);
+    free_case(&k);
+    dp_test_nn_assert_all_freed(dev);
+    dp_device_close(dev);
+}
+
 Test(linear, bf16_producers_bad_arguments)
 {
     dp_device *dev = dp_test_cpu(0);

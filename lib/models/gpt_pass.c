@@ -333,12 +333,21 @@ dp_status gpt_pass_body_backward(const dp_gpt *gpt, dp_device *dev, wview params
         }
         DP_TRY(lin_bwd(dev, dfch, G(BLK_MPROJ_W), G(BLK_MPROJ_B), dresidual, d16,
                        gemm_in(&a, gelu), P(BLK_MPROJ_W), BT, 4 * C, C));
-        if (a.act16)
-            DP_TRY(dp_gelu_backward_bf16_inp(dev, dfch, (const dp_bf16 *)a.fch, dfch, BT * 4 * C));
-        else
-            DP_TRY(dp_gelu_backward(dev, dfch, a.fch, dfch, BT * 4 * C));
-        DP_TRY(lin_bwd(dev, dbtc, G(BLK_FC_W), G(BLK_FC_B), dfch, d16, gemm_in(&a, a.ln2),
-                       P(BLK_FC_W), BT, C, 4 * C));
+        if (d16) { /* act16: the GELU backward also rounds d(fch) for c_fc's GEMMs */
+            DP_TRY(dp_gelu_backward_out16(dev, dfch, (dp_bf16 *)d16, (const dp_bf16 *)a.fch, dfch,
+                                          BT * 4 * C));
+            DP_TRY(dp_linear_backward_rounded(dev, dbtc, G(BLK_FC_W), G(BLK_FC_B), dfch,
+                                              (const dp_bf16 *)d16, a.ln2, DP_DTYPE_BF16,
+                                              P(BLK_FC_W), BT, C, 4 * C));
+        } else {
+            if (a.act16)
+                DP_TRY(dp_gelu_backward_bf16_inp(dev, dfch, (const dp_bf16 *)a.fch, dfch,
+                                                 BT * 4 * C));
+            else
+                DP_TRY(dp_gelu_backward(dev, dfch, a.fch, dfch, BT * 4 * C));
+            DP_TRY(lin_bwd(dev, dbtc, G(BLK_FC_W), G(BLK_FC_B), dfch, d16, gemm_in(&a, a.ln2),
+                           P(BLK_FC_W), BT, C, 4 * C));
+        }
         DP_TRY(ln_bwd(dev, dresidual, G(BLK_LN2_W), G(BLK_LN2_B), dbtc, a.residual2, P(BLK_LN2_W),
                       a.ln2_mean, a.ln2_rstd, BT, C));
         /* Attention. dresidual is now the full d(residual2). */

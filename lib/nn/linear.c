@@ -290,3 +290,27 @@ dp_status dp_linear_backward_dout16(dp_device *dev, float *dinp, float *dweight,
     return linear_backward_g(dev, dinp, dweight, dbias, dout, dout16, 1, inp, x16, C, weight.p,
                              weight.bf16, N, C, OC);
 }
+
+dp_status dp_linear_backward_rounded(dp_device *dev, float *dinp, float *dweight, float *dbias,
+                                     const float *dout, const dp_bf16 *dout16, const void *inp,
+                                     dp_dtype inp_type, dp_pref weight, size_t N, size_t C,
+                                     size_t OC)
+{
+    DP_NN_REQUIRE_DEV(dev);
+    DP_NN_REQUIRE_PTR(dev, dweight);
+    DP_NN_REQUIRE_PTR(dev, dout);
+    DP_NN_REQUIRE_PTR(dev, dout16);
+    DP_NN_REQUIRE_PTR(dev, inp);
+    DP_NN_REQUIRE_PTR(dev, weight.p);
+    CHECK_LINEAR_DIMS(dev, N, C, OC);
+    DP_TRY(check_act_type(dev, inp_type));
+    int x16 = inp_type == DP_DTYPE_BF16;
+    size_t n16 = N * OC * sizeof(dp_bf16);
+    DP_NN_REQUIRE_DISJOINT(dev, dout16, n16, dinp, N * C * sizeof(float));
+    DP_NN_REQUIRE_DISJOINT(dev, dout16, n16, dweight, OC * C * sizeof(float));
+    if (dev->matmul != DP_MATMUL_BF16 || dev->no_fused_producers)
+        return linear_backward(dev, dinp, dweight, dbias, dout, inp, x16, C, weight.p,
+                               weight.bf16, N, C, OC);
+    return linear_backward_g(dev, dinp, dweight, dbias, dout, dout16, 1, inp, x16, C, weight.p,
+                             weight.bf16, N, C, OC);
+}

@@ -123,4 +123,33 @@ DP_MODULE_API dp_status dp_linear_backward_dout16(dp_device *dev, float *dinp, f
                                                   dp_dtype inp_type, dp_pref weight, size_t N,
                                                   size_t C, size_t OC);
 
+/*
+ * dp_linear_backward_dout16 with dout already rounded: dout16(N,OC) holds
+ * dout(N,OC) rounded to bfloat16 (e.g. by the GELU backward that wrote
+ * dout, dp_gelu_backward_out16), and in BF16 matmul precision both GEMMs
+ * read it; the bias gradient reads the float32 dout. In other precisions
+ * it is the backward of dp/nn.h (dout16 unread). The same bits as
+ * dp_linear_backward_dout16 when dout16 is dout's rounding. Errors,
+ * ownership: as dp_linear_backward_dout16; dout16 must not overlap dinp
+ * or dweight.
+ */
+DP_MODULE_API dp_status dp_linear_backward_rounded(dp_device *dev, float *dinp, float *dweight,
+                                                   float *dbias, const float *dout,
+                                                   const dp_bf16 *dout16, const void *inp,
+                                                   dp_dtype inp_type, dp_pref weight, size_t N,
+                                                   size_t C, size_t OC);
+
+/*
+ * The GELU backward with the input kept as bfloat16
+ * (dp_gelu_backward_bf16_inp: dinp(n) = dout * gelu'(inp), dinp may alias
+ * dout) that also writes dinp rounded to bfloat16 into dinp16(n), in the
+ * same pass: what a following dp_linear_backward_rounded reads. The same
+ * bits as the backward then dp_convert. Device pointers of dev owned by
+ * the caller; dinp16 must not overlap dinp, dout or inp. Errors:
+ * DP_ERR_INVALID_ARGUMENT for a NULL pointer, n of 0, overlapping
+ * buffers.
+ */
+DP_MODULE_API dp_status dp_gelu_backward_out16(dp_device *dev, float *dinp, dp_bf16 *dinp16,
+                                               const dp_bf16 *inp, const float *dout, size_t n);
+
 #endif /* DP_NN_ACT16_H */
