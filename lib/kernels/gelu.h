@@ -64,16 +64,24 @@ static inline DP_HD void dp_gelu_backward_elem(float *dinp, const float *inp, co
     dinp[i] = dout[i] * dp_gelu_grad(inp[i]);
 }
 
-/* The same with inp kept as bfloat16 (widened exactly); with dinp16
- * (else NULL) dinp[i] rounded to bfloat16 there too (the operand a
- * BF16-precision GEMM reading dinp would round it to). */
-static inline DP_HD void dp_gelu_backward_bf16_inp_elem(float *dinp, uint16_t *dinp16,
-                                                        const uint16_t *inp, const float *dout,
-                                                        size_t i)
+/* The same with inp kept as bfloat16 (widened exactly). */
+static inline DP_HD void dp_gelu_backward_bf16_inp_elem(float *dinp, const uint16_t *inp,
+                                                        const float *dout, size_t i)
+{
+    dinp[i] = dout[i] * dp_gelu_grad(dp_bf16_widen(inp[i]));
+}
+
+/* ... and dinp[i] rounded to bfloat16 in dinp16 too (the operand a
+ * BF16-precision GEMM reading dinp would round it to). A function of its
+ * own rather than an optional output: a branch in the loop would keep a
+ * CPU from vectorising the plain one. */
+static inline DP_HD void dp_gelu_backward_bf16_inp_out16_elem(float *dinp, uint16_t *dinp16,
+                                                              const uint16_t *inp,
+                                                              const float *dout, size_t i)
 {
     float g = dout[i] * dp_gelu_grad(dp_bf16_widen(inp[i]));
     dinp[i] = g;
-    if (dinp16) dinp16[i] = dp_bf16_round(g);
+    dinp16[i] = dp_bf16_round(g);
 }
 
 #endif /* DP_KERNELS_GELU_H */

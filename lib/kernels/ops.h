@@ -74,8 +74,10 @@
       (uint16_t *out, const uint16_t *inp), (out, inp))                                    \
     X(gelu_backward, ELEM, dp_gelu_backward_elem,                                          \
       (float *dinp, const float *inp, const float *dout), (dinp, inp, dout))               \
-    /* dinp16 NULL, or dinp rounded to bf16 there too */                                   \
     X(gelu_backward_bf16_inp, ELEM, dp_gelu_backward_bf16_inp_elem,                        \
+      (float *dinp, const uint16_t *inp, const float *dout), (dinp, inp, dout))            \
+    /* ... and dinp rounded to bf16 into dinp16 too */                                     \
+    X(gelu_backward_bf16_inp_out16, ELEM, dp_gelu_backward_bf16_inp_out16_elem,            \
       (float *dinp, uint16_t *dinp16, const uint16_t *inp, const float *dout),             \
       (dinp, dinp16, inp, dout))                                                           \
     X(relu_forward, ELEM, dp_relu_forward_elem, (float *out, const float *inp), (out, inp)) \

@@ -54,7 +54,7 @@ dp_status dp_gelu_backward_bf16_inp(dp_device *dev, float *dinp, const dp_bf16 *
     DP_NN_REQUIRE_PTR(dev, inp);
     DP_NN_REQUIRE_PTR(dev, dout);
     DP_NN_CHECK_DIMS1(dev, n);
-    return dev->ops->gelu_backward_bf16_inp(dev, dinp, NULL, inp, dout, n);
+    return dev->ops->gelu_backward_bf16_inp(dev, dinp, inp, dout, n);
 }
 
 dp_status dp_gelu_backward_out16(dp_device *dev, float *dinp, dp_bf16 *dinp16,
@@ -71,8 +71,8 @@ dp_status dp_gelu_backward_out16(dp_device *dev, float *dinp, dp_bf16 *dinp16,
     DP_NN_REQUIRE_DISJOINT(dev, dinp16, n16, dout, n32);
     DP_NN_REQUIRE_DISJOINT(dev, dinp16, n16, inp, n16);
     if (dev->no_fused_producers) { /* the composition it stands for */
-        DP_TRY(dev->ops->gelu_backward_bf16_inp(dev, dinp, NULL, inp, dout, n));
+        DP_TRY(dev->ops->gelu_backward_bf16_inp(dev, dinp, inp, dout, n));
         return dev->ops->cast_f32_bf16(dev, dinp16, dinp, n);
     }
-    return dev->ops->gelu_backward_bf16_inp(dev, dinp, dinp16, inp, dout, n);
+    return dev->ops->gelu_backward_bf16_inp_out16(dev, dinp, dinp16, inp, dout, n);
 }
