@@ -289,10 +289,6 @@ int cli_check_output(const char *flag, const char *path);
  * or -1 after one line naming flag and path. */
 int cli_open_input(const char *flag, const char *path);
 
-/* What a file of mode m is, in words: "a directory", "a FIFO", "a
- * character device", ... ("not a regular file" for the rest). */
-const char *cli_file_kind(mode_t m);
-
 /* cli_open_input then closes it: the input can be read as a file. 0 or 1. */
 int cli_check_input(const char *flag, const char *path);
 

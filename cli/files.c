@@ -179,16 +179,6 @@ int cli_check_output(const char *flag, const char *path)
 
 // --- an input, without blocking ----------------------------------------------------------
 
-const char *cli_file_kind(mode_t m)
-{
-    return S_ISDIR(m)    ? "a directory"
-           : S_ISFIFO(m) ? "a FIFO"
-           : S_ISCHR(m)  ? "a character device"
-           : S_ISBLK(m)  ? "a block device"
-           : S_ISSOCK(m) ? "a socket"
-                         : "not a regular file";
-}
-
 int cli_open_input(const char *flag, const char *path)
 {
     /* Non-blocking: a FIFO without a writer would block open() for ever. */
@@ -206,7 +196,7 @@ int cli_open_input(const char *flag, const char *path)
     }
     if (!S_ISREG(sb.st_mode)) {
         close(fd);
-        cli_fail("%s: \"%s\" is %s; give a regular file", flag, path, cli_file_kind(sb.st_mode));
+        cli_fail("%s: \"%s\" is a %s; give a regular file", flag, path, dp_file_kind(sb.st_mode));
         return -1;
     }
     int fl = fcntl(fd, F_GETFL);

@@ -44,8 +44,11 @@ static inline const char *dp_test_join(const char *dir, const char *name)
 {
     static char buf[8][4096];
     static int k;
-    char *p = buf[k++ % 8];
-    snprintf(p, sizeof buf[0], "%s/%s", dir, name);
+    char *p = buf[k++ % 8], tmp[sizeof buf[0]];
+    /* via tmp: dir may be an earlier result, another of the buffers (the
+     * compiler cannot tell which, and warns of an overlap) */
+    snprintf(tmp, sizeof tmp, "%s/%s", dir, name);
+    memcpy(p, tmp, sizeof tmp);
     return p;
 }
 

@@ -55,8 +55,8 @@ int tok_check_inputs(const tok_options *o, size_t *total_bytes)
         if (stat(o->out, &out_sb) == 0) {
             // The atomic writer renames over it: only ever replace a regular file.
             if (!S_ISREG(out_sb.st_mode))
-                return tok_fail("--out '%s' is %s: it must be a regular file or not exist yet",
-                                o->out, cli_file_kind(out_sb.st_mode));
+                return tok_fail("--out '%s' is a %s: it must be a regular file or not exist yet",
+                                o->out, dp_file_kind(out_sb.st_mode));
         } else if (errno != ENOENT) {
             return tok_fail("cannot use --out '%s': %s", o->out, strerror(errno));
         }
@@ -66,8 +66,8 @@ int tok_check_inputs(const tok_options *o, size_t *total_bytes)
         struct stat sb;
         if (stat(p, &sb) != 0) return tok_fail("cannot read '%s': %s", p, strerror(errno));
         if (!S_ISREG(sb.st_mode))
-            return tok_fail("'%s' is %s: each INPUT must be a regular file of text", p,
-                            cli_file_kind(sb.st_mode));
+            return tok_fail("'%s' is a %s: each INPUT must be a regular file of text", p,
+                            dp_file_kind(sb.st_mode));
         *total_bytes += (size_t)sb.st_size;
     }
     // --out must be none of the files read (device and inode, or the resolved path).

@@ -9,6 +9,7 @@
 #include "dp/units.h"
 #include "dp/checked.h"
 #include "dp/atomic_file.h"
+#include "dp/file.h"
 #include "dp/rng.h"
 #include "dp/device.h"
 #include "dp/nn.h"

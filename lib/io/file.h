@@ -9,12 +9,9 @@
 #include <stddef.h>
 #include <sys/types.h>
 
+#include "dp/file.h" /* dp_file_kind */
 #include "dp/status.h"
 
-/* What a file of mode m is, for "is not a regular file (it is a %s)":
- * "directory", "character device", "block device", "FIFO", "socket" or
- * "special file". */
-const char *dp_file_kind(mode_t m);
 
 /*
  * The whole regular file at path, malloc'd and NUL-terminated, in *buf
