@@ -339,13 +339,9 @@ dp_status gpt_pass_body_backward(const dp_gpt *gpt, dp_device *dev, wview params
             DP_TRY(dp_linear_backward_rounded(dev, dbtc, G(BLK_FC_W), G(BLK_FC_B), dfch,
                                               (const dp_bf16 *)d16, a.ln2, DP_DTYPE_BF16,
                                               P(BLK_FC_W), BT, C, 4 * C));
-        } else {
-            if (a.act16)
-                DP_TRY(dp_gelu_backward_bf16_inp(dev, dfch, (const dp_bf16 *)a.fch, dfch,
-                                                 BT * 4 * C));
-            else
-                DP_TRY(dp_gelu_backward(dev, dfch, a.fch, dfch, BT * 4 * C));
-            DP_TRY(lin_bwd(dev, dbtc, G(BLK_FC_W), G(BLK_FC_B), dfch, d16, gemm_in(&a, a.ln2),
+        } else { /* float32 activations (d16 exists exactly with act16) */
+            DP_TRY(dp_gelu_backward(dev, dfch, a.fch, dfch, BT * 4 * C));
+            DP_TRY(lin_bwd(dev, dbtc, G(BLK_FC_W), G(BLK_FC_B), dfch, NULL, gemm_in(&a, a.ln2),
                            P(BLK_FC_W), BT, C, 4 * C));
         }
         DP_TRY(ln_bwd(dev, dresidual, G(BLK_LN2_W), G(BLK_LN2_B), dbtc, a.residual2, P(BLK_LN2_W),

@@ -47,15 +47,7 @@
 static dp_status check_dims(const char *fn, dp_device *dev, size_t B, size_t T, size_t C,
                             size_t NH)
 {
-    if (!B || !T || !C || !NH)
-        return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
-                       "%s on %s: B=%zu, T=%zu, C=%zu and NH=%zu must all be > 0", fn,
-                       dev->name, B, T, C, NH);
-    if (C % NH)
-        return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
-                       "%s on %s: C=%zu is not a multiple of NH=%zu (C %% NH != 0); the head "
-                       "size is C/NH, so choose C divisible by the number of heads",
-                       fn, dev->name, C, NH);
+    DP_TRY(dp_nn_check_heads(fn, dev, B, T, C, NH));
     size_t hs = C / NH, n;
     /* Every buffer's float count and byte size must fit in size_t:
      * qkv(B,T,3C) and qkvr are the largest besides att(B,NH,T,T). */
@@ -275,16 +267,6 @@ dp_status dp_attention_forward_bf16_qkv(dp_device *dev, float *out, dp_bf16 *qkv
                            NULL, scratch, qkv, B, T, C, NH, T);
 }
 
-/* *q16 = whether the chunked calls' qkvr is bfloat16 (else float32). */
-static dp_status qkvr_kind(const char *fn, dp_device *dev, dp_dtype t, int *q16)
-{
-    *q16 = t == DP_DTYPE_BF16;
-    if (t == DP_DTYPE_F32 || t == DP_DTYPE_BF16) return DP_OK;
-    return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
-                   "%s on %s: qkvr_dtype %s (%d) is neither DP_DTYPE_F32 nor DP_DTYPE_BF16",
-                   fn, dev ? dev->name : "(null)", dp_dtype_name(t), (int)t);
-}
-
 static dp_status check_chunk(const char *fn, dp_device *dev, size_t chunk)
 {
     if (chunk) return DP_OK;
@@ -301,7 +283,7 @@ dp_status dp_attention_forward_chunked(dp_device *dev, float *out, void *qkvr,
 {
     static const char fn[] = "dp_attention_forward_chunked";
     int q16;
-    DP_TRY(qkvr_kind(fn, dev, qkvr_dtype, &q16));
+    DP_TRY(dp_nn_check_dtype(fn, dev, "qkvr_dtype", qkvr_dtype, &q16));
     DP_TRY(check_chunk(fn, dev, chunk));
     return forward_checked(fn, dev, out, qkvr, q16, qkvr_f32, att, att16, scratch, qkv, B, T, C,
                            NH, chunk < T ? chunk : T);
@@ -419,7 +401,7 @@ dp_status dp_attention_backward_chunked(dp_device *dev, float *dqkv, float *dqkv
 {
     static const char fn[] = "dp_attention_backward_chunked";
     int q16;
-    DP_TRY(qkvr_kind(fn, dev, qkvr_dtype, &q16));
+    DP_TRY(dp_nn_check_dtype(fn, dev, "qkvr_dtype", qkvr_dtype, &q16));
     DP_TRY(check_chunk(fn, dev, chunk));
     return backward_checked(fn, dev, dqkv, dqkvr, datt, scratch, dout, qkvr, q16, NULL, att,
                             att16, B, T, C, NH, chunk < T ? chunk : T);

@@ -27,29 +27,10 @@
 
 // --- argument checks -------------------------------------------------------------------
 
-/* *bf16 = whether a tensor of type t is bfloat16 (else float32). */
-static dp_status tensor_kind(const char *fn, dp_device *dev, const char *what, dp_dtype t,
-                             int *bf16)
-{
-    *bf16 = t == DP_DTYPE_BF16;
-    if (t == DP_DTYPE_F32 || t == DP_DTYPE_BF16) return DP_OK;
-    return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
-                   "%s on %s: %s %s (%d) is neither DP_DTYPE_F32 nor DP_DTYPE_BF16", fn,
-                   dev->name, what, dp_dtype_name(t), (int)t);
-}
-
 static dp_status check_dims(const char *fn, dp_device *dev, size_t B, size_t T, size_t C,
                             size_t NH)
 {
-    if (!B || !T || !C || !NH)
-        return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
-                       "%s on %s: B=%zu, T=%zu, C=%zu and NH=%zu must all be > 0", fn,
-                       dev->name, B, T, C, NH);
-    if (C % NH)
-        return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
-                       "%s on %s: C=%zu is not a multiple of NH=%zu (C %% NH != 0); the head "
-                       "size is C/NH, so choose C divisible by the number of heads",
-                       fn, dev->name, C, NH);
+    DP_TRY(dp_nn_check_heads(fn, dev, B, T, C, NH));
     /* qkv and dqkv (B,T,3C) are the largest buffers: their bytes must fit. */
     size_t n;
     if (!dp_size_mul(B, T, &n) || !dp_size_mul(n, C, &n) || !dp_size_mul(n, 3, &n) ||
@@ -93,7 +74,7 @@ dp_status dp_attention_forward_fused(dp_device *dev, float *out, void *qkvr, dp_
     static const char fn[] = "dp_attention_forward_fused";
     if (!dev) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: dev must not be NULL", fn);
     int q16;
-    DP_TRY(tensor_kind(fn, dev, "qkvr_dtype", qkvr_dtype, &q16));
+    DP_TRY(dp_nn_check_dtype(fn, dev, "qkvr_dtype", qkvr_dtype, &q16));
     if (!out || !qkvr || (q16 && !qkvr_f32) || !lse || !qkv)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
                        "%s on %s: out, qkvr,%s lse and qkv must not be NULL (out=%p qkvr=%p "
@@ -124,8 +105,8 @@ dp_status dp_attention_backward_fused(dp_device *dev, float *dqkv, float *delta,
     static const char fn[] = "dp_attention_backward_fused";
     if (!dev) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: dev must not be NULL", fn);
     int q16, o16;
-    DP_TRY(tensor_kind(fn, dev, "qkvr_dtype", qkvr_dtype, &q16));
-    DP_TRY(tensor_kind(fn, dev, "out_dtype", out_dtype, &o16));
+    DP_TRY(dp_nn_check_dtype(fn, dev, "qkvr_dtype", qkvr_dtype, &q16));
+    DP_TRY(dp_nn_check_dtype(fn, dev, "out_dtype", out_dtype, &o16));
     if (!dqkv || !delta || !dout || !qkvr || !lse || !out)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
                        "%s on %s: dqkv, delta, dout, qkvr, lse and out must not be NULL "

@@ -148,11 +148,11 @@ dp_status dp_residual_layernorm_forward(dp_device *dev, void *out, dp_dtype out_
     DP_NN_REQUIRE_PTR(dev, add);
     DP_NN_REQUIRE_PTR(dev, weight.p);
     DP_NN_REQUIRE_PTR(dev, bias.p);
-    if (out_type != DP_DTYPE_F32 && out_type != DP_DTYPE_BF16)
-        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: out_type %s is neither DP_DTYPE_F32 nor "
-                       "DP_DTYPE_BF16", dev->name, dp_dtype_name(out_type));
+    int out16;
+    DP_TRY(dp_nn_check_dtype("dp_residual_layernorm_forward", dev, "out_type", out_type,
+                             &out16));
     DP_NN_CHECK_DIMS2(dev, N, C, &n);
-    size_t ob = n * (out_type == DP_DTYPE_BF16 ? sizeof(dp_bf16) : sizeof(float));
+    size_t ob = n * (out16 ? sizeof(dp_bf16) : sizeof(float));
     /* x is written while out is, and read whole per row before: apart. */
     DP_NN_REQUIRE_DISJOINT(dev, out, ob, x, n * sizeof(float));
     DP_NN_REQUIRE_DISJOINT(dev, out, ob, add, n * sizeof(float));
@@ -161,11 +161,10 @@ dp_status dp_residual_layernorm_forward(dp_device *dev, void *out, dp_dtype out_
     DP_NN_REQUIRE_DISJOINT(dev, out, ob, rstd, N * sizeof(float));
     if (dev->no_fused_producers) { /* the composition it stands for */
         DP_TRY(dp_accumulate(dev, x, add, n));
-        if (out_type == DP_DTYPE_BF16)
-            return dp_layernorm_forward_out16(dev, out, mean, rstd, x, weight, bias, N, C);
+        if (out16) return dp_layernorm_forward_out16(dev, out, mean, rstd, x, weight, bias, N, C);
         return layernorm_forward(dev, out, mean, rstd, x, weight.p, bias.p, weight.bf16, N, C);
     }
-    return dev->ops->residual_layernorm_forward(
-        dev, out_type == DP_DTYPE_F32 ? out : NULL, out_type == DP_DTYPE_BF16 ? out : NULL, mean,
-        rstd, x, add, weight, bias, C, DP_LAYERNORM_EPS, N);
+    return dev->ops->residual_layernorm_forward(dev, out16 ? NULL : out, out16 ? out : NULL, mean,
+                                                rstd, x, add, weight, bias, C,
+                                                DP_LAYERNORM_EPS, N);
 }

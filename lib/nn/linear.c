@@ -213,9 +213,8 @@ dp_status dp_linear_backward_ld(dp_device *dev, float *dinp, float *dweight, flo
 
 static dp_status check_act_type(dp_device *dev, dp_dtype t)
 {
-    if (t == DP_DTYPE_F32 || t == DP_DTYPE_BF16) return DP_OK;
-    return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: inp_type %s; the input is DP_DTYPE_F32 or "
-                   "DP_DTYPE_BF16", dev->name, dp_dtype_name(t));
+    int bf16;
+    return dp_nn_check_dtype("the linear layer", dev, "inp_type", t, &bf16);
 }
 
 dp_status dp_linear_forward_out16(dp_device *dev, dp_bf16 *out, float *scratch,
@@ -261,18 +260,39 @@ dp_status dp_linear_forward_out16(dp_device *dev, dp_bf16 *out, float *scratch,
     return DP_OK;
 }
 
+/* The checks both backwards with a bfloat16 dout share (a macro, so
+ * messages name the public function). */
+#define CHECK_BACKWARD16()                          \
+    do {                                            \
+        DP_NN_REQUIRE_DEV(dev);                     \
+        DP_NN_REQUIRE_PTR(dev, dweight);            \
+        DP_NN_REQUIRE_PTR(dev, dout);               \
+        DP_NN_REQUIRE_PTR(dev, inp);                \
+        DP_NN_REQUIRE_PTR(dev, weight.p);           \
+        CHECK_LINEAR_DIMS(dev, N, C, OC);           \
+        DP_TRY(check_act_type(dev, inp_type));      \
+    } while (0)
+
+/* The backward from dout16, dout's rounding, when there is one and the
+ * device rounds operands (BF16 math, fused producers allowed): both GEMMs
+ * read it; else dp/nn.h's backward, each GEMM reading dout as it is. */
+static dp_status backward_rounded(dp_device *dev, float *dinp, float *dweight, float *dbias,
+                                  const float *dout, const dp_bf16 *dout16, const void *inp,
+                                  int x16, dp_pref weight, size_t N, size_t C, size_t OC)
+{
+    if (!dout16 || dev->matmul != DP_MATMUL_BF16 || dev->no_fused_producers)
+        return linear_backward(dev, dinp, dweight, dbias, dout, inp, x16, C, weight.p,
+                               weight.bf16, N, C, OC);
+    return linear_backward_g(dev, dinp, dweight, dbias, dout, dout16, 1, inp, x16, C, weight.p,
+                             weight.bf16, N, C, OC);
+}
+
 dp_status dp_linear_backward_dout16(dp_device *dev, float *dinp, float *dweight, float *dbias,
                                     const float *dout, dp_bf16 *dout16, const void *inp,
                                     dp_dtype inp_type, dp_pref weight, size_t N, size_t C,
                                     size_t OC)
 {
-    DP_NN_REQUIRE_DEV(dev);
-    DP_NN_REQUIRE_PTR(dev, dweight);
-    DP_NN_REQUIRE_PTR(dev, dout);
-    DP_NN_REQUIRE_PTR(dev, inp);
-    DP_NN_REQUIRE_PTR(dev, weight.p);
-    CHECK_LINEAR_DIMS(dev, N, C, OC);
-    DP_TRY(check_act_type(dev, inp_type));
+    CHECK_BACKWARD16();
     int x16 = inp_type == DP_DTYPE_BF16;
     if (dout16) { /* written before the GEMMs read everything else */
         size_t n16 = N * OC * sizeof(dp_bf16);
@@ -283,12 +303,9 @@ dp_status dp_linear_backward_dout16(dp_device *dev, float *dinp, float *dweight,
         DP_NN_REQUIRE_DISJOINT(dev, dout16, n16, dweight, OC * C * sizeof(float));
     }
     /* Only BF16 math rounds dout: in FP32 and TF32 each GEMM reads it as is. */
-    if (!dout16 || dev->matmul != DP_MATMUL_BF16 || dev->no_fused_producers)
-        return linear_backward(dev, dinp, dweight, dbias, dout, inp, x16, C, weight.p,
-                               weight.bf16, N, C, OC);
-    DP_TRY(dev->ops->cast_f32_bf16(dev, dout16, dout, N * OC));
-    return linear_backward_g(dev, dinp, dweight, dbias, dout, dout16, 1, inp, x16, C, weight.p,
-                             weight.bf16, N, C, OC);
+    if (dout16 && dev->matmul == DP_MATMUL_BF16 && !dev->no_fused_producers)
+        DP_TRY(dev->ops->cast_f32_bf16(dev, dout16, dout, N * OC));
+    return backward_rounded(dev, dinp, dweight, dbias, dout, dout16, inp, x16, weight, N, C, OC);
 }
 
 dp_status dp_linear_backward_rounded(dp_device *dev, float *dinp, float *dweight, float *dbias,
@@ -296,21 +313,11 @@ dp_status dp_linear_backward_rounded(dp_device *dev, float *dinp, float *dweight
                                      dp_dtype inp_type, dp_pref weight, size_t N, size_t C,
                                      size_t OC)
 {
-    DP_NN_REQUIRE_DEV(dev);
-    DP_NN_REQUIRE_PTR(dev, dweight);
-    DP_NN_REQUIRE_PTR(dev, dout);
+    CHECK_BACKWARD16();
     DP_NN_REQUIRE_PTR(dev, dout16);
-    DP_NN_REQUIRE_PTR(dev, inp);
-    DP_NN_REQUIRE_PTR(dev, weight.p);
-    CHECK_LINEAR_DIMS(dev, N, C, OC);
-    DP_TRY(check_act_type(dev, inp_type));
-    int x16 = inp_type == DP_DTYPE_BF16;
     size_t n16 = N * OC * sizeof(dp_bf16);
     DP_NN_REQUIRE_DISJOINT(dev, dout16, n16, dinp, N * C * sizeof(float));
     DP_NN_REQUIRE_DISJOINT(dev, dout16, n16, dweight, OC * C * sizeof(float));
-    if (dev->matmul != DP_MATMUL_BF16 || dev->no_fused_producers)
-        return linear_backward(dev, dinp, dweight, dbias, dout, inp, x16, C, weight.p,
-                               weight.bf16, N, C, OC);
-    return linear_backward_g(dev, dinp, dweight, dbias, dout, dout16, 1, inp, x16, C, weight.p,
-                             weight.bf16, N, C, OC);
+    return backward_rounded(dev, dinp, dweight, dbias, dout, dout16, inp,
+                            inp_type == DP_DTYPE_BF16, weight, N, C, OC);
 }

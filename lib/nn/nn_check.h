@@ -44,6 +44,36 @@ static inline dp_status dp_nn_check_distinct(const char *fn, dp_device *dev,
     return DP_OK;
 }
 
+/* A tensor's element type where a call takes float32 or bfloat16: *bf16
+ * = whether it is bfloat16; else the call fn fails, naming the argument
+ * `what`. dev may be NULL (a message's device name). */
+static inline dp_status dp_nn_check_dtype(const char *fn, const dp_device *dev, const char *what,
+                                          dp_dtype t, int *bf16)
+{
+    *bf16 = t == DP_DTYPE_BF16;
+    if (t == DP_DTYPE_F32 || t == DP_DTYPE_BF16) return DP_OK;
+    return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
+                   "%s on %s: %s %s (%d) is neither DP_DTYPE_F32 nor DP_DTYPE_BF16", fn,
+                   dev ? dev->name : "(null)", what, dp_dtype_name(t), (int)t);
+}
+
+/* The attention's heads: B, T, C and NH > 0 and C a multiple of NH (the
+ * head size is C/NH); else the call fn fails. */
+static inline dp_status dp_nn_check_heads(const char *fn, const dp_device *dev, size_t B,
+                                          size_t T, size_t C, size_t NH)
+{
+    if (!B || !T || !C || !NH)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
+                       "%s on %s: B=%zu, T=%zu, C=%zu and NH=%zu must all be > 0", fn,
+                       dev->name, B, T, C, NH);
+    if (C % NH)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
+                       "%s on %s: C=%zu is not a multiple of NH=%zu (C %% NH != 0); the head "
+                       "size is C/NH, so choose C divisible by the number of heads",
+                       fn, dev->name, C, NH);
+    return DP_OK;
+}
+
 #define DP_NN_REQUIRE_DEV(dev)                                                            \
     do {                                                                                  \
         if (!(dev)) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "dev must not be NULL");     \

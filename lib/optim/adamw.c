@@ -47,27 +47,39 @@ static dp_status check_range(const dp_device *dev, const float *params, const fl
 
 // --- AdamW ------------------------------------------------------------------------
 
-dp_status dp_adamw_update(dp_device *dev, float *params, const float *grads, float *m,
-                          float *v, size_t n, float lr, float beta1, float beta2, float eps,
-                          float weight_decay, long t)
+/* The checks every AdamW call shares (n elements from params, grads, m
+ * and v; weight decays are checked where they are given), then the step's
+ * bias corrections 1 - beta^t into bc1, bc2. */
+static dp_status adamw_prepare(dp_device *dev, const float *params, const float *grads,
+                               const float *m, const float *v, size_t n, float lr, float beta1,
+                               float beta2, float eps, long t, float *bc1, float *bc2)
 {
-    if (!dev) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "dev must not be NULL");
     DP_TRY(check_range(dev, params, grads, n, t));
     if (!m || !v)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: AdamW moments m and v must not be NULL "
                        "(allocate them zeroed before step 1)", dev->name);
     DP_TRY(check_nonneg(dev, "lr", lr));
     DP_TRY(check_nonneg(dev, "eps", eps));
-    DP_TRY(check_nonneg(dev, "weight_decay", weight_decay));
     if (!(beta1 >= 0.0f && beta1 < 1.0f) || !(beta2 >= 0.0f && beta2 < 1.0f))
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: AdamW betas (%g, %g) must lie in [0, 1)",
                        dev->name, (double)beta1, (double)beta2);
     /* In double: beta2^t for t ~ 1e5 underflows nothing, and 1 - beta^t
      * loses no digits before the one rounding to float. */
-    double bias_corr1 = 1.0 - pow((double)beta1, (double)t);
-    double bias_corr2 = 1.0 - pow((double)beta2, (double)t);
-    return dev->ops->adamw(dev, params, grads, m, v, lr, beta1, beta2, eps, weight_decay,
-                           (float)bias_corr1, (float)bias_corr2, n);
+    *bc1 = (float)(1.0 - pow((double)beta1, (double)t));
+    *bc2 = (float)(1.0 - pow((double)beta2, (double)t));
+    return DP_OK;
+}
+
+dp_status dp_adamw_update(dp_device *dev, float *params, const float *grads, float *m,
+                          float *v, size_t n, float lr, float beta1, float beta2, float eps,
+                          float weight_decay, long t)
+{
+    if (!dev) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "dev must not be NULL");
+    float bc1 = 0.0f, bc2 = 0.0f;
+    DP_TRY(adamw_prepare(dev, params, grads, m, v, n, lr, beta1, beta2, eps, t, &bc1, &bc2));
+    DP_TRY(check_nonneg(dev, "weight_decay", weight_decay));
+    return dev->ops->adamw(dev, params, grads, m, v, lr, beta1, beta2, eps, weight_decay, bc1,
+                           bc2, n);
 }
 
 // --- AdamW over a slice's segments -------------------------------------------------
@@ -114,21 +126,11 @@ dp_status dp_adamw_update_segments(dp_device *dev, float *params, float *grads, 
         }
         return DP_OK;
     }
-    size_t n = (size_t)segs->end[segs->n - 1];
-    DP_TRY(check_range(dev, params, grads, n, t));
-    if (!m || !v)
-        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: AdamW moments m and v must not be NULL "
-                       "(allocate them zeroed before step 1)", dev->name);
-    DP_TRY(check_nonneg(dev, "lr", lr));
-    DP_TRY(check_nonneg(dev, "eps", eps));
-    if (!(beta1 >= 0.0f && beta1 < 1.0f) || !(beta2 >= 0.0f && beta2 < 1.0f))
-        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: AdamW betas (%g, %g) must lie in [0, 1)",
-                       dev->name, (double)beta1, (double)beta2);
-    /* the bias corrections exactly as dp_adamw_update forms them */
-    double bias_corr1 = 1.0 - pow((double)beta1, (double)t);
-    double bias_corr2 = 1.0 - pow((double)beta2, (double)t);
+    float bc1 = 0.0f, bc2 = 0.0f;
+    DP_TRY(adamw_prepare(dev, params, grads, m, v, (size_t)segs->end[segs->n - 1], lr, beta1,
+                         beta2, eps, t, &bc1, &bc2));
     return dev->ops->adamw_segments(dev, params, grads, m, v, replica, segs, lr, beta1, beta2,
-                                    eps, (float)bias_corr1, (float)bias_corr2, clip);
+                                    eps, bc1, bc2, clip);
 }
 
 // --- SGD --------------------------------------------------------------------------
