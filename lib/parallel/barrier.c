@@ -95,6 +95,14 @@ void dp_barrier_notify(dp_barrier *b)
     pthread_mutex_unlock(&b->mu);
 }
 
+unsigned long dp_barrier_progress(dp_barrier *b)
+{
+    pthread_mutex_lock(&b->mu);
+    unsigned long n = b->progress;
+    pthread_mutex_unlock(&b->mu);
+    return n;
+}
+
 int dp_barrier_await(dp_barrier *b, unsigned long *seen, double seconds)
 {
     struct timespec ts = dp_deadline_at(dp_now_seconds() + seconds);

@@ -45,5 +45,7 @@ int dp_barrier_sleep(dp_barrier *b, double seconds);
  * another waiting. */
 void dp_barrier_notify(dp_barrier *b);
 int dp_barrier_await(dp_barrier *b, unsigned long *seen, double seconds);
+/* dp_barrier_notify's count so far. */
+unsigned long dp_barrier_progress(dp_barrier *b);
 
 #endif /* DP_PARALLEL_BARRIER_H */

@@ -31,9 +31,13 @@ dp_status dp_comm_setup(worker *owner)
         /* Host memory is read in place; other devices' chunks are copied in. */
         if (s == DP_OK && !dp_device_is_host_memory(owner->dev))
             s = dp_dbuf_ensure(owner->dev, &sl->in, bytes);
-        /* The other ranks' devices' chunks arrive here. */
+        /* The other ranks' devices' chunks arrive here, in two halves when
+         * the slice has two rounds or more: one round arrives while the
+         * one before it is summed (rounds.h). */
+        size_t halves = n > c ? 2 : 1;
+        sl->staged = chunk;
         if (s == DP_OK && K > e->L.k)
-            s = dp_dbuf_ensure(owner->dev, &sl->remote, (K - e->L.k) * bytes);
+            s = dp_dbuf_ensure(owner->dev, &sl->remote, halves * (K - e->L.k) * bytes);
         if (s != DP_OK) {
             dp_error_prefix("reduce-scatter staging of slice %zu on %s", j, owner->dev->name);
             return s;
@@ -54,11 +58,11 @@ void dp_comm_teardown(dp_engine *e)
     }
 }
 
-float *dp_comm_remote_chunk(const dp_engine *e, const slice *sl, size_t d)
+float *dp_comm_remote_chunk(const dp_engine *e, const slice *sl, size_t d, int half)
 {
-    size_t c = sl->remote.bytes / sizeof(float) / (e->L.K - e->L.k);
+    size_t others = e->L.K - e->L.k;
     size_t idx = d < e->L.g0 ? d : d - e->L.k; /* among the other ranks' devices */
-    return (float *)sl->remote.ptr + idx * c;
+    return (float *)sl->remote.ptr + ((size_t)half * others + idx) * sl->staged;
 }
 
 dp_status dp_comm_scatter_batch(worker *w, const dp_plan *plan)
@@ -142,12 +146,13 @@ dp_status dp_comm_scatter_dlogits(worker *w, const dp_plan *plan, size_t j, size
  * in global order (device 0, whose zeroed buffer starts the sum even when
  * idle, then every busy device), whatever rank they are on: a local
  * device's chunk is read in place (host memory) or copied in, another
- * rank's was received into sl->remote (round_at: where that chunk starts).
+ * rank's was received into half `half` of sl->remote (round_at: where
+ * that chunk starts).
  * Float addition commutes, so adding the running sum to the owner's own
  * gradient (own = g_o + sum) gives the bits that adding g_o to the sum
  * would; the owner's buffer takes the sum from its turn on. */
 static dp_status reduce_chunk(dp_engine *e, const dp_plan *plan, slice *sl, size_t at, size_t n,
-                             size_t round_at)
+                             size_t round_at, int half)
 {
     worker *o = dp_local_worker(e, (size_t)sl->owner);
     size_t bytes = n * sizeof(float);
@@ -165,7 +170,7 @@ static dp_status reduce_chunk(dp_engine *e, const dp_plan *plan, slice *sl, size
             first = NULL;
             continue;
         }
-        const float *src = wd ? wd->grads + at : dp_comm_remote_chunk(e, sl, d) + (at - round_at);
+        const float *src = wd ? wd->grads + at : dp_comm_remote_chunk(e, sl, d, half) + (at - round_at);
         int readable = host || !wd; /* received chunks are on the owner already */
         if (!sum && !first) {
             if (readable) {
@@ -195,31 +200,25 @@ static dp_status reduce_chunk(dp_engine *e, const dp_plan *plan, slice *sl, size
 }
 
 dp_status dp_comm_reduce_range(dp_engine *e, const dp_plan *plan, slice *sl, size_t from,
-                               size_t to)
+                               size_t to, int half)
 {
     if (e->L.K < 2) return DP_OK; /* one device: its gradient is the sum */
     size_t c = dp_comm_chunk_floats(e, dp_local_worker(e, (size_t)sl->owner)->dev);
     /* Chunks of at most c from `from` (where a received chunk starts too). */
     for (size_t at = from; at < to; at += c)
-        DP_TRY(reduce_chunk(e, plan, sl, at, to - at < c ? to - at : c, from));
+        DP_TRY(reduce_chunk(e, plan, sl, at, to - at < c ? to - at : c, from, half));
     return DP_OK;
 }
 
-dp_status dp_comm_reduce_scatter(worker *w, const dp_plan *plan, size_t at, size_t len)
+dp_status dp_comm_reduce_scatter(worker *w, const dp_plan *plan)
 {
     dp_engine *e = w->e;
     for (size_t j = 0; j < e->L.K; j++) {
         slice *sl = &e->s[j];
         if (sl->reducer != w->id) continue;
-        size_t b = sl->begin, n = sl->end - sl->begin;
-        if (len == SIZE_MAX) { /* one process: what the overlap left (overlap.h) */
-            DP_TRY(dp_comm_reduce_range(e, plan, sl, b, sl->reduced_from));
-            sl->reduced_from = b;
-            continue;
-        }
-        if (at >= n) continue;
-        size_t end = n - at < len ? n : at + len;
-        DP_TRY(dp_comm_reduce_range(e, plan, sl, b + at, b + end));
+        /* what the overlap (overlap.h) left */
+        DP_TRY(dp_comm_reduce_range(e, plan, sl, sl->begin, sl->reduced_from, 0));
+        sl->reduced_from = sl->begin;
     }
     return DP_OK;
 }

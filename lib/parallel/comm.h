@@ -27,20 +27,21 @@
  * where each chunk is a copy and a kernel launch. */
 #define DP_COMM_CHUNK_FLOATS_HOST ((size_t)1 << 14)
 #define DP_COMM_CHUNK_FLOATS_DEVICE ((size_t)1 << 20)
-/* With ranks, the chunk is the transport's round (round_floats): each
- * round is one exchange between the ranks and one local job; the owner
- * stages one chunk per device of the other ranks. */
+/* With ranks, the chunk is the transport's round (round_floats): the
+ * owner stages one chunk per device of the other ranks, twice (rounds.h). */
 size_t dp_comm_chunk_floats(const dp_engine *e, const dp_device *owner);
 
 /* Setup job, every worker, after the buffers of every worker exist: what
  * the collectives need for the slices this worker owns, on its device (per
- * slice a running sum when the owner is not device 0, and an incoming
- * chunk on non-host devices; each at most one chunk). dp_comm_teardown
+ * slice a running sum when the owner is not device 0, an incoming chunk
+ * on non-host devices, each at most one chunk, and with ranks the other
+ * ranks' chunks). dp_comm_teardown
  * frees worker w's slice's. */
 dp_status dp_comm_setup(worker *owner);
 void dp_comm_teardown(dp_engine *e);
-/* Where global device d's chunk of slice sl arrives from another rank. */
-float *dp_comm_remote_chunk(const dp_engine *e, const slice *sl, size_t d);
+/* Where global device d's chunk of slice sl arrives from another rank,
+ * in staging half `half` (rounds.h). */
+float *dp_comm_remote_chunk(const dp_engine *e, const slice *sl, size_t d, int half);
 
 /* Scatter of the batch: copies this worker's rows of the planned host
  * batch (inputs and targets) to its device (w->inputs, w->targets). */
@@ -65,21 +66,19 @@ dp_status dp_comm_scatter_dlogits(worker *w, const dp_plan *plan, size_t j, size
  * outputs after the root's own rows, in device order. */
 dp_status dp_comm_gather_outputs(worker *root, const dp_plan *plan);
 
-/* Reduce-scatter, worker w's part: for every slice it reduces, the owner
- * ends up with owner->grads[slice] = ((g_0 + g_1) + g_2) + ... + g_{K-1}
- * over the job's devices' gradients of the slice, added in that order on
- * the owner's device whoever the owner is (idle devices d >= 1 are
- * skipped: their gradient is zero), over the elements [at, at + len) of
- * each slice: the round whose other-rank chunks the transport received
- * (one process: at 0, len SIZE_MAX, the whole slice). Other devices'
- * gradient buffers are only read. */
-dp_status dp_comm_reduce_scatter(worker *w, const dp_plan *plan, size_t at, size_t len);
+/* Reduce-scatter in one process, worker w's part: for every slice it
+ * reduces, the owner ends up with owner->grads[slice] = ((g_0 + g_1) +
+ * g_2) + ... + g_{K-1} over the job's devices' gradients of the slice,
+ * added in that order on the owner's device whoever the owner is (idle
+ * devices d >= 1 are skipped: their gradient is zero), over the part
+ * [begin, reduced_from) the overlap (overlap.h) has not reduced yet.
+ * Other devices' gradient buffers are only read. */
+dp_status dp_comm_reduce_scatter(worker *w, const dp_plan *plan);
 /* The same sum over the elements [from, to) of slice sl, on its reducer's
- * thread (with ranks: one round, starting at from). In one process
- * (len SIZE_MAX above) the reduce-scatter takes [begin, reduced_from),
- * what the overlap (overlap.h) has not reduced yet. */
+ * thread; with ranks, one round (rounds.h), starting at from, whose other
+ * ranks' chunks arrived in staging half `half`. */
 dp_status dp_comm_reduce_range(dp_engine *e, const dp_plan *plan, slice *sl, size_t from,
-                               size_t to);
+                               size_t to, int half);
 
 /* All-gather of the parameters (the replicas' own type, bfloat16 or
  * float32): worker w's replica gets every slice it

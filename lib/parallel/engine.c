@@ -369,7 +369,7 @@ void dp_engine_destroy(dp_engine *e)
     for (size_t i = 0; pinned && e->s && i < e->L.K; i++) free(e->s[i].segs);
     free(e->s);
     free(e->xfers);
-    free(e->round_at);
+    free(e->rounds);
     free(e->w);
     free(e);
 }

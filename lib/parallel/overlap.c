@@ -18,11 +18,13 @@
 #include "parallel/comm.h"
 #include "parallel/overlap.h"
 #include "parallel/pool.h"
+#include "parallel/rounds.h"
 
 static int decide(const dp_engine *e, int train)
 {
-    if (!train || e->L.K < 2 || e->bucket_floats == SIZE_MAX || dp_transport_spans_ranks(&e->tp))
-        return 0;
+    if (!train || e->L.K < 2 || e->bucket_floats == SIZE_MAX) return 0;
+    /* With ranks, rounds must move while the caller waits for the job. */
+    if (dp_transport_spans_ranks(&e->tp) && !dp_transport_async(&e->tp)) return 0;
     /* Host memory only, for now: on a GPU the sums would run on the owner's
      * compute stream, interleaved with its backward rather than beside it,
      * until they get a stream of their own (docs/design.md section 9). */
@@ -78,6 +80,8 @@ void dp_overlap_final(worker *w) { publish(w, 0); }
 static dp_status reduce_ready(worker *w, int *left)
 {
     dp_engine *e = w->e;
+    /* With ranks the pieces are the rounds that arrived (rounds.h). */
+    if (dp_transport_spans_ranks(&e->tp)) return dp_rounds_reduce(w, left);
     const dp_plan *plan = &e->plan;
     size_t ready = 0; /* the least advanced contributing device's watermark */
     for (size_t g = 0; g < e->L.K; g++) {
@@ -95,7 +99,7 @@ static dp_status reduce_ready(worker *w, int *left)
         if (lo >= sl->reduced_from) continue;
         if (lo > sl->begin && sl->reduced_from - lo < e->bucket_floats) continue;
         DP_TRY(dp_worker_switch_phase(w, DP_PHASE_REDUCE));
-        DP_TRY(dp_comm_reduce_range(e, plan, sl, lo, sl->reduced_from));
+        DP_TRY(dp_comm_reduce_range(e, plan, sl, lo, sl->reduced_from, 0));
         sl->reduced_from = lo;
     }
     return dp_worker_switch_phase(w, was);
@@ -170,9 +174,6 @@ int dp_overlap_drain(worker *w, const dp_plan *plan)
         }
         if (!left) return 0;
         /* Like the barrier's waiters, a waiting worker is not a stuck one. */
-        int saved = atomic_exchange(&w->busy_phase, -1);
-        int rc = dp_barrier_await(b, &seen, 1.0);
-        atomic_store(&w->busy_phase, saved);
-        if (rc != 0) return 1;
+        if (dp_worker_await_progress(w, &seen, 1.0) != 0) return 1;
     }
 }

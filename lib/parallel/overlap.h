@@ -1,10 +1,10 @@
 /*
- * parallel/overlap.h - the reduce-scatter overlapped with the backward
- * (one process): a model's dp_grads_ready signals (dp/model.h) move its
- * worker's watermark down the flat gradient buffer, and each slice's
- * reducer sums the part of its slice that every contributing device has
- * finished while the backward goes on, in pieces of at least the
- * engine's bucket (dp_engine_config.bucket_bytes). A reducer whose own
+ * parallel/overlap.h - the reduce-scatter overlapped with the backward:
+ * a model's dp_grads_ready signals (dp/model.h) move its worker's
+ * watermark down the flat gradient buffer, and each slice's reducer sums
+ * the part of its slice that every contributing device has finished
+ * while the backward goes on, in pieces of at least the engine's bucket
+ * (dp_engine_config.bucket_bytes; with ranks, the rounds, rounds.h). A reducer whose own
  * backward is done waits for the others' progress and sums as it comes;
  * what is left when every backward ended is summed by the reduce stage
  * (comm.h). Each element's sum keeps its order (comm.c), so the bits do
@@ -16,11 +16,12 @@
 #include "parallel/state.h"
 
 /* The step's caller, before the step's job: decides whether this step's
- * reduce-scatter overlaps the backward (training, in one process, more
- * than one device, a bucket set, devices whose memory the host reads:
- * CPU devices), records it (engine.overlapping) and returns it; for
- * training, every watermark at n_params (nothing final) and every slice
- * unreduced. */
+ * reduce-scatter overlaps the backward (training, more than one device, a
+ * bucket set, devices whose memory the host reads: CPU devices; with
+ * ranks, a transport that starts rounds without waiting, whose rounds
+ * are then the pieces, rounds.h), records it (engine.overlapping) and
+ * returns it; for training, every watermark at n_params (nothing final)
+ * and every slice unreduced. */
 int dp_overlap_begin_step(dp_engine *e, int train);
 
 /* compute.c, around one backward call of worker w: chunk->ready for the

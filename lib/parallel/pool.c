@@ -162,6 +162,20 @@ int dp_worker_enter_phase(worker *w, dp_phase ph)
     return 0;
 }
 
+int dp_worker_await_progress(worker *w, unsigned long *seen, double seconds)
+{
+    dp_pool *p = w->pool;
+    int saved = atomic_exchange(&w->busy_phase, -1);
+    int rc = dp_barrier_await(&p->barrier, seen, seconds);
+    if (p->watchdog_seconds > 0) {
+        pthread_mutex_lock(&p->mu);
+        p->last_progress = dp_now_seconds();
+        pthread_mutex_unlock(&p->mu);
+    }
+    atomic_store(&w->busy_phase, saved);
+    return rc;
+}
+
 /* Waits at the barrier; the watchdog does not count a waiting worker as stuck. */
 int dp_worker_sync(worker *w) { return dp_worker_sync_then(w, NULL, NULL); }
 
@@ -198,8 +212,11 @@ static void *worker_main(void *arg)
         atomic_store(&w->busy_phase, -1);
 
         pthread_mutex_lock(&p->mu);
-        if (--p->running == 0) pthread_cond_signal(&p->cv_done);
+        int last = --p->running == 0;
+        if (last) pthread_cond_signal(&p->cv_done);
         pthread_mutex_unlock(&p->mu);
+        /* A caller working beside the job waits on the barrier's progress. */
+        if (last) dp_barrier_notify(&p->barrier);
     }
     return NULL;
 }
@@ -262,7 +279,48 @@ void dp_pool_reset_stats(dp_pool *p)
     }
 }
 
+int dp_pool_busy(dp_pool *p)
+{
+    for (size_t i = 0; i < p->k; i++)
+        if (atomic_load(&p->w[i].busy_phase) >= 0) return 1;
+    return 0;
+}
+
+/* The caller's work beside the job, until beside says it is done, the job
+ * ends or is aborted, or the watchdog is due (left to watch): beside runs
+ * after each of the workers' progress marks, or after the wait it asked
+ * for. Waiting for a transport is not stalling: the watchdog counts only
+ * while some worker is busy, and beside bounds its own waits. */
+static void work_beside(dp_pool *p, double (*beside)(void *), void *arg)
+{
+    unsigned long seen = 0;
+    for (;;) {
+        pthread_mutex_lock(&p->mu);
+        int running = p->running;
+        double due = p->last_progress + p->watchdog_seconds;
+        pthread_mutex_unlock(&p->mu);
+        if (!running) return;
+        double wait = beside(arg);
+        if (wait < 0) return;
+        if (p->watchdog_seconds > 0) {
+            /* A worker may turn busy without a progress mark: look again
+             * by the deadline whatever beside asked. */
+            double left = due - dp_now_seconds();
+            if (left <= 0 && dp_pool_busy(p)) return;
+            if (left <= 0) left = p->watchdog_seconds;
+            if (wait > left) wait = left;
+        }
+        if (dp_barrier_await(&p->barrier, &seen, wait) != 0) return;
+    }
+}
+
 dp_status dp_pool_run(dp_pool *p, dp_pool_fn fn, void *arg, dp_phase *failed)
+{
+    return dp_pool_run_beside(p, fn, arg, failed, NULL, NULL);
+}
+
+dp_status dp_pool_run_beside(dp_pool *p, dp_pool_fn fn, void *arg, dp_phase *failed,
+                             double (*beside)(void *), void *beside_arg)
 {
     dp_phase none;
     if (!failed) failed = &none;
@@ -282,6 +340,11 @@ dp_status dp_pool_run(dp_pool *p, dp_pool_fn fn, void *arg, dp_phase *failed)
     p->job_gen++;
     p->last_progress = dp_now_seconds();
     pthread_cond_broadcast(&p->cv_start);
+    if (beside) {
+        pthread_mutex_unlock(&p->mu);
+        work_beside(p, beside, beside_arg);
+        pthread_mutex_lock(&p->mu);
+    }
     dp_status timeout = DP_OK;
     if (p->watchdog_seconds > 0)
         timeout = watch(p, failed); /* returns with mu held */

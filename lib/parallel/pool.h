@@ -27,6 +27,16 @@ void dp_pool_stop(dp_pool *p);
  * last error; *failed (may be NULL) gets the phase it failed in
  * (DP_PHASE_COUNT: none, or outside the step's phases). */
 dp_status dp_pool_run(dp_pool *p, dp_pool_fn fn, void *arg, dp_phase *failed);
+/* The same, and while the job runs the caller calls beside(beside_arg)
+ * (parallel/rounds.c: moving data between the ranks): again after the
+ * seconds it returns (INFINITY: after the workers' next progress mark,
+ * dp_barrier_notify), until it returns a negative value or the job ends or
+ * is aborted. */
+dp_status dp_pool_run_beside(dp_pool *p, dp_pool_fn fn, void *arg, dp_phase *failed,
+                             double (*beside)(void *), void *beside_arg);
+/* Whether some worker is inside a phase now (not waiting at the barrier
+ * or for other workers' progress, nor done). */
+int dp_pool_busy(dp_pool *p);
 /* Clears the step's phase figures (times, peaks); a step made of several
  * jobs clears them once, before the first. */
 void dp_pool_reset_stats(dp_pool *p);
@@ -46,6 +56,11 @@ dp_status dp_worker_switch_phase(worker *w, dp_phase p);
 /* Names phase p as the worker's current one without entering it (no
  * timing, no test hooks): the re-synchronisations outside a step. */
 static inline void dp_worker_set_phase(worker *w, dp_phase p) { w->phase = p; }
+/* Waits at most `seconds` for the other workers' progress
+ * (dp_barrier_await: 0, or nonzero when the job was aborted), as a
+ * waiting worker, not a stuck one; the watchdog counts again from its
+ * return. */
+int dp_worker_await_progress(worker *w, unsigned long *seen, double seconds);
 /* Waits for every worker at the barrier; nonzero when the job was aborted. */
 int dp_worker_sync(worker *w);
 /* The same, and the last worker to arrive runs fn(arg) before any goes on

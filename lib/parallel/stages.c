@@ -24,9 +24,15 @@
 // --- a list, and what its stages call -------------------------------------------------
 
 void dp_stages_add(step *c, void (*work)(worker *, step *, const stage *),
-                   void (*exchange)(step *, const stage *), size_t round)
+                   void (*exchange)(step *, const stage *))
 {
-    c->st[c->n++] = (stage){work, exchange, round};
+    c->st[c->n++] = (stage){work, exchange, NULL};
+}
+
+void dp_stages_add_beside(step *c, void (*work)(worker *, step *, const stage *),
+                          double (*beside)(void *engine))
+{
+    c->st[c->n++] = (stage){work, NULL, beside};
 }
 
 void dp_stages_end(step *c, dp_status s, int resync)
@@ -120,8 +126,12 @@ dp_status dp_stages_run(step *c)
         }
         c->job_from = at;
         c->job_to = to;
+        /* With ranks a job is a stretch of work: the caller may work beside it. */
+        double (*beside)(void *) = NULL;
+        for (size_t j = at; !one_job && j < to; j++)
+            if (c->st[j].beside) beside = c->st[j].beside;
         dp_phase failed;
-        dp_status s = dp_pool_run(&c->e->pool, job_stages, c, &failed);
+        dp_status s = dp_pool_run_beside(&c->e->pool, job_stages, c, &failed, beside, c->e);
         if (c->stop) break;
         if (s != DP_OK) {
             c->local = s;

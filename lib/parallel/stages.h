@@ -17,7 +17,9 @@ typedef struct step step;
 typedef struct stage {
     void (*work)(worker *w, step *c, const struct stage *st);
     void (*exchange)(step *c, const struct stage *st);
-    size_t round; /* reduce: its round */
+    /* work with ranks: what the caller does while the job runs (pool.h's
+     * beside, its argument the engine), or NULL */
+    double (*beside)(void *engine);
 } stage;
 
 /* With one rank, the exchanges [from, to) a barrier runs. */
@@ -31,7 +33,6 @@ struct step {
     const dp_plan *plan;
     dp_step_outcome *out;
     int train;
-    size_t round_floats, n_rounds; /* reduce: SIZE_MAX, 1 with one rank */
     double norm;     /* update: the global gradient norm */
     int skip;        /* update: skip it (non-finite loss or norm) */
     int hash;        /* all-gather: hash the replicas after every copy */
@@ -49,7 +50,11 @@ struct step {
 step *dp_stages_new(dp_engine *e, size_t n, dp_step_outcome *out);
 /* Appends a stage: work or exchange (the other NULL). */
 void dp_stages_add(step *c, void (*work)(worker *, step *, const stage *),
-                   void (*exchange)(step *, const stage *), size_t round);
+                   void (*exchange)(step *, const stage *));
+/* Appends work with what the caller does beside it when the job crosses
+ * ranks (stage.beside). */
+void dp_stages_add_beside(step *c, void (*work)(worker *, step *, const stage *),
+                          double (*beside)(void *engine));
 /* Runs the stages in order until one ends the step; its outcome. */
 dp_status dp_stages_run(step *c);
 
@@ -74,14 +79,10 @@ dp_status dp_stages_agree(step *c);
 
 // --- step.c's, for sync.c ----------------------------------------------------------
 
-/* Stages besides the reduce-scatter's two per round: compute, losses,
- * norm, update, updated and at most 5 for the all-gather. */
-#define DP_STEP_FIXED_STAGES 10
-
-/* Rounds of the reduce-scatter: one in one process; with ranks, chunks of
- * the transport's round size over the longest slice. *c: floats per round
- * (SIZE_MAX: the whole slice). */
-size_t dp_step_rounds(const dp_engine *e, size_t *c);
+/* The most stages of a list: compute, its rounds' end, losses, reduce,
+ * its rounds' end, norm, update, updated and at most 5 for the
+ * all-gather. */
+#define DP_STEP_FIXED_STAGES 13
 
 /* The all-gather's stages (a step's, and a re-synchronisation's from the
  * owners). */

@@ -116,12 +116,32 @@ typedef struct slice {
     float *m, *v;  /* the moments, on the owner */
     float *master; /* bf16 replicas: the slice's float32 master weights, on the owner */
     double sumsq;  /* of the reduced gradient, this step (its reducer) */
-    /* comm.c: on the owner, the running sum, an incoming chunk, and one
-     * chunk per device of the other ranks */
+    /* comm.c: on the owner, the running sum, an incoming chunk, and per
+     * staging half one chunk of `staged` floats per device of the other
+     * ranks */
     dbuf acc, in, remote;
+    size_t staged;
     /* overlap.c (its reducer): [reduced_from, end) is reduced this step */
     size_t reduced_from;
 } slice;
+
+// --- the reduce-scatter's rounds between the ranks (rounds.c) ---------------------------
+
+/* A round's progress in the running step. */
+enum { DP_ROUND_IDLE, DP_ROUND_STARTED, DP_ROUND_ARRIVED, DP_ROUND_REDUCED };
+
+/* One round: elements [begin, end) of slice `slice`, its messages
+ * engine.xfers[at .. at + n). */
+typedef struct dp_round {
+    size_t slice, begin, end;
+    size_t at, n;
+    int recvs;   /* this rank receives in it (owns the slice) ... */
+    int half;    /* ... into this half of the slice's staging */
+    size_t prev; /* the round before it into that half (SIZE_MAX: none) */
+    /* DP_ROUND_*: the caller starts it and marks it arrived (release), the
+     * reducer marks it reduced (release); each reads the other's (acquire) */
+    atomic_int state;
+} dp_round;
 
 // --- the workers (pool.c and the step's phases) --------------------------------------
 
@@ -261,10 +281,18 @@ struct dp_engine {
     slice *s;     /* L.K slices (optimizer.c makes them) */
     dp_transport tp; /* what crosses between the ranks (transport/) */
     dp_pool pool;    /* pool.c */
-    /* step.c, at setup: the reduce-scatter's messages, round r's at
-     * xfers[round_at[r] .. round_at[r + 1]) */
+    /* rounds.c, at setup (with ranks): the reduce-scatter's rounds and
+     * their messages; in a step, the caller's next round to start, the
+     * first not yet arrived, and the transport's failure */
     dp_xfer *xfers;
-    size_t *round_at, n_rounds;
+    dp_round *rounds;
+    size_t n_rounds, round_next, round_first_out;
+    dp_status round_status;
+    /* the caller's last sight of progress here (a busy worker, a notify,
+     * a round moved): the rounds' wait is bounded from it */
+    double round_active;
+    unsigned long round_seen;
+    double round_poll; /* seconds between tests of the rounds in flight */
 
     /* engine.c, between calls */
     long t;

@@ -4,11 +4,11 @@
  * runs them). Every decision is taken in an exchange, from numbers every
  * rank has (the gradient norm, the skip, the replica check):
  *
- *   compute    scatter, forward, criterion (and backward)   work
+ *   compute    scatter, forward, criterion (and backward;    work
+ *              with the overlap, the reduce-scatter too)
  *   losses     every device's loss sum to every rank         exchange
- *   reduce     per round: the chunks between ranks, then     exchange, work
- *              the adds on the owners (the last round sums
- *              the squares)
+ *   reduce     the adds on the owners, then the sums of      work
+ *              squares
  *   norm       every slice's sum of squares to every rank;   exchange
  *              the norm and the skip decision from them
  *   update     clipping and the optimizer on the owners      work, exchange
@@ -24,7 +24,10 @@
  * process's order of additions: each owner receives the chunk of every
  * contributing device of the other ranks (a message per device, never a
  * partial sum) and adds all contributions in global device order (comm.c),
- * so R ranks of k devices give the bits of one process with R x k.
+ * so R ranks of k devices give the bits of one process with R x k. With
+ * ranks its chunks move in rounds (rounds.h) beside the job that sums
+ * them: the compute job when the reduce-scatter overlaps the backward,
+ * else the reduce job; an exchange after that job completes every round.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -36,6 +39,7 @@
 #include "parallel/overlap.h"
 #include "parallel/pool.h"
 #include "parallel/replica.h"
+#include "parallel/rounds.h"
 #include "parallel/stages.h"
 #include "parallel/step.h"
 
@@ -65,16 +69,14 @@ static void exchange_losses(step *c, const stage *st)
     if (s != DP_OK || !c->train) dp_stages_end(c, s, 0);
 }
 
-// --- the reduce-scatter's rounds ---------------------------------------------------------
+// --- the reduce-scatter --------------------------------------------------------------------
 
-/* Moves data only: made whatever this rank's outcome, so no rank waits. */
-static void exchange_round(step *c, const stage *st)
+/* With ranks, after the job the rounds moved beside: every round started
+ * and completed, whatever this rank's outcome, so no rank waits. */
+static void exchange_rounds(step *c, const stage *st)
 {
-    dp_engine *e = c->e;
     double t0 = dp_now_seconds();
-    size_t r = st->round, at = e->round_at[r];
-    dp_status s = dp_transport_exchange(&e->tp, r, e->xfers + at, e->round_at[r + 1] - at,
-                                        "reduce-scatter between the ranks");
+    dp_status s = dp_rounds_finish(c->e);
     dp_stages_charge(c, DP_PHASE_REDUCE, t0);
     if (s != DP_OK) dp_stages_end(c, s, 0); /* the ranks are out of step: the engine is unusable */
 }
@@ -82,9 +84,15 @@ static void exchange_round(step *c, const stage *st)
 static void work_reduce(worker *w, step *c, const stage *st)
 {
     ENTER(w, DP_PHASE_REDUCE);
-    size_t at = c->round_floats == SIZE_MAX ? 0 : st->round * c->round_floats;
-    CHECK(w, dp_comm_reduce_scatter(w, c->plan, at, c->round_floats));
-    if (st->round + 1 == c->n_rounds) CHECK(w, dp_opt_slice_sumsq(w));
+    if (!dp_stages_across(c)) {
+        CHECK(w, dp_comm_reduce_scatter(w, c->plan));
+    } else {
+        /* The rounds arrive beside this job (or did beside the compute's):
+         * this worker's part of them is summed as they come. */
+        dp_overlap_final(w);
+        if (dp_overlap_drain(w, c->plan)) return;
+    }
+    CHECK(w, dp_opt_slice_sumsq(w));
 }
 
 /* Every rank derives the same norm and decision from the same numbers,
@@ -213,51 +221,35 @@ static void exchange_gathered(step *c, const stage *st)
 void dp_step_add_allgather(step *c)
 {
     int fills_all = dp_transport_fills_every_replica(&c->e->tp);
-    if (!dp_stages_across(c) || !fills_all) dp_stages_add(c, work_gather_local, NULL, 0);
+    if (!dp_stages_across(c) || !fills_all) dp_stages_add(c, work_gather_local, NULL);
     if (dp_stages_across(c)) {
-        if (!fills_all) dp_stages_add(c, NULL, exchange_gathered_local, 0);
-        dp_stages_add(c, NULL, exchange_allgather, 0);
-        if (!fills_all) dp_stages_add(c, work_gather_remote, NULL, 0);
-        else if (c->hash) dp_stages_add(c, work_hash, NULL, 0);
+        if (!fills_all) dp_stages_add(c, NULL, exchange_gathered_local);
+        dp_stages_add(c, NULL, exchange_allgather);
+        if (!fills_all) dp_stages_add(c, work_gather_remote, NULL);
+        else if (c->hash) dp_stages_add(c, work_hash, NULL);
     }
-    dp_stages_add(c, NULL, exchange_gathered, 0);
+    dp_stages_add(c, NULL, exchange_gathered);
 }
 
 // --- the step -------------------------------------------------------------------------------
 
-/* Rounds of the reduce-scatter (stages.h). */
-size_t dp_step_rounds(const dp_engine *e, size_t *c)
-{
-    size_t longest = 0;
-    *c = dp_transport_round_floats(&e->tp);
-    if (!*c) {
-        *c = SIZE_MAX;
-        return 1;
-    }
-    for (size_t j = 0; j < e->L.K; j++)
-        if (e->s[j].end - e->s[j].begin > longest) longest = e->s[j].end - e->s[j].begin;
-    return longest ? (longest + *c - 1) / *c : 1;
-}
-
 dp_status dp_step_run(dp_engine *e, int train, dp_step_outcome *out)
 {
-    size_t round_floats = 0, n_rounds = train ? dp_step_rounds(e, &round_floats) : 0;
-    step *c = dp_stages_new(e, DP_STEP_FIXED_STAGES + 2 * n_rounds, out);
+    step *c = dp_stages_new(e, DP_STEP_FIXED_STAGES, out);
     if (!c) return DP_ERR_OUT_OF_MEMORY;
     c->train = train;
-    dp_overlap_begin_step(e, train);
-    dp_stages_add(c, work_compute, NULL, 0);
-    dp_stages_add(c, NULL, exchange_losses, 0);
+    int across = dp_stages_across(c), overlap = dp_overlap_begin_step(e, train);
+    if (train) dp_rounds_begin_step(e);
+    /* With ranks the rounds move beside the job that sums them. */
+    dp_stages_add_beside(c, work_compute, across && overlap ? dp_rounds_progress : NULL);
+    if (across && overlap) dp_stages_add(c, NULL, exchange_rounds);
+    dp_stages_add(c, NULL, exchange_losses);
     if (train) {
-        c->round_floats = round_floats;
-        c->n_rounds = n_rounds;
-        for (size_t r = 0; r < n_rounds; r++) {
-            dp_stages_add(c, NULL, exchange_round, r);
-            dp_stages_add(c, work_reduce, NULL, r);
-        }
-        dp_stages_add(c, NULL, exchange_norm, 0);
-        dp_stages_add(c, work_update, NULL, 0);
-        dp_stages_add(c, NULL, exchange_updated, 0);
+        dp_stages_add_beside(c, work_reduce, across && !overlap ? dp_rounds_progress : NULL);
+        if (across && !overlap) dp_stages_add(c, NULL, exchange_rounds);
+        dp_stages_add(c, NULL, exchange_norm);
+        dp_stages_add(c, work_update, NULL);
+        dp_stages_add(c, NULL, exchange_updated);
         c->hash = dp_replica_check_due(e);
         dp_step_add_allgather(c);
     }
@@ -286,8 +278,8 @@ dp_status dp_step_predict(dp_engine *e)
     dp_step_outcome out;
     step *c = dp_stages_new(e, 2, &out);
     if (!c) return DP_ERR_OUT_OF_MEMORY;
-    dp_stages_add(c, work_predict, NULL, 0);
-    dp_stages_add(c, NULL, exchange_predicted, 0);
+    dp_stages_add(c, work_predict, NULL);
+    dp_stages_add(c, NULL, exchange_predicted);
     dp_status s = dp_stages_run(c);
     free(c);
     return s;

@@ -11,6 +11,7 @@
 #include "parallel/optimizer.h"
 #include "parallel/pool.h"
 #include "parallel/ranks.h"
+#include "parallel/rounds.h"
 #include "parallel/stages.h"
 #include "parallel/step.h"
 
@@ -29,64 +30,17 @@ static void job_setup(worker *w, void *arg)
     CHECK(w, dp_comm_setup(w));
 }
 
-/* Round r's messages between the ranks: every contributing local device's
- * chunk of each slice another rank owns goes to that slice's owner; the
- * chunks of the other ranks' devices for the slices owned here arrive in
- * their staging. Both sides list them by (slice, device), so each pair of
- * ranks matches them in order. every: as if every device contributed
- * (what the transport registers at setup: an idle device sends its zeroed
- * gradient, which the owner does not add). m NULL: only counts them. */
-static size_t round_messages(const dp_engine *e, const dp_plan *plan, size_t r, size_t c,
-                             int every, dp_xfer *m)
-{
-    size_t n = 0;
-    if (!dp_transport_spans_ranks(&e->tp)) return 0; /* every device is here */
-    for (size_t j = 0; j < e->L.K; j++) {
-        const slice *sl = &e->s[j];
-        size_t len = sl->end - sl->begin, at = r * c;
-        if (at >= len) continue;
-        if (len - at > c) len = at + c;
-        len -= at;
-        worker *o = dp_local_worker(e, (size_t)sl->owner);
-        for (size_t d = 0; d < e->L.K; d++) {
-            if (!every && !dp_plan_contributes(plan, d)) continue;
-            worker *wd = dp_local_worker(e, d);
-            if (!o && wd) {
-                if (m) m[n] = (dp_xfer){(size_t)wd->id, (size_t)sl->owner, 1,
-                                        wd->grads + sl->begin + at, len * sizeof(float)};
-                n++;
-            } else if (o && !wd) {
-                if (m) m[n] = (dp_xfer){(size_t)o->id, d, 0, dp_comm_remote_chunk(e, sl, d),
-                                        len * sizeof(float)};
-                n++;
-            }
-        }
-    }
-    return n;
-}
-
-/* Every round's messages (every device contributing), listed once, and
- * the transport given what each step moves, to register. */
 static dp_status connect(dp_engine *e)
 {
-    size_t c, n_rounds = dp_step_rounds(e, &c), total = 0;
-    e->round_at = malloc((n_rounds + 1) * sizeof *e->round_at);
-    if (!e->round_at) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation failed");
-    for (size_t r = 0; r < n_rounds; r++) {
-        e->round_at[r] = total;
-        total += round_messages(e, NULL, r, c, 1, NULL);
-    }
-    e->round_at[n_rounds] = total;
-    e->n_rounds = n_rounds;
-    e->xfers = malloc((total ? total : 1) * sizeof *e->xfers);
-    const dp_xfer **lists = malloc(n_rounds * sizeof *lists);
-    size_t *counts = malloc(n_rounds * sizeof *counts);
-    dp_status s = e->xfers && lists && counts ? DP_OK
-                  : DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation of %zu messages failed", total);
+    dp_status s = dp_rounds_setup(e);
+    size_t n_rounds = e->n_rounds;
+    const dp_xfer **lists = malloc((n_rounds ? n_rounds : 1) * sizeof *lists);
+    size_t *counts = malloc((n_rounds ? n_rounds : 1) * sizeof *counts);
+    if (s == DP_OK && (!lists || !counts))
+        s = DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation of %zu rounds failed", n_rounds);
     for (size_t r = 0; s == DP_OK && r < n_rounds; r++) {
-        round_messages(e, NULL, r, c, 1, e->xfers + e->round_at[r]);
-        lists[r] = e->xfers + e->round_at[r];
-        counts[r] = e->round_at[r + 1] - e->round_at[r];
+        lists[r] = e->xfers + e->rounds[r].at;
+        counts[r] = e->rounds[r].n;
     }
     dp_device *devs[DP_MAX_DEVICES];
     void *replicas[DP_MAX_DEVICES];
@@ -163,10 +117,10 @@ dp_status dp_step_resync(dp_engine *e, int from_root)
     if (!c) return DP_ERR_OUT_OF_MEMORY;
     c->quiet = 1;
     if (from_root) {
-        dp_stages_add(c, work_broadcast, NULL, 0);
+        dp_stages_add(c, work_broadcast, NULL);
     } else {
         /* bf16 replicas: the owners' replicas are rounded from their masters first */
-        if (e->bf16) dp_stages_add(c, work_refresh, NULL, 0);
+        if (e->bf16) dp_stages_add(c, work_refresh, NULL);
         dp_step_add_allgather(c);
     }
     dp_status s = dp_stages_run(c);

@@ -146,6 +146,16 @@ dp_status dp_dist_persist_run(dp_dist_persist *p, double timeout, const char *wh
     return mpi_mod->persist_run(p, timeout, what);
 }
 
+dp_status dp_dist_persist_start(dp_dist_persist *p, const char *what)
+{
+    return mpi_mod->persist_start(p, what);
+}
+
+dp_status dp_dist_persist_test(dp_dist_persist *p, int *done, double deadline, const char *what)
+{
+    return mpi_mod->persist_test(p, done, deadline, what);
+}
+
 int dp_dist_persist_pinned(const dp_dist_persist *p)
 {
     return mpi_mod ? mpi_mod->persist_pinned(p) : 0; /* (it also sweeps) */

@@ -390,6 +390,8 @@ static const dp_mpi_module mpi_module = {
     .bcast = dp_mpi_dist_bcast,
     .persist_create = dp_mpi_dist_persist_create,
     .persist_run = dp_mpi_dist_persist_run,
+    .persist_start = dp_mpi_dist_persist_start,
+    .persist_test = dp_mpi_dist_persist_test,
     .persist_pinned = dp_mpi_dist_persist_pinned,
     .persist_free = dp_mpi_dist_persist_free,
 };

@@ -8,6 +8,7 @@
 #include <limits.h>
 #include <stdlib.h>
 
+#include "core/clock.h"
 #include "core/error.h"
 #include "transport/dist_mpi_internal.h"
 
@@ -17,6 +18,7 @@ struct dp_dist_persist {
     int n;
     size_t sent; /* bytes this rank sends per run */
     int tag;
+    int active; /* started and not yet seen complete */
     int pinned;
     struct dp_dist_persist *next_pinned;
 };
@@ -103,10 +105,11 @@ static void pin(dp_dist_persist *p)
     pinned_sets = p;
 }
 
-dp_status dp_mpi_dist_persist_run(dp_dist_persist *p, double timeout, const char *what)
+dp_status dp_mpi_dist_persist_start(dp_dist_persist *p, const char *what)
 {
     if (p->pinned)
         return DP_FAIL(DP_ERR_COMM, "%s: an earlier exchange was given up on", what);
+    if (p->active) return DP_FAIL(DP_ERR_INTERNAL, "%s: started twice", what);
     dp_dist_sweep();
     if (!p->n) return DP_OK;
     int rc = MPI_Startall(p->n, p->req);
@@ -114,7 +117,35 @@ dp_status dp_mpi_dist_persist_run(dp_dist_persist *p, double timeout, const char
         pin(p); /* some may have started */
         return dp_dist_mpi_fail(rc, "MPI_Startall", what);
     }
+    p->active = 1;
     atomic_fetch_add(&p->d->bytes_sent, p->sent);
+    return DP_OK;
+}
+
+dp_status dp_mpi_dist_persist_test(dp_dist_persist *p, int *done, double deadline,
+                                   const char *what)
+{
+    *done = !p->active;
+    if (*done) return DP_OK;
+    int rc = MPI_Testall(p->n, p->req, done, MPI_STATUSES_IGNORE);
+    if (rc == MPI_SUCCESS && *done) {
+        p->active = 0;
+        return DP_OK;
+    }
+    *done = 0;
+    if (rc == MPI_SUCCESS && !(deadline > 0 && dp_now_seconds() > deadline)) return DP_OK;
+    p->active = 0;
+    pin(p); /* given up on: MPI may still use the buffers */
+    if (rc != MPI_SUCCESS) return dp_dist_mpi_fail(rc, "MPI_Testall", what);
+    return DP_FAIL(DP_ERR_TIMEOUT, "%s: rank %d waited for the other ranks past the watchdog; "
+                   "one of them is stuck or gone, so the job must end", what, p->d->rank);
+}
+
+dp_status dp_mpi_dist_persist_run(dp_dist_persist *p, double timeout, const char *what)
+{
+    DP_TRY(dp_mpi_dist_persist_start(p, what));
+    if (!p->active) return DP_OK; /* nothing to move */
+    p->active = 0;
     dp_status s = dp_dist_poll(p->d, p->req, p->n, timeout, what);
     if (s != DP_OK) pin(p);
     return s;

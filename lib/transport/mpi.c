@@ -138,7 +138,9 @@ dp_status dp_mpi_broadcast(dp_transport *t, void *buf, size_t bytes, const char 
 }
 
 /* Both sides listed a round's messages in (slice, device) order at
- * connect, so between a pair of ranks they match in the order posted. */
+ * connect and start the rounds in the same order (one tag for all), so
+ * between a pair of ranks they match in the order posted (MPI's
+ * non-overtaking rule). */
 static dp_status exchange(dp_transport *t, size_t round, const dp_xfer *m, size_t n,
                           const char *what)
 {
@@ -146,6 +148,21 @@ static dp_status exchange(dp_transport *t, size_t round, const dp_xfer *m, size_
     if (round >= st->n_rounds)
         return DP_FAIL(DP_ERR_INTERNAL, "%s: round %zu of %zu", what, round, st->n_rounds);
     return dp_dist_persist_run(st->rounds[round], t->timeout, what);
+}
+
+static dp_status start(dp_transport *t, size_t round, const char *what)
+{
+    mpi_state *st = t->impl;
+    if (round >= st->n_rounds)
+        return DP_FAIL(DP_ERR_INTERNAL, "%s: round %zu of %zu", what, round, st->n_rounds);
+    return dp_dist_persist_start(st->rounds[round], what);
+}
+
+static dp_status test(dp_transport *t, size_t round, int *done, double deadline,
+                      const char *what)
+{
+    mpi_state *st = t->impl;
+    return dp_dist_persist_test(st->rounds[round], done, deadline, what);
 }
 
 /* One range per rank (rank_ranges). */
@@ -177,6 +194,8 @@ const dp_transport_ops dp_transport_mpi = {
     .agree = dp_mpi_agree,
     .broadcast = dp_mpi_broadcast,
     .exchange = exchange,
+    .start = start,
+    .test = test,
     .allgather_host = dp_mpi_allgather_host,
     .allgather_replicas = allgather_replicas,
     .pinned = pinned,

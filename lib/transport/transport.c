@@ -105,6 +105,21 @@ dp_status dp_transport_exchange(dp_transport *t, size_t round, const dp_xfer *m,
     return DP_OK;
 }
 
+dp_status dp_transport_start(dp_transport *t, size_t round, const dp_xfer *m, size_t n,
+                             const char *what)
+{
+    if (t->ops->start) return moved(t, t->ops->start(t, round, what));
+    return dp_transport_exchange(t, round, m, n, what);
+}
+
+dp_status dp_transport_test(dp_transport *t, size_t round, int *done, double deadline,
+                            const char *what)
+{
+    *done = 1;
+    if (t->ops->test) return moved(t, t->ops->test(t, round, done, deadline, what));
+    return DP_OK;
+}
+
 dp_status dp_transport_allgather_host(dp_transport *t, void *buf, size_t esize,
                                       const dp_run *runs, size_t n, const char *what)
 {

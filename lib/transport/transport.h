@@ -117,6 +117,17 @@ typedef struct dp_transport_ops {
      * round (m, n: the same, for a transport that posts them each time). */
     dp_status (*exchange)(dp_transport *t, size_t round, const dp_xfer *m, size_t n,
                           const char *what);
+    /* Optional: the same round in two parts, so the rounds move while the
+     * devices compute (parallel/rounds.c): start starts its messages and
+     * returns; test sets *done once they completed, and fails with
+     * DP_ERR_TIMEOUT when they have not and the monotonic clock is past
+     * deadline (0: none; the caller sets it from the transport's timeout
+     * and the time this rank began to wait). Rounds are started in the
+     * same order on every rank. Without them a round's start is its
+     * exchange, done when it returns. */
+    dp_status (*start)(dp_transport *t, size_t round, const char *what);
+    dp_status (*test)(dp_transport *t, size_t round, int *done, double deadline,
+                      const char *what);
     /* In place on every rank's host buffer of esize-byte elements: the
      * runs owned on each rank go to every other rank. */
     dp_status (*allgather_host)(dp_transport *t, void *buf, size_t esize, const dp_run *runs,
@@ -154,6 +165,14 @@ dp_status dp_transport_agree(dp_transport *t, dp_status local, const void *mine,
 dp_status dp_transport_broadcast(dp_transport *t, void *buf, size_t bytes, const char *what);
 dp_status dp_transport_exchange(dp_transport *t, size_t round, const dp_xfer *m, size_t n,
                                 const char *what);
+/* A round started (ops->start, or the whole exchange) and tested (done
+ * at once without ops->test). */
+dp_status dp_transport_start(dp_transport *t, size_t round, const dp_xfer *m, size_t n,
+                             const char *what);
+dp_status dp_transport_test(dp_transport *t, size_t round, int *done, double deadline,
+                            const char *what);
+/* Whether rounds move while the caller does other work (ops->start). */
+static inline int dp_transport_async(const dp_transport *t) { return t->ops->start != NULL; }
 /* Whether the engine's registered buffers must never be freed (ops->pinned). */
 int dp_transport_pinned(const dp_transport *t);
 dp_status dp_transport_allgather_host(dp_transport *t, void *buf, size_t esize,

@@ -16,9 +16,14 @@
  *  - state moves between R x k and one process: 10 steps on 2 ranks x
  *    cpu:2, then 10 on one process with cpu:4, equal the 20 straight, and
  *    the reverse.
+ *    Each with the reduce-scatter's rounds overlapped with the backward
+ *    (the default bucket), and some with them after it (bucket off).
  *  - a failure injected on rank 1 in each phase fails the step on both
  *    ranks naming rank 1 and the phase; the next step works and the ranks
  *    agree; a non-finite loss on rank 1's rows skips the update on both.
+ *  - rank 1's backward failing, or signalling a range twice, after its
+ *    first signal started rounds on both ranks: the step fails on both
+ *    naming rank 1, and the next steps equal a run without that step.
  *  - bad use: different configurations, different batches, gather mode;
  *    exactly DP_MAX_DEVICES over the ranks works, one more is refused.
  *  - a diverged replica on rank 1 is named on both ranks; a rank stalled
@@ -69,6 +74,7 @@ typedef struct tcase {
     int token_balanced, grad_accum, ignore_every;
     float weight_rank1; /* device weight of rank 1's devices (1: equal) */
     int bf16;           /* bf16 replicas (float32 masters) and bf16 GEMMs */
+    size_t bucket;      /* dp_engine_config.bucket_bytes (0: the default, overlapped) */
 } tcase;
 
 typedef struct result {
@@ -102,21 +108,49 @@ static dp_engine_config config(const tcase *c)
     cfg.seed = 11;
     cfg.watchdog_seconds = 60;
     cfg.matmul_precision = c->bf16 ? DP_MATMUL_BF16 : DP_MATMUL_FP32;
+    cfg.bucket_bytes = c->bucket;
     return cfg;
 }
 
+/* What the MLP's backward does when a test arms it (faulty_backward). */
+typedef enum { BACKWARD_PLAIN, BACKWARD_FAILS_AFTER_SIGNAL, BACKWARD_SIGNALS_TWICE } backward_mode;
+
 typedef struct run {
     mlp net;
-    dp_model model;
+    dp_model model, inner; /* model wraps inner's backward (faulty_backward) */
+    backward_mode armed;
     dp_criterion crit;
     dp_engine *e;
 } run;
+
+/* The MLP's backward, or when armed: its back half of the gradient
+ * signalled final (the rounds of that range start on both ranks), then a
+ * failure, or the same signal again. */
+static dp_status faulty_backward(void *ctx, dp_device *dev, dp_params p, float *g,
+                                 const dp_chunk *c, void *ws, float *dlogits)
+{
+    run *r = ctx;
+    if (r->armed == BACKWARD_PLAIN)
+        return r->inner.backward(r->inner.ctx, dev, p, g, c, ws, dlogits);
+    dp_chunk quiet = *c;
+    quiet.ready = NULL; /* the inner backward's own signals withheld */
+    dp_status s = r->inner.backward(r->inner.ctx, dev, p, g, &quiet, ws, dlogits);
+    size_t n = r->inner.n_params;
+    if (s == DP_OK) s = dp_grads_ready(c, n / 2, n);
+    if (s != DP_OK) return s;
+    if (r->armed == BACKWARD_SIGNALS_TWICE) return dp_grads_ready(c, n / 2, n);
+    return dp_set_error(DP_ERR_DEVICE, "injected failure after a signal");
+}
 
 /* An engine of k CPU devices, over the ranks (ranked) or in this process. */
 static dp_status open_run(run *r, const tcase *c, int k, int ranked, dp_engine_config cfg)
 {
     mlp_config mc = {D, c->hidden, CLASSES, c->bf16 ? DP_DTYPE_BF16 : DP_DTYPE_F32};
-    mlp_init_model(&r->net, &mc, &r->model);
+    mlp_init_model(&r->net, &mc, &r->inner);
+    r->model = r->inner;
+    r->model.ctx = r;
+    r->model.backward = faulty_backward;
+    r->armed = BACKWARD_PLAIN;
     r->crit = dp_criterion_cross_entropy();
     dp_device_spec specs[DP_MAX_DEVICES];
     float weights[DP_MAX_DEVICES];
@@ -355,6 +389,65 @@ static void run_faults(void)
             fault_in((dp_phase)p, shard);
             agree_case(name, failures == before);
         }
+}
+
+/* Rank 1's backward fails (or signals a range twice, which the engine
+ * refuses) after it signalled the back half of its gradient final, with
+ * that half's rounds started on both ranks: the step fails on both,
+ * naming rank 1, nobody waits, and the next steps give the bits of a run
+ * that never took the failed step. */
+static void fault_mid_backward(backward_mode mode, int shard, size_t bucket)
+{
+    /* 1.2M parameters: three rounds per slice, both staging halves used */
+    tcase c = {"mid-backward", 1, shard, 7, 100000, DP_OPTIMIZER_ADAMW, 0, 1, 0, 1.0f, 0, bucket};
+    run r, ref;
+    result got, want;
+    CHECK_OK(open_run(&r, &c, 1, 1, config(&c)));
+    CHECK(alloc_result(&got, r.model.n_params) && alloc_result(&want, r.model.n_params), "oom");
+    CHECK_OK(steps(r.e, &c, 0, 2, &got));
+    if (rank == 1) r.armed = mode;
+    dp_status s = steps(r.e, &c, 2, 3, &got);
+    r.armed = BACKWARD_PLAIN;
+    dp_status want_s = mode == BACKWARD_FAILS_AFTER_SIGNAL ? DP_ERR_DEVICE : DP_ERR_INVALID_ARGUMENT;
+    const char *want_msg = mode == BACKWARD_FAILS_AFTER_SIGNAL ? "injected failure after a signal"
+                                                               : "does not end where";
+    CHECK(s == want_s, "mid-backward: step returned %d (%s)", (int)s, dp_last_error());
+    CHECK(strstr(dp_last_error(), "rank 1") && strstr(dp_last_error(), want_msg),
+          "mid-backward: the message does not name rank 1 and the failure: %s", dp_last_error());
+    got.loss[2] = got.norm[2] = 0.0; /* the failed step's */
+    CHECK_OK(steps(r.e, &c, 3, 5, &got));
+    CHECK_OK(finish(r.e, &got));
+    dp_engine_destroy(r.e);
+    CHECK_OK(open_run(&ref, &c, 1, 1, config(&c)));
+    CHECK_OK(steps(ref.e, &c, 0, 2, &want));
+    CHECK_OK(steps(ref.e, &c, 3, 5, &want));
+    CHECK_OK(finish(ref.e, &want));
+    dp_engine_destroy(ref.e);
+    const char *diff = first_difference(&got, &want, 1);
+    CHECK(!diff, "mid-backward: %s differ from a run without the failed step", diff);
+    free_result(&got);
+    free_result(&want);
+}
+
+static void run_faults_mid_backward(void)
+{
+    static const struct {
+        backward_mode mode;
+        int shard;
+        size_t bucket;
+        const char *name;
+    } cases[] = {
+        {BACKWARD_FAILS_AFTER_SIGNAL, 0, 0, "rank 1 fails mid-backward, rounds in flight (root)"},
+        {BACKWARD_FAILS_AFTER_SIGNAL, 1, 0, "rank 1 fails mid-backward, rounds in flight (sharded)"},
+        {BACKWARD_SIGNALS_TWICE, 1, 0, "rank 1 signals a range twice: refused on both ranks"},
+        {BACKWARD_FAILS_AFTER_SIGNAL, 1, DP_BUCKET_OFF,
+         "rank 1 fails mid-backward, no overlap: no round moves"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        int before = failures;
+        fault_mid_backward(cases[i].mode, cases[i].shard, cases[i].bucket);
+        agree_case(cases[i].name, failures == before);
+    }
 }
 
 /* A NaN input in rank 1's rows: the update is skipped on both ranks. */
@@ -649,6 +742,10 @@ int main(int argc, char **argv)
         {"2 x cpu:2 == cpu:4, sharded, 2 rounds (1.2M params)", 2, 1, 7, 100000, DP_OPTIMIZER_ADAMW, 0, 1, 0, 1.0f, 0},
         {"2 x cpu:1 == cpu:2, root, bf16 replicas and GEMMs", 1, 0, 7, 12, DP_OPTIMIZER_ADAMW, 0, 1, 0, 1.0f, 1},
         {"2 x cpu:2 == cpu:4, sharded, bf16, 2 rounds (1.2M params)", 2, 1, 7, 100000, DP_OPTIMIZER_ADAMW, 0, 1, 0, 1.0f, 1},
+        /* the rounds after the backward, not overlapped with it */
+        {"2 x cpu:1 == cpu:2, root, 3 rounds, no overlap", 1, 0, 7, 100000, DP_OPTIMIZER_ADAMW, 0, 1, 0, 1.0f, 0, DP_BUCKET_OFF},
+        {"2 x cpu:2 == cpu:4, sharded, accum 2, no overlap", 2, 1, 13, 100000, DP_OPTIMIZER_ADAMW, 1, 2, 3, 1.0f, 0, DP_BUCKET_OFF},
+        {"2 x cpu:2 == cpu:4, sharded, accum 2, overlapped", 2, 1, 13, 100000, DP_OPTIMIZER_ADAMW, 1, 2, 3, 1.0f, 0, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
         if (kind == DP_DEVICE_CPU || cases[i].k == 1) run_equivalence(&cases[i]);
@@ -657,6 +754,7 @@ int main(int argc, char **argv)
         run_handover("cpu:4 for 10 steps, then 2 x cpu:2 for 10 == 20 on cpu:4", 0);
     }
     run_faults();
+    run_faults_mid_backward();
     {
         int before = failures;
         nonfinite();

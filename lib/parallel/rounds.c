@@ -1,0 +1,259 @@
+/*
+ * parallel/rounds.c - the reduce-scatter's rounds between the ranks
+ * (rounds.h): cut at setup, moved by the caller beside a job, summed by
+ * the reducers as they arrive.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "core/clock.h"
+#include "parallel/comm.h"
+#include "parallel/pool.h"
+#include "parallel/rounds.h"
+
+/* How often the caller tests the rounds in flight (MPI moves a large
+ * message only while a call of this rank's progresses it): from 50 us
+ * after anything moved, doubling to 1 ms while nothing does, so a caller
+ * waiting for a slower rank leaves the cores to the workers. */
+#define DP_ROUNDS_POLL_MIN 50e-6
+#define DP_ROUNDS_POLL_MAX 1e-3
+
+static const char *const what = "reduce-scatter between the ranks";
+
+// --- setup ------------------------------------------------------------------------------
+
+/* Round r's messages (m NULL: only counted): for slice j's piece
+ * [b, b + len), every local device's piece when another rank owns the
+ * slice, or every other rank's device's piece into staging half `half`
+ * when this rank does; listed by device on both sides, so each pair of
+ * ranks matches them in order. */
+static size_t messages(const dp_engine *e, size_t j, size_t b, size_t len, int half, dp_xfer *m)
+{
+    const slice *sl = &e->s[j];
+    worker *o = dp_local_worker(e, (size_t)sl->owner);
+    size_t n = 0;
+    for (size_t d = 0; d < e->L.K; d++) {
+        worker *wd = dp_local_worker(e, d);
+        if (!o && wd) {
+            if (m) m[n] = (dp_xfer){(size_t)wd->id, (size_t)sl->owner, 1, wd->grads + b,
+                                    len * sizeof(float)};
+            n++;
+        } else if (o && !wd) {
+            if (m) m[n] = (dp_xfer){(size_t)o->id, d, 0, dp_comm_remote_chunk(e, sl, d, half),
+                                    len * sizeof(float)};
+            n++;
+        }
+    }
+    return n;
+}
+
+/* The rounds in order into out (NULL: only counted): slices last to
+ * first, each one's pieces of c floats (from its begin) last to first.
+ * Returns the count. */
+static size_t cut(dp_engine *e, size_t c, dp_round *out)
+{
+    size_t r = 0;
+    for (size_t j = e->L.K; j-- > 0;) {
+        const slice *sl = &e->s[j];
+        size_t len = sl->end - sl->begin, pieces = (len + c - 1) / c;
+        for (size_t i = pieces; i-- > 0; r++) {
+            if (!out) continue;
+            size_t b = sl->begin + i * c, end = b + c < sl->end ? b + c : sl->end;
+            int mine = dp_local_worker(e, (size_t)sl->owner) != NULL;
+            out[r] = (dp_round){.slice = j, .begin = b, .end = end, .recvs = mine, .half = (int)(i % 2),
+                                /* piece i + 2 came two rounds earlier */
+                                .prev = i + 2 < pieces ? r - 2 : SIZE_MAX};
+            atomic_init(&out[r].state, DP_ROUND_IDLE);
+        }
+    }
+    return r;
+}
+
+dp_status dp_rounds_setup(dp_engine *e)
+{
+    size_t c = dp_transport_round_floats(&e->tp);
+    if (!dp_transport_spans_ranks(&e->tp) || !c) return DP_OK; /* nothing crosses */
+    size_t n = cut(e, c, NULL);
+    e->rounds = calloc(n ? n : 1, sizeof *e->rounds);
+    if (!e->rounds) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation of %zu rounds failed", n);
+    e->n_rounds = cut(e, c, e->rounds);
+    size_t total = 0;
+    for (size_t r = 0; r < n; r++) {
+        dp_round *x = &e->rounds[r];
+        x->at = total;
+        x->n = messages(e, x->slice, x->begin, x->end - x->begin, x->half, NULL);
+        total += x->n;
+    }
+    e->xfers = malloc((total ? total : 1) * sizeof *e->xfers);
+    if (!e->xfers)
+        return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation of %zu messages failed", total);
+    for (size_t r = 0; r < n; r++) {
+        dp_round *x = &e->rounds[r];
+        messages(e, x->slice, x->begin, x->end - x->begin, x->half, e->xfers + x->at);
+    }
+    return DP_OK;
+}
+
+void dp_rounds_begin_step(dp_engine *e)
+{
+    for (size_t r = 0; r < e->n_rounds; r++) atomic_store(&e->rounds[r].state, DP_ROUND_IDLE);
+    e->round_next = e->round_first_out = 0;
+    e->round_status = DP_OK;
+    e->round_active = dp_now_seconds();
+    e->round_seen = dp_barrier_progress(&e->pool.barrier);
+    e->round_poll = DP_ROUNDS_POLL_MIN;
+}
+
+// --- the caller -------------------------------------------------------------------------
+
+/* Where this rank's final gradient begins: the least advanced local
+ * device's watermark (overlap.h). */
+static size_t final_from(const dp_engine *e)
+{
+    size_t from = 0;
+    for (size_t i = 0; i < e->L.k; i++) {
+        size_t r = atomic_load_explicit(&e->w[i].ready_from, memory_order_acquire);
+        if (r > from) from = r;
+    }
+    return from;
+}
+
+static dp_status start(dp_engine *e, dp_round *r)
+{
+    DP_TRY(dp_transport_start(&e->tp, (size_t)(r - e->rounds), e->xfers + r->at, r->n, what));
+    atomic_store_explicit(&r->state, DP_ROUND_STARTED, memory_order_release);
+    return DP_OK;
+}
+
+/* Starts rounds in order while they may (constrained: this rank's part of
+ * the gradient is final and the staging half free; else the job is over
+ * and anything may go). */
+static dp_status start_ready(dp_engine *e, int constrained)
+{
+    size_t final = constrained ? final_from(e) : 0;
+    while (e->round_next < e->n_rounds) {
+        dp_round *r = &e->rounds[e->round_next];
+        /* Receives wait for this rank's part too: posted early they would
+         * keep the caller testing them through the forward. */
+        if (constrained && final > r->begin) break;
+        if (constrained && r->recvs && r->prev != SIZE_MAX &&
+            atomic_load_explicit(&e->rounds[r->prev].state, memory_order_acquire) !=
+                DP_ROUND_REDUCED)
+            break;
+        DP_TRY(start(e, r));
+        e->round_next++;
+    }
+    return DP_OK;
+}
+
+/* Tests the started rounds not yet arrived; *arrived: some did now,
+ * *out: how many are still in flight. The wait for the other ranks is
+ * bounded from the last progress here (while this rank's devices work, a
+ * peer may take as long as its own work) by twice the transport's
+ * timeout, the watchdog: a peer stuck in its own work is named by its
+ * watchdog within one period, and every rank then fails with that
+ * message rather than with a wait given up on. */
+static dp_status test_started(dp_engine *e, int *arrived, size_t *out)
+{
+    *arrived = 0;
+    *out = 0;
+    double deadline = e->tp.timeout > 0 ? e->round_active + 2.0 * e->tp.timeout : 0.0;
+    for (size_t i = e->round_first_out; i < e->round_next; i++) {
+        dp_round *r = &e->rounds[i];
+        if (atomic_load_explicit(&r->state, memory_order_relaxed) != DP_ROUND_STARTED) continue;
+        int done = 0;
+        DP_TRY(dp_transport_test(&e->tp, i, &done, deadline, what));
+        if (!done) {
+            ++*out;
+            continue;
+        }
+        atomic_store_explicit(&r->state, DP_ROUND_ARRIVED, memory_order_release);
+        *arrived = 1;
+        e->round_active = dp_now_seconds();
+    }
+    while (e->round_first_out < e->round_next &&
+           atomic_load_explicit(&e->rounds[e->round_first_out].state, memory_order_relaxed) !=
+               DP_ROUND_STARTED)
+        e->round_first_out++;
+    return DP_OK;
+}
+
+double dp_rounds_progress(void *engine)
+{
+    dp_engine *e = engine;
+    if (e->round_status != DP_OK) return -1.0;
+    unsigned long seen = dp_barrier_progress(&e->pool.barrier);
+    int moved = seen != e->round_seen;
+    if (moved || dp_pool_busy(&e->pool)) {
+        e->round_seen = seen;
+        e->round_active = dp_now_seconds();
+    }
+    int arrived = 0;
+    size_t out = 0, next = e->round_next;
+    dp_status s = start_ready(e, 1);
+    if (s == DP_OK) s = test_started(e, &arrived, &out);
+    if (s == DP_OK && arrived) s = start_ready(e, 1); /* a receive may free nothing, but a send may go */
+    if (arrived) dp_barrier_notify(&e->pool.barrier);
+    if (s != DP_OK) {
+        e->round_status = s;
+        dp_barrier_abort(&e->pool.barrier); /* no worker waits for a round that will not come */
+        return -1.0;
+    }
+    if (e->round_next == e->n_rounds && !out) return -1.0;
+    if (moved || arrived || e->round_next != next) e->round_poll = DP_ROUNDS_POLL_MIN;
+    else if ((e->round_poll *= 2) > DP_ROUNDS_POLL_MAX) e->round_poll = DP_ROUNDS_POLL_MAX;
+    return out ? e->round_poll : INFINITY;
+}
+
+dp_status dp_rounds_finish(dp_engine *e)
+{
+    dp_status s = e->round_status;
+    e->round_active = dp_now_seconds(); /* this rank's work is done: it waits from now */
+    if (s == DP_OK) s = start_ready(e, 0);
+    /* As the bootstrap's waits: spin a little, then sleep longer and
+     * longer (50 us to 1 ms), leaving the cores to ranks still computing. */
+    for (long spins = 1; s == DP_OK; spins++) {
+        int arrived;
+        size_t out;
+        s = test_started(e, &arrived, &out);
+        if (s != DP_OK || !out) break;
+        if (spins > 200) {
+            long us = spins < 1000 ? 50 : spins < 3000 ? 200 : 1000;
+            struct timespec ts = {0, us * 1000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    e->round_status = s;
+    return s;
+}
+
+// --- the reducers -----------------------------------------------------------------------
+
+dp_status dp_rounds_reduce(worker *w, int *left)
+{
+    dp_engine *e = w->e;
+    dp_phase was = w->phase;
+    int reduced = 0;
+    *left = 0;
+    for (size_t i = 0; i < e->n_rounds; i++) {
+        dp_round *r = &e->rounds[i];
+        slice *sl = &e->s[r->slice];
+        if (sl->reducer != w->id) continue;
+        int st = atomic_load_explicit(&r->state, memory_order_acquire);
+        if (st == DP_ROUND_REDUCED) continue;
+        /* the other ranks' pieces arrived, and this rank's are final */
+        if (st != DP_ROUND_ARRIVED || final_from(e) > r->begin) {
+            *left = 1;
+            continue;
+        }
+        DP_TRY(dp_worker_switch_phase(w, DP_PHASE_REDUCE));
+        DP_TRY(dp_comm_reduce_range(e, &e->plan, sl, r->begin, r->end, r->half));
+        atomic_store_explicit(&r->state, DP_ROUND_REDUCED, memory_order_release);
+        reduced = 1;
+    }
+    /* The caller may start the receives that waited for these halves. */
+    if (reduced) dp_barrier_notify(&w->pool->barrier);
+    return dp_worker_switch_phase(w, was);
+}
