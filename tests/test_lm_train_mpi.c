@@ -774,7 +774,10 @@ Test(lm_train_mpi, a_stopped_rank_ends_the_job_after_the_watchdog)
 {
     pid_t other = 0;
     result r = rank_signalled(1, SIGSTOP, "3", &other);
-    cr_assert(strstr(r.err, "lm_train: rank 0: ") && strstr(r.err, "waited 3 s"), "stderr:\n%s",
-              r.err);
+    /* 3 s in an agreement; 6 s (twice the watchdog) in the reduce-scatter's
+     * rounds, which leave a stuck peer's own watchdog time to name it */
+    cr_assert(strstr(r.err, "lm_train: rank 0: ") &&
+                  (strstr(r.err, "waited 3 s") || strstr(r.err, "waited 6 s")),
+              "stderr:\n%s", r.err);
     dp_test_result_free(&r);
 }

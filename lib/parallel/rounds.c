@@ -153,18 +153,17 @@ static dp_status start_ready(dp_engine *e, int constrained)
  * bounded from the last progress here (while this rank's devices work, a
  * peer may take as long as its own work) by twice the transport's
  * timeout, the watchdog: a peer stuck in its own work is named by its
- * watchdog within one period, and every rank then fails with that
- * message rather than with a wait given up on. */
+ * own watchdog within one period, and every rank then fails with that
+ * message rather than with a wait given up on at the same moment. */
 static dp_status test_started(dp_engine *e, int *arrived, size_t *out)
 {
     *arrived = 0;
     *out = 0;
-    double deadline = e->tp.timeout > 0 ? e->round_active + 2.0 * e->tp.timeout : 0.0;
     for (size_t i = e->round_first_out; i < e->round_next; i++) {
         dp_round *r = &e->rounds[i];
         if (atomic_load_explicit(&r->state, memory_order_relaxed) != DP_ROUND_STARTED) continue;
         int done = 0;
-        DP_TRY(dp_transport_test(&e->tp, i, &done, deadline, what));
+        DP_TRY(dp_transport_test(&e->tp, i, &done, e->round_active, 2.0 * e->tp.timeout, what));
         if (!done) {
             ++*out;
             continue;

@@ -151,9 +151,10 @@ dp_status dp_dist_persist_start(dp_dist_persist *p, const char *what)
     return mpi_mod->persist_start(p, what);
 }
 
-dp_status dp_dist_persist_test(dp_dist_persist *p, int *done, double deadline, const char *what)
+dp_status dp_dist_persist_test(dp_dist_persist *p, int *done, double since, double timeout,
+                               const char *what)
 {
-    return mpi_mod->persist_test(p, done, deadline, what);
+    return mpi_mod->persist_test(p, done, since, timeout, what);
 }
 
 int dp_dist_persist_pinned(const dp_dist_persist *p)

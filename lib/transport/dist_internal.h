@@ -66,12 +66,13 @@ DP_MODULE_API dp_status dp_dist_persist_create(dp_dist *d, int tag, const dp_dis
 DP_MODULE_API dp_status dp_dist_persist_run(dp_dist_persist *p, double timeout, const char *what);
 /* A run in two parts, so the caller works while the bytes move: start
  * starts every request; test sets *done once all completed, and fails
- * with DP_ERR_TIMEOUT when they have not and the monotonic clock
- * (core/clock.h) is past deadline (0: none); the set is then pinned, as a
- * failed run's. A set that moves nothing is done at once. */
+ * with DP_ERR_TIMEOUT when they have not and timeout seconds (0: no
+ * limit) have passed since `since` (monotonic seconds, core/clock.h: when
+ * the caller began to wait); the set is then pinned, as a failed run's.
+ * A set that moves nothing is done at once. */
 DP_MODULE_API dp_status dp_dist_persist_start(dp_dist_persist *p, const char *what);
-DP_MODULE_API dp_status dp_dist_persist_test(dp_dist_persist *p, int *done, double deadline,
-                                             const char *what);
+DP_MODULE_API dp_status dp_dist_persist_test(dp_dist_persist *p, int *done, double since,
+                                             double timeout, const char *what);
 DP_MODULE_API int dp_dist_persist_pinned(const dp_dist_persist *p);
 /* Frees an unpinned set's requests; a pinned set is kept (and leaked). */
 DP_MODULE_API void dp_dist_persist_free(dp_dist_persist *p);
@@ -106,7 +107,8 @@ typedef struct dp_mpi_module {
                                 dp_dist_persist **out);
     dp_status (*persist_run)(dp_dist_persist *p, double timeout, const char *what);
     dp_status (*persist_start)(dp_dist_persist *p, const char *what);
-    dp_status (*persist_test)(dp_dist_persist *p, int *done, double deadline, const char *what);
+    dp_status (*persist_test)(dp_dist_persist *p, int *done, double since, double timeout,
+                              const char *what);
     int (*persist_pinned)(const dp_dist_persist *p);
     void (*persist_free)(dp_dist_persist *p);
 } dp_mpi_module;

@@ -34,7 +34,7 @@ dp_status dp_mpi_dist_persist_create(dp_mpi_dist *d, int tag, const dp_dist_msg 
                                      dp_dist_persist **out);
 dp_status dp_mpi_dist_persist_run(dp_dist_persist *p, double timeout, const char *what);
 dp_status dp_mpi_dist_persist_start(dp_dist_persist *p, const char *what);
-dp_status dp_mpi_dist_persist_test(dp_dist_persist *p, int *done, double deadline,
+dp_status dp_mpi_dist_persist_test(dp_dist_persist *p, int *done, double since, double timeout,
                                    const char *what);
 int dp_mpi_dist_persist_pinned(const dp_dist_persist *p);
 void dp_mpi_dist_persist_free(dp_dist_persist *p);

@@ -122,7 +122,7 @@ dp_status dp_mpi_dist_persist_start(dp_dist_persist *p, const char *what)
     return DP_OK;
 }
 
-dp_status dp_mpi_dist_persist_test(dp_dist_persist *p, int *done, double deadline,
+dp_status dp_mpi_dist_persist_test(dp_dist_persist *p, int *done, double since, double timeout,
                                    const char *what)
 {
     *done = !p->active;
@@ -133,12 +133,12 @@ dp_status dp_mpi_dist_persist_test(dp_dist_persist *p, int *done, double deadlin
         return DP_OK;
     }
     *done = 0;
-    if (rc == MPI_SUCCESS && !(deadline > 0 && dp_now_seconds() > deadline)) return DP_OK;
+    if (rc == MPI_SUCCESS && !(timeout > 0 && dp_now_seconds() > since + timeout)) return DP_OK;
     p->active = 0;
     pin(p); /* given up on: MPI may still use the buffers */
     if (rc != MPI_SUCCESS) return dp_dist_mpi_fail(rc, "MPI_Testall", what);
-    return DP_FAIL(DP_ERR_TIMEOUT, "%s: rank %d waited for the other ranks past the watchdog; "
-                   "one of them is stuck or gone, so the job must end", what, p->d->rank);
+    return DP_FAIL(DP_ERR_TIMEOUT, "%s: rank %d waited %.3g s for the other ranks; one of them "
+                   "is stuck or gone, so the job must end", what, p->d->rank, timeout);
 }
 
 dp_status dp_mpi_dist_persist_run(dp_dist_persist *p, double timeout, const char *what)

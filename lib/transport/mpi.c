@@ -158,11 +158,11 @@ static dp_status start(dp_transport *t, size_t round, const char *what)
     return dp_dist_persist_start(st->rounds[round], what);
 }
 
-static dp_status test(dp_transport *t, size_t round, int *done, double deadline,
+static dp_status test(dp_transport *t, size_t round, int *done, double since, double timeout,
                       const char *what)
 {
     mpi_state *st = t->impl;
-    return dp_dist_persist_test(st->rounds[round], done, deadline, what);
+    return dp_dist_persist_test(st->rounds[round], done, since, timeout, what);
 }
 
 /* One range per rank (rank_ranges). */

@@ -112,11 +112,11 @@ dp_status dp_transport_start(dp_transport *t, size_t round, const dp_xfer *m, si
     return dp_transport_exchange(t, round, m, n, what);
 }
 
-dp_status dp_transport_test(dp_transport *t, size_t round, int *done, double deadline,
-                            const char *what)
+dp_status dp_transport_test(dp_transport *t, size_t round, int *done, double since,
+                            double timeout, const char *what)
 {
     *done = 1;
-    if (t->ops->test) return moved(t, t->ops->test(t, round, done, deadline, what));
+    if (t->ops->test) return moved(t, t->ops->test(t, round, done, since, timeout, what));
     return DP_OK;
 }
 

@@ -120,13 +120,13 @@ typedef struct dp_transport_ops {
     /* Optional: the same round in two parts, so the rounds move while the
      * devices compute (parallel/rounds.c): start starts its messages and
      * returns; test sets *done once they completed, and fails with
-     * DP_ERR_TIMEOUT when they have not and the monotonic clock is past
-     * deadline (0: none; the caller sets it from the transport's timeout
-     * and the time this rank began to wait). Rounds are started in the
+     * DP_ERR_TIMEOUT when they have not and timeout seconds (0: no
+     * limit) have passed since `since` (monotonic seconds: when this rank
+     * began to wait, which the caller knows). Rounds are started in the
      * same order on every rank. Without them a round's start is its
      * exchange, done when it returns. */
     dp_status (*start)(dp_transport *t, size_t round, const char *what);
-    dp_status (*test)(dp_transport *t, size_t round, int *done, double deadline,
+    dp_status (*test)(dp_transport *t, size_t round, int *done, double since, double timeout,
                       const char *what);
     /* In place on every rank's host buffer of esize-byte elements: the
      * runs owned on each rank go to every other rank. */
@@ -169,8 +169,8 @@ dp_status dp_transport_exchange(dp_transport *t, size_t round, const dp_xfer *m,
  * at once without ops->test). */
 dp_status dp_transport_start(dp_transport *t, size_t round, const dp_xfer *m, size_t n,
                              const char *what);
-dp_status dp_transport_test(dp_transport *t, size_t round, int *done, double deadline,
-                            const char *what);
+dp_status dp_transport_test(dp_transport *t, size_t round, int *done, double since,
+                            double timeout, const char *what);
 /* Whether rounds move while the caller does other work (ops->start). */
 static inline int dp_transport_async(const dp_transport *t) { return t->ops->start != NULL; }
 /* Whether the engine's registered buffers must never be freed (ops->pinned). */
