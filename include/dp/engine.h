@@ -181,12 +181,15 @@ typedef struct dp_engine_config {
      * float rounding, and a given chunking is bitwise reproducible. Models
      * without a head and gather mode ignore it. */
     size_t logits_chunk_rows;
-    /* Overlap of the reduce-scatter with the backward (one process of CPU
-     * devices for now: on GPUs the sums wait for a stream of their own;
-     * models that signal with dp_grads_ready, dp/model.h): a slice's owner reduces
+    /* Overlap of the reduce-scatter with the backward (CPU devices for
+     * now: on GPUs the sums wait for a stream of their own; models that
+     * signal with dp_grads_ready, dp/model.h): a slice's owner reduces
      * the signalled ranges of its slice while the backward goes on, in
      * pieces of at least this many bytes of gradient (PyTorch DDP's
      * bucket_cap_mb), and the rest when the last device's backward ends.
+     * With ranks (MPI) the pieces are the reduce-scatter's rounds between
+     * the ranks (1 MiB of each slice), sent as the backward makes them
+     * final; any value other than DP_BUCKET_OFF turns that on.
      * 0: DP_BUCKET_DEFAULT_BYTES; DP_BUCKET_OFF: no overlap (the whole
      * reduce-scatter after every backward). Results are bitwise the same
      * for any value. */
