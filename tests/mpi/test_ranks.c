@@ -24,6 +24,9 @@
  *  - rank 1's backward failing, or signalling a range twice, after its
  *    first signal started rounds on both ranks: the step fails on both
  *    naming rank 1, and the next steps equal a run without that step.
+ *  - the overlap happens: with a backward held after its first signal,
+ *    another device sums rounds that crossed from the other rank before
+ *    that backward ends.
  *  - bad use: different configurations, different batches, gather mode;
  *    exactly DP_MAX_DEVICES over the ranks works, one more is refused.
  *  - a diverged replica on rank 1 is named on both ranks; a rank stalled
@@ -113,7 +116,12 @@ static dp_engine_config config(const tcase *c)
 }
 
 /* What the MLP's backward does when a test arms it (faulty_backward). */
-typedef enum { BACKWARD_PLAIN, BACKWARD_FAILS_AFTER_SIGNAL, BACKWARD_SIGNALS_TWICE } backward_mode;
+typedef enum {
+    BACKWARD_PLAIN,
+    BACKWARD_FAILS_AFTER_SIGNAL,
+    BACKWARD_SIGNALS_TWICE,
+    BACKWARD_HOLDS /* local device 0 held 300 ms between its two signals */
+} backward_mode;
 
 typedef struct run {
     mlp net;
@@ -139,6 +147,10 @@ static dp_status faulty_backward(void *ctx, dp_device *dev, dp_params p, float *
     if (s == DP_OK) s = dp_grads_ready(c, n / 2, n);
     if (s != DP_OK) return s;
     if (r->armed == BACKWARD_SIGNALS_TWICE) return dp_grads_ready(c, n / 2, n);
+    if (r->armed == BACKWARD_HOLDS) {
+        if (dev == dp_engine_device(r->e, 0)) nanosleep(&(struct timespec){0, 300000000L}, NULL);
+        return dp_grads_ready(c, 0, n / 2);
+    }
     return dp_set_error(DP_ERR_DEVICE, "injected failure after a signal");
 }
 
@@ -450,6 +462,55 @@ static void run_faults_mid_backward(void)
     }
 }
 
+/* The overlap happens between the ranks: 2 x cpu:2, sharded, each
+ * rank's device 0 held 300 ms after signalling the back half of its
+ * gradient. The last slice (global device 3's, on rank 1) is final on
+ * every device then, so its rounds cross from rank 0 and device 3 sums
+ * them while device 2 is still inside its backward; the results are the
+ * bits of the same run without the overlap. */
+static void overlap_happens(void)
+{
+    tcase c = {"overlap", 2, 1, 8, 100000, DP_OPTIMIZER_ADAMW, 0, 1, 0, 1.0f, 0, 0};
+    tcase off = c;
+    off.bucket = DP_BUCKET_OFF;
+    run r, ref;
+    result got, want;
+    CHECK_OK(open_run(&r, &c, 2, 1, config(&c)));
+    CHECK_OK(open_run(&ref, &off, 2, 1, config(&off)));
+    CHECK(alloc_result(&got, r.model.n_params) && alloc_result(&want, r.model.n_params), "oom");
+    r.armed = ref.armed = BACKWARD_HOLDS;
+    float x[MAXROWS * D];
+    int32_t y[MAXROWS];
+    dp_step_stats st;
+    for (int s = 0; s < 2; s++) {
+        batch(s, c.rows, 0, x, y);
+        dp_batch b = {(size_t)c.rows, x, y};
+        CHECK_OK(dp_engine_step(r.e, &b, &st));
+        got.loss[s] = st.loss;
+        got.norm[s] = st.grad_norm;
+        if (rank == 1) {
+            const dp_device_step_stats *d2 = &st.devices[0], *d3 = &st.devices[1];
+            double bw_end = d2->phase_start[DP_PHASE_BACKWARD] + d2->phase_seconds[DP_PHASE_BACKWARD];
+            CHECK(d3->phase_seconds[DP_PHASE_REDUCE] > 0.0, "device 3 reduced nothing");
+            CHECK(d3->phase_start[DP_PHASE_REDUCE] < bw_end,
+                  "step %d: device 3's reduce began at %g s, after device 2's backward ended "
+                  "(%g s): the rounds did not cross during the backward", s,
+                  d3->phase_start[DP_PHASE_REDUCE], bw_end);
+        }
+        CHECK_OK(dp_engine_step(ref.e, &b, &st));
+        want.loss[s] = st.loss;
+        want.norm[s] = st.grad_norm;
+    }
+    CHECK_OK(finish(r.e, &got));
+    CHECK_OK(finish(ref.e, &want));
+    dp_engine_destroy(r.e);
+    dp_engine_destroy(ref.e);
+    const char *diff = first_difference(&got, &want, 1);
+    CHECK(!diff, "overlap: %s differ from the run without it", diff);
+    free_result(&got);
+    free_result(&want);
+}
+
 /* A NaN input in rank 1's rows: the update is skipped on both ranks. */
 static void nonfinite(void)
 {
@@ -755,6 +816,11 @@ int main(int argc, char **argv)
     }
     run_faults();
     run_faults_mid_backward();
+    if (kind == DP_DEVICE_CPU) {
+        int before = failures;
+        overlap_happens();
+        agree_case("the rounds cross between the ranks while a backward runs", failures == before);
+    }
     {
         int before = failures;
         nonfinite();
