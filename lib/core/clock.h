@@ -1,6 +1,7 @@
 /*
- * core/clock.h - the monotonic clock of the engine's phase timing and
- * the overflow-safe conversion of a deadline to a struct timespec.
+ * core/clock.h - the monotonic clock of the engine's phase timing, the
+ * overflow-safe conversion of a deadline to a struct timespec, and the
+ * pause between two polls of a wait for other ranks.
  *
  * Deadlines are absolute CLOCK_MONOTONIC seconds (a double). Converting a
  * huge one to time_t is undefined behaviour (1e19 s wrapped to a past
@@ -37,6 +38,19 @@ static inline struct timespec dp_deadline_at(double t)
     }
     if (ts.tv_nsec < 0) ts.tv_nsec = 0;
     return ts;
+}
+
+/* The pause before poll number `spins` (from 1) of a wait for other
+ * ranks: none for the first 200 (a peer already there is caught at
+ * once), then 50 us, 200 us from the 1000th and 1 ms from the 3000th, so
+ * a waiting rank leaves the cores to ranks still computing (ranks may
+ * share cores). */
+static inline void dp_poll_pause(long spins)
+{
+    if (spins <= 200) return;
+    long us = spins < 1000 ? 50 : spins < 3000 ? 200 : 1000;
+    struct timespec ts = {0, us * 1000};
+    nanosleep(&ts, NULL);
 }
 
 #endif /* DP_CORE_CLOCK_H */

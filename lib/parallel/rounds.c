@@ -6,7 +6,6 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
-#include <time.h>
 
 #include "core/clock.h"
 #include "parallel/comm.h"
@@ -211,18 +210,12 @@ dp_status dp_rounds_finish(dp_engine *e)
     dp_status s = e->round_status;
     e->round_active = dp_now_seconds(); /* this rank's work is done: it waits from now */
     if (s == DP_OK) s = start_ready(e, 0);
-    /* As the bootstrap's waits: spin a little, then sleep longer and
-     * longer (50 us to 1 ms), leaving the cores to ranks still computing. */
     for (long spins = 1; s == DP_OK; spins++) {
         int arrived;
         size_t out;
         s = test_started(e, &arrived, &out);
         if (s != DP_OK || !out) break;
-        if (spins > 200) {
-            long us = spins < 1000 ? 50 : spins < 3000 ? 200 : 1000;
-            struct timespec ts = {0, us * 1000};
-            nanosleep(&ts, NULL);
-        }
+        dp_poll_pause(spins); /* as the bootstrap's waits */
     }
     e->round_status = s;
     return s;

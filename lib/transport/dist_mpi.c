@@ -14,7 +14,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "core/error.h"
 #include "core/clock.h"
@@ -182,14 +181,7 @@ dp_status dp_dist_poll(const dp_mpi_dist *d, MPI_Request *req, int n, double tim
             return DP_FAIL(DP_ERR_TIMEOUT, "%s: rank %d waited %.3g s (watchdog) for the other "
                            "ranks; one of them is stuck or gone, so the job must end", what,
                            d->rank, timeout);
-        /* A short spin catches a peer that is already there; after it the
-         * sleep grows (50 us to 1 ms), so a waiting rank leaves the cores
-         * to the ranks still computing (ranks may share cores). */
-        if (spins > 200) {
-            long us = spins < 1000 ? 50 : spins < 3000 ? 200 : 1000;
-            struct timespec ts = {0, us * 1000};
-            nanosleep(&ts, NULL);
-        }
+        dp_poll_pause(spins);
     }
 }
 
