@@ -14,32 +14,32 @@ size_t dp_comm_chunk_floats(const dp_engine *e, const dp_device *owner)
     return dp_device_is_host_memory(owner) ? DP_COMM_CHUNK_FLOATS_HOST : DP_COMM_CHUNK_FLOATS_DEVICE;
 }
 
-dp_status dp_comm_setup(worker *owner)
+dp_status dp_comm_setup(worker *summer)
 {
-    dp_engine *e = owner->e;
-    size_t c = dp_comm_chunk_floats(e, owner->dev), K = e->L.K, g = e->L.g0 + (size_t)owner->id;
-    /* A single device has no peers. The owner allocates for its slices in
-     * order, on its own thread (a limit is met at the same allocation). */
+    dp_engine *e = summer->e;
+    size_t c = dp_comm_chunk_floats(e, summer->dev), K = e->L.K, g = e->L.g0 + (size_t)summer->id;
+    /* A single device has no peers. The summer allocates for the slices it sums
+     * in order, on its own thread (a limit is met at the same allocation). */
     for (size_t j = 0; K > 1 && j < K; j++) {
         slice *sl = &e->s[j];
         size_t n = sl->end - sl->begin, chunk = n < c ? n : c;
-        if ((size_t)sl->owner != g || !n) continue;
+        if ((size_t)sl->summer != g || !n) continue;
         size_t bytes = chunk * sizeof(float);
         dp_status s = DP_OK;
-        /* The running sum of the devices before the owner; device 0 sums in place. */
-        if (g != 0) s = dp_dbuf_ensure(owner->dev, &sl->acc, bytes);
+        /* The running sum of the devices before the summer; device 0 sums in place. */
+        if (g != 0) s = dp_dbuf_ensure(summer->dev, &sl->acc, bytes);
         /* Host memory is read in place; other devices' chunks are copied in. */
-        if (s == DP_OK && !dp_device_is_host_memory(owner->dev))
-            s = dp_dbuf_ensure(owner->dev, &sl->in, bytes);
+        if (s == DP_OK && !dp_device_is_host_memory(summer->dev))
+            s = dp_dbuf_ensure(summer->dev, &sl->in, bytes);
         /* The other ranks' devices' chunks arrive here, in two halves when
          * the slice has two rounds or more: one round arrives while the
          * one before it is summed (rounds.h). */
         size_t halves = n > c ? 2 : 1;
         sl->staged = chunk;
         if (s == DP_OK && K > e->L.k)
-            s = dp_dbuf_ensure(owner->dev, &sl->remote, halves * (K - e->L.k) * bytes);
+            s = dp_dbuf_ensure(summer->dev, &sl->remote, halves * (K - e->L.k) * bytes);
         if (s != DP_OK) {
-            dp_error_prefix("reduce-scatter staging of slice %zu on %s", j, owner->dev->name);
+            dp_error_prefix("reduce-scatter staging of slice %zu on %s", j, summer->dev->name);
             return s;
         }
     }
@@ -50,7 +50,7 @@ void dp_comm_teardown(dp_engine *e)
 {
     for (size_t j = 0; e->s && j < e->L.K; j++) {
         slice *sl = &e->s[j];
-        worker *o = dp_local_worker(e, (size_t)sl->owner);
+        worker *o = dp_local_worker(e, (size_t)sl->summer);
         if (!o || !o->dev) continue;
         dp_dbuf_release(o->dev, &sl->acc);
         dp_dbuf_release(o->dev, &sl->in);
@@ -141,7 +141,8 @@ dp_status dp_comm_scatter_dlogits(worker *w, const dp_plan *plan, size_t j, size
                         rows * opr * V * sizeof(float));
 }
 
-/* One chunk [at, at + n) of slice sl's reduce-scatter on its owner o: the
+/* One chunk [at, at + n) of slice sl's reduce-scatter on its summer o
+ * (state.h: the owner, or in root mode across ranks the slice's device): the
  * sum ((c_0 + c_1) + c_2) + ... over the contributing devices of the job
  * in global order (device 0, whose zeroed buffer starts the sum even when
  * idle, then every busy device), whatever rank they are on: a local
@@ -154,7 +155,7 @@ dp_status dp_comm_scatter_dlogits(worker *w, const dp_plan *plan, size_t j, size
 static dp_status reduce_chunk(dp_engine *e, const dp_plan *plan, slice *sl, size_t at, size_t n,
                              size_t round_at, int half)
 {
-    worker *o = dp_local_worker(e, (size_t)sl->owner);
+    worker *o = dp_local_worker(e, (size_t)sl->summer);
     size_t bytes = n * sizeof(float);
     int host = dp_device_is_host_memory(o->dev);
     float *own = o->grads + at, *acc = sl->acc.ptr;
@@ -203,7 +204,7 @@ dp_status dp_comm_reduce_range(dp_engine *e, const dp_plan *plan, slice *sl, siz
                                size_t to, int half)
 {
     if (e->L.K < 2) return DP_OK; /* one device: its gradient is the sum */
-    size_t c = dp_comm_chunk_floats(e, dp_local_worker(e, (size_t)sl->owner)->dev);
+    size_t c = dp_comm_chunk_floats(e, dp_local_worker(e, (size_t)sl->summer)->dev);
     /* Chunks of at most c from `from` (where a received chunk starts too). */
     for (size_t at = from; at < to; at += c)
         DP_TRY(reduce_chunk(e, plan, sl, at, to - at < c ? to - at : c, from, half));

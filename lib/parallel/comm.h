@@ -32,12 +32,13 @@
 size_t dp_comm_chunk_floats(const dp_engine *e, const dp_device *owner);
 
 /* Setup job, every worker, after the buffers of every worker exist: what
- * the collectives need for the slices this worker owns, on its device (per
+ * the collectives need for the slices this worker's device sums (their
+ * summer, state.h), on its device (per
  * slice a running sum when the owner is not device 0, an incoming chunk
  * on non-host devices, each at most one chunk, and with ranks the other
  * ranks' chunks). dp_comm_teardown
  * frees worker w's slice's. */
-dp_status dp_comm_setup(worker *owner);
+dp_status dp_comm_setup(worker *summer);
 void dp_comm_teardown(dp_engine *e);
 /* Where global device d's chunk of slice sl arrives from another rank,
  * in staging half `half` (rounds.h). */

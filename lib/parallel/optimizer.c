@@ -44,12 +44,22 @@ dp_status dp_opt_build_slices(const dp_engine *e, slice **out)
         sl->begin = b;
         sl->end = en;
         sl->owner = e->cfg.shard_optimizer ? (int)i : 0;
-        /* The owner's rank reduces it: the owner's worker when sharded;
+        /* The owner's rank updates it: the owner's worker when sharded;
          * without sharding rank 0's workers take the slices in turn (one
-         * process: worker i reduces slice i on device 0). */
-        sl->reducer = -1;
+         * process: worker i updates slice i on device 0). */
+        sl->updater = -1;
         if (dp_local_worker(e, (size_t)sl->owner))
-            sl->reducer = e->cfg.shard_optimizer ? (int)(i - e->L.g0) : (int)(i % e->L.k);
+            sl->updater = e->cfg.shard_optimizer ? (int)(i - e->L.g0) : (int)(i % e->L.k);
+        /* The sum is formed where the owner is, or without sharding on the
+         * slice's own device when another rank holds it: every rank then
+         * sums its share, where rank 0 would receive and add every
+         * device's whole gradient. The order of the additions is the same. */
+        sl->summer = sl->owner;
+        if (dp_layout_rank_of(&e->L, i) != dp_layout_rank_of(&e->L, (size_t)sl->owner))
+            sl->summer = (int)i;
+        sl->reducer = -1;
+        if (sl->summer == sl->owner) sl->reducer = sl->updater;
+        else if (dp_local_worker(e, i)) sl->reducer = (int)(i - e->L.g0);
         sl->segs = calloc(m->n_tensors ? m->n_tensors : 1, sizeof *sl->segs);
         if (!sl->segs) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation failed");
         sl->n_segs = 0;
@@ -72,6 +82,12 @@ static int has_v(const dp_engine *e) { return e->cfg.optim.kind == DP_OPTIMIZER_
 static worker *owner_of(const dp_engine *e, const slice *sl)
 {
     return dp_local_worker(e, (size_t)sl->owner);
+}
+
+/* The worker of slice sl's summer (on this rank: sl->reducer >= 0). */
+static worker *summer_of(const dp_engine *e, const slice *sl)
+{
+    return dp_local_worker(e, (size_t)sl->summer);
 }
 
 dp_status dp_opt_alloc_state(worker *owner)
@@ -130,8 +146,8 @@ dp_status dp_opt_slice_sumsq(worker *w)
         if (sl->reducer != w->id) continue;
         sl->sumsq = 0.0;
         if (sl->end > sl->begin)
-            DP_TRY(dp_sum_squares(owner_of(e, sl)->dev, &sl->sumsq,
-                                  owner_of(e, sl)->grads + sl->begin, sl->end - sl->begin));
+            DP_TRY(dp_sum_squares(summer_of(e, sl)->dev, &sl->sumsq,
+                                  summer_of(e, sl)->grads + sl->begin, sl->end - sl->begin));
     }
     return DP_OK;
 }
@@ -166,7 +182,7 @@ dp_status dp_opt_update_slice(worker *w, double grad_norm)
     for (size_t j = 0; j < e->L.K; j++) {
         slice *sl = &e->s[j];
         worker *o = owner_of(e, sl);
-        if (sl->reducer != w->id) continue;
+        if (sl->updater != w->id) continue;
         if (opt->kind == DP_OPTIMIZER_ADAMW) {
             /* the slice's tensors DP_ADAMW_SEGS at a time: one launch each */
             for (size_t i = 0; i < sl->n_segs; i += DP_ADAMW_SEGS) {

@@ -23,20 +23,20 @@ static const char *const what = "reduce-scatter between the ranks";
 
 // --- setup ------------------------------------------------------------------------------
 
-/* Round r's messages (m NULL: only counted): for slice j's piece
- * [b, b + len), every local device's piece when another rank owns the
+/* A forward round's messages (m NULL: only counted): for slice j's piece
+ * [b, b + len), every local device's piece when another rank sums the
  * slice, or every other rank's device's piece into staging half `half`
  * when this rank does; listed by device on both sides, so each pair of
  * ranks matches them in order. */
 static size_t messages(const dp_engine *e, size_t j, size_t b, size_t len, int half, dp_xfer *m)
 {
     const slice *sl = &e->s[j];
-    worker *o = dp_local_worker(e, (size_t)sl->owner);
+    worker *o = dp_local_worker(e, (size_t)sl->summer);
     size_t n = 0;
     for (size_t d = 0; d < e->L.K; d++) {
         worker *wd = dp_local_worker(e, d);
         if (!o && wd) {
-            if (m) m[n] = (dp_xfer){(size_t)wd->id, (size_t)sl->owner, 1, wd->grads + b,
+            if (m) m[n] = (dp_xfer){(size_t)wd->id, (size_t)sl->summer, 1, wd->grads + b,
                                     len * sizeof(float)};
             n++;
         } else if (o && !wd) {
@@ -48,10 +48,25 @@ static size_t messages(const dp_engine *e, size_t j, size_t b, size_t len, int h
     return n;
 }
 
-/* The rounds in order into out (NULL: only counted): slices last to
- * first, each one's pieces of c floats (from its begin) last to first.
- * Returns the count. */
-static size_t cut(dp_engine *e, size_t c, dp_round *out)
+/* A return round's message: the summed piece [b, b + len) from the
+ * summer's gradient to the owner's, where either is on this rank. */
+static size_t return_message(const dp_engine *e, size_t j, size_t b, size_t len, dp_xfer *m)
+{
+    const slice *sl = &e->s[j];
+    worker *o = dp_local_worker(e, (size_t)sl->owner), *su = dp_local_worker(e, (size_t)sl->summer);
+    if (su && m) *m = (dp_xfer){(size_t)su->id, (size_t)sl->owner, 1, su->grads + b,
+                                len * sizeof(float)};
+    if (o && m) *m = (dp_xfer){(size_t)o->id, (size_t)sl->summer, 0, o->grads + b,
+                               len * sizeof(float)};
+    return o || su;
+}
+
+/* The forward rounds in order into out (NULL: only counted, returns not):
+ * slices last to first, each one's pieces of c floats (from its begin)
+ * last to first; then, for the pieces summed elsewhere than at their
+ * owner, the return rounds in the same order. Returns the count; *n_fwd
+ * the forward ones. */
+static size_t cut(dp_engine *e, size_t c, dp_round *out, size_t *n_fwd)
 {
     size_t r = 0;
     for (size_t j = e->L.K; j-- > 0;) {
@@ -60,37 +75,62 @@ static size_t cut(dp_engine *e, size_t c, dp_round *out)
         for (size_t i = pieces; i-- > 0; r++) {
             if (!out) continue;
             size_t b = sl->begin + i * c, end = b + c < sl->end ? b + c : sl->end;
-            int mine = dp_local_worker(e, (size_t)sl->owner) != NULL;
-            out[r] = (dp_round){.slice = j, .begin = b, .end = end, .recvs = mine, .half = (int)(i % 2),
+            int mine = dp_local_worker(e, (size_t)sl->summer) != NULL;
+            out[r] = (dp_round){.slice = j, .begin = b, .end = end, .recvs = mine,
+                                .half = (int)(i % 2), .pair = SIZE_MAX,
                                 /* piece i + 2 came two rounds earlier */
                                 .prev = i + 2 < pieces ? r - 2 : SIZE_MAX};
             atomic_init(&out[r].state, DP_ROUND_IDLE);
         }
     }
+    *n_fwd = r;
+    if (!out) return r; /* the returns are counted by count_returns */
+    for (size_t f = 0; f < *n_fwd; f++) {
+        const slice *sl = &e->s[out[f].slice];
+        if (sl->summer == sl->owner) continue;
+        out[r] = (dp_round){.slice = out[f].slice, .begin = out[f].begin, .end = out[f].end,
+                            .ret = 1, .recvs = dp_local_worker(e, (size_t)sl->owner) != NULL,
+                            .pair = f, .prev = SIZE_MAX};
+        atomic_init(&out[r].state, DP_ROUND_IDLE);
+        out[f].pair = r++;
+    }
     return r;
+}
+
+/* The count of return rounds: the pieces of the slices summed elsewhere. */
+static size_t count_returns(const dp_engine *e, size_t c)
+{
+    size_t n = 0;
+    for (size_t j = 0; j < e->L.K; j++) {
+        const slice *sl = &e->s[j];
+        if (sl->summer != sl->owner) n += (sl->end - sl->begin + c - 1) / c;
+    }
+    return n;
 }
 
 dp_status dp_rounds_setup(dp_engine *e)
 {
-    size_t c = dp_transport_round_floats(&e->tp);
+    size_t c = dp_transport_round_floats(&e->tp), n_fwd;
     if (!dp_transport_spans_ranks(&e->tp) || !c) return DP_OK; /* nothing crosses */
-    size_t n = cut(e, c, NULL);
+    size_t n = cut(e, c, NULL, &n_fwd) + count_returns(e, c);
     e->rounds = calloc(n ? n : 1, sizeof *e->rounds);
     if (!e->rounds) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation of %zu rounds failed", n);
-    e->n_rounds = cut(e, c, e->rounds);
+    e->n_rounds = cut(e, c, e->rounds, &e->n_fwd_rounds);
     size_t total = 0;
-    for (size_t r = 0; r < n; r++) {
-        dp_round *x = &e->rounds[r];
-        x->at = total;
-        x->n = messages(e, x->slice, x->begin, x->end - x->begin, x->half, NULL);
-        total += x->n;
-    }
-    e->xfers = malloc((total ? total : 1) * sizeof *e->xfers);
-    if (!e->xfers)
-        return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation of %zu messages failed", total);
-    for (size_t r = 0; r < n; r++) {
-        dp_round *x = &e->rounds[r];
-        messages(e, x->slice, x->begin, x->end - x->begin, x->half, e->xfers + x->at);
+    for (int pass = 0; pass < 2; pass++) {
+        total = 0;
+        for (size_t r = 0; r < e->n_rounds; r++) {
+            dp_round *x = &e->rounds[r];
+            dp_xfer *m = pass ? e->xfers + total : NULL;
+            x->at = total;
+            x->n = x->ret ? return_message(e, x->slice, x->begin, x->end - x->begin, m)
+                          : messages(e, x->slice, x->begin, x->end - x->begin, x->half, m);
+            total += x->n;
+        }
+        if (pass) break;
+        e->xfers = malloc((total ? total : 1) * sizeof *e->xfers);
+        if (!e->xfers)
+            return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation of %zu messages failed", total);
     }
     return DP_OK;
 }
@@ -99,6 +139,7 @@ void dp_rounds_begin_step(dp_engine *e)
 {
     for (size_t r = 0; r < e->n_rounds; r++) atomic_store(&e->rounds[r].state, DP_ROUND_IDLE);
     e->round_next = e->round_first_out = 0;
+    e->ret_next = e->n_fwd_rounds;
     e->round_status = DP_OK;
     e->round_active = dp_now_seconds();
     e->round_seen = dp_barrier_progress(&e->pool.barrier);
@@ -126,13 +167,15 @@ static dp_status start(dp_engine *e, dp_round *r)
     return DP_OK;
 }
 
-/* Starts rounds in order while they may (constrained: this rank's part of
- * the gradient is final and the staging half free; else the job is over
- * and anything may go). */
+/* Starts rounds in order while they may: the forward ones (constrained:
+ * this rank's part of the gradient is final and the staging half free;
+ * else the job is over and anything may go), then the returns (a sum
+ * leaves once its reducer summed it, unless the job is over; it arrives
+ * only once the owner's own piece has left, whose memory it overwrites). */
 static dp_status start_ready(dp_engine *e, int constrained)
 {
     size_t final = constrained ? final_from(e) : 0;
-    while (e->round_next < e->n_rounds) {
+    while (e->round_next < e->n_fwd_rounds) {
         dp_round *r = &e->rounds[e->round_next];
         /* Receives wait for this rank's part too: posted early they would
          * keep the caller testing them through the forward. */
@@ -143,6 +186,14 @@ static dp_status start_ready(dp_engine *e, int constrained)
             break;
         DP_TRY(start(e, r));
         e->round_next++;
+    }
+    while (e->ret_next < e->n_rounds) {
+        dp_round *r = &e->rounds[e->ret_next];
+        int fwd = atomic_load_explicit(&e->rounds[r->pair].state, memory_order_acquire);
+        if (r->recvs ? fwd < DP_ROUND_ARRIVED : constrained && r->n && fwd != DP_ROUND_REDUCED)
+            break;
+        DP_TRY(start(e, r));
+        e->ret_next++;
     }
     return DP_OK;
 }
@@ -158,7 +209,9 @@ static dp_status test_started(dp_engine *e, int *arrived, size_t *out)
 {
     *arrived = 0;
     *out = 0;
-    for (size_t i = e->round_first_out; i < e->round_next; i++) {
+    for (size_t i = e->round_first_out; i < e->ret_next; i++) {
+        if (i == e->round_next) i = e->n_fwd_rounds; /* the forward rounds not started */
+        if (i >= e->ret_next) break;
         dp_round *r = &e->rounds[i];
         if (atomic_load_explicit(&r->state, memory_order_relaxed) != DP_ROUND_STARTED) continue;
         int done = 0;
@@ -175,6 +228,8 @@ static dp_status test_started(dp_engine *e, int *arrived, size_t *out)
            atomic_load_explicit(&e->rounds[e->round_first_out].state, memory_order_relaxed) !=
                DP_ROUND_STARTED)
         e->round_first_out++;
+    if (e->round_first_out == e->round_next && e->round_next == e->n_fwd_rounds)
+        e->round_first_out = e->n_fwd_rounds; /* every forward round arrived */
     return DP_OK;
 }
 
@@ -189,7 +244,7 @@ double dp_rounds_progress(void *engine)
         e->round_active = dp_now_seconds();
     }
     int arrived = 0;
-    size_t out = 0, next = e->round_next;
+    size_t out = 0, next = e->round_next + e->ret_next;
     dp_status s = start_ready(e, 1);
     if (s == DP_OK) s = test_started(e, &arrived, &out);
     if (s == DP_OK && arrived) s = start_ready(e, 1); /* a receive may free nothing, but a send may go */
@@ -199,8 +254,8 @@ double dp_rounds_progress(void *engine)
         dp_barrier_abort(&e->pool.barrier); /* no worker waits for a round that will not come */
         return -1.0;
     }
-    if (e->round_next == e->n_rounds && !out) return -1.0;
-    if (moved || arrived || e->round_next != next) e->round_poll = DP_ROUNDS_POLL_MIN;
+    if (e->round_next == e->n_fwd_rounds && e->ret_next == e->n_rounds && !out) return -1.0;
+    if (moved || arrived || e->round_next + e->ret_next != next) e->round_poll = DP_ROUNDS_POLL_MIN;
     else if ((e->round_poll *= 2) > DP_ROUNDS_POLL_MAX) e->round_poll = DP_ROUNDS_POLL_MAX;
     return out ? e->round_poll : INFINITY;
 }
@@ -213,8 +268,10 @@ dp_status dp_rounds_finish(dp_engine *e)
     for (long spins = 1; s == DP_OK; spins++) {
         int arrived;
         size_t out;
+        size_t started = e->ret_next;
         s = test_started(e, &arrived, &out);
-        if (s != DP_OK || !out) break;
+        if (s == DP_OK && arrived) s = start_ready(e, 0); /* returns whose piece has left */
+        if (s != DP_OK || (!out && e->ret_next == e->n_rounds && e->ret_next == started)) break;
         dp_poll_pause(spins); /* as the bootstrap's waits */
     }
     e->round_status = s;
@@ -229,7 +286,7 @@ dp_status dp_rounds_reduce(worker *w, int *left)
     dp_phase was = w->phase;
     int reduced = 0;
     *left = 0;
-    for (size_t i = 0; i < e->n_rounds; i++) {
+    for (size_t i = 0; i < e->n_fwd_rounds; i++) {
         dp_round *r = &e->rounds[i];
         slice *sl = &e->s[r->slice];
         if (sl->reducer != w->id) continue;

@@ -53,7 +53,7 @@ void dp_stages_charge(step *c, dp_phase p, double since)
     }
 }
 
-dp_status dp_stages_agree_per_device(step *c, double *mine, double *out, int by_owner,
+dp_status dp_stages_agree_per_device(step *c, double *mine, double *out, int by_summer,
                                      const char *what)
 {
     dp_engine *e = c->e;
@@ -61,7 +61,7 @@ dp_status dp_stages_agree_per_device(step *c, double *mine, double *out, int by_
     dp_status s = dp_transport_agree(&e->tp, c->local, mine, all, DP_MAX_DEVICES * sizeof *mine,
                                      what);
     for (size_t g = 0; s == DP_OK && g < e->L.K; g++) {
-        size_t from = by_owner ? (size_t)e->s[g].owner : g;
+        size_t from = by_summer ? (size_t)e->s[g].summer : g;
         out[g] = all[(size_t)dp_layout_rank_of(&e->L, from) * DP_MAX_DEVICES + g];
     }
     return s;

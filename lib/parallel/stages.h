@@ -71,8 +71,8 @@ static inline int dp_stages_across(const step *c) { return dp_transport_spans_ra
 void dp_stages_charge(step *c, dp_phase p, double since);
 /* The agreement of an exchange: this rank's outcome and, per global
  * device, its values (local ones filled), read back per global device
- * (by_owner: the value of slice g comes from its owner's rank). */
-dp_status dp_stages_agree_per_device(step *c, double *mine, double *out, int by_owner,
+ * (by_summer: the value of slice g comes from the rank that summed it). */
+dp_status dp_stages_agree_per_device(step *c, double *mine, double *out, int by_summer,
                                      const char *what);
 /* The agreement of an exchange on this rank's outcome alone. */
 dp_status dp_stages_agree(step *c);

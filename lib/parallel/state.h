@@ -104,19 +104,25 @@ typedef struct segment {
 /* One of the K optimizer slices of the flat buffer (K = the job's devices
  * over every rank). The owner (a global device: the slice's own when the
  * optimizer is sharded, device 0 otherwise) holds its moments and receives
- * its reduced gradient; the reducer, a worker of the owner's rank, reduces
- * and updates it on the owner's device. */
+ * its reduced gradient; the summer (a global device: the owner, or in
+ * root mode across ranks the slice's own device when that is on another
+ * rank than the owner) forms the sum, which then moves to the owner. The
+ * reducer, a worker of the summer's rank, sums it (and its squares) on the
+ * summer's device; the updater, a worker of the owner's rank, updates it
+ * on the owner's. */
 typedef struct slice {
     /* optimizer.c */
     size_t begin, end;
     int owner;   /* global device index */
-    int reducer; /* local worker index, or -1 when the owner is on another rank */
+    int summer;  /* global device index */
+    int reducer; /* local worker index, or -1 when the summer is on another rank */
+    int updater; /* local worker index, or -1 when the owner is on another rank */
     segment *segs;
     size_t n_segs;
     float *m, *v;  /* the moments, on the owner */
     float *master; /* bf16 replicas: the slice's float32 master weights, on the owner */
     double sumsq;  /* of the reduced gradient, this step (its reducer) */
-    /* comm.c: on the owner, the running sum, an incoming chunk, and per
+    /* comm.c: on the summer, the running sum, an incoming chunk, and per
      * staging half one chunk of `staged` floats per device of the other
      * ranks */
     dbuf acc, in, remote;
@@ -131,13 +137,17 @@ typedef struct slice {
 enum { DP_ROUND_IDLE, DP_ROUND_STARTED, DP_ROUND_ARRIVED, DP_ROUND_REDUCED };
 
 /* One round: elements [begin, end) of slice `slice`, its messages
- * engine.xfers[at .. at + n). */
+ * engine.xfers[at .. at + n). A forward round carries the devices'
+ * pieces to the slice's summer; a return round (ret) the summed piece
+ * from the summer to the owner, when they differ. */
 typedef struct dp_round {
     size_t slice, begin, end;
     size_t at, n;
-    int recvs;   /* this rank receives in it (owns the slice) ... */
-    int half;    /* ... into this half of the slice's staging */
-    size_t prev; /* the round before it into that half (SIZE_MAX: none) */
+    int ret;
+    int recvs;   /* this rank receives in it (forward: sums the slice ... */
+    int half;    /* ... into this half of the slice's staging) */
+    size_t prev; /* forward: the round before it into that half (SIZE_MAX: none) */
+    size_t pair; /* forward: its return round; return: its forward round (SIZE_MAX: none) */
     /* DP_ROUND_*: the caller starts it and marks it arrived (release), the
      * reducer marks it reduced (release); each reads the other's (acquire) */
     atomic_int state;
@@ -285,8 +295,8 @@ struct dp_engine {
      * their messages; in a step, the caller's next round to start, the
      * first not yet arrived, and the transport's failure */
     dp_xfer *xfers;
-    dp_round *rounds;
-    size_t n_rounds, round_next, round_first_out;
+    dp_round *rounds; /* the forward rounds, then the returns */
+    size_t n_rounds, n_fwd_rounds, round_next, ret_next, round_first_out;
     dp_status round_status;
     /* the caller's last sight of progress here (a busy worker, a notify,
      * a round moved): the rounds' wait is bounded from it */

@@ -47,7 +47,8 @@ static dp_status connect(dp_engine *e)
     dp_run runs[DP_MAX_DEVICES];
     for (size_t i = 0; i < e->L.k; i++) devs[i] = e->w[i].dev, replicas[i] = e->w[i].params;
     dp_transport_plan tp = {.devs = devs, .rounds = lists, .round_msgs = counts,
-                            .n_rounds = n_rounds, .replicas = replicas, .esize = e->psize,
+                            .n_rounds = n_rounds, .n_forward = e->n_fwd_rounds,
+                            .replicas = replicas, .esize = e->psize,
                             .runs = runs, .n_runs = dp_opt_runs(e, runs),
                             /* the parameters: broadcasts of them and of the optimizer state */
                             .max_bytes = e->model.n_params * sizeof(float)};

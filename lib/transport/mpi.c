@@ -18,8 +18,9 @@
 #include "transport/dist_internal.h"
 #include "transport/mpi.h"
 
-/* Tags of the persistent sets: a round's messages never match the all-gather's. */
-enum { TAG_ROUND = 1, TAG_ALLGATHER = 2 };
+/* Tags of the persistent sets: a round's messages never match the
+ * all-gather's, nor a forward round's a return's. */
+enum { TAG_ROUND = 1, TAG_ALLGATHER = 2, TAG_RETURN = 3 };
 
 /* The persistent requests, made once at connect. */
 typedef struct mpi_state {
@@ -33,7 +34,8 @@ static int accepts(int nranks, int host_memory) { return nranks > 1 && host_memo
 
 /* Round r's persistent requests: sends from the local devices' gradients,
  * receives into the owners' staging, each peer a rank. */
-static dp_status round_set(dp_transport *t, const dp_xfer *m, size_t n, dp_dist_persist **out)
+static dp_status round_set(dp_transport *t, const dp_xfer *m, size_t n, int tag,
+                           dp_dist_persist **out)
 {
     dp_dist_msg *msgs = malloc((n ? n : 1) * sizeof *msgs);
     if (!msgs) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation failed");
@@ -45,7 +47,7 @@ static dp_status round_set(dp_transport *t, const dp_xfer *m, size_t n, dp_dist_
     for (size_t i = n; i-- > 0;)
         if (!m[i].send) msgs[--n_r] = (dp_dist_msg){dp_layout_rank_of(&t->L, m[i].peer), m[i].ptr,
                                                     m[i].bytes};
-    dp_status s = dp_dist_persist_create(t->dist, TAG_ROUND, msgs, n_s, msgs + n_r, n - n_r, out);
+    dp_status s = dp_dist_persist_create(t->dist, tag, msgs, n_s, msgs + n_r, n - n_r, out);
     free(msgs);
     return s;
 }
@@ -96,7 +98,8 @@ static dp_status connect(dp_transport *t, const dp_transport_plan *plan)
     }
     t->impl = st;
     for (size_t r = 0; r < plan->n_rounds; r++) {
-        DP_TRY(round_set(t, plan->rounds[r], plan->round_msgs[r], &st->rounds[r]));
+        DP_TRY(round_set(t, plan->rounds[r], plan->round_msgs[r],
+                         r < plan->n_forward ? TAG_ROUND : TAG_RETURN, &st->rounds[r]));
         st->n_rounds = r + 1;
     }
     st->replica = plan->replicas[0];

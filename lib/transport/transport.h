@@ -81,6 +81,10 @@ typedef struct dp_transport_plan {
     const dp_xfer *const *rounds; /* the reduce-scatter's rounds: every device's messages */
     const size_t *round_msgs;     /* messages per round */
     size_t n_rounds;
+    /* rounds [n_forward, n_rounds) carry sums back to their owners: their
+     * messages must never match a forward round's, as the two kinds start
+     * in different orders on different ranks */
+    size_t n_forward;
     void *const *replicas;        /* the k replicas, the all-gather's buffers */
     size_t esize;                 /* bytes per replica element: 4 float32, 2 bfloat16 */
     const dp_run *runs;           /* the owners' runs of the flat buffer */
