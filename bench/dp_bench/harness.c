@@ -117,7 +117,9 @@ static void usage(FILE *f)
           "bytes_sent_per_step (rank 0's bytes to the other ranks per timed step).\n"
           "Every rank must be given the same options: the ranks compare them when they\n"
           "join and all fail naming the first that differs. A wait between the ranks\n"
-          "lasts at most " CLI_STR(CLI_RANKS_WAIT_DEFAULT_S) " s; then every rank stops.\n",
+          "lasts at most " CLI_STR(CLI_RANKS_WAIT_DEFAULT_S) " s (twice that for the gradient's pieces\n"
+          "inside a step, so a stuck rank's own watchdog names it first); then every\n"
+          "rank stops.\n",
           f);
 }
 

@@ -134,7 +134,8 @@ static void usage(FILE *f)
             "                         loss or gradient (default %ld)\n"
             "  --watchdog SECONDS     fail a step when no device makes progress for this long,\n"
             "                         0 = off (default 0); under mpirun it also bounds every\n"
-            "                         wait between the ranks (default there: %g s)\n"
+            "                         wait between the ranks (default there: %g s; twice it\n"
+            "                         for the gradient's pieces inside a step)\n"
             "  --check-replicas N     every N steps, check that every replica equals the root's\n"
             "                         parameters, 0 = off (default 0)\n"
             "evaluation and output\n"
@@ -190,10 +191,12 @@ static void usage(FILE *f)
             "Every rank must be given the same options, except --devices, --device-weights and\n"
             "--memory-limit (its own devices): the ranks compare them when they join and all fail\n"
             "naming the first that differs. A wait between the ranks lasts at most --watchdog\n"
-            "seconds, else %g s (and at least %g s while rank 0 writes a file); then every rank\n"
-            "stops. A signal to any rank stops all at the same step and saves; Open MPI's mpirun, when\n"
-            "signalled, sends SIGTERM to the ranks and SIGKILL 1 s later (more: --mca\n"
-            "odls_base_sigkill_timeout SECONDS), so signal the ranks when a save takes longer.\n",
+            "seconds, else %g s (and at least %g s while rank 0 writes a file; twice it for the\n"
+            "gradient's pieces inside a step, so a stuck rank's own watchdog names it first);\n"
+            "then every rank stops. A signal to any rank stops all at the same step and saves;\n"
+            "Open MPI's mpirun, when signalled, sends SIGTERM to the ranks and SIGKILL 1 s later\n"
+            "(more: --mca odls_base_sigkill_timeout SECONDS), so signal the ranks when a save\n"
+            "takes longer.\n",
             LM_DEFAULT_CORPUS, d.tokenizer, d.vocab_size, DP_GPT2_VOCAB_SIZE, TOKEN_VOCAB_MAX,
             d.devices, d.mode, DP_GPT_ATTENTION_CHUNK, DP_GPT_ATTENTION_CHUNK, CLI_VOCAB_PAD_MAX,
             CLI_VOCAB_PAD_GPU, d.layers, d.heads,
