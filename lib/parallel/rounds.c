@@ -247,7 +247,7 @@ double dp_rounds_progress(void *engine)
     size_t out = 0, next = e->round_next + e->ret_next;
     dp_status s = start_ready(e, 1);
     if (s == DP_OK) s = test_started(e, &arrived, &out);
-    if (s == DP_OK && arrived) s = start_ready(e, 1); /* a receive may free nothing, but a send may go */
+    if (s == DP_OK && arrived) s = start_ready(e, 1); /* returns whose piece has left */
     if (arrived) dp_barrier_notify(&e->pool.barrier);
     if (s != DP_OK) {
         e->round_status = s;
