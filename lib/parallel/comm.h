@@ -28,16 +28,15 @@
 #define DP_COMM_CHUNK_FLOATS_HOST ((size_t)1 << 14)
 #define DP_COMM_CHUNK_FLOATS_DEVICE ((size_t)1 << 20)
 /* With ranks, the chunk is the transport's round (round_floats): the
- * owner stages one chunk per device of the other ranks, twice (rounds.h). */
+ * summer stages one chunk per device of the other ranks, twice (rounds.h). */
 size_t dp_comm_chunk_floats(const dp_engine *e, const dp_device *owner);
 
 /* Setup job, every worker, after the buffers of every worker exist: what
  * the collectives need for the slices this worker's device sums (their
- * summer, state.h), on its device (per
- * slice a running sum when the owner is not device 0, an incoming chunk
- * on non-host devices, each at most one chunk, and with ranks the other
- * ranks' chunks). dp_comm_teardown
- * frees worker w's slice's. */
+ * summer, state.h), on its device: per slice a running sum when the
+ * summer is not device 0, an incoming chunk on non-host devices, each at
+ * most one chunk, and with ranks the other ranks' chunks.
+ * dp_comm_teardown frees them. */
 dp_status dp_comm_setup(worker *summer);
 void dp_comm_teardown(dp_engine *e);
 /* Where global device d's chunk of slice sl arrives from another rank,

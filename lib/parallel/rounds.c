@@ -61,17 +61,17 @@ static size_t return_message(const dp_engine *e, size_t j, size_t b, size_t len,
     return o || su;
 }
 
-/* The forward rounds in order into out (NULL: only counted, returns not):
- * slices last to first, each one's pieces of c floats (from its begin)
- * last to first; then, for the pieces summed elsewhere than at their
- * owner, the return rounds in the same order. Returns the count; *n_fwd
- * the forward ones. */
+/* The forward rounds in order into out (NULL: only counted): slices last
+ * to first, each one's pieces of c floats (from its begin) last to first;
+ * then, for the pieces summed elsewhere than at their owner, the return
+ * rounds in the same order. Returns the count; *n_fwd the forward ones. */
 static size_t cut(dp_engine *e, size_t c, dp_round *out, size_t *n_fwd)
 {
-    size_t r = 0;
+    size_t r = 0, returns = 0;
     for (size_t j = e->L.K; j-- > 0;) {
         const slice *sl = &e->s[j];
         size_t len = sl->end - sl->begin, pieces = (len + c - 1) / c;
+        if (sl->summer != sl->owner) returns += pieces;
         for (size_t i = pieces; i-- > 0; r++) {
             if (!out) continue;
             size_t b = sl->begin + i * c, end = b + c < sl->end ? b + c : sl->end;
@@ -84,7 +84,7 @@ static size_t cut(dp_engine *e, size_t c, dp_round *out, size_t *n_fwd)
         }
     }
     *n_fwd = r;
-    if (!out) return r; /* the returns are counted by count_returns */
+    if (!out) return r + returns;
     for (size_t f = 0; f < *n_fwd; f++) {
         const slice *sl = &e->s[out[f].slice];
         if (sl->summer == sl->owner) continue;
@@ -97,22 +97,11 @@ static size_t cut(dp_engine *e, size_t c, dp_round *out, size_t *n_fwd)
     return r;
 }
 
-/* The count of return rounds: the pieces of the slices summed elsewhere. */
-static size_t count_returns(const dp_engine *e, size_t c)
-{
-    size_t n = 0;
-    for (size_t j = 0; j < e->L.K; j++) {
-        const slice *sl = &e->s[j];
-        if (sl->summer != sl->owner) n += (sl->end - sl->begin + c - 1) / c;
-    }
-    return n;
-}
-
 dp_status dp_rounds_setup(dp_engine *e)
 {
     size_t c = dp_transport_round_floats(&e->tp), n_fwd;
     if (!dp_transport_spans_ranks(&e->tp) || !c) return DP_OK; /* nothing crosses */
-    size_t n = cut(e, c, NULL, &n_fwd) + count_returns(e, c);
+    size_t n = cut(e, c, NULL, &n_fwd);
     e->rounds = calloc(n ? n : 1, sizeof *e->rounds);
     if (!e->rounds) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation of %zu rounds failed", n);
     e->n_rounds = cut(e, c, e->rounds, &e->n_fwd_rounds);
@@ -205,13 +194,9 @@ static dp_status start_ready(dp_engine *e, int constrained)
  * timeout, the watchdog: a peer stuck in its own work is named by its
  * own watchdog within one period, and every rank then fails with that
  * message rather than with a wait given up on at the same moment. */
-static dp_status test_started(dp_engine *e, int *arrived, size_t *out)
+static dp_status test_range(dp_engine *e, size_t from, size_t to, int *arrived, size_t *out)
 {
-    *arrived = 0;
-    *out = 0;
-    for (size_t i = e->round_first_out; i < e->ret_next; i++) {
-        if (i == e->round_next) i = e->n_fwd_rounds; /* the forward rounds not started */
-        if (i >= e->ret_next) break;
+    for (size_t i = from; i < to; i++) {
         dp_round *r = &e->rounds[i];
         if (atomic_load_explicit(&r->state, memory_order_relaxed) != DP_ROUND_STARTED) continue;
         int done = 0;
@@ -224,12 +209,21 @@ static dp_status test_started(dp_engine *e, int *arrived, size_t *out)
         *arrived = 1;
         e->round_active = dp_now_seconds();
     }
+    return DP_OK;
+}
+
+static dp_status test_started(dp_engine *e, int *arrived, size_t *out)
+{
+    *arrived = 0;
+    *out = 0;
+    /* the started forward rounds from the first not yet arrived, then the
+     * started returns */
+    DP_TRY(test_range(e, e->round_first_out, e->round_next, arrived, out));
+    DP_TRY(test_range(e, e->n_fwd_rounds, e->ret_next, arrived, out));
     while (e->round_first_out < e->round_next &&
            atomic_load_explicit(&e->rounds[e->round_first_out].state, memory_order_relaxed) !=
                DP_ROUND_STARTED)
         e->round_first_out++;
-    if (e->round_first_out == e->round_next && e->round_next == e->n_fwd_rounds)
-        e->round_first_out = e->n_fwd_rounds; /* every forward round arrived */
     return DP_OK;
 }
 

@@ -141,18 +141,10 @@ dp_status dp_mpi_broadcast(dp_transport *t, void *buf, size_t bytes, const char 
 }
 
 /* Both sides listed a round's messages in (slice, device) order at
- * connect and start the rounds in the same order (one tag for all), so
- * between a pair of ranks they match in the order posted (MPI's
- * non-overtaking rule). */
-static dp_status exchange(dp_transport *t, size_t round, const dp_xfer *m, size_t n,
-                          const char *what)
-{
-    mpi_state *st = t->impl;
-    if (round >= st->n_rounds)
-        return DP_FAIL(DP_ERR_INTERNAL, "%s: round %zu of %zu", what, round, st->n_rounds);
-    return dp_dist_persist_run(st->rounds[round], t->timeout, what);
-}
-
+ * connect and start the rounds of a kind in the same order (one tag per
+ * kind), so between a pair of ranks they match in the order posted (MPI's
+ * non-overtaking rule). The rounds are only started and tested: this
+ * transport has no blocking exchange. */
 static dp_status start(dp_transport *t, size_t round, const char *what)
 {
     mpi_state *st = t->impl;
@@ -196,7 +188,6 @@ const dp_transport_ops dp_transport_mpi = {
     .connect = connect,
     .agree = dp_mpi_agree,
     .broadcast = dp_mpi_broadcast,
-    .exchange = exchange,
     .start = start,
     .test = test,
     .allgather_host = dp_mpi_allgather_host,

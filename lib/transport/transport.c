@@ -96,20 +96,14 @@ dp_status dp_transport_broadcast(dp_transport *t, void *buf, size_t bytes, const
     return t->ops->broadcast ? moved(t, t->ops->broadcast(t, buf, bytes, what)) : DP_OK;
 }
 
-dp_status dp_transport_exchange(dp_transport *t, size_t round, const dp_xfer *m, size_t n,
-                                const char *what)
-{
-    if (t->ops->exchange) return moved(t, t->ops->exchange(t, round, m, n, what));
-    if (n) return DP_FAIL(DP_ERR_INTERNAL, "%s: %zu messages for the %s transport", what, n,
-                          t->ops->name);
-    return DP_OK;
-}
-
 dp_status dp_transport_start(dp_transport *t, size_t round, const dp_xfer *m, size_t n,
                              const char *what)
 {
     if (t->ops->start) return moved(t, t->ops->start(t, round, what));
-    return dp_transport_exchange(t, round, m, n, what);
+    if (t->ops->exchange) return moved(t, t->ops->exchange(t, round, m, n, what));
+    if (n) return DP_FAIL(DP_ERR_INTERNAL, "%s: %zu messages for the %s transport", what, n,
+                          t->ops->name);
+    return DP_OK;
 }
 
 dp_status dp_transport_test(dp_transport *t, size_t round, int *done, double since,

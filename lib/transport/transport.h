@@ -7,9 +7,11 @@
  *   agree       every rank's outcome (and a payload) to every rank, the
  *               lowest failing rank's status on all; a bounded wait
  *   broadcast   rank 0's host bytes to every rank
- *   exchange    one round of the reduce-scatter: each local device's chunk
- *               of a slice owned on another rank goes to that owner's
- *               staging (dp_xfer, listed by the step in (slice, device) order)
+ *   exchange    one round of the reduce-scatter: each local device's piece
+ *               of a slice summed on another rank goes to that rank's
+ *               staging, or a sum to its owner (dp_xfer, listed by
+ *               parallel/rounds.c by device); or start and test, the same
+ *               in two parts
  *   allgather   each rank's owned runs of a flat buffer to every rank: the
  *               host buffers of get_params and the optimizer state, and the
  *               replicas after the update
@@ -118,7 +120,8 @@ typedef struct dp_transport_ops {
                        size_t bytes, const char *what);
     dp_status (*broadcast)(dp_transport *t, void *buf, size_t bytes, const char *what);
     /* Round `round` of the reduce-scatter: the plan's messages of that
-     * round (m, n: the same, for a transport that posts them each time). */
+     * round (m, n: the same, for a transport that posts them each time).
+     * A transport with ranks has exchange, or start and test. */
     dp_status (*exchange)(dp_transport *t, size_t round, const dp_xfer *m, size_t n,
                           const char *what);
     /* Optional: the same round in two parts, so the rounds move while the
@@ -167,8 +170,6 @@ dp_status dp_transport_connect(dp_transport *t, const dp_transport_plan *plan);
 dp_status dp_transport_agree(dp_transport *t, dp_status local, const void *mine, void *all,
                              size_t bytes, const char *what);
 dp_status dp_transport_broadcast(dp_transport *t, void *buf, size_t bytes, const char *what);
-dp_status dp_transport_exchange(dp_transport *t, size_t round, const dp_xfer *m, size_t n,
-                                const char *what);
 /* A round started (ops->start, or the whole exchange) and tested (done
  * at once without ops->test). */
 dp_status dp_transport_start(dp_transport *t, size_t round, const dp_xfer *m, size_t n,
