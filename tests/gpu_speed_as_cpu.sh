@@ -18,7 +18,7 @@ want() { grep -qE "$1" "$s" || { echo "missing: $1"; fail=1; }; }
 runs=("bf16 chunked B8" "bf16 chunked B16" "bf16 chunked B32" "bf16 chunked B64"
     "bf16 chunked V1000 B8" "bf16 chunked V1000-padded B8" "bf16 chunked B16 on cpu:2"
     "bf16 chunked logits-chunk 2048 B8" "bf16 chunked no-cuBLASLt B8"
-    "bf16 fused B8" "bf16 fused B16" "bf16 fused B32" "bf16 fused B64"
+    "bf16 fused B8" "bf16 fused no-tensor-cores B8" "bf16 fused B16" "bf16 fused B32" "bf16 fused B64"
     "bf16 whole B8" "fp32 whole B8" "fp32 whole B16" "tf32 whole B8" "tf32 whole B16")
 for p in "${runs[@]}"; do
     want "^speed dp $p +PASS +[0-9.]+ ms/step, [0-9]+ tokens/s, peak [0-9]+ MiB"

@@ -37,8 +37,10 @@
  * per thread for the forward, 200 for dq, 230 for dk/dv (sm_90), so 8 to 12
  * warps per SM: each thread's D independent FMAs per key (and the dots'
  * four running sums) are the latency hiding, not the occupancy.
- * No tensor cores: the products are float32 FMAs. Next: mma.sync / wgmma
- * tiles of bfloat16 q, k, v (or cuDNN's fused attention).
+ * No tensor cores here: the products are float32 FMAs. With bfloat16 q,
+ * k, v at head size 64 on sm_80 and later, the launchers run the tensor
+ * core kernels of cuda_flash_tc.cuh instead (DP_CUDA_FLASH_TC=0 keeps
+ * these, for comparison).
  *
  * Other head sizes: one thread per item, the items of kernels/flash.h
  * themselves, reading qkvr from global memory (the L1 and L2 caches
@@ -52,6 +54,11 @@
  */
 #include <cuda_runtime.h>
 
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/cuda_flash_tc.cuh"
 #include "backend/cuda/cuda_kernels.h" /* and kernels/ops.h with kernels/flash.h */
 
 namespace {
@@ -317,6 +324,38 @@ unsigned item_blocks(size_t n)
     return (unsigned)min_sz((n + ROW_THREADS - 1) / ROW_THREADS, MAX_BLOCKS);
 }
 
+/* Whether the tensor core kernels (cuda_flash_tc.cuh) take this call:
+ * bfloat16 q, k, v of head size 64, a device of compute capability 8.0
+ * or later, 16-byte aligned rows (their loads move 8 and 16 bytes), and
+ * DP_CUDA_FLASH_TC not "0" (read once). Each kernel's shared memory limit
+ * is raised to what it needs (past the 48 KiB default) on every call:
+ * the setting is per device, and a call costs a few microseconds. */
+cudaError_t tc_takes(dp_pref qkvr, size_t hs, const void *dout, bool *takes)
+{
+    static int off = -1;
+    *takes = false;
+    if (off < 0) {
+        const char *e = getenv("DP_CUDA_FLASH_TC");
+        off = e && strcmp(e, "0") == 0;
+    }
+    if (off || !qkvr.bf16 || hs != dp_tc::HS || (uintptr_t)qkvr.p % 16 ||
+        (dout && (uintptr_t)dout % 16))
+        return cudaSuccess;
+    int dev = 0, major = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    if (e != cudaSuccess || major < 8) return e;
+    const int bytes = (int)dp_tc::SMEM_BYTES;
+    e = cudaFuncSetAttribute(k_flash_tc_forward, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(k_flash_tc_dq, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(k_flash_tc_dkdv, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 bytes);
+    *takes = e == cudaSuccess;
+    return e;
+}
+
 } // namespace
 
 extern "C" cudaError_t dp_cuda_launch_attention_fused_forward(cudaStream_t s, float *out,
@@ -326,7 +365,13 @@ extern "C" cudaError_t dp_cuda_launch_attention_fused_forward(cudaStream_t s, fl
 {
     if (n == 0) return cudaSuccess;
     size_t nt = (T + ROWS - 1) / ROWS;
-    if (hs == 64)
+    bool tc;
+    cudaError_t e = tc_takes(qkvr, hs, NULL, &tc);
+    if (e != cudaSuccess) return e;
+    if (tc)
+        k_flash_tc_forward<<<tiled_blocks(B, T, NH), dp_tc::THREADS, dp_tc::SMEM_BYTES, s>>>(
+            out, lse, (const uint16_t *)qkvr.p, B, T, NH, scale, nt);
+    else if (hs == 64)
         k_flash_forward<64, 1><<<tiled_blocks(B, T, NH), ROWS * 1, 0, s>>>(out, lse, qkvr, B, T,
                                                                           NH, scale, nt);
     else if (hs == 128)
@@ -346,7 +391,13 @@ extern "C" cudaError_t dp_cuda_launch_attention_fused_dq(cudaStream_t s, float *
 {
     if (n == 0) return cudaSuccess;
     size_t nt = (T + ROWS - 1) / ROWS;
-    if (hs == 64)
+    bool tc;
+    cudaError_t e = tc_takes(qkvr, hs, dout, &tc);
+    if (e != cudaSuccess) return e;
+    if (tc)
+        k_flash_tc_dq<<<tiled_blocks(B, T, NH), dp_tc::THREADS, dp_tc::SMEM_BYTES, s>>>(
+            dqkv, dout, (const uint16_t *)qkvr.p, lse, delta, B, T, NH, scale, nt);
+    else if (hs == 64)
         k_flash_dq<64, 2><<<tiled_blocks(B, T, NH), ROWS * 2, 0, s>>>(dqkv, dout, qkvr, lse,
                                                                       delta, B, T, NH, scale, nt);
     else if (hs == 128)
@@ -365,7 +416,14 @@ extern "C" cudaError_t dp_cuda_launch_attention_fused_dkdv(cudaStream_t s, float
                                                            size_t hs, float scale, size_t n)
 {
     if (n == 0) return cudaSuccess;
-    if (hs == 64)
+    bool tc;
+    cudaError_t e = tc_takes(qkvr, hs, dout, &tc);
+    if (e != cudaSuccess) return e;
+    if (tc)
+        k_flash_tc_dkdv<<<tiled_blocks(B, T, NH), dp_tc::THREADS, dp_tc::SMEM_BYTES, s>>>(
+            dqkv, dout, (const uint16_t *)qkvr.p, lse, delta, B, T, NH, scale,
+            (T + ROWS - 1) / ROWS);
+    else if (hs == 64)
         k_flash_dkdv<64, 2><<<tiled_blocks(B, T, NH), ROWS * 2, 0, s>>>(dqkv, dout, qkvr, lse,
                                                                         delta, B, T, NH, scale);
     else if (hs == 128)

@@ -1,0 +1,330 @@
+/*
+ * tests/cuda_emu.hpp - a host emulator of the CUDA C++ subset that the
+ * tensor-core attention kernels (lib/backend/cuda/cuda_flash_tc.cuh) use,
+ * so their source compiles with g++ -std=c++17 and runs on the CPU.
+ *
+ * Model: emu_launch runs the grid's blocks one at a time; each block is
+ * blockDim.x real threads (pthreads), so barriers, shuffles and races
+ * behave like real concurrency and ThreadSanitizer sees them. A WMMA
+ * fragment is the WHOLE 16x16 matrix, copied in every lane; loads read
+ * it all in each lane, store_matrix_sync writes it from lane 0 only (no
+ * implied barrier), so a missing __syncwarp() shows as a race or a wrong
+ * result. The real API's pointer alignment and ldm rules are checked.
+ * mma_sync sums k = 0..15 in order in float (fmaf); the hardware's order
+ * and intermediate precision differ, so compare with tolerances.
+ *
+ * Shared memory is the launch's dynamic buffer via tc_shared() (128-byte
+ * aligned, refilled with 0xA5 before every block so reads of unwritten
+ * bytes show). Threads that return early drop out of the block's and the
+ * warp's barriers (as exited threads do on sm_70+). A barrier that waits
+ * more than CUDA_EMU_BARRIER_TIMEOUT_S seconds aborts: a divergent
+ * __syncthreads() fails the test instead of hanging it.
+ *
+ * Not reentrant: one emu_launch at a time per process.
+ */
+#ifndef DP_TESTS_CUDA_EMU_HPP
+#define DP_TESTS_CUDA_EMU_HPP
+
+#if defined(__CUDACC__)
+#error "cuda_emu.hpp emulates CUDA for host compilers; do not include it under nvcc"
+#endif
+
+#include <math.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__ static /* one block runs at a time: a static is per block */
+
+#ifndef CUDA_EMU_BARRIER_TIMEOUT_S
+#define CUDA_EMU_BARRIER_TIMEOUT_S 120
+#endif
+
+// --- built-in types and variables --------------------------------------------------------------
+
+struct uint3 { unsigned x, y, z; };
+/* CUDA's vector types with their alignment; may_alias because kernels
+ * reinterpret uint16_t / float arrays through them (fine under nvcc). */
+struct __attribute__((may_alias, aligned(8))) uint2 { unsigned x, y; };
+struct __attribute__((may_alias, aligned(16))) float4 { float x, y, z, w; };
+inline uint2 make_uint2(unsigned x, unsigned y) { return uint2{x, y}; }
+inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
+
+/* bfloat16 storage only: the kernels compute their own bits. */
+struct __attribute__((may_alias)) __nv_bfloat16 { uint16_t x; };
+static_assert(sizeof(__nv_bfloat16) == 2 && std::is_trivially_copyable<__nv_bfloat16>::value,
+              "__nv_bfloat16 must be 2 trivially copyable bytes");
+
+constexpr int warpSize = 32;
+inline thread_local uint3 threadIdx = {0, 0, 0};
+/* Set by emu_launch before a block's threads start (thread creation orders it). */
+inline uint3 blockIdx = {0, 0, 0}, blockDim = {1, 1, 1}, gridDim = {1, 1, 1};
+
+namespace cuda_emu {
+
+[[noreturn]] inline void fail(const char *what, const char *detail)
+{
+    static std::mutex once; /* one message, even when every lane fails */
+    once.lock();
+    fprintf(stderr, "cuda_emu: %s: %s (block %u, thread %u)\n", what, detail, blockIdx.x,
+            threadIdx.x);
+    fflush(stderr);
+    abort();
+}
+
+/* Reusable barrier (generation counter); leave() drops an exited thread. */
+class barrier {
+    std::mutex m_;
+    std::condition_variable cv_;
+    unsigned count_ = 0, arrived_ = 0;
+    unsigned long gen_ = 0;
+
+    void release() { arrived_ = 0, gen_++, cv_.notify_all(); }
+
+  public:
+    void init(unsigned n) { count_ = n; }
+    void wait(const char *who)
+    {
+        std::unique_lock<std::mutex> l(m_);
+        const unsigned long g = gen_;
+        if (++arrived_ == count_) return release();
+        /* system_clock: pthread_cond_timedwait, which every TSan intercepts */
+        const auto until = std::chrono::system_clock::now() +
+                           std::chrono::seconds(CUDA_EMU_BARRIER_TIMEOUT_S);
+        if (!cv_.wait_until(l, until, [&] { return gen_ != g; }))
+            fail(who, "barrier timed out: not every live thread reached it (divergent barrier?)");
+    }
+    void leave()
+    {
+        std::lock_guard<std::mutex> l(m_);
+        count_--;
+        if (arrived_ && arrived_ == count_) release();
+    }
+};
+
+/* The running block: its barriers, shuffle slots and shared memory. */
+struct block_ctx {
+    barrier block;
+    std::unique_ptr<barrier[]> warp;
+    std::unique_ptr<uint32_t[]> slot; /* 32 per warp */
+    unsigned char *smem = nullptr;
+};
+inline block_ctx *cur = nullptr;
+
+inline unsigned lane() { return threadIdx.x % 32; }
+inline unsigned warp_id() { return threadIdx.x / 32; }
+
+inline void full_mask(unsigned mask, const char *who)
+{
+    if (mask != 0xffffffffu) fail(who, "only the full mask 0xffffffff is emulated");
+}
+
+/* Write own value, barrier, read the partner's, barrier (so the next
+ * shuffle cannot overwrite a slot before it has been read). */
+template <class T> T shfl_xor(unsigned mask, T v, int laneMask)
+{
+    static_assert(sizeof(T) == 4, "32-bit shuffles only");
+    full_mask(mask, "__shfl_xor_sync");
+    uint32_t *s = cur->slot.get() + warp_id() * 32;
+    const unsigned src = lane() ^ (unsigned)laneMask;
+    memcpy(&s[lane()], &v, 4);
+    cur->warp[warp_id()].wait("__shfl_xor_sync");
+    T r = v; /* a source lane outside the warp gives the caller's own value */
+    if (src < 32) memcpy(&r, &s[src], 4);
+    cur->warp[warp_id()].wait("__shfl_xor_sync");
+    return r;
+}
+
+template <class F> struct thread_arg { const F *body; unsigned tid; };
+
+template <class F> void *thread_main(void *p)
+{
+    const thread_arg<F> *a = (const thread_arg<F> *)p;
+    threadIdx = uint3{a->tid, 0, 0};
+    (*a->body)();
+    cur->warp[warp_id()].leave();
+    cur->block.leave();
+    return nullptr;
+}
+
+/* Implicit conversion only (no static_cast from void * and the like). */
+template <class To> To conv(To v) { return v; }
+
+} // namespace cuda_emu
+
+inline void __syncthreads() { cuda_emu::cur->block.wait("__syncthreads"); }
+inline void __syncwarp(unsigned mask = 0xffffffffu)
+{
+    cuda_emu::full_mask(mask, "__syncwarp");
+    cuda_emu::cur->warp[cuda_emu::warp_id()].wait("__syncwarp");
+}
+inline float __shfl_xor_sync(unsigned m, float v, int l) { return cuda_emu::shfl_xor(m, v, l); }
+inline int __shfl_xor_sync(unsigned m, int v, int l) { return cuda_emu::shfl_xor(m, v, l); }
+inline unsigned __shfl_xor_sync(unsigned m, unsigned v, int l) { return cuda_emu::shfl_xor(m, v, l); }
+
+/* The current block's dynamic shared memory (what nvcc's extern __shared__ gives). */
+inline unsigned char *tc_shared() { return cuda_emu::cur->smem; }
+
+// --- WMMA --------------------------------------------------------------------------------------
+
+namespace nvcuda {
+namespace wmma {
+
+struct matrix_a {}; struct matrix_b {}; struct accumulator {};
+struct row_major {}; struct col_major {};
+enum layout_t { mem_row_major, mem_col_major };
+
+/* The whole matrix in every lane, row-major in x[], as float. Only
+ * uniform element-wise loops over x[] are portable (the real per-lane
+ * mapping is opaque), which is all the kernels do. */
+template <class Use, int M, int N, int K, class T, class Layout = void> struct fragment {
+    static_assert(M == 16 && N == 16 && K == 16, "cuda_emu: only the 16x16x16 shape");
+    static_assert(std::is_same<Use, accumulator>::value ? std::is_same<T, float>::value &&
+                                                              std::is_void<Layout>::value
+                                                        : std::is_same<T, __nv_bfloat16>::value &&
+                                                              !std::is_void<Layout>::value,
+                  "cuda_emu: bf16 matrix_a/b with a layout, or a float accumulator without");
+    static constexpr int rows = std::is_same<Use, matrix_b>::value ? K : M;
+    static constexpr int cols = std::is_same<Use, matrix_a>::value ? K : N;
+    static constexpr int num_elements = rows * cols;
+    float x[num_elements];
+};
+
+typedef fragment<accumulator, 16, 16, 16, float> emu_acc;
+
+namespace detail {
+inline void check(const void *p, unsigned ldm, unsigned ldm_mult, const char *who)
+{
+    char msg[128];
+    if ((uintptr_t)p % 32) snprintf(msg, sizeof msg, "pointer %p is not 32-byte aligned", p);
+    else if (ldm % ldm_mult) snprintf(msg, sizeof msg, "ldm %u not a multiple of %u", ldm, ldm_mult);
+    else return;
+    cuda_emu::fail(who, msg);
+}
+} // namespace detail
+
+template <class Use, int M, int N, int K, class T, class L>
+inline void fill_fragment(fragment<Use, M, N, K, T, L> &f, float v)
+{
+    for (int i = 0; i < f.num_elements; i++) f.x[i] = v;
+}
+
+/* matrix_a (16x16, M x K) or matrix_b (K x N) from bf16 memory; every lane
+ * reads all of it, widened exactly (bits << 16). */
+template <class Use, class Layout>
+inline void load_matrix_sync(fragment<Use, 16, 16, 16, __nv_bfloat16, Layout> &f,
+                             const __nv_bfloat16 *p, unsigned ldm)
+{
+    static_assert(std::is_same<Layout, row_major>::value || std::is_same<Layout, col_major>::value,
+                  "cuda_emu: matrix_a/b need row_major or col_major");
+    detail::check(p, ldm, 8, "load_matrix_sync(bf16)");
+    const bool rm = std::is_same<Layout, row_major>::value;
+    for (unsigned r = 0; r < 16; r++)
+        for (unsigned c = 0; c < 16; c++) {
+            uint16_t h;
+            memcpy(&h, (const char *)p + 2 * (rm ? r * ldm + c : c * ldm + r), 2);
+            const uint32_t u = (uint32_t)h << 16;
+            memcpy(&f.x[r * 16 + c], &u, 4);
+        }
+}
+
+inline void load_matrix_sync(emu_acc &f, const float *p, unsigned ldm, layout_t layout)
+{
+    detail::check(p, ldm, 4, "load_matrix_sync(float)");
+    for (unsigned r = 0; r < 16; r++)
+        for (unsigned c = 0; c < 16; c++)
+            f.x[r * 16 + c] = p[layout == mem_row_major ? r * ldm + c : c * ldm + r];
+}
+
+/* Lane 0 writes the whole tile; the other lanes write nothing. */
+inline void store_matrix_sync(float *p, const emu_acc &f, unsigned ldm, layout_t layout)
+{
+    detail::check(p, ldm, 4, "store_matrix_sync");
+    if (cuda_emu::lane() != 0) return;
+    for (unsigned r = 0; r < 16; r++)
+        for (unsigned c = 0; c < 16; c++)
+            p[layout == mem_row_major ? r * ldm + c : c * ldm + r] = f.x[r * 16 + c];
+}
+
+/* d = a b + c in float; d may alias c. */
+template <class LA, class LB>
+inline void mma_sync(emu_acc &d, const fragment<matrix_a, 16, 16, 16, __nv_bfloat16, LA> &a,
+                     const fragment<matrix_b, 16, 16, 16, __nv_bfloat16, LB> &b, const emu_acc &c)
+{
+    float t[256];
+    for (int i = 0; i < 16; i++)
+        for (int j = 0; j < 16; j++) {
+            float acc = c.x[i * 16 + j];
+            for (int k = 0; k < 16; k++) acc = fmaf(a.x[i * 16 + k], b.x[k * 16 + j], acc);
+            t[i * 16 + j] = acc;
+        }
+    memcpy(d.x, t, sizeof t);
+}
+
+} // namespace wmma
+} // namespace nvcuda
+
+// --- launcher ----------------------------------------------------------------------------------
+
+/* kernel<<<grid, block, smem_bytes>>>(args...): blocks 0..grid-1 one at a
+ * time, each as `block` threads with 4 MiB stacks (fragments are 1 KiB
+ * each), joined before the next block starts. */
+template <class... P, class... A>
+void emu_launch(unsigned grid, unsigned block, size_t smem_bytes, void (*kernel)(P...),
+                A... args)
+{
+    static_assert(sizeof...(P) == sizeof...(A), "emu_launch: wrong number of kernel arguments");
+    if (grid == 0 || block == 0 || block % 32 || block > 1024)
+        cuda_emu::fail("emu_launch", "grid must be > 0, block a multiple of 32 up to 1024");
+    const std::tuple<P...> params(cuda_emu::conv<P>(args)...);
+    const auto body = [&] { std::apply(kernel, params); };
+    typedef decltype(body) F;
+
+    const size_t bytes = (smem_bytes + 127) / 128 * 128 + 128;
+    unsigned char *smem = (unsigned char *)aligned_alloc(128, bytes);
+    std::vector<pthread_t> th(block);
+    std::vector<cuda_emu::thread_arg<F>> targ(block);
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, (size_t)4 << 20);
+    gridDim = uint3{grid, 1, 1};
+    blockDim = uint3{block, 1, 1};
+    for (unsigned b = 0; b < grid; b++) {
+        cuda_emu::block_ctx ctx;
+        ctx.block.init(block);
+        ctx.warp.reset(new cuda_emu::barrier[block / 32]);
+        for (unsigned w = 0; w < block / 32; w++) ctx.warp[w].init(32);
+        ctx.slot.reset(new uint32_t[block]());
+        memset(smem, 0xA5, bytes);
+        ctx.smem = smem;
+        cuda_emu::cur = &ctx;
+        blockIdx = uint3{b, 0, 0};
+        for (unsigned t = 0; t < block; t++) {
+            targ[t] = cuda_emu::thread_arg<F>{&body, t};
+            if (pthread_create(&th[t], &attr, cuda_emu::thread_main<F>, &targ[t]))
+                cuda_emu::fail("emu_launch", "pthread_create failed");
+        }
+        for (unsigned t = 0; t < block; t++) pthread_join(th[t], nullptr);
+        cuda_emu::cur = nullptr;
+    }
+    pthread_attr_destroy(&attr);
+    free(smem);
+}
+
+#endif /* DP_TESTS_CUDA_EMU_HPP */
