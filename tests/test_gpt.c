@@ -550,15 +550,15 @@ static dp_engine_config gpt_cfg(dp_mode mode)
 
 /* ESTEPS steps of EROWS rows on cpu:0..k-1 with cfg; the losses, the
  * parameters after, and (last may be NULL) the last step's stats. */
-static void gpt_train_with(const dp_gpt *g, size_t k, const dp_engine_config *cfg,
-                           double *losses, float *params, dp_step_stats *last)
+static void gpt_train_crit(const dp_gpt *g, size_t k, const dp_engine_config *cfg,
+                           const dp_criterion *crit, double *losses, float *params,
+                           dp_step_stats *last)
 {
     size_t before = dp_device_bytes_freed_at_close();
     dp_device_spec specs[DP_MAX_DEVICES];
     for (size_t i = 0; i < k; i++) specs[i] = (dp_device_spec){DP_DEVICE_CPU, (int)i};
-    dp_criterion crit = dp_criterion_cross_entropy();
     dp_engine *e = NULL;
-    dp_assert_ok(dp_engine_create(specs, k, dp_gpt_model(g, 0), &crit, cfg, &e));
+    dp_assert_ok(dp_engine_create(specs, k, dp_gpt_model(g, 0), crit, cfg, &e));
     int32_t tok[EROWS * EBS], tgt[EROWS * EBS];
     for (int s = 0; s < ESTEPS; s++) {
         dp_test_gpt_batch(s, EROWS, tok, tgt);
@@ -572,6 +572,13 @@ static void gpt_train_with(const dp_gpt *g, size_t k, const dp_engine_config *cf
     dp_assert_ok(dp_engine_get_params(e, params));
     dp_engine_destroy(e);
     cr_assert_eq(dp_device_bytes_freed_at_close(), before, "the engine leaked device memory");
+}
+
+static void gpt_train_with(const dp_gpt *g, size_t k, const dp_engine_config *cfg,
+                           double *losses, float *params, dp_step_stats *last)
+{
+    dp_criterion crit = dp_criterion_cross_entropy();
+    gpt_train_crit(g, k, cfg, &crit, losses, params, last);
 }
 
 static void gpt_train(const dp_gpt *g, size_t k, dp_mode mode, double *losses, float *params)
@@ -769,7 +776,7 @@ Test(gpt, a_self_counting_criterion_agrees_on_every_devices_chunks, .timeout = 6
 {
     dp_gpt *g = make_gpt(EV, EBS, EL, ENH, EC);
     dp_criterion ce = dp_criterion_cross_entropy();
-    dp_criterion crit = {&ce, self_counting_scratch, self_counting_fb, DP_TARGET_CLASS};
+    dp_criterion crit = {&ce, self_counting_scratch, self_counting_fb, DP_TARGET_CLASS, 0};
     int32_t tok[EROWS * EBS], tgt[EROWS * EBS];
     dp_test_gpt_batch(0, EROWS, tok, tgt);
     size_t ignored = 0;
@@ -797,6 +804,86 @@ Test(gpt, a_self_counting_criterion_agrees_on_every_devices_chunks, .timeout = 6
         dp_engine_destroy(e);
     }
     dp_assert_allclose(&loss[1], &loss[0], 1, 1e-7, 1e-5);
+    dp_gpt_destroy(g);
+}
+
+/* The bundled cross-entropy behind a flag: with rows 0 the engine reads
+ * each call's host sum; with rows 1 it gives row losses, and the host sum
+ * is poisoned after the call (NaN), so a step that read it would fail. */
+typedef struct ce_rows_case {
+    dp_criterion inner;
+    int rows;
+} ce_rows_case;
+
+static dp_status ce_rows_fb(void *ctx, const dp_criterion_args *a, double *loss, size_t *count)
+{
+    const ce_rows_case *c = ctx;
+    dp_status s = c->inner.forward_backward(c->inner.ctx, a, loss, count);
+    if (s == DP_OK && a->row_losses) *loss = NAN;
+    return s;
+}
+
+static size_t ce_rows_scratch(void *ctx, size_t n, size_t V)
+{
+    const ce_rows_case *c = ctx;
+    return c->inner.scratch_bytes(c->inner.ctx, n, V);
+}
+
+/*
+ * Row losses (dp_criterion.writes_row_losses: the losses stay on the
+ * device until the step's end) give the bits of the loss read back per
+ * call: the same losses, parameters and evaluation over three AdamW
+ * steps, with logits chunks that cut rows and devices, micro-batches and
+ * accumulation, and with whole logits.
+ */
+Test(gpt, row_losses_give_the_bits_of_per_call_losses, .timeout = 60)
+{
+    dp_gpt *g = make_gpt(EV, EBS, EL, ENH, EC);
+    size_t n = dp_gpt_model(g, 0)->n_params;
+    float *pr = xmalloc(n * sizeof(float)), *ph = xmalloc(n * sizeof(float));
+    const struct {
+        size_t k, chunk, max_rows;
+        int accum;
+    } cases[] = {{2, 7, 2, 2}, {3, 3, 0, 1}, {1, DP_LOGITS_WHOLE, 0, 1}};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        dp_engine_config cfg = gpt_cfg(DP_MODE_BALANCED);
+        cfg.logits_chunk_rows = cases[i].chunk;
+        cfg.max_rows_per_micro = cases[i].max_rows;
+        cfg.grad_accum = cases[i].accum;
+        double lr[ESTEPS], lh[ESTEPS];
+        ce_rows_case rows = {dp_criterion_cross_entropy(), 1},
+                     host = {dp_criterion_cross_entropy(), 0};
+        dp_criterion cr = {&rows, ce_rows_scratch, ce_rows_fb, DP_TARGET_CLASS, 1};
+        dp_criterion ch = {&host, ce_rows_scratch, ce_rows_fb, DP_TARGET_CLASS, 0};
+        gpt_train_crit(g, cases[i].k, &cfg, &cr, lr, pr, NULL);
+        gpt_train_crit(g, cases[i].k, &cfg, &ch, lh, ph, NULL);
+        for (int s = 0; s < ESTEPS; s++)
+            cr_assert(lr[s] == lh[s], "case %zu step %d: loss %.17g with row losses, %.17g "
+                      "read per call", i, s, lr[s], lh[s]);
+        cr_assert(memcmp(pr, ph, n * sizeof(float)) == 0, "case %zu: the parameters differ", i);
+    }
+    /* Evaluation: the same loss, and the poisoned host sum never read. */
+    dp_device_spec specs[2] = {{DP_DEVICE_CPU, 0}, {DP_DEVICE_CPU, 1}};
+    double ev[2];
+    for (int r = 0; r < 2; r++) {
+        ce_rows_case c = {dp_criterion_cross_entropy(), r};
+        dp_criterion crit = {&c, ce_rows_scratch, ce_rows_fb, DP_TARGET_CLASS, r};
+        dp_engine_config cfg = gpt_cfg(DP_MODE_BALANCED);
+        cfg.logits_chunk_rows = 5;
+        dp_engine *e = NULL;
+        dp_assert_ok(dp_engine_create(specs, 2, dp_gpt_model(g, 0), &crit, &cfg, &e));
+        int32_t tok[EROWS * EBS], tgt[EROWS * EBS];
+        dp_test_gpt_batch(0, EROWS, tok, tgt);
+        dp_batch b = {EROWS, tok, tgt};
+        dp_step_stats st;
+        dp_assert_ok(dp_engine_evaluate(e, &b, &st));
+        ev[r] = st.loss;
+        dp_engine_destroy(e);
+    }
+    cr_assert(ev[0] == ev[1] && isfinite(ev[0]), "evaluation: %.17g read per call, %.17g from "
+              "row losses", ev[0], ev[1]);
+    free(pr);
+    free(ph);
     dp_gpt_destroy(g);
 }
 

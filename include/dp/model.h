@@ -264,9 +264,20 @@ DP_API size_t dp_model_target_row_bytes(const dp_model *model);
  *            the engine (-1 class ids and NaN values excluded).
  *   scratch  scratch_bytes(n, V) bytes of device memory, or NULL when that
  *            is 0 (or scratch_bytes is NULL). Contents unspecified.
+ *   row_losses  NULL, or, for a criterion with writes_row_losses set and in
+ *            balanced mode, n floats of device memory: the criterion writes
+ *            each output row's loss there (0 for a row whose targets are all
+ *            ignored) instead of *loss_sum_host, which the engine then does
+ *            not read. The engine copies every row's loss back once, after
+ *            the device's last micro-batch, and sums each call's rows in
+ *            row order in double (so a criterion whose host sum is that
+ *            same sum gives the same bits either way). Why: reading a sum
+ *            on the host waits for the device, once per logits chunk; the
+ *            rows let a GPU run the whole step ahead of its host thread.
  * What it returns (host memory):
  *   *loss_sum_host  the SUM (not the mean) of the per-element losses over
- *                   the valid targets; the engine divides the global sum by N.
+ *                   the valid targets; the engine divides the global sum by N
+ *                   (not read when row_losses was given).
  *   *count_host     how many target elements it summed. The engine checks
  *                   it equals n_valid and fails the step with
  *                   DP_ERR_INVALID_ARGUMENT naming both counts otherwise
@@ -289,6 +300,7 @@ typedef struct dp_criterion_args {
     size_t n_valid;             /* valid target elements among the n * target_size */
     float dscale;               /* 1 / N of the global batch */
     void *scratch;              /* scratch_bytes(n, V) bytes, or NULL */
+    float *row_losses;          /* (n), or NULL: see above */
 } dp_criterion_args;
 
 typedef struct dp_criterion {
@@ -301,11 +313,15 @@ typedef struct dp_criterion {
     /* The targets it accepts; dp_engine_create refuses a model whose
      * target_type differs. Zero-initialised: class ids. */
     dp_target_type target_type;
+    /* 1: forward_backward writes per-row losses to args->row_losses when
+     * the engine gives it (see above). Zero-initialised: it does not, and
+     * the engine reads *loss_sum_host after each call. */
+    int writes_row_losses;
 } dp_criterion;
 
 /* The bundled softmax cross-entropy criterion (dp_crossentropy_forward_backward):
  * DP_TARGET_CLASS targets, loss sum = sum over valid rows of
- * -log softmax(logits)[target]. */
+ * -log softmax(logits)[target]; it writes row losses (writes_row_losses). */
 DP_API dp_criterion dp_criterion_cross_entropy(void);
 
 /* The bundled mean-squared-error criterion (PyTorch's MSELoss, reduction

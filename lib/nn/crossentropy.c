@@ -4,6 +4,9 @@
  * The backend writes one loss per row (and dlogits) on the device; only
  * those N floats come to the host, where they are summed in row order in
  * double so the loss sum does not depend on the backend's reduction order.
+ * The bundled criterion writes them to the engine's row losses instead,
+ * when the engine gives them (dp_criterion.writes_row_losses): the engine
+ * sums them the same way once per step.
  */
 #include <math.h>
 #include <string.h>
@@ -17,26 +20,34 @@
  * allocation (which could fail) is needed. */
 #define LOSS_CHUNK 1024
 
+/* The arguments of the backend's kernel, checked in the calling function
+ * (so its name heads the message): the pointers, N and V, dscale. */
+#define CE_CHECKS(dev, losses, logits, targets, N, V, dscale)                              \
+    do {                                                                                  \
+        size_t ce_n_;                                                                     \
+        DP_NN_REQUIRE_PTR(dev, losses);                                                   \
+        DP_NN_REQUIRE_PTR(dev, logits);                                                   \
+        DP_NN_REQUIRE_PTR(dev, targets);                                                  \
+        DP_NN_CHECK_DIMS2(dev, N, V, &ce_n_);                                             \
+        if ((V) > (size_t)INT32_MAX)                                                      \
+            return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: V=%zu does not fit the int32 "   \
+                           "targets", (dev)->name, (size_t)(V));                          \
+        if (!isfinite(dscale))                                                            \
+            return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: dscale must be finite (got %g); " \
+                           "it is usually 1/N_global with N_global > 0", (dev)->name,      \
+                           (double)(dscale));                                             \
+    } while (0)
+
 dp_status dp_crossentropy_forward_backward(dp_device *dev, double *loss_sum_host,
                                            float *dlogits, float *losses, const float *logits,
                                            const int32_t *targets, size_t N, size_t V,
                                            float dscale)
 {
-    size_t n;
     DP_NN_REQUIRE_DEV(dev);
     if (!loss_sum_host)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: loss_sum_host must not be NULL; pass the "
                        "address of a host double", dev->name);
-    DP_NN_REQUIRE_PTR(dev, losses);
-    DP_NN_REQUIRE_PTR(dev, logits);
-    DP_NN_REQUIRE_PTR(dev, targets);
-    DP_NN_CHECK_DIMS2(dev, N, V, &n);
-    if (V > (size_t)INT32_MAX)
-        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: V=%zu does not fit the int32 targets",
-                       dev->name, V);
-    if (!isfinite(dscale))
-        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: dscale must be finite (got %g); it is "
-                       "usually 1/N_global with N_global > 0", dev->name, (double)dscale);
+    CE_CHECKS(dev, losses, logits, targets, N, V, dscale);
     *loss_sum_host = 0.0;
     DP_TRY(dev->ops->crossentropy(dev, losses, dlogits, logits, targets, V, dscale, N));
 
@@ -68,8 +79,14 @@ static dp_status ce_forward_backward(void *ctx, const dp_criterion_args *a,
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "cross-entropy takes one int32 class id per "
                        "output row (got target type %s, %zu per row)",
                        dp_target_type_name(a->target_type), a->target_size);
-    DP_TRY(dp_crossentropy_forward_backward(a->dev, loss_sum_host, a->dlogits, a->scratch,
-                                            a->logits, a->targets, a->n, a->V, a->dscale));
+    if (a->row_losses) {
+        /* the engine's: each row's loss stays on the device */
+        CE_CHECKS(a->dev, a->row_losses, a->logits, a->targets, a->n, a->V, a->dscale);
+        DP_TRY(a->dev->ops->crossentropy(a->dev, a->row_losses, a->dlogits, a->logits,
+                                         (const int32_t *)a->targets, a->V, a->dscale, a->n));
+    } else
+        DP_TRY(dp_crossentropy_forward_backward(a->dev, loss_sum_host, a->dlogits, a->scratch,
+                                                a->logits, a->targets, a->n, a->V, a->dscale));
     /* The kernel skips -1 targets, the ones the engine leaves out of n_valid. */
     *count_host = a->n_valid;
     return DP_OK;
@@ -81,5 +98,6 @@ dp_criterion dp_criterion_cross_entropy(void)
     memset(&c, 0, sizeof c);
     c.scratch_bytes = ce_scratch_bytes;
     c.forward_backward = ce_forward_backward;
+    c.writes_row_losses = 1;
     return c;
 }

@@ -5,6 +5,7 @@
  */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "dp/checked.h"
 #include "dp/ops.h"
@@ -91,6 +92,9 @@ static dp_status head_backward(worker *w, size_t o, size_t rows, float *dlogits)
 
 static int has_head(const dp_engine *e) { return e->model.head_forward != NULL; }
 
+/* Balanced mode's criterion writes row losses (see row_losses_sum). */
+static int defers(const dp_engine *e) { return e->crit.writes_row_losses; }
+
 static size_t scratch_size(const dp_engine *e, size_t n)
 {
     return e->crit.scratch_bytes ? e->crit.scratch_bytes(e->crit.ctx, n, e->model.n_classes) : 0;
@@ -100,7 +104,7 @@ static size_t scratch_size(const dp_engine *e, size_t n)
  * elements, and holds it to that count (dp/model.h's contract). */
 static dp_status call_criterion(worker *w, const dp_plan *plan, double *loss, float *dlogits,
                                 const float *logits, const void *targets, size_t n,
-                                size_t n_valid, void *scratch)
+                                size_t n_valid, void *scratch, float *row_losses)
 {
     dp_engine *e = w->e;
     dp_criterion_args a;
@@ -115,6 +119,7 @@ static dp_status call_criterion(worker *w, const dp_plan *plan, double *loss, fl
     a.n_valid = n_valid;
     a.dscale = plan->dscale;
     a.scratch = scratch;
+    a.row_losses = row_losses;
     size_t count = SIZE_MAX;
     *loss = 0.0;
     dp_clear_error();
@@ -123,6 +128,7 @@ static dp_status call_criterion(worker *w, const dp_plan *plan, double *loss, fl
         dp_callback_message(s, "the criterion");
         return s;
     }
+    if (row_losses) *loss = 0.0; /* the rows are summed at the step's end; this is not read */
     if (count == SIZE_MAX)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "the criterion did not report how many target "
                        "elements it summed (*count_host unset; the engine counted %zu valid of "
@@ -168,8 +174,65 @@ static dp_status ensure_compute(worker *w, const dp_plan_device *d, int gather, 
     }
     DP_TRY(dp_dbuf_ensure(w->dev, &w->logits, float_bytes(logit_rows, V)));
     if (gather) DP_TRY(dp_dbuf_ensure(w->dev, &w->dlogits, float_bytes(n, V)));
+    if (!gather && defers(e))
+        DP_TRY(dp_dbuf_ensure(w->dev, &w->row_losses,
+                              float_bytes(d->rows, m->outputs_per_row)));
     return DP_OK;
 }
+
+// --- row losses --------------------------------------------------------------------------
+/*
+ * Balanced mode with a criterion that writes row losses
+ * (dp_criterion.writes_row_losses): each call writes its rows' losses into
+ * w->row_losses at the rows' place among the device's output rows of the
+ * step, on the device; row_losses_sum reads them all back once, after the
+ * last micro-batch, and adds them as the calls would have returned them:
+ * each call's rows in order in double, the calls' sums in order. So no
+ * logits chunk waits for its device, and the loss has the same bits.
+ */
+/* The row losses of output rows [o, ...) of the device's step, or NULL. */
+static float *row_losses_at(worker *w, size_t o)
+{
+    return defers(w->e) ? (float *)w->row_losses.ptr + o : NULL;
+}
+
+static double sum_rows(const float *x, size_t n)
+{
+    double s = 0.0;
+    for (size_t i = 0; i < n; i++) s += (double)x[i];
+    return s;
+}
+
+/* w->loss_sum from the row losses of this device's micro-batches, grouped
+ * as balanced mode's criterion calls: a whole micro-batch, or its logits
+ * chunks for a model with a head. */
+static dp_status row_losses_sum(worker *w, const dp_plan *plan)
+{
+    const dp_engine *e = w->e;
+    const dp_plan_device *d = &plan->dev[w->id];
+    size_t opr = e->model.outputs_per_row, total = d->rows * opr;
+    if (total > w->row_losses_cap) {
+        float *h = realloc(w->row_losses_host, total * sizeof(float));
+        if (!h)
+            return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes of host memory "
+                           "for the step's row losses", total * sizeof(float));
+        w->row_losses_host = h;
+        w->row_losses_cap = total;
+    }
+    DP_TRY(dp_copy_d2h(w->dev, w->row_losses_host, w->row_losses.ptr, total * sizeof(float)));
+    for (size_t j = 0; j < d->n_micro; j++) {
+        size_t first, rows = dp_plan_micro_rows(d, j, &first);
+        if (!rows) break;
+        const float *x = w->row_losses_host + first * opr;
+        size_t n = rows * opr, c = has_head(e) ? dp_plan_logits_chunk(e, n) : n;
+        double loss = 0.0;
+        for (size_t o = 0; o < n; o += c) loss += sum_rows(x + o, n - o < c ? n - o : c);
+        w->loss_sum += loss;
+    }
+    return DP_OK;
+}
+
+// --- balanced mode -------------------------------------------------------------------------
 
 /* Balanced mode's criterion on micro-batch rows [first, first + rows) of this worker. */
 static dp_status criterion(worker *w, const dp_plan *plan, double *loss, float *dlogits,
@@ -181,7 +244,8 @@ static dp_status criterion(worker *w, const dp_plan *plan, double *loss, float *
     size_t valid = dp_plan_valid_targets(e, plan->batch->targets,
                                          plan->dev[w->id].row_begin + first, rows);
     return call_criterion(w, plan, loss, dlogits, logits, targets, n, valid,
-                          sb ? w->scratch.ptr : NULL);
+                          sb ? w->scratch.ptr : NULL,
+                          row_losses_at(w, first * e->model.outputs_per_row));
 }
 
 /* Balanced mode with a head: head, criterion and (train) head backward
@@ -205,7 +269,7 @@ static dp_status chunked_criterion(worker *w, const dp_plan *plan, double *loss,
         /* dlogits overwrite the chunk's logits in place. */
         DP_TRY(call_criterion(w, plan, &l, train ? logits : NULL, logits,
                               (const char *)targets + o * tg_out, m, valid,
-                              sb ? w->scratch.ptr : NULL));
+                              sb ? w->scratch.ptr : NULL, row_losses_at(w, first * opr + o)));
         *loss += l;
         if (train) DP_TRY(head_backward(w, o, m, logits));
     }
@@ -244,11 +308,12 @@ void dp_compute_balanced(worker *w, const dp_plan *plan, int train)
             CHECK(w, criterion(w, plan, &loss, train ? logits : NULL, logits, c.targets, first,
                                rows));
         }
-        w->loss_sum += loss;
+        w->loss_sum += loss; /* 0 with row losses: row_losses_sum adds them */
         if (!train) continue;
         ENTER(w, DP_PHASE_BACKWARD);
         CHECK(w, model_backward(w, &c, head ? w->dfeatures.ptr : logits, first + rows == d->rows));
     }
+    if (defers(w->e)) CHECK(w, row_losses_sum(w, plan));
 }
 
 /* Valid target elements of local device d's rows of micro-batch j. */
@@ -283,7 +348,7 @@ static dp_status root_criterion(worker *w, const dp_plan *plan, size_t j)
     for (size_t d = 0; d < e->L.k; d++) valid += micro_valid(e, plan, d, j);
     double loss = 0.0;
     DP_TRY(call_criterion(w, plan, &loss, w->gathered_d.ptr, w->gathered.ptr, tg, total, valid,
-                          scratch));
+                          scratch, NULL));
     if (isfinite(loss)) {
         w->loss_sum += loss;
         return DP_OK;
@@ -297,7 +362,7 @@ static dp_status root_criterion(worker *w, const dp_plan *plan, size_t j)
         if (nd)
             DP_TRY(call_criterion(w, plan, &ld, NULL, (const float *)w->gathered.ptr + off * V,
                                   (const char *)tg + off * tg_out, nd,
-                                  micro_valid(e, plan, d, j), scratch));
+                                  micro_valid(e, plan, d, j), scratch, NULL));
         e->w[d].loss_sum += ld;
         off += nd;
     }

@@ -356,7 +356,7 @@ void dp_engine_destroy(dp_engine *e)
         if (!w->dev) continue;
         dbuf *bufs[] = {&w->inputs, &w->targets, &w->workspace, &w->logits,
                         &w->dlogits, &w->scratch, &w->gathered, &w->gathered_d,
-                        &w->features, &w->dfeatures, &w->outputs};
+                        &w->features, &w->dfeatures, &w->outputs, &w->row_losses};
         for (size_t b = 0; b < sizeof bufs / sizeof *bufs; b++) dp_dbuf_release(w->dev, bufs[b]);
         dp_device_free(w->dev, w->params);
         dp_device_free(w->dev, w->grads);
@@ -367,6 +367,7 @@ void dp_engine_destroy(dp_engine *e)
         for (size_t i = 0; i < e->L.k; i++) dp_device_close(e->w[i].dev);
     }
     for (size_t i = 0; pinned && e->s && i < e->L.K; i++) free(e->s[i].segs);
+    for (size_t i = 0; e->w && i < e->L.k; i++) free(e->w[i].row_losses_host);
     free(e->s);
     free(e->xfers);
     free(e->rounds);

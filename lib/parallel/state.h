@@ -180,6 +180,9 @@ typedef struct worker {
     dbuf inputs, targets, workspace, logits, dlogits, scratch;
     dbuf features, dfeatures;  /* a model with a head: its input and that input's gradient */
     dbuf gathered, gathered_d; /* root only, gather mode */
+    dbuf row_losses;           /* balanced mode: the step's row losses (compute.c) */
+    float *row_losses_host;    /* their host copy (malloc), row_losses_cap floats */
+    size_t row_losses_cap;
     double loss_sum;
     /* compute.c, dp_engine_predict: the logits of the rows [out_begin,
      * out_begin + out_rows) of the batch (global row indices), kept until
