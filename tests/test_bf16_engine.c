@@ -426,11 +426,15 @@ Test(bf16_engine, refusals, .timeout = 30)
 
 /* Keeping the activations off the residual stream as bfloat16 moves
  * training only by the rounding the GELU and its backward now see (and,
- * in FP32 precision, the GEMMs' rounded inputs): in both precisions,
+ * in FP32 precision, the GEMMs' rounded inputs), and by the logits
+ * chunks' (the bfloat16 head, test_gpt_logits16): in both precisions,
  * on 1 and 2 devices with micro-batches, the losses stay within 2e-3
- * relative of DP_GPT_BF16's over steps with AdamW (measured: 5e-4
+ * relative of DP_GPT_BF16's over steps with AdamW (measured: 8e-4
  * at most), and the parameters close, but not equal; also from 4x the
- * initial weights, where each layer's attention is peaked and its own. */
+ * initial weights, where each layer's attention is peaked and its own
+ * and the logits are large: rounding each to bfloat16 (2^-9 of it) moves
+ * a row's loss by up to 2^-8 of the largest, so there 5e-3 (measured:
+ * 2.5e-3). */
 Test(bf16_engine, bf16_activations_track_the_bf16_model, .timeout = 60)
 {
     dp_gpt *g = tiny_gpt();
@@ -454,7 +458,7 @@ Test(bf16_engine, bf16_activations_track_the_bf16_model, .timeout = 60)
             }
             for (int s = 0; s < STEPS; s++) {
                 dp_step_stats sa = step(a, s), sb = step(b, s);
-                cr_assert(fabs(sa.loss - sb.loss) <= 2e-3 * fabs(sa.loss),
+                cr_assert(fabs(sa.loss - sb.loss) <= (sharp ? 5e-3 : 2e-3) * fabs(sa.loss),
                           "%s k %zu step %d: loss %.9g vs %.9g",
                           dp_matmul_precision_name(c.matmul_precision), k, s, sa.loss, sb.loss);
             }

@@ -112,7 +112,11 @@ Test(chunked_attention, one_chunk_is_the_whole_matrix_bitwise, .timeout = 60)
 }
 
 /* Three chunks against the whole-matrix run. FP32 math: losses within
- * 1e-7 relative (measured: 1.3e-9 at most), masters' mean difference
+ * 1e-7 relative (measured: 1.3e-9 at most); with bf16 activations the
+ * logits are bfloat16 (the bfloat16 head), so a float32 difference can
+ * flip a logit's rounding, which moves its row's loss by up to 2^-8 of
+ * the logit (below 4 here: 0.016, 7e-6 of the mean loss over 600 rows):
+ * 5e-5 (measured: 3.7e-7), masters' mean difference
  * within 0.1% of the mean distance training moved them (measured: 0.003%;
  * AdamW turns a rounding in a near-zero gradient into up to a whole lr
  * step). BF16 math rounds every GEMM input, the probabilities too, so a
@@ -143,7 +147,8 @@ Test(chunked_attention, three_chunks_track_the_whole_matrix, .timeout = 240)
                 dp_step_stats sa = step(a, T, s), sb = step(b, T, s);
                 cr_log_info("kind %d run %d step %d: relative loss difference %.3g", kind, run, s,
                             fabs(sa.loss - sb.loss) / fabs(sa.loss));
-                cr_assert(fabs(sa.loss - sb.loss) <= (prec ? 5e-4 : 1e-7) * fabs(sa.loss),
+                double tol = prec ? 5e-4 : kinds[kind] & DP_GPT_BF16_ACT ? 5e-5 : 1e-7;
+                cr_assert(fabs(sa.loss - sb.loss) <= tol * fabs(sa.loss),
                           "kind %d run %d step %d: loss %.9g whole, %.9g chunked", kind, run, s,
                           sa.loss, sb.loss);
                 same = same && sa.loss == sb.loss && sa.grad_norm == sb.grad_norm;

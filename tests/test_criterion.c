@@ -14,6 +14,7 @@
 #include <criterion/parameterized.h>
 
 #include "engine_fixture.h"
+#include "nn/nn_act16.h"
 
 // --- MSE against float64 --------------------------------------------------------------
 
@@ -201,7 +202,7 @@ ParameterizedTest(int *c, contract, engine_refuses_a_count_unlike_the_plan)
     r.leaked_before = dp_device_bytes_freed_at_close();
     mlp_init_model(&r.net, &mc, &r.model);
     counting cc = {dp_criterion_cross_entropy(), *c % 10};
-    dp_criterion crit = {&cc, counting_scratch, counting_fb, DP_TARGET_CLASS, 0};
+    dp_criterion crit = {&cc, counting_scratch, counting_fb, DP_TARGET_CLASS, 0, 0};
     dp_engine_config cfg = dp_test_base_cfg(*c / 10 ? DP_MODE_GATHER : DP_MODE_BALANCED);
     dp_device_spec specs[2] = {{DP_DEVICE_CPU, 0}, {DP_DEVICE_CPU, 1}};
     dp_assert_ok(dp_engine_create(specs, 2, &r.model, &crit, &cfg, &r.e));
@@ -272,7 +273,7 @@ static void one_step_params(int c, float *params)
     mlp_config mc = {D, H, K, DP_DTYPE_F32};
     r.leaked_before = dp_device_bytes_freed_at_close();
     mlp_init_model(&r.net, &mc, &r.model);
-    dp_criterion forgetful = {NULL, NULL, forgetful_fb, DP_TARGET_CLASS, 0};
+    dp_criterion forgetful = {NULL, NULL, forgetful_fb, DP_TARGET_CLASS, 0, 0};
     dp_criterion crit = c % 10 ? dp_criterion_cross_entropy() : forgetful;
     dp_engine_config cfg = dp_test_base_cfg(c / 10 ? DP_MODE_GATHER : DP_MODE_BALANCED);
     cfg.optim.kind = DP_OPTIMIZER_SGD; /* an update proportional to the gradient */
@@ -338,6 +339,58 @@ Test(contract, zero_ignored_rows_op)
     cr_assert(strstr(dp_last_error(), "invalid target type"), "%s", dp_last_error());
     cr_assert_eq(dp_zero_ignored_rows(dev, dx, NULL, DP_TARGET_CLASS, 1, R, C),
                  DP_ERR_INVALID_ARGUMENT);
+    dp_device_free(dev, dx);
+    dp_device_free(dev, dft);
+    dp_device_free(dev, dct);
+    dp_device_close(dev);
+}
+
+/* dp_zero_ignored_rows_bf16 (nn/nn_act16.h): the same rule on bfloat16
+ * rows, ignored rows +0 bits, the others' bits untouched; its checks name
+ * it. */
+Test(contract, zero_ignored_rows_bf16_op)
+{
+    dp_device *dev = dp_test_cpu(0);
+    enum { R = 4, C = 3 };
+    uint16_t x[R * C], got[R * C];
+    float ft[R * 2] = {1, 2, NAN, NAN, NAN, 5, 7, 8};
+    int32_t ct[R] = {0, -1, 2, -1};
+    for (int i = 0; i < R * C; i++) x[i] = dp_bf16_round(-0.3f * (float)(i + 1));
+    void *dx = NULL, *dct = NULL;
+    dp_assert_ok(dp_device_alloc(dev, sizeof x, &dx));
+    dp_assert_ok(dp_copy_h2d(dev, dx, x, sizeof x));
+    float *dft = dp_test_upload(dev, ft, R * 2);
+    dp_assert_ok(dp_device_alloc(dev, sizeof ct, &dct));
+    dp_assert_ok(dp_copy_h2d(dev, dct, ct, sizeof ct));
+    dp_assert_ok(dp_zero_ignored_rows_bf16(dev, dx, dct, DP_TARGET_CLASS, 1, R, C));
+    dp_assert_ok(dp_copy_d2h(dev, got, dx, sizeof got));
+    for (int i = 0; i < R * C; i++)
+        cr_assert_eq(got[i], ct[i / C] < 0 ? 0 : x[i], "class: element %d is 0x%04x", i, got[i]);
+    dp_assert_ok(dp_copy_h2d(dev, dx, x, sizeof x));
+    dp_assert_ok(dp_zero_ignored_rows_bf16(dev, dx, dft, DP_TARGET_F32, 2, R, C));
+    dp_assert_ok(dp_copy_d2h(dev, got, dx, sizeof got));
+    for (int i = 0; i < R * C; i++)
+        cr_assert_eq(got[i], i / C == 1 ? 0 : x[i], "f32: element %d is 0x%04x", i, got[i]);
+    static const struct {
+        int case_;
+        const char *want;
+    } bad[] = {{0, "target_size 0"}, {1, "invalid target type"}, {2, "targets must not"},
+               {3, "x must not"},    {4, "rows and cols"},       {5, "dev must not"}};
+    for (size_t k = 0; k < sizeof bad / sizeof *bad; k++) {
+        dp_status s = DP_OK;
+        switch (bad[k].case_) {
+        case 0: s = dp_zero_ignored_rows_bf16(dev, dx, dct, DP_TARGET_CLASS, 0, R, C); break;
+        case 1: s = dp_zero_ignored_rows_bf16(dev, dx, dct, (dp_target_type)7, 1, R, C); break;
+        case 2: s = dp_zero_ignored_rows_bf16(dev, dx, NULL, DP_TARGET_CLASS, 1, R, C); break;
+        case 3: s = dp_zero_ignored_rows_bf16(dev, NULL, dct, DP_TARGET_CLASS, 1, R, C); break;
+        case 4: s = dp_zero_ignored_rows_bf16(dev, dx, dct, DP_TARGET_CLASS, 1, 0, C); break;
+        default: s = dp_zero_ignored_rows_bf16(NULL, dx, dct, DP_TARGET_CLASS, 1, R, C); break;
+        }
+        cr_assert_eq(s, DP_ERR_INVALID_ARGUMENT, "case %d", bad[k].case_);
+        cr_assert(strstr(dp_last_error(), bad[k].want) &&
+                      strstr(dp_last_error(), "dp_zero_ignored_rows_bf16"),
+                  "case %d: %s", bad[k].case_, dp_last_error());
+    }
     dp_device_free(dev, dx);
     dp_device_free(dev, dft);
     dp_device_free(dev, dct);
@@ -438,7 +491,7 @@ ParameterizedTest(int *c, contract, callback_messages_reach_last_error)
     model.forward = f_forward;
     model.backward = f_backward;
     f.inner_crit = dp_criterion_cross_entropy();
-    dp_criterion crit = {&f, f_scratch, f_crit, DP_TARGET_CLASS, 0};
+    dp_criterion crit = {&f, f_scratch, f_crit, DP_TARGET_CLASS, 0, 0};
     dp_engine_config cfg = dp_test_base_cfg((*c / 10) % 10 ? DP_MODE_GATHER : DP_MODE_BALANCED);
     dp_device_spec specs[2] = {{DP_DEVICE_CPU, 0}, {DP_DEVICE_CPU, 1}};
     dp_engine *e = NULL;

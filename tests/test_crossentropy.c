@@ -2,7 +2,10 @@
  * sum and dlogits against float64, finite differences of the float64 loss,
  * ignored targets, an all-ignored batch, logits of magnitude 1e4, dscale,
  * in-place and loss-only modes, masked (-inf) classes, more rows than the
- * host copy's chunk, bad arguments. */
+ * host copy's chunk, bad arguments. Then bfloat16 logits
+ * (dp_crossentropy_bf16 and the bundled criterion): bit for bit the float
+ * kernel on the widened logits. */
+#include "nn/nn_act16.h"
 #include "nn_test_util.h"
 
 /* float64 reference for one row: loss and, if dl, dscale*(softmax - onehot). */
@@ -344,4 +347,294 @@ Test(crossentropy, bad_arguments)
     dp_device_free(dev, t);
     dp_test_nn_assert_all_freed(dev);
     dp_device_close(dev);
+}
+
+// --- bfloat16 logits (dp_crossentropy_bf16, nn/nn_act16.h) ---------------------------------
+
+static uint16_t *upload16(dp_device *dev, const uint16_t *host, size_t n)
+{
+    void *p = NULL;
+    dp_assert_ok(dp_device_alloc(dev, (n ? n : 1) * sizeof(uint16_t), &p));
+    dp_assert_ok(dp_copy_h2d(dev, p, host, n * sizeof(uint16_t)));
+    return p;
+}
+
+static uint16_t *download16(dp_device *dev, const uint16_t *d, size_t n)
+{
+    uint16_t *h = malloc((n ? n : 1) * sizeof *h);
+    cr_assert_not_null(h);
+    dp_assert_ok(dp_copy_d2h(dev, h, d, n * sizeof *h));
+    return h;
+}
+
+static float *widen16(const uint16_t *x, size_t n)
+{
+    float *f = malloc((n ? n : 1) * sizeof *f);
+    cr_assert_not_null(f);
+    for (size_t i = 0; i < n; i++) f[i] = dp_bf16_widen(x[i]);
+    return f;
+}
+
+/* Bitwise equality of n floats, naming the first difference. */
+static void assert_same_floats(const char *what, const float *a, const float *e, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(&a[i], &e[i], sizeof(float)) != 0)
+            cr_assert_fail("%s: element %zu of %zu is %a, want %a", what, i, n, (double)a[i],
+                           (double)e[i]);
+}
+
+/* got[i] == the bfloat16 rounding of want[i], bit for bit. */
+static void assert_rounded(const char *what, const uint16_t *got, const float *want, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (got[i] != dp_bf16_round(want[i]))
+            cr_assert_fail("%s: element %zu of %zu is 0x%04x, want 0x%04x (%a rounded)", what,
+                           i, n, got[i], dp_bf16_round(want[i]), (double)want[i]);
+}
+
+/* N rows of bfloat16 logits(N,V) and their targets (in [0, V - 7), V > 7):
+ * normal(0, 3) rounded, rows 2 and 5 (when there) ignored, row 1's last 7
+ * columns -inf (a padded vocabulary), row 3 shifted by +1e4 (bfloat16's
+ * spacing there is 64: nearly every logit ties at the max), row 4 wide. */
+static uint16_t *make_logits16(size_t N, size_t V, uint64_t seed, int32_t *targets)
+{
+    float *f = malloc(N * V * sizeof *f);
+    uint16_t *x = malloc(N * V * sizeof *x);
+    cr_assert(f && x);
+    dp_rng rng;
+    dp_rng_seed(&rng, seed);
+    dp_rng_fill_normal(&rng, f, N * V, 0.0f, 3.0f);
+    for (size_t i = 0; i < N * V; i++) x[i] = dp_bf16_round(f[i]);
+    for (size_t r = 0; r < N; r++) targets[r] = (int32_t)dp_rng_below(&rng, V - 7);
+    if (N > 2) targets[2] = -1;
+    if (N > 5) targets[5] = -1;
+    if (N > 1)
+        for (size_t v = V - 7; v < V; v++) x[1 * V + v] = 0xFF80; /* -inf */
+    if (N > 3)
+        for (size_t v = 0; v < V; v++) x[3 * V + v] = dp_bf16_round(f[3 * V + v] + 1e4f);
+    /* Row 4 spread 8 times wider: its exps span 2^-125 .. 1 (some flush to
+     * 0), more than a double's 53 bits, so even its double sum rounds. */
+    if (N > 4)
+        for (size_t v = 0; v < V; v++) x[4 * V + v] = dp_bf16_round(8.0f * f[4 * V + v]);
+    free(f);
+    return x;
+}
+
+typedef struct ce16_result {
+    float *losses;     /* (N) host */
+    uint16_t *dlogits; /* (N,V) host, NULL in loss-only mode */
+} ce16_result;
+
+/* dp_crossentropy_bf16 on cpu:0: mode 0 a separate dlogits buffer (NaN
+ * garbage first, so every element must be written), 1 in place (dlogits ==
+ * logits), 2 loss only (dlogits NULL; then logits must be unchanged). */
+static ce16_result run_ce16(const uint16_t *logits, const int32_t *targets, size_t N, size_t V,
+                            float dscale, int mode)
+{
+    dp_device *dev = dp_test_cpu(0);
+    uint16_t *d_logits = upload16(dev, logits, N * V), *d_dl = NULL;
+    int32_t *d_t = nn_upload_i32(dev, targets, N);
+    float *d_losses = dp_test_nn_filled(dev, N, NAN);
+    if (mode == 0) {
+        uint16_t *junk = malloc(N * V * sizeof *junk);
+        cr_assert_not_null(junk);
+        for (size_t i = 0; i < N * V; i++) junk[i] = 0x7FC1;
+        d_dl = upload16(dev, junk, N * V);
+        free(junk);
+    }
+    uint16_t *dl_arg = mode == 0 ? d_dl : mode == 1 ? d_logits : NULL;
+    dp_assert_ok(dp_crossentropy_bf16(dev, d_losses, dl_arg, d_logits, d_t, N, V, dscale));
+    ce16_result r = {dp_test_nn_download(dev, d_losses, N), NULL};
+    if (mode < 2) r.dlogits = download16(dev, dl_arg, N * V);
+    if (mode == 2) {
+        uint16_t *after = download16(dev, d_logits, N * V);
+        cr_assert(memcmp(after, logits, N * V * sizeof *after) == 0,
+                  "loss-only mode modified the logits");
+        free(after);
+    }
+    dp_device_free(dev, d_logits);
+    dp_device_free(dev, d_dl);
+    dp_device_free(dev, d_t);
+    dp_device_free(dev, d_losses);
+    dp_test_nn_assert_all_freed(dev);
+    dp_device_close(dev);
+    return r;
+}
+
+/* Every mode against the float kernel on the widened logits: the losses
+ * bit for bit (the same max, the same exps summed in the same 8 partials),
+ * dlogits its dlogits rounded once; so in place equals out of place. */
+static void check_bf16_matches_float(size_t N, size_t V, uint64_t seed)
+{
+    int32_t *targets = malloc(N * sizeof *targets);
+    cr_assert_not_null(targets);
+    uint16_t *x = make_logits16(N, V, seed, targets);
+    float *wide = widen16(x, N * V), dscale = 1.0f / (float)N;
+    ce_result ref = run_ce(wide, targets, N, V, dscale, 0);
+    ce_result ref_only = run_ce(wide, targets, N, V, dscale, 2);
+    assert_same_floats("float kernel: loss-only vs with dlogits", ref_only.losses, ref.losses, N);
+    ce16_result r[3];
+    for (int mode = 0; mode < 3; mode++) {
+        r[mode] = run_ce16(x, targets, N, V, dscale, mode);
+        assert_same_floats(mode == 0 ? "bf16 losses (separate)"
+                           : mode == 1 ? "bf16 losses (in place)"
+                                       : "bf16 losses (loss only)",
+                           r[mode].losses, ref.losses, N);
+    }
+    assert_rounded("bf16 dlogits (separate)", r[0].dlogits, ref.dlogits, N * V);
+    assert_rounded("bf16 dlogits (in place)", r[1].dlogits, ref.dlogits, N * V);
+    cr_assert(memcmp(r[0].dlogits, r[1].dlogits, N * V * sizeof(uint16_t)) == 0,
+              "in place differs from out of place");
+    /* not vacuous: losses of O(1-10) and a negative target gradient on
+     * the valid rows, zero rows where the target is -1 */
+    for (size_t i = 0; i < N; i++) {
+        if (targets[i] < 0) {
+            cr_assert(r[0].losses[i] == 0.0f, "ignored row %zu has a loss", i);
+            for (size_t v = 0; v < V; v++)
+                cr_assert(r[0].dlogits[i * V + v] == 0, "ignored row %zu has dlogits", i);
+            continue;
+        }
+        cr_assert(r[0].losses[i] > 0.1f, "row %zu: loss %g", i, (double)r[0].losses[i]);
+        cr_assert(dp_bf16_widen(r[0].dlogits[i * V + (size_t)targets[i]]) < 0.0f,
+                  "row %zu: the target's gradient is not negative", i);
+    }
+    for (int mode = 0; mode < 3; mode++) {
+        free(r[mode].losses);
+        free(r[mode].dlogits);
+    }
+    free_result(&ref);
+    free_result(&ref_only);
+    free(wide);
+    free(x);
+    free(targets);
+}
+
+/* V odd (3001: 375 blocks of 8 and a tail of 1), a multiple of 64 (4096),
+ * a short row (13: one block and a tail of 5), V < 8 (5: the tail only). */
+Test(crossentropy, bf16_logits_match_the_float_kernel_bitwise)
+{
+    check_bf16_matches_float(7, 3001, 81);
+    check_bf16_matches_float(6, 4096, 82);
+    check_bf16_matches_float(9, 13, 83);
+    check_bf16_matches_float(4, 12, 84);
+}
+
+Test(crossentropy, bf16_all_ignored_rows_are_zero)
+{
+    enum { N = 3, V = 100 };
+    int32_t targets[N] = {-1, -1, -1};
+    uint16_t *x = make_logits16(N, V, 85, targets);
+    for (size_t i = 0; i < N; i++) targets[i] = -1;
+    for (int mode = 0; mode < 3; mode++) {
+        ce16_result r = run_ce16(x, targets, N, V, 1.0f, mode);
+        for (size_t i = 0; i < N; i++) cr_assert(r.losses[i] == 0.0f, "loss %zu", i);
+        for (size_t i = 0; r.dlogits && i < (size_t)N * V; i++)
+            cr_assert(r.dlogits[i] == 0, "mode %d: dlogits[%zu] = 0x%04x", mode, i, r.dlogits[i]);
+        free(r.losses);
+        free(r.dlogits);
+    }
+    free(x);
+}
+
+Test(crossentropy, bf16_bad_arguments)
+{
+    dp_device *dev = dp_test_cpu(0);
+    float *l = dp_test_nn_filled(dev, 4, 0.0f);
+    uint16_t zeros16[16] = {0};
+    uint16_t *x = upload16(dev, zeros16, 16);
+    int32_t zeros[4] = {0};
+    int32_t *t = nn_upload_i32(dev, zeros, 4);
+    const char *fn = "dp_crossentropy_bf16";
+    dp_test_nn_assert_invalid(dp_crossentropy_bf16(NULL, l, x, x, t, 4, 4, 1.0f), "dev", fn);
+    dp_test_nn_assert_invalid(dp_crossentropy_bf16(dev, NULL, x, x, t, 4, 4, 1.0f), "losses", fn);
+    dp_test_nn_assert_invalid(dp_crossentropy_bf16(dev, l, x, NULL, t, 4, 4, 1.0f), "logits", fn);
+    dp_test_nn_assert_invalid(dp_crossentropy_bf16(dev, l, x, x, NULL, 4, 4, 1.0f), "targets", fn);
+    dp_test_nn_assert_invalid(dp_crossentropy_bf16(dev, l, x, x, t, 0, 4, 1.0f), "N=0", fn);
+    dp_test_nn_assert_invalid(dp_crossentropy_bf16(dev, l, x, x, t, 4, 0, 1.0f), "V=0", fn);
+    dp_test_nn_assert_invalid(dp_crossentropy_bf16(dev, l, x, x, t, SIZE_MAX, 4, 1.0f),
+                              "overflow", fn);
+    dp_test_nn_assert_invalid(dp_crossentropy_bf16(dev, l, x, x, t, 1, (size_t)INT32_MAX + 1,
+                                                    1.0f),
+                              "int32", fn);
+    dp_test_nn_assert_invalid(dp_crossentropy_bf16(dev, l, x, x, t, 4, 4, NAN), "dscale", fn);
+    dp_test_nn_assert_invalid(dp_crossentropy_bf16(dev, l, x, x, t, 4, 4, -INFINITY), "dscale",
+                              fn);
+    /* dlogits NULL is evaluation, not an error */
+    dp_assert_ok(dp_crossentropy_bf16(dev, l, NULL, x, t, 4, 4, 1.0f));
+    dp_device_free(dev, l);
+    dp_device_free(dev, x);
+    dp_device_free(dev, t);
+    dp_test_nn_assert_all_freed(dev);
+    dp_device_close(dev);
+}
+
+/* The bundled criterion given bfloat16 logits (logits_dtype BF16, dlogits
+ * in place as in the engine's balanced mode): with row losses they are the
+ * float kernel's losses on the widened logits, bit for bit; without, the
+ * host sum is those losses' row-ordered double sum (the float path's sum).
+ * Evaluation (dlogits NULL) leaves the logits alone and gives the same. */
+Test(crossentropy, bundled_criterion_takes_bf16_logits)
+{
+    enum { N = 7, V = 3001 };
+    int32_t targets[N];
+    uint16_t *x = make_logits16(N, V, 86, targets);
+    float *wide = widen16(x, (size_t)N * V), dscale = 1.0f / 5.0f;
+    ce_result ref = run_ce(wide, targets, N, V, dscale, 0);
+    size_t n_valid = 0;
+    for (size_t i = 0; i < N; i++) n_valid += targets[i] >= 0;
+    dp_criterion c = dp_criterion_cross_entropy();
+    cr_assert_eq(c.bf16_logits, 1, "the bundled cross-entropy takes bfloat16 logits");
+    for (int eval = 0; eval < 2; eval++)
+        for (int with_rows = 0; with_rows < 2; with_rows++) {
+            dp_device *dev = dp_test_cpu(0);
+            uint16_t *d_x = upload16(dev, x, (size_t)N * V);
+            int32_t *d_t = nn_upload_i32(dev, targets, N);
+            void *scratch = NULL;
+            dp_assert_ok(dp_device_alloc(dev, c.scratch_bytes(c.ctx, N, V), &scratch));
+            float *rows = with_rows ? dp_test_nn_filled(dev, N, NAN) : NULL;
+            dp_criterion_args a;
+            memset(&a, 0, sizeof a);
+            a.dev = dev;
+            a.logits = (const float *)d_x;
+            a.dlogits = eval ? NULL : (float *)d_x;
+            a.targets = d_t;
+            a.target_type = DP_TARGET_CLASS;
+            a.target_size = 1;
+            a.n = N;
+            a.V = V;
+            a.n_valid = n_valid;
+            a.dscale = dscale;
+            a.scratch = scratch;
+            a.row_losses = rows;
+            a.logits_dtype = DP_DTYPE_BF16;
+            double sum = -1.0;
+            size_t count = 0;
+            dp_assert_ok(c.forward_backward(c.ctx, &a, &sum, &count));
+            cr_assert_eq(count, n_valid);
+            if (with_rows) {
+                float *got = dp_test_nn_download(dev, rows, N);
+                assert_same_floats("criterion row losses", got, ref.losses, N);
+                free(got);
+            } else {
+                cr_assert(sum == ref.loss_sum, "host sum %.17g, float path's %.17g", sum,
+                          ref.loss_sum);
+            }
+            uint16_t *after = download16(dev, d_x, (size_t)N * V);
+            if (eval)
+                cr_assert(memcmp(after, x, (size_t)N * V * sizeof *x) == 0,
+                          "evaluation modified the logits");
+            else
+                assert_rounded("criterion dlogits (in place)", after, ref.dlogits, (size_t)N * V);
+            free(after);
+            dp_device_free(dev, d_x);
+            dp_device_free(dev, d_t);
+            dp_device_free(dev, scratch);
+            dp_device_free(dev, rows);
+            dp_test_nn_assert_all_freed(dev);
+            dp_device_close(dev);
+        }
+    free_result(&ref);
+    free(wide);
+    free(x);
 }

@@ -1433,6 +1433,179 @@ Test(cuda_ops, fill_columns_is_bitwise_equal, .timeout = 60)
     free(x);
 }
 
+// --- bfloat16 logits (nn/nn_act16.h) ------------------------------------------------------
+
+static uint16_t *upload_u16(dp_device *d, const uint16_t *h, size_t n)
+{
+    uint16_t *p = dalloc(d, n * sizeof *p);
+    dp_assert_ok(dp_copy_h2d(d, p, h, n * sizeof *p));
+    return p;
+}
+
+static uint16_t *download_u16(dp_device *d, const uint16_t *p, size_t n)
+{
+    uint16_t *h = xmalloc(n * sizeof *h);
+    dp_assert_ok(dp_copy_d2h(d, h, p, n * sizeof *h));
+    return h;
+}
+
+/* bfloat16 bits on one integer line (-0 and +0 both 0), so that
+ * neighbouring values are 1 apart across zero too. */
+static long bf16_ordinal(uint16_t h) { return h & 0x8000 ? -(long)(h & 0x7fff) : (long)h; }
+
+/*
+ * The cross-entropy over bfloat16 logits (dp_crossentropy_bf16). On each
+ * device it is the float kernel (dp_crossentropy_forward_backward) on the
+ * widened logits, the same arithmetic up to the loads and the final
+ * rounding (on the GPU one template, cuda_rows.cu): its losses bit for bit,
+ * its dlogits each the float kernel's rounded once; in place and loss-only
+ * the same as separate. Across devices, the float kernel's bounds: losses
+ * atol 1e-6 (log s from a double sum of V exps, each within a few ulp)
+ * and rtol 1e-6; dlogits within 1 bfloat16 ulp, since float values a few
+ * float ulp apart can round to neighbouring bfloat16 (here p << 1 in every
+ * row, so the target's p - 1 does not cancel). Ignored rows and masked
+ * (-inf) entries as in check_crossentropy; V = 1000 (256 threads a row on
+ * the GPU), 4099 and 50304 (1024).
+ */
+static void check_crossentropy_bf16(size_t N, size_t V, uint64_t seed)
+{
+    float *f = rnd(seed, N * V, -4, 4);
+    uint16_t *x16 = xmalloc(N * V * sizeof *x16);
+    int32_t *tg = xmalloc(N * sizeof *tg);
+    dp_rng rng;
+    dp_rng_seed(&rng, seed + 1);
+    for (size_t i = 0; i < N; i++) tg[i] = i % 5 == 2 ? -1 : (int32_t)dp_rng_below(&rng, V);
+    for (size_t i = 0; i < N * V; i++) x16[i] = dp_bf16_round(f[i]);
+    for (size_t i = 1; i < N; i += 3)
+        for (size_t v = 0; v < V / 2; v++)
+            if ((int32_t)v != tg[i]) x16[i * V + v] = 0xFF80; /* -inf */
+    for (size_t i = 0; i < N * V; i++) f[i] = dp_bf16_widen(x16[i]);
+    float dscale = 1.0f / (float)N;
+    FOR_TARGETS(g)
+    {
+        pair p = pair_open(g);
+        float *loss16[2], *lossf[2], *loss_only[2], *dlf[2];
+        uint16_t *dl16[2], *inpl[2];
+        for (int b = 0; b < 2; b++) {
+            dp_device *d = p.d[b];
+            uint16_t *xd = upload_u16(d, x16, N * V), *gd = dalloc(d, N * V * 2);
+            float *wd = dp_test_upload(d, f, N * V), *gf = dalloc(d, N * V * 4),
+                  *ls = dalloc(d, N * 4);
+            int32_t *td = nn_upload_i32(d, tg, N);
+            dp_assert_ok(dp_crossentropy_bf16(d, ls, gd, xd, td, N, V, dscale));
+            loss16[b] = dp_test_nn_download(d, ls, N);
+            dl16[b] = download_u16(d, gd, N * V);
+            dp_assert_ok(dp_crossentropy_bf16(d, ls, NULL, xd, td, N, V, dscale));
+            loss_only[b] = dp_test_nn_download(d, ls, N);
+            dp_assert_ok(dp_crossentropy_bf16(d, ls, xd, xd, td, N, V, dscale)); /* in place */
+            inpl[b] = download_u16(d, xd, N * V);
+            double sum;
+            dp_assert_ok(dp_crossentropy_forward_backward(d, &sum, gf, ls, wd, td, N, V, dscale));
+            lossf[b] = dp_test_nn_download(d, ls, N);
+            dlf[b] = dp_test_nn_download(d, gf, N * V);
+            void *bufs[] = {xd, gd, wd, gf, ls, td};
+            for (size_t i = 0; i < 6; i++) dp_device_free(d, bufs[i]);
+        }
+        for (int b = 0; b < 2; b++) {
+            assert_same_bits(b ? "target: bf16 vs float losses" : "cpu: bf16 vs float losses",
+                             loss16[b], lossf[b], N);
+            assert_same_bits("bf16 loss only vs with dlogits", loss_only[b], loss16[b], N);
+            for (size_t i = 0; i < N * V; i++)
+                cr_assert(dl16[b][i] == dp_bf16_round(dlf[b][i]),
+                          "backend %d: dlogits %zu is 0x%04x, the float kernel's %a rounds to "
+                          "0x%04x", b, i, dl16[b][i], (double)dlf[b][i],
+                          dp_bf16_round(dlf[b][i]));
+            cr_assert(memcmp(inpl[b], dl16[b], N * V * sizeof(uint16_t)) == 0,
+                      "backend %d: in place differs from separate", b);
+        }
+        dp_assert_allclose(loss16[1], loss16[0], N, 1e-6, 1e-6);
+        for (size_t i = 0; i < N * V; i++) {
+            long d = bf16_ordinal(dl16[1][i]) - bf16_ordinal(dl16[0][i]);
+            cr_assert(d >= -1 && d <= 1, "dlogits %zu: 0x%04x vs cpu 0x%04x (%ld bfloat16 ulp)",
+                      i, dl16[1][i], dl16[0][i], d);
+            if (tg[i / V] < 0 || x16[i] == 0xFF80)
+                cr_assert(dl16[1][i] == 0, "dlogits %zu of an ignored row or a masked entry: "
+                          "0x%04x", i, dl16[1][i]);
+        }
+        for (int b = 0; b < 2; b++) {
+            free(loss16[b]), free(lossf[b]), free(loss_only[b]), free(dlf[b]);
+            free(dl16[b]), free(inpl[b]);
+        }
+        pair_close(&p);
+    }
+    free(f);
+    free(x16);
+    free(tg);
+}
+
+Test(cuda_ops, crossentropy_bf16_matches_cpu, .timeout = 60)
+{
+    REQUIRE_GPU();
+    check_crossentropy_bf16(37, 1000, 41);
+    check_crossentropy_bf16(11, 4099, 42);
+    check_crossentropy_bf16(3, 50304, 43);
+}
+
+/* The bfloat16 twins of the zeroing of ignored rows and of the column
+ * fill (dp_zero_ignored_rows_bf16, dp_fill_columns_bf16): stores of 0 and
+ * of -inf's bits (0xFF80), bitwise; the rest untouched. */
+Test(cuda_ops, zero_and_fill_bf16_are_bitwise_equal, .timeout = 60)
+{
+    REQUIRE_GPU();
+    enum { R = 300, C = 1029, PER = 3, LD = 1088, C0 = 1029, COLS = LD - C0 };
+    float *xf = rnd(34, R * LD, -1, 1), *ft = rnd(35, R * PER, -1, 1);
+    uint16_t *x = xmalloc(R * LD * sizeof *x);
+    for (size_t i = 0; i < (size_t)R * LD; i++) x[i] = dp_bf16_round(xf[i]);
+    int32_t ct[R];
+    for (int r = 0; r < R; r++) {
+        ct[r] = r % 3 == 1 ? -1 : r % 7;
+        for (int t = 0; t < PER; t++)
+            if (r % 4 == 2 || (r % 5 == 0 && t == 1)) ft[r * PER + t] = NAN;
+    }
+    FOR_TARGETS(g)
+    {
+        pair p = pair_open(g);
+        uint16_t *h[2][3];
+        for (int b = 0; b < 2; b++) {
+            dp_device *d = p.d[b];
+            uint16_t *xd = upload_u16(d, x, R * LD);
+            float *fd = dp_test_upload(d, ft, R * PER);
+            int32_t *cd = nn_upload_i32(d, ct, R);
+            dp_assert_ok(dp_zero_ignored_rows_bf16(d, xd, cd, DP_TARGET_CLASS, 1, R, C));
+            h[b][0] = download_u16(d, xd, R * C);
+            dp_assert_ok(dp_copy_h2d(d, xd, x, R * C * sizeof *x));
+            dp_assert_ok(dp_zero_ignored_rows_bf16(d, xd, fd, DP_TARGET_F32, PER, R, C));
+            h[b][1] = download_u16(d, xd, R * C);
+            dp_assert_ok(dp_copy_h2d(d, xd, x, R * LD * sizeof *x));
+            dp_assert_ok(dp_fill_columns_bf16(d, xd, -INFINITY, R, LD, C0, COLS));
+            h[b][2] = download_u16(d, xd, R * LD);
+            dp_device_free(d, xd), dp_device_free(d, fd), dp_device_free(d, cd);
+        }
+        static const char *what[3] = {"zero ignored rows bf16 (class)",
+                                      "zero ignored rows bf16 (f32)", "fill columns bf16"};
+        for (int k = 0; k < 3; k++)
+            cr_assert(memcmp(h[1][k], h[0][k], (k < 2 ? R * C : R * LD) * sizeof(uint16_t)) == 0,
+                      "%s differs from cpu", what[k]);
+        for (int r = 0; r < R; r++)
+            for (int c = 0; c < C; c++) {
+                size_t i = (size_t)r * C + c;
+                cr_assert_eq(h[1][0][i], r % 3 == 1 ? 0 : x[i], "class (%d,%d)", r, c);
+                cr_assert_eq(h[1][1][i], r % 4 == 2 ? 0 : x[i], "f32 (%d,%d)", r, c);
+            }
+        for (int r = 0; r < R; r++)
+            for (int c = 0; c < LD; c++) {
+                size_t i = (size_t)r * LD + c;
+                cr_assert_eq(h[1][2][i], c >= C0 ? 0xFF80 : x[i], "fill (%d,%d)", r, c);
+            }
+        for (int b = 0; b < 2; b++)
+            for (int k = 0; k < 3; k++) free(h[b][k]);
+        pair_close(&p);
+    }
+    free(xf);
+    free(ft);
+    free(x);
+}
+
 /* Optimizers: three AdamW steps (decay on) and two SGD steps with and
  * without momentum, from the same state on both backends. A step is a
  * handful of roundings per element (FMA may merge some): rtol 1e-5,

@@ -16,6 +16,7 @@
  *            identical tensors, and a run resumed across layouts goes on
  *            as the uninterrupted one; Hugging Face export writes V rows
  *   errors   pads past int32, targets in the padding, token ids >= V
+ *   fill     dp_fill_columns_bf16, the padded columns of bfloat16 logits
  *
  * Not bitwise, and why. The padded columns themselves add exact zeros:
  * the cross-entropy's max skips -inf and its sum adds exp(-inf) = +0 to
@@ -57,6 +58,7 @@
 #include "dp_test.h"
 #include "dp_test_fs.h"
 #include "gpt_fixture.h"
+#include "nn/nn_act16.h"
 
 #include <criterion/parameterized.h>
 
@@ -684,5 +686,47 @@ Test(gpt_pad, bad_pads_targets_and_tokens_are_refused)
     dp_assert_ok(dp_fill_columns(dev, x, 5.0f, 3, 4, 1, 2));
     for (int i = 0; i < 12; i++)
         cr_assert_eq(x[i], (i % 4 == 1 || i % 4 == 2) ? 5.0f : 0.0f, "x[%d] = %g", i, x[i]);
+    dp_device_close(dev);
+}
+
+/* The padded columns of bfloat16 logits (dp_fill_columns_bf16): the value
+ * rounded once (-inf is 0xFF80), every other element's bits untouched; a
+ * block past the row refused naming the call; rows or cols 0 do nothing. */
+Test(gpt_pad, fill_columns_bf16)
+{
+    enum { R = 3, LD = 5 };
+    dp_device *dev = dp_test_cpu(0);
+    uint16_t x[R * LD], got[R * LD];
+    for (int i = 0; i < R * LD; i++) x[i] = dp_bf16_round(0.7f * (float)(i - 6));
+    void *dx = NULL;
+    dp_assert_ok(dp_device_alloc(dev, sizeof x, &dx));
+    static const float values[] = {-INFINITY, 0.1f, 1.00390625f}; /* 1 + 2^-8: a tie to even */
+    static const uint16_t bits[] = {0xFF80, 0x3DCD, 0x3F80};
+    for (int k = 0; k < 3; k++) {
+        dp_assert_ok(dp_copy_h2d(dev, dx, x, sizeof x));
+        dp_assert_ok(dp_fill_columns_bf16(dev, dx, values[k], R, LD, 2, 2));
+        dp_assert_ok(dp_copy_d2h(dev, got, dx, sizeof got));
+        for (int i = 0; i < R * LD; i++) {
+            int in = i % LD == 2 || i % LD == 3;
+            cr_assert_eq(got[i], in ? bits[k] : x[i], "value %g: x[%d] = 0x%04x", values[k], i,
+                         got[i]);
+        }
+    }
+    cr_assert_eq(dp_fill_columns_bf16(dev, dx, -INFINITY, R, LD, 3, 3), DP_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(dp_last_error(), "dp_fill_columns_bf16") &&
+                  strstr(dp_last_error(), "pass the row length"),
+              "%s", dp_last_error());
+    cr_assert_eq(dp_fill_columns_bf16(dev, NULL, 0.0f, R, LD, 0, 1), DP_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(dp_last_error(), "x must not be NULL"), "%s", dp_last_error());
+    cr_assert_eq(dp_fill_columns_bf16(NULL, dx, 0.0f, R, LD, 0, 1), DP_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(dp_fill_columns_bf16(dev, dx, 0.0f, SIZE_MAX / 2, LD, 0, 1),
+                 DP_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(dp_last_error(), "overflow"), "%s", dp_last_error());
+    dp_assert_ok(dp_copy_h2d(dev, dx, x, sizeof x));
+    dp_assert_ok(dp_fill_columns_bf16(dev, dx, 5.0f, 0, LD, 0, 1));
+    dp_assert_ok(dp_fill_columns_bf16(dev, dx, 5.0f, R, LD, 1, 0));
+    dp_assert_ok(dp_copy_d2h(dev, got, dx, sizeof got));
+    cr_assert(memcmp(got, x, sizeof x) == 0, "an empty block wrote");
+    dp_device_free(dev, dx);
     dp_device_close(dev);
 }

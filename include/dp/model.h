@@ -232,6 +232,27 @@ typedef struct dp_model {
      * target would otherwise give an infinite loss. At most n_classes.
      */
     size_t target_classes;
+
+    /*
+     * Optional, with a head: the head with bfloat16 logits (llm.c's fused
+     * classifier). head_forward_bf16 is head_forward writing logits(m,
+     * n_classes) as bfloat16 (uint16_t bits, rounded once); scratch is the
+     * engine's device memory for float32 values on their way (at least
+     * n_classes floats, scratch_floats of them; contents unspecified).
+     * head_backward_bf16 is head_backward reading bfloat16 dlogits(m,
+     * n_classes). The engine calls them instead of head_forward and
+     * head_backward in balanced mode and evaluation when the criterion
+     * takes bfloat16 logits (dp_criterion.bf16_logits): every logits
+     * chunk then crosses the criterion and the head's backward GEMMs in
+     * half the bytes. Gather mode and predictions keep the float32 head.
+     * Set both or neither. Errors: as head_forward.
+     */
+    dp_status (*head_forward_bf16)(void *ctx, dp_device *dev, dp_params params,
+                                   const float *features, size_t m, uint16_t *logits,
+                                   float *scratch, size_t scratch_floats);
+    dp_status (*head_backward_bf16)(void *ctx, dp_device *dev, dp_params params, float *grads,
+                                    const float *features, size_t m, const uint16_t *dlogits,
+                                    float *dfeatures);
 } dp_model;
 
 /* Target elements per output row: target_size, or its default (1 for
@@ -301,6 +322,10 @@ typedef struct dp_criterion_args {
     float dscale;               /* 1 / N of the global batch */
     void *scratch;              /* scratch_bytes(n, V) bytes, or NULL */
     float *row_losses;          /* (n), or NULL: see above */
+    /* DP_DTYPE_F32 (zero-initialised), or DP_DTYPE_BF16 for a criterion
+     * with bf16_logits set: logits and dlogits (in place, as above) then
+     * hold bfloat16 bits; read and write them through (uint16_t *). */
+    dp_dtype logits_dtype;
 } dp_criterion_args;
 
 typedef struct dp_criterion {
@@ -317,6 +342,10 @@ typedef struct dp_criterion {
      * the engine gives it (see above). Zero-initialised: it does not, and
      * the engine reads *loss_sum_host after each call. */
     int writes_row_losses;
+    /* 1: forward_backward also takes bfloat16 logits and dlogits
+     * (args->logits_dtype), so a model with head_forward_bf16 gives it
+     * those. Zero-initialised: float32 logits only. */
+    int bf16_logits;
 } dp_criterion;
 
 /* The bundled softmax cross-entropy criterion (dp_crossentropy_forward_backward):

@@ -17,12 +17,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kernels/bf16.h"
 #include "kernels/dp_hd.h"
 #include "kernels/expf.h"
 
-/* sum_v (double)x[v] with 8 interleaved partial sums combined in a fixed
- * order: the same bits every run, and a chain the compiler can vectorise
- * (one sequential double sum costs an add latency per element). */
 /* max_v x[v] (n >= 1) with 8 interleaved running maxima, so it vectorises;
  * the maximum does not depend on the order. NaN entries are skipped unless
  * x[0] is NaN; either way a NaN row gives a NaN loss through its exp. */
@@ -42,6 +40,10 @@ static inline DP_HD float dp_max8(const float *x, size_t n)
     return m;
 }
 
+/* sum_v (double)x[v] with 8 interleaved partial sums combined in a fixed
+ * order: the same bits every run, and a chain the compiler can vectorise
+ * (one sequential double sum costs an add latency per element). Term v
+ * goes to partial v % 8, in the full blocks as in the tail. */
 static inline DP_HD double dp_sum_double8(const float *x, size_t n)
 {
     double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -92,6 +94,81 @@ static inline DP_HD void dp_crossentropy_item(float *losses, float *dlogits, con
 {
     dp_crossentropy_row(losses + r, dlogits ? dlogits + r * V : NULL, logits + r * V, targets[r],
                         V, dscale);
+}
+
+/* dp_max8 of the widened bfloat16 row x(n), n >= 1: the same 8 running
+ * maxima, so the same value (and the same NaN rule). */
+static inline DP_HD float dp_max8_bf16(const uint16_t *x, size_t n)
+{
+    float acc[8];
+    for (int j = 0; j < 8; j++) acc[j] = dp_bf16_widen(x[0]);
+    size_t v = 0;
+    for (; v + 8 <= n; v += 8)
+        for (int j = 0; j < 8; j++) {
+            float y = dp_bf16_widen(x[v + (size_t)j]);
+            acc[j] = y > acc[j] ? y : acc[j];
+        }
+    for (; v < n; v++) {
+        float y = dp_bf16_widen(x[v]);
+        acc[0] = y > acc[0] ? y : acc[0];
+    }
+    float m = acc[0];
+    for (int j = 1; j < 8; j++) m = acc[j] > m ? acc[j] : m;
+    return m;
+}
+
+/*
+ * dp_crossentropy_row on a bfloat16 row: logits(V) and dlogits(V) hold
+ * bfloat16 bits (llm.c's fused classifier: the LM head writes bf16 logits,
+ * the criterion overwrites them with bf16 dlogits, the head's backward
+ * GEMMs read those). *loss is the float kernel's loss on the widened
+ * logits, bit for bit; each dlogits[v], when dlogits is not NULL, the
+ * float kernel's dlogits[v] rounded to bfloat16 once.
+ *
+ * The float kernel keeps the exponentials in dlogits between its passes; a
+ * bfloat16 dlogits cannot hold them, so exp(x - m) is computed twice (the
+ * sum, then the write), the same dp_expf of the same argument both times.
+ * The sum takes the terms in dp_sum_double8's order (term v into partial
+ * v % 8, combined alike), which is also the float kernel's loss-only
+ * order: hence the same s, the same loss. dlogits may be logits (in
+ * place): the loss and the target's term are computed before any write,
+ * and the write pass reads each x[v] before it overwrites it. A negative
+ * target (-1): loss 0 and a zero dlogits row.
+ */
+static inline DP_HD void dp_crossentropy_bf16_row(float *loss, uint16_t *dlogits,
+                                                  const uint16_t *logits, int32_t target,
+                                                  size_t V, float dscale)
+{
+    if (target < 0) {
+        *loss = 0.0f;
+        if (dlogits)
+            for (size_t v = 0; v < V; v++) dlogits[v] = 0; /* bfloat16 +0 */
+        return;
+    }
+    float m = dp_max8_bf16(logits, V);
+    float xy = dp_bf16_widen(logits[target]);
+    double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (size_t v = 0; v < V; v++) acc[v % 8] += (double)dp_expf(dp_bf16_widen(logits[v]) - m);
+    double s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    *loss = (float)(((double)m - (double)xy) + log(s));
+    if (!dlogits) return;
+    double inv_s = 1.0 / s;
+    float et = dp_expf(xy - m); /* the target's term, before its logit is overwritten */
+    for (size_t v = 0; v < V; v++)
+        dlogits[v] =
+            dp_bf16_round(dscale * (float)((double)dp_expf(dp_bf16_widen(logits[v]) - m) * inv_s));
+    dlogits[target] = dp_bf16_round(dscale * ((float)((double)et * inv_s) - 1.0f));
+}
+
+/* Row r of the bfloat16 logits(N,V): losses[r] and, unless dlogits is
+ * NULL, its bfloat16 dlogits row. */
+static inline DP_HD void dp_crossentropy_bf16_item(float *losses, uint16_t *dlogits,
+                                                   const uint16_t *logits,
+                                                   const int32_t *targets, size_t V,
+                                                   float dscale, size_t r)
+{
+    dp_crossentropy_bf16_row(losses + r, dlogits ? dlogits + r * V : NULL, logits + r * V,
+                             targets[r], V, dscale);
 }
 
 #endif /* DP_KERNELS_CROSSENTROPY_H */

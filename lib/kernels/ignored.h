@@ -34,4 +34,15 @@ static inline DP_HD void dp_zero_ignored_rows_item(float *x, const void *targets
     for (size_t c = 0; c < cols; c++) x[r * cols + c] = 0.0f;
 }
 
+/* dp_zero_ignored_rows_item for a bfloat16 x(rows, cols) (uint16_t bits,
+ * zero = +0): the bfloat16 dlogits of a chunk of logits kept in bfloat16. */
+static inline DP_HD void dp_zero_ignored_rows_bf16_item(uint16_t *x, const void *targets,
+                                                        int f32, size_t per, size_t cols,
+                                                        size_t r)
+{
+    for (size_t t = r * per; t < (r + 1) * per; t++)
+        if (dp_target_is_valid(targets, f32, t)) return;
+    for (size_t c = 0; c < cols; c++) x[r * cols + c] = 0;
+}
+
 #endif /* DP_KERNELS_IGNORED_H */

@@ -133,6 +133,12 @@
       (float *losses, float *dlogits, const float *logits, const int32_t *targets,         \
        size_t V, float dscale),                                                            \
       (losses, dlogits, logits, targets, V, dscale))                                      \
+    /* crossentropy over bfloat16 logits(N,V): losses float32, dlogits (NULL, or bfloat16,  \
+     * may alias logits) the float values rounded once (kernels/crossentropy.h); n = N */   \
+    X(crossentropy_bf16, ROW_BLOCK, dp_crossentropy_bf16_item,                             \
+      (float *losses, uint16_t *dlogits, const uint16_t *logits, const int32_t *targets,   \
+       size_t V, float dscale),                                                            \
+      (losses, dlogits, logits, targets, V, dscale))                                      \
     /* rows of (N,C): out = log_softmax(inp) (may alias); n = N */                          \
     X(log_softmax_forward, ROW_BLOCK, dp_log_softmax_forward_item,                         \
       (float *out, const float *inp, size_t C), (out, inp, C))                             \
@@ -142,6 +148,10 @@
     /* x(N,C): rows whose per targets are all ignored set to 0 (kernels/ignored.h); n = N */ \
     X(zero_ignored_rows, ROW_BLOCK, dp_zero_ignored_rows_item,                             \
       (float *x, const void *targets, int f32, size_t per, size_t cols),                   \
+      (x, targets, f32, per, cols))                                                        \
+    /* ... for a bfloat16 x(N,C) */                                                        \
+    X(zero_ignored_rows_bf16, ROW_BLOCK, dp_zero_ignored_rows_bf16_item,                   \
+      (uint16_t *x, const void *targets, int f32, size_t per, size_t cols),                \
       (x, targets, f32, per, cols))                                                        \
     /* fused causal attention (kernels/flash.h); item r = (b*NH + h)*T + t, n = B*NH*T:    \
      * out(B,T,C) row and lse(B,NH,T) of query r from qkvr(3,B,NH,T,hs) */                 \
@@ -167,6 +177,10 @@
      * padded vocabulary's logit columns set to -inf */                                   \
     X(fill_columns, ELEM, dp_fill_columns_elem,                                            \
       (float *x, size_t ld, size_t c0, size_t cols, float value), (x, ld, c0, cols, value))\
+    /* ... for a bfloat16 x, value rounded to bfloat16 */                                  \
+    X(fill_columns_bf16, ELEM, dp_fill_columns_bf16_elem,                                  \
+      (uint16_t *x, size_t ld, size_t c0, size_t cols, float value),                       \
+      (x, ld, c0, cols, value))                                                            \
     /* layernorm_forward with out(N,C) rounded to bfloat16 once; mean, rstd float32; n = N */ \
     X(layernorm_forward_bf16_out, ROW_BLOCK, dp_layernorm_forward_bf16_out_item,           \
       (uint16_t *out, float *mean, float *rstd, const float *inp, dp_pref weight,          \

@@ -149,6 +149,24 @@ static dp_status gpt_head_forward(void *ctx, dp_device *dev, dp_params params,
     return gpt_pass_head_forward(v->g, dev, view_of(v, params), features, m, logits);
 }
 
+static dp_status gpt_head_forward16(void *ctx, dp_device *dev, dp_params params,
+                                    const float *features, size_t m, uint16_t *logits,
+                                    float *scratch, size_t scratch_floats)
+{
+    const gpt_variant *v = ctx;
+    return gpt_pass_head_forward16(v->g, dev, view_of(v, params), features, m, logits, scratch,
+                                   scratch_floats);
+}
+
+static dp_status gpt_head_backward16(void *ctx, dp_device *dev, dp_params params, float *grads,
+                                     const float *features, size_t m, const uint16_t *dlogits,
+                                     float *dfeatures)
+{
+    const gpt_variant *v = ctx;
+    return gpt_pass_head_backward16(v->g, dev, view_of(v, params), grads, features, m, dlogits,
+                                    dfeatures);
+}
+
 static dp_status gpt_head_backward(void *ctx, dp_device *dev, dp_params params, float *grads,
                                    const float *features, size_t m, float *dlogits,
                                    float *dfeatures)
@@ -302,6 +320,9 @@ dp_status dp_gpt_create(const dp_gpt_config *cfg, dp_gpt **out)
         m->head_features = C;
         m->head_forward = gpt_head_forward;
         m->head_backward = gpt_head_backward;
+        /* bf16 activations: the logits chunks in bfloat16 too (llm.c's floatX) */
+        m->head_forward_bf16 = v->act16 ? gpt_head_forward16 : NULL;
+        m->head_backward_bf16 = v->act16 ? gpt_head_backward16 : NULL;
     }
     *out = g;
     return DP_OK;

@@ -255,6 +255,14 @@ dp_status gpt_pass_head_forward(const dp_gpt *gpt, dp_device *dev, wview params,
                                 const float *lnf, size_t N, float *logits);
 dp_status gpt_pass_head_backward(const dp_gpt *gpt, dp_device *dev, wview params, float *grads,
                                  const float *lnf, size_t N, const float *dlogits, float *dlnf);
+/* The head in bfloat16 logits (dp_model.head_forward_bf16 and
+ * head_backward_bf16; gpt_pass.c). */
+dp_status gpt_pass_head_forward16(const dp_gpt *gpt, dp_device *dev, wview params,
+                                  const float *lnf, size_t N, uint16_t *logits, float *scratch,
+                                  size_t scratch_floats);
+dp_status gpt_pass_head_backward16(const dp_gpt *gpt, dp_device *dev, wview params, float *grads,
+                                   const float *lnf, size_t N, const uint16_t *dlogits,
+                                   float *dlnf);
 /* grads += d loss / d (everything but the LM head), from dlnf(B,T,C);
  * chunk (NULL: none) gets the signals of the final gradient. */
 dp_status gpt_pass_body_backward(const dp_gpt *gpt, dp_device *dev, wview params, float *grads,

@@ -233,6 +233,34 @@ dp_status gpt_pass_head_backward(const dp_gpt *gpt, dp_device *dev, wview params
                    pw(gpt, params, 0), N, g->n_embd, gpt->models[0].n_classes);
 }
 
+/* The tied LM head in bfloat16 logits (dp_model.head_forward_bf16, llm.c's
+ * fused classifier): the float32 head's values rounded once
+ * (dp_linear_forward_out16: cuBLASLt writes bfloat16 directly where it
+ * takes the call; else the float32 GEMM into scratch, in blocks of rows
+ * when scratch is smaller), then the padded columns -inf. */
+dp_status gpt_pass_head_forward16(const dp_gpt *gpt, dp_device *dev, wview params,
+                                  const float *lnf, size_t N, uint16_t *logits, float *scratch,
+                                  size_t scratch_floats)
+{
+    const dp_gpt_config *g = &gpt->cfg;
+    size_t V = g->vocab_size, Vp = gpt->models[0].n_classes;
+    dp_pref none = {NULL, params.bf16};
+    DP_TRY(dp_linear_forward_out16(dev, (dp_bf16 *)logits, scratch, scratch_floats, lnf,
+                                   DP_DTYPE_F32, pw(gpt, params, 0), none, N, g->n_embd, Vp));
+    return dp_fill_columns_bf16(dev, logits, -INFINITY, N, Vp, V, Vp - V);
+}
+
+/* gpt_pass_head_backward from bfloat16 dlogits: both GEMMs read them as
+ * they are (dp_linear_backward_from16). */
+dp_status gpt_pass_head_backward16(const dp_gpt *gpt, dp_device *dev, wview params, float *grads,
+                                   const float *lnf, size_t N, const uint16_t *dlogits,
+                                   float *dlnf)
+{
+    return dp_linear_backward_from16(dev, dlnf, gw(gpt, grads, 0), (const dp_bf16 *)dlogits, lnf,
+                                     DP_DTYPE_F32, pw(gpt, params, 0), N, gpt->cfg.n_embd,
+                                     gpt->models[0].n_classes);
+}
+
 dp_status dp_gpt_forward(const dp_gpt *gpt, dp_device *dev, const float *params,
                          const int32_t *tokens, size_t B, size_t T, void *workspace,
                          float *logits)

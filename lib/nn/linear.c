@@ -308,6 +308,24 @@ dp_status dp_linear_backward_dout16(dp_device *dev, float *dinp, float *dweight,
     return backward_rounded(dev, dinp, dweight, dbias, dout, dout16, inp, x16, weight, N, C, OC);
 }
 
+dp_status dp_linear_backward_from16(dp_device *dev, float *dinp, float *dweight,
+                                    const dp_bf16 *dout16, const void *inp, dp_dtype inp_type,
+                                    dp_pref weight, size_t N, size_t C, size_t OC)
+{
+    DP_NN_REQUIRE_DEV(dev);
+    DP_NN_REQUIRE_PTR(dev, dweight);
+    DP_NN_REQUIRE_PTR(dev, dout16);
+    DP_NN_REQUIRE_PTR(dev, inp);
+    DP_NN_REQUIRE_PTR(dev, weight.p);
+    CHECK_LINEAR_DIMS(dev, N, C, OC);
+    DP_TRY(check_act_type(dev, inp_type));
+    size_t n16 = N * OC * sizeof(dp_bf16);
+    DP_NN_REQUIRE_DISJOINT(dev, dout16, n16, dinp, N * C * sizeof(float));
+    DP_NN_REQUIRE_DISJOINT(dev, dout16, n16, dweight, OC * C * sizeof(float));
+    return linear_backward_g(dev, dinp, dweight, NULL, NULL, dout16, 1, inp,
+                             inp_type == DP_DTYPE_BF16, C, weight.p, weight.bf16, N, C, OC);
+}
+
 dp_status dp_linear_backward_rounded(dp_device *dev, float *dinp, float *dweight, float *dbias,
                                      const float *dout, const dp_bf16 *dout16, const void *inp,
                                      dp_dtype inp_type, dp_pref weight, size_t N, size_t C,

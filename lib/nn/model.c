@@ -42,6 +42,13 @@ dp_status dp_model_validate(const dp_model *m)
                        "%zu, head_forward %s, head_backward %s); set all three, or none for a "
                        "forward that writes logits", m->head_features,
                        m->head_forward ? "set" : "NULL", m->head_backward ? "set" : "NULL");
+    int head16 = (m->head_forward_bf16 != NULL) + (m->head_backward_bf16 != NULL);
+    if (head16 == 1 || (head16 == 2 && head != 3))
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "the model's bfloat16 head is incomplete "
+                       "(head_forward_bf16 %s, head_backward_bf16 %s, head %s); set both "
+                       "beside a float32 head, or neither",
+                       m->head_forward_bf16 ? "set" : "NULL",
+                       m->head_backward_bf16 ? "set" : "NULL", head == 3 ? "set" : "unset");
     if (m->n_tensors && !m->tensors)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "model has %zu tensors but no table", m->n_tensors);
     size_t prev_end = 0;

@@ -24,6 +24,7 @@
 #include "core/module.h"
 #include "dp/device.h"
 #include "dp/dtype.h"
+#include "dp/model.h" /* dp_target_type */
 #include "kernels/bf16.h"
 
 /*
@@ -124,6 +125,23 @@ DP_MODULE_API dp_status dp_linear_backward_dout16(dp_device *dev, float *dinp, f
                                                   size_t C, size_t OC);
 
 /*
+ * The linear backward from a bfloat16 dout alone, without a bias:
+ * dinp(N,C) = dout16 @ weight (overwritten; dinp NULL: skipped) and
+ * dweight(OC,C) += dout16^T @ inp, both GEMMs reading dout16(N,OC) as a
+ * bfloat16 operand in any matmul precision (widened where the math is
+ * float32). An LM head's backward from the bfloat16 dlogits its
+ * criterion wrote in place (dp_model.head_backward_bf16). In BF16 math the
+ * same GEMM calls as dp_linear_backward_rounded given the same dout16, so
+ * the same bits. inp float32 or bfloat16 (inp_type); weight either.
+ * Ownership: device pointers of dev owned by the caller; dout16 must not
+ * overlap dinp or dweight. Errors: as dp_linear_backward_rounded.
+ */
+DP_MODULE_API dp_status dp_linear_backward_from16(dp_device *dev, float *dinp, float *dweight,
+                                                  const dp_bf16 *dout16, const void *inp,
+                                                  dp_dtype inp_type, dp_pref weight, size_t N,
+                                                  size_t C, size_t OC);
+
+/*
  * dp_linear_backward_dout16 with dout already rounded: dout16(N,OC) holds
  * dout(N,OC) rounded to bfloat16 (e.g. by the GELU backward that wrote
  * dout, dp_gelu_backward_out16), and in BF16 matmul precision both GEMMs
@@ -151,5 +169,48 @@ DP_MODULE_API dp_status dp_linear_backward_rounded(dp_device *dev, float *dinp, 
  */
 DP_MODULE_API dp_status dp_gelu_backward_out16(dp_device *dev, float *dinp, dp_bf16 *dinp16,
                                                const dp_bf16 *inp, const float *dout, size_t n);
+
+/*
+ * The fused softmax cross-entropy over bfloat16 logits (llm.c's fused
+ * classifier): logits(N,V) bfloat16, the LM head's output; targets(N)
+ * int32 class ids in [0, V), -1 = ignored. Writes losses(N) float32, each
+ * row's loss (0 for an ignored row), on the device: nothing is read back.
+ * Unless dlogits is NULL (evaluation), also dlogits(N,V) bfloat16: dscale
+ * * (softmax - onehot) rounded once, a zero row where the target is -1.
+ * dlogits may be logits (in place, the engine's chunks) or a separate
+ * buffer. Bits: on CPU devices each loss is dp_crossentropy_forward_backward's
+ * row loss on the widened logits and each dlogits element its float32
+ * value rounded to bfloat16 (kernels/crossentropy.h); on CUDA devices the
+ * float32 kernel's reductions, so within the float kernel's CPU-to-GPU
+ * bounds (losses) and 1 bfloat16 ulp (dlogits). A target >= V is not
+ * checked (the engine validates targets). Ownership: device pointers of
+ * dev owned by the caller. Errors: DP_ERR_INVALID_ARGUMENT for a NULL dev,
+ * losses, logits or targets, N or V of 0, N * V overflowing, V past
+ * INT32_MAX, a non-finite dscale; a backend's error as is.
+ */
+DP_MODULE_API dp_status dp_crossentropy_bf16(dp_device *dev, float *losses, uint16_t *dlogits,
+                                             const uint16_t *logits, const int32_t *targets,
+                                             size_t N, size_t V, float dscale);
+
+/*
+ * dp_zero_ignored_rows (dp/ops.h) for a bfloat16 x(rows, cols): each row
+ * whose target elements are all ignored set to bfloat16 +0, the others
+ * untouched (the engine's rule on bfloat16 dlogits). Ownership: device
+ * pointers of dev owned by the caller. Errors: as dp_zero_ignored_rows.
+ */
+DP_MODULE_API dp_status dp_zero_ignored_rows_bf16(dp_device *dev, uint16_t *x,
+                                                  const void *targets,
+                                                  dp_target_type target_type,
+                                                  size_t target_size, size_t rows, size_t cols);
+
+/*
+ * dp_fill_columns (dp/ops.h) for a bfloat16 x(rows, ld): x[r * ld + c0 +
+ * c] = value rounded to bfloat16 once for r < rows, c < cols, the other
+ * columns untouched (-INFINITY gives 0xFF80: a padded vocabulary's
+ * bfloat16 logits). rows or cols 0 does nothing. Ownership: a device
+ * pointer of dev owned by the caller. Errors: as dp_fill_columns.
+ */
+DP_MODULE_API dp_status dp_fill_columns_bf16(dp_device *dev, uint16_t *x, float value,
+                                             size_t rows, size_t ld, size_t c0, size_t cols);
 
 #endif /* DP_NN_ACT16_H */

@@ -1,7 +1,8 @@
 /*
  * nn/ops.c - the vector ops of dp/ops.h.
  *
- * The first group checks its arguments and calls the backend's kernel.
+ * The first group checks its arguments and calls the backend's kernel
+ * (with the bfloat16 twins of two of them, declared in nn/nn_act16.h).
  * Each op of the second group is one host loop over chunks. On a device whose pointers are
  * host addresses (CPU) the loop reads and writes the buffers in place; on
  * another device (CUDA) each chunk is copied to stack buffers, processed
@@ -14,6 +15,7 @@
 #include <string.h>
 
 #include "dp/checked.h"
+#include "nn/nn_act16.h"
 #include "nn/nn_check.h"
 #include "nn/ops_internal.h"
 
@@ -60,38 +62,68 @@ dp_status dp_sum_squares(dp_device *dev, double *out_host, const float *x, size_
     return dev->ops->sum_squares(dev, out_host, x, n);
 }
 
+/* The checks of dp_zero_ignored_rows and its bfloat16 twin, expanded in
+ * each (so its name heads the message). */
+#define ZERO_IGNORED_CHECKS(dev, x, targets, target_type, target_size, rows, cols)          \
+    do {                                                                                  \
+        size_t zi_count_;                                                                 \
+        DP_NN_REQUIRE_DEV(dev);                                                           \
+        DP_NN_REQUIRE_PTR(dev, x);                                                        \
+        DP_NN_REQUIRE_PTR(dev, targets);                                                  \
+        DP_NN_CHECK_DIMS2(dev, rows, cols, &zi_count_);                                   \
+        if ((unsigned)(target_type) >= DP_TARGET_TYPE_COUNT || (target_size) == 0)        \
+            return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: target_type %s with target_size " \
+                           "%zu; use DP_TARGET_CLASS or DP_TARGET_F32 and target_size >= 1", \
+                           (dev)->name, dp_target_type_name(target_type), (target_size));  \
+    } while (0)
+
 dp_status dp_zero_ignored_rows(dp_device *dev, float *x, const void *targets,
                                dp_target_type target_type, size_t target_size, size_t rows,
                                size_t cols)
 {
-    size_t count;
-    DP_NN_REQUIRE_DEV(dev);
-    DP_NN_REQUIRE_PTR(dev, x);
-    DP_NN_REQUIRE_PTR(dev, targets);
-    DP_NN_CHECK_DIMS2(dev, rows, cols, &count);
-    if ((unsigned)target_type >= DP_TARGET_TYPE_COUNT || target_size == 0)
-        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: target_type %s with target_size %zu; use "
-                       "DP_TARGET_CLASS or DP_TARGET_F32 and target_size >= 1", dev->name,
-                       dp_target_type_name(target_type), target_size);
+    ZERO_IGNORED_CHECKS(dev, x, targets, target_type, target_size, rows, cols);
     return dev->ops->zero_ignored_rows(dev, x, targets, target_type == DP_TARGET_F32,
                                        target_size, cols, rows);
 }
 
+dp_status dp_zero_ignored_rows_bf16(dp_device *dev, uint16_t *x, const void *targets,
+                                    dp_target_type target_type, size_t target_size, size_t rows,
+                                    size_t cols)
+{
+    ZERO_IGNORED_CHECKS(dev, x, targets, target_type, target_size, rows, cols);
+    return dev->ops->zero_ignored_rows_bf16(dev, x, targets, target_type == DP_TARGET_F32,
+                                            target_size, cols, rows);
+}
+
+/* The checks of dp_fill_columns and its bfloat16 twin, expanded in each:
+ * returns DP_OK at once for an empty block (rows or cols 0). The rows'
+ * bytes are checked as floats, which also bounds the bfloat16 ones. */
+#define FILL_COLUMNS_CHECKS(dev, x, rows, ld, c0, cols)                                   \
+    do {                                                                                  \
+        size_t fc_total_;                                                                 \
+        DP_NN_REQUIRE_DEV(dev);                                                           \
+        if (!(rows) || !(cols)) return DP_OK;                                             \
+        DP_NN_REQUIRE_PTR(dev, x);                                                        \
+        if ((c0) > (ld) || (cols) > (ld) - (c0))                                          \
+            return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: columns [%zu, %zu + %zu) pass "   \
+                           "the row length ld = %zu; fill columns inside the rows",       \
+                           (dev)->name, (c0), (c0), (cols), (ld));                        \
+        DP_NN_CHECK_DIMS2(dev, rows, ld, &fc_total_);                                     \
+    } while (0)
+
 dp_status dp_fill_columns(dp_device *dev, float *x, float value, size_t rows, size_t ld,
                           size_t c0, size_t cols)
 {
-    size_t total, n;
-    DP_NN_REQUIRE_DEV(dev);
-    if (!rows || !cols) return DP_OK;
-    DP_NN_REQUIRE_PTR(dev, x);
-    if (c0 > ld || cols > ld - c0)
-        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: columns [%zu, %zu + %zu) pass the row "
-                       "length ld = %zu; fill columns inside the rows", dev->name, c0, c0, cols,
-                       ld);
-    DP_NN_CHECK_DIMS2(dev, rows, ld, &total);
-    (void)total;
-    n = rows * cols; /* <= rows * ld */
-    return dev->ops->fill_columns(dev, x, ld, c0, cols, value, n);
+    FILL_COLUMNS_CHECKS(dev, x, rows, ld, c0, cols);
+    /* rows * cols <= rows * ld, which the checks bounded */
+    return dev->ops->fill_columns(dev, x, ld, c0, cols, value, rows * cols);
+}
+
+dp_status dp_fill_columns_bf16(dp_device *dev, uint16_t *x, float value, size_t rows, size_t ld,
+                               size_t c0, size_t cols)
+{
+    FILL_COLUMNS_CHECKS(dev, x, rows, ld, c0, cols);
+    return dev->ops->fill_columns_bf16(dev, x, ld, c0, cols, value, rows * cols);
 }
 
 // --- host loops -----------------------------------------------------------------------

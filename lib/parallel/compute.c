@@ -9,6 +9,7 @@
 
 #include "dp/checked.h"
 #include "dp/ops.h"
+#include "nn/nn_act16.h"
 #include "parallel/comm.h"
 #include "parallel/compute.h"
 #include "parallel/overlap.h"
@@ -90,7 +91,52 @@ static dp_status head_backward(worker *w, size_t o, size_t rows, float *dlogits)
     return s;
 }
 
+/* head_forward in bfloat16 logits, with the chunk buffer's scratch. */
+static dp_status head_forward16(worker *w, size_t o, size_t rows, uint16_t *logits, float *scratch,
+                                size_t scratch_floats)
+{
+    const dp_model *m = &w->e->model;
+    const float *f = (const float *)w->features.ptr + o * m->head_features;
+    dp_clear_error();
+    dp_status s = m->head_forward_bf16(m->ctx, w->dev, dp_replica_params(w), f, rows, logits,
+                                       scratch, scratch_floats);
+    if (s != DP_OK) dp_callback_message(s, "the model's head_forward_bf16");
+    return s;
+}
+
+static dp_status head_backward16(worker *w, size_t o, size_t rows, const uint16_t *dlogits)
+{
+    const dp_model *m = &w->e->model;
+    size_t at = o * m->head_features;
+    dp_clear_error();
+    dp_status s = m->head_backward_bf16(m->ctx, w->dev, dp_replica_params(w), w->grads,
+                                        (const float *)w->features.ptr + at, rows, dlogits,
+                                        (float *)w->dfeatures.ptr + at);
+    if (s != DP_OK) dp_callback_message(s, "the model's head_backward_bf16");
+    return s;
+}
+
 static int has_head(const dp_engine *e) { return e->model.head_forward != NULL; }
+
+/* The chunked criterion in bfloat16 logits: a model with the bfloat16 head
+ * and a criterion that takes them (dp/model.h). */
+static int logits16(const dp_engine *e)
+{
+    return e->model.head_forward_bf16 != NULL && e->crit.bf16_logits;
+}
+
+/* A logits chunk of `rows` output rows: float32, or (logits16) bfloat16
+ * followed by the bfloat16 head's float32 scratch (at least a row). */
+static size_t chunk_scratch_floats(const dp_engine *e, size_t rows)
+{
+    size_t V = e->model.n_classes, half = rows * V / 2;
+    return half > V ? half : V;
+}
+
+static size_t chunk16_bytes(const dp_engine *e, size_t rows)
+{
+    return (rows * e->model.n_classes * sizeof(uint16_t) + 255) / 256 * 256;
+}
 
 /* Balanced mode's criterion writes row losses (see row_losses_sum). */
 static int defers(const dp_engine *e) { return e->crit.writes_row_losses; }
@@ -104,7 +150,7 @@ static size_t scratch_size(const dp_engine *e, size_t n)
  * elements, and holds it to that count (dp/model.h's contract). */
 static dp_status call_criterion(worker *w, const dp_plan *plan, double *loss, float *dlogits,
                                 const float *logits, const void *targets, size_t n,
-                                size_t n_valid, void *scratch, float *row_losses)
+                                size_t n_valid, void *scratch, float *row_losses, int bf16)
 {
     dp_engine *e = w->e;
     dp_criterion_args a;
@@ -120,6 +166,7 @@ static dp_status call_criterion(worker *w, const dp_plan *plan, double *loss, fl
     a.dscale = plan->dscale;
     a.scratch = scratch;
     a.row_losses = row_losses;
+    a.logits_dtype = bf16 ? DP_DTYPE_BF16 : DP_DTYPE_F32;
     size_t count = SIZE_MAX;
     *loss = 0.0;
     dp_clear_error();
@@ -143,8 +190,10 @@ static dp_status call_criterion(worker *w, const dp_plan *plan, double *loss, fl
      * keep: a criterion that leaves them alone (in balanced mode they hold
      * the logits) cannot make the step differ from gather mode's. */
     if (dlogits && n_valid < n * a.target_size)
-        return dp_zero_ignored_rows(w->dev, dlogits, targets, a.target_type, a.target_size, n,
-                                    a.V);
+        return bf16 ? dp_zero_ignored_rows_bf16(w->dev, (uint16_t *)dlogits, targets,
+                                                a.target_type, a.target_size, n, a.V)
+                    : dp_zero_ignored_rows(w->dev, dlogits, targets, a.target_type,
+                                           a.target_size, n, a.V);
     return DP_OK;
 }
 
@@ -172,7 +221,13 @@ static dp_status ensure_compute(worker *w, const dp_plan_device *d, int gather, 
         if (train) DP_TRY(dp_dbuf_ensure(w->dev, &w->dfeatures, float_bytes(n, m->head_features)));
         if (!gather) logit_rows = dp_plan_logits_chunk(e, n);
     }
-    DP_TRY(dp_dbuf_ensure(w->dev, &w->logits, float_bytes(logit_rows, V)));
+    if (!gather && has_head(e) && logits16(e)) {
+        size_t b16 = chunk16_bytes(e, logit_rows), sf = chunk_scratch_floats(e, logit_rows);
+        size_t bytes = float_bytes(sf, 1);
+        DP_TRY(dp_dbuf_ensure(w->dev, &w->logits, bytes > SIZE_MAX - b16 ? SIZE_MAX : b16 + bytes));
+    } else {
+        DP_TRY(dp_dbuf_ensure(w->dev, &w->logits, float_bytes(logit_rows, V)));
+    }
     if (gather) DP_TRY(dp_dbuf_ensure(w->dev, &w->dlogits, float_bytes(n, V)));
     if (!gather && defers(e))
         DP_TRY(dp_dbuf_ensure(w->dev, &w->row_losses,
@@ -245,7 +300,7 @@ static dp_status criterion(worker *w, const dp_plan *plan, double *loss, float *
                                          plan->dev[w->id].row_begin + first, rows);
     return call_criterion(w, plan, loss, dlogits, logits, targets, n, valid,
                           sb ? w->scratch.ptr : NULL,
-                          row_losses_at(w, first * e->model.outputs_per_row));
+                          row_losses_at(w, first * e->model.outputs_per_row), 0);
 }
 
 /* Balanced mode with a head: head, criterion and (train) head backward
@@ -258,20 +313,30 @@ static dp_status chunked_criterion(worker *w, const dp_plan *plan, double *loss,
     size_t opr = e->model.outputs_per_row, n = rows * opr, c = dp_plan_logits_chunk(e, n);
     size_t tg_out = dp_model_target_row_bytes(&e->model) / opr; /* target bytes per output row */
     size_t out0 = (plan->dev[w->id].row_begin + first) * opr; /* the batch's index of output row 0 */
+    int b16 = logits16(e);
     float *logits = w->logits.ptr;
+    /* bfloat16: the chunk's logits, then the head's float32 scratch */
+    float *scratch16 = (float *)((char *)w->logits.ptr + chunk16_bytes(e, c));
+    size_t scratch16_floats = chunk_scratch_floats(e, c);
     *loss = 0.0;
     for (size_t o = 0; o < n; o += c) {
         size_t m = n - o < c ? n - o : c, sb = scratch_size(e, m);
-        DP_TRY(head_forward(w, o, m, logits));
+        if (b16)
+            DP_TRY(head_forward16(w, o, m, (uint16_t *)logits, scratch16, scratch16_floats));
+        else
+            DP_TRY(head_forward(w, o, m, logits));
         DP_TRY(dp_dbuf_ensure(w->dev, &w->scratch, sb));
         size_t valid = dp_plan_valid_outputs(e, plan->batch->targets, out0 + o, m);
         double l = 0.0;
         /* dlogits overwrite the chunk's logits in place. */
         DP_TRY(call_criterion(w, plan, &l, train ? logits : NULL, logits,
                               (const char *)targets + o * tg_out, m, valid,
-                              sb ? w->scratch.ptr : NULL, row_losses_at(w, first * opr + o)));
+                              sb ? w->scratch.ptr : NULL, row_losses_at(w, first * opr + o), b16));
         *loss += l;
-        if (train) DP_TRY(head_backward(w, o, m, logits));
+        if (train && b16)
+            DP_TRY(head_backward16(w, o, m, (const uint16_t *)logits));
+        else if (train)
+            DP_TRY(head_backward(w, o, m, logits));
     }
     return DP_OK;
 }
@@ -348,7 +413,7 @@ static dp_status root_criterion(worker *w, const dp_plan *plan, size_t j)
     for (size_t d = 0; d < e->L.k; d++) valid += micro_valid(e, plan, d, j);
     double loss = 0.0;
     DP_TRY(call_criterion(w, plan, &loss, w->gathered_d.ptr, w->gathered.ptr, tg, total, valid,
-                          scratch, NULL));
+                          scratch, NULL, 0));
     if (isfinite(loss)) {
         w->loss_sum += loss;
         return DP_OK;
@@ -362,7 +427,7 @@ static dp_status root_criterion(worker *w, const dp_plan *plan, size_t j)
         if (nd)
             DP_TRY(call_criterion(w, plan, &ld, NULL, (const float *)w->gathered.ptr + off * V,
                                   (const char *)tg + off * tg_out, nd,
-                                  micro_valid(e, plan, d, j), scratch, NULL));
+                                  micro_valid(e, plan, d, j), scratch, NULL, 0));
         e->w[d].loss_sum += ld;
         off += nd;
     }

@@ -1,10 +1,10 @@
 /*
  * backend/cuda/cuda_rows.cu - the CUDA backend's block-per-row kernels:
  * the ROW_BLOCK ops of kernels/ops.h (LayerNorm, with a bfloat16 output and
- * with the residual's update, causal softmax, cross-entropy, log-softmax,
- * the zeroing of ignored rows), written against the DP_HD item functions'
- * semantics (cuda_kernels.cu has the other kernels; docs/design.md
- * section 3).
+ * with the residual's update, causal softmax, cross-entropy over float32 or
+ * bfloat16 logits, log-softmax, the zeroing of ignored rows, float32 or
+ * bfloat16), written against the DP_HD item functions' semantics
+ * (cuda_kernels.cu has the other kernels; docs/design.md section 3).
  */
 #include <cuda_runtime.h>
 
@@ -212,6 +212,20 @@ __global__ void k_softmax_causal_backward_block(float *datt, uint16_t *ds16, con
     }
 }
 
+/* A cross-entropy row's element as float (bfloat16 widened, exactly), and
+ * a float stored to one (bfloat16 rounded once, kernels/bf16.h); for float
+ * rows plain loads and stores, so the float kernel is the code it was. */
+__device__ __forceinline__ float ce_load(const float *x, size_t v) { return x[v]; }
+__device__ __forceinline__ float ce_load(const uint16_t *x, size_t v)
+{
+    return dp_bf16_widen(x[v]);
+}
+__device__ __forceinline__ void ce_store(float *x, size_t v, float f) { x[v] = f; }
+__device__ __forceinline__ void ce_store(uint16_t *x, size_t v, float f)
+{
+    x[v] = dp_bf16_round(f);
+}
+
 /* dp_crossentropy_item, one block per row, in two sweeps over the row
  * instead of three: first each thread's running maximum m_t and its sum
  * s_t of exp(x - m_t) in double, rescaled by exp(m_old - m_new) when the
@@ -224,29 +238,33 @@ __global__ void k_softmax_causal_backward_block(float *datt, uint16_t *ds16, con
  * logits (in place) every element is read by the thread that writes it,
  * and x[target] is read by all before any write (the reductions' barriers
  * come between). The first sweep is the same with or without dlogits, so
- * the loss does not depend on whether dlogits is asked for. */
-template <unsigned THREADS>
-__global__ void k_crossentropy_block(float *losses, float *dlogits, const float *logits,
+ * the loss does not depend on whether dlogits is asked for.
+ * T = float is dp_crossentropy_item; T = uint16_t (bfloat16 bits) is
+ * dp_crossentropy_bf16_item: the same float arithmetic on the widened
+ * logits, each dlogits value rounded to bfloat16 once at its store (its
+ * in-place safety as above: a thread writes only what it read). */
+template <unsigned THREADS, typename T>
+__global__ void k_crossentropy_block(float *losses, T *dlogits, const T *logits,
                                      const int32_t *targets, size_t V, float dscale, size_t N)
 {
     __shared__ block_scratch<THREADS, float> shf;
     __shared__ block_scratch<THREADS, double> shd;
     BLOCK_ROW_LOOP(r, N)
     {
-        const float *x = logits + r * V;
-        float *dl = dlogits ? dlogits + r * V : NULL;
+        const T *x = logits + r * V;
+        T *dl = dlogits ? dlogits + r * V : NULL;
         int32_t target = targets[r];
         if (target < 0) {
             if (threadIdx.x == 0) losses[r] = 0.0f;
-            if (dl) ROW_ELEMS(v, V) dl[v] = 0.0f;
+            if (dl) ROW_ELEMS(v, V) ce_store(dl, v, 0.0f);
             continue;
         }
-        float xy = x[target];
+        float xy = ce_load(x, target);
         float mt = -INFINITY;
         double st = 0.0;
         ROW_ELEMS(v, V)
         {
-            float xv = x[v];
+            float xv = ce_load(x, v);
             if (xv > mt) {
                 st *= exp((double)mt - (double)xv); /* 0 on the first element */
                 mt = xv;
@@ -264,8 +282,8 @@ __global__ void k_crossentropy_block(float *losses, float *dlogits, const float 
         double inv_s = 1.0 / s;
         ROW_ELEMS(v, V)
         {
-            float p = (float)((double)expf(x[v] - mx) * inv_s);
-            dl[v] = dscale * ((size_t)target == v ? p - 1.0f : p);
+            float p = (float)((double)expf(ce_load(x, v) - mx) * inv_s);
+            ce_store(dl, v, dscale * ((size_t)target == v ? p - 1.0f : p));
         }
     }
 }
@@ -307,9 +325,11 @@ __global__ void k_log_softmax_backward_block(float *dinp, const float *out, cons
     }
 }
 
-/* dp_zero_ignored_rows_item, one block per row: the row's valid target
- * elements counted (a fixed tree), then the row zeroed when there are none. */
-__global__ void k_zero_ignored_rows_block(float *x, const void *targets, int f32, size_t per,
+/* dp_zero_ignored_rows_item (T = float) and _bf16_item (T = uint16_t,
+ * bfloat16 +0 is 0), one block per row: the row's valid target elements
+ * counted (a fixed tree), then the row zeroed when there are none. */
+template <typename T>
+__global__ void k_zero_ignored_rows_block(T *x, const void *targets, int f32, size_t per,
                                           size_t cols, size_t N)
 {
     __shared__ block_scratch<BLOCK_THREADS, unsigned> sh;
@@ -318,7 +338,7 @@ __global__ void k_zero_ignored_rows_block(float *x, const void *targets, int f32
         unsigned valid = 0;
         ROW_ELEMS(t, per) valid += dp_target_is_valid(targets, f32, r * per + t) ? 1u : 0u;
         if (block_sum<BLOCK_THREADS>(valid, sh)) continue;
-        ROW_ELEMS(c, cols) x[r * cols + c] = 0.0f;
+        ROW_ELEMS(c, cols) x[r * cols + c] = (T)0;
     }
 }
 
@@ -400,19 +420,37 @@ extern "C" cudaError_t dp_cuda_launch_softmax_causal_forward(cudaStream_t stream
     return cudaGetLastError();
 }
 
+/* The cross-entropy over float or bfloat16 (T) rows: long rows get CE_THREADS. */
+template <typename T>
+static cudaError_t launch_crossentropy(cudaStream_t stream, float *losses, T *dlogits,
+                                       const T *logits, const int32_t *targets, size_t V,
+                                       float dscale, size_t n)
+{
+    if (n == 0 || V == 0) return cudaSuccess;
+    if (V >= CE_LONG_ROW)
+        k_crossentropy_block<CE_THREADS, T>
+            <<<row_blocks(n), CE_THREADS, 0, stream>>>(losses, dlogits, logits, targets, V, dscale, n);
+    else
+        k_crossentropy_block<BLOCK_THREADS, T><<<row_blocks(n), BLOCK_THREADS, 0, stream>>>(
+            losses, dlogits, logits, targets, V, dscale, n);
+    return cudaGetLastError();
+}
+
 extern "C" cudaError_t dp_cuda_launch_crossentropy(cudaStream_t stream, float *losses,
                                                    float *dlogits, const float *logits,
                                                    const int32_t *targets, size_t V,
                                                    float dscale, size_t n)
 {
-    if (n == 0 || V == 0) return cudaSuccess;
-    if (V >= CE_LONG_ROW)
-        k_crossentropy_block<CE_THREADS>
-            <<<row_blocks(n), CE_THREADS, 0, stream>>>(losses, dlogits, logits, targets, V, dscale, n);
-    else
-        k_crossentropy_block<BLOCK_THREADS><<<row_blocks(n), BLOCK_THREADS, 0, stream>>>(
-            losses, dlogits, logits, targets, V, dscale, n);
-    return cudaGetLastError();
+    return launch_crossentropy(stream, losses, dlogits, logits, targets, V, dscale, n);
+}
+
+extern "C" cudaError_t dp_cuda_launch_crossentropy_bf16(cudaStream_t stream, float *losses,
+                                                        uint16_t *dlogits,
+                                                        const uint16_t *logits,
+                                                        const int32_t *targets, size_t V,
+                                                        float dscale, size_t n)
+{
+    return launch_crossentropy(stream, losses, dlogits, logits, targets, V, dscale, n);
 }
 
 extern "C" cudaError_t dp_cuda_launch_log_softmax_forward(cudaStream_t stream, float *out,
@@ -438,7 +476,17 @@ extern "C" cudaError_t dp_cuda_launch_zero_ignored_rows(cudaStream_t stream, flo
                                                         size_t cols, size_t n)
 {
     if (n == 0 || cols == 0 || per == 0) return cudaSuccess;
-    k_zero_ignored_rows_block<<<row_blocks(n), BLOCK_THREADS, 0, stream>>>(x, targets, f32, per,
-                                                                           cols, n);
+    k_zero_ignored_rows_block<float><<<row_blocks(n), BLOCK_THREADS, 0, stream>>>(
+        x, targets, f32, per, cols, n);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t dp_cuda_launch_zero_ignored_rows_bf16(cudaStream_t stream, uint16_t *x,
+                                                             const void *targets, int f32,
+                                                             size_t per, size_t cols, size_t n)
+{
+    if (n == 0 || cols == 0 || per == 0) return cudaSuccess;
+    k_zero_ignored_rows_block<uint16_t><<<row_blocks(n), BLOCK_THREADS, 0, stream>>>(
+        x, targets, f32, per, cols, n);
     return cudaGetLastError();
 }
