@@ -237,8 +237,9 @@ typedef struct dp_model {
      * Optional, with a head: the head with bfloat16 logits (llm.c's fused
      * classifier). head_forward_bf16 is head_forward writing logits(m,
      * n_classes) as bfloat16 (uint16_t bits, rounded once); scratch is the
-     * engine's device memory for float32 values on their way (at least
-     * n_classes floats, scratch_floats of them; contents unspecified).
+     * engine's device memory for values on their way (scratch_floats
+     * floats, at least n_classes + m * head_features; contents
+     * unspecified).
      * head_backward_bf16 is head_backward reading bfloat16 dlogits(m,
      * n_classes). The engine calls them instead of head_forward and
      * head_backward in balanced mode and evaluation when the criterion

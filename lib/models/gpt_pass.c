@@ -234,19 +234,31 @@ dp_status gpt_pass_head_backward(const dp_gpt *gpt, dp_device *dev, wview params
 }
 
 /* The tied LM head in bfloat16 logits (dp_model.head_forward_bf16, llm.c's
- * fused classifier): the float32 head's values rounded once
- * (dp_linear_forward_out16: cuBLASLt writes bfloat16 directly where it
- * takes the call; else the float32 GEMM into scratch, in blocks of rows
- * when scratch is smaller), then the padded columns -inf. */
+ * fused classifier): the float32 head's values rounded once, then the
+ * padded columns -inf. In BF16 math the features are rounded first into
+ * the scratch (the GEMM would round them anyway: the same values), so
+ * both operands are bfloat16 and cuBLASLt writes the bfloat16 logits
+ * directly (dp_linear_forward_out16); otherwise, or where it declines,
+ * the float32 GEMM runs into the rest of the scratch (in blocks of rows
+ * when that is smaller than the chunk) and is rounded. */
 dp_status gpt_pass_head_forward16(const dp_gpt *gpt, dp_device *dev, wview params,
                                   const float *lnf, size_t N, uint16_t *logits, float *scratch,
                                   size_t scratch_floats)
 {
     const dp_gpt_config *g = &gpt->cfg;
-    size_t V = g->vocab_size, Vp = gpt->models[0].n_classes;
+    size_t V = g->vocab_size, Vp = gpt->models[0].n_classes, C = g->n_embd;
     dp_pref none = {NULL, params.bf16};
-    DP_TRY(dp_linear_forward_out16(dev, (dp_bf16 *)logits, scratch, scratch_floats, lnf,
-                                   DP_DTYPE_F32, pw(gpt, params, 0), none, N, g->n_embd, Vp));
+    const void *inp = lnf;
+    dp_dtype inp_type = DP_DTYPE_F32;
+    /* the bfloat16 features' floats, 256-byte aligned, when the rest still holds a row */
+    size_t f16 = (N * C / 2 + 1 + 63) / 64 * 64;
+    if (dp_device_matmul_precision(dev) == DP_MATMUL_BF16 && scratch_floats >= f16 + Vp) {
+        DP_TRY(dp_convert(dev, scratch, DP_DTYPE_BF16, lnf, DP_DTYPE_F32, N * C));
+        inp = scratch, inp_type = DP_DTYPE_BF16;
+        scratch += f16, scratch_floats -= f16;
+    }
+    DP_TRY(dp_linear_forward_out16(dev, (dp_bf16 *)logits, scratch, scratch_floats, inp,
+                                   inp_type, pw(gpt, params, 0), none, N, C, Vp));
     return dp_fill_columns_bf16(dev, logits, -INFINITY, N, Vp, V, Vp - V);
 }
 

@@ -126,11 +126,13 @@ static int logits16(const dp_engine *e)
 }
 
 /* A logits chunk of `rows` output rows: float32, or (logits16) bfloat16
- * followed by the bfloat16 head's float32 scratch (at least a row). */
+ * followed by the bfloat16 head's float32 scratch: room for a copy of the
+ * chunk's features and at least a row of float32 logits (half the chunk:
+ * the buffer is then about the float32 chunk's size). */
 static size_t chunk_scratch_floats(const dp_engine *e, size_t rows)
 {
     size_t V = e->model.n_classes, half = rows * V / 2;
-    return half > V ? half : V;
+    return (half > V ? half : V) + rows * e->model.head_features + 64;
 }
 
 static size_t chunk16_bytes(const dp_engine *e, size_t rows)
