@@ -96,9 +96,22 @@ static inline DP_HD void dp_crossentropy_item(float *losses, float *dlogits, con
                         V, dscale);
 }
 
+/* Elements per block of the bfloat16 row's write pass (a local buffer). */
+#define DP_CE_BLOCK 256
+
+/* dp_bf16_round without a branch (the same bits, NaN included), so the
+ * loops that round vectorise. */
+static inline DP_HD uint16_t dp_bf16_round_nb(float f)
+{
+    uint32_t u = dp_f32_bits(f);
+    uint32_t nan = (u & 0x7fffffffu) > 0x7f800000u;
+    uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, q = (u >> 16) | 0x0040u;
+    return (uint16_t)(nan ? q : r);
+}
+
 /* dp_max8 of the widened bfloat16 row x(n), n >= 1: the same 8 running
  * maxima, so the same value (and the same NaN rule). */
-static inline DP_HD float dp_max8_bf16(const uint16_t *x, size_t n)
+static inline DP_HD DP_HD_ALWAYS_INLINE float dp_max8_bf16(const uint16_t *x, size_t n)
 {
     float acc[8];
     for (int j = 0; j < 8; j++) acc[j] = dp_bf16_widen(x[0]);
@@ -135,7 +148,7 @@ static inline DP_HD float dp_max8_bf16(const uint16_t *x, size_t n)
  * and the write pass reads each x[v] before it overwrites it. A negative
  * target (-1): loss 0 and a zero dlogits row.
  */
-static inline DP_HD void dp_crossentropy_bf16_row(float *loss, uint16_t *dlogits,
+static inline DP_HD DP_HD_ALWAYS_INLINE void dp_crossentropy_bf16_row(float *loss, uint16_t *dlogits,
                                                   const uint16_t *logits, int32_t target,
                                                   size_t V, float dscale)
 {
@@ -147,22 +160,40 @@ static inline DP_HD void dp_crossentropy_bf16_row(float *loss, uint16_t *dlogits
     }
     float m = dp_max8_bf16(logits, V);
     float xy = dp_bf16_widen(logits[target]);
+    /* element v into partial v % 8, in order: dp_sum_double8's grouping,
+     * written in blocks of 8 so that the loop vectorises */
     double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (size_t v = 0; v < V; v++) acc[v % 8] += (double)dp_expf(dp_bf16_widen(logits[v]) - m);
+    size_t v = 0;
+    for (; v + DP_CE_BLOCK <= V; v += DP_CE_BLOCK) {
+        float e[DP_CE_BLOCK]; /* a block's terms, 8 float lanes wide, then added in double */
+        for (size_t i = 0; i < DP_CE_BLOCK; i++) e[i] = dp_expf(dp_bf16_widen(logits[v + i]) - m);
+        for (size_t i = 0; i < DP_CE_BLOCK; i += 8)
+            for (int j = 0; j < 8; j++) acc[j] += (double)e[i + (size_t)j];
+    }
+    for (; v < V; v++) acc[v % 8] += (double)dp_expf(dp_bf16_widen(logits[v]) - m);
     double s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
     *loss = (float)(((double)m - (double)xy) + log(s));
     if (!dlogits) return;
     double inv_s = 1.0 / s;
     float et = dp_expf(xy - m); /* the target's term, before its logit is overwritten */
-    for (size_t v = 0; v < V; v++)
-        dlogits[v] =
-            dp_bf16_round(dscale * (float)((double)dp_expf(dp_bf16_widen(logits[v]) - m) * inv_s));
+    /* In blocks through a local row piece: dlogits is usually logits (in
+     * place), and a loop that reads and writes one buffer through two
+     * pointers falls back to scalar code when its alias check sees them
+     * overlap; each stage here reads or writes local memory only. */
+    for (size_t v0 = 0; v0 < V; v0 += DP_CE_BLOCK) {
+        size_t n = V - v0 < DP_CE_BLOCK ? V - v0 : DP_CE_BLOCK;
+        uint16_t out[DP_CE_BLOCK];
+        for (size_t i = 0; i < n; i++)
+            out[i] = dp_bf16_round_nb(
+                dscale * (float)((double)dp_expf(dp_bf16_widen(logits[v0 + i]) - m) * inv_s));
+        for (size_t i = 0; i < n; i++) dlogits[v0 + i] = out[i];
+    }
     dlogits[target] = dp_bf16_round(dscale * ((float)((double)et * inv_s) - 1.0f));
 }
 
 /* Row r of the bfloat16 logits(N,V): losses[r] and, unless dlogits is
  * NULL, its bfloat16 dlogits row. */
-static inline DP_HD void dp_crossentropy_bf16_item(float *losses, uint16_t *dlogits,
+static inline DP_HD DP_HD_ALWAYS_INLINE void dp_crossentropy_bf16_item(float *losses, uint16_t *dlogits,
                                                    const uint16_t *logits,
                                                    const int32_t *targets, size_t V,
                                                    float dscale, size_t r)

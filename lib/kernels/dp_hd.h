@@ -14,4 +14,14 @@
 #define DP_HD
 #endif
 
+/* DP_HD_ALWAYS_INLINE: kernel math the CPU backend's loops must inline whatever
+ * its size: a function the compiler keeps out of line is compiled once,
+ * for baseline x86-64, and the backend's AVX2 clone (DP_CPU_SIMD) then
+ * calls that scalar copy. */
+#if defined(__GNUC__) && !defined(__CUDACC__)
+#define DP_HD_ALWAYS_INLINE __attribute__((always_inline))
+#else
+#define DP_HD_ALWAYS_INLINE
+#endif
+
 #endif /* DP_KERNELS_HD_H */
