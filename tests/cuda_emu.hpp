@@ -122,7 +122,7 @@ class barrier {
 struct block_ctx {
     barrier block;
     std::unique_ptr<barrier[]> warp;
-    std::unique_ptr<uint32_t[]> slot; /* 32 per warp */
+    std::unique_ptr<uint64_t[]> slot; /* 32 per warp, 8 bytes each (double shuffles) */
     unsigned char *smem = nullptr;
 };
 inline block_ctx *cur = nullptr;
@@ -135,20 +135,30 @@ inline void full_mask(unsigned mask, const char *who)
     if (mask != 0xffffffffu) fail(who, "only the full mask 0xffffffff is emulated");
 }
 
-/* Write own value, barrier, read the partner's, barrier (so the next
- * shuffle cannot overwrite a slot before it has been read). */
+/* Write own value, barrier, read lane src's, barrier (so the next
+ * shuffle cannot overwrite a slot before it has been read). A source lane
+ * outside the warp gives the caller's own value, as CUDA's do. */
+template <class T> T shfl(unsigned mask, T v, unsigned src, const char *who)
+{
+    static_assert(sizeof(T) <= 8, "shuffles of up to 64 bits");
+    full_mask(mask, who);
+    uint64_t *s = cur->slot.get() + warp_id() * 32;
+    memcpy(&s[lane()], &v, sizeof v);
+    cur->warp[warp_id()].wait(who);
+    T r = v;
+    if (src < 32) memcpy(&r, &s[src], sizeof r);
+    cur->warp[warp_id()].wait(who);
+    return r;
+}
+
 template <class T> T shfl_xor(unsigned mask, T v, int laneMask)
 {
-    static_assert(sizeof(T) == 4, "32-bit shuffles only");
-    full_mask(mask, "__shfl_xor_sync");
-    uint32_t *s = cur->slot.get() + warp_id() * 32;
-    const unsigned src = lane() ^ (unsigned)laneMask;
-    memcpy(&s[lane()], &v, 4);
-    cur->warp[warp_id()].wait("__shfl_xor_sync");
-    T r = v; /* a source lane outside the warp gives the caller's own value */
-    if (src < 32) memcpy(&r, &s[src], 4);
-    cur->warp[warp_id()].wait("__shfl_xor_sync");
-    return r;
+    return shfl(mask, v, lane() ^ (unsigned)laneMask, "__shfl_xor_sync");
+}
+
+template <class T> T shfl_down(unsigned mask, T v, unsigned delta)
+{
+    return shfl(mask, v, lane() + delta, "__shfl_down_sync");
 }
 
 template <class F> struct thread_arg { const F *body; unsigned tid; };
@@ -177,6 +187,11 @@ inline void __syncwarp(unsigned mask = 0xffffffffu)
 inline float __shfl_xor_sync(unsigned m, float v, int l) { return cuda_emu::shfl_xor(m, v, l); }
 inline int __shfl_xor_sync(unsigned m, int v, int l) { return cuda_emu::shfl_xor(m, v, l); }
 inline unsigned __shfl_xor_sync(unsigned m, unsigned v, int l) { return cuda_emu::shfl_xor(m, v, l); }
+inline double __shfl_xor_sync(unsigned m, double v, int l) { return cuda_emu::shfl_xor(m, v, l); }
+inline float __shfl_down_sync(unsigned m, float v, unsigned d) { return cuda_emu::shfl_down(m, v, d); }
+inline double __shfl_down_sync(unsigned m, double v, unsigned d) { return cuda_emu::shfl_down(m, v, d); }
+inline int __shfl_down_sync(unsigned m, int v, unsigned d) { return cuda_emu::shfl_down(m, v, d); }
+inline unsigned __shfl_down_sync(unsigned m, unsigned v, unsigned d) { return cuda_emu::shfl_down(m, v, d); }
 
 /* The current block's dynamic shared memory (what nvcc's extern __shared__ gives). */
 inline unsigned char *tc_shared() { return cuda_emu::cur->smem; }
@@ -310,7 +325,7 @@ void emu_launch(unsigned grid, unsigned block, size_t smem_bytes, void (*kernel)
         ctx.block.init(block);
         ctx.warp.reset(new cuda_emu::barrier[block / 32]);
         for (unsigned w = 0; w < block / 32; w++) ctx.warp[w].init(32);
-        ctx.slot.reset(new uint32_t[block]());
+        ctx.slot.reset(new uint64_t[block]());
         memset(smem, 0xA5, bytes);
         ctx.smem = smem;
         cuda_emu::cur = &ctx;

@@ -1,0 +1,179 @@
+/*
+ * test_cuda_rows_emu.cpp - the CUDA backend's block-per-row cross-entropy
+ * (float32 and bfloat16 logits) and ignored-row kernels
+ * (backend/cuda/cuda_rows.cuh), compiled by the host's C++ compiler
+ * against tests/cuda_emu.hpp and run on the CPU, against the CPU
+ * backend's items (kernels/crossentropy.h, kernels/ignored.h): the GPU
+ * code's logic (block trees, grid-stride rows, in place, ignored and
+ * masked rows, the 1024-thread long rows) is tested where no GPU is.
+ * The bounds are test_cuda_ops.c's for the same kernels on a GPU: losses
+ * rtol 1e-6 (the block tree and the CPU's 8 interleaved double sums
+ * differ only in double rounding; exp is the host's expf here against
+ * dp_expf, 2 ulp), float dlogits rtol 1e-5 with atol 1e-6 dscale, and
+ * bfloat16 dlogits within one bfloat16 step of the CPU's (the float
+ * values before the one rounding differ in their last bits).
+ */
+#include <criterion/criterion.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <vector>
+
+#include "cuda_emu.hpp"
+
+/* GCC, inlining the CPU items into this file's loops over std::vector
+ * data, proves iteration counts past the vectors' max_size "undefined"
+ * and warns; the counts here are the rows' lengths. */
+#pragma GCC diagnostic ignored "-Waggressive-loop-optimizations"
+
+#include "backend/cuda/cuda_rows.cuh"
+
+namespace {
+
+uint32_t next(uint32_t *s)
+{
+    *s = *s * 1664525u + 1013904223u;
+    return *s >> 8;
+}
+
+struct ce_problem {
+    size_t N, V;
+    float dscale;
+    std::vector<float> logits;
+    std::vector<uint16_t> logits16; /* logits rounded; logits holds their widening */
+    std::vector<int32_t> targets;
+};
+
+/* Logits in [-4, 4), a -1 target every fifth row, the first half of every
+ * third row masked (-inf) but its target: a thread's first elements are
+ * then all -inf. The float logits are bfloat16 values, so both kernels
+ * see the same numbers. */
+ce_problem make(size_t N, size_t V, uint32_t seed)
+{
+    ce_problem p;
+    p.N = N, p.V = V, p.dscale = 1.0f / (float)N;
+    p.logits.resize(N * V);
+    p.logits16.resize(N * V);
+    p.targets.resize(N);
+    for (size_t i = 0; i < N; i++)
+        p.targets[i] = i % 5 == 2 ? -1 : (int32_t)(next(&seed) % V);
+    for (size_t i = 0; i < N * V; i++) {
+        float x = (float)next(&seed) / 16777216.0f * 8.0f - 4.0f;
+        size_t r = i / V, v = i % V;
+        if (r % 3 == 1 && v < V / 2 && (int32_t)v != p.targets[r]) x = -INFINITY;
+        p.logits16[i] = dp_bf16_round(x);
+        p.logits[i] = dp_bf16_widen(p.logits16[i]);
+    }
+    return p;
+}
+
+/* The kernel's launch: CE_THREADS threads a row from CE_LONG_ROW on, as
+ * cuda_rows.cu's launcher picks, over `grid` blocks (fewer than the rows:
+ * the grid-stride loop). */
+template <typename T>
+void run_ce(const ce_problem &p, unsigned grid, float *losses, T *dlogits, const T *logits)
+{
+    if (p.V >= CE_LONG_ROW)
+        emu_launch(grid, CE_THREADS, 0, k_crossentropy_block<CE_THREADS, T>, losses, dlogits,
+                   logits, (const int32_t *)p.targets.data(), p.V, p.dscale, p.N);
+    else
+        emu_launch(grid, BLOCK_THREADS, 0, k_crossentropy_block<BLOCK_THREADS, T>, losses,
+                   dlogits, logits, (const int32_t *)p.targets.data(), p.V, p.dscale, p.N);
+}
+
+void check_losses(const char *what, const std::vector<float> &gpu, const std::vector<float> &cpu)
+{
+    for (size_t r = 0; r < gpu.size(); r++)
+        cr_assert(fabsf(gpu[r] - cpu[r]) <= 1e-6f * fabsf(cpu[r]) + 1e-9f,
+                  "%s row %zu: loss %.9g, CPU %.9g", what, r, (double)gpu[r], (double)cpu[r]);
+}
+
+void case_ce(size_t N, size_t V, unsigned grid, uint32_t seed)
+{
+    ce_problem p = make(N, V, seed);
+    /* float32: separate, in place, loss only */
+    std::vector<float> loss(N), loss_cpu(N), dl(N * V), dl_cpu(N * V), inpl = p.logits;
+    std::vector<float> loss_in(N), loss_only(N);
+    for (size_t r = 0; r < N; r++)
+        dp_crossentropy_item(loss_cpu.data(), dl_cpu.data(), p.logits.data(), p.targets.data(), V,
+                             p.dscale, r);
+    run_ce<float>(p, grid, loss.data(), dl.data(), p.logits.data());
+    run_ce<float>(p, grid, loss_in.data(), inpl.data(), inpl.data());
+    run_ce<float>(p, grid, loss_only.data(), (float *)NULL, p.logits.data());
+    check_losses("float32", loss, loss_cpu);
+    cr_assert(loss_in == loss && loss_only == loss, "float32: in place or loss only differs");
+    cr_assert(memcmp(inpl.data(), dl.data(), N * V * sizeof(float)) == 0,
+              "float32: dlogits in place differ from separate");
+    for (size_t i = 0; i < N * V; i++) {
+        float d = dl[i], c = dl_cpu[i];
+        cr_assert(fabsf(d - c) <= 1e-6f * p.dscale + 1e-5f * fabsf(c),
+                  "float32 dlogits (%zu,%zu): %.9g, CPU %.9g", i / V, i % V, (double)d,
+                  (double)c);
+        if (p.targets[i / V] < 0 || p.logits[i] == -INFINITY) cr_assert(d == 0.0f);
+    }
+    /* bfloat16: in place (as the engine calls it) against the CPU item and
+     * against the float kernel on the same values */
+    std::vector<float> loss16(N), loss16_cpu(N);
+    std::vector<uint16_t> x16 = p.logits16, x16_cpu = p.logits16;
+    for (size_t r = 0; r < N; r++)
+        dp_crossentropy_bf16_item(loss16_cpu.data(), x16_cpu.data(), x16_cpu.data(),
+                                  p.targets.data(), V, p.dscale, r);
+    run_ce<uint16_t>(p, grid, loss16.data(), x16.data(), x16.data());
+    check_losses("bfloat16", loss16, loss16_cpu);
+    cr_assert(loss16 == loss, "bfloat16 losses are not the float32 kernel's on the same values");
+    for (size_t i = 0; i < N * V; i++) {
+        float d = dp_bf16_widen(x16[i]), c = dp_bf16_widen(x16_cpu[i]);
+        cr_assert(x16[i] == dp_bf16_round(dl[i]),
+                  "bfloat16 dlogits (%zu,%zu) are not the float32 kernel's rounded", i / V, i % V);
+        cr_assert(fabsf(d - c) <= ldexpf(fabsf(c), -7) + 1e-6f * p.dscale,
+                  "bfloat16 dlogits (%zu,%zu): %.9g, CPU %.9g", i / V, i % V, (double)d,
+                  (double)c);
+    }
+}
+
+} // namespace
+
+/* 256 threads a row, 7 rows over 3 blocks. */
+Test(cuda_rows_emu, crossentropy_short_rows) { case_ce(7, 1000, 3, 1u); }
+
+/* A row shorter than the block: most threads hold nothing. */
+Test(cuda_rows_emu, crossentropy_tiny_rows) { case_ce(5, 13, 5, 2u); }
+
+/* CE_THREADS (1024) a row from CE_LONG_ROW on, 3 rows over 2 blocks. */
+Test(cuda_rows_emu, crossentropy_long_rows, .timeout = 120) { case_ce(3, 4099, 2, 3u); }
+
+/* The ignored rows zeroed, the others untouched, float32 and bfloat16,
+ * class ids and float targets (NaN ignored), several per row. */
+Test(cuda_rows_emu, zero_ignored_rows)
+{
+    const size_t N = 9, C = 300, per = 3;
+    std::vector<int32_t> tc(N * per);
+    std::vector<float> tf(N * per);
+    for (size_t i = 0; i < N * per; i++) {
+        bool ignored = (i / per) % 3 == 0 || i % 4 == 1;
+        tc[i] = ignored ? -1 : (int32_t)i;
+        tf[i] = ignored ? NAN : (float)i;
+    }
+    for (int f32 = 0; f32 < 2; f32++) {
+        const void *t = f32 ? (const void *)tf.data() : (const void *)tc.data();
+        std::vector<float> x(N * C), xc;
+        std::vector<uint16_t> h(N * C), hc;
+        for (size_t i = 0; i < N * C; i++) x[i] = 1.0f + (float)i, h[i] = dp_bf16_round(x[i]);
+        xc = x, hc = h;
+        for (size_t r = 0; r < N; r++) {
+            dp_zero_ignored_rows_item(xc.data(), t, f32, per, C, r);
+            dp_zero_ignored_rows_bf16_item(hc.data(), t, f32, per, C, r);
+        }
+        emu_launch(4, BLOCK_THREADS, 0, k_zero_ignored_rows_block<float>, x.data(), t, f32, per,
+                   C, N);
+        emu_launch(4, BLOCK_THREADS, 0, k_zero_ignored_rows_block<uint16_t>, h.data(), t, f32,
+                   per, C, N);
+        cr_assert(x == xc, "float32 rows differ from the CPU's (f32 targets %d)", f32);
+        cr_assert(h == hc, "bfloat16 rows differ from the CPU's (f32 targets %d)", f32);
+        size_t zeroed = 0;
+        for (size_t r = 0; r < N; r++) zeroed += xc[r * C] == 0.0f;
+        cr_assert_eq(zeroed, 3u, "rows 0, 3 and 6 have only ignored targets");
+    }
+}
