@@ -6,6 +6,9 @@
  * backend's items (kernels/crossentropy.h, kernels/ignored.h): the GPU
  * code's logic (block trees, grid-stride rows, in place, ignored and
  * masked rows, the 1024-thread long rows) is tested where no GPU is.
+ * The LayerNorm (float32 and bfloat16 outputs, the residual's update
+ * first) and causal softmax (bfloat16 copies of the probabilities and of
+ * the score gradients) kernels are held to their CPU items the same way.
  * The bounds are test_cuda_ops.c's for the same kernels on a GPU: losses
  * rtol 1e-6 (the block tree and the CPU's 8 interleaved double sums
  * differ only in double rounding; exp is the host's expf here against
@@ -176,4 +179,127 @@ Test(cuda_rows_emu, zero_ignored_rows)
         for (size_t r = 0; r < N; r++) zeroed += xc[r * C] == 0.0f;
         cr_assert_eq(zeroed, 3u, "rows 0, 3 and 6 have only ignored targets");
     }
+}
+
+namespace {
+
+float uniform(uint32_t *s) { return (float)next(s) / 16777216.0f * 2.0f - 1.0f; }
+
+/* |a - b| <= atol + rtol |b| over n floats, naming the first miss. */
+void close(const char *what, const float *a, const float *b, size_t n, float atol, float rtol)
+{
+    for (size_t i = 0; i < n; i++)
+        cr_assert(fabsf(a[i] - b[i]) <= atol + rtol * fabsf(b[i]), "%s[%zu]: %.9g, CPU %.9g",
+                  what, i, (double)a[i], (double)b[i]);
+}
+
+/* bfloat16 bits within one step of each other (the float values before
+ * the rounding differ in their last bits). */
+void close16(const char *what, const uint16_t *a, const uint16_t *b, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        float x = dp_bf16_widen(a[i]), y = dp_bf16_widen(b[i]);
+        cr_assert(fabsf(x - y) <= ldexpf(fabsf(y), -7) + 1e-30f, "%s[%zu]: %.9g, CPU %.9g",
+                  what, i, (double)x, (double)y);
+    }
+}
+
+} // namespace
+
+/* LayerNorm: the block's two-pass mean and variance against the CPU's (C
+ * terms summed in another order: C 2^-24 relative, 1e-5 here); the
+ * bfloat16 output within a step of the CPU's; with the residual's update
+ * first, the stream's new values bit for bit (one addition each). */
+Test(cuda_rows_emu, layernorm_outputs_and_residual)
+{
+    const size_t N = 6, C = 300;
+    uint32_t seed = 11u;
+    std::vector<float> x(N * C), add(N * C), w(C), b(C);
+    for (float &v : x) v = 3.0f * uniform(&seed) + 0.5f;
+    for (float &v : add) v = uniform(&seed);
+    for (float &v : w) v = 1.0f + 0.2f * uniform(&seed);
+    for (float &v : b) v = 0.1f * uniform(&seed);
+    dp_pref pw = dp_pref_f32(w.data()), pb = dp_pref_f32(b.data());
+    const float eps = 1e-5f;
+    for (int residual = 0; residual < 2; residual++)
+        for (int bf16 = 0; bf16 < 2; bf16++) {
+            std::vector<float> out(N * C), oc(N * C), m(N), mc(N), r(N), rc(N);
+            std::vector<uint16_t> o16(N * C), o16c(N * C);
+            std::vector<float> xg = x, xc = x;
+            for (size_t row = 0; row < N; row++) {
+                if (residual)
+                    dp_residual_layernorm_item(oc.data(), bf16 ? o16c.data() : NULL, mc.data(),
+                                               rc.data(), xc.data(), add.data(), pw, pb, C, eps,
+                                               row);
+                else if (bf16)
+                    dp_layernorm_forward_bf16_out_item(o16c.data(), mc.data(), rc.data(),
+                                                       xc.data(), pw, pb, C, eps, row);
+                else
+                    dp_layernorm_forward_item(oc.data(), mc.data(), rc.data(), xc.data(), pw, pb,
+                                              C, eps, row);
+            }
+            float *xw = residual ? xg.data() : (float *)NULL;
+            const float *ad = residual ? add.data() : (const float *)NULL;
+            if (bf16)
+                emu_launch(4, BLOCK_THREADS, 0, k_layernorm_forward_block<uint16_t>, o16.data(),
+                           m.data(), r.data(), (const float *)xg.data(), pw, pb, C, eps, N, xw,
+                           ad);
+            else
+                emu_launch(4, BLOCK_THREADS, 0, k_layernorm_forward_block<float>, out.data(),
+                           m.data(), r.data(), (const float *)xg.data(), pw, pb, C, eps, N, xw,
+                           ad);
+            char what[64];
+            snprintf(what, sizeof what, "residual %d bf16 %d", residual, bf16);
+            cr_assert(xg == xc, "%s: the stream's update differs", what);
+            close(what, m.data(), mc.data(), N, 1e-6f, 1e-5f);
+            close(what, r.data(), rc.data(), N, 0.0f, 1e-5f);
+            if (bf16)
+                close16(what, o16.data(), o16c.data(), N * C);
+            else
+                close(what, out.data(), oc.data(), N * C, 1e-5f, 1e-5f);
+        }
+}
+
+/* Causal softmax forward and backward over two blocks of nq = 3 queries
+ * starting at q0 = 5 (rows see 6, 7, 8 keys of ld = 10): probabilities
+ * against the CPU's (a float sum of up to ld terms in another order),
+ * zeros past each row's query, and the bfloat16 copies: each the kernel's
+ * own float value rounded, within a step of the CPU's. */
+Test(cuda_rows_emu, softmax_causal_with_bfloat16_copies)
+{
+    const size_t ld = 10, q0 = 5, nq = 3, rows = 6;
+    const float scale = 0.7f;
+    uint32_t seed = 12u;
+    std::vector<float> s0(rows * ld), g0(rows * ld);
+    for (float &v : s0) v = 4.0f * uniform(&seed);
+    for (float &v : g0) v = uniform(&seed);
+    std::vector<float> att = s0, attc = s0;
+    std::vector<uint16_t> a16(rows * ld), a16c(rows * ld);
+    for (size_t r = 0; r < rows; r++)
+        dp_softmax_causal_forward_item(attc.data(), a16c.data(), scale, ld, q0, nq, r);
+    emu_launch(4, BLOCK_THREADS, 0, k_softmax_causal_forward_block, att.data(), a16.data(),
+               scale, ld, q0, nq, rows);
+    close("softmax", att.data(), attc.data(), rows * ld, 1e-7f, 1e-5f);
+    close16("softmax bf16", a16.data(), a16c.data(), rows * ld);
+    for (size_t i = 0; i < rows * ld; i++) {
+        cr_assert(a16[i] == dp_bf16_round(att[i]), "att16[%zu] is not att rounded", i);
+        if (i % ld > q0 + (i / ld) % nq) cr_assert(att[i] == 0.0f, "att[%zu] past its query", i);
+    }
+    /* backward from the CPU's probabilities, float32 in place and bfloat16 */
+    std::vector<float> d = g0, dc = g0, d2 = g0, d2c = g0;
+    std::vector<uint16_t> s16(rows * ld), s16c(rows * ld);
+    for (size_t r = 0; r < rows; r++) {
+        dp_softmax_causal_backward_item(dc.data(), NULL, attc.data(), scale, ld, q0, nq, r);
+        dp_softmax_causal_backward_item(d2c.data(), s16c.data(), attc.data(), scale, ld, q0, nq,
+                                        r);
+    }
+    emu_launch(4, BLOCK_THREADS, 0, k_softmax_causal_backward_block, d.data(), (uint16_t *)NULL,
+               (const float *)attc.data(), scale, ld, q0, nq, rows);
+    emu_launch(4, BLOCK_THREADS, 0, k_softmax_causal_backward_block, d2.data(), s16.data(),
+               (const float *)attc.data(), scale, ld, q0, nq, rows);
+    close("softmax backward", d.data(), dc.data(), rows * ld, 1e-6f, 1e-5f);
+    close16("softmax backward bf16", s16.data(), s16c.data(), rows * ld);
+    for (size_t i = 0; i < rows * ld; i++)
+        cr_assert(s16[i] == dp_bf16_round(d[i]), "ds16[%zu] is not the float gradient rounded", i);
+    cr_assert(d2 == g0, "with ds16 the float gradient must stay untouched");
 }
