@@ -51,6 +51,7 @@
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __shared__ static /* one block runs at a time: a static is per block */
+#define __align__(n) __attribute__((aligned(n)))
 
 #ifndef CUDA_EMU_BARRIER_TIMEOUT_S
 #define CUDA_EMU_BARRIER_TIMEOUT_S 120

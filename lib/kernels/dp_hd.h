@@ -14,6 +14,15 @@
 #define DP_HD
 #endif
 
+/* DP_UNROLL: before a constant-trip loop of device code whose arrays must
+ * stay in registers, unrolled under nvcc; nothing for host compilers (the
+ * CUDA emulator of the tests compiles device code with them). */
+#if defined(__CUDACC__)
+#define DP_UNROLL _Pragma("unroll")
+#else
+#define DP_UNROLL
+#endif
+
 /* DP_HD_ALWAYS_INLINE: kernel math the CPU backend's loops must inline whatever
  * its size: a function the compiler keeps out of line is compiled once,
  * for baseline x86-64, and the backend's AVX2 clone (DP_CPU_SIMD) then

@@ -77,13 +77,6 @@ __device__ __forceinline__ unsigned char *tc_shared()
 #define DP_TC_BODY 0
 #endif
 
-/* Constant-trip loops over a lane's 32 columns: unrolled under nvcc so the
- * arrays they index stay in registers. */
-#if defined(__CUDACC__)
-#define DP_TC_UNROLL _Pragma("unroll")
-#else
-#define DP_TC_UNROLL
-#endif
 
 namespace dp_tc {
 
@@ -177,7 +170,7 @@ __device__ __forceinline__ void load_f32_rows(uint16_t *tile, const float *src, 
 /* A warp's 16 rows of a (64, LDH) tile as four matrix_a fragments (16 x 64). */
 __device__ __forceinline__ void load_rows_a(frag_a f[4], const uint16_t *tile, unsigned row0)
 {
-    DP_TC_UNROLL
+    DP_UNROLL
     for (unsigned kk = 0; kk < 4; kk++)
         wmma::load_matrix_sync(f[kk], bf(tile + row0 * LDH + kk * 16), LDH);
 }
@@ -187,11 +180,11 @@ __device__ __forceinline__ void load_rows_a(frag_a f[4], const uint16_t *tile, u
  * its kin), stored into a (16, LDF) float tile. */
 __device__ __forceinline__ void rows_dot_tile(float *out, const frag_a a[4], const uint16_t *tile)
 {
-    DP_TC_UNROLL
+    DP_UNROLL
     for (unsigned n = 0; n < 4; n++) {
         frag_c c;
         wmma::fill_fragment(c, 0.0f);
-        DP_TC_UNROLL
+        DP_UNROLL
         for (unsigned kk = 0; kk < 4; kk++) {
             frag_b_col b; /* element (d, j) = tile[16n + j][16kk + d] */
             wmma::load_matrix_sync(b, bf(tile + (n * 16) * LDH + kk * 16), LDH);
@@ -206,11 +199,11 @@ __device__ __forceinline__ void rows_dot_tile(float *out, const frag_a a[4], con
 __device__ __forceinline__ void weights_times_tile(frag_c acc[4], const uint16_t *p,
                                                    const uint16_t *tile)
 {
-    DP_TC_UNROLL
+    DP_UNROLL
     for (unsigned kk = 0; kk < 4; kk++) {
         frag_a a;
         wmma::load_matrix_sync(a, bf(p + kk * 16), LDH);
-        DP_TC_UNROLL
+        DP_UNROLL
         for (unsigned n = 0; n < 4; n++) {
             frag_b_row b; /* element (j, d) = tile[16kk + j][16n + d] */
             wmma::load_matrix_sync(b, bf(tile + (kk * 16) * LDH + n * 16), LDH);
@@ -228,13 +221,13 @@ __device__ __forceinline__ unsigned lane_col(unsigned c) { return 2 * c + thread
 __device__ __forceinline__ void write_row(float *stage, const frag_c acc[4], float *dst,
                                           bool live, float mul)
 {
-    DP_TC_UNROLL
+    DP_UNROLL
     for (unsigned n = 0; n < 4; n++)
         wmma::store_matrix_sync(stage + n * 16, acc[n], LDF, wmma::mem_row_major);
     __syncwarp();
     const unsigned r = lane_row();
     if (!live) return;
-    DP_TC_UNROLL
+    DP_UNROLL
     for (unsigned c = 0; c < 32; c++) dst[lane_col(c)] = stage[r * LDF + lane_col(c)] * mul;
 }
 
@@ -265,7 +258,7 @@ __global__ void __launch_bounds__(dp_tc::THREADS)
     load_rows_a(qf, sv.t0, warp * 16);
 
     float o[32], m = -INFINITY, l = 0.0f;
-    DP_TC_UNROLL
+    DP_UNROLL
     for (unsigned c = 0; c < 32; c++) o[c] = 0.0f;
     for (size_t kt = 0; kt <= tile; kt++) {
         const size_t j0 = kt * BC;
@@ -277,7 +270,7 @@ __global__ void __launch_bounds__(dp_tc::THREADS)
         __syncwarp();
         /* the online softmax of row i over this tile's keys (j > i masked) */
         float s[32], mx = -INFINITY;
-        DP_TC_UNROLL
+        DP_UNROLL
         for (unsigned c = 0; c < 32; c++) {
             const unsigned jj = lane_col(c);
             s[c] = (kt == tile && j0 + jj > i) ? -INFINITY : scale * sv.sf[r * LDF + jj];
@@ -286,7 +279,7 @@ __global__ void __launch_bounds__(dp_tc::THREADS)
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
         const float mnew = fmaxf(m, mx), alpha = dp_expf(m - mnew);
         float sum = 0.0f;
-        DP_TC_UNROLL
+        DP_UNROLL
         for (unsigned c = 0; c < 32; c++) {
             const float p = s[c] == -INFINITY ? 0.0f : dp_expf(s[c] - mnew);
             sum += p;
@@ -297,21 +290,21 @@ __global__ void __launch_bounds__(dp_tc::THREADS)
         m = mnew;
         __syncwarp();
         frag_c pv[4];
-        DP_TC_UNROLL
+        DP_UNROLL
         for (unsigned n = 0; n < 4; n++) wmma::fill_fragment(pv[n], 0.0f);
         weights_times_tile(pv, sv.ph, sv.t1);
-        DP_TC_UNROLL
+        DP_UNROLL
         for (unsigned n = 0; n < 4; n++)
             wmma::store_matrix_sync(sv.sf + n * 16, pv[n], LDF, wmma::mem_row_major);
         __syncwarp();
-        DP_TC_UNROLL
+        DP_UNROLL
         for (unsigned c = 0; c < 32; c++) o[c] = o[c] * alpha + sv.sf[r * LDF + lane_col(c)];
         __syncwarp(); /* before the next tile's S overwrites sf */
     }
     if (i >= T) return;
     float *dst = out + dp_flash_tok_row(r0 + i, T, NH, HS, 1, 0);
     const float inv = 1.0f / l;
-    DP_TC_UNROLL
+    DP_UNROLL
     for (unsigned c = 0; c < 32; c++) dst[lane_col(c)] = o[c] * inv;
     if (threadIdx.x % 32 < 16) lse[r0 + i] = dp_flash_lse(m, l);
 #endif
@@ -343,7 +336,7 @@ __global__ void __launch_bounds__(dp_tc::THREADS)
     const float lse_i = live ? lse[r0 + i] : 0.0f, d_i = live ? delta[r0 + i] : 0.0f;
 
     frag_c dq[4];
-    DP_TC_UNROLL
+    DP_UNROLL
     for (unsigned n = 0; n < 4; n++) wmma::fill_fragment(dq[n], 0.0f);
     for (size_t kt = 0; kt <= tile; kt++) {
         const size_t j0 = kt * BC;
@@ -354,7 +347,7 @@ __global__ void __launch_bounds__(dp_tc::THREADS)
         rows_dot_tile(sv.sf, qf, sv.t0); /* S */
         rows_dot_tile(sv.df, gf, sv.t1); /* dP */
         __syncwarp();
-        DP_TC_UNROLL
+        DP_UNROLL
         for (unsigned c = 0; c < 32; c++) {
             const unsigned jj = lane_col(c);
             const bool seen = live && !(kt == tile && j0 + jj > i);
@@ -396,7 +389,7 @@ __global__ void __launch_bounds__(dp_tc::THREADS)
     load_rows_a(vf, sv.t1, warp * 16);
 
     frag_c dk[4], dv[4];
-    DP_TC_UNROLL
+    DP_UNROLL
     for (unsigned n = 0; n < 4; n++) {
         wmma::fill_fragment(dk[n], 0.0f);
         wmma::fill_fragment(dv[n], 0.0f);
@@ -414,7 +407,7 @@ __global__ void __launch_bounds__(dp_tc::THREADS)
         rows_dot_tile(sv.sf, kf, sv.t0); /* S^T */
         rows_dot_tile(sv.df, vf, sv.t1); /* dP^T */
         __syncwarp();
-        DP_TC_UNROLL
+        DP_UNROLL
         for (unsigned c = 0; c < 32; c++) {
             const unsigned ii = lane_col(c);
             const bool seen = live && i0 + ii < T && i0 + ii >= j;
@@ -425,7 +418,7 @@ __global__ void __launch_bounds__(dp_tc::THREADS)
         __syncwarp();
         weights_times_tile(dv, sv.ph, sv.t1);
         __syncwarp(); /* the P^T loads are done before dS^T overwrites ph */
-        DP_TC_UNROLL
+        DP_UNROLL
         for (unsigned c = 0; c < 32; c++) {
             const unsigned ii = lane_col(c);
             sv.ph[r * LDH + ii] = dp_bf16_round(

@@ -1,0 +1,112 @@
+/*
+ * test_flash_f32_emu.cpp - the fused attention's float32 CUDA kernels
+ * (backend/cuda/cuda_flash_f32.cuh: tiled for head sizes 64 and 128, a
+ * thread per item otherwise), compiled by the host's C++ compiler against
+ * tests/cuda_emu.hpp and run on the CPU, against the CPU backend's items
+ * (kernels/flash.h) on the same inputs: float32 and bfloat16 q, k, v, a
+ * context of two 64-row tiles (the second partial), two heads. The
+ * bounds are test_cuda_ops.c's for the same kernels on a GPU: the tiled
+ * kernels split each dot over G threads (a butterfly of partial sums)
+ * where the CPU sums in four running sums, and exp is the host's expf
+ * here against dp_expf: out 6e-5, lse 2e-5, dqkv 8e-5 absolute, 2e-5
+ * relative.
+ */
+#include <criterion/criterion.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <vector>
+
+#include "cuda_emu.hpp"
+
+#include "backend/cuda/cuda_flash_f32.cuh"
+
+namespace {
+
+uint32_t next(uint32_t *s)
+{
+    *s = *s * 1664525u + 1013904223u;
+    return *s >> 8;
+}
+
+float uniform(uint32_t *s) { return (float)next(s) / 16777216.0f * 3.0f - 1.5f; }
+
+void close(const char *what, const std::vector<float> &a, const std::vector<float> &b,
+           float atol)
+{
+    for (size_t i = 0; i < a.size(); i++)
+        cr_assert(fabsf(a[i] - b[i]) <= atol + 2e-5f * fabsf(b[i]), "%s[%zu]: %.9g, CPU %.9g",
+                  what, i, (double)a[i], (double)b[i]);
+}
+
+/* The three passes on the emulator (the launchers' shapes, cuda_flash.cu)
+ * and on the CPU, compared. */
+template <int HS, int GF, int GB> void run_case(size_t T, size_t NH, int bf16, uint32_t seed)
+{
+    const size_t B = 1, C = NH * HS, BNH = B * NH, n = BNH * T, hs = HS;
+    const float scale = 1.0f / sqrtf((float)HS);
+    std::vector<float> q32(3 * n * hs), dout(B * T * C);
+    std::vector<uint16_t> q16(3 * n * hs);
+    for (size_t i = 0; i < q32.size(); i++) {
+        q16[i] = dp_bf16_round(uniform(&seed));
+        q32[i] = bf16 ? dp_bf16_widen(q16[i]) : uniform(&seed);
+    }
+    for (float &v : dout) v = uniform(&seed);
+    dp_pref qkvr = bf16 ? dp_pref_bf16(q16.data()) : dp_pref_f32(q32.data());
+    /* the CPU */
+    std::vector<float> out_c(B * T * C), lse_c(n), delta(n), dqkv_c(B * T * 3 * C);
+    for (size_t r = 0; r < n; r++)
+        dp_flash_forward_item(out_c.data(), lse_c.data(), qkvr, B, T, NH, hs, scale, r);
+    for (size_t r = 0; r < n; r++)
+        dp_flash_delta_item(delta.data(), dout.data(), dp_pref_f32(out_c.data()), T, NH, hs, r);
+    for (size_t r = 0; r < n; r++) {
+        dp_flash_dq_item(dqkv_c.data(), dout.data(), qkvr, lse_c.data(), delta.data(), B, T, NH,
+                         hs, scale, r);
+        dp_flash_dkdv_item(dqkv_c.data(), dout.data(), qkvr, lse_c.data(), delta.data(), B, T,
+                           NH, hs, scale, r);
+    }
+    /* the emulated GPU, from the CPU's lse and D (each pass on its own) */
+    std::vector<float> out(B * T * C, NAN), lse(n, NAN), dqkv(B * T * 3 * C, NAN);
+    const size_t nt = (T + ROWS - 1) / ROWS;
+    const unsigned tiles = (unsigned)(nt * BNH), items = 3;
+    const float *L = lse_c.data(), *D = delta.data(), *g = dout.data();
+    if (HS == 64 || HS == 128) {
+        emu_launch(tiles, ROWS * GF, 0, k_flash_forward<HS, GF>, out.data(), lse.data(), qkvr, B,
+                   T, NH, scale, nt);
+        emu_launch(tiles, ROWS * GB, 0, k_flash_dq<HS, GB>, dqkv.data(), g, qkvr, L, D, B, T, NH,
+                   scale, nt);
+        emu_launch(tiles, ROWS * GB, 0, k_flash_dkdv<HS, GB>, dqkv.data(), g, qkvr, L, D, B, T,
+                   NH, scale);
+    } else {
+        emu_launch(items, ROW_THREADS, 0, k_flash_forward_items, out.data(), lse.data(), qkvr, B,
+                   T, NH, hs, scale, n);
+        emu_launch(items, ROW_THREADS, 0, k_flash_dq_items, dqkv.data(), g, qkvr, L, D, B, T, NH,
+                   hs, scale, n);
+        emu_launch(items, ROW_THREADS, 0, k_flash_dkdv_items, dqkv.data(), g, qkvr, L, D, B, T,
+                   NH, hs, scale, n);
+    }
+    char what[64];
+    snprintf(what, sizeof what, "hs %d T %zu %s out", HS, T, bf16 ? "bf16" : "f32");
+    close(what, out, out_c, 6e-5f);
+    snprintf(what, sizeof what, "hs %d T %zu %s lse", HS, T, bf16 ? "bf16" : "f32");
+    close(what, lse, lse_c, 2e-5f);
+    snprintf(what, sizeof what, "hs %d T %zu %s dqkv", HS, T, bf16 ? "bf16" : "f32");
+    close(what, dqkv, dqkv_c, 8e-5f);
+}
+
+} // namespace
+
+/* Head size 64: a thread a row in the forward, two in dq and dk/dv. */
+Test(flash_f32_emu, head_size_64, .timeout = 120)
+{
+    run_case<64, 1, 2>(70, 2, 0, 1u);
+    run_case<64, 1, 2>(70, 2, 1, 2u);
+}
+
+/* Head size 128: two threads a row in the forward, four in dq and dk/dv. */
+Test(flash_f32_emu, head_size_128, .timeout = 120) { run_case<128, 2, 4>(70, 1, 0, 3u); }
+
+/* Another head size: the one-thread-per-item kernels, grid-stride. */
+Test(flash_f32_emu, other_head_sizes) { run_case<24, 1, 1>(37, 2, 1, 4u); }
