@@ -255,6 +255,11 @@ dp_status gpt_pass_head_forward(const dp_gpt *gpt, dp_device *dev, wview params,
                                 const float *lnf, size_t N, float *logits);
 dp_status gpt_pass_head_backward(const dp_gpt *gpt, dp_device *dev, wview params, float *grads,
                                  const float *lnf, size_t N, const float *dlogits, float *dlnf);
+/* The configuration's checks of dp_gpt_create (gpt.c); gpt_checkpoint.c
+ * holds a stored configuration to them. Errors: DP_ERR_INVALID_ARGUMENT
+ * naming the field. */
+dp_status gpt_check_config(const dp_gpt_config *c);
+
 /* The head in bfloat16 logits (dp_model.head_forward_bf16 and
  * head_backward_bf16; gpt_pass.c). */
 dp_status gpt_pass_head_forward16(const dp_gpt *gpt, dp_device *dev, wview params,

@@ -10,9 +10,9 @@
 #include "dp/checked.h"
 #include "dp/ops.h"
 #include "nn/nn_act16.h"
+#include "parallel/callbacks.h"
 #include "parallel/comm.h"
 #include "parallel/compute.h"
-#include "parallel/overlap.h"
 #include "parallel/plan.h"
 #include "parallel/pool.h"
 
@@ -34,86 +34,6 @@ static dp_chunk chunk_of(const worker *w, const dp_plan *plan, size_t first, siz
     c.training = train;
     c.ready = NULL; /* model_backward arms it */
     return c;
-}
-
-// --- the user's callbacks ---------------------------------------------------------
-
-/* The model's forward into logits, or into the features for a model with
- * a head (the head makes the logits). */
-static dp_status model_forward(worker *w, const dp_chunk *c, float *logits)
-{
-    const dp_model *m = &w->e->model;
-    dp_clear_error();
-    float *out = m->head_forward ? w->features.ptr : logits;
-    dp_status s = m->forward(m->ctx, w->dev, dp_replica_params(w), c, w->workspace.ptr, out);
-    if (s != DP_OK) dp_callback_message(s, "the model's forward");
-    return s;
-}
-
-/* last: the device's last backward of the step, whose dp_grads_ready
- * signals make its gradient final (overlap.h). */
-static dp_status model_backward(worker *w, const dp_chunk *c, float *dlogits, int last)
-{
-    const dp_model *m = &w->e->model;
-    dp_chunk armed = *c;
-    dp_overlap_arm(w, &armed, last);
-    dp_clear_error();
-    dp_status s = m->backward(m->ctx, w->dev, dp_replica_params(w), w->grads, &armed,
-                              w->workspace.ptr, dlogits);
-    /* A refused signal fails the step even when the backward swallowed it. */
-    dp_status refused = dp_overlap_disarm(w, s == DP_OK);
-    if (s == DP_OK) s = refused;
-    if (s != DP_OK) dp_callback_message(s, "the model's backward");
-    return s;
-}
-
-/* logits(rows, V) of output rows [o, o + rows) of the features. */
-static dp_status head_forward(worker *w, size_t o, size_t rows, float *logits)
-{
-    const dp_model *m = &w->e->model;
-    const float *f = (const float *)w->features.ptr + o * m->head_features;
-    dp_clear_error();
-    dp_status s = m->head_forward(m->ctx, w->dev, dp_replica_params(w), f, rows, logits);
-    if (s != DP_OK) dp_callback_message(s, "the model's head_forward");
-    return s;
-}
-
-/* Head gradients += and dfeatures of output rows [o, o + rows), from dlogits(rows, V). */
-static dp_status head_backward(worker *w, size_t o, size_t rows, float *dlogits)
-{
-    const dp_model *m = &w->e->model;
-    size_t at = o * m->head_features;
-    dp_clear_error();
-    dp_status s = m->head_backward(m->ctx, w->dev, dp_replica_params(w), w->grads,
-                                   (const float *)w->features.ptr + at, rows, dlogits,
-                                   (float *)w->dfeatures.ptr + at);
-    if (s != DP_OK) dp_callback_message(s, "the model's head_backward");
-    return s;
-}
-
-/* head_forward in bfloat16 logits, with the chunk buffer's scratch. */
-static dp_status head_forward16(worker *w, size_t o, size_t rows, uint16_t *logits, float *scratch,
-                                size_t scratch_floats)
-{
-    const dp_model *m = &w->e->model;
-    const float *f = (const float *)w->features.ptr + o * m->head_features;
-    dp_clear_error();
-    dp_status s = m->head_forward_bf16(m->ctx, w->dev, dp_replica_params(w), f, rows, logits,
-                                       scratch, scratch_floats);
-    if (s != DP_OK) dp_callback_message(s, "the model's head_forward_bf16");
-    return s;
-}
-
-static dp_status head_backward16(worker *w, size_t o, size_t rows, const uint16_t *dlogits)
-{
-    const dp_model *m = &w->e->model;
-    size_t at = o * m->head_features;
-    dp_clear_error();
-    dp_status s = m->head_backward_bf16(m->ctx, w->dev, dp_replica_params(w), w->grads,
-                                        (const float *)w->features.ptr + at, rows, dlogits,
-                                        (float *)w->dfeatures.ptr + at);
-    if (s != DP_OK) dp_callback_message(s, "the model's head_backward_bf16");
-    return s;
 }
 
 static int has_head(const dp_engine *e) { return e->model.head_forward != NULL; }
@@ -324,9 +244,10 @@ static dp_status chunked_criterion(worker *w, const dp_plan *plan, double *loss,
     for (size_t o = 0; o < n; o += c) {
         size_t m = n - o < c ? n - o : c, sb = scratch_size(e, m);
         if (b16)
-            DP_TRY(head_forward16(w, o, m, (uint16_t *)logits, scratch16, scratch16_floats));
+            DP_TRY(dp_call_head_forward16(w, o, m, (uint16_t *)logits, scratch16,
+                                          scratch16_floats));
         else
-            DP_TRY(head_forward(w, o, m, logits));
+            DP_TRY(dp_call_head_forward(w, o, m, logits));
         DP_TRY(dp_dbuf_ensure(w->dev, &w->scratch, sb));
         size_t valid = dp_plan_valid_outputs(e, plan->batch->targets, out0 + o, m);
         double l = 0.0;
@@ -336,9 +257,9 @@ static dp_status chunked_criterion(worker *w, const dp_plan *plan, double *loss,
                               sb ? w->scratch.ptr : NULL, row_losses_at(w, first * opr + o), b16));
         *loss += l;
         if (train && b16)
-            DP_TRY(head_backward16(w, o, m, (const uint16_t *)logits));
+            DP_TRY(dp_call_head_backward16(w, o, m, (const uint16_t *)logits));
         else if (train)
-            DP_TRY(head_backward(w, o, m, logits));
+            DP_TRY(dp_call_head_backward(w, o, m, logits));
     }
     return DP_OK;
 }
@@ -364,7 +285,7 @@ void dp_compute_balanced(worker *w, const dp_plan *plan, int train)
         dp_chunk c = chunk_of(w, plan, first, rows, train);
         ENTER(w, DP_PHASE_FORWARD);
         CHECK(w, ensure_compute(w, d, 0, train));
-        CHECK(w, model_forward(w, &c, w->logits.ptr));
+        CHECK(w, dp_call_forward(w, &c, w->logits.ptr));
         ENTER(w, DP_PHASE_CRITERION);
         double loss = 0.0;
         float *logits = w->logits.ptr;
@@ -378,7 +299,8 @@ void dp_compute_balanced(worker *w, const dp_plan *plan, int train)
         w->loss_sum += loss; /* 0 with row losses: row_losses_sum adds them */
         if (!train) continue;
         ENTER(w, DP_PHASE_BACKWARD);
-        CHECK(w, model_backward(w, &c, head ? w->dfeatures.ptr : logits, first + rows == d->rows));
+        CHECK(w, dp_call_backward(w, &c, head ? w->dfeatures.ptr : logits,
+                                  first + rows == d->rows));
     }
     if (defers(w->e)) CHECK(w, row_losses_sum(w, plan));
 }
@@ -448,9 +370,11 @@ void dp_compute_gather(worker *w, const dp_plan *plan)
         ENTER(w, DP_PHASE_FORWARD);
         if (rows) {
             CHECK(w, ensure_compute(w, d, 1, 1));
-            CHECK(w, model_forward(w, &c, w->logits.ptr));
+            CHECK(w, dp_call_forward(w, &c, w->logits.ptr));
             /* A head computes the whole micro-batch's logits: they are gathered. */
-            if (head) CHECK(w, head_forward(w, 0, rows * e->model.outputs_per_row, w->logits.ptr));
+            if (head)
+                CHECK(w, dp_call_head_forward(w, 0, rows * e->model.outputs_per_row,
+                                              w->logits.ptr));
         }
         SYNC(w);
         ENTER(w, DP_PHASE_CRITERION);
@@ -459,10 +383,10 @@ void dp_compute_gather(worker *w, const dp_plan *plan)
         if (rows) CHECK(w, dp_comm_scatter_dlogits(w, plan, j, rows));
         ENTER(w, DP_PHASE_BACKWARD);
         if (rows && head) {
-            CHECK(w, head_backward(w, 0, rows * e->model.outputs_per_row, w->dlogits.ptr));
-            CHECK(w, model_backward(w, &c, w->dfeatures.ptr, first + rows == d->rows));
+            CHECK(w, dp_call_head_backward(w, 0, rows * e->model.outputs_per_row, w->dlogits.ptr));
+            CHECK(w, dp_call_backward(w, &c, w->dfeatures.ptr, first + rows == d->rows));
         } else if (rows) {
-            CHECK(w, model_backward(w, &c, w->dlogits.ptr, first + rows == d->rows));
+            CHECK(w, dp_call_backward(w, &c, w->dlogits.ptr, first + rows == d->rows));
         }
     }
 }
@@ -499,11 +423,11 @@ static dp_status predict_rows(worker *w, const dp_plan *plan)
         if (!rows) break;
         dp_chunk c = chunk_of(w, plan, first, rows, 0);
         float *out = (float *)w->outputs.ptr + first * opr * V;
-        DP_TRY(model_forward(w, &c, out));
+        DP_TRY(dp_call_forward(w, &c, out));
         if (!has_head(e)) continue;
         size_t n = rows * opr, step = dp_plan_logits_chunk(e, n);
         for (size_t o = 0; o < n; o += step)
-            DP_TRY(head_forward(w, o, n - o < step ? n - o : step, out + o * V));
+            DP_TRY(dp_call_head_forward(w, o, n - o < step ? n - o : step, out + o * V));
     }
     return DP_OK;
 }
