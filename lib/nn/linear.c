@@ -262,11 +262,13 @@ dp_status dp_linear_forward_out16(dp_device *dev, dp_bf16 *out, float *scratch,
 
 /* The checks both backwards with a bfloat16 dout share (a macro, so
  * messages name the public function). */
-#define CHECK_BACKWARD16()                          \
+/* g: the gradient the GEMMs read (dout, or dout16 for
+ * dp_linear_backward_from16), named in the message when NULL. */
+#define CHECK_BACKWARD16(g)                         \
     do {                                            \
         DP_NN_REQUIRE_DEV(dev);                     \
         DP_NN_REQUIRE_PTR(dev, dweight);            \
-        DP_NN_REQUIRE_PTR(dev, dout);               \
+        DP_NN_REQUIRE_PTR(dev, g);                  \
         DP_NN_REQUIRE_PTR(dev, inp);                \
         DP_NN_REQUIRE_PTR(dev, weight.p);           \
         CHECK_LINEAR_DIMS(dev, N, C, OC);           \
@@ -292,7 +294,7 @@ dp_status dp_linear_backward_dout16(dp_device *dev, float *dinp, float *dweight,
                                     dp_dtype inp_type, dp_pref weight, size_t N, size_t C,
                                     size_t OC)
 {
-    CHECK_BACKWARD16();
+    CHECK_BACKWARD16(dout);
     int x16 = inp_type == DP_DTYPE_BF16;
     if (dout16) { /* written before the GEMMs read everything else */
         size_t n16 = N * OC * sizeof(dp_bf16);
@@ -312,13 +314,7 @@ dp_status dp_linear_backward_from16(dp_device *dev, float *dinp, float *dweight,
                                     const dp_bf16 *dout16, const void *inp, dp_dtype inp_type,
                                     dp_pref weight, size_t N, size_t C, size_t OC)
 {
-    DP_NN_REQUIRE_DEV(dev);
-    DP_NN_REQUIRE_PTR(dev, dweight);
-    DP_NN_REQUIRE_PTR(dev, dout16);
-    DP_NN_REQUIRE_PTR(dev, inp);
-    DP_NN_REQUIRE_PTR(dev, weight.p);
-    CHECK_LINEAR_DIMS(dev, N, C, OC);
-    DP_TRY(check_act_type(dev, inp_type));
+    CHECK_BACKWARD16(dout16);
     size_t n16 = N * OC * sizeof(dp_bf16);
     DP_NN_REQUIRE_DISJOINT(dev, dout16, n16, dinp, N * C * sizeof(float));
     DP_NN_REQUIRE_DISJOINT(dev, dout16, n16, dweight, OC * C * sizeof(float));
@@ -331,7 +327,7 @@ dp_status dp_linear_backward_rounded(dp_device *dev, float *dinp, float *dweight
                                      dp_dtype inp_type, dp_pref weight, size_t N, size_t C,
                                      size_t OC)
 {
-    CHECK_BACKWARD16();
+    CHECK_BACKWARD16(dout);
     DP_NN_REQUIRE_PTR(dev, dout16);
     size_t n16 = N * OC * sizeof(dp_bf16);
     DP_NN_REQUIRE_DISJOINT(dev, dout16, n16, dinp, N * C * sizeof(float));

@@ -238,8 +238,8 @@ static dp_status chunked_criterion(worker *w, const dp_plan *plan, double *loss,
     int b16 = logits16(e);
     float *logits = w->logits.ptr;
     /* bfloat16: the chunk's logits, then the head's float32 scratch */
-    float *scratch16 = (float *)((char *)w->logits.ptr + chunk16_bytes(e, c));
-    size_t scratch16_floats = chunk_scratch_floats(e, c);
+    float *scratch16 = b16 ? (float *)((char *)w->logits.ptr + chunk16_bytes(e, c)) : NULL;
+    size_t scratch16_floats = b16 ? chunk_scratch_floats(e, c) : 0;
     *loss = 0.0;
     for (size_t o = 0; o < n; o += c) {
         size_t m = n - o < c ? n - o : c, sb = scratch_size(e, m);

@@ -40,12 +40,44 @@ unsigned item_blocks(size_t n)
     return (unsigned)min_sz((n + ROW_THREADS - 1) / ROW_THREADS, MAX_BLOCKS);
 }
 
+/* Per device ordinal (up to TC_DEVICES): 0 not yet looked at, 1 the
+ * tensor core kernels run there (compute capability 8.0 or later, each
+ * kernel's shared memory limit raised), -1 they do not. Looked at once
+ * per device, not on every launch; two threads racing on the first call
+ * both set the same limits, which is harmless. */
+const int TC_DEVICES = 64;
+int tc_state[TC_DEVICES];
+
+cudaError_t tc_device_ready(int dev, bool *ready)
+{
+    *ready = false;
+    if (dev < 0 || dev >= TC_DEVICES) return cudaSuccess;
+    if (tc_state[dev]) {
+        *ready = tc_state[dev] > 0;
+        return cudaSuccess;
+    }
+    int major = 0;
+    cudaError_t e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    if (e != cudaSuccess) return e;
+    if (major < 8) {
+        tc_state[dev] = -1;
+        return cudaSuccess;
+    }
+    const cudaFuncAttribute smem = cudaFuncAttributeMaxDynamicSharedMemorySize;
+    const int bytes = (int)dp_tc::SMEM_BYTES;
+    e = cudaFuncSetAttribute(k_flash_tc_forward, smem, bytes);
+    if (e == cudaSuccess) e = cudaFuncSetAttribute(k_flash_tc_dq, smem, bytes);
+    if (e == cudaSuccess) e = cudaFuncSetAttribute(k_flash_tc_dkdv, smem, bytes);
+    if (e != cudaSuccess) return e;
+    tc_state[dev] = 1;
+    *ready = true;
+    return cudaSuccess;
+}
+
 /* Whether the tensor core kernels (cuda_flash_tc.cuh) take this call:
- * bfloat16 q, k, v of head size 64, a device of compute capability 8.0
- * or later, 16-byte aligned rows (their loads move 8 and 16 bytes), and
- * DP_CUDA_FLASH_TC not "0" (read once). Each kernel's shared memory limit
- * is raised to what it needs (past the 48 KiB default) on every call:
- * the setting is per device, and a call costs a few microseconds. */
+ * bfloat16 q, k, v of head size 64, 16-byte aligned rows (their loads
+ * move 8 and 16 bytes), DP_CUDA_FLASH_TC not "0" (read once), and the
+ * current device ready for them (tc_device_ready). */
 cudaError_t tc_takes(dp_pref qkvr, size_t hs, const void *dout, bool *takes)
 {
     static int off = -1;
@@ -57,19 +89,9 @@ cudaError_t tc_takes(dp_pref qkvr, size_t hs, const void *dout, bool *takes)
     if (off || !qkvr.bf16 || hs != dp_tc::HS || (uintptr_t)qkvr.p % 16 ||
         (dout && (uintptr_t)dout % 16))
         return cudaSuccess;
-    int dev = 0, major = 0;
+    int dev = 0;
     cudaError_t e = cudaGetDevice(&dev);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-    if (e != cudaSuccess || major < 8) return e;
-    const int bytes = (int)dp_tc::SMEM_BYTES;
-    e = cudaFuncSetAttribute(k_flash_tc_forward, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-    if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(k_flash_tc_dq, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-    if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(k_flash_tc_dkdv, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 bytes);
-    *takes = e == cudaSuccess;
-    return e;
+    return e == cudaSuccess ? tc_device_ready(dev, takes) : e;
 }
 
 } // namespace
