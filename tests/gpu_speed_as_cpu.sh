@@ -15,10 +15,10 @@ s="$out/summary.txt"
 [ -f "$s" ] || { echo "no summary at $s"; exit 1; }
 fail=0
 want() { grep -qE "$1" "$s" || { echo "missing: $1"; fail=1; }; }
-runs=("bf16 chunked B8" "bf16 chunked B16" "bf16 chunked B32" "bf16 chunked B64"
-    "bf16 chunked V1000 B8" "bf16 chunked V1000-padded B8" "bf16 chunked B16 on cpu:2"
-    "bf16 chunked logits-chunk 2048 B8" "bf16 chunked no-cuBLASLt B8"
-    "bf16 fused B8" "bf16 fused no-tensor-cores B8" "bf16 fused B16" "bf16 fused B32" "bf16 fused B64"
+runs=("bf16 chunked B8" "bf16 fused B8" "bf16 fused no-tensor-cores B8" "bf16 fused V1000 B8"
+    "bf16 fused B16" "bf16 fused B32" "bf16 fused B64" "bf16 fused B16 on cpu:2"
+    "bf16 fused V1000-padded B8" "bf16 fused logits-chunk 8192 B8" "bf16 fused no-cuBLASLt B8"
+    "bf16 chunked B16" "bf16 chunked B32" "bf16 chunked B64"
     "bf16 whole B8" "fp32 whole B8" "fp32 whole B16" "tf32 whole B8" "tf32 whole B16")
 for p in "${runs[@]}"; do
     want "^speed dp $p +PASS +[0-9.]+ ms/step, [0-9]+ tokens/s, peak [0-9]+ MiB"
@@ -27,7 +27,8 @@ want "^speed dp bf16 chunked B16 +PASS .*MiB per sequence beyond the fixed state
 want "^speed dp bf16 fused B16 +PASS .*MiB per sequence beyond the fixed state"
 want "^speed torch bf16 B8 eager +(PASS +[0-9.]+ ms/step|SKIP +.+)"
 want "^speed torch bf16 B8 compile +(PASS +[0-9.]+ ms/step|SKIP +.+)"
-want "^speed kernels +SKIP"
+want "^speed kernels bf16 fused B8 +SKIP"
+want "^speed kernels bf16 chunked B8 +SKIP"
 if grep -E "^speed .* FAIL" "$s"; then fail=1; fi
 if grep -qE "^(gpu-tests|train|resume|bench|vs-torch)" "$s"; then
     echo "--speed ran the check's other parts"; fail=1
