@@ -5,13 +5,13 @@
  *
  * Model: emu_launch runs the grid's blocks one at a time; each block is
  * blockDim.x real threads (pthreads), so barriers, shuffles and races
- * behave like real concurrency and ThreadSanitizer sees them. A WMMA
- * fragment is the WHOLE 16x16 matrix, copied in every lane; loads read
- * it all in each lane, store_matrix_sync writes it from lane 0 only (no
- * implied barrier), so a missing __syncwarp() shows as a race or a wrong
- * result. The real API's pointer alignment and ldm rules are checked.
- * mma_sync sums k = 0..15 in order in float (fmaf); the hardware's order
- * and intermediate precision differ, so compare with tolerances.
+ * behave like real concurrency and ThreadSanitizer sees them. mma.sync
+ * (m16n8k16 bf16) and ldmatrix (x4, .trans) are warp collectives over
+ * the PTX ISA's fragment layouts: each lane deposits its registers or
+ * row address, the warp meets, each lane computes its own outputs; row
+ * addresses must be 16-byte aligned and in shared memory. The products
+ * sum k = 0..15 in order in float (fmaf); the hardware's order and
+ * intermediate precision differ, so compare with tolerances.
  *
  * Shared memory is the launch's dynamic buffer via tc_shared() (128-byte
  * aligned, refilled with 0xA5 before every block so reads of unwritten
@@ -63,7 +63,9 @@ struct uint3 { unsigned x, y, z; };
 /* CUDA's vector types with their alignment; may_alias because kernels
  * reinterpret uint16_t / float arrays through them (fine under nvcc). */
 struct __attribute__((may_alias, aligned(8))) uint2 { unsigned x, y; };
+struct __attribute__((may_alias, aligned(8))) float2 { float x, y; };
 struct __attribute__((may_alias, aligned(16))) float4 { float x, y, z, w; };
+inline float2 make_float2(float x, float y) { return float2{x, y}; }
 inline uint2 make_uint2(unsigned x, unsigned y) { return uint2{x, y}; }
 inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
 
@@ -124,6 +126,8 @@ struct block_ctx {
     barrier block;
     std::unique_ptr<barrier[]> warp;
     std::unique_ptr<uint64_t[]> slot; /* 32 per warp, 8 bytes each (double shuffles) */
+    std::unique_ptr<uint32_t[]> mma;  /* 32 per warp, 6 words each (an mma's a and b) */
+    unsigned char *smem_end = nullptr;
     unsigned char *smem = nullptr;
 };
 inline block_ctx *cur = nullptr;
@@ -197,104 +201,88 @@ inline unsigned __shfl_down_sync(unsigned m, unsigned v, unsigned d) { return cu
 /* The current block's dynamic shared memory (what nvcc's extern __shared__ gives). */
 inline unsigned char *tc_shared() { return cuda_emu::cur->smem; }
 
-// --- WMMA --------------------------------------------------------------------------------------
+// --- mma.sync and ldmatrix (backend/cuda/cuda_mma.cuh's functions) ---------------------------
+/*
+ * Warp collectives over the PTX ISA's fragment layouts (cuda_mma.cuh
+ * lists them): each lane deposits its registers (or its row address),
+ * the warp meets at a barrier, each lane computes its own outputs from
+ * every lane's deposits, and the warp meets again before the slots are
+ * reused. The products sum k = 0..15 in order with fmaf, starting from d.
+ */
+namespace cuda_emu {
 
-namespace nvcuda {
-namespace wmma {
-
-struct matrix_a {}; struct matrix_b {}; struct accumulator {};
-struct row_major {}; struct col_major {};
-enum layout_t { mem_row_major, mem_col_major };
-
-/* The whole matrix in every lane, row-major in x[], as float. Only
- * uniform element-wise loops over x[] are portable (the real per-lane
- * mapping is opaque), which is all the kernels do. */
-template <class Use, int M, int N, int K, class T, class Layout = void> struct fragment {
-    static_assert(M == 16 && N == 16 && K == 16, "cuda_emu: only the 16x16x16 shape");
-    static_assert(std::is_same<Use, accumulator>::value ? std::is_same<T, float>::value &&
-                                                              std::is_void<Layout>::value
-                                                        : std::is_same<T, __nv_bfloat16>::value &&
-                                                              !std::is_void<Layout>::value,
-                  "cuda_emu: bf16 matrix_a/b with a layout, or a float accumulator without");
-    static constexpr int rows = std::is_same<Use, matrix_b>::value ? K : M;
-    static constexpr int cols = std::is_same<Use, matrix_a>::value ? K : N;
-    static constexpr int num_elements = rows * cols;
-    float x[num_elements];
-};
-
-typedef fragment<accumulator, 16, 16, 16, float> emu_acc;
-
-namespace detail {
-inline void check(const void *p, unsigned ldm, unsigned ldm_mult, const char *who)
+inline uint16_t half_of(uint32_t w, unsigned hi) { return (uint16_t)(hi ? w >> 16 : w); }
+inline float widen16(uint16_t h)
 {
-    char msg[128];
-    if ((uintptr_t)p % 32) snprintf(msg, sizeof msg, "pointer %p is not 32-byte aligned", p);
-    else if (ldm % ldm_mult) snprintf(msg, sizeof msg, "ldm %u not a multiple of %u", ldm, ldm_mult);
-    else return;
-    cuda_emu::fail(who, msg);
-}
-} // namespace detail
-
-template <class Use, int M, int N, int K, class T, class L>
-inline void fill_fragment(fragment<Use, M, N, K, T, L> &f, float v)
-{
-    for (int i = 0; i < f.num_elements; i++) f.x[i] = v;
+    const uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
 }
 
-/* matrix_a (16x16, M x K) or matrix_b (K x N) from bf16 memory; every lane
- * reads all of it, widened exactly (bits << 16). */
-template <class Use, class Layout>
-inline void load_matrix_sync(fragment<Use, 16, 16, 16, __nv_bfloat16, Layout> &f,
-                             const __nv_bfloat16 *p, unsigned ldm)
+/* lane i's row address for an ldmatrix, checked: 16-byte aligned, in the
+ * block's shared memory. */
+inline void ldmatrix(uint32_t r[4], const void *p, bool trans)
 {
-    static_assert(std::is_same<Layout, row_major>::value || std::is_same<Layout, col_major>::value,
-                  "cuda_emu: matrix_a/b need row_major or col_major");
-    detail::check(p, ldm, 8, "load_matrix_sync(bf16)");
-    const bool rm = std::is_same<Layout, row_major>::value;
-    for (unsigned r = 0; r < 16; r++)
-        for (unsigned c = 0; c < 16; c++) {
-            uint16_t h;
-            memcpy(&h, (const char *)p + 2 * (rm ? r * ldm + c : c * ldm + r), 2);
-            const uint32_t u = (uint32_t)h << 16;
-            memcpy(&f.x[r * 16 + c], &u, 4);
+    const char *who = trans ? "ldmatrix.x4.trans" : "ldmatrix.x4";
+    const unsigned char *q = (const unsigned char *)p;
+    if ((uintptr_t)q % 16) fail(who, "row address not 16-byte aligned");
+    if (q < cur->smem || q + 16 > cur->smem_end) fail(who, "row address outside shared memory");
+    uint64_t *s = cur->slot.get() + warp_id() * 32;
+    s[lane()] = (uint64_t)(uintptr_t)q;
+    cur->warp[warp_id()].wait(who);
+    const unsigned i = lane();
+    for (unsigned m = 0; m < 4; m++) {
+        uint16_t lo, hi;
+        if (!trans) {
+            const unsigned char *row = (const unsigned char *)(uintptr_t)s[m * 8 + i / 4];
+            memcpy(&lo, row + 2 * (2 * (i % 4)), 2);
+            memcpy(&hi, row + 2 * (2 * (i % 4) + 1), 2);
+        } else {
+            const unsigned char *r0 = (const unsigned char *)(uintptr_t)s[m * 8 + 2 * (i % 4)];
+            const unsigned char *r1 = (const unsigned char *)(uintptr_t)s[m * 8 + 2 * (i % 4) + 1];
+            memcpy(&lo, r0 + 2 * (i / 4), 2);
+            memcpy(&hi, r1 + 2 * (i / 4), 2);
         }
+        r[m] = (uint32_t)lo | (uint32_t)hi << 16;
+    }
+    cur->warp[warp_id()].wait(who);
 }
 
-inline void load_matrix_sync(emu_acc &f, const float *p, unsigned ldm, layout_t layout)
-{
-    detail::check(p, ldm, 4, "load_matrix_sync(float)");
-    for (unsigned r = 0; r < 16; r++)
-        for (unsigned c = 0; c < 16; c++)
-            f.x[r * 16 + c] = p[layout == mem_row_major ? r * ldm + c : c * ldm + r];
-}
+} // namespace cuda_emu
 
-/* Lane 0 writes the whole tile; the other lanes write nothing. */
-inline void store_matrix_sync(float *p, const emu_acc &f, unsigned ldm, layout_t layout)
-{
-    detail::check(p, ldm, 4, "store_matrix_sync");
-    if (cuda_emu::lane() != 0) return;
-    for (unsigned r = 0; r < 16; r++)
-        for (unsigned c = 0; c < 16; c++)
-            p[layout == mem_row_major ? r * ldm + c : c * ldm + r] = f.x[r * 16 + c];
-}
+inline void dp_ldmatrix_x4(uint32_t r[4], const void *p) { cuda_emu::ldmatrix(r, p, false); }
+inline void dp_ldmatrix_x4_trans(uint32_t r[4], const void *p) { cuda_emu::ldmatrix(r, p, true); }
 
-/* d = a b + c in float; d may alias c. */
-template <class LA, class LB>
-inline void mma_sync(emu_acc &d, const fragment<matrix_a, 16, 16, 16, __nv_bfloat16, LA> &a,
-                     const fragment<matrix_b, 16, 16, 16, __nv_bfloat16, LB> &b, const emu_acc &c)
+inline void dp_mma_bf16_16816(float d[4], const uint32_t a[4], const uint32_t b[2])
 {
-    float t[256];
-    for (int i = 0; i < 16; i++)
-        for (int j = 0; j < 16; j++) {
-            float acc = c.x[i * 16 + j];
-            for (int k = 0; k < 16; k++) acc = fmaf(a.x[i * 16 + k], b.x[k * 16 + j], acc);
-            t[i * 16 + j] = acc;
+    using namespace cuda_emu;
+    uint32_t *x = cur->mma.get() + (size_t)warp_id() * 32 * 6;
+    memcpy(x + lane() * 6, a, 16);
+    memcpy(x + lane() * 6 + 4, b, 8);
+    cur->warp[warp_id()].wait("mma.sync");
+    float A[16][16], B[16][8];
+    for (unsigned L = 0; L < 32; L++) {
+        const uint32_t *w = x + L * 6;
+        const unsigned g = L / 4, t = L % 4;
+        for (unsigned h = 0; h < 2; h++) {
+            A[g][2 * t + h] = widen16(half_of(w[0], h));
+            A[g + 8][2 * t + h] = widen16(half_of(w[1], h));
+            A[g][2 * t + 8 + h] = widen16(half_of(w[2], h));
+            A[g + 8][2 * t + 8 + h] = widen16(half_of(w[3], h));
+            B[2 * t + h][g] = widen16(half_of(w[4], h));
+            B[2 * t + 8 + h][g] = widen16(half_of(w[5], h));
         }
-    memcpy(d.x, t, sizeof t);
+    }
+    cur->warp[warp_id()].wait("mma.sync");
+    const unsigned g = lane() / 4, t = lane() % 4;
+    for (unsigned e = 0; e < 4; e++) {
+        const unsigned row = g + (e / 2) * 8, col = 2 * t + e % 2;
+        float acc = d[e];
+        for (unsigned k = 0; k < 16; k++) acc = fmaf(A[row][k], B[k][col], acc);
+        d[e] = acc;
+    }
 }
-
-} // namespace wmma
-} // namespace nvcuda
 
 // --- launcher ----------------------------------------------------------------------------------
 
@@ -327,8 +315,10 @@ void emu_launch(unsigned grid, unsigned block, size_t smem_bytes, void (*kernel)
         ctx.warp.reset(new cuda_emu::barrier[block / 32]);
         for (unsigned w = 0; w < block / 32; w++) ctx.warp[w].init(32);
         ctx.slot.reset(new uint64_t[block]());
+        ctx.mma.reset(new uint32_t[(size_t)block * 6]());
         memset(smem, 0xA5, bytes);
         ctx.smem = smem;
+        ctx.smem_end = smem + bytes;
         cuda_emu::cur = &ctx;
         blockIdx = uint3{b, 0, 0};
         for (unsigned t = 0; t < block; t++) {

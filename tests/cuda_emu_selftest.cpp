@@ -1,6 +1,7 @@
 /*
  * tests/cuda_emu_selftest.cpp - checks tests/cuda_emu.hpp: barriers,
- * shuffles, WMMA against a double GEMM, and the alignment check.
+ * shuffles, mma.sync and ldmatrix against a double GEMM, and the
+ * alignment check.
  *
  *   g++ -std=c++17 -O1 -g -fsanitize=thread -pthread -Itests \
  *       tests/cuda_emu_selftest.cpp -o /tmp/cuda_emu_selftest && /tmp/cuda_emu_selftest
@@ -16,8 +17,6 @@
 
 #include <random>
 #include <vector>
-
-namespace wmma = nvcuda::wmma;
 
 static int failures = 0;
 
@@ -67,63 +66,63 @@ __global__ void k_shfl(float *fsum, int *isum)
     isum[t] = i;
 }
 
-// 3. C = A B (+ D): A (32, 48), B (48, 32) bf16, 4 warps, a 16x16 tile each.
-//    Shared: A (32, LA), B row-major (48, LB), B^T (32, LA), 4 float tiles (16, LC).
-const unsigned GM = 32, GN = 32, GK = 48, LA = 56, LB = 40, LC = 20;
-const size_t OFF_B = GM * LA * 2, OFF_BT = OFF_B + GK * LB * 2, OFF_C = OFF_BT + GN * LA * 2;
-const size_t GEMM_SMEM = OFF_C + 4 * 16 * LC * 4;
+// 3. C = A B + D: A (32, 48), B (48, 32) bf16, 4 warps, a 16x16 tile each
+//    (two 16x8 accumulators). A by ldmatrix; B twice: by ldmatrix.trans from
+//    B row-major (k rows) into c_t, by plain ldmatrix from B^T row-major (n
+//    rows) into c_n. Each lane writes its own accumulator elements, so the
+//    layouts of cuda_mma.cuh compose into the right product.
+//    Shared: A (32, LA), B (48, LB), B^T (32, LA); rows 16-byte aligned.
+const unsigned GM = 32, GN = 32, GK = 48, LA = 56, LB = 40;
+const size_t OFF_B = GM * LA * 2, OFF_BT = OFF_B + GK * LB * 2;
+const size_t GEMM_SMEM = OFF_BT + GN * LA * 2;
 
 __global__ void __launch_bounds__(128, 1)
-    k_gemm(float *c_row, float *c_col, const uint16_t *a, const uint16_t *b, const float *d,
-           float scale)
+    k_gemm(float *c_t, float *c_n, const uint16_t *a, const uint16_t *b, const float *d)
 {
     unsigned char *s = tc_shared();
     uint16_t *sa = (uint16_t *)s, *sb = (uint16_t *)(s + OFF_B), *sbt = (uint16_t *)(s + OFF_BT);
-    const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32, ti = warp / 2, tj = warp % 2;
-    float *sc = (float *)(s + OFF_C) + warp * 16 * LC;
+    const unsigned warp = threadIdx.x / 32, l = threadIdx.x % 32, ti = warp / 2, tj = warp % 2;
+    const unsigned g = l / 4, t = l % 4;
     for (unsigned e = threadIdx.x; e < GM * GK; e += blockDim.x) sa[e / GK * LA + e % GK] = a[e];
     for (unsigned e = threadIdx.x; e < GK * GN; e += blockDim.x) {
         sb[e / GN * LB + e % GN] = b[e];
-        sbt[e % GN * LA + e / GN] = b[e]; /* B^T row-major = B col-major */
+        sbt[e % GN * LA + e / GN] = b[e];
     }
     __syncthreads();
-
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc_r, acc_c;
-    wmma::fill_fragment(acc_r, 0.0f);
-    wmma::load_matrix_sync(acc_c, d + ti * 16 * GN + tj * 16, GN, wmma::mem_row_major);
+    float acc_t[2][4], acc_n[2][4];
+    for (unsigned n = 0; n < 2; n++)
+        for (unsigned e = 0; e < 4; e++) {
+            const unsigned i = ti * 16 + g + (e / 2) * 8, j = tj * 16 + n * 8 + 2 * t + e % 2;
+            acc_t[n][e] = acc_n[n][e] = d[i * GN + j];
+        }
     for (unsigned kk = 0; kk < GK / 16; kk++) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> fbr;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fbc;
-        wmma::load_matrix_sync(fa, (const __nv_bfloat16 *)(sa + ti * 16 * LA + kk * 16), LA);
-        wmma::load_matrix_sync(fbr, (const __nv_bfloat16 *)(sb + kk * 16 * LB + tj * 16), LB);
-        wmma::load_matrix_sync(fbc, (const __nv_bfloat16 *)(sbt + tj * 16 * LA + kk * 16), LA);
-        wmma::mma_sync(acc_r, fa, fbr, acc_r);
-        wmma::mma_sync(acc_c, fa, fbc, acc_c);
+        uint32_t fa[4], bt[4], bn[4];
+        dp_ldmatrix_x4(fa, sa + (ti * 16 + (l / 8 % 2) * 8 + l % 8) * LA + kk * 16 + (l / 16) * 8);
+        dp_ldmatrix_x4_trans(bt, sb + (kk * 16 + (l / 8 % 2) * 8 + l % 8) * LB + tj * 16 +
+                                     (l / 16) * 8);
+        dp_ldmatrix_x4(bn, sbt + (tj * 16 + (l / 16) * 8 + l % 8) * LA + kk * 16 + (l / 8 % 2) * 8);
+        for (unsigned n = 0; n < 2; n++) {
+            dp_mma_bf16_16816(acc_t[n], fa, bt + 2 * n);
+            dp_mma_bf16_16816(acc_n[n], fa, bn + 2 * n);
+        }
     }
-    for (int i = 0; i < acc_r.num_elements; i++) acc_r.x[i] *= scale;
-
-    /* row-major store, every lane copies 8 elements out */
-    wmma::store_matrix_sync(sc, acc_r, LC, wmma::mem_row_major);
-    __syncwarp();
-    for (unsigned e = lane; e < 256; e += 32)
-        c_row[(ti * 16 + e / 16) * GN + tj * 16 + e % 16] = sc[e / 16 * LC + e % 16];
-    __syncwarp(); /* reads done before the next store reuses sc */
-    wmma::store_matrix_sync(sc, acc_c, LC, wmma::mem_col_major);
-    __syncwarp();
-    for (unsigned e = lane; e < 256; e += 32) /* sc holds the tile transposed */
-        c_col[(ti * 16 + e / 16) * GN + tj * 16 + e % 16] = sc[e % 16 * LC + e / 16];
+    for (unsigned n = 0; n < 2; n++)
+        for (unsigned e = 0; e < 4; e++) {
+            const unsigned i = ti * 16 + g + (e / 2) * 8, j = tj * 16 + n * 8 + 2 * t + e % 2;
+            c_t[i * GN + j] = acc_t[n][e];
+            c_n[i * GN + j] = acc_n[n][e];
+        }
 }
 
-// 4. A WMMA load from a misaligned pointer (one element past an aligned one).
+// 4. An ldmatrix row address one element past a 16-byte aligned one.
 __global__ void k_misaligned(float *out)
 {
     uint16_t *s = (uint16_t *)tc_shared();
     for (unsigned e = threadIdx.x; e < 16 * 24; e += blockDim.x) s[e] = 0x3f80; /* 1.0 */
     __syncthreads();
-    wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
-    wmma::load_matrix_sync(fa, (const __nv_bfloat16 *)(s + 1), 16);
-    out[threadIdx.x] = fa.x[0];
+    uint32_t r[4];
+    dp_ldmatrix_x4(r, s + 1 + (threadIdx.x % 8) * 24);
+    out[threadIdx.x] = (float)r[0];
 }
 
 static uint16_t bf16_trunc(float f)
@@ -176,40 +175,39 @@ int main()
         std::vector<uint16_t> a(GM * GK), b(GK * GN);
         for (auto &x : a) x = bf16_trunc(U(rng));
         for (auto &x : b) x = bf16_trunc(U(rng));
-        alignas(32) static float d[GM * GN];
+        std::vector<float> d(GM * GN);
         for (auto &x : d) x = U(rng);
-        std::vector<float> cr(GM * GN, NAN), cc(GM * GN, NAN);
-        const float scale = 0.5f;
-        emu_launch(1, 128, GEMM_SMEM, k_gemm, cr.data(), cc.data(), a.data(), b.data(),
-                   (const float *)d, scale);
+        std::vector<float> ct(GM * GN, NAN), cn(GM * GN, NAN);
+        emu_launch(1, 128, GEMM_SMEM, k_gemm, ct.data(), cn.data(), a.data(), b.data(),
+                   (const float *)d.data());
         double worst = 0;
         for (unsigned i = 0; i < GM; i++)
             for (unsigned j = 0; j < GN; j++) {
-                double ref = 0, mag = 0;
+                double ref = d[i * GN + j], mag = fabs(d[i * GN + j]);
                 for (unsigned k = 0; k < GK; k++) {
                     const double p = widen(a[i * GK + k]) * widen(b[k * GN + j]);
                     ref += p, mag += fabs(p);
                 }
-                const double er = fabs(cr[i * GN + j] - ref * scale) / (scale * mag + 1e-30);
-                const double ec = fabs(cc[i * GN + j] - (ref + d[i * GN + j])) /
-                                  (mag + fabs(d[i * GN + j]) + 1e-30);
-                if (!(er <= worst)) worst = er; /* NaN-safe: NaN becomes worst */
-                if (!(ec <= worst)) worst = ec;
+                const double et = fabs(ct[i * GN + j] - ref) / (mag + 1e-30);
+                const double en = fabs(cn[i * GN + j] - ref) / (mag + 1e-30);
+                if (!(et <= worst)) worst = et; /* NaN-safe: NaN becomes worst */
+                if (!(en <= worst)) worst = en;
             }
         printf("      gemm: worst relative error %.3g\n", worst);
-        report("WMMA GEMM 32x48 . 48x32, matrix_b row and col major, vs double", worst <= 1e-5);
+        report("mma.sync m16n8k16 GEMM 32x48 . 48x32 + D, B by ldmatrix and .trans, vs double",
+               worst <= 1e-5);
     }
     { // 4
         fflush(stdout);
         const pid_t pid = fork();
         if (pid == 0) {
             std::vector<float> out(32);
-            emu_launch(1, 32, 16 * 24 * 2, k_misaligned, out.data());
+            emu_launch(1, 32, 16 * 24 * 2 + 64, k_misaligned, out.data());
             _exit(0); /* not reached if the check works */
         }
         int st = 0;
         waitpid(pid, &st, 0);
-        report("misaligned load_matrix_sync aborts (child)", WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT);
+        report("misaligned ldmatrix row address aborts (child)", WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT);
     }
     printf("%s\n", failures ? "cuda_emu selftest: FAILED" : "cuda_emu selftest: all passed");
     return failures ? 1 : 0;

@@ -1,10 +1,10 @@
 /*
  * backend/cuda/cuda_flash_tc.cuh - the fused causal attention on tensor
  * cores: FlashAttention-2 (Dao 2023) for head size 64 with bfloat16 q, k,
- * v (qkvr in bf16, what the GPT's bf16 activations give), on WMMA tiles
- * of 16x16x16 bfloat16 products with float32 accumulation (sm_80 and
- * later). The same three passes as the float32 kernels of cuda_flash.cu
- * and the same math as kernels/flash.h, regrouped by tiles:
+ * v (qkvr in bf16, what the GPT's bf16 activations give), on the
+ * m16n8k16 bfloat16 MMA with float32 accumulation (sm_80 and later;
+ * cuda_mma.cuh). The same three passes as the float32 kernels of
+ * cuda_flash.cu and the same math as kernels/flash.h, regrouped by tiles:
  *
  *   forward  a block per (pair, 64 query rows), a warp per 16 of them;
  *            for each tile of 64 keys up to the diagonal: S = Q K^T,
@@ -16,9 +16,23 @@
  *            P = exp(scale S - lse), dS = P (dP - D) rounded to bfloat16,
  *            dQ += dS K; dq = scale dQ.
  *   dk, dv   a block per (pair, 64 key rows), a warp per 16 of them; per
- *            query tile from the diagonal on: S^T = K Q^T, dP^T = V dO^T,
- *            P^T, dV += P^T dO, dS^T = P^T (dP^T - D), dK += dS^T Q;
- *            dk = scale dK.
+ *            query tile from the diagonal on: S^T = K Q^T, P^T,
+ *            dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T - D),
+ *            dK += dS^T Q; dk = scale dK.
+ *
+ * Registers, not shared memory, hold a warp's work (FlashAttention-2's
+ * layout): its Q (or K and V) rows as A fragments, loaded once; a tile's
+ * scores as eight 16x8 accumulators, so each row's 64 scores sit in the
+ * four lanes of a quad (two rows per lane), its maximum and sum one
+ * shuffle pair away; the probabilities, rounded, are the next product's
+ * A fragments as they lie (an accumulator pair's layout is an A
+ * fragment's); O (dQ, dK, dV) accumulates in eight more accumulators and
+ * is rescaled in place. Shared memory holds only the two 64-row bf16
+ * tiles the block's warps share (K and V, or Q and dO, with lse and D),
+ * read by ldmatrix (.trans where the tile is the product's B as stored).
+ * A first version on WMMA tiles stored every S, P and partial O to shared
+ * memory: on an H200 it issued ~28 instructions per tensor core
+ * instruction and ran at ~55 TFLOP/s.
  *
  * Precision: q, k, v are bfloat16 already; P, dS and dO are rounded to
  * bfloat16 for the products (as FlashAttention-2 and the chunked
@@ -28,21 +42,17 @@
  * tests/flash_tc_bound.h derives the bound the tests hold them to.
  *
  * Determinism: each output element is written once by one lane; the key
- * (or query) tiles are visited in ascending order and each product's
- * accumulation order is fixed by the hardware for a given shape; no
- * atomics. The same inputs give the same bits.
- *
- * Layout of a warp's element-wise work: lane l takes row l % 16 of its
- * warp's 16 and the columns 2c + l / 16 (c = 0..31) of a 64-wide tile,
- * so the two lanes of a row read interleaved words: with the float
- * tiles' row stride of 68 words, a warp's 32 reads fall in 16 banks
- * (2-way), where contiguous halves would give 4-way conflicts.
+ * (or query) tiles are visited in ascending order, a row's partial sums
+ * meet in a fixed shuffle tree and each product's accumulation order is
+ * fixed by the hardware for a given shape; no atomics. The same inputs
+ * give the same bits.
  *
  * This header is device code only. cuda_flash.cu includes it under nvcc;
  * tests/test_flash_tc_emu.cpp compiles it with g++ against
  * tests/cuda_emu.hpp, which emulates the CUDA subset used here (threads,
- * barriers, shuffles, WMMA fragments as whole matrices), so the kernels'
- * logic is tested on machines without a GPU.
+ * barriers, shuffles, mma.sync and ldmatrix as warp collectives over the
+ * ISA's layouts), so the kernels' logic is tested on machines without a
+ * GPU.
  */
 #ifndef DP_CUDA_FLASH_TC_CUH
 #define DP_CUDA_FLASH_TC_CUH
@@ -56,8 +66,7 @@
 #include "kernels/flash.h"
 
 #if defined(__CUDACC__)
-#include <cuda_bf16.h>
-#include <mma.h>
+#include "backend/cuda/cuda_mma.cuh"
 
 /* The block's dynamic shared memory (the launch's third parameter). */
 __device__ __forceinline__ unsigned char *tc_shared()
@@ -67,7 +76,7 @@ __device__ __forceinline__ unsigned char *tc_shared()
 }
 #endif
 
-/* WMMA's bfloat16 fragments exist from sm_80 on: under nvcc the helpers
+/* The MMA's bfloat16 shape exists from sm_80 on: under nvcc the helpers
  * and the kernels' bodies compile only in the device passes for those
  * targets (the launcher never picks these kernels elsewhere; nvcc's host
  * pass sees empty kernels). The emulator (g++, no nvcc) takes them all. */
@@ -77,7 +86,6 @@ __device__ __forceinline__ unsigned char *tc_shared()
 #define DP_TC_BODY 0
 #endif
 
-
 namespace dp_tc {
 
 const unsigned HS = 64;       /* head size: every GPT-2 size has 64 */
@@ -85,55 +93,33 @@ const unsigned BR = 64;       /* rows per block (queries, or keys for dk/dv) */
 const unsigned BC = 64;       /* columns per tile (keys, or queries) */
 const unsigned WARPS = 4;     /* 16 rows each */
 const unsigned THREADS = WARPS * 32;
-const unsigned LDH = HS + 8;  /* bf16 tile row stride: a multiple of 8, rows 16 B aligned */
-const unsigned LDF = BC + 4;  /* float tile row stride: a multiple of 4 */
+/* bf16 tile row stride: 144 bytes, so a row is 16-byte aligned (ldmatrix)
+ * and eight rows' 16-byte pieces fall in eight distinct 4-bank groups */
+const unsigned LDH = HS + 8;
 
 /* Shared memory of a block: two bf16 tiles of 64 rows (K and V, or Q and
- * dO), then per warp two float tiles of 16 x 64 and one bf16 one, then
- * two rows of 64 floats (lse and D of a query tile). Offsets in bytes,
- * each a multiple of 128. */
-const size_t TILE_H = (size_t)BR * LDH * 2;   /* 9216 */
-const size_t WARP_F = (size_t)16 * LDF * 4;   /* 4352 */
-const size_t WARP_H = (size_t)16 * LDH * 2;   /* 2304 */
+ * dO), then two rows of 64 floats (lse and D of a query tile). Offsets
+ * in bytes, each a multiple of 128. */
+const size_t TILE_H = (size_t)BR * LDH * 2; /* 9216 */
 const size_t OFF_T1 = TILE_H;
-const size_t OFF_W = 2 * TILE_H;
-const size_t WARP_BYTES = 2 * WARP_F + WARP_H;
-const size_t OFF_ROWS = OFF_W + WARPS * WARP_BYTES;
-/* 62976 bytes: past the 48 KiB default, so the launcher raises the limit */
-const size_t SMEM_BYTES = OFF_ROWS + 2 * BC * 4;
+const size_t OFF_ROWS = 2 * TILE_H;
+const size_t SMEM_BYTES = OFF_ROWS + 2 * BC * 4; /* 18944 */
 
 #if DP_TC_BODY
-namespace wmma = nvcuda::wmma;
-
-typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> frag_a;
-typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> frag_b_row;
-typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> frag_b_col;
-typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> frag_c;
 
 struct smem_view {
     uint16_t *t0, *t1; /* (64, LDH) bf16 tiles */
-    float *sf, *df;    /* this warp's (16, LDF) float tiles */
-    uint16_t *ph;      /* this warp's (16, LDH) bf16 tile */
     float *rows0, *rows1;
 };
 
-__device__ __forceinline__ smem_view view_of(unsigned char *s, unsigned warp)
+__device__ __forceinline__ smem_view view_of(unsigned char *s)
 {
     smem_view v;
     v.t0 = (uint16_t *)s;
     v.t1 = (uint16_t *)(s + OFF_T1);
-    unsigned char *w = s + OFF_W + warp * WARP_BYTES;
-    v.sf = (float *)w;
-    v.df = (float *)(w + WARP_F);
-    v.ph = (uint16_t *)(w + 2 * WARP_F);
     v.rows0 = (float *)(s + OFF_ROWS);
     v.rows1 = v.rows0 + BC;
     return v;
-}
-
-__device__ __forceinline__ const __nv_bfloat16 *bf(const uint16_t *p)
-{
-    return (const __nv_bfloat16 *)p;
 }
 
 /* Rows [first, first + 64) of a head's (T, 64) bfloat16 rows starting at
@@ -159,76 +145,119 @@ __device__ __forceinline__ void load_f32_rows(uint16_t *tile, const float *src, 
         unsigned r = e / (HS / 4), c = e % (HS / 4) * 4;
         float4 f = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         if (first + r < T) f = *(const float4 *)(src + (first + r) * stride + c);
-        uint16_t *d = tile + r * LDH + c;
-        d[0] = dp_bf16_round(f.x);
-        d[1] = dp_bf16_round(f.y);
-        d[2] = dp_bf16_round(f.z);
-        d[3] = dp_bf16_round(f.w);
+        uint2 w;
+        w.x = (uint32_t)dp_bf16_round(f.x) | (uint32_t)dp_bf16_round(f.y) << 16;
+        w.y = (uint32_t)dp_bf16_round(f.z) | (uint32_t)dp_bf16_round(f.w) << 16;
+        *(uint2 *)(tile + r * LDH + c) = w;
     }
 }
 
-/* A warp's 16 rows of a (64, LDH) tile as four matrix_a fragments (16 x 64). */
-__device__ __forceinline__ void load_rows_a(frag_a f[4], const uint16_t *tile, unsigned row0)
+__device__ __forceinline__ unsigned lane_id() { return threadIdx.x % 32; }
+/* The lane's quad (its rows g and g + 8 of the warp's 16) and its place
+ * in the quad (columns 2t, 2t + 1 of each 8-wide accumulator). */
+__device__ __forceinline__ unsigned lane_quad() { return lane_id() / 4; }
+__device__ __forceinline__ unsigned lane_in_quad() { return lane_id() % 4; }
+
+/* Accumulator element e's row (0 or 8 past g) and column (in its 8). */
+__device__ __forceinline__ unsigned acc_row(unsigned e) { return lane_quad() + (e / 2) * 8; }
+__device__ __forceinline__ unsigned acc_col(unsigned e) { return 2 * lane_in_quad() + e % 2; }
+
+/* A warp's 16 rows (from row0) of a (64, LDH) tile as four A fragments
+ * (16 x 64: k chunks of 16). */
+__device__ __forceinline__ void load_rows_a(uint32_t f[4][4], const uint16_t *tile, unsigned row0)
 {
+    const unsigned l = lane_id();
+    const uint16_t *p = tile + (row0 + (l / 8 % 2) * 8 + l % 8) * LDH + (l / 16) * 8;
     DP_UNROLL
-    for (unsigned kk = 0; kk < 4; kk++)
-        wmma::load_matrix_sync(f[kk], bf(tile + row0 * LDH + kk * 16), LDH);
+    for (unsigned kc = 0; kc < 4; kc++) dp_ldmatrix_x4(f[kc], p + kc * 16);
 }
 
-/* out(16, 64) float = a(16, 64) . tile^T, tile (64 rows, LDH): the
- * product of the warp's rows with every row of the tile (S = Q K^T and
- * its kin), stored into a (16, LDF) float tile. */
-__device__ __forceinline__ void rows_dot_tile(float *out, const frag_a a[4], const uint16_t *tile)
+/* s(16 x 64, eight 16x8 accumulators) = a(16 x 64) . tile^T: the warp's
+ * rows against every row of the tile (S = Q K^T and its kin); the tile
+ * as stored is B's columns, so plain ldmatrix. */
+__device__ __forceinline__ void rows_dot_tile(float s[8][4], const uint32_t a[4][4],
+                                              const uint16_t *tile)
 {
+    const unsigned l = lane_id();
+    const uint16_t *p = tile + ((l / 16) * 8 + l % 8) * LDH + (l / 8 % 2) * 8;
     DP_UNROLL
-    for (unsigned n = 0; n < 4; n++) {
-        frag_c c;
-        wmma::fill_fragment(c, 0.0f);
+    for (unsigned n = 0; n < 8; n++)
         DP_UNROLL
-        for (unsigned kk = 0; kk < 4; kk++) {
-            frag_b_col b; /* element (d, j) = tile[16n + j][16kk + d] */
-            wmma::load_matrix_sync(b, bf(tile + (n * 16) * LDH + kk * 16), LDH);
-            wmma::mma_sync(c, a[kk], b, c);
+        for (unsigned e = 0; e < 4; e++) s[n][e] = 0.0f;
+    DP_UNROLL
+    for (unsigned np = 0; np < 4; np++)     /* tile rows 16np .. 16np + 15 */
+        DP_UNROLL
+        for (unsigned kc = 0; kc < 4; kc++) { /* dimensions 16kc .. */
+            uint32_t b[4];
+            dp_ldmatrix_x4(b, p + np * 16 * LDH + kc * 16);
+            dp_mma_bf16_16816(s[2 * np], a[kc], b);
+            dp_mma_bf16_16816(s[2 * np + 1], a[kc], b + 2);
         }
-        wmma::store_matrix_sync(out + n * 16, c, LDF, wmma::mem_row_major);
+}
+
+/* The bf16 A fragments of a (16 x 64) float accumulator set, rounded:
+ * accumulators 2kc and 2kc + 1 are k chunk kc's left and right halves. */
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
+{
+    return (uint32_t)dp_bf16_round(lo) | (uint32_t)dp_bf16_round(hi) << 16;
+}
+__device__ __forceinline__ void acc_to_a(uint32_t a[4][4], const float s[8][4])
+{
+    DP_UNROLL
+    for (unsigned kc = 0; kc < 4; kc++) {
+        a[kc][0] = pack_bf16(s[2 * kc][0], s[2 * kc][1]);
+        a[kc][1] = pack_bf16(s[2 * kc][2], s[2 * kc][3]);
+        a[kc][2] = pack_bf16(s[2 * kc + 1][0], s[2 * kc + 1][1]);
+        a[kc][3] = pack_bf16(s[2 * kc + 1][2], s[2 * kc + 1][3]);
     }
 }
 
-/* acc[n] += p(16, 64) . tile(64, 64): the warp's bf16 weights over the
- * tile's rows (O += P V, dQ += dS K, dV += P^T dO, dK += dS^T Q). */
-__device__ __forceinline__ void weights_times_tile(frag_c acc[4], const uint16_t *p,
+/* acc(16 x 64) += w(16 x 64, bf16 A fragments) . tile(64 x 64): the
+ * warp's weights over the tile's rows (O += P V, dQ += dS K,
+ * dV += P^T dO, dK += dS^T Q); the tile is B as stored (k = its rows),
+ * so ldmatrix.trans. */
+__device__ __forceinline__ void weights_times_tile(float acc[8][4], const uint32_t w[4][4],
                                                    const uint16_t *tile)
 {
+    const unsigned l = lane_id();
+    const uint16_t *p = tile + ((l / 8 % 2) * 8 + l % 8) * LDH + (l / 16) * 8;
     DP_UNROLL
-    for (unsigned kk = 0; kk < 4; kk++) {
-        frag_a a;
-        wmma::load_matrix_sync(a, bf(p + kk * 16), LDH);
+    for (unsigned kc = 0; kc < 4; kc++)     /* tile rows 16kc .. */
         DP_UNROLL
-        for (unsigned n = 0; n < 4; n++) {
-            frag_b_row b; /* element (j, d) = tile[16kk + j][16n + d] */
-            wmma::load_matrix_sync(b, bf(tile + (kk * 16) * LDH + n * 16), LDH);
-            wmma::mma_sync(acc[n], a, b, acc[n]);
+        for (unsigned dp = 0; dp < 4; dp++) { /* columns 16dp .. */
+            uint32_t b[4];
+            dp_ldmatrix_x4_trans(b, p + kc * 16 * LDH + dp * 16);
+            dp_mma_bf16_16816(acc[2 * dp], w[kc], b);
+            dp_mma_bf16_16816(acc[2 * dp + 1], w[kc], b + 2);
         }
-    }
 }
 
-/* The lane's row of its warp's 16, and its column c's place in a 64-wide tile. */
-__device__ __forceinline__ unsigned lane_row() { return threadIdx.x % 16; }
-__device__ __forceinline__ unsigned lane_col(unsigned c) { return 2 * c + threadIdx.x % 32 / 16; }
+/* A row's value over its quad: the four lanes' partials added in a fixed
+ * tree (xor 1, then 2), the same bits in all four. */
+__device__ __forceinline__ float quad_sum(float v)
+{
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+__device__ __forceinline__ float quad_max(float v)
+{
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
 
-/* Stores four accumulators (16 x 64) into the warp's float tile, then
- * writes the lane's half of its row, times `mul`, to dst (64 floats). */
-__device__ __forceinline__ void write_row(float *stage, const frag_c acc[4], float *dst,
-                                          bool live, float mul)
+/* Writes a (16 x 64) accumulator set, times mul, to the rows of dst
+ * (row r of the warp's 16 at dst + r * stride) that are live. */
+__device__ __forceinline__ void write_acc(float *dst, size_t stride, const float acc[8][4],
+                                          bool live_g, bool live_g8, float mul)
 {
     DP_UNROLL
-    for (unsigned n = 0; n < 4; n++)
-        wmma::store_matrix_sync(stage + n * 16, acc[n], LDF, wmma::mem_row_major);
-    __syncwarp();
-    const unsigned r = lane_row();
-    if (!live) return;
-    DP_UNROLL
-    for (unsigned c = 0; c < 32; c++) dst[lane_col(c)] = stage[r * LDF + lane_col(c)] * mul;
+    for (unsigned n = 0; n < 8; n++)
+        DP_UNROLL
+        for (unsigned h = 0; h < 2; h++) {
+            if (!(h ? live_g8 : live_g)) continue;
+            float2 v = make_float2(acc[n][2 * h] * mul, acc[n][2 * h + 1] * mul);
+            *(float2 *)(dst + (lane_quad() + 8 * h) * stride + n * 8 + 2 * lane_in_quad()) = v;
+        }
 }
 
 #endif /* DP_TC_BODY */
@@ -245,68 +274,78 @@ __global__ void __launch_bounds__(dp_tc::THREADS)
 #if DP_TC_BODY
     using namespace dp_tc;
     const size_t BNH = B * NH, tile = ntiles - 1 - blockIdx.x / BNH, pair = blockIdx.x % BNH;
-    const unsigned warp = threadIdx.x / 32, r = lane_row();
-    const smem_view sv = view_of(tc_shared(), warp);
-    const size_t r0 = pair * T, i0 = tile * BR, i = i0 + warp * 16 + r;
+    const unsigned warp = threadIdx.x / 32;
+    const smem_view sv = view_of(tc_shared());
+    const size_t r0 = pair * T, i0 = tile * BR, iw = i0 + warp * 16;
+    const size_t row[2] = {iw + lane_quad(), iw + lane_quad() + 8};
     const uint16_t *q = qkvr + dp_flash_qkvr_row(0, r0, BNH, T, HS);
     const uint16_t *k = qkvr + dp_flash_qkvr_row(1, r0, BNH, T, HS);
     const uint16_t *v = qkvr + dp_flash_qkvr_row(2, r0, BNH, T, HS);
 
-    frag_a qf[4];
+    uint32_t qf[4][4];
     load_bf16_rows(sv.t0, q, i0, T);
     __syncthreads();
     load_rows_a(qf, sv.t0, warp * 16);
 
-    float o[32], m = -INFINITY, l = 0.0f;
+    float o[8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
     DP_UNROLL
-    for (unsigned c = 0; c < 32; c++) o[c] = 0.0f;
+    for (unsigned n = 0; n < 8; n++)
+        DP_UNROLL
+        for (unsigned e = 0; e < 4; e++) o[n][e] = 0.0f;
     for (size_t kt = 0; kt <= tile; kt++) {
         const size_t j0 = kt * BC;
         __syncthreads(); /* every warp is done with the last K, V (and Q) */
         load_bf16_rows(sv.t0, k, j0, T);
         load_bf16_rows(sv.t1, v, j0, T);
         __syncthreads();
-        rows_dot_tile(sv.sf, qf, sv.t0);
-        __syncwarp();
-        /* the online softmax of row i over this tile's keys (j > i masked) */
-        float s[32], mx = -INFINITY;
+        float s[8][4];
+        rows_dot_tile(s, qf, sv.t0);
+        /* the online softmax of rows g and g + 8 over this tile's keys (j > i masked) */
+        float mx[2] = {-INFINITY, -INFINITY};
         DP_UNROLL
-        for (unsigned c = 0; c < 32; c++) {
-            const unsigned jj = lane_col(c);
-            s[c] = (kt == tile && j0 + jj > i) ? -INFINITY : scale * sv.sf[r * LDF + jj];
-            mx = fmaxf(mx, s[c]);
+        for (unsigned n = 0; n < 8; n++)
+            DP_UNROLL
+            for (unsigned e = 0; e < 4; e++) {
+                const size_t j = j0 + n * 8 + acc_col(e);
+                s[n][e] = (kt == tile && j > row[e / 2]) ? -INFINITY : scale * s[n][e];
+                mx[e / 2] = fmaxf(mx[e / 2], s[n][e]);
+            }
+        float alpha[2], sum[2] = {0.0f, 0.0f};
+        DP_UNROLL
+        for (unsigned h = 0; h < 2; h++) {
+            const float mnew = fmaxf(m[h], quad_max(mx[h]));
+            alpha[h] = dp_expf(m[h] - mnew);
+            m[h] = mnew;
         }
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
-        const float mnew = fmaxf(m, mx), alpha = dp_expf(m - mnew);
-        float sum = 0.0f;
         DP_UNROLL
-        for (unsigned c = 0; c < 32; c++) {
-            const float p = s[c] == -INFINITY ? 0.0f : dp_expf(s[c] - mnew);
-            sum += p;
-            sv.ph[r * LDH + lane_col(c)] = dp_bf16_round(p);
-        }
-        sum += __shfl_xor_sync(0xffffffffu, sum, 16);
-        l = l * alpha + sum;
-        m = mnew;
-        __syncwarp();
-        frag_c pv[4];
+        for (unsigned n = 0; n < 8; n++)
+            DP_UNROLL
+            for (unsigned e = 0; e < 4; e++) {
+                const float p = s[n][e] == -INFINITY ? 0.0f : dp_expf(s[n][e] - m[e / 2]);
+                sum[e / 2] += p;
+                s[n][e] = p;
+                o[n][e] *= alpha[e / 2];
+            }
         DP_UNROLL
-        for (unsigned n = 0; n < 4; n++) wmma::fill_fragment(pv[n], 0.0f);
-        weights_times_tile(pv, sv.ph, sv.t1);
-        DP_UNROLL
-        for (unsigned n = 0; n < 4; n++)
-            wmma::store_matrix_sync(sv.sf + n * 16, pv[n], LDF, wmma::mem_row_major);
-        __syncwarp();
-        DP_UNROLL
-        for (unsigned c = 0; c < 32; c++) o[c] = o[c] * alpha + sv.sf[r * LDF + lane_col(c)];
-        __syncwarp(); /* before the next tile's S overwrites sf */
+        for (unsigned h = 0; h < 2; h++) l[h] = l[h] * alpha[h] + quad_sum(sum[h]);
+        uint32_t pf[4][4];
+        acc_to_a(pf, s);
+        weights_times_tile(o, pf, sv.t1);
     }
-    if (i >= T) return;
-    float *dst = out + dp_flash_tok_row(r0 + i, T, NH, HS, 1, 0);
-    const float inv = 1.0f / l;
+    const bool live[2] = {row[0] < T, row[1] < T};
+    float *dst = out + dp_flash_tok_row(r0 + (live[0] ? iw : 0), T, NH, HS, 1, 0);
+    const size_t C = NH * HS;
     DP_UNROLL
-    for (unsigned c = 0; c < 32; c++) dst[lane_col(c)] = o[c] * inv;
-    if (threadIdx.x % 32 < 16) lse[r0 + i] = dp_flash_lse(m, l);
+    for (unsigned h = 0; h < 2; h++) {
+        const float inv = 1.0f / l[h];
+        DP_UNROLL
+        for (unsigned n = 0; n < 8; n++) {
+            o[n][2 * h] *= inv;
+            o[n][2 * h + 1] *= inv;
+        }
+        if (live[h] && lane_in_quad() == 0) lse[r0 + row[h]] = dp_flash_lse(m[h], l[h]);
+    }
+    write_acc(dst, C, o, live[0], live[1], 1.0f);
 #endif
 }
 
@@ -319,46 +358,58 @@ __global__ void __launch_bounds__(dp_tc::THREADS)
 #if DP_TC_BODY
     using namespace dp_tc;
     const size_t BNH = B * NH, tile = ntiles - 1 - blockIdx.x / BNH, pair = blockIdx.x % BNH;
-    const unsigned warp = threadIdx.x / 32, r = lane_row();
-    const smem_view sv = view_of(tc_shared(), warp);
-    const size_t r0 = pair * T, i0 = tile * BR, i = i0 + warp * 16 + r, C = NH * HS;
-    const bool live = i < T;
+    const unsigned warp = threadIdx.x / 32;
+    const smem_view sv = view_of(tc_shared());
+    const size_t r0 = pair * T, i0 = tile * BR, iw = i0 + warp * 16, C = NH * HS;
+    const size_t row[2] = {iw + lane_quad(), iw + lane_quad() + 8};
+    const bool live[2] = {row[0] < T, row[1] < T};
     const uint16_t *q = qkvr + dp_flash_qkvr_row(0, r0, BNH, T, HS);
     const uint16_t *k = qkvr + dp_flash_qkvr_row(1, r0, BNH, T, HS);
     const uint16_t *v = qkvr + dp_flash_qkvr_row(2, r0, BNH, T, HS);
 
-    frag_a qf[4], gf[4];
+    uint32_t qf[4][4], gf[4][4];
     load_bf16_rows(sv.t0, q, i0, T);
     load_f32_rows(sv.t1, dout + dp_flash_tok_row(r0, T, NH, HS, 1, 0), C, i0, T);
     __syncthreads();
     load_rows_a(qf, sv.t0, warp * 16);
     load_rows_a(gf, sv.t1, warp * 16);
-    const float lse_i = live ? lse[r0 + i] : 0.0f, d_i = live ? delta[r0 + i] : 0.0f;
-
-    frag_c dq[4];
+    float lse_r[2], d_r[2];
     DP_UNROLL
-    for (unsigned n = 0; n < 4; n++) wmma::fill_fragment(dq[n], 0.0f);
+    for (unsigned h = 0; h < 2; h++) {
+        lse_r[h] = live[h] ? lse[r0 + row[h]] : 0.0f;
+        d_r[h] = live[h] ? delta[r0 + row[h]] : 0.0f;
+    }
+
+    float dq[8][4];
+    DP_UNROLL
+    for (unsigned n = 0; n < 8; n++)
+        DP_UNROLL
+        for (unsigned e = 0; e < 4; e++) dq[n][e] = 0.0f;
     for (size_t kt = 0; kt <= tile; kt++) {
         const size_t j0 = kt * BC;
         __syncthreads();
         load_bf16_rows(sv.t0, k, j0, T);
         load_bf16_rows(sv.t1, v, j0, T);
         __syncthreads();
-        rows_dot_tile(sv.sf, qf, sv.t0); /* S */
-        rows_dot_tile(sv.df, gf, sv.t1); /* dP */
-        __syncwarp();
+        float s[8][4], dp[8][4];
+        rows_dot_tile(s, qf, sv.t0);  /* S */
+        rows_dot_tile(dp, gf, sv.t1); /* dP */
         DP_UNROLL
-        for (unsigned c = 0; c < 32; c++) {
-            const unsigned jj = lane_col(c);
-            const bool seen = live && !(kt == tile && j0 + jj > i);
-            const float p = seen ? dp_flash_prob(scale * sv.sf[r * LDF + jj], lse_i) : 0.0f;
-            sv.ph[r * LDH + jj] = dp_bf16_round(dp_flash_dscore(p, sv.df[r * LDF + jj], d_i));
-        }
-        __syncwarp();
-        weights_times_tile(dq, sv.ph, sv.t0);
+        for (unsigned n = 0; n < 8; n++)
+            DP_UNROLL
+            for (unsigned e = 0; e < 4; e++) {
+                const size_t j = j0 + n * 8 + acc_col(e);
+                const unsigned h = e / 2;
+                const bool seen = live[h] && !(kt == tile && j > row[h]);
+                const float p = seen ? dp_flash_prob(scale * s[n][e], lse_r[h]) : 0.0f;
+                s[n][e] = dp_flash_dscore(p, dp[n][e], d_r[h]);
+            }
+        uint32_t wf[4][4];
+        acc_to_a(wf, s);
+        weights_times_tile(dq, wf, sv.t0);
     }
-    write_row(sv.sf, dq, dqkv + dp_flash_tok_row(r0 + (live ? i : 0), T, NH, HS, 3, 0), live,
-              scale);
+    float *dst = dqkv + dp_flash_tok_row(r0 + (live[0] ? iw : 0), T, NH, HS, 3, 0);
+    write_acc(dst, 3 * C, dq, live[0], live[1], scale);
 #endif
 }
 
@@ -372,28 +423,28 @@ __global__ void __launch_bounds__(dp_tc::THREADS)
 #if DP_TC_BODY
     using namespace dp_tc;
     const size_t BNH = B * NH, tile = blockIdx.x / BNH, pair = blockIdx.x % BNH;
-    const unsigned warp = threadIdx.x / 32, r = lane_row();
-    const smem_view sv = view_of(tc_shared(), warp);
-    const size_t r0 = pair * T, j0 = tile * BR, j = j0 + warp * 16 + r, C = NH * HS;
-    const bool live = j < T;
+    const unsigned warp = threadIdx.x / 32;
+    const smem_view sv = view_of(tc_shared());
+    const size_t r0 = pair * T, j0 = tile * BR, jw = j0 + warp * 16, C = NH * HS;
+    const size_t key[2] = {jw + lane_quad(), jw + lane_quad() + 8};
+    const bool live[2] = {key[0] < T, key[1] < T};
     const uint16_t *q = qkvr + dp_flash_qkvr_row(0, r0, BNH, T, HS);
     const uint16_t *k = qkvr + dp_flash_qkvr_row(1, r0, BNH, T, HS);
     const uint16_t *v = qkvr + dp_flash_qkvr_row(2, r0, BNH, T, HS);
     const float *g = dout + dp_flash_tok_row(r0, T, NH, HS, 1, 0);
 
-    frag_a kf[4], vf[4];
+    uint32_t kf[4][4], vf[4][4];
     load_bf16_rows(sv.t0, k, j0, T);
     load_bf16_rows(sv.t1, v, j0, T);
     __syncthreads();
     load_rows_a(kf, sv.t0, warp * 16);
     load_rows_a(vf, sv.t1, warp * 16);
 
-    frag_c dk[4], dv[4];
+    float dk[8][4], dv[8][4];
     DP_UNROLL
-    for (unsigned n = 0; n < 4; n++) {
-        wmma::fill_fragment(dk[n], 0.0f);
-        wmma::fill_fragment(dv[n], 0.0f);
-    }
+    for (unsigned n = 0; n < 8; n++)
+        DP_UNROLL
+        for (unsigned e = 0; e < 4; e++) dk[n][e] = dv[n][e] = 0.0f;
     for (size_t qt = tile; qt < ntiles; qt++) {
         const size_t i0 = qt * BC;
         __syncthreads();
@@ -404,33 +455,31 @@ __global__ void __launch_bounds__(dp_tc::THREADS)
             sv.rows1[e] = i0 + e < T ? delta[r0 + i0 + e] : 0.0f;
         }
         __syncthreads();
-        rows_dot_tile(sv.sf, kf, sv.t0); /* S^T */
-        rows_dot_tile(sv.df, vf, sv.t1); /* dP^T */
-        __syncwarp();
+        float p[8][4], ds[8][4];
+        rows_dot_tile(p, kf, sv.t0); /* S^T */
         DP_UNROLL
-        for (unsigned c = 0; c < 32; c++) {
-            const unsigned ii = lane_col(c);
-            const bool seen = live && i0 + ii < T && i0 + ii >= j;
-            const float p = seen ? dp_flash_prob(scale * sv.sf[r * LDF + ii], sv.rows0[ii]) : 0.0f;
-            sv.sf[r * LDF + ii] = p;
-            sv.ph[r * LDH + ii] = dp_bf16_round(p);
-        }
-        __syncwarp();
-        weights_times_tile(dv, sv.ph, sv.t1);
-        __syncwarp(); /* the P^T loads are done before dS^T overwrites ph */
+        for (unsigned n = 0; n < 8; n++)
+            DP_UNROLL
+            for (unsigned e = 0; e < 4; e++) {
+                const unsigned ii = n * 8 + acc_col(e);
+                const bool seen = live[e / 2] && i0 + ii < T && i0 + ii >= key[e / 2];
+                p[n][e] = seen ? dp_flash_prob(scale * p[n][e], sv.rows0[ii]) : 0.0f;
+            }
+        uint32_t wf[4][4];
+        acc_to_a(wf, p);
+        weights_times_tile(dv, wf, sv.t1); /* dV += P^T dO */
+        rows_dot_tile(ds, vf, sv.t1);      /* dP^T */
         DP_UNROLL
-        for (unsigned c = 0; c < 32; c++) {
-            const unsigned ii = lane_col(c);
-            sv.ph[r * LDH + ii] = dp_bf16_round(
-                dp_flash_dscore(sv.sf[r * LDF + ii], sv.df[r * LDF + ii], sv.rows1[ii]));
-        }
-        __syncwarp();
-        weights_times_tile(dk, sv.ph, sv.t0);
+        for (unsigned n = 0; n < 8; n++)
+            DP_UNROLL
+            for (unsigned e = 0; e < 4; e++)
+                ds[n][e] = dp_flash_dscore(p[n][e], ds[n][e], sv.rows1[n * 8 + acc_col(e)]);
+        acc_to_a(wf, ds);
+        weights_times_tile(dk, wf, sv.t0); /* dK += dS^T Q */
     }
-    const size_t rj = r0 + (live ? j : 0);
-    write_row(sv.sf, dk, dqkv + dp_flash_tok_row(rj, T, NH, HS, 3, 1), live, scale);
-    __syncwarp();
-    write_row(sv.sf, dv, dqkv + dp_flash_tok_row(rj, T, NH, HS, 3, 2), live, 1.0f);
+    const size_t rj = r0 + (live[0] ? jw : 0);
+    write_acc(dqkv + dp_flash_tok_row(rj, T, NH, HS, 3, 1), 3 * C, dk, live[0], live[1], scale);
+    write_acc(dqkv + dp_flash_tok_row(rj, T, NH, HS, 3, 2), 3 * C, dv, live[0], live[1], 1.0f);
 #endif
 }
 

@@ -1,0 +1,63 @@
+/*
+ * backend/cuda/cuda_mma.cuh - the warp-level tensor core instructions the
+ * fused attention uses, as inline PTX (sm_80 and later; PTX ISA 7.0+,
+ * "Warp-level matrix instructions"):
+ *
+ *   dp_mma_bf16_16816(d, a, b)   d(16x8 f32) += a(16x16 bf16) b(16x8 bf16):
+ *                                mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32
+ *   dp_ldmatrix_x4(r, p)         four 8x8 b16 matrices from shared memory:
+ *                                ldmatrix.sync.aligned.m8n8.x4.shared.b16
+ *   dp_ldmatrix_x4_trans(r, p)   the same, each matrix transposed (.trans)
+ *
+ * Fragment layouts (the ISA's, which the kernels rely on): with
+ * g = lane / 4 and t = lane % 4, a lane holds
+ *   a[0..3]  A(g, 2t..2t+1), A(g+8, 2t..), A(g, 2t+8..), A(g+8, 2t+8..)
+ *   b[0..1]  B(2t..2t+1, g), B(2t+8..2t+9, g)
+ *   d[0..3]  D(g, 2t), D(g, 2t+1), D(g+8, 2t), D(g+8, 2t+1)
+ * two bf16 per 32-bit register, the lower column (or row, for b) in the
+ * low half. ldmatrix: lanes 8m..8m+7 give the addresses of matrix m's
+ * eight 16-byte rows; lane i receives in r[m] row i/4's elements
+ * 2(i%4), 2(i%4)+1 (.trans: column i/4's elements of rows 2(i%4) and
+ * 2(i%4)+1). Why these and not WMMA: the accumulator layout is known, so
+ * a row's scores stay in its four lanes' registers for the softmax and
+ * become the next product's A operand without a trip through shared
+ * memory (FlashAttention-2's register-resident P).
+ *
+ * tests/cuda_emu.hpp gives the same three functions on the CPU (warp
+ * collectives over the same layouts), so the kernels run there too.
+ */
+#ifndef DP_CUDA_MMA_CUH
+#define DP_CUDA_MMA_CUH
+
+#include <stdint.h>
+
+__device__ __forceinline__ void dp_mma_bf16_16816(float d[4], const uint32_t a[4],
+                                                  const uint32_t b[2])
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+/* "memory": the loads must not move across the stores and barriers that
+ * fill the tile. */
+__device__ __forceinline__ void dp_ldmatrix_x4(uint32_t r[4], const void *p)
+{
+    const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s)
+                 : "memory");
+}
+
+__device__ __forceinline__ void dp_ldmatrix_x4_trans(uint32_t r[4], const void *p)
+{
+    const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s)
+                 : "memory");
+}
+
+#endif /* DP_CUDA_MMA_CUH */
