@@ -11,6 +11,7 @@
 
 #include "dp/checked.h"
 #include "parallel/plan.h"
+#include "parallel/state.h"
 
 // --- the user's callbacks -------------------------------------------------------------
 
@@ -122,13 +123,23 @@ size_t dp_plan_valid_targets(const dp_engine *e, const void *targets, size_t fir
     return dp_plan_valid_outputs(e, targets, first * opr, rows * opr);
 }
 
+/* The automatic chunk's floor: DP_LOGITS_CHUNK_MIN_ROWS_GPU where any of
+ * this process's devices is a GPU, else DP_LOGITS_CHUNK_MIN_ROWS. */
+static size_t min_chunk_rows(const dp_engine *e)
+{
+    for (size_t i = 0; i < e->pool.k; i++)
+        if (dp_device_kind_of(e->pool.w[i].dev) == DP_DEVICE_CUDA) return DP_LOGITS_CHUNK_MIN_ROWS_GPU;
+    return DP_LOGITS_CHUNK_MIN_ROWS;
+}
+
 size_t dp_plan_logits_chunk(const dp_engine *e, size_t n)
 {
     size_t c = e->cfg.logits_chunk_rows;
     if (c == 0) {
         /* ceil(n F / V), in double because n F may pass SIZE_MAX. */
         double f = ceil((double)n * (double)e->model.head_features / (double)e->model.n_classes);
-        c = f >= (double)n ? n : f < DP_LOGITS_CHUNK_MIN_ROWS ? DP_LOGITS_CHUNK_MIN_ROWS : (size_t)f;
+        size_t lo = min_chunk_rows(e);
+        c = f >= (double)n ? n : f < (double)lo ? lo : (size_t)f;
     }
     return c < n ? c : n;
 }
