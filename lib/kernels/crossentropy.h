@@ -110,12 +110,21 @@ static inline DP_HD uint16_t dp_bf16_round_nb(float f)
 }
 
 /* dp_max8 of the widened bfloat16 row x(n), n >= 1: the same 8 running
- * maxima, so the same value (and the same NaN rule). */
+ * maxima, each taking its elements in the same order, so the same value
+ * (and the same NaN rule). Whole blocks are widened into a local array
+ * first: the comparisons on widened loads stayed scalar (a quarter of the
+ * bf16 cross-entropy's time), on a float array they vectorise. */
 static inline DP_HD DP_HD_ALWAYS_INLINE float dp_max8_bf16(const uint16_t *x, size_t n)
 {
     float acc[8];
     for (int j = 0; j < 8; j++) acc[j] = dp_bf16_widen(x[0]);
     size_t v = 0;
+    for (; v + DP_CE_BLOCK <= n; v += DP_CE_BLOCK) {
+        float w[DP_CE_BLOCK];
+        for (size_t i = 0; i < DP_CE_BLOCK; i++) w[i] = dp_bf16_widen(x[v + i]);
+        for (size_t i = 0; i < DP_CE_BLOCK; i += 8)
+            for (int j = 0; j < 8; j++) acc[j] = w[i + (size_t)j] > acc[j] ? w[i + (size_t)j] : acc[j];
+    }
     for (; v + 8 <= n; v += 8)
         for (int j = 0; j < 8; j++) {
             float y = dp_bf16_widen(x[v + (size_t)j]);
