@@ -27,6 +27,7 @@ want "^speed dp bf16 chunked B16 +PASS .*MiB per sequence beyond the fixed state
 want "^speed dp bf16 fused B16 +PASS .*MiB per sequence beyond the fixed state"
 want "^speed torch bf16 B8 eager +(PASS +[0-9.]+ ms/step|SKIP +.+)"
 want "^speed torch bf16 B8 compile +(PASS +[0-9.]+ ms/step|SKIP +.+)"
+want "^speed llm.c bf16 B8 +SKIP"
 want "^speed kernels bf16 fused B8 +SKIP"
 want "^speed kernels bf16 chunked B8 +SKIP"
 if grep -E "^speed .* FAIL" "$s"; then fail=1; fi
