@@ -5,6 +5,7 @@
  * host copy's chunk, bad arguments. Then bfloat16 logits
  * (dp_crossentropy_bf16 and the bundled criterion): bit for bit the float
  * kernel on the widened logits. */
+#include "kernels/crossentropy.h" /* DP_CE_KEEP */
 #include "nn/nn_act16.h"
 #include "nn_test_util.h"
 
@@ -511,13 +512,17 @@ static void check_bf16_matches_float(size_t N, size_t V, uint64_t seed)
 }
 
 /* V odd (3001: 375 blocks of 8 and a tail of 1), a multiple of 64 (4096),
- * a short row (13: one block and a tail of 5), V < 8 (5: the tail only). */
+ * a short row (13: one block and a tail of 5), V < 8 (5: the tail only);
+ * the longest row whose terms the kernel keeps (DP_CE_KEEP) and one past
+ * it, which computes them twice. */
 Test(crossentropy, bf16_logits_match_the_float_kernel_bitwise)
 {
     check_bf16_matches_float(7, 3001, 81);
     check_bf16_matches_float(6, 4096, 82);
     check_bf16_matches_float(9, 13, 83);
     check_bf16_matches_float(4, 12, 84);
+    check_bf16_matches_float(3, DP_CE_KEEP, 86);
+    check_bf16_matches_float(3, DP_CE_KEEP + 257, 87);
 }
 
 Test(crossentropy, bf16_all_ignored_rows_are_zero)

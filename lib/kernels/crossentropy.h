@@ -98,6 +98,10 @@ static inline DP_HD void dp_crossentropy_item(float *losses, float *dlogits, con
 
 /* Elements per block of the bfloat16 row's write pass (a local buffer). */
 #define DP_CE_BLOCK 256
+/* Rows up to this many classes keep their terms exp(x - m) between the
+ * bfloat16 kernel's passes instead of computing them twice (the same
+ * dp_expf of the same argument, so the same bits). */
+#define DP_CE_KEEP 8192
 
 /* dp_bf16_round without a branch (the same bits, NaN included), so the
  * loops that round vectorise. */
@@ -148,8 +152,10 @@ static inline DP_HD DP_HD_ALWAYS_INLINE float dp_max8_bf16(const uint16_t *x, si
  * float kernel's dlogits[v] rounded to bfloat16 once.
  *
  * The float kernel keeps the exponentials in dlogits between its passes; a
- * bfloat16 dlogits cannot hold them, so exp(x - m) is computed twice (the
- * sum, then the write), the same dp_expf of the same argument both times.
+ * bfloat16 dlogits cannot hold them, so a row of up to DP_CE_KEEP classes
+ * keeps them in a local array, and a longer one computes exp(x - m) twice
+ * (the sum, then the write), the same dp_expf of the same argument both
+ * times.
  * The sum takes the terms in dp_sum_double8's order (term v into partial
  * v % 8, combined alike), which is also the float kernel's loss-only
  * order: hence the same s, the same loss. dlogits may be logits (in
@@ -169,17 +175,31 @@ static inline DP_HD DP_HD_ALWAYS_INLINE void dp_crossentropy_bf16_row(float *los
     }
     float m = dp_max8_bf16(logits, V);
     float xy = dp_bf16_widen(logits[target]);
+#if !defined(__CUDA_ARCH__)
+    /* The row's terms kept for the write pass when they fit (host code:
+     * 32 KiB of stack; GPUs run the block kernel of cuda_rows.cuh). */
+    float keep[DP_CE_KEEP];
+    const int kept = dlogits != NULL && V <= DP_CE_KEEP;
+#else
+    float *keep = NULL;
+    const int kept = 0;
+#endif
     /* element v into partial v % 8, in order: dp_sum_double8's grouping,
      * written in blocks of 8 so that the loop vectorises */
     double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     size_t v = 0;
     for (; v + DP_CE_BLOCK <= V; v += DP_CE_BLOCK) {
-        float e[DP_CE_BLOCK]; /* a block's terms, 8 float lanes wide, then added in double */
+        float blk[DP_CE_BLOCK]; /* a block's terms, 8 float lanes wide, then added in double */
+        float *e = kept ? keep + v : blk;
         for (size_t i = 0; i < DP_CE_BLOCK; i++) e[i] = dp_expf(dp_bf16_widen(logits[v + i]) - m);
         for (size_t i = 0; i < DP_CE_BLOCK; i += 8)
             for (int j = 0; j < 8; j++) acc[j] += (double)e[i + (size_t)j];
     }
-    for (; v < V; v++) acc[v % 8] += (double)dp_expf(dp_bf16_widen(logits[v]) - m);
+    for (; v < V; v++) {
+        float t = dp_expf(dp_bf16_widen(logits[v]) - m);
+        if (kept) keep[v] = t;
+        acc[v % 8] += (double)t;
+    }
     double s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
     *loss = (float)(((double)m - (double)xy) + log(s));
     if (!dlogits) return;
@@ -192,9 +212,13 @@ static inline DP_HD DP_HD_ALWAYS_INLINE void dp_crossentropy_bf16_row(float *los
     for (size_t v0 = 0; v0 < V; v0 += DP_CE_BLOCK) {
         size_t n = V - v0 < DP_CE_BLOCK ? V - v0 : DP_CE_BLOCK;
         uint16_t out[DP_CE_BLOCK];
-        for (size_t i = 0; i < n; i++)
-            out[i] = dp_bf16_round_nb(
-                dscale * (float)((double)dp_expf(dp_bf16_widen(logits[v0 + i]) - m) * inv_s));
+        if (kept)
+            for (size_t i = 0; i < n; i++)
+                out[i] = dp_bf16_round_nb(dscale * (float)((double)keep[v0 + i] * inv_s));
+        else
+            for (size_t i = 0; i < n; i++)
+                out[i] = dp_bf16_round_nb(
+                    dscale * (float)((double)dp_expf(dp_bf16_widen(logits[v0 + i]) - m) * inv_s));
         for (size_t i = 0; i < n; i++) dlogits[v0 + i] = out[i];
     }
     dlogits[target] = dp_bf16_round(dscale * ((float)((double)et * inv_s) - 1.0f));
