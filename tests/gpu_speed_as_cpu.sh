@@ -17,6 +17,7 @@ fail=0
 want() { grep -qE "$1" "$s" || { echo "missing: $1"; fail=1; }; }
 runs=("bf16 chunked B8" "bf16 fused B8" "bf16 fused no-tensor-cores B8" "bf16 fused V1000 B8"
     "bf16 fused B16" "bf16 fused B32" "bf16 fused B64" "bf16 fused B16 on cpu:2"
+    "bf16 fused recompute-gelu B8" "bf16 fused recompute-gelu B16"
     "bf16 fused V1000-padded B8" "bf16 fused logits-chunk 8192 B8" "bf16 fused no-cuBLASLt B8"
     "bf16 chunked B16" "bf16 chunked B32" "bf16 chunked B64"
     "bf16 whole B8" "fp32 whole B8" "fp32 whole B16" "tf32 whole B8" "tf32 whole B16")
@@ -25,6 +26,7 @@ for p in "${runs[@]}"; do
 done
 want "^speed dp bf16 chunked B16 +PASS .*MiB per sequence beyond the fixed state"
 want "^speed dp bf16 fused B16 +PASS .*MiB per sequence beyond the fixed state"
+want "^speed dp bf16 fused recompute-gelu B16 +PASS .*MiB per sequence beyond the fixed state"
 want "^speed torch bf16 B8 eager +(PASS +[0-9.]+ ms/step|SKIP +.+)"
 want "^speed torch bf16 B8 compile +(PASS +[0-9.]+ ms/step|SKIP +.+)"
 want "^speed llm.c bf16 B8 +SKIP"
