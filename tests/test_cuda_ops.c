@@ -1889,14 +1889,20 @@ Test(cuda_ops, chunked_attention_att16_matches_converting_gemms, .timeout = 60)
  * reference and bounds instead (the float32 kernels, where they run
  * instead, are well within those).
  */
+/* off: out, dout and dqkv start that many floats into their buffers (1:
+ * only 4-byte aligned, which the tensor core kernels' pair stores and
+ * 16-byte loads cannot take, so the launchers must fall back). */
 static void fused_attention_run(dp_device *d, size_t B, size_t T, size_t C, size_t NH, int bf16,
                                 const float *qkv_h, const float *dout_h, const uint16_t *o16_h,
-                                float **res)
+                                float **res, size_t off)
 {
     size_t nq = B * T * 3 * C, no = B * T * C, nr = B * NH * T;
-    float *qkv = dp_test_upload(d, qkv_h, nq), *dout = dp_test_upload(d, dout_h, no);
-    float *out = dalloc(d, no * 4), *lse = dalloc(d, nr * 4), *delta = dalloc(d, nr * 4),
-          *dqkv = dalloc(d, nq * 4), *f32 = bf16 ? dalloc(d, nq * 4) : NULL;
+    float *qkv = dp_test_upload(d, qkv_h, nq), *dout_buf = dalloc(d, (no + off) * 4);
+    float *out_buf = dalloc(d, (no + off) * 4), *lse = dalloc(d, nr * 4),
+          *delta = dalloc(d, nr * 4), *dqkv_buf = dalloc(d, (nq + off) * 4),
+          *f32 = bf16 ? dalloc(d, nq * 4) : NULL;
+    float *dout = dout_buf + off, *out = out_buf + off, *dqkv = dqkv_buf + off;
+    dp_assert_ok(dp_copy_h2d(d, dout, dout_h, no * 4));
     void *qkvr = dalloc(d, nq * (bf16 ? 2 : 4)), *o16 = bf16 ? dalloc(d, no * 2) : NULL;
     void *fill[] = {out, lse, delta, dqkv, qkvr};
     size_t bytes[] = {no * 4, nr * 4, nr * 4, nq * 4, nq * (bf16 ? 2 : 4)};
@@ -1911,7 +1917,7 @@ static void fused_attention_run(dp_device *d, size_t B, size_t T, size_t C, size
     res[1] = dp_test_nn_download(d, lse, nr);
     res[2] = dp_test_nn_download(d, dqkv, nq);
     res[3] = dp_test_nn_download(d, delta, nr);
-    void *bufs[] = {qkv, dout, out, lse, delta, dqkv, f32, qkvr, o16};
+    void *bufs[] = {qkv, dout_buf, out_buf, lse, delta, dqkv_buf, f32, qkvr, o16};
     for (size_t i = 0; i < 9; i++)
         if (bufs[i]) dp_device_free(d, bufs[i]);
 }
@@ -1959,12 +1965,12 @@ Test(cuda_ops, fused_attention_matches_cpu, .timeout = 120)
             {
                 pair p = pair_open(g);
                 float *res[2][4], *again[4];
-                fused_attention_run(p.d[0], B, T, C, NH, bf16, qkv, dout, NULL, res[0]);
+                fused_attention_run(p.d[0], B, T, C, NH, bf16, qkv, dout, NULL, res[0], 0);
                 uint16_t *o16 = malloc(n[0] * sizeof *o16);
                 cr_assert(o16);
                 for (size_t e = 0; e < n[0]; e++) o16[e] = dp_bf16_round(res[0][0][e]);
-                fused_attention_run(p.d[1], B, T, C, NH, bf16, qkv, dout, o16, res[1]);
-                fused_attention_run(p.d[1], B, T, C, NH, bf16, qkv, dout, o16, again);
+                fused_attention_run(p.d[1], B, T, C, NH, bf16, qkv, dout, o16, res[1], 0);
+                fused_attention_run(p.d[1], B, T, C, NH, bf16, qkv, dout, o16, again, 0);
                 free(o16);
                 cr_log_info("%s B=%zu T=%zu C=%zu NH=%zu %s", dp_device_name(p.d[1]), B, T, C,
                             NH, bf16 ? "bf16" : "f32");
@@ -1985,6 +1991,28 @@ Test(cuda_ops, fused_attention_matches_cpu, .timeout = 120)
         free(qkv);
         free(dout);
     }
+}
+
+/* bf16 at head size 64 with out, dout and dqkv only 4-byte aligned: the
+ * launchers fall back from the tensor core kernels (whose float pair
+ * stores and 16-byte loads would fault) to the float32 ones, which still
+ * meet the tensor core bound against float64. */
+Test(cuda_ops, fused_attention_unaligned_buffers_fall_back, .timeout = 60)
+{
+    REQUIRE_GPU();
+    const size_t B = 1, T = 70, C = 128, NH = 2;
+    float *qkv = rnd_normal(60, B * T * 3 * C, 0.0f, 1.5f), *dout = rnd_normal(61, B * T * C, 0.0f, 1.0f);
+    FOR_TARGETS(g)
+    {
+        pair p = pair_open(g);
+        float *res[4];
+        fused_attention_run(p.d[1], B, T, C, NH, 1, qkv, dout, NULL, res, 1);
+        fused_attention_bound(qkv, dout, res, B, T, C, NH, dp_device_name(p.d[1]));
+        for (int k = 0; k < 4; k++) free(res[k]);
+        pair_close(&p);
+    }
+    free(qkv);
+    free(dout);
 }
 
 // --- the bfloat16 producers (nn/nn_act16.h) ------------------------------------------------

@@ -76,9 +76,10 @@ cudaError_t tc_device_ready(int dev, bool *ready)
 
 /* Whether the tensor core kernels (cuda_flash_tc.cuh) take this call:
  * bfloat16 q, k, v of head size 64, 16-byte aligned rows (their loads
- * move 8 and 16 bytes), DP_CUDA_FLASH_TC not "0" (read once), and the
- * current device ready for them (tc_device_ready). */
-cudaError_t tc_takes(dp_pref qkvr, size_t hs, const void *dout, bool *takes)
+ * move 8 and 16 bytes: qkvr and dout), an 8-byte aligned output (out or
+ * dqkv: they store float pairs), DP_CUDA_FLASH_TC not "0" (read once),
+ * and the current device ready for them (tc_device_ready). */
+cudaError_t tc_takes(dp_pref qkvr, size_t hs, const void *dout, const void *dst, bool *takes)
 {
     static int off = -1;
     *takes = false;
@@ -87,7 +88,7 @@ cudaError_t tc_takes(dp_pref qkvr, size_t hs, const void *dout, bool *takes)
         off = e && strcmp(e, "0") == 0;
     }
     if (off || !qkvr.bf16 || hs != dp_tc::HS || (uintptr_t)qkvr.p % 16 ||
-        (dout && (uintptr_t)dout % 16))
+        (dout && (uintptr_t)dout % 16) || (uintptr_t)dst % 8)
         return cudaSuccess;
     int dev = 0;
     cudaError_t e = cudaGetDevice(&dev);
@@ -104,7 +105,7 @@ extern "C" cudaError_t dp_cuda_launch_attention_fused_forward(cudaStream_t s, fl
     if (n == 0) return cudaSuccess;
     size_t nt = (T + ROWS - 1) / ROWS;
     bool tc;
-    cudaError_t e = tc_takes(qkvr, hs, NULL, &tc);
+    cudaError_t e = tc_takes(qkvr, hs, NULL, out, &tc);
     if (e != cudaSuccess) return e;
     if (tc)
         k_flash_tc_forward<<<tiled_blocks(B, T, NH), dp_tc::THREADS, dp_tc::SMEM_BYTES, s>>>(
@@ -130,7 +131,7 @@ extern "C" cudaError_t dp_cuda_launch_attention_fused_dq(cudaStream_t s, float *
     if (n == 0) return cudaSuccess;
     size_t nt = (T + ROWS - 1) / ROWS;
     bool tc;
-    cudaError_t e = tc_takes(qkvr, hs, dout, &tc);
+    cudaError_t e = tc_takes(qkvr, hs, dout, dqkv, &tc);
     if (e != cudaSuccess) return e;
     if (tc)
         k_flash_tc_dq<<<tiled_blocks(B, T, NH), dp_tc::THREADS, dp_tc::SMEM_BYTES, s>>>(
@@ -155,7 +156,7 @@ extern "C" cudaError_t dp_cuda_launch_attention_fused_dkdv(cudaStream_t s, float
 {
     if (n == 0) return cudaSuccess;
     bool tc;
-    cudaError_t e = tc_takes(qkvr, hs, dout, &tc);
+    cudaError_t e = tc_takes(qkvr, hs, dout, dqkv, &tc);
     if (e != cudaSuccess) return e;
     if (tc)
         k_flash_tc_dkdv<<<tiled_blocks(B, T, NH), dp_tc::THREADS, dp_tc::SMEM_BYTES, s>>>(
