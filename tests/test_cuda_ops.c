@@ -1360,6 +1360,18 @@ Test(cuda_ops, softmax_rows_match_cpu, .timeout = 60)
     check_row_softmax(5, 5000, 23);
 }
 
+/* Targets with ignored rows for the zeroing tests: class targets ct(R),
+ * every third -1; float targets ft(R, per), NaN in every fourth row and in
+ * one of the per of every fifth (a row is ignored when all its are NaN). */
+static void ignored_targets(int32_t *ct, float *ft, int R, int per)
+{
+    for (int r = 0; r < R; r++) {
+        ct[r] = r % 3 == 1 ? -1 : r % 7;
+        for (int t = 0; t < per; t++)
+            if (r % 4 == 2 || (r % 5 == 0 && t == 1)) ft[r * per + t] = NAN;
+    }
+}
+
 /* The criterion contract's zeroing of ignored rows: copies and zeros,
  * bitwise, for class targets and for float targets (a row is ignored only
  * when all its values are NaN). */
@@ -1369,11 +1381,7 @@ Test(cuda_ops, zero_ignored_rows_is_bitwise_equal, .timeout = 60)
     enum { R = 300, C = 1029, PER = 3 };
     float *x = rnd(31, R * C, -1, 1), *ft = rnd(32, R * PER, -1, 1);
     int32_t ct[R];
-    for (int r = 0; r < R; r++) {
-        ct[r] = r % 3 == 1 ? -1 : r % 7;
-        for (int t = 0; t < PER; t++)
-            if (r % 4 == 2 || (r % 5 == 0 && t == 1)) ft[r * PER + t] = NAN;
-    }
+    ignored_targets(ct, ft, R, PER);
     FOR_TARGETS(g)
     {
         pair p = pair_open(g);
@@ -1557,11 +1565,7 @@ Test(cuda_ops, zero_and_fill_bf16_are_bitwise_equal, .timeout = 60)
     uint16_t *x = xmalloc(R * LD * sizeof *x);
     for (size_t i = 0; i < (size_t)R * LD; i++) x[i] = dp_bf16_round(xf[i]);
     int32_t ct[R];
-    for (int r = 0; r < R; r++) {
-        ct[r] = r % 3 == 1 ? -1 : r % 7;
-        for (int t = 0; t < PER; t++)
-            if (r % 4 == 2 || (r % 5 == 0 && t == 1)) ft[r * PER + t] = NAN;
-    }
+    ignored_targets(ct, ft, R, PER);
     FOR_TARGETS(g)
     {
         pair p = pair_open(g);

@@ -152,6 +152,14 @@ __device__ __forceinline__ void load_f32_rows(uint16_t *tile, const float *src, 
     }
 }
 
+/* Part `part` (0 q, 1 k, 2 v) of the head whose rows start at row r0 of
+ * qkvr(3, B, NH, T, 64). */
+__device__ __forceinline__ const uint16_t *head_rows(const uint16_t *qkvr, unsigned part,
+                                                    size_t r0, size_t BNH, size_t T)
+{
+    return qkvr + dp_flash_qkvr_row(part, r0, BNH, T, HS);
+}
+
 __device__ __forceinline__ unsigned lane_id() { return threadIdx.x % 32; }
 /* The lane's quad (its rows g and g + 8 of the warp's 16) and its place
  * in the quad (columns 2t, 2t + 1 of each 8-wide accumulator). */
@@ -278,9 +286,8 @@ __global__ void __launch_bounds__(dp_tc::THREADS)
     const smem_view sv = view_of(tc_shared());
     const size_t r0 = pair * T, i0 = tile * BR, iw = i0 + warp * 16;
     const size_t row[2] = {iw + lane_quad(), iw + lane_quad() + 8};
-    const uint16_t *q = qkvr + dp_flash_qkvr_row(0, r0, BNH, T, HS);
-    const uint16_t *k = qkvr + dp_flash_qkvr_row(1, r0, BNH, T, HS);
-    const uint16_t *v = qkvr + dp_flash_qkvr_row(2, r0, BNH, T, HS);
+    const uint16_t *q = head_rows(qkvr, 0, r0, BNH, T), *k = head_rows(qkvr, 1, r0, BNH, T),
+                   *v = head_rows(qkvr, 2, r0, BNH, T);
 
     uint32_t qf[4][4];
     load_bf16_rows(sv.t0, q, i0, T);
@@ -363,9 +370,8 @@ __global__ void __launch_bounds__(dp_tc::THREADS)
     const size_t r0 = pair * T, i0 = tile * BR, iw = i0 + warp * 16, C = NH * HS;
     const size_t row[2] = {iw + lane_quad(), iw + lane_quad() + 8};
     const bool live[2] = {row[0] < T, row[1] < T};
-    const uint16_t *q = qkvr + dp_flash_qkvr_row(0, r0, BNH, T, HS);
-    const uint16_t *k = qkvr + dp_flash_qkvr_row(1, r0, BNH, T, HS);
-    const uint16_t *v = qkvr + dp_flash_qkvr_row(2, r0, BNH, T, HS);
+    const uint16_t *q = head_rows(qkvr, 0, r0, BNH, T), *k = head_rows(qkvr, 1, r0, BNH, T),
+                   *v = head_rows(qkvr, 2, r0, BNH, T);
 
     uint32_t qf[4][4], gf[4][4];
     load_bf16_rows(sv.t0, q, i0, T);
@@ -428,9 +434,8 @@ __global__ void __launch_bounds__(dp_tc::THREADS)
     const size_t r0 = pair * T, j0 = tile * BR, jw = j0 + warp * 16, C = NH * HS;
     const size_t key[2] = {jw + lane_quad(), jw + lane_quad() + 8};
     const bool live[2] = {key[0] < T, key[1] < T};
-    const uint16_t *q = qkvr + dp_flash_qkvr_row(0, r0, BNH, T, HS);
-    const uint16_t *k = qkvr + dp_flash_qkvr_row(1, r0, BNH, T, HS);
-    const uint16_t *v = qkvr + dp_flash_qkvr_row(2, r0, BNH, T, HS);
+    const uint16_t *q = head_rows(qkvr, 0, r0, BNH, T), *k = head_rows(qkvr, 1, r0, BNH, T),
+                   *v = head_rows(qkvr, 2, r0, BNH, T);
     const float *g = dout + dp_flash_tok_row(r0, T, NH, HS, 1, 0);
 
     uint32_t kf[4][4], vf[4][4];
