@@ -47,7 +47,7 @@ typedef struct cuda_ctx {
     cudaEvent_t stage_done[2];    /* last GPU use of stage[b] */
     double *sumsq;                /* device: DP_CUDA_SUMSQ_BLOCKS partials + 1 result */
     double *result_host;          /* pinned: the result copied back */
-    float *col;                   /* device: partials of the column reductions */
+    float *col;                   /* device: partials of the column reductions; a widened bias */
     size_t col_bytes;             /* its size (grown on demand, part of dev->reserved) */
     void *grp;                    /* device: the embedding backward's token groups */
     size_t grp_bytes;             /* its size (likewise) */
@@ -175,6 +175,8 @@ dp_status dp_cuda_attention_permute_backward(dp_device *dev, float *dqkv, const 
                                              size_t B, size_t T, size_t NH, size_t hs);
 dp_status dp_cuda_attention_permute(dp_device *dev, float *qkvr, const float *qkv, size_t B,
                                     size_t T, size_t NH, size_t hs);
+dp_status dp_cuda_attention_permute_bf16(dp_device *dev, uint16_t *qkvr, const float *qkv,
+                                         size_t B, size_t T, size_t NH, size_t hs);
 dp_status dp_cuda_attention_unpermute_backward(dp_device *dev, float *dy, const float *dout,
                                                size_t B, size_t T, size_t NH, size_t hs);
 dp_status dp_cuda_attention_unpermute(dp_device *dev, float *out, const float *y, size_t B,
