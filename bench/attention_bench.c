@@ -54,15 +54,15 @@ static void *alloc(dp_device *dev, size_t bytes)
 typedef struct bufs {
     size_t B, T, C, NH, chunk;
     int bf16;
-    float *qkv, *dout, *out, *qkvr_f32, *lse, *delta, *att, *datt, *scratch, *dqkv, *dqkvr;
+    float *qkv, *dout, *out, *lse, *delta, *att, *datt, *scratch, *dqkv, *dqkvr;
     void *qkvr, *out16, *att16;
 } bufs;
 
 static void step_fused(dp_device *dev, bufs *b)
 {
     dp_dtype t = b->bf16 ? DP_DTYPE_BF16 : DP_DTYPE_F32;
-    CHECK(dp_attention_forward_fused(dev, b->out, b->qkvr, t, b->qkvr_f32, b->lse, b->qkv, b->B,
-                                     b->T, b->C, b->NH));
+    CHECK(dp_attention_forward_fused(dev, b->out, b->qkvr, t, b->lse, b->qkv, b->B, b->T, b->C,
+                                     b->NH));
     if (b->bf16)
         CHECK(dp_convert(dev, b->out16, DP_DTYPE_BF16, b->out, DP_DTYPE_F32, b->B * b->T * b->C));
     CHECK(dp_attention_backward_fused(dev, b->dqkv, b->delta, b->dout, b->qkvr, t, b->lse,
@@ -73,8 +73,8 @@ static void step_fused(dp_device *dev, bufs *b)
 static void step_chunked(dp_device *dev, bufs *b)
 {
     dp_dtype t = b->bf16 ? DP_DTYPE_BF16 : DP_DTYPE_F32;
-    CHECK(dp_attention_forward_chunked(dev, b->out, b->qkvr, t, b->qkvr_f32, b->att, b->att16,
-                                       b->scratch, b->qkv, b->B, b->T, b->C, b->NH, b->chunk));
+    CHECK(dp_attention_forward_chunked(dev, b->out, b->qkvr, t, b->att, b->att16, b->scratch,
+                                       b->qkv, b->B, b->T, b->C, b->NH, b->chunk));
     CHECK(dp_attention_backward_chunked(dev, b->dqkv, b->dqkvr, b->att, b->att16, b->datt,
                                         b->scratch, b->dout, b->qkvr, t, b->B, b->T, b->C, b->NH,
                                         b->chunk));
@@ -161,7 +161,6 @@ int main(int argc, char **argv)
     CHECK(dp_copy_h2d(dev, b.dout, host, no * 4));
     b.out = alloc(dev, no * 4);
     b.qkvr = alloc(dev, nq * (b.bf16 ? 2 : 4));
-    b.qkvr_f32 = b.bf16 ? alloc(dev, nq * 4) : NULL;
     b.out16 = b.bf16 ? alloc(dev, no * 2) : NULL;
     b.att16 = b.bf16 ? alloc(dev, na * 2) : NULL;
     b.lse = alloc(dev, nr * 4);
@@ -183,8 +182,8 @@ int main(int argc, char **argv)
     printf("  chunked (%4zu)   median %9.3f ms  min %9.3f ms\n", b.chunk, 1e3 * cm, 1e3 * cb);
     printf("  fused / chunked  %.2f (median)\n", fm / cm);
 
-    void *all[] = {b.qkv,  b.dout, b.out,  b.qkvr,    b.qkvr_f32, b.out16, b.att16,
-                   b.lse,  b.delta, b.att, b.datt,    b.scratch,  b.dqkv,  b.dqkvr};
+    void *all[] = {b.qkv, b.dout, b.out, b.qkvr,    b.out16,   b.att16, b.lse,
+                   b.delta, b.att, b.datt, b.scratch, b.dqkv, b.dqkvr};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         if (all[i]) dp_device_free(dev, all[i]);
     free(host);

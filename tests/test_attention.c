@@ -772,7 +772,7 @@ static void chunked_run_ex(dp_device *dev, shape s, const float *qkv_host,
     size_t rows = chunk < s.T ? chunk : s.T, n_att = s.B * s.NH * rows * s.T;
     int qkvr16 = opts & RUN_QKVR16;
     float *qkv = dp_test_upload(dev, qkv_host, n_qkv), *out = dev_nan(dev, n_out),
-          *qkvr = dev_nan(dev, n_qkv), *qkvr_f32 = qkvr16 ? dev_nan(dev, n_qkv) : NULL,
+          *qkvr = dev_nan(dev, n_qkv),
           *att = dev_nan(dev, n_att), *datt = dev_nan(dev, n_att),
           *scratch = dev_nan(dev, n_out), *dout = dp_test_upload(dev, dout_host, n_out),
           *dqkv = dev_nan(dev, n_qkv), *dqkvr = dev_nan(dev, n_qkv);
@@ -784,8 +784,8 @@ static void chunked_run_ex(dp_device *dev, shape s, const float *qkv_host,
         att16 = p;
     }
     dp_dtype t = qkvr16 ? DP_DTYPE_BF16 : DP_DTYPE_F32;
-    dp_assert_ok(dp_attention_forward_chunked(dev, out, qkvr, t, qkvr_f32, att, att16, scratch,
-                                              qkv, s.B, s.T, s.C, s.NH, chunk));
+    dp_assert_ok(dp_attention_forward_chunked(dev, out, qkvr, t, att, att16, scratch, qkv, s.B,
+                                              s.T, s.C, s.NH, chunk));
     /* The backward needs only qkvr and dout: clobber the forward's scratch. */
     dp_assert_ok(dp_memset(dev, att, 0xFF, n_att * sizeof(float)));
     dp_assert_ok(dp_memset(dev, scratch, 0xFF, n_out * sizeof(float)));
@@ -805,7 +805,7 @@ static void chunked_run_ex(dp_device *dev, shape s, const float *qkv_host,
         for (size_t i = 0; i < n_att; i++) *att16_set += h[i] != 0xFFFFu;
         free(h);
     }
-    void *bufs[] = {qkv, out, qkvr, qkvr_f32, att, datt, scratch, dout, dqkv, dqkvr, att16};
+    void *bufs[] = {qkv, out, qkvr, att, datt, scratch, dout, dqkv, dqkvr, att16};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) dp_device_free(dev, bufs[i]);
 }
@@ -884,11 +884,10 @@ Test(attention, chunked_tracks_the_whole_matrix, .timeout = 60)
             /* The whole-matrix reference. */
             layer L;
             layer_init(&L, dev, s, qkv);
-            float *qkvr_f32 = dev_nan(dev, n_qkv);
             if (q16)
-                dp_assert_ok(dp_attention_forward_bf16_qkv(dev, L.out, (dp_bf16 *)L.qkvr,
-                                                           qkvr_f32, L.att, L.scratch, L.qkv,
-                                                           s.B, s.T, s.C, s.NH));
+                dp_assert_ok(dp_attention_forward_bf16_qkv(dev, L.out, (dp_bf16 *)L.qkvr, L.att,
+                                                           L.scratch, L.qkv, s.B, s.T, s.C,
+                                                           s.NH));
             else
                 layer_forward(&L);
             dp_assert_ok(dp_copy_h2d(dev, L.dout, w, n_out * sizeof(float)));
@@ -923,7 +922,6 @@ Test(attention, chunked_tracks_the_whole_matrix, .timeout = 60)
             }
             free(out0);
             free(dqkv0);
-            dp_device_free(dev, qkvr_f32);
             layer_free(&L);
         }
     }
@@ -1095,29 +1093,25 @@ Test(attention, chunked_bad_arguments)
     layer L;
     float *qkv = bad_args_layer(&L, dev, 19);
     const size_t B = L.s.B, T = L.s.T, C = L.s.C, NH = L.s.NH;
-    expect_invalid(dp_attention_forward_chunked(dev, L.out, L.qkvr, DP_DTYPE_F32, NULL, L.att, NULL,
+    expect_invalid(dp_attention_forward_chunked(dev, L.out, L.qkvr, DP_DTYPE_F32, L.att, NULL,
                                                 L.scratch, L.qkv, B, T, C, NH, 0),
                    "chunk must be >= 1");
     expect_invalid(dp_attention_backward_chunked(dev, L.dqkv, L.dqkvr, L.att, NULL, L.datt,
                                                  L.dscratch, L.dout, L.qkvr, DP_DTYPE_F32, B, T,
                                                  C, NH, 0),
                    "chunk must be >= 1");
-    expect_invalid(dp_attention_forward_chunked(dev, L.out, L.qkvr, DP_DTYPE_F16, NULL, L.att, NULL,
+    expect_invalid(dp_attention_forward_chunked(dev, L.out, L.qkvr, DP_DTYPE_F16, L.att, NULL,
                                                 L.scratch, L.qkv, B, T, C, NH, 2),
                    "neither DP_DTYPE_F32 nor DP_DTYPE_BF16");
     expect_invalid(dp_attention_backward_chunked(dev, L.dqkv, L.dqkvr, L.att, NULL, L.datt,
                                                  L.dscratch, L.dout, L.qkvr, (dp_dtype)99, B,
                                                  T, C, NH, 2),
                    "neither");
-    /* bfloat16 qkvr needs the permute's float32 scratch. */
-    expect_invalid(dp_attention_forward_chunked(dev, L.out, L.qkvr, DP_DTYPE_BF16, NULL, L.att, NULL,
-                                                L.scratch, L.qkv, B, T, C, NH, 2),
-                   "qkvr_f32");
-    expect_invalid(dp_attention_forward_chunked(NULL, L.out, L.qkvr, DP_DTYPE_F32, NULL, L.att, NULL,
+    expect_invalid(dp_attention_forward_chunked(NULL, L.out, L.qkvr, DP_DTYPE_F32, L.att, NULL,
                                                 L.scratch, L.qkv, B, T, C, NH, 2),
                    "dev");
     /* att16 must not be att (nor any other buffer). */
-    expect_invalid(dp_attention_forward_chunked(dev, L.out, L.qkvr, DP_DTYPE_F32, NULL, L.att,
+    expect_invalid(dp_attention_forward_chunked(dev, L.out, L.qkvr, DP_DTYPE_F32, L.att,
                                                 (dp_bf16 *)L.att, L.scratch, L.qkv, B, T, C, NH,
                                                 2),
                    "att16");
@@ -1129,7 +1123,7 @@ Test(attention, chunked_bad_arguments)
     expect_invalid(dp_attention_backward_chunked(dev, L.dqkv, L.dqkvr, L.att, NULL, L.att, L.dscratch,
                                                  L.dout, L.qkvr, DP_DTYPE_F32, B, T, C, NH, 2),
                    "same buffer");
-    expect_invalid(dp_attention_forward_chunked(dev, L.out, L.qkvr, DP_DTYPE_F32, NULL, L.att, NULL,
+    expect_invalid(dp_attention_forward_chunked(dev, L.out, L.qkvr, DP_DTYPE_F32, L.att, NULL,
                                                 L.scratch, L.qkv, SIZE_MAX / 2, T, C, NH, 2),
                    "overflow");
     assert_out_unwritten(&L);

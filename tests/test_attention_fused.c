@@ -171,8 +171,7 @@ enum { F_QKVR16 = 1, F_OUT16 = 2 };
 /* dp_attention_forward_fused then _backward_fused on dev with their own
  * NaN-filled buffers of exactly the documented sizes: qkvr of float32 or
  * (F_QKVR16) bfloat16, the backward's out float32 or (F_OUT16) the
- * forward's out rounded to bfloat16. The forward's scratch qkvr_f32 is
- * clobbered before the backward, which must not need it. */
+ * forward's out rounded to bfloat16. */
 static fused fused_run(dp_device *dev, shape s, const float *qkv_host, const float *dout_host,
                        int opts)
 {
@@ -180,20 +179,18 @@ static fused fused_run(dp_device *dev, shape s, const float *qkv_host, const flo
     size_t nq = n_qkv(s), no = n_out(s), nr = n_rows(s);
     float *qkv = dp_test_upload(dev, qkv_host, nq), *dout = dp_test_upload(dev, dout_host, no);
     float *out = dev_nan(dev, no * 4), *lse = dev_nan(dev, nr * 4), *delta = dev_nan(dev, nr * 4),
-          *dqkv = dev_nan(dev, nq * 4), *qkvr_f32 = q16 ? dev_nan(dev, nq * 4) : NULL;
+          *dqkv = dev_nan(dev, nq * 4);
     void *qkvr = dev_nan(dev, nq * (q16 ? 2 : 4)), *out16 = o16 ? dev_nan(dev, no * 2) : NULL;
     dp_dtype qt = q16 ? DP_DTYPE_BF16 : DP_DTYPE_F32;
-    dp_assert_ok(dp_attention_forward_fused(dev, out, qkvr, qt, qkvr_f32, lse, qkv, s.B, s.T, s.C,
-                                            s.NH));
+    dp_assert_ok(dp_attention_forward_fused(dev, out, qkvr, qt, lse, qkv, s.B, s.T, s.C, s.NH));
     fused r = {download(dev, out, no), download(dev, lse, nr), NULL};
-    if (q16) dp_assert_ok(dp_memset(dev, qkvr_f32, 0xFF, nq * 4));
     if (o16) dp_assert_ok(dp_convert(dev, out16, DP_DTYPE_BF16, out, DP_DTYPE_F32, no));
     dp_assert_ok(dp_attention_backward_fused(dev, dqkv, delta, dout, qkvr, qt, lse,
                                              o16 ? out16 : (void *)out,
                                              o16 ? DP_DTYPE_BF16 : DP_DTYPE_F32, s.B, s.T, s.C,
                                              s.NH));
     r.dqkv = download(dev, dqkv, nq);
-    void *bufs[] = {qkv, dout, out, lse, delta, dqkv, qkvr_f32, qkvr, out16};
+    void *bufs[] = {qkv, dout, out, lse, delta, dqkv, qkvr, out16};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) dp_device_free(dev, bufs[i]);
     return r;
@@ -399,15 +396,13 @@ Test(attention_fused, matches_the_chunked_calls, .timeout = 60)
             float *qkv = host_normal(400 + si, nq, 1.5f), *w = host_normal(500 + si, no, 1.0f);
             fused r = fused_run(dev, s, qkv, w, q16 ? F_QKVR16 : 0);
             float *dq = dp_test_upload(dev, qkv, nq), *dd = dp_test_upload(dev, w, no);
-            float *out = dev_nan(dev, no * 4), *qkvr_f32 = dev_nan(dev, nq * 4),
-                  *att = dev_nan(dev, na * 4), *datt = dev_nan(dev, na * 4),
+            float *out = dev_nan(dev, no * 4), *att = dev_nan(dev, na * 4), *datt = dev_nan(dev, na * 4),
                   *scratch = dev_nan(dev, no * 4), *dqkv = dev_nan(dev, nq * 4),
                   *dqkvr = dev_nan(dev, nq * 4);
             void *qkvr = dev_nan(dev, nq * (q16 ? 2 : 4));
             dp_dtype qt = q16 ? DP_DTYPE_BF16 : DP_DTYPE_F32;
-            dp_assert_ok(dp_attention_forward_chunked(dev, out, qkvr, qt, q16 ? qkvr_f32 : NULL,
-                                                      att, NULL, scratch, dq, s.B, s.T, s.C,
-                                                      s.NH, chunk));
+            dp_assert_ok(dp_attention_forward_chunked(dev, out, qkvr, qt, att, NULL, scratch, dq,
+                                                      s.B, s.T, s.C, s.NH, chunk));
             dp_assert_ok(dp_attention_backward_chunked(dev, dqkv, dqkvr, att, NULL, datt, scratch,
                                                        dd, qkvr, qt, s.B, s.T, s.C, s.NH, chunk));
             float *co = download(dev, out, no), *cg = download(dev, dqkv, nq);
@@ -415,8 +410,8 @@ Test(attention_fused, matches_the_chunked_calls, .timeout = 60)
                         q16 ? "bf16" : "f32");
             dp_assert_allclose(r.out, co, no, 2 * OUT_ATOL, 2e-5);
             dp_assert_allclose(r.dqkv, cg, nq, 2 * GRAD_ATOL, 2e-5);
-            void *bufs[] = {dq, dd, out, qkvr_f32, att, datt, scratch, dqkv, dqkvr, qkvr};
-            for (size_t i = 0; i < 10; i++) dp_device_free(dev, bufs[i]);
+            void *bufs[] = {dq, dd, out, att, datt, scratch, dqkv, dqkvr, qkvr};
+            for (size_t i = 0; i < 9; i++) dp_device_free(dev, bufs[i]);
             free(co);
             free(cg);
             fused_free(&r);
@@ -535,21 +530,20 @@ Test(attention_fused, bad_arguments)
     size_t nq = n_qkv(s), no = n_out(s), nr = n_rows(s);
     float *qkv_h = host_normal(900, nq, 1.0f);
     float *qkv = dp_test_upload(dev, qkv_h, nq), *out = dev_nan(dev, no * 4),
-          *qkvr = dev_nan(dev, nq * 4), *f32 = dev_nan(dev, nq * 4), *lse = dev_nan(dev, nr * 4),
+          *qkvr = dev_nan(dev, nq * 4), *lse = dev_nan(dev, nr * 4),
           *delta = dev_nan(dev, nr * 4), *dqkv = dev_nan(dev, nq * 4), *dout = dev_nan(dev, no * 4);
     const dp_dtype F = DP_DTYPE_F32, H = DP_DTYPE_BF16;
-#define FWD(d_, o_, r_, t_, f_, l_, x_, B_, T_, C_, NH_)                                        \
-    dp_attention_forward_fused(d_, o_, r_, t_, f_, l_, x_, B_, T_, C_, NH_)
+#define FWD(d_, o_, r_, t_, l_, x_, B_, T_, C_, NH_)                                            \
+    dp_attention_forward_fused(d_, o_, r_, t_, l_, x_, B_, T_, C_, NH_)
 #define BWD(d_, g_, dl_, go_, r_, rt_, l_, o_, ot_, B_, T_, C_, NH_)                            \
     dp_attention_backward_fused(d_, g_, dl_, go_, r_, rt_, l_, o_, ot_, B_, T_, C_, NH_)
 
-    expect_invalid(FWD(NULL, out, qkvr, F, NULL, lse, qkv, B, T, C, NH), "dev");
-    expect_invalid(FWD(dev, NULL, qkvr, F, NULL, lse, qkv, B, T, C, NH), "cpu:0");
-    expect_invalid(FWD(dev, out, NULL, F, NULL, lse, qkv, B, T, C, NH), "NULL");
-    expect_invalid(FWD(dev, out, qkvr, F, NULL, NULL, qkv, B, T, C, NH), "NULL");
-    expect_invalid(FWD(dev, out, qkvr, F, NULL, lse, NULL, B, T, C, NH), "NULL");
-    expect_invalid(FWD(dev, out, qkvr, H, NULL, lse, qkv, B, T, C, NH), "qkvr_f32");
-    expect_invalid(FWD(dev, out, qkvr, DP_DTYPE_F16, NULL, lse, qkv, B, T, C, NH),
+    expect_invalid(FWD(NULL, out, qkvr, F, lse, qkv, B, T, C, NH), "dev");
+    expect_invalid(FWD(dev, NULL, qkvr, F, lse, qkv, B, T, C, NH), "cpu:0");
+    expect_invalid(FWD(dev, out, NULL, F, lse, qkv, B, T, C, NH), "NULL");
+    expect_invalid(FWD(dev, out, qkvr, F, NULL, qkv, B, T, C, NH), "NULL");
+    expect_invalid(FWD(dev, out, qkvr, F, lse, NULL, B, T, C, NH), "NULL");
+    expect_invalid(FWD(dev, out, qkvr, DP_DTYPE_F16, lse, qkv, B, T, C, NH),
                    "neither DP_DTYPE_F32 nor DP_DTYPE_BF16");
     expect_invalid(BWD(NULL, dqkv, delta, dout, qkvr, F, lse, out, F, B, T, C, NH), "dev");
     void *bp[6] = {dqkv, delta, dout, qkvr, lse, out};
@@ -565,22 +559,22 @@ Test(attention_fused, bad_arguments)
                    "qkvr_dtype");
 
     /* Dimensions: zero, C not a multiple of NH, overflow, too many rows. */
-    expect_invalid(FWD(dev, out, qkvr, F, NULL, lse, qkv, 0, T, C, NH), "B=0");
-    expect_invalid(FWD(dev, out, qkvr, F, NULL, lse, qkv, B, 0, C, NH), "T=0");
+    expect_invalid(FWD(dev, out, qkvr, F, lse, qkv, 0, T, C, NH), "B=0");
+    expect_invalid(FWD(dev, out, qkvr, F, lse, qkv, B, 0, C, NH), "T=0");
     expect_invalid(BWD(dev, dqkv, delta, dout, qkvr, F, lse, out, F, B, T, 0, NH), "C=0");
     expect_invalid(BWD(dev, dqkv, delta, dout, qkvr, F, lse, out, F, B, T, C, 0), "NH=0");
-    expect_invalid(FWD(dev, out, qkvr, F, NULL, lse, qkv, B, T, C, 5), "multiple");
+    expect_invalid(FWD(dev, out, qkvr, F, lse, qkv, B, T, C, 5), "multiple");
     expect_invalid(BWD(dev, dqkv, delta, dout, qkvr, F, lse, out, F, B, T, C, 5), "multiple");
-    expect_invalid(FWD(dev, out, qkvr, F, NULL, lse, qkv, SIZE_MAX / 2, T, C, NH), "overflow");
+    expect_invalid(FWD(dev, out, qkvr, F, lse, qkv, SIZE_MAX / 2, T, C, NH), "overflow");
     expect_invalid(BWD(dev, dqkv, delta, dout, qkvr, F, lse, out, F, 1, (size_t)1 << 62, 4, 1),
                    "overflow");
-    expect_invalid(FWD(dev, out, qkvr, F, NULL, lse, qkv, (size_t)1 << 31, 1, 1, 1), "2147483647");
+    expect_invalid(FWD(dev, out, qkvr, F, lse, qkv, (size_t)1 << 31, 1, 1, 1), "2147483647");
     expect_invalid(BWD(dev, dqkv, delta, dout, qkvr, F, lse, out, F, 1, (size_t)1 << 30, 4, 2),
                    "micro-batches");
 
     /* The same buffer twice. */
-    expect_invalid(FWD(dev, out, out, F, NULL, lse, qkv, B, T, C, NH), "same buffer");
-    expect_invalid(FWD(dev, out, qkvr, H, qkvr, lse, qkv, B, T, C, NH), "qkvr_f32");
+    expect_invalid(FWD(dev, out, out, F, lse, qkv, B, T, C, NH), "same buffer");
+    expect_invalid(FWD(dev, out, qkvr, H, lse, lse, B, T, C, NH), "same buffer");
     expect_invalid(BWD(dev, dqkv, lse, dout, qkvr, F, lse, out, F, B, T, C, NH), "same buffer");
     expect_invalid(BWD(dev, dqkv, delta, out, qkvr, F, lse, out, F, B, T, C, NH), "same buffer");
 
@@ -588,12 +582,12 @@ Test(attention_fused, bad_arguments)
     float *o = download(dev, out, no);
     for (size_t i = 0; i < no; i++) cr_assert(isnan(o[i]), "out[%zu] was written", i);
     free(o);
-    dp_assert_ok(FWD(dev, out, qkvr, F, NULL, lse, qkv, B, T, C, NH));
+    dp_assert_ok(FWD(dev, out, qkvr, F, lse, qkv, B, T, C, NH));
     dp_assert_ok(BWD(dev, dqkv, delta, dout, qkvr, F, lse, out, F, B, T, C, NH));
 #undef FWD
 #undef BWD
-    float *bufs[] = {qkv, out, qkvr, f32, lse, delta, dqkv, dout};
-    for (size_t i = 0; i < 8; i++) dp_device_free(dev, bufs[i]);
+    float *bufs[] = {qkv, out, qkvr, lse, delta, dqkv, dout};
+    for (size_t i = 0; i < 7; i++) dp_device_free(dev, bufs[i]);
     free(qkv_h);
     close_checked(dev);
 }

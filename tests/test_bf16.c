@@ -379,11 +379,14 @@ Test(bf16_layers, attention_with_bf16_qkv_is_attention_on_the_rounded_qkv)
         float *o1 = dp_test_nn_filled(dev, BTC, 0), *o2 = dp_test_nn_filled(dev, BTC, 0);
         float *a1 = dp_test_nn_filled(dev, ATT, 0), *a2 = dp_test_nn_filled(dev, ATT, 0);
         float *s1 = dp_test_nn_filled(dev, BTC, 0), *s2 = dp_test_nn_filled(dev, BTC, 0);
-        float *r32 = dp_test_nn_filled(dev, 3 * BTC, 0), *f32 = dp_test_nn_filled(dev, 3 * BTC, 0);
+        float *r32 = dp_test_nn_filled(dev, 3 * BTC, 0), *w16 = dp_test_nn_filled(dev, 3 * BTC, 0);
         dp_bf16 *r16 = NULL;
         dp_assert_ok(dp_device_alloc(dev, 3 * BTC * sizeof *r16, (void **)&r16));
-        dp_assert_ok(dp_attention_forward_bf16_qkv(dev, o1, r16, f32, a1, s1, dq, B, T, C, NH));
+        dp_assert_ok(dp_attention_forward_bf16_qkv(dev, o1, r16, a1, s1, dq, B, T, C, NH));
         dp_assert_ok(dp_attention_forward(dev, o2, r32, a2, s2, dr, B, T, C, NH));
+        /* the permute rounds as it writes: q, k, v are the rounded ones permuted */
+        dp_assert_ok(dp_convert(dev, w16, DP_DTYPE_F32, r16, DP_DTYPE_BF16, 3 * BTC));
+        assert_same_floats("attention qkvr", dev, w16, r32, 3 * BTC);
         assert_same_floats("attention out", dev, o1, o2, BTC);
         assert_same_floats("attention probabilities", dev, a1, a2, ATT);
         float *g1 = dp_test_nn_filled(dev, 3 * BTC, 0), *g2 = dp_test_nn_filled(dev, 3 * BTC, 0);
@@ -393,9 +396,9 @@ Test(bf16_layers, attention_with_bf16_qkv_is_attention_on_the_rounded_qkv)
                                                     NH));
         dp_assert_ok(dp_attention_backward(dev, g2, gr2, ga2, s2, ddo, r32, a2, B, T, C, NH));
         assert_same_floats("attention dqkv", dev, g1, g2, 3 * BTC);
-        dp_test_nn_assert_invalid(dp_attention_forward_bf16_qkv(dev, o1, r16, NULL, a1, s1, dq, B, T, C,
-                                                        NH),
-                          "qkvr_f32", "dp_attention_forward_bf16_qkv");
+        dp_test_nn_assert_invalid(dp_attention_forward_bf16_qkv(dev, o1, NULL, a1, s1, dq, B, T, C,
+                                                                NH),
+                                  "qkvr", "dp_attention_forward_bf16_qkv");
         free(qkv), free(dout);
         dp_device_close(dev);
     }
@@ -412,14 +415,13 @@ Test(bf16_layers, recomputed_attention_probabilities_are_the_forwards)
         float *qkv = random_floats(23, 3 * BTC);
         float *dq = dp_test_upload(dev, qkv, 3 * BTC), *o = dp_test_nn_filled(dev, BTC, 0);
         float *s = dp_test_nn_filled(dev, BTC, 0), *r32 = dp_test_nn_filled(dev, 3 * BTC, 0);
-        float *f32 = dp_test_nn_filled(dev, 3 * BTC, 0);
         float *att = dp_test_nn_filled(dev, ATT, 0), *again = dp_test_nn_filled(dev, ATT, NAN);
         dp_bf16 *r16 = NULL;
         dp_assert_ok(dp_device_alloc(dev, 3 * BTC * sizeof *r16, (void **)&r16));
         dp_assert_ok(dp_attention_forward(dev, o, r32, att, s, dq, B, T, C, NH));
         dp_assert_ok(dp_attention_probs(dev, again, r32, B, T, C, NH));
         assert_same_floats("probabilities from float32 qkvr", dev, again, att, ATT);
-        dp_assert_ok(dp_attention_forward_bf16_qkv(dev, o, r16, f32, att, s, dq, B, T, C, NH));
+        dp_assert_ok(dp_attention_forward_bf16_qkv(dev, o, r16, att, s, dq, B, T, C, NH));
         dp_assert_ok(dp_memset(dev, again, 0xff, ATT * sizeof(float)));
         dp_assert_ok(dp_attention_probs_bf16_qkv(dev, again, r16, B, T, C, NH));
         assert_same_floats("probabilities from bfloat16 qkvr", dev, again, att, ATT);

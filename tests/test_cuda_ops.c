@@ -994,43 +994,73 @@ Test(cuda_ops, sum_squares_is_accurate_and_deterministic, .timeout = 60)
     }
 }
 
-Test(cuda_ops, attention_permutes_are_bitwise_equal)
+static uint16_t *download_u16(dp_device *d, const uint16_t *p, size_t n)
 {
-    REQUIRE_GPU();
-    enum { B = 2, T = 5, NH = 3, HS = 4, C = NH * HS, NQ = B * T * 3 * C };
-    float *qkv = rnd(1, NQ, -1, 1), *y = rnd(2, B * T * C, -1, 1);
-    FOR_TARGETS(g)
-    {
-        pair p = pair_open(g);
-        float *res[2][4];
-        for (int b = 0; b < 2; b++) {
-            dp_device *d = p.d[b];
-            float *qd = dp_test_upload(d, qkv, NQ), *yd = dp_test_upload(d, y, B * T * C);
-            float *o1 = dalloc(d, NQ * 4), *o2 = dalloc(d, NQ * 4), *o3 = dalloc(d, B * T * C * 4),
-                  *o4 = dalloc(d, B * T * C * 4);
-            dp_assert_ok(d->ops->attention_permute(d, o1, qd, B, T, NH, HS));
-            dp_assert_ok(d->ops->attention_permute_backward(d, o2, o1, B, T, NH, HS));
-            dp_assert_ok(d->ops->attention_unpermute(d, o3, yd, B, T, NH, HS));
-            dp_assert_ok(d->ops->attention_unpermute_backward(d, o4, o3, B, T, NH, HS));
-            res[b][0] = dp_test_nn_download(d, o1, NQ);
-            res[b][1] = dp_test_nn_download(d, o2, NQ);
-            res[b][2] = dp_test_nn_download(d, o3, B * T * C);
-            res[b][3] = dp_test_nn_download(d, o4, B * T * C);
-            void *bufs[] = {qd, yd, o1, o2, o3, o4};
-            for (size_t i = 0; i < 6; i++) dp_device_free(d, bufs[i]);
-        }
-        assert_same_bits("permute", res[1][0], res[0][0], NQ);
-        assert_same_bits("permute_backward", res[1][1], res[0][1], NQ);
-        assert_same_bits("permute round trip", res[1][1], qkv, NQ);
-        assert_same_bits("unpermute", res[1][2], res[0][2], B * T * C);
-        assert_same_bits("unpermute_backward", res[1][3], res[0][3], B * T * C);
-        assert_same_bits("unpermute round trip", res[1][3], y, B * T * C);
-        for (int b = 0; b < 2; b++)
-            for (int k = 0; k < 4; k++) free(res[b][k]);
-        pair_close(&p);
+    uint16_t *h = xmalloc(n * sizeof *h);
+    dp_assert_ok(dp_copy_d2h(d, h, p, n * sizeof *h));
+    return h;
+}
+
+/* One shape of the permutes on both devices; the bfloat16 permute against
+ * the float32 one rounded on the host too. */
+static void permutes_case(pair *p, size_t B, size_t T, size_t NH, size_t HS)
+{
+    size_t C = NH * HS, NQ = B * T * 3 * C, NY = B * T * C;
+    float *qkv = rnd(1, NQ, -1, 1), *y = rnd(2, NY, -1, 1);
+    float *res[2][4];
+    uint16_t *r16[2];
+    for (int b = 0; b < 2; b++) {
+        dp_device *d = p->d[b];
+        float *qd = dp_test_upload(d, qkv, NQ), *yd = dp_test_upload(d, y, NY);
+        float *o1 = dalloc(d, NQ * 4), *o2 = dalloc(d, NQ * 4), *o3 = dalloc(d, NY * 4),
+              *o4 = dalloc(d, NY * 4);
+        uint16_t *o5 = (uint16_t *)dalloc(d, NQ * 2);
+        dp_assert_ok(d->ops->attention_permute(d, o1, qd, B, T, NH, HS));
+        dp_assert_ok(d->ops->attention_permute_bf16(d, o5, qd, B, T, NH, HS));
+        dp_assert_ok(d->ops->attention_permute_backward(d, o2, o1, B, T, NH, HS));
+        dp_assert_ok(d->ops->attention_unpermute(d, o3, yd, B, T, NH, HS));
+        dp_assert_ok(d->ops->attention_unpermute_backward(d, o4, o3, B, T, NH, HS));
+        res[b][0] = dp_test_nn_download(d, o1, NQ);
+        res[b][1] = dp_test_nn_download(d, o2, NQ);
+        res[b][2] = dp_test_nn_download(d, o3, NY);
+        res[b][3] = dp_test_nn_download(d, o4, NY);
+        r16[b] = download_u16(d, o5, NQ);
+        void *bufs[] = {qd, yd, o1, o2, o3, o4, o5};
+        for (size_t i = 0; i < 7; i++) dp_device_free(d, bufs[i]);
+    }
+    cr_log_info("permutes B=%zu T=%zu NH=%zu hs=%zu", B, T, NH, HS);
+    assert_same_bits("permute", res[1][0], res[0][0], NQ);
+    assert_same_bits("permute_backward", res[1][1], res[0][1], NQ);
+    assert_same_bits("permute round trip", res[1][1], qkv, NQ);
+    assert_same_bits("unpermute", res[1][2], res[0][2], NY);
+    assert_same_bits("unpermute_backward", res[1][3], res[0][3], NY);
+    assert_same_bits("unpermute round trip", res[1][3], y, NY);
+    for (size_t i = 0; i < NQ; i++) {
+        cr_assert_eq(r16[1][i], r16[0][i], "permute_bf16 element %zu: %#x vs cpu %#x", i,
+                     r16[1][i], r16[0][i]);
+        cr_assert_eq(r16[0][i], dp_bf16_round(res[0][0][i]),
+                     "permute_bf16 element %zu is not the float32 permute's rounding", i);
+    }
+    for (int b = 0; b < 2; b++) {
+        for (int k = 0; k < 4; k++) free(res[b][k]);
+        free(r16[b]);
     }
     free(qkv);
     free(y);
+}
+
+/* Head sizes below a warp, and above two warps' width with a partial last
+ * pass (the CUDA permutes run a warp per head vector). */
+Test(cuda_ops, attention_permutes_are_bitwise_equal)
+{
+    REQUIRE_GPU();
+    FOR_TARGETS(g)
+    {
+        pair p = pair_open(g);
+        permutes_case(&p, 2, 5, 3, 4);
+        permutes_case(&p, 2, 7, 2, 72);
+        pair_close(&p);
+    }
 }
 
 /*
@@ -1450,13 +1480,6 @@ static uint16_t *upload_u16(dp_device *d, const uint16_t *h, size_t n)
     return p;
 }
 
-static uint16_t *download_u16(dp_device *d, const uint16_t *p, size_t n)
-{
-    uint16_t *h = xmalloc(n * sizeof *h);
-    dp_assert_ok(dp_copy_d2h(d, h, p, n * sizeof *h));
-    return h;
-}
-
 /* bfloat16 bits on one integer line (-0 and +0 both 0), so that
  * neighbouring values are 1 apart across zero too. */
 static long bf16_ordinal(uint16_t h) { return h & 0x8000 ? -(long)(h & 0x7fff) : (long)h; }
@@ -1779,7 +1802,7 @@ Test(cuda_ops, linear_and_attention_layers_match_cpu, .timeout = 60)
             ao[b] = dp_test_nn_download(d, out, ny);
             adq[b] = dp_test_nn_download(d, dq, nq);
             /* Chunks of 5 queries (5, 5, 2): each recomputed in the backward. */
-            dp_assert_ok(dp_attention_forward_chunked(d, out, qkvr, DP_DTYPE_F32, NULL, att, NULL,
+            dp_assert_ok(dp_attention_forward_chunked(d, out, qkvr, DP_DTYPE_F32, att, NULL,
                                                       scratch, qd, B, T, AC, NH, 5));
             dp_assert_ok(dp_attention_backward_chunked(d, dq, dqr, att, NULL, datt, scratch, ad, qkvr,
                                                        DP_DTYPE_F32, B, T, AC, NH, 5));
@@ -1843,18 +1866,18 @@ Test(cuda_ops, chunked_attention_att16_matches_converting_gemms, .timeout = 60)
         float *res[2][2];
         for (int with16 = 0; with16 < 2; with16++) {
             float *qd = dp_test_upload(d, qkv, nq), *out = dalloc(d, ny * 4),
-                  *qkvr = dalloc(d, nq * 4), *qf = dalloc(d, nq * 4), *att = dalloc(d, na * 4),
+                  *qkvr = dalloc(d, nq * 4), *att = dalloc(d, na * 4),
                   *scratch = dalloc(d, ny * 4), *ad = dp_test_upload(d, adout, ny),
                   *dq = dalloc(d, nq * 4), *dqr = dalloc(d, nq * 4), *datt = dalloc(d, na * 4);
             dp_bf16 *a16 = with16 ? (dp_bf16 *)dalloc(d, na * 2) : NULL;
-            dp_assert_ok(dp_attention_forward_chunked(d, out, qkvr, DP_DTYPE_BF16, qf, att, a16,
+            dp_assert_ok(dp_attention_forward_chunked(d, out, qkvr, DP_DTYPE_BF16, att, a16,
                                                       scratch, qd, B, T, AC, NH, CHUNK));
             dp_assert_ok(dp_attention_backward_chunked(d, dq, dqr, att, a16, datt, scratch, ad,
                                                        qkvr, DP_DTYPE_BF16, B, T, AC, NH, CHUNK));
             res[with16][0] = dp_test_nn_download(d, out, ny);
             res[with16][1] = dp_test_nn_download(d, dq, nq);
-            void *bufs[] = {qd, out, qkvr, qf, att, scratch, ad, dq, dqr, datt, a16};
-            for (size_t i = 0; i < 11; i++)
+            void *bufs[] = {qd, out, qkvr, att, scratch, ad, dq, dqr, datt, a16};
+            for (size_t i = 0; i < 10; i++)
                 if (bufs[i]) dp_device_free(d, bufs[i]);
         }
         cr_log_info("%s: att16 gives the same bits: out %s, dqkv %s", dp_device_name(d),
@@ -1903,8 +1926,7 @@ static void fused_attention_run(dp_device *d, size_t B, size_t T, size_t C, size
     size_t nq = B * T * 3 * C, no = B * T * C, nr = B * NH * T;
     float *qkv = dp_test_upload(d, qkv_h, nq), *dout_buf = dalloc(d, (no + off) * 4);
     float *out_buf = dalloc(d, (no + off) * 4), *lse = dalloc(d, nr * 4),
-          *delta = dalloc(d, nr * 4), *dqkv_buf = dalloc(d, (nq + off) * 4),
-          *f32 = bf16 ? dalloc(d, nq * 4) : NULL;
+          *delta = dalloc(d, nr * 4), *dqkv_buf = dalloc(d, (nq + off) * 4);
     float *dout = dout_buf + off, *out = out_buf + off, *dqkv = dqkv_buf + off;
     dp_assert_ok(dp_copy_h2d(d, dout, dout_h, no * 4));
     void *qkvr = dalloc(d, nq * (bf16 ? 2 : 4)), *o16 = bf16 ? dalloc(d, no * 2) : NULL;
@@ -1912,7 +1934,7 @@ static void fused_attention_run(dp_device *d, size_t B, size_t T, size_t C, size
     size_t bytes[] = {no * 4, nr * 4, nr * 4, nq * 4, nq * (bf16 ? 2 : 4)};
     for (int i = 0; i < 5; i++) dp_assert_ok(dp_memset(d, fill[i], 0xFF, bytes[i]));
     dp_dtype t = bf16 ? DP_DTYPE_BF16 : DP_DTYPE_F32;
-    dp_assert_ok(dp_attention_forward_fused(d, out, qkvr, t, f32, lse, qkv, B, T, C, NH));
+    dp_assert_ok(dp_attention_forward_fused(d, out, qkvr, t, lse, qkv, B, T, C, NH));
     if (bf16 && o16_h) dp_assert_ok(dp_copy_h2d(d, o16, o16_h, no * 2));
     else if (bf16) dp_assert_ok(dp_convert(d, o16, DP_DTYPE_BF16, out, DP_DTYPE_F32, no));
     dp_assert_ok(dp_attention_backward_fused(d, dqkv, delta, dout, qkvr, t, lse,
@@ -1921,8 +1943,8 @@ static void fused_attention_run(dp_device *d, size_t B, size_t T, size_t C, size
     res[1] = dp_test_nn_download(d, lse, nr);
     res[2] = dp_test_nn_download(d, dqkv, nq);
     res[3] = dp_test_nn_download(d, delta, nr);
-    void *bufs[] = {qkv, dout_buf, out_buf, lse, delta, dqkv_buf, f32, qkvr, o16};
-    for (size_t i = 0; i < 9; i++)
+    void *bufs[] = {qkv, dout_buf, out_buf, lse, delta, dqkv_buf, qkvr, o16};
+    for (size_t i = 0; i < 8; i++)
         if (bufs[i]) dp_device_free(d, bufs[i]);
 }
 

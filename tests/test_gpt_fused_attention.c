@@ -164,9 +164,12 @@ Test(gpt_fused_attention, repeats_and_shards_bitwise, .timeout = 120)
 /* The workspace: against the variant that recomputes the whole matrix
  * (no probabilities kept either), each layer adds its normalisers' logs,
  * rows*NH*T floats, and the backward's attention scratch loses its two
- * (rows,NH,T,T) probability buffers for one (rows,NH,T) D; the chunked
- * variant's two chunk buffers are gone too, so fused < chunked. Up to
- * the slots' alignment. */
+ * (rows,NH,T,T) probability buffers for one (rows,NH,T) D, and dqkvr
+ * (3 btc: the fused backward writes dqkv directly, the forward's permute
+ * the kept qkvr); the chunked variant's two chunk buffers are gone too,
+ * so fused < chunked. The MLP half of the scratch (dfch, 4 btc, and with
+ * bfloat16 activations the linears' bfloat16 dout, 2 btc) may then be
+ * the larger. Up to the slots' alignment. */
 Test(gpt_fused_attention, workspace_keeps_only_the_normalisers)
 {
     dp_gpt_config cfg = {
@@ -182,8 +185,8 @@ Test(gpt_fused_attention, workspace_keeps_only_the_normalisers)
             size_t wr = r->workspace_bytes(r->ctx, rows), wf = f->workspace_bytes(f->ctx, rows),
                    wc = ch->workspace_bytes(ch->ctx, rows);
             size_t btc = rows * bs * cfg.n_embd, bnht = rows * cfg.n_head * bs,
-                   bnhtt = bnht * bs, mlp = 4 * btc;
-            size_t attn_r = 7 * btc + 2 * bnhtt, attn_f = 7 * btc + bnht;
+                   bnhtt = bnht * bs, mlp = kinds[kind] == DP_GPT_BF16_ACT ? 6 * btc : 4 * btc;
+            size_t attn_r = 7 * btc + 2 * bnhtt, attn_f = 4 * btc + bnht;
             size_t big_r = attn_r > mlp ? attn_r : mlp, big_f = attn_f > mlp ? attn_f : mlp;
             long long want =
                 ((long long)big_r - (long long)big_f - (long long)(cfg.n_layer * bnht)) *

@@ -223,13 +223,12 @@ DP_API dp_status dp_attention_backward(dp_device *dev, float *dqkv, float *dqkvr
 /* The same with qkvr(3,B,NH,T,hs) kept as bfloat16: only the GEMMs read
  * q, k and v, and a BF16-precision GEMM rounds them to exactly these
  * values, so there the results equal the float32 qkvr's bit for bit, with
- * half its memory. The forward permutes into qkvr_f32 (3,B,NH,T,hs floats
- * of scratch, clobbered) and rounds it into qkvr. In FP32 or TF32
- * precision the GEMMs compute with the rounded q, k and v. */
+ * half its memory. The forward's permute rounds each element as it
+ * writes it (no float32 copy). In FP32 or TF32 precision the GEMMs
+ * compute with the rounded q, k and v. */
 DP_API dp_status dp_attention_forward_bf16_qkv(dp_device *dev, float *out, dp_bf16 *qkvr,
-                                               float *qkvr_f32, float *att, float *scratch,
-                                               const float *qkv, size_t B, size_t T, size_t C,
-                                               size_t NH);
+                                               float *att, float *scratch, const float *qkv,
+                                               size_t B, size_t T, size_t C, size_t NH);
 DP_API dp_status dp_attention_backward_bf16_qkv(dp_device *dev, float *dqkv, float *dqkvr,
                                                 float *datt, float *scratch, const float *dout,
                                                 const dp_bf16 *qkvr, const float *att, size_t B,
@@ -257,9 +256,8 @@ DP_API dp_status dp_attention_probs_bf16_qkv(dp_device *dev, float *att, const d
  * rounding, not bit for bit (with chunk >= T they are its calls exactly).
  * About half the score FLOPs are skipped (the masked blocks).
  *   qkvr(3,B,NH,T,hs) of qkvr_dtype (DP_DTYPE_F32, or DP_DTYPE_BF16 as the
- *     _bf16_qkv variants: then qkvr_f32, 3,B,NH,T,hs floats, is the
- *     permute's scratch; NULL for float32), written by the forward and
- *     the only thing the backward needs besides dout;
+ *     _bf16_qkv variants), written by the forward and the only thing the
+ *     backward needs besides dout;
  *   att, datt (B,NH,min(chunk,T),T) floats: scratch, clobbered;
  *   att16 NULL, or (B,NH,min(chunk,T),T) bfloat16 elements of scratch
  *     (half att's bytes), clobbered: on a device in BF16 matmul precision
@@ -276,10 +274,9 @@ DP_API dp_status dp_attention_probs_bf16_qkv(dp_device *dev, float *att, const d
  * dp_attention_forward; DP_ERR_INVALID_ARGUMENT for chunk 0 or another
  * qkvr_dtype. dqkv(B,T,3C) is overwritten; dqkvr(3,B,NH,T,hs) is scratch. */
 DP_API dp_status dp_attention_forward_chunked(dp_device *dev, float *out, void *qkvr,
-                                              dp_dtype qkvr_dtype, float *qkvr_f32, float *att,
-                                              dp_bf16 *att16, float *scratch, const float *qkv,
-                                              size_t B, size_t T, size_t C, size_t NH,
-                                              size_t chunk);
+                                              dp_dtype qkvr_dtype, float *att, dp_bf16 *att16,
+                                              float *scratch, const float *qkv, size_t B,
+                                              size_t T, size_t C, size_t NH, size_t chunk);
 DP_API dp_status dp_attention_backward_chunked(dp_device *dev, float *dqkv, float *dqkvr,
                                                float *att, dp_bf16 *att16, float *datt,
                                                float *scratch, const float *dout,
@@ -307,10 +304,9 @@ DP_API dp_status dp_attention_backward_chunked(dp_device *dev, float *dqkv, floa
  *   qkv(B,T,3C) float32 input (nanoGPT's c_attn output);
  *   out(B,T,C) float32 output, heads concatenated;
  *   qkvr(3,B,NH,T,hs) of qkvr_dtype (DP_DTYPE_F32 or DP_DTYPE_BF16),
- *     written: q, k, v per head, what the backward reads. With bfloat16,
- *     qkvr_f32 (3,B,NH,T,hs floats, scratch, clobbered) takes the
- *     permute first and the forward computes with the rounded q, k, v
- *     (so lse is theirs); NULL for float32;
+ *     written: q, k, v per head, what the backward reads. With bfloat16
+ *     the permute rounds each element once as it writes it, and the
+ *     forward computes with the rounded q, k, v (so lse is theirs);
  *   lse(B,NH,T) float32 output: log sum_{j<=t} exp(s_tj), kept for the
  *     backward (4 bytes per head and token instead of T probabilities).
  * Backward (dout and the forward's qkvr, lse and out; nothing else):
@@ -323,16 +319,15 @@ DP_API dp_status dp_attention_backward_chunked(dp_device *dev, float *dqkv, floa
  *     moves each score gradient ds = p (dp - D) by p times that (dq and dk
  *     of the row by about scale * 2^-9 |dO||O| |k|; dv is not affected),
  *     as FlashAttention's backward does from its bfloat16 O.
- * Errors: DP_ERR_INVALID_ARGUMENT for NULL pointers (qkvr_f32 only with
- * bfloat16 qkvr), zero or inconsistent dimensions (C % NH != 0), a
- * qkvr_dtype or out_dtype other than DP_DTYPE_F32 and DP_DTYPE_BF16, the
- * same buffer passed twice, B*T*3C floats overflowing size_t, or more
- * than 2^31 - 1 rows B*NH*T; DP_ERR_UNSUPPORTED on a backend without the
- * fused kernels; DP_ERR_DEVICE. */
+ * Errors: DP_ERR_INVALID_ARGUMENT for NULL pointers, zero or inconsistent
+ * dimensions (C % NH != 0), a qkvr_dtype or out_dtype other than
+ * DP_DTYPE_F32 and DP_DTYPE_BF16, the same buffer passed twice, B*T*3C
+ * floats overflowing size_t, or more than 2^31 - 1 rows B*NH*T;
+ * DP_ERR_UNSUPPORTED on a backend without the fused kernels;
+ * DP_ERR_DEVICE. */
 DP_API dp_status dp_attention_forward_fused(dp_device *dev, float *out, void *qkvr,
-                                            dp_dtype qkvr_dtype, float *qkvr_f32, float *lse,
-                                            const float *qkv, size_t B, size_t T, size_t C,
-                                            size_t NH);
+                                            dp_dtype qkvr_dtype, float *lse, const float *qkv,
+                                            size_t B, size_t T, size_t C, size_t NH);
 DP_API dp_status dp_attention_backward_fused(dp_device *dev, float *dqkv, float *delta,
                                              const float *dout, const void *qkvr,
                                              dp_dtype qkvr_dtype, const float *lse,

@@ -167,6 +167,9 @@ struct dp_backend_ops {
     /* attention pieces: qkv(B,T,3C) <-> qkvr(3,B,NH,T,hs); y(B,NH,T,hs) <-> out(B,T,C) */
     dp_status (*attention_permute)(dp_device *dev, float *qkvr, const float *qkv, size_t B,
                                    size_t T, size_t NH, size_t hs);
+    /* ... the same into a bfloat16 qkvr, each element rounded once */
+    dp_status (*attention_permute_bf16)(dp_device *dev, uint16_t *qkvr, const float *qkv,
+                                        size_t B, size_t T, size_t NH, size_t hs);
     dp_status (*attention_permute_backward)(dp_device *dev, float *dqkv, const float *dqkvr,
                                             size_t B, size_t T, size_t NH, size_t hs);
     dp_status (*attention_unpermute)(dp_device *dev, float *out, const float *y, size_t B,

@@ -7,10 +7,10 @@
  *   softmax     one row t of a (T,T) score matrix, over keys 0..t only
  *               (or of a chunk of query rows, see the item functions)
  *
- * with C = NH * hs. Every element function writes element i of its own
- * output and reads the matching element of its input (a gather), so one
- * GPU thread per output element never collides with another. The permutes
- * are bijections; their backwards are the inverse gathers.
+ * with C = NH * hs. Every permute writes its own output's elements, each
+ * from the matching element of its input (a gather), so no two writers
+ * of a run collide. The permutes are bijections; their backwards are the
+ * inverse gathers.
  *
  * Softmax row (scale = 1/sqrt(hs)), p = att[t,:]:
  *   p[j] = exp(scale*s[j] - m) / sum_{i<=t} exp(scale*s[i] - m)  for j <= t
@@ -83,75 +83,63 @@ static inline DP_HD size_t dp_attention_out_to_y(size_t j, size_t T, size_t NH, 
     return ((b * NH + h) * T + t) * hs + d;
 }
 
-// --- permutes, one output element each -----------------------------------------------
-
-/* qkvr[i] = the qkv element it comes from; i < 3*B*NH*T*hs. */
-static inline DP_HD void dp_attention_permute_elem(float *qkvr, const float *qkv, size_t i,
-                                                   size_t B, size_t T, size_t NH, size_t hs)
-{
-    qkvr[i] = qkv[dp_attention_qkvr_to_qkv(i, B, T, NH, hs)];
-}
-
-/* dqkv[j] = the dqkvr element of the same q/k/v entry (overwrite); j < B*T*3C. */
-static inline DP_HD void dp_attention_permute_backward_elem(float *dqkv, const float *dqkvr,
-                                                            size_t j, size_t B, size_t T,
-                                                            size_t NH, size_t hs)
-{
-    dqkv[j] = dqkvr[dp_attention_qkv_to_qkvr(j, B, T, NH, hs)];
-}
-
-/* out[j] = the y element of the same (b, t, head, d); j < B*T*C. */
-static inline DP_HD void dp_attention_unpermute_elem(float *out, const float *y, size_t j,
-                                                     size_t T, size_t NH, size_t hs)
-{
-    out[j] = y[dp_attention_out_to_y(j, T, NH, hs)];
-}
-
-/* dy[i] = the dout element y[i] was copied to (overwrite); i < B*NH*T*hs. */
-static inline DP_HD void dp_attention_unpermute_backward_elem(float *dy, const float *dout,
-                                                              size_t i, size_t T, size_t NH,
-                                                              size_t hs)
-{
-    dy[i] = dout[dp_attention_y_to_out(i, T, NH, hs)];
-}
-
 // --- permutes, one hs-long run each ------------------------------------------------
 /* The hs elements of one head's q, k, v or y vector are contiguous in both
  * layouts, so a run of hs elements maps to a run: the index map is
- * evaluated once per run instead of once per element (the CPU's loops). */
+ * evaluated once per run instead of once per element. Each function
+ * copies the run's elements d = d0, d0 + step, ... < hs: the CPU's loops
+ * pass (0, 1), a GPU warp per run passes (lane, 32), so that its reads and
+ * writes are coalesced and its 64-bit divisions are one set per run. */
 
-/* Run r of qkvr (r < 3*B*NH*T), as dp_attention_permute_elem does per element. */
+/* Run r of qkvr (r < 3*B*NH*T): qkvr[i] = the qkv element it comes from. */
 static inline DP_HD void dp_attention_permute_run(float *qkvr, const float *qkv, size_t r,
-                                                  size_t B, size_t T, size_t NH, size_t hs)
+                                                  size_t B, size_t T, size_t NH, size_t hs,
+                                                  size_t d0, size_t step)
 {
     size_t dst = r * hs, src = dp_attention_qkvr_to_qkv(dst, B, T, NH, hs);
-    for (size_t d = 0; d < hs; d++) qkvr[dst + d] = qkv[src + d];
+    for (size_t d = d0; d < hs; d += step) qkvr[dst + d] = qkv[src + d];
 }
 
-/* Run r of dqkv (r < B*T*3*NH), as dp_attention_permute_backward_elem. */
+/* Run r of a bfloat16 qkvr: dp_attention_permute_run with each element
+ * rounded to bfloat16 (dp_bf16_round, dp_convert's rounding), so the
+ * bits of the permute followed by the conversion, in one pass without
+ * the float32 copy. */
+static inline DP_HD void dp_attention_permute_bf16_run(uint16_t *qkvr, const float *qkv, size_t r,
+                                                       size_t B, size_t T, size_t NH,
+                                                       size_t hs, size_t d0, size_t step)
+{
+    size_t dst = r * hs, src = dp_attention_qkvr_to_qkv(dst, B, T, NH, hs);
+    for (size_t d = d0; d < hs; d += step) qkvr[dst + d] = dp_bf16_round(qkv[src + d]);
+}
+
+/* Run r of dqkv (r < B*T*3*NH): dqkv[j] = the dqkvr element of the same q/k/v
+ * entry (overwrite). */
 static inline DP_HD void dp_attention_permute_backward_run(float *dqkv, const float *dqkvr,
                                                            size_t r, size_t B, size_t T,
-                                                           size_t NH, size_t hs)
+                                                           size_t NH, size_t hs, size_t d0,
+                                                           size_t step)
 {
     size_t dst = r * hs, src = dp_attention_qkv_to_qkvr(dst, B, T, NH, hs);
-    for (size_t d = 0; d < hs; d++) dqkv[dst + d] = dqkvr[src + d];
+    for (size_t d = d0; d < hs; d += step) dqkv[dst + d] = dqkvr[src + d];
 }
 
-/* Run r of out (r < B*T*NH), as dp_attention_unpermute_elem. */
+/* Run r of out (r < B*T*NH): out[j] = the y element of the same (b, t, head, d). */
 static inline DP_HD void dp_attention_unpermute_run(float *out, const float *y, size_t r,
-                                                    size_t T, size_t NH, size_t hs)
+                                                    size_t T, size_t NH, size_t hs, size_t d0,
+                                                    size_t step)
 {
     size_t dst = r * hs, src = dp_attention_out_to_y(dst, T, NH, hs);
-    for (size_t d = 0; d < hs; d++) out[dst + d] = y[src + d];
+    for (size_t d = d0; d < hs; d += step) out[dst + d] = y[src + d];
 }
 
-/* Run r of dy (r < B*NH*T), as dp_attention_unpermute_backward_elem. */
+/* Run r of dy (r < B*NH*T): dy[i] = the dout element y[i] was copied to
+ * (overwrite). */
 static inline DP_HD void dp_attention_unpermute_backward_run(float *dy, const float *dout,
                                                              size_t r, size_t T, size_t NH,
-                                                             size_t hs)
+                                                             size_t hs, size_t d0, size_t step)
 {
     size_t dst = r * hs, src = dp_attention_y_to_out(dst, T, NH, hs);
-    for (size_t d = 0; d < hs; d++) dy[dst + d] = dout[src + d];
+    for (size_t d = d0; d < hs; d += step) dy[dst + d] = dout[src + d];
 }
 
 // --- causal softmax, one row each ---------------------------------------------------

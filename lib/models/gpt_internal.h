@@ -195,9 +195,10 @@ static inline xin gemm_in(const layer_acts *a, const float *p)
  *                     probabilities and then score gradients as the
  *                     GEMMs read them. With fused_att no att, datt or
  *                     dqkvr: the fused backward writes dqkv directly and
- *                     needs only delta (B,NH,T); the forward still uses
- *                     dqkvr's slot for the bfloat16 permute's scratch and
- *                     the attention scratch for its float32 output.
+ *                     needs only delta (B,NH,T), and the forward's
+ *                     permute writes the kept qkvr directly (bfloat16
+ *                     too); the forward uses the attention scratch for
+ *                     its float32 output.
  *                     With act16, big_d16 after the MLP half's buffers
  *                     (dfch, the recomputed GELU output): the float32 dout
  *                     of a block's linear backward rounded once to
@@ -206,7 +207,8 @@ static inline xin gemm_in(const layer_acts *a, const float *p)
  *                     MLP's c_proj and c_fc touch only dfch and the
  *                     recomputed GELU output, both before it; in the
  *                     attention half it lies over dqkvr, the scratch and
- *                     datt (and att16, delta), which the attention
+ *                     datt (and att16, delta; with fused_att the scratch
+ *                     and delta only), which the attention
  *                     backward has not written yet at c_proj and no
  *                     longer reads at c_attn (whose dout, dqkv, lies
  *                     before it).

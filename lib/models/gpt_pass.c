@@ -169,18 +169,16 @@ dp_status gpt_pass_body_forward(const dp_gpt *gpt, dp_device *dev, wview params,
         float *att = c.recompute_att ? qkv + c.big_att : a.att; /* recomputed: not kept */
         if (c.fused_att) /* q, k, v and the normalisers' logs kept, no probabilities */
             DP_TRY(dp_attention_forward_fused(dev, atty, a.qkvr,
-                                              c.act16 ? DP_DTYPE_BF16 : DP_DTYPE_F32,
-                                              c.act16 ? qkv + c.big_dqkvr : NULL, a.lse, qkv, B,
-                                              T, C, NH));
+                                              c.act16 ? DP_DTYPE_BF16 : DP_DTYPE_F32, a.lse, qkv,
+                                              B, T, C, NH));
         else if (c.chunked_att) /* q, k, v kept (as bfloat16 with act16), nothing (T,T) */
             DP_TRY(dp_attention_forward_chunked(
-                dev, atty, a.qkvr, c.act16 ? DP_DTYPE_BF16 : DP_DTYPE_F32,
-                c.act16 ? qkv + c.big_dqkvr : NULL, att,
+                dev, atty, a.qkvr, c.act16 ? DP_DTYPE_BF16 : DP_DTYPE_F32, att,
                 c.act16 ? (dp_bf16 *)(qkv + c.big_att16) : NULL, a.residual2, qkv, B, T, C, NH,
                 c.att_rows));
         else if (c.act16) /* q, k, v kept as bfloat16 */
-            DP_TRY(dp_attention_forward_bf16_qkv(dev, atty, (dp_bf16 *)a.qkvr, qkv + c.big_dqkvr,
-                                                 att, a.residual2, qkv, B, T, C, NH));
+            DP_TRY(dp_attention_forward_bf16_qkv(dev, atty, (dp_bf16 *)a.qkvr, att, a.residual2,
+                                                 qkv, B, T, C, NH));
         else
             DP_TRY(dp_attention_forward(dev, atty, a.qkvr, att, a.residual2, qkv, B, T, C, NH));
         DP_TRY(keep(dev, &a, a.atty, atty, BT * C));

@@ -79,7 +79,7 @@ int gpt_make_carve(const gpt_variant *v, size_t B, size_t T, int keep_lnf, carve
     /* big: the larger of the MLP half and the attention half. */
     size_t bat = 0;
     place(&bat, x3, &of); /* dqkv at 0 */
-    c->big_dqkvr = place(&bat, x3, &of);
+    c->big_dqkvr = fused ? 0 : place(&bat, x3, &of); /* the fused backward needs none */
     c->big_scratch = place(&bat, BTC, &of);
     if (fused) {
         c->big_delta = place(&bat, BNHT, &of);

@@ -67,7 +67,8 @@ static dp_status check_dims(const char *fn, dp_device *dev, size_t B, size_t T, 
                        "(GEMM int sizes); split the batch into smaller micro-batches",
                        fn, dev->name, T, hs, B * NH, INT_MAX);
     const dp_backend_ops *o = dev->ops;
-    if (!o->gemm || !o->attention_permute || !o->attention_permute_backward ||
+    if (!o->gemm || !o->attention_permute || !o->attention_permute_bf16 ||
+        !o->attention_permute_backward ||
         !o->attention_unpermute || !o->attention_unpermute_backward ||
         !o->softmax_causal_forward || !o->softmax_causal_backward)
         return DP_FAIL(DP_ERR_UNSUPPORTED, "%s on %s: the %s backend has no attention kernels",
@@ -223,30 +224,29 @@ static dp_status forward_from(dp_device *dev, float *out, const void *qkvr, int 
 }
 
 /* The checks and the forward of every public variant (q16: qkvr is
- * bfloat16, permuted first into qkvr_f32; att16: NULL or the chunked
- * calls' bfloat16 probabilities; rows: queries per chunk). */
+ * bfloat16, each element rounded as the permute writes it; att16: NULL
+ * or the chunked calls' bfloat16 probabilities; rows: queries per
+ * chunk). */
 static dp_status forward_checked(const char *fn, dp_device *dev, float *out, void *qkvr, int q16,
-                                 float *qkvr_f32, float *att, dp_bf16 *att16, float *scratch,
+                                 float *att, dp_bf16 *att16, float *scratch,
                                  const float *qkv, size_t B, size_t T, size_t C, size_t NH,
                                  size_t rows)
 {
     if (!dev) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: dev must not be NULL", fn);
-    if (!out || !qkvr || (q16 && !qkvr_f32) || !att || !scratch || !qkv)
+    if (!out || !qkvr || !att || !scratch || !qkv)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
-                       "%s on %s: out, qkvr,%s att, scratch and qkv must not be NULL "
+                       "%s on %s: out, qkvr, att, scratch and qkv must not be NULL "
                        "(out=%p qkvr=%p att=%p scratch=%p qkv=%p)",
-                       fn, dev->name, q16 ? " qkvr_f32," : "", (void *)out, qkvr, (void *)att,
-                       (void *)scratch, (const void *)qkv);
+                       fn, dev->name, (void *)out, qkvr, (void *)att, (void *)scratch,
+                       (const void *)qkv);
     DP_TRY(check_dims(fn, dev, B, T, C, NH));
-    const void *bufs[7] = {out, qkvr, att, scratch, qkv};
-    const char *names[7] = {"out", "qkvr", "att", "scratch", "qkv"};
+    const void *bufs[6] = {out, qkvr, att, scratch, qkv};
+    const char *names[6] = {"out", "qkvr", "att", "scratch", "qkv"};
     int n = 5;
-    if (q16) bufs[n] = qkvr_f32, names[n++] = "qkvr_f32";
     if (att16) bufs[n] = att16, names[n++] = "att16";
     DP_TRY(dp_nn_check_distinct(fn, dev, bufs, names, n));
-    float *permuted = q16 ? qkvr_f32 : qkvr;
-    DP_TRY(dev->ops->attention_permute(dev, permuted, qkv, B, T, NH, C / NH));
-    if (q16) DP_TRY(dp_convert(dev, qkvr, DP_DTYPE_BF16, permuted, DP_DTYPE_F32, 3 * B * T * C));
+    DP_TRY(q16 ? dev->ops->attention_permute_bf16(dev, qkvr, qkv, B, T, NH, C / NH)
+               : dev->ops->attention_permute(dev, qkvr, qkv, B, T, NH, C / NH));
     return forward_from(dev, out, qkvr, q16, att, att16, scratch, B, T, C, NH, rows);
 }
 
@@ -254,17 +254,16 @@ dp_status dp_attention_forward(dp_device *dev, float *out, float *qkvr, float *a
                                float *scratch, const float *qkv, size_t B, size_t T, size_t C,
                                size_t NH)
 {
-    return forward_checked("dp_attention_forward", dev, out, qkvr, 0, NULL, att, NULL, scratch,
-                           qkv, B, T, C, NH, T);
+    return forward_checked("dp_attention_forward", dev, out, qkvr, 0, att, NULL, scratch, qkv, B,
+                           T, C, NH, T);
 }
 
 dp_status dp_attention_forward_bf16_qkv(dp_device *dev, float *out, dp_bf16 *qkvr,
-                                        float *qkvr_f32, float *att, float *scratch,
-                                        const float *qkv, size_t B, size_t T, size_t C,
-                                        size_t NH)
+                                        float *att, float *scratch, const float *qkv,
+                                        size_t B, size_t T, size_t C, size_t NH)
 {
-    return forward_checked("dp_attention_forward_bf16_qkv", dev, out, qkvr, 1, qkvr_f32, att,
-                           NULL, scratch, qkv, B, T, C, NH, T);
+    return forward_checked("dp_attention_forward_bf16_qkv", dev, out, qkvr, 1, att, NULL,
+                           scratch, qkv, B, T, C, NH, T);
 }
 
 static dp_status check_chunk(const char *fn, dp_device *dev, size_t chunk)
@@ -277,16 +276,16 @@ static dp_status check_chunk(const char *fn, dp_device *dev, size_t chunk)
 }
 
 dp_status dp_attention_forward_chunked(dp_device *dev, float *out, void *qkvr,
-                                       dp_dtype qkvr_dtype, float *qkvr_f32, float *att,
-                                       dp_bf16 *att16, float *scratch, const float *qkv, size_t B,
-                                       size_t T, size_t C, size_t NH, size_t chunk)
+                                       dp_dtype qkvr_dtype, float *att, dp_bf16 *att16,
+                                       float *scratch, const float *qkv, size_t B, size_t T,
+                                       size_t C, size_t NH, size_t chunk)
 {
     static const char fn[] = "dp_attention_forward_chunked";
     int q16;
     DP_TRY(dp_nn_check_dtype(fn, dev, "qkvr_dtype", qkvr_dtype, &q16));
     DP_TRY(check_chunk(fn, dev, chunk));
-    return forward_checked(fn, dev, out, qkvr, q16, qkvr_f32, att, att16, scratch, qkv, B, T, C,
-                           NH, chunk < T ? chunk : T);
+    return forward_checked(fn, dev, out, qkvr, q16, att, att16, scratch, qkv, B, T, C, NH,
+                           chunk < T ? chunk : T);
 }
 
 // --- recomputed probabilities ----------------------------------------------------------

@@ -4,8 +4,8 @@
  * checks, then the backend's permute and the fused ops of kernels/ops.h,
  * whose math is kernels/flash.h (FlashAttention-2, Dao 2023).
  *
- *   forward   qkv(B,T,3C) -> qkvr(3,B,NH,T,hs) (the permute; bfloat16 by
- *             way of qkvr_f32), then one item per query row: out(B,T,C)
+ *   forward   qkv(B,T,3C) -> qkvr(3,B,NH,T,hs) (the permute, rounding to
+ *             bfloat16 as it writes), then one item per query row: out(B,T,C)
  *             and lse(B,NH,T), with the online softmax of Milakov &
  *             Gimelshein (2018) over keys 0..t;
  *   backward  delta(B,NH,T) = rowwise dout.out, then the query-major pass
@@ -47,7 +47,7 @@ static dp_status check_dims(const char *fn, dp_device *dev, size_t B, size_t T, 
                        "most %d; split the batch into smaller micro-batches",
                        fn, dev->name, B, NH, T, INT_MAX);
     const dp_backend_ops *o = dev->ops;
-    if (!o->attention_permute || !o->cast_f32_bf16 || !o->attention_fused_forward ||
+    if (!o->attention_permute || !o->attention_permute_bf16 || !o->attention_fused_forward ||
         !o->attention_fused_delta || !o->attention_fused_dq || !o->attention_fused_dkdv)
         return DP_FAIL(DP_ERR_UNSUPPORTED,
                        "%s on %s: the %s backend has no fused attention kernels; use "
@@ -68,27 +68,25 @@ static float scale_of(size_t hs) { return 1.0f / sqrtf((float)hs); }
 // --- forward ---------------------------------------------------------------------------
 
 dp_status dp_attention_forward_fused(dp_device *dev, float *out, void *qkvr, dp_dtype qkvr_dtype,
-                                     float *qkvr_f32, float *lse, const float *qkv, size_t B,
-                                     size_t T, size_t C, size_t NH)
+                                     float *lse, const float *qkv, size_t B, size_t T, size_t C,
+                                     size_t NH)
 {
     static const char fn[] = "dp_attention_forward_fused";
     if (!dev) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: dev must not be NULL", fn);
     int q16;
     DP_TRY(dp_nn_check_dtype(fn, dev, "qkvr_dtype", qkvr_dtype, &q16));
-    if (!out || !qkvr || (q16 && !qkvr_f32) || !lse || !qkv)
+    if (!out || !qkvr || !lse || !qkv)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
-                       "%s on %s: out, qkvr,%s lse and qkv must not be NULL (out=%p qkvr=%p "
-                       "qkvr_f32=%p lse=%p qkv=%p)",
-                       fn, dev->name, q16 ? " qkvr_f32 (bfloat16 qkvr)," : "", (void *)out,
-                       qkvr, (void *)qkvr_f32, (void *)lse, (const void *)qkv);
+                       "%s on %s: out, qkvr, lse and qkv must not be NULL (out=%p qkvr=%p "
+                       "lse=%p qkv=%p)",
+                       fn, dev->name, (void *)out, qkvr, (void *)lse, (const void *)qkv);
     DP_TRY(check_dims(fn, dev, B, T, C, NH));
-    const void *bufs[] = {out, qkvr, lse, qkv, qkvr_f32};
-    const char *names[] = {"out", "qkvr", "lse", "qkv", "qkvr_f32"};
-    DP_TRY(dp_nn_check_distinct(fn, dev, bufs, names, q16 ? 5 : 4));
+    const void *bufs[] = {out, qkvr, lse, qkv};
+    const char *names[] = {"out", "qkvr", "lse", "qkv"};
+    DP_TRY(dp_nn_check_distinct(fn, dev, bufs, names, 4));
     size_t hs = C / NH;
-    float *permuted = q16 ? qkvr_f32 : qkvr;
-    DP_TRY(dev->ops->attention_permute(dev, permuted, qkv, B, T, NH, hs));
-    if (q16) DP_TRY(dp_convert(dev, qkvr, DP_DTYPE_BF16, permuted, DP_DTYPE_F32, 3 * B * T * C));
+    DP_TRY(q16 ? dev->ops->attention_permute_bf16(dev, qkvr, qkv, B, T, NH, hs)
+               : dev->ops->attention_permute(dev, qkvr, qkv, B, T, NH, hs));
     /* The items read qkvr as stored: with bfloat16 the rounded q, k, v,
      * the values the backward will read, so lse matches them. */
     return dev->ops->attention_fused_forward(dev, out, lse, pref_of(qkvr, q16), B, T, NH, hs,

@@ -18,7 +18,16 @@ DP_CPU_SIMD dp_status dp_cpu_attention_permute(dp_device *dev, float *qkvr, cons
                                    size_t T, size_t NH, size_t hs)
 {
     size_t runs = 3 * B * NH * T;
-    for (size_t r = 0; r < runs; r++) dp_attention_permute_run(qkvr, qkv, r, B, T, NH, hs);
+    for (size_t r = 0; r < runs; r++) dp_attention_permute_run(qkvr, qkv, r, B, T, NH, hs, 0, 1);
+    return DP_OK;
+}
+
+DP_CPU_SIMD dp_status dp_cpu_attention_permute_bf16(dp_device *dev, uint16_t *qkvr,
+                                                 const float *qkv, size_t B, size_t T, size_t NH,
+                                                 size_t hs)
+{
+    size_t runs = 3 * B * NH * T;
+    for (size_t r = 0; r < runs; r++) dp_attention_permute_bf16_run(qkvr, qkv, r, B, T, NH, hs, 0, 1);
     return DP_OK;
 }
 
@@ -27,7 +36,7 @@ DP_CPU_SIMD dp_status dp_cpu_attention_permute_backward(dp_device *dev, float *d
 {
     size_t runs = B * T * 3 * NH;
     for (size_t r = 0; r < runs; r++)
-        dp_attention_permute_backward_run(dqkv, dqkvr, r, B, T, NH, hs);
+        dp_attention_permute_backward_run(dqkv, dqkvr, r, B, T, NH, hs, 0, 1);
     return DP_OK;
 }
 
@@ -35,7 +44,7 @@ DP_CPU_SIMD dp_status dp_cpu_attention_unpermute(dp_device *dev, float *out, con
                                      size_t T, size_t NH, size_t hs)
 {
     size_t n = B * T * NH * hs;
-    for (size_t r = 0; r < n / hs; r++) dp_attention_unpermute_run(out, y, r, T, NH, hs);
+    for (size_t r = 0; r < n / hs; r++) dp_attention_unpermute_run(out, y, r, T, NH, hs, 0, 1);
     return DP_OK;
 }
 
@@ -43,6 +52,6 @@ DP_CPU_SIMD dp_status dp_cpu_attention_unpermute_backward(dp_device *dev, float 
                                               size_t B, size_t T, size_t NH, size_t hs)
 {
     size_t n = B * NH * T * hs;
-    for (size_t r = 0; r < n / hs; r++) dp_attention_unpermute_backward_run(dy, dout, r, T, NH, hs);
+    for (size_t r = 0; r < n / hs; r++) dp_attention_unpermute_backward_run(dy, dout, r, T, NH, hs, 0, 1);
     return DP_OK;
 }

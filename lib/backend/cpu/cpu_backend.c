@@ -170,6 +170,7 @@ static const dp_backend_ops cpu_ops = {
     .layernorm_backward_params = dp_cpu_layernorm_backward_params,
     .sum_squares = dp_cpu_sum_squares,
     .attention_permute = dp_cpu_attention_permute,
+    .attention_permute_bf16 = dp_cpu_attention_permute_bf16,
     .attention_permute_backward = dp_cpu_attention_permute_backward,
     .attention_unpermute = dp_cpu_attention_unpermute,
     .attention_unpermute_backward = dp_cpu_attention_unpermute_backward,

@@ -384,6 +384,7 @@ static const dp_backend_ops cuda_ops = {
     .layernorm_backward_params = dp_cuda_layernorm_backward_params,
     .sum_squares = dp_cuda_sum_squares,
     .attention_permute = dp_cuda_attention_permute,
+    .attention_permute_bf16 = dp_cuda_attention_permute_bf16,
     .attention_permute_backward = dp_cuda_attention_permute_backward,
     .attention_unpermute = dp_cuda_attention_unpermute,
     .attention_unpermute_backward = dp_cuda_attention_unpermute_backward,
