@@ -27,6 +27,11 @@
 /* Rows per chunk. */
 #define DP_COL_CHUNK 256
 
+/* Rows whose terms a GPU thread of stage 1 loads before it adds any (in
+ * row order, so the same sums): with one (chunk, column) per thread there
+ * are only K*C threads, too few to keep HBM busy with a few loads each. */
+#define DP_COL_BATCH 16
+
 /* Widest column tile of the CPU loops (their partials live on the stack). */
 #define DP_COL_TILE 64
 

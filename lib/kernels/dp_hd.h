@@ -15,9 +15,10 @@
 #endif
 
 /* DP_UNROLL: before a constant-trip loop of device code whose arrays must
- * stay in registers, unrolled under nvcc; nothing for host compilers (the
- * CUDA emulator of the tests compiles device code with them). */
-#if defined(__CUDACC__)
+ * stay in registers, unrolled in nvcc's device passes; nothing for host
+ * compilers (nvcc's host pass of a DP_HD function, and the CUDA emulator
+ * of the tests, which compiles device code with them). */
+#if defined(__CUDA_ARCH__)
 #define DP_UNROLL _Pragma("unroll")
 #else
 #define DP_UNROLL

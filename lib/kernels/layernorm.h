@@ -100,16 +100,23 @@ static inline DP_HD void dp_layernorm_backward_inp_row(float *dinp, const float 
 /* dweight(C) += sum over rows of dout * xhat, dbias(C) += sum over rows of
  * dout, in the two-stage order of kernels/colsum.h; dout, inp are (N,C). */
 
+/* The dweight term of one element: dout * xhat, xhat = (inp - mean) * rstd. */
+static inline DP_HD float dp_layernorm_dweight_of(float dout, float inp, float mean, float rstd)
+{
+    return dout * ((inp - mean) * rstd);
+}
+
 /* The dweight term of row n, channel c. */
 static inline DP_HD float dp_layernorm_dweight_term(const float *dout, const float *inp,
                                                     const float *mean, const float *rstd,
                                                     size_t C, size_t n, size_t c)
 {
-    return dout[n * C + c] * ((inp[n * C + c] - mean[n]) * rstd[n]);
+    return dp_layernorm_dweight_of(dout[n * C + c], inp[n * C + c], mean[n], rstd[n]);
 }
 
 /* Stage 1, item i = k*C + c: pdw(K,C)[k,c] and pdb(K,C)[k,c], the sums
- * over the rows of chunk k in order, from 0. */
+ * over the rows of chunk k in order, from 0; DP_COL_BATCH rows loaded at
+ * a time. */
 static inline DP_HD void dp_layernorm_param_partial_elem(float *pdw, float *pdb,
                                                          const float *dout, const float *inp,
                                                          const float *mean, const float *rstd,
@@ -118,7 +125,21 @@ static inline DP_HD void dp_layernorm_param_partial_elem(float *pdw, float *pdb,
     size_t k = i / C, c = i % C;
     size_t n1 = (k + 1) * DP_COL_CHUNK < N ? (k + 1) * DP_COL_CHUNK : N;
     float dw = 0.0f, db = 0.0f;
-    for (size_t n = k * DP_COL_CHUNK; n < n1; n++) {
+    size_t n = k * DP_COL_CHUNK;
+    for (; n + DP_COL_BATCH <= n1; n += DP_COL_BATCH) { /* the rows' loads first */
+        float g[DP_COL_BATCH], x[DP_COL_BATCH];
+        DP_UNROLL
+        for (size_t j = 0; j < DP_COL_BATCH; j++) {
+            g[j] = dout[(n + j) * C + c];
+            x[j] = inp[(n + j) * C + c];
+        }
+        DP_UNROLL
+        for (size_t j = 0; j < DP_COL_BATCH; j++) {
+            dw += dp_layernorm_dweight_of(g[j], x[j], mean[n + j], rstd[n + j]);
+            db += g[j];
+        }
+    }
+    for (; n < n1; n++) {
         dw += dp_layernorm_dweight_term(dout, inp, mean, rstd, C, n, c);
         db += dout[n * C + c];
     }

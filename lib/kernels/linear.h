@@ -31,14 +31,23 @@ static inline DP_HD void dp_bias_broadcast_row(float *out, dp_pref bias, size_t 
  * kernels/colsum.h. */
 
 /* Stage 1, item i = k*OC + o: partial(K,OC)[k,o] = sum of dout[n,o] over
- * the rows n of chunk k, in order, from 0. */
+ * the rows n of chunk k, in order, from 0; DP_COL_BATCH rows loaded at a
+ * time. */
 static inline DP_HD void dp_bias_backward_partial_elem(float *partial, const float *dout,
                                                        size_t N, size_t OC, size_t i)
 {
     size_t k = i / OC, o = i % OC;
     size_t n1 = (k + 1) * DP_COL_CHUNK < N ? (k + 1) * DP_COL_CHUNK : N;
     float acc = 0.0f;
-    for (size_t n = k * DP_COL_CHUNK; n < n1; n++) acc += dout[n * OC + o];
+    size_t n = k * DP_COL_CHUNK;
+    for (; n + DP_COL_BATCH <= n1; n += DP_COL_BATCH) {
+        float t[DP_COL_BATCH];
+        DP_UNROLL
+        for (size_t j = 0; j < DP_COL_BATCH; j++) t[j] = dout[(n + j) * OC + o];
+        DP_UNROLL
+        for (size_t j = 0; j < DP_COL_BATCH; j++) acc += t[j];
+    }
+    for (; n < n1; n++) acc += dout[n * OC + o];
     partial[i] = acc;
 }
 
