@@ -254,6 +254,26 @@ inline void ldmatrix(uint32_t r[4], const void *p, bool trans)
 inline void dp_ldmatrix_x4(uint32_t r[4], const void *p) { cuda_emu::ldmatrix(r, p, false); }
 inline void dp_ldmatrix_x4_trans(uint32_t r[4], const void *p) { cuda_emu::ldmatrix(r, p, true); }
 
+/* cvt.rn.bf16x2.f32: round to nearest even (kernels/bf16.h's rounding),
+ * NaN to the canonical 0x7fff, as the hardware does. */
+inline uint32_t dp_cvt_bf16x2(float lo, float hi)
+{
+    const auto one = [](float f) -> uint32_t {
+        uint32_t u;
+        memcpy(&u, &f, sizeof u);
+        return isnan(f) ? 0x7fffu : (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    };
+    return one(lo) | one(hi) << 16;
+}
+
+/* ex2.approx.ftz.f32: the host's exp2f (correctly rounded or nearly; the
+ * hardware's is a few ulp off), subnormal results flushed to +0. */
+inline float dp_ex2(float x)
+{
+    const float y = exp2f(x);
+    return y < 1.17549435e-38f ? 0.0f : y;
+}
+
 inline void dp_mma_bf16_16816(float d[4], const uint32_t a[4], const uint32_t b[2])
 {
     using namespace cuda_emu;

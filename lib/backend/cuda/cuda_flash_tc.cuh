@@ -36,8 +36,13 @@
  *
  * Precision: q, k, v are bfloat16 already; P, dS and dO are rounded to
  * bfloat16 for the products (as FlashAttention-2 and the chunked
- * attention's bf16 GEMMs do); every sum, the softmax state, l, lse and
- * D stay float32. So against the float32 kernels each output moves by at
+ * attention's bf16 GEMMs do: cvt.rn.bf16x2, dp_bf16_round's bits); every
+ * sum, the softmax state, l, lse and D stay float32. The softmax runs in
+ * base 2 as FlashAttention-2's does: the scores scaled by scale log2(e)
+ * once, each probability one fma and one ex2.approx (a few ulp, far
+ * below the bfloat16 rounding that follows), lse stored in natural
+ * units; a first version spent most of its issue slots on expf and on
+ * rounding bit by bit, more than on the MMAs. So against the float32 kernels each output moves by at
  * most a few bfloat16 roundings (2^-9 relative) of its terms' magnitudes:
  * tests/flash_tc_bound.h derives the bound the tests hold them to.
  *
@@ -62,7 +67,6 @@
 #include <stdint.h>
 
 #include "kernels/bf16.h"
-#include "kernels/expf.h"
 #include "kernels/flash.h"
 
 #if defined(__CUDACC__)
@@ -145,10 +149,7 @@ __device__ __forceinline__ void load_f32_rows(uint16_t *tile, const float *src, 
         unsigned r = e / (HS / 4), c = e % (HS / 4) * 4;
         float4 f = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         if (first + r < T) f = *(const float4 *)(src + (first + r) * stride + c);
-        uint2 w;
-        w.x = (uint32_t)dp_bf16_round(f.x) | (uint32_t)dp_bf16_round(f.y) << 16;
-        w.y = (uint32_t)dp_bf16_round(f.z) | (uint32_t)dp_bf16_round(f.w) << 16;
-        *(uint2 *)(tile + r * LDH + c) = w;
+        *(uint2 *)(tile + r * LDH + c) = make_uint2(dp_cvt_bf16x2(f.x, f.y), dp_cvt_bf16x2(f.z, f.w));
     }
 }
 
@@ -205,19 +206,26 @@ __device__ __forceinline__ void rows_dot_tile(float s[8][4], const uint32_t a[4]
 
 /* The bf16 A fragments of a (16 x 64) float accumulator set, rounded:
  * accumulators 2kc and 2kc + 1 are k chunk kc's left and right halves. */
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
-{
-    return (uint32_t)dp_bf16_round(lo) | (uint32_t)dp_bf16_round(hi) << 16;
-}
 __device__ __forceinline__ void acc_to_a(uint32_t a[4][4], const float s[8][4])
 {
     DP_UNROLL
     for (unsigned kc = 0; kc < 4; kc++) {
-        a[kc][0] = pack_bf16(s[2 * kc][0], s[2 * kc][1]);
-        a[kc][1] = pack_bf16(s[2 * kc][2], s[2 * kc][3]);
-        a[kc][2] = pack_bf16(s[2 * kc + 1][0], s[2 * kc + 1][1]);
-        a[kc][3] = pack_bf16(s[2 * kc + 1][2], s[2 * kc + 1][3]);
+        a[kc][0] = dp_cvt_bf16x2(s[2 * kc][0], s[2 * kc][1]);
+        a[kc][1] = dp_cvt_bf16x2(s[2 * kc][2], s[2 * kc][3]);
+        a[kc][2] = dp_cvt_bf16x2(s[2 * kc + 1][0], s[2 * kc + 1][1]);
+        a[kc][3] = dp_cvt_bf16x2(s[2 * kc + 1][2], s[2 * kc + 1][3]);
     }
+}
+
+/* log2(e) and ln(2): the softmax runs in base 2 (one dp_ex2 a score), with
+ * the scores scaled by scale * log2(e) and lse kept in natural units. */
+const float LOG2E = 1.44269504088896341f, LN2 = 0.693147180559945309f;
+
+/* p = exp(scale s - lse) = 2^(s sl2 - lse2), with sl2 = scale log2(e)
+ * and lse2 = lse log2(e): one fma and one dp_ex2. */
+__device__ __forceinline__ float prob2(float s, float sl2, float lse2)
+{
+    return dp_ex2(fmaf(s, sl2, -lse2));
 }
 
 /* acc(16 x 64) += w(16 x 64, bf16 A fragments) . tile(64 x 64): the
@@ -294,6 +302,8 @@ __global__ void __launch_bounds__(dp_tc::THREADS)
     __syncthreads();
     load_rows_a(qf, sv.t0, warp * 16);
 
+    /* m: the running maximum of the scores in base-2 units (s sl2) */
+    const float sl2 = scale * LOG2E;
     float o[8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
     DP_UNROLL
     for (unsigned n = 0; n < 8; n++)
@@ -314,21 +324,23 @@ __global__ void __launch_bounds__(dp_tc::THREADS)
             DP_UNROLL
             for (unsigned e = 0; e < 4; e++) {
                 const size_t j = j0 + n * 8 + acc_col(e);
-                s[n][e] = (kt == tile && j > row[e / 2]) ? -INFINITY : scale * s[n][e];
+                s[n][e] = (kt == tile && j > row[e / 2]) ? -INFINITY : sl2 * s[n][e];
                 mx[e / 2] = fmaxf(mx[e / 2], s[n][e]);
             }
         float alpha[2], sum[2] = {0.0f, 0.0f};
         DP_UNROLL
         for (unsigned h = 0; h < 2; h++) {
+            /* finite from the first tile on (key 0 is every row's), so
+             * -inf - mnew is -inf and 2^-inf is 0 */
             const float mnew = fmaxf(m[h], quad_max(mx[h]));
-            alpha[h] = dp_expf(m[h] - mnew);
+            alpha[h] = dp_ex2(m[h] - mnew);
             m[h] = mnew;
         }
         DP_UNROLL
         for (unsigned n = 0; n < 8; n++)
             DP_UNROLL
             for (unsigned e = 0; e < 4; e++) {
-                const float p = s[n][e] == -INFINITY ? 0.0f : dp_expf(s[n][e] - m[e / 2]);
+                const float p = dp_ex2(s[n][e] - m[e / 2]); /* masked: 2^-inf = 0 */
                 sum[e / 2] += p;
                 s[n][e] = p;
                 o[n][e] *= alpha[e / 2];
@@ -350,7 +362,7 @@ __global__ void __launch_bounds__(dp_tc::THREADS)
             o[n][2 * h] *= inv;
             o[n][2 * h + 1] *= inv;
         }
-        if (live[h] && lane_in_quad() == 0) lse[r0 + row[h]] = dp_flash_lse(m[h], l[h]);
+        if (live[h] && lane_in_quad() == 0) lse[r0 + row[h]] = m[h] * LN2 + logf(l[h]);
     }
     write_acc(dst, C, o, live[0], live[1], 1.0f);
 #endif
@@ -379,10 +391,11 @@ __global__ void __launch_bounds__(dp_tc::THREADS)
     __syncthreads();
     load_rows_a(qf, sv.t0, warp * 16);
     load_rows_a(gf, sv.t1, warp * 16);
-    float lse_r[2], d_r[2];
+    const float sl2 = scale * LOG2E;
+    float lse2[2], d_r[2];
     DP_UNROLL
     for (unsigned h = 0; h < 2; h++) {
-        lse_r[h] = live[h] ? lse[r0 + row[h]] : 0.0f;
+        lse2[h] = live[h] ? lse[r0 + row[h]] * LOG2E : 0.0f;
         d_r[h] = live[h] ? delta[r0 + row[h]] : 0.0f;
     }
 
@@ -407,7 +420,7 @@ __global__ void __launch_bounds__(dp_tc::THREADS)
                 const size_t j = j0 + n * 8 + acc_col(e);
                 const unsigned h = e / 2;
                 const bool seen = live[h] && !(kt == tile && j > row[h]);
-                const float p = seen ? dp_flash_prob(scale * s[n][e], lse_r[h]) : 0.0f;
+                const float p = seen ? prob2(s[n][e], sl2, lse2[h]) : 0.0f;
                 s[n][e] = dp_flash_dscore(p, dp[n][e], d_r[h]);
             }
         uint32_t wf[4][4];
@@ -445,6 +458,7 @@ __global__ void __launch_bounds__(dp_tc::THREADS)
     load_rows_a(kf, sv.t0, warp * 16);
     load_rows_a(vf, sv.t1, warp * 16);
 
+    const float sl2 = scale * LOG2E;
     float dk[8][4], dv[8][4];
     DP_UNROLL
     for (unsigned n = 0; n < 8; n++)
@@ -456,7 +470,7 @@ __global__ void __launch_bounds__(dp_tc::THREADS)
         load_bf16_rows(sv.t0, q, i0, T);
         load_f32_rows(sv.t1, g, C, i0, T);
         for (unsigned e = threadIdx.x; e < BC; e += THREADS) {
-            sv.rows0[e] = i0 + e < T ? lse[r0 + i0 + e] : 0.0f;
+            sv.rows0[e] = i0 + e < T ? lse[r0 + i0 + e] * LOG2E : 0.0f; /* lse2 */
             sv.rows1[e] = i0 + e < T ? delta[r0 + i0 + e] : 0.0f;
         }
         __syncthreads();
@@ -468,7 +482,7 @@ __global__ void __launch_bounds__(dp_tc::THREADS)
             for (unsigned e = 0; e < 4; e++) {
                 const unsigned ii = n * 8 + acc_col(e);
                 const bool seen = live[e / 2] && i0 + ii < T && i0 + ii >= key[e / 2];
-                p[n][e] = seen ? dp_flash_prob(scale * p[n][e], sv.rows0[ii]) : 0.0f;
+                p[n][e] = seen ? prob2(p[n][e], sl2, sv.rows0[ii]) : 0.0f;
             }
         uint32_t wf[4][4];
         acc_to_a(wf, p);

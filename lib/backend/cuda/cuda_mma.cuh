@@ -9,6 +9,22 @@
  *                                ldmatrix.sync.aligned.m8n8.x4.shared.b16
  *   dp_ldmatrix_x4_trans(r, p)   the same, each matrix transposed (.trans)
  *
+ * and two scalar instructions the softmax between the products needs
+ * once per score, where the C library's versions take several:
+ *
+ *   dp_cvt_bf16x2(lo, hi)        lo and hi rounded to bfloat16 (nearest,
+ *                                ties to even) in one register, lo in the
+ *                                low half: cvt.rn.bf16x2.f32. The bits of
+ *                                kernels/bf16.h's dp_bf16_round for every
+ *                                value but NaN (which becomes 0x7fff);
+ *                                dp_bf16_round is about ten integer
+ *                                instructions a value
+ *   dp_ex2(x)                    2^x: ex2.approx.ftz.f32 (the MUFU unit;
+ *                                a relative error of a few float ulp,
+ *                                subnormal results flushed to +0, -inf
+ *                                gives +0); expf is about eight
+ *                                instructions around the same unit
+ *
  * Fragment layouts (the ISA's, which the kernels rely on): with
  * g = lane / 4 and t = lane % 4, a lane holds
  *   a[0..3]  A(g, 2t..2t+1), A(g+8, 2t..), A(g, 2t+8..), A(g+8, 2t+8..)
@@ -23,8 +39,9 @@
  * become the next product's A operand without a trip through shared
  * memory (FlashAttention-2's register-resident P).
  *
- * tests/cuda_emu.hpp gives the same three functions on the CPU (warp
- * collectives over the same layouts), so the kernels run there too.
+ * tests/cuda_emu.hpp gives the same functions on the CPU (the matrix
+ * ones as warp collectives over the same layouts), so the kernels run
+ * there too.
  */
 #ifndef DP_CUDA_MMA_CUH
 #define DP_CUDA_MMA_CUH
@@ -58,6 +75,20 @@ __device__ __forceinline__ void dp_ldmatrix_x4_trans(uint32_t r[4], const void *
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(s)
                  : "memory");
+}
+
+__device__ __forceinline__ uint32_t dp_cvt_bf16x2(float lo, float hi)
+{
+    uint32_t d; /* cvt's first source goes to the upper half */
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
+}
+
+__device__ __forceinline__ float dp_ex2(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
 }
 
 #endif /* DP_CUDA_MMA_CUH */
