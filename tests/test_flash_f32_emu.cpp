@@ -87,6 +87,27 @@ template <int HS, int GF, int GB> void run_case(size_t T, size_t NH, int bf16, u
         emu_launch(items, ROW_THREADS, 0, k_flash_dkdv_items, dqkv.data(), g, qkvr, L, D, B, T,
                    NH, hs, scale, n);
     }
+    /* D: the vectorised kernel (hs % 4 == 0) and the item kernel give the
+     * CPU's bits, from a float32 and a bfloat16 O */
+    std::vector<uint16_t> out16(B * T * C);
+    for (size_t i = 0; i < out16.size(); i++) out16[i] = dp_bf16_round(out_c[i]);
+    for (int o16 = 0; o16 < 2; o16++) {
+        dp_pref op = o16 ? dp_pref_bf16(out16.data()) : dp_pref_f32(out_c.data());
+        std::vector<float> d_cpu(n), d_vec(n, NAN), d_items(n, NAN);
+        for (size_t r = 0; r < n; r++)
+            dp_flash_delta_item(d_cpu.data(), dout.data(), op, T, NH, hs, r);
+        if (hs % 4 == 0)
+            emu_launch(items, ROW_THREADS, 0, k_flash_delta_vec, d_vec.data(), g, op, T, NH, hs, n);
+        else
+            d_vec = d_cpu;
+        emu_launch(items, ROW_THREADS, 0, k_flash_delta_items, d_items.data(), g, op, T, NH, hs,
+                   n);
+        cr_assert(memcmp(d_vec.data(), d_cpu.data(), n * sizeof(float)) == 0,
+                  "hs %d: the vectorised D differs from the CPU's (out %s)", HS,
+                  o16 ? "bf16" : "f32");
+        cr_assert(memcmp(d_items.data(), d_cpu.data(), n * sizeof(float)) == 0,
+                  "hs %d: the item kernel's D differs from the CPU's", HS);
+    }
     char what[64];
     snprintf(what, sizeof what, "hs %d T %zu %s out", HS, T, bf16 ? "bf16" : "f32");
     close(what, out, out_c, 6e-5f);

@@ -24,7 +24,8 @@
  *           columns, a column's rows contiguous: the CUDA backend runs a warp
  *           per segment of a column) or TILED (an item is a query or key row
  *           of the fused attention, kernels/flash.h: the CUDA backend runs its
- *           own tiled kernels, cuda/cuda_flash.cu, built from fn's pieces);
+ *           own kernels, cuda/cuda_flash.cu, tiled or vectorised, built from
+ *           fn's pieces);
  *           the CPU loops over fn whatever the shape;
  *   fn      the DP_HD item function;
  *   params  the entry's parameters between dev and n, in parentheses;
@@ -160,7 +161,7 @@
        float scale),                                                                       \
       (out, lse, qkvr, B, T, NH, hs, scale))                                               \
     /* delta(B,NH,T) = dout . out per head row (out float32 or bfloat16) */               \
-    X(attention_fused_delta, ELEM, dp_flash_delta_item,                                   \
+    X(attention_fused_delta, TILED, dp_flash_delta_item,                                  \
       (float *delta, const float *dout, dp_pref out, size_t T, size_t NH, size_t hs),      \
       (delta, dout, out, T, NH, hs))                                                       \
     /* dqkv(B,T,3C): dq of query row r (the query-major pass) */                           \

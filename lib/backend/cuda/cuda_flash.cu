@@ -1,7 +1,7 @@
 /*
  * backend/cuda/cuda_flash.cu - the launchers of the fused causal
  * attention on the GPU (the TILED ops of kernels/ops.h: attention_fused_
- * forward, _dq, _dkdv; the math is kernels/flash.h): the tensor core
+ * forward, _delta, _dq, _dkdv; the math is kernels/flash.h): the tensor core
  * kernels of cuda_flash_tc.cuh for bfloat16 q, k, v at head size 64 on
  * sm_80 and later (DP_CUDA_FLASH_TC=0 turns them off), else the float32
  * kernels of cuda_flash_f32.cuh (tiled for head sizes 64 and 128, one
@@ -119,6 +119,22 @@ extern "C" cudaError_t dp_cuda_launch_attention_fused_forward(cudaStream_t s, fl
     else
         k_flash_forward_items<<<item_blocks(n), ROW_THREADS, 0, s>>>(out, lse, qkvr, B, T, NH, hs,
                                                                     scale, n);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t dp_cuda_launch_attention_fused_delta(cudaStream_t s, float *delta,
+                                                            const float *dout, dp_pref out,
+                                                            size_t T, size_t NH, size_t hs,
+                                                            size_t n)
+{
+    if (n == 0) return cudaSuccess;
+    const bool vec = hs % 4 == 0 && (uintptr_t)dout % 16 == 0 &&
+                     (uintptr_t)out.p % (out.bf16 ? 8 : 16) == 0; /* C = NH hs: rows too */
+    if (vec)
+        k_flash_delta_vec<<<item_blocks(n), ROW_THREADS, 0, s>>>(delta, dout, out, T, NH, hs, n);
+    else
+        k_flash_delta_items<<<item_blocks(n), ROW_THREADS, 0, s>>>(delta, dout, out, T, NH, hs,
+                                                                  n);
     return cudaGetLastError();
 }
 

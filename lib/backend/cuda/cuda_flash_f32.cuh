@@ -308,4 +308,50 @@ __global__ void k_flash_dkdv_items(float *dqkv, const float *dout, dp_pref qkvr,
     ITEM_LOOP(r, n) dp_flash_dkdv_item(dqkv, dout, qkvr, lse, delta, B, T, NH, hs, scale, r);
 }
 
+// --- D = dO . O per row ----------------------------------------------------------------------
+
+/* dp_flash_delta_item for each row, the row's elements four at a time:
+ * dout as float4, out as float4 or (bfloat16) four elements in 8 bytes,
+ * each group's four products into dp_flash_dot's four partials in its
+ * order, so the same sums. A thread reads its row's 64 elements as 16
+ * loads of 16 bytes in flight instead of 64 of 4: the rows of adjacent
+ * threads are C floats apart, so one element at a time was a scattered
+ * 4-byte load each. Needs hs % 4 == 0, dout 16-byte and out 16-byte
+ * (float32) or 8-byte (bfloat16) aligned, C % 4 == 0 (the launcher
+ * checks). */
+__global__ void k_flash_delta_vec(float *delta, const float *dout, dp_pref out, size_t T,
+                                  size_t NH, size_t hs, size_t n)
+{
+    ITEM_LOOP(r, n)
+    {
+        const size_t o = dp_flash_tok_row(r, T, NH, hs, 1, 0);
+        const float4 *g = (const float4 *)(dout + o);
+        float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+        for (size_t q = 0; q < hs / 4; q++) {
+            const float4 a = g[q];
+            float4 b;
+            if (out.bf16) {
+                const uint2 w = ((const uint2 *)((const uint16_t *)out.p + o))[q];
+                b = make_float4(dp_bf16_widen((uint16_t)(w.x & 0xffffu)),
+                                dp_bf16_widen((uint16_t)(w.x >> 16)),
+                                dp_bf16_widen((uint16_t)(w.y & 0xffffu)),
+                                dp_bf16_widen((uint16_t)(w.y >> 16)));
+            } else {
+                b = ((const float4 *)((const float *)out.p + o))[q];
+            }
+            s0 += a.x * b.x;
+            s1 += a.y * b.y;
+            s2 += a.z * b.z;
+            s3 += a.w * b.w;
+        }
+        delta[r] = (s0 + s1) + (s2 + s3);
+    }
+}
+
+__global__ void k_flash_delta_items(float *delta, const float *dout, dp_pref out, size_t T,
+                                    size_t NH, size_t hs, size_t n)
+{
+    ITEM_LOOP(r, n) dp_flash_delta_item(delta, dout, out, T, NH, hs, r);
+}
+
 #endif /* DP_CUDA_FLASH_F32_CUH */
