@@ -86,6 +86,14 @@ template <unsigned THREADS> __device__ float block_max(float v, block_scratch<TH
 #define BLOCK_ROW_LOOP(r, rows) for (size_t r = blockIdx.x; r < (rows); r += gridDim.x)
 #define ROW_ELEMS(j, len) for (size_t j = threadIdx.x; j < (len); j += blockDim.x)
 
+/* Elements of a LayerNorm row a thread keeps in registers (rows up to
+ * LN_VALS * BLOCK_THREADS = 1024 wide; longer ones read memory at each
+ * pass): its elements j, j + BLOCK_THREADS, ..., loaded together, then
+ * the passes in the same order as the loops over memory, so the same
+ * bits. Each pass re-read the row from L1 or L2, one dependent 4-byte
+ * load after another. */
+const unsigned LN_VALS = 4;
+
 /* One LayerNorm output element: float32, or rounded to bfloat16 once
  * (the float32 value's rounding, so both outputs agree bit for bit). */
 __device__ __forceinline__ void ln_store(float *out, size_t i, float v) { out[i] = v; }
@@ -106,6 +114,48 @@ __global__ void k_layernorm_forward_block(To *out, float *mean, float *rstd, con
                                           size_t N, float *xw, const float *add)
 {
     __shared__ block_scratch<BLOCK_THREADS, float> sh;
+    if (C <= LN_VALS * BLOCK_THREADS) { /* the row in registers */
+        BLOCK_ROW_LOOP(r, N)
+        {
+            const float *x = inp + r * C;
+            float v[LN_VALS];
+            DP_UNROLL
+            for (unsigned k = 0; k < LN_VALS; k++) {
+                const size_t c = threadIdx.x + k * BLOCK_THREADS;
+                v[k] = c < C ? (add ? xw[r * C + c] + add[r * C + c] : x[c]) : 0.0f;
+            }
+            if (add) {
+                DP_UNROLL
+                for (unsigned k = 0; k < LN_VALS; k++) {
+                    const size_t c = threadIdx.x + k * BLOCK_THREADS;
+                    if (c < C) xw[r * C + c] = v[k];
+                }
+            }
+            float a = 0.0f;
+            DP_UNROLL
+            for (unsigned k = 0; k < LN_VALS; k++)
+                if (threadIdx.x + k * BLOCK_THREADS < C) a += v[k];
+            float m = block_sum<BLOCK_THREADS>(a, sh) / (float)C;
+            float q = 0.0f;
+            DP_UNROLL
+            for (unsigned k = 0; k < LN_VALS; k++)
+                if (threadIdx.x + k * BLOCK_THREADS < C) {
+                    float d = v[k] - m;
+                    q += d * d;
+                }
+            float s = 1.0f / sqrtf(block_sum<BLOCK_THREADS>(q, sh) / (float)C + eps);
+            DP_UNROLL
+            for (unsigned k = 0; k < LN_VALS; k++) {
+                const size_t c = threadIdx.x + k * BLOCK_THREADS;
+                if (c < C) ln_store(out, r * C + c, dp_layernorm_out(v[k], m, s, weight, bias, c));
+            }
+            if (threadIdx.x == 0) {
+                mean[r] = m;
+                rstd[r] = s;
+            }
+        }
+        return;
+    }
     BLOCK_ROW_LOOP(r, N)
     {
         const float *x = inp + r * C;
@@ -169,6 +219,41 @@ __global__ void k_layernorm_backward_inp_block(float *dinp, const float *dout, c
                                                const float *rstd, size_t C, size_t N)
 {
     __shared__ block_scratch<BLOCK_THREADS, float> sh;
+    if (C <= LN_VALS * BLOCK_THREADS) { /* the rows of dout and inp in registers */
+        BLOCK_ROW_LOOP(r, N)
+        {
+            const float *g = dout + r * C, *x = inp + r * C;
+            float gv[LN_VALS], xv[LN_VALS], dv[LN_VALS];
+            DP_UNROLL
+            for (unsigned k = 0; k < LN_VALS; k++) {
+                const size_t c = threadIdx.x + k * BLOCK_THREADS;
+                gv[k] = c < C ? g[c] : 0.0f;
+                xv[k] = c < C ? x[c] : 0.0f;
+                dv[k] = c < C ? dinp[r * C + c] : 0.0f;
+            }
+            float m = mean[r], s = rstd[r], a = 0.0f, b = 0.0f;
+            DP_UNROLL
+            for (unsigned k = 0; k < LN_VALS; k++) {
+                const size_t c = threadIdx.x + k * BLOCK_THREADS;
+                if (c < C) {
+                    float gw = gv[k] * dp_pref_at(weight, c);
+                    a += gw;
+                    b += gw * (xv[k] - m) * s;
+                }
+            }
+            float g_mean = block_sum<BLOCK_THREADS>(a, sh) / (float)C;
+            float gx_mean = block_sum<BLOCK_THREADS>(b, sh) / (float)C;
+            DP_UNROLL
+            for (unsigned k = 0; k < LN_VALS; k++) {
+                const size_t c = threadIdx.x + k * BLOCK_THREADS;
+                if (c < C) {
+                    float xhat = (xv[k] - m) * s, gw = gv[k] * dp_pref_at(weight, c);
+                    dinp[r * C + c] = dv[k] + s * (gw - g_mean - xhat * gx_mean);
+                }
+            }
+        }
+        return;
+    }
     BLOCK_ROW_LOOP(r, N)
     {
         const float *g = dout + r * C, *x = inp + r * C;
