@@ -66,7 +66,9 @@ struct __attribute__((may_alias, aligned(8))) uint2 { unsigned x, y; };
 struct __attribute__((may_alias, aligned(8))) float2 { float x, y; };
 struct __attribute__((may_alias, aligned(16))) float4 { float x, y, z, w; };
 inline float2 make_float2(float x, float y) { return float2{x, y}; }
+struct __attribute__((may_alias, aligned(16))) uint4 { unsigned x, y, z, w; };
 inline uint2 make_uint2(unsigned x, unsigned y) { return uint2{x, y}; }
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return uint4{x, y, z, w}; }
 inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
 
 /* bfloat16 storage only: the kernels compute their own bits. */

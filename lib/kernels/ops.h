@@ -16,7 +16,11 @@
  *
  * X(name, shape, fn, params, args):
  *   name    the entry's name;
- *   shape   ELEM (cheap items: 256-thread blocks on the GPU), ROW_BLOCK (an
+ *   shape   ELEM (cheap items: 256-thread blocks on the GPU), VEC (an ELEM op
+ *           over the bf16 step's largest tensors, every pointer indexed by
+ *           the item: the CUDA backend runs its own kernel of 16-byte
+ *           accesses, cuda/cuda_vec.cuh, where the pointers are aligned, and
+ *           the ELEM kernel otherwise), ROW_BLOCK (an
  *           item is a row with reductions over it: the CUDA backend runs its
  *           own kernel with one block per row, coalesced reads and a fixed
  *           warp-shuffle reduction tree, written in cuda_rows.cu against
@@ -60,7 +64,7 @@
       (float *out, const int32_t *inp, dp_pref wte, dp_pref wpe, size_t T, size_t C),      \
       (out, inp, wte, wpe, T, C))                                                          \
     /* bfloat16 <-> float32 (kernels/bf16.h) */                                            \
-    X(cast_f32_bf16, ELEM, dp_cast_f32_bf16_elem, (uint16_t *dst, const float *src),       \
+    X(cast_f32_bf16, VEC, dp_cast_f32_bf16_elem, (uint16_t *dst, const float *src),        \
       (dst, src))                                                                          \
     X(cast_bf16_f32, ELEM, dp_cast_bf16_f32_elem, (float *dst, const uint16_t *src),       \
       (dst, src))                                                                          \
@@ -71,14 +75,14 @@
     X(pack_bf16_f32, COLUMNS, dp_pack_bf16_f32_elem,                                          \
       (float *dst, const uint16_t *src, dp_block blk), (dst, src, blk))                    \
     X(gelu_forward, ELEM, dp_gelu_forward_elem, (float *out, const float *inp), (out, inp)) \
-    X(gelu_forward_bf16, ELEM, dp_gelu_forward_bf16_elem,                                  \
+    X(gelu_forward_bf16, VEC, dp_gelu_forward_bf16_elem,                                   \
       (uint16_t *out, const uint16_t *inp), (out, inp))                                    \
     X(gelu_backward, ELEM, dp_gelu_backward_elem,                                          \
       (float *dinp, const float *inp, const float *dout), (dinp, inp, dout))               \
     X(gelu_backward_bf16_inp, ELEM, dp_gelu_backward_bf16_inp_elem,                        \
       (float *dinp, const uint16_t *inp, const float *dout), (dinp, inp, dout))            \
     /* ... and dinp rounded to bf16 into dinp16 too */                                     \
-    X(gelu_backward_bf16_inp_out16, ELEM, dp_gelu_backward_bf16_inp_out16_elem,            \
+    X(gelu_backward_bf16_inp_out16, VEC, dp_gelu_backward_bf16_inp_out16_elem,             \
       (float *dinp, uint16_t *dinp16, const uint16_t *inp, const float *dout),             \
       (dinp, dinp16, inp, dout))                                                           \
     X(relu_forward, ELEM, dp_relu_forward_elem, (float *out, const float *inp), (out, inp)) \

@@ -31,28 +31,58 @@
 
 #include "backend/cuda/cuda_kernels.h" /* and kernels/ops.h with the kernel headers */
 #include "backend/cuda/cuda_launch.cuh"
+#include "backend/cuda/cuda_vec.cuh"
 #include "kernels/linear.h"
 
 // --- the element-wise and row-wise ops of kernels/ops.h ------------------------------
 
-/* One grid-stride kernel and its launcher per ELEM entry; the launchers of
- * the COLUMNS entries are written out below, those of the ROW_BLOCK entries
+/* Whether every pointer among a VEC op's arguments is 16-byte aligned (the
+ * other arguments pass). */
+template <typename T> bool vec_ok(T *p) { return (uintptr_t)p % 16 == 0; }
+template <typename T> bool vec_ok(const T &) { return true; }
+bool all_vec_ok() { return true; }
+template <typename A, typename... R> bool all_vec_ok(A a, R... r)
+{
+    return vec_ok(a) && all_vec_ok(r...);
+}
+
+unsigned vec_blocks(size_t n)
+{
+    return blocks_for((n + VEC_ITEMS - 1) / VEC_ITEMS, VEC_THREADS);
+}
+
+/* One grid-stride kernel and its launcher per ELEM entry, and per VEC
+ * entry a launcher that takes its cuda_vec.cuh kernel where the pointers
+ * are aligned and the grid-stride one otherwise; the launchers of the
+ * COLUMNS entries are written out below, those of the ROW_BLOCK entries
  * in cuda_rows.cu and of the TILED ones (the fused attention) in
  * cuda_flash.cu. */
 #define CUDA_OP(name, shape, fn, params, args) CUDA_OP_##shape(name, fn, params, args)
 #define CUDA_OP_ROW_BLOCK(name, fn, params, args)
 #define CUDA_OP_COLUMNS(name, fn, params, args)
 #define CUDA_OP_TILED(name, fn, params, args) /* cuda_flash.cu */
-#define CUDA_OP_ELEM(name, fn, params, args) CUDA_OP_GRID(name, ELEM_THREADS, fn, params, args)
-#define CUDA_OP_GRID(name, threads, fn, params, args)                                   \
-    __global__ void k_##name(DP_UNPAREN params, size_t n)                                \
-    {                                                                                   \
-        GRID_LOOP(i, n) fn(DP_UNPAREN args, i);                                         \
-    }                                                                                   \
+#define CUDA_OP_ELEM(name, fn, params, args)                                            \
+    CUDA_OP_GRID_KERNEL(name, fn, params, args)                                         \
     extern "C" cudaError_t dp_cuda_launch_##name(cudaStream_t stream, DP_UNPAREN params, \
                                                  size_t n)                              \
     {                                                                                   \
-        LAUNCH(k_##name, n, threads, stream, DP_UNPAREN args, n);                       \
+        LAUNCH(k_##name, n, ELEM_THREADS, stream, DP_UNPAREN args, n);                  \
+    }
+#define CUDA_OP_VEC(name, fn, params, args)                                             \
+    CUDA_OP_GRID_KERNEL(name, fn, params, args)                                         \
+    extern "C" cudaError_t dp_cuda_launch_##name(cudaStream_t stream, DP_UNPAREN params, \
+                                                 size_t n)                              \
+    {                                                                                   \
+        if (n && all_vec_ok(DP_UNPAREN args)) {                                         \
+            k_##name##_vec<<<vec_blocks(n), VEC_THREADS, 0, stream>>>(DP_UNPAREN args, n); \
+            return cudaGetLastError();                                                  \
+        }                                                                               \
+        LAUNCH(k_##name, n, ELEM_THREADS, stream, DP_UNPAREN args, n);                  \
+    }
+#define CUDA_OP_GRID_KERNEL(name, fn, params, args)                                     \
+    __global__ void k_##name(DP_UNPAREN params, size_t n)                                \
+    {                                                                                   \
+        GRID_LOOP(i, n) fn(DP_UNPAREN args, i);                                         \
     }
 DP_KERNEL_OPS(CUDA_OP)
 #undef CUDA_OP

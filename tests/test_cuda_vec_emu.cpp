@@ -1,0 +1,104 @@
+/*
+ * test_cuda_vec_emu.cpp - the CUDA backend's VEC kernels
+ * (backend/cuda/cuda_vec.cuh: the float32 to bfloat16 cast, the bf16
+ * GELU and its backward with 16-byte accesses), compiled by the host's
+ * C++ compiler against tests/cuda_emu.hpp and run on the CPU, against
+ * the CPU backend's loops over the same item functions: every output bit
+ * for bit, lengths with and without a tail (n % 8), grids that take
+ * several grid-stride passes, the GELU backward in place (dinp = dout)
+ * as the GPT calls it, and the elements past n untouched.
+ */
+#include <criterion/criterion.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <vector>
+
+#include "cuda_emu.hpp"
+
+#include "backend/cuda/cuda_vec.cuh"
+
+namespace {
+
+uint32_t next(uint32_t *s)
+{
+    *s = *s * 1664525u + 1013904223u;
+    return *s >> 8;
+}
+
+/* Values in [-8, 8), with zeros, infinities, a NaN and huge values mixed in. */
+std::vector<float> values(size_t n, uint32_t seed)
+{
+    std::vector<float> v(n);
+    for (size_t i = 0; i < n; i++) {
+        v[i] = (float)next(&seed) / 16777216.0f * 16.0f - 8.0f;
+        if (i % 97 == 5) v[i] = 0.0f;
+        if (i % 101 == 7) v[i] = (i % 2 ? 1 : -1) * INFINITY;
+        if (i % 103 == 11) v[i] = NAN;
+        if (i % 107 == 13) v[i] = (i % 2 ? 1 : -1) * 3e30f;
+    }
+    return v;
+}
+
+std::vector<uint16_t> rounded(const std::vector<float> &v)
+{
+    std::vector<uint16_t> h(v.size());
+    for (size_t i = 0; i < v.size(); i++) h[i] = dp_bf16_round(v[i]);
+    return h;
+}
+
+template <typename T> void same(const char *what, const std::vector<T> &a, const std::vector<T> &b)
+{
+    cr_assert_eq(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); i++)
+        cr_assert(memcmp(&a[i], &b[i], sizeof(T)) == 0, "%s: element %zu of %zu differs", what, i,
+                  a.size());
+}
+
+/* The lengths: whole groups, a tail, a single item, a few grid passes. */
+const size_t lengths[] = {8, 13, 1, 64, 1000, 4100};
+
+} // namespace
+
+Test(cuda_vec_emu, cast_f32_bf16_matches_the_cpu_bitwise, .timeout = 60)
+{
+    for (size_t n : lengths) {
+        std::vector<float> x = values(n + 8, 1u);
+        std::vector<uint16_t> got(n + 8, 0xabcd), want(n + 8, 0xabcd);
+        for (size_t i = 0; i < n; i++) dp_cast_f32_bf16_elem(want.data(), x.data(), i);
+        emu_launch(2, 64, 0, k_cast_f32_bf16_vec, got.data(), (const float *)x.data(), n);
+        cr_log_info("cast n %zu", n);
+        same("cast_f32_bf16", got, want);
+    }
+}
+
+Test(cuda_vec_emu, gelu_forward_bf16_matches_the_cpu_bitwise, .timeout = 60)
+{
+    for (size_t n : lengths) {
+        std::vector<uint16_t> x = rounded(values(n + 8, 2u));
+        std::vector<uint16_t> got(n + 8, 0xabcd), want(n + 8, 0xabcd);
+        for (size_t i = 0; i < n; i++) dp_gelu_forward_bf16_elem(want.data(), x.data(), i);
+        emu_launch(3, 32, 0, k_gelu_forward_bf16_vec, got.data(), (const uint16_t *)x.data(), n);
+        cr_log_info("gelu forward n %zu", n);
+        same("gelu_forward_bf16", got, want);
+    }
+}
+
+Test(cuda_vec_emu, gelu_backward_in_place_matches_the_cpu_bitwise, .timeout = 60)
+{
+    for (size_t n : lengths) {
+        std::vector<uint16_t> x = rounded(values(n + 8, 3u));
+        std::vector<float> g = values(n + 8, 4u), want = g, got = g;
+        std::vector<uint16_t> want16(n + 8, 0xabcd), got16(n + 8, 0xabcd);
+        for (size_t i = 0; i < n; i++)
+            dp_gelu_backward_bf16_inp_out16_elem(want.data(), want16.data(), x.data(),
+                                                 want.data(), i);
+        emu_launch(2, 64, 0, k_gelu_backward_bf16_inp_out16_vec, got.data(), got16.data(),
+                   (const uint16_t *)x.data(), (const float *)got.data(), n);
+        cr_log_info("gelu backward n %zu", n);
+        same("gelu backward dinp", got, want);
+        same("gelu backward dinp16", got16, want16);
+    }
+}
