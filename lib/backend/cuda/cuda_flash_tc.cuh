@@ -280,10 +280,15 @@ __device__ __forceinline__ void write_acc(float *dst, size_t stride, const float
 } // namespace dp_tc
 
 // --- forward --------------------------------------------------------------------------------
+/* Blocks an SM (__launch_bounds__' second argument): the forward fits 128
+ * registers with no spill, so four blocks (sixteen warps) share an SM
+ * instead of three; dk/dv fits 168 with 32 bytes spilled, three blocks
+ * instead of two. Each block's tile loads are synchronous, so more
+ * resident warps are what hides them. (ptxas, sm_90.) */
 
 /* out(B,T,C) and lse(B,NH,T) from qkvr(3,B,NH,T,64) bfloat16 bits; a block
  * per (pair, query tile), last tiles first. */
-__global__ void __launch_bounds__(dp_tc::THREADS)
+__global__ void __launch_bounds__(dp_tc::THREADS, 4)
     k_flash_tc_forward(float *out, float *lse, const uint16_t *qkvr, size_t B, size_t T,
                        size_t NH, float scale, size_t ntiles)
 {
@@ -434,7 +439,7 @@ __global__ void __launch_bounds__(dp_tc::THREADS)
 
 // --- dk, dv: key-major -------------------------------------------------------------------------
 
-__global__ void __launch_bounds__(dp_tc::THREADS)
+__global__ void __launch_bounds__(dp_tc::THREADS, 3)
     k_flash_tc_dkdv(float *dqkv, const float *dout, const uint16_t *qkvr, const float *lse,
                     const float *delta, size_t B, size_t T, size_t NH, float scale,
                     size_t ntiles)
