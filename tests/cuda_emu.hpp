@@ -170,11 +170,33 @@ template <class T> T shfl_down(unsigned mask, T v, unsigned delta)
 
 template <class F> struct thread_arg { const F *body; unsigned tid; };
 
+/* A thread's cp.async copies not yet waited for (cp_async16): 16 or 4
+ * bytes each, read from global memory when issued. The hardware may land
+ * them any time between the issue and the wait that retires their group;
+ * the emulator takes either end. Deferred (the default): written to
+ * shared memory only at that wait, so a kernel that reads a tile before
+ * waiting for it sees the old bytes. Eager (cp_async_eager): written at
+ * the issue, so a copy into a buffer that another warp may still be
+ * reading (a barrier missing before the refill) is a race TSan reports
+ * and may give wrong results. */
+inline bool cp_async_eager = false;
+struct async_copy {
+    unsigned char *dst;
+    unsigned char bytes[16];
+    unsigned size;
+    unsigned long group;
+};
+inline thread_local std::vector<async_copy> async_pending;
+inline thread_local unsigned long async_group = 0; /* the open (uncommitted) group */
+
 template <class F> void *thread_main(void *p)
 {
     const thread_arg<F> *a = (const thread_arg<F> *)p;
     threadIdx = uint3{a->tid, 0, 0};
+    async_pending.clear();
+    async_group = 0;
     (*a->body)();
+    if (!async_pending.empty()) fail("cp.async", "a thread ended with copies not waited for");
     cur->warp[warp_id()].leave();
     cur->block.leave();
     return nullptr;
@@ -199,6 +221,53 @@ inline float __shfl_down_sync(unsigned m, float v, unsigned d) { return cuda_emu
 inline double __shfl_down_sync(unsigned m, double v, unsigned d) { return cuda_emu::shfl_down(m, v, d); }
 inline int __shfl_down_sync(unsigned m, int v, unsigned d) { return cuda_emu::shfl_down(m, v, d); }
 inline unsigned __shfl_down_sync(unsigned m, unsigned v, unsigned d) { return cuda_emu::shfl_down(m, v, d); }
+
+/* cp.async.cg.shared.global [dst], [src], 16, valid ? 16 : 0: both
+ * 16-byte aligned, dst in shared memory; a zero source size fills 16
+ * zero bytes without reading src. */
+namespace cuda_emu {
+inline void cp_async(void *dst, const void *src, bool valid, unsigned size)
+{
+    unsigned char *q = (unsigned char *)dst;
+    if ((uintptr_t)q % size || (valid && (uintptr_t)src % size))
+        fail("cp.async", "addresses must be aligned to the copy's size");
+    if (q < cur->smem || q + size > cur->smem_end)
+        fail("cp.async", "destination outside shared memory");
+    async_copy c;
+    c.dst = q;
+    c.size = size;
+    c.group = async_group;
+    if (valid) memcpy(c.bytes, src, size);
+    else memset(c.bytes, 0, size);
+    if (cp_async_eager) {
+        memcpy(q, c.bytes, size);
+        c.dst = nullptr; /* landed: only its group is left to wait for */
+    }
+    async_pending.push_back(c);
+}
+} // namespace cuda_emu
+inline void dp_cp_async16(void *dst, const void *src, bool valid)
+{
+    cuda_emu::cp_async(dst, src, valid, 16);
+}
+inline void dp_cp_async4(void *dst, const void *src, bool valid)
+{
+    cuda_emu::cp_async(dst, src, valid, 4);
+}
+inline void dp_cp_async_commit() { cuda_emu::async_group++; }
+/* cp.async.wait_group n: every committed group but the newest n is done
+ * (copies still in the open group stay pending, as on the hardware). */
+template <int N> inline void dp_cp_async_wait()
+{
+    std::vector<cuda_emu::async_copy> keep;
+    for (const cuda_emu::async_copy &c : cuda_emu::async_pending) {
+        if (c.group + N < cuda_emu::async_group) {
+            if (c.dst) memcpy(c.dst, c.bytes, c.size);
+        }
+        else keep.push_back(c);
+    }
+    cuda_emu::async_pending.swap(keep);
+}
 
 /* The current block's dynamic shared memory (what nvcc's extern __shared__ gives). */
 inline unsigned char *tc_shared() { return cuda_emu::cur->smem; }

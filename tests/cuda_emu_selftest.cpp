@@ -9,6 +9,7 @@
  * Prints PASS/FAIL per test; exits nonzero on any failure.
  */
 #include "cuda_emu.hpp"
+#include "kernels/bf16.h"
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -125,6 +126,32 @@ __global__ void k_misaligned(float *out)
     out[threadIdx.x] = (float)r[0];
 }
 
+// 5. cp.async: what a thread sees of its copies before and after its
+//    waits, in the two landing modes; the zero fill; groups.
+__global__ void k_cp_async(float *seen, const float *src)
+{
+    float *s = (float *)tc_shared(); /* 4 floats a thread and group, two groups */
+    float *a = s + threadIdx.x * 8, *b = a + 4;
+    for (unsigned k = 0; k < 8; k++) a[k] = -1.0f;
+    dp_cp_async16(a, src + threadIdx.x * 4, true);
+    dp_cp_async_commit();
+    dp_cp_async16(b, src, false); /* 16 zero bytes */
+    dp_cp_async_commit();
+    float *o = seen + threadIdx.x * 24;
+    for (unsigned k = 0; k < 8; k++) o[k] = a[k];      /* before any wait */
+    dp_cp_async_wait<1>();
+    for (unsigned k = 0; k < 8; k++) o[8 + k] = a[k];  /* the first group only */
+    dp_cp_async_wait<0>();
+    for (unsigned k = 0; k < 8; k++) o[16 + k] = a[k]; /* both */
+}
+
+// 6. A thread that ends with a copy not waited for.
+__global__ void k_cp_async_unwaited(const float *src)
+{
+    dp_cp_async16(tc_shared() + threadIdx.x * 16, src, true);
+    dp_cp_async_commit();
+}
+
 static uint16_t bf16_trunc(float f)
 {
     uint32_t u;
@@ -208,6 +235,55 @@ int main()
         int st = 0;
         waitpid(pid, &st, 0);
         report("misaligned ldmatrix row address aborts (child)", WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT);
+    }
+    { // 5
+        std::vector<float> src(32 * 4);
+        for (unsigned i = 0; i < src.size(); i++) src[i] = (float)i + 0.5f;
+        for (int eager = 0; eager < 2; eager++) {
+            cuda_emu::cp_async_eager = eager;
+            std::vector<float> seen(32 * 24, NAN);
+            emu_launch(1, 32, 32 * 8 * sizeof(float), k_cp_async, seen.data(),
+                       (const float *)src.data());
+            bool ok = true;
+            for (unsigned t = 0; t < 32; t++) {
+                const float *o = seen.data() + t * 24;
+                for (unsigned k = 0; k < 4; k++) {
+                    const float v = src[t * 4 + k];
+                    ok = ok && o[k] == (eager ? v : -1.0f) && o[4 + k] == (eager ? 0.0f : -1.0f);
+                    ok = ok && o[8 + k] == v && o[12 + k] == (eager ? 0.0f : -1.0f);
+                    ok = ok && o[16 + k] == v && o[20 + k] == 0.0f;
+                }
+            }
+            report(eager ? "cp.async landing at issue: data, zero fill"
+                         : "cp.async landing at wait_group: old bytes before, groups in order",
+                   ok);
+        }
+        cuda_emu::cp_async_eager = false;
+    }
+    { // 6
+        fflush(stdout);
+        const pid_t pid = fork();
+        if (pid == 0) {
+            std::vector<float> src(4, 1.0f);
+            emu_launch(1, 32, 32 * 16, k_cp_async_unwaited, (const float *)src.data());
+            _exit(0); /* not reached if the check works */
+        }
+        int st = 0;
+        waitpid(pid, &st, 0);
+        report("a thread ending with a copy not waited for aborts (child)",
+               WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT);
+    }
+    { // 7
+        bool ok = true;
+        const float xs[] = {1.0f, -2.5f, 1.00390625f, 1.01171875f, 3e38f, 1e-40f, -0.0f, INFINITY};
+        for (float lo : xs)
+            for (float hi : xs) {
+                const uint32_t w = dp_cvt_bf16x2(lo, hi);
+                ok = ok && (w & 0xffffu) == dp_bf16_round(lo) && (w >> 16) == dp_bf16_round(hi);
+            }
+        ok = ok && (dp_cvt_bf16x2(NAN, 1.0f) & 0xffffu) == 0x7fffu;
+        ok = ok && dp_ex2(3.0f) == 8.0f && dp_ex2(-INFINITY) == 0.0f && dp_ex2(-130.0f) == 0.0f;
+        report("cvt.rn.bf16x2 (ties to even, NaN 0x7fff) and ex2.approx.ftz", ok);
     }
     printf("%s\n", failures ? "cuda_emu selftest: FAILED" : "cuda_emu selftest: all passed");
     return failures ? 1 : 0;

@@ -63,17 +63,17 @@ inline result run_kernels(const problem &p)
     r.out.assign(p.B * p.T * p.C, NAN);
     r.lse.assign(p.BNH * p.T, NAN);
     r.dqkv.assign(p.B * p.T * 3 * p.C, NAN);
-    emu_launch((unsigned)blocks, dp_tc::THREADS, dp_tc::SMEM_BYTES, k_flash_tc_forward,
+    emu_launch((unsigned)blocks, dp_tc::THREADS, dp_tc::SMEM_QUERY, k_flash_tc_forward,
                r.out.data(), r.lse.data(), p.qkvr.data(), p.B, p.T, p.NH, p.scale, nt);
     /* D = dO . O per row, as the backend's delta op gives it */
     r.delta.resize(p.BNH * p.T);
     for (size_t row = 0; row < p.BNH * p.T; row++)
         dp_flash_delta_item(r.delta.data(), p.dout.data(), dp_pref_f32(r.out.data()), p.T, p.NH,
                             HS, row);
-    emu_launch((unsigned)blocks, dp_tc::THREADS, dp_tc::SMEM_BYTES, k_flash_tc_dq, r.dqkv.data(),
+    emu_launch((unsigned)blocks, dp_tc::THREADS, dp_tc::SMEM_QUERY, k_flash_tc_dq, r.dqkv.data(),
                (const float *)p.dout.data(), p.qkvr.data(), (const float *)r.lse.data(),
                (const float *)r.delta.data(), p.B, p.T, p.NH, p.scale, nt);
-    emu_launch((unsigned)blocks, dp_tc::THREADS, dp_tc::SMEM_BYTES, k_flash_tc_dkdv,
+    emu_launch((unsigned)blocks, dp_tc::THREADS, dp_tc::SMEM_KEY, k_flash_tc_dkdv,
                r.dqkv.data(), (const float *)p.dout.data(), p.qkvr.data(),
                (const float *)r.lse.data(), (const float *)r.delta.data(), p.B, p.T, p.NH,
                p.scale, nt);

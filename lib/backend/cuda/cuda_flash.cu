@@ -64,10 +64,9 @@ cudaError_t tc_device_ready(int dev, bool *ready)
         return cudaSuccess;
     }
     const cudaFuncAttribute smem = cudaFuncAttributeMaxDynamicSharedMemorySize;
-    const int bytes = (int)dp_tc::SMEM_BYTES;
-    e = cudaFuncSetAttribute(k_flash_tc_forward, smem, bytes);
-    if (e == cudaSuccess) e = cudaFuncSetAttribute(k_flash_tc_dq, smem, bytes);
-    if (e == cudaSuccess) e = cudaFuncSetAttribute(k_flash_tc_dkdv, smem, bytes);
+    e = cudaFuncSetAttribute(k_flash_tc_forward, smem, (int)dp_tc::SMEM_QUERY);
+    if (e == cudaSuccess) e = cudaFuncSetAttribute(k_flash_tc_dq, smem, (int)dp_tc::SMEM_QUERY);
+    if (e == cudaSuccess) e = cudaFuncSetAttribute(k_flash_tc_dkdv, smem, (int)dp_tc::SMEM_KEY);
     if (e != cudaSuccess) return e;
     tc_state[dev] = 1;
     *ready = true;
@@ -108,7 +107,7 @@ extern "C" cudaError_t dp_cuda_launch_attention_fused_forward(cudaStream_t s, fl
     cudaError_t e = tc_takes(qkvr, hs, NULL, out, &tc);
     if (e != cudaSuccess) return e;
     if (tc)
-        k_flash_tc_forward<<<tiled_blocks(B, T, NH), dp_tc::THREADS, dp_tc::SMEM_BYTES, s>>>(
+        k_flash_tc_forward<<<tiled_blocks(B, T, NH), dp_tc::THREADS, dp_tc::SMEM_QUERY, s>>>(
             out, lse, (const uint16_t *)qkvr.p, B, T, NH, scale, nt);
     else if (hs == 64)
         k_flash_forward<64, 1><<<tiled_blocks(B, T, NH), ROWS * 1, 0, s>>>(out, lse, qkvr, B, T,
@@ -150,7 +149,7 @@ extern "C" cudaError_t dp_cuda_launch_attention_fused_dq(cudaStream_t s, float *
     cudaError_t e = tc_takes(qkvr, hs, dout, dqkv, &tc);
     if (e != cudaSuccess) return e;
     if (tc)
-        k_flash_tc_dq<<<tiled_blocks(B, T, NH), dp_tc::THREADS, dp_tc::SMEM_BYTES, s>>>(
+        k_flash_tc_dq<<<tiled_blocks(B, T, NH), dp_tc::THREADS, dp_tc::SMEM_QUERY, s>>>(
             dqkv, dout, (const uint16_t *)qkvr.p, lse, delta, B, T, NH, scale, nt);
     else if (hs == 64)
         k_flash_dq<64, 2><<<tiled_blocks(B, T, NH), ROWS * 2, 0, s>>>(dqkv, dout, qkvr, lse,
@@ -175,7 +174,7 @@ extern "C" cudaError_t dp_cuda_launch_attention_fused_dkdv(cudaStream_t s, float
     cudaError_t e = tc_takes(qkvr, hs, dout, dqkv, &tc);
     if (e != cudaSuccess) return e;
     if (tc)
-        k_flash_tc_dkdv<<<tiled_blocks(B, T, NH), dp_tc::THREADS, dp_tc::SMEM_BYTES, s>>>(
+        k_flash_tc_dkdv<<<tiled_blocks(B, T, NH), dp_tc::THREADS, dp_tc::SMEM_KEY, s>>>(
             dqkv, dout, (const uint16_t *)qkvr.p, lse, delta, B, T, NH, scale,
             (T + ROWS - 1) / ROWS);
     else if (hs == 64)

@@ -27,9 +27,12 @@
  * shuffle pair away; the probabilities, rounded, are the next product's
  * A fragments as they lie (an accumulator pair's layout is an A
  * fragment's); O (dQ, dK, dV) accumulates in eight more accumulators and
- * is rescaled in place. Shared memory holds only the two 64-row bf16
- * tiles the block's warps share (K and V, or Q and dO, with lse and D),
- * read by ldmatrix (.trans where the tile is the product's B as stored).
+ * is rescaled in place. Shared memory holds only the 64-row tiles the
+ * block's warps share (K and V, or Q and dO, with lse and D), read by
+ * ldmatrix (.trans where the tile is the product's B as stored), two of
+ * each: the next step's tiles are copied by cp.async (global to shared
+ * memory, no registers) while the block computes on this step's, and a
+ * barrier at each step's end keeps a buffer until every warp is done.
  * A first version on WMMA tiles stored every S, P and partial O to shared
  * memory: on an H200 it issued ~28 instructions per tensor core
  * instruction and ran at ~55 TFLOP/s.
@@ -101,29 +104,53 @@ const unsigned THREADS = WARPS * 32;
  * and eight rows' 16-byte pieces fall in eight distinct 4-bank groups */
 const unsigned LDH = HS + 8;
 
-/* Shared memory of a block: two bf16 tiles of 64 rows (K and V, or Q and
- * dO), then two rows of 64 floats (lse and D of a query tile). Offsets
- * in bytes, each a multiple of 128. */
-const size_t TILE_H = (size_t)BR * LDH * 2; /* 9216 */
-const size_t OFF_T1 = TILE_H;
-const size_t OFF_ROWS = 2 * TILE_H;
-const size_t SMEM_BYTES = OFF_ROWS + 2 * BC * 4; /* 18944 */
+/* float32 staging tile row stride (dO as copied, before its rounding):
+ * 272 bytes, 16-byte aligned rows */
+const unsigned LDF = HS + 4;
+
+/* Shared memory, offsets in bytes, each a multiple of 128. The next tile
+ * is copied (cp.async) while the block computes on this one, so tiles come
+ * in pairs of buffers:
+ *   forward, dq  K[2], V[2]: four bf16 tiles (Q, and dO for dq, pass
+ *                through the first two once, for their fragments);
+ *   dk, dv       Q[2] bf16; dO[2] float32 as copied; dO rounded to bf16
+ *                (one tile: rounded at each step); lse[2] and D[2] rows
+ *                of 64 floats (K and V pass through Q[2] once). */
+const size_t TILE_H = (size_t)BR * LDH * 2;  /* 9216 */
+const size_t TILE_F = (size_t)BR * LDF * 4;  /* 17408 */
+const size_t ROW_F = (size_t)BC * 4;         /* 256 */
+const size_t SMEM_QUERY = 4 * TILE_H;        /* 36864: forward, dq */
+const size_t OFF_KEY_F = 2 * TILE_H;
+const size_t OFF_KEY_H = OFF_KEY_F + 2 * TILE_F;
+const size_t OFF_KEY_ROWS = OFF_KEY_H + TILE_H;
+const size_t SMEM_KEY = OFF_KEY_ROWS + 4 * ROW_F; /* 63488: dk, dv */
+static_assert(THREADS == 2 * BC, "dk/dv: a thread copies one lse or D and scales its own lse");
 
 #if DP_TC_BODY
 
-struct smem_view {
-    uint16_t *t0, *t1; /* (64, LDH) bf16 tiles */
-    float *rows0, *rows1;
-};
-
-__device__ __forceinline__ smem_view view_of(unsigned char *s)
+/* The forward's and dq's buffers: K[b] (which 0) and V[b] (1) of step b % 2. */
+__device__ __forceinline__ uint16_t *kv_tile(unsigned char *s, unsigned which, unsigned b)
 {
-    smem_view v;
-    v.t0 = (uint16_t *)s;
-    v.t1 = (uint16_t *)(s + OFF_T1);
-    v.rows0 = (float *)(s + OFF_ROWS);
-    v.rows1 = v.rows0 + BC;
-    return v;
+    return (uint16_t *)(s + (2 * b + which) * TILE_H);
+}
+
+/* dk/dv's: Q[b], dO[b] as copied, dO rounded, lse[b] and D[b]. */
+__device__ __forceinline__ uint16_t *key_q(unsigned char *s, unsigned b)
+{
+    return (uint16_t *)(s + b * TILE_H);
+}
+__device__ __forceinline__ float *key_f(unsigned char *s, unsigned b)
+{
+    return (float *)(s + OFF_KEY_F + b * TILE_F);
+}
+__device__ __forceinline__ uint16_t *key_h(unsigned char *s) { return (uint16_t *)(s + OFF_KEY_H); }
+__device__ __forceinline__ float *key_lse(unsigned char *s, unsigned b)
+{
+    return (float *)(s + OFF_KEY_ROWS + b * ROW_F);
+}
+__device__ __forceinline__ float *key_d(unsigned char *s, unsigned b)
+{
+    return (float *)(s + OFF_KEY_ROWS + (2 + b) * ROW_F);
 }
 
 /* Rows [first, first + 64) of a head's (T, 64) bfloat16 rows starting at
@@ -151,6 +178,63 @@ __device__ __forceinline__ void load_f32_rows(uint16_t *tile, const float *src, 
         if (first + r < T) f = *(const float4 *)(src + (first + r) * stride + c);
         *(uint2 *)(tile + r * LDH + c) = make_uint2(dp_cvt_bf16x2(f.x, f.y), dp_cvt_bf16x2(f.z, f.w));
     }
+}
+
+/* load_bf16_rows by cp.async: 16-byte pieces, each thread its own; the
+ * bytes land at the thread's next dp_cp_async_wait that retires them. */
+__device__ __forceinline__ void async_bf16_rows(uint16_t *tile, const uint16_t *src,
+                                                size_t first, size_t T)
+{
+    for (unsigned e = threadIdx.x; e < BR * HS / 8; e += THREADS) {
+        const unsigned r = e / (HS / 8), c = e % (HS / 8) * 8;
+        const bool live = first + r < T;
+        dp_cp_async16(tile + r * LDH + c, live ? src + (first + r) * HS + c : src, live);
+    }
+}
+
+/* Rows [first, first + 64) of float32 rows `stride` floats apart into a
+ * (64, LDF) float32 tile by cp.async, zeros past T. */
+__device__ __forceinline__ void async_f32_rows(float *tile, const float *src, size_t stride,
+                                               size_t first, size_t T)
+{
+    for (unsigned e = threadIdx.x; e < BR * HS / 4; e += THREADS) {
+        const unsigned r = e / (HS / 4), c = e % (HS / 4) * 4;
+        const bool live = first + r < T;
+        dp_cp_async16(tile + r * LDF + c, live ? src + (first + r) * stride + c : src, live);
+    }
+}
+
+/* The pieces of a float32 tile this thread copied (async_f32_rows's),
+ * rounded into a bf16 tile: its own copies are visible to it after its
+ * wait, so no barrier comes between. */
+__device__ __forceinline__ void round_own_rows(uint16_t *dst, const float *tile)
+{
+    for (unsigned e = threadIdx.x; e < BR * HS / 4; e += THREADS) {
+        const unsigned r = e / (HS / 4), c = e % (HS / 4) * 4;
+        const float4 f = *(const float4 *)(tile + r * LDF + c);
+        *(uint2 *)(dst + r * LDH + c) = make_uint2(dp_cvt_bf16x2(f.x, f.y), dp_cvt_bf16x2(f.z, f.w));
+    }
+}
+
+/* dk/dv's copies for the query tile from i0 into buffer b, one group:
+ * Q, dO as float32 (rounded after the wait, round_own_rows), and lse and
+ * D of its rows (thread e < 64 copies lse[e], thread 64 + e D[e]: 4
+ * bytes each, since a head's rows need not be 16-byte aligned); zeros
+ * past T. */
+__device__ __forceinline__ void key_step_issue(unsigned char *sm, unsigned b, const uint16_t *q,
+                                               const float *g, size_t C, const float *lse,
+                                               const float *delta, size_t r0, size_t i0,
+                                               size_t T)
+{
+    async_bf16_rows(key_q(sm, b), q, i0, T);
+    async_f32_rows(key_f(sm, b), g, C, i0, T);
+    for (unsigned e = threadIdx.x; e < 2 * BC; e += THREADS) {
+        const unsigned c = e % BC;
+        const bool live = i0 + c < T;
+        const float *src = (e < BC ? lse : delta) + r0 + (live ? i0 + c : 0);
+        dp_cp_async4((e < BC ? key_lse(sm, b) : key_d(sm, b)) + c, src, live);
+    }
+    dp_cp_async_commit();
 }
 
 /* Part `part` (0 q, 1 k, 2 v) of the head whose rows start at row r0 of
@@ -296,16 +380,20 @@ __global__ void __launch_bounds__(dp_tc::THREADS, 4)
     using namespace dp_tc;
     const size_t BNH = B * NH, tile = ntiles - 1 - blockIdx.x / BNH, pair = blockIdx.x % BNH;
     const unsigned warp = threadIdx.x / 32;
-    const smem_view sv = view_of(tc_shared());
+    unsigned char *const sm = tc_shared();
     const size_t r0 = pair * T, i0 = tile * BR, iw = i0 + warp * 16;
     const size_t row[2] = {iw + lane_quad(), iw + lane_quad() + 8};
     const uint16_t *q = head_rows(qkvr, 0, r0, BNH, T), *k = head_rows(qkvr, 1, r0, BNH, T),
                    *v = head_rows(qkvr, 2, r0, BNH, T);
 
     uint32_t qf[4][4];
-    load_bf16_rows(sv.t0, q, i0, T);
+    load_bf16_rows(kv_tile(sm, 0, 0), q, i0, T);
     __syncthreads();
-    load_rows_a(qf, sv.t0, warp * 16);
+    load_rows_a(qf, kv_tile(sm, 0, 0), warp * 16);
+    __syncthreads(); /* every warp has its Q before K(0) lands over it */
+    async_bf16_rows(kv_tile(sm, 0, 0), k, 0, T);
+    async_bf16_rows(kv_tile(sm, 1, 0), v, 0, T);
+    dp_cp_async_commit();
 
     /* m: the running maximum of the scores in base-2 units (s sl2) */
     const float sl2 = scale * LOG2E;
@@ -316,12 +404,19 @@ __global__ void __launch_bounds__(dp_tc::THREADS, 4)
         for (unsigned e = 0; e < 4; e++) o[n][e] = 0.0f;
     for (size_t kt = 0; kt <= tile; kt++) {
         const size_t j0 = kt * BC;
-        __syncthreads(); /* every warp is done with the last K, V (and Q) */
-        load_bf16_rows(sv.t0, k, j0, T);
-        load_bf16_rows(sv.t1, v, j0, T);
-        __syncthreads();
+        const unsigned b = kt % 2;
+        if (kt < tile) { /* K, V of the next tile into the other buffers, as this one runs */
+            async_bf16_rows(kv_tile(sm, 0, 1 - b), k, j0 + BC, T);
+            async_bf16_rows(kv_tile(sm, 1, 1 - b), v, j0 + BC, T);
+            dp_cp_async_commit();
+            dp_cp_async_wait<1>();
+        } else {
+            dp_cp_async_wait<0>();
+        }
+        __syncthreads(); /* every thread's pieces of this tile have landed */
+        const uint16_t *kt_s = kv_tile(sm, 0, b), *vt_s = kv_tile(sm, 1, b);
         float s[8][4];
-        rows_dot_tile(s, qf, sv.t0);
+        rows_dot_tile(s, qf, kt_s);
         /* the online softmax of rows g and g + 8 over this tile's keys (j > i masked) */
         float mx[2] = {-INFINITY, -INFINITY};
         DP_UNROLL
@@ -354,7 +449,8 @@ __global__ void __launch_bounds__(dp_tc::THREADS, 4)
         for (unsigned h = 0; h < 2; h++) l[h] = l[h] * alpha[h] + quad_sum(sum[h]);
         uint32_t pf[4][4];
         acc_to_a(pf, s);
-        weights_times_tile(o, pf, sv.t1);
+        weights_times_tile(o, pf, vt_s);
+        __syncthreads(); /* every warp is done with buffer b before it is refilled */
     }
     const bool live[2] = {row[0] < T, row[1] < T};
     float *dst = out + dp_flash_tok_row(r0 + (live[0] ? iw : 0), T, NH, HS, 1, 0);
@@ -383,7 +479,7 @@ __global__ void __launch_bounds__(dp_tc::THREADS)
     using namespace dp_tc;
     const size_t BNH = B * NH, tile = ntiles - 1 - blockIdx.x / BNH, pair = blockIdx.x % BNH;
     const unsigned warp = threadIdx.x / 32;
-    const smem_view sv = view_of(tc_shared());
+    unsigned char *const sm = tc_shared();
     const size_t r0 = pair * T, i0 = tile * BR, iw = i0 + warp * 16, C = NH * HS;
     const size_t row[2] = {iw + lane_quad(), iw + lane_quad() + 8};
     const bool live[2] = {row[0] < T, row[1] < T};
@@ -391,11 +487,15 @@ __global__ void __launch_bounds__(dp_tc::THREADS)
                    *v = head_rows(qkvr, 2, r0, BNH, T);
 
     uint32_t qf[4][4], gf[4][4];
-    load_bf16_rows(sv.t0, q, i0, T);
-    load_f32_rows(sv.t1, dout + dp_flash_tok_row(r0, T, NH, HS, 1, 0), C, i0, T);
+    load_bf16_rows(kv_tile(sm, 0, 0), q, i0, T);
+    load_f32_rows(kv_tile(sm, 1, 0), dout + dp_flash_tok_row(r0, T, NH, HS, 1, 0), C, i0, T);
     __syncthreads();
-    load_rows_a(qf, sv.t0, warp * 16);
-    load_rows_a(gf, sv.t1, warp * 16);
+    load_rows_a(qf, kv_tile(sm, 0, 0), warp * 16);
+    load_rows_a(gf, kv_tile(sm, 1, 0), warp * 16);
+    __syncthreads(); /* every warp has its Q and dO before K(0), V(0) land over them */
+    async_bf16_rows(kv_tile(sm, 0, 0), k, 0, T);
+    async_bf16_rows(kv_tile(sm, 1, 0), v, 0, T);
+    dp_cp_async_commit();
     const float sl2 = scale * LOG2E;
     float lse2[2], d_r[2];
     DP_UNROLL
@@ -411,13 +511,20 @@ __global__ void __launch_bounds__(dp_tc::THREADS)
         for (unsigned e = 0; e < 4; e++) dq[n][e] = 0.0f;
     for (size_t kt = 0; kt <= tile; kt++) {
         const size_t j0 = kt * BC;
+        const unsigned b = kt % 2;
+        if (kt < tile) { /* the next K, V into the other buffers (as the forward) */
+            async_bf16_rows(kv_tile(sm, 0, 1 - b), k, j0 + BC, T);
+            async_bf16_rows(kv_tile(sm, 1, 1 - b), v, j0 + BC, T);
+            dp_cp_async_commit();
+            dp_cp_async_wait<1>();
+        } else {
+            dp_cp_async_wait<0>();
+        }
         __syncthreads();
-        load_bf16_rows(sv.t0, k, j0, T);
-        load_bf16_rows(sv.t1, v, j0, T);
-        __syncthreads();
+        const uint16_t *kt_s = kv_tile(sm, 0, b), *vt_s = kv_tile(sm, 1, b);
         float s[8][4], dp[8][4];
-        rows_dot_tile(s, qf, sv.t0);  /* S */
-        rows_dot_tile(dp, gf, sv.t1); /* dP */
+        rows_dot_tile(s, qf, kt_s);  /* S */
+        rows_dot_tile(dp, gf, vt_s); /* dP */
         DP_UNROLL
         for (unsigned n = 0; n < 8; n++)
             DP_UNROLL
@@ -430,7 +537,8 @@ __global__ void __launch_bounds__(dp_tc::THREADS)
             }
         uint32_t wf[4][4];
         acc_to_a(wf, s);
-        weights_times_tile(dq, wf, sv.t0);
+        weights_times_tile(dq, wf, kt_s);
+        __syncthreads(); /* every warp is done with buffer b before it is refilled */
     }
     float *dst = dqkv + dp_flash_tok_row(r0 + (live[0] ? iw : 0), T, NH, HS, 3, 0);
     write_acc(dst, 3 * C, dq, live[0], live[1], scale);
@@ -448,7 +556,7 @@ __global__ void __launch_bounds__(dp_tc::THREADS, 3)
     using namespace dp_tc;
     const size_t BNH = B * NH, tile = blockIdx.x / BNH, pair = blockIdx.x % BNH;
     const unsigned warp = threadIdx.x / 32;
-    const smem_view sv = view_of(tc_shared());
+    unsigned char *const sm = tc_shared();
     const size_t r0 = pair * T, j0 = tile * BR, jw = j0 + warp * 16, C = NH * HS;
     const size_t key[2] = {jw + lane_quad(), jw + lane_quad() + 8};
     const bool live[2] = {key[0] < T, key[1] < T};
@@ -457,11 +565,13 @@ __global__ void __launch_bounds__(dp_tc::THREADS, 3)
     const float *g = dout + dp_flash_tok_row(r0, T, NH, HS, 1, 0);
 
     uint32_t kf[4][4], vf[4][4];
-    load_bf16_rows(sv.t0, k, j0, T);
-    load_bf16_rows(sv.t1, v, j0, T);
+    load_bf16_rows(key_q(sm, 0), k, j0, T);
+    load_bf16_rows(key_q(sm, 1), v, j0, T);
     __syncthreads();
-    load_rows_a(kf, sv.t0, warp * 16);
-    load_rows_a(vf, sv.t1, warp * 16);
+    load_rows_a(kf, key_q(sm, 0), warp * 16);
+    load_rows_a(vf, key_q(sm, 1), warp * 16);
+    __syncthreads(); /* every warp has its K and V before the first Q lands over them */
+    key_step_issue(sm, 0, q, g, C, lse, delta, r0, tile * BC, T);
 
     const float sl2 = scale * LOG2E;
     float dk[8][4], dv[8][4];
@@ -471,35 +581,40 @@ __global__ void __launch_bounds__(dp_tc::THREADS, 3)
         for (unsigned e = 0; e < 4; e++) dk[n][e] = dv[n][e] = 0.0f;
     for (size_t qt = tile; qt < ntiles; qt++) {
         const size_t i0 = qt * BC;
-        __syncthreads();
-        load_bf16_rows(sv.t0, q, i0, T);
-        load_f32_rows(sv.t1, g, C, i0, T);
-        for (unsigned e = threadIdx.x; e < BC; e += THREADS) {
-            sv.rows0[e] = i0 + e < T ? lse[r0 + i0 + e] * LOG2E : 0.0f; /* lse2 */
-            sv.rows1[e] = i0 + e < T ? delta[r0 + i0 + e] : 0.0f;
+        const unsigned b = (unsigned)((qt - tile) % 2);
+        if (qt + 1 < ntiles) { /* the next step's copies, as this one runs */
+            key_step_issue(sm, 1 - b, q, g, C, lse, delta, r0, i0 + BC, T);
+            dp_cp_async_wait<1>();
+        } else {
+            dp_cp_async_wait<0>();
         }
+        round_own_rows(key_h(sm), key_f(sm, b));
+        if (threadIdx.x < BC) key_lse(sm, b)[threadIdx.x] *= LOG2E; /* its own copy: lse2 */
         __syncthreads();
+        const uint16_t *qt_s = key_q(sm, b), *gt_s = key_h(sm);
+        const float *lse2 = key_lse(sm, b), *drow = key_d(sm, b);
         float p[8][4], ds[8][4];
-        rows_dot_tile(p, kf, sv.t0); /* S^T */
+        rows_dot_tile(p, kf, qt_s); /* S^T */
         DP_UNROLL
         for (unsigned n = 0; n < 8; n++)
             DP_UNROLL
             for (unsigned e = 0; e < 4; e++) {
                 const unsigned ii = n * 8 + acc_col(e);
                 const bool seen = live[e / 2] && i0 + ii < T && i0 + ii >= key[e / 2];
-                p[n][e] = seen ? prob2(p[n][e], sl2, sv.rows0[ii]) : 0.0f;
+                p[n][e] = seen ? prob2(p[n][e], sl2, lse2[ii]) : 0.0f;
             }
         uint32_t wf[4][4];
         acc_to_a(wf, p);
-        weights_times_tile(dv, wf, sv.t1); /* dV += P^T dO */
-        rows_dot_tile(ds, vf, sv.t1);      /* dP^T */
+        weights_times_tile(dv, wf, gt_s); /* dV += P^T dO */
+        rows_dot_tile(ds, vf, gt_s);      /* dP^T */
         DP_UNROLL
         for (unsigned n = 0; n < 8; n++)
             DP_UNROLL
             for (unsigned e = 0; e < 4; e++)
-                ds[n][e] = dp_flash_dscore(p[n][e], ds[n][e], sv.rows1[n * 8 + acc_col(e)]);
+                ds[n][e] = dp_flash_dscore(p[n][e], ds[n][e], drow[n * 8 + acc_col(e)]);
         acc_to_a(wf, ds);
-        weights_times_tile(dk, wf, sv.t0); /* dK += dS^T Q */
+        weights_times_tile(dk, wf, qt_s); /* dK += dS^T Q */
+        __syncthreads(); /* every warp is done with step b's buffers and dO before reuse */
     }
     const size_t rj = r0 + (live[0] ? jw : 0);
     write_acc(dqkv + dp_flash_tok_row(rj, T, NH, HS, 3, 1), 3 * C, dk, live[0], live[1], scale);

@@ -8,6 +8,16 @@
  *   dp_ldmatrix_x4(r, p)         four 8x8 b16 matrices from shared memory:
  *                                ldmatrix.sync.aligned.m8n8.x4.shared.b16
  *   dp_ldmatrix_x4_trans(r, p)   the same, each matrix transposed (.trans)
+ *   dp_cp_async16(d, s, valid)   16 bytes from global s to shared d without
+ *                                passing through registers, or 16 zero
+ *                                bytes if !valid (s is not read):
+ *                                cp.async.cg.shared.global, its source
+ *                                size 16 or 0; both 16-byte aligned
+ *   dp_cp_async4(d, s, valid)    the same for 4 bytes (cp.async.ca)
+ *   dp_cp_async_commit()         closes the thread's group of copies
+ *   dp_cp_async_wait<N>()        waits until at most N of its groups are
+ *                                in flight (their bytes then visible to
+ *                                it; to the block after a barrier)
  *
  * and two scalar instructions the softmax between the products needs
  * once per score, where the C library's versions take several:
@@ -75,6 +85,34 @@ __device__ __forceinline__ void dp_ldmatrix_x4_trans(uint32_t r[4], const void *
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(s)
                  : "memory");
+}
+
+__device__ __forceinline__ void dp_cp_async16(void *dst, const void *src, bool valid)
+{
+    const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src),
+                 "r"(valid ? 16 : 0)
+                 : "memory");
+}
+
+/* 4 bytes (.ca: the only sizes below 16 it takes are 4 and 8), or 4 zero
+ * bytes if !valid; both 4-byte aligned. */
+__device__ __forceinline__ void dp_cp_async4(void *dst, const void *src, bool valid)
+{
+    const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(src),
+                 "r"(valid ? 4 : 0)
+                 : "memory");
+}
+
+__device__ __forceinline__ void dp_cp_async_commit()
+{
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+template <int N> __device__ __forceinline__ void dp_cp_async_wait()
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 __device__ __forceinline__ uint32_t dp_cvt_bf16x2(float lo, float hi)
