@@ -56,7 +56,7 @@ typedef struct gpt_variant {
 
 /* The variant's index in dp_gpt's arrays: kind 0 float32, 1 bf16, 2 bf16
  * with bf16 activations; att 0 kept, 1 recomputed, 2 chunked, 3 fused. */
-static inline inline size_t variant_index(int kind, int recompute_gelu, int att)
+static inline size_t variant_index(int kind, int recompute_gelu, int att)
 {
     return (size_t)(8 * kind + 4 * recompute_gelu + att);
 }
