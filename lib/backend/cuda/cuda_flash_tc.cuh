@@ -237,6 +237,31 @@ __device__ __forceinline__ void key_step_issue(unsigned char *sm, unsigned b, co
     dp_cp_async_commit();
 }
 
+/* The forward's and dq's copies of K and V of the key tile from row j0
+ * into buffer b, one group. */
+__device__ __forceinline__ void kv_issue(unsigned char *sm, const uint16_t *k, const uint16_t *v,
+                                         unsigned b, size_t j0, size_t T)
+{
+    async_bf16_rows(kv_tile(sm, 0, b), k, j0, T);
+    async_bf16_rows(kv_tile(sm, 1, b), v, j0, T);
+    dp_cp_async_commit();
+}
+
+/* Their step on the key tile from row j0 in buffer b: the next tile's
+ * copies issued into the other buffer (if `more`), then the wait for this
+ * tile's and the barrier that makes it the whole block's. */
+__device__ __forceinline__ void kv_step(unsigned char *sm, const uint16_t *k, const uint16_t *v,
+                                        unsigned b, size_t j0, bool more, size_t T)
+{
+    if (more) {
+        kv_issue(sm, k, v, 1 - b, j0 + BC, T);
+        dp_cp_async_wait<1>();
+    } else {
+        dp_cp_async_wait<0>();
+    }
+    __syncthreads();
+}
+
 /* Part `part` (0 q, 1 k, 2 v) of the head whose rows start at row r0 of
  * qkvr(3, B, NH, T, 64). */
 __device__ __forceinline__ const uint16_t *head_rows(const uint16_t *qkvr, unsigned part,
@@ -391,9 +416,7 @@ __global__ void __launch_bounds__(dp_tc::THREADS, 4)
     __syncthreads();
     load_rows_a(qf, kv_tile(sm, 0, 0), warp * 16);
     __syncthreads(); /* every warp has its Q before K(0) lands over it */
-    async_bf16_rows(kv_tile(sm, 0, 0), k, 0, T);
-    async_bf16_rows(kv_tile(sm, 1, 0), v, 0, T);
-    dp_cp_async_commit();
+    kv_issue(sm, k, v, 0, 0, T);
 
     /* m: the running maximum of the scores in base-2 units (s sl2) */
     const float sl2 = scale * LOG2E;
@@ -405,15 +428,7 @@ __global__ void __launch_bounds__(dp_tc::THREADS, 4)
     for (size_t kt = 0; kt <= tile; kt++) {
         const size_t j0 = kt * BC;
         const unsigned b = kt % 2;
-        if (kt < tile) { /* K, V of the next tile into the other buffers, as this one runs */
-            async_bf16_rows(kv_tile(sm, 0, 1 - b), k, j0 + BC, T);
-            async_bf16_rows(kv_tile(sm, 1, 1 - b), v, j0 + BC, T);
-            dp_cp_async_commit();
-            dp_cp_async_wait<1>();
-        } else {
-            dp_cp_async_wait<0>();
-        }
-        __syncthreads(); /* every thread's pieces of this tile have landed */
+        kv_step(sm, k, v, b, j0, kt < tile, T); /* the next tile's copies out, this one's in */
         const uint16_t *kt_s = kv_tile(sm, 0, b), *vt_s = kv_tile(sm, 1, b);
         float s[8][4];
         rows_dot_tile(s, qf, kt_s);
@@ -493,9 +508,7 @@ __global__ void __launch_bounds__(dp_tc::THREADS)
     load_rows_a(qf, kv_tile(sm, 0, 0), warp * 16);
     load_rows_a(gf, kv_tile(sm, 1, 0), warp * 16);
     __syncthreads(); /* every warp has its Q and dO before K(0), V(0) land over them */
-    async_bf16_rows(kv_tile(sm, 0, 0), k, 0, T);
-    async_bf16_rows(kv_tile(sm, 1, 0), v, 0, T);
-    dp_cp_async_commit();
+    kv_issue(sm, k, v, 0, 0, T);
     const float sl2 = scale * LOG2E;
     float lse2[2], d_r[2];
     DP_UNROLL
@@ -512,15 +525,7 @@ __global__ void __launch_bounds__(dp_tc::THREADS)
     for (size_t kt = 0; kt <= tile; kt++) {
         const size_t j0 = kt * BC;
         const unsigned b = kt % 2;
-        if (kt < tile) { /* the next K, V into the other buffers (as the forward) */
-            async_bf16_rows(kv_tile(sm, 0, 1 - b), k, j0 + BC, T);
-            async_bf16_rows(kv_tile(sm, 1, 1 - b), v, j0 + BC, T);
-            dp_cp_async_commit();
-            dp_cp_async_wait<1>();
-        } else {
-            dp_cp_async_wait<0>();
-        }
-        __syncthreads();
+        kv_step(sm, k, v, b, j0, kt < tile, T);
         const uint16_t *kt_s = kv_tile(sm, 0, b), *vt_s = kv_tile(sm, 1, b);
         float s[8][4], dp[8][4];
         rows_dot_tile(s, qf, kt_s);  /* S */
