@@ -127,7 +127,7 @@ extern "C" cudaError_t dp_cuda_launch_attention_fused_delta(cudaStream_t s, floa
                                                             size_t n)
 {
     if (n == 0) return cudaSuccess;
-    const bool vec = hs % 4 == 0 && (uintptr_t)dout % 16 == 0 &&
+    const bool vec = dp_cuda_vec_on() && hs % 4 == 0 && (uintptr_t)dout % 16 == 0 &&
                      (uintptr_t)out.p % (out.bf16 ? 8 : 16) == 0; /* C = NH hs: rows too */
     if (vec)
         k_flash_delta_vec<<<item_blocks(n), ROW_THREADS, 0, s>>>(delta, dout, out, T, NH, hs, n);

@@ -28,6 +28,8 @@
  * reproducible from run to run on one GPU model.
  */
 #include <cuda_runtime.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "backend/cuda/cuda_kernels.h" /* and kernels/ops.h with the kernel headers */
 #include "backend/cuda/cuda_launch.cuh"
@@ -35,6 +37,19 @@
 #include "kernels/linear.h"
 
 // --- the element-wise and row-wise ops of kernels/ops.h ------------------------------
+
+/* DP_CUDA_VEC=0 turns the element-wise kernels' 16-byte paths off (the VEC
+ * ops' kernels, the fused AdamW's four elements a thread, D's vector
+ * loads) for comparison; read once (racing first callers read the same). */
+extern "C" int dp_cuda_vec_on(void)
+{
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("DP_CUDA_VEC");
+        on = !(e && strcmp(e, "0") == 0);
+    }
+    return on;
+}
 
 /* Whether every pointer among a VEC op's arguments is 16-byte aligned (the
  * other arguments pass). */
@@ -73,7 +88,7 @@ unsigned vec_blocks(size_t n)
     extern "C" cudaError_t dp_cuda_launch_##name(cudaStream_t stream, DP_UNPAREN params, \
                                                  size_t n)                              \
     {                                                                                   \
-        if (n && all_vec_ok(DP_UNPAREN args)) {                                         \
+        if (n && dp_cuda_vec_on() && all_vec_ok(DP_UNPAREN args)) {                     \
             k_##name##_vec<<<vec_blocks(n), VEC_THREADS, 0, stream>>>(DP_UNPAREN args, n); \
             return cudaGetLastError();                                                  \
         }                                                                               \

@@ -40,8 +40,8 @@ extern "C" cudaError_t dp_cuda_launch_adamw_segments(cudaStream_t stream, float 
     if (n == 0) return cudaSuccess;
     adamw_args a = {lr, beta1, beta2, eps, bias_corr1, bias_corr2, clip};
     /* 16-byte groups of the four float arrays, 8-byte ones of the replica */
-    if (aligned(params, 16) && aligned(grads, 16) && aligned(m, 16) && aligned(v, 16) &&
-        (!replica || aligned(replica, 8)))
+    if (dp_cuda_vec_on() && aligned(params, 16) && aligned(grads, 16) && aligned(m, 16) &&
+        aligned(v, 16) && (!replica || aligned(replica, 8)))
         k_adamw_segments_vec<<<optim_blocks((n + ADAMW_VEC - 1) / ADAMW_VEC), OPTIM_THREADS, 0,
                                stream>>>(params, grads, m, v, replica, *segs, a, n);
     else
