@@ -36,11 +36,17 @@ static inline DP_HD void dp_gelu_forward_elem(float *out, const float *inp, size
     out[i] = dp_gelu(inp[i]);
 }
 
-/* out[i] = bf16(gelu(inp[i])), both bfloat16: the float32 GELU of the
- * widened input, rounded once. */
+/* bf16(gelu(x)) of a bfloat16 x: the float32 GELU of the widened input,
+ * rounded once. */
+static inline DP_HD uint16_t dp_gelu_bf16(uint16_t x)
+{
+    return dp_bf16_round(dp_gelu(dp_bf16_widen(x)));
+}
+
+/* out[i] = dp_gelu_bf16(inp[i]). */
 static inline DP_HD void dp_gelu_forward_bf16_elem(uint16_t *out, const uint16_t *inp, size_t i)
 {
-    out[i] = dp_bf16_round(dp_gelu(dp_bf16_widen(inp[i])));
+    out[i] = dp_gelu_bf16(inp[i]);
 }
 
 /* gelu'(x). */
@@ -64,11 +70,17 @@ static inline DP_HD void dp_gelu_backward_elem(float *dinp, const float *inp, co
     dinp[i] = dout[i] * dp_gelu_grad(inp[i]);
 }
 
-/* The same with inp kept as bfloat16 (widened exactly). */
+/* dout gelu'(x) of a bfloat16 x (widened exactly). */
+static inline DP_HD float dp_gelu_backward_bf16_value(float dout, uint16_t x)
+{
+    return dout * dp_gelu_grad(dp_bf16_widen(x));
+}
+
+/* dp_gelu_backward_elem with inp kept as bfloat16. */
 static inline DP_HD void dp_gelu_backward_bf16_inp_elem(float *dinp, const uint16_t *inp,
                                                         const float *dout, size_t i)
 {
-    dinp[i] = dout[i] * dp_gelu_grad(dp_bf16_widen(inp[i]));
+    dinp[i] = dp_gelu_backward_bf16_value(dout[i], inp[i]);
 }
 
 /* ... and dinp[i] rounded to bfloat16 in dinp16 too (the operand a
@@ -79,7 +91,7 @@ static inline DP_HD void dp_gelu_backward_bf16_inp_out16_elem(float *dinp, uint1
                                                               const uint16_t *inp,
                                                               const float *dout, size_t i)
 {
-    float g = dout[i] * dp_gelu_grad(dp_bf16_widen(inp[i]));
+    float g = dp_gelu_backward_bf16_value(dout[i], inp[i]);
     dinp[i] = g;
     dinp16[i] = dp_bf16_round(g);
 }

@@ -125,15 +125,26 @@ static inline DP_HD uint32_t dp_adamw_seg_of(const dp_adamw_segs *s, uint64_t i)
  * touched), AdamW on the parameter, and with replica (else NULL) the
  * parameter rounded to bfloat16 there. The same operations in the same
  * order, so the same bits. */
+/* The clip and AdamW of dp_adamw_clip_element on values: *g scaled by
+ * clip (unless 1), then AdamW on *p, *m, *v. The GPU's 4-wide kernel
+ * (cuda/cuda_optim.cuh) runs it on registers. */
+static inline DP_HD void dp_adamw_clip_value(float *p, float *g, float *m, float *v, float lr,
+                                             float beta1, float beta2, float eps, float wd,
+                                             float bias_corr1, float bias_corr2, float clip)
+{
+    if (clip != 1.0f) *g = dp_scale_element(*g, clip);
+    dp_adamw_element(p, m, v, *g, lr, beta1, beta2, eps, wd, bias_corr1, bias_corr2);
+}
+
 static inline DP_HD void dp_adamw_clip_element(float *params, float *grads, float *m, float *v,
                                                uint16_t *replica, size_t i, float lr,
                                                float beta1, float beta2, float eps, float wd,
                                                float bias_corr1, float bias_corr2, float clip)
 {
     float g = grads[i];
-    if (clip != 1.0f) grads[i] = g = dp_scale_element(g, clip);
-    dp_adamw_element(&params[i], &m[i], &v[i], g, lr, beta1, beta2, eps, wd, bias_corr1,
-                     bias_corr2);
+    dp_adamw_clip_value(&params[i], &g, &m[i], &v[i], lr, beta1, beta2, eps, wd, bias_corr1,
+                        bias_corr2, clip);
+    if (clip != 1.0f) grads[i] = g;
     if (replica) replica[i] = dp_bf16_round(params[i]);
 }
 

@@ -115,6 +115,20 @@ __device__ __forceinline__ void load_rows(float *tile, dp_pref src, size_t first
     }
 }
 
+/* The forward's and dq's step on key rows j0 .. j0 + nk - 1: once every
+ * thread is done with the last tile, K and V of these rows (kb, vb: the
+ * head's first K and V rows in qkvr) into ks and vs, then the barrier
+ * that makes them the block's. */
+template <int HS, int G>
+__device__ __forceinline__ void load_kv(float *ks, float *vs, dp_pref qkvr, size_t kb, size_t vb,
+                                        size_t j0, unsigned nk)
+{
+    __syncthreads();
+    load_rows<HS, G>(ks, qkvr, kb + j0 * HS, HS, nk);
+    load_rows<HS, G>(vs, qkvr, vb + j0 * HS, HS, nk);
+    __syncthreads();
+}
+
 __device__ __forceinline__ size_t dmin(size_t a, size_t b) { return a < b ? a : b; }
 
 } // namespace
@@ -148,10 +162,7 @@ DP_UNROLL
     float m = -INFINITY, l = 0.0f;
     for (size_t j0 = 0; j0 < nkeys; j0 += TILE) {
         const unsigned nk = (unsigned)dmin(TILE, nkeys - j0);
-        __syncthreads(); /* every thread is done with the last tile */
-        load_rows<HS, G>(ks, qkvr, kb + j0 * HS, HS, nk);
-        load_rows<HS, G>(vs, qkvr, vb + j0 * HS, HS, nk);
-        __syncthreads();
+        load_kv<HS, G>(ks, vs, qkvr, kb, vb, j0, nk);
         /* warp-uniform bound, so the G lanes of every row meet at the shuffles */
         const unsigned lim = wlast >= j0 ? (unsigned)dmin(nk, wlast + 1 - j0) : 0;
         for (unsigned jj = 0; jj < lim; jj++) {
@@ -198,10 +209,7 @@ DP_UNROLL
     const float lse_r = live ? lse[ri] : 0.0f, delta_r = live ? delta[ri] : 0.0f;
     for (size_t j0 = 0; j0 < nkeys; j0 += TILE) {
         const unsigned nk = (unsigned)dmin(TILE, nkeys - j0);
-        __syncthreads();
-        load_rows<HS, G>(ks, qkvr, kb + j0 * HS, HS, nk);
-        load_rows<HS, G>(vs, qkvr, vb + j0 * HS, HS, nk);
-        __syncthreads();
+        load_kv<HS, G>(ks, vs, qkvr, kb, vb, j0, nk);
         const unsigned lim = wlast >= j0 ? (unsigned)dmin(nk, wlast + 1 - j0) : 0;
         for (unsigned jj = 0; jj < lim; jj++) {
             const unsigned o = jj * L::ROW + sl.g * L::SLICE;

@@ -75,10 +75,9 @@ __global__ void k_adamw_segments_vec(float *params, float *grads, float *m, floa
               mm[4] = {m4.x, m4.y, m4.z, m4.w}, vv[4] = {v4.x, v4.y, v4.z, v4.w};
         uint16_t r[4];
         DP_UNROLL
-        for (unsigned k = 0; k < ADAMW_VEC; k++) { /* dp_adamw_clip_element on registers */
-            if (a.clip != 1.0f) g[k] = dp_scale_element(g[k], a.clip);
-            dp_adamw_element(&p[k], &mm[k], &vv[k], g[k], a.lr, a.beta1, a.beta2, a.eps,
-                             segs.weight_decay[s], a.bias_corr1, a.bias_corr2);
+        for (unsigned k = 0; k < ADAMW_VEC; k++) {
+            dp_adamw_clip_value(&p[k], &g[k], &mm[k], &vv[k], a.lr, a.beta1, a.beta2, a.eps,
+                                segs.weight_decay[s], a.bias_corr1, a.bias_corr2, a.clip);
             r[k] = dp_bf16_round(p[k]);
         }
         if (a.clip != 1.0f) *(float4 *)(grads + i) = make_float4(g[0], g[1], g[2], g[3]);

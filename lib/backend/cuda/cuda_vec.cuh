@@ -94,7 +94,7 @@ __global__ void k_gelu_forward_bf16_vec(uint16_t *out, const uint16_t *inp, size
         uint16_t x[8], y[8];
         vec_load8(x, inp + i);
         DP_UNROLL
-        for (unsigned k = 0; k < 8; k++) y[k] = dp_bf16_round(dp_gelu(dp_bf16_widen(x[k])));
+        for (unsigned k = 0; k < 8; k++) y[k] = dp_gelu_bf16(x[k]);
         vec_store8(out + i, y);
     }
     VEC_TAIL(i, n) dp_gelu_forward_bf16_elem(out, inp, i);
@@ -114,7 +114,7 @@ __global__ void k_gelu_backward_bf16_inp_out16_vec(float *dinp, uint16_t *dinp16
         vec_load8(x, inp + i);
         DP_UNROLL
         for (unsigned k = 0; k < 8; k++) {
-            g[k] = g[k] * dp_gelu_grad(dp_bf16_widen(x[k]));
+            g[k] = dp_gelu_backward_bf16_value(g[k], x[k]);
             r[k] = dp_bf16_round(g[k]);
         }
         vec_store8(dinp + i, g);
