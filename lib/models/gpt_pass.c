@@ -235,7 +235,7 @@ dp_status gpt_pass_head_backward(const dp_gpt *gpt, dp_device *dev, wview params
  * fused classifier): the float32 head's values rounded once, then the
  * padded columns -inf. In BF16 math the features are rounded first into
  * the scratch (the GEMM would round them anyway: the same values), so
- * both operands are bfloat16 and cuBLASLt writes the bfloat16 logits
+ * both operands are bfloat16 and cuBLASLt or oneDNN writes the bfloat16 logits
  * directly (dp_linear_forward_out16); otherwise, or where it declines,
  * the float32 GEMM runs into the rest of the scratch (in blocks of rows
  * when that is smaller than the chunk) and is rounded. */

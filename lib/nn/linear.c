@@ -73,7 +73,7 @@ static dp_status linear_forward(dp_device *dev, float *out, const void *inp, int
                                 const void *weight, const void *bias, int w16, size_t N, size_t C,
                                 size_t OC)
 {
-    /* A backend with the bias in its GEMM's epilogue (cuBLASLt) adds it
+    /* A backend with the bias in its GEMM's epilogue (cuBLASLt, oneDNN) adds it
      * there; it may decline (operand types, precision). */
     if (bias && !dev->no_fused_producers && dev->ops->gemm_bias_out) {
         dp_gemm_arg a = {weight, w16, (int)C, 0}, b = {inp, x16, (int)ld, 0};

@@ -65,9 +65,10 @@ DP_MODULE_API dp_status dp_residual_layernorm_forward(dp_device *dev, void *out,
  * dp_convert. inp is float32 or bfloat16 (inp_type DP_DTYPE_F32 or
  * DP_DTYPE_BF16); bias.p may be NULL (no bias).
  *
- * Where the backend has a fused entry (dp_backend_ops.gemm_bias_out:
- * on CUDA devices cuBLASLt's bias epilogue writing bfloat16, for bfloat16
- * operands in BF16 matmul precision) it writes out directly. Else, or
+ * Where the backend has a fused entry (dp_backend_ops.gemm_bias_out, for
+ * bfloat16 operands in BF16 matmul precision: on CUDA devices cuBLASLt's
+ * bias epilogue writing bfloat16, on CPU devices oneDNN's matmul with its
+ * bias and a bfloat16 destination) it writes out directly. Else, or
  * when it declines, the float32 layer runs into `scratch` (scratch_floats
  * >= OC floats, at least one row; the caller's, e.g. a workspace region
  * free at the time) and is converted: whole when the scratch holds N*OC
@@ -78,7 +79,9 @@ DP_MODULE_API dp_status dp_residual_layernorm_forward(dp_device *dev, void *out,
  * output's sums by the call's shape (OpenBLAS's edge kernels), so a few
  * outputs may round to the neighbouring bfloat16. cuBLASLt's kernel is
  * not the one cuBLAS picks for the float32 layer: its sums may be grouped
- * otherwise too.
+ * otherwise too. oneDNN's is the composition's kernel, and adds the bias
+ * to the finished sums as the composition's beta = 1 does: the same bits
+ * (tests/test_linear.c, tests/test_bf16_engine.c check it).
  *
  * Ownership: every pointer is a device pointer of dev owned by the caller;
  * out must not overlap inp or scratch, nor scratch inp. Errors:

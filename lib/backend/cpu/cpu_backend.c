@@ -177,7 +177,7 @@ static const dp_backend_ops cpu_ops = {
     /* None: the float32 GEMM into the caller's scratch, then the conversion
      * (nn/nn_act16.h), is what a CPU entry would do too - and keeps the
      * bits of the composition by being it. */
-    .gemm_bias_out = NULL,
+    .gemm_bias_out = dp_cpu_gemm_bias_out,
     .adamw_segments = dp_cpu_adamw_segments,
 };
 

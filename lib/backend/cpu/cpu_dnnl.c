@@ -6,7 +6,10 @@
  * product C^T(n,m) = op(B)^T(n,k) op(A)^T(k,m): oneDNN's src, weights and
  * dst, described by strides alone, so no operand is copied to transpose
  * it. A primitive is costly to create (tens of microseconds), so each
- * device keeps the last few it built, keyed by the GEMM's shape.
+ * device keeps the last few it built, keyed by the GEMM's shape. A
+ * linear layer's bias and a bfloat16 output are the primitive's own (its
+ * bias argument and destination type): one pass over C instead of a
+ * broadcast before the GEMM and a conversion after it.
  * Debian's libdnnl runs on OpenMP: a call asks it for one thread (a
  * virtual device is one thread) through libgomp's omp_set_num_threads.
  */
@@ -28,7 +31,7 @@ typedef struct mm_entry {
     int used;
     dp_dnnl_key key;
     dnnl_primitive_t prim;
-    dnnl_memory_t src, wei, dst, pad; /* handles set per call */
+    dnnl_memory_t src, wei, dst, bias, pad; /* handles set per call */
     size_t pad_bytes;                 /* oneDNN's scratchpad */
 } mm_entry;
 
@@ -47,6 +50,7 @@ static void mm_entry_clear(mm_entry *en)
     dnnl_memory_destroy(en->src);
     dnnl_memory_destroy(en->wei);
     dnnl_memory_destroy(en->dst);
+    if (en->bias) dnnl_memory_destroy(en->bias);
     if (en->pad) dnnl_memory_destroy(en->pad);
     memset(en, 0, sizeof *en);
 }
@@ -104,7 +108,7 @@ static dnnl_status_t view_md(dnnl_memory_desc_t *md, int batch, int rows, int co
  * has no bf16 matmul (the caller then emulates). */
 static dnnl_status_t mm_build(dnnl_state *c, const dp_dnnl_key *key, mm_entry *en)
 {
-    dnnl_memory_desc_t src, wei, dst;
+    dnnl_memory_desc_t src, wei, dst, bias;
     int tb = key->tb, ta = key->ta;
     /* src = op(B)^T (n,k); weights = op(A)^T (k,m); dst = C^T (n,m) */
     dnnl_status_t st = view_md(&src, key->batch, key->n, key->k, key->sb, tb ? 1 : key->ldb,
@@ -113,9 +117,15 @@ static dnnl_status_t mm_build(dnnl_state *c, const dp_dnnl_key *key, mm_entry *e
         st = view_md(&wei, key->batch, key->k, key->m, key->sa, ta ? 1 : key->lda,
                      ta ? key->lda : 1, dnnl_bf16);
     if (st == dnnl_success)
-        st = view_md(&dst, key->batch, key->n, key->m, key->sc, key->ldc, 1, dnnl_f32);
+        st = view_md(&dst, key->batch, key->n, key->m, key->sc, key->ldc, 1,
+                     key->c_bf16 ? dnnl_bf16 : dnnl_f32);
+    /* bias(m) on C's columns: one value per column of dst (1, m) */
+    if (st == dnnl_success && key->bias)
+        st = view_md(&bias, 1, 1, key->m, 0, key->m, 1,
+                     key->bias == DP_DNNL_BIAS_BF16 ? dnnl_bf16 : dnnl_f32);
     dnnl_matmul_desc_t md;
-    if (st == dnnl_success) st = dnnl_matmul_desc_init(&md, &src, &wei, NULL, &dst);
+    if (st == dnnl_success)
+        st = dnnl_matmul_desc_init(&md, &src, &wei, key->bias ? &bias : NULL, &dst);
     dnnl_primitive_attr_t attr = NULL;
     dnnl_post_ops_t po = NULL;
     dnnl_primitive_desc_t pd = NULL;
@@ -142,6 +152,8 @@ static dnnl_status_t mm_build(dnnl_state *c, const dp_dnnl_key *key, mm_entry *e
     if (st == dnnl_success) st = dnnl_memory_create(&e.src, &src, c->eng, DNNL_MEMORY_NONE);
     if (st == dnnl_success) st = dnnl_memory_create(&e.wei, &wei, c->eng, DNNL_MEMORY_NONE);
     if (st == dnnl_success) st = dnnl_memory_create(&e.dst, &dst, c->eng, DNNL_MEMORY_NONE);
+    if (st == dnnl_success && key->bias)
+        st = dnnl_memory_create(&e.bias, &bias, c->eng, DNNL_MEMORY_NONE);
     if (st == dnnl_success && e.pad_bytes)
         st = dnnl_memory_create(&e.pad, pad, c->eng, DNNL_MEMORY_NONE);
     dnnl_primitive_desc_destroy(pd);
@@ -174,26 +186,30 @@ static dnnl_status_t mm_find(dnnl_state *c, const dp_dnnl_key *key, mm_entry **o
     return dnnl_success;
 }
 
-/* Runs one piece on oneDNN: bfloat16 operands, float32 C; pad is the
- * primitive's scratchpad. */
+/* Runs one piece on oneDNN: bfloat16 operands, C as key->c_bf16 says,
+ * plus bias when key->bias; pad is the primitive's scratchpad. */
 static dp_status dnnl_piece(dp_device *dev, dnnl_state *c, const dp_dnnl_key *key,
-                            const void *pa, const void *pb, float *C, void *pad)
+                            const void *pa, const void *pb, const void *bias, void *C, void *pad)
 {
     mm_entry *en = NULL;
     DNNL_TRY(dev, mm_find(c, key, &en));
     DNNL_TRY(dev, dnnl_memory_set_data_handle(en->src, (void *)pb));
     DNNL_TRY(dev, dnnl_memory_set_data_handle(en->wei, (void *)pa));
     DNNL_TRY(dev, dnnl_memory_set_data_handle(en->dst, C));
+    if (en->bias) DNNL_TRY(dev, dnnl_memory_set_data_handle(en->bias, (void *)bias));
     if (en->pad) DNNL_TRY(dev, dnnl_memory_set_data_handle(en->pad, pad));
-    dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, en->src},
-                               {DNNL_ARG_WEIGHTS, en->wei},
-                               {DNNL_ARG_DST, en->dst},
-                               {DNNL_ARG_SCRATCHPAD, en->pad}};
+    dnnl_exec_arg_t args[5];
+    int nargs = 0;
+    args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_SRC, en->src};
+    args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_WEIGHTS, en->wei};
+    args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_DST, en->dst};
+    if (en->bias) args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_BIAS, en->bias};
+    if (en->pad) args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, en->pad};
     /* One OpenMP thread: the device is this thread. The calling thread's
      * own setting comes back after the call. */
     int threads = omp_get_max_threads();
     if (threads != 1) omp_set_num_threads(1);
-    dnnl_status_t st = dnnl_primitive_execute(en->prim, c->stream, en->pad ? 4 : 3, args);
+    dnnl_status_t st = dnnl_primitive_execute(en->prim, c->stream, nargs, args);
     if (st == dnnl_success) st = dnnl_stream_wait(c->stream);
     if (threads != 1) omp_set_num_threads(threads);
     DNNL_TRY(dev, st);
@@ -215,9 +231,9 @@ static dp_status prepare(dp_device *dev, void *st, const dp_dnnl_key *key, size_
 }
 
 static dp_status run(dp_device *dev, void *st, const dp_dnnl_key *key, const void *a,
-                     const void *b, float *C, void *pad)
+                     const void *b, const void *bias, void *C, void *pad)
 {
-    return dnnl_piece(dev, st, key, a, b, C, pad);
+    return dnnl_piece(dev, st, key, a, b, bias, C, pad);
 }
 
 static const dp_dnnl_module dnnl_module = {

@@ -15,12 +15,18 @@
 #include "backend/backend.h"
 #include "core/module.h"
 
+/* A bias the matmul's epilogue adds (dp_dnnl_key.bias). */
+enum { DP_DNNL_BIAS_NONE, DP_DNNL_BIAS_F32, DP_DNNL_BIAS_BF16 };
+
 /* One piece's matmul: what a primitive is built for. Compared with
- * memcmp: zero it (padding too) before filling it in. */
+ * memcmp: zero it (padding too) before filling it in. bias: a bias(m)
+ * added to every column of C in float32 (DP_DNNL_BIAS_*; batch 1 only);
+ * c_bf16: C is bfloat16, each float32 result rounded once. */
 typedef struct dp_dnnl_key {
     int ta, tb, m, n, k, lda, ldb, ldc, batch;
     long long sa, sb, sc;
     float alpha, beta;
+    int bias, c_bf16;
 } dp_dnnl_key;
 
 typedef struct dp_dnnl_module {
@@ -34,11 +40,13 @@ typedef struct dp_dnnl_module {
      * no bf16 matmul, so the caller runs the piece on OpenBLAS. */
     dp_status (*prepare)(dp_device *dev, void *st, const dp_dnnl_key *key, size_t *pad_bytes,
                          int *unimplemented);
-    /* C(key) = the piece's product of bfloat16 operands a (weights: op(A))
-     * and b (source: op(B)) in float32, on one OpenMP thread; pad is the
-     * scratchpad (prepare's size). */
+    /* C(key) = alpha op(A) op(B) + beta C (+ bias): the piece's product of
+     * bfloat16 operands a (weights: op(A)) and b (source: op(B)) summed in
+     * float32, on one OpenMP thread, stored as key->c_bf16 says; bias is
+     * NULL unless key->bias names its type; pad is the scratchpad
+     * (prepare's size). */
     dp_status (*run)(dp_device *dev, void *st, const dp_dnnl_key *key, const void *a,
-                     const void *b, float *C, void *pad);
+                     const void *b, const void *bias, void *C, void *pad);
 } dp_dnnl_module;
 
 #endif /* DP_BACKEND_CPU_DNNL_H */

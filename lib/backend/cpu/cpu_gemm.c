@@ -268,7 +268,7 @@ static dp_status run_pieces(dp_device *dev, struct dp_cpu_ctx *c, const pieces *
             dp_dnnl_key key = piece_key(q->ta, q->tb, pc.mb, pc.nb, pc.kb, q->alpha, &pa, &pb,
                                         pc.beta, q->ldc, q->sc, pc.g);
             if (!dry) {
-                DP_TRY(c->dnnl->run(dev, c->dnnl_st, &key, pa.p, pb.p, C, pad));
+                DP_TRY(c->dnnl->run(dev, c->dnnl_st, &key, pa.p, pb.p, NULL, C, pad));
                 continue;
             }
             DP_TRY(c->dnnl->prepare(dev, c->dnnl_st, &key, pad_bytes, unimplemented));
@@ -341,6 +341,40 @@ dp_status dp_cpu_gemm(dp_device *dev, dp_op ta, dp_op tb, int m, int n, int k, f
     int dnnl = bf16_math && !dev->gemm_no_dnnl && dnnl_ready(c);
     dp_status s = gemm_pieces(dev, c, ta, tb, m, n, k, alpha, A, B, beta, C, ldc, sc, batch,
                               bf16_math, dnnl);
+    pthread_mutex_unlock(&c->mu);
+    return s;
+}
+
+/* dp_backend_ops.gemm_bias_out on oneDNN: bfloat16 operands in BF16 math,
+ * the bias and the bfloat16 output in the primitive's epilogue. It
+ * declines (*done = 0) where the composition is the only way or the same
+ * work: FP32 or TF32 math (OpenBLAS), an operand to convert first (the
+ * composition's GEMM converts it in bounded pieces), oneDNN not here or
+ * without a bf16 matmul on this CPU. */
+dp_status dp_cpu_gemm_bias_out(dp_device *dev, dp_op ta, dp_op tb, int m, int n, int k,
+                               const dp_gemm_arg *A, const dp_gemm_arg *B, dp_pref bias, void *C,
+                               int c_bf16, int ldc, int *done)
+{
+    *done = 0;
+    if (dev->matmul != DP_MATMUL_BF16 || dev->gemm_no_dnnl || !A->bf16 || !B->bf16)
+        return DP_OK;
+    struct dp_cpu_ctx *c = dev->ctx;
+    pthread_mutex_lock(&c->mu);
+    dp_status s = DP_OK;
+    if (dnnl_ready(c)) {
+        dp_dnnl_key key = piece_key(ta, tb, m, n, k, 1.0f, A, B, 0.0f, ldc, 0, 1);
+        key.bias = !bias.p ? DP_DNNL_BIAS_NONE : bias.bf16 ? DP_DNNL_BIAS_BF16 : DP_DNNL_BIAS_F32;
+        key.c_bf16 = c_bf16 != 0;
+        size_t pad = 0;
+        int unimplemented = 0;
+        s = c->dnnl->prepare(dev, c->dnnl_st, &key, &pad, &unimplemented);
+        if (s == DP_OK && !unimplemented) {
+            s = grow_scratch(dev, c, pad);
+            if (s == DP_OK) s = c->dnnl->run(dev, c->dnnl_st, &key, A->p, B->p, bias.p, C,
+                                             c->scratch);
+            if (s == DP_OK) *done = 1;
+        }
+    }
     pthread_mutex_unlock(&c->mu);
     return s;
 }

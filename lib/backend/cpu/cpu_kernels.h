@@ -33,10 +33,13 @@
  * scratch and oneDNN's engine, stream and primitives. */
 dp_status dp_cpu_ctx_create(dp_device *dev);
 void dp_cpu_ctx_destroy(dp_device *dev);
-/* The gemm entry (backend.h). */
+/* The gemm and gemm_bias_out entries (backend.h). */
 dp_status dp_cpu_gemm(dp_device *dev, dp_op ta, dp_op tb, int m, int n, int k, float alpha,
                       const dp_gemm_arg *A, const dp_gemm_arg *B, float beta, float *C, int ldc,
                       long long sc, int batch);
+dp_status dp_cpu_gemm_bias_out(dp_device *dev, dp_op ta, dp_op tb, int m, int n, int k,
+                               const dp_gemm_arg *A, const dp_gemm_arg *B, dp_pref bias, void *C,
+                               int c_bf16, int ldc, int *done);
 /* cpu_host.c: the process's setup for CPU devices (once: one BLAS thread,
  * the host's available memory), then the bytes allocated on any CPU device
  * against it: reserve fails with DP_ERR_OUT_OF_MEMORY naming dev. */
