@@ -21,6 +21,10 @@
 #include "kernels/dp_hd.h"
 #include "kernels/expf.h"
 
+/* Elements per block of the row loops below (local arrays of this many
+ * floats). */
+#define DP_CE_BLOCK 256
+
 /* max_v x[v] (n >= 1) with 8 interleaved running maxima, so it vectorises;
  * the maximum does not depend on the order. NaN entries are skipped unless
  * x[0] is NaN; either way a NaN row gives a NaN loss through its exp. */
@@ -96,8 +100,6 @@ static inline DP_HD void dp_crossentropy_item(float *losses, float *dlogits, con
                         V, dscale);
 }
 
-/* Elements per block of the bfloat16 row's write pass (a local buffer). */
-#define DP_CE_BLOCK 256
 /* Rows up to this many classes keep their terms exp(x - m) between the
  * bfloat16 kernel's passes instead of computing them twice (the same
  * dp_expf of the same argument, so the same bits). */
@@ -113,22 +115,31 @@ static inline DP_HD uint16_t dp_bf16_round_nb(float f)
     return (uint16_t)(nan ? q : r);
 }
 
-/* dp_max8 of the widened bfloat16 row x(n), n >= 1: the same 8 running
- * maxima, each taking its elements in the same order, so the same value
- * (and the same NaN rule). Whole blocks are widened into a local array
- * first: the comparisons on widened loads stayed scalar (a quarter of the
- * bf16 cross-entropy's time), on a float array they vectorise. */
+/* dp_max8 of the widened bfloat16 row x(n), n >= 1: the same value (the
+ * maximum does not depend on the order) and the same NaN rule. Host code
+ * keeps a running maximum per position of a block, a loop GCC vectorises
+ * (on interleaved maxima, 8 or 16, it stayed scalar: a quarter of the
+ * kernel's time); device code, and rows under 8 blocks (where the block's
+ * setup costs more than it saves), keep 8. */
 static inline DP_HD DP_HD_ALWAYS_INLINE float dp_max8_bf16(const uint16_t *x, size_t n)
 {
-    float acc[8];
-    for (int j = 0; j < 8; j++) acc[j] = dp_bf16_widen(x[0]);
+    const float x0 = dp_bf16_widen(x[0]);
     size_t v = 0;
-    for (; v + DP_CE_BLOCK <= n; v += DP_CE_BLOCK) {
-        float w[DP_CE_BLOCK];
-        for (size_t i = 0; i < DP_CE_BLOCK; i++) w[i] = dp_bf16_widen(x[v + i]);
-        for (size_t i = 0; i < DP_CE_BLOCK; i += 8)
-            for (int j = 0; j < 8; j++) acc[j] = w[i + (size_t)j] > acc[j] ? w[i + (size_t)j] : acc[j];
+    float m = x0;
+#if !defined(__CUDA_ARCH__)
+    if (n >= 8 * DP_CE_BLOCK) {
+        float acc[DP_CE_BLOCK];
+        for (size_t i = 0; i < DP_CE_BLOCK; i++) acc[i] = x0;
+        for (; v + DP_CE_BLOCK <= n; v += DP_CE_BLOCK)
+            for (size_t i = 0; i < DP_CE_BLOCK; i++) {
+                float y = dp_bf16_widen(x[v + i]);
+                acc[i] = y > acc[i] ? y : acc[i];
+            }
+        for (size_t i = 0; i < DP_CE_BLOCK; i++) m = acc[i] > m ? acc[i] : m;
     }
+#endif
+    float acc[8];
+    for (int j = 0; j < 8; j++) acc[j] = m;
     for (; v + 8 <= n; v += 8)
         for (int j = 0; j < 8; j++) {
             float y = dp_bf16_widen(x[v + (size_t)j]);
@@ -138,7 +149,7 @@ static inline DP_HD DP_HD_ALWAYS_INLINE float dp_max8_bf16(const uint16_t *x, si
         float y = dp_bf16_widen(x[v]);
         acc[0] = y > acc[0] ? y : acc[0];
     }
-    float m = acc[0];
+    m = acc[0];
     for (int j = 1; j < 8; j++) m = acc[j] > m ? acc[j] : m;
     return m;
 }
@@ -211,14 +222,17 @@ static inline DP_HD DP_HD_ALWAYS_INLINE void dp_crossentropy_bf16_row(float *los
      * overlap; each stage here reads or writes local memory only. */
     for (size_t v0 = 0; v0 < V; v0 += DP_CE_BLOCK) {
         size_t n = V - v0 < DP_CE_BLOCK ? V - v0 : DP_CE_BLOCK;
-        uint16_t out[DP_CE_BLOCK];
+        /* a longer row's terms again, in their own loop: fused with the
+         * rounding below, the loop stayed scalar (4x slower at V = 50304) */
+        float blk[DP_CE_BLOCK];
+        const float *e = blk;
         if (kept)
-            for (size_t i = 0; i < n; i++)
-                out[i] = dp_bf16_round_nb(dscale * (float)((double)keep[v0 + i] * inv_s));
+            e = keep + v0;
         else
-            for (size_t i = 0; i < n; i++)
-                out[i] = dp_bf16_round_nb(
-                    dscale * (float)((double)dp_expf(dp_bf16_widen(logits[v0 + i]) - m) * inv_s));
+            for (size_t i = 0; i < n; i++) blk[i] = dp_expf(dp_bf16_widen(logits[v0 + i]) - m);
+        uint16_t out[DP_CE_BLOCK];
+        for (size_t i = 0; i < n; i++)
+            out[i] = dp_bf16_round_nb(dscale * (float)((double)e[i] * inv_s));
         for (size_t i = 0; i < n; i++) dlogits[v0 + i] = out[i];
     }
     dlogits[target] = dp_bf16_round(dscale * ((float)((double)et * inv_s) - 1.0f));
