@@ -61,11 +61,10 @@ static inline DP_HD void dp_encoder_backward_wte_elem(float *dwte, const float *
 
 /* Group g, channels [c0, c1) with c1 - c0 <= 64 (the CPU's loop: rows read
  * contiguously); the same sums as dp_encoder_backward_wte_elem. */
-static inline DP_HD void dp_encoder_backward_wte_group(float *dwte, const float *dout,
-                                                       const int32_t *inp,
-                                                       const uint32_t *order,
-                                                       const uint32_t *seg, size_t C, size_t g,
-                                                       size_t c0, size_t c1)
+static inline DP_HD DP_HD_ALWAYS_INLINE void
+dp_encoder_backward_wte_group(float *dwte, const float *dout, const int32_t *inp,
+                              const uint32_t *order, const uint32_t *seg, size_t C, size_t g,
+                              size_t c0, size_t c1)
 {
     float acc[64];
     size_t w = c1 - c0, v = (size_t)inp[order[seg[g]]];

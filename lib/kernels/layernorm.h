@@ -149,10 +149,10 @@ static inline DP_HD void dp_layernorm_param_partial_elem(float *pdw, float *pdb,
 
 /* Both stages for the channels c in [c0, c1), c1 - c0 <= DP_COL_TILE (the
  * CPU's loop: rows read contiguously), in the order of the stages above. */
-static inline DP_HD void dp_layernorm_param_cols(float *dweight, float *dbias, const float *dout,
-                                                 const float *inp, const float *mean,
-                                                 const float *rstd, size_t N, size_t C,
-                                                 size_t c0, size_t c1)
+static inline DP_HD DP_HD_ALWAYS_INLINE void
+dp_layernorm_param_cols(float *dweight, float *dbias, const float *dout, const float *inp,
+                        const float *mean, const float *rstd, size_t N, size_t C, size_t c0,
+                        size_t c1)
 {
     float pdw[DP_COL_TILE], pdb[DP_COL_TILE], tdw[DP_COL_TILE], tdb[DP_COL_TILE];
     size_t w = c1 - c0;

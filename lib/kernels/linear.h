@@ -54,8 +54,8 @@ static inline DP_HD void dp_bias_backward_partial_elem(float *partial, const flo
 /* Both stages for the columns o in [o0, o1), o1 - o0 <= DP_COL_TILE: the
  * CPU's loop, which reads dout row by row instead of with a stride of OC;
  * the same sums in the same order as the two stages above. */
-static inline DP_HD void dp_bias_backward_cols(float *dbias, const float *dout, size_t N,
-                                               size_t OC, size_t o0, size_t o1)
+static inline DP_HD DP_HD_ALWAYS_INLINE void
+dp_bias_backward_cols(float *dbias, const float *dout, size_t N, size_t OC, size_t o0, size_t o1)
 {
     float part[DP_COL_TILE], total[DP_COL_TILE];
     size_t w = o1 - o0;
