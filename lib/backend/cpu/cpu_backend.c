@@ -174,9 +174,8 @@ static const dp_backend_ops cpu_ops = {
     .attention_permute_backward = dp_cpu_attention_permute_backward,
     .attention_unpermute = dp_cpu_attention_unpermute,
     .attention_unpermute_backward = dp_cpu_attention_unpermute_backward,
-    /* None: the float32 GEMM into the caller's scratch, then the conversion
-     * (nn/nn_act16.h), is what a CPU entry would do too - and keeps the
-     * bits of the composition by being it. */
+    /* oneDNN's matmul with the bias and a bfloat16 output (cpu_gemm.c);
+     * it declines where the composition is the only way */
     .gemm_bias_out = dp_cpu_gemm_bias_out,
     .adamw_segments = dp_cpu_adamw_segments,
 };
