@@ -433,6 +433,72 @@ Test(linear, bf16_output_is_the_float32_layer_rounded)
     dp_device_close(dev);
 }
 
+/* The fused forward (the backend's gemm_bias_out: oneDNN's matmul with the
+ * bias and a bfloat16 output on CPU devices) on long sums, where the GEMM
+ * kernel splits K into blocks: bit for bit the composition (bias
+ * broadcast, GEMM with beta = 1, conversion), for float32 and bfloat16
+ * outputs, with and without bias; and near the float64 product of the
+ * bfloat16 operands (sums in float32 of C terms ~1: |error| about
+ * C 2^-24 sqrt(C), under 2e-3 at C = 1536, plus half a bfloat16 ulp of
+ * the output when it is rounded). */
+Test(linear, bf16_epilogue_on_long_sums_is_the_composition)
+{
+    enum { N = 67, C = 1536, OC = 200 };
+    dp_device *dev = dp_test_cpu(0);
+    dp_assert_ok(dp_device_set_matmul_precision(dev, DP_MATMUL_BF16));
+    lin_case k = make_case(41, N, C, OC);
+    void *x = upload_as(dev, k.inp, N * C, 1), *w = upload_as(dev, k.weight, OC * C, 1),
+         *b = upload_as(dev, k.bias, OC, 1);
+    /* the float64 reference on the bfloat16 operands' values */
+    static dp_bf16 hx[N * C], hw[OC * C], hb[OC];
+    dp_assert_ok(dp_copy_d2h(dev, hx, x, sizeof hx));
+    dp_assert_ok(dp_copy_d2h(dev, hw, w, sizeof hw));
+    dp_assert_ok(dp_copy_d2h(dev, hb, b, sizeof hb));
+    static double ref[2][N * OC];
+    for (size_t n = 0; n < N; n++)
+        for (size_t o = 0; o < OC; o++) {
+            double s = 0.0;
+            for (size_t c = 0; c < C; c++)
+                s += (double)dp_bf16_to_float(hx[n * C + c]) * dp_bf16_to_float(hw[o * C + c]);
+            ref[0][n * OC + o] = s;
+            ref[1][n * OC + o] = s + dp_bf16_to_float(hb[o]);
+        }
+    float *out = dp_test_nn_filled(dev, N * OC, NAN), *scratch = dp_test_nn_filled(dev, N * OC, NAN);
+    void *out16 = NULL;
+    dp_assert_ok(dp_device_alloc(dev, N * OC * sizeof(dp_bf16), &out16));
+    static float got[2][N * OC];
+    static dp_bf16 got16[2][N * OC];
+    for (int with_bias = 0; with_bias < 2; with_bias++) {
+        for (int fused = 1; fused >= 0; fused--) {
+            dp_device_set_fused_producers(dev, fused);
+            dp_assert_ok(dp_linear_forward_bf16_inp(dev, out, x, w, with_bias ? b : NULL, N, C, OC));
+            dp_assert_ok(dp_copy_d2h(dev, got[fused], out, sizeof got[fused]));
+            dp_assert_ok(dp_linear_forward_out16(dev, out16, scratch, N * OC, x, DP_DTYPE_BF16,
+                                                 dp_pref_bf16(w),
+                                                 dp_pref_bf16(with_bias ? b : NULL), N, C, OC));
+            dp_assert_ok(dp_copy_d2h(dev, got16[fused], out16, sizeof got16[fused]));
+        }
+        dp_device_set_fused_producers(dev, 1);
+        cr_assert(memcmp(got[0], got[1], sizeof got[0]) == 0,
+                  "bias %d: the fused float32 output differs from the composition", with_bias);
+        cr_assert(memcmp(got16[0], got16[1], sizeof got16[0]) == 0,
+                  "bias %d: the fused bfloat16 output differs from the composition", with_bias);
+        for (size_t i = 0; i < (size_t)N * OC; i++) {
+            double e = ref[with_bias][i];
+            cr_assert(fabs(got[1][i] - e) <= 2e-3, "bias %d: out[%zu] = %.9g, float64 %.9g",
+                      with_bias, i, (double)got[1][i], e);
+            cr_assert(fabs(dp_bf16_to_float(got16[1][i]) - e) <= 2e-3 + fabs(e) / 256,
+                      "bias %d: out16[%zu] = %.9g, float64 %.9g", with_bias, i,
+                      (double)dp_bf16_to_float(got16[1][i]), e);
+        }
+    }
+    void *bufs[] = {x, w, b, out, scratch, out16};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) dp_device_free(dev, bufs[i]);
+    free_case(&k);
+    dp_test_nn_assert_all_freed(dev);
+    dp_device_close(dev);
+}
+
 /* dp_linear_backward_dout16 against the backward of dp/nn.h, bit for bit
  * (dinp, dweight and dbias, accumulating onto nonzero gradients; dinp or
  * dbias NULL): every typed combination, in FP32 and BF16 math, with and
