@@ -60,30 +60,34 @@ template <typename T> void same(const char *what, const std::vector<T> &a, const
 /* The lengths: whole groups, a tail, a single item, a few grid passes. */
 const size_t lengths[] = {8, 13, 1, 64, 1000, 4100};
 
+/* A one-input VEC op with a bfloat16 output, out(n) from x(n): the kernel
+ * on a grid of blocks x threads against the CPU's loop over elem, bit for
+ * bit, the 8 elements past n untouched. */
+template <typename In, typename Elem, typename Kernel>
+void unary_matches(const char *what, const std::vector<In> &x, size_t n, Elem elem, Kernel kernel,
+                   unsigned blocks, unsigned threads)
+{
+    std::vector<uint16_t> got(n + 8, 0xabcd), want(n + 8, 0xabcd);
+    for (size_t i = 0; i < n; i++) elem(want.data(), x.data(), i);
+    emu_launch(blocks, threads, 0, kernel, got.data(), (const In *)x.data(), n);
+    cr_log_info("%s n %zu", what, n);
+    same(what, got, want);
+}
+
 } // namespace
 
 Test(cuda_vec_emu, cast_f32_bf16_matches_the_cpu_bitwise, .timeout = 60)
 {
-    for (size_t n : lengths) {
-        std::vector<float> x = values(n + 8, 1u);
-        std::vector<uint16_t> got(n + 8, 0xabcd), want(n + 8, 0xabcd);
-        for (size_t i = 0; i < n; i++) dp_cast_f32_bf16_elem(want.data(), x.data(), i);
-        emu_launch(2, 64, 0, k_cast_f32_bf16_vec, got.data(), (const float *)x.data(), n);
-        cr_log_info("cast n %zu", n);
-        same("cast_f32_bf16", got, want);
-    }
+    for (size_t n : lengths)
+        unary_matches("cast_f32_bf16", values(n + 8, 1u), n, dp_cast_f32_bf16_elem,
+                      k_cast_f32_bf16_vec, 2, 64);
 }
 
 Test(cuda_vec_emu, gelu_forward_bf16_matches_the_cpu_bitwise, .timeout = 60)
 {
-    for (size_t n : lengths) {
-        std::vector<uint16_t> x = rounded(values(n + 8, 2u));
-        std::vector<uint16_t> got(n + 8, 0xabcd), want(n + 8, 0xabcd);
-        for (size_t i = 0; i < n; i++) dp_gelu_forward_bf16_elem(want.data(), x.data(), i);
-        emu_launch(3, 32, 0, k_gelu_forward_bf16_vec, got.data(), (const uint16_t *)x.data(), n);
-        cr_log_info("gelu forward n %zu", n);
-        same("gelu_forward_bf16", got, want);
-    }
+    for (size_t n : lengths)
+        unary_matches("gelu_forward_bf16", rounded(values(n + 8, 2u)), n,
+                      dp_gelu_forward_bf16_elem, k_gelu_forward_bf16_vec, 3, 32);
 }
 
 Test(cuda_vec_emu, gelu_backward_in_place_matches_the_cpu_bitwise, .timeout = 60)
