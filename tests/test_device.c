@@ -3,10 +3,12 @@
  * and its error message), alignment, copies and memset, thread-safe
  * allocation, close freeing leftovers, and device-list parsing.
  */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include <malloc.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -271,6 +273,80 @@ Test(memory, allocations_are_256_byte_aligned)
     }
     cr_assert_eq(stats(dev).in_use, total);
     for (size_t i = 0; i < NS; i++) dp_device_free(dev, p[i]);
+    dp_device_close(dev);
+}
+
+/* The kernel's THP mode ("always", "madvise" or "never"; "" when it has
+ * no THP). */
+static void thp_mode(char *out, size_t cap)
+{
+    out[0] = 0;
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    if (!f) return;
+    char line[128] = "";
+    if (fgets(line, sizeof line, f)) {
+        char *a = strchr(line, '['), *b = a ? strchr(a, ']') : NULL;
+        if (a && b) snprintf(out, cap, "%.*s", (int)(b - a - 1), a + 1);
+    }
+    fclose(f);
+}
+
+/* smaps' THPeligible of the mapping that holds p: 1 or 0, -1 when not found. */
+static int thp_eligible(const void *p)
+{
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f) return -1;
+    char line[512];
+    int in = 0, r = -1;
+    while (r < 0 && fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' '))
+            in = (uintptr_t)p >= lo && (uintptr_t)p < hi;
+        else if (in)
+            sscanf(line, "THPeligible: %d", &r);
+    }
+    fclose(f);
+    return r;
+}
+
+/* A large buffer is aligned to a huge page and advised as transparent huge
+ * pages (a GEMM's TLB misses; cpu_host.c), where the kernel's mode,
+ * "madvise" (Debian's default), would otherwise leave it in 4 KiB pages. */
+Test(memory, large_cpu_buffers_are_huge_page_aligned_and_advised)
+{
+    dp_device *dev = dp_test_cpu(0);
+    size_t sizes[] = {(size_t)2 << 20, ((size_t)8 << 20) + 1000};
+    char mode[32];
+    thp_mode(mode, sizeof mode);
+    for (size_t i = 0; i < 2; i++) {
+        char *p = alloc_ok(dev, sizes[i]);
+        cr_assert_eq((uintptr_t)p % ((size_t)2 << 20), 0, "%zu-byte buffer at %p", sizes[i],
+                     (void *)p);
+        dp_assert_ok(dp_memset(dev, p, 0x5a, sizes[i])); /* all of it writable */
+        cr_assert_eq(stats(dev).in_use, sizes[i], "the count is the bytes asked for");
+        int e = thp_eligible(p);
+        if (strcmp(mode, "madvise") == 0 || strcmp(mode, "always") == 0)
+            cr_assert_eq(e, 1, "THP mode %s: the buffer's mapping is not THP-eligible (%d)",
+                         mode, e);
+        dp_device_free(dev, p);
+    }
+    dp_device_close(dev);
+}
+
+/* DP_CPU_HUGEPAGES=0 turns the advice off: under the "madvise" mode the
+ * buffer stays in small pages. */
+Test(memory, cpu_hugepages_off_by_environment)
+{
+    char mode[32];
+    thp_mode(mode, sizeof mode);
+    if (strcmp(mode, "madvise") != 0)
+        cr_skip_test("THP mode is \"%s\", not \"madvise\": only the advice is tested", mode);
+    setenv("DP_CPU_HUGEPAGES", "0", 1); /* before the first CPU device of this process */
+    dp_device *dev = dp_test_cpu(0);
+    char *p = alloc_ok(dev, (size_t)8 << 20);
+    dp_assert_ok(dp_memset(dev, p, 0, (size_t)8 << 20));
+    cr_assert_eq(thp_eligible(p), 0);
+    dp_device_free(dev, p);
     dp_device_close(dev);
 }
 

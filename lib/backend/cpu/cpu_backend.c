@@ -16,8 +16,6 @@
 #include "backend/cpu/cpu_kernels.h"
 #include "core/error.h"
 
-#define DP_CPU_ALIGN 256
-
 // --- devices ------------------------------------------------------------------------------
 
 static dp_status cpu_open(dp_device *dev)
@@ -31,9 +29,7 @@ static void cpu_close(dp_device *dev) { dp_cpu_ctx_destroy(dev); }
 static dp_status cpu_alloc(dp_device *dev, size_t bytes, void **out)
 {
     DP_TRY(dp_cpu_host_reserve(dev, bytes));
-    /* aligned_alloc wants a multiple of the alignment. */
-    size_t rounded = (bytes + DP_CPU_ALIGN - 1) / DP_CPU_ALIGN * DP_CPU_ALIGN;
-    void *p = rounded < bytes ? NULL : aligned_alloc(DP_CPU_ALIGN, rounded);
+    void *p = dp_cpu_host_alloc(bytes);
     if (!p) {
         dp_cpu_host_release(bytes);
         return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "%s: host allocation of %zu bytes failed",

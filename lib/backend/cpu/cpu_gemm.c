@@ -99,7 +99,7 @@ static dp_status grow_scratch(dp_device *dev, struct dp_cpu_ctx *c, size_t bytes
                        "dp_engine_config.memory_limit)",
                        dev->name, grow, used, limit);
     dp_status s = dp_cpu_host_reserve(dev, grow);
-    void *p = s == DP_OK ? aligned_alloc(64, bytes) : NULL;
+    void *p = s == DP_OK ? dp_cpu_host_alloc(bytes) : NULL;
     if (!p) {
         if (s == DP_OK) {
             dp_cpu_host_release(grow);

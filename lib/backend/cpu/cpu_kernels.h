@@ -46,6 +46,13 @@ dp_status dp_cpu_gemm_bias_out(dp_device *dev, dp_op ta, dp_op tb, int m, int n,
 void dp_cpu_host_init(void);
 dp_status dp_cpu_host_reserve(dp_device *dev, size_t bytes);
 void dp_cpu_host_release(size_t bytes);
+/* A CPU buffer of bytes (> 0; NULL when the host has none): aligned to
+ * DP_CPU_ALIGN, and from DP_CPU_HUGE_PAGE bytes up to a huge page and
+ * advised as transparent huge pages (unless DP_CPU_HUGEPAGES=0). Freed
+ * with free(). The caller counts it (dp_cpu_host_reserve). */
+#define DP_CPU_ALIGN 256
+#define DP_CPU_HUGE_PAGE ((size_t)2 << 20)
+void *dp_cpu_host_alloc(size_t bytes);
 
 /* The entries not generated from kernels/ops.h (reductions, scatters,
  * permutes), in cpu_nn.c and cpu_attention.c. */
