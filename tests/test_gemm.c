@@ -509,6 +509,24 @@ Test(gemm_ex, pieces_under_a_capped_scratch_give_the_same_product)
     convert_cap = 0;
 }
 
+/* bf16 math on oneDNN adding into a C of more than 2 MiB (the LM head's
+ * weight gradient): run in blocks of C's columns (dp_gemm_plan_sum_cut),
+ * each block's product and beta * C where the float64 reference puts
+ * them, the sentinel padding between C's columns untouched, with and
+ * without operands to convert. */
+Test(gemm_ex, adding_into_a_large_c_in_blocks_gives_the_same_product)
+{
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++) {
+            /* 259 x 2100 floats of C: 2.2 MB, two blocks of columns */
+            gemm_case g = single((dp_op)ta, (dp_op)tb, 256, 2100, 16, 0.7f, 0.3f);
+            for (int t16 = 0; t16 < 2; t16++) {
+                gemm_mode mode = {2, t16, t16, DP_MATMUL_BF16};
+                run_mode(&g, mode);
+            }
+        }
+}
+
 /* The plan itself: below the cap one piece; then groups of the batch; then
  * blocks of C's rows (A converts), columns (B converts) or both, or blocks
  * of k when that moves fewer bytes again; multiples of 16 and never over
@@ -542,6 +560,20 @@ Test(gemm_ex, piece_plans)
     /* C too narrow to cut within the cap: k is cut */
     p = dp_gemm_plan_pieces(8, 12, 300, 1, 0, 1, 2, 3000);
     cr_assert(p.mb == 8 && p.nb == 12 && p.kb == 112, "narrow: %d %d %d", p.mb, p.nb, p.kb);
+    /* Adding into C on oneDNN: the head's weight gradient at V 8192, C 256
+     * in blocks of 2048 columns (2 MiB); a C within the cap as it is; a
+     * column over the cap alone in blocks of 16 columns. */
+    const size_t mib2 = (size_t)2 << 20;
+    dp_gemm_plan whole = {1, 256, 8192, 256};
+    p = dp_gemm_plan_sum_cut(whole, mib2);
+    cr_assert(p.g == 1 && p.mb == 256 && p.nb == 2048 && p.kb == 256, "sum: %d %d %d %d", p.g,
+              p.mb, p.nb, p.kb);
+    p = dp_gemm_plan_sum_cut((dp_gemm_plan){4, 256, 2048, 64}, mib2);
+    cr_assert(p.g == 4 && p.mb == 256 && p.nb == 2048 && p.kb == 64, "within: %d %d", p.mb, p.nb);
+    p = dp_gemm_plan_sum_cut((dp_gemm_plan){1, 600000, 100, 8}, mib2);
+    cr_assert(p.mb == 600000 && p.nb == 16, "tall: %d %d", p.mb, p.nb);
+    p = dp_gemm_plan_sum_cut((dp_gemm_plan){1, 1000, 600, 8}, mib2);
+    cr_assert(p.nb == 512, "columns of 4000 bytes: %d", p.nb);
     p = dp_gemm_plan_pieces(1000, 1000, 64, 7, 0, 0, 2, 1);
     cr_assert(p.g == 7 && p.mb == 1000 && p.nb == 1000, "nothing converts: %d %d %d", p.g, p.mb,
               p.nb);

@@ -118,6 +118,21 @@ static inline dp_gemm_plan dp_gemm_plan_pieces(int m, int n, int k, int batch, i
     return again_k < again_mn ? kc : mn;
 }
 
+/* A plan p for C(m,n) further cut so that no piece's block of a matrix
+ * of C passes c_cap bytes of float32, by C's columns only (in multiples of
+ * DP_GEMM_PIECE_ALIGN, at least one such block): for a GEMM that adds
+ * into C (beta != 0, or k cut), which oneDNN's matmul does through a sum
+ * post-op that runs well below its rate on a large C (cpu_gemm.c). Only
+ * C's elements are split between pieces, not their sums over k, and the
+ * cut depends on the sizes alone. */
+static inline dp_gemm_plan dp_gemm_plan_sum_cut(dp_gemm_plan p, size_t c_cap)
+{
+    size_t col = (size_t)p.mb * sizeof(float);
+    if ((size_t)p.nb * col <= c_cap) return p;
+    p.nb = dp_gemm_align_down(c_cap / col, p.nb);
+    return p;
+}
+
 /* One piece of a planned GEMM: matrices [b0, b0 + g) of the batch, k's
  * part [l0, l0 + kb), C's rows [i0, i0 + mb) and columns [j0, j0 + nb).
  * Pieces come in the order batch group, block of k, rows, columns, so
