@@ -17,13 +17,23 @@
 #include "kernels/bf16.h"
 #include "kernels/dp_hd.h"
 
-/* out(B,T,C)[i] = wte[inp[b,t], c] + wpe[t, c] for flat index i in [0, B*T*C);
+/* out(B,T,C)[bt, c] = wte[inp[bt], c] + wpe[bt % T, c] for row bt = b*T+t;
  * wte and wpe are float32 or bfloat16 (kernels/bf16.h). */
+static inline DP_HD DP_HD_ALWAYS_INLINE void dp_encoder_forward_at(float *out, const int32_t *inp,
+                                                                  dp_pref wte, dp_pref wpe,
+                                                                  size_t T, size_t C, size_t bt,
+                                                                  size_t c)
+{
+    out[bt * C + c] = dp_pref_at(wte, (size_t)inp[bt] * C + c) + dp_pref_at(wpe, (bt % T) * C + c);
+}
+
+/* The same for flat index i in [0, B*T*C) (the GPU's one thread per
+ * element; the CPU runs rows, dp_cpu_encoder_forward, without the two
+ * divisions per element). */
 static inline DP_HD void dp_encoder_forward_elem(float *out, const int32_t *inp, dp_pref wte,
                                                  dp_pref wpe, size_t T, size_t C, size_t i)
 {
-    size_t bt = i / C, c = i % C, t = bt % T;
-    out[i] = dp_pref_at(wte, (size_t)inp[bt] * C + c) + dp_pref_at(wpe, t * C + c);
+    dp_encoder_forward_at(out, inp, wte, wpe, T, C, i / C, i % C);
 }
 
 /* dwpe(maxT,C)[t,c] += sum over b = 0..B-1 (in order) of dout(B,T,C)[b,t,c],

@@ -56,6 +56,8 @@ void *dp_cpu_host_alloc(size_t bytes);
 
 /* The entries not generated from kernels/ops.h (reductions, scatters,
  * permutes), in cpu_nn.c and cpu_attention.c. */
+dp_status dp_cpu_encoder_forward(dp_device *dev, float *out, const int32_t *inp, dp_pref wte,
+                                 dp_pref wpe, size_t T, size_t C, size_t n);
 dp_status dp_cpu_encoder_backward(dp_device *dev, float *dwte, float *dwpe, const float *dout,
                                   const int32_t *inp, size_t B, size_t T, size_t C);
 dp_status dp_cpu_bias_broadcast(dp_device *dev, float *out, dp_pref bias, size_t N, size_t OC);

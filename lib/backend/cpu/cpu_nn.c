@@ -1,6 +1,7 @@
 /*
  * backend/cpu/cpu_nn.c - the CPU backend's hand-written layer kernels:
- * the reductions and scatters (encoder backward, bias and LayerNorm
+ * the token embedding by rows, the reductions and scatters (encoder
+ * backward, bias and LayerNorm
  * parameter gradients, sum of squares) and the bias broadcast. The
  * element-wise and row-wise ops are generated in cpu_backend.c from
  * kernels/ops.h; the attention permutes are in cpu_attention.c.
@@ -21,6 +22,19 @@
 #include "kernels/optim.h"
 
 // --- encoder ---------------------------------------------------------------------
+
+/* The ops.h entry encoder_forward (n = B*T*C elements) by rows: the
+ * generated loop over elements divided each index by C and T (3.6 ns an
+ * element, 1.2% of a small bf16 GPT step); the same additions. */
+DP_CPU_SIMD dp_status dp_cpu_encoder_forward(dp_device *dev, float *out, const int32_t *inp,
+                                             dp_pref wte, dp_pref wpe, size_t T, size_t C,
+                                             size_t n)
+{
+    (void)dev;
+    for (size_t bt = 0; bt < n / C; bt++)
+        for (size_t c = 0; c < C; c++) dp_encoder_forward_at(out, inp, wte, wpe, T, C, bt, c);
+    return DP_OK;
+}
 
 DP_CPU_SIMD dp_status dp_cpu_encoder_backward(dp_device *dev, float *dwte, float *dwpe,
                                               const float *dout, const int32_t *inp, size_t B,
