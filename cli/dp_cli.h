@@ -277,8 +277,9 @@ typedef struct cli_file {
 int cli_check_overlaps(const cli_file *files, size_t n);
 
 /* Fails unless a file can be written at path through the atomic writer:
- * its directory exists, is a directory and is writable, path is not a
- * directory, the temporary file's longest name fits the file system's
+ * its directory exists, is a directory and is writable, path is a
+ * regular file or does not exist (not a directory, a device or a FIFO,
+ * which the writer's rename would replace), the temporary file's longest name fits the file system's
  * limit on a name, and a probe creates and removes one. Returns 0, or 1
  * after one line naming flag, path and the fix. */
 int cli_check_output(const char *flag, const char *path);

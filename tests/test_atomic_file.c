@@ -94,15 +94,49 @@ Test(atomic_file, errors_name_the_path_and_leave_nothing)
     cr_assert_eq(dp_atomic_file_open(path, NULL), DP_ERR_INVALID_ARGUMENT);
     cr_assert_eq(dp_atomic_file_commit(NULL), DP_ERR_INVALID_ARGUMENT);
 
-    /* The target is a non-empty directory: the rename fails, nothing stays. */
+    /* The target is a non-empty directory: refused at open, nothing made. */
     snprintf(path, sizeof path, "%s/target", tmpdir);
     cr_assert_eq(mkdir(path, 0755), 0);
     char inner[300];
     snprintf(inner, sizeof inner, "%s/keep", path);
     dp_test_write_file(inner, "k", 1);
+    cr_assert_eq(dp_atomic_file_open(path, &af), DP_ERR_IO);
+    cr_assert(strstr(dp_last_error(), "is a directory"), "%s", dp_last_error());
+    cr_assert_null(af);
+    cr_assert_eq(n_entries(), 1, "only the directory 'target' may exist");
+
+    /* It becomes one after the open: the rename fails, the temporary file
+     * goes, the directory is untouched. */
+    snprintf(path, sizeof path, "%s/later", tmpdir);
     dp_assert_ok(dp_atomic_file_open(path, &af));
     dp_assert_ok(dp_atomic_file_write(af, "abc", 3));
+    cr_assert_eq(mkdir(path, 0755), 0);
+    snprintf(inner, sizeof inner, "%s/keep", path);
+    dp_test_write_file(inner, "k", 1);
     cr_assert_eq(dp_atomic_file_commit(af), DP_ERR_IO);
     cr_assert(strstr(dp_last_error(), "rename"), "%s", dp_last_error());
-    cr_assert_eq(n_entries(), 1, "only the directory 'target' may exist");
+    cr_assert_eq(n_entries(), 2, "only the directories 'target' and 'later' may exist");
+    struct stat sb;
+    cr_assert(stat(inner, &sb) == 0 && sb.st_size == 1);
+}
+
+/* A FIFO or a device in the target's place is refused before anything is
+ * written: the rename would replace it with a regular file (as root,
+ * /dev/null itself). */
+Test(atomic_file, special_files_are_refused_and_kept)
+{
+    char path[256];
+    snprintf(path, sizeof path, "%s/fifo", tmpdir);
+    cr_assert_eq(mkfifo(path, 0644), 0);
+    dp_atomic_file *af = (dp_atomic_file *)1;
+    cr_assert_eq(dp_atomic_file_open(path, &af), DP_ERR_IO);
+    cr_assert_null(af);
+    cr_assert(strstr(dp_last_error(), "is a FIFO") && strstr(dp_last_error(), "/fifo"), "%s",
+              dp_last_error());
+    struct stat sb;
+    cr_assert(stat(path, &sb) == 0 && S_ISFIFO(sb.st_mode), "the FIFO is still a FIFO");
+    cr_assert_eq(n_entries(), 1, "no temporary file beside it");
+    cr_assert_eq(dp_atomic_file_open("/dev/null", &af), DP_ERR_IO);
+    cr_assert(strstr(dp_last_error(), "is a character device"), "%s", dp_last_error());
+    cr_assert(stat("/dev/null", &sb) == 0 && S_ISCHR(sb.st_mode));
 }

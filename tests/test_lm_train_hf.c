@@ -16,9 +16,12 @@
  *    and the sample starts with it; llm.c's table cannot encode;
  *  - refusals before any work: --init-from with --resume, shape options
  *    contradicting the weights (both values named), --export-hf where a
- *    directory cannot be (no checkpoint written).
+ *    directory cannot be (no checkpoint written), outputs over
+ *    --init-from's or --export-hf's files, a FIFO as an output;
+ *  - an export writes both files or neither.
  */
 #define _POSIX_C_SOURCE 200809L
+#include <dirent.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -261,4 +264,89 @@ Test(lm_hf, contradictions_are_refused_before_any_work)
     result g = RUN("--eval-only", "--init-from", "@nothing");
     assert_refused(&g, "--init-from", "nothing");
     dp_test_result_free(&g);
+}
+
+/* Outputs over --init-from's files or --export-hf's are refused before
+ * any work, naming both options, and every file is left as it was: the
+ * pretrained weights as --log, --save into --init-from's directory,
+ * --export-hf over the training text or the --save checkpoint, and an
+ * output that is a FIFO (the atomic writer's rename would replace it). */
+Test(lm_hf, outputs_over_the_weights_or_the_export_are_refused)
+{
+    size_t n0 = 0;
+    unsigned char *weights = dp_test_read_file(in_tmp("hf/model.safetensors"), &n0);
+    result a = RUN("--init-from", "@bare/model.safetensors", "--heads", "2", "--steps", "1",
+                   "--log", "@bare/model.safetensors");
+    assert_refused(&a, "--log", "--init-from");
+    dp_test_result_free(&a);
+    result b = RUN("--init-from", "@hf", "--steps", "1", "--save", "@hf/model.safetensors");
+    assert_refused(&b, "--save", "--init-from");
+    dp_test_result_free(&b);
+    result c = RUN("--init-from", "@hf/model.safetensors", "--steps", "1", "--trace",
+                   "@hf/config.json");
+    assert_refused(&c, "--trace", "--init-from");
+    dp_test_result_free(&c);
+    result d = RUN("--init-from", "@hf", "--steps", "1", "--export-hf", "@hf");
+    assert_refused(&d, "--export-hf", "--init-from");
+    dp_test_result_free(&d);
+    cr_assert_eq(mkdir(in_tmp("ex"), 0755), 0);
+    dp_test_write_file(in_tmp("ex/model.safetensors"), "keep", 4);
+    result e = RUN("--init-from", "@hf", "--steps", "1", "--save", "@ex/model.safetensors",
+                   "--export-hf", "@ex");
+    assert_refused(&e, "--export-hf", "--save");
+    dp_test_result_free(&e);
+    dp_test_write_file(in_tmp("ex/config.json"), "text", 4);
+    result f = RUN("--init-from", "@hf", "--steps", "1", "--data", "@ex/config.json",
+                   "--export-hf", "@ex");
+    assert_refused(&f, "--export-hf", "--data");
+    dp_test_result_free(&f);
+    cr_assert_eq(mkfifo(in_tmp("fifo"), 0644), 0);
+    result g = RUN("--init-from", "@hf", "--steps", "1", "--save", "@fifo");
+    assert_refused(&g, "--save", "is a FIFO");
+    dp_test_result_free(&g);
+    size_t n1 = 0, n2 = 0, n3 = 0;
+    unsigned char *now = dp_test_read_file(in_tmp("hf/model.safetensors"), &n1);
+    cr_assert(n1 == n0 && memcmp(now, weights, n0) == 0, "the pretrained weights changed");
+    unsigned char *bare = dp_test_read_file(in_tmp("bare/model.safetensors"), &n2);
+    cr_assert(n2 == n0 && memcmp(bare, weights, n0) == 0, "the bare weights changed");
+    unsigned char *kept = dp_test_read_file(in_tmp("ex/model.safetensors"), &n3);
+    cr_assert(n3 == 4 && memcmp(kept, "keep", 4) == 0);
+    struct stat sb;
+    cr_assert(stat(in_tmp("fifo"), &sb) == 0 && S_ISFIFO(sb.st_mode), "the FIFO was replaced");
+    free(weights), free(now), free(bare), free(kept);
+}
+
+/* Entries of directory dir, "." and ".." aside. */
+static int entries(const char *dir)
+{
+    DIR *d = opendir(dir);
+    cr_assert_not_null(d, "%s", dir);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));) n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+    closedir(d);
+    return n;
+}
+
+/* dp_gpt_export_hf writes both files or neither: when model.safetensors
+ * cannot be written (a directory in its place), an earlier export's
+ * config.json stays as it was and no temporary file is left. */
+Test(lm_hf, a_failed_export_leaves_the_earlier_pair)
+{
+    cr_assert_eq(mkdir(in_tmp("pair"), 0755), 0);
+    cr_assert_eq(mkdir(in_tmp("pair/model.safetensors"), 0755), 0);
+    dp_test_write_file(in_tmp("pair/model.safetensors/x"), "x", 1);
+    dp_test_write_file(in_tmp("pair/config.json"), "old", 3);
+    dp_gpt_config cfg = {.vocab_size = V, .block_size = 16, .n_layer = 1, .n_head = 2, .n_embd = 16};
+    dp_gpt *g = NULL;
+    dp_assert_ok(dp_gpt_create(&cfg, &g));
+    const dp_model *m = dp_gpt_model(g, 0);
+    float *p = calloc(m->n_params, sizeof *p);
+    cr_assert_neq(dp_gpt_export_hf(in_tmp("pair"), g, p), DP_OK);
+    size_t n = 0;
+    unsigned char *config = dp_test_read_file(in_tmp("pair/config.json"), &n);
+    cr_assert(n == 3 && memcmp(config, "old", 3) == 0, "config.json was replaced alone");
+    cr_assert_eq(entries(in_tmp("pair")), 2, "a temporary file was left");
+    free(config);
+    free(p);
+    dp_gpt_destroy(g);
 }

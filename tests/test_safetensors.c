@@ -512,9 +512,9 @@ Test(safetensors, failed_write_keeps_the_old_file)
     free(now);
 }
 
-Test(safetensors, failed_rename_removes_temp_file)
+Test(safetensors, a_directory_target_is_refused_untouched)
 {
-    // The target is a non-empty directory: everything is written, then rename fails.
+    // The target is a non-empty directory: refused before anything is written.
     char path[256], inner[300];
     path_in(path, sizeof path, "target");
     cr_assert_eq(mkdir(path, 0755), 0);
@@ -522,7 +522,7 @@ Test(safetensors, failed_rename_removes_temp_file)
     dp_test_write_file(inner, "k", 1);
     float a[2] = {1, 2};
     write_one(path, "a", a, 2, DP_ERR_IO);
-    cr_assert(strstr(dp_last_error(), "rename"), "%s", dp_last_error());
+    cr_assert(strstr(dp_last_error(), "is a directory"), "%s", dp_last_error());
     int tmp;
     cr_assert_eq(count_entries(tmpdir, &tmp), 1);
     cr_assert_eq(tmp, 0);

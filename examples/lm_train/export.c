@@ -10,8 +10,32 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "lm_train.h"
+
+char *export_file(const char *dir, const char *name)
+{
+    size_t n = strlen(dir) + strlen(name) + 2;
+    char *p = malloc(n);
+    if (p) snprintf(p, n, "%s/%s", dir, name);
+    return p;
+}
+
+/* Both files of an existing --export-hf directory can be written (the
+ * atomic writer's checks: the directory writable, the names' temporary
+ * files within the limit, no device or FIFO in their place). */
+static int check_export_files(const char *dir)
+{
+    static const char *const names[] = {"model.safetensors", "config.json"};
+    int rc = 0;
+    for (int i = 0; i < 2 && !rc; i++) {
+        char *p = export_file(dir, names[i]);
+        rc = p ? cli_check_output("--export-hf", p) : cli_fail("out of host memory");
+        free(p);
+    }
+    return rc;
+}
 
 int check_export_path(const char *dir)
 {
@@ -21,7 +45,7 @@ int check_export_path(const char *dir)
         if (!S_ISDIR(sb.st_mode))
             return cli_fail("--export-hf %s exists and is not a directory; give a directory to "
                             "write model.safetensors and config.json into", dir);
-        return 0;
+        return check_export_files(dir);
     }
     if (errno != ENOENT) return cli_fail("--export-hf %s: %s", dir, strerror(errno));
     /* It will be made at the end: its parent must be there now. */
@@ -32,13 +56,15 @@ int check_export_path(const char *dir)
         *slash = '\0';
         slash = strrchr(parent, '/');
     }
-    int bad = 0;
-    if (slash) {
-        slash[slash == parent] = '\0'; /* "/x" -> "/" */
-        bad = stat(parent, &sb) != 0 || !S_ISDIR(sb.st_mode);
-    }
-    if (bad) cli_fail("--export-hf %s: its parent directory %s does not exist; create it or give "
-                      "another directory", dir, parent);
+    if (slash) slash[slash == parent] = '\0'; /* "/x" -> "/" */
+    else strcpy(parent, ".");
+    int bad = stat(parent, &sb) != 0 || !S_ISDIR(sb.st_mode);
+    if (bad)
+        cli_fail("--export-hf %s: its parent directory %s does not exist; create it or give "
+                 "another directory", dir, parent);
+    else if ((bad = access(parent, W_OK | X_OK) != 0))
+        cli_fail("--export-hf %s: cannot create it: its parent directory %s is not writable "
+                 "(%s); give another directory", dir, parent, strerror(errno));
     free(parent);
     return bad;
 }

@@ -144,6 +144,8 @@ void checkpoint_state(const run *r, char *buf, size_t cap);
 /* --export-hf's directory, checked before any work (a run is not lost at
  * its end): a directory, or a name whose parent is one. */
 int check_export_path(const char *dir);
+/* "dir/name", malloc'd (NULL when out of memory). */
+char *export_file(const char *dir, const char *name);
 /* --init-from: the model and its weights, the shape options checked
  * against it (setup.c's load). */
 int load_pretrained(run *r);

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "lm_train.h"
 
@@ -104,25 +105,59 @@ static int pad_vocab(run *r, const dp_device_spec *specs, size_t k)
     return 0;
 }
 
+/* *out: the config.json beside an --init-from file (dp_gpt_init_from
+ * reads it for Hugging Face weights), malloc'd; NULL for a directory (its
+ * files are all inputs) or no --init-from. Returns 1 when out of memory. */
+static int init_config(const char *init_from, char **out)
+{
+    *out = NULL;
+    struct stat sb;
+    if (!init_from || (stat(init_from, &sb) == 0 && S_ISDIR(sb.st_mode))) return 0;
+    const char *slash = strrchr(init_from, '/');
+    if (!slash) {
+        *out = strdup("config.json");
+        return !*out;
+    }
+    char *dir = strndup(init_from, (size_t)(slash - init_from) + (slash == init_from));
+    *out = dir ? export_file(dir, "config.json") : NULL;
+    free(dir);
+    return !*out;
+}
+
 /* Rank 0's outputs, before anything is written: --save and --trace can
  * be written (their directories, their temporary files' names), and no
  * output is the same file as an input (--data's, or one of a data
  * directory's files: its *.bin for token data; --resume, which --save may
- * replace; --tokenizer-file) or as another output. */
+ * replace; --tokenizer-file; --init-from's weights and config.json, or
+ * any file of its directory) or as another output (--export-hf's two
+ * files included). */
 static int check_outputs(const run *r, const char *data)
 {
     const opts *o = &r->o;
     if (o->save && cli_check_output("--save", o->save)) return 1;
     if (o->trace && cli_check_output("--trace", o->trace)) return 1;
+    char *ex_model = o->export_hf ? export_file(o->export_hf, "model.safetensors") : NULL;
+    char *ex_config = o->export_hf ? export_file(o->export_hf, "config.json") : NULL;
+    char *in_config = NULL;
+    if (init_config(o->init_from, &in_config) || (o->export_hf && (!ex_model || !ex_config))) {
+        free(ex_model), free(ex_config), free(in_config);
+        return cli_fail("out of host memory");
+    }
     const cli_file files[] = {
         {"--data", data, 0, r->is_tokens ? ".bin" : NULL, NULL},
         {"--resume", o->resume, 0, NULL, NULL},
         {"--tokenizer-file", o->tokenizer_file, 0, NULL, NULL},
+        {"--init-from", o->init_from, 0, NULL, NULL},
+        {"--init-from", in_config, 0, NULL, NULL},
         {"--save", o->save, 1, NULL, "--resume"},
         {"--log", o->eval_only ? NULL : o->log, 1, NULL, NULL}, /* not written by --eval-only */
         {"--trace", o->trace, 1, NULL, NULL},
+        {"--export-hf", ex_model, 1, NULL, NULL},
+        {"--export-hf", ex_config, 1, NULL, NULL},
     };
-    return cli_check_overlaps(files, sizeof files / sizeof files[0]);
+    int rc = cli_check_overlaps(files, sizeof files / sizeof files[0]);
+    free(ex_model), free(ex_config), free(in_config);
+    return rc;
 }
 
 /* The run's local part: checkpoint, data, tokenizer, prompt, samplers, model. */

@@ -40,8 +40,10 @@ typedef struct dp_atomic_file dp_atomic_file;
 
 /* Creates the temporary file next to path (mode 0666 & ~umask, O_EXCL).
  * Errors: DP_ERR_INVALID_ARGUMENT (NULL or empty path, NULL out),
- * DP_ERR_IO (the temporary file cannot be created: the message names path
- * and the reason, e.g. "No such file or directory" for a missing
+ * DP_ERR_IO (path names something other than a regular file: a
+ * directory, a device, a FIFO or a socket, which the rename would
+ * replace; or the temporary file cannot be created: the message names
+ * path and the reason, e.g. "No such file or directory" for a missing
  * directory), DP_ERR_OUT_OF_MEMORY. */
 DP_API dp_status dp_atomic_file_open(const char *path, dp_atomic_file **out);
 

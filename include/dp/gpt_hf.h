@@ -68,10 +68,11 @@ DP_API dp_status dp_gpt_init_from(const char *path, size_t n_head, dp_gpt **gpt_
  * format "pt", as transformers requires) and dir/config.json
  * (GPT2LMHeadModel, the GPT's sizes, "gelu_new", eps 1e-5, no dropout,
  * bos and eos the end-of-text id 50256 when V >= 50257). dir is created
- * when missing (its parent must exist). Each file is written atomically
- * (dp/atomic_file.h), the model first: a config.json that is there always
- * describes the model.safetensors beside it or an earlier one of the same
- * name.
+ * when missing (its parent must exist). Both files or neither
+ * (dp/atomic_file.h): config.json is written and synced first, then
+ * model.safetensors is written and renamed into place, then config.json;
+ * a failed write (a full disk) leaves an earlier export's two files as
+ * they were.
  * Errors: DP_ERR_INVALID_ARGUMENT (NULL), DP_ERR_IO (dir cannot be made
  * or written, naming it), DP_ERR_OUT_OF_MEMORY.
  */

@@ -10,9 +10,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "dp/checked.h"
+#include "dp/file.h"
 #include "core/error.h"
 
 struct dp_atomic_file {
@@ -30,6 +32,13 @@ dp_status dp_atomic_file_open(const char *path, dp_atomic_file **out)
     if (!out) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "out is NULL");
     *out = NULL;
     if (!path || !*path) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "the path is NULL or empty");
+    /* The rename would put a regular file in place of a device, a FIFO
+     * or a socket (as root, /dev/null itself). */
+    struct stat sb;
+    if (stat(path, &sb) == 0 && !S_ISREG(sb.st_mode))
+        return DP_FAIL(DP_ERR_IO, "'%s' is a %s: writing it would replace it with a "
+                       "regular file; give the path of a regular file or of one that does not "
+                       "exist yet", path, dp_file_kind(sb.st_mode));
     size_t tlen;
     if (!dp_size_add(strlen(path), 64, &tlen))
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "the path is too long");

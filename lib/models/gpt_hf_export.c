@@ -55,16 +55,21 @@ static char *config_json(const dp_gpt_config *c)
     return text;
 }
 
-static dp_status write_config(const char *path, const dp_gpt_config *c)
+/* config.json written and synced into its temporary file *af, left for
+ * the caller to commit (or abort) once model.safetensors is in place. */
+static dp_status write_config(const char *path, const dp_gpt_config *c, dp_atomic_file **af)
 {
+    *af = NULL;
     char *text = config_json(c);
     if (!text) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "building %s failed", path);
-    dp_atomic_file *af = NULL;
-    dp_status s = dp_atomic_file_open(path, &af);
-    if (s == DP_OK) s = dp_atomic_file_write(af, text, strlen(text));
-    if (s == DP_OK) s = dp_atomic_file_write(af, "\n", 1);
-    if (s == DP_OK) s = dp_atomic_file_commit(af);
-    else dp_atomic_file_abort(af);
+    dp_status s = dp_atomic_file_open(path, af);
+    if (s == DP_OK) s = dp_atomic_file_write(*af, text, strlen(text));
+    if (s == DP_OK) s = dp_atomic_file_write(*af, "\n", 1);
+    if (s == DP_OK) s = dp_atomic_file_sync(*af);
+    if (s != DP_OK) {
+        dp_atomic_file_abort(*af);
+        *af = NULL;
+    }
     free(text);
     return s;
 }
@@ -121,12 +126,19 @@ dp_status dp_gpt_export_hf(const char *dir, const dp_gpt *gpt, const float *para
     size_t n = strlen(dir) + 32;
     char *path = malloc(n);
     if (!path) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation failed");
-    snprintf(path, n, "%s/model.safetensors", dir);
-    dp_status s = write_model(path, gpt, params);
+    /* Both files or neither: config.json waits synced in its temporary
+     * file while model.safetensors is written, and is renamed into place
+     * only after it (a full disk or a failed write leaves an earlier
+     * export's pair as it was). */
+    dp_atomic_file *config = NULL;
+    snprintf(path, n, "%s/config.json", dir);
+    dp_status s = write_config(path, dp_gpt_config_of(gpt), &config);
     if (s == DP_OK) {
-        snprintf(path, n, "%s/config.json", dir);
-        s = write_config(path, dp_gpt_config_of(gpt));
+        snprintf(path, n, "%s/model.safetensors", dir);
+        s = write_model(path, gpt, params);
     }
+    if (s == DP_OK) s = dp_atomic_file_commit(config);
+    else dp_atomic_file_abort(config);
     free(path);
     return s;
 }
