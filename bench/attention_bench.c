@@ -20,6 +20,7 @@
 #include <time.h>
 
 #include "dp/dp.h"
+#include "dp_cli.h"
 
 #define CHECK(expr)                                                                          \
     do {                                                                                     \
@@ -100,6 +101,29 @@ static void time_steps(dp_device *dev, bufs *b, void (*step)(dp_device *, bufs *
     free(t);
 }
 
+/* --shape B,T,C,NH: four whole numbers, each in [1, 2^20], C a multiple
+ * of NH, and B*T*3C elements countable. 0, or 1 after a message. */
+static int parse_shape(const char *v, bufs *b)
+{
+    long x[4];
+    const char *at = v;
+    for (int i = 0; i < 4; i++) {
+        size_t len = strcspn(at, ",");
+        char field[32];
+        if ((i < 3) != (at[len] == ',') || len >= sizeof field)
+            return cli_fail("--shape wants B,T,C,NH (four numbers), got \"%s\"", v);
+        memcpy(field, at, len);
+        field[len] = '\0';
+        if (cli_parse_long("--shape", field, 1, 1L << 20, &x[i])) return 1;
+        at += len + 1;
+    }
+    b->B = (size_t)x[0], b->T = (size_t)x[1], b->C = (size_t)x[2], b->NH = (size_t)x[3];
+    if (b->C % b->NH) return cli_fail("--shape: NH %zu does not divide C %zu", b->NH, b->C);
+    if ((double)b->B * (double)b->T * 3.0 * (double)b->C > 4e9)
+        return cli_fail("--shape %s: B*T*3C passes 4e9 elements; give a smaller shape", v);
+    return 0;
+}
+
 static void usage(FILE *f)
 {
     fprintf(f, "usage: attention_bench [--device cpu:0|cuda:0] [--shape B,T,C,NH] [--chunk N]\n"
@@ -118,25 +142,33 @@ int main(int argc, char **argv)
         {"warmup", required_argument, NULL, 'w'}, {"bf16", no_argument, NULL, 'b'},
         {"help", no_argument, NULL, 'h'},         {NULL, 0, NULL, 0},
     };
+    cli_set_program("attention_bench");
     int c;
+    long v;
     while ((c = getopt_long(argc, argv, "d:s:c:r:w:bh", opts, NULL)) != -1) {
         switch (c) {
         case 'd': device = optarg; break;
         case 's':
-            if (sscanf(optarg, "%zu,%zu,%zu,%zu", &b.B, &b.T, &b.C, &b.NH) != 4) {
-                fprintf(stderr, "attention_bench: --shape wants B,T,C,NH, got \"%s\"\n", optarg);
-                return 2;
-            }
+            if (parse_shape(optarg, &b)) return 2;
             break;
-        case 'c': b.chunk = strtoul(optarg, NULL, 10); break;
-        case 'r': reps = atoi(optarg); break;
-        case 'w': warmup = atoi(optarg); break;
+        case 'c':
+            if (cli_parse_long("--chunk", optarg, 1, 1L << 20, &v)) return 2;
+            b.chunk = (size_t)v;
+            break;
+        case 'r':
+            if (cli_parse_long("--reps", optarg, 1, 100000, &v)) return 2;
+            reps = (int)v;
+            break;
+        case 'w':
+            if (cli_parse_long("--warmup", optarg, 0, 100000, &v)) return 2;
+            warmup = (int)v;
+            break;
         case 'b': b.bf16 = 1; break;
-        case 'h': usage(stdout); return 0;
+        case 'h': usage(stdout); return cli_check_stream(stdout, "the help to standard output");
         default: usage(stderr); return 2;
         }
     }
-    if (reps < 1 || warmup < 0 || optind < argc) {
+    if (optind < argc) {
         usage(stderr);
         return 2;
     }
@@ -150,7 +182,7 @@ int main(int argc, char **argv)
     size_t nq = b.B * b.T * 3 * b.C, no = b.B * b.T * b.C, nr = b.B * b.NH * b.T;
     size_t rows = b.chunk < b.T ? b.chunk : b.T, na = b.B * b.NH * rows * b.T;
     float *host = malloc(nq * sizeof *host);
-    if (!host) return 1;
+    if (!host) return cli_fail("out of host memory for %zu floats of q, k and v", nq);
     dp_rng rng;
     dp_rng_seed(&rng, 1);
     dp_rng_fill_normal(&rng, host, nq, 0.0f, 1.0f);
@@ -188,5 +220,5 @@ int main(int argc, char **argv)
         if (all[i]) dp_device_free(dev, all[i]);
     free(host);
     dp_device_close(dev);
-    return 0;
+    return cli_check_stream(stdout, "the figures to standard output");
 }

@@ -20,6 +20,7 @@
 #include <time.h>
 
 #include "dp/dp.h"
+#include "dp_cli.h"
 
 static double now_s(void)
 {
@@ -77,6 +78,7 @@ int main(int argc, char **argv)
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
+    cli_set_program("gemm_bench");
     int c;
     while ((c = getopt_long(argc, argv, "s:r:w:p:h", opts, NULL)) != -1) {
         switch (c) {
@@ -90,7 +92,7 @@ int main(int argc, char **argv)
         case 's': size = parse_positive("size", optarg, 16384); break;
         case 'r': reps = parse_positive("reps", optarg, 100000); break;
         case 'w': warmup = parse_positive("warmup", optarg, 100000); break;
-        case 'h': usage(stdout); return 0;
+        case 'h': usage(stdout); return cli_check_stream(stdout, "the help to standard output");
         default: usage(stderr); return 2;
         }
     }
@@ -150,5 +152,5 @@ int main(int argc, char **argv)
     dp_device_free(dev, B);
     dp_device_free(dev, C);
     dp_device_close(dev);
-    return 0;
+    return cli_check_stream(stdout, "the figures to standard output");
 }

@@ -15,7 +15,8 @@
  *   token_data_bench DIR [TOKENS] [BATCHES]   (defaults 200000000 and 200)
  *
  * The files are written once and kept (a second run reuses them when their
- * sizes match); remove DIR afterwards. The page cache is warm for both
+ * sizes match; other files of those names are refused, never overwritten);
+ * remove DIR afterwards. The page cache is warm for both
  * children (the files were just written or read), so open times compare
  * work done, not disk speed.
  */
@@ -32,6 +33,8 @@
 #include <unistd.h>
 
 #include <dp/dp.h>
+
+#include "dp_cli.h"
 
 enum { B = 8, T = 1024 };
 
@@ -56,13 +59,19 @@ static int die_dp(const char *what)
 }
 
 /* Writes n pseudo-random GPT-2 ids (< 50257) to path unless it already
- * has 2n bytes. */
+ * has 2n bytes (an earlier run's): through the atomic writer, so an
+ * interrupted run leaves no part of a file. Any other file already there
+ * is refused, not overwritten (DIR may be a user's dataset). */
 static int write_ids(const char *path, size_t n, uint64_t seed)
 {
     struct stat sb;
-    if (stat(path, &sb) == 0 && (size_t)sb.st_size == 2 * n) return 0;
-    FILE *f = fopen(path, "wb");
-    if (!f) return die(path);
+    if (stat(path, &sb) == 0) {
+        if (S_ISREG(sb.st_mode) && (size_t)sb.st_size == 2 * n) return 0;
+        return cli_fail("%s exists and is not the %zu ids this run writes (%lld bytes, not "
+                        "%zu); give a new or empty DIR", path, n, (long long)sb.st_size, 2 * n);
+    }
+    dp_atomic_file *af = NULL;
+    if (dp_atomic_file_open(path, &af) != DP_OK) return die_dp(path);
     enum { CHUNK = 1 << 20 };
     static unsigned char buf[2 * CHUNK];
     dp_rng rng;
@@ -74,10 +83,13 @@ static int write_ids(const char *path, size_t n, uint64_t seed)
             buf[2 * i] = (unsigned char)(id & 0xff);
             buf[2 * i + 1] = (unsigned char)(id >> 8);
         }
-        if (fwrite(buf, 1, 2 * k, f) != 2 * k) return die(path);
+        if (dp_atomic_file_write(af, buf, 2 * k) != DP_OK) {
+            dp_atomic_file_abort(af);
+            return die_dp(path);
+        }
         done += k;
     }
-    return fclose(f) ? die(path) : 0;
+    return dp_atomic_file_commit(af) != DP_OK ? die_dp(path) : 0;
 }
 
 /* Appends the ids of path to out[*n..) as int32. */
@@ -201,23 +213,32 @@ static result in_child(const char *dir, int mmap_path, size_t n_train, size_t n_
     return r;
 }
 
+#define USAGE "usage: token_data_bench DIR [TOKENS] [BATCHES]   (defaults 200000000 and 200)\n"
+
 int main(int argc, char **argv)
 {
+    cli_set_program("token_data_bench");
+    if (argc == 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
+        fputs(USAGE, stdout);
+        return cli_check_stream(stdout, "the help to standard output");
+    }
     if (argc < 2 || argc > 4) {
-        fprintf(stderr, "usage: token_data_bench DIR [TOKENS] [BATCHES]\n");
+        fputs(USAGE, stderr);
         return 2;
     }
+    if (argv[1][0] == '-')
+        return cli_fail("\"%s\": no options but --help; a DIR starting with '-' is written "
+                        "./%s", argv[1], argv[1]) + 1;
     const char *dir = argv[1];
-    size_t n_train = argc > 2 ? strtoull(argv[2], NULL, 10) : 200000000;
-    long batches = argc > 3 ? strtol(argv[3], NULL, 10) : 200;
+    /* at most 4e9 ids: 8 GB of train.bin */
+    long n = 200000000, batches = 200;
+    if ((argc > 2 && cli_parse_long("TOKENS", argv[2], 10 * T, 4000000000L, &n)) ||
+        (argc > 3 && cli_parse_long("BATCHES", argv[3], 1, 1000000, &batches)))
+        return 2;
+    size_t n_train = (size_t)n;
     /* floor(0.9 (train + val)) = train: the int32 path's 90/10 cut falls
      * where val.bin starts. */
     size_t n_val = (n_train + 8) / 9;
-    if (n_train < 10 * T || batches < 1) {
-        fprintf(stderr, "token_data_bench: TOKENS must be at least %d, BATCHES at least 1\n",
-                10 * T);
-        return 2;
-    }
     if (mkdir(dir, 0755) != 0 && errno != EEXIST) return die(dir);
     char path[4096];
     snprintf(path, sizeof path, "%s/train.bin", dir);
@@ -244,5 +265,6 @@ int main(int argc, char **argv)
                (double)rs[i]->file_kib / 1024.0, rs[i]->hash);
     }
     if (m.ok && c.ok) printf("same batches: %s\n", m.hash == c.hash ? "yes" : "NO");
+    if (cli_check_stream(stdout, "the figures to standard output")) return 1;
     return m.ok && c.ok && m.hash == c.hash ? 0 : 1;
 }

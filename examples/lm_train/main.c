@@ -98,7 +98,8 @@ int main(int argc, char **argv)
     cli_set_quiet(1);
     int pa = parse_args(argc, argv, &r.o);
     cli_set_quiet(0);
-    if ((pa = compare_options(&r, pa))) return leave(&r, pa < 0 ? 0 : 2); /* -1: --help */
+    if ((pa = compare_options(&r, pa))) /* -1: --help, which must have reached stdout */
+        return leave(&r, pa > 0 ? 2 : cli_check_stream(stdout, "the help to standard output"));
     int rc = setup(&r);
     run_signals(r.rk.ranks > 1);
     if (!rc && r.o.eval_only) {

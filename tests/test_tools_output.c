@@ -1,0 +1,132 @@
+/*
+ * The small programs' command lines and standard output, as a user runs
+ * them (the built binaries): a figure or a help text that cannot reach
+ * standard output (/dev/full) fails the program with one line naming it,
+ * never exit 0; gemm_bench's and attention_bench's values are parsed
+ * strictly (junk, zero, negative and absurd sizes refused with a message);
+ * token_data_bench takes --help, strict TOKENS, and never overwrites a
+ * train.bin it did not write.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include "dp_test.h"
+#include "dp_test_fs.h"
+#include "dp_test_spawn.h"
+
+#if !defined(GEMM_BENCH_PATH) || !defined(ATTENTION_BENCH_PATH) ||                         \
+    !defined(TOKEN_DATA_BENCH_PATH) || !defined(LM_TRAIN_PATH) || !defined(DP_TOKENIZE_PATH)
+#error "the programs' paths must be defined by the build"
+#endif
+
+static char tmpdir[64];
+
+static void setup(void)
+{
+    strcpy(tmpdir, "/tmp/dp_test_tools_XXXXXX");
+    cr_assert_not_null(mkdtemp(tmpdir));
+}
+
+static void teardown(void) { dp_test_remove_tree(tmpdir); }
+
+TestSuite(tools, .init = setup, .fini = teardown, .timeout = 60);
+
+/* prog with args[0..n) ('@name': tmpdir/name), stdout to out_path. */
+static dp_test_result run_to(const char *prog, const char *const *args, size_t n,
+                             const char *out_path)
+{
+    char *argv[32], err[256], out[256];
+    size_t argc = dp_test_argv(argv, 32, 0, NULL, prog, args, n, NULL, 0, tmpdir);
+    snprintf(err, sizeof err, "%s/stderr.txt", tmpdir);
+    snprintf(out, sizeof out, "%s/stdout.txt", tmpdir);
+    dp_test_result r = dp_test_collect_err(dp_test_spawn(argv, out_path ? out_path : out, err),
+                                           err);
+    dp_test_argv_free(argv, argc);
+    return r;
+}
+
+#define RUN_TO(prog, out, ...)                                                             \
+    run_to(prog, (const char *const[]){__VA_ARGS__},                                       \
+           sizeof((const char *const[]){__VA_ARGS__}) / sizeof(const char *), out)
+
+/* Exit status `code` with one stderr line holding needle. */
+static void assert_fails(const dp_test_result *r, int code, const char *needle)
+{
+    cr_assert(WIFEXITED(r->status) && WEXITSTATUS(r->status) == code,
+              "status %d (want exit %d); stderr:\n%s", r->status, code, r->err);
+    cr_assert(strstr(r->err, needle) && dp_test_count(r->err, "\n") == 1,
+              "want one line with \"%s\":\n%s", needle, r->err);
+}
+
+Test(tools, a_full_standard_output_fails_every_program)
+{
+    dp_test_result a = RUN_TO(GEMM_BENCH_PATH, "/dev/full", "--size", "32", "--reps", "1");
+    assert_fails(&a, 1, "gemm_bench: cannot write the figures to standard output");
+    dp_test_result_free(&a);
+    dp_test_result b = RUN_TO(ATTENTION_BENCH_PATH, "/dev/full", "--shape", "1,16,16,2",
+                              "--reps", "1");
+    assert_fails(&b, 1, "attention_bench: cannot write the figures to standard output");
+    dp_test_result_free(&b);
+    const char *progs[] = {GEMM_BENCH_PATH, ATTENTION_BENCH_PATH, TOKEN_DATA_BENCH_PATH,
+                           LM_TRAIN_PATH, DP_TOKENIZE_PATH};
+    for (size_t i = 0; i < sizeof progs / sizeof progs[0]; i++) {
+        dp_test_result h = RUN_TO(progs[i], "/dev/full", "--help");
+        assert_fails(&h, 1, "cannot write the help to standard output");
+        dp_test_result_free(&h);
+        dp_test_result ok = RUN_TO(progs[i], NULL, "--help");
+        dp_test_assert_success(&ok, "--help to a file");
+        dp_test_result_free(&ok);
+    }
+}
+
+Test(tools, bench_values_are_parsed_strictly)
+{
+    static const char *const bad[][3] = {
+        {"--shape", "-1,2,2,1", "--shape: \"-1\""},
+        {"--shape", "1,2,4,2x", "--shape: \"2x\""},
+        {"--shape", "99999999999,2,2,1", "--shape: \"99999999999\""},
+        {"--shape", "1,2,3", "four numbers"},
+        {"--shape", "1,2,5,2", "does not divide"},
+        {"--chunk", "0", "--chunk: \"0\""},
+        {"--chunk", "99999999999999999999", "--chunk"},
+        {"--reps", "0", "--reps: \"0\""},
+        {"--warmup", "-1", "--warmup: \"-1\""},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        dp_test_result r = RUN_TO(ATTENTION_BENCH_PATH, NULL, bad[i][0], bad[i][1]);
+        assert_fails(&r, 2, bad[i][2]);
+        dp_test_result_free(&r);
+    }
+    dp_test_result g = RUN_TO(GEMM_BENCH_PATH, NULL, "--size", "12x");
+    assert_fails(&g, 2, "--size");
+    dp_test_result_free(&g);
+}
+
+Test(tools, token_data_bench_keeps_files_it_did_not_write)
+{
+    dp_test_result a = RUN_TO(TOKEN_DATA_BENCH_PATH, NULL, "@d", "20000junk");
+    assert_fails(&a, 2, "TOKENS: \"20000junk\"");
+    dp_test_result_free(&a);
+    dp_test_result b = RUN_TO(TOKEN_DATA_BENCH_PATH, NULL, "@d", "-1");
+    assert_fails(&b, 2, "TOKENS: \"-1\"");
+    dp_test_result_free(&b);
+    dp_test_result c = RUN_TO(TOKEN_DATA_BENCH_PATH, NULL, "--frob");
+    assert_fails(&c, 2, "no options but --help");
+    dp_test_result_free(&c);
+    char dir[256], train[300];
+    snprintf(dir, sizeof dir, "%s/data", tmpdir);
+    cr_assert_eq(mkdir(dir, 0755), 0);
+    snprintf(train, sizeof train, "%s/train.bin", dir);
+    dp_test_write_file(train, "mine", 4);
+    dp_test_result d = RUN_TO(TOKEN_DATA_BENCH_PATH, NULL, "@data", "20000", "1");
+    assert_fails(&d, 1, "exists and is not the 20000 ids");
+    dp_test_result_free(&d);
+    size_t n = 0;
+    unsigned char *kept = dp_test_read_file(train, &n);
+    cr_assert(n == 4 && memcmp(kept, "mine", 4) == 0, "train.bin was overwritten");
+    free(kept);
+}
