@@ -1454,6 +1454,11 @@ static bad_case bad_cases[] = {
     {"device-weights negative", {"--device-weights", "1,-1"}, "--device-weights", "", 0, 0, 0},
     {"trace into a missing directory", {"--steps", "2", "--trace", "@nodir/t.json"}, "nodir", "",
      0, 0, 0},
+    /* an existing file that is not a log is not replaced by one */
+    {"log onto a text file", {"--steps", "2", "--log", "@small.txt"},
+     "not a row of an lm_train log", "", 0, 0, 0},
+    {"resume with log onto a text file", {"--resume", "@good.st", "--steps", "2", "--log",
+     "@small.txt"}, "line 1 is not a row", "", 1, 0, 0},
     {"trace with eval-only", {"--resume", "@good.st", "--eval-only", "--trace", "@t.json"},
      "--trace", "", 1, 0, 1},
     {"logits-chunk 0", {"--logits-chunk", "0", "--log", "@out.jsonl"}, "--logits-chunk", "", 0,

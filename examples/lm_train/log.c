@@ -102,13 +102,15 @@ static void cut_log(run *r)
 
 /* Opens --log. A resumed run keeps the rows up to the checkpoint's step and
  * drops the later ones (written by the run that went past the checkpoint
- * before it stopped), so every step appears once; an unreadable row (a
- * line cut off by a kill) is dropped too. */
+ * before it stopped), so every step appears once; a last line cut off by
+ * a kill is dropped too. A fresh run starts the file anew. Either way an
+ * existing file that is not such a log (a complete line that is not a
+ * row with a step: the training text, a checkpoint named by mistake) is
+ * refused before anything of it is lost. */
 static int open_log(run *r)
 {
     const char *path = r->o.log;
     if (!path) return 0;
-    if (!r->step) return (r->log = open_log_file(path)) ? set_log_good(r) : 1;
     /* The rows to keep: from a regular file only (a FIFO would block). */
     struct stat sb;
     FILE *in = NULL;
@@ -128,12 +130,17 @@ static int open_log(run *r)
         return cli_fail("out of host memory");
     }
     char *line = NULL;
-    size_t cap = 0;
+    size_t cap = 0, line_no = 0, foreign = 0;
     ssize_t got;
-    while (in && (got = getline(&line, &cap, in)) > 0) {
-        json_t *row = line[got - 1] == '\n' ? json_loads(line, 0, NULL) : NULL;
+    while (in && !foreign && (got = getline(&line, &cap, in)) > 0) {
+        line_no++;
+        int whole = line[got - 1] == '\n';
+        json_t *row = whole ? json_loads(line, 0, NULL) : NULL;
         json_t *step = row ? json_object_get(row, "step") : NULL;
-        if (step && json_is_integer(step) && json_integer_value(step) <= r->step) {
+        int is_row = step && json_is_integer(step);
+        /* a row cut by a kill is at least its opening brace */
+        if ((whole && !is_row) || (!whole && line[0] != '{')) foreign = line_no;
+        else if (is_row && json_integer_value(step) <= r->step) {
             fputs(line, mem);
             rows++;
         } else {
@@ -146,6 +153,13 @@ static int open_log(run *r)
         fclose(in);
         fclose(mem);
     }
+    if (foreign) {
+        free(kept);
+        return cli_fail("--log %s: line %zu is not a row of an lm_train log (a JSON object "
+                        "with a step), so the file is not one and would be lost; give a new "
+                        "path or the run's own log", path, foreign);
+    }
+    if (!r->step) kept_len = 0, dropped = 0; /* a fresh run: the file starts anew */
     r->log = open_log_file(path);
     if (!r->log) {
         free(kept);
