@@ -11,7 +11,8 @@
  *  - bad inputs, options, tokenizers and outputs fail with a non-zero exit
  *    and a "dp_tokenize: ..." line naming the problem, and leave no output
  *    (nor a temporary file; an existing output is left as it was), a
- *    failed write included (a file-size limit makes it fail).
+ *    failed write included (a file-size limit makes it fail), and a
+ *    SIGINT or SIGTERM while writing (the temporary file removed).
  */
 #define _POSIX_C_SOURCE 200809L
 #include <dirent.h>
@@ -21,6 +22,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "dp/data.h"
@@ -488,4 +490,57 @@ Test(dp_tokenize, tokenizers_it_cannot_use)
     json_decref(j);
     r = RUN("--tokenizer-file", "@noeot.json", "--out", "@out.bin", "@a.txt");
     assert_failed(&r, "no <|endoftext|>", NULL);
+}
+
+/* Entries of tmpdir whose names hold ".tmp." (the atomic writer's). */
+static int temp_files(void)
+{
+    DIR *d = opendir(tmpdir);
+    cr_assert_not_null(d);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));) n += strstr(e->d_name, ".tmp.") != NULL;
+    closedir(d);
+    return n;
+}
+
+/* SIGINT or SIGTERM while the shard is being written: the process dies of
+ * the signal after one line, its temporary file removed (nothing else
+ * would remove it: its name holds the dead pid), the earlier output kept.
+ * The signal is sent once the temporary file exists, so the case does not
+ * depend on the machine's speed. */
+Test(dp_tokenize, a_signal_removes_the_temporary_file, .timeout = 120)
+{
+    /* 48 MiB of text: a second or more of encoding */
+    size_t len = (size_t)48 << 20;
+    char *text = malloc(len);
+    cr_assert_not_null(text);
+    for (size_t i = 0; i < len; i++) text[i] = DOC_C[i % (sizeof DOC_C - 1)];
+    dp_test_write_file(in_tmp("big.txt"), text, len);
+    free(text);
+    dp_test_write_file(in_tmp("out.bin"), "earlier", 7);
+    const int sigs[] = {SIGINT, SIGTERM};
+    for (int s = 0; s < 2; s++) {
+        const char *args[] = {"--tokenizer-file", tok_json, "--out", "@out.bin", "@big.txt"};
+        char *argv[16], err[300];
+        size_t argc = dp_test_argv(argv, 16, 0, NULL, DP_TOKENIZE_PATH, NULL, 0, args, 5, tmpdir);
+        snprintf(err, sizeof err, "%s/.stderr", tmpdir);
+        pid_t pid = dp_test_spawn(argv, "/dev/null", err);
+        dp_test_argv_free(argv, argc);
+        int seen = 0;
+        const struct timespec tick = {0, 500000}; /* 0.5 ms */
+        for (int t = 0; t < 20000 && !(seen = temp_files()); t++) nanosleep(&tick, NULL);
+        cr_assert(seen, "no temporary file appeared within 10 s");
+        kill(pid, sigs[s]);
+        result r = dp_test_collect_err(pid, err);
+        cr_assert(WIFSIGNALED(r.status) && WTERMSIG(r.status) == sigs[s],
+                  "status %d; stderr:\n%s", r.status, r.err);
+        cr_assert(strstr(r.err, "dp_tokenize: stopped by a signal; --out was left as it was"),
+                  "stderr:\n%s", r.err);
+        dp_test_result_free(&r);
+        cr_assert_eq(temp_files(), 0, "the temporary file was left");
+        size_t n = 0;
+        unsigned char *kept = dp_test_read_file(in_tmp("out.bin"), &n);
+        cr_assert(n == 7 && memcmp(kept, "earlier", 7) == 0, "the earlier output changed");
+        free(kept);
+    }
 }
