@@ -35,19 +35,6 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* Parses a positive int option or exits with a usage message. */
-static int parse_positive(const char *name, const char *text, int max)
-{
-    char *end = NULL;
-    long v = strtol(text, &end, 10);
-    if (!*text || *end || v < 1 || v > max) {
-        fprintf(stderr, "gemm_bench: --%s must be an integer in [1, %d], got \"%s\"\n", name,
-                max, text);
-        exit(2);
-    }
-    return (int)v;
-}
-
 static void usage(FILE *f)
 {
     fprintf(f, "usage: gemm_bench [--size N] [--reps R] [--warmup W] [--precision fp32|bf16]\n"
@@ -89,9 +76,18 @@ int main(int argc, char **argv)
             }
             prec = optarg[0] == 'b' ? DP_MATMUL_BF16 : DP_MATMUL_FP32;
             break;
-        case 's': size = parse_positive("size", optarg, 16384); break;
-        case 'r': reps = parse_positive("reps", optarg, 100000); break;
-        case 'w': warmup = parse_positive("warmup", optarg, 100000); break;
+        case 's':
+        case 'r':
+        case 'w': {
+            /* --size at most 16384 (three 1 GiB matrices); --warmup may be 0 */
+            static const char *const names[] = {"--size", "--reps", "--warmup"};
+            int i = c == 's' ? 0 : c == 'r' ? 1 : 2;
+            long v;
+            if (cli_parse_long(names[i], optarg, i == 2 ? 0 : 1, i ? 100000 : 16384, &v))
+                return 2;
+            *(i == 0 ? &size : i == 1 ? &reps : &warmup) = (int)v;
+            break;
+        }
         case 'h': usage(stdout); return cli_check_stream(stdout, "the help to standard output");
         default: usage(stderr); return 2;
         }

@@ -348,12 +348,19 @@ Test(dp_tokenize, bad_inputs_and_options_fail_cleanly)
 Test(dp_tokenize, bad_outputs_fail_cleanly)
 {
     result r = RUN("--tokenizer-file", tok_json, "--out", "@no/such/dir/out.bin", "@a.txt");
-    assert_failed(&r, "cannot write --out", "No such file or directory");
+    assert_failed(&r, "--out: cannot write", "does not exist");
     cr_assert_eq(mkdir(in_tmp("outdir"), 0755), 0);
     r = RUN("--tokenizer-file", tok_json, "--out", "@outdir", "@a.txt");
-    assert_failed(&r, "outdir' is a directory", NULL);
+    assert_failed(&r, "outdir\" is a directory", NULL);
     r = RUN("--tokenizer-file", tok_json, "--out", "/dev/full", "@a.txt");
-    assert_failed(&r, "'/dev/full' is a character device", NULL);
+    assert_failed(&r, "\"/dev/full\" is a character device", NULL);
+    /* a legal name whose temporary file's name would be too long */
+    char longname[260];
+    memset(longname, 'n', 249);
+    longname[0] = '@';
+    longname[249] = '\0';
+    r = RUN("--tokenizer-file", tok_json, "--out", longname, "@a.txt");
+    assert_failed(&r, "its temporary file", NULL);
 
     // The output is an input, by its own name or another (a hard link): refused, text intact.
     r = RUN("--tokenizer-file", tok_json, "--out", "@c.txt", "@a.txt", "@c.txt");
@@ -492,22 +499,30 @@ Test(dp_tokenize, tokenizers_it_cannot_use)
     assert_failed(&r, "no <|endoftext|>", NULL);
 }
 
-/* Entries of tmpdir whose names hold ".tmp." (the atomic writer's). */
-static int temp_files(void)
+/* Entries of tmpdir whose names hold ".tmp." (the atomic writer's); with
+ * written, only those holding bytes already (the shard's header, not the
+ * empty file with which the output check probes the directory). */
+static int temp_files_of(int written)
 {
     DIR *d = opendir(tmpdir);
     cr_assert_not_null(d);
     int n = 0;
-    for (struct dirent *e; (e = readdir(d));) n += strstr(e->d_name, ".tmp.") != NULL;
+    for (struct dirent *e; (e = readdir(d));) {
+        struct stat sb;
+        if (!strstr(e->d_name, ".tmp.")) continue;
+        n += !written || (stat(in_tmp(e->d_name), &sb) == 0 && sb.st_size > 0);
+    }
     closedir(d);
     return n;
 }
 
+static int temp_files(void) { return temp_files_of(0); }
+
 /* SIGINT or SIGTERM while the shard is being written: the process dies of
  * the signal after one line, its temporary file removed (nothing else
  * would remove it: its name holds the dead pid), the earlier output kept.
- * The signal is sent once the temporary file exists, so the case does not
- * depend on the machine's speed. */
+ * The signal is sent once the shard's temporary file holds its header, so
+ * the case does not depend on the machine's speed. */
 Test(dp_tokenize, a_signal_removes_the_temporary_file, .timeout = 120)
 {
     /* 48 MiB of text: a second or more of encoding */
@@ -528,7 +543,7 @@ Test(dp_tokenize, a_signal_removes_the_temporary_file, .timeout = 120)
         dp_test_argv_free(argv, argc);
         int seen = 0;
         const struct timespec tick = {0, 500000}; /* 0.5 ms */
-        for (int t = 0; t < 20000 && !(seen = temp_files()); t++) nanosleep(&tick, NULL);
+        for (int t = 0; t < 20000 && !(seen = temp_files_of(1)); t++) nanosleep(&tick, NULL);
         cr_assert(seen, "no temporary file appeared within 10 s");
         kill(pid, sigs[s]);
         result r = dp_test_collect_err(pid, err);

@@ -264,6 +264,9 @@ Test(lm_hf, contradictions_are_refused_before_any_work)
     result g = RUN("--eval-only", "--init-from", "@nothing");
     assert_refused(&g, "--init-from", "nothing");
     dp_test_result_free(&g);
+    result h = RUN("--init-from", "");
+    assert_refused(&h, "--init-from needs a path", NULL);
+    dp_test_result_free(&h);
 }
 
 /* Outputs over --init-from's files or --export-hf's are refused before

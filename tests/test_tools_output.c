@@ -104,6 +104,10 @@ Test(tools, bench_values_are_parsed_strictly)
     dp_test_result g = RUN_TO(GEMM_BENCH_PATH, NULL, "--size", "12x");
     assert_fails(&g, 2, "--size");
     dp_test_result_free(&g);
+    dp_test_result w = RUN_TO(GEMM_BENCH_PATH, NULL, "--size", "32", "--reps", "1", "--warmup",
+                              "0");
+    dp_test_assert_success(&w, "gemm_bench without warm-up");
+    dp_test_result_free(&w);
 }
 
 Test(tools, token_data_bench_keeps_files_it_did_not_write)

@@ -50,17 +50,10 @@ static size_t tokenizer_files(const tok_options *o, cli_file *f, char buf[4][409
 int tok_check_inputs(const tok_options *o, size_t *total_bytes)
 {
     *total_bytes = 0;
-    struct stat out_sb;
-    if (o->out) {
-        if (stat(o->out, &out_sb) == 0) {
-            // The atomic writer renames over it: only ever replace a regular file.
-            if (!S_ISREG(out_sb.st_mode))
-                return tok_fail("--out '%s' is a %s: it must be a regular file or not exist yet",
-                                o->out, dp_file_kind(out_sb.st_mode));
-        } else if (errno != ENOENT) {
-            return tok_fail("cannot use --out '%s': %s", o->out, strerror(errno));
-        }
-    }
+    /* The atomic writer's checks, as lm_train's --save: a regular file or
+     * none (never a device or a FIFO), a writable directory, a temporary
+     * name within the file system's limit. */
+    if (o->out && cli_check_output("--out", o->out)) return 1;
     for (size_t i = 0; i < o->n_inputs; i++) {
         const char *p = o->inputs[i];
         struct stat sb;

@@ -245,6 +245,9 @@ static int check_opts(const opts *o)
     if (o->resume && o->init_from)
         return cli_fail("--init-from starts a new run from weights and --resume continues one; "
                         "give one of them");
+    if (o->init_from && !*o->init_from)
+        return cli_fail("--init-from needs a path: a Hugging Face directory, its "
+                        "model.safetensors, or a dp checkpoint");
     if (cli_check_attention_chunk(&o->compute)) return 1;
     if (o->eval_only && o->save)
         return cli_fail("--save with --eval-only: evaluation changes nothing to save; drop --save");
