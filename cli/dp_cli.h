@@ -271,9 +271,11 @@ typedef struct cli_file {
 /* Refuses, before anything is written, an output that is the same file
  * as an input or as another output: the same device and inode when both
  * exist (symlinks, "./", ".." and hard links alike), else the same
- * resolved path (the real directory and the name), and an output that is
- * one of the files an input directory holds. Returns 0, or 1 after one
- * line naming both options and both paths. */
+ * resolved path (the real directory and the name; a symbolic link to
+ * nothing counts as the path it names), and an output that is, or would
+ * become, one of the files an input directory holds (for a new file: its
+ * directory is that directory and its name ends in the suffix). Returns
+ * 0, or 1 after one line naming both options and both paths. */
 int cli_check_overlaps(const cli_file *files, size_t n);
 
 /* Fails unless a file can be written at path through the atomic writer:

@@ -45,10 +45,50 @@ typedef struct ident {
     char *resolved; /* realpath of the file, or of its directory + "/" + its name */
 } ident;
 
+/* A symbolic link to nothing: the path it names (relative to the link's
+ * directory), malloc'd; NULL otherwise. A writer that opens through the
+ * link creates that file, so it is what the link names. Two levels at
+ * most (a chain further than that is left as it is). */
+static char *dangling_target(const char *path)
+{
+    struct stat sb;
+    char *cur = strdup(path);
+    for (int depth = 0; cur && depth < 2; depth++) {
+        if (lstat(cur, &sb) != 0 || !S_ISLNK(sb.st_mode) || stat(cur, &sb) == 0) break;
+        char link[PATH_MAX];
+        ssize_t n = readlink(cur, link, sizeof link - 1);
+        if (n <= 0) break;
+        link[n] = '\0';
+        char *next;
+        if (link[0] == '/' || !strchr(cur, '/')) {
+            next = strdup(link);
+        } else {
+            char *dir = dir_of(cur);
+            size_t len = dir ? strlen(dir) + strlen(link) + 2 : 0;
+            next = len ? malloc(len) : NULL;
+            if (next) snprintf(next, len, "%s/%s", dir, link);
+            free(dir);
+        }
+        free(cur);
+        cur = next;
+    }
+    if (cur && strcmp(cur, path) == 0) {
+        free(cur);
+        return NULL;
+    }
+    return cur;
+}
+
 static void ident_of(const char *path, ident *id)
 {
     memset(id, 0, sizeof *id);
     struct stat sb;
+    char *target = dangling_target(path);
+    if (target) {
+        ident_of(target, id);
+        free(target);
+        return;
+    }
     if (stat(path, &sb) == 0) {
         id->exists = 1;
         id->is_dir = S_ISDIR(sb.st_mode);
@@ -74,11 +114,12 @@ static int same_file(const ident *a, const ident *b)
            strcmp(a->resolved, b->resolved) == 0;
 }
 
-/* An existing output that is one of the files input directory dir holds
- * (its real directory is dir, and its name ends in suffix). */
+/* An output that is, or would become, one of the files input directory
+ * dir holds (its real directory is dir, and its name ends in suffix): a
+ * new file there would be read as data by the next run. */
 static int in_dir(const ident *out, const ident *dir, const char *suffix)
 {
-    if (!out->exists || out->is_dir || !dir->exists || !dir->is_dir || !out->resolved) return 0;
+    if (out->is_dir || !dir->exists || !dir->is_dir || !out->resolved) return 0;
     const char *name = base_of(out->resolved);
     size_t n = strlen(name), k = suffix ? strlen(suffix) : 0;
     if (n < k || strcmp(name + n - k, suffix ? suffix : "") != 0) return 0;
@@ -118,9 +159,10 @@ int cli_check_overlaps(const cli_file *files, size_t n)
                                   "replace what %s reads; give %s another path", o->flag,
                                   o->path, x->flag, x->path, x->flag, o->flag);
                 else if (!pass && in_dir(&id[i], &id[j], x->dir_suffix))
-                    rc = cli_fail("%s \"%s\" is one of the files %s \"%s\" reads: writing it "
+                    rc = cli_fail("%s \"%s\" is %s the files %s \"%s\" reads: writing it "
                                   "would change them; give %s a path outside it", o->flag,
-                                  o->path, x->flag, x->path, o->flag);
+                                  o->path, id[i].exists ? "one of" : "among", x->flag, x->path,
+                                  o->flag);
             }
         }
     for (size_t i = 0; i < n; i++) free(id[i].resolved);

@@ -1174,6 +1174,12 @@ static overlap_case overlap_cases[] = {
     {"save and log, neither existing", {"--save", "@y.st", "--log", "@./y.st"}, "--save", "--log"},
     {"log onto a file of a text directory", {"--data", "@textdir", "--log", "@textdir/b.txt"},
      "--log", "--data"},
+    /* a new file in a text directory would be read as text by the next run */
+    {"save as a new file of a text directory", {"--data", "@textdir", "--save",
+     "@textdir/new.st"}, "--save", "--data"},
+    /* a symbolic link to nothing names the file a write through it creates */
+    {"log via a dangling symlink onto the save", {"--log", "@dangling.log",
+     "--save", "@later.st"}, "--save", "--log"},
 };
 
 ParameterizedTestParameters(lm_train, outputs_never_replace_inputs_or_each_other)
@@ -1197,6 +1203,9 @@ ParameterizedTest(overlap_case *oc, lm_train, outputs_never_replace_inputs_or_ea
     path_in(p, sizeof p, "corpus.txt");
     path_in(q, sizeof q, "hard.txt");
     cr_assert_eq(link(p, q), 0);
+    path_in(p, sizeof p, "later.st");
+    path_in(q, sizeof q, "dangling.log");
+    cr_assert_eq(symlink(p, q), 0);
     path_in(p, sizeof p, "sub");
     cr_assert_eq(mkdir(p, 0755), 0);
     path_in(p, sizeof p, "textdir");
@@ -1457,6 +1466,8 @@ static bad_case bad_cases[] = {
     /* an existing file that is not a log is not replaced by one */
     {"log onto a text file", {"--steps", "2", "--log", "@small.txt"},
      "not a row of an lm_train log", "", 0, 0, 0},
+    {"log onto a JSON object without a newline", {"--steps", "2", "--log", "@settings.json"},
+     "line 1 is not a row", "", 0, 0, 0},
     {"resume with log onto a text file", {"--resume", "@good.st", "--steps", "2", "--log",
      "@small.txt"}, "line 1 is not a row", "", 1, 0, 0},
     {"trace with eval-only", {"--resume", "@good.st", "--eval-only", "--trace", "@t.json"},
@@ -1501,6 +1512,8 @@ ParameterizedTest(bad_case *bc, lm_train, bad_input_fails_cleanly, .timeout = 20
     if (bc->no_gpu_only && dp_cuda_device_count() > 0)
         cr_skip_test("%s: a CUDA device is visible here", bc->name);
     write_file("empty.txt", "", 0);
+    static const char settings[] = "{\"step\": 3, \"lr\": 0.1}"; /* no final newline */
+    write_file("settings.json", settings, sizeof settings - 1);
     static const char binary[] = "some text\0\x01\x02 more text\n";
     write_file("binary.bin", binary, sizeof binary - 1);
     /* A header length of 16 in a 13-byte file. */

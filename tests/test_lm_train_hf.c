@@ -267,6 +267,13 @@ Test(lm_hf, contradictions_are_refused_before_any_work)
     result h = RUN("--init-from", "");
     assert_refused(&h, "--init-from needs a path", NULL);
     dp_test_result_free(&h);
+    /* a symbolic link to nothing: mkdir would fail only after training */
+    char dangling[300];
+    snprintf(dangling, sizeof dangling, "%s", in_tmp("dangling"));
+    cr_assert_eq(symlink(in_tmp("nowhere"), dangling), 0);
+    result i = RUN("--init-from", "@hf", "--steps", "2", "--export-hf", "@dangling");
+    assert_refused(&i, "--export-hf", "symbolic link");
+    dp_test_result_free(&i);
 }
 
 /* Outputs over --init-from's files or --export-hf's are refused before
@@ -303,6 +310,25 @@ Test(lm_hf, outputs_over_the_weights_or_the_export_are_refused)
                    "--export-hf", "@ex");
     assert_refused(&f, "--export-hf", "--data");
     dp_test_result_free(&f);
+    /* encoder.json's merges beside it are an input too */
+    cr_assert_eq(mkdir(in_tmp("tok"), 0755), 0);
+    static const char *const bpe[] = {"encoder.json", "vocab.bpe"};
+    for (int k = 0; k < 2; k++) {
+        char src[4096];
+        snprintf(src, sizeof src, "%s", bpe_file());
+        snprintf(strrchr(src, '/') + 1, sizeof src - (size_t)(strrchr(src, '/') + 1 - src), "%s",
+                 bpe[k]);
+        size_t len = 0;
+        unsigned char *bytes = dp_test_read_file(src, &len);
+        char dst[64];
+        snprintf(dst, sizeof dst, "tok/%s", bpe[k]);
+        dp_test_write_file(in_tmp(dst), bytes, len);
+        free(bytes);
+    }
+    result t = RUN("--tokenizer-file", "@tok/encoder.json", "--steps", "1", "--trace",
+                   "@tok/vocab.bpe");
+    assert_refused(&t, "--trace", "--tokenizer-file");
+    dp_test_result_free(&t);
     cr_assert_eq(mkfifo(in_tmp("fifo"), 0644), 0);
     result g = RUN("--init-from", "@hf", "--steps", "1", "--save", "@fifo");
     assert_refused(&g, "--save", "is a FIFO");

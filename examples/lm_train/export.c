@@ -48,6 +48,9 @@ int check_export_path(const char *dir)
         return check_export_files(dir);
     }
     if (errno != ENOENT) return cli_fail("--export-hf %s: %s", dir, strerror(errno));
+    if (lstat(dir, &sb) == 0) /* a symbolic link to nothing: mkdir would fail at the end */
+        return cli_fail("--export-hf %s is a symbolic link to a path that does not exist; give "
+                        "a directory, or create its target", dir);
     /* It will be made at the end: its parent must be there now. */
     char *parent = strdup(dir);
     if (!parent) return cli_fail("out of host memory");

@@ -138,8 +138,9 @@ static int open_log(run *r)
         json_t *row = whole ? json_loads(line, 0, NULL) : NULL;
         json_t *step = row ? json_object_get(row, "step") : NULL;
         int is_row = step && json_is_integer(step);
-        /* a row cut by a kill is at least its opening brace */
-        if ((whole && !is_row) || (!whole && line[0] != '{')) foreign = line_no;
+        /* a row cut by a kill is at least its opening brace, after rows
+         * (a JSON file without a final newline is one line that is none) */
+        if ((whole && !is_row) || (!whole && (line[0] != '{' || line_no == 1))) foreign = line_no;
         else if (is_row && json_integer_value(step) <= r->step) {
             fputs(line, mem);
             rows++;

@@ -128,7 +128,8 @@ static int init_config(const char *init_from, char **out)
  * be written (their directories, their temporary files' names), and no
  * output is the same file as an input (--data's, or one of a data
  * directory's files: its *.bin for token data; --resume, which --save may
- * replace; --tokenizer-file; --init-from's weights and config.json, or
+ * replace; --tokenizer-file, with vocab.bpe beside an encoder.json;
+ * --init-from's weights and config.json, or
  * any file of its directory) or as another output (--export-hf's two
  * files included). */
 static int check_outputs(const run *r, const char *data)
@@ -138,15 +139,28 @@ static int check_outputs(const run *r, const char *data)
     if (o->trace && cli_check_output("--trace", o->trace)) return 1;
     char *ex_model = o->export_hf ? export_file(o->export_hf, "model.safetensors") : NULL;
     char *ex_config = o->export_hf ? export_file(o->export_hf, "config.json") : NULL;
-    char *in_config = NULL;
+    char *in_config = NULL, *tok_merges = NULL;
+    /* encoder.json's merges: vocab.bpe beside it (a directory's files are
+     * all inputs already) */
+    struct stat sb;
+    if (o->tokenizer_file && stat(o->tokenizer_file, &sb) == 0 && !S_ISDIR(sb.st_mode)) {
+        const char *slash = strrchr(o->tokenizer_file, '/');
+        char *dir = slash ? strndup(o->tokenizer_file, (size_t)(slash - o->tokenizer_file) +
+                                                          (slash == o->tokenizer_file))
+                          : strdup(".");
+        tok_merges = dir ? export_file(dir, "vocab.bpe") : NULL;
+        free(dir);
+        if (!tok_merges) return cli_fail("out of host memory");
+    }
     if (init_config(o->init_from, &in_config) || (o->export_hf && (!ex_model || !ex_config))) {
-        free(ex_model), free(ex_config), free(in_config);
+        free(ex_model), free(ex_config), free(in_config), free(tok_merges);
         return cli_fail("out of host memory");
     }
     const cli_file files[] = {
         {"--data", data, 0, r->is_tokens ? ".bin" : NULL, NULL},
         {"--resume", o->resume, 0, NULL, NULL},
         {"--tokenizer-file", o->tokenizer_file, 0, NULL, NULL},
+        {"--tokenizer-file", tok_merges, 0, NULL, NULL},
         {"--init-from", o->init_from, 0, NULL, NULL},
         {"--init-from", in_config, 0, NULL, NULL},
         {"--save", o->save, 1, NULL, "--resume"},
@@ -156,7 +170,7 @@ static int check_outputs(const run *r, const char *data)
         {"--export-hf", ex_config, 1, NULL, NULL},
     };
     int rc = cli_check_overlaps(files, sizeof files / sizeof files[0]);
-    free(ex_model), free(ex_config), free(in_config);
+    free(ex_model), free(ex_config), free(in_config), free(tok_merges);
     return rc;
 }
 
