@@ -72,6 +72,7 @@ static int write_ids(const char *path, size_t n, uint64_t seed)
     }
     dp_atomic_file *af = NULL;
     if (dp_atomic_file_open(path, &af) != DP_OK) return die_dp(path);
+    cli_guard_temp(af, path); /* a signal removes the temporary file */
     enum { CHUNK = 1 << 20 };
     static unsigned char buf[2 * CHUNK];
     dp_rng rng;
@@ -85,11 +86,14 @@ static int write_ids(const char *path, size_t n, uint64_t seed)
         }
         if (dp_atomic_file_write(af, buf, 2 * k) != DP_OK) {
             dp_atomic_file_abort(af);
+            cli_guard_temp(NULL, NULL);
             return die_dp(path);
         }
         done += k;
     }
-    return dp_atomic_file_commit(af) != DP_OK ? die_dp(path) : 0;
+    int rc = dp_atomic_file_commit(af) != DP_OK ? die_dp(path) : 0;
+    cli_guard_temp(NULL, NULL);
+    return rc;
 }
 
 /* Appends the ids of path to out[*n..) as int32. */

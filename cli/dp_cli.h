@@ -300,6 +300,15 @@ int cli_check_input(const char *flag, const char *path);
  * or 1 after one line with the reason (e.g. "No space left on device"). */
 int cli_check_stream(FILE *f, const char *what);
 
+/* While af (the one file the program is writing through the atomic
+ * writer) is open, a signal that would kill the program (INT, TERM, HUP,
+ * QUIT, PIPE, XFSZ, ALRM, VTALRM, USR1, USR2) first removes af's
+ * temporary file (nothing else would: its name holds this pid) and
+ * prints "<program>: stopped by a signal; <what> was left as it was",
+ * then kills it as before. cli_guard_temp(NULL, NULL) after the commit or
+ * abort disarms it (the handlers stay, then only printing and dying). */
+void cli_guard_temp(const dp_atomic_file *af, const char *what);
+
 // --- time ---------------------------------------------------------------------------
 
 /* Seconds on the monotonic clock. */

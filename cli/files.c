@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -256,6 +257,46 @@ int cli_check_input(const char *flag, const char *path)
     if (fd < 0) return 1;
     close(fd);
     return 0;
+}
+
+// --- a temporary file removed by a fatal signal -----------------------------------------
+
+static char guard_path[4096], guard_msg[512];
+static volatile sig_atomic_t guard_set;
+static size_t guard_msg_len;
+
+static void on_fatal_signal(int sig)
+{
+    if (guard_set) {
+        unlink(guard_path);
+        ssize_t w = write(STDERR_FILENO, guard_msg, guard_msg_len);
+        (void)w;
+    }
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+void cli_guard_temp(const dp_atomic_file *af, const char *what)
+{
+    guard_set = 0;
+    const char *t = af ? dp_atomic_file_temp_path(af) : NULL;
+    if (!t || strlen(t) >= sizeof guard_path) return;
+    memcpy(guard_path, t, strlen(t) + 1);
+    int n = snprintf(guard_msg, sizeof guard_msg, "%s: stopped by a signal; %s was left as it was\n",
+                     cli_program(), what ? what : "the output");
+    guard_msg_len = n < 0 ? 0 : (size_t)n < sizeof guard_msg ? (size_t)n : sizeof guard_msg - 1;
+    static int installed;
+    if (!installed) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_fatal_signal;
+        sigemptyset(&sa.sa_mask);
+        static const int sigs[] = {SIGINT,  SIGTERM, SIGHUP,    SIGQUIT, SIGPIPE,
+                                   SIGXFSZ, SIGALRM, SIGVTALRM, SIGUSR1, SIGUSR2};
+        for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) sigaction(sigs[i], &sa, NULL);
+        installed = 1;
+    }
+    guard_set = 1;
 }
 
 // --- streams --------------------------------------------------------------------------

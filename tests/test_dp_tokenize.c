@@ -518,7 +518,7 @@ static int temp_files_of(int written)
 
 static int temp_files(void) { return temp_files_of(0); }
 
-/* SIGINT or SIGTERM while the shard is being written: the process dies of
+/* A fatal signal while the shard is being written: the process dies of
  * the signal after one line, its temporary file removed (nothing else
  * would remove it: its name holds the dead pid), the earlier output kept.
  * The signal is sent once the shard's temporary file holds its header, so
@@ -533,8 +533,9 @@ Test(dp_tokenize, a_signal_removes_the_temporary_file, .timeout = 120)
     dp_test_write_file(in_tmp("big.txt"), text, len);
     free(text);
     dp_test_write_file(in_tmp("out.bin"), "earlier", 7);
-    const int sigs[] = {SIGINT, SIGTERM};
-    for (int s = 0; s < 2; s++) {
+    /* a closed pipe and a file-size limit kill by signal too */
+    const int sigs[] = {SIGINT, SIGTERM, SIGPIPE, SIGXFSZ};
+    for (int s = 0; s < 4; s++) {
         const char *args[] = {"--tokenizer-file", tok_json, "--out", "@out.bin", "@big.txt"};
         char *argv[16], err[300];
         size_t argc = dp_test_argv(argv, 16, 0, NULL, DP_TOKENIZE_PATH, NULL, 0, args, 5, tmpdir);

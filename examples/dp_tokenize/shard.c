@@ -3,8 +3,6 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
-#include <signal.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -12,6 +10,7 @@
 #include <dp/atomic_file.h>
 #include <dp/data.h>
 
+#include "dp_cli.h"
 #include "report.h"
 #include "shard.h"
 
@@ -22,37 +21,6 @@ struct tok_shard {
     unsigned char *buf;  /* little-endian uint16 staging */
     size_t buf_cap;      /* ids it holds */
 };
-
-/* The open shard's temporary file, for the signal handler: a run stopped
- * by SIGINT, SIGTERM or SIGHUP removes it (nothing else would: its name
- * holds this process's pid) and says so, then dies of the signal. */
-static char tmp_path[4096];
-static volatile sig_atomic_t tmp_set;
-
-static void on_signal(int sig)
-{
-    if (tmp_set) unlink(tmp_path);
-    static const char msg[] = "dp_tokenize: stopped by a signal; --out was left as it was\n";
-    ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
-    (void)w;
-    signal(sig, SIG_DFL);
-    raise(sig);
-}
-
-/* Arms the handler for the temporary file of af (when its name fits). */
-static void guard_temp(dp_atomic_file *af)
-{
-    const char *t = dp_atomic_file_temp_path(af);
-    if (!t || strlen(t) >= sizeof tmp_path) return;
-    memcpy(tmp_path, t, strlen(t) + 1);
-    tmp_set = 1;
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigemptyset(&sa.sa_mask);
-    static const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
-    for (int i = 0; i < 3; i++) sigaction(sigs[i], &sa, NULL);
-}
 
 static void put_le32(unsigned char *b, uint32_t v)
 {
@@ -85,7 +53,7 @@ int tok_shard_open(const char *path, tok_shard **out)
         free(s);
         return rc;
     }
-    guard_temp(s->af);
+    cli_guard_temp(s->af, "--out");
     // A zero count for now: the real header is written at the end.
     unsigned char h[DP_LLMC_HEADER_BYTES];
     header(h, 0);
@@ -140,7 +108,7 @@ int tok_shard_commit(tok_shard *s)
     int rc = 0;
     if (dp_atomic_file_commit(s->af) != DP_OK)
         rc = tok_fail("cannot complete '%s': %s", s->path, strerror(errno));
-    tmp_set = 0; /* renamed, or removed by the commit */
+    cli_guard_temp(NULL, NULL); /* renamed, or removed by the commit */
     free(s->buf);
     free(s->path);
     free(s);
@@ -151,7 +119,7 @@ void tok_shard_abort(tok_shard *s)
 {
     if (!s) return;
     dp_atomic_file_abort(s->af);
-    tmp_set = 0;
+    cli_guard_temp(NULL, NULL);
     free(s->buf);
     free(s->path);
     free(s);

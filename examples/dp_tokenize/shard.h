@@ -7,8 +7,8 @@
  * The file goes through dp's atomic writer: the ids stream into a
  * temporary file beside the target, the header is written last (its count
  * known), and only a complete file is renamed into place; on any failure
- * the target is left as it was, and a run stopped by SIGINT, SIGTERM or
- * SIGHUP removes the temporary file before it dies.
+ * the target is left as it was, and a run stopped by a signal removes
+ * the temporary file before it dies (cli_guard_temp).
  */
 #ifndef DP_TOKENIZE_SHARD_H
 #define DP_TOKENIZE_SHARD_H
