@@ -305,7 +305,8 @@ int cli_check_stream(FILE *f, const char *what);
  * QUIT, PIPE, XFSZ, ALRM, VTALRM, USR1, USR2) first removes af's
  * temporary file (nothing else would: its name holds this pid) and
  * prints "<program>: stopped by a signal; <what> was left as it was",
- * then kills it as before. cli_guard_temp(NULL, NULL) after the commit or
+ * then kills it as before; a signal ignored when the program started
+ * stays ignored. cli_guard_temp(NULL, NULL) after the commit or
  * abort disarms it (the handlers stay, then only printing and dying). */
 void cli_guard_temp(const dp_atomic_file *af, const char *what);
 

@@ -293,7 +293,13 @@ void cli_guard_temp(const dp_atomic_file *af, const char *what)
         sigemptyset(&sa.sa_mask);
         static const int sigs[] = {SIGINT,  SIGTERM, SIGHUP,    SIGQUIT, SIGPIPE,
                                    SIGXFSZ, SIGALRM, SIGVTALRM, SIGUSR1, SIGUSR2};
-        for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) sigaction(sigs[i], &sa, NULL);
+        /* a signal the program was started with ignored (nohup's HUP, a
+         * parent's SIGXFSZ to see EFBIG) stays ignored */
+        for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) {
+            struct sigaction old;
+            if (sigaction(sigs[i], NULL, &old) == 0 && old.sa_handler == SIG_IGN) continue;
+            sigaction(sigs[i], &sa, NULL);
+        }
         installed = 1;
     }
     guard_set = 1;
