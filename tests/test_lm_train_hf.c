@@ -126,6 +126,14 @@ static void assert_refused(const result *r, const char *a, const char *b)
               "want one line with \"%s\"%s%s:\n%s", a, b ? " and " : "", b ? b : "", r->err);
 }
 
+/* The run of the given arguments is refused (assert_refused: a, b). */
+#define REFUSED(a, b, ...)                                                                 \
+    do {                                                                                   \
+        result r_ = RUN(__VA_ARGS__);                                                      \
+        assert_refused(&r_, a, b);                                                         \
+        dp_test_result_free(&r_);                                                          \
+    } while (0)
+
 /* The "val_loss X" line's text, malloc'd. */
 static char *val_loss_line(const result *r)
 {
@@ -285,31 +293,24 @@ Test(lm_hf, outputs_over_the_weights_or_the_export_are_refused)
 {
     size_t n0 = 0;
     unsigned char *weights = dp_test_read_file(in_tmp("hf/model.safetensors"), &n0);
-    result a = RUN("--init-from", "@bare/model.safetensors", "--heads", "2", "--steps", "1",
-                   "--log", "@bare/model.safetensors");
-    assert_refused(&a, "--log", "--init-from");
-    dp_test_result_free(&a);
-    result b = RUN("--init-from", "@hf", "--steps", "1", "--save", "@hf/model.safetensors");
-    assert_refused(&b, "--save", "--init-from");
-    dp_test_result_free(&b);
-    result c = RUN("--init-from", "@hf/model.safetensors", "--steps", "1", "--trace",
-                   "@hf/config.json");
-    assert_refused(&c, "--trace", "--init-from");
-    dp_test_result_free(&c);
-    result d = RUN("--init-from", "@hf", "--steps", "1", "--export-hf", "@hf");
-    assert_refused(&d, "--export-hf", "--init-from");
-    dp_test_result_free(&d);
+    REFUSED("--log", "--init-from",
+            "--init-from", "@bare/model.safetensors", "--heads", "2", "--steps", "1", "--log",
+            "@bare/model.safetensors");
+    REFUSED("--save", "--init-from",
+            "--init-from", "@hf", "--steps", "1", "--save", "@hf/model.safetensors");
+    REFUSED("--trace", "--init-from",
+            "--init-from", "@hf/model.safetensors", "--steps", "1", "--trace", "@hf/config.json");
+    REFUSED("--export-hf", "--init-from",
+            "--init-from", "@hf", "--steps", "1", "--export-hf", "@hf");
     cr_assert_eq(mkdir(in_tmp("ex"), 0755), 0);
     dp_test_write_file(in_tmp("ex/model.safetensors"), "keep", 4);
-    result e = RUN("--init-from", "@hf", "--steps", "1", "--save", "@ex/model.safetensors",
-                   "--export-hf", "@ex");
-    assert_refused(&e, "--export-hf", "--save");
-    dp_test_result_free(&e);
+    REFUSED("--export-hf", "--save",
+            "--init-from", "@hf", "--steps", "1", "--save", "@ex/model.safetensors",
+            "--export-hf", "@ex");
     dp_test_write_file(in_tmp("ex/config.json"), "text", 4);
-    result f = RUN("--init-from", "@hf", "--steps", "1", "--data", "@ex/config.json",
-                   "--export-hf", "@ex");
-    assert_refused(&f, "--export-hf", "--data");
-    dp_test_result_free(&f);
+    REFUSED("--export-hf", "--data",
+            "--init-from", "@hf", "--steps", "1", "--data", "@ex/config.json", "--export-hf",
+            "@ex");
     /* encoder.json's merges beside it are an input too */
     cr_assert_eq(mkdir(in_tmp("tok"), 0755), 0);
     static const char *const bpe[] = {"encoder.json", "vocab.bpe"};
@@ -325,14 +326,11 @@ Test(lm_hf, outputs_over_the_weights_or_the_export_are_refused)
         dp_test_write_file(in_tmp(dst), bytes, len);
         free(bytes);
     }
-    result t = RUN("--tokenizer-file", "@tok/encoder.json", "--steps", "1", "--trace",
-                   "@tok/vocab.bpe");
-    assert_refused(&t, "--trace", "--tokenizer-file");
-    dp_test_result_free(&t);
+    REFUSED("--trace", "--tokenizer-file",
+            "--tokenizer-file", "@tok/encoder.json", "--steps", "1", "--trace", "@tok/vocab.bpe");
     cr_assert_eq(mkfifo(in_tmp("fifo"), 0644), 0);
-    result g = RUN("--init-from", "@hf", "--steps", "1", "--save", "@fifo");
-    assert_refused(&g, "--save", "is a FIFO");
-    dp_test_result_free(&g);
+    REFUSED("--save", "is a FIFO",
+            "--init-from", "@hf", "--steps", "1", "--save", "@fifo");
     size_t n1 = 0, n2 = 0, n3 = 0;
     unsigned char *now = dp_test_read_file(in_tmp("hf/model.safetensors"), &n1);
     cr_assert(n1 == n0 && memcmp(now, weights, n0) == 0, "the pretrained weights changed");
