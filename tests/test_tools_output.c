@@ -1,6 +1,7 @@
 /*
- * The small programs' command lines and standard output, as a user runs
- * them (the built binaries): a figure or a help text that cannot reach
+ * The small programs' command lines and standard output (the benches,
+ * the two embedding examples, and lm_train's and dp_tokenize's --help),
+ * as a user runs them (the built binaries): a figure or a help text that cannot reach
  * standard output (/dev/full) fails the program with one line naming it,
  * never exit 0; gemm_bench's and attention_bench's values are parsed
  * strictly (junk, zero, negative and absurd sizes refused with a message);
@@ -19,7 +20,8 @@
 #include "dp_test_spawn.h"
 
 #if !defined(GEMM_BENCH_PATH) || !defined(ATTENTION_BENCH_PATH) ||                         \
-    !defined(TOKEN_DATA_BENCH_PATH) || !defined(LM_TRAIN_PATH) || !defined(DP_TOKENIZE_PATH)
+    !defined(TOKEN_DATA_BENCH_PATH) || !defined(LM_TRAIN_PATH) || !defined(DP_TOKENIZE_PATH) || \
+    !defined(MLP_CLASSIFIER_PATH) || !defined(REGRESSION_PATH)
 #error "the programs' paths must be defined by the build"
 #endif
 
@@ -71,8 +73,15 @@ Test(tools, a_full_standard_output_fails_every_program)
                               "--reps", "1");
     assert_fails(&b, 1, "attention_bench: cannot write the figures to standard output");
     dp_test_result_free(&b);
+    dp_test_result c = RUN_TO(MLP_CLASSIFIER_PATH, "/dev/full", "--steps", "200");
+    assert_fails(&c, 1, "mlp_classifier: cannot write standard output");
+    dp_test_result_free(&c);
+    dp_test_result d = RUN_TO(REGRESSION_PATH, "/dev/full", "--steps", "300");
+    assert_fails(&d, 1, "regression: cannot write standard output");
+    dp_test_result_free(&d);
     const char *progs[] = {GEMM_BENCH_PATH, ATTENTION_BENCH_PATH, TOKEN_DATA_BENCH_PATH,
-                           LM_TRAIN_PATH, DP_TOKENIZE_PATH};
+                           LM_TRAIN_PATH,   DP_TOKENIZE_PATH,     MLP_CLASSIFIER_PATH,
+                           REGRESSION_PATH};
     for (size_t i = 0; i < sizeof progs / sizeof progs[0]; i++) {
         dp_test_result h = RUN_TO(progs[i], "/dev/full", "--help");
         assert_fails(&h, 1, "cannot write the help to standard output");
@@ -83,7 +92,7 @@ Test(tools, a_full_standard_output_fails_every_program)
     }
 }
 
-Test(tools, bench_values_are_parsed_strictly)
+Test(tools, values_are_parsed_strictly)
 {
     static const char *const bad[][3] = {
         {"--shape", "-1,2,2,1", "--shape: \"-1\""},
@@ -99,6 +108,18 @@ Test(tools, bench_values_are_parsed_strictly)
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         dp_test_result r = RUN_TO(ATTENTION_BENCH_PATH, NULL, bad[i][0], bad[i][1]);
         assert_fails(&r, 2, bad[i][2]);
+        dp_test_result_free(&r);
+    }
+    static const char *const ex[][4] = {
+        {REGRESSION_PATH, "--steps", "5abc", "--steps: \"5abc\""},
+        {REGRESSION_PATH, "--steps", "99999999999999999999", "--steps: \"9999"},
+        {REGRESSION_PATH, "--mode", "junk", "--mode: \"junk\" is not balanced or gather"},
+        {MLP_CLASSIFIER_PATH, "--steps", "0", "--steps: \"0\""},
+        {MLP_CLASSIFIER_PATH, "extra", "args", "unexpected argument \"extra\""},
+    };
+    for (size_t i = 0; i < sizeof ex / sizeof ex[0]; i++) {
+        dp_test_result r = RUN_TO(ex[i][0], NULL, ex[i][1], ex[i][2]);
+        assert_fails(&r, 2, ex[i][3]);
         dp_test_result_free(&r);
     }
     dp_test_result g = RUN_TO(GEMM_BENCH_PATH, NULL, "--size", "12x");

@@ -16,6 +16,8 @@
 
 #include <dp/dp.h>
 
+#include "dp_cli.h"
+
 #include "mlp.h"
 
 enum { D = 16, H = 64, K = 8, ROWS = 256, TEST_ROWS = 512 };
@@ -78,20 +80,17 @@ int main(int argc, char **argv)
                                          {"bf16", no_argument, 0, 'b'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
+    cli_set_program("mlp_classifier");
+    static const char usage[] = "usage: mlp_classifier [--devices LIST (default cpu:2)] "
+                                "[--steps N (default 200)] [--bf16]\n";
     for (int c; (c = getopt_long(argc, argv, "d:s:bh", opts, NULL)) != -1;) {
         if (c == 'd') devices = optarg;
-        else if (c == 's') steps = strtol(optarg, NULL, 10);
+        else if (c == 's' && cli_parse_long("--steps", optarg, 1, 1000000, &steps)) return 2;
         else if (c == 'b') bf16 = 1;
-        else {
-            printf("usage: %s [--devices LIST (default cpu:2)] [--steps N (default 200)] "
-                   "[--bf16]\n", argv[0]);
-            return c == 'h' ? 0 : 2;
-        }
+        else if (c == 'h') return fputs(usage, stdout), cli_check_stream(stdout, "the help to standard output");
+        else if (c != 's') return fputs(usage, stderr), 2; /* getopt named the option */
     }
-    if (steps < 1) {
-        fprintf(stderr, "mlp_classifier: --steps must be a positive integer\n");
-        return 2;
-    }
+    if (optind < argc) return cli_fail("unexpected argument \"%s\" (see --help)", argv[optind]) + 1;
 
     dp_device_spec specs[DP_MAX_DEVICES];
     size_t k = 0;
@@ -149,5 +148,5 @@ int main(int argc, char **argv)
         fprintf(stderr, "mlp_classifier: accuracy %.3f is below 0.9\n", acc);
         return 1;
     }
-    return 0;
+    return cli_check_stream(stdout, "standard output");
 }

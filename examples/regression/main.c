@@ -15,6 +15,8 @@
 
 #include <dp/dp.h>
 
+#include "dp_cli.h"
+
 #include "linreg.h"
 
 enum { D = 8, O = 2, ROWS = 512 };
@@ -104,21 +106,19 @@ int main(int argc, char **argv)
                                          {"steps", required_argument, 0, 's'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
+    cli_set_program("regression");
+    static const char usage[] = "usage: regression [--devices LIST (default cpu:2)] "
+                                "[--mode balanced|gather] [--steps N (default 300)]\n";
     for (int c; (c = getopt_long(argc, argv, "d:m:s:h", opts, NULL)) != -1;) {
         if (c == 'd') devices = optarg;
         else if (c == 'm' && strcmp(optarg, "balanced") == 0) mode = DP_MODE_BALANCED;
         else if (c == 'm' && strcmp(optarg, "gather") == 0) mode = DP_MODE_GATHER;
-        else if (c == 's') steps = strtol(optarg, NULL, 10);
-        else {
-            printf("usage: %s [--devices LIST (default cpu:2)] [--mode balanced|gather] "
-                   "[--steps N (default 300)]\n", argv[0]);
-            return c == 'h' ? 0 : 2;
-        }
+        else if (c == 'm') return cli_fail("--mode: \"%s\" is not balanced or gather", optarg) + 1;
+        else if (c == 's' && cli_parse_long("--steps", optarg, 1, 1000000, &steps)) return 2;
+        else if (c == 'h') return fputs(usage, stdout), cli_check_stream(stdout, "the help to standard output");
+        else if (c != 's') return fputs(usage, stderr), 2; /* getopt named the option */
     }
-    if (steps < 1) {
-        fprintf(stderr, "regression: --steps must be a positive integer\n");
-        return 2;
-    }
+    if (optind < argc) return cli_fail("unexpected argument \"%s\" (see --help)", argv[optind]) + 1;
     dp_device_spec specs[DP_MAX_DEVICES];
     size_t k = 0;
     if (dp_device_list_parse(devices, specs, DP_MAX_DEVICES, &k) != DP_OK) return die("--devices");
@@ -176,5 +176,5 @@ int main(int argc, char **argv)
         return 1;
     }
     printf("converged to the least-squares optimum\n");
-    return 0;
+    return cli_check_stream(stdout, "standard output");
 }
