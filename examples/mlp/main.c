@@ -87,10 +87,12 @@ int main(int argc, char **argv)
         if (c == 'd') devices = optarg;
         else if (c == 's' && cli_parse_long("--steps", optarg, 1, 1000000, &steps)) return 2;
         else if (c == 'b') bf16 = 1;
-        else if (c == 'h') return fputs(usage, stdout), cli_check_stream(stdout, "the help to standard output");
+        else if (c == 'h')
+            return fputs(usage, stdout), cli_check_stream(stdout, "the help to standard output");
         else if (c != 's') return fputs(usage, stderr), 2; /* getopt named the option */
     }
-    if (optind < argc) return cli_fail("unexpected argument \"%s\" (see --help)", argv[optind]) + 1;
+    if (optind < argc)
+        return cli_fail("unexpected argument \"%s\" (see --help)", argv[optind]) + 1;
 
     dp_device_spec specs[DP_MAX_DEVICES];
     size_t k = 0;

@@ -113,12 +113,15 @@ int main(int argc, char **argv)
         if (c == 'd') devices = optarg;
         else if (c == 'm' && strcmp(optarg, "balanced") == 0) mode = DP_MODE_BALANCED;
         else if (c == 'm' && strcmp(optarg, "gather") == 0) mode = DP_MODE_GATHER;
-        else if (c == 'm') return cli_fail("--mode: \"%s\" is not balanced or gather", optarg) + 1;
+        else if (c == 'm')
+            return cli_fail("--mode: \"%s\" is not balanced or gather", optarg) + 1;
         else if (c == 's' && cli_parse_long("--steps", optarg, 1, 1000000, &steps)) return 2;
-        else if (c == 'h') return fputs(usage, stdout), cli_check_stream(stdout, "the help to standard output");
+        else if (c == 'h')
+            return fputs(usage, stdout), cli_check_stream(stdout, "the help to standard output");
         else if (c != 's') return fputs(usage, stderr), 2; /* getopt named the option */
     }
-    if (optind < argc) return cli_fail("unexpected argument \"%s\" (see --help)", argv[optind]) + 1;
+    if (optind < argc)
+        return cli_fail("unexpected argument \"%s\" (see --help)", argv[optind]) + 1;
     dp_device_spec specs[DP_MAX_DEVICES];
     size_t k = 0;
     if (dp_device_list_parse(devices, specs, DP_MAX_DEVICES, &k) != DP_OK) return die("--devices");
