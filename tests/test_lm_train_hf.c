@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -356,7 +357,8 @@ static int entries(const char *dir)
 
 /* dp_gpt_export_hf writes both files or neither: when model.safetensors
  * cannot be written (a directory in its place), an earlier export's
- * config.json stays as it was and no temporary file is left. */
+ * config.json stays as it was and no temporary file is left; a directory
+ * the failed export made is removed. */
 Test(lm_hf, a_failed_export_leaves_the_earlier_pair)
 {
     cr_assert_eq(mkdir(in_tmp("pair"), 0755), 0);
@@ -373,6 +375,15 @@ Test(lm_hf, a_failed_export_leaves_the_earlier_pair)
     unsigned char *config = dp_test_read_file(in_tmp("pair/config.json"), &n);
     cr_assert(n == 3 && memcmp(config, "old", 3) == 0, "config.json was replaced alone");
     cr_assert_eq(entries(in_tmp("pair")), 2, "a temporary file was left");
+    /* a directory the call made is removed again (the model's write fails
+     * past a 4 KiB file-size limit) */
+    struct rlimit old;
+    dp_test_limit_file_size(4096, &old);
+    dp_status made = dp_gpt_export_hf(in_tmp("made"), g, p);
+    cr_assert_eq(setrlimit(RLIMIT_FSIZE, &old), 0);
+    cr_assert_eq(made, DP_ERR_IO, "%s", dp_last_error());
+    struct stat sb;
+    cr_assert_neq(stat(in_tmp("made"), &sb), 0, "the directory the export made was left");
     free(config);
     free(p);
     dp_gpt_destroy(g);

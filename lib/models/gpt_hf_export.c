@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <jansson.h>
 
@@ -115,10 +116,12 @@ dp_status dp_gpt_export_hf(const char *dir, const dp_gpt *gpt, const float *para
     if (!dir || !*dir || !gpt || !params)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "dir, gpt and params must not be NULL or empty");
     struct stat sb;
+    int made = 0; /* the directory is this call's: removed again on failure */
     if (stat(dir, &sb) != 0) {
         if (errno != ENOENT || mkdir(dir, 0777) != 0)
             return DP_FAIL(DP_ERR_IO, "cannot create the directory '%s': %s", dir,
                            strerror(errno));
+        made = 1;
     } else if (!S_ISDIR(sb.st_mode)) {
         return DP_FAIL(DP_ERR_IO, "'%s' exists and is not a directory; give a directory to "
                        "write model.safetensors and config.json into", dir);
@@ -140,5 +143,6 @@ dp_status dp_gpt_export_hf(const char *dir, const dp_gpt *gpt, const float *para
     if (s == DP_OK) s = dp_atomic_file_commit(config);
     else dp_atomic_file_abort(config);
     free(path);
+    if (s != DP_OK && made) rmdir(dir); /* empty again: the temporary files are gone */
     return s;
 }
