@@ -1298,6 +1298,38 @@ Test(lm_train, output_names_too_long_for_their_temporary_files_fail_before_train
 
 // --- writes that fail -------------------------------------------------------------------
 
+/* An existing --log that is not an lm_train log, or a FIFO, is refused
+ * before any work (nothing printed on stdout: no data loaded), with one
+ * line, and the file keeps its bytes; the run's own log is taken. */
+Test(lm_train, a_log_that_is_not_one_is_refused_before_any_work)
+{
+    static const char notes[] = "my notes\nsecond line\n";
+    write_file("notes.txt", notes, sizeof notes - 1);
+    char p[256];
+    path_in(p, sizeof p, "pipe");
+    cr_assert_eq(mkfifo(p, 0600), 0);
+    static const char *const logs[][2] = {{"@notes.txt", "line 1 is not a row"},
+                                          {"@pipe", "a FIFO; give a regular file"}};
+    for (int i = 0; i < 2; i++) {
+        result r = RUN("--steps", "2", "--log", logs[i][0]);
+        cr_assert(WIFEXITED(r.status) && WEXITSTATUS(r.status) != 0, "not refused:\n%s", r.out);
+        cr_assert(strstr(r.err, logs[i][1]) && dp_test_count(r.err, "\n") == 1, "%s", r.err);
+        cr_assert_eq(r.out[0], '\0', "work began before the refusal:\n%s", r.out);
+        result_free(&r);
+    }
+    size_t n = 0;
+    path_in(p, sizeof p, "notes.txt");
+    unsigned char *kept = dp_test_read_file(p, &n);
+    cr_assert(n == sizeof notes - 1 && memcmp(kept, notes, n) == 0, "notes.txt changed");
+    free(kept);
+    result g = RUN("--steps", "2", "--log", "@own.jsonl");
+    assert_success(&g, "a new log");
+    result_free(&g);
+    result h = RUN("--steps", "2", "--log", "@own.jsonl");
+    assert_success(&h, "its own log again");
+    result_free(&h);
+}
+
 /* --log on a full disk (/dev/full): the first row's write fails, the run
  * stops at once, saves the step it trained and says both. */
 Test(lm_train, a_log_that_cannot_be_written_stops_the_run_after_saving)

@@ -100,39 +100,39 @@ static void cut_log(run *r)
     close(nul);
 }
 
-/* Opens --log. A resumed run keeps the rows up to the checkpoint's step and
- * drops the later ones (written by the run that went past the checkpoint
- * before it stopped), so every step appears once; a last line cut off by
- * a kill is dropped too. A fresh run starts the file anew. Either way an
- * existing file that is not such a log (a complete line that is not a
+/* The rows of an existing --log to keep: those with a step up to `upto`
+ * into *kept (malloc'd, *kept_len bytes; NULL when none), counted in
+ * *rows, the later ones (and a last row cut off by a kill) in *dropped.
+ * An existing file that is not such a log (a complete line that is not a
  * row with a step: the training text, a checkpoint named by mistake) is
- * refused before anything of it is lost. */
-static int open_log(run *r)
+ * refused before anything of it is lost; so is a FIFO or a socket. A
+ * missing file or a character device (/dev/null) has no rows. 0, or 1
+ * after a message. */
+static int read_log(const char *path, long upto, char **kept, size_t *kept_len, size_t *rows,
+                    size_t *dropped)
 {
-    const char *path = r->o.log;
-    if (!path) return 0;
-    /* The rows to keep: from a regular file only (a FIFO would block). */
+    *kept = NULL;
+    *kept_len = *rows = *dropped = 0;
     struct stat sb;
-    FILE *in = NULL;
-    if (stat(path, &sb) == 0 && S_ISREG(sb.st_mode)) {
-        int fd = cli_open_input("--log", path);
-        if (fd < 0) return 1;
-        if (!(in = fdopen(fd, "r"))) {
-            close(fd);
-            return cli_fail("--log %s: %s", path, strerror(errno));
-        }
+    if (stat(path, &sb) != 0 || S_ISCHR(sb.st_mode)) return 0;
+    if (!S_ISREG(sb.st_mode))
+        return cli_fail("--log %s: a %s; give a regular file", path, dp_file_kind(sb.st_mode));
+    int fd = cli_open_input("--log", path);
+    if (fd < 0) return 1;
+    FILE *in = fdopen(fd, "r");
+    if (!in) {
+        close(fd);
+        return cli_fail("--log %s: %s", path, strerror(errno));
     }
-    char *kept = NULL;
-    size_t kept_len = 0, dropped = 0, rows = 0;
-    FILE *mem = in ? open_memstream(&kept, &kept_len) : NULL;
-    if (in && !mem) {
+    FILE *mem = open_memstream(kept, kept_len);
+    if (!mem) {
         fclose(in);
         return cli_fail("out of host memory");
     }
     char *line = NULL;
     size_t cap = 0, line_no = 0, foreign = 0;
     ssize_t got;
-    while (in && !foreign && (got = getline(&line, &cap, in)) > 0) {
+    while (!foreign && (got = getline(&line, &cap, in)) > 0) {
         line_no++;
         int whole = line[got - 1] == '\n';
         json_t *row = whole ? json_loads(line, 0, NULL) : NULL;
@@ -141,25 +141,48 @@ static int open_log(run *r)
         /* a row cut by a kill is at least its opening brace, after rows
          * (a JSON file without a final newline is one line that is none) */
         if ((whole && !is_row) || (!whole && (line[0] != '{' || line_no == 1))) foreign = line_no;
-        else if (is_row && json_integer_value(step) <= r->step) {
+        else if (is_row && json_integer_value(step) <= upto) {
             fputs(line, mem);
-            rows++;
+            (*rows)++;
         } else {
-            dropped++;
+            (*dropped)++;
         }
         json_decref(row);
     }
     free(line);
-    if (in) {
-        fclose(in);
-        fclose(mem);
-    }
-    if (foreign) {
-        free(kept);
-        return cli_fail("--log %s: line %zu is not a row of an lm_train log (a JSON object "
-                        "with a step), so the file is not one and would be lost; give a new "
-                        "path or the run's own log", path, foreign);
-    }
+    fclose(in);
+    fclose(mem);
+    if (!foreign) return 0;
+    free(*kept);
+    *kept = NULL;
+    return cli_fail("--log %s: line %zu is not a row of an lm_train log (a JSON object with a "
+                    "step), so the file is not one and would be lost; give a new path or the "
+                    "run's own log", path, foreign);
+}
+
+int check_log(const opts *o)
+{
+    if (!o->log || o->eval_only) return 0;
+    char *kept = NULL;
+    size_t len, rows, dropped;
+    int rc = read_log(o->log, -1, &kept, &len, &rows, &dropped);
+    free(kept);
+    return rc;
+}
+
+/* Opens --log. A resumed run keeps the rows up to the checkpoint's step and
+ * drops the later ones (written by the run that went past the checkpoint
+ * before it stopped), so every step appears once; a last line cut off by
+ * a kill is dropped too. A fresh run starts the file anew. An existing
+ * file that is not such a log is refused (read_log; check_log did so
+ * before any work). */
+static int open_log(run *r)
+{
+    const char *path = r->o.log;
+    if (!path) return 0;
+    char *kept = NULL;
+    size_t kept_len = 0, dropped = 0, rows = 0;
+    if (read_log(path, r->step, &kept, &kept_len, &rows, &dropped)) return 1;
     if (!r->step) kept_len = 0, dropped = 0; /* a fresh run: the file starts anew */
     r->log = open_log_file(path);
     if (!r->log) {

@@ -131,7 +131,7 @@ static int init_config(const char *init_from, char **out)
  * replace; --tokenizer-file, with vocab.bpe beside an encoder.json;
  * --init-from's weights and config.json, or
  * any file of its directory) or as another output (--export-hf's two
- * files included). */
+ * files included); an existing --log must be an lm_train log. */
 static int check_outputs(const run *r, const char *data)
 {
     const opts *o = &r->o;
@@ -171,7 +171,8 @@ static int check_outputs(const run *r, const char *data)
     };
     int rc = cli_check_overlaps(files, sizeof files / sizeof files[0]);
     free(ex_model), free(ex_config), free(in_config), free(tok_merges);
-    return rc;
+    /* after the overlaps, whose message names both options */
+    return rc ? rc : check_log(o);
 }
 
 /* The run's local part: checkpoint, data, tokenizer, prompt, samplers, model. */
