@@ -67,6 +67,7 @@ int main(int argc, char **argv)
     };
     cli_set_program("gemm_bench");
     int c;
+    long v;
     while ((c = getopt_long(argc, argv, "s:r:w:p:h", opts, NULL)) != -1) {
         switch (c) {
         case 'p':
@@ -76,18 +77,19 @@ int main(int argc, char **argv)
             }
             prec = optarg[0] == 'b' ? DP_MATMUL_BF16 : DP_MATMUL_FP32;
             break;
+        /* --size at most 16384 (three 1 GiB matrices); --warmup may be 0 */
         case 's':
-        case 'r':
-        case 'w': {
-            /* --size at most 16384 (three 1 GiB matrices); --warmup may be 0 */
-            static const char *const names[] = {"--size", "--reps", "--warmup"};
-            int i = c == 's' ? 0 : c == 'r' ? 1 : 2;
-            long v;
-            if (cli_parse_long(names[i], optarg, i == 2 ? 0 : 1, i ? 100000 : 16384, &v))
-                return 2;
-            *(i == 0 ? &size : i == 1 ? &reps : &warmup) = (int)v;
+            if (cli_parse_long("--size", optarg, 1, 16384, &v)) return 2;
+            size = (int)v;
             break;
-        }
+        case 'r':
+            if (cli_parse_long("--reps", optarg, 1, 100000, &v)) return 2;
+            reps = (int)v;
+            break;
+        case 'w':
+            if (cli_parse_long("--warmup", optarg, 0, 100000, &v)) return 2;
+            warmup = (int)v;
+            break;
         case 'h': usage(stdout); return cli_check_stream(stdout, "the help to standard output");
         default: usage(stderr); return 2;
         }

@@ -185,10 +185,11 @@ int cli_check_output(const char *flag, const char *path)
 {
     if (!*path) return cli_fail("%s: the path is empty", flag);
     struct stat sb;
-    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
+    int exists = stat(path, &sb) == 0;
+    if (exists && S_ISDIR(sb.st_mode))
         return cli_fail("%s: \"%s\" is a directory; give a file name", flag, path);
     /* the atomic writer's rename would replace a device or a FIFO */
-    if (stat(path, &sb) == 0 && !S_ISREG(sb.st_mode))
+    if (exists && !S_ISREG(sb.st_mode))
         return cli_fail("%s: \"%s\" is a %s: it must be a regular file or not exist yet", flag,
                         path, dp_file_kind(sb.st_mode));
     char *dir = dir_of(path);

@@ -105,21 +105,18 @@ static int pad_vocab(run *r, const dp_device_spec *specs, size_t k)
     return 0;
 }
 
-/* *out: the config.json beside an --init-from file (dp_gpt_init_from
- * reads it for Hugging Face weights), malloc'd; NULL for a directory (its
- * files are all inputs) or no --init-from. Returns 1 when out of memory. */
-static int init_config(const char *init_from, char **out)
+/* *out: the file `name` beside the file at path (the companion a loader
+ * reads with it: config.json beside --init-from's weights, vocab.bpe
+ * beside an encoder.json), malloc'd; NULL when path is absent or a
+ * directory (its files are all inputs). Returns 1 when out of memory. */
+static int beside(const char *path, const char *name, char **out)
 {
     *out = NULL;
     struct stat sb;
-    if (!init_from || (stat(init_from, &sb) == 0 && S_ISDIR(sb.st_mode))) return 0;
-    const char *slash = strrchr(init_from, '/');
-    if (!slash) {
-        *out = strdup("config.json");
-        return !*out;
-    }
-    char *dir = strndup(init_from, (size_t)(slash - init_from) + (slash == init_from));
-    *out = dir ? export_file(dir, "config.json") : NULL;
+    if (!path || (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))) return 0;
+    const char *slash = strrchr(path, '/');
+    char *dir = slash ? strndup(path, (size_t)(slash - path) + (slash == path)) : strdup(".");
+    *out = dir ? export_file(dir, name) : NULL;
     free(dir);
     return !*out;
 }
@@ -140,19 +137,9 @@ static int check_outputs(const run *r, const char *data)
     char *ex_model = o->export_hf ? export_file(o->export_hf, "model.safetensors") : NULL;
     char *ex_config = o->export_hf ? export_file(o->export_hf, "config.json") : NULL;
     char *in_config = NULL, *tok_merges = NULL;
-    /* encoder.json's merges: vocab.bpe beside it (a directory's files are
-     * all inputs already) */
-    struct stat sb;
-    if (o->tokenizer_file && stat(o->tokenizer_file, &sb) == 0 && !S_ISDIR(sb.st_mode)) {
-        const char *slash = strrchr(o->tokenizer_file, '/');
-        char *dir = slash ? strndup(o->tokenizer_file, (size_t)(slash - o->tokenizer_file) +
-                                                          (slash == o->tokenizer_file))
-                          : strdup(".");
-        tok_merges = dir ? export_file(dir, "vocab.bpe") : NULL;
-        free(dir);
-        if (!tok_merges) return cli_fail("out of host memory");
-    }
-    if (init_config(o->init_from, &in_config) || (o->export_hf && (!ex_model || !ex_config))) {
+    if (beside(o->init_from, "config.json", &in_config) ||
+        beside(o->tokenizer_file, "vocab.bpe", &tok_merges) ||
+        (o->export_hf && (!ex_model || !ex_config))) {
         free(ex_model), free(ex_config), free(in_config), free(tok_merges);
         return cli_fail("out of host memory");
     }
