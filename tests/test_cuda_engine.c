@@ -302,6 +302,133 @@ Test(cuda_engine, same_seed_is_bitwise_identical, .timeout = 120)
     }
 }
 
+// --- the overlap on communication queues -------------------------------------------------------
+
+enum { OSTEPS = 3, OROWS = 8 };
+
+typedef struct overlap_run {
+    double loss[OSTEPS], norm[OSTEPS];
+    int overlapped[OSTEPS];
+    float *params; /* n_params */
+} overlap_run;
+
+/* OSTEPS steps of model on k logical devices of GPU 0 with bucket bytes,
+ * the optimizer state on the root or sharded, and random batches of OROWS
+ * sequences of length T over vocabulary V (fixed seeds). */
+static void run_overlap(const dp_model *model, size_t k, size_t bucket, int shard, size_t T,
+                        size_t V, overlap_run *r)
+{
+    dp_device_spec specs[DP_MAX_DEVICES];
+    gpu_specs(specs, k, ZEROS);
+    dp_criterion crit = dp_criterion_cross_entropy();
+    dp_engine_config cfg = dp_engine_config_default();
+    cfg.optim.lr = 3e-3f;
+    cfg.optim.grad_clip = 1.0f;
+    cfg.seed = 5;
+    cfg.bucket_bytes = bucket;
+    cfg.shard_optimizer = shard;
+    if (model->param_dtype == DP_DTYPE_BF16) cfg.matmul_precision = DP_MATMUL_BF16;
+    dp_engine *e = NULL;
+    dp_assert_ok(dp_engine_create(specs, k, model, &crit, &cfg, &e));
+    int32_t *tok = malloc(OROWS * T * sizeof *tok), *tgt = malloc(OROWS * T * sizeof *tgt);
+    cr_assert(tok && tgt);
+    dp_rng rng;
+    dp_rng_seed(&rng, 77);
+    for (int s = 0; s < OSTEPS; s++) {
+        for (size_t i = 0; i < OROWS * T; i++) {
+            tok[i] = (int32_t)dp_rng_below(&rng, V);
+            tgt[i] = (int32_t)dp_rng_below(&rng, V);
+        }
+        dp_batch b = {OROWS, tok, tgt};
+        dp_step_stats st;
+        dp_assert_ok(dp_engine_step(e, &b, &st));
+        cr_assert(!st.skipped);
+        r->loss[s] = st.loss;
+        r->norm[s] = st.grad_norm;
+        r->overlapped[s] = st.overlapped;
+    }
+    free(tok);
+    free(tgt);
+    dp_assert_ok(dp_engine_get_params(e, r->params));
+    dp_engine_destroy(e);
+}
+
+/* The reduce-scatter overlapped with the backward on communication queues
+ * (DP_CUDA_OVERLAP=1: a second stream per device, which sums while the
+ * backward runs on the first): the GPT, which signals per block, gives
+ * bitwise the losses, norms and parameters of the run without overlap, on
+ * 2 and 3 logical devices of one GPU, root and sharded, float32 and bf16,
+ * with a bucket of one float (every signal sums what is final) and the
+ * default; a GPT of 4 layers of width 128 makes the backward long enough
+ * for an unordered read to show. Every step reports the overlap; without
+ * DP_CUDA_OVERLAP=1 none does on a GPU. (On CPU stand-ins the overlap
+ * needs no queue and is always on.) */
+Test(cuda_engine, overlap_on_comm_queues_is_bitwise, .timeout = 240)
+{
+    REQUIRE_GPU();
+    const char *was = getenv("DP_CUDA_OVERLAP");
+    char *saved = was ? strdup(was) : NULL;
+    struct {
+        dp_gpt_config gc;
+        int bf16;
+    } models[] = {
+        {{.vocab_size = EV, .block_size = EBS, .n_layer = EL, .n_head = ENH, .n_embd = EC}, 0},
+        {{.vocab_size = 1024, .block_size = 64, .n_layer = 4, .n_head = 4, .n_embd = 128}, 0},
+        {{.vocab_size = 1024, .block_size = 64, .n_layer = 4, .n_head = 4, .n_embd = 128}, 1},
+    };
+    for (size_t mi = 0; mi < sizeof models / sizeof *models; mi++) {
+        dp_gpt *g = NULL;
+        dp_assert_ok(dp_gpt_create(&models[mi].gc, &g));
+        const dp_model *m = dp_gpt_model(g, models[mi].bf16 ? DP_GPT_BF16_ACT : 0);
+        size_t T = models[mi].gc.block_size, V = models[mi].gc.vocab_size;
+        overlap_run ref, got;
+        ref.params = malloc(m->n_params * sizeof(float));
+        got.params = malloc(m->n_params * sizeof(float));
+        cr_assert(ref.params && got.params);
+        for (size_t k = 2; k <= 3; k++)
+            for (int shard = 0; shard <= 1; shard++) {
+                setenv("DP_CUDA_OVERLAP", "0", 1);
+                run_overlap(m, k, DP_BUCKET_OFF, shard, T, V, &ref);
+                static const size_t buckets[] = {sizeof(float), 0};
+                for (size_t bi = 0; bi < 2; bi++) {
+                    char what[160];
+                    snprintf(what, sizeof what, "GPT C%zu L%zu %s on %zu devices, %s, bucket %zu",
+                             models[mi].gc.n_embd, models[mi].gc.n_layer,
+                             models[mi].bf16 ? "bf16" : "fp32", k, shard ? "sharded" : "root",
+                             buckets[bi]);
+                    if (!as_cpu()) { /* a GPU sums beside its backward only when asked */
+                        run_overlap(m, k, buckets[bi], shard, T, V, &got);
+                        for (int s = 0; s < OSTEPS; s++)
+                            cr_assert(!got.overlapped[s], "%s: step %d overlapped without "
+                                      "DP_CUDA_OVERLAP=1", what, s);
+                    }
+                    setenv("DP_CUDA_OVERLAP", "1", 1);
+                    run_overlap(m, k, buckets[bi], shard, T, V, &got);
+                    setenv("DP_CUDA_OVERLAP", "0", 1);
+                    for (int s = 0; s < OSTEPS; s++) {
+                        cr_assert(got.overlapped[s], "%s: step %d did not overlap", what, s);
+                        cr_assert(!ref.overlapped[s], "%s: step %d of the reference overlapped",
+                                  what, s);
+                        cr_assert(got.loss[s] == ref.loss[s], "%s: step %d loss %.17g != %.17g",
+                                  what, s, got.loss[s], ref.loss[s]);
+                        cr_assert(got.norm[s] == ref.norm[s], "%s: step %d norm %.17g != %.17g",
+                                  what, s, got.norm[s], ref.norm[s]);
+                    }
+                    for (size_t i = 0; i < m->n_params; i++)
+                        cr_assert(memcmp(&got.params[i], &ref.params[i], sizeof(float)) == 0,
+                                  "%s: parameter %zu %.9g != %.9g", what, i, got.params[i],
+                                  ref.params[i]);
+                }
+            }
+        free(ref.params);
+        free(got.params);
+        dp_gpt_destroy(g);
+    }
+    if (saved) setenv("DP_CUDA_OVERLAP", saved, 1);
+    else unsetenv("DP_CUDA_OVERLAP");
+    free(saved);
+}
+
 // --- GPT checkpoint: GPU -> file -> CPU --------------------------------------------------------
 
 

@@ -2516,6 +2516,84 @@ Test(cuda_memory, peer_copies_are_ordered_with_both_devices, .timeout = 60)
     close_checked(b);
 }
 
+/*
+ * A communication queue of a device (backend.h) sums beside the device's
+ * own stream, ordered after the device's queued work by dp_device_order
+ * and after a peer's by the peer copy: queue 40 doublings on the device
+ * (x) and on the peer (p), then at once on the queue: order after the
+ * device, copy p in, add x. Every element must be 2^41: not a sum taken
+ * before either source was done. The queue is synchronised before the
+ * sources are written again (the peer's later work does not wait for
+ * the copy: that is the queue's point).
+ */
+static void check_comm_queue(dp_device *dev, dp_device *peer)
+{
+    dp_device *q = NULL;
+    dp_assert_ok(dp_device_open_comm(dev, &q));
+    cr_assert_not_null(q, "%s: no communication queue with DP_CUDA_OVERLAP=1",
+                       dp_device_name(dev));
+    cr_assert(strstr(dp_device_name(q), "comm"), "queue named %s", dp_device_name(q));
+    size_t n = (size_t)16 << 20; /* 64 MiB */
+    float *h = xmalloc(n * sizeof *h);
+    for (size_t i = 0; i < n; i++) h[i] = 1.0f;
+    float *x = dp_test_upload(dev, h, n), *p = dp_test_upload(peer, h, n);
+    float *acc = dp_test_nn_filled(dev, n, -1.0f);
+    dp_assert_ok(dp_device_synchronize(dev));
+    dp_assert_ok(dp_device_synchronize(peer));
+    for (int i = 0; i < 40; i++) {
+        dp_assert_ok(dp_scale(dev, x, 2.0f, n));
+        dp_assert_ok(dp_scale(peer, p, 2.0f, n));
+    }
+    dp_assert_ok(dp_device_order(dev, q));
+    dp_assert_ok(dp_copy_peer(q, acc, peer, p, n * sizeof(float)));
+    dp_assert_ok(dp_accumulate(q, acc, x, n));
+    dp_assert_ok(dp_device_synchronize(q));
+    dp_assert_ok(dp_scale(peer, p, 0.0f, n));
+    dp_assert_ok(dp_copy_d2h(dev, h, acc, n * sizeof(float)));
+    for (size_t i = 0; i < n; i++)
+        if (h[i] != 0x1p41f)
+            cr_assert_fail("%s summing %s: element %zu is %g, want 2^41", dp_device_name(q),
+                           dp_device_name(peer), i, (double)h[i]);
+    dp_device_close_comm(q);
+    dp_device_free(dev, x);
+    dp_device_free(dev, acc);
+    dp_device_free(peer, p);
+    free(h);
+}
+
+Test(cuda_memory, comm_queue_is_opt_in_and_ordered, .timeout = 60)
+{
+    REQUIRE_GPU();
+    const char *was = getenv("DP_CUDA_OVERLAP");
+    char *saved = was ? strdup(was) : NULL;
+    dp_device *a = open_target(0), *b = open_target(0); /* two logical devices, one GPU */
+    dp_device *q = a;
+    unsetenv("DP_CUDA_OVERLAP");
+    dp_assert_ok(dp_device_open_comm(a, &q));
+    cr_assert_null(q, "a communication queue without DP_CUDA_OVERLAP=1");
+    setenv("DP_CUDA_OVERLAP", "1", 1);
+    if (as_cpu()) { /* CPU devices need none: their entries complete as called */
+        q = a;
+        dp_assert_ok(dp_device_open_comm(a, &q));
+        cr_assert_null(q);
+        dp_assert_ok(dp_device_order(a, b));
+    } else {
+        check_comm_queue(a, b);
+        check_comm_queue(b, a);
+        if (n_targets() >= 2) {
+            dp_device *c = open_target(1);
+            check_comm_queue(a, c);
+            check_comm_queue(c, a);
+            close_checked(c);
+        }
+    }
+    if (saved) setenv("DP_CUDA_OVERLAP", saved, 1);
+    else unsetenv("DP_CUDA_OVERLAP");
+    free(saved);
+    close_checked(a);
+    close_checked(b);
+}
+
 /* Two logical devices on one GPU, each driven by its own thread at the
  * same time (own stream, handle, staging buffers): integer-valued data so
  * every result is exact. */

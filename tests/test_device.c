@@ -698,6 +698,28 @@ Test(devlist, open_cuda_without_gpus_says_why)
     dp_device_close(cpu);
 }
 
+// --- communication queues ------------------------------------------------------------
+
+/* CPU devices have no communication queue (their entries complete as they
+ * are called; the engine sums on the device itself), so ordering them is
+ * a no-op; bad arguments are refused by name. */
+Test(comm_queue, cpu_devices_need_none)
+{
+    dp_device *a = dp_test_cpu(0), *b = dp_test_cpu(1);
+    dp_device *q = a;
+    dp_assert_ok(dp_device_open_comm(a, &q));
+    cr_assert_null(q);
+    dp_assert_ok(dp_device_order(a, b));
+    dp_assert_ok(dp_device_order(a, a));
+    assert_status(dp_device_open_comm(NULL, &q), DP_ERR_INVALID_ARGUMENT, "NULL");
+    assert_status(dp_device_open_comm(a, NULL), DP_ERR_INVALID_ARGUMENT, "NULL");
+    assert_status(dp_device_order(NULL, a), DP_ERR_INVALID_ARGUMENT, "NULL");
+    assert_status(dp_device_order(a, NULL), DP_ERR_INVALID_ARGUMENT, "NULL");
+    dp_device_close_comm(NULL);
+    dp_device_close(a);
+    dp_device_close(b);
+}
+
 // --- events --------------------------------------------------------------------------
 
 /* Events mark points in a device's work: record, wait from another device,

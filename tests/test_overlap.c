@@ -11,7 +11,8 @@
  *  - the overlap happens: with one device's backward held after its first
  *    signal, another device sums the signalled part of its slice before
  *    that backward ends, and the step's exposed communication is then
- *    below the whole reduce's;
+ *    below the whole reduce's; the step reports the overlap
+ *    (dp_step_stats.overlapped), and none with DP_BUCKET_OFF;
  *  - refusals: a signal out of order, twice, reversed or past n_params
  *    fails the step with DP_ERR_INVALID_ARGUMENT naming the range, also
  *    when the backward swallows the status, leaves the parameters as they
@@ -263,6 +264,7 @@ Test(overlap, reduces_a_slice_while_another_backward_runs)
                  "device 1's reduce starts at %g s, after device 0's backward ended (%g s)",
                  d1->phase_start[DP_PHASE_REDUCE], bw_end);
     cr_assert_geq(st.exposed_seconds, 0.0);
+    cr_assert(st.overlapped, "the step does not report its overlap");
     dp_engine_destroy(e);
 
     /* The same model without overlap: bitwise the same parameters. */
@@ -275,7 +277,9 @@ Test(overlap, reduces_a_slice_while_another_backward_runs)
     off = wrapped_open(&u, 2, HOLD, DP_BUCKET_OFF);
     for (int s = 0; s < 2; s++) {
         dp_assert_ok(step_with(on, s, &st));
+        cr_assert(st.overlapped);
         dp_assert_ok(step_with(off, s, &st));
+        cr_assert(!st.overlapped, "DP_BUCKET_OFF: the step reports an overlap");
     }
     dp_assert_ok(dp_engine_get_params(on, a));
     dp_assert_ok(dp_engine_get_params(off, b));

@@ -69,6 +69,7 @@ typedef struct mode_result {
     double step_ms_median, step_ms_min, step_ms_max, tokens_per_s;
     double phase_ms[DP_PHASE_COUNT]; /* mean over timed steps (slowest device) */
     double exposed_ms; /* mean over timed steps: dp_step_stats.exposed_seconds */
+    int overlapped;    /* the timed steps' reduce-scatter overlapped the backward */
     double loss;
     dev_result dev[DP_MAX_DEVICES];
     size_t rows;    /* global batch of the timed steps */

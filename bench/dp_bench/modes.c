@@ -123,6 +123,7 @@ static int run_mode(bench *b, dp_mode mode, int shard, size_t k, size_t rows, in
         for (int p = 0; p < DP_PHASE_COUNT; p++)
             res->phase_ms[p] += 1e3 * st.phase_seconds[p] / (double)b->o.steps;
         res->exposed_ms += 1e3 * st.exposed_seconds / (double)b->o.steps;
+        res->overlapped = st.overlapped;
         res->loss = st.loss;
     }
     if (!rc)

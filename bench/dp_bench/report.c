@@ -133,6 +133,11 @@ void print_table(const bench *b, const run_results *rs)
     printf("(mean per timed step, each phase as long as its slowest device; outside: the\n"
            " share of scatter, reduce, optimizer and broadcast; exposed: ms from the last\n"
            " backward's end to the update, the reduce-scatter the overlap did not hide)\n");
+    printf("overlap with the backward:");
+    for (size_t r = 0; r < nres; r++)
+        printf("%s %s %s", r ? "," : "", run_name(res[r].mode, res[r].shard, name, sizeof name),
+               res[r].overlapped ? "on" : "off");
+    printf("\n");
 }
 
 double model_flops_per_token(const bench *b)
@@ -328,6 +333,7 @@ static json_t *json_run(const bench *b, const mode_result *m)
                            "devices", jd);
     json_object_set_new(jr, "shard_optimizer", json_boolean(m->shard));
     json_object_set_new(jr, "exposed_ms", json_real(m->exposed_ms));
+    json_object_set_new(jr, "overlapped", json_boolean(m->overlapped));
     json_object_set_new(jr, "model_tflops", json_real(model_tflops(b, m)));
     json_object_set_new(jr, "mfu", b->o.peak_tflops > 0 ? json_real(mfu(b, m)) : json_null());
     json_object_set_new(jr, "batch_size", json_integer((json_int_t)m->rows));

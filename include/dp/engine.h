@@ -183,8 +183,9 @@ typedef struct dp_engine_config {
      * float rounding, and a given chunking is bitwise reproducible. Models
      * without a head and gather mode ignore it. */
     size_t logits_chunk_rows;
-    /* Overlap of the reduce-scatter with the backward (CPU devices for
-     * now: on GPUs the sums wait for a stream of their own; models that
+    /* Overlap of the reduce-scatter with the backward (CPU devices; CUDA
+     * devices in one process with DP_CUDA_OVERLAP=1 in the environment at
+     * create, which sums on a second stream per device; models that
      * signal with dp_grads_ready, dp/model.h): a slice's owner reduces
      * the signalled ranges of its slice while the backward goes on, in
      * pieces of at least this many bytes of gradient (PyTorch DDP's
@@ -298,6 +299,11 @@ typedef struct dp_step_stats {
      * exchanges and the norm's agreement; 0 in evaluation. On a GPU the
      * host runs ahead of the device, so it reads low. */
     double exposed_seconds;
+    /* 1: this training step's reduce-scatter overlapped the backward
+     * (dp_engine_config.bucket_bytes: two or more devices, a bucket set,
+     * CPU devices, or CUDA devices in one process with DP_CUDA_OVERLAP=1
+     * in the environment at create); 0 otherwise and in evaluation. */
+    int overlapped;
     size_t n_devices;      /* this process's devices (with ranks, the others report theirs) */
     dp_device_step_stats devices[DP_MAX_DEVICES];
 } dp_step_stats;

@@ -61,6 +61,9 @@ struct dp_device {
      * replace (a test hook, device_testing.h: so one binary compares both
      * bit for bit) */
     int no_fused_producers;
+    /* a communication queue's device (dp_device_open_comm), whose memory
+     * it uses; NULL for a device opened by dp_device_open */
+    dp_device *parent;
 };
 
 /* One operand of the backend's gemm: batch column-major matrices (before
@@ -108,6 +111,16 @@ struct dp_backend_ops {
                            size_t bytes);
     dp_status (*memset)(dp_device *dev, void *dst, int value, size_t bytes);
     dp_status (*synchronize)(dp_device *dev);
+
+    /* optional (NULL: none): a communication queue of dev
+     * (dp_device_open_comm): sets comm->ctx, or *declined = 1 and leaves
+     * it NULL; close_comm frees it */
+    dp_status (*open_comm)(dp_device *dev, dp_device *comm, int *declined);
+    void (*close_comm)(dp_device *comm);
+    /* optional (NULL: every entry completes before it returns, so nothing
+     * needs ordering): work queued on `then` from now on waits for all
+     * work queued on `first` so far (devices of this backend) */
+    dp_status (*order)(dp_device *first, dp_device *then);
 
     /* events (dp/device.h): *out is the backend's handle */
     dp_status (*event_create)(dp_device *dev, void **out);
@@ -230,5 +243,32 @@ int dp_backend_cuda_count(void);
  * a collective can read a peer's buffer directly and nothing runs
  * asynchronously; 0 otherwise (and for NULL). */
 int dp_device_is_host_memory(const dp_device *dev);
+
+/*
+ * A communication queue of dev: a second stream of work on dev's hardware,
+ * beside the one dev's own entries queue on (PyTorch DDP's and llm.c's
+ * communication stream), so the reduce-scatter's copies and sums can run
+ * while dev's backward still computes. *out is a dp_device of dev's kind
+ * and index named "<dev> comm" that takes copies (d2d, peer), memset and
+ * the element-wise entries on dev's memory; it allocates nothing and
+ * runs no GEMM, nor host copies. Its work is ordered with dev's only
+ * through dp_device_order and the peer copies' events: a copy from
+ * another device onto it waits for the source's queued work, but the
+ * source's later work does not wait for the copy, so the caller must not
+ * write a source again before dp_device_synchronize(*out). Close it with
+ * dp_device_close_comm before dev.
+ * *out is NULL (DP_OK) where the backend has no such queue: CPU devices,
+ * whose entries complete as they are called; CUDA devices unless
+ * DP_CUDA_OVERLAP=1 in the environment (the overlap on GPUs is new and
+ * off until a GPU session has shown it bitwise and faster).
+ * Errors: DP_ERR_INVALID_ARGUMENT (NULL), DP_ERR_OUT_OF_MEMORY,
+ * DP_ERR_DEVICE (the stream or event could not be made).
+ */
+DP_MODULE_API dp_status dp_device_open_comm(dp_device *dev, dp_device **out);
+DP_MODULE_API void dp_device_close_comm(dp_device *comm);
+
+/* Work queued on `then` from now on waits for all the work queued on
+ * `first` so far (one kind; no-op where entries complete as called). */
+DP_MODULE_API dp_status dp_device_order(dp_device *first, dp_device *then);
 
 #endif /* DP_BACKEND_H */

@@ -147,6 +147,52 @@ void dp_device_close(dp_device *dev)
     free(dev);
 }
 
+dp_status dp_device_open_comm(dp_device *dev, dp_device **out)
+{
+    if (!dev || !out) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "dev and out must not be NULL");
+    *out = NULL;
+    if (!dev->ops->open_comm) return DP_OK;
+    dp_device *c = calloc(1, sizeof *c);
+    if (!c) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "%s: cannot allocate a queue handle", dev->name);
+    c->ops = dev->ops;
+    c->kind = dev->kind;
+    c->index = dev->index;
+    c->matmul = dev->matmul;
+    c->parent = dev;
+    snprintf(c->name, sizeof c->name, "%.26s comm", dev->name);
+    if (pthread_mutex_init(&c->mu, NULL) != 0) {
+        free(c);
+        return DP_FAIL(DP_ERR_INTERNAL, "pthread_mutex_init failed");
+    }
+    int declined = 0;
+    dp_status s = dev->ops->open_comm(dev, c, &declined);
+    if (s != DP_OK || declined) {
+        pthread_mutex_destroy(&c->mu);
+        free(c);
+        return s;
+    }
+    *out = c;
+    return DP_OK;
+}
+
+void dp_device_close_comm(dp_device *comm)
+{
+    if (!comm) return;
+    comm->ops->close_comm(comm);
+    pthread_mutex_destroy(&comm->mu);
+    free(comm);
+}
+
+dp_status dp_device_order(dp_device *first, dp_device *then)
+{
+    if (!first || !then) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "devices must not be NULL");
+    if (first->kind != then->kind)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s cannot wait for %s: devices must be of one "
+                       "kind", then->name, first->name);
+    if (first == then || !then->ops->order) return DP_OK; /* one queue keeps its own order */
+    return then->ops->order(first, then);
+}
+
 const char *dp_device_name(const dp_device *dev) { return dev ? dev->name : "(null)"; }
 
 dp_device_kind dp_device_kind_of(const dp_device *dev) { return dev ? dev->kind : DP_DEVICE_KIND_COUNT; }

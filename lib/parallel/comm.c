@@ -156,6 +156,14 @@ static dp_status reduce_chunk(dp_engine *e, const dp_plan *plan, slice *sl, size
                              size_t round_at, int half)
 {
     worker *o = dp_local_worker(e, (size_t)sl->summer);
+    /* The adds and copies run on the owner's communication queue (its own
+     * device where it has none): after the work queued on the owner so far
+     * (its zeroed and final gradient, a received chunk), and each copy in
+     * after its source's (dp_copy_peer), while the owner's backward goes
+     * on; dp_comm_settle waits for them before anything else reads the
+     * sum or writes a source. */
+    dp_device *q = o->comm;
+    DP_TRY(dp_device_order(o->dev, q));
     size_t bytes = n * sizeof(float);
     int host = dp_device_is_host_memory(o->dev);
     float *own = o->grads + at, *acc = sl->acc.ptr;
@@ -165,8 +173,8 @@ static dp_status reduce_chunk(dp_engine *e, const dp_plan *plan, slice *sl, size
         if (!dp_plan_contributes(plan, d)) continue; /* an idle device's gradient is zero */
         worker *wd = dp_local_worker(e, d);
         if (wd == o) {
-            if (first) DP_TRY(dp_add(o->dev, own, first, own, n)); /* c_0 + own */
-            else if (sum) DP_TRY(dp_accumulate(o->dev, own, sum, n));
+            if (first) DP_TRY(dp_add(q, own, first, own, n)); /* c_0 + own */
+            else if (sum) DP_TRY(dp_accumulate(q, own, sum, n));
             sum = own; /* (device 0 owns: its gradient starts the sum in place) */
             first = NULL;
             continue;
@@ -177,26 +185,26 @@ static dp_status reduce_chunk(dp_engine *e, const dp_plan *plan, slice *sl, size
             if (readable) {
                 first = src;
             } else {
-                DP_TRY(dp_copy_peer(o->dev, acc, wd->dev, src, bytes));
+                DP_TRY(dp_copy_peer(q, acc, wd->dev, src, bytes));
                 sum = acc;
             }
             continue;
         }
         if (!readable) {
-            DP_TRY(dp_copy_peer(o->dev, sl->in.ptr, wd->dev, src, bytes));
+            DP_TRY(dp_copy_peer(q, sl->in.ptr, wd->dev, src, bytes));
             src = sl->in.ptr;
         }
         if (first) { /* the first two contributions in one pass */
-            DP_TRY(dp_add(o->dev, acc, first, src, n));
+            DP_TRY(dp_add(q, acc, first, src, n));
             sum = acc;
             first = NULL;
             continue;
         }
-        DP_TRY(dp_accumulate(o->dev, sum, src, n));
+        DP_TRY(dp_accumulate(q, sum, src, n));
     }
     /* An idle owner (not device 0) did not contribute: it takes the sum. */
-    if (first) DP_TRY(dp_copy_peer(o->dev, own, o->dev, first, bytes)); /* readable by o */
-    else if (sum != own) DP_TRY(dp_copy_peer(o->dev, own, o->dev, sum, bytes));
+    if (first) DP_TRY(dp_copy_peer(q, own, q, first, bytes)); /* readable by o */
+    else if (sum != own) DP_TRY(dp_copy_peer(q, own, q, sum, bytes));
     return DP_OK;
 }
 
@@ -222,6 +230,29 @@ dp_status dp_comm_reduce_scatter(worker *w, const dp_plan *plan)
         sl->reduced_from = sl->begin;
     }
     return DP_OK;
+}
+
+dp_status dp_comm_settle(worker *w)
+{
+    dp_engine *e = w->e;
+    dp_status first = DP_OK;
+    dp_device *done[DP_MAX_DEVICES];
+    size_t n_done = 0;
+    for (size_t j = 0; e->s && j < e->L.K; j++) {
+        slice *sl = &e->s[j];
+        if (sl->reducer != w->id) continue;
+        worker *o = dp_local_worker(e, (size_t)sl->summer);
+        if (!o || o->comm == o->dev) continue; /* no queue of its own: nothing runs on */
+        dp_device *q = o->comm;
+        size_t i = 0;
+        while (i < n_done && done[i] != q) i++;
+        if (i < n_done) continue;
+        done[n_done++] = q;
+        /* Every queue, even after a failure: none may run on into the next job. */
+        dp_status s = dp_device_synchronize(q);
+        if (first == DP_OK) first = s;
+    }
+    return first;
 }
 
 dp_status dp_comm_allgather_params(worker *w, int from_other_ranks)

@@ -74,6 +74,12 @@ dp_status dp_comm_gather_outputs(worker *root, const dp_plan *plan);
  * [begin, reduced_from) the overlap (overlap.h) has not reduced yet.
  * Other devices' gradient buffers are only read. */
 dp_status dp_comm_reduce_scatter(worker *w, const dp_plan *plan);
+/* Waits until the sums worker w queued for its slices are done: on the
+ * owners' communication queues (worker.comm) their work runs beside the
+ * devices' own, so every reducer calls this before its job ends, even
+ * after a failure, and nothing reads a sum or writes a summed gradient
+ * before. DP_OK, or the first queue's failure (every queue is waited for). */
+dp_status dp_comm_settle(worker *w);
 /* The same sum over the elements [from, to) of slice sl, on its reducer's
  * thread; with ranks, one round (rounds.h), starting at from, whose other
  * ranks' chunks arrived in staging half `half`. */

@@ -84,6 +84,7 @@ static void fill_stats(dp_engine *e, dp_step_stats *st, double seconds)
         if (u >= 0.0 && (update < 0.0 || u < update)) update = u;
     }
     st->exposed_seconds = bw_end >= 0.0 && update > bw_end ? update - bw_end : 0.0;
+    st->overlapped = e->overlapping;
     st->n_devices = e->L.k;
     size_t n = e->model.n_params;
     for (size_t i = 0; i < e->L.k; i++) {
@@ -313,6 +314,10 @@ dp_status dp_engine_create(const dp_device_spec *devices, size_t k, const dp_mod
     for (size_t i = 0; s == DP_OK && i < k; i++) {
         worker *w = &e->w[i];
         s = dp_device_open(&devices[i], &w->dev);
+        /* Across ranks the sums stay on the device's own queue: the
+         * transport's copies are ordered with it alone. */
+        if (s == DP_OK && !ranked && k > 1) s = dp_device_open_comm(w->dev, &w->comm);
+        if (s == DP_OK && !w->comm) w->comm = w->dev;
         if (s == DP_OK && cfg->memory_limit) s = dp_device_set_limit(w->dev, cfg->memory_limit);
         if (s == DP_OK && cfg->allow_tf32) s = dp_device_set_allow_tf32(w->dev, 1);
         if (s == DP_OK && cfg->matmul_precision != DP_MATMUL_FP32)
@@ -364,7 +369,10 @@ void dp_engine_destroy(dp_engine *e)
     if (!pinned) {
         dp_comm_teardown(e);
         dp_opt_free_state(e);
-        for (size_t i = 0; i < e->L.k; i++) dp_device_close(e->w[i].dev);
+        for (size_t i = 0; i < e->L.k; i++) {
+            if (e->w[i].comm != e->w[i].dev) dp_device_close_comm(e->w[i].comm);
+            dp_device_close(e->w[i].dev);
+        }
     }
     for (size_t i = 0; pinned && e->s && i < e->L.K; i++) free(e->s[i].segs);
     for (size_t i = 0; e->w && i < e->L.k; i++) free(e->w[i].row_losses_host);

@@ -10,7 +10,10 @@
  * acquire on the reducer): the gradient written before a signal is
  * visible to the reducer that read the watermark, and on a GPU the
  * reducer's copies wait for the work queued on the source so far
- * (dp_copy_peer), which includes it.
+ * (dp_copy_peer), which includes it, as its adds wait for the owner's
+ * (dp_device_order); they run on the owner's communication queue, beside
+ * its backward, and the reducer waits for them before its job ends
+ * (dp_comm_settle).
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -25,11 +28,11 @@ static int decide(const dp_engine *e, int train)
     if (!train || e->L.K < 2 || e->bucket_floats == SIZE_MAX) return 0;
     /* With ranks, rounds must move while the caller waits for the job. */
     if (dp_transport_spans_ranks(&e->tp) && !dp_transport_async(&e->tp)) return 0;
-    /* Host memory only, for now: on a GPU the sums would run on the owner's
-     * compute stream, interleaved with its backward rather than beside it,
-     * until they get a stream of their own (docs/design.md section 9). */
+    /* A GPU needs a communication queue (worker.comm): on its compute
+     * stream the sums would run interleaved with its backward rather than
+     * beside it. */
     for (size_t i = 0; i < e->L.k; i++)
-        if (!dp_device_is_host_memory(e->w[i].dev)) return 0;
+        if (!dp_device_is_host_memory(e->w[i].dev) && e->w[i].comm == e->w[i].dev) return 0;
     return 1;
 }
 

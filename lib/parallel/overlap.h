@@ -17,8 +17,9 @@
 
 /* The step's caller, before the step's job: decides whether this step's
  * reduce-scatter overlaps the backward (training, more than one device, a
- * bucket set, devices whose memory the host reads: CPU devices; with
- * ranks, a transport that starts rounds without waiting, whose rounds
+ * bucket set, devices whose memory the host reads (CPU devices) or
+ * that have a communication queue (worker.comm: CUDA devices with
+ * DP_CUDA_OVERLAP=1 in one process); with ranks, a transport that starts rounds without waiting, whose rounds
  * are then the pieces, rounds.h), records it (engine.overlapping) and
  * returns it; for training, every watermark at n_params (nothing final)
  * and every slice unreduced. */

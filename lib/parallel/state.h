@@ -173,6 +173,11 @@ typedef struct worker {
     struct dp_pool *pool;
     int id; /* local device index */
     dp_device *dev;
+    /* the queue the sums of the slices this device owns run on: a
+     * communication queue beside dev's (backend.h: a second CUDA stream,
+     * with DP_CUDA_OVERLAP=1, one process), else dev itself (CPUs, whose
+     * entries complete as they are called) */
+    dp_device *comm;
     void *params; /* the replica: n_params elements of the model's param_dtype */
     float *grads; /* n_params floats */
 

@@ -54,11 +54,15 @@ static void work_compute(worker *w, step *c, const stage *st)
     if (!c->train || e->cfg.mode == DP_MODE_BALANCED) dp_compute_balanced(w, c->plan, c->train);
     else dp_compute_gather(w, c->plan);
     if (c->train) w->backward_end = dp_now_seconds();
-    if (!e->overlapping || w->status != DP_OK) return;
-    /* This device's gradient is final: the reducers may sum it, and this
-     * worker sums its slices as the others finish. */
-    dp_overlap_final(w);
-    dp_overlap_drain(w, c->plan);
+    if (!e->overlapping) return;
+    if (w->status == DP_OK) {
+        /* This device's gradient is final: the reducers may sum it, and
+         * this worker sums its slices as the others finish. */
+        dp_overlap_final(w);
+        dp_overlap_drain(w, c->plan);
+    }
+    /* What it queued, during its backward too, ends with the job. */
+    CHECK(w, dp_comm_settle(w));
 }
 
 static void exchange_losses(step *c, const stage *st)
@@ -85,7 +89,10 @@ static void work_reduce(worker *w, step *c, const stage *st)
 {
     ENTER(w, DP_PHASE_REDUCE);
     if (!dp_stages_across(c)) {
-        CHECK(w, dp_comm_reduce_scatter(w, c->plan));
+        dp_status s = dp_comm_reduce_scatter(w, c->plan);
+        dp_status settled = dp_comm_settle(w); /* before the sums of squares read them */
+        CHECK(w, s);
+        CHECK(w, settled);
     } else {
         /* The rounds arrive beside this job (or did beside the compute's):
          * this worker's part of them is summed as they come. */

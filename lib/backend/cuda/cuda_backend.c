@@ -238,6 +238,45 @@ static dp_status cuda_open(dp_device *dev)
     return s;
 }
 
+/* A communication queue (backend.h): a non-blocking stream on dev's GPU
+ * with its ordering event, nothing else (it runs copies and element-wise
+ * entries only); offered only with DP_CUDA_OVERLAP=1 for now. */
+static dp_status cuda_open_comm(dp_device *dev, dp_device *comm, int *declined)
+{
+    const char *on = getenv("DP_CUDA_OVERLAP");
+    *declined = !on || strcmp(on, "1") != 0;
+    if (*declined) return DP_OK;
+    cuda_ctx *c = calloc(1, sizeof *c);
+    if (!c) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "%s: cannot allocate the queue's context",
+                           comm->name);
+    c->ordinal = CTX(dev)->ordinal;
+    c->comm = 1;
+    comm->ctx = c;
+    c->mu_ok = pthread_mutex_init(&c->mu, NULL) == 0;
+    c->ev_mu_ok = pthread_mutex_init(&c->ev_mu, NULL) == 0;
+    dp_status s = DP_OK;
+    if (!c->mu_ok || !c->ev_mu_ok) {
+        s = DP_FAIL(DP_ERR_INTERNAL, "%s: pthread_mutex_init failed", comm->name);
+    } else {
+        DEVICE_GUARD;
+        cudaError_t e = cudaSuccess;
+        const char *call = "cudaSetDevice";
+        s = dp_cuda_use_device(comm, c->ordinal, &dp_prev_device_);
+        if (s == DP_OK) {
+            call = "cudaStreamCreateWithFlags";
+            e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
+        }
+        if (s == DP_OK && e == cudaSuccess) {
+            call = "cudaEventCreateWithFlags";
+            e = cudaEventCreateWithFlags(&c->order_ev, cudaEventDisableTiming);
+        }
+        if (s == DP_OK && e != cudaSuccess)
+            s = dp_cuda_fail(comm, e, call, __func__, __FILE__, __LINE__);
+    }
+    if (s != DP_OK) cuda_close(comm);
+    return s;
+}
+
 /* The one entry that leaves dev current: binding is its purpose. */
 static dp_status cuda_bind_thread(dp_device *dev)
 {
@@ -367,6 +406,9 @@ static const dp_backend_ops cuda_ops = {
     .copy_peer = dp_cuda_copy_peer,
     .memset = dp_cuda_memset,
     .synchronize = dp_cuda_synchronize,
+    .open_comm = cuda_open_comm,
+    .close_comm = cuda_close,
+    .order = dp_cuda_order,
     .event_create = cuda_event_create,
     .event_destroy = cuda_event_destroy,
     .event_record = cuda_event_record,

@@ -139,8 +139,18 @@ dp_status dp_cuda_copy_peer(dp_device *dst_dev, void *dst, dp_device *src_dev, c
         CU_TRY(dst_dev, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, dc->stream));
     else
         CU_TRY(dst_dev, cudaMemcpyPeerAsync(dst, dc->ordinal, src, sc->ordinal, bytes, dc->stream));
-    /* 3. Later work on the source (which may overwrite src) waits for the copy. */
+    /* 3. Later work on the source (which may overwrite src) waits for the
+     * copy; except onto a communication queue, whose caller keeps src
+     * unchanged until it synchronises the queue (backend.h), so that the
+     * source's backward goes on beside the reduce-scatter's copies. */
+    if (dc->comm) return DP_OK;
     return order_after(dst_dev, src_dev, &dp_prev_device_);
+}
+
+dp_status dp_cuda_order(dp_device *first, dp_device *then)
+{
+    DEVICE_GUARD;
+    return order_after(first, then, &dp_prev_device_);
 }
 
 dp_status dp_cuda_memset(dp_device *dev, void *dst, int value, size_t bytes) {

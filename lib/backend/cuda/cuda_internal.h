@@ -57,6 +57,8 @@ typedef struct cuda_ctx {
     pthread_mutex_t ev_mu;        /* guards order_ev between its record and wait */
     cudaEvent_t order_ev;         /* marks this stream's work for another stream */
     int mu_ok, ev_mu_ok;          /* mutexes initialised (for cleanup after a failed open) */
+    int comm;                     /* a communication queue (dp_device_open_comm): its stream,
+                                     order_ev and mutexes only; nothing else is made */
 } cuda_ctx;
 
 #define CTX(dev) ((cuda_ctx *)(dev)->ctx)
@@ -151,6 +153,8 @@ dp_status dp_cuda_copy_peer(dp_device *dst_dev, void *dst, dp_device *src_dev, c
                             size_t bytes);
 dp_status dp_cuda_memset(dp_device *dev, void *dst, int value, size_t bytes);
 dp_status dp_cuda_synchronize(dp_device *dev);
+/* ops->order: `then`'s later work waits for the work queued on `first`. */
+dp_status dp_cuda_order(dp_device *first, dp_device *then);
 dp_status dp_cuda_gemm(dp_device *dev, dp_op transa, dp_op transb, int m, int n, int k, float alpha,
                        const dp_gemm_arg *A, const dp_gemm_arg *B, float beta, float *C, int ldc,
                        long long strideC, int batch);
