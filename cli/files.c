@@ -173,14 +173,6 @@ int cli_check_overlaps(const cli_file *files, size_t n)
 
 // --- an output, before any work --------------------------------------------------------
 
-/* Decimal digits of x. */
-static size_t digits(unsigned long x)
-{
-    size_t d = 1;
-    while (x >= 10) x /= 10, d++;
-    return d;
-}
-
 int cli_check_output(const char *flag, const char *path)
 {
     if (!*path) return cli_fail("%s: the path is empty", flag);
@@ -203,16 +195,16 @@ int cli_check_output(const char *flag, const char *path)
     else if (access(dir, W_OK | X_OK) != 0)
         rc = cli_fail("%s: cannot write \"%s\": the directory \"%s\" is not writable (%s)", flag,
                       path, dir, strerror(errno));
-    /* The atomic writer's temporary file is "<name>.tmp.<pid>.<counter>"
-     * (dp/atomic_file.h): its longest name must fit too, or the run would
-     * fail at its end, with the counter of its last write. */
+    /* The atomic writer's temporary file (dp/atomic_file.h): its longest
+     * name must fit too, or the run would fail at its end, with the
+     * counter of its last write. */
     long name_max = rc ? 0 : pathconf(dir, _PC_NAME_MAX);
     if (!rc && name_max <= 0) name_max = 255;
     size_t name = strlen(base_of(path));
-    size_t extra = strlen(".tmp.") + digits((unsigned long)getpid()) + 1 + digits(UINT_MAX);
+    size_t extra = dp_atomic_file_temp_extra();
     if (!rc && name + extra > (size_t)name_max)
         rc = cli_fail("%s: the name of \"%s\" is %zu bytes: its temporary file (the name and "
-                      "\".tmp.<pid>.<n>\", up to %zu bytes more) would pass the %ld-byte limit "
+                      "\".tmp.<pid>.<n>.<host>\", up to %zu bytes more) would pass the %ld-byte limit "
                       "on a file name in \"%s\"; give a name of at most %zu bytes", flag, path,
                       name, extra, name_max, dir,
                       (size_t)name_max > extra ? (size_t)name_max - extra : 0);

@@ -1,8 +1,9 @@
 /*
  * dp/atomic_file.h: the one atomic file writer. The temporary file is
- * named "<path>.tmp.<pid>.<counter>" next to path (the stale-temp clean-up
- * relies on it), commit replaces path whole, abort leaves path as it was
- * and no temporary file, and errors name the path.
+ * named "<path>.tmp.<pid>.<counter>.<host>" next to path (the stale-temp
+ * clean-up relies on it, and removes only this host's of dead processes),
+ * commit replaces path whole, abort leaves path as it was and no
+ * temporary file, and errors name the path.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <dirent.h>
@@ -60,8 +61,15 @@ Test(atomic_file, temp_name_commit_and_abort)
     cr_assert_eq(strncmp(ta, prefix, strlen(prefix)), 0, "temp name %s", ta);
     cr_assert_eq(strncmp(tb, prefix, strlen(prefix)), 0, "temp name %s", tb);
     cr_assert_str_neq(ta, tb, "two writers share a temporary file");
+    /* the counter, then the host: 8 hex digits, the same for both */
     const char *digits = ta + strlen(prefix);
-    cr_assert(*digits && strspn(digits, "0123456789") == strlen(digits), "counter in %s", ta);
+    size_t nd = strspn(digits, "0123456789");
+    cr_assert(nd > 0 && digits[nd] == '.', "counter in %s", ta);
+    const char *host = digits + nd + 1;
+    cr_assert(strlen(host) == 8 && strspn(host, "0123456789abcdef") == 8, "host in %s", ta);
+    cr_assert_str_eq(host, strrchr(tb, '.') + 1, "two hosts in one process: %s, %s", ta, tb);
+    cr_assert_leq(strlen(ta) - strlen(path), dp_atomic_file_temp_extra(),
+                  "%s adds more than dp_atomic_file_temp_extra()", ta);
     struct stat sb;
     cr_assert_eq(stat(ta, &sb), 0, "the temporary file exists while writing");
 

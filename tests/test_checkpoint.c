@@ -19,6 +19,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "dp/atomic_file.h"
 #include "dp/checkpoint.h"
 #include "dp/safetensors.h"
 #include "dp_test.h"
@@ -752,9 +753,10 @@ Test(checkpoint, failed_overwrite_keeps_the_old_checkpoint)
     dp_gpt_destroy(gpt);
 }
 
-/* A process killed while saving leaves "<path>.tmp.<pid>.<n>" the size of
- * the checkpoint: the next save of that path removes it when the process
- * is gone, and leaves alone a live process's file, our own naming for
+/* A process killed while saving leaves "<path>.tmp.<pid>.<n>.<host>" the
+ * size of the checkpoint: the next save of that path removes it when the
+ * process is gone, and leaves alone a live process's file, another host's
+ * (a shared filesystem: its pid names nothing here), our own naming for
  * another path, and names that only look alike. */
 Test(checkpoint, save_removes_stale_temporary_files)
 {
@@ -764,15 +766,26 @@ Test(checkpoint, save_removes_stale_temporary_files)
     if (dead == 0) _exit(0);
     int status;
     cr_assert_eq(waitpid(dead, &status, 0), dead);
-    char path[256], stale[320], live[320], other[320], alike[320];
+    char path[256], stale[320], live[320], other[320], alike[320], far[320], old[320];
     path_in(path, sizeof path, "ck.st");
-    snprintf(stale, sizeof stale, "%s.tmp.%ld.3", path, (long)dead);
-    snprintf(live, sizeof live, "%s.tmp.%ld.0", path, (long)getppid());
-    snprintf(alike, sizeof alike, "%s.tmp.%ld.x", path, (long)dead);
+    /* This host's tag, as the writer names it. */
+    dp_atomic_file *probe = NULL;
+    dp_assert_ok(dp_atomic_file_open(path, &probe));
+    char host[16];
+    snprintf(host, sizeof host, "%s", strrchr(dp_atomic_file_temp_path(probe), '.') + 1);
+    dp_atomic_file_abort(probe);
+    cr_assert_eq(strlen(host), 8);
+    const char *elsewhere = strcmp(host, "0badc0de") ? "0badc0de" : "0badc0df";
+    snprintf(stale, sizeof stale, "%s.tmp.%ld.3.%s", path, (long)dead, host);
+    snprintf(live, sizeof live, "%s.tmp.%ld.0.%s", path, (long)getppid(), host);
+    snprintf(alike, sizeof alike, "%s.tmp.%ld.x.%s", path, (long)dead, host);
+    snprintf(far, sizeof far, "%s.tmp.%ld.2.%s", path, (long)dead, elsewhere);
+    snprintf(old, sizeof old, "%s.tmp.%ld.4", path, (long)dead); /* no host: not ours */
     path_in(other, sizeof other, "other.st");
-    snprintf(other + strlen(other), sizeof other - strlen(other), ".tmp.%ld.1", (long)dead);
-    const char *names[4] = {stale, live, alike, other};
-    for (int i = 0; i < 4; i++) dp_test_write_file(names[i], "partial", 7);
+    snprintf(other + strlen(other), sizeof other - strlen(other), ".tmp.%ld.1.%s", (long)dead,
+             host);
+    const char *names[6] = {stale, live, alike, far, old, other};
+    for (int i = 0; i < 6; i++) dp_test_write_file(names[i], "partial", 7);
 
     dp_gpt *gpt = tiny_gpt();
     dp_checkpoint ck = fill_ck(gpt, 10, 1);
@@ -780,8 +793,10 @@ Test(checkpoint, save_removes_stale_temporary_files)
     cr_assert_eq(access(stale, F_OK), -1, "the stale temporary file %s was left", stale);
     cr_assert_eq(access(live, F_OK), 0, "a live process's temporary file was removed");
     cr_assert_eq(access(alike, F_OK), 0, "a file that is not ours was removed");
+    cr_assert_eq(access(far, F_OK), 0, "another host's temporary file was removed");
+    cr_assert_eq(access(old, F_OK), 0, "a name without a host was removed");
     cr_assert_eq(access(other, F_OK), 0, "another checkpoint's temporary file was removed");
-    cr_assert_eq(count_entries(tmpdir), 4);
+    cr_assert_eq(count_entries(tmpdir), 6);
     free_filled(&ck);
     dp_gpt_destroy(gpt);
 }

@@ -452,7 +452,11 @@ Test(lm_train, killed_while_saving_leaves_a_loadable_checkpoint, .timeout = 120)
     if (dead == 0) _exit(0);
     cr_assert_eq(waitpid(dead, NULL, 0), dead);
     char junk[300];
-    snprintf(junk, sizeof junk, "%s.tmp.%ld.0", ck_path, (long)dead);
+    dp_atomic_file *probe = NULL; /* this host's tag, as the writer names it */
+    dp_assert_ok(dp_atomic_file_open(ck_path, &probe));
+    snprintf(junk, sizeof junk, "%s.tmp.%ld.0.%s", ck_path, (long)dead,
+             strrchr(dp_atomic_file_temp_path(probe), '.') + 1);
+    dp_atomic_file_abort(probe);
     dp_test_write_file(junk, "\x40\0\0\0\0\0\0\0{\"a\"", 12);
     dp_checkpoint *ck = load_ck("k.st");
     long step = ck->step;
@@ -1270,7 +1274,7 @@ Test(lm_train, save_may_replace_the_resumed_checkpoint)
 }
 
 /* A 248-byte --save (or --trace) name: the name fits the 255-byte limit,
- * but the atomic writer's temporary file "<name>.tmp.<pid>.<n>" would not,
+ * but the atomic writer's temporary file "<name>.tmp.<pid>.<n>.<host>" would not,
  * so the run is refused before training instead of losing it at the
  * save. */
 Test(lm_train, output_names_too_long_for_their_temporary_files_fail_before_training)

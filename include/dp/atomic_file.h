@@ -2,12 +2,14 @@
  * dp/atomic_file.h - write a file so that readers see the old contents
  * or the complete new ones, never a part.
  *
- * The bytes go to a temporary file "<path>.tmp.<pid>.<counter>" in the
- * target's directory (so the rename never crosses filesystems), which is
- * fsync'ed, closed and renamed over path; then the directory is fsync'ed so
- * the rename itself survives a crash. The pid and a process-wide counter
- * make the name unique across processes and threads; a clean-up of stale
- * temporary files left by a killed process relies on this exact pattern.
+ * The bytes go to a temporary file "<path>.tmp.<pid>.<counter>.<host>" in
+ * the target's directory (so the rename never crosses filesystems), which
+ * is fsync'ed, closed and renamed over path; then the directory is
+ * fsync'ed so the rename itself survives a crash. The pid, a process-wide
+ * counter and the host (8 hex digits of a hash of its name) make the name
+ * unique across processes, threads and the hosts of a shared filesystem;
+ * the clean-up of stale temporary files left by a killed process
+ * (dp_atomic_file_remove_stale) relies on this exact pattern.
  *
  *   dp_atomic_file *af;
  *   if ((st = dp_atomic_file_open(path, &af)) != DP_OK) return st;
@@ -75,6 +77,20 @@ DP_API dp_status dp_atomic_file_commit(dp_atomic_file *af);
 /* Closes and removes the temporary file and frees af; path is untouched.
  * NULL is a no-op. */
 DP_API void dp_atomic_file_abort(dp_atomic_file *af);
+
+/* The most bytes this process's temporary file names add to the last
+ * component of path (".tmp.<pid>.<counter>.<host>"): a name longer than
+ * the directory's limit on a file name less this cannot be written. */
+DP_API size_t dp_atomic_file_temp_extra(void);
+
+/* Removes path's temporary files left by processes of this host that no
+ * longer exist (a process killed while writing leaves one, as large as
+ * what it wrote). Leaves alone those of a live process (another user's
+ * answers EPERM, which counts as alive), of another host (on a
+ * filesystem several hosts share, a pid names nothing here), and every
+ * name not in the pattern. Best effort, no error: a directory that
+ * cannot be listed is left to the next write to report. */
+DP_API void dp_atomic_file_remove_stale(const char *path);
 
 #ifdef __cplusplus
 }

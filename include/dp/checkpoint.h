@@ -26,8 +26,9 @@
  * and copies parameters and moments out.
  *
  * Writes are atomic (dp_st_writer_write): a crash leaves the previous file,
- * and at worst a temporary file "<path>.tmp.<pid>.<n>" of a killed process,
- * which the next dp_checkpoint_save of the same path removes.
+ * and at worst a temporary file "<path>.tmp.<pid>.<n>.<host>" of a killed
+ * process, which the next dp_checkpoint_save of the same path on the same
+ * host removes (dp_atomic_file_remove_stale).
  */
 #ifndef DP_CHECKPOINT_H
 #define DP_CHECKPOINT_H
@@ -70,8 +71,9 @@ typedef struct dp_checkpoint {
  * Writes ck's parameters (and moments, when ck->m is set) laid out by
  * model's tensor table, and its metadata, to path atomically. tokenizer
  * and config_json may be NULL (not written); m and v are both set or both
- * NULL. Before writing, temporary files "<path>.tmp.<pid>.<n>" left by a
- * process that no longer runs (killed mid-write) are removed.
+ * NULL. Before writing, temporary files of path left by a process of this
+ * host that no longer runs (killed mid-write) are removed
+ * (dp_atomic_file_remove_stale; another host's are left alone).
  * Errors: DP_ERR_INVALID_ARGUMENT (NULL path/model/ck/params, one moment
  * alone, a negative step, a meta entry that is NULL, empty, reserved or
  * repeated), DP_ERR_IO (path and reason), DP_ERR_OUT_OF_MEMORY.

@@ -70,7 +70,7 @@ DP_API dp_status dp_st_writer_set_metadata(dp_st_writer *w, const char *key, con
 
 /*
  * Writes the file atomically: the bytes go to a temporary file beside path
- * ("<path>.tmp.<pid>.<n>"), which is written in full, fsync'ed and renamed
+ * ("<path>.tmp.<pid>.<n>.<host>"), which is written in full, fsync'ed and renamed
  * over path; then the directory is fsync'ed. On any failure the temporary
  * file is removed and a file already at path is left untouched, so path
  * always holds either the old or the new checkpoint. The same tensors and

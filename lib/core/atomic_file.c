@@ -4,8 +4,11 @@
  */
 #include "dp/atomic_file.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
+#include <stdint.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,8 +27,33 @@ struct dp_atomic_file {
     int synced;
 };
 
-// pid + a process-wide counter: unique across processes and threads.
+// pid + a process-wide counter + the host: unique across processes, threads and hosts.
 static atomic_uint tmp_counter;
+
+/* This host's tag: FNV-1a (32 bits) of its name as 8 hex digits. */
+static void host_tag(char out[9])
+{
+    char name[256] = "";
+    if (gethostname(name, sizeof name - 1) != 0) name[0] = '\0';
+    uint32_t h = 2166136261u;
+    for (const unsigned char *p = (const unsigned char *)name; *p; p++) {
+        h ^= *p;
+        h *= 16777619u;
+    }
+    snprintf(out, 9, "%08x", (unsigned)h);
+}
+
+static size_t digits(unsigned long x)
+{
+    size_t d = 1;
+    while (x >= 10) x /= 10, d++;
+    return d;
+}
+
+size_t dp_atomic_file_temp_extra(void)
+{
+    return strlen(".tmp.") + digits((unsigned long)getpid()) + 1 + digits(UINT32_MAX) + 1 + 8;
+}
 
 dp_status dp_atomic_file_open(const char *path, dp_atomic_file **out)
 {
@@ -50,7 +78,10 @@ dp_status dp_atomic_file_open(const char *path, dp_atomic_file **out)
         free(tmp);
         return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "cannot allocate the temporary file name");
     }
-    snprintf(tmp, tlen, "%s.tmp.%ld.%u", path, (long)getpid(), atomic_fetch_add(&tmp_counter, 1u));
+    char host[9];
+    host_tag(host);
+    snprintf(tmp, tlen, "%s.tmp.%ld.%u.%s", path, (long)getpid(),
+             atomic_fetch_add(&tmp_counter, 1u), host);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
     if (fd < 0) {
         int e = errno;
@@ -188,4 +219,65 @@ void dp_atomic_file_abort(dp_atomic_file *af)
     unlink(af->tmp);
     release(af);
     errno = e;
+}
+
+// --- stale temporary files ----------------------------------------------------------
+
+/* 1 when name is "<base>.tmp.<pid>.<n>.<host>" (digits, digits, 8 hex
+ * digits), made on this host (host), and *pid is set. */
+static int parse_temp_name(const char *name, const char *base, const char *host, long *pid)
+{
+    size_t bl = strlen(base);
+    if (strncmp(name, base, bl) != 0 || strncmp(name + bl, ".tmp.", 5) != 0) return 0;
+    const char *p = name + bl + 5;
+    if (*p < '1' || *p > '9') return 0;
+    char *end = NULL;
+    errno = 0;
+    long x = strtol(p, &end, 10);
+    if (errno || *end != '.' || x <= 0) return 0;
+    p = end + 1;
+    size_t nd = strspn(p, "0123456789");
+    if (nd == 0 || p[nd] != '.') return 0;
+    p += nd + 1;
+    if (strcmp(p, host) != 0) return 0; /* another host's, or not ours at all */
+    *pid = x;
+    return 1;
+}
+
+void dp_atomic_file_remove_stale(const char *path)
+{
+    if (!path || !*path) return;
+    const char *slash = strrchr(path, '/');
+    char *dir = NULL;
+    const char *base = path;
+    if (slash) {
+        size_t n = (size_t)(slash - path);
+        dir = malloc(n + 2);
+        if (!dir) return;
+        memcpy(dir, path, n ? n : 1); /* "/x" -> "/" */
+        dir[n ? n : 1] = '\0';
+        base = slash + 1;
+    }
+    DIR *d = opendir(dir ? dir : ".");
+    if (!d) {
+        free(dir);
+        return;
+    }
+    char host[9];
+    host_tag(host);
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        long pid;
+        if (!parse_temp_name(de->d_name, base, host, &pid)) continue;
+        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;
+        size_t n = (dir ? strlen(dir) + 1 : 0) + strlen(de->d_name) + 1;
+        char *full = malloc(n);
+        if (!full) break;
+        if (dir) snprintf(full, n, "%s/%s", dir, de->d_name);
+        else snprintf(full, n, "%s", de->d_name);
+        unlink(full);
+        free(full);
+    }
+    closedir(d);
+    free(dir);
 }

@@ -5,17 +5,14 @@
  * model's business (lib/models), so io never depends on a model.
  */
 #define _POSIX_C_SOURCE 200809L
-#include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/types.h>
-#include <unistd.h>
 
 #include "core/error.h"
+#include "dp/atomic_file.h"
 #include "dp/checkpoint.h"
 #include "dp/safetensors.h"
 
@@ -41,67 +38,6 @@ typedef struct ck_priv {
     char *path;
     size_t n_tensors;      /* the file's tensor count */
 } ck_priv;
-
-// --- stale temporary files ------------------------------------------------------------
-
-/* 1 when name is "<base>.tmp.<pid>.<n>" (digits) and *pid is set. This is
- * the naming of dp_st_writer_write. */
-static int parse_tmp_name(const char *name, const char *base, long *pid)
-{
-    size_t bl = strlen(base);
-    if (strncmp(name, base, bl) != 0 || strncmp(name + bl, ".tmp.", 5) != 0) return 0;
-    const char *p = name + bl + 5;
-    char *end = NULL;
-    errno = 0;
-    long x = strtol(p, &end, 10);
-    if (errno || end == p || *end != '.' || x <= 0 || *p < '0' || *p > '9') return 0;
-    p = end + 1;
-    if (!*p) return 0;
-    for (; *p; p++)
-        if (*p < '0' || *p > '9') return 0;
-    *pid = x;
-    return 1;
-}
-
-/* Removes "<path>.tmp.<pid>.<n>" files whose process no longer exists (a
- * process killed while writing leaves one the size of the checkpoint).
- * Best effort: a directory that cannot be listed is left to the write to
- * report. A process of another user that is alive answers EPERM, which
- * counts as alive. */
-static void remove_stale_temps(const char *path)
-{
-    const char *slash = strrchr(path, '/');
-    char *dir = NULL;
-    const char *base = path;
-    if (slash) {
-        size_t n = (size_t)(slash - path);
-        dir = malloc(n + 2);
-        if (!dir) return;
-        memcpy(dir, path, n ? n : 1); /* "/x" -> "/" */
-        dir[n ? n : 1] = '\0';
-        base = slash + 1;
-    }
-    DIR *d = opendir(dir ? dir : ".");
-    if (!d) {
-        free(dir);
-        return;
-    }
-    struct dirent *de;
-    while ((de = readdir(d))) {
-        long pid;
-        if (!parse_tmp_name(de->d_name, base, &pid)) continue;
-        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;
-        size_t n = (dir ? strlen(dir) + 1 : 0) + strlen(de->d_name) + 1;
-        char *full = malloc(n);
-        if (!full) break;
-        if (dir) snprintf(full, n, "%s/%s", dir, de->d_name);
-        else snprintf(full, n, "%s", de->d_name);
-        unlink(full);
-        free(full);
-    }
-    closedir(d);
-    free(dir);
-}
 
 // --- save -------------------------------------------------------------------------------
 
@@ -164,7 +100,7 @@ dp_status dp_checkpoint_save(const char *path, const dp_model *m, const dp_check
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "ck->step (%ld) and ck->optimizer_step (%ld) "
                        "must be >= 0", ck->step, ck->optimizer_step);
     DP_TRY(check_meta(ck));
-    remove_stale_temps(path);
+    dp_atomic_file_remove_stale(path);
     dp_st_writer *w = NULL;
     char **names = calloc(2 * m->n_tensors + 1, sizeof *names);
     if (!names) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation failed");
