@@ -240,6 +240,13 @@ int adopt_shape(opts *o, const dp_gpt_config *c, const char *whose)
 static int check_opts(const opts *o)
 {
     if (o->beta1 >= 1 || o->beta2 >= 1) return cli_fail("--beta1 and --beta2 must be < 1");
+    /* The cosine decay goes from --lr down to --min-lr; the other way it
+     * would raise the rate all run long (a lone small --lr meets the
+     * default --min-lr). */
+    if (o->min_lr > o->lr)
+        return cli_fail("--min-lr %g is above --lr %g: the schedule would raise the rate to it; "
+                        "give --min-lr at most --lr (nanoGPT uses a tenth of it)",
+                        o->min_lr, o->lr);
     if (o->eval_only && !o->resume && !o->init_from)
         return cli_fail("--eval-only needs a model: --resume CHECKPOINT or --init-from WEIGHTS");
     if (o->resume && o->init_from)
