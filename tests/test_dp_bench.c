@@ -187,6 +187,11 @@ Test(dp_bench, find_max_batch_and_scaling)
     json_int_t g = int_at(mode_result(j, "gather"), "max_batch");
     json_int_t b = int_at(mode_result(j, "balanced"), "max_batch");
     cr_assert(g >= 2 && b > g, "max batch gather %lld, balanced %lld", (long long)g, (long long)b);
+    /* What stopped each search is said: here the limit, one sequence more. */
+    char said[96];
+    snprintf(said, sizeof said, "(balanced: %lld sequences do not fit: ", (long long)b + 1);
+    const char *line = strstr(r.out, said);
+    cr_assert(line && strstr(line, "limit"), "no reason for balanced's max batch:\n%s", r.out);
     json_t *pts = json_object_get(json_object_get(j, "scaling"), "points");
     cr_assert_eq(json_array_size(pts), 2);
     cr_assert_eq(int_at(json_array_get(pts, 1), "devices"), 2);

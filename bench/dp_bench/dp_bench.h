@@ -100,6 +100,8 @@ typedef struct results {
     mode_result res[4]; /* the runs that were timed, nres of them */
     size_t nres;
     long max_batch[4];  /* --find-max-batch: each planned run's largest batch */
+    char max_why[4][512]; /* and why one more sequence did not fit (the host's RAM, a
+                             GPU's memory or the limit: the error's message) */
     dp_mode scale_mode; /* --scaling's mode, and the batch it was timed at */
     size_t scale_rows;
     scale_point sc[DP_MAX_DEVICES]; /* --scaling: 1..k devices per rank */

@@ -241,9 +241,10 @@ int time_runs(bench *b, const run_plan *p, run_results *rs)
         size_t rows = (size_t)o->batch;
         run_name(p->mode[r], p->shard[r], name, sizeof name);
         if (o->find_max_batch) {
-            char why[512] = "";
+            char *why = rs->max_why[r];
+            why[0] = '\0';
             rc = find_max_batch(b, p->mode[r], p->shard[r], rows, &rs->max_batch[r], why,
-                                sizeof why);
+                                sizeof rs->max_why[r]);
             if (rc) break;
             if (rs->max_batch[r] == 0) {
                 printf("%s: not even 1 sequence fits under --memory-limit %s: %s\n", name,

@@ -217,6 +217,13 @@ void print_max_batches(const bench *b, const run_plan *p, const run_results *rs)
         printf("  (balanced / gather = %.2f)",
                (double)rs->max_batch[p->n / 2] / (double)rs->max_batch[0]);
     printf("\n");
+    /* What stopped each search: the limit, or the host's RAM or a GPU's
+     * memory before it (then the answer is the machine's, not the limit's). */
+    for (size_t r = 0; r < p->n; r++)
+        if (rs->max_batch[r] > 0 && rs->max_why[r][0])
+            printf("(%s: %ld sequences do not fit: %s)\n",
+                   run_name(p->mode[r], p->shard[r], name, sizeof name), rs->max_batch[r] + 1,
+                   rs->max_why[r]);
 }
 
 /* --scaling's title and column heads. */
