@@ -156,12 +156,10 @@ int main(int argc, char **argv)
             b.chunk = (size_t)v;
             break;
         case 'r':
-            if (cli_parse_long("--reps", optarg, 1, 100000, &v)) return 2;
-            reps = (int)v;
+            if (cli_parse_int("--reps", optarg, 1, 100000, &reps)) return 2;
             break;
         case 'w':
-            if (cli_parse_long("--warmup", optarg, 0, 100000, &v)) return 2;
-            warmup = (int)v;
+            if (cli_parse_int("--warmup", optarg, 0, 100000, &warmup)) return 2;
             break;
         case 'b': b.bf16 = 1; break;
         case 'h': usage(stdout); return cli_check_stream(stdout, "the help to standard output");

@@ -67,7 +67,6 @@ int main(int argc, char **argv)
     };
     cli_set_program("gemm_bench");
     int c;
-    long v;
     while ((c = getopt_long(argc, argv, "s:r:w:p:h", opts, NULL)) != -1) {
         switch (c) {
         case 'p':
@@ -79,16 +78,13 @@ int main(int argc, char **argv)
             break;
         /* --size at most 16384 (three 1 GiB matrices); --warmup may be 0 */
         case 's':
-            if (cli_parse_long("--size", optarg, 1, 16384, &v)) return 2;
-            size = (int)v;
+            if (cli_parse_int("--size", optarg, 1, 16384, &size)) return 2;
             break;
         case 'r':
-            if (cli_parse_long("--reps", optarg, 1, 100000, &v)) return 2;
-            reps = (int)v;
+            if (cli_parse_int("--reps", optarg, 1, 100000, &reps)) return 2;
             break;
         case 'w':
-            if (cli_parse_long("--warmup", optarg, 0, 100000, &v)) return 2;
-            warmup = (int)v;
+            if (cli_parse_int("--warmup", optarg, 0, 100000, &warmup)) return 2;
             break;
         case 'h': usage(stdout); return cli_check_stream(stdout, "the help to standard output");
         default: usage(stderr); return 2;

@@ -87,6 +87,14 @@ int cli_parse_long(const char *name, const char *v, long lo, long hi, long *out)
     return 0;
 }
 
+int cli_parse_int(const char *name, const char *v, int lo, int hi, int *out)
+{
+    long x = 0;
+    if (cli_parse_long(name, v, lo, hi, &x)) return 1;
+    *out = (int)x;
+    return 0;
+}
+
 int cli_parse_double(const char *name, const char *v, double lo, double *out)
 {
     char *end = NULL;

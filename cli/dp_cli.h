@@ -170,6 +170,8 @@ const char *cli_options_text(void);
 
 /* A whole decimal integer in [lo, hi]. */
 int cli_parse_long(const char *name, const char *v, long lo, long hi, long *out);
+/* ... into an int. */
+int cli_parse_int(const char *name, const char *v, int lo, int hi, int *out);
 
 /* A whole finite number >= lo. */
 int cli_parse_double(const char *name, const char *v, double lo, double *out);

@@ -61,9 +61,6 @@ struct dp_device {
      * replace (a test hook, device_testing.h: so one binary compares both
      * bit for bit) */
     int no_fused_producers;
-    /* a communication queue's device (dp_device_open_comm), whose memory
-     * it uses; NULL for a device opened by dp_device_open */
-    dp_device *parent;
 };
 
 /* One operand of the backend's gemm: batch column-major matrices (before

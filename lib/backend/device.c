@@ -158,7 +158,6 @@ dp_status dp_device_open_comm(dp_device *dev, dp_device **out)
     c->kind = dev->kind;
     c->index = dev->index;
     c->matmul = dev->matmul;
-    c->parent = dev;
     snprintf(c->name, sizeof c->name, "%.26s comm", dev->name);
     if (pthread_mutex_init(&c->mu, NULL) != 0) {
         free(c);

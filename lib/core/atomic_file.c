@@ -7,6 +7,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdatomic.h>
@@ -52,7 +53,16 @@ static size_t digits(unsigned long x)
 
 size_t dp_atomic_file_temp_extra(void)
 {
-    return strlen(".tmp.") + digits((unsigned long)getpid()) + 1 + digits(UINT32_MAX) + 1 + 8;
+    return strlen(".tmp.") + digits((unsigned long)getpid()) + 1 + digits(UINT_MAX) + 1 + 8;
+}
+
+/* The directory holding path ("." for a bare name, "/" for "/x"), malloc'd. */
+static char *parent_of(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    if (!slash) return strdup(".");
+    if (slash == path) return strdup("/");
+    return strndup(path, (size_t)(slash - path));
 }
 
 dp_status dp_atomic_file_open(const char *path, dp_atomic_file **out)
@@ -68,7 +78,7 @@ dp_status dp_atomic_file_open(const char *path, dp_atomic_file **out)
                        "regular file; give the path of a regular file or of one that does not "
                        "exist yet", path, dp_file_kind(sb.st_mode));
     size_t tlen;
-    if (!dp_size_add(strlen(path), 64, &tlen))
+    if (!dp_size_add(strlen(path), dp_atomic_file_temp_extra() + 1, &tlen))
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "the path is too long");
     dp_atomic_file *af = calloc(1, sizeof *af);
     char *p = strdup(path), *tmp = malloc(tlen);
@@ -154,11 +164,7 @@ dp_status dp_atomic_file_sync(dp_atomic_file *af)
 // fsync the directory holding path so the rename itself is durable.
 static int fsync_parent(const char *path)
 {
-    const char *slash = strrchr(path, '/');
-    char *dir;
-    if (!slash) dir = strdup(".");
-    else if (slash == path) dir = strdup("/");
-    else dir = strndup(path, (size_t)(slash - path));
+    char *dir = parent_of(path);
     if (!dir) {
         errno = ENOMEM;
         return -1;
@@ -248,17 +254,9 @@ void dp_atomic_file_remove_stale(const char *path)
 {
     if (!path || !*path) return;
     const char *slash = strrchr(path, '/');
-    char *dir = NULL;
-    const char *base = path;
-    if (slash) {
-        size_t n = (size_t)(slash - path);
-        dir = malloc(n + 2);
-        if (!dir) return;
-        memcpy(dir, path, n ? n : 1); /* "/x" -> "/" */
-        dir[n ? n : 1] = '\0';
-        base = slash + 1;
-    }
-    DIR *d = opendir(dir ? dir : ".");
+    const char *base = slash ? slash + 1 : path;
+    char *dir = parent_of(path);
+    DIR *d = dir ? opendir(dir) : NULL;
     if (!d) {
         free(dir);
         return;
@@ -270,11 +268,10 @@ void dp_atomic_file_remove_stale(const char *path)
         long pid;
         if (!parse_temp_name(de->d_name, base, host, &pid)) continue;
         if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;
-        size_t n = (dir ? strlen(dir) + 1 : 0) + strlen(de->d_name) + 1;
+        size_t n = strlen(dir) + strlen(de->d_name) + 2;
         char *full = malloc(n);
         if (!full) break;
-        if (dir) snprintf(full, n, "%s/%s", dir, de->d_name);
-        else snprintf(full, n, "%s", de->d_name);
+        snprintf(full, n, "%s/%s", dir, de->d_name);
         unlink(full);
         free(full);
     }

@@ -236,20 +236,14 @@ dp_status dp_comm_settle(worker *w)
 {
     dp_engine *e = w->e;
     dp_status first = DP_OK;
-    dp_device *done[DP_MAX_DEVICES];
-    size_t n_done = 0;
     for (size_t j = 0; e->s && j < e->L.K; j++) {
         slice *sl = &e->s[j];
         if (sl->reducer != w->id) continue;
         worker *o = dp_local_worker(e, (size_t)sl->summer);
         if (!o || o->comm == o->dev) continue; /* no queue of its own: nothing runs on */
-        dp_device *q = o->comm;
-        size_t i = 0;
-        while (i < n_done && done[i] != q) i++;
-        if (i < n_done) continue;
-        done[n_done++] = q;
-        /* Every queue, even after a failure: none may run on into the next job. */
-        dp_status s = dp_device_synchronize(q);
+        /* Every slice's queue, even after a failure: none may run on into
+         * the next job (a queue met twice is idle the second time). */
+        dp_status s = dp_device_synchronize(o->comm);
         if (first == DP_OK) first = s;
     }
     return first;
