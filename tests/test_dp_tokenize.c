@@ -290,17 +290,24 @@ Test(dp_tokenize, help)
 
 // --- failures ----------------------------------------------------------------------------
 
-/* Asserts a failed run: non-zero exit, the words on stderr, no out.bin
- * and no temporary file. */
-static void assert_failed(result *r, const char *w1, const char *w2)
+/* Asserts a failed run: exit status `status` (2: a refused command line,
+ * 1: a later failure), the words on stderr, no out.bin and no temporary
+ * file. */
+static void assert_failed_with(result *r, int status, const char *w1, const char *w2)
 {
-    cr_assert(WIFEXITED(r->status) && WEXITSTATUS(r->status) != 0, "exit status %d; stderr: %s",
-              r->status, r->err);
+    cr_assert(WIFEXITED(r->status) && WEXITSTATUS(r->status) == status,
+              "exit status %d (want %d); stderr: %s", WEXITSTATUS(r->status), status, r->err);
     cr_assert(strstr(r->err, "dp_tokenize: ") && strstr(r->err, w1) && (!w2 || strstr(r->err, w2)),
               "stderr lacks \"%s\"/\"%s\": %s", w1, w2 ? w2 : "", r->err);
     cr_assert_not(exists(in_tmp("out.bin")), "out.bin was written");
     assert_no_temp();
     dp_test_result_free(r);
+}
+
+/* A failure after the command line was accepted. */
+static void assert_failed(result *r, const char *w1, const char *w2)
+{
+    assert_failed_with(r, 1, w1, w2);
 }
 
 Test(dp_tokenize, bad_inputs_and_options_fail_cleanly)
@@ -334,15 +341,15 @@ Test(dp_tokenize, bad_inputs_and_options_fail_cleanly)
     assert_failed(&r, "bad.txt' is not UTF-8", offset);
 
     r = RUN("--out", "@out.bin", "@a.txt");
-    assert_failed(&r, "--tokenizer-file PATH is required", NULL);
+    assert_failed_with(&r, 2, "--tokenizer-file PATH is required", NULL);
     r = RUN("--tokenizer-file", "@none.json", "--out", "@out.bin", "@a.txt");
     assert_failed(&r, "cannot load the tokenizer", "none.json");
     r = RUN("--tokenizer-file", tok_json, "--out", "@out.bin", "--bogus", "@a.txt");
-    assert_failed(&r, "unknown option '--bogus'", NULL);
+    assert_failed_with(&r, 2, "unknown option '--bogus'", NULL);
     r = RUN("--tokenizer-file", tok_json, "--out", "@out.bin");
-    assert_failed(&r, "no INPUT", NULL);
+    assert_failed_with(&r, 2, "no INPUT", NULL);
     r = RUN("--tokenizer-file", tok_json, "--out");
-    assert_failed(&r, "--out needs a value", NULL);
+    assert_failed_with(&r, 2, "--out needs a value", NULL);
 }
 
 Test(dp_tokenize, bad_outputs_fail_cleanly)

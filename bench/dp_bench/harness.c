@@ -120,7 +120,9 @@ static void usage(FILE *f)
           "join and all fail naming the first that differs. A wait between the ranks\n"
           "lasts at most " CLI_STR(CLI_RANKS_WAIT_DEFAULT_S) " s (twice that for the gradient's pieces\n"
           "inside a step, so a stuck rank's own watchdog names it first); then every\n"
-          "rank stops.\n",
+          "rank stops.\n"
+          "Exit status: 0; 2 for a command line it refuses (nothing run, nothing\n"
+          "written); 1 for a failure after it, with no output file half-written.\n",
           f);
 }
 
@@ -338,7 +340,7 @@ static int bench_main(bench *b)
     cli_set_quiet(1);
     int bad = check_args(b);
     cli_set_quiet(0);
-    if (cli_ranks_agree_alike(&b->rk, bad)) return 1;
+    if (cli_ranks_agree_alike(&b->rk, bad)) return bad ? 2 : 1; /* 2: refused, as parse_args */
     /* Output paths and gnuplot: rank 0 writes them. */
     if (agree_writes(b, b->rk.rank == 0 ? check_outputs(b) : 0)) return 1;
     if (agree(b, make_model(b))) return 1;
@@ -386,7 +388,9 @@ int main(int argc, char **argv)
     int pa = parse_args(argc, argv, o);
     cli_set_quiet(0);
     pa = cli_ranks_options(&b.rk, pa, NULL);
-    int rc = pa ? (pa < 0 ? 0 : 1) : bench_main(&b); /* pa -1: --help */
+    /* pa -1: --help; a refused command line exits 2, as lm_train's and the
+     * other benchmarks' do, a failure after it 1. */
+    int rc = pa ? (pa < 0 ? 0 : 2) : bench_main(&b);
     /* The table on stdout, checked (a full disk, /dev/full): exit alone
      * cannot change the status. */
     if (cli_check_stream(stdout, "standard output") && !rc) rc = 1;

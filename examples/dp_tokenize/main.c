@@ -50,8 +50,8 @@ int main(int argc, char **argv)
     cli_set_program("dp_tokenize"); /* the name of cli's messages */
     tok_options o;
     int rc = tok_options_parse(argc, argv, &o);
-    if (rc == 2) return cli_check_stream(stdout, "the help to standard output"); /* --help */
-    if (rc) return 1;
+    if (rc < 0) return cli_check_stream(stdout, "the help to standard output"); /* --help */
+    if (rc) return 2; /* a refused command line */
     size_t total = 0;
     if (tok_check_inputs(&o, &total)) return 1;
     dp_tokenizer *tok = NULL;

@@ -35,8 +35,8 @@ static const char USAGE[] =
     "Inputs must be regular files of UTF-8 text (invalid UTF-8 is refused with its\n"
     "file and byte offset); --out must not be one of them, nor a file of the\n"
     "tokenizer (the same file by any path: a link, ./, ..). Progress goes to stderr,\n"
-    "the summary (tokens, tokens/s) to stdout. Exit status 0, or 1 on any error,\n"
-    "with nothing written.\n";
+    "the summary (tokens, tokens/s) to stdout. Exit status 0; 2 for a command line\n"
+    "it refuses; 1 for any later error. Nothing is written on either.\n";
 
 int tok_options_parse(int argc, char **argv, tok_options *o)
 {
@@ -58,7 +58,7 @@ int tok_options_parse(int argc, char **argv, tok_options *o)
         case OPT_MERGES: o->merges_file = optarg; break;
         case OPT_OUT: o->out = optarg; break;
         case OPT_SPECIAL: o->allow_special = 1; break;
-        case 'h': fputs(USAGE, stdout); return 2;
+        case 'h': fputs(USAGE, stdout); return -1;
         case ':': return tok_fail("%s needs a value (see --help)", argv[optind - 1]);
         default:
             return tok_fail("unknown option '%s' (see --help)", argv[optind - 1]);

@@ -15,8 +15,8 @@ typedef struct tok_options {
     size_t n_inputs;
 } tok_options;
 
-/* Parses argv. Returns 0 to run, 1 after printing an error, 2 after
- * printing --help (exit 0). */
+/* Parses argv. Returns 0 to run, 1 after printing an error (exit 2), -1
+ * after printing --help (exit 0). */
 int tok_options_parse(int argc, char **argv, tok_options *o);
 
 #endif /* DP_TOKENIZE_OPTIONS_H */
