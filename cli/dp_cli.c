@@ -295,10 +295,17 @@ static int compute_option(int c, const char *v, char **argv, cli_compute *cp, in
     case CLI_O_VOCAB_PAD: return cli_parse_vocab_pad(v, &cp->vocab_pad);
     }
     if (c == ':') return cli_fail("%s needs a value (see --help)", argv[optind - 1]);
-    /* getopt sets optopt to a known option given a value it does not take. */
+    /* There are no short options: getopt names an unknown one by optopt
+     * alone (argv[optind - 1] may be the argument before a group such as
+     * -xy). For a long one it sets optopt to a known option given a value
+     * it does not take. */
+    const char *arg = argv[optind - 1];
+    if (strncmp(arg, "--", 2) != 0)
+        return cli_fail("unknown option \"-%c\" (options are long: see --help)",
+                        optopt > ' ' && optopt < 127 ? optopt : '?');
     if (name_no_value && optopt)
-        return cli_fail("\"%s\": this option takes no value (see --help)", argv[optind - 1]);
-    return cli_fail("unknown option \"%s\" (see --help)", argv[optind - 1]);
+        return cli_fail("\"%s\": this option takes no value (see --help)", arg);
+    return cli_fail("unknown option \"%s\" (see --help)", arg);
 }
 
 int cli_check_attention_chunk(const cli_compute *cp)

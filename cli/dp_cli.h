@@ -302,6 +302,11 @@ int cli_check_input(const char *flag, const char *path);
  * or 1 after one line with the reason (e.g. "No space left on device"). */
 int cli_check_stream(FILE *f, const char *what);
 
+/* Writes usage's text to stdout in one write, so that a failure keeps
+ * its reason (stdio's flag does not) for cli_check_stream to name:
+ * "No space left on device", not "an earlier write failed". */
+void cli_print_help(void (*usage)(FILE *f));
+
 /* While af (the one file the program is writing through the atomic
  * writer) is open, a signal that would kill the program (INT, TERM, HUP,
  * QUIT, PIPE, XFSZ, ALRM, VTALRM, USR1, USR2) first removes af's

@@ -300,11 +300,41 @@ void cli_guard_temp(const dp_atomic_file *af, const char *what)
 
 // --- streams --------------------------------------------------------------------------
 
+/* The stream and errno of cli_print_help's failed write: stdio keeps
+ * only a flag, and a later fflush has nothing left to fail with. */
+static FILE *failed_stream;
+static int failed_errno;
+
+void cli_print_help(void (*usage)(FILE *f))
+{
+    char *text = NULL;
+    size_t n = 0;
+    FILE *m = open_memstream(&text, &n);
+    if (m) {
+        usage(m);
+        if (fclose(m) != 0) {
+            free(text);
+            text = NULL;
+        }
+    }
+    if (!text) { /* no memory for it: straight to stdout, errno unknown */
+        usage(stdout);
+        return;
+    }
+    errno = 0;
+    if (fwrite(text, 1, n, stdout) != n || fflush(stdout) != 0) {
+        failed_stream = stdout;
+        failed_errno = errno;
+    }
+    free(text);
+}
+
 int cli_check_stream(FILE *f, const char *what)
 {
     errno = 0;
     int flushed = fflush(f);
     int e = errno;
     if (flushed == 0 && !ferror(f)) return 0;
+    if (!e && f == failed_stream) e = failed_errno;
     return cli_fail("cannot write %s: %s", what, e ? strerror(e) : "an earlier write failed");
 }

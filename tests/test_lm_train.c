@@ -1430,6 +1430,9 @@ static bad_case bad_cases[] = {
     {"devices cpu:0,0", {"--devices", "cpu:0,0"}, "cpu:0,0", "", 0, 0, 0},
     {"devices cuda:0 without a GPU", {"--devices", "cuda:0"}, "cuda", "", 0, 1, 0},
     {"unknown option", {"--frobnicate"}, "--frobnicate", "", 0, 0, 0},
+    /* there are no short options: named as unknown, not as given a value */
+    {"unknown short option", {"-x"}, "unknown option \"-x\"", "", 0, 0, 0},
+    {"unknown short options grouped", {"-qx"}, "unknown option \"-q\"", "", 0, 0, 0},
     {"option without its value", {"--steps"}, "--steps needs a value", "", 0, 0, 0},
     {"steps x", {"--steps", "x"}, "--steps", "", 0, 0, 0},
     {"lr -1", {"--lr", "-1"}, "--lr", "", 0, 0, 0},

@@ -81,10 +81,12 @@ Test(tools, a_full_standard_output_fails_every_program)
     dp_test_result_free(&d);
     const char *progs[] = {GEMM_BENCH_PATH, ATTENTION_BENCH_PATH, TOKEN_DATA_BENCH_PATH,
                            LM_TRAIN_PATH,   DP_TOKENIZE_PATH,     MLP_CLASSIFIER_PATH,
-                           REGRESSION_PATH};
+                           REGRESSION_PATH, DP_BENCH_PATH};
     for (size_t i = 0; i < sizeof progs / sizeof progs[0]; i++) {
+        /* the reason, not stdio's bare flag ("an earlier write failed"):
+         * the help is longer than stdio's buffer in lm_train and dp_bench */
         dp_test_result h = RUN_TO(progs[i], "/dev/full", "--help");
-        assert_fails(&h, 1, "cannot write the help to standard output");
+        assert_fails(&h, 1, "standard output: No space left on device");
         dp_test_result_free(&h);
         dp_test_result ok = RUN_TO(progs[i], NULL, "--help");
         dp_test_assert_success(&ok, "--help to a file");

@@ -190,7 +190,7 @@ static int option(void *ctx, int c, const char *v)
             bad = cli_fail("--peak-tflops: %s is not a peak in TFLOP/s above 0 and at most 1e9 "
                            "(e.g. 989 for one H100 in bf16)", v);
         break;
-    case O_HELP: usage(stdout); return -1;
+    case O_HELP: cli_print_help(usage); return -1;
     default: return CLI_NOT_MINE;
     }
     return bad;

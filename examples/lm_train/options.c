@@ -368,7 +368,7 @@ static int option(void *ctx, int c, const char *v)
     case O_SKIPS: bad = cli_parse_long("--max-skips", v, 1, LONG_MAX, &o->max_skips); break;
     case O_WATCHDOG: bad = cli_parse_watchdog(v, &o->watchdog); break;
     case O_CHECK: bad = cli_parse_long("--check-replicas", v, 0, LONG_MAX, &o->check_replicas); break;
-    case O_HELP: usage(stdout); return -1;
+    case O_HELP: cli_print_help(usage); return -1;
     case CLI_O_PRECISION:
         o->given |= G_PREC; /* given, it wins over a resumed checkpoint's */
         return CLI_NOT_MINE; /* its value: cli_parse_options */
