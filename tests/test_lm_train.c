@@ -1499,6 +1499,8 @@ static bad_case bad_cases[] = {
     {"resume with --vocab-size on a char model", {"--resume", "@good.st", "--vocab-size", "99"},
      "--vocab-size", "", 1, 0, 0},
     {"prompt outside the vocabulary", {"--prompt", "~", "--sample", "10"}, "--prompt", "", 0, 0, 0},
+    /* refused, as with token data, not replaced by the corpus's first token */
+    {"prompt empty", {"--prompt=", "--sample", "10"}, "--prompt is empty", "", 0, 0, 0},
     {"device-weights count", {"--device-weights", "1,2,3"}, "--device-weights", "", 0, 0, 0},
     {"device-weights x", {"--device-weights", "1,x"}, "--device-weights", "", 0, 0, 0},
     {"device-weights all zero", {"--device-weights", "0,0"}, "--device-weights", "", 0, 0, 0},

@@ -21,6 +21,8 @@ static int prepare_text_prompt(run *r)
     const opts *o = &r->o;
     int given = (o->given & G_PROMPT) != 0;
     if (!o->sample && !given) return 0;
+    /* as token data's: an empty prompt given is refused, not replaced */
+    if (given && !*o->prompt) return cli_fail("--prompt is empty; give some text or drop --prompt");
     size_t plen = strlen(o->prompt), cap = plen ? plen : 1, bytes = 0;
     if (!dp_size_mul(cap, sizeof(int32_t), &bytes)) return cli_fail("--prompt is too long");
     r->prompt_ids = malloc(bytes);
@@ -39,7 +41,8 @@ static int prepare_text_prompt(run *r)
         if (unk)
             return cli_fail("--prompt \"%s\": %zu word%s not in the vocabulary; use words of "
                             "the corpus", o->prompt, unk, unk == 1 ? " is" : "s are");
-        /* An empty prompt: fall through to the first token. */
+        return cli_fail("--prompt \"%s\" encodes to no token; give some text of the corpus",
+                        o->prompt);
     }
     /* The corpus's first token exists in every vocabulary built from it. */
     int32_t first = 0;
