@@ -9,6 +9,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include <dirent.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -306,6 +307,12 @@ Test(checkpoint, save_rejects_bad_arguments)
     ck.n_meta = 2;
     cr_assert_eq(dp_gpt_checkpoint_save(path, gpt, &ck), DP_ERR_INVALID_ARGUMENT);
     cr_assert(strstr(dp_last_error(), "twice") != NULL, "%s", dp_last_error());
+    /* Named by the caller's index (the GPT's own entries are added after). */
+    const dp_checkpoint_kv third[3] = {{"a", "1"}, {"n_layer", "2"}, {"", "x"}};
+    ck.meta = third;
+    ck.n_meta = 3;
+    cr_assert_eq(dp_gpt_checkpoint_save(path, gpt, &ck), DP_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(dp_last_error(), "ck->meta[2]") != NULL, "%s", dp_last_error());
     ck.meta = NULL;
     ck.n_meta = 0;
 
@@ -324,6 +331,16 @@ Test(checkpoint, save_rejects_bad_arguments)
     ck.optimizer_step = -2;
     cr_assert_eq(dp_gpt_checkpoint_save(path, gpt, &ck), DP_ERR_INVALID_ARGUMENT);
     cr_assert(strstr(dp_last_error(), "optimizer_step") != NULL, "%s", dp_last_error());
+    /* Counts past what open reads back: refused, not written unloadable. */
+    ck.optimizer_step = 1;
+    ck.step = LONG_MAX;
+    cr_assert_eq(dp_gpt_checkpoint_save(path, gpt, &ck), DP_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(dp_last_error(), "2^62") != NULL, "%s", dp_last_error());
+    ck.step = DP_MAX_STEP + 1;
+    cr_assert_eq(dp_gpt_checkpoint_save(path, gpt, &ck), DP_ERR_INVALID_ARGUMENT);
+    ck.step = 1;
+    ck.optimizer_step = DP_MAX_STEP + 1;
+    cr_assert_eq(dp_gpt_checkpoint_save(path, gpt, &ck), DP_ERR_INVALID_ARGUMENT);
 
     cr_assert_eq(access(path, F_OK), -1, "a rejected save created %s", path);
     cr_assert_eq(count_entries(tmpdir), 0);

@@ -6,6 +6,7 @@
  * over the devices, three optimizer steps give the same losses and
  * parameters as the single-device run, within float tolerance.
  */
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -179,6 +180,22 @@ Test(engine, plan_splits_rows_as_documented)
     cr_assert(rows[0] == 3 && rows[1] == 2 && rows[2] == 2, "7 rows: %zu/%zu/%zu", rows[0], rows[1], rows[2]);
     dp_assert_ok(dp_engine_plan(r.e, 2, NULL, rows));
     cr_assert(rows[0] == 1 && rows[1] == 1 && rows[2] == 0, "2 rows: %zu/%zu/%zu", rows[0], rows[1], rows[2]);
+
+    /* Huge counts: the shares add up to rows exactly up to 2^53 (they are
+     * computed in double), and past it are refused, not looped on. */
+    static const size_t huge[] = {(size_t)1 << 53, ((size_t)1 << 53) - 1, ((size_t)1 << 52) + 3};
+    for (size_t h = 0; h < sizeof huge / sizeof huge[0]; h++) {
+        dp_assert_ok(dp_engine_plan(r.e, huge[h], NULL, rows));
+        cr_assert_eq(rows[0] + rows[1] + rows[2], huge[h], "%zu rows: %zu/%zu/%zu", huge[h],
+                     rows[0], rows[1], rows[2]);
+        cr_assert(rows[0] >= rows[1] && rows[1] >= rows[2] && rows[0] - rows[2] <= 1,
+                  "%zu rows: %zu/%zu/%zu", huge[h], rows[0], rows[1], rows[2]);
+    }
+    static const size_t refused[] = {((size_t)1 << 53) + 1, ((size_t)1 << 54) + 3, SIZE_MAX};
+    for (size_t h = 0; h < sizeof refused / sizeof refused[0]; h++) {
+        cr_assert_eq(dp_engine_plan(r.e, refused[h], NULL, rows), DP_ERR_INVALID_ARGUMENT);
+        cr_assert(strstr(dp_last_error(), "at most 2^53 rows"), "%s", dp_last_error());
+    }
 
     /* A batch smaller than the device count leaves a device idle. */
     float x[2 * D];
@@ -434,6 +451,12 @@ Test(engine, setters_refuse_non_finite_and_negative_values, .timeout = 30)
     bad[7] = -1.0f;
     cr_assert_eq(dp_engine_set_optimizer_state(r.e, m, bad, t), DP_ERR_INVALID_ARGUMENT);
     cr_assert(strstr(dp_last_error(), "second moment 7"), "%s", dp_last_error());
+    /* A count the engine would wrap on, or a checkpoint could not hold. */
+    cr_assert_eq(dp_engine_set_optimizer_state(r.e, m, v, LONG_MAX), DP_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(dp_last_error(), "2^62"), "%s", dp_last_error());
+    cr_assert_eq(dp_engine_set_optimizer_state(r.e, m, v, DP_MAX_STEP + 1),
+                 DP_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(dp_engine_set_optimizer_state(r.e, m, v, -1), DP_ERR_INVALID_ARGUMENT);
     dp_assert_ok(dp_engine_get_params(r.e, q));
     cr_assert(memcmp(p, q, n * sizeof(float)) == 0, "a refused set_params changed the parameters");
     static float m2[NP_MAX], v2[NP_MAX];

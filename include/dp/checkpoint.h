@@ -75,7 +75,8 @@ typedef struct dp_checkpoint {
  * host that no longer runs (killed mid-write) are removed
  * (dp_atomic_file_remove_stale; another host's are left alone).
  * Errors: DP_ERR_INVALID_ARGUMENT (NULL path/model/ck/params, one moment
- * alone, a negative step, a meta entry that is NULL, empty, reserved or
+ * alone, a step or optimizer_step outside [0, DP_MAX_STEP], a meta entry
+ * that is NULL, empty, reserved or
  * repeated), DP_ERR_IO (path and reason), DP_ERR_OUT_OF_MEMORY.
  */
 DP_API dp_status dp_checkpoint_save(const char *path, const dp_model *model,
@@ -83,7 +84,7 @@ DP_API dp_status dp_checkpoint_save(const char *path, const dp_model *model,
 
 /*
  * Opens path and reads its metadata: step and optimizer_step (integers in
- * [0, 2^62]), tokenizer, config, sampler (parsed), and every other entry
+ * [0, DP_MAX_STEP = 2^62]), tokenizer, config, sampler (parsed), and every other entry
  * into ck->meta. params, m and v stay NULL until dp_checkpoint_read_tensors.
  * On success *out is a new checkpoint (free with dp_checkpoint_close).
  * Errors: DP_ERR_INVALID_ARGUMENT, DP_ERR_IO, DP_ERR_FORMAT naming the

@@ -453,8 +453,10 @@ DP_API dp_status dp_engine_set_params(dp_engine *engine, const float *host);
  * owners), and the step count t. State taken from an engine with any
  * device count and shard_optimizer setting fits any other engine of the
  * same model.
- * set refuses (DP_ERR_INVALID_ARGUMENT, changing nothing) t < 0, a
- * non-finite moment, or a negative second moment. Both: DP_ERR_BUSY. */
+ * set leaves a moment given as NULL as it is (SGD: v is never read); it
+ * refuses (DP_ERR_INVALID_ARGUMENT, changing nothing) t outside [0,
+ * DP_MAX_STEP], a non-finite moment, or a negative second moment. Both:
+ * DP_ERR_BUSY. */
 DP_API dp_status dp_engine_get_optimizer_state(dp_engine *engine, float *m, float *v, long *t);
 DP_API dp_status dp_engine_set_optimizer_state(dp_engine *engine, const float *m,
                                                const float *v, long t);
@@ -474,6 +476,9 @@ DP_API const dp_model *dp_engine_model(const dp_engine *engine);
  * i, contiguous and in order; with ranks, over the job's global devices
  * (rows_out has dp_engine_num_global_devices entries). Equal shares: 7 rows on 3 devices are 3/2/2
  * (floor of the share, the remainder one row each to the first devices).
+ * The shares add up to rows exactly. Errors: DP_ERR_INVALID_ARGUMENT
+ * (NULL, a destroyed engine, rows past 2^53, whose shares a double cannot
+ * hold), DP_ERR_OUT_OF_MEMORY (token_balanced's running counts).
  */
 DP_API dp_status dp_engine_plan(const dp_engine *engine, size_t rows, const void *targets,
                                 size_t *rows_out);

@@ -29,6 +29,12 @@ extern "C" {
  * float32, 128 of bfloat16). */
 #define DP_PARAM_ALIGN 64
 
+/* The largest step count a run records: the optimizer's t
+ * (dp_engine_set_optimizer_state) and a checkpoint's step and
+ * optimizer_step. 2^62 leaves a long room to count on without wrapping;
+ * larger counts are refused where they enter. */
+#define DP_MAX_STEP (1L << 62)
+
 /* A replica's flat parameter buffer as the callbacks receive it: read the
  * member of the model's param_dtype, f32 (DP_DTYPE_F32) or bf16
  * (DP_DTYPE_BF16). Device memory, like every buffer the callbacks get. */

@@ -96,9 +96,11 @@ dp_status dp_checkpoint_save(const char *path, const dp_model *m, const dp_check
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "ck->m and ck->v must both be set (optimizer "
                        "state) or both be NULL (none); %s is NULL", ck->m ? "v" : "m");
     /* dp_checkpoint_open refuses negative counters: never write a file it cannot read. */
-    if (ck->step < 0 || ck->optimizer_step < 0)
+    /* the bounds open reads back: a file it would refuse is never written */
+    if (ck->step < 0 || ck->optimizer_step < 0 || ck->step > DP_MAX_STEP ||
+        ck->optimizer_step > DP_MAX_STEP)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "ck->step (%ld) and ck->optimizer_step (%ld) "
-                       "must be >= 0", ck->step, ck->optimizer_step);
+                       "must be in [0, 2^62] (DP_MAX_STEP)", ck->step, ck->optimizer_step);
     DP_TRY(check_meta(ck));
     dp_atomic_file_remove_stale(path);
     dp_st_writer *w = NULL;
@@ -240,8 +242,8 @@ dp_status dp_checkpoint_open(const char *path, dp_checkpoint **out)
     dp_status s = (p->path = dup_str(path)) ? DP_OK
                                             : DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation failed");
     long long step = 0, opt_step = 0;
-    if (s == DP_OK) s = get_num(f, "step", 0, 1LL << 62, &step);
-    if (s == DP_OK) s = get_num(f, "optimizer_step", 0, 1LL << 62, &opt_step);
+    if (s == DP_OK) s = get_num(f, "step", 0, DP_MAX_STEP, &step);
+    if (s == DP_OK) s = get_num(f, "optimizer_step", 0, DP_MAX_STEP, &opt_step);
     ck->step = (long)step;
     ck->optimizer_step = (long)opt_step;
     if (s == DP_OK) s = copy_meta(f, p, &ck->n_meta);

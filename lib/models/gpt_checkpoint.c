@@ -84,24 +84,30 @@ dp_status dp_gpt_checkpoint_save(const char *path, const dp_gpt *gpt, const dp_c
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "ck->meta is NULL but ck->n_meta is %zu", ck->n_meta);
     dp_gpt_metadata gm;
     DP_TRY(dp_gpt_config_to_metadata(&gpt->cfg, &gm));
+    /* The caller's entries first, at their own indices, so that
+     * dp_checkpoint_save's messages name them as the caller numbered them
+     * (ck->meta[i]); then the model's entries the caller did not give. */
     size_t n = 0;
     dp_checkpoint_kv *kv = calloc(ck->n_meta + DP_GPT_META_COUNT, sizeof *kv);
     if (!kv) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation failed");
-    for (int i = 0; i < DP_GPT_META_COUNT; i++) kv[n++] = gm.kv[i];
+    int given[DP_GPT_META_COUNT] = {0};
     for (size_t i = 0; i < ck->n_meta; i++) {
         const dp_checkpoint_kv *e = &ck->meta[i];
         int mine = -1;
         for (int j = 0; e->key && j < DP_GPT_META_COUNT; j++)
             if (strcmp(e->key, meta_keys[j]) == 0) mine = j;
-        if (mine < 0) {
-            kv[n++] = *e; /* dp_checkpoint_save checks the entry */
-        } else if (!e->value || strcmp(e->value, gm.buf[mine]) != 0) {
+        kv[n++] = *e; /* dp_checkpoint_save checks the entry */
+        if (mine < 0) continue;
+        given[mine] = 1;
+        if (!e->value || strcmp(e->value, gm.buf[mine]) != 0) {
             free(kv);
             return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "ck->meta \"%s\" = \"%s\" differs from the "
                            "model's \"%s\"; the checkpoint's configuration must be the model's",
                            e->key, e->value ? e->value : "(null)", gm.buf[mine]);
         }
     }
+    for (int j = 0; j < DP_GPT_META_COUNT; j++)
+        if (!given[j]) kv[n++] = gm.kv[j];
     dp_checkpoint c = *ck;
     c.meta = kv;
     c.n_meta = n;

@@ -182,8 +182,9 @@ dp_status dp_engine_set_optimizer_state(dp_engine *e, const float *m, const floa
 static dp_status set_state(dp_engine *e, const float *m, const float *v, long t)
 {
     size_t n = e->model.n_params, bad;
-    if (t < 0)
-        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "step count %ld is negative", t);
+    if (t < 0 || t > DP_MAX_STEP)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "step count %ld is outside [0, 2^62] "
+                       "(DP_MAX_STEP)", t);
     if (m && (bad = first_bad(m, n, 0)) < n)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "first moment %zu of %zu is %g; the optimizer "
                        "state must be finite", bad, n, m[bad]);

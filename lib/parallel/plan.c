@@ -193,6 +193,11 @@ dp_status dp_engine_plan(const dp_engine *e, size_t rows, const void *targets,
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "engine is not a live engine: it was destroyed "
                        "(dp_engine_destroy); using an engine after destroying it is undefined "
                        "(dp/engine.h)");
+    /* The shares are computed in double: past 2^53 rows they are no longer
+     * exact (and a count of rows + 1 could wrap). */
+    if ((unsigned long long)rows > 1ULL << 53)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%zu rows: a batch has at most 2^53 rows; split "
+                       "it into smaller batches", rows);
     size_t k = e->L.K; /* every device of the job, over every rank */
     const float *weights = e->L.weights;
     double W = 0.0;
@@ -203,6 +208,13 @@ dp_status dp_engine_plan(const dp_engine *e, size_t rows, const void *targets,
         for (size_t i = 0; i < k; i++) {
             rows_out[i] = (size_t)floor((double)rows * weights[i] / W);
             given += rows_out[i];
+        }
+        /* A share rounded up to the next integer could make the floors
+         * sum past rows: take the excess back from the last devices. */
+        for (size_t i = k; given > rows && i-- > 0;) {
+            size_t d = rows_out[i] < given - rows ? rows_out[i] : given - rows;
+            rows_out[i] -= d;
+            given -= d;
         }
         for (size_t i = 0; given < rows; i = (i + 1) % k)
             if (weights[i] > 0.0f) {
