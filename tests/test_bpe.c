@@ -574,8 +574,15 @@ Test(bpe, bad_openai_files_are_refused)
         cr_assert(strstr(dp_last_error(), bad[i][1]) && strstr(dp_last_error(), "vocab.bpe"),
                   "case %zu: %s", i, dp_last_error());
     }
+    // A NUL byte would cut its line short ("e s\0junk" read as "e s").
+    static const char nul[] = "#version: 0.2\ne s\0 junk\nt h\n";
+    dp_test_write_file(in_tmp("vocab.bpe"), nul, sizeof nul - 1);
+    dp_tokenizer *n = (dp_tokenizer *)1;
+    cr_assert_eq(dp_tokenizer_load_bpe_openai(enc, in_tmp("vocab.bpe"), &n), DP_ERR_FORMAT);
+    cr_assert_null(n);
+    cr_assert(strstr(dp_last_error(), "line 2 holds a NUL byte"), "%s", dp_last_error());
     // \r\n line ends and no final newline are fine.
-    dp_test_write_file(in_tmp("vocab.bpe"), "#version: 0.2\r\ne s\r\nt h", 24);
+    dp_test_write_file(in_tmp("vocab.bpe"), "#version: 0.2\r\ne s\r\nt h", 23);
     dp_tokenizer *t;
     dp_assert_ok(dp_tokenizer_load_bpe_openai(enc, in_tmp("vocab.bpe"), &t));
     dp_tokenizer_destroy(t);

@@ -652,6 +652,7 @@ Test(devlist, bad_lists)
     expect_bad("auto,cpu", cap, DP_ERR_INVALID_ARGUMENT, "auto");
     expect_bad("cpu:0,auto", cap, DP_ERR_INVALID_ARGUMENT, "auto");
     expect_bad("cpu:65", cap, DP_ERR_INVALID_ARGUMENT, "more than 64");
+    expect_bad("cpu:65", DP_MAX_DEVICES + 1, DP_ERR_INVALID_ARGUMENT, "more than 64");
     expect_bad("cpu:4", 2, DP_ERR_INVALID_ARGUMENT, "more than 2");
     expect_bad("cpu:0,1,2", 2, DP_ERR_INVALID_ARGUMENT, "more than 2");
     expect_bad(NULL, cap, DP_ERR_INVALID_ARGUMENT, "NULL");

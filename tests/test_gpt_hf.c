@@ -341,6 +341,8 @@ Test(gpt_hf, a_config_contradicting_the_tensors_or_another_model_is_refused)
         {"layer_norm_epsilon", "1e-6", "layer_norm_epsilon 1e-06", DP_ERR_UNSUPPORTED},
         {"tie_word_embeddings", "false", "tie_word_embeddings is false", DP_ERR_UNSUPPORTED},
         {"n_head", "\"four\"", "no positive integer n_head", DP_ERR_FORMAT},
+        /* the file's, not the caller's: a malformed file */
+        {"n_head", "3", "does not divide", DP_ERR_FORMAT},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         write_config(cfg, &x.r, cases[i].key, cases[i].value);

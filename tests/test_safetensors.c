@@ -12,6 +12,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
 #include "dp/safetensors.h"
 #include "dp_test.h"
 #include "dp_test_fs.h"
@@ -219,6 +221,39 @@ Test(safetensors, empty_file_has_no_tensors)
     cr_assert_eq(dp_st_count(f), 0);
     cr_assert_eq(dp_st_metadata_count(f), 0);
     dp_st_close(f);
+}
+
+/* jansson's allocator, made to fail from the first allocation on: the
+ * parser then leaves its reason empty (jansson 2.14), and the header is
+ * reported as the host out of memory, not as a malformed file. */
+static void *no_memory(size_t n)
+{
+    (void)n;
+    return NULL;
+}
+
+Test(safetensors, a_failed_allocation_in_the_json_parser_is_out_of_memory)
+{
+    dp_st_writer *w;
+    dp_assert_ok(dp_st_writer_create(&w));
+    dp_assert_ok(dp_st_writer_set_metadata(w, "k", "v"));
+    char path[256];
+    path_in(path, sizeof path, "oom.safetensors");
+    dp_assert_ok(dp_st_writer_write(w, path));
+    dp_st_writer_destroy(w);
+    json_malloc_t m;
+    json_free_t f;
+    json_get_alloc_funcs(&m, &f);
+    json_set_alloc_funcs(no_memory, f);
+    dp_st_file *st = NULL;
+    dp_status s = dp_st_open(path, &st);
+    json_set_alloc_funcs(m, f);
+    cr_assert_eq(s, DP_ERR_OUT_OF_MEMORY, "%s: %s", dp_strerror(s), dp_last_error());
+    cr_assert(strstr(dp_last_error(), "out of host memory parsing its header"), "%s",
+              dp_last_error());
+    cr_assert_null(st);
+    dp_assert_ok(dp_st_open(path, &st)); /* and with memory, it opens */
+    dp_st_close(st);
 }
 
 Test(safetensors, writer_rejects_bad_arguments)

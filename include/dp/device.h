@@ -55,7 +55,8 @@ typedef struct dp_device_spec {
  * Entries may repeat the kind ("cpu:0,cpu:1"). Mixing cpu and cuda is an
  * error. CUDA indices are checked against the visible device count.
  * Errors: DP_ERR_INVALID_ARGUMENT (NULL, empty, malformed, negative,
- * duplicate, mixed, more than cap entries), DP_ERR_NO_DEVICE (cuda index
+ * duplicate, mixed, more than cap or DP_MAX_DEVICES entries),
+ * DP_ERR_NO_DEVICE (cuda index
  * not present, or cuda requested in a build or on a machine without GPUs,
  * or where the CUDA module libdp-cuda cannot be loaded: the message names
  * the library and the fix).

@@ -82,9 +82,11 @@ static void trim(const char **s, const char **e)
 static dp_status push(dp_device_spec *specs, size_t cap, size_t *n, dp_device_kind kind,
                       int index, const char *text)
 {
-    if (*n >= cap)
+    /* an engine takes at most DP_MAX_DEVICES, however large specs is */
+    size_t most = cap < DP_MAX_DEVICES ? cap : DP_MAX_DEVICES;
+    if (*n >= most)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "device list \"%s\" has more than %zu devices",
-                       text, cap);
+                       text, most);
     if (kind == DP_DEVICE_CPU)
         for (size_t i = 0; i < *n; i++)
             if (specs[i].kind == DP_DEVICE_CPU && specs[i].index == index)

@@ -15,6 +15,7 @@
 #include "io/bpe.h"
 #include "io/bpe_internal.h"
 #include "io/file.h"
+#include "io/json_load.h"
 
 #define MAX_FILE_BYTES ((size_t)1 << 30) /* a tokenizer file past 1 GiB is refused */
 
@@ -26,6 +27,9 @@ static dp_status parse_json(const char *path, const char *what, const char *text
 {
     json_error_t jerr;
     *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
+    if (!*root && dp_json_load_out_of_memory(&jerr))
+        return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "the %s '%s': out of host memory parsing its JSON",
+                       what, path);
     if (!*root)
         return DP_FAIL(DP_ERR_FORMAT, "the %s '%s' is not valid JSON: %s (line %d, column %d)",
                        what, path, jerr.text, jerr.line, jerr.column);
@@ -195,6 +199,10 @@ static dp_status openai_merges(loader *L, char *text, size_t len)
         char *nl = memchr(p, '\n', (size_t)(end - p));
         char *e = nl ? nl : end;
         line++;
+        if (memchr(p, '\0', (size_t)(e - p)))
+            return DP_FAIL(DP_ERR_FORMAT, "'%s': line %zu holds a NUL byte, which is no byte of a "
+                           "merge's tokens; is this GPT-2's vocab.bpe (text)?",
+                           L->merges_path, line);
         if (e > p && e[-1] == '\r') e[-1] = '\0'; // \r\n line ends
         *e = '\0';
         if (line == 1 && strncmp(p, "#version", 8) == 0) {

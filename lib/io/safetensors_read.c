@@ -23,6 +23,7 @@
 #include "core/shape.h"
 #include "dp/checked.h"
 #include "dp/safetensors.h"
+#include "io/json_load.h"
 
 struct dp_st_file {
     char *path;
@@ -259,6 +260,9 @@ static dp_status parse_header(dp_st_file *f)
 
     json_error_t jerr;
     json_t *root = json_loadb((const char *)f->buf + 8, hlen, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root && dp_json_load_out_of_memory(&jerr))
+        return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "'%s': out of host memory parsing its header",
+                       f->path);
     if (!root)
         return DP_FAIL(DP_ERR_FORMAT, "'%s': header is not valid JSON: %s (line %d, column %d)%s",
                        f->path, jerr.text, jerr.line, jerr.column,

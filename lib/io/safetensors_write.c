@@ -23,6 +23,7 @@
 #include "core/shape.h"
 #include "dp/checked.h"
 #include "dp/safetensors.h"
+#include "dp/tokenizer.h" /* dp_utf8_check */
 
 
 typedef struct st_entry {
@@ -41,12 +42,12 @@ struct dp_st_writer {
     size_t n_meta, cap_meta;
 };
 
+/* JSON strings must be UTF-8 (jansson refuses the rest when it writes
+ * the header). Checked without allocating, so that a failed allocation
+ * is not reported as invalid text. */
 static int utf8_valid(const char *s)
 {
-    json_t *j = json_string(s); // jansson rejects invalid UTF-8
-    if (!j) return 0;
-    json_decref(j);
-    return 1;
+    return dp_utf8_check(s, strlen(s), NULL) == DP_OK;
 }
 
 dp_status dp_st_writer_create(dp_st_writer **out)

@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "dp/tokenizer.h"
 #include "io/tokenizer_internal.h"
+#include "io/json_load.h"
 
 #define TOKENIZER_VERSION 1
 
@@ -73,6 +74,8 @@ dp_status dp_tokenizer_parse(const char *json, dp_tokenizer **out)
     *out = NULL;
     json_error_t jerr;
     json_t *root = json_loads(json, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root && dp_json_load_out_of_memory(&jerr))
+        return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "out of host memory parsing the tokenizer JSON");
     if (!root)
         return DP_FAIL(DP_ERR_FORMAT, "tokenizer JSON is malformed: %s (line %d, column %d)",
                        jerr.text, jerr.line, jerr.column);

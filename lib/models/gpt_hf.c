@@ -20,6 +20,7 @@
 #include "dp/gpt_hf.h"
 #include "dp/safetensors.h"
 #include "io/file.h"
+#include "io/json_load.h"
 #include "models/gpt_hf_internal.h"
 
 /* A config.json past 16 MiB is refused (GPT-2's has under 1 KiB). */
@@ -82,6 +83,8 @@ static dp_status read_config(const char *path, hf_config *c)
     json_error_t err;
     c->root = json_loadb(text, len, 0, &err);
     free(text);
+    if (!c->root && dp_json_load_out_of_memory(&err))
+        return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "'%s': out of host memory parsing its JSON", path);
     if (!c->root)
         return DP_FAIL(DP_ERR_FORMAT, "'%s' line %d: %s", path, err.line, err.text);
     if (!json_is_object(c->root))
@@ -298,8 +301,11 @@ static dp_status load_hf(const dp_st_file *f, const char *config_path, size_t n_
     dp_gpt *gpt = NULL;
     s = dp_gpt_create(&cfg, &gpt);
     if (s != DP_OK) {
-        dp_error_prefix("'%s': the shape its tensors give", path);
-        return s;
+        if (n_head) dp_error_prefix("'%s': the shape its tensors give", path);
+        else dp_error_prefix("'%s': the shape its tensors give, with n_head from '%s'", path,
+                             config_path);
+        /* everything but a caller's n_head came from the files */
+        return s == DP_ERR_INVALID_ARGUMENT && !n_head ? DP_ERR_FORMAT : s;
     }
     const dp_model *m = dp_gpt_model(gpt, 0);
     float *params = calloc(m->n_params, sizeof *params);
