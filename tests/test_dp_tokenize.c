@@ -275,7 +275,7 @@ Test(dp_tokenize, large_input_is_encoded_as_a_whole)
     dp_test_assert_success(&r, "dp_tokenize without --out");
     char want_count[64];
     snprintf(want_count, sizeof want_count, "%zu bytes -> %zu tokens", len, m);
-    cr_assert(strstr(r.out, want_count) && !strstr(r.out, "wrote"), "stdout: %s", r.out);
+    cr_assert(strstr(r.out, want_count) && !strstr(r.out, "shard"), "stdout: %s", r.out);
     dp_test_result_free(&r);
 }
 
@@ -421,12 +421,14 @@ Test(dp_tokenize, output_onto_a_tokenizer_file_fails_cleanly)
 }
 
 /* The summary on a full standard output (/dev/full) is lost: the run
- * fails, naming it. */
+ * fails, naming it, and writes no shard (--help: nothing written on an
+ * error); an older shard stays as it was. */
 Test(dp_tokenize, a_full_standard_output_fails_the_run)
 {
-    const char *args[] = {"--tokenizer-file", tok_json, "@a.txt"};
+    dp_test_write_file(in_tmp("out.bin"), "old", 3);
+    const char *args[] = {"--tokenizer-file", tok_json, "--out", "@out.bin", "@a.txt"};
     char *argv[40];
-    size_t argc = dp_test_argv(argv, 40, 0, NULL, DP_TOKENIZE_PATH, NULL, 0, args, 3, tmpdir);
+    size_t argc = dp_test_argv(argv, 40, 0, NULL, DP_TOKENIZE_PATH, NULL, 0, args, 5, tmpdir);
     char err[300];
     snprintf(err, sizeof err, "%s/.stderr", tmpdir);
     result r = dp_test_collect_err(dp_test_spawn(argv, "/dev/full", err), err);
@@ -436,6 +438,11 @@ Test(dp_tokenize, a_full_standard_output_fails_the_run)
     cr_assert(strstr(r.err, "dp_tokenize: cannot write the summary to standard output: No space"),
               "stderr: %s", r.err);
     dp_test_result_free(&r);
+    size_t len;
+    unsigned char *b = dp_test_read_file(in_tmp("out.bin"), &len);
+    cr_assert(b && len == 3 && memcmp(b, "old", 3) == 0, "out.bin was replaced");
+    free(b);
+    assert_no_temp();
 }
 
 Test(dp_tokenize, failed_write_leaves_the_old_output)

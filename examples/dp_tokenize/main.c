@@ -67,11 +67,14 @@ int main(int argc, char **argv)
     tok_progress_start(&pg, o.n_inputs, total);
     for (size_t i = 0; rc == 0 && i < o.n_inputs; i++)
         rc = tok_encode_input(tok, eot, &o, i, sh, &pg);
+    /* The summary first, then the shard: a summary that cannot be written
+     * (a full disk, a closed pipe) fails the run with nothing written. */
+    if (!rc) {
+        tok_progress_finish(&pg, o.out);
+        rc = cli_check_stream(stdout, "the summary to standard output");
+    }
     if (rc) tok_shard_abort(sh);
     else if (sh) rc = tok_shard_commit(sh);
     dp_tokenizer_destroy(tok);
-    if (rc) return 1;
-    tok_progress_finish(&pg, o.out);
-    if (cli_check_stream(stdout, "the summary to standard output")) return 1;
-    return 0;
+    return rc ? 1 : 0;
 }

@@ -72,6 +72,6 @@ void tok_progress_finish(tok_progress *p, const char *out)
     if (p->tty) fputc('\n', stderr);
     printf("dp_tokenize: %zu file%s, %zu bytes -> %zu tokens in %.3f s (%.0f tokens/s)", p->files,
            p->files == 1 ? "" : "s", p->bytes, p->tokens, t - p->start, rate(p, t));
-    if (out) printf("; wrote %s", out);
+    if (out) printf("; shard %s", out);
     printf("\n");
 }

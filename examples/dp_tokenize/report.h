@@ -37,7 +37,8 @@ void tok_progress_add(tok_progress *p, size_t bytes, size_t tokens);
 void tok_progress_file_done(tok_progress *p);
 
 /* The summary on stdout: inputs, bytes, tokens, seconds, tokens/s, and
- * the output file (NULL: nothing written). */
+ * the shard about to be committed (NULL: none). Printed before the
+ * commit, so that a summary lost fails the run with nothing written. */
 void tok_progress_finish(tok_progress *p, const char *out);
 
 #endif /* DP_TOKENIZE_REPORT_H */
