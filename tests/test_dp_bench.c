@@ -584,6 +584,9 @@ static bad_case bad_cases[] = {
     {"unknown device kind", {"--devices", "tpu:0"}, "tpu", 0, 2},
     {"memory-limit 12XB", {"--memory-limit", "12XB"}, "12XB", 0, 2},
     {"memory limit too small", {"--memory-limit", "1KiB"}, "limit", 1, 1},
+    /* refused before the tokens are made: no gigabytes touched first */
+    {"batch past the host's RAM", {"--batch-size", "1000000000", "--context", "4096"},
+     "does not fit in the host's", 1, 1},
     {"find-max-batch without limit", {"--find-max-batch"}, "--memory-limit", 0, 2},
     {"plot as jpg", {"--plot", "@p.jpg"}, ".png or .svg", 0, 2},
     {"json in a missing directory", {"--json", "@nodir/b.json"}, "nodir", 0, 1},

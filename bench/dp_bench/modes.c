@@ -5,10 +5,12 @@
  * --find-max-batch's search for the largest batch that fits the memory
  * limit, and --scaling over 1..k devices.
  */
+#define _DEFAULT_SOURCE /* sysconf(_SC_PHYS_PAGES) */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "dp_bench.h"
 
@@ -18,8 +20,14 @@ static int ensure_tokens(bench *b, size_t rows)
 {
     if (rows <= b->rows_cap) return 0;
     size_t T = (size_t)b->o.context, V = (size_t)b->o.vocab, bytes;
-    if (!dp_size_mul(rows, T * sizeof(int32_t), &bytes))
-        return cli_fail("a batch of %zu sequences of %zu tokens does not fit in memory", rows, T);
+    /* Inputs and targets: refused past the host's RAM before they are
+     * touched page by page (where overcommit would let them grow). */
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    double ram = pages > 0 && page > 0 ? (double)pages * (double)page : INFINITY;
+    if (!dp_size_mul(rows, T * sizeof(int32_t), &bytes) || 2.0 * (double)bytes > ram)
+        return cli_fail("a batch of %zu sequences of %zu tokens (%.3g GB of inputs and targets) "
+                        "does not fit in the host's %.3g GB of RAM; use a smaller --batch-size "
+                        "or --context", rows, T, 2.0 * (double)rows * (double)T * 4e-9, ram * 1e-9);
     int32_t *in = realloc(b->inputs, bytes);
     if (in) b->inputs = in;
     int32_t *tg = in ? realloc(b->targets, bytes) : NULL;
@@ -77,18 +85,18 @@ static int run_mode(bench *b, dp_mode mode, int shard, size_t k, size_t rows, in
     res->rows = rows;
     char name[32];
     run_name(mode, shard, name, sizeof name);
+    /* The engine first: a model too large for the devices is refused
+     * before gigabytes of tokens are made for it. */
+    dp_engine *e = NULL;
+    dp_status es = make_engine(b, mode, shard, k, &e);
+    if (es != DP_OK) return engine_fail(b, es, name);
     double *ms = NULL;
     int rc = ensure_tokens(b, rows);
     if (!rc && !(ms = calloc((size_t)b->o.steps, sizeof *ms))) rc = cli_fail("out of host memory");
     if (agree(b, rc)) {
         free(ms);
+        dp_engine_destroy(e);
         return 1;
-    }
-    dp_engine *e = NULL;
-    dp_status es = make_engine(b, mode, shard, k, &e);
-    if (es != DP_OK) {
-        free(ms);
-        return engine_fail(b, es, name);
     }
     dp_batch batch = {rows, b->inputs, b->targets};
     long n = b->o.warmup + b->o.steps;
