@@ -317,6 +317,14 @@ void cli_print_help(void (*usage)(FILE *f));
  * abort disarms it (the handlers stay, then only printing and dying). */
 void cli_guard_temp(const dp_atomic_file *af, const char *what);
 
+/* Adds path (another temporary file, or a private directory: removed
+ * after what was added after it, so its files go first) to what
+ * cli_guard_temp guards (alone: "its outputs were left as they were");
+ * 0, or 1 when the set (16 paths) is full. cli_unguard_path drops it
+ * again (it was removed or renamed). */
+int cli_guard_path(const char *path);
+void cli_unguard_path(const char *path);
+
 // --- time ---------------------------------------------------------------------------
 
 /* Seconds on the monotonic clock. */

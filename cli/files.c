@@ -252,16 +252,23 @@ int cli_check_input(const char *flag, const char *path)
     return 0;
 }
 
-// --- a temporary file removed by a fatal signal -----------------------------------------
+// --- temporary files removed by a fatal signal ------------------------------------------
 
-static char guard_path[4096], guard_msg[512];
-static volatile sig_atomic_t guard_set;
+/* The guarded paths, removed last-added first by the handler (a
+ * directory after the files in it); edited with the signals blocked. */
+#define GUARD_MAX 16
+static char guard_paths[GUARD_MAX][4096], guard_msg[512];
+static volatile sig_atomic_t guard_n;
 static size_t guard_msg_len;
 
 static void on_fatal_signal(int sig)
 {
-    if (guard_set) {
-        unlink(guard_path);
+    if (guard_n > 0) {
+        for (int i = guard_n; i-- > 0;) {
+            /* a file or an emptied directory: the other call fails, harmless */
+            unlink(guard_paths[i]);
+            rmdir(guard_paths[i]);
+        }
         ssize_t w = write(STDERR_FILENO, guard_msg, guard_msg_len);
         (void)w;
     }
@@ -269,33 +276,91 @@ static void on_fatal_signal(int sig)
     raise(sig);
 }
 
+static const int fatal_sigs[] = {SIGINT,  SIGTERM, SIGHUP,    SIGQUIT, SIGPIPE,
+                                 SIGXFSZ, SIGALRM, SIGVTALRM, SIGUSR1, SIGUSR2};
+#define N_FATAL (sizeof fatal_sigs / sizeof fatal_sigs[0])
+
+static void install_guard(void)
+{
+    static int installed;
+    if (installed) return;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_fatal_signal;
+    sigemptyset(&sa.sa_mask);
+    /* a signal the program was started with ignored (nohup's HUP, a
+     * parent's SIGXFSZ to see EFBIG) stays ignored */
+    for (size_t i = 0; i < N_FATAL; i++) {
+        struct sigaction old;
+        if (sigaction(fatal_sigs[i], NULL, &old) == 0 && old.sa_handler == SIG_IGN) continue;
+        sigaction(fatal_sigs[i], &sa, NULL);
+    }
+    installed = 1;
+}
+
+/* Blocks (block = 1) or restores the fatal signals around an edit. */
+static void guard_edit(int block, sigset_t *old)
+{
+    if (!block) {
+        sigprocmask(SIG_SETMASK, old, NULL);
+        return;
+    }
+    sigset_t set;
+    sigemptyset(&set);
+    for (size_t i = 0; i < N_FATAL; i++) sigaddset(&set, fatal_sigs[i]);
+    sigprocmask(SIG_BLOCK, &set, old);
+}
+
 void cli_guard_temp(const dp_atomic_file *af, const char *what)
 {
-    guard_set = 0;
+    sigset_t old;
+    guard_edit(1, &old);
+    guard_n = 0;
     const char *t = af ? dp_atomic_file_temp_path(af) : NULL;
-    if (!t || strlen(t) >= sizeof guard_path) return;
-    memcpy(guard_path, t, strlen(t) + 1);
-    int n = snprintf(guard_msg, sizeof guard_msg, "%s: stopped by a signal; %s was left as it was\n",
-                     cli_program(), what ? what : "the output");
-    guard_msg_len = n < 0 ? 0 : (size_t)n < sizeof guard_msg ? (size_t)n : sizeof guard_msg - 1;
-    static int installed;
-    if (!installed) {
-        struct sigaction sa;
-        memset(&sa, 0, sizeof sa);
-        sa.sa_handler = on_fatal_signal;
-        sigemptyset(&sa.sa_mask);
-        static const int sigs[] = {SIGINT,  SIGTERM, SIGHUP,    SIGQUIT, SIGPIPE,
-                                   SIGXFSZ, SIGALRM, SIGVTALRM, SIGUSR1, SIGUSR2};
-        /* a signal the program was started with ignored (nohup's HUP, a
-         * parent's SIGXFSZ to see EFBIG) stays ignored */
-        for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) {
-            struct sigaction old;
-            if (sigaction(sigs[i], NULL, &old) == 0 && old.sa_handler == SIG_IGN) continue;
-            sigaction(sigs[i], &sa, NULL);
-        }
-        installed = 1;
+    if (t && strlen(t) < sizeof guard_paths[0]) {
+        memcpy(guard_paths[0], t, strlen(t) + 1);
+        int n = snprintf(guard_msg, sizeof guard_msg,
+                         "%s: stopped by a signal; %s was left as it was\n", cli_program(),
+                         what ? what : "the output");
+        guard_msg_len = n < 0 ? 0 : (size_t)n < sizeof guard_msg ? (size_t)n : sizeof guard_msg - 1;
+        install_guard();
+        guard_n = 1;
     }
-    guard_set = 1;
+    guard_edit(0, &old);
+}
+
+int cli_guard_path(const char *path)
+{
+    sigset_t old;
+    guard_edit(1, &old);
+    int ok = guard_n < GUARD_MAX && path && strlen(path) < sizeof guard_paths[0];
+    if (ok && guard_n == 0) {
+        int n = snprintf(guard_msg, sizeof guard_msg,
+                         "%s: stopped by a signal; its outputs were left as they were\n",
+                         cli_program());
+        guard_msg_len = n < 0 ? 0 : (size_t)n < sizeof guard_msg ? (size_t)n : sizeof guard_msg - 1;
+        install_guard();
+    }
+    if (ok) {
+        memcpy(guard_paths[guard_n], path, strlen(path) + 1);
+        guard_n = guard_n + 1;
+    }
+    guard_edit(0, &old);
+    return ok ? 0 : 1;
+}
+
+void cli_unguard_path(const char *path)
+{
+    sigset_t old;
+    guard_edit(1, &old);
+    for (int i = 0; path && i < guard_n; i++)
+        if (strcmp(guard_paths[i], path) == 0) {
+            for (int j = i + 1; j < guard_n; j++)
+                memcpy(guard_paths[j - 1], guard_paths[j], sizeof guard_paths[0]);
+            guard_n = guard_n - 1;
+            break;
+        }
+    guard_edit(0, &old);
 }
 
 // --- streams --------------------------------------------------------------------------

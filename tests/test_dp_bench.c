@@ -952,6 +952,40 @@ Test(dp_bench, device_weights_token_balanced_and_trace)
     dp_test_result_free(&r);
 }
 
+/* A fatal signal while the outputs are staged (here from a gnuplot that
+ * signals dp_bench as it draws) removes the staged --json and --csv
+ * files and gnuplot's private directory, and says so. */
+Test(dp_bench, a_signal_while_plotting_leaves_no_staged_file, .timeout = 60)
+{
+    char bin[300], tmp[300], fake[320];
+    snprintf(bin, sizeof bin, "%s/bin", tmpdir);
+    snprintf(tmp, sizeof tmp, "%s/tmp", tmpdir);
+    cr_assert_eq(mkdir(bin, 0755), 0);
+    cr_assert_eq(mkdir(tmp, 0755), 0);
+    snprintf(fake, sizeof fake, "%s/gnuplot", bin);
+    static const char script[] = "#!/bin/sh\n"
+                                 "case \"$*\" in *--version*) echo gnuplot 5.4; exit 0;; esac\n"
+                                 "kill -INT $PPID\n"
+                                 "exit 1\n";
+    dp_test_write_file(fake, script, sizeof script - 1);
+    cr_assert_eq(chmod(fake, 0755), 0);
+    setenv("PATH", bin, 1);
+    setenv("TMPDIR", tmp, 1);
+    dp_test_result r = BENCH("--json", "@s.json", "--csv", "@s.csv", "--plot", "@s.png");
+    cr_assert(WIFSIGNALED(r.status) && WTERMSIG(r.status) == SIGINT, "status %d; stderr:\n%s",
+              r.status, r.err);
+    cr_assert(strstr(r.err, "dp_bench: stopped by a signal; its outputs were left as they were"),
+              "stderr:\n%s", r.err);
+    const char *const want[] = {"bin", "tmp"};
+    cr_assert_eq(expect_only(want, 2), 2);
+    DIR *d = opendir(tmp);
+    struct dirent *de;
+    while ((de = readdir(d)))
+        cr_assert(de->d_name[0] == '.', "gnuplot's directory %s was left", de->d_name);
+    closedir(d);
+    dp_test_result_free(&r);
+}
+
 Test(dp_bench, plot_without_gnuplot_fails_before_the_first_step)
 {
     /* No gnuplot in PATH (dp_bench itself is started by its full path). */

@@ -143,6 +143,7 @@ char *csv_text(const run_results *rs, int ranks);
 typedef struct pending {
     const char *flag, *path;
     dp_atomic_file *af;
+    char *temp; /* af's temporary file, guarded from fatal signals until renamed */
 } pending;
 
 #define MAX_PENDING 4

@@ -21,6 +21,10 @@ int stage(outputs *out, const char *flag, const char *path, const void *bytes, s
     q->path = path;
     if (dp_atomic_file_open(path, &q->af) != DP_OK)
         return cli_fail("%s: cannot write \"%s\": %s", flag, path, strerror(errno));
+    /* a fatal signal removes every staged file (nothing else would: their
+     * names hold this pid), as it removes gnuplot's directory */
+    q->temp = strdup(dp_atomic_file_temp_path(q->af));
+    if (q->temp) cli_guard_path(q->temp);
     out->n++;
     if (dp_atomic_file_write(q->af, bytes, n) != DP_OK || dp_atomic_file_sync(q->af) != DP_OK)
         return cli_fail("%s: cannot write \"%s\": %s", flag, path, strerror(errno));
@@ -37,6 +41,8 @@ static int finish(outputs *out, int rc)
         } else if (dp_atomic_file_commit(q->af) != DP_OK) {
             rc = cli_fail("%s: cannot write \"%s\": %s", q->flag, q->path, strerror(errno));
         }
+        cli_unguard_path(q->temp); /* renamed or removed */
+        free(q->temp);
     }
     out->n = 0;
     return rc;

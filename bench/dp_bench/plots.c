@@ -117,6 +117,10 @@ static int plot_dir_create(plot_dir *pd, const char *ext)
     }
     snprintf(pd->log, sizeof pd->log, "%s/gnuplot.log", pd->dir);
     snprintf(pd->out, sizeof pd->out, "%s/plot%s", pd->dir, ext);
+    /* a fatal signal removes the files, then the directory */
+    cli_guard_path(pd->dir);
+    cli_guard_path(pd->log);
+    cli_guard_path(pd->out);
     return 0;
 }
 
@@ -125,6 +129,9 @@ static void plot_dir_destroy(plot_dir *pd)
     unlink(pd->log);
     unlink(pd->out);
     rmdir(pd->dir);
+    cli_unguard_path(pd->out);
+    cli_unguard_path(pd->log);
+    cli_unguard_path(pd->dir);
 }
 
 /* Fails unless gnuplot can be run (checked before the first step). */
