@@ -145,6 +145,7 @@ int main(int argc, char **argv)
     cli_set_program("attention_bench");
     int c;
     long v;
+    opterr = 0; /* cli_bad_option names a bad option, by this program's name */
     while ((c = getopt_long(argc, argv, "d:s:c:r:w:bh", opts, NULL)) != -1) {
         switch (c) {
         case 'd': device = optarg; break;
@@ -163,7 +164,7 @@ int main(int argc, char **argv)
             break;
         case 'b': b.bf16 = 1; break;
         case 'h': usage(stdout); return cli_check_stream(stdout, "the help to standard output");
-        default: usage(stderr); return 2;
+        default: return cli_bad_option(argv, "d:s:c:r:w:bh");
         }
     }
     if (optind < argc) {

@@ -67,6 +67,7 @@ int main(int argc, char **argv)
     };
     cli_set_program("gemm_bench");
     int c;
+    opterr = 0; /* cli_bad_option names a bad option, by this program's name */
     while ((c = getopt_long(argc, argv, "s:r:w:p:h", opts, NULL)) != -1) {
         switch (c) {
         case 'p':
@@ -87,7 +88,7 @@ int main(int argc, char **argv)
             if (cli_parse_int("--warmup", optarg, 0, 100000, &warmup)) return 2;
             break;
         case 'h': usage(stdout); return cli_check_stream(stdout, "the help to standard output");
-        default: usage(stderr); return 2;
+        default: return cli_bad_option(argv, "s:r:w:p:h");
         }
     }
     if (optind < argc) {

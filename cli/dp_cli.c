@@ -87,6 +87,22 @@ int cli_parse_long(const char *name, const char *v, long lo, long hi, long *out)
     return 0;
 }
 
+int cli_bad_option(char **argv, const char *shorts)
+{
+    const char *arg = argv[optind - 1];
+    if (strncmp(arg, "--", 2) == 0) {
+        if (!optopt) cli_fail("unknown option \"%s\" (see --help)", arg);
+        else if (strchr(arg, '=')) cli_fail("\"%s\": this option takes no value (see --help)", arg);
+        else cli_fail("%s needs a value (see --help)", arg);
+        return 2;
+    }
+    /* a short option: argv[optind - 1] may be the argument before a group */
+    char ch = optopt > ' ' && optopt < 127 ? (char)optopt : '?';
+    if (ch != ':' && strchr(shorts, ch)) cli_fail("-%c needs a value (see --help)", ch);
+    else cli_fail("unknown option \"-%c\" (see --help)", ch);
+    return 2;
+}
+
 int cli_parse_int(const char *name, const char *v, int lo, int hi, int *out)
 {
     long x = 0;

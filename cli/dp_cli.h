@@ -173,6 +173,14 @@ int cli_parse_long(const char *name, const char *v, long lo, long hi, long *out)
 /* ... into an int. */
 int cli_parse_int(const char *name, const char *v, int lo, int hi, int *out);
 
+/* For a small program's own getopt_long loop (run with opterr = 0): the
+ * message for what getopt returned instead of an option ('?' or ':'),
+ * named by the program, not by argv[0]'s path: an unknown option, or a
+ * known one missing its value or given one it does not take. shorts is
+ * the loop's optstring. Returns 2, the exit status of a refused command
+ * line. */
+int cli_bad_option(char **argv, const char *shorts);
+
 /* A whole finite number >= lo. */
 int cli_parse_double(const char *name, const char *v, double lo, double *out);
 

@@ -118,6 +118,13 @@ Test(tools, values_are_parsed_strictly)
         {REGRESSION_PATH, "--mode", "junk", "--mode: \"junk\" is not balanced or gather"},
         {MLP_CLASSIFIER_PATH, "--steps", "0", "--steps: \"0\""},
         {MLP_CLASSIFIER_PATH, "extra", "args", "unexpected argument \"extra\""},
+        /* bad options named by the program (not argv[0]'s path), exit 2 */
+        {MLP_CLASSIFIER_PATH, "--devices", "tpu:0", "mlp_classifier: --devices: "},
+        {REGRESSION_PATH, "--frob", "1", "regression: unknown option \"--frob\""},
+        {MLP_CLASSIFIER_PATH, "--bf16=1", "--steps", "mlp_classifier: \"--bf16=1\": this option "
+                                                   "takes no value"},
+        {GEMM_BENCH_PATH, "-q", "1", "gemm_bench: unknown option \"-q\""},
+        {ATTENTION_BENCH_PATH, "--bogus", "1", "attention_bench: unknown option \"--bogus\""},
     };
     for (size_t i = 0; i < sizeof ex / sizeof ex[0]; i++) {
         dp_test_result r = RUN_TO(ex[i][0], NULL, ex[i][1], ex[i][2]);

@@ -83,20 +83,22 @@ int main(int argc, char **argv)
     cli_set_program("mlp_classifier");
     static const char usage[] = "usage: mlp_classifier [--devices LIST (default cpu:2)] "
                                 "[--steps N (default 200)] [--bf16]\n";
+    opterr = 0; /* cli_bad_option names a bad option, by this program's name */
     for (int c; (c = getopt_long(argc, argv, "d:s:bh", opts, NULL)) != -1;) {
         if (c == 'd') devices = optarg;
         else if (c == 's' && cli_parse_long("--steps", optarg, 1, 1000000, &steps)) return 2;
         else if (c == 'b') bf16 = 1;
         else if (c == 'h')
             return fputs(usage, stdout), cli_check_stream(stdout, "the help to standard output");
-        else if (c != 's') return fputs(usage, stderr), 2; /* getopt named the option */
+        else if (c != 's') return cli_bad_option(argv, "d:s:bh");
     }
     if (optind < argc)
         return cli_fail("unexpected argument \"%s\" (see --help)", argv[optind]) + 1;
 
     dp_device_spec specs[DP_MAX_DEVICES];
     size_t k = 0;
-    if (dp_device_list_parse(devices, specs, DP_MAX_DEVICES, &k) != DP_OK) return die("--devices");
+    /* a refused command line, as the other options: 2 */
+    if (dp_device_list_parse(devices, specs, DP_MAX_DEVICES, &k) != DP_OK) return die("--devices") + 1;
 
     mlp net;
     dp_model model;
@@ -142,8 +144,9 @@ int main(int argc, char **argv)
     if (failed) return 1;
     printf("accuracy %.1f%% on %d held-out rows\n", 100.0 * acc, TEST_ROWS);
     if (!(last < 0.5 * first)) {
-        fprintf(stderr, "mlp_classifier: the loss went from %.4f to %.4f, not below half\n",
-                first, last);
+        fprintf(stderr, "mlp_classifier: the loss went from %.4f to %.4f, not below half in "
+                "%ld steps; give it more --steps (the default 200 gets there)\n",
+                first, last, steps);
         return 1;
     }
     if (acc < 0.9) {

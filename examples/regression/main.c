@@ -109,6 +109,7 @@ int main(int argc, char **argv)
     cli_set_program("regression");
     static const char usage[] = "usage: regression [--devices LIST (default cpu:2)] "
                                 "[--mode balanced|gather] [--steps N (default 300)]\n";
+    opterr = 0; /* cli_bad_option names a bad option, by this program's name */
     for (int c; (c = getopt_long(argc, argv, "d:m:s:h", opts, NULL)) != -1;) {
         if (c == 'd') devices = optarg;
         else if (c == 'm' && strcmp(optarg, "balanced") == 0) mode = DP_MODE_BALANCED;
@@ -118,13 +119,14 @@ int main(int argc, char **argv)
         else if (c == 's' && cli_parse_long("--steps", optarg, 1, 1000000, &steps)) return 2;
         else if (c == 'h')
             return fputs(usage, stdout), cli_check_stream(stdout, "the help to standard output");
-        else if (c != 's') return fputs(usage, stderr), 2; /* getopt named the option */
+        else if (c != 's') return cli_bad_option(argv, "d:m:s:h");
     }
     if (optind < argc)
         return cli_fail("unexpected argument \"%s\" (see --help)", argv[optind]) + 1;
     dp_device_spec specs[DP_MAX_DEVICES];
     size_t k = 0;
-    if (dp_device_list_parse(devices, specs, DP_MAX_DEVICES, &k) != DP_OK) return die("--devices");
+    /* a refused command line, as the other options: 2 */
+    if (dp_device_list_parse(devices, specs, DP_MAX_DEVICES, &k) != DP_OK) return die("--devices") + 1;
 
     static float x[ROWS * D], y[ROWS * O];
     make_data(x, y);
@@ -175,7 +177,8 @@ int main(int argc, char **argv)
     printf("least squares: mse %.6f   trained: mse %.6f   max |param - optimum| %.2e\n", best,
            st.loss, worst);
     if (!(worst < 1e-3) || !(fabs(st.loss - best) <= 1e-4 * best)) {
-        fprintf(stderr, "regression: training did not reach the least-squares optimum\n");
+        fprintf(stderr, "regression: %ld steps did not reach the least-squares optimum; give it "
+                "more --steps (the default 300 gets there)\n", steps);
         return 1;
     }
     printf("converged to the least-squares optimum\n");
