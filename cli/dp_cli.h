@@ -315,6 +315,10 @@ int cli_check_stream(FILE *f, const char *what);
  * "No space left on device", not "an earlier write failed". */
 void cli_print_help(void (*usage)(FILE *f));
 
+/* fflush(f), keeping a failure's reason for cli_check_stream (a program
+ * that flushes as it goes, then checks once). */
+int cli_flush(FILE *f);
+
 /* While af (the one file the program is writing through the atomic
  * writer) is open, a signal that would kill the program (INT, TERM, HUP,
  * QUIT, PIPE, XFSZ, ALRM, VTALRM, USR1, USR2) first removes af's

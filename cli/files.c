@@ -365,10 +365,22 @@ void cli_unguard_path(const char *path)
 
 // --- streams --------------------------------------------------------------------------
 
-/* The stream and errno of cli_print_help's failed write: stdio keeps
- * only a flag, and a later fflush has nothing left to fail with. */
+/* The stream and errno of the last failed cli_print_help or cli_flush:
+ * stdio keeps only a flag, and a later fflush has nothing left to fail
+ * with. */
 static FILE *failed_stream;
 static int failed_errno;
+
+int cli_flush(FILE *f)
+{
+    errno = 0;
+    int rc = fflush(f);
+    if (rc != 0 && errno) {
+        failed_stream = f;
+        failed_errno = errno;
+    }
+    return rc;
+}
 
 void cli_print_help(void (*usage)(FILE *f))
 {

@@ -771,9 +771,9 @@ static int file_has(const char *name, const char *needle)
  * checkpoint, says so in one stderr line, and exits with 128 + signal. */
 Test(lm_train, signal_saves_the_checkpoint_and_exits_non_zero, .timeout = 120)
 {
-    const int sigs[2] = {SIGTERM, SIGINT};
-    const char *names[2] = {"SIGTERM", "SIGINT"};
-    for (int i = 0; i < 2; i++) {
+    const int sigs[3] = {SIGTERM, SIGINT, SIGHUP};
+    const char *names[3] = {"SIGTERM", "SIGINT", "SIGHUP"};
+    for (int i = 0; i < 3; i++) {
         const char *const args[] = {"--steps", "100000000", "--eval-interval", "10", "--save",
                                     "@sig.st", "--log", "@sig.jsonl"};
         pid_t pid = spawn_args(1, args, sizeof args / sizeof args[0]);
@@ -1382,6 +1382,40 @@ Test(lm_train, a_log_cut_by_a_full_disk_stops_the_run_after_saving)
     cr_assert(n > 0 && t[n - 1] == '\n', "the log ends in half a row: ...%s",
               n > 80 ? t + n - 80 : t);
     free(t);
+    dp_checkpoint_close(ck);
+    result_free(&r);
+}
+
+/* Standard output read by a program that quits after a line (| head -1):
+ * the next write fails (EPIPE; SIGPIPE would kill the run unsaved), so
+ * the run saves and stops, naming standard output, exit 1. */
+Test(lm_train, a_closed_pipe_on_standard_output_saves_and_stops, .timeout = 120)
+{
+    char fifo[256];
+    path_in(fifo, sizeof fifo, "out.fifo");
+    cr_assert_eq(mkfifo(fifo, 0600), 0);
+    const char *const args[] = {"--steps", "100000000", "--eval-interval", "10", "--save",
+                                "@pipe.st"};
+    /* The reader first (without a writer only O_NONBLOCK opens), so that
+     * the spawn's open of the writing end does not wait. */
+    int fd = open(fifo, O_RDONLY | O_NONBLOCK | O_CLOEXEC); /* lm_train must not hold it */
+    cr_assert_geq(fd, 0);
+    pid_t pid = spawn_args_to(1, args, sizeof args / sizeof args[0], fifo);
+    cr_assert_eq(fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK), 0);
+    FILE *f = fdopen(fd, "r");
+    cr_assert_not_null(f);
+    char line[1024];
+    while (fgets(line, sizeof line, f) && strncmp(line, "step ", 5) != 0) {
+    }
+    fclose(f); /* the reader quits */
+    char err[256];
+    path_in(err, sizeof err, "stderr.txt");
+    result r = dp_test_collect_err(pid, err);
+    cr_assert(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 1, "status %d; stderr:\n%s",
+              r.status, r.err);
+    cr_assert(strstr(r.err, "cannot write standard output: Broken pipe"), "stderr:\n%s", r.err);
+    dp_checkpoint *ck = load_ck("pipe.st");
+    cr_assert_gt(ck->step, 0, "the checkpoint holds step 0");
     dp_checkpoint_close(ck);
     result_free(&r);
 }

@@ -235,12 +235,12 @@ void progress(run *r, const dp_step_stats *st, double lr, double elapsed, long f
     }
     if (r->tty) {
         printf("\r%s\033[K", line);
-        fflush(stdout);
+        cli_flush(stdout);
     } else {
         long every = r->o.eval_interval / 10 > 0 ? r->o.eval_interval / 10 : 1;
         if (r->step % every == 0 || r->step == r->o.steps) {
             printf("%s\n", line);
-            fflush(stdout); /* a log watcher (or a job killed by SIGKILL) sees whole lines */
+            cli_flush(stdout); /* a log watcher (or a job killed by SIGKILL) sees whole lines */
         }
     }
 }

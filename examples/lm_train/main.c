@@ -14,7 +14,7 @@
  * samples decode through llm.c's gpt2_tokenizer.bin (--tokenizer-file) or
  * print as ids.
  *
- * SIGINT / SIGTERM end the run after the current step: the checkpoint is
+ * SIGINT / SIGTERM / SIGHUP end the run after the current step: the checkpoint is
  * written (with --save), output flushed, and the exit status is 128 + the
  * signal's number; a second signal exits at once. Before training begins
  * (setup) they end it at once, with the same status.

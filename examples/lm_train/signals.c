@@ -1,5 +1,5 @@
 /*
- * examples/lm_train/signals.c - SIGINT and SIGTERM: before training
+ * examples/lm_train/signals.c - SIGINT, SIGTERM and SIGHUP: before training
  * begins either ends the process at once; then the first stops the run
  * after the current step (the loops ask pending_signal), a second exits at
  * once; the exit status is 128 + the signal's number. SIGBUS, a token file
@@ -38,7 +38,9 @@ static void on_signal(int sig)
     if (starting) {
         static const char term[] = "lm_train: interrupted by SIGTERM before training began\n";
         static const char intr[] = "lm_train: interrupted by SIGINT before training began\n";
+        static const char hup[] = "lm_train: interrupted by SIGHUP before training began\n";
         if (sig == SIGINT) say(intr, sizeof intr - 1);
+        else if (sig == SIGHUP) say(hup, sizeof hup - 1);
         else say(term, sizeof term - 1);
         _exit(128 + sig);
     }
@@ -70,6 +72,15 @@ void install_signal_handlers(void)
     sa.sa_flags = SA_RESTART; /* no EINTR in the middle of a write */
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    /* a closed terminal or ssh session stops the run as Ctrl-C does, unless
+     * the run was started to outlive it (nohup: SIGHUP ignored) */
+    struct sigaction old;
+    if (sigaction(SIGHUP, NULL, &old) == 0 && old.sa_handler != SIG_IGN)
+        sigaction(SIGHUP, &sa, NULL);
+    /* a reader that quits (| head) makes a write fail with EPIPE, which
+     * check_written turns into: save, then stop naming standard output;
+     * the default action would kill the run unsaved, without a word */
+    signal(SIGPIPE, SIG_IGN);
 }
 
 /* ranked: under mpirun, which on SIGINT/SIGTERM stops forwarding the
@@ -78,8 +89,7 @@ void install_signal_handlers(void)
  * before it saves. */
 void run_signals(int ranked)
 {
-    unblock_output = ranked;
-    if (ranked) signal(SIGPIPE, SIG_IGN);
+    unblock_output = ranked; /* SIGPIPE is already ignored (install_signal_handlers) */
     starting = 0;
 }
 
@@ -124,7 +134,10 @@ int pending_signal(void) { return stop_signal; }
 
 // --- stopping for a signal ------------------------------------------------------------
 
-const char *signal_name(int sig) { return sig == SIGINT ? "SIGINT" : "SIGTERM"; }
+const char *signal_name(int sig)
+{
+    return sig == SIGINT ? "SIGINT" : sig == SIGHUP ? "SIGHUP" : "SIGTERM";
+}
 
 /* The run stops for signal sig: main returns 128 + sig. */
 void exit_on_signal(run *r, int sig) { r->exit_code = 128 + sig; }
