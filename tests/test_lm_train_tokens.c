@@ -371,6 +371,30 @@ Test(lm_tokens, an_evaluation_that_fails_after_training_saves_first)
     dp_test_result_free(&r);
 }
 
+/* The same id in the training split: the batch that meets it stops the
+ * run, which saves the steps trained before it (it used to fail unsaved). */
+Test(lm_tokens, a_training_batch_that_cannot_be_made_saves_first)
+{
+    int32_t *ids = fixture_ids();
+    for (size_t i = 0; i < N_TRAIN + N_VAL; i++) ids[i] %= 300;
+    ids[N_TRAIN / 2] = 400; /* one id past --vocab-size 300: met after some steps */
+    cr_assert_eq(mkdir(in_tmp("badtrain"), 0755), 0);
+    dp_test_write_raw(in_tmp("badtrain/train.bin"), ids, N_TRAIN);
+    dp_test_write_raw(in_tmp("badtrain/val.bin"), ids + N_TRAIN, N_VAL);
+    free(ids);
+    result r = RUN("--data", "@badtrain", "--vocab-size", "300", "--steps", "100000",
+                   "--eval-interval", "100000", "--save", "@ck.st");
+    cr_assert(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 1, "status %d; stderr:\n%s",
+              r.status, r.err);
+    cr_assert(strstr(r.err, "lm_train: batch: ") && strstr(r.err, "stopped at step ") &&
+                  strstr(r.err, "its checkpoint is saved in "),
+              "stderr:\n%s", r.err);
+    dp_checkpoint *ck = load_ck("ck.st");
+    cr_assert_gt(ck->step, 0);
+    dp_checkpoint_close(ck);
+    dp_test_result_free(&r);
+}
+
 /* --eval-only reads the validation split only: a training split shorter
  * than the context (which training could not sample) does not stop it,
  * and the loss is the one of the same validation split beside a long

@@ -43,13 +43,18 @@ static int save_and_stop(run *r, long first)
 
 /* One engine step at learning rate lr on the next training batch, its
  * statistics in *st; a --trace failure on rank 0 sets *failed (agreed at
- * the next step's start, which saves and stops). */
+ * the next step's start, which saves and stops). Returns 0, 1 on a
+ * failure, or 2 when the batch could not be made (an id past the
+ * vocabulary in the data): the model is intact, so the caller saves. */
 static int step_once(run *r, float lr, dp_step_stats *st, int *failed)
 {
     size_t B = (size_t)r->o.batch_size;
     dp_status s = dp_engine_set_lr(r->engine, lr);
     if (s != DP_OK) return engine_fail(r, s, "learning rate");
-    if (dp_sampler_next(r->train, r->inputs, r->targets, B) != DP_OK) return local_fatal(r, "batch");
+    /* agreed (a collective only under ranks), so every rank stops here */
+    int bad = dp_sampler_next(r->train, r->inputs, r->targets, B) != DP_OK ? cli_dp_fail("batch")
+                                                                          : 0;
+    if (agree(r, bad)) return r->rk.broken ? 1 : 2;
     dp_batch b = {B, r->inputs, r->targets};
     size_t sent = dp_dist_bytes_sent(r->rk.dist);
     if ((s = dp_engine_step(r->engine, &b, st)) != DP_OK) return engine_fail(r, s, "step");
@@ -115,7 +120,9 @@ int train(run *r)
         float lr = dp_lr_schedule(r->step, o->warmup, o->lr_decay_steps, (float)o->lr,
                                   (float)o->min_lr);
         dp_step_stats st;
-        if (step_once(r, lr, &st, &failed)) return 1;
+        int so = step_once(r, lr, &st, &failed);
+        if (so == 2) return save_and_stop(r, first);
+        if (so) return 1;
         if (st.skipped) {
             if (skipped_step(r, &st, lr)) return 1;
             continue;
