@@ -10,6 +10,7 @@
 #include "dp_cli.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
@@ -18,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cli_internal.h"
 
@@ -32,8 +34,22 @@ static int quiet;
 /* The last message's text, printed or not (cli_last_message). */
 static char last_msg[2048];
 
+/* Descriptors 0-2, each open: /dev/null in place of a closed one. */
+static void standard_descriptors(void)
+{
+    for (int fd = 0; fd <= 2; fd++) {
+        if (fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
+        int n = open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);
+        if (n >= 0 && n != fd) { /* a lower one was closed too: taken by the loop already */
+            dup2(n, fd);
+            close(n);
+        }
+    }
+}
+
 void cli_set_program(const char *name)
 {
+    standard_descriptors();
     size_t n = strnlen(name, sizeof prog - 1);
     memmove(prog, name, n); /* name may be cli_program() itself */
     prog[n] = '\0';

@@ -29,7 +29,10 @@
 // --- the program's name and quiet flag ---------------------------------------------
 
 /* The name every message starts with ("lm_train"); copied, at most 63
- * bytes. Before the first call: "dp". */
+ * bytes. Before the first call: "dp". Each program calls it first, so it
+ * also opens /dev/null on any of descriptors 0, 1 and 2 the program was
+ * started without (2>&-): the next file opened (a --log) would otherwise
+ * take that number, and the messages meant for stderr would land in it. */
 void cli_set_program(const char *name);
 const char *cli_program(void);
 

@@ -393,6 +393,37 @@ Test(lm_tokens, a_training_batch_that_cannot_be_made_saves_first)
     cr_assert_gt(ck->step, 0);
     dp_checkpoint_close(ck);
     dp_test_result_free(&r);
+
+    /* Again with stderr closed (2>&-) and a --log: the message must not
+     * land in the log, which would take descriptor 2 (the log's rows only). */
+    char *argv[N_BASE + 16];
+    size_t argc = 0;
+    argv[argc++] = "/bin/sh";
+    argv[argc++] = "-c";
+    argv[argc++] = "exec \"$0\" \"$@\" 2>&-";
+    argv[argc++] = LM_TRAIN_PATH;
+    for (size_t i = 0; i < N_BASE; i++) argv[argc++] = (char *)BASE[i];
+    char data[256], log[256];
+    snprintf(data, sizeof data, "%s", in_tmp("badtrain"));
+    snprintf(log, sizeof log, "%s", in_tmp("l.jsonl"));
+    const char *more[] = {"--data", data, "--vocab-size", "300", "--steps", "100000",
+                          "--eval-interval", "100000", "--log", log};
+    for (size_t i = 0; i < sizeof more / sizeof more[0]; i++) argv[argc++] = (char *)more[i];
+    argv[argc] = NULL;
+    char out[256], err[256];
+    snprintf(out, sizeof out, "%s", in_tmp("out.txt"));
+    snprintf(err, sizeof err, "%s", in_tmp("err.txt"));
+    dp_test_result c = dp_test_collect(dp_test_spawn(argv, out, err), out, err);
+    cr_assert(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 1, "status %d", c.status);
+    size_t n;
+    char *text = (char *)dp_test_read_file(log, &n);
+    cr_assert(text && n > 0);
+    for (char *line = text; *line; line = strchr(line, '\n') + 1) {
+        cr_assert(strncmp(line, "{\"step\":", 8) == 0, "not a row of the log: %.80s", line);
+        cr_assert_not_null(strchr(line, '\n'), "a cut row: %s", line);
+    }
+    free(text);
+    dp_test_result_free(&c);
 }
 
 /* --eval-only reads the validation split only: a training split shorter
