@@ -936,6 +936,24 @@ Test(lm_train, device_weights_and_token_balanced)
 /* --trace: one track per device, and per step a span for every phase on each. */
 Test(lm_train, trace_has_a_track_per_device_and_a_span_per_phase_and_step)
 {
+    /* an older trace is replaced at the end, not at the start (a run
+     * killed before its end keeps it whole) */
+    char tp[256];
+    path_in(tp, sizeof tp, "t.json");
+    dp_test_write_file(tp, "old", 3);
+    const char *const kill_args[] = {"--steps", "100000000", "--trace", "@t.json"};
+    pid_t pid = spawn_args(1, kill_args, 4);
+    while (!file_has("stdout.txt", "step ")) {
+        struct timespec ts = {0, 10 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    kill(pid, SIGKILL);
+    result k = collect(pid);
+    result_free(&k);
+    size_t tn;
+    unsigned char *tb = dp_test_read_file(tp, &tn);
+    cr_assert(tb && tn == 3 && memcmp(tb, "old", 3) == 0, "the older trace was replaced at start");
+    free(tb);
     result r = RUN("--steps", "3", "--trace", "@t.json");
     assert_success(&r, "--trace");
     char path[256];

@@ -203,7 +203,9 @@ static int open_log(run *r)
 
 /* Rank 0's outputs, opened before the first step so that a path that
  * cannot be written fails at once: --log (not with --eval-only) and
- * --trace (an empty trace written now) over its k devices. */
+ * --trace over its k devices (its path was probed by cli_check_output;
+ * it is written atomically at the end, so an older trace stays whole
+ * until then, even if the run is killed). */
 int open_outputs(run *r, size_t k)
 {
     const opts *o = &r->o;
@@ -211,9 +213,7 @@ int open_outputs(run *r, size_t k)
     if (o->trace) {
         const char *names[DP_MAX_DEVICES];
         for (size_t i = 0; i < k; i++) names[i] = dp_device_name(dp_engine_device(r->engine, i));
-        if (dp_trace_create(names, k, &r->trace) != DP_OK ||
-            dp_trace_write(r->trace, o->trace) != DP_OK)
-            return cli_dp_fail("--trace");
+        if (dp_trace_create(names, k, &r->trace) != DP_OK) return cli_dp_fail("--trace");
     }
     if (r->ck && !o->eval_only && r->step == o->steps)
         printf("resume: the checkpoint is already at step %ld of --steps %ld: nothing to train\n",
