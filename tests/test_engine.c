@@ -191,6 +191,8 @@ Test(engine, plan_splits_rows_as_documented)
         cr_assert(rows[0] >= rows[1] && rows[1] >= rows[2] && rows[0] - rows[2] <= 1,
                   "%zu rows: %zu/%zu/%zu", huge[h], rows[0], rows[1], rows[2]);
     }
+    cr_assert_eq(dp_engine_usable(NULL), DP_ERR_INVALID_ARGUMENT);
+    dp_assert_ok(dp_engine_usable(r.e));
     static const size_t refused[] = {((size_t)1 << 53) + 1, ((size_t)1 << 54) + 3, SIZE_MAX};
     for (size_t h = 0; h < sizeof refused / sizeof refused[0]; h++) {
         cr_assert_eq(dp_engine_plan(r.e, refused[h], NULL, rows), DP_ERR_INVALID_ARGUMENT);

@@ -201,7 +201,9 @@ ParameterizedTest(int *c, engine_faults, watchdog_names_stalled_device_and_phase
         assert_same(&before, &after, r.model.n_params, "a step stopped by the watchdog");
     }
 
-    /* Every worker came back: the engine trains on, and its replicas agree. */
+    /* Every worker came back: the engine says so, trains on, and its
+     * replicas agree. */
+    dp_assert_ok(dp_engine_usable(r.e));
     for (int i = 0; i < 2; i++) dp_assert_ok(dp_engine_step(r.e, &b, &st));
     cr_assert(isfinite(st.loss));
     dp_test_run_close(&r);

@@ -808,6 +808,21 @@ Test(lm_train, signal_saves_the_checkpoint_and_exits_non_zero, .timeout = 120)
     }
 }
 
+/* A worker stuck inside a device call (a GEMM that never returns,
+ * preloaded): the watchdog fails the step, the engine is unusable, and
+ * lm_train ends with status 1 naming it instead of waiting for the
+ * worker forever (the test's timeout bounds a hang). */
+Test(lm_train, a_worker_stuck_in_a_device_call_ends_the_run, .timeout = 60)
+{
+    setenv("LD_PRELOAD", STUCK_GEMM_PATH, 1);
+    result r = RUN("--steps", "5", "--watchdog", "1", "--save", "@stuck.st");
+    unsetenv("LD_PRELOAD");
+    cr_assert(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 1, "status %d; stderr:\n%s",
+              r.status, r.err);
+    cr_assert(strstr(r.err, "watchdog") && strstr(r.err, "unusable"), "stderr:\n%s", r.err);
+    result_free(&r);
+}
+
 /* The step numbers of a JSONL log, in order; returns the count. */
 static size_t log_steps(const char *name, long *steps, size_t cap)
 {

@@ -42,6 +42,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "lm_train.h"
 
@@ -81,6 +82,17 @@ static int finish(run *r, int rc)
      * model first); exit alone cannot change the status. */
     if (check_written(r) && !rc) rc = 1;
     int code = rc ? (r->exit_code ? r->exit_code : 1) : 0;
+    /* A worker that never came back from a device call (the watchdog's
+     * second period): destroying the engine would wait for it forever
+     * (dp/engine.h), and so could the BLAS library's exit handlers. The
+     * process leaves at once. */
+    if (rc && r->engine && dp_engine_usable(r->engine) == DP_ERR_TIMEOUT) {
+        r->rk.broken = r->rk.ranks > 1; /* the others: aborted, not waited for */
+        cli_ranks_leave(&r->rk, code);
+        fflush(stdout);
+        fflush(stderr);
+        _exit(code);
+    }
     run_free(r);
     return leave(r, code);
 }

@@ -129,8 +129,9 @@ typedef struct dp_engine_config {
      * seconds, the step fails with DP_ERR_TIMEOUT naming the device and
      * phase that made no progress, and every worker is called back. A
      * worker stuck inside a backend call that does not return within a
-     * second watchdog period leaves the engine unusable (every later call
-     * fails with DP_ERR_TIMEOUT; dp_engine_destroy then waits for it).
+     * second watchdog period leaves the engine unusable (every later step,
+     * evaluation and prediction fails with DP_ERR_TIMEOUT, as
+     * dp_engine_usable does; dp_engine_destroy then waits for it).
      * With ranks it also bounds every wait for the other ranks, from the
      * exchange at create on (0: those waits have no limit).
      * 0, or DP_WATCHDOG_MIN_SECONDS to DP_WATCHDOG_MAX_SECONDS; anything
@@ -460,6 +461,14 @@ DP_API dp_status dp_engine_set_params(dp_engine *engine, const float *host);
 DP_API dp_status dp_engine_get_optimizer_state(dp_engine *engine, float *m, float *v, long *t);
 DP_API dp_status dp_engine_set_optimizer_state(dp_engine *engine, const float *m,
                                                const float *v, long t);
+
+/* Whether the engine can still run steps: DP_OK, or DP_ERR_TIMEOUT when a
+ * worker did not return after a watchdog timeout (dp_engine_destroy would
+ * wait for it forever: a program may leave without destroying the engine)
+ * or an exchange between the ranks left them out of step. Never waits
+ * and claims nothing: call it after the call that failed. Errors:
+ * DP_ERR_INVALID_ARGUMENT (NULL, or an engine destroyed). */
+DP_API dp_status dp_engine_usable(const dp_engine *engine);
 
 /* This process's devices (k), the job's devices over every rank (R x k,
  * or k without ranks), and the global index of this process's device 0

@@ -123,6 +123,13 @@ static dp_status check_usable(const dp_engine *e)
     return DP_OK;
 }
 
+dp_status dp_engine_usable(const dp_engine *e)
+{
+    if (!dp_engine_live(e))
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "engine is NULL or was destroyed");
+    return check_usable(e);
+}
+
 dp_status dp_engine_sync_replicas(dp_engine *e)
 {
     if (!e->needs_sync) return DP_OK;
