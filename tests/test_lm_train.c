@@ -815,6 +815,13 @@ Test(lm_train, signal_saves_the_checkpoint_and_exits_non_zero, .timeout = 120)
 Test(lm_train, a_worker_stuck_in_a_device_call_ends_the_run, .timeout = 60)
 {
     setenv("LD_PRELOAD", STUCK_GEMM_PATH, 1);
+    /* under AddressSanitizer (the asan-ubsan preset) a preloaded library
+     * before its runtime is refused unless told */
+    const char *asan = getenv("ASAN_OPTIONS");
+    char opts[1024];
+    snprintf(opts, sizeof opts, "%s%sverify_asan_link_order=0", asan ? asan : "",
+             asan && *asan ? ":" : "");
+    setenv("ASAN_OPTIONS", opts, 1);
     result r = RUN("--steps", "5", "--watchdog", "1", "--save", "@stuck.st");
     unsetenv("LD_PRELOAD");
     cr_assert(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 1, "status %d; stderr:\n%s",
@@ -1492,6 +1499,9 @@ static bad_case bad_cases[] = {
     {"batch-size 0", {"--batch-size", "0"}, "--batch-size", "", 0, 0, 0},
     {"batch-size -3", {"--batch-size", "-3"}, "--batch-size", "", 0, 0, 0},
     {"batch-size abc", {"--batch-size", "abc"}, "--batch-size", "", 0, 0, 0},
+    /* refused before its buffers are touched, not left to the OOM killer */
+    {"batch past the host's RAM", {"--batch-size", "100000000000"}, "do not fit in the host's",
+     "", 0, 0, 0},
     {"heads 3 dim 16", {"--heads", "3", "--dim", "16"}, "--heads 3", "", 0, 0, 0},
     {"devices gpu:0", {"--devices", "gpu:0"}, "gpu", "", 0, 0, 0},
     {"devices cpu:0,0", {"--devices", "cpu:0,0"}, "cpu:0,0", "", 0, 0, 0},

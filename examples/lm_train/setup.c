@@ -5,11 +5,13 @@
  * parameters, and the batch buffers. Under ranks the local parts'
  * outcomes are agreed before the collective calls.
  */
-#define _POSIX_C_SOURCE 200809L
+#define _DEFAULT_SOURCE /* sysconf(_SC_PHYS_PAGES) */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "lm_train.h"
 
@@ -234,9 +236,21 @@ static int alloc_batches(run *r)
         !dp_size_mul(bt, sizeof(int32_t), &bt))
         return cli_fail("--batch-size %ld x --context %ld overflows a buffer size", o->batch_size,
                         o->context);
+    /* Refused past the host's RAM before anything is touched: with
+     * overcommit the buffers (and the engine's per-row host state) would
+     * grow until the kernel's OOM killer ended the run without a word. */
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    double ram = pages > 0 && page > 0 ? (double)pages * (double)page : INFINITY;
+    if (2.0 * (double)bt > ram)
+        return cli_fail("--batch-size %ld x --context %ld: the batch's tokens and targets "
+                        "(%.3g GB) do not fit in the host's %.3g GB of RAM; use a smaller "
+                        "--batch-size", o->batch_size, o->context, 2e-9 * (double)bt, 1e-9 * ram);
     r->inputs = malloc(bt);
     r->targets = malloc(bt);
-    if (!r->inputs || !r->targets) return cli_fail("out of host memory");
+    if (!r->inputs || !r->targets)
+        return cli_fail("--batch-size %ld x --context %ld: no host memory for the batch's tokens "
+                        "and targets (%.3g GB); use a smaller --batch-size", o->batch_size,
+                        o->context, 2e-9 * (double)bt);
     return 0;
 }
 
