@@ -103,6 +103,12 @@ int cli_parse_long(const char *name, const char *v, long lo, long hi, long *out)
     return 0;
 }
 
+double cli_host_ram_bytes(void)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    return pages > 0 && page > 0 ? (double)pages * (double)page : INFINITY;
+}
+
 int cli_bad_option(char **argv, const char *shorts)
 {
     const char *arg = argv[optind - 1];
@@ -112,10 +118,11 @@ int cli_bad_option(char **argv, const char *shorts)
         else cli_fail("%s needs a value (see --help)", arg);
         return 2;
     }
-    /* a short option: argv[optind - 1] may be the argument before a group */
+    /* a short option, named by optopt alone: argv[optind - 1] may be the
+     * argument before a group such as -xy */
     char ch = optopt > ' ' && optopt < 127 ? (char)optopt : '?';
     if (ch != ':' && strchr(shorts, ch)) cli_fail("-%c needs a value (see --help)", ch);
-    else cli_fail("unknown option \"-%c\" (see --help)", ch);
+    else cli_fail("unknown option \"-%c\" (%ssee --help)", ch, *shorts ? "" : "options are long: ");
     return 2;
 }
 
@@ -326,18 +333,12 @@ static int compute_option(int c, const char *v, char **argv, cli_compute *cp, in
     case CLI_O_BUCKET_MB: return cli_parse_bucket_mb(v, &cp->bucket_bytes);
     case CLI_O_VOCAB_PAD: return cli_parse_vocab_pad(v, &cp->vocab_pad);
     }
-    if (c == ':') return cli_fail("%s needs a value (see --help)", argv[optind - 1]);
-    /* There are no short options: getopt names an unknown one by optopt
-     * alone (argv[optind - 1] may be the argument before a group such as
-     * -xy). For a long one it sets optopt to a known option given a value
-     * it does not take. */
-    const char *arg = argv[optind - 1];
-    if (strncmp(arg, "--", 2) != 0)
-        return cli_fail("unknown option \"-%c\" (options are long: see --help)",
-                        optopt > ' ' && optopt < 127 ? optopt : '?');
-    if (name_no_value && optopt)
-        return cli_fail("\"%s\": this option takes no value (see --help)", arg);
-    return cli_fail("unknown option \"%s\" (see --help)", arg);
+    /* without name_no_value, a known option given a value it does not
+     * take is named as unknown */
+    if (!name_no_value && c != ':' && strncmp(argv[optind - 1], "--", 2) == 0)
+        return cli_fail("unknown option \"%s\" (see --help)", argv[optind - 1]);
+    cli_bad_option(argv, ""); /* there are no short options */
+    return 1;
 }
 
 int cli_check_attention_chunk(const cli_compute *cp)

@@ -311,20 +311,32 @@ static void guard_edit(int block, sigset_t *old)
     sigprocmask(SIG_BLOCK, &set, old);
 }
 
+/* Appends path, signals blocked; the first one sets the handler's
+ * message ("<program>: stopped by a signal; <left>") and installs it.
+ * 0, or 1 when it does not fit. */
+static int guard_add(const char *path, const char *left)
+{
+    if (guard_n >= GUARD_MAX || !path || strlen(path) >= sizeof guard_paths[0]) return 1;
+    if (guard_n == 0) {
+        int n = snprintf(guard_msg, sizeof guard_msg, "%s: stopped by a signal; %s\n",
+                         cli_program(), left);
+        guard_msg_len = n < 0 ? 0 : (size_t)n < sizeof guard_msg ? (size_t)n : sizeof guard_msg - 1;
+        install_guard();
+    }
+    memcpy(guard_paths[guard_n], path, strlen(path) + 1);
+    guard_n = guard_n + 1;
+    return 0;
+}
+
 void cli_guard_temp(const dp_atomic_file *af, const char *what)
 {
     sigset_t old;
     guard_edit(1, &old);
     guard_n = 0;
-    const char *t = af ? dp_atomic_file_temp_path(af) : NULL;
-    if (t && strlen(t) < sizeof guard_paths[0]) {
-        memcpy(guard_paths[0], t, strlen(t) + 1);
-        int n = snprintf(guard_msg, sizeof guard_msg,
-                         "%s: stopped by a signal; %s was left as it was\n", cli_program(),
-                         what ? what : "the output");
-        guard_msg_len = n < 0 ? 0 : (size_t)n < sizeof guard_msg ? (size_t)n : sizeof guard_msg - 1;
-        install_guard();
-        guard_n = 1;
+    if (af) {
+        char left[320];
+        snprintf(left, sizeof left, "%s was left as it was", what ? what : "the output");
+        guard_add(dp_atomic_file_temp_path(af), left);
     }
     guard_edit(0, &old);
 }
@@ -333,20 +345,9 @@ int cli_guard_path(const char *path)
 {
     sigset_t old;
     guard_edit(1, &old);
-    int ok = guard_n < GUARD_MAX && path && strlen(path) < sizeof guard_paths[0];
-    if (ok && guard_n == 0) {
-        int n = snprintf(guard_msg, sizeof guard_msg,
-                         "%s: stopped by a signal; its outputs were left as they were\n",
-                         cli_program());
-        guard_msg_len = n < 0 ? 0 : (size_t)n < sizeof guard_msg ? (size_t)n : sizeof guard_msg - 1;
-        install_guard();
-    }
-    if (ok) {
-        memcpy(guard_paths[guard_n], path, strlen(path) + 1);
-        guard_n = guard_n + 1;
-    }
+    int rc = guard_add(path, "its outputs were left as they were");
     guard_edit(0, &old);
-    return ok ? 0 : 1;
+    return rc;
 }
 
 void cli_unguard_path(const char *path)
@@ -375,7 +376,7 @@ int cli_flush(FILE *f)
 {
     errno = 0;
     int rc = fflush(f);
-    if (rc != 0 && errno) {
+    if (rc != 0) {
         failed_stream = f;
         failed_errno = errno;
     }
@@ -399,9 +400,11 @@ void cli_print_help(void (*usage)(FILE *f))
         return;
     }
     errno = 0;
-    if (fwrite(text, 1, n, stdout) != n || fflush(stdout) != 0) {
+    if (fwrite(text, 1, n, stdout) != n) {
         failed_stream = stdout;
         failed_errno = errno;
+    } else {
+        cli_flush(stdout);
     }
     free(text);
 }

@@ -5,12 +5,10 @@
  * --find-max-batch's search for the largest batch that fits the memory
  * limit, and --scaling over 1..k devices.
  */
-#define _DEFAULT_SOURCE /* sysconf(_SC_PHYS_PAGES) */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "dp_bench.h"
 
@@ -22,8 +20,7 @@ static int ensure_tokens(bench *b, size_t rows)
     size_t T = (size_t)b->o.context, V = (size_t)b->o.vocab, bytes;
     /* Inputs and targets: refused past the host's RAM before they are
      * touched page by page (where overcommit would let them grow). */
-    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    double ram = pages > 0 && page > 0 ? (double)pages * (double)page : INFINITY;
+    double ram = cli_host_ram_bytes();
     if (!dp_size_mul(rows, T * sizeof(int32_t), &bytes) || 2.0 * (double)bytes > ram)
         return cli_fail("a batch of %zu sequences of %zu tokens (%.3g GB of inputs and targets) "
                         "does not fit in the host's %.3g GB of RAM; use a smaller --batch-size "

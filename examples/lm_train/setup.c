@@ -5,13 +5,11 @@
  * parameters, and the batch buffers. Under ranks the local parts'
  * outcomes are agreed before the collective calls.
  */
-#define _DEFAULT_SOURCE /* sysconf(_SC_PHYS_PAGES) */
-#include <math.h>
+#define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include "lm_train.h"
 
@@ -239,8 +237,7 @@ static int alloc_batches(run *r)
     /* Refused past the host's RAM before anything is touched: with
      * overcommit the buffers (and the engine's per-row host state) would
      * grow until the kernel's OOM killer ended the run without a word. */
-    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    double ram = pages > 0 && page > 0 ? (double)pages * (double)page : INFINITY;
+    double ram = cli_host_ram_bytes();
     if (2.0 * (double)bt > ram)
         return cli_fail("--batch-size %ld x --context %ld: the batch's tokens and targets "
                         "(%.3g GB) do not fit in the host's %.3g GB of RAM; use a smaller "
