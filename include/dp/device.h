@@ -80,7 +80,10 @@ typedef struct dp_device dp_device;
  * in the folder DP_MODULE_DIR names).
  * Errors: DP_ERR_INVALID_ARGUMENT, DP_ERR_NO_DEVICE (also when the CUDA
  * module or a library it needs cannot be loaded: the message names it and
- * the fix), DP_ERR_DEVICE, DP_ERR_OUT_OF_MEMORY. */
+ * the fix), DP_ERR_DEVICE, DP_ERR_OUT_OF_MEMORY (also, under an
+ * address-space limit (ulimit -v), for a CPU device where no room is left
+ * for OpenBLAS's ~128 MiB work buffer of its thread: OpenBLAS would hang
+ * at the first GEMM instead of failing). */
 DP_API dp_status dp_device_open(const dp_device_spec *spec, dp_device **out);
 
 /* Closes the device. Memory still allocated on it is freed (and counted
@@ -246,7 +249,9 @@ typedef enum dp_op { DP_OP_N = 0, DP_OP_T = 1 } dp_op;
  * lda >= (transa == N ? m : k), ldb >= (transb == N ? k : n), ldc >= m.
  * When beta == 0, C need not be initialised (NaNs in C are not propagated).
  * Errors: DP_ERR_INVALID_ARGUMENT (negative sizes, leading dimensions too
- * small, NULL pointers), DP_ERR_DEVICE.
+ * small, NULL pointers), DP_ERR_DEVICE, DP_ERR_OUT_OF_MEMORY (a CPU device
+ * under an address-space limit with no room for a new OpenBLAS work
+ * buffer, which OpenBLAS would otherwise retry forever; C is untouched).
  */
 DP_API dp_status dp_gemm(dp_device *dev, dp_op transa, dp_op transb, int m, int n, int k,
                          float alpha, const float *A, int lda, const float *B, int ldb,

@@ -20,11 +20,17 @@
 
 static dp_status cpu_open(dp_device *dev)
 {
-    dp_cpu_host_init();
-    return dp_cpu_ctx_create(dev);
+    DP_TRY(dp_cpu_host_open(dev));
+    dp_status s = dp_cpu_ctx_create(dev);
+    if (s != DP_OK) dp_cpu_host_close();
+    return s;
 }
 
-static void cpu_close(dp_device *dev) { dp_cpu_ctx_destroy(dev); }
+static void cpu_close(dp_device *dev)
+{
+    dp_cpu_ctx_destroy(dev);
+    dp_cpu_host_close();
+}
 
 static dp_status cpu_alloc(dp_device *dev, size_t bytes, void **out)
 {

@@ -341,17 +341,24 @@ dp_status dp_cpu_gemm(dp_device *dev, dp_op ta, dp_op tb, int m, int n, int k, f
         return DP_OK;
     }
     int bf16_math = dev->matmul == DP_MATMUL_BF16;
+    int admitted;
     if (!bf16_math && !A->bf16 && !B->bf16) { /* plain float32: nothing to convert */
+        DP_TRY(dp_cpu_blas_enter(dev, &admitted));
         sgemm_batch(ta, tb, m, n, k, alpha, A->p, A->ld, A->stride, B->p, B->ld, B->stride, beta,
                     C, ldc, sc, batch);
+        dp_cpu_blas_leave(admitted);
         return DP_OK;
     }
     struct dp_cpu_ctx *c = dev->ctx;
     pthread_mutex_lock(&c->mu);
     /* float32 math, or bf16 math without oneDNN: OpenBLAS */
     int dnnl = bf16_math && !dev->gemm_no_dnnl && dnnl_ready(c);
-    dp_status s = gemm_pieces(dev, c, ta, tb, m, n, k, alpha, A, B, beta, C, ldc, sc, batch,
-                              bf16_math, dnnl);
+    dp_status s = dnnl ? DP_OK : dp_cpu_blas_enter(dev, &admitted);
+    if (s == DP_OK) {
+        s = gemm_pieces(dev, c, ta, tb, m, n, k, alpha, A, B, beta, C, ldc, sc, batch, bf16_math,
+                        dnnl);
+        if (!dnnl) dp_cpu_blas_leave(admitted);
+    }
     pthread_mutex_unlock(&c->mu);
     return s;
 }

@@ -41,9 +41,11 @@ dp_status dp_cpu_gemm_bias_out(dp_device *dev, dp_op ta, dp_op tb, int m, int n,
                                const dp_gemm_arg *A, const dp_gemm_arg *B, dp_pref bias, void *C,
                                int c_bf16, int ldc, int *done);
 /* cpu_host.c: the process's setup for CPU devices (once: one BLAS thread,
- * the host's available memory), then the bytes allocated on any CPU device
- * against it: reserve fails with DP_ERR_OUT_OF_MEMORY naming dev. */
-void dp_cpu_host_init(void);
+ * the host's available memory, the address-space limit), then the bytes
+ * allocated on any CPU device against it: open (one per CPU device, undone
+ * by close) and reserve fail with DP_ERR_OUT_OF_MEMORY naming dev. */
+dp_status dp_cpu_host_open(dp_device *dev);
+void dp_cpu_host_close(void);
 dp_status dp_cpu_host_reserve(dp_device *dev, size_t bytes);
 void dp_cpu_host_release(size_t bytes);
 /* A CPU buffer of bytes (> 0; NULL when the host has none): aligned to
@@ -53,6 +55,12 @@ void dp_cpu_host_release(size_t bytes);
 #define DP_CPU_ALIGN 256
 #define DP_CPU_HUGE_PAGE ((size_t)2 << 20)
 void *dp_cpu_host_alloc(size_t bytes);
+/* Around every OpenBLAS call (cpu_host.c): enter admits it, or fails with
+ * DP_ERR_OUT_OF_MEMORY where OpenBLAS would need a work buffer that the
+ * address-space limit has no room for (it would hang); leave(admitted)
+ * after the call, only when enter succeeded. Free without a limit. */
+dp_status dp_cpu_blas_enter(dp_device *dev, int *admitted);
+void dp_cpu_blas_leave(int admitted);
 
 /* The entries not generated from kernels/ops.h (reductions, scatters,
  * permutes), in cpu_nn.c and cpu_attention.c. */
