@@ -32,6 +32,7 @@
 
 #define MIB ((size_t)1 << 20)
 
+#ifndef DP_TEST_SANITIZED
 /* The process's size (VmSize) in bytes. */
 static size_t process_size(void)
 {
@@ -42,6 +43,7 @@ static size_t process_size(void)
     fclose(f);
     return (size_t)pages * (size_t)sysconf(_SC_PAGESIZE);
 }
+#endif
 
 /* The limit set to the process's size plus room bytes. */
 static void limit_room(size_t room)
