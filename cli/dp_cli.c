@@ -103,10 +103,10 @@ int cli_parse_long(const char *name, const char *v, long lo, long hi, long *out)
     return 0;
 }
 
-double cli_host_ram_bytes(void)
+double cli_host_available_bytes(void)
 {
-    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    return pages > 0 && page > 0 ? (double)pages * (double)page : INFINITY;
+    size_t bytes = dp_host_memory_available();
+    return bytes ? (double)bytes : INFINITY;
 }
 
 int cli_bad_option(char **argv, const char *shorts)

@@ -176,11 +176,11 @@ int cli_parse_long(const char *name, const char *v, long lo, long hi, long *out)
 /* ... into an int. */
 int cli_parse_int(const char *name, const char *v, int lo, int hi, int *out);
 
-/* The host's physical RAM in bytes (INFINITY when the system does not
- * say): the ceiling for host buffers a command line asks for, refused
- * before they are touched (overcommit would let them grow into the OOM
- * killer). */
-double cli_host_ram_bytes(void);
+/* The host's RAM available now in bytes (dp_host_memory_available;
+ * INFINITY when the system does not say): the ceiling for host buffers a
+ * command line asks for, refused before they are touched (overcommit
+ * would let them grow into the OOM killer). */
+double cli_host_available_bytes(void);
 
 /* For a small program's own getopt_long loop (run with opterr = 0): the
  * message for what getopt returned instead of an option ('?' or ':'),

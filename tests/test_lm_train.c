@@ -808,25 +808,51 @@ Test(lm_train, signal_saves_the_checkpoint_and_exits_non_zero, .timeout = 120)
     }
 }
 
+/* AddressSanitizer refuses a preloaded library that comes before its
+ * runtime unless told (the asan-ubsan preset). */
+static void preload(const char *library)
+{
+    setenv("LD_PRELOAD", library, 1);
+    const char *asan = getenv("ASAN_OPTIONS");
+    char opts[1024];
+    snprintf(opts, sizeof opts, "%s%sverify_asan_link_order=0", asan ? asan : "",
+             asan && *asan ? ":" : "");
+    setenv("ASAN_OPTIONS", opts, 1);
+}
+
 /* A worker stuck inside a device call (a GEMM that never returns,
  * preloaded): the watchdog fails the step, the engine is unusable, and
  * lm_train ends with status 1 naming it instead of waiting for the
  * worker forever (the test's timeout bounds a hang). */
 Test(lm_train, a_worker_stuck_in_a_device_call_ends_the_run, .timeout = 60)
 {
-    setenv("LD_PRELOAD", STUCK_GEMM_PATH, 1);
-    /* under AddressSanitizer (the asan-ubsan preset) a preloaded library
-     * before its runtime is refused unless told */
-    const char *asan = getenv("ASAN_OPTIONS");
-    char opts[1024];
-    snprintf(opts, sizeof opts, "%s%sverify_asan_link_order=0", asan ? asan : "",
-             asan && *asan ? ":" : "");
-    setenv("ASAN_OPTIONS", opts, 1);
+    preload(STUCK_GEMM_PATH);
     result r = RUN("--steps", "5", "--watchdog", "1", "--save", "@stuck.st");
     unsetenv("LD_PRELOAD");
     cr_assert(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 1, "status %d; stderr:\n%s",
               r.status, r.err);
     cr_assert(strstr(r.err, "watchdog") && strstr(r.err, "unusable"), "stderr:\n%s", r.err);
+    result_free(&r);
+}
+
+/* On a host with 100 MB available (fake_meminfo.c, preloaded), a batch of
+ * 500000 x 16 tokens (64 MB of inputs and targets) fits, but not beside
+ * the engine's copy of it, which the scatter allocates: lm_train touches
+ * its batch before the engine's devices measure the host, so the scatter
+ * is refused with the numbers. It used to be counted against the 100 MB
+ * as if the batch took nothing, and the two grew into the OOM killer
+ * (GPT context 16 with --batch-size 1e8 on a 24 GB host). */
+Test(lm_train, the_batch_counts_against_the_host_before_the_engine, .timeout = 60)
+{
+    preload(FAKE_MEMINFO_PATH);
+    setenv("DP_TEST_MEM_AVAILABLE_KB", "100000", 1);
+    result r = RUN("--steps", "1", "--batch-size", "500000");
+    unsetenv("LD_PRELOAD");
+    unsetenv("DP_TEST_MEM_AVAILABLE_KB");
+    cr_assert(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 1, "status %d; stderr:\n%s",
+              r.status, r.err);
+    cr_assert(strstr(r.err, "scatter") && strstr(r.err, "does not fit in the host's RAM"),
+              "stderr:\n%s", r.err);
     result_free(&r);
 }
 

@@ -18,12 +18,12 @@ static int ensure_tokens(bench *b, size_t rows)
 {
     if (rows <= b->rows_cap) return 0;
     size_t T = (size_t)b->o.context, V = (size_t)b->o.vocab, bytes;
-    /* Inputs and targets: refused past the host's RAM before they are
-     * touched page by page (where overcommit would let them grow). */
-    double ram = cli_host_ram_bytes();
+    /* Inputs and targets: refused past the host's available RAM before
+     * they are touched page by page (where overcommit would let them grow). */
+    double ram = cli_host_available_bytes();
     if (!dp_size_mul(rows, T * sizeof(int32_t), &bytes) || 2.0 * (double)bytes > ram)
         return cli_fail("a batch of %zu sequences of %zu tokens (%.3g GB of inputs and targets) "
-                        "does not fit in the host's %.3g GB of RAM; use a smaller --batch-size "
+                        "does not fit in the host's %.3g GB of available RAM; use a smaller --batch-size "
                         "or --context", rows, T, 2.0 * (double)rows * (double)T * 4e-9, ram * 1e-9);
     int32_t *in = realloc(b->inputs, bytes);
     if (in) b->inputs = in;

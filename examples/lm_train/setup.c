@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "lm_train.h"
 
@@ -225,6 +226,16 @@ static int configure(run *r, dp_device_spec *specs, size_t *kp, dp_engine_config
     return 0;
 }
 
+/* Writes a byte of each page (through volatile: a malloc then memset to 0
+ * may be compiled as a calloc, which touches nothing). */
+static void touch_pages(void *p, size_t bytes)
+{
+    volatile unsigned char *b = p;
+    long page = sysconf(_SC_PAGESIZE);
+    size_t step = page > 0 ? (size_t)page : 4096;
+    for (size_t i = 0; i < bytes; i += step) b[i] = 0;
+}
+
 /* The host batch buffers, (batch_size, context) tokens each. */
 static int alloc_batches(run *r)
 {
@@ -234,20 +245,27 @@ static int alloc_batches(run *r)
         !dp_size_mul(bt, sizeof(int32_t), &bt))
         return cli_fail("--batch-size %ld x --context %ld overflows a buffer size", o->batch_size,
                         o->context);
-    /* Refused past the host's RAM before anything is touched: with
-     * overcommit the buffers (and the engine's per-row host state) would
-     * grow until the kernel's OOM killer ended the run without a word. */
-    double ram = cli_host_ram_bytes();
+    /* Refused past the host's available RAM before anything is touched:
+     * with overcommit the buffers would grow until the kernel's OOM killer
+     * ended the run without a word. */
+    double ram = cli_host_available_bytes();
     if (2.0 * (double)bt > ram)
         return cli_fail("--batch-size %ld x --context %ld: the batch's tokens and targets "
-                        "(%.3g GB) do not fit in the host's %.3g GB of RAM; use a smaller "
-                        "--batch-size", o->batch_size, o->context, 2e-9 * (double)bt, 1e-9 * ram);
+                        "(%.3g GB) do not fit in the host's %.3g GB of available RAM; use a "
+                        "smaller --batch-size", o->batch_size, o->context, 2e-9 * (double)bt,
+                        1e-9 * ram);
     r->inputs = malloc(bt);
     r->targets = malloc(bt);
     if (!r->inputs || !r->targets)
         return cli_fail("--batch-size %ld x --context %ld: no host memory for the batch's tokens "
                         "and targets (%.3g GB); use a smaller --batch-size", o->batch_size,
                         o->context, 2e-9 * (double)bt);
+    /* Touched now, before the engine's CPU devices measure the RAM left
+     * (dp_host_memory_available): their per-row state is then refused
+     * where it does not fit beside the batch, instead of both growing
+     * into the OOM killer while the first batch loads. */
+    touch_pages(r->inputs, bt);
+    touch_pages(r->targets, bt);
     return 0;
 }
 
@@ -262,6 +280,7 @@ int setup(run *r)
     int rc = load(r);
     if (!rc) rc = configure(r, specs, &k, &ec);
     if (!rc) rc = pad_vocab(r, specs, k);
+    if (!rc) rc = alloc_batches(r);
     if (agree(r, rc)) return 1;
     dp_criterion ce = dp_criterion_cross_entropy();
     /* bf16: bf16 replicas, and the activations off the residual stream
@@ -284,8 +303,7 @@ int setup(run *r)
         if (s != DP_OK) return engine_fail(r, s, "--init-from params");
     }
     print_summary(r, k, &ec);
-    int out = alloc_batches(r);
-    if (!out && r->rk.rank == 0) out = open_outputs(r, k);
+    int out = r->rk.rank == 0 ? open_outputs(r, k) : 0;
     if (agree_writes(r, out)) return 1;
     if (r->ck) {
         /* The parameters live in the engine now; the metadata stays for messages. */

@@ -72,6 +72,14 @@ DP_API int dp_cuda_device_count(void);
 /* Number of online CPU cores (>= 1). */
 DP_API int dp_cpu_core_count(void);
 
+/* Bytes of host memory available now without swapping: MemAvailable of
+ * /proc/meminfo, else sysconf(_SC_AVPHYS_PAGES) pages; 0 where neither
+ * says. What the first CPU device to open measures, and all CPU devices'
+ * allocations are then counted against: host buffers of an application's
+ * own (a batch's tokens) are seen by it only when touched before that
+ * open. Never fails. */
+DP_API size_t dp_host_memory_available(void);
+
 typedef struct dp_device dp_device;
 
 /* Opens a device. The handle owns its memory accounting; close it with

@@ -153,12 +153,17 @@ static dp_status space_refused(dp_device *dev, const char *what, size_t bytes, s
                    host_space);
 }
 
+size_t dp_host_memory_available(void)
+{
+    size_t bytes = meminfo_available();
+    return bytes ? bytes : sysconf_available();
+}
+
 static void host_init(void)
 {
     /* one BLAS thread per virtual device, set once for the process */
     openblas_set_num_threads(1);
-    host_available = meminfo_available();
-    if (!host_available) host_available = sysconf_available();
+    host_available = dp_host_memory_available();
     const char *huge = getenv("DP_CPU_HUGEPAGES");
     host_huge = !(huge && strcmp(huge, "0") == 0);
     host_space = space_limit();
