@@ -555,6 +555,42 @@ Test(bpe, unsupported_settings_are_refused)
     refused(save_json(j, "lstrip.json"), DP_ERR_UNSUPPORTED, "lstrip", NULL);
 }
 
+/* "model" is a token of GPT-2's encoder.json (id 19849): an integer there
+ * still means encoder.json; only tokenizer.json's "model" is an object.
+ * And a tokenizer.json named as the encoder of a vocab.bpe says so. */
+Test(bpe, a_model_token_does_not_make_an_encoder_a_tokenizer_json)
+{
+    json_error_t e;
+    json_t *enc = json_load_file(bpe_data("encoder.json"), 0, &e);
+    cr_assert_not_null(enc, "%s", e.text);
+    size_t v = json_object_size(enc);
+    json_object_set_new(enc, "model", json_integer((json_int_t)v));
+    save_json(enc, "encoder.json");
+    json_decref(enc);
+    size_t len;
+    unsigned char *merges = dp_test_read_file(bpe_data("vocab.bpe"), &len);
+    dp_test_write_file(in_tmp("vocab.bpe"), merges, len);
+    free(merges);
+    dp_tokenizer *t = load(in_tmp("encoder.json"));
+    cr_assert_eq(dp_tokenizer_vocab_size(t), v + 1);
+    int32_t id = (int32_t)v;
+    char *text = NULL;
+    size_t n = 0;
+    dp_assert_ok(dp_tokenizer_decode(t, &id, 1, &text, &n));
+    cr_assert(n == 5 && memcmp(text, "model", 5) == 0, "id %d decodes as '%s'", id, text);
+    free(text);
+    dp_tokenizer_destroy(t);
+
+    dp_tokenizer *u = (dp_tokenizer *)1;
+    cr_assert_eq(dp_tokenizer_load_bpe_openai(bpe_data("tokenizer.json"), bpe_data("vocab.bpe"),
+                                              &u),
+                 DP_ERR_FORMAT);
+    cr_assert_null(u);
+    cr_assert(strstr(dp_last_error(), "is a tokenizers tokenizer.json") &&
+                  strstr(dp_last_error(), "load it alone"),
+              "%s", dp_last_error());
+}
+
 Test(bpe, bad_openai_files_are_refused)
 {
     char enc[4096];

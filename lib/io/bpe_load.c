@@ -260,6 +260,13 @@ static dp_status load_openai_json(const char *enc_path, json_t *vocab, const cha
     return DP_OK;
 }
 
+/* tokenizers' tokenizer.json has a "model" object; in OpenAI's
+ * encoder.json "model" is a token (GPT-2's id 19849) with an integer. */
+static int is_hf_tokenizer(const json_t *root)
+{
+    return json_is_object(json_object_get(root, "model"));
+}
+
 dp_status bpe_load_openai(const char *encoder_json, const char *vocab_bpe, bpe **out)
 {
     *out = NULL;
@@ -271,7 +278,13 @@ dp_status bpe_load_openai(const char *encoder_json, const char *vocab_bpe, bpe *
     dp_status st = parse_json(encoder_json, what, text, len, &root);
     free(text);
     if (st != DP_OK) return st;
-    st = load_openai_json(encoder_json, root, vocab_bpe, out);
+    if (is_hf_tokenizer(root))
+        st = DP_FAIL(DP_ERR_FORMAT,
+                     "'%s' is a tokenizers tokenizer.json (it has a \"model\" object), not "
+                     "OpenAI's encoder.json: it holds its merges, so load it alone, without "
+                     "'%s'", encoder_json, vocab_bpe);
+    else
+        st = load_openai_json(encoder_json, root, vocab_bpe, out);
     json_decref(root);
     return st;
 }
@@ -326,7 +339,7 @@ dp_status bpe_load(const char *path, bpe **out)
     st = parse_json(path, "tokenizer file", text, len, &root);
     free(text);
     if (st != DP_OK) return st;
-    if (json_object_get(root, "model")) {
+    if (is_hf_tokenizer(root)) {
         st = load_hf_json(path, root, out);
     } else {
         // OpenAI's encoder.json (token -> id): its merges are vocab.bpe beside it.
@@ -336,8 +349,8 @@ dp_status bpe_load(const char *path, bpe **out)
         if (!vb) st = DP_FAIL(DP_ERR_OUT_OF_MEMORY, "cannot allocate a path");
         else if (!is_file(vb))
             st = DP_FAIL(DP_ERR_FORMAT,
-                         "'%s' has no \"model\" (a tokenizers tokenizer.json) and no vocab.bpe "
-                         "beside it ('%s'), as OpenAI's encoder.json has",
+                         "'%s' has no \"model\" object (a tokenizers tokenizer.json) and no "
+                         "vocab.bpe beside it ('%s'), as OpenAI's encoder.json has",
                          path, vb);
         else
             st = load_openai_json(path, root, vb, out);
