@@ -340,7 +340,16 @@ Test(gpt_hf, a_config_contradicting_the_tensors_or_another_model_is_refused)
         {"model_type", "\"llama\"", "model_type \"llama\"", DP_ERR_UNSUPPORTED},
         {"layer_norm_epsilon", "1e-6", "layer_norm_epsilon 1e-06", DP_ERR_UNSUPPORTED},
         {"tie_word_embeddings", "false", "tie_word_embeddings is false", DP_ERR_UNSUPPORTED},
-        {"n_head", "\"four\"", "no positive integer n_head", DP_ERR_FORMAT},
+        {"n_head", "\"four\"", "n_head is not a non-negative integer", DP_ERR_FORMAT},
+        {"n_head", "0", "no positive integer n_head", DP_ERR_FORMAT},
+        /* another type is refused, not taken for absent (which skips the check) */
+        {"n_embd", "\"32\"", "n_embd is not a non-negative integer", DP_ERR_FORMAT},
+        {"n_layer", "2.0", "n_layer is not a non-negative integer", DP_ERR_FORMAT},
+        {"vocab_size", "-65", "vocab_size is not a non-negative integer", DP_ERR_FORMAT},
+        {"layer_norm_epsilon", "\"1e-5\"", "layer_norm_epsilon is not a number", DP_ERR_FORMAT},
+        {"tie_word_embeddings", "\"false\"", "tie_word_embeddings is not true or false",
+         DP_ERR_FORMAT},
+        {"model_type", "7", "model_type is not a string", DP_ERR_FORMAT},
         /* the file's, not the caller's: a malformed file */
         {"n_head", "3", "does not divide", DP_ERR_FORMAT},
     };

@@ -65,6 +65,37 @@ static int bool_key(json_t *root, const char *key)
     return json_is_boolean(v) ? json_is_true(v) : -1;
 }
 
+/* A key config.json gives with another JSON type than its own is
+ * refused, not taken for absent (it would skip the check it is for:
+ * "n_embd": "32"). null is absent, as transformers writes None. */
+static dp_status check_types(const char *path, json_t *root)
+{
+    static const struct {
+        const char *key;
+        char type; /* 'i' a non-negative integer, 'n' a number, 's' a string, 'b' a boolean */
+    } keys[] = {{"n_head", 'i'}, {"n_embd", 'i'}, {"n_layer", 'i'}, {"n_positions", 'i'},
+                {"n_ctx", 'i'}, {"vocab_size", 'i'}, {"n_inner", 'i'},
+                {"layer_norm_epsilon", 'n'}, {"activation_function", 's'},
+                {"model_type", 's'}, {"tie_word_embeddings", 'b'},
+                {"scale_attn_weights", 'b'}, {"scale_attn_by_inverse_layer_idx", 'b'}};
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        json_t *v = json_object_get(root, keys[i].key);
+        if (!v || json_is_null(v)) continue;
+        char t = keys[i].type;
+        int ok = t == 'i'   ? json_is_integer(v) && json_integer_value(v) >= 0
+                 : t == 'n' ? json_is_number(v)
+                 : t == 's' ? json_is_string(v)
+                            : json_is_boolean(v);
+        if (!ok)
+            return DP_FAIL(DP_ERR_FORMAT, "'%s': %s is not %s", path, keys[i].key,
+                           t == 'i'   ? "a non-negative integer"
+                           : t == 'n' ? "a number"
+                           : t == 's' ? "a string"
+                                      : "true or false");
+    }
+    return DP_OK;
+}
+
 /* Reads path into *c (c->root NULL when there is no such file). */
 static dp_status read_config(const char *path, hf_config *c)
 {
@@ -90,6 +121,7 @@ static dp_status read_config(const char *path, hf_config *c)
     if (!json_is_object(c->root))
         return DP_FAIL(DP_ERR_FORMAT, "'%s' is not a JSON object", path);
     json_t *r = c->root;
+    DP_TRY(check_types(path, r));
     c->n_head = int_key(r, "n_head");
     c->n_embd = int_key(r, "n_embd");
     c->n_layer = int_key(r, "n_layer");
