@@ -33,6 +33,7 @@
  */
 #define _GNU_SOURCE /* F_SETPIPE_SZ */
 #include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdint.h>
@@ -614,6 +615,71 @@ ParameterizedTest(differ_case *dc, lm_train_mpi, ranks_started_differently, .tim
     path_in(p, sizeof p, "x.st");
     cr_assert_neq(access(p, F_OK), 0, "%s: a checkpoint was written", dc->name);
     dp_test_result_free(&r);
+}
+
+/* The text rank r finds at "c.txt" in its own working directory (dir),
+ * the corpus with every `from` replaced by `to`. */
+static void write_rank_text(const char *dir, char from, char to)
+{
+    char p[256];
+    path_in(p, sizeof p, dir);
+    cr_assert(mkdir(p, 0700) == 0 || errno == EEXIST, "mkdir %s: %s", p, strerror(errno));
+    size_t n;
+    char *text = (char *)read_in("corpus.txt", &n);
+    for (size_t i = 0; i < n; i++)
+        if (text[i] == from) text[i] = to;
+    char name[64];
+    snprintf(name, sizeof name, "%s/c.txt", dir);
+    path_in(p, sizeof p, name);
+    FILE *f = fopen(p, "w");
+    cr_assert(f && fwrite(text, 1, n, f) == n && fclose(f) == 0, "cannot write %s", p);
+    free(text);
+}
+
+/* The same --data path holding other text on each rank's machine (here:
+ * each rank its own working directory) gives each rank another char
+ * vocabulary: refused before the engine, naming the tokenizer, where it
+ * used to be "the model's n_params differs" (a vocabulary of another
+ * size), or not at all (the same size: ids meaning other characters on
+ * each rank). Other text with the same tokenizer is each rank's own data,
+ * and trains. */
+Test(lm_train_mpi, ranks_whose_data_give_another_tokenizer_are_refused, .timeout = 120)
+{
+    static const struct {
+        char from, to; /* rank 1's text: the corpus with from replaced by to */
+        const char *needle;
+    } cases[] = {
+        {'q', 'Q', "(vocab 22 here, 22 on rank 0, other tokens)"}, /* 'q' -> 'Q': other ids */
+        {'.', 't', "(vocab 21 here, 22 on rank 0)"},               /* one character fewer */
+        {0, 0, NULL},                                              /* the same text: it trains */
+    };
+    write_rank_text("r0", 0, 0);
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        write_rank_text("r1", cases[c].from, cases[c].to);
+        char d0[256], d1[256];
+        path_in(d0, sizeof d0, "r0");
+        path_in(d1, sizeof d1, "r1");
+        const char *pre0[] = {"-wdir", d0}, *pre1[] = {"-wdir", d1};
+        const char *args[] = {"--data", "c.txt", "--steps", "1"};
+        const dp_test_rank_cmd rk[2] = {{pre0, 2, args, 4}, {pre1, 2, args, 4}};
+        pid_t pid = spawn_ranks(rk);
+        int st;
+        if (!wait_bounded(pid, 60, &st)) kill_job(pid, "the ranks did not end within 60 s");
+        result r = collect_ended(st);
+        if (!cases[c].needle) {
+            dp_test_assert_success(&r, "the same text");
+            dp_test_result_free(&r);
+            continue;
+        }
+        cr_assert(!WIFEXITED(r.status) || WEXITSTATUS(r.status) != 0, "case %zu: exit 0", c);
+        char want[256];
+        snprintf(want, sizeof want, "lm_train: rank 1: this rank's tokenizer differs from rank "
+                 "0's %s", cases[c].needle);
+        cr_assert(strstr(r.err, want), "case %zu: stderr lacks \"%s\":\n%s", c, want, r.err);
+        cr_assert_null(strstr(r.err, "n_params"), "case %zu:\n%s", c, r.err);
+        cr_assert_null(strstr(r.out, "trained "), "case %zu: trained:\n%s", c, r.out);
+        dp_test_result_free(&r);
+    }
 }
 
 // --- outputs onto inputs, under ranks ---------------------------------------------------------

@@ -5,7 +5,9 @@
  * each step on whether to go on (a failure or a signal on any rank stops
  * every rank there), each wait bounded (cli_ranks_set_wait).
  */
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "lm_train.h"
@@ -30,6 +32,56 @@ int compare_options(run *r, int parsed)
 {
     cli_ranks_set_wait(&r->rk, parsed ? 0 : r->o.watchdog);
     return cli_ranks_options(&r->rk, parsed, PER_RANK);
+}
+
+/* The tokenizer's fingerprint: its vocabulary size and an FNV-1a hash of
+ * every id's bytes, length first (any kind: char, word, BPE). */
+static int tokenizer_print(const dp_tokenizer *tok, uint64_t print[2])
+{
+    size_t v = dp_tokenizer_vocab_size(tok);
+    uint64_t h = 1469598103934665603ull;
+    for (size_t id = 0; id < v; id++) {
+        int32_t i = (int32_t)id;
+        char *text = NULL;
+        size_t n = 0;
+        if (dp_tokenizer_decode(tok, &i, 1, &text, &n) != DP_OK) return 1;
+        uint64_t len = n;
+        for (size_t b = 0; b < sizeof len + n; b++) {
+            h ^= b < sizeof len ? (unsigned char)(len >> (8 * b)) : (unsigned char)text[b - sizeof len];
+            h *= 1099511628211ull;
+        }
+        free(text);
+    }
+    print[0] = v;
+    print[1] = h;
+    return 0;
+}
+
+/* Every rank's tokenizer against rank 0's, after the data loaded on every
+ * rank: built from --data (a char or word vocabulary), the same path may
+ * hold other text on another machine, and ids would then mean other
+ * tokens on each rank (or the models differ in size, which the engine
+ * would name as a bare parameter count). Runs without a tokenizer (token
+ * data) have nothing to compare. 0, or 1 after a message. */
+int compare_tokenizers(run *r)
+{
+    if (r->rk.ranks == 1 || !r->tok) return 0;
+    uint64_t mine[2] = {0, 0}, zero[2];
+    int failed = tokenizer_print(r->tok, mine);
+    if (failed) cli_dp_fail("the tokenizer's fingerprint");
+    memcpy(zero, mine, sizeof zero);
+    dp_status s = dp_dist_broadcast_timeout(r->rk.dist, zero, sizeof zero, r->rk.wait);
+    if (s != DP_OK) {
+        r->rk.broken = 1;
+        return cli_dp_fail("comparing the ranks' tokenizers");
+    }
+    if (!failed && memcmp(mine, zero, sizeof mine) != 0)
+        failed = cli_fail("this rank's tokenizer differs from rank 0's (vocab %llu here, %llu on "
+                          "rank 0%s): its --data holds other text; give every rank the same "
+                          "text at that path", (unsigned long long)mine[0],
+                          (unsigned long long)zero[0],
+                          mine[0] == zero[0] ? ", other tokens" : "");
+    return agree(r, failed);
 }
 
 /* A failed engine call (cli_ranks_engine_fail). */

@@ -281,7 +281,7 @@ int setup(run *r)
     if (!rc) rc = configure(r, specs, &k, &ec);
     if (!rc) rc = pad_vocab(r, specs, k);
     if (!rc) rc = alloc_batches(r);
-    if (agree(r, rc)) return 1;
+    if (agree(r, rc) || compare_tokenizers(r)) return 1;
     dp_criterion ce = dp_criterion_cross_entropy();
     /* bf16: bf16 replicas, and the activations off the residual stream
      * kept as bfloat16 (dp/gpt.h). */
