@@ -174,6 +174,15 @@ int cli_parse_weights(const char *name, const char *v, size_t want,
     return 0;
 }
 
+int cli_parse_memory_limit(const char *v, size_t *bytes)
+{
+    if (dp_parse_bytes(v, bytes) != DP_OK) return cli_dp_fail("--memory-limit");
+    if (*bytes == 0)
+        return cli_fail("--memory-limit %s is 0 bytes, which fits nothing; give a size such as "
+                        "2GiB, or leave the option out for no limit", v);
+    return 0;
+}
+
 int cli_parse_watchdog(const char *v, double *out)
 {
     double x = 0;

@@ -199,6 +199,10 @@ int cli_parse_double(const char *name, const char *v, double lo, double *out);
 int cli_parse_weights(const char *name, const char *v, size_t want, float out[DP_MAX_DEVICES],
                       size_t *n_out);
 
+/* --memory-limit: a size dp_parse_bytes reads ("12GiB"), above 0 bytes
+ * (no option is no limit; 0 would read as one and mean none). */
+int cli_parse_memory_limit(const char *v, size_t *bytes);
+
 /* --watchdog: 0 (off) or DP_WATCHDOG_MIN_SECONDS..DP_WATCHDOG_MAX_SECONDS. */
 int cli_parse_watchdog(const char *v, double *out);
 

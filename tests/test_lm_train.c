@@ -1506,6 +1506,33 @@ Test(lm_train, a_full_standard_output_fails_the_run)
 
 // --- bad command lines ----------------------------------------------------------------
 
+/* Values that are wrong in themselves are refused with the command line
+ * (status 2), before the data loads: they were found in setup (status 1),
+ * and a limit of 0 bytes was taken for none. */
+Test(lm_train, bad_values_are_refused_with_the_command_line)
+{
+    static const struct {
+        const char *args[4], *needle;
+    } cases[] = {
+        {{"--mode", "bogus"}, "--mode: \"bogus\" is not balanced or gather"},
+        {{"--devices", "cpu:0,0"}, "names cpu:0 twice"},
+        {{"--memory-limit", "12XB"}, "unknown unit \"XB\""},
+        {{"--memory-limit", "0KiB"}, "--memory-limit 0KiB is 0 bytes"},
+        {{"--device-weights", "1,x"}, "--device-weights: \"1,x\" is not"},
+        {{"--devices", "cpu:2", "--device-weights", "1,2,3"}, "3 weights for 2 devices"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *const *a = cases[i].args;
+        result r = a[2] ? RUN("--data", "@missing.txt", a[0], a[1], a[2], a[3])
+                        : RUN("--data", "@missing.txt", a[0], a[1]);
+        cr_assert(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 2, "%s %s: status %d; "
+                  "stderr:\n%s", a[0], a[1], r.status, r.err);
+        cr_assert(strstr(r.err, cases[i].needle) && !strstr(r.err, "missing.txt"),
+                  "%s %s: stderr:\n%s", a[0], a[1], r.err);
+        result_free(&r);
+    }
+}
+
 typedef struct bad_case {
     char name[48];
     char args[10][48]; /* after BASE; "" ends the list; '@' = in tmpdir */

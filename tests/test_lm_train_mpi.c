@@ -561,9 +561,10 @@ static differ_case differ_cases[] = {
      "--shard-optimizer is given on rank 1, not on rank 0", 1},
     {"help on rank 0 only", {"--help"}, {""}, "--help is given on rank 0, not on rank 1", 1},
     {"data of another path", {"--data", "@corpus2.txt"}, {""}, "--data is ", 1},
-    /* Each rank's own devices may differ; a bad one fails where it is. */
+    /* Each rank's own devices may differ; a bad list is that rank's
+     * command line refused, which every rank names. */
     {"a bad device on rank 1", {"--devices", "cpu:1"}, {"--devices", "cpu:0,0"},
-     "rank 1: --devices: ", 0},
+     "rank 1 refuses its command line: --devices: ", 1},
     /* The same options, spelled differently, and each rank its own devices: the job runs. */
     {"the same options spelled differently", {"--steps=1", "--eval-iters=1"},
      {"--eval-iters", "1", "--st", "1"}, "", 0},

@@ -206,15 +206,11 @@ static int parse_args(int argc, char **argv, opts *o)
     if (o->dim % o->heads)
         return cli_fail("--heads %ld does not divide --dim %ld; pick heads that divide dim", o->heads,
                     o->dim);
-    if (o->memory_limit && dp_parse_bytes(o->memory_limit, &o->limit_bytes) != DP_OK)
-        return cli_dp_fail("--memory-limit");
+    if (o->memory_limit && cli_parse_memory_limit(o->memory_limit, &o->limit_bytes)) return 1;
+    /* Without a limit every batch would fit and the search would double
+     * until the host runs out of memory. */
     if (o->find_max_batch && !o->memory_limit)
         return cli_fail("--find-max-batch needs --memory-limit (e.g. --memory-limit 2GiB)");
-    /* 0 means no limit: every batch would fit and the search would double
-     * until the host runs out of memory. */
-    if (o->find_max_batch && o->limit_bytes == 0)
-        return cli_fail("--find-max-batch needs a --memory-limit above 0 (0 means no limit, so "
-                        "there is no largest batch); e.g. --memory-limit 2GiB");
     if (o->plot) {
         const char *dot = strrchr(o->plot, '.');
         if (!dot || (strcmp(dot, ".png") && strcmp(dot, ".svg")))

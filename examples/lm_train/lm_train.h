@@ -32,6 +32,7 @@ typedef struct opts {
     const char *init_from, *export_hf; /* weights to start from; where to write them for transformers */
     const char *tokenizer_file, *prompt_ids; /* token data: decoding samples, the prompt's ids */
     const char *memory_limit, *device_weights;
+    size_t memory_limit_bytes; /* --memory-limit read (0: none given) */
     long vocab_size, layers, heads, dim, context, batch_size, grad_accum, max_tokens;
     long steps, warmup, lr_decay_steps, eval_interval, eval_iters, save_interval, sample, top_k;
     long max_skips, check_replicas;

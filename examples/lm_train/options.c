@@ -238,8 +238,21 @@ int adopt_shape(opts *o, const dp_gpt_config *c, const char *whose)
 }
 
 /* 1 with a message when o is inconsistent (checks that need no file). */
-static int check_opts(const opts *o)
+static int check_opts(opts *o)
 {
+    /* Refused as a command line (status 2), before anything loads. */
+    if (strcmp(o->mode, "balanced") != 0 && strcmp(o->mode, "gather") != 0)
+        return cli_fail("--mode: \"%s\" is not balanced or gather", o->mode);
+    dp_device_spec specs[DP_MAX_DEVICES];
+    size_t k = 0;
+    if (dp_device_list_parse(o->devices, specs, DP_MAX_DEVICES, &k) != DP_OK)
+        return cli_dp_fail("--devices");
+    float weights[DP_MAX_DEVICES];
+    size_t nw = 0;
+    if (o->device_weights && cli_parse_weights("--device-weights", o->device_weights, k, weights, &nw))
+        return 1;
+    if (o->memory_limit && cli_parse_memory_limit(o->memory_limit, &o->memory_limit_bytes))
+        return 1;
     if (o->beta1 >= 1 || o->beta2 >= 1) return cli_fail("--beta1 and --beta2 must be < 1");
     /* The cosine decay goes from --lr down to --min-lr; the other way it
      * would raise the rate all run long (a lone small --lr meets the

@@ -192,9 +192,8 @@ static int configure(run *r, dp_device_spec *specs, size_t *kp, dp_engine_config
     *kp = k;
     explain_auto(o, specs, k);
     dp_engine_config ec = dp_engine_config_default();
-    if (strcmp(o->mode, "balanced") == 0) ec.mode = DP_MODE_BALANCED;
-    else if (strcmp(o->mode, "gather") == 0) ec.mode = DP_MODE_GATHER;
-    else return cli_fail("--mode: \"%s\" is not balanced or gather", o->mode);
+    /* --mode was checked with the command line */
+    ec.mode = strcmp(o->mode, "gather") == 0 ? DP_MODE_GATHER : DP_MODE_BALANCED;
     if (o->device_weights) {
         size_t nw = 0;
         if (cli_parse_weights("--device-weights", o->device_weights, k, r->weights, &nw)) return 1;
@@ -219,8 +218,7 @@ static int configure(run *r, dp_device_spec *specs, size_t *kp, dp_engine_config
     /* The same on every rank (the engine checks): it comes from the command line. */
     ec.logits_chunk_rows = o->compute.logits_chunk;
     ec.bucket_bytes = o->compute.bucket_bytes;
-    if (o->memory_limit && dp_parse_bytes(o->memory_limit, &ec.memory_limit) != DP_OK)
-        return cli_dp_fail("--memory-limit");
+    ec.memory_limit = o->memory_limit_bytes;
     ec.dist = r->rk.dist;
     *ecp = ec;
     return 0;
