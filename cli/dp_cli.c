@@ -90,12 +90,20 @@ int cli_dp_fail(const char *what) { return cli_fail("%s: %s", what, dp_last_erro
 
 // --- option values ------------------------------------------------------------------
 
+/* A number's text starts with a digit, a sign or a point: strtol and
+ * strtod would skip leading white space, which a trailing one (left in
+ * *end) does not get. */
+static int starts_number(const char *v)
+{
+    return (*v >= '0' && *v <= '9') || *v == '+' || *v == '-' || *v == '.';
+}
+
 int cli_parse_long(const char *name, const char *v, long lo, long hi, long *out)
 {
     char *end = NULL;
     errno = 0;
-    long x = strtol(v, &end, 10);
-    if (errno || end == v || *end || x < lo || x > hi) {
+    long x = starts_number(v) ? strtol(v, &end, 10) : 0;
+    if (!end || errno || end == v || *end || x < lo || x > hi) {
         if (hi == LONG_MAX) return cli_fail("%s: \"%s\" is not an integer >= %ld", name, v, lo);
         return cli_fail("%s: \"%s\" is not an integer in [%ld, %ld]", name, v, lo, hi);
     }
@@ -138,8 +146,8 @@ int cli_parse_double(const char *name, const char *v, double lo, double *out)
 {
     char *end = NULL;
     errno = 0;
-    double x = strtod(v, &end);
-    if (errno || end == v || *end || !isfinite(x) || x < lo)
+    double x = starts_number(v) ? strtod(v, &end) : 0.0;
+    if (!end || errno || end == v || *end || !isfinite(x) || x < lo)
         return cli_fail("%s: \"%s\" is not a number >= %g", name, v, lo);
     *out = x;
     return 0;
@@ -154,8 +162,8 @@ int cli_parse_weights(const char *name, const char *v, size_t want,
     for (;;) {
         char *end = NULL;
         errno = 0;
-        double x = strtod(p, &end);
-        if (errno || end == p || !isfinite(x) || x < 0 || x > 1e6 ||
+        double x = starts_number(p) ? strtod(p, &end) : 0.0;
+        if (!end || errno || end == p || !isfinite(x) || x < 0 || x > 1e6 ||
             (*end != ',' && *end != '\0'))
             return cli_fail("%s: \"%s\" is not a comma-separated list of weights in [0, 1e6], "
                             "e.g. 1,2,2,2", name, v);

@@ -1520,6 +1520,11 @@ Test(lm_train, bad_values_are_refused_with_the_command_line)
         {{"--memory-limit", "0KiB"}, "--memory-limit 0KiB is 0 bytes"},
         {{"--device-weights", "1,x"}, "--device-weights: \"1,x\" is not"},
         {{"--devices", "cpu:2", "--device-weights", "1,2,3"}, "3 weights for 2 devices"},
+        /* white space is refused before a number as after it (strtol skipped it) */
+        {{"--steps", " 2"}, "--steps: \" 2\" is not an integer"},
+        {{"--steps", "2 "}, "--steps: \"2 \" is not an integer"},
+        {{"--lr", " 1e-3"}, "--lr: \" 1e-3\" is not a number"},
+        {{"--device-weights", " 1,2"}, "--device-weights: \" 1,2\" is not"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const char *const *a = cases[i].args;

@@ -30,8 +30,13 @@ dp_status dp_parse_bytes(const char *text, size_t *out)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "\"%s\" is not a size; write e.g. 12GiB, 512MB or "
                        "4096 (bytes)", text);
     while (isspace((unsigned char)*end)) end++;
+    /* the unit, without the white space after it (as before the number) */
+    size_t unit_len = strlen(end);
+    while (unit_len && isspace((unsigned char)end[unit_len - 1])) unit_len--;
     for (size_t i = 0; i < sizeof units / sizeof *units; i++) {
-        if (strcasecmp(end, units[i].suffix) != 0) continue;
+        if (strlen(units[i].suffix) != unit_len ||
+            strncasecmp(end, units[i].suffix, unit_len) != 0)
+            continue;
         /* Case-insensitive match, but "mb" vs "MiB" are distinct suffixes by spelling. */
         double bytes = v * units[i].factor;
         if (bytes >= 18446744073709551615.0 || bytes >= (double)SIZE_MAX)
