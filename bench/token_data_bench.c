@@ -15,12 +15,14 @@
  *   token_data_bench DIR [TOKENS] [BATCHES]   (defaults 200000000 and 200)
  *
  * The files are written once and kept (a second run reuses them when their
- * sizes match; other files of those names are refused, never overwritten);
+ * sizes match; other files of those names are refused, never overwritten,
+ * and so is a DIR with other *.bin, which only the mmap path would read);
  * remove DIR afterwards. The page cache is warm for both
  * children (the files were just written or read), so open times compare
  * work done, not disk speed.
  */
 #define _POSIX_C_SOURCE 200809L
+#include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdint.h>
@@ -93,6 +95,28 @@ static int write_ids(const char *path, size_t n, uint64_t seed)
     }
     int rc = dp_atomic_file_commit(af) != DP_OK ? die_dp(path) : 0;
     cli_guard_temp(NULL, NULL);
+    return rc;
+}
+
+/* DIR must hold no token file but the two this bench writes: the mmap
+ * path (dp_token_data_open) reads every "*.bin" of it, the int32 path
+ * train.bin and val.bin alone, and their batches would differ. */
+static int check_dir(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d) return die(dir);
+    struct dirent *e;
+    int rc = 0;
+    while (!rc && (e = readdir(d))) {
+        const char *name = e->d_name;
+        size_t len = strlen(name);
+        if (name[0] == '.' || len < 4 || strcmp(name + len - 4, ".bin") != 0) continue;
+        if (strcmp(name, "train.bin") != 0 && strcmp(name, "val.bin") != 0)
+            rc = cli_fail("%s holds %s, which dp_token_data_open would read beside train.bin and "
+                          "val.bin (the in-memory path reads those two alone); give a new or "
+                          "empty DIR", dir, name);
+    }
+    closedir(d);
     return rc;
 }
 
@@ -244,6 +268,7 @@ int main(int argc, char **argv)
      * where val.bin starts. */
     size_t n_val = (n_train + 8) / 9;
     if (mkdir(dir, 0755) != 0 && errno != EEXIST) return die(dir);
+    if (check_dir(dir)) return 1;
     char path[4096];
     snprintf(path, sizeof path, "%s/train.bin", dir);
     if (write_ids(path, n_train, 1)) return 1;
@@ -268,7 +293,9 @@ int main(int argc, char **argv)
                (double)rs[i]->peak_kib / 1024.0, (double)rs[i]->anon_kib / 1024.0,
                (double)rs[i]->file_kib / 1024.0, rs[i]->hash);
     }
-    if (m.ok && c.ok) printf("same batches: %s\n", m.hash == c.hash ? "yes" : "NO");
+    if (m.ok && c.ok)
+        printf("same batches: %s\n", m.hash == c.hash ? "yes"
+                                                      : "NO (the two paths read other tokens)");
     if (cli_check_stream(stdout, "the figures to standard output")) return 1;
     return m.ok && c.ok && m.hash == c.hash ? 0 : 1;
 }

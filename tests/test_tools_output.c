@@ -163,4 +163,16 @@ Test(tools, token_data_bench_keeps_files_it_did_not_write)
     unsigned char *kept = dp_test_read_file(train, &n);
     cr_assert(n == 4 && memcmp(kept, "mine", 4) == 0, "train.bin was overwritten");
     free(kept);
+    /* another token file, which the mapped path would read and the
+     * in-memory one not: refused up front, not "same batches: NO" */
+    char other_dir[256], other[300];
+    snprintf(other_dir, sizeof other_dir, "%s/other", tmpdir);
+    cr_assert_eq(mkdir(other_dir, 0755), 0);
+    snprintf(other, sizeof other, "%s/extra_val.bin", other_dir);
+    dp_test_write_file(other, "\1\0\2\0", 4);
+    dp_test_result e = RUN_TO(TOKEN_DATA_BENCH_PATH, NULL, "@other", "20000", "1");
+    assert_fails(&e, 1, "holds extra_val.bin, which dp_token_data_open would read");
+    dp_test_result_free(&e);
+    snprintf(train, sizeof train, "%s/train.bin", other_dir);
+    cr_assert_neq(access(train, F_OK), 0, "train.bin was written beside extra_val.bin");
 }
