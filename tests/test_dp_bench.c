@@ -987,6 +987,35 @@ Test(dp_bench, a_signal_while_plotting_leaves_no_staged_file, .timeout = 60)
     dp_test_result_free(&r);
 }
 
+/* The trace is staged with the other outputs: when one of them cannot be
+ * renamed into place (here --json's path became a directory while a
+ * stand-in gnuplot drew), none appears, the trace included. It used to be
+ * written by itself before the others were renamed, and stayed. */
+Test(dp_bench, the_trace_appears_with_the_other_outputs_or_not_at_all, .timeout = 60)
+{
+    char bin[300], fake[320], json[300];
+    snprintf(bin, sizeof bin, "%s/bin", tmpdir);
+    cr_assert_eq(mkdir(bin, 0755), 0);
+    snprintf(fake, sizeof fake, "%s/gnuplot", bin);
+    snprintf(json, sizeof json, "%s/s.json", tmpdir);
+    static const char script[] = "#!/bin/sh\n"
+                                 "case \"$*\" in *--version*) echo gnuplot 5.4; exit 0;; esac\n"
+                                 "/bin/mkdir \"$DP_TEST_BLOCKED\"\n"
+                                 "printf '<svg></svg>\\n' > plot.svg\n";
+    dp_test_write_file(fake, script, sizeof script - 1);
+    cr_assert_eq(chmod(fake, 0755), 0);
+    setenv("PATH", bin, 1);
+    setenv("DP_TEST_BLOCKED", json, 1);
+    dp_test_result r = BENCH("--json", "@s.json", "--plot", "@s.svg", "--trace", "@t.json");
+    unsetenv("DP_TEST_BLOCKED");
+    assert_fails_cleanly(&r, "--json");
+    const char *const want[] = {"bin", "s.json"};
+    cr_assert_eq(expect_only(want, 2), 2);
+    struct stat sb;
+    cr_assert(stat(json, &sb) == 0 && S_ISDIR(sb.st_mode), "s.json is not the directory");
+    dp_test_result_free(&r);
+}
+
 Test(dp_bench, plot_without_gnuplot_fails_before_the_first_step)
 {
     /* No gnuplot in PATH (dp_bench itself is started by its full path). */

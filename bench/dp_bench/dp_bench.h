@@ -146,7 +146,7 @@ typedef struct pending {
     char *temp; /* af's temporary file, guarded from fatal signals until renamed */
 } pending;
 
-#define MAX_PENDING 4
+#define MAX_PENDING 5 /* --json, --csv, two plots, --trace */
 
 typedef struct outputs {
     pending p[MAX_PENDING];

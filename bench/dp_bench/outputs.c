@@ -1,33 +1,50 @@
 /*
  * bench/dp_bench/outputs.c - dp_bench's output files (--json, --csv,
  * --plot, --trace): every path checked before the first step (no two of
- * them one file: cli_check_overlaps), then each
- * output staged to a temporary file and renamed into place only when
- * all were written, or all removed.
+ * them one file: cli_check_overlaps), then each output (the trace too)
+ * staged to a temporary file guarded from fatal signals, and renamed
+ * into place only when all were written, or all removed.
  */
 #define _POSIX_C_SOURCE 200809L
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "dp_bench.h"
 
-/* Starts an output with its bytes. */
-int stage(outputs *out, const char *flag, const char *path, const void *bytes, size_t n)
+/* Starts an output: its temporary file, guarded (*af). */
+static int stage_open(outputs *out, const char *flag, const char *path, dp_atomic_file **af)
 {
     pending *q = &out->p[out->n];
     q->flag = flag;
     q->path = path;
-    if (dp_atomic_file_open(path, &q->af) != DP_OK)
-        return cli_fail("%s: cannot write \"%s\": %s", flag, path, strerror(errno));
+    if (dp_atomic_file_open(path, &q->af) != DP_OK) return cli_dp_fail(flag);
     /* a fatal signal removes every staged file (nothing else would: their
      * names hold this pid), as it removes gnuplot's directory */
     q->temp = strdup(dp_atomic_file_temp_path(q->af));
     if (q->temp) cli_guard_path(q->temp);
     out->n++;
-    if (dp_atomic_file_write(q->af, bytes, n) != DP_OK || dp_atomic_file_sync(q->af) != DP_OK)
-        return cli_fail("%s: cannot write \"%s\": %s", flag, path, strerror(errno));
+    *af = q->af;
+    return 0;
+}
+
+/* Starts an output with its bytes. */
+int stage(outputs *out, const char *flag, const char *path, const void *bytes, size_t n)
+{
+    dp_atomic_file *af = NULL;
+    if (stage_open(out, flag, path, &af)) return 1;
+    if (dp_atomic_file_write(af, bytes, n) != DP_OK || dp_atomic_file_sync(af) != DP_OK)
+        return cli_dp_fail(flag);
+    return 0;
+}
+
+/* Starts --trace, written by the trace itself. */
+static int stage_trace(outputs *out, const bench *b)
+{
+    dp_atomic_file *af = NULL;
+    if (stage_open(out, "--trace", b->o.trace, &af)) return 1;
+    if (dp_trace_write_to(b->trace, af) != DP_OK || dp_atomic_file_sync(af) != DP_OK)
+        return cli_dp_fail("--trace");
     return 0;
 }
 
@@ -39,7 +56,7 @@ static int finish(outputs *out, int rc)
         if (rc) {
             dp_atomic_file_abort(q->af);
         } else if (dp_atomic_file_commit(q->af) != DP_OK) {
-            rc = cli_fail("%s: cannot write \"%s\": %s", q->flag, q->path, strerror(errno));
+            rc = cli_dp_fail(q->flag);
         }
         cli_unguard_path(q->temp); /* renamed or removed */
         free(q->temp);
@@ -109,10 +126,7 @@ int write_outputs(bench *b, const run_results *rs)
         sp = scaling_path(o->plot);
         rc = sp ? plot_scaling(b, &out, sp, rs) : cli_fail("out of host memory");
     }
-    /* The trace writes itself atomically: last, so its failure still
-     * removes the others. */
-    if (!rc && o->trace && dp_trace_write(b->trace, o->trace) != DP_OK)
-        rc = cli_fail("--trace: cannot write \"%s\": %s", o->trace, strerror(errno));
+    if (!rc && o->trace) rc = stage_trace(&out, b);
     rc = finish(&out, rc);
     if (!rc && o->plot) {
         if (!rs->nres) printf("plot: none, no mode was timed\n");

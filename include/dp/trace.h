@@ -24,6 +24,7 @@
 
 #include <stddef.h>
 
+#include "dp/atomic_file.h"
 #include "dp/engine.h"
 #include "dp/export.h"
 #include "dp/status.h"
@@ -57,6 +58,13 @@ DP_API size_t dp_trace_steps(const dp_trace *trace);
  * Errors: DP_ERR_INVALID_ARGUMENT (NULL or empty path), DP_ERR_IO (the
  * message has the path and the reason), DP_ERR_OUT_OF_MEMORY. */
 DP_API dp_status dp_trace_write(const dp_trace *trace, const char *path);
+
+/* The same JSON written into af, an atomic file the caller opened
+ * (dp/atomic_file.h) and then commits or aborts: to stage the trace with other
+ * outputs that must appear together or not at all. On an error af has
+ * part of the text; abort it. Errors: DP_ERR_INVALID_ARGUMENT (NULL),
+ * DP_ERR_IO, DP_ERR_OUT_OF_MEMORY. */
+DP_API dp_status dp_trace_write_to(const dp_trace *trace, dp_atomic_file *af);
 
 /* NULL is a no-op. */
 DP_API void dp_trace_destroy(dp_trace *trace);

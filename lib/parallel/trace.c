@@ -154,16 +154,12 @@ static void put_string(out_buf *o, const char *s)
     put(o, "\"");
 }
 
-dp_status dp_trace_write(const dp_trace *t, const char *path)
+dp_status dp_trace_write_to(const dp_trace *t, dp_atomic_file *af)
 {
-    if (!t || !path || !*path) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "trace or path is NULL/empty");
+    if (!t || !af) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "trace or file is NULL");
     out_buf *o = calloc(1, sizeof *o);
     if (!o) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "cannot allocate the output buffer");
-    dp_status st = dp_atomic_file_open(path, &o->af);
-    if (st != DP_OK) {
-        free(o);
-        return st;
-    }
+    o->af = af;
     put(o, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n");
     put(o, "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": 1, \"tid\": 0, "
            "\"args\": {\"name\": \"dp\"}}");
@@ -190,9 +186,18 @@ dp_status dp_trace_write(const dp_trace *t, const char *path)
     }
     put(o, "\n]}\n");
     flush_out(o);
-    st = o->st;
-    if (st == DP_OK) st = dp_atomic_file_commit(o->af);
-    else dp_atomic_file_abort(o->af);
+    dp_status st = o->st;
     free(o);
+    return st;
+}
+
+dp_status dp_trace_write(const dp_trace *t, const char *path)
+{
+    if (!t || !path || !*path) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "trace or path is NULL/empty");
+    dp_atomic_file *af = NULL;
+    DP_TRY(dp_atomic_file_open(path, &af));
+    dp_status st = dp_trace_write_to(t, af);
+    if (st == DP_OK) st = dp_atomic_file_commit(af);
+    else dp_atomic_file_abort(af);
     return st;
 }
