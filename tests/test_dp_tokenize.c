@@ -383,9 +383,11 @@ Test(dp_tokenize, bad_outputs_fail_cleanly)
     free(a);
 }
 
-/* The tokenizer's files are inputs too: --tokenizer-file, the files a
- * tokenizer directory holds, the vocab.bpe beside an encoder.json,
- * --merges-file. An --out onto one is refused, the file intact. */
+/* The tokenizer's files are kept like inputs: --tokenizer-file, the
+ * files a tokenizer directory holds, the tokenizer files beside a given
+ * one (the vocab.bpe an encoder.json reads; the encoder.json beside a
+ * tokenizer.json, another tokenizer's), --merges-file. An --out onto one
+ * is refused, the file intact. */
 Test(dp_tokenize, output_onto_a_tokenizer_file_fails_cleanly)
 {
     static const char *const names[] = {"tokenizer.json", "encoder.json", "vocab.bpe"};
@@ -406,6 +408,8 @@ Test(dp_tokenize, output_onto_a_tokenizer_file_fails_cleanly)
     assert_failed(&r, "is the same file as --tokenizer-file", "tokenizer.json");
     r = RUN("--tokenizer-file", "@tok/encoder.json", "--out", "@tok/vocab.bpe", "@a.txt");
     assert_failed(&r, "is the same file as --tokenizer-file", "vocab.bpe");
+    r = RUN("--tokenizer-file", "@tok/tokenizer.json", "--out", "@tok/encoder.json", "@a.txt");
+    assert_failed(&r, "is the same file as --tokenizer-file", "encoder.json");
     r = RUN("--tokenizer-file", "@tok/encoder.json", "--merges-file", "@tok/vocab.bpe", "--out",
             "@./tok/vocab.bpe", "@a.txt");
     assert_failed(&r, "--out \"", "vocab.bpe");

@@ -24,9 +24,9 @@
 #define WINDOW ((size_t)1 << 20)
 
 
-/* The files the tokenizer is read from: --tokenizer-file (for a
- * directory, the tokenizer.json, encoder.json and vocab.bpe it may hold),
- * the vocab.bpe beside an encoder.json, --merges-file. Fills f with n of
+/* The files of the tokenizer: --tokenizer-file, the tokenizer.json,
+ * encoder.json and vocab.bpe in its directory (or in it, a directory),
+ * --merges-file. Fills f with n of
  * them (paths in buf) and returns n. */
 static size_t tokenizer_files(const tok_options *o, cli_file *f, char buf[4][4096])
 {
@@ -38,8 +38,10 @@ static size_t tokenizer_files(const tok_options *o, cli_file *f, char buf[4][409
     if (!dir) f[n++] = (cli_file){"--tokenizer-file", t, 0, NULL, NULL};
     int dl = dir ? (int)strlen(t) : slash ? (int)(slash - t) : 1;
     const char *d = dir || slash ? t : ".";
+    /* for a file, its siblings too: the vocab.bpe an encoder.json reads,
+     * and a tokenizer's other files, which --out must not clobber either */
     static const char *const names[3] = {"tokenizer.json", "encoder.json", "vocab.bpe"};
-    for (int i = dir ? 0 : 2; i < 3; i++) {
+    for (int i = 0; i < 3; i++) {
         snprintf(buf[i], sizeof buf[i], "%.*s/%s", dl, d, names[i]);
         f[n++] = (cli_file){"--tokenizer-file", buf[i], 0, NULL, NULL};
     }
