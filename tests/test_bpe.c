@@ -565,8 +565,7 @@ Test(bpe, a_model_token_does_not_make_an_encoder_a_tokenizer_json)
     cr_assert_not_null(enc, "%s", e.text);
     size_t v = json_object_size(enc);
     json_object_set_new(enc, "model", json_integer((json_int_t)v));
-    save_json(enc, "encoder.json");
-    json_decref(enc);
+    save_json(enc, "encoder.json"); /* takes enc */
     size_t len;
     unsigned char *merges = dp_test_read_file(bpe_data("vocab.bpe"), &len);
     dp_test_write_file(in_tmp("vocab.bpe"), merges, len);
