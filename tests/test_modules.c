@@ -169,6 +169,24 @@ Test(modules, dist_without_the_mpi_module_is_one_rank, .init = no_modules, .fini
     dp_dist_close(d);
 }
 
+/* With the MPI module, without a launcher: a second handle after the
+ * first closed (and finalized MPI) is one rank again, not the end of the
+ * process in MPI_Query_thread. */
+Test(modules, dist_opens_again_after_a_close)
+{
+    no_launcher();
+    for (int i = 0; i < 3; i++) {
+        dp_dist *d = NULL;
+        dp_assert_ok(dp_dist_open(NULL, NULL, &d));
+        cr_assert_eq(dp_dist_size(d), 1, "open %d", i);
+        cr_assert_eq(dp_dist_rank(d), 0, "open %d", i);
+        int x = 7;
+        dp_assert_ok(dp_dist_broadcast(d, &x, sizeof x));
+        cr_assert_eq(x, 7);
+        dp_dist_close(d);
+    }
+}
+
 /* A launcher's ranks without the module: the clear error, not one rank
  * each (R copies would train R separate models). */
 Test(modules, dist_ranks_without_the_mpi_module_say_why, .init = no_modules, .fini = remove_dir)

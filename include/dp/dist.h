@@ -53,8 +53,10 @@ DP_API int dp_dist_launched_size(void);
  * (dp_dist_close). Errors: DP_ERR_UNSUPPORTED when built without MPI, or
  * the MPI module cannot be loaded, and a launcher started more than one
  * rank (the message names the fix);
- * DP_ERR_COMM when MPI fails to initialise. Without a launcher (and
- * without MPI) it succeeds with one rank. */
+ * DP_ERR_COMM when MPI fails to initialise; DP_ERR_UNSUPPORTED under a
+ * launcher when MPI was finalized in this process already (by
+ * dp_dist_close: MPI starts once per process). Without a launcher it
+ * succeeds with one rank, with MPI or without (also after a close). */
 DP_API dp_status dp_dist_open(int *argc, char ***argv, dp_dist **out);
 
 /* Leaves the job: frees the communicator and finalises MPI when

@@ -49,11 +49,14 @@ dp_status dp_dist_open(int *argc, char ***argv, dp_dist **out)
     if (table) { /* MPI, as a launcher started it or as a singleton */
         const dp_mpi_module *m = table;
         s = m->open(argc, argv, &d->mpi);
-        if (s != DP_OK) {
+        if (s != DP_OK && n > 1) {
             free(d);
             return s;
         }
-        mpi_mod = m;
+        /* Without a launcher one rank needs no MPI: where it cannot
+         * start (finalized by an earlier handle), the handle does without. */
+        if (s == DP_OK) mpi_mod = m;
+        else d->mpi = NULL;
     }
     *out = d;
     return DP_OK;

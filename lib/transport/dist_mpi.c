@@ -35,7 +35,15 @@ dp_status dp_mpi_dist_open(int *argc, char ***argv, dp_mpi_dist **out)
 {
     if (!out) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "out must not be NULL");
     *out = NULL;
-    int inited = 0, provided = 0, rc;
+    int inited = 0, finalized = 0, provided = 0, rc;
+    /* MPI_Initialized stays true after MPI_Finalize, and any other call
+     * then ends the process: ask first. */
+    MPI_Finalized(&finalized);
+    if (finalized)
+        return DP_FAIL(DP_ERR_UNSUPPORTED, "MPI was finalized in this process (by dp_dist_close "
+                       "of an earlier handle, or by the application), and MPI cannot start "
+                       "twice in a process: open the job once and keep its handle until the "
+                       "process ends");
     MPI_Initialized(&inited);
     if (!inited) {
         rc = MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
