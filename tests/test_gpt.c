@@ -1188,6 +1188,22 @@ Test(gpt, bad_tokens_and_calls_are_rejected, .timeout = 30)
     cr_assert_eq(dp_gpt_backward(g, dev, params, params, dtok, SIZE_MAX / 2, BS, ws, logits),
                  DP_ERR_INVALID_ARGUMENT);
     cr_assert(strstr(dp_last_error(), "overflow"), "%s", dp_last_error());
+    /* An id outside [0, V): refused with its position, not read past wte
+     * (it segfaulted or read other memory); both ends, both passes. */
+    const int32_t bad[] = {-1, (int32_t)V, INT32_MAX, INT32_MIN};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        for (size_t t = 0; t < BS; t++) dtok[t] = (int32_t)(t % V);
+        dtok[BS - 1] = bad[i];
+        cr_assert_eq(dp_gpt_forward(g, dev, params, dtok, 1, BS, ws, logits),
+                     DP_ERR_INVALID_ARGUMENT, "id %d", bad[i]);
+        char want[96];
+        snprintf(want, sizeof want, "token id %d at position %zu", (int)bad[i], BS - 1);
+        cr_assert(strstr(dp_last_error(), want), "%s", dp_last_error());
+        cr_assert_eq(dp_gpt_backward(g, dev, params, params, dtok, 1, BS, ws, logits),
+                     DP_ERR_INVALID_ARGUMENT, "id %d", bad[i]);
+        cr_assert(strstr(dp_last_error(), "dp_gpt_backward") && strstr(dp_last_error(), want),
+                  "%s", dp_last_error());
+    }
     dp_device_free(dev, params);
     dp_device_free(dev, ws);
     dp_device_free(dev, logits);

@@ -161,14 +161,18 @@ DP_API size_t dp_gpt_workspace_bytes(const dp_gpt *gpt, size_t B, size_t T);
  * params (n_params floats in the model's layout; the master weights of a
  * bf16 run, from dp_engine_get_params). workspace holds
  * dp_gpt_workspace_bytes(gpt, B, T) bytes and keeps the activations.
- * Vp = dp_gpt_padded_vocab(config): the columns from V on are -inf. */
+ * Vp = dp_gpt_padded_vocab(config): the columns from V on are -inf.
+ * Errors: DP_ERR_INVALID_ARGUMENT (NULL, B or T out of range, an id
+ * outside [0, V), named with its position: the ids are read back from a
+ * GPU to be checked), DP_ERR_DEVICE. */
 DP_API dp_status dp_gpt_forward(const dp_gpt *gpt, dp_device *dev, const float *params,
                                 const int32_t *tokens, size_t B, size_t T, void *workspace,
                                 float *logits);
 
 /* grads += d loss / d params, from dlogits(B,T,Vp) (clobbered; 0 in the
  * padded columns, which the cross-entropy gives them), after
- * dp_gpt_forward with the same tokens, B, T and workspace. */
+ * dp_gpt_forward with the same tokens, B, T and workspace. Errors as
+ * dp_gpt_forward's. */
 DP_API dp_status dp_gpt_backward(const dp_gpt *gpt, dp_device *dev, const float *params,
                                  float *grads, const int32_t *tokens, size_t B, size_t T,
                                  void *workspace, float *dlogits);

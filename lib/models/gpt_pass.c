@@ -5,6 +5,7 @@
  * gradient (gpt.c's header comment).
  */
 #include <limits.h>
+#include <stdlib.h>
 
 #include "core/error.h"
 #include "models/gpt_internal.h"
@@ -271,6 +272,37 @@ dp_status gpt_pass_head_backward16(const dp_gpt *gpt, dp_device *dev, wview para
                                      gpt->models[0].n_classes);
 }
 
+/* The B*T token ids on dev are in [0, V): the embedding (and its
+ * gradient's scatter-add) would read and write past wte otherwise. The
+ * engine checks its batches on the host; these public calls take device
+ * pointers, so a GPU's ids are copied back to be read (sampling's few). */
+static dp_status check_tokens(const char *fn, const dp_gpt *gpt, dp_device *dev,
+                              const int32_t *tokens, size_t n)
+{
+    int32_t *host = NULL;
+    const int32_t *ids = tokens;
+    if (dp_device_kind_of(dev) != DP_DEVICE_CPU) {
+        if (!(host = malloc(n * sizeof *host)))
+            return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "%s: cannot allocate %zu ids", fn, n);
+        dp_status s = dp_copy_d2h(dev, host, tokens, n * sizeof *host);
+        if (s != DP_OK) {
+            free(host);
+            return s;
+        }
+        ids = host;
+    }
+    size_t V = gpt->cfg.vocab_size, bad = n;
+    for (size_t i = 0; i < n && bad == n; i++)
+        if (ids[i] < 0 || (size_t)ids[i] >= V) bad = i;
+    int32_t id = bad < n ? ids[bad] : 0;
+    free(host);
+    if (bad == n) return DP_OK;
+    return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
+                   "%s on %s: token id %d at position %zu is outside the vocabulary [0, %zu); "
+                   "encode with a tokenizer whose vocabulary fits the model", fn,
+                   dp_device_name(dev), (int)id, bad, V);
+}
+
 dp_status dp_gpt_forward(const dp_gpt *gpt, dp_device *dev, const float *params,
                          const int32_t *tokens, size_t B, size_t T, void *workspace,
                          float *logits)
@@ -282,6 +314,7 @@ dp_status dp_gpt_forward(const dp_gpt *gpt, dp_device *dev, const float *params,
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
                        "%s on %s: params, tokens, workspace and logits must not be NULL", fn,
                        dp_device_name(dev));
+    DP_TRY(check_tokens(fn, gpt, dev, tokens, B * T));
     float *ws = workspace;
     DP_TRY(gpt_pass_body_forward(gpt, dev, view_f32(params), tokens, B, T, ws, &c, ws + c.lnf));
     return gpt_pass_head_forward(gpt, dev, view_f32(params), ws + c.lnf, B * T, logits);
@@ -415,6 +448,7 @@ dp_status dp_gpt_backward(const dp_gpt *gpt, dp_device *dev, const float *params
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
                        "%s on %s: params, grads, tokens, workspace and dlogits must not be NULL",
                        fn, dp_device_name(dev));
+    DP_TRY(check_tokens(fn, gpt, dev, tokens, B * T));
     float *ws = workspace;
     /* LM head: d(lnf) into dbtc, free until the blocks' backward. */
     DP_TRY(gpt_pass_head_backward(gpt, dev, view_f32(params), grads, ws + c.lnf, B * T, dlogits,
