@@ -9,6 +9,7 @@
 #include <dirent.h>
 #include <jansson.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -135,6 +136,12 @@ Test(trace, bad_stats_are_refused_and_leave_the_trace_unchanged)
     cr_assert_eq(dp_trace_create(NULL, 2, &tr), DP_ERR_INVALID_ARGUMENT);
     const char *empty[2] = {"cpu:0", ""};
     cr_assert_eq(dp_trace_create(empty, 2, &tr), DP_ERR_INVALID_ARGUMENT);
+    /* a name that is not UTF-8 would make the file invalid JSON */
+    const char *bad[2] = {"cpu:0", "bad\xff"}, *cut[1] = {"x\xe2\x82"};
+    cr_assert_eq(dp_trace_create(bad, 2, &tr), DP_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(dp_last_error(), "device 1 is not valid UTF-8 (byte 3)"), "%s",
+              dp_last_error());
+    cr_assert_eq(dp_trace_create(cut, 1, &tr), DP_ERR_INVALID_ARGUMENT);
     dp_assert_ok(dp_trace_create(names, 2, &tr));
     dp_step_stats st;
     fake_step(&st, 3, 0);
@@ -165,6 +172,53 @@ Test(trace, bad_stats_are_refused_and_leave_the_trace_unchanged)
     json_decref(root);
     dp_trace_destroy(tr);
     dp_trace_destroy(NULL);
+}
+
+/* Steps added from two threads while a third writes: every step is kept
+ * (the adds raced in realloc and crashed), and each file written is
+ * valid JSON with a whole number of steps. */
+typedef struct adder {
+    dp_trace *tr;
+    int first;
+} adder;
+
+static void *add_steps(void *arg)
+{
+    adder *a = arg;
+    dp_step_stats st;
+    for (int s = 0; s < 3000; s++) {
+        fake_step(&st, 2, a->first + s);
+        if (dp_trace_add_step(a->tr, &st) != DP_OK) return (void *)1;
+    }
+    return NULL;
+}
+
+Test(trace, steps_added_from_threads_while_one_writes)
+{
+    const char *names[2] = {"cpu:0", "cpu:1"};
+    dp_trace *tr;
+    dp_assert_ok(dp_trace_create(names, 2, &tr));
+    adder a[2] = {{tr, 0}, {tr, 100000}};
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++) cr_assert_eq(pthread_create(&th[i], NULL, add_steps, &a[i]), 0);
+    char path[256];
+    snprintf(path, sizeof path, "%s/live.json", tmpdir);
+    for (int w = 0; w < 5; w++) {
+        dp_assert_ok(dp_trace_write(tr, path));
+        json_error_t je;
+        json_t *root = json_load_file(path, 0, &je);
+        cr_assert_not_null(root, "write %d: %s", w, je.text);
+        size_t events = json_array_size(json_object_get(root, "traceEvents")) - (1 + 2 * 2);
+        cr_assert_eq(events % (2 * DP_PHASE_COUNT), 0, "write %d: %zu events", w, events);
+        json_decref(root);
+    }
+    for (int i = 0; i < 2; i++) {
+        void *rc;
+        pthread_join(th[i], &rc);
+        cr_assert_null(rc, "thread %d: %s", i, dp_last_error());
+    }
+    cr_assert_eq(dp_trace_steps(tr), 6000);
+    dp_trace_destroy(tr);
 }
 
 Test(trace, many_steps_stream_through_the_buffer)

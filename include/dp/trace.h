@@ -17,7 +17,8 @@
  *   dp_trace_destroy(tr);
  *
  * The events are kept in host memory (k * DP_PHASE_COUNT * 16 bytes per
- * step) until written.
+ * step) until written. A trace may be used from several threads: steps
+ * added while another thread writes wait, and are in a later write.
  */
 #ifndef DP_TRACE_H
 #define DP_TRACE_H
@@ -38,7 +39,8 @@ typedef struct dp_trace dp_trace;
 /* A trace of k devices (1..DP_MAX_DEVICES) named names[0..k) (copied; each
  * a non-empty string, e.g. dp_device_name). *out is freed with
  * dp_trace_destroy.
- * Errors: DP_ERR_INVALID_ARGUMENT (NULL, k out of range, an empty name),
+ * Errors: DP_ERR_INVALID_ARGUMENT (NULL, k out of range, an empty name or
+ * one that is not UTF-8, which the JSON file could not hold),
  * DP_ERR_OUT_OF_MEMORY. */
 DP_API dp_status dp_trace_create(const char *const *names, size_t k, dp_trace **out);
 

@@ -7,6 +7,7 @@
  * dur in microseconds, "M" metadata events naming the process and threads.
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +16,7 @@
 #include "dp/atomic_file.h"
 #include "dp/checked.h"
 #include "core/error.h"
+#include "dp/tokenizer.h" /* dp_utf8_check */
 #include "dp/trace.h"
 
 // One step's record: [start_seconds, step, then per device: rows, then per
@@ -22,6 +24,7 @@
 #define DEV_STRIDE (1 + 2 * DP_PHASE_COUNT)
 
 struct dp_trace {
+    pthread_mutex_t mu; /* guards rec, n and cap: steps added while another thread writes */
     size_t k;
     char *names[DP_MAX_DEVICES];
     size_t stride; // doubles per step
@@ -37,11 +40,21 @@ dp_status dp_trace_create(const char *const *names, size_t k, dp_trace **out)
     if (k < 1 || k > DP_MAX_DEVICES)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%zu devices: a trace has 1 to %d", k,
                        DP_MAX_DEVICES);
-    for (size_t i = 0; i < k; i++)
+    for (size_t i = 0; i < k; i++) {
         if (!names[i] || !*names[i])
             return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "the name of device %zu is NULL or empty", i);
+        /* the names go into the JSON as they are: it must stay UTF-8 */
+        size_t at = 0;
+        if (dp_utf8_check(names[i], strlen(names[i]), &at) != DP_OK)
+            return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "the name of device %zu is not valid UTF-8 "
+                           "(byte %zu)", i, at);
+    }
     dp_trace *t = calloc(1, sizeof *t);
     if (!t) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "cannot allocate a trace");
+    if (pthread_mutex_init(&t->mu, NULL) != 0) {
+        free(t);
+        return DP_FAIL(DP_ERR_INTERNAL, "pthread_mutex_init failed");
+    }
     t->k = k;
     t->stride = 2 + k * DEV_STRIDE;
     for (size_t i = 0; i < k; i++) {
@@ -60,10 +73,18 @@ void dp_trace_destroy(dp_trace *t)
     if (!t) return;
     for (size_t i = 0; i < t->k; i++) free(t->names[i]);
     free(t->rec);
+    pthread_mutex_destroy(&t->mu);
     free(t);
 }
 
-size_t dp_trace_steps(const dp_trace *t) { return t ? t->n : 0; }
+size_t dp_trace_steps(const dp_trace *t)
+{
+    if (!t) return 0;
+    pthread_mutex_lock((pthread_mutex_t *)&t->mu);
+    size_t n = t->n;
+    pthread_mutex_unlock((pthread_mutex_t *)&t->mu);
+    return n;
+}
 
 static int bad_time(double x) { return !isfinite(x) || x < 0; }
 
@@ -85,12 +106,18 @@ dp_status dp_trace_add_step(dp_trace *t, const dp_step_stats *st)
                                "finite",
                                i, dp_phase_name((dp_phase)p), st->devices[i].phase_start[p],
                                st->devices[i].phase_seconds[p]);
+    pthread_mutex_lock(&t->mu);
     if (t->n == t->cap) {
         size_t ncap = t->cap ? 2 * t->cap : 64, bytes;
-        if (!dp_size_mul(ncap, t->stride * sizeof(double), &bytes))
-            return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "the trace of %zu steps is too large", t->n);
-        double *r = realloc(t->rec, bytes);
-        if (!r) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "cannot grow the trace to %zu steps", ncap);
+        double *r = dp_size_mul(ncap, t->stride * sizeof(double), &bytes)
+                        ? realloc(t->rec, bytes)
+                        : NULL;
+        if (!r) {
+            size_t n = t->n;
+            pthread_mutex_unlock(&t->mu);
+            return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "cannot grow the trace of %zu steps to %zu",
+                           n, ncap);
+        }
         t->rec = r;
         t->cap = ncap;
     }
@@ -106,6 +133,7 @@ dp_status dp_trace_add_step(dp_trace *t, const dp_step_stats *st)
         }
     }
     t->n++;
+    pthread_mutex_unlock(&t->mu);
     return DP_OK;
 }
 
@@ -160,6 +188,8 @@ dp_status dp_trace_write_to(const dp_trace *t, dp_atomic_file *af)
     out_buf *o = calloc(1, sizeof *o);
     if (!o) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "cannot allocate the output buffer");
     o->af = af;
+    /* the steps as they are now: one being added waits */
+    pthread_mutex_lock((pthread_mutex_t *)&t->mu);
     put(o, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n");
     put(o, "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": 1, \"tid\": 0, "
            "\"args\": {\"name\": \"dp\"}}");
@@ -185,6 +215,7 @@ dp_status dp_trace_write_to(const dp_trace *t, dp_atomic_file *af)
         }
     }
     put(o, "\n]}\n");
+    pthread_mutex_unlock((pthread_mutex_t *)&t->mu);
     flush_out(o);
     dp_status st = o->st;
     free(o);
