@@ -2,6 +2,8 @@
 #include <pthread.h>
 #include <string.h>
 
+#include "core/error.h" /* dp_error_prefix */
+#include "dp/tokenizer.h" /* dp_utf8_check */
 #include "dp_test.h"
 
 Test(status, every_code_has_a_distinct_name)
@@ -61,4 +63,45 @@ Test(status, last_error_is_per_thread)
     pthread_join(th, &ret);
     cr_assert_not_null(ret, "another thread saw this thread's error message");
     dp_device_close(dev);
+}
+
+/* A message past the 1023 bytes kept (a 5000-byte path) keeps its start
+ * and its end, where the reason and the fix are; cut between UTF-8
+ * characters, never inside one. Short messages are kept whole. */
+Test(status, a_long_message_keeps_its_start_and_its_end)
+{
+    static char path[5001];
+    memset(path, 'a', 5000);
+    dp_set_error(DP_ERR_IO, "cannot open '/x/%s': File name too long; use a shorter path", path);
+    const char *m = dp_last_error();
+    size_t n = strlen(m);
+    cr_assert_lt(n, 1024);
+    cr_assert_gt(n, 900, "only %zu bytes kept", n);
+    cr_assert_eq(strncmp(m, "cannot open '/x/aaa", 19), 0, "%s", m);
+    cr_assert(strstr(m, " [...] "), "%s", m);
+    const char *end = "File name too long; use a shorter path";
+    cr_assert_str_eq(m + n - strlen(end), end);
+
+    /* two-byte characters: whichever byte the cut falls on, the rest is UTF-8 */
+    for (size_t pad = 0; pad < 3; pad++) {
+        static char text[4000];
+        memset(text, 'x', pad);
+        for (size_t i = pad; i + 2 <= 3000; i += 2) memcpy(text + i, "\xc3\xa9", 2);
+        text[pad + (3000 - pad) / 2 * 2] = '\0';
+        dp_set_error(DP_ERR_FORMAT, "%s!", text);
+        m = dp_last_error();
+        cr_assert_eq(dp_utf8_check(m, strlen(m), NULL), DP_OK, "pad %zu: cut inside a character",
+                     pad);
+        cr_assert_eq(m[strlen(m) - 1], '!');
+    }
+
+    /* a prefix on a long message keeps the end too */
+    dp_set_error(DP_ERR_IO, "%s: the reason", path);
+    dp_error_prefix("rank %d", 1);
+    m = dp_last_error();
+    cr_assert_eq(strncmp(m, "rank 1: aaa", 11), 0, "%s", m);
+    cr_assert_str_eq(m + strlen(m) - 12, ": the reason");
+
+    dp_set_error(DP_ERR_IO, "short %d", 5);
+    cr_assert_str_eq(dp_last_error(), "short 5");
 }

@@ -51,8 +51,10 @@ DP_API void dp_clear_error(void);
  *     return dp_set_error(DP_ERR_INVALID_ARGUMENT, "row %zu: x is NaN", r);
  * The engine prefixes the device and phase: dp_engine_step then fails with
  * dp_last_error() == "cpu:0 forward: row 3: x is NaN". The message is
- * recorded verbatim (no function or file prefix) and truncated to 1023
- * bytes. fmt must not be NULL (NULL records "").
+ * recorded verbatim (no function or file prefix); one past 1023 bytes
+ * keeps its start and its end (where the reason and the fix are) around
+ * " [...] ", cut between UTF-8 characters. fmt must not be NULL (NULL
+ * records "").
  */
 #if defined(__GNUC__) || defined(__clang__)
 __attribute__((format(printf, 2, 3)))

@@ -3,6 +3,7 @@
  */
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/error.h"
@@ -37,40 +38,91 @@ const char *dp_last_error(void) { return dp_errmsg; }
 
 void dp_clear_error(void) { dp_errmsg[0] = '\0'; }
 
+/* Messages are formatted in full up to this size (a path may be 4096
+ * bytes), then fitted into the 1024 bytes kept. */
+#define DP_ERRMSG_FULL 8192
+
+static int continuation(unsigned char c) { return (c & 0xC0) == 0x80; }
+
+/* src[0..len) into dp_errmsg: whole when it fits, else its start and its
+ * end (where the reason and the fix are) around " [...] ", each cut at a
+ * UTF-8 character's boundary. */
+static void fit(const char *src, size_t len)
+{
+    static const char gap[] = " [...] ";
+    if (len < DP_ERRMSG_CAP) {
+        memmove(dp_errmsg, src, len);
+        dp_errmsg[len] = '\0';
+        return;
+    }
+    size_t room = DP_ERRMSG_CAP - 1 - (sizeof gap - 1);
+    size_t head = room / 3, tail_at = len - (room - head);
+    while (head > 0 && continuation((unsigned char)src[head])) head--;
+    while (tail_at < len && continuation((unsigned char)src[tail_at])) tail_at++;
+    char out[DP_ERRMSG_CAP];
+    memcpy(out, src, head);
+    memcpy(out + head, gap, sizeof gap - 1);
+    memcpy(out + head + sizeof gap - 1, src + tail_at, len - tail_at);
+    out[head + sizeof gap - 1 + len - tail_at] = '\0';
+    memcpy(dp_errmsg, out, sizeof out);
+}
+
+/* prefix then fmt's text, fitted into dp_errmsg. */
+static void set_formatted(const char *prefix, const char *fmt, va_list ap)
+{
+    char buf[DP_ERRMSG_FULL];
+    size_t pl = strlen(prefix);
+    if (pl >= sizeof buf) pl = sizeof buf - 1;
+    memcpy(buf, prefix, pl);
+    char *text = buf;
+    va_list again;
+    va_copy(again, ap);
+    int n = vsnprintf(buf + pl, sizeof buf - pl, fmt, ap);
+    size_t len = pl + (n > 0 ? (size_t)n : 0);
+    if (n > 0 && len >= sizeof buf) { /* longer still: in full where memory allows */
+        char *big = malloc(len + 1);
+        if (big) {
+            memcpy(big, prefix, pl);
+            vsnprintf(big + pl, len + 1 - pl, fmt, again);
+            text = big;
+        } else {
+            len = sizeof buf - 1;
+        }
+    }
+    va_end(again);
+    fit(text, len);
+    if (text != buf) free(text);
+}
+
 dp_status dp_error_set(dp_status status, const char *func, const char *file, int line,
                        const char *fmt, ...)
 {
     /* Keep only the file's base name: messages are for users, not build trees. */
     const char *base = strrchr(file, '/');
     base = base ? base + 1 : file;
-    char msg[DP_ERRMSG_CAP];
+    char prefix[256];
+    int n = snprintf(prefix, sizeof prefix, "%s (%s:%d): ", func, base, line);
+    if (n < 0) prefix[0] = '\0';
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    set_formatted(prefix, fmt, ap);
     va_end(ap);
-    /* Truncation of an over-long message is acceptable. */
-    int n = snprintf(dp_errmsg, sizeof dp_errmsg, "%s (%s:%d): ", func, base, line);
-    if (n < 0 || (size_t)n >= sizeof dp_errmsg) n = 0;
-    snprintf(dp_errmsg + n, sizeof dp_errmsg - (size_t)n, "%s", msg);
     return status;
 }
 
 dp_status dp_set_error(dp_status status, const char *fmt, ...)
 {
-    char msg[DP_ERRMSG_CAP];
-    msg[0] = '\0';
-    if (fmt) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(msg, sizeof msg, fmt, ap);
-        va_end(ap);
-    }
-    return dp_error_raw(status, msg);
+    if (!fmt) return dp_error_raw(status, "");
+    va_list ap;
+    va_start(ap, fmt);
+    set_formatted("", fmt, ap);
+    va_end(ap);
+    return status;
 }
 
 dp_status dp_error_raw(dp_status status, const char *msg)
 {
-    snprintf(dp_errmsg, sizeof dp_errmsg, "%s", msg);
+    if (msg != dp_errmsg) fit(msg, strlen(msg));
     return status;
 }
 
@@ -81,15 +133,7 @@ void dp_error_prefix(const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(prefix, sizeof prefix, fmt, ap);
     va_end(ap);
-    char old[DP_ERRMSG_CAP];
-    memcpy(old, dp_errmsg, sizeof old);
-    size_t pl = strlen(prefix);
-    if (pl + 2 >= sizeof dp_errmsg) pl = sizeof dp_errmsg - 3;
-    memcpy(dp_errmsg, prefix, pl);
-    memcpy(dp_errmsg + pl, ": ", 2);
-    size_t rest = sizeof dp_errmsg - pl - 3;
-    size_t ol = strlen(old);
-    if (ol > rest) ol = rest;
-    memcpy(dp_errmsg + pl + 2, old, ol);
-    dp_errmsg[pl + 2 + ol] = '\0';
+    char joined[DP_ERRMSG_CAP + sizeof prefix + 2];
+    int n = snprintf(joined, sizeof joined, "%s: %s", prefix, dp_errmsg);
+    fit(joined, n > 0 ? strlen(joined) : 0);
 }
