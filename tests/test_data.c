@@ -503,6 +503,8 @@ Test(data, eval_windows)
     dp_assert_ok(dp_eval_windows(d, DP_SPLIT_VAL, 3, 0, 1, x, y));
     cr_assert(x[0] == 90 && y[2] == 93);
     cr_assert_eq(dp_eval_windows(d, DP_SPLIT_VAL, 3, 2, 2, x, y), DP_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(dp_last_error(), "2 windows from window 2 pass the 3 windows"), "%s",
+              dp_last_error());
     cr_assert(strstr(dp_last_error(), "3 windows"), "%s", dp_last_error());
     cr_assert_eq(dp_eval_windows(d, DP_SPLIT_VAL, 3, 3, 1, x, y), DP_ERR_INVALID_ARGUMENT);
     cr_assert_eq(dp_eval_windows(d, DP_SPLIT_VAL, 3, 0, 0, x, y), DP_ERR_INVALID_ARGUMENT);

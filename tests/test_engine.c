@@ -466,6 +466,19 @@ Test(engine, setters_refuse_non_finite_and_negative_values, .timeout = 30)
     dp_assert_ok(dp_engine_get_optimizer_state(r.e, m2, v2, &t2));
     cr_assert(memcmp(m, m2, n * sizeof(float)) == 0 && memcmp(v, v2, n * sizeof(float)) == 0 &&
                   t == t2, "a refused set_optimizer_state changed the state");
+    /* At DP_MAX_STEP a step is refused: it would make a count that no
+     * checkpoint and no setter takes back. */
+    dp_assert_ok(dp_engine_set_optimizer_state(r.e, m, v, DP_MAX_STEP));
+    cr_assert_eq(dp_engine_step(r.e, &b, NULL), DP_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(dp_last_error(), "DP_MAX_STEP"), "%s", dp_last_error());
+    dp_assert_ok(dp_engine_get_optimizer_state(r.e, m2, v2, &t2));
+    cr_assert_eq(t2, DP_MAX_STEP);
+    dp_assert_ok(dp_engine_get_params(r.e, q));
+    cr_assert(memcmp(p, q, n * sizeof(float)) == 0, "a refused step changed the parameters");
+    dp_assert_ok(dp_engine_set_optimizer_state(r.e, m, v, DP_MAX_STEP - 1));
+    dp_assert_ok(dp_engine_step(r.e, &b, NULL));
+    dp_assert_ok(dp_engine_get_optimizer_state(r.e, m2, v2, &t2));
+    cr_assert_eq(t2, DP_MAX_STEP);
     dp_test_run_close(&r);
 }
 

@@ -152,6 +152,13 @@ Test(token_data, a_raw_file_splits_90_10_and_reads_its_ids)
     dp_assert_ok(dp_token_data_read(d, DP_SPLIT_VAL, 96, 5, x));
     cr_assert_eq(memcmp(x, ids + 1000, 5 * sizeof *x), 0);
     cr_assert_eq(dp_token_data_read(d, DP_SPLIT_VAL, 97, 5, x), DP_ERR_INVALID_ARGUMENT);
+    /* the range as asked (it used to print a wrapped "first..last") */
+    cr_assert_eq(dp_token_data_read(d, DP_SPLIT_VAL, SIZE_MAX, 2, x), DP_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(dp_last_error(), "2 tokens from token 18446744073709551615 pass the end"),
+              "%s", dp_last_error());
+    cr_assert_eq(dp_token_data_read(d, DP_SPLIT_VAL, 2, SIZE_MAX, x), DP_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(dp_last_error(), "18446744073709551615 tokens from token 2 pass"), "%s",
+              dp_last_error());
     cr_assert_eq(dp_token_data_read(d, DP_SPLIT_TRAIN, 0, 0, x), DP_ERR_INVALID_ARGUMENT);
     cr_assert_eq(dp_token_data_read(d, DP_SPLIT_COUNT, 0, 1, x), DP_ERR_INVALID_ARGUMENT);
 

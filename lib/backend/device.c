@@ -227,6 +227,7 @@ dp_matmul_precision dp_device_matmul_precision(const dp_device *dev)
 
 dp_status dp_device_set_allow_tf32(dp_device *dev, int allow)
 {
+    if (!dev) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "dev must not be NULL");
     return dp_device_set_matmul_precision(dev, allow ? DP_MATMUL_TF32 : DP_MATMUL_FP32);
 }
 

@@ -189,9 +189,9 @@ dp_status dp_eval_windows(const dp_token_data *data, dp_split split, size_t cont
     size_t nw = dp_eval_window_count(data, split, context);
     if (first > nw || count > nw - first)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
-                       "windows %zu..%zu are past the %zu windows of context %zu in the %s "
-                       "split (%zu tokens)",
-                       first, first + count - 1, nw, context, dp_split_name(split),
+                       "%zu windows from window %zu pass the %zu windows of context %zu in "
+                       "the %s split (%zu tokens)",
+                       count, first, nw, context, dp_split_name(split),
                        dp_token_data_size(data, split));
     size_t T = context, start = token_split_start(data, split);
     for (size_t r = 0; r < count; r++) {

@@ -335,7 +335,7 @@ dp_status dp_token_data_read(const dp_token_data *data, dp_split split, size_t f
     size_t n = dp_token_data_size(data, split);
     if (first > n || count > n - first)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
-                       "tokens %zu..%zu are past the end of the %s split (%zu tokens)", first,
-                       first + (count - 1), dp_split_name(split), n);
+                       "%zu tokens from token %zu pass the end of the %s split (%zu tokens)",
+                       count, first, dp_split_name(split), n);
     return token_data_copy(data, token_split_start(data, split) + first, count, out);
 }

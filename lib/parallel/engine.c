@@ -148,6 +148,11 @@ dp_status dp_engine_sync_replicas(dp_engine *e)
 static dp_status run_batch(dp_engine *e, const dp_batch *batch, int train, dp_step_stats *stats)
 {
     DP_TRY(check_usable(e));
+    /* the count a checkpoint and dp_engine_set_optimizer_state take back */
+    if (train && e->t >= DP_MAX_STEP)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "the optimizer has taken %ld steps, DP_MAX_STEP "
+                       "(2^62): its step count cannot grow further; set a smaller one "
+                       "(dp_engine_set_optimizer_state)", (long)e->t);
     e->step_start = dp_now_seconds();
     DP_TRY(dp_engine_sync_replicas(e));
     DP_TRY(dp_step_agree_plan(e, dp_plan_batch(e, batch, 0, &e->plan)));
