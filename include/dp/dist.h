@@ -72,7 +72,8 @@ DP_API int dp_dist_size(const dp_dist *d);
 /* Agreement on an outcome (collective): every rank passes its own status
  * (with its message as this thread's last error when not DP_OK) and
  * every rank gets DP_OK when all passed DP_OK, else the status of the
- * lowest failing rank with its message prefixed by "rank r: ". Use it
+ * lowest failing rank with its message prefixed by "rank r: " (a handle
+ * without MPI, one rank: local and its message as they are). Use it
  * around work only some ranks do (rank 0 writes a checkpoint) so no rank
  * goes on into a collective the others have left. */
 DP_API dp_status dp_dist_agree(dp_dist *d, dp_status local);
