@@ -53,6 +53,7 @@ void cli_set_program(const char *name)
     size_t n = strnlen(name, sizeof prog - 1);
     memmove(prog, name, n); /* name may be cli_program() itself */
     prog[n] = '\0';
+    cli_guard_signals(); /* a fatal signal leaves no temporary file */
 }
 
 const char *cli_program(void) { return prog; }

@@ -332,21 +332,25 @@ void cli_print_help(void (*usage)(FILE *f));
  * that flushes as it goes, then checks once). */
 int cli_flush(FILE *f);
 
-/* While af (the one file the program is writing through the atomic
- * writer) is open, a signal that would kill the program (INT, TERM, HUP,
- * QUIT, PIPE, XFSZ, ALRM, VTALRM, USR1, USR2) first removes af's
- * temporary file (nothing else would: its name holds this pid) and
- * prints "<program>: stopped by a signal; <what> was left as it was",
- * then kills it as before; a signal ignored when the program started
- * stays ignored. cli_guard_temp(NULL, NULL) after the commit or
- * abort disarms it (the handlers stay, then only printing and dying). */
+/* Installs (once; cli_set_program does) the handler of the signals that
+ * would kill the program (INT, TERM, HUP, QUIT, PIPE, XFSZ, ALRM, VTALRM,
+ * USR1, USR2; one ignored when the program started stays ignored): it
+ * removes every atomic file's temporary file (dp_atomic_file_remove_temps:
+ * the program's and the library's writers') and the guarded paths, prints
+ * "<program>: stopped by a signal; its outputs were left as they were"
+ * when it removed any, then dies of the signal as before. A program's own
+ * handler of some of them (lm_train's INT, TERM, HUP) replaces it there. */
+void cli_guard_signals(void);
+
+/* The handler's line names what (af open: "<what> was left as it was");
+ * cli_guard_temp(NULL, NULL) after the commit or abort restores the
+ * general line. */
 void cli_guard_temp(const dp_atomic_file *af, const char *what);
 
-/* Adds path (another temporary file, or a private directory: removed
- * after what was added after it, so its files go first) to what
- * cli_guard_temp guards (alone: "its outputs were left as they were");
- * 0, or 1 when the set (16 paths) is full. cli_unguard_path drops it
- * again (it was removed or renamed). */
+/* Adds path (a temporary file the atomic writer does not know, or a
+ * private directory: removed after what was added after it, so its files
+ * go first) to what the handler removes; 0, or 1 when the set (16 paths)
+ * is full. cli_unguard_path drops it again (it was removed or renamed). */
 int cli_guard_path(const char *path);
 void cli_unguard_path(const char *path);
 

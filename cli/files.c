@@ -254,22 +254,25 @@ int cli_check_input(const char *flag, const char *path)
 
 // --- temporary files removed by a fatal signal ------------------------------------------
 
-/* The guarded paths, removed last-added first by the handler (a
- * directory after the files in it); edited with the signals blocked. */
+/* What a fatal signal removes: every atomic file's temporary file
+ * (dp_atomic_file_remove_temps: the program's own and the library's, a
+ * checkpoint's or a trace's), and the guarded paths, other temporary files
+ * and private directories, removed last-added first (a directory after
+ * the files in it); edited with the signals blocked. */
 #define GUARD_MAX 16
 static char guard_paths[GUARD_MAX][4096], guard_msg[512];
-static volatile sig_atomic_t guard_n;
-static size_t guard_msg_len;
+static volatile sig_atomic_t guard_n, guard_msg_len;
 
 static void on_fatal_signal(int sig)
 {
-    if (guard_n > 0) {
-        for (int i = guard_n; i-- > 0;) {
-            /* a file or an emptied directory: the other call fails, harmless */
-            unlink(guard_paths[i]);
-            rmdir(guard_paths[i]);
-        }
-        ssize_t w = write(STDERR_FILENO, guard_msg, guard_msg_len);
+    int removed = dp_atomic_file_remove_temps();
+    for (int i = guard_n; i-- > 0;) {
+        /* a file or an emptied directory: the other call fails, harmless */
+        unlink(guard_paths[i]);
+        rmdir(guard_paths[i]);
+    }
+    if (removed || guard_n > 0) {
+        ssize_t w = write(STDERR_FILENO, guard_msg, (size_t)guard_msg_len);
         (void)w;
     }
     signal(sig, SIG_DFL);
@@ -280,9 +283,34 @@ static const int fatal_sigs[] = {SIGINT,  SIGTERM, SIGHUP,    SIGQUIT, SIGPIPE,
                                  SIGXFSZ, SIGALRM, SIGVTALRM, SIGUSR1, SIGUSR2};
 #define N_FATAL (sizeof fatal_sigs / sizeof fatal_sigs[0])
 
-static void install_guard(void)
+/* Blocks (block = 1) or restores the fatal signals around an edit. */
+static void guard_edit(int block, sigset_t *old)
+{
+    if (!block) {
+        sigprocmask(SIG_SETMASK, old, NULL);
+        return;
+    }
+    sigset_t set;
+    sigemptyset(&set);
+    for (size_t i = 0; i < N_FATAL; i++) sigaddset(&set, fatal_sigs[i]);
+    sigprocmask(SIG_BLOCK, &set, old);
+}
+
+/* The handler's line: "<program>: stopped by a signal; <left>". */
+static void set_guard_msg(const char *left)
+{
+    sigset_t old;
+    guard_edit(1, &old);
+    int n = snprintf(guard_msg, sizeof guard_msg, "%s: stopped by a signal; %s\n", cli_program(),
+                     left);
+    guard_msg_len = n < 0 ? 0 : (size_t)n < sizeof guard_msg ? n : (int)sizeof guard_msg - 1;
+    guard_edit(0, &old);
+}
+
+void cli_guard_signals(void)
 {
     static int installed;
+    set_guard_msg("its outputs were left as they were");
     if (installed) return;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -298,56 +326,25 @@ static void install_guard(void)
     installed = 1;
 }
 
-/* Blocks (block = 1) or restores the fatal signals around an edit. */
-static void guard_edit(int block, sigset_t *old)
-{
-    if (!block) {
-        sigprocmask(SIG_SETMASK, old, NULL);
-        return;
-    }
-    sigset_t set;
-    sigemptyset(&set);
-    for (size_t i = 0; i < N_FATAL; i++) sigaddset(&set, fatal_sigs[i]);
-    sigprocmask(SIG_BLOCK, &set, old);
-}
-
-/* Appends path, signals blocked; the first one sets the handler's
- * message ("<program>: stopped by a signal; <left>") and installs it.
- * 0, or 1 when it does not fit. */
-static int guard_add(const char *path, const char *left)
-{
-    if (guard_n >= GUARD_MAX || !path || strlen(path) >= sizeof guard_paths[0]) return 1;
-    if (guard_n == 0) {
-        int n = snprintf(guard_msg, sizeof guard_msg, "%s: stopped by a signal; %s\n",
-                         cli_program(), left);
-        guard_msg_len = n < 0 ? 0 : (size_t)n < sizeof guard_msg ? (size_t)n : sizeof guard_msg - 1;
-        install_guard();
-    }
-    memcpy(guard_paths[guard_n], path, strlen(path) + 1);
-    guard_n = guard_n + 1;
-    return 0;
-}
-
 void cli_guard_temp(const dp_atomic_file *af, const char *what)
 {
-    sigset_t old;
-    guard_edit(1, &old);
-    guard_n = 0;
-    if (af) {
-        char left[320];
-        snprintf(left, sizeof left, "%s was left as it was", what ? what : "the output");
-        guard_add(dp_atomic_file_temp_path(af), left);
-    }
-    guard_edit(0, &old);
+    char left[320];
+    snprintf(left, sizeof left, "%s was left as it was", af && what ? what : "the output");
+    set_guard_msg(af ? left : "its outputs were left as they were");
 }
 
 int cli_guard_path(const char *path)
 {
+    if (!path || strlen(path) >= sizeof guard_paths[0]) return 1;
     sigset_t old;
     guard_edit(1, &old);
-    int rc = guard_add(path, "its outputs were left as they were");
+    int full = guard_n >= GUARD_MAX;
+    if (!full) {
+        memcpy(guard_paths[guard_n], path, strlen(path) + 1);
+        guard_n = guard_n + 1;
+    }
     guard_edit(0, &old);
-    return rc;
+    return full;
 }
 
 void cli_unguard_path(const char *path)

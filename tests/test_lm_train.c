@@ -864,6 +864,46 @@ Test(lm_train, the_batch_counts_against_the_host_before_the_engine, .timeout = 6
     result_free(&r);
 }
 
+/* A signal that lm_train does not handle (here SIGXFSZ, from a file size
+ * limit while it saves) still leaves no partial checkpoint: the handler of
+ * every program (cli_guard_signals) removes the library writer's
+ * temporary file; the older checkpoint stays, and the run says so. It
+ * used to leave s.st.tmp.<pid>.* behind, without a word. */
+Test(lm_train, a_fatal_signal_while_saving_leaves_no_temporary_file, .timeout = 60)
+{
+    result a = RUN("--steps", "2", "--dim", "64", "--save", "@s.st");
+    assert_success(&a, "the first run");
+    result_free(&a);
+    char ck[256];
+    path_in(ck, sizeof ck, "s.st");
+    size_t n0 = 0;
+    unsigned char *before = dp_test_read_file(ck, &n0);
+    cr_assert(before && n0 > 200 * 1024, "a checkpoint of %zu bytes is below the limit", n0);
+    struct rlimit old, lim;
+    cr_assert_eq(getrlimit(RLIMIT_FSIZE, &old), 0);
+    lim = old;
+    lim.rlim_cur = 100 * 1024; /* inherited by lm_train alone: restored at once */
+    cr_assert_eq(setrlimit(RLIMIT_FSIZE, &lim), 0);
+    pid_t pid = spawn_args(1, ARGS_("--steps", "4", "--dim", "64", "--save", "@s.st"));
+    cr_assert_eq(setrlimit(RLIMIT_FSIZE, &old), 0);
+    result r = collect(pid);
+    cr_assert(WIFSIGNALED(r.status) && WTERMSIG(r.status) == SIGXFSZ, "status %d; stderr:\n%s",
+              r.status, r.err);
+    cr_assert(strstr(r.err, "lm_train: stopped by a signal; its outputs were left as they were"),
+              "stderr:\n%s", r.err);
+    DIR *d = opendir(tmpdir);
+    struct dirent *de;
+    while ((de = readdir(d)))
+        cr_assert_null(strstr(de->d_name, ".tmp."), "%s was left behind", de->d_name);
+    closedir(d);
+    size_t n1 = 0;
+    unsigned char *after = dp_test_read_file(ck, &n1);
+    cr_assert(n1 == n0 && memcmp(before, after, n0) == 0, "the older checkpoint changed");
+    free(before);
+    free(after);
+    result_free(&r);
+}
+
 /* The step numbers of a JSONL log, in order; returns the count. */
 static size_t log_steps(const char *name, long *steps, size_t cap)
 {

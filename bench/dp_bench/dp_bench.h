@@ -142,8 +142,7 @@ char *csv_text(const run_results *rs, int ranks);
 /* An output written to its temporary file, renamed into place at the end. */
 typedef struct pending {
     const char *flag, *path;
-    dp_atomic_file *af;
-    char *temp; /* af's temporary file, guarded from fatal signals until renamed */
+    dp_atomic_file *af; /* its temporary file removed by a fatal signal (cli_guard_signals) */
 } pending;
 
 #define MAX_PENDING 5 /* --json, --csv, two plots, --trace */

@@ -19,10 +19,7 @@ static int stage_open(outputs *out, const char *flag, const char *path, dp_atomi
     q->flag = flag;
     q->path = path;
     if (dp_atomic_file_open(path, &q->af) != DP_OK) return cli_dp_fail(flag);
-    /* a fatal signal removes every staged file (nothing else would: their
-     * names hold this pid), as it removes gnuplot's directory */
-    q->temp = strdup(dp_atomic_file_temp_path(q->af));
-    if (q->temp) cli_guard_path(q->temp);
+    /* a fatal signal removes the staged file (cli_guard_signals) */
     out->n++;
     *af = q->af;
     return 0;
@@ -58,8 +55,6 @@ static int finish(outputs *out, int rc)
         } else if (dp_atomic_file_commit(q->af) != DP_OK) {
             rc = cli_dp_fail(q->flag);
         }
-        cli_unguard_path(q->temp); /* renamed or removed */
-        free(q->temp);
     }
     out->n = 0;
     return rc;

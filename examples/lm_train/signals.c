@@ -2,8 +2,10 @@
  * examples/lm_train/signals.c - SIGINT, SIGTERM and SIGHUP: before training
  * begins either ends the process at once; then the first stops the run
  * after the current step (the loops ask pending_signal), a second exits at
- * once; the exit status is 128 + the signal's number. SIGBUS, a token file
- * cut short under its mapping: a message naming the data, exit 1.
+ * once; the exit status is 128 + the signal's number. The other fatal
+ * signals (QUIT, XFSZ, USR1, ...) kill the run as cli_guard_signals says,
+ * and neither leaves a temporary file behind. SIGBUS, a token file cut
+ * short under its mapping: a message naming the data, exit 1.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <fcntl.h>
@@ -33,6 +35,15 @@ static void say(const char *msg, size_t n)
     (void)w;
 }
 
+/* Before exiting at once: no partial checkpoint, trace or export is left
+ * (their writers' temporary files), and the message says so. */
+static void leave_no_temp(void)
+{
+    static const char msg[] = "lm_train: the file being written was removed; the older one "
+                              "was left as it was\n";
+    if (dp_atomic_file_remove_temps() > 0) say(msg, sizeof msg - 1);
+}
+
 static void on_signal(int sig)
 {
     if (starting) {
@@ -42,6 +53,7 @@ static void on_signal(int sig)
         if (sig == SIGINT) say(intr, sizeof intr - 1);
         else if (sig == SIGHUP) say(hup, sizeof hup - 1);
         else say(term, sizeof term - 1);
+        leave_no_temp();
         _exit(128 + sig);
     }
     if (unblock_output) {
@@ -58,6 +70,7 @@ static void on_signal(int sig)
     if (stop_signal) {
         static const char msg[] = "lm_train: second signal: exiting at once\n";
         say(msg, sizeof msg - 1);
+        leave_no_temp();
         _exit(128 + sig);
     }
     stop_signal = sig;

@@ -78,6 +78,15 @@ DP_API dp_status dp_atomic_file_commit(dp_atomic_file *af);
  * NULL is a no-op. */
 DP_API void dp_atomic_file_abort(dp_atomic_file *af);
 
+/* For a program's handler of a fatal signal (async-signal-safe: unlink on
+ * lock-free state): removes the temporary file of every atomic file open
+ * in the process, the library's own writers' (a checkpoint, a trace, an
+ * export) included, so a killed program leaves no partial file; each
+ * path stays as it was. Returns how many it removed. The handles stay
+ * open: the program is meant to end (a commit would fail). Up to 32 files
+ * at once, of paths under PATH_MAX, are known to it. */
+DP_API int dp_atomic_file_remove_temps(void);
+
 /* The most bytes this process's temporary file names add to the last
  * component of path (".tmp.<pid>.<counter>.<host>"): a name longer than
  * the directory's limit on a file name less this cannot be written. */

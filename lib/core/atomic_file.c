@@ -26,7 +26,50 @@ struct dp_atomic_file {
     char *tmp;
     int fd;     // -1 once synced and closed
     int synced;
+    int slot;   // its place in the registry below, or -1
 };
+
+// --- the temporary files a fatal signal removes -----------------------------------------
+
+/* Every open atomic file's temporary path, so that a program's handler of a
+ * fatal signal can remove them all (dp_atomic_file_remove_temps) whoever
+ * opened them: the library's checkpoint, trace and export writers too.
+ * A slot goes FREE -> FILLING (its path copied) -> READY, and back to FREE
+ * once the file was renamed or removed; the handler reads READY slots only.
+ * The states are lock-free atomics, which a signal handler may read. A
+ * path past the slot's size, or a file past the slots, is not registered
+ * (its temporary file is then left by a signal, as before). */
+enum { SLOT_FREE, SLOT_FILLING, SLOT_READY };
+#define TEMP_SLOTS 32
+static _Atomic int temp_state[TEMP_SLOTS];
+static char temp_path[TEMP_SLOTS][PATH_MAX];
+
+static int register_temp(const char *tmp)
+{
+    size_t n = strlen(tmp);
+    if (n >= sizeof temp_path[0]) return -1;
+    for (int i = 0; i < TEMP_SLOTS; i++) {
+        int free_state = SLOT_FREE;
+        if (!atomic_compare_exchange_strong(&temp_state[i], &free_state, SLOT_FILLING)) continue;
+        memcpy(temp_path[i], tmp, n + 1);
+        atomic_store(&temp_state[i], SLOT_READY);
+        return i;
+    }
+    return -1;
+}
+
+static void unregister_temp(int slot)
+{
+    if (slot >= 0) atomic_store(&temp_state[slot], SLOT_FREE);
+}
+
+int dp_atomic_file_remove_temps(void)
+{
+    int removed = 0;
+    for (int i = 0; i < TEMP_SLOTS; i++)
+        if (atomic_load(&temp_state[i]) == SLOT_READY && unlink(temp_path[i]) == 0) removed++;
+    return removed;
+}
 
 // pid + a process-wide counter + the host: unique across processes, threads and hosts.
 static atomic_uint tmp_counter;
@@ -92,9 +135,13 @@ dp_status dp_atomic_file_open(const char *path, dp_atomic_file **out)
     host_tag(host);
     snprintf(tmp, tlen, "%s.tmp.%ld.%u.%s", path, (long)getpid(),
              atomic_fetch_add(&tmp_counter, 1u), host);
+    /* registered before it exists: a signal between the two removes
+     * nothing, one after it removes the file */
+    int slot = register_temp(tmp);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
     if (fd < 0) {
         int e = errno;
+        unregister_temp(slot);
         dp_status st = DP_FAIL(DP_ERR_IO, "cannot create '%s' to write '%s': %s", tmp, path,
                                strerror(e));
         free(af);
@@ -106,6 +153,7 @@ dp_status dp_atomic_file_open(const char *path, dp_atomic_file **out)
     af->path = p;
     af->tmp = tmp;
     af->fd = fd;
+    af->slot = slot;
     *out = af;
     return DP_OK;
 }
@@ -182,8 +230,10 @@ static int fsync_parent(const char *path)
     return rc;
 }
 
+/* After the temporary file was renamed or removed. */
 static void release(dp_atomic_file *af)
 {
+    unregister_temp(af->slot);
     free(af->path);
     free(af->tmp);
     free(af);
