@@ -947,6 +947,46 @@ Test(lm_train, resume_truncates_the_log_to_the_checkpoint)
     result_free(&c);
 }
 
+/* The resumed run's kept rows replace the log atomically: when that write
+ * fails (a file size limit, SIGXFSZ ignored), the log is left whole and
+ * the run stops naming it. It was truncated first and rewritten in place,
+ * and such a failure (or a signal) emptied it. */
+Test(lm_train, a_resume_that_cannot_rewrite_the_log_keeps_it, .timeout = 60)
+{
+    result a = RUN("--steps", "20", "--lr-decay-steps", "40", "--save", "@c.st", "--log",
+                   "@l.jsonl");
+    assert_success(&a, "20 steps");
+    result b = RUN("--resume", "@c.st", "--steps", "40", "--log", "@l.jsonl");
+    assert_success(&b, "to 40, not saved");
+    char p[256];
+    path_in(p, sizeof p, "l.jsonl");
+    size_t n0 = 0;
+    unsigned char *before = dp_test_read_file(p, &n0);
+    cr_assert(before && n0 > 3000, "a log of %zu bytes", n0);
+    struct rlimit old, lim;
+    cr_assert_eq(getrlimit(RLIMIT_FSIZE, &old), 0);
+    lim = old;
+    lim.rlim_cur = 1024; /* below the 20 rows kept; inherited by lm_train alone */
+    void (*xfsz)(int) = signal(SIGXFSZ, SIG_IGN);
+    cr_assert_eq(setrlimit(RLIMIT_FSIZE, &lim), 0);
+    pid_t pid = spawn_args(1, ARGS_("--resume", "@c.st", "--steps", "40", "--log", "@l.jsonl"));
+    cr_assert_eq(setrlimit(RLIMIT_FSIZE, &old), 0);
+    signal(SIGXFSZ, xfsz);
+    result c = collect(pid);
+    cr_assert(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 1, "status %d; stderr:\n%s",
+              c.status, c.err);
+    cr_assert(strstr(c.err, "--log") && strstr(c.err, "File too large"), "stderr:\n%s", c.err);
+    size_t n1 = 0;
+    unsigned char *after = dp_test_read_file(p, &n1);
+    cr_assert(n1 == n0 && memcmp(before, after, n0) == 0, "the log changed: %zu bytes of %zu",
+              n1, n0);
+    free(before);
+    free(after);
+    result_free(&a);
+    result_free(&b);
+    result_free(&c);
+}
+
 /* After --max-skips non-finite steps with nothing saved yet, the message
  * must not claim a checkpoint exists. */
 Test(lm_train, non_finite_stop_without_a_checkpoint_says_so)

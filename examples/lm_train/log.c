@@ -50,12 +50,14 @@ void print_summary(const run *r, size_t k, const dp_engine_config *ec)
     printf("), batch %ld x %ld tokens\n", o->batch_size, o->context);
 }
 
-/* --log for writing, truncated: opened without blocking, so a FIFO is
- * refused instead of waited on; a regular file or a character device
- * (/dev/null). NULL after a message. */
-static FILE *open_log_file(const char *path)
+/* --log for writing, truncated (a fresh run) or at its end (a resumed
+ * one, whose kept rows are already the file): opened without blocking, so
+ * a FIFO is refused instead of waited on; a regular file or a character
+ * device (/dev/null). NULL after a message. */
+static FILE *open_log_file(const char *path, int truncate)
 {
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NONBLOCK | O_CLOEXEC, 0666);
+    int fd = open(path, O_WRONLY | O_CREAT | (truncate ? O_TRUNC : 0) | O_NONBLOCK | O_CLOEXEC,
+                  0666);
     if (fd < 0) {
         cli_fail("--log %s: %s", path, errno == ENXIO ? "a FIFO without a reader; give a regular "
                  "file" : strerror(errno));
@@ -68,6 +70,7 @@ static FILE *open_log_file(const char *path)
         return NULL;
     }
     fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    if (!truncate && S_ISREG(sb.st_mode)) lseek(fd, 0, SEEK_END);
     FILE *f = fdopen(fd, "w");
     if (!f) {
         close(fd);
@@ -170,6 +173,20 @@ int check_log(const opts *o)
     return rc;
 }
 
+/* path's contents replaced by kept[0..len), atomically. 0, or 1 after a
+ * message. */
+static int write_kept(const char *path, const char *kept, size_t len)
+{
+    dp_atomic_file *af = NULL;
+    if (dp_atomic_file_open(path, &af) != DP_OK) return cli_dp_fail("--log");
+    if (len && dp_atomic_file_write(af, kept, len) != DP_OK) {
+        int rc = cli_dp_fail("--log");
+        dp_atomic_file_abort(af);
+        return rc;
+    }
+    return dp_atomic_file_commit(af) != DP_OK ? cli_dp_fail("--log") : 0; /* frees af */
+}
+
 /* Opens --log. A resumed run keeps the rows up to the checkpoint's step and
  * drops the later ones (written by the run that went past the checkpoint
  * before it stopped), so every step appears once; a last line cut off by
@@ -184,13 +201,18 @@ static int open_log(run *r)
     size_t kept_len = 0, dropped = 0, rows = 0;
     if (read_log(path, r->step, &kept, &kept_len, &rows, &dropped)) return 1;
     if (!r->step) kept_len = 0, dropped = 0; /* a fresh run: the file starts anew */
-    r->log = open_log_file(path);
-    if (!r->log) {
+    /* A resumed run's kept rows replace the file atomically, never in
+     * place: a signal or a failed write then leaves the log as it was
+     * (it used to be truncated first and rewritten). */
+    struct stat sb;
+    int regular = stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
+    if (r->step && regular && dropped && write_kept(path, kept, kept_len)) {
         free(kept);
         return 1;
     }
-    if (kept_len) fwrite(kept, 1, kept_len, r->log);
     free(kept);
+    r->log = open_log_file(path, !r->step);
+    if (!r->log) return 1;
     char what[300];
     snprintf(what, sizeof what, "--log %s", path);
     if (cli_check_stream(r->log, what)) return 1;
