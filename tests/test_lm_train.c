@@ -987,6 +987,44 @@ Test(lm_train, a_resume_that_cannot_rewrite_the_log_keeps_it, .timeout = 60)
     result_free(&c);
 }
 
+/* A second run onto the --log another run is writing is refused before
+ * it reads or changes the file (an advisory lock the run holds): the two
+ * used to interleave their rows, which a later --resume refused. */
+Test(lm_train, a_log_another_run_writes_is_refused, .timeout = 60)
+{
+    const char *const long_args[] = {"--steps", "100000000", "--log", "@l.jsonl"};
+    pid_t pid = spawn_args(1, long_args, 4);
+    char p[256];
+    path_in(p, sizeof p, "l.jsonl");
+    struct stat sb;
+    while (stat(p, &sb) != 0 || sb.st_size == 0) {
+        struct timespec ts = {0, 10 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    char tmp_err[300];
+    snprintf(tmp_err, sizeof tmp_err, "%s/second", tmpdir);
+    cr_assert_eq(mkdir(tmp_err, 0755), 0);
+    char *argv[] = {(char *)LM_TRAIN_PATH, "--data", NULL, "--devices", "cpu:1", "--layers", "1",
+                    "--heads", "2", "--dim", "16", "--context", "16", "--steps", "2", "--log", p,
+                    NULL};
+    char corpus[256], out[320], err[320];
+    path_in(corpus, sizeof corpus, "corpus.txt");
+    argv[2] = corpus;
+    snprintf(out, sizeof out, "%s/stdout.txt", tmp_err);
+    snprintf(err, sizeof err, "%s/stderr.txt", tmp_err);
+    result b = dp_test_collect(dp_test_spawn(argv, out, err), out, err);
+    kill(pid, SIGKILL);
+    result a = collect(pid);
+    cr_assert(WIFEXITED(b.status) && WEXITSTATUS(b.status) == 1, "status %d; stderr:\n%s",
+              b.status, b.err);
+    cr_assert(strstr(b.err, "is being written by another run"), "stderr:\n%s", b.err);
+    static long steps[1 << 20];
+    size_t n = log_steps("l.jsonl", steps, 1 << 20);
+    for (size_t i = 0; i < n; i++) cr_assert_eq(steps[i], (long)i + 1, "row %zu is step %ld", i, steps[i]);
+    result_free(&a);
+    result_free(&b);
+}
+
 /* After --max-skips non-finite steps with nothing saved yet, the message
  * must not claim a checkpoint exists. */
 Test(lm_train, non_finite_stop_without_a_checkpoint_says_so)

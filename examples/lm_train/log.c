@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -173,6 +174,18 @@ int check_log(const opts *o)
     return rc;
 }
 
+/* Takes fd's advisory lock (flock) for this run, or says that another run
+ * holds it: two runs appending to one log would interleave their rows
+ * (and a later --resume refuse the file). 0, or 1 after a message. */
+static int lock_log(int fd, const char *path)
+{
+    if (flock(fd, LOCK_EX | LOCK_NB) == 0) return 0;
+    if (errno == EWOULDBLOCK)
+        return cli_fail("--log %s is being written by another run; give each run its own log",
+                        path);
+    return 0; /* a file system without locks: as before */
+}
+
 /* path's contents replaced by kept[0..len), atomically. 0, or 1 after a
  * message. */
 static int write_kept(const char *path, const char *kept, size_t len)
@@ -199,7 +212,23 @@ static int open_log(run *r)
     if (!path) return 0;
     char *kept = NULL;
     size_t kept_len = 0, dropped = 0, rows = 0;
-    if (read_log(path, r->step, &kept, &kept_len, &rows, &dropped)) return 1;
+    /* another run's log is refused before it is read or changed; the lock
+     * is held until this run's own descriptor has it */
+    int held = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    struct stat hs;
+    if (held >= 0 && (fstat(held, &hs) != 0 || !S_ISREG(hs.st_mode))) {
+        close(held);
+        held = -1;
+    }
+    if (held >= 0 && lock_log(held, path)) {
+        close(held);
+        return 1;
+    }
+    int rc = read_log(path, r->step, &kept, &kept_len, &rows, &dropped);
+    if (rc) {
+        if (held >= 0) close(held);
+        return 1;
+    }
     if (!r->step) kept_len = 0, dropped = 0; /* a fresh run: the file starts anew */
     /* A resumed run's kept rows replace the file atomically, never in
      * place: a signal or a failed write then leaves the log as it was
@@ -208,11 +237,18 @@ static int open_log(run *r)
     int regular = stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
     if (r->step && regular && dropped && write_kept(path, kept, kept_len)) {
         free(kept);
+        if (held >= 0) close(held);
         return 1;
     }
     free(kept);
     r->log = open_log_file(path, !r->step);
+    /* the lock passes to this run's descriptor (two descriptions of one
+     * file conflict even in one process: the first is let go before) */
+    if (held >= 0) close(held);
     if (!r->log) return 1;
+    struct stat ls;
+    if (fstat(fileno(r->log), &ls) == 0 && S_ISREG(ls.st_mode) && lock_log(fileno(r->log), path))
+        return 1;
     char what[300];
     snprintf(what, sizeof what, "--log %s", path);
     if (cli_check_stream(r->log, what)) return 1;
