@@ -11,6 +11,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <float.h>
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
@@ -150,6 +151,17 @@ int cli_parse_double(const char *name, const char *v, double lo, double *out)
     double x = starts_number(v) ? strtod(v, &end) : 0.0;
     if (!end || errno || end == v || *end || !isfinite(x) || x < lo)
         return cli_fail("%s: \"%s\" is not a number >= %g", name, v, lo);
+    *out = x;
+    return 0;
+}
+
+int cli_parse_float(const char *name, const char *v, double lo, double *out)
+{
+    double x = 0;
+    if (cli_parse_double(name, v, lo, &x)) return 1;
+    if (x > FLT_MAX)
+        return cli_fail("%s: %s is past the largest float (%g); give a smaller value", name, v,
+                        (double)FLT_MAX);
     *out = x;
     return 0;
 }

@@ -192,6 +192,9 @@ int cli_bad_option(char **argv, const char *shorts);
 
 /* A whole finite number >= lo. */
 int cli_parse_double(const char *name, const char *v, double lo, double *out);
+/* ... for a value the engine keeps as a float (a learning rate, AdamW's
+ * settings): also at most FLT_MAX, which a double may pass. */
+int cli_parse_float(const char *name, const char *v, double lo, double *out);
 
 /* --device-weights: a comma-separated list of finite weights >= 0, at least
  * one > 0, with exactly `want` entries (the device count; 0 = any count up

@@ -1651,6 +1651,9 @@ Test(lm_train, bad_values_are_refused_with_the_command_line)
         {{"--steps", "2 "}, "--steps: \"2 \" is not an integer"},
         {{"--lr", " 1e-3"}, "--lr: \" 1e-3\" is not a number"},
         {{"--device-weights", " 1,2"}, "--device-weights: \" 1,2\" is not"},
+        /* past a float (the engine's): refused here, not in setup as "inf" */
+        {{"--lr", "1e39"}, "--lr: 1e39 is past the largest float"},
+        {{"--grad-clip", "1e308"}, "--grad-clip: 1e308 is past the largest float"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const char *const *a = cases[i].args;
