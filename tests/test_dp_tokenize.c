@@ -345,7 +345,10 @@ Test(dp_tokenize, bad_inputs_and_options_fail_cleanly)
     r = RUN("--tokenizer-file", "@none.json", "--out", "@out.bin", "@a.txt");
     assert_failed(&r, "cannot load the tokenizer", "none.json");
     r = RUN("--tokenizer-file", tok_json, "--out", "@out.bin", "--bogus", "@a.txt");
-    assert_failed_with(&r, 2, "unknown option '--bogus'", NULL);
+    assert_failed_with(&r, 2, "unknown option \"--bogus\"", NULL);
+    /* a grouped short option is named itself, not the argument before it */
+    r = RUN("--tokenizer-file", tok_json, "-xyz", "@a.txt");
+    assert_failed_with(&r, 2, "unknown option \"-x\"", NULL);
     r = RUN("--tokenizer-file", tok_json, "--out", "@out.bin");
     assert_failed_with(&r, 2, "no INPUT", NULL);
     r = RUN("--tokenizer-file", tok_json, "--out");
@@ -446,6 +449,34 @@ Test(dp_tokenize, a_full_standard_output_fails_the_run)
     unsigned char *b = dp_test_read_file(in_tmp("out.bin"), &len);
     cr_assert(b && len == 3 && memcmp(b, "old", 3) == 0, "out.bin was replaced");
     free(b);
+    assert_no_temp();
+}
+
+/* A reader that quits (| head) closes standard output: the summary's write
+ * fails with EPIPE and the run exits 1 naming it, nothing written (--help's
+ * statuses); it used to die of SIGPIPE, status 141. */
+Test(dp_tokenize, a_closed_standard_output_fails_the_run)
+{
+    char fifo[300];
+    snprintf(fifo, sizeof fifo, "%s/pipe", tmpdir);
+    cr_assert_eq(mkfifo(fifo, 0600), 0);
+    int reader = open(fifo, O_RDONLY | O_NONBLOCK | O_CLOEXEC); /* the child's open needs it */
+    cr_assert_geq(reader, 0);
+    const char *args[] = {"--tokenizer-file", tok_json, "--out", "@out.bin", "@a.txt"};
+    char *argv[40];
+    size_t argc = dp_test_argv(argv, 40, 0, NULL, DP_TOKENIZE_PATH, NULL, 0, args, 5, tmpdir);
+    char err[300];
+    snprintf(err, sizeof err, "%s/.stderr", tmpdir);
+    pid_t pid = dp_test_spawn(argv, fifo, err);
+    close(reader); /* the reader quits before the summary */
+    result r = dp_test_collect_err(pid, err);
+    dp_test_argv_free(argv, argc);
+    cr_assert(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 1, "status %d; stderr: %s",
+              r.status, r.err);
+    cr_assert(strstr(r.err, "cannot write the summary to standard output: Broken pipe"),
+              "stderr: %s", r.err);
+    dp_test_result_free(&r);
+    cr_assert_neq(access(in_tmp("out.bin"), F_OK), 0, "out.bin was written");
     assert_no_temp();
 }
 
@@ -551,8 +582,9 @@ Test(dp_tokenize, a_signal_removes_the_temporary_file, .timeout = 120)
     dp_test_write_file(in_tmp("big.txt"), text, len);
     free(text);
     dp_test_write_file(in_tmp("out.bin"), "earlier", 7);
-    /* a closed pipe and a file-size limit kill by signal too */
-    const int sigs[] = {SIGINT, SIGTERM, SIGPIPE, SIGXFSZ};
+    /* a file-size limit kills by signal too (a closed pipe does not: SIGPIPE
+     * is ignored, the write fails: a_closed_standard_output_fails_the_run) */
+    const int sigs[] = {SIGINT, SIGTERM, SIGQUIT, SIGXFSZ};
     for (int s = 0; s < 4; s++) {
         const char *args[] = {"--tokenizer-file", tok_json, "--out", "@out.bin", "@big.txt"};
         char *argv[16], err[300];

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "dp_cli.h"
 #include "options.h"
 #include "report.h"
 
@@ -59,9 +60,9 @@ int tok_options_parse(int argc, char **argv, tok_options *o)
         case OPT_OUT: o->out = optarg; break;
         case OPT_SPECIAL: o->allow_special = 1; break;
         case 'h': fputs(USAGE, stdout); return -1;
-        case ':': return tok_fail("%s needs a value (see --help)", argv[optind - 1]);
-        default:
-            return tok_fail("unknown option '%s' (see --help)", argv[optind - 1]);
+        default: /* ':' a missing value, '?' unknown: named from optopt, not the
+                  * argument before (cli_bad_option) */
+            return cli_bad_option(argv, "");
         }
     }
     if (!o->tokenizer_file || !*o->tokenizer_file)
