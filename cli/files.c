@@ -166,6 +166,20 @@ int cli_check_overlaps(const cli_file *files, size_t n)
                                   o->flag);
             }
         }
+    /* An output onto the regular file standard output or error writes
+     * (--log /dev/stdout > run.txt): both would write it, the output's
+     * truncation or rename first. */
+    static const char *const stream[2] = {"standard output", "standard error"};
+    for (int fd = 1; fd <= 2 && !rc; fd++) {
+        struct stat sb;
+        if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) continue;
+        for (size_t i = 0; i < n && !rc; i++)
+            if (files[i].output && files[i].path && id[i].exists && id[i].dev == sb.st_dev &&
+                id[i].ino == sb.st_ino)
+                rc = cli_fail("%s \"%s\" is the file %s goes to: both would write it; give %s "
+                              "another path", files[i].flag, files[i].path, stream[fd - 1],
+                              files[i].flag);
+    }
     for (size_t i = 0; i < n; i++) free(id[i].resolved);
     free(id);
     return rc;

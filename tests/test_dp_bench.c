@@ -1016,6 +1016,28 @@ Test(dp_bench, the_trace_appears_with_the_other_outputs_or_not_at_all, .timeout 
     dp_test_result_free(&r);
 }
 
+/* A gnuplot killed by a signal (a file size limit's SIGXFSZ; here one it
+ * sends itself) is named with the signal, not "no message". */
+Test(dp_bench, a_gnuplot_killed_by_a_signal_is_named, .timeout = 60)
+{
+    char bin[300], fake[320];
+    snprintf(bin, sizeof bin, "%s/bin", tmpdir);
+    cr_assert_eq(mkdir(bin, 0755), 0);
+    snprintf(fake, sizeof fake, "%s/gnuplot", bin);
+    static const char script[] = "#!/bin/sh\n"
+                                 "case \"$*\" in *--version*) echo gnuplot 5.4; exit 0;; esac\n"
+                                 "kill -XFSZ $$\n";
+    dp_test_write_file(fake, script, sizeof script - 1);
+    cr_assert_eq(chmod(fake, 0755), 0);
+    setenv("PATH", bin, 1);
+    dp_test_result r = BENCH("--plot", "@p.png");
+    assert_fails_cleanly(&r, "--plot: gnuplot was killed by signal 25");
+    cr_assert(strstr(r.err, "ulimit -f"), "stderr:\n%s", r.err);
+    const char *const want[] = {"bin"};
+    cr_assert_eq(expect_only(want, 1), 1);
+    dp_test_result_free(&r);
+}
+
 Test(dp_bench, plot_without_gnuplot_fails_before_the_first_step)
 {
     /* No gnuplot in PATH (dp_bench itself is started by its full path). */

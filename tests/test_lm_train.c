@@ -1025,6 +1025,18 @@ Test(lm_train, a_log_another_run_writes_is_refused, .timeout = 60)
     result_free(&b);
 }
 
+/* --log onto the file standard output goes to (--log /dev/stdout > run.txt)
+ * is refused: the log's truncation and rows garbled the progress lines. */
+Test(lm_train, a_log_onto_standard_output_s_file_is_refused)
+{
+    result r = RUN("--steps", "3", "--log", "@stdout.txt");
+    cr_assert(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 1, "status %d; stderr:\n%s",
+              r.status, r.err);
+    cr_assert(strstr(r.err, "is the file standard output goes to"), "stderr:\n%s", r.err);
+    cr_assert_null(strstr(r.out, "step 1"), "it trained:\n%s", r.out);
+    result_free(&r);
+}
+
 /* After --max-skips non-finite steps with nothing saved yet, the message
  * must not claim a checkpoint exists. */
 Test(lm_train, non_finite_stop_without_a_checkpoint_says_so)

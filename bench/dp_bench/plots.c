@@ -6,6 +6,7 @@
 #define _GNU_SOURCE /* mkdtemp */
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -185,8 +186,13 @@ static int render(outputs *out, const char *path, const char *body)
     struct stat sb;
     if (st < 0) {
         rc = cli_fail("--plot: cannot start gnuplot: %s", strerror(errno));
-    } else if (!WIFEXITED(st) || WEXITSTATUS(st) != 0 || stat(pd.out, &sb) != 0 ||
-               sb.st_size == 0) {
+    } else if (WIFSIGNALED(st)) {
+        /* its log holds nothing then: the signal is the reason */
+        int sig = WTERMSIG(st);
+        rc = cli_fail("--plot: gnuplot was killed by signal %d (%s) drawing \"%s\"%s", sig,
+                      strsignal(sig), path,
+                      sig == SIGXFSZ ? "; raise the file size limit (ulimit -f)" : "");
+    } else if (WEXITSTATUS(st) != 0 || stat(pd.out, &sb) != 0 || sb.st_size == 0) {
         char msg[512];
         last_log_line(pd.log, msg, sizeof msg);
         rc = cli_fail("--plot: gnuplot failed drawing \"%s\": %s", path, msg);
