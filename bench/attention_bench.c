@@ -173,7 +173,8 @@ int main(int argc, char **argv)
     }
     dp_device_spec spec;
     size_t nspec = 0;
-    CHECK(dp_device_list_parse(device, &spec, 1, &nspec));
+    /* a bad device list is the command line's (status 2), as the other options */
+    if (dp_device_list_parse(device, &spec, 1, &nspec) != DP_OK) return cli_dp_fail("--device") + 1;
     dp_device *dev = NULL;
     CHECK(dp_device_open(&spec, &dev));
     if (b.bf16) CHECK(dp_device_set_matmul_precision(dev, DP_MATMUL_BF16));

@@ -1666,6 +1666,9 @@ Test(lm_train, bad_values_are_refused_with_the_command_line)
         /* past a float (the engine's): refused here, not in setup as "inf" */
         {{"--lr", "1e39"}, "--lr: 1e39 is past the largest float"},
         {{"--grad-clip", "1e308"}, "--grad-clip: 1e308 is past the largest float"},
+        {{"--tokenizer", "bogus"}, "--tokenizer: "},
+        {{"--prompt-ids", "1,,2"}, "entry 2 is not a token id"},
+        {{"--prompt-ids", "-1"}, "entry 1 is not a token id"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const char *const *a = cases[i].args;

@@ -125,6 +125,7 @@ Test(tools, values_are_parsed_strictly)
                                                    "takes no value"},
         {GEMM_BENCH_PATH, "-q", "1", "gemm_bench: unknown option \"-q\""},
         {ATTENTION_BENCH_PATH, "--bogus", "1", "attention_bench: unknown option \"--bogus\""},
+        {ATTENTION_BENCH_PATH, "--device", "cpu:-1", "attention_bench: --device: "},
     };
     for (size_t i = 0; i < sizeof ex / sizeof ex[0]; i++) {
         dp_test_result r = RUN_TO(ex[i][0], NULL, ex[i][1], ex[i][2]);

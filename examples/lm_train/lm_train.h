@@ -130,6 +130,7 @@ int go_on(run *r, int failed);
 // --- setup (setup.c), data (data.c) -------------------------------------------------------------
 
 int setup(run *r);
+int prompt_ids_parse(const char *text, int32_t *ids, size_t *n);
 int probe_data(run *r, const char **path);
 int load_data(run *r, const char *path);
 int make_samplers(run *r);

@@ -252,6 +252,10 @@ static int check_opts(opts *o)
     size_t nw = 0;
     if (o->device_weights && cli_parse_weights("--device-weights", o->device_weights, k, weights, &nw))
         return 1;
+    dp_tokenizer_kind kind;
+    if (dp_tokenizer_kind_parse(o->tokenizer, &kind) != DP_OK) return cli_dp_fail("--tokenizer");
+    size_t n_ids = 0;
+    if (o->prompt_ids && prompt_ids_parse(o->prompt_ids, NULL, &n_ids)) return 1;
     if (o->memory_limit && cli_parse_memory_limit(o->memory_limit, &o->memory_limit_bytes))
         return 1;
     if (o->beta1 >= 1 || o->beta2 >= 1) return cli_fail("--beta1 and --beta2 must be < 1");

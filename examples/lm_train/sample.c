@@ -62,18 +62,16 @@ static int prepare_text_prompt(run *r)
     return 0;
 }
 
-/* Parses --prompt-ids: decimal ids separated by ',', each below V, into
- * r->prompt_ids. */
-static int parse_prompt_ids(run *r, size_t V)
+/* --prompt-ids's text: decimal ids separated by ',' (each at most
+ * INT32_MAX) into ids[0..*n) when ids is not NULL; *n is their count.
+ * 0, or 1 after a message. The command line's check (options.c) and the
+ * prompt's parse below share it. */
+int prompt_ids_parse(const char *text, int32_t *ids, size_t *n)
 {
-    const char *text = r->o.prompt_ids;
-    size_t n = 1;
-    for (const char *p = text; *p; p++) n += *p == ',';
-    size_t bytes = 0;
-    if (!dp_size_mul(n, sizeof(int32_t), &bytes) || !(r->prompt_ids = malloc(bytes)))
-        return cli_fail("out of host memory for --prompt-ids");
+    size_t count = 1;
+    for (const char *p = text; *p; p++) count += *p == ',';
     const char *p = text;
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < count; i++) {
         const char *end = p;
         unsigned long long id = 0;
         while (*end >= '0' && *end <= '9' && id <= (unsigned long long)INT32_MAX)
@@ -82,12 +80,28 @@ static int parse_prompt_ids(run *r, size_t V)
             return cli_fail("--prompt-ids \"%s\": entry %zu is not a token id; give decimal ids "
                             "separated by commas, e.g. --prompt-ids %d,464", text, i + 1,
                             DP_GPT2_EOT);
-        if (id >= V)
-            return cli_fail("--prompt-ids: id %llu (entry %zu) is outside the model's vocabulary "
-                            "[0, %zu); give ids below %zu (--vocab-size)", id, i + 1, V, V);
-        r->prompt_ids[i] = (int32_t)id;
+        if (ids) ids[i] = (int32_t)id;
         p = end + 1;
     }
+    *n = count;
+    return 0;
+}
+
+/* Parses --prompt-ids into r->prompt_ids, each id below V. */
+static int parse_prompt_ids(run *r, size_t V)
+{
+    const char *text = r->o.prompt_ids;
+    size_t n = 1;
+    for (const char *p = text; *p; p++) n += *p == ',';
+    size_t bytes = 0;
+    if (!dp_size_mul(n, sizeof(int32_t), &bytes) || !(r->prompt_ids = malloc(bytes)))
+        return cli_fail("out of host memory for --prompt-ids");
+    if (prompt_ids_parse(text, r->prompt_ids, &n)) return 1;
+    for (size_t i = 0; i < n; i++)
+        if ((size_t)r->prompt_ids[i] >= V)
+            return cli_fail("--prompt-ids: id %d (entry %zu) is outside the model's vocabulary "
+                            "[0, %zu); give ids below %zu (--vocab-size)", (int)r->prompt_ids[i],
+                            i + 1, V, V);
     r->prompt_len = n;
     return 0;
 }
