@@ -1717,6 +1717,10 @@ static bad_case bad_cases[] = {
     {"lr -1", {"--lr", "-1"}, "--lr", "", 0, 0, 0},
     {"grad-accum past int", {"--grad-accum", "4294967297"}, "--grad-accum", "", 0, 0, 0},
     {"memory-limit 12XB", {"--memory-limit", "12XB"}, "12XB", "", 0, 0, 0},
+    /* --log's path problems named with the fix, as --save's and --trace's */
+    {"log empty", {"--log="}, "--log: the path is empty", "", 0, 0, 0},
+    {"log in a missing directory", {"--log", "@nodir/l.jsonl"}, "does not exist; create it",
+     "", 0, 0, 0},
     {"memory-limit too small", {"--memory-limit", "1KiB"}, "memory limit", "", 0, 0, 0},
     {"resume missing file", {"--resume", "@missing.st"}, "missing.st", "", 0, 0, 0},
     {"resume corrupt file", {"--resume", "@corrupt.st"}, "corrupt.st", "", 0, 0, 0},

@@ -135,6 +135,11 @@ static int check_outputs(const run *r, const char *data)
     const opts *o = &r->o;
     if (o->save && cli_check_output("--save", o->save)) return 1;
     if (o->trace && cli_check_output("--trace", o->trace)) return 1;
+    /* --log that does not exist yet as the others (an empty path, a
+     * missing directory); an existing one is read first (check_log) */
+    struct stat ls;
+    if (o->log && !o->eval_only && stat(o->log, &ls) != 0 && cli_check_output("--log", o->log))
+        return 1;
     char *ex_model = o->export_hf ? export_file(o->export_hf, "model.safetensors") : NULL;
     char *ex_config = o->export_hf ? export_file(o->export_hf, "config.json") : NULL;
     char *in_config = NULL, *tok_merges = NULL;
