@@ -133,6 +133,9 @@ static void setup(void)
     write_file("corpus.txt", text, len);
     /* 300 bytes: a validation split of 30 tokens, shorter than --context 32. */
     write_file("small.txt", text, 300);
+    /* the corpus and a character it lacks: another char vocabulary */
+    text[len - 1] = '~';
+    write_file("other.txt", text, len);
     free(text);
 }
 
@@ -1724,6 +1727,8 @@ static bad_case bad_cases[] = {
     {"memory-limit too small", {"--memory-limit", "1KiB"}, "memory limit", "", 0, 0, 0},
     {"resume missing file", {"--resume", "@missing.st"}, "missing.st", "", 0, 0, 0},
     {"resume corrupt file", {"--resume", "@corrupt.st"}, "corrupt.st", "", 0, 0, 0},
+    {"resume on other text", {"--resume", "@good.st", "--data", "@other.txt"},
+     "tokenizer was built from other text", "", 1, 0, 0},
     {"resume with conflicting --dim", {"--resume", "@good.st", "--dim", "32"}, "differs", "", 1,
      0, 0},
     {"resume with conflicting --heads", {"--resume", "@good.st", "--heads", "4"}, "differs", "",

@@ -81,6 +81,10 @@ static int load_text(run *r, const char *path)
     }
     dp_status s = dp_token_data_from_text(r->tok, text, len, &r->data);
     free(text);
+    if (s == DP_ERR_INVALID_ARGUMENT && o->resume) /* the checkpoint's vocabulary */
+        return cli_fail("--data: %s; the checkpoint's tokenizer was built from other text: resume "
+                        "with the run's own --data (or start a new run on this one)",
+                        dp_last_error());
     if (s != DP_OK) return cli_dp_fail("--data");
     printf("data: %s (%zu file%s, %zu tokens: %zu train, %zu validation), %s tokenizer, vocab %zu\n",
            path, files, files == 1 ? "" : "s", dp_token_data_total(r->data),
