@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdint.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -30,6 +31,10 @@ static dp_status append_file(const char *path, char **buf, size_t *len, size_t *
 {
     FILE *fp = fopen(path, "rb");
     if (!fp) return DP_FAIL(DP_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
+    /* its size as opened: a file cut or grown while it is read is refused,
+     * not trained on in part (a size of 0 says nothing: /proc's files) */
+    struct stat sb;
+    int sized = fstat(fileno(fp), &sb) == 0 && S_ISREG(sb.st_mode);
     size_t start = *len;
     for (;;) {
         if (*cap - *len < 65536) {
@@ -67,6 +72,12 @@ static dp_status append_file(const char *path, char **buf, size_t *len, size_t *
         return DP_FAIL(DP_ERR_IO, "reading '%s' failed: %s", path, strerror(e));
     }
     *got = *len - start;
+    if (sized && sb.st_size > 0 && (uintmax_t)*got != (uintmax_t)sb.st_size) {
+        *len = start;
+        return DP_FAIL(DP_ERR_IO, "'%s' changed while it was read (%jd bytes when opened, %zu "
+                       "read): the data must not change during a run; run again once it is "
+                       "complete", path, (intmax_t)sb.st_size, *got);
+    }
     return DP_OK;
 }
 
