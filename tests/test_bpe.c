@@ -555,7 +555,7 @@ Test(bpe, unsupported_settings_are_refused)
     refused(save_json(j, "lstrip.json"), DP_ERR_UNSUPPORTED, "lstrip", NULL);
 }
 
-/* "model" is a token of GPT-2's encoder.json (id 19849): an integer there
+/* "model" may be a token of an encoder.json (an English word): an integer there
  * still means encoder.json; only tokenizer.json's "model" is an object.
  * And a tokenizer.json named as the encoder of a vocab.bpe says so. */
 Test(bpe, a_model_token_does_not_make_an_encoder_a_tokenizer_json)

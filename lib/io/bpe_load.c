@@ -261,7 +261,7 @@ static dp_status load_openai_json(const char *enc_path, json_t *vocab, const cha
 }
 
 /* tokenizers' tokenizer.json has a "model" object; in OpenAI's
- * encoder.json "model" is a token (GPT-2's id 19849) with an integer. */
+ * encoder.json "model" may be a token (an English word), with an integer. */
 static int is_hf_tokenizer(const json_t *root)
 {
     return json_is_object(json_object_get(root, "model"));
