@@ -1,7 +1,7 @@
 /*
  * cli/cli_internal.h - what the files of the dp_cli library share and
- * the programs do not call: the rank messages name, and printing a line
- * with the program's prefix.
+ * the programs do not call: the rank messages name, printing a line with
+ * the program's prefix, and the compute options' parser.
  */
 #ifndef DP_CLI_INTERNAL_H
 #define DP_CLI_INTERNAL_H
@@ -11,5 +11,12 @@ void cli_set_rank(int rank);
 
 /* Prints "<program>: [rank r: ]<text>" as one line on stderr. */
 void cli_print_line(const char *text);
+
+struct cli_compute;
+
+/* One of CLI_COMPUTE_LONGOPTS's codes with its value into *cp (compute.c):
+ * 0, 1 after a message, or CLI_NOT_MINE for another code. */
+int cli_compute_option(int c, const char *v, char **argv, struct cli_compute *cp,
+                       int name_no_value);
 
 #endif /* DP_CLI_INTERNAL_H */

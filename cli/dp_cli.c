@@ -1,7 +1,8 @@
 /*
  * cli/dp_cli.c - the command-line helpers of cli/dp_cli.h: one-line
  * errors prefixed with the program's name, strict number and option-value
- * parsing for getopt_long, the options as given (normalised, so the ranks
+ * parsing for getopt_long (the GPT's compute options: compute.c), the
+ * options as given (normalised, so the ranks
  * can compare them), and a monotonic clock. This file owns the state the
  * programs share: the name messages start with, the rank they name,
  * whether they are printed, the last one, and the options last parsed.
@@ -215,199 +216,6 @@ int cli_parse_watchdog(const char *v, double *out)
     return 0;
 }
 
-// --- how the GPT computes -----------------------------------------------------------
-
-/* --logits-chunk: auto = 0, whole = DP_LOGITS_WHOLE, else a row count >= 1
- * in decimal digits (no sign, no spaces). */
-static int cli_parse_logits_chunk(const char *v, size_t *out)
-{
-    if (strcmp(v, "auto") == 0) {
-        *out = 0;
-        return 0;
-    }
-    if (strcmp(v, "whole") == 0) {
-        *out = DP_LOGITS_WHOLE;
-        return 0;
-    }
-    /* strtoull would take "-3" (as its negation) and leading spaces. */
-    char *end = NULL;
-    errno = 0;
-    unsigned long long x = v[0] >= '0' && v[0] <= '9' ? strtoull(v, &end, 10) : 0;
-    if (!end || *end || x == 0)
-        return cli_fail("--logits-chunk: \"%s\" is not a positive row count, auto or whole "
-                        "(e.g. --logits-chunk 1024)", v);
-    const unsigned long long cap = (unsigned long long)LLONG_MAX < (unsigned long long)SIZE_MAX - 1
-                                       ? (unsigned long long)LLONG_MAX
-                                       : (unsigned long long)SIZE_MAX - 1;
-    if (errno == ERANGE || x > cap)
-        return cli_fail("--logits-chunk: %s rows is too many (at most %llu); use whole for "
-                        "unchunked logits", v, cap);
-    *out = (size_t)x;
-    return 0;
-}
-
-/* --bucket-mb: off = DP_BUCKET_OFF, else MiB (PyTorch DDP's
- * bucket_cap_mb) > 0 and at most 1 TiB, as bytes (at least one float). */
-static int cli_parse_bucket_mb(const char *v, size_t *out)
-{
-    if (strcmp(v, "off") == 0) {
-        *out = DP_BUCKET_OFF;
-        return 0;
-    }
-    char *end = NULL;
-    errno = 0;
-    double mb = (v[0] >= '0' && v[0] <= '9') || v[0] == '.' ? strtod(v, &end) : 0.0;
-    if (!end || *end || !(mb > 0.0) || errno == ERANGE)
-        return cli_fail("--bucket-mb: \"%s\" is not a positive size in MiB or off (the pieces "
-                        "the reduce-scatter sums while the backward runs; e.g. --bucket-mb 4)",
-                        v);
-    if (mb > 1048576.0)
-        return cli_fail("--bucket-mb: %s MiB is too large (at most 1048576); use off for no "
-                        "overlap", v);
-    double bytes = mb * 1048576.0;
-    *out = bytes < (double)sizeof(float) ? sizeof(float) : (size_t)bytes;
-    return 0;
-}
-
-static int cli_parse_precision(const char *v, int *bf16)
-{
-    if (strcmp(v, "fp32") == 0 || strcmp(v, "bf16") == 0) {
-        *bf16 = v[0] == 'b';
-        return 0;
-    }
-    return cli_fail("--precision: \"%s\" is not fp32 or bf16 (bf16: bfloat16 replicas and "
-                    "GEMMs, float32 master weights and optimizer)", v);
-}
-
-const char *cli_recompute_name(int what)
-{
-    static const char *const names[] = {"none", "attention", "gelu", "all"};
-    return names[what & 3];
-}
-
-static const char *cli_recompute_words(int what)
-{
-    static const char *const words[] = {"nothing", "attention", "GELU", "attention and GELU"};
-    return words[what & 3];
-}
-
-static int cli_parse_recompute(const char *v, int *what)
-{
-    for (int i = 0; i < 4; i++)
-        if (strcmp(v, cli_recompute_name(i)) == 0) {
-            *what = i;
-            return 0;
-        }
-    return cli_fail("--recompute: \"%s\" is not none, attention, gelu or all (what the "
-                    "backward recomputes instead of keeping: the attention probabilities, the "
-                    "GELU output, or both)", v);
-}
-
-static int cli_parse_attention(const char *v, int *chunked, int *fused)
-{
-    if (strcmp(v, "whole") == 0 || strcmp(v, "chunked") == 0 || strcmp(v, "fused") == 0) {
-        *chunked = v[0] == 'c';
-        *fused = v[0] == 'f';
-        return 0;
-    }
-    return cli_fail("--attention: \"%s\" is not whole, chunked or fused (chunked: the attention "
-                    "is formed %d queries at a time, so no (T,T) probabilities exist; fused: "
-                    "one kernel, no probabilities in memory at all, for GPUs)",
-                    v, DP_GPT_ATTENTION_CHUNK);
-}
-
-/* --vocab-pad: auto = 0, else 1..CLI_VOCAB_PAD_MAX (1: none). */
-static int cli_parse_vocab_pad(const char *v, long *out)
-{
-    if (strcmp(v, "auto") == 0) {
-        *out = 0;
-        return 0;
-    }
-    char *end = NULL;
-    errno = 0;
-    long x = v[0] >= '0' && v[0] <= '9' ? strtol(v, &end, 10) : -1;
-    if (!end || *end || x < 0)
-        return cli_fail("--vocab-pad: \"%s\" is not a whole number or auto (pad the vocabulary "
-                        "inside the model to a multiple of N, e.g. --vocab-pad 64; 1: none)", v);
-    if (x == 0)
-        return cli_fail("--vocab-pad 0 pads to a multiple of nothing: give 1 for no padding, a "
-                        "multiple such as 64 or 128, or auto (%d on GPUs, none on CPUs)",
-                        CLI_VOCAB_PAD_GPU);
-    if (errno == ERANGE || x > CLI_VOCAB_PAD_MAX)
-        return cli_fail("--vocab-pad %s is too large (at most %d): 64 or 128 already align the "
-                        "LM head's GEMM, a larger pad only adds zero rows; give 64", v,
-                        CLI_VOCAB_PAD_MAX);
-    *out = x;
-    return 0;
-}
-
-size_t cli_vocab_pad(const cli_compute *cp, const dp_device_spec *specs, size_t k)
-{
-    if (cp->vocab_pad > 0) return (size_t)cp->vocab_pad;
-    for (size_t i = 0; i < k; i++)
-        if (specs[i].kind == DP_DEVICE_CUDA) return CLI_VOCAB_PAD_GPU;
-    return 1;
-}
-
-/* One of CLI_COMPUTE_LONGOPTS into *cp, else the message for what
- * getopt_long returned instead of an option. */
-static int compute_option(int c, const char *v, char **argv, cli_compute *cp, int name_no_value)
-{
-    switch (c) {
-    case CLI_O_PRECISION: return cli_parse_precision(v, &cp->bf16);
-    case CLI_O_RECOMPUTE: return cli_parse_recompute(v, &cp->recompute);
-    case CLI_O_ATTENTION: return cli_parse_attention(v, &cp->chunked_att, &cp->fused_att);
-    case CLI_O_ATTENTION_CHUNK:
-        return cli_parse_long("--attention-chunk", v, 1, INT_MAX, &cp->att_chunk);
-    case CLI_O_LOGITS_CHUNK: return cli_parse_logits_chunk(v, &cp->logits_chunk);
-    case CLI_O_BUCKET_MB: return cli_parse_bucket_mb(v, &cp->bucket_bytes);
-    case CLI_O_VOCAB_PAD: return cli_parse_vocab_pad(v, &cp->vocab_pad);
-    }
-    /* without name_no_value, a known option given a value it does not
-     * take is named as unknown */
-    if (!name_no_value && c != ':' && strncmp(argv[optind - 1], "--", 2) == 0)
-        return cli_fail("unknown option \"%s\" (see --help)", argv[optind - 1]);
-    cli_bad_option(argv, ""); /* there are no short options */
-    return 1;
-}
-
-int cli_check_attention_chunk(const cli_compute *cp)
-{
-    if (cp->att_chunk && !cp->chunked_att)
-        return cli_fail("--attention-chunk %ld needs --attention chunked (it sets the queries per "
-                        "chunk of the chunked attention)", cp->att_chunk);
-    return 0;
-}
-
-int cli_check_tf32(const cli_compute *cp, int tf32)
-{
-    if (cp->bf16 && tf32)
-        return cli_fail("--tf32 with --precision bf16: bf16 GEMMs round further than TF32; "
-                        "drop one");
-    return 0;
-}
-
-long cli_attention_chunk(const cli_compute *cp)
-{
-    return cp->att_chunk ? cp->att_chunk : (long)DP_GPT_ATTENTION_CHUNK;
-}
-
-void cli_print_compute(const cli_compute *cp)
-{
-    if (cp->bf16) printf(", bf16 (float32 masters)");
-    if (cp->recompute) printf(", %s recomputed", cli_recompute_words(cp->recompute));
-    if (cp->chunked_att) printf(", attention in chunks of %ld queries", cli_attention_chunk(cp));
-    if (cp->fused_att) printf(", attention fused");
-}
-
-unsigned cli_gpt_flags(const cli_compute *cp)
-{
-    return (cp->bf16 ? DP_GPT_BF16_ACT : 0u) | (cp->chunked_att ? DP_GPT_CHUNKED_ATTENTION : 0u) |
-           (cp->fused_att ? DP_GPT_FUSED_ATTENTION : 0u) |
-           ((cp->recompute & CLI_RECOMPUTE_ATTENTION) ? DP_GPT_RECOMPUTE_ATTENTION : 0u) |
-           ((cp->recompute & CLI_RECOMPUTE_GELU) ? DP_GPT_RECOMPUTE_GELU : 0u);
-}
-
 // --- the command line -----------------------------------------------------------------
 
 /* The options last parsed, normalised (cli_options_text). */
@@ -479,7 +287,7 @@ int cli_parse_options(int argc, char **argv, const struct option *longopts, int 
             last[i] = optarg;
         }
         rc = c == ':' || c == '?' ? CLI_NOT_MINE : handle(ctx, c, optarg);
-        if (rc == CLI_NOT_MINE) rc = compute_option(c, optarg, argv, cp, name_no_value);
+        if (rc == CLI_NOT_MINE) rc = cli_compute_option(c, optarg, argv, cp, name_no_value);
     }
     if (build_text(longopts, n_opts, last, seen) && !rc)
         rc = cli_fail("out of host memory parsing the command line");
