@@ -953,24 +953,33 @@ Test(dp_bench, device_weights_token_balanced_and_trace)
     dp_test_result_free(&r);
 }
 
+/* A stand-in gnuplot in tmpdir/bin, alone on PATH: it answers --version
+ * as gnuplot 5.4, and otherwise runs body (shell lines). */
+static void fake_gnuplot(const char *body)
+{
+    char bin[300], fake[320];
+    snprintf(bin, sizeof bin, "%s/bin", tmpdir);
+    cr_assert_eq(mkdir(bin, 0755), 0);
+    snprintf(fake, sizeof fake, "%s/gnuplot", bin);
+    char script[1024];
+    int n = snprintf(script, sizeof script,
+                     "#!/bin/sh\n"
+                     "case \"$*\" in *--version*) echo gnuplot 5.4; exit 0;; esac\n%s", body);
+    cr_assert(n > 0 && (size_t)n < sizeof script);
+    dp_test_write_file(fake, script, (size_t)n);
+    cr_assert_eq(chmod(fake, 0755), 0);
+    setenv("PATH", bin, 1);
+}
+
 /* A fatal signal while the outputs are staged (here from a gnuplot that
  * signals dp_bench as it draws) removes the staged --json and --csv
  * files and gnuplot's private directory, and says so. */
 Test(dp_bench, a_signal_while_plotting_leaves_no_staged_file, .timeout = 60)
 {
-    char bin[300], tmp[300], fake[320];
-    snprintf(bin, sizeof bin, "%s/bin", tmpdir);
+    char tmp[300];
     snprintf(tmp, sizeof tmp, "%s/tmp", tmpdir);
-    cr_assert_eq(mkdir(bin, 0755), 0);
     cr_assert_eq(mkdir(tmp, 0755), 0);
-    snprintf(fake, sizeof fake, "%s/gnuplot", bin);
-    static const char script[] = "#!/bin/sh\n"
-                                 "case \"$*\" in *--version*) echo gnuplot 5.4; exit 0;; esac\n"
-                                 "kill -INT $PPID\n"
-                                 "exit 1\n";
-    dp_test_write_file(fake, script, sizeof script - 1);
-    cr_assert_eq(chmod(fake, 0755), 0);
-    setenv("PATH", bin, 1);
+    fake_gnuplot("kill -INT $PPID\nexit 1\n");
     setenv("TMPDIR", tmp, 1);
     dp_test_result r = BENCH("--json", "@s.json", "--csv", "@s.csv", "--plot", "@s.png");
     cr_assert(WIFSIGNALED(r.status) && WTERMSIG(r.status) == SIGINT, "status %d; stderr:\n%s",
@@ -993,18 +1002,9 @@ Test(dp_bench, a_signal_while_plotting_leaves_no_staged_file, .timeout = 60)
  * written by itself before the others were renamed, and stayed. */
 Test(dp_bench, the_trace_appears_with_the_other_outputs_or_not_at_all, .timeout = 60)
 {
-    char bin[300], fake[320], json[300];
-    snprintf(bin, sizeof bin, "%s/bin", tmpdir);
-    cr_assert_eq(mkdir(bin, 0755), 0);
-    snprintf(fake, sizeof fake, "%s/gnuplot", bin);
+    char json[300];
     snprintf(json, sizeof json, "%s/s.json", tmpdir);
-    static const char script[] = "#!/bin/sh\n"
-                                 "case \"$*\" in *--version*) echo gnuplot 5.4; exit 0;; esac\n"
-                                 "/bin/mkdir \"$DP_TEST_BLOCKED\"\n"
-                                 "printf '<svg></svg>\\n' > plot.svg\n";
-    dp_test_write_file(fake, script, sizeof script - 1);
-    cr_assert_eq(chmod(fake, 0755), 0);
-    setenv("PATH", bin, 1);
+    fake_gnuplot("/bin/mkdir \"$DP_TEST_BLOCKED\"\nprintf '<svg></svg>\\n' > plot.svg\n");
     setenv("DP_TEST_BLOCKED", json, 1);
     dp_test_result r = BENCH("--json", "@s.json", "--plot", "@s.svg", "--trace", "@t.json");
     unsetenv("DP_TEST_BLOCKED");
@@ -1020,16 +1020,7 @@ Test(dp_bench, the_trace_appears_with_the_other_outputs_or_not_at_all, .timeout 
  * sends itself) is named with the signal, not "no message". */
 Test(dp_bench, a_gnuplot_killed_by_a_signal_is_named, .timeout = 60)
 {
-    char bin[300], fake[320];
-    snprintf(bin, sizeof bin, "%s/bin", tmpdir);
-    cr_assert_eq(mkdir(bin, 0755), 0);
-    snprintf(fake, sizeof fake, "%s/gnuplot", bin);
-    static const char script[] = "#!/bin/sh\n"
-                                 "case \"$*\" in *--version*) echo gnuplot 5.4; exit 0;; esac\n"
-                                 "kill -XFSZ $$\n";
-    dp_test_write_file(fake, script, sizeof script - 1);
-    cr_assert_eq(chmod(fake, 0755), 0);
-    setenv("PATH", bin, 1);
+    fake_gnuplot("kill -XFSZ $$\n");
     dp_test_result r = BENCH("--plot", "@p.png");
     assert_fails_cleanly(&r, "--plot: gnuplot was killed by signal 25");
     cr_assert(strstr(r.err, "ulimit -f"), "stderr:\n%s", r.err);

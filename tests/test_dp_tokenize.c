@@ -462,7 +462,10 @@ Test(dp_tokenize, a_closed_standard_output_fails_the_run)
     cr_assert_eq(mkfifo(fifo, 0600), 0);
     int reader = open(fifo, O_RDONLY | O_NONBLOCK | O_CLOEXEC); /* the child's open needs it */
     cr_assert_geq(reader, 0);
-    const char *args[] = {"--tokenizer-file", tok_json, "--out", "@out.bin", "@a.txt"};
+    /* 3 MiB to encode: the summary comes long after the reader quit */
+    size_t len;
+    write_large(in_tmp("large.txt"), &len);
+    const char *args[] = {"--tokenizer-file", tok_json, "--out", "@out.bin", "@large.txt"};
     char *argv[40];
     size_t argc = dp_test_argv(argv, 40, 0, NULL, DP_TOKENIZE_PATH, NULL, 0, args, 5, tmpdir);
     char err[300];

@@ -33,6 +33,9 @@ typedef struct opts {
     const char *tokenizer_file, *prompt_ids; /* token data: decoding samples, the prompt's ids */
     const char *memory_limit, *device_weights;
     size_t memory_limit_bytes; /* --memory-limit read (0: none given) */
+    dp_device_spec specs[DP_MAX_DEVICES]; /* --devices read: this rank's devices */
+    size_t n_specs;
+    float weights[DP_MAX_DEVICES]; /* --device-weights read (when given) */
     long vocab_size, layers, heads, dim, context, batch_size, grad_accum, max_tokens;
     long steps, warmup, lr_decay_steps, eval_interval, eval_iters, save_interval, sample, top_k;
     long max_skips, check_replicas;
@@ -81,7 +84,6 @@ typedef struct run {
     int32_t *prompt_ids;       /* sample.c: the sampling prompt, prompt_len tokens */
     size_t prompt_len;         /* sample.c */
     char *prompt_text;         /* sample.c: what the prompt prints as */
-    float weights[DP_MAX_DEVICES]; /* setup.c: --device-weights */
     size_t n_params;           /* setup.c */
     long step;                 /* setup.c: the checkpoint's; train.c: each step */
     long saved_step;           /* checkpoint.c: step of this run's last checkpoint, -1 = none */

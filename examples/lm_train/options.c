@@ -245,13 +245,11 @@ static int check_opts(opts *o)
     /* Refused as a command line (status 2), before anything loads. */
     if (strcmp(o->mode, "balanced") != 0 && strcmp(o->mode, "gather") != 0)
         return cli_fail("--mode: \"%s\" is not balanced or gather", o->mode);
-    dp_device_spec specs[DP_MAX_DEVICES];
-    size_t k = 0;
-    if (dp_device_list_parse(o->devices, specs, DP_MAX_DEVICES, &k) != DP_OK)
+    if (dp_device_list_parse(o->devices, o->specs, DP_MAX_DEVICES, &o->n_specs) != DP_OK)
         return cli_dp_fail("--devices");
-    float weights[DP_MAX_DEVICES];
     size_t nw = 0;
-    if (o->device_weights && cli_parse_weights("--device-weights", o->device_weights, k, weights, &nw))
+    if (o->device_weights &&
+        cli_parse_weights("--device-weights", o->device_weights, o->n_specs, o->weights, &nw))
         return 1;
     dp_tokenizer_kind kind;
     if (dp_tokenizer_kind_parse(o->tokenizer, &kind) != DP_OK) return cli_dp_fail("--tokenizer");

@@ -91,9 +91,8 @@ int prompt_ids_parse(const char *text, int32_t *ids, size_t *n)
 static int parse_prompt_ids(run *r, size_t V)
 {
     const char *text = r->o.prompt_ids;
-    size_t n = 1;
-    for (const char *p = text; *p; p++) n += *p == ',';
-    size_t bytes = 0;
+    size_t n = 0, bytes = 0;
+    if (prompt_ids_parse(text, NULL, &n)) return 1; /* the count, to allocate */
     if (!dp_size_mul(n, sizeof(int32_t), &bytes) || !(r->prompt_ids = malloc(bytes)))
         return cli_fail("out of host memory for --prompt-ids");
     if (prompt_ids_parse(text, r->prompt_ids, &n)) return 1;

@@ -192,18 +192,14 @@ static int load(run *r)
 static int configure(run *r, dp_device_spec *specs, size_t *kp, dp_engine_config *ecp)
 {
     const opts *o = &r->o;
-    size_t k = 0;
-    if (dp_device_list_parse(o->devices, specs, DP_MAX_DEVICES, &k) != DP_OK) return cli_dp_fail("--devices");
+    /* --devices, --device-weights and --mode were read with the command line */
+    size_t k = o->n_specs;
+    memcpy(specs, o->specs, k * sizeof *specs);
     *kp = k;
     explain_auto(o, specs, k);
     dp_engine_config ec = dp_engine_config_default();
-    /* --mode was checked with the command line */
     ec.mode = strcmp(o->mode, "gather") == 0 ? DP_MODE_GATHER : DP_MODE_BALANCED;
-    if (o->device_weights) {
-        size_t nw = 0;
-        if (cli_parse_weights("--device-weights", o->device_weights, k, r->weights, &nw)) return 1;
-        ec.device_weights = r->weights;
-    }
+    if (o->device_weights) ec.device_weights = o->weights;
     ec.token_balanced = o->token_balanced;
     ec.optim.lr = (float)o->lr;
     ec.optim.beta1 = (float)o->beta1;

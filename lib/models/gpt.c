@@ -78,24 +78,27 @@ static dp_status gpt_init(void *ctx, float *params, uint64_t seed)
     return DP_OK;
 }
 
+size_t gpt_first_bad_id(const dp_gpt *gpt, const int32_t *ids, size_t n)
+{
+    size_t V = gpt->cfg.vocab_size;
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] < 0 || (size_t)ids[i] >= V) return i;
+    return n;
+}
+
 static dp_status gpt_validate_inputs(void *ctx, const void *inputs, size_t rows)
 {
     const dp_gpt *g = ((const gpt_variant *)ctx)->g;
     const int32_t *tok = inputs;
     size_t T = g->cfg.block_size, V = g->cfg.vocab_size;
     if (!tok && rows) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "gpt inputs must not be NULL");
-    for (size_t r = 0; r < rows; r++)
-        for (size_t t = 0; t < T; t++) {
-            int32_t id = tok[r * T + t];
-            if (id < 0 || (size_t)id >= V)
-                return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
-                               "token id %d at row %zu, position %zu is outside the vocabulary "
-                               "[0, %zu); encode the text with a tokenizer whose vocabulary "
-                               "fits the model's vocab_size (or build the model with a larger "
-                               "vocab_size)",
-                               (int)id, r, t, V);
-        }
-    return DP_OK;
+    size_t bad = gpt_first_bad_id(g, tok, rows * T);
+    if (bad == rows * T) return DP_OK;
+    return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
+                   "token id %d at row %zu, position %zu is outside the vocabulary [0, %zu); "
+                   "encode the text with a tokenizer whose vocabulary fits the model's "
+                   "vocab_size (or build the model with a larger vocab_size)",
+                   (int)tok[bad], bad / T, bad % T, V);
 }
 
 /*

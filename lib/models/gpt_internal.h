@@ -276,4 +276,9 @@ dp_status gpt_pass_body_backward(const dp_gpt *gpt, dp_device *dev, wview params
                             const int32_t *tokens, size_t B, size_t T, float *ws,
                             const carve *cv, const float *dlnf, const dp_chunk *chunk);
 
+/* The index of the first of ids[0..n) outside [0, V) of gpt's vocabulary,
+ * or n when all are in it (gpt.c): the engine's batch check and the
+ * direct passes' share it. */
+size_t gpt_first_bad_id(const dp_gpt *gpt, const int32_t *ids, size_t n);
+
 #endif /* DP_MODELS_GPT_INTERNAL_H */

@@ -291,9 +291,7 @@ static dp_status check_tokens(const char *fn, const dp_gpt *gpt, dp_device *dev,
         }
         ids = host;
     }
-    size_t V = gpt->cfg.vocab_size, bad = n;
-    for (size_t i = 0; i < n && bad == n; i++)
-        if (ids[i] < 0 || (size_t)ids[i] >= V) bad = i;
+    size_t V = gpt->cfg.vocab_size, bad = gpt_first_bad_id(gpt, ids, n);
     int32_t id = bad < n ? ids[bad] : 0;
     free(host);
     if (bad == n) return DP_OK;
