@@ -15,9 +15,9 @@ s="$out/summary.txt"
 [ -f "$s" ] || { echo "no summary at $s"; exit 1; }
 fail=0
 want() { grep -qE "$1" "$s" || { echo "missing: $1"; fail=1; }; }
-runs=("bf16 chunked B8" "bf16 fused B8" "bf16 fused no-tensor-cores B8"
+runs=("bf16 chunked B8" "bf16 fused B8" "bf16 fused cudnn B8" "bf16 fused no-tensor-cores B8"
     "bf16 fused no-16-byte-elementwise B8" "bf16 fused V1000 B8"
-    "bf16 fused B16" "bf16 fused B32" "bf16 fused B64" "bf16 fused B16 on cpu:2"
+    "bf16 fused B16" "bf16 fused B32" "bf16 fused B64" "bf16 fused cudnn B64" "bf16 fused B16 on cpu:2"
     "bf16 fused recompute-gelu B8" "bf16 fused recompute-gelu B16"
     "bf16 fused V1000-padded B8" "bf16 fused logits-chunk 8192 B8" "bf16 fused no-cuBLASLt B8"
     "bf16 chunked B16" "bf16 chunked B32" "bf16 chunked B64"

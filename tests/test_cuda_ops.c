@@ -34,6 +34,7 @@
 
 #include "backend/backend.h"
 #include "backend/device_testing.h"
+#include "core/module.h"
 #include "dp/optim.h"
 #include "nn/nn_act16.h"
 #include "optim/adamw_segments.h"
@@ -1953,8 +1954,9 @@ static void fused_attention_run(dp_device *d, size_t B, size_t T, size_t C, size
 /* A bfloat16 run of head size 64 held to flash_tc_bound.h: q, k, v are
  * qkv rounded and permuted to (3, B, NH, T, hs), D the one the backward
  * computed. */
-static void fused_attention_bound(const float *qkv, const float *dout, float **res, size_t B,
-                                  size_t T, size_t C, size_t NH, const char *dev)
+static void fused_attention_bound_slack(const float *qkv, const float *dout, float **res,
+                                        size_t B, size_t T, size_t C, size_t NH,
+                                        const char *dev, double slack)
 {
     size_t hs = C / NH, BNH = B * NH;
     float *qkvr = malloc(B * T * 3 * C * sizeof(float));
@@ -1966,15 +1968,21 @@ static void fused_attention_bound(const float *qkv, const float *dout, float **r
                     qkvr[dp_flash_qkvr_row(part, (b * NH + c / hs) * T + t, BNH, T, hs) +
                          c % hs] = dp_bf16_widen(dp_bf16_round(qkv[(b * T + t) * 3 * C +
                                                                  part * C + c]));
-    flash_tc_in in = {B, T, NH, hs, qkvr, dout, res[3]};
+    flash_tc_in in = {B, T, NH, hs, qkvr, dout, res[3], slack};
     flash_tc_worst w = flash_tc_check(&in, res[0], res[1], res[2]);
-    cr_log_info("%s bf16 hs 64 against float64: worst err/bound out %.3f lse %.3f dq %.3f "
-                "dk %.3f dv %.3f", dev, w.out, w.lse, w.dq, w.dk, w.dv);
+    cr_log_info("%s bf16 hs %zu against float64: worst err/bound out %.3f lse %.3f dq %.3f "
+                "dk %.3f dv %.3f", dev, hs, w.out, w.lse, w.dq, w.dk, w.dv);
     cr_expect(w.out <= 1.0 && w.lse <= 1.0 && w.dq <= 1.0 && w.dk <= 1.0 && w.dv <= 1.0,
               "%s: the bf16 fused attention is past its bounds (err/bound out %.3g lse %.3g "
               "dq %.3g dk %.3g dv %.3g)", dev, w.out, w.lse, w.dq, w.dk, w.dv);
     cr_expect(w.biggest > 1e-3, "%s: the gradients are all near zero", dev);
     free(qkvr);
+}
+
+static void fused_attention_bound(const float *qkv, const float *dout, float **res, size_t B,
+                                  size_t T, size_t C, size_t NH, const char *dev)
+{
+    fused_attention_bound_slack(qkv, dout, res, B, T, C, NH, dev, 0.0);
 }
 
 Test(cuda_ops, fused_attention_matches_cpu, .timeout = 120)
@@ -2019,6 +2027,70 @@ Test(cuda_ops, fused_attention_matches_cpu, .timeout = 120)
         free(qkv);
         free(dout);
     }
+}
+
+/*
+ * cuDNN's fused attention (DP_CUDA_CUDNN=1: backend/cuda/cuda_sdpa.c)
+ * against float64, held to flash_tc_bound.h's bound with the slack its
+ * bfloat16 outputs and its own D need (6u, derived there), at head sizes
+ * 64 (GPT-2's) and 128, T past cuDNN's 64- and 128-row tiles and not a
+ * multiple of them, and T = 1. cuDNN computes D itself (the API's delta
+ * is not written), so the reference's D is dO . O from the same out the
+ * backward was given. Its backward is the deterministic algorithm: the
+ * same bits twice. Skips, naming the reason, where the module or cuDNN
+ * is missing (gpu-check finds libcudnn.so.9 in PyTorch's wheel).
+ */
+Test(cuda_ops, cudnn_attention_matches_float64, .timeout = 120)
+{
+    REQUIRE_GPU();
+    if (as_cpu()) cr_skip_test("cuDNN runs on GPUs only");
+    const void *table = NULL;
+    if (dp_module_load(DP_MODULE_CUDNN, &table) != DP_OK)
+        cr_skip_test("no cuDNN attention here: %s", dp_last_error());
+    setenv("DP_CUDA_CUDNN", "1", 1); /* read when a device opens */
+    const size_t shapes[][4] = {{2, 100, 128, 2}, {3, 130, 64, 1}, {1, 200, 256, 2},
+                                {1, 1, 128, 2}};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        size_t B = shapes[si][0], T = shapes[si][1], C = shapes[si][2], NH = shapes[si][3];
+        size_t no = B * T * C, nr = B * NH * T, nq = 3 * no, hs = C / NH;
+        float *qkv = rnd_normal(70 + si, nq, 0.0f, 1.5f), *dout = rnd_normal(80 + si, no, 0.0f, 1.0f);
+        FOR_TARGETS(g)
+        {
+            dp_device *d = open_target(g);
+            float *res[4], *again[4];
+            fused_attention_run(d, B, T, C, NH, 1, qkv, dout, NULL, res, 0);
+            uint16_t *o16 = malloc(no * sizeof *o16);
+            cr_assert(o16);
+            for (size_t e = 0; e < no; e++) {
+                o16[e] = dp_bf16_round(res[0][e]);
+                cr_assert(dp_bf16_widen(o16[e]) == res[0][e] || res[0][e] != res[0][e],
+                          "out[%zu] = %g is not a bfloat16 value: cuDNN did not run", e,
+                          res[0][e]);
+            }
+            fused_attention_run(d, B, T, C, NH, 1, qkv, dout, o16, again, 0);
+            for (size_t r = 0; r < nr; r++) { /* D_r = dO_r . O_r, as cuDNN takes them */
+                size_t row = dp_flash_tok_row(r, T, NH, hs, 1, 0);
+                double D = 0.0;
+                for (size_t e = 0; e < hs; e++)
+                    D += (double)dout[row + e] * dp_bf16_widen(o16[row + e]);
+                res[3][r] = (float)D;
+            }
+            cr_log_info("%s cuDNN B=%zu T=%zu C=%zu NH=%zu", dp_device_name(d), B, T, C, NH);
+            fused_attention_bound_slack(qkv, dout, res, B, T, C, NH, dp_device_name(d), 6.0);
+            static const char *what[3] = {"cuDNN out", "cuDNN lse", "cuDNN dqkv"};
+            size_t n[3] = {no, nr, nq};
+            for (int k = 0; k < 3; k++) assert_same_bits(what[k], again[k], res[k], n[k]);
+            for (int k = 0; k < 4; k++) {
+                free(res[k]);
+                free(again[k]);
+            }
+            free(o16);
+            close_checked(d);
+        }
+        free(qkv);
+        free(dout);
+    }
+    unsetenv("DP_CUDA_CUDNN");
 }
 
 /* bf16 at head size 64 with out, dout and dqkv only 4-byte aligned: the

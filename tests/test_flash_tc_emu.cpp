@@ -29,7 +29,7 @@ void check(const problem &p, const result &r, const char *what)
 {
     std::vector<float> q(p.qkvr.size());
     for (size_t i = 0; i < q.size(); i++) q[i] = dp_bf16_widen(p.qkvr[i]);
-    flash_tc_in in = {p.B, p.T, p.NH, HS, q.data(), p.dout.data(), r.delta.data()};
+    flash_tc_in in = {p.B, p.T, p.NH, HS, q.data(), p.dout.data(), r.delta.data(), 0.0};
     flash_tc_worst w = flash_tc_check(&in, r.out.data(), r.lse.data(), r.dqkv.data());
     cr_log_info("%s: worst err/bound out %.3f lse %.3f dq %.3f dk %.3f dv %.3f", what, w.out,
                 w.lse, w.dq, w.dk, w.dv);

@@ -61,8 +61,10 @@ Test(modules, unloadable_module_names_the_library_and_the_fix, .init = no_module
             cr_assert_null(t);
             assert_msg("unloadable", dp_module_file((dp_module_id)id));
             assert_msg("unloadable", "could not be loaded");
-            if (id == DP_MODULE_CUDA ? DP_TEST_HAVE_CUDA
-                : id == DP_MODULE_MPI ? DP_TEST_HAVE_MPI : DP_TEST_HAVE_DNNL)
+            if (id == DP_MODULE_CUDA    ? DP_TEST_HAVE_CUDA
+                : id == DP_MODULE_CUDNN ? DP_TEST_HAVE_CUDNN
+                : id == DP_MODULE_MPI   ? DP_TEST_HAVE_MPI
+                                        : DP_TEST_HAVE_DNNL)
                 assert_msg("unloadable", "no such file in /tmp/dp-no-modules.");
             else
                 assert_msg("unloadable", "built without it");
@@ -83,6 +85,7 @@ Test(modules, built_modules_load_from_libdps_folder)
         {DP_MODULE_DNNL, DP_TEST_HAVE_DNNL},
         {DP_MODULE_MPI, DP_TEST_HAVE_MPI},
         {DP_MODULE_CUDA, DP_TEST_HAVE_CUDA},
+        {DP_MODULE_CUDNN, DP_TEST_HAVE_CUDNN},
     };
     for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
         const void *t = NULL;

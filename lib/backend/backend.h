@@ -202,6 +202,23 @@ struct dp_backend_ops {
     dp_status (*gemm_bias_out)(dp_device *dev, dp_op transa, dp_op transb, int m, int n, int k,
                                const dp_gemm_arg *A, const dp_gemm_arg *B, dp_pref bias, void *C,
                                int c_bf16, int ldc, int *done);
+
+    /* optional (NULL: none): the fused causal attention through a library
+     * (cuDNN on CUDA devices, backend/cuda/cuda_sdpa.c) for a bfloat16
+     * qkvr(3,B,NH,T,hs): what attention_fused_forward computes - out(B,T,C)
+     * and lse(B,NH,T) with kernels/flash.h's meaning - with out's values
+     * rounded to bfloat16 (the library's output type) and stored as
+     * float32. The backward: what attention_fused_delta, _dq and _dkdv
+     * write into dqkv(B,T,3C), rounded to bfloat16 likewise, from the
+     * forward's lse and out (float32 or bfloat16). Either may decline
+     * (DP_OK, *done = 0, nothing written): the caller runs the kernels. */
+    dp_status (*attention_lib_forward)(dp_device *dev, float *out, float *lse,
+                                       const uint16_t *qkvr, size_t B, size_t T, size_t NH,
+                                       size_t hs, float scale, int *done);
+    dp_status (*attention_lib_backward)(dp_device *dev, float *dqkv, const float *dout,
+                                        const uint16_t *qkvr, const float *lse, dp_pref out,
+                                        size_t B, size_t T, size_t NH, size_t hs, float scale,
+                                        int *done);
 };
 
 /* ops->gemm with float32 operands (dp_gemm_strided_batched's arguments). */

@@ -41,6 +41,11 @@ typedef struct module_info {
 #else
 #define BUILT_CUDA 0
 #endif
+#ifdef DP_MODULE_BUILT_CUDNN
+#define BUILT_CUDNN 1
+#else
+#define BUILT_CUDNN 0
+#endif
 
 static const module_info modules[DP_MODULE_COUNT] = {
     [DP_MODULE_DNNL] = {"libdp-dnnl.so." DP_MODULE_SOVERSION, "dp_module_dnnl",
@@ -52,6 +57,10 @@ static const module_info modules[DP_MODULE_COUNT] = {
     [DP_MODULE_CUDA] = {"libdp-cuda.so." DP_MODULE_SOVERSION, "dp_module_cuda", "CUDA backend",
                         "install the CUDA runtime and cuBLAS (and NCCL, when dp was built with "
                         "it) or use cpu devices", "use cpu devices", BUILT_CUDA},
+    [DP_MODULE_CUDNN] = {"libdp-cudnn.so." DP_MODULE_SOVERSION, "dp_module_cudnn",
+                         "cuDNN attention module", "install cuDNN 9 (libcudnn.so.9: the CUDA "
+                         "toolkit's, or PyTorch's nvidia-cudnn wheel on LD_LIBRARY_PATH)",
+                         "use dp's own attention kernels", BUILT_CUDNN},
 };
 
 const char *dp_module_file(dp_module_id id)
@@ -71,6 +80,9 @@ const void *dp_module_mpi(void);
 #ifdef DP_MODULE_BUILT_CUDA
 const void *dp_module_cuda(void);
 #endif
+#ifdef DP_MODULE_BUILT_CUDNN
+const void *dp_module_cudnn(void);
+#endif
 
 static const void *linked_entry(dp_module_id id)
 {
@@ -83,6 +95,9 @@ static const void *linked_entry(dp_module_id id)
 #endif
 #ifdef DP_MODULE_BUILT_CUDA
     case DP_MODULE_CUDA: return dp_module_cuda();
+#endif
+#ifdef DP_MODULE_BUILT_CUDNN
+    case DP_MODULE_CUDNN: return dp_module_cudnn();
 #endif
     default: return NULL;
     }

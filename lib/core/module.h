@@ -9,6 +9,9 @@
  *   libdp-mpi.so.0    ranks joined by MPI, the bootstrap of dp/dist.h (libmpi)
  *   libdp-cuda.so.0   the CUDA backend, with NCCL between ranks (libcudart,
  *                     libcublas, libnccl)
+ *   libdp-cudnn.so.0  cuDNN's fused attention for the CUDA backend (libcudnn;
+ *                     loaded by libdp-cuda, which falls back to its own
+ *                     kernels without it)
  * so a program that uses only CPU devices runs where none of those
  * libraries exist. Each module exports one entry function,
  * dp_module_<name>(), that returns its table; the table starts with the
@@ -38,19 +41,20 @@
 
 /* Bumped whenever a module table, struct dp_device or another structure
  * the modules share with the core changes layout. */
-#define DP_MODULE_ABI 7
+#define DP_MODULE_ABI 8
 
 typedef enum dp_module_id {
     DP_MODULE_DNNL, /* struct dp_dnnl_module (backend/cpu/cpu_dnnl.h) */
     DP_MODULE_MPI,  /* struct dp_mpi_module (transport/dist_internal.h) */
     DP_MODULE_CUDA, /* struct dp_cuda_module (backend/backend.h) */
+    DP_MODULE_CUDNN, /* struct dp_cudnn_module (backend/cuda/cudnn_sdpa.h) */
     DP_MODULE_COUNT
 } dp_module_id;
 
 /* What every module table starts with. */
 typedef struct dp_module_header {
     unsigned abi; /* DP_MODULE_ABI of the module's build */
-    const char *name; /* "cuda", "mpi", "dnnl" */
+    const char *name; /* "cuda", "mpi", "dnnl", "cudnn" */
 } dp_module_header;
 
 /* The table of module id, loading it on the first call (thread-safe).

@@ -87,6 +87,12 @@ dp_status dp_attention_forward_fused(dp_device *dev, float *out, void *qkvr, dp_
     size_t hs = C / NH;
     DP_TRY(q16 ? dev->ops->attention_permute_bf16(dev, qkvr, qkv, B, T, NH, hs)
                : dev->ops->attention_permute(dev, qkvr, qkv, B, T, NH, hs));
+    if (q16 && dev->ops->attention_lib_forward) { /* cuDNN, when the device runs it */
+        int done = 0;
+        DP_TRY(dev->ops->attention_lib_forward(dev, out, lse, qkvr, B, T, NH, hs, scale_of(hs),
+                                               &done));
+        if (done) return DP_OK;
+    }
     /* The items read qkvr as stored: with bfloat16 the rounded q, k, v,
      * the values the backward will read, so lse matches them. */
     return dev->ops->attention_fused_forward(dev, out, lse, pref_of(qkvr, q16), B, T, NH, hs,
@@ -119,6 +125,12 @@ dp_status dp_attention_backward_fused(dp_device *dev, float *dqkv, float *delta,
     float scale = scale_of(hs);
     dp_pref q = pref_of(qkvr, q16);
     const dp_backend_ops *o = dev->ops;
+    if (q16 && o->attention_lib_backward) {
+        int done = 0;
+        DP_TRY(o->attention_lib_backward(dev, dqkv, dout, qkvr, lse, pref_of(out, o16), B, T, NH,
+                                         hs, scale, &done));
+        if (done) return DP_OK;
+    }
     DP_TRY(o->attention_fused_delta(dev, delta, dout, pref_of(out, o16), T, NH, hs, n));
     DP_TRY(o->attention_fused_dq(dev, dqkv, dout, q, lse, delta, B, T, NH, hs, scale, n));
     return o->attention_fused_dkdv(dev, dqkv, dout, q, lse, delta, B, T, NH, hs, scale, n);

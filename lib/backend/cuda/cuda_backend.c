@@ -38,6 +38,7 @@
  * DP_CUDA_LT=0 in the environment makes the cuBLASLt entries (cuda_lt.c)
  * decline, so every linear layer runs as cuBLAS's GEMM plus the bias
  * broadcast: a switch for a GPU session to tell those kernels apart.
+ * DP_CUDA_CUDNN=1 runs the fused attention through cuDNN (cuda_sdpa.c).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -150,6 +151,7 @@ static void cuda_close(dp_device *dev)
     /* Best effort: close cannot fail, so errors are cleared, not reported. */
     if (use_device_quietly(c->ordinal, &dp_prev_device_) && c->stream)
         cudaStreamSynchronize(c->stream);
+    dp_cuda_sdpa_close(c);
     if (c->lt) cublasLtDestroy(c->lt);
     if (c->blas) cublasDestroy(c->blas);
     if (c->blas_ws) cudaFree(c->blas_ws);
@@ -189,6 +191,8 @@ static dp_status open_resources(dp_device *dev, cuda_ctx *c)
     BLAS_TRY(dev, cublasLtCreate(&c->lt));
     const char *lt = getenv("DP_CUDA_LT");
     c->lt_off = lt && strcmp(lt, "0") == 0;
+    const char *cudnn = getenv("DP_CUDA_CUDNN");
+    c->cudnn = cudnn && strcmp(cudnn, "1") == 0;
     /* Full float32 unless dp_device_set_matmul_precision says otherwise. */
     BLAS_TRY(dev, cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH));
     for (int b = 0; b < 2; b++) {
@@ -431,6 +435,8 @@ static const dp_backend_ops cuda_ops = {
     .attention_unpermute = dp_cuda_attention_unpermute,
     .attention_unpermute_backward = dp_cuda_attention_unpermute_backward,
     .gemm_bias_out = dp_cuda_gemm_bias_out,
+    .attention_lib_forward = dp_cuda_attention_lib_forward,
+    .attention_lib_backward = dp_cuda_attention_lib_backward,
     .adamw_segments = dp_cuda_adamw_segments,
 };
 

@@ -41,6 +41,9 @@ typedef struct cuda_ctx {
     size_t blas_ws_bytes;         /* its size; cuBLASLt's calls share it (same stream) */
     cublasLtHandle_t lt;          /* cuBLASLt: the GEMMs with the bias epilogue (cuda_lt.c) */
     int lt_off;                   /* DP_CUDA_LT=0: those decline (cuda_backend.c) */
+    int cudnn;                    /* DP_CUDA_CUDNN=1: the fused attention through cuDNN */
+    void *sdpa;                   /* the cuDNN module's context (cuda_sdpa.c), opened on
+                                     first use, under mu */
 
     pthread_mutex_t mu;           /* guards stage, stage_done, sumsq, result_host, col, grp */
     unsigned char *stage[2];      /* pinned host, STAGE_BYTES each */
@@ -185,6 +188,16 @@ dp_status dp_cuda_attention_unpermute_backward(dp_device *dev, float *dy, const 
                                                size_t B, size_t T, size_t NH, size_t hs);
 dp_status dp_cuda_attention_unpermute(dp_device *dev, float *out, const float *y, size_t B,
                                       size_t T, size_t NH, size_t hs);
+/* cuda_sdpa.c */
+dp_status dp_cuda_attention_lib_forward(dp_device *dev, float *out, float *lse,
+                                        const uint16_t *qkvr, size_t B, size_t T, size_t NH,
+                                        size_t hs, float scale, int *done);
+dp_status dp_cuda_attention_lib_backward(dp_device *dev, float *dqkv, const float *dout,
+                                         const uint16_t *qkvr, const float *lse, dp_pref out,
+                                         size_t B, size_t T, size_t NH, size_t hs, float scale,
+                                         int *done);
+/* Closes c's cuDNN context, if any (the device's close, after its stream is idle). */
+void dp_cuda_sdpa_close(cuda_ctx *c);
 /* cuda_lt.c */
 dp_status dp_cuda_gemm_bias_out(dp_device *dev, dp_op transa, dp_op transb, int m, int n, int k,
                                 const dp_gemm_arg *A, const dp_gemm_arg *B, dp_pref bias, void *C,
