@@ -25,6 +25,9 @@ runs=("bf16 chunked B8" "bf16 fused B8" "bf16 fused cudnn B8" "bf16 fused no-ten
 for p in "${runs[@]}"; do
     want "^speed dp $p +PASS +[0-9.]+ ms/step, [0-9]+ tokens/s, peak [0-9]+ MiB"
 done
+for w in dp cudnn; do
+    want "^speed attention $w B,T,C,NH=2,64,128,2 +PASS +forward \+ backward [0-9.]+ ms"
+done
 want "^speed dp bf16 chunked B16 +PASS .*MiB per sequence beyond the fixed state"
 want "^speed dp bf16 fused B16 +PASS .*MiB per sequence beyond the fixed state"
 want "^speed dp bf16 fused recompute-gelu B16 +PASS .*MiB per sequence beyond the fixed state"
