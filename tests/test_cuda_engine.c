@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "core/module.h"
 #include "dp/checkpoint.h"
 #include "dp_test.h"
 #include "dp_test_fs.h"
@@ -713,4 +714,41 @@ Test(cuda_engine, gpt_chunked_attention_on_gpu_tracks_cpu, .timeout = 120)
     dp_engine_destroy(eg);
     dp_engine_destroy(ec);
     dp_gpt_destroy(g);
+}
+
+/* cuDNN's fused attention (DP_CUDA_CUDNN=1, backend/cuda/cuda_sdpa.c) in
+ * the GPT with bfloat16 activations, at head size 64 and a context of 150
+ * (past cuDNN's 64- and 128-row tiles, no multiple of them): two runs give
+ * the same bits (its backward is the deterministic algorithm), and both
+ * track the CPU's fused run within 1e-3 relative over three steps, the
+ * resolution the bf16 GPU runs are held to above. Skips where the module
+ * or cuDNN is missing. */
+Test(cuda_engine, gpt_cudnn_attention_repeats_bitwise_and_tracks_cpu, .timeout = 120)
+{
+    REQUIRE_GPU();
+    if (as_cpu()) cr_skip_test("cuDNN runs on GPUs only");
+    const void *table = NULL;
+    if (dp_module_load(DP_MODULE_CUDNN, &table) != DP_OK)
+        cr_skip_test("no cuDNN attention here: %s", dp_last_error());
+    cr_assert_eq(setenv("DP_CUDA_CUDNN", "1", 1), 0); /* read as the devices open */
+    dp_gpt_config gc = {
+        .vocab_size = EV, .block_size = CT, .n_layer = EL, .n_head = 2, .n_embd = 128};
+    dp_gpt *g = NULL;
+    dp_assert_ok(dp_gpt_create(&gc, &g));
+    const dp_model *m = dp_gpt_model(g, DP_GPT_BF16_ACT | DP_GPT_FUSED_ATTENTION);
+    dp_device_spec gs[2], cs[2];
+    gpu_specs(gs, 2, ZEROS);
+    cpu_specs(cs, 2);
+    dp_engine *e1 = gpt_engine_of(g, m, gs, 2), *e2 = gpt_engine_of(g, m, gs, 2);
+    dp_engine *ec = gpt_engine_of(g, m, cs, 2);
+    for (int s = 0; s < 3; s++) {
+        double l1 = gpt_step_long(e1, s), l2 = gpt_step_long(e2, s), lc = gpt_step_long(ec, s);
+        cr_assert(l1 == l2, "step %d: %.17g, then %.17g on the same GPU run", s, l1, l2);
+        cr_assert(fabs(l1 - lc) <= 1e-3 * fabs(lc), "step %d: cuDNN %.9g, cpu %.9g", s, l1, lc);
+    }
+    dp_engine_destroy(e1);
+    dp_engine_destroy(e2);
+    dp_engine_destroy(ec);
+    dp_gpt_destroy(g);
+    unsetenv("DP_CUDA_CUDNN");
 }
