@@ -42,8 +42,8 @@ typedef struct cuda_ctx {
     cublasLtHandle_t lt;          /* cuBLASLt: the GEMMs with the bias epilogue (cuda_lt.c) */
     int lt_off;                   /* DP_CUDA_LT=0: those decline (cuda_backend.c) */
     int cudnn;                    /* DP_CUDA_CUDNN=1: the fused attention through cuDNN */
-    void *sdpa;                   /* the cuDNN module's context (cuda_sdpa.c), opened on
-                                     first use, under mu */
+    const struct dp_cudnn_module *sdpa_mod; /* the cuDNN module (cuda_sdpa.c), loaded and */
+    void *sdpa;                   /* its context opened on first use, under mu */
 
     pthread_mutex_t mu;           /* guards stage, stage_done, sumsq, result_host, col, grp */
     unsigned char *stage[2];      /* pinned host, STAGE_BYTES each */

@@ -29,9 +29,14 @@
  * starts aligned for cuDNN's vector loads. */
 static size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
-/* The module's context for c (opened on first use), or a decline. */
+/* The module and its context for c (both kept from the first use), or
+ * why not. */
 static dp_status ready(dp_device *dev, cuda_ctx *c, const dp_cudnn_module **m)
 {
+    if (c->sdpa) {
+        *m = c->sdpa_mod;
+        return DP_OK;
+    }
     const void *table = NULL;
     if (dp_module_load(DP_MODULE_CUDNN, &table) != DP_OK) {
         dp_error_prefix("%s: DP_CUDA_CUDNN=1 asks for cuDNN's attention (unset it to use dp's "
@@ -39,8 +44,7 @@ static dp_status ready(dp_device *dev, cuda_ctx *c, const dp_cudnn_module **m)
                         dev->name);
         return DP_ERR_UNSUPPORTED;
     }
-    *m = table;
-    if (c->sdpa) return DP_OK;
+    *m = c->sdpa_mod = table;
     char err[512] = "";
     int r = (*m)->open(&c->sdpa, (void *)c->stream, err, sizeof err);
     if (r != DP_SDPA_DONE)
@@ -164,9 +168,6 @@ dp_status dp_cuda_attention_lib_backward(dp_device *dev, float *dqkv, const floa
 
 void dp_cuda_sdpa_close(cuda_ctx *c)
 {
-    if (!c->sdpa) return;
-    const void *table = NULL;
-    if (dp_module_load(DP_MODULE_CUDNN, &table) == DP_OK)
-        ((const dp_cudnn_module *)table)->close(c->sdpa);
+    if (c->sdpa) c->sdpa_mod->close(c->sdpa);
     c->sdpa = NULL;
 }

@@ -53,10 +53,9 @@ struct context {
     std::vector<plan> plans; /* oldest first */
 };
 
-int say(char *err, size_t n, const char *what, const std::string &why)
+void say(char *err, size_t n, const char *what, const std::string &why)
 {
     if (err && n) std::snprintf(err, n, "%s: %s", what, why.c_str());
-    return 0;
 }
 
 int declined(char *err, size_t n, const char *what, fe::error_t e)
