@@ -439,7 +439,9 @@ Test(bf16_layers, recomputed_attention_probabilities_are_the_forwards)
 /* GELU over a bfloat16 pre-activation: the forward (bfloat16 out) is the
  * float32 forward on the widened values rounded once, the backward the
  * float32 backward on them, bit for bit (in place too), and the backward
- * is gelu' at the rounded input against a float64 reference. */
+ * is gelu' at the rounded input against a float64 reference; with its
+ * gradients bfloat16 too, the float32 backward of the widened dout rounded
+ * once. */
 Test(bf16_layers, gelu_backward_over_bf16_input_is_gelu_backward_on_the_rounded_input)
 {
     enum { N = 4099 };
@@ -487,29 +489,32 @@ Test(bf16_layers, gelu_backward_over_bf16_input_is_gelu_backward_on_the_rounded_
                       "dp_gelu_backward_bf16_inp");
     dp_test_nn_assert_invalid(dp_gelu_backward_bf16_inp(dev, g1, d16, g2, 0), "n",
                       "dp_gelu_backward_bf16_inp");
-    /* with the bfloat16 copy (nn/nn_act16.h): the same float32 gradient
-     * and its rounding, separate and in place, fused and as the hook's */
-    dp_bf16 *o = upload16(dev, x16, N), *xi = upload16(dev, x16, N), got16[N];
-    float *in = dp_test_upload(dev, dout, N), *want = dp_test_nn_filled(dev, N, 0);
+    /* the gradients kept as bfloat16 too (nn/nn_act16.h): the float32
+     * backward from the widened bfloat16 dout, rounded once, separate and
+     * in place */
+    static dp_bf16 dout16[N], got16[N];
+    static float dwide[N];
+    for (int i = 0; i < N; i++) {
+        dout16[i] = dp_bf16_from_float(dout[i]);
+        dwide[i] = dp_bf16_to_float(dout16[i]);
+    }
+    dp_bf16 *o = upload16(dev, dout16, N), *xi = upload16(dev, x16, N);
+    float *in = dp_test_upload(dev, dwide, N), *want = dp_test_nn_filled(dev, N, 0);
     dp_assert_ok(dp_gelu_backward_bf16_inp(dev, want, xi, in, N));
-    for (int hook = 0; hook < 2; hook++)
-        for (int in_place = 0; in_place < 2; in_place++) {
-            dp_device_set_fused_producers(dev, !hook);
-            float *gi = dp_test_upload(dev, dout, N), *go = in_place ? gi : g1;
-            dp_assert_ok(dp_gelu_backward_out16(dev, go, o, xi, gi, N));
-            dp_device_set_fused_producers(dev, 1);
-            assert_same_floats("gelu backward with its bf16 copy", dev, go, want, N);
-            float *f = dp_test_nn_download(dev, go, N);
-            dp_assert_ok(dp_copy_d2h(dev, got16, o, sizeof got16));
-            for (int i = 0; i < N; i++)
-                cr_assert_eq(got16[i], dp_bf16_from_float(f[i]), "hook %d in place %d: %d",
-                             hook, in_place, i);
-            free(f);
-            dp_device_free(dev, gi);
-        }
-    dp_test_nn_assert_invalid(dp_gelu_backward_out16(dev, g1, NULL, d16, g2, N), "dinp16", NULL);
-    dp_test_nn_assert_invalid(dp_gelu_backward_out16(dev, g1, (dp_bf16 *)g1, d16, g2, N),
-                              "overlap", NULL);
+    float *w32 = dp_test_nn_download(dev, want, N);
+    for (int in_place = 0; in_place < 2; in_place++) {
+        dp_bf16 *gi = upload16(dev, dout16, N), *go = in_place ? gi : o;
+        dp_assert_ok(dp_gelu_backward_bf16(dev, go, xi, gi, N));
+        dp_assert_ok(dp_copy_d2h(dev, got16, go, sizeof got16));
+        for (int i = 0; i < N; i++)
+            cr_assert_eq(got16[i], dp_bf16_from_float(w32[i]), "in place %d: %d", in_place, i);
+        dp_device_free(dev, gi);
+    }
+    free(w32);
+    dp_test_nn_assert_invalid(dp_gelu_backward_bf16(dev, NULL, xi, o, N), "dinp",
+                              "dp_gelu_backward_bf16");
+    dp_test_nn_assert_invalid(dp_gelu_backward_bf16(dev, o, xi, o, 0), "n", NULL);
+    dp_test_nn_assert_invalid(dp_gelu_backward_bf16(dev, xi + 1, xi, o, N), "overlap", NULL);
     dp_device_free(dev, o);
     dp_device_free(dev, xi);
     dp_device_free(dev, in);

@@ -708,25 +708,33 @@ Test(cuda_ops, bias_broadcast_and_backward_are_bitwise_equal)
     FOR_TARGETS(g)
     {
         pair p = pair_open(g);
-        float *out[2], *db[2];
+        float *out[2], *db[2], *db16[2];
         for (int b = 0; b < 2; b++) {
             dp_device *d = p.d[b];
             float *bd = dp_test_upload(d, bias, OC), *o = dalloc(d, N * OC * 4);
             float *dd = dp_test_upload(d, dout, N * OC), *gd = dp_test_upload(d, db0, OC);
+            float *gd16 = dp_test_upload(d, db0, OC);
+            void *dd16 = upload_typed(d, dout, N * OC, 1); /* a bfloat16 gradient */
             dp_assert_ok(d->ops->bias_broadcast(d, o, dp_pref_f32(bd), N, OC));
-            dp_assert_ok(d->ops->bias_backward(d, gd, dd, N, OC));
+            dp_assert_ok(d->ops->bias_backward(d, gd, dp_pref_f32(dd), N, OC));
+            dp_assert_ok(d->ops->bias_backward(d, gd16, dp_pref_bf16(dd16), N, OC));
             out[b] = dp_test_nn_download(d, o, N * OC);
             db[b] = dp_test_nn_download(d, gd, OC);
+            db16[b] = dp_test_nn_download(d, gd16, OC);
             dp_device_free(d, bd);
             dp_device_free(d, o);
             dp_device_free(d, dd);
             dp_device_free(d, gd);
+            dp_device_free(d, gd16);
+            dp_device_free(d, dd16);
         }
         assert_same_bits("bias_broadcast", out[1], out[0], N * OC);
         assert_same_bits("bias_backward", db[1], db[0], OC);
+        assert_same_bits("bias_backward from bf16", db16[1], db16[0], OC);
         for (int b = 0; b < 2; b++) {
             free(out[b]);
             free(db[b]);
+            free(db16[b]);
         }
         pair_close(&p);
     }
@@ -873,21 +881,23 @@ Test(cuda_ops, gelu_matches_cpu_including_saturation, .timeout = 60)
             float *h16 = dp_test_nn_download(d, d16, N), *h32 = dp_test_nn_download(d, d32, N);
             assert_same_bits(b ? "gelu backward from bf16 input (gpu)"
                                : "gelu backward from bf16 input (cpu)", h16, h32, N);
-            /* with its bfloat16 copy (dp_gelu_backward_out16): the same
-             * gradient, and the copy its rounding */
+            /* the gradients kept as bfloat16 too (dp_gelu_backward_bf16):
+             * the backward from the widened bfloat16 dout, rounded once */
             {
-                float *g2 = dalloc(d, N * 4);
-                void *c16 = dalloc(d, N * 2);
-                dp_assert_ok(dp_gelu_backward_out16(d, g2, c16, x16, gd, N));
+                float *dr = xmalloc(N * sizeof *dr);
+                for (int i = 0; i < N; i++) dr[i] = dp_bf16_to_float(dp_bf16_from_float(dout[i]));
+                float *gr = dp_test_upload(d, dr, N), *g2 = dalloc(d, N * 4);
+                void *c16 = upload_typed(d, dout, N, 1);
+                dp_assert_ok(dp_gelu_backward_bf16_inp(d, g2, x16, gr, N));
+                dp_assert_ok(dp_gelu_backward_bf16(d, c16, x16, c16, N)); /* in place */
                 float *hg = dp_test_nn_download(d, g2, N);
-                assert_same_bits("gelu backward with its bf16 copy", hg, h16, N);
                 dp_bf16 *hc = xmalloc(N * sizeof *hc);
                 dp_assert_ok(dp_copy_d2h(d, hc, c16, N * sizeof *hc));
                 for (int i = 0; i < N; i++)
-                    cr_assert_eq(hc[i], dp_bf16_from_float(hg[i]), "%s: bf16 copy %d",
+                    cr_assert_eq(hc[i], dp_bf16_from_float(hg[i]), "%s: bf16 gelu backward %d",
                                  b ? "gpu" : "cpu", i);
-                free(hg), free(hc);
-                dp_device_free(d, g2), dp_device_free(d, c16);
+                free(dr), free(hg), free(hc);
+                dp_device_free(d, gr), dp_device_free(d, g2), dp_device_free(d, c16);
             }
             /* and the bf16 forward: bf16 of the float32 forward on the same values */
             dp_assert_ok(dp_gelu_forward(d, d32, x32, N));
@@ -2343,6 +2353,26 @@ Test(cuda_ops, linear_bf16_producers_match_cpu, .timeout = 60)
                 assert_same_bits("linear dinp, dout rounded once", gx[1], gx[0], N * C);
                 assert_same_bits("linear dweight, dout rounded once", gw[1], gw[0], OC * C);
                 assert_same_bits("linear dbias, dout rounded once", gb[1], gb[0], OC);
+                /* dinp written as bfloat16 (dp_linear_backward_to16): the
+                 * dinp above rounded; by cuBLASLt's kernel on a GPU (its own
+                 * grouping of the sums: the output bound above) */
+                {
+                    float *dwd = dp_test_nn_filled(d, OC * C, 0.0f), *s32 = dalloc(d, N * C * 4);
+                    void *dx16 = dalloc(d, N * C * 2);
+                    dp_assert_ok(dp_linear_backward_to16(d, dx16, s32, N * C, dwd, NULL, gd, g16,
+                                                         xd, xt, dp_pref_bf16(wd), N, C, OC));
+                    double *got = download_bf16(d, dx16, N * C), *want = xmalloc(N * C * 8);
+                    for (size_t i = 0; i < (size_t)N * C; i++)
+                        want[i] = dp_bf16_to_float(dp_bf16_from_float(gx[1][i]));
+                    if (b)
+                        dp_assert_allclose(got, want, N * C, 1.01e-4, 1.01e-4 + 0.0079);
+                    else
+                        assert_same_doubles("linear dinp16 on the cpu", got, want, N * C);
+                    float *w2 = dp_test_nn_download(d, dwd, OC * C);
+                    assert_same_bits("linear dweight with a bf16 dinp", w2, gw[1], OC * C);
+                    free(got), free(want), free(w2);
+                    dp_device_free(d, dwd), dp_device_free(d, s32), dp_device_free(d, dx16);
+                }
                 dx[b] = gx[1];
                 dw[b] = gw[1];
                 db[b] = gb[1];

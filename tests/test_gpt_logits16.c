@@ -196,8 +196,10 @@ Test(gpt_logits16, an_incomplete_bfloat16_head_is_refused)
     dp_gpt_destroy(g);
 }
 
-/* dp_linear_backward_from16: in BF16 math the rounded backward's bits (the
- * same GEMM calls); in FP32 math the float32 backward of the widened dout. */
+/* dp_linear_backward_from16: in BF16 math the bits of the backward that
+ * rounds dout once (the same GEMM calls), in FP32 math of the float32
+ * backward of the widened dout; the bias gradient that of the widened dout
+ * in both. */
 Test(gpt_logits16, linear_backward_from16_is_the_rounded_backward)
 {
     enum { N = 9, IC = 24, OC = 70 };
@@ -221,28 +223,38 @@ Test(gpt_logits16, linear_backward_from16_is_the_rounded_backward)
         dp_assert_ok(dp_device_alloc(dev, sizeof hd16, (void **)&d16));
         cr_assert(d16);
         dp_assert_ok(dp_copy_h2d(dev, d16, hd16, sizeof hd16));
-        float *dx[2], *dw[2], rx[2][N * IC], rw[2][OC * IC];
+        float *dx[2], *dw[2], *db[2], rx[2][N * IC], rw[2][OC * IC], rb[2][OC];
         for (int r = 0; r < 2; r++) {
             dx[r] = dp_test_nn_filled(dev, N * IC, 7.0f);
             dw[r] = dp_test_nn_filled(dev, OC * IC, 0.5f);
+            db[r] = dp_test_nn_filled(dev, OC, -0.25f);
         }
         dp_pref pw = dp_pref_f32(w);
-        dp_assert_ok(dp_linear_backward_from16(dev, dx[0], dw[0], d16, x, DP_DTYPE_F32, pw, N, IC,
-                                               OC));
-        if (math)
-            dp_assert_ok(dp_linear_backward_rounded(dev, dx[1], dw[1], NULL, d, d16, x,
-                                                    DP_DTYPE_F32, pw, N, IC, OC));
-        else
-            dp_assert_ok(dp_linear_backward(dev, dx[1], dw[1], NULL, d, x, w, N, IC, OC));
+        dp_assert_ok(dp_linear_backward_from16(dev, dx[0], dw[0], db[0], d16, x, DP_DTYPE_F32,
+                                               pw, N, IC, OC));
+        /* d16 rounded again from d, its widening: the same bfloat16 values */
+        dp_bf16 *again = NULL;
+        dp_assert_ok(dp_device_alloc(dev, sizeof hd16, (void **)&again));
+        dp_assert_ok(dp_linear_backward_dout16(dev, dx[1], dw[1], db[1], d, again, x,
+                                               DP_DTYPE_F32, pw, N, IC, OC));
         for (int r = 0; r < 2; r++) {
             dp_assert_ok(dp_copy_d2h(dev, rx[r], dx[r], sizeof rx[r]));
             dp_assert_ok(dp_copy_d2h(dev, rw[r], dw[r], sizeof rw[r]));
+            dp_assert_ok(dp_copy_d2h(dev, rb[r], db[r], sizeof rb[r]));
         }
         cr_assert(memcmp(rx[0], rx[1], sizeof rx[0]) == 0, "math %d: dinp differs", math);
         cr_assert(memcmp(rw[0], rw[1], sizeof rw[0]) == 0, "math %d: dweight differs", math);
-        dp_test_nn_assert_invalid(dp_linear_backward_from16(dev, dx[0], dw[0], NULL, x,
+        cr_assert(memcmp(rb[0], rb[1], sizeof rb[0]) == 0, "math %d: dbias differs", math);
+        cr_assert(rb[0][0] != -0.25f, "the bias gradient was not added");
+        dp_test_nn_assert_invalid(dp_linear_backward_from16(dev, dx[0], dw[0], NULL, NULL, x,
                                                             DP_DTYPE_F32, pw, N, IC, OC),
                                   "dout16", NULL);
+        dp_test_nn_assert_invalid(dp_linear_backward_from16(dev, dx[0], dw[0], (float *)d16,
+                                                            d16, x, DP_DTYPE_F32, pw, N, IC, OC),
+                                  "overlap", "dbias");
+        dp_device_free(dev, again);
+        dp_device_free(dev, db[0]);
+        dp_device_free(dev, db[1]);
         void *bufs[] = {x, w, d, d16, dx[0], dx[1], dw[0], dw[1]};
         for (size_t i = 0; i < 8; i++) dp_device_free(dev, bufs[i]);
         dp_device_close(dev);

@@ -2,8 +2,9 @@
  * dweight and dbias accumulated, NULL dinp / dbias skipped) against float64
  * references, plus bad arguments. Shapes are non-square so a transposed
  * GEMM argument cannot pass. The bfloat16 producers (nn/nn_act16.h): the
- * forward with a bfloat16 output and the backward that rounds dout once,
- * bit for bit the compositions they replace; their bad arguments. */
+ * forward with a bfloat16 output, the backward that rounds dout once and
+ * the one that writes a bfloat16 dinp, bit for bit the compositions they
+ * replace; their bad arguments. */
 #include "backend/device_testing.h"
 #include "kernels/colsum.h" /* DP_COL_CHUNK */
 #include "nn/nn_act16.h"
@@ -579,21 +580,22 @@ Test(linear, backward_rounding_dout_once_is_bitwise_the_same)
     dp_device_close(dev);
 }
 
-/* dp_linear_backward_rounded, given dout already rounded (as the GELU
- * backward writes it): the gradients of the public backward bit for bit,
- * in both precisions, with and without oneDNN, as the fused path and as
- * the test hook's; dout16 is only read. */
-Test(linear, backward_from_a_rounded_dout_is_bitwise_the_same)
+/* dp_linear_backward_to16: dinp16 is dp_linear_backward_dout16's float32
+ * dinp rounded once, and dweight, dbias and dout16 are its, bit for bit:
+ * every typed combination, in FP32 and BF16 math, with and without oneDNN
+ * (which then writes dinp16 itself), and through the test hook. */
+Test(linear, backward_to_bf16_dinp_is_the_float32_dinp_rounded)
 {
     enum { N = 29, C = 48, OC = 80 };
     dp_device *dev = dp_test_cpu(0);
     lin_case k = make_case(33, N, C, OC);
     float *g = dp_test_upload(dev, k.dout, N * OC);
-    void *g16 = NULL;
-    dp_assert_ok(dp_device_alloc(dev, N * OC * sizeof(dp_bf16), &g16));
-    dp_assert_ok(dp_convert(dev, g16, DP_DTYPE_BF16, g, DP_DTYPE_F32, N * OC));
-    static dp_bf16 before[N * OC], after[N * OC];
-    dp_assert_ok(dp_copy_d2h(dev, before, g16, sizeof before));
+    float *scratch = dp_test_nn_filled(dev, N * C, NAN);
+    void *g16[2] = {NULL, NULL}, *dx16 = NULL;
+    for (int r = 0; r < 2; r++)
+        dp_assert_ok(dp_device_alloc(dev, N * OC * sizeof(dp_bf16), &g16[r]));
+    dp_assert_ok(dp_device_alloc(dev, N * C * sizeof(dp_bf16), &dx16));
+    static dp_bf16 h16[2][N * OC], got16[N * C];
     for (int cb = 0; cb < 3; cb++)
         for (int run = 0; run < 8; run++) {
             int x16 = COMBOS[cb][0], w16 = COMBOS[cb][1], prec = run & 1, dnnl = run >> 1 & 1,
@@ -601,50 +603,75 @@ Test(linear, backward_from_a_rounded_dout_is_bitwise_the_same)
             dp_assert_ok(dp_device_set_matmul_precision(dev, prec ? DP_MATMUL_BF16
                                                                   : DP_MATMUL_FP32));
             dp_device_set_gemm_dnnl(dev, dnnl);
+            dp_device_set_fused_producers(dev, !hook);
             void *x = upload_as(dev, k.inp, N * C, x16);
             void *w = upload_as(dev, k.weight, OC * C, w16);
+            dp_dtype xt = x16 ? DP_DTYPE_BF16 : DP_DTYPE_F32;
+            dp_pref wp = w16 ? dp_pref_bf16(w) : dp_pref_f32(w);
             float *res[2][3];
             for (int pass = 0; pass < 2; pass++) {
                 float *dx = dp_test_nn_filled(dev, N * C, NAN);
                 float *dw = dp_test_upload(dev, k.dweight0, OC * C);
                 float *db = dp_test_upload(dev, k.dbias0, OC);
+                dp_assert_ok(dp_memset(dev, g16[pass], 0xff, sizeof h16[pass]));
                 if (pass == 0) {
-                    dp_assert_ok(public_backward(dev, dx, dw, db, g, x, x16, w, w16, N, C, OC));
-                } else {
-                    dp_device_set_fused_producers(dev, !hook);
-                    dp_assert_ok(dp_linear_backward_rounded(
-                        dev, dx, dw, db, g, g16, x, x16 ? DP_DTYPE_BF16 : DP_DTYPE_F32,
-                        w16 ? dp_pref_bf16(w) : dp_pref_f32(w), N, C, OC));
-                    dp_device_set_fused_producers(dev, 1);
+                    dp_assert_ok(dp_linear_backward_dout16(dev, dx, dw, db, g, g16[0], x, xt, wp,
+                                                           N, C, OC));
+                } else { /* a scratch of NaN: dinp16 must not be read from a stale one */
+                    dp_assert_ok(dp_memset(dev, scratch, 0xff, N * C * sizeof(float)));
+                    dp_assert_ok(dp_linear_backward_to16(dev, dx16, scratch, N * C, dw, db, g,
+                                                         g16[1], x, xt, wp, N, C, OC));
+                    dp_assert_ok(dp_copy_d2h(dev, got16, dx16, sizeof got16));
                 }
                 res[pass][0] = dp_test_nn_download(dev, dx, N * C);
                 res[pass][1] = dp_test_nn_download(dev, dw, OC * C);
                 res[pass][2] = dp_test_nn_download(dev, db, OC);
+                dp_assert_ok(dp_copy_d2h(dev, h16[pass], g16[pass], sizeof h16[pass]));
                 dp_device_free(dev, dx);
                 dp_device_free(dev, dw);
                 dp_device_free(dev, db);
             }
-            size_t sizes[3] = {N * C, OC * C, OC};
-            for (int t = 0; t < 3; t++) {
-                cr_assert(memcmp(res[0][t], res[1][t], sizes[t] * sizeof(float)) == 0,
+            for (size_t i = 0; i < (size_t)N * C; i++)
+                cr_assert_eq(got16[i], dp_bf16_from_float(res[0][0][i]),
+                             "x16 %d w16 %d run %d: dinp16[%zu]", x16, w16, run, i);
+            for (int t = 1; t < 3; t++)
+                cr_assert(memcmp(res[0][t], res[1][t], (t == 1 ? OC * C : OC) * sizeof(float)) ==
+                              0,
                           "x16 %d w16 %d run %d: gradient %d differs", x16, w16, run, t);
+            cr_assert(memcmp(h16[0], h16[1], sizeof h16[0]) == 0, "run %d: dout16 differs", run);
+            for (int t = 0; t < 3; t++) {
                 free(res[0][t]);
                 free(res[1][t]);
             }
             dp_device_free(dev, x);
             dp_device_free(dev, w);
         }
-    dp_assert_ok(dp_copy_d2h(dev, after, g16, sizeof after));
-    cr_assert(memcmp(before, after, sizeof before) == 0, "dout16 was written");
-    dp_test_nn_assert_invalid(dp_linear_backward_rounded(dev, NULL, NULL, NULL, g, g16, g,
-                                                         DP_DTYPE_F32, dp_pref_f32(g), N, C, OC),
-                              "dweight", NULL);
-    dp_test_nn_assert_invalid(dp_linear_backward_rounded(dev, NULL, g, NULL, g, NULL, g,
-                                                         DP_DTYPE_F32, dp_pref_f32(g), 1, 1, 1),
-                              "dout16", NULL);
+    dp_device_set_fused_producers(dev, 1);
     dp_device_set_gemm_dnnl(dev, 1);
+#define TO16(...) dp_linear_backward_to16(__VA_ARGS__)
+    dp_pref gp = dp_pref_f32(g);
+    float *dw = dp_test_nn_filled(dev, OC * C, 0.0f);
+    dp_test_nn_assert_invalid(TO16(dev, NULL, scratch, N * C, dw, NULL, g, g16[0], scratch,
+                                   DP_DTYPE_F32, gp, N, C, OC),
+                              "dinp16", "dp_linear_backward_to16");
+    dp_test_nn_assert_invalid(TO16(dev, dx16, NULL, N * C, dw, NULL, g, g16[0], scratch,
+                                   DP_DTYPE_F32, gp, N, C, OC),
+                              "scratch", NULL);
+    dp_test_nn_assert_invalid(TO16(dev, dx16, scratch, N * C - 1, dw, NULL, g, g16[0], dw,
+                                   DP_DTYPE_F32, gp, N, C, OC),
+                              "scratch_floats", "N*C");
+    dp_test_nn_assert_invalid(TO16(dev, dx16, scratch, N * C, dw, NULL, g, g16[0], scratch,
+                                   DP_DTYPE_F32, gp, N, C, OC),
+                              "overlap", "scratch");
+    dp_test_nn_assert_invalid(TO16(dev, g16[0], scratch, N * C, dw, NULL, g, g16[0], dw,
+                                   DP_DTYPE_F32, gp, N, C, OC),
+                              "overlap", "dout16");
+#undef TO16
+    dp_device_free(dev, dw);
     dp_device_free(dev, g);
-    dp_device_free(dev, g16);
+    dp_device_free(dev, scratch);
+    for (int r = 0; r < 2; r++) dp_device_free(dev, g16[r]);
+    dp_device_free(dev, dx16);
     free_case(&k);
     dp_test_nn_assert_all_freed(dev);
     dp_device_close(dev);

@@ -162,9 +162,9 @@ struct dp_backend_ops {
                                   const int32_t *inp, size_t B, size_t T, size_t C);
     /* out(N,OC)[i,:] = bias (broadcast rows; used before a beta=1 gemm) */
     dp_status (*bias_broadcast)(dp_device *dev, float *out, dp_pref bias, size_t N, size_t OC);
-    /* dbias(OC) += column sums of dout(N,OC), in a fixed order */
-    dp_status (*bias_backward)(dp_device *dev, float *dbias, const float *dout, size_t N,
-                               size_t OC);
+    /* dbias(OC) += column sums of dout(N,OC) (float32 or bfloat16), in a
+     * fixed order */
+    dp_status (*bias_backward)(dp_device *dev, float *dbias, dp_pref dout, size_t N, size_t OC);
     /* dweight(C) += sum over rows of dout * xhat, dbias(C) += column sums of
      * dout(N,C), in a fixed order (the input gradient is layernorm_backward_inp) */
     dp_status (*layernorm_backward_params)(dp_device *dev, float *dweight, float *dbias,

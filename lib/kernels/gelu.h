@@ -83,17 +83,14 @@ static inline DP_HD void dp_gelu_backward_bf16_inp_elem(float *dinp, const uint1
     dinp[i] = dp_gelu_backward_bf16_value(dout[i], inp[i]);
 }
 
-/* ... and dinp[i] rounded to bfloat16 in dinp16 too (the operand a
- * BF16-precision GEMM reading dinp would round it to). A function of its
- * own rather than an optional output: a branch in the loop would keep a
- * CPU from vectorising the plain one. */
-static inline DP_HD void dp_gelu_backward_bf16_inp_out16_elem(float *dinp, uint16_t *dinp16,
-                                                              const uint16_t *inp,
-                                                              const float *dout, size_t i)
+/* dinp[i] = bf16(dout[i] gelu'(inp[i])), all three bfloat16: the MLP's
+ * activation gradient kept as bfloat16 (dout widened exactly, the float32
+ * product rounded once), so dp_gelu_backward_bf16_inp_elem on the widened
+ * dout followed by the cast, bit for bit. dinp may alias dout. */
+static inline DP_HD void dp_gelu_backward_bf16_elem(uint16_t *dinp, const uint16_t *inp,
+                                                    const uint16_t *dout, size_t i)
 {
-    float g = dp_gelu_backward_bf16_value(dout[i], inp[i]);
-    dinp[i] = g;
-    dinp16[i] = dp_bf16_round(g);
+    dinp[i] = dp_bf16_round(dp_gelu_backward_bf16_value(dp_bf16_widen(dout[i]), inp[i]));
 }
 
 #endif /* DP_KERNELS_GELU_H */

@@ -81,10 +81,9 @@
       (float *dinp, const float *inp, const float *dout), (dinp, inp, dout))               \
     X(gelu_backward_bf16_inp, ELEM, dp_gelu_backward_bf16_inp_elem,                        \
       (float *dinp, const uint16_t *inp, const float *dout), (dinp, inp, dout))            \
-    /* ... and dinp rounded to bf16 into dinp16 too */                                     \
-    X(gelu_backward_bf16_inp_out16, VEC, dp_gelu_backward_bf16_inp_out16_elem,             \
-      (float *dinp, uint16_t *dinp16, const uint16_t *inp, const float *dout),             \
-      (dinp, dinp16, inp, dout))                                                           \
+    /* the same from a bfloat16 dout into a bfloat16 dinp (may be dout) */                  \
+    X(gelu_backward_bf16, VEC, dp_gelu_backward_bf16_elem,                                 \
+      (uint16_t *dinp, const uint16_t *inp, const uint16_t *dout), (dinp, inp, dout))      \
     X(relu_forward, ELEM, dp_relu_forward_elem, (float *out, const float *inp), (out, inp)) \
     X(relu_backward, ELEM, dp_relu_backward_elem,                                          \
       (float *dinp, const float *inp, const float *dout), (dinp, inp, dout))               \

@@ -200,18 +200,18 @@ static inline xin gemm_in(const layer_acts *a, const float *p)
  *                     too); the forward uses the attention scratch for
  *                     its float32 output.
  *                     With act16, big_d16 after the MLP half's buffers
- *                     (dfch, the recomputed GELU output): the float32 dout
- *                     of a block's linear backward rounded once to
- *                     bfloat16 for both its GEMMs, up to (B,T,4C)
- *                     bfloat16. Free at each of the four: in big the
- *                     MLP's c_proj and c_fc touch only dfch and the
- *                     recomputed GELU output, both before it; in the
- *                     attention half it lies over dqkvr, the scratch and
- *                     datt (and att16, delta; with fused_att the scratch
- *                     and delta only), which the attention
- *                     backward has not written yet at c_proj and no
- *                     longer reads at c_attn (whose dout, dqkv, lies
- *                     before it).
+ *                     (dfch, the recomputed GELU output), (B,T,4C)
+ *                     bfloat16: in the MLP half the bfloat16 gradients
+ *                     d(fch_gelu), then d(fch) in place (c_proj's dout,
+ *                     rounded once, is in dbtc, and dfch is the float32
+ *                     scratch where its GEMM cannot write bfloat16); in
+ *                     the attention half the float32 dout of c_proj and
+ *                     c_attn rounded once for both GEMMs. There it lies
+ *                     over dqkvr, the scratch and datt (and att16, delta;
+ *                     with fused_att the scratch and delta only), which
+ *                     the attention backward has not written yet at
+ *                     c_proj and no longer reads at c_attn (whose dout,
+ *                     dqkv, lies before it).
  */
 typedef struct carve {
     size_t floats; /* total, in floats */
@@ -224,7 +224,7 @@ typedef struct carve {
     size_t big_dqkvr, big_scratch, big_datt, big_att, big_gelu; /* inside big */
     size_t big_att16; /* inside big: act16 with chunked_att only (else 0) */
     size_t big_delta; /* inside big: fused_att's D (B,NH,T) (else 0) */
-    size_t big_d16;     /* inside big, act16 only: a linear backward's bfloat16 dout */
+    size_t big_d16;     /* inside big, act16 only: bfloat16 gradients (the MLP's, a dout) */
     int act16;          /* the blocks' activations off the residual stream are bfloat16 */
     int recompute_att;  /* no att per block: big_att holds the recomputed probabilities */
     int recompute_gelu; /* no fch_gelu per block: big_gelu holds it, recomputed */

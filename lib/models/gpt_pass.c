@@ -267,8 +267,9 @@ dp_status gpt_pass_head_backward16(const dp_gpt *gpt, dp_device *dev, wview para
                                    const float *lnf, size_t N, const uint16_t *dlogits,
                                    float *dlnf)
 {
-    return dp_linear_backward_from16(dev, dlnf, gw(gpt, grads, 0), (const dp_bf16 *)dlogits, lnf,
-                                     DP_DTYPE_F32, pw(gpt, params, 0), N, gpt->cfg.n_embd,
+    return dp_linear_backward_from16(dev, dlnf, gw(gpt, grads, 0), NULL,
+                                     (const dp_bf16 *)dlogits, lnf, DP_DTYPE_F32,
+                                     pw(gpt, params, 0), N, gpt->cfg.n_embd,
                                      gpt->models[0].n_classes);
 }
 
@@ -400,15 +401,19 @@ dp_status gpt_pass_body_backward(const dp_gpt *gpt, dp_device *dev, wview params
             DP_TRY(gelu_of(dev, &a, again, BT * 4 * C));
             gelu = again;
         }
-        DP_TRY(lin_bwd(dev, dfch, G(BLK_MPROJ_W), G(BLK_MPROJ_B), dresidual, d16,
-                       gemm_in(&a, gelu), P(BLK_MPROJ_W), BT, 4 * C, C));
-        if (d16) { /* act16: the GELU backward also rounds d(fch) for c_fc's GEMMs */
-            DP_TRY(dp_gelu_backward_out16(dev, dfch, (dp_bf16 *)d16, (const dp_bf16 *)a.fch, dfch,
-                                          BT * 4 * C));
-            DP_TRY(dp_linear_backward_rounded(dev, dbtc, G(BLK_FC_W), G(BLK_FC_B), dfch,
-                                              (const dp_bf16 *)d16, a.ln2, DP_DTYPE_BF16,
-                                              P(BLK_FC_W), BT, C, 4 * C));
+        if (d16) { /* act16: d(fch_gelu) and d(fch) are bfloat16, in d16 */
+            /* c_proj's dout rounded into dbtc (free until c_fc's dinp); the
+             * float32 dinp, where the GEMM cannot write bfloat16, in dfch */
+            dp_bf16 *dh16 = (dp_bf16 *)d16;
+            DP_TRY(dp_linear_backward_to16(dev, dh16, dfch, BT * 4 * C, G(BLK_MPROJ_W),
+                                           G(BLK_MPROJ_B), dresidual, (dp_bf16 *)dbtc, gelu,
+                                           DP_DTYPE_BF16, P(BLK_MPROJ_W), BT, 4 * C, C));
+            DP_TRY(dp_gelu_backward_bf16(dev, dh16, (const dp_bf16 *)a.fch, dh16, BT * 4 * C));
+            DP_TRY(dp_linear_backward_from16(dev, dbtc, G(BLK_FC_W), G(BLK_FC_B), dh16, a.ln2,
+                                             DP_DTYPE_BF16, P(BLK_FC_W), BT, C, 4 * C));
         } else { /* float32 activations (d16 exists exactly with act16) */
+            DP_TRY(lin_bwd(dev, dfch, G(BLK_MPROJ_W), G(BLK_MPROJ_B), dresidual, NULL,
+                           gemm_in(&a, gelu), P(BLK_MPROJ_W), BT, 4 * C, C));
             DP_TRY(dp_gelu_backward(dev, dfch, a.fch, dfch, BT * 4 * C));
             DP_TRY(lin_bwd(dev, dbtc, G(BLK_FC_W), G(BLK_FC_B), dfch, NULL, gemm_in(&a, a.ln2),
                            P(BLK_FC_W), BT, C, 4 * C));

@@ -57,22 +57,14 @@ dp_status dp_gelu_backward_bf16_inp(dp_device *dev, float *dinp, const dp_bf16 *
     return dev->ops->gelu_backward_bf16_inp(dev, dinp, inp, dout, n);
 }
 
-dp_status dp_gelu_backward_out16(dp_device *dev, float *dinp, dp_bf16 *dinp16,
-                                 const dp_bf16 *inp, const float *dout, size_t n)
+dp_status dp_gelu_backward_bf16(dp_device *dev, dp_bf16 *dinp, const dp_bf16 *inp,
+                                const dp_bf16 *dout, size_t n)
 {
     DP_NN_REQUIRE_DEV(dev);
     DP_NN_REQUIRE_PTR(dev, dinp);
-    DP_NN_REQUIRE_PTR(dev, dinp16);
     DP_NN_REQUIRE_PTR(dev, inp);
     DP_NN_REQUIRE_PTR(dev, dout);
     DP_NN_CHECK_DIMS1(dev, n);
-    size_t n16 = n * sizeof(dp_bf16), n32 = n * sizeof(float);
-    DP_NN_REQUIRE_DISJOINT(dev, dinp16, n16, dinp, n32);
-    DP_NN_REQUIRE_DISJOINT(dev, dinp16, n16, dout, n32);
-    DP_NN_REQUIRE_DISJOINT(dev, dinp16, n16, inp, n16);
-    if (dev->no_fused_producers) { /* the composition it stands for */
-        DP_TRY(dev->ops->gelu_backward_bf16_inp(dev, dinp, inp, dout, n));
-        return dev->ops->cast_f32_bf16(dev, dinp16, dinp, n);
-    }
-    return dev->ops->gelu_backward_bf16_inp_out16(dev, dinp, dinp16, inp, dout, n);
+    DP_NN_REQUIRE_DISJOINT(dev, dinp, n * sizeof(dp_bf16), inp, n * sizeof(dp_bf16));
+    return dev->ops->gelu_backward_bf16(dev, dinp, inp, dout, n);
 }

@@ -103,7 +103,7 @@ static dp_status linear_backward_g(dp_device *dev, float *dinp, float *dweight, 
     if (dinp)
         DP_TRY(gemm(dev, DP_OP_N, DP_OP_N, C, N, OC, weight, w16, C, g, g16, OC, 0.0f, dinp, ld));
     DP_TRY(gemm(dev, DP_OP_N, DP_OP_T, C, OC, N, inp, x16, ld, g, g16, OC, 1.0f, dweight, C));
-    if (dbias) DP_TRY(dev->ops->bias_backward(dev, dbias, dout, N, OC));
+    if (dbias) DP_TRY(dev->ops->bias_backward(dev, dbias, dp_pref_f32(dout), N, OC));
     return DP_OK;
 }
 
@@ -275,18 +275,11 @@ dp_status dp_linear_forward_out16(dp_device *dev, dp_bf16 *out, float *scratch,
         DP_TRY(check_act_type(dev, inp_type));      \
     } while (0)
 
-/* The backward from dout16, dout's rounding, when there is one and the
- * device rounds operands (BF16 math, fused producers allowed): both GEMMs
- * read it; else dp/nn.h's backward, each GEMM reading dout as it is. */
-static dp_status backward_rounded(dp_device *dev, float *dinp, float *dweight, float *dbias,
-                                  const float *dout, const dp_bf16 *dout16, const void *inp,
-                                  int x16, dp_pref weight, size_t N, size_t C, size_t OC)
+/* Whether dp_linear_backward_dout16 rounds dout into dout16 for both GEMMs:
+ * BF16 math with the fused producers on (not the test hook), dout16 given. */
+static int rounds_dout(const dp_device *dev, const dp_bf16 *dout16)
 {
-    if (!dout16 || dev->matmul != DP_MATMUL_BF16 || dev->no_fused_producers)
-        return linear_backward(dev, dinp, dweight, dbias, dout, inp, x16, C, weight.p,
-                               weight.bf16, N, C, OC);
-    return linear_backward_g(dev, dinp, dweight, dbias, dout, dout16, 1, inp, x16, C, weight.p,
-                             weight.bf16, N, C, OC);
+    return dout16 && dev->matmul == DP_MATMUL_BF16 && !dev->no_fused_producers;
 }
 
 dp_status dp_linear_backward_dout16(dp_device *dev, float *dinp, float *dweight, float *dbias,
@@ -304,13 +297,17 @@ dp_status dp_linear_backward_dout16(dp_device *dev, float *dinp, float *dweight,
         DP_NN_REQUIRE_DISJOINT(dev, dout16, n16, dinp, N * C * sizeof(float));
         DP_NN_REQUIRE_DISJOINT(dev, dout16, n16, dweight, OC * C * sizeof(float));
     }
-    /* Only BF16 math rounds dout: in FP32 and TF32 each GEMM reads it as is. */
-    if (dout16 && dev->matmul == DP_MATMUL_BF16 && !dev->no_fused_producers)
-        DP_TRY(dev->ops->cast_f32_bf16(dev, dout16, dout, N * OC));
-    return backward_rounded(dev, dinp, dweight, dbias, dout, dout16, inp, x16, weight, N, C, OC);
+    /* Only BF16 math rounds dout (and not under the test hook): in FP32 and
+     * TF32 each GEMM reads it as is. */
+    if (!rounds_dout(dev, dout16))
+        return linear_backward(dev, dinp, dweight, dbias, dout, inp, x16, C, weight.p,
+                               weight.bf16, N, C, OC);
+    DP_TRY(dev->ops->cast_f32_bf16(dev, dout16, dout, N * OC));
+    return linear_backward_g(dev, dinp, dweight, dbias, dout, dout16, 1, inp, x16, C, weight.p,
+                             weight.bf16, N, C, OC);
 }
 
-dp_status dp_linear_backward_from16(dp_device *dev, float *dinp, float *dweight,
+dp_status dp_linear_backward_from16(dp_device *dev, float *dinp, float *dweight, float *dbias,
                                     const dp_bf16 *dout16, const void *inp, dp_dtype inp_type,
                                     dp_pref weight, size_t N, size_t C, size_t OC)
 {
@@ -318,20 +315,53 @@ dp_status dp_linear_backward_from16(dp_device *dev, float *dinp, float *dweight,
     size_t n16 = N * OC * sizeof(dp_bf16);
     DP_NN_REQUIRE_DISJOINT(dev, dout16, n16, dinp, N * C * sizeof(float));
     DP_NN_REQUIRE_DISJOINT(dev, dout16, n16, dweight, OC * C * sizeof(float));
-    return linear_backward_g(dev, dinp, dweight, NULL, NULL, dout16, 1, inp,
-                             inp_type == DP_DTYPE_BF16, C, weight.p, weight.bf16, N, C, OC);
+    DP_NN_REQUIRE_DISJOINT(dev, dout16, n16, dbias, OC * sizeof(float));
+    DP_TRY(linear_backward_g(dev, dinp, dweight, NULL, NULL, dout16, 1, inp,
+                             inp_type == DP_DTYPE_BF16, C, weight.p, weight.bf16, N, C, OC));
+    if (dbias) DP_TRY(dev->ops->bias_backward(dev, dbias, dp_pref_bf16(dout16), N, OC));
+    return DP_OK;
 }
 
-dp_status dp_linear_backward_rounded(dp_device *dev, float *dinp, float *dweight, float *dbias,
-                                     const float *dout, const dp_bf16 *dout16, const void *inp,
-                                     dp_dtype inp_type, dp_pref weight, size_t N, size_t C,
-                                     size_t OC)
+dp_status dp_linear_backward_to16(dp_device *dev, dp_bf16 *dinp16, float *scratch,
+                                  size_t scratch_floats, float *dweight, float *dbias,
+                                  const float *dout, dp_bf16 *dout16, const void *inp,
+                                  dp_dtype inp_type, dp_pref weight, size_t N, size_t C,
+                                  size_t OC)
 {
     CHECK_BACKWARD16(dout);
-    DP_NN_REQUIRE_PTR(dev, dout16);
-    size_t n16 = N * OC * sizeof(dp_bf16);
-    DP_NN_REQUIRE_DISJOINT(dev, dout16, n16, dinp, N * C * sizeof(float));
-    DP_NN_REQUIRE_DISJOINT(dev, dout16, n16, dweight, OC * C * sizeof(float));
-    return backward_rounded(dev, dinp, dweight, dbias, dout, dout16, inp,
-                            inp_type == DP_DTYPE_BF16, weight, N, C, OC);
+    DP_NN_REQUIRE_PTR(dev, dinp16);
+    DP_NN_REQUIRE_PTR(dev, scratch);
+    if (scratch_floats < N * C)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: scratch_floats=%zu is less than dinp's "
+                       "N*C=%zu floats; give the scratch the float32 dinp fits in", dev->name,
+                       scratch_floats, N * C);
+    int x16 = inp_type == DP_DTYPE_BF16;
+    size_t d16 = N * C * sizeof(dp_bf16), s32 = N * C * sizeof(float);
+    DP_NN_REQUIRE_DISJOINT(dev, dinp16, d16, dout, N * OC * sizeof(float));
+    DP_NN_REQUIRE_DISJOINT(dev, dinp16, d16, inp, N * C * (x16 ? 2 : 4));
+    DP_NN_REQUIRE_DISJOINT(dev, dinp16, d16, scratch, s32);
+    DP_NN_REQUIRE_DISJOINT(dev, scratch, s32, dout, N * OC * sizeof(float));
+    DP_NN_REQUIRE_DISJOINT(dev, scratch, s32, inp, N * C * (x16 ? 2 : 4));
+    if (dout16) {
+        DP_NN_REQUIRE_DISJOINT(dev, dinp16, d16, dout16, N * OC * sizeof(dp_bf16));
+        DP_NN_REQUIRE_DISJOINT(dev, scratch, s32, dout16, N * OC * sizeof(dp_bf16));
+    }
+    /* The weight and bias gradients and dout16 (when rounded) as
+     * dp_linear_backward_dout16 makes them, without dinp. */
+    DP_TRY(dp_linear_backward_dout16(dev, NULL, dweight, dbias, dout, dout16, inp, inp_type,
+                                     weight, N, C, OC));
+    int rounded = rounds_dout(dev, dout16);
+    if (rounded && dev->ops->gemm_bias_out) {
+        /* dinp^T(C,N) = W^T dout^T, as linear_backward_g's, stored as bfloat16 */
+        dp_gemm_arg a = {weight.p, weight.bf16, (int)C, 0}, b = {dout16, 1, (int)OC, 0};
+        dp_pref none = {NULL, 0};
+        int done = 0;
+        DP_TRY(dev->ops->gemm_bias_out(dev, DP_OP_N, DP_OP_N, (int)C, (int)N, (int)OC, &a, &b,
+                                       none, dinp16, 1, (int)C, &done));
+        if (done) return DP_OK;
+    }
+    /* the composition: dp_linear_backward_dout16's float32 dinp, converted */
+    DP_TRY(gemm(dev, DP_OP_N, DP_OP_N, C, N, OC, weight.p, weight.bf16, C,
+                rounded ? (const void *)dout16 : dout, rounded, OC, 0.0f, scratch, C));
+    return dev->ops->cast_f32_bf16(dev, dinp16, scratch, N * C);
 }

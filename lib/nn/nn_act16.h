@@ -128,50 +128,67 @@ DP_MODULE_API dp_status dp_linear_backward_dout16(dp_device *dev, float *dinp, f
                                                   size_t C, size_t OC);
 
 /*
- * The linear backward from a bfloat16 dout alone, without a bias:
- * dinp(N,C) = dout16 @ weight (overwritten; dinp NULL: skipped) and
- * dweight(OC,C) += dout16^T @ inp, both GEMMs reading dout16(N,OC) as a
- * bfloat16 operand in any matmul precision (widened where the math is
- * float32). An LM head's backward from the bfloat16 dlogits its
- * criterion wrote in place (dp_model.head_backward_bf16). In BF16 math the
- * same GEMM calls as dp_linear_backward_rounded given the same dout16, so
- * the same bits. inp float32 or bfloat16 (inp_type); weight either.
+ * The linear backward from a bfloat16 dout alone: dinp(N,C) = dout16 @
+ * weight (overwritten; dinp NULL: skipped), dweight(OC,C) += dout16^T @
+ * inp, both GEMMs reading dout16(N,OC) as a bfloat16 operand in any
+ * matmul precision (widened where the math is float32), and dbias(OC) +=
+ * the column sums of dout16 widened (float32 sums in kernels/colsum.h's
+ * order; dbias NULL: skipped). An LM head's backward from the bfloat16
+ * dlogits its criterion wrote in place (dp_model.head_backward_bf16,
+ * no bias), and the GPT's c_fc from the bfloat16 GELU gradient. In BF16
+ * math the same GEMM calls as dp_linear_backward_rounded given the same
+ * dout16, so the same dinp and dweight bits; the bias gradient is of the
+ * rounded values (dp_linear_backward_rounded's reads the float32 dout).
+ * inp float32 or bfloat16 (inp_type); weight either.
  * Ownership: device pointers of dev owned by the caller; dout16 must not
- * overlap dinp or dweight. Errors: as dp_linear_backward_rounded.
+ * overlap dinp, dweight or dbias. Errors: as dp_linear_backward_dout16, and
+ * DP_ERR_INVALID_ARGUMENT for a NULL dout16.
  */
 DP_MODULE_API dp_status dp_linear_backward_from16(dp_device *dev, float *dinp, float *dweight,
-                                                  const dp_bf16 *dout16, const void *inp,
-                                                  dp_dtype inp_type, dp_pref weight, size_t N,
-                                                  size_t C, size_t OC);
+                                                  float *dbias, const dp_bf16 *dout16,
+                                                  const void *inp, dp_dtype inp_type,
+                                                  dp_pref weight, size_t N, size_t C, size_t OC);
 
 /*
- * dp_linear_backward_dout16 with dout already rounded: dout16(N,OC) holds
- * dout(N,OC) rounded to bfloat16 (e.g. by the GELU backward that wrote
- * dout, dp_gelu_backward_out16), and in BF16 matmul precision both GEMMs
- * read it; the bias gradient reads the float32 dout. In other precisions
- * it is the backward of dp/nn.h (dout16 unread). The same bits as
- * dp_linear_backward_dout16 when dout16 is dout's rounding. Errors,
- * ownership: as dp_linear_backward_dout16; dout16 must not overlap dinp
- * or dweight.
+ * dp_linear_backward_dout16 with the input gradient kept as bfloat16:
+ * dinp16(N,C) = bf16(dout @ weight), dweight(OC,C) += dout^T @ inp,
+ * dbias(OC) += column sums of the float32 dout (NULL: skipped). In BF16
+ * matmul precision dout is rounded once into dout16 (N*OC bfloat16, the
+ * caller's scratch) for both GEMMs, and the input gradient's GEMM writes
+ * bfloat16 directly where the backend has the entry
+ * (dp_backend_ops.gemm_bias_out without a bias: cuBLASLt on CUDA devices,
+ * oneDNN's matmul with a bfloat16 destination on CPU devices). Else (other
+ * precisions, dout16 NULL, a declining backend, the test hook) the
+ * float32 dinp of dp_linear_backward_dout16 is computed into scratch
+ * (scratch_floats >= N*C) and converted once.
+ * Bits: dweight and dbias are dp_linear_backward_dout16's; dinp16 is its
+ * dinp rounded once - bit for bit on CPU devices (oneDNN's kernel is the
+ * composition's), within cuBLASLt's own grouping of the sums on CUDA
+ * devices (see dp_linear_forward_out16).
+ * Ownership: device pointers of dev owned by the caller; dinp16 and
+ * scratch must not overlap each other, dout, dout16 or inp. Errors: as
+ * dp_linear_backward_dout16, and DP_ERR_INVALID_ARGUMENT for a NULL dinp16
+ * or scratch, or a scratch under N*C floats.
  */
-DP_MODULE_API dp_status dp_linear_backward_rounded(dp_device *dev, float *dinp, float *dweight,
-                                                   float *dbias, const float *dout,
-                                                   const dp_bf16 *dout16, const void *inp,
-                                                   dp_dtype inp_type, dp_pref weight, size_t N,
-                                                   size_t C, size_t OC);
+DP_MODULE_API dp_status dp_linear_backward_to16(dp_device *dev, dp_bf16 *dinp16, float *scratch,
+                                                size_t scratch_floats, float *dweight,
+                                                float *dbias, const float *dout,
+                                                dp_bf16 *dout16, const void *inp,
+                                                dp_dtype inp_type, dp_pref weight, size_t N,
+                                                size_t C, size_t OC);
 
 /*
- * The GELU backward with the input kept as bfloat16
- * (dp_gelu_backward_bf16_inp: dinp(n) = dout * gelu'(inp), dinp may alias
- * dout) that also writes dinp rounded to bfloat16 into dinp16(n), in the
- * same pass: what a following dp_linear_backward_rounded reads. The same
- * bits as the backward then dp_convert. Device pointers of dev owned by
- * the caller; dinp16 must not overlap dinp, dout or inp. Errors:
- * DP_ERR_INVALID_ARGUMENT for a NULL pointer, n of 0, overlapping
- * buffers.
+ * The GELU backward with its gradients kept as bfloat16 too (the MLP's
+ * activation gradients of the GPT's bf16 activations): dinp(n) =
+ * bf16(dout * gelu'(inp)), inp, dout and dinp bfloat16, the product in
+ * float32 on the widened values (kernels/gelu.h). The same bits as
+ * widening dout, dp_gelu_backward_bf16_inp, then dp_convert; dinp may be
+ * dout (in place). Device pointers of dev owned by the caller; dinp must
+ * not overlap inp. Errors: DP_ERR_INVALID_ARGUMENT for a NULL pointer, n
+ * of 0, dinp overlapping inp.
  */
-DP_MODULE_API dp_status dp_gelu_backward_out16(dp_device *dev, float *dinp, dp_bf16 *dinp16,
-                                               const dp_bf16 *inp, const float *dout, size_t n);
+DP_MODULE_API dp_status dp_gelu_backward_bf16(dp_device *dev, dp_bf16 *dinp, const dp_bf16 *inp,
+                                              const dp_bf16 *dout, size_t n);
 
 /*
  * The fused softmax cross-entropy over bfloat16 logits (llm.c's fused

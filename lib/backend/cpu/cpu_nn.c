@@ -69,7 +69,7 @@ DP_CPU_SIMD dp_status dp_cpu_bias_broadcast(dp_device *dev, float *out, dp_pref 
     return DP_OK;
 }
 
-DP_CPU_SIMD dp_status dp_cpu_bias_backward(dp_device *dev, float *dbias, const float *dout,
+DP_CPU_SIMD dp_status dp_cpu_bias_backward(dp_device *dev, float *dbias, dp_pref dout,
                                            size_t N, size_t OC)
 {
     for (size_t o0 = 0; o0 < OC; o0 += DP_COL_TILE) {

@@ -202,8 +202,8 @@ dp_status dp_cuda_bias_broadcast(dp_device *dev, float *out, dp_pref bias, size_
     LAUNCH(dev, dp_cuda_launch_bias_broadcast, out, bias, N, OC);
 }
 
-static dp_status bias_backward_locked(dp_device *dev, cuda_ctx *c, float *dbias,
-                                      const float *dout, size_t N, size_t OC)
+static dp_status bias_backward_locked(dp_device *dev, cuda_ctx *c, float *dbias, dp_pref dout,
+                                      size_t N, size_t OC)
 {
     DP_TRY(dp_cuda_grow_scratch(dev, c, (void **)&c->col, &c->col_bytes,
                         dp_col_chunks(N) * OC * sizeof(float)));
@@ -211,7 +211,7 @@ static dp_status bias_backward_locked(dp_device *dev, cuda_ctx *c, float *dbias,
     return DP_OK;
 }
 
-dp_status dp_cuda_bias_backward(dp_device *dev, float *dbias, const float *dout, size_t N,
+dp_status dp_cuda_bias_backward(dp_device *dev, float *dbias, dp_pref dout, size_t N,
                                 size_t OC) {
     ENTER(dev);
     cuda_ctx *c = CTX(dev);

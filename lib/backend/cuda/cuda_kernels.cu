@@ -223,7 +223,7 @@ __global__ void k_bias_broadcast(float *out, dp_pref bias, size_t OC, size_t n)
 }
 
 /* The two stages of a column reduction (kernels/colsum.h). */
-__global__ void k_bias_backward_partial(float *partial, const float *dout, size_t N, size_t OC,
+__global__ void k_bias_backward_partial(float *partial, dp_pref dout, size_t N, size_t OC,
                                         size_t n)
 {
     GRID_LOOP(i, n) dp_bias_backward_partial_elem(partial, dout, N, OC, i);
@@ -242,8 +242,8 @@ extern "C" cudaError_t dp_cuda_launch_bias_broadcast(cudaStream_t s, float *out,
 }
 
 extern "C" cudaError_t dp_cuda_launch_bias_backward(cudaStream_t s, float *dbias,
-                                                    float *partial, const float *dout,
-                                                    size_t N, size_t OC)
+                                                    float *partial, dp_pref dout, size_t N,
+                                                    size_t OC)
 {
     if (N == 0 || OC == 0) return cudaSuccess;
     size_t K = dp_col_chunks(N), n = K * OC;

@@ -100,27 +100,22 @@ __global__ void k_gelu_forward_bf16_vec(uint16_t *out, const uint16_t *inp, size
     VEC_TAIL(i, n) dp_gelu_forward_bf16_elem(out, inp, i);
 }
 
-/* dinp = dout gelu'(inp) and its bfloat16 rounding into dinp16
- * (dp_gelu_backward_bf16_inp_out16_elem); dinp may be dout. */
-__global__ void k_gelu_backward_bf16_inp_out16_vec(float *dinp, uint16_t *dinp16,
-                                                   const uint16_t *inp, const float *dout,
-                                                   size_t n)
+/* dinp = bf16(dout gelu'(inp)), all bfloat16 (dp_gelu_backward_bf16_elem);
+ * dinp may be dout. */
+__global__ void k_gelu_backward_bf16_vec(uint16_t *dinp, const uint16_t *inp,
+                                         const uint16_t *dout, size_t n)
 {
     VEC_GROUPS(i, n)
     {
-        float g[8];
-        uint16_t x[8], r[8];
+        uint16_t g[8], x[8];
         vec_load8(g, dout + i);
         vec_load8(x, inp + i);
         DP_UNROLL
-        for (unsigned k = 0; k < 8; k++) {
-            g[k] = dp_gelu_backward_bf16_value(g[k], x[k]);
-            r[k] = dp_bf16_round(g[k]);
-        }
+        for (unsigned k = 0; k < 8; k++)
+            g[k] = dp_bf16_round(dp_gelu_backward_bf16_value(dp_bf16_widen(g[k]), x[k]));
         vec_store8(dinp + i, g);
-        vec_store8(dinp16 + i, r);
     }
-    VEC_TAIL(i, n) dp_gelu_backward_bf16_inp_out16_elem(dinp, dinp16, inp, dout, i);
+    VEC_TAIL(i, n) dp_gelu_backward_bf16_elem(dinp, inp, dout, i);
 }
 
 #endif /* DP_CUDA_VEC_CUH */
