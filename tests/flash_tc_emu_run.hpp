@@ -51,9 +51,11 @@ inline problem make(size_t B, size_t T, size_t NH, float qsharp, uint32_t seed)
     return p;
 }
 
-/* The kernels' outputs. */
+/* The kernels' outputs; dqkv16 the backward's again into a bfloat16
+ * dqkv. */
 struct result {
     std::vector<float> out, lse, delta, dqkv;
+    std::vector<uint16_t> dqkv16;
 };
 
 inline result run_kernels(const problem &p)
@@ -70,13 +72,16 @@ inline result run_kernels(const problem &p)
     for (size_t row = 0; row < p.BNH * p.T; row++)
         dp_flash_delta_item(r.delta.data(), p.dout.data(), dp_pref_f32(r.out.data()), p.T, p.NH,
                             HS, row);
-    emu_launch((unsigned)blocks, dp_tc::THREADS, dp_tc::SMEM_QUERY, k_flash_tc_dq, r.dqkv.data(),
-               (const float *)p.dout.data(), p.qkvr.data(), (const float *)r.lse.data(),
-               (const float *)r.delta.data(), p.B, p.T, p.NH, p.scale, nt);
-    emu_launch((unsigned)blocks, dp_tc::THREADS, dp_tc::SMEM_KEY, k_flash_tc_dkdv,
-               r.dqkv.data(), (const float *)p.dout.data(), p.qkvr.data(),
-               (const float *)r.lse.data(), (const float *)r.delta.data(), p.B, p.T, p.NH,
-               p.scale, nt);
+    r.dqkv16.assign(r.dqkv.size(), 0xabcd);
+    for (int o16 = 0; o16 < 2; o16++) {
+        dp_pout dq = o16 ? dp_pout_bf16(r.dqkv16.data()) : dp_pout_f32(r.dqkv.data());
+        emu_launch((unsigned)blocks, dp_tc::THREADS, dp_tc::SMEM_QUERY, k_flash_tc_dq, dq,
+                   (const float *)p.dout.data(), p.qkvr.data(), (const float *)r.lse.data(),
+                   (const float *)r.delta.data(), p.B, p.T, p.NH, p.scale, nt);
+        emu_launch((unsigned)blocks, dp_tc::THREADS, dp_tc::SMEM_KEY, k_flash_tc_dkdv, dq,
+                   (const float *)p.dout.data(), p.qkvr.data(), (const float *)r.lse.data(),
+                   (const float *)r.delta.data(), p.B, p.T, p.NH, p.scale, nt);
+    }
     return r;
 }
 

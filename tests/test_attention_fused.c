@@ -22,6 +22,7 @@
 
 #include "backend/backend.h"
 #include "dp_test.h"
+#include "nn/nn_act16.h"
 
 typedef struct shape {
     size_t B, T, C, NH;
@@ -190,6 +191,20 @@ static fused fused_run(dp_device *dev, shape s, const float *qkv_host, const flo
                                              o16 ? DP_DTYPE_BF16 : DP_DTYPE_F32, s.B, s.T, s.C,
                                              s.NH));
     r.dqkv = download(dev, dqkv, nq);
+    /* into a bfloat16 dqkv (nn/nn_act16.h): each element the float32 one
+     * rounded once */
+    dp_bf16 *dqkv16 = dev_nan(dev, nq * 2), *h16 = malloc(nq * 2);
+    cr_assert(h16);
+    dp_assert_ok(dp_attention_backward_fused16(dev, dqkv16, delta, dout, qkvr, qt, lse,
+                                               o16 ? out16 : (void *)out,
+                                               o16 ? DP_DTYPE_BF16 : DP_DTYPE_F32, s.B, s.T, s.C,
+                                               s.NH));
+    dp_assert_ok(dp_copy_d2h(dev, h16, dqkv16, nq * 2));
+    for (size_t i = 0; i < nq; i++)
+        cr_assert_eq(h16[i], dp_bf16_from_float(r.dqkv[i]), "bf16 dqkv[%zu] (T=%zu C=%zu)", i,
+                     s.T, s.C);
+    free(h16);
+    dp_device_free(dev, dqkv16);
     void *bufs[] = {qkv, dout, out, lse, delta, dqkv, qkvr, out16};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) dp_device_free(dev, bufs[i]);
@@ -571,6 +586,15 @@ Test(attention_fused, bad_arguments)
     expect_invalid(FWD(dev, out, qkvr, F, lse, qkv, (size_t)1 << 31, 1, 1, 1), "2147483647");
     expect_invalid(BWD(dev, dqkv, delta, dout, qkvr, F, lse, out, F, 1, (size_t)1 << 30, 4, 2),
                    "micro-batches");
+
+    /* A bfloat16 dqkv takes head sizes up to DP_FLASH_HS_MAX16 (its items'
+     * local rows). */
+    expect_invalid(dp_attention_backward_fused16(dev, (dp_bf16 *)dqkv, delta, dout, qkvr, F, lse,
+                                                 out, F, 1, 1, 257, 1),
+                   "head size 257");
+    expect_invalid(dp_attention_backward_fused16(dev, NULL, delta, dout, qkvr, F, lse, out, F,
+                                                 B, T, C, NH),
+                   "dp_attention_backward_fused16");
 
     /* The same buffer twice. */
     expect_invalid(FWD(dev, out, out, F, lse, qkv, B, T, C, NH), "same buffer");

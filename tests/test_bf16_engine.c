@@ -643,12 +643,13 @@ Test(bf16_engine, recomputation_saves_memory)
 
 /* The bf16 activations' producers - the blocks' LayerNorms and c_fc
  * writing bfloat16 once, their linear backwards rounding dout once for
- * both GEMMs - train bit for bit as the compositions they replace (the
- * test hook runs those on every device of the second engine): losses,
- * gradient norms and masters, on 2 devices with micro-batches, in FP32
- * and BF16 math (only BF16 rounds dout), with everything kept, the
- * probabilities and GELU output recomputed, or the attention chunked (3
- * queries per chunk of the 8). */
+ * both GEMMs, c_proj's writing its bfloat16 input gradient - train bit
+ * for bit as the compositions they replace (the test hook runs those on
+ * every device of the second engine): losses, gradient norms and
+ * masters, on 2 devices with micro-batches, in FP32 and BF16 math (only
+ * BF16 rounds dout), with everything kept, the probabilities and GELU
+ * output recomputed, the attention chunked (3 queries per chunk of the
+ * 8) or fused (its bfloat16 dqkv). */
 Test(bf16_engine, act16_producers_train_bitwise_as_their_compositions, .timeout = 120)
 {
     dp_gpt *g = tiny_gpt(), *g3 = NULL;
@@ -658,9 +659,10 @@ Test(bf16_engine, act16_producers_train_bitwise_as_their_compositions, .timeout 
     size_t n = dp_gpt_model(g, 0)->n_params;
     static const unsigned flags[] = {
         DP_GPT_BF16_ACT, DP_GPT_BF16_ACT | DP_GPT_RECOMPUTE_ATTENTION | DP_GPT_RECOMPUTE_GELU,
-        DP_GPT_BF16_ACT | DP_GPT_CHUNKED_ATTENTION | DP_GPT_RECOMPUTE_GELU};
+        DP_GPT_BF16_ACT | DP_GPT_CHUNKED_ATTENTION | DP_GPT_RECOMPUTE_GELU,
+        DP_GPT_BF16_ACT | DP_GPT_FUSED_ATTENTION | DP_GPT_RECOMPUTE_GELU};
     static float pa[MAXP], pb[MAXP];
-    for (int f = 0; f < 3; f++)
+    for (int f = 0; f < 4; f++)
         for (int prec = 0; prec < 2; prec++) {
             const dp_model *m = dp_gpt_model(f == 2 ? g3 : g, flags[f]);
             dp_engine_config c = base_cfg();

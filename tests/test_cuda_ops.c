@@ -1956,6 +1956,15 @@ static void fused_attention_run(dp_device *d, size_t B, size_t T, size_t C, size
     res[1] = dp_test_nn_download(d, lse, nr);
     res[2] = dp_test_nn_download(d, dqkv, nq);
     res[3] = dp_test_nn_download(d, delta, nr);
+    /* into a bfloat16 dqkv: the same kernels' values, each rounded once */
+    dp_bf16 *dqkv16 = dalloc(d, nq * 2), *h16 = xmalloc(nq * 2);
+    dp_assert_ok(dp_attention_backward_fused16(d, dqkv16, delta, dout, qkvr, t, lse,
+                                               bf16 ? o16 : (void *)out, t, B, T, C, NH));
+    dp_assert_ok(dp_copy_d2h(d, h16, dqkv16, nq * 2));
+    for (size_t i = 0; i < nq; i++)
+        cr_assert_eq(h16[i], dp_bf16_from_float(res[2][i]), "%s: bf16 dqkv[%zu]", d->name, i);
+    free(h16);
+    dp_device_free(d, dqkv16);
     void *bufs[] = {qkv, dout_buf, out_buf, lse, delta, dqkv_buf, qkvr, o16};
     for (size_t i = 0; i < 8; i++)
         if (bufs[i]) dp_device_free(d, bufs[i]);

@@ -56,37 +56,55 @@ template <int HS, int GF, int GB> void run_case(size_t T, size_t NH, int bf16, u
     for (float &v : dout) v = uniform(&seed);
     dp_pref qkvr = bf16 ? dp_pref_bf16(q16.data()) : dp_pref_f32(q32.data());
     /* the CPU */
-    std::vector<float> out_c(B * T * C), lse_c(n), delta(n), dqkv_c(B * T * 3 * C);
+    const size_t nq = B * T * 3 * C;
+    std::vector<float> out_c(B * T * C), lse_c(n), delta(n), dqkv_c(nq);
+    std::vector<uint16_t> dqkv_c16(nq, 0xabcd); /* the items' bfloat16 dqkv */
     for (size_t r = 0; r < n; r++)
         dp_flash_forward_item(out_c.data(), lse_c.data(), qkvr, B, T, NH, hs, scale, r);
     for (size_t r = 0; r < n; r++)
         dp_flash_delta_item(delta.data(), dout.data(), dp_pref_f32(out_c.data()), T, NH, hs, r);
-    for (size_t r = 0; r < n; r++) {
-        dp_flash_dq_item(dqkv_c.data(), dout.data(), qkvr, lse_c.data(), delta.data(), B, T, NH,
-                         hs, scale, r);
-        dp_flash_dkdv_item(dqkv_c.data(), dout.data(), qkvr, lse_c.data(), delta.data(), B, T,
-                           NH, hs, scale, r);
+    for (int o16 = 0; o16 < 2; o16++) {
+        dp_pout dq = o16 ? dp_pout_bf16(dqkv_c16.data()) : dp_pout_f32(dqkv_c.data());
+        for (size_t r = 0; r < n; r++) {
+            dp_flash_dq_item(dq, dout.data(), qkvr, lse_c.data(), delta.data(), B, T, NH, hs,
+                             scale, r);
+            dp_flash_dkdv_item(dq, dout.data(), qkvr, lse_c.data(), delta.data(), B, T, NH, hs,
+                               scale, r);
+        }
     }
-    /* the emulated GPU, from the CPU's lse and D (each pass on its own) */
-    std::vector<float> out(B * T * C, NAN), lse(n, NAN), dqkv(B * T * 3 * C, NAN);
+    for (size_t i = 0; i < nq; i++)
+        cr_assert_eq(dqkv_c16[i], dp_bf16_round(dqkv_c[i]), "hs %d: the CPU's bf16 dqkv[%zu]",
+                     HS, i);
+    /* the emulated GPU, from the CPU's lse and D (each pass on its own),
+     * with a float32 and a bfloat16 dqkv */
+    std::vector<float> out(B * T * C, NAN), lse(n, NAN), dqkv(nq, NAN);
+    std::vector<uint16_t> dqkv16(nq, 0xabcd);
     const size_t nt = (T + ROWS - 1) / ROWS;
     const unsigned tiles = (unsigned)(nt * BNH), items = 3;
     const float *L = lse_c.data(), *D = delta.data(), *g = dout.data();
-    if (HS == 64 || HS == 128) {
-        emu_launch(tiles, ROWS * GF, 0, k_flash_forward<HS, GF>, out.data(), lse.data(), qkvr, B,
-                   T, NH, scale, nt);
-        emu_launch(tiles, ROWS * GB, 0, k_flash_dq<HS, GB>, dqkv.data(), g, qkvr, L, D, B, T, NH,
-                   scale, nt);
-        emu_launch(tiles, ROWS * GB, 0, k_flash_dkdv<HS, GB>, dqkv.data(), g, qkvr, L, D, B, T,
-                   NH, scale);
-    } else {
-        emu_launch(items, ROW_THREADS, 0, k_flash_forward_items, out.data(), lse.data(), qkvr, B,
-                   T, NH, hs, scale, n);
-        emu_launch(items, ROW_THREADS, 0, k_flash_dq_items, dqkv.data(), g, qkvr, L, D, B, T, NH,
-                   hs, scale, n);
-        emu_launch(items, ROW_THREADS, 0, k_flash_dkdv_items, dqkv.data(), g, qkvr, L, D, B, T,
-                   NH, hs, scale, n);
+    for (int o16 = 0; o16 < 2; o16++) {
+        dp_pout dq = o16 ? dp_pout_bf16(dqkv16.data()) : dp_pout_f32(dqkv.data());
+        if (HS == 64 || HS == 128) {
+            if (!o16)
+                emu_launch(tiles, ROWS * GF, 0, k_flash_forward<HS, GF>, out.data(), lse.data(),
+                           qkvr, B, T, NH, scale, nt);
+            emu_launch(tiles, ROWS * GB, 0, k_flash_dq<HS, GB>, dq, g, qkvr, L, D, B, T, NH,
+                       scale, nt);
+            emu_launch(tiles, ROWS * GB, 0, k_flash_dkdv<HS, GB>, dq, g, qkvr, L, D, B, T, NH,
+                       scale);
+        } else {
+            if (!o16)
+                emu_launch(items, ROW_THREADS, 0, k_flash_forward_items, out.data(), lse.data(),
+                           qkvr, B, T, NH, hs, scale, n);
+            emu_launch(items, ROW_THREADS, 0, k_flash_dq_items, dq, g, qkvr, L, D, B, T, NH, hs,
+                       scale, n);
+            emu_launch(items, ROW_THREADS, 0, k_flash_dkdv_items, dq, g, qkvr, L, D, B, T, NH,
+                       hs, scale, n);
+        }
     }
+    for (size_t i = 0; i < nq; i++) /* the same kernel's sums, rounded as stored */
+        cr_assert_eq(dqkv16[i], dp_bf16_round(dqkv[i]), "hs %d: the kernels' bf16 dqkv[%zu]",
+                     HS, i);
     /* D: the vectorised kernel (hs % 4 == 0) and the item kernel give the
      * CPU's bits, from a float32 and a bfloat16 O */
     std::vector<uint16_t> out16(B * T * C);

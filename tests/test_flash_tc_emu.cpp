@@ -40,6 +40,9 @@ void check(const problem &p, const result &r, const char *what)
     cr_expect(w.dv <= 1.0, "%s: dv off by %.3g of its bound", what, w.dv);
     cr_expect(w.biggest > 1e-3, "%s: the gradients are all near zero (%g): nothing was tested",
               what, w.biggest);
+    /* a bfloat16 dqkv: the same sums, each rounded once as it is stored */
+    for (size_t i = 0; i < r.dqkv.size(); i++)
+        cr_assert_eq(r.dqkv16[i], dp_bf16_round(r.dqkv[i]), "%s: bf16 dqkv[%zu]", what, i);
 }
 
 void case_of(size_t B, size_t T, size_t NH, float sharp, uint32_t seed)

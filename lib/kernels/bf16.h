@@ -131,4 +131,37 @@ static inline DP_HD float dp_pref_at(dp_pref r, size_t i)
     return r.bf16 ? dp_bf16_widen(((const uint16_t *)r.p)[i]) : ((const float *)r.p)[i];
 }
 
+/* An output tensor of float32 or bfloat16 elements, the store side of
+ * dp_pref: a kernel computes in float32 and dp_pout_set stores element i
+ * as it is, or rounded once (dp_bf16_round), so the bfloat16 output is the
+ * float32 one rounded, bit for bit. */
+typedef struct dp_pout {
+    void *p;
+    int bf16; /* 0: p holds floats; 1: bfloat16 bits (uint16_t) */
+} dp_pout;
+
+static inline DP_HD dp_pout dp_pout_f32(float *p)
+{
+    dp_pout r;
+    r.p = p;
+    r.bf16 = 0;
+    return r;
+}
+
+static inline DP_HD dp_pout dp_pout_bf16(uint16_t *p)
+{
+    dp_pout r;
+    r.p = p;
+    r.bf16 = 1;
+    return r;
+}
+
+static inline DP_HD void dp_pout_set(dp_pout o, size_t i, float v)
+{
+    if (o.bf16)
+        ((uint16_t *)o.p)[i] = dp_bf16_round(v);
+    else
+        ((float *)o.p)[i] = v;
+}
+
 #endif /* DP_KERNELS_BF16_H */

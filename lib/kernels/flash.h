@@ -39,12 +39,16 @@
  * on registers and shared memory in the same order (keys, or queries,
  * ascending; one online step per key), and for other head sizes loops
  * the items themselves. Accumulators of the items live in their output
- * rows (out, dqkv: float32), so an item needs no scratch for any hs.
+ * rows (out, and dqkv when float32), so an item needs no scratch for any
+ * hs; a bfloat16 dqkv (dp_pout: the GPT's bf16 activation gradients) is
+ * accumulated in a local row of at most DP_FLASH_HS_MAX16 floats and
+ * rounded once as it is stored: the float32 dqkv's values, rounded.
  *
  * Operands are read through dp_pref (kernels/bf16.h): qkvr and out may
  * be float32 or bfloat16, widened exactly on read; every sum is float32.
  * Layouts: out, dout (B,T,C) and dqkv (B,T,3C), C = NH*hs, row r of a
- * pair's head at dp_flash_tok_row; lse and delta (B,NH,T), index r.
+ * pair's head at dp_flash_tok_row; lse and delta (B,NH,T), index r. dqkv
+ * is float32 or bfloat16 (dp_pout).
  */
 #ifndef DP_KERNELS_FLASH_H
 #define DP_KERNELS_FLASH_H
@@ -75,6 +79,10 @@ static inline DP_HD size_t dp_flash_tok_row(size_t r, size_t T, size_t NH, size_
     size_t t = r % T, pair = r / T, h = pair % NH, b = pair / NH;
     return ((b * T + t) * parts + part) * NH * hs + h * hs;
 }
+
+/* The largest head size whose dqkv may be bfloat16 (an item's local
+ * accumulator rows). */
+#define DP_FLASH_HS_MAX16 256
 
 // --- the pieces --------------------------------------------------------------------------
 
@@ -194,8 +202,17 @@ static inline DP_HD void dp_flash_delta_item(float *delta, const float *dout, dp
     delta[r] = dp_flash_dot(dp_pref_f32(dout), o, out, o, hs);
 }
 
-/* dq of query row r = p*T + i into dqkv (overwritten): keys 0..i. */
-static inline DP_HD void dp_flash_dq_item(float *dqkv, const float *dout, dp_pref qkvr,
+/* acc[0..n) stored at o's elements at..at+n: as they are into a float32
+ * o (where acc already is, in place), rounded into a bfloat16 one. */
+static inline DP_HD void dp_flash_store_row(dp_pout o, size_t at, const float *acc, size_t n)
+{
+    if (!o.bf16) return; /* the items accumulated in the row itself */
+    for (size_t d = 0; d < n; d++) dp_pout_set(o, at + d, acc[d]);
+}
+
+/* dq of query row r = p*T + i into dqkv (overwritten): keys 0..i. A
+ * bfloat16 dqkv needs hs <= DP_FLASH_HS_MAX16. */
+static inline DP_HD void dp_flash_dq_item(dp_pout dqkv, const float *dout, dp_pref qkvr,
                                           const float *lse, const float *delta, size_t B,
                                           size_t T, size_t NH, size_t hs, float scale, size_t r)
 {
@@ -203,8 +220,9 @@ static inline DP_HD void dp_flash_dq_item(float *dqkv, const float *dout, dp_pre
     size_t q = dp_flash_qkvr_row(0, r, BNH, T, hs), k = dp_flash_qkvr_row(1, r0, BNH, T, hs),
            v = dp_flash_qkvr_row(2, r0, BNH, T, hs);
     dp_pref g = dp_pref_f32(dout);
-    size_t go = dp_flash_tok_row(r, T, NH, hs, 1, 0);
-    float *dq = dqkv + dp_flash_tok_row(r, T, NH, hs, 3, 0);
+    size_t go = dp_flash_tok_row(r, T, NH, hs, 1, 0), at = dp_flash_tok_row(r, T, NH, hs, 3, 0);
+    float local[DP_FLASH_HS_MAX16];
+    float *dq = dqkv.bf16 ? local : (float *)dqkv.p + at;
     float L = lse[r], D = delta[r];
     for (size_t d = 0; d < hs; d++) dq[d] = 0.0f;
     for (size_t j = 0; j <= i; j++) {
@@ -213,12 +231,13 @@ static inline DP_HD void dp_flash_dq_item(float *dqkv, const float *dout, dp_pre
         dp_flash_axpy(dq, dp_flash_dscore(p, dp, D), qkvr, k + j * hs, hs);
     }
     dp_flash_scale(dq, scale, hs);
+    dp_flash_store_row(dqkv, at, dq, hs);
 }
 
 /* dk and dv of key row r = p*T + j into dqkv (overwritten): queries
  * j..T-1. The dots are the dq pass's (q before k, dO before v, the same
  * order), so both passes see the same p_ij and dp_ij. */
-static inline DP_HD void dp_flash_dkdv_item(float *dqkv, const float *dout, dp_pref qkvr,
+static inline DP_HD void dp_flash_dkdv_item(dp_pout dqkv, const float *dout, dp_pref qkvr,
                                             const float *lse, const float *delta, size_t B,
                                             size_t T, size_t NH, size_t hs, float scale,
                                             size_t r)
@@ -227,8 +246,10 @@ static inline DP_HD void dp_flash_dkdv_item(float *dqkv, const float *dout, dp_p
     size_t q = dp_flash_qkvr_row(0, r0, BNH, T, hs), k = dp_flash_qkvr_row(1, r, BNH, T, hs),
            v = dp_flash_qkvr_row(2, r, BNH, T, hs);
     dp_pref g = dp_pref_f32(dout);
-    float *dk = dqkv + dp_flash_tok_row(r, T, NH, hs, 3, 1);
-    float *dv = dqkv + dp_flash_tok_row(r, T, NH, hs, 3, 2);
+    size_t ak = dp_flash_tok_row(r, T, NH, hs, 3, 1), av = dp_flash_tok_row(r, T, NH, hs, 3, 2);
+    float local_k[DP_FLASH_HS_MAX16], local_v[DP_FLASH_HS_MAX16];
+    float *dk = dqkv.bf16 ? local_k : (float *)dqkv.p + ak;
+    float *dv = dqkv.bf16 ? local_v : (float *)dqkv.p + av;
     for (size_t d = 0; d < hs; d++) dk[d] = dv[d] = 0.0f;
     for (size_t i = j; i < T; i++) {
         size_t go = dp_flash_tok_row(r0 + i, T, NH, hs, 1, 0);
@@ -238,6 +259,8 @@ static inline DP_HD void dp_flash_dkdv_item(float *dqkv, const float *dout, dp_p
         dp_flash_axpy(dk, dp_flash_dscore(p, dp, delta[r0 + i]), qkvr, q + i * hs, hs);
     }
     dp_flash_scale(dk, scale, hs);
+    dp_flash_store_row(dqkv, ak, dk, hs);
+    dp_flash_store_row(dqkv, av, dv, hs);
 }
 
 #endif /* DP_KERNELS_FLASH_H */

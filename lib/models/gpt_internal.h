@@ -194,7 +194,8 @@ static inline xin gemm_in(const layer_acts *a, const float *p)
  *                     att16 (B,NH,rows,T) bfloat16, the chunk's
  *                     probabilities and then score gradients as the
  *                     GEMMs read them. With fused_att no att, datt or
- *                     dqkvr: the fused backward writes dqkv directly and
+ *                     dqkvr: the fused backward writes dqkv directly (as
+ *                     bfloat16 with dqkv16, in its first half) and
  *                     needs only delta (B,NH,T), and the forward's
  *                     permute writes the kept qkvr directly (bfloat16
  *                     too); the forward uses the attention scratch for
@@ -230,6 +231,9 @@ typedef struct carve {
     int recompute_gelu; /* no fch_gelu per block: big_gelu holds it, recomputed */
     int chunked_att;    /* big_att and big_datt hold one chunk of queries */
     int fused_att;      /* no probabilities anywhere: l_lse per block, big_delta */
+    /* act16 with fused_att (head size <= DP_FLASH_HS_MAX16): the attention's
+     * backward writes dqkv as bfloat16 at big, which c_attn's reads as it is */
+    int dqkv16;
     size_t att_rows;    /* queries per chunk: min(att_chunk(g), T), else T */
 } carve;
 

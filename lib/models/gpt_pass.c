@@ -424,9 +424,18 @@ dp_status gpt_pass_body_backward(const dp_gpt *gpt, dp_device *dev, wview params
         float *dqkv = big;
         DP_TRY(lin_bwd(dev, dbtc, G(BLK_APROJ_W), G(BLK_APROJ_B), dresidual, d16,
                        gemm_in(&a, a.atty), P(BLK_APROJ_W), BT, C, C));
-        DP_TRY(attention_backward(dev, &c, &a, big, dqkv, dbtc, B, T, C, NH));
-        DP_TRY(lin_bwd(dev, dbtc, G(BLK_ATTN_W), G(BLK_ATTN_B), dqkv, d16, gemm_in(&a, a.ln1),
-                       P(BLK_ATTN_W), BT, C, 3 * C));
+        if (c.dqkv16) { /* dqkv bfloat16, which c_attn's GEMMs and bias read as it is */
+            DP_TRY(dp_attention_backward_fused16(dev, (dp_bf16 *)dqkv, big + c.big_delta, dbtc,
+                                                 a.qkvr, DP_DTYPE_BF16, a.lse, a.atty,
+                                                 DP_DTYPE_BF16, B, T, C, NH));
+            DP_TRY(dp_linear_backward_from16(dev, dbtc, G(BLK_ATTN_W), G(BLK_ATTN_B),
+                                             (const dp_bf16 *)dqkv, a.ln1, DP_DTYPE_BF16,
+                                             P(BLK_ATTN_W), BT, C, 3 * C));
+        } else {
+            DP_TRY(attention_backward(dev, &c, &a, big, dqkv, dbtc, B, T, C, NH));
+            DP_TRY(lin_bwd(dev, dbtc, G(BLK_ATTN_W), G(BLK_ATTN_B), dqkv, d16,
+                           gemm_in(&a, a.ln1), P(BLK_ATTN_W), BT, C, 3 * C));
+        }
         DP_TRY(ln_bwd(dev, dresidual, G(BLK_LN1_W), G(BLK_LN1_B), dbtc, residual, P(BLK_LN1_W),
                       a.ln1_mean, a.ln1_rstd, BT, C));
         /* dresidual is now d(block input) = d(previous block's residual3). */

@@ -3,6 +3,7 @@
  * where each block's kept activations and the backward's scratch live,
  * llm.c's layout.
  */
+#include "kernels/flash.h" /* DP_FLASH_HS_MAX16 */
 #include "models/gpt_internal.h"
 
 /* Places a buffer of n floats at *at (aligned) and advances *at. */
@@ -40,6 +41,7 @@ int gpt_make_carve(const gpt_variant *v, size_t B, size_t T, int keep_lnf, carve
     c->recompute_gelu = v->recompute_gelu;
     c->chunked_att = v->chunked_att;
     c->fused_att = fused;
+    c->dqkv16 = act16 && fused && C / NH <= DP_FLASH_HS_MAX16;
     c->att_rows = rows;
 
     /* One block, relative to its start. */

@@ -10,7 +10,8 @@
  *             Gimelshein (2018) over keys 0..t;
  *   backward  delta(B,NH,T) = rowwise dout.out, then the query-major pass
  *             (dq) and the key-major pass (dk, dv), each writing its part
- *             of dqkv(B,T,3C) directly (no permute back, no dqkvr).
+ *             of dqkv(B,T,3C) directly (no permute back, no dqkvr), as
+ *             float32 or (dp_attention_backward_fused16) bfloat16.
  *
  * Unlike the chunked calls (nn/attention.c) nothing of size T*T, or of a
  * chunk times T, is written: the probabilities exist one at a time in a
@@ -23,6 +24,7 @@
 #include "core/error.h"
 #include "dp/checked.h"
 #include "dp/nn.h"
+#include "nn/nn_act16.h"
 #include "nn/nn_check.h"
 
 // --- argument checks -------------------------------------------------------------------
@@ -101,27 +103,32 @@ dp_status dp_attention_forward_fused(dp_device *dev, float *out, void *qkvr, dp_
 
 // --- backward --------------------------------------------------------------------------
 
-dp_status dp_attention_backward_fused(dp_device *dev, float *dqkv, float *delta,
-                                      const float *dout, const void *qkvr, dp_dtype qkvr_dtype,
-                                      const float *lse, const void *out, dp_dtype out_dtype,
-                                      size_t B, size_t T, size_t C, size_t NH)
+/* The backward into dqkv of either type (fn names the public call). */
+static dp_status backward_fused(const char *fn, dp_device *dev, dp_pout dqkv, float *delta,
+                                const float *dout, const void *qkvr, dp_dtype qkvr_dtype,
+                                const float *lse, const void *out, dp_dtype out_dtype, size_t B,
+                                size_t T, size_t C, size_t NH)
 {
-    static const char fn[] = "dp_attention_backward_fused";
     if (!dev) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: dev must not be NULL", fn);
     int q16, o16;
     DP_TRY(dp_nn_check_dtype(fn, dev, "qkvr_dtype", qkvr_dtype, &q16));
     DP_TRY(dp_nn_check_dtype(fn, dev, "out_dtype", out_dtype, &o16));
-    if (!dqkv || !delta || !dout || !qkvr || !lse || !out)
+    if (!dqkv.p || !delta || !dout || !qkvr || !lse || !out)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
                        "%s on %s: dqkv, delta, dout, qkvr, lse and out must not be NULL "
                        "(dqkv=%p delta=%p dout=%p qkvr=%p lse=%p out=%p)",
-                       fn, dev->name, (void *)dqkv, (void *)delta, (const void *)dout, qkvr,
+                       fn, dev->name, dqkv.p, (void *)delta, (const void *)dout, qkvr,
                        (const void *)lse, out);
     DP_TRY(check_dims(fn, dev, B, T, C, NH));
-    const void *bufs[] = {dqkv, delta, dout, qkvr, lse, out};
+    size_t hs = C / NH, n = B * NH * T;
+    if (dqkv.bf16 && hs > DP_FLASH_HS_MAX16)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
+                       "%s on %s: head size %zu (C=%zu / NH=%zu); a bfloat16 dqkv takes head "
+                       "sizes up to %d; use the float32 dp_attention_backward_fused",
+                       fn, dev->name, hs, C, NH, DP_FLASH_HS_MAX16);
+    const void *bufs[] = {dqkv.p, delta, dout, qkvr, lse, out};
     const char *names[] = {"dqkv", "delta", "dout", "qkvr", "lse", "out"};
     DP_TRY(dp_nn_check_distinct(fn, dev, bufs, names, 6));
-    size_t hs = C / NH, n = B * NH * T;
     float scale = scale_of(hs);
     dp_pref q = pref_of(qkvr, q16);
     const dp_backend_ops *o = dev->ops;
@@ -134,4 +141,22 @@ dp_status dp_attention_backward_fused(dp_device *dev, float *dqkv, float *delta,
     DP_TRY(o->attention_fused_delta(dev, delta, dout, pref_of(out, o16), T, NH, hs, n));
     DP_TRY(o->attention_fused_dq(dev, dqkv, dout, q, lse, delta, B, T, NH, hs, scale, n));
     return o->attention_fused_dkdv(dev, dqkv, dout, q, lse, delta, B, T, NH, hs, scale, n);
+}
+
+dp_status dp_attention_backward_fused(dp_device *dev, float *dqkv, float *delta,
+                                      const float *dout, const void *qkvr, dp_dtype qkvr_dtype,
+                                      const float *lse, const void *out, dp_dtype out_dtype,
+                                      size_t B, size_t T, size_t C, size_t NH)
+{
+    return backward_fused("dp_attention_backward_fused", dev, dp_pout_f32(dqkv), delta, dout,
+                          qkvr, qkvr_dtype, lse, out, out_dtype, B, T, C, NH);
+}
+
+dp_status dp_attention_backward_fused16(dp_device *dev, dp_bf16 *dqkv, float *delta,
+                                        const float *dout, const void *qkvr, dp_dtype qkvr_dtype,
+                                        const float *lse, const void *out, dp_dtype out_dtype,
+                                        size_t B, size_t T, size_t C, size_t NH)
+{
+    return backward_fused("dp_attention_backward_fused16", dev, dp_pout_bf16(dqkv), delta, dout,
+                          qkvr, qkvr_dtype, lse, out, out_dtype, B, T, C, NH);
 }

@@ -191,6 +191,22 @@ DP_MODULE_API dp_status dp_gelu_backward_bf16(dp_device *dev, dp_bf16 *dinp, con
                                               const dp_bf16 *dout, size_t n);
 
 /*
+ * dp_attention_backward_fused (dp/nn.h) with dqkv(B,T,3C) written as
+ * bfloat16: each element the float32 call's value rounded once (the
+ * kernels accumulate in float32 and round as they store; cuDNN's, with
+ * DP_CUDA_CUDNN=1, writes its own bfloat16 result directly). The GPT's
+ * bf16 activation gradients, which c_attn's backward reads as they are
+ * (dp_linear_backward_from16). Arguments, ownership and errors as
+ * dp_attention_backward_fused, and DP_ERR_INVALID_ARGUMENT for a head
+ * size past DP_FLASH_HS_MAX16 (256, kernels/flash.h).
+ */
+DP_MODULE_API dp_status dp_attention_backward_fused16(dp_device *dev, dp_bf16 *dqkv, float *delta,
+                                                      const float *dout, const void *qkvr,
+                                                      dp_dtype qkvr_dtype, const float *lse,
+                                                      const void *out, dp_dtype out_dtype,
+                                                      size_t B, size_t T, size_t C, size_t NH);
+
+/*
  * The fused softmax cross-entropy over bfloat16 logits (llm.c's fused
  * classifier): logits(N,V) bfloat16, the LM head's output; targets(N)
  * int32 class ids in [0, V), -1 = ignored. Writes losses(N) float32, each

@@ -76,7 +76,7 @@ cudaError_t tc_device_ready(int dev, bool *ready)
 /* Whether the tensor core kernels (cuda_flash_tc.cuh) take this call:
  * bfloat16 q, k, v of head size 64, 16-byte aligned rows (their loads
  * move 8 and 16 bytes: qkvr and dout), an 8-byte aligned output (out or
- * dqkv: they store float pairs), DP_CUDA_FLASH_TC not "0" (read once),
+ * dqkv: they store float or bfloat16 pairs), DP_CUDA_FLASH_TC not "0" (read once),
  * and the current device ready for them (tc_device_ready). */
 cudaError_t tc_takes(dp_pref qkvr, size_t hs, const void *dout, const void *dst, bool *takes)
 {
@@ -137,7 +137,7 @@ extern "C" cudaError_t dp_cuda_launch_attention_fused_delta(cudaStream_t s, floa
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t dp_cuda_launch_attention_fused_dq(cudaStream_t s, float *dqkv,
+extern "C" cudaError_t dp_cuda_launch_attention_fused_dq(cudaStream_t s, dp_pout dqkv,
                                                          const float *dout, dp_pref qkvr,
                                                          const float *lse, const float *delta,
                                                          size_t B, size_t T, size_t NH,
@@ -146,7 +146,7 @@ extern "C" cudaError_t dp_cuda_launch_attention_fused_dq(cudaStream_t s, float *
     if (n == 0) return cudaSuccess;
     size_t nt = (T + ROWS - 1) / ROWS;
     bool tc;
-    cudaError_t e = tc_takes(qkvr, hs, dout, dqkv, &tc);
+    cudaError_t e = tc_takes(qkvr, hs, dout, dqkv.p, &tc);
     if (e != cudaSuccess) return e;
     if (tc)
         k_flash_tc_dq<<<tiled_blocks(B, T, NH), dp_tc::THREADS, dp_tc::SMEM_QUERY, s>>>(
@@ -163,7 +163,7 @@ extern "C" cudaError_t dp_cuda_launch_attention_fused_dq(cudaStream_t s, float *
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t dp_cuda_launch_attention_fused_dkdv(cudaStream_t s, float *dqkv,
+extern "C" cudaError_t dp_cuda_launch_attention_fused_dkdv(cudaStream_t s, dp_pout dqkv,
                                                            const float *dout, dp_pref qkvr,
                                                            const float *lse, const float *delta,
                                                            size_t B, size_t T, size_t NH,
@@ -171,7 +171,7 @@ extern "C" cudaError_t dp_cuda_launch_attention_fused_dkdv(cudaStream_t s, float
 {
     if (n == 0) return cudaSuccess;
     bool tc;
-    cudaError_t e = tc_takes(qkvr, hs, dout, dqkv, &tc);
+    cudaError_t e = tc_takes(qkvr, hs, dout, dqkv.p, &tc);
     if (e != cudaSuccess) return e;
     if (tc)
         k_flash_tc_dkdv<<<tiled_blocks(B, T, NH), dp_tc::THREADS, dp_tc::SMEM_KEY, s>>>(

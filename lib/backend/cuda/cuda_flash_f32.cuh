@@ -183,7 +183,7 @@ DP_UNROLL
 
 template <int HS, int G>
 __global__ void __launch_bounds__(ROWS *G)
-    k_flash_dq(float *dqkv, const float *dout, dp_pref qkvr, const float *lse,
+    k_flash_dq(dp_pout dqkv, const float *dout, dp_pref qkvr, const float *lse,
                const float *delta, size_t B, size_t T, size_t NH, float scale, size_t ntiles)
 {
     typedef tile_layout<HS, G> L;
@@ -222,16 +222,16 @@ DP_UNROLL
     }
     if (!live) return;
     dp_flash_scale(dq, scale, D);
-    float *dst = dqkv + dp_flash_tok_row(ri, T, NH, HS, 3, 0) + sl.g * D;
+    const size_t dst = dp_flash_tok_row(ri, T, NH, HS, 3, 0) + sl.g * D;
 DP_UNROLL
-    for (unsigned d = 0; d < D; d++) dst[d] = dq[d];
+    for (unsigned d = 0; d < D; d++) dp_pout_set(dqkv, dst + d, dq[d]);
 }
 
 // --- dk, dv: key-major --------------------------------------------------------------------
 
 template <int HS, int G>
 __global__ void __launch_bounds__(ROWS *G)
-    k_flash_dkdv(float *dqkv, const float *dout, dp_pref qkvr, const float *lse,
+    k_flash_dkdv(dp_pout dqkv, const float *dout, dp_pref qkvr, const float *lse,
                  const float *delta, size_t B, size_t T, size_t NH, float scale)
 {
     typedef tile_layout<HS, G> L;
@@ -281,12 +281,12 @@ DP_UNROLL
     }
     if (!live) return;
     dp_flash_scale(dk, scale, D);
-    float *dst_k = dqkv + dp_flash_tok_row(rj, T, NH, HS, 3, 1) + sl.g * D;
-    float *dst_v = dqkv + dp_flash_tok_row(rj, T, NH, HS, 3, 2) + sl.g * D;
+    const size_t dst_k = dp_flash_tok_row(rj, T, NH, HS, 3, 1) + sl.g * D;
+    const size_t dst_v = dp_flash_tok_row(rj, T, NH, HS, 3, 2) + sl.g * D;
 DP_UNROLL
     for (unsigned d = 0; d < D; d++) {
-        dst_k[d] = dk[d];
-        dst_v[d] = dv[d];
+        dp_pout_set(dqkv, dst_k + d, dk[d]);
+        dp_pout_set(dqkv, dst_v + d, dv[d]);
     }
 }
 
@@ -302,14 +302,14 @@ __global__ void k_flash_forward_items(float *out, float *lse, dp_pref qkvr, size
     ITEM_LOOP(r, n) dp_flash_forward_item(out, lse, qkvr, B, T, NH, hs, scale, r);
 }
 
-__global__ void k_flash_dq_items(float *dqkv, const float *dout, dp_pref qkvr, const float *lse,
-                                 const float *delta, size_t B, size_t T, size_t NH, size_t hs,
-                                 float scale, size_t n)
+__global__ void k_flash_dq_items(dp_pout dqkv, const float *dout, dp_pref qkvr,
+                                 const float *lse, const float *delta, size_t B, size_t T,
+                                 size_t NH, size_t hs, float scale, size_t n)
 {
     ITEM_LOOP(r, n) dp_flash_dq_item(dqkv, dout, qkvr, lse, delta, B, T, NH, hs, scale, r);
 }
 
-__global__ void k_flash_dkdv_items(float *dqkv, const float *dout, dp_pref qkvr,
+__global__ void k_flash_dkdv_items(dp_pout dqkv, const float *dout, dp_pref qkvr,
                                    const float *lse, const float *delta, size_t B, size_t T,
                                    size_t NH, size_t hs, float scale, size_t n)
 {

@@ -385,6 +385,34 @@ __device__ __forceinline__ void write_acc(float *dst, size_t stride, const float
         }
 }
 
+/* ... into a bfloat16 dst, each value rounded once (dp_bf16_round's bits:
+ * the float32 store's values rounded), a pair per 32-bit store. */
+__device__ __forceinline__ void write_acc(uint16_t *dst, size_t stride, const float acc[8][4],
+                                          bool live_g, bool live_g8, float mul)
+{
+    DP_UNROLL
+    for (unsigned n = 0; n < 8; n++)
+        DP_UNROLL
+        for (unsigned h = 0; h < 2; h++) {
+            if (!(h ? live_g8 : live_g)) continue;
+            const uint32_t lo = dp_bf16_round(acc[n][2 * h] * mul),
+                           hi = dp_bf16_round(acc[n][2 * h + 1] * mul);
+            *(uint32_t *)(dst + (lane_quad() + 8 * h) * stride + n * 8 + 2 * lane_in_quad()) =
+                lo | hi << 16;
+        }
+}
+
+/* write_acc at element `at` of o, float32 or bfloat16. */
+__device__ __forceinline__ void write_acc_at(dp_pout o, size_t at, size_t stride,
+                                             const float acc[8][4], bool live_g, bool live_g8,
+                                             float mul)
+{
+    if (o.bf16)
+        write_acc((uint16_t *)o.p + at, stride, acc, live_g, live_g8, mul);
+    else
+        write_acc((float *)o.p + at, stride, acc, live_g, live_g8, mul);
+}
+
 #endif /* DP_TC_BODY */
 } // namespace dp_tc
 
@@ -487,7 +515,7 @@ __global__ void __launch_bounds__(dp_tc::THREADS, 4)
 // --- dq: query-major ---------------------------------------------------------------------------
 
 __global__ void __launch_bounds__(dp_tc::THREADS)
-    k_flash_tc_dq(float *dqkv, const float *dout, const uint16_t *qkvr, const float *lse,
+    k_flash_tc_dq(dp_pout dqkv, const float *dout, const uint16_t *qkvr, const float *lse,
                   const float *delta, size_t B, size_t T, size_t NH, float scale, size_t ntiles)
 {
 #if DP_TC_BODY
@@ -545,15 +573,15 @@ __global__ void __launch_bounds__(dp_tc::THREADS)
         weights_times_tile(dq, wf, kt_s);
         __syncthreads(); /* every warp is done with buffer b before it is refilled */
     }
-    float *dst = dqkv + dp_flash_tok_row(r0 + (live[0] ? iw : 0), T, NH, HS, 3, 0);
-    write_acc(dst, 3 * C, dq, live[0], live[1], scale);
+    write_acc_at(dqkv, dp_flash_tok_row(r0 + (live[0] ? iw : 0), T, NH, HS, 3, 0), 3 * C, dq,
+                 live[0], live[1], scale);
 #endif
 }
 
 // --- dk, dv: key-major -------------------------------------------------------------------------
 
 __global__ void __launch_bounds__(dp_tc::THREADS, 3)
-    k_flash_tc_dkdv(float *dqkv, const float *dout, const uint16_t *qkvr, const float *lse,
+    k_flash_tc_dkdv(dp_pout dqkv, const float *dout, const uint16_t *qkvr, const float *lse,
                     const float *delta, size_t B, size_t T, size_t NH, float scale,
                     size_t ntiles)
 {
@@ -622,8 +650,8 @@ __global__ void __launch_bounds__(dp_tc::THREADS, 3)
         __syncthreads(); /* every warp is done with step b's buffers and dO before reuse */
     }
     const size_t rj = r0 + (live[0] ? jw : 0);
-    write_acc(dqkv + dp_flash_tok_row(rj, T, NH, HS, 3, 1), 3 * C, dk, live[0], live[1], scale);
-    write_acc(dqkv + dp_flash_tok_row(rj, T, NH, HS, 3, 2), 3 * C, dv, live[0], live[1], 1.0f);
+    write_acc_at(dqkv, dp_flash_tok_row(rj, T, NH, HS, 3, 1), 3 * C, dk, live[0], live[1], scale);
+    write_acc_at(dqkv, dp_flash_tok_row(rj, T, NH, HS, 3, 2), 3 * C, dv, live[0], live[1], 1.0f);
 #endif
 }
 
