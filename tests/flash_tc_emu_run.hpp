@@ -58,6 +58,19 @@ struct result {
     std::vector<uint16_t> dqkv16;
 };
 
+/* dq, then dk and dv, from dout (float32 or bfloat16) and r's lse and
+ * delta into dqkv. */
+inline void backward(const problem &p, const result &r, dp_pref dout, dp_pout dqkv)
+{
+    size_t nt = (p.T + dp_tc::BR - 1) / dp_tc::BR, blocks = nt * p.BNH;
+    emu_launch((unsigned)blocks, dp_tc::THREADS, dp_tc::SMEM_QUERY, k_flash_tc_dq, dqkv, dout,
+               p.qkvr.data(), (const float *)r.lse.data(), (const float *)r.delta.data(), p.B,
+               p.T, p.NH, p.scale, nt);
+    emu_launch((unsigned)blocks, dp_tc::THREADS, dp_tc::SMEM_KEY, k_flash_tc_dkdv, dqkv, dout,
+               p.qkvr.data(), (const float *)r.lse.data(), (const float *)r.delta.data(), p.B,
+               p.T, p.NH, p.scale, nt);
+}
+
 inline result run_kernels(const problem &p)
 {
     result r;
@@ -70,18 +83,12 @@ inline result run_kernels(const problem &p)
     /* D = dO . O per row, as the backend's delta op gives it */
     r.delta.resize(p.BNH * p.T);
     for (size_t row = 0; row < p.BNH * p.T; row++)
-        dp_flash_delta_item(r.delta.data(), p.dout.data(), dp_pref_f32(r.out.data()), p.T, p.NH,
-                            HS, row);
+        dp_flash_delta_item(r.delta.data(), dp_pref_f32(p.dout.data()),
+                            dp_pref_f32(r.out.data()), p.T, p.NH, HS, row);
     r.dqkv16.assign(r.dqkv.size(), 0xabcd);
-    for (int o16 = 0; o16 < 2; o16++) {
-        dp_pout dq = o16 ? dp_pout_bf16(r.dqkv16.data()) : dp_pout_f32(r.dqkv.data());
-        emu_launch((unsigned)blocks, dp_tc::THREADS, dp_tc::SMEM_QUERY, k_flash_tc_dq, dq,
-                   (const float *)p.dout.data(), p.qkvr.data(), (const float *)r.lse.data(),
-                   (const float *)r.delta.data(), p.B, p.T, p.NH, p.scale, nt);
-        emu_launch((unsigned)blocks, dp_tc::THREADS, dp_tc::SMEM_KEY, k_flash_tc_dkdv, dq,
-                   (const float *)p.dout.data(), p.qkvr.data(), (const float *)r.lse.data(),
-                   (const float *)r.delta.data(), p.B, p.T, p.NH, p.scale, nt);
-    }
+    for (int o16 = 0; o16 < 2; o16++)
+        backward(p, r, dp_pref_f32(p.dout.data()),
+                 o16 ? dp_pout_bf16(r.dqkv16.data()) : dp_pout_f32(r.dqkv.data()));
     return r;
 }
 

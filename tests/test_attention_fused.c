@@ -195,15 +195,36 @@ static fused fused_run(dp_device *dev, shape s, const float *qkv_host, const flo
      * rounded once */
     dp_bf16 *dqkv16 = dev_nan(dev, nq * 2), *h16 = malloc(nq * 2);
     cr_assert(h16);
-    dp_assert_ok(dp_attention_backward_fused16(dev, dqkv16, delta, dout, qkvr, qt, lse,
-                                               o16 ? out16 : (void *)out,
-                                               o16 ? DP_DTYPE_BF16 : DP_DTYPE_F32, s.B, s.T, s.C,
-                                               s.NH));
+    dp_dtype ot = o16 ? DP_DTYPE_BF16 : DP_DTYPE_F32;
+    void *op = o16 ? out16 : (void *)out;
+    dp_assert_ok(dp_attention_backward_fused16(dev, dqkv16, delta, dout, DP_DTYPE_F32, qkvr, qt,
+                                               lse, op, ot, s.B, s.T, s.C, s.NH));
     dp_assert_ok(dp_copy_d2h(dev, h16, dqkv16, nq * 2));
     for (size_t i = 0; i < nq; i++)
         cr_assert_eq(h16[i], dp_bf16_from_float(r.dqkv[i]), "bf16 dqkv[%zu] (T=%zu C=%zu)", i,
                      s.T, s.C);
-    free(h16);
+    /* ... from a bfloat16 dout: the float32 call's bits on its widened
+     * values, rounded */
+    float *wide = malloc(no * sizeof *wide);
+    dp_bf16 *g16h = malloc(no * sizeof *g16h);
+    cr_assert(wide && g16h);
+    for (size_t i = 0; i < no; i++) {
+        g16h[i] = dp_bf16_from_float(dout_host[i]);
+        wide[i] = dp_bf16_to_float(g16h[i]);
+    }
+    float *dw = dp_test_upload(dev, wide, no), *dqkv_w = dev_nan(dev, nq * 4);
+    dp_bf16 *g16 = dev_nan(dev, no * 2);
+    dp_assert_ok(dp_copy_h2d(dev, g16, g16h, no * 2));
+    dp_assert_ok(dp_attention_backward_fused(dev, dqkv_w, delta, dw, qkvr, qt, lse, op, ot, s.B,
+                                             s.T, s.C, s.NH));
+    dp_assert_ok(dp_attention_backward_fused16(dev, dqkv16, delta, g16, DP_DTYPE_BF16, qkvr, qt,
+                                               lse, op, ot, s.B, s.T, s.C, s.NH));
+    float *hw = download(dev, dqkv_w, nq);
+    dp_assert_ok(dp_copy_d2h(dev, h16, dqkv16, nq * 2));
+    for (size_t i = 0; i < nq; i++)
+        cr_assert_eq(h16[i], dp_bf16_from_float(hw[i]), "bf16 dqkv[%zu] from bf16 dout", i);
+    free(hw), free(wide), free(g16h), free(h16);
+    dp_device_free(dev, dw), dp_device_free(dev, dqkv_w), dp_device_free(dev, g16);
     dp_device_free(dev, dqkv16);
     void *bufs[] = {qkv, dout, out, lse, delta, dqkv, qkvr, out16};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
@@ -589,12 +610,15 @@ Test(attention_fused, bad_arguments)
 
     /* A bfloat16 dqkv takes head sizes up to DP_FLASH_HS_MAX16 (its items'
      * local rows). */
-    expect_invalid(dp_attention_backward_fused16(dev, (dp_bf16 *)dqkv, delta, dout, qkvr, F, lse,
-                                                 out, F, 1, 1, 257, 1),
+    expect_invalid(dp_attention_backward_fused16(dev, (dp_bf16 *)dqkv, delta, dout, F, qkvr, F,
+                                                 lse, out, F, 1, 1, 257, 1),
                    "head size 257");
-    expect_invalid(dp_attention_backward_fused16(dev, NULL, delta, dout, qkvr, F, lse, out, F,
+    expect_invalid(dp_attention_backward_fused16(dev, NULL, delta, dout, F, qkvr, F, lse, out, F,
                                                  B, T, C, NH),
                    "dp_attention_backward_fused16");
+    expect_invalid(dp_attention_backward_fused16(dev, (dp_bf16 *)dqkv, delta, dout,
+                                                 DP_DTYPE_I32, qkvr, F, lse, out, F, B, T, C, NH),
+                   "dout_dtype");
 
     /* The same buffer twice. */
     expect_invalid(FWD(dev, out, out, F, lse, qkv, B, T, C, NH), "same buffer");

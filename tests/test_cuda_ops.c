@@ -1958,11 +1958,33 @@ static void fused_attention_run(dp_device *d, size_t B, size_t T, size_t C, size
     res[3] = dp_test_nn_download(d, delta, nr);
     /* into a bfloat16 dqkv: the same kernels' values, each rounded once */
     dp_bf16 *dqkv16 = dalloc(d, nq * 2), *h16 = xmalloc(nq * 2);
-    dp_assert_ok(dp_attention_backward_fused16(d, dqkv16, delta, dout, qkvr, t, lse,
-                                               bf16 ? o16 : (void *)out, t, B, T, C, NH));
+    dp_assert_ok(dp_attention_backward_fused16(d, dqkv16, delta, dout, DP_DTYPE_F32, qkvr, t,
+                                               lse, bf16 ? o16 : (void *)out, t, B, T, C, NH));
     dp_assert_ok(dp_copy_d2h(d, h16, dqkv16, nq * 2));
     for (size_t i = 0; i < nq; i++)
         cr_assert_eq(h16[i], dp_bf16_from_float(res[2][i]), "%s: bf16 dqkv[%zu]", d->name, i);
+    /* ... from a bfloat16 dout: the float32 call's bits on its widened
+     * values (the kernels round dO for their products either way) */
+    {
+        float *wide = xmalloc(no * 4);
+        for (size_t i = 0; i < no; i++) wide[i] = dp_bf16_to_float(dp_bf16_from_float(dout_h[i]));
+        float *dw = dp_test_upload(d, wide, no), *dq32 = dalloc(d, nq * 4), *dq_w;
+        void *g16 = upload_typed(d, dout_h, no, 1);
+        float *dl2 = dalloc(d, nr * 4);
+        dp_assert_ok(dp_attention_backward_fused(d, dq32, dl2, dw, qkvr, t, lse,
+                                                 bf16 ? o16 : (void *)out, t, B, T, C, NH));
+        dp_assert_ok(dp_attention_backward_fused16(d, dqkv16, delta, g16, DP_DTYPE_BF16, qkvr, t,
+                                                   lse, bf16 ? o16 : (void *)out, t, B, T, C,
+                                                   NH));
+        dq_w = dp_test_nn_download(d, dq32, nq);
+        dp_assert_ok(dp_copy_d2h(d, h16, dqkv16, nq * 2));
+        for (size_t i = 0; i < nq; i++)
+            cr_assert_eq(h16[i], dp_bf16_from_float(dq_w[i]), "%s: bf16 dqkv[%zu], bf16 dout",
+                         d->name, i);
+        free(wide), free(dq_w);
+        dp_device_free(d, dw), dp_device_free(d, dq32), dp_device_free(d, g16);
+        dp_device_free(d, dl2);
+    }
     free(h16);
     dp_device_free(d, dqkv16);
     void *bufs[] = {qkv, dout_buf, out_buf, lse, delta, dqkv_buf, qkvr, o16};

@@ -53,7 +53,12 @@ template <int HS, int GF, int GB> void run_case(size_t T, size_t NH, int bf16, u
         q16[i] = dp_bf16_round(uniform(&seed));
         q32[i] = bf16 ? dp_bf16_widen(q16[i]) : uniform(&seed);
     }
-    for (float &v : dout) v = uniform(&seed);
+    /* dO of bfloat16 values, so a bfloat16 copy (g16) holds the same ones */
+    std::vector<uint16_t> g16(dout.size());
+    for (size_t i = 0; i < dout.size(); i++) {
+        g16[i] = dp_bf16_round(uniform(&seed));
+        dout[i] = dp_bf16_widen(g16[i]);
+    }
     dp_pref qkvr = bf16 ? dp_pref_bf16(q16.data()) : dp_pref_f32(q32.data());
     /* the CPU */
     const size_t nq = B * T * 3 * C;
@@ -62,14 +67,15 @@ template <int HS, int GF, int GB> void run_case(size_t T, size_t NH, int bf16, u
     for (size_t r = 0; r < n; r++)
         dp_flash_forward_item(out_c.data(), lse_c.data(), qkvr, B, T, NH, hs, scale, r);
     for (size_t r = 0; r < n; r++)
-        dp_flash_delta_item(delta.data(), dout.data(), dp_pref_f32(out_c.data()), T, NH, hs, r);
+        dp_flash_delta_item(delta.data(), dp_pref_f32(dout.data()), dp_pref_f32(out_c.data()), T,
+                            NH, hs, r);
     for (int o16 = 0; o16 < 2; o16++) {
         dp_pout dq = o16 ? dp_pout_bf16(dqkv_c16.data()) : dp_pout_f32(dqkv_c.data());
         for (size_t r = 0; r < n; r++) {
-            dp_flash_dq_item(dq, dout.data(), qkvr, lse_c.data(), delta.data(), B, T, NH, hs,
-                             scale, r);
-            dp_flash_dkdv_item(dq, dout.data(), qkvr, lse_c.data(), delta.data(), B, T, NH, hs,
-                               scale, r);
+            dp_flash_dq_item(dq, dp_pref_f32(dout.data()), qkvr, lse_c.data(), delta.data(), B,
+                             T, NH, hs, scale, r);
+            dp_flash_dkdv_item(dq, dp_pref_f32(dout.data()), qkvr, lse_c.data(), delta.data(), B,
+                               T, NH, hs, scale, r);
         }
     }
     for (size_t i = 0; i < nq; i++)
@@ -81,7 +87,8 @@ template <int HS, int GF, int GB> void run_case(size_t T, size_t NH, int bf16, u
     std::vector<uint16_t> dqkv16(nq, 0xabcd);
     const size_t nt = (T + ROWS - 1) / ROWS;
     const unsigned tiles = (unsigned)(nt * BNH), items = 3;
-    const float *L = lse_c.data(), *D = delta.data(), *g = dout.data();
+    const float *L = lse_c.data(), *D = delta.data();
+    const dp_pref g = dp_pref_f32(dout.data());
     for (int o16 = 0; o16 < 2; o16++) {
         dp_pout dq = o16 ? dp_pout_bf16(dqkv16.data()) : dp_pout_f32(dqkv.data());
         if (HS == 64 || HS == 128) {
@@ -105,6 +112,34 @@ template <int HS, int GF, int GB> void run_case(size_t T, size_t NH, int bf16, u
     for (size_t i = 0; i < nq; i++) /* the same kernel's sums, rounded as stored */
         cr_assert_eq(dqkv16[i], dp_bf16_round(dqkv[i]), "hs %d: the kernels' bf16 dqkv[%zu]",
                      HS, i);
+    /* from the bfloat16 dO: the same values, so the same bits */
+    {
+        const dp_pref g16p = dp_pref_bf16(g16.data());
+        std::vector<float> again(nq, NAN);
+        const dp_pout dq = dp_pout_f32(again.data());
+        if (HS == 64 || HS == 128) {
+            emu_launch(tiles, ROWS * GB, 0, k_flash_dq<HS, GB>, dq, g16p, qkvr, L, D, B, T, NH,
+                       scale, nt);
+            emu_launch(tiles, ROWS * GB, 0, k_flash_dkdv<HS, GB>, dq, g16p, qkvr, L, D, B, T, NH,
+                       scale);
+        } else {
+            emu_launch(items, ROW_THREADS, 0, k_flash_dq_items, dq, g16p, qkvr, L, D, B, T, NH,
+                       hs, scale, n);
+            emu_launch(items, ROW_THREADS, 0, k_flash_dkdv_items, dq, g16p, qkvr, L, D, B, T, NH,
+                       hs, scale, n);
+        }
+        cr_assert(memcmp(again.data(), dqkv.data(), nq * sizeof(float)) == 0,
+                  "hs %d: dqkv from a bfloat16 dO differs", HS);
+        std::vector<float> d16(n, NAN), d32(n, NAN);
+        if (hs % 4 == 0) {
+            emu_launch(items, ROW_THREADS, 0, k_flash_delta_vec, d16.data(), g16p,
+                       dp_pref_f32(out_c.data()), T, NH, hs, n);
+            emu_launch(items, ROW_THREADS, 0, k_flash_delta_vec, d32.data(), g,
+                       dp_pref_f32(out_c.data()), T, NH, hs, n);
+            cr_assert(memcmp(d16.data(), d32.data(), n * sizeof(float)) == 0,
+                      "hs %d: D from a bfloat16 dO differs", HS);
+        }
+    }
     /* D: the vectorised kernel (hs % 4 == 0) and the item kernel give the
      * CPU's bits, from a float32 and a bfloat16 O */
     std::vector<uint16_t> out16(B * T * C);
@@ -113,7 +148,7 @@ template <int HS, int GF, int GB> void run_case(size_t T, size_t NH, int bf16, u
         dp_pref op = o16 ? dp_pref_bf16(out16.data()) : dp_pref_f32(out_c.data());
         std::vector<float> d_cpu(n), d_vec(n, NAN), d_items(n, NAN);
         for (size_t r = 0; r < n; r++)
-            dp_flash_delta_item(d_cpu.data(), dout.data(), op, T, NH, hs, r);
+            dp_flash_delta_item(d_cpu.data(), g, op, T, NH, hs, r);
         if (hs % 4 == 0)
             emu_launch(items, ROW_THREADS, 0, k_flash_delta_vec, d_vec.data(), g, op, T, NH, hs, n);
         else

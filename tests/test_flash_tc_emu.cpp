@@ -80,3 +80,26 @@ Test(flash_tc_emu, deterministic)
     cr_assert(memcmp(a.out.data(), b.out.data(), a.out.size() * sizeof(float)) == 0);
     cr_assert(memcmp(a.dqkv.data(), b.dqkv.data(), a.dqkv.size() * sizeof(float)) == 0);
 }
+
+/* A bfloat16 dO (the GPT's bf16 activation gradients) gives the bits of
+ * the float32 dO holding its widened values: the kernels round dO for
+ * their products either way, and then read the same bfloat16 tiles
+ * (dk/dv copies them as they are instead of rounding a float32 copy). */
+Test(flash_tc_emu, bf16_dout_is_its_widened_float32)
+{
+    problem p = make(2, 130, 2, 1.0f, 7u);
+    std::vector<uint16_t> g16(p.dout.size());
+    for (size_t i = 0; i < g16.size(); i++) {
+        g16[i] = dp_bf16_round(p.dout[i]);
+        p.dout[i] = dp_bf16_widen(g16[i]);
+    }
+    result r = run_kernels(p); /* from the float32 dO: its widened values */
+    std::vector<float> got(r.dqkv.size(), NAN);
+    backward(p, r, dp_pref_bf16(g16.data()), dp_pout_f32(got.data()));
+    cr_assert(memcmp(got.data(), r.dqkv.data(), got.size() * sizeof(float)) == 0,
+              "dqkv from a bfloat16 dO differs");
+    std::vector<uint16_t> got16(r.dqkv.size(), 0xabcd);
+    backward(p, r, dp_pref_bf16(g16.data()), dp_pout_bf16(got16.data()));
+    cr_assert(memcmp(got16.data(), r.dqkv16.data(), got16.size() * 2) == 0,
+              "bfloat16 dqkv from a bfloat16 dO differs");
+}

@@ -81,10 +81,11 @@ static const unsigned kinds[] = {0, DP_GPT_BF16, DP_GPT_BF16_ACT};
  * masters within 3% (measured: 1.8% at most, from sharp weights). With
  * bf16 activations the fused backward also forms D from the
  * bfloat16-rounded attention output (dp/nn.h), a 2^-9 relative error in
- * every score gradient's D, and writes dqkv as bfloat16 (which the
- * whole-matrix backward keeps float32 for FP32 math's GEMMs), which in
- * FP32 math move the masters by 0.21% (measured) rather than float32's
- * 0.0001%: 0.5% there; and the logits are bfloat16 (the bfloat16 head),
+ * every score gradient's D, and reads d(attention output) and writes
+ * dqkv as bfloat16 (which the whole-matrix backward keeps float32 for
+ * FP32 math's GEMMs), which in FP32 math move the masters by 0.29%
+ * (measured) rather than float32's 0.0001%: 0.5% there; and the logits
+ * are bfloat16 (the bfloat16 head),
  * so a float32 difference can flip a logit's rounding, moving its row's
  * loss by up to 2^-8 of the logit (7e-6 of the mean loss here per flip):
  * losses within 5e-5 there (measured: 3.7e-6). */

@@ -84,8 +84,9 @@ DP_API void dp_gpt_destroy(dp_gpt *gpt);
  * closely rather than bit for bit. The backward keeps the MLP's hidden
  * gradients (of the GELU's output and input, 4C wide) as bfloat16 too,
  * each rounded once, as llm.c's bf16 training does, and with
- * DP_GPT_FUSED_ATTENTION the gradient of q, k and v (3C wide); the bias
- * gradients of c_fc and c_attn sum those bfloat16 values in float32. The
+ * DP_GPT_FUSED_ATTENTION the attention's (of its output, and of q, k and
+ * v); the bias gradients of c_fc and c_attn sum those bfloat16 values in
+ * float32. The
  * residual stream and its gradient, the LayerNorm statistics, the
  * attention probabilities, the other activation gradients and every
  * parameter gradient stay float32, as under PyTorch's autocast. */

@@ -210,13 +210,14 @@ struct dp_backend_ops {
      * rounded to bfloat16 (the library's output type) and stored as
      * float32. The backward: what attention_fused_delta, _dq and _dkdv
      * write into dqkv(B,T,3C), rounded to bfloat16 likewise (and stored as
-     * float32, or as they are into a bfloat16 dqkv), from the forward's
-     * lse and out (float32 or bfloat16). Either may decline (DP_OK, *done
-     * = 0, nothing written): the caller runs the kernels. */
+     * float32, or as they are into a bfloat16 dqkv), from dout and the
+     * forward's lse and out (dout and out float32 or bfloat16). Either may
+     * decline (DP_OK, *done = 0, nothing written): the caller runs the
+     * kernels. */
     dp_status (*attention_lib_forward)(dp_device *dev, float *out, float *lse,
                                        const uint16_t *qkvr, size_t B, size_t T, size_t NH,
                                        size_t hs, float scale, int *done);
-    dp_status (*attention_lib_backward)(dp_device *dev, dp_pout dqkv, const float *dout,
+    dp_status (*attention_lib_backward)(dp_device *dev, dp_pout dqkv, dp_pref dout,
                                         const uint16_t *qkvr, const float *lse, dp_pref out,
                                         size_t B, size_t T, size_t NH, size_t hs, float scale,
                                         int *done);

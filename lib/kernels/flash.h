@@ -48,7 +48,7 @@
  * be float32 or bfloat16, widened exactly on read; every sum is float32.
  * Layouts: out, dout (B,T,C) and dqkv (B,T,3C), C = NH*hs, row r of a
  * pair's head at dp_flash_tok_row; lse and delta (B,NH,T), index r. dqkv
- * is float32 or bfloat16 (dp_pout).
+ * is float32 or bfloat16 (dp_pout), dout either (dp_pref).
  */
 #ifndef DP_KERNELS_FLASH_H
 #define DP_KERNELS_FLASH_H
@@ -194,12 +194,12 @@ static inline DP_HD void dp_flash_forward_item(float *out, float *lse, dp_pref q
 }
 
 /* delta[r] = D of row r = dO.O over the head's hs elements (dout and out
- * in (B,T,C); out float32 or bfloat16). */
-static inline DP_HD void dp_flash_delta_item(float *delta, const float *dout, dp_pref out,
-                                             size_t T, size_t NH, size_t hs, size_t r)
+ * in (B,T,C); each float32 or bfloat16). */
+static inline DP_HD void dp_flash_delta_item(float *delta, dp_pref dout, dp_pref out, size_t T,
+                                             size_t NH, size_t hs, size_t r)
 {
     size_t o = dp_flash_tok_row(r, T, NH, hs, 1, 0);
-    delta[r] = dp_flash_dot(dp_pref_f32(dout), o, out, o, hs);
+    delta[r] = dp_flash_dot(dout, o, out, o, hs);
 }
 
 /* acc[0..n) stored at o's elements at..at+n: as they are into a float32
@@ -212,14 +212,14 @@ static inline DP_HD void dp_flash_store_row(dp_pout o, size_t at, const float *a
 
 /* dq of query row r = p*T + i into dqkv (overwritten): keys 0..i. A
  * bfloat16 dqkv needs hs <= DP_FLASH_HS_MAX16. */
-static inline DP_HD void dp_flash_dq_item(dp_pout dqkv, const float *dout, dp_pref qkvr,
+static inline DP_HD void dp_flash_dq_item(dp_pout dqkv, dp_pref dout, dp_pref qkvr,
                                           const float *lse, const float *delta, size_t B,
                                           size_t T, size_t NH, size_t hs, float scale, size_t r)
 {
     size_t BNH = B * NH, i = r % T, r0 = r - i;
     size_t q = dp_flash_qkvr_row(0, r, BNH, T, hs), k = dp_flash_qkvr_row(1, r0, BNH, T, hs),
            v = dp_flash_qkvr_row(2, r0, BNH, T, hs);
-    dp_pref g = dp_pref_f32(dout);
+    dp_pref g = dout;
     size_t go = dp_flash_tok_row(r, T, NH, hs, 1, 0), at = dp_flash_tok_row(r, T, NH, hs, 3, 0);
     float local[DP_FLASH_HS_MAX16];
     float *dq = dqkv.bf16 ? local : (float *)dqkv.p + at;
@@ -237,7 +237,7 @@ static inline DP_HD void dp_flash_dq_item(dp_pout dqkv, const float *dout, dp_pr
 /* dk and dv of key row r = p*T + j into dqkv (overwritten): queries
  * j..T-1. The dots are the dq pass's (q before k, dO before v, the same
  * order), so both passes see the same p_ij and dp_ij. */
-static inline DP_HD void dp_flash_dkdv_item(dp_pout dqkv, const float *dout, dp_pref qkvr,
+static inline DP_HD void dp_flash_dkdv_item(dp_pout dqkv, dp_pref dout, dp_pref qkvr,
                                             const float *lse, const float *delta, size_t B,
                                             size_t T, size_t NH, size_t hs, float scale,
                                             size_t r)
@@ -245,7 +245,7 @@ static inline DP_HD void dp_flash_dkdv_item(dp_pout dqkv, const float *dout, dp_
     size_t BNH = B * NH, j = r % T, r0 = r - j;
     size_t q = dp_flash_qkvr_row(0, r0, BNH, T, hs), k = dp_flash_qkvr_row(1, r, BNH, T, hs),
            v = dp_flash_qkvr_row(2, r, BNH, T, hs);
-    dp_pref g = dp_pref_f32(dout);
+    dp_pref g = dout;
     size_t ak = dp_flash_tok_row(r, T, NH, hs, 3, 1), av = dp_flash_tok_row(r, T, NH, hs, 3, 2);
     float local_k[DP_FLASH_HS_MAX16], local_v[DP_FLASH_HS_MAX16];
     float *dk = dqkv.bf16 ? local_k : (float *)dqkv.p + ak;

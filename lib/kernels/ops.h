@@ -163,18 +163,18 @@
       (float *out, float *lse, dp_pref qkvr, size_t B, size_t T, size_t NH, size_t hs,     \
        float scale),                                                                       \
       (out, lse, qkvr, B, T, NH, hs, scale))                                               \
-    /* delta(B,NH,T) = dout . out per head row (out float32 or bfloat16) */               \
+    /* delta(B,NH,T) = dout . out per head row (each float32 or bfloat16) */             \
     X(attention_fused_delta, TILED, dp_flash_delta_item,                                  \
-      (float *delta, const float *dout, dp_pref out, size_t T, size_t NH, size_t hs),      \
+      (float *delta, dp_pref dout, dp_pref out, size_t T, size_t NH, size_t hs),           \
       (delta, dout, out, T, NH, hs))                                                       \
     /* dqkv(B,T,3C) (float32 or bfloat16): dq of query row r (query-major) */              \
     X(attention_fused_dq, TILED, dp_flash_dq_item,                                         \
-      (dp_pout dqkv, const float *dout, dp_pref qkvr, const float *lse,                    \
+      (dp_pout dqkv, dp_pref dout, dp_pref qkvr, const float *lse,                         \
        const float *delta, size_t B, size_t T, size_t NH, size_t hs, float scale),         \
       (dqkv, dout, qkvr, lse, delta, B, T, NH, hs, scale))                                 \
     /* dqkv(B,T,3C): dk and dv of key row r (the key-major pass) */                        \
     X(attention_fused_dkdv, TILED, dp_flash_dkdv_item,                                     \
-      (dp_pout dqkv, const float *dout, dp_pref qkvr, const float *lse,                    \
+      (dp_pout dqkv, dp_pref dout, dp_pref qkvr, const float *lse,                         \
        const float *delta, size_t B, size_t T, size_t NH, size_t hs, float scale),         \
       (dqkv, dout, qkvr, lse, delta, B, T, NH, hs, scale))                                 \
     /* x[r * ld + c0 + c] = value for the rows * cols items (kernels/elementwise.h); the    \

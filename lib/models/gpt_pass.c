@@ -422,16 +422,21 @@ dp_status gpt_pass_body_backward(const dp_gpt *gpt, dp_device *dev, wview params
                       a.ln2_mean, a.ln2_rstd, BT, C));
         /* Attention. dresidual is now the full d(residual2). */
         float *dqkv = big;
-        DP_TRY(lin_bwd(dev, dbtc, G(BLK_APROJ_W), G(BLK_APROJ_B), dresidual, d16,
-                       gemm_in(&a, a.atty), P(BLK_APROJ_W), BT, C, C));
-        if (c.dqkv16) { /* dqkv bfloat16, which c_attn's GEMMs and bias read as it is */
+        if (c.dqkv16) { /* d(atty) and dqkv bfloat16, each read as it is */
+            /* c_proj's float32 dinp, where its GEMM cannot write bfloat16,
+             * in dqkv's floats (written only by the attention after it) */
+            DP_TRY(dp_linear_backward_to16(dev, (dp_bf16 *)dbtc, dqkv, BT * C, G(BLK_APROJ_W),
+                                           G(BLK_APROJ_B), dresidual, (dp_bf16 *)d16, a.atty,
+                                           DP_DTYPE_BF16, P(BLK_APROJ_W), BT, C, C));
             DP_TRY(dp_attention_backward_fused16(dev, (dp_bf16 *)dqkv, big + c.big_delta, dbtc,
-                                                 a.qkvr, DP_DTYPE_BF16, a.lse, a.atty,
-                                                 DP_DTYPE_BF16, B, T, C, NH));
+                                                 DP_DTYPE_BF16, a.qkvr, DP_DTYPE_BF16, a.lse,
+                                                 a.atty, DP_DTYPE_BF16, B, T, C, NH));
             DP_TRY(dp_linear_backward_from16(dev, dbtc, G(BLK_ATTN_W), G(BLK_ATTN_B),
                                              (const dp_bf16 *)dqkv, a.ln1, DP_DTYPE_BF16,
                                              P(BLK_ATTN_W), BT, C, 3 * C));
         } else {
+            DP_TRY(lin_bwd(dev, dbtc, G(BLK_APROJ_W), G(BLK_APROJ_B), dresidual, d16,
+                           gemm_in(&a, a.atty), P(BLK_APROJ_W), BT, C, C));
             DP_TRY(attention_backward(dev, &c, &a, big, dqkv, dbtc, B, T, C, NH));
             DP_TRY(lin_bwd(dev, dbtc, G(BLK_ATTN_W), G(BLK_ATTN_B), dqkv, d16,
                            gemm_in(&a, a.ln1), P(BLK_ATTN_W), BT, C, 3 * C));

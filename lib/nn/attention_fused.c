@@ -105,19 +105,21 @@ dp_status dp_attention_forward_fused(dp_device *dev, float *out, void *qkvr, dp_
 
 /* The backward into dqkv of either type (fn names the public call). */
 static dp_status backward_fused(const char *fn, dp_device *dev, dp_pout dqkv, float *delta,
-                                const float *dout, const void *qkvr, dp_dtype qkvr_dtype,
+                                const void *dout, dp_dtype dout_dtype, const void *qkvr,
+                                dp_dtype qkvr_dtype,
                                 const float *lse, const void *out, dp_dtype out_dtype, size_t B,
                                 size_t T, size_t C, size_t NH)
 {
     if (!dev) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: dev must not be NULL", fn);
-    int q16, o16;
+    int q16, o16, g16;
     DP_TRY(dp_nn_check_dtype(fn, dev, "qkvr_dtype", qkvr_dtype, &q16));
     DP_TRY(dp_nn_check_dtype(fn, dev, "out_dtype", out_dtype, &o16));
+    DP_TRY(dp_nn_check_dtype(fn, dev, "dout_dtype", dout_dtype, &g16));
     if (!dqkv.p || !delta || !dout || !qkvr || !lse || !out)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
                        "%s on %s: dqkv, delta, dout, qkvr, lse and out must not be NULL "
                        "(dqkv=%p delta=%p dout=%p qkvr=%p lse=%p out=%p)",
-                       fn, dev->name, dqkv.p, (void *)delta, (const void *)dout, qkvr,
+                       fn, dev->name, dqkv.p, (void *)delta, dout, qkvr,
                        (const void *)lse, out);
     DP_TRY(check_dims(fn, dev, B, T, C, NH));
     size_t hs = C / NH, n = B * NH * T;
@@ -130,17 +132,17 @@ static dp_status backward_fused(const char *fn, dp_device *dev, dp_pout dqkv, fl
     const char *names[] = {"dqkv", "delta", "dout", "qkvr", "lse", "out"};
     DP_TRY(dp_nn_check_distinct(fn, dev, bufs, names, 6));
     float scale = scale_of(hs);
-    dp_pref q = pref_of(qkvr, q16);
+    dp_pref q = pref_of(qkvr, q16), g = pref_of(dout, g16);
     const dp_backend_ops *o = dev->ops;
     if (q16 && o->attention_lib_backward) {
         int done = 0;
-        DP_TRY(o->attention_lib_backward(dev, dqkv, dout, qkvr, lse, pref_of(out, o16), B, T, NH,
+        DP_TRY(o->attention_lib_backward(dev, dqkv, g, qkvr, lse, pref_of(out, o16), B, T, NH,
                                          hs, scale, &done));
         if (done) return DP_OK;
     }
-    DP_TRY(o->attention_fused_delta(dev, delta, dout, pref_of(out, o16), T, NH, hs, n));
-    DP_TRY(o->attention_fused_dq(dev, dqkv, dout, q, lse, delta, B, T, NH, hs, scale, n));
-    return o->attention_fused_dkdv(dev, dqkv, dout, q, lse, delta, B, T, NH, hs, scale, n);
+    DP_TRY(o->attention_fused_delta(dev, delta, g, pref_of(out, o16), T, NH, hs, n));
+    DP_TRY(o->attention_fused_dq(dev, dqkv, g, q, lse, delta, B, T, NH, hs, scale, n));
+    return o->attention_fused_dkdv(dev, dqkv, g, q, lse, delta, B, T, NH, hs, scale, n);
 }
 
 dp_status dp_attention_backward_fused(dp_device *dev, float *dqkv, float *delta,
@@ -149,14 +151,15 @@ dp_status dp_attention_backward_fused(dp_device *dev, float *dqkv, float *delta,
                                       size_t B, size_t T, size_t C, size_t NH)
 {
     return backward_fused("dp_attention_backward_fused", dev, dp_pout_f32(dqkv), delta, dout,
-                          qkvr, qkvr_dtype, lse, out, out_dtype, B, T, C, NH);
+                          DP_DTYPE_F32, qkvr, qkvr_dtype, lse, out, out_dtype, B, T, C, NH);
 }
 
 dp_status dp_attention_backward_fused16(dp_device *dev, dp_bf16 *dqkv, float *delta,
-                                        const float *dout, const void *qkvr, dp_dtype qkvr_dtype,
-                                        const float *lse, const void *out, dp_dtype out_dtype,
-                                        size_t B, size_t T, size_t C, size_t NH)
+                                        const void *dout, dp_dtype dout_dtype, const void *qkvr,
+                                        dp_dtype qkvr_dtype, const float *lse, const void *out,
+                                        dp_dtype out_dtype, size_t B, size_t T, size_t C,
+                                        size_t NH)
 {
     return backward_fused("dp_attention_backward_fused16", dev, dp_pout_bf16(dqkv), delta, dout,
-                          qkvr, qkvr_dtype, lse, out, out_dtype, B, T, C, NH);
+                          dout_dtype, qkvr, qkvr_dtype, lse, out, out_dtype, B, T, C, NH);
 }

@@ -192,19 +192,23 @@ DP_MODULE_API dp_status dp_gelu_backward_bf16(dp_device *dev, dp_bf16 *dinp, con
 
 /*
  * dp_attention_backward_fused (dp/nn.h) with dqkv(B,T,3C) written as
- * bfloat16: each element the float32 call's value rounded once (the
- * kernels accumulate in float32 and round as they store; cuDNN's, with
- * DP_CUDA_CUDNN=1, writes its own bfloat16 result directly). The GPT's
- * bf16 activation gradients, which c_attn's backward reads as they are
+ * bfloat16 and dout(B,T,C) float32 or bfloat16 (dout_dtype): each dqkv
+ * element the float32 call's value, given dout's (widened) values,
+ * rounded once (the kernels accumulate in float32 and round as they
+ * store; cuDNN's, with DP_CUDA_CUDNN=1, reads and writes bfloat16
+ * directly). The GPT's bf16 activation gradients: dout is c_proj's
+ * bfloat16 input gradient, and c_attn's backward reads dqkv as it is
  * (dp_linear_backward_from16). Arguments, ownership and errors as
- * dp_attention_backward_fused, and DP_ERR_INVALID_ARGUMENT for a head
- * size past DP_FLASH_HS_MAX16 (256, kernels/flash.h).
+ * dp_attention_backward_fused, and DP_ERR_INVALID_ARGUMENT for a
+ * dout_dtype other than F32 and BF16 or a head size past
+ * DP_FLASH_HS_MAX16 (256, kernels/flash.h).
  */
 DP_MODULE_API dp_status dp_attention_backward_fused16(dp_device *dev, dp_bf16 *dqkv, float *delta,
-                                                      const float *dout, const void *qkvr,
-                                                      dp_dtype qkvr_dtype, const float *lse,
-                                                      const void *out, dp_dtype out_dtype,
-                                                      size_t B, size_t T, size_t C, size_t NH);
+                                                      const void *dout, dp_dtype dout_dtype,
+                                                      const void *qkvr, dp_dtype qkvr_dtype,
+                                                      const float *lse, const void *out,
+                                                      dp_dtype out_dtype, size_t B, size_t T,
+                                                      size_t C, size_t NH);
 
 /*
  * The fused softmax cross-entropy over bfloat16 logits (llm.c's fused

@@ -75,7 +75,7 @@ cudaError_t tc_device_ready(int dev, bool *ready)
 
 /* Whether the tensor core kernels (cuda_flash_tc.cuh) take this call:
  * bfloat16 q, k, v of head size 64, 16-byte aligned rows (their loads
- * move 8 and 16 bytes: qkvr and dout), an 8-byte aligned output (out or
+ * move 8 and 16 bytes: qkvr and dout, either type), an 8-byte aligned output (out or
  * dqkv: they store float or bfloat16 pairs), DP_CUDA_FLASH_TC not "0" (read once),
  * and the current device ready for them (tc_device_ready). */
 cudaError_t tc_takes(dp_pref qkvr, size_t hs, const void *dout, const void *dst, bool *takes)
@@ -122,12 +122,13 @@ extern "C" cudaError_t dp_cuda_launch_attention_fused_forward(cudaStream_t s, fl
 }
 
 extern "C" cudaError_t dp_cuda_launch_attention_fused_delta(cudaStream_t s, float *delta,
-                                                            const float *dout, dp_pref out,
+                                                            dp_pref dout, dp_pref out,
                                                             size_t T, size_t NH, size_t hs,
                                                             size_t n)
 {
     if (n == 0) return cudaSuccess;
-    const bool vec = dp_cuda_vec_on() && hs % 4 == 0 && (uintptr_t)dout % 16 == 0 &&
+    const bool vec = dp_cuda_vec_on() && hs % 4 == 0 &&
+                     (uintptr_t)dout.p % (dout.bf16 ? 8 : 16) == 0 &&
                      (uintptr_t)out.p % (out.bf16 ? 8 : 16) == 0; /* C = NH hs: rows too */
     if (vec)
         k_flash_delta_vec<<<item_blocks(n), ROW_THREADS, 0, s>>>(delta, dout, out, T, NH, hs, n);
@@ -138,7 +139,7 @@ extern "C" cudaError_t dp_cuda_launch_attention_fused_delta(cudaStream_t s, floa
 }
 
 extern "C" cudaError_t dp_cuda_launch_attention_fused_dq(cudaStream_t s, dp_pout dqkv,
-                                                         const float *dout, dp_pref qkvr,
+                                                         dp_pref dout, dp_pref qkvr,
                                                          const float *lse, const float *delta,
                                                          size_t B, size_t T, size_t NH,
                                                          size_t hs, float scale, size_t n)
@@ -146,7 +147,7 @@ extern "C" cudaError_t dp_cuda_launch_attention_fused_dq(cudaStream_t s, dp_pout
     if (n == 0) return cudaSuccess;
     size_t nt = (T + ROWS - 1) / ROWS;
     bool tc;
-    cudaError_t e = tc_takes(qkvr, hs, dout, dqkv.p, &tc);
+    cudaError_t e = tc_takes(qkvr, hs, dout.p, dqkv.p, &tc);
     if (e != cudaSuccess) return e;
     if (tc)
         k_flash_tc_dq<<<tiled_blocks(B, T, NH), dp_tc::THREADS, dp_tc::SMEM_QUERY, s>>>(
@@ -164,14 +165,14 @@ extern "C" cudaError_t dp_cuda_launch_attention_fused_dq(cudaStream_t s, dp_pout
 }
 
 extern "C" cudaError_t dp_cuda_launch_attention_fused_dkdv(cudaStream_t s, dp_pout dqkv,
-                                                           const float *dout, dp_pref qkvr,
+                                                           dp_pref dout, dp_pref qkvr,
                                                            const float *lse, const float *delta,
                                                            size_t B, size_t T, size_t NH,
                                                            size_t hs, float scale, size_t n)
 {
     if (n == 0) return cudaSuccess;
     bool tc;
-    cudaError_t e = tc_takes(qkvr, hs, dout, dqkv.p, &tc);
+    cudaError_t e = tc_takes(qkvr, hs, dout.p, dqkv.p, &tc);
     if (e != cudaSuccess) return e;
     if (tc)
         k_flash_tc_dkdv<<<tiled_blocks(B, T, NH), dp_tc::THREADS, dp_tc::SMEM_KEY, s>>>(

@@ -183,7 +183,7 @@ DP_UNROLL
 
 template <int HS, int G>
 __global__ void __launch_bounds__(ROWS *G)
-    k_flash_dq(dp_pout dqkv, const float *dout, dp_pref qkvr, const float *lse,
+    k_flash_dq(dp_pout dqkv, dp_pref dout, dp_pref qkvr, const float *lse,
                const float *delta, size_t B, size_t T, size_t NH, float scale, size_t ntiles)
 {
     typedef tile_layout<HS, G> L;
@@ -203,7 +203,7 @@ __global__ void __launch_bounds__(ROWS *G)
 DP_UNROLL
     for (unsigned d = 0; d < D; d++) {
         q[d] = live ? dp_pref_at(qkvr, qo + d) : 0.0f;
-        g[d] = live ? dout[go + d] : 0.0f;
+        g[d] = live ? dp_pref_at(dout, go + d) : 0.0f;
         dq[d] = 0.0f;
     }
     const float lse_r = live ? lse[ri] : 0.0f, delta_r = live ? delta[ri] : 0.0f;
@@ -231,7 +231,7 @@ DP_UNROLL
 
 template <int HS, int G>
 __global__ void __launch_bounds__(ROWS *G)
-    k_flash_dkdv(dp_pout dqkv, const float *dout, dp_pref qkvr, const float *lse,
+    k_flash_dkdv(dp_pout dqkv, dp_pref dout, dp_pref qkvr, const float *lse,
                  const float *delta, size_t B, size_t T, size_t NH, float scale)
 {
     typedef tile_layout<HS, G> L;
@@ -261,7 +261,7 @@ DP_UNROLL
         __syncthreads();
         load_rows<HS, G>(qs, qkvr, qb + i0 * HS, HS, ni);
         /* dO rows of one pair's head are C apart in dout(B,T,C) */
-        load_rows<HS, G>(gs, dp_pref_f32(dout), gb + i0 * C, C, ni);
+        load_rows<HS, G>(gs, dout, gb + i0 * C, C, ni);
         for (unsigned e = threadIdx.x; e < ni; e += blockDim.x) {
             ls[e] = lse[r0 + i0 + e];
             dls[e] = delta[r0 + i0 + e];
@@ -302,14 +302,14 @@ __global__ void k_flash_forward_items(float *out, float *lse, dp_pref qkvr, size
     ITEM_LOOP(r, n) dp_flash_forward_item(out, lse, qkvr, B, T, NH, hs, scale, r);
 }
 
-__global__ void k_flash_dq_items(dp_pout dqkv, const float *dout, dp_pref qkvr,
+__global__ void k_flash_dq_items(dp_pout dqkv, dp_pref dout, dp_pref qkvr,
                                  const float *lse, const float *delta, size_t B, size_t T,
                                  size_t NH, size_t hs, float scale, size_t n)
 {
     ITEM_LOOP(r, n) dp_flash_dq_item(dqkv, dout, qkvr, lse, delta, B, T, NH, hs, scale, r);
 }
 
-__global__ void k_flash_dkdv_items(dp_pout dqkv, const float *dout, dp_pref qkvr,
+__global__ void k_flash_dkdv_items(dp_pout dqkv, dp_pref dout, dp_pref qkvr,
                                    const float *lse, const float *delta, size_t B, size_t T,
                                    size_t NH, size_t hs, float scale, size_t n)
 {
@@ -318,35 +318,33 @@ __global__ void k_flash_dkdv_items(dp_pout dqkv, const float *dout, dp_pref qkvr
 
 // --- D = dO . O per row ----------------------------------------------------------------------
 
+/* Four elements of a float32 or bfloat16 row from element 4q, in one
+ * 16- or 8-byte load. */
+__device__ __forceinline__ float4 load4(dp_pref x, size_t o, size_t q)
+{
+    if (!x.bf16) return ((const float4 *)((const float *)x.p + o))[q];
+    const uint2 w = ((const uint2 *)((const uint16_t *)x.p + o))[q];
+    return make_float4(dp_bf16_widen((uint16_t)(w.x & 0xffffu)), dp_bf16_widen((uint16_t)(w.x >> 16)),
+                       dp_bf16_widen((uint16_t)(w.y & 0xffffu)), dp_bf16_widen((uint16_t)(w.y >> 16)));
+}
+
 /* dp_flash_delta_item for each row, the row's elements four at a time:
- * dout as float4, out as float4 or (bfloat16) four elements in 8 bytes,
+ * dout and out each as float4 or (bfloat16) four elements in 8 bytes,
  * each group's four products into dp_flash_dot's four partials in its
  * order, so the same sums. A thread reads its row's 64 elements as 16
- * loads of 16 bytes in flight instead of 64 of 4: the rows of adjacent
- * threads are C floats apart, so one element at a time was a scattered
- * 4-byte load each. Needs hs % 4 == 0, dout 16-byte and out 16-byte
- * (float32) or 8-byte (bfloat16) aligned, C % 4 == 0 (the launcher
- * checks). */
-__global__ void k_flash_delta_vec(float *delta, const float *dout, dp_pref out, size_t T,
-                                  size_t NH, size_t hs, size_t n)
+ * loads in flight instead of 64: the rows of adjacent threads are C
+ * elements apart, so one element at a time was a scattered load each.
+ * Needs hs % 4 == 0, dout and out 16-byte (float32) or 8-byte (bfloat16)
+ * aligned, C % 4 == 0 (the launcher checks). */
+__global__ void k_flash_delta_vec(float *delta, dp_pref dout, dp_pref out, size_t T, size_t NH,
+                                  size_t hs, size_t n)
 {
     ITEM_LOOP(r, n)
     {
         const size_t o = dp_flash_tok_row(r, T, NH, hs, 1, 0);
-        const float4 *g = (const float4 *)(dout + o);
         float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
         for (size_t q = 0; q < hs / 4; q++) {
-            const float4 a = g[q];
-            float4 b;
-            if (out.bf16) {
-                const uint2 w = ((const uint2 *)((const uint16_t *)out.p + o))[q];
-                b = make_float4(dp_bf16_widen((uint16_t)(w.x & 0xffffu)),
-                                dp_bf16_widen((uint16_t)(w.x >> 16)),
-                                dp_bf16_widen((uint16_t)(w.y & 0xffffu)),
-                                dp_bf16_widen((uint16_t)(w.y >> 16)));
-            } else {
-                b = ((const float4 *)((const float *)out.p + o))[q];
-            }
+            const float4 a = load4(dout, o, q), b = load4(out, o, q);
             s0 += a.x * b.x;
             s1 += a.y * b.y;
             s2 += a.z * b.z;
@@ -356,7 +354,7 @@ __global__ void k_flash_delta_vec(float *delta, const float *dout, dp_pref out, 
     }
 }
 
-__global__ void k_flash_delta_items(float *delta, const float *dout, dp_pref out, size_t T,
+__global__ void k_flash_delta_items(float *delta, dp_pref dout, dp_pref out, size_t T,
                                     size_t NH, size_t hs, size_t n)
 {
     ITEM_LOOP(r, n) dp_flash_delta_item(delta, dout, out, T, NH, hs, r);

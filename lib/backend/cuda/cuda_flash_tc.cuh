@@ -125,6 +125,7 @@ const size_t OFF_KEY_H = OFF_KEY_F + 2 * TILE_F;
 const size_t OFF_KEY_ROWS = OFF_KEY_H + TILE_H;
 const size_t SMEM_KEY = OFF_KEY_ROWS + 4 * ROW_F; /* 63488: dk, dv */
 static_assert(THREADS == 2 * BC, "dk/dv: a thread copies one lse or D and scales its own lse");
+static_assert(TILE_H <= TILE_F, "dk/dv: a bfloat16 dO tile fits in its float32 buffer");
 
 #if DP_TC_BODY
 
@@ -144,6 +145,12 @@ __device__ __forceinline__ float *key_f(unsigned char *s, unsigned b)
     return (float *)(s + OFF_KEY_F + b * TILE_F);
 }
 __device__ __forceinline__ uint16_t *key_h(unsigned char *s) { return (uint16_t *)(s + OFF_KEY_H); }
+/* dO[b] when it comes as bfloat16: a (64, LDH) tile in dO[b]'s float32
+ * buffer (TILE_H <= TILE_F), used as copied. */
+__device__ __forceinline__ uint16_t *key_g16(unsigned char *s, unsigned b)
+{
+    return (uint16_t *)key_f(s, b);
+}
 __device__ __forceinline__ float *key_lse(unsigned char *s, unsigned b)
 {
     return (float *)(s + OFF_KEY_ROWS + b * ROW_F);
@@ -153,18 +160,23 @@ __device__ __forceinline__ float *key_d(unsigned char *s, unsigned b)
     return (float *)(s + OFF_KEY_ROWS + (2 + b) * ROW_F);
 }
 
-/* Rows [first, first + 64) of a head's (T, 64) bfloat16 rows starting at
- * src (row r at src + r * 64) into a (64, LDH) tile, zeros past T: the
- * whole block, 8 bytes per thread and step. */
-__device__ __forceinline__ void load_bf16_rows(uint16_t *tile, const uint16_t *src, size_t first,
-                                               size_t T)
+/* Rows [first, first + 64) of bfloat16 rows `stride` elements apart (a
+ * head's (T, 64) rows: 64; dO in (B,T,C): C) into a (64, LDH) tile, zeros
+ * past T: the whole block, 8 bytes per thread and step. */
+__device__ __forceinline__ void load_bf16_rows(uint16_t *tile, const uint16_t *src, size_t stride,
+                                               size_t first, size_t T)
 {
     for (unsigned e = threadIdx.x; e < BR * HS / 4; e += THREADS) {
         unsigned r = e / (HS / 4), c = e % (HS / 4) * 4;
         uint2 w = make_uint2(0u, 0u);
-        if (first + r < T) w = *(const uint2 *)(src + (first + r) * HS + c);
+        if (first + r < T) w = *(const uint2 *)(src + (first + r) * stride + c);
         *(uint2 *)(tile + r * LDH + c) = w;
     }
+}
+__device__ __forceinline__ void load_bf16_rows(uint16_t *tile, const uint16_t *src, size_t first,
+                                               size_t T)
+{
+    load_bf16_rows(tile, src, HS, first, T);
 }
 
 /* Rows [first, first + 64) of a head's float32 rows `stride` floats apart
@@ -183,13 +195,18 @@ __device__ __forceinline__ void load_f32_rows(uint16_t *tile, const float *src, 
 /* load_bf16_rows by cp.async: 16-byte pieces, each thread its own; the
  * bytes land at the thread's next dp_cp_async_wait that retires them. */
 __device__ __forceinline__ void async_bf16_rows(uint16_t *tile, const uint16_t *src,
-                                                size_t first, size_t T)
+                                                size_t stride, size_t first, size_t T)
 {
     for (unsigned e = threadIdx.x; e < BR * HS / 8; e += THREADS) {
         const unsigned r = e / (HS / 8), c = e % (HS / 8) * 8;
         const bool live = first + r < T;
-        dp_cp_async16(tile + r * LDH + c, live ? src + (first + r) * HS + c : src, live);
+        dp_cp_async16(tile + r * LDH + c, live ? src + (first + r) * stride + c : src, live);
     }
+}
+__device__ __forceinline__ void async_bf16_rows(uint16_t *tile, const uint16_t *src,
+                                                size_t first, size_t T)
+{
+    async_bf16_rows(tile, src, HS, first, T);
 }
 
 /* Rows [first, first + 64) of float32 rows `stride` floats apart into a
@@ -217,17 +234,21 @@ __device__ __forceinline__ void round_own_rows(uint16_t *dst, const float *tile)
 }
 
 /* dk/dv's copies for the query tile from i0 into buffer b, one group:
- * Q, dO as float32 (rounded after the wait, round_own_rows), and lse and
- * D of its rows (thread e < 64 copies lse[e], thread 64 + e D[e]: 4
- * bytes each, since a head's rows need not be 16-byte aligned); zeros
- * past T. */
+ * Q, dO as float32 (rounded after the wait, round_own_rows) or, when it
+ * is bfloat16 already, as it is into the same buffer as a bfloat16 tile
+ * (key_g16), and lse and D of its rows (thread e < 64 copies lse[e],
+ * thread 64 + e D[e]: 4 bytes each, since a head's rows need not be
+ * 16-byte aligned); zeros past T. */
 __device__ __forceinline__ void key_step_issue(unsigned char *sm, unsigned b, const uint16_t *q,
-                                               const float *g, size_t C, const float *lse,
+                                               dp_pref g, size_t C, const float *lse,
                                                const float *delta, size_t r0, size_t i0,
                                                size_t T)
 {
     async_bf16_rows(key_q(sm, b), q, i0, T);
-    async_f32_rows(key_f(sm, b), g, C, i0, T);
+    if (g.bf16)
+        async_bf16_rows(key_g16(sm, b), (const uint16_t *)g.p, C, i0, T);
+    else
+        async_f32_rows(key_f(sm, b), (const float *)g.p, C, i0, T);
     for (unsigned e = threadIdx.x; e < 2 * BC; e += THREADS) {
         const unsigned c = e % BC;
         const bool live = i0 + c < T;
@@ -515,7 +536,7 @@ __global__ void __launch_bounds__(dp_tc::THREADS, 4)
 // --- dq: query-major ---------------------------------------------------------------------------
 
 __global__ void __launch_bounds__(dp_tc::THREADS)
-    k_flash_tc_dq(dp_pout dqkv, const float *dout, const uint16_t *qkvr, const float *lse,
+    k_flash_tc_dq(dp_pout dqkv, dp_pref dout, const uint16_t *qkvr, const float *lse,
                   const float *delta, size_t B, size_t T, size_t NH, float scale, size_t ntiles)
 {
 #if DP_TC_BODY
@@ -531,7 +552,11 @@ __global__ void __launch_bounds__(dp_tc::THREADS)
 
     uint32_t qf[4][4], gf[4][4];
     load_bf16_rows(kv_tile(sm, 0, 0), q, i0, T);
-    load_f32_rows(kv_tile(sm, 1, 0), dout + dp_flash_tok_row(r0, T, NH, HS, 1, 0), C, i0, T);
+    const size_t go = dp_flash_tok_row(r0, T, NH, HS, 1, 0);
+    if (dout.bf16)
+        load_bf16_rows(kv_tile(sm, 1, 0), (const uint16_t *)dout.p + go, C, i0, T);
+    else
+        load_f32_rows(kv_tile(sm, 1, 0), (const float *)dout.p + go, C, i0, T);
     __syncthreads();
     load_rows_a(qf, kv_tile(sm, 0, 0), warp * 16);
     load_rows_a(gf, kv_tile(sm, 1, 0), warp * 16);
@@ -581,7 +606,7 @@ __global__ void __launch_bounds__(dp_tc::THREADS)
 // --- dk, dv: key-major -------------------------------------------------------------------------
 
 __global__ void __launch_bounds__(dp_tc::THREADS, 3)
-    k_flash_tc_dkdv(dp_pout dqkv, const float *dout, const uint16_t *qkvr, const float *lse,
+    k_flash_tc_dkdv(dp_pout dqkv, dp_pref dout, const uint16_t *qkvr, const float *lse,
                     const float *delta, size_t B, size_t T, size_t NH, float scale,
                     size_t ntiles)
 {
@@ -595,7 +620,9 @@ __global__ void __launch_bounds__(dp_tc::THREADS, 3)
     const bool live[2] = {key[0] < T, key[1] < T};
     const uint16_t *q = head_rows(qkvr, 0, r0, BNH, T), *k = head_rows(qkvr, 1, r0, BNH, T),
                    *v = head_rows(qkvr, 2, r0, BNH, T);
-    const float *g = dout + dp_flash_tok_row(r0, T, NH, HS, 1, 0);
+    const size_t go = dp_flash_tok_row(r0, T, NH, HS, 1, 0);
+    const dp_pref g = dout.bf16 ? dp_pref_bf16((const uint16_t *)dout.p + go)
+                                : dp_pref_f32((const float *)dout.p + go);
 
     uint32_t kf[4][4], vf[4][4];
     load_bf16_rows(key_q(sm, 0), k, j0, T);
@@ -621,10 +648,10 @@ __global__ void __launch_bounds__(dp_tc::THREADS, 3)
         } else {
             dp_cp_async_wait<0>();
         }
-        round_own_rows(key_h(sm), key_f(sm, b));
+        if (!g.bf16) round_own_rows(key_h(sm), key_f(sm, b));
         if (threadIdx.x < BC) key_lse(sm, b)[threadIdx.x] *= LOG2E; /* its own copy: lse2 */
         __syncthreads();
-        const uint16_t *qt_s = key_q(sm, b), *gt_s = key_h(sm);
+        const uint16_t *qt_s = key_q(sm, b), *gt_s = g.bf16 ? key_g16(sm, b) : key_h(sm);
         const float *lse2 = key_lse(sm, b), *drow = key_d(sm, b);
         float p[8][4], ds[8][4];
         rows_dot_tile(p, kf, qt_s); /* S^T */

@@ -192,7 +192,7 @@ dp_status dp_cuda_attention_unpermute(dp_device *dev, float *out, const float *y
 dp_status dp_cuda_attention_lib_forward(dp_device *dev, float *out, float *lse,
                                         const uint16_t *qkvr, size_t B, size_t T, size_t NH,
                                         size_t hs, float scale, int *done);
-dp_status dp_cuda_attention_lib_backward(dp_device *dev, dp_pout dqkv, const float *dout,
+dp_status dp_cuda_attention_lib_backward(dp_device *dev, dp_pout dqkv, dp_pref dout,
                                          const uint16_t *qkvr, const float *lse, dp_pref out,
                                          size_t B, size_t T, size_t NH, size_t hs, float scale,
                                          int *done);

@@ -11,11 +11,12 @@
  * default stays off until a GPU session has checked the results and
  * timed them (docs/design.md, section 10).
  *
- * cuDNN reads and writes bfloat16, dp's attention API passes float32 out
- * and dout: the forward writes o in bfloat16 and widens it into out
- * (exactly, so the backward rounds it back to cuDNN's own o); the
- * backward rounds dout, and writes dq, dk, dv straight into a bfloat16
- * dqkv (the GPT's bf16 gradients), or widens them into a float32 one.
+ * cuDNN reads and writes bfloat16, dp's attention API passes a float32
+ * out: the forward writes o in bfloat16 and widens it into out (exactly,
+ * so the backward rounds it back to cuDNN's own o); the backward rounds a
+ * float32 dout (a bfloat16 one, the GPT's bf16 gradients, it reads as it
+ * is) and writes dq, dk, dv straight into a bfloat16 dqkv, or widens them
+ * into a float32 one.
  * Those bfloat16 buffers and cuDNN's workspace share the device's scratch
  * c->cvt (the GEMMs' converted operands): everything runs on c->stream
  * under c->mu, so no two uses overlap.
@@ -127,33 +128,35 @@ dp_status dp_cuda_attention_lib_forward(dp_device *dev, float *out, float *lse,
     return s;
 }
 
-static dp_status backward_locked(dp_device *dev, cuda_ctx *c, dp_pout dqkv, const float *dout,
+static dp_status backward_locked(dp_device *dev, cuda_ctx *c, dp_pout dqkv, dp_pref dout,
                                  const uint16_t *qkvr, const float *lse, dp_pref out,
                                  const dp_sdpa_desc *d)
 {
     const dp_cudnn_module *m = NULL;
     DP_TRY(ready(dev, c, &m));
     size_t n = (size_t)(d->B * d->T * d->NH * d->hs);
-    /* do16, dqkv16 for a float32 dqkv and o16 for a float32 out (a piece
-     * not needed takes no scratch: the last ones are left out) */
-    size_t elems[3] = {n, dqkv.bf16 ? 0 : 3 * n, out.bf16 ? 0 : n};
+    /* do16 for a float32 dout, dqkv16 for a float32 dqkv and o16 for a
+     * float32 out (a piece not needed takes no scratch) */
+    size_t elems[3] = {dout.bf16 ? 0 : n, dqkv.bf16 ? 0 : 3 * n, out.bf16 ? 0 : n};
     uint16_t *p[3] = {NULL, NULL, NULL};
     void *ws = NULL;
     DP_TRY(scratch(dev, c, m, d, 1, elems, 3, p, &ws));
     const uint16_t *o16 = out.bf16 ? (const uint16_t *)out.p : p[2];
     uint16_t *dqkv16 = dqkv.bf16 ? (uint16_t *)dqkv.p : p[1];
+    const uint16_t *do16 = dout.bf16 ? (const uint16_t *)dout.p : p[0];
     if (!out.bf16)
         CU_TRY(dev, dp_cuda_launch_cast_f32_bf16(c->stream, p[2], (const float *)out.p, n));
-    CU_TRY(dev, dp_cuda_launch_cast_f32_bf16(c->stream, p[0], dout, n));
+    if (!dout.bf16)
+        CU_TRY(dev, dp_cuda_launch_cast_f32_bf16(c->stream, p[0], (const float *)dout.p, n));
     char err[512] = "";
-    int r = m->backward(c->sdpa, d, qkvr, o16, p[0], lse, dqkv16, ws, err, sizeof err);
+    int r = m->backward(c->sdpa, d, qkvr, o16, do16, lse, dqkv16, ws, err, sizeof err);
     if (r != DP_SDPA_DONE) return failed(dev, r, err);
     if (!dqkv.bf16)
         CU_TRY(dev, dp_cuda_launch_cast_bf16_f32(c->stream, (float *)dqkv.p, dqkv16, 3 * n));
     return DP_OK;
 }
 
-dp_status dp_cuda_attention_lib_backward(dp_device *dev, dp_pout dqkv, const float *dout,
+dp_status dp_cuda_attention_lib_backward(dp_device *dev, dp_pout dqkv, dp_pref dout,
                                          const uint16_t *qkvr, const float *lse, dp_pref out,
                                          size_t B, size_t T, size_t NH, size_t hs, float scale,
                                          int *done)
