@@ -788,6 +788,35 @@ static void check_layernorm(size_t N, size_t C)
             dinp[b] = dp_test_nn_download(d, di, N * C);
             dw[b] = dp_test_nn_download(d, dwd, C);
             db[b] = dp_test_nn_download(d, dbd, C);
+            /* from a bfloat16 dout (nn/nn_act16.h): on each device, its
+             * float32 backward's bits on the widened values */
+            {
+                float *wide = xmalloc(N * C * 4), *r[2][3];
+                for (size_t i = 0; i < N * C; i++)
+                    wide[i] = dp_bf16_to_float(dp_bf16_from_float(dout[i]));
+                float *gw = dp_test_upload(d, wide, N * C);
+                void *g16 = upload_typed(d, dout, N * C, 1);
+                for (int t16 = 0; t16 < 2; t16++) {
+                    float *i2 = dp_test_upload(d, dinp0, N * C), *w2 = dp_test_upload(d, dw0, C),
+                          *b2 = dp_test_upload(d, db0, C);
+                    if (t16)
+                        dp_assert_ok(dp_layernorm_backward_dout16(d, i2, w2, b2, g16, xd,
+                                                                  dp_pref_f32(wd), md, rd, N, C));
+                    else
+                        dp_assert_ok(dp_layernorm_backward(d, i2, w2, b2, gw, xd, wd, md, rd, N,
+                                                           C));
+                    r[t16][0] = dp_test_nn_download(d, i2, N * C);
+                    r[t16][1] = dp_test_nn_download(d, w2, C);
+                    r[t16][2] = dp_test_nn_download(d, b2, C);
+                    dp_device_free(d, i2), dp_device_free(d, w2), dp_device_free(d, b2);
+                }
+                assert_same_bits("layernorm dinp from bf16 dout", r[1][0], r[0][0], N * C);
+                assert_same_bits("layernorm dweight from bf16 dout", r[1][1], r[0][1], C);
+                assert_same_bits("layernorm dbias from bf16 dout", r[1][2], r[0][2], C);
+                for (int t = 0; t < 2; t++) free(r[t][0]), free(r[t][1]), free(r[t][2]);
+                free(wide);
+                dp_device_free(d, gw), dp_device_free(d, g16);
+            }
             void *bufs[] = {xd, wd, bd, od, md, rd, gd, di, dwd, dbd};
             for (size_t i = 0; i < 10; i++) dp_device_free(d, bufs[i]);
         }

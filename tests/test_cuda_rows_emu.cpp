@@ -7,7 +7,7 @@
  * code's logic (block trees, grid-stride rows, in place, ignored and
  * masked rows, the 1024-thread long rows) is tested where no GPU is.
  * The LayerNorm (float32 and bfloat16 outputs, the residual's update
- * first) and causal softmax (bfloat16 copies of the probabilities and of
+ * first; the input gradient from a float32 or bfloat16 dout) and causal softmax (bfloat16 copies of the probabilities and of
  * the score gradients) kernels are held to their CPU items the same way.
  * The bounds are test_cuda_ops.c's for the same kernels on a GPU: losses
  * rtol 1e-6 (the block tree and the CPU's 8 interleaved double sums
@@ -258,6 +258,55 @@ Test(cuda_rows_emu, layernorm_outputs_and_residual)
             else
                 close(what, out.data(), oc.data(), N * C, 1e-5f, 1e-5f);
         }
+}
+
+/* The LayerNorm's input gradient: the block kernel against the CPU's
+ * item (two row means summed in another order: 1e-5 relative), for rows
+ * held in registers (C = 300) and longer ones (C = 1500); from a bfloat16
+ * dout, the kernel's own bits from the float32 dout of its widened
+ * values, and dinp added to, not overwritten. */
+Test(cuda_rows_emu, layernorm_backward_from_float32_and_bfloat16_dout)
+{
+    for (size_t C : {(size_t)300, (size_t)1500}) {
+        const size_t N = 5;
+        uint32_t seed = 13u + (uint32_t)C;
+        std::vector<float> x(N * C), g(N * C), w(C), d0(N * C), m(N), r(N);
+        std::vector<uint16_t> g16(N * C);
+        for (float &v : x) v = 2.0f * uniform(&seed) + 0.25f;
+        for (size_t i = 0; i < N * C; i++) {
+            g16[i] = dp_bf16_round(uniform(&seed));
+            g[i] = dp_bf16_widen(g16[i]);
+        }
+        for (float &v : w) v = 1.0f + 0.2f * uniform(&seed);
+        for (float &v : d0) v = uniform(&seed);
+        for (size_t row = 0; row < N; row++) {
+            float sum = 0.0f, ss = 0.0f;
+            for (size_t c = 0; c < C; c++) sum += x[row * C + c];
+            m[row] = sum / (float)C;
+            for (size_t c = 0; c < C; c++) ss += (x[row * C + c] - m[row]) * (x[row * C + c] - m[row]);
+            r[row] = 1.0f / sqrtf(ss / (float)C + 1e-5f);
+        }
+        dp_pref pw = dp_pref_f32(w.data());
+        std::vector<float> want = d0, got32 = d0, got16 = d0;
+        for (size_t row = 0; row < N; row++)
+            dp_layernorm_backward_inp_item(want.data(), dp_pref_f32(g.data()), x.data(), pw,
+                                           m.data(), r.data(), C, row);
+        emu_launch(3, BLOCK_THREADS, 0, k_layernorm_backward_inp_block, got32.data(),
+                   dp_pref_f32(g.data()), (const float *)x.data(), pw, (const float *)m.data(),
+                   (const float *)r.data(), C, N);
+        emu_launch(3, BLOCK_THREADS, 0, k_layernorm_backward_inp_block, got16.data(),
+                   dp_pref_bf16(g16.data()), (const float *)x.data(), pw,
+                   (const float *)m.data(), (const float *)r.data(), C, N);
+        char what[64];
+        snprintf(what, sizeof what, "layernorm backward C %zu", C);
+        close(what, got32.data(), want.data(), N * C, 1e-5f, 1e-5f);
+        cr_assert(got16 == got32, "%s: from bfloat16 dout, other bits", what);
+        std::vector<float> cpu16 = d0;
+        for (size_t row = 0; row < N; row++)
+            dp_layernorm_backward_inp_item(cpu16.data(), dp_pref_bf16(g16.data()), x.data(), pw,
+                                           m.data(), r.data(), C, row);
+        cr_assert(cpu16 == want, "%s: the CPU item from bfloat16 dout, other bits", what);
+    }
 }
 
 /* Causal softmax forward and backward over two blocks of nq = 3 queries

@@ -78,12 +78,13 @@ static const unsigned kinds[] = {0, DP_GPT_BF16, DP_GPT_BF16_ACT};
  * moved them (AdamW turns a rounding in a near-zero gradient into up to
  * a whole lr step). BF16 math rounds every GEMM input, so a float32
  * rounding difference can flip a bfloat16 rounding: losses within 5e-4,
- * masters within 3% (measured: 1.8% at most, from sharp weights). With
+ * masters within 3% (measured: 2.0% at most, from sharp weights with bf16
+ * activations, whose fused backward also rounds d(ln_1 output)). With
  * bf16 activations the fused backward also forms D from the
  * bfloat16-rounded attention output (dp/nn.h), a 2^-9 relative error in
  * every score gradient's D, and reads d(attention output) and writes
- * dqkv as bfloat16 (which the whole-matrix backward keeps float32 for
- * FP32 math's GEMMs), which in FP32 math move the masters by 0.29%
+ * dqkv and d(ln_1 output) as bfloat16 (which the whole-matrix backward
+ * keeps float32), which in FP32 math move the masters by 0.22%
  * (measured) rather than float32's 0.0001%: 0.5% there; and the logits
  * are bfloat16 (the bfloat16 head),
  * so a float32 difference can flip a logit's rounding, moving its row's

@@ -2,7 +2,8 @@
  * against central finite differences of a float64 forward, with the
  * accumulate semantics of dinp, dweight and dbias; bad arguments. The
  * forward with a bfloat16 output (nn/nn_act16.h): bit for bit the float32
- * output rounded; its bad arguments. */
+ * output rounded; the backward from a bfloat16 dout: bit for bit the
+ * float32 backward of its values; their bad arguments. */
 #include "backend/device_testing.h"
 #include "kernels/colsum.h" /* DP_COL_CHUNK */
 #include "nn/nn_act16.h"
@@ -534,4 +535,82 @@ Test(layernorm, residual_fused_bad_arguments)
     dp_device_free(dev, f);
     dp_test_nn_assert_all_freed(dev);
     dp_device_close(dev);
+}
+
+/* dp_layernorm_backward_dout16 (nn/nn_act16.h) on rows x ch against the
+ * float32 backward given dout's widened values: dinp (added to nonzero
+ * values), dweight and dbias bit for bit, over more rows than a column
+ * chunk (the parameter sums' two stages), float32 and bfloat16 weights. */
+static void check_dout16(uint64_t seed, size_t rows, size_t ch, int w16)
+{
+    dp_device *dev = dp_test_cpu(0);
+    size_t n = rows * ch;
+    dp_rng rng;
+    dp_rng_seed(&rng, seed);
+    float *x = malloc(n * sizeof *x), *g = malloc(n * sizeof *g), *w = malloc(ch * sizeof *w),
+          *b = malloc(ch * sizeof *b), *d0 = malloc(n * sizeof *d0);
+    dp_bf16 *g16 = malloc(n * sizeof *g16);
+    cr_assert(x && g && w && b && d0 && g16);
+    dp_rng_fill_normal(&rng, x, n, 0.5f, 2.0f);
+    dp_rng_fill_normal(&rng, g, n, 0.0f, 1.0f);
+    dp_rng_fill_normal(&rng, w, ch, 1.0f, 0.3f);
+    dp_rng_fill_normal(&rng, b, ch, 0.0f, 0.3f);
+    dp_rng_fill_normal(&rng, d0, n, 0.0f, 1.0f);
+    for (size_t i = 0; i < n; i++) {
+        g16[i] = dp_bf16_from_float(g[i]);
+        g[i] = dp_bf16_to_float(g16[i]); /* dout is its rounding: the same values */
+    }
+    if (w16)
+        for (size_t c = 0; c < ch; c++) w[c] = dp_bf16_to_float(dp_bf16_from_float(w[c]));
+    float *xd = dp_test_upload(dev, x, n), *gd = dp_test_upload(dev, g, n);
+    dp_bf16 *gd16 = upload_bf16(dev, g, n);
+    float *wd = dp_test_upload(dev, w, ch), *bd = dp_test_upload(dev, b, ch);
+    dp_bf16 *w16d = upload_bf16(dev, w, ch), *b16d = upload_bf16(dev, b, ch);
+    float *md = dp_test_nn_filled(dev, rows, 0.0f), *rd = dp_test_nn_filled(dev, rows, 0.0f);
+    float *yd = dp_test_nn_filled(dev, n, 0.0f);
+    dp_assert_ok(dp_layernorm_forward(dev, yd, md, rd, xd, wd, bd, rows, ch));
+    float *res[2][3];
+    for (int pass = 0; pass < 2; pass++) {
+        float *di = dp_test_upload(dev, d0, n), *dw = dp_test_nn_filled(dev, ch, 0.25f),
+              *db = dp_test_nn_filled(dev, ch, -0.5f);
+        if (pass == 0 && w16)
+            dp_assert_ok(dp_layernorm_backward_bf16(dev, di, dw, db, gd, xd, w16d, md, rd, rows,
+                                                    ch));
+        else if (pass == 0)
+            dp_assert_ok(dp_layernorm_backward(dev, di, dw, db, gd, xd, wd, md, rd, rows, ch));
+        else
+            dp_assert_ok(dp_layernorm_backward_dout16(dev, di, dw, db, gd16, xd,
+                                                      w16 ? dp_pref_bf16(w16d) : dp_pref_f32(wd),
+                                                      md, rd, rows, ch));
+        res[pass][0] = dp_test_nn_download(dev, di, n);
+        res[pass][1] = dp_test_nn_download(dev, dw, ch);
+        res[pass][2] = dp_test_nn_download(dev, db, ch);
+        dp_device_free(dev, di);
+        dp_device_free(dev, dw);
+        dp_device_free(dev, db);
+    }
+    static const char *names[3] = {"dinp", "dweight", "dbias"};
+    for (int t = 0; t < 3; t++) {
+        cr_assert(memcmp(res[0][t], res[1][t], (t ? ch : n) * sizeof(float)) == 0,
+                  "w16 %d: %s differs", w16, names[t]);
+        free(res[0][t]);
+        free(res[1][t]);
+    }
+    dp_test_nn_assert_invalid(dp_layernorm_backward_dout16(dev, (float *)gd16, wd, bd, gd16, xd,
+                                                           dp_pref_f32(wd), md, rd, rows, ch),
+                              "overlap", "dp_layernorm_backward_dout16");
+    dp_test_nn_assert_invalid(dp_layernorm_backward_dout16(dev, yd, wd, bd, NULL, xd,
+                                                           dp_pref_f32(wd), md, rd, rows, ch),
+                              "dout", NULL);
+    void *bufs[] = {xd, gd, gd16, wd, bd, w16d, b16d, md, rd, yd};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dp_device_free(dev, bufs[i]);
+    free(x), free(g), free(w), free(b), free(d0), free(g16);
+    dp_test_nn_assert_all_freed(dev);
+    dp_device_close(dev);
+}
+
+Test(layernorm, backward_from_bf16_dout_is_the_float32_backward_of_its_values)
+{
+    cr_assert_eq(DP_COL_CHUNK, 256, "the sizes assume 256-row chunks");
+    for (int w16 = 0; w16 < 2; w16++) check_dout16(61, 2 * 256 + 37, 129, w16);
 }

@@ -677,6 +677,81 @@ Test(linear, backward_to_bf16_dinp_is_the_float32_dinp_rounded)
     dp_device_close(dev);
 }
 
+/* dp_linear_backward_to16 with dout NULL: dout16 is the gradient (the
+ * GELU's bfloat16 d(fch)), so dweight and dbias are
+ * dp_linear_backward_from16's and dinp16 its dinp rounded, bit for bit, in
+ * FP32 and BF16 math, with and without oneDNN, through the test hook; and
+ * dout16 is only read. */
+Test(linear, backward_to_bf16_from_a_bf16_gradient)
+{
+    enum { N = 23, C = 40, OC = 72 };
+    dp_device *dev = dp_test_cpu(0);
+    lin_case k = make_case(34, N, C, OC);
+    float *g = dp_test_upload(dev, k.dout, N * OC), *scratch = dp_test_nn_filled(dev, N * C, NAN);
+    void *g16 = NULL, *dx16 = NULL;
+    dp_assert_ok(dp_device_alloc(dev, N * OC * sizeof(dp_bf16), &g16));
+    dp_assert_ok(dp_device_alloc(dev, N * C * sizeof(dp_bf16), &dx16));
+    dp_assert_ok(dp_convert(dev, g16, DP_DTYPE_BF16, g, DP_DTYPE_F32, N * OC));
+    static dp_bf16 before[N * OC], after[N * OC], got16[N * C];
+    dp_assert_ok(dp_copy_d2h(dev, before, g16, sizeof before));
+    for (int run = 0; run < 8; run++) {
+        int prec = run & 1, dnnl = run >> 1 & 1, hook = run >> 2 & 1;
+        dp_assert_ok(dp_device_set_matmul_precision(dev, prec ? DP_MATMUL_BF16 : DP_MATMUL_FP32));
+        dp_device_set_gemm_dnnl(dev, dnnl);
+        dp_device_set_fused_producers(dev, !hook);
+        void *x = upload_as(dev, k.inp, N * C, 1), *w = upload_as(dev, k.weight, OC * C, 1);
+        float *res[2][3];
+        for (int pass = 0; pass < 2; pass++) {
+            float *dx = dp_test_nn_filled(dev, N * C, NAN);
+            float *dw = dp_test_upload(dev, k.dweight0, OC * C);
+            float *db = dp_test_upload(dev, k.dbias0, OC);
+            if (pass == 0) {
+                dp_assert_ok(dp_linear_backward_from16(dev, dx, dw, db, g16, x, DP_DTYPE_BF16,
+                                                       dp_pref_bf16(w), N, C, OC));
+            } else {
+                dp_assert_ok(dp_memset(dev, scratch, 0xff, N * C * sizeof(float)));
+                dp_assert_ok(dp_linear_backward_to16(dev, dx16, scratch, N * C, dw, db, NULL, g16,
+                                                     x, DP_DTYPE_BF16, dp_pref_bf16(w), N, C,
+                                                     OC));
+                dp_assert_ok(dp_copy_d2h(dev, got16, dx16, sizeof got16));
+            }
+            res[pass][0] = dp_test_nn_download(dev, dx, N * C);
+            res[pass][1] = dp_test_nn_download(dev, dw, OC * C);
+            res[pass][2] = dp_test_nn_download(dev, db, OC);
+            dp_device_free(dev, dx);
+            dp_device_free(dev, dw);
+            dp_device_free(dev, db);
+        }
+        for (size_t i = 0; i < (size_t)N * C; i++)
+            cr_assert_eq(got16[i], dp_bf16_from_float(res[0][0][i]), "run %d: dinp16[%zu]", run,
+                         i);
+        for (int t = 1; t < 3; t++)
+            cr_assert(memcmp(res[0][t], res[1][t], (t == 1 ? OC * C : OC) * sizeof(float)) == 0,
+                      "run %d: gradient %d differs", run, t);
+        for (int t = 0; t < 3; t++) {
+            free(res[0][t]);
+            free(res[1][t]);
+        }
+        dp_device_free(dev, x);
+        dp_device_free(dev, w);
+    }
+    dp_device_set_fused_producers(dev, 1);
+    dp_device_set_gemm_dnnl(dev, 1);
+    dp_assert_ok(dp_copy_d2h(dev, after, g16, sizeof after));
+    cr_assert(memcmp(before, after, sizeof before) == 0, "dout16 was written");
+    dp_test_nn_assert_invalid(dp_linear_backward_to16(dev, dx16, scratch, N * C, scratch, NULL,
+                                                      NULL, NULL, scratch, DP_DTYPE_F32,
+                                                      dp_pref_f32(scratch), N, C, OC),
+                              "dout16", "dp_linear_backward_to16");
+    dp_device_free(dev, g);
+    dp_device_free(dev, scratch);
+    dp_device_free(dev, g16);
+    dp_device_free(dev, dx16);
+    free_case(&k);
+    dp_test_nn_assert_all_freed(dev);
+    dp_device_close(dev);
+}
+
 Test(linear, bf16_producers_bad_arguments)
 {
     dp_device *dev = dp_test_cpu(0);

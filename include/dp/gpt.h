@@ -81,15 +81,15 @@ DP_API void dp_gpt_destroy(dp_gpt *gpt);
  * rounded once; the GELU and its backward read the rounded
  * pre-activations, as in llm.c's bf16 training (and in FP32 or TF32
  * precision the GEMMs read rounded inputs), so training tracks DP_GPT_BF16
- * closely rather than bit for bit. The backward keeps the MLP's hidden
- * gradients (of the GELU's output and input, 4C wide) as bfloat16 too,
- * each rounded once, as llm.c's bf16 training does, and with
- * DP_GPT_FUSED_ATTENTION the attention's (of its output, and of q, k and
- * v); the bias gradients of c_fc and c_attn sum those bfloat16 values in
- * float32. The
+ * closely rather than bit for bit. The backward keeps the activation
+ * gradients off the residual stream as bfloat16 too, each rounded once,
+ * as llm.c's bf16 training does: the MLP's (of the GELU's output and
+ * input, and of ln_2's output) and, with DP_GPT_FUSED_ATTENTION, the
+ * attention's (of its output, of q, k and v, and of ln_1's output); the
+ * bias and LayerNorm gradients sum those bfloat16 values in float32. The
  * residual stream and its gradient, the LayerNorm statistics, the
- * attention probabilities, the other activation gradients and every
- * parameter gradient stay float32, as under PyTorch's autocast. */
+ * attention probabilities and every parameter gradient stay float32, as
+ * under PyTorch's autocast. */
 #define DP_GPT_BF16_ACT 0x2u
 /* Keep no attention probabilities between forward and backward: the
  * backward recomputes each layer's from its q and k (dp_attention_probs:

@@ -166,9 +166,10 @@ struct dp_backend_ops {
      * fixed order */
     dp_status (*bias_backward)(dp_device *dev, float *dbias, dp_pref dout, size_t N, size_t OC);
     /* dweight(C) += sum over rows of dout * xhat, dbias(C) += column sums of
-     * dout(N,C), in a fixed order (the input gradient is layernorm_backward_inp) */
+     * dout(N,C) (float32 or bfloat16), in a fixed order (the input gradient
+     * is layernorm_backward_inp) */
     dp_status (*layernorm_backward_params)(dp_device *dev, float *dweight, float *dbias,
-                                           const float *dout, const float *inp,
+                                           dp_pref dout, const float *inp,
                                            const float *mean, const float *rstd, size_t N,
                                            size_t C);
     /* *out_host = sum x^2 in double (waits for the result) */

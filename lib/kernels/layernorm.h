@@ -77,14 +77,21 @@ static inline DP_HD void dp_layernorm_forward_row_bf16_out(uint16_t *out, float 
     *rstd = s;
 }
 
-/* One row: dinp(C) += the input gradient (see the file comment). */
-static inline DP_HD void dp_layernorm_backward_inp_row(float *dinp, const float *dout,
-                                                       const float *inp, dp_pref weight,
-                                                       float mean, float rstd, size_t C)
+/* Element i of a gradient of either type, the type given as a constant
+ * (g16) where the call is inlined, so each type's loop is its own. */
+static inline DP_HD DP_HD_ALWAYS_INLINE float dp_layernorm_g(const void *g, int g16, size_t i)
+{
+    return g16 ? dp_bf16_widen(((const uint16_t *)g)[i]) : ((const float *)g)[i];
+}
+
+/* dp_layernorm_backward_inp_row with dout's type a constant (g16). */
+static inline DP_HD DP_HD_ALWAYS_INLINE void
+dp_layernorm_backward_inp_row_t(float *dinp, const void *dout, int g16, const float *inp,
+                                dp_pref weight, float mean, float rstd, size_t C)
 {
     float g_mean = 0.0f, gx_mean = 0.0f;
     for (size_t c = 0; c < C; c++) {
-        float g = dout[c] * dp_pref_at(weight, c);
+        float g = dp_layernorm_g(dout, g16, c) * dp_pref_at(weight, c);
         g_mean += g;
         gx_mean += g * (inp[c] - mean) * rstd;
     }
@@ -92,13 +99,27 @@ static inline DP_HD void dp_layernorm_backward_inp_row(float *dinp, const float 
     gx_mean /= (float)C;
     for (size_t c = 0; c < C; c++) {
         float xhat = (inp[c] - mean) * rstd;
-        float g = dout[c] * dp_pref_at(weight, c);
+        float g = dp_layernorm_g(dout, g16, c) * dp_pref_at(weight, c);
         dinp[c] += rstd * (g - g_mean - xhat * gx_mean);
     }
 }
 
+/* One row: dinp(C) += the input gradient (see the file comment); dout(C)
+ * float32 or bfloat16 (a gradient kept as bfloat16, widened exactly: the
+ * float32 row's bits on the widened values). */
+static inline DP_HD void dp_layernorm_backward_inp_row(float *dinp, dp_pref dout,
+                                                       const float *inp, dp_pref weight,
+                                                       float mean, float rstd, size_t C)
+{
+    if (dout.bf16)
+        dp_layernorm_backward_inp_row_t(dinp, dout.p, 1, inp, weight, mean, rstd, C);
+    else
+        dp_layernorm_backward_inp_row_t(dinp, dout.p, 0, inp, weight, mean, rstd, C);
+}
+
 /* dweight(C) += sum over rows of dout * xhat, dbias(C) += sum over rows of
- * dout, in the two-stage order of kernels/colsum.h; dout, inp are (N,C). */
+ * dout, in the two-stage order of kernels/colsum.h; dout, inp are (N,C),
+ * dout float32 or bfloat16. */
 
 /* The dweight term of one element: dout * xhat, xhat = (inp - mean) * rstd. */
 static inline DP_HD float dp_layernorm_dweight_of(float dout, float inp, float mean, float rstd)
@@ -106,21 +127,13 @@ static inline DP_HD float dp_layernorm_dweight_of(float dout, float inp, float m
     return dout * ((inp - mean) * rstd);
 }
 
-/* The dweight term of row n, channel c. */
-static inline DP_HD float dp_layernorm_dweight_term(const float *dout, const float *inp,
-                                                    const float *mean, const float *rstd,
-                                                    size_t C, size_t n, size_t c)
-{
-    return dp_layernorm_dweight_of(dout[n * C + c], inp[n * C + c], mean[n], rstd[n]);
-}
-
 /* Stage 1, item i = k*C + c: pdw(K,C)[k,c] and pdb(K,C)[k,c], the sums
  * over the rows of chunk k in order, from 0; DP_COL_BATCH rows loaded at
  * a time. */
-static inline DP_HD void dp_layernorm_param_partial_elem(float *pdw, float *pdb,
-                                                         const float *dout, const float *inp,
-                                                         const float *mean, const float *rstd,
-                                                         size_t N, size_t C, size_t i)
+static inline DP_HD void dp_layernorm_param_partial_elem(float *pdw, float *pdb, dp_pref dout,
+                                                         const float *inp, const float *mean,
+                                                         const float *rstd, size_t N, size_t C,
+                                                         size_t i)
 {
     size_t k = i / C, c = i % C;
     size_t n1 = (k + 1) * DP_COL_CHUNK < N ? (k + 1) * DP_COL_CHUNK : N;
@@ -130,7 +143,7 @@ static inline DP_HD void dp_layernorm_param_partial_elem(float *pdw, float *pdb,
         float g[DP_COL_BATCH], x[DP_COL_BATCH];
         DP_UNROLL
         for (size_t j = 0; j < DP_COL_BATCH; j++) {
-            g[j] = dout[(n + j) * C + c];
+            g[j] = dp_pref_at(dout, (n + j) * C + c);
             x[j] = inp[(n + j) * C + c];
         }
         DP_UNROLL
@@ -140,19 +153,19 @@ static inline DP_HD void dp_layernorm_param_partial_elem(float *pdw, float *pdb,
         }
     }
     for (; n < n1; n++) {
-        dw += dp_layernorm_dweight_term(dout, inp, mean, rstd, C, n, c);
-        db += dout[n * C + c];
+        float g = dp_pref_at(dout, n * C + c);
+        dw += dp_layernorm_dweight_of(g, inp[n * C + c], mean[n], rstd[n]);
+        db += g;
     }
     pdw[i] = dw;
     pdb[i] = db;
 }
 
-/* Both stages for the channels c in [c0, c1), c1 - c0 <= DP_COL_TILE (the
- * CPU's loop: rows read contiguously), in the order of the stages above. */
+/* dp_layernorm_param_cols with dout's type a constant (g16). */
 static inline DP_HD DP_HD_ALWAYS_INLINE void
-dp_layernorm_param_cols(float *dweight, float *dbias, const float *dout, const float *inp,
-                        const float *mean, const float *rstd, size_t N, size_t C, size_t c0,
-                        size_t c1)
+dp_layernorm_param_cols_t(float *dweight, float *dbias, const void *dout, int g16,
+                          const float *inp, const float *mean, const float *rstd, size_t N,
+                          size_t C, size_t c0, size_t c1)
 {
     float pdw[DP_COL_TILE], pdb[DP_COL_TILE], tdw[DP_COL_TILE], tdb[DP_COL_TILE];
     size_t w = c1 - c0;
@@ -162,8 +175,9 @@ dp_layernorm_param_cols(float *dweight, float *dbias, const float *dout, const f
         for (size_t j = 0; j < w; j++) pdw[j] = pdb[j] = 0.0f;
         for (size_t n = n0; n < n1; n++)
             for (size_t j = 0; j < w; j++) {
-                pdw[j] += dp_layernorm_dweight_term(dout, inp, mean, rstd, C, n, c0 + j);
-                pdb[j] += dout[n * C + c0 + j];
+                float g = dp_layernorm_g(dout, g16, n * C + c0 + j);
+                pdw[j] += dp_layernorm_dweight_of(g, inp[n * C + c0 + j], mean[n], rstd[n]);
+                pdb[j] += g;
             }
         for (size_t j = 0; j < w; j++) {
             tdw[j] += pdw[j];
@@ -174,6 +188,19 @@ dp_layernorm_param_cols(float *dweight, float *dbias, const float *dout, const f
         dweight[c0 + j] += tdw[j];
         dbias[c0 + j] += tdb[j];
     }
+}
+
+/* Both stages for the channels c in [c0, c1), c1 - c0 <= DP_COL_TILE (the
+ * CPU's loop: rows read contiguously), in the order of the stages above. */
+static inline DP_HD DP_HD_ALWAYS_INLINE void
+dp_layernorm_param_cols(float *dweight, float *dbias, dp_pref dout, const float *inp,
+                        const float *mean, const float *rstd, size_t N, size_t C, size_t c0,
+                        size_t c1)
+{
+    if (dout.bf16)
+        dp_layernorm_param_cols_t(dweight, dbias, dout.p, 1, inp, mean, rstd, N, C, c0, c1);
+    else
+        dp_layernorm_param_cols_t(dweight, dbias, dout.p, 0, inp, mean, rstd, N, C, c0, c1);
 }
 
 /* Row r of (N,C): dp_layernorm_forward_row on row r (mean[r], rstd[r]). */
@@ -214,14 +241,20 @@ static inline DP_HD void dp_residual_layernorm_item(float *out, uint16_t *out16,
         dp_layernorm_forward_row(out + r * C, mean + r, rstd + r, xr, weight, bias, C, eps);
 }
 
+/* dout from element off on (either type). */
+static inline DP_HD dp_pref dp_layernorm_pref_at(dp_pref p, size_t off)
+{
+    return p.bf16 ? dp_pref_bf16((const uint16_t *)p.p + off) : dp_pref_f32((const float *)p.p + off);
+}
+
 /* Row r of (N,C): dp_layernorm_backward_inp_row on row r. */
-static inline DP_HD void dp_layernorm_backward_inp_item(float *dinp, const float *dout,
+static inline DP_HD void dp_layernorm_backward_inp_item(float *dinp, dp_pref dout,
                                                         const float *inp, dp_pref weight,
                                                         const float *mean, const float *rstd,
                                                         size_t C, size_t r)
 {
-    dp_layernorm_backward_inp_row(dinp + r * C, dout + r * C, inp + r * C, weight, mean[r],
-                                  rstd[r], C);
+    dp_layernorm_backward_inp_row(dinp + r * C, dp_layernorm_pref_at(dout, r * C), inp + r * C,
+                                  weight, mean[r], rstd[r], C);
 }
 
 #endif /* DP_KERNELS_LAYERNORM_H */

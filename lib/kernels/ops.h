@@ -114,9 +114,9 @@
       (float *out, float *mean, float *rstd, const float *inp, dp_pref weight,             \
        dp_pref bias, size_t C, float eps),                                                 \
       (out, mean, rstd, inp, weight, bias, C, eps))                                        \
-    /* dinp(N,C) += the input gradient; n = N */                                           \
+    /* dinp(N,C) += the input gradient (dout float32 or bfloat16); n = N */               \
     X(layernorm_backward_inp, ROW_BLOCK, dp_layernorm_backward_inp_item,                         \
-      (float *dinp, const float *dout, const float *inp, dp_pref weight,                   \
+      (float *dinp, dp_pref dout, const float *inp, dp_pref weight,                        \
        const float *mean, const float *rstd, size_t C),                                    \
       (dinp, dout, inp, weight, mean, rstd, C))                                            \
     /* att(rows,ld) in place, row r is query t = q0 + r % nq: softmax(scale * att[r, 0..t]), \

@@ -409,17 +409,22 @@ dp_status gpt_pass_body_backward(const dp_gpt *gpt, dp_device *dev, wview params
                                            G(BLK_MPROJ_B), dresidual, (dp_bf16 *)dbtc, gelu,
                                            DP_DTYPE_BF16, P(BLK_MPROJ_W), BT, 4 * C, C));
             DP_TRY(dp_gelu_backward_bf16(dev, dh16, (const dp_bf16 *)a.fch, dh16, BT * 4 * C));
-            DP_TRY(dp_linear_backward_from16(dev, dbtc, G(BLK_FC_W), G(BLK_FC_B), dh16, a.ln2,
-                                             DP_DTYPE_BF16, P(BLK_FC_W), BT, C, 4 * C));
+            /* d(ln2 output) bfloat16 too, in dbtc (dfch: the float32 scratch) */
+            DP_TRY(dp_linear_backward_to16(dev, (dp_bf16 *)dbtc, dfch, BT * C, G(BLK_FC_W),
+                                           G(BLK_FC_B), NULL, dh16, a.ln2, DP_DTYPE_BF16,
+                                           P(BLK_FC_W), BT, C, 4 * C));
+            DP_TRY(dp_layernorm_backward_dout16(dev, dresidual, G(BLK_LN2_W), G(BLK_LN2_B),
+                                                (const dp_bf16 *)dbtc, a.residual2, P(BLK_LN2_W),
+                                                a.ln2_mean, a.ln2_rstd, BT, C));
         } else { /* float32 activations (d16 exists exactly with act16) */
             DP_TRY(lin_bwd(dev, dfch, G(BLK_MPROJ_W), G(BLK_MPROJ_B), dresidual, NULL,
                            gemm_in(&a, gelu), P(BLK_MPROJ_W), BT, 4 * C, C));
             DP_TRY(dp_gelu_backward(dev, dfch, a.fch, dfch, BT * 4 * C));
             DP_TRY(lin_bwd(dev, dbtc, G(BLK_FC_W), G(BLK_FC_B), dfch, NULL, gemm_in(&a, a.ln2),
                            P(BLK_FC_W), BT, C, 4 * C));
+            DP_TRY(ln_bwd(dev, dresidual, G(BLK_LN2_W), G(BLK_LN2_B), dbtc, a.residual2,
+                          P(BLK_LN2_W), a.ln2_mean, a.ln2_rstd, BT, C));
         }
-        DP_TRY(ln_bwd(dev, dresidual, G(BLK_LN2_W), G(BLK_LN2_B), dbtc, a.residual2, P(BLK_LN2_W),
-                      a.ln2_mean, a.ln2_rstd, BT, C));
         /* Attention. dresidual is now the full d(residual2). */
         float *dqkv = big;
         if (c.dqkv16) { /* d(atty) and dqkv bfloat16, each read as it is */
@@ -431,18 +436,24 @@ dp_status gpt_pass_body_backward(const dp_gpt *gpt, dp_device *dev, wview params
             DP_TRY(dp_attention_backward_fused16(dev, (dp_bf16 *)dqkv, big + c.big_delta, dbtc,
                                                  DP_DTYPE_BF16, a.qkvr, DP_DTYPE_BF16, a.lse,
                                                  a.atty, DP_DTYPE_BF16, B, T, C, NH));
-            DP_TRY(dp_linear_backward_from16(dev, dbtc, G(BLK_ATTN_W), G(BLK_ATTN_B),
-                                             (const dp_bf16 *)dqkv, a.ln1, DP_DTYPE_BF16,
-                                             P(BLK_ATTN_W), BT, C, 3 * C));
+            /* d(ln1 output) bfloat16 too, in dbtc; the float32 scratch is
+             * the attention's, free again, past dqkv's 3C */
+            DP_TRY(dp_linear_backward_to16(dev, (dp_bf16 *)dbtc, big + c.big_scratch, BT * C,
+                                           G(BLK_ATTN_W), G(BLK_ATTN_B), NULL,
+                                           (dp_bf16 *)dqkv, a.ln1, DP_DTYPE_BF16,
+                                           P(BLK_ATTN_W), BT, C, 3 * C));
+            DP_TRY(dp_layernorm_backward_dout16(dev, dresidual, G(BLK_LN1_W), G(BLK_LN1_B),
+                                                (const dp_bf16 *)dbtc, residual, P(BLK_LN1_W),
+                                                a.ln1_mean, a.ln1_rstd, BT, C));
         } else {
             DP_TRY(lin_bwd(dev, dbtc, G(BLK_APROJ_W), G(BLK_APROJ_B), dresidual, d16,
                            gemm_in(&a, a.atty), P(BLK_APROJ_W), BT, C, C));
             DP_TRY(attention_backward(dev, &c, &a, big, dqkv, dbtc, B, T, C, NH));
             DP_TRY(lin_bwd(dev, dbtc, G(BLK_ATTN_W), G(BLK_ATTN_B), dqkv, d16,
                            gemm_in(&a, a.ln1), P(BLK_ATTN_W), BT, C, 3 * C));
+            DP_TRY(ln_bwd(dev, dresidual, G(BLK_LN1_W), G(BLK_LN1_B), dbtc, residual,
+                          P(BLK_LN1_W), a.ln1_mean, a.ln1_rstd, BT, C));
         }
-        DP_TRY(ln_bwd(dev, dresidual, G(BLK_LN1_W), G(BLK_LN1_B), dbtc, residual, P(BLK_LN1_W),
-                      a.ln1_mean, a.ln1_rstd, BT, C));
         /* dresidual is now d(block input) = d(previous block's residual3). */
         DP_TRY(signal_from(gpt, chunk, idx_block(l, 0), &signalled));
 #undef P

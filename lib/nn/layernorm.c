@@ -1,7 +1,8 @@
 /*
  * nn/layernorm.c - LayerNorm layer (dp/nn.h), and its forward with a
- * bfloat16 output (nn/nn_act16.h): argument checks, then the backend's
- * kernels (kernels/layernorm.h holds the math).
+ * bfloat16 output and backward from a bfloat16 gradient (nn/nn_act16.h):
+ * argument checks, then the backend's kernels (kernels/layernorm.h holds
+ * the math).
  */
 #include "nn/nn_check.h"
 
@@ -52,7 +53,7 @@ static dp_status layernorm_forward(dp_device *dev, float *out, float *mean, floa
 }
 
 static dp_status layernorm_backward(dp_device *dev, float *dinp, float *dweight, float *dbias,
-                                    const float *dout, const float *inp, const void *weight,
+                                    dp_pref dout, const float *inp, const void *weight,
                                     int w16, const float *mean, const float *rstd, size_t N,
                                     size_t C)
 {
@@ -82,7 +83,8 @@ dp_status dp_layernorm_backward(dp_device *dev, float *dinp, float *dweight, flo
                                 const float *mean, const float *rstd, size_t N, size_t C)
 {
     CHECK_BACKWARD();
-    return layernorm_backward(dev, dinp, dweight, dbias, dout, inp, weight, 0, mean, rstd, N, C);
+    return layernorm_backward(dev, dinp, dweight, dbias, dp_pref_f32(dout), inp, weight, 0, mean,
+                              rstd, N, C);
 }
 
 dp_status dp_layernorm_backward_bf16(dp_device *dev, float *dinp, float *dweight, float *dbias,
@@ -90,7 +92,8 @@ dp_status dp_layernorm_backward_bf16(dp_device *dev, float *dinp, float *dweight
                                      const float *mean, const float *rstd, size_t N, size_t C)
 {
     CHECK_BACKWARD();
-    return layernorm_backward(dev, dinp, dweight, dbias, dout, inp, weight, 1, mean, rstd, N, C);
+    return layernorm_backward(dev, dinp, dweight, dbias, dp_pref_f32(dout), inp, weight, 1, mean,
+                              rstd, N, C);
 }
 
 // --- the bfloat16 output (nn/nn_act16.h) ------------------------------------------------
@@ -167,4 +170,28 @@ dp_status dp_residual_layernorm_forward(dp_device *dev, void *out, dp_dtype out_
     return dev->ops->residual_layernorm_forward(dev, out16 ? NULL : out, out16 ? out : NULL, mean,
                                                 rstd, x, add, weight, bias, C,
                                                 DP_LAYERNORM_EPS, N);
+}
+
+// --- the backward from a bfloat16 gradient (nn/nn_act16.h) --------------------------------
+
+dp_status dp_layernorm_backward_dout16(dp_device *dev, float *dinp, float *dweight,
+                                       float *dbias, const dp_bf16 *dout, const float *inp,
+                                       dp_pref weight, const float *mean, const float *rstd,
+                                       size_t N, size_t C)
+{
+    size_t n;
+    DP_NN_REQUIRE_DEV(dev);
+    DP_NN_REQUIRE_PTR(dev, dinp);
+    DP_NN_REQUIRE_PTR(dev, dweight);
+    DP_NN_REQUIRE_PTR(dev, dbias);
+    DP_NN_REQUIRE_PTR(dev, dout);
+    DP_NN_REQUIRE_PTR(dev, inp);
+    DP_NN_REQUIRE_PTR(dev, weight.p);
+    DP_NN_REQUIRE_PTR(dev, mean);
+    DP_NN_REQUIRE_PTR(dev, rstd);
+    DP_NN_CHECK_DIMS2(dev, N, C, &n);
+    /* dinp is added to while other rows of dout are read (GPU blocks). */
+    DP_NN_REQUIRE_DISJOINT(dev, dinp, n * sizeof(float), dout, n * sizeof(dp_bf16));
+    return layernorm_backward(dev, dinp, dweight, dbias, dp_pref_bf16(dout), inp, weight.p,
+                              weight.bf16, mean, rstd, N, C);
 }

@@ -328,7 +328,10 @@ dp_status dp_linear_backward_to16(dp_device *dev, dp_bf16 *dinp16, float *scratc
                                   dp_dtype inp_type, dp_pref weight, size_t N, size_t C,
                                   size_t OC)
 {
-    CHECK_BACKWARD16(dout);
+    if (dout) /* else dout16 is the gradient, read as it is */
+        CHECK_BACKWARD16(dout);
+    else
+        CHECK_BACKWARD16(dout16);
     DP_NN_REQUIRE_PTR(dev, dinp16);
     DP_NN_REQUIRE_PTR(dev, scratch);
     if (scratch_floats < N * C)
@@ -347,10 +350,14 @@ dp_status dp_linear_backward_to16(dp_device *dev, dp_bf16 *dinp16, float *scratc
         DP_NN_REQUIRE_DISJOINT(dev, scratch, s32, dout16, N * OC * sizeof(dp_bf16));
     }
     /* The weight and bias gradients and dout16 (when rounded) as
-     * dp_linear_backward_dout16 makes them, without dinp. */
-    DP_TRY(dp_linear_backward_dout16(dev, NULL, dweight, dbias, dout, dout16, inp, inp_type,
-                                     weight, N, C, OC));
-    int rounded = rounds_dout(dev, dout16);
+     * dp_linear_backward_dout16 (or _from16) makes them, without dinp. */
+    if (dout)
+        DP_TRY(dp_linear_backward_dout16(dev, NULL, dweight, dbias, dout, dout16, inp, inp_type,
+                                         weight, N, C, OC));
+    else
+        DP_TRY(dp_linear_backward_from16(dev, NULL, dweight, dbias, dout16, inp, inp_type, weight,
+                                         N, C, OC));
+    int rounded = !dout || rounds_dout(dev, dout16); /* the GEMMs read dout16 */
     if (rounded && dev->ops->gemm_bias_out) {
         /* dinp^T(C,N) = W^T dout^T, as linear_backward_g's, stored as bfloat16 */
         dp_gemm_arg a = {weight.p, weight.bf16, (int)C, 0}, b = {dout16, 1, (int)OC, 0};

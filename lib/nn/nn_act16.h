@@ -42,6 +42,24 @@ DP_MODULE_API dp_status dp_layernorm_forward_out16(dp_device *dev, dp_bf16 *out,
                                                    dp_pref bias, size_t N, size_t C);
 
 /*
+ * The LayerNorm backward of dp/nn.h (dinp(N,C) += the input gradient,
+ * dweight(C) and dbias(C) += the parameter gradients) from a bfloat16
+ * dout(N,C): the GPT's bf16 activation gradients of ln_1 and ln_2's
+ * outputs, written by c_attn's and c_fc's backward
+ * (dp_linear_backward_to16). Each value is the float32 backward's on the
+ * widened dout, bit for bit; inp, mean, rstd and dinp (the residual
+ * stream's gradient) stay float32; weight float32 or bfloat16. Device
+ * pointers of dev owned by the caller; dinp must not overlap dout.
+ * Errors: DP_ERR_INVALID_ARGUMENT for a NULL pointer, N or C of 0, sizes
+ * whose bytes overflow, dinp overlapping dout; a backend's error as is.
+ */
+DP_MODULE_API dp_status dp_layernorm_backward_dout16(dp_device *dev, float *dinp, float *dweight,
+                                                     float *dbias, const dp_bf16 *dout,
+                                                     const float *inp, dp_pref weight,
+                                                     const float *mean, const float *rstd,
+                                                     size_t N, size_t C);
+
+/*
  * The residual stream's update fused with the next LayerNorm: x(N,C) +=
  * add(N,C) (written back), then out(N,C) = LayerNorm(x) as out_type
  * (DP_DTYPE_F32, or DP_DTYPE_BF16 rounded once), mean(N), rstd(N) float32;
@@ -161,10 +179,13 @@ DP_MODULE_API dp_status dp_linear_backward_from16(dp_device *dev, float *dinp, f
  * precisions, dout16 NULL, a declining backend, the test hook) the
  * float32 dinp of dp_linear_backward_dout16 is computed into scratch
  * (scratch_floats >= N*C) and converted once.
- * Bits: dweight and dbias are dp_linear_backward_dout16's; dinp16 is its
- * dinp rounded once - bit for bit on CPU devices (oneDNN's kernel is the
- * composition's), within cuBLASLt's own grouping of the sums on CUDA
- * devices (see dp_linear_forward_out16).
+ * With dout NULL, dout16 is the gradient itself, already bfloat16 (the
+ * GELU's, d(fch)): every GEMM and the bias read it as they are, in any
+ * precision, as dp_linear_backward_from16 does.
+ * Bits: dweight and dbias are dp_linear_backward_dout16's (or _from16's);
+ * dinp16 is its dinp rounded once - bit for bit on CPU devices (oneDNN's
+ * kernel is the composition's), within cuBLASLt's own grouping of the
+ * sums on CUDA devices (see dp_linear_forward_out16).
  * Ownership: device pointers of dev owned by the caller; dinp16 and
  * scratch must not overlap each other, dout, dout16 or inp. Errors: as
  * dp_linear_backward_dout16, and DP_ERR_INVALID_ARGUMENT for a NULL dinp16

@@ -82,7 +82,7 @@ DP_CPU_SIMD dp_status dp_cpu_bias_backward(dp_device *dev, float *dbias, dp_pref
 // --- LayerNorm parameter gradients -------------------------------------------------
 
 DP_CPU_SIMD dp_status dp_cpu_layernorm_backward_params(dp_device *dev, float *dweight,
-                                                       float *dbias, const float *dout,
+                                                       float *dbias, dp_pref dout,
                                                        const float *inp, const float *mean,
                                                        const float *rstd, size_t N, size_t C)
 {

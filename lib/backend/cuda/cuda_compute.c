@@ -222,7 +222,7 @@ dp_status dp_cuda_bias_backward(dp_device *dev, float *dbias, dp_pref dout, size
 }
 
 dp_status dp_cuda_layernorm_backward_params(dp_device *dev, float *dweight, float *dbias,
-                                            const float *dout, const float *inp, const float *mean,
+                                            dp_pref dout, const float *inp, const float *mean,
                                             const float *rstd, size_t N, size_t C) {
     ENTER(dev);
     cuda_ctx *c = CTX(dev);

@@ -171,7 +171,7 @@ dp_status dp_cuda_bias_broadcast(dp_device *dev, float *out, dp_pref bias, size_
 dp_status dp_cuda_bias_backward(dp_device *dev, float *dbias, dp_pref dout, size_t N,
                                 size_t OC);
 dp_status dp_cuda_layernorm_backward_params(dp_device *dev, float *dweight, float *dbias,
-                                            const float *dout, const float *inp, const float *mean,
+                                            dp_pref dout, const float *inp, const float *mean,
                                             const float *rstd, size_t N, size_t C);
 dp_status dp_cuda_sum_squares(dp_device *dev, double *out_host, const float *x, size_t n);
 dp_status dp_cuda_adamw_segments(dp_device *dev, float *params, float *grads, float *m, float *v,

@@ -256,7 +256,7 @@ extern "C" cudaError_t dp_cuda_launch_bias_backward(cudaStream_t s, float *dbias
 
 // --- LayerNorm ---------------------------------------------------------------------------
 
-__global__ void k_layernorm_param_partial(float *pdw, float *pdb, const float *dout,
+__global__ void k_layernorm_param_partial(float *pdw, float *pdb, dp_pref dout,
                                           const float *inp, const float *mean,
                                           const float *rstd, size_t N, size_t C, size_t n)
 {
@@ -264,7 +264,7 @@ __global__ void k_layernorm_param_partial(float *pdw, float *pdb, const float *d
 }
 
 extern "C" cudaError_t dp_cuda_launch_layernorm_backward_params(
-    cudaStream_t s, float *dweight, float *dbias, float *partial, const float *dout,
+    cudaStream_t s, float *dweight, float *dbias, float *partial, dp_pref dout,
     const float *inp, const float *mean, const float *rstd, size_t N, size_t C)
 {
     if (N == 0 || C == 0) return cudaSuccess;

@@ -51,7 +51,7 @@ cudaError_t dp_cuda_launch_bias_backward(cudaStream_t s, float *dbias, float *pa
                                          dp_pref dout, size_t N, size_t OC);
 cudaError_t dp_cuda_launch_layernorm_backward_params(cudaStream_t s, float *dweight,
                                                      float *dbias, float *partial,
-                                                     const float *dout, const float *inp,
+                                                     dp_pref dout, const float *inp,
                                                      const float *mean, const float *rstd,
                                                      size_t N, size_t C);
 /* Two passes: DP_CUDA_SUMSQ_BLOCKS (or fewer) partial sums into partials,

@@ -58,7 +58,7 @@ extern "C" cudaError_t dp_cuda_launch_layernorm_forward_bf16_out(cudaStream_t st
 }
 
 extern "C" cudaError_t dp_cuda_launch_layernorm_backward_inp(cudaStream_t stream, float *dinp,
-                                                             const float *dout, const float *inp,
+                                                             dp_pref dout, const float *inp,
                                                              dp_pref weight, const float *mean,
                                                              const float *rstd, size_t C,
                                                              size_t n)

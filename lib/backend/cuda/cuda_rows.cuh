@@ -213,8 +213,9 @@ __global__ void k_softmax_causal_forward_block(float *att, uint16_t *att16, floa
 }
 
 /* dp_layernorm_backward_inp_item, one block per row: the two row means
- * (of g = dout * weight and of g * xhat), then dinp += the gradient. */
-__global__ void k_layernorm_backward_inp_block(float *dinp, const float *dout, const float *inp,
+ * (of g = dout * weight and of g * xhat), then dinp += the gradient; dout
+ * float32 or bfloat16 (widened as it is read). */
+__global__ void k_layernorm_backward_inp_block(float *dinp, dp_pref dout, const float *inp,
                                                dp_pref weight, const float *mean,
                                                const float *rstd, size_t C, size_t N)
 {
@@ -222,12 +223,13 @@ __global__ void k_layernorm_backward_inp_block(float *dinp, const float *dout, c
     if (C <= LN_VALS * BLOCK_THREADS) { /* the rows of dout and inp in registers */
         BLOCK_ROW_LOOP(r, N)
         {
-            const float *g = dout + r * C, *x = inp + r * C;
+            const dp_pref g = dp_layernorm_pref_at(dout, r * C);
+            const float *x = inp + r * C;
             float gv[LN_VALS], xv[LN_VALS], dv[LN_VALS];
             DP_UNROLL
             for (unsigned k = 0; k < LN_VALS; k++) {
                 const size_t c = threadIdx.x + k * BLOCK_THREADS;
-                gv[k] = c < C ? g[c] : 0.0f;
+                gv[k] = c < C ? dp_pref_at(g, c) : 0.0f;
                 xv[k] = c < C ? x[c] : 0.0f;
                 dv[k] = c < C ? dinp[r * C + c] : 0.0f;
             }
@@ -256,11 +258,12 @@ __global__ void k_layernorm_backward_inp_block(float *dinp, const float *dout, c
     }
     BLOCK_ROW_LOOP(r, N)
     {
-        const float *g = dout + r * C, *x = inp + r * C;
+        const dp_pref g = dp_layernorm_pref_at(dout, r * C);
+        const float *x = inp + r * C;
         float m = mean[r], s = rstd[r], a = 0.0f, b = 0.0f;
         ROW_ELEMS(c, C)
         {
-            float gw = g[c] * dp_pref_at(weight, c);
+            float gw = dp_pref_at(g, c) * dp_pref_at(weight, c);
             a += gw;
             b += gw * (x[c] - m) * s;
         }
@@ -268,7 +271,7 @@ __global__ void k_layernorm_backward_inp_block(float *dinp, const float *dout, c
         float gx_mean = block_sum<BLOCK_THREADS>(b, sh) / (float)C;
         ROW_ELEMS(c, C)
         {
-            float xhat = (x[c] - m) * s, gw = g[c] * dp_pref_at(weight, c);
+            float xhat = (x[c] - m) * s, gw = dp_pref_at(g, c) * dp_pref_at(weight, c);
             dinp[r * C + c] += s * (gw - g_mean - xhat * gx_mean);
         }
     }
