@@ -131,6 +131,13 @@ static inline DP_HD float dp_pref_at(dp_pref r, size_t i)
     return r.bf16 ? dp_bf16_widen(((const uint16_t *)r.p)[i]) : ((const float *)r.p)[i];
 }
 
+/* r from its element off on (a row of a tensor of either type). */
+static inline DP_HD dp_pref dp_pref_offset(dp_pref r, size_t off)
+{
+    return r.bf16 ? dp_pref_bf16((const uint16_t *)r.p + off)
+                  : dp_pref_f32((const float *)r.p + off);
+}
+
 /* An output tensor of float32 or bfloat16 elements, the store side of
  * dp_pref: a kernel computes in float32 and dp_pout_set stores element i
  * as it is, or rounded once (dp_bf16_round), so the bfloat16 output is the

@@ -241,19 +241,13 @@ static inline DP_HD void dp_residual_layernorm_item(float *out, uint16_t *out16,
         dp_layernorm_forward_row(out + r * C, mean + r, rstd + r, xr, weight, bias, C, eps);
 }
 
-/* dout from element off on (either type). */
-static inline DP_HD dp_pref dp_layernorm_pref_at(dp_pref p, size_t off)
-{
-    return p.bf16 ? dp_pref_bf16((const uint16_t *)p.p + off) : dp_pref_f32((const float *)p.p + off);
-}
-
 /* Row r of (N,C): dp_layernorm_backward_inp_row on row r. */
 static inline DP_HD void dp_layernorm_backward_inp_item(float *dinp, dp_pref dout,
                                                         const float *inp, dp_pref weight,
                                                         const float *mean, const float *rstd,
                                                         size_t C, size_t r)
 {
-    dp_layernorm_backward_inp_row(dinp + r * C, dp_layernorm_pref_at(dout, r * C), inp + r * C,
+    dp_layernorm_backward_inp_row(dinp + r * C, dp_pref_offset(dout, r * C), inp + r * C,
                                   weight, mean[r], rstd[r], C);
 }
 

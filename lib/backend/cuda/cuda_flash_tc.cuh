@@ -391,24 +391,23 @@ __device__ __forceinline__ float quad_max(float v)
     return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
 }
 
-/* Writes a (16 x 64) accumulator set, times mul, to the rows of dst
- * (row r of the warp's 16 at dst + r * stride) that are live. */
-__device__ __forceinline__ void write_acc(float *dst, size_t stride, const float acc[8][4],
-                                          bool live_g, bool live_g8, float mul)
+/* Two adjacent outputs in one store: a float pair, or a bfloat16 pair in
+ * 32 bits, each value rounded once (dp_bf16_round's bits: the float32
+ * store's values rounded). */
+__device__ __forceinline__ void store_pair(float *p, float lo, float hi)
 {
-    DP_UNROLL
-    for (unsigned n = 0; n < 8; n++)
-        DP_UNROLL
-        for (unsigned h = 0; h < 2; h++) {
-            if (!(h ? live_g8 : live_g)) continue;
-            float2 v = make_float2(acc[n][2 * h] * mul, acc[n][2 * h + 1] * mul);
-            *(float2 *)(dst + (lane_quad() + 8 * h) * stride + n * 8 + 2 * lane_in_quad()) = v;
-        }
+    *(float2 *)p = make_float2(lo, hi);
+}
+__device__ __forceinline__ void store_pair(uint16_t *p, float lo, float hi)
+{
+    *(uint32_t *)p = (uint32_t)dp_bf16_round(lo) | (uint32_t)dp_bf16_round(hi) << 16;
 }
 
-/* ... into a bfloat16 dst, each value rounded once (dp_bf16_round's bits:
- * the float32 store's values rounded), a pair per 32-bit store. */
-__device__ __forceinline__ void write_acc(uint16_t *dst, size_t stride, const float acc[8][4],
+/* Writes a (16 x 64) accumulator set, times mul, to the rows of dst
+ * (row r of the warp's 16 at dst + r * stride; float32 or bfloat16) that
+ * are live. */
+template <typename T>
+__device__ __forceinline__ void write_acc(T *dst, size_t stride, const float acc[8][4],
                                           bool live_g, bool live_g8, float mul)
 {
     DP_UNROLL
@@ -416,10 +415,8 @@ __device__ __forceinline__ void write_acc(uint16_t *dst, size_t stride, const fl
         DP_UNROLL
         for (unsigned h = 0; h < 2; h++) {
             if (!(h ? live_g8 : live_g)) continue;
-            const uint32_t lo = dp_bf16_round(acc[n][2 * h] * mul),
-                           hi = dp_bf16_round(acc[n][2 * h + 1] * mul);
-            *(uint32_t *)(dst + (lane_quad() + 8 * h) * stride + n * 8 + 2 * lane_in_quad()) =
-                lo | hi << 16;
+            store_pair(dst + (lane_quad() + 8 * h) * stride + n * 8 + 2 * lane_in_quad(),
+                       acc[n][2 * h] * mul, acc[n][2 * h + 1] * mul);
         }
 }
 
@@ -621,8 +618,7 @@ __global__ void __launch_bounds__(dp_tc::THREADS, 3)
     const uint16_t *q = head_rows(qkvr, 0, r0, BNH, T), *k = head_rows(qkvr, 1, r0, BNH, T),
                    *v = head_rows(qkvr, 2, r0, BNH, T);
     const size_t go = dp_flash_tok_row(r0, T, NH, HS, 1, 0);
-    const dp_pref g = dout.bf16 ? dp_pref_bf16((const uint16_t *)dout.p + go)
-                                : dp_pref_f32((const float *)dout.p + go);
+    const dp_pref g = dp_pref_offset(dout, go);
 
     uint32_t kf[4][4], vf[4][4];
     load_bf16_rows(key_q(sm, 0), k, j0, T);

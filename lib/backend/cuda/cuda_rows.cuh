@@ -223,7 +223,7 @@ __global__ void k_layernorm_backward_inp_block(float *dinp, dp_pref dout, const 
     if (C <= LN_VALS * BLOCK_THREADS) { /* the rows of dout and inp in registers */
         BLOCK_ROW_LOOP(r, N)
         {
-            const dp_pref g = dp_layernorm_pref_at(dout, r * C);
+            const dp_pref g = dp_pref_offset(dout, r * C);
             const float *x = inp + r * C;
             float gv[LN_VALS], xv[LN_VALS], dv[LN_VALS];
             DP_UNROLL
@@ -258,7 +258,7 @@ __global__ void k_layernorm_backward_inp_block(float *dinp, dp_pref dout, const 
     }
     BLOCK_ROW_LOOP(r, N)
     {
-        const dp_pref g = dp_layernorm_pref_at(dout, r * C);
+        const dp_pref g = dp_pref_offset(dout, r * C);
         const float *x = inp + r * C;
         float m = mean[r], s = rstd[r], a = 0.0f, b = 0.0f;
         ROW_ELEMS(c, C)
