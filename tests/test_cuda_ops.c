@@ -39,6 +39,7 @@
 #include "nn/nn_act16.h"
 #include "optim/adamw_segments.h"
 #include "flash_tc_bound.h"
+#include "kernels/gelu.h"
 #include "nn_test_util.h"
 
 // --- targets ----------------------------------------------------------------------------
@@ -2518,6 +2519,110 @@ Test(cuda_ops, linear_bias_epilogue_matches_composition, .timeout = 60)
     free(x);
     free(w);
     free(bias);
+}
+
+/* One run of the MLP's GELU producers (nn/nn_act16.h) on a device opened
+ * with DP_CUDA_LT_GELU as lt_gelu says: the forward's pre and out, the
+ * backward's dinp16, dweight and dbias, downloaded (as doubles; gradients
+ * as floats in res[3], res[4]). Shapes: x (N,C) -> pre, out (N,4C) ->
+ * c_proj (4C -> C). */
+static void gelu_producers_run(int g, int lt_gelu, size_t N, size_t C, const float *x,
+                               const float *w1, const float *b1, const float *w2,
+                               const float *dout, double *res16[3], float *res[2])
+{
+    const size_t H = 4 * C;
+    if (lt_gelu) setenv("DP_CUDA_LT_GELU", "1", 1); /* read when a device opens */
+    else unsetenv("DP_CUDA_LT_GELU");
+    dp_device *d = open_target(g);
+    unsetenv("DP_CUDA_LT_GELU");
+    dp_assert_ok(dp_device_set_matmul_precision(d, DP_MATMUL_BF16));
+    void *xd = upload_typed(d, x, N * C, 1), *w1d = upload_typed(d, w1, H * C, 1),
+         *b1d = upload_typed(d, b1, H, 1), *w2d = upload_typed(d, w2, C * H, 1);
+    float *gd = dp_test_upload(d, dout, N * C), *scratch = dalloc(d, N * H * sizeof(float));
+    dp_bf16 *pre = dalloc(d, N * H * 2), *out = dalloc(d, N * H * 2), *dx = dalloc(d, N * H * 2),
+            *g16 = dalloc(d, N * C * 2);
+    float *dw = dalloc(d, C * H * sizeof(float)), *db = dalloc(d, C * sizeof(float));
+    dp_assert_ok(dp_memset(d, dw, 0, C * H * sizeof(float)));
+    dp_assert_ok(dp_memset(d, db, 0, C * sizeof(float)));
+    dp_assert_ok(dp_linear_gelu_forward_out16(d, out, pre, scratch, N * H, xd, DP_DTYPE_BF16,
+                                              dp_pref_bf16(w1d), dp_pref_bf16(b1d), N, C, H));
+    dp_assert_ok(dp_linear_backward_to16_dgelu(d, dx, scratch, N * H, dw, db, gd, g16, out,
+                                               DP_DTYPE_BF16, dp_pref_bf16(w2d), pre, N, H, C));
+    res16[0] = download_bf16(d, pre, N * H);
+    res16[1] = download_bf16(d, out, N * H);
+    res16[2] = download_bf16(d, dx, N * H);
+    res[0] = dp_test_nn_download(d, dw, C * H);
+    res[1] = dp_test_nn_download(d, db, C);
+    void *bufs[] = {xd, w1d, b1d, w2d, gd, scratch, pre, out, dx, g16, dw, db};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) dp_device_free(d, bufs[i]);
+    close_checked(d);
+}
+
+/*
+ * The GELU in cuBLASLt's epilogue (DP_CUDA_LT_GELU=1: GELU_AUX_BIAS
+ * forward, DGELU backward; dp_backend_ops.gemm_gelu) against the
+ * compositions it replaces (the bias epilogue, then kernels/gelu.h's GELU
+ * and its backward), GPT-2's MLP shape at C = 48, in BF16 math:
+ * - pre: another kernel's grouping of the same sums, both rounded to
+ *   bfloat16: the bias epilogue's bound (atol 1e-2, rtol 1.6e-2) plus
+ *   2^-7 for the two roundings: atol 1.01e-2, rtol 2.4e-2;
+ * - out: the GELU of the float32 sums against that of the rounded pre;
+ *   GELU is 1.13-Lipschitz, so pre's bound times 1.13 plus one more
+ *   rounding: atol 1.2e-2, rtol 3.5e-2;
+ * - dinp16 = sums x GELU'(pre): the composition rounds the sums first
+ *   (2^-8), then the product (2^-8), against one rounding; with another
+ *   grouping and |GELU'| <= 1.13: atol 1.2e-2, rtol 3.5e-2 on O(1) values;
+ * - dweight and dbias: the same calls either way, bit for bit.
+ * Whether the epilogue ran is read from the bits: the composition's out is
+ * GELU(pre) rounded for every element (checked on CPU stand-ins, where
+ * there is no epilogue); the library's is not, for some.
+ */
+Test(cuda_ops, gelu_epilogue_matches_composition, .timeout = 60)
+{
+    REQUIRE_GPU();
+    enum { N = 40, C = 48, H = 4 * C };
+    float *x = rnd(41, N * C, -1, 1), *w1 = rnd(42, H * C, -0.3f, 0.3f), *b1 = rnd(43, H, -1, 1),
+          *w2 = rnd(44, C * H, -0.15f, 0.15f), *dout = rnd(45, N * C, -1, 1);
+    FOR_TARGETS(g)
+    {
+        double *a16[3], *e16[3];
+        float *a[2], *e[2];
+        gelu_producers_run(g, 1, N, C, x, w1, b1, w2, dout, a16, a);
+        gelu_producers_run(g, 0, N, C, x, w1, b1, w2, dout, e16, e);
+        size_t not_gelu_of_pre = 0;
+        for (size_t i = 0; i < (size_t)N * H; i++) {
+            dp_bf16 p = dp_bf16_from_float((float)a16[0][i]);
+            not_gelu_of_pre += bf16v(dp_gelu_bf16(p)) != a16[1][i];
+            cr_assert(bf16v(dp_gelu_bf16(dp_bf16_from_float((float)e16[0][i]))) == e16[1][i],
+                      "target %d: the composition's out[%zu] is not GELU(pre)", g, i);
+        }
+        cr_log_info("target %d: the GELU epilogue %s (%zu of %d outputs not GELU(pre))", g,
+                    not_gelu_of_pre ? "ran" : "declined or was not reached", not_gelu_of_pre,
+                    N * H);
+        if (as_cpu()) {
+            cr_assert_eq(not_gelu_of_pre, 0, "a CPU device has no GELU epilogue");
+            for (int k = 0; k < 3; k++)
+                assert_same_doubles("CPU gelu producers", a16[k], e16[k], N * H);
+        }
+        dp_assert_allclose(a16[0], e16[0], N * H, 1.01e-2, 2.4e-2);
+        dp_assert_allclose(a16[1], e16[1], N * H, 1.2e-2, 3.5e-2);
+        dp_assert_allclose(a16[2], e16[2], N * H, 1.2e-2, 3.5e-2);
+        assert_same_bits("c_proj dweight", a[0], e[0], C * H);
+        assert_same_bits("c_proj dbias", a[1], e[1], C);
+        for (int k = 0; k < 3; k++) {
+            free(a16[k]);
+            free(e16[k]);
+        }
+        for (int k = 0; k < 2; k++) {
+            free(a[k]);
+            free(e[k]);
+        }
+    }
+    free(x);
+    free(w1);
+    free(b1);
+    free(w2);
+    free(dout);
 }
 
 // --- memory and copies -------------------------------------------------------------------------

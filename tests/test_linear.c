@@ -7,6 +7,7 @@
  * replace; their bad arguments. */
 #include "backend/device_testing.h"
 #include "kernels/colsum.h" /* DP_COL_CHUNK */
+#include "kernels/gelu.h"
 #include "nn/nn_act16.h"
 #include "nn_test_util.h"
 
@@ -747,6 +748,123 @@ Test(linear, backward_to_bf16_from_a_bf16_gradient)
     dp_device_free(dev, scratch);
     dp_device_free(dev, g16);
     dp_device_free(dev, dx16);
+    free_case(&k);
+    dp_test_nn_assert_all_freed(dev);
+    dp_device_close(dev);
+}
+
+/* The MLP's GELU producers on CPU devices (no GELU epilogue: the
+ * compositions they state), bit for bit: dp_linear_gelu_forward_out16's
+ * pre is dp_linear_forward_out16's output and its out the bfloat16 GELU of
+ * pre (kernels/gelu.h on the host); dp_linear_backward_to16_dgelu's dinp16
+ * is dp_linear_backward_to16's times GELU'(pre) rounded once, with its
+ * dweight, dbias and dout16. FP32 and BF16 math, with and without oneDNN,
+ * through the test hook; float32 and bfloat16 weights. */
+Test(linear, gelu_producers_are_the_compositions)
+{
+    enum { N = 21, C = 40, OC = 56 };
+    dp_device *dev = dp_test_cpu(0);
+    lin_case k = make_case(35, N, C, OC);
+    float *g = dp_test_upload(dev, k.dout, N * C); /* the backward's dout: (N, C) */
+    float *scratch = dp_test_nn_filled(dev, N * OC, NAN);
+    void *ref16 = NULL, *pre16 = NULL, *out16 = NULL, *g16 = NULL, *dx16 = NULL;
+    dp_assert_ok(dp_device_alloc(dev, N * OC * sizeof(dp_bf16), &ref16));
+    dp_assert_ok(dp_device_alloc(dev, N * OC * sizeof(dp_bf16), &pre16));
+    dp_assert_ok(dp_device_alloc(dev, N * OC * sizeof(dp_bf16), &out16));
+    dp_assert_ok(dp_device_alloc(dev, N * C * sizeof(dp_bf16), &g16));
+    dp_assert_ok(dp_device_alloc(dev, N * OC * sizeof(dp_bf16), &dx16));
+    static dp_bf16 want[N * OC], pre[N * OC], out[N * OC], got[N * OC];
+    void *x = upload_as(dev, k.inp, N * C, 1);
+    for (int run = 0; run < 16; run++) {
+        int prec = run & 1, dnnl = run >> 1 & 1, hook = run >> 2 & 1, w16 = run >> 3 & 1;
+        dp_assert_ok(dp_device_set_matmul_precision(dev, prec ? DP_MATMUL_BF16 : DP_MATMUL_FP32));
+        dp_device_set_gemm_dnnl(dev, dnnl);
+        dp_device_set_fused_producers(dev, !hook);
+        void *w = upload_as(dev, k.weight, OC * C, w16), *b = upload_as(dev, k.bias, OC, w16);
+        dp_pref wp = w16 ? dp_pref_bf16(w) : dp_pref_f32(w);
+        dp_pref bp = w16 ? dp_pref_bf16(b) : dp_pref_f32(b);
+        /* forward: (N, C) -> (N, OC) */
+        dp_assert_ok(dp_linear_forward_out16(dev, ref16, scratch, N * OC, x, DP_DTYPE_BF16, wp, bp,
+                                             N, C, OC));
+        dp_assert_ok(dp_copy_d2h(dev, want, ref16, sizeof want));
+        dp_assert_ok(dp_memset(dev, pre16, 0xff, sizeof pre));
+        dp_assert_ok(dp_memset(dev, out16, 0xff, sizeof out));
+        dp_assert_ok(dp_linear_gelu_forward_out16(dev, out16, pre16, scratch, N * OC, x,
+                                                  DP_DTYPE_BF16, wp, bp, N, C, OC));
+        dp_assert_ok(dp_copy_d2h(dev, pre, pre16, sizeof pre));
+        dp_assert_ok(dp_copy_d2h(dev, out, out16, sizeof out));
+        for (size_t i = 0; i < (size_t)N * OC; i++) {
+            cr_assert_eq(pre[i], want[i], "run %d: pre[%zu]", run, i);
+            cr_assert_eq(out[i], dp_gelu_bf16(pre[i]), "run %d: out[%zu] is not GELU(pre)", run,
+                         i);
+        }
+        /* backward of the (OC -> C) layer whose input was GELU(pre):
+         * dinp (N, OC), its weight the forward's viewed as (C, OC) */
+        float *res[2][2];
+        for (int pass = 0; pass < 2; pass++) {
+            float *dw = dp_test_upload(dev, k.dweight0, OC * C);
+            float *db = dp_test_upload(dev, k.dbias0, C);
+            dp_assert_ok(dp_memset(dev, scratch, 0xff, N * OC * sizeof(float)));
+            dp_assert_ok(dp_memset(dev, g16, 0xff, N * C * sizeof(dp_bf16)));
+            if (pass == 0)
+                dp_assert_ok(dp_linear_backward_to16(dev, dx16, scratch, N * OC, dw, db, g, g16,
+                                                     out16, DP_DTYPE_BF16, wp, N, OC, C));
+            else
+                dp_assert_ok(dp_linear_backward_to16_dgelu(dev, dx16, scratch, N * OC, dw, db, g,
+                                                           g16, out16, DP_DTYPE_BF16, wp, pre16,
+                                                           N, OC, C));
+            dp_assert_ok(dp_copy_d2h(dev, pass ? got : want, dx16, sizeof got));
+            res[pass][0] = dp_test_nn_download(dev, dw, OC * C);
+            res[pass][1] = dp_test_nn_download(dev, db, C);
+            dp_device_free(dev, dw);
+            dp_device_free(dev, db);
+        }
+        for (size_t i = 0; i < (size_t)N * OC; i++) {
+            dp_bf16 e;
+            dp_gelu_backward_bf16_elem(&e, &pre[i], &want[i], 0);
+            cr_assert_eq(got[i], e, "run %d: dinp16[%zu] = %#06x, GELU' of the composition "
+                         "%#06x", run, i, got[i], e);
+        }
+        cr_assert(memcmp(res[0][0], res[1][0], OC * C * sizeof(float)) == 0, "run %d: dweight",
+                  run);
+        cr_assert(memcmp(res[0][1], res[1][1], C * sizeof(float)) == 0, "run %d: dbias", run);
+        for (int t = 0; t < 2; t++) {
+            free(res[0][t]);
+            free(res[1][t]);
+        }
+        dp_device_free(dev, w);
+        dp_device_free(dev, b);
+    }
+    dp_device_set_fused_producers(dev, 1);
+    dp_device_set_gemm_dnnl(dev, 1);
+    /* bad arguments: what the compositions would not see */
+    dp_pref wp = dp_pref_f32(scratch);
+    dp_bf16 *o = out16, *p = pre16;
+    dp_test_nn_assert_invalid(dp_linear_gelu_forward_out16(dev, NULL, p, scratch, N * OC, x,
+                                                           DP_DTYPE_BF16, wp, wp, N, C, OC),
+                              "out", "dp_linear_gelu_forward_out16");
+    dp_test_nn_assert_invalid(dp_linear_gelu_forward_out16(dev, o, NULL, scratch, N * OC, x,
+                                                           DP_DTYPE_BF16, wp, wp, N, C, OC),
+                              "pre", NULL);
+    dp_test_nn_assert_invalid(dp_linear_gelu_forward_out16(dev, o, o + 1, scratch, N * OC, x,
+                                                           DP_DTYPE_BF16, wp, wp, N, C, OC),
+                              "overlap", "pre");
+    dp_test_nn_assert_invalid(dp_linear_gelu_forward_out16(dev, (dp_bf16 *)scratch, p, scratch,
+                                                           N * OC, x, DP_DTYPE_BF16, wp, wp, N,
+                                                           C, OC),
+                              "overlap", "scratch");
+    float *dw = dp_test_nn_filled(dev, OC * C, 0.0f);
+    dp_test_nn_assert_invalid(dp_linear_backward_to16_dgelu(dev, dx16, scratch, N * OC, dw, NULL,
+                                                            g, g16, out16, DP_DTYPE_BF16, wp,
+                                                            NULL, N, OC, C),
+                              "pre", "dp_linear_backward_to16_dgelu");
+    dp_test_nn_assert_invalid(dp_linear_backward_to16_dgelu(dev, dx16, scratch, N * OC, dw, NULL,
+                                                            g, g16, out16, DP_DTYPE_BF16, wp,
+                                                            (dp_bf16 *)dx16 + 3, N, OC, C),
+                              "overlap", "pre");
+    dp_device_free(dev, dw);
+    void *bufs[] = {g, scratch, ref16, pre16, out16, g16, dx16, x};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) dp_device_free(dev, bufs[i]);
     free_case(&k);
     dp_test_nn_assert_all_freed(dev);
     dp_device_close(dev);

@@ -204,6 +204,22 @@ struct dp_backend_ops {
                                const dp_gemm_arg *A, const dp_gemm_arg *B, dp_pref bias, void *C,
                                int c_bf16, int ldc, int *done);
 
+    /* optional (NULL: none): the GELU (kernels/gelu.h's tanh form) in the
+     * GEMM's epilogue, bfloat16 operands and outputs in BF16 math; pre and
+     * C are column-major (m,n) bfloat16 with the same ldc. Forward (dgelu
+     * 0): pre = bf16(op(A) op(B) + bias) and C = bf16(GELU(op(A) op(B) +
+     * bias)), both from the float32 sums (C is not the GELU of the rounded
+     * pre); bias.p may be NULL. Backward (dgelu 1, bias.p NULL): C =
+     * bf16(op(A) op(B) * GELU'(pre)), pre read, the float32 sums not
+     * rounded before the product. The library's evaluation of the GELU, so
+     * not the bits of the composition (gemm_bias_out, then the GELU and
+     * its backward of kernels/gelu.h), only within its roundings
+     * (tests/test_cuda_ops.c). Declines as gemm_bias_out (*done = 0,
+     * nothing written); CUDA devices only with DP_CUDA_LT_GELU=1. */
+    dp_status (*gemm_gelu)(dp_device *dev, dp_op transa, dp_op transb, int m, int n, int k,
+                           const dp_gemm_arg *A, const dp_gemm_arg *B, dp_pref bias, int dgelu,
+                           uint16_t *pre, uint16_t *C, int ldc, int *done);
+
     /* optional (NULL: none): the fused causal attention through a library
      * (cuDNN on CUDA devices, backend/cuda/cuda_sdpa.c) for a bfloat16
      * qkvr(3,B,NH,T,hs): what attention_fused_forward computes - out(B,T,C)

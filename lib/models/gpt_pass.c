@@ -186,13 +186,22 @@ dp_status gpt_pass_body_forward(const dp_gpt *gpt, dp_device *dev, wview params,
         DP_TRY(lin_fwd(dev, a.residual2, gemm_in(&a, a.atty), p_aprojw, p_aprojb, BT, C, C));
         DP_TRY(ln_fwd_res(dev, c.act16, a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, residual,
                           p_ln2w, p_ln2b, BT, C));
-        if (c.act16) /* qkv's (B,T,4C) floats: the scratch where the GEMM cannot write bf16 */
-            DP_TRY(dp_linear_forward_out16(dev, (dp_bf16 *)a.fch, qkv, BT * 4 * C, a.ln2,
-                                           DP_DTYPE_BF16, p_fcw, p_fcb, BT, C, 4 * C));
-        else
-            DP_TRY(lin_fwd(dev, a.fch, gemm_in(&a, a.ln2), p_fcw, p_fcb, BT, C, 4 * C));
         float *gelu = c.recompute_gelu ? qkv + c.big_gelu : a.fch_gelu;
-        DP_TRY(gelu_of(dev, &a, gelu, BT * 4 * C));
+        /* qkv's (B,T,4C) floats: the scratch where the GEMM cannot write
+         * bf16. The GELU in the GEMM's epilogue only where its output is
+         * kept: a recomputation (gelu_of) must repeat the forward's bits. */
+        if (c.act16 && !c.recompute_gelu)
+            DP_TRY(dp_linear_gelu_forward_out16(dev, (dp_bf16 *)gelu, (dp_bf16 *)a.fch, qkv,
+                                                BT * 4 * C, a.ln2, DP_DTYPE_BF16, p_fcw, p_fcb,
+                                                BT, C, 4 * C));
+        else {
+            if (c.act16)
+                DP_TRY(dp_linear_forward_out16(dev, (dp_bf16 *)a.fch, qkv, BT * 4 * C, a.ln2,
+                                               DP_DTYPE_BF16, p_fcw, p_fcb, BT, C, 4 * C));
+            else
+                DP_TRY(lin_fwd(dev, a.fch, gemm_in(&a, a.ln2), p_fcw, p_fcb, BT, C, 4 * C));
+            DP_TRY(gelu_of(dev, &a, gelu, BT * 4 * C));
+        }
         DP_TRY(lin_fwd(dev, a.residual3, gemm_in(&a, gelu), p_mprojw, p_mprojb, BT, 4 * C, C));
         residual = a.residual3;
         added = a.residual2; /* pending: residual3 += residual2 */
@@ -405,10 +414,10 @@ dp_status gpt_pass_body_backward(const dp_gpt *gpt, dp_device *dev, wview params
             /* c_proj's dout rounded into dbtc (free until c_fc's dinp); the
              * float32 dinp, where the GEMM cannot write bfloat16, in dfch */
             dp_bf16 *dh16 = (dp_bf16 *)d16;
-            DP_TRY(dp_linear_backward_to16(dev, dh16, dfch, BT * 4 * C, G(BLK_MPROJ_W),
-                                           G(BLK_MPROJ_B), dresidual, (dp_bf16 *)dbtc, gelu,
-                                           DP_DTYPE_BF16, P(BLK_MPROJ_W), BT, 4 * C, C));
-            DP_TRY(dp_gelu_backward_bf16(dev, dh16, (const dp_bf16 *)a.fch, dh16, BT * 4 * C));
+            DP_TRY(dp_linear_backward_to16_dgelu(dev, dh16, dfch, BT * 4 * C, G(BLK_MPROJ_W),
+                                                 G(BLK_MPROJ_B), dresidual, (dp_bf16 *)dbtc,
+                                                 gelu, DP_DTYPE_BF16, P(BLK_MPROJ_W),
+                                                 (const dp_bf16 *)a.fch, BT, 4 * C, C));
             /* d(ln2 output) bfloat16 too, in dbtc (dfch: the float32 scratch) */
             DP_TRY(dp_linear_backward_to16(dev, (dp_bf16 *)dbtc, dfch, BT * C, G(BLK_FC_W),
                                            G(BLK_FC_B), NULL, dh16, a.ln2, DP_DTYPE_BF16,

@@ -260,6 +260,39 @@ dp_status dp_linear_forward_out16(dp_device *dev, dp_bf16 *out, float *scratch,
     return DP_OK;
 }
 
+dp_status dp_linear_gelu_forward_out16(dp_device *dev, dp_bf16 *out, dp_bf16 *pre,
+                                       float *scratch, size_t scratch_floats, const void *inp,
+                                       dp_dtype inp_type, dp_pref weight, dp_pref bias, size_t N,
+                                       size_t C, size_t OC)
+{
+    DP_NN_REQUIRE_DEV(dev);
+    DP_NN_REQUIRE_PTR(dev, out);
+    DP_NN_REQUIRE_PTR(dev, pre);
+    DP_NN_REQUIRE_PTR(dev, scratch);
+    DP_NN_REQUIRE_PTR(dev, inp);
+    DP_NN_REQUIRE_PTR(dev, weight.p);
+    CHECK_LINEAR_DIMS(dev, N, C, OC);
+    DP_TRY(check_act_type(dev, inp_type));
+    size_t bytes = N * OC * sizeof(dp_bf16),
+           inp_bytes = N * C * (inp_type == DP_DTYPE_BF16 ? 2 : 4),
+           scratch_bytes = (scratch_floats < N * OC ? scratch_floats : N * OC) * sizeof(float);
+    DP_NN_REQUIRE_DISJOINT(dev, out, bytes, pre, bytes);
+    DP_NN_REQUIRE_DISJOINT(dev, out, bytes, inp, inp_bytes);
+    DP_NN_REQUIRE_DISJOINT(dev, out, bytes, scratch, scratch_bytes);
+    if (!dev->no_fused_producers && dev->ops->gemm_gelu) {
+        /* out^T(OC,N) = GELU(op_T(W^T) inp^T + bias), pre^T beside it */
+        dp_gemm_arg a = {weight.p, weight.bf16, (int)C, 0},
+                    b = {inp, inp_type == DP_DTYPE_BF16, (int)C, 0};
+        int done = 0;
+        DP_TRY(dev->ops->gemm_gelu(dev, DP_OP_T, DP_OP_N, (int)OC, (int)N, (int)C, &a, &b, bias, 0,
+                                   pre, out, (int)OC, &done));
+        if (done) return DP_OK;
+    }
+    DP_TRY(dp_linear_forward_out16(dev, pre, scratch, scratch_floats, inp, inp_type, weight, bias,
+                                   N, C, OC));
+    return dp_gelu_forward_bf16(dev, out, pre, N * OC);
+}
+
 /* The checks both backwards with a bfloat16 dout share (a macro, so
  * messages name the public function). */
 /* g: the gradient the GEMMs read (dout, or dout16 for
@@ -322,33 +355,44 @@ dp_status dp_linear_backward_from16(dp_device *dev, float *dinp, float *dweight,
     return DP_OK;
 }
 
-dp_status dp_linear_backward_to16(dp_device *dev, dp_bf16 *dinp16, float *scratch,
-                                  size_t scratch_floats, float *dweight, float *dbias,
-                                  const float *dout, dp_bf16 *dout16, const void *inp,
-                                  dp_dtype inp_type, dp_pref weight, size_t N, size_t C,
-                                  size_t OC)
+/* The checks of dp_linear_backward_to16 and _dgelu (pre NULL in the first;
+ * a macro, so messages name the public function). */
+#define CHECK_TO16()                                                                              \
+    do {                                                                                          \
+        if (dout) /* else dout16 is the gradient, read as it is */                                \
+            CHECK_BACKWARD16(dout);                                                               \
+        else                                                                                      \
+            CHECK_BACKWARD16(dout16);                                                             \
+        DP_NN_REQUIRE_PTR(dev, dinp16);                                                           \
+        DP_NN_REQUIRE_PTR(dev, scratch);                                                          \
+        if (scratch_floats < N * C)                                                               \
+            return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: scratch_floats=%zu is less than dinp's " \
+                           "N*C=%zu floats; give the scratch the float32 dinp fits in", dev->name,\
+                           scratch_floats, N * C);                                                \
+        int x16 = inp_type == DP_DTYPE_BF16;                                                      \
+        size_t d16 = N * C * sizeof(dp_bf16), s32 = N * C * sizeof(float);                        \
+        DP_NN_REQUIRE_DISJOINT(dev, dinp16, d16, dout, N * OC * sizeof(float));                   \
+        DP_NN_REQUIRE_DISJOINT(dev, dinp16, d16, inp, N * C * (x16 ? 2 : 4));                     \
+        DP_NN_REQUIRE_DISJOINT(dev, dinp16, d16, scratch, s32);                                   \
+        DP_NN_REQUIRE_DISJOINT(dev, scratch, s32, dout, N * OC * sizeof(float));                  \
+        DP_NN_REQUIRE_DISJOINT(dev, scratch, s32, inp, N * C * (x16 ? 2 : 4));                    \
+        if (dout16) {                                                                             \
+            DP_NN_REQUIRE_DISJOINT(dev, dinp16, d16, dout16, N * OC * sizeof(dp_bf16));           \
+            DP_NN_REQUIRE_DISJOINT(dev, scratch, s32, dout16, N * OC * sizeof(dp_bf16));          \
+        }                                                                                         \
+        if (pre) {                                                                                \
+            DP_NN_REQUIRE_DISJOINT(dev, dinp16, d16, pre, d16);                                   \
+            DP_NN_REQUIRE_DISJOINT(dev, scratch, s32, pre, d16);                                  \
+        }                                                                                         \
+    } while (0)
+
+/* dp_linear_backward_to16's work after its checks, and with pre (not
+ * NULL) its input gradient times GELU'(pre) (dp_linear_backward_to16_dgelu). */
+static dp_status backward_to16(dp_device *dev, dp_bf16 *dinp16, float *scratch, float *dweight,
+                               float *dbias, const float *dout, dp_bf16 *dout16, const void *inp,
+                               dp_dtype inp_type, dp_pref weight, const dp_bf16 *pre, size_t N,
+                               size_t C, size_t OC)
 {
-    if (dout) /* else dout16 is the gradient, read as it is */
-        CHECK_BACKWARD16(dout);
-    else
-        CHECK_BACKWARD16(dout16);
-    DP_NN_REQUIRE_PTR(dev, dinp16);
-    DP_NN_REQUIRE_PTR(dev, scratch);
-    if (scratch_floats < N * C)
-        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: scratch_floats=%zu is less than dinp's "
-                       "N*C=%zu floats; give the scratch the float32 dinp fits in", dev->name,
-                       scratch_floats, N * C);
-    int x16 = inp_type == DP_DTYPE_BF16;
-    size_t d16 = N * C * sizeof(dp_bf16), s32 = N * C * sizeof(float);
-    DP_NN_REQUIRE_DISJOINT(dev, dinp16, d16, dout, N * OC * sizeof(float));
-    DP_NN_REQUIRE_DISJOINT(dev, dinp16, d16, inp, N * C * (x16 ? 2 : 4));
-    DP_NN_REQUIRE_DISJOINT(dev, dinp16, d16, scratch, s32);
-    DP_NN_REQUIRE_DISJOINT(dev, scratch, s32, dout, N * OC * sizeof(float));
-    DP_NN_REQUIRE_DISJOINT(dev, scratch, s32, inp, N * C * (x16 ? 2 : 4));
-    if (dout16) {
-        DP_NN_REQUIRE_DISJOINT(dev, dinp16, d16, dout16, N * OC * sizeof(dp_bf16));
-        DP_NN_REQUIRE_DISJOINT(dev, scratch, s32, dout16, N * OC * sizeof(dp_bf16));
-    }
     /* The weight and bias gradients and dout16 (when rounded) as
      * dp_linear_backward_dout16 (or _from16) makes them, without dinp. */
     if (dout)
@@ -358,17 +402,46 @@ dp_status dp_linear_backward_to16(dp_device *dev, dp_bf16 *dinp16, float *scratc
         DP_TRY(dp_linear_backward_from16(dev, NULL, dweight, dbias, dout16, inp, inp_type, weight,
                                          N, C, OC));
     int rounded = !dout || rounds_dout(dev, dout16); /* the GEMMs read dout16 */
-    if (rounded && dev->ops->gemm_bias_out) {
-        /* dinp^T(C,N) = W^T dout^T, as linear_backward_g's, stored as bfloat16 */
-        dp_gemm_arg a = {weight.p, weight.bf16, (int)C, 0}, b = {dout16, 1, (int)OC, 0};
-        dp_pref none = {NULL, 0};
-        int done = 0;
+    /* dinp^T(C,N) = W^T dout^T, as linear_backward_g's, stored as bfloat16 */
+    dp_gemm_arg a = {weight.p, weight.bf16, (int)C, 0}, b = {dout16, 1, (int)OC, 0};
+    dp_pref none = {NULL, 0};
+    int done = 0;
+    if (rounded && pre && dev->ops->gemm_gelu) /* GELU' in the epilogue */
+        DP_TRY(dev->ops->gemm_gelu(dev, DP_OP_N, DP_OP_N, (int)C, (int)N, (int)OC, &a, &b, none, 1,
+                                   (uint16_t *)pre, dinp16, (int)C, &done));
+    if (done) return DP_OK;
+    if (rounded && dev->ops->gemm_bias_out)
         DP_TRY(dev->ops->gemm_bias_out(dev, DP_OP_N, DP_OP_N, (int)C, (int)N, (int)OC, &a, &b,
                                        none, dinp16, 1, (int)C, &done));
-        if (done) return DP_OK;
+    if (!done) { /* the composition: dp_linear_backward_dout16's float32 dinp, converted */
+        DP_TRY(gemm(dev, DP_OP_N, DP_OP_N, C, N, OC, weight.p, weight.bf16, C,
+                    rounded ? (const void *)dout16 : dout, rounded, OC, 0.0f, scratch, C));
+        DP_TRY(dev->ops->cast_f32_bf16(dev, dinp16, scratch, N * C));
     }
-    /* the composition: dp_linear_backward_dout16's float32 dinp, converted */
-    DP_TRY(gemm(dev, DP_OP_N, DP_OP_N, C, N, OC, weight.p, weight.bf16, C,
-                rounded ? (const void *)dout16 : dout, rounded, OC, 0.0f, scratch, C));
-    return dev->ops->cast_f32_bf16(dev, dinp16, scratch, N * C);
+    return pre ? dp_gelu_backward_bf16(dev, dinp16, pre, dinp16, N * C) : DP_OK;
+}
+
+dp_status dp_linear_backward_to16(dp_device *dev, dp_bf16 *dinp16, float *scratch,
+                                  size_t scratch_floats, float *dweight, float *dbias,
+                                  const float *dout, dp_bf16 *dout16, const void *inp,
+                                  dp_dtype inp_type, dp_pref weight, size_t N, size_t C,
+                                  size_t OC)
+{
+    const dp_bf16 *pre = NULL;
+    CHECK_TO16();
+    return backward_to16(dev, dinp16, scratch, dweight, dbias, dout, dout16, inp, inp_type,
+                         weight, NULL, N, C, OC);
+}
+
+dp_status dp_linear_backward_to16_dgelu(dp_device *dev, dp_bf16 *dinp16, float *scratch,
+                                        size_t scratch_floats, float *dweight, float *dbias,
+                                        const float *dout, dp_bf16 *dout16, const void *inp,
+                                        dp_dtype inp_type, dp_pref weight, const dp_bf16 *pre,
+                                        size_t N, size_t C, size_t OC)
+{
+    DP_NN_REQUIRE_DEV(dev);
+    DP_NN_REQUIRE_PTR(dev, pre);
+    CHECK_TO16();
+    return backward_to16(dev, dinp16, scratch, dweight, dbias, dout, dout16, inp, inp_type,
+                         weight, pre, N, C, OC);
 }

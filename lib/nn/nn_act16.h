@@ -114,6 +114,30 @@ DP_MODULE_API dp_status dp_linear_forward_out16(dp_device *dev, dp_bf16 *out, fl
                                                 size_t N, size_t C, size_t OC);
 
 /*
+ * The MLP's first linear layer and its GELU with bfloat16 outputs: pre(N,OC)
+ * = bf16(inp @ weight^T + bias) and out(N,OC) = GELU(pre), both kept (the
+ * GELU's backward reads pre; GPT-2's c_fc). Composed, it is
+ * dp_linear_forward_out16 into pre (its arguments, scratch and bits) then
+ * dp_gelu_forward_bf16 of pre: the GELU of the rounded pre-activation.
+ * Where the backend has the GELU in its GEMM's epilogue
+ * (dp_backend_ops.gemm_gelu: cuBLASLt's GELU_AUX_BIAS on CUDA devices with
+ * DP_CUDA_LT_GELU=1, llm.c's gelu_fusion) one GEMM writes both, and out is
+ * the library's GELU of the float32 sums: within one bfloat16 rounding of
+ * pre times GELU' (at most 1.13) of the composition's, not its bits; a
+ * recomputation of out from pre (DP_GPT_RECOMPUTE_GELU) would not repeat
+ * it, so the GPT fuses only where it keeps out.
+ * Ownership: device pointers of dev owned by the caller; out must not
+ * overlap pre, inp or scratch (and pre as dp_linear_forward_out16's out).
+ * Errors: as dp_linear_forward_out16, and DP_ERR_INVALID_ARGUMENT for a
+ * NULL pre or out, or out overlapping.
+ */
+DP_MODULE_API dp_status dp_linear_gelu_forward_out16(dp_device *dev, dp_bf16 *out, dp_bf16 *pre,
+                                                     float *scratch, size_t scratch_floats,
+                                                     const void *inp, dp_dtype inp_type,
+                                                     dp_pref weight, dp_pref bias, size_t N,
+                                                     size_t C, size_t OC);
+
+/*
  * The linear backward of dp/nn.h (dinp(N,C) = dout @ weight, overwritten,
  * dinp NULL: skipped; dweight(OC,C) += dout^T @ inp; dbias(OC) += column
  * sums of dout, dbias NULL: skipped) that, in BF16 matmul precision,
@@ -197,6 +221,28 @@ DP_MODULE_API dp_status dp_linear_backward_to16(dp_device *dev, dp_bf16 *dinp16,
                                                 dp_bf16 *dout16, const void *inp,
                                                 dp_dtype inp_type, dp_pref weight, size_t N,
                                                 size_t C, size_t OC);
+
+/*
+ * dp_linear_backward_to16 followed by the GELU backward of its input's
+ * pre-activation: dinp16(N,C) = bf16(dout @ weight) then dinp16 =
+ * dp_gelu_backward_bf16(pre, dinp16) in place, pre(N,C) bfloat16 (the
+ * kept c_fc output whose GELU was this layer's input; GPT-2's MLP c_proj).
+ * Where the backend has the GELU's gradient in its GEMM's epilogue
+ * (dp_backend_ops.gemm_gelu: cuBLASLt's DGELU, DP_CUDA_LT_GELU=1) the
+ * input gradient's GEMM writes bf16(sums * GELU'(pre)) with the sums not
+ * rounded first: within two bfloat16 roundings of the composition's, not
+ * its bits. Else, and on CPU devices, the composition bit for bit.
+ * Arguments, ownership and errors as dp_linear_backward_to16, and
+ * DP_ERR_INVALID_ARGUMENT for a NULL pre or pre overlapping dinp16 or
+ * scratch.
+ */
+DP_MODULE_API dp_status dp_linear_backward_to16_dgelu(dp_device *dev, dp_bf16 *dinp16,
+                                                      float *scratch, size_t scratch_floats,
+                                                      float *dweight, float *dbias,
+                                                      const float *dout, dp_bf16 *dout16,
+                                                      const void *inp, dp_dtype inp_type,
+                                                      dp_pref weight, const dp_bf16 *pre,
+                                                      size_t N, size_t C, size_t OC);
 
 /*
  * The GELU backward with its gradients kept as bfloat16 too (the MLP's

@@ -191,6 +191,8 @@ static dp_status open_resources(dp_device *dev, cuda_ctx *c)
     BLAS_TRY(dev, cublasLtCreate(&c->lt));
     const char *lt = getenv("DP_CUDA_LT");
     c->lt_off = lt && strcmp(lt, "0") == 0;
+    const char *lt_gelu = getenv("DP_CUDA_LT_GELU");
+    c->lt_gelu = lt_gelu && strcmp(lt_gelu, "1") == 0;
     const char *cudnn = getenv("DP_CUDA_CUDNN");
     c->cudnn = cudnn && strcmp(cudnn, "1") == 0;
     /* Full float32 unless dp_device_set_matmul_precision says otherwise. */
@@ -435,6 +437,7 @@ static const dp_backend_ops cuda_ops = {
     .attention_unpermute = dp_cuda_attention_unpermute,
     .attention_unpermute_backward = dp_cuda_attention_unpermute_backward,
     .gemm_bias_out = dp_cuda_gemm_bias_out,
+    .gemm_gelu = dp_cuda_gemm_gelu,
     .attention_lib_forward = dp_cuda_attention_lib_forward,
     .attention_lib_backward = dp_cuda_attention_lib_backward,
     .adamw_segments = dp_cuda_adamw_segments,

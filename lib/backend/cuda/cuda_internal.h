@@ -41,6 +41,7 @@ typedef struct cuda_ctx {
     size_t blas_ws_bytes;         /* its size; cuBLASLt's calls share it (same stream) */
     cublasLtHandle_t lt;          /* cuBLASLt: the GEMMs with the bias epilogue (cuda_lt.c) */
     int lt_off;                   /* DP_CUDA_LT=0: those decline (cuda_backend.c) */
+    int lt_gelu;                  /* DP_CUDA_LT_GELU=1: the GELU in cuBLASLt's epilogue */
     int cudnn;                    /* DP_CUDA_CUDNN=1: the fused attention through cuDNN */
     const struct dp_cudnn_module *sdpa_mod; /* the cuDNN module (cuda_sdpa.c), loaded and */
     void *sdpa;                   /* its context opened on first use, under mu */
@@ -202,5 +203,8 @@ void dp_cuda_sdpa_close(cuda_ctx *c);
 dp_status dp_cuda_gemm_bias_out(dp_device *dev, dp_op transa, dp_op transb, int m, int n, int k,
                                 const dp_gemm_arg *A, const dp_gemm_arg *B, dp_pref bias, void *C,
                                 int c_bf16, int ldc, int *done);
+dp_status dp_cuda_gemm_gelu(dp_device *dev, dp_op transa, dp_op transb, int m, int n, int k,
+                            const dp_gemm_arg *A, const dp_gemm_arg *B, dp_pref bias, int dgelu,
+                            uint16_t *pre, uint16_t *C, int ldc, int *done);
 
 #endif /* DP_BACKEND_CUDA_INTERNAL_H */

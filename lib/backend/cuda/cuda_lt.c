@@ -30,6 +30,15 @@
  * and any case cuBLASLt reports unsupported (no heuristic result, or
  * CUBLAS_STATUS_NOT_SUPPORTED: e.g. a float32 bias with a bfloat16 D,
  * which its documentation does not list). Other statuses are errors.
+ *
+ * The GELU (dp_backend_ops.gemm_gelu, DP_CUDA_LT_GELU=1) is the same call
+ * with cuBLASLt's GELU_AUX(_BIAS) epilogue - the pre-activation stored in
+ * the auxiliary matrix, its GELU in D, both rounded from the float32 sums
+ * - or DGELU for the backward, D = the sums times GELU' of the stored
+ * pre-activation, rounded once: llm.c's gelu_fusion. One GEMM where the
+ * composition adds a pass over the (N,4C) pre-activation to each
+ * direction. Opt-in until a GPU run has timed it (llm.c keeps its own off
+ * by default), as cuDNN's attention.
  */
 #include <stdint.h>
 
@@ -62,12 +71,29 @@ static uint32_t alignment(const void *p)
     return al;
 }
 
+/* The epilogue of one call: the bias (bias.p NULL: none) and the GELU's
+ * (gelu: 0 none, 1 GELU with pre written to aux, 2 GELU's gradient with
+ * pre read from aux; aux shares D's layout). */
+typedef struct lt_epi {
+    dp_pref bias;
+    int gelu;
+    const void *aux;
+} lt_epi;
+
+static cublasLtEpilogue_t epilogue_of(const lt_epi *e)
+{
+    if (e->gelu == 2) return CUBLASLT_EPILOGUE_DGELU;
+    if (e->gelu == 1)
+        return e->bias.p ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+    return e->bias.p ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+}
+
 /* The call's descriptors (column-major, as dp_gemm): A (m,k) after op,
- * B (k,n) after op, D = C (m,n) bfloat16 with ldc; the bias epilogue when
- * bias.p is set; at most ws workspace bytes. */
+ * B (k,n) after op, D = C (m,n) bfloat16 with ldc; the epilogue e; at
+ * most ws workspace bytes. */
 static dp_status describe(dp_device *dev, lt_call *l, cublasOperation_t ta, cublasOperation_t tb,
                           int m, int n, int k, const dp_gemm_arg *A, const dp_gemm_arg *B,
-                          dp_pref bias, const void *C, int c_bf16, int ldc, size_t ws)
+                          const lt_epi *e, const void *C, int c_bf16, int ldc, size_t ws)
 {
     cublasComputeType_t ct =
         dev->matmul == DP_MATMUL_TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
@@ -77,15 +103,23 @@ static dp_status describe(dp_device *dev, lt_call *l, cublasOperation_t ta, cubl
                                                  sizeof ta));
     BLAS_TRY(dev, cublasLtMatmulDescSetAttribute(l->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb,
                                                  sizeof tb));
-    if (bias.p) {
-        cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-        int32_t type = bias.bf16 ? CUDA_R_16BF : CUDA_R_32F;
-        BLAS_TRY(dev, cublasLtMatmulDescSetAttribute(l->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi,
-                                                   sizeof epi));
+    cublasLtEpilogue_t epi = epilogue_of(e);
+    BLAS_TRY(dev, cublasLtMatmulDescSetAttribute(l->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi,
+                                                 sizeof epi));
+    if (e->bias.p) {
+        int32_t type = e->bias.bf16 ? CUDA_R_16BF : CUDA_R_32F;
         BLAS_TRY(dev, cublasLtMatmulDescSetAttribute(l->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                                                   &bias.p, sizeof bias.p));
+                                                   &e->bias.p, sizeof e->bias.p));
         BLAS_TRY(dev, cublasLtMatmulDescSetAttribute(l->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
                                                    &type, sizeof type));
+    }
+    if (e->gelu) { /* pre: D's type and layout (bfloat16, ldc) */
+        int64_t ld = ldc;
+        BLAS_TRY(dev, cublasLtMatmulDescSetAttribute(
+                          l->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &e->aux,
+                          sizeof e->aux));
+        BLAS_TRY(dev, cublasLtMatmulDescSetAttribute(l->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
+                                                   &ld, sizeof ld));
     }
     /* Layouts of the matrices as stored (before op). */
     int ra = ta == CUBLAS_OP_N ? m : k, ca = ta == CUBLAS_OP_N ? k : m;
@@ -109,10 +143,10 @@ static dp_status describe(dp_device *dev, lt_call *l, cublasOperation_t ta, cubl
 
 static dp_status run(dp_device *dev, cuda_ctx *c, lt_call *l, cublasOperation_t ta,
                      cublasOperation_t tb, int m, int n, int k, const dp_gemm_arg *A,
-                     const dp_gemm_arg *B, dp_pref bias, void *C, int c_bf16, int ldc,
+                     const dp_gemm_arg *B, const lt_epi *e, void *C, int c_bf16, int ldc,
                      int *done)
 {
-    DP_TRY(describe(dev, l, ta, tb, m, n, k, A, B, bias, C, c_bf16, ldc, c->blas_ws_bytes));
+    DP_TRY(describe(dev, l, ta, tb, m, n, k, A, B, e, C, c_bf16, ldc, c->blas_ws_bytes));
     cublasLtMatmulHeuristicResult_t best;
     int found = 0;
     cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(c->lt, l->op, l->a, l->b, l->d, l->d,
@@ -147,6 +181,11 @@ static dp_status widen_bias(dp_device *dev, cuda_ctx *c, dp_pref *bias, int m)
     return DP_OK;
 }
 
+static cublasOperation_t lt_op(dp_op t)
+{
+    return t == DP_OP_T ? CUBLAS_OP_T : CUBLAS_OP_N;
+}
+
 dp_status dp_cuda_gemm_bias_out(dp_device *dev, dp_op transa, dp_op transb, int m, int n, int k,
                                 const dp_gemm_arg *A, const dp_gemm_arg *B, dp_pref bias, void *C,
                                 int c_bf16, int ldc, int *done)
@@ -164,13 +203,37 @@ dp_status dp_cuda_gemm_bias_out(dp_device *dev, dp_op transa, dp_op transb, int 
     dp_status s = bias.p && bias.bf16 && !c_bf16 ? widen_bias(dev, c, &bias, m) : DP_OK;
     if (s == DP_OK) {
         lt_call l = {0};
+        lt_epi e = {bias, 0, NULL};
         /* The workspace is the cuBLAS handle's: both run on c->stream, so
          * a call never overlaps another's use of it. */
-        s = run(dev, c, &l, transa == DP_OP_T ? CUBLAS_OP_T : CUBLAS_OP_N,
-                transb == DP_OP_T ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k, A, B, bias, C, c_bf16,
-                ldc, done);
+        s = run(dev, c, &l, lt_op(transa), lt_op(transb), m, n, k, A, B, &e, C, c_bf16, ldc,
+                done);
         lt_destroy(&l);
     }
+    pthread_mutex_unlock(&c->mu);
+    return s;
+}
+
+dp_status dp_cuda_gemm_gelu(dp_device *dev, dp_op transa, dp_op transb, int m, int n, int k,
+                            const dp_gemm_arg *A, const dp_gemm_arg *B, dp_pref bias, int dgelu,
+                            uint16_t *pre, uint16_t *C, int ldc, int *done)
+{
+    *done = 0;
+    cuda_ctx *c = CTX(dev);
+    /* opt-in (DP_CUDA_LT_GELU=1) until a GPU run has timed it; bfloat16
+     * operands in BF16 math only; the library asks pre's leading dimension
+     * to be a multiple of 8, and its kernels load pre in 16-byte pieces
+     * (the alignment the heuristic cannot be told of) */
+    if (!c->lt_gelu || c->lt_off || dev->matmul != DP_MATMUL_BF16 || !A->bf16 || !B->bf16 ||
+        ldc % 8 || (uintptr_t)pre % 16 || (dgelu && bias.p))
+        return DP_OK;
+    ENTER(dev);
+    pthread_mutex_lock(&c->mu); /* as dp_cuda_gemm_bias_out: one workspace */
+    lt_call l = {0};
+    lt_epi e = {bias, dgelu ? 2 : 1, pre};
+    dp_status s =
+        run(dev, c, &l, lt_op(transa), lt_op(transb), m, n, k, A, B, &e, C, 1, ldc, done);
+    lt_destroy(&l);
     pthread_mutex_unlock(&c->mu);
     return s;
 }
