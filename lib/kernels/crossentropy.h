@@ -79,7 +79,7 @@ static inline DP_HD DP_HD_ALWAYS_INLINE float dp_max8(const float *x, size_t n)
  * order: the same bits every run, and a chain the compiler can vectorise
  * (one sequential double sum costs an add latency per element). Term v
  * goes to partial v % 8, in the full blocks as in the tail. */
-static inline DP_HD double dp_sum_double8(const float *x, size_t n)
+static inline DP_HD DP_HD_ALWAYS_INLINE double dp_sum_double8(const float *x, size_t n)
 {
     double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     size_t v = 0;
@@ -93,8 +93,9 @@ static inline DP_HD double dp_sum_double8(const float *x, size_t n)
  * the same row as logits (in place): x[y] is read before any write and each
  * x[v] is read before dlogits[v] is written. A negative target (-1) marks
  * an ignored row: loss 0 and a zero dlogits row. */
-static inline DP_HD void dp_crossentropy_row(float *loss, float *dlogits, const float *logits,
-                                             int32_t target, size_t V, float dscale)
+static inline DP_HD DP_HD_ALWAYS_INLINE void
+dp_crossentropy_row(float *loss, float *dlogits, const float *logits, int32_t target, size_t V,
+                    float dscale)
 {
     if (target < 0) {
         *loss = 0.0f;
@@ -123,9 +124,9 @@ static inline DP_HD void dp_crossentropy_row(float *loss, float *dlogits, const 
 }
 
 /* Row r of logits(N,V): losses[r] and, unless dlogits is NULL, its dlogits row. */
-static inline DP_HD void dp_crossentropy_item(float *losses, float *dlogits, const float *logits,
-                                              const int32_t *targets, size_t V, float dscale,
-                                              size_t r)
+static inline DP_HD DP_HD_ALWAYS_INLINE void
+dp_crossentropy_item(float *losses, float *dlogits, const float *logits, const int32_t *targets,
+                     size_t V, float dscale, size_t r)
 {
     dp_crossentropy_row(losses + r, dlogits ? dlogits + r * V : NULL, logits + r * V, targets[r],
                         V, dscale);

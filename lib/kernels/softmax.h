@@ -25,7 +25,8 @@
 
 /* One row: out(C) = log_softmax(x(C)). out may alias x: every x[j] is
  * read for m and s before any out[j] is written. */
-static inline DP_HD void dp_log_softmax_forward_row(float *out, const float *x, size_t C)
+static inline DP_HD DP_HD_ALWAYS_INLINE void dp_log_softmax_forward_row(float *out,
+                                                                         const float *x, size_t C)
 {
     float m = dp_max8(x, C);
     double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
