@@ -655,6 +655,42 @@ Test(cuda_engine, gpt_bf16_activations_on_gpu_track_cpu, .timeout = 120)
     dp_gpt_destroy(g);
 }
 
+/* The MLP's GELU in cuBLASLt's epilogues (DP_CUDA_LT_GELU=1: c_fc's GEMM
+ * stores the pre-activation and its GELU, c_proj's input-gradient GEMM
+ * multiplies by GELU') in the GPT with bfloat16 activations: two runs give
+ * the same bits, and the run tracks the CPU (the compositions) within the
+ * 1e-3 relative the bf16 GPU runs are held to above over three steps; so
+ * does the run that recomputes the GELU (its forward not fused). */
+Test(cuda_engine, gpt_gelu_epilogue_repeats_bitwise_and_tracks_cpu, .timeout = 120)
+{
+    REQUIRE_GPU();
+    if (as_cpu()) cr_skip_test("cuBLASLt runs on GPUs only");
+    cr_assert_eq(setenv("DP_CUDA_LT_GELU", "1", 1), 0); /* read as the devices open */
+    dp_gpt *g = engine_gpt(EBS);
+    const dp_model *act = dp_gpt_model(g, DP_GPT_BF16_ACT);
+    const dp_model *rg = dp_gpt_model(g, DP_GPT_BF16_ACT | DP_GPT_RECOMPUTE_GELU);
+    dp_device_spec gs[2], cs[2];
+    gpu_specs(gs, 2, ZEROS);
+    cpu_specs(cs, 2);
+    dp_engine *e1 = gpt_engine_of(g, act, gs, 2), *e2 = gpt_engine_of(g, act, gs, 2);
+    dp_engine *e3 = gpt_engine_of(g, rg, gs, 2), *ec = gpt_engine_of(g, act, cs, 2);
+    for (int s = 0; s < 3; s++) {
+        double l1 = gpt_step(e1, s), l2 = gpt_step(e2, s), l3 = gpt_step(e3, s),
+               lc = gpt_step(ec, s);
+        cr_assert(l1 == l2, "step %d: %.17g, then %.17g on the same GPU run", s, l1, l2);
+        cr_assert(fabs(l1 - lc) <= 1e-3 * fabs(lc), "step %d: epilogue %.9g, cpu %.9g", s, l1,
+                  lc);
+        cr_assert(fabs(l3 - lc) <= 1e-3 * fabs(lc), "step %d: recomputed GELU %.9g, cpu %.9g",
+                  s, l3, lc);
+    }
+    dp_engine_destroy(e1);
+    dp_engine_destroy(e2);
+    dp_engine_destroy(e3);
+    dp_engine_destroy(ec);
+    dp_gpt_destroy(g);
+    unsetenv("DP_CUDA_LT_GELU");
+}
+
 /* Steps of a GPT whose context spans three attention chunks (64 + 64 + 22). */
 enum { CT = 2 * DP_GPT_ATTENTION_CHUNK + 22 };
 
