@@ -26,6 +26,13 @@ void dp_engine_inject_stall(dp_engine *e, int device, dp_phase phase, double sec
     e->pool.stall_phase = phase;
 }
 
+void dp_engine_set_watchdog(dp_engine *e, double seconds)
+{
+    if (!e) return;
+    e->pool.watchdog_seconds = seconds;
+    e->cfg.watchdog_seconds = seconds;
+}
+
 void dp_engine_inject_divergence(dp_engine *e, int device)
 {
     if (e) atomic_store(&e->pool.diverge_dev, device);

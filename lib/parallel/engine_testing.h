@@ -24,6 +24,13 @@ void dp_engine_inject_fault(dp_engine *engine, int device, dp_phase phase,
  * early. phase == DP_PHASE_COUNT clears it. */
 void dp_engine_inject_stall(dp_engine *engine, int device, dp_phase phase,
                                    double seconds);
+/* The watchdog of the steps that follow: seconds as dp_engine_config's
+ * watchdog_seconds (0: off; not checked). The watchdog tests create their
+ * engine without one and set it here, so that what creation does on a
+ * busy machine (libraries loading, first-touch allocations) never fires
+ * it, and its period can be long enough that only the injected stall
+ * does. */
+void dp_engine_set_watchdog(dp_engine *engine, double seconds);
 /* At the next replica check, device `device` flips one bit of its
  * parameter replica just before hashing it (once). */
 void dp_engine_inject_divergence(dp_engine *engine, int device);
