@@ -2575,7 +2575,8 @@ static void gelu_producers_run(int g, int lt_gelu, size_t N, size_t C, const flo
  * - dweight and dbias: the same calls either way, bit for bit.
  * Whether the epilogue ran is read from the bits: the composition's out is
  * GELU(pre) rounded for every element (checked on CPU stand-ins, where
- * there is no epilogue); the library's is not, for some.
+ * there is no epilogue); the library's is not, for some, and on a GPU it
+ * must have run.
  */
 Test(cuda_ops, gelu_epilogue_matches_composition, .timeout = 60)
 {
@@ -2599,6 +2600,11 @@ Test(cuda_ops, gelu_epilogue_matches_composition, .timeout = 60)
         cr_log_info("target %d: the GELU epilogue %s (%zu of %d outputs not GELU(pre))", g,
                     not_gelu_of_pre ? "ran" : "declined or was not reached", not_gelu_of_pre,
                     N * H);
+        /* on a GPU the epilogue must have run: a declined call would
+         * pass every bound below as the composition */
+        if (!as_cpu())
+            cr_assert_gt(not_gelu_of_pre, 0, "target %d: cuBLASLt declined the GELU epilogue "
+                         "(DP_CUDA_LT_GELU=1 then changes nothing)", g);
         if (as_cpu()) {
             cr_assert_eq(not_gelu_of_pre, 0, "a CPU device has no GELU epilogue");
             for (int k = 0; k < 3; k++)

@@ -30,6 +30,10 @@ size_t min_sz(size_t a, size_t b) { return a < b ? a : b; }
 
 namespace {
 
+/* The grid below counts tiles of ROWS (cuda_flash_f32.cuh) rows for both
+ * kernel families. */
+static_assert(ROWS == dp_tc::BR && dp_tc::BR == dp_tc::BC, "one tile height for both kernels");
+
 unsigned tiled_blocks(size_t B, size_t T, size_t NH)
 {
     return (unsigned)((T + ROWS - 1) / ROWS * B * NH);
@@ -59,7 +63,15 @@ cudaError_t tc_device_ready(int dev, bool *ready)
     int major = 0;
     cudaError_t e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
     if (e != cudaSuccess) return e;
-    if (major < 8) {
+    /* The kernels' bodies exist only in code compiled for sm_80 or later
+     * (cuda_flash_tc.cuh): a build whose only code for this GPU is older
+     * PTX, JIT-compiled, would run them empty and write nothing. */
+    cudaFuncAttributes fa;
+    if (major >= 8) {
+        e = cudaFuncGetAttributes(&fa, k_flash_tc_forward);
+        if (e != cudaSuccess) return e;
+    }
+    if (major < 8 || fa.ptxVersion < 80) {
         tc_state[dev] = -1;
         return cudaSuccess;
     }
@@ -67,7 +79,11 @@ cudaError_t tc_device_ready(int dev, bool *ready)
     e = cudaFuncSetAttribute(k_flash_tc_forward, smem, (int)dp_tc::SMEM_QUERY);
     if (e == cudaSuccess) e = cudaFuncSetAttribute(k_flash_tc_dq, smem, (int)dp_tc::SMEM_QUERY);
     if (e == cudaSuccess) e = cudaFuncSetAttribute(k_flash_tc_dkdv, smem, (int)dp_tc::SMEM_KEY);
-    if (e != cudaSuccess) return e;
+    if (e != cudaSuccess) { /* a device without the shared memory: the float32 kernels */
+        (void)cudaGetLastError();
+        tc_state[dev] = -1;
+        return cudaSuccess;
+    }
     tc_state[dev] = 1;
     *ready = true;
     return cudaSuccess;

@@ -6,7 +6,9 @@
  * On only with DP_CUDA_CUDNN=1 in the environment when the device opens:
  * then a shape cuDNN declines, or a machine without the module or
  * libcudnn.so.9, fails the call with the reason instead of falling back,
- * so a run that asked for cuDNN's attention got it. Without the variable
+ * so a run that asked for cuDNN's attention got it. One exception: a
+ * single token (T = 1), whose attention is v itself and whose backward
+ * cuDNN's frontend refuses (s_q = s_kv = 1), runs dp's kernels both ways. Without the variable
  * the entries decline and dp's own kernels (cuda_flash.cu) run. The
  * default stays off until a GPU session has checked the results and
  * timed them (docs/design.md, section 10).
@@ -117,7 +119,7 @@ dp_status dp_cuda_attention_lib_forward(dp_device *dev, float *out, float *lse,
                                         size_t hs, float scale, int *done)
 {
     *done = 0;
-    if (!CTX(dev)->cudnn) return DP_OK;
+    if (!CTX(dev)->cudnn || T == 1) return DP_OK; /* T = 1: see the file comment */
     ENTER(dev);
     cuda_ctx *c = CTX(dev);
     dp_sdpa_desc d = desc_of(B, T, NH, hs, scale);
@@ -162,7 +164,7 @@ dp_status dp_cuda_attention_lib_backward(dp_device *dev, dp_pout dqkv, dp_pref d
                                          int *done)
 {
     *done = 0;
-    if (!CTX(dev)->cudnn) return DP_OK;
+    if (!CTX(dev)->cudnn || T == 1) return DP_OK; /* T = 1: see the file comment */
     ENTER(dev);
     cuda_ctx *c = CTX(dev);
     dp_sdpa_desc d = desc_of(B, T, NH, hs, scale);

@@ -155,7 +155,13 @@ int plan_of(context *c, const dp_sdpa_desc &d, int backward, plan **out, char *e
             return DP_SDPA_DONE;
         }
     const char *what = backward ? "cuDNN's attention backward" : "cuDNN's attention forward";
-    auto g = describe(d, backward);
+    std::shared_ptr<fe::graph::Graph> g;
+    try { /* the frontend throws where it has no SDPA implementation for d */
+        g = describe(d, backward);
+    } catch (const std::exception &ex) {
+        say(err, n, what, ex.what());
+        return DP_SDPA_DECLINED;
+    }
     fe::error_t e = g->validate();
     if (e.is_bad()) return declined(err, n, what, e);
     e = g->build_operation_graph(c->handle);
