@@ -103,10 +103,17 @@ template <int HS, int GF, int GB> void run_case(size_t T, size_t NH, int bf16, u
             if (!o16)
                 emu_launch(items, ROW_THREADS, 0, k_flash_forward_items, out.data(), lse.data(),
                            qkvr, B, T, NH, hs, scale, n);
-            emu_launch(items, ROW_THREADS, 0, k_flash_dq_items, dq, g, qkvr, L, D, B, T, NH, hs,
-                       scale, n);
-            emu_launch(items, ROW_THREADS, 0, k_flash_dkdv_items, dq, g, qkvr, L, D, B, T, NH,
-                       hs, scale, n);
+            if (o16) { /* the launcher's choice per type */
+                emu_launch(items, ROW_THREADS, 0, k_flash_dq_items, dq, g, qkvr, L, D, B, T, NH,
+                           hs, scale, n);
+                emu_launch(items, ROW_THREADS, 0, k_flash_dkdv_items, dq, g, qkvr, L, D, B, T,
+                           NH, hs, scale, n);
+            } else {
+                emu_launch(items, ROW_THREADS, 0, k_flash_dq_items_f32, dqkv.data(), g, qkvr, L,
+                           D, B, T, NH, hs, scale, n);
+                emu_launch(items, ROW_THREADS, 0, k_flash_dkdv_items_f32, dqkv.data(), g, qkvr,
+                           L, D, B, T, NH, hs, scale, n);
+            }
         }
     }
     for (size_t i = 0; i < nq; i++) /* the same kernel's sums, rounded as stored */
@@ -123,10 +130,18 @@ template <int HS, int GF, int GB> void run_case(size_t T, size_t NH, int bf16, u
             emu_launch(tiles, ROWS * GB, 0, k_flash_dkdv<HS, GB>, dq, g16p, qkvr, L, D, B, T, NH,
                        scale);
         } else {
-            emu_launch(items, ROW_THREADS, 0, k_flash_dq_items, dq, g16p, qkvr, L, D, B, T, NH,
+            emu_launch(items, ROW_THREADS, 0, k_flash_dq_items_f32, again.data(), g16p, qkvr, L,
+                       D, B, T, NH, hs, scale, n);
+            emu_launch(items, ROW_THREADS, 0, k_flash_dkdv_items_f32, again.data(), g16p, qkvr,
+                       L, D, B, T, NH, hs, scale, n);
+            std::vector<float> generic(nq, NAN); /* the dp_pout kernels on a float32 dqkv */
+            const dp_pout gq = dp_pout_f32(generic.data());
+            emu_launch(items, ROW_THREADS, 0, k_flash_dq_items, gq, g16p, qkvr, L, D, B, T, NH,
                        hs, scale, n);
-            emu_launch(items, ROW_THREADS, 0, k_flash_dkdv_items, dq, g16p, qkvr, L, D, B, T, NH,
-                       hs, scale, n);
+            emu_launch(items, ROW_THREADS, 0, k_flash_dkdv_items, gq, g16p, qkvr, L, D, B, T,
+                       NH, hs, scale, n);
+            cr_assert(memcmp(generic.data(), again.data(), nq * sizeof(float)) == 0,
+                      "hs %d: the float32 items differ from the typed ones", HS);
         }
         cr_assert(memcmp(again.data(), dqkv.data(), nq * sizeof(float)) == 0,
                   "hs %d: dqkv from a bfloat16 dO differs", HS);

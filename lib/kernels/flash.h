@@ -210,19 +210,17 @@ static inline DP_HD void dp_flash_store_row(dp_pout o, size_t at, const float *a
     for (size_t d = 0; d < n; d++) dp_pout_set(o, at + d, acc[d]);
 }
 
-/* dq of query row r = p*T + i into dqkv (overwritten): keys 0..i. A
- * bfloat16 dqkv needs hs <= DP_FLASH_HS_MAX16. */
-static inline DP_HD void dp_flash_dq_item(dp_pout dqkv, dp_pref dout, dp_pref qkvr,
-                                          const float *lse, const float *delta, size_t B,
-                                          size_t T, size_t NH, size_t hs, float scale, size_t r)
+/* dq of query row r = p*T + i, keys 0..i, into dq (hs floats,
+ * overwritten): the float32 sums dp_flash_dq_item stores. */
+static inline DP_HD DP_HD_ALWAYS_INLINE void
+dp_flash_dq_acc(float *dq, dp_pref dout, dp_pref qkvr, const float *lse, const float *delta,
+                size_t B, size_t T, size_t NH, size_t hs, float scale, size_t r)
 {
     size_t BNH = B * NH, i = r % T, r0 = r - i;
     size_t q = dp_flash_qkvr_row(0, r, BNH, T, hs), k = dp_flash_qkvr_row(1, r0, BNH, T, hs),
            v = dp_flash_qkvr_row(2, r0, BNH, T, hs);
     dp_pref g = dout;
-    size_t go = dp_flash_tok_row(r, T, NH, hs, 1, 0), at = dp_flash_tok_row(r, T, NH, hs, 3, 0);
-    float local[DP_FLASH_HS_MAX16];
-    float *dq = dqkv.bf16 ? local : (float *)dqkv.p + at;
+    size_t go = dp_flash_tok_row(r, T, NH, hs, 1, 0);
     float L = lse[r], D = delta[r];
     for (size_t d = 0; d < hs; d++) dq[d] = 0.0f;
     for (size_t j = 0; j <= i; j++) {
@@ -231,25 +229,35 @@ static inline DP_HD void dp_flash_dq_item(dp_pout dqkv, dp_pref dout, dp_pref qk
         dp_flash_axpy(dq, dp_flash_dscore(p, dp, D), qkvr, k + j * hs, hs);
     }
     dp_flash_scale(dq, scale, hs);
+}
+
+/* dq of query row r = p*T + i into dqkv (overwritten): keys 0..i,
+ * accumulated in the row itself (float32) or in a local array then
+ * rounded (bfloat16, hs <= DP_FLASH_HS_MAX16). */
+static inline DP_HD void dp_flash_dq_item(dp_pout dqkv, dp_pref dout, dp_pref qkvr,
+                                          const float *lse, const float *delta, size_t B,
+                                          size_t T, size_t NH, size_t hs, float scale, size_t r)
+{
+    size_t at = dp_flash_tok_row(r, T, NH, hs, 3, 0);
+    float local[DP_FLASH_HS_MAX16];
+    float *dq = dqkv.bf16 ? local : (float *)dqkv.p + at;
+    dp_flash_dq_acc(dq, dout, qkvr, lse, delta, B, T, NH, hs, scale, r);
     dp_flash_store_row(dqkv, at, dq, hs);
 }
 
-/* dk and dv of key row r = p*T + j into dqkv (overwritten): queries
- * j..T-1. The dots are the dq pass's (q before k, dO before v, the same
- * order), so both passes see the same p_ij and dp_ij. */
-static inline DP_HD void dp_flash_dkdv_item(dp_pout dqkv, dp_pref dout, dp_pref qkvr,
-                                            const float *lse, const float *delta, size_t B,
-                                            size_t T, size_t NH, size_t hs, float scale,
-                                            size_t r)
+/* dk and dv of key row r = p*T + j, queries j..T-1, into dk and dv (hs
+ * floats each, overwritten): the float32 sums dp_flash_dkdv_item stores.
+ * The dots are the dq pass's (q before k, dO before v, the same order),
+ * so both passes see the same p_ij and dp_ij. */
+static inline DP_HD DP_HD_ALWAYS_INLINE void
+dp_flash_dkdv_acc(float *dk, float *dv, dp_pref dout, dp_pref qkvr, const float *lse,
+                  const float *delta, size_t B, size_t T, size_t NH, size_t hs, float scale,
+                  size_t r)
 {
     size_t BNH = B * NH, j = r % T, r0 = r - j;
     size_t q = dp_flash_qkvr_row(0, r0, BNH, T, hs), k = dp_flash_qkvr_row(1, r, BNH, T, hs),
            v = dp_flash_qkvr_row(2, r, BNH, T, hs);
     dp_pref g = dout;
-    size_t ak = dp_flash_tok_row(r, T, NH, hs, 3, 1), av = dp_flash_tok_row(r, T, NH, hs, 3, 2);
-    float local_k[DP_FLASH_HS_MAX16], local_v[DP_FLASH_HS_MAX16];
-    float *dk = dqkv.bf16 ? local_k : (float *)dqkv.p + ak;
-    float *dv = dqkv.bf16 ? local_v : (float *)dqkv.p + av;
     for (size_t d = 0; d < hs; d++) dk[d] = dv[d] = 0.0f;
     for (size_t i = j; i < T; i++) {
         size_t go = dp_flash_tok_row(r0 + i, T, NH, hs, 1, 0);
@@ -259,6 +267,20 @@ static inline DP_HD void dp_flash_dkdv_item(dp_pout dqkv, dp_pref dout, dp_pref 
         dp_flash_axpy(dk, dp_flash_dscore(p, dp, delta[r0 + i]), qkvr, q + i * hs, hs);
     }
     dp_flash_scale(dk, scale, hs);
+}
+
+/* dk and dv of key row r = p*T + j into dqkv (overwritten), as
+ * dp_flash_dq_item stores dq. */
+static inline DP_HD void dp_flash_dkdv_item(dp_pout dqkv, dp_pref dout, dp_pref qkvr,
+                                            const float *lse, const float *delta, size_t B,
+                                            size_t T, size_t NH, size_t hs, float scale,
+                                            size_t r)
+{
+    size_t ak = dp_flash_tok_row(r, T, NH, hs, 3, 1), av = dp_flash_tok_row(r, T, NH, hs, 3, 2);
+    float local_k[DP_FLASH_HS_MAX16], local_v[DP_FLASH_HS_MAX16];
+    float *dk = dqkv.bf16 ? local_k : (float *)dqkv.p + ak;
+    float *dv = dqkv.bf16 ? local_v : (float *)dqkv.p + av;
+    dp_flash_dkdv_acc(dk, dv, dout, qkvr, lse, delta, B, T, NH, hs, scale, r);
     dp_flash_store_row(dqkv, ak, dk, hs);
     dp_flash_store_row(dqkv, av, dv, hs);
 }

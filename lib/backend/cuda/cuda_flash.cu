@@ -174,6 +174,9 @@ extern "C" cudaError_t dp_cuda_launch_attention_fused_dq(cudaStream_t s, dp_pout
     else if (hs == 128)
         k_flash_dq<128, 4><<<tiled_blocks(B, T, NH), ROWS * 4, 0, s>>>(dqkv, dout, qkvr, lse,
                                                                        delta, B, T, NH, scale, nt);
+    else if (!dqkv.bf16)
+        k_flash_dq_items_f32<<<item_blocks(n), ROW_THREADS, 0, s>>>(
+            (float *)dqkv.p, dout, qkvr, lse, delta, B, T, NH, hs, scale, n);
     else
         k_flash_dq_items<<<item_blocks(n), ROW_THREADS, 0, s>>>(dqkv, dout, qkvr, lse, delta, B,
                                                                T, NH, hs, scale, n);
@@ -200,6 +203,9 @@ extern "C" cudaError_t dp_cuda_launch_attention_fused_dkdv(cudaStream_t s, dp_po
     else if (hs == 128)
         k_flash_dkdv<128, 4><<<tiled_blocks(B, T, NH), ROWS * 4, 0, s>>>(dqkv, dout, qkvr, lse,
                                                                          delta, B, T, NH, scale);
+    else if (!dqkv.bf16)
+        k_flash_dkdv_items_f32<<<item_blocks(n), ROW_THREADS, 0, s>>>(
+            (float *)dqkv.p, dout, qkvr, lse, delta, B, T, NH, hs, scale, n);
     else
         k_flash_dkdv_items<<<item_blocks(n), ROW_THREADS, 0, s>>>(dqkv, dout, qkvr, lse, delta,
                                                                  B, T, NH, hs, scale, n);

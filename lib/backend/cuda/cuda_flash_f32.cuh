@@ -316,6 +316,29 @@ __global__ void k_flash_dkdv_items(dp_pout dqkv, dp_pref dout, dp_pref qkvr,
     ITEM_LOOP(r, n) dp_flash_dkdv_item(dqkv, dout, qkvr, lse, delta, B, T, NH, hs, scale, r);
 }
 
+/* The items for a float32 dqkv, accumulating in its rows: without the
+ * bfloat16 items' local arrays of DP_FLASH_HS_MAX16 floats, a stack frame
+ * of 1 KB (dq) or 2 KB (dk, dv) a thread that the driver would reserve for
+ * every resident thread (about 0.5 GB on an H100). */
+__global__ void k_flash_dq_items_f32(float *dqkv, dp_pref dout, dp_pref qkvr, const float *lse,
+                                     const float *delta, size_t B, size_t T, size_t NH,
+                                     size_t hs, float scale, size_t n)
+{
+    ITEM_LOOP(r, n)
+    dp_flash_dq_acc(dqkv + dp_flash_tok_row(r, T, NH, hs, 3, 0), dout, qkvr, lse, delta, B, T,
+                    NH, hs, scale, r);
+}
+
+__global__ void k_flash_dkdv_items_f32(float *dqkv, dp_pref dout, dp_pref qkvr,
+                                       const float *lse, const float *delta, size_t B, size_t T,
+                                       size_t NH, size_t hs, float scale, size_t n)
+{
+    ITEM_LOOP(r, n)
+    dp_flash_dkdv_acc(dqkv + dp_flash_tok_row(r, T, NH, hs, 3, 1),
+                      dqkv + dp_flash_tok_row(r, T, NH, hs, 3, 2), dout, qkvr, lse, delta, B, T,
+                      NH, hs, scale, r);
+}
+
 // --- D = dO . O per row ----------------------------------------------------------------------
 
 /* Four elements of a float32 or bfloat16 row from element 4q, in one
