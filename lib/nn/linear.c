@@ -217,28 +217,54 @@ static dp_status check_act_type(dp_device *dev, dp_dtype t)
     return dp_nn_check_dtype("the linear layer", dev, "inp_type", t, &bf16);
 }
 
+/* The checks of the bfloat16-output forwards on their GEMM's output o
+ * (dp_linear_forward_out16's out, dp_linear_gelu_forward_out16's pre;
+ * a macro, so messages name the public function; z: fwd16_of's sizes):
+ * only the part of the scratch a block of rows uses counts. */
+#define CHECK_FORWARD16(o)                                                                  \
+    do {                                                                                    \
+        DP_NN_REQUIRE_DEV(dev);                                                             \
+        DP_NN_REQUIRE_PTR(dev, o);                                                          \
+        DP_NN_REQUIRE_PTR(dev, scratch);                                                    \
+        DP_NN_REQUIRE_PTR(dev, inp);                                                        \
+        DP_NN_REQUIRE_PTR(dev, weight.p);                                                   \
+        CHECK_LINEAR_DIMS(dev, N, C, OC);                                                   \
+        DP_TRY(check_act_type(dev, inp_type));                                              \
+        if (scratch_floats < OC)                                                            \
+            return DP_FAIL(DP_ERR_INVALID_ARGUMENT,                                         \
+                           "%s: scratch_floats=%zu is less than one output row (OC=%zu "    \
+                           "floats); give at least OC, or N*OC=%zu to convert in one piece", \
+                           dev->name, scratch_floats, OC, N * OC);                          \
+        DP_NN_REQUIRE_DISJOINT(dev, o, z.out_bytes, inp, z.inp_bytes);                      \
+        DP_NN_REQUIRE_DISJOINT(dev, o, z.out_bytes, scratch, z.scratch_bytes);              \
+        DP_NN_REQUIRE_DISJOINT(dev, scratch, z.scratch_bytes, inp, z.inp_bytes);            \
+    } while (0)
+
+/* The sizes CHECK_FORWARD16 compares: an output's and the input's bytes,
+ * the scratch's rows (at most N) and the bytes they use. */
+typedef struct fwd16 {
+    int x16;
+    size_t rows, out_bytes, inp_bytes, scratch_bytes;
+} fwd16;
+
+static fwd16 fwd16_of(dp_dtype inp_type, size_t scratch_floats, size_t N, size_t C, size_t OC)
+{
+    fwd16 z = {inp_type == DP_DTYPE_BF16, 0, 0, 0, 0};
+    z.rows = OC && scratch_floats / OC < N ? scratch_floats / OC : N;
+    z.out_bytes = N * OC * sizeof(dp_bf16);
+    z.inp_bytes = N * C * (z.x16 ? 2 : 4);
+    z.scratch_bytes = z.rows * OC * sizeof(float);
+    return z;
+}
+
 dp_status dp_linear_forward_out16(dp_device *dev, dp_bf16 *out, float *scratch,
                                   size_t scratch_floats, const void *inp, dp_dtype inp_type,
                                   dp_pref weight, dp_pref bias, size_t N, size_t C, size_t OC)
 {
-    DP_NN_REQUIRE_DEV(dev);
-    DP_NN_REQUIRE_PTR(dev, out);
-    DP_NN_REQUIRE_PTR(dev, scratch);
-    DP_NN_REQUIRE_PTR(dev, inp);
-    DP_NN_REQUIRE_PTR(dev, weight.p);
-    CHECK_LINEAR_DIMS(dev, N, C, OC);
-    DP_TRY(check_act_type(dev, inp_type));
-    if (scratch_floats < OC)
-        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: scratch_floats=%zu is less than one output "
-                       "row (OC=%zu floats); give at least OC, or N*OC=%zu to convert in one "
-                       "piece", dev->name, scratch_floats, OC, N * OC);
-    int x16 = inp_type == DP_DTYPE_BF16;
-    size_t rows = scratch_floats / OC < N ? scratch_floats / OC : N;
-    size_t out_bytes = N * OC * sizeof(dp_bf16), inp_bytes = N * C * (x16 ? 2 : 4),
-           scratch_bytes = rows * OC * sizeof(float); /* the part used */
-    DP_NN_REQUIRE_DISJOINT(dev, out, out_bytes, inp, inp_bytes);
-    DP_NN_REQUIRE_DISJOINT(dev, out, out_bytes, scratch, scratch_bytes);
-    DP_NN_REQUIRE_DISJOINT(dev, scratch, scratch_bytes, inp, inp_bytes);
+    const fwd16 z = fwd16_of(inp_type, scratch_floats, N, C, OC);
+    CHECK_FORWARD16(out);
+    int x16 = z.x16;
+    size_t rows = z.rows;
     if (!dev->no_fused_producers && dev->ops->gemm_bias_out) {
         /* out^T(OC,N) = op_T(W^T) inp^T + bias, as the float32 forward */
         dp_gemm_arg a = {weight.p, weight.bf16, (int)C, 0}, b = {inp, x16, (int)C, 0};
@@ -265,24 +291,16 @@ dp_status dp_linear_gelu_forward_out16(dp_device *dev, dp_bf16 *out, dp_bf16 *pr
                                        dp_dtype inp_type, dp_pref weight, dp_pref bias, size_t N,
                                        size_t C, size_t OC)
 {
+    const fwd16 z = fwd16_of(inp_type, scratch_floats, N, C, OC);
     DP_NN_REQUIRE_DEV(dev);
     DP_NN_REQUIRE_PTR(dev, out);
-    DP_NN_REQUIRE_PTR(dev, pre);
-    DP_NN_REQUIRE_PTR(dev, scratch);
-    DP_NN_REQUIRE_PTR(dev, inp);
-    DP_NN_REQUIRE_PTR(dev, weight.p);
-    CHECK_LINEAR_DIMS(dev, N, C, OC);
-    DP_TRY(check_act_type(dev, inp_type));
-    size_t bytes = N * OC * sizeof(dp_bf16),
-           inp_bytes = N * C * (inp_type == DP_DTYPE_BF16 ? 2 : 4),
-           scratch_bytes = (scratch_floats < N * OC ? scratch_floats : N * OC) * sizeof(float);
-    DP_NN_REQUIRE_DISJOINT(dev, out, bytes, pre, bytes);
-    DP_NN_REQUIRE_DISJOINT(dev, out, bytes, inp, inp_bytes);
-    DP_NN_REQUIRE_DISJOINT(dev, out, bytes, scratch, scratch_bytes);
+    CHECK_FORWARD16(pre); /* pre is the GEMM's output, as the composition writes it */
+    DP_NN_REQUIRE_DISJOINT(dev, out, z.out_bytes, pre, z.out_bytes);
+    DP_NN_REQUIRE_DISJOINT(dev, out, z.out_bytes, inp, z.inp_bytes);
+    DP_NN_REQUIRE_DISJOINT(dev, out, z.out_bytes, scratch, z.scratch_bytes);
     if (!dev->no_fused_producers && dev->ops->gemm_gelu) {
         /* out^T(OC,N) = GELU(op_T(W^T) inp^T + bias), pre^T beside it */
-        dp_gemm_arg a = {weight.p, weight.bf16, (int)C, 0},
-                    b = {inp, inp_type == DP_DTYPE_BF16, (int)C, 0};
+        dp_gemm_arg a = {weight.p, weight.bf16, (int)C, 0}, b = {inp, z.x16, (int)C, 0};
         int done = 0;
         DP_TRY(dev->ops->gemm_gelu(dev, DP_OP_T, DP_OP_N, (int)OC, (int)N, (int)C, &a, &b, bias, 0,
                                    pre, out, (int)OC, &done));

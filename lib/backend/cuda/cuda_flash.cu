@@ -66,12 +66,10 @@ cudaError_t tc_device_ready(int dev, bool *ready)
     /* The kernels' bodies exist only in code compiled for sm_80 or later
      * (cuda_flash_tc.cuh): a build whose only code for this GPU is older
      * PTX, JIT-compiled, would run them empty and write nothing. */
-    cudaFuncAttributes fa;
-    if (major >= 8) {
-        e = cudaFuncGetAttributes(&fa, k_flash_tc_forward);
-        if (e != cudaSuccess) return e;
-    }
-    if (major < 8 || fa.ptxVersion < 80) {
+    cudaFuncAttributes fa = {};
+    if (major >= 8 && (e = cudaFuncGetAttributes(&fa, k_flash_tc_forward)) != cudaSuccess)
+        return e;
+    if (fa.ptxVersion < 80) { /* also every GPU before sm_80 (fa untouched) */
         tc_state[dev] = -1;
         return cudaSuccess;
     }

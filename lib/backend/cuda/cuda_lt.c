@@ -186,6 +186,20 @@ static cublasOperation_t lt_op(dp_op t)
     return t == DP_OP_T ? CUBLAS_OP_T : CUBLAS_OP_N;
 }
 
+/* One call with epilogue e, c->mu held. The workspace is the cuBLAS
+ * handle's: both run on c->stream, so a call never overlaps another's use
+ * of it. */
+static dp_status gemm_with(dp_device *dev, cuda_ctx *c, dp_op transa, dp_op transb, int m, int n,
+                           int k, const dp_gemm_arg *A, const dp_gemm_arg *B, const lt_epi *e,
+                           void *C, int c_bf16, int ldc, int *done)
+{
+    lt_call l = {0};
+    dp_status s =
+        run(dev, c, &l, lt_op(transa), lt_op(transb), m, n, k, A, B, e, C, c_bf16, ldc, done);
+    lt_destroy(&l);
+    return s;
+}
+
 dp_status dp_cuda_gemm_bias_out(dp_device *dev, dp_op transa, dp_op transb, int m, int n, int k,
                                 const dp_gemm_arg *A, const dp_gemm_arg *B, dp_pref bias, void *C,
                                 int c_bf16, int ldc, int *done)
@@ -202,13 +216,8 @@ dp_status dp_cuda_gemm_bias_out(dp_device *dev, dp_op transa, dp_op transb, int 
     pthread_mutex_lock(&c->mu); /* c->col is shared by concurrent callers */
     dp_status s = bias.p && bias.bf16 && !c_bf16 ? widen_bias(dev, c, &bias, m) : DP_OK;
     if (s == DP_OK) {
-        lt_call l = {0};
         lt_epi e = {bias, 0, NULL};
-        /* The workspace is the cuBLAS handle's: both run on c->stream, so
-         * a call never overlaps another's use of it. */
-        s = run(dev, c, &l, lt_op(transa), lt_op(transb), m, n, k, A, B, &e, C, c_bf16, ldc,
-                done);
-        lt_destroy(&l);
+        s = gemm_with(dev, c, transa, transb, m, n, k, A, B, &e, C, c_bf16, ldc, done);
     }
     pthread_mutex_unlock(&c->mu);
     return s;
@@ -228,12 +237,9 @@ dp_status dp_cuda_gemm_gelu(dp_device *dev, dp_op transa, dp_op transb, int m, i
         ldc % 8 || (uintptr_t)pre % 16 || (dgelu && bias.p))
         return DP_OK;
     ENTER(dev);
-    pthread_mutex_lock(&c->mu); /* as dp_cuda_gemm_bias_out: one workspace */
-    lt_call l = {0};
+    pthread_mutex_lock(&c->mu); /* as dp_cuda_gemm_bias_out */
     lt_epi e = {bias, dgelu ? 2 : 1, pre};
-    dp_status s =
-        run(dev, c, &l, lt_op(transa), lt_op(transb), m, n, k, A, B, &e, C, 1, ldc, done);
-    lt_destroy(&l);
+    dp_status s = gemm_with(dev, c, transa, transb, m, n, k, A, B, &e, C, 1, ldc, done);
     pthread_mutex_unlock(&c->mu);
     return s;
 }

@@ -8,8 +8,9 @@
  * libcudnn.so.9, fails the call with the reason instead of falling back,
  * so a run that asked for cuDNN's attention got it. One exception: a
  * single token (T = 1), whose attention is v itself and whose backward
- * cuDNN's frontend refuses (s_q = s_kv = 1), runs dp's kernels both ways. Without the variable
- * the entries decline and dp's own kernels (cuda_flash.cu) run. The
+ * cuDNN's frontend refuses (s_q = s_kv = 1), runs dp's kernels both
+ * ways. Without the variable the entries decline and dp's own kernels
+ * (cuda_flash.cu) run. The
  * default stays off until a GPU session has checked the results and
  * timed them (docs/design.md, section 10).
  *
