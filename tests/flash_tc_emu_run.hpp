@@ -51,11 +51,11 @@ inline problem make(size_t B, size_t T, size_t NH, float qsharp, uint32_t seed)
     return p;
 }
 
-/* The kernels' outputs; dqkv16 the backward's again into a bfloat16
- * dqkv. */
+/* The kernels' outputs; out16 the forward's again into a bfloat16 out
+ * (lse16 its lse), dqkv16 the backward's into a bfloat16 dqkv. */
 struct result {
-    std::vector<float> out, lse, delta, dqkv;
-    std::vector<uint16_t> dqkv16;
+    std::vector<float> out, lse, lse16, delta, dqkv;
+    std::vector<uint16_t> out16, dqkv16;
 };
 
 /* dq, then dk and dv, from dout (float32 or bfloat16) and r's lse and
@@ -78,8 +78,13 @@ inline result run_kernels(const problem &p)
     r.out.assign(p.B * p.T * p.C, NAN);
     r.lse.assign(p.BNH * p.T, NAN);
     r.dqkv.assign(p.B * p.T * 3 * p.C, NAN);
-    emu_launch((unsigned)blocks, dp_tc::THREADS, dp_tc::SMEM_QUERY, k_flash_tc_forward,
-               r.out.data(), r.lse.data(), p.qkvr.data(), p.B, p.T, p.NH, p.scale, nt);
+    r.lse16.assign(r.lse.size(), NAN);
+    r.out16.assign(r.out.size(), 0xabcd);
+    for (int o16 = 0; o16 < 2; o16++)
+        emu_launch((unsigned)blocks, dp_tc::THREADS, dp_tc::SMEM_QUERY, k_flash_tc_forward,
+                   o16 ? dp_pout_bf16(r.out16.data()) : dp_pout_f32(r.out.data()),
+                   o16 ? r.lse16.data() : r.lse.data(), p.qkvr.data(), p.B, p.T, p.NH,
+                   p.scale, nt);
     /* D = dO . O per row, as the backend's delta op gives it */
     r.delta.resize(p.BNH * p.T);
     for (size_t row = 0; row < p.BNH * p.T; row++)

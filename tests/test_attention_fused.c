@@ -185,6 +185,30 @@ static fused fused_run(dp_device *dev, shape s, const float *qkv_host, const flo
     dp_dtype qt = q16 ? DP_DTYPE_BF16 : DP_DTYPE_F32;
     dp_assert_ok(dp_attention_forward_fused(dev, out, qkvr, qt, lse, qkv, s.B, s.T, s.C, s.NH));
     fused r = {download(dev, out, no), download(dev, lse, nr), NULL};
+    if (q16) { /* dp_attention_forward_fused16 (nn/nn_act16.h) from qkv rounded to bfloat16:
+                  the same qkvr and lse, and out rounded once */
+        dp_bf16 *qkv16 = dev_nan(dev, nq * 2), *qkvr16 = dev_nan(dev, nq * 2),
+                *out16d = dev_nan(dev, no * 2);
+        float *lse16 = dev_nan(dev, nr * 4);
+        dp_assert_ok(dp_convert(dev, qkv16, DP_DTYPE_BF16, qkv, DP_DTYPE_F32, nq));
+        dp_assert_ok(dp_attention_forward_fused16(dev, out16d, qkvr16, lse16, qkv16, s.B, s.T,
+                                                  s.C, s.NH));
+        dp_bf16 *a = malloc(nq * 2), *b = malloc(nq * 2);
+        cr_assert(a && b);
+        dp_assert_ok(dp_copy_d2h(dev, a, qkvr, nq * 2));
+        dp_assert_ok(dp_copy_d2h(dev, b, qkvr16, nq * 2));
+        cr_assert(memcmp(a, b, nq * 2) == 0, "fused16: qkvr differs (T=%zu C=%zu)", s.T, s.C);
+        dp_assert_ok(dp_copy_d2h(dev, b, out16d, no * 2));
+        for (size_t i = 0; i < no; i++)
+            cr_assert_eq(b[i], dp_bf16_from_float(r.out[i]), "fused16: out[%zu] (T=%zu C=%zu)",
+                         i, s.T, s.C);
+        float *l16 = download(dev, lse16, nr);
+        cr_assert(memcmp(l16, r.lse, nr * 4) == 0, "fused16: lse differs (T=%zu C=%zu)", s.T,
+                  s.C);
+        free(l16), free(a), free(b);
+        void *f16[] = {qkv16, qkvr16, out16d, lse16};
+        for (size_t i = 0; i < 4; i++) dp_device_free(dev, f16[i]);
+    }
     if (o16) dp_assert_ok(dp_convert(dev, out16, DP_DTYPE_BF16, out, DP_DTYPE_F32, no));
     dp_assert_ok(dp_attention_backward_fused(dev, dqkv, delta, dout, qkvr, qt, lse,
                                              o16 ? out16 : (void *)out,
@@ -619,6 +643,16 @@ Test(attention_fused, bad_arguments)
     expect_invalid(dp_attention_backward_fused16(dev, (dp_bf16 *)dqkv, delta, dout,
                                                  DP_DTYPE_I32, qkvr, F, lse, out, F, B, T, C, NH),
                    "dout_dtype");
+    /* ... and a bfloat16 out likewise */
+    expect_invalid(dp_attention_forward_fused16(dev, (dp_bf16 *)out, (dp_bf16 *)qkvr, lse,
+                                                (const dp_bf16 *)qkv, 1, 1, 257, 1),
+                   "head size 257");
+    expect_invalid(dp_attention_forward_fused16(dev, NULL, (dp_bf16 *)qkvr, lse,
+                                                (const dp_bf16 *)qkv, B, T, C, NH),
+                   "dp_attention_forward_fused16");
+    expect_invalid(dp_attention_forward_fused16(dev, (dp_bf16 *)out, (dp_bf16 *)qkvr, lse,
+                                                (const dp_bf16 *)out, B, T, C, NH),
+                   "same buffer");
 
     /* The same buffer twice. */
     expect_invalid(FWD(dev, out, out, F, lse, qkv, B, T, C, NH), "same buffer");

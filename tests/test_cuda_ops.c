@@ -1045,21 +1045,27 @@ static uint16_t *download_u16(dp_device *d, const uint16_t *p, size_t n)
 }
 
 /* One shape of the permutes on both devices; the bfloat16 permute against
- * the float32 one rounded on the host too. */
+ * the float32 one rounded on the host too, and from a bfloat16 qkv (the
+ * rounded values) the same bits. */
 static void permutes_case(pair *p, size_t B, size_t T, size_t NH, size_t HS)
 {
     size_t C = NH * HS, NQ = B * T * 3 * C, NY = B * T * C;
     float *qkv = rnd(1, NQ, -1, 1), *y = rnd(2, NY, -1, 1);
+    uint16_t *qkv16 = xmalloc(NQ * sizeof *qkv16);
+    for (size_t i = 0; i < NQ; i++) qkv16[i] = dp_bf16_round(qkv[i]);
     float *res[2][4];
-    uint16_t *r16[2];
+    uint16_t *r16[2], *r16b[2];
     for (int b = 0; b < 2; b++) {
         dp_device *d = p->d[b];
         float *qd = dp_test_upload(d, qkv, NQ), *yd = dp_test_upload(d, y, NY);
         float *o1 = dalloc(d, NQ * 4), *o2 = dalloc(d, NQ * 4), *o3 = dalloc(d, NY * 4),
               *o4 = dalloc(d, NY * 4);
-        uint16_t *o5 = (uint16_t *)dalloc(d, NQ * 2);
+        uint16_t *o5 = (uint16_t *)dalloc(d, NQ * 2), *o6 = (uint16_t *)dalloc(d, NQ * 2),
+                 *q16 = (uint16_t *)dalloc(d, NQ * 2);
+        dp_assert_ok(dp_copy_h2d(d, q16, qkv16, NQ * 2));
         dp_assert_ok(d->ops->attention_permute(d, o1, qd, B, T, NH, HS));
-        dp_assert_ok(d->ops->attention_permute_bf16(d, o5, qd, B, T, NH, HS));
+        dp_assert_ok(d->ops->attention_permute_bf16(d, o5, dp_pref_f32(qd), B, T, NH, HS));
+        dp_assert_ok(d->ops->attention_permute_bf16(d, o6, dp_pref_bf16(q16), B, T, NH, HS));
         dp_assert_ok(d->ops->attention_permute_backward(d, o2, o1, B, T, NH, HS));
         dp_assert_ok(d->ops->attention_unpermute(d, o3, yd, B, T, NH, HS));
         dp_assert_ok(d->ops->attention_unpermute_backward(d, o4, o3, B, T, NH, HS));
@@ -1068,8 +1074,9 @@ static void permutes_case(pair *p, size_t B, size_t T, size_t NH, size_t HS)
         res[b][2] = dp_test_nn_download(d, o3, NY);
         res[b][3] = dp_test_nn_download(d, o4, NY);
         r16[b] = download_u16(d, o5, NQ);
-        void *bufs[] = {qd, yd, o1, o2, o3, o4, o5};
-        for (size_t i = 0; i < 7; i++) dp_device_free(d, bufs[i]);
+        r16b[b] = download_u16(d, o6, NQ);
+        void *bufs[] = {qd, yd, o1, o2, o3, o4, o5, o6, q16};
+        for (size_t i = 0; i < 9; i++) dp_device_free(d, bufs[i]);
     }
     cr_log_info("permutes B=%zu T=%zu NH=%zu hs=%zu", B, T, NH, HS);
     assert_same_bits("permute", res[1][0], res[0][0], NQ);
@@ -1083,11 +1090,17 @@ static void permutes_case(pair *p, size_t B, size_t T, size_t NH, size_t HS)
                      r16[1][i], r16[0][i]);
         cr_assert_eq(r16[0][i], dp_bf16_round(res[0][0][i]),
                      "permute_bf16 element %zu is not the float32 permute's rounding", i);
+        for (int b = 0; b < 2; b++)
+            cr_assert_eq(r16b[b][i], r16[b][i],
+                         "permute_bf16 from a bfloat16 qkv, element %zu on device %d: %#x, "
+                         "from float32 %#x", i, b, r16b[b][i], r16[b][i]);
     }
     for (int b = 0; b < 2; b++) {
         for (int k = 0; k < 4; k++) free(res[b][k]);
         free(r16[b]);
+        free(r16b[b]);
     }
+    free(qkv16);
     free(qkv);
     free(y);
 }

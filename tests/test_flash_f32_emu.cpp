@@ -62,10 +62,20 @@ template <int HS, int GF, int GB> void run_case(size_t T, size_t NH, int bf16, u
     dp_pref qkvr = bf16 ? dp_pref_bf16(q16.data()) : dp_pref_f32(q32.data());
     /* the CPU */
     const size_t nq = B * T * 3 * C;
-    std::vector<float> out_c(B * T * C), lse_c(n), delta(n), dqkv_c(nq);
+    std::vector<float> out_c(B * T * C), lse_c(n), lse_c16(n), delta(n), dqkv_c(nq);
     std::vector<uint16_t> dqkv_c16(nq, 0xabcd); /* the items' bfloat16 dqkv */
-    for (size_t r = 0; r < n; r++)
-        dp_flash_forward_item(out_c.data(), lse_c.data(), qkvr, B, T, NH, hs, scale, r);
+    std::vector<uint16_t> out_c16(B * T * C, 0xabcd); /* ... and out */
+    for (size_t r = 0; r < n; r++) {
+        dp_flash_forward_item(dp_pout_f32(out_c.data()), lse_c.data(), qkvr, B, T, NH, hs, scale,
+                              r);
+        dp_flash_forward_item(dp_pout_bf16(out_c16.data()), lse_c16.data(), qkvr, B, T, NH, hs,
+                              scale, r);
+    }
+    for (size_t i = 0; i < out_c.size(); i++)
+        cr_assert_eq(out_c16[i], dp_bf16_round(out_c[i]), "hs %d: the CPU's bf16 out[%zu]", HS,
+                     i);
+    cr_assert(memcmp(lse_c16.data(), lse_c.data(), n * sizeof(float)) == 0,
+              "hs %d: the CPU's lse differs with a bfloat16 out", HS);
     for (size_t r = 0; r < n; r++)
         dp_flash_delta_item(delta.data(), dp_pref_f32(dout.data()), dp_pref_f32(out_c.data()), T,
                             NH, hs, r);
@@ -83,32 +93,34 @@ template <int HS, int GF, int GB> void run_case(size_t T, size_t NH, int bf16, u
                      HS, i);
     /* the emulated GPU, from the CPU's lse and D (each pass on its own),
      * with a float32 and a bfloat16 dqkv */
-    std::vector<float> out(B * T * C, NAN), lse(n, NAN), dqkv(nq, NAN);
-    std::vector<uint16_t> dqkv16(nq, 0xabcd);
+    std::vector<float> out(B * T * C, NAN), lse(n, NAN), lse16(n, NAN), dqkv(nq, NAN);
+    std::vector<uint16_t> out_k16(B * T * C, 0xabcd), dqkv16(nq, 0xabcd);
     const size_t nt = (T + ROWS - 1) / ROWS;
     const unsigned tiles = (unsigned)(nt * BNH), items = 3;
     const float *L = lse_c.data(), *D = delta.data();
     const dp_pref g = dp_pref_f32(dout.data());
     for (int o16 = 0; o16 < 2; o16++) {
         dp_pout dq = o16 ? dp_pout_bf16(dqkv16.data()) : dp_pout_f32(dqkv.data());
+        dp_pout o = o16 ? dp_pout_bf16(out_k16.data()) : dp_pout_f32(out.data());
+        float *lo = o16 ? lse16.data() : lse.data();
         if (HS == 64 || HS == 128) {
-            if (!o16)
-                emu_launch(tiles, ROWS * GF, 0, k_flash_forward<HS, GF>, out.data(), lse.data(),
-                           qkvr, B, T, NH, scale, nt);
+            emu_launch(tiles, ROWS * GF, 0, k_flash_forward<HS, GF>, o, lo, qkvr, B, T, NH,
+                       scale, nt);
             emu_launch(tiles, ROWS * GB, 0, k_flash_dq<HS, GB>, dq, g, qkvr, L, D, B, T, NH,
                        scale, nt);
             emu_launch(tiles, ROWS * GB, 0, k_flash_dkdv<HS, GB>, dq, g, qkvr, L, D, B, T, NH,
                        scale);
         } else {
-            if (!o16)
-                emu_launch(items, ROW_THREADS, 0, k_flash_forward_items, out.data(), lse.data(),
-                           qkvr, B, T, NH, hs, scale, n);
             if (o16) { /* the launcher's choice per type */
+                emu_launch(items, ROW_THREADS, 0, k_flash_forward_items, o, lo, qkvr, B, T, NH,
+                           hs, scale, n);
                 emu_launch(items, ROW_THREADS, 0, k_flash_dq_items, dq, g, qkvr, L, D, B, T, NH,
                            hs, scale, n);
                 emu_launch(items, ROW_THREADS, 0, k_flash_dkdv_items, dq, g, qkvr, L, D, B, T,
                            NH, hs, scale, n);
             } else {
+                emu_launch(items, ROW_THREADS, 0, k_flash_forward_items_f32, out.data(), lo,
+                           qkvr, B, T, NH, hs, scale, n);
                 emu_launch(items, ROW_THREADS, 0, k_flash_dq_items_f32, dqkv.data(), g, qkvr, L,
                            D, B, T, NH, hs, scale, n);
                 emu_launch(items, ROW_THREADS, 0, k_flash_dkdv_items_f32, dqkv.data(), g, qkvr,
@@ -119,6 +131,11 @@ template <int HS, int GF, int GB> void run_case(size_t T, size_t NH, int bf16, u
     for (size_t i = 0; i < nq; i++) /* the same kernel's sums, rounded as stored */
         cr_assert_eq(dqkv16[i], dp_bf16_round(dqkv[i]), "hs %d: the kernels' bf16 dqkv[%zu]",
                      HS, i);
+    for (size_t i = 0; i < out.size(); i++) /* ... and the forward's */
+        cr_assert_eq(out_k16[i], dp_bf16_round(out[i]), "hs %d: the kernels' bf16 out[%zu]", HS,
+                     i);
+    cr_assert(memcmp(lse16.data(), lse.data(), n * sizeof(float)) == 0,
+              "hs %d: the kernels' lse differs with a bfloat16 out", HS);
     /* from the bfloat16 dO: the same values, so the same bits */
     {
         const dp_pref g16p = dp_pref_bf16(g16.data());
@@ -142,6 +159,12 @@ template <int HS, int GF, int GB> void run_case(size_t T, size_t NH, int bf16, u
                        NH, hs, scale, n);
             cr_assert(memcmp(generic.data(), again.data(), nq * sizeof(float)) == 0,
                       "hs %d: the float32 items differ from the typed ones", HS);
+            std::vector<float> gout(out.size(), NAN), glse(n, NAN); /* ... and the forward's */
+            emu_launch(items, ROW_THREADS, 0, k_flash_forward_items, dp_pout_f32(gout.data()),
+                       glse.data(), qkvr, B, T, NH, hs, scale, n);
+            cr_assert(memcmp(gout.data(), out.data(), out.size() * sizeof(float)) == 0 &&
+                          memcmp(glse.data(), lse.data(), n * sizeof(float)) == 0,
+                      "hs %d: the float32 forward items differ from the typed ones", HS);
         }
         cr_assert(memcmp(again.data(), dqkv.data(), nq * sizeof(float)) == 0,
                   "hs %d: dqkv from a bfloat16 dO differs", HS);

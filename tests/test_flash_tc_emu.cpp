@@ -40,7 +40,12 @@ void check(const problem &p, const result &r, const char *what)
     cr_expect(w.dv <= 1.0, "%s: dv off by %.3g of its bound", what, w.dv);
     cr_expect(w.biggest > 1e-3, "%s: the gradients are all near zero (%g): nothing was tested",
               what, w.biggest);
-    /* a bfloat16 dqkv: the same sums, each rounded once as it is stored */
+    /* a bfloat16 out or dqkv: the same sums, each rounded once as it is
+     * stored (and the same lse) */
+    for (size_t i = 0; i < r.out.size(); i++)
+        cr_assert_eq(r.out16[i], dp_bf16_round(r.out[i]), "%s: bf16 out[%zu]", what, i);
+    cr_assert(memcmp(r.lse16.data(), r.lse.data(), r.lse.size() * sizeof(float)) == 0,
+              "%s: lse differs with a bfloat16 out", what);
     for (size_t i = 0; i < r.dqkv.size(); i++)
         cr_assert_eq(r.dqkv16[i], dp_bf16_round(r.dqkv[i]), "%s: bf16 dqkv[%zu]", what, i);
 }

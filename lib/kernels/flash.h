@@ -39,16 +39,18 @@
  * on registers and shared memory in the same order (keys, or queries,
  * ascending; one online step per key), and for other head sizes loops
  * the items themselves. Accumulators of the items live in their output
- * rows (out, and dqkv when float32), so an item needs no scratch for any
- * hs; a bfloat16 dqkv (dp_pout: the GPT's bf16 activation gradients) is
- * accumulated in a local row of at most DP_FLASH_HS_MAX16 floats and
- * rounded once as it is stored: the float32 dqkv's values, rounded.
+ * rows when those are float32, so an item needs no scratch for any hs; a
+ * bfloat16 out or dqkv (dp_pout: the GPT's bf16 activations and their
+ * gradients) is accumulated in a local row of at most DP_FLASH_HS_MAX16
+ * floats and rounded once as it is stored: the float32 row's values,
+ * rounded.
  *
  * Operands are read through dp_pref (kernels/bf16.h): qkvr and out may
  * be float32 or bfloat16, widened exactly on read; every sum is float32.
  * Layouts: out, dout (B,T,C) and dqkv (B,T,3C), C = NH*hs, row r of a
- * pair's head at dp_flash_tok_row; lse and delta (B,NH,T), index r. dqkv
- * is float32 or bfloat16 (dp_pout), dout either (dp_pref).
+ * pair's head at dp_flash_tok_row; lse and delta (B,NH,T), index r. out
+ * and dqkv are written float32 or bfloat16 (dp_pout), dout is read as
+ * either (dp_pref).
  */
 #ifndef DP_KERNELS_FLASH_H
 #define DP_KERNELS_FLASH_H
@@ -172,27 +174,6 @@ static inline DP_HD float dp_flash_dscore(float p, float dp, float delta)
 
 // --- items: one row each -------------------------------------------------------------------
 
-/* Forward of query row r = p*T + i: out's row (accumulated in place,
- * then normalised) and lse[r]. */
-static inline DP_HD void dp_flash_forward_item(float *out, float *lse, dp_pref qkvr, size_t B,
-                                               size_t T, size_t NH, size_t hs, float scale,
-                                               size_t r)
-{
-    size_t BNH = B * NH, i = r % T, r0 = r - i;
-    size_t q = dp_flash_qkvr_row(0, r, BNH, T, hs), k = dp_flash_qkvr_row(1, r0, BNH, T, hs),
-           v = dp_flash_qkvr_row(2, r0, BNH, T, hs);
-    float *o = out + dp_flash_tok_row(r, T, NH, hs, 1, 0);
-    float m = -INFINITY, l = 0.0f;
-    for (size_t d = 0; d < hs; d++) o[d] = 0.0f;
-    for (size_t j = 0; j <= i; j++) {
-        float s = scale * dp_flash_dot(qkvr, q, qkvr, k + j * hs, hs), alpha;
-        float w = dp_flash_online_step(&m, &l, s, &alpha);
-        dp_flash_rescale_add(o, alpha, w, qkvr, v + j * hs, hs);
-    }
-    dp_flash_normalise(o, o, l, hs);
-    lse[r] = dp_flash_lse(m, l);
-}
-
 /* delta[r] = D of row r = dO.O over the head's hs elements (dout and out
  * in (B,T,C); each float32 or bfloat16). */
 static inline DP_HD void dp_flash_delta_item(float *delta, dp_pref dout, dp_pref out, size_t T,
@@ -208,6 +189,43 @@ static inline DP_HD void dp_flash_store_row(dp_pout o, size_t at, const float *a
 {
     if (!o.bf16) return; /* the items accumulated in the row itself */
     for (size_t d = 0; d < n; d++) dp_pout_set(o, at + d, acc[d]);
+}
+
+/* Forward of query row r = p*T + i into o (hs floats, overwritten,
+ * accumulated in place then normalised): the float32 row
+ * dp_flash_forward_item stores; and lse[r]. */
+static inline DP_HD DP_HD_ALWAYS_INLINE void dp_flash_forward_acc(float *o, float *lse,
+                                                                  dp_pref qkvr, size_t B,
+                                                                  size_t T, size_t NH, size_t hs,
+                                                                  float scale, size_t r)
+{
+    size_t BNH = B * NH, i = r % T, r0 = r - i;
+    size_t q = dp_flash_qkvr_row(0, r, BNH, T, hs), k = dp_flash_qkvr_row(1, r0, BNH, T, hs),
+           v = dp_flash_qkvr_row(2, r0, BNH, T, hs);
+    float m = -INFINITY, l = 0.0f;
+    for (size_t d = 0; d < hs; d++) o[d] = 0.0f;
+    for (size_t j = 0; j <= i; j++) {
+        float s = scale * dp_flash_dot(qkvr, q, qkvr, k + j * hs, hs), alpha;
+        float w = dp_flash_online_step(&m, &l, s, &alpha);
+        dp_flash_rescale_add(o, alpha, w, qkvr, v + j * hs, hs);
+    }
+    dp_flash_normalise(o, o, l, hs);
+    lse[r] = dp_flash_lse(m, l);
+}
+
+/* Forward of query row r: out's row and lse[r], the row accumulated in
+ * out itself (float32) or in a local array then rounded once as it is
+ * stored (bfloat16, hs <= DP_FLASH_HS_MAX16: the float32 row's values,
+ * rounded). */
+static inline DP_HD void dp_flash_forward_item(dp_pout out, float *lse, dp_pref qkvr, size_t B,
+                                               size_t T, size_t NH, size_t hs, float scale,
+                                               size_t r)
+{
+    size_t at = dp_flash_tok_row(r, T, NH, hs, 1, 0);
+    float local[DP_FLASH_HS_MAX16];
+    float *o = out.bf16 ? local : (float *)out.p + at;
+    dp_flash_forward_acc(o, lse, qkvr, B, T, NH, hs, scale, r);
+    dp_flash_store_row(out, at, o, hs);
 }
 
 /* dq of query row r = p*T + i, keys 0..i, into dq (hs floats,

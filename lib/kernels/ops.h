@@ -158,9 +158,10 @@
       (uint16_t *x, const void *targets, int f32, size_t per, size_t cols),                \
       (x, targets, f32, per, cols))                                                        \
     /* fused causal attention (kernels/flash.h); item r = (b*NH + h)*T + t, n = B*NH*T:    \
-     * out(B,T,C) row and lse(B,NH,T) of query r from qkvr(3,B,NH,T,hs) */                 \
+     * out(B,T,C) row (float32 or bfloat16) and lse(B,NH,T) of query r from                \
+     * qkvr(3,B,NH,T,hs) */                                                                \
     X(attention_fused_forward, TILED, dp_flash_forward_item,                               \
-      (float *out, float *lse, dp_pref qkvr, size_t B, size_t T, size_t NH, size_t hs,     \
+      (dp_pout out, float *lse, dp_pref qkvr, size_t B, size_t T, size_t NH, size_t hs,     \
        float scale),                                                                       \
       (out, lse, qkvr, B, T, NH, hs, scale))                                               \
     /* delta(B,NH,T) = dout . out per head row (each float32 or bfloat16) */             \

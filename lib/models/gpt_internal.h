@@ -199,7 +199,10 @@ static inline xin gemm_in(const layer_acts *a, const float *p)
  *                     needs only delta (B,NH,T), and the forward's
  *                     permute writes the kept qkvr directly (bfloat16
  *                     too); the forward uses the attention scratch for
- *                     its float32 output.
+ *                     its float32 output, or with fused16 none: qkv is
+ *                     bfloat16 in big's first half and the output goes
+ *                     to the kept atty (big_qkv32 holds c_attn's float32
+ *                     layer only where its GEMM cannot write bfloat16).
  *                     With act16, big_d16 after the MLP half's buffers
  *                     (dfch, the recomputed GELU output), (B,T,4C)
  *                     bfloat16: in the MLP half the bfloat16 gradients
@@ -231,9 +234,14 @@ typedef struct carve {
     int recompute_gelu; /* no fch_gelu per block: big_gelu holds it, recomputed */
     int chunked_att;    /* big_att and big_datt hold one chunk of queries */
     int fused_att;      /* no probabilities anywhere: l_lse per block, big_delta */
-    /* act16 with fused_att (head size <= DP_FLASH_HS_MAX16): the attention's
-     * backward writes dqkv as bfloat16 at big, which c_attn's reads as it is */
-    int dqkv16;
+    /* act16 with fused_att (head size <= DP_FLASH_HS_MAX16): the attention
+     * reads and writes bfloat16 both ways. Forward: c_attn's GEMM writes
+     * qkv as bfloat16 at big (the float32 layer at big_qkv32 where the
+     * GEMM cannot write bfloat16), the attention reads it and writes the
+     * kept atty directly. Backward: it writes dqkv as bfloat16 at big,
+     * which c_attn's reads as it is. */
+    int fused16;
+    size_t big_qkv32; /* inside big, fused16 only: (B,T,3C) floats after the bfloat16 qkv */
     size_t att_rows;    /* queries per chunk: min(att_chunk(g), T), else T */
 } carve;
 

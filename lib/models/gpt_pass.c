@@ -157,32 +157,41 @@ dp_status gpt_pass_body_forward(const dp_gpt *gpt, dp_device *dev, wview params,
         dp_pref p_mprojb = pw(gpt, params, idx_block(l, BLK_MPROJ_B));
 
         /* With act16 the LayerNorms and c_fc write their kept outputs as
-         * bfloat16 once; the attention's activations are computed in
-         * float32 into the backward's scratch `big` (free in the forward:
-         * its float32 q, k, v, output and probabilities at their own
-         * offsets after qkv) and kept rounded to bfloat16, or not at all
-         * (the probabilities). */
+         * bfloat16 once. The fused attention (fused16) reads c_attn's
+         * output as bfloat16 and writes its kept output directly; the
+         * other attentions' activations are computed in float32 into the
+         * backward's scratch `big` (free in the forward: its float32 q, k,
+         * v, output and probabilities at their own offsets after qkv) and
+         * kept rounded to bfloat16, or not at all (the probabilities). */
         DP_TRY(ln_fwd_res(dev, c.act16, a.ln1, a.ln1_mean, a.ln1_rstd, residual, added, p_ln1w,
                           p_ln1b, BT, C));
-        DP_TRY(lin_fwd(dev, qkv, gemm_in(&a, a.ln1), p_attw, p_attb, BT, C, 3 * C));
-        /* residual2 is free until the projection below: it is the scratch. */
-        float *atty = c.act16 ? qkv + c.big_scratch : a.atty;
-        float *att = c.recompute_att ? qkv + c.big_att : a.att; /* recomputed: not kept */
-        if (c.fused_att) /* q, k, v and the normalisers' logs kept, no probabilities */
-            DP_TRY(dp_attention_forward_fused(dev, atty, a.qkvr,
-                                              c.act16 ? DP_DTYPE_BF16 : DP_DTYPE_F32, a.lse, qkv,
-                                              B, T, C, NH));
-        else if (c.chunked_att) /* q, k, v kept (as bfloat16 with act16), nothing (T,T) */
-            DP_TRY(dp_attention_forward_chunked(
-                dev, atty, a.qkvr, c.act16 ? DP_DTYPE_BF16 : DP_DTYPE_F32, att,
-                c.act16 ? (dp_bf16 *)(qkv + c.big_att16) : NULL, a.residual2, qkv, B, T, C, NH,
-                c.att_rows));
-        else if (c.act16) /* q, k, v kept as bfloat16 */
-            DP_TRY(dp_attention_forward_bf16_qkv(dev, atty, (dp_bf16 *)a.qkvr, att, a.residual2,
-                                                 qkv, B, T, C, NH));
-        else
-            DP_TRY(dp_attention_forward(dev, atty, a.qkvr, att, a.residual2, qkv, B, T, C, NH));
-        DP_TRY(keep(dev, &a, a.atty, atty, BT * C));
+        if (c.fused16) {
+            DP_TRY(dp_linear_forward_out16(dev, (dp_bf16 *)qkv, qkv + c.big_qkv32, BT * 3 * C,
+                                           a.ln1, DP_DTYPE_BF16, p_attw, p_attb, BT, C, 3 * C));
+            DP_TRY(dp_attention_forward_fused16(dev, (dp_bf16 *)a.atty, (dp_bf16 *)a.qkvr, a.lse,
+                                                (const dp_bf16 *)qkv, B, T, C, NH));
+        } else {
+            DP_TRY(lin_fwd(dev, qkv, gemm_in(&a, a.ln1), p_attw, p_attb, BT, C, 3 * C));
+            /* residual2 is free until the projection below: it is the scratch. */
+            float *atty = c.act16 ? qkv + c.big_scratch : a.atty;
+            float *att = c.recompute_att ? qkv + c.big_att : a.att; /* recomputed: not kept */
+            if (c.fused_att) /* q, k, v and the normalisers' logs kept, no probabilities */
+                DP_TRY(dp_attention_forward_fused(dev, atty, a.qkvr,
+                                                  c.act16 ? DP_DTYPE_BF16 : DP_DTYPE_F32, a.lse,
+                                                  qkv, B, T, C, NH));
+            else if (c.chunked_att) /* q, k, v kept (as bfloat16 with act16), nothing (T,T) */
+                DP_TRY(dp_attention_forward_chunked(
+                    dev, atty, a.qkvr, c.act16 ? DP_DTYPE_BF16 : DP_DTYPE_F32, att,
+                    c.act16 ? (dp_bf16 *)(qkv + c.big_att16) : NULL, a.residual2, qkv, B, T, C,
+                    NH, c.att_rows));
+            else if (c.act16) /* q, k, v kept as bfloat16 */
+                DP_TRY(dp_attention_forward_bf16_qkv(dev, atty, (dp_bf16 *)a.qkvr, att,
+                                                     a.residual2, qkv, B, T, C, NH));
+            else
+                DP_TRY(dp_attention_forward(dev, atty, a.qkvr, att, a.residual2, qkv, B, T, C,
+                                            NH));
+            DP_TRY(keep(dev, &a, a.atty, atty, BT * C));
+        }
         DP_TRY(lin_fwd(dev, a.residual2, gemm_in(&a, a.atty), p_aprojw, p_aprojb, BT, C, C));
         DP_TRY(ln_fwd_res(dev, c.act16, a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, residual,
                           p_ln2w, p_ln2b, BT, C));
@@ -436,7 +445,7 @@ dp_status gpt_pass_body_backward(const dp_gpt *gpt, dp_device *dev, wview params
         }
         /* Attention. dresidual is now the full d(residual2). */
         float *dqkv = big;
-        if (c.dqkv16) { /* d(atty) and dqkv bfloat16, each read as it is */
+        if (c.fused16) { /* d(atty) and dqkv bfloat16, each read as it is */
             /* c_proj's float32 dinp, where its GEMM cannot write bfloat16,
              * in dqkv's floats (written only by the attention after it) */
             DP_TRY(dp_linear_backward_to16(dev, (dp_bf16 *)dbtc, dqkv, BT * C, G(BLK_APROJ_W),

@@ -1,13 +1,15 @@
 /*
  * nn/attention_fused.c - fused causal multi-head self-attention
- * (dp_attention_forward_fused, dp_attention_backward_fused): argument
+ * (dp_attention_forward_fused, dp_attention_backward_fused, and their
+ * bfloat16 variants of nn/nn_act16.h): argument
  * checks, then the backend's permute and the fused ops of kernels/ops.h,
  * whose math is kernels/flash.h (FlashAttention-2, Dao 2023).
  *
  *   forward   qkv(B,T,3C) -> qkvr(3,B,NH,T,hs) (the permute, rounding to
- *             bfloat16 as it writes), then one item per query row: out(B,T,C)
- *             and lse(B,NH,T), with the online softmax of Milakov &
- *             Gimelshein (2018) over keys 0..t;
+ *             bfloat16 as it writes, or copying a bfloat16 qkv), then one
+ *             item per query row: out(B,T,C) (float32, or bfloat16 rounded
+ *             as stored) and lse(B,NH,T), with the online softmax of
+ *             Milakov & Gimelshein (2018) over keys 0..t;
  *   backward  delta(B,NH,T) = rowwise dout.out, then the query-major pass
  *             (dq) and the key-major pass (dk, dv), each writing its part
  *             of dqkv(B,T,3C) directly (no permute back, no dqkvr), as
@@ -69,26 +71,32 @@ static float scale_of(size_t hs) { return 1.0f / sqrtf((float)hs); }
 
 // --- forward ---------------------------------------------------------------------------
 
-dp_status dp_attention_forward_fused(dp_device *dev, float *out, void *qkvr, dp_dtype qkvr_dtype,
-                                     float *lse, const float *qkv, size_t B, size_t T, size_t C,
-                                     size_t NH)
+/* The forward from a qkv and into an out of either type (fn names the
+ * public call; a bfloat16 qkv or out comes with a bfloat16 qkvr). */
+static dp_status forward_fused(const char *fn, dp_device *dev, dp_pout out, void *qkvr,
+                               dp_dtype qkvr_dtype, float *lse, dp_pref qkv, size_t B, size_t T,
+                               size_t C, size_t NH)
 {
-    static const char fn[] = "dp_attention_forward_fused";
     if (!dev) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: dev must not be NULL", fn);
     int q16;
     DP_TRY(dp_nn_check_dtype(fn, dev, "qkvr_dtype", qkvr_dtype, &q16));
-    if (!out || !qkvr || !lse || !qkv)
+    if (!out.p || !qkvr || !lse || !qkv.p)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
                        "%s on %s: out, qkvr, lse and qkv must not be NULL (out=%p qkvr=%p "
                        "lse=%p qkv=%p)",
-                       fn, dev->name, (void *)out, qkvr, (void *)lse, (const void *)qkv);
+                       fn, dev->name, out.p, qkvr, (void *)lse, qkv.p);
     DP_TRY(check_dims(fn, dev, B, T, C, NH));
-    const void *bufs[] = {out, qkvr, lse, qkv};
+    size_t hs = C / NH;
+    if (out.bf16 && hs > DP_FLASH_HS_MAX16)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
+                       "%s on %s: head size %zu (C=%zu / NH=%zu); a bfloat16 out takes head "
+                       "sizes up to %d; use the float32 dp_attention_forward_fused",
+                       fn, dev->name, hs, C, NH, DP_FLASH_HS_MAX16);
+    const void *bufs[] = {out.p, qkvr, lse, qkv.p};
     const char *names[] = {"out", "qkvr", "lse", "qkv"};
     DP_TRY(dp_nn_check_distinct(fn, dev, bufs, names, 4));
-    size_t hs = C / NH;
     DP_TRY(q16 ? dev->ops->attention_permute_bf16(dev, qkvr, qkv, B, T, NH, hs)
-               : dev->ops->attention_permute(dev, qkvr, qkv, B, T, NH, hs));
+               : dev->ops->attention_permute(dev, qkvr, (const float *)qkv.p, B, T, NH, hs));
     if (q16 && dev->ops->attention_lib_forward) { /* cuDNN, when the device runs it */
         int done = 0;
         DP_TRY(dev->ops->attention_lib_forward(dev, out, lse, qkvr, B, T, NH, hs, scale_of(hs),
@@ -99,6 +107,23 @@ dp_status dp_attention_forward_fused(dp_device *dev, float *out, void *qkvr, dp_
      * the values the backward will read, so lse matches them. */
     return dev->ops->attention_fused_forward(dev, out, lse, pref_of(qkvr, q16), B, T, NH, hs,
                                              scale_of(hs), B * NH * T);
+}
+
+dp_status dp_attention_forward_fused(dp_device *dev, float *out, void *qkvr, dp_dtype qkvr_dtype,
+                                     float *lse, const float *qkv, size_t B, size_t T, size_t C,
+                                     size_t NH)
+{
+    return forward_fused("dp_attention_forward_fused", dev, dp_pout_f32(out), qkvr, qkvr_dtype,
+                         lse, dp_pref_f32(qkv), B, T, C, NH);
+}
+
+dp_status dp_attention_forward_fused16(dp_device *dev, dp_bf16 *out, dp_bf16 *qkvr, float *lse,
+                                       const dp_bf16 *qkv, size_t B, size_t T, size_t C,
+                                       size_t NH)
+{
+    return forward_fused("dp_attention_forward_fused16", dev, dp_pout_bf16((uint16_t *)out),
+                         qkvr, DP_DTYPE_BF16, lse, dp_pref_bf16((const uint16_t *)qkv), B, T, C,
+                         NH);
 }
 
 // --- backward --------------------------------------------------------------------------

@@ -110,7 +110,7 @@ cudaError_t tc_takes(dp_pref qkvr, size_t hs, const void *dout, const void *dst,
 
 } // namespace
 
-extern "C" cudaError_t dp_cuda_launch_attention_fused_forward(cudaStream_t s, float *out,
+extern "C" cudaError_t dp_cuda_launch_attention_fused_forward(cudaStream_t s, dp_pout out,
                                                               float *lse, dp_pref qkvr, size_t B,
                                                               size_t T, size_t NH, size_t hs,
                                                               float scale, size_t n)
@@ -118,7 +118,7 @@ extern "C" cudaError_t dp_cuda_launch_attention_fused_forward(cudaStream_t s, fl
     if (n == 0) return cudaSuccess;
     size_t nt = (T + ROWS - 1) / ROWS;
     bool tc;
-    cudaError_t e = tc_takes(qkvr, hs, NULL, out, &tc);
+    cudaError_t e = tc_takes(qkvr, hs, NULL, out.p, &tc);
     if (e != cudaSuccess) return e;
     if (tc)
         k_flash_tc_forward<<<tiled_blocks(B, T, NH), dp_tc::THREADS, dp_tc::SMEM_QUERY, s>>>(
@@ -129,6 +129,9 @@ extern "C" cudaError_t dp_cuda_launch_attention_fused_forward(cudaStream_t s, fl
     else if (hs == 128)
         k_flash_forward<128, 2><<<tiled_blocks(B, T, NH), ROWS * 2, 0, s>>>(out, lse, qkvr, B, T,
                                                                            NH, scale, nt);
+    else if (!out.bf16)
+        k_flash_forward_items_f32<<<item_blocks(n), ROW_THREADS, 0, s>>>(
+            (float *)out.p, lse, qkvr, B, T, NH, hs, scale, n);
     else
         k_flash_forward_items<<<item_blocks(n), ROW_THREADS, 0, s>>>(out, lse, qkvr, B, T, NH, hs,
                                                                     scale, n);

@@ -137,7 +137,7 @@ __device__ __forceinline__ size_t dmin(size_t a, size_t b) { return a < b ? a : 
 
 template <int HS, int G>
 __global__ void __launch_bounds__(ROWS *G)
-    k_flash_forward(float *out, float *lse, dp_pref qkvr, size_t B, size_t T, size_t NH,
+    k_flash_forward(dp_pout out, float *lse, dp_pref qkvr, size_t B, size_t T, size_t NH,
                     float scale, size_t ntiles)
 {
     typedef tile_layout<HS, G> L;
@@ -175,7 +175,10 @@ DP_UNROLL
         }
     }
     if (!live) return;
-    dp_flash_normalise(out + dp_flash_tok_row(r0 + i, T, NH, HS, 1, 0) + sl.g * D, acc, l, D);
+    dp_flash_normalise(acc, acc, l, D);
+    const size_t at = dp_flash_tok_row(r0 + i, T, NH, HS, 1, 0) + sl.g * D;
+DP_UNROLL
+    for (unsigned d = 0; d < D; d++) dp_pout_set(out, at + d, acc[d]);
     if (sl.g == 0) lse[r0 + i] = dp_flash_lse(m, l);
 }
 
@@ -296,7 +299,7 @@ DP_UNROLL
     for (size_t r = (size_t)blockIdx.x * blockDim.x + threadIdx.x; r < (n);                  \
          r += (size_t)gridDim.x * blockDim.x)
 
-__global__ void k_flash_forward_items(float *out, float *lse, dp_pref qkvr, size_t B, size_t T,
+__global__ void k_flash_forward_items(dp_pout out, float *lse, dp_pref qkvr, size_t B, size_t T,
                                       size_t NH, size_t hs, float scale, size_t n)
 {
     ITEM_LOOP(r, n) dp_flash_forward_item(out, lse, qkvr, B, T, NH, hs, scale, r);
@@ -314,6 +317,16 @@ __global__ void k_flash_dkdv_items(dp_pout dqkv, dp_pref dout, dp_pref qkvr,
                                    size_t NH, size_t hs, float scale, size_t n)
 {
     ITEM_LOOP(r, n) dp_flash_dkdv_item(dqkv, dout, qkvr, lse, delta, B, T, NH, hs, scale, r);
+}
+
+/* The forward items for a float32 out, accumulating in its rows (no
+ * local row: see below). */
+__global__ void k_flash_forward_items_f32(float *out, float *lse, dp_pref qkvr, size_t B,
+                                          size_t T, size_t NH, size_t hs, float scale, size_t n)
+{
+    ITEM_LOOP(r, n)
+    dp_flash_forward_acc(out + dp_flash_tok_row(r, T, NH, hs, 1, 0), lse, qkvr, B, T, NH, hs,
+                         scale, r);
 }
 
 /* The items for a float32 dqkv, accumulating in its rows: without the

@@ -441,10 +441,10 @@ __device__ __forceinline__ void write_acc_at(dp_pout o, size_t at, size_t stride
  * instead of two. Each block's tile loads are synchronous, so more
  * resident warps are what hides them. (ptxas, sm_90.) */
 
-/* out(B,T,C) and lse(B,NH,T) from qkvr(3,B,NH,T,64) bfloat16 bits; a block
- * per (pair, query tile), last tiles first. */
+/* out(B,T,C) (float32 or bfloat16) and lse(B,NH,T) from qkvr(3,B,NH,T,64)
+ * bfloat16 bits; a block per (pair, query tile), last tiles first. */
 __global__ void __launch_bounds__(dp_tc::THREADS, 4)
-    k_flash_tc_forward(float *out, float *lse, const uint16_t *qkvr, size_t B, size_t T,
+    k_flash_tc_forward(dp_pout out, float *lse, const uint16_t *qkvr, size_t B, size_t T,
                        size_t NH, float scale, size_t ntiles)
 {
 #if DP_TC_BODY
@@ -514,7 +514,7 @@ __global__ void __launch_bounds__(dp_tc::THREADS, 4)
         __syncthreads(); /* every warp is done with buffer b before it is refilled */
     }
     const bool live[2] = {row[0] < T, row[1] < T};
-    float *dst = out + dp_flash_tok_row(r0 + (live[0] ? iw : 0), T, NH, HS, 1, 0);
+    const size_t at = dp_flash_tok_row(r0 + (live[0] ? iw : 0), T, NH, HS, 1, 0);
     const size_t C = NH * HS;
     DP_UNROLL
     for (unsigned h = 0; h < 2; h++) {
@@ -526,7 +526,7 @@ __global__ void __launch_bounds__(dp_tc::THREADS, 4)
         }
         if (live[h] && lane_in_quad() == 0) lse[r0 + row[h]] = m[h] * LN2 + logf(l[h]);
     }
-    write_acc(dst, C, o, live[0], live[1], 1.0f);
+    write_acc_at(out, at, C, o, live[0], live[1], 1.0f);
 #endif
 }
 

@@ -14,12 +14,12 @@
  * default stays off until a GPU session has checked the results and
  * timed them (docs/design.md, section 10).
  *
- * cuDNN reads and writes bfloat16, dp's attention API passes a float32
- * out: the forward writes o in bfloat16 and widens it into out (exactly,
- * so the backward rounds it back to cuDNN's own o); the backward rounds a
- * float32 dout (a bfloat16 one, the GPT's bf16 gradients, it reads as it
- * is) and writes dq, dk, dv straight into a bfloat16 dqkv, or widens them
- * into a float32 one.
+ * cuDNN reads and writes bfloat16: the forward writes o straight into a
+ * bfloat16 out (the GPT's bf16 activations), or into the scratch and
+ * widens it into a float32 out (exactly, so the backward rounds it back
+ * to cuDNN's own o); the backward rounds a float32 dout (a bfloat16 one,
+ * the GPT's bf16 gradients, it reads as it is) and writes dq, dk, dv
+ * straight into a bfloat16 dqkv, or widens them into a float32 one.
  * Those bfloat16 buffers and cuDNN's workspace share the device's scratch
  * c->cvt (the GEMMs' converted operands): everything runs on c->stream
  * under c->mu, so no two uses overlap.
@@ -99,23 +99,27 @@ static dp_status scratch(dp_device *dev, cuda_ctx *c, const dp_cudnn_module *m,
     return DP_OK;
 }
 
-static dp_status forward_locked(dp_device *dev, cuda_ctx *c, float *out, float *lse,
+static dp_status forward_locked(dp_device *dev, cuda_ctx *c, dp_pout out, float *lse,
                                 const uint16_t *qkvr, const dp_sdpa_desc *d)
 {
     const dp_cudnn_module *m = NULL;
     DP_TRY(ready(dev, c, &m));
     size_t n = (size_t)(d->B * d->T * d->NH * d->hs);
+    /* a bfloat16 out is written by cuDNN itself; a float32 one is widened
+     * from o16 in the scratch (no scratch piece otherwise) */
+    size_t elems = out.bf16 ? 0 : n;
     uint16_t *o16 = NULL;
     void *ws = NULL;
-    DP_TRY(scratch(dev, c, m, d, 0, &n, 1, &o16, &ws));
+    DP_TRY(scratch(dev, c, m, d, 0, &elems, 1, &o16, &ws));
+    if (out.bf16) o16 = (uint16_t *)out.p;
     char err[512] = "";
     int r = m->forward(c->sdpa, d, qkvr, o16, lse, ws, err, sizeof err);
     if (r != DP_SDPA_DONE) return failed(dev, r, err);
-    CU_TRY(dev, dp_cuda_launch_cast_bf16_f32(c->stream, out, o16, n));
+    if (!out.bf16) CU_TRY(dev, dp_cuda_launch_cast_bf16_f32(c->stream, (float *)out.p, o16, n));
     return DP_OK;
 }
 
-dp_status dp_cuda_attention_lib_forward(dp_device *dev, float *out, float *lse,
+dp_status dp_cuda_attention_lib_forward(dp_device *dev, dp_pout out, float *lse,
                                         const uint16_t *qkvr, size_t B, size_t T, size_t NH,
                                         size_t hs, float scale, int *done)
 {
