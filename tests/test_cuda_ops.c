@@ -299,6 +299,13 @@ static double gemm_value(float x, int rounded)
 }
 
 /* n host floats as a device buffer of bfloat16 (bf16) or float32. */
+static uint16_t *download_u16(dp_device *d, const uint16_t *p, size_t n)
+{
+    uint16_t *h = xmalloc(n * sizeof *h);
+    dp_assert_ok(dp_copy_d2h(d, h, p, n * sizeof *h));
+    return h;
+}
+
 static void *upload_typed(dp_device *d, const float *x, size_t n, int bf16)
 {
     if (!bf16) return dp_test_upload(d, x, n);
@@ -701,47 +708,65 @@ Test(cuda_ops, encoder_is_bitwise_equal, .timeout = 60)
     free(dwpe0);
 }
 
-Test(cuda_ops, bias_broadcast_and_backward_are_bitwise_equal)
+/* N of one chunk (two batches of rows and a tail) and of three chunks
+ * (kernels/colsum.h); the bias gradient that also rounds dout gives the
+ * same sums and cast_f32_bf16's bits. */
+static void bias_case(size_t N, size_t OC)
 {
-    REQUIRE_GPU();
-    enum { N = 33, OC = 70 };
     float *bias = rnd(1, OC, -1, 1), *dout = rnd(2, N * OC, -1, 1), *db0 = rnd(3, OC, -1, 1);
     FOR_TARGETS(g)
     {
         pair p = pair_open(g);
-        float *out[2], *db[2], *db16[2];
+        float *out[2], *db[2], *db16[2], *dbr[2];
+        uint16_t *r16[2];
         for (int b = 0; b < 2; b++) {
             dp_device *d = p.d[b];
             float *bd = dp_test_upload(d, bias, OC), *o = dalloc(d, N * OC * 4);
             float *dd = dp_test_upload(d, dout, N * OC), *gd = dp_test_upload(d, db0, OC);
-            float *gd16 = dp_test_upload(d, db0, OC);
+            float *gd16 = dp_test_upload(d, db0, OC), *gdr = dp_test_upload(d, db0, OC);
             void *dd16 = upload_typed(d, dout, N * OC, 1); /* a bfloat16 gradient */
+            uint16_t *rd = (uint16_t *)dalloc(d, N * OC * 2);
             dp_assert_ok(d->ops->bias_broadcast(d, o, dp_pref_f32(bd), N, OC));
-            dp_assert_ok(d->ops->bias_backward(d, gd, dp_pref_f32(dd), N, OC));
-            dp_assert_ok(d->ops->bias_backward(d, gd16, dp_pref_bf16(dd16), N, OC));
+            dp_assert_ok(d->ops->bias_backward(d, gd, NULL, dp_pref_f32(dd), N, OC));
+            dp_assert_ok(d->ops->bias_backward(d, gd16, NULL, dp_pref_bf16(dd16), N, OC));
+            dp_assert_ok(d->ops->bias_backward(d, gdr, rd, dp_pref_f32(dd), N, OC));
             out[b] = dp_test_nn_download(d, o, N * OC);
             db[b] = dp_test_nn_download(d, gd, OC);
             db16[b] = dp_test_nn_download(d, gd16, OC);
-            dp_device_free(d, bd);
-            dp_device_free(d, o);
-            dp_device_free(d, dd);
-            dp_device_free(d, gd);
-            dp_device_free(d, gd16);
-            dp_device_free(d, dd16);
+            dbr[b] = dp_test_nn_download(d, gdr, OC);
+            r16[b] = download_u16(d, rd, N * OC);
+            void *bufs[] = {bd, o, dd, gd, gd16, gdr, dd16, rd};
+            for (size_t i = 0; i < 8; i++) dp_device_free(d, bufs[i]);
         }
-        assert_same_bits("bias_broadcast", out[1], out[0], N * OC);
         assert_same_bits("bias_backward", db[1], db[0], OC);
+        assert_same_bits("bias_broadcast", out[1], out[0], N * OC);
         assert_same_bits("bias_backward from bf16", db16[1], db16[0], OC);
+        for (int b = 0; b < 2; b++) {
+            assert_same_bits("bias_backward rounding dout", dbr[b], db[b], OC);
+            for (size_t i = 0; i < N * OC; i++)
+                cr_assert_eq(r16[b][i], dp_bf16_round(dout[i]),
+                             "N=%zu: the rounded dout[%zu] on device %d: %#x, cast %#x", N, i, b,
+                             r16[b][i], dp_bf16_round(dout[i]));
+        }
         for (int b = 0; b < 2; b++) {
             free(out[b]);
             free(db[b]);
             free(db16[b]);
+            free(dbr[b]);
+            free(r16[b]);
         }
         pair_close(&p);
     }
     free(bias);
     free(dout);
     free(db0);
+}
+
+Test(cuda_ops, bias_broadcast_and_backward_are_bitwise_equal)
+{
+    REQUIRE_GPU();
+    bias_case(33, 70);
+    bias_case(600, 70);
 }
 
 /*
@@ -1035,13 +1060,6 @@ Test(cuda_ops, sum_squares_is_accurate_and_deterministic, .timeout = 60)
         }
         free(x);
     }
-}
-
-static uint16_t *download_u16(dp_device *d, const uint16_t *p, size_t n)
-{
-    uint16_t *h = xmalloc(n * sizeof *h);
-    dp_assert_ok(dp_copy_d2h(d, h, p, n * sizeof *h));
-    return h;
 }
 
 /* One shape of the permutes on both devices; the bfloat16 permute against

@@ -5,9 +5,11 @@
  * forward with a bfloat16 output, the backward that rounds dout once and
  * the one that writes a bfloat16 dinp, bit for bit the compositions they
  * replace; their bad arguments. */
+#include "backend/backend.h" /* dev->ops */
 #include "backend/device_testing.h"
 #include "kernels/colsum.h" /* DP_COL_CHUNK */
 #include "kernels/gelu.h"
+#include "kernels/linear.h"
 #include "nn/nn_act16.h"
 #include "nn_test_util.h"
 
@@ -318,6 +320,48 @@ Test(linear, bias_gradient_chunked_order_and_float64)
     dp_assert_allclose(got, ref, BOC, 2e-4, 1e-5);
     free(db);
     void *bufs[] = {d_g, d_x, d_w, d_db, d_dw};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) dp_device_free(dev, bufs[i]);
+    dp_test_nn_assert_all_freed(dev);
+    dp_device_close(dev);
+}
+
+/* The bias gradient that also rounds dout (a linear backward in BF16
+ * math reads its float32 dout once): the same sums as without, dout16
+ * cast_f32_bf16's bits; and the GPU's two stages (kernels/linear.h's
+ * partial items, kernels/colsum.h's combine) run here give both bit for
+ * bit. The same N (three chunks, one partial) and OC (two CPU tiles). */
+Test(linear, bias_gradient_rounding_dout_in_the_same_pass)
+{
+    dp_device *dev = dp_test_cpu(0);
+    dp_rng rng;
+    dp_rng_seed(&rng, 79);
+    static float g[BR * BOC], db0[BOC], part[3 * BOC], gpu[BOC];
+    static dp_bf16 r16[BR * BOC], gpu16[BR * BOC];
+    dp_rng_fill_normal(&rng, g, BR * BOC, 0.1f, 1.0f);
+    dp_rng_fill_normal(&rng, db0, BOC, 0.0f, 1.0f);
+    float *d_g = dp_test_upload(dev, g, BR * BOC), *a = dp_test_upload(dev, db0, BOC),
+          *b = dp_test_upload(dev, db0, BOC);
+    void *d16 = NULL;
+    dp_assert_ok(dp_device_alloc(dev, sizeof r16, &d16));
+    dp_assert_ok(dev->ops->bias_backward(dev, a, NULL, dp_pref_f32(d_g), BR, BOC));
+    dp_assert_ok(dev->ops->bias_backward(dev, b, d16, dp_pref_f32(d_g), BR, BOC));
+    float *ha = dp_test_nn_download(dev, a, BOC), *hb = dp_test_nn_download(dev, b, BOC);
+    dp_assert_ok(dp_copy_d2h(dev, r16, d16, sizeof r16));
+    cr_assert(memcmp(ha, hb, sizeof(float) * BOC) == 0, "the sums differ when dout is rounded");
+    for (size_t i = 0; i < BR * BOC; i++)
+        cr_assert_eq(r16[i], dp_bf16_round(g[i]), "dout16[%zu] = %#06x, the cast gives %#06x", i,
+                     r16[i], dp_bf16_round(g[i]));
+    size_t K = dp_col_chunks(BR);
+    cr_assert_eq(K, 3);
+    memcpy(gpu, db0, sizeof gpu);
+    memset(gpu16, 0xff, sizeof gpu16);
+    for (size_t i = 0; i < K * BOC; i++)
+        dp_bias_backward_partial_elem(part, gpu16, dp_pref_f32(g), BR, BOC, i);
+    for (size_t c = 0; c < BOC; c++) dp_col_combine(gpu, part, K, BOC, c);
+    cr_assert(memcmp(gpu, ha, sizeof gpu) == 0, "the GPU's stages give other sums");
+    cr_assert(memcmp(gpu16, r16, sizeof r16) == 0, "the GPU's stages round dout otherwise");
+    free(ha), free(hb);
+    void *bufs[] = {d_g, a, b, d16};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) dp_device_free(dev, bufs[i]);
     dp_test_nn_assert_all_freed(dev);
     dp_device_close(dev);

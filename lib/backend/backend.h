@@ -163,8 +163,11 @@ struct dp_backend_ops {
     /* out(N,OC)[i,:] = bias (broadcast rows; used before a beta=1 gemm) */
     dp_status (*bias_broadcast)(dp_device *dev, float *out, dp_pref bias, size_t N, size_t OC);
     /* dbias(OC) += column sums of dout(N,OC) (float32 or bfloat16), in a
-     * fixed order */
-    dp_status (*bias_backward)(dp_device *dev, float *dbias, dp_pref dout, size_t N, size_t OC);
+     * fixed order; with dout16 (not NULL, dout float32) the same pass
+     * stores dout rounded to bfloat16 there, cast_f32_bf16's bits
+     * (kernels/linear.h) */
+    dp_status (*bias_backward)(dp_device *dev, float *dbias, uint16_t *dout16, dp_pref dout,
+                               size_t N, size_t OC);
     /* dweight(C) += sum over rows of dout * xhat, dbias(C) += column sums of
      * dout(N,C) (float32 or bfloat16), in a fixed order (the input gradient
      * is layernorm_backward_inp) */

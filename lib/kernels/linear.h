@@ -29,13 +29,18 @@ static inline DP_HD void dp_bias_broadcast_row(float *out, dp_pref bias, size_t 
 
 /* dbias(OC) += column sums of dout(N,OC) in the two-stage order of
  * kernels/colsum.h; dout is float32 or bfloat16 (a gradient kept as
- * bfloat16, widened exactly), the sums float32 either way. */
+ * bfloat16, widened exactly), the sums float32 either way. With dout16
+ * (not NULL; dout float32) the same pass also stores every element of
+ * dout rounded to bfloat16 there (dp_bf16_round, dp_convert's bits):
+ * a linear layer's backward in BF16 math, whose GEMMs read dout rounded
+ * while its bias gradient sums the float32 values, reads dout once. */
 
 /* Stage 1, item i = k*OC + o: partial(K,OC)[k,o] = sum of dout[n,o] over
  * the rows n of chunk k, in order, from 0; DP_COL_BATCH rows loaded at a
- * time. */
-static inline DP_HD void dp_bias_backward_partial_elem(float *partial, dp_pref dout, size_t N,
-                                                       size_t OC, size_t i)
+ * time (and, with dout16, stored rounded: each element by one item). */
+static inline DP_HD void dp_bias_backward_partial_elem(float *partial, uint16_t *dout16,
+                                                       dp_pref dout, size_t N, size_t OC,
+                                                       size_t i)
 {
     size_t k = i / OC, o = i % OC;
     size_t n1 = (k + 1) * DP_COL_CHUNK < N ? (k + 1) * DP_COL_CHUNK : N;
@@ -45,17 +50,29 @@ static inline DP_HD void dp_bias_backward_partial_elem(float *partial, dp_pref d
         float t[DP_COL_BATCH];
         DP_UNROLL
         for (size_t j = 0; j < DP_COL_BATCH; j++) t[j] = dp_pref_at(dout, (n + j) * OC + o);
+        if (dout16) {
+            DP_UNROLL
+            for (size_t j = 0; j < DP_COL_BATCH; j++)
+                dout16[(n + j) * OC + o] = dp_bf16_round(t[j]);
+        }
         DP_UNROLL
         for (size_t j = 0; j < DP_COL_BATCH; j++) acc += t[j];
     }
-    for (; n < n1; n++) acc += dp_pref_at(dout, n * OC + o);
+    for (; n < n1; n++) {
+        float x = dp_pref_at(dout, n * OC + o);
+        if (dout16) dout16[n * OC + o] = dp_bf16_round(x);
+        acc += x;
+    }
     partial[i] = acc;
 }
 
-/* part[j] += dout row's element o0 + j for j < w: one row of the CPU's
+/* part[j] += dout row's element o0 + j for j < w (and, with dst16, the
+ * element rounded into dst16 at the same index): one row of the CPU's
  * loop below, a loop per type so each vectorises. */
-static inline DP_HD DP_HD_ALWAYS_INLINE void dp_bias_backward_row_add(float *part, dp_pref dout,
-                                                                      size_t at, size_t w)
+static inline DP_HD DP_HD_ALWAYS_INLINE void dp_bias_backward_row_add(float *part,
+                                                                      uint16_t *dst16,
+                                                                      dp_pref dout, size_t at,
+                                                                      size_t w)
 {
     if (dout.bf16) {
         const uint16_t *row = (const uint16_t *)dout.p + at;
@@ -63,14 +80,19 @@ static inline DP_HD DP_HD_ALWAYS_INLINE void dp_bias_backward_row_add(float *par
     } else {
         const float *row = (const float *)dout.p + at;
         for (size_t j = 0; j < w; j++) part[j] += row[j];
+        if (dst16)
+            for (size_t j = 0; j < w; j++) dst16[at + j] = dp_bf16_round(row[j]);
     }
 }
 
 /* Both stages for the columns o in [o0, o1), o1 - o0 <= DP_COL_TILE: the
  * CPU's loop, which reads dout row by row instead of with a stride of OC;
- * the same sums in the same order as the two stages above. */
-static inline DP_HD DP_HD_ALWAYS_INLINE void
-dp_bias_backward_cols(float *dbias, dp_pref dout, size_t N, size_t OC, size_t o0, size_t o1)
+ * the same sums in the same order as the two stages above (and dout16 as
+ * they store it). */
+static inline DP_HD DP_HD_ALWAYS_INLINE void dp_bias_backward_cols(float *dbias, uint16_t *dout16,
+                                                                   dp_pref dout, size_t N,
+                                                                   size_t OC, size_t o0,
+                                                                   size_t o1)
 {
     float part[DP_COL_TILE], total[DP_COL_TILE];
     size_t w = o1 - o0;
@@ -78,7 +100,8 @@ dp_bias_backward_cols(float *dbias, dp_pref dout, size_t N, size_t OC, size_t o0
     for (size_t n0 = 0; n0 < N; n0 += DP_COL_CHUNK) {
         size_t n1 = N - n0 < DP_COL_CHUNK ? N : n0 + DP_COL_CHUNK;
         for (size_t j = 0; j < w; j++) part[j] = 0.0f;
-        for (size_t n = n0; n < n1; n++) dp_bias_backward_row_add(part, dout, n * OC + o0, w);
+        for (size_t n = n0; n < n1; n++)
+            dp_bias_backward_row_add(part, dout16, dout, n * OC + o0, w);
         for (size_t j = 0; j < w; j++) total[j] += part[j];
     }
     for (size_t j = 0; j < w; j++) dbias[o0 + j] += total[j];

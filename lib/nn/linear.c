@@ -103,7 +103,7 @@ static dp_status linear_backward_g(dp_device *dev, float *dinp, float *dweight, 
     if (dinp)
         DP_TRY(gemm(dev, DP_OP_N, DP_OP_N, C, N, OC, weight, w16, C, g, g16, OC, 0.0f, dinp, ld));
     DP_TRY(gemm(dev, DP_OP_N, DP_OP_T, C, OC, N, inp, x16, ld, g, g16, OC, 1.0f, dweight, C));
-    if (dbias) DP_TRY(dev->ops->bias_backward(dev, dbias, dp_pref_f32(dout), N, OC));
+    if (dbias) DP_TRY(dev->ops->bias_backward(dev, dbias, NULL, dp_pref_f32(dout), N, OC));
     return DP_OK;
 }
 
@@ -347,14 +347,20 @@ dp_status dp_linear_backward_dout16(dp_device *dev, float *dinp, float *dweight,
         DP_NN_REQUIRE_DISJOINT(dev, dout16, n16, weight.p, OC * C * (weight.bf16 ? 2 : 4));
         DP_NN_REQUIRE_DISJOINT(dev, dout16, n16, dinp, N * C * sizeof(float));
         DP_NN_REQUIRE_DISJOINT(dev, dout16, n16, dweight, OC * C * sizeof(float));
+        DP_NN_REQUIRE_DISJOINT(dev, dout16, n16, dbias, OC * sizeof(float));
     }
     /* Only BF16 math rounds dout (and not under the test hook): in FP32 and
      * TF32 each GEMM reads it as is. */
     if (!rounds_dout(dev, dout16))
         return linear_backward(dev, dinp, dweight, dbias, dout, inp, x16, C, weight.p,
                                weight.bf16, N, C, OC);
-    DP_TRY(dev->ops->cast_f32_bf16(dev, dout16, dout, N * OC));
-    return linear_backward_g(dev, dinp, dweight, dbias, dout, dout16, 1, inp, x16, C, weight.p,
+    /* dout read once for both: its rounding and the bias gradient of its
+     * float32 values (the cast's and the column sums' bits) */
+    if (dbias)
+        DP_TRY(dev->ops->bias_backward(dev, dbias, dout16, dp_pref_f32(dout), N, OC));
+    else
+        DP_TRY(dev->ops->cast_f32_bf16(dev, dout16, dout, N * OC));
+    return linear_backward_g(dev, dinp, dweight, NULL, dout, dout16, 1, inp, x16, C, weight.p,
                              weight.bf16, N, C, OC);
 }
 
@@ -369,7 +375,7 @@ dp_status dp_linear_backward_from16(dp_device *dev, float *dinp, float *dweight,
     DP_NN_REQUIRE_DISJOINT(dev, dout16, n16, dbias, OC * sizeof(float));
     DP_TRY(linear_backward_g(dev, dinp, dweight, NULL, NULL, dout16, 1, inp,
                              inp_type == DP_DTYPE_BF16, C, weight.p, weight.bf16, N, C, OC));
-    if (dbias) DP_TRY(dev->ops->bias_backward(dev, dbias, dp_pref_bf16(dout16), N, OC));
+    if (dbias) DP_TRY(dev->ops->bias_backward(dev, dbias, NULL, dp_pref_bf16(dout16), N, OC));
     return DP_OK;
 }
 

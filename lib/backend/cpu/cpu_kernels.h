@@ -69,8 +69,8 @@ dp_status dp_cpu_encoder_forward(dp_device *dev, float *out, const int32_t *inp,
 dp_status dp_cpu_encoder_backward(dp_device *dev, float *dwte, float *dwpe, const float *dout,
                                   const int32_t *inp, size_t B, size_t T, size_t C);
 dp_status dp_cpu_bias_broadcast(dp_device *dev, float *out, dp_pref bias, size_t N, size_t OC);
-dp_status dp_cpu_bias_backward(dp_device *dev, float *dbias, dp_pref dout, size_t N,
-                               size_t OC);
+dp_status dp_cpu_bias_backward(dp_device *dev, float *dbias, uint16_t *dout16, dp_pref dout,
+                               size_t N, size_t OC);
 dp_status dp_cpu_layernorm_backward_params(dp_device *dev, float *dweight, float *dbias,
                                            dp_pref dout, const float *inp,
                                            const float *mean, const float *rstd, size_t N,

@@ -69,12 +69,12 @@ DP_CPU_SIMD dp_status dp_cpu_bias_broadcast(dp_device *dev, float *out, dp_pref 
     return DP_OK;
 }
 
-DP_CPU_SIMD dp_status dp_cpu_bias_backward(dp_device *dev, float *dbias, dp_pref dout,
-                                           size_t N, size_t OC)
+DP_CPU_SIMD dp_status dp_cpu_bias_backward(dp_device *dev, float *dbias, uint16_t *dout16,
+                                           dp_pref dout, size_t N, size_t OC)
 {
     for (size_t o0 = 0; o0 < OC; o0 += DP_COL_TILE) {
         size_t o1 = OC - o0 < DP_COL_TILE ? OC : o0 + DP_COL_TILE;
-        dp_bias_backward_cols(dbias, dout, N, OC, o0, o1);
+        dp_bias_backward_cols(dbias, dout16, dout, N, OC, o0, o1);
     }
     return DP_OK;
 }

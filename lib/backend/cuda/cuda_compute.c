@@ -202,21 +202,21 @@ dp_status dp_cuda_bias_broadcast(dp_device *dev, float *out, dp_pref bias, size_
     LAUNCH(dev, dp_cuda_launch_bias_broadcast, out, bias, N, OC);
 }
 
-static dp_status bias_backward_locked(dp_device *dev, cuda_ctx *c, float *dbias, dp_pref dout,
-                                      size_t N, size_t OC)
+static dp_status bias_backward_locked(dp_device *dev, cuda_ctx *c, float *dbias,
+                                      uint16_t *dout16, dp_pref dout, size_t N, size_t OC)
 {
     DP_TRY(dp_cuda_grow_scratch(dev, c, (void **)&c->col, &c->col_bytes,
                         dp_col_chunks(N) * OC * sizeof(float)));
-    CU_TRY(dev, dp_cuda_launch_bias_backward(c->stream, dbias, c->col, dout, N, OC));
+    CU_TRY(dev, dp_cuda_launch_bias_backward(c->stream, dbias, c->col, dout16, dout, N, OC));
     return DP_OK;
 }
 
-dp_status dp_cuda_bias_backward(dp_device *dev, float *dbias, dp_pref dout, size_t N,
-                                size_t OC) {
+dp_status dp_cuda_bias_backward(dp_device *dev, float *dbias, uint16_t *dout16, dp_pref dout,
+                                size_t N, size_t OC) {
     ENTER(dev);
     cuda_ctx *c = CTX(dev);
     pthread_mutex_lock(&c->mu); /* the scratch is shared by concurrent callers */
-    dp_status s = bias_backward_locked(dev, c, dbias, dout, N, OC);
+    dp_status s = bias_backward_locked(dev, c, dbias, dout16, dout, N, OC);
     pthread_mutex_unlock(&c->mu);
     return s;
 }

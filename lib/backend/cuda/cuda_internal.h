@@ -169,8 +169,8 @@ DP_KERNEL_OPS(DP_CUDA_OP_DECL)
 dp_status dp_cuda_encoder_backward(dp_device *dev, float *dwte, float *dwpe, const float *dout,
                                    const int32_t *inp, size_t B, size_t T, size_t C);
 dp_status dp_cuda_bias_broadcast(dp_device *dev, float *out, dp_pref bias, size_t N, size_t OC);
-dp_status dp_cuda_bias_backward(dp_device *dev, float *dbias, dp_pref dout, size_t N,
-                                size_t OC);
+dp_status dp_cuda_bias_backward(dp_device *dev, float *dbias, uint16_t *dout16, dp_pref dout,
+                                size_t N, size_t OC);
 dp_status dp_cuda_layernorm_backward_params(dp_device *dev, float *dweight, float *dbias,
                                             dp_pref dout, const float *inp, const float *mean,
                                             const float *rstd, size_t N, size_t C);

@@ -223,10 +223,10 @@ __global__ void k_bias_broadcast(float *out, dp_pref bias, size_t OC, size_t n)
 }
 
 /* The two stages of a column reduction (kernels/colsum.h). */
-__global__ void k_bias_backward_partial(float *partial, dp_pref dout, size_t N, size_t OC,
-                                        size_t n)
+__global__ void k_bias_backward_partial(float *partial, uint16_t *dout16, dp_pref dout, size_t N,
+                                        size_t OC, size_t n)
 {
-    GRID_LOOP(i, n) dp_bias_backward_partial_elem(partial, dout, N, OC, i);
+    GRID_LOOP(i, n) dp_bias_backward_partial_elem(partial, dout16, dout, N, OC, i);
 }
 
 __global__ void k_col_combine(float *dst, const float *partial, size_t K, size_t C)
@@ -242,13 +242,13 @@ extern "C" cudaError_t dp_cuda_launch_bias_broadcast(cudaStream_t s, float *out,
 }
 
 extern "C" cudaError_t dp_cuda_launch_bias_backward(cudaStream_t s, float *dbias,
-                                                    float *partial, dp_pref dout, size_t N,
-                                                    size_t OC)
+                                                    float *partial, uint16_t *dout16,
+                                                    dp_pref dout, size_t N, size_t OC)
 {
     if (N == 0 || OC == 0) return cudaSuccess;
     size_t K = dp_col_chunks(N), n = K * OC;
-    k_bias_backward_partial<<<blocks_for(n, ELEM_THREADS), ELEM_THREADS, 0, s>>>(partial, dout, N,
-                                                                                 OC, n);
+    k_bias_backward_partial<<<blocks_for(n, ELEM_THREADS), ELEM_THREADS, 0, s>>>(
+        partial, dout16, dout, N, OC, n);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
     LAUNCH(k_col_combine, OC, ELEM_THREADS, s, dbias, partial, K, OC);

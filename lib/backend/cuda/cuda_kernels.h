@@ -48,7 +48,7 @@ cudaError_t dp_cuda_launch_bias_broadcast(cudaStream_t s, float *out, dp_pref bi
  * scratch of dp_col_chunks(N) * OC floats (bias) or twice
  * dp_col_chunks(N) * C floats (LayerNorm: dweight's then dbias's). */
 cudaError_t dp_cuda_launch_bias_backward(cudaStream_t s, float *dbias, float *partial,
-                                         dp_pref dout, size_t N, size_t OC);
+                                         uint16_t *dout16, dp_pref dout, size_t N, size_t OC);
 cudaError_t dp_cuda_launch_layernorm_backward_params(cudaStream_t s, float *dweight,
                                                      float *dbias, float *partial,
                                                      dp_pref dout, const float *inp,
