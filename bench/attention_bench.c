@@ -4,8 +4,9 @@
  * (dp_attention_*_fused vs dp_attention_*_chunked) on the same random
  * inputs, a few warm-up steps, then --reps timed ones (each ends in a
  * device synchronize), and prints the median and fastest times of each
- * and their ratio. Both read float32 qkv and dout; --bf16 keeps qkvr as
- * bfloat16 (and the chunked calls run in BF16 matmul precision with
+ * and their ratio. Both read float32 qkv and dout; --bf16 keeps q, k, v as
+ * bfloat16 (the fused calls read qkv rounded, in place; the chunked calls
+ * permute it into a bfloat16 qkvr and run in BF16 matmul precision with
  * their att16 scratch, the GPT's --precision bf16; the fused backward then
  * reads a bfloat16 out).
  *
@@ -56,17 +57,19 @@ typedef struct bufs {
     size_t B, T, C, NH, chunk;
     int bf16;
     float *qkv, *dout, *out, *lse, *delta, *att, *datt, *scratch, *dqkv, *dqkvr;
-    void *qkvr, *out16, *att16;
+    void *qkvr, *qkv16, *out16, *att16; /* qkv16: qkv rounded, the fused calls' q, k, v */
 } bufs;
 
 static void step_fused(dp_device *dev, bufs *b)
 {
     dp_dtype t = b->bf16 ? DP_DTYPE_BF16 : DP_DTYPE_F32;
-    CHECK(dp_attention_forward_fused(dev, b->out, b->qkvr, t, b->lse, b->qkv, b->B, b->T, b->C,
-                                     b->NH));
+    /* q, k, v read in place: qkv itself, or its rounding (c_attn's GEMM
+     * writes that directly in the GPT, so it is not timed) */
+    const void *q = b->bf16 ? b->qkv16 : (const void *)b->qkv;
+    CHECK(dp_attention_forward_fused(dev, b->out, b->lse, q, t, b->B, b->T, b->C, b->NH));
     if (b->bf16)
         CHECK(dp_convert(dev, b->out16, DP_DTYPE_BF16, b->out, DP_DTYPE_F32, b->B * b->T * b->C));
-    CHECK(dp_attention_backward_fused(dev, b->dqkv, b->delta, b->dout, b->qkvr, t, b->lse,
+    CHECK(dp_attention_backward_fused(dev, b->dqkv, b->delta, b->dout, q, t, b->lse,
                                       b->bf16 ? b->out16 : (void *)b->out, t, b->B, b->T, b->C,
                                       b->NH));
 }
@@ -193,6 +196,8 @@ int main(int argc, char **argv)
     CHECK(dp_copy_h2d(dev, b.dout, host, no * 4));
     b.out = alloc(dev, no * 4);
     b.qkvr = alloc(dev, nq * (b.bf16 ? 2 : 4));
+    b.qkv16 = b.bf16 ? alloc(dev, nq * 2) : NULL;
+    if (b.bf16) CHECK(dp_convert(dev, b.qkv16, DP_DTYPE_BF16, b.qkv, DP_DTYPE_F32, nq));
     b.out16 = b.bf16 ? alloc(dev, no * 2) : NULL;
     b.att16 = b.bf16 ? alloc(dev, na * 2) : NULL;
     b.lse = alloc(dev, nr * 4);
@@ -214,8 +219,8 @@ int main(int argc, char **argv)
     printf("  chunked (%4zu)   median %9.3f ms  min %9.3f ms\n", b.chunk, 1e3 * cm, 1e3 * cb);
     printf("  fused / chunked  %.2f (median)\n", fm / cm);
 
-    void *all[] = {b.qkv, b.dout, b.out, b.qkvr,    b.out16,   b.att16, b.lse,
-                   b.delta, b.att, b.datt, b.scratch, b.dqkv, b.dqkvr};
+    void *all[] = {b.qkv,   b.dout, b.out,  b.qkvr,    b.qkv16, b.out16, b.att16,
+                   b.lse,   b.delta, b.att, b.datt,    b.scratch, b.dqkv, b.dqkvr};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         if (all[i]) dp_device_free(dev, all[i]);
     free(host);

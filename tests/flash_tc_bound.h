@@ -35,12 +35,12 @@
 
 #define FLASH_TC_U (1.0 / 512.0)
 
-/* One problem: q, k, v (3, B, NH, T, hs) as the kernels read them
+/* One problem: q, k, v in qkv (B, T, 3C) as the kernels read them
  * (bfloat16 values, widened), dout (B, T, C) and delta (B, NH, T) as the
  * backward was given them. */
 typedef struct flash_tc_in {
     size_t B, T, NH, hs;
-    const float *qkvr, *dout, *delta;
+    const float *qkv, *dout, *delta;
     double slack; /* the allowance in units of u; 0: 4 (twice the analysis) */
 } flash_tc_in;
 
@@ -59,7 +59,7 @@ static inline void flash_tc_take(double *w, double err, double bound)
 
 static inline double flash_tc_at(const flash_tc_in *in, size_t part, size_t r, size_t d)
 {
-    return in->qkvr[dp_flash_qkvr_row(part, r, in->B * in->NH, in->T, in->hs) + d];
+    return in->qkv[dp_flash_qkv_row(part, r, in->T, in->NH, in->hs) + d];
 }
 
 /* Holds out (B,T,C), lse (B,NH,T) and dqkv (B,T,3C) to the reference. */

@@ -24,7 +24,7 @@ const size_t HS = 64;
 struct problem {
     size_t B, T, NH, C, BNH;
     float scale;
-    std::vector<uint16_t> qkvr; /* (3, B, NH, T, HS) bf16 bits */
+    std::vector<uint16_t> qkv; /* (B, T, 3C) bf16 bits, read in place */
     std::vector<float> dout;    /* (B, T, C) */
 };
 
@@ -41,10 +41,10 @@ inline problem make(size_t B, size_t T, size_t NH, float qsharp, uint32_t seed)
     problem p;
     p.B = B, p.T = T, p.NH = NH, p.C = NH * HS, p.BNH = B * NH;
     p.scale = 1.0f / sqrtf((float)HS);
-    p.qkvr.resize(3 * p.BNH * T * HS);
-    for (size_t i = 0; i < p.qkvr.size(); i++) {
-        float x = uniform(&seed) * (i < p.BNH * T * HS ? qsharp : 1.0f);
-        p.qkvr[i] = dp_bf16_round(x);
+    p.qkv.resize(B * T * 3 * p.C);
+    for (size_t i = 0; i < p.qkv.size(); i++) { /* q sharpened: part 0 of each token */
+        float x = uniform(&seed) * (i / p.C % 3 == 0 ? qsharp : 1.0f);
+        p.qkv[i] = dp_bf16_round(x);
     }
     p.dout.resize(B * T * p.C);
     for (float &x : p.dout) x = uniform(&seed);
@@ -64,10 +64,10 @@ inline void backward(const problem &p, const result &r, dp_pref dout, dp_pout dq
 {
     size_t nt = (p.T + dp_tc::BR - 1) / dp_tc::BR, blocks = nt * p.BNH;
     emu_launch((unsigned)blocks, dp_tc::THREADS, dp_tc::SMEM_QUERY, k_flash_tc_dq, dqkv, dout,
-               p.qkvr.data(), (const float *)r.lse.data(), (const float *)r.delta.data(), p.B,
+               p.qkv.data(), (const float *)r.lse.data(), (const float *)r.delta.data(), p.B,
                p.T, p.NH, p.scale, nt);
     emu_launch((unsigned)blocks, dp_tc::THREADS, dp_tc::SMEM_KEY, k_flash_tc_dkdv, dqkv, dout,
-               p.qkvr.data(), (const float *)r.lse.data(), (const float *)r.delta.data(), p.B,
+               p.qkv.data(), (const float *)r.lse.data(), (const float *)r.delta.data(), p.B,
                p.T, p.NH, p.scale, nt);
 }
 
@@ -83,7 +83,7 @@ inline result run_kernels(const problem &p)
     for (int o16 = 0; o16 < 2; o16++)
         emu_launch((unsigned)blocks, dp_tc::THREADS, dp_tc::SMEM_QUERY, k_flash_tc_forward,
                    o16 ? dp_pout_bf16(r.out16.data()) : dp_pout_f32(r.out.data()),
-                   o16 ? r.lse16.data() : r.lse.data(), p.qkvr.data(), p.B, p.T, p.NH,
+                   o16 ? r.lse16.data() : r.lse.data(), p.qkv.data(), p.B, p.T, p.NH,
                    p.scale, nt);
     /* D = dO . O per row, as the backend's delta op gives it */
     r.delta.resize(p.BNH * p.T);

@@ -170,9 +170,10 @@ typedef struct fused {
 enum { F_QKVR16 = 1, F_OUT16 = 2 };
 
 /* dp_attention_forward_fused then _backward_fused on dev with their own
- * NaN-filled buffers of exactly the documented sizes: qkvr of float32 or
- * (F_QKVR16) bfloat16, the backward's out float32 or (F_OUT16) the
- * forward's out rounded to bfloat16. */
+ * NaN-filled buffers of exactly the documented sizes: q, k, v read in
+ * place from qkv as float32 or (F_QKVR16) rounded to bfloat16 (qkvr, in
+ * qkv's layout), the backward's out float32 or (F_OUT16) the forward's
+ * out rounded to bfloat16. */
 static fused fused_run(dp_device *dev, shape s, const float *qkv_host, const float *dout_host,
                        int opts)
 {
@@ -181,23 +182,20 @@ static fused fused_run(dp_device *dev, shape s, const float *qkv_host, const flo
     float *qkv = dp_test_upload(dev, qkv_host, nq), *dout = dp_test_upload(dev, dout_host, no);
     float *out = dev_nan(dev, no * 4), *lse = dev_nan(dev, nr * 4), *delta = dev_nan(dev, nr * 4),
           *dqkv = dev_nan(dev, nq * 4);
-    void *qkvr = dev_nan(dev, nq * (q16 ? 2 : 4)), *out16 = o16 ? dev_nan(dev, no * 2) : NULL;
+    void *qkvr = qkv, *out16 = o16 ? dev_nan(dev, no * 2) : NULL;
+    if (q16) {
+        qkvr = dev_nan(dev, nq * 2);
+        dp_assert_ok(dp_convert(dev, qkvr, DP_DTYPE_BF16, qkv, DP_DTYPE_F32, nq));
+    }
     dp_dtype qt = q16 ? DP_DTYPE_BF16 : DP_DTYPE_F32;
-    dp_assert_ok(dp_attention_forward_fused(dev, out, qkvr, qt, lse, qkv, s.B, s.T, s.C, s.NH));
+    dp_assert_ok(dp_attention_forward_fused(dev, out, lse, qkvr, qt, s.B, s.T, s.C, s.NH));
     fused r = {download(dev, out, no), download(dev, lse, nr), NULL};
-    if (q16) { /* dp_attention_forward_fused16 (nn/nn_act16.h) from qkv rounded to bfloat16:
-                  the same qkvr and lse, and out rounded once */
-        dp_bf16 *qkv16 = dev_nan(dev, nq * 2), *qkvr16 = dev_nan(dev, nq * 2),
-                *out16d = dev_nan(dev, no * 2);
+    if (q16) { /* dp_attention_forward_fused16 (nn/nn_act16.h) on the same q, k, v: the same
+                  lse, and out rounded once */
+        dp_bf16 *out16d = dev_nan(dev, no * 2), *b = malloc(no * 2);
         float *lse16 = dev_nan(dev, nr * 4);
-        dp_assert_ok(dp_convert(dev, qkv16, DP_DTYPE_BF16, qkv, DP_DTYPE_F32, nq));
-        dp_assert_ok(dp_attention_forward_fused16(dev, out16d, qkvr16, lse16, qkv16, s.B, s.T,
-                                                  s.C, s.NH));
-        dp_bf16 *a = malloc(nq * 2), *b = malloc(nq * 2);
-        cr_assert(a && b);
-        dp_assert_ok(dp_copy_d2h(dev, a, qkvr, nq * 2));
-        dp_assert_ok(dp_copy_d2h(dev, b, qkvr16, nq * 2));
-        cr_assert(memcmp(a, b, nq * 2) == 0, "fused16: qkvr differs (T=%zu C=%zu)", s.T, s.C);
+        cr_assert(b);
+        dp_assert_ok(dp_attention_forward_fused16(dev, out16d, lse16, qkvr, s.B, s.T, s.C, s.NH));
         dp_assert_ok(dp_copy_d2h(dev, b, out16d, no * 2));
         for (size_t i = 0; i < no; i++)
             cr_assert_eq(b[i], dp_bf16_from_float(r.out[i]), "fused16: out[%zu] (T=%zu C=%zu)",
@@ -205,9 +203,8 @@ static fused fused_run(dp_device *dev, shape s, const float *qkv_host, const flo
         float *l16 = download(dev, lse16, nr);
         cr_assert(memcmp(l16, r.lse, nr * 4) == 0, "fused16: lse differs (T=%zu C=%zu)", s.T,
                   s.C);
-        free(l16), free(a), free(b);
-        void *f16[] = {qkv16, qkvr16, out16d, lse16};
-        for (size_t i = 0; i < 4; i++) dp_device_free(dev, f16[i]);
+        free(l16), free(b);
+        dp_device_free(dev, out16d), dp_device_free(dev, lse16);
     }
     if (o16) dp_assert_ok(dp_convert(dev, out16, DP_DTYPE_BF16, out, DP_DTYPE_F32, no));
     dp_assert_ok(dp_attention_backward_fused(dev, dqkv, delta, dout, qkvr, qt, lse,
@@ -250,7 +247,7 @@ static fused fused_run(dp_device *dev, shape s, const float *qkv_host, const flo
     free(hw), free(wide), free(g16h), free(h16);
     dp_device_free(dev, dw), dp_device_free(dev, dqkv_w), dp_device_free(dev, g16);
     dp_device_free(dev, dqkv16);
-    void *bufs[] = {qkv, dout, out, lse, delta, dqkv, qkvr, out16};
+    void *bufs[] = {qkv, dout, out, lse, delta, dqkv, q16 ? qkvr : NULL, out16};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) dp_device_free(dev, bufs[i]);
     return r;
@@ -590,86 +587,85 @@ Test(attention_fused, bad_arguments)
     size_t nq = n_qkv(s), no = n_out(s), nr = n_rows(s);
     float *qkv_h = host_normal(900, nq, 1.0f);
     float *qkv = dp_test_upload(dev, qkv_h, nq), *out = dev_nan(dev, no * 4),
-          *qkvr = dev_nan(dev, nq * 4), *lse = dev_nan(dev, nr * 4),
+          *lse = dev_nan(dev, nr * 4),
           *delta = dev_nan(dev, nr * 4), *dqkv = dev_nan(dev, nq * 4), *dout = dev_nan(dev, no * 4);
     const dp_dtype F = DP_DTYPE_F32, H = DP_DTYPE_BF16;
-#define FWD(d_, o_, r_, t_, l_, x_, B_, T_, C_, NH_)                                            \
-    dp_attention_forward_fused(d_, o_, r_, t_, l_, x_, B_, T_, C_, NH_)
+#define FWD(d_, o_, l_, x_, t_, B_, T_, C_, NH_)                                                \
+    dp_attention_forward_fused(d_, o_, l_, x_, t_, B_, T_, C_, NH_)
 #define BWD(d_, g_, dl_, go_, r_, rt_, l_, o_, ot_, B_, T_, C_, NH_)                            \
     dp_attention_backward_fused(d_, g_, dl_, go_, r_, rt_, l_, o_, ot_, B_, T_, C_, NH_)
 
-    expect_invalid(FWD(NULL, out, qkvr, F, lse, qkv, B, T, C, NH), "dev");
-    expect_invalid(FWD(dev, NULL, qkvr, F, lse, qkv, B, T, C, NH), "cpu:0");
-    expect_invalid(FWD(dev, out, NULL, F, lse, qkv, B, T, C, NH), "NULL");
-    expect_invalid(FWD(dev, out, qkvr, F, NULL, qkv, B, T, C, NH), "NULL");
-    expect_invalid(FWD(dev, out, qkvr, F, lse, NULL, B, T, C, NH), "NULL");
-    expect_invalid(FWD(dev, out, qkvr, DP_DTYPE_F16, lse, qkv, B, T, C, NH),
+    expect_invalid(FWD(NULL, out, lse, qkv, F, B, T, C, NH), "dev");
+    expect_invalid(FWD(dev, NULL, lse, qkv, F, B, T, C, NH), "cpu:0");
+    expect_invalid(FWD(dev, out, NULL, qkv, F, B, T, C, NH), "NULL");
+    expect_invalid(FWD(dev, out, lse, NULL, F, B, T, C, NH), "NULL");
+    expect_invalid(FWD(dev, out, lse, qkv, DP_DTYPE_F16, B, T, C, NH),
                    "neither DP_DTYPE_F32 nor DP_DTYPE_BF16");
-    expect_invalid(BWD(NULL, dqkv, delta, dout, qkvr, F, lse, out, F, B, T, C, NH), "dev");
-    void *bp[6] = {dqkv, delta, dout, qkvr, lse, out};
+    expect_invalid(BWD(NULL, dqkv, delta, dout, qkv, F, lse, out, F, B, T, C, NH), "dev");
+    void *bp[6] = {dqkv, delta, dout, qkv, lse, out};
     for (int i = 0; i < 6; i++) {
         void *p[6];
         memcpy(p, bp, sizeof p);
         p[i] = NULL;
         expect_invalid(BWD(dev, p[0], p[1], p[2], p[3], F, p[4], p[5], F, B, T, C, NH), "NULL");
     }
-    expect_invalid(BWD(dev, dqkv, delta, dout, qkvr, F, lse, out, (dp_dtype)99, B, T, C, NH),
+    expect_invalid(BWD(dev, dqkv, delta, dout, qkv, F, lse, out, (dp_dtype)99, B, T, C, NH),
                    "out_dtype");
-    expect_invalid(BWD(dev, dqkv, delta, dout, qkvr, DP_DTYPE_I32, lse, out, F, B, T, C, NH),
-                   "qkvr_dtype");
+    expect_invalid(BWD(dev, dqkv, delta, dout, qkv, DP_DTYPE_I32, lse, out, F, B, T, C, NH),
+                   "qkv_dtype");
 
     /* Dimensions: zero, C not a multiple of NH, overflow, too many rows. */
-    expect_invalid(FWD(dev, out, qkvr, F, lse, qkv, 0, T, C, NH), "B=0");
-    expect_invalid(FWD(dev, out, qkvr, F, lse, qkv, B, 0, C, NH), "T=0");
-    expect_invalid(BWD(dev, dqkv, delta, dout, qkvr, F, lse, out, F, B, T, 0, NH), "C=0");
-    expect_invalid(BWD(dev, dqkv, delta, dout, qkvr, F, lse, out, F, B, T, C, 0), "NH=0");
-    expect_invalid(FWD(dev, out, qkvr, F, lse, qkv, B, T, C, 5), "multiple");
-    expect_invalid(BWD(dev, dqkv, delta, dout, qkvr, F, lse, out, F, B, T, C, 5), "multiple");
-    expect_invalid(FWD(dev, out, qkvr, F, lse, qkv, SIZE_MAX / 2, T, C, NH), "overflow");
-    expect_invalid(BWD(dev, dqkv, delta, dout, qkvr, F, lse, out, F, 1, (size_t)1 << 62, 4, 1),
+    expect_invalid(FWD(dev, out, lse, qkv, F, 0, T, C, NH), "B=0");
+    expect_invalid(FWD(dev, out, lse, qkv, F, B, 0, C, NH), "T=0");
+    expect_invalid(BWD(dev, dqkv, delta, dout, qkv, F, lse, out, F, B, T, 0, NH), "C=0");
+    expect_invalid(BWD(dev, dqkv, delta, dout, qkv, F, lse, out, F, B, T, C, 0), "NH=0");
+    expect_invalid(FWD(dev, out, lse, qkv, F, B, T, C, 5), "multiple");
+    expect_invalid(BWD(dev, dqkv, delta, dout, qkv, F, lse, out, F, B, T, C, 5), "multiple");
+    expect_invalid(FWD(dev, out, lse, qkv, F, SIZE_MAX / 2, T, C, NH), "overflow");
+    expect_invalid(BWD(dev, dqkv, delta, dout, qkv, F, lse, out, F, 1, (size_t)1 << 62, 4, 1),
                    "overflow");
-    expect_invalid(FWD(dev, out, qkvr, F, lse, qkv, (size_t)1 << 31, 1, 1, 1), "2147483647");
-    expect_invalid(BWD(dev, dqkv, delta, dout, qkvr, F, lse, out, F, 1, (size_t)1 << 30, 4, 2),
+    expect_invalid(FWD(dev, out, lse, qkv, F, (size_t)1 << 31, 1, 1, 1), "2147483647");
+    expect_invalid(BWD(dev, dqkv, delta, dout, qkv, F, lse, out, F, 1, (size_t)1 << 30, 4, 2),
                    "micro-batches");
 
     /* A bfloat16 dqkv takes head sizes up to DP_FLASH_HS_MAX16 (its items'
      * local rows). */
-    expect_invalid(dp_attention_backward_fused16(dev, (dp_bf16 *)dqkv, delta, dout, F, qkvr, F,
+    expect_invalid(dp_attention_backward_fused16(dev, (dp_bf16 *)dqkv, delta, dout, F, qkv, F,
                                                  lse, out, F, 1, 1, 257, 1),
                    "head size 257");
-    expect_invalid(dp_attention_backward_fused16(dev, NULL, delta, dout, F, qkvr, F, lse, out, F,
+    expect_invalid(dp_attention_backward_fused16(dev, NULL, delta, dout, F, qkv, F, lse, out, F,
                                                  B, T, C, NH),
                    "dp_attention_backward_fused16");
     expect_invalid(dp_attention_backward_fused16(dev, (dp_bf16 *)dqkv, delta, dout,
-                                                 DP_DTYPE_I32, qkvr, F, lse, out, F, B, T, C, NH),
+                                                 DP_DTYPE_I32, qkv, F, lse, out, F, B, T, C, NH),
                    "dout_dtype");
     /* ... and a bfloat16 out likewise */
-    expect_invalid(dp_attention_forward_fused16(dev, (dp_bf16 *)out, (dp_bf16 *)qkvr, lse,
-                                                (const dp_bf16 *)qkv, 1, 1, 257, 1),
+    expect_invalid(dp_attention_forward_fused16(dev, (dp_bf16 *)out, lse, (const dp_bf16 *)qkv,
+                                                1, 1, 257, 1),
                    "head size 257");
-    expect_invalid(dp_attention_forward_fused16(dev, NULL, (dp_bf16 *)qkvr, lse,
-                                                (const dp_bf16 *)qkv, B, T, C, NH),
+    expect_invalid(dp_attention_forward_fused16(dev, NULL, lse, (const dp_bf16 *)qkv, B, T, C,
+                                                NH),
                    "dp_attention_forward_fused16");
-    expect_invalid(dp_attention_forward_fused16(dev, (dp_bf16 *)out, (dp_bf16 *)qkvr, lse,
-                                                (const dp_bf16 *)out, B, T, C, NH),
+    expect_invalid(dp_attention_forward_fused16(dev, (dp_bf16 *)out, lse, (const dp_bf16 *)out,
+                                                B, T, C, NH),
                    "same buffer");
 
     /* The same buffer twice. */
-    expect_invalid(FWD(dev, out, out, F, lse, qkv, B, T, C, NH), "same buffer");
-    expect_invalid(FWD(dev, out, qkvr, H, lse, lse, B, T, C, NH), "same buffer");
-    expect_invalid(BWD(dev, dqkv, lse, dout, qkvr, F, lse, out, F, B, T, C, NH), "same buffer");
-    expect_invalid(BWD(dev, dqkv, delta, out, qkvr, F, lse, out, F, B, T, C, NH), "same buffer");
+    expect_invalid(FWD(dev, out, lse, out, F, B, T, C, NH), "same buffer");
+    expect_invalid(FWD(dev, out, lse, lse, H, B, T, C, NH), "same buffer");
+    expect_invalid(BWD(dev, dqkv, lse, dout, qkv, F, lse, out, F, B, T, C, NH), "same buffer");
+    expect_invalid(BWD(dev, dqkv, delta, out, qkv, F, lse, out, F, B, T, C, NH), "same buffer");
 
     /* Nothing was written by the failed calls; a valid call works after them. */
     float *o = download(dev, out, no);
     for (size_t i = 0; i < no; i++) cr_assert(isnan(o[i]), "out[%zu] was written", i);
     free(o);
-    dp_assert_ok(FWD(dev, out, qkvr, F, lse, qkv, B, T, C, NH));
-    dp_assert_ok(BWD(dev, dqkv, delta, dout, qkvr, F, lse, out, F, B, T, C, NH));
+    dp_assert_ok(FWD(dev, out, lse, qkv, F, B, T, C, NH));
+    dp_assert_ok(BWD(dev, dqkv, delta, dout, qkv, F, lse, out, F, B, T, C, NH));
 #undef FWD
 #undef BWD
-    float *bufs[] = {qkv, out, qkvr, lse, delta, dqkv, dout};
-    for (size_t i = 0; i < 7; i++) dp_device_free(dev, bufs[i]);
+    float *bufs[] = {qkv, out, lse, delta, dqkv, dout};
+    for (size_t i = 0; i < 6; i++) dp_device_free(dev, bufs[i]);
     free(qkv_h);
     close_checked(dev);
 }

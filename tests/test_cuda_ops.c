@@ -1063,27 +1063,21 @@ Test(cuda_ops, sum_squares_is_accurate_and_deterministic, .timeout = 60)
 }
 
 /* One shape of the permutes on both devices; the bfloat16 permute against
- * the float32 one rounded on the host too, and from a bfloat16 qkv (the
- * rounded values) the same bits. */
+ * the float32 one rounded on the host too. */
 static void permutes_case(pair *p, size_t B, size_t T, size_t NH, size_t HS)
 {
     size_t C = NH * HS, NQ = B * T * 3 * C, NY = B * T * C;
     float *qkv = rnd(1, NQ, -1, 1), *y = rnd(2, NY, -1, 1);
-    uint16_t *qkv16 = xmalloc(NQ * sizeof *qkv16);
-    for (size_t i = 0; i < NQ; i++) qkv16[i] = dp_bf16_round(qkv[i]);
     float *res[2][4];
-    uint16_t *r16[2], *r16b[2];
+    uint16_t *r16[2];
     for (int b = 0; b < 2; b++) {
         dp_device *d = p->d[b];
         float *qd = dp_test_upload(d, qkv, NQ), *yd = dp_test_upload(d, y, NY);
         float *o1 = dalloc(d, NQ * 4), *o2 = dalloc(d, NQ * 4), *o3 = dalloc(d, NY * 4),
               *o4 = dalloc(d, NY * 4);
-        uint16_t *o5 = (uint16_t *)dalloc(d, NQ * 2), *o6 = (uint16_t *)dalloc(d, NQ * 2),
-                 *q16 = (uint16_t *)dalloc(d, NQ * 2);
-        dp_assert_ok(dp_copy_h2d(d, q16, qkv16, NQ * 2));
+        uint16_t *o5 = (uint16_t *)dalloc(d, NQ * 2);
         dp_assert_ok(d->ops->attention_permute(d, o1, qd, B, T, NH, HS));
-        dp_assert_ok(d->ops->attention_permute_bf16(d, o5, dp_pref_f32(qd), B, T, NH, HS));
-        dp_assert_ok(d->ops->attention_permute_bf16(d, o6, dp_pref_bf16(q16), B, T, NH, HS));
+        dp_assert_ok(d->ops->attention_permute_bf16(d, o5, qd, B, T, NH, HS));
         dp_assert_ok(d->ops->attention_permute_backward(d, o2, o1, B, T, NH, HS));
         dp_assert_ok(d->ops->attention_unpermute(d, o3, yd, B, T, NH, HS));
         dp_assert_ok(d->ops->attention_unpermute_backward(d, o4, o3, B, T, NH, HS));
@@ -1092,9 +1086,8 @@ static void permutes_case(pair *p, size_t B, size_t T, size_t NH, size_t HS)
         res[b][2] = dp_test_nn_download(d, o3, NY);
         res[b][3] = dp_test_nn_download(d, o4, NY);
         r16[b] = download_u16(d, o5, NQ);
-        r16b[b] = download_u16(d, o6, NQ);
-        void *bufs[] = {qd, yd, o1, o2, o3, o4, o5, o6, q16};
-        for (size_t i = 0; i < 9; i++) dp_device_free(d, bufs[i]);
+        void *bufs[] = {qd, yd, o1, o2, o3, o4, o5};
+        for (size_t i = 0; i < 7; i++) dp_device_free(d, bufs[i]);
     }
     cr_log_info("permutes B=%zu T=%zu NH=%zu hs=%zu", B, T, NH, HS);
     assert_same_bits("permute", res[1][0], res[0][0], NQ);
@@ -1108,17 +1101,11 @@ static void permutes_case(pair *p, size_t B, size_t T, size_t NH, size_t HS)
                      r16[1][i], r16[0][i]);
         cr_assert_eq(r16[0][i], dp_bf16_round(res[0][0][i]),
                      "permute_bf16 element %zu is not the float32 permute's rounding", i);
-        for (int b = 0; b < 2; b++)
-            cr_assert_eq(r16b[b][i], r16[b][i],
-                         "permute_bf16 from a bfloat16 qkv, element %zu on device %d: %#x, "
-                         "from float32 %#x", i, b, r16b[b][i], r16[b][i]);
     }
     for (int b = 0; b < 2; b++) {
         for (int k = 0; k < 4; k++) free(res[b][k]);
         free(r16[b]);
-        free(r16b[b]);
     }
-    free(qkv16);
     free(qkv);
     free(y);
 }
@@ -1978,7 +1965,7 @@ Test(cuda_ops, chunked_attention_att16_matches_converting_gemms, .timeout = 60)
  * 1.5 inputs: out 3e-5, lse 1e-5, dqkv 4e-5 absolute, rtol 1e-5), so two
  * backends each within them agree within twice those. Shapes: T past one
  * 64-row tile and no multiple of the 32-row tiles, T = 1, hs 64, 128 and 7
- * (odd: the per-row kernels); float32, and bfloat16 qkvr with a bfloat16
+ * (odd: the per-row kernels); float32, and bfloat16 qkv with a bfloat16
  * out in the backward: the CPU's out rounded, given to both backwards.
  * (Each device's own rounding would differ where the two outs straddle a
  * bfloat16 rounding boundary: an ulp of 2^-8 |O| in D, which moved dq and
@@ -2003,12 +1990,14 @@ static void fused_attention_run(dp_device *d, size_t B, size_t T, size_t C, size
           *delta = dalloc(d, nr * 4), *dqkv_buf = dalloc(d, (nq + off) * 4);
     float *dout = dout_buf + off, *out = out_buf + off, *dqkv = dqkv_buf + off;
     dp_assert_ok(dp_copy_h2d(d, dout, dout_h, no * 4));
-    void *qkvr = dalloc(d, nq * (bf16 ? 2 : 4)), *o16 = bf16 ? dalloc(d, no * 2) : NULL;
-    void *fill[] = {out, lse, delta, dqkv, qkvr};
-    size_t bytes[] = {no * 4, nr * 4, nr * 4, nq * 4, nq * (bf16 ? 2 : 4)};
-    for (int i = 0; i < 5; i++) dp_assert_ok(dp_memset(d, fill[i], 0xFF, bytes[i]));
+    /* q, k, v as the fused calls read them in place: qkv, or its rounding */
+    void *qkvr = bf16 ? upload_typed(d, qkv_h, nq, 1) : (void *)qkv;
+    void *o16 = bf16 ? dalloc(d, no * 2) : NULL;
+    void *fill[] = {out, lse, delta, dqkv};
+    size_t bytes[] = {no * 4, nr * 4, nr * 4, nq * 4};
+    for (int i = 0; i < 4; i++) dp_assert_ok(dp_memset(d, fill[i], 0xFF, bytes[i]));
     dp_dtype t = bf16 ? DP_DTYPE_BF16 : DP_DTYPE_F32;
-    dp_assert_ok(dp_attention_forward_fused(d, out, qkvr, t, lse, qkv, B, T, C, NH));
+    dp_assert_ok(dp_attention_forward_fused(d, out, lse, qkvr, t, B, T, C, NH));
     if (bf16 && o16_h) dp_assert_ok(dp_copy_h2d(d, o16, o16_h, no * 2));
     else if (bf16) dp_assert_ok(dp_convert(d, o16, DP_DTYPE_BF16, out, DP_DTYPE_F32, no));
     dp_assert_ok(dp_attention_backward_fused(d, dqkv, delta, dout, qkvr, t, lse,
@@ -2048,28 +2037,21 @@ static void fused_attention_run(dp_device *d, size_t B, size_t T, size_t C, size
     }
     free(h16);
     dp_device_free(d, dqkv16);
-    void *bufs[] = {qkv, dout_buf, out_buf, lse, delta, dqkv_buf, qkvr, o16};
+    void *bufs[] = {qkv, dout_buf, out_buf, lse, delta, dqkv_buf, bf16 ? qkvr : NULL, o16};
     for (size_t i = 0; i < 8; i++)
         if (bufs[i]) dp_device_free(d, bufs[i]);
 }
 
 /* A bfloat16 run of head size 64 held to flash_tc_bound.h: q, k, v are
- * qkv rounded and permuted to (3, B, NH, T, hs), D the one the backward
- * computed. */
+ * qkv rounded, D the one the backward computed. */
 static void fused_attention_bound_slack(const float *qkv, const float *dout, float **res,
                                         size_t B, size_t T, size_t C, size_t NH,
                                         const char *dev, double slack)
 {
-    size_t hs = C / NH, BNH = B * NH;
-    float *qkvr = malloc(B * T * 3 * C * sizeof(float));
+    size_t hs = C / NH, nq = B * T * 3 * C;
+    float *qkvr = malloc(nq * sizeof(float));
     cr_assert(qkvr);
-    for (size_t part = 0; part < 3; part++)
-        for (size_t b = 0; b < B; b++)
-            for (size_t t = 0; t < T; t++)
-                for (size_t c = 0; c < C; c++)
-                    qkvr[dp_flash_qkvr_row(part, (b * NH + c / hs) * T + t, BNH, T, hs) +
-                         c % hs] = dp_bf16_widen(dp_bf16_round(qkv[(b * T + t) * 3 * C +
-                                                                 part * C + c]));
+    for (size_t i = 0; i < nq; i++) qkvr[i] = dp_bf16_widen(dp_bf16_round(qkv[i]));
     flash_tc_in in = {B, T, NH, hs, qkvr, dout, res[3], slack};
     flash_tc_worst w = flash_tc_check(&in, res[0], res[1], res[2]);
     cr_log_info("%s bf16 hs %zu against float64: worst err/bound out %.3f lse %.3f dq %.3f "

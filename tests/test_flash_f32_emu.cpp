@@ -59,16 +59,16 @@ template <int HS, int GF, int GB> void run_case(size_t T, size_t NH, int bf16, u
         g16[i] = dp_bf16_round(uniform(&seed));
         dout[i] = dp_bf16_widen(g16[i]);
     }
-    dp_pref qkvr = bf16 ? dp_pref_bf16(q16.data()) : dp_pref_f32(q32.data());
+    dp_pref qkv = bf16 ? dp_pref_bf16(q16.data()) : dp_pref_f32(q32.data());
     /* the CPU */
     const size_t nq = B * T * 3 * C;
     std::vector<float> out_c(B * T * C), lse_c(n), lse_c16(n), delta(n), dqkv_c(nq);
     std::vector<uint16_t> dqkv_c16(nq, 0xabcd); /* the items' bfloat16 dqkv */
     std::vector<uint16_t> out_c16(B * T * C, 0xabcd); /* ... and out */
     for (size_t r = 0; r < n; r++) {
-        dp_flash_forward_item(dp_pout_f32(out_c.data()), lse_c.data(), qkvr, B, T, NH, hs, scale,
+        dp_flash_forward_item(dp_pout_f32(out_c.data()), lse_c.data(), qkv, B, T, NH, hs, scale,
                               r);
-        dp_flash_forward_item(dp_pout_bf16(out_c16.data()), lse_c16.data(), qkvr, B, T, NH, hs,
+        dp_flash_forward_item(dp_pout_bf16(out_c16.data()), lse_c16.data(), qkv, B, T, NH, hs,
                               scale, r);
     }
     for (size_t i = 0; i < out_c.size(); i++)
@@ -82,9 +82,9 @@ template <int HS, int GF, int GB> void run_case(size_t T, size_t NH, int bf16, u
     for (int o16 = 0; o16 < 2; o16++) {
         dp_pout dq = o16 ? dp_pout_bf16(dqkv_c16.data()) : dp_pout_f32(dqkv_c.data());
         for (size_t r = 0; r < n; r++) {
-            dp_flash_dq_item(dq, dp_pref_f32(dout.data()), qkvr, lse_c.data(), delta.data(), B,
+            dp_flash_dq_item(dq, dp_pref_f32(dout.data()), qkv, lse_c.data(), delta.data(), B,
                              T, NH, hs, scale, r);
-            dp_flash_dkdv_item(dq, dp_pref_f32(dout.data()), qkvr, lse_c.data(), delta.data(), B,
+            dp_flash_dkdv_item(dq, dp_pref_f32(dout.data()), qkv, lse_c.data(), delta.data(), B,
                                T, NH, hs, scale, r);
         }
     }
@@ -104,26 +104,26 @@ template <int HS, int GF, int GB> void run_case(size_t T, size_t NH, int bf16, u
         dp_pout o = o16 ? dp_pout_bf16(out_k16.data()) : dp_pout_f32(out.data());
         float *lo = o16 ? lse16.data() : lse.data();
         if (HS == 64 || HS == 128) {
-            emu_launch(tiles, ROWS * GF, 0, k_flash_forward<HS, GF>, o, lo, qkvr, B, T, NH,
+            emu_launch(tiles, ROWS * GF, 0, k_flash_forward<HS, GF>, o, lo, qkv, B, T, NH,
                        scale, nt);
-            emu_launch(tiles, ROWS * GB, 0, k_flash_dq<HS, GB>, dq, g, qkvr, L, D, B, T, NH,
+            emu_launch(tiles, ROWS * GB, 0, k_flash_dq<HS, GB>, dq, g, qkv, L, D, B, T, NH,
                        scale, nt);
-            emu_launch(tiles, ROWS * GB, 0, k_flash_dkdv<HS, GB>, dq, g, qkvr, L, D, B, T, NH,
+            emu_launch(tiles, ROWS * GB, 0, k_flash_dkdv<HS, GB>, dq, g, qkv, L, D, B, T, NH,
                        scale);
         } else {
             if (o16) { /* the launcher's choice per type */
-                emu_launch(items, ROW_THREADS, 0, k_flash_forward_items, o, lo, qkvr, B, T, NH,
+                emu_launch(items, ROW_THREADS, 0, k_flash_forward_items, o, lo, qkv, B, T, NH,
                            hs, scale, n);
-                emu_launch(items, ROW_THREADS, 0, k_flash_dq_items, dq, g, qkvr, L, D, B, T, NH,
+                emu_launch(items, ROW_THREADS, 0, k_flash_dq_items, dq, g, qkv, L, D, B, T, NH,
                            hs, scale, n);
-                emu_launch(items, ROW_THREADS, 0, k_flash_dkdv_items, dq, g, qkvr, L, D, B, T,
+                emu_launch(items, ROW_THREADS, 0, k_flash_dkdv_items, dq, g, qkv, L, D, B, T,
                            NH, hs, scale, n);
             } else {
                 emu_launch(items, ROW_THREADS, 0, k_flash_forward_items_f32, out.data(), lo,
-                           qkvr, B, T, NH, hs, scale, n);
-                emu_launch(items, ROW_THREADS, 0, k_flash_dq_items_f32, dqkv.data(), g, qkvr, L,
+                           qkv, B, T, NH, hs, scale, n);
+                emu_launch(items, ROW_THREADS, 0, k_flash_dq_items_f32, dqkv.data(), g, qkv, L,
                            D, B, T, NH, hs, scale, n);
-                emu_launch(items, ROW_THREADS, 0, k_flash_dkdv_items_f32, dqkv.data(), g, qkvr,
+                emu_launch(items, ROW_THREADS, 0, k_flash_dkdv_items_f32, dqkv.data(), g, qkv,
                            L, D, B, T, NH, hs, scale, n);
             }
         }
@@ -142,26 +142,26 @@ template <int HS, int GF, int GB> void run_case(size_t T, size_t NH, int bf16, u
         std::vector<float> again(nq, NAN);
         const dp_pout dq = dp_pout_f32(again.data());
         if (HS == 64 || HS == 128) {
-            emu_launch(tiles, ROWS * GB, 0, k_flash_dq<HS, GB>, dq, g16p, qkvr, L, D, B, T, NH,
+            emu_launch(tiles, ROWS * GB, 0, k_flash_dq<HS, GB>, dq, g16p, qkv, L, D, B, T, NH,
                        scale, nt);
-            emu_launch(tiles, ROWS * GB, 0, k_flash_dkdv<HS, GB>, dq, g16p, qkvr, L, D, B, T, NH,
+            emu_launch(tiles, ROWS * GB, 0, k_flash_dkdv<HS, GB>, dq, g16p, qkv, L, D, B, T, NH,
                        scale);
         } else {
-            emu_launch(items, ROW_THREADS, 0, k_flash_dq_items_f32, again.data(), g16p, qkvr, L,
+            emu_launch(items, ROW_THREADS, 0, k_flash_dq_items_f32, again.data(), g16p, qkv, L,
                        D, B, T, NH, hs, scale, n);
-            emu_launch(items, ROW_THREADS, 0, k_flash_dkdv_items_f32, again.data(), g16p, qkvr,
+            emu_launch(items, ROW_THREADS, 0, k_flash_dkdv_items_f32, again.data(), g16p, qkv,
                        L, D, B, T, NH, hs, scale, n);
             std::vector<float> generic(nq, NAN); /* the dp_pout kernels on a float32 dqkv */
             const dp_pout gq = dp_pout_f32(generic.data());
-            emu_launch(items, ROW_THREADS, 0, k_flash_dq_items, gq, g16p, qkvr, L, D, B, T, NH,
+            emu_launch(items, ROW_THREADS, 0, k_flash_dq_items, gq, g16p, qkv, L, D, B, T, NH,
                        hs, scale, n);
-            emu_launch(items, ROW_THREADS, 0, k_flash_dkdv_items, gq, g16p, qkvr, L, D, B, T,
+            emu_launch(items, ROW_THREADS, 0, k_flash_dkdv_items, gq, g16p, qkv, L, D, B, T,
                        NH, hs, scale, n);
             cr_assert(memcmp(generic.data(), again.data(), nq * sizeof(float)) == 0,
                       "hs %d: the float32 items differ from the typed ones", HS);
             std::vector<float> gout(out.size(), NAN), glse(n, NAN); /* ... and the forward's */
             emu_launch(items, ROW_THREADS, 0, k_flash_forward_items, dp_pout_f32(gout.data()),
-                       glse.data(), qkvr, B, T, NH, hs, scale, n);
+                       glse.data(), qkv, B, T, NH, hs, scale, n);
             cr_assert(memcmp(gout.data(), out.data(), out.size() * sizeof(float)) == 0 &&
                           memcmp(glse.data(), lse.data(), n * sizeof(float)) == 0,
                       "hs %d: the float32 forward items differ from the typed ones", HS);

@@ -27,8 +27,8 @@ using namespace flash_tc_emu;
 /* Holds the kernels' outputs to flash_tc_bound.h's reference and bounds. */
 void check(const problem &p, const result &r, const char *what)
 {
-    std::vector<float> q(p.qkvr.size());
-    for (size_t i = 0; i < q.size(); i++) q[i] = dp_bf16_widen(p.qkvr[i]);
+    std::vector<float> q(p.qkv.size());
+    for (size_t i = 0; i < q.size(); i++) q[i] = dp_bf16_widen(p.qkv[i]);
     flash_tc_in in = {p.B, p.T, p.NH, HS, q.data(), p.dout.data(), r.delta.data(), 0.0};
     flash_tc_worst w = flash_tc_check(&in, r.out.data(), r.lse.data(), r.dqkv.data());
     cr_log_info("%s: worst err/bound out %.3f lse %.3f dq %.3f dk %.3f dv %.3f", what, w.out,

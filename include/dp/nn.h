@@ -300,16 +300,17 @@ DP_API dp_status dp_attention_backward_chunked(dp_device *dev, float *dqkv, floa
  * Any head size; CUDA devices run tiled kernels for hs 64 and 128 and a
  * thread per row otherwise (backend/cuda/cuda_flash.cu).
  *
+ * Unlike the calls above, q, k and v are read in place, in qkv(B,T,3C)
+ * (nanoGPT's c_attn output: token t's q, then its k, then its v, heads
+ * concatenated in each), of qkv_dtype (DP_DTYPE_F32 or DP_DTYPE_BF16):
+ * nothing is permuted or copied, and the caller keeps qkv for the
+ * backward (a caller that keeps bfloat16 activations rounds it first).
  * Forward:
- *   qkv(B,T,3C) float32 input (nanoGPT's c_attn output);
+ *   qkv(B,T,3C) input, read only;
  *   out(B,T,C) float32 output, heads concatenated;
- *   qkvr(3,B,NH,T,hs) of qkvr_dtype (DP_DTYPE_F32 or DP_DTYPE_BF16),
- *     written: q, k, v per head, what the backward reads. With bfloat16
- *     the permute rounds each element once as it writes it, and the
- *     forward computes with the rounded q, k, v (so lse is theirs);
  *   lse(B,NH,T) float32 output: log sum_{j<=t} exp(s_tj), kept for the
  *     backward (4 bytes per head and token instead of T probabilities).
- * Backward (dout and the forward's qkvr, lse and out; nothing else):
+ * Backward (dout and the forward's qkv, lse and out; nothing else):
  *   dqkv(B,T,3C) float32, overwritten;
  *   delta(B,NH,T) floats of scratch, clobbered: D_t = dout_t . out_t per
  *     head, the row sums of p * dp (FlashAttention-2's D);
@@ -320,17 +321,17 @@ DP_API dp_status dp_attention_backward_chunked(dp_device *dev, float *dqkv, floa
  *     of the row by about scale * 2^-9 |dO||O| |k|; dv is not affected),
  *     as FlashAttention's backward does from its bfloat16 O.
  * Errors: DP_ERR_INVALID_ARGUMENT for NULL pointers, zero or inconsistent
- * dimensions (C % NH != 0), a qkvr_dtype or out_dtype other than
+ * dimensions (C % NH != 0), a qkv_dtype or out_dtype other than
  * DP_DTYPE_F32 and DP_DTYPE_BF16, the same buffer passed twice, B*T*3C
  * floats overflowing size_t, or more than 2^31 - 1 rows B*NH*T;
  * DP_ERR_UNSUPPORTED on a backend without the fused kernels;
  * DP_ERR_DEVICE. */
-DP_API dp_status dp_attention_forward_fused(dp_device *dev, float *out, void *qkvr,
-                                            dp_dtype qkvr_dtype, float *lse, const float *qkv,
-                                            size_t B, size_t T, size_t C, size_t NH);
+DP_API dp_status dp_attention_forward_fused(dp_device *dev, float *out, float *lse,
+                                            const void *qkv, dp_dtype qkv_dtype, size_t B,
+                                            size_t T, size_t C, size_t NH);
 DP_API dp_status dp_attention_backward_fused(dp_device *dev, float *dqkv, float *delta,
-                                             const float *dout, const void *qkvr,
-                                             dp_dtype qkvr_dtype, const float *lse,
+                                             const float *dout, const void *qkv,
+                                             dp_dtype qkv_dtype, const float *lse,
                                              const void *out, dp_dtype out_dtype, size_t B,
                                              size_t T, size_t C, size_t NH);
 

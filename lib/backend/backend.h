@@ -181,9 +181,8 @@ struct dp_backend_ops {
     /* attention pieces: qkv(B,T,3C) <-> qkvr(3,B,NH,T,hs); y(B,NH,T,hs) <-> out(B,T,C) */
     dp_status (*attention_permute)(dp_device *dev, float *qkvr, const float *qkv, size_t B,
                                    size_t T, size_t NH, size_t hs);
-    /* ... the same into a bfloat16 qkvr from a float32 qkv (each element
-     * rounded once) or a bfloat16 one (the bits as they are) */
-    dp_status (*attention_permute_bf16)(dp_device *dev, uint16_t *qkvr, dp_pref qkv,
+    /* ... the same into a bfloat16 qkvr, each element rounded once */
+    dp_status (*attention_permute_bf16)(dp_device *dev, uint16_t *qkvr, const float *qkv,
                                         size_t B, size_t T, size_t NH, size_t hs);
     dp_status (*attention_permute_backward)(dp_device *dev, float *dqkv, const float *dqkvr,
                                             size_t B, size_t T, size_t NH, size_t hs);
@@ -226,7 +225,7 @@ struct dp_backend_ops {
 
     /* optional (NULL: none): the fused causal attention through a library
      * (cuDNN on CUDA devices, backend/cuda/cuda_sdpa.c) for a bfloat16
-     * qkvr(3,B,NH,T,hs): what attention_fused_forward computes - out(B,T,C)
+     * qkv(B,T,3C), read in place: what attention_fused_forward computes - out(B,T,C)
      * and lse(B,NH,T) with kernels/flash.h's meaning - with out's values
      * rounded to bfloat16 (the library's output type) and stored as they
      * are into a bfloat16 out, widened into a float32 one. The backward: what attention_fused_delta, _dq and _dkdv
@@ -236,10 +235,10 @@ struct dp_backend_ops {
      * decline (DP_OK, *done = 0, nothing written): the caller runs the
      * kernels. */
     dp_status (*attention_lib_forward)(dp_device *dev, dp_pout out, float *lse,
-                                       const uint16_t *qkvr, size_t B, size_t T, size_t NH,
+                                       const uint16_t *qkv, size_t B, size_t T, size_t NH,
                                        size_t hs, float scale, int *done);
     dp_status (*attention_lib_backward)(dp_device *dev, dp_pout dqkv, dp_pref dout,
-                                        const uint16_t *qkvr, const float *lse, dp_pref out,
+                                        const uint16_t *qkv, const float *lse, dp_pref out,
                                         size_t B, size_t T, size_t NH, size_t hs, float scale,
                                         int *done);
 };

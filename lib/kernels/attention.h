@@ -100,23 +100,16 @@ static inline DP_HD void dp_attention_permute_run(float *qkvr, const float *qkv,
     for (size_t d = d0; d < hs; d += step) qkvr[dst + d] = qkv[src + d];
 }
 
-/* Run r of a bfloat16 qkvr: dp_attention_permute_run from a float32 qkv
- * with each element rounded to bfloat16 (dp_bf16_round, dp_convert's
- * rounding), so the bits of the permute followed by the conversion, in
- * one pass without the float32 copy; from a bfloat16 qkv (c_attn's
- * output written as bfloat16), the bits as they are. */
-static inline DP_HD void dp_attention_permute_bf16_run(uint16_t *qkvr, dp_pref qkv, size_t r,
+/* Run r of a bfloat16 qkvr: dp_attention_permute_run with each element
+ * rounded to bfloat16 (dp_bf16_round, dp_convert's rounding), so the
+ * bits of the permute followed by the conversion, in one pass without
+ * the float32 copy. */
+static inline DP_HD void dp_attention_permute_bf16_run(uint16_t *qkvr, const float *qkv, size_t r,
                                                        size_t B, size_t T, size_t NH,
                                                        size_t hs, size_t d0, size_t step)
 {
     size_t dst = r * hs, src = dp_attention_qkvr_to_qkv(dst, B, T, NH, hs);
-    if (qkv.bf16) {
-        const uint16_t *in = (const uint16_t *)qkv.p + src;
-        for (size_t d = d0; d < hs; d += step) qkvr[dst + d] = in[d];
-    } else {
-        const float *in = (const float *)qkv.p + src;
-        for (size_t d = d0; d < hs; d += step) qkvr[dst + d] = dp_bf16_round(in[d]);
-    }
+    for (size_t d = d0; d < hs; d += step) qkvr[dst + d] = dp_bf16_round(qkv[src + d]);
 }
 
 /* Run r of dqkv (r < B*T*3*NH): dqkv[j] = the dqkvr element of the same q/k/v

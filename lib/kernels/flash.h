@@ -4,7 +4,9 @@
  * and Work Partitioning") written once, DP_HD, for both backends.
  *
  * Per (batch, head) pair p = b*NH + h, with q, k, v the (T,hs) rows of
- * qkvr(3,B,NH,T,hs) and scale = 1/sqrt(hs), query row i sees keys j <= i:
+ * head h of batch b in qkv(B,T,3C) (c_attn's output, read in place: no
+ * permute, as cuDNN's SDPA reads it by strides) and scale = 1/sqrt(hs),
+ * query row i sees keys j <= i:
  *
  *   forward   s_ij = scale * q_i.k_j; online softmax over j = 0..i
  *             (Milakov & Gimelshein 2018, "Online normalizer calculation
@@ -45,10 +47,10 @@
  * floats and rounded once as it is stored: the float32 row's values,
  * rounded.
  *
- * Operands are read through dp_pref (kernels/bf16.h): qkvr and out may
+ * Operands are read through dp_pref (kernels/bf16.h): qkv and out may
  * be float32 or bfloat16, widened exactly on read; every sum is float32.
- * Layouts: out, dout (B,T,C) and dqkv (B,T,3C), C = NH*hs, row r of a
- * pair's head at dp_flash_tok_row; lse and delta (B,NH,T), index r. out
+ * Layouts: out, dout (B,T,C), qkv and dqkv (B,T,3C), C = NH*hs, row r of
+ * a pair's head at dp_flash_tok_row; lse and delta (B,NH,T), index r. out
  * and dqkv are written float32 or bfloat16 (dp_pout), dout is read as
  * either (dp_pref).
  */
@@ -64,23 +66,23 @@
 
 // --- layouts ---------------------------------------------------------------------------
 
-/* First element in qkvr(3,B,NH,T,hs) of row r = p*T + t of part 0 (q),
- * 1 (k) or 2 (v); BNH = B*NH. */
-static inline DP_HD size_t dp_flash_qkvr_row(size_t part, size_t r, size_t BNH, size_t T,
-                                             size_t hs)
-{
-    return (part * BNH * T + r) * hs;
-}
-
 /* First element of head h at token (b, t), r = (b*NH + h)*T + t, in a
  * (B,T,parts*C) tensor: part 0 of out or dout (parts = 1), part 0, 1, 2
- * (dq, dk, dv) of dqkv (parts = 3). */
+ * (q, k, v; dq, dk, dv) of qkv or dqkv (parts = 3). */
 static inline DP_HD size_t dp_flash_tok_row(size_t r, size_t T, size_t NH, size_t hs,
                                             size_t parts, size_t part)
 {
     size_t t = r % T, pair = r / T, h = pair % NH, b = pair / NH;
     return ((b * T + t) * parts + part) * NH * hs + h * hs;
 }
+
+/* Row r of part 0 (q), 1 (k) or 2 (v) in qkv(B,T,3C), read in place:
+ * the rows of one head are dp_flash_qkv_ld elements apart. */
+static inline DP_HD size_t dp_flash_qkv_row(size_t part, size_t r, size_t T, size_t NH, size_t hs)
+{
+    return dp_flash_tok_row(r, T, NH, hs, 3, part);
+}
+static inline DP_HD size_t dp_flash_qkv_ld(size_t NH, size_t hs) { return 3 * NH * hs; }
 
 /* The largest head size whose dqkv may be bfloat16 (an item's local
  * accumulator rows). */
@@ -195,19 +197,19 @@ static inline DP_HD void dp_flash_store_row(dp_pout o, size_t at, const float *a
  * accumulated in place then normalised): the float32 row
  * dp_flash_forward_item stores; and lse[r]. */
 static inline DP_HD DP_HD_ALWAYS_INLINE void dp_flash_forward_acc(float *o, float *lse,
-                                                                  dp_pref qkvr, size_t B,
-                                                                  size_t T, size_t NH, size_t hs,
+                                                                  dp_pref qkv, size_t T,
+                                                                  size_t NH, size_t hs,
                                                                   float scale, size_t r)
 {
-    size_t BNH = B * NH, i = r % T, r0 = r - i;
-    size_t q = dp_flash_qkvr_row(0, r, BNH, T, hs), k = dp_flash_qkvr_row(1, r0, BNH, T, hs),
-           v = dp_flash_qkvr_row(2, r0, BNH, T, hs);
+    size_t i = r % T, r0 = r - i, ld = dp_flash_qkv_ld(NH, hs);
+    size_t q = dp_flash_qkv_row(0, r, T, NH, hs), k = dp_flash_qkv_row(1, r0, T, NH, hs),
+           v = dp_flash_qkv_row(2, r0, T, NH, hs);
     float m = -INFINITY, l = 0.0f;
     for (size_t d = 0; d < hs; d++) o[d] = 0.0f;
     for (size_t j = 0; j <= i; j++) {
-        float s = scale * dp_flash_dot(qkvr, q, qkvr, k + j * hs, hs), alpha;
+        float s = scale * dp_flash_dot(qkv, q, qkv, k + j * ld, hs), alpha;
         float w = dp_flash_online_step(&m, &l, s, &alpha);
-        dp_flash_rescale_add(o, alpha, w, qkvr, v + j * hs, hs);
+        dp_flash_rescale_add(o, alpha, w, qkv, v + j * ld, hs);
     }
     dp_flash_normalise(o, o, l, hs);
     lse[r] = dp_flash_lse(m, l);
@@ -217,34 +219,35 @@ static inline DP_HD DP_HD_ALWAYS_INLINE void dp_flash_forward_acc(float *o, floa
  * out itself (float32) or in a local array then rounded once as it is
  * stored (bfloat16, hs <= DP_FLASH_HS_MAX16: the float32 row's values,
  * rounded). */
-static inline DP_HD void dp_flash_forward_item(dp_pout out, float *lse, dp_pref qkvr, size_t B,
+static inline DP_HD void dp_flash_forward_item(dp_pout out, float *lse, dp_pref qkv, size_t B,
                                                size_t T, size_t NH, size_t hs, float scale,
                                                size_t r)
 {
     size_t at = dp_flash_tok_row(r, T, NH, hs, 1, 0);
     float local[DP_FLASH_HS_MAX16];
     float *o = out.bf16 ? local : (float *)out.p + at;
-    dp_flash_forward_acc(o, lse, qkvr, B, T, NH, hs, scale, r);
+    (void)B; /* the op's shape: a row's place needs T and NH only */
+    dp_flash_forward_acc(o, lse, qkv, T, NH, hs, scale, r);
     dp_flash_store_row(out, at, o, hs);
 }
 
 /* dq of query row r = p*T + i, keys 0..i, into dq (hs floats,
  * overwritten): the float32 sums dp_flash_dq_item stores. */
 static inline DP_HD DP_HD_ALWAYS_INLINE void
-dp_flash_dq_acc(float *dq, dp_pref dout, dp_pref qkvr, const float *lse, const float *delta,
-                size_t B, size_t T, size_t NH, size_t hs, float scale, size_t r)
+dp_flash_dq_acc(float *dq, dp_pref dout, dp_pref qkv, const float *lse, const float *delta,
+                size_t T, size_t NH, size_t hs, float scale, size_t r)
 {
-    size_t BNH = B * NH, i = r % T, r0 = r - i;
-    size_t q = dp_flash_qkvr_row(0, r, BNH, T, hs), k = dp_flash_qkvr_row(1, r0, BNH, T, hs),
-           v = dp_flash_qkvr_row(2, r0, BNH, T, hs);
+    size_t i = r % T, r0 = r - i, ld = dp_flash_qkv_ld(NH, hs);
+    size_t q = dp_flash_qkv_row(0, r, T, NH, hs), k = dp_flash_qkv_row(1, r0, T, NH, hs),
+           v = dp_flash_qkv_row(2, r0, T, NH, hs);
     dp_pref g = dout;
     size_t go = dp_flash_tok_row(r, T, NH, hs, 1, 0);
     float L = lse[r], D = delta[r];
     for (size_t d = 0; d < hs; d++) dq[d] = 0.0f;
     for (size_t j = 0; j <= i; j++) {
-        float p = dp_flash_prob(scale * dp_flash_dot(qkvr, q, qkvr, k + j * hs, hs), L);
-        float dp = dp_flash_dot(g, go, qkvr, v + j * hs, hs);
-        dp_flash_axpy(dq, dp_flash_dscore(p, dp, D), qkvr, k + j * hs, hs);
+        float p = dp_flash_prob(scale * dp_flash_dot(qkv, q, qkv, k + j * ld, hs), L);
+        float dp = dp_flash_dot(g, go, qkv, v + j * ld, hs);
+        dp_flash_axpy(dq, dp_flash_dscore(p, dp, D), qkv, k + j * ld, hs);
     }
     dp_flash_scale(dq, scale, hs);
 }
@@ -252,14 +255,15 @@ dp_flash_dq_acc(float *dq, dp_pref dout, dp_pref qkvr, const float *lse, const f
 /* dq of query row r = p*T + i into dqkv (overwritten): keys 0..i,
  * accumulated in the row itself (float32) or in a local array then
  * rounded (bfloat16, hs <= DP_FLASH_HS_MAX16). */
-static inline DP_HD void dp_flash_dq_item(dp_pout dqkv, dp_pref dout, dp_pref qkvr,
+static inline DP_HD void dp_flash_dq_item(dp_pout dqkv, dp_pref dout, dp_pref qkv,
                                           const float *lse, const float *delta, size_t B,
                                           size_t T, size_t NH, size_t hs, float scale, size_t r)
 {
     size_t at = dp_flash_tok_row(r, T, NH, hs, 3, 0);
     float local[DP_FLASH_HS_MAX16];
     float *dq = dqkv.bf16 ? local : (float *)dqkv.p + at;
-    dp_flash_dq_acc(dq, dout, qkvr, lse, delta, B, T, NH, hs, scale, r);
+    (void)B;
+    dp_flash_dq_acc(dq, dout, qkv, lse, delta, T, NH, hs, scale, r);
     dp_flash_store_row(dqkv, at, dq, hs);
 }
 
@@ -268,28 +272,27 @@ static inline DP_HD void dp_flash_dq_item(dp_pout dqkv, dp_pref dout, dp_pref qk
  * The dots are the dq pass's (q before k, dO before v, the same order),
  * so both passes see the same p_ij and dp_ij. */
 static inline DP_HD DP_HD_ALWAYS_INLINE void
-dp_flash_dkdv_acc(float *dk, float *dv, dp_pref dout, dp_pref qkvr, const float *lse,
-                  const float *delta, size_t B, size_t T, size_t NH, size_t hs, float scale,
-                  size_t r)
+dp_flash_dkdv_acc(float *dk, float *dv, dp_pref dout, dp_pref qkv, const float *lse,
+                  const float *delta, size_t T, size_t NH, size_t hs, float scale, size_t r)
 {
-    size_t BNH = B * NH, j = r % T, r0 = r - j;
-    size_t q = dp_flash_qkvr_row(0, r0, BNH, T, hs), k = dp_flash_qkvr_row(1, r, BNH, T, hs),
-           v = dp_flash_qkvr_row(2, r, BNH, T, hs);
+    size_t j = r % T, r0 = r - j, ld = dp_flash_qkv_ld(NH, hs);
+    size_t q = dp_flash_qkv_row(0, r0, T, NH, hs), k = dp_flash_qkv_row(1, r, T, NH, hs),
+           v = dp_flash_qkv_row(2, r, T, NH, hs);
     dp_pref g = dout;
     for (size_t d = 0; d < hs; d++) dk[d] = dv[d] = 0.0f;
     for (size_t i = j; i < T; i++) {
         size_t go = dp_flash_tok_row(r0 + i, T, NH, hs, 1, 0);
-        float p = dp_flash_prob(scale * dp_flash_dot(qkvr, q + i * hs, qkvr, k, hs), lse[r0 + i]);
+        float p = dp_flash_prob(scale * dp_flash_dot(qkv, q + i * ld, qkv, k, hs), lse[r0 + i]);
         dp_flash_axpy(dv, p, g, go, hs);
-        float dp = dp_flash_dot(g, go, qkvr, v, hs);
-        dp_flash_axpy(dk, dp_flash_dscore(p, dp, delta[r0 + i]), qkvr, q + i * hs, hs);
+        float dp = dp_flash_dot(g, go, qkv, v, hs);
+        dp_flash_axpy(dk, dp_flash_dscore(p, dp, delta[r0 + i]), qkv, q + i * ld, hs);
     }
     dp_flash_scale(dk, scale, hs);
 }
 
 /* dk and dv of key row r = p*T + j into dqkv (overwritten), as
  * dp_flash_dq_item stores dq. */
-static inline DP_HD void dp_flash_dkdv_item(dp_pout dqkv, dp_pref dout, dp_pref qkvr,
+static inline DP_HD void dp_flash_dkdv_item(dp_pout dqkv, dp_pref dout, dp_pref qkv,
                                             const float *lse, const float *delta, size_t B,
                                             size_t T, size_t NH, size_t hs, float scale,
                                             size_t r)
@@ -298,7 +301,8 @@ static inline DP_HD void dp_flash_dkdv_item(dp_pout dqkv, dp_pref dout, dp_pref 
     float local_k[DP_FLASH_HS_MAX16], local_v[DP_FLASH_HS_MAX16];
     float *dk = dqkv.bf16 ? local_k : (float *)dqkv.p + ak;
     float *dv = dqkv.bf16 ? local_v : (float *)dqkv.p + av;
-    dp_flash_dkdv_acc(dk, dv, dout, qkvr, lse, delta, B, T, NH, hs, scale, r);
+    (void)B;
+    dp_flash_dkdv_acc(dk, dv, dout, qkv, lse, delta, T, NH, hs, scale, r);
     dp_flash_store_row(dqkv, ak, dk, hs);
     dp_flash_store_row(dqkv, av, dv, hs);
 }

@@ -159,25 +159,25 @@
       (x, targets, f32, per, cols))                                                        \
     /* fused causal attention (kernels/flash.h); item r = (b*NH + h)*T + t, n = B*NH*T:    \
      * out(B,T,C) row (float32 or bfloat16) and lse(B,NH,T) of query r from                \
-     * qkvr(3,B,NH,T,hs) */                                                                \
+     * qkv(B,T,3C), read in place */                                                       \
     X(attention_fused_forward, TILED, dp_flash_forward_item,                               \
-      (dp_pout out, float *lse, dp_pref qkvr, size_t B, size_t T, size_t NH, size_t hs,     \
+      (dp_pout out, float *lse, dp_pref qkv, size_t B, size_t T, size_t NH, size_t hs,     \
        float scale),                                                                       \
-      (out, lse, qkvr, B, T, NH, hs, scale))                                               \
+      (out, lse, qkv, B, T, NH, hs, scale))                                               \
     /* delta(B,NH,T) = dout . out per head row (each float32 or bfloat16) */             \
     X(attention_fused_delta, TILED, dp_flash_delta_item,                                  \
       (float *delta, dp_pref dout, dp_pref out, size_t T, size_t NH, size_t hs),           \
       (delta, dout, out, T, NH, hs))                                                       \
     /* dqkv(B,T,3C) (float32 or bfloat16): dq of query row r (query-major) */              \
     X(attention_fused_dq, TILED, dp_flash_dq_item,                                         \
-      (dp_pout dqkv, dp_pref dout, dp_pref qkvr, const float *lse,                         \
+      (dp_pout dqkv, dp_pref dout, dp_pref qkv, const float *lse,                          \
        const float *delta, size_t B, size_t T, size_t NH, size_t hs, float scale),         \
-      (dqkv, dout, qkvr, lse, delta, B, T, NH, hs, scale))                                 \
+      (dqkv, dout, qkv, lse, delta, B, T, NH, hs, scale))                                 \
     /* dqkv(B,T,3C): dk and dv of key row r (the key-major pass) */                        \
     X(attention_fused_dkdv, TILED, dp_flash_dkdv_item,                                     \
-      (dp_pout dqkv, dp_pref dout, dp_pref qkvr, const float *lse,                         \
+      (dp_pout dqkv, dp_pref dout, dp_pref qkv, const float *lse,                          \
        const float *delta, size_t B, size_t T, size_t NH, size_t hs, float scale),         \
-      (dqkv, dout, qkvr, lse, delta, B, T, NH, hs, scale))                                 \
+      (dqkv, dout, qkv, lse, delta, B, T, NH, hs, scale))                                 \
     /* x[r * ld + c0 + c] = value for the rows * cols items (kernels/elementwise.h); the    \
      * padded vocabulary's logit columns set to -inf */                                   \
     X(fill_columns, ELEM, dp_fill_columns_elem,                                            \

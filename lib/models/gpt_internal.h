@@ -143,7 +143,7 @@ static inline size_t align_up(size_t n, int *of)
  * q and k, from fch) into the scratch. */
 typedef struct layer_acts {
     float *ln1, *ln1_mean, *ln1_rstd; /* (B,T,C), (B,T), (B,T) */
-    float *qkvr;                      /* (3,B,NH,T,hs) */
+    float *qkvr;                      /* (3,B,NH,T,hs); with fused_att qkv (B,T,3C) */
     float *att;                       /* (B,NH,T,T) softmax */
     float *atty;                      /* (B,T,C) attention output, heads concatenated */
     float *residual2;                 /* (B,T,C) x + attn */
@@ -172,7 +172,8 @@ static inline xin gemm_in(const layer_acts *a, const float *p)
  * 21 (B,T,C)-sized buffers per block:
  * - qkv (B,T,3C) is dead once attention has permuted it into qkvr, so the
  *   forward writes it into the backward's scratch region `big`, shared by
- *   all blocks;
+ *   all blocks (the fused attention permutes nothing: qkv is what it
+ *   keeps, in qkvr's slot);
  * - the projections write straight into residual2/residual3 and add the
  *   residual in place, so no attproj/fcproj buffers exist (the backward
  *   never reads them: their gradient is dresidual itself);
@@ -196,13 +197,15 @@ static inline xin gemm_in(const layer_acts *a, const float *p)
  *                     GEMMs read them. With fused_att no att, datt or
  *                     dqkvr: the fused backward writes dqkv directly (as
  *                     bfloat16 with dqkv16, in its first half) and
- *                     needs only delta (B,NH,T), and the forward's
- *                     permute writes the kept qkvr directly (bfloat16
- *                     too); the forward uses the attention scratch for
- *                     its float32 output, or with fused16 none: qkv is
- *                     bfloat16 in big's first half and the output goes
- *                     to the kept atty (big_qkv32 holds c_attn's float32
- *                     layer only where its GEMM cannot write bfloat16).
+ *                     needs only delta (B,NH,T); in the forward q, k,
+ *                     v are read in place in the kept qkvr slot, which
+ *                     then holds c_attn's output (B,T,3C) (as it is in
+ *                     float32; with act16 rounded from qkv at big, or
+ *                     with fused16 written as bfloat16 by the GEMM, big
+ *                     holding its float32 layer only where it cannot),
+ *                     and the forward uses the attention scratch for
+ *                     its float32 output (none with fused16: the output
+ *                     goes to the kept atty as bfloat16).
  *                     With act16, big_d16 after the MLP half's buffers
  *                     (dfch, the recomputed GELU output), (B,T,4C)
  *                     bfloat16: in the MLP half the bfloat16 gradients
@@ -236,12 +239,11 @@ typedef struct carve {
     int fused_att;      /* no probabilities anywhere: l_lse per block, big_delta */
     /* act16 with fused_att (head size <= DP_FLASH_HS_MAX16): the attention
      * reads and writes bfloat16 both ways. Forward: c_attn's GEMM writes
-     * qkv as bfloat16 at big (the float32 layer at big_qkv32 where the
-     * GEMM cannot write bfloat16), the attention reads it and writes the
-     * kept atty directly. Backward: it writes dqkv as bfloat16 at big,
+     * the kept qkv as bfloat16 (the float32 layer at big where the GEMM
+     * cannot write bfloat16), the attention reads it in place and writes
+     * the kept atty directly. Backward: it writes dqkv as bfloat16 at big,
      * which c_attn's reads as it is. */
     int fused16;
-    size_t big_qkv32; /* inside big, fused16 only: (B,T,3C) floats after the bfloat16 qkv */
     size_t att_rows;    /* queries per chunk: min(att_chunk(g), T), else T */
 } carve;
 

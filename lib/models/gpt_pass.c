@@ -157,29 +157,39 @@ dp_status gpt_pass_body_forward(const dp_gpt *gpt, dp_device *dev, wview params,
         dp_pref p_mprojb = pw(gpt, params, idx_block(l, BLK_MPROJ_B));
 
         /* With act16 the LayerNorms and c_fc write their kept outputs as
-         * bfloat16 once. The fused attention (fused16) reads c_attn's
-         * output as bfloat16 and writes its kept output directly; the
+         * bfloat16 once. The fused attention reads q, k, v in place in
+         * c_attn's output, which the block keeps (in qkvr's slot: as
+         * bfloat16 with act16, written so by the GEMM with fused16) and
+         * writes its output to atty (fused16: as bfloat16 directly). The
          * other attentions' activations are computed in float32 into the
          * backward's scratch `big` (free in the forward: its float32 q, k,
          * v, output and probabilities at their own offsets after qkv) and
          * kept rounded to bfloat16, or not at all (the probabilities). */
         DP_TRY(ln_fwd_res(dev, c.act16, a.ln1, a.ln1_mean, a.ln1_rstd, residual, added, p_ln1w,
                           p_ln1b, BT, C));
-        if (c.fused16) {
-            DP_TRY(dp_linear_forward_out16(dev, (dp_bf16 *)qkv, qkv + c.big_qkv32, BT * 3 * C,
-                                           a.ln1, DP_DTYPE_BF16, p_attw, p_attb, BT, C, 3 * C));
-            DP_TRY(dp_attention_forward_fused16(dev, (dp_bf16 *)a.atty, (dp_bf16 *)a.qkvr, a.lse,
-                                                (const dp_bf16 *)qkv, B, T, C, NH));
+        if (c.fused16) { /* the float32 layer, where the GEMM cannot write bfloat16, in big */
+            DP_TRY(dp_linear_forward_out16(dev, (dp_bf16 *)a.qkvr, qkv, BT * 3 * C, a.ln1,
+                                           DP_DTYPE_BF16, p_attw, p_attb, BT, C, 3 * C));
+            DP_TRY(dp_attention_forward_fused16(dev, (dp_bf16 *)a.atty, a.lse,
+                                                (const dp_bf16 *)a.qkvr, B, T, C, NH));
+        } else if (c.fused_att) { /* float32, or bfloat16 past DP_FLASH_HS_MAX16 */
+            float *atty = c.act16 ? qkv + c.big_scratch : a.atty;
+            if (c.act16) {
+                DP_TRY(lin_fwd(dev, qkv, gemm_in(&a, a.ln1), p_attw, p_attb, BT, C, 3 * C));
+                DP_TRY(keep(dev, &a, a.qkvr, qkv, BT * 3 * C));
+            } else {
+                DP_TRY(lin_fwd(dev, a.qkvr, gemm_in(&a, a.ln1), p_attw, p_attb, BT, C, 3 * C));
+            }
+            DP_TRY(dp_attention_forward_fused(dev, atty, a.lse, a.qkvr,
+                                              c.act16 ? DP_DTYPE_BF16 : DP_DTYPE_F32, B, T, C,
+                                              NH));
+            DP_TRY(keep(dev, &a, a.atty, atty, BT * C));
         } else {
             DP_TRY(lin_fwd(dev, qkv, gemm_in(&a, a.ln1), p_attw, p_attb, BT, C, 3 * C));
             /* residual2 is free until the projection below: it is the scratch. */
             float *atty = c.act16 ? qkv + c.big_scratch : a.atty;
             float *att = c.recompute_att ? qkv + c.big_att : a.att; /* recomputed: not kept */
-            if (c.fused_att) /* q, k, v and the normalisers' logs kept, no probabilities */
-                DP_TRY(dp_attention_forward_fused(dev, atty, a.qkvr,
-                                                  c.act16 ? DP_DTYPE_BF16 : DP_DTYPE_F32, a.lse,
-                                                  qkv, B, T, C, NH));
-            else if (c.chunked_att) /* q, k, v kept (as bfloat16 with act16), nothing (T,T) */
+            if (c.chunked_att) /* q, k, v kept (as bfloat16 with act16), nothing (T,T) */
                 DP_TRY(dp_attention_forward_chunked(
                     dev, atty, a.qkvr, c.act16 ? DP_DTYPE_BF16 : DP_DTYPE_F32, att,
                     c.act16 ? (dp_bf16 *)(qkv + c.big_att16) : NULL, a.residual2, qkv, B, T, C,

@@ -97,12 +97,6 @@ int gpt_make_carve(const gpt_variant *v, size_t B, size_t T, int keep_lnf, carve
     /* the blocks' linear backwards' dout rounded once: at most (B,T,4C) bfloat16 */
     if (act16) c->big_d16 = place(&mat, x4 / 2, &of);
     size_t big = bat > mat ? bat : mat;
-    if (c->fused16) { /* the forward: qkv in bfloat16, then c_attn's float32 fallback */
-        size_t fat = 0;
-        place(&fat, x3 / 2 + 1, &of);
-        c->big_qkv32 = place(&fat, x3, &of);
-        if (fat > big) big = fat;
-    }
     c->big = place(&at, big, &of);
     c->floats = at;
     if (c->floats > SIZE_MAX / sizeof(float)) of = 1;

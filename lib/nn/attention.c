@@ -245,7 +245,7 @@ static dp_status forward_checked(const char *fn, dp_device *dev, float *out, voi
     int n = 5;
     if (att16) bufs[n] = att16, names[n++] = "att16";
     DP_TRY(dp_nn_check_distinct(fn, dev, bufs, names, n));
-    DP_TRY(q16 ? dev->ops->attention_permute_bf16(dev, qkvr, dp_pref_f32(qkv), B, T, NH, C / NH)
+    DP_TRY(q16 ? dev->ops->attention_permute_bf16(dev, qkvr, qkv, B, T, NH, C / NH)
                : dev->ops->attention_permute(dev, qkvr, qkv, B, T, NH, C / NH));
     return forward_from(dev, out, qkvr, q16, att, att16, scratch, B, T, C, NH, rows);
 }

@@ -1,15 +1,14 @@
 /*
  * nn/attention_fused.c - fused causal multi-head self-attention
  * (dp_attention_forward_fused, dp_attention_backward_fused, and their
- * bfloat16 variants of nn/nn_act16.h): argument
- * checks, then the backend's permute and the fused ops of kernels/ops.h,
- * whose math is kernels/flash.h (FlashAttention-2, Dao 2023).
+ * bfloat16 variants of nn/nn_act16.h): argument checks, then the fused
+ * ops of kernels/ops.h, whose math is kernels/flash.h (FlashAttention-2,
+ * Dao 2023), or cuDNN's (the backend's attention_lib_*). Both read q, k,
+ * v in place in qkv(B,T,3C): no permute, no copy.
  *
- *   forward   qkv(B,T,3C) -> qkvr(3,B,NH,T,hs) (the permute, rounding to
- *             bfloat16 as it writes, or copying a bfloat16 qkv), then one
- *             item per query row: out(B,T,C) (float32, or bfloat16 rounded
- *             as stored) and lse(B,NH,T), with the online softmax of
- *             Milakov & Gimelshein (2018) over keys 0..t;
+ *   forward   one item per query row: out(B,T,C) (float32, or bfloat16
+ *             rounded as stored) and lse(B,NH,T), with the online softmax
+ *             of Milakov & Gimelshein (2018) over keys 0..t;
  *   backward  delta(B,NH,T) = rowwise dout.out, then the query-major pass
  *             (dq) and the key-major pass (dk, dv), each writing its part
  *             of dqkv(B,T,3C) directly (no permute back, no dqkvr), as
@@ -51,8 +50,7 @@ static dp_status check_dims(const char *fn, dp_device *dev, size_t B, size_t T, 
                        "most %d; split the batch into smaller micro-batches",
                        fn, dev->name, B, NH, T, INT_MAX);
     const dp_backend_ops *o = dev->ops;
-    if (!o->attention_permute || !o->attention_permute_bf16 || !o->attention_fused_forward ||
-        !o->attention_fused_delta || !o->attention_fused_dq || !o->attention_fused_dkdv)
+    if (!o->attention_fused_forward || !o->attention_fused_delta || !o->attention_fused_dq || !o->attention_fused_dkdv)
         return DP_FAIL(DP_ERR_UNSUPPORTED,
                        "%s on %s: the %s backend has no fused attention kernels; use "
                        "dp_attention_forward_chunked",
@@ -71,20 +69,18 @@ static float scale_of(size_t hs) { return 1.0f / sqrtf((float)hs); }
 
 // --- forward ---------------------------------------------------------------------------
 
-/* The forward from a qkv and into an out of either type (fn names the
- * public call; a bfloat16 qkv or out comes with a bfloat16 qkvr). */
-static dp_status forward_fused(const char *fn, dp_device *dev, dp_pout out, void *qkvr,
-                               dp_dtype qkvr_dtype, float *lse, dp_pref qkv, size_t B, size_t T,
-                               size_t C, size_t NH)
+/* The forward into an out of either type (fn names the public call). */
+static dp_status forward_fused(const char *fn, dp_device *dev, dp_pout out, float *lse,
+                               const void *qkv, dp_dtype qkv_dtype, size_t B, size_t T, size_t C,
+                               size_t NH)
 {
     if (!dev) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: dev must not be NULL", fn);
     int q16;
-    DP_TRY(dp_nn_check_dtype(fn, dev, "qkvr_dtype", qkvr_dtype, &q16));
-    if (!out.p || !qkvr || !lse || !qkv.p)
+    DP_TRY(dp_nn_check_dtype(fn, dev, "qkv_dtype", qkv_dtype, &q16));
+    if (!out.p || !lse || !qkv)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
-                       "%s on %s: out, qkvr, lse and qkv must not be NULL (out=%p qkvr=%p "
-                       "lse=%p qkv=%p)",
-                       fn, dev->name, out.p, qkvr, (void *)lse, qkv.p);
+                       "%s on %s: out, lse and qkv must not be NULL (out=%p lse=%p qkv=%p)", fn,
+                       dev->name, out.p, (void *)lse, qkv);
     DP_TRY(check_dims(fn, dev, B, T, C, NH));
     size_t hs = C / NH;
     if (out.bf16 && hs > DP_FLASH_HS_MAX16)
@@ -92,59 +88,53 @@ static dp_status forward_fused(const char *fn, dp_device *dev, dp_pout out, void
                        "%s on %s: head size %zu (C=%zu / NH=%zu); a bfloat16 out takes head "
                        "sizes up to %d; use the float32 dp_attention_forward_fused",
                        fn, dev->name, hs, C, NH, DP_FLASH_HS_MAX16);
-    const void *bufs[] = {out.p, qkvr, lse, qkv.p};
-    const char *names[] = {"out", "qkvr", "lse", "qkv"};
-    DP_TRY(dp_nn_check_distinct(fn, dev, bufs, names, 4));
-    DP_TRY(q16 ? dev->ops->attention_permute_bf16(dev, qkvr, qkv, B, T, NH, hs)
-               : dev->ops->attention_permute(dev, qkvr, (const float *)qkv.p, B, T, NH, hs));
+    const void *bufs[] = {out.p, lse, qkv};
+    const char *names[] = {"out", "lse", "qkv"};
+    DP_TRY(dp_nn_check_distinct(fn, dev, bufs, names, 3));
     if (q16 && dev->ops->attention_lib_forward) { /* cuDNN, when the device runs it */
         int done = 0;
-        DP_TRY(dev->ops->attention_lib_forward(dev, out, lse, qkvr, B, T, NH, hs, scale_of(hs),
+        DP_TRY(dev->ops->attention_lib_forward(dev, out, lse, qkv, B, T, NH, hs, scale_of(hs),
                                                &done));
         if (done) return DP_OK;
     }
-    /* The items read qkvr as stored: with bfloat16 the rounded q, k, v,
-     * the values the backward will read, so lse matches them. */
-    return dev->ops->attention_fused_forward(dev, out, lse, pref_of(qkvr, q16), B, T, NH, hs,
+    return dev->ops->attention_fused_forward(dev, out, lse, pref_of(qkv, q16), B, T, NH, hs,
                                              scale_of(hs), B * NH * T);
 }
 
-dp_status dp_attention_forward_fused(dp_device *dev, float *out, void *qkvr, dp_dtype qkvr_dtype,
-                                     float *lse, const float *qkv, size_t B, size_t T, size_t C,
-                                     size_t NH)
+dp_status dp_attention_forward_fused(dp_device *dev, float *out, float *lse, const void *qkv,
+                                     dp_dtype qkv_dtype, size_t B, size_t T, size_t C, size_t NH)
 {
-    return forward_fused("dp_attention_forward_fused", dev, dp_pout_f32(out), qkvr, qkvr_dtype,
-                         lse, dp_pref_f32(qkv), B, T, C, NH);
+    return forward_fused("dp_attention_forward_fused", dev, dp_pout_f32(out), lse, qkv,
+                         qkv_dtype, B, T, C, NH);
 }
 
-dp_status dp_attention_forward_fused16(dp_device *dev, dp_bf16 *out, dp_bf16 *qkvr, float *lse,
+dp_status dp_attention_forward_fused16(dp_device *dev, dp_bf16 *out, float *lse,
                                        const dp_bf16 *qkv, size_t B, size_t T, size_t C,
                                        size_t NH)
 {
-    return forward_fused("dp_attention_forward_fused16", dev, dp_pout_bf16((uint16_t *)out),
-                         qkvr, DP_DTYPE_BF16, lse, dp_pref_bf16((const uint16_t *)qkv), B, T, C,
-                         NH);
+    return forward_fused("dp_attention_forward_fused16", dev, dp_pout_bf16((uint16_t *)out), lse,
+                         qkv, DP_DTYPE_BF16, B, T, C, NH);
 }
 
 // --- backward --------------------------------------------------------------------------
 
 /* The backward into dqkv of either type (fn names the public call). */
 static dp_status backward_fused(const char *fn, dp_device *dev, dp_pout dqkv, float *delta,
-                                const void *dout, dp_dtype dout_dtype, const void *qkvr,
-                                dp_dtype qkvr_dtype,
+                                const void *dout, dp_dtype dout_dtype, const void *qkv,
+                                dp_dtype qkv_dtype,
                                 const float *lse, const void *out, dp_dtype out_dtype, size_t B,
                                 size_t T, size_t C, size_t NH)
 {
     if (!dev) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: dev must not be NULL", fn);
     int q16, o16, g16;
-    DP_TRY(dp_nn_check_dtype(fn, dev, "qkvr_dtype", qkvr_dtype, &q16));
+    DP_TRY(dp_nn_check_dtype(fn, dev, "qkv_dtype", qkv_dtype, &q16));
     DP_TRY(dp_nn_check_dtype(fn, dev, "out_dtype", out_dtype, &o16));
     DP_TRY(dp_nn_check_dtype(fn, dev, "dout_dtype", dout_dtype, &g16));
-    if (!dqkv.p || !delta || !dout || !qkvr || !lse || !out)
+    if (!dqkv.p || !delta || !dout || !qkv || !lse || !out)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
-                       "%s on %s: dqkv, delta, dout, qkvr, lse and out must not be NULL "
-                       "(dqkv=%p delta=%p dout=%p qkvr=%p lse=%p out=%p)",
-                       fn, dev->name, dqkv.p, (void *)delta, dout, qkvr,
+                       "%s on %s: dqkv, delta, dout, qkv, lse and out must not be NULL "
+                       "(dqkv=%p delta=%p dout=%p qkv=%p lse=%p out=%p)",
+                       fn, dev->name, dqkv.p, (void *)delta, dout, qkv,
                        (const void *)lse, out);
     DP_TRY(check_dims(fn, dev, B, T, C, NH));
     size_t hs = C / NH, n = B * NH * T;
@@ -153,15 +143,15 @@ static dp_status backward_fused(const char *fn, dp_device *dev, dp_pout dqkv, fl
                        "%s on %s: head size %zu (C=%zu / NH=%zu); a bfloat16 dqkv takes head "
                        "sizes up to %d; use the float32 dp_attention_backward_fused",
                        fn, dev->name, hs, C, NH, DP_FLASH_HS_MAX16);
-    const void *bufs[] = {dqkv.p, delta, dout, qkvr, lse, out};
-    const char *names[] = {"dqkv", "delta", "dout", "qkvr", "lse", "out"};
+    const void *bufs[] = {dqkv.p, delta, dout, qkv, lse, out};
+    const char *names[] = {"dqkv", "delta", "dout", "qkv", "lse", "out"};
     DP_TRY(dp_nn_check_distinct(fn, dev, bufs, names, 6));
     float scale = scale_of(hs);
-    dp_pref q = pref_of(qkvr, q16), g = pref_of(dout, g16);
+    dp_pref q = pref_of(qkv, q16), g = pref_of(dout, g16);
     const dp_backend_ops *o = dev->ops;
     if (q16 && o->attention_lib_backward) {
         int done = 0;
-        DP_TRY(o->attention_lib_backward(dev, dqkv, g, qkvr, lse, pref_of(out, o16), B, T, NH,
+        DP_TRY(o->attention_lib_backward(dev, dqkv, g, qkv, lse, pref_of(out, o16), B, T, NH,
                                          hs, scale, &done));
         if (done) return DP_OK;
     }
@@ -171,20 +161,20 @@ static dp_status backward_fused(const char *fn, dp_device *dev, dp_pout dqkv, fl
 }
 
 dp_status dp_attention_backward_fused(dp_device *dev, float *dqkv, float *delta,
-                                      const float *dout, const void *qkvr, dp_dtype qkvr_dtype,
+                                      const float *dout, const void *qkv, dp_dtype qkv_dtype,
                                       const float *lse, const void *out, dp_dtype out_dtype,
                                       size_t B, size_t T, size_t C, size_t NH)
 {
     return backward_fused("dp_attention_backward_fused", dev, dp_pout_f32(dqkv), delta, dout,
-                          DP_DTYPE_F32, qkvr, qkvr_dtype, lse, out, out_dtype, B, T, C, NH);
+                          DP_DTYPE_F32, qkv, qkv_dtype, lse, out, out_dtype, B, T, C, NH);
 }
 
 dp_status dp_attention_backward_fused16(dp_device *dev, dp_bf16 *dqkv, float *delta,
-                                        const void *dout, dp_dtype dout_dtype, const void *qkvr,
-                                        dp_dtype qkvr_dtype, const float *lse, const void *out,
+                                        const void *dout, dp_dtype dout_dtype, const void *qkv,
+                                        dp_dtype qkv_dtype, const float *lse, const void *out,
                                         dp_dtype out_dtype, size_t B, size_t T, size_t C,
                                         size_t NH)
 {
     return backward_fused("dp_attention_backward_fused16", dev, dp_pout_bf16(dqkv), delta, dout,
-                          dout_dtype, qkvr, qkvr_dtype, lse, out, out_dtype, B, T, C, NH);
+                          dout_dtype, qkv, qkv_dtype, lse, out, out_dtype, B, T, C, NH);
 }

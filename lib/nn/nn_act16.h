@@ -258,22 +258,20 @@ DP_MODULE_API dp_status dp_gelu_backward_bf16(dp_device *dev, dp_bf16 *dinp, con
                                               const dp_bf16 *dout, size_t n);
 
 /*
- * dp_attention_forward_fused (dp/nn.h) from a bfloat16 qkv(B,T,3C) into a
- * bfloat16 qkvr(3,B,NH,T,hs) and a bfloat16 out(B,T,C), lse(B,NH,T)
- * float32: the GPT's bf16 activations, c_attn's output written as
- * bfloat16 by its GEMM and the attention's output kept as bfloat16, with
- * no float32 copy of either. The permute copies qkv's bits (the float32
- * call rounds its qkv as it permutes: from qkv's values rounded, the same
- * qkvr); each out element is the float32 call's value rounded once (the
- * kernels accumulate in float32 and round as they store; cuDNN's, with
- * DP_CUDA_CUDNN=1, writes its own bfloat16 out), lse the float32 call's.
- * Arguments, ownership and errors as dp_attention_forward_fused, and
- * DP_ERR_INVALID_ARGUMENT for a head size past DP_FLASH_HS_MAX16 (256,
- * kernels/flash.h).
+ * dp_attention_forward_fused (dp/nn.h) from a bfloat16 qkv(B,T,3C), read
+ * in place, into a bfloat16 out(B,T,C), lse(B,NH,T) float32: the GPT's
+ * bf16 activations, c_attn's output written and kept as bfloat16 by its
+ * GEMM and the attention's output kept as bfloat16, with no float32 copy
+ * or permute of either. Each out element is the float32 call's value on
+ * the same qkv rounded once (the kernels accumulate in float32 and round
+ * as they store; cuDNN's, with DP_CUDA_CUDNN=1, writes its own bfloat16
+ * out), lse the float32 call's. Arguments, ownership and errors as
+ * dp_attention_forward_fused, and DP_ERR_INVALID_ARGUMENT for a head size
+ * past DP_FLASH_HS_MAX16 (256, kernels/flash.h).
  */
-DP_MODULE_API dp_status dp_attention_forward_fused16(dp_device *dev, dp_bf16 *out, dp_bf16 *qkvr,
-                                                     float *lse, const dp_bf16 *qkv, size_t B,
-                                                     size_t T, size_t C, size_t NH);
+DP_MODULE_API dp_status dp_attention_forward_fused16(dp_device *dev, dp_bf16 *out, float *lse,
+                                                     const dp_bf16 *qkv, size_t B, size_t T,
+                                                     size_t C, size_t NH);
 
 /*
  * dp_attention_backward_fused (dp/nn.h) with dqkv(B,T,3C) written as
@@ -290,7 +288,7 @@ DP_MODULE_API dp_status dp_attention_forward_fused16(dp_device *dev, dp_bf16 *ou
  */
 DP_MODULE_API dp_status dp_attention_backward_fused16(dp_device *dev, dp_bf16 *dqkv, float *delta,
                                                       const void *dout, dp_dtype dout_dtype,
-                                                      const void *qkvr, dp_dtype qkvr_dtype,
+                                                      const void *qkv, dp_dtype qkv_dtype,
                                                       const float *lse, const void *out,
                                                       dp_dtype out_dtype, size_t B, size_t T,
                                                       size_t C, size_t NH);

@@ -23,7 +23,7 @@ DP_CPU_SIMD dp_status dp_cpu_attention_permute(dp_device *dev, float *qkvr, cons
 }
 
 DP_CPU_SIMD dp_status dp_cpu_attention_permute_bf16(dp_device *dev, uint16_t *qkvr,
-                                                 dp_pref qkv, size_t B, size_t T, size_t NH,
+                                                 const float *qkv, size_t B, size_t T, size_t NH,
                                                  size_t hs)
 {
     size_t runs = 3 * B * NH * T;

@@ -82,7 +82,7 @@ dp_status dp_cpu_adamw_segments(dp_device *dev, float *params, float *grads, flo
                                 float bias_corr2, float clip);
 dp_status dp_cpu_attention_permute(dp_device *dev, float *qkvr, const float *qkv, size_t B,
                                    size_t T, size_t NH, size_t hs);
-dp_status dp_cpu_attention_permute_bf16(dp_device *dev, uint16_t *qkvr, dp_pref qkv,
+dp_status dp_cpu_attention_permute_bf16(dp_device *dev, uint16_t *qkvr, const float *qkv,
                                        size_t B, size_t T, size_t NH, size_t hs);
 dp_status dp_cpu_attention_permute_backward(dp_device *dev, float *dqkv, const float *dqkvr,
                                             size_t B, size_t T, size_t NH, size_t hs);

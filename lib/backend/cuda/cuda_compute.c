@@ -267,7 +267,7 @@ dp_status dp_cuda_attention_permute(dp_device *dev, float *qkvr, const float *qk
     LAUNCH(dev, dp_cuda_launch_attention_permute, qkvr, qkv, B, T, NH, hs);
 }
 
-dp_status dp_cuda_attention_permute_bf16(dp_device *dev, uint16_t *qkvr, dp_pref qkv,
+dp_status dp_cuda_attention_permute_bf16(dp_device *dev, uint16_t *qkvr, const float *qkv,
                                          size_t B, size_t T, size_t NH, size_t hs) {
     LAUNCH(dev, dp_cuda_launch_attention_permute_bf16, qkvr, qkv, B, T, NH, hs);
 }

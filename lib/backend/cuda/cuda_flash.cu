@@ -89,10 +89,10 @@ cudaError_t tc_device_ready(int dev, bool *ready)
 
 /* Whether the tensor core kernels (cuda_flash_tc.cuh) take this call:
  * bfloat16 q, k, v of head size 64, 16-byte aligned rows (their loads
- * move 8 and 16 bytes: qkvr and dout, either type), an 8-byte aligned output (out or
+ * move 8 and 16 bytes: qkv and dout, either type), an 8-byte aligned output (out or
  * dqkv: they store float or bfloat16 pairs), DP_CUDA_FLASH_TC not "0" (read once),
  * and the current device ready for them (tc_device_ready). */
-cudaError_t tc_takes(dp_pref qkvr, size_t hs, const void *dout, const void *dst, bool *takes)
+cudaError_t tc_takes(dp_pref qkv, size_t hs, const void *dout, const void *dst, bool *takes)
 {
     static int off = -1;
     *takes = false;
@@ -100,7 +100,7 @@ cudaError_t tc_takes(dp_pref qkvr, size_t hs, const void *dout, const void *dst,
         const char *e = getenv("DP_CUDA_FLASH_TC");
         off = e && strcmp(e, "0") == 0;
     }
-    if (off || !qkvr.bf16 || hs != dp_tc::HS || (uintptr_t)qkvr.p % 16 ||
+    if (off || !qkv.bf16 || hs != dp_tc::HS || (uintptr_t)qkv.p % 16 ||
         (dout && (uintptr_t)dout % 16) || (uintptr_t)dst % 8)
         return cudaSuccess;
     int dev = 0;
@@ -111,29 +111,29 @@ cudaError_t tc_takes(dp_pref qkvr, size_t hs, const void *dout, const void *dst,
 } // namespace
 
 extern "C" cudaError_t dp_cuda_launch_attention_fused_forward(cudaStream_t s, dp_pout out,
-                                                              float *lse, dp_pref qkvr, size_t B,
+                                                              float *lse, dp_pref qkv, size_t B,
                                                               size_t T, size_t NH, size_t hs,
                                                               float scale, size_t n)
 {
     if (n == 0) return cudaSuccess;
     size_t nt = (T + ROWS - 1) / ROWS;
     bool tc;
-    cudaError_t e = tc_takes(qkvr, hs, NULL, out.p, &tc);
+    cudaError_t e = tc_takes(qkv, hs, NULL, out.p, &tc);
     if (e != cudaSuccess) return e;
     if (tc)
         k_flash_tc_forward<<<tiled_blocks(B, T, NH), dp_tc::THREADS, dp_tc::SMEM_QUERY, s>>>(
-            out, lse, (const uint16_t *)qkvr.p, B, T, NH, scale, nt);
+            out, lse, (const uint16_t *)qkv.p, B, T, NH, scale, nt);
     else if (hs == 64)
-        k_flash_forward<64, 1><<<tiled_blocks(B, T, NH), ROWS * 1, 0, s>>>(out, lse, qkvr, B, T,
+        k_flash_forward<64, 1><<<tiled_blocks(B, T, NH), ROWS * 1, 0, s>>>(out, lse, qkv, B, T,
                                                                           NH, scale, nt);
     else if (hs == 128)
-        k_flash_forward<128, 2><<<tiled_blocks(B, T, NH), ROWS * 2, 0, s>>>(out, lse, qkvr, B, T,
+        k_flash_forward<128, 2><<<tiled_blocks(B, T, NH), ROWS * 2, 0, s>>>(out, lse, qkv, B, T,
                                                                            NH, scale, nt);
     else if (!out.bf16)
         k_flash_forward_items_f32<<<item_blocks(n), ROW_THREADS, 0, s>>>(
-            (float *)out.p, lse, qkvr, B, T, NH, hs, scale, n);
+            (float *)out.p, lse, qkv, B, T, NH, hs, scale, n);
     else
-        k_flash_forward_items<<<item_blocks(n), ROW_THREADS, 0, s>>>(out, lse, qkvr, B, T, NH, hs,
+        k_flash_forward_items<<<item_blocks(n), ROW_THREADS, 0, s>>>(out, lse, qkv, B, T, NH, hs,
                                                                     scale, n);
     return cudaGetLastError();
 }
@@ -156,7 +156,7 @@ extern "C" cudaError_t dp_cuda_launch_attention_fused_delta(cudaStream_t s, floa
 }
 
 extern "C" cudaError_t dp_cuda_launch_attention_fused_dq(cudaStream_t s, dp_pout dqkv,
-                                                         dp_pref dout, dp_pref qkvr,
+                                                         dp_pref dout, dp_pref qkv,
                                                          const float *lse, const float *delta,
                                                          size_t B, size_t T, size_t NH,
                                                          size_t hs, float scale, size_t n)
@@ -164,51 +164,51 @@ extern "C" cudaError_t dp_cuda_launch_attention_fused_dq(cudaStream_t s, dp_pout
     if (n == 0) return cudaSuccess;
     size_t nt = (T + ROWS - 1) / ROWS;
     bool tc;
-    cudaError_t e = tc_takes(qkvr, hs, dout.p, dqkv.p, &tc);
+    cudaError_t e = tc_takes(qkv, hs, dout.p, dqkv.p, &tc);
     if (e != cudaSuccess) return e;
     if (tc)
         k_flash_tc_dq<<<tiled_blocks(B, T, NH), dp_tc::THREADS, dp_tc::SMEM_QUERY, s>>>(
-            dqkv, dout, (const uint16_t *)qkvr.p, lse, delta, B, T, NH, scale, nt);
+            dqkv, dout, (const uint16_t *)qkv.p, lse, delta, B, T, NH, scale, nt);
     else if (hs == 64)
-        k_flash_dq<64, 2><<<tiled_blocks(B, T, NH), ROWS * 2, 0, s>>>(dqkv, dout, qkvr, lse,
+        k_flash_dq<64, 2><<<tiled_blocks(B, T, NH), ROWS * 2, 0, s>>>(dqkv, dout, qkv, lse,
                                                                       delta, B, T, NH, scale, nt);
     else if (hs == 128)
-        k_flash_dq<128, 4><<<tiled_blocks(B, T, NH), ROWS * 4, 0, s>>>(dqkv, dout, qkvr, lse,
+        k_flash_dq<128, 4><<<tiled_blocks(B, T, NH), ROWS * 4, 0, s>>>(dqkv, dout, qkv, lse,
                                                                        delta, B, T, NH, scale, nt);
     else if (!dqkv.bf16)
         k_flash_dq_items_f32<<<item_blocks(n), ROW_THREADS, 0, s>>>(
-            (float *)dqkv.p, dout, qkvr, lse, delta, B, T, NH, hs, scale, n);
+            (float *)dqkv.p, dout, qkv, lse, delta, B, T, NH, hs, scale, n);
     else
-        k_flash_dq_items<<<item_blocks(n), ROW_THREADS, 0, s>>>(dqkv, dout, qkvr, lse, delta, B,
+        k_flash_dq_items<<<item_blocks(n), ROW_THREADS, 0, s>>>(dqkv, dout, qkv, lse, delta, B,
                                                                T, NH, hs, scale, n);
     return cudaGetLastError();
 }
 
 extern "C" cudaError_t dp_cuda_launch_attention_fused_dkdv(cudaStream_t s, dp_pout dqkv,
-                                                           dp_pref dout, dp_pref qkvr,
+                                                           dp_pref dout, dp_pref qkv,
                                                            const float *lse, const float *delta,
                                                            size_t B, size_t T, size_t NH,
                                                            size_t hs, float scale, size_t n)
 {
     if (n == 0) return cudaSuccess;
     bool tc;
-    cudaError_t e = tc_takes(qkvr, hs, dout.p, dqkv.p, &tc);
+    cudaError_t e = tc_takes(qkv, hs, dout.p, dqkv.p, &tc);
     if (e != cudaSuccess) return e;
     if (tc)
         k_flash_tc_dkdv<<<tiled_blocks(B, T, NH), dp_tc::THREADS, dp_tc::SMEM_KEY, s>>>(
-            dqkv, dout, (const uint16_t *)qkvr.p, lse, delta, B, T, NH, scale,
+            dqkv, dout, (const uint16_t *)qkv.p, lse, delta, B, T, NH, scale,
             (T + ROWS - 1) / ROWS);
     else if (hs == 64)
-        k_flash_dkdv<64, 2><<<tiled_blocks(B, T, NH), ROWS * 2, 0, s>>>(dqkv, dout, qkvr, lse,
+        k_flash_dkdv<64, 2><<<tiled_blocks(B, T, NH), ROWS * 2, 0, s>>>(dqkv, dout, qkv, lse,
                                                                         delta, B, T, NH, scale);
     else if (hs == 128)
-        k_flash_dkdv<128, 4><<<tiled_blocks(B, T, NH), ROWS * 4, 0, s>>>(dqkv, dout, qkvr, lse,
+        k_flash_dkdv<128, 4><<<tiled_blocks(B, T, NH), ROWS * 4, 0, s>>>(dqkv, dout, qkv, lse,
                                                                          delta, B, T, NH, scale);
     else if (!dqkv.bf16)
         k_flash_dkdv_items_f32<<<item_blocks(n), ROW_THREADS, 0, s>>>(
-            (float *)dqkv.p, dout, qkvr, lse, delta, B, T, NH, hs, scale, n);
+            (float *)dqkv.p, dout, qkv, lse, delta, B, T, NH, hs, scale, n);
     else
-        k_flash_dkdv_items<<<item_blocks(n), ROW_THREADS, 0, s>>>(dqkv, dout, qkvr, lse, delta,
+        k_flash_dkdv_items<<<item_blocks(n), ROW_THREADS, 0, s>>>(dqkv, dout, qkv, lse, delta,
                                                                  B, T, NH, hs, scale, n);
     return cudaGetLastError();
 }

@@ -44,7 +44,7 @@
  * these, for comparison).
  *
  * Other head sizes: one thread per item, the items of kernels/flash.h
- * themselves, reading qkvr from global memory (the L1 and L2 caches
+ * themselves, reading qkv from global memory (the L1 and L2 caches
  * serve the K/V rows every row of a warp reads alike).
  *
  * Determinism: every output element is written by one thread, each sum
@@ -117,15 +117,15 @@ __device__ __forceinline__ void load_rows(float *tile, dp_pref src, size_t first
 
 /* The forward's and dq's step on key rows j0 .. j0 + nk - 1: once every
  * thread is done with the last tile, K and V of these rows (kb, vb: the
- * head's first K and V rows in qkvr) into ks and vs, then the barrier
- * that makes them the block's. */
+ * head's first K and V rows in qkv, rows ld apart) into ks and vs, then
+ * the barrier that makes them the block's. */
 template <int HS, int G>
-__device__ __forceinline__ void load_kv(float *ks, float *vs, dp_pref qkvr, size_t kb, size_t vb,
-                                        size_t j0, unsigned nk)
+__device__ __forceinline__ void load_kv(float *ks, float *vs, dp_pref qkv, size_t kb, size_t vb,
+                                        size_t ld, size_t j0, unsigned nk)
 {
     __syncthreads();
-    load_rows<HS, G>(ks, qkvr, kb + j0 * HS, HS, nk);
-    load_rows<HS, G>(vs, qkvr, vb + j0 * HS, HS, nk);
+    load_rows<HS, G>(ks, qkv, kb + j0 * ld, ld, nk);
+    load_rows<HS, G>(vs, qkv, vb + j0 * ld, ld, nk);
     __syncthreads();
 }
 
@@ -137,7 +137,7 @@ __device__ __forceinline__ size_t dmin(size_t a, size_t b) { return a < b ? a : 
 
 template <int HS, int G>
 __global__ void __launch_bounds__(ROWS *G)
-    k_flash_forward(dp_pout out, float *lse, dp_pref qkvr, size_t B, size_t T, size_t NH,
+    k_flash_forward(dp_pout out, float *lse, dp_pref qkv, size_t B, size_t T, size_t NH,
                     float scale, size_t ntiles)
 {
     typedef tile_layout<HS, G> L;
@@ -150,19 +150,19 @@ __global__ void __launch_bounds__(ROWS *G)
     const bool live = i < T;
     /* the block's rows see keys 0..nkeys-1; the warp's, 0..wlast */
     const size_t nkeys = dmin(T, (tile + 1) * ROWS), wlast = tile * ROWS + sl.wrow + 32 / G - 1;
-    const size_t kb = dp_flash_qkvr_row(1, r0, BNH, T, HS),
-                 vb = dp_flash_qkvr_row(2, r0, BNH, T, HS);
-    const size_t qo = dp_flash_qkvr_row(0, r0 + (live ? i : 0), BNH, T, HS) + sl.g * D;
+    const size_t kb = dp_flash_qkv_row(1, r0, T, NH, HS), vb = dp_flash_qkv_row(2, r0, T, NH, HS),
+                 ld = dp_flash_qkv_ld(NH, HS);
+    const size_t qo = dp_flash_qkv_row(0, r0 + (live ? i : 0), T, NH, HS) + sl.g * D;
     float q[D], acc[D];
 DP_UNROLL
     for (unsigned d = 0; d < D; d++) {
-        q[d] = live ? dp_pref_at(qkvr, qo + d) : 0.0f;
+        q[d] = live ? dp_pref_at(qkv, qo + d) : 0.0f;
         acc[d] = 0.0f;
     }
     float m = -INFINITY, l = 0.0f;
     for (size_t j0 = 0; j0 < nkeys; j0 += TILE) {
         const unsigned nk = (unsigned)dmin(TILE, nkeys - j0);
-        load_kv<HS, G>(ks, vs, qkvr, kb, vb, j0, nk);
+        load_kv<HS, G>(ks, vs, qkv, kb, vb, ld, j0, nk);
         /* warp-uniform bound, so the G lanes of every row meet at the shuffles */
         const unsigned lim = wlast >= j0 ? (unsigned)dmin(nk, wlast + 1 - j0) : 0;
         for (unsigned jj = 0; jj < lim; jj++) {
@@ -186,7 +186,7 @@ DP_UNROLL
 
 template <int HS, int G>
 __global__ void __launch_bounds__(ROWS *G)
-    k_flash_dq(dp_pout dqkv, dp_pref dout, dp_pref qkvr, const float *lse,
+    k_flash_dq(dp_pout dqkv, dp_pref dout, dp_pref qkv, const float *lse,
                const float *delta, size_t B, size_t T, size_t NH, float scale, size_t ntiles)
 {
     typedef tile_layout<HS, G> L;
@@ -198,21 +198,21 @@ __global__ void __launch_bounds__(ROWS *G)
     const size_t r0 = pair * T, i = tile * ROWS + sl.row, ri = r0 + (i < T ? i : 0);
     const bool live = i < T;
     const size_t nkeys = dmin(T, (tile + 1) * ROWS), wlast = tile * ROWS + sl.wrow + 32 / G - 1;
-    const size_t kb = dp_flash_qkvr_row(1, r0, BNH, T, HS),
-                 vb = dp_flash_qkvr_row(2, r0, BNH, T, HS);
-    const size_t qo = dp_flash_qkvr_row(0, ri, BNH, T, HS) + sl.g * D;
+    const size_t kb = dp_flash_qkv_row(1, r0, T, NH, HS), vb = dp_flash_qkv_row(2, r0, T, NH, HS),
+                 ld = dp_flash_qkv_ld(NH, HS);
+    const size_t qo = dp_flash_qkv_row(0, ri, T, NH, HS) + sl.g * D;
     const size_t go = dp_flash_tok_row(ri, T, NH, HS, 1, 0) + sl.g * D;
     float q[D], g[D], dq[D];
 DP_UNROLL
     for (unsigned d = 0; d < D; d++) {
-        q[d] = live ? dp_pref_at(qkvr, qo + d) : 0.0f;
+        q[d] = live ? dp_pref_at(qkv, qo + d) : 0.0f;
         g[d] = live ? dp_pref_at(dout, go + d) : 0.0f;
         dq[d] = 0.0f;
     }
     const float lse_r = live ? lse[ri] : 0.0f, delta_r = live ? delta[ri] : 0.0f;
     for (size_t j0 = 0; j0 < nkeys; j0 += TILE) {
         const unsigned nk = (unsigned)dmin(TILE, nkeys - j0);
-        load_kv<HS, G>(ks, vs, qkvr, kb, vb, j0, nk);
+        load_kv<HS, G>(ks, vs, qkv, kb, vb, ld, j0, nk);
         const unsigned lim = wlast >= j0 ? (unsigned)dmin(nk, wlast + 1 - j0) : 0;
         for (unsigned jj = 0; jj < lim; jj++) {
             const unsigned o = jj * L::ROW + sl.g * L::SLICE;
@@ -234,7 +234,7 @@ DP_UNROLL
 
 template <int HS, int G>
 __global__ void __launch_bounds__(ROWS *G)
-    k_flash_dkdv(dp_pout dqkv, dp_pref dout, dp_pref qkvr, const float *lse,
+    k_flash_dkdv(dp_pout dqkv, dp_pref dout, dp_pref qkv, const float *lse,
                  const float *delta, size_t B, size_t T, size_t NH, float scale)
 {
     typedef tile_layout<HS, G> L;
@@ -248,21 +248,21 @@ __global__ void __launch_bounds__(ROWS *G)
     const bool live = j < T;
     /* queries before the block's (warp's) first key see none of its keys */
     const size_t first = tile * ROWS, wfirst = first + sl.wrow, C = NH * HS;
-    const size_t qb = dp_flash_qkvr_row(0, r0, BNH, T, HS),
+    const size_t qb = dp_flash_qkv_row(0, r0, T, NH, HS), ld = dp_flash_qkv_ld(NH, HS),
                  gb = dp_flash_tok_row(r0, T, NH, HS, 1, 0);
-    const size_t ko = dp_flash_qkvr_row(1, rj, BNH, T, HS) + sl.g * D,
-                 vo = dp_flash_qkvr_row(2, rj, BNH, T, HS) + sl.g * D;
+    const size_t ko = dp_flash_qkv_row(1, rj, T, NH, HS) + sl.g * D,
+                 vo = dp_flash_qkv_row(2, rj, T, NH, HS) + sl.g * D;
     float k[D], v[D], dk[D], dv[D];
 DP_UNROLL
     for (unsigned d = 0; d < D; d++) {
-        k[d] = live ? dp_pref_at(qkvr, ko + d) : 0.0f;
-        v[d] = live ? dp_pref_at(qkvr, vo + d) : 0.0f;
+        k[d] = live ? dp_pref_at(qkv, ko + d) : 0.0f;
+        v[d] = live ? dp_pref_at(qkv, vo + d) : 0.0f;
         dk[d] = dv[d] = 0.0f;
     }
     for (size_t i0 = first; i0 < T; i0 += TILE) {
         const unsigned ni = (unsigned)dmin(TILE, T - i0);
         __syncthreads();
-        load_rows<HS, G>(qs, qkvr, qb + i0 * HS, HS, ni);
+        load_rows<HS, G>(qs, qkv, qb + i0 * ld, ld, ni);
         /* dO rows of one pair's head are C apart in dout(B,T,C) */
         load_rows<HS, G>(gs, dout, gb + i0 * C, C, ni);
         for (unsigned e = threadIdx.x; e < ni; e += blockDim.x) {
@@ -299,57 +299,57 @@ DP_UNROLL
     for (size_t r = (size_t)blockIdx.x * blockDim.x + threadIdx.x; r < (n);                  \
          r += (size_t)gridDim.x * blockDim.x)
 
-__global__ void k_flash_forward_items(dp_pout out, float *lse, dp_pref qkvr, size_t B, size_t T,
+__global__ void k_flash_forward_items(dp_pout out, float *lse, dp_pref qkv, size_t B, size_t T,
                                       size_t NH, size_t hs, float scale, size_t n)
 {
-    ITEM_LOOP(r, n) dp_flash_forward_item(out, lse, qkvr, B, T, NH, hs, scale, r);
+    ITEM_LOOP(r, n) dp_flash_forward_item(out, lse, qkv, B, T, NH, hs, scale, r);
 }
 
-__global__ void k_flash_dq_items(dp_pout dqkv, dp_pref dout, dp_pref qkvr,
+__global__ void k_flash_dq_items(dp_pout dqkv, dp_pref dout, dp_pref qkv,
                                  const float *lse, const float *delta, size_t B, size_t T,
                                  size_t NH, size_t hs, float scale, size_t n)
 {
-    ITEM_LOOP(r, n) dp_flash_dq_item(dqkv, dout, qkvr, lse, delta, B, T, NH, hs, scale, r);
+    ITEM_LOOP(r, n) dp_flash_dq_item(dqkv, dout, qkv, lse, delta, B, T, NH, hs, scale, r);
 }
 
-__global__ void k_flash_dkdv_items(dp_pout dqkv, dp_pref dout, dp_pref qkvr,
+__global__ void k_flash_dkdv_items(dp_pout dqkv, dp_pref dout, dp_pref qkv,
                                    const float *lse, const float *delta, size_t B, size_t T,
                                    size_t NH, size_t hs, float scale, size_t n)
 {
-    ITEM_LOOP(r, n) dp_flash_dkdv_item(dqkv, dout, qkvr, lse, delta, B, T, NH, hs, scale, r);
+    ITEM_LOOP(r, n) dp_flash_dkdv_item(dqkv, dout, qkv, lse, delta, B, T, NH, hs, scale, r);
 }
 
 /* The forward items for a float32 out, accumulating in its rows (no
  * local row: see below). */
-__global__ void k_flash_forward_items_f32(float *out, float *lse, dp_pref qkvr, size_t B,
+__global__ void k_flash_forward_items_f32(float *out, float *lse, dp_pref qkv, size_t B,
                                           size_t T, size_t NH, size_t hs, float scale, size_t n)
 {
     ITEM_LOOP(r, n)
-    dp_flash_forward_acc(out + dp_flash_tok_row(r, T, NH, hs, 1, 0), lse, qkvr, B, T, NH, hs,
-                         scale, r);
+    dp_flash_forward_acc(out + dp_flash_tok_row(r, T, NH, hs, 1, 0), lse, qkv, T, NH, hs, scale,
+                         r);
 }
 
 /* The items for a float32 dqkv, accumulating in its rows: without the
  * bfloat16 items' local arrays of DP_FLASH_HS_MAX16 floats, a stack frame
  * of 1 KB (dq) or 2 KB (dk, dv) a thread that the driver would reserve for
  * every resident thread (about 0.5 GB on an H100). */
-__global__ void k_flash_dq_items_f32(float *dqkv, dp_pref dout, dp_pref qkvr, const float *lse,
+__global__ void k_flash_dq_items_f32(float *dqkv, dp_pref dout, dp_pref qkv, const float *lse,
                                      const float *delta, size_t B, size_t T, size_t NH,
                                      size_t hs, float scale, size_t n)
 {
     ITEM_LOOP(r, n)
-    dp_flash_dq_acc(dqkv + dp_flash_tok_row(r, T, NH, hs, 3, 0), dout, qkvr, lse, delta, B, T,
-                    NH, hs, scale, r);
+    dp_flash_dq_acc(dqkv + dp_flash_tok_row(r, T, NH, hs, 3, 0), dout, qkv, lse, delta, T, NH,
+                    hs, scale, r);
 }
 
-__global__ void k_flash_dkdv_items_f32(float *dqkv, dp_pref dout, dp_pref qkvr,
+__global__ void k_flash_dkdv_items_f32(float *dqkv, dp_pref dout, dp_pref qkv,
                                        const float *lse, const float *delta, size_t B, size_t T,
                                        size_t NH, size_t hs, float scale, size_t n)
 {
     ITEM_LOOP(r, n)
     dp_flash_dkdv_acc(dqkv + dp_flash_tok_row(r, T, NH, hs, 3, 1),
-                      dqkv + dp_flash_tok_row(r, T, NH, hs, 3, 2), dout, qkvr, lse, delta, B, T,
-                      NH, hs, scale, r);
+                      dqkv + dp_flash_tok_row(r, T, NH, hs, 3, 2), dout, qkv, lse, delta, T, NH,
+                      hs, scale, r);
 }
 
 // --- D = dO . O per row ----------------------------------------------------------------------

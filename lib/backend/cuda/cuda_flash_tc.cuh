@@ -1,7 +1,8 @@
 /*
  * backend/cuda/cuda_flash_tc.cuh - the fused causal attention on tensor
  * cores: FlashAttention-2 (Dao 2023) for head size 64 with bfloat16 q, k,
- * v (qkvr in bf16, what the GPT's bf16 activations give), on the
+ * v (qkv in bf16, what the GPT's bf16 activations give, read in place
+ * in c_attn's (B,T,3C) output), on the
  * m16n8k16 bfloat16 MMA with float32 accumulation (sm_80 and later;
  * cuda_mma.cuh). The same three passes as the float32 kernels of
  * cuda_flash.cu and the same math as kernels/flash.h, regrouped by tiles:
@@ -161,9 +162,10 @@ __device__ __forceinline__ float *key_d(unsigned char *s, unsigned b)
 }
 
 /* Rows [first, first + 64) of bfloat16 rows `stride` elements apart (a
- * head's (T, 64) rows: 64; dO in (B,T,C): C) into a (64, LDH) tile, zeros
- * past T: the whole block, 8 bytes per thread and step. */
-__device__ __forceinline__ void load_bf16_rows(uint16_t *tile, const uint16_t *src, size_t stride,
+ * head's q, k or v rows in qkv(B,T,3C): 3C; dO in (B,T,C): C) into a
+ * (64, LDH) tile, zeros past T: the whole block, 8 bytes per thread and
+ * step. */
+__device__ __forceinline__ void load_bf16_rows(uint16_t *tile, const uint16_t *src, unsigned stride,
                                                size_t first, size_t T)
 {
     for (unsigned e = threadIdx.x; e < BR * HS / 4; e += THREADS) {
@@ -172,11 +174,6 @@ __device__ __forceinline__ void load_bf16_rows(uint16_t *tile, const uint16_t *s
         if (first + r < T) w = *(const uint2 *)(src + (first + r) * stride + c);
         *(uint2 *)(tile + r * LDH + c) = w;
     }
-}
-__device__ __forceinline__ void load_bf16_rows(uint16_t *tile, const uint16_t *src, size_t first,
-                                               size_t T)
-{
-    load_bf16_rows(tile, src, HS, first, T);
 }
 
 /* Rows [first, first + 64) of a head's float32 rows `stride` floats apart
@@ -195,18 +192,13 @@ __device__ __forceinline__ void load_f32_rows(uint16_t *tile, const float *src, 
 /* load_bf16_rows by cp.async: 16-byte pieces, each thread its own; the
  * bytes land at the thread's next dp_cp_async_wait that retires them. */
 __device__ __forceinline__ void async_bf16_rows(uint16_t *tile, const uint16_t *src,
-                                                size_t stride, size_t first, size_t T)
+                                                unsigned stride, size_t first, size_t T)
 {
     for (unsigned e = threadIdx.x; e < BR * HS / 8; e += THREADS) {
         const unsigned r = e / (HS / 8), c = e % (HS / 8) * 8;
         const bool live = first + r < T;
         dp_cp_async16(tile + r * LDH + c, live ? src + (first + r) * stride + c : src, live);
     }
-}
-__device__ __forceinline__ void async_bf16_rows(uint16_t *tile, const uint16_t *src,
-                                                size_t first, size_t T)
-{
-    async_bf16_rows(tile, src, HS, first, T);
 }
 
 /* Rows [first, first + 64) of float32 rows `stride` floats apart into a
@@ -244,7 +236,7 @@ __device__ __forceinline__ void key_step_issue(unsigned char *sm, unsigned b, co
                                                const float *delta, size_t r0, size_t i0,
                                                size_t T)
 {
-    async_bf16_rows(key_q(sm, b), q, i0, T);
+    async_bf16_rows(key_q(sm, b), q, 3 * C, i0, T);
     if (g.bf16)
         async_bf16_rows(key_g16(sm, b), (const uint16_t *)g.p, C, i0, T);
     else
@@ -259,23 +251,26 @@ __device__ __forceinline__ void key_step_issue(unsigned char *sm, unsigned b, co
 }
 
 /* The forward's and dq's copies of K and V of the key tile from row j0
- * into buffer b, one group. */
-__device__ __forceinline__ void kv_issue(unsigned char *sm, const uint16_t *k, const uint16_t *v,
+ * into buffer b, one group. In qkv(B,T,3C) a head's v rows are its k rows
+ * plus C, and rows are 3C apart: one pointer and C are all the loop keeps
+ * (a second pointer and the stride cost the forward spills at its 128
+ * registers). */
+__device__ __forceinline__ void kv_issue(unsigned char *sm, const uint16_t *k, unsigned C,
                                          unsigned b, size_t j0, size_t T)
 {
-    async_bf16_rows(kv_tile(sm, 0, b), k, j0, T);
-    async_bf16_rows(kv_tile(sm, 1, b), v, j0, T);
+    async_bf16_rows(kv_tile(sm, 0, b), k, 3 * C, j0, T);
+    async_bf16_rows(kv_tile(sm, 1, b), k + C, 3 * C, j0, T);
     dp_cp_async_commit();
 }
 
 /* Their step on the key tile from row j0 in buffer b: the next tile's
  * copies issued into the other buffer (if `more`), then the wait for this
  * tile's and the barrier that makes it the whole block's. */
-__device__ __forceinline__ void kv_step(unsigned char *sm, const uint16_t *k, const uint16_t *v,
+__device__ __forceinline__ void kv_step(unsigned char *sm, const uint16_t *k, unsigned C,
                                         unsigned b, size_t j0, bool more, size_t T)
 {
     if (more) {
-        kv_issue(sm, k, v, 1 - b, j0 + BC, T);
+        kv_issue(sm, k, C, 1 - b, j0 + BC, T);
         dp_cp_async_wait<1>();
     } else {
         dp_cp_async_wait<0>();
@@ -283,12 +278,12 @@ __device__ __forceinline__ void kv_step(unsigned char *sm, const uint16_t *k, co
     __syncthreads();
 }
 
-/* Part `part` (0 q, 1 k, 2 v) of the head whose rows start at row r0 of
- * qkvr(3, B, NH, T, 64). */
-__device__ __forceinline__ const uint16_t *head_rows(const uint16_t *qkvr, unsigned part,
-                                                    size_t r0, size_t BNH, size_t T)
+/* Part `part` (0 q, 1 k, 2 v) of the head whose rows start at row r0
+ * (a pair's first) of qkv(B, T, 3 NH 64): its rows are 3C apart. */
+__device__ __forceinline__ const uint16_t *head_rows(const uint16_t *qkv, unsigned part,
+                                                    size_t r0, size_t NH, size_t T)
 {
-    return qkvr + dp_flash_qkvr_row(part, r0, BNH, T, HS);
+    return qkv + dp_flash_qkv_row(part, r0, T, NH, HS);
 }
 
 __device__ __forceinline__ unsigned lane_id() { return threadIdx.x % 32; }
@@ -441,10 +436,10 @@ __device__ __forceinline__ void write_acc_at(dp_pout o, size_t at, size_t stride
  * instead of two. Each block's tile loads are synchronous, so more
  * resident warps are what hides them. (ptxas, sm_90.) */
 
-/* out(B,T,C) (float32 or bfloat16) and lse(B,NH,T) from qkvr(3,B,NH,T,64)
- * bfloat16 bits; a block per (pair, query tile), last tiles first. */
+/* out(B,T,C) (float32 or bfloat16) and lse(B,NH,T) from qkv(B,T,3C)
+ * bfloat16 bits, head size 64; a block per (pair, query tile), last tiles first. */
 __global__ void __launch_bounds__(dp_tc::THREADS, 4)
-    k_flash_tc_forward(dp_pout out, float *lse, const uint16_t *qkvr, size_t B, size_t T,
+    k_flash_tc_forward(dp_pout out, float *lse, const uint16_t *qkv, size_t B, size_t T,
                        size_t NH, float scale, size_t ntiles)
 {
 #if DP_TC_BODY
@@ -453,16 +448,19 @@ __global__ void __launch_bounds__(dp_tc::THREADS, 4)
     const unsigned warp = threadIdx.x / 32;
     unsigned char *const sm = tc_shared();
     const size_t r0 = pair * T, i0 = tile * BR, iw = i0 + warp * 16;
-    const size_t row[2] = {iw + lane_quad(), iw + lane_quad() + 8};
-    const uint16_t *q = head_rows(qkvr, 0, r0, BNH, T), *k = head_rows(qkvr, 1, r0, BNH, T),
-                   *v = head_rows(qkvr, 2, r0, BNH, T);
+    const unsigned ld = (unsigned)(3 * NH * HS);
+    /* the lane's first row within the block: on the diagonal tile (j0 =
+     * i0, BC = BR) key j0 + c is masked for it where c > drow (+ 8 for its
+     * second row); 32-bit, so the loop keeps no 64-bit row indices */
+    const unsigned drow = warp * 16 + lane_quad();
+    const uint16_t *q = head_rows(qkv, 0, r0, NH, T), *k = head_rows(qkv, 1, r0, NH, T);
 
     uint32_t qf[4][4];
-    load_bf16_rows(kv_tile(sm, 0, 0), q, i0, T);
+    load_bf16_rows(kv_tile(sm, 0, 0), q, ld, i0, T);
     __syncthreads();
     load_rows_a(qf, kv_tile(sm, 0, 0), warp * 16);
     __syncthreads(); /* every warp has its Q before K(0) lands over it */
-    kv_issue(sm, k, v, 0, 0, T);
+    kv_issue(sm, k, (unsigned)(NH * HS), 0, 0, T);
 
     /* m: the running maximum of the scores in base-2 units (s sl2) */
     const float sl2 = scale * LOG2E;
@@ -474,7 +472,7 @@ __global__ void __launch_bounds__(dp_tc::THREADS, 4)
     for (size_t kt = 0; kt <= tile; kt++) {
         const size_t j0 = kt * BC;
         const unsigned b = kt % 2;
-        kv_step(sm, k, v, b, j0, kt < tile, T); /* the next tile's copies out, this one's in */
+        kv_step(sm, k, (unsigned)(NH * HS), b, j0, kt < tile, T); /* the next tile's copies out, this one's in */
         const uint16_t *kt_s = kv_tile(sm, 0, b), *vt_s = kv_tile(sm, 1, b);
         float s[8][4];
         rows_dot_tile(s, qf, kt_s);
@@ -484,8 +482,8 @@ __global__ void __launch_bounds__(dp_tc::THREADS, 4)
         for (unsigned n = 0; n < 8; n++)
             DP_UNROLL
             for (unsigned e = 0; e < 4; e++) {
-                const size_t j = j0 + n * 8 + acc_col(e);
-                s[n][e] = (kt == tile && j > row[e / 2]) ? -INFINITY : sl2 * s[n][e];
+                const bool masked = kt == tile && n * 8 + acc_col(e) > drow + 8 * (e / 2);
+                s[n][e] = masked ? -INFINITY : sl2 * s[n][e];
                 mx[e / 2] = fmaxf(mx[e / 2], s[n][e]);
             }
         float alpha[2], sum[2] = {0.0f, 0.0f};
@@ -513,6 +511,7 @@ __global__ void __launch_bounds__(dp_tc::THREADS, 4)
         weights_times_tile(o, pf, vt_s);
         __syncthreads(); /* every warp is done with buffer b before it is refilled */
     }
+    const size_t row[2] = {iw + lane_quad(), iw + lane_quad() + 8};
     const bool live[2] = {row[0] < T, row[1] < T};
     const size_t at = dp_flash_tok_row(r0 + (live[0] ? iw : 0), T, NH, HS, 1, 0);
     const size_t C = NH * HS;
@@ -533,7 +532,7 @@ __global__ void __launch_bounds__(dp_tc::THREADS, 4)
 // --- dq: query-major ---------------------------------------------------------------------------
 
 __global__ void __launch_bounds__(dp_tc::THREADS)
-    k_flash_tc_dq(dp_pout dqkv, dp_pref dout, const uint16_t *qkvr, const float *lse,
+    k_flash_tc_dq(dp_pout dqkv, dp_pref dout, const uint16_t *qkv, const float *lse,
                   const float *delta, size_t B, size_t T, size_t NH, float scale, size_t ntiles)
 {
 #if DP_TC_BODY
@@ -542,13 +541,13 @@ __global__ void __launch_bounds__(dp_tc::THREADS)
     const unsigned warp = threadIdx.x / 32;
     unsigned char *const sm = tc_shared();
     const size_t r0 = pair * T, i0 = tile * BR, iw = i0 + warp * 16, C = NH * HS;
+    const unsigned ld = (unsigned)(3 * C);
     const size_t row[2] = {iw + lane_quad(), iw + lane_quad() + 8};
     const bool live[2] = {row[0] < T, row[1] < T};
-    const uint16_t *q = head_rows(qkvr, 0, r0, BNH, T), *k = head_rows(qkvr, 1, r0, BNH, T),
-                   *v = head_rows(qkvr, 2, r0, BNH, T);
+    const uint16_t *q = head_rows(qkv, 0, r0, NH, T), *k = head_rows(qkv, 1, r0, NH, T);
 
     uint32_t qf[4][4], gf[4][4];
-    load_bf16_rows(kv_tile(sm, 0, 0), q, i0, T);
+    load_bf16_rows(kv_tile(sm, 0, 0), q, ld, i0, T);
     const size_t go = dp_flash_tok_row(r0, T, NH, HS, 1, 0);
     if (dout.bf16)
         load_bf16_rows(kv_tile(sm, 1, 0), (const uint16_t *)dout.p + go, C, i0, T);
@@ -558,7 +557,7 @@ __global__ void __launch_bounds__(dp_tc::THREADS)
     load_rows_a(qf, kv_tile(sm, 0, 0), warp * 16);
     load_rows_a(gf, kv_tile(sm, 1, 0), warp * 16);
     __syncthreads(); /* every warp has its Q and dO before K(0), V(0) land over them */
-    kv_issue(sm, k, v, 0, 0, T);
+    kv_issue(sm, k, (unsigned)(NH * HS), 0, 0, T);
     const float sl2 = scale * LOG2E;
     float lse2[2], d_r[2];
     DP_UNROLL
@@ -575,7 +574,7 @@ __global__ void __launch_bounds__(dp_tc::THREADS)
     for (size_t kt = 0; kt <= tile; kt++) {
         const size_t j0 = kt * BC;
         const unsigned b = kt % 2;
-        kv_step(sm, k, v, b, j0, kt < tile, T);
+        kv_step(sm, k, (unsigned)(NH * HS), b, j0, kt < tile, T);
         const uint16_t *kt_s = kv_tile(sm, 0, b), *vt_s = kv_tile(sm, 1, b);
         float s[8][4], dp[8][4];
         rows_dot_tile(s, qf, kt_s);  /* S */
@@ -603,7 +602,7 @@ __global__ void __launch_bounds__(dp_tc::THREADS)
 // --- dk, dv: key-major -------------------------------------------------------------------------
 
 __global__ void __launch_bounds__(dp_tc::THREADS, 3)
-    k_flash_tc_dkdv(dp_pout dqkv, dp_pref dout, const uint16_t *qkvr, const float *lse,
+    k_flash_tc_dkdv(dp_pout dqkv, dp_pref dout, const uint16_t *qkv, const float *lse,
                     const float *delta, size_t B, size_t T, size_t NH, float scale,
                     size_t ntiles)
 {
@@ -615,14 +614,14 @@ __global__ void __launch_bounds__(dp_tc::THREADS, 3)
     const size_t r0 = pair * T, j0 = tile * BR, jw = j0 + warp * 16, C = NH * HS;
     const size_t key[2] = {jw + lane_quad(), jw + lane_quad() + 8};
     const bool live[2] = {key[0] < T, key[1] < T};
-    const uint16_t *q = head_rows(qkvr, 0, r0, BNH, T), *k = head_rows(qkvr, 1, r0, BNH, T),
-                   *v = head_rows(qkvr, 2, r0, BNH, T);
+    const uint16_t *q = head_rows(qkv, 0, r0, NH, T), *k = head_rows(qkv, 1, r0, NH, T),
+                   *v = head_rows(qkv, 2, r0, NH, T);
     const size_t go = dp_flash_tok_row(r0, T, NH, HS, 1, 0);
     const dp_pref g = dp_pref_offset(dout, go);
 
     uint32_t kf[4][4], vf[4][4];
-    load_bf16_rows(key_q(sm, 0), k, j0, T);
-    load_bf16_rows(key_q(sm, 1), v, j0, T);
+    load_bf16_rows(key_q(sm, 0), k, 3 * C, j0, T);
+    load_bf16_rows(key_q(sm, 1), v, 3 * C, j0, T);
     __syncthreads();
     load_rows_a(kf, key_q(sm, 0), warp * 16);
     load_rows_a(vf, key_q(sm, 1), warp * 16);

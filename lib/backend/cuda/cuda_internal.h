@@ -183,7 +183,7 @@ dp_status dp_cuda_attention_permute_backward(dp_device *dev, float *dqkv, const 
                                              size_t B, size_t T, size_t NH, size_t hs);
 dp_status dp_cuda_attention_permute(dp_device *dev, float *qkvr, const float *qkv, size_t B,
                                     size_t T, size_t NH, size_t hs);
-dp_status dp_cuda_attention_permute_bf16(dp_device *dev, uint16_t *qkvr, dp_pref qkv,
+dp_status dp_cuda_attention_permute_bf16(dp_device *dev, uint16_t *qkvr, const float *qkv,
                                          size_t B, size_t T, size_t NH, size_t hs);
 dp_status dp_cuda_attention_unpermute_backward(dp_device *dev, float *dy, const float *dout,
                                                size_t B, size_t T, size_t NH, size_t hs);
@@ -191,10 +191,10 @@ dp_status dp_cuda_attention_unpermute(dp_device *dev, float *out, const float *y
                                       size_t T, size_t NH, size_t hs);
 /* cuda_sdpa.c */
 dp_status dp_cuda_attention_lib_forward(dp_device *dev, dp_pout out, float *lse,
-                                        const uint16_t *qkvr, size_t B, size_t T, size_t NH,
+                                        const uint16_t *qkv, size_t B, size_t T, size_t NH,
                                         size_t hs, float scale, int *done);
 dp_status dp_cuda_attention_lib_backward(dp_device *dev, dp_pout dqkv, dp_pref dout,
-                                         const uint16_t *qkvr, const float *lse, dp_pref out,
+                                         const uint16_t *qkv, const float *lse, dp_pref out,
                                          size_t B, size_t T, size_t NH, size_t hs, float scale,
                                          int *done);
 /* Closes c's cuDNN context, if any (the device's close, after its stream is idle). */

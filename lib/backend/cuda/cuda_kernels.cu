@@ -351,7 +351,7 @@ __global__ void k_attention_permute(float *qkvr, const float *qkv, size_t B, siz
     WARP_RUNS(r, runs) dp_attention_permute_run(qkvr, qkv, r, B, T, NH, hs, LANE, 32);
 }
 
-__global__ void k_attention_permute_bf16(uint16_t *qkvr, dp_pref qkv, size_t B, size_t T,
+__global__ void k_attention_permute_bf16(uint16_t *qkvr, const float *qkv, size_t B, size_t T,
                                          size_t NH, size_t hs, size_t runs)
 {
     WARP_RUNS(r, runs) dp_attention_permute_bf16_run(qkvr, qkv, r, B, T, NH, hs, LANE, 32);
@@ -388,7 +388,7 @@ extern "C" cudaError_t dp_cuda_launch_attention_permute(cudaStream_t s, float *q
 }
 
 extern "C" cudaError_t dp_cuda_launch_attention_permute_bf16(cudaStream_t s, uint16_t *qkvr,
-                                                             dp_pref qkv, size_t B,
+                                                             const float *qkv, size_t B,
                                                              size_t T, size_t NH, size_t hs)
 {
     size_t runs = 3 * B * NH * T;

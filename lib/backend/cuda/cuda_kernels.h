@@ -64,7 +64,7 @@ cudaError_t dp_cuda_launch_attention_permute(cudaStream_t s, float *qkvr, const 
 /* 0 when DP_CUDA_VEC=0 turns the 16-byte element-wise paths off (cuda_kernels.cu). */
 int dp_cuda_vec_on(void);
 cudaError_t dp_cuda_launch_attention_permute_bf16(cudaStream_t s, uint16_t *qkvr,
-                                                  dp_pref qkv, size_t B, size_t T,
+                                                  const float *qkv, size_t B, size_t T,
                                                   size_t NH, size_t hs);
 cudaError_t dp_cuda_launch_attention_permute_backward(cudaStream_t s, float *dqkv,
                                                       const float *dqkvr, size_t B, size_t T,

@@ -100,7 +100,7 @@ static dp_status scratch(dp_device *dev, cuda_ctx *c, const dp_cudnn_module *m,
 }
 
 static dp_status forward_locked(dp_device *dev, cuda_ctx *c, dp_pout out, float *lse,
-                                const uint16_t *qkvr, const dp_sdpa_desc *d)
+                                const uint16_t *qkv, const dp_sdpa_desc *d)
 {
     const dp_cudnn_module *m = NULL;
     DP_TRY(ready(dev, c, &m));
@@ -113,14 +113,14 @@ static dp_status forward_locked(dp_device *dev, cuda_ctx *c, dp_pout out, float 
     DP_TRY(scratch(dev, c, m, d, 0, &elems, 1, &o16, &ws));
     if (out.bf16) o16 = (uint16_t *)out.p;
     char err[512] = "";
-    int r = m->forward(c->sdpa, d, qkvr, o16, lse, ws, err, sizeof err);
+    int r = m->forward(c->sdpa, d, qkv, o16, lse, ws, err, sizeof err);
     if (r != DP_SDPA_DONE) return failed(dev, r, err);
     if (!out.bf16) CU_TRY(dev, dp_cuda_launch_cast_bf16_f32(c->stream, (float *)out.p, o16, n));
     return DP_OK;
 }
 
 dp_status dp_cuda_attention_lib_forward(dp_device *dev, dp_pout out, float *lse,
-                                        const uint16_t *qkvr, size_t B, size_t T, size_t NH,
+                                        const uint16_t *qkv, size_t B, size_t T, size_t NH,
                                         size_t hs, float scale, int *done)
 {
     *done = 0;
@@ -129,14 +129,14 @@ dp_status dp_cuda_attention_lib_forward(dp_device *dev, dp_pout out, float *lse,
     cuda_ctx *c = CTX(dev);
     dp_sdpa_desc d = desc_of(B, T, NH, hs, scale);
     pthread_mutex_lock(&c->mu);
-    dp_status s = forward_locked(dev, c, out, lse, qkvr, &d);
+    dp_status s = forward_locked(dev, c, out, lse, qkv, &d);
     pthread_mutex_unlock(&c->mu);
     *done = s == DP_OK;
     return s;
 }
 
 static dp_status backward_locked(dp_device *dev, cuda_ctx *c, dp_pout dqkv, dp_pref dout,
-                                 const uint16_t *qkvr, const float *lse, dp_pref out,
+                                 const uint16_t *qkv, const float *lse, dp_pref out,
                                  const dp_sdpa_desc *d)
 {
     const dp_cudnn_module *m = NULL;
@@ -156,7 +156,7 @@ static dp_status backward_locked(dp_device *dev, cuda_ctx *c, dp_pout dqkv, dp_p
     if (!dout.bf16)
         CU_TRY(dev, dp_cuda_launch_cast_f32_bf16(c->stream, p[0], (const float *)dout.p, n));
     char err[512] = "";
-    int r = m->backward(c->sdpa, d, qkvr, o16, do16, lse, dqkv16, ws, err, sizeof err);
+    int r = m->backward(c->sdpa, d, qkv, o16, do16, lse, dqkv16, ws, err, sizeof err);
     if (r != DP_SDPA_DONE) return failed(dev, r, err);
     if (!dqkv.bf16)
         CU_TRY(dev, dp_cuda_launch_cast_bf16_f32(c->stream, (float *)dqkv.p, dqkv16, 3 * n));
@@ -164,7 +164,7 @@ static dp_status backward_locked(dp_device *dev, cuda_ctx *c, dp_pout dqkv, dp_p
 }
 
 dp_status dp_cuda_attention_lib_backward(dp_device *dev, dp_pout dqkv, dp_pref dout,
-                                         const uint16_t *qkvr, const float *lse, dp_pref out,
+                                         const uint16_t *qkv, const float *lse, dp_pref out,
                                          size_t B, size_t T, size_t NH, size_t hs, float scale,
                                          int *done)
 {
@@ -174,7 +174,7 @@ dp_status dp_cuda_attention_lib_backward(dp_device *dev, dp_pout dqkv, dp_pref d
     cuda_ctx *c = CTX(dev);
     dp_sdpa_desc d = desc_of(B, T, NH, hs, scale);
     pthread_mutex_lock(&c->mu);
-    dp_status s = backward_locked(dev, c, dqkv, dout, qkvr, lse, out, &d);
+    dp_status s = backward_locked(dev, c, dqkv, dout, qkv, lse, out, &d);
     pthread_mutex_unlock(&c->mu);
     *done = s == DP_OK;
     return s;

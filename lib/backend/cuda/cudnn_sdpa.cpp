@@ -9,9 +9,9 @@
  * milliseconds, a step runs each shape 2 * layers times.
  *
  * The tensors are described with strides over dp's buffers, so nothing
- * is copied: q, k, v read the permuted qkvr (3,B,NH,T,hs), o and do are
- * (B,T,C) and dq, dk, dv land at their places in (B,T,3C) (the layout
- * llm.c's cudnn_att.cpp reads; here the q, k, v are already permuted).
+ * is copied: q, k, v are read in place in qkv (B,T,3C), c_attn's output,
+ * o and do are (B,T,C), and dq, dk, dv land at their places in (B,T,3C)
+ * (the layout llm.c's cudnn_att.cpp reads).
  *
  * The frontend reports errors as values, but parts of it can throw
  * (allocation, its loader): every entry catches everything, as no
@@ -96,10 +96,10 @@ std::shared_ptr<fe::graph::Graph> describe(const dp_sdpa_desc &d, int backward)
         .set_intermediate_data_type(fe::DataType_t::FLOAT)
         .set_compute_data_type(fe::DataType_t::FLOAT);
     const int64_t C = d.NH * d.hs;
-    const std::vector<int64_t> heads = {d.NH * d.T * d.hs, d.T * d.hs, d.hs, 1};
-    auto Q = input(*g, "Q", UID_Q, d, heads);
-    auto K = input(*g, "K", UID_K, d, heads);
-    auto V = input(*g, "V", UID_V, d, heads);
+    const std::vector<int64_t> qkv = tok_strides(d, 3 * C);
+    auto Q = input(*g, "Q", UID_Q, d, qkv);
+    auto K = input(*g, "K", UID_K, d, qkv);
+    auto V = input(*g, "V", UID_V, d, qkv);
     auto scale = g->tensor(fe::graph::Tensor_attributes()
                                .set_name("scale")
                                .set_uid(UID_SCALE)
@@ -139,7 +139,6 @@ std::shared_ptr<fe::graph::Graph> describe(const dp_sdpa_desc &d, int backward)
                     .set_attn_scale(scale)
                     .set_deterministic_algorithm(true);
     auto [dQ, dK, dV] = g->sdpa_backward(Q, K, V, O, dO, stats, opts);
-    const std::vector<int64_t> qkv = tok_strides(d, 3 * C);
     dQ->set_output(true).set_uid(UID_DQ).set_dim({d.B, d.NH, d.T, d.hs}).set_stride(qkv);
     dK->set_output(true).set_uid(UID_DK).set_dim({d.B, d.NH, d.T, d.hs}).set_stride(qkv);
     dV->set_output(true).set_uid(UID_DV).set_dim({d.B, d.NH, d.T, d.hs}).set_stride(qkv);
@@ -254,7 +253,7 @@ int sdpa_workspace(void *ctx, const dp_sdpa_desc *d, int backward, size_t *bytes
     });
 }
 
-int sdpa_forward(void *ctx, const dp_sdpa_desc *d, const uint16_t *qkvr, uint16_t *o,
+int sdpa_forward(void *ctx, const dp_sdpa_desc *d, const uint16_t *qkv, uint16_t *o,
                  float *lse, void *ws, char *err, size_t n)
 {
     return guarded(err, n, [&]() {
@@ -262,15 +261,15 @@ int sdpa_forward(void *ctx, const dp_sdpa_desc *d, const uint16_t *qkvr, uint16_
         plan *p = nullptr;
         int r = plan_of(c, *d, 0, &p, err, n);
         if (r != DP_SDPA_DONE) return r;
-        const size_t part = (size_t)(d->B * d->NH * d->T * d->hs);
+        const size_t C = (size_t)(d->NH * d->hs);
         std::unordered_map<int64_t, void *> pack = {
-            {UID_Q, (void *)qkvr}, {UID_K, (void *)(qkvr + part)},
-            {UID_V, (void *)(qkvr + 2 * part)}, {UID_O, o}, {UID_STATS, lse}};
+            {UID_Q, (void *)qkv}, {UID_K, (void *)(qkv + C)}, {UID_V, (void *)(qkv + 2 * C)},
+            {UID_O, o},           {UID_STATS, lse}};
         return run(c, p, pack, d->scale, ws, err, n);
     });
 }
 
-int sdpa_backward(void *ctx, const dp_sdpa_desc *d, const uint16_t *qkvr, const uint16_t *o,
+int sdpa_backward(void *ctx, const dp_sdpa_desc *d, const uint16_t *qkv, const uint16_t *o,
                   const uint16_t *dout, const float *lse, uint16_t *dqkv, void *ws, char *err,
                   size_t n)
 {
@@ -279,10 +278,10 @@ int sdpa_backward(void *ctx, const dp_sdpa_desc *d, const uint16_t *qkvr, const 
         plan *p = nullptr;
         int r = plan_of(c, *d, 1, &p, err, n);
         if (r != DP_SDPA_DONE) return r;
-        const size_t part = (size_t)(d->B * d->NH * d->T * d->hs), C = (size_t)(d->NH * d->hs);
+        const size_t C = (size_t)(d->NH * d->hs);
         std::unordered_map<int64_t, void *> pack = {
-            {UID_Q, (void *)qkvr},        {UID_K, (void *)(qkvr + part)},
-            {UID_V, (void *)(qkvr + 2 * part)}, {UID_O, (void *)o},
+            {UID_Q, (void *)qkv},         {UID_K, (void *)(qkv + C)},
+            {UID_V, (void *)(qkv + 2 * C)}, {UID_O, (void *)o},
             {UID_DO, (void *)dout},       {UID_STATS, (void *)lse},
             {UID_DQ, dqkv},               {UID_DK, dqkv + C},
             {UID_DV, dqkv + 2 * C}};

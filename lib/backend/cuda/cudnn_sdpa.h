@@ -10,7 +10,7 @@
  * missing or a shape is declined.
  *
  * Layouts (row-major, bfloat16 unless said; C = NH * hs):
- *   qkvr  (3, B, NH, T, hs)  q, k, v after the permute (nn/attention_fused.c)
+ *   qkv   (B, T, 3C)         q, k, v: c_attn's output, read in place
  *   o, do (B, T, C)          the attention's output and its gradient
  *   dqkv  (B, T, 3C)         the gradients of q, k, v at qkv's places
  *   lse   (B, NH, T) float32 per query row, max + log(sum exp) of the
@@ -56,11 +56,11 @@ typedef struct dp_cudnn_module {
      * this shape needs; builds and keeps its plan. */
     int (*workspace)(void *ctx, const dp_sdpa_desc *d, int backward, size_t *bytes, char *err,
                      size_t n);
-    /* o and lse from qkvr. ws: workspace() bytes of device memory. */
-    int (*forward)(void *ctx, const dp_sdpa_desc *d, const uint16_t *qkvr, uint16_t *o,
+    /* o and lse from qkv. ws: workspace() bytes of device memory. */
+    int (*forward)(void *ctx, const dp_sdpa_desc *d, const uint16_t *qkv, uint16_t *o,
                    float *lse, void *ws, char *err, size_t n);
-    /* dqkv from qkvr, o, do and the forward's lse. */
-    int (*backward)(void *ctx, const dp_sdpa_desc *d, const uint16_t *qkvr, const uint16_t *o,
+    /* dqkv from qkv, o, do and the forward's lse. */
+    int (*backward)(void *ctx, const dp_sdpa_desc *d, const uint16_t *qkv, const uint16_t *o,
                     const uint16_t *dout, const float *lse, uint16_t *dqkv, void *ws, char *err,
                     size_t n);
 } dp_cudnn_module;
