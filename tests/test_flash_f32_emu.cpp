@@ -99,6 +99,8 @@ template <int HS, int GF, int GB> void run_case(size_t T, size_t NH, int bf16, u
     const unsigned tiles = (unsigned)(nt * BNH), items = 3;
     const float *L = lse_c.data(), *D = delta.data();
     const dp_pref g = dp_pref_f32(dout.data());
+    /* the bfloat16 items' local rows for this head size (items16_cap) */
+    constexpr unsigned CAP = HS <= 32 ? 32 : HS <= 64 ? 64 : HS <= 128 ? 128 : DP_FLASH_HS_MAX16;
     for (int o16 = 0; o16 < 2; o16++) {
         dp_pout dq = o16 ? dp_pout_bf16(dqkv16.data()) : dp_pout_f32(dqkv.data());
         dp_pout o = o16 ? dp_pout_bf16(out_k16.data()) : dp_pout_f32(out.data());
@@ -111,13 +113,14 @@ template <int HS, int GF, int GB> void run_case(size_t T, size_t NH, int bf16, u
             emu_launch(tiles, ROWS * GB, 0, k_flash_dkdv<HS, GB>, dq, g, qkv, L, D, B, T, NH,
                        scale);
         } else {
-            if (o16) { /* the launcher's choice per type */
-                emu_launch(items, ROW_THREADS, 0, k_flash_forward_items, o, lo, qkv, B, T, NH,
-                           hs, scale, n);
-                emu_launch(items, ROW_THREADS, 0, k_flash_dq_items, dq, g, qkv, L, D, B, T, NH,
-                           hs, scale, n);
-                emu_launch(items, ROW_THREADS, 0, k_flash_dkdv_items, dq, g, qkv, L, D, B, T,
-                           NH, hs, scale, n);
+            if (o16) { /* the launcher's choice per type and head size */
+                cr_assert_eq(items16_cap(hs), CAP);
+                emu_launch(items, ROW_THREADS, 0, k_flash_forward_items16<CAP>, out_k16.data(),
+                           lo, qkv, T, NH, hs, scale, n);
+                emu_launch(items, ROW_THREADS, 0, k_flash_dq_items16<CAP>, dqkv16.data(), g, qkv,
+                           L, D, T, NH, hs, scale, n);
+                emu_launch(items, ROW_THREADS, 0, k_flash_dkdv_items16<CAP>, dqkv16.data(), g,
+                           qkv, L, D, T, NH, hs, scale, n);
             } else {
                 emu_launch(items, ROW_THREADS, 0, k_flash_forward_items_f32, out.data(), lo,
                            qkv, B, T, NH, hs, scale, n);
@@ -151,20 +154,19 @@ template <int HS, int GF, int GB> void run_case(size_t T, size_t NH, int bf16, u
                        D, B, T, NH, hs, scale, n);
             emu_launch(items, ROW_THREADS, 0, k_flash_dkdv_items_f32, again.data(), g16p, qkv,
                        L, D, B, T, NH, hs, scale, n);
-            std::vector<float> generic(nq, NAN); /* the dp_pout kernels on a float32 dqkv */
-            const dp_pout gq = dp_pout_f32(generic.data());
-            emu_launch(items, ROW_THREADS, 0, k_flash_dq_items, gq, g16p, qkv, L, D, B, T, NH,
-                       hs, scale, n);
-            emu_launch(items, ROW_THREADS, 0, k_flash_dkdv_items, gq, g16p, qkv, L, D, B, T,
-                       NH, hs, scale, n);
-            cr_assert(memcmp(generic.data(), again.data(), nq * sizeof(float)) == 0,
-                      "hs %d: the float32 items differ from the typed ones", HS);
-            std::vector<float> gout(out.size(), NAN), glse(n, NAN); /* ... and the forward's */
-            emu_launch(items, ROW_THREADS, 0, k_flash_forward_items, dp_pout_f32(gout.data()),
-                       glse.data(), qkv, B, T, NH, hs, scale, n);
-            cr_assert(memcmp(gout.data(), out.data(), out.size() * sizeof(float)) == 0 &&
-                          memcmp(glse.data(), lse.data(), n * sizeof(float)) == 0,
-                      "hs %d: the float32 forward items differ from the typed ones", HS);
+            /* the bfloat16 items with the widest local rows: the same bits
+             * (the rows' size is only their capacity) */
+            std::vector<uint16_t> wide16(nq, 0xabcd), wout16(out.size(), 0xabcd);
+            std::vector<float> wlse(n, NAN);
+            emu_launch(items, ROW_THREADS, 0, k_flash_dq_items16<DP_FLASH_HS_MAX16>,
+                       wide16.data(), g16p, qkv, L, D, T, NH, hs, scale, n);
+            emu_launch(items, ROW_THREADS, 0, k_flash_dkdv_items16<DP_FLASH_HS_MAX16>,
+                       wide16.data(), g16p, qkv, L, D, T, NH, hs, scale, n);
+            emu_launch(items, ROW_THREADS, 0, k_flash_forward_items16<DP_FLASH_HS_MAX16>,
+                       wout16.data(), wlse.data(), qkv, T, NH, hs, scale, n);
+            cr_assert(wide16 == dqkv16, "hs %d: the widest bf16 items' dqkv differs", HS);
+            cr_assert(wout16 == out_k16 && memcmp(wlse.data(), lse.data(), n * 4) == 0,
+                      "hs %d: the widest bf16 forward items differ", HS);
         }
         cr_assert(memcmp(again.data(), dqkv.data(), nq * sizeof(float)) == 0,
                   "hs %d: dqkv from a bfloat16 dO differs", HS);
@@ -221,4 +223,8 @@ Test(flash_f32_emu, head_size_64, .timeout = 120)
 Test(flash_f32_emu, head_size_128, .timeout = 120) { run_case<128, 2, 4>(70, 1, 0, 3u); }
 
 /* Another head size: the one-thread-per-item kernels, grid-stride. */
-Test(flash_f32_emu, other_head_sizes) { run_case<24, 1, 1>(37, 2, 1, 4u); }
+Test(flash_f32_emu, other_head_sizes)
+{
+    run_case<24, 1, 1>(37, 2, 1, 4u); /* local rows of 32 floats for bfloat16 outputs */
+    run_case<40, 1, 1>(37, 1, 1, 6u); /* ... of 64 */
+}

@@ -44,6 +44,19 @@ unsigned item_blocks(size_t n)
     return (unsigned)min_sz((n + ROW_THREADS - 1) / ROW_THREADS, MAX_BLOCKS);
 }
 
+/* kernel<cap>, the bfloat16 items' kernel for head size hs (items16_cap),
+ * launched with the items' shape. */
+#define LAUNCH_ITEMS16(kernel, hs, s, n, ...)                                                \
+    do {                                                                                     \
+        switch (items16_cap(hs)) {                                                           \
+        case 32: kernel<32><<<item_blocks(n), ROW_THREADS, 0, s>>>(__VA_ARGS__); break;      \
+        case 64: kernel<64><<<item_blocks(n), ROW_THREADS, 0, s>>>(__VA_ARGS__); break;      \
+        case 128: kernel<128><<<item_blocks(n), ROW_THREADS, 0, s>>>(__VA_ARGS__); break;    \
+        default:                                                                             \
+            kernel<DP_FLASH_HS_MAX16><<<item_blocks(n), ROW_THREADS, 0, s>>>(__VA_ARGS__);   \
+        }                                                                                    \
+    } while (0)
+
 /* Per device ordinal (up to TC_DEVICES): 0 not yet looked at, 1 the
  * tensor core kernels run there (compute capability 8.0 or later, each
  * kernel's shared memory limit raised), -1 they do not. Looked at once
@@ -133,8 +146,8 @@ extern "C" cudaError_t dp_cuda_launch_attention_fused_forward(cudaStream_t s, dp
         k_flash_forward_items_f32<<<item_blocks(n), ROW_THREADS, 0, s>>>(
             (float *)out.p, lse, qkv, B, T, NH, hs, scale, n);
     else
-        k_flash_forward_items<<<item_blocks(n), ROW_THREADS, 0, s>>>(out, lse, qkv, B, T, NH, hs,
-                                                                    scale, n);
+        LAUNCH_ITEMS16(k_flash_forward_items16, hs, s, n, (uint16_t *)out.p, lse, qkv, T, NH, hs,
+                       scale, n);
     return cudaGetLastError();
 }
 
@@ -179,8 +192,8 @@ extern "C" cudaError_t dp_cuda_launch_attention_fused_dq(cudaStream_t s, dp_pout
         k_flash_dq_items_f32<<<item_blocks(n), ROW_THREADS, 0, s>>>(
             (float *)dqkv.p, dout, qkv, lse, delta, B, T, NH, hs, scale, n);
     else
-        k_flash_dq_items<<<item_blocks(n), ROW_THREADS, 0, s>>>(dqkv, dout, qkv, lse, delta, B,
-                                                               T, NH, hs, scale, n);
+        LAUNCH_ITEMS16(k_flash_dq_items16, hs, s, n, (uint16_t *)dqkv.p, dout, qkv, lse, delta, T,
+                       NH, hs, scale, n);
     return cudaGetLastError();
 }
 
@@ -208,7 +221,7 @@ extern "C" cudaError_t dp_cuda_launch_attention_fused_dkdv(cudaStream_t s, dp_po
         k_flash_dkdv_items_f32<<<item_blocks(n), ROW_THREADS, 0, s>>>(
             (float *)dqkv.p, dout, qkv, lse, delta, B, T, NH, hs, scale, n);
     else
-        k_flash_dkdv_items<<<item_blocks(n), ROW_THREADS, 0, s>>>(dqkv, dout, qkv, lse, delta,
-                                                                 B, T, NH, hs, scale, n);
+        LAUNCH_ITEMS16(k_flash_dkdv_items16, hs, s, n, (uint16_t *)dqkv.p, dout, qkv, lse, delta,
+                       T, NH, hs, scale, n);
     return cudaGetLastError();
 }

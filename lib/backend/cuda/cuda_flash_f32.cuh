@@ -299,28 +299,63 @@ DP_UNROLL
     for (size_t r = (size_t)blockIdx.x * blockDim.x + threadIdx.x; r < (n);                  \
          r += (size_t)gridDim.x * blockDim.x)
 
-__global__ void k_flash_forward_items(dp_pout out, float *lse, dp_pref qkv, size_t B, size_t T,
-                                      size_t NH, size_t hs, float scale, size_t n)
+/* The items for a bfloat16 out or dqkv: each row's float32 sums in a
+ * local array of MAXHS >= hs floats, rounded as they are stored (the
+ * CPU's items' values: kernels/flash.h). The array's index is the
+ * runtime hs, so it lives in local memory: MAXHS * 4 bytes of stack a
+ * thread (twice that for dk and dv), which the driver reserves for every
+ * thread the GPU can hold (2048 an SM). The launchers take the smallest
+ * of 32, 64, 128 and DP_FLASH_HS_MAX16 (items16_cap) that holds hs, so a
+ * small head reserves little: 128 bytes a thread at hs 24, not the 1 KB
+ * (2 KB) of DP_FLASH_HS_MAX16. */
+template <unsigned MAXHS>
+__global__ void k_flash_forward_items16(uint16_t *out, float *lse, dp_pref qkv, size_t T,
+                                        size_t NH, size_t hs, float scale, size_t n)
 {
-    ITEM_LOOP(r, n) dp_flash_forward_item(out, lse, qkv, B, T, NH, hs, scale, r);
+    ITEM_LOOP(r, n)
+    {
+        float acc[MAXHS];
+        dp_flash_forward_acc(acc, lse, qkv, T, NH, hs, scale, r);
+        dp_flash_store_row(dp_pout_bf16(out), dp_flash_tok_row(r, T, NH, hs, 1, 0), acc, hs);
+    }
 }
 
-__global__ void k_flash_dq_items(dp_pout dqkv, dp_pref dout, dp_pref qkv,
-                                 const float *lse, const float *delta, size_t B, size_t T,
-                                 size_t NH, size_t hs, float scale, size_t n)
+template <unsigned MAXHS>
+__global__ void k_flash_dq_items16(uint16_t *dqkv, dp_pref dout, dp_pref qkv, const float *lse,
+                                   const float *delta, size_t T, size_t NH, size_t hs,
+                                   float scale, size_t n)
 {
-    ITEM_LOOP(r, n) dp_flash_dq_item(dqkv, dout, qkv, lse, delta, B, T, NH, hs, scale, r);
+    ITEM_LOOP(r, n)
+    {
+        float dq[MAXHS];
+        dp_flash_dq_acc(dq, dout, qkv, lse, delta, T, NH, hs, scale, r);
+        dp_flash_store_row(dp_pout_bf16(dqkv), dp_flash_tok_row(r, T, NH, hs, 3, 0), dq, hs);
+    }
 }
 
-__global__ void k_flash_dkdv_items(dp_pout dqkv, dp_pref dout, dp_pref qkv,
-                                   const float *lse, const float *delta, size_t B, size_t T,
-                                   size_t NH, size_t hs, float scale, size_t n)
+template <unsigned MAXHS>
+__global__ void k_flash_dkdv_items16(uint16_t *dqkv, dp_pref dout, dp_pref qkv, const float *lse,
+                                     const float *delta, size_t T, size_t NH, size_t hs,
+                                     float scale, size_t n)
 {
-    ITEM_LOOP(r, n) dp_flash_dkdv_item(dqkv, dout, qkv, lse, delta, B, T, NH, hs, scale, r);
+    ITEM_LOOP(r, n)
+    {
+        float dk[MAXHS], dv[MAXHS];
+        dp_flash_dkdv_acc(dk, dv, dout, qkv, lse, delta, T, NH, hs, scale, r);
+        dp_flash_store_row(dp_pout_bf16(dqkv), dp_flash_tok_row(r, T, NH, hs, 3, 1), dk, hs);
+        dp_flash_store_row(dp_pout_bf16(dqkv), dp_flash_tok_row(r, T, NH, hs, 3, 2), dv, hs);
+    }
+}
+
+/* The local rows' size the bfloat16 items take for head size hs (<=
+ * DP_FLASH_HS_MAX16: the public calls refuse larger ones). */
+inline unsigned items16_cap(size_t hs)
+{
+    return hs <= 32 ? 32u : hs <= 64 ? 64u : hs <= 128 ? 128u : (unsigned)DP_FLASH_HS_MAX16;
 }
 
 /* The forward items for a float32 out, accumulating in its rows (no
- * local row: see below). */
+ * local row). */
 __global__ void k_flash_forward_items_f32(float *out, float *lse, dp_pref qkv, size_t B,
                                           size_t T, size_t NH, size_t hs, float scale, size_t n)
 {
@@ -329,10 +364,8 @@ __global__ void k_flash_forward_items_f32(float *out, float *lse, dp_pref qkv, s
                          r);
 }
 
-/* The items for a float32 dqkv, accumulating in its rows: without the
- * bfloat16 items' local arrays of DP_FLASH_HS_MAX16 floats, a stack frame
- * of 1 KB (dq) or 2 KB (dk, dv) a thread that the driver would reserve for
- * every resident thread (about 0.5 GB on an H100). */
+/* The items for a float32 dqkv, accumulating in its rows: no local
+ * arrays, no stack (see above). */
 __global__ void k_flash_dq_items_f32(float *dqkv, dp_pref dout, dp_pref qkv, const float *lse,
                                      const float *delta, size_t B, size_t T, size_t NH,
                                      size_t hs, float scale, size_t n)
