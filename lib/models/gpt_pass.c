@@ -1,80 +1,16 @@
 /*
  * models/gpt_pass.c - the GPT's forward and backward (gpt_internal.h), and
- * dp_gpt_forward / dp_gpt_backward: the layers over either replica type,
- * then the blocks, the head and llm.c's backward with one residual
- * gradient (gpt.c's header comment).
+ * dp_gpt_forward / dp_gpt_backward: the embeddings, the blocks and ln_f
+ * over either replica type (gpt_layers.h), and llm.c's backward with one
+ * residual gradient (gpt.c's header comment); the LM head is gpt_head.c.
  */
 #include <limits.h>
 #include <stdlib.h>
 
 #include "core/error.h"
 #include "models/gpt_internal.h"
+#include "models/gpt_layers.h"
 #include "nn/nn_act16.h"
-
-// --- the layers over a tensor of either type ------------------------------------------
-
-/* The layers over a tensor of either type: the _bf16 variant for a bf16
- * replica (dp/nn.h), which computes as the float32 layer on the widened
- * values. */
-static dp_status enc_fwd(dp_device *dev, float *out, const int32_t *tok, dp_pref wte, dp_pref wpe,
-                         size_t B, size_t T, size_t C)
-{
-    return wte.bf16 ? dp_encoder_forward_bf16(dev, out, tok, wte.p, wpe.p, B, T, C)
-                    : dp_encoder_forward(dev, out, tok, wte.p, wpe.p, B, T, C);
-}
-
-static dp_status ln_fwd(dp_device *dev, float *out, float *mean, float *rstd, const float *inp,
-                        dp_pref w, dp_pref b, size_t N, size_t C)
-{
-    return w.bf16 ? dp_layernorm_forward_bf16(dev, out, mean, rstd, inp, w.p, b.p, N, C)
-                  : dp_layernorm_forward(dev, out, mean, rstd, inp, w.p, b.p, N, C);
-}
-
-/* A LayerNorm of the residual stream x into out: with out16 (a block's
- * kept slot with act16) written once as bfloat16, the float32 LayerNorm's
- * rounding; with add, after x += add, the stream's pending update made in
- * the same pass (the same bits as dp_accumulate first; nn/nn_act16.h). */
-static dp_status ln_fwd_res(dp_device *dev, int out16, float *out, float *mean, float *rstd,
-                            float *x, const float *add, dp_pref w, dp_pref b, size_t N, size_t C)
-{
-    if (add)
-        return dp_residual_layernorm_forward(dev, out, out16 ? DP_DTYPE_BF16 : DP_DTYPE_F32, mean,
-                                             rstd, x, add, w, b, N, C);
-    if (out16) return dp_layernorm_forward_out16(dev, (dp_bf16 *)out, mean, rstd, x, w, b, N, C);
-    return ln_fwd(dev, out, mean, rstd, x, w, b, N, C);
-}
-
-static dp_status ln_bwd(dp_device *dev, float *dinp, float *dw, float *db, const float *dout,
-                        const float *inp, dp_pref w, const float *mean, const float *rstd,
-                        size_t N, size_t C)
-{
-    return w.bf16 ? dp_layernorm_backward_bf16(dev, dinp, dw, db, dout, inp, w.p, mean, rstd, N, C)
-                  : dp_layernorm_backward(dev, dinp, dw, db, dout, inp, w.p, mean, rstd, N, C);
-}
-
-
-/* b.p may be NULL (no bias). */
-static dp_status lin_fwd(dp_device *dev, float *out, xin inp, dp_pref w, dp_pref b, size_t N,
-                         size_t C, size_t OC)
-{
-    if (inp.x16) return dp_linear_forward_bf16_inp(dev, out, inp.p, w.p, b.p, N, C, OC);
-    return w.bf16 ? dp_linear_forward_bf16(dev, out, inp.p, w.p, b.p, N, C, OC)
-                  : dp_linear_forward(dev, out, inp.p, w.p, b.p, N, C, OC);
-}
-
-/* d16 (NULL: none) is scratch for dout rounded once to bfloat16 for both
- * GEMMs, N*OC elements (nn/nn_act16.h): used in BF16 math. */
-static dp_status lin_bwd(dp_device *dev, float *dinp, float *dw, float *db, const float *dout,
-                         float *d16, xin inp, dp_pref w, size_t N, size_t C, size_t OC)
-{
-    if (d16)
-        return dp_linear_backward_dout16(dev, dinp, dw, db, dout, (dp_bf16 *)d16, inp.p,
-                                         inp.x16 ? DP_DTYPE_BF16 : DP_DTYPE_F32, w, N, C, OC);
-    if (inp.x16) return dp_linear_backward_bf16_inp(dev, dinp, dw, db, dout, inp.p, w.p, N, C, OC);
-    return w.bf16 ? dp_linear_backward_bf16(dev, dinp, dw, db, dout, inp.p, w.p, N, C, OC)
-                  : dp_linear_backward(dev, dinp, dw, db, dout, inp.p, w.p, N, C, OC);
-}
-
 
 // --- forward / backward ----------------------------------------------------------------
 
@@ -229,76 +165,6 @@ dp_status gpt_pass_body_forward(const dp_gpt *gpt, dp_device *dev, wview params,
     DP_TRY(ln_fwd_res(dev, 0, lnf, ws + c.lnf_mean, ws + c.lnf_rstd, residual, added,
                       pw(gpt, params, lf), pw(gpt, params, lf + 1), BT, C));
     return DP_OK;
-}
-
-/* The tied LM head: logits(N,Vp) = lnf(N,C) @ wte_padded(Vp,C)^T, for any
- * N rows. With a padded vocabulary (Vp > V) the GEMM's m is the aligned
- * Vp over wte's slot, whose padded rows are zero, and the padded columns
- * are then set to -inf: the cross-entropy gives them probability 0 and a
- * zero gradient, and no sampler picks them. */
-dp_status gpt_pass_head_forward(const dp_gpt *gpt, dp_device *dev, wview params,
-                                const float *lnf, size_t N, float *logits)
-{
-    const dp_gpt_config *g = &gpt->cfg;
-    size_t V = g->vocab_size, Vp = gpt->models[0].n_classes;
-    dp_pref none = {NULL, params.bf16};
-    DP_TRY(lin_fwd(dev, logits, x32(lnf), pw(gpt, params, 0), none, N, g->n_embd, Vp));
-    return dp_fill_columns(dev, logits, -INFINITY, N, Vp, V, Vp - V);
-}
-
-/* d(lnf)(N,C) = dlogits @ wte_padded (overwritten) and d(wte_padded) +=
- * dlogits^T @ lnf, with k (m) = Vp: the padded columns of dlogits are 0,
- * so they add exact zeros to d(lnf) and leave the padded rows' gradient
- * 0. */
-dp_status gpt_pass_head_backward(const dp_gpt *gpt, dp_device *dev, wview params, float *grads,
-                                 const float *lnf, size_t N, const float *dlogits, float *dlnf)
-{
-    const dp_gpt_config *g = &gpt->cfg;
-    /* dlogits is rounded inside each GEMM: a chunk's bfloat16 copy would
-     * need scratch the head is not given (dp_model.head_backward). */
-    return lin_bwd(dev, dlnf, gw(gpt, grads, 0), NULL, dlogits, NULL, x32(lnf),
-                   pw(gpt, params, 0), N, g->n_embd, gpt->models[0].n_classes);
-}
-
-/* The tied LM head in bfloat16 logits (dp_model.head_forward_bf16, llm.c's
- * fused classifier): the float32 head's values rounded once, then the
- * padded columns -inf. In BF16 math the features are rounded first into
- * the scratch (the GEMM would round them anyway: the same values), so
- * both operands are bfloat16 and cuBLASLt or oneDNN writes the bfloat16 logits
- * directly (dp_linear_forward_out16); otherwise, or where it declines,
- * the float32 GEMM runs into the rest of the scratch (in blocks of rows
- * when that is smaller than the chunk) and is rounded. */
-dp_status gpt_pass_head_forward16(const dp_gpt *gpt, dp_device *dev, wview params,
-                                  const float *lnf, size_t N, uint16_t *logits, float *scratch,
-                                  size_t scratch_floats)
-{
-    const dp_gpt_config *g = &gpt->cfg;
-    size_t V = g->vocab_size, Vp = gpt->models[0].n_classes, C = g->n_embd;
-    dp_pref none = {NULL, params.bf16};
-    const void *inp = lnf;
-    dp_dtype inp_type = DP_DTYPE_F32;
-    /* the bfloat16 features' floats, 256-byte aligned, when the rest still holds a row */
-    size_t f16 = (N * C / 2 + 1 + 63) / 64 * 64;
-    if (dp_device_matmul_precision(dev) == DP_MATMUL_BF16 && scratch_floats >= f16 + Vp) {
-        DP_TRY(dp_convert(dev, scratch, DP_DTYPE_BF16, lnf, DP_DTYPE_F32, N * C));
-        inp = scratch, inp_type = DP_DTYPE_BF16;
-        scratch += f16, scratch_floats -= f16;
-    }
-    DP_TRY(dp_linear_forward_out16(dev, (dp_bf16 *)logits, scratch, scratch_floats, inp,
-                                   inp_type, pw(gpt, params, 0), none, N, C, Vp));
-    return dp_fill_columns_bf16(dev, logits, -INFINITY, N, Vp, V, Vp - V);
-}
-
-/* gpt_pass_head_backward from bfloat16 dlogits: both GEMMs read them as
- * they are (dp_linear_backward_from16). */
-dp_status gpt_pass_head_backward16(const dp_gpt *gpt, dp_device *dev, wview params, float *grads,
-                                   const float *lnf, size_t N, const uint16_t *dlogits,
-                                   float *dlnf)
-{
-    return dp_linear_backward_from16(dev, dlnf, gw(gpt, grads, 0), NULL,
-                                     (const dp_bf16 *)dlogits, lnf, DP_DTYPE_F32,
-                                     pw(gpt, params, 0), N, gpt->cfg.n_embd,
-                                     gpt->models[0].n_classes);
 }
 
 /* The B*T token ids on dev are in [0, V): the embedding (and its

@@ -448,7 +448,7 @@ __global__ void __launch_bounds__(dp_tc::THREADS, 4)
     const unsigned warp = threadIdx.x / 32;
     unsigned char *const sm = tc_shared();
     const size_t r0 = pair * T, i0 = tile * BR, iw = i0 + warp * 16;
-    const unsigned ld = (unsigned)(3 * NH * HS);
+    const unsigned C = (unsigned)(NH * HS); /* q, k, v rows are 3C apart */
     /* the lane's first row within the block: on the diagonal tile (j0 =
      * i0, BC = BR) key j0 + c is masked for it where c > drow (+ 8 for its
      * second row); 32-bit, so the loop keeps no 64-bit row indices */
@@ -456,11 +456,11 @@ __global__ void __launch_bounds__(dp_tc::THREADS, 4)
     const uint16_t *q = head_rows(qkv, 0, r0, NH, T), *k = head_rows(qkv, 1, r0, NH, T);
 
     uint32_t qf[4][4];
-    load_bf16_rows(kv_tile(sm, 0, 0), q, ld, i0, T);
+    load_bf16_rows(kv_tile(sm, 0, 0), q, 3 * C, i0, T);
     __syncthreads();
     load_rows_a(qf, kv_tile(sm, 0, 0), warp * 16);
     __syncthreads(); /* every warp has its Q before K(0) lands over it */
-    kv_issue(sm, k, (unsigned)(NH * HS), 0, 0, T);
+    kv_issue(sm, k, C, 0, 0, T);
 
     /* m: the running maximum of the scores in base-2 units (s sl2) */
     const float sl2 = scale * LOG2E;
@@ -472,7 +472,7 @@ __global__ void __launch_bounds__(dp_tc::THREADS, 4)
     for (size_t kt = 0; kt <= tile; kt++) {
         const size_t j0 = kt * BC;
         const unsigned b = kt % 2;
-        kv_step(sm, k, (unsigned)(NH * HS), b, j0, kt < tile, T); /* the next tile's copies out, this one's in */
+        kv_step(sm, k, C, b, j0, kt < tile, T); /* the next tile's copies out, this one's in */
         const uint16_t *kt_s = kv_tile(sm, 0, b), *vt_s = kv_tile(sm, 1, b);
         float s[8][4];
         rows_dot_tile(s, qf, kt_s);
@@ -514,7 +514,6 @@ __global__ void __launch_bounds__(dp_tc::THREADS, 4)
     const size_t row[2] = {iw + lane_quad(), iw + lane_quad() + 8};
     const bool live[2] = {row[0] < T, row[1] < T};
     const size_t at = dp_flash_tok_row(r0 + (live[0] ? iw : 0), T, NH, HS, 1, 0);
-    const size_t C = NH * HS;
     DP_UNROLL
     for (unsigned h = 0; h < 2; h++) {
         const float inv = 1.0f / l[h];
@@ -541,13 +540,13 @@ __global__ void __launch_bounds__(dp_tc::THREADS)
     const unsigned warp = threadIdx.x / 32;
     unsigned char *const sm = tc_shared();
     const size_t r0 = pair * T, i0 = tile * BR, iw = i0 + warp * 16, C = NH * HS;
-    const unsigned ld = (unsigned)(3 * C);
+    const unsigned C32 = (unsigned)C; /* q, k, v rows are 3C apart */
     const size_t row[2] = {iw + lane_quad(), iw + lane_quad() + 8};
     const bool live[2] = {row[0] < T, row[1] < T};
     const uint16_t *q = head_rows(qkv, 0, r0, NH, T), *k = head_rows(qkv, 1, r0, NH, T);
 
     uint32_t qf[4][4], gf[4][4];
-    load_bf16_rows(kv_tile(sm, 0, 0), q, ld, i0, T);
+    load_bf16_rows(kv_tile(sm, 0, 0), q, 3 * C32, i0, T);
     const size_t go = dp_flash_tok_row(r0, T, NH, HS, 1, 0);
     if (dout.bf16)
         load_bf16_rows(kv_tile(sm, 1, 0), (const uint16_t *)dout.p + go, C, i0, T);
@@ -557,7 +556,7 @@ __global__ void __launch_bounds__(dp_tc::THREADS)
     load_rows_a(qf, kv_tile(sm, 0, 0), warp * 16);
     load_rows_a(gf, kv_tile(sm, 1, 0), warp * 16);
     __syncthreads(); /* every warp has its Q and dO before K(0), V(0) land over them */
-    kv_issue(sm, k, (unsigned)(NH * HS), 0, 0, T);
+    kv_issue(sm, k, C32, 0, 0, T);
     const float sl2 = scale * LOG2E;
     float lse2[2], d_r[2];
     DP_UNROLL
@@ -574,7 +573,7 @@ __global__ void __launch_bounds__(dp_tc::THREADS)
     for (size_t kt = 0; kt <= tile; kt++) {
         const size_t j0 = kt * BC;
         const unsigned b = kt % 2;
-        kv_step(sm, k, (unsigned)(NH * HS), b, j0, kt < tile, T);
+        kv_step(sm, k, C32, b, j0, kt < tile, T);
         const uint16_t *kt_s = kv_tile(sm, 0, b), *vt_s = kv_tile(sm, 1, b);
         float s[8][4], dp[8][4];
         rows_dot_tile(s, qf, kt_s);  /* S */
