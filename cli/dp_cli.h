@@ -274,6 +274,12 @@ const char *cli_recompute_name(int what);
  * the defaults). */
 void cli_print_compute(const cli_compute *cp);
 
+/* With bf16 (*cp), prints on stdout a "note:" line naming e's devices
+ * whose bf16 GEMMs are not native (dp_device_matmul_native: CPUs without
+ * oneDNN's bf16 matmul, GPUs older than compute capability 8.0), which
+ * then run slower than float32; nothing otherwise. */
+void cli_print_matmul_note(dp_engine *e, const cli_compute *cp);
+
 /* The dp_gpt_model flags of *cp. */
 unsigned cli_gpt_flags(const cli_compute *cp);
 

@@ -638,3 +638,49 @@ Test(gemm_ex, a_capped_scratch_bounds_reserved_memory)
     free(hA), free(hB), free(hC);
     dp_device_close(dev);
 }
+
+// --- dp_device_matmul_native ---------------------------------------------------------------
+
+/* oneDNN 2.x builds a bf16 matmul on x86 CPUs with AVX-512 (avx512_core:
+ * F, BW, VL, DQ), with or without AVX512-BF16; DNNL_MAX_CPU_ISA can lower
+ * that, so the expectation holds only without it. */
+static int dnnl_bf16_expected(void)
+{
+#if defined(__x86_64__) && DP_TEST_HAVE_DNNL
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+#else
+    return 0;
+#endif
+}
+
+/* FP32 is native, TF32 is not on CPUs (it computes as FP32), BF16 is
+ * where oneDNN builds its matmul, and never where the GEMMs are kept off
+ * oneDNN (they then emulate it on OpenBLAS); the answer is the same twice
+ * (the probe is cached), and bad arguments are refused. */
+Test(gemm_ex, matmul_native_says_where_bf16_runs_on_its_own_kernels)
+{
+    dp_device *dev = dp_test_cpu(0);
+    int native = -1;
+    dp_assert_ok(dp_device_matmul_native(dev, DP_MATMUL_FP32, &native));
+    cr_assert_eq(native, 1);
+    dp_assert_ok(dp_device_matmul_native(dev, DP_MATMUL_TF32, &native));
+    cr_assert_eq(native, 0);
+    int bf16 = -1;
+    dp_assert_ok(dp_device_matmul_native(dev, DP_MATMUL_BF16, &bf16));
+    if (!getenv("DNNL_MAX_CPU_ISA"))
+        cr_assert_eq(bf16, dnnl_bf16_expected(), "bf16 native %d on a CPU where oneDNN 2.x "
+                     "%s a bf16 matmul", bf16, dnnl_bf16_expected() ? "has" : "has no");
+    dp_assert_ok(dp_device_matmul_native(dev, DP_MATMUL_BF16, &native));
+    cr_assert_eq(native, bf16, "a second answer differs");
+    dp_device_set_gemm_dnnl(dev, 0);
+    dp_assert_ok(dp_device_matmul_native(dev, DP_MATMUL_BF16, &native));
+    cr_assert_eq(native, 0, "BF16 native with the GEMMs kept off oneDNN");
+    dp_device_set_gemm_dnnl(dev, 1);
+    assert_invalid(dp_device_matmul_native(NULL, DP_MATMUL_FP32, &native), "NULL");
+    assert_invalid(dp_device_matmul_native(dev, DP_MATMUL_FP32, NULL), "NULL");
+    assert_invalid(dp_device_matmul_native(dev, DP_MATMUL_PRECISION_COUNT, &native),
+                   "DP_MATMUL_BF16");
+    dp_device_close(dev);
+}

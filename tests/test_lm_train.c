@@ -703,6 +703,12 @@ Test(lm_train, bf16_resumes_bitwise_in_the_checkpoints_precision)
     result a = RUN("--steps", "8", "--precision", "bf16", "--save", "@a.st");
     assert_success(&a, "bf16, 8 steps");
     cr_assert(strstr(a.out, "bf16 (float32 masters)"), "%s", a.out);
+    /* a note says so where the CPU's bf16 GEMMs are emulated (slower) */
+    dp_device *cpu = dp_test_cpu(0);
+    int native = -1;
+    dp_assert_ok(dp_device_matmul_native(cpu, DP_MATMUL_BF16, &native));
+    dp_device_close(cpu);
+    cr_assert_eq(strstr(a.out, "no bf16 matmul in oneDNN") == NULL, native, "%s", a.out);
     result b1 = RUN("--steps", "4", "--precision", "bf16", "--save", "@b.st");
     assert_success(&b1, "bf16, 4 steps");
     dp_checkpoint *half = load_ck("b.st");

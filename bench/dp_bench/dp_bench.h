@@ -41,6 +41,7 @@ typedef struct bench {
     dp_trace *trace;  /* outputs.c: --trace, the steps of the timed modes */
     double t_origin;  /* harness.c: cli_now() at start, the trace's time 0 */
     cli_ranks rk; /* harness.c: the job's ranks under mpirun (one rank, dist NULL, alone) */
+    int noted;    /* modes.c: the first engine's matmul note is printed */
 } bench;
 
 /* An error every rank meets alike: rank 0 prints it (CLI_AGREED_FAIL). */

@@ -143,6 +143,21 @@ DP_API dp_status dp_device_set_matmul_precision(dp_device *dev, dp_matmul_precis
 /* dev's matmul precision; DP_MATMUL_FP32 for NULL. */
 DP_API dp_matmul_precision dp_device_matmul_precision(const dp_device *dev);
 
+/* *native = 1 when dev's GEMMs in precision p run on kernels of that
+ * arithmetic, 0 when they do not: BF16 on a CPU device where oneDNN has
+ * no bf16 matmul (oneDNN 2.x has one from AVX-512 on, fast with
+ * AVX512-BF16 or AMX; on AVX2-only CPUs, and without oneDNN, the same
+ * arithmetic runs as rounded operands on OpenBLAS's float32 kernels:
+ * slower than FP32, not faster),
+ * TF32 on a CPU device (computed as FP32), TF32 or BF16 on a GPU older
+ * than compute capability 8.0 (no tensor cores for them). FP32 is always
+ * native. The first call for a CPU device's BF16 builds one small oneDNN
+ * primitive (about a millisecond); later calls answer at once. Call it
+ * while no other thread uses dev, as dp_device_set_matmul_precision.
+ * Errors: DP_ERR_INVALID_ARGUMENT (dev or native NULL, p outside the
+ * enum), DP_ERR_DEVICE (oneDNN or the driver failed to answer). */
+DP_API dp_status dp_device_matmul_native(dp_device *dev, dp_matmul_precision p, int *native);
+
 /* dp_device_set_matmul_precision(dev, allow ? DP_MATMUL_TF32 :
  * DP_MATMUL_FP32): TF32 tensor-op math for the GEMMs of a CUDA device
  * (results then no longer match the CPU backend within float32

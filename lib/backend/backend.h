@@ -149,6 +149,9 @@ struct dp_backend_ops {
      * dp_device_set_matmul_precision before dev->matmul changes (CUDA sets
      * cuBLAS's math mode for TF32) */
     dp_status (*set_matmul_precision)(dp_device *dev, dp_matmul_precision p);
+    /* optional (NULL: FP32 alone is native): dp_device_matmul_native,
+     * *native set to 1 or 0 (p is valid) */
+    dp_status (*matmul_native)(dp_device *dev, dp_matmul_precision p, int *native);
 
     /* ---- kernels (see dp/nn.h and lib/kernels/ (*.h)) ---- */
 

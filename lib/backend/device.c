@@ -224,6 +224,16 @@ dp_matmul_precision dp_device_matmul_precision(const dp_device *dev)
     return dev ? dev->matmul : DP_MATMUL_FP32;
 }
 
+dp_status dp_device_matmul_native(dp_device *dev, dp_matmul_precision p, int *native)
+{
+    if (!dev || !native) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "dev and native must not be NULL");
+    if ((unsigned)p >= DP_MATMUL_PRECISION_COUNT)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: matmul precision %d; use DP_MATMUL_FP32, "
+                       "DP_MATMUL_TF32 or DP_MATMUL_BF16", dev->name, (int)p);
+    *native = p == DP_MATMUL_FP32;
+    if (p == DP_MATMUL_FP32 || !dev->ops->matmul_native) return DP_OK;
+    return dev->ops->matmul_native(dev, p, native);
+}
 
 dp_status dp_device_set_allow_tf32(dp_device *dev, int allow)
 {

@@ -41,7 +41,7 @@
 
 /* Bumped whenever a module table, struct dp_device or another structure
  * the modules share with the core changes layout. */
-#define DP_MODULE_ABI 11
+#define DP_MODULE_ABI 12
 
 typedef enum dp_module_id {
     DP_MODULE_DNNL, /* struct dp_dnnl_module (backend/cpu/cpu_dnnl.h) */

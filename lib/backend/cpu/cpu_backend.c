@@ -169,6 +169,7 @@ static const dp_backend_ops cpu_ops = {
     .event_elapsed = cpu_event_elapsed,
     .gemm = dp_cpu_gemm,
     .set_matmul_precision = NULL,
+    .matmul_native = dp_cpu_matmul_native,
     DP_KERNEL_OPS(CPU_OP_ENTRY)
     /* replaces the generated element loop: rows, no divisions (cpu_nn.c) */
     .encoder_forward = dp_cpu_encoder_forward,

@@ -53,6 +53,7 @@ struct dp_cpu_ctx {
     unsigned char *scratch;
     size_t scratch_bytes;
     int dnnl_state; /* 0 not tried, 1 ready, -1 unavailable: emulate on OpenBLAS */
+    int bf16_probe; /* 0 not probed, 1 oneDNN builds a bf16 matmul here, -1 it does not */
     const dp_dnnl_module *dnnl; /* the oneDNN module, when ready */
     void *dnnl_st;              /* its state for this device */
 };
@@ -235,6 +236,34 @@ static dp_dnnl_key piece_key(dp_op ta, dp_op tb, int m, int n, int k, float alph
     key.alpha = alpha;
     key.beta = beta;
     return key;
+}
+
+dp_status dp_cpu_matmul_native(dp_device *dev, dp_matmul_precision p, int *native)
+{
+    if (p != DP_MATMUL_BF16) { /* TF32 computes as FP32 on CPUs */
+        *native = 0;
+        return DP_OK;
+    }
+    struct dp_cpu_ctx *c = dev->ctx;
+    dp_status s = DP_OK;
+    pthread_mutex_lock(&c->mu);
+    if (c->bf16_probe == 0 && !dnnl_ready(c)) c->bf16_probe = -1;
+    if (c->bf16_probe == 0) {
+        /* The smallest GEMM of every kind the GPT runs: oneDNN implements
+         * bf16 matmul for an ISA or not at all. */
+        dp_dnnl_key key;
+        memset(&key, 0, sizeof key);
+        key.m = key.n = key.k = key.lda = key.ldb = key.ldc = 16;
+        key.batch = 1;
+        key.alpha = 1.0f;
+        size_t pad = 0;
+        int unimplemented = 0;
+        s = c->dnnl->prepare(dev, c->dnnl_st, &key, &pad, &unimplemented);
+        if (s == DP_OK) c->bf16_probe = unimplemented ? -1 : 1;
+    }
+    *native = c->bf16_probe == 1 && !dev->gemm_no_dnnl; /* the GEMMs' own test */
+    pthread_mutex_unlock(&c->mu);
+    return s;
 }
 
 /* One GEMM cut into pieces (gemm_pieces.h) and how each piece's operands

@@ -40,6 +40,9 @@ dp_status dp_cpu_gemm(dp_device *dev, dp_op ta, dp_op tb, int m, int n, int k, f
 dp_status dp_cpu_gemm_bias_out(dp_device *dev, dp_op ta, dp_op tb, int m, int n, int k,
                                const dp_gemm_arg *A, const dp_gemm_arg *B, dp_pref bias, void *C,
                                int c_bf16, int ldc, int *done);
+/* The matmul_native entry (backend.h): BF16 is native where oneDNN
+ * builds a bf16 matmul on this CPU (probed once per device). */
+dp_status dp_cpu_matmul_native(dp_device *dev, dp_matmul_precision p, int *native);
 /* cpu_host.c: the process's setup for CPU devices (once: one BLAS thread,
  * the host's available memory, the address-space limit), then the bytes
  * allocated on any CPU device against it: open (one per CPU device, undone

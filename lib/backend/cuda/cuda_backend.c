@@ -301,6 +301,17 @@ static dp_status cuda_set_matmul_precision(dp_device *dev, dp_matmul_precision p
     return DP_OK;
 }
 
+/* TF32 and BF16 GEMMs run on tensor cores from compute capability 8.0
+ * (Ampere) on; older GPUs have none for them. */
+static dp_status cuda_matmul_native(dp_device *dev, dp_matmul_precision p, int *native)
+{
+    int major = 0;
+    CU_TRY(dev, cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor,
+                                       CTX(dev)->ordinal));
+    *native = p == DP_MATMUL_FP32 || major >= 8;
+    return DP_OK;
+}
+
 // --- memory --------------------------------------------------------------------------------------
 
 static dp_status cuda_alloc(dp_device *dev, size_t bytes, void **out)
@@ -423,6 +434,7 @@ static const dp_backend_ops cuda_ops = {
     .event_elapsed = cuda_event_elapsed,
     .gemm = dp_cuda_gemm,
     .set_matmul_precision = cuda_set_matmul_precision,
+    .matmul_native = cuda_matmul_native,
 #define CUDA_OP_ENTRY(name, shape, fn, params, args) .name = dp_cuda_##name,
     DP_KERNEL_OPS(CUDA_OP_ENTRY)
 #undef CUDA_OP_ENTRY
