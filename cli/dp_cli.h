@@ -310,6 +310,26 @@ typedef struct cli_file {
  * 0, or 1 after one line naming both options and both paths. */
 int cli_check_overlaps(const cli_file *files, size_t n);
 
+/* An output one run at a time may write (an advisory lock, held until
+ * cli_unlock_output or the process's end). */
+typedef struct cli_lock {
+    int fd;
+    char *path; /* "<path>.lock"; NULL: none held (a zeroed cli_lock holds none) */
+} cli_lock;
+
+/* Takes the lock of output path for this run: flock on the file
+ * "<path>.lock" (created; it holds a marker line and this process's pid),
+ * because the output itself is replaced by every atomic write. Refused
+ * when another process holds it (named with its pid), or when
+ * "<path>.lock" exists and is not such a lock file (it is never
+ * replaced then). On a file system without locks the output goes
+ * unguarded (0, no lock). Returns 0, or 1 after one line naming flag,
+ * path and the fix. */
+int cli_lock_output(const char *flag, const char *path, cli_lock *lk);
+
+/* Removes the lock file and releases the lock (no-op when none is held). */
+void cli_unlock_output(cli_lock *lk);
+
 /* Fails unless a file can be written at path through the atomic writer:
  * its directory exists, is a directory and is writable, path is a
  * regular file or does not exist (not a directory, a device or a FIFO,

@@ -1034,6 +1034,84 @@ Test(lm_train, a_log_another_run_writes_is_refused, .timeout = 60)
     result_free(&b);
 }
 
+/* A second run given the --save of a run that is still going is refused
+ * before it trains (the first holds an advisory lock on "<save>.lock"):
+ * each used to replace the other's checkpoints, and a --resume then read
+ * whichever wrote last. The first saves on SIGTERM and removes its lock
+ * file; a third run then takes the path. */
+Test(lm_train, a_save_another_run_writes_is_refused, .timeout = 60)
+{
+    const char *const long_args[] = {"--steps", "100000000", "--save", "@ck.st"};
+    pid_t pid = spawn_args(1, long_args, 4);
+    char p[256], lock[300];
+    path_in(p, sizeof p, "ck.st");
+    snprintf(lock, sizeof lock, "%s.lock", p);
+    struct stat sb;
+    while (stat(lock, &sb) != 0 || sb.st_size == 0) { /* its pid written: locked */
+        struct timespec ts = {0, 10 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/second", tmpdir);
+    cr_assert_eq(mkdir(dir, 0755), 0);
+    char *argv[] = {(char *)LM_TRAIN_PATH, "--data", NULL, "--devices", "cpu:1", "--layers", "1",
+                    "--heads", "2", "--dim", "16", "--context", "16", "--steps", "2", "--save", p,
+                    NULL};
+    char corpus[256], out[320], err[320];
+    path_in(corpus, sizeof corpus, "corpus.txt");
+    argv[2] = corpus;
+    snprintf(out, sizeof out, "%s/stdout.txt", dir);
+    snprintf(err, sizeof err, "%s/stderr.txt", dir);
+    result b = dp_test_collect(dp_test_spawn(argv, out, err), out, err);
+    cr_assert(WIFEXITED(b.status) && WEXITSTATUS(b.status) == 1, "status %d; stderr:\n%s",
+              b.status, b.err);
+    char pid_words[64];
+    snprintf(pid_words, sizeof pid_words, "(process %ld)", (long)pid);
+    cr_assert(strstr(b.err, "is being written by another run") && strstr(b.err, pid_words),
+              "stderr:\n%s", b.err);
+    cr_assert_null(strstr(b.out, "step 1"), "the second run trained:\n%s", b.out);
+    cr_assert_neq(stat(p, &sb), 0, "the second run wrote --save");
+    kill(pid, SIGTERM);
+    result a = collect(pid);
+    cr_assert(WIFEXITED(a.status) && WEXITSTATUS(a.status) == 128 + SIGTERM, "status %d:\n%s",
+              a.status, a.err);
+    cr_assert_eq(stat(p, &sb), 0, "the first run did not save on SIGTERM");
+    cr_assert_neq(stat(lock, &sb), 0, "the lock file outlived its run");
+    result c = RUN("--steps", "2", "--save", "@ck.st");
+    assert_success(&c, "a run after the first ended");
+    cr_assert_neq(stat(lock, &sb), 0, "the lock file outlived its run");
+    result_free(&a);
+    result_free(&b);
+    result_free(&c);
+}
+
+/* A "<save>.lock" that is not a dp lock file (any other contents) is
+ * refused and left as it is, and so is a run onto it. A stale one (its
+ * run killed: the file remains, nobody holds the lock) is taken. */
+Test(lm_train, a_save_lock_file_that_is_not_one_is_refused)
+{
+    static const char other[] = "someone's notes\n";
+    write_file("ck.st.lock", other, sizeof other - 1);
+    result r = RUN("--steps", "2", "--save", "@ck.st");
+    cr_assert(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 1, "status %d; stderr:\n%s",
+              r.status, r.err);
+    cr_assert(strstr(r.err, "ck.st.lock, which exists and is not one"), "stderr:\n%s", r.err);
+    char p[256];
+    path_in(p, sizeof p, "ck.st.lock");
+    size_t n = 0;
+    char *kept = (char *)dp_test_read_file(p, &n);
+    cr_assert(n == sizeof other - 1 && memcmp(kept, other, n) == 0, "the file was changed");
+    free(kept);
+    static const char stale[] = "dp output lock\npid 999999 lm_train\n";
+    write_file("ck.st.lock", stale, sizeof stale - 1);
+    result s = RUN("--steps", "2", "--save", "@ck.st");
+    assert_success(&s, "onto a stale lock file");
+    struct stat sb;
+    cr_assert_neq(stat(p, &sb), 0, "the stale lock file is still there");
+    result_free(&r);
+    result_free(&s);
+}
+
 /* --log onto the file standard output goes to (--log /dev/stdout > run.txt)
  * is refused: the log's truncation and rows garbled the progress lines. */
 Test(lm_train, a_log_onto_standard_output_s_file_is_refused)

@@ -50,6 +50,7 @@
 static void run_free(run *r)
 {
     if (r->log) fclose(r->log);
+    cli_unlock_output(&r->save_lock);
     free(r->inputs);
     free(r->targets);
     free(r->prompt_ids);

@@ -129,8 +129,11 @@ static int beside(const char *path, const char *name, char **out)
  * replace; --tokenizer-file, with vocab.bpe beside an encoder.json;
  * --init-from's weights and config.json, or
  * any file of its directory) or as another output (--export-hf's two
- * files included); an existing --log must be an lm_train log. */
-static int check_outputs(const run *r, const char *data)
+ * files included); an existing --log must be an lm_train log. Then takes
+ * --save's lock (cli_lock_output), so a second run given the same --save
+ * is refused, not left to replace this run's checkpoints (and this run
+ * its). */
+static int check_outputs(run *r, const char *data)
 {
     const opts *o = &r->o;
     if (o->save && cli_check_output("--save", o->save)) return 1;
@@ -165,7 +168,9 @@ static int check_outputs(const run *r, const char *data)
     int rc = cli_check_overlaps(files, sizeof files / sizeof files[0]);
     free(ex_model), free(ex_config), free(in_config), free(tok_merges);
     /* after the overlaps, whose message names both options */
-    return rc ? rc : check_log(o);
+    if (!rc) rc = check_log(o);
+    if (!rc && o->save) rc = cli_lock_output("--save", o->save, &r->save_lock);
+    return rc;
 }
 
 /* The run's local part: checkpoint, data, tokenizer, prompt, samplers, model. */
