@@ -996,6 +996,23 @@ Test(lm_train, a_resume_that_cannot_rewrite_the_log_keeps_it, .timeout = 60)
     result_free(&c);
 }
 
+/* Waits until the file at path exists and is not empty, which the run
+ * pid makes; after 30 s kills it (a failed test must not leave it
+ * training) and fails. */
+static void wait_for_file(const char *path, pid_t pid)
+{
+    struct stat sb;
+    for (int i = 0; stat(path, &sb) != 0 || sb.st_size == 0; i++) {
+        if (i == 3000) {
+            kill(pid, SIGKILL);
+            waitpid(pid, NULL, 0);
+            cr_assert_fail("%s was not written within 30 s", path);
+        }
+        struct timespec ts = {0, 10 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+}
+
 /* A second run onto the --log another run is writing is refused before
  * it reads or changes the file (an advisory lock the run holds): the two
  * used to interleave their rows, which a later --resume refused. */
@@ -1005,11 +1022,7 @@ Test(lm_train, a_log_another_run_writes_is_refused, .timeout = 60)
     pid_t pid = spawn_args(1, long_args, 4);
     char p[256];
     path_in(p, sizeof p, "l.jsonl");
-    struct stat sb;
-    while (stat(p, &sb) != 0 || sb.st_size == 0) {
-        struct timespec ts = {0, 10 * 1000000L};
-        nanosleep(&ts, NULL);
-    }
+    wait_for_file(p, pid);
     char tmp_err[300];
     snprintf(tmp_err, sizeof tmp_err, "%s/second", tmpdir);
     cr_assert_eq(mkdir(tmp_err, 0755), 0);
@@ -1041,16 +1054,17 @@ Test(lm_train, a_log_another_run_writes_is_refused, .timeout = 60)
  * file; a third run then takes the path. */
 Test(lm_train, a_save_another_run_writes_is_refused, .timeout = 60)
 {
-    const char *const long_args[] = {"--steps", "100000000", "--save", "@ck.st"};
-    pid_t pid = spawn_args(1, long_args, 4);
-    char p[256], lock[300];
+    const char *const long_args[] = {"--steps", "100000000", "--save", "@ck.st", "--log",
+                                     "@l.jsonl"};
+    pid_t pid = spawn_args(1, long_args, 6);
+    char p[256], lock[300], log[256];
     path_in(p, sizeof p, "ck.st");
     snprintf(lock, sizeof lock, "%s.lock", p);
+    path_in(log, sizeof log, "l.jsonl");
+    /* a step logged: training began (a signal before it exits unsaved) */
+    wait_for_file(log, pid);
+    wait_for_file(lock, pid);
     struct stat sb;
-    while (stat(lock, &sb) != 0 || sb.st_size == 0) { /* its pid written: locked */
-        struct timespec ts = {0, 10 * 1000000L};
-        nanosleep(&ts, NULL);
-    }
     char dir[300];
     snprintf(dir, sizeof dir, "%s/second", tmpdir);
     cr_assert_eq(mkdir(dir, 0755), 0);
@@ -1063,6 +1077,9 @@ Test(lm_train, a_save_another_run_writes_is_refused, .timeout = 60)
     snprintf(out, sizeof out, "%s/stdout.txt", dir);
     snprintf(err, sizeof err, "%s/stderr.txt", dir);
     result b = dp_test_collect(dp_test_spawn(argv, out, err), out, err);
+    int b_saved = stat(p, &sb) == 0;
+    kill(pid, SIGTERM); /* before any assertion: a failed test must not leave it training */
+    result a = collect(pid);
     cr_assert(WIFEXITED(b.status) && WEXITSTATUS(b.status) == 1, "status %d; stderr:\n%s",
               b.status, b.err);
     char pid_words[64];
@@ -1070,9 +1087,7 @@ Test(lm_train, a_save_another_run_writes_is_refused, .timeout = 60)
     cr_assert(strstr(b.err, "is being written by another run") && strstr(b.err, pid_words),
               "stderr:\n%s", b.err);
     cr_assert_null(strstr(b.out, "step 1"), "the second run trained:\n%s", b.out);
-    cr_assert_neq(stat(p, &sb), 0, "the second run wrote --save");
-    kill(pid, SIGTERM);
-    result a = collect(pid);
+    cr_assert_not(b_saved, "the second run wrote --save");
     cr_assert(WIFEXITED(a.status) && WEXITSTATUS(a.status) == 128 + SIGTERM, "status %d:\n%s",
               a.status, a.err);
     cr_assert_eq(stat(p, &sb), 0, "the first run did not save on SIGTERM");
