@@ -310,6 +310,16 @@ typedef struct cli_file {
  * 0, or 1 after one line naming both options and both paths. */
 int cli_check_overlaps(const cli_file *files, size_t n);
 
+/* Refuses an existing output that the program did not write, so that a
+ * mistyped path loses no one's file: path is replaceable when it does
+ * not exist, is empty, or ours(path) says it is one of the program's
+ * files (a checkpoint, a trace); anything else fails naming flag, path,
+ * what the program writes there (what: "an lm_train checkpoint") and the
+ * fix. Returns 0, or 1 after that line. (Whether the path can be written
+ * at all is cli_check_output's.) */
+int cli_check_replace(const char *flag, const char *path, int (*ours)(const char *path),
+                      const char *what);
+
 /* An output one run at a time may write (an advisory lock, held until
  * cli_unlock_output or the process's end). */
 typedef struct cli_lock {

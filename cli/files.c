@@ -231,6 +231,15 @@ int cli_check_output(const char *flag, const char *path)
     return 0;
 }
 
+int cli_check_replace(const char *flag, const char *path, int (*ours)(const char *path),
+                      const char *what)
+{
+    struct stat sb;
+    if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size == 0 || ours(path)) return 0;
+    return cli_fail("%s %s exists and is not %s, so it would be lost; give a new path, or move "
+                    "the file away first", flag, path, what);
+}
+
 // --- an input, without blocking ----------------------------------------------------------
 
 int cli_open_input(const char *flag, const char *path)

@@ -776,6 +776,20 @@ static int file_has(const char *name, const char *needle)
     return has;
 }
 
+/* Waits for the run pid's first progress line (stdout.txt); after 30 s
+ * kills it (a failed test must not leave it training) and fails. */
+static void wait_for_step(pid_t pid)
+{
+    for (int i = 0; !file_has("stdout.txt", "step "); i++) {
+        if (i == 3000) {
+            kill(pid, SIGKILL);
+            cr_assert_fail("no progress line within 30 s; stderr:\n%s", collect(pid).err);
+        }
+        struct timespec ts = {0, 10 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+}
+
 /* SIGTERM or SIGINT after the first progress line: the run saves its
  * checkpoint, says so in one stderr line, and exits with 128 + signal. */
 Test(lm_train, signal_saves_the_checkpoint_and_exits_non_zero, .timeout = 120)
@@ -786,11 +800,7 @@ Test(lm_train, signal_saves_the_checkpoint_and_exits_non_zero, .timeout = 120)
         const char *const args[] = {"--steps", "100000000", "--eval-interval", "10", "--save",
                                     "@sig.st", "--log", "@sig.jsonl"};
         pid_t pid = spawn_args(1, args, sizeof args / sizeof args[0]);
-        /* Polls for the progress line; the test's own timeout bounds a hang. */
-        while (!file_has("stdout.txt", "step ")) {
-            struct timespec ts = {0, 10 * 1000000L};
-            nanosleep(&ts, NULL);
-        }
+        wait_for_step(pid);
         kill(pid, sigs[i]);
         result r = collect(pid);
         cr_assert(WIFEXITED(r.status), "%s: killed by the signal instead of stopping; stderr:\n%s",
@@ -1127,6 +1137,84 @@ Test(lm_train, a_save_lock_file_that_is_not_one_is_refused)
     result_free(&s);
 }
 
+/* Fails unless the run r was refused before training with a message
+ * holding words, and the file name (in the test's folder) still holds
+ * exactly the n bytes at text. */
+static void assert_kept(const result *r, const char *words, const char *name, const void *text,
+                        size_t len)
+{
+    cr_assert(WIFEXITED(r->status) && WEXITSTATUS(r->status) == 1, "status %d; stderr:\n%s",
+              r->status, r->err);
+    cr_assert(strstr(r->err, words), "stderr:\n%s", r->err);
+    cr_assert_null(strstr(r->out, "step 1"), "it trained:\n%s", r->out);
+    char p[256];
+    path_in(p, sizeof p, name);
+    size_t n = 0;
+    char *kept = (char *)dp_test_read_file(p, &n);
+    cr_assert(n == len && memcmp(kept, text, n) == 0, "%s was changed", name);
+    free(kept);
+}
+
+/* An output path that holds a file lm_train did not write is refused
+ * before training and the file kept: --save onto anything but a dp
+ * checkpoint, --trace onto anything but a dp trace, --export-hf onto
+ * weights it did not export (a downloaded model) or a config.json of
+ * another model. Empty files, and the program's own files, are
+ * replaced as before. */
+Test(lm_train, outputs_that_lm_train_did_not_write_are_kept)
+{
+    static const char notes[] = "my notes\n";
+    write_file("notes.txt", notes, sizeof notes - 1);
+    result a = RUN("--steps", "2", "--save", "@notes.txt");
+    assert_kept(&a, "--save", "notes.txt", notes, sizeof notes - 1);
+    cr_assert(strstr(a.err, "exists and is not a dp checkpoint"), "%s", a.err);
+    result b = RUN("--steps", "2", "--trace", "@notes.txt");
+    assert_kept(&b, "exists and is not a dp trace", "notes.txt", notes, sizeof notes - 1);
+    /* a file of the same kind another program wrote: a safetensors file
+     * without a step, Hugging Face weights */
+    char p[256], dir[256];
+    path_in(p, sizeof p, "other.safetensors");
+    dp_st_writer *w = NULL;
+    dp_assert_ok(dp_st_writer_create(&w));
+    dp_assert_ok(dp_st_writer_set_metadata(w, "format", "pt"));
+    float x[2] = {1.0f, 2.0f};
+    size_t shape[1] = {2};
+    dp_assert_ok(dp_st_writer_add(w, "wte.weight", DP_DTYPE_F32, shape, 1, x));
+    dp_assert_ok(dp_st_writer_write(w, p));
+    size_t n_other = 0;
+    unsigned char *other = dp_test_read_file(p, &n_other);
+    result c = RUN("--steps", "2", "--save", "@other.safetensors");
+    assert_kept(&c, "exists and is not a dp checkpoint", "other.safetensors", other, n_other);
+    path_in(dir, sizeof dir, "hf");
+    cr_assert_eq(mkdir(dir, 0755), 0);
+    char model[300];
+    snprintf(model, sizeof model, "%s/model.safetensors", dir);
+    cr_assert_eq(rename(p, model), 0);
+    result d = RUN("--steps", "2", "--export-hf", "@hf");
+    assert_kept(&d, "is not the weights of an earlier dp export", "hf/model.safetensors", other,
+                n_other);
+    cr_assert_eq(unlink(model), 0);
+    static const char llama[] = "{\"model_type\": \"llama\"}\n";
+    write_file("hf/config.json", llama, sizeof llama - 1);
+    result e = RUN("--steps", "2", "--export-hf", "@hf");
+    assert_kept(&e, "is not a GPT-2 config.json", "hf/config.json", llama, sizeof llama - 1);
+    free(other);
+    /* the program's own files, and empty ones, are replaced */
+    write_file("empty.st", "", 0);
+    write_file("hf/config.json", "", 0);
+    result f = RUN("--steps", "2", "--save", "@empty.st", "--trace", "@t.json", "--export-hf",
+                   "@hf");
+    assert_success(&f, "onto empty files");
+    result g = RUN("--steps", "3", "--save", "@empty.st", "--trace", "@t.json", "--export-hf",
+                   "@hf");
+    assert_success(&g, "onto its own files");
+    dp_checkpoint *ck = load_ck("empty.st");
+    cr_assert_eq(ck->step, 3);
+    dp_checkpoint_close(ck);
+    result *all[] = {&a, &b, &c, &d, &e, &f, &g};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) result_free(all[i]);
+}
+
 /* --log onto the file standard output goes to (--log /dev/stdout > run.txt)
  * is refused: the log's truncation and rows garbled the progress lines. */
 Test(lm_train, a_log_onto_standard_output_s_file_is_refused)
@@ -1228,20 +1316,21 @@ Test(lm_train, trace_has_a_track_per_device_and_a_span_per_phase_and_step)
      * killed before its end keeps it whole) */
     char tp[256];
     path_in(tp, sizeof tp, "t.json");
-    dp_test_write_file(tp, "old", 3);
+    result o = RUN("--steps", "1", "--trace", "@t.json");
+    assert_success(&o, "the older trace");
+    result_free(&o);
+    size_t on = 0, tn = 0;
+    unsigned char *old = dp_test_read_file(tp, &on);
     const char *const kill_args[] = {"--steps", "100000000", "--trace", "@t.json"};
     pid_t pid = spawn_args(1, kill_args, 4);
-    while (!file_has("stdout.txt", "step ")) {
-        struct timespec ts = {0, 10 * 1000000L};
-        nanosleep(&ts, NULL);
-    }
+    wait_for_step(pid);
     kill(pid, SIGKILL);
     result k = collect(pid);
     result_free(&k);
-    size_t tn;
     unsigned char *tb = dp_test_read_file(tp, &tn);
-    cr_assert(tb && tn == 3 && memcmp(tb, "old", 3) == 0, "the older trace was replaced at start");
+    cr_assert(tb && tn == on && memcmp(tb, old, on) == 0, "the older trace was replaced at start");
     free(tb);
+    free(old);
     result r = RUN("--steps", "3", "--trace", "@t.json");
     assert_success(&r, "--trace");
     char path[256];

@@ -6,6 +6,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +21,35 @@ char *export_file(const char *dir, const char *name)
     char *p = malloc(n);
     if (p) snprintf(p, n, "%s/%s", dir, name);
     return p;
+}
+
+/* A model.safetensors dp exported (its producer metadata), which a new
+ * export may replace: another model's weights (a download) are kept. */
+static int is_dp_export(const char *path)
+{
+    dp_st_file *f = NULL;
+    if (dp_st_open(path, &f) != DP_OK) return 0;
+    const char *producer = dp_st_metadata(f, "producer");
+    int ours = producer && strcmp(producer, "dp") == 0;
+    dp_st_close(f);
+    return ours;
+}
+
+/* A GPT-2 config.json (what an export writes beside the weights). */
+static int is_gpt2_config(const char *path)
+{
+    json_t *j = json_load_file(path, 0, NULL);
+    json_t *type = j ? json_object_get(j, "model_type") : NULL;
+    int ours = type && json_is_string(type) && strcmp(json_string_value(type), "gpt2") == 0;
+    json_decref(j);
+    return ours;
+}
+
+int check_export_replace(const char *model, const char *config)
+{
+    return cli_check_replace("--export-hf", model, is_dp_export,
+                             "the weights of an earlier dp export") ||
+           cli_check_replace("--export-hf", config, is_gpt2_config, "a GPT-2 config.json");
 }
 
 /* Both files of an existing --export-hf directory can be written (the

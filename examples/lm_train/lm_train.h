@@ -143,6 +143,9 @@ int make_samplers(run *r);
 int apply_checkpoint(run *r);
 int check_resume_data(const run *r, const char *path);
 int save_checkpoint(run *r);
+/* 1 when the file at path is a dp checkpoint (safetensors with its step),
+ * which --save may replace. */
+int is_checkpoint_file(const char *path);
 void checkpoint_state(const run *r, char *buf, size_t cap);
 
 // --- GPT-2 in and out (export.c) ---------------------------------------------------------------
@@ -150,6 +153,10 @@ void checkpoint_state(const run *r, char *buf, size_t cap);
 /* --export-hf's directory, checked before any work (a run is not lost at
  * its end): a directory, or a name whose parent is one. */
 int check_export_path(const char *dir);
+/* --export-hf's files, model and config (paths), may be replaced: each is
+ * absent, empty, or what an export writes (dp's weights, by their
+ * producer metadata; a GPT-2 config.json). 0, or 1 after a message. */
+int check_export_replace(const char *model, const char *config);
 /* "dir/name", malloc'd (NULL when out of memory). */
 char *export_file(const char *dir, const char *name);
 /* --init-from: the model and its weights, the shape options checked
@@ -182,6 +189,9 @@ void progress(run *r, const dp_step_stats *st, double lr, double elapsed, long f
 void log_row(run *r, const dp_step_stats *st, double lr);
 int check_written(run *r);
 int finish_trace(run *r, int rc);
+/* 1 when the file at path begins as dp's traces do, which --trace may
+ * replace. */
+int is_trace_file(const char *path);
 int train(run *r);
 
 #endif /* LM_TRAIN_H */

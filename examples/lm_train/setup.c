@@ -166,8 +166,14 @@ static int check_outputs(run *r, const char *data)
         {"--export-hf", ex_config, 1, NULL, NULL},
     };
     int rc = cli_check_overlaps(files, sizeof files / sizeof files[0]);
+    /* after the overlaps, whose message names both options: no file
+     * another program wrote is replaced */
+    if (!rc && o->save)
+        rc = cli_check_replace("--save", o->save, is_checkpoint_file, "a dp checkpoint");
+    if (!rc && o->trace)
+        rc = cli_check_replace("--trace", o->trace, is_trace_file, "a dp trace");
+    if (!rc && o->export_hf) rc = check_export_replace(ex_model, ex_config);
     free(ex_model), free(ex_config), free(in_config), free(tok_merges);
-    /* after the overlaps, whose message names both options */
     if (!rc) rc = check_log(o);
     if (!rc && o->save) rc = cli_lock_output("--save", o->save, &r->save_lock);
     return rc;

@@ -65,7 +65,8 @@ DP_API dp_status dp_gpt_init_from(const char *path, size_t n_head, dp_gpt **gpt_
  * Writes gpt's parameters (n_params floats in dp's layout) in Hugging
  * Face's layout: dir/model.safetensors (float32, "transformer."-prefixed
  * names, Conv1D weights [in, out], no lm_head: it is tied; metadata
- * format "pt", as transformers requires) and dir/config.json
+ * format "pt", as transformers requires, and producer "dp", which tells
+ * a program that may replace the file that dp wrote it) and dir/config.json
  * (GPT2LMHeadModel, the GPT's sizes, "gelu_new", eps 1e-5, no dropout,
  * bos and eos the end-of-text id 50256 when V >= 50257). dir is created
  * when missing (its parent must exist). Both files or neither

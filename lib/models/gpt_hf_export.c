@@ -88,6 +88,7 @@ static dp_status write_model(const char *path, const dp_gpt *gpt, const float *p
     dp_status s = conv ? dp_st_writer_create(&w)
                        : DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation failed");
     if (s == DP_OK) s = dp_st_writer_set_metadata(w, "format", "pt");
+    if (s == DP_OK) s = dp_st_writer_set_metadata(w, "producer", "dp");
     float *at = conv;
     for (size_t i = 0; s == DP_OK && i < m->n_tensors; i++) {
         const dp_param_tensor *t = &m->tensors[i];
