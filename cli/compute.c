@@ -148,6 +148,16 @@ size_t cli_vocab_pad(const cli_compute *cp, const dp_device_spec *specs, size_t 
     return 1;
 }
 
+void cli_resolve_attention(cli_compute *cp, const dp_device_spec *specs, size_t k,
+                           size_t head_size)
+{
+    if (cp->att_given || !cp->bf16 || head_size != 64 || k == 0) return;
+    for (size_t i = 0; i < k; i++)
+        if (specs[i].kind != DP_DEVICE_CUDA) return;
+    cp->fused_att = 1;
+    cp->att_auto = 1;
+}
+
 /* One of CLI_COMPUTE_LONGOPTS into *cp, else the message for what
  * getopt_long returned instead of an option. */
 int cli_compute_option(int c, const char *v, char **argv, cli_compute *cp, int name_no_value)
@@ -155,7 +165,9 @@ int cli_compute_option(int c, const char *v, char **argv, cli_compute *cp, int n
     switch (c) {
     case CLI_O_PRECISION: return cli_parse_precision(v, &cp->bf16);
     case CLI_O_RECOMPUTE: return cli_parse_recompute(v, &cp->recompute);
-    case CLI_O_ATTENTION: return cli_parse_attention(v, &cp->chunked_att, &cp->fused_att);
+    case CLI_O_ATTENTION:
+        cp->att_given = 1;
+        return cli_parse_attention(v, &cp->chunked_att, &cp->fused_att);
     case CLI_O_ATTENTION_CHUNK:
         return cli_parse_long("--attention-chunk", v, 1, INT_MAX, &cp->att_chunk);
     case CLI_O_LOGITS_CHUNK: return cli_parse_logits_chunk(v, &cp->logits_chunk);
@@ -196,7 +208,7 @@ void cli_print_compute(const cli_compute *cp)
     if (cp->bf16) printf(", bf16 (float32 masters)");
     if (cp->recompute) printf(", %s recomputed", cli_recompute_words(cp->recompute));
     if (cp->chunked_att) printf(", attention in chunks of %ld queries", cli_attention_chunk(cp));
-    if (cp->fused_att) printf(", attention fused");
+    if (cp->fused_att) printf(", attention fused%s", cp->att_auto ? " (auto)" : "");
 }
 
 void cli_print_matmul_note(dp_engine *e, const cli_compute *cp)

@@ -94,7 +94,8 @@ static void usage(FILE *f)
           "  --attention whole|chunked|fused  chunked: the attention "
           CLI_STR(DP_GPT_ATTENTION_CHUNK) " queries at a\n"
           "                       time, no (T,T) probabilities; fused: one kernel, no\n"
-          "                       probabilities in memory (GPUs; default whole)\n"
+          "                       probabilities in memory (GPUs; default auto: fused in\n"
+          "                       bf16 on GPUs at head size 64, else whole)\n"
           "  --attention-chunk N  queries per chunk with --attention chunked (default "
           CLI_STR(DP_GPT_ATTENTION_CHUNK) "):\n"
           "                       larger chunks, larger GEMMs (GPUs) and a larger scratch\n"
@@ -307,6 +308,8 @@ static int check_args(bench *b)
     if (o->weights_arg &&
         cli_parse_weights("--device-weights", o->weights_arg, b->k, o->weights, &o->n_weights))
         return 1;
+    if (o->heads > 0) /* --attention auto */
+        cli_resolve_attention(&o->compute, b->specs, b->k, (size_t)(o->dim / o->heads));
     if (b->rk.ranks > 1 && strcmp(o->mode, "gather") == 0)
         return cli_fail("--mode gather: gather mode cannot span ranks (it reproduces one "
                         "process's DataParallel); run it without mpirun, or use --mode balanced");

@@ -290,6 +290,10 @@ int setup(run *r)
     int rc = load(r);
     if (!rc) rc = configure(r, specs, &k, &ec);
     if (!rc) rc = pad_vocab(r, specs, k);
+    if (!rc) { /* --attention auto, on the model's final shape and precision */
+        const dp_gpt_config *c = dp_gpt_config_of(r->gpt);
+        cli_resolve_attention(&r->o.compute, specs, k, c->n_embd / c->n_head);
+    }
     if (!rc) rc = alloc_batches(r);
     if (agree(r, rc) || compare_tokenizers(r)) return 1;
     dp_criterion ce = dp_criterion_cross_entropy();
