@@ -1023,6 +1023,22 @@ static void wait_for_file(const char *path, pid_t pid)
     }
 }
 
+/* A second, 2-step run beside one that is going (its output in the
+ * folder "second", not the first's), with output option flag at path. */
+static result run_second(const char *flag, const char *path)
+{
+    char dir[300], corpus[256], out[320], err[320];
+    snprintf(dir, sizeof dir, "%s/second", tmpdir);
+    cr_assert_eq(mkdir(dir, 0755), 0);
+    path_in(corpus, sizeof corpus, "corpus.txt");
+    char *argv[] = {(char *)LM_TRAIN_PATH, "--data", corpus, "--devices", "cpu:1", "--layers",
+                    "1", "--heads", "2", "--dim", "16", "--context", "16", "--steps", "2",
+                    (char *)flag, (char *)path, NULL};
+    snprintf(out, sizeof out, "%s/stdout.txt", dir);
+    snprintf(err, sizeof err, "%s/stderr.txt", dir);
+    return dp_test_collect(dp_test_spawn(argv, out, err), out, err);
+}
+
 /* A second run onto the --log another run is writing is refused before
  * it reads or changes the file (an advisory lock the run holds): the two
  * used to interleave their rows, which a later --resume refused. */
@@ -1033,18 +1049,7 @@ Test(lm_train, a_log_another_run_writes_is_refused, .timeout = 60)
     char p[256];
     path_in(p, sizeof p, "l.jsonl");
     wait_for_file(p, pid);
-    char tmp_err[300];
-    snprintf(tmp_err, sizeof tmp_err, "%s/second", tmpdir);
-    cr_assert_eq(mkdir(tmp_err, 0755), 0);
-    char *argv[] = {(char *)LM_TRAIN_PATH, "--data", NULL, "--devices", "cpu:1", "--layers", "1",
-                    "--heads", "2", "--dim", "16", "--context", "16", "--steps", "2", "--log", p,
-                    NULL};
-    char corpus[256], out[320], err[320];
-    path_in(corpus, sizeof corpus, "corpus.txt");
-    argv[2] = corpus;
-    snprintf(out, sizeof out, "%s/stdout.txt", tmp_err);
-    snprintf(err, sizeof err, "%s/stderr.txt", tmp_err);
-    result b = dp_test_collect(dp_test_spawn(argv, out, err), out, err);
+    result b = run_second("--log", p);
     kill(pid, SIGKILL);
     result a = collect(pid);
     cr_assert(WIFEXITED(b.status) && WEXITSTATUS(b.status) == 1, "status %d; stderr:\n%s",
@@ -1075,18 +1080,7 @@ Test(lm_train, a_save_another_run_writes_is_refused, .timeout = 60)
     wait_for_file(log, pid);
     wait_for_file(lock, pid);
     struct stat sb;
-    char dir[300];
-    snprintf(dir, sizeof dir, "%s/second", tmpdir);
-    cr_assert_eq(mkdir(dir, 0755), 0);
-    char *argv[] = {(char *)LM_TRAIN_PATH, "--data", NULL, "--devices", "cpu:1", "--layers", "1",
-                    "--heads", "2", "--dim", "16", "--context", "16", "--steps", "2", "--save", p,
-                    NULL};
-    char corpus[256], out[320], err[320];
-    path_in(corpus, sizeof corpus, "corpus.txt");
-    argv[2] = corpus;
-    snprintf(out, sizeof out, "%s/stdout.txt", dir);
-    snprintf(err, sizeof err, "%s/stderr.txt", dir);
-    result b = dp_test_collect(dp_test_spawn(argv, out, err), out, err);
+    result b = run_second("--save", p);
     int b_saved = stat(p, &sb) == 0;
     kill(pid, SIGTERM); /* before any assertion: a failed test must not leave it training */
     result a = collect(pid);
