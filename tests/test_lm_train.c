@@ -1175,6 +1175,7 @@ Test(lm_train, outputs_that_lm_train_did_not_write_are_kept)
     size_t shape[1] = {2};
     dp_assert_ok(dp_st_writer_add(w, "wte.weight", DP_DTYPE_F32, shape, 1, x));
     dp_assert_ok(dp_st_writer_write(w, p));
+    dp_st_writer_destroy(w);
     size_t n_other = 0;
     unsigned char *other = dp_test_read_file(p, &n_other);
     result c = RUN("--steps", "2", "--save", "@other.safetensors");
