@@ -333,6 +333,10 @@ int cli_check_overlaps(const cli_file *files, size_t n);
 int cli_check_replace(const char *flag, const char *path, int (*ours)(const char *path),
                       const char *what);
 
+/* 1 when the file at path begins as dp's trace files do (dp_trace_write:
+ * Chrome trace-event JSON), which a --trace may replace. */
+int cli_is_dp_trace(const char *path);
+
 /* An output one run at a time may write (an advisory lock, held until
  * cli_unlock_output or the process's end). */
 typedef struct cli_lock {

@@ -240,6 +240,16 @@ int cli_check_replace(const char *flag, const char *path, int (*ours)(const char
                     "the file away first", flag, path, what);
 }
 
+int cli_is_dp_trace(const char *path)
+{
+    static const char head[] = "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [";
+    char buf[sizeof head] = "";
+    FILE *f = fopen(path, "rb");
+    size_t n = f ? fread(buf, 1, sizeof head - 1, f) : 0;
+    if (f) fclose(f);
+    return n == sizeof head - 1 && memcmp(buf, head, n) == 0;
+}
+
 // --- an input, without blocking ----------------------------------------------------------
 
 int cli_open_input(const char *flag, const char *path)

@@ -761,6 +761,40 @@ static void assert_fails_cleanly(const dp_test_result *r, const char *needle)
               r->err);
 }
 
+/* An existing output that dp_bench did not write (a text file at the
+ * --json, --csv, --plot or --trace path) is refused before any step and
+ * kept; its own outputs of an earlier run are replaced. */
+Test(dp_bench, outputs_that_dp_bench_did_not_write_are_kept)
+{
+    static const char notes[] = "my notes\n";
+    static const char *const flags[] = {"--json", "--csv", "--plot", "--trace"};
+    static const char *const names[] = {"notes.json", "notes.csv", "notes.png", "notes.trace"};
+    static const char *const what[] = {"dp_bench's JSON", "dp_bench's CSV", "a PNG or SVG plot",
+                                       "a dp trace"};
+    for (int i = 0; i < 4; i++) {
+        char p[256], arg[64], words[96];
+        snprintf(p, sizeof p, "%s/%s", tmpdir, names[i]);
+        dp_test_write_file(p, notes, sizeof notes - 1);
+        snprintf(arg, sizeof arg, "@%s", names[i]);
+        dp_test_result r = BENCH(flags[i], arg);
+        snprintf(words, sizeof words, "exists and is not %s", what[i]);
+        assert_fails_cleanly(&r, words);
+        cr_assert(strstr(r.err, flags[i]), "%s:\n%s", flags[i], r.err);
+        cr_assert_str_empty(r.out, "%s: it ran:\n%s", flags[i], r.out);
+        size_t len = 0;
+        unsigned char *b = dp_test_read_file(p, &len);
+        cr_assert(len == sizeof notes - 1 && memcmp(b, notes, len) == 0, "%s changed", names[i]);
+        free(b);
+        dp_test_result_free(&r);
+    }
+    for (int run = 0; run < 2; run++) { /* the second replaces the first's files */
+        dp_test_result r = BENCH("--json", "@o.json", "--csv", "@o.csv", "--plot", "@o.svg",
+                                 "--trace", "@o.trace");
+        assert_success(&r);
+        dp_test_result_free(&r);
+    }
+}
+
 Test(dp_bench, plot_path_with_quotes_is_a_file_name)
 {
     /* "bob's plot.png": exactly that file, no stray "bob". */

@@ -60,8 +60,46 @@ static int finish(outputs *out, int rc)
     return rc;
 }
 
+/* The first n bytes of the file at path into buf (NUL-terminated); the
+ * count read. */
+static size_t head_of(const char *path, char *buf, size_t n)
+{
+    FILE *f = fopen(path, "rb");
+    size_t got = f ? fread(buf, 1, n, f) : 0;
+    if (f) fclose(f);
+    buf[got] = '\0';
+    return got;
+}
+
+/* --json written by dp_bench: an object with its config and results. */
+static int is_bench_json(const char *path)
+{
+    json_t *j = json_load_file(path, 0, NULL);
+    int ours = j && json_object_get(j, "config") && json_object_get(j, "results");
+    json_decref(j);
+    return ours;
+}
+
+/* --csv written by dp_bench: its header's first columns. */
+static int is_bench_csv(const char *path)
+{
+    static const char head[] = "mode,device,peak_bytes,";
+    char buf[sizeof head];
+    return head_of(path, buf, sizeof head - 1) == sizeof head - 1 && strcmp(buf, head) == 0;
+}
+
+/* --plot: a PNG or an SVG (what gnuplot's terminals write; another
+ * program's image of that kind cannot be told apart, and is replaced). */
+static int is_plot_image(const char *path)
+{
+    char buf[257];
+    size_t n = head_of(path, buf, sizeof buf - 1);
+    return (n >= 4 && memcmp(buf, "\x89PNG", 4) == 0) || strstr(buf, "<svg") != NULL;
+}
+
 /* Every output path, before any work: a bad one, or two that are one
- * file, fails the run at once. */
+ * file, fails the run at once; an existing file dp_bench did not write
+ * is kept (the run is refused). */
 int check_outputs(const bench *b)
 {
     const opts *o = &b->o;
@@ -78,6 +116,14 @@ int check_outputs(const bench *b)
     cli_file files[5];
     for (int i = 0; i < 5; i++) files[i] = (cli_file){flag[i], path[i], 1, NULL, NULL};
     if (!rc) rc = cli_check_overlaps(files, 5);
+    /* after the overlaps (whose message names both options): nothing
+     * another program wrote is replaced */
+    static int (*const ours[5])(const char *) = {is_bench_json, is_bench_csv, is_plot_image,
+                                                  is_plot_image, cli_is_dp_trace};
+    static const char *const what[5] = {"dp_bench's JSON", "dp_bench's CSV",
+                                        "a PNG or SVG plot", "a PNG or SVG plot", "a dp trace"};
+    for (int i = 0; i < 5 && !rc; i++)
+        if (path[i]) rc = cli_check_replace(flag[i], path[i], ours[i], what[i]);
     free(sp);
     if (!rc && o->plot) rc = check_gnuplot();
     return rc;

@@ -189,9 +189,6 @@ void progress(run *r, const dp_step_stats *st, double lr, double elapsed, long f
 void log_row(run *r, const dp_step_stats *st, double lr);
 int check_written(run *r);
 int finish_trace(run *r, int rc);
-/* 1 when the file at path begins as dp's traces do, which --trace may
- * replace. */
-int is_trace_file(const char *path);
 int train(run *r);
 
 #endif /* LM_TRAIN_H */

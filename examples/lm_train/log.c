@@ -346,16 +346,6 @@ int check_written(run *r)
     return r->write_failed;
 }
 
-int is_trace_file(const char *path)
-{
-    static const char head[] = "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [";
-    char buf[sizeof head] = "";
-    FILE *f = fopen(path, "rb");
-    size_t n = f ? fread(buf, 1, sizeof head - 1, f) : 0;
-    if (f) fclose(f);
-    return n == sizeof head - 1 && memcmp(buf, head, n) == 0;
-}
-
 /* Whatever stopped training, the trace holds the steps that ran: writes
  * it; when training succeeded, the ranks agree on the write's outcome. */
 int finish_trace(run *r, int rc)

@@ -171,7 +171,7 @@ static int check_outputs(run *r, const char *data)
     if (!rc && o->save)
         rc = cli_check_replace("--save", o->save, is_checkpoint_file, "a dp checkpoint");
     if (!rc && o->trace)
-        rc = cli_check_replace("--trace", o->trace, is_trace_file, "a dp trace");
+        rc = cli_check_replace("--trace", o->trace, cli_is_dp_trace, "a dp trace");
     if (!rc && o->export_hf) rc = check_export_replace(ex_model, ex_config);
     free(ex_model), free(ex_config), free(in_config), free(tok_merges);
     if (!rc) rc = check_log(o);
