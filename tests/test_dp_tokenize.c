@@ -430,9 +430,20 @@ Test(dp_tokenize, output_onto_a_tokenizer_file_fails_cleanly)
 /* The summary on a full standard output (/dev/full) is lost: the run
  * fails, naming it, and writes no shard (--help: nothing written on an
  * error); an older shard stays as it was. */
+/* An earlier output at out.bin (a shard of a.txt, which a run may
+ * replace); its bytes, *n of them. */
+static unsigned char *earlier_shard(size_t *n)
+{
+    result r = RUN("--tokenizer-file", tok_json, "--out", "@out.bin", "@a.txt");
+    cr_assert(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0, "stderr: %s", r.err);
+    dp_test_result_free(&r);
+    return dp_test_read_file(in_tmp("out.bin"), n);
+}
+
 Test(dp_tokenize, a_full_standard_output_fails_the_run)
 {
-    dp_test_write_file(in_tmp("out.bin"), "old", 3);
+    size_t old_len;
+    unsigned char *old = earlier_shard(&old_len);
     const char *args[] = {"--tokenizer-file", tok_json, "--out", "@out.bin", "@a.txt"};
     char *argv[40];
     size_t argc = dp_test_argv(argv, 40, 0, NULL, DP_TOKENIZE_PATH, NULL, 0, args, 5, tmpdir);
@@ -447,8 +458,9 @@ Test(dp_tokenize, a_full_standard_output_fails_the_run)
     dp_test_result_free(&r);
     size_t len;
     unsigned char *b = dp_test_read_file(in_tmp("out.bin"), &len);
-    cr_assert(b && len == 3 && memcmp(b, "old", 3) == 0, "out.bin was replaced");
+    cr_assert(b && len == old_len && memcmp(b, old, len) == 0, "out.bin was replaced");
     free(b);
+    free(old);
     assert_no_temp();
 }
 
@@ -485,12 +497,12 @@ Test(dp_tokenize, a_closed_standard_output_fails_the_run)
 
 Test(dp_tokenize, failed_write_leaves_the_old_output)
 {
-    // An existing out.bin, then a run whose writes fail past 256 KiB (EFBIG:
-    // a file-size limit, inherited by dp_tokenize; SIGXFSZ ignored, so it
-    // sees the error instead of being killed).
-    size_t len;
+    // An existing out.bin (a shard of a.txt), then a run whose writes fail
+    // past 256 KiB (EFBIG: a file-size limit, inherited by dp_tokenize;
+    // SIGXFSZ ignored, so it sees the error instead of being killed).
+    size_t len, shard_len;
     write_large(in_tmp("large.txt"), &len);
-    dp_test_write_file(in_tmp("out.bin"), "old", 3);
+    unsigned char *shard = earlier_shard(&shard_len);
     struct rlimit old;
     dp_test_limit_file_size(256 << 10, &old);
     result r = RUN("--tokenizer-file", tok_json, "--out", "@out.bin", "@large.txt");
@@ -500,9 +512,28 @@ Test(dp_tokenize, failed_write_leaves_the_old_output)
               "stderr: %s", r.err);
     dp_test_result_free(&r);
     unsigned char *b = dp_test_read_file(in_tmp("out.bin"), &len);
-    cr_assert(len == 3 && memcmp(b, "old", 3) == 0, "out.bin was changed");
+    cr_assert(len == shard_len && memcmp(b, shard, len) == 0, "out.bin was changed");
     free(b);
+    free(shard);
     assert_no_temp();
+}
+
+/* An existing --out that is not an llm.c shard (another program's file)
+ * is refused before any encoding and kept; an empty one is replaced. */
+Test(dp_tokenize, an_output_that_is_not_a_shard_is_kept)
+{
+    static const char notes[] = "my notes\n";
+    dp_test_write_file(in_tmp("notes.bin"), notes, sizeof notes - 1);
+    result r = RUN("--tokenizer-file", tok_json, "--out", "@notes.bin", "@a.txt");
+    assert_failed(&r, "--out", "exists and is not an llm.c token shard");
+    size_t len;
+    unsigned char *b = dp_test_read_file(in_tmp("notes.bin"), &len);
+    cr_assert(len == sizeof notes - 1 && memcmp(b, notes, len) == 0, "notes.bin was changed");
+    free(b);
+    dp_test_write_file(in_tmp("empty.bin"), "", 0);
+    r = RUN("--tokenizer-file", tok_json, "--out", "@empty.bin", "@a.txt");
+    cr_assert(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0, "stderr: %s", r.err);
+    dp_test_result_free(&r);
 }
 
 Test(dp_tokenize, tokenizers_it_cannot_use)
@@ -584,7 +615,8 @@ Test(dp_tokenize, a_signal_removes_the_temporary_file, .timeout = 120)
     for (size_t i = 0; i < len; i++) text[i] = DOC_C[i % (sizeof DOC_C - 1)];
     dp_test_write_file(in_tmp("big.txt"), text, len);
     free(text);
-    dp_test_write_file(in_tmp("out.bin"), "earlier", 7);
+    size_t earlier_len;
+    unsigned char *earlier = earlier_shard(&earlier_len);
     /* a file-size limit kills by signal too (a closed pipe does not: SIGPIPE
      * is ignored, the write fails: a_closed_standard_output_fails_the_run) */
     const int sigs[] = {SIGINT, SIGTERM, SIGQUIT, SIGXFSZ};
@@ -609,7 +641,9 @@ Test(dp_tokenize, a_signal_removes_the_temporary_file, .timeout = 120)
         cr_assert_eq(temp_files(), 0, "the temporary file was left");
         size_t n = 0;
         unsigned char *kept = dp_test_read_file(in_tmp("out.bin"), &n);
-        cr_assert(n == 7 && memcmp(kept, "earlier", 7) == 0, "the earlier output changed");
+        cr_assert(n == earlier_len && memcmp(kept, earlier, n) == 0,
+                  "the earlier output changed");
         free(kept);
     }
+    free(earlier);
 }

@@ -12,6 +12,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
 #include <fcntl.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +24,19 @@
 
 #define WINDOW ((size_t)1 << 20)
 
+
+/* An llm.c token shard (what --out writes, and may replace): its first
+ * int32, little-endian, is the magic 20240520. */
+static int is_shard(const char *path)
+{
+    unsigned char b[4];
+    FILE *f = fopen(path, "rb");
+    size_t n = f ? fread(b, 1, 4, f) : 0;
+    if (f) fclose(f);
+    uint32_t magic = (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 |
+                     (uint32_t)b[3] << 24;
+    return n == 4 && magic == 20240520u;
+}
 
 /* The files of the tokenizer: --tokenizer-file, the tokenizer.json,
  * encoder.json and vocab.bpe in its directory (or in it, a directory),
@@ -75,6 +89,9 @@ int tok_check_inputs(const tok_options *o, size_t *total_bytes)
     f[k++] = (cli_file){"--out", o->out, 1, NULL, NULL};
     int rc = cli_check_overlaps(f, k);
     free(f);
+    /* after the overlaps, whose message names the input: a file that is
+     * not a shard (another program's) is kept */
+    if (!rc && o->out) rc = cli_check_replace("--out", o->out, is_shard, "an llm.c token shard");
     return rc;
 }
 
