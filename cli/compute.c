@@ -211,30 +211,37 @@ void cli_print_compute(const cli_compute *cp)
     if (cp->fused_att) printf(", attention fused%s", cp->att_auto ? " (auto)" : "");
 }
 
-void cli_print_matmul_note(dp_engine *e, const cli_compute *cp)
+void cli_print_matmul_note(dp_engine *e, const cli_compute *cp, int tf32)
 {
-    if (!cp->bf16) return;
+    if (!cp->bf16 && !tf32) return;
+    dp_matmul_precision p = cp->bf16 ? DP_MATMUL_BF16 : DP_MATMUL_TF32;
     char cpus[256] = "", gpus[256] = "";
     size_t ncpu = 0, ngpu = 0;
     for (size_t i = 0; i < dp_engine_num_devices(e); i++) {
         dp_device *d = dp_engine_device(e, i);
         int native = 1; /* a probe that fails says nothing */
-        if (dp_device_matmul_native(d, DP_MATMUL_BF16, &native) != DP_OK || native) continue;
+        if (dp_device_matmul_native(d, p, &native) != DP_OK || native) continue;
         int cpu = dp_device_kind_of(d) == DP_DEVICE_CPU;
         char *list = cpu ? cpus : gpus;
         size_t *n = cpu ? &ncpu : &ngpu, len = strlen(list);
         snprintf(list + len, sizeof cpus - len, "%s%s", *n ? "," : "", dp_device_name(d));
         ++*n;
     }
-    if (ncpu)
+    const char *has = ncpu == 1 ? "has" : "have", *ghas = ngpu == 1 ? "has" : "have";
+    if (ncpu && p == DP_MATMUL_BF16)
         printf("note: %s %s no bf16 matmul in oneDNN (it needs AVX-512, and is fast with "
                "AVX512-BF16 or AMX): their bf16 GEMMs round the operands and run on float32 "
                "kernels, slower than --precision fp32\n",
-               cpus, ncpu == 1 ? "has" : "have");
+               cpus, has);
+    if (ncpu && p == DP_MATMUL_TF32)
+        printf("note: %s compute --tf32 GEMMs in float32 (TF32 is a format of GPU tensor "
+               "cores): the same results as without it\n",
+               cpus);
     if (ngpu)
-        printf("note: %s %s no bf16 tensor cores (compute capability below 8.0): bf16 GEMMs "
-               "may be slower than --precision fp32\n",
-               gpus, ngpu == 1 ? "has" : "have");
+        printf("note: %s %s no %s tensor cores (compute capability below 8.0): %s\n", gpus, ghas,
+               p == DP_MATMUL_BF16 ? "bf16" : "TF32",
+               p == DP_MATMUL_BF16 ? "bf16 GEMMs may be slower than --precision fp32"
+                                   : "--tf32 changes nothing there");
 }
 
 unsigned cli_gpt_flags(const cli_compute *cp)

@@ -287,11 +287,12 @@ const char *cli_recompute_name(int what);
  * the defaults). */
 void cli_print_compute(const cli_compute *cp);
 
-/* With bf16 (*cp), prints on stdout a "note:" line naming e's devices
- * whose bf16 GEMMs are not native (dp_device_matmul_native: CPUs without
- * oneDNN's bf16 matmul, GPUs older than compute capability 8.0), which
- * then run slower than float32; nothing otherwise. */
-void cli_print_matmul_note(dp_engine *e, const cli_compute *cp);
+/* With bf16 (*cp) or tf32 (--tf32), prints on stdout a "note:" line
+ * naming e's devices whose GEMMs in that precision are not native
+ * (dp_device_matmul_native): bf16 on CPUs without oneDNN's bf16 matmul
+ * (slower than float32 there), TF32 on CPUs (computed as float32), either
+ * on GPUs older than compute capability 8.0; nothing otherwise. */
+void cli_print_matmul_note(dp_engine *e, const cli_compute *cp, int tf32);
 
 /* The dp_gpt_model flags of *cp. */
 unsigned cli_gpt_flags(const cli_compute *cp);

@@ -693,6 +693,21 @@ Test(lm_train, recompute_is_bitwise_the_same_run)
     }
 }
 
+/* --tf32 on CPU devices: they compute float32 (TF32 is a GPU tensor-core
+ * format), and a note says so; the run trains as without the flag. */
+Test(lm_train, tf32_on_cpus_is_noted_and_changes_nothing)
+{
+    result a = RUN("--steps", "2", "--tf32");
+    assert_success(&a, "--tf32");
+    cr_assert(strstr(a.out, "note: cpu:0,cpu:1 compute --tf32 GEMMs in float32"), "%s", a.out);
+    result b = RUN("--steps", "2");
+    assert_success(&b, "without --tf32");
+    cr_assert_null(strstr(b.out, "note:"), "%s", b.out);
+    cr_assert_eq(number_after(a.out, "final val_loss "), number_after(b.out, "final val_loss "));
+    result_free(&a);
+    result_free(&b);
+}
+
 /* --precision bf16: bf16 replicas and GEMMs, float32 masters. The
  * checkpoint holds the masters (float32 values that bfloat16 cannot hold)
  * and the precision; a resume without the flag continues in bf16,

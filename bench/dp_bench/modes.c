@@ -87,7 +87,7 @@ static int run_mode(bench *b, dp_mode mode, int shard, size_t k, size_t rows, in
     dp_engine *e = NULL;
     dp_status es = make_engine(b, mode, shard, k, &e);
     if (es != DP_OK) return engine_fail(b, es, name);
-    if (!b->noted && b->rk.rank == 0) cli_print_matmul_note(e, &b->o.compute);
+    if (!b->noted && b->rk.rank == 0) cli_print_matmul_note(e, &b->o.compute, b->o.tf32);
     b->noted = 1;
     double *ms = NULL;
     int rc = ensure_tokens(b, rows);

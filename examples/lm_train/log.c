@@ -49,7 +49,7 @@ void print_summary(const run *r, size_t k, const dp_engine_config *ec)
     for (size_t i = 0; i < k; i++)
         printf("%s%s", i ? "," : "", dp_device_name(dp_engine_device(r->engine, i)));
     printf("), batch %ld x %ld tokens\n", o->batch_size, o->context);
-    cli_print_matmul_note(r->engine, &o->compute);
+    cli_print_matmul_note(r->engine, &o->compute, o->tf32);
 }
 
 /* --log for writing, truncated (a fresh run) or at its end (a resumed
