@@ -135,8 +135,11 @@ int main(int argc, char **argv)
     qsort(t, (size_t)reps, sizeof *t, cmp_double);
     double median = reps % 2 ? t[reps / 2] : 0.5 * (t[reps / 2 - 1] + t[reps / 2]);
     double flops = 2.0 * (double)size * (double)size * (double)size;
-    printf("gemm_bench: GEMM %dx%dx%d on %s, %s math (column-major NN, beta 0), %d warm-up, "
+    int native = 1;
+    CHECK(dp_device_matmul_native(dev, prec, &native));
+    printf("gemm_bench: GEMM %dx%dx%d on %s, %s math%s (column-major NN, beta 0), %d warm-up, "
            "%d reps\n", size, size, size, dp_device_name(dev), dp_matmul_precision_name(prec),
+           native ? "" : " emulated on float32 kernels (no bf16 matmul in oneDNN on this CPU)",
            warmup, reps);
     printf("  median %.3f ms  %.2f GFLOP/s\n", 1e3 * median, flops / median * 1e-9);
     printf("  min    %.3f ms  %.2f GFLOP/s (fastest rep)\n", 1e3 * t[0], flops / t[0] * 1e-9);
