@@ -328,7 +328,7 @@ int cli_check_overlaps(const cli_file *files, size_t n);
  * mistyped path loses no one's file: path is replaceable when it does
  * not exist, is empty, or ours(path) says it is one of the program's
  * files (a checkpoint, a trace); anything else fails naming flag, path,
- * what the program writes there (what: "an lm_train checkpoint") and the
+ * what the program writes there (what: "a dp checkpoint") and the
  * fix. Returns 0, or 1 after that line. (Whether the path can be written
  * at all is cli_check_output's.) */
 int cli_check_replace(const char *flag, const char *path, int (*ours)(const char *path),
