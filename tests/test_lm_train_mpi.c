@@ -348,12 +348,19 @@ static void sleep_ms(long ms)
     nanosleep(&ts, NULL);
 }
 
-/* Waits (the test's timeout bounds it) until stdout shows a training step. */
+/* Waits until stdout shows a training step; after 60 s stops the job
+ * (SIGTERM: mpiexec passes it to the ranks and kills them after its
+ * grace period) and fails, so a failed test leaves no ranks training. */
 static void wait_for_progress(pid_t launcher)
 {
     char p[256];
     path_in(p, sizeof p, "stdout.txt");
-    for (;;) {
+    for (int i = 0;; i++) {
+        if (i == 3000) {
+            kill(launcher, SIGTERM);
+            waitpid(launcher, NULL, 0);
+            cr_assert_fail("no training step within 60 s");
+        }
         size_t n;
         char *t = (char *)dp_test_read_file(p, &n);
         int seen = t && strstr(t, "step ");
