@@ -155,7 +155,6 @@ void cli_resolve_attention(cli_compute *cp, const dp_device_spec *specs, size_t 
     for (size_t i = 0; i < k; i++)
         if (specs[i].kind != DP_DEVICE_CUDA) return;
     cp->fused_att = 1;
-    cp->att_auto = 1;
 }
 
 /* One of CLI_COMPUTE_LONGOPTS into *cp, else the message for what
@@ -208,7 +207,7 @@ void cli_print_compute(const cli_compute *cp)
     if (cp->bf16) printf(", bf16 (float32 masters)");
     if (cp->recompute) printf(", %s recomputed", cli_recompute_words(cp->recompute));
     if (cp->chunked_att) printf(", attention in chunks of %ld queries", cli_attention_chunk(cp));
-    if (cp->fused_att) printf(", attention fused%s", cp->att_auto ? " (auto)" : "");
+    if (cp->fused_att) printf(", attention fused%s", cp->att_given ? "" : " (auto)");
 }
 
 void cli_print_matmul_note(dp_engine *e, const cli_compute *cp, int tf32)

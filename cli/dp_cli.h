@@ -220,7 +220,6 @@ typedef struct cli_compute {
     int chunked_att;     /* chunked attention (DP_GPT_CHUNKED_ATTENTION) */
     int fused_att;       /* fused attention (DP_GPT_FUSED_ATTENTION) */
     int att_given;       /* --attention was given (else auto: cli_resolve_attention) */
-    int att_auto;        /* the fused attention is auto's choice */
     long att_chunk;      /* queries per chunk; 0: DP_GPT_ATTENTION_CHUNK */
     size_t logits_chunk; /* dp_engine_config.logits_chunk_rows: 0 auto, DP_LOGITS_WHOLE whole */
     size_t bucket_bytes; /* dp_engine_config.bucket_bytes: 0 default, DP_BUCKET_OFF off */
@@ -273,8 +272,8 @@ size_t cli_vocab_pad(const cli_compute *cp, const dp_device_spec *specs, size_t 
  * before (on CPUs the fused path is a slow reference; at other head
  * sizes and in float32 it runs CUDA-core kernels that are not measured
  * against the whole matrix's GEMMs). On an H200, GPT-2 small at batch 8
- * in bf16 took 34.8 ms a step fused and 46.9 chunked (README). Sets
- * att_auto when it chooses fused; nothing when --attention was given. */
+ * in bf16 took 34.8 ms a step fused and 46.9 chunked (README). Nothing
+ * when --attention was given (fused_att without att_given: auto's). */
 void cli_resolve_attention(cli_compute *cp, const dp_device_spec *specs, size_t k,
                            size_t head_size);
 
@@ -333,6 +332,15 @@ int cli_check_overlaps(const cli_file *files, size_t n);
  * at all is cli_check_output's.) */
 int cli_check_replace(const char *flag, const char *path, int (*ours)(const char *path),
                       const char *what);
+
+/* The first bytes of the file at path, up to n of them, into buf, then
+ * a NUL (buf holds n + 1 bytes); returns how many were read (0 when it
+ * cannot be read). For the recognisers of cli_check_replace. */
+size_t cli_read_head(const char *path, char *buf, size_t n);
+
+/* 1 when the file at path is safetensors whose metadata holds key, with
+ * the given value (NULL: any value). */
+int cli_st_has_metadata(const char *path, const char *key, const char *value);
 
 /* 1 when the file at path begins as dp's trace files do (dp_trace_write:
  * Chrome trace-event JSON), which a --trace may replace. */

@@ -240,14 +240,30 @@ int cli_check_replace(const char *flag, const char *path, int (*ours)(const char
                     "the file away first", flag, path, what);
 }
 
+size_t cli_read_head(const char *path, char *buf, size_t n)
+{
+    FILE *f = fopen(path, "rb");
+    size_t got = f ? fread(buf, 1, n, f) : 0;
+    if (f) fclose(f);
+    buf[got] = '\0';
+    return got;
+}
+
+int cli_st_has_metadata(const char *path, const char *key, const char *value)
+{
+    dp_st_file *f = NULL;
+    if (dp_st_open(path, &f) != DP_OK) return 0;
+    const char *v = dp_st_metadata(f, key);
+    int has = v && (!value || strcmp(v, value) == 0);
+    dp_st_close(f);
+    return has;
+}
+
 int cli_is_dp_trace(const char *path)
 {
     static const char head[] = "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [";
-    char buf[sizeof head] = "";
-    FILE *f = fopen(path, "rb");
-    size_t n = f ? fread(buf, 1, sizeof head - 1, f) : 0;
-    if (f) fclose(f);
-    return n == sizeof head - 1 && memcmp(buf, head, n) == 0;
+    char buf[sizeof head];
+    return cli_read_head(path, buf, sizeof head - 1) == sizeof head - 1 && strcmp(buf, head) == 0;
 }
 
 // --- an input, without blocking ----------------------------------------------------------

@@ -35,7 +35,8 @@ static int is_lock_file(int fd)
 {
     char buf[sizeof LOCK_MARK] = "";
     ssize_t n = pread(fd, buf, sizeof LOCK_MARK - 1, 0);
-    return n == 0 || (n == (ssize_t)(sizeof LOCK_MARK - 1) && memcmp(buf, LOCK_MARK, (size_t)n) == 0);
+    return n == 0 ||
+           (n == (ssize_t)(sizeof LOCK_MARK - 1) && memcmp(buf, LOCK_MARK, (size_t)n) == 0);
 }
 
 int cli_lock_output(const char *flag, const char *path, cli_lock *lk)

@@ -60,17 +60,6 @@ static int finish(outputs *out, int rc)
     return rc;
 }
 
-/* The first n bytes of the file at path into buf (NUL-terminated); the
- * count read. */
-static size_t head_of(const char *path, char *buf, size_t n)
-{
-    FILE *f = fopen(path, "rb");
-    size_t got = f ? fread(buf, 1, n, f) : 0;
-    if (f) fclose(f);
-    buf[got] = '\0';
-    return got;
-}
-
 /* --json written by dp_bench: an object with its config and results. */
 static int is_bench_json(const char *path)
 {
@@ -85,7 +74,7 @@ static int is_bench_csv(const char *path)
 {
     static const char head[] = "mode,device,peak_bytes,";
     char buf[sizeof head];
-    return head_of(path, buf, sizeof head - 1) == sizeof head - 1 && strcmp(buf, head) == 0;
+    return cli_read_head(path, buf, sizeof head - 1) == sizeof head - 1 && strcmp(buf, head) == 0;
 }
 
 /* --plot: a PNG or an SVG (what gnuplot's terminals write; another
@@ -93,7 +82,7 @@ static int is_bench_csv(const char *path)
 static int is_plot_image(const char *path)
 {
     char buf[257];
-    size_t n = head_of(path, buf, sizeof buf - 1);
+    size_t n = cli_read_head(path, buf, sizeof buf - 1);
     return (n >= 4 && memcmp(buf, "\x89PNG", 4) == 0) || strstr(buf, "<svg") != NULL;
 }
 

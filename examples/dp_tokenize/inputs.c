@@ -29,13 +29,12 @@
  * int32, little-endian, is the magic 20240520. */
 static int is_shard(const char *path)
 {
-    unsigned char b[4];
-    FILE *f = fopen(path, "rb");
-    size_t n = f ? fread(b, 1, 4, f) : 0;
-    if (f) fclose(f);
+    char h[5];
+    if (cli_read_head(path, h, 4) != 4) return 0;
+    const unsigned char *b = (const unsigned char *)h;
     uint32_t magic = (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 |
                      (uint32_t)b[3] << 24;
-    return n == 4 && magic == 20240520u;
+    return magic == 20240520u;
 }
 
 /* The files of the tokenizer: --tokenizer-file, the tokenizer.json,

@@ -114,14 +114,7 @@ int save_checkpoint(run *r)
     return rc;
 }
 
-int is_checkpoint_file(const char *path)
-{
-    dp_st_file *f = NULL;
-    if (dp_st_open(path, &f) != DP_OK) return 0;
-    int ours = dp_st_metadata(f, "step") != NULL;
-    dp_st_close(f);
-    return ours;
-}
+int is_checkpoint_file(const char *path) { return cli_st_has_metadata(path, "step", NULL); }
 
 // --- resuming -----------------------------------------------------------------------
 

@@ -25,15 +25,7 @@ char *export_file(const char *dir, const char *name)
 
 /* A model.safetensors dp exported (its producer metadata), which a new
  * export may replace: another model's weights (a download) are kept. */
-static int is_dp_export(const char *path)
-{
-    dp_st_file *f = NULL;
-    if (dp_st_open(path, &f) != DP_OK) return 0;
-    const char *producer = dp_st_metadata(f, "producer");
-    int ours = producer && strcmp(producer, "dp") == 0;
-    dp_st_close(f);
-    return ours;
-}
+static int is_dp_export(const char *path) { return cli_st_has_metadata(path, "producer", "dp"); }
 
 /* A GPT-2 config.json (what an export writes beside the weights). */
 static int is_gpt2_config(const char *path)
