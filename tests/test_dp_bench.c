@@ -966,7 +966,8 @@ Test(dp_bench, device_weights_token_balanced_and_trace)
     }
     cr_assert_eq(tracks, 2);
     /* Spans from the engine's phase timing: every phase of the step appears
-     * on both tracks, equally often (both devices run every phase). */
+     * on both tracks (both devices run every phase), the forward equally
+     * often (once a step; the reduce-scatter's pieces differ by device). */
     size_t spans[2][DP_PHASE_COUNT] = {{0}};
     json_array_foreach(ev, i, e) {
         if (strcmp(json_string_value(json_object_get(e, "ph")), "X") != 0) continue;
@@ -979,10 +980,12 @@ Test(dp_bench, device_weights_token_balanced_and_trace)
         spans[tid][p]++;
     }
     for (int p = 0; p < DP_PHASE_COUNT; p++) {
-        cr_assert_gt(spans[0][p], 0, "no %s span", dp_phase_name((dp_phase)p));
-        cr_assert_eq(spans[0][p], spans[1][p], "%s: %zu spans on cpu:0, %zu on cpu:1",
-                     dp_phase_name((dp_phase)p), spans[0][p], spans[1][p]);
+        cr_assert_gt(spans[0][p], 0, "no %s span on cpu:0", dp_phase_name((dp_phase)p));
+        cr_assert_gt(spans[1][p], 0, "no %s span on cpu:1", dp_phase_name((dp_phase)p));
     }
+    cr_assert_eq(spans[0][DP_PHASE_FORWARD], spans[1][DP_PHASE_FORWARD],
+                 "forward: %zu spans on cpu:0, %zu on cpu:1", spans[0][DP_PHASE_FORWARD],
+                 spans[1][DP_PHASE_FORWARD]);
     json_decref(t);
     dp_test_result_free(&r);
 }

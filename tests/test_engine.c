@@ -549,6 +549,36 @@ static void check_phase_times(const dp_step_stats *st, int train)
         double sum = 0.0;
         for (int p = 0; p < DP_PHASE_COUNT; p++) sum += d->phase_seconds[p];
         cr_assert_gt(sum, 0.0, "device %zu spent no time in any phase", i);
+        /* The spans: in time order, none overlapping the one before, inside
+         * the step; per phase they add up to its seconds, and its first one
+         * starts as the phase was first entered (the mark is recorded just
+         * after the switch: a preempted thread may read the clock later). */
+        cr_assert_gt(d->n_spans, 0, "device %zu has no spans", i);
+        cr_assert_not_null(d->spans);
+        double span_sum[DP_PHASE_COUNT] = {0}, first[DP_PHASE_COUNT], end = 0.0;
+        for (int p = 0; p < DP_PHASE_COUNT; p++) first[p] = -1.0;
+        for (size_t j = 0; j < d->n_spans; j++) {
+            const dp_phase_span *sp = &d->spans[j];
+            cr_assert_lt((unsigned)sp->phase, DP_PHASE_COUNT);
+            cr_assert_geq(sp->seconds, 0.0);
+            cr_assert_geq(sp->start, end - slack, "device %zu span %zu (%s) starts at %g, before "
+                          "the one before ends (%g)", i, j, dp_phase_name(sp->phase), sp->start,
+                          end);
+            end = sp->start + sp->seconds;
+            cr_assert_leq(end, st->seconds + slack, "device %zu span %zu ends after the step",
+                          i, j);
+            span_sum[sp->phase] += sp->seconds;
+            if (first[sp->phase] < 0.0) first[sp->phase] = sp->start;
+        }
+        for (int p = 0; p < DP_PHASE_COUNT; p++) {
+            cr_assert_float_eq(span_sum[p], d->phase_seconds[p], 1e-9, "device %zu %s: spans "
+                               "sum to %g s, the phase to %g s", i, dp_phase_name((dp_phase)p),
+                               span_sum[p], d->phase_seconds[p]);
+            if (d->phase_seconds[p] == 0.0) continue;
+            cr_assert(first[p] >= d->phase_start[p] - slack && first[p] < d->phase_start[p] + 0.1,
+                      "device %zu %s: first span at %g s, first entered at %g s", i,
+                      dp_phase_name((dp_phase)p), first[p], d->phase_start[p]);
+        }
         cr_assert_leq(sum, st->seconds + slack, "device %zu: phases sum to %g s in a %g s step",
                       i, sum, st->seconds);
     }

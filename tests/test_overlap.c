@@ -265,6 +265,25 @@ Test(overlap, reduces_a_slice_while_another_backward_runs)
                  d1->phase_start[DP_PHASE_REDUCE], bw_end);
     cr_assert_geq(st.exposed_seconds, 0.0);
     cr_assert(st.overlapped, "the step does not report its overlap");
+    /* Its spans (what --trace draws) show it: a reduce span of device 1
+     * that ends before device 0's last backward span does, and on device 1
+     * a backward span (its wait for device 0's signals) after a reduce. */
+    double bw_last_end = 0.0, reduce_first_end = -1.0;
+    int back_after_reduce = 0, reduced = 0;
+    for (size_t j = 0; j < d0->n_spans; j++)
+        if (d0->spans[j].phase == DP_PHASE_BACKWARD)
+            bw_last_end = d0->spans[j].start + d0->spans[j].seconds;
+    for (size_t j = 0; j < d1->n_spans; j++) {
+        const dp_phase_span *sp = &d1->spans[j];
+        if (sp->phase == DP_PHASE_REDUCE && reduce_first_end < 0.0)
+            reduce_first_end = sp->start + sp->seconds;
+        reduced |= sp->phase == DP_PHASE_REDUCE;
+        back_after_reduce |= reduced && sp->phase == DP_PHASE_BACKWARD;
+    }
+    cr_assert(reduce_first_end >= 0.0 && reduce_first_end < bw_last_end,
+              "device 1's first reduce span ends at %g s, device 0's backward at %g s",
+              reduce_first_end, bw_last_end);
+    cr_assert(back_after_reduce, "device 1 has no backward span after a reduce span");
     dp_engine_destroy(e);
 
     /* The same model without overlap: bitwise the same parameters. */

@@ -2,7 +2,8 @@
  * dp/trace.h: a Chrome trace-event file built from hand-made step stats
  * with known phase times parses as JSON and holds one track per device
  * (thread_name metadata), one "X" event per device per phase run, with ts
- * and dur in microseconds from the step's start and the phase's offset;
+ * and dur in microseconds from the step's start and the phase's offset, or
+ * one per span where the stats have spans;
  * bad stats and unwritable paths fail without leaving a file.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -128,6 +129,55 @@ Test(trace, events_tracks_and_times)
     json_decref(root);
 }
 
+/* Stats with spans: one event per span, in the device's order, placed
+ * by the span (phase_start and phase_seconds are not drawn then); a
+ * device without spans in the same step still gets one per phase run. */
+Test(trace, a_device_with_spans_gets_an_event_per_span)
+{
+    const char *names[2] = {"cpu:0", "cpu:1"};
+    dp_trace *tr;
+    dp_assert_ok(dp_trace_create(names, 2, &tr));
+    dp_step_stats st;
+    fake_step(&st, 2, 0);
+    /* backward, a piece of the reduce-scatter inside it, backward again,
+     * the rest of the reduce */
+    const dp_phase_span spans[] = {{DP_PHASE_BACKWARD, 0.5, 0.25},
+                                   {DP_PHASE_REDUCE, 0.75, 0.125},
+                                   {DP_PHASE_BACKWARD, 0.875, 0.0625},
+                                   {DP_PHASE_REDUCE, 0.9375, 0.03125}};
+    st.devices[0].spans = spans;
+    st.devices[0].n_spans = 4;
+    dp_assert_ok(dp_trace_add_step(tr, &st));
+    char path[256];
+    snprintf(path, sizeof path, "%s/spans.json", tmpdir);
+    dp_assert_ok(dp_trace_write(tr, path));
+    dp_trace_destroy(tr);
+    json_error_t je;
+    json_t *root = json_load_file(path, 0, &je);
+    cr_assert_not_null(root, "%s", je.text);
+    json_t *ev = json_object_get(root, "traceEvents"), *e;
+    size_t idx, on0 = 0, on1 = 0;
+    json_array_foreach(ev, idx, e) {
+        if (strcmp(json_string_value(json_object_get(e, "ph")), "X") != 0) continue;
+        json_int_t tid = json_integer_value(json_object_get(e, "tid"));
+        const char *name = json_string_value(json_object_get(e, "name"));
+        double ts = json_number_value(json_object_get(e, "ts"));
+        double dur = json_number_value(json_object_get(e, "dur"));
+        if (tid == 1) {
+            on1++;
+            continue;
+        }
+        cr_assert_lt(on0, 4, "device 0 has more events than spans");
+        cr_assert_str_eq(name, dp_phase_name(spans[on0].phase), "event %zu", on0);
+        cr_assert_float_eq(ts, 1e6 * (10.0 + spans[on0].start), 1e-3, "ts of event %zu", on0);
+        cr_assert_float_eq(dur, 1e6 * spans[on0].seconds, 1e-3, "dur of event %zu", on0);
+        on0++;
+    }
+    cr_assert_eq(on0, 4, "device 0: %zu events for 4 spans", on0);
+    cr_assert_eq(on1, DP_PHASE_COUNT, "device 1 (no spans): one event per phase");
+    json_decref(root);
+}
+
 Test(trace, bad_stats_are_refused_and_leave_the_trace_unchanged)
 {
     const char *names[2] = {"cpu:0", "cpu:1"};
@@ -153,6 +203,22 @@ Test(trace, bad_stats_are_refused_and_leave_the_trace_unchanged)
     st.start_seconds = -1;
     cr_assert_eq(dp_trace_add_step(tr, &st), DP_ERR_INVALID_ARGUMENT);
     cr_assert_eq(dp_trace_add_step(NULL, &st), DP_ERR_INVALID_ARGUMENT);
+    /* spans: a count without its array, a phase that is none, a negative
+     * start, an infinite length */
+    fake_step(&st, 2, 0);
+    st.devices[1].n_spans = 1;
+    cr_assert_eq(dp_trace_add_step(tr, &st), DP_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(dp_last_error(), "device 1 has 1 spans and no array"), "%s",
+              dp_last_error());
+    dp_phase_span sp = {DP_PHASE_COUNT, 0.0, 1.0};
+    st.devices[1].spans = &sp;
+    cr_assert_eq(dp_trace_add_step(tr, &st), DP_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(dp_last_error(), "is not a phase"), "%s", dp_last_error());
+    sp = (dp_phase_span){DP_PHASE_REDUCE, -0.5, 1.0};
+    cr_assert_eq(dp_trace_add_step(tr, &st), DP_ERR_INVALID_ARGUMENT);
+    sp = (dp_phase_span){DP_PHASE_REDUCE, 0.5, INFINITY};
+    cr_assert_eq(dp_trace_add_step(tr, &st), DP_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(dp_last_error(), "device 1 span 0 (reduce)"), "%s", dp_last_error());
     cr_assert_eq(dp_trace_steps(tr), 0);
 
     /* A missing directory: an i/o error naming the path, and no file. */

@@ -248,6 +248,16 @@ typedef struct dp_batch {
     const void *targets;
 } dp_batch;
 
+/* One stretch of a device's step between two phase changes (see
+ * dp_device_step_stats.spans): the phase, when it began in seconds from the
+ * step's start (dp_step_stats.start_seconds), and how long it lasted in
+ * seconds of the device's time. */
+typedef struct dp_phase_span {
+    dp_phase phase;
+    double start;
+    double seconds;
+} dp_phase_span;
+
 typedef struct dp_device_step_stats {
     size_t rows;              /* rows of the global batch this device processed */
     size_t valid_targets;     /* valid targets in those rows */
@@ -277,6 +287,18 @@ typedef struct dp_device_step_stats {
     size_t reserved_bytes;    /* bytes the backend holds for itself (dp_memory_stats.reserved):
                                  CUDA's cuBLAS workspace and staging buffers, the GEMMs'
                                  conversion scratch in bf16; outside peak, inside the limit */
+    /* The same time as it happened: n_spans stretches in the order the
+     * device ran them, one per entry into a phase (per micro-batch's
+     * forward, criterion and backward; each piece of the reduce-scatter
+     * summed while the backward runs, between the backward's stretches),
+     * timed as phase_seconds is. The phase_seconds of a phase is the sum of
+     * its spans' seconds. On a GPU each job's first span starts when the
+     * host recorded it (the device is idle between a step's jobs) and the
+     * next ones follow by the device's elapsed time. Owned by the engine:
+     * valid until its next step, evaluation or prediction, or its destroy
+     * (dp_trace_add_step copies them). NULL and 0 where not recorded. */
+    const dp_phase_span *spans;
+    size_t n_spans;
 } dp_device_step_stats;
 
 typedef struct dp_step_stats {

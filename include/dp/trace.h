@@ -3,12 +3,16 @@
  * file, viewable in Perfetto (ui.perfetto.dev) or chrome://tracing.
  *
  * One track per device (thread_name metadata naming it, e.g. "cpu:0"), and
- * on each track one complete ("X") event per phase the device ran in each
- * step, named after the phase ("scatter", "forward", ...), placed by the
- * engine's phase timing: ts = (dp_step_stats.start_seconds +
- * dp_device_step_stats.phase_start[p]) and dur = phase_seconds[p], both
- * written in microseconds. Every event has pid 1 and tid = device index;
- * args carry the step number and the rows the device processed.
+ * on each track one complete ("X") event per span of the step
+ * (dp_device_step_stats.spans: each stretch between two phase changes, so a
+ * phase run per micro-batch, or the reduce-scatter's pieces summed while
+ * the backward runs, appear where they ran), named after its phase
+ * ("scatter", "forward", ...): ts = (dp_step_stats.start_seconds +
+ * span.start) and dur = span.seconds, both written in microseconds. Stats
+ * without spans (made by hand) give one event per phase run instead, at
+ * phase_start[p] for phase_seconds[p]. Every event has pid 1 and tid =
+ * device index; args carry the step number and the rows the device
+ * processed.
  *
  *   dp_trace *tr;
  *   dp_trace_create(names, k, &tr);
@@ -16,8 +20,10 @@
  *   dp_trace_write(tr, "run.trace.json");
  *   dp_trace_destroy(tr);
  *
- * The events are kept in host memory (k * DP_PHASE_COUNT * 16 bytes per
- * step) until written. A trace may be used from several threads: steps
+ * The events are kept in host memory (24 bytes per device per step, and
+ * 24 per span: a device's step has 3 per micro-batch, 2 per piece of the
+ * reduce-scatter summed inside the backward, and about 4 more) until
+ * written. A trace may be used from several threads: steps
  * added while another thread writes wait, and are in a later write.
  */
 #ifndef DP_TRACE_H
@@ -44,11 +50,13 @@ typedef struct dp_trace dp_trace;
  * DP_ERR_OUT_OF_MEMORY. */
 DP_API dp_status dp_trace_create(const char *const *names, size_t k, dp_trace **out);
 
-/* Appends one step's phase timing (copied). Phases a device did not run
- * (phase_start and phase_seconds both 0) give no event.
+/* Appends one step's phase timing (copied, spans included). Without
+ * spans, phases a device did not run (phase_start and phase_seconds both
+ * 0) give no event.
  * Errors: DP_ERR_INVALID_ARGUMENT (NULL; st->n_devices differs from k; a
- * time that is negative or not finite), DP_ERR_OUT_OF_MEMORY. The trace is
- * unchanged on error. */
+ * time that is negative or not finite; n_spans without spans; a span's
+ * phase out of range), DP_ERR_OUT_OF_MEMORY. The trace is unchanged on
+ * error. */
 DP_API dp_status dp_trace_add_step(dp_trace *trace, const dp_step_stats *st);
 
 /* Steps added so far. 0 for NULL. */

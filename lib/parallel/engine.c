@@ -109,6 +109,8 @@ static void fill_stats(dp_engine *e, dp_step_stats *st, double seconds)
         d->param_bytes = n * e->psize + n * sizeof(float); /* the replica and its gradient */
         d->optimizer_bytes = dp_opt_state_bytes(e, i);
         d->reserved_bytes = ms.reserved;
+        d->spans = w->n_spans ? w->spans : NULL;
+        d->n_spans = w->n_spans;
     }
 }
 
@@ -156,7 +158,7 @@ static dp_status run_batch(dp_engine *e, const dp_batch *batch, int train, dp_st
     e->step_start = dp_now_seconds();
     DP_TRY(dp_engine_sync_replicas(e));
     DP_TRY(dp_step_agree_plan(e, dp_plan_batch(e, batch, 0, &e->plan)));
-    dp_pool_reset_stats(&e->pool);
+    dp_pool_reset_stats(&e->pool, e->step_start);
     dp_status s = dp_step_run(e, train, &e->out);
     e->needs_sync |= e->out.resync;
     /* A failed replica check comes after a step every replica took: it
@@ -188,7 +190,7 @@ static dp_status predict(dp_engine *e, const dp_batch *batch)
     e->step_start = dp_now_seconds();
     DP_TRY(dp_engine_sync_replicas(e));
     DP_TRY(dp_step_agree_plan(e, dp_plan_batch(e, batch, 1, &e->plan)));
-    dp_pool_reset_stats(&e->pool);
+    dp_pool_reset_stats(&e->pool, e->step_start);
     DP_TRY(dp_step_predict(e));
     e->outputs_rows = batch->rows;
     return DP_OK;

@@ -38,16 +38,49 @@ void dp_worker_fail(worker *w, dp_status s)
  * waits for its device once per this many phase changes, not once per change. */
 #define DP_MAX_MARKS 64
 
-/* Adds the device time between consecutive marks to the phase each opened,
- * keeping the last mark as the start of what follows. Reading a mark waits
- * for the device to reach it. */
+/* Appends a span of phase ph, or lengthens the last one where ph runs on
+ * from it (a phase entered again without a change: no new stretch). */
+static dp_status add_span(worker *w, int ph, double start, double seconds)
+{
+    if (w->n_spans) {
+        dp_phase_span *last = &w->spans[w->n_spans - 1];
+        if ((int)last->phase == ph && last->start + last->seconds == start) {
+            last->seconds += seconds;
+            return DP_OK;
+        }
+    }
+    if (w->n_spans == w->cap_spans) {
+        size_t cap = w->cap_spans ? 2 * w->cap_spans : 32;
+        dp_phase_span *sp = realloc(w->spans, cap * sizeof *sp);
+        if (!sp) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "%s: cannot allocate phase spans", w->dev->name);
+        w->spans = sp;
+        w->cap_spans = cap;
+    }
+    w->spans[w->n_spans++] = (dp_phase_span){(dp_phase)ph, start, seconds};
+    return DP_OK;
+}
+
+/* Adds the device time between consecutive marks to the phase each opened
+ * and to the step's spans, keeping the last mark as the start of what
+ * follows. Reading a mark waits for the device to reach it. A job's first
+ * mark is placed on the step's timeline at its host time (a job starts on
+ * an idle device: the last one ended with a synchronise), each later one
+ * by the device's time since the one before. */
 static dp_status fold_marks(worker *w)
 {
+    double origin = w->pool->origin;
+    if (w->n_marks && w->marks[0].when < 0.0) w->marks[0].when = w->marks[0].at - origin;
     for (size_t i = 0; i + 1 < w->n_marks; i++) {
+        struct phase_mark *m = &w->marks[i], *next = &w->marks[i + 1];
         double t = 0.0;
-        if (w->marks[i].phase >= DP_PHASE_COUNT) continue; /* after a job's end */
-        DP_TRY(dp_event_elapsed(w->marks[i].ev, w->marks[i + 1].ev, &t));
-        w->phase_seconds[w->marks[i].phase] += t;
+        if (m->phase >= DP_PHASE_COUNT) { /* after a job's end */
+            next->when = next->at - origin;
+            continue;
+        }
+        DP_TRY(dp_event_elapsed(m->ev, next->ev, &t));
+        w->phase_seconds[m->phase] += t;
+        next->when = m->when + t;
+        DP_TRY(add_span(w, m->phase, m->when, t));
     }
     if (w->n_marks > 1) {
         struct phase_mark last = w->marks[w->n_marks - 1];
@@ -77,6 +110,8 @@ static dp_status mark(worker *w, int p)
     if (!m->ev) DP_TRY(dp_event_create(w->dev, &m->ev));
     DP_TRY(dp_event_record(m->ev));
     m->phase = p;
+    m->at = dp_now_seconds();
+    m->when = -1.0;
     w->n_marks++;
     return DP_OK;
 }
@@ -112,6 +147,9 @@ static void free_marks(worker *w)
     free(w->marks);
     w->marks = NULL;
     w->n_marks = w->cap_marks = 0;
+    free(w->spans);
+    w->spans = NULL;
+    w->n_spans = w->cap_spans = 0;
 }
 
 /* Makes ph the worker's phase: timing, memory peak, watchdog progress. */
@@ -268,10 +306,12 @@ static dp_status watch(dp_pool *p, dp_phase *failed)
     return DP_OK;
 }
 
-void dp_pool_reset_stats(dp_pool *p)
+void dp_pool_reset_stats(dp_pool *p, double origin)
 {
+    p->origin = origin;
     for (size_t i = 0; i < p->k; i++) {
         worker *w = &p->w[i];
+        w->n_spans = 0;
         for (int ph = 0; ph < DP_PHASE_COUNT; ph++) w->phase_first[ph] = -1.0;
         memset(w->phase_seconds, 0, sizeof w->phase_seconds);
         memset(w->phase_peak, 0, sizeof w->phase_peak);

@@ -37,9 +37,10 @@ dp_status dp_pool_run_beside(dp_pool *p, dp_pool_fn fn, void *arg, dp_phase *fai
 /* Whether some worker is inside a phase now (not waiting at the barrier
  * or for other workers' progress, nor done). */
 int dp_pool_busy(dp_pool *p);
-/* Clears the step's phase figures (times, peaks); a step made of several
- * jobs clears them once, before the first. */
-void dp_pool_reset_stats(dp_pool *p);
+/* Clears the step's phase figures (times, peaks, spans); a step made of
+ * several jobs clears them once, before the first. origin: the step's
+ * start (host monotonic seconds), from which its spans count. */
+void dp_pool_reset_stats(dp_pool *p, double origin);
 /* Whether a worker never came back after a watchdog abort (the engine is
  * then unusable). */
 static inline int dp_pool_broken(const dp_pool *p) { return p->broken; }

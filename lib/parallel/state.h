@@ -221,8 +221,14 @@ typedef struct worker {
     struct phase_mark {
         dp_event *ev; /* created on first use, reused by later jobs */
         int phase;    /* the phase this mark opens (DP_PHASE_COUNT: the job's end) */
+        double at;    /* host monotonic seconds when it was recorded */
+        double when;  /* its time on the step's timeline once folded, else -1 */
     } *marks;
     size_t n_marks, cap_marks;
+    /* the step's spans (dp_device_step_stats.spans), start from the pool's
+     * origin; grow-only */
+    dp_phase_span *spans;
+    size_t n_spans, cap_spans;
     atomic_int busy_phase; /* the phase being worked in, -1 at the barrier or done */
     dp_status status;
     dp_phase fail_phase;
@@ -238,6 +244,7 @@ typedef struct dp_pool {
     size_t k;
     worker *w;
     double watchdog_seconds;
+    double origin; /* the step's start (host monotonic seconds): spans count from it */
     dp_barrier barrier;
     pthread_mutex_t mu;
     pthread_cond_t cv_start, cv_done;

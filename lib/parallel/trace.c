@@ -19,17 +19,21 @@
 #include "dp/tokenizer.h" /* dp_utf8_check */
 #include "dp/trace.h"
 
-// One step's record: [start_seconds, step, then per device: rows, then per
-// phase: start, seconds], all doubles (counts below 2^53 are exact).
-#define DEV_STRIDE (1 + 2 * DP_PHASE_COUNT)
+// One step's record: [start_seconds, step, then per device: rows, its
+// first span's index in spans, its span count], all doubles (counts below
+// 2^53 are exact).
+#define DEV_STRIDE 3
 
 struct dp_trace {
-    pthread_mutex_t mu; /* guards rec, n and cap: steps added while another thread writes */
+    pthread_mutex_t mu; /* guards rec, n, cap and the spans: steps added while another
+                           thread writes */
     size_t k;
     char *names[DP_MAX_DEVICES];
-    size_t stride; // doubles per step
-    double *rec;   // (n, stride)
-    size_t n, cap; // steps stored, steps of capacity
+    size_t stride;  // doubles per step
+    double *rec;    // (n, stride)
+    size_t n, cap;  // steps stored, steps of capacity
+    dp_phase_span *spans;
+    size_t n_spans, cap_spans;
 };
 
 dp_status dp_trace_create(const char *const *names, size_t k, dp_trace **out)
@@ -73,6 +77,7 @@ void dp_trace_destroy(dp_trace *t)
     if (!t) return;
     for (size_t i = 0; i < t->k; i++) free(t->names[i]);
     free(t->rec);
+    free(t->spans);
     pthread_mutex_destroy(&t->mu);
     free(t);
 }
@@ -88,49 +93,108 @@ size_t dp_trace_steps(const dp_trace *t)
 
 static int bad_time(double x) { return !isfinite(x) || x < 0; }
 
-dp_status dp_trace_add_step(dp_trace *t, const dp_step_stats *st)
+/* Device i's spans: its own, else one per phase it ran, from
+ * phase_start and phase_seconds (stats made without spans). */
+static size_t device_spans(const dp_device_step_stats *d, dp_phase_span *out)
 {
-    if (!t || !st) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "trace or stats is NULL");
+    if (d->n_spans) {
+        if (out) memcpy(out, d->spans, d->n_spans * sizeof *out);
+        return d->n_spans;
+    }
+    size_t n = 0;
+    for (int p = 0; p < DP_PHASE_COUNT; p++) {
+        if (d->phase_start[p] == 0 && d->phase_seconds[p] == 0) continue; // not run
+        if (out) out[n] = (dp_phase_span){(dp_phase)p, d->phase_start[p], d->phase_seconds[p]};
+        n++;
+    }
+    return n;
+}
+
+static dp_status check_stats(const dp_trace *t, const dp_step_stats *st)
+{
     if (st->n_devices != t->k)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "the step has %zu devices, the trace %zu",
                        st->n_devices, t->k);
     if (bad_time(st->start_seconds))
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "start_seconds %g is negative or not finite",
                        st->start_seconds);
-    for (size_t i = 0; i < t->k; i++)
+    for (size_t i = 0; i < t->k; i++) {
+        const dp_device_step_stats *d = &st->devices[i];
         for (int p = 0; p < DP_PHASE_COUNT; p++)
-            if (bad_time(st->devices[i].phase_start[p]) ||
-                bad_time(st->devices[i].phase_seconds[p]))
+            if (bad_time(d->phase_start[p]) || bad_time(d->phase_seconds[p]))
                 return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
                                "device %zu phase %s: start %g or seconds %g is negative or not "
                                "finite",
-                               i, dp_phase_name((dp_phase)p), st->devices[i].phase_start[p],
-                               st->devices[i].phase_seconds[p]);
-    pthread_mutex_lock(&t->mu);
+                               i, dp_phase_name((dp_phase)p), d->phase_start[p],
+                               d->phase_seconds[p]);
+        if (d->n_spans && !d->spans)
+            return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "device %zu has %zu spans and no array", i,
+                           d->n_spans);
+        for (size_t j = 0; j < d->n_spans; j++) {
+            const dp_phase_span *sp = &d->spans[j];
+            if ((unsigned)sp->phase >= DP_PHASE_COUNT)
+                return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "device %zu span %zu: phase %d is not "
+                               "a phase", i, j, (int)sp->phase);
+            if (bad_time(sp->start) || bad_time(sp->seconds))
+                return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
+                               "device %zu span %zu (%s): start %g or seconds %g is negative or "
+                               "not finite",
+                               i, j, dp_phase_name(sp->phase), sp->start, sp->seconds);
+        }
+    }
+    return DP_OK;
+}
+
+/* Room for one more step and `more` spans; the trace is unchanged on error. */
+static dp_status reserve(dp_trace *t, size_t more)
+{
     if (t->n == t->cap) {
         size_t ncap = t->cap ? 2 * t->cap : 64, bytes;
         double *r = dp_size_mul(ncap, t->stride * sizeof(double), &bytes)
                         ? realloc(t->rec, bytes)
                         : NULL;
-        if (!r) {
-            size_t n = t->n;
-            pthread_mutex_unlock(&t->mu);
+        if (!r)
             return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "cannot grow the trace of %zu steps to %zu",
-                           n, ncap);
-        }
+                           t->n, ncap);
         t->rec = r;
         t->cap = ncap;
+    }
+    if (t->cap_spans - t->n_spans < more) {
+        size_t ncap = t->cap_spans ? t->cap_spans : 256, bytes;
+        while (ncap - t->n_spans < more) ncap *= 2;
+        dp_phase_span *sp = dp_size_mul(ncap, sizeof *sp, &bytes) ? realloc(t->spans, bytes)
+                                                                  : NULL;
+        if (!sp)
+            return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "cannot grow the trace's %zu spans to %zu",
+                           t->n_spans, ncap);
+        t->spans = sp;
+        t->cap_spans = ncap;
+    }
+    return DP_OK;
+}
+
+dp_status dp_trace_add_step(dp_trace *t, const dp_step_stats *st)
+{
+    if (!t || !st) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "trace or stats is NULL");
+    DP_TRY(check_stats(t, st));
+    size_t more = 0;
+    for (size_t i = 0; i < t->k; i++) more += device_spans(&st->devices[i], NULL);
+    pthread_mutex_lock(&t->mu);
+    dp_status s = reserve(t, more);
+    if (s != DP_OK) {
+        pthread_mutex_unlock(&t->mu);
+        return s;
     }
     double *r = t->rec + t->n * t->stride;
     r[0] = st->start_seconds;
     r[1] = (double)st->step;
     for (size_t i = 0; i < t->k; i++) {
         double *d = r + 2 + i * DEV_STRIDE;
+        size_t n = device_spans(&st->devices[i], t->spans + t->n_spans);
         d[0] = (double)st->devices[i].rows;
-        for (int p = 0; p < DP_PHASE_COUNT; p++) {
-            d[1 + 2 * p] = st->devices[i].phase_start[p];
-            d[2 + 2 * p] = st->devices[i].phase_seconds[p];
-        }
+        d[1] = (double)t->n_spans;
+        d[2] = (double)n;
+        t->n_spans += n;
     }
     t->n++;
     pthread_mutex_unlock(&t->mu);
@@ -204,14 +268,13 @@ dp_status dp_trace_write_to(const dp_trace *t, dp_atomic_file *af)
         const double *r = t->rec + s * t->stride;
         for (size_t i = 0; i < t->k; i++) {
             const double *d = r + 2 + i * DEV_STRIDE;
-            for (int p = 0; p < DP_PHASE_COUNT; p++) {
-                double start = d[1 + 2 * p], sec = d[2 + 2 * p];
-                if (start == 0 && sec == 0) continue; // not run
+            const dp_phase_span *sp = t->spans + (size_t)d[1];
+            for (size_t j = 0; j < (size_t)d[2]; j++)
                 put(o, ",\n{\"name\": \"%s\", \"cat\": \"step\", \"ph\": \"X\", \"pid\": 1, "
                        "\"tid\": %zu, \"ts\": %.3f, \"dur\": %.3f, "
                        "\"args\": {\"step\": %.0f, \"rows\": %.0f}}",
-                    dp_phase_name((dp_phase)p), i, 1e6 * (r[0] + start), 1e6 * sec, r[1], d[0]);
-            }
+                    dp_phase_name(sp[j].phase), i, 1e6 * (r[0] + sp[j].start),
+                    1e6 * sp[j].seconds, r[1], d[0]);
         }
     }
     put(o, "\n]}\n");
