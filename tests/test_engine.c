@@ -518,6 +518,8 @@ Test(engine, duplicate_cpu_devices_are_refused_like_the_device_list, .timeout = 
 static void check_phase_times(const dp_step_stats *st, int train)
 {
     const double slack = 1e-6; /* float rounding of the clock's differences */
+    cr_assert(st->n_exchange_spans == 0 && !st->exchange_spans,
+              "one process exchanges nothing between ranks");
     for (size_t i = 0; i < st->n_devices; i++) {
         const dp_device_step_stats *d = &st->devices[i];
         double prev = 0.0;

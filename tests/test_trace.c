@@ -147,6 +147,12 @@ Test(trace, a_device_with_spans_gets_an_event_per_span)
                                    {DP_PHASE_REDUCE, 0.9375, 0.03125}};
     st.devices[0].spans = spans;
     st.devices[0].n_spans = 4;
+    /* and the rounds between ranks in flight twice: one more track */
+    const dp_phase_span xs[] = {{DP_PHASE_REDUCE, 0.6, 0.1}, {DP_PHASE_REDUCE, 0.9, 0.05}};
+    st.exchange_spans = xs;
+    st.n_exchange_spans = 2;
+    dp_assert_ok(dp_trace_add_step(tr, &st));
+    fake_step(&st, 2, 1); /* a step without exchanges or spans */
     dp_assert_ok(dp_trace_add_step(tr, &st));
     char path[256];
     snprintf(path, sizeof path, "%s/spans.json", tmpdir);
@@ -156,15 +162,30 @@ Test(trace, a_device_with_spans_gets_an_event_per_span)
     json_t *root = json_load_file(path, 0, &je);
     cr_assert_not_null(root, "%s", je.text);
     json_t *ev = json_object_get(root, "traceEvents"), *e;
-    size_t idx, on0 = 0, on1 = 0;
+    size_t idx, on0 = 0, on1 = 0, on2 = 0;
+    const char *third = NULL;
     json_array_foreach(ev, idx, e) {
-        if (strcmp(json_string_value(json_object_get(e, "ph")), "X") != 0) continue;
         json_int_t tid = json_integer_value(json_object_get(e, "tid"));
         const char *name = json_string_value(json_object_get(e, "name"));
+        if (strcmp(json_string_value(json_object_get(e, "ph")), "X") != 0) {
+            if (tid == 2 && strcmp(name, "thread_name") == 0)
+                third = json_string_value(json_object_get(json_object_get(e, "args"), "name"));
+            continue;
+        }
         double ts = json_number_value(json_object_get(e, "ts"));
         double dur = json_number_value(json_object_get(e, "dur"));
-        if (tid == 1) {
-            on1++;
+        json_int_t step = json_integer_value(json_object_get(json_object_get(e, "args"), "step"));
+        if (tid == 2) {
+            cr_assert(step == 1 && on2 < 2, "exchange event %zu of step %lld", on2,
+                      (long long)step);
+            cr_assert_str_eq(name, "rounds in flight");
+            cr_assert_float_eq(ts, 1e6 * (10.0 + xs[on2].start), 1e-3);
+            cr_assert_float_eq(dur, 1e6 * xs[on2].seconds, 1e-3);
+            on2++;
+            continue;
+        }
+        if (tid == 1 || step == 2) {
+            on1 += tid == 1 && step == 1;
             continue;
         }
         cr_assert_lt(on0, 4, "device 0 has more events than spans");
@@ -175,6 +196,9 @@ Test(trace, a_device_with_spans_gets_an_event_per_span)
     }
     cr_assert_eq(on0, 4, "device 0: %zu events for 4 spans", on0);
     cr_assert_eq(on1, DP_PHASE_COUNT, "device 1 (no spans): one event per phase");
+    cr_assert_eq(on2, 2, "%zu exchange events for 2 spans", on2);
+    cr_assert(third && strcmp(third, "exchanges between ranks") == 0, "the third track: %s",
+              third ? third : "(none)");
     json_decref(root);
 }
 
@@ -208,7 +232,7 @@ Test(trace, bad_stats_are_refused_and_leave_the_trace_unchanged)
     fake_step(&st, 2, 0);
     st.devices[1].n_spans = 1;
     cr_assert_eq(dp_trace_add_step(tr, &st), DP_ERR_INVALID_ARGUMENT);
-    cr_assert(strstr(dp_last_error(), "device 1 has 1 spans and no array"), "%s",
+    cr_assert(strstr(dp_last_error(), "device 1: 1 spans and no array"), "%s",
               dp_last_error());
     dp_phase_span sp = {DP_PHASE_COUNT, 0.0, 1.0};
     st.devices[1].spans = &sp;
@@ -219,6 +243,11 @@ Test(trace, bad_stats_are_refused_and_leave_the_trace_unchanged)
     sp = (dp_phase_span){DP_PHASE_REDUCE, 0.5, INFINITY};
     cr_assert_eq(dp_trace_add_step(tr, &st), DP_ERR_INVALID_ARGUMENT);
     cr_assert(strstr(dp_last_error(), "device 1 span 0 (reduce)"), "%s", dp_last_error());
+    fake_step(&st, 2, 0);
+    st.n_exchange_spans = 2;
+    cr_assert_eq(dp_trace_add_step(tr, &st), DP_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(dp_last_error(), "the exchanges: 2 spans and no array"), "%s",
+              dp_last_error());
     cr_assert_eq(dp_trace_steps(tr), 0);
 
     /* A missing directory: an i/o error naming the path, and no file. */

@@ -327,6 +327,16 @@ typedef struct dp_step_stats {
      * CPU devices, or CUDA devices in one process with DP_CUDA_OVERLAP=1
      * in the environment at create); 0 otherwise and in evaluation. */
     int overlapped;
+    /* With ranks, a training step's exchanges: when this process had
+     * rounds of the reduce-scatter in flight to or from the other ranks
+     * (each round from its start to its arrival, as this process's
+     * transport saw them, merged where they overlap), in time order;
+     * phase DP_PHASE_REDUCE, start from start_seconds, host seconds. Beside
+     * the devices' spans they show what the overlap hid. Owned by the
+     * engine as the devices' spans are; NULL and 0 in one process, in
+     * evaluation and where no round moved. */
+    const dp_phase_span *exchange_spans;
+    size_t n_exchange_spans;
     size_t n_devices;      /* this process's devices (with ranks, the others report theirs) */
     dp_device_step_stats devices[DP_MAX_DEVICES];
 } dp_step_stats;

@@ -12,7 +12,9 @@
  * without spans (made by hand) give one event per phase run instead, at
  * phase_start[p] for phase_seconds[p]. Every event has pid 1 and tid =
  * device index; args carry the step number and the rows the device
- * processed.
+ * processed. Where steps have exchange spans (dp_step_stats, with ranks)
+ * one more track, tid = k, named "exchanges between ranks", has an event
+ * "rounds in flight" per span.
  *
  *   dp_trace *tr;
  *   dp_trace_create(names, k, &tr);
@@ -50,7 +52,8 @@ typedef struct dp_trace dp_trace;
  * DP_ERR_OUT_OF_MEMORY. */
 DP_API dp_status dp_trace_create(const char *const *names, size_t k, dp_trace **out);
 
-/* Appends one step's phase timing (copied, spans included). Without
+/* Appends one step's phase timing (copied, spans and exchange spans
+ * included). Without
  * spans, phases a device did not run (phase_start and phase_seconds both
  * 0) give no event.
  * Errors: DP_ERR_INVALID_ARGUMENT (NULL; st->n_devices differs from k; a

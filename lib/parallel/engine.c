@@ -19,6 +19,7 @@
 #include "parallel/plan.h"
 #include "parallel/pool.h"
 #include "parallel/ranks.h"
+#include "parallel/rounds.h"
 #include "parallel/step.h"
 
 // --- names and defaults -------------------------------------------------------------
@@ -47,7 +48,7 @@ dp_engine_config dp_engine_config_default(void)
 
 // --- step and evaluate -------------------------------------------------------------------
 
-static void fill_stats(dp_engine *e, dp_step_stats *st, double seconds)
+static void fill_stats(dp_engine *e, dp_step_stats *st, double seconds, int train)
 {
     if (!st) return;
     memset(st, 0, sizeof *st);
@@ -85,6 +86,10 @@ static void fill_stats(dp_engine *e, dp_step_stats *st, double seconds)
     }
     st->exposed_seconds = bw_end >= 0.0 && update > bw_end ? update - bw_end : 0.0;
     st->overlapped = e->overlapping;
+    if (train && e->n_rounds) {
+        st->n_exchange_spans = dp_rounds_spans(e, e->step_start, e->xspans);
+        st->exchange_spans = st->n_exchange_spans ? e->xspans : NULL;
+    }
     st->n_devices = e->L.k;
     size_t n = e->model.n_params;
     for (size_t i = 0; i < e->L.k; i++) {
@@ -165,7 +170,7 @@ static dp_status run_batch(dp_engine *e, const dp_batch *batch, int train, dp_st
      * counts, and its stats are filled. */
     if (s != DP_OK && !e->out.counted) return s;
     if (e->out.counted) e->t++;
-    fill_stats(e, stats, dp_now_seconds() - e->step_start);
+    fill_stats(e, stats, dp_now_seconds() - e->step_start, train);
     return s;
 }
 
@@ -393,6 +398,7 @@ void dp_engine_destroy(dp_engine *e)
     free(e->s);
     free(e->xfers);
     free(e->rounds);
+    free(e->xspans);
     free(e->w);
     free(e);
 }

@@ -121,6 +121,9 @@ dp_status dp_rounds_setup(dp_engine *e)
         if (!e->xfers)
             return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation of %zu messages failed", total);
     }
+    e->xspans = malloc(e->n_rounds * sizeof *e->xspans);
+    if (!e->xspans)
+        return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation of %zu spans failed", e->n_rounds);
     return DP_OK;
 }
 
@@ -151,6 +154,7 @@ static size_t final_from(const dp_engine *e)
 
 static dp_status start(dp_engine *e, dp_round *r)
 {
+    r->started = dp_now_seconds();
     DP_TRY(dp_transport_start(&e->tp, (size_t)(r - e->rounds), e->xfers + r->at, r->n, what));
     atomic_store_explicit(&r->state, DP_ROUND_STARTED, memory_order_release);
     return DP_OK;
@@ -187,6 +191,36 @@ static dp_status start_ready(dp_engine *e, int constrained)
     return DP_OK;
 }
 
+size_t dp_rounds_spans(const dp_engine *e, double origin, dp_phase_span *out)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < e->n_rounds; i++) {
+        const dp_round *r = &e->rounds[i];
+        if (!r->n || atomic_load_explicit(&r->state, memory_order_acquire) < DP_ROUND_ARRIVED)
+            continue;
+        out[n++] = (dp_phase_span){DP_PHASE_REDUCE, r->started - origin, r->arrived - r->started};
+    }
+    /* started in order within the forward rounds and within the returns:
+     * an insertion sort of two sorted runs */
+    for (size_t i = 1; i < n; i++)
+        for (size_t j = i; j > 0 && out[j].start < out[j - 1].start; j--) {
+            dp_phase_span t = out[j];
+            out[j] = out[j - 1];
+            out[j - 1] = t;
+        }
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        double end = out[i].start + out[i].seconds;
+        if (m && out[i].start <= out[m - 1].start + out[m - 1].seconds) {
+            if (end > out[m - 1].start + out[m - 1].seconds)
+                out[m - 1].seconds = end - out[m - 1].start;
+        } else {
+            out[m++] = out[i];
+        }
+    }
+    return m;
+}
+
 /* Tests the started rounds not yet arrived; *arrived: some did now,
  * *out: how many are still in flight. The wait for the other ranks is
  * bounded from the last progress here (while this rank's devices work, a
@@ -205,9 +239,10 @@ static dp_status test_range(dp_engine *e, size_t from, size_t to, int *arrived, 
             ++*out;
             continue;
         }
+        r->arrived = dp_now_seconds();
         atomic_store_explicit(&r->state, DP_ROUND_ARRIVED, memory_order_release);
         *arrived = 1;
-        e->round_active = dp_now_seconds();
+        e->round_active = r->arrived;
     }
     return DP_OK;
 }

@@ -54,6 +54,12 @@ double dp_rounds_progress(void *engine);
  * ranks are out of step: the engine is unusable). */
 dp_status dp_rounds_finish(dp_engine *e);
 
+/* After a training step: when this rank had rounds in flight (each that
+ * moved something, from its start to its arrival, merged where they
+ * overlap; phase DP_PHASE_REDUCE, seconds from origin), in time order
+ * into out (e->n_rounds of room). Returns the count. */
+size_t dp_rounds_spans(const dp_engine *e, double origin, dp_phase_span *out);
+
 /* Worker w: sums the arrived rounds of the slices it reduces. *left:
  * whether some have not arrived yet. */
 dp_status dp_rounds_reduce(worker *w, int *left);

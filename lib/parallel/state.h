@@ -148,6 +148,7 @@ typedef struct dp_round {
     int half;    /* ... into this half of the slice's staging) */
     size_t prev; /* forward: the round before it into that half (SIZE_MAX: none) */
     size_t pair; /* forward: its return round; return: its forward round (SIZE_MAX: none) */
+    double started, arrived; /* the caller's host monotonic seconds, this step */
     /* DP_ROUND_*: the caller starts it and marks it arrived (release), the
      * reducer marks it reduced (release); each reads the other's (acquire) */
     atomic_int state;
@@ -318,6 +319,9 @@ struct dp_engine {
     double round_active;
     unsigned long round_seen;
     double round_poll; /* seconds between tests of the rounds in flight */
+    /* engine.c, for the stats: when this rank's rounds were in flight
+     * (dp_step_stats.exchange_spans), n_rounds of room */
+    dp_phase_span *xspans;
 
     /* engine.c, between calls */
     long t;

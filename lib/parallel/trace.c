@@ -19,9 +19,10 @@
 #include "dp/tokenizer.h" /* dp_utf8_check */
 #include "dp/trace.h"
 
-// One step's record: [start_seconds, step, then per device: rows, its
-// first span's index in spans, its span count], all doubles (counts below
-// 2^53 are exact).
+// One step's record: [start_seconds, step, the exchanges' first span's
+// index in spans and their count, then per device: rows, its first span's
+// index, its span count], all doubles (counts below 2^53 are exact).
+#define HEAD 4
 #define DEV_STRIDE 3
 
 struct dp_trace {
@@ -60,7 +61,7 @@ dp_status dp_trace_create(const char *const *names, size_t k, dp_trace **out)
         return DP_FAIL(DP_ERR_INTERNAL, "pthread_mutex_init failed");
     }
     t->k = k;
-    t->stride = 2 + k * DEV_STRIDE;
+    t->stride = HEAD + k * DEV_STRIDE;
     for (size_t i = 0; i < k; i++) {
         t->names[i] = strdup(names[i]);
         if (!t->names[i]) {
@@ -110,6 +111,28 @@ static size_t device_spans(const dp_device_step_stats *d, dp_phase_span *out)
     return n;
 }
 
+/* spans[0..n): an array where n > 0, phases, finite times >= 0; who
+ * (and device i where who is "device") names them in the message. */
+static dp_status check_spans(const dp_phase_span *spans, size_t n, const char *who, size_t i)
+{
+    char name[32];
+    if (strcmp(who, "device") == 0) snprintf(name, sizeof name, "device %zu", i);
+    else snprintf(name, sizeof name, "%s", who);
+    if (n && !spans)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: %zu spans and no array", name, n);
+    for (size_t j = 0; j < n; j++) {
+        const dp_phase_span *sp = &spans[j];
+        if ((unsigned)sp->phase >= DP_PHASE_COUNT)
+            return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s span %zu: phase %d is not a phase", name,
+                           j, (int)sp->phase);
+        if (bad_time(sp->start) || bad_time(sp->seconds))
+            return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
+                           "%s span %zu (%s): start %g or seconds %g is negative or not finite",
+                           name, j, dp_phase_name(sp->phase), sp->start, sp->seconds);
+    }
+    return DP_OK;
+}
+
 static dp_status check_stats(const dp_trace *t, const dp_step_stats *st)
 {
     if (st->n_devices != t->k)
@@ -118,8 +141,10 @@ static dp_status check_stats(const dp_trace *t, const dp_step_stats *st)
     if (bad_time(st->start_seconds))
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "start_seconds %g is negative or not finite",
                        st->start_seconds);
+    DP_TRY(check_spans(st->exchange_spans, st->n_exchange_spans, "the exchanges", 0));
     for (size_t i = 0; i < t->k; i++) {
         const dp_device_step_stats *d = &st->devices[i];
+        DP_TRY(check_spans(d->spans, d->n_spans, "device", i));
         for (int p = 0; p < DP_PHASE_COUNT; p++)
             if (bad_time(d->phase_start[p]) || bad_time(d->phase_seconds[p]))
                 return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
@@ -127,20 +152,6 @@ static dp_status check_stats(const dp_trace *t, const dp_step_stats *st)
                                "finite",
                                i, dp_phase_name((dp_phase)p), d->phase_start[p],
                                d->phase_seconds[p]);
-        if (d->n_spans && !d->spans)
-            return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "device %zu has %zu spans and no array", i,
-                           d->n_spans);
-        for (size_t j = 0; j < d->n_spans; j++) {
-            const dp_phase_span *sp = &d->spans[j];
-            if ((unsigned)sp->phase >= DP_PHASE_COUNT)
-                return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "device %zu span %zu: phase %d is not "
-                               "a phase", i, j, (int)sp->phase);
-            if (bad_time(sp->start) || bad_time(sp->seconds))
-                return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
-                               "device %zu span %zu (%s): start %g or seconds %g is negative or "
-                               "not finite",
-                               i, j, dp_phase_name(sp->phase), sp->start, sp->seconds);
-        }
     }
     return DP_OK;
 }
@@ -177,7 +188,7 @@ dp_status dp_trace_add_step(dp_trace *t, const dp_step_stats *st)
 {
     if (!t || !st) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "trace or stats is NULL");
     DP_TRY(check_stats(t, st));
-    size_t more = 0;
+    size_t more = st->n_exchange_spans;
     for (size_t i = 0; i < t->k; i++) more += device_spans(&st->devices[i], NULL);
     pthread_mutex_lock(&t->mu);
     dp_status s = reserve(t, more);
@@ -188,8 +199,13 @@ dp_status dp_trace_add_step(dp_trace *t, const dp_step_stats *st)
     double *r = t->rec + t->n * t->stride;
     r[0] = st->start_seconds;
     r[1] = (double)st->step;
+    r[2] = (double)t->n_spans;
+    r[3] = (double)st->n_exchange_spans;
+    if (st->n_exchange_spans)
+        memcpy(t->spans + t->n_spans, st->exchange_spans, st->n_exchange_spans * sizeof *t->spans);
+    t->n_spans += st->n_exchange_spans;
     for (size_t i = 0; i < t->k; i++) {
-        double *d = r + 2 + i * DEV_STRIDE;
+        double *d = r + HEAD + i * DEV_STRIDE;
         size_t n = device_spans(&st->devices[i], t->spans + t->n_spans);
         d[0] = (double)st->devices[i].rows;
         d[1] = (double)t->n_spans;
@@ -264,10 +280,24 @@ dp_status dp_trace_write_to(const dp_trace *t, dp_atomic_file *af)
         put(o, "}},\n{\"name\": \"thread_sort_index\", \"ph\": \"M\", \"pid\": 1, \"tid\": %zu, "
                "\"args\": {\"sort_index\": %zu}}", i, i);
     }
+    /* the exchanges between the ranks: one more track, where a step has them */
+    int exchanges = 0;
+    for (size_t s = 0; s < t->n && !exchanges; s++) exchanges = t->rec[s * t->stride + 3] > 0;
+    if (exchanges)
+        put(o, ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 1, \"tid\": %zu, "
+               "\"args\": {\"name\": \"exchanges between ranks\"}},\n{\"name\": "
+               "\"thread_sort_index\", \"ph\": \"M\", \"pid\": 1, \"tid\": %zu, "
+               "\"args\": {\"sort_index\": %zu}}", t->k, t->k, t->k);
     for (size_t s = 0; s < t->n; s++) {
         const double *r = t->rec + s * t->stride;
+        const dp_phase_span *x = t->spans + (size_t)r[2];
+        for (size_t j = 0; j < (size_t)r[3]; j++)
+            put(o, ",\n{\"name\": \"rounds in flight\", \"cat\": \"step\", \"ph\": \"X\", "
+                   "\"pid\": 1, \"tid\": %zu, \"ts\": %.3f, \"dur\": %.3f, "
+                   "\"args\": {\"step\": %.0f}}",
+                t->k, 1e6 * (r[0] + x[j].start), 1e6 * x[j].seconds, r[1]);
         for (size_t i = 0; i < t->k; i++) {
-            const double *d = r + 2 + i * DEV_STRIDE;
+            const double *d = r + HEAD + i * DEV_STRIDE;
             const dp_phase_span *sp = t->spans + (size_t)d[1];
             for (size_t j = 0; j < (size_t)d[2]; j++)
                 put(o, ",\n{\"name\": \"%s\", \"cat\": \"step\", \"ph\": \"X\", \"pid\": 1, "

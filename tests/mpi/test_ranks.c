@@ -497,10 +497,35 @@ static void overlap_happens(void)
                   "(%g s): the rounds did not cross during the backward", s,
                   d3->phase_start[DP_PHASE_REDUCE], bw_end);
         }
+        /* The exchanges (the trace's track): rounds were in flight before
+         * this rank's held backward ended, in time order, inside the step. */
+        const dp_device_step_stats *held = &st.devices[0];
+        double held_end = held->phase_start[DP_PHASE_BACKWARD] +
+                          held->phase_seconds[DP_PHASE_BACKWARD], prev_end = 0.0;
+        CHECK(st.n_exchange_spans > 0 && st.exchange_spans, "step %d: no exchange spans", s);
+        for (size_t j = 0; j < st.n_exchange_spans; j++) {
+            const dp_phase_span *x = &st.exchange_spans[j];
+            CHECK(x->phase == DP_PHASE_REDUCE && x->start >= prev_end && x->seconds >= 0.0 &&
+                      x->start + x->seconds <= st.seconds,
+                  "step %d exchange %zu: %s at %g s for %g s (the one before ends at %g s, "
+                  "the step lasts %g s)", s, j, dp_phase_name(x->phase), x->start, x->seconds,
+                  prev_end, st.seconds);
+            prev_end = x->start + x->seconds;
+        }
+        CHECK(st.n_exchange_spans == 0 || st.exchange_spans[0].start < held_end,
+              "step %d: the first round left at %g s, after the held backward ended (%g s)", s,
+              st.n_exchange_spans ? st.exchange_spans[0].start : -1.0, held_end);
         CHECK_OK(dp_engine_step(ref.e, &b, &st));
+        CHECK(st.n_exchange_spans > 0, "no overlap: the rounds after it are exchanges too");
         want.loss[s] = st.loss;
         want.norm[s] = st.grad_norm;
     }
+    /* an evaluation exchanges no round: none reported (not the last step's) */
+    batch(0, c.rows, 0, x, y);
+    dp_batch eb = {(size_t)c.rows, x, y};
+    CHECK_OK(dp_engine_evaluate(r.e, &eb, &st));
+    CHECK(st.n_exchange_spans == 0 && !st.exchange_spans, "an evaluation has %zu exchange spans",
+          st.n_exchange_spans);
     CHECK_OK(finish(r.e, &got));
     CHECK_OK(finish(ref.e, &want));
     dp_engine_destroy(r.e);
