@@ -9,6 +9,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -172,6 +173,9 @@ static dp_status reserve(dp_trace *t, size_t more)
     }
     if (t->cap_spans - t->n_spans < more) {
         size_t ncap = t->cap_spans ? t->cap_spans : 256, bytes;
+        if (more > SIZE_MAX / 4 - t->n_spans)
+            return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "%zu more spans in a trace of %zu overflow",
+                           more, t->n_spans);
         while (ncap - t->n_spans < more) ncap *= 2;
         dp_phase_span *sp = dp_size_mul(ncap, sizeof *sp, &bytes) ? realloc(t->spans, bytes)
                                                                   : NULL;
