@@ -75,6 +75,34 @@ static dp_engine_config cuda_cfg(dp_mode mode, dp_optimizer opt)
     return c;
 }
 
+/* A step's spans on each device (what --trace draws): in time order, none
+ * starting before the one before ends, inside the step, and per phase
+ * adding up to phase_seconds. On a GPU a job's first span is placed at the
+ * host's time and the rest by the device's events: the slack allows the
+ * launch latency between them. */
+static void assert_spans(const dp_step_stats *st, int s)
+{
+    const double slack = 1e-4;
+    for (size_t i = 0; i < st->n_devices; i++) {
+        const dp_device_step_stats *d = &st->devices[i];
+        cr_assert(d->n_spans > 0 && d->spans, "step %d device %zu: no spans", s, i);
+        double sum[DP_PHASE_COUNT] = {0}, end = 0.0;
+        for (size_t j = 0; j < d->n_spans; j++) {
+            const dp_phase_span *sp = &d->spans[j];
+            cr_assert(sp->start >= end - slack && sp->seconds >= 0.0 &&
+                          sp->start + sp->seconds <= st->seconds + slack,
+                      "step %d device %zu span %zu (%s): %g s for %g s, the one before ends at "
+                      "%g s, the step lasts %g s", s, i, j, dp_phase_name(sp->phase), sp->start,
+                      sp->seconds, end, st->seconds);
+            end = sp->start + sp->seconds;
+            sum[sp->phase] += sp->seconds;
+        }
+        for (int p = 0; p < DP_PHASE_COUNT; p++)
+            cr_assert_float_eq(sum[p], d->phase_seconds[p], 1e-9, "step %d device %zu %s", s, i,
+                               dp_phase_name((dp_phase)p));
+    }
+}
+
 /* STEPS steps of the MLP on specs[0..k) with float32 or (bf16) bf16
  * replicas; losses and final parameters (the masters). */
 static void train_mlp_as(const dp_device_spec *specs, size_t k, dp_engine_config cfg, int rows,
@@ -97,6 +125,7 @@ static void train_mlp_as(const dp_device_spec *specs, size_t k, dp_engine_config
         dp_step_stats st;
         dp_assert_ok(dp_engine_step(e, &b, &st));
         cr_assert(!st.skipped, "step %d skipped", s);
+        assert_spans(&st, s);
         losses[s] = st.loss;
     }
     memset(params, 0, NP_MAX * sizeof *params);
