@@ -112,13 +112,10 @@ static size_t device_spans(const dp_device_step_stats *d, dp_phase_span *out)
     return n;
 }
 
-/* spans[0..n): an array where n > 0, phases, finite times >= 0; who
- * (and device i where who is "device") names them in the message. */
-static dp_status check_spans(const dp_phase_span *spans, size_t n, const char *who, size_t i)
+/* spans[0..n): an array where n > 0, phases, finite times >= 0; name
+ * (e.g. "device 1") is whose they are in the message. */
+static dp_status check_spans(const dp_phase_span *spans, size_t n, const char *name)
 {
-    char name[32];
-    if (strcmp(who, "device") == 0) snprintf(name, sizeof name, "device %zu", i);
-    else snprintf(name, sizeof name, "%s", who);
     if (n && !spans)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: %zu spans and no array", name, n);
     for (size_t j = 0; j < n; j++) {
@@ -142,10 +139,12 @@ static dp_status check_stats(const dp_trace *t, const dp_step_stats *st)
     if (bad_time(st->start_seconds))
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "start_seconds %g is negative or not finite",
                        st->start_seconds);
-    DP_TRY(check_spans(st->exchange_spans, st->n_exchange_spans, "the exchanges", 0));
+    DP_TRY(check_spans(st->exchange_spans, st->n_exchange_spans, "the exchanges"));
     for (size_t i = 0; i < t->k; i++) {
         const dp_device_step_stats *d = &st->devices[i];
-        DP_TRY(check_spans(d->spans, d->n_spans, "device", i));
+        char name[32];
+        snprintf(name, sizeof name, "device %zu", i);
+        DP_TRY(check_spans(d->spans, d->n_spans, name));
         for (int p = 0; p < DP_PHASE_COUNT; p++)
             if (bad_time(d->phase_start[p]) || bad_time(d->phase_seconds[p]))
                 return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
