@@ -31,6 +31,19 @@ static void teardown(void) { dp_test_remove_tree(tmpdir); }
 
 TestSuite(trace, .init = setup, .fini = teardown);
 
+/* Writes tr to tmpdir/name, destroys it and returns the file's JSON. */
+static json_t *write_and_load(dp_trace *tr, const char *name)
+{
+    char path[256];
+    snprintf(path, sizeof path, "%s/%s", tmpdir, name);
+    dp_assert_ok(dp_trace_write(tr, path));
+    dp_trace_destroy(tr);
+    json_error_t je;
+    json_t *root = json_load_file(path, 0, &je);
+    cr_assert_not_null(root, "%s: %s (line %d)", path, je.text, je.line);
+    return root;
+}
+
 static int n_entries(void)
 {
     DIR *d = opendir(tmpdir);
@@ -154,13 +167,7 @@ Test(trace, a_device_with_spans_gets_an_event_per_span)
     dp_assert_ok(dp_trace_add_step(tr, &st));
     fake_step(&st, 2, 1); /* a step without exchanges or spans */
     dp_assert_ok(dp_trace_add_step(tr, &st));
-    char path[256];
-    snprintf(path, sizeof path, "%s/spans.json", tmpdir);
-    dp_assert_ok(dp_trace_write(tr, path));
-    dp_trace_destroy(tr);
-    json_error_t je;
-    json_t *root = json_load_file(path, 0, &je);
-    cr_assert_not_null(root, "%s", je.text);
+    json_t *root = write_and_load(tr, "spans.json");
     json_t *ev = json_object_get(root, "traceEvents"), *e;
     size_t idx, on0 = 0, on1 = 0, on2 = 0;
     const char *third = NULL;
@@ -328,13 +335,7 @@ Test(trace, many_steps_stream_through_the_buffer)
         fake_step(&st, 2, s);
         dp_assert_ok(dp_trace_add_step(tr, &st));
     }
-    char path[256];
-    snprintf(path, sizeof path, "%s/big.json", tmpdir);
-    dp_assert_ok(dp_trace_write(tr, path));
-    dp_trace_destroy(tr);
-    json_error_t je;
-    json_t *root = json_load_file(path, 0, &je);
-    cr_assert_not_null(root, "%s (line %d)", je.text, je.line);
+    json_t *root = write_and_load(tr, "big.json");
     cr_assert_eq(json_array_size(json_object_get(root, "traceEvents")),
                  1 + 2 * 2 + 400 * 2 * DP_PHASE_COUNT);
     json_decref(root);

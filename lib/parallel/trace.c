@@ -156,34 +156,36 @@ static dp_status check_stats(const dp_trace *t, const dp_step_stats *st)
     return DP_OK;
 }
 
+/* Makes *buf (*cap elements of size bytes) hold at least need, doubling
+ * from first; *buf and *cap unchanged on error. what names it. */
+static dp_status grow(void **buf, size_t *cap, size_t need, size_t size, size_t first,
+                      const char *what)
+{
+    if (need <= *cap) return DP_OK;
+    size_t ncap = *cap ? *cap : first, bytes;
+    while (ncap < need) {
+        if (ncap > SIZE_MAX / 2)
+            return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "the trace's %s cannot hold %zu", what, need);
+        ncap *= 2;
+    }
+    void *p = dp_size_mul(ncap, size, &bytes) ? realloc(*buf, bytes) : NULL;
+    if (!p) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "cannot grow the trace's %s to %zu", what, ncap);
+    *buf = p;
+    *cap = ncap;
+    return DP_OK;
+}
+
 /* Room for one more step and `more` spans; the trace is unchanged on error. */
 static dp_status reserve(dp_trace *t, size_t more)
 {
-    if (t->n == t->cap) {
-        size_t ncap = t->cap ? 2 * t->cap : 64, bytes;
-        double *r = dp_size_mul(ncap, t->stride * sizeof(double), &bytes)
-                        ? realloc(t->rec, bytes)
-                        : NULL;
-        if (!r)
-            return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "cannot grow the trace of %zu steps to %zu",
-                           t->n, ncap);
-        t->rec = r;
-        t->cap = ncap;
-    }
-    if (t->cap_spans - t->n_spans < more) {
-        size_t ncap = t->cap_spans ? t->cap_spans : 256, bytes;
-        if (more > SIZE_MAX / 4 - t->n_spans)
-            return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "%zu more spans in a trace of %zu overflow",
-                           more, t->n_spans);
-        while (ncap - t->n_spans < more) ncap *= 2;
-        dp_phase_span *sp = dp_size_mul(ncap, sizeof *sp, &bytes) ? realloc(t->spans, bytes)
-                                                                  : NULL;
-        if (!sp)
-            return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "cannot grow the trace's %zu spans to %zu",
-                           t->n_spans, ncap);
-        t->spans = sp;
-        t->cap_spans = ncap;
-    }
+    if (more > SIZE_MAX - t->n_spans)
+        return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "%zu more spans in a trace of %zu overflow", more,
+                       t->n_spans);
+    void *rec = t->rec, *spans = t->spans;
+    DP_TRY(grow(&rec, &t->cap, t->n + 1, t->stride * sizeof(double), 64, "steps"));
+    t->rec = rec;
+    DP_TRY(grow(&spans, &t->cap_spans, t->n_spans + more, sizeof *t->spans, 256, "spans"));
+    t->spans = spans;
     return DP_OK;
 }
 
