@@ -68,8 +68,10 @@ typedef struct mode_result {
     size_t k_global; /* the job's devices: ranks x k */
     size_t bytes_sent_per_step; /* this rank's bytes to other ranks per timed step */
     double step_ms_median, step_ms_min, step_ms_max, tokens_per_s;
-    double phase_ms[DP_PHASE_COUNT]; /* mean over timed steps (slowest device) */
-    double exposed_ms; /* mean over timed steps: dp_step_stats.exposed_seconds */
+    /* Medians over the timed steps, like the step time: one descheduled
+     * step would lift a mean far above what a step takes. */
+    double phase_ms[DP_PHASE_COUNT]; /* each phase's (its slowest device) */
+    double exposed_ms; /* dp_step_stats.exposed_seconds */
     int overlapped;    /* the timed steps' reduce-scatter overlapped the backward */
     double loss;
     dev_result dev[DP_MAX_DEVICES];
@@ -109,6 +111,8 @@ typedef struct results {
     size_t nsc;
 } run_results;
 
+/* The median of x[0..m), m > 0 (sorted here). */
+double median_of(double *x, size_t m);
 /* The step times ms[0..m) (sorted here) summarised into *res, with
  * tokens/s for rows sequences of context tokens (harness.c). */
 void step_times(mode_result *res, double *ms, size_t m, size_t rows, long context);

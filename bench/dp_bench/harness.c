@@ -276,10 +276,15 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+double median_of(double *x, size_t m)
+{
+    qsort(x, m, sizeof *x, cmp_double);
+    return m % 2 ? x[m / 2] : 0.5 * (x[m / 2 - 1] + x[m / 2]);
+}
+
 void step_times(mode_result *res, double *ms, size_t m, size_t rows, long context)
 {
-    qsort(ms, m, sizeof *ms, cmp_double);
-    res->step_ms_median = m % 2 ? ms[m / 2] : 0.5 * (ms[m / 2 - 1] + ms[m / 2]);
+    res->step_ms_median = median_of(ms, m);
     res->step_ms_min = ms[0];
     res->step_ms_max = ms[m - 1];
     res->tokens_per_s = (double)rows * (double)context / (1e-3 * res->step_ms_median);

@@ -89,9 +89,14 @@ static int run_mode(bench *b, dp_mode mode, int shard, size_t k, size_t rows, in
     if (es != DP_OK) return engine_fail(b, es, name);
     if (!b->noted && b->rk.rank == 0) cli_print_matmul_note(e, &b->o.compute, b->o.tf32);
     b->noted = 1;
+    /* Per timed step: its time, each phase's and the exposed time, in
+     * columns of m (medians taken after the steps). */
+    size_t m = (size_t)b->o.steps;
     double *ms = NULL;
     int rc = ensure_tokens(b, rows);
-    if (!rc && !(ms = calloc((size_t)b->o.steps, sizeof *ms))) rc = cli_fail("out of host memory");
+    if (!rc && !(ms = calloc(m * (DP_PHASE_COUNT + 2), sizeof *ms)))
+        rc = cli_fail("out of host memory");
+    double *phase_col = ms + m, *exposed_col = ms + m * (DP_PHASE_COUNT + 1);
     if (agree(b, rc)) {
         free(ms);
         dp_engine_destroy(e);
@@ -126,18 +131,22 @@ static int run_mode(bench *b, dp_mode mode, int shard, size_t k, size_t rows, in
                 if (st.devices[i].phase_peak[p] > res->dev[i].phase_peak[p])
                     res->dev[i].phase_peak[p] = st.devices[i].phase_peak[p];
         if (s < b->o.warmup) continue;
-        ms[s - b->o.warmup] = 1e3 * dt;
+        size_t t = (size_t)(s - b->o.warmup);
+        ms[t] = 1e3 * dt;
         for (int p = 0; p < DP_PHASE_COUNT; p++)
-            res->phase_ms[p] += 1e3 * st.phase_seconds[p] / (double)b->o.steps;
-        res->exposed_ms += 1e3 * st.exposed_seconds / (double)b->o.steps;
+            phase_col[(size_t)p * m + t] = 1e3 * st.phase_seconds[p];
+        exposed_col[t] = 1e3 * st.exposed_seconds;
         res->overlapped = st.overlapped;
         res->loss = st.loss;
     }
     if (!rc)
-        res->bytes_sent_per_step = (dp_dist_bytes_sent(b->rk.dist) - sent0) / (size_t)b->o.steps;
+        res->bytes_sent_per_step = (dp_dist_bytes_sent(b->rk.dist) - sent0) / m;
     if (!rc && b->rk.ranks > 1) rc = agree(b, trace_failed);
     if (!rc) {
-        step_times(res, ms, (size_t)b->o.steps, rows, b->o.context);
+        step_times(res, ms, m, rows, b->o.context);
+        for (int p = 0; p < DP_PHASE_COUNT; p++)
+            res->phase_ms[p] = median_of(phase_col + (size_t)p * m, m);
+        res->exposed_ms = median_of(exposed_col, m);
         record_devices(res, e, &st);
     }
     free(ms);

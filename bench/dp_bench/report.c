@@ -130,7 +130,7 @@ void print_table(const bench *b, const run_results *rs)
         }
         printf(" %8.1f%% %9.2f\n", tot > 0 ? 100.0 * out / tot : 0.0, m->exposed_ms);
     }
-    printf("(mean per timed step, each phase as long as its slowest device; outside: the\n"
+    printf("(median of the timed steps, each phase as long as its slowest device; outside: the\n"
            " share of scatter, reduce, optimizer and broadcast; exposed: ms from the last\n"
            " backward's end to the update, the reduce-scatter the overlap did not hide)\n");
     printf("overlap with the backward:");
