@@ -359,8 +359,9 @@ typedef struct cli_lock {
  * when another process holds it (named with its pid), or when
  * "<path>.lock" exists and is not such a lock file (it is never
  * replaced then). On a file system without locks the output goes
- * unguarded (0, no lock). Returns 0, or 1 after one line naming flag,
- * path and the fix. */
+ * unguarded (0, no lock). A fatal signal removes the lock file
+ * (cli_guard_lock); one left by SIGKILL is taken by the next run. Returns
+ * 0, or 1 after one line naming flag, path and the fix. */
 int cli_lock_output(const char *flag, const char *path, cli_lock *lk);
 
 /* Removes the lock file and releases the lock (no-op when none is held). */
@@ -417,7 +418,14 @@ void cli_guard_temp(const dp_atomic_file *af, const char *what);
  * go first) to what the handler removes; 0, or 1 when the set (16 paths)
  * is full. cli_unguard_path drops it again (it was removed or renamed). */
 int cli_guard_path(const char *path);
+/* The same for a lock file (cli_lock_output's): removed by the handler
+ * without its line, for the lock is no output. */
+int cli_guard_lock(const char *path);
 void cli_unguard_path(const char *path);
+
+/* Removes the guarded paths now (async-signal-safe: for a program's own
+ * handler that exits at once); returns how many were not lock files. */
+int cli_remove_guarded(void);
 
 // --- time ---------------------------------------------------------------------------
 

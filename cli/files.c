@@ -310,17 +310,25 @@ int cli_check_input(const char *flag, const char *path)
  * the files in it); edited with the signals blocked. */
 #define GUARD_MAX 16
 static char guard_paths[GUARD_MAX][4096], guard_msg[512];
-static volatile sig_atomic_t guard_n, guard_msg_len;
+/* quiet: a lock file (cli_guard_lock), no output of the program's */
+static volatile sig_atomic_t guard_n, guard_msg_len, guard_quiet[GUARD_MAX];
 
-static void on_fatal_signal(int sig)
+int cli_remove_guarded(void)
 {
-    int removed = dp_atomic_file_remove_temps();
+    int outputs = 0;
     for (int i = guard_n; i-- > 0;) {
         /* a file or an emptied directory: the other call fails, harmless */
         unlink(guard_paths[i]);
         rmdir(guard_paths[i]);
+        outputs += !guard_quiet[i];
     }
-    if (removed || guard_n > 0) {
+    return outputs;
+}
+
+static void on_fatal_signal(int sig)
+{
+    int removed = dp_atomic_file_remove_temps();
+    if (cli_remove_guarded() > 0 || removed) {
         ssize_t w = write(STDERR_FILENO, guard_msg, (size_t)guard_msg_len);
         (void)w;
     }
@@ -382,7 +390,7 @@ void cli_guard_temp(const dp_atomic_file *af, const char *what)
     set_guard_msg(af ? left : "its outputs were left as they were");
 }
 
-int cli_guard_path(const char *path)
+static int guard(const char *path, int quiet)
 {
     if (!path || strlen(path) >= sizeof guard_paths[0]) return 1;
     sigset_t old;
@@ -390,10 +398,21 @@ int cli_guard_path(const char *path)
     int full = guard_n >= GUARD_MAX;
     if (!full) {
         memcpy(guard_paths[guard_n], path, strlen(path) + 1);
+        guard_quiet[guard_n] = quiet;
         guard_n = guard_n + 1;
     }
     guard_edit(0, &old);
     return full;
+}
+
+int cli_guard_path(const char *path)
+{
+    return guard(path, 0);
+}
+
+int cli_guard_lock(const char *path)
+{
+    return guard(path, 1);
 }
 
 void cli_unguard_path(const char *path)
@@ -402,8 +421,10 @@ void cli_unguard_path(const char *path)
     guard_edit(1, &old);
     for (int i = 0; path && i < guard_n; i++)
         if (strcmp(guard_paths[i], path) == 0) {
-            for (int j = i + 1; j < guard_n; j++)
+            for (int j = i + 1; j < guard_n; j++) {
                 memcpy(guard_paths[j - 1], guard_paths[j], sizeof guard_paths[0]);
+                guard_quiet[j - 1] = guard_quiet[j];
+            }
             guard_n = guard_n - 1;
             break;
         }

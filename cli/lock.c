@@ -93,6 +93,9 @@ int cli_lock_output(const char *flag, const char *path, cli_lock *lk)
         int noted = ftruncate(fd, 0) == 0 && n > 0 && pwrite(fd, line, (size_t)n, 0) == n;
         (void)noted;
         fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+        /* a fatal signal removes it too (a full guard set leaves it for
+         * the next run, which takes a lock nobody holds) */
+        cli_guard_lock(name);
         lk->fd = fd;
         lk->path = name;
         return 0;
@@ -107,6 +110,7 @@ void cli_unlock_output(cli_lock *lk)
     if (!lk->path) return;
     /* Removed while still locked, so no run takes a file about to vanish
      * (one that opened it already sees the name gone and retries). */
+    cli_unguard_path(lk->path);
     unlink(lk->path);
     close(lk->fd);
     free(lk->path);

@@ -1048,6 +1048,7 @@ static result run_second(const char *flag, const char *path)
 {
     char dir[300], corpus[256], out[320], err[320];
     snprintf(dir, sizeof dir, "%s/second", tmpdir);
+    dp_test_remove_tree(dir); /* an earlier second run's */
     cr_assert_eq(mkdir(dir, 0755), 0);
     path_in(corpus, sizeof corpus, "corpus.txt");
     char *argv[] = {(char *)LM_TRAIN_PATH, "--data", corpus, "--devices", "cpu:1", "--layers",
@@ -1121,6 +1122,89 @@ Test(lm_train, a_save_another_run_writes_is_refused, .timeout = 60)
     result_free(&a);
     result_free(&b);
     result_free(&c);
+}
+
+/* --trace and --export-hf are locked as --save is ("<trace>.lock",
+ * "<dir>.lock"): a second run given either path is refused before it
+ * trains. Without it the later run's trace replaced the first's, and two
+ * exports into one directory could pair one run's weights with the
+ * other's config.json. "DIR/" names the same lock as "DIR". */
+Test(lm_train, a_trace_or_export_another_run_writes_is_refused, .timeout = 60)
+{
+    const char *const long_args[] = {"--steps", "100000000", "--trace", "@t.json",
+                                     "--export-hf", "@ex", "--log", "@l.jsonl"};
+    pid_t pid = spawn_args(1, long_args, 8);
+    char trace[256], ex[256], ex_slash[260], log[256], lock[2][300];
+    path_in(trace, sizeof trace, "t.json");
+    path_in(ex, sizeof ex, "ex");
+    snprintf(ex_slash, sizeof ex_slash, "%s/", ex);
+    path_in(log, sizeof log, "l.jsonl");
+    snprintf(lock[0], sizeof lock[0], "%s.lock", trace);
+    snprintf(lock[1], sizeof lock[1], "%s.lock", ex);
+    wait_for_file(log, pid); /* training began: the locks are held */
+    result b[3] = {run_second("--trace", trace), run_second("--export-hf", ex),
+                   run_second("--export-hf", ex_slash)};
+    struct stat sb;
+    int ex_made = stat(ex, &sb) == 0;
+    kill(pid, SIGTERM); /* before any assertion: a failed test must not leave it training */
+    result a = collect(pid);
+    char pid_words[64];
+    snprintf(pid_words, sizeof pid_words, "(process %ld)", (long)pid);
+    static const char *const flag[] = {"--trace", "--export-hf", "--export-hf"};
+    for (int i = 0; i < 3; i++) {
+        cr_assert(WIFEXITED(b[i].status) && WEXITSTATUS(b[i].status) == 1,
+                  "%s: status %d; stderr:\n%s", flag[i], b[i].status, b[i].err);
+        cr_assert(strstr(b[i].err, flag[i]) && strstr(b[i].err, pid_words) &&
+                      strstr(b[i].err, "is being written by another run"),
+                  "stderr:\n%s", b[i].err);
+        cr_assert_null(strstr(b[i].out, "step 1"), "the second run trained:\n%s", b[i].out);
+        result_free(&b[i]);
+    }
+    cr_assert_not(ex_made, "a second run exported into the first's directory");
+    cr_assert(WIFEXITED(a.status) && WEXITSTATUS(a.status) == 128 + SIGTERM, "status %d:\n%s",
+              a.status, a.err);
+    cr_assert_eq(stat(trace, &sb), 0, "the first run wrote no trace");
+    for (int i = 0; i < 2; i++)
+        cr_assert_neq(stat(lock[i], &sb), 0, "%s outlived its run", lock[i]);
+    result_free(&a);
+}
+
+/* A signal that kills the run at once (one lm_train does not handle, or
+ * a second SIGTERM) removes the lock files of its outputs with their
+ * temporary files: a stale lock file only SIGKILL leaves. */
+Test(lm_train, a_signal_that_kills_the_run_removes_its_lock_files, .timeout = 60)
+{
+    /* SIGUSR1 once (cli_guard_signals' handler: the run dies of it), or
+     * SIGTERM twice (lm_train's: the second exits at once, 128 + 15) */
+    const struct {
+        int sig, times;
+    } cases[] = {{SIGUSR1, 1}, {SIGTERM, 2}};
+    for (int k = 0; k < 2; k++) {
+        const char *const long_args[] = {"--steps", "100000000", "--save", "@ck.st", "--trace",
+                                         "@t.json", "--log", "@l.jsonl"};
+        pid_t pid = spawn_args(1, long_args, 8);
+        char log[256], lock[2][300];
+        path_in(log, sizeof log, "l.jsonl");
+        path_in(lock[0], sizeof lock[0], "ck.st.lock");
+        path_in(lock[1], sizeof lock[1], "t.json.lock");
+        wait_for_file(log, pid);
+        struct stat sb;
+        int held = stat(lock[0], &sb) == 0 && stat(lock[1], &sb) == 0;
+        for (int t = 0; t < cases[k].times; t++) kill(pid, cases[k].sig);
+        result a = collect(pid);
+        cr_assert(held, "the locks were not held while training");
+        if (cases[k].sig == SIGTERM)
+            cr_assert(WIFEXITED(a.status) && WEXITSTATUS(a.status) == 128 + SIGTERM,
+                      "status %d:\n%s", a.status, a.err);
+        else
+            cr_assert(WIFSIGNALED(a.status) && WTERMSIG(a.status) == SIGUSR1, "status %d:\n%s",
+                      a.status, a.err);
+        for (int i = 0; i < 2; i++)
+            cr_assert_neq(stat(lock[i], &sb), 0, "%s outlived its run (signal %d x%d)", lock[i],
+                          cases[k].sig, cases[k].times);
+        result_free(&a);
+        unlink(log);
+    }
 }
 
 /* A "<save>.lock" that is not a dp lock file (any other contents) is

@@ -89,7 +89,9 @@ typedef struct run {
     long saved_step;           /* checkpoint.c: step of this run's last checkpoint, -1 = none */
     long skipped, consecutive_skips; /* train.c: steps skipped for non-finite values */
     FILE *log;                 /* log.c: --log */
-    cli_lock save_lock;        /* setup.c: --save's, rank 0's, for the run's life */
+    /* setup.c: rank 0's locks on --save, --trace and --export-hf, for the
+     * run's life: [0] --save, [1] --trace, [2] --export-hf */
+    cli_lock locks[3];
     off_t log_good;            /* log.c: bytes of --log's complete rows (-1: not a regular file) */
     int write_failed;          /* log.c: a write to rank 0's stdout or --log failed (said once) */
     dp_trace *trace;           /* log.c: --trace, every training step's phase spans */

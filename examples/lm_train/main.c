@@ -50,7 +50,7 @@
 static void run_free(run *r)
 {
     if (r->log) fclose(r->log);
-    cli_unlock_output(&r->save_lock);
+    for (int i = 0; i < 3; i++) cli_unlock_output(&r->locks[i]);
     free(r->inputs);
     free(r->targets);
     free(r->prompt_ids);

@@ -122,6 +122,19 @@ static int beside(const char *path, const char *name, char **out)
     return !*out;
 }
 
+/* --export-hf's lock: "DIR.lock" beside the directory (which may not
+ * exist before the end), DIR without its trailing slashes. */
+static int lock_export(const char *dir, cli_lock *lk)
+{
+    size_t n = strlen(dir);
+    while (n > 1 && dir[n - 1] == '/') n--;
+    char *name = strndup(dir, n);
+    if (!name) return cli_fail("out of host memory");
+    int rc = cli_lock_output("--export-hf", name, lk);
+    free(name);
+    return rc;
+}
+
 /* Rank 0's outputs, before anything is written: --save and --trace can
  * be written (their directories, their temporary files' names), and no
  * output is the same file as an input (--data's, or one of a data
@@ -130,9 +143,10 @@ static int beside(const char *path, const char *name, char **out)
  * --init-from's weights and config.json, or
  * any file of its directory) or as another output (--export-hf's two
  * files included); an existing --log must be an lm_train log. Then takes
- * --save's lock (cli_lock_output), so a second run given the same --save
- * is refused, not left to replace this run's checkpoints (and this run
- * its). */
+ * the locks of --save, --trace and --export-hf (cli_lock_output), so a
+ * second run given the same path is refused, not left to replace this
+ * run's files (and this run its): two exports into one directory could
+ * otherwise leave one run's weights beside the other's config.json. */
 static int check_outputs(run *r, const char *data)
 {
     const opts *o = &r->o;
@@ -175,7 +189,9 @@ static int check_outputs(run *r, const char *data)
     if (!rc && o->export_hf) rc = check_export_replace(ex_model, ex_config);
     free(ex_model), free(ex_config), free(in_config), free(tok_merges);
     if (!rc) rc = check_log(o);
-    if (!rc && o->save) rc = cli_lock_output("--save", o->save, &r->save_lock);
+    if (!rc && o->save) rc = cli_lock_output("--save", o->save, &r->locks[0]);
+    if (!rc && o->trace) rc = cli_lock_output("--trace", o->trace, &r->locks[1]);
+    if (!rc && o->export_hf) rc = lock_export(o->export_hf, &r->locks[2]);
     return rc;
 }
 

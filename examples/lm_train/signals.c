@@ -36,9 +36,11 @@ static void say(const char *msg, size_t n)
 }
 
 /* Before exiting at once: no partial checkpoint, trace or export is left
- * (their writers' temporary files), and the message says so. */
+ * (their writers' temporary files), and the message says so; nor the
+ * outputs' lock files (cli_lock_output). */
 static void leave_no_temp(void)
 {
+    cli_remove_guarded();
     static const char msg[] = "lm_train: the file being written was removed; the older one "
                               "was left as it was\n";
     if (dp_atomic_file_remove_temps() > 0) say(msg, sizeof msg - 1);
