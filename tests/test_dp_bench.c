@@ -29,6 +29,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "dp_test.h"
@@ -60,8 +61,10 @@ static const char *const BASE[] = {"--vocab", "64",     "--context", "16", "--ba
                                    "--devices", "cpu:2", "--steps",  "2",  "--warmup",     "1"};
 #define N_BASE (sizeof BASE / sizeof BASE[0])
 
-/* dp_bench with BASE (when with_base) then args; '@x' is tmpdir/x. */
-static dp_test_result run_bench(int with_base, const char *const *args, size_t n)
+/* Starts dp_bench with BASE (when with_base) then args ('@x' is
+ * tmpdir/x), its stdout and stderr to tmpdir/<tag>stdout.txt and
+ * <tag>stderr.txt. */
+static pid_t spawn_bench(int with_base, const char *const *args, size_t n, const char *tag)
 {
     char *argv[64];
     size_t argc = 0;
@@ -74,11 +77,25 @@ static dp_test_result run_bench(int with_base, const char *const *args, size_t n
     }
     argv[argc] = NULL;
     char out[256], err[256];
-    snprintf(out, sizeof out, "%s/stdout.txt", tmpdir);
-    snprintf(err, sizeof err, "%s/stderr.txt", tmpdir);
-    dp_test_result r = dp_test_collect(dp_test_spawn(argv, out, err), out, err);
+    snprintf(out, sizeof out, "%s/%sstdout.txt", tmpdir, tag);
+    snprintf(err, sizeof err, "%s/%sstderr.txt", tmpdir, tag);
+    pid_t pid = dp_test_spawn(argv, out, err);
     for (size_t i = 0; i < argc; i++) free(argv[i]);
-    return r;
+    return pid;
+}
+
+static dp_test_result collect_bench(pid_t pid, const char *tag)
+{
+    char out[256], err[256];
+    snprintf(out, sizeof out, "%s/%sstdout.txt", tmpdir, tag);
+    snprintf(err, sizeof err, "%s/%sstderr.txt", tmpdir, tag);
+    return dp_test_collect(pid, out, err);
+}
+
+/* dp_bench with BASE (when with_base) then args, run to its end. */
+static dp_test_result run_bench(int with_base, const char *const *args, size_t n)
+{
+    return collect_bench(spawn_bench(with_base, args, n, ""), "");
 }
 
 #define ARGS_(...)                                                                         \
@@ -759,6 +776,46 @@ static void assert_fails_cleanly(const dp_test_result *r, const char *needle)
     for (const char *p = r->err; *p; p++) lines += *p == '\n';
     cr_assert(lines == 1 && strstr(r->err, needle), "want one line with \"%s\":\n%s", needle,
               r->err);
+}
+
+/* One run at a time writes an output path: a second run given the
+ * --json or --csv of one still timing is refused before its first step,
+ * naming the first (which holds "<path>.lock"); the first, killed by a
+ * signal, leaves neither its outputs nor its lock files. Two runs used to
+ * rename their sets into place in turn, so one's JSON could end beside
+ * the other's CSV. */
+Test(dp_bench, an_output_another_run_writes_is_refused, .timeout = 60)
+{
+    pid_t pid = spawn_bench(1, ARGS_("--steps", "100000000", "--json", "@a.json", "--csv",
+                                     "@a.csv"), "first-");
+    char lock[300];
+    snprintf(lock, sizeof lock, "%s/a.csv.lock", tmpdir);
+    struct stat sb;
+    for (int i = 0; stat(lock, &sb) != 0 && i < 3000; i++) {
+        struct timespec ts = {0, 10 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    int locked = stat(lock, &sb) == 0;
+    dp_test_result json = BENCH("--json", "@a.json");
+    dp_test_result csv = BENCH("--csv", "@a.csv");
+    kill(pid, SIGTERM); /* before any assertion: a failed test must not leave it timing */
+    dp_test_result first = collect_bench(pid, "first-");
+    cr_assert(locked, "the first run took no lock within 30 s; stderr:\n%s", first.err);
+    char pid_words[64];
+    snprintf(pid_words, sizeof pid_words, "(process %ld)", (long)pid);
+    assert_fails_cleanly(&json, "--json");
+    assert_fails_cleanly(&csv, "--csv");
+    cr_assert(strstr(json.err, "is being written by another run") && strstr(json.err, pid_words),
+              "stderr:\n%s", json.err);
+    cr_assert(strstr(csv.err, "is being written by another run") && strstr(csv.err, pid_words),
+              "stderr:\n%s", csv.err);
+    cr_assert(WIFSIGNALED(first.status) && WTERMSIG(first.status) == SIGTERM,
+              "status %d; stderr:\n%s", first.status, first.err);
+    const char *const want[] = {"first-stdout.txt", "first-stderr.txt"};
+    cr_assert_eq(expect_only(want, 2), 2);
+    dp_test_result_free(&json);
+    dp_test_result_free(&csv);
+    dp_test_result_free(&first);
 }
 
 /* An existing output that dp_bench did not write (a text file at the

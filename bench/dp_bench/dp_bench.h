@@ -39,6 +39,7 @@ typedef struct bench {
     int32_t *inputs, *targets;             /* modes.c: (rows_cap, T) random tokens */
     size_t rows_cap;
     dp_trace *trace;  /* outputs.c: --trace, the steps of the timed modes */
+    cli_lock locks[5]; /* outputs.c: rank 0's on --json, --csv, --plot (both) and --trace */
     double t_origin;  /* harness.c: cli_now() at start, the trace's time 0 */
     cli_ranks rk; /* harness.c: the job's ranks under mpirun (one rank, dist NULL, alone) */
     int noted;    /* modes.c: the first engine's matmul note is printed */
@@ -158,7 +159,7 @@ typedef struct outputs {
 } outputs;
 
 int stage(outputs *out, const char *flag, const char *path, const void *bytes, size_t n);
-int check_outputs(const bench *b);
+int check_outputs(bench *b);
 int open_trace(bench *b);
 int write_outputs(bench *b, const run_results *rs);
 

@@ -111,6 +111,9 @@ static void usage(FILE *f)
           "                       with --scaling also PATH-scaling.EXT\n"
           "  --trace PATH         Chrome trace-event JSON of every step of the timed modes,\n"
           "                       one track per device (open in ui.perfetto.dev)\n"
+          "                       The outputs are written together at the end, or none;\n"
+          "                       the run holds PATH.lock of each, and a second run given\n"
+          "                       one of them is refused\n"
           "  --help               this text\n"
           "Under mpirun -np R, the R ranks time one engine over R x the --devices of each\n"
           "rank (CPU devices): gather mode is skipped (it cannot span ranks), --scaling\n"
@@ -401,6 +404,7 @@ int main(int argc, char **argv)
     free(b.inputs);
     free(b.targets);
     dp_trace_destroy(b.trace);
+    for (int i = 0; i < 5; i++) cli_unlock_output(&b.locks[i]);
     dp_gpt_destroy(b.gpt);
     /* A broken job (some rank may wait in a collective that will never
      * complete) is aborted. */

@@ -88,8 +88,10 @@ static int is_plot_image(const char *path)
 
 /* Every output path, before any work: a bad one, or two that are one
  * file, fails the run at once; an existing file dp_bench did not write
- * is kept (the run is refused). */
-int check_outputs(const bench *b)
+ * is kept (the run is refused). Then each is locked for the run
+ * (cli_lock_output), so two runs given one path cannot leave one's JSON
+ * beside the other's CSV: the second is refused. */
+int check_outputs(bench *b)
 {
     const opts *o = &b->o;
     const char *flag[5] = {"--json", "--csv", "--plot", "--plot", "--trace"};
@@ -113,6 +115,8 @@ int check_outputs(const bench *b)
                                         "a PNG or SVG plot", "a PNG or SVG plot", "a dp trace"};
     for (int i = 0; i < 5 && !rc; i++)
         if (path[i]) rc = cli_check_replace(flag[i], path[i], ours[i], what[i]);
+    for (int i = 0; i < 5 && !rc; i++)
+        if (path[i]) rc = cli_lock_output(flag[i], path[i], &b->locks[i]);
     free(sp);
     if (!rc && o->plot) rc = check_gnuplot();
     return rc;
