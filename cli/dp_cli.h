@@ -130,9 +130,11 @@ int cli_ranks_agree_writes(cli_ranks *rk, int failed);
 /* A failed engine call. Its error reached every rank alike, except a
  * failed exchange between the ranks (DP_ERR_COMM) or a rank that stopped
  * answering (DP_ERR_TIMEOUT): then the ranks may be in different places,
- * every rank prints, and the job must end (broken: dp_dist_abort).
- * Returns 1. */
-int cli_ranks_engine_fail(cli_ranks *rk, dp_status s, const char *what);
+ * every rank prints, and the job must end (broken: dp_dist_abort). Out
+ * of memory, oom_fix (when not NULL) follows the library's message: the
+ * program's options that lower the memory, where the message names the
+ * library's fields. Returns 1. */
+int cli_ranks_engine_fail(cli_ranks *rk, dp_status s, const char *what, const char *oom_fix);
 
 /* The end of a run under ranks: the ranks meet once more (bounded by
  * rk->wait) and leave together (dp_dist_close); a broken job (some rank

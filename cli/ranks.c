@@ -99,9 +99,12 @@ int cli_ranks_agree_writes(cli_ranks *rk, int failed)
     return agree_within(rk, failed, w);
 }
 
-int cli_ranks_engine_fail(cli_ranks *rk, dp_status s, const char *what)
+int cli_ranks_engine_fail(cli_ranks *rk, dp_status s, const char *what, const char *oom_fix)
 {
     if (rk->ranks > 1 && (s == DP_ERR_COMM || s == DP_ERR_TIMEOUT)) return lost(rk, what);
+    if (s == DP_ERR_OUT_OF_MEMORY && oom_fix)
+        return CLI_AGREED_FAIL(rk, "%s: %s; in %s: %s", what, dp_last_error(), cli_program(),
+                               oom_fix);
     return CLI_AGREED_FAIL(rk, "%s: %s", what, dp_last_error());
 }
 

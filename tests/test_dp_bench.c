@@ -600,7 +600,7 @@ static bad_case bad_cases[] = {
     {"duplicate devices", {"--devices", "cpu:0,0"}, "cpu:0,0", 0, 2},
     {"unknown device kind", {"--devices", "tpu:0"}, "tpu", 0, 2},
     {"memory-limit 12XB", {"--memory-limit", "12XB"}, "12XB", 0, 2},
-    {"memory limit too small", {"--memory-limit", "1KiB"}, "limit", 1, 1},
+    {"memory limit too small", {"--memory-limit", "1KiB"}, "higher --memory-limit", 1, 1},
     /* refused before the tokens are made: no gigabytes touched first */
     {"batch past the host's RAM", {"--batch-size", "1000000000", "--context", "4096"},
      "does not fit in the host's", 1, 1},

@@ -2026,7 +2026,9 @@ static bad_case bad_cases[] = {
     {"log empty", {"--log="}, "--log: the path is empty", "", 0, 0, 0},
     {"log in a missing directory", {"--log", "@nodir/l.jsonl"}, "does not exist; create it",
      "", 0, 0, 0},
-    {"memory-limit too small", {"--memory-limit", "1KiB"}, "memory limit", "", 0, 0, 0},
+    /* the library's message, then the options that fix it */
+    {"memory-limit too small", {"--memory-limit", "1KiB"}, "limit); in lm_train: a smaller --batch",
+     "", 0, 0, 0},
     {"resume missing file", {"--resume", "@missing.st"}, "missing.st", "", 0, 0, 0},
     {"resume corrupt file", {"--resume", "@corrupt.st"}, "corrupt.st", "", 0, 0, 0},
     {"resume on other text", {"--resume", "@good.st", "--data", "@other.txt"},

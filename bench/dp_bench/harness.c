@@ -228,7 +228,10 @@ static int parse_args(int argc, char **argv, opts *o)
 /* A failed engine call (cli_ranks_engine_fail). */
 int engine_fail(bench *b, dp_status s, const char *what)
 {
-    return cli_ranks_engine_fail(&b->rk, s, what);
+    return cli_ranks_engine_fail(&b->rk, s, what,
+                                 "a smaller --batch-size, --recompute all, a smaller "
+                                 "--logits-chunk, --shard-optimizer, more --devices, or a "
+                                 "higher --memory-limit where one is set");
 }
 
 /* Agreement on this rank's outcome (cli_ranks_agree). */

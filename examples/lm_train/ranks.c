@@ -87,7 +87,11 @@ int compare_tokenizers(run *r)
 /* A failed engine call (cli_ranks_engine_fail). */
 int engine_fail(run *r, dp_status s, const char *what)
 {
-    return cli_ranks_engine_fail(&r->rk, s, what);
+    return cli_ranks_engine_fail(&r->rk, s, what,
+                                 "a smaller --batch-size, micro-batches (--grad-accum N or "
+                                 "--max-tokens-per-device N), --recompute all, a smaller "
+                                 "--logits-chunk, --shard-optimizer, more --devices, or a "
+                                 "higher --memory-limit where one is set");
 }
 
 /* A failure on this rank alone where the others cannot learn of it (they
