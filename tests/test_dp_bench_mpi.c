@@ -6,8 +6,9 @@
  *  - 2 ranks x cpu:1 time the balanced runs (root and --shard-optimizer)
  *    with the loss of one process on cpu:2, bitwise (JSON reals have 17
  *    digits); rank 0 alone prints (one table) and writes --json, --csv and
- *    --trace; gather mode is skipped with one line; every row carries
- *    ranks 2, devices_per_rank 1 and the bytes rank 0 sent per step: the
+ *    --trace (both ranks' tracks, gathered); gather mode is skipped with
+ *    one line; every row carries ranks 2, devices_per_rank 1 and the
+ *    bytes rank 0 sent per step: the
  *    parameters' all-gather (n_params x 4 bytes to the one other rank) and
  *    a few kB of statuses;
  *  - --scaling reports 2 x 1 and 2 x 2 devices; --find-max-batch searches
@@ -142,6 +143,17 @@ Test(dp_bench_mpi, two_ranks_balanced_loss_equals_one_process_bitwise)
     cr_assert(strstr(a.out, "on 2 ranks x cpu:1 (2 devices)"), "stdout:\n%s", a.out);
     cr_assert_eq(dp_test_count(a.err, "dp_bench"), 0, "stderr:\n%s", a.err);
     cr_assert(exists("a.csv") && exists("a.trace"));
+    /* The trace holds both ranks (rank 0 gathered rank 1's steps): a
+     * process each, named, with its device's track and its exchanges', a
+     * forward per timed step (2 runs x (warm-up + timed) steps) on each. */
+    json_t *tr = load_json("a.trace");
+    for (int r = 0; r < 2; r++) {
+        dp_test_trace_assert_rank(tr, r, "cpu:0");
+        size_t fw = dp_test_trace_events(tr, r + 1, 0, "forward");
+        cr_assert_eq(fw, 2 * (1 + 2), "rank %d: %zu forward events", r, fw);
+    }
+    cr_assert_eq(dp_test_trace_events(tr, 3, -1, "forward"), 0, "a third process");
+    json_decref(tr);
 
     json_t *ja = load_json("a.json"), *jb = load_json("b.json");
     size_t n_params = (size_t)int_at(json_object_get(ja, "config"), "n_params");

@@ -6,7 +6,7 @@
  *  - 2 ranks x cpu:1 save the same checkpoint, byte for byte, as one
  *    process on cpu:2, with and without --shard-optimizer, and with
  *    --logits-chunk 7; rank 0 alone prints (one summary, one sample, the
- *    same text) and writes --log;
+ *    same text) and writes --log; its --trace holds both ranks' steps;
  *  - with --val-tokens the ranks evaluate the same first windows: the
  *    final loss of one process;
  *  - a checkpoint from 2 ranks x cpu:2 resumes in one process on cpu:4
@@ -49,6 +49,7 @@
 #include "dp/gpt.h"
 #include "dp_test.h"
 #include "dp_test_fs.h"
+#include "dp_test_json.h"
 #include "dp_test_spawn.h"
 #include "dp_test_tokens.h"
 
@@ -271,6 +272,31 @@ Test(lm_train_mpi, two_ranks_equal_one_process_bitwise_with_logits_chunks)
 /* --val-tokens 200 keeps floor(199 / 16) = 12 windows of the validation
  * split (a batch of 8 and one of 4 rows): every rank must count the same
  * windows, or the ranks' collective evaluations would not match. */
+/* --trace under 2 ranks: rank 0 gathers rank 1's steps, so the file has
+ * a process per rank ("rank 0", "rank 1"), each with its device's track
+ * (a forward per step) and its exchanges' track; rank 1 writes nothing. */
+Test(lm_train_mpi, the_trace_of_two_ranks_holds_both)
+{
+    result a = RUN(2, "--devices", "cpu:1", "--steps", "4", "--trace", "@t.json", "--sample", "0");
+    dp_test_assert_success(&a, "mpiexec -n 2 lm_train --trace");
+    json_t *tr = dp_test_load_json(tmpdir, "t.json");
+    for (int r = 0; r < 2; r++) {
+        dp_test_trace_assert_rank(tr, r, "cpu:0");
+        cr_assert_eq(dp_test_trace_events(tr, r + 1, 0, "forward"), 4, "rank %d", r);
+        cr_assert_eq(dp_test_trace_events(tr, r + 1, 0, "optimizer"), 4, "rank %d", r);
+    }
+    cr_assert_eq(dp_test_trace_events(tr, 3, -1, "forward"), 0, "a third process");
+    json_decref(tr);
+    /* one file: the rank 0's (no other rank wrote beside it) */
+    DIR *d = opendir(tmpdir);
+    struct dirent *de;
+    while ((de = readdir(d)))
+        cr_assert(!strstr(de->d_name, "t.json") || strcmp(de->d_name, "t.json") == 0,
+                  "%s was written beside t.json", de->d_name);
+    closedir(d);
+    dp_test_result_free(&a);
+}
+
 Test(lm_train_mpi, val_tokens_under_2_ranks_equals_one_process)
 {
     result a = RUN(2, "--devices", "cpu:1", "--steps", "2", "--val-tokens", "200");

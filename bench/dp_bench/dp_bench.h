@@ -40,7 +40,7 @@ typedef struct bench {
     size_t rows_cap;
     dp_trace *trace;  /* outputs.c: --trace, the steps of the timed modes */
     cli_lock locks[5]; /* outputs.c: rank 0's on --json, --csv, --plot (both) and --trace */
-    double t_origin;  /* harness.c: cli_now() at start, the trace's time 0 */
+    double t_origin;  /* harness.c: cli_now() once the ranks agreed: the trace's time 0 */
     cli_ranks rk; /* harness.c: the job's ranks under mpirun (one rank, dist NULL, alone) */
     int noted;    /* modes.c: the first engine's matmul note is printed */
 } bench;

@@ -118,7 +118,8 @@ static void usage(FILE *f)
           "Under mpirun -np R, the R ranks time one engine over R x the --devices of each\n"
           "rank (CPU devices): gather mode is skipped (it cannot span ranks), --scaling\n"
           "times R x 1..k devices, rank 0 alone prints and writes the outputs, and its\n"
-          "devices are the ones shown; JSON rows carry ranks, devices_per_rank and\n"
+          "devices are the ones shown (--trace holds every rank's: a process each);\n"
+          "JSON rows carry ranks, devices_per_rank and\n"
           "bytes_sent_per_step (rank 0's bytes to the other ranks per timed step).\n"
           "Every rank must be given the same options: the ranks compare them when they\n"
           "join and all fail naming the first that differs. A wait between the ranks\n"
@@ -351,11 +352,14 @@ static int bench_main(bench *b)
     int bad = check_args(b);
     cli_set_quiet(0);
     if (cli_ranks_agree_alike(&b->rk, bad)) return bad ? 2 : 1; /* 2: refused, as parse_args */
+    /* the trace's time 0: the ranks leave that agreement together, so
+     * their tracks line up in the gathered trace */
+    b->t_origin = cli_now();
     /* Output paths and gnuplot: rank 0 writes them. */
     if (agree_writes(b, b->rk.rank == 0 ? check_outputs(b) : 0)) return 1;
     if (agree(b, make_model(b))) return 1;
     run_plan plan = plan_runs(b);
-    if (agree(b, b->rk.rank == 0 ? open_trace(b) : 0)) return 1;
+    if (agree(b, open_trace(b))) return 1; /* every rank's steps: rank 0 gathers them */
     print_banner(b, &plan);
     run_results *rs = calloc(1, sizeof *rs);
     if (agree(b, !rs ? cli_fail("out of host memory") : 0)) {
@@ -369,6 +373,10 @@ static int bench_main(bench *b)
     }
     if (!rc && b->o.find_max_batch) print_max_batches(b, &plan, rs);
     if (!rc) rc = run_scaling(b, &plan, rs);
+    if (!rc && b->trace && b->rk.ranks > 1) {
+        dp_status s = dp_trace_gather(b->trace, b->rk.dist, b->rk.wait);
+        if (s != DP_OK) rc = engine_fail(b, s, "--trace: gathering the ranks' steps");
+    }
     /* Rank 0 writes the outputs; the others learn whether it could. */
     if (!rc) rc = agree_writes(b, b->rk.rank == 0 ? write_outputs(b, rs) : 0);
     free(rs);
@@ -383,7 +391,6 @@ int main(int argc, char **argv)
     bench b;
     memset(&b, 0, sizeof b);
     b.rk.ranks = 1;
-    b.t_origin = cli_now();
     opts *o = &b.o;
     *o = (opts){.vocab = 40000, .context = 250, .batch = 32, .dim = 256, .layers = 2,
                 .heads = 4, .steps = 3, .warmup = 1, .mode = "both", .seed = 1337};

@@ -106,7 +106,7 @@ static int run_mode(bench *b, dp_mode mode, int shard, size_t k, size_t rows, in
     long n = b->o.warmup + b->o.steps;
     dp_step_stats st;
     size_t sent0 = 0;
-    int trace_failed = 0; /* rank 0's --trace failed: agreed after the steps */
+    int trace_failed = 0; /* this rank's --trace failed: agreed after the steps */
     for (long s = 0; s < n && !rc; s++) {
         if (s == b->o.warmup) sent0 = dp_dist_bytes_sent(b->rk.dist);
         double t0 = cli_now();

@@ -122,8 +122,9 @@ int check_outputs(bench *b)
     return rc;
 }
 
-/* --trace (rank 0's): a track per device of the list, filled by the
- * timed runs' steps and written last, with the other outputs. */
+/* --trace (every rank's; rank 0 gathers them before writing): a track
+ * per device of the list, filled by the timed runs' steps and written
+ * last, with the other outputs. */
 int open_trace(bench *b)
 {
     if (!b->o.trace) return 0;

@@ -182,7 +182,8 @@ int generate(run *r);
 
 void human_bytes(size_t b, char *buf, size_t cap);
 void print_summary(const run *r, size_t k, const dp_engine_config *ec);
-int open_outputs(run *r, size_t k);
+int open_outputs(run *r);
+int open_trace(run *r, size_t k);
 /* --log, before any work: an existing file must be an lm_train log (or a
  * character device such as /dev/null), never a FIFO. 0, or 1 after a
  * message. */

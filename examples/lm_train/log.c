@@ -260,20 +260,24 @@ static int open_log(run *r)
     return 0;
 }
 
+/* --trace's steps, on every rank: its k devices' tracks (rank 0 gathers
+ * the others' at the end, finish_trace). The path was probed by
+ * cli_check_output; the file is written atomically at the end, so an
+ * older trace stays whole until then, even if the run is killed. */
+int open_trace(run *r, size_t k)
+{
+    if (!r->o.trace || r->o.eval_only) return 0;
+    const char *names[DP_MAX_DEVICES];
+    for (size_t i = 0; i < k; i++) names[i] = dp_device_name(dp_engine_device(r->engine, i));
+    return dp_trace_create(names, k, &r->trace) != DP_OK ? cli_dp_fail("--trace") : 0;
+}
+
 /* Rank 0's outputs, opened before the first step so that a path that
- * cannot be written fails at once: --log (not with --eval-only) and
- * --trace over its k devices (its path was probed by cli_check_output;
- * it is written atomically at the end, so an older trace stays whole
- * until then, even if the run is killed). */
-int open_outputs(run *r, size_t k)
+ * cannot be written fails at once: --log (not with --eval-only). */
+int open_outputs(run *r)
 {
     const opts *o = &r->o;
     if (!o->eval_only && open_log(r)) return 1;
-    if (o->trace) {
-        const char *names[DP_MAX_DEVICES];
-        for (size_t i = 0; i < k; i++) names[i] = dp_device_name(dp_engine_device(r->engine, i));
-        if (dp_trace_create(names, k, &r->trace) != DP_OK) return cli_dp_fail("--trace");
-    }
     if (r->ck && !o->eval_only && r->step == o->steps)
         printf("resume: the checkpoint is already at step %ld of --steps %ld: nothing to train\n",
                r->step, o->steps);
@@ -346,10 +350,19 @@ int check_written(run *r)
     return r->write_failed;
 }
 
-/* Whatever stopped training, the trace holds the steps that ran: writes
- * it; when training succeeded, the ranks agree on the write's outcome. */
+/* Whatever stopped training, the trace holds the steps that ran: with
+ * ranks still in step, rank 0 gathers every rank's (dp_trace_gather),
+ * then writes it (its own alone when the gather failed); when training
+ * succeeded, the ranks agree on the write's outcome. */
 int finish_trace(run *r, int rc)
 {
-    int tw = r->trace && dp_trace_write(r->trace, r->o.trace) != DP_OK ? cli_dp_fail("--trace") : 0;
-    return rc ? rc : agree_writes(r, tw);
+    if (!r->trace) return rc ? rc : agree_writes(r, 0);
+    int tw = 0;
+    if (r->rk.ranks > 1 && !r->rk.broken) {
+        dp_status s = dp_trace_gather(r->trace, r->rk.dist, r->rk.wait);
+        if (s != DP_OK) tw = engine_fail(r, s, "--trace: gathering the ranks' steps");
+    }
+    if (r->rk.rank == 0 && dp_trace_write(r->trace, r->o.trace) != DP_OK)
+        tw = cli_dp_fail("--trace");
+    return rc ? rc : r->rk.broken ? 1 : agree_writes(r, tw);
 }

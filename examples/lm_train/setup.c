@@ -333,8 +333,8 @@ int setup(run *r)
         if (s != DP_OK) return engine_fail(r, s, "--init-from params");
     }
     print_summary(r, k, &ec);
-    int out = r->rk.rank == 0 ? open_outputs(r, k) : 0;
-    if (agree_writes(r, out)) return 1;
+    int out = r->rk.rank == 0 ? open_outputs(r) : 0;
+    if (agree_writes(r, out) || agree(r, open_trace(r, k))) return 1;
     if (r->ck) {
         /* The parameters live in the engine now; the metadata stays for messages. */
         free(r->ck->params);

@@ -42,7 +42,7 @@ static int save_and_stop(run *r, long first)
 }
 
 /* One engine step at learning rate lr on the next training batch, its
- * statistics in *st; a --trace failure on rank 0 sets *failed (agreed at
+ * statistics in *st; a --trace failure on any rank sets *failed (agreed at
  * the next step's start, which saves and stops). Returns 0, 1 on a
  * failure, or 2 when the batch could not be made (an id past the
  * vocabulary in the data): the model is intact, so the caller saves. */
@@ -110,7 +110,7 @@ int train(run *r)
     long first = r->step;
     double t0 = cli_now();
     r->tty = isatty(STDOUT_FILENO);
-    /* Rank 0's --trace, --log or stdout failed: agreed at the next step's
+    /* A rank's --trace, or rank 0's --log or stdout, failed: agreed at the next step's
      * start (the only failure go_on carries here), then saved and stopped. */
     int failed = 0;
     while (r->step < o->steps) {

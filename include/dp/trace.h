@@ -14,7 +14,8 @@
  * device index; args carry the step number and the rows the device
  * processed. Where steps have exchange spans (dp_step_stats, with ranks)
  * one more track, tid = k, named "exchanges between ranks", has an event
- * "rounds in flight" per span.
+ * "rounds in flight" per span. With ranks, dp_trace_gather brings every
+ * rank's steps into rank 0's trace: a process per rank, pid r + 1.
  *
  *   dp_trace *tr;
  *   dp_trace_create(names, k, &tr);
@@ -34,6 +35,7 @@
 #include <stddef.h>
 
 #include "dp/atomic_file.h"
+#include "dp/dist.h"
 #include "dp/engine.h"
 #include "dp/export.h"
 #include "dp/status.h"
@@ -79,6 +81,25 @@ DP_API dp_status dp_trace_write(const dp_trace *trace, const char *path);
  * DP_ERR_IO, DP_ERR_OUT_OF_MEMORY. */
 DP_API dp_status dp_trace_write_to(const dp_trace *trace, dp_atomic_file *af);
 
+/* With ranks (dp/dist.h): every rank's steps into rank 0's trace, so its
+ * file shows the whole job. Collective over dist's ranks: each calls it
+ * with its own trace (its devices' tracks, made and filled as above)
+ * after its last step. Rank 0's trace then writes one process per rank
+ * (pid r + 1, named "rank r"), each with its devices' tracks and its
+ * exchanges' track; its own steps stay what dp_trace_steps counts, and a
+ * later gather replaces the ranks' steps gathered before. The other
+ * ranks' traces are unchanged. Each rank's steps keep their
+ * start_seconds: the engine's count from its creation, which the ranks
+ * leave together (its last agreement), so their tracks line up to within
+ * that agreement's skew. One rank (dist NULL or of size 1): nothing to
+ * do. Waits at most timeout_seconds (0: no limit) for each exchange.
+ * Errors, on every rank alike unless said: DP_ERR_INVALID_ARGUMENT (a
+ * rank's trace NULL, or its timeout negative or not finite),
+ * DP_ERR_OUT_OF_MEMORY; DP_ERR_COMM on rank 0 alone when a rank's part
+ * is malformed (its trace unchanged); DP_ERR_TIMEOUT or DP_ERR_COMM when
+ * the exchange failed (the ranks may no longer be in step: end the
+ * job). */
+DP_API dp_status dp_trace_gather(dp_trace *trace, dp_dist *dist, double timeout_seconds);
 /* NULL is a no-op. */
 DP_API void dp_trace_destroy(dp_trace *trace);
 

@@ -17,6 +17,7 @@
 #include "dp/atomic_file.h"
 #include "dp/checked.h"
 #include "core/error.h"
+#include "transport/dist_internal.h"
 #include "dp/tokenizer.h" /* dp_utf8_check */
 #include "dp/trace.h"
 
@@ -36,6 +37,9 @@ struct dp_trace {
     size_t n, cap;  // steps stored, steps of capacity
     dp_phase_span *spans;
     size_t n_spans, cap_spans;
+    /* rank 0's after dp_trace_gather: peers[r - 1] holds rank r's steps */
+    dp_trace **peers;
+    size_t n_peers;
 };
 
 dp_status dp_trace_create(const char *const *names, size_t k, dp_trace **out)
@@ -74,9 +78,18 @@ dp_status dp_trace_create(const char *const *names, size_t k, dp_trace **out)
     return DP_OK;
 }
 
+static void drop_peers(dp_trace *t)
+{
+    for (size_t r = 0; r < t->n_peers; r++) dp_trace_destroy(t->peers[r]);
+    free(t->peers);
+    t->peers = NULL;
+    t->n_peers = 0;
+}
+
 void dp_trace_destroy(dp_trace *t)
 {
     if (!t) return;
+    drop_peers(t);
     for (size_t i = 0; i < t->k; i++) free(t->names[i]);
     free(t->rec);
     free(t->spans);
@@ -222,6 +235,200 @@ dp_status dp_trace_add_step(dp_trace *t, const dp_step_stats *st)
     return DP_OK;
 }
 
+// --- gathering the ranks' steps ---------------------------------------------------------
+
+/* A rank's trace as bytes: WIRE_HEAD doubles [magic, k, steps, spans,
+ * names' bytes], its records (steps x stride doubles), its spans (3
+ * doubles each: phase, start, seconds), then its device names, each with
+ * its NUL. The ranks run one build of dp on one kind of host, so doubles
+ * travel as they are. */
+#define WIRE_HEAD 5
+#define WIRE_MAGIC 1685090420.0 /* "dptr" */
+
+static dp_status to_wire(const dp_trace *t, unsigned char **out, size_t *bytes)
+{
+    size_t names = 0;
+    for (size_t i = 0; i < t->k; i++) names += strlen(t->names[i]) + 1;
+    size_t doubles = WIRE_HEAD + t->n * t->stride + 3 * t->n_spans, n;
+    if (!dp_size_mul(doubles, sizeof(double), &n) || n > SIZE_MAX - names - 1)
+        return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "the trace is too large to send");
+    n += names;
+    n += n % 2; /* whole 16-bit elements (dp_dist_allgatherv) */
+    unsigned char *b = calloc(n, 1);
+    if (!b) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes for the trace", n);
+    double head[WIRE_HEAD] = {WIRE_MAGIC, (double)t->k, (double)t->n, (double)t->n_spans,
+                              (double)names};
+    unsigned char *at = b;
+    memcpy(at, head, sizeof head);
+    at += sizeof head;
+    if (t->n) memcpy(at, t->rec, t->n * t->stride * sizeof(double));
+    at += t->n * t->stride * sizeof(double);
+    for (size_t j = 0; j < t->n_spans; j++) {
+        double sp[3] = {(double)t->spans[j].phase, t->spans[j].start, t->spans[j].seconds};
+        memcpy(at, sp, sizeof sp);
+        at += sizeof sp;
+    }
+    for (size_t i = 0; i < t->k; i++) {
+        size_t len = strlen(t->names[i]) + 1;
+        memcpy(at, t->names[i], len);
+        at += len;
+    }
+    *out = b;
+    *bytes = n;
+    return DP_OK;
+}
+
+/* A count read from the wire: a whole number in [0, max]. */
+static int wire_count(double x, size_t max, size_t *out)
+{
+    if (!(x >= 0 && x <= (double)max) || x != floor(x)) return 0;
+    *out = (size_t)x;
+    return 1;
+}
+
+/* Rank r's trace from its bytes, every count and index checked (a peer's
+ * bytes are trusted no more than a file's). */
+static dp_status from_wire(const unsigned char *b, size_t bytes, int rank, dp_trace **out)
+{
+    double head[WIRE_HEAD];
+    size_t k, n, n_spans, names;
+    if (bytes < sizeof head) return DP_FAIL(DP_ERR_COMM, "rank %d's trace is cut short", rank);
+    memcpy(head, b, sizeof head);
+    if (head[0] != WIRE_MAGIC || !wire_count(head[1], DP_MAX_DEVICES, &k) || k < 1 ||
+        !wire_count(head[2], bytes, &n) || !wire_count(head[3], bytes, &n_spans) ||
+        !wire_count(head[4], bytes, &names))
+        return DP_FAIL(DP_ERR_COMM, "rank %d's trace is not one dp sent", rank);
+    size_t stride = HEAD + k * DEV_STRIDE;
+    /* each bounded by bytes above, so these products cannot overflow */
+    size_t need = (WIRE_HEAD + n * stride + 3 * n_spans) * sizeof(double) + names;
+    if (need > bytes || bytes - need > 1)
+        return DP_FAIL(DP_ERR_COMM, "rank %d's trace is %zu bytes, its counts say %zu", rank,
+                       bytes, need);
+    const unsigned char *rec = b + sizeof head, *spans = rec + n * stride * sizeof(double);
+    const char *nm = (const char *)(spans + 3 * n_spans * sizeof(double)), *end = nm + names;
+    const char *name[DP_MAX_DEVICES];
+    for (size_t i = 0; i < k; i++) {
+        const char *z = nm < end ? memchr(nm, '\0', (size_t)(end - nm)) : NULL;
+        if (!z) return DP_FAIL(DP_ERR_COMM, "rank %d's trace lacks device %zu's name", rank, i);
+        name[i] = nm;
+        nm = z + 1;
+    }
+    dp_trace *t = NULL;
+    DP_TRY(dp_trace_create(name, k, &t));
+    void *rp = NULL, *sp = NULL;
+    dp_status s = grow(&rp, &t->cap, n, stride * sizeof(double), 64, "steps");
+    t->rec = rp;
+    if (s == DP_OK) s = grow(&sp, &t->cap_spans, n_spans, sizeof *t->spans, 256, "spans");
+    t->spans = sp;
+    if (s == DP_OK && n) memcpy(t->rec, rec, n * stride * sizeof(double));
+    for (size_t j = 0; s == DP_OK && j < n_spans; j++) {
+        double w[3];
+        memcpy(w, spans + 3 * j * sizeof(double), sizeof w);
+        size_t phase;
+        if (!wire_count(w[0], DP_PHASE_COUNT - 1, &phase) || bad_time(w[1]) || bad_time(w[2]))
+            s = DP_FAIL(DP_ERR_COMM, "rank %d's span %zu is not a span", rank, j);
+        else
+            t->spans[j] = (dp_phase_span){(dp_phase)phase, w[1], w[2]};
+    }
+    /* every record's spans within the spans, its times and counts sane */
+    for (size_t q = 0; s == DP_OK && q < n; q++) {
+        const double *r = t->rec + q * stride;
+        size_t first, count, rows;
+        int ok = !bad_time(r[0]) && isfinite(r[1]) && wire_count(r[2], n_spans, &first) &&
+                 wire_count(r[3], n_spans - first, &count);
+        for (size_t i = 0; ok && i < k; i++) {
+            const double *d = r + HEAD + i * DEV_STRIDE;
+            ok = wire_count(d[0], SIZE_MAX / 2, &rows) && wire_count(d[1], n_spans, &first) &&
+                 wire_count(d[2], n_spans - first, &count);
+        }
+        if (!ok) s = DP_FAIL(DP_ERR_COMM, "rank %d's step record %zu is not one", rank, q);
+    }
+    if (s != DP_OK) {
+        dp_trace_destroy(t);
+        return s;
+    }
+    t->n = n;
+    t->n_spans = n_spans;
+    *out = t;
+    return DP_OK;
+}
+
+dp_status dp_trace_gather(dp_trace *t, dp_dist *d, double timeout)
+{
+    int R = dp_dist_size(d), me = dp_dist_rank(d);
+    if (R <= 1) return t ? DP_OK : DP_FAIL(DP_ERR_INVALID_ARGUMENT, "trace is NULL");
+    const char *what = "gathering the trace";
+    /* Every call below is made by every rank, whatever failed here, so
+     * none waits for a call another rank skipped: local failures are
+     * agreed first. */
+    unsigned char *mine = NULL, *all_bytes = NULL;
+    size_t my_bytes = 0;
+    uint64_t *sizes = calloc((size_t)R, sizeof *sizes);
+    size_t *begin = calloc((size_t)R, sizeof *begin), *count = calloc((size_t)R, sizeof *count);
+    dp_status s = DP_OK;
+    if (!t) s = DP_FAIL(DP_ERR_INVALID_ARGUMENT, "trace is NULL");
+    else if (!(timeout >= 0) || !isfinite(timeout))
+        s = DP_FAIL(DP_ERR_INVALID_ARGUMENT, "timeout %g is negative or not finite", timeout);
+    else if (!sizes || !begin || !count)
+        s = DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation failed");
+    if (s == DP_OK) {
+        pthread_mutex_lock(&t->mu);
+        s = to_wire(t, &mine, &my_bytes);
+        pthread_mutex_unlock(&t->mu);
+    }
+    double wait = t && s == DP_OK ? timeout : 0.0;
+    s = dp_dist_agree_timeout(d, s, wait);
+    uint64_t mb = my_bytes;
+    int lost = 0;
+    if (s == DP_OK) s = dp_dist_agree_payload(d, wait, DP_OK, &mb, sizes, sizeof mb, what, &lost);
+    size_t total = 0; /* 16-bit elements */
+    if (s == DP_OK) {
+        dp_status mem = DP_OK;
+        for (int r = 0; r < R && mem == DP_OK; r++) {
+            begin[r] = total;
+            count[r] = (size_t)sizes[r] / 2;
+            if (count[r] > SIZE_MAX / 2 - total)
+                mem = DP_FAIL(DP_ERR_OUT_OF_MEMORY, "the ranks' traces overflow");
+            total += count[r];
+        }
+        if (mem == DP_OK && !(all_bytes = malloc(2 * total + 2)))
+            mem = DP_FAIL(DP_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes for the ranks' "
+                          "traces", 2 * total);
+        if (mem == DP_OK) mem = dp_dist_reserve(d, 2 * total);
+        s = dp_dist_agree_timeout(d, mem, wait);
+    }
+    if (s == DP_OK) {
+        memcpy(all_bytes + 2 * begin[me], mine, my_bytes);
+        s = dp_dist_allgatherv(d, all_bytes, 2, begin, count, wait, what);
+    }
+    /* rank 0 keeps them; the others are done */
+    dp_trace **peers = NULL;
+    if (s == DP_OK && me == 0) {
+        if (!(peers = calloc((size_t)R - 1, sizeof *peers)))
+            s = DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation failed");
+        for (int r = 1; r < R && s == DP_OK; r++)
+            s = from_wire(all_bytes + 2 * begin[r], 2 * count[r], r, &peers[r - 1]);
+        if (s == DP_OK) {
+            pthread_mutex_lock(&t->mu);
+            drop_peers(t);
+            t->peers = peers;
+            t->n_peers = (size_t)R - 1;
+            pthread_mutex_unlock(&t->mu);
+            peers = NULL;
+        }
+    }
+    if (peers)
+        for (int r = 1; r < R; r++) dp_trace_destroy(peers[r - 1]);
+    free(peers);
+    free(mine);
+    free(all_bytes);
+    free(sizes);
+    free(begin);
+    free(count);
+    (void)lost;
+    return s;
+}
+
 // --- writing ------------------------------------------------------------------------
 
 // Output buffered in memory and handed to the atomic file in 64 KiB pieces.
@@ -267,6 +474,54 @@ static void put_string(out_buf *o, const char *s)
     put(o, "\"");
 }
 
+/* One process's events: its name ("dp" alone, "rank r" after a gather),
+ * a track per device and, where a step has them, the exchanges' track. */
+static void put_process(out_buf *o, const dp_trace *t, int pid, int ranks)
+{
+    if (ranks)
+        put(o, "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 0, "
+               "\"args\": {\"name\": \"rank %d\"}},\n{\"name\": \"process_sort_index\", "
+               "\"ph\": \"M\", \"pid\": %d, \"tid\": 0, \"args\": {\"sort_index\": %d}}",
+            pid, pid - 1, pid, pid - 1);
+    else
+        put(o, "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 0, "
+               "\"args\": {\"name\": \"dp\"}}", pid);
+    for (size_t i = 0; i < t->k; i++) {
+        put(o, ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": %zu, "
+               "\"args\": {\"name\": ", pid, i);
+        put_string(o, t->names[i]);
+        put(o, "}},\n{\"name\": \"thread_sort_index\", \"ph\": \"M\", \"pid\": %d, "
+               "\"tid\": %zu, \"args\": {\"sort_index\": %zu}}", pid, i, i);
+    }
+    /* the exchanges between the ranks: one more track, where a step has them */
+    int exchanges = 0;
+    for (size_t s = 0; s < t->n && !exchanges; s++) exchanges = t->rec[s * t->stride + 3] > 0;
+    if (exchanges)
+        put(o, ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": %zu, "
+               "\"args\": {\"name\": \"exchanges between ranks\"}},\n{\"name\": "
+               "\"thread_sort_index\", \"ph\": \"M\", \"pid\": %d, \"tid\": %zu, "
+               "\"args\": {\"sort_index\": %zu}}", pid, t->k, pid, t->k, t->k);
+    for (size_t s = 0; s < t->n; s++) {
+        const double *r = t->rec + s * t->stride;
+        const dp_phase_span *x = t->spans + (size_t)r[2];
+        for (size_t j = 0; j < (size_t)r[3]; j++)
+            put(o, ",\n{\"name\": \"rounds in flight\", \"cat\": \"step\", \"ph\": \"X\", "
+                   "\"pid\": %d, \"tid\": %zu, \"ts\": %.3f, \"dur\": %.3f, "
+                   "\"args\": {\"step\": %.0f}}",
+                pid, t->k, 1e6 * (r[0] + x[j].start), 1e6 * x[j].seconds, r[1]);
+        for (size_t i = 0; i < t->k; i++) {
+            const double *d = r + HEAD + i * DEV_STRIDE;
+            const dp_phase_span *sp = t->spans + (size_t)d[1];
+            for (size_t j = 0; j < (size_t)d[2]; j++)
+                put(o, ",\n{\"name\": \"%s\", \"cat\": \"step\", \"ph\": \"X\", \"pid\": %d, "
+                       "\"tid\": %zu, \"ts\": %.3f, \"dur\": %.3f, "
+                       "\"args\": {\"step\": %.0f, \"rows\": %.0f}}",
+                    dp_phase_name(sp[j].phase), pid, i, 1e6 * (r[0] + sp[j].start),
+                    1e6 * sp[j].seconds, r[1], d[0]);
+        }
+    }
+}
+
 dp_status dp_trace_write_to(const dp_trace *t, dp_atomic_file *af)
 {
     if (!t || !af) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "trace or file is NULL");
@@ -276,41 +531,11 @@ dp_status dp_trace_write_to(const dp_trace *t, dp_atomic_file *af)
     /* the steps as they are now: one being added waits */
     pthread_mutex_lock((pthread_mutex_t *)&t->mu);
     put(o, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n");
-    put(o, "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": 1, \"tid\": 0, "
-           "\"args\": {\"name\": \"dp\"}}");
-    for (size_t i = 0; i < t->k; i++) {
-        put(o, ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 1, \"tid\": %zu, "
-               "\"args\": {\"name\": ", i);
-        put_string(o, t->names[i]);
-        put(o, "}},\n{\"name\": \"thread_sort_index\", \"ph\": \"M\", \"pid\": 1, \"tid\": %zu, "
-               "\"args\": {\"sort_index\": %zu}}", i, i);
-    }
-    /* the exchanges between the ranks: one more track, where a step has them */
-    int exchanges = 0;
-    for (size_t s = 0; s < t->n && !exchanges; s++) exchanges = t->rec[s * t->stride + 3] > 0;
-    if (exchanges)
-        put(o, ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 1, \"tid\": %zu, "
-               "\"args\": {\"name\": \"exchanges between ranks\"}},\n{\"name\": "
-               "\"thread_sort_index\", \"ph\": \"M\", \"pid\": 1, \"tid\": %zu, "
-               "\"args\": {\"sort_index\": %zu}}", t->k, t->k, t->k);
-    for (size_t s = 0; s < t->n; s++) {
-        const double *r = t->rec + s * t->stride;
-        const dp_phase_span *x = t->spans + (size_t)r[2];
-        for (size_t j = 0; j < (size_t)r[3]; j++)
-            put(o, ",\n{\"name\": \"rounds in flight\", \"cat\": \"step\", \"ph\": \"X\", "
-                   "\"pid\": 1, \"tid\": %zu, \"ts\": %.3f, \"dur\": %.3f, "
-                   "\"args\": {\"step\": %.0f}}",
-                t->k, 1e6 * (r[0] + x[j].start), 1e6 * x[j].seconds, r[1]);
-        for (size_t i = 0; i < t->k; i++) {
-            const double *d = r + HEAD + i * DEV_STRIDE;
-            const dp_phase_span *sp = t->spans + (size_t)d[1];
-            for (size_t j = 0; j < (size_t)d[2]; j++)
-                put(o, ",\n{\"name\": \"%s\", \"cat\": \"step\", \"ph\": \"X\", \"pid\": 1, "
-                       "\"tid\": %zu, \"ts\": %.3f, \"dur\": %.3f, "
-                       "\"args\": {\"step\": %.0f, \"rows\": %.0f}}",
-                    dp_phase_name(sp[j].phase), i, 1e6 * (r[0] + sp[j].start),
-                    1e6 * sp[j].seconds, r[1], d[0]);
-        }
+    int ranks = t->n_peers > 0;
+    put_process(o, t, 1, ranks);
+    for (size_t r = 0; r < t->n_peers; r++) {
+        put(o, ",\n");
+        put_process(o, t->peers[r], (int)r + 2, ranks);
     }
     put(o, "\n]}\n");
     pthread_mutex_unlock((pthread_mutex_t *)&t->mu);

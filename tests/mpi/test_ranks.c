@@ -27,6 +27,10 @@
  *  - the overlap happens: with a backward held after its first signal,
  *    another device sums rounds that crossed from the other rank before
  *    that backward ends.
+ *  - dp_trace_gather: rank 0's trace holds both ranks' steps (a process
+ *    each), a second gather replaces the first's, a rank without a trace
+ *    fails it on both; a peer's malformed part (each field broken in
+ *    turn) is refused on rank 0, which keeps its trace as it was.
  *  - bad use: different configurations, different batches, gather mode;
  *    exactly DP_MAX_DEVICES over the ranks works, one more is refused.
  *  - a diverged replica on rank 1 is named on both ranks; a rank stalled
@@ -40,12 +44,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <dp/dp.h>
 #include <dp/dist.h>
 
 #include "mlp_model.h"
 #include "parallel/engine_testing.h"
+#include "transport/dist_internal.h"
 
 enum { D = 6, CLASSES = 5, MAXROWS = 16, STEPS = 20 };
 
@@ -687,6 +693,177 @@ static void dist_api(void)
           dp_dist_built(), dp_dist_launched_size());
 }
 
+/* Occurrences of needle in hay. */
+static size_t count_of(const char *hay, const char *needle)
+{
+    size_t n = 0;
+    for (const char *p = strstr(hay, needle); p; p = strstr(p + 1, needle)) n++;
+    return n;
+}
+
+/* Rank r's trace: 1 + r devices named "r<r> dev<i>" (rank 1's second with
+ * a quote to escape), `steps` steps of a forward and a backward span per
+ * device, and on rank 1 two exchange spans a step. */
+static dp_status rank_trace(int steps, dp_trace **out)
+{
+    size_t k = 1 + (size_t)rank;
+    char names[2][32];
+    const char *np[2];
+    for (size_t i = 0; i < k; i++) {
+        snprintf(names[i], sizeof names[i], i == 1 ? "r%d \"dev\" %zu" : "r%d dev%zu", rank, i);
+        np[i] = names[i];
+    }
+    dp_status s = dp_trace_create(np, k, out);
+    const dp_phase_span spans[2] = {{DP_PHASE_FORWARD, 0.001, 0.002},
+                                    {DP_PHASE_BACKWARD, 0.003, 0.004}};
+    const dp_phase_span xs[2] = {{DP_PHASE_REDUCE, 0.004, 0.001}, {DP_PHASE_REDUCE, 0.006, 0.001}};
+    for (int st = 0; st < steps && s == DP_OK; st++) {
+        dp_step_stats ss;
+        memset(&ss, 0, sizeof ss);
+        ss.start_seconds = 0.01 * st;
+        ss.step = st + 1;
+        ss.n_devices = k;
+        for (size_t i = 0; i < k; i++) {
+            ss.devices[i].rows = 10 + i;
+            ss.devices[i].spans = spans;
+            ss.devices[i].n_spans = 2;
+        }
+        if (rank == 1) {
+            ss.exchange_spans = xs;
+            ss.n_exchange_spans = 2;
+        }
+        s = dp_trace_add_step(*out, &ss);
+    }
+    return s;
+}
+
+/* Rank 0's trace as written, or NULL (the test failed). */
+static char *written(const dp_trace *t)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/dp_test_gather_%ld.json", (long)getpid());
+    if (dp_trace_write(t, path) != DP_OK) return NULL;
+    FILE *f = fopen(path, "rb");
+    char *text = f ? calloc(1, 1 << 20) : NULL;
+    if (text) text[fread(text, 1, (1 << 20) - 1, f)] = '\0';
+    if (f) fclose(f);
+    remove(path);
+    return text;
+}
+
+/* dp_trace_gather: rank 0's file holds both ranks, a process each (pid 1
+ * "rank 0" with its device, pid 2 "rank 1" with its two and its
+ * exchanges); rank 0's own steps stay its count; a second gather replaces
+ * the first's; a rank without a trace fails the gather on both ranks,
+ * naming it, with no wait. */
+static void trace_gather(void)
+{
+    dp_trace *t = NULL;
+    CHECK_OK(rank_trace(3, &t));
+    dp_status s = dp_trace_gather(t, dist, 30.0);
+    CHECK(s == DP_OK, "gather: %s", dp_last_error());
+    if (rank == 0) {
+        CHECK(dp_trace_steps(t) == 3, "rank 0's steps: %zu", dp_trace_steps(t));
+        char *j = written(t);
+        CHECK(j, "writing the gathered trace: %s", dp_last_error());
+        size_t f1 = count_of(j, "\"name\": \"forward\", \"cat\": \"step\", \"ph\": \"X\", "
+                                 "\"pid\": 1,");
+        size_t f2 = count_of(j, "\"name\": \"forward\", \"cat\": \"step\", \"ph\": \"X\", "
+                                 "\"pid\": 2,");
+        size_t x2 = count_of(j, "\"name\": \"rounds in flight\", \"cat\": \"step\", "
+                                 "\"ph\": \"X\", \"pid\": 2,");
+        int names = strstr(j, "\"pid\": 1, \"tid\": 0, \"args\": {\"name\": \"rank 0\"}") &&
+                    strstr(j, "\"pid\": 2, \"tid\": 0, \"args\": {\"name\": \"rank 1\"}") &&
+                    strstr(j, "\"pid\": 2, \"tid\": 1, \"args\": {\"name\": "
+                              "\"r1 \\\"dev\\\" 1\"}");
+        int none1 = count_of(j, "\"name\": \"rounds in flight\", \"cat\": \"step\", "
+                                "\"ph\": \"X\", \"pid\": 1,") == 0;
+        free(j);
+        CHECK(f1 == 3 && f2 == 6 && x2 == 6 && names && none1,
+              "forward events %zu and %zu, exchanges %zu, names %d, none on rank 0 %d", f1, f2, x2,
+              names, none1);
+    }
+    /* rank 1 one step more: the second gather's replace the first's */
+    dp_trace *t2 = NULL;
+    CHECK_OK(rank == 1 ? rank_trace(4, &t2) : DP_OK);
+    s = dp_trace_gather(rank == 1 ? t2 : t, dist, 30.0);
+    CHECK(s == DP_OK, "second gather: %s", dp_last_error());
+    if (rank == 0) {
+        char *j = written(t);
+        CHECK(j, "writing: %s", dp_last_error());
+        size_t f2 = count_of(j, "\"name\": \"forward\", \"cat\": \"step\", \"ph\": \"X\", "
+                                 "\"pid\": 2,");
+        free(j);
+        CHECK(f2 == 8, "after the second gather rank 1 has %zu forward events", f2);
+    }
+    /* rank 1 without a trace: both fail, naming rank 1 */
+    s = dp_trace_gather(rank == 1 ? NULL : t, dist, 30.0);
+    CHECK(s == DP_ERR_INVALID_ARGUMENT && strstr(dp_last_error(), "rank 1") &&
+              strstr(dp_last_error(), "trace is NULL"),
+          "a NULL trace on rank 1: %d %s", (int)s, dp_last_error());
+    CHECK_OK(dp_trace_gather(t, NULL, 0.0)); /* one rank: nothing to do */
+    dp_trace_destroy(t);
+    dp_trace_destroy(t2);
+}
+
+/* Rank 1 as a peer whose trace bytes are not dp's: it makes the gather's
+ * calls itself (agree, sizes, agree, all-gather) with a hand-made part,
+ * one field broken per round. Rank 0 refuses each naming rank 1, its
+ * trace as it was (one process); neither rank waits. The part: one
+ * device "x", one step of one forward span (parallel/trace.c's wire),
+ * which rank 0 takes when nothing is broken. */
+static void trace_gather_malformed(void)
+{
+    enum { DOUBLES = 5 + 7 + 3, BYTES = DOUBLES * 8 + 2 };
+    const char *broken[] = {"magic", "steps past the bytes", "span index past the spans",
+                            "phase 99", "bytes short of the counts", "nothing (intact)"};
+    dp_trace *t = NULL;
+    if (rank == 0) CHECK_OK(rank_trace(1, &t));
+    for (int b = 0; b < 6; b++) {
+        if (rank == 0 && b == 5) { /* the same part intact is taken */
+            CHECK_OK(dp_trace_gather(t, dist, 30.0));
+            char *j = written(t);
+            CHECK(j && strstr(j, "\"pid\": 2, \"tid\": 0, \"args\": {\"name\": \"x\"}"),
+                  "the intact part is not in the trace");
+            free(j);
+            continue;
+        }
+        if (rank == 0) {
+            dp_status s = dp_trace_gather(t, dist, 30.0);
+            CHECK(s == DP_ERR_COMM && strstr(dp_last_error(), "rank 1's "),
+                  "%s: %d %s", broken[b], (int)s, dp_last_error());
+            char *j = written(t);
+            CHECK(j && !strstr(j, "\"pid\": 2"), "%s: rank 1's part was kept", broken[b]);
+            free(j);
+            continue;
+        }
+        double w[DOUBLES] = {1685090420.0, 1, 1, 1, 2,      /* magic, k, steps, spans, names */
+                             0, 1, 0, 0, 5, 0, 1,             /* the step: rows 5, span 0 */
+                             (double)DP_PHASE_FORWARD, 0.001, 0.002};
+        if (b == 0) w[0] = 1.0;
+        if (b == 1) w[2] = 1e9;
+        if (b == 2) w[10] = 7;
+        if (b == 3) w[12] = 99;
+        unsigned char part[BYTES + 2] = {0};
+        memcpy(part, w, sizeof w);
+        memcpy(part + sizeof w, "x", 2);
+        size_t n = b == 4 ? BYTES - 8 : BYTES; /* b 4: a span's last double cut */
+        uint64_t sizes[2], mine = n;
+        int lost = 0;
+        CHECK_OK(dp_dist_agree_timeout(dist, DP_OK, 30.0));
+        CHECK_OK(dp_dist_agree_payload(dist, 30.0, DP_OK, &mine, sizes, 8, "test", &lost));
+        CHECK_OK(dp_dist_agree_timeout(dist, DP_OK, 30.0));
+        unsigned char *all = calloc(1, (size_t)(sizes[0] + sizes[1]));
+        CHECK(all, "oom");
+        memcpy(all + sizes[0], part, n);
+        size_t begin[2] = {0, (size_t)sizes[0] / 2}, count[2] = {(size_t)sizes[0] / 2, n / 2};
+        dp_status s = dp_dist_allgatherv(dist, all, 2, begin, count, 30.0, "test");
+        free(all);
+        CHECK_OK(s);
+    }
+    dp_trace_destroy(t);
+}
+
 /* The bounded agreement and broadcast: a rank that arrives late (a
  * sleep past the bound) makes the waiting rank's call fail with
  * DP_ERR_TIMEOUT within about the bound, not when the late rank comes;
@@ -866,6 +1043,17 @@ int main(int argc, char **argv)
         int before = failures;
         dist_api();
         agree_case("dp_dist: a 3 MiB broadcast, its bytes, agreement naming the rank",
+                   failures == before);
+    }
+    {
+        int before = failures;
+        trace_gather();
+        agree_case("dp_trace_gather: rank 0's trace holds both ranks' steps", failures == before);
+    }
+    {
+        int before = failures;
+        trace_gather_malformed();
+        agree_case("dp_trace_gather: a peer's malformed part is refused on rank 0",
                    failures == before);
     }
     {
