@@ -253,7 +253,6 @@ static dp_status to_wire(const dp_trace *t, unsigned char **out, size_t *bytes)
     if (!dp_size_mul(doubles, sizeof(double), &n) || n > SIZE_MAX - names - 1)
         return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "the trace is too large to send");
     n += names;
-    n += n % 2; /* whole 16-bit elements (dp_dist_allgatherv) */
     unsigned char *b = calloc(n, 1);
     if (!b) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes for the trace", n);
     double head[WIRE_HEAD] = {WIRE_MAGIC, (double)t->k, (double)t->n, (double)t->n_spans,
@@ -301,7 +300,7 @@ static dp_status from_wire(const unsigned char *b, size_t bytes, int rank, dp_tr
     size_t stride = HEAD + k * DEV_STRIDE;
     /* each bounded by bytes above, so these products cannot overflow */
     size_t need = (WIRE_HEAD + n * stride + 3 * n_spans) * sizeof(double) + names;
-    if (need > bytes || bytes - need > 1)
+    if (need != bytes)
         return DP_FAIL(DP_ERR_COMM, "rank %d's trace is %zu bytes, its counts say %zu", rank,
                        bytes, need);
     const unsigned char *rec = b + sizeof head, *spans = rec + n * stride * sizeof(double);
@@ -360,54 +359,67 @@ dp_status dp_trace_gather(dp_trace *t, dp_dist *d, double timeout)
     const char *what = "gathering the trace";
     /* Every call below is made by every rank, whatever failed here, so
      * none waits for a call another rank skipped: local failures are
-     * agreed first. */
-    unsigned char *mine = NULL, *all_bytes = NULL;
-    size_t my_bytes = 0;
+     * agreed first. Only rank 0 receives (point to point): no rank but it
+     * holds more than its own part. */
+    unsigned char *mine = NULL, *all = NULL;
+    size_t my_bytes = 0, total = 0;
     uint64_t *sizes = calloc((size_t)R, sizeof *sizes);
-    size_t *begin = calloc((size_t)R, sizeof *begin), *count = calloc((size_t)R, sizeof *count);
+    dp_dist_msg *msgs = calloc((size_t)R, sizeof *msgs);
     dp_status s = DP_OK;
     if (!t) s = DP_FAIL(DP_ERR_INVALID_ARGUMENT, "trace is NULL");
     else if (!(timeout >= 0) || !isfinite(timeout))
         s = DP_FAIL(DP_ERR_INVALID_ARGUMENT, "timeout %g is negative or not finite", timeout);
-    else if (!sizes || !begin || !count)
+    else if (!sizes || !msgs)
         s = DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation failed");
     if (s == DP_OK) {
         pthread_mutex_lock(&t->mu);
         s = to_wire(t, &mine, &my_bytes);
         pthread_mutex_unlock(&t->mu);
     }
-    double wait = t && s == DP_OK ? timeout : 0.0;
+    double wait = s == DP_OK ? timeout : 0.0;
     s = dp_dist_agree_timeout(d, s, wait);
     uint64_t mb = my_bytes;
     int lost = 0;
     if (s == DP_OK) s = dp_dist_agree_payload(d, wait, DP_OK, &mb, sizes, sizeof mb, what, &lost);
-    size_t total = 0; /* 16-bit elements */
+    /* rank 0: room for the others' parts, one after the other */
+    dp_dist_persist *p = NULL;
     if (s == DP_OK) {
-        dp_status mem = DP_OK;
-        for (int r = 0; r < R && mem == DP_OK; r++) {
-            begin[r] = total;
-            count[r] = (size_t)sizes[r] / 2;
-            if (count[r] > SIZE_MAX / 2 - total)
-                mem = DP_FAIL(DP_ERR_OUT_OF_MEMORY, "the ranks' traces overflow");
-            total += count[r];
+        dp_status local = DP_OK;
+        for (int r = 1; r < R && me == 0 && local == DP_OK; r++) {
+            if (sizes[r] > SIZE_MAX - total)
+                local = DP_FAIL(DP_ERR_OUT_OF_MEMORY, "the ranks' traces overflow");
+            else
+                total += (size_t)sizes[r];
         }
-        if (mem == DP_OK && !(all_bytes = malloc(2 * total + 2)))
-            mem = DP_FAIL(DP_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes for the ranks' "
-                          "traces", 2 * total);
-        if (mem == DP_OK) mem = dp_dist_reserve(d, 2 * total);
-        s = dp_dist_agree_timeout(d, mem, wait);
+        if (me == 0 && local == DP_OK && !(all = malloc(total ? total : 1)))
+            local = DP_FAIL(DP_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes for the ranks' "
+                            "traces", total);
+        size_t n_msgs = 0, at = 0;
+        for (int r = 1; r < R && me == 0 && local == DP_OK; r++) {
+            msgs[n_msgs++] = (dp_dist_msg){r, all + at, (size_t)sizes[r]};
+            at += (size_t)sizes[r];
+        }
+        if (me != 0) msgs[n_msgs++] = (dp_dist_msg){0, mine, my_bytes};
+        if (local == DP_OK)
+            local = me == 0 ? dp_dist_persist_create(d, DP_DIST_TAG_TRACE, NULL, 0, msgs, n_msgs, &p)
+                            : dp_dist_persist_create(d, DP_DIST_TAG_TRACE, msgs, n_msgs, NULL, 0, &p);
+        s = dp_dist_agree_timeout(d, local, wait);
     }
-    if (s == DP_OK) {
-        memcpy(all_bytes + 2 * begin[me], mine, my_bytes);
-        s = dp_dist_allgatherv(d, all_bytes, 2, begin, count, wait, what);
-    }
+    if (s == DP_OK) s = dp_dist_persist_run(p, wait, what);
+    /* a set given up on may still be written or read by MPI: its buffers
+     * stay allocated (leaked) */
+    int pinned = p && dp_dist_persist_pinned(p);
+    dp_dist_persist_free(p);
     /* rank 0 keeps them; the others are done */
     dp_trace **peers = NULL;
     if (s == DP_OK && me == 0) {
         if (!(peers = calloc((size_t)R - 1, sizeof *peers)))
             s = DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation failed");
-        for (int r = 1; r < R && s == DP_OK; r++)
-            s = from_wire(all_bytes + 2 * begin[r], 2 * count[r], r, &peers[r - 1]);
+        size_t at = 0;
+        for (int r = 1; r < R && s == DP_OK; r++) {
+            s = from_wire(all + at, (size_t)sizes[r], r, &peers[r - 1]);
+            at += (size_t)sizes[r];
+        }
         if (s == DP_OK) {
             pthread_mutex_lock(&t->mu);
             drop_peers(t);
@@ -420,12 +432,13 @@ dp_status dp_trace_gather(dp_trace *t, dp_dist *d, double timeout)
     if (peers)
         for (int r = 1; r < R; r++) dp_trace_destroy(peers[r - 1]);
     free(peers);
-    free(mine);
-    free(all_bytes);
+    if (!pinned) {
+        free(mine);
+        free(all);
+    }
     free(sizes);
-    free(begin);
-    free(count);
-    (void)lost;
+    free(msgs);
+    (void)lost; /* a lost exchange fails s itself */
     return s;
 }
 

@@ -60,6 +60,9 @@ typedef struct dp_dist_msg {
  * still read or write the buffers, which must then never be freed (and
  * dp_dist_close leaves MPI as it is). */
 typedef struct dp_dist_persist dp_dist_persist;
+/* The tags of persistent sets: the transport's rounds, all-gather and
+ * returns are 1 to 3 (transport/mpi.c); dp_trace_gather's parts, 4. */
+#define DP_DIST_TAG_TRACE 4
 DP_MODULE_API dp_status dp_dist_persist_create(dp_dist *d, int tag, const dp_dist_msg *sends, size_t n_sends,
                                  const dp_dist_msg *recvs, size_t n_recvs,
                                  dp_dist_persist **out);

@@ -807,8 +807,8 @@ static void trace_gather(void)
 }
 
 /* Rank 1 as a peer whose trace bytes are not dp's: it makes the gather's
- * calls itself (agree, sizes, agree, all-gather) with a hand-made part,
- * one field broken per round. Rank 0 refuses each naming rank 1, its
+ * calls itself (agree, sizes, agree on the set, its send to rank 0) with
+ * a hand-made part, one field broken per round. Rank 0 refuses each naming rank 1, its
  * trace as it was (one process); neither rank waits. The part: one
  * device "x", one step of one forward span (parallel/trace.c's wire),
  * which rank 0 takes when nothing is broken. */
@@ -852,13 +852,12 @@ static void trace_gather_malformed(void)
         int lost = 0;
         CHECK_OK(dp_dist_agree_timeout(dist, DP_OK, 30.0));
         CHECK_OK(dp_dist_agree_payload(dist, 30.0, DP_OK, &mine, sizes, 8, "test", &lost));
-        CHECK_OK(dp_dist_agree_timeout(dist, DP_OK, 30.0));
-        unsigned char *all = calloc(1, (size_t)(sizes[0] + sizes[1]));
-        CHECK(all, "oom");
-        memcpy(all + sizes[0], part, n);
-        size_t begin[2] = {0, (size_t)sizes[0] / 2}, count[2] = {(size_t)sizes[0] / 2, n / 2};
-        dp_status s = dp_dist_allgatherv(dist, all, 2, begin, count, 30.0, "test");
-        free(all);
+        dp_dist_msg to0 = {0, part, n};
+        dp_dist_persist *p = NULL;
+        CHECK_OK(dp_dist_agree_timeout(
+            dist, dp_dist_persist_create(dist, DP_DIST_TAG_TRACE, &to0, 1, NULL, 0, &p), 30.0));
+        dp_status s = dp_dist_persist_run(p, 30.0, "test");
+        dp_dist_persist_free(p);
         CHECK_OK(s);
     }
     dp_trace_destroy(t);
