@@ -95,7 +95,7 @@ DP_API dp_status dp_trace_write_to(const dp_trace *trace, dp_atomic_file *af);
  * do. Waits at most timeout_seconds (0: no limit) for each exchange.
  * Errors, on every rank alike unless said: DP_ERR_INVALID_ARGUMENT (a
  * rank's trace NULL, or its timeout negative or not finite),
- * DP_ERR_OUT_OF_MEMORY; DP_ERR_COMM on rank 0 alone when a rank's part
+ * DP_ERR_OUT_OF_MEMORY; DP_ERR_FORMAT on rank 0 alone when a rank's part
  * is malformed (its trace unchanged); DP_ERR_TIMEOUT or DP_ERR_COMM when
  * the exchange failed (the ranks may no longer be in step: end the
  * job). */

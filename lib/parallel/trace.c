@@ -291,24 +291,24 @@ static dp_status from_wire(const unsigned char *b, size_t bytes, int rank, dp_tr
 {
     double head[WIRE_HEAD];
     size_t k, n, n_spans, names;
-    if (bytes < sizeof head) return DP_FAIL(DP_ERR_COMM, "rank %d's trace is cut short", rank);
+    if (bytes < sizeof head) return DP_FAIL(DP_ERR_FORMAT, "rank %d's trace is cut short", rank);
     memcpy(head, b, sizeof head);
     if (head[0] != WIRE_MAGIC || !wire_count(head[1], DP_MAX_DEVICES, &k) || k < 1 ||
         !wire_count(head[2], bytes, &n) || !wire_count(head[3], bytes, &n_spans) ||
         !wire_count(head[4], bytes, &names))
-        return DP_FAIL(DP_ERR_COMM, "rank %d's trace is not one dp sent", rank);
+        return DP_FAIL(DP_ERR_FORMAT, "rank %d's trace is not one dp sent", rank);
     size_t stride = HEAD + k * DEV_STRIDE;
     /* each bounded by bytes above, so these products cannot overflow */
     size_t need = (WIRE_HEAD + n * stride + 3 * n_spans) * sizeof(double) + names;
     if (need != bytes)
-        return DP_FAIL(DP_ERR_COMM, "rank %d's trace is %zu bytes, its counts say %zu", rank,
+        return DP_FAIL(DP_ERR_FORMAT, "rank %d's trace is %zu bytes, its counts say %zu", rank,
                        bytes, need);
     const unsigned char *rec = b + sizeof head, *spans = rec + n * stride * sizeof(double);
     const char *nm = (const char *)(spans + 3 * n_spans * sizeof(double)), *end = nm + names;
     const char *name[DP_MAX_DEVICES];
     for (size_t i = 0; i < k; i++) {
         const char *z = nm < end ? memchr(nm, '\0', (size_t)(end - nm)) : NULL;
-        if (!z) return DP_FAIL(DP_ERR_COMM, "rank %d's trace lacks device %zu's name", rank, i);
+        if (!z) return DP_FAIL(DP_ERR_FORMAT, "rank %d's trace lacks device %zu's name", rank, i);
         name[i] = nm;
         nm = z + 1;
     }
@@ -325,7 +325,7 @@ static dp_status from_wire(const unsigned char *b, size_t bytes, int rank, dp_tr
         memcpy(w, spans + 3 * j * sizeof(double), sizeof w);
         size_t phase;
         if (!wire_count(w[0], DP_PHASE_COUNT - 1, &phase) || bad_time(w[1]) || bad_time(w[2]))
-            s = DP_FAIL(DP_ERR_COMM, "rank %d's span %zu is not a span", rank, j);
+            s = DP_FAIL(DP_ERR_FORMAT, "rank %d's span %zu is not a span", rank, j);
         else
             t->spans[j] = (dp_phase_span){(dp_phase)phase, w[1], w[2]};
     }
@@ -340,7 +340,7 @@ static dp_status from_wire(const unsigned char *b, size_t bytes, int rank, dp_tr
             ok = wire_count(d[0], SIZE_MAX / 2, &rows) && wire_count(d[1], n_spans, &first) &&
                  wire_count(d[2], n_spans - first, &count);
         }
-        if (!ok) s = DP_FAIL(DP_ERR_COMM, "rank %d's step record %zu is not one", rank, q);
+        if (!ok) s = DP_FAIL(DP_ERR_FORMAT, "rank %d's step record %zu is not one", rank, q);
     }
     if (s != DP_OK) {
         dp_trace_destroy(t);

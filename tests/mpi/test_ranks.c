@@ -830,7 +830,7 @@ static void trace_gather_malformed(void)
         }
         if (rank == 0) {
             dp_status s = dp_trace_gather(t, dist, 30.0);
-            CHECK(s == DP_ERR_COMM && strstr(dp_last_error(), "rank 1's "),
+            CHECK(s == DP_ERR_FORMAT && strstr(dp_last_error(), "rank 1's "),
                   "%s: %d %s", broken[b], (int)s, dp_last_error());
             char *j = written(t);
             CHECK(j && !strstr(j, "\"pid\": 2"), "%s: rank 1's part was kept", broken[b]);
