@@ -414,7 +414,7 @@ int main(int argc, char **argv)
     free(b.inputs);
     free(b.targets);
     dp_trace_destroy(b.trace);
-    for (int i = 0; i < 5; i++) cli_unlock_output(&b.locks[i]);
+    for (size_t i = 0; i < sizeof b.locks / sizeof b.locks[0]; i++) cli_unlock_output(&b.locks[i]);
     dp_gpt_destroy(b.gpt);
     /* A broken job (some rank may wait in a collective that will never
      * complete) is aborted. */

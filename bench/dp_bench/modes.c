@@ -96,12 +96,12 @@ static int run_mode(bench *b, dp_mode mode, int shard, size_t k, size_t rows, in
     int rc = ensure_tokens(b, rows);
     if (!rc && !(ms = calloc(m * (DP_PHASE_COUNT + 2), sizeof *ms)))
         rc = cli_fail("out of host memory");
-    double *phase_col = ms + m, *exposed_col = ms + m * (DP_PHASE_COUNT + 1);
     if (agree(b, rc)) {
         free(ms);
         dp_engine_destroy(e);
         return 1;
     }
+    double *phase_col = ms + m, *exposed_col = ms + m * (DP_PHASE_COUNT + 1);
     dp_batch batch = {rows, b->inputs, b->targets};
     long n = b->o.warmup + b->o.steps;
     dp_step_stats st;

@@ -356,13 +356,12 @@ int check_written(run *r)
  * succeeded, the ranks agree on the write's outcome. */
 int finish_trace(run *r, int rc)
 {
-    if (!r->trace) return rc ? rc : agree_writes(r, 0);
     int tw = 0;
-    if (r->rk.ranks > 1 && !r->rk.broken) {
+    if (r->trace && r->rk.ranks > 1 && !r->rk.broken) {
         dp_status s = dp_trace_gather(r->trace, r->rk.dist, r->rk.wait);
         if (s != DP_OK) tw = engine_fail(r, s, "--trace: gathering the ranks' steps");
     }
-    if (r->rk.rank == 0 && dp_trace_write(r->trace, r->o.trace) != DP_OK)
+    if (r->trace && r->rk.rank == 0 && dp_trace_write(r->trace, r->o.trace) != DP_OK)
         tw = cli_dp_fail("--trace");
     return rc ? rc : r->rk.broken ? 1 : agree_writes(r, tw);
 }

@@ -50,7 +50,8 @@
 static void run_free(run *r)
 {
     if (r->log) fclose(r->log);
-    for (int i = 0; i < 3; i++) cli_unlock_output(&r->locks[i]);
+    for (size_t i = 0; i < sizeof r->locks / sizeof r->locks[0]; i++)
+        cli_unlock_output(&r->locks[i]);
     free(r->inputs);
     free(r->targets);
     free(r->prompt_ids);
