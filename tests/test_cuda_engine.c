@@ -59,6 +59,14 @@ static void cpu_specs(dp_device_spec *specs, size_t k)
 
 static const int ZEROS[DP_MAX_DEVICES] = {0};
 
+/* dp's own attention kernels in every test that does not ask for cuDNN's
+ * (DP_CUDA_CUDNN is read as the devices open): the default, cuDNN's where
+ * it loads, would run cuDNN under the tests of dp's kernels. */
+__attribute__((constructor)) static void dp_kernels_unless_asked(void)
+{
+    setenv("DP_CUDA_CUDNN", "0", 1);
+}
+
 // --- the MLP runs (as tests/test_engine.c) -------------------------------------------------
 
 enum { NP_MAX = 4096 };
@@ -784,7 +792,8 @@ Test(cuda_engine, gpt_chunked_attention_on_gpu_tracks_cpu, .timeout = 120)
 /* cuDNN's fused attention (DP_CUDA_CUDNN=1, backend/cuda/cuda_sdpa.c) in
  * the GPT with bfloat16 activations, at head size 64 and a context of 150
  * (past cuDNN's 64- and 128-row tiles, no multiple of them): two runs give
- * the same bits (its backward is the deterministic algorithm), and both
+ * the same bits (its backward is the deterministic algorithm), so does a
+ * run with DP_CUDA_CUDNN unset (the default: cuDNN's where it loads), and all
  * track the CPU's fused run within 1e-3 relative over three steps, the
  * resolution the bf16 GPU runs are held to above. Skips where the module
  * or cuDNN is missing. */
@@ -806,14 +815,19 @@ Test(cuda_engine, gpt_cudnn_attention_repeats_bitwise_and_tracks_cpu, .timeout =
     cpu_specs(cs, 2);
     dp_engine *e1 = gpt_engine_of(g, m, gs, 2), *e2 = gpt_engine_of(g, m, gs, 2);
     dp_engine *ec = gpt_engine_of(g, m, cs, 2);
+    cr_assert_eq(unsetenv("DP_CUDA_CUDNN"), 0); /* the default: cuDNN's, as it loads here */
+    dp_engine *ed = gpt_engine_of(g, m, gs, 2);
     for (int s = 0; s < 3; s++) {
         double l1 = gpt_step_long(e1, s), l2 = gpt_step_long(e2, s), lc = gpt_step_long(ec, s);
+        double ld = gpt_step_long(ed, s);
         cr_assert(l1 == l2, "step %d: %.17g, then %.17g on the same GPU run", s, l1, l2);
+        cr_assert(l1 == ld, "step %d: %.17g with DP_CUDA_CUDNN=1, %.17g by default", s, l1, ld);
         cr_assert(fabs(l1 - lc) <= 1e-3 * fabs(lc), "step %d: cuDNN %.9g, cpu %.9g", s, l1, lc);
     }
     dp_engine_destroy(e1);
     dp_engine_destroy(e2);
+    dp_engine_destroy(ed);
     dp_engine_destroy(ec);
     dp_gpt_destroy(g);
-    unsetenv("DP_CUDA_CUDNN");
+    setenv("DP_CUDA_CUDNN", "0", 1);
 }

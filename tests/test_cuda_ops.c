@@ -75,6 +75,14 @@ static void close_checked(dp_device *dev)
     dp_device_close(dev);
 }
 
+/* dp's own attention kernels in every test that does not ask for cuDNN's
+ * (DP_CUDA_CUDNN is read as a device opens): the default, cuDNN's where
+ * it loads, would run cuDNN under the tests of dp's kernels. */
+__attribute__((constructor)) static void dp_kernels_unless_asked(void)
+{
+    setenv("DP_CUDA_CUDNN", "0", 1);
+}
+
 // --- host data and comparisons -------------------------------------------------------------
 
 static void *xmalloc(size_t bytes)
@@ -2174,7 +2182,77 @@ Test(cuda_ops, cudnn_attention_matches_float64, .timeout = 120)
         free(qkv);
         free(dout);
     }
-    unsetenv("DP_CUDA_CUDNN");
+    setenv("DP_CUDA_CUDNN", "0", 1);
+}
+
+/* The fused attention's forward of a bfloat16 qkv(B,T,3C) on a device
+ * opened with DP_CUDA_CUDNN as `mode` says (NULL: unset), for each of
+ * n_T context lengths T0, T0 + 1, ... in turn (each a new shape): the
+ * float32 outs, one malloc'd array per length in outs. */
+static void attention_forward_per_length(int g, const char *mode, size_t B, size_t T0,
+                                         size_t n_T, size_t C, size_t NH, const float *qkv,
+                                         float **outs)
+{
+    if (mode) setenv("DP_CUDA_CUDNN", mode, 1);
+    else unsetenv("DP_CUDA_CUDNN");
+    dp_device *d = open_target(g);
+    setenv("DP_CUDA_CUDNN", "0", 1);
+    for (size_t i = 0; i < n_T; i++) {
+        size_t T = T0 + i, no = B * T * C, nr = B * NH * T;
+        void *q = upload_typed(d, qkv, B * T * 3 * C, 1);
+        float *out = dalloc(d, no * 4), *lse = dalloc(d, nr * 4);
+        dp_assert_ok(dp_attention_forward_fused(d, out, lse, q, DP_DTYPE_BF16, B, T, C, NH));
+        outs[i] = dp_test_nn_download(d, out, no);
+        void *bufs[] = {q, out, lse};
+        for (int k = 0; k < 3; k++) dp_device_free(d, bufs[k]);
+    }
+    close_checked(d);
+}
+
+/*
+ * The default (DP_CUDA_CUDNN unset) runs cuDNN's attention for the first
+ * DP_CUDA_SDPA_AUTO_SHAPES shapes a device sees and dp's kernels after
+ * them (sampling's growing context would build a cuDNN plan per length):
+ * over 10 context lengths in turn, the first 8 outs are DP_CUDA_CUDNN=1's
+ * bits and the last 2 DP_CUDA_CUDNN=0's, and the two differ for every
+ * length (cuDNN's out is rounded to bfloat16, dp's float32 out is not),
+ * so each comparison tells them apart. Any other value is refused as the
+ * device opens, naming it.
+ */
+Test(cuda_ops, cudnn_is_the_default_for_the_first_shapes, .timeout = 120)
+{
+    REQUIRE_GPU();
+    if (as_cpu()) cr_skip_test("cuDNN runs on GPUs only");
+    const void *table = NULL;
+    if (dp_module_load(DP_MODULE_CUDNN, &table) != DP_OK)
+        cr_skip_test("no cuDNN attention here: %s", dp_last_error());
+    enum { N_T = 10, FIRST = 8 };
+    const size_t B = 2, T0 = 65, C = 128, NH = 2;
+    float *qkv = rnd_normal(90, B * (T0 + N_T) * 3 * C, 0.0f, 1.5f);
+    float *dflt[N_T], *cudnn[N_T], *own[N_T];
+    attention_forward_per_length(0, NULL, B, T0, N_T, C, NH, qkv, dflt);
+    attention_forward_per_length(0, "1", B, T0, N_T, C, NH, qkv, cudnn);
+    attention_forward_per_length(0, "0", B, T0, N_T, C, NH, qkv, own);
+    for (size_t i = 0; i < N_T; i++) {
+        size_t no = B * (T0 + i) * C;
+        cr_assert(memcmp(cudnn[i], own[i], no * 4) != 0,
+                  "T=%zu: cuDNN's and dp's outs are the same bits", T0 + i);
+        char what[64];
+        snprintf(what, sizeof what, "default out, T=%zu (shape %zu)", T0 + i, i + 1);
+        assert_same_bits(what, dflt[i], i < FIRST ? cudnn[i] : own[i], no);
+        free(dflt[i]);
+        free(cudnn[i]);
+        free(own[i]);
+    }
+    free(qkv);
+    setenv("DP_CUDA_CUDNN", "yes", 1);
+    dp_device_spec spec = {DP_DEVICE_CUDA, 0};
+    dp_device *d = NULL;
+    cr_assert_eq(dp_device_open(&spec, &d), DP_ERR_INVALID_ARGUMENT);
+    cr_assert_null(d);
+    cr_assert(strstr(dp_last_error(), "DP_CUDA_CUDNN=yes") && strstr(dp_last_error(), "unset"),
+              "%s", dp_last_error());
+    setenv("DP_CUDA_CUDNN", "0", 1);
 }
 
 /* bf16 at head size 64 with out, dout and dqkv only 4-byte aligned: the
@@ -2571,6 +2649,30 @@ static void gelu_producers_run(int g, int lt_gelu, size_t N, size_t C, const flo
     close_checked(d);
 }
 
+/* A c_proj weight gradient dw(C,H) against float64 sums of the products of
+ * its operands, bf16(dout)(N,C) and out(N,H) (as stored): a bfloat16
+ * product is exact in float32, so float32 sums of N of them are within
+ * gamma_N = N 2^-24 of the sum of their magnitudes (Higham, Accuracy and
+ * Stability of Numerical Algorithms, 3.1); (N + 2) 2^-23 leaves room for
+ * tensor cores' truncating adds and the store. */
+static void assert_dweight_of(const char *what, const float *dw, const double *out,
+                              const float *dout, size_t N, size_t C, size_t H)
+{
+    for (size_t c = 0; c < C; c++)
+        for (size_t h = 0; h < H; h++) {
+            double sum = 0, mag = 0;
+            for (size_t n = 0; n < N; n++) {
+                double t = (double)dp_bf16_to_float(dp_bf16_from_float(dout[n * C + c])) *
+                           out[n * H + h];
+                sum += t;
+                mag += fabs(t);
+            }
+            double err = fabs(dw[c * H + h] - sum), bound = (double)(N + 2) * 0x1p-23 * mag;
+            cr_assert(err <= bound, "%s[%zu][%zu]: %.9g, float64 %.9g (error %.3g > bound %.3g)",
+                      what, c, h, dw[c * H + h], sum, err, bound);
+        }
+}
+
 /*
  * The GELU in cuBLASLt's epilogue (DP_CUDA_LT_GELU=1: GELU_AUX_BIAS
  * forward, DGELU backward; dp_backend_ops.gemm_gelu) against the
@@ -2585,7 +2687,10 @@ static void gelu_producers_run(int g, int lt_gelu, size_t N, size_t C, const flo
  * - dinp16 = sums x GELU'(pre): the composition rounds the sums first
  *   (2^-8), then the product (2^-8), against one rounding; with another
  *   grouping and |GELU'| <= 1.13: atol 1.2e-2, rtol 3.5e-2 on O(1) values;
- * - dweight and dbias: the same calls either way, bit for bit.
+ * - dweight = bf16(dout)^T out: the same GEMM either way, but on each
+ *   run's own out, which differs where the epilogue ran; so each run's
+ *   against float64 sums of its own out (assert_dweight_of's bound);
+ * - dbias, from dout alone: the same bits.
  * Whether the epilogue ran is read from the bits: the composition's out is
  * GELU(pre) rounded for every element (checked on CPU stand-ins, where
  * there is no epilogue); the library's is not, for some, and on a GPU it
@@ -2626,7 +2731,8 @@ Test(cuda_ops, gelu_epilogue_matches_composition, .timeout = 60)
         dp_assert_allclose(a16[0], e16[0], N * H, 1.01e-2, 2.4e-2);
         dp_assert_allclose(a16[1], e16[1], N * H, 1.2e-2, 3.5e-2);
         dp_assert_allclose(a16[2], e16[2], N * H, 1.2e-2, 3.5e-2);
-        assert_same_bits("c_proj dweight", a[0], e[0], C * H);
+        assert_dweight_of("epilogue's c_proj dweight", a[0], a16[1], dout, N, C, H);
+        assert_dweight_of("composition's c_proj dweight", e[0], e16[1], dout, N, C, H);
         assert_same_bits("c_proj dbias", a[1], e[1], C);
         for (int k = 0; k < 3; k++) {
             free(a16[k]);

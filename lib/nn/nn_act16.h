@@ -264,7 +264,7 @@ DP_MODULE_API dp_status dp_gelu_backward_bf16(dp_device *dev, dp_bf16 *dinp, con
  * GEMM and the attention's output kept as bfloat16, with no float32 copy
  * or permute of either. Each out element is the float32 call's value on
  * the same qkv rounded once (the kernels accumulate in float32 and round
- * as they store; cuDNN's, with DP_CUDA_CUDNN=1, writes its own bfloat16
+ * as they store; cuDNN's, where a CUDA device runs it, writes its own bfloat16
  * out), lse the float32 call's. Arguments, ownership and errors as
  * dp_attention_forward_fused, and DP_ERR_INVALID_ARGUMENT for a head size
  * past DP_FLASH_HS_MAX16 (256, kernels/flash.h).
@@ -278,7 +278,7 @@ DP_MODULE_API dp_status dp_attention_forward_fused16(dp_device *dev, dp_bf16 *ou
  * bfloat16 and dout(B,T,C) float32 or bfloat16 (dout_dtype): each dqkv
  * element the float32 call's value, given dout's (widened) values,
  * rounded once (the kernels accumulate in float32 and round as they
- * store; cuDNN's, with DP_CUDA_CUDNN=1, reads and writes bfloat16
+ * store; cuDNN's, where a CUDA device runs it, reads and writes bfloat16
  * directly). The GPT's bf16 activation gradients: dout is c_proj's
  * bfloat16 input gradient, and c_attn's backward reads dqkv as it is
  * (dp_linear_backward_from16). Arguments, ownership and errors as

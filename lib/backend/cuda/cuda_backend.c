@@ -38,7 +38,8 @@
  * DP_CUDA_LT=0 in the environment makes the cuBLASLt entries (cuda_lt.c)
  * decline, so every linear layer runs as cuBLAS's GEMM plus the bias
  * broadcast: a switch for a GPU session to tell those kernels apart.
- * DP_CUDA_CUDNN=1 runs the fused attention through cuDNN (cuda_sdpa.c).
+ * The fused attention runs through cuDNN where it loads, DP_CUDA_CUDNN=0
+ * keeps dp's own kernels and DP_CUDA_CUDNN=1 requires cuDNN's (cuda_sdpa.c).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -194,7 +195,15 @@ static dp_status open_resources(dp_device *dev, cuda_ctx *c)
     const char *lt_gelu = getenv("DP_CUDA_LT_GELU");
     c->lt_gelu = lt_gelu && strcmp(lt_gelu, "1") == 0;
     const char *cudnn = getenv("DP_CUDA_CUDNN");
-    c->cudnn = cudnn && strcmp(cudnn, "1") == 0;
+    if (!cudnn || !*cudnn) c->cudnn = CUDA_CUDNN_AUTO;
+    else if (strcmp(cudnn, "0") == 0) c->cudnn = CUDA_CUDNN_OFF;
+    else if (strcmp(cudnn, "1") == 0) c->cudnn = CUDA_CUDNN_REQUIRED;
+    else
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
+                       "%s: DP_CUDA_CUDNN=%.40s is not 0 or 1: set 1 for cuDNN's attention (an "
+                       "error where it cannot run), 0 for dp's own kernels, or unset it for "
+                       "cuDNN's where it loads",
+                       dev->name, cudnn);
     /* Full float32 unless dp_device_set_matmul_precision says otherwise. */
     BLAS_TRY(dev, cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH));
     for (int b = 0; b < 2; b++) {

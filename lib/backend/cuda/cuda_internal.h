@@ -33,6 +33,13 @@
 #define BLAS_WS_BYTES ((size_t)4 << 20)
 #define BLAS_WS_BYTES_SM90 ((size_t)32 << 20)
 
+/* DP_CUDA_CUDNN (read as a device opens): 0 dp's own attention kernels;
+ * 1 cuDNN's, an error where it cannot run; unset or empty, cuDNN's where
+ * the module loads and takes the shape, for the first
+ * DP_CUDA_SDPA_AUTO_SHAPES shapes (cuda_sdpa.c), else dp's. */
+enum { CUDA_CUDNN_OFF = 0, CUDA_CUDNN_REQUIRED = 1, CUDA_CUDNN_AUTO = 2 };
+#define DP_CUDA_SDPA_AUTO_SHAPES 8
+
 typedef struct cuda_ctx {
     int ordinal; /* physical device, after CUDA_VISIBLE_DEVICES */
     cudaStream_t stream;
@@ -42,9 +49,15 @@ typedef struct cuda_ctx {
     cublasLtHandle_t lt;          /* cuBLASLt: the GEMMs with the bias epilogue (cuda_lt.c) */
     int lt_off;                   /* DP_CUDA_LT=0: those decline (cuda_backend.c) */
     int lt_gelu;                  /* DP_CUDA_LT_GELU=1: the GELU in cuBLASLt's epilogue */
-    int cudnn;                    /* DP_CUDA_CUDNN=1: the fused attention through cuDNN */
+    int cudnn;                    /* the fused attention through cuDNN: CUDA_CUDNN_* */
+    int sdpa_absent;              /* CUDA_CUDNN_AUTO found no module, cuDNN or start (mu) */
     const struct dp_cudnn_module *sdpa_mod; /* the cuDNN module (cuda_sdpa.c), loaded and */
     void *sdpa;                   /* its context opened on first use, under mu */
+    struct cuda_sdpa_shape {      /* CUDA_CUDNN_AUTO: the shapes given to cuDNN (under mu) */
+        size_t B, T, NH, hs;
+        signed char way[2];       /* forward, backward: 1 cuDNN's, -1 declined, 0 not yet */
+    } sdpa_shapes[DP_CUDA_SDPA_AUTO_SHAPES];
+    int sdpa_n_shapes;
 
     pthread_mutex_t mu;           /* guards stage, stage_done, sumsq, result_host, col, grp */
     unsigned char *stage[2];      /* pinned host, STAGE_BYTES each */

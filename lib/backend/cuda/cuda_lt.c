@@ -37,8 +37,8 @@
  * - or DGELU for the backward, D = the sums times GELU' of the stored
  * pre-activation, rounded once: llm.c's gelu_fusion. One GEMM where the
  * composition adds a pass over the (N,4C) pre-activation to each
- * direction. Opt-in until a GPU run has timed it (llm.c keeps its own off
- * by default), as cuDNN's attention.
+ * direction. Opt-in: timed on an H200 it gained 1-2% of GPT-2 small's
+ * step (llm.c keeps its own off by default too).
  */
 #include <stdint.h>
 
@@ -229,7 +229,7 @@ dp_status dp_cuda_gemm_gelu(dp_device *dev, dp_op transa, dp_op transb, int m, i
 {
     *done = 0;
     cuda_ctx *c = CTX(dev);
-    /* opt-in (DP_CUDA_LT_GELU=1) until a GPU run has timed it; bfloat16
+    /* opt-in (DP_CUDA_LT_GELU=1: see the file comment); bfloat16
      * operands in BF16 math only; the library asks pre's leading dimension
      * to be a multiple of 8, and its kernels load pre in 16-byte pieces
      * (the alignment the heuristic cannot be told of) */

@@ -3,16 +3,24 @@
  * (dp_backend_ops.attention_lib_forward / _backward; the module:
  * cudnn_sdpa.h), for bfloat16 q, k, v.
  *
- * On only with DP_CUDA_CUDNN=1 in the environment when the device opens:
- * then a shape cuDNN declines, or a machine without the module or
- * libcudnn.so.9, fails the call with the reason instead of falling back,
- * so a run that asked for cuDNN's attention got it. One exception: a
- * single token (T = 1), whose attention is v itself and whose backward
- * cuDNN's frontend refuses (s_q = s_kv = 1), runs dp's kernels both
- * ways. Without the variable the entries decline and dp's own kernels
- * (cuda_flash.cu) run. The
- * default stays off until a GPU session has checked the results and
- * timed them (docs/design.md, section 10).
+ * Which attention runs is DP_CUDA_CUDNN's, read as the device opens
+ * (cuda_internal.h's CUDA_CUDNN_*):
+ * - unset (the default): cuDNN's where it can run. A machine without the
+ *   module or libcudnn.so.9 runs dp's own kernels (cuda_flash.cu) from
+ *   then on, and a shape cuDNN declines runs them for that shape. Only
+ *   the first DP_CUDA_SDPA_AUTO_SHAPES shapes are given to cuDNN, as
+ *   each costs a plan built on first use: training reuses a few, but
+ *   sampling, whose context grows a token at a time, would build one per
+ *   length; later shapes run dp's kernels. Which shapes those are follows
+ *   the calls' order, so a run repeats its bits.
+ * - 1: cuDNN's, and a shape cuDNN declines, or a machine without the
+ *   module or libcudnn.so.9, fails the call with the reason instead of
+ *   falling back, so a run that asked for cuDNN's attention got it.
+ * - 0: dp's own kernels.
+ * One exception to each: a single token (T = 1), whose attention is v
+ * itself and whose backward cuDNN's frontend refuses (s_q = s_kv = 1),
+ * runs dp's kernels. A backward may run other kernels than its forward:
+ * both keep kernels/flash.h's lse and the same out.
  *
  * cuDNN reads and writes bfloat16: the forward writes o straight into a
  * bfloat16 out (the GPT's bf16 activations), or into the scratch and
@@ -35,7 +43,7 @@
 static size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 /* The module and its context for c (both kept from the first use), or
- * why not. */
+ * why not. In CUDA_CUDNN_AUTO the caller falls back instead. */
 static dp_status ready(dp_device *dev, cuda_ctx *c, const dp_cudnn_module **m)
 {
     if (c->sdpa) {
@@ -44,8 +52,8 @@ static dp_status ready(dp_device *dev, cuda_ctx *c, const dp_cudnn_module **m)
     }
     const void *table = NULL;
     if (dp_module_load(DP_MODULE_CUDNN, &table) != DP_OK) {
-        dp_error_prefix("%s: DP_CUDA_CUDNN=1 asks for cuDNN's attention (unset it to use dp's "
-                        "own kernels)",
+        dp_error_prefix("%s: DP_CUDA_CUDNN=1 asks for cuDNN's attention (set it to 0 to use "
+                        "dp's own kernels)",
                         dev->name);
         return DP_ERR_UNSUPPORTED;
     }
@@ -54,7 +62,7 @@ static dp_status ready(dp_device *dev, cuda_ctx *c, const dp_cudnn_module **m)
     int r = (*m)->open(&c->sdpa, (void *)c->stream, err, sizeof err);
     if (r != DP_SDPA_DONE)
         return DP_FAIL(r == DP_SDPA_DECLINED ? DP_ERR_UNSUPPORTED : DP_ERR_DEVICE,
-                       "%s: cuDNN's attention could not start (%s); unset DP_CUDA_CUDNN to use "
+                       "%s: cuDNN's attention could not start (%s); set DP_CUDA_CUDNN=0 to use "
                        "dp's own attention kernels",
                        dev->name, err);
     return DP_OK;
@@ -65,8 +73,8 @@ static dp_status failed(dp_device *dev, int r, const char *err)
 {
     if (r == DP_SDPA_DECLINED)
         return DP_FAIL(DP_ERR_UNSUPPORTED,
-                       "%s: DP_CUDA_CUDNN=1, but cuDNN does not take this attention (%s); unset "
-                       "DP_CUDA_CUDNN to use dp's own attention kernels",
+                       "%s: DP_CUDA_CUDNN=1, but cuDNN does not take this attention (%s); set "
+                       "DP_CUDA_CUDNN=0 to use dp's own attention kernels",
                        dev->name, err);
     return DP_FAIL(DP_ERR_DEVICE, "%s: %s", dev->name, err);
 }
@@ -119,20 +127,88 @@ static dp_status forward_locked(dp_device *dev, cuda_ctx *c, dp_pout out, float 
     return DP_OK;
 }
 
+/* In CUDA_CUDNN_AUTO, whether a call of this shape and direction goes to
+ * cuDNN: a shape already given to it as it went then, a new one while
+ * fewer than DP_CUDA_SDPA_AUTO_SHAPES are kept (*slot: its entry, whose
+ * way the caller sets from the outcome), else not. Under c->mu. */
+static int auto_admits(cuda_ctx *c, const dp_sdpa_desc *d, int backward,
+                       struct cuda_sdpa_shape **slot)
+{
+    *slot = NULL;
+    struct cuda_sdpa_shape *e = NULL;
+    for (int i = 0; i < c->sdpa_n_shapes && !e; i++) {
+        struct cuda_sdpa_shape *s = &c->sdpa_shapes[i];
+        if (s->B == (size_t)d->B && s->T == (size_t)d->T && s->NH == (size_t)d->NH &&
+            s->hs == (size_t)d->hs)
+            e = s;
+    }
+    if (!e) {
+        if (c->sdpa_n_shapes == DP_CUDA_SDPA_AUTO_SHAPES) return 0;
+        e = &c->sdpa_shapes[c->sdpa_n_shapes++];
+        *e = (struct cuda_sdpa_shape){(size_t)d->B, (size_t)d->T, (size_t)d->NH, (size_t)d->hs,
+                                      {0, 0}};
+    }
+    if (e->way[backward]) return e->way[backward] > 0;
+    *slot = e;
+    return 1;
+}
+
+/* A call through cuDNN (run: forward_locked or backward_locked's work
+ * after its arguments, bound by the caller) as DP_CUDA_CUDNN says:
+ * *done when cuDNN ran it. In CUDA_CUDNN_AUTO a module, cuDNN or shape
+ * that is not there (DP_ERR_UNSUPPORTED; with the module, also its start
+ * failing) is remembered and declined, everything else is the error it
+ * is. */
+typedef dp_status (*sdpa_call)(dp_device *dev, cuda_ctx *c, void *args);
+
+static dp_status through_cudnn(dp_device *dev, const dp_sdpa_desc *d, int backward, sdpa_call run,
+                               void *args, int *done)
+{
+    cuda_ctx *c = CTX(dev);
+    *done = 0;
+    if (c->cudnn == CUDA_CUDNN_OFF || d->T == 1) return DP_OK; /* T = 1: the file comment */
+    ENTER(dev);
+    pthread_mutex_lock(&c->mu);
+    struct cuda_sdpa_shape *slot = NULL;
+    int go = c->cudnn == CUDA_CUDNN_REQUIRED ||
+             (!c->sdpa_absent && auto_admits(c, d, backward, &slot));
+    int started = c->sdpa != NULL;
+    dp_status s = go ? run(dev, c, args) : DP_OK;
+    if (go && s != DP_OK && c->cudnn == CUDA_CUDNN_AUTO &&
+        (s == DP_ERR_UNSUPPORTED || (!started && !c->sdpa))) {
+        c->sdpa_absent = !started && !c->sdpa; /* no module, cuDNN or start: not again */
+        if (slot) slot->way[backward] = -1;
+        dp_clear_error();
+        s = DP_OK;
+        go = 0;
+    } else if (slot && s == DP_OK) {
+        slot->way[backward] = 1;
+    }
+    pthread_mutex_unlock(&c->mu);
+    *done = go && s == DP_OK;
+    return s;
+}
+
+struct forward_args {
+    dp_pout out;
+    float *lse;
+    const uint16_t *qkv;
+    const dp_sdpa_desc *d;
+};
+
+static dp_status run_forward(dp_device *dev, cuda_ctx *c, void *args)
+{
+    struct forward_args *a = args;
+    return forward_locked(dev, c, a->out, a->lse, a->qkv, a->d);
+}
+
 dp_status dp_cuda_attention_lib_forward(dp_device *dev, dp_pout out, float *lse,
                                         const uint16_t *qkv, size_t B, size_t T, size_t NH,
                                         size_t hs, float scale, int *done)
 {
-    *done = 0;
-    if (!CTX(dev)->cudnn || T == 1) return DP_OK; /* T = 1: see the file comment */
-    ENTER(dev);
-    cuda_ctx *c = CTX(dev);
     dp_sdpa_desc d = desc_of(B, T, NH, hs, scale);
-    pthread_mutex_lock(&c->mu);
-    dp_status s = forward_locked(dev, c, out, lse, qkv, &d);
-    pthread_mutex_unlock(&c->mu);
-    *done = s == DP_OK;
-    return s;
+    struct forward_args a = {out, lse, qkv, &d};
+    return through_cudnn(dev, &d, 0, run_forward, &a, done);
 }
 
 static dp_status backward_locked(dp_device *dev, cuda_ctx *c, dp_pout dqkv, dp_pref dout,
@@ -163,21 +239,28 @@ static dp_status backward_locked(dp_device *dev, cuda_ctx *c, dp_pout dqkv, dp_p
     return DP_OK;
 }
 
+struct backward_args {
+    dp_pout dqkv;
+    dp_pref dout, out;
+    const uint16_t *qkv;
+    const float *lse;
+    const dp_sdpa_desc *d;
+};
+
+static dp_status run_backward(dp_device *dev, cuda_ctx *c, void *args)
+{
+    struct backward_args *a = args;
+    return backward_locked(dev, c, a->dqkv, a->dout, a->qkv, a->lse, a->out, a->d);
+}
+
 dp_status dp_cuda_attention_lib_backward(dp_device *dev, dp_pout dqkv, dp_pref dout,
                                          const uint16_t *qkv, const float *lse, dp_pref out,
                                          size_t B, size_t T, size_t NH, size_t hs, float scale,
                                          int *done)
 {
-    *done = 0;
-    if (!CTX(dev)->cudnn || T == 1) return DP_OK; /* T = 1: see the file comment */
-    ENTER(dev);
-    cuda_ctx *c = CTX(dev);
     dp_sdpa_desc d = desc_of(B, T, NH, hs, scale);
-    pthread_mutex_lock(&c->mu);
-    dp_status s = backward_locked(dev, c, dqkv, dout, qkv, lse, out, &d);
-    pthread_mutex_unlock(&c->mu);
-    *done = s == DP_OK;
-    return s;
+    struct backward_args a = {dqkv, dout, out, qkv, lse, &d};
+    return through_cudnn(dev, &d, 1, run_backward, &a, done);
 }
 
 void dp_cuda_sdpa_close(cuda_ctx *c)
