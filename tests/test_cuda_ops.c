@@ -2255,6 +2255,58 @@ Test(cuda_ops, cudnn_is_the_default_for_the_first_shapes, .timeout = 120)
     setenv("DP_CUDA_CUDNN", "0", 1);
 }
 
+/* The default gives way to dp's kernels where cuDNN's scratch and
+ * workspace would pass the device's memory limit (dp's need neither):
+ * with the limit at what is in use and reserved, the default's forward
+ * has DP_CUDA_CUDNN=0's bits, and DP_CUDA_CUDNN=1's fails out of memory.
+ * The limit lifted, the shape stays with dp's kernels (remembered). */
+Test(cuda_ops, cudnn_default_gives_way_at_the_memory_limit, .timeout = 60)
+{
+    REQUIRE_GPU();
+    if (as_cpu()) cr_skip_test("cuDNN runs on GPUs only");
+    const void *table = NULL;
+    if (dp_module_load(DP_MODULE_CUDNN, &table) != DP_OK)
+        cr_skip_test("no cuDNN attention here: %s", dp_last_error());
+    const size_t B = 2, T = 96, C = 128, NH = 2, no = B * T * C, nr = B * NH * T;
+    float *qkv = rnd_normal(91, B * T * 3 * C, 0.0f, 1.5f), *res[3];
+    const char *modes[3] = {NULL, "0", "1"};
+    for (int m = 0; m < 3; m++) {
+        if (modes[m]) setenv("DP_CUDA_CUDNN", modes[m], 1);
+        else unsetenv("DP_CUDA_CUDNN");
+        dp_device *d = open_target(0);
+        setenv("DP_CUDA_CUDNN", "0", 1);
+        void *q = upload_typed(d, qkv, B * T * 3 * C, 1);
+        float *out = dalloc(d, no * 4), *lse = dalloc(d, nr * 4);
+        dp_memory_stats st;
+        dp_device_memory(d, &st);
+        dp_assert_ok(dp_device_set_limit(d, st.in_use + st.reserved));
+        dp_status s = dp_attention_forward_fused(d, out, lse, q, DP_DTYPE_BF16, B, T, C, NH);
+        if (m == 2) {
+            cr_assert_eq(s, DP_ERR_OUT_OF_MEMORY, "DP_CUDA_CUDNN=1 past the limit: %s",
+                         dp_last_error());
+            res[m] = NULL;
+        } else {
+            cr_assert_eq(s, DP_OK, "DP_CUDA_CUDNN=%s at the limit: %s",
+                         modes[m] ? modes[m] : "(unset)", dp_last_error());
+            res[m] = dp_test_nn_download(d, out, no);
+        }
+        if (m == 0) { /* the limit lifted: still dp's kernels for this shape */
+            dp_assert_ok(dp_device_set_limit(d, 0));
+            dp_assert_ok(dp_attention_forward_fused(d, out, lse, q, DP_DTYPE_BF16, B, T, C, NH));
+            float *again = dp_test_nn_download(d, out, no);
+            assert_same_bits("the default's out with the limit lifted", again, res[0], no);
+            free(again);
+        }
+        void *bufs[] = {q, out, lse};
+        for (int k = 0; k < 3; k++) dp_device_free(d, bufs[k]);
+        close_checked(d);
+    }
+    assert_same_bits("the default's out at the limit", res[0], res[1], no);
+    free(res[0]);
+    free(res[1]);
+    free(qkv);
+}
+
 /* bf16 at head size 64 with out, dout and dqkv only 4-byte aligned: the
  * launchers fall back from the tensor core kernels (whose float pair
  * stores and 16-byte loads would fault) to the float32 ones, which still

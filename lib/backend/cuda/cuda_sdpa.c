@@ -7,7 +7,8 @@
  * (cuda_internal.h's CUDA_CUDNN_*):
  * - unset (the default): cuDNN's where it can run. A machine without the
  *   module or libcudnn.so.9 runs dp's own kernels (cuda_flash.cu) from
- *   then on, and a shape cuDNN declines runs them for that shape. Only
+ *   then on, and a shape cuDNN declines, or whose workspace would pass
+ *   the device's memory limit, runs them for that shape. Only
  *   the first DP_CUDA_SDPA_AUTO_SHAPES shapes are given to cuDNN, as
  *   each costs a plan built on first use: training reuses a few, but
  *   sampling, whose context grows a token at a time, would build one per
@@ -157,8 +158,10 @@ static int auto_admits(cuda_ctx *c, const dp_sdpa_desc *d, int backward,
  * after its arguments, bound by the caller) as DP_CUDA_CUDNN says:
  * *done when cuDNN ran it. In CUDA_CUDNN_AUTO a module, cuDNN or shape
  * that is not there (DP_ERR_UNSUPPORTED; with the module, also its start
- * failing) is remembered and declined, everything else is the error it
- * is. */
+ * failing), or a shape whose scratch and workspace would not fit
+ * (DP_ERR_OUT_OF_MEMORY: dp's kernels need neither), is remembered and
+ * declined, so the default never fails where dp's kernels run; everything
+ * else is the error it is. */
 typedef dp_status (*sdpa_call)(dp_device *dev, cuda_ctx *c, void *args);
 
 static dp_status through_cudnn(dp_device *dev, const dp_sdpa_desc *d, int backward, sdpa_call run,
@@ -175,7 +178,7 @@ static dp_status through_cudnn(dp_device *dev, const dp_sdpa_desc *d, int backwa
     int started = c->sdpa != NULL;
     dp_status s = go ? run(dev, c, args) : DP_OK;
     if (go && s != DP_OK && c->cudnn == CUDA_CUDNN_AUTO &&
-        (s == DP_ERR_UNSUPPORTED || (!started && !c->sdpa))) {
+        (s == DP_ERR_UNSUPPORTED || s == DP_ERR_OUT_OF_MEMORY || (!started && !c->sdpa))) {
         c->sdpa_absent = !started && !c->sdpa; /* no module, cuDNN or start: not again */
         if (slot) slot->way[backward] = -1;
         dp_clear_error();
