@@ -58,12 +58,33 @@ static int n_targets(void) { return as_cpu() ? 2 : dp_cuda_device_count(); }
         if (n_targets() == 0) cr_skip_test("no CUDA device");           \
     } while (0)
 
+/* A GPU and cuDNN's attention module (libdp-cudnn and libcudnn.so.9). */
+#define REQUIRE_CUDNN()                                                              \
+    do {                                                                             \
+        REQUIRE_GPU();                                                               \
+        if (as_cpu()) cr_skip_test("cuDNN runs on GPUs only");                       \
+        const void *table_ = NULL;                                                   \
+        if (dp_module_load(DP_MODULE_CUDNN, &table_) != DP_OK)                       \
+            cr_skip_test("no cuDNN attention here: %s", dp_last_error());            \
+    } while (0)
+
 /* Target i: cuda:i (a new logical device each call), or cpu:i+1. */
 static dp_device *open_target(int i)
 {
     dp_device_spec s = {as_cpu() ? DP_DEVICE_CPU : DP_DEVICE_CUDA, as_cpu() ? i + 1 : i};
     dp_device *d = NULL;
     dp_assert_ok(dp_device_open(&s, &d));
+    return d;
+}
+
+/* Target i opened with DP_CUDA_CUDNN as mode says (NULL: unset, the
+ * default), which the device reads as it opens; then back to "0". */
+static dp_device *open_target_cudnn(int i, const char *mode)
+{
+    if (mode) setenv("DP_CUDA_CUDNN", mode, 1);
+    else unsetenv("DP_CUDA_CUDNN");
+    dp_device *d = open_target(i);
+    setenv("DP_CUDA_CUDNN", "0", 1);
     return d;
 }
 
@@ -2134,12 +2155,7 @@ Test(cuda_ops, fused_attention_matches_cpu, .timeout = 120)
  */
 Test(cuda_ops, cudnn_attention_matches_float64, .timeout = 120)
 {
-    REQUIRE_GPU();
-    if (as_cpu()) cr_skip_test("cuDNN runs on GPUs only");
-    const void *table = NULL;
-    if (dp_module_load(DP_MODULE_CUDNN, &table) != DP_OK)
-        cr_skip_test("no cuDNN attention here: %s", dp_last_error());
-    setenv("DP_CUDA_CUDNN", "1", 1); /* read when a device opens */
+    REQUIRE_CUDNN();
     const size_t shapes[][4] = {{2, 100, 128, 2}, {3, 130, 64, 1}, {1, 200, 256, 2},
                                 {1, 1, 128, 2}};
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
@@ -2148,7 +2164,7 @@ Test(cuda_ops, cudnn_attention_matches_float64, .timeout = 120)
         float *qkv = rnd_normal(70 + si, nq, 0.0f, 1.5f), *dout = rnd_normal(80 + si, no, 0.0f, 1.0f);
         FOR_TARGETS(g)
         {
-            dp_device *d = open_target(g);
+            dp_device *d = open_target_cudnn(g, "1");
             float *res[4], *again[4];
             fused_attention_run(d, B, T, C, NH, 1, qkv, dout, NULL, res, 0);
             uint16_t *o16 = malloc(no * sizeof *o16);
@@ -2182,7 +2198,6 @@ Test(cuda_ops, cudnn_attention_matches_float64, .timeout = 120)
         free(qkv);
         free(dout);
     }
-    setenv("DP_CUDA_CUDNN", "0", 1);
 }
 
 /* The fused attention's forward of a bfloat16 qkv(B,T,3C) on a device
@@ -2193,10 +2208,7 @@ static void attention_forward_per_length(int g, const char *mode, size_t B, size
                                          size_t n_T, size_t C, size_t NH, const float *qkv,
                                          float **outs)
 {
-    if (mode) setenv("DP_CUDA_CUDNN", mode, 1);
-    else unsetenv("DP_CUDA_CUDNN");
-    dp_device *d = open_target(g);
-    setenv("DP_CUDA_CUDNN", "0", 1);
+    dp_device *d = open_target_cudnn(g, mode);
     for (size_t i = 0; i < n_T; i++) {
         size_t T = T0 + i, no = B * T * C, nr = B * NH * T;
         void *q = upload_typed(d, qkv, B * T * 3 * C, 1);
@@ -2221,11 +2233,7 @@ static void attention_forward_per_length(int g, const char *mode, size_t B, size
  */
 Test(cuda_ops, cudnn_is_the_default_for_the_first_shapes, .timeout = 120)
 {
-    REQUIRE_GPU();
-    if (as_cpu()) cr_skip_test("cuDNN runs on GPUs only");
-    const void *table = NULL;
-    if (dp_module_load(DP_MODULE_CUDNN, &table) != DP_OK)
-        cr_skip_test("no cuDNN attention here: %s", dp_last_error());
+    REQUIRE_CUDNN();
     enum { N_T = 10, FIRST = 8 };
     const size_t B = 2, T0 = 65, C = 128, NH = 2;
     float *qkv = rnd_normal(90, B * (T0 + N_T) * 3 * C, 0.0f, 1.5f);
@@ -2262,19 +2270,12 @@ Test(cuda_ops, cudnn_is_the_default_for_the_first_shapes, .timeout = 120)
  * The limit lifted, the shape stays with dp's kernels (remembered). */
 Test(cuda_ops, cudnn_default_gives_way_at_the_memory_limit, .timeout = 60)
 {
-    REQUIRE_GPU();
-    if (as_cpu()) cr_skip_test("cuDNN runs on GPUs only");
-    const void *table = NULL;
-    if (dp_module_load(DP_MODULE_CUDNN, &table) != DP_OK)
-        cr_skip_test("no cuDNN attention here: %s", dp_last_error());
+    REQUIRE_CUDNN();
     const size_t B = 2, T = 96, C = 128, NH = 2, no = B * T * C, nr = B * NH * T;
     float *qkv = rnd_normal(91, B * T * 3 * C, 0.0f, 1.5f), *res[3];
     const char *modes[3] = {NULL, "0", "1"};
     for (int m = 0; m < 3; m++) {
-        if (modes[m]) setenv("DP_CUDA_CUDNN", modes[m], 1);
-        else unsetenv("DP_CUDA_CUDNN");
-        dp_device *d = open_target(0);
-        setenv("DP_CUDA_CUDNN", "0", 1);
+        dp_device *d = open_target_cudnn(0, modes[m]);
         void *q = upload_typed(d, qkv, B * T * 3 * C, 1);
         float *out = dalloc(d, no * 4), *lse = dalloc(d, nr * 4);
         dp_memory_stats st;

@@ -154,64 +154,58 @@ static int auto_admits(cuda_ctx *c, const dp_sdpa_desc *d, int backward,
     return 1;
 }
 
-/* A call through cuDNN (run: forward_locked or backward_locked's work
- * after its arguments, bound by the caller) as DP_CUDA_CUDNN says:
- * *done when cuDNN ran it. In CUDA_CUDNN_AUTO a module, cuDNN or shape
- * that is not there (DP_ERR_UNSUPPORTED; with the module, also its start
+/* A call's way to cuDNN, decided under c->mu as DP_CUDA_CUDNN says: go,
+ * and in CUDA_CUDNN_AUTO the shape's entry (NULL when already settled)
+ * and whether the module had started. */
+typedef struct admission {
+    int go, started;
+    struct cuda_sdpa_shape *slot;
+} admission;
+
+static admission admit(cuda_ctx *c, const dp_sdpa_desc *d, int backward)
+{
+    admission a = {0, c->sdpa != NULL, NULL};
+    a.go = c->cudnn == CUDA_CUDNN_REQUIRED ||
+           (!c->sdpa_absent && auto_admits(c, d, backward, &a.slot));
+    return a;
+}
+
+/* The status of an admitted call that returned s, under c->mu; *done
+ * when cuDNN ran it. In CUDA_CUDNN_AUTO a module, cuDNN or shape that is
+ * not there (DP_ERR_UNSUPPORTED; with the module, also its start
  * failing), or a shape whose scratch and workspace would not fit
  * (DP_ERR_OUT_OF_MEMORY: dp's kernels need neither), is remembered and
  * declined, so the default never fails where dp's kernels run; everything
  * else is the error it is. */
-typedef dp_status (*sdpa_call)(dp_device *dev, cuda_ctx *c, void *args);
-
-static dp_status through_cudnn(dp_device *dev, const dp_sdpa_desc *d, int backward, sdpa_call run,
-                               void *args, int *done)
+static dp_status settle(cuda_ctx *c, const admission *a, int backward, dp_status s, int *done)
 {
-    cuda_ctx *c = CTX(dev);
-    *done = 0;
-    if (c->cudnn == CUDA_CUDNN_OFF || d->T == 1) return DP_OK; /* T = 1: the file comment */
-    ENTER(dev);
-    pthread_mutex_lock(&c->mu);
-    struct cuda_sdpa_shape *slot = NULL;
-    int go = c->cudnn == CUDA_CUDNN_REQUIRED ||
-             (!c->sdpa_absent && auto_admits(c, d, backward, &slot));
-    int started = c->sdpa != NULL;
-    dp_status s = go ? run(dev, c, args) : DP_OK;
-    if (go && s != DP_OK && c->cudnn == CUDA_CUDNN_AUTO &&
-        (s == DP_ERR_UNSUPPORTED || s == DP_ERR_OUT_OF_MEMORY || (!started && !c->sdpa))) {
-        c->sdpa_absent = !started && !c->sdpa; /* no module, cuDNN or start: not again */
-        if (slot) slot->way[backward] = -1;
+    int absent = s != DP_OK && !a->started && !c->sdpa; /* no module, cuDNN or start */
+    if (c->cudnn == CUDA_CUDNN_AUTO &&
+        (s == DP_ERR_UNSUPPORTED || s == DP_ERR_OUT_OF_MEMORY || absent)) {
+        if (absent) c->sdpa_absent = 1; /* not again */
+        if (a->slot) a->slot->way[backward] = -1;
         dp_clear_error();
-        s = DP_OK;
-        go = 0;
-    } else if (slot && s == DP_OK) {
-        slot->way[backward] = 1;
+        return DP_OK;
     }
-    pthread_mutex_unlock(&c->mu);
-    *done = go && s == DP_OK;
+    if (a->slot && s == DP_OK) a->slot->way[backward] = 1;
+    *done = s == DP_OK;
     return s;
-}
-
-struct forward_args {
-    dp_pout out;
-    float *lse;
-    const uint16_t *qkv;
-    const dp_sdpa_desc *d;
-};
-
-static dp_status run_forward(dp_device *dev, cuda_ctx *c, void *args)
-{
-    struct forward_args *a = args;
-    return forward_locked(dev, c, a->out, a->lse, a->qkv, a->d);
 }
 
 dp_status dp_cuda_attention_lib_forward(dp_device *dev, dp_pout out, float *lse,
                                         const uint16_t *qkv, size_t B, size_t T, size_t NH,
                                         size_t hs, float scale, int *done)
 {
+    *done = 0;
+    if (CTX(dev)->cudnn == CUDA_CUDNN_OFF || T == 1) return DP_OK; /* T = 1: the file comment */
+    ENTER(dev);
+    cuda_ctx *c = CTX(dev);
     dp_sdpa_desc d = desc_of(B, T, NH, hs, scale);
-    struct forward_args a = {out, lse, qkv, &d};
-    return through_cudnn(dev, &d, 0, run_forward, &a, done);
+    pthread_mutex_lock(&c->mu);
+    admission a = admit(c, &d, 0);
+    dp_status s = a.go ? settle(c, &a, 0, forward_locked(dev, c, out, lse, qkv, &d), done) : DP_OK;
+    pthread_mutex_unlock(&c->mu);
+    return s;
 }
 
 static dp_status backward_locked(dp_device *dev, cuda_ctx *c, dp_pout dqkv, dp_pref dout,
@@ -242,28 +236,23 @@ static dp_status backward_locked(dp_device *dev, cuda_ctx *c, dp_pout dqkv, dp_p
     return DP_OK;
 }
 
-struct backward_args {
-    dp_pout dqkv;
-    dp_pref dout, out;
-    const uint16_t *qkv;
-    const float *lse;
-    const dp_sdpa_desc *d;
-};
-
-static dp_status run_backward(dp_device *dev, cuda_ctx *c, void *args)
-{
-    struct backward_args *a = args;
-    return backward_locked(dev, c, a->dqkv, a->dout, a->qkv, a->lse, a->out, a->d);
-}
-
 dp_status dp_cuda_attention_lib_backward(dp_device *dev, dp_pout dqkv, dp_pref dout,
                                          const uint16_t *qkv, const float *lse, dp_pref out,
                                          size_t B, size_t T, size_t NH, size_t hs, float scale,
                                          int *done)
 {
+    *done = 0;
+    if (CTX(dev)->cudnn == CUDA_CUDNN_OFF || T == 1) return DP_OK; /* T = 1: the file comment */
+    ENTER(dev);
+    cuda_ctx *c = CTX(dev);
     dp_sdpa_desc d = desc_of(B, T, NH, hs, scale);
-    struct backward_args a = {dqkv, dout, out, qkv, lse, &d};
-    return through_cudnn(dev, &d, 1, run_backward, &a, done);
+    pthread_mutex_lock(&c->mu);
+    admission a = admit(c, &d, 1);
+    dp_status s = a.go ? settle(c, &a, 1, backward_locked(dev, c, dqkv, dout, qkv, lse, out, &d),
+                                done)
+                       : DP_OK;
+    pthread_mutex_unlock(&c->mu);
+    return s;
 }
 
 void dp_cuda_sdpa_close(cuda_ctx *c)
