@@ -910,6 +910,82 @@ Test(cuda_ops, layernorm_matches_cpu, .timeout = 60)
     check_layernorm(64, 768);
 }
 
+/* dweight and dbias += the LayerNorm's parameter sums of g(N,C) (dout's
+ * values) in kernels/colsum.h's order, each dweight term dout * xhat
+ * added as fmaf(dout, xhat, sum) (contract) or rounded first. */
+static void layernorm_params_reference(float *dw, float *db, const float *g, const float *x,
+                                       const float *mean, const float *rstd, size_t N, size_t C,
+                                       int contract)
+{
+    for (size_t c = 0; c < C; c++) {
+        float tw = 0.0f, tb = 0.0f;
+        for (size_t n0 = 0; n0 < N; n0 += DP_COL_CHUNK) {
+            float pw = 0.0f, pb = 0.0f;
+            for (size_t n = n0; n < N && n < n0 + DP_COL_CHUNK; n++) {
+                float gv = g[n * C + c], xhat = dp_layernorm_xhat(x[n * C + c], mean[n], rstd[n]);
+                if (contract) pw = fmaf(gv, xhat, pw);
+                else pw += gv * xhat;
+                pb += gv;
+            }
+            tw += pw;
+            tb += pb;
+        }
+        dw[c] += tw;
+        db[c] += tb;
+    }
+}
+
+/* The LayerNorm's parameter gradients are exactly kernels/colsum.h's sums
+ * (cuda/cuda_colsum.cuh on a GPU): with every dweight term contracted
+ * into its sum on a GPU (nvcc contracts `sum += dout * xhat`), and none
+ * on the CPU stand-ins (ISO C); dbias plain sums. float32 and bfloat16
+ * dout. Shapes: one chunk shorter than a pass of 64 rows; three chunks
+ * whose last is short, over a column tile and a half; GPT-2's width. Any
+ * other order of the terms, or a term rounded before the GPU's add,
+ * changes bits here. */
+static void layernorm_params_exact(size_t N, size_t C)
+{
+    float *g = rnd(31, N * C, -1, 1), *x = rnd_normal(32, N * C, 3.0f, 1.0f),
+          *mean = rnd(33, N, 2.5f, 3.5f), *rstd = rnd(34, N, 0.5f, 2.0f), *dw0 = rnd(35, C, -1, 1),
+          *db0 = rnd(36, C, -1, 1), *want_w = xmalloc(C * 4), *want_b = xmalloc(C * 4);
+    for (int b16 = 0; b16 < 2; b16++) {
+        if (b16) /* the values a bfloat16 dout holds */
+            for (size_t i = 0; i < N * C; i++) g[i] = dp_bf16_to_float(dp_bf16_from_float(g[i]));
+        for (int t = 0; t < n_targets(); t++) {
+            dp_device *d = open_target(t);
+            int contract = dp_device_kind_of(d) == DP_DEVICE_CUDA;
+            memcpy(want_w, dw0, C * 4);
+            memcpy(want_b, db0, C * 4);
+            layernorm_params_reference(want_w, want_b, g, x, mean, rstd, N, C, contract);
+            void *gd = upload_typed(d, g, N * C, b16);
+            float *xd = dp_test_upload(d, x, N * C), *md = dp_test_upload(d, mean, N),
+                  *rd = dp_test_upload(d, rstd, N), *wd = dp_test_upload(d, dw0, C),
+                  *bd = dp_test_upload(d, db0, C);
+            dp_pref gp = b16 ? dp_pref_bf16((const uint16_t *)gd) : dp_pref_f32((const float *)gd);
+            dp_assert_ok(d->ops->layernorm_backward_params(d, wd, bd, gp, xd, md, rd, N, C));
+            float *got_w = dp_test_nn_download(d, wd, C), *got_b = dp_test_nn_download(d, bd, C);
+            cr_log_info("%s N=%zu C=%zu dout %s: fma %d", dp_device_name(d), N, C,
+                        b16 ? "bf16" : "f32", contract);
+            assert_same_bits("layernorm dweight (fixed order, fma per backend)", got_w, want_w,
+                             C);
+            assert_same_bits("layernorm dbias (fixed order)", got_b, want_b, C);
+            free(got_w), free(got_b);
+            void *bufs[] = {gd, xd, md, rd, wd, bd};
+            for (size_t i = 0; i < 6; i++) dp_device_free(d, bufs[i]);
+            close_checked(d);
+        }
+    }
+    free(g), free(x), free(mean), free(rstd), free(dw0), free(db0), free(want_w), free(want_b);
+}
+
+Test(cuda_ops, layernorm_parameter_sums_are_exact, .timeout = 60)
+{
+    REQUIRE_GPU();
+    layernorm_params_exact(40, 20);
+    layernorm_params_exact(2 * 256 + 37, 48);
+    layernorm_params_exact(1024, 768);
+}
+
 /* GELU: one exp per element on each side (dp_expf on the CPU, CUDA's
  * expf on the GPU, each within 2 ulp), and FMA contraction may change the
  * exponent 2u by an ulp, which moves exp(2u) by |2u| 2^-24 relative: for

@@ -9,13 +9,14 @@
  *      rows' terms in row order;
  *   2. column c's total is the float sum, from 0, of its partials in chunk
  *      order, and is then added to the gradient (which accumulates).
- * The GPU runs stage 1 with one thread per (chunk, column), adjacent
- * threads on adjacent columns (coalesced reads), and stage 2 with one
- * thread per column: K*C threads instead of C threads each walking all N
- * rows. The CPU computes the same partials tile by tile. With no FMA
- * contraction in the sums, both give the same bits; a term that is a
- * product (LayerNorm's dout * xhat) may be contracted by nvcc, which
- * bounds the difference by a few ulp per term.
+ * The GPU runs stage 1 with a block per (chunk, 32 columns): its warps
+ * stage the chunk's rows in shared memory 64 at a time, many loads in
+ * flight, then one thread per column adds the staged terms in row order
+ * (cuda/cuda_colsum.cuh); stage 2 with one thread per column. The CPU
+ * computes the same partials tile by tile. With no FMA contraction in the
+ * sums, both give the same bits; a term that is a product (LayerNorm's
+ * dout * xhat) is contracted by nvcc into the sum's fma, which bounds the
+ * difference by a few ulp per term.
  */
 #ifndef DP_KERNELS_COLSUM_H
 #define DP_KERNELS_COLSUM_H
@@ -26,11 +27,6 @@
 
 /* Rows per chunk. */
 #define DP_COL_CHUNK 256
-
-/* Rows whose terms a GPU thread of stage 1 loads before it adds any (in
- * row order, so the same sums): with one (chunk, column) per thread there
- * are only K*C threads, too few to keep HBM busy with a few loads each. */
-#define DP_COL_BATCH 16
 
 /* Widest column tile of the CPU loops (their partials live on the stack). */
 #define DP_COL_TILE 64

@@ -121,45 +121,17 @@ static inline DP_HD void dp_layernorm_backward_inp_row(float *dinp, dp_pref dout
  * dout, in the two-stage order of kernels/colsum.h; dout, inp are (N,C),
  * dout float32 or bfloat16. */
 
-/* The dweight term of one element: dout * xhat, xhat = (inp - mean) * rstd. */
-static inline DP_HD float dp_layernorm_dweight_of(float dout, float inp, float mean, float rstd)
+/* xhat of one element: (inp - mean) * rstd. */
+static inline DP_HD float dp_layernorm_xhat(float inp, float mean, float rstd)
 {
-    return dout * ((inp - mean) * rstd);
+    return (inp - mean) * rstd;
 }
 
-/* Stage 1, item i = k*C + c: pdw(K,C)[k,c] and pdb(K,C)[k,c], the sums
- * over the rows of chunk k in order, from 0; DP_COL_BATCH rows loaded at
- * a time. */
-static inline DP_HD void dp_layernorm_param_partial_elem(float *pdw, float *pdb, dp_pref dout,
-                                                         const float *inp, const float *mean,
-                                                         const float *rstd, size_t N, size_t C,
-                                                         size_t i)
-{
-    size_t k = i / C, c = i % C;
-    size_t n1 = (k + 1) * DP_COL_CHUNK < N ? (k + 1) * DP_COL_CHUNK : N;
-    float dw = 0.0f, db = 0.0f;
-    size_t n = k * DP_COL_CHUNK;
-    for (; n + DP_COL_BATCH <= n1; n += DP_COL_BATCH) { /* the rows' loads first */
-        float g[DP_COL_BATCH], x[DP_COL_BATCH];
-        DP_UNROLL
-        for (size_t j = 0; j < DP_COL_BATCH; j++) {
-            g[j] = dp_pref_at(dout, (n + j) * C + c);
-            x[j] = inp[(n + j) * C + c];
-        }
-        DP_UNROLL
-        for (size_t j = 0; j < DP_COL_BATCH; j++) {
-            dw += dp_layernorm_dweight_of(g[j], x[j], mean[n + j], rstd[n + j]);
-            db += g[j];
-        }
-    }
-    for (; n < n1; n++) {
-        float g = dp_pref_at(dout, n * C + c);
-        dw += dp_layernorm_dweight_of(g, inp[n * C + c], mean[n], rstd[n]);
-        db += g;
-    }
-    pdw[i] = dw;
-    pdb[i] = db;
-}
+/* The dweight term of one element, dout * xhat; added to a running sum as
+ * `sum += dp_layernorm_dweight_of(...)`, which nvcc contracts to one fma
+ * (the CPU's compilers do not contract: ISO C). The GPU's stage 1
+ * (cuda/cuda_colsum.cuh) and the CPU's loop below both add it so. */
+static inline DP_HD float dp_layernorm_dweight_of(float dout, float xhat) { return dout * xhat; }
 
 /* dp_layernorm_param_cols with dout's type a constant (g16). */
 static inline DP_HD DP_HD_ALWAYS_INLINE void
@@ -176,7 +148,8 @@ dp_layernorm_param_cols_t(float *dweight, float *dbias, const void *dout, int g1
         for (size_t n = n0; n < n1; n++)
             for (size_t j = 0; j < w; j++) {
                 float g = dp_layernorm_g(dout, g16, n * C + c0 + j);
-                pdw[j] += dp_layernorm_dweight_of(g, inp[n * C + c0 + j], mean[n], rstd[n]);
+                float xhat = dp_layernorm_xhat(inp[n * C + c0 + j], mean[n], rstd[n]);
+                pdw[j] += dp_layernorm_dweight_of(g, xhat);
                 pdb[j] += g;
             }
         for (size_t j = 0; j < w; j++) {

@@ -33,38 +33,8 @@ static inline DP_HD void dp_bias_broadcast_row(float *out, dp_pref bias, size_t 
  * (not NULL; dout float32) the same pass also stores every element of
  * dout rounded to bfloat16 there (dp_bf16_round, dp_convert's bits):
  * a linear layer's backward in BF16 math, whose GEMMs read dout rounded
- * while its bias gradient sums the float32 values, reads dout once. */
-
-/* Stage 1, item i = k*OC + o: partial(K,OC)[k,o] = sum of dout[n,o] over
- * the rows n of chunk k, in order, from 0; DP_COL_BATCH rows loaded at a
- * time (and, with dout16, stored rounded: each element by one item). */
-static inline DP_HD void dp_bias_backward_partial_elem(float *partial, uint16_t *dout16,
-                                                       dp_pref dout, size_t N, size_t OC,
-                                                       size_t i)
-{
-    size_t k = i / OC, o = i % OC;
-    size_t n1 = (k + 1) * DP_COL_CHUNK < N ? (k + 1) * DP_COL_CHUNK : N;
-    float acc = 0.0f;
-    size_t n = k * DP_COL_CHUNK;
-    for (; n + DP_COL_BATCH <= n1; n += DP_COL_BATCH) {
-        float t[DP_COL_BATCH];
-        DP_UNROLL
-        for (size_t j = 0; j < DP_COL_BATCH; j++) t[j] = dp_pref_at(dout, (n + j) * OC + o);
-        if (dout16) {
-            DP_UNROLL
-            for (size_t j = 0; j < DP_COL_BATCH; j++)
-                dout16[(n + j) * OC + o] = dp_bf16_round(t[j]);
-        }
-        DP_UNROLL
-        for (size_t j = 0; j < DP_COL_BATCH; j++) acc += t[j];
-    }
-    for (; n < n1; n++) {
-        float x = dp_pref_at(dout, n * OC + o);
-        if (dout16) dout16[n * OC + o] = dp_bf16_round(x);
-        acc += x;
-    }
-    partial[i] = acc;
-}
+ * while its bias gradient sums the float32 values, reads dout once.
+ * The GPU's stage 1 is cuda/cuda_colsum.cuh's; the CPU's loop follows. */
 
 /* part[j] += dout row's element o0 + j for j < w (and, with dst16, the
  * element rounded into dst16 at the same index): one row of the CPU's

@@ -13,8 +13,7 @@
  *   - block copies (the bfloat16 packs of a GEMM's operand blocks): one warp
  *     per segment of a column of the block, lanes along its contiguous rows;
  *   - column reductions (bias and LayerNorm parameter gradients): two
- *     stages, one thread per (row chunk, column) then one per column, in
- *     the fixed order of kernels/colsum.h;
+ *     stages in the fixed order of kernels/colsum.h (cuda_colsum.cu);
  *   - the fused attention's rows (the TILED ops): cuda_flash.cu.
  * Grids are capped at DP_MAX_BLOCKS blocks and every kernel is a
  * grid-stride loop with size_t indices, so any n fits in the 2^31 - 1
@@ -222,62 +221,11 @@ __global__ void k_bias_broadcast(float *out, dp_pref bias, size_t OC, size_t n)
     GRID_LOOP(i, n) dp_bias_broadcast_elem(out, bias, OC, i);
 }
 
-/* The two stages of a column reduction (kernels/colsum.h). */
-__global__ void k_bias_backward_partial(float *partial, uint16_t *dout16, dp_pref dout, size_t N,
-                                        size_t OC, size_t n)
-{
-    GRID_LOOP(i, n) dp_bias_backward_partial_elem(partial, dout16, dout, N, OC, i);
-}
-
-__global__ void k_col_combine(float *dst, const float *partial, size_t K, size_t C)
-{
-    GRID_LOOP(c, C) dp_col_combine(dst, partial, K, C, c);
-}
-
 extern "C" cudaError_t dp_cuda_launch_bias_broadcast(cudaStream_t s, float *out, dp_pref bias,
                                                      size_t N, size_t OC)
 {
     size_t n = N * OC;
     LAUNCH(k_bias_broadcast, n, ELEM_THREADS, s, out, bias, OC, n);
-}
-
-extern "C" cudaError_t dp_cuda_launch_bias_backward(cudaStream_t s, float *dbias,
-                                                    float *partial, uint16_t *dout16,
-                                                    dp_pref dout, size_t N, size_t OC)
-{
-    if (N == 0 || OC == 0) return cudaSuccess;
-    size_t K = dp_col_chunks(N), n = K * OC;
-    k_bias_backward_partial<<<blocks_for(n, ELEM_THREADS), ELEM_THREADS, 0, s>>>(
-        partial, dout16, dout, N, OC, n);
-    cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) return e;
-    LAUNCH(k_col_combine, OC, ELEM_THREADS, s, dbias, partial, K, OC);
-}
-
-// --- LayerNorm ---------------------------------------------------------------------------
-
-__global__ void k_layernorm_param_partial(float *pdw, float *pdb, dp_pref dout,
-                                          const float *inp, const float *mean,
-                                          const float *rstd, size_t N, size_t C, size_t n)
-{
-    GRID_LOOP(i, n) dp_layernorm_param_partial_elem(pdw, pdb, dout, inp, mean, rstd, N, C, i);
-}
-
-extern "C" cudaError_t dp_cuda_launch_layernorm_backward_params(
-    cudaStream_t s, float *dweight, float *dbias, float *partial, dp_pref dout,
-    const float *inp, const float *mean, const float *rstd, size_t N, size_t C)
-{
-    if (N == 0 || C == 0) return cudaSuccess;
-    size_t K = dp_col_chunks(N), n = K * C;
-    float *pdw = partial, *pdb = partial + n;
-    k_layernorm_param_partial<<<blocks_for(n, ELEM_THREADS), ELEM_THREADS, 0, s>>>(
-        pdw, pdb, dout, inp, mean, rstd, N, C, n);
-    cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) return e;
-    k_col_combine<<<blocks_for(C, ELEM_THREADS), ELEM_THREADS, 0, s>>>(dweight, pdw, K, C);
-    e = cudaGetLastError();
-    if (e != cudaSuccess) return e;
-    LAUNCH(k_col_combine, C, ELEM_THREADS, s, dbias, pdb, K, C);
 }
 
 // --- sum of squares (gradient norm) ----------------------------------------------------------

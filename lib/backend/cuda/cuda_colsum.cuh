@@ -1,0 +1,162 @@
+/*
+ * backend/cuda/cuda_colsum.cuh - the device code of the column reductions
+ * (kernels/colsum.h): the bias gradients (with dout rounded to bfloat16 in
+ * the same pass) and the LayerNorm parameter gradients; their launchers
+ * are cuda_colsum.cu. Device code only, so that
+ * tests/test_cuda_colsum_emu.cpp also compiles it with the host's C++
+ * compiler against tests/cuda_emu.hpp.
+ *
+ * Stage 1: a block of COL_THREADS threads per (chunk k, tile of COL_W
+ * columns), grid-stride over the tiles. For every COL_ROWS rows of the
+ * chunk, warp w loads rows w, w + COL_WARPS, ... of the tile (lanes along
+ * the columns: coalesced), all of a thread's rows before it stores any, and
+ * stages their terms in shared memory. The loads are unconditional (a row
+ * or column past the end reads the last one's address, and is not
+ * staged), so the compiler issues them together instead of one per
+ * branch; after a barrier one thread per
+ * column adds the staged terms in row order to its running sum, which
+ * starts from 0: the partials of kernels/colsum.h, bit for bit, with
+ * K * ceil(C / COL_W) * COL_THREADS threads loading. Why: one thread per
+ * (chunk, column), each adding its 256 rows as it loaded them, was K * C
+ * threads (24,576 for GPT-2 small at batch 8: 96 blocks for an H200's 132
+ * SMs), and the H200's profile had the LayerNorm's at about 90 us a call
+ * for 40 MB, a tenth of HBM's bandwidth.
+ *
+ * Stage 2: one thread per column adds its K partials in chunk order
+ * (dp_col_combine).
+ */
+#ifndef DP_CUDA_COLSUM_CUH
+#define DP_CUDA_COLSUM_CUH
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/layernorm.h" /* and kernels/colsum.h, kernels/bf16.h */
+
+const unsigned COL_THREADS = 256;
+const unsigned COL_W = 32; /* columns per tile: one warp's lanes */
+const unsigned COL_WARPS = COL_THREADS / COL_W;
+const unsigned COL_ROWS = 64; /* rows staged per pass */
+const unsigned COL_PER_THREAD = COL_ROWS / COL_WARPS;
+
+/* Blocks of stage 1 for (N, C): chunks times column tiles. */
+__host__ __device__ inline size_t col_tiles(size_t N, size_t C)
+{
+    return dp_col_chunks(N) * ((C + COL_W - 1) / COL_W);
+}
+
+/* Tile b's chunk k, rows [n0, n1), and the calling thread's column c. */
+struct col_tile {
+    size_t k, n0, n1, c;
+};
+
+__device__ inline col_tile col_tile_at(size_t b, size_t N, size_t C)
+{
+    size_t per_chunk = (C + COL_W - 1) / COL_W;
+    col_tile t;
+    t.k = b / per_chunk;
+    t.c = (b % per_chunk) * COL_W + threadIdx.x % COL_W;
+    t.n0 = t.k * DP_COL_CHUNK;
+    t.n1 = N - t.n0 < DP_COL_CHUNK ? N : t.n0 + DP_COL_CHUNK;
+    return t;
+}
+
+/* Element i of dout, float32 or (G16) bfloat16 widened exactly. */
+template <int G16> __device__ inline float col_load(const void *dout, size_t i)
+{
+    return G16 ? dp_bf16_widen(((const uint16_t *)dout)[i]) : ((const float *)dout)[i];
+}
+
+/* Stage 1 of the bias gradient: partial(K,OC)[k,o] = the sum of dout[n,o]
+ * over chunk k's rows; with dout16, every element of dout (float32) also
+ * stored there rounded (dp_bf16_round), by the thread that loads it. */
+template <int G16>
+__global__ __launch_bounds__(COL_THREADS) void k_bias_backward_partial(float *partial,
+                                                                       uint16_t *dout16,
+                                                                       const void *dout,
+                                                                       size_t N, size_t OC)
+{
+    __shared__ float st[COL_ROWS * COL_W];
+    const unsigned lane = threadIdx.x % COL_W, warp = threadIdx.x / COL_W;
+    for (size_t b = blockIdx.x; b < col_tiles(N, OC); b += gridDim.x) {
+        col_tile t = col_tile_at(b, N, OC);
+        bool in = t.c < OC;
+        size_t c = in ? t.c : OC - 1; /* an address to load, not to stage */
+        float acc = 0.0f;
+        for (size_t base = t.n0; base < t.n1; base += COL_ROWS) {
+            size_t rows = t.n1 - base < COL_ROWS ? t.n1 - base : COL_ROWS;
+            float v[COL_PER_THREAD];
+            DP_UNROLL
+            for (unsigned j = 0; j < COL_PER_THREAD; j++) {
+                size_t r = warp + j * COL_WARPS;
+                v[j] = col_load<G16>(dout, (base + (r < rows ? r : rows - 1)) * OC + c);
+            }
+            DP_UNROLL
+            for (unsigned j = 0; j < COL_PER_THREAD; j++) {
+                size_t r = warp + j * COL_WARPS;
+                if (!in || r >= rows) continue;
+                st[r * COL_W + lane] = v[j];
+                if (dout16) dout16[(base + r) * OC + t.c] = dp_bf16_round(v[j]);
+            }
+            __syncthreads();
+            if (warp == 0 && in)
+                for (size_t r = 0; r < rows; r++) acc += st[r * COL_W + lane];
+            __syncthreads();
+        }
+        if (warp == 0 && in) partial[t.k * OC + t.c] = acc;
+    }
+}
+
+/* Stage 1 of the LayerNorm parameter gradients: pdw(K,C)[k,c] = the sum of
+ * dp_layernorm_dweight_of(dout, xhat) and pdb(K,C)[k,c] the sum of dout
+ * over chunk k's rows; warp 0 adds the first, warp 1 the second. */
+template <int G16>
+__global__ __launch_bounds__(COL_THREADS) void k_layernorm_param_partial(
+    float *pdw, float *pdb, const void *dout, const float *inp, const float *mean,
+    const float *rstd, size_t N, size_t C)
+{
+    __shared__ float sg[COL_ROWS * COL_W], sx[COL_ROWS * COL_W];
+    const unsigned lane = threadIdx.x % COL_W, warp = threadIdx.x / COL_W;
+    for (size_t b = blockIdx.x; b < col_tiles(N, C); b += gridDim.x) {
+        col_tile t = col_tile_at(b, N, C);
+        bool in = t.c < C;
+        size_t c = in ? t.c : C - 1; /* an address to load, not to stage */
+        float acc = 0.0f;
+        for (size_t base = t.n0; base < t.n1; base += COL_ROWS) {
+            size_t rows = t.n1 - base < COL_ROWS ? t.n1 - base : COL_ROWS;
+            float g[COL_PER_THREAD], x[COL_PER_THREAD];
+            DP_UNROLL
+            for (unsigned j = 0; j < COL_PER_THREAD; j++) {
+                size_t r = warp + j * COL_WARPS, n = base + (r < rows ? r : rows - 1);
+                g[j] = col_load<G16>(dout, n * C + c);
+                x[j] = dp_layernorm_xhat(inp[n * C + c], mean[n], rstd[n]);
+            }
+            DP_UNROLL
+            for (unsigned j = 0; j < COL_PER_THREAD; j++) {
+                size_t r = warp + j * COL_WARPS;
+                if (!in || r >= rows) continue;
+                sg[r * COL_W + lane] = g[j];
+                sx[r * COL_W + lane] = x[j];
+            }
+            __syncthreads();
+            if (warp == 0 && in)
+                for (size_t r = 0; r < rows; r++)
+                    acc += dp_layernorm_dweight_of(sg[r * COL_W + lane], sx[r * COL_W + lane]);
+            else if (warp == 1 && in)
+                for (size_t r = 0; r < rows; r++) acc += sg[r * COL_W + lane];
+            __syncthreads();
+        }
+        if (in && warp == 0) pdw[t.k * C + t.c] = acc;
+        if (in && warp == 1) pdb[t.k * C + t.c] = acc;
+    }
+}
+
+/* Stage 2: dst[c] += the sum of partial(K,C)[., c] in chunk order. */
+__global__ void k_col_combine(float *dst, const float *partial, size_t K, size_t C)
+{
+    for (size_t c = (size_t)blockIdx.x * blockDim.x + threadIdx.x; c < C;
+         c += (size_t)gridDim.x * blockDim.x)
+        dp_col_combine(dst, partial, K, C, c);
+}
+
+#endif /* DP_CUDA_COLSUM_CUH */
