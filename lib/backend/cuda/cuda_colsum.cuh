@@ -45,9 +45,12 @@ __host__ __device__ inline size_t col_tiles(size_t N, size_t C)
     return dp_col_chunks(N) * ((C + COL_W - 1) / COL_W);
 }
 
-/* Tile b's chunk k, rows [n0, n1), and the calling thread's column c. */
+/* Tile b's chunk k, rows [n0, n1), and the calling thread's column c:
+ * in the tensor (in), or past its end, when the thread loads the last
+ * column's addresses (lc) and stages nothing. */
 struct col_tile {
-    size_t k, n0, n1, c;
+    size_t k, n0, n1, c, lc;
+    bool in;
 };
 
 __device__ inline col_tile col_tile_at(size_t b, size_t N, size_t C)
@@ -58,7 +61,21 @@ __device__ inline col_tile col_tile_at(size_t b, size_t N, size_t C)
     t.c = (b % per_chunk) * COL_W + threadIdx.x % COL_W;
     t.n0 = t.k * DP_COL_CHUNK;
     t.n1 = N - t.n0 < DP_COL_CHUNK ? N : t.n0 + DP_COL_CHUNK;
+    t.in = t.c < C;
+    t.lc = t.in ? t.c : C - 1;
     return t;
+}
+
+/* Rows of the pass from row base, and the row a thread's j-th load reads
+ * (the pass's last for a row past it, which is not staged). */
+__device__ inline size_t col_pass_rows(const col_tile &t, size_t base)
+{
+    return t.n1 - base < COL_ROWS ? t.n1 - base : COL_ROWS;
+}
+
+__device__ inline size_t col_load_row(size_t base, size_t r, size_t rows)
+{
+    return base + (r < rows ? r : rows - 1);
 }
 
 /* Element i of dout, float32 or (G16) bfloat16 widened exactly. */
@@ -80,30 +97,27 @@ __global__ __launch_bounds__(COL_THREADS) void k_bias_backward_partial(float *pa
     const unsigned lane = threadIdx.x % COL_W, warp = threadIdx.x / COL_W;
     for (size_t b = blockIdx.x; b < col_tiles(N, OC); b += gridDim.x) {
         col_tile t = col_tile_at(b, N, OC);
-        bool in = t.c < OC;
-        size_t c = in ? t.c : OC - 1; /* an address to load, not to stage */
         float acc = 0.0f;
         for (size_t base = t.n0; base < t.n1; base += COL_ROWS) {
-            size_t rows = t.n1 - base < COL_ROWS ? t.n1 - base : COL_ROWS;
+            size_t rows = col_pass_rows(t, base);
             float v[COL_PER_THREAD];
             DP_UNROLL
-            for (unsigned j = 0; j < COL_PER_THREAD; j++) {
-                size_t r = warp + j * COL_WARPS;
-                v[j] = col_load<G16>(dout, (base + (r < rows ? r : rows - 1)) * OC + c);
-            }
+            for (unsigned j = 0; j < COL_PER_THREAD; j++)
+                v[j] = col_load<G16>(dout, col_load_row(base, warp + j * COL_WARPS, rows) * OC +
+                                               t.lc);
             DP_UNROLL
             for (unsigned j = 0; j < COL_PER_THREAD; j++) {
                 size_t r = warp + j * COL_WARPS;
-                if (!in || r >= rows) continue;
+                if (!t.in || r >= rows) continue;
                 st[r * COL_W + lane] = v[j];
                 if (dout16) dout16[(base + r) * OC + t.c] = dp_bf16_round(v[j]);
             }
             __syncthreads();
-            if (warp == 0 && in)
+            if (warp == 0 && t.in)
                 for (size_t r = 0; r < rows; r++) acc += st[r * COL_W + lane];
             __syncthreads();
         }
-        if (warp == 0 && in) partial[t.k * OC + t.c] = acc;
+        if (warp == 0 && t.in) partial[t.k * OC + t.c] = acc;
     }
 }
 
@@ -119,35 +133,33 @@ __global__ __launch_bounds__(COL_THREADS) void k_layernorm_param_partial(
     const unsigned lane = threadIdx.x % COL_W, warp = threadIdx.x / COL_W;
     for (size_t b = blockIdx.x; b < col_tiles(N, C); b += gridDim.x) {
         col_tile t = col_tile_at(b, N, C);
-        bool in = t.c < C;
-        size_t c = in ? t.c : C - 1; /* an address to load, not to stage */
         float acc = 0.0f;
         for (size_t base = t.n0; base < t.n1; base += COL_ROWS) {
-            size_t rows = t.n1 - base < COL_ROWS ? t.n1 - base : COL_ROWS;
+            size_t rows = col_pass_rows(t, base);
             float g[COL_PER_THREAD], x[COL_PER_THREAD];
             DP_UNROLL
             for (unsigned j = 0; j < COL_PER_THREAD; j++) {
-                size_t r = warp + j * COL_WARPS, n = base + (r < rows ? r : rows - 1);
-                g[j] = col_load<G16>(dout, n * C + c);
-                x[j] = dp_layernorm_xhat(inp[n * C + c], mean[n], rstd[n]);
+                size_t n = col_load_row(base, warp + j * COL_WARPS, rows);
+                g[j] = col_load<G16>(dout, n * C + t.lc);
+                x[j] = dp_layernorm_xhat(inp[n * C + t.lc], mean[n], rstd[n]);
             }
             DP_UNROLL
             for (unsigned j = 0; j < COL_PER_THREAD; j++) {
                 size_t r = warp + j * COL_WARPS;
-                if (!in || r >= rows) continue;
+                if (!t.in || r >= rows) continue;
                 sg[r * COL_W + lane] = g[j];
                 sx[r * COL_W + lane] = x[j];
             }
             __syncthreads();
-            if (warp == 0 && in)
+            if (warp == 0 && t.in)
                 for (size_t r = 0; r < rows; r++)
                     acc += dp_layernorm_dweight_of(sg[r * COL_W + lane], sx[r * COL_W + lane]);
-            else if (warp == 1 && in)
+            else if (warp == 1 && t.in)
                 for (size_t r = 0; r < rows; r++) acc += sg[r * COL_W + lane];
             __syncthreads();
         }
-        if (in && warp == 0) pdw[t.k * C + t.c] = acc;
-        if (in && warp == 1) pdb[t.k * C + t.c] = acc;
+        if (t.in && warp == 0) pdw[t.k * C + t.c] = acc;
+        if (t.in && warp == 1) pdb[t.k * C + t.c] = acc;
     }
 }
 
