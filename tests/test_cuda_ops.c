@@ -691,17 +691,15 @@ Test(cuda_ops, block_packs_are_bitwise_equal, .timeout = 60)
 
 // --- kernels vs the CPU backend --------------------------------------------------------------
 
-Test(cuda_ops, encoder_is_bitwise_equal, .timeout = 60)
+/* The embedding on (B,T) token ids below V: every output and gradient
+ * bit for bit (dwte's rows grouped by token: CUB's radix sort on a GPU,
+ * the host's on the CPU, the same stable order). */
+static void encoder_case(size_t B, size_t T, size_t C, size_t V, size_t MAXT,
+                         const int32_t *tok)
 {
-    REQUIRE_GPU();
-    enum { B = 3, T = 5, C = 7, V = 4, MAXT = 6 };
     float *wte = rnd(1, V * C, -1, 1), *wpe = rnd(2, MAXT * C, -1, 1);
     float *dout = rnd(3, B * T * C, -1, 1), *dwte0 = rnd(4, V * C, -1, 1),
           *dwpe0 = rnd(5, MAXT * C, -1, 1);
-    int32_t tok[B * T];
-    dp_rng rng;
-    dp_rng_seed(&rng, 6);
-    for (int i = 0; i < B * T; i++) tok[i] = (int32_t)dp_rng_below(&rng, V); /* many repeats */
     FOR_TARGETS(g)
     {
         pair p = pair_open(g);
@@ -735,6 +733,36 @@ Test(cuda_ops, encoder_is_bitwise_equal, .timeout = 60)
     free(dout);
     free(dwte0);
     free(dwpe0);
+}
+
+Test(cuda_ops, encoder_is_bitwise_equal, .timeout = 60)
+{
+    REQUIRE_GPU();
+    enum { B = 3, T = 5, V = 4 };
+    int32_t tok[B * T];
+    dp_rng rng;
+    dp_rng_seed(&rng, 6);
+    for (int i = 0; i < B * T; i++) tok[i] = (int32_t)dp_rng_below(&rng, V); /* many repeats */
+    encoder_case(B, T, 7, V, 6, tok);
+}
+
+/* 39,993 rows (several tiles of the device sort), over 17 bits of
+ * ids: half the rows from a pool whose ids share their low or high 16
+ * bits (every digit of a radix pass matters, and its stability), half
+ * uniform in [0, V). */
+Test(cuda_ops, encoder_groups_many_rows_bitwise, .timeout = 60)
+{
+    REQUIRE_GPU();
+    static const int32_t pool[] = {3, 65539, 131075, 0, 65535, 70000, 131079};
+    enum { B = 3, T = 13331, V = 131080 };
+    int32_t *tok = xmalloc(B * T * sizeof *tok);
+    dp_rng rng;
+    dp_rng_seed(&rng, 7);
+    for (size_t i = 0; i < (size_t)B * T; i++)
+        tok[i] = i % 2 ? pool[dp_rng_below(&rng, sizeof pool / sizeof *pool)]
+                       : (int32_t)dp_rng_below(&rng, V);
+    encoder_case(B, T, 8, V, T, tok);
+    free(tok);
 }
 
 /* N of one chunk (two batches of rows and a tail) and of three chunks

@@ -1,5 +1,6 @@
 /* Token + position embedding: forward and backward against float64
  * references, += semantics, repeated token ids, determinism, bad arguments. */
+#include "kernels/encoder.h"
 #include "nn_test_util.h"
 
 #define B 3
@@ -168,35 +169,63 @@ Test(encoder, bad_arguments)
     dp_device_close(dev);
 }
 
+#define LB 7
+#define LT 91
+#define LC 5
+#define LV 131080
+static const int32_t pool[] = {3, 65539, 131075, 0, 65535, 70000, 131079};
+#define NPOOL (sizeof pool / sizeof *pool)
+
+/* ids drawn from pool and normal dout, dwte0, dwpe0 (LB, LT, LC, LV). */
+typedef struct grouping {
+    int32_t ids[LB * LT];
+    float dout[LB * LT * LC], dwte0[(size_t)LV * LC], dwpe0[LT * LC];
+} grouping;
+
+static grouping *grouping_make(uint64_t seed)
+{
+    static grouping g;
+    dp_rng rng;
+    dp_rng_seed(&rng, seed);
+    for (size_t i = 0; i < LB * LT; i++) g.ids[i] = pool[dp_rng_below(&rng, NPOOL)];
+    dp_rng_fill_normal(&rng, g.dout, LB * LT * LC, 0.0f, 1.0f);
+    dp_rng_fill_normal(&rng, g.dwte0, (size_t)LV * LC, 0.0f, 1.0f);
+    dp_rng_fill_normal(&rng, g.dwpe0, LT * LC, 0.0f, 1.0f);
+    return &g;
+}
+
+/* dp_encoder_backward on a CPU device from g: dwte(LV,LC), dwpe(LT,LC). */
+static void grouping_backward(const grouping *g, float **dwte, float **dwpe)
+{
+    dp_device *dev = dp_test_cpu(0);
+    const size_t BT = LB * LT;
+    float *d_dout = dp_test_upload(dev, g->dout, BT * LC);
+    float *d_dwte = dp_test_upload(dev, g->dwte0, (size_t)LV * LC);
+    float *d_dwpe = dp_test_upload(dev, g->dwpe0, LT * LC);
+    int32_t *d_ids = nn_upload_i32(dev, g->ids, BT);
+    dp_assert_ok(dp_encoder_backward(dev, d_dwte, d_dwpe, d_dout, d_ids, LB, LT, LC));
+    *dwte = dp_test_nn_download(dev, d_dwte, (size_t)LV * LC);
+    *dwpe = dp_test_nn_download(dev, d_dwpe, LT * LC);
+    void *bufs[] = {d_dout, d_dwte, d_dwpe, d_ids};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) dp_device_free(dev, bufs[i]);
+    dp_test_nn_assert_all_freed(dev);
+    dp_device_close(dev);
+}
+
 /* dwte, large: each token's rows are summed from 0 in row order, then added
  * (kernels/encoder.h: rows grouped by token with a stable two-pass radix
  * sort, the order the GPU uses too). Token ids share their low 16 bits
  * (3, 65539, 131075) or their high ones, so both radix passes and their
  * stability matter. Bit for bit against that order emulated here, and
  * against float64 within float rounding. dwpe is checked too. */
-#define LB 7
-#define LT 91
-#define LC 5
-#define LV 131080
 Test(encoder, backward_groups_rows_by_token)
 {
-    static const int32_t pool[] = {3, 65539, 131075, 0, 65535, 70000, 131079};
-    const size_t npool = sizeof pool / sizeof *pool, BT = LB * LT;
-    dp_device *dev = dp_test_cpu(0);
-    dp_rng rng;
-    dp_rng_seed(&rng, 202);
-    static int32_t ids[LB * LT];
-    static float dout[LB * LT * LC], dwte0[(size_t)LV * LC], dwpe0[LT * LC];
-    for (size_t i = 0; i < BT; i++) ids[i] = pool[dp_rng_below(&rng, npool)];
-    dp_rng_fill_normal(&rng, dout, BT * LC, 0.0f, 1.0f);
-    dp_rng_fill_normal(&rng, dwte0, (size_t)LV * LC, 0.0f, 1.0f);
-    dp_rng_fill_normal(&rng, dwpe0, LT * LC, 0.0f, 1.0f);
-    float *d_dout = dp_test_upload(dev, dout, BT * LC);
-    float *d_dwte = dp_test_upload(dev, dwte0, (size_t)LV * LC);
-    float *d_dwpe = dp_test_upload(dev, dwpe0, LT * LC);
-    int32_t *d_ids = nn_upload_i32(dev, ids, BT);
-    dp_assert_ok(dp_encoder_backward(dev, d_dwte, d_dwpe, d_dout, d_ids, LB, LT, LC));
-    float *dwte = dp_test_nn_download(dev, d_dwte, (size_t)LV * LC), *dwpe = dp_test_nn_download(dev, d_dwpe, LT * LC);
+    const size_t npool = NPOOL, BT = LB * LT;
+    const grouping *gr = grouping_make(202);
+    const int32_t *ids = gr->ids;
+    const float *dout = gr->dout, *dwte0 = gr->dwte0, *dwpe0 = gr->dwpe0;
+    float *dwte, *dwpe;
+    grouping_backward(gr, &dwte, &dwpe);
     for (size_t p = 0; p < npool; p++) {
         size_t v = (size_t)pool[p];
         for (size_t c = 0; c < LC; c++) {
@@ -227,8 +256,30 @@ Test(encoder, backward_groups_rows_by_token)
     }
     free(dwte);
     free(dwpe);
-    void *bufs[] = {d_dout, d_dwte, d_dwpe, d_ids};
-    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) dp_device_free(dev, bufs[i]);
-    dp_test_nn_assert_all_freed(dev);
-    dp_device_close(dev);
+}
+
+/* The GPU's dwte items (kernels/encoder.h's sorted-row items; the GPU
+ * sorts with CUB's stable radix sort, the host's dp_encoder_group_rows
+ * gives the same order): run here over every (sorted row, channel) in
+ * reverse (no item depends on another's), they give the CPU backend's
+ * dwte bit for bit, on the ids of backward_groups_rows_by_token. */
+Test(encoder, gpu_items_over_sorted_rows_match_the_cpu)
+{
+    const size_t BT = LB * LT;
+    const grouping *g = grouping_make(203);
+    static float gpu[(size_t)LV * LC];
+    static uint32_t scratch[3 * LB * LT + 1 + 65536], keys[LB * LT];
+    cr_assert_eq(sizeof scratch / sizeof *scratch, dp_encoder_group_scratch_words(BT));
+    uint32_t *order, *seg;
+    size_t ng = dp_encoder_group_rows(g->ids, BT, scratch, &order, &seg);
+    cr_assert_eq(ng, NPOOL, "%zu groups of %zu ids", ng, NPOOL);
+    for (size_t j = 0; j < BT; j++) keys[j] = (uint32_t)g->ids[order[j]];
+    memcpy(gpu, g->dwte0, sizeof gpu);
+    for (size_t i = BT * LC; i-- > 0;)
+        dp_encoder_backward_wte_sorted_elem(gpu, g->dout, keys, order, BT, LC, i);
+    float *cpu, *dwpe;
+    grouping_backward(g, &cpu, &dwpe);
+    cr_assert(memcmp(cpu, gpu, sizeof gpu) == 0, "the sorted-row items give another dwte");
+    free(cpu);
+    free(dwpe);
 }

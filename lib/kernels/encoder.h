@@ -50,27 +50,35 @@ static inline DP_HD void dp_encoder_backward_wpe_elem(float *dwpe, const float *
 /* ---- dwte: rows grouped by token --------------------------------------------
  * dwte(V,C)[v,c] += S[v,c], where S[v,c] is the float sum, from 0, of
  * dout(BT,C)[bt,c] over the rows bt with inp[bt] == v, in increasing bt.
- * The rows are first grouped by token on the host (dp_encoder_group_rows:
- * a stable sort, so each group keeps increasing bt), then every (group,
- * channel) pair is one independent sum: the GPU runs one thread per pair
- * (adjacent threads on adjacent channels), the CPU a channel tile per
- * group. No two pairs write the same element, so the result is
- * deterministic, and the order is the same on both backends. */
+ * The rows are first grouped by token (a stable sort by token id, so each
+ * group keeps increasing bt: dp_encoder_group_rows on the host, CUB's
+ * radix sort on a GPU), then every (group, channel) pair is one
+ * independent sum: the GPU runs one thread per (sorted row, channel), the
+ * threads at a group's first row walking its rows (adjacent threads on
+ * adjacent channels), the CPU a channel tile per group. No two pairs
+ * write the same element, so the result is deterministic, and the order
+ * is the same on both backends. */
 
-/* Item i = g*C + c: group g (rows order[seg[g]..seg[g+1]-1]), channel c. */
-static inline DP_HD void dp_encoder_backward_wte_elem(float *dwte, const float *dout,
-                                                      const int32_t *inp, const uint32_t *order,
-                                                      const uint32_t *seg, size_t C, size_t i)
+/* Item i = j*C + c of the GPU: sorted row j, channel c. keys(BT) are the
+ * token ids in sorted order (keys[j] = inp[order[j]]), order(BT) the rows
+ * sorted stably by token. Only the first row of a group sums: its rows
+ * order[j], order[j+1], ... while the key is the same; the others do
+ * nothing. The sums of dp_encoder_backward_wte_group for the same groups. */
+static inline DP_HD void dp_encoder_backward_wte_sorted_elem(float *dwte, const float *dout,
+                                                             const uint32_t *keys,
+                                                             const uint32_t *order, size_t BT,
+                                                             size_t C, size_t i)
 {
-    size_t g = i / C, c = i % C;
-    size_t v = (size_t)inp[order[seg[g]]];
+    size_t j = i / C, c = i % C;
+    uint32_t v = keys[j];
+    if (j > 0 && keys[j - 1] == v) return;
     float acc = 0.0f;
-    for (uint32_t j = seg[g]; j < seg[g + 1]; j++) acc += dout[(size_t)order[j] * C + c];
-    dwte[v * C + c] += acc;
+    for (size_t k = j; k < BT && keys[k] == v; k++) acc += dout[(size_t)order[k] * C + c];
+    dwte[(size_t)v * C + c] += acc;
 }
 
 /* Group g, channels [c0, c1) with c1 - c0 <= 64 (the CPU's loop: rows read
- * contiguously); the same sums as dp_encoder_backward_wte_elem. */
+ * contiguously); the same sums as dp_encoder_backward_wte_sorted_elem. */
 static inline DP_HD DP_HD_ALWAYS_INLINE void
 dp_encoder_backward_wte_group(float *dwte, const float *dout, const int32_t *inp,
                               const uint32_t *order, const uint32_t *seg, size_t C, size_t g,

@@ -155,27 +155,20 @@ dp_status dp_cuda_grow_scratch(dp_device *dev, cuda_ctx *c, void **buf, size_t *
     return DP_OK;
 }
 
-/* The rows grouped by token on the host (kernels/encoder.h): inp comes to
- * the host (the end of backward, where the wait costs little), the groups
- * go to the device scratch c->grp, then one thread per (group, channel). */
-static dp_status encoder_backward_locked(dp_device *dev, cuda_ctx *c, uint32_t *host,
-                                         float *dwte, float *dwpe, const float *dout,
-                                         const int32_t *inp, size_t B, size_t T, size_t C)
+/* The rows grouped by token on the device (cuda_group.cu), into the
+ * scratch c->grp, then one thread per (sorted row, channel)
+ * (kernels/encoder.h). Nothing waits for the device. */
+static dp_status encoder_backward_locked(dp_device *dev, cuda_ctx *c, float *dwte, float *dwpe,
+                                         const float *dout, const int32_t *inp, size_t B,
+                                         size_t T, size_t C)
 {
-    size_t BT = B * T;
-    int32_t *ids = (int32_t *)(host + dp_encoder_group_scratch_words(BT));
-    DP_TRY(dp_cuda_d2h_locked(dev, c, ids, inp, BT * sizeof *ids));
-    uint32_t *order, *seg;
-    size_t ng = dp_encoder_group_rows(ids, BT, host, &order, &seg);
-    /* order and seg are adjacent in host (seg = order + 2 BT): copy both parts. */
-    DP_TRY(dp_cuda_grow_scratch(dev, c, &c->grp, &c->grp_bytes, (BT + ng + 1) * sizeof(uint32_t)));
-    uint32_t *d_order = (uint32_t *)c->grp, *d_seg = d_order + BT;
-    DP_TRY(dp_cuda_h2d_locked(dev, c, d_order, order, BT * sizeof(uint32_t)));
-    DP_TRY(dp_cuda_h2d_locked(dev, c, d_seg, seg, (ng + 1) * sizeof(uint32_t)));
-    CU_TRY(dev, dp_cuda_launch_encoder_backward(c->stream, dwte, dwpe, dout, inp, d_order, d_seg,
-                                                ng, B, T, C));
-    /* The caller may free host now: h2d_locked returns once it has copied
-     * its source into the pinned staging buffers. */
+    size_t BT = B * T, bytes = 0;
+    CU_TRY(dev, dp_cuda_encoder_group_bytes(BT, &bytes));
+    DP_TRY(dp_cuda_grow_scratch(dev, c, &c->grp, &c->grp_bytes, bytes));
+    uint32_t *keys = NULL, *order = NULL;
+    CU_TRY(dev, dp_cuda_launch_encoder_group(c->stream, c->grp, inp, BT, &keys, &order));
+    CU_TRY(dev, dp_cuda_launch_encoder_backward(c->stream, dwte, dwpe, dout, keys, order, B, T,
+                                                C));
     return DP_OK;
 }
 
@@ -186,15 +179,11 @@ dp_status dp_cuda_encoder_backward(dp_device *dev, float *dwte, float *dwpe, con
     if (BT >= UINT32_MAX / 4)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: B*T = %zu rows; the embedding backward "
                        "takes fewer than 2^30 rows; split the batch", dev->name, BT);
-    uint32_t *host = malloc((dp_encoder_group_scratch_words(BT) + BT) * sizeof *host);
-    if (!host)
-        return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "%s: no host memory to group %zu rows by token",
-                       dev->name, BT);
+    if (BT == 0 || C == 0) return DP_OK;
     cuda_ctx *c = CTX(dev);
-    pthread_mutex_lock(&c->mu);
-    dp_status s = encoder_backward_locked(dev, c, host, dwte, dwpe, dout, inp, B, T, C);
+    pthread_mutex_lock(&c->mu); /* the scratch is shared by concurrent callers */
+    dp_status s = encoder_backward_locked(dev, c, dwte, dwpe, dout, inp, B, T, C);
     pthread_mutex_unlock(&c->mu);
-    free(host);
     return s;
 }
 

@@ -191,27 +191,25 @@ __global__ void k_encoder_backward_wpe(float *dwpe, const float *dout, size_t B,
     GRID_LOOP(i, T * C) dp_encoder_backward_wpe_elem(dwpe, dout, B, T, C, i);
 }
 
-__global__ void k_encoder_backward_wte(float *dwte, const float *dout, const int32_t *inp,
-                                       const uint32_t *order, const uint32_t *seg, size_t C,
-                                       size_t n)
+__global__ void k_encoder_backward_wte(float *dwte, const float *dout, const uint32_t *keys,
+                                       const uint32_t *order, size_t BT, size_t C)
 {
-    GRID_LOOP(i, n) dp_encoder_backward_wte_elem(dwte, dout, inp, order, seg, C, i);
+    GRID_LOOP(i, BT * C) dp_encoder_backward_wte_sorted_elem(dwte, dout, keys, order, BT, C, i);
 }
 
 extern "C" cudaError_t dp_cuda_launch_encoder_backward(cudaStream_t s, float *dwte,
                                                        float *dwpe, const float *dout,
-                                                       const int32_t *inp,
-                                                       const uint32_t *order,
-                                                       const uint32_t *seg, size_t ngroups,
-                                                       size_t B, size_t T, size_t C)
+                                                       const uint32_t *keys,
+                                                       const uint32_t *order, size_t B,
+                                                       size_t T, size_t C)
 {
     if (B * T * C == 0) return cudaSuccess;
     k_encoder_backward_wpe<<<blocks_for(T * C, ELEM_THREADS), ELEM_THREADS, 0, s>>>(dwpe, dout,
                                                                                    B, T, C);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
-    size_t n = ngroups * C;
-    LAUNCH(k_encoder_backward_wte, n, ELEM_THREADS, s, dwte, dout, inp, order, seg, C, n);
+    size_t BT = B * T;
+    LAUNCH(k_encoder_backward_wte, BT * C, ELEM_THREADS, s, dwte, dout, keys, order, BT, C);
 }
 
 // --- linear (bias parts) -----------------------------------------------------------------

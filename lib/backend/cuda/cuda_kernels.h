@@ -36,12 +36,19 @@ extern "C" {
 DP_KERNEL_OPS(DP_CUDA_LAUNCHER_DECL)
 #undef DP_CUDA_LAUNCHER_DECL
 
-/* dwpe, and dwte by token group: order(B*T) and seg(ngroups + 1) are device
- * copies of dp_encoder_group_rows's result (kernels/encoder.h). */
+/* Bytes of device scratch dp_cuda_launch_encoder_group needs for BT rows. */
+cudaError_t dp_cuda_encoder_group_bytes(size_t BT, size_t *bytes);
+/* The rows 0..BT-1 sorted stably by token (cuda_group.cu): *order(BT) the
+ * rows, *keys(BT) their token ids in that order, both in scratch (of
+ * dp_cuda_encoder_group_bytes(BT) bytes, 256-byte aligned). inp's ids
+ * must be in [0, 2^31). */
+cudaError_t dp_cuda_launch_encoder_group(cudaStream_t s, void *scratch, const int32_t *inp,
+                                         size_t BT, uint32_t **keys, uint32_t **order);
+/* dwpe, and dwte by token group from dp_cuda_launch_encoder_group's keys
+ * and order (kernels/encoder.h). */
 cudaError_t dp_cuda_launch_encoder_backward(cudaStream_t s, float *dwte, float *dwpe,
-                                            const float *dout, const int32_t *inp,
-                                            const uint32_t *order, const uint32_t *seg,
-                                            size_t ngroups, size_t B, size_t T, size_t C);
+                                            const float *dout, const uint32_t *keys,
+                                            const uint32_t *order, size_t B, size_t T, size_t C);
 cudaError_t dp_cuda_launch_bias_broadcast(cudaStream_t s, float *out, dp_pref bias, size_t N,
                                           size_t OC);
 /* Column reductions in two stages (kernels/colsum.h); partial is device
