@@ -11,7 +11,8 @@
  * row address, the warp meets, each lane computes its own outputs; row
  * addresses must be 16-byte aligned and in shared memory. The products
  * sum k = 0..15 in order in float (fmaf); the hardware's order and
- * intermediate precision differ, so compare with tolerances.
+ * intermediate precision differ, so compare with tolerances. atomicAdd,
+ * __threadfence and __ldcg are the host's atomics, fences and loads.
  *
  * Shared memory is the launch's dynamic buffer via tc_shared() (128-byte
  * aligned, refilled with 0xA5 before every block so reads of unwritten
@@ -221,6 +222,16 @@ inline float __shfl_down_sync(unsigned m, float v, unsigned d) { return cuda_emu
 inline double __shfl_down_sync(unsigned m, double v, unsigned d) { return cuda_emu::shfl_down(m, v, d); }
 inline int __shfl_down_sync(unsigned m, int v, unsigned d) { return cuda_emu::shfl_down(m, v, d); }
 inline unsigned __shfl_down_sync(unsigned m, unsigned v, unsigned d) { return cuda_emu::shfl_down(m, v, d); }
+
+/* Device-scope atomics, fences and L2 loads: the host's atomics and
+ * fences (the emulator's blocks run one at a time, but their threads are
+ * real); an __ldcg is a load. */
+inline unsigned atomicAdd(unsigned *p, unsigned v)
+{
+    return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
+}
+inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+inline float __ldcg(const float *p) { return *p; }
 
 /* cp.async.cg.shared.global [dst], [src], 16, valid ? 16 : 0: both
  * 16-byte aligned, dst in shared memory; a zero source size fills 16

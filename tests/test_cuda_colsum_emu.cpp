@@ -1,18 +1,21 @@
 /*
  * test_cuda_colsum_emu.cpp - the CUDA backend's column reductions (bias
  * gradients, rounding dout in the same pass or not; LayerNorm parameter
- * gradients; from a float32 or a bfloat16 dout), both stages
- * (backend/cuda/cuda_colsum.cuh), compiled by the host's C++ compiler
- * against tests/cuda_emu.hpp and run on the CPU, against the CPU
- * backend's loops (kernels/linear.h's dp_bias_backward_cols,
+ * gradients; from a float32 or a bfloat16 dout), both stages in one
+ * launch (backend/cuda/cuda_colsum.cuh), compiled by the host's C++
+ * compiler against tests/cuda_emu.hpp and run on the CPU, against the
+ * CPU backend's loops (kernels/linear.h's dp_bias_backward_cols,
  * kernels/layernorm.h's dp_layernorm_param_cols over DP_COL_TILE tiles):
  * bit for bit, since both add the same terms in the order of
  * kernels/colsum.h and the host compiler contracts no product here. The
  * shapes cover a chunk shorter than one pass, chunks whose last pass is
- * short, several chunks, column counts below, at and past a tile of 32,
- * and grids of fewer blocks than tiles (grid-stride). On a GPU, nvcc's
- * contraction of the LayerNorm's dout * xhat into the sum is the one
- * difference; test_cuda_ops checks those bits against fmaf.
+ * short, several chunks (11: stage 2 loads a batch of 8, then a tail of
+ * 3), column counts below, at and past a tile of 32, and grids of fewer
+ * blocks than tiles (grid-stride). One set of tickets serves every
+ * launch of a test, as the backend's does: each launch must leave them 0
+ * (checked), or the next would combine at the wrong block. On a GPU,
+ * nvcc's contraction of the LayerNorm's dout * xhat into the sum is the
+ * one difference; test_cuda_ops checks those bits against fmaf.
  */
 #include <criterion/criterion.h>
 
@@ -62,7 +65,19 @@ void same(const char *what, const float *got, const float *want, size_t n, size_
 struct shape {
     size_t N, C;
 };
-const shape shapes[] = {{1, 1}, {37, 31}, {64, 32}, {256, 33}, {300, 70}, {549, 96}, {777, 5}};
+const shape shapes[] = {{1, 1},   {37, 31}, {64, 32},  {256, 33},
+                        {300, 70}, {549, 96}, {777, 5}, {2600, 40}};
+const size_t MAX_C = 96; /* the widest of shapes */
+
+/* The tickets of a test's launches (0 between launches). */
+std::vector<unsigned> tickets((MAX_C + COL_W - 1) / COL_W, 0);
+
+void tickets_back_to_0(size_t N, size_t C)
+{
+    for (size_t i = 0; i < tickets.size(); i++)
+        cr_assert_eq(tickets[i], 0u, "N=%zu C=%zu: ticket %zu left at %u", N, C, i, tickets[i]);
+}
+
 const unsigned small_grid = 2;
 
 unsigned launcher_grid(size_t N, size_t C) { return (unsigned)col_tiles(N, C); }
@@ -82,16 +97,14 @@ void bias_run(std::vector<float> &dbias, std::vector<uint16_t> &out16, bool kern
                                   C - o0 < DP_COL_TILE ? C : o0 + DP_COL_TILE);
         return;
     }
-    size_t K = dp_col_chunks(N);
-    std::vector<float> partial(K * C, NAN);
+    std::vector<float> partial(dp_col_chunks(N) * C, NAN);
     if (bf16)
-        emu_launch(grid, COL_THREADS, 0, k_bias_backward_partial<1>, partial.data(), o16, d.p, N,
-                   C);
+        emu_launch(grid, COL_THREADS, 0, k_bias_backward<1>, dbias.data(), partial.data(),
+                   tickets.data(), o16, d.p, N, C);
     else
-        emu_launch(grid, COL_THREADS, 0, k_bias_backward_partial<0>, partial.data(), o16, d.p, N,
-                   C);
-    emu_launch(grid, COL_THREADS, 0, k_col_combine, dbias.data(), (const float *)partial.data(),
-               K, C);
+        emu_launch(grid, COL_THREADS, 0, k_bias_backward<0>, dbias.data(), partial.data(),
+                   tickets.data(), o16, d.p, N, C);
+    tickets_back_to_0(N, C);
 }
 
 void ln_run(std::vector<float> &dw, std::vector<float> &db, bool kernels, unsigned grid,
@@ -110,13 +123,14 @@ void ln_run(std::vector<float> &dw, std::vector<float> &db, bool kernels, unsign
     size_t K = dp_col_chunks(N);
     std::vector<float> pdw(K * C, NAN), pdb(K * C, NAN);
     if (bf16)
-        emu_launch(grid, COL_THREADS, 0, k_layernorm_param_partial<1>, pdw.data(), pdb.data(),
-                   d.p, inp.data(), mean.data(), rstd.data(), N, C);
+        emu_launch(grid, COL_THREADS, 0, k_layernorm_backward_params<1>, dw.data(), db.data(),
+                   pdw.data(), pdb.data(), tickets.data(), d.p, inp.data(), mean.data(),
+                   rstd.data(), N, C);
     else
-        emu_launch(grid, COL_THREADS, 0, k_layernorm_param_partial<0>, pdw.data(), pdb.data(),
-                   d.p, inp.data(), mean.data(), rstd.data(), N, C);
-    emu_launch(grid, COL_THREADS, 0, k_col_combine, dw.data(), (const float *)pdw.data(), K, C);
-    emu_launch(grid, COL_THREADS, 0, k_col_combine, db.data(), (const float *)pdb.data(), K, C);
+        emu_launch(grid, COL_THREADS, 0, k_layernorm_backward_params<0>, dw.data(), db.data(),
+                   pdw.data(), pdb.data(), tickets.data(), d.p, inp.data(), mean.data(),
+                   rstd.data(), N, C);
+    tickets_back_to_0(N, C);
 }
 
 } // namespace

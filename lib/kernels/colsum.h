@@ -12,7 +12,8 @@
  * The GPU runs stage 1 with a block per (chunk, 32 columns): its warps
  * stage the chunk's rows in shared memory 64 at a time, many loads in
  * flight, then one thread per column adds the staged terms in row order
- * (cuda/cuda_colsum.cuh); stage 2 with one thread per column. The CPU
+ * (cuda/cuda_colsum.cuh), and stage 2 in the same launch: the block that
+ * finishes a column tile's last chunk adds the tile's partials. The CPU
  * computes the same partials tile by tile. With no FMA contraction in the
  * sums, both give the same bits; a term that is a product (LayerNorm's
  * dout * xhat) is contracted by nvcc into the sum's fma, which bounds the
@@ -33,15 +34,5 @@
 
 /* Number of chunks of N rows (>= 1 for N >= 1). */
 static inline DP_HD size_t dp_col_chunks(size_t N) { return (N + DP_COL_CHUNK - 1) / DP_COL_CHUNK; }
-
-/* Stage 2, column c: dst[c] += sum over k = 0..K-1 (in order, from 0) of
- * partial(K,C)[k,c]. */
-static inline DP_HD void dp_col_combine(float *dst, const float *partial, size_t K, size_t C,
-                                        size_t c)
-{
-    float total = 0.0f;
-    for (size_t k = 0; k < K; k++) total += partial[k * C + c];
-    dst[c] += total;
-}
 
 #endif /* DP_KERNELS_COLSUM_H */

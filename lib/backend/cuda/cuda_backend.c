@@ -164,6 +164,7 @@ static void cuda_close(dp_device *dev)
     if (c->sumsq) cudaFree(c->sumsq);
     if (c->result_host) cudaFreeHost(c->result_host);
     if (c->col) cudaFree(c->col);
+    if (c->tickets) cudaFree(c->tickets);
     if (c->grp) cudaFree(c->grp);
     if (c->cvt) cudaFree(c->cvt);
     if (c->stream) cudaStreamDestroy(c->stream);

@@ -1,7 +1,7 @@
 /*
  * backend/cuda/cuda_colsum.cu - the launchers of the column reductions:
- * bias gradients and LayerNorm parameter gradients, in the two stages of
- * kernels/colsum.h (the kernels are cuda_colsum.cuh).
+ * bias gradients and LayerNorm parameter gradients, both stages of
+ * kernels/colsum.h in one launch (the kernels are cuda_colsum.cuh).
  */
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -22,47 +22,39 @@ unsigned col_blocks(size_t items, size_t per_block)
     return (unsigned)(b < COL_MAX_BLOCKS ? b : COL_MAX_BLOCKS);
 }
 
-/* Stage 2 into dst from partial(K,C). */
-cudaError_t combine(cudaStream_t s, float *dst, const float *partial, size_t K, size_t C)
-{
-    k_col_combine<<<col_blocks(C, COL_THREADS), COL_THREADS, 0, s>>>(dst, partial, K, C);
-    return cudaGetLastError();
-}
-
 } // namespace
 
 extern "C" cudaError_t dp_cuda_launch_bias_backward(cudaStream_t s, float *dbias,
-                                                    float *partial, uint16_t *dout16,
-                                                    dp_pref dout, size_t N, size_t OC)
+                                                    float *partial, unsigned *tickets,
+                                                    uint16_t *dout16, dp_pref dout, size_t N,
+                                                    size_t OC)
 {
     if (N == 0 || OC == 0) return cudaSuccess;
     unsigned blocks = col_blocks(col_tiles(N, OC), 1);
     if (dout.bf16)
-        k_bias_backward_partial<1><<<blocks, COL_THREADS, 0, s>>>(partial, dout16, dout.p, N, OC);
+        k_bias_backward<1><<<blocks, COL_THREADS, 0, s>>>(dbias, partial, tickets, dout16, dout.p,
+                                                          N, OC);
     else
-        k_bias_backward_partial<0><<<blocks, COL_THREADS, 0, s>>>(partial, dout16, dout.p, N, OC);
-    cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) return e;
-    return combine(s, dbias, partial, dp_col_chunks(N), OC);
+        k_bias_backward<0><<<blocks, COL_THREADS, 0, s>>>(dbias, partial, tickets, dout16, dout.p,
+                                                          N, OC);
+    return cudaGetLastError();
 }
 
 extern "C" cudaError_t dp_cuda_launch_layernorm_backward_params(
-    cudaStream_t s, float *dweight, float *dbias, float *partial, dp_pref dout,
-    const float *inp, const float *mean, const float *rstd, size_t N, size_t C)
+    cudaStream_t s, float *dweight, float *dbias, float *partial, unsigned *tickets,
+    dp_pref dout, const float *inp, const float *mean, const float *rstd, size_t N, size_t C)
 {
     if (N == 0 || C == 0) return cudaSuccess;
     size_t K = dp_col_chunks(N);
     float *pdw = partial, *pdb = partial + K * C;
     unsigned blocks = col_blocks(col_tiles(N, C), 1);
     if (dout.bf16)
-        k_layernorm_param_partial<1><<<blocks, COL_THREADS, 0, s>>>(pdw, pdb, dout.p, inp, mean,
-                                                                    rstd, N, C);
+        k_layernorm_backward_params<1><<<blocks, COL_THREADS, 0, s>>>(
+            dweight, dbias, pdw, pdb, tickets, dout.p, inp, mean, rstd, N, C);
     else
-        k_layernorm_param_partial<0><<<blocks, COL_THREADS, 0, s>>>(pdw, pdb, dout.p, inp, mean,
-                                                                    rstd, N, C);
-    cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) return e;
-    e = combine(s, dweight, pdw, K, C);
-    if (e != cudaSuccess) return e;
-    return combine(s, dbias, pdb, K, C);
+        k_layernorm_backward_params<0><<<blocks, COL_THREADS, 0, s>>>(
+            dweight, dbias, pdw, pdb, tickets, dout.p, inp, mean, rstd, N, C);
+    return cudaGetLastError();
 }
+
+extern "C" size_t dp_cuda_col_tiles(size_t C) { return (C + COL_W - 1) / COL_W; }

@@ -22,8 +22,18 @@
  * SMs), and the H200's profile had the LayerNorm's at about 90 us a call
  * for 40 MB, a tenth of HBM's bandwidth.
  *
- * Stage 2: one thread per column adds its K partials in chunk order
- * (dp_col_combine).
+ * Stage 2, in the same launch: the block that finishes a column tile's
+ * last chunk adds the tile's K partials per column in chunk order (stage
+ * 2 of kernels/colsum.h) into the gradient. Which block that is, a
+ * ticket per column tile decides: every block of the tile writes its
+ * partials, fences them (__threadfence) and takes a ticket (atomicAdd);
+ * the one that draws K - 1 combines, reading the partials through L2
+ * (__ldcg: a line of them may sit stale in its SM's L1), and puts the
+ * ticket back to 0 for the next launch. The atomic only picks the block;
+ * the sums' order is fixed, so the bits are those of a separate stage-2
+ * kernel, which cost a launch of about 4 us per gradient (98 a GPT-2
+ * small step, 0.39 ms on the H200). tickets must be 0 at the first
+ * launch (the launcher zeroes them when it allocates them).
  */
 #ifndef DP_CUDA_COLSUM_CUH
 #define DP_CUDA_COLSUM_CUH
@@ -45,11 +55,11 @@ __host__ __device__ inline size_t col_tiles(size_t N, size_t C)
     return dp_col_chunks(N) * ((C + COL_W - 1) / COL_W);
 }
 
-/* Tile b's chunk k, rows [n0, n1), and the calling thread's column c:
- * in the tensor (in), or past its end, when the thread loads the last
- * column's addresses (lc) and stages nothing. */
+/* Tile b's chunk k (of K), column tile ct, rows [n0, n1), and the calling
+ * thread's column c: in the tensor (in), or past its end, when the thread
+ * loads the last column's addresses (lc) and stages nothing. */
 struct col_tile {
-    size_t k, n0, n1, c, lc;
+    size_t k, K, ct, n0, n1, c, lc;
     bool in;
 };
 
@@ -58,7 +68,9 @@ __device__ inline col_tile col_tile_at(size_t b, size_t N, size_t C)
     size_t per_chunk = (C + COL_W - 1) / COL_W;
     col_tile t;
     t.k = b / per_chunk;
-    t.c = (b % per_chunk) * COL_W + threadIdx.x % COL_W;
+    t.K = dp_col_chunks(N);
+    t.ct = b % per_chunk;
+    t.c = t.ct * COL_W + threadIdx.x % COL_W;
     t.n0 = t.k * DP_COL_CHUNK;
     t.n1 = N - t.n0 < DP_COL_CHUNK ? N : t.n0 + DP_COL_CHUNK;
     t.in = t.c < C;
@@ -78,20 +90,56 @@ __device__ inline size_t col_load_row(size_t base, size_t r, size_t rows)
     return base + (r < rows ? r : rows - 1);
 }
 
+/* Stage 2 of column c: dst[c] += the sum, from 0, of partial(K,C)[k,c]
+ * for k = 0..K-1 in order; the partials read through L2, COL_BATCH of
+ * them loaded before any is added (the last block's tail is on the
+ * kernel's critical path). */
+const unsigned COL_BATCH = 8;
+
+__device__ inline void col_combine_l2(float *dst, const float *partial, size_t K, size_t C,
+                                      size_t c)
+{
+    float total = 0.0f;
+    size_t k = 0;
+    for (; k + COL_BATCH <= K; k += COL_BATCH) {
+        float v[COL_BATCH];
+        DP_UNROLL
+        for (unsigned j = 0; j < COL_BATCH; j++) v[j] = __ldcg(&partial[(k + j) * C + c]);
+        DP_UNROLL
+        for (unsigned j = 0; j < COL_BATCH; j++) total += v[j];
+    }
+    for (; k < K; k++) total += __ldcg(&partial[k * C + c]);
+    dst[c] += total;
+}
+
+/* After the block wrote tile t's partials: whether it is the last of the
+ * tile's K blocks to finish (every thread gets the answer). */
+__device__ inline bool col_last_block(unsigned *tickets, size_t tile, size_t K)
+{
+    __shared__ unsigned last;
+    __threadfence(); /* this thread's partial, before the ticket */
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(&tickets[tile], 1u) == (unsigned)(K - 1);
+    __syncthreads();
+    return last != 0;
+}
+
 /* Element i of dout, float32 or (G16) bfloat16 widened exactly. */
 template <int G16> __device__ inline float col_load(const void *dout, size_t i)
 {
     return G16 ? dp_bf16_widen(((const uint16_t *)dout)[i]) : ((const float *)dout)[i];
 }
 
-/* Stage 1 of the bias gradient: partial(K,OC)[k,o] = the sum of dout[n,o]
- * over chunk k's rows; with dout16, every element of dout (float32) also
- * stored there rounded (dp_bf16_round), by the thread that loads it. */
+/* The bias gradient: dbias(OC) += the column sums of dout(N,OC), through
+ * partial(K,OC)[k,o] = the sum of dout[n,o] over chunk k's rows; with
+ * dout16, every element of dout (float32) also stored there rounded
+ * (dp_bf16_round), by the thread that loads it. */
 template <int G16>
-__global__ __launch_bounds__(COL_THREADS) void k_bias_backward_partial(float *partial,
-                                                                       uint16_t *dout16,
-                                                                       const void *dout,
-                                                                       size_t N, size_t OC)
+__global__ __launch_bounds__(COL_THREADS) void k_bias_backward(float *dbias, float *partial,
+                                                               unsigned *tickets,
+                                                               uint16_t *dout16,
+                                                               const void *dout, size_t N,
+                                                               size_t OC)
 {
     __shared__ float st[COL_ROWS * COL_W];
     const unsigned lane = threadIdx.x % COL_W, warp = threadIdx.x / COL_W;
@@ -118,16 +166,21 @@ __global__ __launch_bounds__(COL_THREADS) void k_bias_backward_partial(float *pa
             __syncthreads();
         }
         if (warp == 0 && t.in) partial[t.k * OC + t.c] = acc;
+        if (col_last_block(tickets, t.ct, t.K)) {
+            if (warp == 0 && t.in) col_combine_l2(dbias, partial, t.K, OC, t.c);
+            if (threadIdx.x == 0) tickets[t.ct] = 0;
+        }
     }
 }
 
-/* Stage 1 of the LayerNorm parameter gradients: pdw(K,C)[k,c] = the sum of
- * dp_layernorm_dweight_of(dout, xhat) and pdb(K,C)[k,c] the sum of dout
- * over chunk k's rows; warp 0 adds the first, warp 1 the second. */
+/* The LayerNorm parameter gradients: dweight(C) and dbias(C) += the
+ * column sums of dp_layernorm_dweight_of(dout, xhat) and of dout, through
+ * pdw(K,C)[k,c] and pdb(K,C)[k,c], their sums over chunk k's rows; warp
+ * 0 adds the first, warp 1 the second. */
 template <int G16>
-__global__ __launch_bounds__(COL_THREADS) void k_layernorm_param_partial(
-    float *pdw, float *pdb, const void *dout, const float *inp, const float *mean,
-    const float *rstd, size_t N, size_t C)
+__global__ __launch_bounds__(COL_THREADS) void k_layernorm_backward_params(
+    float *dweight, float *dbias, float *pdw, float *pdb, unsigned *tickets, const void *dout,
+    const float *inp, const float *mean, const float *rstd, size_t N, size_t C)
 {
     __shared__ float sg[COL_ROWS * COL_W], sx[COL_ROWS * COL_W];
     const unsigned lane = threadIdx.x % COL_W, warp = threadIdx.x / COL_W;
@@ -160,15 +213,12 @@ __global__ __launch_bounds__(COL_THREADS) void k_layernorm_param_partial(
         }
         if (t.in && warp == 0) pdw[t.k * C + t.c] = acc;
         if (t.in && warp == 1) pdb[t.k * C + t.c] = acc;
+        if (col_last_block(tickets, t.ct, t.K)) {
+            if (t.in && warp == 0) col_combine_l2(dweight, pdw, t.K, C, t.c);
+            if (t.in && warp == 1) col_combine_l2(dbias, pdb, t.K, C, t.c);
+            if (threadIdx.x == 0) tickets[t.ct] = 0;
+        }
     }
-}
-
-/* Stage 2: dst[c] += the sum of partial(K,C)[., c] in chunk order. */
-__global__ void k_col_combine(float *dst, const float *partial, size_t K, size_t C)
-{
-    for (size_t c = (size_t)blockIdx.x * blockDim.x + threadIdx.x; c < C;
-         c += (size_t)gridDim.x * blockDim.x)
-        dp_col_combine(dst, partial, K, C, c);
 }
 
 #endif /* DP_CUDA_COLSUM_CUH */

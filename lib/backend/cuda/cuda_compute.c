@@ -191,12 +191,29 @@ dp_status dp_cuda_bias_broadcast(dp_device *dev, float *out, dp_pref bias, size_
     LAUNCH(dev, dp_cuda_launch_bias_broadcast, out, bias, N, OC);
 }
 
+/* The column reductions' scratch: partial_bytes of partials and the
+ * tickets of `cols` columns, zeroed when they are (re)allocated (each
+ * launch leaves them 0). */
+static dp_status col_scratch(dp_device *dev, cuda_ctx *c, size_t partial_bytes, size_t cols,
+                             unsigned **tickets)
+{
+    DP_TRY(dp_cuda_grow_scratch(dev, c, (void **)&c->col, &c->col_bytes, partial_bytes));
+    size_t had = c->tickets_bytes;
+    DP_TRY(dp_cuda_grow_scratch(dev, c, &c->tickets, &c->tickets_bytes,
+                                dp_cuda_col_tiles(cols) * sizeof(unsigned)));
+    if (c->tickets_bytes != had)
+        CU_TRY(dev, cudaMemsetAsync(c->tickets, 0, c->tickets_bytes, c->stream));
+    *tickets = c->tickets;
+    return DP_OK;
+}
+
 static dp_status bias_backward_locked(dp_device *dev, cuda_ctx *c, float *dbias,
                                       uint16_t *dout16, dp_pref dout, size_t N, size_t OC)
 {
-    DP_TRY(dp_cuda_grow_scratch(dev, c, (void **)&c->col, &c->col_bytes,
-                        dp_col_chunks(N) * OC * sizeof(float)));
-    CU_TRY(dev, dp_cuda_launch_bias_backward(c->stream, dbias, c->col, dout16, dout, N, OC));
+    unsigned *tickets = NULL;
+    DP_TRY(col_scratch(dev, c, dp_col_chunks(N) * OC * sizeof(float), OC, &tickets));
+    CU_TRY(dev, dp_cuda_launch_bias_backward(c->stream, dbias, c->col, tickets, dout16, dout, N,
+                                             OC));
     return DP_OK;
 }
 
@@ -210,22 +227,26 @@ dp_status dp_cuda_bias_backward(dp_device *dev, float *dbias, uint16_t *dout16, 
     return s;
 }
 
+static dp_status layernorm_params_locked(dp_device *dev, cuda_ctx *c, float *dweight,
+                                         float *dbias, dp_pref dout, const float *inp,
+                                         const float *mean, const float *rstd, size_t N,
+                                         size_t C)
+{
+    unsigned *tickets = NULL;
+    /* Products of sizes the public wrapper has checked to fit (N*C floats). */
+    DP_TRY(col_scratch(dev, c, 2 * dp_col_chunks(N) * C * sizeof(float), C, &tickets));
+    CU_TRY(dev, dp_cuda_launch_layernorm_backward_params(c->stream, dweight, dbias, c->col,
+                                                         tickets, dout, inp, mean, rstd, N, C));
+    return DP_OK;
+}
+
 dp_status dp_cuda_layernorm_backward_params(dp_device *dev, float *dweight, float *dbias,
                                             dp_pref dout, const float *inp, const float *mean,
                                             const float *rstd, size_t N, size_t C) {
     ENTER(dev);
     cuda_ctx *c = CTX(dev);
     pthread_mutex_lock(&c->mu);
-    /* Products of sizes the public wrapper has checked to fit (N*C floats). */
-    dp_status s = dp_cuda_grow_scratch(dev, c, (void **)&c->col, &c->col_bytes,
-                               2 * dp_col_chunks(N) * C * sizeof(float));
-    if (s == DP_OK) {
-        cudaError_t e = dp_cuda_launch_layernorm_backward_params(c->stream, dweight, dbias, c->col,
-                                                                 dout, inp, mean, rstd, N, C);
-        if (e != cudaSuccess)
-            s = dp_cuda_fail(dev, e, "dp_cuda_launch_layernorm_backward_params", __func__, __FILE__,
-                          __LINE__);
-    }
+    dp_status s = layernorm_params_locked(dev, c, dweight, dbias, dout, inp, mean, rstd, N, C);
     pthread_mutex_unlock(&c->mu);
     return s;
 }

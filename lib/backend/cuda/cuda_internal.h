@@ -59,13 +59,16 @@ typedef struct cuda_ctx {
     } sdpa_shapes[DP_CUDA_SDPA_AUTO_SHAPES];
     int sdpa_n_shapes;
 
-    pthread_mutex_t mu;           /* guards stage, stage_done, sumsq, result_host, col, grp */
+    pthread_mutex_t mu;           /* guards stage, stage_done, sumsq, result_host, col, tickets,
+                                     grp */
     unsigned char *stage[2];      /* pinned host, STAGE_BYTES each */
     cudaEvent_t stage_done[2];    /* last GPU use of stage[b] */
     double *sumsq;                /* device: DP_CUDA_SUMSQ_BLOCKS partials + 1 result */
     double *result_host;          /* pinned: the result copied back */
     float *col;                   /* device: partials of the column reductions; a widened bias */
     size_t col_bytes;             /* its size (grown on demand, part of dev->reserved) */
+    void *tickets;                /* device: the column reductions' tickets, 0 between calls */
+    size_t tickets_bytes;         /* its size (likewise) */
     void *grp;                    /* device: the embedding backward's token groups */
     size_t grp_bytes;             /* its size (likewise) */
     void *cvt;                    /* device: GEMM operands converted to the math's type */

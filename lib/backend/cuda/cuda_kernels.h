@@ -51,16 +51,20 @@ cudaError_t dp_cuda_launch_encoder_backward(cudaStream_t s, float *dwte, float *
                                             const uint32_t *order, size_t B, size_t T, size_t C);
 cudaError_t dp_cuda_launch_bias_broadcast(cudaStream_t s, float *out, dp_pref bias, size_t N,
                                           size_t OC);
-/* Column reductions in two stages (kernels/colsum.h); partial is device
- * scratch of dp_col_chunks(N) * OC floats (bias) or twice
- * dp_col_chunks(N) * C floats (LayerNorm: dweight's then dbias's). */
+/* Column reductions, both stages of kernels/colsum.h in one launch;
+ * partial is device scratch of dp_col_chunks(N) * OC floats (bias) or
+ * twice dp_col_chunks(N) * C floats (LayerNorm: dweight's then dbias's),
+ * tickets dp_cuda_col_tiles(C) (or OC) counters, all 0 before the first
+ * launch; every launch leaves them 0 (cuda_colsum.cuh). */
+size_t dp_cuda_col_tiles(size_t C);
 cudaError_t dp_cuda_launch_bias_backward(cudaStream_t s, float *dbias, float *partial,
-                                         uint16_t *dout16, dp_pref dout, size_t N, size_t OC);
+                                         unsigned *tickets, uint16_t *dout16, dp_pref dout,
+                                         size_t N, size_t OC);
 cudaError_t dp_cuda_launch_layernorm_backward_params(cudaStream_t s, float *dweight,
                                                      float *dbias, float *partial,
-                                                     dp_pref dout, const float *inp,
-                                                     const float *mean, const float *rstd,
-                                                     size_t N, size_t C);
+                                                     unsigned *tickets, dp_pref dout,
+                                                     const float *inp, const float *mean,
+                                                     const float *rstd, size_t N, size_t C);
 /* Two passes: DP_CUDA_SUMSQ_BLOCKS (or fewer) partial sums into partials,
  * then their sum into *result (device memory). Deterministic: the split
  * depends on n only, and every sum runs in a fixed order. */
