@@ -16,9 +16,10 @@ namespace {
  * grid-stride loops cover the rest. */
 const size_t COL_MAX_BLOCKS = 4096;
 
-unsigned col_blocks(size_t items, size_t per_block)
+/* Blocks of a launch over (N, C): one per tile, at most COL_MAX_BLOCKS. */
+unsigned col_blocks(size_t N, size_t C)
 {
-    size_t b = (items + per_block - 1) / per_block;
+    size_t b = col_tiles(N, C);
     return (unsigned)(b < COL_MAX_BLOCKS ? b : COL_MAX_BLOCKS);
 }
 
@@ -30,7 +31,7 @@ extern "C" cudaError_t dp_cuda_launch_bias_backward(cudaStream_t s, float *dbias
                                                     size_t OC)
 {
     if (N == 0 || OC == 0) return cudaSuccess;
-    unsigned blocks = col_blocks(col_tiles(N, OC), 1);
+    unsigned blocks = col_blocks(N, OC);
     if (dout.bf16)
         k_bias_backward<1><<<blocks, COL_THREADS, 0, s>>>(dbias, partial, tickets, dout16, dout.p,
                                                           N, OC);
@@ -47,7 +48,7 @@ extern "C" cudaError_t dp_cuda_launch_layernorm_backward_params(
     if (N == 0 || C == 0) return cudaSuccess;
     size_t K = dp_col_chunks(N);
     float *pdw = partial, *pdb = partial + K * C;
-    unsigned blocks = col_blocks(col_tiles(N, C), 1);
+    unsigned blocks = col_blocks(N, C);
     if (dout.bf16)
         k_layernorm_backward_params<1><<<blocks, COL_THREADS, 0, s>>>(
             dweight, dbias, pdw, pdb, tickets, dout.p, inp, mean, rstd, N, C);

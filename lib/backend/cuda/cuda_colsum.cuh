@@ -130,9 +130,40 @@ template <int G16> __device__ inline float col_load(const void *dout, size_t i)
     return G16 ? dp_bf16_widen(((const uint16_t *)dout)[i]) : ((const float *)dout)[i];
 }
 
+/* Both stages over this block's tiles (grid-stride), for the kernels
+ * below. For each COL_ROWS rows of a tile's chunk, stage(t, base, rows)
+ * loads and stages them; after a barrier add(t, rows, acc) returns the
+ * calling thread's running sum with the staged rows added (warp w adds
+ * sum w); after another barrier the next pass. Then warp w's sum is its
+ * partial in part(w) and, in the tile's last block, is combined into
+ * dst(w) (part and dst return NULL for a warp without a sum). */
+template <class Stage, class Add, class Part, class Dst>
+__device__ inline void col_reduce(size_t N, size_t C, unsigned *tickets, Stage stage, Add add,
+                                  Part part, Dst dst)
+{
+    const unsigned warp = threadIdx.x / COL_W;
+    for (size_t b = blockIdx.x; b < col_tiles(N, C); b += gridDim.x) {
+        col_tile t = col_tile_at(b, N, C);
+        float acc = 0.0f;
+        for (size_t base = t.n0; base < t.n1; base += COL_ROWS) {
+            size_t rows = col_pass_rows(t, base);
+            stage(t, base, rows);
+            __syncthreads();
+            acc = add(t, rows, acc);
+            __syncthreads();
+        }
+        float *p = t.in ? part(warp) : NULL;
+        if (p) p[t.k * C + t.c] = acc;
+        if (col_last_block(tickets, t.ct, t.K)) {
+            if (p) col_combine_l2(dst(warp), p, t.K, C, t.c);
+            if (threadIdx.x == 0) tickets[t.ct] = 0;
+        }
+    }
+}
+
 /* The bias gradient: dbias(OC) += the column sums of dout(N,OC), through
- * partial(K,OC)[k,o] = the sum of dout[n,o] over chunk k's rows; with
- * dout16, every element of dout (float32) also stored there rounded
+ * partial(K,OC)[k,o] = the sum of dout[n,o] over chunk k's rows (warp 0);
+ * with dout16, every element of dout (float32) also stored there rounded
  * (dp_bf16_round), by the thread that loads it. */
 template <int G16>
 __global__ __launch_bounds__(COL_THREADS) void k_bias_backward(float *dbias, float *partial,
@@ -143,34 +174,28 @@ __global__ __launch_bounds__(COL_THREADS) void k_bias_backward(float *dbias, flo
 {
     __shared__ float st[COL_ROWS * COL_W];
     const unsigned lane = threadIdx.x % COL_W, warp = threadIdx.x / COL_W;
-    for (size_t b = blockIdx.x; b < col_tiles(N, OC); b += gridDim.x) {
-        col_tile t = col_tile_at(b, N, OC);
-        float acc = 0.0f;
-        for (size_t base = t.n0; base < t.n1; base += COL_ROWS) {
-            size_t rows = col_pass_rows(t, base);
-            float v[COL_PER_THREAD];
-            DP_UNROLL
-            for (unsigned j = 0; j < COL_PER_THREAD; j++)
-                v[j] = col_load<G16>(dout, col_load_row(base, warp + j * COL_WARPS, rows) * OC +
-                                               t.lc);
-            DP_UNROLL
-            for (unsigned j = 0; j < COL_PER_THREAD; j++) {
-                size_t r = warp + j * COL_WARPS;
-                if (!t.in || r >= rows) continue;
-                st[r * COL_W + lane] = v[j];
-                if (dout16) dout16[(base + r) * OC + t.c] = dp_bf16_round(v[j]);
-            }
-            __syncthreads();
-            if (warp == 0 && t.in)
-                for (size_t r = 0; r < rows; r++) acc += st[r * COL_W + lane];
-            __syncthreads();
+    auto stage = [&](const col_tile &t, size_t base, size_t rows) {
+        float v[COL_PER_THREAD];
+        DP_UNROLL
+        for (unsigned j = 0; j < COL_PER_THREAD; j++)
+            v[j] = col_load<G16>(dout, col_load_row(base, warp + j * COL_WARPS, rows) * OC +
+                                           t.lc);
+        DP_UNROLL
+        for (unsigned j = 0; j < COL_PER_THREAD; j++) {
+            size_t r = warp + j * COL_WARPS;
+            if (!t.in || r >= rows) continue;
+            st[r * COL_W + lane] = v[j];
+            if (dout16) dout16[(base + r) * OC + t.c] = dp_bf16_round(v[j]);
         }
-        if (warp == 0 && t.in) partial[t.k * OC + t.c] = acc;
-        if (col_last_block(tickets, t.ct, t.K)) {
-            if (warp == 0 && t.in) col_combine_l2(dbias, partial, t.K, OC, t.c);
-            if (threadIdx.x == 0) tickets[t.ct] = 0;
-        }
-    }
+    };
+    auto add = [&](const col_tile &t, size_t rows, float acc) {
+        if (warp == 0 && t.in)
+            for (size_t r = 0; r < rows; r++) acc += st[r * COL_W + lane];
+        return acc;
+    };
+    col_reduce(
+        N, OC, tickets, stage, add, [&](unsigned w) { return w == 0 ? partial : NULL; },
+        [&](unsigned) { return dbias; });
 }
 
 /* The LayerNorm parameter gradients: dweight(C) and dbias(C) += the
@@ -184,41 +209,34 @@ __global__ __launch_bounds__(COL_THREADS) void k_layernorm_backward_params(
 {
     __shared__ float sg[COL_ROWS * COL_W], sx[COL_ROWS * COL_W];
     const unsigned lane = threadIdx.x % COL_W, warp = threadIdx.x / COL_W;
-    for (size_t b = blockIdx.x; b < col_tiles(N, C); b += gridDim.x) {
-        col_tile t = col_tile_at(b, N, C);
-        float acc = 0.0f;
-        for (size_t base = t.n0; base < t.n1; base += COL_ROWS) {
-            size_t rows = col_pass_rows(t, base);
-            float g[COL_PER_THREAD], x[COL_PER_THREAD];
-            DP_UNROLL
-            for (unsigned j = 0; j < COL_PER_THREAD; j++) {
-                size_t n = col_load_row(base, warp + j * COL_WARPS, rows);
-                g[j] = col_load<G16>(dout, n * C + t.lc);
-                x[j] = dp_layernorm_xhat(inp[n * C + t.lc], mean[n], rstd[n]);
-            }
-            DP_UNROLL
-            for (unsigned j = 0; j < COL_PER_THREAD; j++) {
-                size_t r = warp + j * COL_WARPS;
-                if (!t.in || r >= rows) continue;
-                sg[r * COL_W + lane] = g[j];
-                sx[r * COL_W + lane] = x[j];
-            }
-            __syncthreads();
-            if (warp == 0 && t.in)
-                for (size_t r = 0; r < rows; r++)
-                    acc += dp_layernorm_dweight_of(sg[r * COL_W + lane], sx[r * COL_W + lane]);
-            else if (warp == 1 && t.in)
-                for (size_t r = 0; r < rows; r++) acc += sg[r * COL_W + lane];
-            __syncthreads();
+    auto stage = [&](const col_tile &t, size_t base, size_t rows) {
+        float g[COL_PER_THREAD], x[COL_PER_THREAD];
+        DP_UNROLL
+        for (unsigned j = 0; j < COL_PER_THREAD; j++) {
+            size_t n = col_load_row(base, warp + j * COL_WARPS, rows);
+            g[j] = col_load<G16>(dout, n * C + t.lc);
+            x[j] = dp_layernorm_xhat(inp[n * C + t.lc], mean[n], rstd[n]);
         }
-        if (t.in && warp == 0) pdw[t.k * C + t.c] = acc;
-        if (t.in && warp == 1) pdb[t.k * C + t.c] = acc;
-        if (col_last_block(tickets, t.ct, t.K)) {
-            if (t.in && warp == 0) col_combine_l2(dweight, pdw, t.K, C, t.c);
-            if (t.in && warp == 1) col_combine_l2(dbias, pdb, t.K, C, t.c);
-            if (threadIdx.x == 0) tickets[t.ct] = 0;
+        DP_UNROLL
+        for (unsigned j = 0; j < COL_PER_THREAD; j++) {
+            size_t r = warp + j * COL_WARPS;
+            if (!t.in || r >= rows) continue;
+            sg[r * COL_W + lane] = g[j];
+            sx[r * COL_W + lane] = x[j];
         }
-    }
+    };
+    auto add = [&](const col_tile &t, size_t rows, float acc) {
+        if (warp == 0 && t.in)
+            for (size_t r = 0; r < rows; r++)
+                acc += dp_layernorm_dweight_of(sg[r * COL_W + lane], sx[r * COL_W + lane]);
+        else if (warp == 1 && t.in)
+            for (size_t r = 0; r < rows; r++) acc += sg[r * COL_W + lane];
+        return acc;
+    };
+    col_reduce(
+        N, C, tickets, stage, add,
+        [&](unsigned w) { return w == 0 ? pdw : w == 1 ? pdb : (float *)NULL; },
+        [&](unsigned w) { return w == 0 ? dweight : dbias; });
 }
 
 #endif /* DP_CUDA_COLSUM_CUH */

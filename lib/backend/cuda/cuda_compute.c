@@ -166,7 +166,8 @@ static dp_status encoder_backward_locked(dp_device *dev, cuda_ctx *c, float *dwt
     CU_TRY(dev, dp_cuda_encoder_group_bytes(BT, &bytes));
     DP_TRY(dp_cuda_grow_scratch(dev, c, &c->grp, &c->grp_bytes, bytes));
     uint32_t *keys = NULL, *order = NULL;
-    CU_TRY(dev, dp_cuda_launch_encoder_group(c->stream, c->grp, inp, BT, &keys, &order));
+    CU_TRY(dev,
+           dp_cuda_launch_encoder_group(c->stream, c->grp, bytes, inp, BT, &keys, &order));
     CU_TRY(dev, dp_cuda_launch_encoder_backward(c->stream, dwte, dwpe, dout, keys, order, B, T,
                                                 C));
     return DP_OK;

@@ -51,20 +51,19 @@ extern "C" cudaError_t dp_cuda_encoder_group_bytes(size_t BT, size_t *bytes)
 }
 
 extern "C" cudaError_t dp_cuda_launch_encoder_group(cudaStream_t s, void *scratch,
-                                                    const int32_t *inp, size_t BT,
-                                                    uint32_t **keys, uint32_t **order)
+                                                    size_t bytes, const int32_t *inp,
+                                                    size_t BT, uint32_t **keys,
+                                                    uint32_t **order)
 {
-    size_t sort = 0;
-    cudaError_t e = sort_bytes(BT, &sort);
-    if (e != cudaSuccess) return e;
     char *p = (char *)scratch;
-    size_t words = up(BT * sizeof(uint32_t));
+    size_t words = up(BT * sizeof(uint32_t)), sort = bytes - 3 * words;
     uint32_t *k = (uint32_t *)p, *rows = (uint32_t *)(p + words),
              *o = (uint32_t *)(p + 2 * words);
     void *temp = p + 3 * words;
     size_t threads = 256, blocks = (BT + threads - 1) / threads;
     k_iota<<<(unsigned)(blocks < 4096 ? blocks : 4096), (unsigned)threads, 0, s>>>(rows, BT);
-    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
     e = cub::DeviceRadixSort::SortPairs(temp, sort, (const uint32_t *)inp, k,
                                         (const uint32_t *)rows, o, BT, 0, KEY_BITS, s);
     if (e != cudaSuccess) return e;

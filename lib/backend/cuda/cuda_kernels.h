@@ -39,11 +39,12 @@ DP_KERNEL_OPS(DP_CUDA_LAUNCHER_DECL)
 /* Bytes of device scratch dp_cuda_launch_encoder_group needs for BT rows. */
 cudaError_t dp_cuda_encoder_group_bytes(size_t BT, size_t *bytes);
 /* The rows 0..BT-1 sorted stably by token (cuda_group.cu): *order(BT) the
- * rows, *keys(BT) their token ids in that order, both in scratch (of
- * dp_cuda_encoder_group_bytes(BT) bytes, 256-byte aligned). inp's ids
+ * rows, *keys(BT) their token ids in that order, both in scratch (bytes =
+ * dp_cuda_encoder_group_bytes(BT) of it, 256-byte aligned). inp's ids
  * must be in [0, 2^31). */
-cudaError_t dp_cuda_launch_encoder_group(cudaStream_t s, void *scratch, const int32_t *inp,
-                                         size_t BT, uint32_t **keys, uint32_t **order);
+cudaError_t dp_cuda_launch_encoder_group(cudaStream_t s, void *scratch, size_t bytes,
+                                         const int32_t *inp, size_t BT, uint32_t **keys,
+                                         uint32_t **order);
 /* dwpe, and dwte by token group from dp_cuda_launch_encoder_group's keys
  * and order (kernels/encoder.h). */
 cudaError_t dp_cuda_launch_encoder_backward(cudaStream_t s, float *dwte, float *dwpe,
