@@ -9,11 +9,12 @@
  * The LayerNorm (float32 and bfloat16 outputs, the residual's update
  * first; the input gradient from a float32 or bfloat16 dout) and causal softmax (bfloat16 copies of the probabilities and of
  * the score gradients) kernels are held to their CPU items the same way.
- * The bounds are test_cuda_ops.c's for the same kernels on a GPU: losses
- * rtol 1e-6 (the block tree and the CPU's 8 interleaved double sums
- * differ only in double rounding; exp is the host's expf here against
- * dp_expf, 2 ulp), float dlogits rtol 1e-5 with atol 1e-6 dscale, and
- * bfloat16 dlogits within one bfloat16 step of the CPU's (the float
+ * The bounds are test_cuda_ops.c's for the same kernels on a GPU: float
+ * losses rtol 1e-6 (the block tree and the CPU's 8 interleaved double
+ * sums differ only in double rounding; exp is the host's expf here
+ * against dp_expf, 2 ulp), bfloat16 losses the float sums' bound that
+ * cuda_rows.cuh derives, float dlogits rtol 1e-5 with atol 1e-6 dscale,
+ * and bfloat16 dlogits within one bfloat16 step of the CPU's (the float
  * values before the one rounding differ in their last bits).
  */
 #include <criterion/criterion.h>
@@ -72,17 +73,29 @@ ce_problem make(size_t N, size_t V, uint32_t seed)
     return p;
 }
 
-/* The kernel's launch: CE_THREADS threads a row from CE_LONG_ROW on, as
- * cuda_rows.cu's launcher picks, over `grid` blocks (fewer than the rows:
- * the grid-stride loop). */
-template <typename T>
-void run_ce(const ce_problem &p, unsigned grid, float *losses, T *dlogits, const T *logits)
+/* The float kernel's launch: CE_THREADS threads a row from CE_LONG_ROW
+ * on, as cuda_rows.cu's launcher picks, over `grid` blocks (fewer than
+ * the rows: the grid-stride loop). */
+void run_ce(const ce_problem &p, unsigned grid, float *losses, float *dlogits,
+            const float *logits)
 {
     if (p.V >= CE_LONG_ROW)
-        emu_launch(grid, CE_THREADS, 0, k_crossentropy_block<CE_THREADS, T>, losses, dlogits,
+        emu_launch(grid, CE_THREADS, 0, k_crossentropy_block<CE_THREADS>, losses, dlogits, logits,
+                   (const int32_t *)p.targets.data(), p.V, p.dscale, p.N);
+    else
+        emu_launch(grid, BLOCK_THREADS, 0, k_crossentropy_block<BLOCK_THREADS>, losses, dlogits,
+                   logits, (const int32_t *)p.targets.data(), p.V, p.dscale, p.N);
+}
+
+/* The bfloat16 kernel's: CE_THREADS from CE16_LONG_ROW on. */
+void run_ce16(const ce_problem &p, unsigned grid, float *losses, uint16_t *dlogits,
+              const uint16_t *logits)
+{
+    if (p.V >= CE16_LONG_ROW)
+        emu_launch(grid, CE_THREADS, 0, k_crossentropy_bf16_block<CE_THREADS>, losses, dlogits,
                    logits, (const int32_t *)p.targets.data(), p.V, p.dscale, p.N);
     else
-        emu_launch(grid, BLOCK_THREADS, 0, k_crossentropy_block<BLOCK_THREADS, T>, losses,
+        emu_launch(grid, BLOCK_THREADS, 0, k_crossentropy_bf16_block<BLOCK_THREADS>, losses,
                    dlogits, logits, (const int32_t *)p.targets.data(), p.V, p.dscale, p.N);
 }
 
@@ -91,6 +104,22 @@ void check_losses(const char *what, const std::vector<float> &gpu, const std::ve
     for (size_t r = 0; r < gpu.size(); r++)
         cr_assert(fabsf(gpu[r] - cpu[r]) <= 1e-6f * fabsf(cpu[r]) + 1e-9f,
                   "%s row %zu: loss %.9g, CPU %.9g", what, r, (double)gpu[r], (double)cpu[r]);
+}
+
+/* The bfloat16 kernel's loss against the CPU item's: (16 + 6G) float
+ * roundings of S, G the groups a thread takes (cuda_rows.cuh derives it),
+ * and each side's rounding of the loss to float. */
+void check_losses16(const std::vector<float> &gpu, const std::vector<float> &cpu, size_t V)
+{
+    const size_t threads = V >= CE16_LONG_ROW ? CE_THREADS : BLOCK_THREADS;
+    const size_t groups = (V + CE16_GROUP - 1) / CE16_GROUP, G = (groups + threads - 1) / threads;
+    const double eps = ldexp(1.0, -24);
+    for (size_t r = 0; r < gpu.size(); r++) {
+        double bound = (16.0 + 6.0 * (double)G) * eps + 2.0 * eps * fabs((double)cpu[r]);
+        cr_assert(fabs((double)gpu[r] - (double)cpu[r]) <= bound,
+                  "bfloat16 row %zu: loss %.9g, CPU %.9g (bound %.3g)", r, (double)gpu[r],
+                  (double)cpu[r], bound);
+    }
 }
 
 void case_ce(size_t N, size_t V, unsigned grid, uint32_t seed)
@@ -102,9 +131,9 @@ void case_ce(size_t N, size_t V, unsigned grid, uint32_t seed)
     for (size_t r = 0; r < N; r++)
         dp_crossentropy_item(loss_cpu.data(), dl_cpu.data(), p.logits.data(), p.targets.data(), V,
                              p.dscale, r);
-    run_ce<float>(p, grid, loss.data(), dl.data(), p.logits.data());
-    run_ce<float>(p, grid, loss_in.data(), inpl.data(), inpl.data());
-    run_ce<float>(p, grid, loss_only.data(), (float *)NULL, p.logits.data());
+    run_ce(p, grid, loss.data(), dl.data(), p.logits.data());
+    run_ce(p, grid, loss_in.data(), inpl.data(), inpl.data());
+    run_ce(p, grid, loss_only.data(), (float *)NULL, p.logits.data());
     check_losses("float32", loss, loss_cpu);
     cr_assert(loss_in == loss && loss_only == loss, "float32: in place or loss only differs");
     cr_assert(memcmp(inpl.data(), dl.data(), N * V * sizeof(float)) == 0,
@@ -116,23 +145,45 @@ void case_ce(size_t N, size_t V, unsigned grid, uint32_t seed)
                   (double)c);
         if (p.targets[i / V] < 0 || p.logits[i] == -INFINITY) cr_assert(d == 0.0f);
     }
-    /* bfloat16: in place (as the engine calls it) against the CPU item and
-     * against the float kernel on the same values */
-    std::vector<float> loss16(N), loss16_cpu(N);
-    std::vector<uint16_t> x16 = p.logits16, x16_cpu = p.logits16;
+}
+
+/* The bfloat16 kernel: in place (as the engine calls it), separate and
+ * loss only give the same bits; so do the logits at an address 2 bytes
+ * past a 16-byte boundary (one element at a time instead of 16-byte
+ * loads); against the CPU item, the loss within check_losses16's bound
+ * and each dlogits within one bfloat16 step (the float values before the
+ * one rounding differ in their last bits; p << 1 here, so p - 1 does not
+ * cancel); ignored rows and masked entries exactly 0. */
+void case_ce16(size_t N, size_t V, unsigned grid, uint32_t seed)
+{
+    ce_problem p = make(N, V, seed);
+    std::vector<float> loss(N), loss_cpu(N), loss_sep(N), loss_only(N), loss_odd(N);
+    std::vector<uint16_t> x16 = p.logits16, x16_cpu = p.logits16, sep(N * V);
     for (size_t r = 0; r < N; r++)
-        dp_crossentropy_bf16_item(loss16_cpu.data(), x16_cpu.data(), x16_cpu.data(),
+        dp_crossentropy_bf16_item(loss_cpu.data(), x16_cpu.data(), x16_cpu.data(),
                                   p.targets.data(), V, p.dscale, r);
-    run_ce<uint16_t>(p, grid, loss16.data(), x16.data(), x16.data());
-    check_losses("bfloat16", loss16, loss16_cpu);
-    cr_assert(loss16 == loss, "bfloat16 losses are not the float32 kernel's on the same values");
+    run_ce16(p, grid, loss.data(), x16.data(), x16.data());
+    run_ce16(p, grid, loss_sep.data(), sep.data(), p.logits16.data());
+    run_ce16(p, grid, loss_only.data(), (uint16_t *)NULL, p.logits16.data());
+    /* 16-byte aligned storage, the row one element in */
+    std::vector<uint4> raw((N * V + 1) * sizeof(uint16_t) / sizeof(uint4) + 1);
+    uint16_t *odd = (uint16_t *)raw.data() + 1;
+    memcpy(odd, p.logits16.data(), N * V * sizeof(uint16_t));
+    run_ce16(p, grid, loss_odd.data(), odd, odd);
+    check_losses16(loss, loss_cpu, V);
+    cr_assert(loss_sep == loss && loss_only == loss && loss_odd == loss,
+              "bfloat16: separate, loss only or unaligned losses differ from in place");
+    cr_assert(memcmp(sep.data(), x16.data(), N * V * sizeof(uint16_t)) == 0 &&
+                  memcmp(odd, x16.data(), N * V * sizeof(uint16_t)) == 0,
+              "bfloat16: separate or unaligned dlogits differ from in place");
     for (size_t i = 0; i < N * V; i++) {
         float d = dp_bf16_widen(x16[i]), c = dp_bf16_widen(x16_cpu[i]);
-        cr_assert(x16[i] == dp_bf16_round(dl[i]),
-                  "bfloat16 dlogits (%zu,%zu) are not the float32 kernel's rounded", i / V, i % V);
         cr_assert(fabsf(d - c) <= ldexpf(fabsf(c), -7) + 1e-6f * p.dscale,
                   "bfloat16 dlogits (%zu,%zu): %.9g, CPU %.9g", i / V, i % V, (double)d,
                   (double)c);
+        if (p.targets[i / V] < 0 || p.logits[i] == -INFINITY)
+            cr_assert(x16[i] == 0, "bfloat16 dlogits (%zu,%zu) of an ignored row or a masked "
+                      "entry: 0x%04x", i / V, i % V, x16[i]);
     }
 }
 
@@ -146,6 +197,20 @@ Test(cuda_rows_emu, crossentropy_tiny_rows) { case_ce(5, 13, 5, 2u); }
 
 /* CE_THREADS (1024) a row from CE_LONG_ROW on, 3 rows over 2 blocks. */
 Test(cuda_rows_emu, crossentropy_long_rows, .timeout = 120) { case_ce(3, 4099, 2, 3u); }
+
+/* bfloat16: 256 threads a row, whole groups (V = 1000) and a short last
+ * group with every other row unaligned (V = 4099: G = 3 groups a thread);
+ * a row shorter than a group. */
+Test(cuda_rows_emu, crossentropy_bf16_rows, .timeout = 120)
+{
+    case_ce16(7, 1000, 3, 1u);
+    case_ce16(5, 4099, 2, 4u);
+    case_ce16(5, 5, 5, 2u);
+}
+
+/* bfloat16: CE_THREADS a row from CE16_LONG_ROW on (V = 20001: G = 3,
+ * the last group short), 3 rows over 2 blocks. */
+Test(cuda_rows_emu, crossentropy_bf16_long_rows, .timeout = 120) { case_ce16(3, 20001, 2, 5u); }
 
 /* The ignored rows zeroed, the others untouched, float32 and bfloat16,
  * class ids and float targets (NaN ignored), several per row. */

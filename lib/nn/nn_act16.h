@@ -303,9 +303,10 @@ DP_MODULE_API dp_status dp_attention_backward_fused16(dp_device *dev, dp_bf16 *d
  * dlogits may be logits (in place, the engine's chunks) or a separate
  * buffer. Bits: on CPU devices each loss is dp_crossentropy_forward_backward's
  * row loss on the widened logits and each dlogits element its float32
- * value rounded to bfloat16 (kernels/crossentropy.h); on CUDA devices the
- * float32 kernel's reductions, so within the float kernel's CPU-to-GPU
- * bounds (losses) and 1 bfloat16 ulp (dlogits). A target >= V is not
+ * value rounded to bfloat16 (kernels/crossentropy.h); on CUDA devices
+ * float sums (backend/cuda/cuda_rows.cuh derives the bound: the loss
+ * within (16 + 6G) * 2^-24 + 2^-23 |loss| of the CPU's, G = 7 at V =
+ * 50304) and dlogits within 1 bfloat16 ulp. A target >= V is not
  * checked (the engine validates targets). Ownership: device pointers of
  * dev owned by the caller. Errors: DP_ERR_INVALID_ARGUMENT for a NULL dev,
  * losses, logits or targets, N or V of 0, N * V overflowing, V past

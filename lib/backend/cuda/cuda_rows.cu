@@ -91,37 +91,38 @@ extern "C" cudaError_t dp_cuda_launch_softmax_causal_forward(cudaStream_t stream
     return cudaGetLastError();
 }
 
-/* The cross-entropy over float or bfloat16 (T) rows: long rows get CE_THREADS. */
-template <typename T>
-static cudaError_t launch_crossentropy(cudaStream_t stream, float *losses, T *dlogits,
-                                       const T *logits, const int32_t *targets, size_t V,
-                                       float dscale, size_t n)
-{
-    if (n == 0 || V == 0) return cudaSuccess;
-    if (V >= CE_LONG_ROW)
-        k_crossentropy_block<CE_THREADS, T>
-            <<<row_blocks(n), CE_THREADS, 0, stream>>>(losses, dlogits, logits, targets, V, dscale, n);
-    else
-        k_crossentropy_block<BLOCK_THREADS, T><<<row_blocks(n), BLOCK_THREADS, 0, stream>>>(
-            losses, dlogits, logits, targets, V, dscale, n);
-    return cudaGetLastError();
-}
-
+/* The cross-entropy over float rows: long rows get CE_THREADS. */
 extern "C" cudaError_t dp_cuda_launch_crossentropy(cudaStream_t stream, float *losses,
                                                    float *dlogits, const float *logits,
                                                    const int32_t *targets, size_t V,
                                                    float dscale, size_t n)
 {
-    return launch_crossentropy(stream, losses, dlogits, logits, targets, V, dscale, n);
+    if (n == 0 || V == 0) return cudaSuccess;
+    if (V >= CE_LONG_ROW)
+        k_crossentropy_block<CE_THREADS><<<row_blocks(n), CE_THREADS, 0, stream>>>(
+            losses, dlogits, logits, targets, V, dscale, n);
+    else
+        k_crossentropy_block<BLOCK_THREADS><<<row_blocks(n), BLOCK_THREADS, 0, stream>>>(
+            losses, dlogits, logits, targets, V, dscale, n);
+    return cudaGetLastError();
 }
 
+/* The cross-entropy over bfloat16 rows: rows of a group a thread or more
+ * get CE_THREADS. */
 extern "C" cudaError_t dp_cuda_launch_crossentropy_bf16(cudaStream_t stream, float *losses,
                                                         uint16_t *dlogits,
                                                         const uint16_t *logits,
                                                         const int32_t *targets, size_t V,
                                                         float dscale, size_t n)
 {
-    return launch_crossentropy(stream, losses, dlogits, logits, targets, V, dscale, n);
+    if (n == 0 || V == 0) return cudaSuccess;
+    if (V >= CE16_LONG_ROW)
+        k_crossentropy_bf16_block<CE_THREADS><<<row_blocks(n), CE_THREADS, 0, stream>>>(
+            losses, dlogits, logits, targets, V, dscale, n);
+    else
+        k_crossentropy_bf16_block<BLOCK_THREADS><<<row_blocks(n), BLOCK_THREADS, 0, stream>>>(
+            losses, dlogits, logits, targets, V, dscale, n);
+    return cudaGetLastError();
 }
 
 extern "C" cudaError_t dp_cuda_launch_log_softmax_forward(cudaStream_t stream, float *out,

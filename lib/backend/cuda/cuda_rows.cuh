@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "backend/cuda/cuda_vec8.cuh"
 #include "kernels/ops.h" /* the kernel headers: bf16, ignored targets */
 
 // --- block-per-row kernels (the ROW_BLOCK ops of kernels/ops.h) ---------------------------
@@ -303,20 +304,6 @@ __global__ void k_softmax_causal_backward_block(float *datt, uint16_t *ds16, con
     }
 }
 
-/* A cross-entropy row's element as float (bfloat16 widened, exactly), and
- * a float stored to one (bfloat16 rounded once, kernels/bf16.h); for float
- * rows plain loads and stores, so the float kernel is the code it was. */
-__device__ __forceinline__ float ce_load(const float *x, size_t v) { return x[v]; }
-__device__ __forceinline__ float ce_load(const uint16_t *x, size_t v)
-{
-    return dp_bf16_widen(x[v]);
-}
-__device__ __forceinline__ void ce_store(float *x, size_t v, float f) { x[v] = f; }
-__device__ __forceinline__ void ce_store(uint16_t *x, size_t v, float f)
-{
-    x[v] = dp_bf16_round(f);
-}
-
 /* Elements of a cross-entropy row that a thread loads before it uses
  * any: its elements v0, v0 + THREADS, ... in the order a one-at-a-time
  * loop takes them, so the sums are the same, but eight loads in flight
@@ -325,14 +312,14 @@ __device__ __forceinline__ void ce_store(uint16_t *x, size_t v, float f)
  * (Little's law); the bfloat16 kernel ran at 28% of it on an H200. */
 const unsigned CE_BATCH = 8;
 
-/* xb[k] = row element v0 + k*THREADS widened, k < CE_BATCH; past V: 0 (unused). */
-template <unsigned THREADS, typename T>
-__device__ __forceinline__ void ce_load_batch(float *xb, const T *x, size_t v0, size_t V)
+/* xb[k] = row element v0 + k*THREADS, k < CE_BATCH; past V: 0 (unused). */
+template <unsigned THREADS>
+__device__ __forceinline__ void ce_load_batch(float *xb, const float *x, size_t v0, size_t V)
 {
     DP_UNROLL
     for (unsigned k = 0; k < CE_BATCH; k++) {
         size_t v = v0 + k * THREADS;
-        xb[k] = v < V ? ce_load(x, v) : 0.0f;
+        xb[k] = v < V ? x[v] : 0.0f;
     }
 }
 
@@ -348,28 +335,28 @@ __device__ __forceinline__ void ce_load_batch(float *xb, const T *x, size_t v0, 
  * logits (in place) every element is read by the thread that writes it,
  * and x[target] is read by all before any write (the reductions' barriers
  * come between). The first sweep is the same with or without dlogits, so
- * the loss does not depend on whether dlogits is asked for.
- * T = float is dp_crossentropy_item; T = uint16_t (bfloat16 bits) is
- * dp_crossentropy_bf16_item: the same float arithmetic on the widened
- * logits, each dlogits value rounded to bfloat16 once at its store (its
- * in-place safety as above: a thread writes only what it read). */
-template <unsigned THREADS, typename T>
-__global__ void k_crossentropy_block(float *losses, T *dlogits, const T *logits,
+ * the loss does not depend on whether dlogits is asked for. Its double
+ * arithmetic (a double exp in every rescale, three conversions an
+ * element) costs more than the row's memory traffic on GPUs whose
+ * double throughput is a fraction of float's; the bfloat16 step's
+ * criterion is k_crossentropy_bf16_block below. */
+template <unsigned THREADS>
+__global__ void k_crossentropy_block(float *losses, float *dlogits, const float *logits,
                                      const int32_t *targets, size_t V, float dscale, size_t N)
 {
     __shared__ block_scratch<THREADS, float> shf;
     __shared__ block_scratch<THREADS, double> shd;
     BLOCK_ROW_LOOP(r, N)
     {
-        const T *x = logits + r * V;
-        T *dl = dlogits ? dlogits + r * V : NULL;
+        const float *x = logits + r * V;
+        float *dl = dlogits ? dlogits + r * V : NULL;
         int32_t target = targets[r];
         if (target < 0) {
             if (threadIdx.x == 0) losses[r] = 0.0f;
-            if (dl) ROW_ELEMS(v, V) ce_store(dl, v, 0.0f);
+            if (dl) ROW_ELEMS(v, V) dl[v] = 0.0f;
             continue;
         }
-        float xy = ce_load(x, target);
+        float xy = x[target];
         float mt = -INFINITY;
         double st = 0.0;
         for (size_t v0 = threadIdx.x; v0 < V; v0 += CE_BATCH * THREADS) {
@@ -403,7 +390,186 @@ __global__ void k_crossentropy_block(float *losses, T *dlogits, const T *logits,
                 size_t v = v0 + k * THREADS;
                 if (v >= V) break;
                 float p = (float)((double)expf(xb[k] - mx) * inv_s);
-                ce_store(dl, v, dscale * ((size_t)target == v ? p - 1.0f : p));
+                dl[v] = dscale * ((size_t)target == v ? p - 1.0f : p);
+            }
+        }
+    }
+}
+
+/*
+ * The cross-entropy over bfloat16 logits (dp_crossentropy_bf16_item's
+ * contract: float32 losses, bfloat16 dlogits that may overwrite the
+ * logits), one block per row in float arithmetic, as llm.c's fused
+ * classifier. A thread takes the row's groups of CE16_GROUP consecutive
+ * elements g, g + THREADS, ... (16-byte loads where the row is 16-byte
+ * aligned; the same values one at a time where it is not, so the bits do
+ * not depend on the address), CE16_BATCH groups loaded before it uses
+ * any. Its running maximum m_t and float sum s_t of exp(x - m_t) take a
+ * group at a time: s_t *= exp(m_old - m_new) when the group's maximum is
+ * new, then the group's eight terms added in a fixed pairwise tree (the
+ * online softmax normaliser of Milakov & Gimelshein, 2018). The block's
+ * maximum M (fixed tree), S = sum of s_t exp(m_t - M) in double (fixed
+ * tree), the loss (M - x[y]) + log S in double rounded once, then in a
+ * second sweep dlogits = dscale (exp(x - M) (1/S) - onehot) rounded to
+ * bfloat16 once. The float kernel above keeps every term in double and
+ * spends a double exp on each rescale: on an H200 it took 475 us for a
+ * 2048-row chunk of GPT-2's bfloat16 logits, about 3.6x their traffic.
+ *
+ * The loss is the CPU item's to (16 + 6G) float roundings of S relative,
+ * G the groups a thread takes (G = 7 at V = 50304): expf's 2 ulp on
+ * each side, a term's rescales (at most G - 1, and the final exp(m_t -
+ * M), each an expf and a product), the group tree's 3 and the thread
+ * sum's G roundings. tests/test_cuda_ops.c and test_cuda_rows_emu.cpp
+ * hold it to that. In place, ignored rows (-1), masked (-inf) and NaN
+ * logits as the float kernel: a thread writes only the groups it read,
+ * x[y] is read before the first barrier, a -inf term adds 0 (also while
+ * m_t is -inf), a NaN makes the loss NaN.
+ */
+const unsigned CE16_GROUP = 8;
+const unsigned CE16_BATCH = 2;
+/* Rows from this many elements get CE_THREADS threads (a group each at least). */
+const size_t CE16_LONG_ROW = (size_t)CE16_GROUP * CE_THREADS;
+
+/* A group: eight bfloat16 in four words, element 2k in the low half of
+ * word k (a 16-byte load's layout on a little-endian GPU). */
+struct ce16_group {
+    uint32_t w[CE16_GROUP / 2];
+};
+
+/* Element k of g widened to float (exact). */
+__device__ __forceinline__ float ce16_at(const ce16_group &g, unsigned k)
+{
+    uint32_t u = g.w[k / 2];
+    return dp_f32_of_bits(k % 2 ? u & 0xffff0000u : u << 16);
+}
+
+/* The row's elements e0 .. e0 + 7; past V: -inf (0xFF80). */
+__device__ __forceinline__ ce16_group ce16_load(const uint16_t *row, size_t e0, size_t V,
+                                                bool vec)
+{
+    ce16_group g;
+    if (vec && e0 + CE16_GROUP <= V) {
+        const uint4 q = *(const uint4 *)(row + e0);
+        g.w[0] = q.x, g.w[1] = q.y, g.w[2] = q.z, g.w[3] = q.w;
+        return g;
+    }
+    DP_UNROLL
+    for (unsigned k = 0; k < CE16_GROUP; k += 2) {
+        uint32_t lo = e0 + k < V ? row[e0 + k] : 0xFF80u;
+        uint32_t hi = e0 + k + 1 < V ? row[e0 + k + 1] : 0xFF80u;
+        g.w[k / 2] = lo | hi << 16;
+    }
+    return g;
+}
+
+/* Group g to the row's elements e0 .. (past V: not stored). */
+__device__ __forceinline__ void ce16_store(uint16_t *row, const ce16_group &g, size_t e0,
+                                           size_t V, bool vec)
+{
+    if (vec && e0 + CE16_GROUP <= V) {
+        *(uint4 *)(row + e0) = make_uint4(g.w[0], g.w[1], g.w[2], g.w[3]);
+        return;
+    }
+    DP_UNROLL
+    for (unsigned k = 0; k < CE16_GROUP; k++)
+        if (e0 + k < V) row[e0 + k] = (uint16_t)(k % 2 ? g.w[k / 2] >> 16 : g.w[k / 2]);
+}
+
+/* A thread's running maximum mt and sum st of exp(x - mt), with group g. */
+__device__ __forceinline__ void ce16_accumulate(float &mt, float &st, const ce16_group &g)
+{
+    float x[CE16_GROUP];
+    DP_UNROLL
+    for (unsigned k = 0; k < CE16_GROUP; k++) x[k] = ce16_at(g, k);
+    /* fmaxf skips a NaN; the NaN still reaches st through its term */
+    float gm = fmaxf(fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3])),
+                     fmaxf(fmaxf(x[4], x[5]), fmaxf(x[6], x[7])));
+    if (gm > mt) {
+        st *= expf(mt - gm); /* while mt is -inf st is 0 (or NaN), and stays so */
+        mt = gm;
+    }
+    float e[CE16_GROUP];
+    DP_UNROLL /* -inf - -inf would be NaN: a -inf term is 0 */
+    for (unsigned k = 0; k < CE16_GROUP; k++) e[k] = x[k] == -INFINITY ? 0.0f : expf(x[k] - mt);
+    st += ((e[0] + e[1]) + (e[2] + e[3])) + ((e[4] + e[5]) + (e[6] + e[7]));
+}
+
+/* Group g's dlogits, in place: dscale (exp(x - mx) inv - [v == target]). */
+__device__ __forceinline__ void ce16_dlogits(ce16_group &g, size_t e0, size_t target, float mx,
+                                             float inv, float dscale)
+{
+    DP_UNROLL
+    for (unsigned k = 0; k < CE16_GROUP; k += 2) {
+        float p0 = expf(ce16_at(g, k) - mx) * inv, p1 = expf(ce16_at(g, k + 1) - mx) * inv;
+        uint32_t lo = dp_bf16_round_nb(dscale * (e0 + k == target ? p0 - 1.0f : p0));
+        uint32_t hi = dp_bf16_round_nb(dscale * (e0 + k + 1 == target ? p1 - 1.0f : p1));
+        g.w[k / 2] = lo | hi << 16;
+    }
+}
+
+/* A thread's batches over the row: g0 the batch's first group; group
+ * g0 + b * THREADS (b < CE16_BATCH) is in the row while CE16_IN_ROW. */
+#define CE16_BATCHES(g0, V)                                                                 \
+    for (size_t g0 = threadIdx.x; g0 * CE16_GROUP < (V); g0 += (size_t)CE16_BATCH * THREADS)
+#define CE16_IN_ROW(g0, b, V) (((g0) + (size_t)(b) * THREADS) * CE16_GROUP < (V))
+
+template <unsigned THREADS>
+__global__ void __launch_bounds__(THREADS)
+    k_crossentropy_bf16_block(float *losses, uint16_t *dlogits, const uint16_t *logits,
+                              const int32_t *targets, size_t V, float dscale, size_t N)
+{
+    __shared__ block_scratch<THREADS, float> shf;
+    __shared__ block_scratch<THREADS, double> shd;
+    BLOCK_ROW_LOOP(r, N)
+    {
+        const uint16_t *x = logits + r * V;
+        uint16_t *dl = dlogits ? dlogits + r * V : NULL;
+        const bool vec = (uintptr_t)x % 16 == 0 && (!dl || (uintptr_t)dl % 16 == 0);
+        int32_t target = targets[r];
+        if (target < 0) {
+            if (threadIdx.x == 0) losses[r] = 0.0f;
+            const ce16_group zero = {{0, 0, 0, 0}}; /* bfloat16 +0 */
+            if (!dl) continue;
+            CE16_BATCHES(g0, V)
+            {
+                DP_UNROLL
+                for (unsigned b = 0; b < CE16_BATCH; b++)
+                    if (CE16_IN_ROW(g0, b, V))
+                        ce16_store(dl, zero, (g0 + b * THREADS) * CE16_GROUP, V, vec);
+            }
+            continue;
+        }
+        float xy = dp_bf16_widen(x[target]);
+        float mt = -INFINITY, st = 0.0f;
+        CE16_BATCHES(g0, V)
+        {
+            ce16_group h[CE16_BATCH] = {};
+            DP_UNROLL
+            for (unsigned b = 0; b < CE16_BATCH; b++)
+                if (CE16_IN_ROW(g0, b, V)) h[b] = ce16_load(x, (g0 + b * THREADS) * CE16_GROUP, V, vec);
+            DP_UNROLL
+            for (unsigned b = 0; b < CE16_BATCH; b++)
+                if (CE16_IN_ROW(g0, b, V)) ce16_accumulate(mt, st, h[b]);
+        }
+        float mx = block_max<THREADS>(mt, shf); /* its barriers order the read of xy before any write */
+        /* a thread with only -inf (0) or NaN (NaN) terms passes st as it is */
+        double s = block_sum<THREADS>(mt == -INFINITY ? (double)st : (double)(st * expf(mt - mx)),
+                                      shd);
+        if (threadIdx.x == 0) losses[r] = (float)(((double)mx - (double)xy) + log(s));
+        if (!dl) continue;
+        const float inv = (float)(1.0 / s);
+        CE16_BATCHES(g0, V)
+        {
+            ce16_group h[CE16_BATCH] = {};
+            DP_UNROLL
+            for (unsigned b = 0; b < CE16_BATCH; b++)
+                if (CE16_IN_ROW(g0, b, V)) h[b] = ce16_load(x, (g0 + b * THREADS) * CE16_GROUP, V, vec);
+            DP_UNROLL
+            for (unsigned b = 0; b < CE16_BATCH; b++) {
+                if (!CE16_IN_ROW(g0, b, V)) break;
+                const size_t e0 = (g0 + b * THREADS) * CE16_GROUP;
+                ce16_dlogits(h[b], e0, (size_t)target, mx, inv, dscale);
+                ce16_store(dl, h[b], e0, V, vec);
             }
         }
     }
