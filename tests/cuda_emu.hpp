@@ -218,6 +218,15 @@ inline float __shfl_xor_sync(unsigned m, float v, int l) { return cuda_emu::shfl
 inline int __shfl_xor_sync(unsigned m, int v, int l) { return cuda_emu::shfl_xor(m, v, l); }
 inline unsigned __shfl_xor_sync(unsigned m, unsigned v, int l) { return cuda_emu::shfl_xor(m, v, l); }
 inline double __shfl_xor_sync(unsigned m, double v, int l) { return cuda_emu::shfl_xor(m, v, l); }
+/* __shfl_sync: lane src's value (src taken modulo the warp, as CUDA's). */
+inline float __shfl_sync(unsigned m, float v, int src)
+{
+    return cuda_emu::shfl(m, v, (unsigned)src % 32u, "__shfl_sync");
+}
+inline double __shfl_sync(unsigned m, double v, int src)
+{
+    return cuda_emu::shfl(m, v, (unsigned)src % 32u, "__shfl_sync");
+}
 inline float __shfl_down_sync(unsigned m, float v, unsigned d) { return cuda_emu::shfl_down(m, v, d); }
 inline double __shfl_down_sync(unsigned m, double v, unsigned d) { return cuda_emu::shfl_down(m, v, d); }
 inline int __shfl_down_sync(unsigned m, int v, unsigned d) { return cuda_emu::shfl_down(m, v, d); }

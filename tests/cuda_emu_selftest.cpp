@@ -67,6 +67,14 @@ __global__ void k_shfl(float *fsum, int *isum)
     isum[t] = i;
 }
 
+// 2b. __shfl_sync: lane (7l + 3) % 32's value, and lane 37 (37 % 32 = 5).
+__global__ void k_shfl_idx(float *got, double *got5)
+{
+    const unsigned t = threadIdx.x, l = t % 32;
+    got[t] = __shfl_sync(0xffffffffu, (float)t, (int)((7 * l + 3) % 32));
+    got5[t] = __shfl_sync(0xffffffffu, 0.25 * (double)t, 37);
+}
+
 // 3. C = A B + D: A (32, 48), B (48, 32) bf16, 4 warps, a 16x16 tile each
 //    (two 16x8 accumulators). A by ldmatrix; B twice: by ldmatrix.trans from
 //    B row-major (k rows) into c_t, by plain ldmatrix from B^T row-major (n
@@ -195,6 +203,19 @@ int main()
             ok = ok && fs[t] == fr && is[t] == ir;
         }
         report("__shfl_xor_sync butterfly sums (float, int), 3 warps", ok);
+    }
+    { // 2b
+        const unsigned block = 64;
+        std::vector<float> got(block);
+        std::vector<double> got5(block);
+        emu_launch(1, block, 0, k_shfl_idx, got.data(), got5.data());
+        bool ok = true;
+        for (unsigned t = 0; t < block; t++) {
+            const unsigned base = t / 32 * 32;
+            ok = ok && got[t] == (float)(base + (7 * (t % 32) + 3) % 32) &&
+                 got5[t] == 0.25 * (double)(base + 5);
+        }
+        report("__shfl_sync lane reads (float, double, src past the warp), 2 warps", ok);
     }
     { // 3
         std::mt19937 rng(1234);

@@ -938,6 +938,106 @@ Test(cuda_ops, layernorm_matches_cpu, .timeout = 60)
     check_layernorm(64, 768);
 }
 
+/* Every LayerNorm output on d for x(N,C): the forward's output, mean and
+ * rstd; its bfloat16 output; the residual update with float32 and with
+ * bfloat16 output (the sum and the output); the backward's dinp, dweight
+ * and dbias from float32 and from bfloat16 dout. One malloc'd byte array
+ * of *bytes bytes. */
+static unsigned char *layernorm_outputs(dp_device *d, const float *x, const float *add,
+                                        const float *w, const float *bias, const float *dout,
+                                        size_t N, size_t C, size_t *bytes)
+{
+    const size_t NC = N * C, total = 4 * (4 * NC + 2 * N) + 2 * 2 * NC + 2 * 4 * (NC + 2 * C);
+    unsigned char *all = xmalloc(total), *at = all;
+#define LN_TAKE(src, n, size)                                                                \
+    do {                                                                                     \
+        void *h_ = (size) == 2 ? (void *)download_u16(d, (const uint16_t *)(src), n)          \
+                               : (void *)dp_test_nn_download(d, (const float *)(src), n);     \
+        memcpy(at, h_, (n) * (size));                                                        \
+        at += (n) * (size);                                                                  \
+        free(h_);                                                                            \
+    } while (0)
+    float *xd = dp_test_upload(d, x, NC), *wd = dp_test_upload(d, w, C),
+          *bd = dp_test_upload(d, bias, C), *od = dalloc(d, NC * 4), *md = dalloc(d, N * 4),
+          *rd = dalloc(d, N * 4), *ad = dp_test_upload(d, add, NC);
+    void *o16 = dalloc(d, NC * 2);
+    dp_pref pw = dp_pref_f32(wd), pb = dp_pref_f32(bd);
+    dp_assert_ok(dp_layernorm_forward(d, od, md, rd, xd, wd, bd, N, C));
+    LN_TAKE(od, NC, 4);
+    LN_TAKE(md, N, 4);
+    LN_TAKE(rd, N, 4);
+    dp_assert_ok(dp_layernorm_forward_out16(d, o16, md, rd, xd, pw, pb, N, C));
+    LN_TAKE(o16, NC, 2);
+    for (int t16 = 0; t16 < 2; t16++) {
+        float *x1 = dp_test_upload(d, x, NC);
+        dp_assert_ok(dp_residual_layernorm_forward(d, t16 ? o16 : (void *)od,
+                                                   t16 ? DP_DTYPE_BF16 : DP_DTYPE_F32, md, rd,
+                                                   x1, ad, pw, pb, N, C));
+        LN_TAKE(x1, NC, 4);
+        if (t16)
+            LN_TAKE(o16, NC, 2);
+        else
+            LN_TAKE(od, NC, 4);
+        dp_device_free(d, x1);
+    }
+    dp_assert_ok(dp_layernorm_forward(d, od, md, rd, xd, wd, bd, N, C));
+    void *g16 = upload_typed(d, dout, NC, 1);
+    float *gd = dp_test_upload(d, dout, NC);
+    for (int t16 = 0; t16 < 2; t16++) {
+        float *di = dp_test_upload(d, add, NC), *dw = dp_test_upload(d, w, C),
+              *db = dp_test_upload(d, bias, C);
+        if (t16)
+            dp_assert_ok(dp_layernorm_backward_dout16(d, di, dw, db, g16, xd, pw, md, rd, N, C));
+        else
+            dp_assert_ok(dp_layernorm_backward(d, di, dw, db, gd, xd, wd, md, rd, N, C));
+        LN_TAKE(di, NC, 4);
+        LN_TAKE(dw, C, 4);
+        LN_TAKE(db, C, 4);
+        dp_device_free(d, di), dp_device_free(d, dw), dp_device_free(d, db);
+    }
+#undef LN_TAKE
+    void *bufs[] = {xd, wd, bd, od, md, rd, ad, o16, g16, gd};
+    for (size_t i = 0; i < 10; i++) dp_device_free(d, bufs[i]);
+    cr_assert_eq((size_t)(at - all), total, "layernorm_outputs: %zu bytes of %zu",
+                 (size_t)(at - all), total);
+    *bytes = total;
+    return all;
+}
+
+/* Rows of up to 1024 channels run a warp per row on a GPU
+ * (cuda/cuda_rows.cuh), the block's threads played by its lanes: every
+ * output above, bit for bit, the block per row's (DP_CUDA_ROW_WARPS=0),
+ * from 13 channels (a partial first pass) to 1024 (four per thread), and
+ * 1500 (a block per row either way). */
+Test(cuda_ops, layernorm_rows_a_warp_each_keep_the_block_bits, .timeout = 60)
+{
+    REQUIRE_GPU();
+    const size_t N = 37, Cs[] = {13, 300, 768, 1024, 1500};
+    for (size_t i = 0; i < sizeof Cs / sizeof *Cs; i++) {
+        size_t C = Cs[i];
+        float *x = rnd_normal(31, N * C, 2.0f, 1.0f), *add = rnd_normal(32, N * C, 0.0f, 1.0f),
+              *w = rnd(33, C, 0.5f, 1.5f), *bias = rnd(34, C, -1, 1),
+              *dout = rnd(35, N * C, -1, 1);
+        FOR_TARGETS(g)
+        {
+            pair p = pair_open(g);
+            size_t n0, n1;
+            unsigned char *warp = layernorm_outputs(p.d[1], x, add, w, bias, dout, N, C, &n0);
+            cr_assert_eq(setenv("DP_CUDA_ROW_WARPS", "0", 1), 0);
+            unsigned char *block = layernorm_outputs(p.d[1], x, add, w, bias, dout, N, C, &n1);
+            cr_assert_eq(unsetenv("DP_CUDA_ROW_WARPS"), 0);
+            size_t at = 0;
+            while (at < n0 && warp[at] == block[at]) at++;
+            cr_assert(n0 == n1 && at == n0, "C %zu on %s: the warp per row differs from the "
+                      "block's at byte %zu of %zu", C, dp_device_name(p.d[1]), at, n0);
+            free(warp);
+            free(block);
+            pair_close(&p);
+        }
+        free(x), free(add), free(w), free(bias), free(dout);
+    }
+}
+
 /* dweight and dbias += the LayerNorm's parameter sums of g(N,C) (dout's
  * values) in kernels/colsum.h's order, each dweight term dout * xhat
  * added as fmaf(dout, xhat, sum) (contract) or rounded first. */

@@ -269,71 +269,115 @@ void close16(const char *what, const uint16_t *a, const uint16_t *b, size_t n)
     }
 }
 
+/* k_layernorm_forward_warp for rows of kv elements a block thread (1 to
+ * LN_VALS), one block of BLOCK_THREADS: its 8 warps take rows 0-7, then
+ * 8 on (the row loop). */
+template <typename To>
+void run_ln_warp(size_t kv, To *out, float *m, float *r, const float *x, dp_pref w, dp_pref b,
+                 size_t C, float eps, size_t N, float *xw, const float *add)
+{
+    launch_by_vals(
+        kv,
+        [&](auto v) {
+            emu_launch(1, BLOCK_THREADS, 0, k_layernorm_forward_warp<decltype(v)::value, To>, out,
+                       m, r, x, w, b, C, eps, N, xw, add);
+        },
+        [] { cr_assert_fail("no warp kernel for these rows"); });
+}
+
+/* The same for k_layernorm_backward_inp_warp. */
+void run_ln_bwd_warp(size_t kv, float *dinp, dp_pref g, const float *x, dp_pref w,
+                     const float *m, const float *r, size_t C, size_t N)
+{
+    launch_by_vals(
+        kv,
+        [&](auto v) {
+            emu_launch(1, BLOCK_THREADS, 0, k_layernorm_backward_inp_warp<decltype(v)::value>,
+                       dinp, g, x, w, m, r, C, N);
+        },
+        [] { cr_assert_fail("no warp kernel for these rows"); });
+}
+
 } // namespace
 
 /* LayerNorm: the block's two-pass mean and variance against the CPU's (C
  * terms summed in another order: C 2^-24 relative, 1e-5 here); the
  * bfloat16 output within a step of the CPU's; with the residual's update
- * first, the stream's new values bit for bit (one addition each). */
-Test(cuda_rows_emu, layernorm_outputs_and_residual)
+ * first, the stream's new values bit for bit (one addition each). The
+ * warp per row (the launcher's kernel for rows of up to LN_VALS *
+ * BLOCK_THREADS) gives the block kernel's bits, every output: rows of 13
+ * to 1024 elements (1 to 4 elements a block thread, the last partial). */
+Test(cuda_rows_emu, layernorm_outputs_and_residual, .timeout = 120)
 {
-    const size_t N = 6, C = 300;
-    uint32_t seed = 11u;
-    std::vector<float> x(N * C), add(N * C), w(C), b(C);
-    for (float &v : x) v = 3.0f * uniform(&seed) + 0.5f;
-    for (float &v : add) v = uniform(&seed);
-    for (float &v : w) v = 1.0f + 0.2f * uniform(&seed);
-    for (float &v : b) v = 0.1f * uniform(&seed);
-    dp_pref pw = dp_pref_f32(w.data()), pb = dp_pref_f32(b.data());
-    const float eps = 1e-5f;
-    for (int residual = 0; residual < 2; residual++)
-        for (int bf16 = 0; bf16 < 2; bf16++) {
-            std::vector<float> out(N * C), oc(N * C), m(N), mc(N), r(N), rc(N);
-            std::vector<uint16_t> o16(N * C), o16c(N * C);
-            std::vector<float> xg = x, xc = x;
-            for (size_t row = 0; row < N; row++) {
-                if (residual)
-                    dp_residual_layernorm_item(oc.data(), bf16 ? o16c.data() : NULL, mc.data(),
-                                               rc.data(), xc.data(), add.data(), pw, pb, C, eps,
-                                               row);
-                else if (bf16)
-                    dp_layernorm_forward_bf16_out_item(o16c.data(), mc.data(), rc.data(),
-                                                       xc.data(), pw, pb, C, eps, row);
+    for (size_t C : {(size_t)13, (size_t)300, (size_t)768, (size_t)1024}) {
+        const size_t N = 11, kv = (C + BLOCK_THREADS - 1) / BLOCK_THREADS;
+        uint32_t seed = 11u + (uint32_t)C;
+        std::vector<float> x(N * C), add(N * C), w(C), b(C);
+        for (float &v : x) v = 3.0f * uniform(&seed) + 0.5f;
+        for (float &v : add) v = uniform(&seed);
+        for (float &v : w) v = 1.0f + 0.2f * uniform(&seed);
+        for (float &v : b) v = 0.1f * uniform(&seed);
+        dp_pref pw = dp_pref_f32(w.data()), pb = dp_pref_f32(b.data());
+        const float eps = 1e-5f;
+        for (int residual = 0; residual < 2; residual++)
+            for (int bf16 = 0; bf16 < 2; bf16++) {
+                std::vector<float> out(N * C), oc(N * C), ow(N * C), m(N), mc(N), mw(N), r(N),
+                    rc(N), rw(N);
+                std::vector<uint16_t> o16(N * C), o16c(N * C), o16w(N * C);
+                std::vector<float> xg = x, xc = x, xwp = x;
+                for (size_t row = 0; row < N; row++) {
+                    if (residual)
+                        dp_residual_layernorm_item(oc.data(), bf16 ? o16c.data() : NULL,
+                                                   mc.data(), rc.data(), xc.data(), add.data(),
+                                                   pw, pb, C, eps, row);
+                    else if (bf16)
+                        dp_layernorm_forward_bf16_out_item(o16c.data(), mc.data(), rc.data(),
+                                                           xc.data(), pw, pb, C, eps, row);
+                    else
+                        dp_layernorm_forward_item(oc.data(), mc.data(), rc.data(), xc.data(), pw,
+                                                  pb, C, eps, row);
+                }
+                float *xb = residual ? xg.data() : (float *)NULL;
+                float *xw = residual ? xwp.data() : (float *)NULL;
+                const float *ad = residual ? add.data() : (const float *)NULL;
+                if (bf16) {
+                    emu_launch(4, BLOCK_THREADS, 0, k_layernorm_forward_block<uint16_t>,
+                               o16.data(), m.data(), r.data(), (const float *)xg.data(), pw, pb,
+                               C, eps, N, xb, ad);
+                    run_ln_warp(kv, o16w.data(), mw.data(), rw.data(), xwp.data(), pw, pb, C,
+                                eps, N, xw, ad);
+                } else {
+                    emu_launch(4, BLOCK_THREADS, 0, k_layernorm_forward_block<float>, out.data(),
+                               m.data(), r.data(), (const float *)xg.data(), pw, pb, C, eps, N,
+                               xb, ad);
+                    run_ln_warp(kv, ow.data(), mw.data(), rw.data(), xwp.data(), pw, pb, C, eps,
+                                N, xw, ad);
+                }
+                char what[64];
+                snprintf(what, sizeof what, "C %zu residual %d bf16 %d", C, residual, bf16);
+                cr_assert(xg == xc, "%s: the stream's update differs", what);
+                close(what, m.data(), mc.data(), N, 1e-6f, 1e-5f);
+                close(what, r.data(), rc.data(), N, 0.0f, 1e-5f);
+                if (bf16)
+                    close16(what, o16.data(), o16c.data(), N * C);
                 else
-                    dp_layernorm_forward_item(oc.data(), mc.data(), rc.data(), xc.data(), pw, pb,
-                                              C, eps, row);
+                    close(what, out.data(), oc.data(), N * C, 1e-5f, 1e-5f);
+                cr_assert(xwp == xg && mw == m && rw == r && ow == out && o16w == o16,
+                          "%s: the warp per row differs from the block's bits", what);
             }
-            float *xw = residual ? xg.data() : (float *)NULL;
-            const float *ad = residual ? add.data() : (const float *)NULL;
-            if (bf16)
-                emu_launch(4, BLOCK_THREADS, 0, k_layernorm_forward_block<uint16_t>, o16.data(),
-                           m.data(), r.data(), (const float *)xg.data(), pw, pb, C, eps, N, xw,
-                           ad);
-            else
-                emu_launch(4, BLOCK_THREADS, 0, k_layernorm_forward_block<float>, out.data(),
-                           m.data(), r.data(), (const float *)xg.data(), pw, pb, C, eps, N, xw,
-                           ad);
-            char what[64];
-            snprintf(what, sizeof what, "residual %d bf16 %d", residual, bf16);
-            cr_assert(xg == xc, "%s: the stream's update differs", what);
-            close(what, m.data(), mc.data(), N, 1e-6f, 1e-5f);
-            close(what, r.data(), rc.data(), N, 0.0f, 1e-5f);
-            if (bf16)
-                close16(what, o16.data(), o16c.data(), N * C);
-            else
-                close(what, out.data(), oc.data(), N * C, 1e-5f, 1e-5f);
-        }
+    }
 }
 
 /* The LayerNorm's input gradient: the block kernel against the CPU's
  * item (two row means summed in another order: 1e-5 relative), for rows
- * held in registers (C = 300) and longer ones (C = 1500); from a bfloat16
- * dout, the kernel's own bits from the float32 dout of its widened
- * values, and dinp added to, not overwritten. */
-Test(cuda_rows_emu, layernorm_backward_from_float32_and_bfloat16_dout)
+ * of 13 to 1024 elements and a longer one (C = 1500: the block kernel
+ * alone); the warp per row gives the block's bits; from a bfloat16 dout,
+ * the kernel's own bits from the float32 dout of its widened values, and
+ * dinp added to, not overwritten. */
+Test(cuda_rows_emu, layernorm_backward_from_float32_and_bfloat16_dout, .timeout = 120)
 {
-    for (size_t C : {(size_t)300, (size_t)1500}) {
-        const size_t N = 5;
+    for (size_t C : {(size_t)13, (size_t)300, (size_t)768, (size_t)1024, (size_t)1500}) {
+        const size_t N = 11, kv = (C + BLOCK_THREADS - 1) / BLOCK_THREADS;
         uint32_t seed = 13u + (uint32_t)C;
         std::vector<float> x(N * C), g(N * C), w(C), d0(N * C), m(N), r(N);
         std::vector<uint16_t> g16(N * C);
@@ -366,6 +410,15 @@ Test(cuda_rows_emu, layernorm_backward_from_float32_and_bfloat16_dout)
         snprintf(what, sizeof what, "layernorm backward C %zu", C);
         close(what, got32.data(), want.data(), N * C, 1e-5f, 1e-5f);
         cr_assert(got16 == got32, "%s: from bfloat16 dout, other bits", what);
+        if (kv <= LN_VALS) {
+            std::vector<float> warp32 = d0, warp16 = d0;
+            run_ln_bwd_warp(kv, warp32.data(), dp_pref_f32(g.data()), x.data(), pw, m.data(),
+                            r.data(), C, N);
+            run_ln_bwd_warp(kv, warp16.data(), dp_pref_bf16(g16.data()), x.data(), pw, m.data(),
+                            r.data(), C, N);
+            cr_assert(warp32 == got32 && warp16 == got16,
+                      "%s: the warp per row differs from the block's bits", what);
+        }
         std::vector<float> cpu16 = d0;
         for (size_t row = 0; row < N; row++)
             dp_layernorm_backward_inp_item(cpu16.data(), dp_pref_bf16(g16.data()), x.data(), pw,

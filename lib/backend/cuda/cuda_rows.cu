@@ -8,6 +8,8 @@
  * (cuda_kernels.cu has the other kernels; docs/design.md section 3).
  */
 #include <cuda_runtime.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "backend/cuda/cuda_kernels.h" /* and kernels/ops.h with the kernel headers */
 #include "backend/cuda/cuda_launch.cuh"
@@ -19,30 +21,71 @@ static unsigned row_blocks(size_t rows)
     return (unsigned)(rows < DP_MAX_BLOCKS ? rows : DP_MAX_BLOCKS);
 }
 
+/* DP_CUDA_ROW_WARPS=0 runs every LayerNorm row a block per row, where
+ * rows of up to LN_VALS * BLOCK_THREADS elements take a warp each (the
+ * same bits; for comparison). Read at each launch, so that a test can run
+ * both in one process; no caller sets it while kernels launch. */
+static bool row_warps_on(void)
+{
+    const char *e = getenv("DP_CUDA_ROW_WARPS");
+    return !(e && strcmp(e, "0") == 0);
+}
+
+/* Rows of C elements a warp each, or 0: a block each. */
+static size_t row_warp_vals(size_t C)
+{
+    size_t kv = (C + BLOCK_THREADS - 1) / BLOCK_THREADS;
+    return kv <= LN_VALS && row_warps_on() ? kv : 0;
+}
+
+/* Blocks of VWARPS warps for rows a warp each, capped like every grid. */
+static unsigned warp_row_blocks(size_t rows)
+{
+    size_t b = (rows + VWARPS - 1) / VWARPS;
+    return (unsigned)(b < DP_MAX_BLOCKS ? b : DP_MAX_BLOCKS);
+}
+
+/* The LayerNorm forward of every variant: To its output's type; with xw
+ * and add the residual's update first. */
+template <typename To>
+static cudaError_t launch_layernorm_forward(cudaStream_t stream, To *out, float *mean,
+                                            float *rstd, const float *inp, dp_pref weight,
+                                            dp_pref bias, size_t C, float eps, size_t n,
+                                            float *xw, const float *add)
+{
+    if (n == 0 || C == 0) return cudaSuccess;
+    const unsigned g = warp_row_blocks(n), t = BLOCK_THREADS;
+    launch_by_vals(
+        row_warp_vals(C),
+        [&](auto kv) {
+            k_layernorm_forward_warp<decltype(kv)::value, To>
+                <<<g, t, 0, stream>>>(out, mean, rstd, inp, weight, bias, C, eps, n, xw, add);
+        },
+        [&] {
+            k_layernorm_forward_block<To><<<row_blocks(n), t, 0, stream>>>(
+                out, mean, rstd, inp, weight, bias, C, eps, n, xw, add);
+        });
+    return cudaGetLastError();
+}
+
 extern "C" cudaError_t dp_cuda_launch_layernorm_forward(cudaStream_t stream, float *out,
                                                         float *mean, float *rstd,
                                                         const float *inp, dp_pref weight,
                                                         dp_pref bias, size_t C, float eps,
                                                         size_t n)
 {
-    if (n == 0 || C == 0) return cudaSuccess;
-    k_layernorm_forward_block<float><<<row_blocks(n), BLOCK_THREADS, 0, stream>>>(
-        out, mean, rstd, inp, weight, bias, C, eps, n, NULL, NULL);
-    return cudaGetLastError();
+    return launch_layernorm_forward(stream, out, mean, rstd, inp, weight, bias, C, eps, n,
+                                    (float *)NULL, (const float *)NULL);
 }
 
 extern "C" cudaError_t dp_cuda_launch_residual_layernorm_forward(
     cudaStream_t stream, float *out, uint16_t *out16, float *mean, float *rstd, float *x,
     const float *add, dp_pref weight, dp_pref bias, size_t C, float eps, size_t n)
 {
-    if (n == 0 || C == 0) return cudaSuccess;
     if (out16)
-        k_layernorm_forward_block<uint16_t><<<row_blocks(n), BLOCK_THREADS, 0, stream>>>(
-            out16, mean, rstd, x, weight, bias, C, eps, n, x, add);
-    else
-        k_layernorm_forward_block<float><<<row_blocks(n), BLOCK_THREADS, 0, stream>>>(
-            out, mean, rstd, x, weight, bias, C, eps, n, x, add);
-    return cudaGetLastError();
+        return launch_layernorm_forward(stream, out16, mean, rstd, x, weight, bias, C, eps, n, x,
+                                        add);
+    return launch_layernorm_forward(stream, out, mean, rstd, x, weight, bias, C, eps, n, x, add);
 }
 
 extern "C" cudaError_t dp_cuda_launch_layernorm_forward_bf16_out(cudaStream_t stream,
@@ -51,10 +94,8 @@ extern "C" cudaError_t dp_cuda_launch_layernorm_forward_bf16_out(cudaStream_t st
                                                                  dp_pref weight, dp_pref bias,
                                                                  size_t C, float eps, size_t n)
 {
-    if (n == 0 || C == 0) return cudaSuccess;
-    k_layernorm_forward_block<uint16_t><<<row_blocks(n), BLOCK_THREADS, 0, stream>>>(
-        out, mean, rstd, inp, weight, bias, C, eps, n, NULL, NULL);
-    return cudaGetLastError();
+    return launch_layernorm_forward(stream, out, mean, rstd, inp, weight, bias, C, eps, n,
+                                    (float *)NULL, (const float *)NULL);
 }
 
 extern "C" cudaError_t dp_cuda_launch_layernorm_backward_inp(cudaStream_t stream, float *dinp,
@@ -64,8 +105,17 @@ extern "C" cudaError_t dp_cuda_launch_layernorm_backward_inp(cudaStream_t stream
                                                              size_t n)
 {
     if (n == 0 || C == 0) return cudaSuccess;
-    k_layernorm_backward_inp_block<<<row_blocks(n), BLOCK_THREADS, 0, stream>>>(
-        dinp, dout, inp, weight, mean, rstd, C, n);
+    const unsigned g = warp_row_blocks(n), t = BLOCK_THREADS;
+    launch_by_vals(
+        row_warp_vals(C),
+        [&](auto kv) {
+            k_layernorm_backward_inp_warp<decltype(kv)::value>
+                <<<g, t, 0, stream>>>(dinp, dout, inp, weight, mean, rstd, C, n);
+        },
+        [&] {
+            k_layernorm_backward_inp_block<<<row_blocks(n), t, 0, stream>>>(
+                dinp, dout, inp, weight, mean, rstd, C, n);
+        });
     return cudaGetLastError();
 }
 

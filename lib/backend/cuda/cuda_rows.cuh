@@ -87,13 +87,64 @@ template <unsigned THREADS> __device__ float block_max(float v, block_scratch<TH
 #define BLOCK_ROW_LOOP(r, rows) for (size_t r = blockIdx.x; r < (rows); r += gridDim.x)
 #define ROW_ELEMS(j, len) for (size_t j = threadIdx.x; j < (len); j += blockDim.x)
 
-/* Elements of a LayerNorm row a thread keeps in registers (rows up to
- * LN_VALS * BLOCK_THREADS = 1024 wide; longer ones read memory at each
- * pass): its elements j, j + BLOCK_THREADS, ..., loaded together, then
- * the passes in the same order as the loops over memory, so the same
- * bits. Each pass re-read the row from L1 or L2, one dependent 4-byte
- * load after another. */
+/*
+ * A warp per row for the LayerNorm rows of up to LN_VALS * BLOCK_THREADS
+ * elements: the warp plays the block of BLOCK_THREADS threads, lane l
+ * being its threads l, 32 + l, ..., 32 (VWARPS - 1) + l, each with the
+ * elements and the partial sums that thread had, and warp_block_reduce
+ * repeats block_reduce's tree shuffle for shuffle. So the sums, and every
+ * bit, are the block kernels', without a barrier or shared memory: a block
+ * per row waited on four barriers between its loads and its stores, with
+ * 8 rows an SM in flight (on an H200 GPT-2 small's LayerNorm forward ran
+ * at about a quarter of HBM's bandwidth), where a warp per row lets 64.
+ */
 const unsigned LN_VALS = 4;
+const unsigned VWARPS = BLOCK_THREADS / 32;
+
+/* launch(vals<KV>()) for kv = KV in 1..LN_VALS, else block(): a warp
+ * kernel's instance for rows of up to kv elements a block thread (host
+ * code, the launchers' and the emulator tests'). */
+template <unsigned KV> struct vals {
+    static const unsigned value = KV;
+};
+template <typename W, typename B> void launch_by_vals(size_t kv, W launch, B block)
+{
+    static_assert(LN_VALS == 4, "a case per LN_VALS");
+    switch (kv) {
+    case 1: launch(vals<1>()); break;
+    case 2: launch(vals<2>()); break;
+    case 3: launch(vals<3>()); break;
+    case 4: launch(vals<4>()); break;
+    default: block();
+    }
+}
+
+/* block_reduce<BLOCK_THREADS>'s result, p[w] being this lane's partial as
+ * thread 32 w + lane: each warp's shuffle-down tree, then warp 0's over
+ * the warps' sums (lanes from VWARPS on the identity); every lane gets it. */
+template <typename Tv, typename Op> __device__ Tv warp_block_reduce(Tv p[VWARPS], Tv identity, Op op)
+{
+    const unsigned lane = threadIdx.x % 32;
+    DP_UNROLL
+    for (unsigned w = 0; w < VWARPS; w++)
+        for (int off = 16; off > 0; off /= 2)
+            p[w] = op(p[w], __shfl_down_sync(0xffffffffu, p[w], off));
+    Tv v = identity;
+    DP_UNROLL
+    for (unsigned w = 0; w < VWARPS; w++) {
+        Tv t = __shfl_sync(0xffffffffu, p[w], 0);
+        if (lane == w) v = t;
+    }
+    for (int off = 16; off > 0; off /= 2) v = op(v, __shfl_down_sync(0xffffffffu, v, off));
+    return __shfl_sync(0xffffffffu, v, 0);
+}
+
+/* Warp-per-row loops: row r for each warp of the grid. */
+#define WARP_ROW_LOOP(r, rows)                                                                 \
+    for (size_t r = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; r < (rows);    \
+         r += (size_t)gridDim.x * (blockDim.x / 32))
+/* The column of element k of the block thread 32 w + lane. */
+#define WARP_ROW_COL(w, k) ((size_t)(w) * 32 + threadIdx.x % 32 + (size_t)(k) * BLOCK_THREADS)
 
 /* One LayerNorm output element: float32, or rounded to bfloat16 once
  * (the float32 value's rounding, so both outputs agree bit for bit). */
@@ -108,55 +159,15 @@ __device__ __forceinline__ void ln_store(uint16_t *out, size_t i, float v)
  * (two passes, as the CPU), then the output; the same instructions up to
  * the store. With add (dp_residual_layernorm_item) the row of xw (the
  * same memory as inp) first becomes inp + add, each element by the thread
- * that reads it below, and the barrier makes the row whole for all. */
+ * that reads it below, and the barrier makes the row whole for all. Rows
+ * of up to LN_VALS * BLOCK_THREADS elements run k_layernorm_forward_warp
+ * instead, with the same bits. */
 template <typename To>
 __global__ void k_layernorm_forward_block(To *out, float *mean, float *rstd, const float *inp,
                                           dp_pref weight, dp_pref bias, size_t C, float eps,
                                           size_t N, float *xw, const float *add)
 {
     __shared__ block_scratch<BLOCK_THREADS, float> sh;
-    if (C <= LN_VALS * BLOCK_THREADS) { /* the row in registers */
-        BLOCK_ROW_LOOP(r, N)
-        {
-            const float *x = inp + r * C;
-            float v[LN_VALS];
-            DP_UNROLL
-            for (unsigned k = 0; k < LN_VALS; k++) {
-                const size_t c = threadIdx.x + k * BLOCK_THREADS;
-                v[k] = c < C ? (add ? xw[r * C + c] + add[r * C + c] : x[c]) : 0.0f;
-            }
-            if (add) {
-                DP_UNROLL
-                for (unsigned k = 0; k < LN_VALS; k++) {
-                    const size_t c = threadIdx.x + k * BLOCK_THREADS;
-                    if (c < C) xw[r * C + c] = v[k];
-                }
-            }
-            float a = 0.0f;
-            DP_UNROLL
-            for (unsigned k = 0; k < LN_VALS; k++)
-                if (threadIdx.x + k * BLOCK_THREADS < C) a += v[k];
-            float m = block_sum<BLOCK_THREADS>(a, sh) / (float)C;
-            float q = 0.0f;
-            DP_UNROLL
-            for (unsigned k = 0; k < LN_VALS; k++)
-                if (threadIdx.x + k * BLOCK_THREADS < C) {
-                    float d = v[k] - m;
-                    q += d * d;
-                }
-            float s = 1.0f / sqrtf(block_sum<BLOCK_THREADS>(q, sh) / (float)C + eps);
-            DP_UNROLL
-            for (unsigned k = 0; k < LN_VALS; k++) {
-                const size_t c = threadIdx.x + k * BLOCK_THREADS;
-                if (c < C) ln_store(out, r * C + c, dp_layernorm_out(v[k], m, s, weight, bias, c));
-            }
-            if (threadIdx.x == 0) {
-                mean[r] = m;
-                rstd[r] = s;
-            }
-        }
-        return;
-    }
     BLOCK_ROW_LOOP(r, N)
     {
         const float *x = inp + r * C;
@@ -176,6 +187,62 @@ __global__ void k_layernorm_forward_block(To *out, float *mean, float *rstd, con
         float s = 1.0f / sqrtf(block_sum<BLOCK_THREADS>(q, sh) / (float)C + eps);
         ROW_ELEMS(c, C) ln_store(out, r * C + c, dp_layernorm_out(x[c], m, s, weight, bias, c));
         if (threadIdx.x == 0) {
+            mean[r] = m;
+            rstd[r] = s;
+        }
+    }
+}
+
+/* k_layernorm_forward_block for rows of C <= KV * BLOCK_THREADS, a warp
+ * per row (KV <= LN_VALS): the row in registers, the block's sums. */
+template <unsigned KV, typename To>
+__global__ void k_layernorm_forward_warp(To *out, float *mean, float *rstd, const float *inp,
+                                         dp_pref weight, dp_pref bias, size_t C, float eps,
+                                         size_t N, float *xw, const float *add)
+{
+    WARP_ROW_LOOP(r, N)
+    {
+        const float *x = inp + r * C;
+        float v[VWARPS][KV];
+        DP_UNROLL
+        for (unsigned w = 0; w < VWARPS; w++)
+            DP_UNROLL
+            for (unsigned k = 0; k < KV; k++) {
+                const size_t c = WARP_ROW_COL(w, k);
+                v[w][k] = c < C ? (add ? xw[r * C + c] + add[r * C + c] : x[c]) : 0.0f;
+            }
+        float p[VWARPS];
+        DP_UNROLL
+        for (unsigned w = 0; w < VWARPS; w++) {
+            p[w] = 0.0f;
+            DP_UNROLL
+            for (unsigned k = 0; k < KV; k++) {
+                const size_t c = WARP_ROW_COL(w, k);
+                if (c >= C) continue;
+                if (add) xw[r * C + c] = v[w][k];
+                p[w] += v[w][k];
+            }
+        }
+        float m = warp_block_reduce(p, 0.0f, add_op()) / (float)C;
+        DP_UNROLL
+        for (unsigned w = 0; w < VWARPS; w++) {
+            p[w] = 0.0f;
+            DP_UNROLL
+            for (unsigned k = 0; k < KV; k++)
+                if (WARP_ROW_COL(w, k) < C) {
+                    float d = v[w][k] - m;
+                    p[w] += d * d;
+                }
+        }
+        float s = 1.0f / sqrtf(warp_block_reduce(p, 0.0f, add_op()) / (float)C + eps);
+        DP_UNROLL
+        for (unsigned w = 0; w < VWARPS; w++)
+            DP_UNROLL
+            for (unsigned k = 0; k < KV; k++) {
+                const size_t c = WARP_ROW_COL(w, k);
+                if (c < C) ln_store(out, r * C + c, dp_layernorm_out(v[w][k], m, s, weight, bias, c));
+            }
+        if (threadIdx.x % 32 == 0) {
             mean[r] = m;
             rstd[r] = s;
         }
@@ -215,48 +282,14 @@ __global__ void k_softmax_causal_forward_block(float *att, uint16_t *att16, floa
 
 /* dp_layernorm_backward_inp_item, one block per row: the two row means
  * (of g = dout * weight and of g * xhat), then dinp += the gradient; dout
- * float32 or bfloat16 (widened as it is read). */
+ * float32 or bfloat16 (widened as it is read). Rows of up to LN_VALS *
+ * BLOCK_THREADS elements run k_layernorm_backward_inp_warp instead, with
+ * the same bits. */
 __global__ void k_layernorm_backward_inp_block(float *dinp, dp_pref dout, const float *inp,
                                                dp_pref weight, const float *mean,
                                                const float *rstd, size_t C, size_t N)
 {
     __shared__ block_scratch<BLOCK_THREADS, float> sh;
-    if (C <= LN_VALS * BLOCK_THREADS) { /* the rows of dout and inp in registers */
-        BLOCK_ROW_LOOP(r, N)
-        {
-            const dp_pref g = dp_pref_offset(dout, r * C);
-            const float *x = inp + r * C;
-            float gv[LN_VALS], xv[LN_VALS], dv[LN_VALS];
-            DP_UNROLL
-            for (unsigned k = 0; k < LN_VALS; k++) {
-                const size_t c = threadIdx.x + k * BLOCK_THREADS;
-                gv[k] = c < C ? dp_pref_at(g, c) : 0.0f;
-                xv[k] = c < C ? x[c] : 0.0f;
-                dv[k] = c < C ? dinp[r * C + c] : 0.0f;
-            }
-            float m = mean[r], s = rstd[r], a = 0.0f, b = 0.0f;
-            DP_UNROLL
-            for (unsigned k = 0; k < LN_VALS; k++) {
-                const size_t c = threadIdx.x + k * BLOCK_THREADS;
-                if (c < C) {
-                    float gw = gv[k] * dp_pref_at(weight, c);
-                    a += gw;
-                    b += gw * (xv[k] - m) * s;
-                }
-            }
-            float g_mean = block_sum<BLOCK_THREADS>(a, sh) / (float)C;
-            float gx_mean = block_sum<BLOCK_THREADS>(b, sh) / (float)C;
-            DP_UNROLL
-            for (unsigned k = 0; k < LN_VALS; k++) {
-                const size_t c = threadIdx.x + k * BLOCK_THREADS;
-                if (c < C) {
-                    float xhat = (xv[k] - m) * s, gw = gv[k] * dp_pref_at(weight, c);
-                    dinp[r * C + c] = dv[k] + s * (gw - g_mean - xhat * gx_mean);
-                }
-            }
-        }
-        return;
-    }
     BLOCK_ROW_LOOP(r, N)
     {
         const dp_pref g = dp_pref_offset(dout, r * C);
@@ -275,6 +308,53 @@ __global__ void k_layernorm_backward_inp_block(float *dinp, dp_pref dout, const 
             float xhat = (x[c] - m) * s, gw = dp_pref_at(g, c) * dp_pref_at(weight, c);
             dinp[r * C + c] += s * (gw - g_mean - xhat * gx_mean);
         }
+    }
+}
+
+/* k_layernorm_backward_inp_block for rows of C <= KV * BLOCK_THREADS, a
+ * warp per row (KV <= LN_VALS): g * weight and inp in registers, the
+ * block's sums; dinp read when it is written. */
+template <unsigned KV>
+__global__ void k_layernorm_backward_inp_warp(float *dinp, dp_pref dout, const float *inp,
+                                              dp_pref weight, const float *mean,
+                                              const float *rstd, size_t C, size_t N)
+{
+    WARP_ROW_LOOP(r, N)
+    {
+        const dp_pref g = dp_pref_offset(dout, r * C);
+        const float *x = inp + r * C;
+        float gw[VWARPS][KV], xv[VWARPS][KV];
+        DP_UNROLL
+        for (unsigned w = 0; w < VWARPS; w++)
+            DP_UNROLL
+            for (unsigned k = 0; k < KV; k++) {
+                const size_t c = WARP_ROW_COL(w, k);
+                gw[w][k] = c < C ? dp_pref_at(g, c) * dp_pref_at(weight, c) : 0.0f;
+                xv[w][k] = c < C ? x[c] : 0.0f;
+            }
+        const float m = mean[r], s = rstd[r];
+        float a[VWARPS], b[VWARPS];
+        DP_UNROLL
+        for (unsigned w = 0; w < VWARPS; w++) {
+            a[w] = 0.0f, b[w] = 0.0f;
+            DP_UNROLL
+            for (unsigned k = 0; k < KV; k++)
+                if (WARP_ROW_COL(w, k) < C) {
+                    a[w] += gw[w][k];
+                    b[w] += gw[w][k] * (xv[w][k] - m) * s;
+                }
+        }
+        float g_mean = warp_block_reduce(a, 0.0f, add_op()) / (float)C;
+        float gx_mean = warp_block_reduce(b, 0.0f, add_op()) / (float)C;
+        DP_UNROLL
+        for (unsigned w = 0; w < VWARPS; w++)
+            DP_UNROLL
+            for (unsigned k = 0; k < KV; k++) {
+                const size_t c = WARP_ROW_COL(w, k);
+                if (c >= C) continue;
+                float xhat = (xv[w][k] - m) * s;
+                dinp[r * C + c] += s * (gw[w][k] - g_mean - xhat * gx_mean);
+            }
     }
 }
 
