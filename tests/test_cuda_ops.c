@@ -1257,10 +1257,44 @@ Test(cuda_ops, elementwise_ops_are_bitwise_equal, .timeout = 60)
     free(bb);
 }
 
+/* The CUDA backend's sum of squares in its order (cuda_kernels.cu, whose
+ * DP_CUDA_SUMSQ_THREADS and _BLOCKS are 256 and 1024): nb = min(ceil(n /
+ * 256), 1024) blocks of 256 threads, thread t of block b adding x[i]^2
+ * for i = 256 b + t, then 256 nb further, and so on; each block's 256
+ * sums by the halving tree (slot j += slot j + w, w = 128, 64, ..., 1);
+ * then one block: thread t adding partials t, t + 256, ..., and the same
+ * tree. Squares of floats are exact in double, so a fused multiply-add
+ * gives the same bits. */
+static double sum_squares_cuda_order(const float *x, size_t n)
+{
+    enum { T = 256, MAXB = 1024 };
+    size_t nb = (n + T - 1) / T;
+    nb = nb > MAXB ? MAXB : nb ? nb : 1;
+    double *part = xmalloc(nb * sizeof *part), acc[T];
+    for (size_t b = 0; b < nb; b++) {
+        for (size_t t = 0; t < T; t++) {
+            acc[t] = 0.0;
+            for (size_t i = b * T + t; i < n; i += nb * T) acc[t] += (double)x[i] * (double)x[i];
+        }
+        for (size_t w = T / 2; w > 0; w /= 2)
+            for (size_t t = 0; t < w; t++) acc[t] += acc[t + w];
+        part[b] = acc[0];
+    }
+    for (size_t t = 0; t < T; t++) {
+        acc[t] = 0.0;
+        for (size_t i = t; i < nb; i += T) acc[t] += part[i];
+    }
+    for (size_t w = T / 2; w > 0; w /= 2)
+        for (size_t t = 0; t < w; t++) acc[t] += acc[t + w];
+    free(part);
+    return acc[0];
+}
+
 /* Sum of squares in double: squares are exact, each backend's sum is
  * within (n-1) u_double of the exact sum (any order), so the two differ by
  * at most 2 (n-1) 2^-53 relative. The GPU's tree is fixed by n alone:
- * repeated calls, and two logical devices, give identical bits. */
+ * repeated calls, and two logical devices, give identical bits, those of
+ * sum_squares_cuda_order (its loads batched, its order kept). */
 Test(cuda_ops, sum_squares_is_accurate_and_deterministic, .timeout = 60)
 {
     REQUIRE_GPU();
@@ -1288,6 +1322,11 @@ Test(cuda_ops, sum_squares_is_accurate_and_deterministic, .timeout = 60)
             cr_assert(memcmp(&again, &r[1], sizeof again) == 0, "n=%zu: not deterministic", n);
             cr_assert(memcmp(&r_other, &r[1], sizeof again) == 0,
                       "n=%zu: two logical devices disagree", n);
+            if (!as_cpu()) {
+                double want = sum_squares_cuda_order(x, n);
+                cr_assert(memcmp(&want, &r[1], sizeof want) == 0,
+                          "n=%zu: %.17g, not the fixed order's %.17g", n, r[1], want);
+            }
             close_checked(other);
             pair_close(&p);
         }

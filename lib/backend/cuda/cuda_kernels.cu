@@ -228,6 +228,13 @@ extern "C" cudaError_t dp_cuda_launch_bias_broadcast(cudaStream_t s, float *out,
 
 // --- sum of squares (gradient norm) ----------------------------------------------------------
 
+/* Elements of its grid-stride set a sum-of-squares thread loads before it
+ * adds any (in the set's order, so the same sum): one 4-byte load at a
+ * time, used before the next, kept about 8 KiB in flight per SM, and the
+ * gradient's norm over GPT-2 small's 124M parameters took 0.20 ms on an
+ * H200 for 0.10 ms of traffic. */
+const unsigned SUMSQ_BATCH = 8;
+
 /* Sums x[i]^2 (in double) over the grid-stride set of each thread, then
  * over the block by a fixed tree; one partial per block. Called with
  * DP_CUDA_SUMSQ_THREADS threads, a power of two. */
@@ -235,7 +242,16 @@ __global__ void k_sum_squares_partial(double *partials, const float *x, size_t n
 {
     __shared__ double acc[DP_CUDA_SUMSQ_THREADS];
     double a = 0.0;
-    GRID_LOOP(i, n) a += dp_square_element(x[i]);
+    const size_t stride = grid_stride();
+    for (size_t i0 = first_index(); i0 < n; i0 += SUMSQ_BATCH * stride) {
+        float v[SUMSQ_BATCH];
+        DP_UNROLL
+        for (unsigned k = 0; k < SUMSQ_BATCH; k++)
+            v[k] = i0 + k * stride < n ? x[i0 + k * stride] : 0.0f;
+        DP_UNROLL
+        for (unsigned k = 0; k < SUMSQ_BATCH; k++)
+            if (i0 + k * stride < n) a += dp_square_element(v[k]);
+    }
     acc[threadIdx.x] = a;
     __syncthreads();
     for (unsigned w = DP_CUDA_SUMSQ_THREADS / 2; w > 0; w /= 2) {
