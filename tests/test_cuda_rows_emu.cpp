@@ -270,8 +270,8 @@ void close16(const char *what, const uint16_t *a, const uint16_t *b, size_t n)
 }
 
 /* k_layernorm_forward_warp for rows of kv elements a block thread (1 to
- * LN_VALS), one block of BLOCK_THREADS: its 8 warps take rows 0-7, then
- * 8 on (the row loop). */
+ * LN_VALS), as the launcher runs it (4 warps a block) over 2 blocks: rows
+ * 0-3 and 4-7, then 8 on (the row loop). */
 template <typename To>
 void run_ln_warp(size_t kv, To *out, float *m, float *r, const float *x, dp_pref w, dp_pref b,
                  size_t C, float eps, size_t N, float *xw, const float *add)
@@ -279,8 +279,8 @@ void run_ln_warp(size_t kv, To *out, float *m, float *r, const float *x, dp_pref
     launch_by_vals(
         kv,
         [&](auto v) {
-            emu_launch(1, BLOCK_THREADS, 0, k_layernorm_forward_warp<decltype(v)::value, To>, out,
-                       m, r, x, w, b, C, eps, N, xw, add);
+            emu_launch(2, 128, 0, k_layernorm_forward_warp<decltype(v)::value, To>, out, m, r, x,
+                       w, b, C, eps, N, xw, add);
         },
         [] { cr_assert_fail("no warp kernel for these rows"); });
 }
@@ -292,8 +292,8 @@ void run_ln_bwd_warp(size_t kv, float *dinp, dp_pref g, const float *x, dp_pref 
     launch_by_vals(
         kv,
         [&](auto v) {
-            emu_launch(1, BLOCK_THREADS, 0, k_layernorm_backward_inp_warp<decltype(v)::value>,
-                       dinp, g, x, w, m, r, C, N);
+            emu_launch(2, 128, 0, k_layernorm_backward_inp_warp<decltype(v)::value>, dinp, g, x,
+                       w, m, r, C, N);
         },
         [] { cr_assert_fail("no warp kernel for these rows"); });
 }

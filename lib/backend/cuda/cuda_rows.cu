@@ -38,10 +38,16 @@ static size_t row_warp_vals(size_t C)
     return kv <= LN_VALS && row_warps_on() ? kv : 0;
 }
 
-/* Blocks of VWARPS warps for rows a warp each, capped like every grid. */
+/* Warps a block for rows a warp each: the kernels need none together
+ * (no barrier, no shared memory), and at 96 registers a thread (C = 768)
+ * an SM holds 20 warps in blocks of 4, 16 in blocks of 8. */
+const unsigned WARP_ROWS_PER_BLOCK = 4;
+
+/* Blocks of WARP_ROWS_PER_BLOCK warps for rows a warp each, capped like
+ * every grid. */
 static unsigned warp_row_blocks(size_t rows)
 {
-    size_t b = (rows + VWARPS - 1) / VWARPS;
+    size_t b = (rows + WARP_ROWS_PER_BLOCK - 1) / WARP_ROWS_PER_BLOCK;
     return (unsigned)(b < DP_MAX_BLOCKS ? b : DP_MAX_BLOCKS);
 }
 
@@ -54,12 +60,12 @@ static cudaError_t launch_layernorm_forward(cudaStream_t stream, To *out, float 
                                             float *xw, const float *add)
 {
     if (n == 0 || C == 0) return cudaSuccess;
-    const unsigned g = warp_row_blocks(n), t = BLOCK_THREADS;
+    const unsigned g = warp_row_blocks(n), t = BLOCK_THREADS, tw = 32 * WARP_ROWS_PER_BLOCK;
     launch_by_vals(
         row_warp_vals(C),
         [&](auto kv) {
             k_layernorm_forward_warp<decltype(kv)::value, To>
-                <<<g, t, 0, stream>>>(out, mean, rstd, inp, weight, bias, C, eps, n, xw, add);
+                <<<g, tw, 0, stream>>>(out, mean, rstd, inp, weight, bias, C, eps, n, xw, add);
         },
         [&] {
             k_layernorm_forward_block<To><<<row_blocks(n), t, 0, stream>>>(
@@ -105,12 +111,12 @@ extern "C" cudaError_t dp_cuda_launch_layernorm_backward_inp(cudaStream_t stream
                                                              size_t n)
 {
     if (n == 0 || C == 0) return cudaSuccess;
-    const unsigned g = warp_row_blocks(n), t = BLOCK_THREADS;
+    const unsigned g = warp_row_blocks(n), t = BLOCK_THREADS, tw = 32 * WARP_ROWS_PER_BLOCK;
     launch_by_vals(
         row_warp_vals(C),
         [&](auto kv) {
             k_layernorm_backward_inp_warp<decltype(kv)::value>
-                <<<g, t, 0, stream>>>(dinp, dout, inp, weight, mean, rstd, C, n);
+                <<<g, tw, 0, stream>>>(dinp, dout, inp, weight, mean, rstd, C, n);
         },
         [&] {
             k_layernorm_backward_inp_block<<<row_blocks(n), t, 0, stream>>>(

@@ -122,7 +122,8 @@ template <typename W, typename B> void launch_by_vals(size_t kv, W launch, B blo
 /* block_reduce<BLOCK_THREADS>'s result, p[w] being this lane's partial as
  * thread 32 w + lane: each warp's shuffle-down tree, then warp 0's over
  * the warps' sums (lanes from VWARPS on the identity); every lane gets it. */
-template <typename Tv, typename Op> __device__ Tv warp_block_reduce(Tv p[VWARPS], Tv identity, Op op)
+template <typename Tv, typename Op>
+__device__ Tv warp_block_reduce(Tv p[VWARPS], Tv identity, Op op)
 {
     const unsigned lane = threadIdx.x % 32;
     DP_UNROLL
@@ -240,7 +241,8 @@ __global__ void k_layernorm_forward_warp(To *out, float *mean, float *rstd, cons
             DP_UNROLL
             for (unsigned k = 0; k < KV; k++) {
                 const size_t c = WARP_ROW_COL(w, k);
-                if (c < C) ln_store(out, r * C + c, dp_layernorm_out(v[w][k], m, s, weight, bias, c));
+                if (c < C)
+                    ln_store(out, r * C + c, dp_layernorm_out(v[w][k], m, s, weight, bias, c));
             }
         if (threadIdx.x % 32 == 0) {
             mean[r] = m;
@@ -626,12 +628,14 @@ __global__ void __launch_bounds__(THREADS)
             ce16_group h[CE16_BATCH] = {};
             DP_UNROLL
             for (unsigned b = 0; b < CE16_BATCH; b++)
-                if (CE16_IN_ROW(g0, b, V)) h[b] = ce16_load(x, (g0 + b * THREADS) * CE16_GROUP, V, vec);
+                if (CE16_IN_ROW(g0, b, V))
+                    h[b] = ce16_load(x, (g0 + b * THREADS) * CE16_GROUP, V, vec);
             DP_UNROLL
             for (unsigned b = 0; b < CE16_BATCH; b++)
                 if (CE16_IN_ROW(g0, b, V)) ce16_accumulate(mt, st, h[b]);
         }
-        float mx = block_max<THREADS>(mt, shf); /* its barriers order the read of xy before any write */
+        /* block_max's barriers order the read of xy before any write */
+        float mx = block_max<THREADS>(mt, shf);
         /* a thread with only -inf (0) or NaN (NaN) terms passes st as it is */
         double s = block_sum<THREADS>(mt == -INFINITY ? (double)st : (double)(st * expf(mt - mx)),
                                       shd);
@@ -643,7 +647,8 @@ __global__ void __launch_bounds__(THREADS)
             ce16_group h[CE16_BATCH] = {};
             DP_UNROLL
             for (unsigned b = 0; b < CE16_BATCH; b++)
-                if (CE16_IN_ROW(g0, b, V)) h[b] = ce16_load(x, (g0 + b * THREADS) * CE16_GROUP, V, vec);
+                if (CE16_IN_ROW(g0, b, V))
+                    h[b] = ce16_load(x, (g0 + b * THREADS) * CE16_GROUP, V, vec);
             DP_UNROLL
             for (unsigned b = 0; b < CE16_BATCH; b++) {
                 if (!CE16_IN_ROW(g0, b, V)) break;
