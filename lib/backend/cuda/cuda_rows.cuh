@@ -12,7 +12,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "backend/cuda/cuda_vec8.cuh"
 #include "kernels/ops.h" /* the kernel headers: bf16, ignored targets */
 
 // --- block-per-row kernels (the ROW_BLOCK ops of kernels/ops.h) ---------------------------
@@ -405,6 +404,21 @@ __device__ __forceinline__ void ce_load_batch(float *xb, const float *x, size_t 
     }
 }
 
+/* A cross-entropy row with an ignored target (-1): loss 0 and, unless dl
+ * is NULL, a zero dlogits row (0 is bfloat16 +0 too). */
+template <typename T> __device__ void ce_ignored_row(float *losses, T *dl, size_t r, size_t V)
+{
+    if (threadIdx.x == 0) losses[r] = 0.0f;
+    if (dl) ROW_ELEMS(v, V) dl[v] = (T)0;
+}
+
+/* A row's loss from its maximum mx, its target's logit xy and its sum s
+ * of exp(x - mx): (mx - xy) + log s in double, rounded once. */
+__device__ __forceinline__ float ce_loss(float mx, float xy, double s)
+{
+    return (float)(((double)mx - (double)xy) + log(s));
+}
+
 /* dp_crossentropy_item, one block per row, in two sweeps over the row
  * instead of three: first each thread's running maximum m_t and its sum
  * s_t of exp(x - m_t) in double, rescaled by exp(m_old - m_new) when the
@@ -434,8 +448,7 @@ __global__ void k_crossentropy_block(float *losses, float *dlogits, const float 
         float *dl = dlogits ? dlogits + r * V : NULL;
         int32_t target = targets[r];
         if (target < 0) {
-            if (threadIdx.x == 0) losses[r] = 0.0f;
-            if (dl) ROW_ELEMS(v, V) dl[v] = 0.0f;
+            ce_ignored_row(losses, dl, r, V);
             continue;
         }
         float xy = x[target];
@@ -461,7 +474,7 @@ __global__ void k_crossentropy_block(float *losses, float *dlogits, const float 
         /* a thread with only -inf (0) or NaN (NaN) terms passes st as it is */
         double s =
             block_sum<THREADS>(mt == -INFINITY ? st : st * exp((double)mt - (double)mx), shd);
-        if (threadIdx.x == 0) losses[r] = (float)(((double)mx - (double)xy) + log(s));
+        if (threadIdx.x == 0) losses[r] = ce_loss(mx, xy, s);
         if (!dl) continue;
         double inv_s = 1.0 / s;
         for (size_t v0 = threadIdx.x; v0 < V; v0 += CE_BATCH * THREADS) {
@@ -590,10 +603,22 @@ __device__ __forceinline__ void ce16_dlogits(ce16_group &g, size_t e0, size_t ta
 }
 
 /* A thread's batches over the row: g0 the batch's first group; group
- * g0 + b * THREADS (b < CE16_BATCH) is in the row while CE16_IN_ROW. */
+ * g0 + b * THREADS (b < CE16_BATCH) starts at element CE16_FIRST, in the
+ * row while that is below V. */
 #define CE16_BATCHES(g0, V)                                                                 \
     for (size_t g0 = threadIdx.x; g0 * CE16_GROUP < (V); g0 += (size_t)CE16_BATCH * THREADS)
-#define CE16_IN_ROW(g0, b, V) (((g0) + (size_t)(b) * THREADS) * CE16_GROUP < (V))
+#define CE16_FIRST(g0, b) (((g0) + (size_t)(b) * THREADS) * CE16_GROUP)
+
+/* The batch's groups of the row, all loads issued before any is used
+ * (groups past the row: unset, never used). */
+template <unsigned THREADS>
+__device__ __forceinline__ void ce16_load_batch(ce16_group h[CE16_BATCH], const uint16_t *x,
+                                                size_t g0, size_t V, bool vec)
+{
+    DP_UNROLL
+    for (unsigned b = 0; b < CE16_BATCH; b++)
+        if (CE16_FIRST(g0, b) < V) h[b] = ce16_load(x, CE16_FIRST(g0, b), V, vec);
+}
 
 template <unsigned THREADS>
 __global__ void __launch_bounds__(THREADS)
@@ -609,16 +634,7 @@ __global__ void __launch_bounds__(THREADS)
         const bool vec = (uintptr_t)x % 16 == 0 && (!dl || (uintptr_t)dl % 16 == 0);
         int32_t target = targets[r];
         if (target < 0) {
-            if (threadIdx.x == 0) losses[r] = 0.0f;
-            const ce16_group zero = {{0, 0, 0, 0}}; /* bfloat16 +0 */
-            if (!dl) continue;
-            CE16_BATCHES(g0, V)
-            {
-                DP_UNROLL
-                for (unsigned b = 0; b < CE16_BATCH; b++)
-                    if (CE16_IN_ROW(g0, b, V))
-                        ce16_store(dl, zero, (g0 + b * THREADS) * CE16_GROUP, V, vec);
-            }
+            ce_ignored_row(losses, dl, r, V);
             continue;
         }
         float xy = dp_bf16_widen(x[target]);
@@ -626,33 +642,27 @@ __global__ void __launch_bounds__(THREADS)
         CE16_BATCHES(g0, V)
         {
             ce16_group h[CE16_BATCH] = {};
+            ce16_load_batch<THREADS>(h, x, g0, V, vec);
             DP_UNROLL
             for (unsigned b = 0; b < CE16_BATCH; b++)
-                if (CE16_IN_ROW(g0, b, V))
-                    h[b] = ce16_load(x, (g0 + b * THREADS) * CE16_GROUP, V, vec);
-            DP_UNROLL
-            for (unsigned b = 0; b < CE16_BATCH; b++)
-                if (CE16_IN_ROW(g0, b, V)) ce16_accumulate(mt, st, h[b]);
+                if (CE16_FIRST(g0, b) < V) ce16_accumulate(mt, st, h[b]);
         }
         /* block_max's barriers order the read of xy before any write */
         float mx = block_max<THREADS>(mt, shf);
         /* a thread with only -inf (0) or NaN (NaN) terms passes st as it is */
         double s = block_sum<THREADS>(mt == -INFINITY ? (double)st : (double)(st * expf(mt - mx)),
                                       shd);
-        if (threadIdx.x == 0) losses[r] = (float)(((double)mx - (double)xy) + log(s));
+        if (threadIdx.x == 0) losses[r] = ce_loss(mx, xy, s);
         if (!dl) continue;
         const float inv = (float)(1.0 / s);
         CE16_BATCHES(g0, V)
         {
             ce16_group h[CE16_BATCH] = {};
-            DP_UNROLL
-            for (unsigned b = 0; b < CE16_BATCH; b++)
-                if (CE16_IN_ROW(g0, b, V))
-                    h[b] = ce16_load(x, (g0 + b * THREADS) * CE16_GROUP, V, vec);
+            ce16_load_batch<THREADS>(h, x, g0, V, vec);
             DP_UNROLL
             for (unsigned b = 0; b < CE16_BATCH; b++) {
-                if (!CE16_IN_ROW(g0, b, V)) break;
-                const size_t e0 = (g0 + b * THREADS) * CE16_GROUP;
+                const size_t e0 = CE16_FIRST(g0, b);
+                if (e0 >= V) break;
                 ce16_dlogits(h[b], e0, (size_t)target, mx, inv, dscale);
                 ce16_store(dl, h[b], e0, V, vec);
             }

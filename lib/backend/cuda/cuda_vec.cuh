@@ -28,7 +28,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "backend/cuda/cuda_vec8.cuh"
 #include "kernels/bf16.h"
 #include "kernels/gelu.h"
 
@@ -43,6 +42,34 @@ const unsigned VEC_ITEMS = 8;
 #define VEC_TAIL(i, n)                                                                       \
     for (size_t i = (n) / VEC_ITEMS * VEC_ITEMS + (size_t)blockIdx.x * blockDim.x + threadIdx.x; \
          i < (n); i += (size_t)gridDim.x * blockDim.x)
+
+/* Eight float32 from p (16-byte aligned), and eight bfloat16 from or to q. */
+__device__ __forceinline__ void vec_load8(float v[8], const float *p)
+{
+    const float4 a = ((const float4 *)p)[0], b = ((const float4 *)p)[1];
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z,
+    v[7] = b.w;
+}
+__device__ __forceinline__ void vec_store8(float *p, const float v[8])
+{
+    ((float4 *)p)[0] = make_float4(v[0], v[1], v[2], v[3]);
+    ((float4 *)p)[1] = make_float4(v[4], v[5], v[6], v[7]);
+}
+__device__ __forceinline__ void vec_load8(uint16_t h[8], const uint16_t *q)
+{
+    const uint4 w = *(const uint4 *)q;
+    const uint32_t u[4] = {w.x, w.y, w.z, w.w};
+    for (unsigned k = 0; k < 4; k++) {
+        h[2 * k] = (uint16_t)(u[k] & 0xffffu);
+        h[2 * k + 1] = (uint16_t)(u[k] >> 16);
+    }
+}
+__device__ __forceinline__ void vec_store8(uint16_t *q, const uint16_t h[8])
+{
+    uint32_t u[4];
+    for (unsigned k = 0; k < 4; k++) u[k] = (uint32_t)h[2 * k] | (uint32_t)h[2 * k + 1] << 16;
+    *(uint4 *)q = make_uint4(u[0], u[1], u[2], u[3]);
+}
 
 /* dst = bf16(src) (dp_cast_f32_bf16_elem). */
 __global__ void k_cast_f32_bf16_vec(uint16_t *dst, const float *src, size_t n)
