@@ -202,7 +202,7 @@ ParameterizedTest(int *c, contract, engine_refuses_a_count_unlike_the_plan)
     r.leaked_before = dp_device_bytes_freed_at_close();
     mlp_init_model(&r.net, &mc, &r.model);
     counting cc = {dp_criterion_cross_entropy(), *c % 10};
-    dp_criterion crit = {&cc, counting_scratch, counting_fb, DP_TARGET_CLASS, 0, 0};
+    dp_criterion crit = {&cc, counting_scratch, counting_fb, DP_TARGET_CLASS, 0, 0, 0};
     dp_engine_config cfg = dp_test_base_cfg(*c / 10 ? DP_MODE_GATHER : DP_MODE_BALANCED);
     dp_device_spec specs[2] = {{DP_DEVICE_CPU, 0}, {DP_DEVICE_CPU, 1}};
     dp_assert_ok(dp_engine_create(specs, 2, &r.model, &crit, &cfg, &r.e));
@@ -273,7 +273,7 @@ static void one_step_params(int c, float *params)
     mlp_config mc = {D, H, K, DP_DTYPE_F32};
     r.leaked_before = dp_device_bytes_freed_at_close();
     mlp_init_model(&r.net, &mc, &r.model);
-    dp_criterion forgetful = {NULL, NULL, forgetful_fb, DP_TARGET_CLASS, 0, 0};
+    dp_criterion forgetful = {NULL, NULL, forgetful_fb, DP_TARGET_CLASS, 0, 0, 0};
     dp_criterion crit = c % 10 ? dp_criterion_cross_entropy() : forgetful;
     dp_engine_config cfg = dp_test_base_cfg(c / 10 ? DP_MODE_GATHER : DP_MODE_BALANCED);
     cfg.optim.kind = DP_OPTIMIZER_SGD; /* an update proportional to the gradient */
@@ -491,7 +491,7 @@ ParameterizedTest(int *c, contract, callback_messages_reach_last_error)
     model.forward = f_forward;
     model.backward = f_backward;
     f.inner_crit = dp_criterion_cross_entropy();
-    dp_criterion crit = {&f, f_scratch, f_crit, DP_TARGET_CLASS, 0, 0};
+    dp_criterion crit = {&f, f_scratch, f_crit, DP_TARGET_CLASS, 0, 0, 0};
     dp_engine_config cfg = dp_test_base_cfg((*c / 10) % 10 ? DP_MODE_GATHER : DP_MODE_BALANCED);
     dp_device_spec specs[2] = {{DP_DEVICE_CPU, 0}, {DP_DEVICE_CPU, 1}};
     dp_engine *e = NULL;

@@ -831,3 +831,108 @@ Test(cuda_engine, gpt_cudnn_attention_repeats_bitwise_and_tracks_cpu, .timeout =
     dp_gpt_destroy(g);
     setenv("DP_CUDA_CUDNN", "0", 1);
 }
+
+// --- CUDA graphs: a recorded compute phase replays the eager bits ----------------------------
+
+enum { GSTEPS = 8 };
+
+/* The graph test's schedule: step s's batch (a shorter one at s = 3, every
+ * target valid at s = 6, the fixture's ignored targets otherwise), an
+ * evaluation after steps 2, 4 and 6. Writes the losses in order into
+ * loss (GSTEPS + 3), the parameters into params, and per device its
+ * replays, why its last recording failed and whether the last step's
+ * stats say it replayed. */
+static void graph_run(const dp_gpt *g, const dp_model *m, size_t k, double *loss, float *params,
+                      uint64_t *replays, const char **why, int *last_replayed)
+{
+    dp_device_spec gs[2];
+    gpu_specs(gs, k, ZEROS);
+    dp_engine *e = gpt_engine_of(g, m, gs, k);
+    int32_t tok[EROWS * EBS], tgt[EROWS * EBS];
+    dp_step_stats st;
+    size_t at = 0;
+    for (int s = 0; s < GSTEPS; s++) {
+        size_t rows = s == 3 ? EROWS - 1 : EROWS;
+        dp_test_gpt_batch(s, EROWS, tok, tgt);
+        for (size_t i = 0; s == 6 && i < EROWS * EBS; i++)
+            if (tgt[i] < 0) tgt[i] = tok[i];
+        dp_batch b = {rows, tok, tgt};
+        dp_assert_ok(dp_engine_step(e, &b, &st));
+        loss[at++] = st.loss;
+        if (s == 2 || s == 4 || s == 6) {
+            dp_batch eb = {EROWS, tok, tgt};
+            dp_assert_ok(dp_engine_evaluate(e, &eb, &st));
+            loss[at++] = st.loss;
+        }
+    }
+    for (size_t d = 0; d < k; d++) last_replayed[d] = st.devices[d].replayed;
+    dp_assert_ok(dp_engine_get_params(e, params));
+    for (size_t d = 0; d < k; d++) replays[d] = dp_engine_graph_replays(e, d, &why[d]);
+    dp_engine_destroy(e);
+}
+
+/* DP_CUDA_GRAPHS=1 (read as the devices open): from the second step of a
+ * shape, each device's compute phase is recorded once and replayed. The
+ * losses, evaluations and parameters are those of the eager run bit for
+ * bit - fp32, bf16 activations with dp's fused attention, and cuDNN's
+ * where it loads - on one device and on two sharing the GPU, through a
+ * shorter batch, evaluations and a batch without ignored targets (each a
+ * recording of its own). Every device replays; without the variable none
+ * does. */
+Test(cuda_engine, gpt_graph_replays_keep_the_eager_bits, .timeout = 240)
+{
+    REQUIRE_GPU();
+    dp_gpt *g = engine_gpt(EBS);
+    const void *table = NULL;
+    int cudnn = !as_cpu() && dp_module_load(DP_MODULE_CUDNN, &table) == DP_OK;
+    dp_clear_error();
+    struct {
+        const dp_model *m;
+        const char *name;
+        int cudnn;
+    } runs[] = {
+        {NULL, "fp32", 0},
+        {dp_gpt_model(g, DP_GPT_BF16_ACT | DP_GPT_FUSED_ATTENTION), "bf16 fused", 0},
+        {dp_gpt_model(g, DP_GPT_BF16_ACT | DP_GPT_FUSED_ATTENTION), "bf16 cuDNN", 1},
+    };
+    size_t n_params = dp_gpt_model(g, 0)->n_params;
+    float *pe = malloc(n_params * sizeof(float)), *pg = malloc(n_params * sizeof(float));
+    cr_assert(pe && pg);
+    for (size_t r = 0; r < sizeof runs / sizeof *runs; r++) {
+        if (runs[r].cudnn && !cudnn) continue;
+        cr_assert_eq(setenv("DP_CUDA_CUDNN", runs[r].cudnn ? "1" : "0", 1), 0);
+        for (size_t k = 1; k <= 2; k++) {
+            double le[GSTEPS + 3], lg[GSTEPS + 3];
+            uint64_t re[2], rg[2];
+            const char *we[2], *wg[2];
+            int se[2], sg[2];
+            cr_assert_eq(unsetenv("DP_CUDA_GRAPHS"), 0);
+            graph_run(g, runs[r].m, k, le, pe, re, we, se);
+            cr_assert_eq(setenv("DP_CUDA_GRAPHS", "1", 1), 0);
+            graph_run(g, runs[r].m, k, lg, pg, rg, wg, sg);
+            cr_assert_eq(unsetenv("DP_CUDA_GRAPHS"), 0);
+            for (size_t d = 0; d < k; d++) {
+                cr_assert(re[d] == 0 && !se[d], "%s on %zu devices: device %zu replayed %llu "
+                          "times without DP_CUDA_GRAPHS", runs[r].name, k, d,
+                          (unsigned long long)re[d]);
+                cr_assert(sg[d] == !as_cpu(), "%s on %zu devices: device %zu's last step "
+                          "says replayed %d", runs[r].name, k, d, sg[d]);
+                if (!as_cpu())
+                    cr_assert(rg[d] >= 4, "%s on %zu devices: device %zu replayed %llu times "
+                              "(last recording failure: %s)", runs[r].name, k, d,
+                              (unsigned long long)rg[d], wg[d][0] ? wg[d] : "none");
+            }
+            for (size_t i = 0; i < GSTEPS + 3; i++)
+                cr_assert(memcmp(&le[i], &lg[i], sizeof le[i]) == 0,
+                          "%s on %zu devices: loss %zu %.17g eager, %.17g replayed",
+                          runs[r].name, k, i, le[i], lg[i]);
+            cr_assert(memcmp(pe, pg, n_params * sizeof(float)) == 0,
+                      "%s on %zu devices: the parameters differ after the replays",
+                      runs[r].name, k);
+        }
+    }
+    setenv("DP_CUDA_CUDNN", "0", 1);
+    free(pe);
+    free(pg);
+    dp_gpt_destroy(g);
+}

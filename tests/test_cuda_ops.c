@@ -33,6 +33,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "backend/device_graph.h"
 #include "backend/device_testing.h"
 #include "core/module.h"
 #include "dp/optim.h"
@@ -3455,4 +3456,60 @@ Test(cuda_memory, events_record_wait_and_elapsed, .timeout = 60)
         close_checked(d);
         close_checked(o);
     }
+}
+
+// --- graphs ------------------------------------------------------------------------------------
+
+/* A recording (DP_CUDA_GRAPHS=1, read as the device opens) runs nothing
+ * until launched, refuses what it could not replay (the copy from the
+ * host) without breaking the capture, and each launch replays its
+ * kernels: x * 2 * 3, twice. Without the variable the device records
+ * nothing and says how to turn it on; a value other than 0 or 1 fails
+ * the device's opening. */
+Test(cuda_graph, a_recording_runs_when_launched_and_each_launch_replays)
+{
+    REQUIRE_GPU();
+    if (as_cpu()) cr_skip_test("graphs are recorded on GPUs only");
+    cr_assert_eq(unsetenv("DP_CUDA_GRAPHS"), 0);
+    dp_device *off = open_target(0);
+    cr_assert_eq(dp_device_graph_begin(off), DP_ERR_UNSUPPORTED);
+    cr_assert(strstr(dp_last_error(), "DP_CUDA_GRAPHS=1"), "%s", dp_last_error());
+    dp_device_close(off);
+    cr_assert_eq(setenv("DP_CUDA_GRAPHS", "yes", 1), 0);
+    dp_device_spec spec = {DP_DEVICE_CUDA, 0};
+    dp_device *bad = NULL;
+    cr_assert_eq(dp_device_open(&spec, &bad), DP_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(dp_last_error(), "DP_CUDA_GRAPHS=yes is not 0 or 1"), "%s",
+              dp_last_error());
+    cr_assert_null(bad);
+    cr_assert_eq(setenv("DP_CUDA_GRAPHS", "1", 1), 0);
+    dp_device *dev = open_target(0);
+    cr_assert_eq(unsetenv("DP_CUDA_GRAPHS"), 0);
+    enum { N = 1000 };
+    float host[N], back[N];
+    for (int i = 0; i < N; i++) host[i] = (float)(i - 500) / 8.0f;
+    float *x = NULL;
+    dp_assert_ok(dp_device_alloc(dev, sizeof host, (void **)&x));
+    dp_assert_ok(dp_copy_h2d(dev, x, host, sizeof host));
+    dp_assert_ok(dp_device_graph_begin(dev));
+    cr_assert(dp_device_graph_recording(dev));
+    dp_assert_ok(dp_scale(dev, x, 2.0f, N));
+    cr_assert_eq(dp_copy_h2d(dev, x, host, sizeof host), DP_ERR_UNSUPPORTED);
+    dp_assert_ok(dp_scale(dev, x, 3.0f, N));
+    dp_device_graph *g = NULL;
+    dp_assert_ok(dp_device_graph_end(dev, &g));
+    cr_assert_not_null(g);
+    dp_assert_ok(dp_copy_d2h(dev, back, x, sizeof back));
+    cr_assert(memcmp(back, host, sizeof host) == 0, "the recorded kernels ran while recorded");
+    for (int launch = 1; launch <= 2; launch++) {
+        dp_assert_ok(dp_device_graph_launch(dev, g));
+        dp_assert_ok(dp_copy_d2h(dev, back, x, sizeof back));
+        float f = launch == 1 ? 6.0f : 36.0f;
+        for (int i = 0; i < N; i++)
+            cr_assert(back[i] == host[i] * f, "launch %d: x[%d] = %g, not %g", launch, i,
+                      back[i], host[i] * f);
+    }
+    dp_device_graph_destroy(dev, g);
+    dp_device_free(dev, x);
+    dp_device_close(dev);
 }

@@ -13,6 +13,9 @@
 #include <unistd.h>
 
 #include "backend/backend.h" /* the allocation map, to check it stays bounded */
+#include "backend/device_graph.h"
+#include "dp/ops.h"
+#include "parallel/state.h" /* dp_dbuf_ensure */
 #include "dp_test.h"
 
 // --- helpers -------------------------------------------------------------------
@@ -761,4 +764,89 @@ Test(events, record_wait_elapsed_and_errors)
     dp_device_free(a, p);
     dp_device_close(a);
     dp_device_close(b);
+}
+
+// --- graphs: what a recording refuses ----------------------------------------------
+
+/* CPU devices record no graphs: a clear error, and nothing to end. */
+Test(graph, cpu_devices_record_none)
+{
+    dp_device *dev = dp_test_cpu(0);
+    assert_status(dp_device_graph_begin(dev), DP_ERR_UNSUPPORTED, "do not record graphs");
+    cr_assert(!dp_device_graph_recording(dev));
+    dp_device_graph *g = (dp_device_graph *)dev; /* must be cleared */
+    assert_status(dp_device_graph_end(dev, &g), DP_ERR_INVALID_ARGUMENT, "no graph");
+    cr_assert_null(g);
+    cr_assert_eq(dp_device_graph_epoch(dev), 0);
+    dp_device_close(dev);
+}
+
+/* While a device's queue is recorded (the flag a backend's graph_begin
+ * leads to), every call that waits for the device, reads a result on the
+ * host, copies host memory, allocates or grows a buffer fails with
+ * DP_ERR_UNSUPPORTED and changes nothing; afterwards each works again. */
+Test(graph, a_recording_refuses_what_it_cannot_replay)
+{
+    dp_device *dev = dp_test_cpu(0), *peer = dp_test_cpu(1);
+    float *x = alloc_ok(dev, 4 * sizeof(float)), *y = alloc_ok(peer, 4 * sizeof(float));
+    const float host[4] = {1, 2, 3, 4}, mask[4] = {1, 1, 1, 1};
+    dp_assert_ok(dp_copy_h2d(dev, x, host, sizeof host));
+    dp_event *a = NULL, *b = NULL;
+    dp_assert_ok(dp_event_create(dev, &a));
+    dp_assert_ok(dp_event_create(dev, &b));
+    dp_assert_ok(dp_event_record(a));
+    dp_assert_ok(dp_event_record(b));
+    dbuf buf = {0};
+    dp_assert_ok(dp_dbuf_ensure(dev, &buf, 64));
+    void *kept = buf.ptr;
+    size_t in_use = stats(dev).in_use;
+
+    dev->graph_recording = 1;
+    float back[4] = {9, 9, 9, 9}, other[4] = {5, 6, 7, 8};
+    void *p = (void *)1;
+    double sum = -1.0, secs = -1.0;
+    size_t count = 7;
+    assert_status(dp_device_alloc(dev, 16, &p), DP_ERR_UNSUPPORTED, "an allocation");
+    cr_assert_null(p);
+    assert_status(dp_copy_h2d(dev, x, other, sizeof other), DP_ERR_UNSUPPORTED,
+                  "a copy from host memory");
+    assert_status(dp_copy_d2h(dev, back, x, sizeof back), DP_ERR_UNSUPPORTED,
+                  "a copy to host memory");
+    cr_assert(back[0] == 9 && back[3] == 9, "a refused copy wrote its destination");
+    assert_status(dp_copy_peer(peer, y, dev, x, sizeof host), DP_ERR_UNSUPPORTED,
+                  "a copy between devices");
+    assert_status(dp_copy_peer(dev, x, peer, y, sizeof host), DP_ERR_UNSUPPORTED,
+                  "a copy between devices");
+    assert_status(dp_device_synchronize(dev), DP_ERR_UNSUPPORTED, "a wait for the device");
+    assert_status(dp_event_record(a), DP_ERR_UNSUPPORTED, "an event");
+    assert_status(dp_event_wait(dev, a), DP_ERR_UNSUPPORTED, "a wait for an event");
+    assert_status(dp_event_synchronize(a), DP_ERR_UNSUPPORTED, "a wait for an event");
+    assert_status(dp_event_elapsed(a, b, &secs), DP_ERR_UNSUPPORTED, "a wait for an event");
+    assert_status(dp_sum_squares(dev, &sum, x, 4), DP_ERR_UNSUPPORTED, "a sum read on the host");
+    cr_assert(sum == -1.0, "a refused sum wrote its result");
+    assert_status(dp_masked_sum(dev, &sum, &count, x, mask, 4), DP_ERR_UNSUPPORTED,
+                  "a sum read on the host");
+    assert_status(dp_dbuf_ensure(dev, &buf, 128), DP_ERR_UNSUPPORTED, "a buffer that grows");
+    cr_assert(buf.ptr == kept && buf.bytes == 64, "a refused growth let go of the buffer");
+    dp_assert_ok(dp_dbuf_ensure(dev, &buf, 64)); /* no growth: nothing to refuse */
+    dp_device_graph *g = (dp_device_graph *)dev;
+    assert_status(dp_device_graph_launch(dev, g), DP_ERR_UNSUPPORTED, "a graph's replay");
+    cr_assert_eq(stats(dev).in_use, in_use);
+    dev->graph_recording = 0;
+
+    dp_assert_ok(dp_copy_d2h(dev, back, x, sizeof back));
+    cr_assert(memcmp(back, host, sizeof host) == 0, "a refused copy changed the device's data");
+    dp_assert_ok(dp_sum_squares(dev, &sum, x, 4));
+    cr_assert(sum == 30.0, "sum of squares %g", sum);
+    dp_assert_ok(dp_device_synchronize(dev));
+    dp_assert_ok(dp_event_record(a));
+    dp_assert_ok(dp_event_synchronize(a));
+    dp_assert_ok(dp_dbuf_ensure(dev, &buf, 128));
+    dp_dbuf_release(dev, &buf);
+    dp_event_destroy(a);
+    dp_event_destroy(b);
+    dp_device_free(dev, x);
+    dp_device_free(peer, y);
+    dp_device_close(dev);
+    dp_device_close(peer);
 }

@@ -776,7 +776,7 @@ Test(gpt, a_self_counting_criterion_agrees_on_every_devices_chunks, .timeout = 6
 {
     dp_gpt *g = make_gpt(EV, EBS, EL, ENH, EC);
     dp_criterion ce = dp_criterion_cross_entropy();
-    dp_criterion crit = {&ce, self_counting_scratch, self_counting_fb, DP_TARGET_CLASS, 0, 0};
+    dp_criterion crit = {&ce, self_counting_scratch, self_counting_fb, DP_TARGET_CLASS, 0, 0, 0};
     int32_t tok[EROWS * EBS], tgt[EROWS * EBS];
     dp_test_gpt_batch(0, EROWS, tok, tgt);
     size_t ignored = 0;
@@ -853,8 +853,8 @@ Test(gpt, row_losses_give_the_bits_of_per_call_losses, .timeout = 60)
         double lr[ESTEPS], lh[ESTEPS];
         ce_rows_case rows = {dp_criterion_cross_entropy(), 1},
                      host = {dp_criterion_cross_entropy(), 0};
-        dp_criterion cr = {&rows, ce_rows_scratch, ce_rows_fb, DP_TARGET_CLASS, 1, 0};
-        dp_criterion ch = {&host, ce_rows_scratch, ce_rows_fb, DP_TARGET_CLASS, 0, 0};
+        dp_criterion cr = {&rows, ce_rows_scratch, ce_rows_fb, DP_TARGET_CLASS, 1, 0, 0};
+        dp_criterion ch = {&host, ce_rows_scratch, ce_rows_fb, DP_TARGET_CLASS, 0, 0, 0};
         gpt_train_crit(g, cases[i].k, &cfg, &cr, lr, pr, NULL);
         gpt_train_crit(g, cases[i].k, &cfg, &ch, lh, ph, NULL);
         for (int s = 0; s < ESTEPS; s++)
@@ -867,7 +867,7 @@ Test(gpt, row_losses_give_the_bits_of_per_call_losses, .timeout = 60)
     double ev[2];
     for (int r = 0; r < 2; r++) {
         ce_rows_case c = {dp_criterion_cross_entropy(), r};
-        dp_criterion crit = {&c, ce_rows_scratch, ce_rows_fb, DP_TARGET_CLASS, r, 0};
+        dp_criterion crit = {&c, ce_rows_scratch, ce_rows_fb, DP_TARGET_CLASS, r, 0, 0};
         dp_engine_config cfg = gpt_cfg(DP_MODE_BALANCED);
         cfg.logits_chunk_rows = 5;
         dp_engine *e = NULL;

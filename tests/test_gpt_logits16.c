@@ -58,7 +58,7 @@ static dp_engine *open_engine(const dp_model *m, size_t k, int bf16_math, int b1
     c.seed = 31;
     c.logits_chunk_rows = 40; /* chunks cut sequences; the last of a device is short */
     c.matmul_precision = bf16_math ? DP_MATMUL_BF16 : DP_MATMUL_FP32;
-    dp_criterion plain = {(void *)ce, plain_scratch, plain_fb, DP_TARGET_CLASS, 1, 0};
+    dp_criterion plain = {(void *)ce, plain_scratch, plain_fb, DP_TARGET_CLASS, 1, 0, 0};
     dp_engine *e = NULL;
     dp_assert_ok(dp_engine_create(specs, k, m, b16 ? ce : &plain, &c, &e));
     return e;

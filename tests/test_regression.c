@@ -271,7 +271,8 @@ ParameterizedTest(int *c, regression, criterion_contract_holds)
     linreg net;
     dp_model model;
     linreg_init_model(&net, RD, RO, &model);
-    dp_criterion crit = {&p, NULL, probe_fb, DP_TARGET_F32, 0, 0}; /* no scratch_bytes: allowed */
+    /* no scratch_bytes: allowed */
+    dp_criterion crit = {&p, NULL, probe_fb, DP_TARGET_F32, 0, 0, 0};
     dp_engine_config cfg = reg_cfg(gather ? DP_MODE_GATHER : DP_MODE_BALANCED);
     cfg.max_rows_per_micro = 3;
     dp_device_spec specs[3] = {{DP_DEVICE_CPU, 0}, {DP_DEVICE_CPU, 1}, {DP_DEVICE_CPU, 2}};

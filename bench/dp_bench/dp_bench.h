@@ -74,6 +74,7 @@ typedef struct mode_result {
     double phase_ms[DP_PHASE_COUNT]; /* each phase's (its slowest device) */
     double exposed_ms; /* dp_step_stats.exposed_seconds */
     int overlapped;    /* the timed steps' reduce-scatter overlapped the backward */
+    size_t replayed;   /* timed steps whose every device replayed a CUDA graph */
     double loss;
     dev_result dev[DP_MAX_DEVICES];
     size_t rows;    /* global batch of the timed steps */

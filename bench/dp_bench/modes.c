@@ -137,6 +137,9 @@ static int run_mode(bench *b, dp_mode mode, int shard, size_t k, size_t rows, in
             phase_col[(size_t)p * m + t] = 1e3 * st.phase_seconds[p];
         exposed_col[t] = 1e3 * st.exposed_seconds;
         res->overlapped = st.overlapped;
+        size_t replays = 0;
+        for (size_t i = 0; i < k; i++) replays += st.devices[i].replayed ? 1 : 0;
+        res->replayed += replays == k;
         res->loss = st.loss;
     }
     if (!rc)

@@ -137,6 +137,11 @@ void print_table(const bench *b, const run_results *rs)
     for (size_t r = 0; r < nres; r++)
         printf("%s %s %s", r ? "," : "", run_name(res[r].mode, res[r].shard, name, sizeof name),
                res[r].overlapped ? "on" : "off");
+    printf("\ncompute phase replayed from a CUDA graph (DP_CUDA_GRAPHS=1):");
+    for (size_t r = 0; r < nres; r++)
+        printf("%s %s %zu of %zu steps", r ? "," : "",
+               run_name(res[r].mode, res[r].shard, name, sizeof name), res[r].replayed,
+               (size_t)b->o.steps);
     printf("\n");
 }
 
@@ -341,6 +346,7 @@ static json_t *json_run(const bench *b, const mode_result *m)
     json_object_set_new(jr, "shard_optimizer", json_boolean(m->shard));
     json_object_set_new(jr, "exposed_ms", json_real(m->exposed_ms));
     json_object_set_new(jr, "overlapped", json_boolean(m->overlapped));
+    json_object_set_new(jr, "replayed_steps", json_integer((json_int_t)m->replayed));
     json_object_set_new(jr, "model_tflops", json_real(model_tflops(b, m)));
     json_object_set_new(jr, "mfu", b->o.peak_tflops > 0 ? json_real(mfu(b, m)) : json_null());
     json_object_set_new(jr, "batch_size", json_integer((json_int_t)m->rows));

@@ -299,6 +299,12 @@ typedef struct dp_device_step_stats {
      * (dp_trace_add_step copies them). NULL and 0 where not recorded. */
     const dp_phase_span *spans;
     size_t n_spans;
+    /* 1: this device's compute phase was a replay of a CUDA graph recorded
+     * at an earlier step (DP_CUDA_GRAPHS=1 in the environment at create, a
+     * dp_model.replayable model and a dp_criterion.replayable criterion;
+     * docs/design.md): its forward phase then spans forward, criterion and
+     * backward, which read 0. 0 otherwise. */
+    int replayed;
 } dp_device_step_stats;
 
 typedef struct dp_step_stats {

@@ -260,6 +260,21 @@ typedef struct dp_model {
     dp_status (*head_backward_bf16)(void *ctx, dp_device *dev, dp_params params, float *grads,
                                     const float *features, size_t m, const uint16_t *dlogits,
                                     float *dfeatures);
+
+    /*
+     * 1: for chunks of the same rows, the callbacks' device work is the
+     * same every step, whatever the batch holds: the same kernels with the
+     * same arguments on the same buffers (the engine's params, grads,
+     * workspace, chunk inputs and targets, logits, features). They read
+     * neither dp_chunk.step nor dp_chunk.seed, and none waits for the
+     * device, reads a result on the host, copies host memory or
+     * allocates. The engine may then record a device's compute phase once
+     * and replay it (CUDA graphs, DP_CUDA_GRAPHS=1; with a criterion that
+     * says the same, dp_criterion.replayable). A call that breaks the rule
+     * while recorded fails the recording, and the step runs as it would
+     * without graphs. Zero-initialised: never recorded.
+     */
+    int replayable;
 } dp_model;
 
 /* Target elements per output row: target_size, or its default (1 for
@@ -353,6 +368,11 @@ typedef struct dp_criterion {
      * (args->logits_dtype), so a model with head_forward_bf16 gives it
      * those. Zero-initialised: float32 logits only. */
     int bf16_logits;
+    /* 1: with writes_row_losses, forward_backward's device work for the
+     * same n, V and count of valid targets is the same every call, as
+     * dp_model.replayable says of a model's (its *loss_sum_host is then
+     * not read). Zero-initialised: never recorded. */
+    int replayable;
 } dp_criterion;
 
 /* The bundled softmax cross-entropy criterion (dp_crossentropy_forward_backward):

@@ -61,6 +61,9 @@ struct dp_device {
      * replace (a test hook, device_testing.h: so one binary compares both
      * bit for bit) */
     int no_fused_producers;
+    /* device_graph.c: dev's queue is being recorded as a graph, not run
+     * (set and read by the one thread that records it) */
+    int graph_recording;
 };
 
 /* One operand of the backend's gemm: batch column-major matrices (before
@@ -127,6 +130,20 @@ struct dp_backend_ops {
     dp_status (*event_wait)(dp_device *dev, dp_device *ev_dev, void *ev);
     dp_status (*event_synchronize)(dp_device *dev, void *ev);
     dp_status (*event_elapsed)(dp_device *dev, void *start, void *end, double *seconds);
+
+    /* optional (NULL: none): the device's queued work recorded once and
+     * replayed (CUDA graphs; backend/device_graph.h says how they are
+     * used). graph_begin starts recording dev's queue instead of running it
+     * (DP_ERR_UNSUPPORTED where the backend has them off); graph_end stops
+     * and gives the replayable graph in *out, or fails (*out NULL) where
+     * the recording broke; graph_launch queues one replay; graph_destroy
+     * frees a graph. graph_epoch counts the reallocations of the backend's
+     * own scratch: a graph recorded at another epoch may name freed memory. */
+    dp_status (*graph_begin)(dp_device *dev);
+    dp_status (*graph_end)(dp_device *dev, void **out);
+    dp_status (*graph_launch)(dp_device *dev, void *graph);
+    void (*graph_destroy)(dp_device *dev, void *graph);
+    uint64_t (*graph_epoch)(dp_device *dev);
 
     /* C = alpha op(A) op(B) + beta C (dp_gemm_ex): batch float32 matrices
      * C (ldc, strideC), operands as dp_gemm_arg, in dev->matmul's

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "backend/device_graph.h"
 #include "backend/device_testing.h"
 #include "core/error.h"
 
@@ -249,6 +250,7 @@ dp_status dp_device_alloc(dp_device *dev, size_t bytes, void **out)
     *out = NULL;
     if (bytes == 0)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: cannot allocate 0 bytes", dev->name);
+    DP_TRY(dp_device_refuse_recording(dev, "an allocation"));
     pthread_mutex_lock(&dev->mu);
     /* The backend's own buffers (reserved) count against the limit too. */
     size_t room = dev->limit > dev->reserved ? dev->limit - dev->reserved : 0;
@@ -367,12 +369,14 @@ dp_status dp_device_set_limit(dp_device *dev, size_t bytes)
 dp_status dp_copy_h2d(dp_device *dev, void *dst, const void *src, size_t bytes)
 {
     CHECK_COPY(dev, dst, src);
+    DP_TRY(dp_device_refuse_recording(dev, "a copy from host memory"));
     return dev->ops->copy_h2d(dev, dst, src, bytes);
 }
 
 dp_status dp_copy_d2h(dp_device *dev, void *dst, const void *src, size_t bytes)
 {
     CHECK_COPY(dev, dst, src);
+    DP_TRY(dp_device_refuse_recording(dev, "a copy to host memory"));
     return dev->ops->copy_d2h(dev, dst, src, bytes);
 }
 
@@ -390,6 +394,11 @@ dp_status dp_copy_peer(dp_device *dst_dev, void *dst, dp_device *src_dev, const 
     if (dst_dev->kind != src_dev->kind)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "peer copy from %s to %s: devices must be of "
                        "one kind", src_dev->name, dst_dev->name);
+    /* It orders two queues with events: no part of one device's recording. */
+    if (dst_dev != src_dev) {
+        DP_TRY(dp_device_refuse_recording(dst_dev, "a copy between devices"));
+        DP_TRY(dp_device_refuse_recording(src_dev, "a copy between devices"));
+    }
     return dst_dev->ops->copy_peer(dst_dev, dst, src_dev, src, bytes);
 }
 
@@ -404,6 +413,7 @@ dp_status dp_memset(dp_device *dev, void *dst, int value, size_t bytes)
 dp_status dp_device_synchronize(dp_device *dev)
 {
     if (!dev) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "dev must not be NULL");
+    DP_TRY(dp_device_refuse_recording(dev, "a wait for the device"));
     return dev->ops->synchronize(dev);
 }
 
@@ -441,6 +451,9 @@ void dp_event_destroy(dp_event *ev)
 dp_status dp_event_record(dp_event *ev)
 {
     if (!ev) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "ev must not be NULL");
+    /* A recorded event would mark nothing until a replay: a wait for it
+     * now would not wait for the work before it. */
+    DP_TRY(dp_device_refuse_recording(ev->dev, "an event"));
     DP_TRY(ev->dev->ops->event_record(ev->dev, ev->h));
     ev->recorded = 1;
     return DP_OK;
@@ -462,12 +475,14 @@ dp_status dp_event_wait(dp_device *dev, dp_event *ev)
     if (dev->kind != ev->dev->kind)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s cannot wait for an event of %s: devices "
                        "must be of one kind", dev->name, ev->dev->name);
+    DP_TRY(dp_device_refuse_recording(dev, "a wait for an event"));
     return dev->ops->event_wait(dev, ev->dev, ev->h);
 }
 
 dp_status dp_event_synchronize(dp_event *ev)
 {
     DP_TRY(check_recorded("ev", ev));
+    DP_TRY(dp_device_refuse_recording(ev->dev, "a wait for an event"));
     return ev->dev->ops->event_synchronize(ev->dev, ev->h);
 }
 
@@ -476,6 +491,7 @@ dp_status dp_event_elapsed(dp_event *start, dp_event *end, double *seconds)
     if (!seconds) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "seconds must not be NULL");
     DP_TRY(check_recorded("start", start));
     DP_TRY(check_recorded("end", end));
+    DP_TRY(dp_device_refuse_recording(end->dev, "a wait for an event"));
     if (start->dev != end->dev)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "events of %s and %s: elapsed time needs two "
                        "events of one device", start->dev->name, end->dev->name);

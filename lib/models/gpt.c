@@ -325,6 +325,8 @@ dp_status dp_gpt_create(const dp_gpt_config *cfg, dp_gpt **out)
         /* bf16 activations: the logits chunks in bfloat16 too (llm.c's floatX) */
         m->head_forward_bf16 = v->act16 ? gpt_head_forward16 : NULL;
         m->head_backward_bf16 = v->act16 ? gpt_head_backward16 : NULL;
+        /* the same device work every step: no dropout, no host waits */
+        m->replayable = 1;
     }
     *out = g;
     return DP_OK;

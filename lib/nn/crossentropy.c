@@ -136,5 +136,6 @@ dp_criterion dp_criterion_cross_entropy(void)
     c.forward_backward = ce_forward_backward;
     c.writes_row_losses = 1;
     c.bf16_logits = 1;
+    c.replayable = 1; /* device work only, with row losses */
     return c;
 }

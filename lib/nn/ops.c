@@ -14,6 +14,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "backend/device_graph.h"
 #include "dp/checked.h"
 #include "nn/nn_act16.h"
 #include "nn/nn_check.h"
@@ -59,6 +60,7 @@ dp_status dp_sum_squares(dp_device *dev, double *out_host, const float *x, size_
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: out_host and x must not be NULL",
                        dev->name);
     if (n == 0) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: n must be > 0", dev->name);
+    DP_TRY(dp_device_refuse_recording(dev, "a sum read on the host"));
     return dev->ops->sum_squares(dev, out_host, x, n);
 }
 
@@ -258,6 +260,7 @@ dp_status dp_masked_sum(dp_device *dev, double *sum_host, size_t *count_host, co
     if (count_host) *count_host = 0;
     if (!n) return DP_OK;
     DP_NN_REQUIRE_PTR(dev, x);
+    DP_TRY(dp_device_refuse_recording(dev, "a sum read on the host"));
     if (n > SIZE_MAX / sizeof(float))
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s: n=%zu floats overflows size_t", dev->name, n);
     sum_ctx c = {0.0, 0};

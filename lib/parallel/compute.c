@@ -13,6 +13,7 @@
 #include "parallel/callbacks.h"
 #include "parallel/comm.h"
 #include "parallel/compute.h"
+#include "parallel/graph.h"
 #include "parallel/plan.h"
 #include "parallel/pool.h"
 
@@ -264,9 +265,72 @@ static dp_status chunked_criterion(worker *w, const dp_plan *plan, double *loss,
     return DP_OK;
 }
 
+/* Enters phase ph unless recording (graph.h); 1 when the worker has failed. */
+static int enter(worker *w, dp_phase ph, int recording)
+{
+    return !recording && dp_worker_enter_phase(w, ph);
+}
+
 /* Balanced: each micro-batch runs forward, the local criterion and
  * backward. With a head the criterion phase runs the head too, chunk by
- * chunk, and backward starts from the features' gradient. */
+ * chunk, and backward starts from the features' gradient. A dp_graph_body. */
+static dp_status micro_batches(worker *w, const dp_plan *plan, int train, int recording)
+{
+    const dp_plan_device *d = &plan->dev[w->id];
+    int head = has_head(w->e);
+    for (size_t j = 0; j < d->n_micro; j++) {
+        size_t first, rows = dp_plan_micro_rows(d, j, &first);
+        if (!rows) break;
+        dp_chunk c = chunk_of(w, plan, first, rows, train);
+        if (enter(w, DP_PHASE_FORWARD, recording)) return w->status;
+        DP_TRY(ensure_compute(w, d, 0, train));
+        DP_TRY(dp_call_forward(w, &c, w->logits.ptr));
+        if (enter(w, DP_PHASE_CRITERION, recording)) return w->status;
+        double loss = 0.0;
+        float *logits = w->logits.ptr;
+        if (head) {
+            DP_TRY(chunked_criterion(w, plan, &loss, train, c.targets, first, rows));
+        } else {
+            /* dlogits overwrite the logits in place: no second V-wide buffer. */
+            DP_TRY(criterion(w, plan, &loss, train ? logits : NULL, logits, c.targets, first,
+                             rows));
+        }
+        w->loss_sum += loss; /* 0 with row losses: row_losses_sum adds them */
+        if (!train) continue;
+        if (enter(w, DP_PHASE_BACKWARD, recording)) return w->status;
+        DP_TRY(dp_call_backward(w, &c, head ? w->dfeatures.ptr : logits,
+                                first + rows == d->rows));
+    }
+    return DP_OK;
+}
+
+/* FNV-1a over the valid target counts of micro_batches' criterion calls,
+ * in their order (graph.h: a chunk with ignored targets runs a kernel
+ * more). Cheap when every target is valid: the count of the device's. */
+static uint64_t valid_key(const worker *w, const dp_plan *plan)
+{
+    const dp_engine *e = w->e;
+    const dp_plan_device *d = &plan->dev[w->id];
+    size_t opr = e->model.outputs_per_row;
+    uint64_t h = 14695981039346656037ULL;
+    size_t all = d->rows * opr * dp_model_target_size(&e->model);
+    if (!plan->batch->targets || d->valid == all) return h ^ d->valid;
+    for (size_t j = 0; j < d->n_micro; j++) {
+        size_t first, rows = dp_plan_micro_rows(d, j, &first);
+        if (!rows) break;
+        size_t n = rows * opr, c = has_head(e) ? dp_plan_logits_chunk(e, n) : n;
+        for (size_t o = 0; o < n; o += c) {
+            size_t m = n - o < c ? n - o : c;
+            size_t v = has_head(e) ? dp_plan_valid_outputs(e, plan->batch->targets,
+                                                           (d->row_begin + first) * opr + o, m)
+                                   : dp_plan_valid_targets(e, plan->batch->targets,
+                                                           d->row_begin + first, rows);
+            h = (h ^ v) * 1099511628211ULL;
+        }
+    }
+    return h;
+}
+
 void dp_compute_balanced(worker *w, const dp_plan *plan, int train)
 {
     const dp_plan_device *d = &plan->dev[w->id];
@@ -278,30 +342,10 @@ void dp_compute_balanced(worker *w, const dp_plan *plan, int train)
         if (train) ENTER(w, DP_PHASE_BACKWARD);
         return;
     }
-    int head = has_head(w->e);
-    for (size_t j = 0; j < d->n_micro; j++) {
-        size_t first, rows = dp_plan_micro_rows(d, j, &first);
-        if (!rows) break;
-        dp_chunk c = chunk_of(w, plan, first, rows, train);
-        ENTER(w, DP_PHASE_FORWARD);
-        CHECK(w, ensure_compute(w, d, 0, train));
-        CHECK(w, dp_call_forward(w, &c, w->logits.ptr));
-        ENTER(w, DP_PHASE_CRITERION);
-        double loss = 0.0;
-        float *logits = w->logits.ptr;
-        if (head) {
-            CHECK(w, chunked_criterion(w, plan, &loss, train, c.targets, first, rows));
-        } else {
-            /* dlogits overwrite the logits in place: no second V-wide buffer. */
-            CHECK(w, criterion(w, plan, &loss, train ? logits : NULL, logits, c.targets, first,
-                               rows));
-        }
-        w->loss_sum += loss; /* 0 with row losses: row_losses_sum adds them */
-        if (!train) continue;
-        ENTER(w, DP_PHASE_BACKWARD);
-        CHECK(w, dp_call_backward(w, &c, head ? w->dfeatures.ptr : logits,
-                                  first + rows == d->rows));
-    }
+    uint64_t vk = dp_graph_eligible(w) ? valid_key(w, plan) : 0;
+    dp_status s = dp_graph_compute(w, plan, train, vk, micro_batches);
+    if (s != DP_OK && w->status == DP_OK) dp_worker_fail(w, s);
+    if (w->status != DP_OK) return;
     if (defers(w->e)) CHECK(w, row_losses_sum(w, plan));
 }
 

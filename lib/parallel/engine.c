@@ -15,6 +15,7 @@
 #include "core/clock.h"
 #include "parallel/call.h"
 #include "parallel/comm.h"
+#include "parallel/graph.h"
 #include "parallel/optimizer.h"
 #include "parallel/plan.h"
 #include "parallel/pool.h"
@@ -116,6 +117,7 @@ static void fill_stats(dp_engine *e, dp_step_stats *st, double seconds, int trai
         d->reserved_bytes = ms.reserved;
         d->spans = w->n_spans ? w->spans : NULL;
         d->n_spans = w->n_spans;
+        d->replayed = w->replayed;
     }
 }
 
@@ -378,6 +380,7 @@ void dp_engine_destroy(dp_engine *e)
     for (size_t i = 0; !pinned && i < e->L.k; i++) {
         worker *w = &e->w[i];
         if (!w->dev) continue;
+        dp_graph_release(w);
         dbuf *bufs[] = {&w->inputs, &w->targets, &w->workspace, &w->logits,
                         &w->dlogits, &w->scratch, &w->gathered, &w->gathered_d,
                         &w->features, &w->dfeatures, &w->outputs, &w->row_losses};

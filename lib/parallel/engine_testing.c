@@ -49,3 +49,11 @@ dp_status dp_engine_read_replica(dp_engine *e, size_t device, int grads, void *h
     if (grads) return dp_copy_d2h(w->dev, host, w->grads, n * sizeof(float));
     return dp_copy_d2h(w->dev, host, w->params, n * e->psize);
 }
+
+uint64_t dp_engine_graph_replays(const dp_engine *e, size_t device, const char **why)
+{
+    if (why) *why = "";
+    if (!e || device >= e->L.k) return 0;
+    if (why) *why = e->w[device].graph_why;
+    return e->w[device].graph_replays;
+}

@@ -41,6 +41,11 @@ void dp_engine_inject_divergence(dp_engine *engine, int device);
  * gradient) to host. */
 dp_status dp_engine_read_replica(dp_engine *engine, size_t device, int grads, void *host);
 
+/* Local device `device`'s replays of a recorded compute phase so far
+ * (parallel/graph.h: CUDA devices with DP_CUDA_GRAPHS=1); *why (may be
+ * NULL) gets why its last recording failed, "" when none has. */
+uint64_t dp_engine_graph_replays(const dp_engine *engine, size_t device, const char **why);
+
 #ifdef __cplusplus
 }
 #endif

@@ -316,6 +316,7 @@ void dp_pool_reset_stats(dp_pool *p, double origin)
         memset(w->phase_seconds, 0, sizeof w->phase_seconds);
         memset(w->phase_peak, 0, sizeof w->phase_peak);
         w->backward_end = -1.0;
+        w->replayed = 0;
     }
 }
 

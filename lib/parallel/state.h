@@ -23,6 +23,7 @@
 #include <stdint.h>
 
 #include "backend/backend.h"
+#include "backend/device_graph.h"
 #include "core/error.h"
 #include "dp/engine.h"
 #include "parallel/barrier.h"
@@ -39,6 +40,8 @@ typedef struct dbuf {
 static inline dp_status dp_dbuf_ensure(dp_device *dev, dbuf *b, size_t bytes)
 {
     if (b->bytes >= bytes) return DP_OK;
+    /* A recording (graph.c) names the buffers it was recorded with. */
+    DP_TRY(dp_device_refuse_recording(dev, "a buffer that grows"));
     /* Free first: the old buffer must not count against the limit twice. */
     dp_device_free(dev, b->ptr);
     b->ptr = NULL;
@@ -234,6 +237,13 @@ typedef struct worker {
     dp_status status;
     dp_phase fail_phase;
     char msg[1024];
+
+    /* graph.c: the compute phase's recordings (NULL until the first) */
+    struct dp_graph_cache *graphs;
+    int graphs_off;          /* the device records none (graph_begin unsupported) */
+    uint64_t graph_replays;  /* launches of a recording */
+    int replayed;            /* this step's compute phase was one (dp_device_step_stats) */
+    char graph_why[512];     /* why the last recording failed ("" none) */
 } worker;
 
 /* The function a job runs on every worker (pool.h). */

@@ -195,6 +195,13 @@ static dp_status open_resources(dp_device *dev, cuda_ctx *c)
     c->lt_off = lt && strcmp(lt, "0") == 0;
     const char *lt_gelu = getenv("DP_CUDA_LT_GELU");
     c->lt_gelu = lt_gelu && strcmp(lt_gelu, "1") == 0;
+    const char *graphs = getenv("DP_CUDA_GRAPHS");
+    if (graphs && *graphs && strcmp(graphs, "0") != 0 && strcmp(graphs, "1") != 0)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
+                       "%s: DP_CUDA_GRAPHS=%.40s is not 0 or 1: set 1 to replay each step's "
+                       "compute phase from a CUDA graph, or 0 (or unset it) to launch every "
+                       "kernel", dev->name, graphs);
+    c->graphs = graphs && strcmp(graphs, "1") == 0;
     const char *cudnn = getenv("DP_CUDA_CUDNN");
     if (!cudnn || !*cudnn) c->cudnn = CUDA_CUDNN_AUTO;
     else if (strcmp(cudnn, "0") == 0) c->cudnn = CUDA_CUDNN_OFF;
@@ -442,6 +449,11 @@ static const dp_backend_ops cuda_ops = {
     .event_wait = cuda_event_wait,
     .event_synchronize = cuda_event_synchronize,
     .event_elapsed = cuda_event_elapsed,
+    .graph_begin = dp_cuda_graph_begin,
+    .graph_end = dp_cuda_graph_end,
+    .graph_launch = dp_cuda_graph_launch,
+    .graph_destroy = dp_cuda_graph_destroy,
+    .graph_epoch = dp_cuda_graph_epoch,
     .gemm = dp_cuda_gemm,
     .set_matmul_precision = cuda_set_matmul_precision,
     .matmul_native = cuda_matmul_native,

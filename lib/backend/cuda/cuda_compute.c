@@ -126,6 +126,8 @@ DP_KERNEL_OPS(CUDA_OP)
 dp_status dp_cuda_grow_scratch(dp_device *dev, cuda_ctx *c, void **buf, size_t *cap, size_t bytes) {
     if (bytes <= *cap)
         return DP_OK;
+    /* A recording names the old buffer (cuda_graph.c). */
+    DP_TRY(dp_device_refuse_recording(dev, "a scratch buffer that grows"));
     if (bytes > SIZE_MAX / 2)
         return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "%s: %zu scratch bytes overflow", dev->name, bytes);
     bytes = (bytes + ((size_t)64 << 10) - 1) / ((size_t)64 << 10) * ((size_t)64 << 10);
@@ -147,6 +149,7 @@ dp_status dp_cuda_grow_scratch(dp_device *dev, cuda_ctx *c, void **buf, size_t *
     pthread_mutex_unlock(&dev->mu);
     *buf = NULL;
     *cap = 0;
+    c->epoch++; /* graphs recorded before name the freed buffer */
     CU_TRY(dev, cudaMalloc(buf, bytes));
     *cap = bytes;
     pthread_mutex_lock(&dev->mu);

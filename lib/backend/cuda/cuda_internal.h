@@ -18,6 +18,7 @@
 #include <cuda_runtime_api.h>
 
 #include "backend/backend.h"
+#include "backend/device_graph.h"
 #include "backend/gemm_pieces.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_native.h"
@@ -49,6 +50,8 @@ typedef struct cuda_ctx {
     cublasLtHandle_t lt;          /* cuBLASLt: the GEMMs with the bias epilogue (cuda_lt.c) */
     int lt_off;                   /* DP_CUDA_LT=0: those decline (cuda_backend.c) */
     int lt_gelu;                  /* DP_CUDA_LT_GELU=1: the GELU in cuBLASLt's epilogue */
+    int graphs;                   /* DP_CUDA_GRAPHS=1: graph_begin records (cuda_graph.c) */
+    uint64_t epoch;               /* reallocations of col, tickets, grp, cvt (under mu) */
     int cudnn;                    /* the fused attention through cuDNN: CUDA_CUDNN_* */
     int sdpa_absent;              /* CUDA_CUDNN_AUTO found no module, cuDNN or start (mu) */
     const struct dp_cudnn_module *sdpa_mod; /* the cuDNN module (cuda_sdpa.c), loaded and */
@@ -173,6 +176,13 @@ dp_status dp_cuda_copy_peer(dp_device *dst_dev, void *dst, dp_device *src_dev, c
                             size_t bytes);
 dp_status dp_cuda_memset(dp_device *dev, void *dst, int value, size_t bytes);
 dp_status dp_cuda_synchronize(dp_device *dev);
+
+/* Graphs (cuda_graph.c): the table's graph entries (backend.h). */
+dp_status dp_cuda_graph_begin(dp_device *dev);
+dp_status dp_cuda_graph_end(dp_device *dev, void **out);
+dp_status dp_cuda_graph_launch(dp_device *dev, void *graph);
+void dp_cuda_graph_destroy(dp_device *dev, void *graph);
+uint64_t dp_cuda_graph_epoch(dp_device *dev);
 /* ops->order: `then`'s later work waits for the work queued on `first`. */
 dp_status dp_cuda_order(dp_device *first, dp_device *then);
 dp_status dp_cuda_gemm(dp_device *dev, dp_op transa, dp_op transb, int m, int n, int k, float alpha,
