@@ -86,7 +86,7 @@ static graph_slot *take(worker *w, struct dp_graph_cache *gc, const graph_key *k
     dp_device_graph_destroy(w->dev, lru->g);
     memset(lru, 0, sizeof *lru);
     lru->used = 1;
-    lru->key = *k;
+    memcpy(&lru->key, k, sizeof *k); /* the padding too: keys compare with memcmp */
     return lru;
 }
 
