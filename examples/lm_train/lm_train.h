@@ -99,6 +99,7 @@ typedef struct run {
     int exit_code;             /* signals.c: non-zero, the status main returns (signals) */
     cli_ranks rk; /* ranks.c: the job's ranks under mpirun (one rank, dist NULL, alone) */
     size_t step_bytes;         /* train.c: bytes this rank sent to the others in dp_engine_step */
+    long replayed;             /* train.c: steps whose every device replayed a CUDA graph */
 } run;
 
 // --- signals (signals.c) ------------------------------------------------------------------

@@ -8,6 +8,8 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "lm_train.h"
@@ -102,6 +104,11 @@ static void report_throughput(const run *r, long first, double secs)
         printf("ranks: %d x %zu devices; rank 0 sent %.0f bytes per step to the other ranks\n",
                r->rk.ranks, dp_engine_num_devices(r->engine),
                (double)r->step_bytes / (double)(r->step - first));
+    /* Asked for (DP_CUDA_GRAPHS=1) or taken: say how often (docs/design.md). */
+    const char *graphs = getenv("DP_CUDA_GRAPHS");
+    if (r->step > first && (r->replayed || (graphs && strcmp(graphs, "1") == 0)))
+        printf("CUDA graphs: %ld of %ld steps replayed their compute phase\n", r->replayed,
+               r->step - first);
 }
 
 int train(run *r)
@@ -129,6 +136,9 @@ int train(run *r)
         }
         r->consecutive_skips = 0;
         r->step++;
+        size_t replays = 0;
+        for (size_t i = 0; i < st.n_devices; i++) replays += st.devices[i].replayed ? 1 : 0;
+        r->replayed += st.n_devices && replays == st.n_devices;
         progress(r, &st, lr, cli_now() - t0, first);
         log_row(r, &st, lr);
         if (r->step % o->eval_interval == 0 || r->step == o->steps) {
