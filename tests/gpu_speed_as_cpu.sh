@@ -23,6 +23,8 @@ runs=("bf16 chunked B8" "bf16 fused B8" "bf16 fused cudnn B8" "bf16 fused gelu-e
     "bf16 fused cudnn gelu-epilogue logits-chunk 8192 B8"
     "bf16 fused cudnn gelu-epilogue logits-chunk 8192 B64"
     "bf16 fused no-tensor-cores B8" "bf16 fused no-16-byte-elementwise B8" "bf16 fused V1000 B8"
+    "bf16 fused ${c}layernorm-block-rows B8" "bf16 fused ${c}cuda-graphs B8"
+    "bf16 fused cudnn gelu-epilogue logits-chunk 8192 cuda-graphs B8"
     "bf16 fused ${c}B16" "bf16 fused ${c}B32" "bf16 fused ${c}B64" "bf16 fused B64"
     "bf16 fused ${c}B16 on cpu:2" "bf16 fused ${c}overlap-comm-stream B16 on cpu:2"
     "bf16 fused ${c}recompute-gelu B8" "bf16 fused ${c}recompute-gelu B16"
@@ -37,6 +39,7 @@ for w in dp cudnn; do
     want "^speed attention $w B,T,C,NH=2,64,128,2 +(PASS +forward \+ backward [0-9.]+ ms|SKIP +no cuDNN)"
 done
 want "^speed dp bf16 chunked B32 +PASS .*MiB per sequence beyond the fixed state"
+want "^speed dp bf16 fused ${c}cuda-graphs B8 +PASS .*; replayed [0-9]+ of [0-9]+ steps$"
 want "^speed dp bf16 fused ${c}B32 +PASS .*MiB per sequence beyond the fixed state"
 want "^speed dp bf16 fused ${c}recompute-gelu B16 +PASS .*MiB per sequence beyond the fixed state"
 want "^speed torch bf16 B8 eager +(PASS +[0-9.]+ ms/step|SKIP +.+)"
