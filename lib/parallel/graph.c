@@ -90,12 +90,10 @@ static graph_slot *take(worker *w, struct dp_graph_cache *gc, const graph_key *k
     return lru;
 }
 
-/* Marks s failed, keeping the reason (dp_last_error) in w->graph_why. */
-static void failed(worker *w, graph_slot *s)
+/* Keeps the reason a recording failed (dp_last_error) in w->graph_why. */
+static void keep_why(worker *w)
 {
-    s->failed = 1;
     snprintf(w->graph_why, sizeof w->graph_why, "%s", dp_last_error());
-    dp_clear_error();
 }
 
 /* Records body into s->g, or marks s failed (the body then runs eagerly). */
@@ -103,23 +101,16 @@ static void record(worker *w, graph_slot *s, const dp_plan *plan, int train, dp_
 {
     dp_status b = dp_device_graph_begin(w->dev);
     if (b == DP_ERR_UNSUPPORTED) w->graphs_off = 1; /* this device never records */
-    if (b != DP_OK) {
-        failed(w, s);
-        return;
-    }
-    dp_status r = body(w, plan, train, 1);
-    if (r != DP_OK) snprintf(w->graph_why, sizeof w->graph_why, "%s", dp_last_error());
+    dp_status r = b == DP_OK ? body(w, plan, train, 1) : b;
+    if (r != DP_OK) keep_why(w);
     dp_device_graph *g = NULL;
-    dp_status e = dp_device_graph_end(w->dev, &g);
+    dp_status e = b == DP_OK ? dp_device_graph_end(w->dev, &g) : DP_OK;
+    if (r == DP_OK && e != DP_OK) keep_why(w);
     w->loss_sum = 0.0; /* what the recording added, the eager run or the replay adds */
     if (r != DP_OK || e != DP_OK) {
         dp_device_graph_destroy(w->dev, g);
-        if (r != DP_OK) {
-            s->failed = 1; /* the body's reason, kept above */
-            dp_clear_error();
-        } else {
-            failed(w, s);
-        }
+        s->failed = 1;
+        dp_clear_error();
         return;
     }
     s->g = g;
