@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "dp_test.h"
+#include "parallel/engine_testing.h"
 #include "gpt_fixture.h"
 #include "gpt_reference.h"
 
@@ -884,6 +885,119 @@ Test(gpt, row_losses_give_the_bits_of_per_call_losses, .timeout = 60)
               "row losses", ev[0], ev[1]);
     free(pr);
     free(ph);
+    dp_gpt_destroy(g);
+}
+
+/* The graph test's schedule (tests/test_cuda_engine.c's, and more): 10
+ * steps, a shorter batch at step 3, the first row's targets all ignored at
+ * step 5 (the other rows as ever: on two devices only the loss scale
+ * tells the second device's step from a full one), every target valid at
+ * step 6, an evaluation after steps 2, 4 and 6, and after step 6 a
+ * second one first (the fixture's count of ignored targets moved two
+ * places on: the loss scale of the others, other chunks). Per step and
+ * evaluation: its loss, and how many devices' stats say replayed. */
+enum { GSTEPS = 10, GOPS = 14 };
+
+static void graph_policy_run(const dp_gpt *g, size_t k, const dp_criterion *crit, int stand_in,
+                             int overlap, double *loss, int *replayed, float *params,
+                             uint64_t *replays)
+{
+    dp_device_spec specs[2] = {{DP_DEVICE_CPU, 0}, {DP_DEVICE_CPU, 1}};
+    dp_engine_config cfg = gpt_cfg(DP_MODE_BALANCED);
+    cfg.logits_chunk_rows = 5; /* chunks with and without ignored targets */
+    if (!overlap) cfg.bucket_bytes = DP_BUCKET_OFF; /* CPU devices overlap by default */
+    dp_engine *e = NULL;
+    dp_assert_ok(dp_engine_create(specs, k, dp_gpt_model(g, 0), crit, &cfg, &e));
+    if (stand_in) dp_engine_stand_in_graphs(e);
+    int32_t tok[EROWS * EBS], tgt[EROWS * EBS];
+    size_t at = 0;
+    for (int s = 0; s < GSTEPS; s++) {
+        dp_test_gpt_batch(s, EROWS, tok, tgt);
+        for (size_t i = 0; s == 5 && i < EBS; i++) tgt[i] = -1;
+        int32_t moved[EROWS * EBS], fixture[EROWS * EBS];
+        memcpy(fixture, tgt, sizeof tgt);
+        for (size_t i = 0; i < EROWS * EBS; i++) moved[i] = tok[i];
+        for (size_t i = 0; i < EROWS * EBS; i++)
+            if (tgt[i] < 0) moved[(i + 2) % (EROWS * EBS)] = -1;
+        for (size_t i = 0; s == 6 && i < EROWS * EBS; i++)
+            if (tgt[i] < 0) tgt[i] = tok[i];
+        int evals = s == 6 ? 2 : s == 2 || s == 4;
+        for (int ev = 0; ev <= evals; ev++) {
+            const int32_t *t = ev == 1 && s == 6 ? moved : ev == 2 ? fixture : tgt;
+            dp_batch b = {ev || s != 3 ? EROWS : EROWS - 1, tok, t};
+            dp_step_stats st;
+            dp_assert_ok(ev ? dp_engine_evaluate(e, &b, &st) : dp_engine_step(e, &b, &st));
+            loss[at] = st.loss;
+            replayed[at] = 0;
+            for (size_t d = 0; d < k; d++) replayed[at] += st.devices[d].replayed;
+            at++;
+        }
+    }
+    dp_assert_ok(dp_engine_get_params(e, params));
+    *replays = 0;
+    for (size_t d = 0; d < k; d++) *replays += dp_engine_graph_replays(e, d, NULL);
+    dp_engine_destroy(e);
+}
+
+/* parallel/graph.c's policy, where no device records (the stand-in,
+ * engine_testing.h): a key replays from its third sighting... its
+ * second records, and each step of a key seen before replays; a shorter
+ * batch, an evaluation and a batch without ignored targets are keys of
+ * their own, and the first step of each runs eagerly; the least recently
+ * used key goes when a fifth comes. A criterion that is not replayable
+ * never replays, nor does a step whose reduce-scatter overlaps the
+ * backward (its evaluations do). The stand-in's replays keep the eager
+ * bits. */
+Test(gpt, graph_policy_replays_only_a_key_seen_before, .timeout = 60)
+{
+    /* step 0 (buffers not yet made), 1 (first sighting), 2 (recorded),
+     * eval 2 (first), 3 (short: first), 4, eval 4 (recorded), 5 (first
+     * row ignored: first), 6 (all valid: first, the short step's key
+     * goes), eval 6 (moved targets: first; the full step's key, least
+     * recently used, goes), eval 6 again (the fixture's: kept, having
+     * been used after the full step's), 7 (first again), 8 (recorded), 9 */
+    static const int want[GOPS] = {0, 0, 1, 0, 0, 1, 1, 0, 0, 0, 1, 0, 1, 1};
+    dp_gpt *g = make_gpt(EV, EBS, EL, ENH, EC);
+    size_t n = dp_gpt_model(g, 0)->n_params;
+    float *pe = xmalloc(n * sizeof(float)), *pg = xmalloc(n * sizeof(float));
+    dp_criterion ce = dp_criterion_cross_entropy();
+    cr_assert(ce.replayable && dp_gpt_model(g, 0)->replayable);
+    ce_rows_case wrapped = {dp_criterion_cross_entropy(), 1};
+    dp_criterion opaque = {&wrapped, ce_rows_scratch, ce_rows_fb, DP_TARGET_CLASS, 1, 0, 0};
+    for (size_t k = 1; k <= 2; k++) {
+        double le[GOPS], lg[GOPS];
+        int re[GOPS], rg[GOPS];
+        uint64_t ne, ng;
+        graph_policy_run(g, k, &ce, 0, 0, le, re, pe, &ne);
+        graph_policy_run(g, k, &ce, 1, 0, lg, rg, pg, &ng);
+        uint64_t want_replays = 0;
+        for (int i = 0; i < GOPS; i++) {
+            cr_assert(re[i] == 0, "%zu devices: op %d replayed without graphs", k, i);
+            cr_assert(rg[i] == want[i] * (int)k, "%zu devices: op %d replayed on %d, not %d", k,
+                      i, rg[i], want[i] * (int)k);
+            cr_assert(memcmp(&le[i], &lg[i], sizeof le[i]) == 0,
+                      "%zu devices: op %d loss %.17g eager, %.17g replayed", k, i, le[i], lg[i]);
+            want_replays += (uint64_t)want[i] * k;
+        }
+        cr_assert(ne == 0 && ng == want_replays, "%zu devices: %llu and %llu replays, not 0 "
+                  "and %llu", k, (unsigned long long)ne, (unsigned long long)ng,
+                  (unsigned long long)want_replays);
+        cr_assert(memcmp(pe, pg, n * sizeof(float)) == 0, "%zu devices: the parameters differ",
+                  k);
+        graph_policy_run(g, k, &opaque, 1, 0, lg, rg, pg, &ng);
+        for (int i = 0; i < GOPS; i++)
+            cr_assert(rg[i] == 0, "%zu devices: op %d replayed with a criterion that is not "
+                      "replayable", k, i);
+        cr_assert(memcmp(pe, pg, n * sizeof(float)) == 0);
+        if (k < 2) continue;
+        /* evaluations have no reduce-scatter: the second of a key replays */
+        graph_policy_run(g, k, &ce, 1, 1, lg, rg, pg, &ng);
+        for (int i = 0; i < GOPS; i++)
+            cr_assert(rg[i] == (i == 6 || i == 10) * (int)k, "op %d: replayed on %d with the "
+                      "overlap on", i, rg[i]);
+    }
+    free(pe);
+    free(pg);
     dp_gpt_destroy(g);
 }
 

@@ -57,3 +57,8 @@ uint64_t dp_engine_graph_replays(const dp_engine *e, size_t device, const char *
     if (why) *why = e->w[device].graph_why;
     return e->w[device].graph_replays;
 }
+
+void dp_engine_stand_in_graphs(dp_engine *e)
+{
+    for (size_t i = 0; e && i < e->L.k; i++) e->w[i].graphs_stand_in = 1;
+}

@@ -46,6 +46,13 @@ dp_status dp_engine_read_replica(dp_engine *engine, size_t device, int grads, vo
  * NULL) gets why its last recording failed, "" when none has. */
 uint64_t dp_engine_graph_replays(const dp_engine *engine, size_t device, const char **why);
 
+/* Every local device takes parallel/graph.c's policy as if it recorded
+ * graphs (CPU devices included): a key's second step "records" nothing
+ * and each "replay" runs the compute phase in place, in one forward phase,
+ * so the keys and which steps replay are tested where no GPU is. Call it
+ * before the first step. */
+void dp_engine_stand_in_graphs(dp_engine *engine);
+
 #ifdef __cplusplus
 }
 #endif

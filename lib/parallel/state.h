@@ -241,6 +241,8 @@ typedef struct worker {
     /* graph.c: the compute phase's recordings (NULL until the first) */
     struct dp_graph_cache *graphs;
     int graphs_off;          /* the device records none (graph_begin unsupported) */
+    int graphs_stand_in;     /* a test hook's (engine_testing.h): graph.c's policy on any
+                                device, the body run where a replay would be launched */
     uint64_t graph_replays;  /* launches of a recording */
     int replayed;            /* this step's compute phase was one (dp_device_step_stats) */
     char graph_why[512];     /* why the last recording failed ("" none) */
