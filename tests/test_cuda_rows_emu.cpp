@@ -196,12 +196,12 @@ Test(cuda_rows_emu, crossentropy_short_rows) { case_ce(7, 1000, 3, 1u); }
 Test(cuda_rows_emu, crossentropy_tiny_rows) { case_ce(5, 13, 5, 2u); }
 
 /* CE_THREADS (1024) a row from CE_LONG_ROW on, 3 rows over 2 blocks. */
-Test(cuda_rows_emu, crossentropy_long_rows, .timeout = 120) { case_ce(3, 4099, 2, 3u); }
+Test(cuda_rows_emu, crossentropy_long_rows, .timeout = 400) { case_ce(3, 4099, 2, 3u); }
 
 /* bfloat16: 256 threads a row, whole groups (V = 1000) and a short last
  * group with every other row unaligned (V = 4099: G = 3 groups a thread);
  * a row shorter than a group. */
-Test(cuda_rows_emu, crossentropy_bf16_rows, .timeout = 120)
+Test(cuda_rows_emu, crossentropy_bf16_rows, .timeout = 400)
 {
     case_ce16(7, 1000, 3, 1u);
     case_ce16(5, 4099, 2, 4u);
@@ -210,7 +210,7 @@ Test(cuda_rows_emu, crossentropy_bf16_rows, .timeout = 120)
 
 /* bfloat16: CE_THREADS a row from CE16_LONG_ROW on (V = 20001: G = 3,
  * the last group short), 3 rows over 2 blocks. */
-Test(cuda_rows_emu, crossentropy_bf16_long_rows, .timeout = 120) { case_ce16(3, 20001, 2, 5u); }
+Test(cuda_rows_emu, crossentropy_bf16_long_rows, .timeout = 400) { case_ce16(3, 20001, 2, 5u); }
 
 /* The ignored rows zeroed, the others untouched, float32 and bfloat16,
  * class ids and float targets (NaN ignored), several per row. */
@@ -307,7 +307,7 @@ void run_ln_bwd_warp(size_t kv, float *dinp, dp_pref g, const float *x, dp_pref 
  * warp per row (the launcher's kernel for rows of up to LN_VALS *
  * BLOCK_THREADS) gives the block kernel's bits, every output: rows of 13
  * to 1024 elements (1 to 4 elements a block thread, the last partial). */
-Test(cuda_rows_emu, layernorm_outputs_and_residual, .timeout = 120)
+Test(cuda_rows_emu, layernorm_outputs_and_residual, .timeout = 400)
 {
     for (size_t C : {(size_t)13, (size_t)300, (size_t)768, (size_t)1024}) {
         const size_t N = 11, kv = (C + BLOCK_THREADS - 1) / BLOCK_THREADS;
@@ -374,7 +374,7 @@ Test(cuda_rows_emu, layernorm_outputs_and_residual, .timeout = 120)
  * alone); the warp per row gives the block's bits; from a bfloat16 dout,
  * the kernel's own bits from the float32 dout of its widened values, and
  * dinp added to, not overwritten. */
-Test(cuda_rows_emu, layernorm_backward_from_float32_and_bfloat16_dout, .timeout = 120)
+Test(cuda_rows_emu, layernorm_backward_from_float32_and_bfloat16_dout, .timeout = 400)
 {
     for (size_t C : {(size_t)13, (size_t)300, (size_t)768, (size_t)1024, (size_t)1500}) {
         const size_t N = 11, kv = (C + BLOCK_THREADS - 1) / BLOCK_THREADS;
