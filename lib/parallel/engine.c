@@ -401,6 +401,7 @@ void dp_engine_destroy(dp_engine *e)
     free(e->s);
     free(e->xfers);
     free(e->rounds);
+    free(e->round_seq);
     free(e->xspans);
     free(e->w);
     free(e);

@@ -97,6 +97,29 @@ static size_t cut(dp_engine *e, size_t c, dp_round *out, size_t *n_fwd)
     return r;
 }
 
+/* For a transport whose messages match in the order posted (NCCL): one
+ * order of every round, the same on every rank. The forward rounds in
+ * order, each piece's return right after the forward round two later,
+ * whose receives need that piece summed anyway (its staging half); the
+ * last two returns at the end. The forward rounds keep their order among
+ * themselves and the returns theirs. */
+static dp_status sequence(dp_engine *e)
+{
+    size_t n = 0, F = e->n_fwd_rounds;
+    e->round_seq = malloc((e->n_rounds ? e->n_rounds : 1) * sizeof *e->round_seq);
+    if (!e->round_seq)
+        return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation of %zu rounds failed", e->n_rounds);
+    for (size_t f = 0; f < F; f++) {
+        e->round_seq[n++] = f;
+        if (f >= 2 && e->rounds[f - 2].pair != SIZE_MAX) e->round_seq[n++] = e->rounds[f - 2].pair;
+    }
+    for (size_t f = F >= 2 ? F - 2 : 0; f < F; f++)
+        if (e->rounds[f].pair != SIZE_MAX) e->round_seq[n++] = e->rounds[f].pair;
+    if (n != e->n_rounds)
+        return DP_FAIL(DP_ERR_INTERNAL, "the rounds' order has %zu of %zu rounds", n, e->n_rounds);
+    return DP_OK;
+}
+
 dp_status dp_rounds_setup(dp_engine *e)
 {
     size_t c = dp_transport_round_floats(&e->tp), n_fwd;
@@ -121,6 +144,7 @@ dp_status dp_rounds_setup(dp_engine *e)
         if (!e->xfers)
             return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation of %zu messages failed", total);
     }
+    if (dp_transport_in_order(&e->tp)) DP_TRY(sequence(e));
     e->xspans = malloc(e->n_rounds * sizeof *e->xspans);
     if (!e->xspans)
         return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation of %zu spans failed", e->n_rounds);
@@ -132,6 +156,7 @@ void dp_rounds_begin_step(dp_engine *e)
     for (size_t r = 0; r < e->n_rounds; r++) atomic_store(&e->rounds[r].state, DP_ROUND_IDLE);
     e->round_next = e->round_first_out = 0;
     e->ret_next = e->n_fwd_rounds;
+    e->seq_next = 0;
     e->round_status = DP_OK;
     e->round_active = dp_now_seconds();
     e->round_seen = dp_barrier_progress(&e->pool.barrier);
@@ -160,32 +185,55 @@ static dp_status start(dp_engine *e, dp_round *r)
     return DP_OK;
 }
 
-/* Starts rounds in order while they may: the forward ones (constrained:
- * this rank's part of the gradient is final and the staging half free;
- * else the job is over and anything may go), then the returns (a sum
- * leaves once its reducer summed it, unless the job is over; it arrives
- * only once the owner's own piece has left, whose memory it overwrites). */
+/* Whether forward round r may start: constrained (while the job runs),
+ * once this rank's part of it is final (final: final_from) and, where it
+ * receives, the staging half is free (the round before it into that half
+ * summed); else the job is over and anything may go. Receives wait for
+ * this rank's part too: posted early they would keep the caller testing
+ * them through the forward. */
+static int forward_may(const dp_engine *e, const dp_round *r, int constrained, size_t final)
+{
+    if (!constrained) return 1;
+    if (final > r->begin) return 0;
+    return !r->recvs || r->prev == SIZE_MAX ||
+           atomic_load_explicit(&e->rounds[r->prev].state, memory_order_acquire) ==
+               DP_ROUND_REDUCED;
+}
+
+/* Whether return round r may start: a sum leaves once its reducer summed
+ * it, unless the job is over; it arrives only once the owner's own piece
+ * has left, whose memory it overwrites. */
+static int return_may(const dp_engine *e, const dp_round *r, int constrained)
+{
+    int fwd = atomic_load_explicit(&e->rounds[r->pair].state, memory_order_acquire);
+    if (r->recvs) return fwd >= DP_ROUND_ARRIVED;
+    return !constrained || !r->n || fwd == DP_ROUND_REDUCED;
+}
+
+/* Starts rounds while they may: the forward ones in order, then the
+ * returns in order; or, in order (round_seq), the next of the one order
+ * every rank follows, until one may not. */
 static dp_status start_ready(dp_engine *e, int constrained)
 {
     size_t final = constrained ? final_from(e) : 0;
-    while (e->round_next < e->n_fwd_rounds) {
-        dp_round *r = &e->rounds[e->round_next];
-        /* Receives wait for this rank's part too: posted early they would
-         * keep the caller testing them through the forward. */
-        if (constrained && final > r->begin) break;
-        if (constrained && r->recvs && r->prev != SIZE_MAX &&
-            atomic_load_explicit(&e->rounds[r->prev].state, memory_order_acquire) !=
-                DP_ROUND_REDUCED)
-            break;
+    while (e->round_seq && e->seq_next < e->n_rounds) {
+        size_t i = e->round_seq[e->seq_next];
+        dp_round *r = &e->rounds[i];
+        if (r->ret ? !return_may(e, r, constrained) : !forward_may(e, r, constrained, final))
+            return DP_OK;
         DP_TRY(start(e, r));
+        e->seq_next++;
+        if (r->ret) e->ret_next++;
+        else e->round_next++;
+    }
+    if (e->round_seq) return DP_OK;
+    while (e->round_next < e->n_fwd_rounds &&
+           forward_may(e, &e->rounds[e->round_next], constrained, final)) {
+        DP_TRY(start(e, &e->rounds[e->round_next]));
         e->round_next++;
     }
-    while (e->ret_next < e->n_rounds) {
-        dp_round *r = &e->rounds[e->ret_next];
-        int fwd = atomic_load_explicit(&e->rounds[r->pair].state, memory_order_acquire);
-        if (r->recvs ? fwd < DP_ROUND_ARRIVED : constrained && r->n && fwd != DP_ROUND_REDUCED)
-            break;
-        DP_TRY(start(e, r));
+    while (e->ret_next < e->n_rounds && return_may(e, &e->rounds[e->ret_next], constrained)) {
+        DP_TRY(start(e, &e->rounds[e->ret_next]));
         e->ret_next++;
     }
     return DP_OK;
@@ -276,7 +324,11 @@ double dp_rounds_progress(void *engine)
     size_t out = 0, next = e->round_next + e->ret_next;
     dp_status s = start_ready(e, 1);
     if (s == DP_OK) s = test_started(e, &arrived, &out);
+    size_t tested = e->round_next + e->ret_next;
     if (s == DP_OK && arrived) s = start_ready(e, 1); /* returns whose piece has left */
+    /* what that started is in flight too: a worker may wait for it (in
+     * order, a forward round may follow a return) */
+    out += e->round_next + e->ret_next - tested;
     if (arrived) dp_barrier_notify(&e->pool.barrier);
     if (s != DP_OK) {
         e->round_status = s;

@@ -325,6 +325,9 @@ struct dp_engine {
     dp_xfer *xfers;
     dp_round *rounds; /* the forward rounds, then the returns */
     size_t n_rounds, n_fwd_rounds, round_next, ret_next, round_first_out;
+    /* with a transport that matches in order: the one order every rank
+     * starts the rounds in (rounds.c), and the next of it */
+    size_t *round_seq, seq_next;
     dp_status round_status;
     /* the caller's last sight of progress here (a busy worker, a notify,
      * a round moved): the rounds' wait is bounded from it */

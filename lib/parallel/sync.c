@@ -5,6 +5,7 @@
  * the check that every rank planned the same batch, and the
  * re-synchronisations of the replicas (a list of stages, stages.h).
  */
+#include <stdint.h>
 #include <stdlib.h>
 
 #include "parallel/comm.h"
@@ -30,9 +31,27 @@ static void job_setup(worker *w, void *arg)
     CHECK(w, dp_comm_setup(w));
 }
 
+/* Every rank must start the rounds in the order its transport needs: a
+ * setting that differs between them (DP_MPI_IN_ORDER) is refused on all,
+ * before any round is cut. */
+static dp_status agree_order(dp_engine *e)
+{
+    int32_t mine = dp_transport_in_order(&e->tp), all[DP_MAX_DEVICES];
+    if (!dp_transport_spans_ranks(&e->tp)) return DP_OK;
+    DP_TRY(dp_transport_agree(&e->tp, DP_OK, &mine, all, sizeof mine, "the rounds' order"));
+    for (int r = 1; r < e->L.nranks; r++)
+        if (all[r] != all[0])
+            return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "rank %d's %s transport matches the rounds' "
+                           "messages %s, rank 0's %s (DP_MPI_IN_ORDER): set it alike on every "
+                           "rank", r, e->tp.ops->name, all[r] ? "in order" : "by tag",
+                           all[0] ? "in order" : "by tag");
+    return DP_OK;
+}
+
 static dp_status connect(dp_engine *e)
 {
-    dp_status s = dp_rounds_setup(e);
+    dp_status s = agree_order(e);
+    if (s == DP_OK) s = dp_rounds_setup(e);
     size_t n_rounds = e->n_rounds;
     const dp_xfer **lists = malloc((n_rounds ? n_rounds : 1) * sizeof *lists);
     size_t *counts = malloc((n_rounds ? n_rounds : 1) * sizeof *counts);

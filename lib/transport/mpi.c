@@ -13,14 +13,28 @@
  * bootstrap's scratch, copied in and out.
  */
 #include <stdlib.h>
+#include <string.h>
 
 #include "core/error.h"
 #include "transport/dist_internal.h"
 #include "transport/mpi.h"
 
 /* Tags of the persistent sets: a round's messages never match the
- * all-gather's, nor a forward round's a return's. */
+ * all-gather's, nor a forward round's a return's (unless in order). */
 enum { TAG_ROUND = 1, TAG_ALLGATHER = 2, TAG_RETURN = 3 };
+
+/* DP_MPI_IN_ORDER=1: the returns share the forward rounds' tag, so two
+ * ranks' messages match in the order posted whatever their round, as
+ * NCCL's do; the CPU's check of the order the rounds start in, which the
+ * NCCL transport relies on and no test could see on one GPU. */
+static dp_status in_order(int *on)
+{
+    const char *v = getenv("DP_MPI_IN_ORDER");
+    *on = v && strcmp(v, "1") == 0;
+    if (!v || !*v || *on || strcmp(v, "0") == 0) return DP_OK;
+    return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "DP_MPI_IN_ORDER is \"%.32s\": set it to 1 (the "
+                   "rounds' messages match in the order posted, as NCCL's) or 0, or unset it", v);
+}
 
 /* The persistent requests, made once at connect. */
 typedef struct mpi_state {
@@ -98,8 +112,8 @@ static dp_status connect(dp_transport *t, const dp_transport_plan *plan)
     }
     t->impl = st;
     for (size_t r = 0; r < plan->n_rounds; r++) {
-        DP_TRY(round_set(t, plan->rounds[r], plan->round_msgs[r],
-                         r < plan->n_forward ? TAG_ROUND : TAG_RETURN, &st->rounds[r]));
+        int tag = r < plan->n_forward || t->in_order ? TAG_ROUND : TAG_RETURN;
+        DP_TRY(round_set(t, plan->rounds[r], plan->round_msgs[r], tag, &st->rounds[r]));
         st->n_rounds = r + 1;
     }
     st->replica = plan->replicas[0];
@@ -142,8 +156,8 @@ dp_status dp_mpi_broadcast(dp_transport *t, void *buf, size_t bytes, const char 
 
 /* Both sides listed a round's messages in (slice, device) order at
  * connect and start the rounds of a kind in the same order (one tag per
- * kind), so between a pair of ranks they match in the order posted (MPI's
- * non-overtaking rule). The rounds are only started and tested: this
+ * kind; in order, every round in one order), so between a pair of ranks
+ * they match in the order posted (MPI's non-overtaking rule). The rounds are only started and tested: this
  * transport has no blocking exchange. */
 static dp_status start(dp_transport *t, size_t round, const char *what)
 {
@@ -184,6 +198,7 @@ const dp_transport_ops dp_transport_mpi = {
     .name = "MPI",
     .accepts = accepts,
     .round_floats = (size_t)1 << 18,
+    .in_order = in_order,
     .fills_every_replica = 0,
     .connect = connect,
     .agree = dp_mpi_agree,

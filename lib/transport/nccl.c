@@ -48,6 +48,14 @@ static int current(void)
 
 static int accepts(int nranks, int host_memory) { return nranks > 1 && !host_memory; }
 
+/* NCCL's sends and receives between two ranks match in the order posted:
+ * no tags. */
+static dp_status in_order(int *on)
+{
+    *on = 1;
+    return DP_OK;
+}
+
 static void close_nccl(dp_transport *t);
 
 /* Rank 0 makes the NCCL id, MPI broadcasts it, and each rank joins its k
@@ -197,6 +205,7 @@ const dp_transport_ops dp_transport_nccl = {
     .name = "NCCL",
     .accepts = accepts,
     .round_floats = (size_t)1 << 18,
+    .in_order = in_order,
     .fills_every_replica = 1,
     .connect = connect,
     .agree = dp_mpi_agree,

@@ -30,6 +30,15 @@ static const dp_transport_ops *nccl_transport(int host_memory)
     return cuda->nccl;
 }
 
+static dp_status chosen(dp_transport *t, const dp_transport_ops *ops)
+{
+    t->ops = ops;
+    if (!ops->in_order) return DP_OK;
+    dp_status s = ops->in_order(&t->in_order);
+    if (s != DP_OK) t->ops = &dp_transport_inproc; /* closes cleanly */
+    return s;
+}
+
 dp_status dp_transport_open(dp_transport *t, dp_dist *dist, const dp_layout *L,
                             int host_memory, double timeout)
 {
@@ -38,15 +47,9 @@ dp_status dp_transport_open(dp_transport *t, dp_dist *dist, const dp_layout *L,
     t->L = *L;
     t->timeout = timeout;
     for (size_t i = 0; i < sizeof transports / sizeof *transports; i++)
-        if (transports[i]->accepts(L->nranks, host_memory)) {
-            t->ops = transports[i];
-            return DP_OK;
-        }
+        if (transports[i]->accepts(L->nranks, host_memory)) return chosen(t, transports[i]);
     const dp_transport_ops *nccl = nccl_transport(host_memory);
-    if (nccl && nccl->accepts(L->nranks, host_memory)) {
-        t->ops = nccl;
-        return DP_OK;
-    }
+    if (nccl && nccl->accepts(L->nranks, host_memory)) return chosen(t, nccl);
     t->ops = &dp_transport_inproc; /* closes cleanly; never carries the ranks */
     if (!host_memory)
         return DP_FAIL(DP_ERR_UNSUPPORTED, "CUDA devices across ranks need NCCL, and this dp was "

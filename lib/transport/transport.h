@@ -104,6 +104,12 @@ typedef struct dp_transport_ops {
     int (*accepts)(int nranks, int host_memory);
     /* Floats of each slice per reduce-scatter round (0: one round). */
     size_t round_floats;
+    /* Optional: *in_order = 1 when two ranks' messages match in the order
+     * they were posted, whatever their round (NCCL has no tags): every
+     * rank must then start the rounds, forward and return, in one order
+     * (rounds.h). NULL: tagged, the forward rounds and the returns match
+     * apart. Fails when the transport's setting is malformed. */
+    dp_status (*in_order)(int *in_order);
     /* allgather_replicas fills every local replica (1) or local device
      * 0's, which the engine then copies to the others (0). */
     int fills_every_replica;
@@ -156,6 +162,7 @@ struct dp_transport {
     dp_layout L;
     double timeout; /* seconds per wait, 0: none */
     int lost;       /* an operation failed with the ranks out of step */
+    int in_order;   /* ops->in_order's answer at open */
 };
 
 /* Chooses the transport for layout L (every rank chooses the same: the
@@ -194,5 +201,7 @@ static inline int dp_transport_fills_every_replica(const dp_transport *t)
 }
 static inline size_t dp_transport_round_floats(const dp_transport *t) { return t->ops->round_floats; }
 static inline int dp_transport_lost(const dp_transport *t) { return t->lost; }
+/* Whether every rank must start every round in one order (ops->in_order). */
+static inline int dp_transport_in_order(const dp_transport *t) { return t->in_order; }
 
 #endif /* DP_TRANSPORT_TRANSPORT_H */

@@ -925,6 +925,23 @@ static void bad_use(void)
     CHECK(s == DP_ERR_INVALID_ARGUMENT && strstr(dp_last_error(), "rank 1: ") &&
               strstr(dp_last_error(), "grad_accum"),
           "bad grad_accum on rank 1: %d %s", (int)s, dp_last_error());
+    /* the rounds matched in order on rank 1 only, or a malformed setting:
+     * both refuse (started differently, the ranks' rounds would mismatch) */
+    const char *was = getenv("DP_MPI_IN_ORDER");
+    char saved[8] = "";
+    if (was) snprintf(saved, sizeof saved, "%s", was);
+    const char *mine[] = {was && strcmp(was, "1") == 0 ? "0" : "1", "yes"};
+    const char *want[] = {"rank 1's MPI transport matches the rounds' messages",
+                          "DP_MPI_IN_ORDER is \"yes\": set it to 1"};
+    for (int i = 0; i < 2; i++) {
+        if (rank == 1) setenv("DP_MPI_IN_ORDER", mine[i], 1);
+        s = open_run(&r, &c, 1, 1, config(&c));
+        if (rank == 1 && was) setenv("DP_MPI_IN_ORDER", saved, 1);
+        else if (rank == 1) unsetenv("DP_MPI_IN_ORDER");
+        CHECK(s == DP_ERR_INVALID_ARGUMENT && strstr(dp_last_error(), want[i]) &&
+                  strstr(dp_last_error(), "rank 1"),
+              "DP_MPI_IN_ORDER=%s on rank 1: %d %s", mine[i], (int)s, dp_last_error());
+    }
     /* gather mode */
     cfg = config(&c);
     cfg.mode = DP_MODE_GATHER;
