@@ -335,9 +335,10 @@ dp_status dp_engine_create(const dp_device_spec *devices, size_t k, const dp_mod
     for (size_t i = 0; s == DP_OK && i < k; i++) {
         worker *w = &e->w[i];
         s = dp_device_open(&devices[i], &w->dev);
-        /* Across ranks the sums stay on the device's own queue: the
-         * transport's copies are ordered with it alone. */
-        if (s == DP_OK && !ranked && k > 1) s = dp_device_open_comm(w->dev, &w->comm);
+        /* A queue for the sums beside the backward (DP_CUDA_OVERLAP=1 on
+         * GPUs), where the devices' gradients meet: across ranks the
+         * transport's rounds run on it too (NCCL), ordered with the sums. */
+        if (s == DP_OK && (ranked || k > 1)) s = dp_device_open_comm(w->dev, &w->comm);
         if (s == DP_OK && !w->comm) w->comm = w->dev;
         if (s == DP_OK && cfg->memory_limit) s = dp_device_set_limit(w->dev, cfg->memory_limit);
         if (s == DP_OK && cfg->allow_tf32) s = dp_device_set_allow_tf32(w->dev, 1);

@@ -26,8 +26,6 @@
 static int decide(const dp_engine *e, int train)
 {
     if (!train || e->L.K < 2 || e->bucket_floats == SIZE_MAX) return 0;
-    /* With ranks, rounds must move while the caller waits for the job. */
-    if (dp_transport_spans_ranks(&e->tp) && !dp_transport_async(&e->tp)) return 0;
     /* A GPU needs a communication queue (worker.comm): on its compute
      * stream the sums would run interleaved with its backward rather than
      * beside it. */

@@ -180,7 +180,7 @@ static size_t final_from(const dp_engine *e)
 static dp_status start(dp_engine *e, dp_round *r)
 {
     r->started = dp_now_seconds();
-    DP_TRY(dp_transport_start(&e->tp, (size_t)(r - e->rounds), e->xfers + r->at, r->n, what));
+    DP_TRY(dp_transport_start(&e->tp, (size_t)(r - e->rounds), what));
     atomic_store_explicit(&r->state, DP_ROUND_STARTED, memory_order_release);
     return DP_OK;
 }

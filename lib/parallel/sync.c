@@ -61,11 +61,12 @@ static dp_status connect(dp_engine *e)
         lists[r] = e->xfers + e->rounds[r].at;
         counts[r] = e->rounds[r].n;
     }
-    dp_device *devs[DP_MAX_DEVICES];
+    dp_device *devs[DP_MAX_DEVICES], *comms[DP_MAX_DEVICES];
     void *replicas[DP_MAX_DEVICES];
     dp_run runs[DP_MAX_DEVICES];
-    for (size_t i = 0; i < e->L.k; i++) devs[i] = e->w[i].dev, replicas[i] = e->w[i].params;
-    dp_transport_plan tp = {.devs = devs, .rounds = lists, .round_msgs = counts,
+    for (size_t i = 0; i < e->L.k; i++)
+        devs[i] = e->w[i].dev, comms[i] = e->w[i].comm, replicas[i] = e->w[i].params;
+    dp_transport_plan tp = {.devs = devs, .comms = comms, .rounds = lists, .round_msgs = counts,
                             .n_rounds = n_rounds, .n_forward = e->n_fwd_rounds,
                             .replicas = replicas, .esize = e->psize,
                             .runs = runs, .n_runs = dp_opt_runs(e, runs),

@@ -1,20 +1,24 @@
 /*
  * transport/nccl.c - ranks whose devices are GPUs, joined by NCCL
  * (transport.h): one communicator over all K = R x k devices of the job,
- * NCCL rank = global device index, each device's operations on dp's
- * stream of that device. Agreements, broadcasts and host all-gathers go
- * over MPI (transport/mpi.h), which also carries NCCL's id.
+ * NCCL rank = global device index. Agreements, broadcasts and host
+ * all-gathers go over MPI (transport/mpi.h), which also carries NCCL's id.
  *
- * NCCL's calls enqueue on dp's stream of each device, so they are ordered
- * after the kernels that wrote the buffers; the engine calls them between
- * its jobs, when no worker uses the streams. The wait polls the streams
- * and NCCL's asynchronous errors against a deadline, so a rank that
- * stops answering becomes an error here instead of a hang; the
- * communicators are then aborted at close instead of destroyed.
+ * A round's sends and receives run on each device's communication queue
+ * (the plan's comms: with DP_CUDA_OVERLAP=1, the queue the owners' sums
+ * run on, so a round runs beside the backward; else dp's stream of the
+ * device), after the work queued on the device so far, and an event per
+ * device marks its end, which test polls: the caller starts a round and
+ * goes on. The all-gather enqueues on dp's stream of each device between
+ * the engine's jobs. Waits poll the events or streams and NCCL's
+ * asynchronous errors against a deadline, so a rank that stops answering
+ * becomes an error here instead of a hang; the communicators are then
+ * aborted at close instead of destroyed.
  */
 #include <nccl.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "backend/cuda/cuda_native.h"
@@ -26,7 +30,14 @@
 typedef struct nccl_state {
     size_t k;
     dp_device **devs;
+    dp_device **queues; /* where each device's rounds run (the plan's comms) */
     ncclComm_t *comm;
+    /* the rounds' messages, copied at connect, and per round and local
+     * device that takes part, an event recorded after its messages */
+    dp_xfer **msgs;
+    size_t *n_msgs;
+    cudaEvent_t *done; /* n_rounds x k; NULL where the device has no message */
+    size_t n_rounds;
     int failed; /* a wait failed or timed out: abort instead of destroy */
 } nccl_state;
 
@@ -58,6 +69,45 @@ static dp_status in_order(int *on)
 
 static void close_nccl(dp_transport *t);
 
+/* The rounds' messages, kept, and an event per round and local device
+ * that takes part in it, made on its GPU. */
+static dp_status register_rounds(nccl_state *n, const dp_transport_plan *plan)
+{
+    n->n_rounds = plan->n_rounds;
+    n->msgs = calloc(n->n_rounds ? n->n_rounds : 1, sizeof *n->msgs);
+    n->n_msgs = calloc(n->n_rounds ? n->n_rounds : 1, sizeof *n->n_msgs);
+    size_t n_ev = n->n_rounds * n->k;
+    n->done = calloc(n_ev ? n_ev : 1, sizeof *n->done);
+    if (!n->msgs || !n->n_msgs || !n->done)
+        return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation of %zu rounds failed", n->n_rounds);
+    int prev = current();
+    dp_status s = DP_OK;
+    for (size_t r = 0; s == DP_OK && r < n->n_rounds; r++) {
+        size_t m = plan->round_msgs[r];
+        n->msgs[r] = malloc((m ? m : 1) * sizeof **n->msgs);
+        if (!n->msgs[r]) {
+            s = DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation of %zu messages failed", m);
+            break;
+        }
+        memcpy(n->msgs[r], plan->rounds[r], m * sizeof **n->msgs);
+        n->n_msgs[r] = m;
+        for (size_t i = 0; s == DP_OK && i < m; i++) {
+            size_t d = plan->rounds[r][i].local;
+            cudaEvent_t *ev = &n->done[r * n->k + d];
+            if (*ev) continue;
+            cudaError_t e = cudaSetDevice(dp_cuda_native_ordinal(n->devs[d]));
+            if (e == cudaSuccess) e = cudaEventCreateWithFlags(ev, cudaEventDisableTiming);
+            if (e != cudaSuccess) {
+                *ev = NULL;
+                s = DP_FAIL(DP_ERR_DEVICE, "%s: the rounds' events: %s", n->devs[d]->name,
+                            cudaGetErrorString(e));
+            }
+        }
+    }
+    if (prev >= 0) cudaSetDevice(prev);
+    return s;
+}
+
 /* Rank 0 makes the NCCL id, MPI broadcasts it, and each rank joins its k
  * devices (global indices g0 .. g0 + k - 1). */
 static dp_status connect(dp_transport *t, const dp_transport_plan *plan)
@@ -75,8 +125,11 @@ static dp_status connect(dp_transport *t, const dp_transport_plan *plan)
     t->impl = n;
     n->k = k;
     n->devs = calloc(k, sizeof *n->devs);
+    n->queues = calloc(k, sizeof *n->queues);
     n->comm = calloc(k, sizeof *n->comm);
-    if (!n->devs || !n->comm) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation failed");
+    if (!n->devs || !n->queues || !n->comm)
+        return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation failed");
+    for (size_t i = 0; i < k; i++) n->queues[i] = plan->comms[i] ? plan->comms[i] : devs[i];
     int prev = current();
     ncclResult_t r = ncclGroupStart();
     for (size_t i = 0; r == ncclSuccess && i < k; i++) {
@@ -91,6 +144,7 @@ static dp_status connect(dp_transport *t, const dp_transport_plan *plan)
         n->failed = 1;
         return nccl_fail(r, "ncclCommInitRank", "joining the GPUs");
     }
+    DP_TRY(register_rounds(n, plan));
     /* the host operations over MPI (get_params, the optimizer state) */
     return dp_dist_reserve(t->dist, plan->max_bytes);
 }
@@ -112,7 +166,14 @@ static void close_nccl(dp_transport *t)
         if (n->failed) ncclCommAbort(n->comm[i]);
         else ncclCommDestroy(n->comm[i]);
     }
+    for (size_t i = 0; n->done && i < n->n_rounds * n->k; i++)
+        if (n->done[i]) cudaEventDestroy(n->done[i]);
+    for (size_t r = 0; n->msgs && r < n->n_rounds; r++) free(n->msgs[r]);
+    free(n->msgs);
+    free(n->n_msgs);
+    free(n->done);
     free(n->comm);
+    free(n->queues);
     free(n->devs);
     free(n);
 }
@@ -153,15 +214,25 @@ static dp_status wait_streams(nccl_state *n, double timeout, const char *what)
     return s;
 }
 
-static dp_status exchange(dp_transport *t, size_t round, const dp_xfer *m, size_t n_msgs,
-                          const char *what)
+/* Round `round`'s messages as one group on each device's queue, after
+ * the work queued on the device so far (the piece's final gradient; the
+ * sums run on that queue already), then each device's event. The caller
+ * returns at once: test sees the events. */
+static dp_status start(dp_transport *t, size_t round, const char *what)
 {
     nccl_state *n = t->impl;
+    if (round >= n->n_rounds)
+        return DP_FAIL(DP_ERR_INTERNAL, "%s: round %zu of %zu", what, round, n->n_rounds);
+    const dp_xfer *m = n->msgs[round];
+    cudaEvent_t *done = n->done + round * n->k;
+    for (size_t i = 0; i < n->k; i++)
+        if (done[i]) DP_TRY(dp_device_order(n->devs[i], n->queues[i]));
+    int prev = current();
     ncclResult_t r = ncclGroupStart();
     const char *call = "ncclGroupStart";
-    for (size_t i = 0; r == ncclSuccess && i < n_msgs; i++) {
+    for (size_t i = 0; r == ncclSuccess && i < n->n_msgs[round]; i++) {
         ncclComm_t c = n->comm[m[i].local];
-        cudaStream_t st = dp_cuda_native_stream(n->devs[m[i].local]);
+        cudaStream_t st = dp_cuda_native_stream(n->queues[m[i].local]);
         size_t count = m[i].bytes / sizeof(float);
         call = m[i].send ? "ncclSend" : "ncclRecv";
         r = m[i].send ? ncclSend(m[i].ptr, count, ncclFloat, (int)m[i].peer, c, st)
@@ -169,11 +240,46 @@ static dp_status exchange(dp_transport *t, size_t round, const dp_xfer *m, size_
     }
     ncclResult_t r2 = ncclGroupEnd();
     if (r == ncclSuccess && r2 != ncclSuccess) r = r2, call = "ncclGroupEnd";
-    if (r != ncclSuccess) {
-        n->failed = 1;
-        return nccl_fail(r, call, what);
+    dp_status s = r == ncclSuccess ? DP_OK : nccl_fail(r, call, what);
+    for (size_t i = 0; s == DP_OK && i < n->k; i++) {
+        if (!done[i]) continue;
+        cudaError_t e = cudaSetDevice(dp_cuda_native_ordinal(n->devs[i]));
+        if (e == cudaSuccess) e = cudaEventRecord(done[i], dp_cuda_native_stream(n->queues[i]));
+        if (e != cudaSuccess)
+            s = DP_FAIL(DP_ERR_DEVICE, "%s on %s: cudaEventRecord: %s", what, n->devs[i]->name,
+                        cudaGetErrorString(e));
     }
-    return wait_streams(n, t->timeout, what);
+    if (prev >= 0) cudaSetDevice(prev);
+    if (s != DP_OK) n->failed = 1;
+    return s;
+}
+
+/* Done once every taking part device's event completed; NCCL's
+ * asynchronous errors and the deadline end the wait. */
+static dp_status test(dp_transport *t, size_t round, int *done, double since, double timeout,
+                      const char *what)
+{
+    nccl_state *n = t->impl;
+    const cudaEvent_t *ev = n->done + round * n->k;
+    dp_status s = DP_OK;
+    size_t busy = 0;
+    for (size_t i = 0; s == DP_OK && i < n->k; i++) {
+        if (!ev[i]) continue;
+        ncclResult_t async = ncclSuccess;
+        ncclCommGetAsyncError(n->comm[i], &async);
+        cudaError_t q = async == ncclSuccess ? cudaEventQuery(ev[i]) : cudaSuccess;
+        if (async != ncclSuccess) s = nccl_fail(async, "an NCCL operation", what);
+        else if (q == cudaErrorNotReady) busy++;
+        else if (q != cudaSuccess)
+            s = DP_FAIL(DP_ERR_DEVICE, "%s on %s: %s", what, n->devs[i]->name,
+                        cudaGetErrorString(q));
+    }
+    *done = s == DP_OK && !busy;
+    if (s == DP_OK && busy && timeout > 0 && dp_now_seconds() > since + timeout)
+        s = DP_FAIL(DP_ERR_TIMEOUT, "%s: waited %.3g s (watchdog) for the GPUs of the other "
+                    "ranks; one of them is stuck or gone, so the job must end", what, timeout);
+    if (s != DP_OK) n->failed = 1;
+    return s;
 }
 
 /* Each run broadcast from its owner to every device of the job, in one group. */
@@ -210,7 +316,8 @@ const dp_transport_ops dp_transport_nccl = {
     .connect = connect,
     .agree = dp_mpi_agree,
     .broadcast = dp_mpi_broadcast,
-    .exchange = exchange,
+    .start = start,
+    .test = test,
     .allgather_host = dp_mpi_allgather_host,
     .allgather_replicas = allgather_replicas,
     .close = close_nccl,

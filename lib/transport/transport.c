@@ -99,13 +99,9 @@ dp_status dp_transport_broadcast(dp_transport *t, void *buf, size_t bytes, const
     return t->ops->broadcast ? moved(t, t->ops->broadcast(t, buf, bytes, what)) : DP_OK;
 }
 
-dp_status dp_transport_start(dp_transport *t, size_t round, const dp_xfer *m, size_t n,
-                             const char *what)
+dp_status dp_transport_start(dp_transport *t, size_t round, const char *what)
 {
     if (t->ops->start) return moved(t, t->ops->start(t, round, what));
-    if (t->ops->exchange) return moved(t, t->ops->exchange(t, round, m, n, what));
-    if (n) return DP_FAIL(DP_ERR_INTERNAL, "%s: %zu messages for the %s transport", what, n,
-                          t->ops->name);
     return DP_OK;
 }
 

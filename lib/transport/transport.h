@@ -7,11 +7,11 @@
  *   agree       every rank's outcome (and a payload) to every rank, the
  *               lowest failing rank's status on all; a bounded wait
  *   broadcast   rank 0's host bytes to every rank
- *   exchange    one round of the reduce-scatter: each local device's piece
- *               of a slice summed on another rank goes to that rank's
- *               staging, or a sum to its owner (dp_xfer, listed by
- *               parallel/rounds.c by device); or start and test, the same
- *               in two parts
+ *   start/test  one round of the reduce-scatter, started and then
+ *               tested for its end: each local device's piece of a slice
+ *               summed on another rank goes to that rank's staging, or a
+ *               sum to its owner (dp_xfer, listed by parallel/rounds.c by
+ *               device)
  *   allgather   each rank's owned runs of a flat buffer to every rank: the
  *               host buffers of get_params and the optimizer state, and the
  *               replicas after the update
@@ -87,6 +87,10 @@ typedef struct dp_transport_plan {
      * messages must never match a forward round's, as the two kinds start
      * in different orders on different ranks */
     size_t n_forward;
+    /* where each local device's rounds run: its communication queue
+     * (dp_device_open_comm), where the owners' sums run too, or the device
+     * itself (a GPU transport orders them after the device's queued work) */
+    dp_device *const *comms;
     void *const *replicas;        /* the k replicas, the all-gather's buffers */
     size_t esize;                 /* bytes per replica element: 4 float32, 2 bfloat16 */
     const dp_run *runs;           /* the owners' runs of the flat buffer */
@@ -125,19 +129,14 @@ typedef struct dp_transport_ops {
     dp_status (*agree)(dp_transport *t, dp_status local, const void *mine, void *all,
                        size_t bytes, const char *what);
     dp_status (*broadcast)(dp_transport *t, void *buf, size_t bytes, const char *what);
-    /* Round `round` of the reduce-scatter: the plan's messages of that
-     * round (m, n: the same, for a transport that posts them each time).
-     * A transport with ranks has exchange, or start and test. */
-    dp_status (*exchange)(dp_transport *t, size_t round, const dp_xfer *m, size_t n,
-                          const char *what);
-    /* Optional: the same round in two parts, so the rounds move while the
-     * devices compute (parallel/rounds.c): start starts its messages and
-     * returns; test sets *done once they completed, and fails with
-     * DP_ERR_TIMEOUT when they have not and timeout seconds (0: no
-     * limit) have passed since `since` (monotonic seconds: when this rank
-     * began to wait, which the caller knows). Rounds are started in the
-     * same order on every rank. Without them a round's start is its
-     * exchange, done when it returns. */
+    /* Round `round` of the reduce-scatter (the plan's messages of that
+     * round) in two parts, so the rounds move while the devices compute
+     * (parallel/rounds.c): start starts its messages and returns; test
+     * sets *done once they completed, and fails with DP_ERR_TIMEOUT when
+     * they have not and timeout seconds (0: no limit) have passed since
+     * `since` (monotonic seconds: when this rank began to wait, which the
+     * caller knows). Rounds are started in the same order on every rank
+     * (in_order: every round). A transport with ranks has both. */
     dp_status (*start)(dp_transport *t, size_t round, const char *what);
     dp_status (*test)(dp_transport *t, size_t round, int *done, double since, double timeout,
                       const char *what);
@@ -177,14 +176,11 @@ dp_status dp_transport_connect(dp_transport *t, const dp_transport_plan *plan);
 dp_status dp_transport_agree(dp_transport *t, dp_status local, const void *mine, void *all,
                              size_t bytes, const char *what);
 dp_status dp_transport_broadcast(dp_transport *t, void *buf, size_t bytes, const char *what);
-/* A round started (ops->start, or the whole exchange) and tested (done
- * at once without ops->test). */
-dp_status dp_transport_start(dp_transport *t, size_t round, const dp_xfer *m, size_t n,
-                             const char *what);
+/* A round started (ops->start) and tested (done at once without ops->test:
+ * one rank, nothing moves). */
+dp_status dp_transport_start(dp_transport *t, size_t round, const char *what);
 dp_status dp_transport_test(dp_transport *t, size_t round, int *done, double since,
                             double timeout, const char *what);
-/* Whether rounds move while the caller does other work (ops->start). */
-static inline int dp_transport_async(const dp_transport *t) { return t->ops->start != NULL; }
 /* Whether the engine's registered buffers must never be freed (ops->pinned). */
 int dp_transport_pinned(const dp_transport *t);
 dp_status dp_transport_allgather_host(dp_transport *t, void *buf, size_t esize,

@@ -210,6 +210,14 @@ static dp_status steps(dp_engine *e, const tcase *c, int from, int to, result *r
         dp_step_stats st;
         dp_status rc = dp_engine_step(e, &b, &st);
         if (rc != DP_OK) return rc;
+        /* GPUs with their communication queues (DP_CUDA_OVERLAP=1) overlap
+         * the rounds with the backward, as CPUs do by default */
+        const char *queues = getenv("DP_CUDA_OVERLAP");
+        int expect = c->bucket != DP_BUCKET_OFF && dp_engine_num_global_devices(e) > 1 &&
+                     (kind == DP_DEVICE_CPU || (queues && strcmp(queues, "1") == 0));
+        if (st.overlapped != expect)
+            return dp_set_error(DP_ERR_INTERNAL, "step %d overlapped %d, expected %d", s,
+                                st.overlapped, expect);
         res->loss[s] = st.loss;
         res->norm[s] = st.grad_norm;
     }
