@@ -363,6 +363,24 @@ Test(dp_bench, bucket_mb_reaches_the_engine_and_keeps_the_bits)
     dp_test_result_free(&d);
 }
 
+/* The CUDA graphs' line is printed where they were asked for (and then
+ * says none replayed on CPUs), not in every CPU run. */
+Test(dp_bench, graphs_line_only_where_asked)
+{
+    unsetenv("DP_CUDA_GRAPHS");
+    dp_test_result r = BENCH("--mode", "balanced");
+    assert_success(&r);
+    cr_assert(strstr(r.out, "overlap with the backward: balanced on"), "%s", r.out);
+    cr_assert(!strstr(r.out, "CUDA graph"), "%s", r.out);
+    setenv("DP_CUDA_GRAPHS", "1", 1);
+    dp_test_result g = BENCH("--mode", "balanced");
+    assert_success(&g);
+    cr_assert(strstr(g.out, "compute phase replayed from a CUDA graph (DP_CUDA_GRAPHS=1): "
+                            "balanced 0 of 2 steps\n"), "%s", g.out);
+    dp_test_result_free(&r);
+    dp_test_result_free(&g);
+}
+
 /* --logits-chunk 10: each balanced device holds 10 output rows of logits at
  * a time (its 4 x 16 = 64 rows in chunks of 10, the gradient in place);
  * gather still gathers the whole batch. Under auto the 64 rows stay whole

@@ -6,6 +6,7 @@
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "dp_bench.h"
 
@@ -137,7 +138,13 @@ void print_table(const bench *b, const run_results *rs)
     for (size_t r = 0; r < nres; r++)
         printf("%s %s %s", r ? "," : "", run_name(res[r].mode, res[r].shard, name, sizeof name),
                res[r].overlapped ? "on" : "off");
-    printf("\ncompute phase replayed from a CUDA graph (DP_CUDA_GRAPHS=1):");
+    printf("\n");
+    /* the graphs' line where they were asked for or taken (as lm_train's) */
+    const char *graphs = getenv("DP_CUDA_GRAPHS");
+    size_t replayed = 0;
+    for (size_t r = 0; r < nres; r++) replayed += res[r].replayed;
+    if (!replayed && !(graphs && strcmp(graphs, "1") == 0)) return;
+    printf("compute phase replayed from a CUDA graph (DP_CUDA_GRAPHS=1):");
     for (size_t r = 0; r < nres; r++)
         printf("%s %s %zu of %zu steps", r ? "," : "",
                run_name(res[r].mode, res[r].shard, name, sizeof name), res[r].replayed,
