@@ -9,7 +9,10 @@
  * to front, the last slice's last piece first: the order in which a
  * backward makes the gradient final (dp_grads_ready), and the order in
  * which every rank starts them, so between two ranks the messages match in
- * the order posted.
+ * the order posted. The returns (a sum to an owner on another rank) match
+ * apart from them (their own tag), or, with a transport that matches every
+ * message in the order posted (NCCL), every rank starts the forward rounds
+ * and the returns in one order fixed at setup (rounds.c's sequence).
  *
  * The caller's thread (the only one that calls the transport) starts each
  * round once this rank's part can go: its sends once every local device's
