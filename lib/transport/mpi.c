@@ -157,8 +157,7 @@ dp_status dp_mpi_broadcast(dp_transport *t, void *buf, size_t bytes, const char 
 /* Both sides listed a round's messages in (slice, device) order at
  * connect and start the rounds of a kind in the same order (one tag per
  * kind; in order, every round in one order), so between a pair of ranks
- * they match in the order posted (MPI's non-overtaking rule). The rounds are only started and tested: this
- * transport has no blocking exchange. */
+ * they match in the order posted (MPI's non-overtaking rule). */
 static dp_status start(dp_transport *t, size_t round, const char *what)
 {
     mpi_state *st = t->impl;
