@@ -18,7 +18,6 @@
 #include <nccl.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 #include <time.h>
 
 #include "backend/cuda/cuda_native.h"
@@ -32,9 +31,10 @@ typedef struct nccl_state {
     dp_device **devs;
     dp_device **queues; /* where each device's rounds run (the plan's comms) */
     ncclComm_t *comm;
-    /* the rounds' messages, copied at connect, and per round and local
-     * device that takes part, an event recorded after its messages */
-    dp_xfer **msgs;
+    /* the rounds' messages (the engine's, which stay put), and per round
+     * and local device that takes part, an event recorded after its
+     * messages */
+    const dp_xfer **msgs;
     size_t *n_msgs;
     cudaEvent_t *done; /* n_rounds x k; NULL where the device has no message */
     size_t n_rounds;
@@ -69,8 +69,8 @@ static dp_status in_order(int *on)
 
 static void close_nccl(dp_transport *t);
 
-/* The rounds' messages, kept, and an event per round and local device
- * that takes part in it, made on its GPU. */
+/* Where the rounds' messages are, and an event per round and local
+ * device that takes part in it, made on its GPU. */
 static dp_status register_rounds(nccl_state *n, const dp_transport_plan *plan)
 {
     n->n_rounds = plan->n_rounds;
@@ -84,12 +84,7 @@ static dp_status register_rounds(nccl_state *n, const dp_transport_plan *plan)
     dp_status s = DP_OK;
     for (size_t r = 0; s == DP_OK && r < n->n_rounds; r++) {
         size_t m = plan->round_msgs[r];
-        n->msgs[r] = malloc((m ? m : 1) * sizeof **n->msgs);
-        if (!n->msgs[r]) {
-            s = DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation of %zu messages failed", m);
-            break;
-        }
-        memcpy(n->msgs[r], plan->rounds[r], m * sizeof **n->msgs);
+        n->msgs[r] = plan->rounds[r];
         n->n_msgs[r] = m;
         for (size_t i = 0; s == DP_OK && i < m; i++) {
             size_t d = plan->rounds[r][i].local;
@@ -168,7 +163,6 @@ static void close_nccl(dp_transport *t)
     }
     for (size_t i = 0; n->done && i < n->n_rounds * n->k; i++)
         if (n->done[i]) cudaEventDestroy(n->done[i]);
-    for (size_t r = 0; n->msgs && r < n->n_rounds; r++) free(n->msgs[r]);
     free(n->msgs);
     free(n->n_msgs);
     free(n->done);

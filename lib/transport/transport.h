@@ -77,7 +77,7 @@ typedef struct dp_transport dp_transport;
 
 /* What a transport may register once, at connect: the buffers and
  * messages every step moves, at addresses that stay put for the
- * engine's life. */
+ * engine's life (the arrays of this struct itself only during connect). */
 typedef struct dp_transport_plan {
     dp_device *const *devs;       /* the k local devices */
     const dp_xfer *const *rounds; /* the reduce-scatter's rounds: every device's messages */
@@ -85,7 +85,8 @@ typedef struct dp_transport_plan {
     size_t n_rounds;
     /* rounds [n_forward, n_rounds) carry sums back to their owners: their
      * messages must never match a forward round's, as the two kinds start
-     * in different orders on different ranks */
+     * in different orders on different ranks (unless in_order: then every
+     * rank starts every round in one order) */
     size_t n_forward;
     /* where each local device's rounds run: its communication queue
      * (dp_device_open_comm), where the owners' sums run too, or the device
