@@ -7,6 +7,7 @@
  * the dp/ops.h helpers.
  */
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "dp_test.h"
@@ -416,6 +417,42 @@ Test(contract, create_refuses_a_criterion_for_other_targets)
     cr_assert(strstr(dp_last_error(), "target_size is 3") != NULL, "%s", dp_last_error());
 }
 
+/* n_params whose bytes overflow size_t (2^62 floats wrapped to 0 bytes,
+ * and a device "allocated" it), and a tensor without a name, are refused
+ * before anything is allocated. */
+Test(contract, create_refuses_absurd_parameter_counts_and_unnamed_tensors)
+{
+    mlp net;
+    dp_model model;
+    mlp_init_model(&net, &(mlp_config){D, H, K, DP_DTYPE_F32}, &model);
+    dp_criterion ce = dp_criterion_cross_entropy();
+    dp_engine_config cfg = dp_test_base_cfg(DP_MODE_BALANCED);
+    dp_device_spec spec = {DP_DEVICE_CPU, 0};
+    dp_engine *e = NULL;
+    const size_t absurd[] = {SIZE_MAX / 4 + 1, SIZE_MAX / 4 + 65, SIZE_MAX / 16 + 1, SIZE_MAX};
+    for (size_t i = 0; i < sizeof absurd / sizeof *absurd; i++) {
+        dp_model big = model;
+        big.n_params = absurd[i];
+        cr_assert_eq(dp_engine_create(&spec, 1, &big, &ce, &cfg, &e), DP_ERR_INVALID_ARGUMENT,
+                     "n_params %zu: %s", absurd[i], dp_last_error());
+        cr_assert_null(e);
+        cr_assert(strstr(dp_last_error(), "is absurd") && strstr(dp_last_error(), "overflow"),
+                  "%s", dp_last_error());
+    }
+    cr_assert_gt(model.n_tensors, 0);
+    dp_param_tensor t[8];
+    cr_assert_leq(model.n_tensors, 8);
+    memcpy(t, model.tensors, model.n_tensors * sizeof *t);
+    t[model.n_tensors - 1].name = NULL;
+    dp_model unnamed = model;
+    unnamed.tensors = t;
+    cr_assert_eq(dp_model_validate(&unnamed), DP_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(dp_last_error(), "has no name"), "%s", dp_last_error());
+    t[model.n_tensors - 1].name = "";
+    cr_assert_eq(dp_model_validate(&unnamed), DP_ERR_INVALID_ARGUMENT);
+    dp_assert_ok(dp_model_validate(&model));
+}
+
 // --- callbacks' messages reach dp_last_error ---------------------------------------------
 
 typedef struct failing {
@@ -423,13 +460,26 @@ typedef struct failing {
     dp_model inner;
     dp_criterion inner_crit;
     int where;  /* 0 validate_inputs, 1 forward, 2 criterion, 3 backward */
-    int silent; /* fail without a message */
+    int silent; /* 1: fail without a message; 2: with a status outside dp_status;
+                 * 3: with a message longer than dp_last_error keeps */
 } failing;
+
+#define LONG_FIX " FIX: do X"
 
 static dp_status fail_here(const failing *f, int where, const char *dev)
 {
     if (f->where != where) return DP_OK;
-    if (f->silent) return DP_ERR_DEVICE;
+    if (f->silent == 1) return DP_ERR_DEVICE;
+    if (f->silent == 2) {
+        dp_set_error(DP_ERR_IO, "user says no");
+        return (dp_status)77;
+    }
+    if (f->silent == 3) { /* 1016 bytes of two-byte characters, then the fix */
+        static char text[1100];
+        for (size_t i = 0; i < 1016; i += 2) memcpy(text + i, "\xc3\xa9", 2);
+        memcpy(text + 1016, LONG_FIX, sizeof LONG_FIX);
+        return dp_set_error(DP_ERR_INVALID_ARGUMENT, "%s", text);
+    }
     return dp_set_error(DP_ERR_INVALID_ARGUMENT, "user says no (%s, step %d)", dev, 42);
 }
 
@@ -473,7 +523,8 @@ static size_t f_scratch(void *ctx, size_t n, size_t V)
 /* Case: silent * 100 + mode * 10 + where. */
 ParameterizedTestParameters(contract, callback_messages_reach_last_error)
 {
-    static int cases[] = {0, 1, 2, 3, 11, 12, 13, 100, 101, 102, 103, 112};
+    static int cases[] = {0,   1,   2,   3,   11,  12,  13,  100, 101, 102, 103, 112,
+                          200, 201, 202, 203, 300, 301, 302, 303, 313};
     return cr_make_param_array(int, cases, sizeof cases / sizeof *cases);
 }
 
@@ -512,6 +563,19 @@ ParameterizedTest(int *c, contract, callback_messages_reach_last_error)
         else
             snprintf(want, sizeof want, "cpu:0 %s: user says no (cpu:0, step 42)", phase[f.where]);
         cr_assert_str_eq(msg, want);
+    } else if (f.silent == 2) { /* a caller switching on the status gets one of dp's */
+        cr_assert_eq(s, DP_ERR_INVALID_ARGUMENT, "%d", (int)s);
+        cr_assert(strstr(msg, "returned 77, which is no dp_status") &&
+                  strstr(msg, "its message: ") && strstr(msg, "user says no"), "%s", msg);
+    } else if (f.silent == 3) { /* the device and phase added, the fix at the end kept */
+        cr_assert_eq(s, DP_ERR_INVALID_ARGUMENT, "%s", dp_strerror(s));
+        size_t n = strlen(msg);
+        cr_assert_lt(n, 1024);
+        cr_assert_str_eq(msg + n - strlen(LONG_FIX), LONG_FIX);
+        cr_assert_eq(dp_utf8_check(msg, n, NULL), DP_OK, "cut inside a character: %s", msg);
+        snprintf(want, sizeof want, f.where ? "cpu:0 %s: \xc3\xa9" : "validate_inputs: \xc3\xa9",
+                 phase[f.where]);
+        cr_assert_eq(strncmp(msg, want, strlen(want)), 0, "%s", msg);
     } else {
         cr_assert_eq(s, DP_ERR_DEVICE, "%s", dp_strerror(s));
         cr_assert(strstr(msg, "without a message") && strstr(msg, "dp_set_error") &&

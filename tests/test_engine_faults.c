@@ -11,6 +11,9 @@
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "dp_test.h"
 
@@ -421,4 +424,56 @@ Test(engine_faults, deadline_conversion_is_overflow_safe)
     }
     struct timespec d = dp_deadline_at(1.25);
     cr_assert(d.tv_sec == 1 && d.tv_nsec == 250000000L);
+}
+
+/* A worker thread that cannot start (the user's limit on threads, ulimit
+ * -u) is the user's resource running out, named with the fix, not an
+ * internal error. In a child process under RLIMIT_NPROC 1; root ignores
+ * the limit, so a root child runs as nobody first. */
+Test(engine_faults, worker_threads_past_the_users_limit_are_out_of_memory, .timeout = 20)
+{
+    int fds[2];
+    cr_assert_eq(pipe(fds), 0);
+    pid_t pid = fork();
+    cr_assert_neq(pid, -1);
+    if (pid == 0) {
+        close(fds[0]);
+        mlp net;
+        dp_model model;
+        mlp_init_model(&net, &(mlp_config){D, H, K, DP_DTYPE_F32}, &model);
+        dp_criterion ce = dp_criterion_cross_entropy();
+        dp_engine_config cfg = dp_test_base_cfg(DP_MODE_BALANCED);
+        dp_device_spec specs[2] = {{DP_DEVICE_CPU, 0}, {DP_DEVICE_CPU, 1}};
+        dp_engine *e = NULL;
+        /* One step first, so that the BLAS library's own threads exist
+         * (OpenBLAS ends the process when it cannot start them). */
+        float x[8 * D];
+        int32_t y[8];
+        dp_test_make_batch(1, 8, 0, x, y);
+        dp_batch b = {8, x, y};
+        if (dp_engine_create(specs, 2, &model, &ce, &cfg, &e) != DP_OK ||
+            dp_engine_step(e, &b, NULL) != DP_OK)
+            _exit(3);
+        dp_engine_destroy(e);
+        e = NULL;
+        if (geteuid() == 0 && (setgid(65534) != 0 || setuid(65534) != 0)) _exit(77);
+        struct rlimit one = {1, 1};
+        if (setrlimit(RLIMIT_NPROC, &one) != 0) _exit(77);
+        dp_status s = dp_engine_create(specs, 2, &model, &ce, &cfg, &e);
+        char line[1100];
+        int n = snprintf(line, sizeof line, "%d %s", (int)s, dp_last_error());
+        if (write(fds[1], line, (size_t)n) != n) _exit(2);
+        _exit(s == DP_ERR_OUT_OF_MEMORY && !e ? 0 : 1);
+    }
+    close(fds[1]);
+    char got[1100] = {0};
+    ssize_t n = read(fds[0], got, sizeof got - 1);
+    close(fds[0]);
+    int status = 0;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    cr_assert(WIFEXITED(status), "the child died: %d", status);
+    if (WEXITSTATUS(status) == 77) cr_skip_test("cannot run a child as nobody under RLIMIT_NPROC");
+    cr_assert_gt(n, 0);
+    cr_assert_eq(WEXITSTATUS(status), 0, "status %s", got);
+    cr_assert(strstr(got, "cannot start worker thread") && strstr(got, "ulimit -u"), "%s", got);
 }

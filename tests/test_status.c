@@ -1,8 +1,9 @@
 /* Status strings and the per-thread last-error message. */
 #include <pthread.h>
+#include <stdio.h>
 #include <string.h>
 
-#include "core/error.h" /* dp_error_prefix */
+#include "core/error.h" /* dp_error_prefix, dp_error_fit */
 #include "dp/tokenizer.h" /* dp_utf8_check */
 #include "dp_test.h"
 
@@ -104,4 +105,35 @@ Test(status, a_long_message_keeps_its_start_and_its_end)
 
     dp_set_error(DP_ERR_IO, "short %d", 5);
     cr_assert_str_eq(dp_last_error(), "short 5");
+}
+
+/* dp_error_fit, for messages kept outside the thread's last error (a
+ * worker's, a rank's outcome): whole when they fit, else start and end,
+ * cut between UTF-8 characters; in place too. */
+Test(status, fit_keeps_start_and_end_in_any_buffer)
+{
+    char dst[64];
+    dp_error_fit(dst, sizeof dst, "short", 5);
+    cr_assert_str_eq(dst, "short");
+    char src[300];
+    size_t n = 0;
+    for (; n + 2 <= 200; n += 2) memcpy(src + n, "\xc3\xa9", 2);
+    n += (size_t)sprintf(src + n, ": the reason; the fix");
+    for (size_t cap = 20; cap <= sizeof dst; cap += 7) {
+        dp_error_fit(dst, cap, src, n);
+        size_t m = strlen(dst);
+        cr_assert_lt(m, cap);
+        cr_assert_eq(dp_utf8_check(dst, m, NULL), DP_OK, "cap %zu: cut inside a character", cap);
+        cr_assert(strstr(dst, " [...] "), "cap %zu: %s", cap, dst);
+        cr_assert_str_eq(dst + m - 7, "the fix", "cap %zu: %s", cap, dst);
+    }
+    char in_place[300];
+    memcpy(in_place, src, n + 1);
+    dp_error_fit(in_place, 64, in_place, n);
+    dp_error_fit(dst, 64, src, n);
+    cr_assert_str_eq(in_place, dst);
+    dp_error_fit(dst, 4, src, n); /* no room for both ends: a start of whole characters */
+    cr_assert_str_eq(dst, "\xc3\xa9");
+    dp_error_fit(dst, 1, src, n);
+    cr_assert_str_eq(dst, "");
 }

@@ -234,6 +234,24 @@ Test(trace, bad_stats_are_refused_and_leave_the_trace_unchanged)
     st.start_seconds = -1;
     cr_assert_eq(dp_trace_add_step(tr, &st), DP_ERR_INVALID_ARGUMENT);
     cr_assert_eq(dp_trace_add_step(NULL, &st), DP_ERR_INVALID_ARGUMENT);
+    /* the step's own times too, as the doc says */
+    fake_step(&st, 2, 0);
+    st.seconds = NAN;
+    cr_assert_eq(dp_trace_add_step(tr, &st), DP_ERR_INVALID_ARGUMENT);
+    fake_step(&st, 2, 0);
+    st.phase_seconds[DP_PHASE_REDUCE] = INFINITY;
+    cr_assert_eq(dp_trace_add_step(tr, &st), DP_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(dp_last_error(), "phase reduce: seconds inf"), "%s", dp_last_error());
+    fake_step(&st, 2, 0);
+    st.exposed_seconds = -0.5;
+    cr_assert_eq(dp_trace_add_step(tr, &st), DP_ERR_INVALID_ARGUMENT);
+    /* a gather's timeout is checked in one process as with ranks */
+    cr_assert_eq(dp_trace_gather(tr, NULL, -1.0), DP_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(dp_trace_gather(tr, NULL, NAN), DP_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(dp_last_error(), "timeout nan is negative or not finite"), "%s",
+              dp_last_error());
+    cr_assert_eq(dp_trace_gather(NULL, NULL, 1.0), DP_ERR_INVALID_ARGUMENT);
+    dp_assert_ok(dp_trace_gather(tr, NULL, 0.0));
     /* spans: a count without its array, a phase that is none, a negative
      * start, an infinite length */
     fake_step(&st, 2, 0);

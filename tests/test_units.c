@@ -64,9 +64,30 @@ Test(units, bad_sizes_are_refused_with_the_text)
     refused("12 G iB", "unknown unit");
     refused("nan", "is not a size");
     refused("inf", "is not a size");
-    refused("1e30", "too large");
+    refused("1e30", "without an exponent");
+    refused("1.5e3", "without an exponent");
+    refused("0x10", "not hex");
+    refused("0x1p4", "not hex");
+    refused("+5", "is not a size");
+    refused(".", "is not a size");
     refused("18446744073709551616", "too large");
+    refused("16777216TiB", "too large");
+    refused("12Q", "or K, M, G, T");
     size_t n;
     cr_assert_eq(dp_parse_bytes(NULL, &n), DP_ERR_INVALID_ARGUMENT);
     cr_assert_eq(dp_parse_bytes("1", NULL), DP_ERR_INVALID_ARGUMENT);
+}
+
+/* Sizes are read as decimal digits, exactly: a double would round past
+ * 2^53 and miss SIZE_MAX, and decimal fractions like 0.3 are inexact. */
+Test(units, sizes_are_exact)
+{
+    cr_assert_eq(bytes_of("9007199254740993"), (size_t)9007199254740993ull);
+    if (SIZE_MAX == UINT64_MAX) cr_assert_eq(bytes_of("18446744073709551615"), SIZE_MAX);
+    cr_assert_eq(bytes_of("0.3KB"), 300);
+    cr_assert_eq(bytes_of("1.1MB"), 1100000);
+    cr_assert_eq(bytes_of("0.001KiB"), 1); /* 1.024 rounds down */
+    cr_assert_eq(bytes_of(".5KiB"), 512);
+    cr_assert_eq(bytes_of("5."), 5);
+    cr_assert_eq(bytes_of("16777215.5TiB"), (size_t)16777215 * 1099511627776ull + 549755813888ull);
 }

@@ -244,6 +244,16 @@ Test(zero, bad_shard_setting_is_rejected)
     cr_assert_eq(dp_engine_create(spec, 2, &model, &crit, &c, &e), DP_ERR_INVALID_ARGUMENT);
     cr_assert(strstr(dp_last_error(), "shard_optimizer 2"), "%s", dp_last_error());
     cr_assert_null(e);
+    /* the other flags are 0 or 1 too */
+    c.shard_optimizer = 0;
+    c.token_balanced = 5;
+    cr_assert_eq(dp_engine_create(spec, 2, &model, &crit, &c, &e), DP_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(dp_last_error(), "token_balanced 5"), "%s", dp_last_error());
+    c.token_balanced = 0;
+    c.allow_tf32 = -1;
+    cr_assert_eq(dp_engine_create(spec, 2, &model, &crit, &c, &e), DP_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(dp_last_error(), "allow_tf32 -1"), "%s", dp_last_error());
+    cr_assert_null(e);
 }
 
 // --- optimizer state across shardings ----------------------------------------------------------

@@ -112,7 +112,8 @@ typedef struct dp_engine_config {
      * as Transformer-XL's gpu0_bsz. */
     const float *device_weights;
     /* 1: choose row boundaries so each device gets (by weight) about the same
-     * number of VALID targets, for batches with ignored (-1) targets. */
+     * number of VALID targets, for batches with ignored (-1) targets.
+     * Anything but 0 or 1 is DP_ERR_INVALID_ARGUMENT. */
     int token_balanced;
     /* Micro-batching inside a device's chunk (0 = no limit): at most this many
      * rows, or rows * outputs_per_row tokens, per forward/backward. */
@@ -146,7 +147,8 @@ typedef struct dp_engine_config {
     long check_replicas_every;
     /* 1: let cuBLAS use TF32 tensor cores for the GEMMs on CUDA devices
      * (see dp_device_set_allow_tf32: faster, ~1e-3 relative error). No
-     * effect on CPU devices. The same as matmul_precision DP_MATMUL_TF32. */
+     * effect on CPU devices. The same as matmul_precision DP_MATMUL_TF32.
+     * Anything but 0 or 1 is DP_ERR_INVALID_ARGUMENT. */
     int allow_tf32;
     /* The arithmetic of every device's GEMMs (dp_device_set_matmul_precision):
      * DP_MATMUL_FP32 (default), DP_MATMUL_TF32 or DP_MATMUL_BF16 (operands

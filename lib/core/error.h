@@ -10,6 +10,8 @@
 #ifndef DP_CORE_ERROR_H
 #define DP_CORE_ERROR_H
 
+#include <stddef.h>
+
 #include "core/module.h"
 #include "dp/status.h"
 
@@ -30,6 +32,12 @@ DP_MODULE_API dp_status dp_error_set(dp_status status, const char *func, const c
 
 /* Records msg verbatim (e.g. a message carried from another thread). */
 DP_MODULE_API dp_status dp_error_raw(dp_status status, const char *msg);
+
+/* src[0..len) into dst[0..cap) as a string: whole when it fits, else its
+ * start and its end (where a message's reason and fix are) around
+ * " [...] ", each cut at a UTF-8 character's boundary. src may be dst.
+ * For messages kept or carried outside the thread's last error. */
+DP_MODULE_API void dp_error_fit(char *dst, size_t cap, const char *src, size_t len);
 
 /* Prefixes the current message with "prefix: " (e.g. a device and phase). */
 DP_MODULE_API void dp_error_prefix(const char *fmt, ...) DP_PRINTF(1, 2);

@@ -44,28 +44,37 @@ void dp_clear_error(void) { dp_errmsg[0] = '\0'; }
 
 static int continuation(unsigned char c) { return (c & 0xC0) == 0x80; }
 
-/* src[0..len) into dp_errmsg: whole when it fits, else its start and its
- * end (where the reason and the fix are) around " [...] ", each cut at a
- * UTF-8 character's boundary. */
-static void fit(const char *src, size_t len)
+void dp_error_fit(char *dst, size_t cap, const char *src, size_t len)
 {
     static const char gap[] = " [...] ";
-    if (len < DP_ERRMSG_CAP) {
-        memmove(dp_errmsg, src, len);
-        dp_errmsg[len] = '\0';
+    if (cap == 0) return;
+    if (len < cap) {
+        memmove(dst, src, len);
+        dst[len] = '\0';
         return;
     }
-    size_t room = DP_ERRMSG_CAP - 1 - (sizeof gap - 1);
+    if (cap <= sizeof gap + 2) { /* no room for both ends: the start alone */
+        size_t head = cap - 1;
+        while (head > 0 && continuation((unsigned char)src[head])) head--;
+        memmove(dst, src, head);
+        dst[head] = '\0';
+        return;
+    }
+    size_t room = cap - 1 - (sizeof gap - 1);
     size_t head = room / 3, tail_at = len - (room - head);
     while (head > 0 && continuation((unsigned char)src[head])) head--;
     while (tail_at < len && continuation((unsigned char)src[tail_at])) tail_at++;
-    char out[DP_ERRMSG_CAP];
-    memcpy(out, src, head);
-    memcpy(out + head, gap, sizeof gap - 1);
-    memcpy(out + head + sizeof gap - 1, src + tail_at, len - tail_at);
-    out[head + sizeof gap - 1 + len - tail_at] = '\0';
-    memcpy(dp_errmsg, out, sizeof out);
+    /* memmove: src may be dst itself; the tail is moved before the gap
+     * overwrites the bytes after the head. */
+    size_t tail = len - tail_at;
+    memmove(dst + head + sizeof gap - 1, src + tail_at, tail);
+    if (src != dst) memmove(dst, src, head);
+    memcpy(dst + head, gap, sizeof gap - 1);
+    dst[head + sizeof gap - 1 + tail] = '\0';
 }
+
+/* src[0..len) into dp_errmsg (see dp_error_fit). */
+static void fit(const char *src, size_t len) { dp_error_fit(dp_errmsg, DP_ERRMSG_CAP, src, len); }
 
 /* prefix then fmt's text, fitted into dp_errmsg. */
 static void set_formatted(const char *prefix, const char *fmt, va_list ap)

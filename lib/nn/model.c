@@ -16,6 +16,10 @@ dp_status dp_model_validate(const dp_model *m)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "model sizes must be > 0 (input_row_bytes %zu, "
                        "outputs_per_row %zu, n_classes %zu, n_params %zu)", m->input_row_bytes,
                        m->outputs_per_row, m->n_classes, m->n_params);
+    /* A parameter's bytes on its owner: replica, gradient, two AdamW moments. */
+    if (m->n_params > SIZE_MAX / 16)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "n_params %zu is absurd: 16 bytes a parameter "
+                       "(replica, gradient, AdamW moments) overflow size_t", m->n_params);
     if (m->n_classes > (size_t)INT32_MAX)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "n_classes %zu does not fit int32 targets",
                        m->n_classes);
@@ -54,7 +58,10 @@ dp_status dp_model_validate(const dp_model *m)
     size_t prev_end = 0;
     for (size_t i = 0; i < m->n_tensors; i++) {
         const dp_param_tensor *t = &m->tensors[i];
-        const char *name = t->name ? t->name : "(unnamed)";
+        if (!t->name || !t->name[0])
+            return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "tensor %zu has no name; checkpoints and "
+                           "exports key tensors by name", i);
+        const char *name = t->name;
         if (t->offset % DP_PARAM_ALIGN)
             return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "tensor %s: offset %zu is not a multiple of "
                            "%d floats", name, t->offset, DP_PARAM_ALIGN);

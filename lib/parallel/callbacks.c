@@ -15,7 +15,7 @@ dp_status dp_call_forward(worker *w, const dp_chunk *c, float *logits)
     dp_clear_error();
     float *out = m->head_forward ? w->features.ptr : logits;
     dp_status s = m->forward(m->ctx, w->dev, dp_replica_params(w), c, w->workspace.ptr, out);
-    if (s != DP_OK) dp_callback_message(s, "the model's forward");
+    if (s != DP_OK) s = dp_callback_message(s, "the model's forward");
     return s;
 }
 
@@ -32,7 +32,7 @@ dp_status dp_call_backward(worker *w, const dp_chunk *c, float *dlogits, int las
     /* A refused signal fails the step even when the backward swallowed it. */
     dp_status refused = dp_overlap_disarm(w, s == DP_OK);
     if (s == DP_OK) s = refused;
-    if (s != DP_OK) dp_callback_message(s, "the model's backward");
+    if (s != DP_OK) s = dp_callback_message(s, "the model's backward");
     return s;
 }
 
@@ -43,7 +43,7 @@ dp_status dp_call_head_forward(worker *w, size_t o, size_t rows, float *logits)
     const float *f = (const float *)w->features.ptr + o * m->head_features;
     dp_clear_error();
     dp_status s = m->head_forward(m->ctx, w->dev, dp_replica_params(w), f, rows, logits);
-    if (s != DP_OK) dp_callback_message(s, "the model's head_forward");
+    if (s != DP_OK) s = dp_callback_message(s, "the model's head_forward");
     return s;
 }
 
@@ -56,7 +56,7 @@ dp_status dp_call_head_backward(worker *w, size_t o, size_t rows, float *dlogits
     dp_status s = m->head_backward(m->ctx, w->dev, dp_replica_params(w), w->grads,
                                    (const float *)w->features.ptr + at, rows, dlogits,
                                    (float *)w->dfeatures.ptr + at);
-    if (s != DP_OK) dp_callback_message(s, "the model's head_backward");
+    if (s != DP_OK) s = dp_callback_message(s, "the model's head_backward");
     return s;
 }
 
@@ -69,7 +69,7 @@ dp_status dp_call_head_forward16(worker *w, size_t o, size_t rows, uint16_t *log
     dp_clear_error();
     dp_status s = m->head_forward_bf16(m->ctx, w->dev, dp_replica_params(w), f, rows, logits,
                                        scratch, scratch_floats);
-    if (s != DP_OK) dp_callback_message(s, "the model's head_forward_bf16");
+    if (s != DP_OK) s = dp_callback_message(s, "the model's head_forward_bf16");
     return s;
 }
 
@@ -81,6 +81,6 @@ dp_status dp_call_head_backward16(worker *w, size_t o, size_t rows, const uint16
     dp_status s = m->head_backward_bf16(m->ctx, w->dev, dp_replica_params(w), w->grads,
                                         (const float *)w->features.ptr + at, rows, dlogits,
                                         (float *)w->dfeatures.ptr + at);
-    if (s != DP_OK) dp_callback_message(s, "the model's head_backward_bf16");
+    if (s != DP_OK) s = dp_callback_message(s, "the model's head_backward_bf16");
     return s;
 }

@@ -94,10 +94,7 @@ static dp_status call_criterion(worker *w, const dp_plan *plan, double *loss, fl
     *loss = 0.0;
     dp_clear_error();
     dp_status s = e->crit.forward_backward(e->crit.ctx, &a, loss, &count);
-    if (s != DP_OK) {
-        dp_callback_message(s, "the criterion");
-        return s;
-    }
+    if (s != DP_OK) return dp_callback_message(s, "the criterion");
     if (row_losses) *loss = 0.0; /* the rows are summed at the step's end; this is not read */
     if (count == SIZE_MAX)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "the criterion did not report how many target "

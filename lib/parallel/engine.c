@@ -280,6 +280,10 @@ static dp_status create_checks(const dp_device_spec *devices, size_t k, const dp
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "shard_optimizer %d; use 0 (the root holds the "
                        "optimizer state) or 1 (each device holds its slice's)",
                        cfg->shard_optimizer);
+    /* Flags are 0 or 1: ranks compare them, and a typo'd 2 is no setting. */
+    if ((cfg->token_balanced | cfg->allow_tf32) & ~1)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "token_balanced %d, allow_tf32 %d; each is 0 "
+                       "(off) or 1 (on)", cfg->token_balanced, cfg->allow_tf32);
     return DP_OK;
 }
 
@@ -352,7 +356,11 @@ dp_status dp_engine_create(const dp_device_spec *devices, size_t k, const dp_mod
         float *host = calloc(model->n_params, sizeof *host);
         if (!host) s = DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation of %zu parameters failed",
                                model->n_params);
-        if (s == DP_OK) s = model->init(model->ctx, host, cfg->seed);
+        if (s == DP_OK) {
+            dp_clear_error();
+            s = model->init(model->ctx, host, cfg->seed);
+            if (s != DP_OK) s = dp_callback_message(s, "the model's init");
+        }
         /* With ranks set_params is collective: a rank that failed still
          * takes part (a NULL host is its failure). */
         if (s == DP_OK) s = dp_engine_set_params(e, host);

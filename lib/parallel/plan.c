@@ -15,11 +15,16 @@
 
 // --- the user's callbacks -------------------------------------------------------------
 
-void dp_callback_message(dp_status s, const char *what)
+dp_status dp_callback_message(dp_status s, const char *what)
 {
-    if (dp_last_error()[0]) return; /* the callback's own dp_set_error message */
-    DP_FAIL(s, "%s returned \"%s\" without a message; describe the problem with "
-            "dp_set_error (dp/status.h)", what, dp_strerror(s));
+    const char *own = dp_last_error(); /* the callback's dp_set_error message, if any */
+    if ((int)s <= (int)DP_OK || (int)s >= (int)DP_STATUS_COUNT) /* a caller switching on it */
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "%s returned %d, which is no dp_status; "
+                       "return DP_OK or a DP_ERR_ code of dp/status.h%s%s", what, (int)s,
+                       own[0] ? "; its message: " : "", own);
+    if (own[0]) return s;
+    return DP_FAIL(s, "%s returned \"%s\" without a message; describe the problem with "
+                   "dp_set_error (dp/status.h)", what, dp_strerror(s));
 }
 
 // --- the configuration ---------------------------------------------------------------
@@ -300,8 +305,7 @@ dp_status dp_plan_batch(const dp_engine *e, const dp_batch *b, int predict, dp_p
         dp_status s = m->validate_inputs(m->ctx, b->inputs, b->rows);
         if (s != DP_OK) {
             if (dp_last_error()[0]) dp_error_prefix("validate_inputs");
-            else dp_callback_message(s, "the model's validate_inputs");
-            return s;
+            return dp_callback_message(s, "the model's validate_inputs");
         }
     }
     plan->batch = b;

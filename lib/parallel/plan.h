@@ -30,8 +30,9 @@ size_t dp_plan_valid_outputs(const dp_engine *e, const void *targets, size_t fir
 size_t dp_plan_logits_chunk(const dp_engine *e, size_t n);
 
 /* After a user callback (named by what) failed with s: keeps its
- * dp_set_error message, or records one saying it set none. Call
- * dp_clear_error() before the callback. */
-void dp_callback_message(dp_status s, const char *what);
+ * dp_set_error message, or records one saying it set none, and returns
+ * s; a value outside dp_status becomes DP_ERR_INVALID_ARGUMENT, with a
+ * message naming it. Call dp_clear_error() before the callback. */
+dp_status dp_callback_message(dp_status s, const char *what);
 
 #endif /* DP_PARALLEL_PLAN_H */

@@ -27,7 +27,11 @@ void dp_worker_fail(worker *w, dp_status s)
         w->fail_phase = w->phase;
         /* Outside the step's phases a worker is setting up its replica. */
         const char *phase = w->phase < DP_PHASE_COUNT ? dp_phase_name(w->phase) : "setup";
-        snprintf(w->msg, sizeof w->msg, "%s %s: %s", w->dev->name, phase, dp_last_error());
+        char joined[sizeof w->msg + 128];
+        int n = snprintf(joined, sizeof joined, "%s %s: %s", w->dev->name, phase,
+                         dp_last_error());
+        /* Fitted, not cut: the message's end names the fix. */
+        dp_error_fit(w->msg, sizeof w->msg, joined, n > 0 ? strlen(joined) : 0);
     }
     dp_barrier_abort(&w->pool->barrier);
 }
@@ -433,8 +437,15 @@ void dp_pool_init(dp_pool *p, worker *w, size_t k, double watchdog_seconds)
 dp_status dp_pool_start(dp_pool *p)
 {
     for (size_t i = 0; i < p->k; i++) {
-        if (pthread_create(&p->w[i].thread, NULL, worker_main, &p->w[i]) != 0)
-            return DP_FAIL(DP_ERR_INTERNAL, "cannot start worker thread %zu", i);
+        int rc = pthread_create(&p->w[i].thread, NULL, worker_main, &p->w[i]);
+        /* EAGAIN: out of threads or of memory for a stack, the user's limit */
+        if (rc == EAGAIN)
+            return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "cannot start worker thread %zu of %zu: %s; "
+                           "the process is at its limit of threads (ulimit -u) or memory; "
+                           "raise it, or use fewer devices", i, p->k, strerror(rc));
+        if (rc != 0)
+            return DP_FAIL(DP_ERR_INTERNAL, "cannot start worker thread %zu of %zu: %s", i, p->k,
+                           strerror(rc));
         p->w[i].thread_started = 1;
     }
     return DP_OK;

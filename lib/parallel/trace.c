@@ -129,9 +129,15 @@ static dp_status check_stats(const dp_trace *t, const dp_step_stats *st)
     if (st->n_devices != t->k)
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "the step has %zu devices, the trace %zu",
                        st->n_devices, t->k);
-    if (dp_trace_bad_time(st->start_seconds))
-        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "start_seconds %g is negative or not finite",
-                       st->start_seconds);
+    if (dp_trace_bad_time(st->start_seconds) || dp_trace_bad_time(st->seconds) ||
+        dp_trace_bad_time(st->exposed_seconds))
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "start_seconds %g, seconds %g or "
+                       "exposed_seconds %g is negative or not finite",
+                       st->start_seconds, st->seconds, st->exposed_seconds);
+    for (int p = 0; p < DP_PHASE_COUNT; p++)
+        if (dp_trace_bad_time(st->phase_seconds[p]))
+            return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "phase %s: seconds %g is negative or not "
+                           "finite", dp_phase_name((dp_phase)p), st->phase_seconds[p]);
     DP_TRY(check_spans(st->exchange_spans, st->n_exchange_spans, "the exchanges"));
     for (size_t i = 0; i < t->k; i++) {
         const dp_device_step_stats *d = &st->devices[i];

@@ -134,7 +134,13 @@ static dp_status from_wire(const unsigned char *b, size_t bytes, int rank, dp_tr
 dp_status dp_trace_gather(dp_trace *t, dp_dist *d, double timeout)
 {
     int R = dp_dist_size(d), me = dp_dist_rank(d);
-    if (R <= 1) return t ? DP_OK : DP_FAIL(DP_ERR_INVALID_ARGUMENT, "trace is NULL");
+    if (R <= 1) {
+        if (!t) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "trace is NULL");
+        if (!(timeout >= 0) || !isfinite(timeout))
+            return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "timeout %g is negative or not finite",
+                           timeout);
+        return DP_OK;
+    }
     const char *what = "gathering the trace";
     /* Every call below is made by every rank, whatever failed here, so
      * none waits for a call another rank skipped: local failures are

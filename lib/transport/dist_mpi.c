@@ -331,7 +331,7 @@ dp_status dp_mpi_dist_agree_payload(dp_mpi_dist *d, double timeout, dp_status lo
     outcome *o = (outcome *)buf;
     memset(o, 0, sizeof *o);
     o->status = (int)local;
-    if (local != DP_OK) snprintf(o->msg, sizeof o->msg, "%s", dp_last_error());
+    if (local != DP_OK) dp_error_fit(o->msg, sizeof o->msg, dp_last_error(), strlen(dp_last_error()));
     if (bytes && mine) memcpy(buf + sizeof(outcome), mine, bytes);
     else if (bytes) memset(buf + sizeof(outcome), 0, bytes);
     size_t one = sizeof(outcome) + bytes;
