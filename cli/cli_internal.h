@@ -12,6 +12,12 @@ void cli_set_rank(int rank);
 /* Prints "<program>: [rank r: ]<text>" as one line on stderr. */
 void cli_print_line(const char *text);
 
+/* The one name of the file path reaches, malloc'd (NULL: out of memory):
+ * symbolic links followed (to nothing too), "./", ".." and trailing
+ * slashes resolved, through the real directory when the file does not
+ * exist yet; path itself where even its directory does not. */
+char *cli_resolved_path(const char *path);
+
 struct cli_compute;
 
 /* One of CLI_COMPUTE_LONGOPTS's codes with its value into *cp (compute.c):

@@ -33,8 +33,10 @@ static char prog[64] = "dp";
 static int rank_tag = -1;
 /* When set, cli_fail prints nothing (and still returns 1). */
 static int quiet;
-/* The last message's text, printed or not (cli_last_message). */
-static char last_msg[2048];
+/* The last message's text, printed or not (cli_last_message): room for
+ * three paths of PATH_MAX (an output, an input, a temporary file) and
+ * the reason after them, which a shorter buffer cut off. */
+static char last_msg[3 * PATH_MAX + 4096];
 
 /* Descriptors 0-2, each open: /dev/null in place of a closed one. */
 static void standard_descriptors(void)

@@ -352,11 +352,18 @@ int cli_is_dp_trace(const char *path);
  * cli_unlock_output or the process's end). */
 typedef struct cli_lock {
     int fd;
-    char *path; /* "<path>.lock"; NULL: none held (a zeroed cli_lock holds none) */
+    char *path; /* cli_lock_name's; NULL: none held (a zeroed cli_lock holds none) */
 } cli_lock;
 
+/* The lock file of output path, malloc'd (NULL: out of memory): the
+ * resolved path (symbolic links followed, "./", ".." and trailing
+ * slashes resolved) and ".lock", so that every spelling of one output
+ * meets at one lock. A program checks it against its other files
+ * (cli_check_overlaps), since it is written and removed too. */
+char *cli_lock_name(const char *path);
+
 /* Takes the lock of output path for this run: flock on the file
- * "<path>.lock" (created; it holds a marker line and this process's pid),
+ * cli_lock_name(path) (created; it holds a marker line and this process's pid),
  * because the output itself is replaced by every atomic write. Refused
  * when another process holds it (named with its pid), or when
  * "<path>.lock" exists and is not such a lock file (it is never

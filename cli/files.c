@@ -48,13 +48,13 @@ typedef struct ident {
 
 /* A symbolic link to nothing: the path it names (relative to the link's
  * directory), malloc'd; NULL otherwise. A writer that opens through the
- * link creates that file, so it is what the link names. Two levels at
- * most (a chain further than that is left as it is). */
+ * link creates that file, so it is what the link names. Up to 40 links
+ * in a chain, as the atomic writer follows (a longer one is left as it is). */
 static char *dangling_target(const char *path)
 {
     struct stat sb;
     char *cur = strdup(path);
-    for (int depth = 0; cur && depth < 2; depth++) {
+    for (int depth = 0; cur && depth < 40; depth++) {
         if (lstat(cur, &sb) != 0 || !S_ISLNK(sb.st_mode) || stat(cur, &sb) == 0) break;
         char link[PATH_MAX];
         ssize_t n = readlink(cur, link, sizeof link - 1);
@@ -80,9 +80,21 @@ static char *dangling_target(const char *path)
     return cur;
 }
 
-static void ident_of(const char *path, ident *id)
+static void ident_at(const char *path, ident *id);
+
+static void ident_of(const char *given, ident *id)
 {
     memset(id, 0, sizeof *id);
+    size_t len = strlen(given);
+    while (len > 1 && given[len - 1] == '/') len--; /* "dir/" is "dir" */
+    char *path = strndup(given, len);
+    if (!path) return;
+    ident_at(path, id);
+    free(path);
+}
+
+static void ident_at(const char *path, ident *id)
+{
     struct stat sb;
     char *target = dangling_target(path);
     if (target) {
@@ -106,6 +118,13 @@ static void ident_of(const char *path, ident *id)
     else id->resolved = strdup(path); /* its directory does not exist: the check fails later */
     free(dir);
     free(real);
+}
+
+char *cli_resolved_path(const char *path)
+{
+    ident id;
+    ident_of(path, &id);
+    return id.resolved;
 }
 
 static int same_file(const ident *a, const ident *b)

@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "cli_internal.h"
 #include "dp_cli.h"
 
 /* What a lock file holds: this line, then the holder's pid. */
@@ -39,15 +40,27 @@ static int is_lock_file(int fd)
            (n == (ssize_t)(sizeof LOCK_MARK - 1) && memcmp(buf, LOCK_MARK, (size_t)n) == 0);
 }
 
+char *cli_lock_name(const char *path)
+{
+    /* Of the file the path reaches, however spelled: "x", "./x", a link
+     * to x and "dir/." must all meet at one lock. */
+    char *real = cli_resolved_path(path);
+    size_t len = real ? strlen(real) : 0;
+    char *name = real ? malloc(len + sizeof ".lock") : NULL;
+    if (name) {
+        memcpy(name, real, len);
+        memcpy(name + len, ".lock", sizeof ".lock");
+    }
+    free(real);
+    return name;
+}
+
 int cli_lock_output(const char *flag, const char *path, cli_lock *lk)
 {
     lk->fd = -1;
     lk->path = NULL;
-    size_t len = strlen(path);
-    char *name = malloc(len + sizeof ".lock");
+    char *name = cli_lock_name(path);
     if (!name) return cli_fail("out of host memory");
-    memcpy(name, path, len);
-    memcpy(name + len, ".lock", sizeof ".lock");
     /* A holder that removes the file between our open and our lock leaves
      * us a lock on a file no other run can find: the name must still be
      * the file locked, else try again. */
@@ -55,17 +68,20 @@ int cli_lock_output(const char *flag, const char *path, cli_lock *lk)
         int fd = open(name, O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
         if (fd < 0) {
             int e = errno;
+            cli_fail("%s %s: cannot create its lock file %s (which keeps a second run from "
+                     "writing the same file): %s; give %s %s", flag, path, name, strerror(e),
+                     flag, e == ENAMETOOLONG ? "a shorter name (the lock adds 5 bytes)"
+                                             : "a path where files can be created");
             free(name);
-            return cli_fail("%s %s: cannot create its lock file %s.lock (which keeps a second run "
-                            "from writing the same file): %s", flag, path, path, strerror(e));
+            return 1;
         }
         struct stat fs, ns;
         if (fstat(fd, &fs) != 0 || !S_ISREG(fs.st_mode) || !is_lock_file(fd)) {
             close(fd);
+            cli_fail("%s %s needs the lock file %s, which exists and is not one (it is left "
+                     "as it is); move it away or give another %s path", flag, path, name, flag);
             free(name);
-            return cli_fail("%s %s needs the lock file %s.lock, which exists and is not one "
-                            "(it is left as it is); move it away or give another %s path",
-                            flag, path, path, flag);
+            return 1;
         }
         if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
             int e = errno;
@@ -77,8 +93,8 @@ int cli_lock_output(const char *flag, const char *path, cli_lock *lk)
             }
             char who[48] = "";
             if (pid > 0) snprintf(who, sizeof who, " (process %ld)", pid);
-            cli_fail("%s %s is being written by another run%s, which holds %s.lock; give each "
-                     "run its own %s path", flag, path, who, path, flag);
+            cli_fail("%s %s is being written by another run%s, which holds %s; give each run "
+                     "its own %s path", flag, path, who, name, flag);
             free(name);
             return 1;
         }
@@ -100,9 +116,10 @@ int cli_lock_output(const char *flag, const char *path, cli_lock *lk)
         lk->path = name;
         return 0;
     }
+    cli_fail("%s %s: its lock file %s keeps being replaced by other runs; give each run its "
+             "own %s path", flag, path, name, flag);
     free(name);
-    return cli_fail("%s %s: its lock file %s.lock keeps being replaced by other runs; give each "
-                    "run its own %s path", flag, path, path, flag);
+    return 1;
 }
 
 void cli_unlock_output(cli_lock *lk)

@@ -38,6 +38,18 @@ static inline void dp_test_remove_tree(const char *dir)
     rmdir(dir);
 }
 
+/* The entries of dir other than "." and ".."; -1 when it cannot be read. */
+static inline int dp_test_count_entries(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d) return -1;
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) n += strcmp(de->d_name, ".") && strcmp(de->d_name, "..");
+    closedir(d);
+    return n;
+}
+
 /* dir/name, in one of 8 static buffers used in turn (a result stays
  * valid through the next 7 calls). */
 static inline const char *dp_test_join(const char *dir, const char *name)

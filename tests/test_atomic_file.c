@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "dp/atomic_file.h"
@@ -147,4 +148,83 @@ Test(atomic_file, special_files_are_refused_and_kept)
     cr_assert_eq(dp_atomic_file_open("/dev/null", &af), DP_ERR_IO);
     cr_assert(strstr(dp_last_error(), "is a character device"), "%s", dp_last_error());
     cr_assert(stat("/dev/null", &sb) == 0 && S_ISCHR(sb.st_mode));
+}
+
+/* A path that is a symbolic link writes the file it leads to, existing
+ * or not yet (relative links resolved from the link's directory, chains
+ * followed): the link stays a link (it used to become a regular file,
+ * and the file it named went stale). A loop is refused, nothing written. */
+Test(atomic_file, a_symbolic_link_writes_its_target_and_stays)
+{
+    char dir[128], target[160], link1[160], link2[160], dangling[160], to[160];
+    snprintf(dir, sizeof dir, "%s/real", tmpdir);
+    cr_assert_eq(mkdir(dir, 0755), 0);
+    snprintf(target, sizeof target, "%s/ck.st", dir);
+    dp_test_write_file(target, "old", 3);
+    snprintf(link1, sizeof link1, "%s/link1", tmpdir);
+    snprintf(link2, sizeof link2, "%s/link2", tmpdir);
+    cr_assert_eq(symlink("real/ck.st", link1), 0);
+    cr_assert_eq(symlink("link1", link2), 0);
+    dp_atomic_file *af = NULL;
+    dp_assert_ok(dp_atomic_file_open(link2, &af));
+    cr_assert(strncmp(dp_atomic_file_temp_path(af), target, strlen(target)) == 0,
+              "the temporary file %s is not beside the target", dp_atomic_file_temp_path(af));
+    dp_assert_ok(dp_atomic_file_write(af, "new", 3));
+    dp_assert_ok(dp_atomic_file_commit(af));
+    struct stat lb;
+    cr_assert_eq(lstat(link1, &lb), 0);
+    cr_assert(S_ISLNK(lb.st_mode), "link1 was replaced by a regular file");
+    cr_assert_eq(lstat(link2, &lb), 0);
+    cr_assert(S_ISLNK(lb.st_mode), "link2 was replaced by a regular file");
+    expect_contents(target, "new");
+
+    /* a link to a file that does not exist yet creates it */
+    snprintf(dangling, sizeof dangling, "%s/dangling", tmpdir);
+    cr_assert_eq(symlink("real/fresh.st", dangling), 0);
+    dp_assert_ok(dp_atomic_file_open(dangling, &af));
+    dp_assert_ok(dp_atomic_file_write(af, "fresh", 5));
+    dp_assert_ok(dp_atomic_file_commit(af));
+    cr_assert_eq(lstat(dangling, &lb), 0);
+    cr_assert(S_ISLNK(lb.st_mode));
+    snprintf(to, sizeof to, "%s/fresh.st", dir);
+    expect_contents(to, "fresh");
+
+    /* a loop */
+    char a[160], b[160];
+    snprintf(a, sizeof a, "%s/loop_a", tmpdir);
+    snprintf(b, sizeof b, "%s/loop_b", tmpdir);
+    cr_assert_eq(symlink("loop_b", a), 0);
+    cr_assert_eq(symlink("loop_a", b), 0);
+    int before = n_entries();
+    cr_assert_eq(dp_atomic_file_open(a, &af), DP_ERR_IO);
+    cr_assert_null(af);
+    cr_assert(strstr(dp_last_error(), "symbolic links in a row"), "%s", dp_last_error());
+    cr_assert_eq(n_entries(), before);
+}
+
+/* Every writer removes what a killed writer of the same path left (a
+ * temporary file of a process that no longer exists, on this host), not
+ * the checkpoint's alone; nothing else is touched. */
+Test(atomic_file, open_removes_a_dead_writers_temporary_file)
+{
+    pid_t dead = fork();
+    cr_assert_geq(dead, 0);
+    if (dead == 0) _exit(0);
+    int status;
+    cr_assert_eq(waitpid(dead, &status, 0), dead);
+    char path[128], stale[256], live[256];
+    snprintf(path, sizeof path, "%s/trace.json", tmpdir);
+    dp_atomic_file *af = NULL;
+    dp_assert_ok(dp_atomic_file_open(path, &af));
+    char host[16];
+    snprintf(host, sizeof host, "%s", strrchr(dp_atomic_file_temp_path(af), '.') + 1);
+    dp_atomic_file_abort(af);
+    snprintf(stale, sizeof stale, "%s.tmp.%ld.7.%s", path, (long)dead, host);
+    snprintf(live, sizeof live, "%s.tmp.%ld.7.%s", path, (long)getpid(), host);
+    dp_test_write_file(stale, "partial", 7);
+    dp_test_write_file(live, "partial", 7);
+    dp_assert_ok(dp_atomic_file_open(path, &af));
+    cr_assert_eq(access(stale, F_OK), -1, "the dead writer's %s was left", stale);
+    cr_assert_eq(access(live, F_OK), 0, "a live writer's temporary file was removed");
+    dp_atomic_file_abort(af);
 }

@@ -685,6 +685,8 @@ static bad_case bad_cases[] = {
     /* one file by other names: compared as files, not as strings */
     {"json and csv through ./", {"--csv", "@./out.json"}, "both write", 0, 1},
     {"trace onto json through ./.", {"--trace", "@././out.json"}, "both write", 0, 1},
+    /* a lock file is written and removed too */
+    {"trace onto json's lock file", {"--trace", "@out.json.lock"}, "--json's lock file", 0, 1},
 };
 
 ParameterizedTestParameters(dp_bench, bad_input_fails_cleanly)

@@ -1128,30 +1128,39 @@ Test(lm_train, a_save_another_run_writes_is_refused, .timeout = 60)
  * "<dir>.lock"): a second run given either path is refused before it
  * trains. Without it the later run's trace replaced the first's, and two
  * exports into one directory could pair one run's weights with the
- * other's config.json. "DIR/" names the same lock as "DIR". */
+ * other's config.json. "DIR/" and a symbolic link to DIR name the same
+ * lock as "DIR" (a link used to take a lock of its own). */
 Test(lm_train, a_trace_or_export_another_run_writes_is_refused, .timeout = 60)
 {
     const char *const long_args[] = {"--steps", "100000000", "--trace", "@t.json",
                                      "--export-hf", "@ex", "--log", "@l.jsonl"};
     pid_t pid = spawn_args(1, long_args, 8);
-    char trace[256], ex[256], ex_slash[260], log[256], lock[2][300];
+    char trace[256], ex[256], ex_slash[260], log[256], lock[2][300], tlink[256], exlink[256];
     path_in(trace, sizeof trace, "t.json");
     path_in(ex, sizeof ex, "ex");
     snprintf(ex_slash, sizeof ex_slash, "%s/", ex);
     path_in(log, sizeof log, "l.jsonl");
     snprintf(lock[0], sizeof lock[0], "%s.lock", trace);
     snprintf(lock[1], sizeof lock[1], "%s.lock", ex);
+    /* other names of the same files: the locks are the files' own */
+    path_in(tlink, sizeof tlink, "tlink.json");
+    path_in(exlink, sizeof exlink, "exlink");
+    cr_assert_eq(symlink("t.json", tlink), 0);
+    cr_assert_eq(symlink("ex", exlink), 0);
+    cr_assert_eq(mkdir(ex, 0755), 0); /* a link to it is taken, one to nothing is not */
     wait_for_file(log, pid); /* training began: the locks are held */
-    result b[3] = {run_second("--trace", trace), run_second("--export-hf", ex),
-                   run_second("--export-hf", ex_slash)};
+    result b[5] = {run_second("--trace", trace), run_second("--export-hf", ex),
+                   run_second("--export-hf", ex_slash), run_second("--trace", tlink),
+                   run_second("--export-hf", exlink)};
     struct stat sb;
-    int ex_made = stat(ex, &sb) == 0;
+    int ex_made = dp_test_count_entries(ex) != 0;
     kill(pid, SIGTERM); /* before any assertion: a failed test must not leave it training */
     result a = collect(pid);
     char pid_words[64];
     snprintf(pid_words, sizeof pid_words, "(process %ld)", (long)pid);
-    static const char *const flag[] = {"--trace", "--export-hf", "--export-hf"};
-    for (int i = 0; i < 3; i++) {
+    static const char *const flag[] = {"--trace", "--export-hf", "--export-hf", "--trace",
+                                       "--export-hf"};
+    for (int i = 0; i < 5; i++) {
         cr_assert(WIFEXITED(b[i].status) && WEXITSTATUS(b[i].status) == 1,
                   "%s: status %d; stderr:\n%s", flag[i], b[i].status, b[i].err);
         cr_assert(strstr(b[i].err, flag[i]) && strstr(b[i].err, pid_words) &&
@@ -1667,7 +1676,7 @@ Test(lm_train, fused_attention_is_the_same_run_to_rounding)
 typedef struct overlap_case {
     char name[48];
     char args[8][40]; /* after BASE; "" ends; '@' = in tmpdir */
-    char first[16], second[16]; /* the two options the message names */
+    char first[16], second[32]; /* the two options the message names */
 } overlap_case;
 
 static overlap_case overlap_cases[] = {
@@ -1693,6 +1702,16 @@ static overlap_case overlap_cases[] = {
     /* a symbolic link to nothing names the file a write through it creates */
     {"log via a dangling symlink onto the save", {"--log", "@dangling.log",
      "--save", "@later.st"}, "--save", "--log"},
+    /* an output's lock file is written and removed too: an output there
+     * was deleted at the end (a --save at --export-hf's lock, exit 0) */
+    {"save onto the export's lock file", {"--save", "@E.lock", "--export-hf", "@E",
+     "--save-interval", "1"}, "--save", "--export-hf's lock file"},
+    {"trace onto the save's lock file", {"--save", "@x.st", "--trace", "@x.st.lock"}, "--trace",
+     "--save's lock file"},
+    {"log onto the save's lock file", {"--save", "@x.st", "--log", "@x.st.lock"}, "--log",
+     "--save's lock file"},
+    {"export onto the trace's lock file", {"--trace", "@t.json", "--export-hf", "@t.json.lock/"},
+     "--export-hf", "--trace's lock file"},
 };
 
 ParameterizedTestParameters(lm_train, outputs_never_replace_inputs_or_each_other)
@@ -2109,6 +2128,9 @@ static bad_case bad_cases[] = {
      "@small.txt"}, "line 1 is not a row", "", 1, 0, 0},
     {"trace with eval-only", {"--resume", "@good.st", "--eval-only", "--trace", "@t.json"},
      "--trace", "", 1, 0, 1},
+    /* it used to be ignored: no log, no message, status 0 */
+    {"log with eval-only", {"--resume", "@good.st", "--eval-only", "--log", "@eo.jsonl"},
+     "--log with --eval-only", "", 1, 0, 1},
     {"logits-chunk 0", {"--logits-chunk", "0", "--log", "@out.jsonl"}, "--logits-chunk", "", 0,
      0, 0},
     {"logits-chunk -3", {"--logits-chunk", "-3", "--log", "@out.jsonl"}, "--logits-chunk", "", 0,

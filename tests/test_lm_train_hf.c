@@ -257,7 +257,7 @@ Test(lm_hf, contradictions_are_refused_before_any_work)
     assert_refused(&c, "--vocab-size 657", "--vocab-size 512 was given");
     dp_test_result_free(&c);
     result d = RUN("--init-from", "@hf", "--heads", "4");
-    assert_refused(&d, "n_head 4", "2 heads");
+    assert_refused(&d, "a model with 2 heads", "--heads 4 was given; drop --heads");
     dp_test_result_free(&d);
     dp_test_write_file(in_tmp("a_file"), "x", 1);
     result e = RUN("--init-from", "@hf", "--steps", "2", "--save", "@x.safetensors",

@@ -104,9 +104,20 @@ int check_outputs(bench *b)
     int rc = 0;
     for (int i = 0; i < 5 && !rc; i++)
         if (path[i]) rc = cli_check_output(flag[i], path[i]);
-    cli_file files[5];
-    for (int i = 0; i < 5; i++) files[i] = (cli_file){flag[i], path[i], 1, NULL, NULL};
-    if (!rc) rc = cli_check_overlaps(files, 5);
+    /* each output's lock file too: it is written and removed as well */
+    static const char *const lock_flag[5] = {"--json's lock file", "--csv's lock file",
+                                             "--plot's lock file", "--plot's lock file",
+                                             "--trace's lock file"};
+    char *lock[5] = {NULL};
+    cli_file files[10];
+    for (int i = 0; i < 5; i++) {
+        if (path[i] && !(lock[i] = cli_lock_name(path[i])) && !rc)
+            rc = cli_fail("out of host memory");
+        files[i] = (cli_file){flag[i], path[i], 1, NULL, NULL};
+        files[5 + i] = (cli_file){lock_flag[i], lock[i], 1, NULL, NULL};
+    }
+    if (!rc) rc = cli_check_overlaps(files, 10);
+    for (int i = 0; i < 5; i++) free(lock[i]);
     /* after the overlaps (whose message names both options): nothing
      * another program wrote is replaced */
     static int (*const ours[5])(const char *) = {is_bench_json, is_bench_csv, is_plot_image,

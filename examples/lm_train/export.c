@@ -107,8 +107,14 @@ int load_pretrained(run *r)
     opts *o = &r->o;
     size_t heads = (o->given & G_HEADS) ? (size_t)o->heads : 0;
     if (dp_gpt_init_from(o->init_from, heads, &r->gpt, &r->init_params) != DP_OK) {
+        /* the library's fixes name its arguments; these are the options */
         if (!heads && strstr(dp_last_error(), "give n_head"))
             return cli_fail("--init-from: %s (--heads N)", dp_last_error());
+        const char *says = strstr(dp_last_error(), "which says ");
+        if (heads && says && strstr(dp_last_error(), "leave n_head out"))
+            return cli_fail("--init-from %s holds a model with %lld heads, but --heads %zu was "
+                            "given; drop --heads or match it", o->init_from,
+                            strtoll(says + strlen("which says "), NULL, 10), heads);
         return cli_dp_fail("--init-from");
     }
     const dp_gpt_config *c = dp_gpt_config_of(r->gpt);

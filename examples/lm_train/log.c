@@ -167,7 +167,7 @@ static int read_log(const char *path, long upto, char **kept, size_t *kept_len, 
 
 int check_log(const opts *o)
 {
-    if (!o->log || o->eval_only) return 0;
+    if (!o->log) return 0;
     char *kept = NULL;
     size_t len, rows, dropped;
     int rc = read_log(o->log, -1, &kept, &len, &rows, &dropped);
@@ -273,7 +273,7 @@ int open_trace(run *r, size_t k)
 }
 
 /* Rank 0's outputs, opened before the first step so that a path that
- * cannot be written fails at once: --log (not with --eval-only). */
+ * cannot be written fails at once: --log (never given with --eval-only). */
 int open_outputs(run *r)
 {
     const opts *o = &r->o;

@@ -178,7 +178,7 @@ static void usage(FILE *f)
             "  --log PATH             JSONL, one row per step; with --resume, rows after the\n"
             "                         checkpoint's step are dropped first; an existing file\n"
             "                         that is not such a log is refused, never replaced, and\n"
-            "                         so is one another run is writing\n"
+            "                         so is one another run is writing; not with --eval-only\n"
             "  --trace PATH           Chrome trace-event JSON of the training steps (Perfetto,\n"
             "                         chrome://tracing): one track per device, a span each time\n"
             "                         it enters a phase (per micro-batch; the reduce's pieces\n"
@@ -290,6 +290,9 @@ static int check_opts(opts *o)
         return cli_fail("--save with --eval-only: evaluation changes nothing to save; drop --save");
     if (o->eval_only && o->trace)
         return cli_fail("--trace with --eval-only: the trace records training steps; drop --trace");
+    if (o->eval_only && o->log)
+        return cli_fail("--log with --eval-only: the log records training steps, and the "
+                        "evaluation's loss goes to standard output; drop --log");
     if (cli_check_tf32(&o->compute, o->tf32)) return 1;
     if ((o->given & G_SAVEI) && !o->save)
         return cli_fail("--save-interval needs --save PATH (where to write the checkpoints)");

@@ -122,19 +122,6 @@ static int beside(const char *path, const char *name, char **out)
     return !*out;
 }
 
-/* --export-hf's lock: "DIR.lock" beside the directory (which may not
- * exist before the end), DIR without its trailing slashes. */
-static int lock_export(const char *dir, cli_lock *lk)
-{
-    size_t n = strlen(dir);
-    while (n > 1 && dir[n - 1] == '/') n--;
-    char *name = strndup(dir, n);
-    if (!name) return cli_fail("out of host memory");
-    int rc = cli_lock_output("--export-hf", name, lk);
-    free(name);
-    return rc;
-}
-
 /* Rank 0's outputs, before anything is written: --save and --trace can
  * be written (their directories, their temporary files' names), and no
  * output is the same file as an input (--data's, or one of a data
@@ -142,7 +129,8 @@ static int lock_export(const char *dir, cli_lock *lk)
  * replace; --tokenizer-file, with vocab.bpe beside an encoder.json;
  * --init-from's weights and config.json, or
  * any file of its directory) or as another output (--export-hf's two
- * files included); an existing --log must be an lm_train log. Then takes
+ * files and the outputs' lock files included); an existing --log must be
+ * an lm_train log. Then takes
  * the locks of --save, --trace and --export-hf (cli_lock_output), so a
  * second run given the same path is refused, not left to replace this
  * run's files (and this run its): two exports into one directory could
@@ -155,17 +143,21 @@ static int check_outputs(run *r, const char *data)
     /* --log that does not exist yet as the others (an empty path, a
      * missing directory); an existing one is read first (check_log) */
     struct stat ls;
-    if (o->log && !o->eval_only && stat(o->log, &ls) != 0 && cli_check_output("--log", o->log))
+    if (o->log && stat(o->log, &ls) != 0 && cli_check_output("--log", o->log))
         return 1;
     char *ex_model = o->export_hf ? export_file(o->export_hf, "model.safetensors") : NULL;
     char *ex_config = o->export_hf ? export_file(o->export_hf, "config.json") : NULL;
     char *in_config = NULL, *tok_merges = NULL;
+    /* the lock files are written and removed too (a --save at one was lost) */
+    char *lock[3] = {o->save ? cli_lock_name(o->save) : NULL,
+                     o->trace ? cli_lock_name(o->trace) : NULL,
+                     o->export_hf ? cli_lock_name(o->export_hf) : NULL};
+    int rc = 0;
     if (beside(o->init_from, "config.json", &in_config) ||
         beside(o->tokenizer_file, "vocab.bpe", &tok_merges) ||
-        (o->export_hf && (!ex_model || !ex_config))) {
-        free(ex_model), free(ex_config), free(in_config), free(tok_merges);
-        return cli_fail("out of host memory");
-    }
+        (o->export_hf && (!ex_model || !ex_config || !lock[2])) || (o->save && !lock[0]) ||
+        (o->trace && !lock[1]))
+        rc = cli_fail("out of host memory");
     const cli_file files[] = {
         {"--data", data, 0, r->is_tokens ? ".bin" : NULL, NULL},
         {"--resume", o->resume, 0, NULL, NULL},
@@ -174,12 +166,16 @@ static int check_outputs(run *r, const char *data)
         {"--init-from", o->init_from, 0, NULL, NULL},
         {"--init-from", in_config, 0, NULL, NULL},
         {"--save", o->save, 1, NULL, "--resume"},
-        {"--log", o->eval_only ? NULL : o->log, 1, NULL, NULL}, /* not written by --eval-only */
+        {"--log", o->log, 1, NULL, NULL},
         {"--trace", o->trace, 1, NULL, NULL},
         {"--export-hf", ex_model, 1, NULL, NULL},
         {"--export-hf", ex_config, 1, NULL, NULL},
+        {"--export-hf", o->export_hf, 1, NULL, NULL}, /* the directory, made at the end */
+        {"--save's lock file", lock[0], 1, NULL, NULL},
+        {"--trace's lock file", lock[1], 1, NULL, NULL},
+        {"--export-hf's lock file", lock[2], 1, NULL, NULL},
     };
-    int rc = cli_check_overlaps(files, sizeof files / sizeof files[0]);
+    if (!rc) rc = cli_check_overlaps(files, sizeof files / sizeof files[0]);
     /* after the overlaps, whose message names both options: no file
      * another program wrote is replaced */
     if (!rc && o->save)
@@ -188,10 +184,11 @@ static int check_outputs(run *r, const char *data)
         rc = cli_check_replace("--trace", o->trace, cli_is_dp_trace, "a dp trace");
     if (!rc && o->export_hf) rc = check_export_replace(ex_model, ex_config);
     free(ex_model), free(ex_config), free(in_config), free(tok_merges);
+    for (int i = 0; i < 3; i++) free(lock[i]);
     if (!rc) rc = check_log(o);
     if (!rc && o->save) rc = cli_lock_output("--save", o->save, &r->locks[0]);
     if (!rc && o->trace) rc = cli_lock_output("--trace", o->trace, &r->locks[1]);
-    if (!rc && o->export_hf) rc = lock_export(o->export_hf, &r->locks[2]);
+    if (!rc && o->export_hf) rc = cli_lock_output("--export-hf", o->export_hf, &r->locks[2]);
     return rc;
 }
 

@@ -41,8 +41,9 @@ static void say(const char *msg, size_t n)
 static void leave_no_temp(void)
 {
     cli_remove_guarded();
-    static const char msg[] = "lm_train: the file being written was removed; the older one "
-                              "was left as it was\n";
+    /* "any earlier": a first save or export has none */
+    static const char msg[] = "lm_train: the file being written was removed; any earlier "
+                              "version of it is unchanged\n";
     if (dp_atomic_file_remove_temps() > 0) say(msg, sizeof msg - 1);
 }
 

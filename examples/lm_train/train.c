@@ -20,7 +20,8 @@ static int stop_for_signal(run *r, int sig)
 {
     const opts *o = &r->o;
     if (r->tty) printf("\n");
-    int saved = o->save && !save_checkpoint(r);
+    /* a signal during an interval's save: that save is this step's */
+    int saved = o->save && (r->saved_step == r->step || !save_checkpoint(r));
     fflush(stdout);
     if (r->log) fflush(r->log);
     exit_on_signal(r, sig);

@@ -40,13 +40,17 @@ extern "C" {
 
 typedef struct dp_atomic_file dp_atomic_file;
 
-/* Creates the temporary file next to path (mode 0666 & ~umask, O_EXCL).
+/* Creates the temporary file next to path (mode 0666 & ~umask, O_EXCL),
+ * after removing path's stale temporary files (dp_atomic_file_remove_stale).
+ * A path that is a symbolic link writes the file the link leads to (which
+ * need not exist yet; up to 40 links in a chain): the link stays a link.
  * Errors: DP_ERR_INVALID_ARGUMENT (NULL or empty path, NULL out),
  * DP_ERR_IO (path names something other than a regular file: a
  * directory, a device, a FIFO or a socket, which the rename would
  * replace; or the temporary file cannot be created: the message names
  * path and the reason, e.g. "No such file or directory" for a missing
- * directory), DP_ERR_OUT_OF_MEMORY. */
+ * directory; a link that cannot be read or a chain of more than 40),
+ * DP_ERR_OUT_OF_MEMORY. */
 DP_API dp_status dp_atomic_file_open(const char *path, dp_atomic_file **out);
 
 /* The temporary file's descriptor, for writers that need one (owned by af;

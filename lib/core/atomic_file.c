@@ -108,18 +108,16 @@ static char *parent_of(const char *path)
     return strndup(path, (size_t)(slash - path));
 }
 
-dp_status dp_atomic_file_open(const char *path, dp_atomic_file **out)
+/* dp_atomic_file_open of target, the file path (as the caller spelled it) leads to. */
+static dp_status open_target(const char *path, const char *given, dp_atomic_file **out)
 {
-    if (!out) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "out is NULL");
-    *out = NULL;
-    if (!path || !*path) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "the path is NULL or empty");
     /* The rename would put a regular file in place of a device, a FIFO
      * or a socket (as root, /dev/null itself). */
     struct stat sb;
     if (stat(path, &sb) == 0 && !S_ISREG(sb.st_mode))
         return DP_FAIL(DP_ERR_IO, "'%s' is a %s: writing it would replace it with a "
                        "regular file; give the path of a regular file or of one that does not "
-                       "exist yet", path, dp_file_kind(sb.st_mode));
+                       "exist yet", given, dp_file_kind(sb.st_mode));
     size_t tlen;
     if (!dp_size_add(strlen(path), dp_atomic_file_temp_extra() + 1, &tlen))
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "the path is too long");
@@ -131,6 +129,8 @@ dp_status dp_atomic_file_open(const char *path, dp_atomic_file **out)
         free(tmp);
         return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "cannot allocate the temporary file name");
     }
+    /* what a killed writer of path left, before this writer adds its own */
+    dp_atomic_file_remove_stale(path);
     char host[9];
     host_tag(host);
     snprintf(tmp, tlen, "%s.tmp.%ld.%u.%s", path, (long)getpid(),
@@ -142,7 +142,7 @@ dp_status dp_atomic_file_open(const char *path, dp_atomic_file **out)
     if (fd < 0) {
         int e = errno;
         unregister_temp(slot);
-        dp_status st = DP_FAIL(DP_ERR_IO, "cannot create '%s' to write '%s': %s", tmp, path,
+        dp_status st = DP_FAIL(DP_ERR_IO, "cannot create '%s' to write '%s': %s", tmp, given,
                                strerror(e));
         free(af);
         free(p);
@@ -156,6 +156,56 @@ dp_status dp_atomic_file_open(const char *path, dp_atomic_file **out)
     af->slot = slot;
     *out = af;
     return DP_OK;
+}
+
+/* Links followed before a path is written, as the kernel's limit (ELOOP). */
+#define MAX_LINK_HOPS 40
+
+/* The file that writing path means, malloc'd in *out: path itself, or,
+ * where path is a symbolic link, the file it leads to (which need not
+ * exist yet). The rename replaces that file, so the link stays a link. */
+static dp_status final_target(const char *path, char **out)
+{
+    char *cur = strdup(path);
+    for (int hop = 0; cur && hop <= MAX_LINK_HOPS; hop++) {
+        struct stat lb;
+        if (lstat(cur, &lb) != 0 || !S_ISLNK(lb.st_mode)) {
+            *out = cur;
+            return DP_OK;
+        }
+        char to[PATH_MAX];
+        ssize_t n = readlink(cur, to, sizeof to - 1);
+        if (n < 0) {
+            int e = errno;
+            free(cur);
+            return DP_FAIL(DP_ERR_IO, "cannot read the symbolic link '%s': %s", path,
+                           strerror(e));
+        }
+        to[n] = '\0';
+        char *dir = to[0] == '/' ? NULL : parent_of(cur);
+        size_t len = (dir ? strlen(dir) + 1 : 0) + (size_t)n + 1;
+        char *next = (to[0] == '/' || dir) ? malloc(len) : NULL;
+        if (next) snprintf(next, len, "%s%s%s", dir ? dir : "", dir ? "/" : "", to);
+        free(dir);
+        free(cur);
+        cur = next;
+    }
+    if (!cur) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "cannot allocate the path '%s' leads to", path);
+    free(cur);
+    return DP_FAIL(DP_ERR_IO, "'%s': more than %d symbolic links in a row; give the file's own "
+                   "path", path, MAX_LINK_HOPS);
+}
+
+dp_status dp_atomic_file_open(const char *path, dp_atomic_file **out)
+{
+    if (!out) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "out is NULL");
+    *out = NULL;
+    if (!path || !*path) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "the path is NULL or empty");
+    char *target = NULL;
+    DP_TRY(final_target(path, &target));
+    dp_status st = open_target(target, path, out);
+    free(target);
+    return st;
 }
 
 int dp_atomic_file_fd(const dp_atomic_file *af) { return af ? af->fd : -1; }

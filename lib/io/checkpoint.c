@@ -102,7 +102,6 @@ dp_status dp_checkpoint_save(const char *path, const dp_model *m, const dp_check
         return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "ck->step (%ld) and ck->optimizer_step (%ld) "
                        "must be in [0, 2^62] (DP_MAX_STEP)", ck->step, ck->optimizer_step);
     DP_TRY(check_meta(ck));
-    dp_atomic_file_remove_stale(path);
     dp_st_writer *w = NULL;
     char **names = calloc(2 * m->n_tensors + 1, sizeof *names);
     if (!names) return DP_FAIL(DP_ERR_OUT_OF_MEMORY, "host allocation failed");
