@@ -236,13 +236,15 @@ static void difference(const line *a, size_t na, const line *b, size_t nb, int r
                          ? &a[na - 1] : NULL;
     const line *rb = nb > 1 && b[nb - 1].len >= 8 && memcmp(b[nb - 1].p, "refused ", 8) == 0
                          ? &b[nb - 1] : NULL;
+    /* A refusal is said alone: the option refused may be one of those a
+     * rank gives its own way (its --devices), which do not "differ". */
     if (ra && (!rb || !same(*ra, *rb))) {
-        snprintf(m, room, "rank 0 refuses its command line: %.*s", (int)(ra->len - 8),
+        snprintf(msg, cap, "rank 0 refuses its command line: %.*s", (int)(ra->len - 8),
                  ra->p + 8);
         return;
     }
     if (rb && !ra) {
-        snprintf(m, room, "rank %d refuses its command line: %.*s", r, (int)(rb->len - 8),
+        snprintf(msg, cap, "rank %d refuses its command line: %.*s", r, (int)(rb->len - 8),
                  rb->p + 8);
         return;
     }

@@ -126,7 +126,7 @@ const char *signal_name(int sig);
 
 int join_ranks(run *r, int *argc, char ***argv);
 int compare_options(run *r, int parsed);
-int compare_tokenizers(run *r);
+int compare_data(run *r);
 int engine_fail(run *r, dp_status s, const char *what);
 int local_fatal(run *r, const char *what);
 int agree(run *r, int failed);

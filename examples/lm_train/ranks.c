@@ -57,30 +57,88 @@ static int tokenizer_print(const dp_tokenizer *tok, uint64_t print[2])
     return 0;
 }
 
-/* Every rank's tokenizer against rank 0's, after the data loaded on every
- * rank: built from --data (a char or word vocabulary), the same path may
- * hold other text on another machine, and ids would then mean other
- * tokens on each rank (or the models differ in size, which the engine
- * would name as a bare parameter count). Runs without a tokenizer (token
- * data) have nothing to compare. 0, or 1 after a message. */
-int compare_tokenizers(run *r)
+/* Tokens read at each end of a split for its fingerprint: enough to tell
+ * other files apart without reading gigabytes of mapped tokens. */
+#define PRINT_TOKENS 4096
+
+/* FNV-1a over tokens [first, first + n) of split into *h. A range that
+ * cannot be read (an id past the vocabulary) hashes as a mark: the same
+ * data fails the same way on every rank, and the run reports it where it
+ * reads those tokens, as in one process. */
+static void hash_tokens(const dp_token_data *d, dp_split split, size_t first, size_t n,
+                        int32_t *buf, uint64_t *h)
 {
-    if (r->rk.ranks == 1 || !r->tok) return 0;
-    uint64_t mine[2] = {0, 0}, zero[2];
-    int failed = tokenizer_print(r->tok, mine);
-    if (failed) cli_dp_fail("the tokenizer's fingerprint");
+    if (!n) return;
+    size_t bytes = n * sizeof *buf;
+    if (dp_token_data_read(d, split, first, n, buf) != DP_OK) {
+        buf[0] = -1;
+        bytes = sizeof *buf;
+    }
+    const unsigned char *b = (const unsigned char *)buf;
+    for (size_t i = 0; i < bytes; i++) {
+        *h ^= b[i];
+        *h *= 1099511628211ull;
+    }
+}
+
+/* The data's fingerprint: the tokenizer's (0, 0 for token data), each
+ * split's size, and a hash of each split's first and last tokens. */
+static int data_print(const run *r, uint64_t print[6])
+{
+    memset(print, 0, 6 * sizeof *print);
+    if (r->tok && tokenizer_print(r->tok, print)) return 1;
+    int32_t *buf = malloc(PRINT_TOKENS * sizeof *buf);
+    if (!buf) {
+        dp_set_error(DP_ERR_OUT_OF_MEMORY, "out of host memory");
+        return 1;
+    }
+    const dp_split splits[2] = {DP_SPLIT_TRAIN, DP_SPLIT_VAL};
+    for (int i = 0; i < 2; i++) {
+        size_t n = dp_token_data_size(r->data, splits[i]);
+        size_t head = n < PRINT_TOKENS ? n : PRINT_TOKENS;
+        uint64_t h = 1469598103934665603ull;
+        hash_tokens(r->data, splits[i], 0, head, buf, &h);
+        hash_tokens(r->data, splits[i], n - head, head, buf, &h);
+        print[2 + 2 * i] = n;
+        print[3 + 2 * i] = h;
+    }
+    free(buf);
+    return 0;
+}
+
+/* Every rank's data against rank 0's, after the data loaded on every
+ * rank. The same path may hold other text or tokens on another machine:
+ * a char or word vocabulary built from other text gives ids other tokens
+ * (or models of other sizes, which the engine would name as a bare
+ * parameter count), and other token files sample other batches (the
+ * engine's batch check blames the seed) or, with --eval-only, other
+ * numbers of validation windows (one rank finished while the others
+ * waited for its next batch). 0, or 1 after a message. */
+int compare_data(run *r)
+{
+    if (r->rk.ranks == 1) return 0;
+    uint64_t mine[6], zero[6];
+    int failed = data_print(r, mine);
+    if (failed) cli_dp_fail("the data's fingerprint");
     memcpy(zero, mine, sizeof zero);
     dp_status s = dp_dist_broadcast_timeout(r->rk.dist, zero, sizeof zero, r->rk.wait);
     if (s != DP_OK) {
         r->rk.broken = 1;
-        return cli_dp_fail("comparing the ranks' tokenizers");
+        return cli_dp_fail("comparing the ranks' data");
     }
-    if (!failed && memcmp(mine, zero, sizeof mine) != 0)
+    if (!failed && memcmp(mine, zero, 2 * sizeof *mine) != 0)
         failed = cli_fail("this rank's tokenizer differs from rank 0's (vocab %llu here, %llu on "
                           "rank 0%s): its --data holds other text; give every rank the same "
                           "text at that path", (unsigned long long)mine[0],
                           (unsigned long long)zero[0],
                           mine[0] == zero[0] ? ", other tokens" : "");
+    else if (!failed && memcmp(mine, zero, sizeof mine) != 0)
+        failed = cli_fail("this rank's --data differs from rank 0's (train split %llu tokens "
+                          "here, %llu on rank 0; validation split %llu, %llu%s): give every rank "
+                          "the same data at that path", (unsigned long long)mine[2],
+                          (unsigned long long)zero[2], (unsigned long long)mine[4],
+                          (unsigned long long)zero[4],
+                          mine[2] == zero[2] && mine[4] == zero[4] ? "; other tokens" : "");
     return agree(r, failed);
 }
 

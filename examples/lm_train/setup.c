@@ -308,7 +308,7 @@ int setup(run *r)
         cli_resolve_attention(&r->o.compute, specs, k, c->n_embd / c->n_head);
     }
     if (!rc) rc = alloc_batches(r);
-    if (agree(r, rc) || compare_tokenizers(r)) return 1;
+    if (agree(r, rc) || compare_data(r)) return 1;
     dp_criterion ce = dp_criterion_cross_entropy();
     /* bf16: bf16 replicas, and the activations off the residual stream
      * kept as bfloat16 (dp/gpt.h). */

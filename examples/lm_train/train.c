@@ -102,8 +102,9 @@ static void report_throughput(const run *r, long first, double secs)
                (double)(r->step - first) * (double)((size_t)o->batch_size * (size_t)o->context) /
                    secs);
     if (r->step > first && r->rk.ranks > 1)
-        printf("ranks: %d x %zu devices; rank 0 sent %.0f bytes per step to the other ranks\n",
-               r->rk.ranks, dp_engine_num_devices(r->engine),
+        printf("ranks: %d, %zu devices in all (rank 0 %zu); rank 0 sent %.0f bytes per step "
+               "to the other ranks\n", r->rk.ranks, dp_engine_num_global_devices(r->engine),
+               dp_engine_num_devices(r->engine),
                (double)r->step_bytes / (double)(r->step - first));
     /* Asked for (DP_CUDA_GRAPHS=1) or taken: say how often (docs/design.md). */
     const char *graphs = getenv("DP_CUDA_GRAPHS");

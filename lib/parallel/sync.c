@@ -112,8 +112,8 @@ dp_status dp_step_agree_plan(dp_engine *e, dp_status planned)
     for (int r = 1; s == DP_OK && r < e->L.nranks; r++)
         if (all[r] != all[0])
             s = DP_FAIL(DP_ERR_INVALID_ARGUMENT, "rank %d's batch differs from rank 0's; every "
-                        "rank passes the same global batch (sample it from the same seed) and "
-                        "the engine takes each rank's rows", r);
+                        "rank passes the same global batch (the same data, sampled with the "
+                        "same seed) and the engine takes each rank's rows", r);
     return s;
 }
 
