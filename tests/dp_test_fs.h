@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 /* Removes dir and everything below it (making read-only subdirectories
@@ -36,6 +37,17 @@ static inline void dp_test_remove_tree(const char *dir)
     }
     closedir(d);
     rmdir(dir);
+}
+
+/* A pid that no longer exists: a child that has exited and been reaped;
+ * -1 when none could be made. */
+static inline pid_t dp_test_dead_pid(void)
+{
+    pid_t pid = fork();
+    if (pid == 0) _exit(0);
+    int status;
+    if (pid < 0 || waitpid(pid, &status, 0) != pid) return -1;
+    return pid;
 }
 
 /* The entries of dir other than "." and ".."; -1 when it cannot be read. */

@@ -10,7 +10,6 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "dp/atomic_file.h"
@@ -207,11 +206,8 @@ Test(atomic_file, a_symbolic_link_writes_its_target_and_stays)
  * the checkpoint's alone; nothing else is touched. */
 Test(atomic_file, open_removes_a_dead_writers_temporary_file)
 {
-    pid_t dead = fork();
-    cr_assert_geq(dead, 0);
-    if (dead == 0) _exit(0);
-    int status;
-    cr_assert_eq(waitpid(dead, &status, 0), dead);
+    pid_t dead = dp_test_dead_pid();
+    cr_assert_gt(dead, 0);
     char path[128], stale[256], live[256];
     snprintf(path, sizeof path, "%s/trace.json", tmpdir);
     dp_atomic_file *af = NULL;

@@ -777,12 +777,8 @@ Test(checkpoint, failed_overwrite_keeps_the_old_checkpoint)
  * another path, and names that only look alike. */
 Test(checkpoint, save_removes_stale_temporary_files)
 {
-    /* A pid that no longer exists: a child that has exited and been reaped. */
-    pid_t dead = fork();
-    cr_assert_geq(dead, 0);
-    if (dead == 0) _exit(0);
-    int status;
-    cr_assert_eq(waitpid(dead, &status, 0), dead);
+    pid_t dead = dp_test_dead_pid();
+    cr_assert_gt(dead, 0);
     char path[256], stale[320], live[320], other[320], alike[320], far[320], old[320];
     path_in(path, sizeof path, "ck.st");
     /* This host's tag, as the writer names it. */
