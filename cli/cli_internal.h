@@ -22,7 +22,6 @@ struct cli_compute;
 
 /* One of CLI_COMPUTE_LONGOPTS's codes with its value into *cp (compute.c):
  * 0, 1 after a message, or CLI_NOT_MINE for another code. */
-int cli_compute_option(int c, const char *v, char **argv, struct cli_compute *cp,
-                       int name_no_value);
+int cli_compute_option(int c, const char *v, char **argv, struct cli_compute *cp);
 
 #endif /* DP_CLI_INTERNAL_H */

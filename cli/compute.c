@@ -159,7 +159,7 @@ void cli_resolve_attention(cli_compute *cp, const dp_device_spec *specs, size_t 
 
 /* One of CLI_COMPUTE_LONGOPTS into *cp, else the message for what
  * getopt_long returned instead of an option. */
-int cli_compute_option(int c, const char *v, char **argv, cli_compute *cp, int name_no_value)
+int cli_compute_option(int c, const char *v, char **argv, cli_compute *cp)
 {
     switch (c) {
     case CLI_O_PRECISION: return cli_parse_precision(v, &cp->bf16);
@@ -173,10 +173,7 @@ int cli_compute_option(int c, const char *v, char **argv, cli_compute *cp, int n
     case CLI_O_BUCKET_MB: return cli_parse_bucket_mb(v, &cp->bucket_bytes);
     case CLI_O_VOCAB_PAD: return cli_parse_vocab_pad(v, &cp->vocab_pad);
     }
-    /* without name_no_value, a known option given a value it does not
-     * take is named as unknown */
-    if (!name_no_value && c != ':' && strncmp(argv[optind - 1], "--", 2) == 0)
-        return cli_fail("unknown option \"%s\" (see --help)", argv[optind - 1]);
+    /* unknown, a missing value, or "this option takes no value" */
     cli_bad_option(argv, ""); /* there are no short options */
     return 1;
 }

@@ -15,6 +15,7 @@
 #include <float.h>
 #include <limits.h>
 #include <math.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -57,6 +58,12 @@ void cli_set_program(const char *name)
     size_t n = strnlen(name, sizeof prog - 1);
     memmove(prog, name, n); /* name may be cli_program() itself */
     prog[n] = '\0';
+    /* A reader that quits (| head) makes the next write fail with EPIPE,
+     * which the program's check of its stream names (status 1, its files
+     * not written), instead of SIGPIPE's silent 141; a gnuplot that stops
+     * reading its script alike. Before the guards, which leave an ignored
+     * signal ignored. */
+    signal(SIGPIPE, SIG_IGN);
     cli_guard_signals(); /* a fatal signal leaves no temporary file */
 }
 
@@ -265,8 +272,8 @@ static int build_text(const struct option *longopts, size_t n_opts, const char *
 
 const char *cli_options_text(void) { return opts_text ? opts_text : ""; }
 
-int cli_parse_options(int argc, char **argv, const struct option *longopts, int name_no_value,
-                      cli_compute *cp, int (*handle)(void *ctx, int c, const char *v), void *ctx)
+int cli_parse_options(int argc, char **argv, const struct option *longopts, cli_compute *cp,
+                      int (*handle)(void *ctx, int c, const char *v), void *ctx)
 {
     size_t n_opts = 0;
     while (longopts[n_opts].name) n_opts++;
@@ -289,7 +296,7 @@ int cli_parse_options(int argc, char **argv, const struct option *longopts, int 
             last[i] = optarg;
         }
         rc = c == ':' || c == '?' ? CLI_NOT_MINE : handle(ctx, c, optarg);
-        if (rc == CLI_NOT_MINE) rc = cli_compute_option(c, optarg, argv, cp, name_no_value);
+        if (rc == CLI_NOT_MINE) rc = cli_compute_option(c, optarg, argv, cp);
     }
     if (build_text(longopts, n_opts, last, seen) && !rc)
         rc = cli_fail("out of host memory parsing the command line");

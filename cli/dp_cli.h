@@ -32,7 +32,10 @@
  * bytes. Before the first call: "dp". Each program calls it first, so it
  * also opens /dev/null on any of descriptors 0, 1 and 2 the program was
  * started without (2>&-): the next file opened (a --log) would otherwise
- * take that number, and the messages meant for stderr would land in it. */
+ * take that number, and the messages meant for stderr would land in it.
+ * It ignores SIGPIPE (a write to a reader that quit fails with EPIPE,
+ * which the program's cli_check_stream names) and guards the fatal
+ * signals (cli_guard_signals). */
 void cli_set_program(const char *name);
 const char *cli_program(void);
 
@@ -155,10 +158,10 @@ struct cli_compute;
  * (stop quietly, as after --help) or CLI_NOT_MINE; a code left to it is
  * one of CLI_COMPUTE_LONGOPTS (parsed into *cp, so a handler may note
  * one and leave its value), else a message names the argument: a
- * missing value, an unknown option or, with name_no_value, a value given
- * to an option that takes none. No operands may follow the options.
+ * missing value, an unknown option or a value given to an option that
+ * takes none. No operands may follow the options.
  * Returns 0, 1 after a message, or -1 when handle stopped quietly. */
-int cli_parse_options(int argc, char **argv, const struct option *longopts, int name_no_value,
+int cli_parse_options(int argc, char **argv, const struct option *longopts,
                       struct cli_compute *cp, int (*handle)(void *ctx, int c, const char *v),
                       void *ctx);
 

@@ -58,7 +58,7 @@ Test(cli_compute, a_given_attention_is_never_changed)
         memset(&cp, 0, sizeof cp);
         cp.bf16 = 1;
         char *argv[] = {(char *)"prog", NULL};
-        cr_assert_eq(cli_compute_option(CLI_O_ATTENTION, values[i], argv, &cp, 0), 0);
+        cr_assert_eq(cli_compute_option(CLI_O_ATTENTION, values[i], argv, &cp), 0);
         cr_assert_eq(cp.att_given, 1);
         cli_resolve_attention(&cp, &gpu, 1, 64);
         cr_assert_eq(cp.fused_att, i == 2, "%s", values[i]);

@@ -342,6 +342,11 @@ Test(dp_tokenize, bad_inputs_and_options_fail_cleanly)
 
     r = RUN("--out", "@out.bin", "@a.txt");
     assert_failed_with(&r, 2, "--tokenizer-file PATH is required", NULL);
+    /* empty paths are the command line's fault (2), named as such */
+    r = RUN("--tokenizer-file", "", "--out", "@out.bin", "@a.txt");
+    assert_failed_with(&r, 2, "--tokenizer-file needs a file name", NULL);
+    r = RUN("--tokenizer-file", tok_json, "--merges-file", "", "--out", "@out.bin", "@a.txt");
+    assert_failed_with(&r, 2, "--merges-file needs a file name", NULL);
     r = RUN("--tokenizer-file", "@none.json", "--out", "@out.bin", "@a.txt");
     assert_failed(&r, "cannot load the tokenizer", "none.json");
     r = RUN("--tokenizer-file", tok_json, "--out", "@out.bin", "--bogus", "@a.txt");

@@ -2,18 +2,21 @@
  * The small programs' command lines and standard output (the benches,
  * the two embedding examples, and lm_train's and dp_tokenize's --help),
  * as a user runs them (the built binaries): a figure or a help text that cannot reach
- * standard output (/dev/full) fails the program with one line naming it,
- * never exit 0; gemm_bench's and attention_bench's values are parsed
+ * standard output (/dev/full, a reader that quits) fails the program
+ * with one line naming it, never exit 0; gemm_bench's and attention_bench's values are parsed
  * strictly (junk, zero, negative and absurd sizes refused with a message);
  * token_data_bench takes --help, strict TOKENS, and never overwrites a
  * train.bin it did not write.
  */
 #define _POSIX_C_SOURCE 200809L
+#include <fcntl.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include "dp_test.h"
 #include "dp_test_fs.h"
@@ -92,6 +95,62 @@ Test(tools, a_full_standard_output_fails_every_program)
         dp_test_assert_success(&ok, "--help to a file");
         dp_test_result_free(&ok);
     }
+}
+
+/* prog with args[0..n) ('@name': tmpdir/name), its stdout a pipe whose
+ * reader has quit before the program starts: every write to it fails. */
+static dp_test_result run_into_closed_pipe(const char *prog, const char *const *args, size_t n)
+{
+    int fds[2];
+    cr_assert_eq(pipe(fds), 0);
+    close(fds[0]);
+    char *argv[32], err[256];
+    size_t argc = dp_test_argv(argv, 32, 0, NULL, prog, args, n, NULL, 0, tmpdir);
+    snprintf(err, sizeof err, "%s/stderr.txt", tmpdir);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
+    posix_spawn_file_actions_addopen(&fa, 2, err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    setenv("OPENBLAS_NUM_THREADS", "1", 1);
+    pid_t pid;
+    int rc = posix_spawn(&pid, argv[0], &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    close(fds[1]);
+    dp_test_argv_free(argv, argc);
+    cr_assert_eq(rc, 0, "cannot run %s: %s", prog, strerror(rc));
+    return dp_test_collect_err(pid, err);
+}
+
+/* A reader that quits (| head): the write fails with EPIPE and the program
+ * exits 1 naming it; they died of SIGPIPE, status 141 without a word.
+ * dp_bench's --json is not written then either: the run failed. */
+Test(tools, a_reader_that_quits_fails_every_program)
+{
+    char json[128];
+    snprintf(json, sizeof json, "%s/r.json", tmpdir);
+    static const struct {
+        const char *prog, *args[16];
+    } cases[] = {
+        {GEMM_BENCH_PATH, {"--size", "32", "--reps", "1"}},
+        {ATTENTION_BENCH_PATH, {"--shape", "1,16,16,2", "--reps", "1"}},
+        {MLP_CLASSIFIER_PATH, {"--steps", "200"}},
+        {REGRESSION_PATH, {"--steps", "300"}},
+        {DP_BENCH_PATH, {"--vocab-size", "64", "--context", "8", "--batch-size", "4", "--dim",
+                         "16", "--layers", "1", "--heads", "2", "--steps", "1", "--json",
+                         "@r.json"}},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        size_t n = 0;
+        while (n < 16 && cases[c].args[n]) n++;
+        dp_test_result r = run_into_closed_pipe(cases[c].prog, cases[c].args, n);
+        cr_assert(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 1, "%s: status %d; stderr:\n%s",
+                  cases[c].prog, r.status, r.err);
+        cr_assert(strstr(r.err, "standard output: Broken pipe"), "%s: stderr:\n%s",
+                  cases[c].prog, r.err);
+        dp_test_result_free(&r);
+    }
+    cr_assert_neq(access(json, F_OK), 0, "dp_bench wrote --json though its run failed");
 }
 
 Test(tools, values_are_parsed_strictly)

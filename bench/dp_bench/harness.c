@@ -38,7 +38,6 @@
 #define _POSIX_C_SOURCE 200809L
 #include <getopt.h>
 #include <limits.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -203,7 +202,7 @@ static int option(void *ctx, int c, const char *v)
 
 static int parse_args(int argc, char **argv, opts *o)
 {
-    int rc = cli_parse_options(argc, argv, longopts, 0, &o->compute, option, o);
+    int rc = cli_parse_options(argc, argv, longopts, &o->compute, option, o);
     if (rc) return rc;
     if (cli_check_tf32(&o->compute, o->tf32) || cli_check_attention_chunk(&o->compute)) return 1;
     if (strcmp(o->mode, "both") && strcmp(o->mode, "gather") && strcmp(o->mode, "balanced"))
@@ -385,9 +384,7 @@ static int bench_main(bench *b)
 
 int main(int argc, char **argv)
 {
-    cli_set_program("dp_bench");
-    /* A gnuplot that stops reading its script must not kill us. */
-    signal(SIGPIPE, SIG_IGN);
+    cli_set_program("dp_bench"); /* SIGPIPE ignored: a gnuplot that quits cannot kill us */
     bench b;
     memset(&b, 0, sizeof b);
     b.rk.ranks = 1;
@@ -410,7 +407,7 @@ int main(int argc, char **argv)
     int rc = pa ? (pa < 0 ? 0 : 2) : bench_main(&b);
     /* The table on stdout, checked (a full disk, /dev/full): exit alone
      * cannot change the status. */
-    if (cli_check_stream(stdout, "standard output") && !rc) rc = 1;
+    if (!rc && cli_check_stream(stdout, "standard output")) rc = 1;
     free(b.inputs);
     free(b.targets);
     dp_trace_destroy(b.trace);

@@ -173,6 +173,9 @@ int write_outputs(bench *b, const run_results *rs)
         rc = sp ? plot_scaling(b, &out, sp, rs) : cli_fail("out of host memory");
     }
     if (!rc && o->trace) rc = stage_trace(&out, b);
+    /* The table and figures went to stdout: where they could not be
+     * written, the run failed, and its files are not left as if it had not. */
+    if (!rc) rc = cli_check_stream(stdout, "standard output");
     rc = finish(&out, rc);
     if (!rc && o->plot) {
         if (!rs->nres) printf("plot: none, no mode was timed\n");

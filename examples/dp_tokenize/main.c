@@ -9,7 +9,6 @@
  * shard.c    the llm.c shard, written atomically
  * report.c   errors, the progress line, the summary
  */
-#include <signal.h>
 #include <stdio.h>
 
 #include <dp/tokenizer.h>
@@ -48,11 +47,9 @@ static int load_tokenizer(const tok_options *o, dp_tokenizer **tok)
 
 int main(int argc, char **argv)
 {
-    cli_set_program("dp_tokenize"); /* the name of cli's messages */
-    /* a reader that quits (| head) makes the summary's write fail with
-     * EPIPE, which fails the run with its message (status 1, nothing
-     * written), instead of SIGPIPE's silent 141 */
-    signal(SIGPIPE, SIG_IGN);
+    /* the name of cli's messages; a reader that quits (| head) fails the
+     * summary's write, and the run with its message (nothing written) */
+    cli_set_program("dp_tokenize");
     tok_options o;
     int rc = tok_options_parse(argc, argv, &o);
     if (rc < 0) return cli_check_stream(stdout, "the help to standard output"); /* --help */

@@ -66,9 +66,13 @@ int tok_options_parse(int argc, char **argv, tok_options *o)
             return cli_bad_option(argv, "");
         }
     }
-    if (!o->tokenizer_file || !*o->tokenizer_file)
+    if (o->tokenizer_file && !*o->tokenizer_file)
+        return tok_fail("--tokenizer-file needs a file name: a tokenizer.json, or an "
+                        "encoder.json with vocab.bpe (see --help)");
+    if (!o->tokenizer_file)
         return tok_fail("--tokenizer-file PATH is required: a tokenizer.json, or an encoder.json "
                         "with vocab.bpe (see --help)");
+    if (o->merges_file && !*o->merges_file) return tok_fail("--merges-file needs a file name");
     if (o->out && !*o->out) return tok_fail("--out needs a file name");
     if (optind >= argc) return tok_fail("no INPUT file to encode (see --help)");
     o->inputs = argv + optind;

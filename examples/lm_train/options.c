@@ -412,7 +412,7 @@ static int option(void *ctx, int c, const char *v)
 
 int parse_args(int argc, char **argv, opts *o)
 {
-    int rc = cli_parse_options(argc, argv, longopts, 1, &o->compute, option, o);
+    int rc = cli_parse_options(argc, argv, longopts, &o->compute, option, o);
     return rc ? rc : check_opts(o);
 }
 
