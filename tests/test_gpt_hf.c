@@ -339,6 +339,8 @@ Test(gpt_hf, a_config_contradicting_the_tensors_or_another_model_is_refused)
         {"activation_function", "\"gelu\"", "activation_function \"gelu\"", DP_ERR_UNSUPPORTED},
         {"model_type", "\"llama\"", "model_type \"llama\"", DP_ERR_UNSUPPORTED},
         {"layer_norm_epsilon", "1e-6", "layer_norm_epsilon 1e-06", DP_ERR_UNSUPPORTED},
+        /* -1 was the "absent" mark, so it passed */
+        {"layer_norm_epsilon", "-1.0", "layer_norm_epsilon -1", DP_ERR_UNSUPPORTED},
         {"tie_word_embeddings", "false", "tie_word_embeddings is false", DP_ERR_UNSUPPORTED},
         {"n_head", "\"four\"", "n_head is not a non-negative integer", DP_ERR_FORMAT},
         {"n_head", "0", "no positive integer n_head", DP_ERR_FORMAT},

@@ -388,3 +388,63 @@ Test(lm_hf, a_failed_export_leaves_the_earlier_pair)
     free(p);
     dp_gpt_destroy(g);
 }
+
+/* --init-from a dp checkpoint of text takes the checkpoint's tokenizer, as
+ * --resume does: one built from --data gave the trained rows to other
+ * characters whenever the vocabulary merely had the same size (here
+ * every letter upper-cased and mirrored: a silent, much worse loss).
+ * Text the tokenizer does not cover is refused, naming it; --tokenizer
+ * must match it. The same text evaluates as --resume does. */
+Test(lm_hf, init_from_a_text_checkpoint_takes_its_tokenizer)
+{
+    char text[3000], mirrored[3000];
+    static const char line[] = "the quick brown fox jumps over the lazy dog, again and again.\n";
+    size_t n = 0;
+    while (n + sizeof line - 1 < sizeof text) {
+        memcpy(text + n, line, sizeof line - 1);
+        n += sizeof line - 1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        char c = text[i];
+        mirrored[i] = c >= 'a' && c <= 'z' ? (char)('Z' - (c - 'a')) : c;
+    }
+    dp_test_write_file(in_tmp("t.txt"), text, n);
+    dp_test_write_file(in_tmp("m.txt"), mirrored, n);
+    result a = RUN("--data", "@t.txt", "--steps", "30", "--save", "@text.st");
+    assert_ok(&a);
+    dp_test_result_free(&a);
+    result r = RUN("--data", "@t.txt", "--resume", "@text.st", "--eval-only");
+    result i = RUN("--data", "@t.txt", "--init-from", "@text.st", "--eval-only");
+    assert_ok(&r);
+    assert_ok(&i);
+    char *lr = val_loss_line(&r), *li = val_loss_line(&i);
+    cr_assert_str_eq(li, lr, "--init-from evaluates %s, --resume %s", li, lr);
+    free(lr);
+    free(li);
+    dp_test_result_free(&r);
+    dp_test_result_free(&i);
+    REFUSED("--init-from's tokenizer was built from other text", "byte 0x",
+            "--data", "@m.txt", "--init-from", "@text.st", "--eval-only");
+    REFUSED("uses the char tokenizer", "--tokenizer word",
+            "--data", "@t.txt", "--init-from", "@text.st", "--tokenizer", "word", "--eval-only");
+}
+
+/* Weights whose forward overflows (every parameter 3e38): --eval-only
+ * fails naming them, where it printed "val_loss -nan" and exited 0. */
+Test(lm_hf, eval_only_of_weights_that_overflow_fails)
+{
+    dp_gpt_config cfg = {.vocab_size = V, .block_size = 16, .n_layer = 1, .n_head = 2, .n_embd = 16};
+    dp_gpt *g = NULL;
+    dp_assert_ok(dp_gpt_create(&cfg, &g));
+    size_t n = dp_gpt_model(g, 0)->n_params;
+    float *p = malloc(n * sizeof *p);
+    for (size_t i = 0; i < n; i++) p[i] = 3e38f;
+    dp_checkpoint ck = {.params = p};
+    dp_assert_ok(dp_gpt_checkpoint_save(in_tmp("huge.st"), g, &ck));
+    free(p);
+    dp_gpt_destroy(g);
+    REFUSED("the validation loss is", "--init-from", "--eval-only", "--init-from", "@huge.st");
+    result r = RUN("--eval-only", "--init-from", "@huge.st");
+    cr_assert_null(strstr(r.out, "val_loss"), "a loss was printed:\n%s", r.out);
+    dp_test_result_free(&r);
+}

@@ -601,6 +601,24 @@ static dp_status table_of(const char *name, uint32_t V_header, size_t V, size_t 
     return dp_tokenizer_load_llmc(in_tmp(name), t);
 }
 
+/* A tokenizer.json under another name (it is told from llm.c's table by
+ * its name): named as JSON, with the fix, not by a number as magic. */
+Test(token_data, a_json_tokenizer_without_its_name_is_named)
+{
+    static const char json[] = "{\"model\": {\"type\": \"BPE\", \"vocab\": {}}} and more bytes "
+                               "to pass the header's size ....................................";
+    char *b = calloc(1, 2048);
+    memcpy(b, json, sizeof json - 1);
+    dp_test_put_file(in_tmp("mytok"), b, 2048, NULL, 0);
+    free(b);
+    dp_tokenizer *t = (dp_tokenizer *)1;
+    cr_assert_eq(dp_tokenizer_load_llmc(in_tmp("mytok"), &t), DP_ERR_FORMAT);
+    cr_assert_null(t);
+    cr_assert(strstr(dp_last_error(), "starts as JSON") &&
+                  strstr(dp_last_error(), "a name ending in .json"),
+              "%s", dp_last_error());
+}
+
 /* The bounds of the header against the file, by what loads and what
  * does not (not by the messages' words): the shortest records (1 byte:
  * 2 bytes a token, the file exactly 2V bytes past the header) and the

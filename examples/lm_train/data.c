@@ -85,6 +85,9 @@ static int load_text(run *r, const char *path)
         return cli_fail("--data: %s; the checkpoint's tokenizer was built from other text: resume "
                         "with the run's own --data (or start a new run on this one)",
                         dp_last_error());
+    if (s == DP_ERR_INVALID_ARGUMENT && o->init_from)
+        return cli_fail("--data: %s; --init-from's tokenizer was built from other text: give "
+                        "text it covers (or start a new model on this one)", dp_last_error());
     if (s != DP_OK) return cli_dp_fail("--data");
     printf("data: %s (%zu file%s, %zu tokens: %zu train, %zu validation), %s tokenizer, vocab %zu\n",
            path, files, files == 1 ? "" : "s", dp_token_data_total(r->data),

@@ -4,6 +4,7 @@
  * whole validation split, or its first --val-tokens, in windows at
  * multiples of the context (after training and with --eval-only).
  */
+#include <math.h>
 #include <stdio.h>
 
 #include "lm_train.h"
@@ -100,6 +101,12 @@ int print_val_loss(run *r, int after_training)
 {
     double vl = 0; /* set when full_val_loss succeeds */
     int rc = full_val_loss(r, &vl);
+    /* --eval-only's answer is the loss: one that is no number is a
+     * failure of the weights (their forward overflows), not a result */
+    if (!rc && !after_training && !isfinite(vl))
+        return AGREED_FAIL(r, "the validation loss is %g: the forward of %s %s overflows; "
+                           "check those weights", vl, r->o.resume ? "--resume" : "--init-from",
+                           r->o.resume ? r->o.resume : r->o.init_from);
     if (!rc && after_training) printf("final val_loss %.4f\n", vl);
     else if (!rc) printf("val_loss %.6f\n", vl);
     return rc;

@@ -102,6 +102,30 @@ static int held(const run *r, int flag, const char *name, long given, size_t has
                     "or match it", r->o.init_from, name, has, name, given, name);
 }
 
+/* Text --data from a dp checkpoint's weights: the checkpoint's own
+ * tokenizer, as --resume takes it. A tokenizer built from --data would
+ * give the trained rows to other characters whenever the vocabulary
+ * merely has the same size (a silent wrong model). Weights without one
+ * (Hugging Face's) keep the vocabulary check of make_model. */
+static int take_tokenizer(run *r)
+{
+    opts *o = &r->o;
+    dp_st_file *f = NULL;
+    if (dp_st_open(o->init_from, &f) != DP_OK) return 0; /* a directory: Hugging Face's */
+    const char *text = dp_st_metadata(f, "tokenizer");
+    int rc = 0;
+    if (text && dp_tokenizer_parse(text, &r->tok) != DP_OK)
+        rc = cli_dp_fail("--init-from's tokenizer");
+    dp_st_close(f);
+    if (rc || !r->tok) return rc;
+    const char *kind = dp_tokenizer_kind_name(dp_tokenizer_kind_of(r->tok));
+    if ((o->given & G_TOK) && strcmp(o->tokenizer, kind) != 0)
+        return cli_fail("--init-from %s uses the %s tokenizer, which differs from --tokenizer %s; "
+                        "drop --tokenizer or match it", o->init_from, kind, o->tokenizer);
+    o->tokenizer = kind;
+    return 0;
+}
+
 int load_pretrained(run *r)
 {
     opts *o = &r->o;
@@ -117,6 +141,7 @@ int load_pretrained(run *r)
                             strtoll(says + strlen("which says "), NULL, 10), heads);
         return cli_dp_fail("--init-from");
     }
+    if (!r->is_tokens && take_tokenizer(r)) return 1;
     const dp_gpt_config *c = dp_gpt_config_of(r->gpt);
     if (held(r, G_LAYERS, "--layers", o->layers, c->n_layer) ||
         held(r, G_DIM, "--dim", o->dim, c->n_embd) ||

@@ -207,8 +207,10 @@ static int load(run *r)
     }
     if (o->init_from && load_pretrained(r)) return 1;
     resolve_options(&r->o, r->is_tokens, r->gpt != NULL);
-    /* --eval-only samples nothing: no prompt (nor the training split's first token). */
-    if (load_data(r, path) || (!o->eval_only && prepare_prompt(r)) || make_samplers(r)) return 1;
+    /* --eval-only samples nothing: no prompt (nor the training split's first token).
+     * The samplers first: a split too short for the context is named as
+     * such, not as a prompt with nothing to take. */
+    if (load_data(r, path) || make_samplers(r) || (!o->eval_only && prepare_prompt(r))) return 1;
     return make_model(r, r->is_tokens ? (size_t)o->vocab_size : dp_tokenizer_vocab_size(r->tok));
 }
 

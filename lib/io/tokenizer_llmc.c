@@ -163,6 +163,11 @@ dp_status dp_tokenizer_load_llmc(const char *path, dp_tokenizer **out)
                          "'%s' is an llm.c token file (magic %d), not a tokenizer: it is "
                          "training data; the tokenizer is gpt2_tokenizer.bin",
                          path, LLMC_DATA_MAGIC);
+        else if (h[0] == '{' || h[0] == '[') /* a JSON tokenizer without its name */
+            st = DP_FAIL(DP_ERR_FORMAT,
+                         "'%s' is not an %s but starts as JSON: a tokenizer.json or "
+                         "encoder.json is told by its name; give it a name ending in .json",
+                         path, what);
         else
             st = DP_FAIL(DP_ERR_FORMAT,
                          "'%s' is not an %s: its magic is %u, not %d", path, what, magic,

@@ -101,7 +101,7 @@ static dp_status read_config(const char *path, hf_config *c)
 {
     memset(c, 0, sizeof *c);
     c->n_head = c->n_embd = c->n_layer = c->n_positions = c->vocab_size = c->n_inner = -1;
-    c->eps = -1.0;
+    c->eps = NAN; /* absent; any number given is checked, a negative one too */
     c->tied = c->scale_attn = c->scale_by_layer = -1;
     struct stat sb;
     if (stat(path, &sb) != 0) return DP_OK; /* none */
@@ -150,7 +150,7 @@ static dp_status check_config(const char *path, const hf_config *c)
         strcmp(c->activation, "gelu_pytorch_tanh") != 0)
         return DP_FAIL(DP_ERR_UNSUPPORTED, "'%s': activation_function \"%s\"; dp's GPT uses "
                        "GPT-2's tanh GELU (\"gelu_new\")", path, c->activation);
-    if (c->eps >= 0.0 && fabs(c->eps - 1e-5) > 1e-12)
+    if (!isnan(c->eps) && !(fabs(c->eps - 1e-5) <= 1e-12))
         return DP_FAIL(DP_ERR_UNSUPPORTED, "'%s': layer_norm_epsilon %g; dp's LayerNorm uses "
                        "1e-5, GPT-2's", path, c->eps);
     if (c->tied == 0)
