@@ -255,10 +255,14 @@ int main(int argc, char **argv)
         fputs(USAGE, stdout);
         return cli_check_stream(stdout, "the help to standard output");
     }
-    if (argc < 2 || argc > 4) {
+    if (argc > 4)
+        return cli_fail("\"%s\": one operand too many (DIR, TOKENS and BATCHES at most; see "
+                        "--help)", argv[4]) + 1;
+    if (argc < 2) {
         fputs(USAGE, stderr);
         return 2;
     }
+    if (!argv[1][0]) return cli_fail("DIR is empty; give a directory to write the files in") + 1;
     if (argv[1][0] == '-')
         return cli_fail("\"%s\": no options but --help; a DIR starting with '-' is written "
                         "./%s", argv[1], argv[1]) + 1;
@@ -272,7 +276,11 @@ int main(int argc, char **argv)
     /* floor(0.9 (train + val)) = train: the int32 path's 90/10 cut falls
      * where val.bin starts. */
     size_t n_val = (n_train + 8) / 9;
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST) return die(dir);
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+        if (errno != ENOENT) return die(dir);
+        return cli_fail("cannot create %s: its parent directory does not exist; create it "
+                        "first", dir);
+    }
     if (check_dir(dir)) return 1;
     char path[4096];
     snprintf(path, sizeof path, "%s/train.bin", dir);

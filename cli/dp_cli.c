@@ -116,7 +116,9 @@ int cli_parse_long(const char *name, const char *v, long lo, long hi, long *out)
     errno = 0;
     long x = starts_number(v) ? strtol(v, &end, 10) : 0;
     if (!end || errno || end == v || *end || x < lo || x > hi) {
-        if (hi == LONG_MAX) return cli_fail("%s: \"%s\" is not an integer >= %ld", name, v, lo);
+        /* past LONG_MAX: the bound it passed, not only the one below */
+        if (hi == LONG_MAX && errno != ERANGE)
+            return cli_fail("%s: \"%s\" is not an integer >= %ld", name, v, lo);
         return cli_fail("%s: \"%s\" is not an integer in [%ld, %ld]", name, v, lo, hi);
     }
     *out = x;

@@ -645,6 +645,9 @@ static bad_case bad_cases[] = {
     {"device-weights empty entry", {"--device-weights", "1,"}, "--device-weights", 0, 2},
     {"token-balanced with a value", {"--token-balanced=1"}, "takes no value", 0, 2},
     {"tf32 with a value", {"--tf32=yes"}, "\"--tf32=yes\": this option takes no value", 0, 2},
+    /* past LONG_MAX: the upper bound named, not "an integer >= 0" */
+    {"seed past long", {"--seed", "18446744073709551615"},
+     "not an integer in [0, 9223372036854775807]", 0, 2},
     {"csv in a missing directory", {"--csv", "@nodir/b.csv"}, "nodir", 0, 1},
     {"trace in a missing directory", {"--trace", "@nodir/t.json"}, "--trace", 0, 1},
     {"trace without its value", {"--trace"}, "--trace needs a value", 0, 2},

@@ -2029,6 +2029,12 @@ static bad_case bad_cases[] = {
     {"batch past the host's RAM", {"--batch-size", "100000000000"}, "do not fit in the host's",
      "", 0, 0, 0},
     {"heads 3 dim 16", {"--heads", "3", "--dim", "16"}, "--heads 3", "", 0, 0, 0},
+    /* it was ignored: the char tokenizer's vocabulary is the text's */
+    {"vocab-size with the char tokenizer", {"--vocab-size", "50"}, "--vocab-size applies to",
+     "", 0, 0, 0},
+    /* named by the option, not the library's n_embd alone */
+    {"dim past the GEMMs' int", {"--heads", "1", "--dim", "1000000000"},
+     "--dim 1000000000", "", 0, 0, 0},
     {"devices gpu:0", {"--devices", "gpu:0"}, "gpu", "", 0, 0, 0},
     {"devices cpu:0,0", {"--devices", "cpu:0,0"}, "cpu:0,0", "", 0, 0, 0},
     {"devices cuda:0 without a GPU", {"--devices", "cuda:0"}, "cuda", "", 0, 1, 0},

@@ -451,6 +451,10 @@ Test(token_data, bad_files_are_refused_naming_the_file)
     dp_test_write_llmc_tokenizer(in_tmp("gpt2_tokenizer.bin"), 8);
     assert_refused(in_tmp("gpt2_tokenizer.bin"), DP_ERR_FORMAT, "gpt2_tokenizer.bin",
                    "tokenizer");
+    /* a shard's header but for one bit of its magic: it was read as raw
+     * tokens, the header 512 of them */
+    dp_test_write_llmc_header(in_tmp("flipped.bin"), DP_LLMC_DATA_MAGIC ^ 1, 1, 40, ids, 40);
+    assert_refused(in_tmp("flipped.bin"), DP_ERR_FORMAT, "flipped.bin", "the header is corrupt");
     // Bad arguments.
     dp_token_data *d = (dp_token_data *)1;
     dp_test_write_raw(in_tmp("good.bin"), ids, 40);

@@ -211,6 +211,16 @@ Test(tools, token_data_bench_keeps_files_it_did_not_write)
     dp_test_result c = RUN_TO(TOKEN_DATA_BENCH_PATH, NULL, "--frob");
     assert_fails(&c, 2, "no options but --help");
     dp_test_result_free(&c);
+    /* each named, where they printed ": No such file..." or the usage alone */
+    dp_test_result e1 = RUN_TO(TOKEN_DATA_BENCH_PATH, NULL, "", "20000");
+    assert_fails(&e1, 2, "DIR is empty");
+    dp_test_result_free(&e1);
+    dp_test_result e2 = RUN_TO(TOKEN_DATA_BENCH_PATH, NULL, "@d", "20000", "1", "extra");
+    assert_fails(&e2, 2, "\"extra\": one operand too many");
+    dp_test_result_free(&e2);
+    dp_test_result e3 = RUN_TO(TOKEN_DATA_BENCH_PATH, NULL, "@no/sub", "20000");
+    assert_fails(&e3, 1, "its parent directory does not exist");
+    dp_test_result_free(&e3);
     char dir[256], train[300];
     snprintf(dir, sizeof dir, "%s/data", tmpdir);
     cr_assert_eq(mkdir(dir, 0755), 0);

@@ -68,6 +68,12 @@ static int load_text(run *r, const char *path)
         dp_tokenizer_kind kind = DP_TOKENIZER_CHAR;
         const char *what = "--tokenizer";
         dp_status s = dp_tokenizer_kind_parse(o->tokenizer, &kind);
+        if (s == DP_OK && kind == DP_TOKENIZER_CHAR && (o->given & G_VOCAB)) {
+            free(text);
+            return cli_fail("--vocab-size applies to --tokenizer word and to token data; the "
+                            "char tokenizer's vocabulary is the text's characters: drop "
+                            "--vocab-size, or add --tokenizer word");
+        }
         if (s == DP_OK) {
             what = "tokenizer";
             s = kind == DP_TOKENIZER_CHAR

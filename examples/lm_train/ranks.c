@@ -148,8 +148,10 @@ int engine_fail(run *r, dp_status s, const char *what)
     return cli_ranks_engine_fail(&r->rk, s, what,
                                  "a smaller --batch-size, micro-batches (--grad-accum N or "
                                  "--max-tokens-per-device N), --recompute all, a smaller "
-                                 "--logits-chunk, --shard-optimizer, more --devices, or a "
-                                 "higher --memory-limit where one is set");
+                                 "--logits-chunk, --shard-optimizer, a smaller model "
+                                 "(--layers, --dim), more GPUs in --devices (CPU devices share "
+                                 "the host's memory), or a higher --memory-limit where one is "
+                                 "set");
 }
 
 /* A failure on this rank alone where the others cannot learn of it (they

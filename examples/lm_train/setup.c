@@ -40,7 +40,14 @@ static int make_model(run *r, size_t V)
                             .n_head = (size_t)o->heads,
                             .n_embd = (size_t)o->dim,
                             .attention_chunk = (size_t)o->compute.att_chunk};
-        if (dp_gpt_create(&gc, &r->gpt) != DP_OK) return cli_dp_fail("model");
+        dp_status s = dp_gpt_create(&gc, &r->gpt);
+        /* the library names its fields; these are the options */
+        if (s == DP_ERR_OUT_OF_MEMORY)
+            return cli_fail("model: %s; give a smaller model (--layers %ld, --dim %ld)",
+                            dp_last_error(), o->layers, o->dim);
+        if (s != DP_OK)
+            return cli_fail("model (--layers %ld, --heads %ld, --dim %ld, --context %ld): %s",
+                            o->layers, o->heads, o->dim, o->context, dp_last_error());
     } else if (o->compute.att_chunk) {
         /* How the attention runs is not in the checkpoint: the same model
          * with the chunk asked for (same tensors and parameters). */

@@ -157,6 +157,17 @@ static dp_status parse_file(const token_map *m, dp_token_format *format, size_t 
                        "read; prepare the data for GPT-2 (uint16 ids, magic %d)",
                        m->path, LLMC_LLAMA3_MAGIC, DP_LLMC_DATA_MAGIC);
     if (magic != DP_LLMC_DATA_MAGIC) {
+        /* An llm.c header but for its magic (version 1, a count that is the
+         * file's size): a corrupt shard, whose header would otherwise be
+         * read as 512 raw tokens. Raw ids matching all of it are no text. */
+        int32_t c = m->bytes >= DP_LLMC_HEADER_BYTES ? (int32_t)le32(b + 8) : 0;
+        if (c > 0 && le32(b + 4) == DP_LLMC_DATA_VERSION &&
+            m->bytes - DP_LLMC_HEADER_BYTES == 2 * (size_t)c)
+            return DP_FAIL(DP_ERR_FORMAT,
+                           "'%s' has an llm.c shard's header (version %d, %d tokens, the "
+                           "file's size) but the magic %u, not %d: the header is corrupt; "
+                           "re-create the file", m->path, DP_LLMC_DATA_VERSION, (int)c, magic,
+                           DP_LLMC_DATA_MAGIC);
         if (m->bytes % 2) return odd_size(m);
         *format = DP_TOKEN_FORMAT_NANOGPT;
         *n = m->bytes / 2;

@@ -210,10 +210,12 @@ dp_status gpt_check_config(const dp_gpt_config *c)
                        "such as 64 or 128, or 0 for none", c->vocab_pad, c->vocab_size,
                        INT32_MAX);
     /* The GEMMs take int sizes: 4C, Vp and block_size must fit. */
-    if (c->n_embd > (size_t)INT_MAX / 4 || c->block_size > (size_t)INT_MAX)
-        return DP_FAIL(DP_ERR_INVALID_ARGUMENT,
-                       "gpt config: n_embd %zu (4*n_embd must be <= %d) or block_size %zu is too "
-                       "large", c->n_embd, INT_MAX, c->block_size);
+    if (c->n_embd > (size_t)INT_MAX / 4)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "gpt config: n_embd %zu is too large (4*n_embd "
+                       "must be <= %d)", c->n_embd, INT_MAX);
+    if (c->block_size > (size_t)INT_MAX)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "gpt config: block_size %zu is too large (at "
+                       "most %d)", c->block_size, INT_MAX);
     return DP_OK;
 }
 
