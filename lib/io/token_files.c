@@ -131,6 +131,21 @@ static dp_status odd_size(const token_map *m)
                    m->path, m->bytes, DP_LLMC_DATA_MAGIC, why);
 }
 
+/* An llm.c shard's header but for its magic: version 1, a token count
+ * that is the file's size, the other 253 ints zero, as llm.c writes
+ * them. Its header would otherwise be read as 512 raw tokens; raw ids
+ * that match all of it (ids 1 and 0, then 503 zeros) are no real data. */
+static int corrupt_llmc_header(const token_map *m)
+{
+    const unsigned char *b = m->addr;
+    if (m->bytes < DP_LLMC_HEADER_BYTES || le32(b + 4) != DP_LLMC_DATA_VERSION) return 0;
+    int32_t c = (int32_t)le32(b + 8);
+    if (c <= 0 || m->bytes - DP_LLMC_HEADER_BYTES != 2 * (size_t)c) return 0;
+    for (size_t i = 12; i < DP_LLMC_HEADER_BYTES; i++)
+        if (b[i]) return 0;
+    return 1;
+}
+
 /*
  * Tells m's format from its first 4 bytes and checks it: an llm.c shard's
  * header (version, count against the file's size), a raw file's size.
@@ -157,17 +172,12 @@ static dp_status parse_file(const token_map *m, dp_token_format *format, size_t 
                        "read; prepare the data for GPT-2 (uint16 ids, magic %d)",
                        m->path, LLMC_LLAMA3_MAGIC, DP_LLMC_DATA_MAGIC);
     if (magic != DP_LLMC_DATA_MAGIC) {
-        /* An llm.c header but for its magic (version 1, a count that is the
-         * file's size): a corrupt shard, whose header would otherwise be
-         * read as 512 raw tokens. Raw ids matching all of it are no text. */
-        int32_t c = m->bytes >= DP_LLMC_HEADER_BYTES ? (int32_t)le32(b + 8) : 0;
-        if (c > 0 && le32(b + 4) == DP_LLMC_DATA_VERSION &&
-            m->bytes - DP_LLMC_HEADER_BYTES == 2 * (size_t)c)
+        if (corrupt_llmc_header(m))
             return DP_FAIL(DP_ERR_FORMAT,
                            "'%s' has an llm.c shard's header (version %d, %d tokens, the "
-                           "file's size) but the magic %u, not %d: the header is corrupt; "
-                           "re-create the file", m->path, DP_LLMC_DATA_VERSION, (int)c, magic,
-                           DP_LLMC_DATA_MAGIC);
+                           "file's size, the rest zero) but the magic %u, not %d: the header "
+                           "is corrupt; re-create the file", m->path, DP_LLMC_DATA_VERSION,
+                           (int)le32(b + 8), magic, DP_LLMC_DATA_MAGIC);
         if (m->bytes % 2) return odd_size(m);
         *format = DP_TOKEN_FORMAT_NANOGPT;
         *n = m->bytes / 2;

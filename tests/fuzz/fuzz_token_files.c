@@ -45,6 +45,14 @@ static int data_valid(const uint8_t *f, size_t n, size_t *ids_at, size_t *count)
     uint32_t magic = n >= 4 ? get32(f) : 0;
     if (magic == 20240328 || magic == 20240522 || magic == 20240801) return 0;
     if (magic != 20240520) {
+        /* an llm.c header but for its magic (version 1, the count the
+         * file's size, the rest zero) is a corrupt shard, refused */
+        if (n >= 1024 && get32(f + 4) == 1 && (int32_t)get32(f + 8) > 0 &&
+            1024 + 2 * (uint64_t)(int32_t)get32(f + 8) == n) {
+            size_t i = 12;
+            while (i < 1024 && !f[i]) i++;
+            if (i == 1024) return 0;
+        }
         *ids_at = 0;
         *count = n / 2;
         return n % 2 == 0;
