@@ -93,10 +93,9 @@ void install_signal_handlers(void)
     struct sigaction old;
     if (sigaction(SIGHUP, NULL, &old) == 0 && old.sa_handler != SIG_IGN)
         sigaction(SIGHUP, &sa, NULL);
-    /* a reader that quits (| head) makes a write fail with EPIPE, which
-     * check_written turns into: save, then stop naming standard output;
-     * the default action would kill the run unsaved, without a word */
-    signal(SIGPIPE, SIG_IGN);
+    /* SIGPIPE is ignored (cli_set_program): a reader that quits (| head)
+     * makes a write fail with EPIPE, which check_written turns into: save,
+     * then stop naming standard output */
 }
 
 /* ranked: under mpirun, which on SIGINT/SIGTERM stops forwarding the
@@ -105,7 +104,7 @@ void install_signal_handlers(void)
  * before it saves. */
 void run_signals(int ranked)
 {
-    unblock_output = ranked; /* SIGPIPE is already ignored (install_signal_handlers) */
+    unblock_output = ranked; /* SIGPIPE is already ignored (cli_set_program) */
     starting = 0;
 }
 
