@@ -7,7 +7,8 @@
  * when the ranks join, waits bounded (cli/ranks.c), the files a program
  * reads and writes: the same file refused twice, outputs checked before
  * any work, inputs opened without blocking, streams checked after
- * writing (cli/files.c), and a monotonic clock. Call cli_set_program
+ * writing (cli/files.c), what a fatal signal leaves (cli/guard.c), the
+ * outputs' locks (cli/lock.c), and a monotonic clock. Call cli_set_program
  * first thing in main.
  */
 #ifndef DP_CLI_H
@@ -409,6 +410,8 @@ void cli_print_help(void (*usage)(FILE *f));
 /* fflush(f), keeping a failure's reason for cli_check_stream (a program
  * that flushes as it goes, then checks once). */
 int cli_flush(FILE *f);
+
+// --- a fatal signal (cli/guard.c) --------------------------------------------------------
 
 /* Installs (once; cli_set_program does) the handler of the signals that
  * would kill the program (INT, TERM, HUP, QUIT, PIPE, XFSZ, ALRM, VTALRM,
