@@ -45,38 +45,16 @@ typedef struct ident {
     char *resolved; /* realpath of the file, or of its directory + "/" + its name */
 } ident;
 
-/* A symbolic link to nothing: the path it names (relative to the link's
- * directory), malloc'd; NULL otherwise. A writer that opens through the
- * link creates that file, so it is what the link names. Up to 40 links
- * in a chain, as the atomic writer follows (a longer one is left as it is). */
-static char *dangling_target(const char *path)
+/* A symbolic link: the file a write through it creates or replaces (the
+ * atomic writer's target, so the checks name what it writes), malloc'd;
+ * NULL otherwise. */
+static char *link_target(const char *path)
 {
-    struct stat sb;
-    char *cur = strdup(path);
-    for (int depth = 0; cur && depth < 40; depth++) {
-        if (lstat(cur, &sb) != 0 || !S_ISLNK(sb.st_mode) || stat(cur, &sb) == 0) break;
-        char link[PATH_MAX];
-        ssize_t n = readlink(cur, link, sizeof link - 1);
-        if (n <= 0) break;
-        link[n] = '\0';
-        char *next;
-        if (link[0] == '/' || !strchr(cur, '/')) {
-            next = strdup(link);
-        } else {
-            char *dir = dir_of(cur);
-            size_t len = dir ? strlen(dir) + strlen(link) + 2 : 0;
-            next = len ? malloc(len) : NULL;
-            if (next) snprintf(next, len, "%s/%s", dir, link);
-            free(dir);
-        }
-        free(cur);
-        cur = next;
-    }
-    if (cur && strcmp(cur, path) == 0) {
-        free(cur);
-        return NULL;
-    }
-    return cur;
+    char *t = NULL;
+    if (dp_atomic_file_target(path, &t) != DP_OK) return NULL;
+    if (strcmp(t, path) != 0) return t;
+    free(t);
+    return NULL;
 }
 
 static void ident_at(const char *path, ident *id);
@@ -95,7 +73,7 @@ static void ident_of(const char *given, ident *id)
 static void ident_at(const char *path, ident *id)
 {
     struct stat sb;
-    char *target = dangling_target(path);
+    char *target = link_target(path);
     if (target) {
         ident_of(target, id);
         free(target);

@@ -164,6 +164,10 @@ Test(atomic_file, a_symbolic_link_writes_its_target_and_stays)
     snprintf(link2, sizeof link2, "%s/link2", tmpdir);
     cr_assert_eq(symlink("real/ck.st", link1), 0);
     cr_assert_eq(symlink("link1", link2), 0);
+    char *to_target = NULL; /* what the programs' checks compare: the same file */
+    dp_assert_ok(dp_atomic_file_target(link2, &to_target));
+    cr_assert_str_eq(to_target, target);
+    free(to_target);
     dp_atomic_file *af = NULL;
     dp_assert_ok(dp_atomic_file_open(link2, &af));
     cr_assert(strncmp(dp_atomic_file_temp_path(af), target, strlen(target)) == 0,

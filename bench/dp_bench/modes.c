@@ -191,16 +191,6 @@ static int find_max_batch(bench *b, dp_mode mode, int shard, size_t start, long 
     /* Each device holds its rows' tokens (inputs and targets, 8 bytes a
      * token) at least, so no batch above this fits: the doubling stops. */
     size_t per_row = (size_t)b->o.context * 8, cap = ((size_t)1 << 30);
-    /* CPU devices' memory is the host's: a limit they cannot all reach
-     * in RAM would let the doubling take the host's memory first. */
-    size_t n_cpu = 0;
-    for (size_t i = 0; i < b->k; i++) n_cpu += b->specs[i].kind == DP_DEVICE_CPU;
-    double ram = cli_host_available_bytes();
-    if (n_cpu && (double)b->o.limit_bytes * (double)n_cpu > ram)
-        return cli_fail("--find-max-batch: --memory-limit %s on %zu CPU device%s is more than "
-                        "the host's %.3g GB of available RAM, which the search would run out "
-                        "of first; give at most %.3g GB", b->o.memory_limit, n_cpu,
-                        n_cpu > 1 ? "s" : "", ram * 1e-9, ram / (double)n_cpu * 1e-9);
     size_t bound = b->o.limit_bytes / per_row + 1;
     if (dp_size_mul(bound, b->k * (size_t)b->rk.ranks, &bound) && bound < cap) cap = bound;
     size_t lo = 0, hi = 0; /* lo fits (0 trivially); hi does not fit (0: none found yet) */
@@ -261,10 +251,25 @@ run_plan plan_runs(const bench *b)
 /* Times each planned run at --batch-size, or with --find-max-batch at the
  * smaller of that and the largest batch that fits (a run where nothing
  * fits is said so and not timed). */
+/* --find-max-batch's limit against the host: CPU devices' memory is the
+ * host's, and a limit they cannot all reach in RAM would let the
+ * doubling take the host's memory first. 0, or 1 after a message. */
+static int check_limit_fits_host(const bench *b)
+{
+    size_t n_cpu = 0;
+    for (size_t i = 0; i < b->k; i++) n_cpu += b->specs[i].kind == DP_DEVICE_CPU;
+    double ram = cli_host_available_bytes();
+    if (!n_cpu || (double)b->o.limit_bytes * (double)n_cpu <= ram) return 0;
+    return cli_fail("--find-max-batch: --memory-limit %s on %zu CPU device%s is more than the "
+                    "host's %.3g GB of available RAM, which the search would run out of "
+                    "first; give at most %.3g GB", b->o.memory_limit, n_cpu,
+                    n_cpu > 1 ? "s" : "", ram * 1e-9, ram / (double)n_cpu * 1e-9);
+}
+
 int time_runs(bench *b, const run_plan *p, run_results *rs)
 {
     const opts *o = &b->o;
-    int rc = 0;
+    int rc = o->find_max_batch ? check_limit_fits_host(b) : 0;
     char name[32];
     for (size_t r = 0; r < p->n && !rc; r++) {
         size_t rows = (size_t)o->batch;

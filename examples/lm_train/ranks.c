@@ -34,22 +34,30 @@ int compare_options(run *r, int parsed)
     return cli_ranks_options(&r->rk, parsed, PER_RANK);
 }
 
+#define FNV_START 1469598103934665603ull
+
+/* FNV-1a (64-bit) of p[0..n) onto h. */
+static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
+    return h;
+}
+
 /* The tokenizer's fingerprint: its vocabulary size and an FNV-1a hash of
  * every id's bytes, length first (any kind: char, word, BPE). */
 static int tokenizer_print(const dp_tokenizer *tok, uint64_t print[2])
 {
     size_t v = dp_tokenizer_vocab_size(tok);
-    uint64_t h = 1469598103934665603ull;
+    uint64_t h = FNV_START;
     for (size_t id = 0; id < v; id++) {
         int32_t i = (int32_t)id;
         char *text = NULL;
         size_t n = 0;
         if (dp_tokenizer_decode(tok, &i, 1, &text, &n) != DP_OK) return 1;
-        uint64_t len = n;
-        for (size_t b = 0; b < sizeof len + n; b++) {
-            h ^= b < sizeof len ? (unsigned char)(len >> (8 * b)) : (unsigned char)text[b - sizeof len];
-            h *= 1099511628211ull;
-        }
+        unsigned char len[8]; /* little-endian, whatever the host's order */
+        for (size_t b = 0; b < sizeof len; b++) len[b] = (unsigned char)((uint64_t)n >> (8 * b));
+        h = fnv1a(fnv1a(h, len, sizeof len), text, n);
         free(text);
     }
     print[0] = v;
@@ -74,11 +82,7 @@ static void hash_tokens(const dp_token_data *d, dp_split split, size_t first, si
         buf[0] = -1;
         bytes = sizeof *buf;
     }
-    const unsigned char *b = (const unsigned char *)buf;
-    for (size_t i = 0; i < bytes; i++) {
-        *h ^= b[i];
-        *h *= 1099511628211ull;
-    }
+    *h = fnv1a(*h, buf, bytes);
 }
 
 /* The data's fingerprint: the tokenizer's (0, 0 for token data), each
@@ -96,7 +100,7 @@ static int data_print(const run *r, uint64_t print[6])
     for (int i = 0; i < 2; i++) {
         size_t n = dp_token_data_size(r->data, splits[i]);
         size_t head = n < PRINT_TOKENS ? n : PRINT_TOKENS;
-        uint64_t h = 1469598103934665603ull;
+        uint64_t h = FNV_START;
         hash_tokens(r->data, splits[i], 0, head, buf, &h);
         hash_tokens(r->data, splits[i], n - head, head, buf, &h);
         print[2 + 2 * i] = n;

@@ -40,6 +40,15 @@ extern "C" {
 
 typedef struct dp_atomic_file dp_atomic_file;
 
+/* The file a write of path replaces, malloc'd in *out (free with free):
+ * path itself, or where path is a symbolic link, the file its chain of
+ * links leads to (relative links from the link's directory; the file
+ * need not exist). A program's checks of its outputs use it, so they
+ * name the file the writer writes.
+ * Errors: DP_ERR_INVALID_ARGUMENT (NULL or empty), DP_ERR_IO (a link that
+ * cannot be read, a chain of more than 40), DP_ERR_OUT_OF_MEMORY. */
+DP_API dp_status dp_atomic_file_target(const char *path, char **out);
+
 /* Creates the temporary file next to path (mode 0666 & ~umask, O_EXCL),
  * after removing path's stale temporary files (dp_atomic_file_remove_stale).
  * A path that is a symbolic link writes the file the link leads to (which

@@ -161,11 +161,11 @@ static dp_status open_target(const char *path, const char *given, dp_atomic_file
 /* Links followed before a path is written, as the kernel's limit (ELOOP). */
 #define MAX_LINK_HOPS 40
 
-/* The file that writing path means, malloc'd in *out: path itself, or,
- * where path is a symbolic link, the file it leads to (which need not
- * exist yet). The rename replaces that file, so the link stays a link. */
-static dp_status final_target(const char *path, char **out)
+/* The rename replaces the target, so a link stays a link. */
+dp_status dp_atomic_file_target(const char *path, char **out)
 {
+    if (!path || !*path || !out)
+        return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "path and out must not be NULL or empty");
     char *cur = strdup(path);
     for (int hop = 0; cur && hop <= MAX_LINK_HOPS; hop++) {
         struct stat lb;
@@ -202,7 +202,7 @@ dp_status dp_atomic_file_open(const char *path, dp_atomic_file **out)
     *out = NULL;
     if (!path || !*path) return DP_FAIL(DP_ERR_INVALID_ARGUMENT, "the path is NULL or empty");
     char *target = NULL;
-    DP_TRY(final_target(path, &target));
+    DP_TRY(dp_atomic_file_target(path, &target));
     dp_status st = open_target(target, path, out);
     free(target);
     return st;
